@@ -1,0 +1,14 @@
+"""PyTorch on XLA through JAX: the `tpu` device, eager and compiled execution.
+
+Public surface: ``install()`` (idempotent), ``config``, ``probes``,
+``cache_stats()``.
+"""
+
+from __future__ import annotations
+
+from tpu_debug.runtime import probes
+from tpu_debug.runtime.config import config
+from tpu_debug.runtime.device import DeviceTakenError, install, installed
+from tpu_debug.runtime.eager import cache_stats, clear_cache
+
+__all__ = ["install", "installed", "config", "probes", "cache_stats", "clear_cache", "DeviceTakenError"]

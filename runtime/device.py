@@ -1,0 +1,397 @@
+"""The `tpu` device: PrivateUse1 renamed, its kernels, and the torch.tpu module."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+
+import jax
+import torch
+
+from tpu_debug.runtime import eager
+from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.ops.registry import registered
+from tpu_debug.runtime.tensor import empty as _empty
+from tpu_debug.runtime.tensor import from_jax, to_jax, write
+
+__all__ = ["install", "installed", "TpuModule", "DeviceTakenError"]
+
+aten = torch.ops.aten
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_lock = threading.Lock()
+_state: dict[str, object] = {"installed": False, "libs": []}
+
+
+class DeviceTakenError(RuntimeError):
+    """PrivateUse1 already belongs to another backend."""
+
+
+# ---------------------------------------------------------------------------
+# torch.tpu
+# ---------------------------------------------------------------------------
+
+
+class _Precision:
+    """``torch.tpu.precision``: the default float32 matmul precision."""
+
+    _VALUES = ("highest", "high", "medium")
+
+    def get(self) -> str:
+        return torch.get_float32_matmul_precision()
+
+    def set(self, value: str) -> None:
+        if value not in self._VALUES:
+            raise ValueError(f"precision {value!r} is not one of {', '.join(self._VALUES)}")
+        torch.set_float32_matmul_precision(value)
+
+
+class EagerMode:
+    """TorchTPU's eager-mode names. Here eager execution is always op by op
+    (``"debug"``/``"default"``); the mode is kept so scripts that set it run."""
+
+    DEBUG = "debug"
+    DEFAULT = "default"
+
+
+class TpuModule:
+    """What ``torch.tpu`` holds."""
+
+    EagerMode = EagerMode
+    precision = _Precision()
+    _eager_mode = EagerMode.DEFAULT
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return _state["installed"] is True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        return jax.local_device_count()
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device) -> None:
+        index = torch.device("tpu", device).index if isinstance(device, int) else torch.device(device).index
+        if index not in (None, 0):
+            raise ValueError(
+                f"tpu:{index} requested; the eager runtime runs on tpu:0 "
+                "(use tpu_debug.runtime.distributed for multi-device meshes)"
+            )
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        jax.effects_barrier()
+        for arr in jax.live_arrays():
+            arr.block_until_ready()
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        dev = jax.devices()[0]
+        return f"XLA {dev.platform.upper()} ({dev.device_kind})"
+
+    @staticmethod
+    def get_amp_supported_dtype():
+        return [torch.bfloat16, torch.float16]
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        _random.manual_seed(seed)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        _random.manual_seed(seed)
+
+    @staticmethod
+    def seed() -> int:
+        return _random.seed()
+
+    @staticmethod
+    def seed_all() -> int:
+        return _random.seed()
+
+    @staticmethod
+    def initial_seed() -> int:
+        return _random.initial_seed()
+
+    @staticmethod
+    def get_rng_state(device=None) -> torch.Tensor:
+        return _random.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state, device=None) -> None:
+        _random.set_rng_state(state)
+
+    @staticmethod
+    def set_eager_mode(mode: str) -> None:
+        if mode not in (EagerMode.DEBUG, EagerMode.DEFAULT):
+            raise ValueError(f"eager mode {mode!r} is not one of 'debug', 'default'")
+        TpuModule._eager_mode = mode
+
+
+# ---------------------------------------------------------------------------
+# Kernels that are not lowerings: storage, views, copies, scalars
+# ---------------------------------------------------------------------------
+
+
+def _meta_view(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_META, *args, **kwargs)
+
+    kernel.__name__ = f"view_{op._schema.name.split('::')[1]}"
+    return kernel
+
+
+def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    t = _empty(size, dtype or torch.get_default_dtype())
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format) and t.dim() == 4:
+        stride = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
+        t = _empty(size, t.dtype, stride)
+    return t
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _empty(size, dtype or torch.get_default_dtype(), stride)
+
+
+def _resize(self, size, memory_format=None):
+    size = tuple(size)
+    numel = 1
+    for n in size:
+        numel *= n
+    storage = self.untyped_storage()
+    from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit
+    from tpu_debug.runtime.dtypes import to_jax_dtype
+
+    old = getattr(storage, PAYLOAD_ATTR, None)
+    have = 0 if old is None else old.size
+    need = self.storage_offset() + numel
+    if need > have:
+        grown = _empty((need,), self.dtype)
+        if old is not None and have:
+            kept = to_jax(torch.as_strided(self, (have,), (1,), 0)) if type(old) is not _Uninit else None
+            if kept is not None:
+                write(torch.as_strided(grown, (have,), (1,), 0), kept)
+        storage = grown.untyped_storage()
+        del to_jax_dtype
+    stride = torch.empty(size, device="meta").stride()
+    self.set_(storage, self.storage_offset(), size, stride)
+    return self
+
+
+def _set_tensor(self, source):
+    return self.set_(source.untyped_storage(), source.storage_offset(), source.shape, source.stride())
+
+
+def _set_storage(self, source):
+    from tpu_debug.runtime.tensor import PAYLOAD_ATTR
+
+    payload = getattr(source, PAYLOAD_ATTR, None)
+    n = 0 if payload is None else payload.size
+    return aten.set_.source_Storage_storage_offset.redispatch(_META, self, source, 0, (n,), (1,))
+
+
+def _local_scalar_dense(self):
+    return eager.to_cpu(self, op="item").item()
+
+
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    target = torch.device(device) if device is not None else self.device
+    dtype = dtype or self.dtype
+    if target.type == "tpu":
+        arr = to_jax(self)
+        if dtype != self.dtype:
+            from tpu_debug.runtime.dtypes import to_jax_dtype
+
+            with jax.enable_x64(True):
+                arr = arr.astype(to_jax_dtype(dtype))
+        return from_jax(arr, dtype)
+    host = eager.to_cpu(self, op="to")
+    return host.to(device=target, dtype=dtype)
+
+
+def _copy_(self, src, non_blocking=False):
+    if self.device.type == "tpu":
+        if src.device.type == "tpu":
+            value = to_jax(src)
+        else:
+            value = eager._cpu_to_jax(src)
+        if tuple(value.shape) != tuple(self.shape):
+            import jax.numpy as jnp
+
+            value = jnp.broadcast_to(value, tuple(self.shape))
+        with jax.enable_x64(True):
+            write(self, value)
+        return self
+    # self is on the host, src on tpu
+    self.copy_(eager.to_cpu(src, op="copy"))
+    return self
+
+
+def _copy_from(self, dst, non_blocking=False):
+    return _copy_(dst, self, non_blocking)
+
+
+def _copy_from_and_resize(self, dst):
+    if tuple(dst.shape) != tuple(self.shape):
+        dst.resize_(self.shape)
+    return _copy_(dst, self)
+
+
+def _boxed_fallback(keyset, op, *args, **kwargs):
+    return eager.dispatch(op, args, kwargs)
+
+
+def _lowered_kernel(op):
+    def kernel(*args, **kwargs):
+        return eager.dispatch(op, args, kwargs)
+
+    kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}"
+    return kernel
+
+
+def _view_ops() -> list:
+    """Every aten view op whose backend kernels are per-device (no composite
+    kernel): those need a PrivateUse1 kernel, and PyTorch's meta kernel builds
+    exactly the alias we want (same storage, new size/stride/offset)."""
+    names = [
+        "view", "as_strided", "_reshape_alias", "unfold", "view_as_real", "view_as_complex",
+        "_unsafe_view", "alias", "diagonal", "expand", "permute", "select", "slice",
+        "squeeze", "unsqueeze", "transpose", "t", "split", "unbind", "narrow", "detach",
+        "split_with_sizes", "chunk", "real", "imag", "_conj", "values", "indices",
+    ]
+    ops = []
+    for name in names:
+        packet = getattr(aten, name, None)
+        if packet is None:
+            continue
+        for ov in packet.overloads():
+            op = getattr(packet, ov)
+            qual = op._schema.name + (f".{ov}" if ov != "default" else "")
+            try:
+                has = functools.partial(torch._C._dispatch_has_kernel_for_dispatch_key, qual)
+                if has("CompositeExplicitAutograd") or has("CompositeImplicitAutograd") or not has("Meta"):
+                    continue
+            except RuntimeError:  # TorchScript list builtins (select.t) are not dispatcher ops
+                continue
+            if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+                continue
+            ops.append(op)
+    return ops
+
+
+def _register_kernels() -> list:
+    lib = torch.library.Library("aten", "IMPL")
+    special = {
+        aten.empty.memory_format: _empty_memory_format,
+        aten.empty_strided.default: _empty_strided,
+        aten.resize_.default: _resize,
+        aten.set_.source_Storage_storage_offset: _meta_view(aten.set_.source_Storage_storage_offset),
+        aten.set_.source_Tensor: _set_tensor,
+        aten.set_.source_Storage: _set_storage,
+        aten._local_scalar_dense.default: _local_scalar_dense,
+        aten._to_copy.default: _to_copy,
+        aten.copy_.default: _copy_,
+        aten._copy_from.default: _copy_from,
+        aten._copy_from_and_resize.default: _copy_from_and_resize,
+    }
+    for op in _view_ops():
+        special.setdefault(op, _meta_view(op))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # overriding composite kernels for PrivateUse1 is the point
+        for op, fn in special.items():
+            lib.impl(op, fn, "PrivateUse1")
+        done = set(special)
+        for op in registered():
+            if op in done:
+                continue
+            lib.impl(op, _lowered_kernel(op), "PrivateUse1")
+            done.add(op)
+            # the in-place and out= variants go straight to our kernel too
+            for variant in _variants(op):
+                if variant not in done:
+                    lib.impl(variant, _lowered_kernel(variant), "PrivateUse1")
+                    done.add(variant)
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_boxed_fallback, "PrivateUse1", with_keyset=True)
+    return [lib, fallback]
+
+
+def _variants(op) -> list:
+    base = op._schema.name.split("::")[1]
+    out = []
+    inplace = getattr(aten, base + "_", None)
+    if inplace is not None and op._overloadname in inplace.overloads():
+        out.append(getattr(inplace, op._overloadname))
+    packet = getattr(aten, base, None)
+    if packet is not None:
+        want = [a.name for a in op._schema.arguments]
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            args = cand._schema.arguments
+            writes = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
+            if writes and all(a.kwarg_only for a in writes):
+                if [a.name for a in args if a not in writes] == want:
+                    out.append(cand)
+    return out
+
+
+@functools.cache
+def _load_lowerings() -> None:
+    from tpu_debug.runtime import ops  # noqa: F401 - importing registers the lowerings
+
+    ops.load()
+
+
+def installed() -> bool:
+    return _state["installed"] is True
+
+
+def install() -> bool:
+    """Register the `tpu` device once. Returns True if this call registered it.
+
+    Raises:
+        DeviceTakenError: PrivateUse1 is already registered under another name
+            (a real TorchTPU, say): tpu_debug does not take it over.
+    """
+    with _lock:
+        if _state["installed"]:
+            return False
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", "tpu"):
+            raise DeviceTakenError(
+                f"PrivateUse1 is already registered as {current!r}; tpu_debug's runtime "
+                "does not replace another backend. Its tracers still work on that backend's "
+                "compiled programs where they can."
+            )
+        if current == "tpu" and hasattr(torch, "tpu") and not isinstance(getattr(torch, "tpu"), TpuModule):
+            raise DeviceTakenError(
+                "the 'tpu' device is already provided by another package (torch-tpu?); "
+                "tpu_debug's runtime is not registered. Uninstall it or run tpu_debug in "
+                "a separate environment to use tpu_debug's runtime."
+            )
+        from torch.utils import backend_registration as br
+
+        setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
+        if setup is None:
+            raise DeviceTakenError(
+                f"torch {torch.__version__} lacks the Python PrivateUse1 backend API "
+                "(torch.utils.backend_registration._setup_privateuseone_for_python_backend); "
+                "install the torch version in constraints.txt"
+            )
+        _load_lowerings()
+        setup(rename="tpu", backend_module=TpuModule())
+        _state["libs"] = _register_kernels()
+        _state["installed"] = True
+        return True

@@ -1,0 +1,643 @@
+"""The eager interpreter: every aten op on a `tpu` tensor, one XLA executable each.
+
+An op call is turned into a cache key (overload, input shapes/dtypes, static
+arguments). A miss lowers the op's JAX function with ``jax.jit``, compiles it
+and keeps the executable; a hit calls it directly. PyTorch's own meta kernel
+for the op gives the result dtypes and shapes, so PyTorch's type promotion
+(Python scalars included) holds by construction, and PyTorch's error for a bad
+call is the error the user sees.
+
+Mutation is read from the op schema (``alias_info.is_write``): in-place and
+``out=`` variants run their functional lowering and write the results back;
+other mutating ops return the written arguments' new values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_debug.runtime import probes
+from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.config import config
+from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from tpu_debug.runtime.ops.registry import Lowering, lookup
+from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
+from tpu_debug.runtime.tensor import from_jax, to_jax, write
+
+__all__ = ["dispatch", "cache_stats", "clear_cache", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
+
+_OpOverload = torch._ops.OpOverload
+_Tensor = torch.Tensor
+_SCALARS = (int, float, bool, complex)
+
+
+class _Spec(tuple):
+    """A tensor's place in a cache key: (shape, dtype, on_cpu)."""
+
+    __slots__ = ()
+
+
+@dataclasses.dataclass(slots=True)
+class ExecutableStats:
+    """Counters for one cached executable."""
+
+    op: str
+    key: Any
+    compile_seconds: float
+    hits: int = 0
+    calls: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Executable:
+    fn: Any
+    out_struct: tuple
+    out_dtypes: tuple
+    stats: ExecutableStats
+    lowering: Lowering
+
+
+# ---------------------------------------------------------------------------
+# Per-overload plans (schema-derived mutation handling)
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    op: _OpOverload
+    name: str
+    kind: str | None  # None (pure) | "inplace" | "out" | "mutates"
+    functional: _OpOverload | None
+    writes: tuple[tuple[int, str, bool], ...]  # (position, name, is_list)
+    lowering: Lowering | None
+    returns_list: bool
+    meta_op: _OpOverload | None = None
+    strip: frozenset = frozenset()
+
+
+_plans: dict[_OpOverload, _Plan] = {}
+
+
+def _arg_names(schema, *, skip_out: bool) -> list[str]:
+    return [
+        a.name
+        for a in schema.arguments
+        if not (skip_out and a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)
+    ]
+
+
+def _functional_of(op: _OpOverload, kind: str) -> _OpOverload | None:
+    ns = torch.ops.aten
+    base = op._schema.name.split("::")[1]
+    if kind == "inplace":
+        base = base[:-1] if base.endswith("_") else base
+    packet = getattr(ns, base, None)
+    if packet is None:
+        return None
+    want = _arg_names(op._schema, skip_out=True)
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    if kind == "inplace":
+        same = getattr(packet, op._overloadname, None)
+        if same is not None:
+            return same
+    for cand in overloads:
+        s = cand._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments):
+            continue
+        if [a.name for a in s.arguments] == want:
+            return cand
+    return None
+
+
+def plan_for(op: _OpOverload) -> _Plan:
+    plan = _plans.get(op)
+    if plan is not None:
+        return plan
+    schema = op._schema
+    writes = tuple(
+        (i, a.name, isinstance(a.type, torch.ListType))
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+    own = lookup(op)
+    kind: str | None = None
+    functional: _OpOverload | None = op
+    lowering = own
+    if writes:
+        if own is not None and own.mutates_returns:
+            kind = "mutates"
+        elif schema.arguments[writes[0][0]].kwarg_only:
+            kind = "out"
+        elif schema.name.endswith("_"):
+            kind = "inplace"
+        else:
+            kind = "mutates"
+        if kind in ("out", "inplace"):
+            functional = _functional_of(op, kind)
+            if lowering is None and functional is not None:
+                lowering = lookup(functional)
+    returns_list = len(schema.returns) == 1 and isinstance(schema.returns[0].type, torch.ListType)
+    plan = _Plan(op, str(op).removeprefix("aten."), kind, functional, writes, lowering, returns_list)
+    out_via_functional = kind == "out" and functional is not None and lowering is not own
+    plan.meta_op = functional if out_via_functional else op
+    if out_via_functional:
+        plan.strip = frozenset(name for _pos, name, _l in writes)
+    _plans[op] = plan
+    return plan
+
+
+# ---------------------------------------------------------------------------
+# Keys: tensors become avals, everything else is static
+# ---------------------------------------------------------------------------
+
+
+def _scalar_key(v):
+    if type(v) is float and v != v:
+        return (float, "nan")
+    return (type(v), v)
+
+
+def _skeleton(value, arrays: list):
+    """Hashable stand-in for ``value``; tensors are appended to ``arrays``."""
+    if isinstance(value, _Tensor):
+        if value.device.type == "cpu":
+            if value.dim() != 0:
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least "
+                    "two devices, tpu:0 and cpu! Move the CPU tensor with .to('tpu')"
+                )
+            arrays.append(_cpu_to_jax(value, implicit=True))
+            return _Spec((value.shape, value.dtype, True))
+        arrays.append(to_jax(value))
+        return _Spec((value.shape, value.dtype, False))
+    t = type(value)
+    if t in _SCALARS:
+        return _scalar_key(value)
+    if t is list or t is tuple:
+        return (t, tuple(_skeleton(v, arrays) for v in value))
+    if isinstance(value, torch.Generator):
+        raise NotImplementedError(
+            "an explicit generator= on tpu: use a torch.Generator(device='tpu')"
+        )
+    if isinstance(value, torch.SymInt):
+        return (int, int(value))
+    return value
+
+
+def _fill(skel, it):
+    """Inverse of _skeleton inside the traced function."""
+    if type(skel) is _Spec:
+        return next(it)
+    t = type(skel)
+    if t is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
+        return skel[0](_fill(v, it) for v in skel[1])
+    if t is tuple and len(skel) == 2 and skel[0] in _SCALARS:
+        v = skel[1]
+        return float("nan") if v == "nan" and skel[0] is float else v
+    return skel
+
+
+def _to_meta(skel):
+    if type(skel) is _Spec:
+        shape, dtype, _ = skel
+        return torch.empty(shape, dtype=dtype, device="meta")
+    t = type(skel)
+    if t is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
+        return skel[0](_to_meta(v) for v in skel[1])
+    if t is tuple and len(skel) == 2 and skel[0] in _SCALARS:
+        v = skel[1]
+        return float("nan") if v == "nan" and skel[0] is float else v
+    if isinstance(skel, torch.device) and skel.type == "tpu":
+        return torch.device("meta")
+    return skel
+
+
+def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
+    out = []
+    names = [a.name for a in schema.arguments]
+
+    def one(name, s):
+        if type(s) is _Spec:
+            shape, dtype, _ = s
+            out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch.")))
+        elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple) and any(
+            type(v) is _Spec for v in s[1]
+        ):
+            for i, v in enumerate(s[1]):
+                one(f"{name}[{i}]", v)
+        else:
+            out.append(ArgSpec(name, static=_to_meta(s) if not isinstance(s, torch.Tensor) else None))
+
+    for i, s in enumerate(skel_args):
+        one(names[i] if i < len(names) else f"arg{i}", s)
+    for k, s in skel_kwargs:
+        one(k, s)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# Host <-> device
+# ---------------------------------------------------------------------------
+
+
+def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False) -> jax.Array:
+    start = time.perf_counter()
+    t = t.detach().resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        host = t.contiguous().view(torch.uint16).numpy().view(jnp.bfloat16)
+    else:
+        host = t.numpy()
+    with jax.enable_x64(True):
+        arr = jnp.array(host, dtype=to_jax_dtype(t.dtype))
+    if probes._probes:
+        probes.emit(
+            "on_transfer",
+            TransferInfo("h2d", t.numel() * t.element_size(), tuple(t.shape),
+                         str(t.dtype).removeprefix("torch."),
+                         "scalar" if implicit else "copy", time.perf_counter() - start),
+        )
+    return arr
+
+
+def from_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A new `tpu` tensor with the values of CPU tensor ``t``."""
+    return from_jax(_cpu_to_jax(t), t.dtype)
+
+
+def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
+    """A new CPU tensor with the values of `tpu` tensor ``t``."""
+    start = time.perf_counter()
+    arr = to_jax(t)
+    host = np.array(arr)
+    if t.dtype == torch.bfloat16:
+        out = torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(host)
+    if probes._probes:
+        probes.emit(
+            "on_transfer",
+            TransferInfo("d2h", out.numel() * out.element_size(), tuple(out.shape),
+                         str(out.dtype).removeprefix("torch."), op, time.perf_counter() - start),
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The executable cache
+# ---------------------------------------------------------------------------
+
+_cache: dict[Any, _Executable] = {}
+_cache_lock = threading.Lock()
+_guard = threading.local()
+
+
+def cache_stats() -> list[ExecutableStats]:
+    """Stats of every cached eager executable (op, key, compile time, hits)."""
+    return [e.stats for e in list(_cache.values())]
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def _flatten_out(out) -> tuple[list, tuple]:
+    flat: list = []
+    struct: list = []
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    single = not isinstance(out, (tuple, list))
+    for item in items:
+        if isinstance(item, (tuple, list)):
+            flat.extend(item)
+            struct.append(len(item))
+        else:
+            flat.append(item)
+            struct.append(-1)
+    return flat, (single, tuple(struct))
+
+
+def _meta_outputs(plan: _Plan, skel_args, skel_kwargs):
+    """Output (shape, dtype) list from PyTorch's meta kernel, or None if it has none."""
+    margs = [_to_meta(s) for s in skel_args]
+    mkwargs = {k: _to_meta(s) for k, s in skel_kwargs}
+    try:
+        out = plan.meta_op(*margs, **mkwargs)
+    except NotImplementedError:
+        return None
+    except RuntimeError as exc:
+        msg = str(exc)
+        if "meta" in msg.lower() and ("not implemented" in msg.lower() or "could not run" in msg.lower()):
+            return None
+        if "data-dependent" in msg or "DataDependentOutputException" in msg:
+            return None
+        raise
+    except Exception as exc:  # noqa: BLE001 - meta kernels raise assorted types for data-dependent ops
+        if type(exc).__name__ in ("DynamicOutputShapeException", "DataDependentOutputException"):
+            return None
+        raise
+    if plan.kind == "mutates":
+        tensors = [out] if isinstance(out, _Tensor) else [o for o in _iter_tensors(out)]
+        for pos, _name, is_list in plan.writes:
+            v = margs[pos] if pos < len(margs) else mkwargs.get(plan.op._schema.arguments[pos].name)
+            tensors.extend(v if is_list else [v])
+        return [(tuple(t.shape), t.dtype) for t in tensors]
+    return [(tuple(t.shape), t.dtype) for t in _iter_tensors(out)]
+
+
+def _iter_tensors(out):
+    if isinstance(out, _Tensor):
+        yield out
+    elif isinstance(out, (tuple, list)):
+        for o in out:
+            yield from _iter_tensors(o)
+
+
+def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Executable:
+    lowering = plan.lowering
+    meta = _meta_outputs(plan, skel_args, skel_kwargs) if lowering.cast_output else None
+    struct_box: list = []
+    scope = f"aten::{plan.name}"
+
+    def traced(*flat):
+        it = iter(flat)
+        args = [_fill(s, it) for s in skel_args]
+        kwargs = {k: _fill(s, it) for k, s in skel_kwargs}
+        if rng:
+            kwargs["key"] = next(it)
+        with jax.named_scope(scope):
+            out = lowering.fn(*args, **kwargs)
+            flat_out, struct = _flatten_out(out)
+            if meta is not None and len(meta) == len(flat_out):
+                flat_out = [
+                    o if o.dtype == to_jax_dtype(dt) else o.astype(to_jax_dtype(dt))
+                    for o, (_shape, dt) in zip((jnp.asarray(o) for o in flat_out), meta)
+                ]
+                for o, (shape, _dt) in zip(flat_out, meta):
+                    if tuple(o.shape) != shape:
+                        raise RuntimeError(
+                            f"internal error in the tpu lowering of aten::{plan.name}: "
+                            f"it produced shape {tuple(o.shape)}, PyTorch says {shape}"
+                        )
+        struct_box.append(struct)
+        return tuple(flat_out)
+
+    start = time.perf_counter()
+    with jax.enable_x64(True):
+        lowered = jax.jit(traced).lower(*arrays)
+        compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
+    stats = ExecutableStats(plan.name, key, seconds)
+    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering)
+    if probes._probes:
+        probes.emit(
+            "on_compile",
+            CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
+                        seconds, lowered, compiled),
+        )
+    return exe
+
+
+def _wrap(flat, struct, dtypes):
+    single, parts = struct
+    tensors = [from_jax(a, d) for a, d in zip(flat, dtypes)]
+    if single:
+        return tensors[0]
+    out = []
+    i = 0
+    for n in parts:
+        if n == -1:
+            out.append(tensors[i])
+            i += 1
+        else:
+            out.append(tensors[i : i + n])
+            i += n
+    return out
+
+
+def _written_targets(plan: _Plan, args, kwargs) -> list[torch.Tensor]:
+    targets: list[torch.Tensor] = []
+    schema_args = plan.op._schema.arguments
+    for pos, name, is_list in plan.writes:
+        v = args[pos] if pos < len(args) else kwargs.get(name, schema_args[pos].default_value)
+        if v is None:
+            continue
+        targets.extend(v if is_list else [v])
+    return targets
+
+
+def _resize_out(t: torch.Tensor, shape) -> None:
+    if tuple(t.shape) != tuple(shape):
+        t.resize_(shape)
+
+
+def _run_lowered(plan: _Plan, args, kwargs):
+    lowering = plan.lowering
+    arrays: list = []
+    skel_args = tuple(_skeleton(a, arrays) for a in args)
+    if kwargs:
+        strip = plan.strip
+        skel_kwargs = tuple((k, _skeleton(v, arrays)) for k, v in kwargs.items() if k not in strip)
+    else:
+        skel_kwargs = ()
+    rng = lowering.rng
+    if rng:
+        arrays.append(_random.next_key())
+    if lowering.eager_only:
+        it = iter(arrays)
+        a = [_fill(s, it) for s in skel_args]
+        kw = {k: _fill(s, it) for k, s in skel_kwargs}
+        if rng:
+            kw["key"] = next(it)
+        with jax.enable_x64(True), jax.named_scope(f"aten::{plan.name}"):
+            out = lowering.fn(*a, **kw)
+        flat, struct = _flatten_out(out)
+        return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
+    key = (plan.meta_op, skel_args, skel_kwargs)
+    exe = _cache.get(key)
+    if exe is None:
+        exe = _compile(plan, key, skel_args, skel_kwargs, arrays, rng)
+        with _cache_lock:
+            _cache[key] = exe
+    else:
+        exe.stats.hits += 1
+    exe.stats.calls += 1
+    if probes._probes:
+        start = time.perf_counter()
+        flat = exe.fn(*arrays)
+        probes.emit("on_execute", "eager", plan.name, key, time.perf_counter() - start)
+    else:
+        flat = exe.fn(*arrays)
+    return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
+
+
+def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
+    kind = plan.kind
+    if kind is None:
+        return _wrap(flat, struct, dtypes)
+    targets = _written_targets(plan, args, kwargs)
+    if kind == "mutates":
+        n_ret = len(flat) - len(targets)
+        for t, v in zip(targets, flat[n_ret:]):
+            write(t, v)
+        if not plan.op._schema.returns:
+            return None
+        single, parts = struct
+        ret_flat = list(flat[:n_ret])
+        return _wrap(ret_flat, (single, _trim(parts, n_ret)), dtypes[:n_ret])
+    # inplace / out: results go into the written arguments, which are returned
+    for t, v in zip(targets, flat):
+        if kind == "out":
+            _resize_out(t, v.shape)
+        write(t, v)
+    return _return_written(plan, args, kwargs, targets)
+
+
+def _trim(parts, n):
+    out = []
+    for p in parts:
+        size = 1 if p == -1 else p
+        if n <= 0:
+            break
+        out.append(p)
+        n -= size
+    return tuple(out)
+
+
+def _return_written(plan: _Plan, args, kwargs, targets):
+    returns = plan.op._schema.returns
+    if not returns:
+        return None
+    if plan.writes and plan.writes[0][2]:  # a list argument written in place
+        return None if not returns else targets
+    if len(returns) == 1:
+        return targets[0]
+    return tuple(targets[: len(returns)])
+
+
+# ---------------------------------------------------------------------------
+# Decomposition and CPU fallback
+# ---------------------------------------------------------------------------
+
+
+def _decomposition(op: _OpOverload):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(op)
+
+
+def _run_functional_then_write(plan: _Plan, args, kwargs):
+    """In-place / out= variant with no lowering: run the functional op, write back."""
+    schema_args = plan.op._schema.arguments
+    names = [a.name for a in schema_args]
+    targets = _written_targets(plan, args, kwargs)
+    fargs = list(args)
+    fkwargs = {k: v for k, v in kwargs.items() if not any(k == n for _, n, _ in plan.writes)}
+    fschema_names = [a.name for a in plan.functional._schema.arguments]
+    call_kwargs = {}
+    for i, v in enumerate(fargs):
+        call_kwargs[names[i]] = v
+    call_kwargs.update(fkwargs)
+    call_kwargs = {k: v for k, v in call_kwargs.items() if k in fschema_names}
+    out = plan.functional(**call_kwargs)
+    flat = [to_jax(o) for o in _iter_tensors(out)]
+    for t, v in zip(targets, flat):
+        if plan.kind == "out":
+            _resize_out(t, v.shape)
+        write(t, v)
+    return _return_written(plan, args, kwargs, targets)
+
+
+def _cpu_fallback(plan: _Plan, args, kwargs):
+    start = time.perf_counter()
+
+    def to_host(v):
+        if isinstance(v, _Tensor) and v.device.type == "tpu":
+            return to_cpu(v, op=f"fallback:{plan.name}")
+        if isinstance(v, (list, tuple)):
+            return type(v)(to_host(x) for x in v)
+        if isinstance(v, torch.device) and v.type == "tpu":
+            return torch.device("cpu")
+        return v
+
+    cargs = [to_host(a) for a in args]
+    ckwargs = {k: to_host(v) for k, v in kwargs.items()}
+    out = plan.op(*cargs, **ckwargs)
+    # written arguments: copy the CPU result back into the tpu tensors
+    if plan.writes:
+        schema_args = plan.op._schema.arguments
+        for pos, name, is_list in plan.writes:
+            dev = args[pos] if pos < len(args) else kwargs.get(name)
+            host = cargs[pos] if pos < len(cargs) else ckwargs.get(name)
+            if dev is None:
+                continue
+            pairs = zip(dev, host) if is_list else [(dev, host)]
+            for d, h in pairs:
+                if tuple(d.shape) != tuple(h.shape):
+                    d.resize_(h.shape)
+                write(d, _cpu_to_jax(h))
+        del schema_args
+        if plan.kind in ("inplace", "out"):
+            return _return_written(plan, args, kwargs, _written_targets(plan, args, kwargs))
+
+    def to_dev(v):
+        if isinstance(v, _Tensor):
+            return from_cpu(v)
+        if isinstance(v, (list, tuple)):
+            return type(v)(to_dev(x) for x in v)
+        return v
+
+    result = to_dev(out)
+    if probes._probes:
+        arrays: list = []
+        probes.emit("on_fallback", FallbackInfo(plan.name, (), time.perf_counter() - start))
+        del arrays
+    return result
+
+
+def _missing(plan: _Plan) -> NotImplementedError:
+    return NotImplementedError(
+        f"aten::{plan.name} has no tpu lowering or decomposition. "
+        "Set tpu_debug.runtime.config.cpu_fallback = True (or TPU_DEBUG_CPU_FALLBACK=1) "
+        "to run it on CPU, or add a lowering under runtime/ops/."
+    )
+
+
+def dispatch(op: _OpOverload, args, kwargs):
+    """Run aten overload ``op`` on `tpu` tensors (the PrivateUse1 kernel)."""
+    plan = _plans.get(op) or plan_for(op)
+    if plan.lowering is not None:
+        return _run_lowered(plan, args, kwargs)
+    active = getattr(_guard, "ops", None)
+    if active is None:
+        active = _guard.ops = set()
+    if op in active:
+        # a decomposition called the op it decomposes: nothing left to try
+        if config.cpu_fallback:
+            return _cpu_fallback(plan, args, kwargs)
+        raise _missing(plan)
+    active.add(op)
+    try:
+        if plan.kind in ("inplace", "out") and plan.functional is not None:
+            return _run_functional_then_write(plan, args, kwargs)
+        decomp = _decomposition(op)
+        if decomp is not None:
+            return decomp(*args, **kwargs)
+        if config.cpu_fallback:
+            return _cpu_fallback(plan, args, kwargs)
+        raise _missing(plan)
+    finally:
+        active.discard(op)
+
+
+def numel(shape) -> int:
+    return math.prod(shape)

@@ -1,0 +1,168 @@
+"""The `tpu` tensor's payload: a jax.Array kept on the tensor's storage.
+
+A `tpu` tensor is a plain PyTorch tensor on the PrivateUse1 key. Its data lives
+in a ``jax.Array`` attached to the Python object of its ``UntypedStorage``
+(PyTorch preserves that object for as long as the C++ storage lives, so the
+payload is freed with the storage). Views share the storage and carry their
+own size/stride/offset, exactly as PyTorch's view model does: a read gathers
+the view's elements from the storage payload, a write scatters them back, so
+every alias sees every write.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
+
+__all__ = ["to_jax", "from_jax", "write", "empty", "has_payload", "PAYLOAD_ATTR"]
+
+PAYLOAD_ATTR = "_tpu_debug_payload"
+_create_empty = torch._C._acc.create_empty_tensor
+
+
+class _Uninit:
+    """Storage allocated but never written (``torch.empty``): zeros on read."""
+
+    __slots__ = ("numel", "dtype")
+
+    def __init__(self, numel: int, dtype):
+        self.numel = numel
+        self.dtype = dtype
+
+    @property
+    def size(self) -> int:
+        return self.numel
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.numel,)
+
+
+def _materialize(storage, payload: _Uninit) -> jax.Array:
+    with jax.enable_x64(True):
+        arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
+    setattr(storage, PAYLOAD_ATTR, arr)
+    return arr
+
+
+def has_payload(t: torch.Tensor) -> bool:
+    return hasattr(t.untyped_storage(), PAYLOAD_ATTR)
+
+
+def _payload(t: torch.Tensor):
+    storage = t.untyped_storage()
+    try:
+        arr = getattr(storage, PAYLOAD_ATTR)
+    except AttributeError:
+        raise RuntimeError(
+            f"tpu tensor of shape {tuple(t.shape)} has no data (it was created "
+            "without going through tpu_debug, e.g. by a fake or meta tensor); "
+            "create it with a factory function or .to('tpu')"
+        ) from None
+    if type(arr) is _Uninit:
+        arr = _materialize(storage, arr)
+    return storage, arr
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _strided_read(flat_src, size, stride, offset):
+    flat = flat_src.reshape(-1)
+    idx = _indices(size, stride, offset)
+    return flat[idx].reshape(size)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4), donate_argnums=())
+def _strided_write(base, value, size, stride, offset):
+    flat = base.reshape(-1)
+    idx = _indices(size, stride, offset)
+    flat = flat.at[idx.reshape(-1)].set(value.reshape(-1).astype(flat.dtype))
+    return flat.reshape(base.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _indices(size, stride, offset) -> np.ndarray:
+    idx = np.full(size, offset, dtype=np.int64) if size else np.array(offset)
+    for dim, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[dim] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    idx = np.asarray(idx)
+    if idx.size and idx.max() < 2**31:
+        idx = idx.astype(np.int32)
+    return idx
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    return t.storage_offset() == 0 and t.is_contiguous()
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """The value of `tpu` tensor ``t`` as a jax.Array of ``t``'s shape and dtype."""
+    storage, arr = _payload(t)
+    if arr.shape == t.shape and _is_dense(t):
+        return arr
+    jdtype = to_jax_dtype(t.dtype)
+    if arr.dtype != jdtype:
+        raise NotImplementedError(
+            f"reading a {t.dtype} view of {arr.dtype} storage is not supported on "
+            "tpu (a dtype-reinterpreting view); use .to(dtype) instead of .view(dtype)"
+        )
+    size = tuple(t.shape)
+    if _is_dense(t) and arr.size == math.prod(size):
+        return arr.reshape(size)
+    with jax.enable_x64(True):
+        return _strided_read(arr, size, tuple(t.stride()), t.storage_offset())
+
+
+def write(t: torch.Tensor, value: jax.Array) -> None:
+    """Write ``value`` (``t``'s shape) into ``t``, visible through every alias."""
+    storage = t.untyped_storage()
+    jdtype = to_jax_dtype(t.dtype)
+    if value.dtype != jdtype:
+        value = value.astype(jdtype)
+    if tuple(value.shape) != tuple(t.shape):
+        value = jnp.broadcast_to(value, tuple(t.shape))
+    old = getattr(storage, PAYLOAD_ATTR, None)
+    numel = t.numel()
+    if old is None or (_is_dense(t) and old.size == numel):
+        setattr(storage, PAYLOAD_ATTR, value)
+        return
+    if type(old) is _Uninit:
+        old = _materialize(storage, old)
+    if numel == 0:
+        return
+    with jax.enable_x64(True):
+        new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    setattr(storage, PAYLOAD_ATTR, new)
+
+
+def from_jax(arr: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new `tpu` tensor holding ``arr`` (no copy)."""
+    if dtype is None:
+        dtype = to_torch_dtype(arr.dtype)
+    t = _create_empty(arr.shape, dtype)
+    setattr(t.untyped_storage(), PAYLOAD_ATTR, arr)
+    return t
+
+
+def empty(size, dtype: torch.dtype, stride=None) -> torch.Tensor:
+    """An uninitialised `tpu` tensor (reads as zeros until written)."""
+    size = tuple(size)
+    t = _create_empty(size, dtype)
+    numel = math.prod(size)
+    if stride is not None and tuple(stride) != tuple(t.stride()) and numel:
+        # storage must span the furthest element of the requested layout
+        extent = 1 + sum((n - 1) * s for n, s in zip(size, stride))
+        numel = max(numel, extent)
+        setattr(t.untyped_storage(), PAYLOAD_ATTR, _Uninit(numel, to_jax_dtype(dtype)))
+        t.set_(t.untyped_storage(), 0, size, tuple(stride))
+        return t
+    setattr(t.untyped_storage(), PAYLOAD_ATTR, _Uninit(numel, to_jax_dtype(dtype)))
+    return t
