@@ -209,6 +209,8 @@ def _local_scalar_dense(self):
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     target = torch.device(device) if device is not None else self.device
     dtype = dtype or self.dtype
+    if self.device.type != "tpu":  # host -> tpu
+        return eager.from_cpu(self.to(dtype=dtype))
     if target.type == "tpu":
         arr = to_jax(self)
         if dtype != self.dtype:

@@ -489,8 +489,11 @@ def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
         n_ret = len(flat) - len(targets)
         for t, v in zip(targets, flat[n_ret:]):
             write(t, v)
-        if not plan.op._schema.returns:
+        returns = plan.op._schema.returns
+        if not returns:
             return None
+        if any(r.alias_info is not None for r in returns):
+            return _aliased_returns(plan, args, kwargs, flat[:n_ret], dtypes[:n_ret])
         single, parts = struct
         ret_flat = list(flat[:n_ret])
         return _wrap(ret_flat, (single, _trim(parts, n_ret)), dtypes[:n_ret])
@@ -500,6 +503,24 @@ def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
             _resize_out(t, v.shape)
         write(t, v)
     return _return_written(plan, args, kwargs, targets)
+
+
+def _aliased_returns(plan: _Plan, args, kwargs, flat, dtypes):
+    """Returns that alias an argument (``Tensor(a!)``) are that argument itself."""
+    schema = plan.op._schema
+    by_set = {}
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            for name in a.alias_info.before_set:
+                by_set[name] = value
+    out = []
+    for i, r in enumerate(schema.returns):
+        if r.alias_info is not None:
+            out.append(by_set[next(iter(r.alias_info.before_set))])
+        else:
+            out.append(from_jax(flat[i], dtypes[i]))
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def _trim(parts, n):
