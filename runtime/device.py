@@ -315,8 +315,8 @@ def _register_kernels() -> list:
         for op, fn in special.items():
             lib.impl(op, fn, "PrivateUse1")
         done = set(special)
-        for op in registered():
-            if op in done:
+        for op, lowering in registered().items():
+            if op in done or lowering.view:
                 continue
             lib.impl(op, _lowered_kernel(op), "PrivateUse1")
             done.add(op)
@@ -396,4 +396,7 @@ def install() -> bool:
         setup(rename="tpu", backend_module=TpuModule())
         _state["libs"] = _register_kernels()
         _state["installed"] = True
-        return True
+    from tpu_debug.runtime.compiled import install_backends
+
+    install_backends()
+    return True

@@ -118,6 +118,12 @@ def _functional_of(op: _OpOverload, kind: str) -> _OpOverload | None:
     return None
 
 
+def op_name(op: _OpOverload) -> str:
+    """``add.Tensor``, ``relu`` (the default overload is not spelled out)."""
+    name = op._schema.name.split("::", 1)[1]
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
 def plan_for(op: _OpOverload) -> _Plan:
     plan = _plans.get(op)
     if plan is not None:
@@ -129,6 +135,8 @@ def plan_for(op: _OpOverload) -> _Plan:
         if a.alias_info is not None and a.alias_info.is_write
     )
     own = lookup(op)
+    if own is not None and own.view:
+        own = None  # eager views alias storage (device.py); the lowering is for graphs
     kind: str | None = None
     functional: _OpOverload | None = op
     lowering = own
@@ -146,7 +154,7 @@ def plan_for(op: _OpOverload) -> _Plan:
             if lowering is None and functional is not None:
                 lowering = lookup(functional)
     returns_list = len(schema.returns) == 1 and isinstance(schema.returns[0].type, torch.ListType)
-    plan = _Plan(op, str(op).removeprefix("aten."), kind, functional, writes, lowering, returns_list)
+    plan = _Plan(op, op_name(op), kind, functional, writes, lowering, returns_list)
     out_via_functional = kind == "out" and functional is not None and lowering is not own
     plan.meta_op = functional if out_via_functional else op
     if out_via_functional:

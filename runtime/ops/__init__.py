@@ -21,6 +21,7 @@ FAMILIES = (
     "indexing",
     "factories",
     "foreach",
+    "views",
 )
 
 _loaded = False

@@ -30,6 +30,9 @@ class Lowering:
             in-place or ``out=`` variant: the function returns the op's
             returns followed by the new value of each written argument.
         cast_output: cast results to the dtype PyTorch's meta kernel gives.
+        view: the op is a view. Eager mode never calls this function (a view
+            aliases its base's storage there); compiled graphs are functional
+            and use it to compute the view's value.
     """
 
     op: _OpOverload
@@ -38,6 +41,7 @@ class Lowering:
     eager_only: bool = False
     mutates_returns: bool = False
     cast_output: bool = True
+    view: bool = False
 
 
 _LOWERINGS: dict[_OpOverload, Lowering] = {}

@@ -1,0 +1,365 @@
+"""Compiled mode: an FX graph becomes one jitted JAX program.
+
+The dynamo backend hands each captured graph to AOTAutograd (with CPU stand-ins
+for the `tpu` example inputs, so tracing never touches device data), which
+gives functional aten-level forward and backward graphs. Each graph is
+interpreted node by node with the *same* lowerings the eager mode uses, inside
+one ``jax.jit``; every node runs in a ``jax.named_scope`` named after the FX
+node and its aten op, so optimized-HLO metadata maps back to FX nodes and their
+source lines.
+
+Parameters and buffers are graph inputs (never constants), so new weights do
+not recompile; random ops take a key input, so every call draws fresh numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import operator
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx
+
+from tpu_debug.runtime import probes
+from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from tpu_debug.runtime.ops.registry import lookup
+from tpu_debug.runtime.probes import ArgSpec, CompileInfo
+from tpu_debug.runtime.tensor import from_jax, to_jax
+
+__all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats", "FxNodeInfo"]
+
+_graph_ids = itertools.count(1)
+_aten = torch.ops.aten
+# shape queries: answered from the traced array's (static) shape
+_SHAPE_OPS = {
+    _aten.sym_size.int: lambda x, dim: x.shape[dim],
+    _aten.sym_numel.default: lambda x: x.size,
+    _aten.sym_stride.int: lambda x, dim: int(__import__("math").prod(x.shape[dim + 1 :])),
+    _aten.sym_storage_offset.default: lambda x: 0,
+}
+_lock = threading.Lock()
+_graphs: list[CompiledGraph] = []
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FxNodeInfo:
+    """One FX node of a compiled graph: its scope name in HLO metadata and its source."""
+
+    name: str
+    target: str
+    scope: str
+    stack_trace: str | None
+
+
+class UnsupportedGraphOp(NotImplementedError):
+    """A node of a compiled graph has no lowering."""
+
+
+def _decompositions() -> dict:
+    """Core aten decompositions, minus the ops we lower directly."""
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    for op in list(table):
+        if lookup(op) is not None:
+            del table[op]
+    return table
+
+
+def _fake_dtype(node):
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.dtype, tuple(val.shape)
+    return None
+
+
+class _GraphProgram:
+    """The JAX function of one FX graph (interpreting it node by node)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, graph_id: str, kind: str):
+        self.gm = gm
+        self.graph_id = graph_id
+        self.kind = kind
+        self.nodes: list[FxNodeInfo] = []
+        self.rng_nodes = 0
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                if node.target in _SHAPE_OPS:
+                    continue
+                low = lookup(node.target)
+                if low is None:
+                    raise UnsupportedGraphOp(
+                        f"graph {graph_id} ({kind}) node {node.name}: aten::"
+                        f"{str(node.target).removeprefix('aten.')} has no tpu lowering; "
+                        "add one under runtime/ops/ (compiled mode cannot fall back to CPU)"
+                    )
+                if low.rng:
+                    self.rng_nodes += 1
+                scope = f"{node.name}|aten::{str(node.target).removeprefix('aten.')}"
+                self.nodes.append(FxNodeInfo(node.name, str(node.target), scope, node.meta.get("stack_trace")))
+
+    def __call__(self, *flat):
+        env: dict[torch.fx.Node, Any] = {}
+        inputs = iter(flat)
+        key = None
+        if self.rng_nodes:
+            *_, key = flat
+            inputs = iter(flat[:-1])
+        rng_index = 0
+
+        def arg(a):
+            if isinstance(a, torch.fx.Node):
+                return env[a]
+            if isinstance(a, (list, tuple)):
+                return type(a)(arg(x) for x in a)
+            if isinstance(a, torch.device) and a.type != "meta":
+                return a
+            return a
+
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(inputs)
+            elif node.op == "call_function":
+                args = [arg(a) for a in node.args]
+                kwargs = {k: arg(v) for k, v in node.kwargs.items()}
+                target = node.target
+                if target is operator.getitem:
+                    env[node] = args[0][args[1]]
+                    continue
+                if not isinstance(target, torch._ops.OpOverload):
+                    env[node] = target(*args, **kwargs)
+                    continue
+                if target in _SHAPE_OPS:
+                    env[node] = _SHAPE_OPS[target](*args)
+                    continue
+                low = lookup(target)
+                if low.rng:
+                    kwargs["key"] = jax.random.fold_in(key, rng_index)
+                    rng_index += 1
+                    kwargs.pop("generator", None)
+                scope = f"{node.name}|aten::{str(target).removeprefix('aten.')}"
+                with jax.named_scope(scope):
+                    out = low.fn(*args, **kwargs)
+                    if low.mutates_returns:
+                        n_ret = len(target._schema.returns)
+                        out = out[:n_ret] if n_ret != 1 else out[0]
+                    env[node] = _cast_like(out, node)
+            elif node.op == "output":
+                outs = node.args[0]
+                return tuple(arg(o) if o is not None else None for o in outs)
+            else:
+                raise UnsupportedGraphOp(f"graph {self.graph_id}: FX node kind {node.op!r} is not supported")
+        raise RuntimeError(f"graph {self.graph_id} has no output node")
+
+
+def _cast_like(out, node):
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and hasattr(out, "dtype"):
+        want = to_jax_dtype(val.dtype)
+        out = jnp.asarray(out)
+        return out if out.dtype == want else out.astype(want)
+    if isinstance(val, (list, tuple)) and isinstance(out, (list, tuple)):
+        return type(out)(_cast_value(o, v) for o, v in zip(out, val))
+    return out
+
+
+def _cast_value(o, v):
+    if isinstance(v, torch.Tensor) and hasattr(o, "dtype"):
+        want = to_jax_dtype(v.dtype)
+        o = jnp.asarray(o)
+        return o if o.dtype == want else o.astype(want)
+    return o
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    compiled: Any
+    out_dtypes: tuple
+    none_outputs: tuple
+    calls: int = 0
+
+
+class CompiledGraph:
+    """One AOT forward or backward graph; executables cached by input signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, parent: str):
+        digest = hashlib.sha1(gm.code.encode()).hexdigest()[:10]
+        self.graph_id = f"{parent}/{kind}"
+        self.digest = digest
+        self.kind = kind
+        self.gm = gm
+        self.program = _GraphProgram(gm, self.graph_id, kind)
+        self.cache: dict[tuple, _Entry] = {}
+        self.compile_seconds = 0.0
+        with _lock:
+            _graphs.append(self)
+
+    def _signature(self, arrays) -> tuple:
+        return tuple((a.shape, a.dtype) if hasattr(a, "shape") else ("s", a) for a in arrays)
+
+    def __call__(self, args):
+        arrays = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                arrays.append(to_jax(a) if a.device.type == "tpu" else jnp.asarray(a.detach().numpy()))
+            else:
+                arrays.append(a)
+        args.clear()  # boxed calling convention: free inputs early
+        sig = self._signature(arrays)
+        entry = self.cache.get(sig)
+        if entry is None:
+            entry = self._compile(sig, arrays)
+        if self.program.rng_nodes:
+            arrays.append(_random.next_key())
+        entry.calls += 1
+        if probes._probes:
+            start = time.perf_counter()
+            outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
+            probes.emit("on_execute", "compiled", self.graph_id, sig, time.perf_counter() - start)
+        else:
+            outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
+        result = []
+        it = iter(outs)
+        for is_none, dt in zip(entry.none_outputs, entry.out_dtypes):
+            result.append(None if is_none else from_jax(next(it), dt))
+        return result
+
+    def _compile(self, sig, arrays) -> _Entry:
+        statics = {i: a for i, a in enumerate(arrays) if not hasattr(a, "shape")}
+        program = self.program
+        n = len(arrays)
+        out_nodes = list(self.gm.graph.output_node().args[0])
+        none_outputs = tuple(o is None for o in out_nodes)
+
+        def fn(*dyn):
+            it = iter(dyn)
+            full = [statics[i] if i in statics else next(it) for i in range(n)]
+            if program.rng_nodes:
+                full.append(next(it))
+            outs = program(*full)
+            return tuple(o for o in outs if o is not None)
+
+        example = [a for a in arrays if hasattr(a, "shape")]
+        if program.rng_nodes:
+            example.append(_random.next_key())
+        start = time.perf_counter()
+        with jax.enable_x64(True):
+            lowered = jax.jit(fn).lower(*example)
+            compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        self.compile_seconds += seconds
+        out_dtypes = []
+        leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
+        for is_none in none_outputs:
+            out_dtypes.append(None if is_none else to_torch_dtype(next(leaves).dtype))
+        entry = _Entry(compiled, tuple(out_dtypes), none_outputs)
+        self.cache[sig] = entry
+        if probes._probes:
+            specs = tuple(
+                ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
+                for i, a in enumerate(arrays)
+            )
+            probes.emit(
+                "on_compile",
+                CompileInfo(
+                    "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
+                    extra={"fx_nodes": tuple(program.nodes), "fx_code": self.gm.code, "kind": self.kind},
+                ),
+            )
+        return entry
+
+
+def graph_stats() -> list[dict]:
+    """Every compiled graph: id, kind, compiles, calls, compile seconds."""
+    return [
+        {
+            "graph_id": g.graph_id,
+            "kind": g.kind,
+            "compiles": len(g.cache),
+            "calls": sum(e.calls for e in g.cache.values()),
+            "compile_seconds": g.compile_seconds,
+        }
+        for g in list(_graphs)
+    ]
+
+
+def _stand_in(t):
+    if isinstance(t, torch.Tensor):
+        out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+        return out.requires_grad_(t.requires_grad)
+    return t
+
+
+def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from tpu_debug.runtime.device import install
+
+    install()
+    parent = f"g{next(_graph_ids)}"
+
+    def compiler(kind):
+        def compile_graph(graph: torch.fx.GraphModule, inputs):
+            program = CompiledGraph(graph, kind, parent)
+
+            def run(args):
+                return program(args)
+
+            run._boxed_call = True
+            return run
+
+        return compile_graph
+
+    stand_ins = [_stand_in(t) for t in example_inputs]
+    return aot_module_simplified(
+        gm,
+        stand_ins,
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=_decompositions(),
+        keep_inference_input_mutations=False,
+    )
+
+
+def compile(fn_or_module, **kwargs):
+    """``torch.compile(fn_or_module, backend="tpu_debug", **kwargs)``.
+
+    Example:
+        >>> model = tpu_debug.compile(model)
+    """
+    return torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
+
+
+def _auto_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """The default ``torch.compile`` backend: ours for `tpu` inputs, inductor otherwise."""
+    if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in example_inputs):
+        return dynamo_backend(gm, example_inputs, **kwargs)
+    from torch._dynamo.backends.registry import lookup_backend
+
+    return lookup_backend("inductor")(gm, example_inputs, **kwargs)
+
+
+def install_backends() -> None:
+    """Register ``"tpu"`` (unless another package has it) and make the default
+    backend pick ``tpu_debug`` for `tpu` inputs."""
+    from importlib.metadata import entry_points
+
+    from torch._dynamo.backends import registry
+
+    others = {ep.name for ep in entry_points(group="torch_dynamo_backends") if ep.value.split(":")[0] != __name__}
+    if "tpu_debug" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=dynamo_backend, name="tpu_debug")
+    if "tpu" not in others and "tpu" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=dynamo_backend, name="tpu")
+    if registry.get_default_backend() == "inductor":
+        registry.set_default_backend(_auto_backend)

@@ -1,0 +1,347 @@
+"""Matrix products and linear algebra: mm/bmm/addmm, factorizations, solves.
+
+Float32 products follow ``torch.get_float32_matmul_precision()``, read when an
+op is traced: "highest" -> ``Precision.HIGHEST``, "high" -> ``HIGH``, "medium"
+-> ``DEFAULT`` (on a TPU, one bf16 pass). Half-precision inputs accumulate in
+float32, as PyTorch does; integer products stay integer.
+
+Factorizations return what PyTorch's kernels return, including the auxiliary
+outputs its backward formulas read: LU factors with 1-based int32 pivots, and
+``info`` codes. ``_linalg_det``/``_linalg_slogdet`` return the LU of ``A^T``,
+which is what PyTorch's CPU kernel returns for a contiguous ``A`` (and what
+its backward then assumes).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from tpu_debug.runtime.ops._common import promote
+from tpu_debug.runtime.ops.registry import lower
+
+aten = torch.ops.aten
+
+__all__ = ["matmul_precision", "dot_general"]
+
+_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def matmul_precision() -> lax.Precision:
+    """The JAX precision matching ``torch.get_float32_matmul_precision()`` now."""
+    return _PRECISION.get(torch.get_float32_matmul_precision(), lax.Precision.HIGHEST)
+
+
+def _product_args(*arrays):
+    """(promoted arrays, kwargs for a JAX product) by PyTorch's rules."""
+    arrays = promote(*arrays)
+    dt = arrays[0].dtype
+    if jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_:
+        return arrays, {}
+    kw = {"precision": matmul_precision()}
+    if dt in _HALF:
+        kw["preferred_element_type"] = jnp.float32
+    return arrays, kw
+
+
+def dot_general(fn, *arrays):
+    """``fn(*arrays, **kw)`` with PyTorch's promotion, precision and accumulation."""
+    arrays, kw = _product_args(*arrays)
+    return fn(*arrays, **kw)
+
+
+def _scaled(product, self, *, beta, alpha):
+    # beta == 0 ignores self entirely (NaN/inf in self do not propagate)
+    out = product if alpha == 1 else product * alpha
+    if beta == 0:
+        return out
+    self = self.astype(out.dtype)
+    return out + (self if beta == 1 else self * beta)
+
+
+# ---- products ------------------------------------------------------------------
+
+
+@lower(aten.mm.default, aten.bmm.default)
+def mm(x, y):
+    return dot_general(jnp.matmul, x, y)
+
+
+@lower(aten.mm.dtype, aten.bmm.dtype)
+def mm_dtype(x, y, out_dtype):
+    return mm(x, y)  # half inputs already accumulate in float32; the result is cast to out_dtype
+
+
+@lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+def addmm(self, a, b, *, beta=1, alpha=1):
+    return _scaled(dot_general(jnp.matmul, a, b), self, beta=beta, alpha=alpha)
+
+
+@lower(aten.addmm.dtype, aten.baddbmm.dtype)
+def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
+    return addmm(self.astype(jnp.float32), a, b, beta=beta, alpha=alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, b1, b2, *, beta=1, alpha=1):
+    product = dot_general(lambda a, b, **kw: jnp.einsum("bij,bjk->ik", a, b, **kw), b1, b2)
+    return _scaled(product, self, beta=beta, alpha=alpha)
+
+
+@lower(aten.mv.default, aten.dot.default)
+def mv(x, y):
+    return dot_general(jnp.matmul, x, y)
+
+
+@lower(aten.vdot.default)
+def vdot(x, y):
+    return dot_general(jnp.matmul, jnp.conj(x), y)
+
+
+@lower(aten.trace.default)
+def trace(x):
+    d = jnp.diagonal(x)
+    if jnp.issubdtype(d.dtype, jnp.integer) or d.dtype == jnp.bool_:
+        d = d.astype(jnp.int64)
+    return jnp.sum(d)
+
+
+@lower(aten.linalg_cross.default)
+def linalg_cross(x, y, *, dim=-1):
+    x, y = promote(x, y)
+    shape = jnp.broadcast_shapes(x.shape, y.shape)
+    x, y = jnp.broadcast_to(x, shape), jnp.broadcast_to(y, shape)
+    return jnp.cross(x, y, axisa=dim, axisb=dim, axisc=dim)
+
+
+# ---- LU and what is built on it ------------------------------------------------
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
+
+
+def _lu(a):
+    """(LU, 1-based int32 pivots, permutation, info) of ``a``, PyTorch's layout."""
+    lu, pivots, perm = lax.linalg.lu(a)
+    return lu, pivots.astype(jnp.int32) + 1, perm, _diag_info(lu)
+
+
+def _diag_info(factor):
+    # LAPACK's info: 1-based index of the first exactly-zero (or NaN) pivot, 0 if none
+    d = jnp.diagonal(factor, axis1=-2, axis2=-1)
+    bad = (d == 0) | jnp.isnan(d)
+    first = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
+    return jnp.where(jnp.any(bad, axis=-1), first, jnp.zeros((), jnp.int32))
+
+
+def _batch_broadcast(a, b):
+    """Broadcast the batch dims of two stacks of matrices against each other."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _tri_solve(a, b, *, lower_, left=True, transpose=False, conjugate=False, unit=False):
+    a, b = _batch_broadcast(a, b)
+    return lax.linalg.triangular_solve(
+        a, b, left_side=left, lower=lower_, transpose_a=transpose,
+        conjugate_a=conjugate and jnp.iscomplexobj(a), unit_diagonal=unit,
+    )
+
+
+def _permutation(pivots, m):
+    return lax.linalg.lu_pivots_to_permutation(pivots - 1, m)
+
+
+def _lu_solve(lu, perm, b, *, adjoint=False):
+    """Solve ``A X = b`` (or ``A^H X = b``) from ``P^T A = L U`` (``A[perm] = L U``)."""
+    lu, b = _batch_broadcast(lu, b)
+    perm = jnp.broadcast_to(perm, lu.shape[:-1])
+    if not adjoint:
+        pb = jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+        y = _tri_solve(lu, pb, lower_=True, unit=True)
+        return _tri_solve(lu, y, lower_=False)
+    y = _tri_solve(lu, b, lower_=False, transpose=True, conjugate=True)
+    z = _tri_solve(lu, y, lower_=True, transpose=True, conjugate=True, unit=True)
+    inv = jnp.argsort(perm, axis=-1)
+    return jnp.take_along_axis(z, inv[..., :, None], axis=-2)
+
+
+def _lu_solve_sided(lu, perm, b, *, left, adjoint):
+    if left:
+        return _lu_solve(lu, perm, b, adjoint=adjoint)
+    # X A = B  <=>  A^H X^H = B^H
+    return _mH(_lu_solve(lu, perm, _mH(b), adjoint=not adjoint))
+
+
+@lower(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    _require_pivot(pivot)
+    lu, pivots, _perm, info = _lu(a)
+    return lu, pivots, info
+
+
+def _require_pivot(pivot):
+    if not pivot:
+        raise NotImplementedError(
+            "LU without pivoting (pivot=False) is not supported on tpu, as on CPU; use pivot=True"
+        )
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    _require_pivot(pivot)
+    lu, _pivots, perm, _info = _lu(a)
+    return _unpack(lu, perm, a.shape[-2], a.shape[-1])
+
+
+def _unpack(lu, perm, m, n):
+    k = min(m, n)
+    eye = jnp.eye(m, dtype=lu.dtype)
+    # A[perm] = L U  =>  A = P L U with P = I[perm]^T
+    p = _mT(eye[perm])
+    lower_ = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    upper = jnp.triu(lu[..., :k, :])
+    return p, lower_, upper
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2], lu.shape[-1]
+    perm = _permutation(pivots, m)
+    p, lower_, upper = _unpack(lu, perm, m, n)
+    empty = jnp.zeros((0,), lu.dtype)
+    return (p if unpack_pivots else empty, lower_ if unpack_data else empty, upper if unpack_data else empty)
+
+
+@lower(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    lu, b = promote(lu, b)
+    perm = _permutation(pivots, lu.shape[-1])
+    return _lu_solve_sided(lu, perm, b, left=left, adjoint=adjoint)
+
+
+def _is_vector_rhs(a, b) -> bool:
+    # PyTorch's rule (linalg_solve_is_vector_rhs)
+    return b.ndim == 1 or (a.ndim - 1 == b.ndim and b.shape == a.shape[:-1])
+
+
+@lower(aten._linalg_solve_ex.default)
+def linalg_solve_ex(a, b, *, left=True, check_errors=False):
+    a, b = promote(a, b)
+    vector = _is_vector_rhs(a, b)
+    rhs = b[..., None] if vector else b
+    lu, pivots, perm, info = _lu(a)
+    x = _lu_solve_sided(lu, perm, rhs, left=left, adjoint=False)
+    return (x[..., 0] if vector else x), lu, pivots, info
+
+
+@lower(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a, *, check_errors=False):
+    lu, _pivots, perm, info = _lu(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return _lu_solve(lu, perm, eye), info
+
+
+def _det_parts(a):
+    # the LU of A^T, as PyTorch's CPU kernel returns for a contiguous A
+    lu, pivots, _perm, _info = _lu(_mT(a))
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=jnp.int32), axis=-1)
+    parity = jnp.where(swaps % 2 == 1, -1, 1).astype(diag.dtype)
+    return lu, pivots, diag, parity
+
+
+@lower(aten._linalg_det.default)
+def linalg_det(a):
+    lu, pivots, diag, parity = _det_parts(a)
+    return parity * jnp.prod(diag, axis=-1), lu, pivots
+
+
+@lower(aten._linalg_slogdet.default)
+def linalg_slogdet(a):
+    lu, pivots, diag, parity = _det_parts(a)
+    absdiag = jnp.abs(diag)
+    logabs = jnp.sum(jnp.log(absdiag), axis=-1)
+    if jnp.iscomplexobj(diag):
+        phase = jnp.prod(diag / absdiag.astype(diag.dtype), axis=-1)
+        sign = parity * jnp.where(jnp.any(absdiag == 0, axis=-1), 0, phase)
+    else:
+        sign = parity * jnp.prod(jnp.sign(diag), axis=-1)
+    return sign, logabs, lu, pivots
+
+
+# ---- Cholesky, QR, eigh, SVD -----------------------------------------------------
+
+
+@lower(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
+    low = lax.linalg.cholesky(a, symmetrize_input=False)
+    return (_mH(low) if upper else low), _diag_info(low)
+
+
+@lower(aten.cholesky.default)
+def cholesky(a, upper=False):
+    return linalg_cholesky_ex(a, upper=upper)[0]
+
+
+@lower(aten.cholesky_solve.default)
+def cholesky_solve(b, factor, upper=False):
+    b, factor = promote(b, factor)
+    if upper:  # A = U^H U
+        y = _tri_solve(factor, b, lower_=False, transpose=True, conjugate=True)
+        return _tri_solve(factor, y, lower_=False)
+    y = _tri_solve(factor, b, lower_=True)
+    return _tri_solve(factor, y, lower_=True, transpose=True, conjugate=True)
+
+
+@lower(aten.cholesky_inverse.default)
+def cholesky_inverse(factor, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return cholesky_solve(eye, factor, upper)
+
+
+@lower(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    if mode == "r":
+        return jnp.zeros((0,), a.dtype), jnp.linalg.qr(a, mode="r")
+    q, r = jnp.linalg.qr(a, mode=mode)
+    return q, r
+
+
+@lower(aten._linalg_eigh.default)
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    v, w = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    return w, (v if compute_v else jnp.zeros((0,), a.dtype))
+
+
+@lower(aten._linalg_svd.default)
+def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        empty = jnp.zeros((0,), a.dtype)
+        return empty, jnp.linalg.svd(a, compute_uv=False), empty
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
+
+
+# ---- triangular solves -------------------------------------------------------------
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    a, b = promote(a, b)
+    return _tri_solve(a, b, lower_=not upper, left=left, unit=unitriangular)
+
+
+@lower(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    b, a = promote(b, a)
+    x = _tri_solve(a, b, lower_=not upper, transpose=transpose, unit=unitriangular)
+    return x, jnp.broadcast_to(a, x.shape[:-2] + a.shape[-2:])

@@ -1,0 +1,611 @@
+"""Reductions, scans, sorting and softmax.
+
+PyTorch's reduction rules, held here so every lowering agrees:
+
+- ``dim=None`` (and, for most ops, ``dim=[]``) reduces every dimension;
+  ``any``/``all`` with ``dim=[]`` reduce nothing.
+- integer and bool inputs sum/prod/cumsum to int64 unless ``dtype=`` says
+  otherwise; ``dtype=`` casts the input before reducing.
+- float16/bfloat16 accumulate in float32 and round once at the end, as
+  PyTorch's CPU kernels do.
+- max/min/amax/amin and their indices propagate NaN (the first NaN wins an
+  arg-reduction); sort/topk/kthvalue order NaN above +inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, jdtype
+from tpu_debug.runtime.ops.registry import lower
+
+aten = torch.ops.aten
+
+_REDUCED_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+# ---- helpers -------------------------------------------------------------------
+
+
+def _axes(dim, ndim: int, *, empty_means_all: bool = True) -> tuple[int, ...]:
+    """Canonical reduction axes; None (or [] where PyTorch says so) is every axis."""
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return tuple(range(ndim)) if empty_means_all else ()
+    return canonical_dims(dim, ndim)
+
+
+def _is_float(dt) -> bool:
+    return jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.complexfloating)
+
+
+def _acc(dt):
+    """The accumulation dtype PyTorch's CPU kernels use for ``dt``."""
+    return jnp.dtype(jnp.float32) if jnp.dtype(dt) in _REDUCED_FLOATS else jnp.dtype(dt)
+
+
+def _sum_dtype(x, dtype):
+    """Result dtype of sum/prod/cumsum: ``dtype=``, else int64 for integers and bool."""
+    if dtype is not None:
+        return jnp.dtype(jdtype(dtype))
+    if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+        return jnp.dtype(jnp.int64)
+    return x.dtype
+
+
+def _float_result(x, dtype=None):
+    """Result dtype of an op that is float-only (mean, var, norm, softmax)."""
+    if dtype is not None:
+        return jnp.dtype(jdtype(dtype))
+    if _is_float(x.dtype):
+        return x.dtype
+    return jnp.dtype(jdtype(torch.get_default_dtype()))
+
+
+def _count(shape, axes) -> int:
+    return math.prod(shape[a] for a in axes)
+
+
+def _nan_key(x):
+    """Keys that order NaN above everything and -0.0 equal to 0.0 (PyTorch's order)."""
+    if not _is_float(x.dtype):
+        if x.dtype == jnp.bool_:
+            return (x.astype(jnp.uint8),)
+        return (x,)
+    nan = jnp.isnan(x)
+    value = jnp.where(nan | (x == 0), jnp.zeros((), x.dtype), x)
+    return (nan, value)
+
+
+def _sort_ascending(x, axis: int):
+    """Stable ascending sort along ``axis``, NaN last: (values, int64 indices)."""
+    iota = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    keys = _nan_key(x)
+    out = lax.sort((*keys, x, iota), dimension=axis, is_stable=True, num_keys=len(keys))
+    return out[-2], out[-1]
+
+
+def _sort(x, axis: int, descending: bool):
+    """Stable sort along ``axis`` (ties keep input order in both directions)."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    if not descending:
+        return _sort_ascending(x, axis)
+    n = x.shape[axis]
+    values, idx = _sort_ascending(jnp.flip(x, axis), axis)
+    return jnp.flip(values, axis), jnp.flip(n - 1 - idx, axis)
+
+
+def _arg_extreme(x, axis, *, largest: bool):
+    """First index of the max (min) along ``axis``, a NaN counting as the extreme."""
+    if _is_float(x.dtype):
+        nan = jnp.isnan(x)
+        filled = jnp.where(nan, jnp.asarray(-jnp.inf if largest else jnp.inf, x.dtype), x)
+        best = jnp.argmax(filled, axis) if largest else jnp.argmin(filled, axis)
+        any_nan = jnp.any(nan, axis)
+        return jnp.where(any_nan, jnp.argmax(nan, axis), best).astype(jnp.int64)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    return (jnp.argmax(x, axis) if largest else jnp.argmin(x, axis)).astype(jnp.int64)
+
+
+def _extreme(x, axes, keepdims, *, largest: bool):
+    """max/min over ``axes`` with NaN propagating."""
+    if not axes and x.ndim:
+        return x
+    if x.dtype == jnp.bool_:
+        r = jnp.any(x, axes, keepdims=keepdims) if largest else jnp.all(x, axes, keepdims=keepdims)
+        return r
+    r = jnp.max(x, axes, keepdims=keepdims) if largest else jnp.min(x, axes, keepdims=keepdims)
+    if _is_float(x.dtype):
+        nan = jnp.any(jnp.isnan(x), axes, keepdims=keepdims)
+        r = jnp.where(nan, jnp.asarray(jnp.nan, x.dtype), r)
+    return r
+
+
+# ---- sum, mean, prod ------------------------------------------------------------
+
+
+def _sum(x, axes, keepdim, out_dtype):
+    x = x.astype(out_dtype) if x.dtype != out_dtype else x
+    acc = _acc(out_dtype)
+    return jnp.sum(x, axes, dtype=acc, keepdims=keepdim).astype(out_dtype)
+
+
+@lower(aten.sum.default)
+def sum_(x, *, dtype=None):
+    return _sum(x, tuple(range(x.ndim)), False, _sum_dtype(x, dtype))
+
+
+@lower(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, *, dtype=None):
+    return _sum(x, _axes(dim, x.ndim), keepdim, _sum_dtype(x, dtype))
+
+
+@lower(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    out_dtype = _sum_dtype(x, dtype)
+    if _is_float(x.dtype):
+        x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+    return _sum(x, _axes(dim, x.ndim), keepdim, out_dtype)
+
+
+def _mean(x, axes, keepdim, out_dtype):
+    acc = _acc(out_dtype)
+    total = jnp.sum(x.astype(acc), axes, keepdims=keepdim)
+    return (total / jnp.asarray(_count(x.shape, axes), acc)).astype(out_dtype)
+
+
+@lower(aten.mean.default)
+def mean(x, *, dtype=None):
+    return _mean(x, tuple(range(x.ndim)), False, _float_result(x, dtype))
+
+
+@lower(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    return _mean(x, _axes(dim, x.ndim), keepdim, _float_result(x, dtype))
+
+
+def _prod(x, axes, keepdim, out_dtype):
+    x = x.astype(out_dtype)
+    acc = _acc(out_dtype)
+    return jnp.prod(x.astype(acc), axes, keepdims=keepdim).astype(out_dtype)
+
+
+@lower(aten.prod.default)
+def prod(x, *, dtype=None):
+    return _prod(x, tuple(range(x.ndim)), False, _sum_dtype(x, dtype))
+
+
+@lower(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return _prod(x, _axes(dim, x.ndim), keepdim, _sum_dtype(x, dtype))
+
+
+@lower(aten.count_nonzero.dim_IntList)
+def count_nonzero_dims(x, dim):
+    return jnp.sum(x != 0, _axes(dim, x.ndim), dtype=jnp.int64)
+
+
+@lower(aten.count_nonzero.default)
+def count_nonzero(x, dim=None):
+    return jnp.sum(x != 0, _axes(dim, x.ndim), dtype=jnp.int64)
+
+
+# ---- max, min and friends --------------------------------------------------------
+
+
+@lower(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return _extreme(x, _axes(dim, x.ndim), keepdim, largest=True)
+
+
+@lower(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return _extreme(x, _axes(dim, x.ndim), keepdim, largest=False)
+
+
+@lower(aten.max.default)
+def max_(x):
+    return _extreme(x, tuple(range(x.ndim)), False, largest=True)
+
+
+@lower(aten.min.default)
+def min_(x):
+    return _extreme(x, tuple(range(x.ndim)), False, largest=False)
+
+
+def _extreme_dim(x, dim, keepdim, *, largest):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    values = _extreme(x, (axis,), keepdim, largest=largest)
+    idx = _arg_extreme(x, axis, largest=largest)
+    if keepdim:
+        idx = jnp.expand_dims(idx, axis)
+    return values, idx
+
+
+@lower(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _extreme_dim(x, dim, keepdim, largest=True)
+
+
+@lower(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return _extreme_dim(x, dim, keepdim, largest=False)
+
+
+def _arg(x, dim, keepdim, *, largest):
+    if dim is None:
+        idx = _arg_extreme(x.reshape(-1), 0, largest=largest) if x.ndim else jnp.zeros((), jnp.int64)
+        return idx.reshape((1,) * x.ndim) if keepdim else idx
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    idx = _arg_extreme(x, axis, largest=largest)
+    return jnp.expand_dims(idx, axis) if keepdim else idx
+
+
+@lower(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, largest=True)
+
+
+@lower(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, largest=False)
+
+
+@lower(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    axes = _axes(dim, x.ndim)
+    return (
+        _extreme(x, axes, keepdim, largest=False),
+        _extreme(x, axes, keepdim, largest=True),
+    )
+
+
+# ---- any / all -------------------------------------------------------------------
+
+
+def _logical(x, dim, keepdim, fn):
+    axes = _axes(dim, x.ndim, empty_means_all=False)
+    return fn(x != 0 if x.dtype != jnp.bool_ else x, axes, keepdims=keepdim)
+
+
+@lower(aten.any.default)
+def any_(x):
+    return _logical(x, None, False, jnp.any)
+
+
+@lower(aten.any.dim, aten.any.dims)
+def any_dim(x, dim=None, keepdim=False):
+    return _logical(x, dim, keepdim, jnp.any)
+
+
+@lower(aten.all.default)
+def all_(x):
+    return _logical(x, None, False, jnp.all)
+
+
+@lower(aten.all.dim, aten.all.dims)
+def all_dim(x, dim=None, keepdim=False):
+    return _logical(x, dim, keepdim, jnp.all)
+
+
+# ---- variance and standard deviation -------------------------------------------------
+
+
+def _var_mean(x, dim, correction, keepdim):
+    out_dtype = _float_result(x)
+    acc = _acc(out_dtype)
+    axes = _axes(dim, x.ndim)
+    xf = x.astype(acc)
+    n = _count(x.shape, axes)
+    mu = jnp.sum(xf, axes, keepdims=True) / jnp.asarray(n, acc)
+    dev = xf - mu
+    if jnp.issubdtype(acc, jnp.complexfloating):
+        sq = (dev * jnp.conj(dev)).real
+    else:
+        sq = dev * dev
+    c = 1 if correction is None else correction
+    var = jnp.sum(sq, axes, keepdims=keepdim) / jnp.asarray(max(n - c, 0), sq.dtype)
+    if not keepdim:
+        mu = jnp.squeeze(mu, axes) if axes else mu
+    return var, mu, out_dtype
+
+
+def _real(dt):
+    return jnp.finfo(dt).dtype if jnp.issubdtype(dt, jnp.complexfloating) else dt
+
+
+@lower(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    v, _, out = _var_mean(x, dim, correction, keepdim)
+    return v.astype(_real(out))
+
+
+@lower(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    v, _, out = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(v).astype(_real(out))
+
+
+@lower(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m, out = _var_mean(x, dim, correction, keepdim)
+    return v.astype(_real(out)), m.astype(out)
+
+
+@lower(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m, out = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(v).astype(_real(out)), m.astype(out)
+
+
+# ---- logsumexp and norms ----------------------------------------------------------------
+
+
+@lower(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    out_dtype = _float_result(x)
+    acc = _acc(out_dtype)
+    axes = _axes(dim, x.ndim)
+    xf = x.astype(acc)
+    if x.size == 0:
+        return jnp.log(jnp.sum(jnp.exp(xf), axes, keepdims=keepdim)).astype(out_dtype)
+    m = jnp.max(xf, axes, keepdims=True)
+    m = jnp.where(jnp.isinf(m), jnp.zeros((), acc), m)
+    r = jnp.log(jnp.sum(jnp.exp(xf - m), axes, keepdims=True)) + m
+    if not keepdim:
+        r = jnp.squeeze(r, axes) if axes else r
+    return r.astype(out_dtype)
+
+
+def _vector_norm(x, ord, axes, keepdim, out_dtype):
+    acc = _acc(out_dtype)
+    a = jnp.abs(x.astype(out_dtype)).astype(_real(acc))
+    ord = float(ord)
+    if ord == math.inf:
+        r = _extreme(a, axes, keepdim, largest=True) if a.size else jnp.zeros(
+            jnp.sum(a, axes, keepdims=keepdim).shape, a.dtype)
+    elif ord == -math.inf:
+        r = _extreme(a, axes, keepdim, largest=False)
+    elif ord == 0:
+        r = jnp.sum((a != 0).astype(a.dtype), axes, keepdims=keepdim)
+    elif ord == 1:
+        r = jnp.sum(a, axes, keepdims=keepdim)
+    elif ord == 2:
+        r = jnp.sqrt(jnp.sum(a * a, axes, keepdims=keepdim))
+    else:
+        r = jnp.power(jnp.sum(jnp.power(a, ord), axes, keepdims=keepdim), 1.0 / ord)
+    return r.astype(_real(out_dtype))
+
+
+@lower(aten.linalg_vector_norm.default)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    return _vector_norm(x, ord, _axes(dim, x.ndim), keepdim, _float_result(x, dtype))
+
+
+@lower(aten.norm.Scalar)
+def norm_scalar(x, p=2):
+    return _vector_norm(x, p, tuple(range(x.ndim)), False, _float_result(x))
+
+
+@lower(aten.norm.ScalarOpt_dtype)
+def norm_dtype(x, p, *, dtype):
+    return _vector_norm(x, 2 if p is None else p, tuple(range(x.ndim)), False, _float_result(x, dtype))
+
+
+@lower(aten.norm.ScalarOpt_dim)
+def norm_dim(x, p, dim, keepdim=False):
+    return _vector_norm(x, 2 if p is None else p, _axes(dim, x.ndim), keepdim, _float_result(x))
+
+
+@lower(aten.norm.ScalarOpt_dim_dtype)
+def norm_dim_dtype(x, p, dim, keepdim, *, dtype):
+    return _vector_norm(x, 2 if p is None else p, _axes(dim, x.ndim), keepdim, _float_result(x, dtype))
+
+
+# ---- scans ---------------------------------------------------------------------
+
+
+def _scan_axis(x, dim):
+    return canonical_dim(dim, x.ndim) if x.ndim else None
+
+
+@lower(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    out_dtype = _sum_dtype(x, dtype)
+    if x.ndim == 0:
+        return x.astype(out_dtype)
+    xf = x.astype(out_dtype).astype(_acc(out_dtype))
+    return jnp.cumsum(xf, _scan_axis(x, dim)).astype(out_dtype)
+
+
+@lower(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    out_dtype = _sum_dtype(x, dtype)
+    if x.ndim == 0:
+        return x.astype(out_dtype)
+    xf = x.astype(out_dtype).astype(_acc(out_dtype))
+    return jnp.cumprod(xf, _scan_axis(x, dim)).astype(out_dtype)
+
+
+@lower(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    out_dtype = x.dtype
+    xf = x.astype(_acc(out_dtype))
+    return lax.associative_scan(jnp.logaddexp, xf, axis=_scan_axis(x, dim)).astype(out_dtype)
+
+
+def _cum_extreme(x, dim, *, largest):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    if x.shape[axis] == 0:
+        return x, jnp.zeros(x.shape, jnp.int64)
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    v = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
+
+    def combine(a, b):
+        # b holds later elements: it wins on NaN, or on >= (<=) against a non-NaN
+        av, ai = a
+        bv, bi = b
+        better = bv >= av if largest else bv <= av
+        if _is_float(v.dtype):
+            take_b = jnp.isnan(bv) | (~jnp.isnan(av) & better)
+        else:
+            take_b = better
+        return jnp.where(take_b, bv, av), jnp.where(take_b, bi, ai)
+
+    values, indices = lax.associative_scan(combine, (v, idx), axis=axis)
+    return values.astype(x.dtype), indices
+
+
+@lower(aten.cummax.default)
+def cummax(x, dim):
+    return _cum_extreme(x, dim, largest=True)
+
+
+@lower(aten.cummin.default)
+def cummin(x, dim):
+    return _cum_extreme(x, dim, largest=False)
+
+
+# ---- sorting and selection -----------------------------------------------------------
+
+
+@lower(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    return _sort(x, canonical_dim(dim, x.ndim), descending)
+
+
+@lower(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return _sort(x, canonical_dim(dim, x.ndim), descending)
+
+
+@lower(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    values, idx = _sort(x, axis, descending=largest)
+    return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(idx, 0, k, axis=axis)
+
+
+@lower(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    values, idx = _sort(x, axis, descending=False)
+    v = lax.index_in_dim(values, k - 1, axis, keepdims=keepdim)
+    i = lax.index_in_dim(idx, k - 1, axis, keepdims=keepdim)
+    return v, i
+
+
+def _median_along(x, axis, keepdim, *, ignore_nan):
+    values, idx = _sort(x, axis, descending=False)
+    n = x.shape[axis]
+    if _is_float(x.dtype):
+        nan = jnp.isnan(x)
+        valid = n - jnp.sum(nan, axis, keepdims=True)
+    else:
+        valid = jnp.full(x.shape[:axis] + (1,) + x.shape[axis + 1:], n, jnp.int64)
+    if ignore_nan:
+        pos = jnp.maximum(valid - 1, 0) // 2
+    else:
+        # a NaN anywhere makes the median NaN: sorted NaNs sit after the valid values
+        pos = jnp.where(valid < n, valid, (n - 1) // 2)
+    pos = pos.astype(jnp.int64)
+    v = jnp.take_along_axis(values, pos, axis)
+    i = jnp.take_along_axis(idx, pos, axis)
+    if not keepdim:
+        v, i = jnp.squeeze(v, axis), jnp.squeeze(i, axis)
+    return v, i
+
+
+@lower(aten.median.default)
+def median(x):
+    if x.ndim == 0:
+        return x
+    return _median_along(x.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@lower(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    return _median_along(x, canonical_dim(dim, x.ndim), keepdim, ignore_nan=False)
+
+
+@lower(aten.nanmedian.default)
+def nanmedian(x):
+    if x.ndim == 0:
+        return x
+    return _median_along(x.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    return _median_along(x, canonical_dim(dim, x.ndim), keepdim, ignore_nan=True)
+
+
+# ---- softmax ------------------------------------------------------------------------
+
+
+def _softmax_axis(x, dim):
+    return canonical_dim(dim, x.ndim) if x.ndim else 0
+
+
+def _as_1d(*arrays):
+    """0-dim softmax inputs are softmaxed as one-element vectors."""
+    return tuple(a.reshape(1) if a.ndim == 0 else a for a in arrays)
+
+
+@lower(aten._softmax.default)
+def softmax(x, dim, half_to_float):
+    out_dtype = jnp.dtype(jnp.float32) if half_to_float else x.dtype
+    (xf,) = _as_1d(x.astype(_acc(x.dtype)))
+    return jax.nn.softmax(xf, axis=_softmax_axis(x, dim)).reshape(x.shape).astype(out_dtype)
+
+
+@lower(aten._log_softmax.default)
+def log_softmax(x, dim, half_to_float):
+    out_dtype = jnp.dtype(jnp.float32) if half_to_float else x.dtype
+    (xf,) = _as_1d(x.astype(_acc(x.dtype)))
+    return jax.nn.log_softmax(xf, axis=_softmax_axis(x, dim)).reshape(x.shape).astype(out_dtype)
+
+
+@lower(aten._softmax_backward_data.default)
+def softmax_backward(grad, output, dim, input_dtype):
+    acc = _acc(grad.dtype)
+    g, y = _as_1d(grad.astype(acc), output.astype(acc))
+    axis = _softmax_axis(grad, dim)
+    r = y * (g - jnp.sum(g * y, axis, keepdims=True))
+    return r.reshape(grad.shape).astype(jdtype(input_dtype))
+
+
+@lower(aten._log_softmax_backward_data.default)
+def log_softmax_backward(grad, output, dim, input_dtype):
+    acc = _acc(grad.dtype)
+    g, y = _as_1d(grad.astype(acc), output.astype(acc))
+    axis = _softmax_axis(grad, dim)
+    r = g - jnp.exp(y) * jnp.sum(g, axis, keepdims=True)
+    return r.reshape(grad.shape).astype(jdtype(input_dtype))
+

@@ -1,0 +1,210 @@
+"""The tpu device itself: registration, factories, movement, scalars, printing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tpu_debug
+from tpu_debug import runtime
+
+
+def test_install_is_idempotent():
+    assert runtime.installed()
+    assert runtime.install() is False
+
+
+def test_device_basics(tpu):
+    t = torch.ones(2, 3, device="tpu")
+    assert t.device == torch.device("tpu", 0)
+    assert t.is_tpu and not torch.ones(1).is_tpu
+    assert str(t.device) == "tpu:0"
+
+
+def test_torch_tpu_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    assert torch.tpu.get_device_name().startswith("XLA ")
+    torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda d: torch.zeros(2, 3, device=d),
+        lambda d: torch.ones(4, dtype=torch.int64, device=d),
+        lambda d: torch.full((2, 2), 3.5, device=d),
+        lambda d: torch.full((2,), 7, device=d),
+        lambda d: torch.arange(10, device=d),
+        lambda d: torch.arange(1.0, 4.0, 0.5, device=d),
+        lambda d: torch.arange(0, 10, 3, dtype=torch.float32, device=d),
+        lambda d: torch.empty(0, 3, device=d),
+        lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+        lambda d: torch.tensor(2.5, device=d),
+        lambda d: torch.zeros_like(torch.ones(3, dtype=torch.bfloat16, device=d)),
+        lambda d: torch.ones_like(torch.ones(3, device=d), dtype=torch.int32),
+        lambda d: torch.full_like(torch.ones(2, 2, device=d), 9.0),
+        lambda d: torch.eye(3, device=d),
+        lambda d: torch.linspace(0, 1, 5, device=d),
+    ],
+)
+def test_factories_match_cpu(factory):
+    ref = factory("cpu")
+    out = factory("tpu")
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), ref)
+
+
+def test_empty_has_right_metadata():
+    t = torch.empty(3, 4, dtype=torch.float16, device="tpu")
+    assert t.shape == (3, 4) and t.dtype == torch.float16 and t.device.type == "tpu"
+    s = torch.empty_strided((2, 3), (1, 2), device="tpu")
+    assert s.stride() == (1, 2)
+    s.copy_(torch.arange(6.0).reshape(2, 3))
+    torch.testing.assert_close(s.cpu(), torch.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+     torch.int16, torch.int8, torch.uint8, torch.bool],
+)
+def test_round_trip_every_dtype(dtype):
+    src = (torch.arange(12).reshape(3, 4) % 5).to(dtype)
+    d = src.to("tpu")
+    assert d.dtype == dtype
+    back = d.cpu()
+    assert back.dtype == dtype
+    torch.testing.assert_close(back, src)
+
+
+def test_int64_and_float64_are_not_downcast():
+    big = torch.tensor([2**40 + 1, -(2**50)], dtype=torch.int64)
+    torch.testing.assert_close((big.to("tpu") + 1).cpu(), big + 1)
+    precise = torch.tensor([1.0 + 1e-12], dtype=torch.float64)
+    torch.testing.assert_close((precise.to("tpu") * 3).cpu(), precise * 3)
+
+
+def test_to_and_tpu_method_and_module_to():
+    t = torch.randn(3)
+    assert t.tpu().device.type == "tpu"
+    assert t.to(torch.device("tpu")).device.type == "tpu"
+    m = torch.nn.Linear(3, 2).to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+
+
+def test_to_dtype_on_device():
+    t = torch.tensor([1.7, -2.2, 3.9])
+    torch.testing.assert_close(t.to("tpu").to(torch.int32).cpu(), t.to(torch.int32))
+    torch.testing.assert_close(t.to("tpu").double().cpu(), t.double())
+
+
+def test_item_tolist_bool_float_int():
+    t = torch.tensor([[1.5, -2.0], [0.0, 4.25]])
+    d = t.to("tpu")
+    assert d[0, 0].item() == 1.5 and isinstance(d[0, 0].item(), float)
+    assert d.tolist() == t.tolist()
+    assert bool(d[0, 0]) is True and bool(d[1, 0]) is False
+    assert float(d[1, 1]) == 4.25 and int(d[0, 1]) == -2
+    if d[0, 0] > 1:
+        pass
+    else:
+        pytest.fail("comparison on tpu gave the wrong truth value")
+    assert torch.tensor(7, device="tpu").item() == 7
+
+
+def test_numpy_raises_like_cuda():
+    with pytest.raises(TypeError, match=r"can't convert tpu:0 device type tensor to numpy\. Use Tensor\.cpu\(\)"):
+        torch.ones(2, device="tpu").numpy()
+
+
+def test_print_and_repr_show_values_and_device():
+    d = torch.tensor([[1.0, 2.5], [3.0, -4.0]], device="tpu")
+    text = repr(d)
+    assert "device='tpu:0'" in text
+    ref = repr(d.cpu())
+    assert ref.removeprefix("tensor(").split(")")[0].strip() in text
+    assert "device='tpu:0'" in str(torch.tensor([True, False], device="tpu"))
+    assert "device='tpu:0'" in repr(torch.arange(3, device="tpu"))
+    big = torch.arange(2000.0, device="tpu")
+    assert "..." in repr(big)
+
+
+def test_mixed_device_error():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+
+
+def test_cpu_scalar_tensor_mixes_like_cuda():
+    out = torch.ones(3, device="tpu") + torch.tensor(2.0)
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+
+
+def test_missing_lowering_names_the_overload(monkeypatch):
+    from tpu_debug.runtime import eager
+
+    op = torch.ops.aten.special_airy_ai.default
+    with pytest.raises(NotImplementedError, match=r"aten::special_airy_ai has no tpu lowering or decomposition"):
+        eager.dispatch(op, (torch.ones(2, device="tpu"),), {})
+
+
+def test_cpu_fallback_runs_on_cpu_and_counts(monkeypatch):
+    from tpu_debug.runtime import eager, probes
+
+    seen = []
+
+    class P:
+        def on_fallback(self, info):
+            seen.append(info.op)
+
+    p = P()
+    probes.subscribe(p)
+    monkeypatch.setattr(runtime.config, "cpu_fallback", True)
+    try:
+        x = torch.linspace(-2, 2, 5)
+        out = eager.dispatch(torch.ops.aten.special_airy_ai.default, (x.to("tpu"),), {})
+    finally:
+        probes.unsubscribe(p)
+    torch.testing.assert_close(out.cpu(), torch.special.airy_ai(x))
+    assert out.device.type == "tpu"
+    assert seen == ["special_airy_ai"]
+
+
+def test_config_env_is_strict():
+    from tpu_debug.runtime.config import RuntimeConfig
+
+    assert RuntimeConfig.from_env({"TPU_DEBUG_CPU_FALLBACK": "1"}).cpu_fallback is True
+    with pytest.raises(ValueError, match=r"TPU_DEBUG_CPU_FALLBACK='maybe' is not a boolean"):
+        RuntimeConfig.from_env({"TPU_DEBUG_CPU_FALLBACK": "maybe"})
+
+
+def test_import_in_fresh_process_registers_once():
+    code = (
+        "import torch, tpu_debug, tpu_debug.runtime as r;"
+        "assert r.install() is False;"
+        "print(torch.ones(2, device='tpu').sum().item())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2.0"
+
+
+def test_privateuse1_taken_is_refused():
+    code = (
+        "import torch\n"
+        "torch.utils.rename_privateuse1_backend('npu')\n"
+        "try:\n"
+        "    import tpu_debug\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "DeviceTakenError PrivateUse1 is already registered as 'npu'" in out.stdout, out.stderr
+
+
+def test_version():
+    assert tpu_debug.__version__

@@ -1,0 +1,126 @@
+"""Views alias their base: a write through any view is seen by the base and the
+other views, and a write to the base is seen by the views (issue 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+VIEWS = {
+    "view": lambda t: t.view(6, 4),
+    "reshape_viewing": lambda t: t.reshape(24),
+    "t": lambda t: t[0].t(),
+    "transpose": lambda t: t.transpose(0, 2),
+    "permute": lambda t: t.permute(2, 0, 1),
+    "slice": lambda t: t[:, 1:3],
+    "slice_step": lambda t: t[..., ::2],
+    "select": lambda t: t[1],
+    "select_neg": lambda t: t[:, -1],
+    "narrow": lambda t: t.narrow(2, 1, 2),
+    "diagonal": lambda t: t[0].diagonal(),
+    "unbind": lambda t: t.unbind(1)[2],
+    "expand": lambda t: t[:, :1, :1].expand(2, 3, 4),
+    "squeeze": lambda t: t[:, :1].squeeze(1),
+    "unsqueeze": lambda t: t.unsqueeze(0),
+    "as_strided": lambda t: t.as_strided((3, 2), (4, 2), 1),
+    "unfold": lambda t: t[0, 0].unfold(0, 2, 2),  # non-overlapping: overlapping in-place writes are undefined in PyTorch
+    "split": lambda t: t.split(1, dim=1)[1],
+    "chunk": lambda t: t.chunk(2, dim=2)[1],
+    "detach": lambda t: t.detach(),
+    "flatten": lambda t: t.flatten(),
+    "movedim": lambda t: t.movedim(0, 2),
+    "view_as": lambda t: t.view_as(torch.empty(4, 6)),
+    "indexing_none": lambda t: t[None, 1, :, 2],
+}
+
+BASE = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+
+
+def _pair(name):
+    cpu = BASE.clone()
+    dev = BASE.clone().to("tpu")
+    return cpu, VIEWS[name](cpu), dev, VIEWS[name](dev)
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view_shares_storage_and_values(name):
+    cpu, cv, dev, dv = _pair(name)
+    assert dv.shape == cv.shape and dv.stride() == cv.stride()
+    assert dv.storage_offset() == cv.storage_offset()
+    assert dv.untyped_storage()._cdata == dev.untyped_storage()._cdata
+    torch.testing.assert_close(dv.cpu(), cv)
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_write_through_view_reaches_base(name):
+    cpu, cv, dev, dv = _pair(name)
+    if name == "expand":  # writing to overlapping memory is an error on CPU too
+        with pytest.raises(RuntimeError):
+            cv.add_(1)
+        return
+    cv.mul_(-1).add_(0.5)
+    dv.mul_(-1).add_(0.5)
+    torch.testing.assert_close(dev.cpu(), cpu)
+    torch.testing.assert_close(dv.cpu(), cv)
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_write_to_base_reaches_view(name):
+    cpu, cv, dev, dv = _pair(name)
+    cpu.add_(100)
+    dev.add_(100)
+    torch.testing.assert_close(dv.cpu(), cv)
+    cpu[0].zero_()
+    dev[0].zero_()
+    torch.testing.assert_close(dv.cpu(), cv)
+
+
+def test_write_seen_by_sibling_views():
+    dev = torch.zeros(4, 4, device="tpu")
+    row = dev[1]
+    col = dev[:, 2]
+    row.fill_(3.0)
+    assert col.cpu().tolist() == [0.0, 3.0, 0.0, 0.0]
+    col.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert row.cpu().tolist() == [3.0, 3.0, 2.0, 3.0]
+
+
+def test_setitem_forms():
+    cpu = torch.zeros(3, 4)
+    dev = cpu.to("tpu")
+    for target in (cpu, dev):
+        target[0] = 1.0
+        target[1, 2] = 5.0
+        target[:, 3] = torch.tensor([7.0, 8.0, 9.0], device=target.device)
+        target[2, :2] += 4
+    torch.testing.assert_close(dev.cpu(), cpu)
+
+
+def test_copy_is_independent():
+    dev = torch.ones(3, device="tpu")
+    c = dev.clone()
+    c.add_(1)
+    assert dev.cpu().tolist() == [1.0, 1.0, 1.0]
+    assert c.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_out_variant_resizes_and_writes():
+    a = torch.arange(6.0).reshape(2, 3)
+    out_cpu = torch.empty(0)
+    out_dev = torch.empty(0, device="tpu")
+    torch.add(a, 1, out=out_cpu)
+    torch.add(a.to("tpu"), 1, out=out_dev)
+    assert out_dev.shape == (2, 3)
+    torch.testing.assert_close(out_dev.cpu(), out_cpu)
+
+
+def test_out_variant_into_view():
+    base = torch.zeros(3, 4, device="tpu")
+    torch.mul(torch.ones(4, device="tpu"), 2, out=base[1])
+    assert base.cpu()[1].tolist() == [2.0] * 4 and base.cpu().sum().item() == 8.0
+
+
+def test_inplace_dtype_error_is_pytorchs():
+    # PyTorch's own meta kernel rejects the call, with PyTorch's message
+    with pytest.raises(RuntimeError, match=r"in-place ops are not possible|can't be cast to the desired output type Long"):
+        torch.ones(2, dtype=torch.int64, device="tpu").add_(1.5)

@@ -1,0 +1,49 @@
+"""Every error tpu_debug raises on purpose: one base class, one subclass per kind of mistake.
+
+Messages give the fact, the offending value and the fix (STYLE.md 10), so the
+CLI can print ``str(error)`` as its single line.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TpuDebugError",
+    "ConfigError",
+    "TraceActiveError",
+    "RunNotFoundError",
+    "RunDamagedError",
+    "SchemaVersionError",
+    "CommandError",
+]
+
+
+class TpuDebugError(Exception):
+    """Base of every error tpu_debug raises for a user-facing reason."""
+
+
+class ConfigError(TpuDebugError, ValueError):
+    """An option or ``TPU_DEBUG_*`` variable holds a value tpu_debug does not accept."""
+
+
+class TraceActiveError(TpuDebugError, RuntimeError):
+    """A trace was started while another one is recording."""
+
+
+class RunNotFoundError(TpuDebugError, FileNotFoundError):
+    """No run where one was asked for."""
+
+
+class RunDamagedError(TpuDebugError):
+    """A run database that cannot be read: damaged, truncated or not a run at all."""
+
+
+class SchemaVersionError(TpuDebugError):
+    """A run written with a store layout this tpu_debug does not read."""
+
+
+class CommandError(TpuDebugError):
+    """A CLI command failed; carries the process exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,192 @@
+"""Per-program HLO: content hashing, instruction parsing, FX node -> instruction mapping.
+
+Names come from JAX, not from guessing: the runtime runs each eager op inside
+``jax.named_scope("aten::<op>")`` and each FX node of a compiled graph inside
+a named scope carrying the node name (issue 3), and XLA keeps those scopes in
+every optimized instruction's ``metadata={op_name="jit(f)/<scope>/.../<prim>"}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tpu_debug.tracers.events import SourceLocation
+from tpu_debug.tracers.location import is_library_file
+
+__all__ = [
+    "HloInstruction",
+    "FxNodeInfo",
+    "Program",
+    "program_hash",
+    "parse_instructions",
+    "instruction_lines",
+    "fx_nodes_from",
+    "map_nodes",
+    "make_program",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HloInstruction:
+    """One instruction of an optimized HLO module."""
+
+    computation: str
+    name: str
+    opcode: str
+    op_name: str  # the named-scope path from metadata ("" when none)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FxNodeInfo:
+    """An FX node of a compiled graph: its name, target and user source line."""
+
+    name: str
+    target: str
+    location: SourceLocation | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Program:
+    """One distinct program as the run store keeps it (once per content hash)."""
+
+    hash: str
+    mode: str
+    name: str
+    stablehlo: str
+    hlo: str
+    instructions: int
+    fx_nodes: tuple[FxNodeInfo, ...] = ()
+    node_instructions: tuple[tuple[str, str], ...] = ()  # (node, instruction)
+
+
+def program_hash(stablehlo: str, hlo: str) -> str:
+    """The content hash a program is stored under (sha256 of both texts)."""
+    h = hashlib.sha256()
+    h.update(stablehlo.encode())
+    h.update(b"\0")
+    h.update(hlo.encode())
+    return h.hexdigest()
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+
+
+def parse_instructions(hlo: str) -> list[HloInstruction]:
+    """Instructions of an optimized HLO module's text, in order, with their scope paths."""
+    out: list[HloInstruction] = []
+    computation = ""
+    for line in hlo.splitlines():
+        if not line or line[0] not in " \t":
+            m = _COMPUTATION.match(line)
+            if m:
+                computation = m.group(1)
+            continue
+        m = _INSTRUCTION.match(line)
+        if m is None:
+            continue
+        op = _OP_NAME.search(line)
+        out.append(HloInstruction(computation, m.group(1), m.group(2), op.group(1) if op else ""))
+    return out
+
+
+def instruction_lines(hlo: str, names: Iterable[str]) -> str:
+    """The lines of ``hlo`` that define the named instructions (with their computation headers)."""
+    wanted = set(names)
+    lines: list[str] = []
+    header = ""
+    header_shown = False
+    for line in hlo.splitlines():
+        if line and line[0] not in " \t":
+            if _COMPUTATION.match(line):
+                header, header_shown = line, False
+            continue
+        m = _INSTRUCTION.match(line)
+        if m is not None and m.group(1) in wanted:
+            if not header_shown and header:
+                lines.append(header)
+                header_shown = True
+            lines.append(line)
+    return "\n".join(lines)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (.+)')
+
+
+def _location_from_stack_trace(stack_trace: str | None) -> SourceLocation | None:
+    """The innermost user frame of an FX node's ``meta["stack_trace"]``."""
+    if not stack_trace:
+        return None
+    found = None
+    for m in _FRAME.finditer(stack_trace):
+        file, line, function = m.group(1), int(m.group(2)), m.group(3).strip()
+        if not is_library_file(file):
+            found = SourceLocation(file, line, function)
+    return found
+
+
+def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
+    """Normalise what a compiled-mode ``CompileInfo.extra["fx_nodes"]`` holds.
+
+    Accepts ``torch.fx.Node`` objects (``name``, ``target``,
+    ``meta["stack_trace"]``), mappings with ``name`` and optional ``target``,
+    ``stack_trace`` or ``location`` (``(file, line[, function])``), or plain
+    node names.
+    """
+    out = []
+    for node in nodes:
+        if isinstance(node, str):
+            out.append(FxNodeInfo(node, "", None))
+            continue
+        if isinstance(node, Mapping):
+            name = str(node["name"])
+            target = node.get("target", "")
+            stack = node.get("stack_trace")
+            loc = node.get("location")
+        else:
+            name = str(node.name)
+            target = getattr(node, "target", "")
+            stack = getattr(node, "meta", {}).get("stack_trace")
+            loc = None
+        location = None
+        if loc is not None:
+            location = SourceLocation(str(loc[0]), int(loc[1]), str(loc[2]) if len(loc) > 2 else "")
+        else:
+            location = _location_from_stack_trace(stack)
+        target_name = target if isinstance(target, str) else getattr(target, "__name__", None) or str(target)
+        out.append(FxNodeInfo(name, str(target_name), location))
+    return tuple(out)
+
+
+_TOKEN_END = re.compile(r"[\s(\[:]")
+
+
+def map_nodes(instructions: Iterable[HloInstruction], nodes: Iterable[str]) -> list[tuple[str, str]]:
+    """(node, instruction) pairs: an instruction belongs to every node whose name is
+    a component of its scope path (or the first word of one: ``"mul_1 (aten.mul)"``)."""
+    wanted = set(nodes)
+    pairs = []
+    for ins in instructions:
+        if not ins.op_name:
+            continue
+        seen = set()
+        for part in ins.op_name.split("/"):
+            token = _TOKEN_END.split(part, maxsplit=1)[0]
+            for cand in (part, token):
+                if cand in wanted and cand not in seen:
+                    seen.add(cand)
+                    pairs.append((cand, ins.name))
+    return pairs
+
+
+def make_program(mode: str, name: str, stablehlo: str, hlo: str, fx_nodes: Iterable[Any] = ()) -> Program:
+    """Build the stored form of one program, FX node mapping included when nodes are given."""
+    instructions = parse_instructions(hlo)
+    nodes = fx_nodes_from(fx_nodes) if fx_nodes else ()
+    pairs = tuple(map_nodes(instructions, (n.name for n in nodes))) if nodes else ()
+    return Program(program_hash(stablehlo, hlo), mode, name, stablehlo, hlo, len(instructions), nodes, pairs)
