@@ -193,9 +193,7 @@ def _skeleton(value, arrays: list):
     if t is list or t is tuple:
         return (t, tuple(_skeleton(v, arrays) for v in value))
     if isinstance(value, torch.Generator):
-        raise NotImplementedError(
-            "an explicit generator= on tpu: use a torch.Generator(device='tpu')"
-        )
+        raise NotImplementedError("generator= is only meaningful for random ops")
     if isinstance(value, torch.SymInt):
         return (int, int(value))
     return value
@@ -451,6 +449,11 @@ def _resize_out(t: torch.Tensor, shape) -> None:
 def _run_lowered(plan: _Plan, args, kwargs):
     lowering = plan.lowering
     arrays: list = []
+    key_data = None
+    if lowering.rng and kwargs and kwargs.get("generator") is not None:
+        kwargs = dict(kwargs)
+        key_data = _random.key_from_generator(kwargs["generator"])
+        kwargs["generator"] = None
     skel_args = tuple(_skeleton(a, arrays) for a in args)
     if kwargs:
         strip = plan.strip
@@ -459,7 +462,7 @@ def _run_lowered(plan: _Plan, args, kwargs):
         skel_kwargs = ()
     rng = lowering.rng
     if rng:
-        arrays.append(_random.next_key())
+        arrays.append(_random.next_key() if key_data is None else key_data)
     if lowering.eager_only:
         it = iter(arrays)
         a = [_fill(s, it) for s in skel_args]

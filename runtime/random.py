@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["manual_seed", "seed", "initial_seed", "next_key", "get_rng_state", "set_rng_state"]
+__all__ = ["manual_seed", "seed", "initial_seed", "next_key", "key_from_generator", "get_rng_state", "set_rng_state"]
 
 _lock = threading.Lock()
 _seed = 67280421310721
@@ -44,6 +44,22 @@ def next_key() -> np.ndarray:
         s = _seed
     hi = (s >> 32) ^ (s & 0xFFFF_FFFF) ^ ((c >> 32) * 0x9E3779B9)
     return np.array([hi & 0xFFFF_FFFF, c & 0xFFFF_FFFF], dtype=np.uint32)
+
+
+def key_from_generator(generator: torch.Generator) -> np.ndarray:
+    """A key drawn from an explicit ``torch.Generator``.
+
+    PyTorch cannot create a Generator for a Python-registered PrivateUse1
+    device, so a CPU generator is accepted: each draw advances it, so the same
+    ``manual_seed`` gives the same tpu numbers and consecutive calls differ.
+    """
+    if generator.device.type not in ("cpu", "tpu"):
+        raise ValueError(
+            f"generator on {generator.device} cannot drive tpu random ops; "
+            "pass a CPU torch.Generator (tpu generators cannot be created in PyTorch's Python API)"
+        )
+    bits = torch.randint(0, 2**62, (1,), generator=generator).item()
+    return np.array([(bits >> 31) & 0xFFFF_FFFF, bits & 0x7FFF_FFFF], dtype=np.uint32)
 
 
 def get_rng_state() -> torch.Tensor:

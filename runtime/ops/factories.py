@@ -152,3 +152,8 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None, key):
     # Gumbel top-k: sampling without replacement
     g = jax.random.gumbel(key, probs.shape, jnp.float32)
     return jax.lax.top_k(logits + g, num_samples)[1].astype(jnp.int64)
+
+
+@lower(aten.randperm.generator_out, rng=True)
+def randperm_out(n, *, generator=None, out, key):
+    return jax.random.permutation(key, n).astype(out.dtype)
