@@ -31,7 +31,7 @@ from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
-from tpu_debug.runtime.tensor import from_jax, to_jax, write
+from tpu_debug.runtime.tensor import from_jax, read_parts, to_jax, view_value, write
 
 __all__ = ["dispatch", "cache_stats", "clear_cache", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
 
@@ -185,8 +185,12 @@ def _skeleton(value, arrays: list):
                 )
             arrays.append(_cpu_to_jax(value, implicit=True))
             return _Spec((value.shape, value.dtype, True))
-        arrays.append(to_jax(value))
-        return _Spec((value.shape, value.dtype, False))
+        arr, view = read_parts(value)
+        arrays.append(arr)
+        if view is None:
+            return _Spec((value.shape, value.dtype, False))
+        # a strided view: the executable gathers it from the storage array itself
+        return _Spec((value.shape, value.dtype, False, arr.shape, view))
     t = type(value)
     if t in _SCALARS:
         return _scalar_key(value)
@@ -202,7 +206,10 @@ def _skeleton(value, arrays: list):
 def _fill(skel, it):
     """Inverse of _skeleton inside the traced function."""
     if type(skel) is _Spec:
-        return next(it)
+        if len(skel) == 3:
+            return next(it)
+        stride, offset = skel[4]
+        return view_value(next(it), tuple(skel[0]), stride, offset)
     t = type(skel)
     if t is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
         return skel[0](_fill(v, it) for v in skel[1])
@@ -214,8 +221,7 @@ def _fill(skel, it):
 
 def _to_meta(skel):
     if type(skel) is _Spec:
-        shape, dtype, _ = skel
-        return torch.empty(shape, dtype=dtype, device="meta")
+        return torch.empty(skel[0], dtype=skel[1], device="meta")
     t = type(skel)
     if t is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
         return skel[0](_to_meta(v) for v in skel[1])
@@ -233,7 +239,7 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
 
     def one(name, s):
         if type(s) is _Spec:
-            shape, dtype, _ = s
+            shape, dtype = s[0], s[1]
             out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch.")))
         elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple) and any(
             type(v) is _Spec for v in s[1]

@@ -17,11 +17,12 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 import torch
 
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "has_payload", "PAYLOAD_ATTR"]
+__all__ = ["to_jax", "from_jax", "write", "empty", "has_payload", "read_parts", "view_value", "PAYLOAD_ATTR"]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
@@ -71,11 +72,43 @@ def _payload(t: torch.Tensor):
     return storage, arr
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _strided_read(flat_src, size, stride, offset):
-    flat = flat_src.reshape(-1)
+def view_value(src, size, stride, offset):
+    """The elements of a (size, stride, offset) view of storage array ``src``
+    (traceable: used inside executables, so reading a view costs no extra op)."""
+    flat = src.reshape(-1)
+    numel = math.prod(size)
+    if tuple(stride) == _contiguous_strides(size):
+        return lax.slice(flat, (offset,), (offset + numel,)).reshape(size)
+    # a permuted contiguous block (t(), transpose, permute): slice + transpose, not a gather
+    perm = sorted(range(len(size)), key=lambda d: -stride[d])
+    psize = tuple(size[d] for d in perm)
+    if tuple(stride[d] for d in perm) == _contiguous_strides(psize) and offset + numel <= flat.shape[0]:
+        block = lax.slice(flat, (offset,), (offset + numel,)).reshape(psize)
+        return jnp.transpose(block, np.argsort(perm))
     idx = _indices(size, stride, offset)
     return flat[idx].reshape(size)
+
+
+def _contiguous_strides(size) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+_strided_read = jax.jit(view_value, static_argnums=(1, 2, 3))
+
+
+def read_parts(t: torch.Tensor):
+    """(storage array, view geometry or None): what an executable needs to read ``t``."""
+    _storage, arr = _payload(t)
+    if arr.shape == t.shape and _is_dense(t):
+        return arr, None
+    if arr.dtype != to_jax_dtype(t.dtype):
+        to_jax(t)  # raises the dtype-view error
+    return arr, (tuple(t.stride()), t.storage_offset())
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4), donate_argnums=())

@@ -1,0 +1,69 @@
+"""Eager dispatch cost: µs per small op on `tpu`, beside torch CPU and raw jax.jit.
+
+All three run in this one process, interleaved, so the ratios hold on a noisy
+machine. Writes nothing; paste the table into benchmarks/README.md.
+
+    python benchmarks/eager_dispatch.py [--repeat 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import torch
+
+import tpu_debug  # noqa: F401
+
+
+def _time(fn, repeat: int) -> float:
+    for _ in range(50):
+        fn()
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        samples.append((time.perf_counter() - start) / repeat * 1e6)
+    return statistics.median(samples)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=2000)
+    args = parser.parse_args(argv)
+    a_cpu, b_cpu = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
+    lin_cpu = torch.nn.Linear(64, 64)
+    lin = torch.nn.Linear(64, 64).to("tpu")
+    ja, jb = jnp.asarray(a_cpu.numpy()), jnp.asarray(b_cpu.numpy())
+    jw, jbias = jnp.asarray(lin_cpu.weight.detach().numpy()), jnp.asarray(lin_cpu.bias.detach().numpy())
+    jit_add = jax.jit(lambda x, y: x + y)
+    jit_mul = jax.jit(lambda x, y: x * y)
+    jit_relu = jax.jit(lambda x: jnp.maximum(x, 0))
+    jit_sum = jax.jit(lambda x: x.sum())
+    jit_mm = jax.jit(lambda x, y: x @ y)
+    jit_lin = jax.jit(lambda x, w, bb: x @ w.T + bb)
+    cases = [
+        ("add 64x64", lambda: a + b, lambda: a_cpu + b_cpu, lambda: jit_add(ja, jb)),
+        ("mul 64x64", lambda: a * b, lambda: a_cpu * b_cpu, lambda: jit_mul(ja, jb)),
+        ("relu 64x64", lambda: torch.relu(a), lambda: torch.relu(a_cpu), lambda: jit_relu(ja)),
+        ("sum 64x64", lambda: a.sum(), lambda: a_cpu.sum(), lambda: jit_sum(ja)),
+        ("mm 64x64", lambda: a @ b, lambda: a_cpu @ b_cpu, lambda: jit_mm(ja, jb)),
+        ("nn.Linear(64,64) fwd", lambda: lin(a), lambda: lin_cpu(a_cpu), lambda: jit_lin(ja, jw, jbias)),
+    ]
+    print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |")
+    print("|---|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for name, dev, cpu, raw in cases:
+            t_dev = _time(dev, args.repeat)
+            t_cpu = _time(cpu, args.repeat)
+            t_raw = _time(raw, args.repeat)
+            print(f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
