@@ -185,6 +185,7 @@ class _Entry:
     out_dtypes: tuple
     none_outputs: tuple
     calls: int = 0
+    scalars: dict = dataclasses.field(default_factory=dict)
 
 
 class CompiledGraph:
@@ -228,8 +229,9 @@ class CompiledGraph:
             outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
         result = []
         it = iter(outs)
-        for is_none, dt in zip(entry.none_outputs, entry.out_dtypes):
-            result.append(None if is_none else from_jax(next(it), dt))
+        scalars = entry.scalars
+        for i, (is_none, dt) in enumerate(zip(entry.none_outputs, entry.out_dtypes)):
+            result.append(scalars.get(i) if is_none else from_jax(next(it), dt))
         return result
 
     def _compile(self, sig, arrays) -> _Entry:
@@ -237,7 +239,15 @@ class CompiledGraph:
         program = self.program
         n = len(arrays)
         out_nodes = list(self.gm.graph.output_node().args[0])
-        none_outputs = tuple(o is None for o in out_nodes)
+        # outputs: None, a tensor, or a Python scalar (a shape saved for backward)
+        kinds = tuple(
+            "none" if o is None
+            else "tensor" if isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor)
+            else "scalar"
+            for o in out_nodes
+        )
+        none_outputs = tuple(k != "tensor" for k in kinds)
+        scalars: dict[int, Any] = {}
 
         def fn(*dyn):
             it = iter(dyn)
@@ -245,7 +255,10 @@ class CompiledGraph:
             if program.rng_nodes:
                 full.append(next(it))
             outs = program(*full)
-            return tuple(o for o in outs if o is not None)
+            for i, (k, o) in enumerate(zip(kinds, outs)):
+                if k == "scalar":
+                    scalars[i] = int(o) if not hasattr(o, "dtype") else o
+            return tuple(o for k, o in zip(kinds, outs) if k == "tensor")
 
         example = [a for a in arrays if hasattr(a, "shape")]
         if program.rng_nodes:
@@ -260,7 +273,7 @@ class CompiledGraph:
         leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
         for is_none in none_outputs:
             out_dtypes.append(None if is_none else to_torch_dtype(next(leaves).dtype))
-        entry = _Entry(compiled, tuple(out_dtypes), none_outputs)
+        entry = _Entry(compiled, tuple(out_dtypes), none_outputs, scalars=dict(scalars))
         self.cache[sig] = entry
         if probes._probes:
             specs = tuple(

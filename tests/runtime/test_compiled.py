@@ -1,0 +1,251 @@
+"""Compiled mode against PyTorch on CPU: forward, gradients, optimizer steps."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tpu_debug
+from tpu_debug.runtime import compiled
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(x, 2)
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.fc(x)
+
+
+def _train_compare(make_model, make_batch, loss_fn, steps=5, opt="adamw", **compile_kw):
+    cpu_model = make_model()
+    dev_model = copy.deepcopy(cpu_model).to("tpu")
+    step_dev = tpu_debug.compile(dev_model, **compile_kw)
+    opts = []
+    for m in (cpu_model, dev_model):
+        if opt == "sgd":
+            opts.append(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+        else:
+            opts.append(torch.optim.AdamW(m.parameters(), lr=1e-2))
+    for step in range(steps):
+        x, y = make_batch(step)
+        losses = []
+        for model, fwd, o, dev in ((cpu_model, cpu_model, opts[0], "cpu"), (dev_model, step_dev, opts[1], "tpu")):
+            o.zero_grad()
+            loss = loss_fn(fwd(x.to(dev)), y.to(dev))
+            loss.backward()
+            losses.append(loss)
+            o.step()
+        torch.testing.assert_close(losses[1].cpu(), losses[0], **TOL)
+    for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-3, atol=1e-4, msg=name)
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-3, atol=1e-4, msg=name)
+    for (name, b_cpu), b_dev in zip(cpu_model.named_buffers(), dev_model.buffers()):
+        torch.testing.assert_close(b_dev.cpu(), b_cpu, rtol=1e-3, atol=1e-4, msg=name)
+    return cpu_model, dev_model
+
+
+def test_mlp_forward_backward_and_adamw_steps():
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(5)]
+    _train_compare(_mlp, lambda i: batches[i], F.cross_entropy)
+
+
+def test_cnn_with_batchnorm_train_mode_sgd():
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 5, (4,), generator=g)) for _ in range(5)]
+
+    def make():
+        torch.manual_seed(0)
+        return SmallCNN()
+
+    _train_compare(make, lambda i: batches[i], F.cross_entropy, opt="sgd")
+
+
+def test_cnn_eval_mode_forward():
+    torch.manual_seed(0)
+    model = SmallCNN()
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(8, 3, 16, 16))  # non-trivial running stats
+    model.eval()
+    dev = copy.deepcopy(model).to("tpu")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        out = tpu_debug.compile(dev)(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), model(x), **TOL)
+
+
+def test_tiny_llama_forward_and_training():
+    cfg = LlamaConfig()
+    g = torch.Generator().manual_seed(3)
+    tokens = [torch.randint(0, cfg.vocab, (1, 33), generator=g) for _ in range(3)]
+
+    def make():
+        torch.manual_seed(0)
+        return TinyLlama(cfg)
+
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.reshape(-1, cfg.vocab), target.reshape(-1))
+
+    _train_compare(make, lambda i: (tokens[i][:, :-1], tokens[i][:, 1:]), loss_fn, steps=3)
+
+
+def test_weights_change_does_not_recompile_new_shape_does():
+    model = _mlp().to("tpu")
+    fwd = tpu_debug.compile(model)
+    before = len(compiled.graph_stats())
+    with torch.no_grad():
+        fwd(torch.randn(4, 8).to("tpu"))
+        for p in model.parameters():
+            p.add_(0.1)
+        fwd(torch.randn(4, 8).to("tpu"))
+    stats = compiled.graph_stats()[before:]
+    assert sum(s["compiles"] for s in stats) == 1
+    with torch.no_grad():
+        fwd(torch.randn(6, 8).to("tpu"))
+    stats = compiled.graph_stats()[before:]
+    # one more program for the new batch size (dynamo may mark the dim dynamic: still one compile)
+    assert sum(s["compiles"] for s in stats) == 2
+
+
+def test_dropout_is_fresh_each_call_and_seeded():
+    def f(x):
+        return F.dropout(x, p=0.5, training=True)
+
+    cf = tpu_debug.compile(f)
+    x = torch.ones(10000, device="tpu")
+    torch.manual_seed(0)
+    a, b = cf(x).cpu(), cf(x).cpu()
+    torch.manual_seed(0)
+    a2 = cf(x).cpu()
+    assert not torch.equal(a, b)
+    torch.testing.assert_close(a, a2)
+    assert abs((a != 0).float().mean().item() - 0.5) < 0.03
+    torch.testing.assert_close(a[a != 0], torch.full_like(a[a != 0], 2.0))
+
+
+def test_graph_break_runs_python_between_graphs():
+    def f(x):
+        y = x * 2
+        if y.sum().item() > 0:  # data-dependent: a graph break
+            return y + 1
+        return y - 1
+
+    x = torch.randn(5)
+    out = tpu_debug.compile(f)(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x))
+
+
+def test_inplace_and_buffer_mutation_in_graph():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x):
+            self.count.add_(x.sum(0))
+            y = x.clone()
+            y.mul_(3)
+            return y
+
+    cpu = M()
+    dev = M().to("tpu")
+    f = tpu_debug.compile(dev)
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+    torch.testing.assert_close(dev.count.cpu(), cpu.count)
+
+
+def test_default_backend_picks_tpu_debug_for_tpu_inputs():
+    before = len(compiled.graph_stats())
+    out = torch.compile(lambda x: x.sin() + 1)(torch.ones(3, device="tpu"))
+    torch.testing.assert_close(out.cpu(), torch.ones(3).sin() + 1)
+    assert len(compiled.graph_stats()) > before
+
+
+def test_backend_by_name():
+    for name in ("tpu_debug", "tpu"):
+        torch._dynamo.reset()
+        out = torch.compile(lambda x: x * 3, backend=name)(torch.ones(2, device="tpu"))
+        torch.testing.assert_close(out.cpu(), torch.full((2,), 3.0))
+
+
+def test_optimizer_step_inside_compiled_function():
+    torch.manual_seed(0)
+    cpu_model = nn.Linear(4, 2)
+    dev_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1)
+
+    def step(model, opt, x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    cstep = tpu_debug.compile(step)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        step(cpu_model, cpu_opt, x)
+        cstep(dev_model, dev_opt, x.to("tpu"))
+    torch.testing.assert_close(dev_model.weight.cpu(), cpu_model.weight, **TOL)
+
+
+def test_graph_program_records_fx_scopes():
+    seen = []
+
+    class P:
+        def on_compile(self, info):
+            if info.mode == "compiled":
+                seen.append(info)
+
+    from tpu_debug.runtime import probes
+
+    p = P()
+    probes.subscribe(p)
+    try:
+        tpu_debug.compile(lambda x: torch.relu(x) * 2)(torch.randn(4, device="tpu"))
+    finally:
+        probes.unsubscribe(p)
+    info = seen[-1]
+    nodes = info.extra["fx_nodes"]
+    assert any(n.target == "aten.relu.default" for n in nodes)
+    hlo = info.hlo()
+    relu = next(n for n in nodes if n.target == "aten.relu.default")
+    assert relu.scope in hlo  # optimized HLO metadata names the FX node
+    assert relu.stack_trace and "test_compiled.py" in relu.stack_trace
