@@ -1,9 +1,8 @@
 """Compiled mode: an FX graph becomes one jitted JAX program.
 
-The dynamo backend hands each captured graph to AOTAutograd (with CPU stand-ins
-for the `tpu` example inputs, so tracing never touches device data), which
-gives functional aten-level forward and backward graphs. Each graph is
-interpreted node by node with the *same* lowerings the eager mode uses, inside
+The dynamo backend hands each captured graph to AOTAutograd, which fakes the
+`tpu` example inputs (tracing never touches device data) and gives functional
+aten-level forward and backward graphs. Each graph is interpreted node by node with the *same* lowerings the eager mode uses, inside
 one ``jax.jit``; every node runs in a ``jax.named_scope`` named after the FX
 node and its aten op, so optimized-HLO metadata maps back to FX nodes and their
 source lines.
@@ -24,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.fx
 
@@ -65,9 +65,13 @@ class UnsupportedGraphOp(NotImplementedError):
 
 def _decompositions() -> dict:
     """Core aten decompositions, minus the ops we lower directly."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions())
+    # beyond the core set: any PyTorch decomposition of an op we have no lowering for
+    for op, fn in decomposition_table.items():
+        if op not in table and lookup(op) is None:
+            table[op] = fn
     for op in list(table):
         if lookup(op) is not None:
             del table[op]
@@ -262,7 +266,7 @@ class CompiledGraph:
 
         example = [a for a in arrays if hasattr(a, "shape")]
         if program.rng_nodes:
-            example.append(_random.next_key())
+            example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
         start = time.perf_counter()
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*example)
@@ -304,13 +308,6 @@ def graph_stats() -> list[dict]:
     ]
 
 
-def _stand_in(t):
-    if isinstance(t, torch.Tensor):
-        out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
-        return out.requires_grad_(t.requires_grad)
-    return t
-
-
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -332,10 +329,12 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
         return compile_graph
 
-    stand_ins = [_stand_in(t) for t in example_inputs]
+    # The real `tpu` inputs go to AOTAutograd: it fakes them itself (FakeTensor
+    # works on PrivateUse1 tensors), and sharing dynamo's shape environment keeps
+    # every symbol tied to an input (CPU stand-ins break that for BatchNorm).
     return aot_module_simplified(
         gm,
-        stand_ins,
+        list(example_inputs),
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),

@@ -310,23 +310,30 @@ def _register_kernels() -> list:
     }
     for op in _view_ops():
         special.setdefault(op, _meta_view(op))
+    from torch import _dynamo
+
+    # Kernels run eagerly even inside a compiled region (after a graph break, in
+    # autograd): dynamo must not try to trace into them, or into JAX.
+    def shielded(fn):
+        return _dynamo.disable(fn, recursive=True)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # overriding composite kernels for PrivateUse1 is the point
         for op, fn in special.items():
-            lib.impl(op, fn, "PrivateUse1")
+            lib.impl(op, shielded(fn), "PrivateUse1")
         done = set(special)
         for op, lowering in registered().items():
             if op in done or lowering.view:
                 continue
-            lib.impl(op, _lowered_kernel(op), "PrivateUse1")
+            lib.impl(op, shielded(_lowered_kernel(op)), "PrivateUse1")
             done.add(op)
             # the in-place and out= variants go straight to our kernel too
             for variant in _variants(op):
                 if variant not in done:
-                    lib.impl(variant, _lowered_kernel(variant), "PrivateUse1")
+                    lib.impl(variant, shielded(_lowered_kernel(variant)), "PrivateUse1")
                     done.add(variant)
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_boxed_fallback, "PrivateUse1", with_keyset=True)
+    fallback.fallback(shielded(_boxed_fallback), "PrivateUse1", with_keyset=True)
     return [lib, fallback]
 
 

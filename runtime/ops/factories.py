@@ -157,3 +157,51 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None, key):
 @lower(aten.randperm.generator_out, rng=True)
 def randperm_out(n, *, generator=None, out, key):
     return jax.random.permutation(key, n).astype(out.dtype)
+
+
+# ---- factories as they appear in compiled graphs (eager mode has its own kernels
+# for empty/empty_strided/_to_copy in runtime/device.py; these serve graphs) ------
+
+
+def _dtype_of(x, dtype):
+    return x.dtype if dtype is None else jdtype(dtype)
+
+
+@lower(aten.full_like.default)
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.full(x.shape, fill_value, dtype=_dtype_of(x, dtype))
+
+
+@lower(aten.empty_like.default, aten.zeros_like.default)
+def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, _dtype_of(x, dtype))
+
+
+@lower(aten.ones_like.default)
+def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(x.shape, _dtype_of(x, dtype))
+
+
+@lower(aten.empty.memory_format, aten.zeros.default)
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(tuple(size), jdtype(dtype or torch.get_default_dtype()))
+
+
+@lower(aten.ones.default)
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), jdtype(dtype or torch.get_default_dtype()))
+
+
+@lower(aten.empty_strided.default)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), jdtype(dtype or torch.get_default_dtype()))
+
+
+@lower(aten._to_copy.default)
+def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return x if dtype is None else x.astype(jdtype(dtype))
+
+
+@lower(aten.copy.default)
+def copy(x, src, non_blocking=False):
+    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
