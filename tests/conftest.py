@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import os
 
-# Tests never pick up a user's TPU_DEBUG_* settings by accident.
-for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_")]:
+# Tests never pick up a user's TPU_DEBUG_* settings by accident; TPU_DEBUG_OPINFO_* select
+# the OpInfo harness tier and results file (issue 7), not runtime behaviour.
+for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.startswith("TPU_DEBUG_OPINFO_")]:
     del os.environ[_name]
 
 import pytest  # noqa: E402

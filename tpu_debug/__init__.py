@@ -1,6 +1,7 @@
 """tpu_debug: see what PyTorch does on an XLA (TPU) device, op by op and compile by compile.
 
-``import tpu_debug`` registers the ``tpu`` device (once).
+``import tpu_debug`` registers the ``tpu`` device (once). Recording is explicit:
+``with tpu_debug.trace() as session:`` or ``tpu-debug run script.py``.
 """
 
 from __future__ import annotations
@@ -8,6 +9,23 @@ from __future__ import annotations
 from tpu_debug._version import __version__
 from tpu_debug.runtime import install as _install
 
-__all__ = ["__version__"]
-
 _install()
+
+from tpu_debug.config import TraceConfig  # noqa: E402
+from tpu_debug.errors import TpuDebugError  # noqa: E402
+from tpu_debug.report import print_report  # noqa: E402
+from tpu_debug.runs import list_runs  # noqa: E402
+from tpu_debug.session import Session, open_run  # noqa: E402
+from tpu_debug.tracing import Trace, trace  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "trace",
+    "Trace",
+    "Session",
+    "open_run",
+    "list_runs",
+    "print_report",
+    "TraceConfig",
+    "TpuDebugError",
+]

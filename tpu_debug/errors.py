@@ -13,6 +13,7 @@ __all__ = [
     "RunNotFoundError",
     "RunDamagedError",
     "SchemaVersionError",
+    "NotRecordedError",
     "CommandError",
 ]
 
@@ -39,6 +40,13 @@ class RunDamagedError(TpuDebugError):
 
 class SchemaVersionError(TpuDebugError):
     """A run written with a store layout this tpu_debug does not read."""
+
+
+class NotRecordedError(TpuDebugError, LookupError):
+    """A query asked for something the run did not record (an op with no HLO, say)."""
+
+    def __str__(self) -> str:  # LookupError would quote the message like a KeyError key
+        return str(self.args[0]) if self.args else ""
 
 
 class CommandError(TpuDebugError):

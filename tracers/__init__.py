@@ -1,0 +1,60 @@
+"""What is recorded: event types, the recorder probe, per-op HLO, the run store and its queries.
+
+The runtime reports through ``tpu_debug.runtime.probes``; :class:`Recorder`
+turns those reports into :mod:`events <tpu_debug.tracers.events>` and hands
+them to a :class:`RunWriter`; :class:`RunQuery` reads a run back.
+"""
+
+from __future__ import annotations
+
+from tpu_debug.tracers.events import (
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    ArgInfo,
+    CompileEvent,
+    DivergenceEvent,
+    Event,
+    FallbackEvent,
+    GraphBreakEvent,
+    InternalErrorEvent,
+    KeyDiff,
+    OpEvent,
+    SourceLocation,
+    TransferEvent,
+)
+from tpu_debug.tracers.hlo import FxNodeInfo, Program, make_program, parse_instructions, program_hash
+from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunMetadata, RunQuery
+from tpu_debug.tracers.recorder import Recorder
+from tpu_debug.tracers.store import DB_NAME, RunWriter, connect
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "EVENT_TYPES",
+    "Event",
+    "OpEvent",
+    "CompileEvent",
+    "TransferEvent",
+    "FallbackEvent",
+    "GraphBreakEvent",
+    "DivergenceEvent",
+    "InternalErrorEvent",
+    "ArgInfo",
+    "KeyDiff",
+    "SourceLocation",
+    "FxNodeInfo",
+    "Program",
+    "make_program",
+    "parse_instructions",
+    "program_hash",
+    "user_location",
+    "Recorder",
+    "RunWriter",
+    "RunQuery",
+    "RunMetadata",
+    "OpSummary",
+    "ProgramSummary",
+    "ProgramText",
+    "DB_NAME",
+    "connect",
+]

@@ -1,8 +1,8 @@
 """The events tracers record: frozen, slotted dataclasses (the tracers' shared language).
 
 Every event carries the same header: an ``id`` (unique within a run, assigned
-by the run writer), ``ts`` (seconds since the run started, from a monotonic
-clock), the execution ``mode`` (``"eager"``, ``"compiled"`` or ``None``), the
+by the run writer), ``ts`` (when the activity began, in seconds since the run
+started, from a monotonic clock), the execution ``mode`` (``"eager"``, ``"compiled"`` or ``None``), the
 native ``thread`` id and the user ``location`` (see :mod:`.location`). The
 fields after the header are the event's own. ``kind`` is a class constant that
 names the event in the run store.

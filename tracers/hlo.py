@@ -133,8 +133,9 @@ def _location_from_stack_trace(stack_trace: str | None) -> SourceLocation | None
 def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
     """Normalise what a compiled-mode ``CompileInfo.extra["fx_nodes"]`` holds.
 
-    Accepts ``torch.fx.Node`` objects (``name``, ``target``,
-    ``meta["stack_trace"]``), mappings with ``name`` and optional ``target``,
+    Accepts objects with ``name``, ``target`` and ``stack_trace`` (the
+    runtime's node records) or ``meta["stack_trace"]`` (``torch.fx.Node``),
+    mappings with ``name`` and optional ``target``,
     ``stack_trace`` or ``location`` (``(file, line[, function])``), or plain
     node names.
     """
@@ -151,8 +152,10 @@ def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
         else:
             name = str(node.name)
             target = getattr(node, "target", "")
-            stack = getattr(node, "meta", {}).get("stack_trace")
-            loc = None
+            stack = getattr(node, "stack_trace", None) or (getattr(node, "meta", None) or {}).get(
+                "stack_trace"
+            )
+            loc = getattr(node, "location", None)
         location = None
         if loc is not None:
             location = SourceLocation(str(loc[0]), int(loc[1]), str(loc[2]) if len(loc) > 2 else "")
@@ -163,12 +166,13 @@ def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
     return tuple(out)
 
 
-_TOKEN_END = re.compile(r"[\s(\[:]")
+_TOKEN_END = re.compile(r"[\s(\[:|]")
 
 
 def map_nodes(instructions: Iterable[HloInstruction], nodes: Iterable[str]) -> list[tuple[str, str]]:
     """(node, instruction) pairs: an instruction belongs to every node whose name is
-    a component of its scope path (or the first word of one: ``"mul_1 (aten.mul)"``)."""
+    a component of its scope path, or the first word of one (``"mul_1|aten::mul.Tensor"``,
+    the scope compiled mode gives each node, belongs to ``mul_1``)."""
     wanted = set(nodes)
     pairs = []
     for ins in instructions:
@@ -184,9 +188,18 @@ def map_nodes(instructions: Iterable[HloInstruction], nodes: Iterable[str]) -> l
     return pairs
 
 
-def make_program(mode: str, name: str, stablehlo: str, hlo: str, fx_nodes: Iterable[Any] = ()) -> Program:
+def make_program(
+    mode: str,
+    name: str,
+    stablehlo: str,
+    hlo: str,
+    fx_nodes: Iterable[Any] = (),
+    *,
+    content_hash: str | None = None,
+) -> Program:
     """Build the stored form of one program, FX node mapping included when nodes are given."""
     instructions = parse_instructions(hlo)
     nodes = fx_nodes_from(fx_nodes) if fx_nodes else ()
     pairs = tuple(map_nodes(instructions, (n.name for n in nodes))) if nodes else ()
-    return Program(program_hash(stablehlo, hlo), mode, name, stablehlo, hlo, len(instructions), nodes, pairs)
+    content_hash = content_hash or program_hash(stablehlo, hlo)
+    return Program(content_hash, mode, name, stablehlo, hlo, len(instructions), nodes, pairs)

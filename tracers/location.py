@@ -29,9 +29,10 @@ def _package_dir(module_name: str) -> str | None:
 
 
 def _tpu_debug_dirs() -> list[str]:
-    import tpu_debug
     import tpu_debug.runtime
     import tpu_debug.tracers
+
+    import tpu_debug
 
     dirs = {_package_dir("tpu_debug")}
     for module in (tpu_debug.runtime, tpu_debug.tracers):

@@ -22,6 +22,7 @@ FAMILIES = (
     "factories",
     "foreach",
     "views",
+    "extra",
 )
 
 _loaded = False

@@ -54,6 +54,11 @@ def dot_general(fn, *arrays):
 
 
 def _scaled(product, self, *, beta, alpha):
+    if jnp.issubdtype(product.dtype, jnp.integer):
+        # integer products take alpha/beta converted to the integer type (0.6 -> 0)
+        alpha, beta = int(alpha), int(beta)
+    elif product.dtype == jnp.bool_:
+        alpha, beta = bool(alpha), bool(beta)
     # beta == 0 ignores self entirely (NaN/inf in self do not propagate)
     out = product if alpha == 1 else product * alpha
     if beta == 0:
@@ -87,7 +92,7 @@ def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
-    product = dot_general(lambda a, b, **kw: jnp.einsum("bij,bjk->ik", a, b, **kw), b1, b2)
+    product = jnp.sum(dot_general(jnp.matmul, b1, b2), axis=0)
     return _scaled(product, self, beta=beta, alpha=alpha)
 
 
@@ -114,7 +119,24 @@ def linalg_cross(x, y, *, dim=-1):
     x, y = promote(x, y)
     shape = jnp.broadcast_shapes(x.shape, y.shape)
     x, y = jnp.broadcast_to(x, shape), jnp.broadcast_to(y, shape)
-    return jnp.cross(x, y, axisa=dim, axisb=dim, axisc=dim)
+    dtype = x.dtype
+    # PyTorch rounds every product and difference to a half dtype; XLA would keep
+    # float32 intermediates inside a fusion, so round explicitly
+    rnd = _rounder(dtype)
+    a = [jnp.take(x, i, axis=dim) for i in range(3)]
+    b = [jnp.take(y, i, axis=dim) for i in range(3)]
+    out = [
+        rnd(rnd(a[(i + 1) % 3] * b[(i + 2) % 3]) - rnd(a[(i + 2) % 3] * b[(i + 1) % 3]))
+        for i in range(3)
+    ]
+    return jnp.stack(out, axis=dim).astype(dtype)
+
+
+def _rounder(dtype):
+    if dtype not in _HALF:
+        return lambda v: v
+    info = jnp.finfo(dtype)
+    return lambda v: lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 # ---- LU and what is built on it ------------------------------------------------
@@ -135,11 +157,32 @@ def _lu(a):
 
 
 def _diag_info(factor):
-    # LAPACK's info: 1-based index of the first exactly-zero (or NaN) pivot, 0 if none
-    d = jnp.diagonal(factor, axis1=-2, axis2=-1)
-    bad = (d == 0) | jnp.isnan(d)
+    # LAPACK getrf's info: 1-based index of the first exactly-zero pivot, 0 if none
+    return _first_true(jnp.diagonal(factor, axis1=-2, axis2=-1) == 0)
+
+
+def _first_true(bad):
     first = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
     return jnp.where(jnp.any(bad, axis=-1), first, jnp.zeros((), jnp.int32))
+
+
+def _not_pd_order(a):
+    """LAPACK potrf's info: the order of the first leading minor that is not
+    positive-definite (0 if none). Leading minor k is PD iff the first k pivots
+    of Gaussian elimination without pivoting are positive (Sylvester)."""
+    n = a.shape[-1]
+    inner = jnp.arange(n)
+
+    def eliminate(k, m):
+        pivot = m[..., k, k]
+        col = m[..., :, k] / pivot[..., None]
+        row = m[..., k, :]
+        below = inner > k
+        return m - jnp.where(below[:, None] & below[None, :], col[..., :, None] * row[..., None, :], 0)
+
+    reduced = lax.fori_loop(0, n, eliminate, jnp.tril(a) + _mH(jnp.tril(a, -1)))
+    pivots = jnp.real(jnp.diagonal(reduced, axis1=-2, axis2=-1))
+    return _first_true(~(pivots > 0))
 
 
 def _batch_broadcast(a, b):
@@ -284,7 +327,14 @@ def linalg_slogdet(a):
 @lower(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     low = lax.linalg.cholesky(a, symmetrize_input=False)
-    return (_mH(low) if upper else low), _diag_info(low)
+    # XLA fills a failed factorization with NaN; only then find which minor failed
+    info = lax.cond(
+        jnp.any(jnp.isnan(low)),
+        _not_pd_order,
+        lambda m: jnp.zeros(m.shape[:-2], jnp.int32),
+        a,
+    )
+    return (_mH(low) if upper else low), info
 
 
 @lower(aten.cholesky.default)

@@ -7,7 +7,9 @@ PyTorch's reduction rules, held here so every lowering agrees:
 - integer and bool inputs sum/prod/cumsum to int64 unless ``dtype=`` says
   otherwise; ``dtype=`` casts the input before reducing.
 - float16/bfloat16 accumulate in float32 and round once at the end, as
-  PyTorch's CPU kernels do.
+  PyTorch's CPU kernels do; where PyTorch composes an op from several tensor
+  ops (logsumexp) or its kernel stores intermediates in the input dtype
+  (softmax), the lowering rounds at the same points.
 - max/min/amax/amin and their indices propagate NaN (the first NaN wins an
   arg-reduction); sort/topk/kthvalue order NaN above +inf.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -50,6 +51,11 @@ def _is_float(dt) -> bool:
 def _acc(dt):
     """The accumulation dtype PyTorch's CPU kernels use for ``dt``."""
     return jnp.dtype(jnp.float32) if jnp.dtype(dt) in _REDUCED_FLOATS else jnp.dtype(dt)
+
+
+def _round_to(v, dt):
+    """Round float32 ``v`` to reduced dtype ``dt`` and back (PyTorch's per-op rounding)."""
+    return v.astype(dt).astype(v.dtype) if jnp.dtype(dt) in _REDUCED_FLOATS else v
 
 
 def _sum_dtype(x, dtype):
@@ -122,8 +128,7 @@ def _extreme(x, axes, keepdims, *, largest: bool):
     if not axes and x.ndim:
         return x
     if x.dtype == jnp.bool_:
-        r = jnp.any(x, axes, keepdims=keepdims) if largest else jnp.all(x, axes, keepdims=keepdims)
-        return r
+        return jnp.any(x, axes, keepdims=keepdims) if largest else jnp.all(x, axes, keepdims=keepdims)
     r = jnp.max(x, axes, keepdims=keepdims) if largest else jnp.min(x, axes, keepdims=keepdims)
     if _is_float(x.dtype):
         nan = jnp.any(jnp.isnan(x), axes, keepdims=keepdims)
@@ -357,15 +362,22 @@ def std_mean(x, dim=None, *, correction=None, keepdim=False):
 
 @lower(aten.logsumexp.default)
 def logsumexp(x, dim, keepdim=False):
+    # PyTorch runs this as separate tensor ops (amax, sub, exp, sum, log, add),
+    # so reduced-precision inputs are rounded after each; the lowering does too
     out_dtype = _float_result(x)
     acc = _acc(out_dtype)
     axes = _axes(dim, x.ndim)
-    xf = x.astype(acc)
+
+    def rnd(v):
+        return _round_to(v, out_dtype)
+
+    xf = x.astype(out_dtype).astype(acc)
     if x.size == 0:
         return jnp.log(jnp.sum(jnp.exp(xf), axes, keepdims=keepdim)).astype(out_dtype)
     m = jnp.max(xf, axes, keepdims=True)
     m = jnp.where(jnp.isinf(m), jnp.zeros((), acc), m)
-    r = jnp.log(jnp.sum(jnp.exp(xf - m), axes, keepdims=True)) + m
+    total = rnd(jnp.sum(rnd(jnp.exp(rnd(xf - m))), axes, keepdims=True))
+    r = rnd(rnd(jnp.log(total)) + m)
     if not keepdim:
         r = jnp.squeeze(r, axes) if axes else r
     return r.astype(out_dtype)
@@ -414,6 +426,16 @@ def norm_dim(x, p, dim, keepdim=False):
 @lower(aten.norm.ScalarOpt_dim_dtype)
 def norm_dim_dtype(x, p, dim, keepdim, *, dtype):
     return _vector_norm(x, 2 if p is None else p, _axes(dim, x.ndim), keepdim, _float_result(x, dtype))
+
+
+@lower(aten.renorm.default)
+def renorm(x, p, dim, maxnorm):
+    axis = canonical_dim(dim, x.ndim)
+    others = tuple(d for d in range(x.ndim) if d != axis)
+    acc = _acc(x.dtype)
+    norms = _vector_norm(x.astype(acc), p, others, True, acc)
+    scale = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), jnp.ones((), acc))
+    return (x.astype(acc) * scale).astype(x.dtype)
 
 
 # ---- scans ---------------------------------------------------------------------
@@ -566,6 +588,27 @@ def nanmedian_dim(x, dim, keepdim=False):
     return _median_along(x, canonical_dim(dim, x.ndim), keepdim, ignore_nan=True)
 
 
+@lower(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """Most frequent value (the smallest on ties) and its last index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    values, idx = _sort(jnp.moveaxis(x, axis, -1), x.ndim - 1, descending=False)
+    eq = values[..., :, None] == values[..., None, :]
+    if _is_float(x.dtype):
+        nan = jnp.isnan(values)
+        eq = eq | (nan[..., :, None] & nan[..., None, :])
+    counts = jnp.sum(eq, axis=-1)
+    best = jnp.argmax(counts, axis=-1)[..., None]
+    value = jnp.take_along_axis(values, best, axis=-1)[..., 0]
+    same = jnp.take_along_axis(eq, best[..., None], axis=-2)[..., 0, :]
+    index = jnp.max(jnp.where(same, idx, -1), axis=-1)
+    if keepdim:
+        value, index = jnp.expand_dims(value, axis), jnp.expand_dims(index, axis)
+    return value, index
+
+
 # ---- softmax ------------------------------------------------------------------------
 
 
@@ -578,18 +621,43 @@ def _as_1d(*arrays):
     return tuple(a.reshape(1) if a.ndim == 0 else a for a in arrays)
 
 
+# PyTorch's CPU kernels round some float32 intermediates to the input's
+# bfloat16/float16 dtype; the lowerings do the same so reduced-precision
+# results agree with CPU to the last bit in the common cases:
+#   softmax along a non-last dim rounds exp(x - max);
+#   log_softmax along the last dim rounds sum(exp(x - max)) and its log.
+
+
 @lower(aten._softmax.default)
 def softmax(x, dim, half_to_float):
     out_dtype = jnp.dtype(jnp.float32) if half_to_float else x.dtype
+    if x.size == 0:
+        return jnp.zeros(x.shape, out_dtype)
     (xf,) = _as_1d(x.astype(_acc(x.dtype)))
-    return jax.nn.softmax(xf, axis=_softmax_axis(x, dim)).reshape(x.shape).astype(out_dtype)
+    axis = _softmax_axis(x, dim)
+    e = jnp.exp(xf - jnp.max(xf, axis, keepdims=True))
+    if axis != xf.ndim - 1:
+        e = _round_to(e, x.dtype)
+    r = e / jnp.sum(e, axis, keepdims=True)
+    return r.reshape(x.shape).astype(out_dtype)
 
 
 @lower(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
     out_dtype = jnp.dtype(jnp.float32) if half_to_float else x.dtype
+    if x.size == 0:
+        return jnp.zeros(x.shape, out_dtype)
     (xf,) = _as_1d(x.astype(_acc(x.dtype)))
-    return jax.nn.log_softmax(xf, axis=_softmax_axis(x, dim)).reshape(x.shape).astype(out_dtype)
+    axis = _softmax_axis(x, dim)
+    shifted = xf - jnp.max(xf, axis, keepdims=True)
+    total = jnp.sum(jnp.exp(shifted), axis, keepdims=True)
+    last = axis == xf.ndim - 1
+    if last:
+        total = _round_to(total, x.dtype)
+    log_total = jnp.log(total)
+    if last:
+        log_total = _round_to(log_total, x.dtype)
+    return (shifted - log_total).reshape(x.shape).astype(out_dtype)
 
 
 @lower(aten._softmax_backward_data.default)

@@ -1,0 +1,595 @@
+"""Advanced indexing, gathers, scatters, and the value-dependent-shape ops.
+
+Index tensors follow PyTorch's (numpy's) rules: a ``None`` entry is a full
+slice, a bool/uint8 tensor is a mask standing for its ``nonzero()`` over as
+many dims as it has, the integer index tensors broadcast together, and their
+result dims go where the first of them was when they are adjacent, in front
+otherwise. Negative indices count from the end.
+
+Ops whose output shape depends on values (``nonzero``, ``masked_select``,
+``unique``, indexing with a mask) run ``eager_only`` on concrete arrays.
+Everything else is traced and compiled like any other lowering; writes
+through a mask (``x[mask] = v``) stay traceable because the number of
+selected elements is read from the shape of ``v``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from tpu_debug.runtime.ops._common import canonical_dim, compute_dtype, is_array
+from tpu_debug.runtime.ops.registry import lower
+
+aten = torch.ops.aten
+
+_MASK_DTYPES = (jnp.dtype(jnp.bool_), jnp.dtype(jnp.uint8))
+
+
+def _is_mask(i) -> bool:
+    return i is not None and jnp.dtype(i.dtype) in _MASK_DTYPES
+
+
+def _add_at(x, where, values, *, mode=None):
+    """``x.at[where].add(values)``; bool tensors accumulate as logical or, as in PyTorch."""
+    if x.dtype == jnp.bool_:
+        summed = x.astype(jnp.int32).at[where].add(values.astype(jnp.int32), mode=mode)
+        return summed != 0
+    return x.at[where].add(values, mode=mode)
+
+
+def _key(indices):
+    """A numpy-style index tuple: None becomes a full slice."""
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+def _result_shape(x_shape, index_shapes):
+    """Shape of ``x[indices]`` for integer index arrays (None = full slice)."""
+    adv = [p for p, s in enumerate(index_shapes) if s is not None]
+    if not adv:
+        return tuple(x_shape)
+    b = tuple(np.broadcast_shapes(*(index_shapes[p] for p in adv)))
+    if adv == list(range(adv[0], adv[-1] + 1)):
+        return tuple(x_shape[: adv[0]]) + b + tuple(x_shape[adv[-1] + 1 :])
+    rest = tuple(n for d, n in enumerate(x_shape) if d not in adv)
+    return b + rest
+
+
+def _adv_position(indices) -> int:
+    """Where the broadcast index dims land in the result (see module doc)."""
+    adv = [p for p, i in enumerate(indices) if i is not None]
+    return adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0
+
+
+# ---- x[indices] ------------------------------------------------------------------
+
+
+def _gather(x, indices):
+    return x[_key(indices)]
+
+
+_gather_jit = jax.jit(_gather)
+
+
+def _concrete_masks(indices):
+    """Replace each mask by its nonzero() index arrays (on concrete values)."""
+    out = []
+    for i in indices:
+        if _is_mask(i):
+            out.extend(jnp.asarray(a, dtype=jnp.int64) for a in np.nonzero(np.asarray(i)))
+        else:
+            out.append(i)
+    return out
+
+
+@lower(aten.index.Tensor, eager_only=True)
+def index(x, indices):
+    # eager_only only for masks; integer indices still run one compiled program
+    if any(_is_mask(i) for i in indices):
+        indices = _concrete_masks(indices)
+    return _gather_jit(x, tuple(indices))
+
+
+@lower(aten._unsafe_index.Tensor)
+def unsafe_index(x, indices):
+    return _gather(x, indices)
+
+
+def _clamped(x, indices):
+    return [
+        None if i is None else jnp.clip(i, -x.shape[d], x.shape[d] - 1)
+        for d, i in enumerate(indices)
+    ]
+
+
+@lower(aten._unsafe_masked_index.default)
+def unsafe_masked_index(x, mask, indices, fill):
+    taken = _gather(x, _clamped(x, indices))
+    return jnp.where(mask, taken, jnp.asarray(fill).astype(x.dtype))
+
+
+# ---- x[indices] = values -----------------------------------------------------------
+
+
+def _mask_count(x, indices, values):
+    """How many index entries each mask in ``indices`` expands to, and whether
+    that is exact (read from ``values``/the other index shapes) or a padded
+    upper bound (the mask's size; padding entries are dropped)."""
+    shapes, dim = [], 0
+    for i in indices:
+        if _is_mask(i):
+            shapes.extend([(1,)] * i.ndim)
+            dim += i.ndim
+        else:
+            shapes.append(None if i is None else tuple(i.shape))
+            dim += 1
+    b = tuple(np.broadcast_shapes(*(s for s in shapes if s is not None)))
+    if b and b[-1] > 1:
+        return b[-1], True
+    expanded = [s for s in shapes]
+    pos = _adv_position(expanded)
+    last = pos + len(b) - 1
+    result_ndim = len(_result_shape(x.shape, expanded))
+    v_axis = values.ndim - (result_ndim - last)
+    if 0 <= v_axis < values.ndim and values.shape[v_axis] != 1:
+        return values.shape[v_axis], True
+    return max(int(np.prod(i.shape)) for i in indices if _is_mask(i)), False
+
+
+def _traced_masks(x, indices, values):
+    """Masks -> index arrays inside a trace (static length, see _mask_count)."""
+    size, _exact = _mask_count(x, indices, values)
+    out, dim = [], 0
+    for i in indices:
+        if _is_mask(i):
+            fill = tuple(x.shape[dim : dim + i.ndim])  # out of bounds: dropped
+            out.extend(a.astype(jnp.int64) for a in jnp.nonzero(i, size=size, fill_value=fill))
+            dim += i.ndim
+        else:
+            out.append(i)
+            dim += 1
+    return out
+
+
+def _index_put(x, indices, values, accumulate):
+    indices = list(indices)
+    if any(_is_mask(i) for i in indices):
+        indices = _traced_masks(x, indices, values)
+    shape = _result_shape(x.shape, [None if i is None else tuple(i.shape) for i in indices])
+    values = jnp.broadcast_to(values.astype(x.dtype), shape)
+    if accumulate:
+        return _add_at(x, _key(indices), values, mode="drop")
+    return x.at[_key(indices)].set(values, mode="drop")
+
+
+@lower(aten.index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    return _index_put(x, indices, values, accumulate)
+
+
+@lower(aten._index_put_impl.default)
+def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put(x, indices, values, accumulate)
+
+
+@lower(aten._unsafe_index_put.default)
+def unsafe_index_put(x, indices, values, accumulate=False):
+    return _index_put(x, indices, values, accumulate)
+
+
+@lower(aten._unsafe_masked_index_put_accumulate.default)
+def unsafe_masked_index_put_accumulate(x, mask, indices, values):
+    values = jnp.where(mask, values, jnp.zeros((), values.dtype))
+    return _index_put(x, _clamped(x, indices), values, True)
+
+
+@lower(aten.put.default)
+def put(x, index, source, accumulate=False):
+    n = x.size
+    idx = index.reshape(-1)
+    idx = jnp.where(idx < 0, idx + n, idx)
+    flat = x.reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    return (_add_at(flat, idx, src) if accumulate else flat.at[idx].set(src)).reshape(x.shape)
+
+
+# ---- index_select / gather / take ------------------------------------------------------
+
+
+@lower(aten.index_select.default)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
+    axis = canonical_dim(dim, x.ndim)
+    return jnp.take(x, index.reshape(-1), axis=axis)
+
+
+@lower(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
+    if x.ndim == 0 or index.ndim == 0:
+        flat = jnp.take(x.reshape(-1), index.reshape(-1), axis=0)
+        return flat.reshape(index.shape)
+    axis = canonical_dim(dim, x.ndim)
+    x = x[tuple(slice(None) if d == axis else slice(0, index.shape[d]) for d in range(x.ndim))]
+    return jnp.take_along_axis(x, index, axis)
+
+
+@lower(aten.take.default)
+def take(x, index):
+    n = x.size
+    idx = jnp.where(index < 0, index + n, index)
+    return jnp.take(x.reshape(-1), idx) if n else jnp.zeros(index.shape, x.dtype)
+
+
+# ---- scatter family ---------------------------------------------------------------------
+
+
+def _scatter_coords(index, axis):
+    """Full coordinates of ``index``'s elements with ``index`` along ``axis``."""
+    coords = [lax.broadcasted_iota(jnp.int64, index.shape, d) for d in range(index.ndim)]
+    coords[axis] = index.astype(jnp.int64)
+    return tuple(coords)
+
+
+def _scatter_setup(x, dim, index, src):
+    """(x, coords, src values shaped like index, restore) with 0-dim inputs as 1-D."""
+    zero_dim = x.ndim == 0
+    if zero_dim:
+        x, index = x.reshape(1), index.reshape(-1)
+        if is_array(src):
+            src = src.reshape(-1)
+    axis = canonical_dim(dim, x.ndim)
+    if is_array(src):
+        src = src[tuple(slice(0, n) for n in index.shape)] if src.ndim else src
+        src = jnp.broadcast_to(src.astype(x.dtype), index.shape)
+    else:
+        src = jnp.full(index.shape, src, x.dtype)
+    coords = _scatter_coords(index, axis)
+    return x, coords, src, (lambda r: r.reshape(())) if zero_dim else (lambda r: r)
+
+
+_IDENTITY = {
+    "sum": lambda dt: 0,
+    "mean": lambda dt: 0,
+    "prod": lambda dt: 1,
+    "amax": lambda dt: -jnp.inf if jnp.issubdtype(dt, jnp.floating) else (
+        False if dt == jnp.bool_ else jnp.iinfo(dt).min),
+    "amin": lambda dt: jnp.inf if jnp.issubdtype(dt, jnp.floating) else (
+        True if dt == jnp.bool_ else jnp.iinfo(dt).max),
+}
+
+
+def _reduce_into(x, coords, src, reduce, include_self):
+    """scatter_reduce semantics on prepared coordinates."""
+    if x.dtype == jnp.bool_:  # sum is or, prod is and, amax/amin likewise
+        wide = _reduce_into(x.astype(jnp.int32), coords, src.astype(jnp.int32), reduce, include_self)
+        return wide != 0
+    if not include_self:
+        x = x.at[coords].set(jnp.asarray(_IDENTITY[reduce](x.dtype), x.dtype))
+    ref = x.at[coords]
+    if reduce in ("sum", "mean"):
+        out = ref.add(src)
+    elif reduce == "prod":
+        out = ref.multiply(src)
+    elif reduce == "amax":
+        out = ref.max(src)
+    elif reduce == "amin":
+        out = ref.min(src)
+    else:
+        raise ValueError(f"reduce argument must be sum, prod, mean, amax or amin, got {reduce!r}")
+    if reduce == "mean":
+        start = jnp.ones if include_self else jnp.zeros
+        count = start(x.shape, jnp.int64).at[coords].add(1)
+        count = jnp.maximum(count, 1)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            out = out / count.astype(x.dtype)
+        else:
+            out = jnp.floor_divide(out, count.astype(x.dtype))
+    if jnp.issubdtype(x.dtype, jnp.floating) and reduce in ("amax", "amin"):
+        # NaN wins, as in PyTorch's CPU kernel
+        nan_hit = jnp.zeros(x.shape, jnp.bool_).at[coords].max(jnp.isnan(src))
+        out = jnp.where(nan_hit, jnp.asarray(jnp.nan, x.dtype), out)
+    return out
+
+
+@lower(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    x, coords, src, restore = _scatter_setup(x, dim, index, src)
+    return restore(x.at[coords].set(src))
+
+
+@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, *, reduce):
+    x, coords, src, restore = _scatter_setup(x, dim, index, src)
+    name = {"add": "sum", "multiply": "prod"}[reduce]
+    return restore(_reduce_into(x, coords, src, name, True))
+
+
+@lower(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    x, coords, src, restore = _scatter_setup(x, dim, index, src)
+    return restore(_add_at(x, coords, src))
+
+
+@lower(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    x, coords, src, restore = _scatter_setup(x, dim, index, src)
+    return restore(_reduce_into(x, coords, src, reduce, include_self))
+
+
+# ---- index_add / index_copy / index_fill / index_reduce ------------------------------------
+
+
+def _along(x, dim, index):
+    """(x as >=1-D, index as 1-D, the index tuple selecting ``index`` along dim, restore)."""
+    zero_dim = x.ndim == 0
+    if zero_dim:
+        x = x.reshape(1)
+    axis = canonical_dim(dim, x.ndim)
+    index = index.reshape(-1)
+    where = (slice(None),) * axis + (index,)
+    return x, axis, index, where, (lambda r: r.reshape(())) if zero_dim else (lambda r: r)
+
+
+def _source_for(x, axis, index, source):
+    shape = x.shape[:axis] + (index.shape[0],) + x.shape[axis + 1 :]
+    return source.astype(x.dtype).reshape(shape)
+
+
+@lower(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    x, axis, index, where, restore = _along(x, dim, index)
+    src = _source_for(x, axis, index, source)
+    if alpha != 1:
+        src = src * jnp.asarray(alpha, x.dtype)
+    return restore(_add_at(x, where, src))
+
+
+@lower(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    x, axis, index, where, restore = _along(x, dim, index)
+    return restore(x.at[where].set(_source_for(x, axis, index, source)))
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    x, _axis, _index, where, restore = _along(x, dim, index)
+    return restore(x.at[where].set(jnp.asarray(value).astype(x.dtype)))
+
+
+@lower(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    x, axis, index, _where, restore = _along(x, dim, index)
+    src = _source_for(x, axis, index, source)
+    coords = [lax.broadcasted_iota(jnp.int64, src.shape, d) for d in range(src.ndim)]
+    coords[axis] = index.astype(jnp.int64)[coords[axis]]
+    return restore(_reduce_into(x, tuple(coords), src, reduce, include_self))
+
+
+# ---- masks ---------------------------------------------------------------------------------
+
+
+@lower(aten.masked_select.default, eager_only=True)
+def masked_select(x, mask):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    flat_mask = np.asarray(jnp.broadcast_to(mask, shape)).reshape(-1).astype(bool)
+    idx = jnp.asarray(np.flatnonzero(flat_mask))
+    return _gather_jit(jnp.broadcast_to(x, shape).reshape(-1), (idx,))
+
+
+@lower(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
+    xf = jnp.broadcast_to(x, shape).reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    if src.size == 0:
+        return xf.reshape(shape)
+    pos = jnp.clip(jnp.cumsum(m.astype(jnp.int64)) - 1, 0, src.size - 1)
+    return jnp.where(m, src[pos], xf).reshape(shape)
+
+
+@lower(aten.nonzero.default, eager_only=True)
+def nonzero(x):
+    return jnp.asarray(np.argwhere(np.asarray(x)), dtype=jnp.int64)
+
+
+@lower(aten.nonzero_static.default)
+def nonzero_static(x, *, size, fill_value=-1):
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    if x.size == 0:
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
+    return jnp.argwhere(x, size=size, fill_value=fill_value).astype(jnp.int64)
+
+
+# ---- embedding ------------------------------------------------------------------------------
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    acc = jnp.float32 if weight.dtype in (jnp.bfloat16, jnp.float16) else weight.dtype
+    w = weight.astype(acc)
+    used = jnp.zeros((weight.shape[0],), jnp.bool_).at[indices.reshape(-1)].set(True)
+    a = jnp.abs(w)
+    if norm_type == 2:
+        norms = jnp.sqrt(jnp.sum(a * a, axis=1))
+    elif norm_type == 1:
+        norms = jnp.sum(a, axis=1)
+    elif norm_type == float("inf"):
+        norms = jnp.max(a, axis=1)
+    else:
+        norms = jnp.power(jnp.sum(jnp.power(a, norm_type), axis=1), 1.0 / norm_type)
+    scale = jnp.where(used & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    return (w * scale[:, None].astype(acc)).astype(weight.dtype)
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    dim = grad.shape[-1]
+    idx = indices.reshape(-1).astype(jnp.int64)
+    g = grad.reshape(-1, dim)
+    acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
+    g = g.astype(acc)
+    if padding_idx >= 0:
+        g = jnp.where((idx != padding_idx)[:, None], g, jnp.zeros((), acc))
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), acc).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    return jnp.zeros((num_weights, dim), acc).at[idx].add(g).astype(grad.dtype)
+
+
+# ---- sorted search ---------------------------------------------------------------------------
+
+
+def _searchsorted(seq, values, right, sorter, out_int32):
+    side = "right" if right else "left"
+    out_dtype = jnp.int32 if out_int32 else jnp.int64
+    if seq.shape[-1] == 0 or (is_array(values) and values.size == 0):
+        shape = values.shape if is_array(values) else ()
+        return jnp.zeros(shape, out_dtype)
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    if is_array(values):
+        comp, _ = compute_dtype(seq, values)
+        seq, values = seq.astype(comp), values.astype(comp)
+    else:
+        values = jnp.asarray(values, seq.dtype)
+    if seq.ndim <= 1:
+        r = jnp.searchsorted(seq, values, side=side)
+    else:
+        lead = seq.shape[:-1]
+        flat_seq = seq.reshape(-1, seq.shape[-1])
+        flat_val = values.reshape(flat_seq.shape[0], -1)
+        r = jax.vmap(functools.partial(jnp.searchsorted, side=side))(flat_seq, flat_val)
+        r = r.reshape(lead + values.shape[len(lead):])
+    return r.astype(out_dtype)
+
+
+@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+    if side is not None:
+        right = side == "right"
+    return _searchsorted(sorted_sequence, values, right, sorter, out_int32)
+
+
+@lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(values, boundaries, *, out_int32=False, right=False):
+    return _searchsorted(boundaries, values, right, None, out_int32)
+
+
+@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    elements = jnp.asarray(elements)
+    tests = jnp.asarray(test_elements).reshape(-1)
+    hit = jnp.any(elements[..., None] == tests, axis=-1) if tests.size else jnp.zeros(elements.shape, bool)
+    return ~hit if invert else hit
+
+
+# ---- value-dependent shapes: unique, bincount ---------------------------------------------------
+
+_EMPTY_I64 = np.zeros((0,), np.int64)
+
+
+def _unique_flat(x, return_inverse, return_counts):
+    a = np.asarray(x).reshape(-1)
+    u, inv, counts = np.unique(a, return_inverse=True, return_counts=True, equal_nan=False)
+    inverse = inv.reshape(x.shape).astype(np.int64) if return_inverse else _EMPTY_I64
+    counts = counts.astype(np.int64) if return_counts else _EMPTY_I64
+    return jnp.asarray(u, dtype=x.dtype), jnp.asarray(inverse), jnp.asarray(counts)
+
+
+@lower(aten._unique2.default, eager_only=True)
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    return _unique_flat(x, return_inverse, return_counts)
+
+
+@lower(aten._unique.default, eager_only=True)
+def unique_(x, sorted=True, return_inverse=False):
+    u, inv, _ = _unique_flat(x, return_inverse, False)
+    return u, inv
+
+
+@lower(aten.unique_dim.default, eager_only=True)
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    axis = canonical_dim(dim, x.ndim)
+    a = np.asarray(x)
+    u, inv, counts = np.unique(a, return_inverse=True, return_counts=True, axis=axis)
+    return (
+        jnp.asarray(u, dtype=x.dtype),
+        jnp.asarray(inv.reshape(-1).astype(np.int64) if return_inverse else _EMPTY_I64),
+        jnp.asarray(counts.astype(np.int64) if return_counts else _EMPTY_I64),
+    )
+
+
+@lower(aten.unique_consecutive.default, eager_only=True)
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    a = np.asarray(x)
+    if dim is None:
+        a = a.reshape(-1)
+        axis = 0
+    else:
+        axis = canonical_dim(dim, a.ndim)
+    moved = np.moveaxis(a, axis, 0)
+    moved = moved.reshape(moved.shape[0], int(np.prod(moved.shape[1:])))
+    n = moved.shape[0]
+    change = np.ones(n, bool)
+    if n > 1:
+        change[1:] = np.any(moved[1:] != moved[:-1], axis=1)
+    starts = np.flatnonzero(change)
+    out = np.take(a, starts, axis=axis)
+    inverse = (np.cumsum(change) - 1).astype(np.int64)
+    if dim is None:
+        inverse = inverse.reshape(np.shape(x))
+    counts = np.diff(np.append(starts, n)).astype(np.int64)
+    return (
+        jnp.asarray(out, dtype=x.dtype),
+        jnp.asarray(inverse if return_inverse else _EMPTY_I64),
+        jnp.asarray(counts if return_counts else _EMPTY_I64),
+    )
+
+
+@lower(aten.bincount.default, eager_only=True)
+def bincount(x, weights=None, minlength=0):
+    a = np.asarray(x)
+    length = max(int(a.max()) + 1 if a.size else 0, minlength)
+    if weights is None:
+        return jnp.bincount(x, length=length).astype(jnp.int64)
+    out_dtype = weights.dtype if jnp.issubdtype(weights.dtype, jnp.floating) else jnp.float64
+    return jnp.bincount(x, weights.astype(jnp.float64), length=length).astype(out_dtype)
+
+
+@lower(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    # PyTorch computes each element's bin in the input dtype, rounding after
+    # every step (it matters for bfloat16); float32 math rounded per step does it
+    dt = x.dtype
+
+    def rnd(v):
+        return v.astype(dt).astype(jnp.float32) if dt in (jnp.bfloat16, jnp.float16) else v
+
+    xf = x.astype(jnp.float32) if dt in (jnp.bfloat16, jnp.float16) else x
+    lo = jnp.asarray(min, xf.dtype)
+    hi = jnp.asarray(max, xf.dtype)
+    if min == max and xf.size:
+        lo, hi = jnp.min(xf), jnp.max(xf)
+    same = lo == hi
+    lo = rnd(jnp.where(same, lo - 1, lo))
+    hi = rnd(jnp.where(same, hi + 1, hi))
+    inside = (xf >= lo) & (xf <= hi)
+    pos = rnd(rnd(rnd(xf - lo) * bins) / rnd(hi - lo))
+    b = jnp.clip(pos.astype(jnp.int64), 0, bins - 1)
+    counts = jnp.zeros((bins,), xf.dtype).at[b.reshape(-1)].add(inside.reshape(-1).astype(xf.dtype))
+    return counts.astype(dt)

@@ -1,0 +1,243 @@
+"""Ops that move data around without arithmetic: concatenation, flips, padding,
+triangles, scatters into slices, masked fills.
+
+Views (view, transpose, select, expand, ...) are not here: the device kernels
+build them as aliases of one storage. The functional ``*_copy`` and
+``*_scatter`` forms that functionalization and compiled graphs emit are.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, compute_dtype
+from tpu_debug.runtime.ops.registry import lower
+
+aten = torch.ops.aten
+
+
+def _result_dtype(arrays):
+    """PyTorch's result_type over tensors (cat, stack)."""
+    return compute_dtype(*arrays)[1]
+
+
+# ---- concatenation ---------------------------------------------------------------
+
+
+@lower(aten.cat.default)
+def cat(tensors, dim=0):
+    dtype = _result_dtype(tensors)
+    # PyTorch skips 1-D empty tensors whatever the others' shape (legacy behaviour);
+    # they still take part in type promotion
+    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not kept:
+        return jnp.zeros((0,), dtype)
+    axis = canonical_dim(dim, kept[0].ndim)
+    return jnp.concatenate([t.astype(dtype) for t in kept], axis=axis)
+
+
+@lower(aten.stack.default)
+def stack(tensors, dim=0):
+    dtype = _result_dtype(tensors)
+    axis = canonical_dim(dim, tensors[0].ndim + 1)
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=axis)
+
+
+# ---- reordering --------------------------------------------------------------------
+
+
+@lower(aten.flip.default)
+def flip(x, dims):
+    return jnp.flip(x, canonical_dims(dims, x.ndim)) if x.ndim else x
+
+
+@lower(aten.roll.default)
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), tuple(canonical_dim(d, x.ndim) for d in dims))
+
+
+@lower(aten.repeat.default)
+def repeat(x, repeats):
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+@lower(aten.repeat_interleave.Tensor, eager_only=True)
+def repeat_interleave(repeats, *, output_size=None):
+    counts = np.asarray(repeats)
+    return jnp.asarray(np.repeat(np.arange(counts.shape[0], dtype=counts.dtype), counts))
+
+
+# ---- identity copies ---------------------------------------------------------------
+
+
+@lower(aten.clone.default)
+def clone(x, *, memory_format=None):
+    return x
+
+
+@lower(aten.lift_fresh_copy.default)
+def lift_fresh_copy(x):
+    return x
+
+
+@lower(aten.alias_copy.default)
+def alias_copy(x):
+    return x
+
+
+@lower(aten.expand_copy.default)
+def expand_copy(x, size, *, implicit=False):
+    lead = len(size) - x.ndim
+    shape = tuple(
+        (x.shape[i - lead] if s == -1 else s) for i, s in enumerate(size)
+    )
+    return jnp.broadcast_to(x, shape)
+
+
+@lower(aten.permute_copy.default)
+def permute_copy(x, dims):
+    return jnp.transpose(x, tuple(canonical_dim(d, x.ndim) for d in dims))
+
+
+@lower(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    axis = canonical_dim(dim, x.ndim)
+    if start < 0:
+        start += x.shape[axis]
+    return lax.slice_in_dim(x, start, start + length, axis=axis)
+
+
+# ---- padding -------------------------------------------------------------------------
+
+
+@lower(aten.constant_pad_nd.default)
+def constant_pad_nd(x, pad, value=0):
+    config = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        config[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(x, jnp.asarray(value).astype(x.dtype), config)
+
+
+def _source_index(n, before, after, mode):
+    """For each output position along a padded dim of size n, the input index it reads.
+
+    Negative pads crop; ``reflect`` mirrors without repeating the edge,
+    ``replicate`` repeats the edge element."""
+    i = np.arange(-before, n + after)
+    if mode == "reflect":
+        period = 2 * (n - 1) if n > 1 else 1
+        i = np.abs(i) % period if n > 1 else np.zeros_like(i)
+        i = np.where(i > n - 1, period - i, i)
+    return np.clip(i, 0, n - 1)
+
+
+def _mode_pad(mode):
+    def forward(x, padding):
+        for k in range(len(padding) // 2):
+            axis = x.ndim - 1 - k
+            src = _source_index(x.shape[axis], padding[2 * k], padding[2 * k + 1], mode)
+            x = jnp.take(x, jnp.asarray(src), axis=axis)
+        return x
+
+    def backward(grad, x, padding):
+        _, vjp = jax.vjp(lambda v: forward(v, padding), x)
+        return vjp(grad.astype(x.dtype))[0]
+
+    return forward, backward
+
+
+_reflect, _reflect_backward = _mode_pad("reflect")
+_edge, _edge_backward = _mode_pad("replicate")
+for _n in (1, 2, 3):
+    lower(getattr(aten, f"reflection_pad{_n}d").default)(_reflect)
+    lower(getattr(aten, f"reflection_pad{_n}d_backward").default)(_reflect_backward)
+    lower(getattr(aten, f"replication_pad{_n}d").default)(_edge)
+    lower(getattr(aten, f"replication_pad{_n}d_backward").default)(_edge_backward)
+
+
+# ---- triangles and diagonals -------------------------------------------------------------
+
+
+@lower(aten.tril.default)
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lower(aten.triu.default)
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+def _diag_coords(n_rows, n_cols, offset):
+    """Row and column indices of diagonal ``offset`` of an n_rows x n_cols matrix."""
+    if offset >= 0:
+        n = max(min(n_rows, n_cols - offset), 0)
+        return np.arange(n), np.arange(n) + offset
+    n = max(min(n_rows + offset, n_cols), 0)
+    return np.arange(n) - offset, np.arange(n)
+
+
+@lower(aten.diag_embed.default)
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    m = x.shape[-1]
+    n = m + abs(offset)
+    rows, cols = _diag_coords(n, n, offset)
+    out = jnp.zeros(x.shape[:-1] + (n, n), x.dtype).at[..., rows, cols].set(x)
+    nd = x.ndim + 1
+    d1, d2 = canonical_dim(dim1, nd), canonical_dim(dim2, nd)
+    return jnp.moveaxis(out, (-2, -1), (d1, d2))
+
+
+@lower(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    rows, cols = _diag_coords(moved.shape[-2], moved.shape[-1], offset)
+    moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+# ---- scatters into views (functionalization's inverse views) ---------------------------------
+
+
+@lower(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    axis = canonical_dim(dim, x.ndim)
+    where = (slice(None),) * axis + (slice(start, end, step),)
+    return x.at[where].set(src.astype(x.dtype))
+
+
+@lower(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    axis = canonical_dim(dim, x.ndim)
+    if index < 0:
+        index += x.shape[axis]
+    return x.at[(slice(None),) * axis + (index,)].set(src.astype(x.dtype))
+
+
+@lower(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    idx = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    flat = x.reshape(-1).at[idx.reshape(-1)].set(src.reshape(-1).astype(x.dtype))
+    return flat.reshape(x.shape)
+
+
+# ---- masked fill ------------------------------------------------------------------------------
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    fill = jnp.asarray(value).astype(x.dtype)
+    return jnp.where(jnp.broadcast_to(mask, shape), fill, jnp.broadcast_to(x, shape))

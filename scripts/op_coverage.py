@@ -1,0 +1,317 @@
+"""Generate docs/op_coverage.md: core aten ops on `tpu` and the OpInfo pass counts (issue 7).
+
+Usage::
+
+    python scripts/op_coverage.py                  # rewrite docs/op_coverage.md
+    python scripts/op_coverage.py --check          # exit 1 if docs/op_coverage.md is stale (CI)
+    python scripts/op_coverage.py --sweep full     # run the full OpInfo sweep (-n 2), record
+                                                   # its counts and wall time, rewrite the doc
+    python scripts/op_coverage.py --results FILE   # record a finished sweep's results instead
+
+The doc is a function of committed inputs only, so ``--check`` is exact:
+
+* every ``torch.Tag.core`` aten overload, marked *lowered* (a registered
+  lowering, or for an in-place / out= overload its functional op's), *kernel*
+  (a PrivateUse1 kernel in runtime/device.py: views, copies, allocation),
+  *decomposed* (``torch._decomp.decomposition_table`` or a composite kernel
+  PyTorch runs for every backend) or *missing*;
+* the OpInfo pass counts per dtype, from op_db and
+  tests/runtime/opinfo_expectations.py. The harness's xfails are strict, so in
+  a green CI a case passes exactly when it has no entry;
+* the last recorded sweep (docs/opinfo_sweep.json, written by ``--sweep`` or
+  ``--results`` from the JSON lines the harness writes when
+  ``TPU_DEBUG_OPINFO_RESULTS=path`` is set): measured counts per dtype and wall
+  time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "op_coverage.md"
+SWEEP = ROOT / "docs" / "opinfo_sweep.json"
+HARNESS = ROOT / "tests" / "runtime"
+TARGET_F32 = 93.0
+TOP_MISSING = 30
+
+CI_COMMAND = "python -m pytest tests/runtime/test_opinfo.py -n 2 -q"
+FULL_COMMAND = "TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_opinfo.py -n 2 -q"
+
+
+# ---- core aten ops -----------------------------------------------------------------
+
+
+def core_ops() -> list:
+    """Every aten overload tagged ``torch.Tag.core``, sorted by name."""
+    import torch
+
+    ops = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if torch.Tag.core in op.tags:
+                ops.append(op)
+    return sorted(ops, key=_op_name)
+
+
+def _op_name(op) -> str:
+    name = op._schema.name.split("::", 1)[1]
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
+def status(op) -> str:
+    import torch
+    from torch._decomp import decomposition_table
+    from tpu_debug.runtime.eager import plan_for
+    from tpu_debug.runtime.ops import lookup
+
+    # an in-place / out= variant runs through its functional op's lowering
+    if lookup(op) is not None or plan_for(op).lowering is not None:
+        return "lowered"
+    qualname = op._schema.name + ("" if op._overloadname == "default" else f".{op._overloadname}")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(qualname, "PrivateUse1"):
+        return "kernel"
+    if op in decomposition_table or any(
+        has(qualname, key) for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
+                                       "CompositeExplicitAutogradNonFunctional")
+    ):
+        return "decomposed"
+    return "missing"
+
+
+# ---- OpInfo counts -------------------------------------------------------------------
+
+
+def _harness():
+    sys.path.insert(0, str(HARNESS))
+    import opinfo_expectations as table
+    import test_opinfo as harness
+
+    return harness, table
+
+
+def opinfo_counts(harness, table) -> dict:
+    """Per dtype: cases, passing in the CI tier and in the full sweep, xfail, skip."""
+    counts: dict = defaultdict(Counter)
+    for op, dtype, mode in harness.cases():
+        if mode != "eager":
+            continue
+        d = harness.dtype_name(dtype)
+        c = counts[d]
+        c["cases"] += 1
+        ci = table.expectation(op.name, op.variant_test_name, d, mode, full=False)
+        full = table.expectation(op.name, op.variant_test_name, d, mode, full=True)
+        if full is None:
+            c["pass_full"] += 1
+        elif full[0] == "skip":
+            c["skip"] += 1
+        else:
+            c["xfail_full" if ci is None else "xfail"] += 1
+        if ci is None:
+            c["pass_ci"] += 1
+    return {d: dict(counts[d]) for d in (harness.dtype_name(t) for t in harness.DTYPES) if d in counts}
+
+
+def missing_ops(table) -> list[tuple[str, int, list[str]]]:
+    """(aten op, blocked cases, sample of blocked op ids) from "needs a lowering" reasons."""
+    blocked: dict = defaultdict(set)
+    for (name, variant, dtype, mode), (kind, reason) in table.EXPECTATIONS.items():
+        if kind == "skip" or not reason.startswith("needs a lowering: "):
+            continue
+        op = reason.removeprefix("needs a lowering: ")
+        blocked[op].add((f"{name}.{variant}" if variant else name, dtype, mode))
+    rows = []
+    for op, cases in blocked.items():
+        # a "*" dtype entry stands for every dtype of that op: count each
+        n = sum(1 for c in cases if c[1] != "*") + sum(len(DTYPE_NAMES) for c in cases if c[1] == "*")
+        rows.append((op, n, sorted({c[0] for c in cases})))
+    return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+DTYPE_NAMES = ("float32", "int64", "bool", "bfloat16")
+
+
+# ---- sweep summary ------------------------------------------------------------------------
+
+
+def summarize(results: Path, wall_seconds: float | None) -> dict:
+    """Measured counts per tier and dtype from the harness's JSON lines."""
+    rows = {}
+    for line in results.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows[(r["op"], r["variant"], r["dtype"], r["mode"])] = r
+    by = defaultdict(Counter)
+    tiers = set()
+    for r in rows.values():
+        tiers.add(r["tier"])
+        by[(r["mode"], r["dtype"])][r["outcome"]] += 1
+    import jax
+    import torch
+
+    return {
+        "tier": "full" if "full" in tiers else "ci",
+        "wall_seconds": None if wall_seconds is None else round(wall_seconds),
+        "torch": torch.__version__,
+        "jax": jax.__version__,
+        "platform": jax.devices()[0].platform,
+        "counts": {f"{m}/{d}": dict(sorted(c.items())) for (m, d), c in sorted(by.items())},
+    }
+
+
+def run_sweep(tier: str) -> tuple[Path, float]:
+    env = dict(os.environ)
+    fd, path = tempfile.mkstemp(prefix="opinfo-", suffix=".jsonl")
+    os.close(fd)
+    env["TPU_DEBUG_OPINFO_RESULTS"] = path
+    if tier == "full":
+        env["TPU_DEBUG_OPINFO_FULL"] = "1"
+    else:
+        env.pop("TPU_DEBUG_OPINFO_FULL", None)
+    cmd = [sys.executable, "-m", "pytest", "tests/runtime/test_opinfo.py", "-n", "2", "-q",
+           "-p", "no:cacheprovider"]
+    print(f"running {' '.join(cmd)} (results in {path})", file=sys.stderr)
+    start = time.monotonic()
+    subprocess.run(cmd, cwd=ROOT, env=env, check=False)
+    return Path(path), time.monotonic() - start
+
+
+# ---- the document --------------------------------------------------------------------------
+
+
+def render(core: list[tuple[str, str]], counts: dict, missing: list, sweep: dict | None) -> str:
+    out = [
+        "# Op coverage on `tpu`",
+        "",
+        "Generated by `python scripts/op_coverage.py`; do not edit by hand. CI runs",
+        "`python scripts/op_coverage.py --check`, which fails when this file is stale.",
+        "",
+        "## OpInfo: PyTorch's op_db on `tpu` (eager)",
+        "",
+        "`tests/runtime/test_opinfo.py` runs every OpInfo's sample inputs on CPU and on `tpu` and",
+        "compares results, mutated arguments (in-place, through a view, `out=`) and dtypes.",
+        "Counts come from op_db and `tests/runtime/opinfo_expectations.py`: xfails are strict,",
+        "so with CI green a case passes exactly when it has no entry.",
+        "",
+        "| dtype | cases | pass (CI tier) | pass (full sweep) | pass % (full) | xfail | xfail beyond CI samples | skip |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d, c in counts.items():
+        pct = 100.0 * c.get("pass_full", 0) / c["cases"] if c["cases"] else 0.0
+        out.append(
+            f"| {d} | {c['cases']} | {c.get('pass_ci', 0)} | {c.get('pass_full', 0)} | {pct:.1f} % | "
+            f"{c.get('xfail', 0)} | {c.get('xfail_full', 0)} | {c.get('skip', 0)} |"
+        )
+    f32 = counts.get("float32")
+    if f32:
+        pct = 100.0 * f32.get("pass_full", 0) / f32["cases"]
+        verdict = "meets" if pct >= TARGET_F32 else "is below"
+        line = f"float32: {pct:.1f} % of op_db ops pass with no xfail entry; this {verdict} the "
+        out += ["", line + f"{TARGET_F32:.0f} % target."]
+    out += [
+        "",
+        "Commands:",
+        "",
+        "```",
+        f"{CI_COMMAND}    # CI tier: first samples of each (op, dtype)",
+        f"{FULL_COMMAND}    # full sweep: every sample",
+        "python scripts/op_coverage.py --sweep full    # full sweep + record it here",
+        "python tests/runtime/make_opinfo_expectations.py RESULTS.jsonl    # regenerate the xfails",
+        "```",
+        "",
+    ]
+    if sweep is not None:
+        out += ["### Last recorded sweep", ""]
+        wall = sweep.get("wall_seconds")
+        wall_text = "not measured" if wall is None else f"{wall // 60} min {wall % 60:02d} s"
+        out.append(
+            f"Tier: {sweep['tier']}; wall time {wall_text} (`-n 2`, 2 cores); torch {sweep['torch']}, "
+            f"jax {sweep['jax']}, XLA platform `{sweep['platform']}`."
+        )
+        out += ["", "| mode/dtype | passed | failed (xfail or unexpected) |", "|---|---:|---:|"]
+        for key, c in sweep["counts"].items():
+            out.append(f"| {key} | {c.get('passed', 0)} | {c.get('failed', 0)} |")
+        out.append("")
+    out += [
+        f"## Missing lowerings blocking the most OpInfo cases (top {TOP_MISSING})",
+        "",
+        "From xfail reasons \"needs a lowering: aten::...\" (the first missing op a case meets).",
+        "",
+        "| aten op | blocked cases | OpInfos |",
+        "|---|---:|---|",
+    ]
+    for op, n, names in missing[:TOP_MISSING]:
+        shown = ", ".join(f"`{x}`" for x in names[:6]) + (f" (+{len(names) - 6})" if len(names) > 6 else "")
+        out.append(f"| `{op}` | {n} | {shown} |")
+    tally = Counter(s for _, s in core)
+    out += [
+        "",
+        "## Core aten ops (`torch.Tag.core`)",
+        "",
+        "*lowered*: a registered lowering (runtime/ops); *kernel*: a PrivateUse1 kernel in",
+        "runtime/device.py (views, copies, allocation); *decomposed*: runs through a PyTorch",
+        "decomposition or composite kernel; *missing*: raises NotImplementedError on `tpu`.",
+        "",
+        f"{len(core)} overloads: " + ", ".join(f"{tally[s]} {s}" for s in ("lowered", "kernel", "decomposed", "missing")) + ".",
+        "",
+        "| op | status |",
+        "|---|---|",
+    ]
+    out += [f"| `{name}` | {s} |" for name, s in core]
+    return "\n".join(out) + "\n"
+
+
+def generate() -> str:
+    import tpu_debug  # noqa: F401 - registers the device and loads the lowerings
+
+    harness, table = _harness()
+    core = [(_op_name(op), status(op)) for op in core_ops()]
+    sweep = json.loads(SWEEP.read_text(encoding="utf-8")) if SWEEP.exists() else None
+    return render(core, opinfo_counts(harness, table), missing_ops(table), sweep)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Generate docs/op_coverage.md (issue 7).")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true", help="exit 1 if docs/op_coverage.md is stale")
+    group.add_argument("--sweep", choices=("ci", "full"), help="run the OpInfo harness and record it")
+    group.add_argument("--results", type=Path, help="record a finished sweep's JSON lines")
+    parser.add_argument("--wall-time", type=float, help="with --results: the sweep's wall time, seconds")
+    args = parser.parse_args(argv)
+
+    if args.sweep or args.results:
+        results, wall = (run_sweep(args.sweep) if args.sweep else (args.results, args.wall_time))
+        summary = summarize(results, wall)
+        SWEEP.parent.mkdir(parents=True, exist_ok=True)
+        SWEEP.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {SWEEP.relative_to(ROOT)} (results: {results})", file=sys.stderr)
+
+    text = generate()
+    if args.check:
+        current = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
+        if current != text:
+            print(f"{DOC.relative_to(ROOT)} is stale; run: python scripts/op_coverage.py", file=sys.stderr)
+            return 1
+        print(f"{DOC.relative_to(ROOT)} is up to date", file=sys.stderr)
+        return 0
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(text, encoding="utf-8")
+    print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""PyTorch's OpInfo database (``op_db``) on `tpu`, checked against PyTorch on CPU (issue 7).
+
+For every OpInfo and dtype (float32, int64, bool, bfloat16) the op supports on
+CPU, each sample input runs on CPU and, moved to `tpu`, through the eager
+runtime; results come back and are compared with ``torch.testing.assert_close``
+(values, strict dtypes, NaNs equal). The in-place variant (also applied through
+a view, so a write that misses the base is caught) and ``out=`` are checked the
+same way, and so is every argument after the call: what an op mutates must
+match CPU. Random ops are checked for shape, dtype and range only.
+
+One test id per (op[.variant], dtype, mode). Expected failures and per-op
+tolerance widenings live in ``opinfo_expectations.py``, each with its reason;
+xfails are strict, so an op that starts passing is noticed.
+
+Commands::
+
+    # CI tier: the first 3 samples of each (op, dtype)
+    python -m pytest tests/runtime/test_opinfo.py -n 2 -q
+    # full sweep: every sample
+    TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_opinfo.py -n 2 -q
+    # record outcomes (JSON lines) for docs/op_coverage.md and the expectations table
+    TPU_DEBUG_OPINFO_RESULTS=opinfo.jsonl python -m pytest tests/runtime/test_opinfo.py -n 2 -q
+    python scripts/op_coverage.py --results opinfo.jsonl
+    python tests/runtime/make_opinfo_expectations.py opinfo.jsonl
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import traceback
+from collections.abc import Callable
+
+import pytest
+import torch
+from opinfo_expectations import CI_SAMPLES, EXPECTATIONS, TOLERANCES, expectation, tolerance
+from torch.testing._internal.common_methods_invocations import op_db
+
+import tpu_debug  # noqa: F401 - registers the tpu device
+
+# samples deliberately hit deprecated paths (resized out=, ...) on CPU as on tpu
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+FULL = os.environ.get("TPU_DEBUG_OPINFO_FULL", "") not in ("", "0")
+RESULTS = os.environ.get("TPU_DEBUG_OPINFO_RESULTS") or None
+
+DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16)
+
+
+def _eager(fn: Callable) -> Callable:
+    return fn
+
+
+# mode -> how the op is called on tpu tensors. A "compiled" mode is one more entry
+# (e.g. lambda fn: tpu_debug.compile(fn)) and one more id per (op, dtype).
+MODES: dict[str, Callable[[Callable], Callable]] = {"eager": _eager}
+
+
+# ---- random ops: shape, dtype and range only -------------------------------------
+
+
+def _arg(sample, i, name, default):
+    if name in sample.kwargs:
+        return sample.kwargs[name]
+    return sample.args[i] if len(sample.args) > i else default
+
+
+def _in(lo, hi):
+    return lambda sample, out: (lo, hi)
+
+
+def _dropout_range(sample, out):
+    x = sample.input
+    p = _arg(sample, 0, "p", 0.5)
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    lo, hi = (x.min().item(), x.max().item()) if x.numel() else (0.0, 0.0)
+    return min(0.0, lo * scale), max(0.0, hi * scale)
+
+
+def _rrelu_range(sample, out):
+    x = sample.input
+    lower = _arg(sample, 0, "lower", 1 / 8)
+    if not x.numel():
+        return None
+    lo, hi = x.min().item(), x.max().item()
+    return min(lo, lo * lower), max(hi, 0.0)
+
+
+def _multinomial_range(sample, out):
+    return 0, sample.input.shape[-1] - 1
+
+
+def _randint_range(sample, out):
+    # randint_like(x, high) / randint_like(x, low, high); randint(high, size) / randint(low, high, size)
+    nums = [a for a in ((sample.input,) if sample.op_name == "randint" else ()) + tuple(sample.args)
+            if isinstance(a, int) and not isinstance(a, bool)]
+    if len(nums) == 1:
+        return 0, nums[0] - 1
+    return nums[0], nums[1] - 1
+
+
+# op name (variant) -> None (shape and dtype only) or f(sample, cpu_result) -> (lo, hi)
+RANDOM_OPS: dict[str, Callable | None] = {
+    "bernoulli": _in(0, 1),
+    "cauchy": None,
+    "exponential": _in(0, math.inf),
+    "geometric": _in(1, math.inf),
+    "log_normal": _in(0, math.inf),
+    "multinomial": _multinomial_range,
+    "normal": None,
+    "normal.in_place": None,
+    "normal.number_mean": None,
+    "rand_like": _in(0, 1),
+    "randint": _randint_range,
+    "randint_like": _randint_range,
+    "randn": None,
+    "randn_like": None,
+    "uniform": lambda s, out: (_arg(s, 0, "from", 0.0), _arg(s, 1, "to", 1.0)),
+    "nn.functional.dropout": _dropout_range,
+    "nn.functional.dropout2d": _dropout_range,
+    "nn.functional.dropout3d": _dropout_range,
+    "nn.functional.alpha_dropout": None,
+    "nn.functional.feature_alpha_dropout.with_train": None,
+    "nn.functional.rrelu": _rrelu_range,
+}
+
+
+# ---- the parameter space -------------------------------------------------------------
+
+
+def op_id(op) -> str:
+    """``name`` or ``name.variant``: the op part of a test id and of expectation keys."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def cases():
+    """Every (op, dtype, mode) the harness runs, in op_db order."""
+    for op in op_db:
+        supported = op.supported_dtypes("cpu")
+        for dtype in DTYPES:
+            if dtype in supported:
+                for mode in MODES:
+                    yield op, dtype, mode
+
+
+def _params():
+    params = []
+    for op, dtype, mode in cases():
+        marks = ()
+        exp = expectation(op.name, op.variant_test_name, dtype_name(dtype), mode, full=FULL)
+        if exp is not None:
+            kind, reason = exp
+            if kind == "skip":
+                marks = (pytest.mark.skip(reason=reason),)
+            else:
+                marks = (pytest.mark.xfail(reason=reason, strict=True),)
+        params.append(pytest.param(op, dtype, mode, id=f"{op_id(op)}-{dtype_name(dtype)}-{mode}", marks=marks))
+    return params
+
+
+# ---- moving values between devices -------------------------------------------------
+
+
+def _to_tpu(v):
+    """Tensors to tpu; a ``cpu`` device argument (factories, ``to``) becomes ``tpu``."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("tpu")
+    if isinstance(v, torch.device) and v.type == "cpu":
+        return torch.device("tpu")
+    if isinstance(v, str) and v == "cpu":
+        return "tpu"
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+        return type(v)(_to_tpu(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_tpu(x) for k, x in v.items()}
+    return v
+
+
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+        return type(v)(_clone(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _clone(x) for k, x in v.items()}
+    return v
+
+
+class _OnCpu(Exception):
+    pass
+
+
+def _to_host(v):
+    """A tpu result back on CPU; a tensor result left on CPU is an error (the op escaped tpu)."""
+    if isinstance(v, torch.Tensor):
+        if v.device.type != "tpu":
+            raise _OnCpu(f"returned a {v.device.type} tensor, expected a tpu tensor")
+        return v.cpu()
+    if isinstance(v, (list, tuple)):
+        return tuple(_to_host(x) for x in v) if hasattr(v, "_fields") else type(v)(_to_host(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_host(x) for k, x in v.items()}
+    return v
+
+
+def _tensors(v):
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _tensors(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _tensors(x)
+
+
+# ---- comparison ----------------------------------------------------------------------
+
+
+class Mismatch(AssertionError):
+    """The first line is the one-line reason; details follow."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}".rstrip(": ")
+
+
+def _close_summary(msg: str) -> str:
+    """assert_close's message as one line: what differs and by how much."""
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    head = lines[0] if lines else "values differ"
+    if head.startswith(("Tensor-likes are not", "Scalars are not")):
+        mism = next((ln for ln in lines if ln.startswith("Mismatched elements")), "")
+        absd = next((ln for ln in lines if ln.startswith("Greatest absolute difference")), "")
+        reld = next((ln for ln in lines if ln.startswith("Greatest relative difference")), "")
+        parts = ["values differ from CPU"]
+        if mism:
+            parts.append(mism.removeprefix("Mismatched elements: ").split(" (")[0] + " elements")
+        for label, line in (("max abs diff", absd), ("max rel diff", reld)):
+            m = re.search(r"difference: (\S+)", line)
+            if m:
+                parts.append(f"{label} {m.group(1)}")
+        return ", ".join(parts)
+    return head
+
+
+def _compare(actual, expected, *, tol, what: str):
+    try:
+        actual = _to_host(actual)
+    except _OnCpu as exc:
+        raise Mismatch(f"{what}: {exc}") from None
+    if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor):
+        if actual.dtype != expected.dtype:
+            raise Mismatch(f"{what}: dtype {dtype_name(actual.dtype)}, CPU gives {dtype_name(expected.dtype)}")
+        if actual.shape != expected.shape:
+            raise Mismatch(f"{what}: shape {tuple(actual.shape)}, CPU gives {tuple(expected.shape)}")
+    try:
+        torch.testing.assert_close(actual, expected, equal_nan=True, check_dtype=True, **tol)
+    except AssertionError as exc:
+        raise Mismatch(f"{what}: {_close_summary(str(exc))}\n{exc}") from None
+    except (TypeError, ValueError) as exc:
+        # assert_close cannot compare this kind of value (torch.Size, str, ...)
+        if actual != expected:
+            raise Mismatch(f"{what}: {actual!r}, CPU gives {expected!r}") from exc
+
+
+def _check_random(actual, expected, sample, rng_range, *, what: str):
+    try:
+        actual = _to_host(actual)
+    except _OnCpu as exc:
+        raise Mismatch(f"{what}: {exc}") from None
+    outs, refs = list(_tensors(actual)), list(_tensors(expected))
+    if len(outs) != len(refs):
+        raise Mismatch(f"{what}: {len(outs)} tensors returned, CPU gives {len(refs)}")
+    for a, e in zip(outs, refs):
+        if a.dtype != e.dtype or a.shape != e.shape:
+            raise Mismatch(f"{what}: {dtype_name(a.dtype)}{list(a.shape)}, CPU gives {dtype_name(e.dtype)}{list(e.shape)}")
+        bounds = rng_range(sample, e) if rng_range is not None else None
+        if bounds is None or not a.numel():
+            continue
+        lo, hi = bounds
+        v = a.double()
+        if v.isnan().any() and not e.double().isnan().any():
+            raise Mismatch(f"{what}: NaN in a random result (CPU has none)")
+        v = v[~v.isnan()]
+        if v.numel() and (v.min().item() < lo or v.max().item() > hi):
+            raise Mismatch(f"{what}: random values in [{v.min().item()}, {v.max().item()}], expected within [{lo}, {hi}]")
+
+
+# ---- one variant of one sample -------------------------------------------------------
+
+
+def _call(fn, inp, args, kwargs):
+    return fn(inp, *args, **kwargs)
+
+
+def _check_call(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None):
+    """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
+    cpu = _clone((sample.input, sample.args, sample.kwargs))
+    dev = _to_tpu(cpu)
+    if prepare is not None:
+        cpu, dev = prepare(cpu, "cpu"), prepare(dev, "tpu")
+    try:
+        expected = _call(fn, *cpu)
+    except Exception as cpu_exc:  # noqa: BLE001 - any CPU error must be an error on tpu too
+        try:
+            _call(run(fn), *dev)
+        except Exception:  # noqa: BLE001
+            return
+        raise Mismatch(f"{what}: CPU raises {_first_line(cpu_exc)}; tpu returns a result") from None
+    actual = _call(run(fn), *dev)
+    if random:
+        _check_random(actual, expected, sample, rng_range, what=what)
+        return
+    _compare(actual, expected, tol=tol, what=what)
+    # every argument after the call: what the op mutates (in-place, out=) must match CPU
+    _compare(list(_tensors(dev)), list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call")
+
+
+def _via_view(args, device):
+    """The same arguments with the input replaced by a view into a larger base (kept as ``__base__``)."""
+    inp, a, kw = args
+    host = inp.cpu()
+    # built on CPU and moved whole, so the tpu side tests the write, not ``stack``
+    base = torch.stack([torch.zeros_like(host), host]).to(device)
+    return base[1], a, {**kw, "__base__": base}
+
+
+def _strip_base(fn):
+    def call(inp, *args, __base__=None, **kwargs):
+        return fn(inp, *args, **kwargs)
+
+    return call
+
+
+def _out_like(expected):
+    """A prepare step adding ``out=`` tensors shaped like the CPU result, or None."""
+    if isinstance(expected, torch.Tensor):
+        single = True
+    elif isinstance(expected, (tuple, list)) and expected and all(isinstance(e, torch.Tensor) for e in expected):
+        single = False
+    else:
+        return None
+
+    def prepare(args, device):
+        inp, a, kw = args
+        if single:
+            out = torch.empty(expected.shape, dtype=expected.dtype, device=device)
+        else:
+            out = tuple(torch.empty(e.shape, dtype=e.dtype, device=device) for e in expected)
+        return inp, a, {**kw, "out": out}
+
+    return prepare
+
+
+def check_sample(op, sample, dtype, mode):
+    run = MODES[mode]
+    name = op_id(op)
+    random = name in RANDOM_OPS or op.has_nondeterministic_output
+    rng_range = RANDOM_OPS.get(name)
+    tol = tolerance(op.name, op.variant_test_name, dtype_name(dtype)) or {}
+    kw = {"tol": tol, "rng_range": rng_range, "random": random}
+
+    _check_call("op", op, sample, run, **kw)
+    inplace = op.inplace_variant
+    if inplace is not None:
+        _check_call("in-place", inplace, sample, run, **kw)
+        if not random and isinstance(sample.input, torch.Tensor):
+            _check_call("in-place through a view", _strip_base(inplace), sample, run, prepare=_via_view, **kw)
+    if op.supports_out and not random:
+        try:
+            expected = op(_clone(sample.input), *_clone(sample.args), **_clone(sample.kwargs))
+        except Exception:  # noqa: BLE001 - the functional check above already compared errors
+            return
+        prepare = _out_like(expected)
+        if prepare is not None:
+            _check_call("out=", op.op, sample, run, prepare=prepare, **kw)
+
+
+# ---- results file ----------------------------------------------------------------------
+
+
+def _record(op, dtype, mode, outcome, *, error=None, sample=None, samples=0):
+    if RESULTS is None:
+        return
+    row = {
+        "op": op.name, "variant": op.variant_test_name, "dtype": dtype_name(dtype), "mode": mode,
+        "tier": "full" if FULL else "ci", "outcome": outcome, "samples": samples,
+        "failed_sample": sample, "error": error,
+    }
+    # one short line per test, appended with O_APPEND: safe across xdist workers
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+# ---- the test --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("op", "dtype", "mode"), _params())
+def test_opinfo(op, dtype, mode):
+    done = 0
+    try:
+        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+        if not FULL:
+            samples = itertools.islice(samples, CI_SAMPLES)
+        for sample in samples:
+            check_sample(op, sample, dtype, mode)
+            done += 1
+    except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
+        reason = _first_line(exc).removeprefix("Mismatch: ")
+        _record(op, dtype, mode, "failed", error=reason, sample=done, samples=done + 1)
+        # plain text, no pytest traceback: pytest would repr every frame's tpu tensors,
+        # and printing a tpu tensor reads it element by element
+        details = "".join(traceback.format_exception(exc, limit=-12))
+        pytest.fail(f"sample {done}: {reason}\n\n{details}", pytrace=False)
+    _record(op, dtype, mode, "passed", samples=done)
+
+
+def test_expectation_keys_name_real_cases():
+    """Every entry in opinfo_expectations.py names an (op, variant, dtype, mode) the harness runs."""
+    real = {(op.name, op.variant_test_name, dtype_name(d), m) for op, d, m in cases()}
+
+    def runs(name, variant, dtype, mode):
+        return any(
+            (n, v) == (name, variant) and dtype in ("*", d) and mode in ("*", m) for n, v, d, m in real
+        )
+
+    stale = [key for key in EXPECTATIONS if not runs(*key)]
+    stale += [key for key in TOLERANCES if not runs(*key, "*")]
+    assert not stale, f"expectations for cases the harness does not run: {stale}"

@@ -1,0 +1,356 @@
+"""Matrix products and linear algebra (runtime/ops/linalg.py) against PyTorch on CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import jax
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tpu_debug.runtime.ops import linalg
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _leaves(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _leaves(o)]
+    return []
+
+
+def check(fn, *args, grad=True, tol=TOL, outputs=None):
+    """``fn`` on CPU and tpu: outputs (those indexed by ``outputs``, default all)
+    and the gradients of floating-point inputs under a shared random cotangent."""
+    def prepare(device):
+        return [
+            a.detach().to(device).requires_grad_(grad and a.is_floating_point())
+            if isinstance(a, torch.Tensor) else a
+            for a in args
+        ]
+
+    cpu_args, tpu_args = prepare("cpu"), prepare("tpu")
+    ref, got = _leaves(fn(*cpu_args)), _leaves(fn(*tpu_args))
+    assert len(ref) == len(got)
+    keep = range(len(ref)) if outputs is None else outputs
+    ref, got = [ref[i] for i in keep], [got[i] for i in keep]
+    for r, g in zip(ref, got):
+        assert g.device.type == "tpu"
+        torch.testing.assert_close(g.cpu(), r, **tol)
+    if not grad:
+        return
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(r, g) for r, g in zip(ref, got) if r.requires_grad]
+    cots = [torch.randn(r.shape, generator=gen, dtype=r.dtype) for r, _ in pairs]
+    torch.autograd.backward([r for r, _ in pairs], cots)
+    torch.autograd.backward([g for _, g in pairs], [c.to("tpu") for c in cots])
+    for a, b in zip(cpu_args, tpu_args):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            torch.testing.assert_close(b.grad.cpu(), a.grad, **tol)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _spd(n, batch=()):
+    a = torch.randn(*batch, n, n, dtype=torch.float64)
+    return a @ a.mT + n * torch.eye(n, dtype=torch.float64)
+
+
+# ---- products ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (torch.mm, [(3, 4), (4, 5)]),
+        (torch.bmm, [(2, 3, 4), (2, 4, 5)]),
+        (torch.mv, [(3, 4), (4,)]),
+        (torch.dot, [(5,), (5,)]),
+        (torch.outer, [(3,), (4,)]),
+        (torch.matmul, [(2, 3, 4), (4, 5)]),
+        (torch.matmul, [(2, 1, 3, 4), (5, 4, 2)]),
+        (torch.matmul, [(4,), (2, 4, 3)]),
+        (torch.matmul, [(2, 3, 4), (4,)]),
+        (torch.addmm, [(5,), (3, 4), (4, 5)]),
+        (torch.addmv, [(3,), (3, 4), (4,)]),
+        (torch.baddbmm, [(2, 3, 5), (2, 3, 4), (2, 4, 5)]),
+        (torch.addbmm, [(3, 5), (2, 3, 4), (2, 4, 5)]),
+        (torch.addr, [(3, 4), (3,), (4,)]),
+        (lambda a, b: torch.einsum("bij,bkj->bik", a, b), [(2, 3, 4), (2, 5, 4)]),
+    ],
+)
+def test_products(fn, shapes):
+    check(fn, *(torch.randn(s) for s in shapes))
+
+
+def test_addmm_alpha_beta():
+    s, a, b = torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5)
+    check(lambda s, a, b: torch.addmm(s, a, b, beta=0.5, alpha=-2.0), s, a, b)
+    check(lambda s, a, b: torch.baddbmm(s, a, b, beta=2, alpha=0.5), torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+    # beta=0 ignores self entirely, NaNs included
+    check(lambda s, a, b: torch.addmm(s, a, b, beta=0), torch.full((3, 5), float("nan")), a, b, grad=False)
+
+
+def test_vdot_and_complex_mm():
+    check(torch.vdot, torch.randn(4, dtype=torch.complex64), torch.randn(4, dtype=torch.complex64), grad=False)
+    check(torch.mm, torch.randn(2, 3, dtype=torch.complex64), torch.randn(3, 2, dtype=torch.complex64), grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_matmul_stays_integer(dtype):
+    lo, hi = (0, 5) if dtype == torch.uint8 else (-5, 5)
+    a = torch.randint(lo, hi, (3, 4), dtype=dtype)
+    b = torch.randint(lo, hi, (4, 2), dtype=dtype)
+    check(torch.mm, a, b, grad=False)
+    check(torch.matmul, a.expand(2, 3, 4), b, grad=False)
+
+
+def test_integer_matmul_large_values_exact():
+    a = torch.full((2, 3), 2**40, dtype=torch.int64)
+    b = torch.full((3, 2), 3, dtype=torch.int64)
+    check(torch.mm, a, b, grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_matmul_dtypes(dtype):
+    tol = TOL if dtype == torch.float64 else {"rtol": 1.6e-2, "atol": 1e-2}
+    check(torch.mm, torch.randn(4, 8).to(dtype), torch.randn(8, 3).to(dtype), tol=tol)
+    check(F.linear, torch.randn(2, 4, 8).to(dtype), torch.randn(3, 8).to(dtype), torch.randn(3).to(dtype), tol=tol)
+
+
+def test_matmul_precision_follows_torch_setting():
+    before = torch.get_float32_matmul_precision()
+    try:
+        expected = {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH, "medium": jax.lax.Precision.DEFAULT}
+        for name, precision in expected.items():
+            torch.set_float32_matmul_precision(name)
+            assert linalg.matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_products_run_at_every_precision(precision):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        # CPU XLA computes float32 at full precision whatever the setting; on a
+        # TPU "medium" would be one bf16 pass
+        check(torch.mm, torch.randn(3, 7), torch.randn(7, 2), grad=False)
+        check(lambda x, w: F.conv1d(x, w), torch.randn(1, 2, 9), torch.randn(3, 2, 3), grad=False)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_mm_out_dtype():
+    a, b = torch.randn(3, 4).bfloat16(), torch.randn(4, 2).bfloat16()
+    got = torch.ops.aten.mm.dtype(a.to("tpu"), b.to("tpu"), torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), a.float() @ b.float(), **TOL)
+
+
+def test_linear_module_and_mlp():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4, bias=False))
+    tpu_model = copy.deepcopy(model).to("tpu")
+    x = torch.randn(5, 8)
+    ref, got = model(x), tpu_model(x.to("tpu"))
+    torch.testing.assert_close(got.detach().cpu(), ref.detach(), **TOL)
+    ref.square().sum().backward()
+    got.square().sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), tpu_model.named_parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL, msg=name)
+
+
+def test_linear_3d_input_grads():
+    check(F.linear, torch.randn(2, 3, 8), torch.randn(4, 8), torch.randn(4))
+
+
+@pytest.mark.xfail(
+    raises=RuntimeError, strict=True,
+    reason="in-place view ops (squeeze_, t_) on tpu tensors hit setStorage's bounds check: "
+    "tpu storages report 0 bytes (device/tensor layer, not a lowering)",
+)
+def test_bilinear():
+    check(F.bilinear, torch.randn(3, 4), torch.randn(3, 5), torch.randn(2, 4, 5), torch.randn(2))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_scaled_dot_product_attention(is_causal):
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), q, k, v)
+
+
+def test_scaled_dot_product_attention_mask_and_module():
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    mask = torch.rand(4, 6) > 0.3
+    mask[:, 0] = True
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device)), q, k, v)
+    attn = nn.MultiheadAttention(8, 2, batch_first=True)
+    tpu_attn = copy.deepcopy(attn).to("tpu")
+    x = torch.randn(2, 5, 8)
+    ref, _ = attn(x, x, x)
+    got, _ = tpu_attn(x.to("tpu"), x.to("tpu"), x.to("tpu"))
+    torch.testing.assert_close(got.detach().cpu(), ref.detach(), **TOL)
+
+
+# ---- factorizations and solves -------------------------------------------------------------
+
+
+def test_inverse_and_det():
+    a = torch.randn(3, 4, 4, dtype=torch.float64)
+    check(torch.linalg.inv, a)
+    check(torch.linalg.inv_ex, a, outputs=[0, 1])
+    check(torch.linalg.det, a)
+    check(torch.linalg.slogdet, a)
+    check(torch.logdet, _spd(4))
+    check(torch.linalg.det, torch.randn(5, 5))
+
+
+def test_det_singular_and_info():
+    a = torch.tensor([[1.0, 2.0], [2.0, 4.0]], dtype=torch.float64)
+    check(torch.linalg.det, a, grad=False)
+    check(torch.linalg.slogdet, a, grad=False)
+    check(torch.linalg.inv_ex, torch.zeros(2, 3, 3, dtype=torch.float64), grad=False, outputs=[1])
+
+
+def test_cholesky_family():
+    a = _spd(4, (2,))
+    check(torch.linalg.cholesky, a)
+    check(lambda a: torch.linalg.cholesky(a, upper=True), a)
+    check(torch.linalg.cholesky_ex, a)
+    L = torch.linalg.cholesky(a)
+    b = torch.randn(2, 4, 3, dtype=torch.float64)
+    check(torch.cholesky_solve, b, L)
+    check(lambda b, u: torch.cholesky_solve(b, u, upper=True), b, L.mT.contiguous())
+    check(torch.cholesky_inverse, L[0])
+
+
+@pytest.mark.parametrize(
+    "a",
+    [
+        torch.diag(torch.tensor([1.0, -1.0, 2.0])),
+        torch.tensor([[4.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+        torch.stack([torch.eye(3), torch.diag(torch.tensor([1.0, 1.0, -1.0]))]),
+    ],
+)
+def test_cholesky_ex_info_names_the_failing_minor(a):
+    check(lambda a: torch.linalg.cholesky_ex(a).info, a, grad=False)
+
+
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (lambda a: torch.linalg.inv(a), "linalg.inv: The diagonal element 2 is zero"),
+        (lambda a: torch.linalg.cholesky(a - 2 * torch.eye(3, device=a.device)), "not positive-definite"),
+        (lambda a: torch.linalg.solve(a, torch.ones(3, device=a.device)), "singular"),
+    ],
+)
+def test_linalg_errors_match_cpu(fn, match):
+    a = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    with pytest.raises(torch.linalg.LinAlgError, match=match):
+        fn(a)
+    with pytest.raises(torch.linalg.LinAlgError, match=match):
+        fn(a.to("tpu"))
+
+
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 4)])
+def test_qr(mode, shape):
+    a = torch.randn(shape, dtype=torch.float64)
+    # LAPACK's Householder QR on both sides: the same signs, so compare directly
+    # PyTorch has no QR derivative for mode="r", nor for "complete" with more rows than columns
+    differentiable = mode == "reduced" or (mode == "complete" and shape[-2] <= shape[-1])
+    check(lambda a: torch.linalg.qr(a, mode=mode), a, grad=differentiable)
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_solve(left):
+    a = torch.randn(2, 4, 4, dtype=torch.float64)
+    b = torch.randn(2, 4, 3, dtype=torch.float64) if left else torch.randn(2, 3, 4, dtype=torch.float64)
+    check(lambda a, b: torch.linalg.solve(a, b, left=left), a, b)
+    check(lambda a, b: torch.linalg.solve_ex(a, b, left=left), a, b, outputs=[0, 1])
+
+
+def test_solve_vector_and_broadcast():
+    a = torch.randn(4, 4, dtype=torch.float64)
+    check(torch.linalg.solve, a, torch.randn(4, dtype=torch.float64))
+    check(torch.linalg.solve, torch.randn(3, 4, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64))
+    check(torch.linalg.solve, a, torch.randn(2, 4, 2, dtype=torch.float64))
+
+
+def test_lu_family():
+    a = torch.randn(4, 4, dtype=torch.float64)
+    check(torch.linalg.lu_factor, a, grad=False)
+    check(torch.linalg.lu_factor_ex, a, grad=False)
+    check(torch.linalg.lu, a)
+    check(torch.linalg.lu, torch.randn(3, 5, dtype=torch.float64))
+    check(torch.linalg.lu, torch.randn(2, 5, 3, dtype=torch.float64))
+    lu, piv = torch.linalg.lu_factor(a)
+    b = torch.randn(4, 2, dtype=torch.float64)
+    check(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b), lu, b)
+    check(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, adjoint=True), lu, b)
+    check(lambda lu, b: torch.linalg.lu_solve(lu, piv.to(lu.device), b, left=False), lu, b.mT.contiguous())
+    check(lambda lu: torch.lu_unpack(lu, piv.to(lu.device)), lu, grad=False)
+
+
+def test_eigh_and_svd():
+    a = _spd(4, (2,))
+    check(torch.linalg.eigvalsh, a)
+    check(lambda a: torch.linalg.eigvalsh(a, UPLO="U"), a)
+    # eigenvectors are unique up to sign: compare |V| and the reconstruction
+    w, v = torch.linalg.eigh(a.to("tpu"))
+    torch.testing.assert_close(v.abs().cpu(), torch.linalg.eigh(a)[1].abs(), **TOL)
+    torch.testing.assert_close((v @ torch.diag_embed(w) @ v.mT).cpu(), a, **TOL)
+    m = torch.randn(5, 3, dtype=torch.float64)
+    check(torch.linalg.svdvals, m)
+    for full in (False, True):
+        u, s, vh = torch.linalg.svd(m.to("tpu"), full_matrices=full)
+        ru, rs, rvh = torch.linalg.svd(m, full_matrices=full)
+        assert u.shape == ru.shape and vh.shape == rvh.shape
+        torch.testing.assert_close(s.cpu(), rs, **TOL)
+        torch.testing.assert_close((u[:, :3] * s) @ vh[:3], m.to("tpu"), **TOL)
+
+
+def test_eigh_grad_of_reconstruction():
+    # a sign-invariant function of the eigenvectors has a well-defined gradient
+    check(lambda a: (lambda w, v: (v * w[..., None, :]) @ v.mT)(*torch.linalg.eigh(a)), _spd(3))
+    check(lambda m: (lambda u, s, vh: (u * s[..., None, :]) @ vh)(*torch.linalg.svd(m, full_matrices=False)),
+          torch.randn(4, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("upper", [True, False])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("unit", [True, False])
+def test_solve_triangular(upper, left, unit):
+    a = torch.randn(2, 4, 4, dtype=torch.float64) + 4 * torch.eye(4, dtype=torch.float64)
+    a = a.triu() if upper else a.tril()
+    b = torch.randn(2, 4, 3, dtype=torch.float64) if left else torch.randn(2, 3, 4, dtype=torch.float64)
+    check(lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, left=left, unitriangular=unit), a, b)
+
+
+def test_triangular_solve_legacy():
+    a = torch.randn(4, 4, dtype=torch.float64).tril() + 4 * torch.eye(4, dtype=torch.float64)
+    b = torch.randn(4, 2, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="deprecated"):
+        torch.triangular_solve(b, a, upper=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(lambda b, a: torch.triangular_solve(b, a, upper=False), b, a)
+        check(lambda b, a: torch.triangular_solve(b, a, upper=False, transpose=True), b, a)
+
+
+def test_cross_and_trace():
+    check(torch.linalg.cross, torch.randn(4, 3), torch.randn(4, 3))
+    check(torch.linalg.cross, torch.randn(1, 3), torch.randn(5, 3))
+    check(lambda a, b: torch.cross(a, b, dim=0), torch.randn(3, 4), torch.randn(3, 4))
+    check(torch.trace, torch.randn(4, 5))
+    check(torch.trace, torch.randint(0, 9, (3, 3), dtype=torch.int32), grad=False)

@@ -1,0 +1,161 @@
+"""Run a Python script (or module) as ``python`` would, record it, and print its report."""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import io
+import os
+import runpy
+import sys
+import types
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+
+import tpu_debug
+from tpu_debug.errors import CommandError
+
+_OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "tpu-debug run [options] (script.py | -m module) [args ...]"
+    parser.add_argument("--logdir", help="where runs go (default: $TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
+    parser.add_argument("--name", help="run name (default: the script's name)")
+    parser.add_argument(
+        "--hlo",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record StableHLO and optimized HLO of every program (default: on)",
+    )
+    parser.add_argument(
+        "--op-events",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one event per eager op execution (default: off; totals per executable)",
+    )
+    parser.add_argument(
+        "--no-report",
+        dest="report",
+        action="store_false",
+        help="do not print the report when the script ends",
+    )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
+    parser.add_argument("script", nargs="?", help="the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # what Python does with sys.exit("message")
+    return 1
+
+
+def _user_traceback(tb):
+    """Drop our own frames (this module, runpy) from the top of a traceback."""
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not (filename.startswith("<frozen runpy") or os.path.realpath(filename) in _OWN_FILES):
+            break
+        tb = tb.tb_next
+    return tb
+
+
+def _print_exception(exc: BaseException) -> None:
+    # the default excepthook reads exc.__traceback__, not its tb argument
+    tb = _user_traceback(exc.__traceback__)
+    exc.with_traceback(tb)
+    sys.excepthook(type(exc), exc, tb)
+
+
+def _run_path(target: str) -> None:
+    """Execute a script file as ``__main__`` the way ``python script.py`` does: ``__file__``
+    absolute, ``sys.argv[0]`` untouched (``runpy.run_path`` would rewrite it)."""
+    if not os.path.isfile(target):  # a directory or zip with __main__.py
+        runpy.run_path(target, run_name="__main__")
+        return
+    path = os.path.abspath(target)
+    with io.open_code(path) as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path,
+        __builtins__=builtins,
+        __loader__=SourceFileLoader("__main__", path),
+        __spec__=None,
+        __cached__=None,
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
+    """Run the target as ``__main__``; returns (exit code, error text)."""
+    try:
+        if is_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            _run_path(target)
+    except SystemExit as exc:
+        return _exit_code(exc), None
+    except KeyboardInterrupt as exc:
+        _print_exception(exc)
+        return 130, "KeyboardInterrupt"
+    except BaseException as exc:  # noqa: BLE001 - the script's error: print it as Python would, keep the run
+        _print_exception(exc)
+        return 1, f"{type(exc).__name__}: {exc}"
+    return 0, None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.module:
+        target, script_args = args.module, ([args.script] if args.script else []) + list(args.args)
+        argv0 = target
+        sys_path0 = os.getcwd()
+        name = args.name or target.rsplit(".", 1)[-1]
+    else:
+        if not args.script:
+            raise CommandError("no script given: tpu-debug run [options] script.py [args ...]", exit_code=2)
+        path = Path(args.script)
+        if not path.exists():
+            raise CommandError(
+                f"can't open file {str(path.absolute())!r}: no such file. "
+                "Pass the path of a Python script: tpu-debug run script.py [args ...]",
+                exit_code=2,
+            )
+        target, script_args, argv0 = args.script, list(args.args), args.script
+        sys_path0 = os.path.dirname(os.path.realpath(path))
+        name = args.name or path.stem
+
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    sys.argv = [argv0, *script_args]
+    if sys.path:
+        sys.path[0] = sys_path0
+    else:
+        sys.path.insert(0, sys_path0)
+    try:
+        with tpu_debug.trace(
+            logdir=args.logdir, name=name, hlo=args.hlo, op_events=args.op_events
+        ) as session:
+            code, error = _execute(target, bool(args.module))
+            session.mark_exit(code, error)
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+    sys.stdout.flush()
+    if args.report:
+        session.print_summary(file=sys.stderr)
+    print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
+    session.close()
+    return code

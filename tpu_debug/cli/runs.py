@@ -1,0 +1,69 @@
+"""List the recorded runs, oldest first."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import tpu_debug
+from tpu_debug.config import TraceConfig
+from tpu_debug.errors import TpuDebugError
+from tpu_debug.report import format_seconds
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--logdir", help="where runs are (default: $TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logdir = Path(args.logdir) if args.logdir else TraceConfig.from_env().logdir
+    paths = tpu_debug.list_runs(logdir)
+    if not paths:
+        print(f"no runs in {logdir}: record one with 'tpu-debug run script.py'", file=sys.stderr)
+        return 0
+    terminal = sys.stdout.isatty()
+    console = Console(
+        file=sys.stdout,
+        highlight=False,
+        emoji=False,
+        **({} if terminal else {"width": 200, "color_system": None, "force_terminal": False}),
+    )
+    table = Table(box=None, pad_edge=False, header_style="bold" if terminal else "")
+    for title in ("run", "status", "duration", "platform", "op calls", "events", "command"):
+        table.add_column(title, no_wrap=True)
+    for path in paths:
+        try:
+            with tpu_debug.open_run(path) as session:
+                m = session.metadata()
+                calls = sum(o.count for o in session.ops())
+                events = sum(session.counts().values())
+            table.add_row(
+                Text(path.name),
+                Text(m.status),
+                format_seconds(m.duration),
+                Text(f"{m.platform} x{m.device_count}"),
+                str(calls),
+                str(events),
+                Text(" ".join(m.argv)),
+            )
+        except TpuDebugError as exc:
+            # the full one-line reason is what 'tpu-debug report <run>' prints
+            kind = {"RunDamagedError": "damaged", "SchemaVersionError": "other schema"}.get(
+                type(exc).__name__, "unreadable"
+            )
+            table.add_row(
+                Text(path.name),
+                Text("unreadable"),
+                "-",
+                "-",
+                "-",
+                "-",
+                Text(f"({kind}: see tpu-debug report {path.name})"),
+            )
+    console.print(table)
+    return 0

@@ -1,0 +1,110 @@
+"""``Session``: one run, live (while ``trace()`` records) or reopened from disk."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from tpu_debug.config import TraceConfig
+from tpu_debug.runs import resolve_run
+from tpu_debug.tracers.query import RunQuery
+from tpu_debug.tracers.store import RunWriter
+
+__all__ = ["Session", "open_run"]
+
+
+class Session(RunQuery):
+    """Queries over one run: ops, programs, compiles, transfers, events, HLO, summary.
+
+    A live session (the one ``trace()`` yields) flushes the recorder before
+    each query, so it sees everything recorded so far. After the trace ends it
+    reads the finished run.
+
+    Example:
+        >>> with tpu_debug.trace() as session:
+        ...     y = torch.ones(3, device="tpu") * 2
+        >>> session.ops()[0].name
+        'mul.Tensor'
+        >>> print(session.hlo("aten::mul.Tensor"))
+    """
+
+    def __init__(self, db_path: Path, *, writer: RunWriter | None = None) -> None:
+        super().__init__(db_path)
+        self._writer = writer
+        self._exit_status: int | None = None
+        self._exit_error: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory."""
+        return self.db_path.parent
+
+    @property
+    def live(self) -> bool:
+        """True while the trace that owns this session is recording."""
+        return self._writer is not None
+
+    def _sync(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def _detach(self) -> None:
+        self._writer = None
+
+    def mark_exit(self, status: int, error: str | None = None) -> None:
+        """Record the traced program's exit status and the error that ended it, if any
+        (``tpu-debug run`` does this; the run's metadata keeps both)."""
+        self._exit_status = int(status)
+        self._exit_error = error
+
+    def summary(self, *, width: int = 100) -> str:
+        """The run's report as plain text (what ``tpu-debug report`` prints)."""
+        from tpu_debug.report import print_report
+
+        buf = io.StringIO()
+        print_report(self, file=buf, width=width, terminal=False)
+        return buf.getvalue()
+
+    def print_summary(self, file: Any = None) -> None:
+        """Print the report: rich when ``file`` (default stdout) is a terminal, plain text otherwise."""
+        from tpu_debug.report import print_report
+
+        print_report(self, file=file)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session({str(self.run_dir)!r}{', live' if self.live else ''})"
+
+
+def open_run(run: str | os.PathLike | None = None, *, logdir: str | os.PathLike | None = None) -> Session:
+    """Open a recorded run for queries.
+
+    Args:
+        run: a run directory, its run.db, a run directory name or run name in
+            ``logdir``; ``None`` for the latest run.
+        logdir: where runs are (default: ``TPU_DEBUG_LOGDIR`` or ``./tpu_debug_runs``).
+
+    Returns:
+        A :class:`Session` over the run.
+
+    Raises:
+        RunNotFoundError: no such run.
+        RunDamagedError: the database is damaged or not a run.
+        SchemaVersionError: the run was written by a tpu_debug with another store layout.
+
+    Example:
+        >>> session = tpu_debug.open_run()          # the latest run
+        >>> session.metadata().platform
+        'cpu'
+    """
+    root = Path(logdir) if logdir is not None else TraceConfig.from_env().logdir
+    session = Session(resolve_run(run, root))
+    _ = session.connection  # validate now: a bad run fails here, not at the first query
+    return session

@@ -1,0 +1,541 @@
+"""Reading a run: typed queries over its database (what the report, TUI and users call).
+
+Every query is a plain SQL statement over indexed columns; results come back
+as the event dataclasses of :mod:`.events` or the summary records below.
+A damaged file surfaces as :class:`~tpu_debug.errors.RunDamagedError`, never
+as an ``sqlite3`` traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import os
+import socket
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tpu_debug.tracers.events import (
+    EVENT_TYPES,
+    ArgInfo,
+    CompileEvent,
+    DivergenceEvent,
+    Event,
+    FallbackEvent,
+    GraphBreakEvent,
+    InternalErrorEvent,
+    KeyDiff,
+    OpEvent,
+    SourceLocation,
+    TransferEvent,
+    event_type,
+)
+from tpu_debug.tracers.hlo import FxNodeInfo, instruction_lines
+from tpu_debug.tracers.store import connect
+
+from tpu_debug.errors import NotRecordedError, RunDamagedError
+
+__all__ = ["RunQuery", "RunMetadata", "OpSummary", "ProgramSummary", "ProgramText", "op_name_of"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunMetadata:
+    """What the run store records about the run itself."""
+
+    name: str
+    schema_version: int
+    tpu_debug_version: str
+    torch_version: str
+    jax_version: str
+    jaxlib_version: str
+    python_version: str
+    platform: str
+    device_kind: str
+    device_count: int
+    argv: tuple[str, ...]
+    command: tuple[str, ...]
+    cwd: str
+    hostname: str
+    pid: int
+    start_time: str
+    end_time: str | None
+    duration: float | None
+    status: str  # "running" | "finished" | "failed" | "interrupted" | "incomplete"
+    exit_status: int | None
+    error: str | None
+    options: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpSummary:
+    """One op (or compiled graph) in one mode: executions, time, compiles."""
+
+    name: str
+    mode: str
+    count: int
+    seconds: float
+    compiles: int
+    compile_seconds: float
+    programs: int
+
+    @property
+    def mean_seconds(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramSummary:
+    """One distinct program (HLO stored once): what it is, how often it ran, its compiles."""
+
+    id: int
+    hash: str
+    mode: str
+    name: str
+    signature: str
+    instructions: int
+    count: int
+    seconds: float
+    compiles: int
+    compile_seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramText:
+    """A program's texts: StableHLO as lowered, HLO as XLA optimized it."""
+
+    id: int
+    hash: str
+    mode: str
+    name: str
+    stablehlo: str
+    hlo: str
+
+
+def op_name_of(target: Any) -> str:
+    """``aten.mul.Tensor``, ``aten::mul.Tensor``, ``torch.ops.aten.mul.Tensor`` -> ``mul.Tensor``."""
+    text = str(target)
+    for prefix in ("aten::", "aten."):
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text
+
+
+_STATUS_RUNNING = "running"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_EVENT_SELECT = (
+    "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash{extra} "
+    "FROM events e LEFT JOIN locations l ON l.id = e.location_id "
+    "LEFT JOIN programs p ON p.id = e.program_id {join} WHERE e.kind = ?"
+)
+_EXECUTIONS_SELECT = (
+    "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash "
+    "FROM executions e LEFT JOIN locations l ON l.id = e.location_id "
+    "LEFT JOIN programs p ON p.id = e.program_id WHERE 1"
+)
+_DETAIL = {
+    "compile": (", c.signature, c.args, c.previous_id", "JOIN compiles c ON c.event_id = e.id"),
+    "transfer": (
+        ", t.direction, t.nbytes, t.shape, t.dtype, t.implicit",
+        "JOIN transfers t ON t.event_id = e.id",
+    ),
+    "fallback": (", f.args", "JOIN fallbacks f ON f.event_id = e.id"),
+    "graph_break": (", g.reason", "JOIN graph_breaks g ON g.event_id = e.id"),
+    "divergence": (
+        ", d.measure, d.max_abs, d.max_rel, d.ulp, d.mismatched, d.nan_origin, d.tolerance, d.first",
+        "JOIN divergences d ON d.event_id = e.id",
+    ),
+    "internal_error": (", x.message", "JOIN internal_errors x ON x.event_id = e.id"),
+}
+
+
+def _args(text: str) -> tuple[ArgInfo, ...]:
+    return tuple(
+        ArgInfo(name, tuple(shape) if shape is not None else None, dtype, static)
+        for name, shape, dtype, static in json.loads(text)
+    )
+
+
+class RunQuery:
+    """Queries over one run's database (read-only).
+
+    Example:
+        >>> q = RunQuery(Path("tpu_debug_runs/20260101T000000.000Z-train/run.db"))
+        >>> [(o.name, o.count) for o in q.ops()][:3]
+    """
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = Path(db_path)
+        self._conn: sqlite3.Connection | None = None
+        self._locations: dict[int, SourceLocation] = {}
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Hook for live sessions: make everything recorded so far visible."""
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The read-only SQLite connection (opened on first use)."""
+        if self._conn is None:
+            self._conn = connect(self.db_path)
+        return self._conn
+
+    def _rows(self, sql: str, params: tuple = ()) -> list[tuple]:
+        self._sync()
+        try:
+            return self.connection.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise RunDamagedError(
+                f"{self.db_path}: not a readable tpu_debug run ({exc}). The file is damaged or "
+                "truncated; re-record the run."
+            ) from None
+
+    def close(self) -> None:
+        """Close the database connection (queries reopen it)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- the run --------------------------------------------------------------------
+
+    def metadata(self) -> RunMetadata:
+        """The run's metadata; ``status`` says ``"incomplete"`` for a run whose
+        process ended without closing it (killed)."""
+        raw = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
+        status = raw.get("status", _STATUS_RUNNING)
+        if status == _STATUS_RUNNING and not (
+            raw.get("hostname") == socket.gethostname() and _pid_alive(int(raw.get("pid", -1)))
+        ):
+            status = "incomplete"
+        return RunMetadata(
+            name=raw.get("name", ""),
+            schema_version=int(raw.get("schema_version", 0)),
+            tpu_debug_version=raw.get("tpu_debug_version", ""),
+            torch_version=raw.get("torch_version", ""),
+            jax_version=raw.get("jax_version", ""),
+            jaxlib_version=raw.get("jaxlib_version", ""),
+            python_version=raw.get("python_version", ""),
+            platform=raw.get("platform", ""),
+            device_kind=raw.get("device_kind", ""),
+            device_count=int(raw.get("device_count", 0)),
+            argv=tuple(raw.get("argv", ())),
+            command=tuple(raw.get("command", ())),
+            cwd=raw.get("cwd", ""),
+            hostname=raw.get("hostname", ""),
+            pid=int(raw.get("pid", 0)),
+            start_time=raw.get("start_time", ""),
+            end_time=raw.get("end_time"),
+            duration=raw.get("duration"),
+            status=status,
+            exit_status=raw.get("exit_status"),
+            error=raw.get("error"),
+            options=dict(raw.get("options", {})),
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Number of events per kind (kinds with none are left out). Op executions count
+        as ``"op"`` events only when per-execution events were recorded."""
+        counts = dict(self._rows("SELECT kind, count(*) FROM events GROUP BY kind"))
+        executions = self._rows("SELECT count(*) FROM executions")[0][0]
+        if executions:
+            counts["op"] = executions
+        return dict(sorted(counts.items()))
+
+    def modes(self) -> list[str]:
+        """The execution modes seen in the run (``"eager"``, ``"compiled"``)."""
+        rows = self._rows(
+            "SELECT mode FROM op_stats UNION "
+            "SELECT mode FROM events WHERE kind = 'compile' AND mode IS NOT NULL"
+        )
+        return sorted(r[0] for r in rows)
+
+    # -- aggregates -----------------------------------------------------------------
+
+    def ops(
+        self, *, mode: str | None = None, name: str | None = None, limit: int | None = None
+    ) -> list[OpSummary]:
+        """Per op and mode: executions, total time, compiles; heaviest first.
+
+        Args:
+            mode: only this mode (``"eager"`` / ``"compiled"``).
+            name: only this op (``"mul.Tensor"``; ``aten::``/``aten.`` prefixes are ignored).
+            limit: at most this many rows.
+        """
+        where, params = self._filters(mode=mode, name=op_name_of(name) if name else None)
+        stats = self._rows(
+            f"SELECT mode, name, sum(count), sum(seconds), count(DISTINCT program_id) FROM op_stats {where} "
+            "GROUP BY mode, name",
+            params,
+        )
+        cwhere, cparams = self._filters(mode=mode, name=op_name_of(name) if name else None, kind="compile")
+        compiles = {
+            (m, n): (c, s)
+            for m, n, c, s in self._rows(
+                f"SELECT mode, name, count(*), sum(seconds) FROM events {cwhere} GROUP BY mode, name", cparams
+            )
+        }
+        out = []
+        seen = set()
+        for m, n, count, seconds, programs in stats:
+            c, cs = compiles.get((m, n), (0, 0.0))
+            out.append(OpSummary(n, m, count, seconds, c, cs, programs))
+            seen.add((m, n))
+        for (m, n), (c, cs) in compiles.items():
+            if (m, n) not in seen:
+                out.append(OpSummary(n, m, 0, 0.0, c, cs, 0))
+        out.sort(key=lambda o: (-o.seconds, -o.count, o.name))
+        return out[:limit] if limit is not None else out
+
+    def programs(
+        self, *, mode: str | None = None, name: str | None = None, limit: int | None = None
+    ) -> list[ProgramSummary]:
+        """Distinct programs with their executions and compiles; most total execution time first."""
+        where, params = self._filters(mode=mode, name=op_name_of(name) if name else None, prefix="p.")
+        rows = self._rows(
+            "SELECT p.id, p.hash, p.mode, p.name, p.instructions, "
+            "coalesce(s.n, 0), coalesce(s.t, 0.0), coalesce(c.n, 0), coalesce(c.t, 0.0), c.sig "
+            "FROM programs p "
+            "LEFT JOIN (SELECT program_id, sum(count) AS n, sum(seconds) AS t "
+            "  FROM op_stats GROUP BY program_id) s "
+            "  ON s.program_id = p.id "
+            "LEFT JOIN (SELECT e.program_id, count(*) AS n, sum(e.seconds) AS t, min(cc.signature) AS sig "
+            "  FROM events e JOIN compiles cc ON cc.event_id = e.id WHERE e.kind = 'compile' "
+            "  GROUP BY e.program_id) c ON c.program_id = p.id "
+            f"{where} ORDER BY 7 DESC, 9 DESC, p.id",
+            params,
+        )
+        out = [
+            ProgramSummary(pid, h, m, n, sig or n, ins, cnt, secs, comp, csecs)
+            for pid, h, m, n, ins, cnt, secs, comp, csecs, sig in rows
+        ]
+        return out[:limit] if limit is not None else out
+
+    # -- events ---------------------------------------------------------------------
+
+    def events(
+        self,
+        kind: str | None = None,
+        *,
+        name: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Event]:
+        """Events in id order, optionally of one kind, one name and a time window [start, end).
+
+        Raises:
+            ValueError: ``kind`` is not an event kind.
+        """
+        kinds = [kind] if kind is not None else list(EVENT_TYPES)
+        if kind is not None:
+            event_type(kind)
+        per_kind = [
+            self._events_of(k, name, start, end, limit + offset if limit is not None else None) for k in kinds
+        ]
+        merged: Iterator[Event] = (
+            heapq.merge(*per_kind, key=lambda e: e.id) if len(per_kind) > 1 else iter(per_kind[0])
+        )
+        out = []
+        for i, ev in enumerate(merged):
+            if i < offset:
+                continue
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(ev)
+        return out
+
+    def compiles(self, *, mode: str | None = None, name: str | None = None) -> list[CompileEvent]:
+        """Compile events, oldest first (``name``: an op like ``"mul.Tensor"`` or a graph id)."""
+        out = self.events("compile", name=op_name_of(name) if name else None)
+        return out if mode is None else [e for e in out if e.mode == mode]
+
+    def transfers(self, *, direction: str | None = None, op: str | None = None) -> list[TransferEvent]:
+        """Host <-> device transfers, oldest first."""
+        out = self.events("transfer", name=op)
+        if direction is not None:
+            out = [t for t in out if t.direction == direction]
+        return out
+
+    def fallbacks(self) -> list[FallbackEvent]:
+        """Ops that ran on CPU for lack of a lowering."""
+        return self.events("fallback")
+
+    def internal_errors(self) -> list[InternalErrorEvent]:
+        """Tracer failures recorded during the run."""
+        return self.events("internal_error")
+
+    def _events_of(
+        self, kind: str, name: str | None, start: float | None, end: float | None, limit: int | None
+    ):
+        if kind == "op":
+            sql, params = _EXECUTIONS_SELECT, []
+        else:
+            extra, join = _DETAIL[kind]
+            sql, params = _EVENT_SELECT.format(extra=extra, join=join), [kind]
+        if name is not None:
+            sql += " AND e.name = ?"
+            params.append(name)
+        if start is not None:
+            sql += " AND e.ts >= ?"
+            params.append(start)
+        if end is not None:
+            sql += " AND e.ts < ?"
+            params.append(end)
+        sql += " ORDER BY e.id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self._rows(sql, tuple(params))
+        diffs: dict[int, list[KeyDiff]] = {}
+        if kind == "compile" and rows:
+            for eid, field, before, now in self._rows(
+                "SELECT event_id, field, before, now FROM key_diffs ORDER BY event_id, position"
+            ):
+                diffs.setdefault(eid, []).append(KeyDiff(field, before, now))
+        return [self._event(kind, row, diffs) for row in rows]
+
+    def _location(self, file, line, function) -> SourceLocation | None:
+        if file is None:
+            return None
+        return SourceLocation(file, line, function)
+
+    def _event(self, kind: str, row: tuple, diffs: dict[int, list[KeyDiff]]) -> Event:
+        eid, ts, mode, thread, file, line, function, name, seconds, program = row[:10]
+        head = (eid, ts, mode, thread, self._location(file, line, function))
+        d = row[10:]
+        if kind == "op":
+            return OpEvent(*head, name, seconds, program)
+        if kind == "compile":
+            return CompileEvent(
+                *head, name, d[0], _args(d[1]), seconds, program, d[2], tuple(diffs.get(eid, ()))
+            )
+        if kind == "transfer":
+            return TransferEvent(*head, d[0], d[1], tuple(json.loads(d[2])), d[3], name, bool(d[4]), seconds)
+        if kind == "fallback":
+            return FallbackEvent(*head, name, _args(d[0]), seconds)
+        if kind == "graph_break":
+            return GraphBreakEvent(*head, name, d[0])
+        if kind == "divergence":
+            return DivergenceEvent(*head, name, d[0], d[1], d[2], d[3], d[4], bool(d[5]), d[6], bool(d[7]))
+        return InternalErrorEvent(*head, name, d[0])
+
+    # -- HLO ------------------------------------------------------------------------
+
+    def program(self, program: int | str) -> ProgramText:
+        """A program's texts, by id or content hash.
+
+        Raises:
+            NotRecordedError: no such program in this run.
+        """
+        col = "id" if isinstance(program, int) else "hash"
+        rows = self._rows(
+            f"SELECT id, hash, mode, name, stablehlo, hlo FROM programs WHERE {col} = ?", (program,)
+        )
+        if not rows:
+            raise NotRecordedError(f"{self.db_path}: no program {program!r} in this run")
+        return ProgramText(*rows[0])
+
+    def fx_nodes(self, program: int | str) -> list[FxNodeInfo]:
+        """The FX nodes of a compiled program, with their source lines."""
+        pid = self.program(program).id
+        rows = self._rows(
+            "SELECT n.node, n.target, l.file, l.line, l.function FROM fx_nodes n "
+            "LEFT JOIN locations l ON l.id = n.location_id WHERE n.program_id = ? ORDER BY n.position",
+            (pid,),
+        )
+        return [FxNodeInfo(node, target, self._location(f, ln, fn)) for node, target, f, ln, fn in rows]
+
+    def node_instructions(self, program: int | str, node: str) -> list[str]:
+        """Names of the optimized-HLO instructions that came from FX node ``node``."""
+        pid = self.program(program).id
+        rows = self._rows(
+            "SELECT instruction FROM node_instructions WHERE program_id = ? AND node = ?", (pid, node)
+        )
+        return [r[0] for r in rows]
+
+    def hlo(self, target: Any, *, stage: str = "hlo", graph: str | None = None) -> str:
+        """The HLO of an op, an FX node, a compiled graph or a program.
+
+        Args:
+            target: an aten op (``torch.ops.aten.mul.Tensor``, ``"aten::mul.Tensor"``,
+                ``"mul.Tensor"``; an overload packet or ``"mul"`` matches every
+                overload), an FX node name, a compiled graph id, or a program
+                id/content hash. An op with several programs (one per input
+                signature) gives its most-executed one; pass a program id from
+                ``programs(name=...)`` for another.
+            stage: ``"hlo"`` (optimized by XLA) or ``"stablehlo"`` (as lowered).
+                For an FX node, only ``"hlo"``: the node's instructions.
+            graph: restrict an FX node lookup to this compiled graph.
+
+        Returns:
+            The text.
+
+        Raises:
+            NotRecordedError: nothing in the run matches ``target`` (or HLO recording was off).
+            ValueError: ``stage`` is not ``"hlo"`` or ``"stablehlo"``.
+        """
+        if stage not in ("hlo", "stablehlo"):
+            raise ValueError(f"stage={stage!r}; use 'hlo' (optimized) or 'stablehlo'")
+        if isinstance(target, int) or (isinstance(target, str) and len(target) == 64 and _is_hex(target)):
+            text = self.program(target)
+            return text.hlo if stage == "hlo" else text.stablehlo
+        name = op_name_of(target)
+        candidates = [p for p in self.programs() if p.name == name] or [
+            p for p in self.programs() if p.mode == "eager" and p.name.split(".")[0] == name
+        ]
+        if graph is None and candidates:
+            text = self.program(candidates[0].id)
+            return text.hlo if stage == "hlo" else text.stablehlo
+        where = "WHERE n.node = ?" + (" AND p.name = ?" if graph is not None else "")
+        params = (name,) + ((graph,) if graph is not None else ())
+        rows = self._rows(
+            f"SELECT p.id FROM fx_nodes n JOIN programs p ON p.id = n.program_id {where} "
+            "ORDER BY p.id DESC LIMIT 1",
+            params,
+        )
+        if rows:
+            pid = rows[0][0]
+            return instruction_lines(self.program(pid).hlo, self.node_instructions(pid, name))
+        known = sorted({p.name for p in self.programs()})
+        hint = (
+            f" Programs recorded: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''}."
+            if known
+            else (" This run recorded no HLO (it was traced with hlo=False, or ran no ops).")
+        )
+        raise NotRecordedError(
+            f"{self.db_path}: no HLO recorded for {name!r}: it names no op, FX node, graph or program of "
+            f"this run.{hint}"
+        )
+
+    # -- helpers --------------------------------------------------------------------
+
+    @staticmethod
+    def _filters(*, prefix: str = "", **conds: Any) -> tuple[str, tuple]:
+        parts, params = [], []
+        for col, value in conds.items():
+            if value is not None:
+                parts.append(f"{prefix}{col} = ?")
+                params.append(value)
+        return ("WHERE " + " AND ".join(parts) if parts else ""), tuple(params)
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
