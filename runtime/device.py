@@ -202,6 +202,32 @@ def _set_storage(self, source):
     return aten.set_.source_Storage_storage_offset.redispatch(_META, self, source, 0, (n,), (1,))
 
 
+def _inplace_view(op):
+    """``t_``, ``transpose_``, ``squeeze_``...: the new geometry comes from the
+    same op on a meta stand-in, applied to ``self`` with ``set_`` (PyTorch's own
+    kernels would bounds-check against our storage, which reports 0 bytes)."""
+
+    def kernel(self, *args, **kwargs):
+        extent = self.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride()) if n)
+        base = torch.empty(max(extent, 1), dtype=self.dtype, device="meta")
+        stand_in = base.as_strided(self.shape, self.stride(), self.storage_offset())
+        op(stand_in, *args, **kwargs)
+        self.set_(self.untyped_storage(), stand_in.storage_offset(), stand_in.shape, stand_in.stride())
+        return self
+
+    kernel.__name__ = f"inplace_view_{op._schema.name.split('::')[1]}"
+    return kernel
+
+
+def _inplace_view_ops() -> list:
+    ops = []
+    for name in ("t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_"):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            ops.extend(getattr(packet, ov) for ov in packet.overloads())
+    return ops
+
+
 def _local_scalar_dense(self):
     return eager.to_cpu(self, op="item").item()
 
@@ -310,6 +336,8 @@ def _register_kernels() -> list:
     }
     for op in _view_ops():
         special.setdefault(op, _meta_view(op))
+    for op in _inplace_view_ops():
+        special.setdefault(op, _inplace_view(op))
     from torch import _dynamo
 
     # Kernels run eagerly even inside a compiled region (after a graph break, in

@@ -46,6 +46,33 @@ class _Spec(tuple):
     __slots__ = ()
 
 
+class _Dyn(tuple):
+    """A Python float passed to the executable as a float32 input."""
+
+    __slots__ = ()
+
+
+_DYN = _Dyn(("float",))
+_NEEDS_VALUES = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+)
+_WIDE = (torch.float64, torch.complex128, torch.complex64)
+
+
+def _dyn_scalar(value, arrays: list):
+    t = type(value)
+    if t is float:
+        arrays.append(np.float32(value))
+        return _DYN
+    if (t is list or t is tuple) and value and all(type(v) is float for v in value):
+        for v in value:
+            arrays.append(np.float32(v))
+        return (t, (_DYN,) * len(value))
+    return None
+
+
 @dataclasses.dataclass(slots=True)
 class ExecutableStats:
     """Counters for one cached executable."""
@@ -82,9 +109,17 @@ class _Plan:
     returns_list: bool
     meta_op: _OpOverload | None = None
     strip: frozenset = frozenset()
+    # positions / names of `Scalar` (number) arguments: float values there are
+    # executable inputs, not constants, so a new learning rate does not recompile
+    scalar_args: frozenset = frozenset()
+    dynamic_scalars: bool = True
+    cpu_indices: bool = False  # index tensors may live on the host, as CUDA allows
 
 
 _plans: dict[_OpOverload, _Plan] = {}
+_CPU_INDEX_OPS = frozenset(
+    f"aten::{n}" for n in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
+)
 
 
 def _arg_names(schema, *, skip_out: bool) -> list[str]:
@@ -153,8 +188,16 @@ def plan_for(op: _OpOverload) -> _Plan:
             functional = _functional_of(op, kind)
             if lowering is None and functional is not None:
                 lowering = lookup(functional)
+    scalar_args = set()
+    for i, a in enumerate(schema.arguments):
+        if str(a.type) in ("number", "Optional[number]", "List[number]"):
+            scalar_args.add(a.name if a.kwarg_only else i)
+    plan_scalars = frozenset(scalar_args)
     returns_list = len(schema.returns) == 1 and isinstance(schema.returns[0].type, torch.ListType)
     plan = _Plan(op, op_name(op), kind, functional, writes, lowering, returns_list)
+    plan.scalar_args = plan_scalars
+    plan.cpu_indices = schema.name in _CPU_INDEX_OPS
+    plan.dynamic_scalars = bool(plan_scalars) and lowering is not None and not lowering.static_scalars
     out_via_functional = kind == "out" and functional is not None and lowering is not own
     plan.meta_op = functional if out_via_functional else op
     if out_via_functional:
@@ -174,17 +217,17 @@ def _scalar_key(v):
     return (type(v), v)
 
 
-def _skeleton(value, arrays: list):
+def _skeleton(value, arrays: list, cpu_ok: bool = False):
     """Hashable stand-in for ``value``; tensors are appended to ``arrays``."""
     if isinstance(value, _Tensor):
         if value.device.type == "cpu":
-            if value.dim() != 0:
+            if value.dim() != 0 and not cpu_ok:
                 raise RuntimeError(
                     "Expected all tensors to be on the same device, but found at least "
                     "two devices, tpu:0 and cpu! Move the CPU tensor with .to('tpu')"
                 )
             arrays.append(_cpu_to_jax(value, implicit=True))
-            return _Spec((value.shape, value.dtype, True))
+            return _Spec((value.shape, value.dtype, True))  # CUDA allows 0-dim CPU tensors (and CPU indices)
         arr, view = read_parts(value)
         arrays.append(arr)
         if view is None:
@@ -195,7 +238,7 @@ def _skeleton(value, arrays: list):
     if t in _SCALARS:
         return _scalar_key(value)
     if t is list or t is tuple:
-        return (t, tuple(_skeleton(v, arrays) for v in value))
+        return (t, tuple(_skeleton(v, arrays, cpu_ok) for v in value))
     if isinstance(value, torch.Generator):
         raise NotImplementedError("generator= is only meaningful for random ops")
     if isinstance(value, torch.SymInt):
@@ -205,6 +248,8 @@ def _skeleton(value, arrays: list):
 
 def _fill(skel, it):
     """Inverse of _skeleton inside the traced function."""
+    if type(skel) is _Dyn:
+        return next(it)
     if type(skel) is _Spec:
         if len(skel) == 3:
             return next(it)
@@ -220,6 +265,8 @@ def _fill(skel, it):
 
 
 def _to_meta(skel):
+    if type(skel) is _Dyn:
+        return 0.5
     if type(skel) is _Spec:
         return torch.empty(skel[0], dtype=skel[1], device="meta")
     t = type(skel)
@@ -452,6 +499,36 @@ def _resize_out(t: torch.Tensor, shape) -> None:
         t.resize_(shape)
 
 
+def _build_key(plan: _Plan, args, kwargs, arrays: list, dynamic: bool):
+    scalar_args = plan.scalar_args if dynamic else ()
+    cpu_ok = plan.cpu_indices
+    skel_args = []
+    for i, a in enumerate(args):
+        d = _dyn_scalar(a, arrays) if i in scalar_args else None
+        skel_args.append(d if d is not None else _skeleton(a, arrays, cpu_ok))
+    skel_kw = []
+    if kwargs:
+        strip = plan.strip
+        for k, v in kwargs.items():
+            if k in strip:
+                continue
+            d = _dyn_scalar(v, arrays) if k in scalar_args else None
+            skel_kw.append((k, d if d is not None else _skeleton(v, arrays)))
+    if scalar_args and any(type(x) is _Spec and x[1] in _WIDE for x in _walk_specs(skel_args, skel_kw)):
+        # float64/complex math: a float32 scalar input would lose precision; bake it in
+        arrays.clear()
+        return _build_key(plan, args, kwargs, arrays, False)
+    return tuple(skel_args), tuple(skel_kw)
+
+
+def _walk_specs(skel_args, skel_kw):
+    for s in list(skel_args) + [v for _, v in skel_kw]:
+        if type(s) is _Spec:
+            yield s
+        elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple):
+            yield from (x for x in s[1] if type(x) is _Spec)
+
+
 def _run_lowered(plan: _Plan, args, kwargs):
     lowering = plan.lowering
     arrays: list = []
@@ -460,16 +537,12 @@ def _run_lowered(plan: _Plan, args, kwargs):
         kwargs = dict(kwargs)
         key_data = _random.key_from_generator(kwargs["generator"])
         kwargs["generator"] = None
-    skel_args = tuple(_skeleton(a, arrays) for a in args)
-    if kwargs:
-        strip = plan.strip
-        skel_kwargs = tuple((k, _skeleton(v, arrays)) for k, v in kwargs.items() if k not in strip)
-    else:
-        skel_kwargs = ()
+    skel_args, skel_kwargs = _build_key(plan, args, kwargs, arrays, plan.dynamic_scalars)
     rng = lowering.rng
     if rng:
         arrays.append(_random.next_key() if key_data is None else key_data)
-    if lowering.eager_only:
+    eager_only = lowering.eager_only
+    if eager_only is True or (eager_only and eager_only(args, kwargs)):
         it = iter(arrays)
         a = [_fill(s, it) for s in skel_args]
         kw = {k: _fill(s, it) for k, s in skel_kwargs}
@@ -482,7 +555,14 @@ def _run_lowered(plan: _Plan, args, kwargs):
     key = (plan.meta_op, skel_args, skel_kwargs)
     exe = _cache.get(key)
     if exe is None:
-        exe = _compile(plan, key, skel_args, skel_kwargs, arrays, rng)
+        try:
+            exe = _compile(plan, key, skel_args, skel_kwargs, arrays, rng)
+        except _NEEDS_VALUES:
+            if not plan.dynamic_scalars:
+                raise
+            # this lowering needs its scalars' values while tracing: bake them in from now on
+            plan.dynamic_scalars = False
+            return _run_lowered(plan, args, kwargs)
         with _cache_lock:
             _cache[key] = exe
     else:

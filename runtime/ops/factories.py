@@ -37,7 +37,7 @@ def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, dtype=jdtype(dtype or torch.get_default_dtype()))
 
 
-@lower(aten.arange.start_step)
+@lower(aten.arange.start_step, static_scalars=True)
 def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     if dtype is None:
         is_float = any(isinstance(v, float) for v in (start, end, step))

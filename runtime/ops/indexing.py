@@ -87,12 +87,17 @@ def _concrete_masks(indices):
     return out
 
 
-@lower(aten.index.Tensor, eager_only=True)
+def _has_mask(args, kwargs) -> bool:
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+@lower(aten.index.Tensor, eager_only=_has_mask)
 def index(x, indices):
-    # eager_only only for masks; integer indices still run one compiled program
+    # a mask's result shape depends on its values: those calls run outside jit
     if any(_is_mask(i) for i in indices):
         indices = _concrete_masks(indices)
-    return _gather_jit(x, tuple(indices))
+    return _gather(x, tuple(indices))
 
 
 @lower(aten._unsafe_index.Tensor)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug.runtime.ops._common import promote
+from tpu_debug.runtime.ops._common import compute_dtype, is_array, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
@@ -35,9 +35,16 @@ def matmul_precision() -> lax.Precision:
     return _PRECISION.get(torch.get_float32_matmul_precision(), lax.Precision.HIGHEST)
 
 
+def _to_result_dtype(*arrays):
+    """Cast arrays to PyTorch's result dtype (``promote`` would give the float32
+    computation dtype for half inputs, which a product must not take)."""
+    _, res = compute_dtype(*arrays)
+    return tuple(a.astype(res) if is_array(a) and a.dtype != res else a for a in arrays)
+
+
 def _product_args(*arrays):
-    """(promoted arrays, kwargs for a JAX product) by PyTorch's rules."""
-    arrays = promote(*arrays)
+    """(arrays in the result dtype, kwargs for a JAX product) by PyTorch's rules."""
+    arrays = _to_result_dtype(*arrays)
     dt = arrays[0].dtype
     if jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_:
         return arrays, {}
@@ -92,8 +99,18 @@ def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
-    product = jnp.sum(dot_general(jnp.matmul, b1, b2), axis=0)
-    return _scaled(product, self, beta=beta, alpha=alpha)
+    self, b1, b2 = _to_result_dtype(self, b1, b2)
+    if b1.dtype not in _HALF or b1.shape[0] == 0:
+        product = jnp.sum(dot_general(jnp.matmul, b1, b2), axis=0)
+        return _scaled(product, self, beta=beta, alpha=alpha)
+    # half dtypes: PyTorch runs one addmm_ per batch, rounding to the half dtype
+    # each time; the same roundings give the same result
+    first = _scaled(dot_general(jnp.matmul, b1[0], b2[0]), self, beta=beta, alpha=alpha).astype(b1.dtype)
+
+    def step(i, acc):
+        return _scaled(dot_general(jnp.matmul, b1[i], b2[i]), acc, beta=1, alpha=alpha).astype(b1.dtype)
+
+    return lax.fori_loop(1, b1.shape[0], step, first)
 
 
 @lower(aten.mv.default, aten.dot.default)
@@ -116,13 +133,17 @@ def trace(x):
 
 @lower(aten.linalg_cross.default)
 def linalg_cross(x, y, *, dim=-1):
-    x, y = promote(x, y)
+    x, y = _to_result_dtype(x, y)
     shape = jnp.broadcast_shapes(x.shape, y.shape)
     x, y = jnp.broadcast_to(x, shape), jnp.broadcast_to(y, shape)
     dtype = x.dtype
-    # PyTorch rounds every product and difference to a half dtype; XLA would keep
-    # float32 intermediates inside a fusion, so round explicitly
+    # PyTorch rounds every product and difference to a half dtype. XLA's CPU
+    # backend computes half arithmetic in float32 without those roundings (and
+    # drops a reduce_precision on a half value as a no-op), so compute in
+    # float32 and round explicitly
     rnd = _rounder(dtype)
+    if dtype in _HALF:
+        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
     a = [jnp.take(x, i, axis=dim) for i in range(3)]
     b = [jnp.take(y, i, axis=dim) for i in range(3)]
     out = [
@@ -162,6 +183,8 @@ def _diag_info(factor):
 
 
 def _first_true(bad):
+    if bad.shape[-1] == 0:
+        return jnp.zeros(bad.shape[:-1], jnp.int32)
     first = jnp.argmax(bad, axis=-1).astype(jnp.int32) + 1
     return jnp.where(jnp.any(bad, axis=-1), first, jnp.zeros((), jnp.int32))
 
@@ -171,6 +194,8 @@ def _not_pd_order(a):
     positive-definite (0 if none). Leading minor k is PD iff the first k pivots
     of Gaussian elimination without pivoting are positive (Sylvester)."""
     n = a.shape[-1]
+    if n == 0:
+        return jnp.zeros(a.shape[:-2], jnp.int32)
     inner = jnp.arange(n)
 
     def eliminate(k, m):

@@ -174,8 +174,8 @@ def _windows(spatial, per_dim):
     outs = tuple(p.shape[0] for p, _ in per_dim)
     ks = tuple(p.shape[1] for p, _ in per_dim)
     full = outs + ks
-    flat = np.broadcast_to(flat, full).reshape(outs + (-1,))
-    valid = np.broadcast_to(valid, full).reshape(outs + (-1,))
+    flat = np.broadcast_to(flat, full).reshape(outs + (math.prod(ks),))
+    valid = np.broadcast_to(valid, full).reshape(outs + (math.prod(ks),))
     return flat, valid
 
 
@@ -183,7 +183,7 @@ def _gather(x, nd, flat):
     """x (..., *spatial) -> (..., *out, K) window values."""
     lead = x.shape[: x.ndim - nd]
     idx = flat.astype(np.int32) if flat.size and flat.max() < 2**31 else flat
-    return x.reshape(lead + (-1,))[..., idx]
+    return x.reshape(lead + (math.prod(x.shape[x.ndim - nd :]),))[..., idx]
 
 
 def _max_windows(x, nd, flat, valid):
@@ -216,8 +216,8 @@ def _scatter_to_input(grad, indices, input_shape, nd):
     lead = input_shape[: len(input_shape) - nd]
     b = math.prod(lead)
     size = math.prod(input_shape[len(lead) :])
-    g = _opmath(grad).reshape(b, -1)
-    idx = indices.reshape(b, -1)
+    g = _opmath(grad).reshape(b, grad.size // b if b else 0)
+    idx = indices.reshape(g.shape)
     out = jnp.zeros((b, size), g.dtype).at[jnp.arange(b)[:, None], idx].add(g)
     return out.reshape(input_shape)
 
@@ -460,7 +460,7 @@ def _channel_shape(ndim):
 
 @lower(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
-    xf = _opmath(x).reshape(N, group, -1)
+    xf = _opmath(x).reshape(N, group, (C // group) * HxW)
     y, mean, rstd, _ = _normalize(xf, (2,), eps)
     y = _affine(y.reshape(x.shape), weight, bias, _channel_shape(x.ndim))
     return y, mean.reshape(N, group), rstd.reshape(N, group)
@@ -800,6 +800,11 @@ def _linear_taps(in_size, out_size, align_corners, scale, dtype):
     return i0, i1, (dtype(1) - lam1).astype(dtype), lam1
 
 
+def _half_round(values, dtype):
+    # NumPy (ml_dtypes) rounding, at trace time: these are constants
+    return np.asarray(values, np.float32).astype(np.dtype(dtype)).astype(np.float32)
+
+
 def _upsample_linear(x, output_size, align_corners, scales):
     xf = _opmath(x)
     dtype = np.float64 if xf.dtype == jnp.float64 else np.float32
@@ -807,6 +812,10 @@ def _upsample_linear(x, output_size, align_corners, scales):
     for i in range(nd):
         axis = xf.ndim - nd + i
         i0, i1, l0, l1 = _linear_taps(xf.shape[axis], output_size[i], align_corners, scales[i] if scales else None, dtype)
+        if x.dtype in _HALF:
+            # PyTorch keeps the weights in the half dtype: lambda1 rounded, lambda0 = 1 - lambda1
+            l1 = _half_round(l1, x.dtype)
+            l0 = _half_round(1 - l1, x.dtype)
         shape = [1] * xf.ndim
         shape[axis] = -1
         xf = (

@@ -25,11 +25,16 @@ class Lowering:
         fn: JAX arrays (and static Python values) in, JAX arrays out.
         rng: the function takes a ``key=`` keyword with a fresh PRNG key.
         eager_only: the output shape depends on values (``nonzero``), so the
-            function runs on concrete arrays, outside ``jax.jit``.
+            function runs on concrete arrays, outside ``jax.jit``. A callable
+            ``(args, kwargs) -> bool`` decides per call (``x[mask]`` needs it,
+            ``x[idx]`` does not).
         mutates_returns: for ops that write arguments without being an
             in-place or ``out=`` variant: the function returns the op's
             returns followed by the new value of each written argument.
         cast_output: cast results to the dtype PyTorch's meta kernel gives.
+        static_scalars: float ``Scalar`` arguments are baked into the
+            executable instead of passed as inputs (the lowering needs their
+            values while tracing, e.g. to compute a shape).
         view: the op is a view. Eager mode never calls this function (a view
             aliases its base's storage there); compiled graphs are functional
             and use it to compute the view's value.
@@ -38,10 +43,11 @@ class Lowering:
     op: _OpOverload
     fn: Callable
     rng: bool = False
-    eager_only: bool = False
+    eager_only: bool | Callable = False
     mutates_returns: bool = False
     cast_output: bool = True
     view: bool = False
+    static_scalars: bool = False
 
 
 _LOWERINGS: dict[_OpOverload, Lowering] = {}

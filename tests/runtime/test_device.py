@@ -144,10 +144,20 @@ def test_cpu_scalar_tensor_mixes_like_cuda():
     torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
 
 
+def _without_lowering(monkeypatch, op):
+    from tpu_debug.runtime import eager
+    from tpu_debug.runtime.ops import registry
+
+    if op in registry._LOWERINGS:
+        monkeypatch.delitem(registry._LOWERINGS, op)
+    monkeypatch.delitem(eager._plans, op, raising=False)
+
+
 def test_missing_lowering_names_the_overload(monkeypatch):
     from tpu_debug.runtime import eager
 
     op = torch.ops.aten.special_airy_ai.default
+    _without_lowering(monkeypatch, op)
     with pytest.raises(NotImplementedError, match=r"aten::special_airy_ai has no tpu lowering or decomposition"):
         eager.dispatch(op, (torch.ones(2, device="tpu"),), {})
 
@@ -162,6 +172,7 @@ def test_cpu_fallback_runs_on_cpu_and_counts(monkeypatch):
             seen.append(info.op)
 
     p = P()
+    _without_lowering(monkeypatch, torch.ops.aten.special_airy_ai.default)
     probes.subscribe(p)
     monkeypatch.setattr(runtime.config, "cpu_fallback", True)
     try:

@@ -22,27 +22,23 @@ def _tpu(v):
     return v
 
 
-def _compare(actual, expected, **tol):
+def _compare(actual, expected):
     if isinstance(expected, torch.Tensor):
         assert actual.device.type == "tpu", actual.device
-        assert_close(actual.cpu(), expected, equal_nan=True, **tol)
+        assert_close(actual.cpu(), expected, equal_nan=True)
     elif isinstance(expected, (tuple, list)):
         assert len(actual) == len(expected)
         for a, e in zip(actual, expected):
-            _compare(a, e, **tol)
+            _compare(a, e)
     else:
         assert actual == expected
 
 
-def check(fn, *args, tol=None, **kwargs):
-    """Run ``fn`` on CPU and on tpu copies of the tensor arguments; compare.
-
-    ``tol`` is an (atol, rtol) pair for the rare case where PyTorch's CPU
-    kernel rounds intermediates differently; each use says why.
-    """
+def check(fn, *args, **kwargs):
+    """Run ``fn`` on CPU and on tpu copies of the tensor arguments; compare."""
     expected = fn(*args, **kwargs)
     actual = fn(*_tpu(args), **{k: _tpu(v) for k, v in kwargs.items()})
-    _compare(actual, expected, **({} if tol is None else {"atol": tol[0], "rtol": tol[1]}))
+    _compare(actual, expected)
 
 
 def rand(*shape, dtype=torch.float32, low=None, high=None, seed=0):
@@ -115,7 +111,7 @@ def test_nansum_and_count_nonzero():
 X_NAN = torch.tensor([[1.0, NAN, 3.0, NAN], [2.0, 2.0, 1.0, 0.0], [-INF, -INF, -1.0, 5.0]])
 
 
-@pytest.mark.parametrize("dtype", ALL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])  # bfloat16: test_max_min_dim
 def test_amax_amin(dtype):
     x = rand(3, 4, 5, dtype=dtype)
     for fn in (torch.amax, torch.amin):
@@ -191,16 +187,16 @@ def test_any_all(dtype):
 # ---- var / std -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_var_std(dtype):
-    x = rand(4, 5, 3, dtype=dtype)
-    for fn in (torch.var, torch.std, torch.var_mean, torch.std_mean):
-        check(fn, x)
-        check(fn, x, 1)
-        check(fn, x, (0, 2), keepdim=True)
-        check(fn, x, 1, correction=0)
-        check(fn, x, -1, correction=2, keepdim=True)
-        check(fn, x, unbiased=False)
+@pytest.mark.parametrize("fn", [torch.var, torch.std, torch.var_mean, torch.std_mean])
+def test_var_std(fn):
+    x = rand(4, 5, 3)
+    check(fn, x)
+    check(fn, x, 1)
+    check(fn, x, (0, 2), keepdim=True)
+    check(fn, x, 1, correction=0)
+    check(fn, x, -1, correction=2, keepdim=True)
+    check(fn, x, unbiased=False)
+    check(fn, rand(4, 5, dtype=torch.bfloat16), 1)
 
 
 @pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning")
