@@ -190,6 +190,7 @@ class _Entry:
     none_outputs: tuple
     calls: int = 0
     scalars: dict = dataclasses.field(default_factory=dict)
+    info: CompileInfo | None = None
 
 
 class CompiledGraph:
@@ -228,7 +229,8 @@ class CompiledGraph:
         if probes._probes:
             start = time.perf_counter()
             outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
-            probes.emit("on_execute", "compiled", self.graph_id, sig, time.perf_counter() - start)
+            probes.emit("on_execute", "compiled", self.graph_id, (self.graph_id, self.digest, sig),
+                        time.perf_counter() - start)
         else:
             outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
         result = []
@@ -279,19 +281,28 @@ class CompiledGraph:
             out_dtypes.append(None if is_none else to_torch_dtype(next(leaves).dtype))
         entry = _Entry(compiled, tuple(out_dtypes), none_outputs, scalars=dict(scalars))
         self.cache[sig] = entry
+        specs = tuple(
+            ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
+            for i, a in enumerate(arrays)
+        )
+        entry.info = CompileInfo(
+            "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
+            extra={"fx_nodes": tuple(program.nodes), "fx_code": self.gm.code, "kind": self.kind},
+        )
         if probes._probes:
-            specs = tuple(
-                ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
-                for i, a in enumerate(arrays)
-            )
-            probes.emit(
-                "on_compile",
-                CompileInfo(
-                    "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-                    extra={"fx_nodes": tuple(program.nodes), "fx_code": self.gm.code, "kind": self.kind},
-                ),
-            )
+            probes.emit("on_compile", entry.info)
         return entry
+
+
+def _replay():
+    """CompileInfo of every program compiled so far (for a tracer that starts late)."""
+    for g in list(_graphs):
+        for entry in list(g.cache.values()):
+            if entry.info is not None:
+                yield entry.info
+
+
+probes.add_replay_source(_replay)
 
 
 def graph_stats() -> list[dict]:

@@ -91,6 +91,7 @@ class _Executable:
     out_dtypes: tuple
     stats: ExecutableStats
     lowering: Lowering
+    info: CompileInfo | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -359,6 +360,15 @@ _cache_lock = threading.Lock()
 _guard = threading.local()
 
 
+def _replay():
+    for exe in list(_cache.values()):
+        if exe.info is not None:
+            yield exe.info
+
+
+probes.add_replay_source(_replay)
+
+
 def cache_stats() -> list[ExecutableStats]:
     """Stats of every cached eager executable (op, key, compile time, hits)."""
     return [e.stats for e in list(_cache.values())]
@@ -456,13 +466,11 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
     stats = ExecutableStats(plan.name, key, seconds)
-    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering)
+    info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
+                       seconds, lowered, compiled)
+    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering, info)
     if probes._probes:
-        probes.emit(
-            "on_compile",
-            CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
-                        seconds, lowered, compiled),
-        )
+        probes.emit("on_compile", info)
     return exe
 
 
@@ -705,6 +713,9 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
                 write(d, _cpu_to_jax(h))
         del schema_args
         if plan.kind in ("inplace", "out"):
+            if probes._probes:
+                probes.emit("on_fallback", FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs),
+                                                        time.perf_counter() - start))
             return _return_written(plan, args, kwargs, _written_targets(plan, args, kwargs))
 
     def to_dev(v):
@@ -716,10 +727,20 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
 
     result = to_dev(out)
     if probes._probes:
-        arrays: list = []
-        probes.emit("on_fallback", FallbackInfo(plan.name, (), time.perf_counter() - start))
-        del arrays
+        probes.emit("on_fallback", FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs), time.perf_counter() - start))
     return result
+
+
+def _fallback_specs(plan: _Plan, args, kwargs) -> tuple[ArgSpec, ...]:
+    names = [a.name for a in plan.op._schema.arguments]
+    out = []
+    for i, v in enumerate(list(args) + list(kwargs.values())):
+        name = names[i] if i < len(args) and i < len(names) else list(kwargs)[i - len(args)]
+        if isinstance(v, _Tensor):
+            out.append(ArgSpec(name, tuple(v.shape), str(v.dtype).removeprefix("torch.")))
+        elif isinstance(v, (int, float, bool, str)) or v is None:
+            out.append(ArgSpec(name, static=v))
+    return tuple(out)
 
 
 def _missing(plan: _Plan) -> NotImplementedError:

@@ -18,6 +18,7 @@ __all__ = [
     "FallbackInfo",
     "Probe",
     "subscribe",
+    "add_replay_source",
     "unsubscribe",
     "active",
     "emit",
@@ -104,11 +105,30 @@ _probes: tuple[Any, ...] = ()
 probe_errors: list[tuple[str, BaseException]] = []
 
 
-def subscribe(probe: Any) -> None:
+_replay_sources: list = []
+
+
+def add_replay_source(source) -> None:
+    """``source()`` yields the CompileInfo of executables compiled so far."""
+    _replay_sources.append(source)
+
+
+def subscribe(probe: Any, *, replay: bool = False) -> None:
+    """Start calling ``probe``. With ``replay``, it first hears ``on_compile``
+    for every executable compiled before it subscribed (``extra["replayed"]``)."""
     global _probes
     with _lock:
-        if probe not in _probes:
-            _probes = _probes + (probe,)
+        if probe in _probes:
+            return
+        _probes = _probes + (probe,)
+    if replay and hasattr(probe, "on_compile"):
+        for source in list(_replay_sources):
+            for info in source():
+                replayed = dataclasses.replace(info, extra={**info.extra, "replayed": True})
+                try:
+                    probe.on_compile(replayed)
+                except Exception as exc:  # noqa: BLE001 - a tracer must not break the program
+                    probe_errors.append((f"{type(probe).__name__}.on_compile", exc))
 
 
 def unsubscribe(probe: Any) -> None:

@@ -12,6 +12,7 @@ from tpu_debug.runtime import install as _install
 _install()
 
 from tpu_debug.config import TraceConfig  # noqa: E402
+from tpu_debug.runtime.compiled import compile  # noqa: E402
 from tpu_debug.errors import TpuDebugError  # noqa: E402
 from tpu_debug.report import print_report  # noqa: E402
 from tpu_debug.runs import list_runs  # noqa: E402
@@ -21,6 +22,7 @@ from tpu_debug.tracing import Trace, trace  # noqa: E402
 __all__ = [
     "__version__",
     "trace",
+    "compile",
     "Trace",
     "Session",
     "open_run",

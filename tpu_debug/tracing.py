@@ -160,7 +160,7 @@ class Trace(contextlib.ContextDecorator):
             self._recorder = Recorder(self._writer, hlo=self.config.hlo, op_events=self.config.op_events)
             self.session = Session(run_dir / DB_NAME, writer=self._writer)
             self._start = time.perf_counter()
-            probes.subscribe(self._recorder)
+            probes.subscribe(self._recorder, replay=True)
         except BaseException:
             with _lock:
                 _active = None

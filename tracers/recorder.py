@@ -123,6 +123,8 @@ class Recorder:
         stat = self._stats.get(info.key)
         if stat is not None:  # executed before its compile was seen (a recompile of the same key)
             stat.signature, stat.program = signature, program
+        if (info.extra or {}).get("replayed"):
+            return  # compiled before this trace began: known program, not a compile of this run
         self.writer.put(
             CompileEvent(
                 self.writer.new_id(),

@@ -812,8 +812,9 @@ def _upsample_linear(x, output_size, align_corners, scales):
     for i in range(nd):
         axis = xf.ndim - nd + i
         i0, i1, l0, l1 = _linear_taps(xf.shape[axis], output_size[i], align_corners, scales[i] if scales else None, dtype)
-        if x.dtype in _HALF:
-            # PyTorch keeps the weights in the half dtype: lambda1 rounded, lambda0 = 1 - lambda1
+        if x.dtype in _HALF and nd != 2:
+            # PyTorch's 1d/3d kernels keep the weights in the half dtype (lambda1
+            # rounded, lambda0 = 1 - lambda1); its 2d kernel keeps them in float32
             l1 = _half_round(l1, x.dtype)
             l0 = _half_round(1 - l1, x.dtype)
         shape = [1] * xf.ndim

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import time
 import traceback
 from collections.abc import Callable
 
@@ -389,13 +390,13 @@ def check_sample(op, sample, dtype, mode):
 # ---- results file ----------------------------------------------------------------------
 
 
-def _record(op, dtype, mode, outcome, *, error=None, sample=None, samples=0):
+def _record(op, dtype, mode, outcome, *, start, error=None, sample=None, samples=0):
     if RESULTS is None:
         return
     row = {
         "op": op.name, "variant": op.variant_test_name, "dtype": dtype_name(dtype), "mode": mode,
         "tier": "full" if FULL else "ci", "outcome": outcome, "samples": samples,
-        "failed_sample": sample, "error": error,
+        "failed_sample": sample, "error": error, "seconds": round(time.perf_counter() - start, 3),
     }
     # one short line per test, appended with O_APPEND: safe across xdist workers
     with open(RESULTS, "a", encoding="utf-8") as f:
@@ -407,6 +408,7 @@ def _record(op, dtype, mode, outcome, *, error=None, sample=None, samples=0):
 
 @pytest.mark.parametrize(("op", "dtype", "mode"), _params())
 def test_opinfo(op, dtype, mode):
+    start = time.perf_counter()
     done = 0
     try:
         samples = op.sample_inputs("cpu", dtype, requires_grad=False)
@@ -417,12 +419,12 @@ def test_opinfo(op, dtype, mode):
             done += 1
     except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
         reason = _first_line(exc).removeprefix("Mismatch: ")
-        _record(op, dtype, mode, "failed", error=reason, sample=done, samples=done + 1)
+        _record(op, dtype, mode, "failed", start=start, error=reason, sample=done, samples=done + 1)
         # plain text, no pytest traceback: pytest would repr every frame's tpu tensors,
         # and printing a tpu tensor reads it element by element
         details = "".join(traceback.format_exception(exc, limit=-12))
         pytest.fail(f"sample {done}: {reason}\n\n{details}", pytrace=False)
-    _record(op, dtype, mode, "passed", samples=done)
+    _record(op, dtype, mode, "passed", start=start, samples=done)
 
 
 def test_expectation_keys_name_real_cases():
