@@ -29,6 +29,7 @@ import torch.fx
 
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo
@@ -110,7 +111,7 @@ class _GraphProgram:
                 scope = f"{node.name}|aten::{str(node.target).removeprefix('aten.')}"
                 self.nodes.append(FxNodeInfo(node.name, str(node.target), scope, node.meta.get("stack_trace")))
 
-    def __call__(self, *flat):
+    def __call__(self, *flat, debug: frozenset | None = None):
         env: dict[torch.fx.Node, Any] = {}
         inputs = iter(flat)
         key = None
@@ -158,7 +159,10 @@ class _GraphProgram:
                     env[node] = _cast_like(out, node)
             elif node.op == "output":
                 outs = node.args[0]
-                return tuple(arg(o) if o is not None else None for o in outs)
+                result = tuple(arg(o) if o is not None else None for o in outs)
+                if debug is not None:  # issue 8: the debug variant also returns chosen intermediates
+                    return result, {n.name: v for n, v in env.items() if n.name in debug}
+                return result
             else:
                 raise UnsupportedGraphOp(f"graph {self.graph_id}: FX node kind {node.op!r} is not supported")
         raise RuntimeError(f"graph {self.graph_id} has no output node")
@@ -205,6 +209,8 @@ class CompiledGraph:
         self.program = _GraphProgram(gm, self.graph_id, kind)
         self.cache: dict[tuple, _Entry] = {}
         self.compile_seconds = 0.0
+        self.origin: dict = {}  # issue 5: the dynamo frame and compile id, see dynamo_backend
+        self._debug: dict[tuple, Any] = {}  # issue 8: debug variants, see debug_values
         with _lock:
             _graphs.append(self)
 
@@ -220,6 +226,8 @@ class CompiledGraph:
                 arrays.append(a)
         args.clear()  # boxed calling convention: free inputs early
         sig = self._signature(arrays)
+        if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
+            sig += (("numerics",) + config.numerics_key(),)
         entry = self.cache.get(sig)
         if entry is None:
             entry = self._compile(sig, arrays)
@@ -227,12 +235,15 @@ class CompiledGraph:
             arrays.append(_random.next_key())
         entry.calls += 1
         if probes._probes:
+            probes.emit("on_execute_begin", "compiled", self.graph_id, (self.graph_id, self.digest, sig))
             start = time.perf_counter()
             outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
             probes.emit("on_execute", "compiled", self.graph_id, (self.graph_id, self.digest, sig),
                         time.perf_counter() - start)
         else:
             outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
+        if probes._op_probes:  # issue 8: divergence tracing compares this call with CPU
+            probes.observe_graph(self, arrays, outs)
         result = []
         it = iter(outs)
         scalars = entry.scalars
@@ -269,6 +280,8 @@ class CompiledGraph:
         example = [a for a in arrays if hasattr(a, "shape")]
         if program.rng_nodes:
             example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
+        if probes._probes:
+            probes.emit("on_compile_begin", "compiled", self.graph_id)
         start = time.perf_counter()
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*example)
@@ -287,11 +300,44 @@ class CompiledGraph:
         )
         entry.info = CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            extra={"fx_nodes": tuple(program.nodes), "fx_code": self.gm.code, "kind": self.kind},
+            extra={"fx_nodes": tuple(program.nodes), "fx_code": self.gm.code, "kind": self.kind, **self.origin},
         )
         if probes._probes:
             probes.emit("on_compile", entry.info)
         return entry
+
+
+    # -- debug variant (issue 8: divergence against CPU) ------------------------------
+
+    def debug_values(self, arrays: list, nodes: frozenset) -> dict[str, Any]:
+        """The values of FX nodes ``nodes`` (names) for the inputs of one call.
+
+        ``arrays`` are the inputs as this graph's call received them (the random
+        key last when the graph draws random numbers, so random nodes give the
+        same values). A variant of the program that also returns those nodes is
+        compiled once per input signature, node set and numerics setting.
+        """
+        key = (self._signature(arrays), nodes, config.numerics_key())
+        run = self._debug.get(key)
+        if run is None:
+            run = self._debug[key] = self._compile_debug(arrays, nodes)
+        return run(*[a for a in arrays if hasattr(a, "shape")])
+
+    def _compile_debug(self, arrays: list, nodes: frozenset):
+        program = self.program
+        n = len(arrays) - (1 if program.rng_nodes else 0)
+        statics = {i: a for i, a in enumerate(arrays[:n]) if not hasattr(a, "shape")}
+
+        def fn(*dyn):
+            it = iter(dyn)
+            full = [statics[i] if i in statics else next(it) for i in range(n)]
+            if program.rng_nodes:
+                full.append(next(it))
+            _, values = program(*full, debug=nodes)
+            return {k: v for k, v in values.items() if hasattr(v, "shape") and hasattr(v, "dtype")}
+
+        with jax.enable_x64(True):
+            return jax.jit(fn).lower(*[a for a in arrays if hasattr(a, "shape")]).compile()
 
 
 def _replay():
@@ -319,6 +365,14 @@ def graph_stats() -> list[dict]:
     ]
 
 
+def _source_name(node: torch.fx.Node) -> str:
+    """Where dynamo took a graph input from (``L['x']``, ``L['x'].size()[0]``), for messages (issue 5)."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    return str(name) if name else node.name
+
+
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -327,10 +381,19 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     install()
     parent = f"g{next(_graph_ids)}"
+    # issue 5: which dynamo frame (function) and which of its compiles this is, so the
+    # recompile tracer can tell a recompile of one function from a new function
+    ctx = torch._guards.CompileContext.try_get()
+    cid = ctx.compile_id if ctx is not None else None
+    origin = {"grad_mode": torch.is_grad_enabled()}
+    if cid is not None and cid.frame_id is not None:
+        origin.update(frame=cid.frame_id, compile_id=str(cid))
+    origin["inputs"] = tuple(_source_name(n) for n in gm.graph.find_nodes(op="placeholder"))
 
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
             program = CompiledGraph(graph, kind, parent)
+            program.origin = origin
 
             def run(args):
                 return program(args)

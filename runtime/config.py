@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-__all__ = ["RuntimeConfig", "config", "parse_bool"]
+__all__ = ["RuntimeConfig", "config", "parse_bool", "parse_choice", "NUMERICS", "PRECISIONS"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -22,6 +22,19 @@ def parse_bool(name: str, raw: str) -> bool:
     )
 
 
+# issue 8: TPU numerics and the float32 product precision
+NUMERICS = ("cpu", "tpu")
+PRECISIONS = ("highest", "high", "medium")
+_PASSES = {"highest": 0, "high": 3, "medium": 1}
+
+
+def parse_choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return value
+
+
 @dataclasses.dataclass
 class RuntimeConfig:
     """Settings that change how the runtime executes ops.
@@ -30,9 +43,56 @@ class RuntimeConfig:
         cpu_fallback: run ops that have no lowering on CPU (moving data both
             ways) instead of raising ``NotImplementedError``. Env:
             ``TPU_DEBUG_CPU_FALLBACK``.
+        numerics: ``"cpu"`` (float32 products in float32) or ``"tpu"``
+            (float32 matmuls and convolutions the way a TPU computes them at
+            the precision in effect, see ``effective_precision``; issue 8).
+            Env: ``TPU_DEBUG_NUMERICS``.
+        matmul_precision: an explicit float32 product precision (``"highest"``,
+            ``"high"``, ``"medium"``), set by ``torch.tpu.precision.set``; None
+            follows ``torch.get_float32_matmul_precision()``. Env:
+            ``TPU_DEBUG_MATMUL_PRECISION``.
     """
 
     cpu_fallback: bool = False
+    # -- numerics (issue 8) --------------------------------------------------------------
+    numerics: str = "cpu"
+    matmul_precision: str | None = None
+
+    def effective_precision(self) -> str:
+        """The float32 product precision in effect: ``"highest"``, ``"high"`` or ``"medium"``.
+
+        An explicit ``matmul_precision`` wins. Otherwise PyTorch's setting
+        applies, except that under ``numerics="tpu"`` PyTorch's default
+        (``"highest"``, which cannot be told apart from an explicit call) means
+        a TPU's default, one bfloat16 pass (``"medium"``): ask for full
+        precision with ``torch.tpu.precision.set("highest")``.
+        """
+        if self.matmul_precision is not None:
+            return self.matmul_precision
+        import torch
+
+        value = torch.get_float32_matmul_precision()
+        if self.numerics == "tpu" and value == "highest":
+            return "medium"
+        return value
+
+    def product_passes(self) -> int:
+        """bfloat16 passes a float32 matmul or convolution takes: 0 means plain float32.
+
+        TPU precision levels (XLA's): ``highest`` = 6 passes, float32 accuracy
+        (emulated as plain float32); ``high`` = 3 passes (bf16_3x: each operand
+        split into a high and a low bfloat16 part, three products); ``medium``
+        = 1 pass (XLA's DEFAULT: bfloat16 operands). Products accumulate in float32.
+        """
+        if self.numerics != "tpu":
+            return 0
+        return _PASSES[self.effective_precision()]
+
+    def numerics_key(self) -> tuple:
+        """What an executable key needs from the numerics settings (``()`` for CPU numerics)."""
+        if self.numerics == "cpu":
+            return ()
+        return (self.numerics, self.effective_precision())
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> RuntimeConfig:
@@ -41,6 +101,12 @@ class RuntimeConfig:
         raw = env.get("TPU_DEBUG_CPU_FALLBACK")
         if raw is not None:
             cfg.cpu_fallback = parse_bool("TPU_DEBUG_CPU_FALLBACK", raw)
+        raw = env.get("TPU_DEBUG_NUMERICS")  # issue 8
+        if raw is not None:
+            cfg.numerics = parse_choice("TPU_DEBUG_NUMERICS", raw, NUMERICS)
+        raw = env.get("TPU_DEBUG_MATMUL_PRECISION")
+        if raw is not None:
+            cfg.matmul_precision = parse_choice("TPU_DEBUG_MATMUL_PRECISION", raw, PRECISIONS)
         return cfg
 
 

@@ -9,7 +9,7 @@ import warnings
 import jax
 import torch
 
-from tpu_debug.runtime import eager
+from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.ops.registry import registered
 from tpu_debug.runtime.tensor import empty as _empty
@@ -38,12 +38,17 @@ class _Precision:
     _VALUES = ("highest", "high", "medium")
 
     def get(self) -> str:
-        return torch.get_float32_matmul_precision()
+        from tpu_debug.runtime.config import config
+
+        return config.effective_precision()  # issue 8: what float32 products use now
 
     def set(self, value: str) -> None:
         if value not in self._VALUES:
             raise ValueError(f"precision {value!r} is not one of {', '.join(self._VALUES)}")
         torch.set_float32_matmul_precision(value)
+        from tpu_debug.runtime.config import config
+
+        config.matmul_precision = value  # issue 8: explicit, so it holds under TPU numerics too
 
 
 class EagerMode:
@@ -329,8 +334,9 @@ def _register_kernels() -> list:
         aten.set_.source_Tensor: _set_tensor,
         aten.set_.source_Storage: _set_storage,
         aten._local_scalar_dense.default: _local_scalar_dense,
-        aten._to_copy.default: _to_copy,
-        aten.copy_.default: _copy_,
+        # observed (issue 8): a cast or copy on the device keeps the CPU shadow's drift
+        aten._to_copy.default: probes.observed(aten._to_copy.default, _to_copy),
+        aten.copy_.default: probes.observed(aten.copy_.default, _copy_),
         aten._copy_from.default: _copy_from,
         aten._copy_from_and_resize.default: _copy_from_and_resize,
     }

@@ -115,9 +115,13 @@ class _Plan:
     scalar_args: frozenset = frozenset()
     dynamic_scalars: bool = True
     cpu_indices: bool = False  # index tensors may live on the host, as CUDA allows
+    # issue 5: the lowering reads the float32 matmul precision while tracing (products,
+    # convolutions), so the precision is part of its key: changing it recompiles
+    precision: bool = False
 
 
 _plans: dict[_OpOverload, _Plan] = {}
+_PRECISION_MODULES = frozenset({"tpu_debug.runtime.ops.linalg", "tpu_debug.runtime.ops.nn"})  # issue 5
 _CPU_INDEX_OPS = frozenset(
     f"aten::{n}" for n in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
 )
@@ -198,6 +202,7 @@ def plan_for(op: _OpOverload) -> _Plan:
     plan = _Plan(op, op_name(op), kind, functional, writes, lowering, returns_list)
     plan.scalar_args = plan_scalars
     plan.cpu_indices = schema.name in _CPU_INDEX_OPS
+    plan.precision = lowering is not None and lowering.fn.__module__ in _PRECISION_MODULES  # issue 5
     plan.dynamic_scalars = bool(plan_scalars) and lowering is not None and not lowering.static_scalars
     out_via_functional = kind == "out" and functional is not None and lowering is not own
     plan.meta_op = functional if out_via_functional else op
@@ -285,17 +290,24 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
     out = []
     names = [a.name for a in schema.arguments]
 
+    # issue 5: Python numbers in `Scalar` arguments that are baked in, and view geometry
+    numbers = {a.name for a in schema.arguments if str(a.type) in ("number", "Optional[number]", "List[number]")}
+
     def one(name, s):
         if type(s) is _Spec:
             shape, dtype = s[0], s[1]
-            out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch.")))
+            layout = (("device", "cpu"),) if len(s) == 3 and s[2] else ()
+            if len(s) == 5:
+                layout = (("stride", tuple(s[4][0])), ("offset", s[4][1]), ("storage", tuple(s[3])))
+            out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch."), layout=layout))
         elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple) and any(
             type(v) is _Spec for v in s[1]
         ):
             for i, v in enumerate(s[1]):
                 one(f"{name}[{i}]", v)
         else:
-            out.append(ArgSpec(name, static=_to_meta(s) if not isinstance(s, torch.Tensor) else None))
+            scalar = name in numbers and type(s) is tuple and len(s) == 2 and s[0] in _SCALARS
+            out.append(ArgSpec(name, static=_to_meta(s) if not isinstance(s, torch.Tensor) else None, scalar=scalar))
 
     for i, s in enumerate(skel_args):
         one(names[i] if i < len(names) else f"arg{i}", s)
@@ -309,7 +321,13 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
 # ---------------------------------------------------------------------------
 
 
-def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False) -> jax.Array:
+def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = None) -> jax.Array:
+    op = op or ("scalar" if implicit else "copy")  # issue 5: callers name what moved the data
+    if probes._transfer_checks:  # issue 5: a transfer guard may refuse the copy (raises)
+        probes.check_transfer("h2d", op, tuple(t.shape),
+                              str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
+    if probes._probes:
+        probes.emit("on_transfer_begin", "h2d", op)
     start = time.perf_counter()
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
@@ -317,13 +335,15 @@ def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False) -> jax.Array:
     else:
         host = t.numpy()
     with jax.enable_x64(True):
-        arr = jnp.array(host, dtype=to_jax_dtype(t.dtype))
+        # device_put of a private copy: no convert program to compile per new shape,
+        # and the payload never aliases the user's CPU tensor
+        arr = jax.device_put(np.array(host, dtype=to_jax_dtype(t.dtype), copy=True))
     if probes._probes:
         probes.emit(
             "on_transfer",
             TransferInfo("h2d", t.numel() * t.element_size(), tuple(t.shape),
                          str(t.dtype).removeprefix("torch."),
-                         "scalar" if implicit else "copy", time.perf_counter() - start),
+                         op, time.perf_counter() - start),
         )
     return arr
 
@@ -335,6 +355,11 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
 
 def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
     """A new CPU tensor with the values of `tpu` tensor ``t``."""
+    if probes._transfer_checks:  # issue 5: a transfer guard may refuse the copy (raises)
+        probes.check_transfer("d2h", op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                              t.numel() * t.element_size())
+    if probes._probes:
+        probes.emit("on_transfer_begin", "d2h", op)
     start = time.perf_counter()
     arr = to_jax(t)
     host = np.array(arr)
@@ -459,6 +484,8 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
         struct_box.append(struct)
         return tuple(flat_out)
 
+    if probes._probes:
+        probes.emit("on_compile_begin", "eager", plan.name)
     start = time.perf_counter()
     with jax.enable_x64(True):
         lowered = jax.jit(traced).lower(*arrays)
@@ -466,8 +493,10 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
     stats = ExecutableStats(plan.name, key, seconds)
+    # issue 5: key facts beyond the arguments (see _run_lowered), for recompile diffs
+    facts = dict(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
-                       seconds, lowered, compiled)
+                       seconds, lowered, compiled, extra={"config": facts} if facts else {})
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering, info)
     if probes._probes:
         probes.emit("on_compile", info)
@@ -561,6 +590,10 @@ def _run_lowered(plan: _Plan, args, kwargs):
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = (plan.meta_op, skel_args, skel_kwargs)
+    if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
+        key += config.numerics_key()
+    if plan.precision:  # issue 5: the precision is read while tracing (ops/linalg.py)
+        key += (("matmul precision", config.effective_precision()),)
     exe = _cache.get(key)
     if exe is None:
         try:
@@ -577,6 +610,7 @@ def _run_lowered(plan: _Plan, args, kwargs):
         exe.stats.hits += 1
     exe.stats.calls += 1
     if probes._probes:
+        probes.emit("on_execute_begin", "eager", plan.name, key)
         start = time.perf_counter()
         flat = exe.fn(*arrays)
         probes.emit("on_execute", "eager", plan.name, key, time.perf_counter() - start)
@@ -710,7 +744,7 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
             for d, h in pairs:
                 if tuple(d.shape) != tuple(h.shape):
                     d.resize_(h.shape)
-                write(d, _cpu_to_jax(h))
+                write(d, _cpu_to_jax(h, op=f"fallback:{plan.name}"))
         del schema_args
         if plan.kind in ("inplace", "out"):
             if probes._probes:
@@ -720,7 +754,7 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
 
     def to_dev(v):
         if isinstance(v, _Tensor):
-            return from_cpu(v)
+            return from_jax(_cpu_to_jax(v, op=f"fallback:{plan.name}"), v.dtype)  # issue 5
         if isinstance(v, (list, tuple)):
             return type(v)(to_dev(x) for x in v)
         return v
@@ -755,6 +789,8 @@ def dispatch(op: _OpOverload, args, kwargs):
     """Run aten overload ``op`` on `tpu` tensors (the PrivateUse1 kernel)."""
     plan = _plans.get(op) or plan_for(op)
     if plan.lowering is not None:
+        if probes._op_probes:  # issue 8: divergence tracing sees each op's inputs and outputs
+            return probes.observe_op(op, args, kwargs, lambda: _run_lowered(plan, args, kwargs))
         return _run_lowered(plan, args, kwargs)
     active = getattr(_guard, "ops", None)
     if active is None:

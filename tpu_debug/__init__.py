@@ -18,10 +18,14 @@ from tpu_debug.report import print_report  # noqa: E402
 from tpu_debug.runs import list_runs  # noqa: E402
 from tpu_debug.session import Session, open_run  # noqa: E402
 from tpu_debug.tracing import Trace, trace  # noqa: E402
+from tpu_debug.tracing import step  # noqa: E402  (issue 9)
+from tpu_debug.errors import RecompileError, TransferGuardError  # noqa: E402  (issue 5)
+from tpu_debug.guards import expect_no_recompiles, transfer_guard  # noqa: E402  (issue 5)
 
 __all__ = [
     "__version__",
     "trace",
+    "step",
     "compile",
     "Trace",
     "Session",
@@ -30,4 +34,8 @@ __all__ = [
     "print_report",
     "TraceConfig",
     "TpuDebugError",
+    "expect_no_recompiles",
+    "transfer_guard",
+    "RecompileError",
+    "TransferGuardError",
 ]

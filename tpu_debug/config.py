@@ -37,6 +37,41 @@ def _parse_path(var: str, raw: str) -> Path:
     return Path(raw)
 
 
+def _parse_positive_int(var: str, raw: str) -> int:
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{var}={raw!r} is not a positive integer; use a count such as 100000")
+    return value
+
+
+# -- divergence options (issue 8) --------------------------------------------------------
+
+
+def _numerics(name: str, value: Any) -> str:
+    if value not in ("cpu", "tpu"):
+        raise ConfigError(f"{name}={value!r} is not a numerics mode; use 'cpu' or 'tpu'")
+    return value
+
+
+def _tolerances(name: str, value: Any) -> str:
+    """The canonical string of a tolerance spec (a string, a mapping or "off")."""
+    from tpu_debug.tracers.divergence import format_tolerances, parse_tolerances
+
+    try:
+        return format_tolerances(parse_tolerances(value))
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _guard_level(name: str, value: Any) -> str:  # issue 5
+    if value not in ("allow", "log", "disallow"):
+        raise ConfigError(f"{name}={value!r} is not a transfer guard level; use 'allow', 'log' or 'disallow'")
+    return value
+
+
 def _parse_name(var: str, raw: str) -> str:
     if not raw.strip():
         raise ConfigError(f"{var} is set but empty; set it to a short run name, or unset it")
@@ -55,14 +90,59 @@ class TraceConfig:
             Env: ``TPU_DEBUG_HLO``.
         op_events: record one event per eager op execution (otherwise counts
             and times are aggregated per executable). Env: ``TPU_DEBUG_OP_EVENTS``.
+        tensorboard: capture a JAX profile with tpu_debug's events on its timeline,
+            and per-step scalars, into ``<run>/tensorboard/``. Env: ``TPU_DEBUG_TENSORBOARD``.
+        tensorboard_max_events: spans of ours after which the profile capture stops
+            (the run goes on). Env: ``TPU_DEBUG_TENSORBOARD_MAX_EVENTS``.
+        divergence: compare every op and compiled-graph node with PyTorch on CPU
+            (issue 8). Env: ``TPU_DEBUG_DIVERGENCE``.
+        numerics: ``"tpu"`` runs float32 matmuls and convolutions as a TPU does
+            (bfloat16 passes), ``"cpu"`` in float32; None leaves the runtime's
+            setting. Env: ``TPU_DEBUG_NUMERICS``.
+        tolerances: divergence tolerances, ``"dtype=rtol[:atol],..."`` or ``"off"``;
+            None for the defaults (see ``tracers/divergence.py``). Env: ``TPU_DEBUG_TOLERANCES``.
+        divergence_sample: compare every N-th tensor node of a compiled graph
+            (1: all). Env: ``TPU_DEBUG_DIVERGENCE_SAMPLE``.
+        storm_threshold: an op or graph recompiled more than this many times is
+            a recompile storm (issue 5). Env: ``TPU_DEBUG_STORM_THRESHOLD``.
+        fail_on_recompile: raise ``RecompileError`` on the first recompile, with
+            the diff in the message. Env: ``TPU_DEBUG_FAIL_ON_RECOMPILE``.
+        transfer_guard: ``"allow"``, ``"log"`` or ``"disallow"`` every
+            host<->device transfer. Env: ``TPU_DEBUG_TRANSFER_GUARD``.
+        transfer_guard_implicit: the same for implicit transfers only
+            (``.item()``, ``print``, ``if t:``, CPU fallbacks); the stricter of
+            the two applies to those. Env: ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``.
     """
 
     logdir: Path = Path("tpu_debug_runs")
     name: str | None = None
     hlo: bool = True
     op_events: bool = False
+    tensorboard: bool = False  # issue 9
+    tensorboard_max_events: int = 100_000
+    divergence: bool = False  # issue 8
+    numerics: str | None = None
+    tolerances: str | None = None
+    divergence_sample: int = 1
+    storm_threshold: int = 5  # issue 5
+    fail_on_recompile: bool = False
+    transfer_guard: str = "allow"
+    transfer_guard_implicit: str = "allow"
 
     _PARSERS = {"logdir": _parse_path, "name": _parse_name, "hlo": _parse_bool, "op_events": _parse_bool}
+    _PARSERS.update(tensorboard=_parse_bool, tensorboard_max_events=_parse_positive_int)
+    _PARSERS.update(  # issue 8
+        divergence=_parse_bool,
+        numerics=lambda var, raw: _numerics(var, raw.strip().lower()),
+        tolerances=lambda var, raw: _tolerances(var, raw),
+        divergence_sample=_parse_positive_int,
+    )
+    _PARSERS.update(  # issue 5
+        storm_threshold=_parse_positive_int,
+        fail_on_recompile=_parse_bool,
+        transfer_guard=lambda var, raw: _guard_level(var, raw.strip().lower()),
+        transfer_guard_implicit=lambda var, raw: _guard_level(var, raw.strip().lower()),
+    )
 
     @staticmethod
     def env_var(field: str) -> str:
@@ -96,6 +176,26 @@ class TraceConfig:
                 continue
             if field in ("hlo", "op_events") and not isinstance(value, bool):
                 raise ConfigError(f"{field}={value!r}: expected True or False")
+            if field == "tensorboard" and not isinstance(value, bool):
+                raise ConfigError(f"{field}={value!r}: expected True or False")
+            if field == "tensorboard_max_events" and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ConfigError(f"{field}={value!r}: expected a positive integer")
+            if field == "divergence" and not isinstance(value, bool):  # issue 8
+                raise ConfigError(f"{field}={value!r}: expected True or False")
+            if field == "numerics":
+                value = _numerics(field, value)
+            if field == "tolerances":
+                value = _tolerances(field, value)
+            if field == "divergence_sample" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{field}={value!r}: expected a positive integer")
+            if field == "storm_threshold" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{field}={value!r}: expected a positive integer")  # issue 5
+            if field == "fail_on_recompile" and not isinstance(value, bool):
+                raise ConfigError(f"{field}={value!r}: expected True or False")
+            if field in ("transfer_guard", "transfer_guard_implicit"):
+                value = _guard_level(field, value)
             if field == "logdir":
                 if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
                     raise ConfigError(f"logdir={value!r}: expected a directory path")

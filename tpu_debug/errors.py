@@ -15,6 +15,8 @@ __all__ = [
     "SchemaVersionError",
     "NotRecordedError",
     "CommandError",
+    "RecompileError",
+    "TransferGuardError",
 ]
 
 
@@ -55,3 +57,21 @@ class CommandError(TpuDebugError):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# -- guards (issue 5) ------------------------------------------------------------------
+# ``stops_program`` marks an error a guard raises on purpose from inside a probe:
+# ``runtime.probes.emit`` lets it through instead of recording it as a tracer failure.
+
+
+class RecompileError(TpuDebugError, RuntimeError):
+    """Something compiled again where recompiles are forbidden (``expect_no_recompiles()``,
+    ``trace(fail_on_recompile=True)``); the message holds the diff against the closest key."""
+
+    stops_program = True
+
+
+class TransferGuardError(TpuDebugError, RuntimeError):
+    """A host<->device transfer that a transfer guard set to ``"disallow"`` forbids."""
+
+    stops_program = True

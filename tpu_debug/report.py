@@ -210,43 +210,298 @@ def _programs(session: Any, terminal: bool) -> RenderableType | None:
 
 @section("Recompiles", order=40)
 def _recompiles(session: Any, terminal: bool) -> RenderableType:
-    return _note("recompile analysis is not available in this version")
+    # issue 5: grouped by op / graph, what keeps changing, storms with advice, dynamo's side
+    from tpu_debug.tracers.recompiles import describe
+
+    groups = [g for g in session.recompile_groups() if g.recompiles]
+    breaks, failures, limits = session.graph_breaks(), session.guard_failures(), session.recompile_limits()
+    if not groups and not breaks and not failures and not limits:
+        return _note("nothing was compiled twice: every op and graph kept one key")
+    parts: list[RenderableType] = []
+    threshold = int(session.metadata().options.get("storm_threshold", 5))
+    storms = [g for g in groups if g.storm]
+    if groups:
+        total = sum(g.recompiles for g in groups)
+        head = f"{total} recompile(s) of {len(groups)} op(s)/graph(s), {format_seconds(sum(g.seconds for g in groups))} compiling them"
+        if storms:
+            head += f"; {len(storms)} storm(s) (more than {threshold} recompiles)"
+        parts.append(Text(head))
+        table = _table(
+            terminal,
+            ("op / graph", "left"),
+            ("compiles", "right"),
+            ("recompiles", "right"),
+            ("what keeps changing: values", "left"),
+            ("at", "left"),
+        )
+        for g in groups[:12]:
+            ch = g.changing
+            where = g.locations[0][0] if g.locations else None
+            values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
+            table.add_row(
+                Text(("STORM " if g.storm else "") + g.identity),
+                str(g.compiles),
+                str(g.recompiles),
+                Text(f"{ch.what}: {values}" if ch else "-"),
+                Text(_where(where)),
+            )
+        parts.append(table)
+        if len(groups) > 12:
+            parts.append(_note(f"... and {len(groups) - 12} more"))
+    # storms that share one changing size are one problem: say so once
+    shared: dict[tuple[str, ...], list] = {}
+    for g in storms:
+        if g.changing is not None and g.changing.kind == "shape":
+            shared.setdefault(tuple(sorted(g.changing.values, key=_num)), []).append(g)
+    for values, items in shared.items():
+        if len(items) > 1:
+            parts.append(
+                Text(
+                    f"one size drives {len(items)} storms: it took {len(values)} values "
+                    f"({', '.join(values[:8])}{', ...' if len(values) > 8 else ''}) in "
+                    f"{', '.join(g.identity for g in items[:4])}{', ...' if len(items) > 4 else ''}; "
+                    "fix it once, where the data is batched"
+                )
+            )
+    for g in storms[:3]:
+        lines = [f"{g.identity} ({g.mode}) recompiled {g.recompiles} times"]
+        if g.changing is not None:
+            lines[0] += f": {g.changing.what} took {len(g.changing.values)} values"
+        if g.locations and g.locations[0][0] is not None:
+            lines[0] += f", at {g.locations[0][0]}"
+        lines += [f"  e.g. {describe(d)}" for d in g.last_diffs[:4]]
+        lines += [f"  fix: {a}" for a in g.advice]
+        parts.append(Text("\n".join(lines)))
+    if len(storms) > 3:
+        parts.append(_note(f"... and {len(storms) - 3} more storms (session.recompile_groups() has them all)"))
+    for g in [g for g in groups if not g.storm][:3]:
+        parts.append(_note(f"{g.identity}: " + "; ".join(describe(d) for d in g.last_diffs[:3])))
+    if failures:
+        by_fn: dict[str, list] = {}
+        for f in failures:
+            by_fn.setdefault(f.name, []).append(f)
+        lines = ["dynamo recompiled (guard failures):"]
+        for name, items in sorted(by_fn.items(), key=lambda kv: -len(kv[1])):
+            latest = items[-1]
+            guard = latest.guards[0].split(": ", 1)[-1] if latest.guards else "?"
+            lines.append(f"  {name}: {len(items)}x, latest: {guard} (called at {_where(latest.location)})")
+        parts.append(Text("\n".join(lines)))
+    if breaks:
+        sites: dict[tuple, list] = {}
+        for b in breaks:
+            sites.setdefault((b.name, b.location, b.reason), []).append(b)
+        lines = ["graph breaks:"]
+        for (name, loc, reason), items in sorted(sites.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"  {name} at {_where(loc)} ({len(items)}x): {reason}")
+        parts.append(Text("\n".join(lines)))
+    for hit in limits:
+        parts.append(
+            Text(
+                f"{hit.name} hit dynamo's {hit.limit_type} ({hit.limit}) at {_where(hit.location)} and "
+                f"now runs uncompiled; last reason: {hit.reason}"
+            )
+        )
+    return Group(*parts)
+
+
+def _num(text: str) -> tuple:
+    try:
+        return (0, float(text))
+    except ValueError:
+        return (1, text)
 
 
 @section("Transfers", order=50)
 def _transfers(session: Any, terminal: bool) -> RenderableType:
+    # issue 5: the ledger by call site, implicit (syncs) first, loops called out with advice
+    from tpu_debug.tracers.transfers import CAUSE_TEXT, advice_for
+
     transfers = session.transfers()
     if not transfers:
         return _note("no host <-> device transfers recorded")
-    groups: dict[tuple[str, str, bool], list] = {}
-    for t in transfers:
-        groups.setdefault((t.direction, t.op, t.implicit), []).append(t)
+    implicit = [t for t in transfers if t.implicit]
+    head = (
+        f"{len(transfers)} transfer(s), {format_bytes(sum(t.nbytes for t in transfers))}, "
+        f"{format_seconds(sum(t.seconds for t in transfers))}: {len(implicit)} implicit (syncs nobody asked for), "
+        f"{len(transfers) - len(implicit)} explicit"
+    )
+    sites = session.transfer_call_sites()
     table = _table(
         terminal,
-        ("direction", "left"),
+        ("where", "left"),
         ("by", "left"),
+        ("dir", "left"),
         ("kind", "left"),
         ("count", "right"),
         ("bytes", "right"),
         ("time", "right"),
     )
-    for (direction, op, implicit), items in sorted(
-        groups.items(), key=lambda kv: (not kv[0][2], -len(kv[1]))
-    ):
+    for s in sites[:15]:
         table.add_row(
-            direction,
-            Text(op),
-            "implicit" if implicit else "explicit",
-            str(len(items)),
-            format_bytes(sum(t.nbytes for t in items)),
-            format_seconds(sum(t.seconds for t in items)),
+            Text(_site_text(s.location)),
+            Text(CAUSE_TEXT.get(s.cause, s.cause)),
+            s.direction,
+            "implicit" if s.implicit else "explicit",
+            str(s.count) + (" (loop)" if s.loop else ""),
+            format_bytes(s.nbytes),
+            format_seconds(s.seconds),
         )
-    return table
+    parts: list[RenderableType] = [Text(head), table]
+    if len(sites) > 15:
+        parts.append(_note(f"... and {len(sites) - 15} more call sites"))
+    loops = [s for s in sites if s.loop and s.implicit] or [s for s in sites if s.loop]
+    for s in loops[:5]:
+        parts.append(
+            Text(
+                f"{_site_text(s.location)}: {CAUSE_TEXT.get(s.cause, s.cause)} moved data {s.count} times "
+                f"({format_seconds(s.seconds)}): {advice_for(s)}"
+            )
+        )
+    return Group(*parts)
+
+
+def _where(loc: Any) -> str:
+    if loc is None:
+        return "-"
+    import os
+
+    return f"{os.path.basename(loc.file)}:{loc.line}"
+
+
+def _site_text(loc: Any) -> str:
+    if loc is None:
+        return "-"
+    import os
+
+    return f"{os.path.basename(loc.file)}:{loc.line} in {loc.function}"
 
 
 @section("Divergence", order=60)
 def _divergence(session: Any, terminal: bool) -> RenderableType:
-    return _note("numerical divergence against CPU was not checked in this run")
+    # issue 8: divergences ranked by site, the first one over tolerance highlighted
+    summary = session.divergence_summary()
+    events = session.divergences()
+    if summary is None and not events:
+        return _note("numerical divergence against CPU was not checked in this run (trace with divergence=True, or --divergence)")
+    summary = summary or {}
+    parts: list[RenderableType] = []
+    compared = f"{summary.get('ops_compared', 0)} eager ops"
+    if summary.get("ops_copied"):
+        compared += f" (+{summary['ops_copied']} random or loaded, copied)"
+    if summary.get("graphs_compared"):
+        compared += f", {summary['graphs_compared']} graph runs / {summary.get('nodes_compared', 0)} nodes"
+    numerics = summary.get("numerics", "cpu")
+    if numerics != "cpu":
+        numerics += f", float32 product precision {summary.get('precision', '?')!r}"
+    rows = [
+        ("compared", compared),
+        ("numerics", numerics),
+        ("tolerances", str(summary.get("tolerances", "default"))),
+    ]
+    first = next((e for e in events if e.first and e.measure == "local"), None)
+    origin = next((e for e in events if e.nan_origin), None)
+    if first is not None:
+        rows.append(("first", _divergence_line(first)))
+    else:
+        rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
+    if origin is not None:
+        rows.append(("NaN/Inf from", f"{_site_name(origin)} at {origin.location or '-'} "
+                     f"({origin.device_nonfinite or 'some'} non-finite element(s) from finite inputs)"))
+    not_compared = summary.get("not_compared") or {}
+    if not_compared:
+        rows.append(("not compared", ", ".join(sorted(not_compared)) + " (no CPU kernel for these calls)"))
+    parts.append(_kv(rows))
+    counts = {
+        (s["mode"], s["measure"], s["phase"], s["graph"], s["name"], s["file"], s["line"]): s["count"]
+        for s in summary.get("sites", [])
+    }
+    sites: dict[tuple, list] = {}
+    for e in events:
+        loc = e.location
+        key = (e.mode, e.measure, e.phase, e.graph, e.name, loc.file if loc else None, loc.line if loc else None)
+        sites.setdefault(key, []).append(e)
+    if sites:
+        ranked = sorted(
+            sites.items(),
+            key=lambda kv: (
+                not any(e.first and e.measure == "local" for e in kv[1]),
+                kv[0][1] != "local",
+                not any(e.nan_origin for e in kv[1]),
+                -max(e.ratio for e in kv[1]),
+            ),
+        )
+        local = [kv for kv in ranked if kv[0][1] == "local"]
+        drift = [kv for kv in ranked if kv[0][1] != "local"]
+        shown = local[:10] + drift[:5]
+        table = _table(
+            terminal,
+            ("op / node", "left"),
+            ("where", "left"),
+            ("measure", "left"),
+            ("count", "right"),
+            ("max abs", "right"),
+            ("x tol", "right"),
+            ("highest", "left"),
+        )
+        for key, items in shown:
+            worst = max(items, key=lambda e: (e.ratio, e.max_abs))
+            is_first = any(e.first and e.measure == "local" for e in items)
+            highest = next((e.highest for e in items if e.highest is not None), None)
+            mark = ">> " if is_first else ("NaN " if any(e.nan_origin for e in items) else "")
+            table.add_row(
+                Text(mark + _site_name(worst), style="bold" if is_first and terminal else ""),
+                Text(_short_location(worst.location)),
+                worst.measure + (" bwd" if worst.phase == "backward" else ""),
+                str(counts.get(key, len(items))),
+                _g(worst.max_abs),
+                _g(worst.ratio),
+                "vanishes" if highest else ("remains" if highest is False else "-"),
+            )
+        parts.append(table)
+        hidden = len(ranked) - len(shown)
+        if hidden:
+            parts.append(_note(f"... and {hidden} more sites ({len(drift) - min(len(drift), 5)} of them drift)"))
+        parts.append(_note(
+            ">> the first op over tolerance; local = the CPU op on the device's own inputs (where error "
+            "enters), drift = against a CPU run of the whole computation (how it spreads); x tol = worst "
+            "error in units of its tolerance; highest = at precision 'highest' (TPU numerics)"
+        ))
+    return Group(*parts)
+
+
+def _g(value: float) -> str:
+    return f"{value:.2g}" if value == value else "nan"
+
+
+def _site_name(e: Any) -> str:
+    if e.mode == "compiled":
+        return f"{e.name} ({e.target}, {e.graph})"
+    return e.name + (f" ({e.autograd_node})" if e.autograd_node else "")
+
+
+def _short_location(loc: Any) -> str:
+    if loc is None:
+        return "-"
+    import os
+
+    return f"{os.path.basename(loc.file)}:{loc.line}"
+
+
+def _divergence_line(e: Any) -> str:
+    text = (
+        f"{_site_name(e)} at {e.location or '-'} ({e.mode}, {e.phase}): max abs {_g(e.max_abs)}, "
+        f"max rel {_g(e.max_rel)}"
+    )
+    if e.ulp is not None:
+        text += f", {_g(e.ulp)} ULP ({e.dtype})"
+    text += f", {e.mismatched}/{e.numel} elements over tolerance (rtol {e.rtol:g}, atol {e.atol:g})"
+    if e.dtype_mismatch:
+        text += f"; dtype {e.device_dtype} on tpu, {e.dtype} on CPU"
+    if e.highest is True:
+        text += "; within tolerance at precision 'highest': a bfloat16-precision effect (torch.tpu.precision.set('highest') removes it)"
+    elif e.highest is False:
+        text += "; still over tolerance at precision 'highest': not a matmul-precision effect"
+    return text
 
 
 @section("CPU fallbacks", order=70)
@@ -267,6 +522,24 @@ def _fallbacks(session: Any, terminal: bool) -> RenderableType | None:
             Text(str(loc) if loc else "-"),
         )
     return table
+
+
+@section("TensorBoard", order=85)
+def _tensorboard(session: Any, terminal: bool) -> RenderableType | None:
+    # issue 9: where the profile is, how much it holds, and whether the cap cut it short
+    tb = session.metadata().tensorboard
+    if not tb:
+        return None
+    rows = [("directory", str(session.run_dir / "tensorboard"))]
+    files = tb.get("profile") or []
+    rows.append(("profile", ", ".join(files) if files else "none written"))
+    spans = f"{tb.get('spans', 0)} spans (max {tb.get('max_events', '-')}), {tb.get('steps', 0)} step mark(s)"
+    if tb.get("capped"):
+        spans += f"; CAPPED after {tb.get('capped_after_seconds', 0):.2f} s, {tb.get('dropped_spans', 0)} spans dropped"
+    rows.append(("captured", spans))
+    rows.append(("open with", f"tpu-debug tensorboard {session.run_dir.name}"))
+    notes = [_kv(rows)] + [_note(str(n)) for n in tb.get("notes") or []]
+    return Group(*notes)
 
 
 @section("Tracer errors", order=90)

@@ -12,6 +12,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from importlib import metadata as _metadata
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
 
-__all__ = ["trace", "Trace", "active_trace"]
+__all__ = ["trace", "Trace", "active_trace", "step"]
 
 _lock = threading.Lock()
 _active: Trace | None = None
@@ -130,6 +131,10 @@ class Trace(contextlib.ContextDecorator):
         self._recorder: Recorder | None = None
         self._writer: RunWriter | None = None
         self._start = 0.0
+        self._tensorboard: Any = None  # a TensorBoardExporter with tensorboard=True (issue 9)
+        self._divergence: Any = None  # a DivergenceTracer with divergence=True (issue 8)
+        self._saved_numerics: str | None = None
+        self._guards: Any = None  # dynamo events, recompile and transfer guards (issue 5)
 
     def _recreate_cm(self) -> Trace:
         # as a decorator, each call is its own run
@@ -161,6 +166,13 @@ class Trace(contextlib.ContextDecorator):
             self.session = Session(run_dir / DB_NAME, writer=self._writer)
             self._start = time.perf_counter()
             probes.subscribe(self._recorder, replay=True)
+            if self.config.tensorboard:
+                self._start_tensorboard(run_dir)
+            self._start_divergence()
+            from tpu_debug.guards import TraceGuards  # issue 5
+
+            self._guards = TraceGuards(self.config, self._writer, self._recorder)
+            self._guards.start()
         except BaseException:
             with _lock:
                 _active = None
@@ -172,6 +184,12 @@ class Trace(contextlib.ContextDecorator):
         try:
             from tpu_debug.runtime import probes
 
+            if self._guards is not None:  # issue 5
+                self._guards.stop()
+                self._guards = None
+            self._stop_divergence()
+            if self._tensorboard is not None:
+                self._stop_tensorboard()
             if self._recorder is not None:
                 probes.unsubscribe(self._recorder)
             session = self.session
@@ -212,6 +230,83 @@ class Trace(contextlib.ContextDecorator):
             with _lock:
                 _active = None
 
+    # -- TensorBoard export (issue 9) ------------------------------------------------------
+
+    def _start_tensorboard(self, run_dir: Path) -> None:
+        from tpu_debug.runtime import probes
+        from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, TensorBoardExporter
+
+        recorder, writer = self._recorder, self._writer
+        try:
+            exporter = TensorBoardExporter(
+                run_dir / TENSORBOARD_DIR,
+                max_events=self.config.tensorboard_max_events,
+                clock=recorder.clock,
+                record_error=recorder.record_error,
+                set_meta=writer.set_meta,
+            )
+            exporter.start()
+        except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard
+            recorder.record_error("TensorBoardExporter.start", f"{type(exc).__name__}: {exc}")
+            writer.set_meta(tensorboard={"status": "failed", "notes": [f"{type(exc).__name__}: {exc}"]})
+            return
+        self._tensorboard = exporter
+        writer.add_listener(exporter.on_event)
+        probes.subscribe(exporter, replay=True)
+
+    def _stop_tensorboard(self) -> None:
+        from tpu_debug.runtime import probes
+
+        exporter, self._tensorboard = self._tensorboard, None
+        probes.unsubscribe(exporter)
+        if self._writer is not None:
+            self._writer.remove_listener(exporter.on_event)
+        try:
+            exporter.stop()
+        except Exception as exc:  # noqa: BLE001 - the run itself must still be closed
+            self._recorder.record_error("TensorBoardExporter.stop", f"{type(exc).__name__}: {exc}")
+
+    # -- divergence against CPU and TPU numerics (issue 8) ------------------------------
+
+    def _start_divergence(self) -> None:
+        from tpu_debug.runtime import probes
+        from tpu_debug.runtime.config import config as runtime_config
+
+        if self.config.divergence:
+            from tpu_debug.tracers.divergence import DivergenceTracer, parse_tolerances
+
+            tracer = DivergenceTracer(
+                self._writer,
+                clock=self._recorder.clock,
+                tolerances=parse_tolerances(self.config.tolerances),
+                sample=self.config.divergence_sample,
+                record_error=self._recorder.record_error,
+            )
+            probes.subscribe(tracer)
+            self._divergence = tracer
+        if self.config.numerics is not None:
+            self._saved_numerics = runtime_config.numerics
+            runtime_config.numerics = self.config.numerics
+
+    def _stop_divergence(self) -> None:
+        from tpu_debug.runtime import probes
+        from tpu_debug.runtime.config import config as runtime_config
+
+        tracer, self._divergence = self._divergence, None
+        if tracer is not None:
+            probes.unsubscribe(tracer)
+            try:
+                tracer.close()
+            except Exception as exc:  # noqa: BLE001 - the run itself must still be closed
+                self._recorder.record_error("DivergenceTracer.close", f"{type(exc).__name__}: {exc}")
+        if self._saved_numerics is not None:
+            runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
+
+    def mark_step(self) -> None:
+        """End the current step on the TensorBoard timeline (see :func:`step`)."""
+        if self._tensorboard is not None:
+            self._tensorboard.step()
+
 
 def trace(
     *,
@@ -219,6 +314,16 @@ def trace(
     name: str | None = None,
     hlo: bool | None = None,
     op_events: bool | None = None,
+    tensorboard: bool | None = None,
+    tensorboard_max_events: int | None = None,
+    divergence: bool | None = None,
+    numerics: str | None = None,
+    tolerances: str | Mapping[str, Any] | None = None,
+    divergence_sample: int | None = None,
+    storm_threshold: int | None = None,
+    fail_on_recompile: bool | None = None,
+    transfer_guard: str | None = None,
+    transfer_guard_implicit: str | None = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -234,6 +339,36 @@ def trace(
             (default True; ``TPU_DEBUG_HLO``).
         op_events: one event per eager op execution instead of per-executable
             totals (default False; ``TPU_DEBUG_OP_EVENTS``).
+        tensorboard: capture a JAX profile of the run with tpu_debug's events on
+            its timeline, plus per-step scalars, into ``<run>/tensorboard/``
+            (default False; ``TPU_DEBUG_TENSORBOARD``). Open it with
+            ``tpu-debug tensorboard``.
+        tensorboard_max_events: stop the profile capture after this many spans
+            (default 100000; ``TPU_DEBUG_TENSORBOARD_MAX_EVENTS``).
+        divergence: also run every op on CPU (eager) and interpret every
+            compiled graph on CPU, and record where results first leave
+            tolerance (default False; ``TPU_DEBUG_DIVERGENCE``). See
+            ``session.first_divergence()`` and the report's "Divergence".
+        numerics: ``"tpu"``: float32 matmuls and convolutions run in bfloat16
+            passes as on a TPU at the precision in effect
+            (``torch.tpu.precision``); ``"cpu"``: in float32. Default: leave
+            the runtime's setting (``TPU_DEBUG_NUMERICS``).
+        tolerances: divergence tolerances per dtype, ``{"float32": (rtol, atol)}``,
+            ``"float32=1e-4:1e-6"`` or ``"off"`` (default: ``torch.testing``'s;
+            ``TPU_DEBUG_TOLERANCES``).
+        divergence_sample: compare every N-th node of a compiled graph
+            (default 1: all; ``TPU_DEBUG_DIVERGENCE_SAMPLE``).
+        storm_threshold: flag an op or graph recompiled more than this many
+            times as a recompile storm, naming what keeps changing (default 5;
+            ``TPU_DEBUG_STORM_THRESHOLD``).
+        fail_on_recompile: raise ``RecompileError`` on the first recompile, with
+            the diff in the message (default False; ``TPU_DEBUG_FAIL_ON_RECOMPILE``).
+        transfer_guard: ``"allow"``, ``"log"`` or ``"disallow"`` host<->device
+            transfers; disallow raises ``TransferGuardError`` naming the line
+            (default "allow"; ``TPU_DEBUG_TRANSFER_GUARD``).
+        transfer_guard_implicit: the same for implicit transfers only
+            (``.item()``, ``print``, ``if t:``, CPU fallbacks; default "allow";
+            ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``).
 
     Returns:
         A :class:`Trace` context manager / decorator.
@@ -248,4 +383,36 @@ def trace(
         >>> print(session.summary())
     """
     config = TraceConfig.from_env().override(logdir=logdir, name=name, hlo=hlo, op_events=op_events)
+    config = config.override(tensorboard=tensorboard, tensorboard_max_events=tensorboard_max_events)
+    config = config.override(  # issue 8
+        divergence=divergence, numerics=numerics, tolerances=tolerances, divergence_sample=divergence_sample
+    )
+    config = config.override(  # issue 5
+        storm_threshold=storm_threshold,
+        fail_on_recompile=fail_on_recompile,
+        transfer_guard=transfer_guard,
+        transfer_guard_implicit=transfer_guard_implicit,
+    )
     return Trace(config)
+
+
+# -- step marks (issue 9) ----------------------------------------------------------------
+
+
+def step() -> None:
+    """Mark the end of a training step in the active trace.
+
+    With ``trace(tensorboard=True)`` each step becomes a ``StepTraceAnnotation``
+    on the profile timeline and one point of the per-step scalars. Steps end
+    automatically when ``optimizer.step()`` returns; once ``step()`` is called,
+    only explicit marks count. Without an active trace it does nothing.
+
+    Example:
+        >>> with tpu_debug.trace(tensorboard=True):
+        ...     for batch in data:
+        ...         train_step(batch)
+        ...         tpu_debug.step()
+    """
+    active = _active
+    if active is not None:
+        active.mark_step()

@@ -16,9 +16,11 @@ from tpu_debug.tracers.events import (
     Event,
     FallbackEvent,
     GraphBreakEvent,
+    GuardFailureEvent,
     InternalErrorEvent,
     KeyDiff,
     OpEvent,
+    RecompileLimitEvent,
     SourceLocation,
     TransferEvent,
 )
@@ -27,6 +29,7 @@ from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunMetadata, RunQuery
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter, connect
+from tpu_debug.tracers.tensorboard import TensorBoardExporter  # issue 9
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -37,6 +40,8 @@ __all__ = [
     "TransferEvent",
     "FallbackEvent",
     "GraphBreakEvent",
+    "GuardFailureEvent",
+    "RecompileLimitEvent",
     "DivergenceEvent",
     "InternalErrorEvent",
     "ArgInfo",
@@ -57,4 +62,5 @@ __all__ = [
     "ProgramText",
     "DB_NAME",
     "connect",
+    "TensorBoardExporter",
 ]

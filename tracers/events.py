@@ -28,13 +28,15 @@ __all__ = [
     "TransferEvent",
     "FallbackEvent",
     "GraphBreakEvent",
+    "GuardFailureEvent",
+    "RecompileLimitEvent",
     "DivergenceEvent",
     "InternalErrorEvent",
     "EVENT_TYPES",
     "event_type",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3  # 2: divergence measurements (issue 8); 3: recompile identities, dynamo events (issue 5)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,6 +117,10 @@ class CompileEvent(Event):
     when HLO recording is off). ``previous`` is the id of the compile of the
     same ``name`` whose key is closest, and ``diffs`` how this key differs
     from it: both are empty for a first compile (issue 5 fills them).
+    ``identity`` is what was compiled again: the op, or for a graph the
+    function dynamo compiled and the direction (``"step in train.py (forward)"``,
+    see ``tracers/recompiles.py``). A compile with diffs is a recompile; its
+    ``previous`` is None when the closest key was compiled before the trace.
     """
 
     kind: ClassVar[str] = "compile"
@@ -126,16 +132,19 @@ class CompileEvent(Event):
     program: str | None = None
     previous: int | None = None
     diffs: tuple[KeyDiff, ...] = ()
+    identity: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransferEvent(Event):
     """Data crossed between host and device.
 
-    ``op`` is what moved it (``"copy"``, ``"to"``, ``"item"``, ``"scalar"``,
-    ``"fallback:<aten op>"``); ``implicit`` is true when the user did not ask
-    for a copy (a sync forced by ``.item()``, ``print``, a scalar operand, a
-    CPU fallback).
+    ``op`` is what the user did that moved it (issue 5, ``tracers/transfers.py``):
+    ``"item"``, ``"tolist"``, ``"print"``, ``"bool"``, ``"float"``, ``"int"``,
+    ``"index"``, ``"scalar"`` (a CPU scalar operand), ``"fallback:<aten op>"``,
+    ``"cpu"``, ``"to"``, ``"tensor"``, ``"copy"``; ``implicit`` is true when the
+    user did not ask for a copy (a sync forced by ``.item()``, ``print``,
+    ``if t:``, a scalar operand, a CPU fallback).
     """
 
     kind: ClassVar[str] = "transfer"
@@ -162,7 +171,11 @@ class FallbackEvent(Event):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GraphBreakEvent(Event):
-    """Dynamo split a compiled function (issue 5 records these)."""
+    """Dynamo split a compiled function (issue 5 records these).
+
+    ``name`` is the function, ``reason`` dynamo's ("Data-dependent branching:
+    ..."), ``location`` the line that broke the graph.
+    """
 
     kind: ClassVar[str] = "graph_break"
 
@@ -171,11 +184,53 @@ class GraphBreakEvent(Event):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GuardFailureEvent(Event):
+    """Dynamo found no cached graph of a function whose guards pass, and compiles it again (issue 5).
+
+    ``name`` is the function, ``compile_id`` dynamo's id of the new compile
+    (``"0/3"``), ``guards`` the failed guard of each cached entry, most recent
+    first (``"0/2: tensor 'x' size mismatch at index 0. expected 8, actual 9"``);
+    ``location`` is the user's call.
+    """
+
+    kind: ClassVar[str] = "guard_failure"
+
+    name: str
+    compile_id: str
+    guards: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecompileLimitEvent(Event):
+    """A function hit dynamo's recompile limit: from then on it runs without compiling (issue 5).
+
+    ``limit_type`` names the limit (``"recompile_limit"``), ``limit`` its
+    value, ``reason`` the last failed guard.
+    """
+
+    kind: ClassVar[str] = "recompile_limit"
+
+    name: str
+    limit_type: str
+    limit: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class DivergenceEvent(Event):
     """An op or graph node's result compared with PyTorch on CPU (issue 8 records these).
 
     ``measure`` is ``"local"`` (CPU op on the device op's inputs) or
-    ``"drift"`` (against a CPU shadow of the whole computation).
+    ``"drift"`` (against a CPU shadow of the whole computation). ``name`` is the
+    aten op (eager) or the FX node (compiled; ``target`` is its aten op and
+    ``graph`` the compiled graph). ``mismatched`` counts elements over
+    tolerance (``|device - cpu| > atol + rtol * |cpu|``, or NaN/Inf on one
+    side only); ``tolerance`` is the allowed absolute error at the worst
+    element and ``ratio`` the worst error in units of its tolerance.
+    ``nan_origin``: the device output holds NaN/Inf its inputs did not.
+    ``first``: the first over tolerance (per measure; per graph when compiled).
+    ``highest``: with TPU numerics, whether the op is within tolerance when re-run
+    at precision "highest" (None: not checked). See ``tracers/divergence.py``.
     """
 
     kind: ClassVar[str] = "divergence"
@@ -189,6 +244,30 @@ class DivergenceEvent(Event):
     nan_origin: bool
     tolerance: float
     first: bool
+    # issue 8: the rest of the measurement
+    rtol: float = 0.0
+    atol: float = 0.0
+    ratio: float = 0.0
+    numel: int = 0
+    shape: tuple[int, ...] = ()
+    dtype: str = ""  # the CPU result's
+    device_dtype: str = ""  # differs from dtype on a dtype mismatch
+    device_nonfinite: int = 0  # elements NaN/Inf on the device only
+    cpu_nonfinite: int = 0  # elements NaN/Inf on CPU only
+    phase: str = "forward"  # "forward" | "backward"
+    graph: str | None = None
+    target: str = ""
+    autograd_node: str = ""  # eager backward: the autograd node that ran the op
+    highest: bool | None = None
+
+    @property
+    def over(self) -> bool:
+        """Some element is over tolerance."""
+        return self.mismatched > 0
+
+    @property
+    def dtype_mismatch(self) -> bool:
+        return bool(self.device_dtype) and self.device_dtype != self.dtype
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -209,6 +288,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TransferEvent,
         FallbackEvent,
         GraphBreakEvent,
+        GuardFailureEvent,
+        RecompileLimitEvent,
         DivergenceEvent,
         InternalErrorEvent,
     )

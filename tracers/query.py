@@ -26,9 +26,11 @@ from tpu_debug.tracers.events import (
     Event,
     FallbackEvent,
     GraphBreakEvent,
+    GuardFailureEvent,
     InternalErrorEvent,
     KeyDiff,
     OpEvent,
+    RecompileLimitEvent,
     SourceLocation,
     TransferEvent,
     event_type,
@@ -38,7 +40,16 @@ from tpu_debug.tracers.store import connect
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError
 
-__all__ = ["RunQuery", "RunMetadata", "OpSummary", "ProgramSummary", "ProgramText", "op_name_of"]
+__all__ = [
+    "RunQuery",
+    "RunMetadata",
+    "OpSummary",
+    "ProgramSummary",
+    "ProgramText",
+    "TransferSite",
+    "CompileGroup",
+    "op_name_of",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +78,9 @@ class RunMetadata:
     exit_status: int | None
     error: str | None
     options: dict[str, Any]
+    # what the TensorBoard export captured (issue 9): dir, profile files, spans,
+    # max_events, capped, notes; None when the run was recorded without it
+    tensorboard: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,6 +128,43 @@ class ProgramText:
     hlo: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompileGroup:
+    """The compiles of one op or graph in one mode (the TUI's recompiles view).
+
+    ``identity`` is what was compiled again (the op, or the function dynamo
+    compiled and its direction); ``names`` counts the distinct program names
+    under it (a graph recompiled by dynamo gets a new name each time).
+    """
+
+    identity: str
+    mode: str
+    compiles: int
+    recompiles: int
+    seconds: float
+    names: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransferSite:
+    """Transfers from one source line with one direction, cause and kind, added up.
+
+    ``timeline`` counts them per time bucket between the run's first and last
+    transfer (empty unless asked for, see :meth:`RunQuery.transfer_sites`).
+    """
+
+    location: SourceLocation | None
+    direction: str
+    op: str
+    implicit: bool
+    count: int
+    nbytes: int
+    seconds: float
+    first_ts: float
+    last_ts: float
+    timeline: tuple[int, ...] = ()
+
+
 def op_name_of(target: Any) -> str:
     """``aten.mul.Tensor``, ``aten::mul.Tensor``, ``torch.ops.aten.mul.Tensor`` -> ``mul.Tensor``."""
     text = str(target)
@@ -147,15 +198,22 @@ _EXECUTIONS_SELECT = (
     "LEFT JOIN programs p ON p.id = e.program_id WHERE 1"
 )
 _DETAIL = {
-    "compile": (", c.signature, c.args, c.previous_id", "JOIN compiles c ON c.event_id = e.id"),
+    "compile": (", c.signature, c.args, c.previous_id, c.identity", "JOIN compiles c ON c.event_id = e.id"),
     "transfer": (
         ", t.direction, t.nbytes, t.shape, t.dtype, t.implicit",
         "JOIN transfers t ON t.event_id = e.id",
     ),
     "fallback": (", f.args", "JOIN fallbacks f ON f.event_id = e.id"),
     "graph_break": (", g.reason", "JOIN graph_breaks g ON g.event_id = e.id"),
+    "guard_failure": (", gf.compile_id, gf.guards", "JOIN guard_failures gf ON gf.event_id = e.id"),  # issue 5
+    "recompile_limit": (
+        ", rl.limit_type, rl.limit_value, rl.reason",
+        "JOIN recompile_limits rl ON rl.event_id = e.id",
+    ),
     "divergence": (
-        ", d.measure, d.max_abs, d.max_rel, d.ulp, d.mismatched, d.nan_origin, d.tolerance, d.first",
+        ", d.measure, d.max_abs, d.max_rel, d.ulp, d.mismatched, d.nan_origin, d.tolerance, d.first"
+        ", d.rtol, d.atol, d.ratio, d.numel, d.shape, d.dtype, d.device_dtype, d.device_nonfinite,"
+        " d.cpu_nonfinite, d.phase, d.graph, d.target, d.autograd_node, d.highest",  # issue 8
         "JOIN divergences d ON d.event_id = e.id",
     ),
     "internal_error": (", x.message", "JOIN internal_errors x ON x.event_id = e.id"),
@@ -244,6 +302,7 @@ class RunQuery:
             exit_status=raw.get("exit_status"),
             error=raw.get("error"),
             options=dict(raw.get("options", {})),
+            tensorboard=raw.get("tensorboard"),
         )
 
     def counts(self) -> dict[str, int]:
@@ -379,6 +438,85 @@ class RunQuery:
         """Tracer failures recorded during the run."""
         return self.events("internal_error")
 
+    # -- recompiles and transfers (issue 5) ---------------------------------------------
+
+    def recompiles(self, *, mode: str | None = None, name: str | None = None) -> list[CompileEvent]:
+        """Compiles that were recompiles (they carry the diffs against the closest earlier key)."""
+        return [c for c in self.compiles(mode=mode, name=name) if c.diffs]
+
+    def recompile_groups(self, *, storm_threshold: int | None = None) -> list[Any]:
+        """The run's compiles grouped by op or graph, most recompiled first, with what kept
+        changing, storms and advice (``tracers.recompiles.RecompileGroup``).
+
+        Args:
+            storm_threshold: more recompiles than this make a storm (default: the run's
+                ``storm_threshold`` option).
+        """
+        from tpu_debug.tracers.recompiles import DEFAULT_STORM_THRESHOLD, summarize
+
+        if storm_threshold is None:
+            storm_threshold = int(self.metadata().options.get("storm_threshold", DEFAULT_STORM_THRESHOLD))
+        return summarize(self.compiles(), storm_threshold=storm_threshold)
+
+    def graph_breaks(self) -> list[GraphBreakEvent]:
+        """Where dynamo split compiled functions, and why."""
+        return self.events("graph_break")
+
+    def guard_failures(self) -> list[GuardFailureEvent]:
+        """Dynamo recompiles: the failed guard of each cached graph, per new compile."""
+        return self.events("guard_failure")
+
+    def recompile_limits(self) -> list[RecompileLimitEvent]:
+        """Functions that hit dynamo's recompile limit."""
+        return self.events("recompile_limit")
+
+    def transfer_call_sites(self) -> list[Any]:
+        """Transfers by source line, direction and cause: implicit first, then the most
+        frequent (``tracers.transfers.CallSite``; ``loop`` marks a line that synced often)."""
+        from tpu_debug.tracers.transfers import call_sites
+
+        return call_sites(self.transfers())
+
+    # -- divergence (issue 8) -----------------------------------------------------------
+
+    def divergences(
+        self, *, measure: str | None = None, mode: str | None = None, over: bool | None = None
+    ) -> list[DivergenceEvent]:
+        """Divergence events in the order they happened.
+
+        Args:
+            measure: only ``"local"`` or ``"drift"``.
+            mode: only ``"eager"`` or ``"compiled"``.
+            over: only events over tolerance (True) or within it (False: NaN/Inf
+                origins and dtype mismatches within tolerance).
+        """
+        out = self.events("divergence")
+        return [
+            e
+            for e in out
+            if (measure is None or e.measure == measure)
+            and (mode is None or e.mode == mode)
+            and (over is None or e.over == over)
+        ]
+
+    def first_divergence(self, measure: str = "local", *, mode: str | None = None) -> DivergenceEvent | None:
+        """The first op or node over tolerance (``measure="local"``: the one that introduced
+        the error), or None when everything compared was within tolerance."""
+        for e in self.divergences(measure=measure, mode=mode):
+            if e.first:
+                return e
+        return None
+
+    def nan_origin(self) -> DivergenceEvent | None:
+        """The first op or node whose device output held NaN/Inf its inputs did not."""
+        return next((e for e in self.divergences() if e.nan_origin), None)
+
+    def divergence_summary(self) -> dict[str, Any] | None:
+        """What the divergence tracer counted (ops compared, occurrences per site...),
+        or None when divergence was not checked in this run."""
+        rows = self._rows("SELECT value FROM meta WHERE key = 'divergence'")
+        return json.loads(rows[0][0]) if rows else None
+
     def _events_of(
         self, kind: str, name: str | None, start: float | None, end: float | None, limit: int | None
     ):
@@ -421,7 +559,7 @@ class RunQuery:
             return OpEvent(*head, name, seconds, program)
         if kind == "compile":
             return CompileEvent(
-                *head, name, d[0], _args(d[1]), seconds, program, d[2], tuple(diffs.get(eid, ()))
+                *head, name, d[0], _args(d[1]), seconds, program, d[2], tuple(diffs.get(eid, ())), d[3]
             )
         if kind == "transfer":
             return TransferEvent(*head, d[0], d[1], tuple(json.loads(d[2])), d[3], name, bool(d[4]), seconds)
@@ -429,8 +567,17 @@ class RunQuery:
             return FallbackEvent(*head, name, _args(d[0]), seconds)
         if kind == "graph_break":
             return GraphBreakEvent(*head, name, d[0])
+        if kind == "guard_failure":
+            return GuardFailureEvent(*head, name, d[0], tuple(json.loads(d[1])))
+        if kind == "recompile_limit":
+            return RecompileLimitEvent(*head, name, d[0], d[1], d[2])
         if kind == "divergence":
-            return DivergenceEvent(*head, name, d[0], d[1], d[2], d[3], d[4], bool(d[5]), d[6], bool(d[7]))
+            return DivergenceEvent(
+                *head, name, d[0], d[1], d[2], d[3], d[4], bool(d[5]), d[6], bool(d[7]),
+                rtol=d[8], atol=d[9], ratio=d[10], numel=d[11], shape=tuple(json.loads(d[12])), dtype=d[13],
+                device_dtype=d[14], device_nonfinite=d[15], cpu_nonfinite=d[16], phase=d[17], graph=d[18],
+                target=d[19], autograd_node=d[20], highest=None if d[21] is None else bool(d[21]),
+            )
         return InternalErrorEvent(*head, name, d[0])
 
     # -- HLO ------------------------------------------------------------------------
@@ -520,6 +667,146 @@ class RunQuery:
             f"{self.db_path}: no HLO recorded for {name!r}: it names no op, FX node, graph or program of "
             f"this run.{hint}"
         )
+
+    # -- paged and grouped views (the TUI, issue 6) ------------------------------------
+
+    def watermark(self) -> tuple[int, int, int]:
+        """A value that changes whenever something new is recorded (for following a live run):
+        the last event id, the last op-execution id and the op executions counted so far."""
+        row = self._rows(
+            "SELECT (SELECT coalesce(max(id), 0) FROM events), (SELECT coalesce(max(id), 0) FROM executions), "
+            "(SELECT coalesce(sum(count), 0) FROM op_stats)"
+        )[0]
+        return (int(row[0]), int(row[1]), int(row[2]))
+
+    def counts_by_name(self, kind: str) -> dict[str, tuple[int, float]]:
+        """Events of one kind per name: (count, total seconds), e.g. fallbacks per op.
+
+        Raises:
+            ValueError: ``kind`` is not an event kind.
+        """
+        event_type(kind)
+        rows = self._rows(
+            "SELECT name, count(*), total(seconds) FROM events WHERE kind = ? GROUP BY name", (kind,)
+        )
+        return {name: (n, s) for name, n, s in rows}
+
+    def compile_groups(self) -> list[CompileGroup]:
+        """Compiles per op or graph (per identity, see :class:`CompileGroup`): most compiled
+        first, then the most compile time."""
+        rows = self._rows(
+            "SELECT e.mode, coalesce(c.identity, e.name), count(*), total(e.seconds), "
+            "total(EXISTS (SELECT 1 FROM key_diffs k WHERE k.event_id = e.id)), count(DISTINCT e.name) "
+            "FROM events e JOIN compiles c ON c.event_id = e.id WHERE e.kind = 'compile' "
+            "GROUP BY 1, 2 ORDER BY 3 DESC, 4 DESC, 2"
+        )
+        return [CompileGroup(i, m or "", n, int(r), s, k) for m, i, n, s, r, k in rows]
+
+    def compile_history(
+        self, identity: str, *, mode: str | None = None, limit: int | None = None, offset: int = 0
+    ) -> list[CompileEvent]:
+        """The compiles of one op or graph (an identity of :meth:`compile_groups`; for runs
+        recorded before identities, the op or graph name), oldest first, with their key
+        diffs; paged by ``limit``/``offset`` so a recompile storm is read a page at a time."""
+        extra, join = _DETAIL["compile"]
+        sql = _EVENT_SELECT.format(extra=extra, join=join) + " AND coalesce(c.identity, e.name) = ?"
+        params: list[Any] = ["compile", identity]
+        if mode is not None:
+            sql += " AND e.mode = ?"
+            params.append(mode)
+        sql += " ORDER BY e.id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
+        return self._compiles_with_diffs(self._rows(sql, tuple(params)))
+
+    def compile_by_id(self, event_id: int) -> CompileEvent | None:
+        """One compile event (with its key diffs), or None when ``event_id`` is no compile."""
+        extra, join = _DETAIL["compile"]
+        rows = self._rows(_EVENT_SELECT.format(extra=extra, join=join) + " AND e.id = ?", ("compile", event_id))
+        out = self._compiles_with_diffs(rows)
+        return out[0] if out else None
+
+    def _compiles_with_diffs(self, rows: list[tuple]) -> list[CompileEvent]:
+        diffs: dict[int, list[KeyDiff]] = {}
+        ids = [r[0] for r in rows]
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            for eid, field, before, now in self._rows(
+                "SELECT event_id, field, before, now FROM key_diffs WHERE event_id IN "
+                f"({','.join('?' * len(chunk))}) ORDER BY event_id, position",
+                tuple(chunk),
+            ):
+                diffs.setdefault(eid, []).append(KeyDiff(field, before, now))
+        return [self._event("compile", row, diffs) for row in rows]  # type: ignore[misc]
+
+    def transfer_sites(self, *, buckets: int = 0, limit: int | None = None) -> list[TransferSite]:
+        """Transfers grouped by source line, direction, cause and kind: implicit ones first,
+        then the most frequent.
+
+        Args:
+            buckets: also count each site's transfers in this many equal time buckets
+                between the first and the last transfer of the run (``timeline``).
+            limit: at most this many sites.
+        """
+        group = "e.location_id, t.direction, e.name, t.implicit"
+        rows = self._rows(
+            "SELECT e.location_id, l.file, l.line, l.function, t.direction, e.name, t.implicit, count(*), "
+            "total(t.nbytes), total(e.seconds), min(e.ts), max(e.ts) "
+            "FROM events e JOIN transfers t ON t.event_id = e.id LEFT JOIN locations l ON l.id = e.location_id "
+            f"WHERE e.kind = 'transfer' GROUP BY {group} ORDER BY t.implicit DESC, count(*) DESC, 10 DESC"
+            + (f" LIMIT {int(limit)}" if limit is not None else "")
+        )
+        timelines: dict[tuple, list[int]] = {}
+        if buckets > 0 and rows:
+            t0, t1 = self._rows("SELECT min(ts), max(ts) FROM events WHERE kind = 'transfer'")[0]
+            width = (t1 - t0) / buckets or 1.0
+            for lid, direction, op, implicit, b, n in self._rows(
+                f"SELECT e.location_id, t.direction, e.name, t.implicit, "
+                f"min(CAST((e.ts - ?) / ? AS INTEGER), ?), count(*) "
+                f"FROM events e JOIN transfers t ON t.event_id = e.id WHERE e.kind = 'transfer' "
+                f"GROUP BY {group}, 5",
+                (t0, width, buckets - 1),
+            ):
+                timelines.setdefault((lid, direction, op, implicit), [0] * buckets)[b] += n
+        return [
+            TransferSite(
+                self._location(file, line, function),
+                direction,
+                op,
+                bool(implicit),
+                n,
+                int(nbytes),
+                seconds,
+                first,
+                last,
+                tuple(timelines.get((lid, direction, op, implicit), ())),
+            )
+            for lid, file, line, function, direction, op, implicit, n, nbytes, seconds, first, last in rows
+        ]
+
+    def ranked_divergences(self, *, limit: int | None = None, offset: int = 0) -> list[DivergenceEvent]:
+        """Divergence events ranked: the firsts over tolerance (local measure first, then in
+        the order they happened), then NaN/Inf origins, then by error in units of tolerance
+        (``ratio``), largest first."""
+        extra, join = _DETAIL["divergence"]
+        sql = _EVENT_SELECT.format(extra=extra, join=join) + (
+            " ORDER BY d.first DESC, CASE WHEN d.first THEN d.measure != 'local' END, "
+            "CASE WHEN d.first THEN e.id END, d.nan_origin DESC, d.ratio DESC, "
+            "CASE WHEN d.tolerance > 0 THEN d.max_abs / d.tolerance ELSE d.max_abs END DESC, e.id"
+        )
+        if limit is not None:
+            sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
+        return [self._event("divergence", row, {}) for row in self._rows(sql, ("divergence",))]  # type: ignore[misc]
+
+    def program_of_node(self, node: str, *, graph: str | None = None) -> int | None:
+        """The id of the latest compiled program holding FX node ``node`` (None when none does)."""
+        where = "WHERE n.node = ?" + (" AND p.name = ?" if graph is not None else "")
+        rows = self._rows(
+            f"SELECT p.id FROM fx_nodes n JOIN programs p ON p.id = n.program_id {where} "
+            "ORDER BY p.id DESC LIMIT 1",
+            (node,) + ((graph,) if graph is not None else ()),
+        )
+        return rows[0][0] if rows else None
 
     # -- helpers --------------------------------------------------------------------
 

@@ -25,12 +25,14 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.hlo import make_program, program_hash
 from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.recompiles import RecompileTracker
+from tpu_debug.tracers.transfers import IMPLICIT, classify
 from tpu_debug.tracers.store import RunWriter, StatRow
 
 __all__ = ["Recorder", "IMPLICIT_TRANSFER_OPS"]
 
 # transfers nobody asked for: a sync to read a value, a scalar operand, a CPU fallback
-IMPLICIT_TRANSFER_OPS = frozenset({"item", "scalar", "tolist", "print", "repr", "bool"})
+IMPLICIT_TRANSFER_OPS = IMPLICIT  # issue 5: see tracers/transfers.py
 
 # frames between the runtime's call site and the probe method: emit() + the method
 _PROBE_DEPTH = 3
@@ -77,6 +79,7 @@ class Recorder:
         self._latest: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._stat_ids = 0
         self._lock = threading.Lock()
+        self.recompiles = RecompileTracker()  # issue 5: first compile or recompile, and why
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -108,7 +111,8 @@ class Recorder:
     def on_compile(self, info: Any) -> None:
         ts = self.clock() - float(info.seconds)
         location = user_location(_PROBE_DEPTH)
-        args = tuple(_arg_info(a) for a in info.args)
+        seen = self.recompiles.observe(info)  # issue 5 (a replayed compile only becomes history)
+        args = tuple(_arg_info(a) for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None
         if self.hlo:
@@ -125,9 +129,11 @@ class Recorder:
             stat.signature, stat.program = signature, program
         if (info.extra or {}).get("replayed"):
             return  # compiled before this trace began: known program, not a compile of this run
+        event_id = self.writer.new_id()
+        seen.bind(event_id)
         self.writer.put(
             CompileEvent(
-                self.writer.new_id(),
+                event_id,
                 ts,
                 info.mode,
                 threading.get_native_id(),
@@ -137,19 +143,22 @@ class Recorder:
                 args,
                 float(info.seconds),
                 program,
+                seen.previous_event,
+                seen.diffs,
+                seen.identity,
             )
         )
 
     def on_transfer(self, info: Any) -> None:
-        op = str(info.op)
-        implicit = op in IMPLICIT_TRANSFER_OPS or op.startswith("fallback:")
+        # issue 5: what the user did that moved data (.item(), print, if t:, ...), and where
+        op, implicit, location = classify(str(info.op))
         self.writer.put(
             TransferEvent(
                 self.writer.new_id(),
                 self.clock() - float(info.seconds),
                 None,
                 threading.get_native_id(),
-                user_location(_PROBE_DEPTH),
+                location,
                 str(info.direction),
                 int(info.nbytes),
                 tuple(int(d) for d in info.shape),

@@ -19,7 +19,8 @@ and ``PRAGMA application_id`` marks the file as a tpu_debug run):
   ``op_stats``. Event ids are unique across both tables.
 - one detail table per kind with more fields, keyed by ``event_id``:
   ``compiles`` (+ ``key_diffs``), ``transfers``, ``fallbacks``,
-  ``graph_breaks``, ``divergences``, ``internal_errors``.
+  ``graph_breaks``, ``guard_failures``, ``recompile_limits``, ``divergences``,
+  ``internal_errors``.
 - ``locations``, ``programs`` (StableHLO + optimized HLO, deduplicated),
   ``fx_nodes`` and ``node_instructions`` (FX node -> HLO instructions).
 - ``op_stats``: per executable (mode, op, signature, program) execution count
@@ -48,8 +49,10 @@ from tpu_debug.tracers.events import (
     Event,
     FallbackEvent,
     GraphBreakEvent,
+    GuardFailureEvent,
     InternalErrorEvent,
     OpEvent,
+    RecompileLimitEvent,
     SourceLocation,
     TransferEvent,
 )
@@ -114,7 +117,8 @@ CREATE TABLE compiles (
     event_id INTEGER PRIMARY KEY REFERENCES events(id),
     signature TEXT NOT NULL,
     args TEXT NOT NULL,
-    previous_id INTEGER REFERENCES events(id)
+    previous_id INTEGER REFERENCES events(id),
+    identity TEXT
 );
 CREATE TABLE key_diffs (
     event_id INTEGER NOT NULL REFERENCES events(id),
@@ -140,6 +144,17 @@ CREATE TABLE graph_breaks (
     event_id INTEGER PRIMARY KEY REFERENCES events(id),
     reason TEXT NOT NULL
 );
+CREATE TABLE guard_failures (
+    event_id INTEGER PRIMARY KEY REFERENCES events(id),
+    compile_id TEXT NOT NULL,
+    guards TEXT NOT NULL
+);
+CREATE TABLE recompile_limits (
+    event_id INTEGER PRIMARY KEY REFERENCES events(id),
+    limit_type TEXT NOT NULL,
+    limit_value INTEGER NOT NULL,
+    reason TEXT NOT NULL
+);
 CREATE TABLE divergences (
     event_id INTEGER PRIMARY KEY REFERENCES events(id),
     measure TEXT NOT NULL,
@@ -149,7 +164,21 @@ CREATE TABLE divergences (
     mismatched INTEGER NOT NULL,
     nan_origin INTEGER NOT NULL,
     tolerance REAL NOT NULL,
-    first INTEGER NOT NULL
+    first INTEGER NOT NULL,
+    rtol REAL NOT NULL DEFAULT 0,
+    atol REAL NOT NULL DEFAULT 0,
+    ratio REAL NOT NULL DEFAULT 0,
+    numel INTEGER NOT NULL DEFAULT 0,
+    shape TEXT NOT NULL DEFAULT '[]',
+    dtype TEXT NOT NULL DEFAULT '',
+    device_dtype TEXT NOT NULL DEFAULT '',
+    device_nonfinite INTEGER NOT NULL DEFAULT 0,
+    cpu_nonfinite INTEGER NOT NULL DEFAULT 0,
+    phase TEXT NOT NULL DEFAULT 'forward',
+    graph TEXT,
+    target TEXT NOT NULL DEFAULT '',
+    autograd_node TEXT NOT NULL DEFAULT '',
+    highest INTEGER
 );
 CREATE TABLE internal_errors (
     event_id INTEGER PRIMARY KEY REFERENCES events(id),
@@ -238,6 +267,7 @@ class RunWriter:
         self._programs_seen: set[str] = set()
         self._programs_lock = threading.Lock()
         self._stats_source: Callable[[], list[StatRow]] | None = None
+        self._listeners: tuple[Callable[[Event], None], ...] = ()
         self._closed = False
         self._create(metadata)
         self._thread = threading.Thread(target=self._run, name="tpu_debug-run-writer", daemon=True)
@@ -248,6 +278,18 @@ class RunWriter:
     def put(self, event: Event) -> None:
         """Queue ``event`` for writing (never blocks)."""
         self._put(event)
+        if self._listeners:
+            for listener in self._listeners:
+                listener(event)
+
+    # issue 9: exporters (TensorBoard) hear each event as it is recorded, on the
+    # recording thread; a listener must not raise.
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        """Call ``listener(event)`` for every event put from now on."""
+        self._listeners = self._listeners + (listener,)
+
+    def remove_listener(self, listener: Callable[[Event], None]) -> None:
+        self._listeners = tuple(fn for fn in self._listeners if fn is not listener)
 
     def add_program(self, program: Program) -> str:
         """Queue ``program`` unless a program with the same hash was added; returns the hash."""
@@ -383,6 +425,8 @@ class RunWriter:
         transfers: list[tuple] = []
         fallbacks: list[tuple] = []
         graph_breaks: list[tuple] = []
+        guard_failures: list[tuple] = []  # issue 5
+        recompile_limits: list[tuple] = []
         divergences: list[tuple] = []
         errors: list[tuple] = []
         programs: list[tuple] = []
@@ -461,7 +505,7 @@ class RunWriter:
                         prog_ids.get(item.program),
                     )
                 )
-                compiles.append((item.id, item.signature, args_to_json(item.args), item.previous))
+                compiles.append((item.id, item.signature, args_to_json(item.args), item.previous, item.identity))
                 diffs.extend((item.id, i, d.field, d.before, d.now) for i, d in enumerate(item.diffs))
             elif t is Program:
                 pid = prog_ids.get(item.hash)
@@ -504,6 +548,14 @@ class RunWriter:
                     )
                 )
                 graph_breaks.append((item.id, item.reason))
+            elif t is GuardFailureEvent or t is RecompileLimitEvent:  # issue 5
+                events.append(
+                    (item.id, item.kind, item.ts, item.mode, item.thread, loc(item.location), item.name, None, None)
+                )
+                if t is GuardFailureEvent:
+                    guard_failures.append((item.id, item.compile_id, json.dumps(list(item.guards))))
+                else:
+                    recompile_limits.append((item.id, item.limit_type, item.limit, item.reason))
             elif t is DivergenceEvent:
                 events.append(
                     (
@@ -529,6 +581,21 @@ class RunWriter:
                         int(item.nan_origin),
                         item.tolerance,
                         int(item.first),
+                        # issue 8
+                        item.rtol,
+                        item.atol,
+                        item.ratio,
+                        item.numel,
+                        json.dumps(list(item.shape)),
+                        item.dtype,
+                        item.device_dtype,
+                        item.device_nonfinite,
+                        item.cpu_nonfinite,
+                        item.phase,
+                        item.graph,
+                        item.target,
+                        item.autograd_node,
+                        None if item.highest is None else int(item.highest),
                     )
                 )
             elif t is InternalErrorEvent:
@@ -570,12 +637,14 @@ class RunWriter:
         if executions:
             conn.executemany("INSERT INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", executions)
         for sql, rows in (
-            ("INSERT INTO compiles VALUES (?, ?, ?, ?)", compiles),
+            ("INSERT INTO compiles VALUES (?, ?, ?, ?, ?)", compiles),
             ("INSERT INTO key_diffs VALUES (?, ?, ?, ?, ?)", diffs),
             ("INSERT INTO transfers VALUES (?, ?, ?, ?, ?, ?)", transfers),
             ("INSERT INTO fallbacks VALUES (?, ?)", fallbacks),
             ("INSERT INTO graph_breaks VALUES (?, ?)", graph_breaks),
-            ("INSERT INTO divergences VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", divergences),
+            ("INSERT INTO guard_failures VALUES (?, ?, ?)", guard_failures),
+            ("INSERT INTO recompile_limits VALUES (?, ?, ?, ?)", recompile_limits),
+            ("INSERT INTO divergences VALUES (" + ", ".join("?" * 23) + ")", divergences),
             ("INSERT INTO internal_errors VALUES (?, ?)", errors),
         ):
             if rows:

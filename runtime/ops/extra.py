@@ -322,6 +322,127 @@ def logaddexp2(a, b):
     return jnp.where(jnp.isinf(a) & (a == b), a, out)
 
 
+# ---- small pointwise ops no family covers -------------------------------------------------
+
+
+@lower(aten.sinc.default)
+def sinc(x):
+    (x,) = _float(x)
+    product = math.pi * x
+    return jnp.where(x == 0, 1.0, jnp.sin(product) / jnp.where(x == 0, 1.0, product))
+
+
+@lower(aten.signbit.default)
+def signbit(x):
+    if x.dtype == jnp.bool_:
+        return jnp.zeros(x.shape, jnp.bool_)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return x < 0
+    return jnp.signbit(x)
+
+
+@lower(aten.angle.default)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.arctan2(x.imag, x.real)
+    (x,) = _float(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, math.pi, 0.0))
+
+
+@lower(aten.polar.default)
+def polar(abs_, angle_):
+    abs_, angle_ = jnp.broadcast_arrays(abs_, angle_)
+    return lax.complex(abs_ * jnp.cos(angle_), abs_ * jnp.sin(angle_))
+
+
+@lower(aten.gcd.default)
+def gcd(a, b):
+    a, b = promote(a, b)
+    return jnp.gcd(a, b)
+
+
+@lower(aten.lcm.default)
+def lcm(a, b):
+    a, b = promote(a, b)
+    g = jnp.gcd(a, b)
+    return jnp.where(g == 0, 0, jnp.abs(a // jnp.where(g == 0, 1, g) * b))
+
+
+def _shift_bits(dtype) -> int:
+    return jnp.iinfo(dtype).bits
+
+
+@lower(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+       aten.bitwise_left_shift.Scalar_Tensor)
+def bitwise_left_shift(a, b):
+    # PyTorch: a shift by a negative amount or by the bit width or more gives 0
+    a, b = promote(a, b)
+    a, b = jnp.asarray(a), jnp.asarray(b, jnp.asarray(a).dtype)
+    bits = _shift_bits(a.dtype)
+    bad = (b < 0) | (b >= bits)
+    return jnp.where(bad, 0, jnp.left_shift(a, jnp.where(bad, 0, b)))
+
+
+@lower(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+       aten.bitwise_right_shift.Scalar_Tensor)
+def bitwise_right_shift(a, b):
+    # PyTorch: an out-of-range shift of a signed value fills with its sign, of an unsigned one gives 0
+    a, b = promote(a, b)
+    a, b = jnp.asarray(a), jnp.asarray(b, jnp.asarray(a).dtype)
+    bits = _shift_bits(a.dtype)
+    bad = (b < 0) | (b >= bits)
+    full = jnp.right_shift(a, bits - 1) if jnp.issubdtype(a.dtype, jnp.signedinteger) else jnp.zeros_like(a)
+    return jnp.where(bad, full, jnp.right_shift(a, jnp.where(bad, 0, b)))
+
+
+# ---- distances (core ops) -------------------------------------------------------------------
+
+
+def _p_norm_of_diff(diff, p):
+    """PyTorch's direct cdist/pdist reduction of |x_i - y_j| over the last axis."""
+    ad = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum((ad != 0).astype(diff.dtype), axis=-1)
+    if p == 1:
+        return jnp.sum(ad, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(ad * ad, axis=-1))
+    if math.isinf(p):
+        return jnp.max(ad, axis=-1, initial=0.0)
+    return jnp.power(jnp.sum(jnp.power(ad, p), axis=-1), 1.0 / p)
+
+
+def _euclidean_mm(x1, x2):
+    # PyTorch's _euclidean_dist: one matmul on padded operands, clamped, square-rooted
+    x1_norm = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    x2_norm = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    x1_ = jnp.concatenate([x1 * -2.0, x1_norm, jnp.ones_like(x1_norm)], axis=-1)
+    x2_ = jnp.concatenate([x2, jnp.ones_like(x2_norm), x2_norm], axis=-1)
+    result = jnp.matmul(x1_, jnp.swapaxes(x2_, -1, -2), precision=lax.Precision.HIGHEST)
+    return jnp.sqrt(jnp.maximum(result, 1e-30))
+
+
+@lower(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    x1, x2 = promote(x1, x2)
+    r1, r2 = x1.shape[-2], x2.shape[-2]
+    mode = 0 if compute_mode is None else compute_mode
+    if p == 2 and (mode == 1 or (mode == 0 and (r1 > 25 or r2 > 25))) and x1.shape[-1] > 0:
+        batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+        x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+        x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+        return _euclidean_mm(x1, x2)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    return _p_norm_of_diff(diff, p)
+
+
+@lower(aten._pdist_forward.default)
+def pdist_forward(x, p=2.0):
+    n = x.shape[0]
+    i, j = jnp.triu_indices(n, k=1)
+    return _p_norm_of_diff(x[i] - x[j], p)
+
+
 # ---- random fills no family covers ----------------------------------------------------------
 
 

@@ -3,7 +3,9 @@
 Float32 products follow ``torch.get_float32_matmul_precision()``, read when an
 op is traced: "highest" -> ``Precision.HIGHEST``, "high" -> ``HIGH``, "medium"
 -> ``DEFAULT`` (on a TPU, one bf16 pass). Half-precision inputs accumulate in
-float32, as PyTorch does; integer products stay integer.
+float32, as PyTorch does; integer products stay integer. With
+``config.numerics == "tpu"`` float32 products run in bfloat16 passes as a TPU
+computes them at that precision, on any backend (``tpu_product``, issue 8).
 
 Factorizations return what PyTorch's kernels return, including the auxiliary
 outputs its backward formulas read: LU factors with 1-based int32 pivots, and
@@ -19,20 +21,22 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tpu_debug.runtime.config import config
 from tpu_debug.runtime.ops._common import compute_dtype, is_array, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
 
-__all__ = ["matmul_precision", "dot_general"]
+__all__ = ["matmul_precision", "dot_general", "tpu_passes", "tpu_product"]
 
 _PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def matmul_precision() -> lax.Precision:
-    """The JAX precision matching ``torch.get_float32_matmul_precision()`` now."""
-    return _PRECISION.get(torch.get_float32_matmul_precision(), lax.Precision.HIGHEST)
+    """The JAX precision matching the float32 product precision in effect now
+    (``torch.get_float32_matmul_precision()`` or ``torch.tpu.precision``, issue 8)."""
+    return _PRECISION.get(config.effective_precision(), lax.Precision.HIGHEST)
 
 
 def _to_result_dtype(*arrays):
@@ -57,7 +61,64 @@ def _product_args(*arrays):
 def dot_general(fn, *arrays):
     """``fn(*arrays, **kw)`` with PyTorch's promotion, precision and accumulation."""
     arrays, kw = _product_args(*arrays)
+    passes = tpu_passes(*arrays)  # issue 8: TPU numerics
+    if passes:
+        return tpu_product(lambda a, b: fn(a, b, precision=lax.Precision.HIGHEST), *arrays, passes=passes)
     return fn(*arrays, **kw)
+
+
+# ---- TPU numerics (issue 8) ------------------------------------------------------
+# With ``config.numerics == "tpu"`` a float32 product runs as a TPU's matrix unit
+# runs it: operands rounded to bfloat16 (``reduce_precision`` to 8 exponent and
+# 7 mantissa bits: XLA keeps it, where it may fold a convert pair away), exact
+# products, float32 sums. One pass at precision "medium" (XLA's DEFAULT), three
+# (bf16_3x: high and low bfloat16 parts) at "high", plain float32 at "highest".
+# Gradients taken with jax.vjp (convolution_backward) round their operands the
+# same way, as the TPU's own backward products would.
+
+
+def tpu_passes(*arrays) -> int:
+    """bfloat16 passes for a product of ``arrays`` now: 0 unless TPU numerics apply to it."""
+    if len(arrays) != 2 or any(not is_array(a) or a.dtype != jnp.float32 for a in arrays):
+        return 0
+    return config.product_passes()
+
+
+def _bf16(x):
+    return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
+
+
+def _bf16_passes(fn, a, b, passes):
+    a_hi, b_hi = _bf16(a), _bf16(b)
+    if passes == 1:
+        return fn(a_hi, b_hi)
+    a_lo, b_lo = _bf16(a - a_hi), _bf16(b - b_hi)
+    return fn(a_hi, b_lo) + fn(a_lo, b_hi) + fn(a_hi, b_hi)
+
+
+def tpu_product(fn, a, b, *, passes: int):
+    """``fn(a, b)`` (bilinear, float32) computed in ``passes`` bfloat16 passes, gradients too."""
+
+    @jax.custom_vjp
+    def product(a, b):
+        return _bf16_passes(fn, a, b, passes)
+
+    def fwd(a, b):
+        return product(a, b), (a, b)
+
+    def bwd(res, ct):
+        a0, b0 = res
+
+        def wrt_a(c, b_):
+            return jax.linear_transpose(lambda a_: fn(a_, b_), a0)(c)[0]
+
+        def wrt_b(a_, c):
+            return jax.linear_transpose(lambda b_: fn(a_, b_), b0)(c)[0]
+
+        return _bf16_passes(wrt_a, ct, b0, passes), _bf16_passes(wrt_b, a0, ct, passes)
+
+    product.defvjp(fwd, bwd)
+    return product(a, b)
 
 
 def _scaled(product, self, *, beta, alpha):
@@ -420,3 +481,106 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     b, a = promote(b, a)
     x = _tri_solve(a, b, lower_=not upper, transpose=transpose, unit=unitriangular)
     return x, jnp.broadcast_to(a, x.shape[:-2] + a.shape[-2:])
+
+
+# ---- matrix functions, Householder products, eig, least squares -----------------------
+
+
+def _batched(fn, a, core_dims=2):
+    """Apply a single-matrix ``fn`` over the leading batch dims of ``a``."""
+    batch = a.shape[:-core_dims]
+    flat = a.reshape((-1,) + a.shape[-core_dims:]) if batch else a[None]
+    out = jax.vmap(fn)(flat)
+    return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
+
+
+@lower(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    if a.shape[-1] == 0 or a.size == 0:
+        return a
+    x = a.astype(jnp.float32) if a.dtype in _HALF else a
+    return _batched(jax.scipy.linalg.expm, x).astype(a.dtype)
+
+
+@lower(aten.linalg_householder_product.default)
+def linalg_householder_product(a, tau):
+    """Q = H_1 ... H_k I[:, :n], H_i = I - tau_i v_i v_i^H (LAPACK orgqr)."""
+    m, n, k = a.shape[-2], a.shape[-1], tau.shape[-1]
+    rows = jnp.arange(m)
+    q = jnp.broadcast_to(jnp.eye(m, n, dtype=a.dtype), a.shape)
+
+    def apply(j, q):
+        i = k - 1 - j  # H_k first: Q = H_1 (H_2 (... (H_k I)))
+        col = jnp.take(a, i, axis=-1)
+        v = jnp.where(rows > i, col, jnp.where(rows == i, jnp.ones((), a.dtype), jnp.zeros((), a.dtype)))
+        t = jnp.take(tau, i, axis=-1)[..., None, None]
+        vh_q = jnp.sum(jnp.conj(v)[..., :, None] * q, axis=-2, keepdims=True)
+        return q - t * v[..., :, None] * vh_q
+
+    return lax.fori_loop(0, k, apply, q) if k else q
+
+
+def _eig(a):
+    if jax.default_backend() != "cpu":
+        raise NotImplementedError(
+            f"linalg.eig on tpu needs XLA's CPU backend (this runtime is on {jax.default_backend()}); "
+            "move the matrix to CPU for eig, or use linalg.eigh for symmetric matrices"
+        )
+    return jnp.linalg.eig(a)
+
+
+@lower(aten.linalg_eig.default)
+def linalg_eig(a):
+    w, v = _eig(a)
+    return w, v
+
+
+@lower(aten._linalg_eigvals.default)
+def linalg_eigvals(a):
+    return _eig(a)[0]
+
+
+def _lstsq_eager(args, kwargs):
+    # gelsd/gelss return residuals only when every matrix has full rank: a
+    # shape that depends on the values
+    driver = kwargs.get("driver")
+    a = args[0]
+    return driver in ("gelsd", "gelss") and a.shape[-2] > a.shape[-1]
+
+
+@lower(aten.linalg_lstsq.default, eager_only=_lstsq_eager)
+def linalg_lstsq(a, b, rcond=None, *, driver=None):
+    driver = driver or "gelsy"  # PyTorch's CPU default
+    a, b = _to_result_dtype(a, b)
+    m, n = a.shape[-2], a.shape[-1]
+    a, b = _batch_broadcast(a, b)
+    real = jnp.finfo(a.dtype).dtype
+    if rcond is None:
+        rcond = float(jnp.finfo(real).eps) * max(m, n)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    cutoff = rcond * jnp.max(s, axis=-1, keepdims=True, initial=0)
+    keep = s > cutoff
+    rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+    if driver == "gels":
+        x = _qr_lstsq(a, b)
+    else:
+        inv_s = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+        x = _mH(vh) @ (inv_s[..., :, None] * (_mH(u) @ b))
+    empty_real = jnp.zeros((0,), real)
+    residuals = empty_real
+    if m > n and (driver == "gels" or (driver in ("gelsd", "gelss") and bool(jnp.all(rank == n)))):
+        residuals = jnp.sum(jnp.abs(a @ x - b) ** 2, axis=-2)
+    rank_out = rank if driver != "gels" else jnp.zeros((0,), jnp.int64)
+    sv = s if driver in ("gelsd", "gelss") else empty_real
+    return x, residuals, rank_out, sv
+
+
+def _qr_lstsq(a, b):
+    # gels: QR for tall (m >= n), LQ (QR of A^H) for wide matrices; assumes full rank
+    m, n = a.shape[-2], a.shape[-1]
+    if m >= n:
+        q, r = jnp.linalg.qr(a)
+        return _tri_solve(r, _mH(q) @ b, lower_=False)
+    q, r = jnp.linalg.qr(_mH(a))
+    y = _tri_solve(r, b, lower_=False, transpose=True, conjugate=True)
+    return q @ y

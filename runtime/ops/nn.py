@@ -25,7 +25,7 @@ import torch
 from jax import lax
 
 from tpu_debug.runtime.ops._common import promote
-from tpu_debug.runtime.ops.linalg import matmul_precision
+from tpu_debug.runtime.ops.linalg import matmul_precision, tpu_passes, tpu_product
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
@@ -64,6 +64,16 @@ def _conv_dims(nd):
 
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    passes = tpu_passes(x, w)  # issue 8: TPU numerics, bfloat16 passes
+    if passes:
+        def exact(a, b):
+            return _conv_exact(a, b, stride, padding, dilation, transposed, output_padding, groups)
+
+        return tpu_product(exact, x, w, passes=passes)
+    return _conv_exact(x, w, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def _conv_exact(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nd = w.ndim - 2
     stride, padding, dilation = _ntuple(stride, nd), _ntuple(padding, nd), _ntuple(dilation, nd)
     kw = {"precision": matmul_precision()} if jnp.issubdtype(x.dtype, jnp.floating) else {}
@@ -192,7 +202,12 @@ def _max_windows(x, nd, flat, valid):
         low = jnp.asarray(-jnp.inf, vals.dtype)
     else:
         low = jnp.asarray(jnp.iinfo(vals.dtype).min, vals.dtype)
-    vals = jnp.where(valid, vals, low)
+    out, arg = _window_max(jnp.where(valid, vals, low))
+    return out, _pick_index(flat, arg, nd)
+
+
+def _window_max(vals):
+    """(max, position of the max) over the last axis, PyTorch's tie/NaN rules."""
     k = vals.shape[-1]
     arg = jnp.argmax(vals, axis=-1)
     if jnp.issubdtype(vals.dtype, jnp.floating):
@@ -201,7 +216,7 @@ def _max_windows(x, nd, flat, valid):
         last_nan = k - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
         arg = jnp.where(jnp.any(nan, axis=-1), last_nan, arg)
     out = jnp.take_along_axis(vals, arg[..., None], axis=-1)[..., 0]
-    return out, _pick_index(flat, arg, nd)
+    return out, arg
 
 
 def _pick_index(flat, arg, nd):
@@ -252,6 +267,64 @@ def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dila
 
 @lower(aten.max_pool3d_with_indices_backward.default)
 def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _scatter_to_input(grad, indices, x.shape, 3)
+
+
+def _fractional_starts(sample, in_size, out_size, k):
+    """Window starts of PyTorch's fractional max pooling (generate_intervals)."""
+    last = jnp.full(sample.shape + (1,), in_size - k, jnp.int64)
+    if out_size == 1:
+        return last
+    dt = sample.dtype
+    alpha = jnp.asarray(in_size - k, dt) / jnp.asarray(out_size - 1, dt)
+    i = jnp.arange(out_size - 1, dtype=dt)
+    u = sample[..., None]
+    seq = ((i + u) * alpha).astype(jnp.int64) - (u * alpha).astype(jnp.int64)
+    return jnp.concatenate([seq, last], axis=-1)
+
+
+def _fractional_max_pool(x, nd, kernel_size, output_size, samples):
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = x[None]
+    k, out = _ntuple(kernel_size, nd), _ntuple(output_size, nd)
+    spatial = x.shape[2:]
+    # samples[..., 0] drives the last spatial dim (width), then height (, depth)
+    order = list(range(nd))[::-1] if nd == 2 else list(range(nd))
+    flat = jnp.zeros(x.shape[:2] + (1,) * (2 * nd), jnp.int64)
+    stride = 1
+    for i in reversed(range(nd)):
+        starts = _fractional_starts(samples[..., order.index(i)], spatial[i], out[i], k[i])
+        pos = starts[..., :, None] + jnp.arange(k[i])  # (N, C, out_i, k_i)
+        shape = list(x.shape[:2]) + [1] * (2 * nd)
+        shape[2 + i], shape[2 + nd + i] = out[i], k[i]
+        flat = flat + pos.reshape(shape) * stride
+        stride *= spatial[i]
+    flat = jnp.broadcast_to(flat, x.shape[:2] + tuple(out) + tuple(k)).reshape(x.shape[:2] + tuple(out) + (-1,))
+    src = x.reshape(x.shape[:2] + (math.prod(spatial),))
+    vals = jnp.take_along_axis(src, flat.reshape(x.shape[:2] + (-1,)), axis=-1).reshape(flat.shape)
+    value, arg = _window_max(vals)
+    index = jnp.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    return (value[0], index[0]) if unbatched else (value, index)
+
+
+@lower(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, 2, kernel_size, output_size, random_samples)
+
+
+@lower(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, 3, kernel_size, output_size, random_samples)
+
+
+@lower(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad, x, kernel_size, output_size, indices):
+    return _scatter_to_input(grad, indices, x.shape, 2)
+
+
+@lower(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad, x, kernel_size, output_size, indices):
     return _scatter_to_input(grad, indices, x.shape, 3)
 
 
@@ -321,7 +394,22 @@ def _adaptive_windows(x, nd, output_size):
 def _adaptive_avg(x, nd, output_size):
     flat, valid = _adaptive_windows(x, nd, output_size)
     vals = jnp.where(valid, _gather(_opmath(x), nd, flat), 0)
-    return jnp.sum(vals, axis=-1) / jnp.asarray(valid.sum(-1), vals.dtype)
+    count = jnp.asarray(valid.sum(-1), vals.dtype)
+    if nd == 3 and x.dtype in _HALF:
+        # PyTorch's 3d kernel sums in the half dtype, rounding after every add
+        rnd = _rounder(x.dtype)
+        total = lax.fori_loop(
+            0, vals.shape[-1], lambda k, acc: rnd(acc + vals[..., k]), jnp.zeros(vals.shape[:-1], vals.dtype)
+        )
+        return rnd(total / count)
+    return jnp.sum(vals, axis=-1) / count
+
+
+def _rounder(dtype):
+    """Round float32 values to ``dtype``'s precision (XLA keeps float32 inside
+    fusions otherwise, and drops a reduce_precision applied to a half value)."""
+    info = jnp.finfo(dtype)
+    return lambda v: lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 @lower(aten._adaptive_avg_pool2d.default)
@@ -809,7 +897,8 @@ def _upsample_linear(x, output_size, align_corners, scales):
     xf = _opmath(x)
     dtype = np.float64 if xf.dtype == jnp.float64 else np.float32
     nd = len(output_size)
-    for i in range(nd):
+    # innermost dim first (width, then height, then depth): PyTorch's order of sums
+    for i in reversed(range(nd)):
         axis = xf.ndim - nd + i
         i0, i1, l0, l1 = _linear_taps(xf.shape[axis], output_size[i], align_corners, scales[i] if scales else None, dtype)
         if x.dtype in _HALF and nd != 2:
@@ -862,6 +951,58 @@ for _nd, _name in ((1, "1d"), (2, "2d"), (3, "3d")):
     _fwd.__name__, _bwd.__name__ = _linear, _linear + "_backward"
     lower(getattr(aten, _linear).default)(_fwd)
     lower(getattr(aten, _linear + "_backward").default)(_bwd)
+
+
+def _cubic_taps(in_size, out_size, align_corners, scale):
+    """(indices (out, 4), weights (out, 4)) of PyTorch's bicubic (A = -0.75)."""
+    a = np.float32(-0.75)
+    if align_corners:
+        ratio = np.float32(in_size - 1) / np.float32(out_size - 1) if out_size > 1 else np.float32(0)
+    else:
+        ratio = _scale(in_size, out_size, scale, np.float32)
+    dst = np.arange(out_size).astype(np.float32)
+    src = ratio * dst if align_corners else ratio * (dst + np.float32(0.5)) - np.float32(0.5)
+    base = np.floor(src).astype(np.int64)
+    t = (src - base.astype(np.float32)).astype(np.float32)
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=-1).astype(np.float32)
+    index = np.clip(base[:, None] + np.arange(-1, 3)[None, :], 0, in_size - 1)
+    return index, weights
+
+
+def _upsample_bicubic(x, output_size, align_corners, scales):
+    if tuple(x.shape[-2:]) == tuple(output_size):
+        return _opmath(x)
+    xf = _opmath(x)
+    # along the width first, then the height: PyTorch's order of the sums
+    for axis, i in ((xf.ndim - 1, 1), (xf.ndim - 2, 0)):
+        index, weights = _cubic_taps(xf.shape[axis], output_size[i], align_corners, scales[i] if scales else None)
+        taps = jnp.take(xf, index.reshape(-1), axis=axis)
+        taps = taps.reshape(xf.shape[:axis] + index.shape + xf.shape[axis + 1 :])
+        shape = [1] * taps.ndim
+        shape[axis], shape[axis + 1] = weights.shape
+        if x.dtype in _HALF:  # PyTorch keeps the weights in the half dtype
+            weights = _half_round(weights, x.dtype)
+        xf = jnp.sum(taps * jnp.asarray(weights, xf.dtype).reshape(shape), axis=axis + 1)
+    return xf
+
+
+@lower(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_bicubic(x, tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return _input_grad(
+        lambda v: _upsample_bicubic(v, tuple(output_size), align_corners, (scales_h, scales_w)), grad, input_size
+    )
 
 
 # ---- embedding bags -----------------------------------------------------------------------

@@ -96,8 +96,7 @@ def _multinomial_range(sample, out):
 
 def _randint_range(sample, out):
     # randint_like(x, high) / randint_like(x, low, high); randint(high, size) / randint(low, high, size)
-    nums = [a for a in ((sample.input,) if sample.op_name == "randint" else ()) + tuple(sample.args)
-            if isinstance(a, int) and not isinstance(a, bool)]
+    nums = [a for a in (sample.input, *sample.args) if isinstance(a, int) and not isinstance(a, bool)]
     if len(nums) == 1:
         return 0, nums[0] - 1
     return nums[0], nums[1] - 1
@@ -114,7 +113,7 @@ RANDOM_OPS: dict[str, Callable | None] = {
     "normal": None,
     "normal.in_place": None,
     "normal.number_mean": None,
-    "rand_like": _in(0, 1),
+    "rand_like": None,  # op_db's rand_like OpInfo calls torch.randn_like
     "randint": _randint_range,
     "randint_like": _randint_range,
     "randn": None,
@@ -167,6 +166,9 @@ def _params():
 
 
 # ---- moving values between devices -------------------------------------------------
+
+# ops whose non-input tensor arguments PyTorch requires on CPU, whatever the input's device
+ARGS_STAY_ON_CPU = {"tensor_split"}
 
 
 def _to_tpu(v):
@@ -254,9 +256,9 @@ def _close_summary(msg: str) -> str:
     return head
 
 
-def _compare(actual, expected, *, tol, what: str):
+def _compare(actual, expected, *, tol, what: str, on_tpu: bool = True):
     try:
-        actual = _to_host(actual)
+        actual = _to_host(actual) if on_tpu else actual
     except _OnCpu as exc:
         raise Mismatch(f"{what}: {exc}") from None
     if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor):
@@ -304,10 +306,10 @@ def _call(fn, inp, args, kwargs):
     return fn(inp, *args, **kwargs)
 
 
-def _check_call(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None):
+def _check_call(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False):
     """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
     cpu = _clone((sample.input, sample.args, sample.kwargs))
-    dev = _to_tpu(cpu)
+    dev = (_to_tpu(cpu[0]), *_clone(cpu[1:])) if cpu_args else _to_tpu(cpu)
     if prepare is not None:
         cpu, dev = prepare(cpu, "cpu"), prepare(dev, "tpu")
     try:
@@ -324,7 +326,8 @@ def _check_call(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=
         return
     _compare(actual, expected, tol=tol, what=what)
     # every argument after the call: what the op mutates (in-place, out=) must match CPU
-    _compare(list(_tensors(dev)), list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call")
+    after = [t.cpu() for t in _tensors(dev)]  # (ARGS_STAY_ON_CPU arguments are on cpu)
+    _compare(after, list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call", on_tpu=False)
 
 
 def _via_view(args, device):
@@ -369,7 +372,7 @@ def check_sample(op, sample, dtype, mode):
     random = name in RANDOM_OPS or op.has_nondeterministic_output
     rng_range = RANDOM_OPS.get(name)
     tol = tolerance(op.name, op.variant_test_name, dtype_name(dtype)) or {}
-    kw = {"tol": tol, "rng_range": rng_range, "random": random}
+    kw = {"tol": tol, "rng_range": rng_range, "random": random, "cpu_args": op.name in ARGS_STAY_ON_CPU}
 
     _check_call("op", op, sample, run, **kw)
     inplace = op.inplace_variant

@@ -98,6 +98,22 @@ def test_addmm_alpha_beta():
     check(lambda s, a, b: torch.addmm(s, a, b, beta=0), torch.full((3, 5), float("nan")), a, b, grad=False)
 
 
+@pytest.mark.parametrize("fn", [torch.addmm, torch.baddbmm, torch.addmv])
+def test_integer_products_truncate_float_alpha_beta(fn):
+    # PyTorch converts alpha/beta to the integer dtype: 0.6 -> 0
+    shapes = {torch.addmm: [(3, 5), (3, 4), (4, 5)], torch.baddbmm: [(2, 3, 5), (2, 3, 4), (2, 4, 5)],
+              torch.addmv: [(3,), (3, 4), (4,)]}[fn]
+    args = [torch.randint(-5, 5, s) for s in shapes]
+    check(lambda *a: fn(*a, beta=0.2, alpha=0.6), *args, grad=False)
+    check(lambda *a: fn(*a, beta=2, alpha=3), *args, grad=False)
+
+
+def test_addbmm_bfloat16_rounds_per_batch():
+    s, b1, b2 = torch.randn(5, 10), torch.randn(5, 5, 5), torch.randn(5, 5, 10)
+    check(lambda s, a, b: torch.addbmm(s, a, b), s.bfloat16(), b1.bfloat16(), b2.bfloat16(),
+          grad=False, tol={"rtol": 0, "atol": 0})
+
+
 def test_vdot_and_complex_mm():
     check(torch.vdot, torch.randn(4, dtype=torch.complex64), torch.randn(4, dtype=torch.complex64), grad=False)
     check(torch.mm, torch.randn(2, 3, dtype=torch.complex64), torch.randn(3, 2, dtype=torch.complex64), grad=False)
@@ -172,11 +188,6 @@ def test_linear_3d_input_grads():
     check(F.linear, torch.randn(2, 3, 8), torch.randn(4, 8), torch.randn(4))
 
 
-@pytest.mark.xfail(
-    raises=RuntimeError, strict=True,
-    reason="in-place view ops (squeeze_, t_) on tpu tensors hit setStorage's bounds check: "
-    "tpu storages report 0 bytes (device/tensor layer, not a lowering)",
-)
 def test_bilinear():
     check(F.bilinear, torch.randn(3, 4), torch.randn(3, 5), torch.randn(2, 4, 5), torch.randn(2))
 
@@ -346,6 +357,61 @@ def test_triangular_solve_legacy():
         warnings.simplefilter("ignore")
         check(lambda b, a: torch.triangular_solve(b, a, upper=False), b, a)
         check(lambda b, a: torch.triangular_solve(b, a, upper=False, transpose=True), b, a)
+
+
+def test_empty_matrices():
+    e = torch.zeros(0, 0)
+    check(torch.linalg.det, e, grad=False)
+    check(torch.linalg.slogdet, e, grad=False)
+    check(torch.linalg.inv, e, grad=False)
+    check(lambda a: torch.linalg.cholesky(a, upper=True), e, grad=False)
+    check(torch.linalg.cholesky_ex, torch.zeros(3, 0, 0), grad=False)
+
+
+def test_matrix_exp():
+    a = torch.randn(2, 4, 4, dtype=torch.float64)
+    check(torch.linalg.matrix_exp, a)
+    check(torch.linalg.matrix_exp, torch.randn(3, 3) * 0.5)
+
+
+def test_householder_product():
+    a = torch.randn(2, 6, 4, dtype=torch.float64)
+    tau = torch.rand(2, 3, dtype=torch.float64)
+    check(torch.linalg.householder_product, a, tau)
+    geqrf_a, geqrf_tau = torch.geqrf(torch.randn(5, 5, dtype=torch.float64))
+    check(torch.linalg.householder_product, geqrf_a, geqrf_tau, grad=False)
+
+
+def test_eig():
+    a = torch.randn(2, 4, 4, dtype=torch.float64)
+    check(torch.linalg.eig, a, grad=False)
+    check(torch.linalg.eigvals, a, grad=False)
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4)])
+def test_lstsq(driver, shape):
+    a = torch.randn(2, *shape, dtype=torch.float64)
+    b = torch.randn(2, shape[0], 2, dtype=torch.float64)
+    if driver == "gels" and shape[0] < shape[1]:
+        # the minimum-norm solution of a wide system: compare it, not LAPACK's workspace
+        check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver).solution, a, b, grad=False)
+        return
+    check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), a, b, grad=False)
+
+
+def test_lstsq_rank_deficient():
+    a = torch.randn(5, 3, dtype=torch.float64)
+    a[:, 2] = a[:, 1]
+    b = torch.randn(5, 2, dtype=torch.float64)
+    for driver in (None, "gelsd"):
+        check(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), a, b, grad=False)
+
+
+def test_cross_bfloat16_rounds_like_pytorch():
+    a = torch.tensor([[-2.40625, 3.125, 5.78125]]).bfloat16()
+    b = torch.tensor([[5.125, -1.0, -4.96875]]).bfloat16()
+    check(torch.linalg.cross, a, b, grad=False, tol={"rtol": 0, "atol": 0})
 
 
 def test_cross_and_trace():

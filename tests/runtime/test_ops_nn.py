@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
+EXACT = {"rtol": 0, "atol": 0}
 
 
 def _leaves(out):
@@ -223,6 +224,32 @@ def test_adaptive_pool_1d_3d_max():
     check(lambda x: F.adaptive_max_pool2d(x, (3, 2), return_indices=True), torch.randn(2, 3, 7, 5))
     check(lambda x: F.adaptive_max_pool1d(x, 3), torch.randn(2, 3, 10))
     check(lambda x: F.adaptive_max_pool3d(x, 2, return_indices=True), torch.randn(1, 2, 5, 4, 3))
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_fractional_max_pool(nd):
+    x = torch.randn(2, 3, *((9, 11) if nd == 2 else (7, 8, 9)))
+    samples = torch.rand(2, 3, nd)
+    pool = F.fractional_max_pool2d if nd == 2 else F.fractional_max_pool3d
+    out = (4, 5) if nd == 2 else (3, 4, 5)
+    check(lambda x: pool(x, 2, output_size=out, return_indices=True, _random_samples=_on(samples, x)), x)
+    check(lambda x: pool(x, 3, output_size=(1,) * nd, _random_samples=_on(samples, x)), x)
+
+
+def test_fractional_max_pool_module_runs():
+    got = nn.FractionalMaxPool2d(2, output_ratio=0.5).to("tpu")(torch.randn(1, 2, 8, 8, device="tpu"))
+    assert got.shape == (1, 2, 4, 4)
+
+
+def test_empty_batches():
+    check(lambda x: F.adaptive_avg_pool2d(x, 3), torch.randn(0, 2, 6, 6), grad=False)
+    check(lambda x: F.unfold(x, 2), torch.randn(0, 1, 5, 5), grad=False)
+    check(lambda x: F.max_pool2d(x, 2), torch.randn(0, 2, 4, 4), grad=False)
+    check(lambda x: F.group_norm(x, 2), torch.randn(0, 4, 3), grad=False)
+
+
+def test_adaptive_avg_pool3d_bfloat16_sums_like_pytorch():
+    check(lambda x: F.adaptive_avg_pool3d(x, (5, 7, 4)), torch.randn(2, 8, 8, 8).bfloat16(), grad=False, tol=EXACT)
 
 
 def test_unfold_fold():
@@ -441,6 +468,27 @@ def test_interpolate_1d_3d():
     check(lambda x: F.interpolate(x, size=8, mode="linear", align_corners=True), torch.randn(2, 3, 5))
     check(lambda x: F.interpolate(x, size=(4, 5, 3), mode="trilinear"), torch.randn(1, 2, 3, 3, 2))
     check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), torch.randn(1, 2, 2, 3, 2))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"size": (5, 6), "align_corners": True},
+        {"size": (3, 4), "align_corners": False},
+        {"scale_factor": 1.7, "align_corners": False},
+        {"scale_factor": 2, "align_corners": False, "recompute_scale_factor": True},
+    ],
+)
+def test_interpolate_bicubic(kw):
+    check(lambda x: F.interpolate(x, mode="bicubic", **kw), torch.randn(2, 3, 4, 5))
+
+
+def test_interpolate_half_precision_weights():
+    # PyTorch keeps 1d/3d linear and bicubic weights in bfloat16: same roundings here
+    x = torch.randn(2, 3, 4, 5).bfloat16()
+    check(lambda x: F.interpolate(x, size=(5, 6), mode="bicubic", align_corners=True), x, grad=False, tol=EXACT)
+    check(lambda x: F.interpolate(x[0], scale_factor=1.7, mode="linear", align_corners=True), x, grad=False, tol=EXACT)
+    check(lambda x: F.interpolate(x, size=(7, 9), mode="bilinear"), x, grad=False, tol=EXACT)
 
 
 def test_upsample_module():

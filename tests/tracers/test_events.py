@@ -13,6 +13,8 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "transfer",
         "fallback",
         "graph_break",
+        "guard_failure",  # issue 5
+        "recompile_limit",
         "divergence",
         "internal_error",
     }

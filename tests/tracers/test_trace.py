@@ -41,7 +41,10 @@ def test_trace_records_ops_counts_and_matches_cpu(logdir, cold_cache):
     assert meta.status == "finished" and meta.exit_status is None
     assert meta.platform == "cpu" and meta.device_count >= 1
     assert meta.torch_version == torch.__version__ and meta.tpu_debug_version == tpu_debug.__version__
-    assert meta.options == {"logdir": str(logdir), "name": "loop", "hlo": True, "op_events": False}
+    # (other options, e.g. tensorboard, are recorded too; their own tests check them)
+    assert {k: meta.options[k] for k in ("logdir", "name", "hlo", "op_events")} == {
+        "logdir": str(logdir), "name": "loop", "hlo": True, "op_events": False
+    }
     assert session.counts() == {"compile": 3}
     assert session.modes() == ["eager"]
 
@@ -55,7 +58,7 @@ def test_transfers_are_recorded_with_their_line(logdir):
     h2d = session.transfers(direction="h2d")
     d2h = session.transfers(direction="d2h")
     assert [(t.op, t.nbytes, t.shape, t.dtype, t.implicit) for t in h2d] == [
-        ("copy", 24, (2, 3), "float32", False)
+        ("to", 24, (2, 3), "float32", False)  # op: what the user did (issue 5: tracers/transfers.py)
     ]
     assert [(t.op, t.nbytes, t.shape, t.implicit) for t in d2h] == [("item", 4, (), True)]
     assert d2h[0].location.file == __file__

@@ -35,10 +35,77 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         help="one event per eager op execution (default: off; totals per executable)",
     )
     parser.add_argument(
+        "--tensorboard",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="capture a JAX profile with tpu_debug's events, and per-step scalars, for TensorBoard "
+        "(default: off; open it with 'tpu-debug tensorboard')",
+    )
+    parser.add_argument(
+        "--tensorboard-max-events",
+        type=int,
+        metavar="N",
+        help="stop the profile capture after N spans (default: 100000)",
+    )
+    # -- recompiles and transfers (issue 5) --
+    parser.add_argument(
+        "--fail-on-recompile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stop the script with RecompileError on the first recompile, showing what changed",
+    )
+    parser.add_argument(
+        "--storm-threshold",
+        type=int,
+        metavar="N",
+        help="flag an op or graph recompiled more than N times as a recompile storm (default: 5)",
+    )
+    parser.add_argument(
+        "--transfer-guard",
+        choices=("allow", "log", "disallow"),
+        help="log or refuse every host<->device transfer (default: allow)",
+    )
+    parser.add_argument(
+        "--transfer-guard-implicit",
+        choices=("allow", "log", "disallow"),
+        help="log or refuse implicit transfers only: .item(), print, if t:, CPU fallbacks (default: allow)",
+    )
+    # -- divergence against CPU (issue 8) --
+    parser.add_argument(
+        "--divergence",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run every op on CPU (and interpret compiled graphs on CPU); report the first op "
+        "or graph node whose result leaves tolerance (default: off)",
+    )
+    parser.add_argument(
+        "--numerics",
+        choices=("cpu", "tpu"),
+        help="'tpu': float32 matmuls and convolutions in bfloat16 passes, as a TPU computes them "
+        "(precision from torch.tpu.precision); 'cpu': float32 (default: $TPU_DEBUG_NUMERICS or cpu)",
+    )
+    parser.add_argument(
+        "--tolerances",
+        metavar="SPEC",
+        help="divergence tolerances, 'float32=1e-4:1e-6,bfloat16=0.05' (rtol[:atol] per dtype) or 'off' "
+        "(default: torch.testing's)",
+    )
+    parser.add_argument(
+        "--divergence-sample",
+        type=int,
+        metavar="N",
+        help="compare every N-th node of a compiled graph (default: 1, all)",
+    )
+    parser.add_argument(
         "--no-report",
         dest="report",
         action="store_false",
         help="do not print the report when the script ends",
+    )
+    parser.add_argument(
+        "--tui",
+        action="store_true",
+        help="open the terminal UI on the run when the script ends (instead of printing the report)",
     )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("script", nargs="?", help="the Python script to run")
@@ -145,7 +212,20 @@ def run(args: argparse.Namespace) -> int:
         sys.path.insert(0, sys_path0)
     try:
         with tpu_debug.trace(
-            logdir=args.logdir, name=name, hlo=args.hlo, op_events=args.op_events
+            logdir=args.logdir,
+            name=name,
+            hlo=args.hlo,
+            op_events=args.op_events,
+            tensorboard=args.tensorboard,
+            tensorboard_max_events=args.tensorboard_max_events,
+            fail_on_recompile=args.fail_on_recompile,
+            storm_threshold=args.storm_threshold,
+            transfer_guard=args.transfer_guard,
+            transfer_guard_implicit=args.transfer_guard_implicit,
+            divergence=args.divergence,
+            numerics=args.numerics,
+            tolerances=args.tolerances,
+            divergence_sample=args.divergence_sample,
         ) as session:
             code, error = _execute(target, bool(args.module))
             session.mark_exit(code, error)
@@ -154,8 +234,17 @@ def run(args: argparse.Namespace) -> int:
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
     sys.stdout.flush()
-    if args.report:
+    tui = args.tui and sys.stdout.isatty() and sys.stdin.isatty()
+    if args.tui and not tui:
+        print("tpu-debug run --tui: not a terminal, so here is the report instead", file=sys.stderr)
+    if args.report and not tui:
         session.print_summary(file=sys.stderr)
     print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
-    session.close()
+    try:
+        if tui:
+            from tpu_debug.cli.tui import open_tui
+
+            open_tui(session)
+    finally:
+        session.close()
     return code

@@ -1,0 +1,120 @@
+"""The TUI in a real terminal: tmux runs ``python -m tpu_debug tui`` (and ``tpu-debug run
+--tui``) in a detached session of fixed size, keys are sent, and the captured pane must
+show the recompile diff. Skipped only when tmux is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+TMUX = shutil.which("tmux")
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install -y tmux)")
+
+WIDTH, HEIGHT = 120, 36
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _synthetic():
+    spec = importlib.util.spec_from_file_location("synthetic_run", REPO / "tests" / "tui" / "synthetic_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Tmux:
+    """One private tmux server (its own socket) holding one session."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.socket = f"tpu_debug_e2e_{os.getpid()}_{tmp_path.name}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_DEBUG_", "TMUX"))}
+        self.env.update(TERM="xterm-256color", COLORTERM="truecolor", PYTHONUNBUFFERED="1")
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [TMUX, "-L", self.socket, *args], capture_output=True, text=True, timeout=30, env=self.env, check=check
+        )
+
+    def start(self, command: str, cwd: Path) -> None:
+        # the shell stays after the command so an error (and the exit status) can be read
+        shell = f"cd {shlex.quote(str(cwd))} && {command}; echo EXIT=$?; sleep 120"
+        self("new-session", "-d", "-s", "tui", "-x", str(WIDTH), "-y", str(HEIGHT), shell)
+
+    def pane(self) -> str:
+        return self("capture-pane", "-p", "-t", "tui").stdout
+
+    def keys(self, *keys: str) -> None:
+        self("send-keys", "-t", "tui", *keys)
+
+    def wait_for(self, *texts: str, timeout: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            pane = self.pane()
+            if all(t in pane for t in texts):
+                return pane
+            if "EXIT=" in pane and not any("EXIT=" in t for t in texts):
+                raise AssertionError(f"the command ended early:\n{pane}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"waited {timeout:.0f}s for {texts!r}; the pane shows:\n{pane}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    session = Tmux(tmp_path)
+    yield session
+    session.close()
+
+
+def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
+    run_dir = tmp_path / "runs" / "20260131T120000.000Z-synthetic"
+    _synthetic().write_synthetic_run(run_dir)
+    tmux.start(f"{shlex.quote(sys.executable)} -m tpu_debug tui {shlex.quote(str(run_dir))}", tmp_path)
+    tmux.wait_for("Findings", "mul.Tensor (eager) compiled 6 times")
+    tmux.keys("2")
+    pane = tmux.wait_for("Compile history: mul.Tensor", "closest key: compile 1 (1 mismatch)")
+    assert "arg 0 'self': f32[8,128] → f32[9,128]" in pane
+    assert "f32[11,128] → f32[12,128]" in pane
+    tmux.keys("Down")  # the next op by compiles: the compiled graph, a dynamo guard
+    pane = tmux.wait_for("Compile history: main (train.py) forward")
+    assert "tensor 'batch' dim 0: 8 → 9" in pane
+    assert "L['batch'].size()[0] == 8 → failed" in pane
+    tmux.keys("q")
+    tmux.wait_for("EXIT=0", timeout=30)
+
+
+def test_run_with_tui_opens_when_the_script_ends(tmp_path, tmux):
+    script = tmp_path / "lengths.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            for n in (3, 4, 5):
+                x = torch.ones(n, 2, device="tpu")
+                print((x * 3).sum().item())
+            """
+        )
+    )
+    logdir = tmp_path / "runs"
+    tmux.start(
+        f"{shlex.quote(sys.executable)} -m tpu_debug run --tui --logdir {shlex.quote(str(logdir))} lengths.py",
+        tmp_path,
+    )
+    tmux.wait_for("Findings", "mul.Tensor (eager) compiled 3 times")
+    tmux.keys("2")
+    tmux.wait_for("Compile history:")
+    tmux.keys("q")
+    pane = tmux.wait_for("EXIT=0", timeout=30)
+    assert "run saved in" in pane

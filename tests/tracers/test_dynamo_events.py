@@ -1,0 +1,156 @@
+"""Dynamo's side of recompiles (issue 5): failed guards, graph breaks, the recompile limit,
+read through PyTorch's logging while a trace is active."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import tpu_debug
+from tpu_debug.errors import RecompileError
+from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.dynamo_events import clean_guard, guard_diffs
+from tpu_debug.tracers.events import KeyDiff
+from tpu_debug.tracers.recompiles import describe
+
+
+@pytest.fixture(autouse=True)
+def _forget_graphs():
+    """Graphs compiled here are not replayed into the runs of later tests."""
+    from tpu_debug.runtime import compiled
+
+    before = list(compiled._graphs)
+    yield
+    with compiled._lock:
+        compiled._graphs[:] = before
+
+
+def _ours(logger: str) -> list:
+    return [h for h in logging.getLogger(logger).handlers if type(h).__module__ == dynamo_events.__name__]
+
+
+def test_guard_text_becomes_structured_diffs():
+    assert clean_guard("0/1: n == 2    # y = x * n  # f.py:3 in f\nUser stack trace:\n  ...") == ("0/1", "n == 2")
+    assert guard_diffs("tensor 'x' size mismatch at index 1. expected 8, actual 9") == [
+        KeyDiff("tensor 'x' dim 1", "8", "9")
+    ]
+    assert guard_diffs("tensor 'x' dtype mismatch. expected Float, actual BFloat16") == [
+        KeyDiff("tensor 'x' dtype", "Float", "BFloat16")
+    ]
+    assert guard_diffs("tensor 'x' requires_grad mismatch. expected requires_grad=0") == [
+        KeyDiff("tensor 'x' requires_grad", "False", "True")
+    ]
+    assert guard_diffs("L['lr'] == 0.5") == [KeyDiff("python scalar baked in 'lr'", "0.5", "changed")]
+    assert guard_diffs("___check_obj_id(L['self'], 1403)") == [
+        KeyDiff("dynamo guard", "___check_obj_id(L['self'], 1403)", "failed")
+    ]
+
+
+def test_size_guard_failure_and_dynamic_recompiles(logdir):
+    def scale(x):
+        return (x * 2).relu()
+
+    fn = tpu_debug.compile(scale)
+    xs = [torch.randn(n, 3, device="tpu") for n in (4, 5, 6)]
+    with tpu_debug.trace(logdir=logdir) as session:
+        for x in xs:
+            fn(x)  # the call that recompiles
+    assert not _ours("torch.__trace") and not _ours("torch._dynamo.convert_frame")  # removed after
+    (failure,) = session.guard_failures()
+    assert failure.name == "scale" and failure.mode == "compiled"
+    assert failure.guards[0].endswith(": tensor 'x' size mismatch at index 0. expected 4, actual 5")
+    assert failure.location.file == __file__
+    compiles = session.compiles(mode="compiled")
+    assert [c.identity for c in compiles] == ["scale in test_dynamo_events.py (forward)"] * 3
+    first, dynamo_recompile, xla_recompile = compiles
+    assert first.diffs == () and dynamo_recompile.previous == first.id
+    assert dynamo_recompile.diffs[0] == KeyDiff("tensor 'x' dim 0", "4", "5")
+    # the second graph has a dynamic size: XLA still compiles once per size, dynamo does not retrace
+    assert [d.render() for d in xla_recompile.diffs] == [
+        "static arg 'x.size()[0]': 5 -> 6",
+        "arg 1 'x': f32[5,3] -> f32[6,3]",
+    ]
+    (group,) = [g for g in session.recompile_groups() if g.mode == "compiled"]
+    assert (group.recompiles, group.changing.what, group.changing.values) == (2, "dim 0 of arg 0 'x'", ("4", "5", "6"))
+
+
+def test_scalar_grad_mode_and_requires_grad_guards(logdir):
+    def affine(x, n):
+        return x * n + 1
+
+    fn = tpu_debug.compile(affine)
+    x = torch.randn(3, device="tpu")
+    w = torch.randn(3, device="tpu").requires_grad_()
+    with tpu_debug.trace(logdir=logdir) as session:
+        fn(x, 2)
+        fn(x, 3)  # n is a Python int: baked in, then made dynamic
+        with torch.no_grad():
+            fn(x, 3)
+        fn(w, 3)
+    failures = session.guard_failures()
+    assert failures[0].guards[0].split(": ", 1)[1] == "n == 2"
+    # each cached graph's failed guard, the most recent graph first
+    reasons = {g.split(": ", 1)[1] for f in failures for g in f.guards}
+    assert "GLOBAL_STATE changed: grad_mode" in reasons
+    assert "tensor 'x' requires_grad mismatch. expected requires_grad=0" in reasons
+    texts = [describe(d) for c in session.compiles(mode="compiled") for d in c.diffs]
+    assert "python scalar 'n' was baked in as 2; this call passed another value" in texts
+    assert "grad mode: enabled -> disabled" in texts
+    assert "tensor 'x' requires_grad: False -> True" in texts
+
+
+def test_graph_break_recorded_with_reason_and_line(logdir):
+    def noisy(x):
+        y = x + 1
+        print("between graphs")  # breaks the graph
+        return y * 2
+
+    fn = tpu_debug.compile(noisy)
+    x = torch.ones(2, device="tpu")
+    with tpu_debug.trace(logdir=logdir) as session:
+        out = fn(x)
+    assert out.cpu().tolist() == [4.0, 4.0]
+    (brk,) = session.graph_breaks()
+    assert brk.name == "noisy" and brk.mode == "compiled"
+    assert brk.reason.startswith("Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print`")
+    assert brk.location.file == __file__
+    assert brk.location.line == noisy.__code__.co_firstlineno + 2 and brk.location.function == "noisy"
+    identities = {c.identity for c in session.compiles(mode="compiled")}
+    assert identities == {
+        "noisy in test_dynamo_events.py (forward)",
+        "noisy (after the graph break at line %d) in test_dynamo_events.py (forward)" % brk.location.line,
+    }
+    assert "graph breaks:" in session.summary(width=300)
+
+
+def test_recompile_limit_hit(logdir):
+    def limited(x):
+        return x.exp()
+
+    fn = tpu_debug.compile(limited)
+    xs = [torch.ones(n, device="tpu") for n in (2, 3, 4, 5)]
+    with torch._dynamo.config.patch(recompile_limit=2, automatic_dynamic_shapes=False):
+        with tpu_debug.trace(logdir=logdir) as session:
+            for x in xs:
+                fn(x)
+    (hit,) = session.recompile_limits()
+    assert (hit.name, hit.limit_type, hit.limit) == ("limited", "recompile_limit", 2)
+    assert hit.reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
+    assert hit.location.file == __file__
+    assert "hit dynamo's recompile_limit (2)" in session.summary(width=300)
+
+
+def test_expect_no_recompiles_names_the_failed_guard():
+    def double(x):
+        return x * 2
+
+    fn = tpu_debug.compile(double)
+    a, b = torch.ones(2, device="tpu"), torch.ones(7, device="tpu")
+    fn(a)
+    with pytest.raises(RecompileError, match=r"(?s)^double in test_dynamo_events.py \(forward\) recompiled at .*"
+                       r"tensor 'x' dim 0: 2 -> 7"):
+        with tpu_debug.expect_no_recompiles():
+            fn(b)
+    assert not _ours("torch.__trace")

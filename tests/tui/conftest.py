@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from synthetic_run import write_synthetic_run
+from tpu_debug.tracers import events as ev
+from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+import tpu_debug
+from tpu_debug.tui import TpuDebugApp
+
+RUN_DIR_NAME = "20260131T120000.000Z-synthetic"
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory):
+    """The deterministic synthetic run (read-only: tests share it)."""
+    run_dir = tmp_path_factory.mktemp("tui") / RUN_DIR_NAME
+    write_synthetic_run(run_dir)
+    return run_dir
+
+
+@pytest.fixture
+def make_app(synthetic_run):
+    """``make_app(run_dir=None, **options)``: a TpuDebugApp on a run (default: the synthetic one)."""
+    sessions = []
+
+    def make(run_dir=None, **options):
+        session = tpu_debug.open_run(run_dir or synthetic_run)
+        sessions.append(session)
+        return TpuDebugApp(session, **options)
+
+    yield make
+    for session in sessions:
+        session.close()
+
+
+@pytest.fixture(scope="session")
+def recorded_run(tmp_path_factory):
+    """A real run recorded with tpu_debug.trace(): an eager loop whose input length changes
+    (so its ops recompile), an .item() sync per step, and a compiled graph called twice."""
+    import torch
+
+    logdir = tmp_path_factory.mktemp("recorded")
+    script = logdir / "loop.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+
+            def loss_of(x, w):
+                y = x * w + 1.0
+                return (y * y).mean()
+
+
+            def loop(lengths, graph):
+                total = 0.0
+                for n in lengths:
+                    x = torch.ones(n, 8, device="tpu")
+                    w = torch.full((n, 8), 0.5, device="tpu")
+                    total += loss_of(x, w).item()
+                    total += graph(x, w).item()
+                return total
+            """
+        )
+    )
+    from tpu_debug.runtime import clear_cache
+
+    clear_cache()  # compiles of earlier tests in this process would be cache hits here
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    graph = torch.compile(namespace["loss_of"], backend="tpu_debug", dynamic=False)
+    with tpu_debug.trace(logdir=logdir, name="recorded") as session:
+        namespace["loop"]((4, 5, 6, 6), graph)
+    return session.run_dir
+
+
+@pytest.fixture(scope="session")
+def storm_run(tmp_path_factory):
+    """One op compiled 450 times (more than two pages of compile history)."""
+    run_dir = tmp_path_factory.mktemp("storm") / "20260131T120000.000Z-storm"
+    run_dir.mkdir()
+    writer = RunWriter(run_dir / DB_NAME, {"name": "storm", "platform": "cpu"})
+    loc = ev.SourceLocation("/nowhere/storm.py", 3, "step")
+    previous = None
+    for n in range(1, 451):
+        eid = writer.new_id()
+        diffs = (ev.KeyDiff("arg 0", f"float32[{n - 1}]", f"float32[{n}]"),) if previous else ()
+        writer.put(
+            ev.CompileEvent(
+                eid, n * 0.01, "eager", 1, loc, "mul.Tensor", f"mul.Tensor(float32[{n}])",
+                (ev.ArgInfo("self", (n,), "float32"),), 0.01, None, previous, diffs,
+            )
+        )
+        previous = eid
+    writer.close({"status": "finished", "exit_status": 0, "duration": 5.0})
+    return run_dir

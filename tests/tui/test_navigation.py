@@ -1,0 +1,333 @@
+"""Pilot tests: every view of the synthetic run, reached and worked by keyboard and mouse."""
+
+from __future__ import annotations
+
+from synthetic_run import GRAPH, ODD_OP
+from textual.widgets import DataTable, Input, OptionList
+from tui_helpers import drive, press, screen_text, settle
+
+from tpu_debug.tui.screens import (
+    DivergenceScreen,
+    HelpScreen,
+    HloDiffScreen,
+    HloScreen,
+    OpsScreen,
+    OverviewScreen,
+    RecompilesScreen,
+    TransfersScreen,
+)
+from tpu_debug.tui.widgets import HloDiffView, HloView, PagedTable, SourceView
+
+
+def test_overview_shows_the_run_and_its_findings(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        assert isinstance(app.screen, OverviewScreen)
+        text = screen_text(app)
+        assert "tpu-debug · synthetic" in text
+        assert "XLA CPU (cpu), 1 device(s)" in text
+        assert "train.py --steps 8" in text
+        assert "finished (exit status 0)" in text
+        assert "mul.Tensor (eager) compiled 6 times" in text
+        assert "keeps changing: dim 0 of arg 0 'self' (5x)" in text
+        assert "19 implicit transfers" in text
+        assert "first divergence: add.Tensor" in text
+        assert "3 CPU fallbacks" in text
+        kinds = app.screen.query_one("#kinds", DataTable)
+        assert [str(k.value) for k in kinds.rows] == ["compile", "divergence", "fallback", "graph_break", "transfer"]
+
+    drive(app, scenario)
+
+
+def test_number_keys_reach_every_view_and_back(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        for key, screen_type in (
+            ("2", RecompilesScreen),
+            ("3", OpsScreen),
+            ("4", TransfersScreen),
+            ("5", DivergenceScreen),
+            ("1", OverviewScreen),
+        ):
+            await press(pilot, key)
+            assert isinstance(app.screen, screen_type), key
+
+    drive(app, scenario)
+
+
+def test_enter_on_a_finding_opens_its_view(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        findings = app.screen.query_one("#findings", OptionList)
+        assert app.focused is findings
+        await press(pilot, "enter")
+        assert isinstance(app.screen, RecompilesScreen)
+        await press(pilot, "1", "down", "down", "down", "enter")  # the implicit transfers finding
+        assert isinstance(app.screen, TransfersScreen)
+        await press(pilot, "1")
+        kinds = app.screen.query_one("#kinds", DataTable)
+        kinds.focus()
+        await press(pilot, "down", "enter")  # divergence
+        assert isinstance(app.screen, DivergenceScreen)
+
+    drive(app, scenario)
+
+
+def test_recompiles_master_detail(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2")
+        screen = app.screen
+        ranked = screen.query_one("#ranked", DataTable)
+        history = screen.query_one("#history", PagedTable)
+        assert ranked.row_count == 3
+        assert [str(k.value).split("\0")[1] for k in ranked.rows] == ["mul.Tensor", GRAPH, "add.Tensor"]
+        assert history.row_count == 6
+        # the first recompile is selected: its key diff, source line and HLO
+        assert history.cursor_row == 1
+        detail = screen._detail
+        assert detail.number == 2 and detail.previous is not None and detail.recorded
+        text = screen_text(app)
+        assert "closest key: compile 1 (1 mismatch)" in text
+        assert "f32[8,128] → f32[9,128]" in text
+        excerpt = screen.query_one("#source", SourceView).excerpt
+        assert excerpt.location.line == 11 and "hidden = batch * model.scale" in excerpt.lines[11 - excerpt.first]
+        assert "❱ 11" in text
+        assert "f32[9,128]" in screen.query_one("#hlo-preview", HloView).lines[0]
+        # down the history
+        history.focus()
+        await press(pilot, "down", "down", "down")
+        assert screen._detail.number == 5
+        assert "f32[11,128] → f32[12,128]" in screen_text(app)
+        # another op: the compiled graph, whose diff holds brackets shown literally
+        ranked.focus()
+        await press(pilot, "down")
+        assert history.row_count == 3
+        assert screen._detail.event.identity == GRAPH and screen._detail.event.name == "g2/forward"
+        text = screen_text(app)
+        assert "L['batch'].size()[0] == 8 → failed" in text
+        assert "keeps changing: dim 0 of arg 0 (2 recompiles: 8, 9, 10)" in text
+
+    drive(app, scenario)
+
+
+def test_recompiles_hlo_viewer_and_side_by_side_diff(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2", "tab")
+        screen = app.screen
+        assert app.focused is screen.query_one("#history", PagedTable)
+        await press(pilot, "enter")
+        assert isinstance(app.screen, HloScreen)
+        assert "f32[9,128]" in "\n".join(app.screen.query_one("#hlo", HloView).lines)
+        await press(pilot, "escape")
+        assert app.screen is screen
+        # v with nothing marked: against the closest previous key
+        await press(pilot, "v")
+        assert isinstance(app.screen, HloDiffScreen)
+        diff = app.screen.diff
+        assert diff.changed == 5
+        assert "f32[8,128]" in diff.left[2] and "f32[9,128]" in diff.right[2]
+        view = app.screen.query_one("#diff", HloDiffView)
+        first = view.cursor_row
+        await press(pilot, "n")
+        assert view.cursor_row > first
+        await press(pilot, "escape")
+        # mark compile 2, go to compile 6, compare
+        await press(pilot, "m", "down", "down", "down", "down", "v")
+        assert isinstance(app.screen, HloDiffScreen)
+        text = screen_text(app)
+        assert "compile 2" in text and "compile 6" in text
+        assert "f32[16,128]" in "\n".join(app.screen.diff.right)
+        await press(pilot, "escape")
+
+    drive(app, scenario)
+
+
+def test_ops_sort_filter_and_hlo(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "3")
+        screen = app.screen
+        table = screen.query_one("#ops", DataTable)
+        assert app.focused is table
+        names = [r.name for r in screen.visible_rows()]
+        assert names[0] == "nonzero"  # the slowest: a CPU fallback
+        assert ODD_OP in screen_text(app)  # console markup in a name is shown as is
+        await press(pilot, "k")
+        assert [r.name for r in screen.visible_rows()][:2] == ["mul.Tensor", "add.Tensor"]
+        await press(pilot, "k")
+        assert screen.visible_rows()[-1].name == "mul.Tensor"
+        await press(pilot, "slash")
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"add")
+        await press(pilot, "enter")
+        assert [r.name for r in screen.visible_rows()] == ["add.Tensor"]
+        assert app.focused is table
+        await press(pilot, "enter")
+        assert isinstance(app.screen, HloScreen)
+        assert app.screen.loaded.text.name == "add.Tensor"
+        await press(pilot, "escape", "escape")
+        assert len(screen.visible_rows()) == 7  # 3 graph programs, 3 ops, 1 CPU fallback
+
+    drive(app, scenario)
+
+
+def test_ops_header_click_sorts(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "3")
+        screen = app.screen
+        table = screen.query_one("#ops", DataTable)
+        # click the "fallbacks" header: x of that column in the header row
+        x = sum(c.get_render_width(table) for c in list(table.columns.values())[:7]) + 2
+        await pilot.click(table, offset=(x, 0))
+        await settle(pilot)
+        assert screen.sort_key == "fallbacks"
+        assert screen.visible_rows()[0].name == "nonzero"
+
+    drive(app, scenario)
+
+
+def test_transfers_by_call_site_over_time(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "4")
+        screen = app.screen
+        sites = screen.sites
+        assert [(s.op, s.implicit, s.count) for s in sites] == [
+            ("item", True, 8),
+            ("bool", True, 8),
+            ("fallback:nonzero", True, 3),
+            ("copy", False, 8),
+        ]
+        assert sum(sum(s.timeline) for s in sites) == 27
+        text = screen_text(app)
+        assert "27 transfers" in text and "19 implicit" in text
+        assert "▲ implicit" in text
+        assert 'print(f"step {i}: {loss.item():.4f}")' in text  # the selected site's line
+        await press(pilot, "down", "down", "down")
+        assert 'batch = batch.to("tpu")' in screen_text(app)
+
+    drive(app, scenario)
+
+
+def test_divergence_first_highlighted_and_node_hlo(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "5")
+        screen = app.screen
+        table = screen.query_one("#divergences", PagedTable)
+        assert [(d.name, d.first) for d in screen.events][:2] == [("add.Tensor", True), ("mean", False)]
+        assert table.cursor_row == 0
+        text = screen_text(app)
+        assert "first divergence: add.Tensor (eager, local, forward)" in text
+        assert "▶ 1" in text
+        # the compiled node "mean": its graph's HLO with the node's instructions marked
+        await press(pilot, "down", "enter")
+        hlo = app.screen
+        assert isinstance(hlo, HloScreen)
+        assert hlo.node == "mean" and hlo.loaded.text.name == "g3/forward"
+        view = hlo.query_one("#hlo", HloView)
+        marked = [view.lines[i] for i in view.marked_lines]
+        assert len(marked) == 3 and all("reduce" in line for line in marked)
+        assert "node mean: 3 instruction line(s) highlighted" in screen_text(app)
+        # choose another node from the list
+        nodes = hlo.query_one("#nodes", OptionList)
+        nodes.focus()
+        await press(pilot, "up", "up")
+        assert hlo.node == "mul"
+        assert [view.lines[i].strip().split(" ")[0] for i in view.marked_lines] == ["%mul.0"]
+
+    drive(app, scenario)
+
+
+def test_hlo_viewer_search_stage_and_programs(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2", "h")
+        hlo = app.screen
+        view = hlo.query_one("#hlo", HloView)
+        await press(pilot, "slash")
+        await pilot.press(*"f32[9")
+        await settle(pilot)
+        assert len(view.matches) == 5
+        await press(pilot, "enter")
+        assert app.focused is view
+        first = view.cursor_line
+        await press(pilot, "n")
+        assert view.cursor_line > first
+        await press(pilot, "N")
+        assert view.cursor_line == first
+        await press(pilot, "s")
+        assert "stablehlo.multiply" in "\n".join(view.lines)
+        await press(pilot, "s")
+        program = hlo.loaded.text.id
+        await press(pilot, "right_square_bracket")
+        assert hlo.loaded.text.id != program and hlo.loaded.text.name == "mul.Tensor"
+        await press(pilot, "escape", "escape")
+        assert isinstance(app.screen, RecompilesScreen)
+
+    drive(app, scenario)
+
+
+def test_help_lists_the_keys_of_the_view(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for words in ("Diff HLO", "Mark", "Recompiles", "Divergence", "^q, q"):
+            assert words in text, words
+        await press(pilot, "escape")
+        assert isinstance(app.screen, RecompilesScreen)
+
+    drive(app, scenario)
+
+
+def test_mouse_selects_rows(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2")
+        screen = app.screen
+        ranked = screen.query_one("#ranked", DataTable)
+        await pilot.click(ranked, offset=(2, 3))  # header is row 0: the third op
+        await settle(pilot)
+        assert screen._op == ("add.Tensor", "eager")
+        history = screen.query_one("#history", PagedTable)
+        await pilot.click(history, offset=(2, 1))
+        await settle(pilot)
+        assert screen._detail.number == 1
+
+    drive(app, scenario)
+
+
+def test_compile_history_loads_page_by_page(make_app, storm_run):
+    app = make_app(storm_run)
+
+    async def scenario(pilot):
+        await press(pilot, "2")
+        history = app.screen.query_one("#history", PagedTable)
+        assert history.row_count == 200 and history.has_more
+        history.focus()
+        await press(pilot, "end")  # row 200: the next page arrives
+        assert history.row_count == 400 and history.cursor_row == 199
+        await press(pilot, "end", "end")
+        assert history.row_count == 450 and not history.has_more
+        await press(pilot, "end")
+        assert app.screen._detail.number == 450
+        assert "no HLO recorded" in "\n".join(app.screen.query_one("#hlo-preview", HloView).lines)
+
+    drive(app, scenario)

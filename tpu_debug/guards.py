@@ -1,0 +1,199 @@
+"""Guards for CI and for finding hidden costs: no recompiles here, no (implicit) transfers here (issue 5).
+
+- :func:`expect_no_recompiles` raises :class:`~tpu_debug.errors.RecompileError`
+  on the first recompile inside it (an op or graph compiled again with a new
+  key), with the diff against the closest earlier key in the message;
+  ``trace(fail_on_recompile=True)`` and ``tpu-debug run --fail-on-recompile``
+  do the same for a whole trace.
+- :func:`transfer_guard` logs or refuses host<->device transfers, like
+  ``jax.transfer_guard``: ``"allow"``, ``"log"`` (a warning naming the line)
+  or ``"disallow"`` (:class:`~tpu_debug.errors.TransferGuardError` before the
+  copy happens). ``implicit_only=True`` applies the level to transfers nobody
+  asked for (``.item()``, ``print``, ``if t:``, CPU fallbacks) and lets
+  ``.cpu()``/``.to()`` through. ``trace(transfer_guard=...,
+  transfer_guard_implicit=...)`` set both for a trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from tpu_debug.config import _guard_level as check_level
+from tpu_debug.errors import RecompileError, TransferGuardError
+from tpu_debug.runtime import probes
+from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.recompiles import RecompileTracker, explain
+from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
+
+__all__ = ["expect_no_recompiles", "transfer_guard", "TRANSFER_GUARD_LEVELS", "TraceGuards"]
+
+TRANSFER_GUARD_LEVELS = ("allow", "log", "disallow")
+_RANK = {level: i for i, level in enumerate(TRANSFER_GUARD_LEVELS)}
+_log = logging.getLogger("tpu_debug.transfers")
+_DIRECTIONS = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device"}
+
+
+# ---------------------------------------------------------------------------------
+# Recompiles
+# ---------------------------------------------------------------------------------
+
+
+class _RecompileGuard:
+    """A probe that raises on the first recompile (it learns earlier keys by replay)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.tracker = RecompileTracker()
+
+    def on_compile(self, info: Any) -> None:
+        seen = self.tracker.observe(info)
+        if not seen.recompile or (info.extra or {}).get("replayed"):
+            return
+        text = explain(seen.identity, seen.diffs, location=user_location(1), compiles=seen.compiles)
+        raise RecompileError(
+            f"{text}\n{self.where} forbids recompiles here: make the changing input constant "
+            "(pad or bucket shapes, hoist Python scalars into tensors), or compile it before this block."
+        )
+
+
+class expect_no_recompiles(contextlib.ContextDecorator):
+    """Raise on the first recompile inside the block (or decorated function).
+
+    A first compile of an op or graph is fine (warm-up); compiling one again
+    for a new key is not. Works with or without an active trace.
+
+    Raises:
+        RecompileError: (inside the block) something recompiled; the message
+            says what changed, e.g. ``arg 0 'self': f32[8,128] -> f32[9,128]``.
+
+    Example:
+        >>> step(batch)                      # warm-up compiles
+        >>> with tpu_debug.expect_no_recompiles():
+        ...     for batch in loader:
+        ...         step(batch)
+    """
+
+    def __init__(self) -> None:
+        self._guard: _RecompileGuard | None = None
+
+    def _recreate_cm(self) -> expect_no_recompiles:
+        return expect_no_recompiles()
+
+    def __enter__(self) -> expect_no_recompiles:
+        self._guard = _RecompileGuard("expect_no_recompiles()")
+        dynamo_events.subscribe(self._guard)  # dynamo's guard failures make the message say why
+        probes.subscribe(self._guard, replay=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            probes.unsubscribe(guard)
+            dynamo_events.unsubscribe(guard)
+
+
+# ---------------------------------------------------------------------------------
+# Transfers
+# ---------------------------------------------------------------------------------
+
+
+class _TransferCheck:
+    """A runtime transfer check applying one level to all transfers and one to implicit ones."""
+
+    def __init__(self, level: str, implicit: str, names: tuple[str, str]) -> None:
+        self.level, self.implicit = level, implicit
+        self.names = names  # how the user set each level, for the message
+
+    def __call__(self, direction: str, op: str, shape: tuple, dtype: str, nbytes: int) -> None:
+        cause, implicit, location = classify(op, 1)
+        level, name = self.level, self.names[0]
+        if implicit and _RANK[self.implicit] > _RANK[level]:
+            level, name = self.implicit, self.names[1]
+        if level == "allow":
+            return
+        kind = "implicit" if implicit else "explicit"
+        what = CAUSE_TEXT.get(cause, cause)
+        aval = f"{dtype}[{','.join(map(str, shape))}]"
+        where = f" at {location}" if location is not None else ""
+        text = (
+            f"{kind} {_DIRECTIONS.get(direction, direction)} transfer of {aval} ({nbytes} bytes) "
+            f"by {what}{where}"
+        )
+        if level == "log":
+            _log.warning("tpu_debug: %s (%s='log')", text, name)
+            return
+        fix = (
+            "keep the value on the device, or read it once outside the hot loop"
+            if implicit
+            else "move the data once, outside the guarded code"
+        )
+        raise TransferGuardError(f"{text} is disallowed ({name}='disallow'). To fix: {fix}; or set {name}='log'.")
+
+
+@contextlib.contextmanager
+def transfer_guard(level: str, *, implicit_only: bool = False):
+    """Log or refuse host<->device transfers inside the block, like ``jax.transfer_guard``.
+
+    Args:
+        level: ``"allow"``, ``"log"`` or ``"disallow"``.
+        implicit_only: apply ``level`` only to transfers nobody asked for
+            (``.item()``, ``print``, ``if t:``, CPU fallbacks).
+
+    Raises:
+        ConfigError: ``level`` is not a level.
+        TransferGuardError: (inside the block) a disallowed transfer.
+
+    Example:
+        >>> with tpu_debug.transfer_guard("disallow", implicit_only=True):
+        ...     loss = step(batch)          # fine
+        ...     print(loss.item())          # TransferGuardError naming this line
+    """
+    check_level("transfer_guard", level)
+    if implicit_only:
+        check = _TransferCheck("allow", level, ("transfer_guard", "transfer_guard(implicit_only=True)"))
+    else:
+        check = _TransferCheck(level, "allow", ("transfer_guard", "transfer_guard"))
+    probes.add_transfer_check(check)
+    try:
+        yield
+    finally:
+        probes.remove_transfer_check(check)
+
+
+# ---------------------------------------------------------------------------------
+# What a trace installs (tpu_debug/tracing.py)
+# ---------------------------------------------------------------------------------
+
+
+class TraceGuards:
+    """The issue-5 parts of a trace: dynamo events into the run, the recompile guard
+    (``fail_on_recompile``) and the transfer guards. ``start()`` after the recorder
+    subscribes, ``stop()`` before it unsubscribes."""
+
+    def __init__(self, config: Any, writer: Any, recorder: Any) -> None:
+        self.config = config
+        self._dynamo = dynamo_events.DynamoRecorder(writer, recorder.clock, recorder.record_error)
+        self._recompile: _RecompileGuard | None = None
+        self._transfer: _TransferCheck | None = None
+
+    def start(self) -> None:
+        dynamo_events.subscribe(self._dynamo)
+        if self.config.fail_on_recompile:
+            self._recompile = _RecompileGuard("trace(fail_on_recompile=True)")
+            probes.subscribe(self._recompile, replay=True)
+        level, implicit = self.config.transfer_guard, self.config.transfer_guard_implicit
+        if level != "allow" or implicit != "allow":
+            self._transfer = _TransferCheck(level, implicit, ("transfer_guard", "transfer_guard_implicit"))
+            probes.add_transfer_check(self._transfer)
+
+    def stop(self) -> None:
+        if self._transfer is not None:
+            probes.remove_transfer_check(self._transfer)
+            self._transfer = None
+        if self._recompile is not None:
+            probes.unsubscribe(self._recompile)
+            self._recompile = None
+        dynamo_events.unsubscribe(self._dynamo)

@@ -1,0 +1,448 @@
+"""Dynamo's own account of a compile: failed guards, graph breaks, recompile-limit hits (issue 5).
+
+Read through PyTorch's logging, never by scraping stderr:
+
+- the structured trace logger ``torch.__trace`` (what ``TORCH_TRACE`` and tlparse
+  read) gives, per dynamo compile id, the frame being compiled
+  (``dynamo_start``), why the cached graphs did not serve the call
+  (``recompile_reasons``) and each graph break (``dynamo_graph_break_reason``);
+- the ``torch._dynamo.convert_frame`` logger's warning when a function hits
+  ``recompile_limit``, whose record arguments carry the limit and last reason.
+
+The handlers are attached while at least one listener is subscribed (a trace,
+:func:`tpu_debug.expect_no_recompiles`) and removed with the last one. PyTorch
+already builds the structured records (its lazy ``TORCH_TRACE`` handler is
+always attached), so listening costs only our handler's own work, at compile
+time.
+
+The module also remembers, per dynamo compile id, the guard failure that led to
+it, and per frame id the function it compiles: the recompile tracer
+(:mod:`.recompiles`) uses both to explain a compiled-mode recompile.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import re
+import threading
+from typing import Any, Protocol
+
+from tpu_debug.tracers.events import GraphBreakEvent, GuardFailureEvent, KeyDiff, RecompileLimitEvent, SourceLocation
+from tpu_debug.tracers.location import user_location
+
+__all__ = [
+    "GuardFailure",
+    "GraphBreak",
+    "RecompileLimit",
+    "DynamoListener",
+    "subscribe",
+    "unsubscribe",
+    "installed",
+    "guard_failure",
+    "frame_function",
+    "guard_diffs",
+    "clean_guard",
+    "DynamoRecorder",
+]
+
+_TRACE_LOGGER = "torch.__trace"
+_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+_LIMIT_PREFIX = "torch._dynamo hit config."
+_MAX_FAILURES = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GuardFailure:
+    """Why dynamo compiled a function again: each cached entry's failed guard.
+
+    ``guards`` holds ``(entry compile id, guard text)`` pairs, most recent entry
+    first (``("0/1", "tensor 'x' size mismatch at index 0. expected 8, actual 9")``).
+    """
+
+    compile_id: str
+    frame: int
+    function: str | None
+    guards: tuple[tuple[str, str], ...]
+    location: SourceLocation | None
+
+    def for_entry(self, compile_id: str | None) -> str | None:
+        """The guard that failed for the cached entry ``compile_id`` (else the most recent one)."""
+        for entry, text in self.guards:
+            if entry == compile_id:
+                return text
+        return self.guards[0][1] if self.guards else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GraphBreak:
+    """Dynamo split a function at ``location`` for ``reason``; ``call_site`` is the user's call."""
+
+    function: str
+    reason: str
+    location: SourceLocation | None
+    call_site: SourceLocation | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecompileLimit:
+    """A function hit dynamo's ``limit_type`` (``recompile_limit``) and now runs uncompiled."""
+
+    function: str
+    limit_type: str
+    limit: int
+    reason: str
+    location: SourceLocation | None
+
+
+class DynamoListener(Protocol):
+    """What a subscriber implements (every method is optional in practice)."""
+
+    def on_guard_failure(self, failure: GuardFailure) -> None: ...
+
+    def on_graph_break(self, brk: GraphBreak) -> None: ...
+
+    def on_recompile_limit(self, hit: RecompileLimit) -> None: ...
+
+    def on_internal_error(self, method: str, exc: BaseException) -> None: ...
+
+
+# ---------------------------------------------------------------------------------
+# State shared by every listener
+# ---------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_listeners: tuple[Any, ...] = ()
+_strings: dict[int, str] = {}  # the structured trace interns file names
+_frames: dict[int, tuple[str, str]] = {}  # frame id -> (function, file)
+_failures: collections.OrderedDict[str, GuardFailure] = collections.OrderedDict()
+_saved_level: int | None = None
+internal_errors: list[tuple[str, BaseException]] = []
+
+
+def installed() -> bool:
+    """True while the logging handlers are attached."""
+    return bool(_listeners)
+
+
+def guard_failure(compile_id: str | None) -> GuardFailure | None:
+    """The guard failure that made dynamo start compile ``compile_id`` ("0/3"), if seen."""
+    return _failures.get(compile_id) if compile_id is not None else None
+
+
+def frame_function(frame: int | None) -> tuple[str, str] | None:
+    """(function name, file) of dynamo frame id ``frame``, if seen while listening."""
+    return _frames.get(frame) if frame is not None else None
+
+
+def subscribe(listener: Any) -> None:
+    """Start telling ``listener``; the first subscriber attaches the logging handlers."""
+    global _listeners
+    with _lock:
+        if listener in _listeners:
+            return
+        if not _listeners:
+            _attach()
+        _listeners = _listeners + (listener,)
+
+
+def unsubscribe(listener: Any) -> None:
+    """Stop telling ``listener``; the last one detaches the handlers."""
+    global _listeners
+    with _lock:
+        if listener not in _listeners:
+            return
+        _listeners = tuple(x for x in _listeners if x is not listener)
+        if not _listeners:
+            _detach()
+
+
+def _attach() -> None:
+    global _saved_level
+    trace_log = logging.getLogger(_TRACE_LOGGER)
+    _saved_level = trace_log.level
+    if trace_log.level == logging.NOTSET or trace_log.level > logging.DEBUG:
+        trace_log.setLevel(logging.DEBUG)  # structured records are DEBUG records
+    trace_log.addHandler(_trace_handler)
+    logging.getLogger(_LIMIT_LOGGER).addHandler(_limit_handler)
+
+
+def _detach() -> None:
+    trace_log = logging.getLogger(_TRACE_LOGGER)
+    trace_log.removeHandler(_trace_handler)
+    if _saved_level is not None:
+        trace_log.setLevel(_saved_level)
+    logging.getLogger(_LIMIT_LOGGER).removeHandler(_limit_handler)
+
+
+def _notify(method: str, item: Any) -> None:
+    for listener in _listeners:
+        fn = getattr(listener, method, None)
+        if fn is None:
+            continue
+        try:
+            fn(item)
+        except Exception as exc:  # noqa: BLE001 - a tracer must not break the compile
+            _internal_error(listener, method, exc)
+
+
+def _internal_error(listener: Any, method: str, exc: BaseException) -> None:
+    internal_errors.append((f"{type(listener).__name__}.{method}", exc))
+    handler = getattr(listener, "on_internal_error", None)
+    if handler is not None:
+        try:
+            handler(method, exc)
+        except Exception as exc2:  # noqa: BLE001
+            internal_errors.append((f"{type(listener).__name__}.on_internal_error", exc2))
+
+
+# ---------------------------------------------------------------------------------
+# Parsing what dynamo logs
+# ---------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"^(\d+/\d+):\s*(.*)$", re.S)
+
+
+def clean_guard(text: str) -> tuple[str | None, str]:
+    """``"0/1: n == 2   # y = x * n  # f.py:3 in f\\nUser stack..."`` -> ``("0/1", "n == 2")``."""
+    m = _ENTRY.match(text.strip())
+    entry, body = (m.group(1), m.group(2)) if m else (None, text.strip())
+    first = body.splitlines()[0] if body else ""
+    if "  #" in first:  # dynamo appends "# <user code>  # <file:line in fn>" to value guards
+        first = first.split("  #", 1)[0]
+    return entry, first.strip()
+
+
+def _reasons(payload: str | None) -> list[str]:
+    if not payload:
+        return []
+    text = payload.strip()
+    if text.startswith("["):  # several cached entries: a JSON list
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return [text]
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return [text]
+
+
+_BREAK_AT = re.compile(r"Graph break in user code at (.+):(\d+)")
+_FRAME_LINE = re.compile(r'File "(.+)", line (\d+), in (\S+)')
+
+
+def _graph_break_reason(payload: str) -> str:
+    """A one-line reason from dynamo's graph-break text: "<what>: <explanation>"."""
+    block = payload.split("User code traceback:", 1)[0]
+    block = block.split("Graph Break Reason:", 1)[-1]
+    lines = [ln.strip() for ln in block.splitlines()]
+    title, explanation = "", ""
+    for i, ln in enumerate(lines):
+        if ln.startswith("Explanation:"):
+            explanation = ln.removeprefix("Explanation:").strip()
+            title = next((p for p in reversed(lines[:i]) if p), "")
+            break
+    if not title:
+        title = next((ln for ln in lines if ln), "graph break")
+    title = title.rstrip(":")
+    return f"{title}: {explanation}" if explanation else title
+
+
+def _parse_graph_break(payload: str, frame: int | None) -> GraphBreak:
+    location = None
+    m = _BREAK_AT.search(payload)
+    function = (_frames.get(frame) or ("?", ""))[0] if frame is not None else "?"
+    if m:
+        file, line = m.group(1), int(m.group(2))
+        tb = payload.split("User code traceback:", 1)[-1].split("Traceback (most recent call last)", 1)[0]
+        for f, ln, fn in _FRAME_LINE.findall(tb):
+            if f == file and int(ln) == line:
+                function = fn
+        location = SourceLocation(file, line, function)
+    return GraphBreak(_pretty_function(function), _graph_break_reason(payload), location, user_location(1))
+
+
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+)_at_(\d+)$")
+
+
+def _pretty_function(name: str) -> str:
+    """Dynamo's resume functions, named after the function and line they resume."""
+    m = _RESUME.match(name)
+    return f"{m.group(1)} (after the graph break at line {m.group(2)})" if m else name
+
+
+def _on_structured(md: dict, payload: str | None) -> None:
+    if "str" in md:
+        value = md["str"]
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            _strings[int(value[1])] = str(value[0])
+        return
+    frame = md.get("frame_id")
+    if "dynamo_start" in md and frame is not None:
+        stack = (md["dynamo_start"] or {}).get("stack") or []
+        if stack:
+            last = stack[-1]
+            file = last.get("filename")
+            file = _strings.get(file, str(file)) if isinstance(file, int) else str(file)
+            _frames[int(frame)] = (_pretty_function(str(last.get("name", "?"))), file)
+        return
+    artifact = md.get("artifact")
+    if not isinstance(artifact, dict):
+        return
+    name = artifact.get("name")
+    if name == "recompile_reasons" and frame is not None:
+        compile_id = f"{frame}/{md.get('frame_compile_id')}"
+        guards = []
+        for text in _reasons(payload):
+            entry, guard = clean_guard(text)
+            guards.append((entry or "?", guard))
+        known = _frames.get(int(frame))
+        failure = GuardFailure(compile_id, int(frame), known[0] if known else None, tuple(guards), user_location(1))
+        _failures[compile_id] = failure
+        while len(_failures) > _MAX_FAILURES:
+            _failures.popitem(last=False)
+        _notify("on_guard_failure", failure)
+    elif name == "dynamo_graph_break_reason" and payload:
+        _notify("on_graph_break", _parse_graph_break(payload, int(frame) if frame is not None else None))
+
+
+_FUNC_INFO = re.compile(r"^'(.+)' \((.+):(\d+)\)$")
+
+
+def _on_limit(record: logging.LogRecord) -> None:
+    args = record.args if isinstance(record.args, tuple) else ()
+    if len(args) < 4:
+        return
+    limit_type, limit, func, reason = args[:4]
+    m = _FUNC_INFO.match(str(func))
+    function = _pretty_function(m.group(1)) if m else str(func)
+    try:
+        value = int(limit)
+    except (TypeError, ValueError):
+        value = -1
+    _, guard = clean_guard(str(reason))
+    _notify("on_recompile_limit", RecompileLimit(function, str(limit_type), value, guard, user_location(1)))
+
+
+class _TraceHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            md = getattr(record, "metadata", None)
+            if isinstance(md, dict):
+                _on_structured(md, getattr(record, "payload", None))
+        except Exception as exc:  # noqa: BLE001 - never break dynamo's compile
+            for listener in _listeners:
+                _internal_error(listener, "structured trace", exc)
+
+
+class _LimitHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if isinstance(record.msg, str) and record.msg.startswith(_LIMIT_PREFIX):
+                _on_limit(record)
+        except Exception as exc:  # noqa: BLE001
+            for listener in _listeners:
+                _internal_error(listener, "recompile limit", exc)
+
+
+_trace_handler = _TraceHandler(logging.DEBUG)
+_limit_handler = _LimitHandler(logging.WARNING)
+
+
+# ---------------------------------------------------------------------------------
+# Guard text -> structured differences
+# ---------------------------------------------------------------------------------
+
+_GUARD_FORMS: tuple[tuple[re.Pattern, Any], ...] = (
+    (
+        re.compile(r"^tensor '(.+?)' size mismatch at index (\d+)\. expected (\S+), actual (\S+)$"),
+        lambda m: KeyDiff(f"tensor '{m[1]}' dim {m[2]}", m[3], m[4]),
+    ),
+    (
+        re.compile(r"^tensor '(.+?)' stride mismatch at index (\d+)\. expected (\S+), actual (\S+)$"),
+        lambda m: KeyDiff(f"tensor '{m[1]}' stride {m[2]}", m[3], m[4]),
+    ),
+    (
+        re.compile(r"^tensor '(.+?)' dtype mismatch\. expected (\S+), actual (\S+)$"),
+        lambda m: KeyDiff(f"tensor '{m[1]}' dtype", m[2], m[3]),
+    ),
+    (
+        re.compile(r"^tensor '(.+?)' rank mismatch\. expected (\S+), actual (\S+)$"),
+        lambda m: KeyDiff(f"tensor '{m[1]}' rank", m[2], m[3]),
+    ),
+    (
+        re.compile(r"^tensor '(.+?)' requires_grad mismatch\. expected requires_grad=(\d)$"),
+        lambda m: KeyDiff(f"tensor '{m[1]}' requires_grad", str(m[2] == "1"), str(m[2] != "1")),
+    ),
+    (
+        re.compile(r"^tensor '(.+?)' device mismatch\. expected (.+), actual (.+)$"),
+        lambda m: KeyDiff(f"tensor '{m[1]}' device", m[2], m[3]),
+    ),
+    (
+        re.compile(r"^GLOBAL_STATE changed: (.+)$"),
+        lambda m: KeyDiff("global state", m[1].strip().replace("_", " "), "changed"),
+    ),
+    (
+        re.compile(r"^([A-Za-z_][\w.]*|L\['[^']+'\](?:\.\w+)*) == (-?\d+(?:\.\d*)?(?:e-?\d+)?|True|False|-?inf|nan)$"),
+        lambda m: KeyDiff(f"python scalar baked in '{_local_name(m[1])}'", m[2], "changed"),
+    ),
+)
+
+
+def _local_name(source: str) -> str:
+    m = re.fullmatch(r"L\['([^']+)'\](.*)", source)
+    return m.group(1) + m.group(2) if m else source
+
+
+def guard_diffs(guard: str) -> list[KeyDiff]:
+    """Structured differences for one failed guard (``"dynamo guard"`` when its form is unknown).
+
+    Example:
+        >>> guard_diffs("tensor 'x' size mismatch at index 0. expected 8, actual 9")
+        [KeyDiff(field="tensor 'x' dim 0", before='8', now='9')]
+    """
+    for pattern, make in _GUARD_FORMS:
+        m = pattern.match(guard)
+        if m:
+            return [make(m)]
+    return [KeyDiff("dynamo guard", guard, "failed")]
+
+
+# ---------------------------------------------------------------------------------
+# Into the run store
+# ---------------------------------------------------------------------------------
+
+
+class DynamoRecorder:
+    """A listener that records dynamo's events into a run (``RunWriter``).
+
+    Args:
+        writer: the run's writer.
+        clock: seconds since the run started (the recorder's clock).
+        record_error: keeps a tracer failure in the run, ``(where, message)``.
+    """
+
+    def __init__(self, writer: Any, clock: Any, record_error: Any) -> None:
+        self.writer = writer
+        self.clock = clock
+        self.record_error = record_error
+
+    def _head(self, location: SourceLocation | None) -> tuple:
+        return (self.writer.new_id(), self.clock(), "compiled", threading.get_native_id(), location)
+
+    def on_guard_failure(self, failure: GuardFailure) -> None:
+        name = failure.function or f"frame {failure.frame}"
+        guards = tuple(f"{entry}: {text}" for entry, text in failure.guards)
+        self.writer.put(GuardFailureEvent(*self._head(failure.location), name, failure.compile_id, guards))
+
+    def on_graph_break(self, brk: GraphBreak) -> None:
+        self.writer.put(GraphBreakEvent(*self._head(brk.location or brk.call_site), brk.function, brk.reason))
+
+    def on_recompile_limit(self, hit: RecompileLimit) -> None:
+        self.writer.put(
+            RecompileLimitEvent(*self._head(hit.location), hit.function, hit.limit_type, hit.limit, hit.reason)
+        )
+
+    def on_internal_error(self, method: str, exc: BaseException) -> None:
+        self.record_error(f"DynamoRecorder.{method}", f"{type(exc).__name__}: {exc}")

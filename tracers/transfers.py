@@ -1,0 +1,350 @@
+"""Transfers: what the user did that moved data, whether they asked for it, and where (issue 5).
+
+The runtime reports *how* data moved (``TransferInfo.op``: ``"item"``,
+``"to"``, ``"copy"``, ``"scalar"``, ``"fallback:<op>"``). :func:`classify`
+turns that into the *cause* a user recognises by looking at the Python stack
+at that moment:
+
+==============  =========  ======================================================
+cause           implicit   the user wrote
+==============  =========  ======================================================
+``item``        yes        ``t.item()``
+``tolist``      yes        ``t.tolist()``
+``print``       yes        ``print(t)``, ``repr(t)``, ``f"{t}"``
+``bool``        yes        ``bool(t)``, ``if t:``, ``while t:``, ``t and x``
+``float``       yes        ``float(t)`` (``int``: ``int(t)``, ``range(t)``)
+``index``       yes        ``xs[t]`` (a tensor used as a Python index)
+``scalar``      yes        a CPU scalar operand uploaded for a device op
+``fallback:op`` yes        an op with no lowering ran on CPU
+``cpu``         no         ``t.cpu()``
+``to``          no         ``t.to("cpu")``, ``t.to("tpu")``, ``model.to(...)``
+``tensor``      no         ``torch.tensor(data, device="tpu")``
+``copy``        no         ``dst.copy_(src)`` across devices
+==============  =========  ======================================================
+
+C methods (``.item()``, ``.tolist()``, ``__bool__``, ``__float__``) leave no
+Python frame, so the caller's current bytecode instruction tells them apart
+(a conditional jump is ``if t:``, a call whose callee was loaded as ``item``
+is ``.item()``); print is recognised by PyTorch's tensor-formatting frames.
+Both verdicts are cached per code object and instruction, so classifying is a
+short walk up the stack.
+
+:func:`call_sites` groups recorded transfers by source line (the ledger the
+report prints, with loop detection and advice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import linecache
+import os
+import re
+import sys
+from collections.abc import Iterable
+from types import CodeType, FrameType
+
+from tpu_debug.tracers.events import SourceLocation, TransferEvent
+from tpu_debug.tracers.location import _is_library, location_of
+
+__all__ = [
+    "IMPLICIT",
+    "is_implicit",
+    "classify",
+    "CallSite",
+    "call_sites",
+    "advice_for",
+    "LOOP_MIN",
+    "CAUSE_TEXT",
+]
+
+IMPLICIT = frozenset({"item", "tolist", "print", "bool", "float", "int", "index", "scalar", "numpy"})
+
+# how the report names each cause
+CAUSE_TEXT = {
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "print": "print/repr",
+    "bool": "bool() / if t:",
+    "float": "float()",
+    "int": "int()",
+    "index": "tensor as index",
+    "scalar": "scalar operand",
+    "numpy": ".numpy()",
+    "cpu": ".cpu()",
+    "to": ".to()",
+    "tensor": "torch.tensor(device=)",
+    "copy": "copy_()",
+}
+
+# a call site that moved data at least this many times is reported as a loop
+LOOP_MIN = 3
+
+
+def is_implicit(cause: str) -> bool:
+    """True when the user did not ask for the copy: a sync to read a value, an
+    uploaded scalar operand, a CPU fallback."""
+    return cause in IMPLICIT or cause.startswith("fallback:")
+
+
+_CALLEES = {
+    "item": "item",
+    "tolist": "tolist",
+    "cpu": "cpu",
+    "to": "to",
+    "tpu": "to",
+    "numpy": "numpy",
+    "bool": "bool",
+    "any": "bool",
+    "all": "bool",
+    "max": "bool",
+    "min": "bool",
+    "float": "float",
+    "complex": "float",
+    "int": "int",
+    "range": "int",
+    "tensor": "tensor",
+    "as_tensor": "tensor",
+    "copy_": "copy",
+    "print": "print",
+    "str": "print",
+    "repr": "print",
+    "format": "print",
+}
+_LOADS = frozenset(
+    {"LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_SUPER_ATTR"}
+)
+# where the expression the call belongs to cannot reach back past
+_STATEMENT_ENDS = frozenset({"POP_TOP", "RETURN_VALUE", "RETURN_CONST", "JUMP_BACKWARD", "JUMP_FORWARD"})
+_SCAN = 40
+
+_instructions: dict[CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
+_verdicts: dict[tuple[CodeType, int], str | None] = {}
+_frame_kinds: dict[CodeType, str] = {}
+
+
+def _code_instructions(code: CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
+    found = _instructions.get(code)
+    if found is None:
+        instrs = list(dis.get_instructions(code))
+        found = (instrs, {ins.offset: i for i, ins in enumerate(instrs)})
+        _instructions[code] = found
+    return found
+
+
+def _instruction_cause(code: CodeType, lasti: int) -> str | None:
+    key = (code, lasti)
+    if key in _verdicts:
+        return _verdicts[key]
+    verdict = None
+    try:
+        instrs, index = _code_instructions(code)
+        i = index.get(lasti)
+        if i is not None:
+            verdict = _cause_at(instrs, i, code.co_filename)
+    except Exception:  # noqa: BLE001 - an unreadable code object just goes unclassified
+        verdict = None
+    _verdicts[key] = verdict
+    return verdict
+
+
+_NAME_AT_END = re.compile(r"([A-Za-z_]\w*)\s*$")
+
+
+def _call_source_name(filename: str, ins: dis.Instruction) -> str | None:
+    """The callee's name from the call's source text: ``x.sum().item()`` -> ``item``."""
+    pos = ins.positions
+    if pos is None or None in (pos.lineno, pos.end_lineno, pos.col_offset, pos.end_col_offset):
+        return None
+    lines = linecache.getlines(filename)
+    if not lines or pos.end_lineno > len(lines):
+        return None
+    chunk = [ln.encode() for ln in lines[pos.lineno - 1 : pos.end_lineno]]  # offsets count UTF-8 bytes
+    chunk[-1] = chunk[-1][: pos.end_col_offset]
+    chunk[0] = chunk[0][pos.col_offset :]
+    text = b"".join(chunk).decode(errors="replace").rstrip()
+    if not text.endswith(")"):
+        return None
+    depth = 0
+    for j in range(len(text) - 1, -1, -1):  # the argument list is the last balanced (...)
+        ch = text[j]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            depth -= 1
+            if depth == 0:
+                m = _NAME_AT_END.search(text[:j])
+                return m.group(1) if m else None
+    return None
+
+
+def _cause_at(instrs: list[dis.Instruction], i: int, filename: str = "") -> str | None:
+    op = instrs[i].opname
+    if op.startswith(("POP_JUMP", "JUMP_IF_")) or op in ("UNARY_NOT", "TO_BOOL"):
+        return "bool"
+    if op in ("BINARY_SUBSCR", "STORE_SUBSCR", "DELETE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"):
+        return "index"
+    if op in ("FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "CONVERT_VALUE"):
+        return "print"
+    if op.startswith("CALL") or op == "PRECALL":
+        name = _call_source_name(filename, instrs[i]) if filename else None
+        if name is not None:
+            return _CALLEES.get(name)
+        # no source: the callee was loaded before its arguments, the nearest known name back is it
+        for j in range(i - 1, max(-1, i - _SCAN), -1):
+            prev = instrs[j]
+            if prev.opname in _STATEMENT_ENDS or prev.opname.startswith("STORE_"):
+                break
+            if prev.opname in _LOADS and isinstance(prev.argval, str):
+                cause = _CALLEES.get(prev.argval)
+                if cause is not None:
+                    return cause
+    return None
+
+
+def _own_dirs() -> tuple[str, ...]:
+    import tpu_debug.runtime
+    import tpu_debug.tracers
+
+    import tpu_debug
+
+    dirs = {os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (tpu_debug, tpu_debug.runtime, tpu_debug.tracers)}
+    return tuple(sorted(dirs))
+
+
+_OWN: tuple[str, ...] | None = None
+
+
+def _frame_kind(code: CodeType) -> str:
+    """``"own"`` (tpu_debug, dynamo's disable wrapper), ``"print"`` (tensor formatting),
+    ``"library"`` or ``"user"``."""
+    kind = _frame_kinds.get(code)
+    if kind is None:
+        global _OWN
+        if _OWN is None:
+            _OWN = _own_dirs()
+        path = os.path.realpath(code.co_filename)
+        name = code.co_name
+        norm = path.replace(os.sep, "/")
+        if path.startswith(_OWN) or "/torch/_dynamo/" in norm:
+            kind = "own"
+        elif norm.endswith("/torch/_tensor_str.py") or (
+            norm.endswith("/torch/_tensor.py") and name in ("__repr__", "__str__", "__format__")
+        ):
+            kind = "print"
+        else:
+            kind = "library" if _is_library(code) else "user"
+        _frame_kinds[code] = kind
+    return kind
+
+
+def classify(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None]:
+    """(cause, implicit, user line) of a transfer the runtime reports as ``op``.
+
+    Args:
+        op: the runtime's ``TransferInfo.op``.
+        depth: frames to skip above the caller before looking.
+
+    Example:
+        >>> classify("item")   # called under `loss.item()` in train.py
+        ('item', True, SourceLocation('train.py', 20, 'train'))
+    """
+    try:
+        frame: FrameType | None = sys._getframe(depth + 1)
+    except ValueError:
+        frame = None
+    cause: str | None = op if op.startswith("fallback:") or op == "scalar" else None
+    caller_seen = False
+    location = None
+    while frame is not None:
+        kind = _frame_kind(frame.f_code)
+        if kind != "own":
+            if kind == "print" and cause is None:
+                cause = "print"
+            if not caller_seen:
+                caller_seen = True
+                if cause is None:
+                    cause = _instruction_cause(frame.f_code, frame.f_lasti)
+            if kind == "user":
+                location = location_of(frame)
+                break
+        frame = frame.f_back
+    if cause is None:
+        cause = {"copy": "copy", "to": "to", "item": "item"}.get(op, op)
+    return cause, is_implicit(cause), location
+
+
+# ---------------------------------------------------------------------------------
+# The ledger, by call site
+# ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallSite:
+    """The transfers of one source line with one direction and cause, added up."""
+
+    location: SourceLocation | None
+    direction: str
+    cause: str
+    implicit: bool
+    count: int
+    nbytes: int
+    seconds: float
+    shapes: tuple[str, ...]
+
+    @property
+    def loop(self) -> bool:
+        """The line moved data on many calls: it sits in a loop."""
+        return self.count >= LOOP_MIN
+
+
+def call_sites(transfers: Iterable[TransferEvent]) -> list[CallSite]:
+    """Transfers grouped by (line, direction, cause): implicit first, then the most
+    frequent, then the slowest."""
+    groups: dict[tuple, list[TransferEvent]] = {}
+    for t in transfers:
+        groups.setdefault((t.location, t.direction, t.op, t.implicit), []).append(t)
+    out = []
+    for (location, direction, cause, implicit), items in groups.items():
+        shapes: dict[str, None] = {}
+        for t in items:
+            shapes.setdefault(f"{t.dtype}[{','.join(map(str, t.shape))}]", None)
+        out.append(
+            CallSite(
+                location,
+                direction,
+                cause,
+                implicit,
+                len(items),
+                sum(t.nbytes for t in items),
+                sum(t.seconds for t in items),
+                tuple(shapes)[:4],
+            )
+        )
+    out.sort(key=lambda s: (not s.implicit, -s.count, -s.seconds))
+    return out
+
+
+def advice_for(site: CallSite) -> str:
+    """What to do about a call site that syncs in a loop."""
+    cause = site.cause
+    if cause in ("item", "float", "int"):
+        return (
+            "each call waits for the device to finish; keep the running value on the device "
+            "(total += loss.detach()) and read it once, after the loop or every N steps"
+        )
+    if cause == "print":
+        return "printing a tensor copies it to the host (element by element); print a reduced value every N steps"
+    if cause == "bool":
+        return "a tensor in a Python condition waits for the device; use torch.where, or check once outside the loop"
+    if cause == "tolist":
+        return "tolist() copies the whole tensor to the host; keep the data on the device or copy once after the loop"
+    if cause == "index":
+        return "a tensor used as a Python index is read back to the host; index with the tensor on the device instead"
+    if cause == "scalar":
+        return "a CPU scalar tensor is uploaded on every call; make it a Python number or create it on the device once"
+    if cause.startswith("fallback:"):
+        return f"aten::{cause.removeprefix('fallback:')} has no tpu lowering and runs on CPU; add one under runtime/ops/"
+    if site.direction == "h2d":
+        return "data is uploaded on every iteration; move it to the device once, before the loop"
+    return "data is copied to the host on every iteration; copy once, after the loop"

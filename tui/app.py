@@ -1,0 +1,173 @@
+"""The TUI application: one Textual app over one run, a mode (screen stack) per view.
+
+Screens read the run through the :class:`~tpu_debug.session.Session` API from
+worker threads (``App.read`` serialises them on the one SQLite connection) and
+post what they loaded back as messages, so the interface never waits on the
+database. A run still being recorded is followed: every ``poll_interval``
+seconds the app asks the store whether anything new arrived and, if so, the
+current screen reloads (others reload when shown again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+from textual.timer import Timer
+
+from tpu_debug.session import Session
+from tpu_debug.tracers.query import RunMetadata
+from tpu_debug.tui.screens import (
+    DivergenceScreen,
+    HelpScreen,
+    OpsScreen,
+    OverviewScreen,
+    RecompilesScreen,
+    RunScreen,
+    TransfersScreen,
+)
+
+from tpu_debug.errors import TpuDebugError
+
+__all__ = ["TpuDebugApp", "run_app"]
+
+T = TypeVar("T")
+
+VIEWS = {
+    "overview": "Overview",
+    "recompiles": "Recompiles",
+    "ops": "Ops",
+    "transfers": "Transfers",
+    "divergence": "Divergence",
+}
+
+
+class TpuDebugApp(App[None]):
+    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, HLO.
+
+    Example:
+        >>> app = TpuDebugApp(tpu_debug.open_run())
+        >>> app.run()
+    """
+
+    CSS_PATH = "app.tcss"
+    TITLE = "tpu-debug"
+    ENABLE_COMMAND_PALETTE = False
+    MODES = {
+        "overview": OverviewScreen,
+        "recompiles": RecompilesScreen,
+        "ops": OpsScreen,
+        "transfers": TransfersScreen,
+        "divergence": DivergenceScreen,
+    }
+    DEFAULT_MODE = "overview"
+    BINDINGS = [
+        Binding("1", "switch_mode('overview')", "Overview"),
+        Binding("2", "switch_mode('recompiles')", "Recompiles"),
+        Binding("3", "switch_mode('ops')", "Ops"),
+        Binding("4", "switch_mode('transfers')", "Transfers"),
+        Binding("5", "switch_mode('divergence')", "Divergence"),
+        Binding("question_mark", "help", "Keys", key_display="?"),
+        Binding("ctrl+r", "reload", "Reload", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    @dataclasses.dataclass
+    class RunGrew(Message):
+        """A followed run recorded something new (or finished)."""
+
+        watermark: tuple[int, int, int]
+        metadata: RunMetadata
+
+    def __init__(self, session: Session, *, poll_interval: float = 1.0, follow: bool | None = None) -> None:
+        """Args:
+        session: the run to show (from :func:`tpu_debug.open_run`).
+        poll_interval: seconds between checks for new events while the run is recorded.
+        follow: follow a running run (default: when its status is ``running``).
+        """
+        super().__init__()
+        self.session = session
+        self._lock = threading.Lock()
+        self.metadata = session.metadata()
+        self.cwd = self.metadata.cwd or None
+        self.generation = 0
+        self.poll_interval = poll_interval
+        self.follow = self.metadata.status == "running" if follow is None else follow
+        self._watermark: tuple[int, int, int] | None = None
+        self._follow_timer: Timer | None = None
+        self.title = f"tpu-debug · {self.metadata.name or session.run_dir.name}"
+        self._set_status()
+
+    # -- reading the run ------------------------------------------------------------------
+
+    def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call ``fn(session, *args)`` under the session lock (from a worker thread)."""
+        with self._lock:
+            return fn(self.session, *args, **kwargs)
+
+    def show_error(self, message: str) -> None:
+        """Say what went wrong reading the run (one line, never markup)."""
+        self.notify(message, title="cannot read the run", severity="error", timeout=10, markup=False)
+
+    # -- live follow ------------------------------------------------------------------------
+
+    def _set_status(self) -> None:
+        m = self.metadata
+        status = m.status
+        if m.exit_status not in (None, 0):
+            status += f" (exit {m.exit_status})"
+        live = " · following live" if self.follow else ""
+        self.sub_title = f"{m.platform or '?'} · {status}{live}"
+
+    def on_mount(self) -> None:
+        if self.follow:
+            self._follow_timer = self.set_interval(self.poll_interval, self._poll, name="follow")
+
+    @work(thread=True, exclusive=True, group="follow")
+    def _poll(self) -> None:
+        try:
+            mark = self.read(Session.watermark)
+            meta = self.read(Session.metadata)
+        except TpuDebugError:
+            return  # a half-written page: look again at the next tick
+        if mark != self._watermark or meta.status != self.metadata.status:
+            self.post_message(self.RunGrew(mark, meta))
+
+    def on_tpu_debug_app_run_grew(self, message: RunGrew) -> None:
+        first = self._watermark is None
+        self._watermark = message.watermark
+        finished = message.metadata.status != "running"
+        self.metadata = message.metadata
+        if finished:
+            self.follow = False
+            if self._follow_timer is not None:
+                self._follow_timer.stop()
+                self._follow_timer = None
+        self._set_status()
+        if first and not finished:
+            return  # the screens loaded this state already
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        """Reload the current view (others reload when shown next)."""
+        self.generation += 1
+        screen = self.screen
+        if isinstance(screen, RunScreen):
+            screen.reload()
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+            return
+        self.push_screen(HelpScreen(self.screen))
+
+
+def run_app(session: Session, **options: Any) -> None:
+    """Run the TUI on ``session`` in this terminal until the user quits."""
+    TpuDebugApp(session, **options).run()

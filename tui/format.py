@@ -1,0 +1,127 @@
+"""Rendering run data as text for the TUI: times, sizes, source lines, sparklines, key diffs.
+
+Everything that comes from a run (op names, paths, signatures, HLO) becomes a
+``rich.text.Text`` here, never a markup string: a ``[`` in a tensor repr or a
+file name is shown as is.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Sequence
+
+from rich.text import Text
+from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, SourceLocation
+
+from tpu_debug.report import format_bytes, format_seconds
+
+__all__ = [
+    "format_seconds",
+    "format_bytes",
+    "format_float",
+    "short_path",
+    "location_text",
+    "sparkline",
+    "diff_summary",
+    "fallback_diffs",
+    "changed_text",
+]
+
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def format_float(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value != value:  # NaN
+        return "nan"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e4 or abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def short_path(file: str, cwd: str | None) -> str:
+    """``file`` relative to the run's working directory when it lies under it."""
+    if cwd and os.path.isabs(file):
+        try:
+            rel = os.path.relpath(file, cwd)
+        except ValueError:  # another drive
+            return file
+        if not rel.startswith(".."):
+            return rel
+    return file
+
+
+def location_text(location: SourceLocation | None, cwd: str | None, *, function: bool = True) -> Text:
+    if location is None:
+        return Text("-", style="dim")
+    text = Text(f"{short_path(location.file, cwd)}:{location.line}")
+    if function and location.function:
+        text.append(f" {location.function}", style="dim")
+    return text
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """One character per value, its height relative to the largest (blank for zero)."""
+    top = max(values, default=0)
+    if top <= 0:
+        return " " * len(values)
+    return "".join(_BARS[0 if v <= 0 else max(1, round(8 * v / top))] for v in values)
+
+
+def changed_text(before: str, now: str) -> tuple[Text, Text]:
+    """``before`` and ``now`` with the characters that differ emphasised (``9`` in ``f32[9,128]``)."""
+    left, right = Text(before), Text(now)
+    matcher = difflib.SequenceMatcher(None, before, now, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("replace", "delete") and i2 > i1:
+            left.stylize("bold red", i1, i2)
+        if tag in ("replace", "insert") and j2 > j1:
+            right.stylize("bold green", j1, j2)
+    return left, right
+
+
+def diff_summary(diffs: Sequence[KeyDiff], limit: int = 2) -> Text:
+    """``arg 0: f32[8] -> f32[9]; dtype: ...`` cut after ``limit`` diffs."""
+    text = Text()
+    for i, d in enumerate(diffs[:limit]):
+        if i:
+            text.append("; ", style="dim")
+        text.append(f"{d.field}: ", style="bold")
+        text.append(d.before)
+        text.append(" → ", style="dim")
+        text.append(d.now)
+    if len(diffs) > limit:
+        text.append(f" (+{len(diffs) - limit} more)", style="dim")
+    return text
+
+
+def _arg_map(args: Sequence[ArgInfo]) -> dict[str, str]:
+    return {a.name: a.render() for a in args}
+
+
+def fallback_diffs(event: CompileEvent, earlier: Sequence[CompileEvent]) -> tuple[CompileEvent | None, list[KeyDiff]]:
+    """For a run that recorded no key diff: the earlier compile whose inputs differ
+    in the fewest places, and those differences (argument by argument)."""
+    now = _arg_map(event.args)
+    best: tuple[int, CompileEvent, list[KeyDiff]] | None = None
+    for other in earlier:
+        if other.id == event.id:
+            continue
+        before = _arg_map(other.args)
+        diffs = []
+        for i, name in enumerate(dict.fromkeys([*before, *now])):
+            b, n = before.get(name, "(absent)"), now.get(name, "(absent)")
+            if b != n:
+                field = f"arg {i}" if name.startswith("arg") or not name else f"arg '{name}'"
+                diffs.append(KeyDiff(field, b, n))
+        if not diffs and other.signature != event.signature:
+            diffs.append(KeyDiff("signature", other.signature, event.signature))
+        if best is None or len(diffs) < best[0] or (len(diffs) == best[0] and other.id > best[1].id):
+            best = (len(diffs), other, diffs)
+    if best is None:
+        return None, []
+    return best[1], best[2]

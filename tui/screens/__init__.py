@@ -1,0 +1,24 @@
+"""The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence, HLO, help."""
+
+from __future__ import annotations
+
+from tpu_debug.tui.screens.base import RunScreen
+from tpu_debug.tui.screens.divergence import DivergenceScreen
+from tpu_debug.tui.screens.help import HelpScreen
+from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
+from tpu_debug.tui.screens.ops import OpsScreen
+from tpu_debug.tui.screens.overview import OverviewScreen
+from tpu_debug.tui.screens.recompiles import RecompilesScreen
+from tpu_debug.tui.screens.transfers import TransfersScreen
+
+__all__ = [
+    "RunScreen",
+    "OverviewScreen",
+    "RecompilesScreen",
+    "OpsScreen",
+    "TransfersScreen",
+    "DivergenceScreen",
+    "HloScreen",
+    "HloDiffScreen",
+    "HelpScreen",
+]

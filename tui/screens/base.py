@@ -1,0 +1,67 @@
+"""``RunScreen``: what every view of a run shares (header, footer, loading, reloading)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from tpu_debug.errors import TpuDebugError
+
+if TYPE_CHECKING:
+    from tpu_debug.tui.app import TpuDebugApp
+
+__all__ = ["RunScreen"]
+
+T = TypeVar("T")
+
+
+class RunScreen(Screen):
+    """A view of the run. Subclasses compose ``compose_body`` and start their workers in
+    ``load``; the screen calls ``load`` when mounted and again after the run grew."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._generation: int | None = None
+
+    @property
+    def run_app(self) -> TpuDebugApp:
+        return self.app  # type: ignore[return-value]
+
+    @property
+    def cwd(self) -> str | None:
+        return self.run_app.cwd
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        raise NotImplementedError
+
+    def on_mount(self) -> None:
+        self.reload()
+
+    def on_screen_resume(self) -> None:
+        if self._generation is not None and self._generation != self.run_app.generation:
+            self.reload()
+
+    def reload(self) -> None:
+        self._generation = self.run_app.generation
+        self.load()
+
+    def load(self) -> None:
+        """Start the workers that (re)load this view's data."""
+
+    def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """From a worker: ``fn(session, *args)``; a run that cannot be read is reported
+        (one line) and gives None."""
+        try:
+            return self.run_app.read(fn, *args, **kwargs)
+        except TpuDebugError as exc:
+            self.app.call_from_thread(self.run_app.show_error, str(exc))
+            return None

@@ -1,0 +1,234 @@
+"""``OpsScreen``: every op and compiled graph with calls, time, compiles and CPU fallbacks;
+sortable (keys or a click on a column header), filterable (``/``); Enter opens its HLO."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.widgets import DataTable, Input, Static
+
+from tpu_debug.session import Session
+from tpu_debug.tui.format import format_seconds
+from tpu_debug.tui.screens.base import RunScreen
+from tpu_debug.tui.screens.hlo import HloScreen
+
+__all__ = ["OpsScreen", "OpRow"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpRow:
+    """One op (or graph) in one mode, fallbacks included."""
+
+    name: str
+    mode: str
+    count: int
+    seconds: float
+    compiles: int
+    compile_seconds: float
+    fallbacks: int
+    programs: int
+
+    @property
+    def mean(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+
+# column key -> (title, sort key, largest first)
+COLUMNS = {
+    "name": ("op / graph", lambda r: (r.name, r.mode), False),
+    "mode": ("mode", lambda r: (r.mode, r.name), False),
+    "count": ("calls", lambda r: r.count, True),
+    "time": ("total time", lambda r: r.seconds, True),
+    "mean": ("mean", lambda r: r.mean, True),
+    "compiles": ("compiles", lambda r: r.compiles, True),
+    "compile_time": ("compile time", lambda r: r.compile_seconds, True),
+    "fallbacks": ("fallbacks", lambda r: r.fallbacks, True),
+    "programs": ("programs", lambda r: r.programs, True),
+}
+
+
+def _rows(session: Session) -> list[OpRow]:
+    rows = [
+        OpRow(o.name, o.mode, o.count, o.seconds, o.compiles, o.compile_seconds, 0, o.programs)
+        for o in session.ops()
+    ]
+    fallbacks = session.counts_by_name("fallback")
+    by_name = {r.name: i for i, r in reversed(list(enumerate(rows)))}
+    for name, (n, seconds) in fallbacks.items():
+        if name in by_name:
+            i = by_name[name]
+            r = rows[i]
+            rows[i] = dataclasses.replace(r, fallbacks=n, count=r.count + n, seconds=r.seconds + seconds)
+        else:
+            rows.append(OpRow(name, "cpu fallback", n, seconds, 0, 0.0, n, 0))
+    return rows
+
+
+class OpsScreen(RunScreen):
+    """The ops table: ``/`` filters, ``c t k f n`` sort (again: reverse), Enter shows HLO."""
+
+    AUTO_FOCUS = "#ops"
+
+    BINDINGS = [
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("t", "sort('time')", "By time"),
+        Binding("c", "sort('count')", "By calls"),
+        Binding("k", "sort('compiles')", "By compiles"),
+        Binding("f", "sort('fallbacks')", "By fallbacks"),
+        Binding("n", "sort('name')", "By name"),
+        Binding("h", "open_hlo", "HLO", show=False),
+    ]
+
+    @dataclasses.dataclass
+    class Loaded(Message):
+        rows: list[OpRow]
+
+    @dataclasses.dataclass
+    class ProgramFound(Message):
+        row: OpRow
+        program: int | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[OpRow] = []
+        self.sort_key = "time"
+        self.reverse = False
+        self.filter_text = ""
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="ops-bar"):
+            yield Input(placeholder="filter ops by name (/)", id="ops-filter")
+            yield Static(Text(""), id="ops-status", markup=False)
+        yield DataTable(id="ops", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#ops", DataTable)
+        for key, (title, _, _) in COLUMNS.items():
+            table.add_column(title, key=key)
+        self.query_one("#ops-filter", Input).cursor_blink = False
+        super().on_mount()
+
+    def load(self) -> None:
+        self._load()
+
+    @work(thread=True, exclusive=True, group="ops")
+    def _load(self) -> None:
+        rows = self.read(_rows)
+        if rows is not None:
+            self.post_message(self.Loaded(rows))
+
+    @on(Loaded)
+    def _loaded(self, message: Loaded) -> None:
+        self.rows = message.rows
+        self._fill()
+        if self.focused is None:
+            self.query_one("#ops", DataTable).focus()
+
+    def visible_rows(self) -> list[OpRow]:
+        text = self.filter_text.lower()
+        rows = [r for r in self.rows if text in r.name.lower() or text in r.mode.lower()] if text else self.rows
+        _, key, largest_first = COLUMNS[self.sort_key]
+        return sorted(rows, key=key, reverse=largest_first != self.reverse)
+
+    def _fill(self) -> None:
+        table = self.query_one("#ops", DataTable)
+        selected = None
+        if table.row_count and table.cursor_row < table.row_count:
+            selected = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        table.clear()
+        rows = self.visible_rows()
+        for r in rows:
+            hot = "bold yellow" if r.compiles > 1 else ""
+            table.add_row(
+                Text(r.name, style="bold" if r.fallbacks else ""),
+                Text(r.mode, style="red" if r.mode == "cpu fallback" else "dim"),
+                Text(f"{r.count:,}", justify="right"),
+                Text(format_seconds(r.seconds), justify="right"),
+                Text(format_seconds(r.mean), justify="right"),
+                Text(str(r.compiles), justify="right", style=hot),
+                Text(format_seconds(r.compile_seconds) if r.compiles else "-", justify="right"),
+                Text(str(r.fallbacks) if r.fallbacks else "-", justify="right", style="red" if r.fallbacks else "dim"),
+                Text(str(r.programs), justify="right"),
+                key=f"{r.mode}\0{r.name}",
+            )
+        if selected is not None and selected in table.rows:
+            table.move_cursor(row=table.get_row_index(selected))
+        title, _, largest_first = COLUMNS[self.sort_key]
+        order = "descending" if largest_first != self.reverse else "ascending"
+        status = Text(f"{len(rows)} of {len(self.rows)} ops · sorted by {title}, {order}", style="dim")
+        self.query_one("#ops-status", Static).update(status)
+
+    # -- sort and filter --------------------------------------------------------------------
+
+    def action_sort(self, key: str) -> None:
+        if key == self.sort_key:
+            self.reverse = not self.reverse
+        else:
+            self.sort_key, self.reverse = key, False
+        self._fill()
+
+    @on(DataTable.HeaderSelected, "#ops")
+    def _header_clicked(self, event: DataTable.HeaderSelected) -> None:
+        self.action_sort(str(event.column_key.value))
+
+    def action_filter(self) -> None:
+        self.query_one("#ops-filter", Input).focus()
+
+    def action_clear_filter(self) -> None:
+        search = self.query_one("#ops-filter", Input)
+        search.value = ""
+        self.query_one("#ops", DataTable).focus()
+
+    @on(Input.Changed, "#ops-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self._fill()
+
+    @on(Input.Submitted, "#ops-filter")
+    def _filter_done(self, event: Input.Submitted) -> None:
+        self.query_one("#ops", DataTable).focus()
+
+    # -- HLO --------------------------------------------------------------------------------
+
+    def selected(self) -> OpRow | None:
+        table = self.query_one("#ops", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        return next((r for r in self.rows if f"{r.mode}\0{r.name}" == key), None)
+
+    @on(DataTable.RowSelected, "#ops")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open_hlo()
+
+    def action_open_hlo(self) -> None:
+        row = self.selected()
+        if row is not None:
+            self._find_program(row)
+
+    @work(thread=True, exclusive=True, group="ops-hlo")
+    def _find_program(self, row: OpRow) -> None:
+        programs = self.read(Session.programs, name=row.name, mode=row.mode if row.mode != "cpu fallback" else None)
+        if programs is None:
+            return
+        self.post_message(self.ProgramFound(row, programs[0].id if programs else None))
+
+    @on(ProgramFound)
+    def _open_program(self, message: ProgramFound) -> None:
+        row = message.row
+        if message.program is None:
+            why = (
+                "it ran on CPU (no lowering)"
+                if row.mode == "cpu fallback"
+                else "no HLO was recorded for it (hlo off, or it compiled before the trace began)"
+            )
+            self.app.notify(f"{row.name}: {why}", severity="warning", markup=False)
+            return
+        self.app.push_screen(HloScreen(message.program, name=row.name, mode=row.mode))

@@ -1,0 +1,260 @@
+"""``OverviewScreen``: the run at a glance, and what is worth a look, each linking to its view."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.table import Table
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, OptionList, Static
+from textual.widgets.option_list import Option
+
+from tpu_debug.session import Session
+from tpu_debug.tracers.query import RunMetadata, TransferSite
+from tpu_debug.tui.format import format_float, format_seconds, location_text
+from tpu_debug.tui.screens.base import RunScreen
+
+__all__ = ["OverviewScreen", "Finding", "OverviewData", "overview_data"]
+
+# which view shows each event kind
+KIND_VIEWS = {
+    "compile": "recompiles",
+    "graph_break": "recompiles",
+    "op": "ops",
+    "fallback": "ops",
+    "transfer": "transfers",
+    "divergence": "divergence",
+    "guard_failure": "recompiles",
+    "recompile_limit": "recompiles",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """Something worth a look: what it says, how serious, and the view that shows it."""
+
+    text: Text
+    severity: str  # "warning" | "info" | "error"
+    view: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OverviewData:
+    metadata: RunMetadata
+    counts: dict[str, int]
+    modes: list[str]
+    compiles: int
+    compile_seconds: float
+    findings: list[Finding]
+
+
+def _top_recompiles(session: Session, cwd: str | None) -> list[Finding]:
+    from tpu_debug.tracers.recompiles import summarize
+
+    groups = [g for g in session.compile_groups() if g.compiles > 1]
+    out = []
+    for g in groups[:3]:
+        text = Text()
+        text.append(g.identity, style="bold")
+        text.append(f" ({g.mode}) compiled {g.compiles} times, {format_seconds(g.seconds)} compiling")
+        history = session.compile_history(g.identity, mode=g.mode, limit=200)
+        summary = summarize(history)
+        change = summary[0].changing if summary else None
+        if change is not None:
+            text.append(f"; keeps changing: {change.what} ({change.count}x)", style="yellow")
+        where = next((c.location for c in reversed(history) if c.location is not None), None)
+        if where is not None:
+            text.append(" at ")
+            text.append_text(location_text(where, cwd, function=False))
+        out.append(Finding(text, "warning" if g.recompiles or g.names > 1 else "info", "recompiles"))
+    return out
+
+
+def _transfers(sites: list[TransferSite], cwd: str | None) -> list[Finding]:
+    implicit = [s for s in sites if s.implicit]
+    if not implicit:
+        return []
+    total = sum(s.count for s in implicit)
+    top = max(implicit, key=lambda s: (s.count, s.seconds))
+    text = Text()
+    text.append(f"{total} implicit transfer{'s' if total != 1 else ''}", style="bold")
+    text.append(f" (syncs nobody asked for); most from {top.op} ({top.direction}, {top.count}x) at ")
+    text.append_text(location_text(top.location, cwd, function=False))
+    return [Finding(text, "warning", "transfers")]
+
+
+def _divergence(session: Session, cwd: str | None) -> list[Finding]:
+    ranked = session.ranked_divergences(limit=1)
+    if not ranked:
+        return []
+    d = ranked[0]
+    text = Text()
+    text.append("first divergence" if d.first else "largest divergence", style="bold")
+    text.append(": ")
+    text.append(d.name, style="bold")
+    text.append(f" ({d.mode or '-'}, {d.measure}) max abs {format_float(d.max_abs)}")
+    if d.ratio:
+        text.append(f", {format_float(d.ratio)}x its tolerance")
+    if d.nan_origin:
+        text.append(", NaN/Inf starts here", style="red")
+    text.append(" at ")
+    text.append_text(location_text(d.location, cwd, function=False))
+    return [Finding(text, "error" if d.first or d.nan_origin else "info", "divergence")]
+
+
+def _by_name(counts: dict[str, tuple[int, float]], what: str, view: str) -> list[Finding]:
+    if not counts:
+        return []
+    total = sum(n for n, _ in counts.values())
+    names = sorted(counts.items(), key=lambda kv: -kv[1][0])
+    text = Text()
+    text.append(f"{total} {what}", style="bold")
+    text.append(": " + ", ".join(f"{name} ×{n}" for name, (n, _) in names[:4]))
+    if len(names) > 4:
+        text.append(f", +{len(names) - 4} more", style="dim")
+    return [Finding(text, "warning", view)]
+
+
+def overview_data(session: Session, cwd: str | None) -> OverviewData:
+    """Everything the overview shows, in one pass over the run's indexes."""
+    meta = session.metadata()
+    counts = session.counts()
+    groups = session.compile_groups()
+    findings: list[Finding] = []
+    findings += _top_recompiles(session, cwd)
+    if counts.get("transfer"):
+        findings += _transfers(session.transfer_sites(), cwd)
+    if counts.get("divergence"):
+        findings += _divergence(session, cwd)
+    if counts.get("fallback"):
+        findings += _by_name(session.counts_by_name("fallback"), "CPU fallbacks (ops with no lowering)", "ops")
+    if counts.get("recompile_limit"):
+        findings += [
+            dataclasses.replace(f, severity="error")
+            for f in _by_name(session.counts_by_name("recompile_limit"), "hit dynamo's recompile limit", "recompiles")
+        ]
+    if counts.get("graph_break"):
+        findings += _by_name(session.counts_by_name("graph_break"), "graph breaks", "recompiles")
+    if counts.get("internal_error"):
+        n = counts["internal_error"]
+        findings.append(
+            Finding(Text(f"{n} tracer error(s) were recorded; the traced program was not affected"), "info", None)
+        )
+    if not findings:
+        findings.append(
+            Finding(Text("nothing stands out: no recompiles, implicit transfers, divergences or fallbacks"), "info", None)
+        )
+    return OverviewData(
+        meta,
+        counts,
+        session.modes(),
+        sum(g.compiles for g in groups),
+        sum(g.seconds for g in groups),
+        findings,
+    )
+
+
+_ICONS = {"error": ("✖ ", "bold red"), "warning": ("▲ ", "bold yellow"), "info": ("● ", "cyan")}
+
+
+class OverviewScreen(RunScreen):
+    """Platform, mode, duration, status, events per kind, and the findings (Enter opens one)."""
+
+    AUTO_FOCUS = "#findings"
+
+    @dataclasses.dataclass
+    class Loaded(Message):
+        data: OverviewData
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="overview-top"):
+            yield Static(Text("loading…", style="dim"), id="run-info", markup=False)
+            with Vertical(id="kinds-box"):
+                yield Static(Text("Events by kind", style="bold"), classes="pane-title", markup=False)
+                yield DataTable(id="kinds", cursor_type="row")
+        yield Static(Text("Findings (Enter opens the view)", style="bold"), classes="pane-title", markup=False)
+        yield OptionList(id="findings", markup=False)
+
+    def load(self) -> None:
+        self._load()
+
+    @work(thread=True, exclusive=True, group="overview")
+    def _load(self) -> None:
+        data = self.read(overview_data, self.cwd)
+        if data is not None:
+            self.post_message(self.Loaded(data))
+
+    @on(Loaded)
+    def _show(self, message: Loaded) -> None:
+        data = message.data
+        self.query_one("#run-info", Static).update(self._run_info(data))
+        kinds = self.query_one("#kinds", DataTable)
+        kinds.clear(columns=True)
+        kinds.add_column("kind", key="kind")
+        kinds.add_column("events", key="count")
+        kinds.add_column("view", key="view")
+        for kind, n in data.counts.items():
+            view = KIND_VIEWS.get(kind)
+            kinds.add_row(Text(kind), Text(f"{n:,}", justify="right"), Text(view or "-", style="dim"), key=kind)
+        findings = self.query_one("#findings", OptionList)
+        highlighted = findings.highlighted
+        findings.clear_options()
+        for i, f in enumerate(data.findings):
+            icon, style = _ICONS[f.severity]
+            prompt = Text(icon, style=style)
+            prompt.append_text(f.text)
+            if f.view:
+                prompt.append(f"  → {f.view}", style="dim")
+            findings.add_option(Option(prompt, id=f"{i}:{f.view or ''}"))
+        if data.findings:
+            findings.highlighted = min(highlighted or 0, len(data.findings) - 1)
+        self._findings = data.findings
+        if self.focused is None:
+            findings.focus()
+
+    def _run_info(self, data: OverviewData) -> Table:
+        m = data.metadata
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        status = Text(m.status, style="green" if m.status == "finished" else "yellow")
+        if m.exit_status is not None:
+            status.append(f" (exit status {m.exit_status})")
+        if m.error:
+            status.append(f": {m.error}", style="red")
+        rows = [
+            ("run", Text(self.run_app.session.run_dir.name)),
+            ("command", Text(" ".join(m.argv) if m.argv else "-")),
+            ("started", Text(m.start_time or "-")),
+            ("duration", Text(format_seconds(m.duration) if m.duration is not None else "-")),
+            ("status", status),
+            ("platform", Text(f"XLA {m.platform.upper()} ({m.device_kind}), {m.device_count} device(s)")),
+            ("mode", Text(", ".join(data.modes) if data.modes else "no device ops ran")),
+            (
+                "compiles",
+                Text(f"{data.compiles:,} ({format_seconds(data.compile_seconds)} compiling)"),
+            ),
+            (
+                "versions",
+                Text(f"tpu_debug {m.tpu_debug_version}, torch {m.torch_version}, jax {m.jax_version}"),
+            ),
+        ]
+        for key, value in rows:
+            table.add_row(key, value)
+        return table
+
+    @on(OptionList.OptionSelected, "#findings")
+    def _open_finding(self, event: OptionList.OptionSelected) -> None:
+        view = (event.option.id or ":").split(":", 1)[1]
+        if view:
+            self.app.switch_mode(view)
+
+    @on(DataTable.RowSelected, "#kinds")
+    def _open_kind(self, event: DataTable.RowSelected) -> None:
+        view = KIND_VIEWS.get(str(event.row_key.value))
+        if view:
+            self.app.switch_mode(view)

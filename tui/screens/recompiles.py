@@ -1,0 +1,429 @@
+"""``RecompilesScreen``: which ops and graphs compiled most, each one's compile history,
+and for a selected recompile why it happened, where, and what it compiled to.
+
+Master-detail, left to right and top to bottom: ops/graphs ranked by compile
+count and time -> the chosen one's compiles, oldest first (paged) -> for the
+highlighted compile, the structured key diff against the closest previous key,
+the source line with context, and its HLO. ``m`` marks a compile, ``v`` shows the
+HLO of the marked one (or the closest previous one) beside the highlighted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+from textual.worker import get_current_worker
+
+from tpu_debug.session import Session
+from tpu_debug.tracers.events import CompileEvent, KeyDiff
+from tpu_debug.tracers.query import CompileGroup
+from tpu_debug.tui.format import changed_text, diff_summary, fallback_diffs, format_seconds, location_text
+from tpu_debug.tui.screens.base import RunScreen
+from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
+from tpu_debug.tui.widgets import HloView, PagedTable, SourceExcerpt, SourceView, read_excerpt
+
+from tpu_debug.errors import NotRecordedError
+
+__all__ = ["RecompilesScreen", "CompileDetail"]
+
+PAGE = 200  # compiles loaded at a time (a recompile storm can have thousands)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompileDetail:
+    """What the detail panes show for one compile."""
+
+    event: CompileEvent
+    number: int  # 1-based position in its op's history
+    previous: CompileEvent | None  # the closest previous key
+    diffs: tuple[KeyDiff, ...]
+    recorded: bool  # diffs come from the run (False: computed here from the arguments)
+    excerpt: SourceExcerpt | None
+    hlo: str | None
+    hlo_note: str
+
+
+
+
+def _detail(
+    session: Session, event: CompileEvent, number: int, earlier: list[CompileEvent], cwd: str | None
+) -> CompileDetail:
+    previous = None
+    diffs = event.diffs
+    recorded = True
+    if event.previous is not None:
+        previous = next((e for e in earlier if e.id == event.previous), None) or session.compile_by_id(
+            event.previous
+        )
+    elif not diffs and earlier:
+        previous, computed = fallback_diffs(event, earlier)
+        diffs, recorded = tuple(computed), False
+    excerpt = read_excerpt(event.location, cwd) if event.location is not None else None
+    hlo, note = None, ""
+    if event.program is None:
+        note = "no HLO recorded for this compile (the run was recorded with hlo off)"
+    else:
+        try:
+            hlo = session.program(event.program).hlo
+        except NotRecordedError as exc:
+            note = str(exc)
+    return CompileDetail(event, number, previous, tuple(diffs), recorded, excerpt, hlo, note)
+
+
+class RecompilesScreen(RunScreen):
+    """Ops and graphs by compile count -> compile history -> why, where, HLO."""
+
+    AUTO_FOCUS = "#ranked"
+
+    BINDINGS = [
+        Binding("h", "open_hlo", "HLO"),
+        Binding("m", "mark", "Mark"),
+        Binding("v", "compare", "Diff HLO"),
+    ]
+
+    @dataclasses.dataclass
+    class RankedLoaded(Message):
+        groups: list[CompileGroup]
+
+    @dataclasses.dataclass
+    class HistoryLoaded(Message):
+        op: tuple[str, str]
+        offset: int
+        events: list[CompileEvent]
+        has_more: bool
+
+    @dataclasses.dataclass
+    class DetailLoaded(Message):
+        detail: CompileDetail
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ops: dict[str, CompileGroup] = {}
+        self._op: tuple[str, str] | None = None
+        self._history: list[CompileEvent] = []
+        self._detail: CompileDetail | None = None
+        self._marked: CompileEvent | None = None
+        self._want_event: int | None = None
+        self._wanted: int | None = None  # the compile whose detail was asked for last
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="rc-top"):
+            with Vertical(id="rc-ranked-box", classes="pane"):
+                yield Static(Text("Ops and graphs by compiles", style="bold"), classes="pane-title", markup=False)
+                yield DataTable(id="ranked", cursor_type="row")
+            with Vertical(id="rc-history-box", classes="pane"):
+                yield Static(Text("Compile history", style="bold"), id="history-title", classes="pane-title", markup=False)
+                yield Static(Text(""), id="changing", markup=False)
+                yield PagedTable(id="history", page_size=PAGE)
+        with Horizontal(id="rc-detail"):
+            with Vertical(id="rc-why-box", classes="pane"):
+                yield Static(Text("Why it compiled", style="bold"), classes="pane-title", markup=False)
+                yield Static(Text("select a compile", style="dim"), id="why", markup=False)
+            with Vertical(id="rc-source-box", classes="pane"):
+                yield Static(Text("Source", style="bold"), classes="pane-title", markup=False)
+                yield SourceView(id="source")
+            with Vertical(id="rc-hlo-box", classes="pane"):
+                yield Static(Text("HLO (h: full view, v: diff)", style="bold"), id="hlo-title", classes="pane-title", markup=False)
+                yield HloView(id="hlo-preview")
+
+    def on_mount(self) -> None:
+        ranked = self.query_one("#ranked", DataTable)
+        ranked.add_column("op / graph", key="name")
+        ranked.add_column("mode", key="mode")
+        ranked.add_column("compiles", key="compiles")
+        ranked.add_column("re", key="recompiles")
+        ranked.add_column("time", key="time")
+        history = self.query_one("#history", PagedTable)
+        history.add_column("#", key="n")
+        history.add_column("at", key="ts")
+        history.add_column("what changed", key="changed")
+        history.add_column("compile", key="time")
+        history.add_column("signature", key="signature")
+        super().on_mount()
+
+    def show_compile(self, identity: str, mode: str, event_id: int | None = None) -> None:
+        """Select an op or graph and, when given, one of its compiles (by event id)."""
+        self._want_event = event_id
+        ranked = self.query_one("#ranked", DataTable)
+        key = f"{mode}\0{identity}"
+        if key in self._ops:
+            ranked.move_cursor(row=ranked.get_row_index(key))
+        self._select_op(identity, mode)
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self._load_ranked()
+        if self._op is not None:
+            self._load_history(*self._op, 0)
+
+    @work(thread=True, exclusive=True, group="ranked")
+    def _load_ranked(self) -> None:
+        groups = self.read(Session.compile_groups)
+        if groups is not None:
+            self.post_message(self.RankedLoaded(groups))
+
+    @work(thread=True, exclusive=True, group="history")
+    def _load_history(self, name: str, mode: str, offset: int) -> None:
+        page = PAGE
+        events = self.read(Session.compile_history, name, mode=mode, limit=page + 1, offset=offset)
+        if events is None or get_current_worker().is_cancelled:
+            return
+        self.post_message(self.HistoryLoaded((name, mode), offset, events[:page], len(events) > page))
+
+    @work(thread=True, exclusive=True, group="detail")
+    def _load_detail(self, event: CompileEvent, number: int, earlier: list[CompileEvent]) -> None:
+        detail = self.read(_detail, event, number, earlier, self.cwd)
+        if detail is not None and not get_current_worker().is_cancelled:
+            self.post_message(self.DetailLoaded(detail))
+
+    # -- showing ----------------------------------------------------------------------------
+
+    @on(RankedLoaded)
+    def _show_ranked(self, message: RankedLoaded) -> None:
+        ranked = self.query_one("#ranked", DataTable)
+        current = self._op
+        ranked.clear()
+        self._ops = {}
+        for g in message.groups:
+            key = f"{g.mode}\0{g.identity}"
+            self._ops[key] = g
+            style = "bold yellow" if g.compiles > 1 else ""
+            ranked.add_row(
+                Text(g.identity, style=style),
+                Text(g.mode),
+                Text(str(g.compiles), justify="right", style=style),
+                Text(str(g.recompiles) if g.recompiles else "-", justify="right", style=style),
+                Text(format_seconds(g.seconds), justify="right"),
+                key=key,
+            )
+        if not message.groups:
+            self.query_one("#why", Static).update(Text("nothing was compiled while this run was recorded", style="dim"))
+            return
+        if current is not None and f"{current[1]}\0{current[0]}" in self._ops:
+            ranked.move_cursor(row=ranked.get_row_index(f"{current[1]}\0{current[0]}"))
+        else:
+            ranked.move_cursor(row=0)
+            first = message.groups[0]
+            self._select_op(first.identity, first.mode)
+        if self.focused is None:
+            ranked.focus()
+
+    @on(DataTable.RowHighlighted, "#ranked")
+    def _ranked_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        # the table's cursor, not the event's row: highlight events of a refill arrive late
+        ranked = self.query_one("#ranked", DataTable)
+        if not ranked.row_count:
+            return
+        key = ranked.coordinate_to_cell_key((ranked.cursor_row, 0)).row_key.value
+        g = self._ops.get(str(key))
+        if g is not None and (g.identity, g.mode) != self._op:
+            self._select_op(g.identity, g.mode)
+
+    @on(DataTable.RowSelected, "#ranked")
+    def _ranked_selected(self, event: DataTable.RowSelected) -> None:
+        self.query_one("#history", PagedTable).focus()
+
+    def _select_op(self, name: str, mode: str) -> None:
+        self._op = (name, mode)
+        self._history = []
+        self._wanted = None
+        self.query_one("#history", PagedTable).reset()
+        title = Text("Compile history: ", style="bold")
+        title.append(name, style="bold yellow")
+        title.append(f" ({mode})", style="dim")
+        self.query_one("#history-title", Static).update(title)
+        self.query_one("#changing", Static).update(Text(""))
+        self._load_history(name, mode, 0)
+
+    @on(HistoryLoaded)
+    def _show_history(self, message: HistoryLoaded) -> None:
+        if message.op != self._op:
+            return
+        table = self.query_one("#history", PagedTable)
+        if message.offset == 0:
+            table.reset()
+            self._history = []
+        elif message.offset != len(self._history):
+            return
+        start = len(self._history)
+        self._history.extend(message.events)
+        for i, e in enumerate(message.events, start + 1):
+            table.add_row(*self._history_cells(e, i), key=str(e.id))
+        table.has_more = message.has_more
+        self.query_one("#changing", Static).update(_changing(self._history, message.op[1], message.has_more))
+        if message.offset == 0 and self._history:
+            want = self._want_event
+            self._want_event = None
+            ids = [e.id for e in self._history]
+            row = ids.index(want) if want in ids else (1 if len(self._history) > 1 else 0)
+            table.move_cursor(row=row)
+            self._select_event(row)
+        table.check_more()
+
+    def _history_cells(self, e: CompileEvent, number: int) -> list[Text]:
+        marked = self._marked is not None and self._marked.id == e.id
+        label = Text(("◆" if marked else " ") + str(number), justify="right")
+        if number == 1:
+            changed = Text("first compile", style="dim")
+        elif e.diffs:
+            changed = diff_summary(e.diffs)
+        else:
+            changed = Text("(no recorded diff)", style="dim")
+        return [
+            label,
+            Text(f"{e.ts:.3f}s", justify="right"),
+            changed,
+            Text(format_seconds(e.seconds), justify="right"),
+            Text(e.signature),
+        ]
+
+    @on(PagedTable.NeedMore, "#history")
+    def _more_history(self, message: PagedTable.NeedMore) -> None:
+        if self._op is not None:
+            self._load_history(*self._op, message.offset)
+
+    @on(DataTable.RowHighlighted, "#history")
+    def _history_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._select_event(self.query_one("#history", PagedTable).cursor_row)
+
+    def _select_event(self, row: int) -> None:
+        if not 0 <= row < len(self._history):
+            return
+        event = self._history[row]
+        if self._wanted == event.id:
+            return
+        self._wanted = event.id
+        self._load_detail(event, row + 1, self._history[:row])
+
+    @on(DataTable.RowSelected, "#history")
+    def _history_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open_hlo()
+
+    @on(DetailLoaded)
+    def _show_detail(self, message: DetailLoaded) -> None:
+        d = message.detail
+        if d.event.id != self._wanted:
+            return
+        self._detail = d
+        self.query_one("#why", Static).update(self._why(d))
+        self.query_one("#source", SourceView).show(d.excerpt, self.cwd)
+        preview = self.query_one("#hlo-preview", HloView)
+        preview.set_text(d.hlo if d.hlo is not None else d.hlo_note)
+
+    def _why(self, d: CompileDetail) -> RenderableType:
+        e = d.event
+        head = Text()
+        head.append(f"compile {d.number}", style="bold")
+        head.append(" of ")
+        head.append(e.identity or e.name, style="bold")
+        if e.identity and e.identity != e.name:
+            head.append(f", program {e.name}")
+        head.append(f" ({e.mode or '-'}), {format_seconds(e.seconds)}")
+        parts: list[RenderableType] = [head]
+        if d.number == 1 and d.previous is None and not d.diffs:
+            parts.append(Text("first compile: nothing earlier to compare with", style="dim"))
+        elif d.previous is None and not d.diffs:
+            parts.append(Text("no key diff was recorded for this compile", style="dim"))
+        else:
+            n = len(d.diffs)
+            line = Text()
+            if d.previous is not None:
+                number = next((i for i, h in enumerate(self._history, 1) if h.id == d.previous.id), None)
+                line.append("closest key: ")
+                line.append(f"compile {number}" if number else f"event {d.previous.id}", style="bold")
+                line.append(f" ({n} mismatch{'es' if n != 1 else ''})")
+            else:
+                line.append(f"{n} mismatch{'es' if n != 1 else ''}")
+            if not d.recorded:
+                line.append(" (computed here from the arguments: the run recorded no key diff)", style="dim")
+            parts.append(line)
+            for diff in d.diffs:
+                before, now = changed_text(diff.before, diff.now)
+                parts.append(Text(diff.field, style="bold"))
+                parts.append(Text("  ") + before + Text(" → ", style="dim") + now)
+        parts.append(Text(""))
+        where = Text("at ")
+        where.append_text(location_text(e.location, self.cwd))
+        parts.append(where)
+        parts.append(Text("signature: ", style="dim") + Text(e.signature))
+        return Group(*parts)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def action_open_hlo(self) -> None:
+        d = self._detail
+        if d is None:
+            return
+        if d.event.program is None:
+            self.app.notify(d.hlo_note, severity="warning", markup=False)
+            return
+        self.app.push_screen(HloScreen(d.event.program, name=d.event.name, mode=d.event.mode))
+
+    def action_mark(self) -> None:
+        d = self._detail
+        if d is None:
+            return
+        table = self.query_one("#history", PagedTable)
+        old = self._marked
+        self._marked = None if old is not None and old.id == d.event.id else d.event
+        for e in (old, self._marked):
+            if e is None or str(e.id) not in table.rows:
+                continue
+            number = next(i for i, h in enumerate(self._history, 1) if h.id == e.id)
+            table.update_cell(str(e.id), "n", self._history_cells(e, number)[0])
+        if self._marked is not None:
+            self.app.notify(f"marked compile {d.number}; highlight another and press v", markup=False)
+
+    def action_compare(self) -> None:
+        d = self._detail
+        if d is None:
+            return
+        other = self._marked if self._marked is not None and self._marked.id != d.event.id else d.previous
+        if other is None:
+            self.app.notify(
+                "nothing to compare with: mark a compile with m first", severity="warning", markup=False
+            )
+            return
+        if other.program is None or d.event.program is None:
+            self.app.notify("no HLO recorded for one of the two compiles", severity="warning", markup=False)
+            return
+        left, right = (other, d.event) if other.id < d.event.id else (d.event, other)
+        self.app.push_screen(
+            HloDiffScreen(
+                (left.program, _label(left, self._history)),
+                (right.program, _label(right, self._history)),
+            )
+        )
+
+
+def _changing(history: list[CompileEvent], mode: str, partial: bool) -> Text:
+    """What kept changing across the loaded compiles, and what to do about it (issue 5's
+    summary of a group, over the compiles loaded so far)."""
+    from tpu_debug.tracers.recompiles import summarize
+
+    groups = summarize(history)
+    change = groups[0].changing if groups else None
+    if change is None:
+        return Text("")
+    text = Text("keeps changing: ", style="bold")
+    text.append(change.what, style="bold yellow")
+    values = ", ".join(change.values[:6]) + (", …" if len(change.values) > 6 else "")
+    text.append(f" ({change.count} recompiles{' so far' if partial else ''}: {values})")
+    if groups[0].advice:
+        text.append("\n→ " + groups[0].advice[0], style="dim")
+    return text
+
+
+def _label(e: CompileEvent, history: list[CompileEvent]) -> str:
+    number = next((i for i, h in enumerate(history, 1) if h.id == e.id), None)
+    which = f"compile {number}" if number else f"event {e.id}"
+    return f"{e.name} {which}: {e.signature}"

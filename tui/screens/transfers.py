@@ -1,0 +1,162 @@
+"""``TransfersScreen``: host <-> device transfers by call site and over time, implicit ones
+(syncs nobody asked for: ``.item()``, ``print``, ``bool()``, CPU fallbacks) marked and first."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Sparkline, Static
+from textual.worker import get_current_worker
+
+from tpu_debug.session import Session
+from tpu_debug.tracers.events import SourceLocation
+from tpu_debug.tracers.query import TransferSite
+from tpu_debug.tui.format import format_bytes, format_seconds, location_text, sparkline
+from tpu_debug.tui.screens.base import RunScreen
+from tpu_debug.tui.widgets import SourceExcerpt, SourceView, read_excerpt
+
+__all__ = ["TransfersScreen"]
+
+BUCKETS = 60  # time buckets of the timeline (the per-site column shows them in 20)
+
+
+def _mini(timeline: tuple[int, ...], width: int = 20) -> str:
+    if not timeline:
+        return ""
+    step = len(timeline) / width
+    return sparkline([sum(timeline[int(i * step) : int((i + 1) * step)]) for i in range(width)])
+
+
+class TransfersScreen(RunScreen):
+    """Transfer sites (implicit first, then most frequent) with a timeline of each."""
+
+    AUTO_FOCUS = "#sites"
+
+    @dataclasses.dataclass
+    class Loaded(Message):
+        sites: list[TransferSite]
+
+    @dataclasses.dataclass
+    class SourceLoaded(Message):
+        excerpt: SourceExcerpt | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: list[TransferSite] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(Text("loading…", style="dim"), id="tr-summary", markup=False)
+        yield Static(Text("all transfers over time", style="dim"), id="tr-all-label", markup=False)
+        yield Sparkline([], id="tr-all")
+        yield DataTable(id="sites", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="tr-detail"):
+            with Vertical(id="tr-site-box", classes="pane"):
+                yield Static(Text("Selected site over time", style="bold"), id="tr-site-label", classes="pane-title", markup=False)
+                yield Sparkline([], id="tr-site")
+                yield Static(Text(""), id="tr-site-info", markup=False)
+            with Vertical(id="tr-source-box", classes="pane"):
+                yield Static(Text("Source", style="bold"), classes="pane-title", markup=False)
+                yield SourceView(id="tr-source")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#sites", DataTable)
+        table.add_column("kind", key="kind")
+        table.add_column("dir", key="dir")
+        table.add_column("by", key="by")
+        table.add_column("where", key="where")
+        table.add_column("count", key="count")
+        table.add_column("bytes", key="bytes")
+        table.add_column("time", key="time")
+        table.add_column("over time", key="timeline")
+        super().on_mount()
+
+    def load(self) -> None:
+        self._load()
+
+    @work(thread=True, exclusive=True, group="transfers")
+    def _load(self) -> None:
+        sites = self.read(Session.transfer_sites, buckets=BUCKETS)
+        if sites is not None:
+            self.post_message(self.Loaded(sites))
+
+    @work(thread=True, exclusive=True, group="transfer-source")
+    def _load_source(self, location: SourceLocation | None) -> None:
+        excerpt = read_excerpt(location, self.cwd) if location is not None else None
+        if not get_current_worker().is_cancelled:
+            self.post_message(self.SourceLoaded(excerpt))
+
+    @on(Loaded)
+    def _show(self, message: Loaded) -> None:
+        sites = self.sites = message.sites
+        table = self.query_one("#sites", DataTable)
+        row = table.cursor_row
+        table.clear()
+        summary = Text()
+        if not sites:
+            summary.append("no host <-> device transfers were recorded", style="dim")
+            self.query_one("#tr-summary", Static).update(summary)
+            return
+        total = sum(s.count for s in sites)
+        implicit = sum(s.count for s in sites if s.implicit)
+        summary.append(f"{total:,} transfers", style="bold")
+        summary.append(f", {format_bytes(sum(s.nbytes for s in sites))}, {format_seconds(sum(s.seconds for s in sites))}")
+        summary.append(f" · {implicit:,} implicit", style="bold yellow" if implicit else "dim")
+        summary.append(f" · {len(sites)} call sites")
+        self.query_one("#tr-summary", Static).update(summary)
+        overall = [sum(s.timeline[i] for s in sites if s.timeline) for i in range(BUCKETS)]
+        self.query_one("#tr-all", Sparkline).data = overall
+        t0 = min(s.first_ts for s in sites)
+        t1 = max(s.last_ts for s in sites)
+        self.query_one("#tr-all-label", Static).update(
+            Text(f"all transfers over time, {t0:.2f}s .. {t1:.2f}s ({BUCKETS} buckets)", style="dim")
+        )
+        for i, s in enumerate(sites):
+            kind = Text("▲ implicit", style="bold yellow") if s.implicit else Text("explicit", style="dim")
+            table.add_row(
+                kind,
+                Text(s.direction),
+                Text(s.op),
+                location_text(s.location, self.cwd),
+                Text(f"{s.count:,}", justify="right"),
+                Text(format_bytes(s.nbytes), justify="right"),
+                Text(format_seconds(s.seconds), justify="right"),
+                Text(_mini(s.timeline), style="yellow" if s.implicit else "cyan"),
+                key=str(i),
+            )
+        table.move_cursor(row=min(row, len(sites) - 1))
+        self._select(table.cursor_row)
+        if self.focused is None:
+            table.focus()
+
+    @on(DataTable.RowHighlighted, "#sites")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._select(self.query_one("#sites", DataTable).cursor_row)
+
+    def _select(self, row: int) -> None:
+        if not 0 <= row < len(self.sites):
+            return
+        s = self.sites[row]
+        self.query_one("#tr-site", Sparkline).data = list(s.timeline) or [0]
+        label = Text("Selected site over time: ", style="bold")
+        label.append(f"{s.op} ({s.direction})", style="bold yellow" if s.implicit else "bold")
+        self.query_one("#tr-site-label", Static).update(label)
+        info = Text()
+        info.append(f"{s.count:,} transfers, {format_bytes(s.nbytes)}, {format_seconds(s.seconds)}; ")
+        info.append(f"first at {s.first_ts:.3f}s, last at {s.last_ts:.3f}s")
+        if s.implicit:
+            info.append(
+                "\nimplicit: the program waited for the device here without asking for a copy "
+                "(.item(), print, bool(), a CPU fallback); move it out of the loop or keep the value on device",
+                style="yellow",
+            )
+        self.query_one("#tr-site-info", Static).update(info)
+        self._load_source(s.location)
+
+    @on(SourceLoaded)
+    def _show_source(self, message: SourceLoaded) -> None:
+        self.query_one("#tr-source", SourceView).show(message.excerpt, self.cwd)
