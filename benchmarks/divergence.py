@@ -30,7 +30,7 @@ import torch
 import tpu_debug
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
 
 def _sync(out):
@@ -55,15 +55,16 @@ def _run(fn, steps: int, logdir: str, **options) -> tuple[float, float]:
     return wall / steps, cpu / steps
 
 
-def measure(fn, repeat: int, steps: int, logdir: str, **on) -> dict[str, float]:
-    _run(fn, 1, logdir)  # compile outside the timed runs
-    _run(fn, 1, logdir, divergence=True, **on)
+def measure(fn, repeat: int, steps: int, logdir: str, **options) -> dict[str, float]:
+    """Divergence off vs on, both with ``options`` (numerics apply to both sides)."""
+    _run(fn, 1, logdir, **options)  # compile outside the timed runs
+    _run(fn, 1, logdir, divergence=True, **options)
     off_w, on_w, ratios_w, ratios_c = [], [], [], []
     for r in range(repeat):
         order = (False, True) if r % 2 == 0 else (True, False)
         got = {}
         for enabled in order:
-            got[enabled] = _run(fn, steps, logdir, **({"divergence": True, **on} if enabled else {}))
+            got[enabled] = _run(fn, steps, logdir, divergence=enabled, **options)
         off_w.append(got[False][0])
         on_w.append(got[True][0])
         ratios_w.append(got[True][0] / got[False][0])
@@ -91,16 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with torch.no_grad(), tempfile.TemporaryDirectory() as logdir:
         rows.append(("eager forward", measure(lambda: model(tokens), args.repeat, args.steps, logdir)))
-        rows.append((
-            "eager forward, numerics='tpu'",
-            measure(lambda: model(tokens), args.repeat, args.steps, logdir, numerics="tpu"),
-        ))
+        rows.append(
+            (
+                "eager forward, numerics='tpu'",
+                measure(lambda: model(tokens), args.repeat, args.steps, logdir, numerics="tpu"),
+            )
+        )
         rows.append(("compiled forward", measure(lambda: compiled(tokens), args.repeat, args.steps, logdir)))
-    print(f"torch {torch.__version__}, tiny Llama forward (batch 1, seq 32), {args.repeat} x {args.steps} steps")
+    print(
+        f"torch {torch.__version__}, tiny Llama forward (batch 1, seq 32), {args.repeat} x {args.steps} steps"
+    )
     print("| forward | divergence off (best) | on (best) | on / off, median wall | on / off, median CPU |")
     print("|---|---:|---:|---:|---:|")
     for name, m in rows:
-        print(f"| {name} | {m['off']:.1f} ms | {m['on']:.1f} ms | {m['ratio wall']:.2f}x | {m['ratio cpu']:.2f}x |")
+        print(
+            f"| {name} | {m['off']:.1f} ms | {m['on']:.1f} ms | {m['ratio wall']:.2f}x | {m['ratio cpu']:.2f}x |"
+        )
     return 0
 
 

@@ -389,6 +389,10 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     if cid is not None and cid.frame_id is not None:
         origin.update(frame=cid.frame_id, compile_id=str(cid))
     origin["inputs"] = tuple(_source_name(n) for n in gm.graph.find_nodes(op="placeholder"))
+    tctx = torch._guards.TracingContext.try_get()
+    if tctx is not None and tctx.traced_code:  # the function itself: frame ids restart with dynamo
+        code = tctx.traced_code[0]
+        origin["code"] = (code.co_filename, code.co_firstlineno, code.co_name)
 
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):

@@ -62,7 +62,7 @@ def _tolerances(name: str, value: Any) -> str:
 
     try:
         return format_tolerances(parse_tolerances(value))
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise ConfigError(f"{name}: {exc}") from None
 
 

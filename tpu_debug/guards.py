@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Self
 
 from tpu_debug.config import _guard_level as check_level
 from tpu_debug.errors import RecompileError, TransferGuardError
@@ -28,7 +28,7 @@ from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker, explain
 from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
 
-__all__ = ["expect_no_recompiles", "transfer_guard", "TRANSFER_GUARD_LEVELS", "TraceGuards"]
+__all__ = ["TRANSFER_GUARD_LEVELS", "TraceGuards", "expect_no_recompiles", "transfer_guard"]
 
 TRANSFER_GUARD_LEVELS = ("allow", "log", "disallow")
 _RANK = {level: i for i, level in enumerate(TRANSFER_GUARD_LEVELS)}
@@ -82,7 +82,7 @@ class expect_no_recompiles(contextlib.ContextDecorator):
     def _recreate_cm(self) -> expect_no_recompiles:
         return expect_no_recompiles()
 
-    def __enter__(self) -> expect_no_recompiles:
+    def __enter__(self) -> Self:
         self._guard = _RecompileGuard("expect_no_recompiles()")
         dynamo_events.subscribe(self._guard)  # dynamo's guard failures make the message say why
         probes.subscribe(self._guard, replay=True)
@@ -130,7 +130,9 @@ class _TransferCheck:
             if implicit
             else "move the data once, outside the guarded code"
         )
-        raise TransferGuardError(f"{text} is disallowed ({name}='disallow'). To fix: {fix}; or set {name}='log'.")
+        raise TransferGuardError(
+            f"{text} is disallowed ({name}='disallow'). To fix: {fix}; or set {name}='log'."
+        )
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ wrapped in ``rich.text.Text``, so it is never read as markup.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -349,11 +350,11 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
     parts: list[RenderableType] = [Text(head), table]
     if len(sites) > 15:
         parts.append(_note(f"... and {len(sites) - 15} more call sites"))
-    loops = [s for s in sites if s.loop and s.implicit] or [s for s in sites if s.loop]
-    for s in loops[:5]:
+    for s in [s for s in sites if s.loop][:5]:
+        calls = f" in {s.calls} calls" if s.calls != s.count else ""
         parts.append(
             Text(
-                f"{_site_text(s.location)}: {CAUSE_TEXT.get(s.cause, s.cause)} moved data {s.count} times "
+                f"{_site_text(s.location)}: {CAUSE_TEXT.get(s.cause, s.cause)} moved data {s.count} times{calls} "
                 f"({format_seconds(s.seconds)}): {advice_for(s)}"
             )
         )
@@ -405,8 +406,8 @@ def _divergence(session: Any, terminal: bool) -> RenderableType:
     else:
         rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
     if origin is not None:
-        rows.append(("NaN/Inf from", f"{_site_name(origin)} at {origin.location or '-'} "
-                     f"({origin.device_nonfinite or 'some'} non-finite element(s) from finite inputs)"))
+        where = origin.location or "-"
+        rows.append(("NaN/Inf from", f"{_site_name(origin)} at {where} (made them from finite inputs)"))
     not_compared = summary.get("not_compared") or {}
     if not_compared:
         rows.append(("not compared", ", ".join(sorted(not_compared)) + " (no CPU kernel for these calls)"))
@@ -470,7 +471,7 @@ def _divergence(session: Any, terminal: bool) -> RenderableType:
 
 
 def _g(value: float) -> str:
-    return f"{value:.2g}" if value == value else "nan"
+    return "nan" if math.isnan(value) else f"{value:.2g}"
 
 
 def _site_name(e: Any) -> str:

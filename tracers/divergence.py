@@ -82,7 +82,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx
-
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, from_jax, to_jax
@@ -91,12 +90,12 @@ from tpu_debug.tracers.hlo import _location_from_stack_trace
 from tpu_debug.tracers.location import user_location
 
 __all__ = [
+    "DEFAULT_TOLERANCES",
     "DivergenceTracer",
     "Measures",
     "compare",
-    "DEFAULT_TOLERANCES",
-    "parse_tolerances",
     "format_tolerances",
+    "parse_tolerances",
 ]
 
 # (rtol, atol) per dtype: torch.testing.assert_close's defaults
@@ -123,14 +122,39 @@ except ImportError:  # pragma: no cover - jax always brings it
 # ops whose device values are copied into the shadow instead of compared
 _RANDOM = frozenset(
     {
-        "bernoulli", "bernoulli_", "dropout", "native_dropout", "_fused_dropout", "feature_dropout",
-        "alpha_dropout", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
-        "randperm", "normal", "normal_", "uniform", "uniform_", "exponential_", "geometric_",
-        "cauchy_", "log_normal_", "random_", "multinomial", "poisson", "binomial",
-        "rrelu_with_noise", "_standard_gamma",
+        "bernoulli",
+        "bernoulli_",
+        "dropout",
+        "native_dropout",
+        "_fused_dropout",
+        "feature_dropout",
+        "alpha_dropout",
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "normal",
+        "normal_",
+        "uniform",
+        "uniform_",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "random_",
+        "multinomial",
+        "poisson",
+        "binomial",
+        "rrelu_with_noise",
+        "_standard_gamma",
     }
 )
-_UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"})
+_UNINITIALISED = frozenset(
+    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"}
+)
 _COPIES = {"copy_": 1, "_to_copy": 0}  # op -> position of its source argument
 
 
@@ -152,6 +176,7 @@ def parse_tolerances(spec: Any) -> dict[torch.dtype, tuple[float, float]] | None
 
     Raises:
         ValueError: an unknown dtype or a value that is not a non-negative number.
+        TypeError: ``spec`` is neither a string nor a mapping.
     """
     if spec is None:
         return None
@@ -169,7 +194,7 @@ def parse_tolerances(spec: Any) -> dict[torch.dtype, tuple[float, float]] | None
             items[name.strip()] = tuple(value.split(":")) if ":" in value else value
         spec = items
     if not isinstance(spec, Mapping):
-        raise ValueError(f"tolerances={spec!r}: expected a mapping dtype -> (rtol, atol), a string, or 'off'")
+        raise TypeError(f"tolerances={spec!r}: expected a mapping dtype -> (rtol, atol), a string, or 'off'")
     table = dict(DEFAULT_TOLERANCES)
     for name, value in spec.items():
         key = name if isinstance(name, torch.dtype) else _DTYPES.get(str(name).strip().removeprefix("torch."))
@@ -279,7 +304,9 @@ def tolerance_for(dtype: torch.dtype, table: Mapping | None) -> tuple[float, flo
     return table.get(None, _EXACT)  # type: ignore[call-overload]
 
 
-def compare(device: np.ndarray, cpu: torch.Tensor, rtol: float, atol: float, *, detail: bool = True) -> Measures:
+def compare(
+    device: np.ndarray, cpu: torch.Tensor, rtol: float, atol: float, *, detail: bool = True
+) -> Measures:
     """Measures of ``device`` (the device's value, as numpy) against ``cpu`` (PyTorch's).
 
     Args:
@@ -299,7 +326,9 @@ def compare(device: np.ndarray, cpu: torch.Tensor, rtol: float, atol: float, *, 
         (0.5, 1)
     """
     ref = _numpy(cpu)
-    m = Measures(numel=int(ref.size), shape=tuple(ref.shape), dtype=_dtype_name(cpu.dtype), rtol=rtol, atol=atol)
+    m = Measures(
+        numel=int(ref.size), shape=tuple(ref.shape), dtype=_dtype_name(cpu.dtype), rtol=rtol, atol=atol
+    )
     m.device_dtype = m.dtype if device.dtype == ref.dtype else _dtype_name(device.dtype)
     floating = cpu.dtype.is_floating_point or cpu.dtype.is_complex
     off = math.isinf(rtol) or math.isinf(atol)
@@ -311,73 +340,71 @@ def compare(device: np.ndarray, cpu: torch.Tensor, rtol: float, atol: float, *, 
     same_dtype = device.dtype == ref.dtype
     if same_dtype and device.tobytes() == ref.tobytes():
         if floating and m.numel:
-            m.device_has_nonfinite = not bool(np.isfinite(device.astype(np.float32) if device.dtype == _BF16 else device).all())
+            m.device_has_nonfinite = not bool(
+                np.isfinite(device.astype(np.float32) if device.dtype == _BF16 else device).all()
+            )
         return m
     m.exact = False
-    if not off and same_dtype and ref.dtype.kind == "f" and ref.dtype.itemsize >= 4:
-        # the common case, first and cheap: every element within tolerance (NaN/Inf fail the test)
-        with np.errstate(all="ignore"):
-            diff = np.abs(device - ref)
-            within = diff <= atol + rtol * np.abs(ref)
-        if within.all():
-            m.max_abs = float(diff.max()) if diff.size else 0.0
-            return m
-    wide = np.complex128 if cpu.dtype.is_complex else np.float64
-    d = device.astype(wide)
-    r = ref.astype(wide)
-    if not off:
-        with np.errstate(all="ignore"):
-            diff = np.abs(d - r)
-            within = diff <= atol + rtol * np.abs(r)
-        if within.all():
-            m.max_abs = float(diff.max()) if diff.size else 0.0
-            return m
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    if same_dtype and ref.dtype.kind == "f" and ref.dtype.itemsize >= 4:
+        d, r = device, ref  # float32/64: compare as they are
+    else:
+        wide = np.complex128 if cpu.dtype.is_complex else np.float64
+        d, r = device.astype(wide), ref.astype(wide)
+    with np.errstate(all="ignore"):
         diff = np.abs(d - r)
-        if floating:
-            fd, fr = np.isfinite(d), np.isfinite(r)
-            m.device_has_nonfinite = not bool(fd.all())
-            m.device_nonfinite = int((~fd & fr).sum())
-            m.cpu_nonfinite = int((fd & ~fr).sum())
-            both = fd & fr
-        else:
-            both = np.ones(d.shape, dtype=bool)
-        allowed = atol + rtol * np.abs(r)
-        if off:
-            over = np.zeros(d.shape, dtype=bool)
-        else:
-            over = ~(diff <= allowed)  # NaN differences count as over
-            if floating:
-                neither = ~(np.isfinite(d) | np.isfinite(r))
-                if neither.any():  # the same NaN/Inf on both sides is no divergence
-                    same = (d == r) | (np.isnan(d) & np.isnan(r))
-                    over &= ~(neither & same)
-        m.mismatched = int(over.sum())
-        if both.any():
-            db = diff[both]
-            m.max_abs = float(db.max())
-            if not detail:
-                if m.device_nonfinite or m.cpu_nonfinite:
-                    m.max_abs = math.inf
+        worst = float(diff.max()) if diff.size else 0.0
+        if math.isfinite(worst):  # every element finite on both sides: the cheap tiers
+            m.max_abs = worst
+            if off or worst <= atol:
                 return m
-            rb = np.abs(r[both])
-            nonzero = rb > 0
-            if nonzero.any():  # relative to exact zeros is infinite and says nothing: left out
-                m.max_rel = float((db[nonzero] / rb[nonzero]).max())
-            else:
-                m.max_rel = math.inf if m.max_abs > 0 else 0.0
-            ab = allowed[both]
-            ratios = np.where(ab > 0, db / np.where(ab > 0, ab, 1.0), np.where(db > 0, np.inf, 0.0))
-            i = int(np.argmax(ratios))
-            m.ratio, m.allowed = float(ratios.flat[i]), float(ab.flat[i])
-            if cpu.dtype.is_floating_point:
-                m.ulp = _ulp(device, ref, both)
+            allowed = atol + rtol * np.abs(r)
+            over = diff > allowed
+            m.mismatched = int(np.count_nonzero(over))
+            if m.mismatched and detail:
+                _fill_detail(m, device, ref, r, diff, allowed, None, cpu)
+            return m
+        # NaN/Inf somewhere: which side, and is it the same on both?
+        fd, fr = np.isfinite(d), np.isfinite(r)
+        m.device_has_nonfinite = not bool(fd.all())
+        m.device_nonfinite = int((~fd & fr).sum())
+        m.cpu_nonfinite = int((fd & ~fr).sum())
+        both = fd & fr
+        allowed = atol + rtol * np.abs(r)
+        if not off:
+            over = ~(diff <= allowed)  # NaN differences count as over
+            neither = ~(fd | fr)
+            if neither.any():  # the same NaN/Inf on both sides is no divergence
+                same = (d == r) | (np.isnan(d) & np.isnan(r))
+                over &= ~(neither & same)
+            m.mismatched = int(np.count_nonzero(over))
+        if both.any():
+            m.max_abs = float(diff[both].max())
+            if detail:
+                _fill_detail(m, device, ref, r, diff, allowed, both, cpu)
     if m.device_nonfinite or m.cpu_nonfinite:
         m.max_abs = m.max_rel = m.ratio = math.inf
     return m
 
 
-def _ulp(device: np.ndarray, ref: np.ndarray, both: np.ndarray) -> float:
+def _fill_detail(m: Measures, device, ref, r, diff, allowed, both, cpu: torch.Tensor) -> None:
+    """Max relative error, the worst ratio to tolerance and the ULP distance, over ``both``
+    (the elements finite on both sides; None: all)."""
+    db = (diff if both is None else diff[both]).astype(np.float64)
+    rb = np.abs(r if both is None else r[both]).astype(np.float64)
+    nonzero = rb > 0
+    if nonzero.any():  # relative to exact zeros is infinite and says nothing: left out
+        m.max_rel = float((db[nonzero] / rb[nonzero]).max())
+    else:
+        m.max_rel = math.inf if m.max_abs > 0 else 0.0
+    ab = (allowed if both is None else allowed[both]).astype(np.float64)
+    ratios = np.where(ab > 0, db / np.where(ab > 0, ab, 1.0), np.where(db > 0, np.inf, 0.0))
+    i = int(np.argmax(ratios))
+    m.ratio, m.allowed = float(ratios.flat[i]), float(ab.flat[i])
+    if cpu.dtype.is_floating_point:
+        m.ulp = _ulp(device, ref, both)
+
+
+def _ulp(device: np.ndarray, ref: np.ndarray, both: np.ndarray | None) -> float:
     """Max distance in units in the last place of ``ref``'s dtype, over elements finite on both sides."""
     size = ref.dtype.itemsize
     ints = {2: np.int16, 4: np.int32, 8: np.int64}.get(size)
@@ -387,7 +414,8 @@ def _ulp(device: np.ndarray, ref: np.ndarray, both: np.ndarray) -> float:
     low = np.iinfo(ints).min
 
     def ordered(a: np.ndarray) -> np.ndarray:
-        bits = np.ascontiguousarray(a).view(ints)[both].astype(np.int64)
+        bits = np.ascontiguousarray(a).view(ints)
+        bits = (bits if both is None else bits[both]).astype(np.int64)
         # sign-magnitude -> two's-complement order (-0.0 and 0.0 both map to 0)
         out = np.where(bits < 0, low - bits, bits)
         return out.astype(np.float64) if size == 8 else out
@@ -403,10 +431,10 @@ def _ulp(device: np.ndarray, ref: np.ndarray, both: np.ndarray) -> float:
 class _Shadow:
     """A storage's CPU shadow: its values in a pure-CPU run, and the device payload it shadows."""
 
-    __slots__ = ("flat", "payload")
+    __slots__ = ("host", "payload")
 
-    def __init__(self, flat: torch.Tensor, payload: Any) -> None:
-        self.flat = flat
+    def __init__(self, host: torch.Tensor, payload: Any) -> None:
+        self.host = host  # contiguous, any shape (the payload's, or a covering tensor's)
         self.payload = payload
 
 
@@ -460,33 +488,38 @@ def _payload(t: torch.Tensor) -> Any:
     return getattr(t.untyped_storage(), PAYLOAD_ATTR, None)
 
 
-def _host_flat(payload: Any, dtype: torch.dtype) -> torch.Tensor:
-    """A CPU copy of a storage payload, flattened (a fresh tensor: CPU ops may write it)."""
+def _host_copy(payload: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU copy of a storage payload, in the payload's shape, contiguous (a fresh tensor:
+    CPU ops may write it)."""
     if payload is None or not hasattr(payload, "dtype") or type(payload).__name__ == "_Uninit":
         n = int(getattr(payload, "numel", 0) or 0)
         return torch.zeros(n, dtype=dtype)
-    a = np.asarray(payload).reshape(-1)
+    a = np.asarray(payload)
     if a.dtype == _BF16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())
 
 
-def _geometry(flat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    if t.storage_offset() == 0 and flat.numel() == t.numel() and t.is_contiguous():
-        return flat.view(t.shape)
-    return flat.as_strided(t.shape, t.stride(), t.storage_offset())
+def _geometry(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t``'s view of its storage's values ``host`` (contiguous, any shape)."""
+    if t.storage_offset() == 0 and host.shape == t.shape and t.is_contiguous():
+        return host
+    return host.view(-1).as_strided(tuple(t.shape), t.stride(), t.storage_offset())
 
 
 def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value) if value.device.type == "tpu" else value
-    if type(value) in _LEAVES:
+    kind = type(value)
+    if kind in _LEAVES:
         return value
-    if isinstance(value, (list, tuple)):
+    if kind is tuple or kind is list:
+        return kind([_map(v, fn) for v in value])
+    if isinstance(value, (list, tuple)):  # FX's immutable_list, torch.Size
         return type(value)(_map(v, fn) for v in value)
-    if isinstance(value, dict):
+    if isinstance(value, dict):  # FX's immutable_dict too
         return {k: _map(v, fn) for k, v in value.items()}
-    if isinstance(value, torch.device) and value.type == "tpu":
+    if kind is torch.device and value.type == "tpu":
         return _CPU
     return value
 
@@ -564,7 +597,18 @@ class DivergenceTracer:
 
     def before_op(self, op: Any, args: tuple, kwargs: dict) -> None:
         # jax payloads are immutable: holding the current ones is the pre-op snapshot
-        self._local.pending = (op, {id(t.untyped_storage()): _payload(t) for t in _tensors((args, kwargs)) if _on_tpu(t)})
+        # (a CPU tensor's storage has none: it maps to None, harmlessly)
+        snapshot = {}
+        for value in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                snapshot[id(storage)] = getattr(storage, PAYLOAD_ATTR, None)
+            elif isinstance(value, (list, tuple)):
+                for t in value:
+                    if isinstance(t, torch.Tensor):
+                        storage = t.untyped_storage()
+                        snapshot[id(storage)] = getattr(storage, PAYLOAD_ATTR, None)
+        self._local.pending = (op, snapshot)
 
     def on_op(self, op: Any, args: tuple, kwargs: dict, out: Any) -> None:
         pending = getattr(self._local, "pending", None)
@@ -605,7 +649,9 @@ class DivergenceTracer:
         if not outputs:
             return
         self._note_forward_line(args, kwargs)
-        loaded = info.copy_source is not None and not _on_tpu(_value_at(args, kwargs, info.copy_source, "src"))
+        loaded = info.copy_source is not None and not _on_tpu(
+            _value_at(args, kwargs, info.copy_source, "src")
+        )
         if info.skip is not None or loaded:
             self.ops_copied += 1
             for t in outputs:
@@ -622,10 +668,10 @@ class DivergenceTracer:
 
         def local_arg(t: torch.Tensor) -> torch.Tensor:
             payload = before.get(id(t.untyped_storage()), _payload(t))
-            flat = hosts.get(id(payload))
-            if flat is None:
-                flat = hosts[id(payload)] = _host_flat(payload, t.dtype)
-            return _geometry(flat, t)
+            host = hosts.get(id(payload))
+            if host is None:
+                host = hosts[id(payload)] = _host_copy(payload, t.dtype)
+            return _geometry(host, t)
 
         shadows = self._shadows
         fresh: dict[int, torch.Tensor] = {}
@@ -637,13 +683,13 @@ class DivergenceTracer:
             entry = shadows.get(storage)
             if entry is not None and entry.payload is payload:
                 drifted = True
-                return _geometry(entry.flat, t)
+                return _geometry(entry.host, t)
             if not info.writes:
                 return local_arg(t)
-            flat = fresh.get(id(payload))  # the local run wrote its copies: start again
-            if flat is None:
-                flat = fresh[id(payload)] = _host_flat(payload, t.dtype)
-            return _geometry(flat, t)
+            host = fresh.get(id(payload))  # the local run wrote its copies: start again
+            if host is None:
+                host = fresh[id(payload)] = _host_copy(payload, t.dtype)
+            return _geometry(host, t)
 
         l_args, l_kwargs = _map(args, local_arg), _map(kwargs, local_arg)
         try:
@@ -686,7 +732,9 @@ class DivergenceTracer:
             return
         nan_origin = local.device_has_nonfinite and _made_nonfinite(before, args, kwargs)
         if local.over or nan_origin or local.dtype_mismatch or drift.over:
-            self._report_op(op, info, args, kwargs, before, outputs, l_refs, local, drift, nan_origin, compared)
+            self._report_op(
+                op, info, args, kwargs, before, outputs, l_refs, local, drift, nan_origin, compared
+            )
 
     def _refs(self, cpu_out: Any, returned: list, written: list, cpu_args: Any, cpu_kwargs: Any) -> list:
         """The CPU results lined up with the device outputs (returned, then written)."""
@@ -700,7 +748,9 @@ class DivergenceTracer:
             refs.append(value[i] if isinstance(value, (list, tuple)) else value)
         return refs
 
-    def _report_op(self, op, info, args, kwargs, before, outputs, l_refs, local, drift, nan_origin, compared) -> None:
+    def _report_op(
+        self, op, info, args, kwargs, before, outputs, l_refs, local, drift, nan_origin, compared
+    ) -> None:
         def detailed(which: int) -> Callable[[], Measures]:
             def measure() -> Measures:
                 out = None
@@ -723,13 +773,35 @@ class DivergenceTracer:
                 site.checked_highest = True
                 site.highest = self._at_highest(op, args, kwargs, before, outputs, l_refs)
             self._record(
-                "eager", "local", info.name, info.name, local, location, phase, None, autograd, nan_origin,
-                site.highest if local.over else None, site, detailed(0),
+                "eager",
+                "local",
+                info.name,
+                info.name,
+                local,
+                location,
+                phase,
+                None,
+                autograd,
+                nan_origin,
+                site.highest if local.over else None,
+                site,
+                detailed(0),
             )
         if drift.over:
             site = self._site(("eager", "drift", phase, None, info.name, location))
             self._record(
-                "eager", "drift", info.name, info.name, drift, location, phase, None, autograd, False, None, site,
+                "eager",
+                "drift",
+                info.name,
+                info.name,
+                drift,
+                location,
+                phase,
+                None,
+                autograd,
+                False,
+                None,
+                site,
                 detailed(1),
             )
 
@@ -808,7 +880,7 @@ class DivergenceTracer:
         if entry is None:
             return
         if entry.payload is before.get(id(storage), entry.payload) and not _covers(t):
-            _geometry(entry.flat, t).copy_(_host_flat(to_jax(t), t.dtype).view(t.shape))
+            _geometry(entry.host, t).copy_(_host_copy(to_jax(t), t.dtype))
             entry.payload = _payload(t)
         else:
             del self._shadows[storage]
@@ -829,42 +901,53 @@ class DivergenceTracer:
                 if entry is not None:
                     del self._shadows[storage]
             else:
-                self._shadows[storage] = _Shadow(value.detach().reshape(-1).contiguous(), payload)
+                self._shadows[storage] = _Shadow(value.detach().contiguous(), payload)
             return
         if valid:
-            _geometry(entry.flat, t).copy_(value)
+            _geometry(entry.host, t).copy_(value)
             entry.payload = payload
         elif exact:
             if entry is not None:
                 del self._shadows[storage]
         else:
-            flat = _host_flat(payload, t.dtype)
-            _geometry(flat, t).copy_(value)
-            self._shadows[storage] = _Shadow(flat, payload)
+            host = _host_copy(payload, t.dtype)
+            _geometry(host, t).copy_(value)
+            self._shadows[storage] = _Shadow(host, payload)
 
     # -- compiled graphs ------------------------------------------------------------------
 
     def _check_graph(self, graph: Any, arrays: list) -> None:
         gm = graph.gm
-        nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)]
+        nodes = [
+            n
+            for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
+        ]
         if not nodes:
             return
         random_nodes = {n.name for n in gm.graph.nodes if _is_random_node(n)}
         forced_names = {
-            n.name for n in nodes if n.name in random_nodes or any(
-                isinstance(a, torch.fx.Node) and a.name in random_nodes for a in n.args[:1]
-            )
+            n.name
+            for n in nodes
+            if n.name in random_nodes
+            or any(isinstance(a, torch.fx.Node) and a.name in random_nodes for a in n.args[:1])
         }
-        chosen = frozenset(
-            n.name for i, n in enumerate(nodes) if i % self.sample == self.sample - 1 or n.name in forced_names
-        ) if self.sample > 1 else frozenset(n.name for n in nodes)
+        chosen = (
+            frozenset(
+                n.name
+                for i, n in enumerate(nodes)
+                if i % self.sample == self.sample - 1 or n.name in forced_names
+            )
+            if self.sample > 1
+            else frozenset(n.name for n in nodes)
+        )
         values = graph.debug_values(arrays, chosen)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         inputs = []
         for n, a in zip(placeholders, arrays):
             val = n.meta.get("val")
             if hasattr(a, "shape") and isinstance(val, torch.Tensor):
-                inputs.append(_host_flat(a, val.dtype).view(tuple(a.shape)))
+                inputs.append(_host_copy(a, val.dtype))
             else:
                 inputs.append(a)
         xla = {name: v for name, v in values.items()}
@@ -877,7 +960,7 @@ class DivergenceTracer:
             if t is None:
                 val = node.meta["val"]
                 arr = xla[name]
-                t = host_cache[name] = _host_flat(arr, val.dtype).view(tuple(arr.shape))
+                t = host_cache[name] = _host_copy(arr, val.dtype)
             return t
 
         inputs_by_node = dict(zip(placeholders, inputs))
@@ -952,24 +1035,60 @@ class DivergenceTracer:
                 self._graph_highest[graph.graph_id] = highest
         for node, lm, dm in results:
             location = _location_from_stack_trace(node.meta.get("stack_trace"))
-            target = _op_info(node.target).name if isinstance(node.target, torch._ops.OpOverload) else str(
-                getattr(node.target, "__name__", node.target)
+            target = (
+                _op_info(node.target).name
+                if isinstance(node.target, torch._ops.OpOverload)
+                else str(getattr(node.target, "__name__", node.target))
             )
             nan_origin = dm.device_has_nonfinite and _node_made_nonfinite(node, xla, inputs_by_node)
             if lm is not None and (lm.over or nan_origin or lm.dtype_mismatch):
                 site = self._site(("compiled", "local", phase, graph.graph_id, node.name, location))
                 self._record(
-                    "compiled", "local", node.name, target, lm, location, phase, graph.graph_id, "",
-                    nan_origin, highest.get(node.name) if lm.over else None, site,
+                    "compiled",
+                    "local",
+                    node.name,
+                    target,
+                    lm,
+                    location,
+                    phase,
+                    graph.graph_id,
+                    "",
+                    nan_origin,
+                    highest.get(node.name) if lm.over else None,
+                    site,
                 )
             elif lm is None and nan_origin:
                 site = self._site(("compiled", "local", phase, graph.graph_id, node.name, location))
                 self._record(
-                    "compiled", "local", node.name, target, dm, location, phase, graph.graph_id, "", True, None, site
+                    "compiled",
+                    "local",
+                    node.name,
+                    target,
+                    dm,
+                    location,
+                    phase,
+                    graph.graph_id,
+                    "",
+                    True,
+                    None,
+                    site,
                 )
             if dm.over:
                 site = self._site(("compiled", "drift", phase, graph.graph_id, node.name, location))
-                self._record("compiled", "drift", node.name, target, dm, location, phase, graph.graph_id, "", False, None, site)
+                self._record(
+                    "compiled",
+                    "drift",
+                    node.name,
+                    target,
+                    dm,
+                    location,
+                    phase,
+                    graph.graph_id,
+                    "",
+                    False,
+                    None,
+                    site,
+                )
 
     def _graph_at_highest(self, graph, arrays, chosen, over_local, inputs_by_node, host) -> dict[str, bool]:
         """Run the graph's debug variant at precision "highest"; which nodes are then within tolerance?"""
@@ -999,7 +1118,7 @@ class DivergenceTracer:
                         args.append(a)
                 with torch.no_grad():
                     ref = node.target(*args, **{k: v for k, v in node.kwargs.items()})
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S112 - no CPU reference for this node: no verdict
                 continue
             dev = np.asarray(values[node.name])
             rtol, atol = tolerance_for(ref.dtype, self.tolerances)
@@ -1187,13 +1306,17 @@ def _all_finite(payload: Any) -> bool:
 def _node_made_nonfinite(node: torch.fx.Node, xla: dict, inputs: dict) -> bool:
     """The compiled-mode form of :func:`_made_nonfinite` (inputs not returned count as finite)."""
     floats = [
-        a for a in node.all_input_nodes
-        if isinstance(a.meta.get("val"), torch.Tensor) and (a.meta["val"].dtype.is_floating_point or a.meta["val"].dtype.is_complex)
+        a
+        for a in node.all_input_nodes
+        if isinstance(a.meta.get("val"), torch.Tensor)
+        and (a.meta["val"].dtype.is_floating_point or a.meta["val"].dtype.is_complex)
     ]
     if not floats:
         return False
     scalars: list[float] = []
-    torch.fx.node.map_aggregate((node.args, node.kwargs), lambda v: scalars.append(v) if isinstance(v, float) else v)
+    torch.fx.node.map_aggregate(
+        (node.args, node.kwargs), lambda v: scalars.append(v) if isinstance(v, float) else v
+    )
     if any(not math.isfinite(v) for v in scalars):
         return False
     for a in floats:
@@ -1207,13 +1330,19 @@ def _node_made_nonfinite(node: torch.fx.Node, xla: dict, inputs: dict) -> bool:
 
 def _is_random_node(node: torch.fx.Node) -> bool:
     target = node.target
-    return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and _op_info(target).skip is not None
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and _op_info(target).skip is not None
+    )
 
 
 class _CpuGraph(torch.fx.Interpreter):
     """An FX graph run on CPU; random nodes take the device's values; each value is reported."""
 
-    def __init__(self, gm: torch.fx.GraphModule, forced: dict, device_value: Callable, on_value: Callable) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, forced: dict, device_value: Callable, on_value: Callable
+    ) -> None:
         super().__init__(gm, garbage_collect_values=False)
         self.forced = forced
         self.device_value = device_value

@@ -30,22 +30,28 @@ import re
 import threading
 from typing import Any, Protocol
 
-from tpu_debug.tracers.events import GraphBreakEvent, GuardFailureEvent, KeyDiff, RecompileLimitEvent, SourceLocation
+from tpu_debug.tracers.events import (
+    GraphBreakEvent,
+    GuardFailureEvent,
+    KeyDiff,
+    RecompileLimitEvent,
+    SourceLocation,
+)
 from tpu_debug.tracers.location import user_location
 
 __all__ = [
-    "GuardFailure",
-    "GraphBreak",
-    "RecompileLimit",
     "DynamoListener",
-    "subscribe",
-    "unsubscribe",
-    "installed",
-    "guard_failure",
+    "DynamoRecorder",
+    "GraphBreak",
+    "GuardFailure",
+    "RecompileLimit",
+    "clean_guard",
     "frame_function",
     "guard_diffs",
-    "clean_guard",
-    "DynamoRecorder",
+    "guard_failure",
+    "installed",
+    "subscribe",
+    "unsubscribe",
 ]
 
 _TRACE_LOGGER = "torch.__trace"
@@ -202,7 +208,7 @@ def _internal_error(listener: Any, method: str, exc: BaseException) -> None:
 # Parsing what dynamo logs
 # ---------------------------------------------------------------------------------
 
-_ENTRY = re.compile(r"^(\d+/\d+):\s*(.*)$", re.S)
+_ENTRY = re.compile(r"^(\d+/\d+):\s*(.*)$", re.DOTALL)
 
 
 def clean_guard(text: str) -> tuple[str | None, str]:
@@ -260,14 +266,14 @@ def _parse_graph_break(payload: str, frame: int | None) -> GraphBreak:
             if f == file and int(ln) == line:
                 function = fn
         location = SourceLocation(file, line, function)
-    return GraphBreak(_pretty_function(function), _graph_break_reason(payload), location, user_location(1))
+    return GraphBreak(pretty_function(function), _graph_break_reason(payload), location, user_location(1))
 
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+)_at_(\d+)$")
 
 
-def _pretty_function(name: str) -> str:
-    """Dynamo's resume functions, named after the function and line they resume."""
+def pretty_function(name: str) -> str:
+    """A function's name; dynamo's resume functions named after the function and line they resume."""
     m = _RESUME.match(name)
     return f"{m.group(1)} (after the graph break at line {m.group(2)})" if m else name
 
@@ -285,7 +291,7 @@ def _on_structured(md: dict, payload: str | None) -> None:
             last = stack[-1]
             file = last.get("filename")
             file = _strings.get(file, str(file)) if isinstance(file, int) else str(file)
-            _frames[int(frame)] = (_pretty_function(str(last.get("name", "?"))), file)
+            _frames[int(frame)] = (pretty_function(str(last.get("name", "?"))), file)
         return
     artifact = md.get("artifact")
     if not isinstance(artifact, dict):
@@ -298,7 +304,9 @@ def _on_structured(md: dict, payload: str | None) -> None:
             entry, guard = clean_guard(text)
             guards.append((entry or "?", guard))
         known = _frames.get(int(frame))
-        failure = GuardFailure(compile_id, int(frame), known[0] if known else None, tuple(guards), user_location(1))
+        failure = GuardFailure(
+            compile_id, int(frame), known[0] if known else None, tuple(guards), user_location(1)
+        )
         _failures[compile_id] = failure
         while len(_failures) > _MAX_FAILURES:
             _failures.popitem(last=False)
@@ -316,7 +324,7 @@ def _on_limit(record: logging.LogRecord) -> None:
         return
     limit_type, limit, func, reason = args[:4]
     m = _FUNC_INFO.match(str(func))
-    function = _pretty_function(m.group(1)) if m else str(func)
+    function = pretty_function(m.group(1)) if m else str(func)
     try:
         value = int(limit)
     except (TypeError, ValueError):
@@ -384,7 +392,9 @@ _GUARD_FORMS: tuple[tuple[re.Pattern, Any], ...] = (
         lambda m: KeyDiff("global state", m[1].strip().replace("_", " "), "changed"),
     ),
     (
-        re.compile(r"^([A-Za-z_][\w.]*|L\['[^']+'\](?:\.\w+)*) == (-?\d+(?:\.\d*)?(?:e-?\d+)?|True|False|-?inf|nan)$"),
+        re.compile(
+            r"^([A-Za-z_][\w.]*|L\['[^']+'\](?:\.\w+)*) == (-?\d+(?:\.\d*)?(?:e-?\d+)?|True|False|-?inf|nan)$"
+        ),
         lambda m: KeyDiff(f"python scalar baked in '{_local_name(m[1])}'", m[2], "changed"),
     ),
 )
@@ -441,7 +451,9 @@ class DynamoRecorder:
 
     def on_recompile_limit(self, hit: RecompileLimit) -> None:
         self.writer.put(
-            RecompileLimitEvent(*self._head(hit.location), hit.function, hit.limit_type, hit.limit, hit.reason)
+            RecompileLimitEvent(
+                *self._head(hit.location), hit.function, hit.limit_type, hit.limit, hit.reason
+            )
         )
 
     def on_internal_error(self, method: str, exc: BaseException) -> None:

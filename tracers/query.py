@@ -471,8 +471,8 @@ class RunQuery:
         return self.events("recompile_limit")
 
     def transfer_call_sites(self) -> list[Any]:
-        """Transfers by source line, direction and cause: implicit first, then the most
-        frequent (``tracers.transfers.CallSite``; ``loop`` marks a line that synced often)."""
+        """Transfers by source line, direction and cause: implicit first, then loops, then the
+        most frequent (``tracers.transfers.CallSite``; ``loop`` marks a line that synced often)."""
         from tpu_debug.tracers.transfers import call_sites
 
         return call_sites(self.transfers())
@@ -709,8 +709,13 @@ class RunQuery:
         recorded before identities, the op or graph name), oldest first, with their key
         diffs; paged by ``limit``/``offset`` so a recompile storm is read a page at a time."""
         extra, join = _DETAIL["compile"]
-        sql = _EVENT_SELECT.format(extra=extra, join=join) + " AND coalesce(c.identity, e.name) = ?"
-        params: list[Any] = ["compile", identity]
+        # the IN list narrows through the compiles table and the (kind, name) index first
+        sql = _EVENT_SELECT.format(extra=extra, join=join) + (
+            " AND e.id IN (SELECT event_id FROM compiles WHERE identity = ? "
+            "UNION ALL SELECT id FROM events WHERE kind = 'compile' AND name = ?) "
+            "AND coalesce(c.identity, e.name) = ?"
+        )
+        params: list[Any] = ["compile", identity, identity, identity]
         if mode is not None:
             sql += " AND e.mode = ?"
             params.append(mode)
@@ -741,62 +746,89 @@ class RunQuery:
 
     def transfer_sites(self, *, buckets: int = 0, limit: int | None = None) -> list[TransferSite]:
         """Transfers grouped by source line, direction, cause and kind: implicit ones first,
-        then the most frequent.
+        then the most frequent, then the slowest.
+
+        One pass over the transfers, however many there are (the TUI calls this on runs
+        with hundreds of thousands of them).
 
         Args:
             buckets: also count each site's transfers in this many equal time buckets
                 between the first and the last transfer of the run (``timeline``).
             limit: at most this many sites.
         """
-        group = "e.location_id, t.direction, e.name, t.implicit"
+        t0, t1 = self._rows("SELECT min(ts), max(ts) FROM events WHERE kind = 'transfer'")[0]
+        if t0 is None:
+            return []
+        n = max(1, buckets)
+        width = (t1 - t0) / n or 1.0
         rows = self._rows(
-            "SELECT e.location_id, l.file, l.line, l.function, t.direction, e.name, t.implicit, count(*), "
-            "total(t.nbytes), total(e.seconds), min(e.ts), max(e.ts) "
-            "FROM events e JOIN transfers t ON t.event_id = e.id LEFT JOIN locations l ON l.id = e.location_id "
-            f"WHERE e.kind = 'transfer' GROUP BY {group} ORDER BY t.implicit DESC, count(*) DESC, 10 DESC"
-            + (f" LIMIT {int(limit)}" if limit is not None else "")
+            "SELECT e.location_id, t.direction, e.name, t.implicit, "
+            "min(CAST((e.ts - ?) / ? AS INTEGER), ?), count(*), total(t.nbytes), total(e.seconds), "
+            "min(e.ts), max(e.ts) FROM transfers t JOIN events e ON e.id = t.event_id GROUP BY 1, 2, 3, 4, 5",
+            (t0, width, n - 1),
         )
-        timelines: dict[tuple, list[int]] = {}
-        if buckets > 0 and rows:
-            t0, t1 = self._rows("SELECT min(ts), max(ts) FROM events WHERE kind = 'transfer'")[0]
-            width = (t1 - t0) / buckets or 1.0
-            for lid, direction, op, implicit, b, n in self._rows(
-                f"SELECT e.location_id, t.direction, e.name, t.implicit, "
-                f"min(CAST((e.ts - ?) / ? AS INTEGER), ?), count(*) "
-                f"FROM events e JOIN transfers t ON t.event_id = e.id WHERE e.kind = 'transfer' "
-                f"GROUP BY {group}, 5",
-                (t0, width, buckets - 1),
+        sites: dict[tuple, list] = {}
+        for lid, direction, op, implicit, b, count, nbytes, seconds, first, last in rows:
+            site = sites.get((lid, direction, op, implicit))
+            if site is None:
+                site = sites[(lid, direction, op, implicit)] = [0, 0.0, 0.0, first, last, [0] * n]
+            site[0] += count
+            site[1] += nbytes
+            site[2] += seconds
+            site[3] = min(site[3], first)
+            site[4] = max(site[4], last)
+            site[5][b] += count
+        ids = sorted({key[0] for key in sites if key[0] is not None})
+        locations: dict[int, SourceLocation] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            for lid, file, line, function in self._rows(
+                f"SELECT id, file, line, function FROM locations WHERE id IN ({','.join('?' * len(chunk))})",
+                tuple(chunk),
             ):
-                timelines.setdefault((lid, direction, op, implicit), [0] * buckets)[b] += n
-        return [
+                locations[lid] = SourceLocation(file, line, function)
+        out = [
             TransferSite(
-                self._location(file, line, function),
+                locations.get(lid) if lid is not None else None,
                 direction,
                 op,
                 bool(implicit),
-                n,
+                count,
                 int(nbytes),
                 seconds,
                 first,
                 last,
-                tuple(timelines.get((lid, direction, op, implicit), ())),
+                tuple(timeline) if buckets > 0 else (),
             )
-            for lid, file, line, function, direction, op, implicit, n, nbytes, seconds, first, last in rows
+            for (lid, direction, op, implicit), (count, nbytes, seconds, first, last, timeline) in sites.items()
         ]
+        out.sort(key=lambda s: (not s.implicit, -s.count, -s.seconds, str(s.location), s.direction, s.op))
+        return out[:limit] if limit is not None else out
 
     def ranked_divergences(self, *, limit: int | None = None, offset: int = 0) -> list[DivergenceEvent]:
         """Divergence events ranked: the firsts over tolerance (local measure first, then in
         the order they happened), then NaN/Inf origins, then by error in units of tolerance
         (``ratio``), largest first."""
         extra, join = _DETAIL["divergence"]
-        sql = _EVENT_SELECT.format(extra=extra, join=join) + (
-            " ORDER BY d.first DESC, CASE WHEN d.first THEN d.measure != 'local' END, "
-            "CASE WHEN d.first THEN e.id END, d.nan_origin DESC, d.ratio DESC, "
-            "CASE WHEN d.tolerance > 0 THEN d.max_abs / d.tolerance ELSE d.max_abs END DESC, e.id"
+        # rank on the divergences table alone, then fetch the page's events: sorting the
+        # join would read every event of the run
+        order = (
+            "d.first DESC, CASE WHEN d.first THEN d.measure != 'local' END, CASE WHEN d.first THEN d.event_id END, "
+            "d.nan_origin DESC, d.ratio DESC, "
+            "CASE WHEN d.tolerance > 0 THEN d.max_abs / d.tolerance ELSE d.max_abs END DESC, d.event_id"
         )
-        if limit is not None:
-            sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
-        return [self._event("divergence", row, {}) for row in self._rows(sql, ("divergence",))]  # type: ignore[misc]
+        page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
+        ids = [r[0] for r in self._rows(f"SELECT d.event_id FROM divergences d ORDER BY {order}{page}")]
+        if not ids:
+            return []
+        rank = {eid: i for i, eid in enumerate(ids)}
+        out: list[DivergenceEvent] = []
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            sql = _EVENT_SELECT.format(extra=extra, join=join) + f" AND e.id IN ({','.join('?' * len(chunk))})"
+            out.extend(self._event("divergence", row, {}) for row in self._rows(sql, ("divergence", *chunk)))  # type: ignore[misc]
+        out.sort(key=lambda e: rank[e.id])
+        return out
 
     def program_of_node(self, node: str, *, graph: str | None = None) -> int | None:
         """The id of the latest compiled program holding FX node ``node`` (None when none does)."""

@@ -45,17 +45,17 @@ from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 
 __all__ = [
-    "RecompileTracker",
-    "Observation",
+    "DEFAULT_STORM_THRESHOLD",
     "Change",
+    "Observation",
     "RecompileGroup",
-    "summarize",
-    "explain",
+    "RecompileTracker",
+    "aval",
     "describe",
     "diff_kind",
-    "aval",
+    "explain",
     "parse_aval",
-    "DEFAULT_STORM_THRESHOLD",
+    "summarize",
 ]
 
 DEFAULT_STORM_THRESHOLD = 5
@@ -190,14 +190,16 @@ def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> list[KeyDiff]:
             la, lb = dict(getattr(a, "layout", ()) or ()), dict(getattr(b, "layout", ()) or ())
             for k in sorted(set(la) | set(lb), key=str):
                 if la.get(k) != lb.get(k):
-                    out.append(KeyDiff(f"{label} {k}", _layout_text(k, la.get(k)), _layout_text(k, lb.get(k))))
+                    out.append(
+                        KeyDiff(f"{label} {k}", _layout_text(k, la.get(k)), _layout_text(k, lb.get(k)))
+                    )
         elif a.shape is None and b.shape is None:
             if not _same_static(a.static, b.static):
                 scalar = getattr(a, "scalar", False) or getattr(b, "scalar", False)
                 field = f"python scalar baked in '{b.name}'" if scalar else f"static arg '{b.name}'"
                 out.append(KeyDiff(field, _static_text(a.static), _static_text(b.static)))
         else:
-            text = lambda s: aval(s.shape, s.dtype) if s.shape is not None else _static_text(s.static)  # noqa: E731
+            text = lambda s: aval(s.shape, s.dtype) if s.shape is not None else _static_text(s.static)
             out.append(KeyDiff(label, text(a), text(b)))
     return out
 
@@ -260,6 +262,11 @@ def _identity(info: Any) -> tuple[Any, str]:
     extra = info.extra or {}
     direction = "backward" if extra.get("kind") == "backward" else "forward"
     frame = extra.get("frame")
+    code = extra.get("code")
+    if code is not None:  # (file, first line, name) of the function dynamo compiled
+        file, line, name = code
+        label = f"{dynamo_events.pretty_function(name)} in {os.path.basename(file)} ({direction})"
+        return ("code", file, line, name, direction), label
     if frame is None:
         return ("graph", str(info.name)), str(info.name)
     # keyed by dynamo's frame id (one per code object), so graphs compiled before
@@ -335,18 +342,26 @@ class RecompileTracker:
     @staticmethod
     def _with_dynamo(diffs: list[KeyDiff], previous: _Seen, entry: _Seen, info: Any) -> list[KeyDiff]:
         out: list[KeyDiff] = []
-        if info.mode == "compiled" and entry.compile_id is not None and entry.compile_id != previous.compile_id:
+        if (
+            info.mode == "compiled"
+            and entry.compile_id is not None
+            and entry.compile_id != previous.compile_id
+        ):
             failure = dynamo_events.guard_failure(entry.compile_id)
             guard = failure.for_entry(previous.compile_id) if failure is not None else None
             if guard:
                 for d in dynamo_events.guard_diffs(guard):
-                    if d.field == "global state" and any(x.field in ("grad mode", "graph kind") for x in diffs):
+                    if d.field == "global state" and any(
+                        x.field in ("grad mode", "graph kind") for x in diffs
+                    ):
                         continue  # the graph's own facts say it better
                     out.append(d)
         out.extend(diffs)
         if not out:
             if previous.key == entry.key:
-                out.append(KeyDiff("key", "compiled before", "compiled again (the executable cache was cleared)"))
+                out.append(
+                    KeyDiff("key", "compiled before", "compiled again (the executable cache was cleared)")
+                )
             elif info.mode == "compiled":
                 before = previous.key[1] if isinstance(previous.key, tuple) and len(previous.key) > 1 else "?"
                 now = entry.key[1] if isinstance(entry.key, tuple) and len(entry.key) > 1 else "?"
@@ -478,7 +493,14 @@ def _dim_changes(diff: KeyDiff) -> list[tuple[str, str, str, str]]:
             ]
         return [(f"rank of {diff.field}", kind, diff.before, diff.now)]
     if kind == "scalar":
-        return [(f"python scalar {diff.field.removeprefix('python scalar baked in ')}", kind, diff.before, diff.now)]
+        return [
+            (
+                f"python scalar {diff.field.removeprefix('python scalar baked in ')}",
+                kind,
+                diff.before,
+                diff.now,
+            )
+        ]
     if kind == "inputs":
         return [("the inputs", kind, diff.before, diff.now)]
     return [(diff.field, kind, diff.before, diff.now)]
@@ -530,7 +552,8 @@ def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Chang
     statics: dict[str, dict[str, None]] = {}
     for c in items:
         for i, a in enumerate(c.args):
-            key = a.name  # names line up across keys; positions may not (compiled inputs)
+            # names line up across keys; positions only among keys with as many inputs
+            key = a.name if a.name != f"arg{i}" else f"{len(c.args)}:{a.name}"
             labels.setdefault(key, _arg_label(i, a.name))
             if a.shape is None:
                 statics.setdefault(key, {}).setdefault(str(a.static), None)

@@ -48,14 +48,14 @@ from tpu_debug.tracers.events import SourceLocation, TransferEvent
 from tpu_debug.tracers.location import _is_library, location_of
 
 __all__ = [
-    "IMPLICIT",
-    "is_implicit",
-    "classify",
-    "CallSite",
-    "call_sites",
-    "advice_for",
-    "LOOP_MIN",
     "CAUSE_TEXT",
+    "IMPLICIT",
+    "LOOP_MIN",
+    "CallSite",
+    "advice_for",
+    "call_sites",
+    "classify",
+    "is_implicit",
 ]
 
 IMPLICIT = frozenset({"item", "tolist", "print", "bool", "float", "int", "index", "scalar", "numpy"})
@@ -208,7 +208,10 @@ def _own_dirs() -> tuple[str, ...]:
 
     import tpu_debug
 
-    dirs = {os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (tpu_debug, tpu_debug.runtime, tpu_debug.tracers)}
+    dirs = {
+        os.path.dirname(os.path.realpath(m.__file__)) + os.sep
+        for m in (tpu_debug, tpu_debug.runtime, tpu_debug.tracers)
+    }
     return tuple(sorted(dirs))
 
 
@@ -281,7 +284,12 @@ def classify(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CallSite:
-    """The transfers of one source line with one direction and cause, added up."""
+    """The transfers of one source line with one direction and cause, added up.
+
+    ``calls`` counts the times the line moved data: one per transfer, except
+    for ``print``, where one call copies a tensor element by element (a run of
+    transfers from the line with no other transfer between counts once).
+    """
 
     location: SourceLocation | None
     direction: str
@@ -291,19 +299,27 @@ class CallSite:
     nbytes: int
     seconds: float
     shapes: tuple[str, ...]
+    calls: int = 0
 
     @property
     def loop(self) -> bool:
-        """The line moved data on many calls: it sits in a loop."""
-        return self.count >= LOOP_MIN
+        """The line synced on many calls: it sits in a loop (explicit copies, such as
+        uploading each batch, are not syncs and are not flagged)."""
+        return self.implicit and (self.calls or self.count) >= LOOP_MIN
 
 
 def call_sites(transfers: Iterable[TransferEvent]) -> list[CallSite]:
-    """Transfers grouped by (line, direction, cause): implicit first, then the most
-    frequent, then the slowest."""
+    """Transfers grouped by (line, direction, cause): implicit first, then loops,
+    then the most frequent, then the slowest."""
     groups: dict[tuple, list[TransferEvent]] = {}
-    for t in transfers:
-        groups.setdefault((t.location, t.direction, t.op, t.implicit), []).append(t)
+    runs: dict[tuple, int] = {}
+    previous = None
+    for t in sorted(transfers, key=lambda t: t.id):
+        key = (t.location, t.direction, t.op, t.implicit)
+        groups.setdefault(key, []).append(t)
+        if key != previous:
+            runs[key] = runs.get(key, 0) + 1
+        previous = key
     out = []
     for (location, direction, cause, implicit), items in groups.items():
         shapes: dict[str, None] = {}
@@ -319,9 +335,10 @@ def call_sites(transfers: Iterable[TransferEvent]) -> list[CallSite]:
                 sum(t.nbytes for t in items),
                 sum(t.seconds for t in items),
                 tuple(shapes)[:4],
+                runs[(location, direction, cause, implicit)] if cause == "print" else len(items),
             )
         )
-    out.sort(key=lambda s: (not s.implicit, -s.count, -s.seconds))
+    out.sort(key=lambda s: (not s.implicit, not s.loop, -(s.calls or s.count), -s.seconds))
     return out
 
 

@@ -1,9 +1,10 @@
 """The TUI application: one Textual app over one run, a mode (screen stack) per view.
 
 Screens read the run through the :class:`~tpu_debug.session.Session` API from
-worker threads (``App.read`` serialises them on the one SQLite connection) and
-post what they loaded back as messages, so the interface never waits on the
-database. A run still being recorded is followed: every ``poll_interval``
+worker threads and post what they loaded back as messages, so the interface
+never waits on the database. ``App.read`` lends each worker a session of its
+own (a small pool of read-only connections): a slow pass over every transfer
+does not hold up the compile history the user just asked for. A run still being recorded is followed: every ``poll_interval``
 seconds the app asks the store whether anything new arrived and, if so, the
 current screen reloads (others reload when shown again).
 """
@@ -11,17 +12,16 @@ current screen reloads (others reload when shown again).
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from textual import work
 from textual.app import App
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.timer import Timer
-
-from tpu_debug.session import Session
 from tpu_debug.tracers.query import RunMetadata
 from tpu_debug.tui.screens import (
     DivergenceScreen,
@@ -34,6 +34,7 @@ from tpu_debug.tui.screens import (
 )
 
 from tpu_debug.errors import TpuDebugError
+from tpu_debug.session import Session
 
 __all__ = ["TpuDebugApp", "run_app"]
 
@@ -59,7 +60,7 @@ class TpuDebugApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "tpu-debug"
     ENABLE_COMMAND_PALETTE = False
-    MODES = {
+    MODES: ClassVar[dict[str, Any]] = {
         "overview": OverviewScreen,
         "recompiles": RecompilesScreen,
         "ops": OpsScreen,
@@ -67,7 +68,7 @@ class TpuDebugApp(App[None]):
         "divergence": DivergenceScreen,
     }
     DEFAULT_MODE = "overview"
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("1", "switch_mode('overview')", "Overview"),
         Binding("2", "switch_mode('recompiles')", "Recompiles"),
         Binding("3", "switch_mode('ops')", "Ops"),
@@ -93,7 +94,10 @@ class TpuDebugApp(App[None]):
         """
         super().__init__()
         self.session = session
-        self._lock = threading.Lock()
+        self._pool: queue.SimpleQueue[Session] = queue.SimpleQueue()
+        self._pool.put(session)
+        self._opened: list[Session] = []
+        self._opened_lock = threading.Lock()
         self.metadata = session.metadata()
         self.cwd = self.metadata.cwd or None
         self.generation = 0
@@ -107,9 +111,23 @@ class TpuDebugApp(App[None]):
     # -- reading the run ------------------------------------------------------------------
 
     def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call ``fn(session, *args)`` under the session lock (from a worker thread)."""
-        with self._lock:
-            return fn(self.session, *args, **kwargs)
+        """Call ``fn(session, *args)`` with a session no other thread is using (from a worker)."""
+        try:
+            session = self._pool.get_nowait()
+        except queue.Empty:
+            session = Session(self.session.db_path)  # another connection to the same run
+            with self._opened_lock:
+                self._opened.append(session)
+        try:
+            return fn(session, *args, **kwargs)
+        finally:
+            self._pool.put(session)
+
+    def on_unmount(self) -> None:
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for session in opened:
+            session.close()
 
     def show_error(self, message: str) -> None:
         """Say what went wrong reading the run (one line, never markup)."""

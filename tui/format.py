@@ -8,6 +8,7 @@ file name is shown as is.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Sequence
 
@@ -17,15 +18,15 @@ from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, SourceLocat
 from tpu_debug.report import format_bytes, format_seconds
 
 __all__ = [
-    "format_seconds",
-    "format_bytes",
-    "format_float",
-    "short_path",
-    "location_text",
-    "sparkline",
+    "changed_text",
     "diff_summary",
     "fallback_diffs",
-    "changed_text",
+    "format_bytes",
+    "format_float",
+    "format_seconds",
+    "location_text",
+    "short_path",
+    "sparkline",
 ]
 
 _BARS = " ▁▂▃▄▅▆▇█"
@@ -34,7 +35,7 @@ _BARS = " ▁▂▃▄▅▆▇█"
 def format_float(value: float | None) -> str:
     if value is None:
         return "-"
-    if value != value:  # NaN
+    if math.isnan(value):
         return "nan"
     if value == 0:
         return "0"
@@ -103,7 +104,9 @@ def _arg_map(args: Sequence[ArgInfo]) -> dict[str, str]:
     return {a.name: a.render() for a in args}
 
 
-def fallback_diffs(event: CompileEvent, earlier: Sequence[CompileEvent]) -> tuple[CompileEvent | None, list[KeyDiff]]:
+def fallback_diffs(
+    event: CompileEvent, earlier: Sequence[CompileEvent]
+) -> tuple[CompileEvent | None, list[KeyDiff]]:
     """For a run that recorded no key diff: the earlier compile whose inputs differ
     in the fewest places, and those differences (argument by argument)."""
     now = _arg_map(event.args)

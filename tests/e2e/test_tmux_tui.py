@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _synthetic():
-    spec = importlib.util.spec_from_file_location("synthetic_run", REPO / "tests" / "tui" / "synthetic_run.py")
+    spec = importlib.util.spec_from_file_location(
+        "synthetic_run", REPO / "tests" / "tui" / "synthetic_run.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -40,7 +42,12 @@ class Tmux:
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [TMUX, "-L", self.socket, *args], capture_output=True, text=True, timeout=30, env=self.env, check=check
+            [TMUX, "-L", self.socket, *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=self.env,
+            check=check,
         )
 
     def start(self, command: str, cwd: Path) -> None:

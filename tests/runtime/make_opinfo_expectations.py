@@ -33,8 +33,8 @@ _MAX_REASON = 150
 
 _MISSING = re.compile(r"^NotImplementedError: (aten::\S+) has no tpu lowering or decomposition")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_REL = re.compile(r"max rel diff (\S+)")
-_ABS = re.compile(r"max abs diff (\S+)")
+_REL = re.compile(r"max rel diff ([^,\s]+)")
+_ABS = re.compile(r"max abs diff ([^,\s]+)")
 
 
 def reason_for(error: str) -> str:

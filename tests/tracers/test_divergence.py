@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-import tpu_debug
-from tpu_debug.config import TraceConfig
-from tpu_debug.errors import ConfigError
 from tpu_debug.runtime import eager
 from tpu_debug.runtime.config import RuntimeConfig
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.ops import registry
 from tpu_debug.tracers.divergence import compare, format_tolerances, parse_tolerances
 
+import tpu_debug
+from tpu_debug.config import TraceConfig
+from tpu_debug.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from examples.models import tiny_llama  # noqa: E402
+from examples.models import tiny_llama
 
 aten = torch.ops.aten
 CFG = tiny_llama.LlamaConfig(layers=1, hidden=32, intermediate=64, vocab=64, max_seq=16)
@@ -112,7 +112,9 @@ def test_tolerances_parse_and_errors():
         parse_tolerances("float32")
     with pytest.raises(ConfigError, match=r"TPU_DEBUG_TOLERANCES: tolerance for float32: 'x' is not rtol"):
         TraceConfig.from_env({"TPU_DEBUG_TOLERANCES": "float32=x"})
-    with pytest.raises(ConfigError, match=r"TPU_DEBUG_NUMERICS='gpu' is not a numerics mode; use 'cpu' or 'tpu'"):
+    with pytest.raises(
+        ConfigError, match=r"TPU_DEBUG_NUMERICS='gpu' is not a numerics mode; use 'cpu' or 'tpu'"
+    ):
         TraceConfig.from_env({"TPU_DEBUG_NUMERICS": "gpu"})
     cfg = TraceConfig.from_env(
         {"TPU_DEBUG_DIVERGENCE": "1", "TPU_DEBUG_NUMERICS": "tpu", "TPU_DEBUG_DIVERGENCE_SAMPLE": "3"}
@@ -125,9 +127,11 @@ def test_tolerances_parse_and_errors():
 
 def test_wrong_lowering_is_named_first_eager(logdir):
     model = _model()
-    with wrong_lowering(aten.silu.default, _off_by_one_percent):
-        with tpu_debug.trace(logdir=logdir, divergence=True) as session:
-            _block_step(model)
+    with (
+        wrong_lowering(aten.silu.default, _off_by_one_percent),
+        tpu_debug.trace(logdir=logdir, divergence=True) as session,
+    ):
+        _block_step(model)
     first = session.first_divergence()
     assert (first.name, first.measure, first.phase, first.mode) == ("silu", "local", "forward", "eager")
     assert first.location.file == tiny_llama.__file__ and first.location.line == SILU_LINE
@@ -140,14 +144,16 @@ def test_wrong_lowering_is_named_first_eager(logdir):
     assert summary["ops_compared"] > 100 and summary["over_tolerance"]["local"] == 1
     assert not session.internal_errors()
     report = session.summary()
-    assert f">> silu" in report and f"tiny_llama.py:{SILU_LINE}" in report
+    assert ">> silu" in report and f"tiny_llama.py:{SILU_LINE}" in report
 
 
 def test_backward_op_carries_its_forward_line(logdir):
     model = _model()
-    with wrong_lowering(aten.silu_backward.default, _off_by_one_percent):
-        with tpu_debug.trace(logdir=logdir, divergence=True) as session:
-            _block_step(model)
+    with (
+        wrong_lowering(aten.silu_backward.default, _off_by_one_percent),
+        tpu_debug.trace(logdir=logdir, divergence=True) as session,
+    ):
+        _block_step(model)
     first = session.first_divergence()
     assert (first.name, first.phase, first.autograd_node) == ("silu_backward", "backward", "SiluBackward0")
     assert first.location is not None and first.location.line == SILU_LINE
@@ -168,16 +174,22 @@ def test_random_and_loaded_values_are_copied_not_compared(logdir):
 
 def test_drift_follows_views_and_inplace_writes(logdir):
     base = torch.linspace(0.5, 2.0, 12).reshape(3, 4).to("tpu")
-    with wrong_lowering(aten.exp.default, _off_by_one_percent):
-        with tpu_debug.trace(logdir=logdir, divergence=True) as session:
-            y = base.exp()  # 1 % off: the origin
-            y[:, 1:].mul_(3.0)  # an in-place write through a view: exact locally, drifted
-            z = y.t().sum(0)  # a view, then a reduction: still drifted
+    with (
+        wrong_lowering(aten.exp.default, _off_by_one_percent),
+        tpu_debug.trace(logdir=logdir, divergence=True) as session,
+    ):
+        y = base.exp()  # 1 % off: the origin
+        y[:, 1:].mul_(3.0)  # an in-place write through a view: exact locally, drifted
+        z = y.t().sum(0)  # a view, then a reduction: still drifted
     events = session.divergences(over=True)
     local = [e.name for e in events if e.measure == "local"]
     drift = {e.name for e in events if e.measure == "drift"}
     assert local == ["exp"]
-    assert {"exp", "mul.Tensor", "sum.dim_IntList"} <= drift or {"exp", "mul_.Tensor", "sum.dim_IntList"} <= drift
+    assert {"exp", "mul.Tensor", "sum.dim_IntList"} <= drift or {
+        "exp",
+        "mul_.Tensor",
+        "sum.dim_IntList",
+    } <= drift
     assert z.shape == (3,)
 
 
@@ -215,18 +227,22 @@ def test_a_tracer_failure_does_not_break_the_program(logdir, monkeypatch):
 def test_wrong_lowering_is_named_first_compiled(logdir):
     torch._dynamo.reset()
     model = tpu_debug.compile(_model())
-    with wrong_lowering(aten.silu.default, _off_by_one_percent), wrong_lowering(
-        aten.silu_backward.default, _off_by_one_percent
+    with (
+        wrong_lowering(aten.silu.default, _off_by_one_percent),
+        wrong_lowering(aten.silu_backward.default, _off_by_one_percent),
+        tpu_debug.trace(logdir=logdir, divergence=True) as session,
     ):
-        with tpu_debug.trace(logdir=logdir, divergence=True) as session:
-            _block_step(model)
+        _block_step(model)
     torch._dynamo.reset()
     first = session.first_divergence()
     assert (first.mode, first.target, first.phase) == ("compiled", "silu", "forward")
     assert first.graph.endswith("/forward") and first.name.startswith("silu")
     assert first.location.file == tiny_llama.__file__ and first.location.line == SILU_LINE
     local = session.divergences(measure="local", over=True)
-    assert [(e.target, e.phase, e.first) for e in local] == [("silu", "forward", True), ("silu_backward", "backward", True)]
+    assert [(e.target, e.phase, e.first) for e in local] == [
+        ("silu", "forward", True),
+        ("silu_backward", "backward", True),
+    ]
     assert local[1].graph.endswith("/backward") and local[1].location.line == SILU_LINE
     summary = session.divergence_summary()
     assert summary["graphs_compared"] == 2 and summary["nodes_compared"] > 100  # forward and backward
@@ -241,7 +257,11 @@ def test_precision_mapping(monkeypatch):
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
     assert (cfg.effective_precision(), cfg.product_passes(), cfg.numerics_key()) == ("highest", 0, ())
     cfg.numerics = "tpu"  # PyTorch's default means a TPU's default: one bfloat16 pass
-    assert (cfg.effective_precision(), cfg.product_passes(), cfg.numerics_key()) == ("medium", 1, ("tpu", "medium"))
+    assert (cfg.effective_precision(), cfg.product_passes(), cfg.numerics_key()) == (
+        "medium",
+        1,
+        ("tpu", "medium"),
+    )
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
     assert (cfg.effective_precision(), cfg.product_passes()) == ("high", 3)
     cfg.matmul_precision = "highest"  # explicit (torch.tpu.precision.set) wins
@@ -281,7 +301,10 @@ def test_tpu_numerics_round_products_and_recompile(logdir):
     torch.testing.assert_close(before.double(), exact, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(after, before, rtol=0, atol=0)  # the cpu-numerics executable again
     torch.testing.assert_close(tpu.double(), bf16, rtol=1e-5, atol=1e-4)  # one bf16 pass, f32 sums
-    err = lambda t: float((t.double() - exact).abs().max())  # noqa: E731
+
+    def err(t):
+        return float((t.double() - exact).abs().max())
+
     assert err(tpu) > 100 * err(three) > 0 and err(three) > err(before)
     first = session.first_divergence()
     assert (first.name, first.highest) == ("mm", True)  # vanishes at precision "highest"
@@ -316,8 +339,15 @@ def test_bf16_drift_example_names_the_first_op_and_highest(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0
     assert "relative difference" in out
-    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "hidden = self.inp(x)" in text)
+    line = next(
+        n
+        for n, text in enumerate(script.read_text().splitlines(), 1)
+        if text.strip() == "hidden = self.inp(x)"
+    )
     assert f"first       addmm at {script}:{line} in Regressor.forward" in err
-    assert "within tolerance at precision 'highest'" in err
-    assert f">> addmm" in err and "vanishes" in err
+    assert ">> addmm" in err and "vanishes" in err
+    with tpu_debug.open_run(logdir=tmp_path / "runs") as session:
+        first = session.first_divergence()
+        assert (first.name, first.location.line, first.highest) == ("addmm", line, True)
+        assert session.metadata().options["numerics"] == "tpu"
     assert runtime_config.numerics == "cpu"

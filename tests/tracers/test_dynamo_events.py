@@ -7,13 +7,13 @@ import logging
 
 import pytest
 import torch
-
-import tpu_debug
-from tpu_debug.errors import RecompileError
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.dynamo_events import clean_guard, guard_diffs
 from tpu_debug.tracers.events import KeyDiff
 from tpu_debug.tracers.recompiles import describe
+
+import tpu_debug
+from tpu_debug.errors import RecompileError
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,10 @@ def _ours(logger: str) -> list:
 
 
 def test_guard_text_becomes_structured_diffs():
-    assert clean_guard("0/1: n == 2    # y = x * n  # f.py:3 in f\nUser stack trace:\n  ...") == ("0/1", "n == 2")
+    assert clean_guard("0/1: n == 2    # y = x * n  # f.py:3 in f\nUser stack trace:\n  ...") == (
+        "0/1",
+        "n == 2",
+    )
     assert guard_diffs("tensor 'x' size mismatch at index 1. expected 8, actual 9") == [
         KeyDiff("tensor 'x' dim 1", "8", "9")
     ]
@@ -73,7 +76,11 @@ def test_size_guard_failure_and_dynamic_recompiles(logdir):
         "arg 1 'x': f32[5,3] -> f32[6,3]",
     ]
     (group,) = [g for g in session.recompile_groups() if g.mode == "compiled"]
-    assert (group.recompiles, group.changing.what, group.changing.values) == (2, "dim 0 of arg 0 'x'", ("4", "5", "6"))
+    assert (group.recompiles, group.changing.what, group.changing.values) == (
+        2,
+        "dim 0 of arg 0 'x'",
+        ("4", "5", "6"),
+    )
 
 
 def test_scalar_grad_mode_and_requires_grad_guards(logdir):
@@ -114,13 +121,15 @@ def test_graph_break_recorded_with_reason_and_line(logdir):
     assert out.cpu().tolist() == [4.0, 4.0]
     (brk,) = session.graph_breaks()
     assert brk.name == "noisy" and brk.mode == "compiled"
-    assert brk.reason.startswith("Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print`")
+    assert brk.reason.startswith(
+        "Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print`"
+    )
     assert brk.location.file == __file__
     assert brk.location.line == noisy.__code__.co_firstlineno + 2 and brk.location.function == "noisy"
     identities = {c.identity for c in session.compiles(mode="compiled")}
     assert identities == {
         "noisy in test_dynamo_events.py (forward)",
-        "noisy (after the graph break at line %d) in test_dynamo_events.py (forward)" % brk.location.line,
+        f"noisy (after the graph break at line {brk.location.line}) in test_dynamo_events.py (forward)",
     }
     assert "graph breaks:" in session.summary(width=300)
 
@@ -131,10 +140,10 @@ def test_recompile_limit_hit(logdir):
 
     fn = tpu_debug.compile(limited)
     xs = [torch.ones(n, device="tpu") for n in (2, 3, 4, 5)]
-    with torch._dynamo.config.patch(recompile_limit=2, automatic_dynamic_shapes=False):
-        with tpu_debug.trace(logdir=logdir) as session:
-            for x in xs:
-                fn(x)
+    limits = torch._dynamo.config.patch(recompile_limit=2, automatic_dynamic_shapes=False)
+    with limits, tpu_debug.trace(logdir=logdir) as session:
+        for x in xs:
+            fn(x)
     (hit,) = session.recompile_limits()
     assert (hit.name, hit.limit_type, hit.limit) == ("limited", "recompile_limit", 2)
     assert hit.reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
@@ -149,8 +158,7 @@ def test_expect_no_recompiles_names_the_failed_guard():
     fn = tpu_debug.compile(double)
     a, b = torch.ones(2, device="tpu"), torch.ones(7, device="tpu")
     fn(a)
-    with pytest.raises(RecompileError, match=r"(?s)^double in test_dynamo_events.py \(forward\) recompiled at .*"
-                       r"tensor 'x' dim 0: 2 -> 7"):
-        with tpu_debug.expect_no_recompiles():
-            fn(b)
+    pattern = r"(?s)^double in test_dynamo_events.py \(forward\) recompiled at .*tensor 'x' dim 0: 2 -> 7"
+    with pytest.raises(RecompileError, match=pattern), tpu_debug.expect_no_recompiles():
+        fn(b)
     assert not _ours("torch.__trace")

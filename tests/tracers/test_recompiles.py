@@ -8,22 +8,24 @@ from pathlib import Path
 import pytest
 import torch
 from tpu_debug.runtime import probes
+from tpu_debug.runtime.eager import clear_cache
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo
+from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff
+from tpu_debug.tracers.recompiles import RecompileTracker, explain, summarize
 
 import tpu_debug
 from tpu_debug.cli import main
 from tpu_debug.config import TraceConfig
 from tpu_debug.errors import ConfigError, RecompileError
 from tpu_debug.guards import _RecompileGuard
-from tpu_debug.runtime.eager import clear_cache
-from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff
-from tpu_debug.tracers.recompiles import RecompileTracker, explain, summarize
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pitfalls"
 
 
 def _info(name, *args, key=None, mode="eager", **extra):
-    return CompileInfo(mode, name, key if key is not None else (name, args, tuple(extra.items())), args, 0.01, extra=extra)
+    return CompileInfo(
+        mode, name, key if key is not None else (name, args, tuple(extra.items())), args, 0.01, extra=extra
+    )
 
 
 def _t(name, shape, dtype="float32", **kw):
@@ -52,25 +54,27 @@ def test_first_compile_then_shape_recompile():
 def test_dtype_static_scalar_and_layout_diffs():
     tracker = RecompileTracker()
     tracker.observe(_info("sum.dim_IntList", _t("self", (4, 4)), ArgSpec("dim", static=[1])))
-    assert _diffs(tracker, _info("sum.dim_IntList", _t("self", (4, 4), "bfloat16"), ArgSpec("dim", static=[1]))) == [
-        "arg 0 'self' dtype: f32 -> bf16"
-    ]
+    assert _diffs(
+        tracker, _info("sum.dim_IntList", _t("self", (4, 4), "bfloat16"), ArgSpec("dim", static=[1]))
+    ) == ["arg 0 'self' dtype: f32 -> bf16"]
     assert _diffs(tracker, _info("sum.dim_IntList", _t("self", (4, 4)), ArgSpec("dim", static=[0]))) == [
         "static arg 'dim': [1] -> [0]"
     ]
     tracker.observe(_info("pow.Tensor_Scalar", _t("self", (4,)), ArgSpec("exponent", static=2, scalar=True)))
-    assert _diffs(tracker, _info("pow.Tensor_Scalar", _t("self", (4,)), ArgSpec("exponent", static=3, scalar=True))) == [
-        "python scalar baked in 'exponent': 2 -> 3"
-    ]
+    assert _diffs(
+        tracker, _info("pow.Tensor_Scalar", _t("self", (4,)), ArgSpec("exponent", static=3, scalar=True))
+    ) == ["python scalar baked in 'exponent': 2 -> 3"]
     # 2 and 2.0 are different keys (and programs), not the same value
     # 2.0 is not 2 (another key, another program); 2 and 3 are equally close: the latest wins
-    assert _diffs(tracker, _info("pow.Tensor_Scalar", _t("self", (4,)), ArgSpec("exponent", static=2.0, scalar=True))) == [
-        "python scalar baked in 'exponent': 3 -> 2.0"
-    ]
+    assert _diffs(
+        tracker, _info("pow.Tensor_Scalar", _t("self", (4,)), ArgSpec("exponent", static=2.0, scalar=True))
+    ) == ["python scalar baked in 'exponent': 3 -> 2.0"]
     view = (("stride", (8, 1)), ("offset", 0), ("storage", (32,)))
     tracker.observe(_info("add.Tensor", _t("self", (4, 3), layout=view)))
     moved = (("stride", (8, 1)), ("offset", 1), ("storage", (32,)))
-    assert _diffs(tracker, _info("add.Tensor", _t("self", (4, 3), layout=moved))) == ["arg 0 'self' offset: 0 -> 1"]
+    assert _diffs(tracker, _info("add.Tensor", _t("self", (4, 3), layout=moved))) == [
+        "arg 0 'self' offset: 0 -> 1"
+    ]
     assert _diffs(tracker, _info("add.Tensor", _t("self", (4, 3)))) == [
         "arg 0 'self' offset: 1 -> contiguous",
         "arg 0 'self' storage: (32,) -> contiguous",
@@ -84,9 +88,17 @@ def test_config_and_compiled_facts():
     assert _diffs(tracker, _info("mm", _t("self", (4, 4)), config={"matmul precision": "high"})) == [
         "matmul precision: highest -> high"
     ]
-    graph = dict(mode="compiled", kind="forward", frame=None)
-    tracker.observe(_info("g1/forward", _t("arg0", (4,)), key=("g1/forward", "d1", 1), grad_mode=True, **graph))
-    info = _info("g1/forward", _t("arg0", (4,)), key=("g1/forward", "d1", 2), grad_mode=False, **dict(graph, kind="inference"))
+    graph = {"mode": "compiled", "kind": "forward", "frame": None}
+    tracker.observe(
+        _info("g1/forward", _t("arg0", (4,)), key=("g1/forward", "d1", 1), grad_mode=True, **graph)
+    )
+    info = _info(
+        "g1/forward",
+        _t("arg0", (4,)),
+        key=("g1/forward", "d1", 2),
+        grad_mode=False,
+        **dict(graph, kind="inference"),
+    )
     assert _diffs(tracker, info) == ["grad mode: enabled -> disabled", "graph kind: forward -> inference"]
 
 
@@ -96,7 +108,9 @@ def test_closest_key_has_fewest_mismatches_latest_on_a_tie():
         tracker.observe(_info("relu", _t("self", shape))).bind(i + 1)
     seen = tracker.observe(_info("relu", _t("self", (8, 32))))
     # (9, 16) differs in two dims; (9, 32) and (8, 16) in one each, and (9, 32) is the later
-    assert seen.previous_event == 2 and [d.render() for d in seen.diffs] == ["arg 0 'self': f32[9,32] -> f32[8,32]"]
+    assert seen.previous_event == 2 and [d.render() for d in seen.diffs] == [
+        "arg 0 'self': f32[9,32] -> f32[8,32]"
+    ]
 
 
 def test_replayed_compiles_are_history_not_recompiles():
@@ -122,13 +136,17 @@ def test_eager_recompiles_recorded_with_diffs_and_lines(logdir, cold_cache):
     with tpu_debug.trace(logdir=logdir) as session:
         for n in (8, 9):
             x = torch.ones(4, n, device="tpu")
-            y = x * x  # the line the recompile is blamed on
+            x * x  # the line the recompile is blamed on
         s0, s1 = torch.sum(x, dim=0), torch.sum(x, dim=1)
-        p2, p3 = x.pow(2), x.pow(3)
-        a, b = torch.add(x, x, alpha=0.5), torch.add(x, x, alpha=0.25)  # add's lowering bakes alpha in
-        v0, v1 = x[:, :3] + 1, x[:, 1:4] + 1  # same shape, another view of the storage
+        _, p3 = x.pow(2), x.pow(3)
+        _, b = torch.add(x, x, alpha=0.5), torch.add(x, x, alpha=0.25)  # add's lowering bakes alpha in
+        _, v1 = x[:, :3] + 1, x[:, 1:4] + 1  # same shape, another view of the storage
     assert (s0.shape, s1.shape, p3.cpu()[0, 0].item(), b.cpu()[0, 0].item(), v1.shape) == (
-        (9,), (4,), 1.0, 1.25, (4, 3)
+        (9,),
+        (4,),
+        1.0,
+        1.25,
+        (4, 3),
     )
     by_name = {}
     for c in session.compiles():
@@ -136,7 +154,10 @@ def test_eager_recompiles_recorded_with_diffs_and_lines(logdir, cold_cache):
     first, second = by_name["mul.Tensor"]
     assert (first.diffs, first.previous, first.identity) == ((), None, "mul.Tensor")
     assert second.previous == first.id and second.identity == "mul.Tensor"
-    assert [d.render() for d in second.diffs] == ["arg 0 'self': f32[4,8] -> f32[4,9]", "arg 1 'other': f32[4,8] -> f32[4,9]"]
+    assert [d.render() for d in second.diffs] == [
+        "arg 0 'self': f32[4,8] -> f32[4,9]",
+        "arg 1 'other': f32[4,8] -> f32[4,9]",
+    ]
     assert second.location.file == __file__ and second.location.line == first.location.line
     assert [d.render() for d in by_name["sum.dim_IntList"][1].diffs] == ["static arg 'dim': [0] -> [1]"]
     assert [d.render() for d in by_name["pow.Tensor_Scalar"][1].diffs] == [
@@ -184,9 +205,13 @@ def test_summarize_scalar_storm_advises_hoisting():
     for i, v in enumerate((2, 3, 4)):
         args = (ArgInfo("self", (4,), "float32"), ArgInfo("exponent", static=repr(v)))
         diffs = (KeyDiff("python scalar baked in 'exponent'", str(v - 1), str(v)),) if i else ()
-        events.append(CompileEvent(i, 0.0, "eager", 0, None, "pow", "sig", args, 0.1, None, None, diffs, "pow"))
+        events.append(
+            CompileEvent(i, 0.0, "eager", 0, None, "pow", "sig", args, 0.1, None, None, diffs, "pow")
+        )
     (group,) = summarize(events, storm_threshold=1)
-    assert group.storm and group.changing.what == "python scalar 'exponent'" and group.changing.kind == "scalar"
+    assert (
+        group.storm and group.changing.what == "python scalar 'exponent'" and group.changing.kind == "scalar"
+    )
     assert group.advice[0].startswith("hoist the python scalar 'exponent' into a tensor on the device")
 
 
@@ -195,10 +220,12 @@ def test_summarize_scalar_storm_advises_hoisting():
 
 def test_fail_on_recompile_raises_with_the_diff(logdir, cold_cache):
     three, five = torch.ones(3, device="tpu"), torch.ones(5, device="tpu")
-    with pytest.raises(RecompileError) as info:
-        with tpu_debug.trace(logdir=logdir, fail_on_recompile=True) as session:
-            three.neg()
-            five.neg()
+    with (
+        pytest.raises(RecompileError) as info,
+        tpu_debug.trace(logdir=logdir, fail_on_recompile=True) as session,
+    ):
+        three.neg()
+        five.neg()
     message = str(info.value)
     assert message.startswith(f"neg recompiled at {__file__}:")
     assert "the closest earlier key has 1 mismatch:\n  arg 0 'self': f32[3] -> f32[5]\n" in message
@@ -216,10 +243,12 @@ def test_expect_no_recompiles_allows_warm_up_and_first_compiles(cold_cache):
     with tpu_debug.expect_no_recompiles():
         x.exp()  # cached
         x.sin()  # a first compile: fine
-    with pytest.raises(RecompileError, match=rf"(?s)^exp recompiled at {__file__}:\d+ in .*"
-                       r"arg 0 'self': f32\[6\] -> f32\[2\]\nexpect_no_recompiles\(\) forbids recompiles here"):
-        with tpu_debug.expect_no_recompiles():
-            y.exp()
+    pattern = (
+        rf"(?s)^exp recompiled at {__file__}:\d+ in .*"
+        r"arg 0 'self': f32\[6\] -> f32\[2\]\nexpect_no_recompiles\(\) forbids recompiles here"
+    )
+    with pytest.raises(RecompileError, match=pattern), tpu_debug.expect_no_recompiles():
+        y.exp()
     assert not any(isinstance(p, _RecompileGuard) for p in probes.active())
     z.exp()  # the guard is gone after the block
 
@@ -244,7 +273,9 @@ def test_options_from_environment_and_cli(monkeypatch, tmp_path):
         tpu_debug.trace(fail_on_recompile="yes")
     script = tmp_path / "recompiles.py"
     script.write_text("import torch, tpu_debug\nfor n in (3, 4):\n    torch.ones(n).to('tpu').tanh()\n")
-    code = main(["run", "--no-report", "--logdir", str(tmp_path / "runs"), "--fail-on-recompile", str(script)])
+    code = main(
+        ["run", "--no-report", "--logdir", str(tmp_path / "runs"), "--fail-on-recompile", str(script)]
+    )
     assert code == 1
     run = tpu_debug.open_run(logdir=tmp_path / "runs")
     assert run.metadata().options["fail_on_recompile"] is True
@@ -256,7 +287,17 @@ def test_options_from_environment_and_cli(monkeypatch, tmp_path):
 
 def test_recompile_storm_example_names_the_sequence_length(tmp_path, cold_cache, capsys):
     logdir = tmp_path / "runs"
-    argv = ["run", "--no-hlo", "--logdir", str(logdir), "--storm-threshold", "2", str(EXAMPLES / "recompile_storm.py"), "--steps", "4"]
+    argv = [
+        "run",
+        "--no-hlo",
+        "--logdir",
+        str(logdir),
+        "--storm-threshold",
+        "2",
+        str(EXAMPLES / "recompile_storm.py"),
+        "--steps",
+        "4",
+    ]
     assert main(argv) == 0
     run = tpu_debug.open_run(logdir=logdir)
     groups = {g.identity: g for g in run.recompile_groups()}

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 
 import pytest
 from synthetic_run import write_synthetic_run
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tui import TpuDebugApp
 
 import tpu_debug
-from tpu_debug.tui import TpuDebugApp
 
 RUN_DIR_NAME = "20260131T120000.000Z-synthetic"
 
@@ -39,7 +40,7 @@ def make_app(synthetic_run):
 @pytest.fixture(scope="session")
 def recorded_run(tmp_path_factory):
     """A real run recorded with tpu_debug.trace(): an eager loop whose input length changes
-    (so its ops recompile), an .item() sync per step, and a compiled graph called twice."""
+    (so its ops recompile), .item() syncs, and a compiled graph called at every step."""
     import torch
 
     logdir = tmp_path_factory.mktemp("recorded")
@@ -69,11 +70,12 @@ def recorded_run(tmp_path_factory):
     from tpu_debug.runtime import clear_cache
 
     clear_cache()  # compiles of earlier tests in this process would be cache hits here
-    namespace: dict = {}
-    exec(compile(script.read_text(), str(script), "exec"), namespace)
-    graph = torch.compile(namespace["loss_of"], backend="tpu_debug", dynamic=False)
+    spec = importlib.util.spec_from_file_location("recorded_loop", script)
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    graph = torch.compile(loop.loss_of, backend="tpu_debug", dynamic=False)
     with tpu_debug.trace(logdir=logdir, name="recorded") as session:
-        namespace["loop"]((4, 5, 6, 6), graph)
+        loop.loop((4, 5, 6, 6), graph)
     return session.run_dir
 
 
@@ -90,8 +92,18 @@ def storm_run(tmp_path_factory):
         diffs = (ev.KeyDiff("arg 0", f"float32[{n - 1}]", f"float32[{n}]"),) if previous else ()
         writer.put(
             ev.CompileEvent(
-                eid, n * 0.01, "eager", 1, loc, "mul.Tensor", f"mul.Tensor(float32[{n}])",
-                (ev.ArgInfo("self", (n,), "float32"),), 0.01, None, previous, diffs,
+                eid,
+                n * 0.01,
+                "eager",
+                1,
+                loc,
+                "mul.Tensor",
+                f"mul.Tensor(float32[{n}])",
+                (ev.ArgInfo("self", (n,), "float32"),),
+                0.01,
+                None,
+                previous,
+                diffs,
             )
         )
         previous = eid

@@ -174,7 +174,22 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
     last_graph: tuple[int, int] | None = None
     for step, n in enumerate(LENGTHS):
         t = float(step)
-        put(ev.TransferEvent(nid(), t + 0.05, None, 1, _loc(19, "main"), "h2d", n * 128 * 4, (n, 128), "float32", "copy", False, 2e-4))
+        put(
+            ev.TransferEvent(
+                nid(),
+                t + 0.05,
+                None,
+                1,
+                _loc(19, "main"),
+                "h2d",
+                n * 128 * 4,
+                (n, 128),
+                "float32",
+                "copy",
+                False,
+                2e-4,
+            )
+        )
         if n not in mul_compiles:
             program = writer.add_program(make_program("eager", "mul.Tensor", *mul_hlo(n)))
             args = (ev.ArgInfo("self", (n, 128), "float32"), ev.ArgInfo("other", static="2.0"))
@@ -186,8 +201,18 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
             eid = nid()
             put(
                 ev.CompileEvent(
-                    eid, t + 0.1, "eager", 1, _loc(11, "step"), "mul.Tensor",
-                    f"mul.Tensor(float32[{n},128], other=2.0)", args, 0.040 + 0.001 * n, program, previous, diffs,
+                    eid,
+                    t + 0.1,
+                    "eager",
+                    1,
+                    _loc(11, "step"),
+                    "mul.Tensor",
+                    f"mul.Tensor(float32[{n},128], other=2.0)",
+                    args,
+                    0.040 + 0.001 * n,
+                    program,
+                    previous,
+                    diffs,
                     identity="mul.Tensor",
                 )
             )
@@ -201,10 +226,19 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
             eid = nid()
             put(
                 ev.CompileEvent(
-                    eid, t + 0.2, "eager", 1, _loc(12, "step"), "add.Tensor",
+                    eid,
+                    t + 0.2,
+                    "eager",
+                    1,
+                    _loc(12, "step"),
+                    "add.Tensor",
                     f"add.Tensor(float32[8,128], other={scalar})",
                     (ev.ArgInfo("self", (8, 128), "float32"), ev.ArgInfo("other", static=scalar)),
-                    0.030, program, previous, diffs, identity="add.Tensor",
+                    0.030,
+                    program,
+                    previous,
+                    diffs,
+                    identity="add.Tensor",
                 )
             )
             add_compiles[scalar] = (eid, program)
@@ -223,26 +257,74 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
             eid = nid()
             put(
                 ev.CompileEvent(
-                    eid, t + 0.3, "compiled", 1, _loc(21, "main"), graph,
+                    eid,
+                    t + 0.3,
+                    "compiled",
+                    1,
+                    _loc(21, "main"),
+                    graph,
                     f"{graph}(float32[{n},128], float32[{n},128])",
                     (ev.ArgInfo("arg0", (n, 128), "float32"), ev.ArgInfo("arg1", (n, 128), "float32")),
-                    0.250, program, previous, diffs, identity=GRAPH,
+                    0.250,
+                    program,
+                    previous,
+                    diffs,
+                    identity=GRAPH,
                 )
             )
             graph_compiles[n] = (eid, program, graph)
             last_graph = (eid, n)
-        put(ev.TransferEvent(nid(), t + 0.8, None, 1, _loc(22, "main"), "d2h", 4, (), "float32", "item", True, 6e-5))
-        put(ev.TransferEvent(nid(), t + 0.85, None, 1, _loc(23, "main"), "d2h", 1, (), "bool", "bool", True, 5e-5))
+        put(
+            ev.TransferEvent(
+                nid(), t + 0.8, None, 1, _loc(22, "main"), "d2h", 4, (), "float32", "item", True, 6e-5
+            )
+        )
+        put(
+            ev.TransferEvent(
+                nid(), t + 0.85, None, 1, _loc(23, "main"), "d2h", 1, (), "bool", "bool", True, 5e-5
+            )
+        )
         if step % 3 == 0:
             put(
                 ev.FallbackEvent(
-                    nid(), t + 0.9, "eager", 1, _loc(25, "main"), "nonzero",
-                    (ev.ArgInfo("self", (n, 128), "float32"),), 1e-3,
+                    nid(),
+                    t + 0.9,
+                    "eager",
+                    1,
+                    _loc(25, "main"),
+                    "nonzero",
+                    (ev.ArgInfo("self", (n, 128), "float32"),),
+                    1e-3,
                 )
             )
-            put(ev.TransferEvent(nid(), t + 0.9, None, 1, _loc(25, "main"), "d2h", n * 512, (n, 128), "float32", "fallback:nonzero", True, 1e-4))
+            put(
+                ev.TransferEvent(
+                    nid(),
+                    t + 0.9,
+                    None,
+                    1,
+                    _loc(25, "main"),
+                    "d2h",
+                    n * 512,
+                    (n, 128),
+                    "float32",
+                    "fallback:nonzero",
+                    True,
+                    1e-4,
+                )
+            )
 
-    put(ev.GraphBreakEvent(nid(), 2.5, "compiled", 1, _loc(22, "main"), "main", "call to Tensor.item() inside the compiled region"))
+    put(
+        ev.GraphBreakEvent(
+            nid(),
+            2.5,
+            "compiled",
+            1,
+            _loc(22, "main"),
+            "main",
+            "call to Tensor.item() inside the compiled region",
+        )
+    )
     divergences = [
         ("mul.Tensor", "eager", "local", 1e-7, 1e-7, 0.5, 0, False, 1e-5, False, 11, "step", 1.15),
         ("add.Tensor", "eager", "local", 3.2e-3, 1.1e-3, 96.0, 12, False, 1e-5, True, 12, "step", 2.25),
@@ -254,9 +336,28 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
         compiled = mode == "compiled"
         put(
             ev.DivergenceEvent(
-                nid(), ts, mode, 1, _loc(line, fn), name, measure, mabs, mrel, ulp, mism, nan, tol, first,
-                rtol=1.3e-6, atol=1e-5, ratio=mabs / tol, numel=1024, shape=(8, 128), dtype="float32",
-                device_dtype="float32", graph="g3/forward" if compiled else None,
+                nid(),
+                ts,
+                mode,
+                1,
+                _loc(line, fn),
+                name,
+                measure,
+                mabs,
+                mrel,
+                ulp,
+                mism,
+                nan,
+                tol,
+                first,
+                rtol=1.3e-6,
+                atol=1e-5,
+                ratio=mabs / tol,
+                numel=1024,
+                shape=(8, 128),
+                dtype="float32",
+                device_dtype="float32",
+                graph="g3/forward" if compiled else None,
                 target=f"aten.{name}.default" if compiled else "",
             )
         )
@@ -267,15 +368,37 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
         counts[n] = counts.get(n, 0) + 1
     sid = 1000
     for n, (eid, program) in mul_compiles.items():
-        stats.append((sid, "eager", "mul.Tensor", f"mul.Tensor(float32[{n},128], other=2.0)", program, counts[n], 2e-5 * counts[n]))
+        stats.append(
+            (
+                sid,
+                "eager",
+                "mul.Tensor",
+                f"mul.Tensor(float32[{n},128], other=2.0)",
+                program,
+                counts[n],
+                2e-5 * counts[n],
+            )
+        )
         sid += 1
     for scalar, (eid, program) in add_compiles.items():
         k = 4
-        stats.append((sid, "eager", "add.Tensor", f"add.Tensor(float32[8,128], other={scalar})", program, k, 1.5e-5 * k))
+        stats.append(
+            (
+                sid,
+                "eager",
+                "add.Tensor",
+                f"add.Tensor(float32[8,128], other={scalar})",
+                program,
+                k,
+                1.5e-5 * k,
+            )
+        )
         sid += 1
     for n, (eid, program, graph) in graph_compiles.items():
         k = 6 if n == 10 else 1
-        stats.append((sid, "compiled", graph, f"{graph}(float32[{n},128], float32[{n},128])", program, k, 8e-5 * k))
+        stats.append(
+            (sid, "compiled", graph, f"{graph}(float32[{n},128], float32[{n},128])", program, k, 8e-5 * k)
+        )
         sid += 1
     stats.append((sid, "eager", ODD_OP, f"{ODD_OP}(float32[4])", None, 3, 3e-5))
     sent = []

@@ -26,7 +26,9 @@ def test_unknown_run_is_one_clear_line(tmp_path, capsys):
 def test_no_runs_yet(tmp_path, capsys):
     assert main(["tui", "--logdir", str(tmp_path / "empty")]) == 1
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith(f"tpu-debug tui: no runs in {tmp_path / 'empty'}: record one with 'tpu-debug run script.py'")
+    assert line.startswith(
+        f"tpu-debug tui: no runs in {tmp_path / 'empty'}: record one with 'tpu-debug run script.py'"
+    )
 
 
 def test_damaged_run_is_one_clear_line(tmp_path, capsys):

@@ -36,12 +36,18 @@ def test_follows_a_running_run_until_it_ends(tmp_path, make_app):
         assert _count(app, "transfer") == 27
         loc = ev.SourceLocation(str(SOURCE), 22, "main")
         for i in range(5):
-            writer.put(ev.TransferEvent(writer.new_id(), 9.0 + i, None, 1, loc, "d2h", 4, (), "float32", "item", True, 1e-4))
+            writer.put(
+                ev.TransferEvent(
+                    writer.new_id(), 9.0 + i, None, 1, loc, "d2h", 4, (), "float32", "item", True, 1e-4
+                )
+            )
         writer.flush()
         await _until(pilot, lambda: _count(app, "transfer") == 32)
         await press(pilot, "4")  # a view opened later loads the current state
         assert sum(s.count for s in app.screen.sites) == 32
-        writer.put(ev.TransferEvent(writer.new_id(), 20.0, None, 1, loc, "d2h", 4, (), "float32", "item", True, 1e-4))
+        writer.put(
+            ev.TransferEvent(writer.new_id(), 20.0, None, 1, loc, "d2h", 4, (), "float32", "item", True, 1e-4)
+        )
         writer.close(FINAL)
         await _until(pilot, lambda: not app.follow)
         await settle(pilot)

@@ -4,10 +4,9 @@ length changes): every view opens and shows what the recording holds."""
 from __future__ import annotations
 
 from textual.widgets import DataTable
-from tui_helpers import drive, press, screen_text
-
 from tpu_debug.tui.screens import HloDiffScreen, HloScreen, OpsScreen, RecompilesScreen
 from tpu_debug.tui.widgets import HloView, PagedTable, SourceView
+from tui_helpers import drive, press, screen_text
 
 
 def test_recorded_run_in_every_view(make_app, recorded_run):
@@ -36,7 +35,9 @@ def test_recorded_run_in_every_view(make_app, recorded_run):
         assert "y = x * w + 1.0" in excerpt.lines[excerpt.location.line - excerpt.first]
         assert "HloModule" in screen.query_one("#hlo-preview", HloView).lines[0]
         await press(pilot, "h")
-        assert isinstance(app.screen, HloScreen) and "5,8" in "\n".join(app.screen.query_one("#hlo", HloView).lines)
+        assert isinstance(app.screen, HloScreen) and "5,8" in "\n".join(
+            app.screen.query_one("#hlo", HloView).lines
+        )
         await press(pilot, "escape", "v")
         assert isinstance(app.screen, HloDiffScreen) and app.screen.diff.changed > 0
         await press(pilot, "escape")

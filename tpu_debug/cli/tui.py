@@ -42,7 +42,9 @@ def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.poll <= 0:
-        raise CommandError(f"--poll {args.poll}: give a number of seconds above 0, e.g. --poll 0.5", exit_code=2)
+        raise CommandError(
+            f"--poll {args.poll}: give a number of seconds above 0, e.g. --poll 0.5", exit_code=2
+        )
     session = tpu_debug.open_run(args.run, logdir=args.logdir)
     try:
         open_tui(session, poll_interval=args.poll)

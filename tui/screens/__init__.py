@@ -12,13 +12,13 @@ from tpu_debug.tui.screens.recompiles import RecompilesScreen
 from tpu_debug.tui.screens.transfers import TransfersScreen
 
 __all__ = [
-    "RunScreen",
+    "DivergenceScreen",
+    "HelpScreen",
+    "HloDiffScreen",
+    "HloScreen",
+    "OpsScreen",
     "OverviewScreen",
     "RecompilesScreen",
-    "OpsScreen",
+    "RunScreen",
     "TransfersScreen",
-    "DivergenceScreen",
-    "HloScreen",
-    "HloDiffScreen",
-    "HelpScreen",
 ]

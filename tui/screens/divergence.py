@@ -4,24 +4,25 @@ first one over tolerance highlighted at the top, the rest by error (paged)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
-
-from tpu_debug.session import Session
 from tpu_debug.tracers.events import DivergenceEvent
 from tpu_debug.tui.format import format_float, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloScreen
 from tpu_debug.tui.widgets import PagedTable, SourceExcerpt, SourceView, read_excerpt
+
+from tpu_debug.session import Session
 
 __all__ = ["DivergenceScreen"]
 
@@ -49,7 +50,7 @@ class DivergenceScreen(RunScreen):
 
     AUTO_FOCUS = "#divergences"
 
-    BINDINGS = [Binding("h", "open_hlo", "HLO")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("h", "open_hlo", "HLO")]
 
     @dataclasses.dataclass
     class Loaded(Message):
@@ -134,7 +135,8 @@ class DivergenceScreen(RunScreen):
         summary = Text()
         if not events:
             summary.append(
-                "no divergence was recorded (the run was not checked against CPU, or nothing diverged)", style="dim"
+                "no divergence was recorded (the run was not checked against CPU, or nothing diverged)",
+                style="dim",
             )
         elif events[0].first:
             d = events[0]
@@ -184,8 +186,12 @@ class DivergenceScreen(RunScreen):
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
-        status = Text(f"first over tolerance ({d.measure})", style="bold red") if d.first else Text(
-            "over tolerance" if d.over else "within tolerance", style="yellow" if d.over else "green"
+        status = (
+            Text(f"first over tolerance ({d.measure})", style="bold red")
+            if d.first
+            else Text(
+                "over tolerance" if d.over else "within tolerance", style="yellow" if d.over else "green"
+            )
         )
         what = Text(d.name)
         if d.target:
@@ -195,11 +201,28 @@ class DivergenceScreen(RunScreen):
         rows = [
             ("op / node", what),
             ("status", status),
-            ("measure", Text(f"{d.measure} ({'CPU op on the same inputs' if d.measure == 'local' else 'against a CPU shadow run'}), {d.phase}")),
-            ("max abs error", Text(f"{format_float(d.max_abs)}  (tolerance there {format_float(d.tolerance)}, {format_float(d.ratio)}x)")),
+            (
+                "measure",
+                Text(
+                    f"{d.measure} ({'CPU op on the same inputs' if d.measure == 'local' else 'against a CPU shadow run'}), {d.phase}"
+                ),
+            ),
+            (
+                "max abs error",
+                Text(
+                    f"{format_float(d.max_abs)}  (tolerance there {format_float(d.tolerance)}, {format_float(d.ratio)}x)"
+                ),
+            ),
             ("max rel error", Text(format_float(d.max_rel))),
             ("ULP distance", Text(format_float(d.ulp))),
-            ("mismatched", Text(f"{d.mismatched:,} of {d.numel:,} element(s)" if d.numel else f"{d.mismatched:,} element(s)")),
+            (
+                "mismatched",
+                Text(
+                    f"{d.mismatched:,} of {d.numel:,} element(s)"
+                    if d.numel
+                    else f"{d.mismatched:,} element(s)"
+                ),
+            ),
             ("rtol / atol", Text(f"{format_float(d.rtol)} / {format_float(d.atol)}")),
         ]
         if d.shape or d.dtype:
@@ -213,7 +236,14 @@ class DivergenceScreen(RunScreen):
             rows.append(("autograd node", Text(d.autograd_node)))
         if d.highest is not None:
             rows.append(
-                ("at precision highest", Text("within tolerance: TPU-like matmul precision explains it" if d.highest else "still over tolerance"))
+                (
+                    "at precision highest",
+                    Text(
+                        "within tolerance: TPU-like matmul precision explains it"
+                        if d.highest
+                        else "still over tolerance"
+                    ),
+                )
             )
         for key, value in rows:
             table.add_row(key, value)

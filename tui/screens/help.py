@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.text import Text
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Static
@@ -20,7 +22,7 @@ _INTRO = (
 class HelpScreen(ModalScreen[None]):
     """Key bindings of the screen underneath (its focused pane first) and of the whole app."""
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Close"),
         Binding("question_mark", "dismiss", "Close", key_display="?"),
         Binding("q", "dismiss", "Close", show=False),

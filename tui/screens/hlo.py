@@ -4,26 +4,26 @@ side-by-side diff of two programs. Both are pushed over the view they were opene
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
-
-from tpu_debug.session import Session
 from tpu_debug.tracers.hlo import FxNodeInfo
 from tpu_debug.tracers.query import ProgramSummary, ProgramText
 from tpu_debug.tui.widgets import HloDiffView, HloView, diff_rows
 
 from tpu_debug.errors import TpuDebugError
+from tpu_debug.session import Session
 
-__all__ = ["HloScreen", "HloDiffScreen"]
+__all__ = ["HloDiffScreen", "HloScreen"]
 
 _STAGES = {"hlo": "optimized HLO", "stablehlo": "StableHLO"}
 
@@ -65,7 +65,7 @@ class HloScreen(_PushedScreen):
     """One program's optimized HLO (or StableHLO): coloured, searchable; for a compiled
     graph, its FX nodes beside it, the chosen node's instructions highlighted."""
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("slash", "search", "Search", key_display="/"),
         Binding("n", "next_match", "Next match"),
@@ -283,7 +283,7 @@ def _load_diff(session: Session, left: int | str, right: int | str, stage: str) 
 class HloDiffScreen(_PushedScreen):
     """Two programs' HLO side by side (older left); ``n``/``N`` jump between changes."""
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("n", "next_change(1)", "Next change"),
         Binding("N", "next_change(-1)", "Prev change", key_display="N"),
@@ -295,7 +295,9 @@ class HloDiffScreen(_PushedScreen):
         diff: _Diff
         stage: str
 
-    def __init__(self, left: tuple[int | str, str], right: tuple[int | str, str], *, stage: str = "hlo") -> None:
+    def __init__(
+        self, left: tuple[int | str, str], right: tuple[int | str, str], *, stage: str = "hlo"
+    ) -> None:
         """Args:
         left, right: (program id or hash, label) of the two versions.
         stage: ``"hlo"`` or ``"stablehlo"``.

@@ -4,21 +4,22 @@ sortable (keys or a click on a column header), filterable (``/``); Enter opens i
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import DataTable, Input, Static
-
-from tpu_debug.session import Session
 from tpu_debug.tui.format import format_seconds
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloScreen
 
-__all__ = ["OpsScreen", "OpRow"]
+from tpu_debug.session import Session
+
+__all__ = ["OpRow", "OpsScreen"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class OpsScreen(RunScreen):
 
     AUTO_FOCUS = "#ops"
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("t", "sort('time')", "By time"),
@@ -133,7 +134,9 @@ class OpsScreen(RunScreen):
 
     def visible_rows(self) -> list[OpRow]:
         text = self.filter_text.lower()
-        rows = [r for r in self.rows if text in r.name.lower() or text in r.mode.lower()] if text else self.rows
+        rows = (
+            [r for r in self.rows if text in r.name.lower() or text in r.mode.lower()] if text else self.rows
+        )
         _, key, largest_first = COLUMNS[self.sort_key]
         return sorted(rows, key=key, reverse=largest_first != self.reverse)
 
@@ -154,7 +157,11 @@ class OpsScreen(RunScreen):
                 Text(format_seconds(r.mean), justify="right"),
                 Text(str(r.compiles), justify="right", style=hot),
                 Text(format_seconds(r.compile_seconds) if r.compiles else "-", justify="right"),
-                Text(str(r.fallbacks) if r.fallbacks else "-", justify="right", style="red" if r.fallbacks else "dim"),
+                Text(
+                    str(r.fallbacks) if r.fallbacks else "-",
+                    justify="right",
+                    style="red" if r.fallbacks else "dim",
+                ),
                 Text(str(r.programs), justify="right"),
                 key=f"{r.mode}\0{r.name}",
             )
@@ -215,7 +222,9 @@ class OpsScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="ops-hlo")
     def _find_program(self, row: OpRow) -> None:
-        programs = self.read(Session.programs, name=row.name, mode=row.mode if row.mode != "cpu fallback" else None)
+        programs = self.read(
+            Session.programs, name=row.name, mode=row.mode if row.mode != "cpu fallback" else None
+        )
         if programs is None:
             return
         self.post_message(self.ProgramFound(row, programs[0].id if programs else None))

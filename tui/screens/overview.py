@@ -10,15 +10,16 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.timer import Timer
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
-
-from tpu_debug.session import Session
 from tpu_debug.tracers.query import RunMetadata, TransferSite
 from tpu_debug.tui.format import format_float, format_seconds, location_text
 from tpu_debug.tui.screens.base import RunScreen
 
-__all__ = ["OverviewScreen", "Finding", "OverviewData", "overview_data"]
+from tpu_debug.session import Session
+
+__all__ = ["Finding", "OverviewData", "OverviewScreen", "overview_data"]
 
 # which view shows each event kind
 KIND_VIEWS = {
@@ -40,6 +41,7 @@ class Finding:
     text: Text
     severity: str  # "warning" | "info" | "error"
     view: str | None
+    order: int = 0  # where it goes in the list (findings arrive in two batches)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class OverviewData:
     compiles: int
     compile_seconds: float
     findings: list[Finding]
+    transfers_pending: bool  # the transfer findings come later (one pass over every transfer)
 
 
 def _top_recompiles(session: Session, cwd: str | None) -> list[Finding]:
@@ -84,7 +87,7 @@ def _transfers(sites: list[TransferSite], cwd: str | None) -> list[Finding]:
     text.append(f"{total} implicit transfer{'s' if total != 1 else ''}", style="bold")
     text.append(f" (syncs nobody asked for); most from {top.op} ({top.direction}, {top.count}x) at ")
     text.append_text(location_text(top.location, cwd, function=False))
-    return [Finding(text, "warning", "transfers")]
+    return [Finding(text, "warning", "transfers", order=1)]
 
 
 def _divergence(session: Session, cwd: str | None) -> list[Finding]:
@@ -103,10 +106,10 @@ def _divergence(session: Session, cwd: str | None) -> list[Finding]:
         text.append(", NaN/Inf starts here", style="red")
     text.append(" at ")
     text.append_text(location_text(d.location, cwd, function=False))
-    return [Finding(text, "error" if d.first or d.nan_origin else "info", "divergence")]
+    return [Finding(text, "error" if d.first or d.nan_origin else "info", "divergence", order=2)]
 
 
-def _by_name(counts: dict[str, tuple[int, float]], what: str, view: str) -> list[Finding]:
+def _by_name(counts: dict[str, tuple[int, float]], what: str, view: str, order: int) -> list[Finding]:
     if not counts:
         return []
     total = sum(n for n, _ in counts.values())
@@ -116,37 +119,41 @@ def _by_name(counts: dict[str, tuple[int, float]], what: str, view: str) -> list
     text.append(": " + ", ".join(f"{name} ×{n}" for name, (n, _) in names[:4]))
     if len(names) > 4:
         text.append(f", +{len(names) - 4} more", style="dim")
-    return [Finding(text, "warning", view)]
+    return [Finding(text, "warning", view, order)]
 
 
 def overview_data(session: Session, cwd: str | None) -> OverviewData:
-    """Everything the overview shows, in one pass over the run's indexes."""
+    """What the overview shows first: all of it but the transfer findings (see
+    :func:`transfer_findings`), from the run's indexes and small tables."""
     meta = session.metadata()
     counts = session.counts()
     groups = session.compile_groups()
     findings: list[Finding] = []
     findings += _top_recompiles(session, cwd)
-    if counts.get("transfer"):
-        findings += _transfers(session.transfer_sites(), cwd)
     if counts.get("divergence"):
         findings += _divergence(session, cwd)
     if counts.get("fallback"):
-        findings += _by_name(session.counts_by_name("fallback"), "CPU fallbacks (ops with no lowering)", "ops")
+        findings += _by_name(
+            session.counts_by_name("fallback"), "CPU fallbacks (ops with no lowering)", "ops", 3
+        )
     if counts.get("recompile_limit"):
         findings += [
             dataclasses.replace(f, severity="error")
-            for f in _by_name(session.counts_by_name("recompile_limit"), "hit dynamo's recompile limit", "recompiles")
+            for f in _by_name(
+                session.counts_by_name("recompile_limit"), "hit dynamo's recompile limit", "recompiles", 4
+            )
         ]
     if counts.get("graph_break"):
-        findings += _by_name(session.counts_by_name("graph_break"), "graph breaks", "recompiles")
+        findings += _by_name(session.counts_by_name("graph_break"), "graph breaks", "recompiles", 5)
     if counts.get("internal_error"):
         n = counts["internal_error"]
         findings.append(
-            Finding(Text(f"{n} tracer error(s) were recorded; the traced program was not affected"), "info", None)
-        )
-    if not findings:
-        findings.append(
-            Finding(Text("nothing stands out: no recompiles, implicit transfers, divergences or fallbacks"), "info", None)
+            Finding(
+                Text(f"{n} tracer error(s) were recorded; the traced program was not affected"),
+                "info",
+                None,
+                6,
+            )
         )
     return OverviewData(
         meta,
@@ -155,8 +162,16 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
         sum(g.compiles for g in groups),
         sum(g.seconds for g in groups),
         findings,
+        bool(counts.get("transfer")),
     )
 
+
+def transfer_findings(session: Session, cwd: str | None) -> list[Finding]:
+    """The overview's transfer findings (a pass over every transfer of the run)."""
+    return _transfers(session.transfer_sites(), cwd)
+
+
+TRANSFER_PASS_DELAY = 0.75  # seconds on the overview before its transfer findings are looked for
 
 _ICONS = {"error": ("✖ ", "bold red"), "warning": ("▲ ", "bold yellow"), "info": ("● ", "cyan")}
 
@@ -170,13 +185,25 @@ class OverviewScreen(RunScreen):
     class Loaded(Message):
         data: OverviewData
 
+    @dataclasses.dataclass
+    class TransfersLoaded(Message):
+        findings: list[Finding]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._findings: list[Finding] = []
+        self._pending = False
+        self._transfer_timer: Timer | None = None
+
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="overview-top"):
             yield Static(Text("loading…", style="dim"), id="run-info", markup=False)
             with Vertical(id="kinds-box"):
                 yield Static(Text("Events by kind", style="bold"), classes="pane-title", markup=False)
                 yield DataTable(id="kinds", cursor_type="row")
-        yield Static(Text("Findings (Enter opens the view)", style="bold"), classes="pane-title", markup=False)
+        yield Static(
+            Text("Findings (Enter opens the view)", style="bold"), classes="pane-title", markup=False
+        )
         yield OptionList(id="findings", markup=False)
 
     def load(self) -> None:
@@ -199,22 +226,74 @@ class OverviewScreen(RunScreen):
         kinds.add_column("view", key="view")
         for kind, n in data.counts.items():
             view = KIND_VIEWS.get(kind)
-            kinds.add_row(Text(kind), Text(f"{n:,}", justify="right"), Text(view or "-", style="dim"), key=kind)
-        findings = self.query_one("#findings", OptionList)
-        highlighted = findings.highlighted
-        findings.clear_options()
-        for i, f in enumerate(data.findings):
+            kinds.add_row(
+                Text(kind), Text(f"{n:,}", justify="right"), Text(view or "-", style="dim"), key=kind
+            )
+        self._findings = list(data.findings)
+        self._pending = data.transfers_pending
+        self._show_findings()
+        if data.transfers_pending:
+            self._start_transfer_pass()
+
+    def _start_transfer_pass(self) -> None:
+        # a pass over every transfer: started once the user stays here a moment, so it
+        # does not compete with their first steps elsewhere (issue 6: navigable < 2 s)
+        if self._transfer_timer is not None:
+            self._transfer_timer.stop()
+        self._transfer_timer = self.set_timer(TRANSFER_PASS_DELAY, self._load_transfers)
+
+    def on_screen_suspend(self) -> None:
+        if self._transfer_timer is not None:
+            self._transfer_timer.stop()
+            self._transfer_timer = None
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        if self._pending and self._transfer_timer is None:
+            self._start_transfer_pass()
+
+    def _load_transfers(self) -> None:
+        self._transfer_timer = None
+        self._transfer_pass()
+
+    @work(thread=True, exclusive=True, group="overview-transfers")
+    def _transfer_pass(self) -> None:
+        findings = self.read(transfer_findings, self.cwd)
+        if findings is not None:
+            self.post_message(self.TransfersLoaded(findings))
+
+    @on(TransfersLoaded)
+    def _show_transfers(self, message: TransfersLoaded) -> None:
+        self._findings = [f for f in self._findings if f.view != "transfers"] + message.findings
+        self._pending = False
+        self._show_findings()
+
+    def _show_findings(self) -> None:
+        findings = sorted(self._findings, key=lambda f: f.order)
+        if not findings and not self._pending:
+            findings = [
+                Finding(
+                    Text("nothing stands out: no recompiles, implicit transfers, divergences or fallbacks"),
+                    "info",
+                    None,
+                )
+            ]
+        options = self.query_one("#findings", OptionList)
+        highlighted = options.highlighted
+        options.clear_options()
+        for i, f in enumerate(findings):
             icon, style = _ICONS[f.severity]
             prompt = Text(icon, style=style)
             prompt.append_text(f.text)
             if f.view:
                 prompt.append(f"  → {f.view}", style="dim")
-            findings.add_option(Option(prompt, id=f"{i}:{f.view or ''}"))
-        if data.findings:
-            findings.highlighted = min(highlighted or 0, len(data.findings) - 1)
-        self._findings = data.findings
-        if self.focused is None:
-            findings.focus()
+            options.add_option(Option(prompt, id=f"{i}:{f.view or ''}"))
+        if self._pending:
+            options.add_option(
+                Option(Text("  looking through the transfers…", style="dim"), id="pending", disabled=True)
+            )
+        if findings:
+            options.highlighted = min(highlighted or 0, len(findings) - 1)
 
     def _run_info(self, data: OverviewData) -> Table:
         m = data.metadata
@@ -249,7 +328,7 @@ class OverviewScreen(RunScreen):
 
     @on(OptionList.OptionSelected, "#findings")
     def _open_finding(self, event: OptionList.OptionSelected) -> None:
-        view = (event.option.id or ":").split(":", 1)[1]
+        view = (event.option.id or "").partition(":")[2]
         if view:
             self.app.switch_mode(view)
 

@@ -11,18 +11,17 @@ HLO of the marked one (or the closest previous one) beside the highlighted one.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
-
-from tpu_debug.session import Session
 from tpu_debug.tracers.events import CompileEvent, KeyDiff
 from tpu_debug.tracers.query import CompileGroup
 from tpu_debug.tui.format import changed_text, diff_summary, fallback_diffs, format_seconds, location_text
@@ -31,10 +30,11 @@ from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
 from tpu_debug.tui.widgets import HloView, PagedTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.errors import NotRecordedError
+from tpu_debug.session import Session
 
-__all__ = ["RecompilesScreen", "CompileDetail"]
+__all__ = ["CompileDetail", "RecompilesScreen"]
 
-PAGE = 200  # compiles loaded at a time (a recompile storm can have thousands)
+PAGE = 100  # compiles loaded at a time (a recompile storm can have thousands)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,8 +49,6 @@ class CompileDetail:
     excerpt: SourceExcerpt | None
     hlo: str | None
     hlo_note: str
-
-
 
 
 def _detail(
@@ -83,7 +81,7 @@ class RecompilesScreen(RunScreen):
 
     AUTO_FOCUS = "#ranked"
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("h", "open_hlo", "HLO"),
         Binding("m", "mark", "Mark"),
         Binding("v", "compare", "Diff HLO"),
@@ -117,10 +115,17 @@ class RecompilesScreen(RunScreen):
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="rc-top"):
             with Vertical(id="rc-ranked-box", classes="pane"):
-                yield Static(Text("Ops and graphs by compiles", style="bold"), classes="pane-title", markup=False)
+                yield Static(
+                    Text("Ops and graphs by compiles", style="bold"), classes="pane-title", markup=False
+                )
                 yield DataTable(id="ranked", cursor_type="row")
             with Vertical(id="rc-history-box", classes="pane"):
-                yield Static(Text("Compile history", style="bold"), id="history-title", classes="pane-title", markup=False)
+                yield Static(
+                    Text("Compile history", style="bold"),
+                    id="history-title",
+                    classes="pane-title",
+                    markup=False,
+                )
                 yield Static(Text(""), id="changing", markup=False)
                 yield PagedTable(id="history", page_size=PAGE)
         with Horizontal(id="rc-detail"):
@@ -131,7 +136,12 @@ class RecompilesScreen(RunScreen):
                 yield Static(Text("Source", style="bold"), classes="pane-title", markup=False)
                 yield SourceView(id="source")
             with Vertical(id="rc-hlo-box", classes="pane"):
-                yield Static(Text("HLO (h: full view, v: diff)", style="bold"), id="hlo-title", classes="pane-title", markup=False)
+                yield Static(
+                    Text("HLO (h: full view, v: diff)", style="bold"),
+                    id="hlo-title",
+                    classes="pane-title",
+                    markup=False,
+                )
                 yield HloView(id="hlo-preview")
 
     def on_mount(self) -> None:
@@ -162,7 +172,8 @@ class RecompilesScreen(RunScreen):
 
     def load(self) -> None:
         self._load_ranked()
-        if self._op is not None:
+        if self._op is not None:  # a reload (the run grew): keep the selected compile
+            self._want_event = self._wanted
             self._load_history(*self._op, 0)
 
     @work(thread=True, exclusive=True, group="ranked")
@@ -206,7 +217,9 @@ class RecompilesScreen(RunScreen):
                 key=key,
             )
         if not message.groups:
-            self.query_one("#why", Static).update(Text("nothing was compiled while this run was recorded", style="dim"))
+            self.query_one("#why", Static).update(
+                Text("nothing was compiled while this run was recorded", style="dim")
+            )
             return
         if current is not None and f"{current[1]}\0{current[0]}" in self._ops:
             ranked.move_cursor(row=ranked.get_row_index(f"{current[1]}\0{current[0]}"))

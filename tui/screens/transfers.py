@@ -12,13 +12,13 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Sparkline, Static
 from textual.worker import get_current_worker
-
-from tpu_debug.session import Session
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.query import TransferSite
 from tpu_debug.tui.format import format_bytes, format_seconds, location_text, sparkline
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import SourceExcerpt, SourceView, read_excerpt
+
+from tpu_debug.session import Session
 
 __all__ = ["TransfersScreen"]
 
@@ -56,7 +56,12 @@ class TransfersScreen(RunScreen):
         yield DataTable(id="sites", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="tr-detail"):
             with Vertical(id="tr-site-box", classes="pane"):
-                yield Static(Text("Selected site over time", style="bold"), id="tr-site-label", classes="pane-title", markup=False)
+                yield Static(
+                    Text("Selected site over time", style="bold"),
+                    id="tr-site-label",
+                    classes="pane-title",
+                    markup=False,
+                )
                 yield Sparkline([], id="tr-site")
                 yield Static(Text(""), id="tr-site-info", markup=False)
             with Vertical(id="tr-source-box", classes="pane"):
@@ -104,7 +109,9 @@ class TransfersScreen(RunScreen):
         total = sum(s.count for s in sites)
         implicit = sum(s.count for s in sites if s.implicit)
         summary.append(f"{total:,} transfers", style="bold")
-        summary.append(f", {format_bytes(sum(s.nbytes for s in sites))}, {format_seconds(sum(s.seconds for s in sites))}")
+        summary.append(
+            f", {format_bytes(sum(s.nbytes for s in sites))}, {format_seconds(sum(s.seconds for s in sites))}"
+        )
         summary.append(f" · {implicit:,} implicit", style="bold yellow" if implicit else "dim")
         summary.append(f" · {len(sites)} call sites")
         self.query_one("#tr-summary", Static).update(summary)

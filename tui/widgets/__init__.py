@@ -9,13 +9,13 @@ from tpu_debug.tui.widgets.paged_table import PagedTable
 from tpu_debug.tui.widgets.source_view import SourceExcerpt, SourceView, read_excerpt
 
 __all__ = [
-    "HloView",
-    "HloDiffView",
     "DiffRow",
+    "HloDiffView",
+    "HloView",
+    "PagedTable",
+    "SourceExcerpt",
+    "SourceView",
     "diff_rows",
     "highlight_line",
-    "PagedTable",
-    "SourceView",
-    "SourceExcerpt",
     "read_excerpt",
 ]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-
 from tpu_debug.tui.widgets.hlo_highlight import highlight_line
 
-__all__ = ["HloDiffView", "DiffRow", "diff_rows"]
+__all__ = ["DiffRow", "HloDiffView", "diff_rows"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,14 +38,16 @@ def diff_rows(left: list[str], right: list[str]) -> list[DiffRow]:
             for k in range(max(i2 - i1, j2 - j1)):
                 li = i1 + k if i1 + k < i2 else None
                 rj = j1 + k if j1 + k < j2 else None
-                rows.append(DiffRow(li, rj, "delete" if rj is None else "insert" if li is None else "replace"))
+                rows.append(
+                    DiffRow(li, rj, "delete" if rj is None else "insert" if li is None else "replace")
+                )
     return rows
 
 
 class HloDiffView(ScrollView, can_focus=True):
     """Side-by-side diff of two HLO texts; ``n``/``N`` jump between changes."""
 
-    COMPONENT_CLASSES = {
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
         "hlo-diff--gutter",
         "hlo-diff--removed",
         "hlo-diff--added",
@@ -53,7 +55,7 @@ class HloDiffView(ScrollView, can_focus=True):
         "hlo-diff--cursor",
     }
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor(-1)", "Up", show=False),
         Binding("down", "cursor(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
@@ -169,7 +171,9 @@ class HloDiffView(ScrollView, can_focus=True):
         segments.append(Segment("│", sep_style))
         segments.extend(self._side(self._right, row.right, row.tag, width - half - 1, scroll_x))
         if index == self.cursor_row:
-            cursor = self.get_component_rich_style("hlo-diff--cursor") if self.has_focus else Style(underline=True)
+            cursor = (
+                self.get_component_rich_style("hlo-diff--cursor") if self.has_focus else Style(underline=True)
+            )
             segments = list(Segment.apply_style(segments, post_style=cursor))
         return Strip(segments).crop_extend(0, width, self.rich_style)
 

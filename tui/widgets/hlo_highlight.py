@@ -9,7 +9,7 @@ import re
 
 from rich.text import Text
 
-__all__ = ["highlight_line", "INSTRUCTION_NAME"]
+__all__ = ["INSTRUCTION_NAME", "highlight_line"]
 
 # applied in order; a later rule wins where two overlap
 _RULES: list[tuple[re.Pattern[str], str]] = [

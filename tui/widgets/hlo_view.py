@@ -9,18 +9,18 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable
+from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-
 from tpu_debug.tui.widgets.hlo_highlight import INSTRUCTION_NAME, highlight_line
 
 __all__ = ["HloView"]
@@ -30,14 +30,14 @@ class HloView(ScrollView, can_focus=True):
     """HLO or StableHLO text: coloured, with a cursor line, search matches and a set of
     highlighted instructions (one FX node's, say)."""
 
-    COMPONENT_CLASSES = {
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
         "hlo-view--gutter",
         "hlo-view--cursor",
         "hlo-view--marked",
         "hlo-view--match",
     }
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor(-1)", "Up", show=False),
         Binding("down", "cursor(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),

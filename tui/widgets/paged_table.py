@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
 
@@ -16,7 +17,7 @@ class PagedTable(DataTable):
     comes within ``prefetch`` rows of the end, :class:`NeedMore` is posted once per page.
     Home / End go to the first / last row loaded (End again loads the next page)."""
 
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("home", "scroll_top", "First row", show=False),
         Binding("end", "scroll_bottom", "Last row", show=False),
     ]

@@ -9,7 +9,6 @@ from rich.console import Group, RenderableType
 from rich.syntax import Syntax
 from rich.text import Text
 from textual.widgets import Static
-
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tui.format import location_text
 
@@ -53,7 +52,9 @@ def read_excerpt(location: SourceLocation, cwd: str | None, context: int = 3) ->
     except OSError as exc:
         return SourceExcerpt(location, first, (), f"source not readable: {exc.strerror or exc}")
     if location.line > first + len(lines) - 1:
-        return SourceExcerpt(location, first, tuple(lines), "the file is shorter now than when the run was recorded")
+        return SourceExcerpt(
+            location, first, tuple(lines), "the file is shorter now than when the run was recorded"
+        )
     return SourceExcerpt(location, first, tuple(lines))
 
 
@@ -69,7 +70,9 @@ class SourceView(Static):
         self.update(self.render_excerpt(excerpt, cwd, note=note))
 
     @staticmethod
-    def render_excerpt(excerpt: SourceExcerpt | None, cwd: str | None, *, note: str | None = None) -> RenderableType:
+    def render_excerpt(
+        excerpt: SourceExcerpt | None, cwd: str | None, *, note: str | None = None
+    ) -> RenderableType:
         if excerpt is None:
             return Text(note or "no source line recorded", style="dim")
         head = location_text(excerpt.location, cwd)
