@@ -615,6 +615,7 @@ class DivergenceTracer:
         self._local.pending = None
         if pending is None or pending[0] is not op:
             return
+        self._note_forward_line(args, kwargs)
         with _single_threaded():
             self._check_op(op, _op_info(op), args, kwargs or {}, out, pending[1])
 
@@ -648,7 +649,6 @@ class DivergenceTracer:
         outputs = [t for t in returned if _on_tpu(t)] + [w[0] for w in written]
         if not outputs:
             return
-        self._note_forward_line(args, kwargs)
         loaded = info.copy_source is not None and not _on_tpu(
             _value_at(args, kwargs, info.copy_source, "src")
         )
@@ -693,8 +693,7 @@ class DivergenceTracer:
 
         l_args, l_kwargs = _map(args, local_arg), _map(kwargs, local_arg)
         try:
-            with torch.no_grad():
-                l_out = op(*l_args, **l_kwargs)
+            l_out = op(*l_args, **l_kwargs)
         except Exception as exc:  # noqa: BLE001 - no CPU kernel for this call: noted, not compared
             self._uncompared.setdefault(info.name, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             for t in outputs:
@@ -706,8 +705,7 @@ class DivergenceTracer:
         d_args, d_kwargs = _map(args, drift_arg), _map(kwargs, drift_arg)
         if drifted:
             try:
-                with torch.no_grad():
-                    d_out = op(*d_args, **d_kwargs)
+                d_out = op(*d_args, **d_kwargs)
                 d_refs = self._refs(d_out, returned, written, d_args, d_kwargs)
             except Exception:  # noqa: BLE001 - the shadow's values made the CPU op fail: restart from the device's
                 d_refs = l_refs
@@ -1238,13 +1236,16 @@ class DivergenceTracer:
 
 
 class _single_threaded:
-    """PyTorch's CPU ops on one thread meanwhile. The reference ops are small and
-    interleave with XLA's: OpenMP workers spinning after each of them starve XLA's
-    threads (40x slower on 2 cores); one thread has no workers to spin."""
+    """PyTorch's CPU ops on one thread, without autograd, meanwhile. The reference ops are
+    small and interleave with XLA's: OpenMP workers spinning after each of them starve
+    XLA's threads (40x slower on 2 cores); one thread has no workers to spin."""
 
-    __slots__ = ("threads",)
+    __slots__ = ("grad", "threads")
 
     def __enter__(self) -> None:
+        self.grad = torch.is_grad_enabled()
+        if self.grad:
+            torch._C._set_grad_enabled(False)
         self.threads = torch.get_num_threads()
         if self.threads != 1:
             torch.set_num_threads(1)
@@ -1252,6 +1253,8 @@ class _single_threaded:
     def __exit__(self, *exc: object) -> None:
         if self.threads != 1:
             torch.set_num_threads(self.threads)
+        if self.grad:
+            torch._C._set_grad_enabled(True)
 
 
 def _covers(t: torch.Tensor) -> bool:

@@ -215,16 +215,6 @@ def test_runs_lists_runs_and_flags_damaged_ones(script, logdir, capsys):
     assert "-beta" in lines[2] and "finished" in lines[2] and "cpu x1" in lines[2]
 
 
-# (tensorboard is available since issue 9: tests/tracers/test_tensorboard.py)
-@pytest.mark.parametrize("command, what", [("tui", "the terminal UI")])
-def test_not_yet_available_commands(command, what, capsys):
-    assert main([command]) == 2
-    assert capsys.readouterr().err == (
-        f"tpu-debug {command}: {what} is not available yet in this version; "
-        "use 'tpu-debug report' meanwhile\n"
-    )
-
-
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "usage: tpu-debug" in capsys.readouterr().err

@@ -12,11 +12,13 @@ async def settle(pilot, rounds: int = 2) -> None:
     a handler may start the next worker)."""
     app = pilot.app
     quiet = 0
-    for _ in range(40):
+    for _ in range(100):
         await app.workers.wait_for_complete()
         await pilot.pause()
-        if any(w.is_running for w in app.workers):
+        if any(w.is_running for w in app.workers) or getattr(app.screen, "_pending", False):
+            # the overview looks for transfer findings after a short delay: wait for them
             quiet = 0
+            await pilot.pause(0.05)
             continue
         quiet += 1
         if quiet >= rounds:
