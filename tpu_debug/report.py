@@ -403,6 +403,12 @@ def _divergence(session: Any, terminal: bool) -> RenderableType:
     origin = next((e for e in events if e.nan_origin), None)
     if first is not None:
         rows.append(("first", _divergence_line(first)))
+    elif any(e.over for e in events) and summary.get("sample", 1) > 1:
+        hint = (
+            "no sampled node is over tolerance itself, but results drift (below): "
+            "run with divergence_sample=1 (--divergence-sample 1) to name the node"
+        )
+        rows.append(("first", hint))
     else:
         rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
     if origin is not None:

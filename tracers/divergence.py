@@ -277,7 +277,17 @@ class Measures:
         return out
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = _dtype_name_of(dtype)
+    return name
+
+
+def _dtype_name_of(dtype: Any) -> str:
     if isinstance(dtype, torch.dtype):
         return str(dtype).removeprefix("torch.")
     from tpu_debug.runtime.dtypes import to_torch_dtype
@@ -472,6 +482,8 @@ def _op_info(op: Any) -> _OpInfo:
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
+    elif type(value) in _LEAVES:
+        return
     elif isinstance(value, (list, tuple)):
         for v in value:
             yield from _tensors(v)
@@ -637,9 +649,9 @@ class DivergenceTracer:
 
     def _check_op(self, op: Any, info: _OpInfo, args: tuple, kwargs: dict, out: Any, before: dict) -> None:
         # device outputs: returned tensors, then written arguments not returned
-        returned = list(_tensors(out))
+        returned = [out] if isinstance(out, torch.Tensor) else list(_tensors(out))
         written: list[tuple[torch.Tensor, int, str, int]] = []  # (tensor, position, name, list index)
-        seen = {id(t) for t in returned}
+        seen = {id(t) for t in returned} if info.writes else None
         for pos, name, is_list in info.writes:
             value = _value_at(args, kwargs, pos, name)
             for i, t in enumerate(value if is_list and value is not None else [value]):
@@ -737,7 +749,7 @@ class DivergenceTracer:
     def _refs(self, cpu_out: Any, returned: list, written: list, cpu_args: Any, cpu_kwargs: Any) -> list:
         """The CPU results lined up with the device outputs (returned, then written)."""
         refs: list = []
-        cpu_returned = list(_tensors(cpu_out))
+        cpu_returned = [cpu_out] if isinstance(cpu_out, torch.Tensor) else list(_tensors(cpu_out))
         if len(cpu_returned) != len(returned):
             cpu_returned = [None] * len(returned)
         refs.extend(r for t, r in zip(returned, cpu_returned) if _on_tpu(t))
@@ -930,15 +942,14 @@ class DivergenceTracer:
             if n.name in random_nodes
             or any(isinstance(a, torch.fx.Node) and a.name in random_nodes for a in n.args[:1])
         }
-        chosen = (
-            frozenset(
-                n.name
-                for i, n in enumerate(nodes)
-                if i % self.sample == self.sample - 1 or n.name in forced_names
-            )
-            if self.sample > 1
-            else frozenset(n.name for n in nodes)
-        )
+        if self.sample > 1:
+            # every sample-th node, with its inputs (so its local check can run), and random nodes
+            picked = [n for i, n in enumerate(nodes) if i % self.sample == self.sample - 1]
+            names = {n.name for n in picked} | forced_names
+            names.update(a.name for n in picked for a in n.all_input_nodes if a.op == "call_function")
+            chosen = frozenset(names)
+        else:
+            chosen = frozenset(n.name for n in nodes)
         values = graph.debug_values(arrays, chosen)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         inputs = []
@@ -950,7 +961,7 @@ class DivergenceTracer:
                 inputs.append(a)
         xla = {name: v for name, v in values.items()}
         phase = "backward" if graph.kind == "backward" else "forward"
-        results: list[tuple[torch.fx.Node, Measures | None, Measures]] = []
+        results: list[tuple] = []  # (node, local, drift, device value, local ref, CPU value, rtol, atol)
         host_cache: dict[str, torch.Tensor] = {}
 
         def host(name: str, node: torch.fx.Node) -> torch.Tensor:
@@ -1002,21 +1013,31 @@ class DivergenceTracer:
             locals_made[node] = value
             return value
 
+        exact: set[torch.fx.Node] = set(placeholders)  # nodes whose CPU value is XLA's, bit for bit
+
         def on_value(node: torch.fx.Node, cpu_value: Any, interp: _CpuGraph) -> None:
             if node.name not in xla or not isinstance(cpu_value, torch.Tensor):
+                if not isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):
+                    exact.add(node)  # a size or other Python value: the same on both sides
                 return
             dev = np.asarray(xla[node.name])
             rtol, atol = tolerance_for(cpu_value.dtype, tolerances)
-            drift = compare(dev, cpu_value, rtol, atol)
-            local = None
-            if node.name not in forced_names:
+            drift = compare(dev, cpu_value, rtol, atol, detail=False)
+            local, ref = None, None
+            if node.name in forced_names:
+                pass
+            elif all(a in exact for a in node.all_input_nodes):
+                local, ref = drift, cpu_value  # same inputs on both sides: the local check is the drift one
+            else:
                 try:
                     ref = local_of(node, interp)
                 except Exception:  # noqa: BLE001 - no CPU kernel for this node's op: drift only
                     ref = None
                 if isinstance(ref, torch.Tensor):
-                    local = compare(dev, ref, rtol, atol)
-            results.append((node, local, drift))
+                    local = compare(dev, ref, rtol, atol, detail=False)
+            if drift.exact:
+                exact.add(node)
+            results.append((node, local, drift, dev, ref, cpu_value, rtol, atol))
 
         forced = {name: None for name in forced_names}
         interp = _CpuGraph(gm, forced, lambda name, node: host(name, node), on_value)
@@ -1024,23 +1045,32 @@ class DivergenceTracer:
         self.graphs_compared += 1
         self.nodes_compared += len(results)
 
-        over_local = [(n, lm) for n, lm, _ in results if lm is not None and (lm.over or lm.dtype_mismatch)]
+        over_local = [
+            (r[0], r[1]) for r in results if r[1] is not None and (r[1].over or r[1].dtype_mismatch)
+        ]
         highest: dict[str, bool] = {}
         if over_local and runtime_config.product_passes():
             highest = self._graph_highest.get(graph.graph_id) or {}
             if not highest:
                 highest = self._graph_at_highest(graph, arrays, chosen, over_local, inputs_by_node, host)
                 self._graph_highest[graph.graph_id] = highest
-        for node, lm, dm in results:
+
+        def detailed(dev: np.ndarray, ref: torch.Tensor, rtol: float, atol: float) -> Callable[[], Measures]:
+            return lambda: compare(dev, ref, rtol, atol)
+
+        for node, lm, dm, dev, ref, cpu_value, rtol, atol in results:
+            nan_origin = dm.device_has_nonfinite and _node_made_nonfinite(node, xla, inputs_by_node)
+            local_event = lm is not None and (lm.over or nan_origin or lm.dtype_mismatch)
+            if not (local_event or dm.over or nan_origin):
+                continue
             location = _location_from_stack_trace(node.meta.get("stack_trace"))
             target = (
                 _op_info(node.target).name
                 if isinstance(node.target, torch._ops.OpOverload)
                 else str(getattr(node.target, "__name__", node.target))
             )
-            nan_origin = dm.device_has_nonfinite and _node_made_nonfinite(node, xla, inputs_by_node)
-            if lm is not None and (lm.over or nan_origin or lm.dtype_mismatch):
-                site = self._site(("compiled", "local", phase, graph.graph_id, node.name, location))
+            where = (phase, graph.graph_id, node.name, location)
+            if local_event:
                 self._record(
                     "compiled",
                     "local",
@@ -1053,10 +1083,10 @@ class DivergenceTracer:
                     "",
                     nan_origin,
                     highest.get(node.name) if lm.over else None,
-                    site,
+                    self._site(("compiled", "local", *where)),
+                    detailed(dev, ref, rtol, atol),
                 )
             elif lm is None and nan_origin:
-                site = self._site(("compiled", "local", phase, graph.graph_id, node.name, location))
                 self._record(
                     "compiled",
                     "local",
@@ -1069,10 +1099,10 @@ class DivergenceTracer:
                     "",
                     True,
                     None,
-                    site,
+                    self._site(("compiled", "local", *where)),
+                    detailed(dev, cpu_value, rtol, atol),
                 )
             if dm.over:
-                site = self._site(("compiled", "drift", phase, graph.graph_id, node.name, location))
                 self._record(
                     "compiled",
                     "drift",
@@ -1085,7 +1115,8 @@ class DivergenceTracer:
                     "",
                     False,
                     None,
-                    site,
+                    self._site(("compiled", "drift", *where)),
+                    detailed(dev, cpu_value, rtol, atol),
                 )
 
     def _graph_at_highest(self, graph, arrays, chosen, over_local, inputs_by_node, host) -> dict[str, bool]:
@@ -1307,7 +1338,7 @@ def _all_finite(payload: Any) -> bool:
 
 
 def _node_made_nonfinite(node: torch.fx.Node, xla: dict, inputs: dict) -> bool:
-    """The compiled-mode form of :func:`_made_nonfinite` (inputs not returned count as finite)."""
+    """The compiled-mode form of :func:`_made_nonfinite` (an input not returned gives no verdict)."""
     floats = [
         a
         for a in node.all_input_nodes
@@ -1326,8 +1357,11 @@ def _node_made_nonfinite(node: torch.fx.Node, xla: dict, inputs: dict) -> bool:
         if a.name in xla:
             if not _all_finite(xla[a.name]):
                 return False
-        elif isinstance(inputs.get(a), torch.Tensor) and not _finite(inputs[a]):
-            return False
+        elif isinstance(inputs.get(a), torch.Tensor):
+            if not _finite(inputs[a]):
+                return False
+        else:
+            return False  # an input not returned (sampled out): no verdict
     return True
 
 

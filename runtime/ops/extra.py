@@ -443,6 +443,67 @@ def pdist_forward(x, p=2.0):
     return _p_norm_of_diff(x[i] - x[j], p)
 
 
+# ---- segment reduction and hashing -------------------------------------------------------------
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Reduce consecutive segments of ``data`` along ``axis``; a mask over (segment, element).
+
+    An ``initial`` value takes part in every segment's reduction, as in PyTorch
+    (for "mean": added to the sum, not counted).
+    The mask costs O(segments x elements), fine at the sizes this op sees.
+    """
+    axis = axis % data.ndim
+    if offsets is None:
+        zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
+        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
+    start, end = offsets[..., :-1], offsets[..., 1:]  # batch.. x S
+    pos = jnp.arange(data.shape[axis])
+    mask = (start[..., :, None] <= pos) & (pos < end[..., :, None])  # batch.. x S x N
+    trail = data.ndim - axis - 1
+    mask = mask.reshape(mask.shape + (1,) * trail)
+    x = jnp.expand_dims(data, axis)  # batch.. x 1 x N x rest..
+    red = axis + 1
+    if reduce in ("sum", "mean"):
+        out = jnp.sum(jnp.where(mask, x, 0), axis=red)
+        if initial is not None:
+            out = out + initial
+        if reduce == "sum":
+            return out
+        count = jnp.sum(mask, axis=red).astype(data.dtype)
+        # PyTorch's mean adds ``initial`` to the sum but not to the count; empty -> initial (or NaN)
+        mean = out / count
+        return jnp.where(count == 0, initial, mean) if initial is not None else mean
+    if reduce == "prod":
+        out = jnp.prod(jnp.where(mask, x, 1), axis=red)
+        return out * initial if initial is not None else out
+    if reduce in ("max", "amax"):
+        out = jnp.max(jnp.where(mask, x, -jnp.inf), axis=red)
+        return jnp.maximum(out, initial) if initial is not None else out
+    if reduce in ("min", "amin"):
+        out = jnp.min(jnp.where(mask, x, jnp.inf), axis=red)
+        return jnp.minimum(out, initial) if initial is not None else out
+    raise NotImplementedError(f"segment_reduce: reduce={reduce!r} is not one of sum, mean, prod, max, min")
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    # PyTorch: widen to the 64-bit float / integer type, bitcast to uint64, xor-reduce
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        wide = x.astype(jnp.float64)
+    else:
+        wide = x.astype(jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    dims = tuple(range(x.ndim)) if not dim else tuple(d % max(x.ndim, 1) for d in dim)
+    if x.ndim == 0:
+        return bits
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, dims)
+    if keepdim:
+        out = jnp.expand_dims(out, dims)
+    return out
+
+
 # ---- random fills no family covers ----------------------------------------------------------
 
 

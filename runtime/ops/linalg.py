@@ -27,7 +27,7 @@ from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
 
-__all__ = ["matmul_precision", "dot_general", "tpu_passes", "tpu_product"]
+__all__ = ["dot_general", "matmul_precision", "tpu_passes", "tpu_product"]
 
 _PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))

@@ -11,7 +11,14 @@ trace time: one gather per op, exact window semantics (padding, dilation,
 ``ceil_mode``, adaptive bounds) spelled out in one place, ``_windows``.
 
 Half-precision inputs compute in float32 (PyTorch's ``opmath``) and are cast
-back to the dtype PyTorch's meta kernel gives.
+back to the dtype PyTorch's meta kernel gives. Where a PyTorch CPU kernel
+rounds to the half dtype along the way (the weights of 1d/3d linear and bicubic
+resampling, the running sum of 3d adaptive average pooling), the lowering
+rounds at the same points, so bfloat16 results agree bit for bit.
+
+Masked-off gradients of ``*_backward`` ops (``output_mask`` False) are zeros:
+the eager interpreter has no undefined-tensor output, and autograd ignores
+gradients it did not ask for.
 """
 
 from __future__ import annotations
@@ -126,8 +133,7 @@ def convolution_backward(
     _, vjp = jax.vjp(fwd, x, w)
     gx, gw = vjp(grad.astype(jnp.float32) if grad.dtype in _HALF else grad)
     gb = jnp.sum(_opmath(grad), axis=(0,) + tuple(range(2, grad.ndim)))
-    # masked-off gradients are zeros, not None: the eager interpreter has no
-    # undefined-tensor output (reported); autograd ignores grads it did not ask for
+    # masked-off gradients are zeros, not None (see the module docstring)
     return (
         gx if output_mask[0] else jnp.zeros_like(x),
         gw if output_mask[1] else jnp.zeros_like(w),

@@ -10,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -101,27 +100,19 @@ def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
     tmux.wait_for("EXIT=0", timeout=30)
 
 
-def test_run_with_tui_opens_when_the_script_ends(tmp_path, tmux):
-    script = tmp_path / "lengths.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import torch
-
-            for n in (3, 4, 5):
-                x = torch.ones(n, 2, device="tpu")
-                print((x * 3).sum().item())
-            """
-        )
-    )
+def test_run_with_tui_on_the_recompile_storm_example(tmp_path, tmux):
+    """``tpu-debug run --tui`` records the recompile-storm example, then opens the TUI on it."""
+    example = REPO / "examples" / "pitfalls" / "recompile_storm.py"
     logdir = tmp_path / "runs"
     tmux.start(
-        f"{shlex.quote(sys.executable)} -m tpu_debug run --tui --logdir {shlex.quote(str(logdir))} lengths.py",
+        f"{shlex.quote(sys.executable)} -m tpu_debug run --tui --logdir {shlex.quote(str(logdir))} "
+        f"{shlex.quote(str(example))} --steps 3",
         tmp_path,
     )
-    tmux.wait_for("Findings", "mul.Tensor (eager) compiled 3 times")
+    tmux.wait_for("Findings", "compiled 3 times", "keeps changing", timeout=180)
     tmux.keys("2")
-    tmux.wait_for("Compile history:")
+    pane = tmux.wait_for("Compile history:", "closest key: compile 1 (")
+    assert "first compile" in pane and " → " in pane  # the history's diff column
     tmux.keys("q")
     pane = tmux.wait_for("EXIT=0", timeout=30)
     assert "run saved in" in pane

@@ -172,10 +172,28 @@ def _params():
 ARGS_STAY_ON_CPU = {"tensor_split"}
 
 
+def _compact(t: torch.Tensor) -> bool:
+    if t.layout != torch.strided:
+        return True
+    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
+
+
+def _same_layout(t: torch.Tensor, device: str) -> torch.Tensor:
+    """``t`` on ``device`` as a view of a copy of its whole storage: same strides and offset.
+
+    A few samples are views into larger storage (``as_strided`` partial views,
+    non-contiguous inputs); ``.to()`` would compact them and test something else.
+    """
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+    flat = flat.detach().clone() if device == "cpu" else flat.detach().to(device)
+    return flat.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 def _to_tpu(v):
-    """Tensors to tpu; a ``cpu`` device argument (factories, ``to``) becomes ``tpu``."""
+    """Tensors to tpu (same layout); a ``cpu`` device argument (factories, ``to``) becomes ``tpu``."""
     if isinstance(v, torch.Tensor):
-        return v.detach().to("tpu")
+        return v.detach().to("tpu") if _compact(v) else _same_layout(v.detach(), "tpu")
     if isinstance(v, torch.device) and v.type == "cpu":
         return torch.device("tpu")
     if isinstance(v, str) and v == "cpu":
@@ -189,7 +207,7 @@ def _to_tpu(v):
 
 def _clone(v):
     if isinstance(v, torch.Tensor):
-        return v.detach().clone()
+        return v.detach().clone() if _compact(v) else _same_layout(v.detach(), "cpu")
     if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
         return type(v)(_clone(x) for x in v)
     if isinstance(v, dict):

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from tpu_debug.runtime import eager
 

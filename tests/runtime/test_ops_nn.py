@@ -6,8 +6,8 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 EXACT = {"rtol": 0, "atol": 0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from snapshot import svg_text
+from textual.worker import WorkerCancelled
 
 SIZE = (120, 36)  # every pilot and snapshot test runs at this terminal size
 
@@ -13,7 +14,10 @@ async def settle(pilot, rounds: int = 2) -> None:
     app = pilot.app
     quiet = 0
     for _ in range(100):
-        await app.workers.wait_for_complete()
+        try:
+            await app.workers.wait_for_complete()
+        except WorkerCancelled:  # an exclusive worker replaced by a newer one: that is fine
+            pass
         await pilot.pause()
         if any(w.is_running for w in app.workers) or getattr(app.screen, "_pending", False):
             # the overview looks for transfer findings after a short delay: wait for them
