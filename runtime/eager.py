@@ -121,7 +121,7 @@ class _Plan:
 
 
 _plans: dict[_OpOverload, _Plan] = {}
-_PRECISION_MODULES = frozenset({"tpu_debug.runtime.ops.linalg", "tpu_debug.runtime.ops.nn"})  # issue 5
+_PRECISION_MODULES = frozenset({"tpu_debug.runtime.ops.linalg", "tpu_debug.runtime.ops.nn", "tpu_debug.runtime.ops.foreach"})  # issue 5
 _CPU_INDEX_OPS = frozenset(
     f"aten::{n}" for n in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
 )
@@ -692,6 +692,11 @@ def _return_written(plan: _Plan, args, kwargs, targets):
 def _decomposition(op: _OpOverload):
     from torch._decomp import decomposition_table
 
+    # ops like native_batch_norm mutate inputs their schema does not declare; their
+    # Python CompositeImplicit kernel routes to declared ops (_native_batch_norm_legit)
+    kernel = op.py_kernels.get(torch._C.DispatchKey.CompositeImplicitAutograd)
+    if kernel is not None:
+        return kernel
     return decomposition_table.get(op)
 
 

@@ -84,7 +84,7 @@ import torch
 import torch.fx
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config as runtime_config
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, from_jax, to_jax
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit, from_jax, to_jax
 from tpu_debug.tracers.events import DivergenceEvent, SourceLocation
 from tpu_debug.tracers.hlo import _location_from_stack_trace
 from tpu_debug.tracers.location import user_location
@@ -335,6 +335,12 @@ def compare(
         >>> (m.max_abs, m.mismatched)
         (0.5, 1)
     """
+    with np.errstate(all="ignore"):
+        return _compare(device, cpu, rtol, atol, detail)
+
+
+def _compare(device: np.ndarray, cpu: torch.Tensor, rtol: float, atol: float, detail: bool) -> Measures:
+    # numpy's floating-point warnings must be off here (compare, or _single_threaded, does it)
     ref = _numpy(cpu)
     m = Measures(
         numel=int(ref.size), shape=tuple(ref.shape), dtype=_dtype_name(cpu.dtype), rtol=rtol, atol=atol
@@ -360,37 +366,36 @@ def compare(
     else:
         wide = np.complex128 if cpu.dtype.is_complex else np.float64
         d, r = device.astype(wide), ref.astype(wide)
-    with np.errstate(all="ignore"):
-        diff = np.abs(d - r)
-        worst = float(diff.max()) if diff.size else 0.0
-        if math.isfinite(worst):  # every element finite on both sides: the cheap tiers
-            m.max_abs = worst
-            if off or worst <= atol:
-                return m
-            allowed = atol + rtol * np.abs(r)
-            over = diff > allowed
-            m.mismatched = int(np.count_nonzero(over))
-            if m.mismatched and detail:
-                _fill_detail(m, device, ref, r, diff, allowed, None, cpu)
+    diff = np.abs(d - r)
+    worst = float(diff.max()) if diff.size else 0.0
+    if math.isfinite(worst):  # every element finite on both sides: the cheap tiers
+        m.max_abs = worst
+        if off or worst <= atol:
             return m
-        # NaN/Inf somewhere: which side, and is it the same on both?
-        fd, fr = np.isfinite(d), np.isfinite(r)
-        m.device_has_nonfinite = not bool(fd.all())
-        m.device_nonfinite = int((~fd & fr).sum())
-        m.cpu_nonfinite = int((fd & ~fr).sum())
-        both = fd & fr
         allowed = atol + rtol * np.abs(r)
-        if not off:
-            over = ~(diff <= allowed)  # NaN differences count as over
-            neither = ~(fd | fr)
-            if neither.any():  # the same NaN/Inf on both sides is no divergence
-                same = (d == r) | (np.isnan(d) & np.isnan(r))
-                over &= ~(neither & same)
-            m.mismatched = int(np.count_nonzero(over))
-        if both.any():
-            m.max_abs = float(diff[both].max())
-            if detail:
-                _fill_detail(m, device, ref, r, diff, allowed, both, cpu)
+        over = diff > allowed
+        m.mismatched = int(np.count_nonzero(over))
+        if m.mismatched and detail:
+            _fill_detail(m, device, ref, r, diff, allowed, None, cpu)
+        return m
+    # NaN/Inf somewhere: which side, and is it the same on both?
+    fd, fr = np.isfinite(d), np.isfinite(r)
+    m.device_has_nonfinite = not bool(fd.all())
+    m.device_nonfinite = int((~fd & fr).sum())
+    m.cpu_nonfinite = int((fd & ~fr).sum())
+    both = fd & fr
+    allowed = atol + rtol * np.abs(r)
+    if not off:
+        over = ~(diff <= allowed)  # NaN differences count as over
+        neither = ~(fd | fr)
+        if neither.any():  # the same NaN/Inf on both sides is no divergence
+            same = (d == r) | (np.isnan(d) & np.isnan(r))
+            over &= ~(neither & same)
+        m.mismatched = int(np.count_nonzero(over))
+    if both.any():
+        m.max_abs = float(diff[both].max())
+        if detail:
+            _fill_detail(m, device, ref, r, diff, allowed, both, cpu)
     if m.device_nonfinite or m.cpu_nonfinite:
         m.max_abs = m.max_rel = m.ratio = math.inf
     return m
@@ -503,13 +508,13 @@ def _payload(t: torch.Tensor) -> Any:
 def _host_copy(payload: Any, dtype: torch.dtype) -> torch.Tensor:
     """A CPU copy of a storage payload, in the payload's shape, contiguous (a fresh tensor:
     CPU ops may write it)."""
-    if payload is None or not hasattr(payload, "dtype") or type(payload).__name__ == "_Uninit":
+    if payload is None or type(payload) is _Uninit:
         n = int(getattr(payload, "numel", 0) or 0)
         return torch.zeros(n, dtype=dtype)
-    a = np.asarray(payload)
-    if a.dtype == _BF16:
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
+    a = np.array(payload)  # a copy
+    if a.dtype is _BF16 or a.dtype == _BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _geometry(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -732,8 +737,8 @@ class DivergenceTracer:
                 continue
             dev = np.asarray(to_jax(t))
             rtol, atol = tolerance_for(l_ref.dtype, self.tolerances)
-            lm = compare(dev, l_ref, rtol, atol, detail=False)
-            dm = lm if d_ref is l_ref else compare(dev, d_ref, rtol, atol, detail=False)
+            lm = _compare(dev, l_ref, rtol, atol, False)
+            dm = lm if d_ref is l_ref else _compare(dev, d_ref, rtol, atol, False)
             local = lm if local is None else local.merge(lm)
             drift = dm if drift is None else drift.merge(dm)
             compared.append((dev, l_ref, d_ref, rtol, atol))
@@ -765,7 +770,7 @@ class DivergenceTracer:
             def measure() -> Measures:
                 out = None
                 for dev, *refs, rtol, atol in compared:
-                    m = compare(dev, refs[which], rtol, atol)
+                    m = _compare(dev, refs[which], rtol, atol, True)
                     out = m if out is None else out.merge(m)
                 return out
 
@@ -877,7 +882,7 @@ class DivergenceTracer:
             if ref is None:
                 continue
             rtol, atol = tolerance_for(ref.dtype, self.tolerances)
-            if compare(np.asarray(to_jax(t)), ref, rtol, atol).over:
+            if _compare(np.asarray(to_jax(t)), ref, rtol, atol, False).over:
                 return False
         return True
 
@@ -1022,7 +1027,7 @@ class DivergenceTracer:
                 return
             dev = np.asarray(xla[node.name])
             rtol, atol = tolerance_for(cpu_value.dtype, tolerances)
-            drift = compare(dev, cpu_value, rtol, atol, detail=False)
+            drift = _compare(dev, cpu_value, rtol, atol, False)
             local, ref = None, None
             if node.name in forced_names:
                 pass
@@ -1034,7 +1039,7 @@ class DivergenceTracer:
                 except Exception:  # noqa: BLE001 - no CPU kernel for this node's op: drift only
                     ref = None
                 if isinstance(ref, torch.Tensor):
-                    local = compare(dev, ref, rtol, atol, detail=False)
+                    local = _compare(dev, ref, rtol, atol, False)
             if drift.exact:
                 exact.add(node)
             results.append((node, local, drift, dev, ref, cpu_value, rtol, atol))
@@ -1056,7 +1061,7 @@ class DivergenceTracer:
                 self._graph_highest[graph.graph_id] = highest
 
         def detailed(dev: np.ndarray, ref: torch.Tensor, rtol: float, atol: float) -> Callable[[], Measures]:
-            return lambda: compare(dev, ref, rtol, atol)
+            return lambda: _compare(dev, ref, rtol, atol, True)
 
         for node, lm, dm, dev, ref, cpu_value, rtol, atol in results:
             nan_origin = dm.device_has_nonfinite and _node_made_nonfinite(node, xla, inputs_by_node)
@@ -1151,7 +1156,7 @@ class DivergenceTracer:
                 continue
             dev = np.asarray(values[node.name])
             rtol, atol = tolerance_for(ref.dtype, self.tolerances)
-            out[node.name] = not compare(dev, ref, rtol, atol).over
+            out[node.name] = not _compare(dev, ref, rtol, atol, False).over
         return out
 
     # -- events ---------------------------------------------------------------------------
@@ -1267,13 +1272,15 @@ class DivergenceTracer:
 
 
 class _single_threaded:
-    """PyTorch's CPU ops on one thread, without autograd, meanwhile. The reference ops are
+    """PyTorch's CPU ops on one thread, without autograd, and numpy quiet, meanwhile. The reference ops are
     small and interleave with XLA's: OpenMP workers spinning after each of them starve
     XLA's threads (40x slower on 2 cores); one thread has no workers to spin."""
 
-    __slots__ = ("grad", "threads")
+    __slots__ = ("grad", "numpy", "threads")
 
     def __enter__(self) -> None:
+        # NaN/Inf differences are measured, not warned about (set once here, not per comparison)
+        self.numpy = np.seterr(all="ignore")
         self.grad = torch.is_grad_enabled()
         if self.grad:
             torch._C._set_grad_enabled(False)
@@ -1286,6 +1293,7 @@ class _single_threaded:
             torch.set_num_threads(self.threads)
         if self.grad:
             torch._C._set_grad_enabled(True)
+        np.seterr(**self.numpy)
 
 
 def _covers(t: torch.Tensor) -> bool:

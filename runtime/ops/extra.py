@@ -446,45 +446,44 @@ def pdist_forward(x, p=2.0):
 # ---- segment reduction and hashing -------------------------------------------------------------
 
 
+_SEGMENT_OPS = {
+    "sum": (jnp.add, 0.0), "mean": (jnp.add, 0.0), "prod": (jnp.multiply, 1.0),
+    "max": (jnp.maximum, -jnp.inf), "amax": (jnp.maximum, -jnp.inf),
+    "min": (jnp.minimum, jnp.inf), "amin": (jnp.minimum, jnp.inf),
+}
+
+
 @lower(aten.segment_reduce.default)
 def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
-    """Reduce consecutive segments of ``data`` along ``axis``; a mask over (segment, element).
+    """Reduce consecutive segments of ``data`` along ``axis``, element by element in order.
 
-    An ``initial`` value takes part in every segment's reduction, as in PyTorch
-    (for "mean": added to the sum, not counted).
-    The mask costs O(segments x elements), fine at the sizes this op sees.
+    Like PyTorch's CPU kernel, each segment starts from ``initial`` (or the
+    reduction's identity) and folds its elements in sequence in the data's
+    dtype; "mean" then divides by the segment length (empty: ``initial``, else NaN).
     """
+    if reduce not in _SEGMENT_OPS:
+        raise NotImplementedError(f"segment_reduce: reduce={reduce!r} is not one of {sorted(_SEGMENT_OPS)}")
+    fold, identity = _SEGMENT_OPS[reduce]
     axis = axis % data.ndim
     if offsets is None:
         zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
         offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
     start, end = offsets[..., :-1], offsets[..., 1:]  # batch.. x S
-    pos = jnp.arange(data.shape[axis])
-    mask = (start[..., :, None] <= pos) & (pos < end[..., :, None])  # batch.. x S x N
-    trail = data.ndim - axis - 1
-    mask = mask.reshape(mask.shape + (1,) * trail)
-    x = jnp.expand_dims(data, axis)  # batch.. x 1 x N x rest..
-    red = axis + 1
-    if reduce in ("sum", "mean"):
-        out = jnp.sum(jnp.where(mask, x, 0), axis=red)
-        if initial is not None:
-            out = out + initial
-        if reduce == "sum":
-            return out
-        count = jnp.sum(mask, axis=red).astype(data.dtype)
-        # PyTorch's mean adds ``initial`` to the sum but not to the count; empty -> initial (or NaN)
-        mean = out / count
-        return jnp.where(count == 0, initial, mean) if initial is not None else mean
-    if reduce == "prod":
-        out = jnp.prod(jnp.where(mask, x, 1), axis=red)
-        return out * initial if initial is not None else out
-    if reduce in ("max", "amax"):
-        out = jnp.max(jnp.where(mask, x, -jnp.inf), axis=red)
-        return jnp.maximum(out, initial) if initial is not None else out
-    if reduce in ("min", "amin"):
-        out = jnp.min(jnp.where(mask, x, jnp.inf), axis=red)
-        return jnp.minimum(out, initial) if initial is not None else out
-    raise NotImplementedError(f"segment_reduce: reduce={reduce!r} is not one of sum, mean, prod, max, min")
+    trail = (1,) * (data.ndim - axis - 1)
+    out_shape = start.shape + data.shape[axis + 1 :]
+    out = jnp.full(out_shape, identity if initial is None else initial, data.dtype)
+
+    def step(j, out):
+        x = jnp.expand_dims(lax.dynamic_index_in_dim(data, j, axis, keepdims=False), axis)
+        inside = ((start <= j) & (j < end)).reshape(start.shape + trail)
+        return jnp.where(inside, fold(out, x), out)
+
+    out = lax.fori_loop(0, data.shape[axis], step, out)
+    if reduce != "mean":
+        return out
+    count = (end - start).reshape(start.shape + trail).astype(data.dtype)
+    mean = out / count
+    return jnp.where(count == 0, jnp.asarray(initial, data.dtype), mean) if initial is not None else mean
 
 
 @lower(aten.hash_tensor.default)

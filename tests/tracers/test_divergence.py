@@ -212,7 +212,7 @@ def test_a_tracer_failure_does_not_break_the_program(logdir, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("comparison exploded")
 
-    monkeypatch.setattr(divergence, "compare", broken)
+    monkeypatch.setattr(divergence, "_compare", broken)
     with tpu_debug.trace(logdir=logdir, divergence=True) as session:
         y = (torch.ones(4).to("tpu") * 3).sum()
     assert y.item() == 12.0
