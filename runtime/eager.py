@@ -590,8 +590,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = (plan.meta_op, skel_args, skel_kwargs)
-    if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
-        key += config.numerics_key()
+    if config.numerics != "cpu" and plan.precision:  # issue 8: TPU numerics change what products compile to
+        key += (("numerics", config.numerics),)
     if plan.precision:  # issue 5: the precision is read while tracing (ops/linalg.py)
         key += (("matmul precision", config.effective_precision()),)
     exe = _cache.get(key)

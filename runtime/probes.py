@@ -123,6 +123,16 @@ class Probe(Protocol):
 
     def on_transfer_begin(self, direction: str, op: str) -> None: ...
 
+    # Observed ops and graphs (issue 8: divergence against CPU; see the end of this
+    # module). A probe with any of these sees every eager op with its inputs and
+    # outputs, and every compiled-graph call with its input arrays.
+
+    def before_op(self, op: Any, args: tuple, kwargs: dict) -> None: ...
+
+    def on_op(self, op: Any, args: tuple, kwargs: dict, outputs: Any) -> None: ...
+
+    def on_graph(self, graph: Any, arrays: list, outputs: Any) -> None: ...
+
 
 _lock = threading.Lock()
 _probes: tuple[Any, ...] = ()
@@ -206,7 +216,15 @@ _quiet: set[int] = set()
 
 def _refresh_op_probes() -> None:
     global _op_probes
-    _op_probes = tuple(p for p in _probes if hasattr(p, "on_op") or hasattr(p, "on_graph"))
+    _op_probes = tuple(p for p in _probes if _wants_ops(p))
+
+
+def _wants_ops(probe: Any) -> bool:
+    # the Protocol's own stubs (a probe subclassing Probe) do not count
+    return any(
+        getattr(probe, name, None) is not None and getattr(type(probe), name, None) is not getattr(Probe, name)
+        for name in ("on_op", "on_graph")
+    )
 
 
 def observe_op(op: Any, args: Any, kwargs: Any, run: Any) -> Any:

@@ -388,7 +388,7 @@ def _divergence(session: Any, terminal: bool) -> RenderableType:
     parts: list[RenderableType] = []
     compared = f"{summary.get('ops_compared', 0)} eager ops"
     if summary.get("ops_copied"):
-        compared += f" (+{summary['ops_copied']} random or loaded, copied)"
+        compared += f" (+{summary['ops_copied']} not compared: random ops, data loaded from the host)"
     if summary.get("graphs_compared"):
         compared += f", {summary['graphs_compared']} graph runs / {summary.get('nodes_compared', 0)} nodes"
     numerics = summary.get("numerics", "cpu")

@@ -30,6 +30,7 @@ from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunM
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter, connect
 from tpu_debug.tracers.tensorboard import TensorBoardExporter  # issue 9
+from tpu_debug.tracers.divergence import DivergenceTracer  # issue 8
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -63,4 +64,5 @@ __all__ = [
     "DB_NAME",
     "connect",
     "TensorBoardExporter",
+    "DivergenceTracer",
 ]

@@ -328,7 +328,17 @@ def _call(fn, inp, args, kwargs):
     return fn(inp, *args, **kwargs)
 
 
-def _check_call(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False):
+def _check_call(what, *args, **kwargs):
+    """Run one check (``what``: "op", "in-place", ...); its failure is tagged with ``what``."""
+    try:
+        _check_one(what, *args, **kwargs)
+    except Exception as exc:
+        if not hasattr(exc, "opinfo_check"):
+            exc.opinfo_check = what
+        raise
+
+
+def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False):
     """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
     cpu = _clone((sample.input, sample.args, sample.kwargs))
     dev = (_to_tpu(cpu[0]), *_clone(cpu[1:])) if cpu_args else _to_tpu(cpu)
@@ -415,13 +425,13 @@ def check_sample(op, sample, dtype, mode, *, through_view: bool = True):
 # ---- results file ----------------------------------------------------------------------
 
 
-def _record(op, dtype, mode, outcome, *, start, error=None, sample=None, samples=0):
+def _record(op, dtype, mode, outcome, *, start, error=None, sample=None, samples=0, check=None):
     if RESULTS is None:
         return
     row = {
         "op": op.name, "variant": op.variant_test_name, "dtype": dtype_name(dtype), "mode": mode,
         "tier": "full" if FULL else "ci", "outcome": outcome, "samples": samples,
-        "failed_sample": sample, "error": error, "seconds": round(time.perf_counter() - start, 3),
+        "failed_sample": sample, "failed_check": check, "error": error, "seconds": round(time.perf_counter() - start, 3),
     }
     # one short line per test, appended with O_APPEND: safe across xdist workers
     with open(RESULTS, "a", encoding="utf-8") as f:
@@ -457,7 +467,10 @@ def test_opinfo(op, dtype, mode):
             done += 1
     except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
         reason = _first_line(exc).removeprefix("Mismatch: ")
-        _record(op, dtype, mode, "failed", start=start, error=reason, sample=done, samples=done + 1)
+        check = getattr(exc, "opinfo_check", None)
+        if check is not None and not isinstance(exc, Mismatch):
+            reason = f"{check}: {reason}"
+        _record(op, dtype, mode, "failed", start=start, error=reason, sample=done, samples=done + 1, check=check)
         # plain text, no pytest traceback: pytest would repr every frame's tpu tensors,
         # and printing a tpu tensor reads it element by element
         details = "".join(traceback.format_exception(exc, limit=-12))

@@ -96,17 +96,17 @@ class HloView(ScrollView, can_focus=True):
         self._match_set = set()
         self._term = None
         self.mark_instructions(mark)
-        self.cursor_line = self.marked_lines[0] if self._marked else 0
+        # start at the first highlighted instruction, else at the entry computation (XLA puts
+        # its stack-frame tables and helper computations first)
+        entry = next((i for i, line in enumerate(self._lines) if line.startswith("ENTRY ")), 0)
+        self.cursor_line = self.marked_lines[0] if self._marked else entry
         # after the next layout: before it the new virtual size would clamp the scroll
         self.call_after_refresh(self._show_cursor, 2)
         self.refresh()
 
     def _show_cursor(self, context: int = 0) -> None:
-        height = self.scrollable_content_region.height or 1
-        top = self.scroll_offset.y
-        line = self.cursor_line
-        if line < top + context or line >= top + height - context:
-            self.scroll_to(y=max(0, line - context), animate=False)
+        """Scroll so the cursor line is ``context`` lines below the top."""
+        self.scroll_to(y=max(0, self.cursor_line - context), animate=False)
 
     def mark_instructions(self, names: Iterable[str]) -> int:
         """Highlight the lines that define the named instructions; returns how many."""
