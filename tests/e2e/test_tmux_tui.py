@@ -75,7 +75,10 @@ class Tmux:
             time.sleep(0.2)
 
     def close(self) -> None:
+        socket = self("display-message", "-p", "#{socket_path}", check=False).stdout.strip()
         self("kill-server", check=False)
+        if socket:  # tmux leaves its socket file behind
+            Path(socket).unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -194,7 +194,7 @@ class DivergenceScreen(RunScreen):
             )
         )
         what = Text(d.name)
-        if d.target:
+        if d.target and d.target != d.name:
             what.append(f"  {d.target}", style="dim")
         if d.graph:
             what.append(f"  in graph {d.graph}", style="dim")
