@@ -35,6 +35,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+import jax
 import pytest
 import torch
 from opinfo_expectations import CI_SAMPLES, EXPECTATIONS, TOLERANCES, expectation, tolerance
@@ -443,14 +444,12 @@ def _record(op, dtype, mode, outcome, *, start, error=None, sample=None, samples
 _MAX_CACHED_EXECUTABLES = 2000
 
 
-@pytest.fixture(autouse=True)
-def _bounded_executable_cache():
-    # a sweep compiles thousands of (op, shape) executables of about 1 MB each: keep a
-    # worker's memory bounded while nearby tests still share executables
-    yield
+def _bound_executable_cache():
+    # a full sweep compiles tens of thousands of (op, shape) executables (max_pool2d alone has
+    # over a thousand samples): keep a worker's memory bounded; nearby samples still share them
     if len(eager.cache_stats()) > _MAX_CACHED_EXECUTABLES:
         eager.clear_cache()
-
+        jax.clear_caches()
 
 
 @pytest.mark.parametrize(("op", "dtype", "mode"), _params())
@@ -465,6 +464,7 @@ def test_opinfo(op, dtype, mode):
             # writes through a view are about aliasing, not shapes: the CI tier checks them once
             check_sample(op, sample, dtype, mode, through_view=FULL or done == 0)
             done += 1
+            _bound_executable_cache()
     except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
         reason = _first_line(exc).removeprefix("Mismatch: ")
         check = getattr(exc, "opinfo_check", None)
