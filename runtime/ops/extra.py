@@ -1,4 +1,5 @@
-"""Ops no op family covers: FFT, special functions, the rarer random fills (issue 7).
+"""Ops no op family covers: FFT, special functions, distances, a few activations, the rarer
+random fills (issue 7).
 
 Special functions that JAX lacks follow PyTorch's own CPU algorithms
 (``ATen/native/Math.h``, Cephes coefficients), evaluated in the input's float
@@ -501,6 +502,72 @@ def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
     if keepdim:
         out = jnp.expand_dims(out, dims)
     return out
+
+
+# ---- activations no family covers ------------------------------------------------------------
+
+
+@lower(aten.hardshrink.default)
+def hardshrink(x, lambd=0.5):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), x.dtype), x)
+
+
+@lower(aten.softshrink.default)
+def softshrink(x, lambd=0.5):
+    zero = jnp.zeros((), x.dtype)
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, zero))
+
+
+@lower(aten.glu.default)
+def glu(x, dim=-1):
+    a, b = jnp.split(x, 2, axis=dim)
+    wide = x.dtype in _HALF
+    if wide:  # PyTorch's opmath
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return a * (1.0 / (1.0 + jnp.exp(-b)))
+
+
+# ---- histogram ---------------------------------------------------------------------------------
+
+
+def _linspace(start, end, steps, dtype):
+    # PyTorch's CPU linspace: the first half counts up from start, the second half down from end
+    step = (end - start) / (steps - 1) if steps > 1 else jnp.zeros((), dtype)
+    idx = jnp.arange(steps)
+    up = start + step * idx.astype(dtype)
+    down = end - step * (steps - 1 - idx).astype(dtype)
+    return jnp.where(idx < steps // 2, up, down).astype(dtype)
+
+
+def _histogram_counts(x, edges, weight, density):
+    x = x.reshape(-1)
+    nb = edges.shape[0] - 1
+    w = jnp.ones_like(x) if weight is None else weight.reshape(-1).astype(x.dtype)
+    pos = jnp.searchsorted(edges, x, side="right") - 1
+    pos = jnp.where(x == edges[-1], nb - 1, pos)  # the rightmost edge is inclusive
+    inside = (x >= edges[0]) & (x <= edges[-1])
+    hist = jnp.zeros((nb,), x.dtype).at[jnp.where(inside, pos, 0)].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist, edges
+
+
+@lower(aten.histogram.bin_ct)
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size:
+        lo, hi = jnp.min(x), jnp.max(x)
+    else:  # PyTorch: an empty input gets the range [0, 1]
+        lo, hi = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
+    same = lo == hi  # PyTorch widens an empty range by 0.5 on each side
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return _histogram_counts(x, _linspace(lo, hi, bins + 1, x.dtype), weight, density)
+
+
+@lower(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    return _histogram_counts(x, bins.astype(x.dtype), weight, density)
 
 
 # ---- random fills no family covers ----------------------------------------------------------

@@ -79,6 +79,8 @@ def _dropout_range(sample, out):
     x = sample.input
     p = _arg(sample, 0, "p", 0.5)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    if not _arg(sample, 1, "training", True):
+        scale = 1.0  # evaluation mode: the input itself
     lo, hi = (x.min().item(), x.max().item()) if x.numel() else (0.0, 0.0)
     return min(0.0, lo * scale), max(0.0, hi * scale)
 
@@ -127,6 +129,36 @@ RANDOM_OPS: dict[str, Callable | None] = {
     "nn.functional.alpha_dropout": None,
     "nn.functional.feature_alpha_dropout.with_train": None,
     "nn.functional.rrelu": _rrelu_range,
+}
+
+
+# ---- outputs that are unique only up to sign ----------------------------------------
+
+
+def _sign_fixed(m: torch.Tensor, vec_dim: int) -> torch.Tensor:
+    """Each vector along ``vec_dim`` flipped so its largest-magnitude entry is positive."""
+    if m.numel() == 0:
+        return m
+    idx = m.abs().argmax(dim=vec_dim, keepdim=True)
+    sign = torch.gather(m, vec_dim, idx).sign()
+    return m * torch.where(sign == 0, torch.ones_like(sign), sign)
+
+
+def _svd_canonical(out, *, vh: bool):
+    # singular vectors: each up to sign; beyond k = len(S) (full_matrices) any orthonormal basis
+    u, s, v = out
+    k = s.shape[-1]
+    v = _sign_fixed(v[..., :k, :], -1) if vh else _sign_fixed(v[..., :, :k], -2)
+    return _sign_fixed(u[..., :, :k], -2), s, v
+
+
+# op name (variant) -> the output in a canonical form; CPU and tpu results are compared in it
+CANONICAL_OUTPUTS: dict[str, Callable] = {
+    "svd": lambda out: _svd_canonical(out, vh=False),
+    "svd_lowrank": lambda out: _svd_canonical(out, vh=False),
+    "pca_lowrank": lambda out: _svd_canonical(out, vh=False),
+    "linalg.svd": lambda out: _svd_canonical(out, vh=True),
+    "linalg.eigh": lambda out: (out[0], _sign_fixed(out[1], -2)),
 }
 
 
@@ -220,6 +252,28 @@ class _OnCpu(Exception):
     pass
 
 
+def _to_meta(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().to("meta")
+    if (isinstance(v, torch.device) and v.type == "tpu") or (isinstance(v, str) and v == "tpu"):
+        return "meta"
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_meta(x) for k, x in v.items()}
+    return v
+
+
+def _cpu_result_expected(fn, dev_args) -> bool:
+    """Whether PyTorch itself puts a result on CPU for these arguments (``linspace`` of 0-d
+    tensors without ``device=``, say): the same call on meta tensors returns a CPU tensor."""
+    try:
+        out = _call(fn, *_to_meta(dev_args))
+    except Exception:  # noqa: BLE001 - no meta kernel: keep expecting tpu
+        return False
+    return any(t.device.type == "cpu" for t in _tensors(out))
+
+
 def _to_host(v):
     """A tpu result back on CPU; a tensor result left on CPU is an error (the op escaped tpu)."""
     if isinstance(v, torch.Tensor):
@@ -299,9 +353,9 @@ def _compare(actual, expected, *, tol, what: str, on_tpu: bool = True):
             raise Mismatch(f"{what}: {actual!r}, CPU gives {expected!r}") from exc
 
 
-def _check_random(actual, expected, sample, rng_range, *, what: str):
+def _check_random(actual, expected, sample, rng_range, *, what: str, on_tpu: bool = True):
     try:
-        actual = _to_host(actual)
+        actual = _to_host(actual) if on_tpu else actual
     except _OnCpu as exc:
         raise Mismatch(f"{what}: {exc}") from None
     outs, refs = list(_tensors(actual)), list(_tensors(expected))
@@ -339,7 +393,8 @@ def _check_call(what, *args, **kwargs):
         raise
 
 
-def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False):
+def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False,
+               canonical=None):
     """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
     cpu = _clone((sample.input, sample.args, sample.kwargs))
     dev = (_to_tpu(cpu[0]), *_clone(cpu[1:])) if cpu_args else _to_tpu(cpu)
@@ -354,13 +409,27 @@ def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=N
             return
         raise Mismatch(f"{what}: CPU raises {_first_line(cpu_exc)}; tpu returns a result") from None
     actual = _call(run(fn), *dev)
+    on_tpu = not any(t.device.type == "cpu" for t in _tensors(actual)) or not _cpu_result_expected(fn, dev)
     if random:
-        _check_random(actual, expected, sample, rng_range, what=what)
+        _check_random(actual, expected, sample, rng_range, what=what, on_tpu=on_tpu)
         return
-    _compare(actual, expected, tol=tol, what=what)
+    if canonical is not None:
+        try:
+            actual = _to_host(actual) if on_tpu else actual
+        except _OnCpu as exc:
+            raise Mismatch(f"{what}: {exc}") from None
+        actual, expected, on_tpu = canonical(actual), canonical(expected), False
+        # out= tensors are the (canonicalized) results; compare the other arguments as they are
+        cpu, dev = _without_out(cpu), _without_out(dev)
+    _compare(actual, expected, tol=tol, what=what, on_tpu=on_tpu)
     # every argument after the call: what the op mutates (in-place, out=) must match CPU
     after = [t.cpu() for t in _tensors(dev)]  # (ARGS_STAY_ON_CPU arguments are on cpu)
     _compare(after, list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call", on_tpu=False)
+
+
+def _without_out(args):
+    inp, a, kw = args
+    return inp, a, {k: v for k, v in kw.items() if k != "out"}
 
 
 def _via_view(args, device):
@@ -405,7 +474,8 @@ def check_sample(op, sample, dtype, mode, *, through_view: bool = True):
     random = name in RANDOM_OPS or op.has_nondeterministic_output
     rng_range = RANDOM_OPS.get(name)
     tol = tolerance(op.name, op.variant_test_name, dtype_name(dtype)) or {}
-    kw = {"tol": tol, "rng_range": rng_range, "random": random, "cpu_args": op.name in ARGS_STAY_ON_CPU}
+    kw = {"tol": tol, "rng_range": rng_range, "random": random, "cpu_args": op.name in ARGS_STAY_ON_CPU,
+          "canonical": CANONICAL_OUTPUTS.get(name)}
 
     _check_call("op", op, sample, run, **kw)
     inplace = op.inplace_variant
