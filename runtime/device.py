@@ -233,6 +233,34 @@ def _inplace_view_ops() -> list:
     return ops
 
 
+def _patch_storage_clone() -> None:
+    """``UntypedStorage.clone`` (what ``copy.deepcopy`` of a tensor or module calls) for
+    `tpu` storages. PyTorch's clone allocates ``nbytes()`` bytes and byte-copies into
+    them; our storages report 0 bytes and keep their data in the payload, so that path
+    copies nothing or crashes. The clone is a new storage holding the same payload:
+    jax arrays are immutable and a write replaces the payload, so sharing it is a copy."""
+    from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _create_empty, _Uninit
+
+    original = torch.UntypedStorage.clone
+    if getattr(original, "_tpu_debug", False):
+        return
+
+    def clone(self):
+        if self.device.type != "tpu":
+            return original(self)
+        new = _create_empty((0,), torch.uint8).untyped_storage()
+        payload = getattr(self, PAYLOAD_ATTR, None)
+        if type(payload) is _Uninit:
+            payload = _Uninit(payload.numel, payload.dtype)
+        if payload is not None:
+            setattr(new, PAYLOAD_ATTR, payload)
+        return new
+
+    clone._tpu_debug = True
+    clone.__doc__ = original.__doc__
+    torch.UntypedStorage.clone = clone
+
+
 def _local_scalar_dense(self):
     return eager.to_cpu(self, op="item").item()
 
@@ -436,6 +464,7 @@ def install() -> bool:
         _load_lowerings()
         setup(rename="tpu", backend_module=TpuModule())
         _state["libs"] = _register_kernels()
+        _patch_storage_clone()
         _state["installed"] = True
     from tpu_debug.runtime.compiled import install_backends
 

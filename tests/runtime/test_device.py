@@ -219,3 +219,32 @@ def test_privateuse1_taken_is_refused():
 
 def test_version():
     assert tpu_debug.__version__
+
+
+def test_deepcopy_of_tpu_tensors_and_modules():
+    """copy.deepcopy clones storages (UntypedStorage.clone); a tpu storage of 4 MB used
+    to crash the process there. The copy is independent of the original."""
+    import copy
+
+    torch.manual_seed(0)
+    big = torch.randn(1000, 1000)
+    t = big.to("tpu")
+    u = copy.deepcopy(t)
+    u.add_(1)
+    torch.testing.assert_close(u.cpu(), big + 1)
+    torch.testing.assert_close(t.cpu(), big)  # the original is untouched
+
+    view = t[2:5, 3:]
+    v = copy.deepcopy(view)  # a view keeps its geometry in the copy
+    assert (v.shape, v.stride(), v.storage_offset()) == (view.shape, view.stride(), view.storage_offset())
+    torch.testing.assert_close(v.cpu(), big[2:5, 3:])
+
+    cpu = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    dev = copy.deepcopy(cpu).to("tpu")
+    dup = copy.deepcopy(dev)
+    x = torch.randn(8, 64)
+    torch.testing.assert_close(dup(x.to("tpu")).cpu(), cpu(x))
+    with torch.no_grad():
+        dup[0].weight.zero_()
+    torch.testing.assert_close(dev[0].weight.cpu(), cpu[0].weight)
+    assert copy.deepcopy(torch.empty(3, 4, device="tpu")).cpu().shape == (3, 4)
