@@ -144,18 +144,28 @@ def _functional_of(op: _OpOverload, kind: str) -> _OpOverload | None:
     if packet is None:
         return None
     want = _arg_names(op._schema, skip_out=True)
+    want_types = _arg_types(op._schema)
     overloads = [getattr(packet, o) for o in packet.overloads()]
     if kind == "inplace":
         same = getattr(packet, op._overloadname, None)
         if same is not None:
             return same
+    by_name = None
     for cand in overloads:
         s = cand._schema
         if any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments):
             continue
         if [a.name for a in s.arguments] == want:
-            return cand
-    return None
+            # overloads can share argument names (clamp(Scalar? min) / clamp.Tensor(Tensor? min)):
+            # the one whose argument types match too is the functional form
+            if _arg_types(s) == want_types:
+                return cand
+            by_name = by_name or cand
+    return by_name
+
+
+def _arg_types(schema) -> list[str]:
+    return [str(a.type) for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)]
 
 
 def op_name(op: _OpOverload) -> str:

@@ -232,19 +232,19 @@ def logical_xor(x, y):
     return jnp.logical_xor(x, y)
 
 
-@lower(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)
+@lower(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)
 def bitwise_and(x, y):
     x, y = promote(x, y)
     return x & y
 
 
-@lower(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar)
+@lower(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)
 def bitwise_or(x, y):
     x, y = promote(x, y)
     return x | y
 
 
-@lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)
+@lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)
 def bitwise_xor(x, y):
     x, y = promote(x, y)
     return x ^ y
