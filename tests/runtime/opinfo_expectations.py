@@ -19,8 +19,7 @@ TOLERANCES: (op name, variant, dtype) -> (rtol, atol, reason), replacing
 
 from __future__ import annotations
 
-# the CI tier's samples per (op, dtype), by mode: compiling is slower than running eagerly
-CI_SAMPLES = {"eager": 3, "compiled": 1}
+CI_SAMPLES = 3
 
 EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
     ("__rpow__", "", "int64", "eager"): ("xfail", "op: values differ from CPU, CPU 0, tpu 6989586621679009792"),
