@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import sys
 import threading
 import warnings
+from collections.abc import Callable
 
 import jax
 import torch
+from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import random as _random
@@ -352,6 +356,33 @@ def _view_ops() -> list:
     return ops
 
 
+def _dynamo_disabled(fn):
+    """``torch._dynamo.disable(fn, recursive=True)`` without importing torch._dynamo,
+    which costs about a second (issue 6): the same two steps through dynamo's C
+    module, which loads with torch. ``fn`` and all it calls run with dynamo's frame
+    callback unset, and dynamo runs the wrapper's own frame without looking at it."""
+
+    def shielded(*args, **kwargs):
+        prior = _eval_frame.set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _eval_frame.set_eval_frame(prior)
+
+    # every shielded function shares this code object: dynamo runs its frames without
+    # looking at them, as it does those of torch._dynamo.disable's wrapper (in torch)
+    skip = _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP, _eval_frame._FrameAction.DEFAULT)
+    _eval_frame.set_code_exec_strategy(shielded.__code__, skip)
+    shielded = functools.wraps(fn)(shielded)
+    # what dynamo reads off a function made by torch._dynamo.disable: it does not
+    # inline it, it breaks the graph and calls it
+    shielded._torchdynamo_disable = True
+    shielded._torchdynamo_disable_msg = None
+    shielded._torchdynamo_disable_recursive = True
+    shielded._torchdynamo_orig_callable = fn
+    return shielded
+
+
 def _register_kernels() -> list:
     lib = torch.library.Library("aten", "IMPL")
     special = {
@@ -372,12 +403,9 @@ def _register_kernels() -> list:
         special.setdefault(op, _meta_view(op))
     for op in _inplace_view_ops():
         special.setdefault(op, _inplace_view(op))
-    from torch import _dynamo
-
     # Kernels run eagerly even inside a compiled region (after a graph break, in
     # autograd): dynamo must not try to trace into them, or into JAX.
-    def shielded(fn):
-        return _dynamo.disable(fn, recursive=True)
+    shielded = _dynamo_disabled
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # overriding composite kernels for PrivateUse1 is the point
@@ -468,5 +496,59 @@ def install() -> bool:
         _state["installed"] = True
     from tpu_debug.runtime.compiled import install_backends
 
-    install_backends()
+    # issue 6: importing torch._dynamo costs about a second, which `import tpu_debug`
+    # (and `tpu-debug tui`) should not pay; torch.compile and torch._dynamo's backend
+    # registry import it first, so registering the backends then is in time
+    when_imported("torch._dynamo", install_backends)
     return True
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls ``callback()`` once, right after module ``name`` has executed."""
+
+    def __init__(self, name: str, callback: Callable[[], object]) -> None:
+        self.name = name
+        self.callback = callback
+        self._finding = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name or self._finding:
+            return None
+        self._finding = True  # the other finders find the module, and may look it up again
+        try:
+            spec = next(
+                (
+                    found
+                    for finder in list(sys.meta_path)
+                    if finder is not self and hasattr(finder, "find_spec")
+                    for found in [finder.find_spec(fullname, path, target)]
+                    if found is not None
+                ),
+                None,
+            )
+        finally:
+            self._finding = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_call(module):
+            exec_module(module)
+            del loader.exec_module  # the loader's own method again (a reload is plain)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                self.callback()
+
+        loader.exec_module = exec_then_call  # this module's loader instance only
+        return spec
+
+
+def when_imported(name: str, callback: Callable[[], object]) -> None:
+    """Call ``callback()`` now if module ``name`` is imported, else right after it is."""
+    with _lock:
+        if name not in sys.modules:
+            if not any(isinstance(f, _PostImportHook) and f.name == name for f in sys.meta_path):
+                sys.meta_path.insert(0, _PostImportHook(name, callback))
+            return
+    callback()
