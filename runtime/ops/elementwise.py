@@ -51,12 +51,19 @@ def div(x, y):
 def div_mode(x, y, *, rounding_mode=None):
     if rounding_mode is None:
         return div(x, y)
-    comp, _ = compute_dtype(x, y)
+    comp, res = compute_dtype(x, y)
+    tensor_divisor = is_array(y) and y.ndim > 0
     x, y = promote(x, y)
     if rounding_mode == "trunc":
         if jnp.issubdtype(comp, jnp.integer):
-            return lax.div(x, jnp.asarray(y, comp))
-        return jnp.trunc(x / y)
+            x, y = jnp.broadcast_arrays(jnp.asarray(x, comp), jnp.asarray(y, comp))
+            return lax.div(x, y)  # C division: rounds toward zero
+        q = x / y
+        if tensor_divisor:
+            # PyTorch CPU rounds a bfloat16 quotient to bfloat16 before truncating it,
+            # except with a scalar divisor, where it truncates the float32 quotient
+            q = q.astype(res)
+        return jnp.trunc(q)
     if jnp.issubdtype(comp, jnp.integer):
         return jnp.floor_divide(x, y)
     return _py_floor_div(x, y)
@@ -97,8 +104,17 @@ def pow_(x, y):
         return x * x
     x, y = promote(x, y)
     if jnp.issubdtype(comp, jnp.integer):
-        return lax.integer_pow(x, int(y)) if not is_array(y) else jnp.power(x, y)
+        return lax.integer_pow(x, int(y)) if not is_array(y) else _int_power(x, y)
     return jnp.power(x, y)
+
+
+def _int_power(x, y):
+    """PyTorch's integer pow: a negative exponent gives 0, except for bases 1 and -1."""
+    x, y = jnp.broadcast_arrays(jnp.asarray(x, y.dtype if not is_array(x) else x.dtype), y)
+    p = jnp.power(x, jnp.maximum(y, 0))
+    one = jnp.ones_like(p)
+    neg = jnp.where(x == 1, one, jnp.where(x == -1, jnp.where(y % 2 == 0, one, -one), jnp.zeros_like(p)))
+    return jnp.where(y < 0, neg, p)
 
 
 @lower(aten.neg.default)
@@ -113,7 +129,7 @@ def abs_(x):
 
 @lower(aten.sign.default, aten.sgn.default)
 def sign(x):
-    return jnp.sign(x)
+    return x if x.dtype == jnp.bool_ else jnp.sign(x)
 
 
 @lower(aten.reciprocal.default)
@@ -292,6 +308,11 @@ def _float_unary(fn, name):
     return lowering
 
 
+def _digamma(x):
+    # PyTorch: digamma(+-0) = -+inf (a pole whose sign follows the zero's); JAX gives nan
+    return jnp.where(x == 0, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), -x), jax.scipy.special.digamma(x))
+
+
 _FLOAT_UNARY = {
     "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
@@ -300,7 +321,7 @@ _FLOAT_UNARY = {
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "erf": jax.scipy.special.erf, "erfc": jax.scipy.special.erfc,
     "erfinv": jax.scipy.special.erfinv, "lgamma": jax.scipy.special.gammaln,
-    "digamma": jax.scipy.special.digamma, "i0": jax.scipy.special.i0,
+    "digamma": _digamma, "i0": jax.scipy.special.i0,
 }
 for _name, _fn in _FLOAT_UNARY.items():
     lower(getattr(aten, _name).default)(_float_unary(_fn, _name))

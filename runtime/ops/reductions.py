@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, jdtype
+from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, jdtype, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
@@ -305,6 +305,15 @@ def all_(x):
 @lower(aten.all.dim, aten.all.dims)
 def all_dim(x, dim=None, keepdim=False):
     return _logical(x, dim, keepdim, jnp.all)
+
+
+@lower(aten.equal.default, cast_output=False)
+def equal(x, y):
+    """True when both have the same shape and equal elements (NaN != NaN), as a 0-d bool."""
+    if x.shape != y.shape:
+        return jnp.zeros((), jnp.bool_)
+    x, y = promote(x, y)
+    return jnp.all(x == y)
 
 
 # ---- variance and standard deviation -------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 CI_SAMPLES = 3
 
 EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
-    ("__rpow__", "", "int64", "eager"): ("xfail", "op: values differ from CPU, CPU 0, tpu 6989586621679009792"),
     ("_batch_norm_with_update", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 3 / 125 elements, max abs diff 0.0078125, max rel diff 0.109375"),
     ("_native_batch_norm_legit", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 3 / 125 elements, max abs diff 0.0078125, max rel diff 0.109375"),
     ("_native_batch_norm_legit", "", "float32", "eager"): ("xfail", "needs a lowering: aten::_native_batch_norm_legit.out"),
@@ -33,15 +32,8 @@ EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
     ("argsort", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 7113 / 8000 elements, max abs diff 7974, max rel diff 2728.0"),
     ("argsort", "", "bool", "eager"): ("xfail", "op: values differ from CPU, 7999 / 8000 elements, max abs diff 7985, max rel diff inf"),
     ("chalf", "", "*", "eager"): ("xfail", "op: TypeError: dtype torch.complex32 is not supported on the tpu device; use one of torch.float32, torch.float64, torch.float16, torch.bfloat16, to..."),
-    ("corrcoef", "", "*", "eager"): ("xfail", "needs a lowering: aten::equal"),
-    ("cov", "", "*", "eager"): ("xfail", "needs a lowering: aten::equal"),
     ("deg2rad", "", "bool", "eager"): ("xfail", "in-place: CPU raises RuntimeError: result type Float can't be cast to the desired output type Bool; tpu returns a result"),
     ("deg2rad", "", "int64", "eager"): ("xfail", "in-place: CPU raises RuntimeError: result type Float can't be cast to the desired output type Long; tpu returns a result"),
-    ("digamma", "", "bool", "eager"): ("xfail", "op: values differ from CPU, 11 / 20 elements, max abs diff nan, max rel diff nan"),
-    ("digamma", "", "int64", "eager"): ("xfail", "op: values differ from CPU, 3 / 20 elements, max abs diff nan, max rel diff nan"),
-    ("div", "trunc_rounding", "bfloat16", "eager"): ("xfail_full", "op: values differ from CPU, 1 / 250 elements, max abs diff 1.0, max rel diff 0.0556640625"),
-    ("div", "trunc_rounding", "int64", "eager"): ("xfail", "op: TypeError: div: arrays must have the same number of dimensions, got {1, 2}"),
-    ("equal", "", "*", "eager"): ("xfail", "needs a lowering: aten::equal"),
     ("fft.hfft2", "", "bool", "eager"): ("xfail", "op: values differ from CPU, 72 / 150 elements, max abs diff 1.9464980363845825, max rel diff 20.369617462158203"),
     ("fft.hfft2", "", "float32", "eager"): ("xfail", "op: values differ from CPU, 80 / 150 elements, max abs diff 14.202539443969727, max rel diff 33.20368957519531"),
     ("fft.hfft2", "", "int64", "eager"): ("xfail", "op: values differ from CPU, 80 / 150 elements, max abs diff 11.30724048614502, max rel diff 7.116536617279053"),
@@ -116,8 +108,6 @@ EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
     ("ormqr", "", "float32", "eager"): ("xfail", "needs a lowering: aten::ormqr"),
     ("rad2deg", "", "bool", "eager"): ("xfail", "in-place: CPU raises RuntimeError: result type Float can't be cast to the desired output type Bool; tpu returns a result"),
     ("rad2deg", "", "int64", "eager"): ("xfail", "in-place: CPU raises RuntimeError: result type Float can't be cast to the desired output type Long; tpu returns a result"),
-    ("sgn", "", "bool", "eager"): ("xfail", "op: TypeError: sign does not accept dtype bool. Accepted dtypes are subtypes of integer, floating, complexfloating."),
-    ("sign", "", "bool", "eager"): ("xfail", "op: TypeError: sign does not accept dtype bool. Accepted dtypes are subtypes of integer, floating, complexfloating."),
     ("sort", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 7113 / 8000 elements, max abs diff 7974, max rel diff 2728.0"),
     ("sort", "", "bool", "eager"): ("xfail", "op: values differ from CPU, 7999 / 8000 elements, max abs diff 7985, max rel diff inf"),
     ("sparse.mm", "reduce", "*", "eager"): ("xfail", "op: NotImplementedError: Could not run 'aten::_sparse_mm_reduce_impl' with arguments from the 'SparseCsrtpu' backend. This could be because the ope..."),

@@ -1,0 +1,74 @@
+"""Elementwise lowerings on `tpu` and their eager ``out=`` overloads, checked against PyTorch on CPU (issue 7 regressions)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import tpu_debug  # noqa: F401 - registers the tpu device
+
+
+def _tpu(v):
+    return v.to("tpu") if isinstance(v, torch.Tensor) else v
+
+
+def check(fn, *args, **kwargs):
+    """Run ``fn`` on CPU and on tpu copies of the tensor arguments; compare (NaNs equal)."""
+    expected = fn(*args, **kwargs)
+    actual = fn(*(_tpu(a) for a in args), **{k: _tpu(v) for k, v in kwargs.items()})
+    if isinstance(expected, torch.Tensor):
+        assert actual.device.type == "tpu"
+        assert_close(actual.cpu(), expected, equal_nan=True)
+    else:
+        assert type(actual) is type(expected) and actual == expected
+
+
+def test_equal_is_a_python_bool():
+    a = torch.tensor([1.0, 2.0, float("nan")])
+    check(torch.equal, a[:2], a[:2])
+    check(torch.equal, a, a)  # NaN != NaN
+    check(torch.equal, a[:2], torch.tensor([1, 2]))  # promoted
+    check(torch.equal, torch.ones(2, 1), torch.ones(2))  # shapes differ
+
+
+@pytest.mark.parametrize("op", ["clamp", "clamp_min", "clamp_max"])
+def test_clamp_tensor_bounds_out(op):
+    x = torch.linspace(-3, 3, 12).reshape(3, 4)
+    lo, hi = torch.full((4,), -1.0), torch.full((3, 1), 2.0)
+    bounds = {"clamp": (lo, hi), "clamp_min": (lo,), "clamp_max": (hi,)}[op]
+    check(lambda x, *b: getattr(torch, op)(x, *b, out=torch.empty_like(x)), x, *bounds)
+
+
+def test_out_picks_the_scalar_overload():
+    x = torch.tensor([[True, False], [True, True]])
+    check(lambda x: torch.all(x, dim=(0, 1), out=torch.empty((), dtype=torch.bool, device=x.device)), x)
+    y = torch.tensor([-1.5, 2.0, -0.0])
+    check(lambda y: torch.copysign(y, -2.0, out=torch.empty_like(y)), y)
+    check(lambda y: torch.square(y, out=torch.empty_like(y)), y)
+    check(lambda y: torch.lerp(y, y * 2, torch.full_like(y, 0.25), out=torch.empty_like(y)), y)
+    bitwise_and = torch.ops.aten.bitwise_and.Scalar_Tensor_out
+    check(lambda s: bitwise_and(6, s, out=torch.empty_like(s)), torch.tensor([3, 5, 7]))
+
+
+def test_div_trunc():
+    a = torch.tensor([[7, -7, 9], [3, -3, 8]])
+    check(torch.div, a, torch.tensor([2, -4, 3]), rounding_mode="trunc")  # broadcast integer division
+    torch.manual_seed(0)
+    b = (torch.randn(200, 50) * 50).bfloat16()
+    check(torch.div, b, torch.randn(50).bfloat16(), rounding_mode="trunc")  # quotient rounded to bfloat16 first
+
+
+def test_integer_pow_negative_exponent():
+    e = torch.tensor([-3, -2, -1, 0, 1, 2, 3])
+    for base in (2, 1, -1, 0, -2):
+        check(torch.pow, base, e)
+    check(torch.pow, torch.tensor([[2], [-1], [1], [0]]), e)
+
+
+def test_digamma_poles_and_sign_of_bool():
+    check(torch.digamma, torch.tensor([0, -1, 3]))
+    check(torch.digamma, torch.tensor([True, False]))
+    check(torch.digamma, torch.tensor([0.0, -0.0, -2.0, 2.5]))
+    check(torch.sign, torch.tensor([True, False]))
+    check(torch.sgn, torch.tensor([True, False]))
