@@ -647,6 +647,11 @@ def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
         ret_flat = list(flat[:n_ret])
         return _wrap(ret_flat, (single, _trim(parts, n_ret)), dtypes[:n_ret])
     # inplace / out: results go into the written arguments, which are returned
+    if plan.strip or kind == "inplace":
+        # out= run through the functional lowering skipped PyTorch's out= checks; an in-place
+        # meta kernel may accept a self it would broadcast (addr_ on a 0-d self)
+        for t, v, d in zip(targets, flat, dtypes):
+            _check_writable(plan, t, d, v.shape, args, kwargs)
     for t, v in zip(targets, flat):
         if kind == "out":
             _resize_out(t, v.shape)
@@ -724,12 +729,34 @@ def _run_functional_then_write(plan: _Plan, args, kwargs):
     call_kwargs.update(fkwargs)
     call_kwargs = {k: v for k, v in call_kwargs.items() if k in fschema_names}
     out = plan.functional(**call_kwargs)
-    flat = [to_jax(o) for o in _iter_tensors(out)]
+    results = list(_iter_tensors(out))
+    for t, o in zip(targets, results):
+        _check_writable(plan, t, o.dtype, o.shape, args, kwargs)
+    flat = [to_jax(o) for o in results]
     for t, v in zip(targets, flat):
         if plan.kind == "out":
             _resize_out(t, v.shape)
         write(t, v)
     return _return_written(plan, args, kwargs, targets)
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def _check_writable(plan: _Plan, target: torch.Tensor, dtype: torch.dtype, shape, args, kwargs) -> None:
+    """PyTorch's checks on writing a functional result into an in-place / out= argument:
+    the result dtype must cast safely, and an output that is also an input is not resized."""
+    if dtype != target.dtype and not torch.can_cast(dtype, target.dtype):
+        raise RuntimeError(
+            f"result type {_type_name(dtype)} can't be cast to the desired output type {_type_name(target.dtype)}"
+        )
+    if tuple(shape) == tuple(target.shape):
+        return
+    written = {name for _pos, name, _l in plan.writes}
+    inputs = (*args, *(v for k, v in kwargs.items() if k not in written))
+    if plan.kind == "inplace" or any(a is target for a in inputs):
+        raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}")
 
 
 def _cpu_fallback(plan: _Plan, args, kwargs):

@@ -153,6 +153,38 @@ def addmm(self, a, b, *, beta=1, alpha=1):
     return _scaled(dot_general(jnp.matmul, a, b), self, beta=beta, alpha=alpha)
 
 
+@lower(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    _, dtype = compute_dtype(self, vec1, vec2)
+    self, vec1, vec2 = promote(self, vec1, vec2)
+    shape = (vec1.shape[0], vec2.shape[0])
+    if vec1.dtype == jnp.bool_:
+        out = (vec1[:, None] & vec2[None, :]) & bool(alpha)
+        return jnp.broadcast_to(out | (self & bool(beta)), shape)
+    if jnp.issubdtype(vec1.dtype, jnp.integer):
+        alpha, beta = int(alpha), int(beta)
+    # CPU's order of operations, each step rounded to the dtype (XLA would otherwise keep a
+    # fused bfloat16 chain in float32): alpha * vec1 * vec2 + beta * self
+    ignore_self = beta == 0  # self ignored entirely (NaN/inf in it do not propagate)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        info = jnp.finfo(dtype)
+
+        def step(v):
+            return lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+        self, vec1, vec2 = (a.astype(jnp.float32) for a in (self, vec1, vec2))
+    else:
+
+        def step(v):
+            return v
+
+    alpha, beta = step(jnp.asarray(alpha, vec1.dtype)), step(jnp.asarray(beta, vec1.dtype))
+    out = step(step(alpha * vec1)[:, None] * vec2[None, :])
+    if not ignore_self:
+        out = step(out + step(beta * self))
+    return jnp.broadcast_to(out, shape).astype(dtype)
+
+
 @lower(aten.addmm.dtype, aten.baddbmm.dtype)
 def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
     return addmm(self.astype(jnp.float32), a, b, beta=beta, alpha=alpha)

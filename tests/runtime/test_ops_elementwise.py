@@ -72,3 +72,37 @@ def test_digamma_poles_and_sign_of_bool():
     check(torch.digamma, torch.tensor([0.0, -0.0, -2.0, 2.5]))
     check(torch.sign, torch.tensor([True, False]))
     check(torch.sgn, torch.tensor([True, False]))
+
+
+def _raises_like_cpu(fn, *args):
+    with pytest.raises(RuntimeError) as cpu:
+        fn(*args)
+    with pytest.raises(RuntimeError) as tpu:
+        fn(*(_tpu(a) for a in args))
+    assert str(tpu.value) == str(cpu.value)
+
+
+def test_inplace_and_out_refuse_what_cpu_refuses():
+    _raises_like_cpu(lambda x: x.deg2rad_(), torch.arange(3))  # float result into an int64 self
+    _raises_like_cpu(lambda x: x.logit_(), torch.tensor([True, False]))
+    _raises_like_cpu(lambda x, e: x.ldexp_(e), torch.ones(5, 1), torch.ones(5, 5, dtype=torch.long))  # no broadcast of self
+    _raises_like_cpu(lambda x, y: torch.mul(x, y, out=x), torch.ones(5, 1), torch.ones(5, 5))  # out= is also an input
+    _raises_like_cpu(lambda x: torch.mul(x, 0.5, out=torch.empty(3, dtype=torch.long, device=x.device)), torch.ones(3))
+    with pytest.raises(RuntimeError):
+        torch.tensor(1.0, device="tpu").addr_(torch.ones(3, device="tpu"), torch.ones(3, device="tpu"))
+
+
+def test_out_still_resizes_and_casts_safely():
+    check(lambda x, y: torch.mul(x, y, out=torch.empty(5, 1, device=x.device)), torch.ones(5, 1), torch.ones(5, 5))
+    check(lambda x: torch.add(x, 1, out=torch.empty(3, device=x.device)), torch.arange(3))  # int64 into float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_addr(dtype):
+    torch.manual_seed(0)
+    s, v1, v2 = (torch.randn(shape).mul(3).to(dtype) for shape in ((5, 10), (5,), (10,)))
+    check(torch.addr, s, v1, v2)
+    check(torch.addr, s[0], v1, v2)  # self broadcasts
+    if dtype.is_floating_point:
+        check(torch.addr, s, v1, v2, beta=0.6, alpha=0.2)  # bfloat16: rounded step by step, as on CPU
+        check(torch.addr, torch.full((5, 10), float("nan"), dtype=dtype), v1, v2, beta=0.0)
