@@ -42,8 +42,18 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     if dtype is None:
         is_float = any(isinstance(v, float) for v in (start, end, step))
         dtype = torch.get_default_dtype() if is_float else torch.int64
-    n = int(np.ceil((end - start) / step))
-    return (start + jnp.arange(max(n, 0), dtype=jnp.float64 if dtype.is_floating_point else jnp.int64) * step).astype(jdtype(dtype))
+    if dtype.is_floating_point:
+        n = int(np.ceil((end - start) / step))
+        return (start + jnp.arange(max(n, 0), dtype=jnp.float64) * step).astype(jdtype(dtype))
+    # integer results: PyTorch accumulates in int64, so float bounds and step truncate toward zero
+    xstart, xend, xstep = int(start), int(end), int(step)
+    if dtype == torch.int64:  # its size is computed in integers too
+        sgn = (xstep > 0) - (xstep < 0)
+        num = xend - xstart + xstep - sgn
+        n = abs(num) // abs(xstep) * (1 if (num >= 0) == (xstep > 0) else -1)  # C's truncating division
+    else:
+        n = int(np.ceil((end - start) / step))
+    return (xstart + jnp.arange(max(n, 0), dtype=jnp.int64) * xstep).astype(jdtype(dtype))
 
 
 # ---- random: each takes a fresh key; values are never baked into the program ------

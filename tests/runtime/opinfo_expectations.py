@@ -27,7 +27,6 @@ EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
     ("_native_batch_norm_legit", "", "float32", "eager"): ("xfail", "needs a lowering: aten::_native_batch_norm_legit.out"),
     ("_upsample_bilinear2d_aa", "", "float32", "eager"): ("xfail", "needs a lowering: aten::_upsample_bilinear2d_aa.out"),
     ("addbmm", "", "*", "eager"): ("xfail_full", "in-place through a view: RuntimeError: output with shape [1] doesn't match the broadcast shape [5, 10]"),
-    ("arange", "", "int64", "eager"): ("xfail_full", "op: RuntimeError: internal error in the tpu lowering of aten::arange.start_step: it produced shape (3,), PyTorch says (2,)"),
     ("argsort", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 7113 / 8000 elements, max abs diff 7974, max rel diff 2728.0"),
     ("argsort", "", "bool", "eager"): ("xfail", "op: values differ from CPU, 7999 / 8000 elements, max abs diff 7985, max rel diff inf"),
     ("chalf", "", "*", "eager"): ("xfail", "op: TypeError: dtype torch.complex32 is not supported on the tpu device; use one of torch.float32, torch.float64, torch.float16, torch.bfloat16, to..."),

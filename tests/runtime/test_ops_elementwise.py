@@ -106,3 +106,10 @@ def test_addr(dtype):
     if dtype.is_floating_point:
         check(torch.addr, s, v1, v2, beta=0.6, alpha=0.2)  # bfloat16: rounded step by step, as on CPU
         check(torch.addr, torch.full((5, 10), float("nan"), dtype=dtype), v1, v2, beta=0.0)
+
+
+@pytest.mark.parametrize("args", [(0.0, -8.000001, -4.0), (1.5, 7.9, 2.5), (0, -10, -3), (2**40, 2**40 + 7, 2)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_arange_integer_truncates_like_cpu(args, dtype):
+    expected = torch.arange(*args, dtype=dtype)
+    assert torch.equal(torch.arange(*args, dtype=dtype, device="tpu").cpu(), expected)
