@@ -86,6 +86,16 @@ def _fake_dtype(node):
     return None
 
 
+def _get_attr(gm: torch.fx.GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+_WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
+
+
 class _GraphProgram:
     """The JAX function of one FX graph (interpreting it node by node)."""
 
@@ -95,6 +105,16 @@ class _GraphProgram:
         self.kind = kind
         self.nodes: list[FxNodeInfo] = []
         self.rng_nodes = 0
+        # get_attr nodes: tensors dynamo lifted into the graph module (a constant index
+        # tensor, say), program constants
+        self.constants: dict[str, Any] = {}
+        for node in gm.graph.find_nodes(op="get_attr"):
+            value = _get_attr(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise UnsupportedGraphOp(
+                    f"graph {graph_id}: FX attribute {node.target!r} is a {type(value).__name__}, not a tensor"
+                )
+            self.constants[node.target] = to_jax(value if value.device.type == "tpu" else value.detach().to("tpu"))
         for node in gm.graph.nodes:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
                 if node.target in _SHAPE_OPS:
@@ -132,12 +152,17 @@ class _GraphProgram:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(inputs)
+            elif node.op == "get_attr":
+                env[node] = self.constants[node.target]
             elif node.op == "call_function":
                 args = [arg(a) for a in node.args]
                 kwargs = {k: arg(v) for k, v in node.kwargs.items()}
                 target = node.target
                 if target is operator.getitem:
                     env[node] = args[0][args[1]]
+                    continue
+                if target is _WITH_EFFECTS:
+                    env[node] = self._with_effects(node, *args, **kwargs)
                     continue
                 if not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*args, **kwargs)
@@ -166,6 +191,23 @@ class _GraphProgram:
             else:
                 raise UnsupportedGraphOp(f"graph {self.graph_id}: FX node kind {node.op!r} is not supported")
         raise RuntimeError(f"graph {self.graph_id} has no output node")
+
+
+    def _with_effects(self, node, token, op, *args, **kwargs):
+        """An op AOTAutograd threads an effect token through: ``(token, *outputs)``.
+
+        ``_linalg_check_errors`` (raise on a singular matrix, ...) depends on values, which
+        a compiled XLA program cannot raise on: it is dropped, as torch_xla drops it. Any
+        other effectful op runs through its lowering."""
+        if token is None:  # AOTAutograd passes None in; the graph's token output is a tensor
+            token = jnp.zeros((0,), jnp.float32)
+        if op is torch.ops.aten._linalg_check_errors.default:
+            return (token,)
+        low = lookup(op) if isinstance(op, torch._ops.OpOverload) else None
+        if low is None:
+            raise UnsupportedGraphOp(f"graph {self.graph_id} node {node.name}: effectful op {op} has no tpu lowering")
+        out = low.fn(*args, **kwargs)
+        return (token, *(out if isinstance(out, (tuple, list)) else (out,)))
 
 
 def _cast_like(out, node):

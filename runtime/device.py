@@ -237,21 +237,36 @@ def _inplace_view_ops() -> list:
     return ops
 
 
-def _patch_storage_clone() -> None:
-    """``UntypedStorage.clone`` (what ``copy.deepcopy`` of a tensor or module calls) for
-    `tpu` storages. PyTorch's clone allocates ``nbytes()`` bytes and byte-copies into
-    them; our storages report 0 bytes and keep their data in the payload, so that path
-    copies nothing or crashes. The clone is a new storage holding the same payload:
-    jax arrays are immutable and a write replaces the payload, so sharing it is a copy."""
+def _payload_nbytes(payload) -> int:
+    import numpy as np
+
+    if payload is None:
+        return 0
+    return int(payload.size) * np.dtype(payload.dtype).itemsize
+
+
+def _patch_storages() -> None:
+    """Python-level ``UntypedStorage`` methods for `tpu` storages, whose C++ side holds
+    0 bytes (the data is the payload):
+
+    - ``clone`` (what ``copy.deepcopy`` of a tensor or module calls): PyTorch allocates
+      ``nbytes()`` and byte-copies, which copies nothing or crashes. The clone is a new
+      storage holding the same payload: jax arrays are immutable and a write replaces
+      the payload, so sharing it is a copy.
+    - ``nbytes`` (and ``size``): the payload's bytes. FakeTensor (dynamo, AOTAutograd) sizes its meta
+      storage from it; a 0-byte fake storage fails every ``set_`` an ``out=`` op makes.
+    - ``cpu``: the payload's bytes in a CPU storage (``torch.save`` and friends).
+    """
     from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _create_empty, _Uninit
 
-    original = torch.UntypedStorage.clone
-    if getattr(original, "_tpu_debug", False):
+    cls = torch.UntypedStorage
+    if getattr(cls.clone, "_tpu_debug", False):
         return
+    original_clone, original_nbytes, original_cpu = cls.clone, cls.nbytes, cls.cpu
 
     def clone(self):
         if self.device.type != "tpu":
-            return original(self)
+            return original_clone(self)
         new = _create_empty((0,), torch.uint8).untyped_storage()
         payload = getattr(self, PAYLOAD_ATTR, None)
         if type(payload) is _Uninit:
@@ -260,9 +275,29 @@ def _patch_storage_clone() -> None:
             setattr(new, PAYLOAD_ATTR, payload)
         return new
 
-    clone._tpu_debug = True
-    clone.__doc__ = original.__doc__
-    torch.UntypedStorage.clone = clone
+    def nbytes(self):
+        if self.device.type != "tpu":
+            return original_nbytes(self)
+        return _payload_nbytes(getattr(self, PAYLOAD_ATTR, None))
+
+    def cpu(self):
+        if self.device.type != "tpu":
+            return original_cpu(self)
+        import numpy as np
+
+        payload = getattr(self, PAYLOAD_ATTR, None)
+        if payload is None:
+            return torch.UntypedStorage(0)
+        if type(payload) is _Uninit:
+            host = np.zeros(payload.numel, payload.dtype)
+        else:
+            host = np.asarray(jax.device_get(payload)).reshape(-1)
+        return torch.from_numpy(host.copy().view(np.uint8)).untyped_storage()
+
+    for name, fn, original in (("clone", clone, original_clone), ("nbytes", nbytes, original_nbytes), ("cpu", cpu, original_cpu)):
+        fn._tpu_debug = True
+        fn.__doc__ = original.__doc__
+        setattr(cls, name, fn)
 
 
 def _local_scalar_dense(self):
@@ -383,6 +418,17 @@ def _dynamo_disabled(fn):
     return shielded
 
 
+def _shield_rng_functions() -> None:
+    """``torch.tpu``'s RNG functions run eagerly inside compiled code: they read and set
+    host-side state, which dynamo cannot trace (called from a compiled function, as
+    ``freeze_rng_state`` does around a seeded op, dynamo breaks the graph there)."""
+    for name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+                 "get_rng_state", "set_rng_state"):
+        fn = TpuModule.__dict__.get(name)
+        if isinstance(fn, staticmethod) and not hasattr(fn.__func__, "_torchdynamo_disable"):
+            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__)))
+
+
 def _register_kernels() -> list:
     lib = torch.library.Library("aten", "IMPL")
     special = {
@@ -413,7 +459,7 @@ def _register_kernels() -> list:
             lib.impl(op, shielded(fn), "PrivateUse1")
         done = set(special)
         for op, lowering in registered().items():
-            if op in done or lowering.view:
+            if op in done or lowering.view or lowering.graph_only:
                 continue
             lib.impl(op, shielded(_lowered_kernel(op)), "PrivateUse1")
             done.add(op)
@@ -492,7 +538,8 @@ def install() -> bool:
         _load_lowerings()
         setup(rename="tpu", backend_module=TpuModule())
         _state["libs"] = _register_kernels()
-        _patch_storage_clone()
+        _patch_storages()
+        _shield_rng_functions()
         _state["installed"] = True
     from tpu_debug.runtime.compiled import install_backends
 

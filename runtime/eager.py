@@ -185,7 +185,7 @@ def plan_for(op: _OpOverload) -> _Plan:
         if a.alias_info is not None and a.alias_info.is_write
     )
     own = lookup(op)
-    if own is not None and own.view:
+    if own is not None and (own.view or own.graph_only):
         own = None  # eager views alias storage (device.py); the lowering is for graphs
     kind: str | None = None
     functional: _OpOverload | None = op
@@ -203,6 +203,8 @@ def plan_for(op: _OpOverload) -> _Plan:
             functional = _functional_of(op, kind)
             if lowering is None and functional is not None:
                 lowering = lookup(functional)
+                if lowering is not None and lowering.graph_only:
+                    lowering = None
     scalar_args = set()
     for i, a in enumerate(schema.arguments):
         if str(a.type) in ("number", "Optional[number]", "List[number]"):
@@ -645,6 +647,8 @@ def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
             return _aliased_returns(plan, args, kwargs, flat[:n_ret], dtypes[:n_ret])
         single, parts = struct
         ret_flat = list(flat[:n_ret])
+        if len(returns) == 1 and not plan.returns_list:  # one Tensor return (rrelu_with_noise)
+            return from_jax(ret_flat[0], dtypes[0])
         return _wrap(ret_flat, (single, _trim(parts, n_ret)), dtypes[:n_ret])
     # inplace / out: results go into the written arguments, which are returned
     if plan.strip or kind == "inplace":

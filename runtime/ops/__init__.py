@@ -23,6 +23,7 @@ FAMILIES = (
     "foreach",
     "views",
     "extra",
+    "graph",
 )
 
 _loaded = False

@@ -38,6 +38,9 @@ class Lowering:
         view: the op is a view. Eager mode never calls this function (a view
             aliases its base's storage there); compiled graphs are functional
             and use it to compute the view's value.
+        graph_only: compiled graphs use this lowering; eagerly the op keeps
+            PyTorch's composite kernel (whose rounding order a half-precision
+            lowering would not reproduce).
     """
 
     op: _OpOverload
@@ -48,6 +51,7 @@ class Lowering:
     cast_output: bool = True
     view: bool = False
     static_scalars: bool = False
+    graph_only: bool = False
 
 
 _LOWERINGS: dict[_OpOverload, Lowering] = {}

@@ -248,3 +248,21 @@ def test_deepcopy_of_tpu_tensors_and_modules():
         dup[0].weight.zero_()
     torch.testing.assert_close(dev[0].weight.cpu(), cpu[0].weight)
     assert copy.deepcopy(torch.empty(3, 4, device="tpu")).cpu().shape == (3, 4)
+
+
+def test_torch_save_of_tpu_tensors_loads_on_cpu():
+    """A checkpoint saved from tpu tensors holds their values (storages report the
+    payload's bytes and copy them to CPU); shared storage stays shared."""
+    import io
+
+    torch.manual_seed(0)
+    w = torch.randn(4, 5)
+    t = w.to("tpu")
+    buf = io.BytesIO()
+    torch.save({"w": t, "rows": t[1:3], "n": torch.arange(6).to("tpu")}, buf)
+    buf.seek(0)
+    state = torch.load(buf, map_location="cpu")
+    torch.testing.assert_close(state["w"], w)
+    torch.testing.assert_close(state["rows"], w[1:3])
+    torch.testing.assert_close(state["n"], torch.arange(6))
+    assert state["rows"].untyped_storage().data_ptr() == state["w"].untyped_storage().data_ptr()

@@ -8,13 +8,18 @@ a view, so a write that misses the base is caught) and ``out=`` are checked the
 same way, and so is every argument after the call: what an op mutates must
 match CPU. Random ops are checked for shape, dtype and range only.
 
+Modes: "eager" (op by op, every dtype above) and "compiled" (each call through
+``torch.compile`` with the tpu_debug backend, float32, issue 3): the same checks
+on whole-graph programs, with a count of the graphs dynamo handed to the backend.
+
 One test id per (op[.variant], dtype, mode). Expected failures and per-op
 tolerance widenings live in ``opinfo_expectations.py``, each with its reason;
 xfails are strict, so an op that starts passing is noticed.
 
 Commands::
 
-    # CI tier: the first 3 samples of each (op, dtype); in-place through a view on the first
+    # CI tier: the first 3 samples of each (op, dtype) eagerly, the first one compiled;
+    # in-place through a view on the first
     python -m pytest tests/runtime/test_opinfo.py -n 2 -q
     # full sweep: every sample
     TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_opinfo.py -n 2 -q
@@ -26,6 +31,7 @@ Commands::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -43,6 +49,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from tpu_debug.runtime import eager
 
 import tpu_debug  # noqa: F401 - registers the tpu device
+from torch._dynamo.backends.registry import lookup_backend
 
 # samples deliberately hit deprecated paths (resized out=, ...) on CPU as on tpu
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -57,9 +64,73 @@ def _eager(fn: Callable) -> Callable:
     return fn
 
 
-# mode -> how the op is called on tpu tensors. A "compiled" mode is one more entry
-# (e.g. lambda fn: tpu_debug.compile(fn)) and one more id per (op, dtype).
-MODES: dict[str, Callable[[Callable], Callable]] = {"eager": _eager}
+class _GraphCount:
+    """How many graphs dynamo handed to the tpu_debug backend during one test (issue 3):
+    a compiled-mode case that passes with none ran eagerly after dynamo gave up on it."""
+
+    graphs = 0
+
+    @classmethod
+    def backend(cls, gm, example_inputs, **kwargs):
+        cls.graphs += 1
+        return lookup_backend("tpu_debug")(gm, example_inputs, **kwargs)
+
+
+def _compiled(fn: Callable) -> Callable:
+    """``fn`` through ``torch.compile`` with the tpu_debug backend, from a clean dynamo state.
+
+    Each call gets a fresh dynamo cache: samples differ in shapes and arguments, and
+    dynamo's per-function recompile limit would otherwise send later samples to eager.
+    """
+    fn = getattr(fn, "op", fn)  # an OpInfo: its callable, not OpInfo.__call__
+
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend=_GraphCount.backend, dynamic=False)
+
+    def run(*args, **kwargs):
+        with _seeding_dynamo_can_trace():
+            return compiled(*args, **kwargs)
+
+    return run
+
+
+def _seeded(op, *args, **kwargs):
+    torch.manual_seed(42)
+    return op(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _seeding_dynamo_can_trace():
+    """OpInfo wraps random ops in ``wrapper_set_seed``, whose ``freeze_rng_state`` saves
+    the RNG states under ``no_dispatch()``: dynamo gives up on the whole call and runs it
+    eagerly. Compiled, the op is seeded without the freeze (values are range-checked)."""
+    import sys
+
+    modules = [m for name, m in list(sys.modules.items())
+               if name.startswith("torch.testing._internal") and getattr(m, "wrapper_set_seed", None) is not None]
+    saved = [(m, m.wrapper_set_seed) for m in modules]
+    for m in modules:
+        m.wrapper_set_seed = _seeded
+    try:
+        yield
+    finally:
+        for m, original in saved:
+            m.wrapper_set_seed = original
+
+
+# mode -> how the op is called on tpu tensors; one test id per (op, dtype, mode)
+MODES: dict[str, Callable[[Callable], Callable]] = {"eager": _eager, "compiled": _compiled}
+
+# mode -> the dtypes it runs. Compiled mode checks the graph path (AOTAutograd, decompositions,
+# one XLA program, outputs and mutations written back) on float32; the op math under it is the
+# eager lowerings', which the eager pass checks in every dtype.
+MODE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "eager": (torch.float32, torch.int64, torch.bool, torch.bfloat16),
+    "compiled": (torch.float32,),
+}
 
 
 # ---- random ops: shape, dtype and range only -------------------------------------
@@ -181,7 +252,8 @@ def cases():
         for dtype in DTYPES:
             if dtype in supported:
                 for mode in MODES:
-                    yield op, dtype, mode
+                    if dtype in MODE_DTYPES[mode]:
+                        yield op, dtype, mode
 
 
 def _params():
@@ -305,7 +377,23 @@ class Mismatch(AssertionError):
     """The first line is the one-line reason; details follow."""
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """The error under dynamo's wrappers: BackendCompilerFailed carries the backend's
+    exception, TorchRuntimeError ("when making fake tensor call") the op's."""
+    inner = getattr(exc, "inner_exception", None)
+    if inner is not None:
+        return _root_cause(inner)
+    if type(exc).__name__ == "TorchRuntimeError":
+        if exc.__cause__ is not None:
+            return _root_cause(exc.__cause__)
+        got = re.search(r"got (\w+)\((.*)\)$", str(exc), re.MULTILINE)
+        if got:  # "Dynamo failed to run FX node with fake tensors: ... got RuntimeError('...')"
+            return RuntimeError(f"with fake tensors: {got.group(1)}: {got.group(2).strip(chr(39))}")
+    return exc
+
+
 def _first_line(exc: BaseException) -> str:
+    exc = _root_cause(exc)
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {line}".rstrip(": ")
@@ -504,6 +592,8 @@ def _record(op, dtype, mode, outcome, *, start, error=None, sample=None, samples
         "tier": "full" if FULL else "ci", "outcome": outcome, "samples": samples,
         "failed_sample": sample, "failed_check": check, "error": error, "seconds": round(time.perf_counter() - start, 3),
     }
+    if mode == "compiled":  # graphs the tpu_debug backend compiled (0: dynamo ran it all eagerly)
+        row["graphs"] = _GraphCount.graphs
     # one short line per test, appended with O_APPEND: safe across xdist workers
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(json.dumps(row, sort_keys=True) + "\n")
@@ -527,9 +617,10 @@ def test_opinfo(op, dtype, mode):
     start = time.perf_counter()
     done = 0
     try:
+        _GraphCount.graphs = 0
         samples = op.sample_inputs("cpu", dtype, requires_grad=False)
         if not FULL:
-            samples = itertools.islice(samples, CI_SAMPLES)
+            samples = itertools.islice(samples, CI_SAMPLES[mode])
         for sample in samples:
             # writes through a view are about aliasing, not shapes: the CI tier checks them once
             check_sample(op, sample, dtype, mode, through_view=FULL or done == 0)
@@ -546,6 +637,8 @@ def test_opinfo(op, dtype, mode):
         details = "".join(traceback.format_exception(exc, limit=-12))
         pytest.fail(f"sample {done}: {reason}\n\n{details}", pytrace=False)
     _record(op, dtype, mode, "passed", start=start, samples=done)
+    if mode == "compiled":
+        torch._dynamo.reset()  # free this test's graphs and programs
 
 
 def test_expectation_keys_name_real_cases():
