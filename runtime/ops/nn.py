@@ -695,6 +695,34 @@ def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, s
     return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)
 
 
+# ---- rrelu ----------------------------------------------------------------------------------
+
+
+@lower(aten.rrelu_with_noise.default, rng=True, mutates_returns=True)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key):
+    """Training: a slope drawn from U(lower, upper) per non-positive element, recorded in
+    ``noise`` (1 elsewhere); eval: leaky_relu with the mean slope, ``noise`` untouched."""
+    if not training:
+        return jnp.where(x > 0, x, x * ((lower + upper) / 2)).astype(x.dtype), noise
+    wide = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+    r = jax.random.uniform(key, x.shape, wide, minval=lower, maxval=upper)
+    slope = jnp.where(x <= 0, r, 1).astype(x.dtype)
+    return (x.astype(wide) * slope.astype(wide)).astype(x.dtype), slope.astype(noise.dtype)
+
+
+@lower(aten.rrelu_with_noise_functional.default, rng=True)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None, *, key):
+    return rrelu_with_noise(x, noise, lower, upper, training, generator, key=key)
+
+
+@lower(aten.rrelu_with_noise_backward.default)
+def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_result):
+    if training and upper - lower > 1e-6:
+        return grad * noise
+    slope = (lower + upper) / 2
+    return jnp.where(x > 0, grad, grad * slope)
+
+
 # ---- losses ------------------------------------------------------------------------------
 
 

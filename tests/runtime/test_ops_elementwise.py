@@ -113,3 +113,16 @@ def test_addr(dtype):
 def test_arange_integer_truncates_like_cpu(args, dtype):
     expected = torch.arange(*args, dtype=dtype)
     assert torch.equal(torch.arange(*args, dtype=dtype, device="tpu").cpu(), expected)
+
+
+def test_rrelu_with_noise():
+    x = torch.randn(6, 7)
+    check(lambda x: torch.nn.functional.rrelu(x, 0.1, 0.3, training=False), x)  # leaky_relu, mean slope
+    xt = x.to("tpu").requires_grad_()
+    y = torch.nn.functional.rrelu(xt, 0.1, 0.3, training=True)
+    y.sum().backward()
+    y, grad = y.detach().cpu(), xt.grad.cpu()
+    slope = torch.where(x <= 0, y / x, torch.ones_like(x))
+    assert torch.equal(y[x > 0], x[x > 0])
+    assert ((slope >= 0.1 - 1e-6) & (slope <= 0.3 + 1e-6)).all()
+    torch.testing.assert_close(grad, slope)  # the gradient is the recorded noise
