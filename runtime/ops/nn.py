@@ -695,6 +695,77 @@ def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, s
     return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)
 
 
+# ---- grid sampling ----------------------------------------------------------------------------
+
+
+def _grid_unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _grid_reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra = jnp.fmod(coord, span)
+    flips = jnp.floor(coord / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _grid_source_index(coord, size, padding_mode, align_corners):
+    """PyTorch's grid_sampler_compute_source_index: pixel coordinates after padding."""
+    coord = _grid_unnormalize(coord, size, align_corners)
+    if padding_mode == 1:  # border
+        coord = jnp.clip(coord, 0, size - 1)
+    elif padding_mode == 2:  # reflection
+        if align_corners:
+            coord = _grid_reflect(coord, 0, 2 * (size - 1))
+        else:
+            coord = _grid_reflect(coord, -1, 2 * size - 1)
+        coord = jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+@lower(aten.grid_sampler_3d.default)
+def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
+    """Trilinear (mode 0) or nearest (mode 1) sampling of (N, C, D, H, W) at grid (N, D', H', W', 3)."""
+    dtype = x.dtype
+    x, grid = _opmath(x), _opmath(grid)
+    _n, _c, d, h, w = x.shape
+    ix = _grid_source_index(grid[..., 0], w, padding_mode, align_corners)
+    iy = _grid_source_index(grid[..., 1], h, padding_mode, align_corners)
+    iz = _grid_source_index(grid[..., 2], d, padding_mode, align_corners)
+
+    def gather(vol, zi, yi, xi):
+        inside = (zi >= 0) & (zi < d) & (yi >= 0) & (yi < h) & (xi >= 0) & (xi < w)
+        zc, yc, xc = (jnp.clip(i, 0, n - 1).astype(jnp.int32) for i, n in ((zi, d), (yi, h), (xi, w)))
+        return jnp.where(inside[None], vol[:, zc, yc, xc], 0)
+
+    if interpolation_mode == 1:  # nearest, ties to even as nearbyint does
+        out = jax.vmap(lambda v, z, y, xx: gather(v, jnp.round(z), jnp.round(y), jnp.round(xx)))(x, iz, iy, ix)
+        return out.astype(dtype)
+    if interpolation_mode != 0:
+        raise NotImplementedError("grid_sampler_3d: only bilinear and nearest interpolation exist in 3-D")
+    x0, y0, z0 = jnp.floor(ix), jnp.floor(iy), jnp.floor(iz)
+
+    def one(vol, ix, iy, iz, x0, y0, z0):
+        # PyTorch's corner order (top/bottom, north/south, west/east) and weights
+        wx = ((x0 + 1) - ix, ix - x0)
+        wy = ((y0 + 1) - iy, iy - y0)
+        wz = ((z0 + 1) - iz, iz - z0)
+        out = 0
+        for dz in (0, 1):
+            for dy in (0, 1):
+                for dx in (0, 1):
+                    out = out + gather(vol, z0 + dz, y0 + dy, x0 + dx) * (wx[dx] * wy[dy] * wz[dz])[None]
+        return out
+
+    return jax.vmap(one)(x, ix, iy, iz, x0, y0, z0).astype(dtype)
+
+
 # ---- rrelu ----------------------------------------------------------------------------------
 
 

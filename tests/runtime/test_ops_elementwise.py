@@ -1,4 +1,5 @@
-"""Elementwise lowerings on `tpu` and their eager ``out=`` overloads, checked against PyTorch on CPU (issue 7 regressions)."""
+"""Elementwise and small nn lowerings on `tpu`, and eager in-place / ``out=`` handling,
+checked against PyTorch on CPU (issue 7 regressions found by the OpInfo harness)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,12 @@ def test_rrelu_with_noise():
     neg = slope[x <= 0]
     assert ((neg >= 0.1 - 1e-6) & (neg <= 0.3 + 1e-6)).all()
     torch.testing.assert_close(grad, slope)  # the gradient is the recorded noise
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_3d(mode, padding_mode, align_corners):
+    torch.manual_seed(0)
+    x, grid = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 4, 5, 3) * 2.4 - 1.2
+    check(torch.nn.functional.grid_sample, x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
