@@ -552,6 +552,64 @@ def linalg_householder_product(a, tau):
     return lax.fori_loop(0, k, apply, q) if k else q
 
 
+def _geqrf_one(a):
+    """LAPACK geqr2 on one real matrix: R above the diagonal, Householder vectors below, and tau."""
+    m, n = a.shape
+    k = min(m, n)
+    rows, cols = jnp.arange(m), jnp.arange(n)
+
+    def step(j, carry):
+        a, tau = carry
+        col = jnp.take(a, j, axis=1)
+        alpha = col[j]
+        xnorm = jnp.linalg.norm(jnp.where(rows > j, col, 0))
+        nonzero = xnorm != 0
+        beta = -jnp.copysign(jnp.hypot(alpha, xnorm), alpha)  # dlarfg
+        t = jnp.where(nonzero, (beta - alpha) / beta, 0)
+        scale = jnp.where(nonzero, 1 / jnp.where(nonzero, alpha - beta, 1), 0)
+        v = jnp.where(rows > j, col * scale, jnp.where(rows == j, 1, 0)).astype(a.dtype)
+        w = jnp.where(cols > j, v @ a, 0)
+        a = a - t * v[:, None] * w[None, :]
+        new_col = jnp.where(rows > j, v, jnp.where(rows == j, jnp.where(nonzero, beta, alpha), col))
+        a = a.at[:, j].set(new_col.astype(a.dtype))
+        return a, tau.at[j].set(t.astype(a.dtype))
+
+    tau = jnp.zeros((k,), a.dtype)
+    return lax.fori_loop(0, k, step, (a, tau)) if k else (a, tau)
+
+
+@lower(aten.geqrf.default)
+def geqrf(a):
+    if jnp.iscomplexobj(a):
+        raise NotImplementedError("geqrf on tpu supports real matrices only")
+    if a.size == 0:
+        return a, jnp.zeros(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
+    return _batched(_geqrf_one, a)
+
+
+@lower(aten.ormqr.default)
+def ormqr(a, tau, c, left=True, transpose=False):
+    """C times Q (or Q^T) from the left or right, Q = H_1 ... H_k as geqrf stores it (real)."""
+    if jnp.iscomplexobj(a):
+        raise NotImplementedError("ormqr on tpu supports real matrices only")
+    k = tau.shape[-1]
+    m = a.shape[-2]
+    rows = jnp.arange(m)
+    # Q C = H_1 (... (H_k C)); Q^T C = H_k (... (H_1 C)); C Q = ((C H_1) ...) H_k; C Q^T = ((C H_k) ...) H_1
+    forward = left == transpose
+
+    def apply(j, c):
+        i = j if forward else k - 1 - j
+        col = jnp.take(a, i, axis=-1)
+        v = jnp.where(rows > i, col, jnp.where(rows == i, 1, 0)).astype(c.dtype)
+        t = jnp.take(tau, i, axis=-1)[..., None, None]
+        if left:
+            return c - t * v[..., :, None] * jnp.sum(v[..., :, None] * c, axis=-2, keepdims=True)
+        return c - t * jnp.sum(c * v[..., None, :], axis=-1, keepdims=True) * v[..., None, :]
+
+    return lax.fori_loop(0, k, apply, c) if k else c
+
+
 def _eig(a):
     if jax.default_backend() != "cpu":
         raise NotImplementedError(

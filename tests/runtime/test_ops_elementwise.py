@@ -18,9 +18,17 @@ def check(fn, *args, **kwargs):
     """Run ``fn`` on CPU and on tpu copies of the tensor arguments; compare (NaNs equal)."""
     expected = fn(*args, **kwargs)
     actual = fn(*(_tpu(a) for a in args), **{k: _tpu(v) for k, v in kwargs.items()})
+    _compare(actual, expected)
+
+
+def _compare(actual, expected):
     if isinstance(expected, torch.Tensor):
         assert actual.device.type == "tpu"
         assert_close(actual.cpu(), expected, equal_nan=True)
+    elif isinstance(expected, tuple):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            _compare(a, e)
     else:
         assert type(actual) is type(expected) and actual == expected
 
@@ -137,3 +145,17 @@ def test_grid_sample_3d(mode, padding_mode, align_corners):
     torch.manual_seed(0)
     x, grid = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 4, 5, 3) * 2.4 - 1.2
     check(torch.nn.functional.grid_sample, x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (5, 2), (2, 5), (3, 5, 4), (0, 5, 0)])
+def test_geqrf_and_ormqr(shape):
+    torch.manual_seed(0)
+    a = torch.randn(shape)
+    check(torch.geqrf, a)
+    if a.numel():
+        qr, tau = torch.geqrf(a)
+        m = shape[-2]
+        for left in (True, False):
+            for transpose in (True, False):
+                c = torch.randn(shape[:-2] + ((m, 3) if left else (3, m)))
+                check(torch.ormqr, qr, tau, c, left, transpose)
