@@ -450,6 +450,8 @@ def _meta_outputs(plan: _Plan, skel_args, skel_kwargs):
         if type(exc).__name__ in ("DynamicOutputShapeException", "DataDependentOutputException"):
             return None
         raise
+    if plan.kind == "inplace" and plan.functional is not None and plan.functional is not plan.op:
+        _check_inplace_result(plan, margs, mkwargs)
     if plan.kind == "mutates":
         tensors = [out] if isinstance(out, _Tensor) else [o for o in _iter_tensors(out)]
         for pos, _name, is_list in plan.writes:
@@ -457,6 +459,21 @@ def _meta_outputs(plan: _Plan, skel_args, skel_kwargs):
             tensors.extend(v if is_list else [v])
         return [(tuple(t.shape), t.dtype) for t in tensors]
     return [(tuple(t.shape), t.dtype) for t in _iter_tensors(out)]
+
+
+def _check_inplace_result(plan: _Plan, margs, mkwargs) -> None:
+    """Some in-place meta kernels skip the check their CPU kernels make (logit_ on an int64
+    self): the functional op's result dtype must cast safely to the written argument."""
+    try:
+        result = plan.functional(*margs, **mkwargs)
+    except Exception:  # noqa: BLE001 - no usable functional meta: nothing to check against
+        return
+    for (pos, _name, is_list), r in zip(plan.writes, _iter_tensors(result)):
+        target = margs[pos] if pos < len(margs) else None
+        if isinstance(target, _Tensor) and not is_list and not torch.can_cast(r.dtype, target.dtype):
+            raise RuntimeError(
+                f"result type {_type_name(r.dtype)} can't be cast to the desired output type {_type_name(target.dtype)}"
+            )
 
 
 def _iter_tensors(out):

@@ -391,15 +391,39 @@ def threshold_backward(grad, x, threshold):
     return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
 
 
+@lower(aten.logit.default)
+def logit(x, eps=None):
+    # PyTorch's kernel works in the result dtype: bfloat16 rounds after every step
+    # (eps included), which a float32 computation rounding once would not reproduce
+    _, dtype = compute_dtype(x, kind=_INT_TO_FLOAT)
+    step = _rounding_to(dtype) if dtype in (jnp.bfloat16, jnp.float16) else (lambda v: v)
+    x = _wide(x.astype(dtype))
+    if eps is not None and eps >= 0:
+        lo = step(jnp.asarray(eps, jnp.float32))
+        x = jnp.clip(x, lo, step(1 - lo))
+    return jnp.log(step(x / step(1 - x))).astype(dtype)
+
+
 @lower(aten.gelu.default)
 def gelu(x, *, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    # half types compute in float32 and round once, as PyTorch's kernels do
+    return jax.nn.gelu(_wide(x), approximate=approximate == "tanh").astype(x.dtype)
 
 
 @lower(aten.gelu_backward.default)
 def gelu_backward(grad, x, *, approximate="none"):
-    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), x)
-    return vjp(grad)[0]
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), _wide(x))
+    return vjp(_wide(grad))[0].astype(grad.dtype)
+
+
+def _rounding_to(dtype):
+    """Round float32 values to ``dtype``'s precision (XLA keeps a convert round trip in float32)."""
+    info = jnp.finfo(dtype)
+    return lambda v: lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def _wide(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
 
 
 @lower(aten.silu.default)

@@ -159,3 +159,14 @@ def test_geqrf_and_ormqr(shape):
             for transpose in (True, False):
                 c = torch.randn(shape[:-2] + ((m, 3) if left else (3, m)))
                 check(torch.ormqr, qr, tau, c, left, transpose)
+
+
+def test_gelu_and_logit_half_precision_like_cpu():
+    torch.manual_seed(0)
+    x = torch.randn(10, 10).bfloat16()
+    for approximate in ("none", "tanh"):
+        check(torch.nn.functional.gelu, x, approximate=approximate)  # float32 inside, one rounding
+    p = torch.rand(5, 25).bfloat16()
+    check(torch.logit, p)  # bfloat16 rounding after every step, as CPU's kernel
+    check(torch.logit, p, eps=0.2)
+    _raises_like_cpu(lambda t: t.logit_(), torch.tensor([0, 1]))
