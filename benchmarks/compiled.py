@@ -115,42 +115,41 @@ def llama_forward(repeat: int) -> dict[str, float]:
         }
 
 
-def _train_step(model, fwd, opt, x, y, loss_fn):
-    opt.zero_grad()
-    loss = loss_fn(fwd(x), y)
-    loss.backward()
-    opt.step()
-    return loss
-
-
 def train_steps(make, batch, loss_fn, repeat: int) -> dict[str, float]:
     cpu = make()
     dev = copy.deepcopy(cpu).to("tpu")
     dev_c = copy.deepcopy(cpu).to("tpu")
-    comp = tpu_debug.compile(dev_c)
     x, y = batch
     xd, yd = x.to("tpu"), y.to("tpu")
     opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-3)
-    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-3)
-    opt_c = torch.optim.AdamW(dev_c.parameters(), lr=1e-3)
-    # production style: the model compiled (forward + backward programs) and the optimizer
-    # step compiled as its own program (torch.compile(opt.step)), one XLA call each
-    opt_c_step = tpu_debug.compile(opt_c.step)
+    # capturable: the step counts live on the device. Without it AdamW keeps them on the
+    # host, and every step of a compiled optimizer copies each one back: a sync per parameter
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-3, capturable=True)
+    opt_c = torch.optim.AdamW(dev_c.parameters(), lr=1e-3, capturable=True)
+    # production style: forward and loss compiled together (one forward and one backward
+    # program), the optimizer step compiled as its own program
+    loss_c = tpu_debug.compile(lambda x, y: loss_fn(dev_c(x), y))
+    step_c = tpu_debug.compile(opt_c.step)
+
+    def eager_step(model, opt, x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def compiled_step():
+        opt_c.zero_grad()
+        loss = loss_c(xd, yd)
+        loss.backward()
+        step_c()
+        return loss
+
     return {
-        "torch CPU eager": _time(lambda: _train_step(cpu, cpu, opt_cpu, x, y, loss_fn), repeat, _sync),
-        "tpu eager": _time(lambda: _train_step(dev, dev, opt_dev, xd, yd, loss_fn), repeat, _sync),
-        "tpu compiled": _time(lambda: _train_step(dev_c, comp, _Step(opt_c, opt_c_step), xd, yd, loss_fn), repeat, _sync),
+        "torch CPU eager": _time(lambda: eager_step(cpu, opt_cpu, x, y), repeat, _sync),
+        "tpu eager": _time(lambda: eager_step(dev, opt_dev, xd, yd), repeat, _sync),
+        "tpu compiled": _time(compiled_step, repeat, _sync),
     }
-
-
-class _Step:
-    """An optimizer whose step() is a compiled function."""
-
-    def __init__(self, opt, step):
-        self.opt, self.step = opt, step
-
-    def zero_grad(self):
-        self.opt.zero_grad()
 
 
 def main(argv=None) -> None:

@@ -33,7 +33,7 @@ from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo
-from tpu_debug.runtime.tensor import from_jax, to_jax
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit, from_jax, to_jax, write
 
 __all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats", "FxNodeInfo"]
 
@@ -94,6 +94,7 @@ def _get_attr(gm: torch.fx.GraphModule, target: str):
 
 
 _WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
+_COPY_ = torch.ops.aten.copy_.default
 
 
 class _GraphProgram:
@@ -115,9 +116,18 @@ class _GraphProgram:
                     f"graph {graph_id}: FX attribute {node.target!r} is a {type(value).__name__}, not a tensor"
                 )
             self.constants[node.target] = to_jax(value if value.device.type == "tpu" else value.detach().to("tpu"))
+        # copy_ into a graph input: an input mutation AOTAutograd left in the graph
+        # (keep_inference_input_mutations); the new value is an extra program output
+        # that CompiledGraph writes into the input tensor (issue 3)
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        self.mutated_inputs: tuple[int, ...] = tuple(
+            placeholders.index(node.args[0])
+            for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is _COPY_ and node.args[0] in placeholders
+        )
         for node in gm.graph.nodes:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-                if node.target in _SHAPE_OPS:
+                if node.target in _SHAPE_OPS or node.target is _COPY_:
                     continue
                 low = lookup(node.target)
                 if low is None:
@@ -149,6 +159,7 @@ class _GraphProgram:
                 return a
             return a
 
+        mutations: dict[torch.fx.Node, Any] = {}
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(inputs)
@@ -163,6 +174,13 @@ class _GraphProgram:
                     continue
                 if target is _WITH_EFFECTS:
                     env[node] = self._with_effects(node, *args, **kwargs)
+                    continue
+                if target is _COPY_:
+                    dst, src = args[0], args[1]
+                    value = jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
+                    env[node] = value
+                    if node.args[0].op == "placeholder":
+                        mutations[node.args[0]] = value
                     continue
                 if not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*args, **kwargs)
@@ -185,6 +203,9 @@ class _GraphProgram:
             elif node.op == "output":
                 outs = node.args[0]
                 result = tuple(arg(o) if o is not None else None for o in outs)
+                # then the new value of each mutated input, in mutated_inputs order
+                placeholders = list(self.gm.graph.find_nodes(op="placeholder"))
+                result += tuple(mutations[placeholders[i]] for i in self.mutated_inputs)
                 if debug is not None:  # issue 8: the debug variant also returns chosen intermediates
                     return result, {n.name: v for n, v in env.items() if n.name in debug}
                 return result
@@ -208,6 +229,18 @@ class _GraphProgram:
             raise UnsupportedGraphOp(f"graph {self.graph_id} node {node.name}: effectful op {op} has no tpu lowering")
         out = low.fn(*args, **kwargs)
         return (token, *(out if isinstance(out, (tuple, list)) else (out,)))
+
+
+def _write_input(t: torch.Tensor, value) -> None:
+    """A graph's new value of input ``t``, written in place (every alias sees it)."""
+    storage = t.untyped_storage()
+    old = getattr(storage, PAYLOAD_ATTR, None)
+    if (old is not None and old.shape == value.shape and old.dtype == value.dtype
+            and not t.storage_offset() and t.is_contiguous()):
+        setattr(storage, PAYLOAD_ATTR, value)  # the whole storage: the common case
+        return
+    with jax.enable_x64(True):
+        write(t, value)
 
 
 def _cast_like(out, node):
@@ -253,6 +286,14 @@ class CompiledGraph:
         self.compile_seconds = 0.0
         self.origin: dict = {}  # issue 5: the dynamo frame and compile id, see dynamo_backend
         self._debug: dict[tuple, Any] = {}  # issue 8: debug variants, see debug_values
+        # A graph whose inputs all have static shapes is only ever called with those
+        # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
+        # its signature is computed on the first call and reused.
+        vals = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+        self._static = all(
+            isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape) for v in vals
+        )
+        self._static_sig: tuple | None = None
         with _lock:
             _graphs.append(self)
 
@@ -263,11 +304,26 @@ class CompiledGraph:
         arrays = []
         for a in args:
             if isinstance(a, torch.Tensor):
-                arrays.append(to_jax(a) if a.device.type == "tpu" else jnp.asarray(a.detach().numpy()))
+                if a.device.type == "tpu":
+                    # the common case inline: a dense tensor owning its whole payload
+                    arr = getattr(a.untyped_storage(), PAYLOAD_ATTR, None)
+                    if (arr is None or type(arr) is _Uninit or arr.shape != a.shape
+                            or a.storage_offset() or not a.is_contiguous()):
+                        arr = to_jax(a)
+                    arrays.append(arr)
+                else:
+                    arrays.append(jnp.asarray(a.detach().numpy()))
             else:
                 arrays.append(a)
+        mutated = self.program.mutated_inputs
+        targets = [args[i] for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
-        sig = self._signature(arrays)
+        if self._static:
+            sig = self._static_sig
+            if sig is None:
+                sig = self._static_sig = self._signature(arrays)
+        else:
+            sig = self._signature(arrays)
         if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
             sig += (("numerics",) + config.numerics_key(),)
         entry = self.cache.get(sig)
@@ -291,6 +347,8 @@ class CompiledGraph:
         scalars = entry.scalars
         for i, (is_none, dt) in enumerate(zip(entry.none_outputs, entry.out_dtypes)):
             result.append(scalars.get(i) if is_none else from_jax(next(it), dt))
+        for t, value in zip(targets, it):  # input mutations: the new value into the input
+            _write_input(t, value)
         return result
 
     def _compile(self, sig, arrays) -> _Entry:
@@ -317,7 +375,7 @@ class CompiledGraph:
             for i, (k, o) in enumerate(zip(kinds, outs)):
                 if k == "scalar":
                     scalars[i] = int(o) if not hasattr(o, "dtype") else o
-            return tuple(o for k, o in zip(kinds, outs) if k == "tensor")
+            return tuple(o for k, o in zip(kinds, outs) if k == "tensor") + tuple(outs[len(kinds):])
 
         example = [a for a in arrays if hasattr(a, "shape")]
         if program.rng_nodes:
@@ -459,7 +517,7 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=_decompositions(),
-        keep_inference_input_mutations=False,
+        keep_inference_input_mutations=True,
     )
 
 
