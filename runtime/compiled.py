@@ -233,6 +233,10 @@ class _GraphProgram:
 
 def _write_input(t: torch.Tensor, value) -> None:
     """A graph's new value of input ``t``, written in place (every alias sees it)."""
+    if t.device.type != "tpu":  # a host input (AdamW's step counts without capturable=True)
+        with torch.no_grad():
+            t.copy_(torch.from_numpy(np.array(value)).to(t.dtype))  # a device-to-host sync
+        return
     storage = t.untyped_storage()
     old = getattr(storage, PAYLOAD_ATTR, None)
     if (old is not None and old.shape == value.shape and old.dtype == value.dtype
