@@ -9,6 +9,6 @@ from __future__ import annotations
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.device import DeviceTakenError, install, installed
-from tpu_debug.runtime.eager import cache_stats, clear_cache
+from tpu_debug.runtime.eager import cache_stats, clear_cache, float64_ops
 
-__all__ = ["install", "installed", "config", "probes", "cache_stats", "clear_cache", "DeviceTakenError"]
+__all__ = ["install", "installed", "config", "probes", "cache_stats", "clear_cache", "float64_ops", "DeviceTakenError"]

@@ -14,6 +14,7 @@ other mutating ops return the written arguments' new values.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import threading
@@ -33,7 +34,7 @@ from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
 from tpu_debug.runtime.tensor import from_jax, read_parts, to_jax, view_value, write
 
-__all__ = ["dispatch", "cache_stats", "clear_cache", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
+__all__ = ["dispatch", "cache_stats", "clear_cache", "float64_ops", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
 
 _OpOverload = torch._ops.OpOverload
 _Tensor = torch.Tensor
@@ -82,6 +83,7 @@ class ExecutableStats:
     compile_seconds: float
     hits: int = 0
     calls: int = 0
+    float64: bool = False  # issue 7: float64/complex128 values in or out (no float64 on a TPU)
 
 
 @dataclasses.dataclass(slots=True)
@@ -413,7 +415,27 @@ def cache_stats() -> list[ExecutableStats]:
 
 def clear_cache() -> None:
     with _cache_lock:
+        for e in _cache.values():
+            if e.stats.float64:
+                _float64_cleared[e.stats.op] += e.stats.calls
         _cache.clear()
+
+
+_F64_JAX = (np.dtype("float64"), np.dtype("complex128"))
+_WIDE_TORCH = (torch.float64, torch.complex128)
+_float64_cleared: collections.Counter = collections.Counter()
+
+
+def float64_ops() -> dict[str, int]:
+    """Every op this process ran eagerly with float64 or complex128 values, and how many
+    times (issue 7). The CPU and GPU backends have float64; a TPU does not, so each of
+    these would fail or need a float32 rewrite there. Traced runs record the same in the
+    run store (``Session.float64_ops``, the report's float64 section)."""
+    out = collections.Counter(_float64_cleared)
+    for e in list(_cache.values()):
+        if e.stats.float64:
+            out[e.stats.op] += e.stats.calls
+    return dict(out)
 
 
 def _flatten_out(out) -> tuple[list, tuple]:
@@ -633,6 +655,9 @@ def _run_lowered(plan: _Plan, args, kwargs):
             # this lowering needs its scalars' values while tracing: bake them in from now on
             plan.dynamic_scalars = False
             return _run_lowered(plan, args, kwargs)
+        exe.stats.float64 = any(getattr(a, "dtype", None) in _F64_JAX for a in arrays) or any(
+            d in _WIDE_TORCH for d in exe.out_dtypes
+        )
         with _cache_lock:
             _cache[key] = exe
     else:

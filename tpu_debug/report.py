@@ -531,6 +531,23 @@ def _fallbacks(session: Any, terminal: bool) -> RenderableType | None:
     return table
 
 
+@section("float64", order=75)
+def _float64(session: Any, terminal: bool) -> RenderableType | None:
+    # issue 7: float64 runs on this backend; a TPU has none, so these would not run there
+    ops = session.float64_ops()
+    if not ops:
+        return None
+    table = _table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"))
+    for name, (programs, runs) in sorted(ops.items(), key=lambda kv: (-kv[1][1], kv[0])):
+        table.add_row(Text(name), str(programs), str(runs))
+    note = Text(
+        f"{len(ops)} op(s) ran with float64/complex128 values. A TPU has no float64: there they "
+        "fail or must be rewritten in float32 (look for .double(), dtype=torch.float64, "
+        "torch.from_numpy of float64 arrays, Python floats made into tensors with the default dtype set to float64)."
+    )
+    return Group(note, table)
+
+
 @section("TensorBoard", order=85)
 def _tensorboard(session: Any, terminal: bool) -> RenderableType | None:
     # issue 9: where the profile is, how much it holds, and whether the cap cut it short

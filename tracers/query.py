@@ -691,6 +691,18 @@ class RunQuery:
         )
         return {name: (n, s) for name, n, s in rows}
 
+    def float64_ops(self) -> dict[str, tuple[int, int]]:
+        """Ops and graphs compiled with float64 or complex128 values (issue 7): per name,
+        (programs compiled, executions). It runs here; a TPU has no float64, so on a TPU
+        each of these would fail or need a float32 rewrite."""
+        wide = "(signature LIKE '%float64%' OR signature LIKE '%complex128%')"
+        compiled = self._rows(
+            "SELECT e.name, count(*) FROM events e JOIN compiles c ON c.event_id = e.id "
+            f"WHERE e.kind = 'compile' AND {wide.replace('signature', 'c.signature')} GROUP BY e.name"
+        )
+        runs = dict(self._rows(f"SELECT name, sum(count) FROM op_stats WHERE {wide} GROUP BY name"))
+        return {name: (n, int(runs.get(name) or 0)) for name, n in compiled}
+
     def compile_groups(self) -> list[CompileGroup]:
         """Compiles per op or graph (per identity, see :class:`CompileGroup`): most compiled
         first, then the most compile time."""

@@ -145,6 +145,12 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
         ]
     if counts.get("graph_break"):
         findings += _by_name(session.counts_by_name("graph_break"), "graph breaks", "recompiles", 5)
+    wide = session.float64_ops()  # issue 7: fine here, absent on a TPU
+    if wide:
+        findings += _by_name(
+            {name: (runs, 0.0) for name, (_, runs) in wide.items()},
+            "op executions in float64 (a TPU has no float64)", "ops", 5,
+        )
     if counts.get("internal_error"):
         n = counts["internal_error"]
         findings.append(

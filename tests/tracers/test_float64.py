@@ -1,0 +1,48 @@
+"""float64 on a backend that has it, noted for the TPU that does not (issue 7)."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+from tpu_debug.tui.screens.overview import overview_data
+
+import tpu_debug
+
+
+def test_float64_ops_are_noted_in_store_report_and_overview(logdir, cold_cache):
+    with tpu_debug.trace(logdir=logdir) as session:
+        x = torch.arange(6, dtype=torch.float64).to("tpu")
+        y = (x * 2.5 + 1).sum()  # float64 math: mul, add, sum
+        z = torch.ones(3, device="tpu") * 2  # float32: not noted
+        assert y.item() == 43.5 and z.sum().item() == 6.0
+    run = tpu_debug.open_run(session.run_dir)
+    wide = run.float64_ops()
+    assert {"mul.Tensor", "add.Tensor", "sum"} <= set(wide), wide
+    assert all(programs >= 1 and runs >= 1 for programs, runs in wide.values())
+    assert not any("ones" in name for name in wide)
+    buf = io.StringIO()
+    tpu_debug.print_report(run, file=buf, terminal=False, width=160)
+    text = buf.getvalue()
+    assert "A TPU has no float64" in text and "mul.Tensor" in text, text
+    findings = [f.text.plain for f in overview_data(run, None).findings]
+    assert any("in float64 (a TPU has no float64)" in f for f in findings), findings
+
+
+def test_float32_run_has_no_float64_note(logdir):
+    with tpu_debug.trace(logdir=logdir) as session:
+        (torch.ones(4, device="tpu") + 1).sum().item()
+    assert tpu_debug.open_run(session.run_dir).float64_ops() == {}
+
+
+def test_runtime_notes_float64_ops_without_a_trace(cold_cache):
+    from tpu_debug import runtime
+
+    before = runtime.float64_ops().get("div.Tensor", 0)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64).to("tpu")
+    (x / x).cpu()
+    torch.ones(2, device="tpu").div(2)  # float32: not noted
+    after = runtime.float64_ops()
+    assert after["div.Tensor"] == before + 1
+    runtime.clear_cache()  # the note outlives the executable cache
+    assert runtime.float64_ops()["div.Tensor"] == before + 1
