@@ -14,8 +14,9 @@ lines. Then, in this process, a headless ``TpuDebugApp`` (Textual's
 - then ops (``3``), transfers (``4``), divergence (``5``) and the HLO viewer
   (``h`` on a compile), each until its data is on screen.
 
-Importing tpu_debug (torch, jax) is not part of these times; it is measured
-apart, in a fresh interpreter.
+Importing tpu_debug is not part of these times; it is measured apart, in a
+fresh interpreter: as ``import tpu_debug`` (torch, jax) and as the ``tpu-debug``
+script's reading verbs import it (read-only mode, neither; issue 6).
 
 ``--e2e`` adds what a user sees: the real ``tpu-debug tui RUN`` command started in a
 real terminal (a private tmux server, 120x36), timed from the moment the command
@@ -279,9 +280,11 @@ def measure(run_dir: Path) -> dict[str, tuple[float, float]]:
     return {k: (v, cpu_times[k]) for k, v in times.items()}
 
 
-def import_seconds(module: str = "tpu_debug.tui", repeat: int = 3) -> float:
-    """Best of ``repeat`` times to ``import module`` in a fresh interpreter (torch and jax included)."""
-    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+def import_seconds(module: str = "tpu_debug.tui", repeat: int = 3, *, read_only: bool = False) -> float:
+    """Best of ``repeat`` times to ``import module`` in a fresh interpreter (torch and jax included;
+    with ``read_only``, as the ``tpu-debug`` script's reading verbs import it: neither, issue 6)."""
+    launcher = "import tpu_debug_launcher; tpu_debug_launcher.read_only = True; " if read_only else ""
+    code = f"import time; t = time.perf_counter(); {launcher}import {module}; print(time.perf_counter() - t)"
     return min(
         float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
         for _ in range(repeat)
@@ -486,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for module in ("tpu_debug", "tpu_debug.cli", "tpu_debug.tui.app"):
             print(f"import {module} in a fresh interpreter, best of 3: {import_seconds(module):.2f} s")
+        print(
+            "import tpu_debug.tui.app as 'tpu-debug tui' does (read-only: no torch, no jax), best of 3: "
+            f"{import_seconds('tpu_debug.tui.app', read_only=True):.2f} s"
+        )
         loads.append(os.getloadavg()[0])
         print(
             f"1-minute load average while measuring: {min(loads):.1f} to {max(loads):.1f} "

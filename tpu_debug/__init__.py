@@ -6,21 +6,9 @@
 
 from __future__ import annotations
 
+import sys as _sys
+
 from tpu_debug._version import __version__
-from tpu_debug.runtime import install as _install
-
-_install()
-
-from tpu_debug.config import TraceConfig  # noqa: E402
-from tpu_debug.runtime.compiled import compile  # noqa: E402
-from tpu_debug.errors import TpuDebugError  # noqa: E402
-from tpu_debug.report import print_report  # noqa: E402
-from tpu_debug.runs import list_runs  # noqa: E402
-from tpu_debug.session import Session, open_run  # noqa: E402
-from tpu_debug.tracing import Trace, trace  # noqa: E402
-from tpu_debug.tracing import step  # noqa: E402  (issue 9)
-from tpu_debug.errors import RecompileError, TransferGuardError  # noqa: E402  (issue 5)
-from tpu_debug.guards import expect_no_recompiles, transfer_guard  # noqa: E402  (issue 5)
 
 __all__ = [
     "__version__",
@@ -39,3 +27,70 @@ __all__ = [
     "RecompileError",
     "TransferGuardError",
 ]
+
+
+def _read_only() -> bool:
+    """True when the ``tpu-debug`` console script runs a reading verb (issue 6): see
+    ``tpu_debug_launcher``. Nothing else turns it on."""
+    launcher = _sys.modules.get("tpu_debug_launcher")
+    return bool(getattr(launcher, "read_only", False))
+
+
+if not _read_only():
+    from tpu_debug.runtime import install as _install
+
+    _install()
+
+    from tpu_debug.config import TraceConfig
+    from tpu_debug.runtime.compiled import compile
+    from tpu_debug.errors import TpuDebugError
+    from tpu_debug.report import print_report
+    from tpu_debug.runs import list_runs
+    from tpu_debug.session import Session, open_run
+    from tpu_debug.tracing import Trace, trace
+    from tpu_debug.tracing import step  # (issue 9)
+    from tpu_debug.errors import RecompileError, TransferGuardError  # (issue 5)
+    from tpu_debug.guards import expect_no_recompiles, transfer_guard  # (issue 5)
+else:
+    # Read-only mode (issue 6): the reading verbs read a run store and need neither torch
+    # nor jax. The API is imported on first use; a name that needs the device registers it
+    # first, so using it here ends in the same state as a plain ``import tpu_debug``.
+    _READING = {
+        "TraceConfig": "tpu_debug.config",
+        "TpuDebugError": "tpu_debug.errors",
+        "RecompileError": "tpu_debug.errors",
+        "TransferGuardError": "tpu_debug.errors",
+        "print_report": "tpu_debug.report",
+        "list_runs": "tpu_debug.runs",
+        "Session": "tpu_debug.session",
+        "open_run": "tpu_debug.session",
+    }
+    _RECORDING = {
+        "compile": "tpu_debug.runtime.compiled",
+        "Trace": "tpu_debug.tracing",
+        "trace": "tpu_debug.tracing",
+        "step": "tpu_debug.tracing",
+        "expect_no_recompiles": "tpu_debug.guards",
+        "transfer_guard": "tpu_debug.guards",
+    }
+
+    def __getattr__(name: str):
+        import importlib
+
+        if name == "runtime":
+            module = importlib.import_module("tpu_debug.runtime")
+            module.install()
+            return module
+        if name in _RECORDING:
+            importlib.import_module("tpu_debug.runtime").install()
+            module_name = _RECORDING[name]
+        elif name in _READING:
+            module_name = _READING[name]
+        else:
+            raise AttributeError(f"module 'tpu_debug' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

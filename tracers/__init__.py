@@ -30,7 +30,6 @@ from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunM
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter, connect
 from tpu_debug.tracers.tensorboard import TensorBoardExporter  # issue 9
-from tpu_debug.tracers.divergence import DivergenceTracer  # issue 8
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -66,3 +65,13 @@ __all__ = [
     "TensorBoardExporter",
     "DivergenceTracer",
 ]
+
+
+def __getattr__(name: str):
+    # DivergenceTracer (issue 8) needs torch and the runtime; importing it on first use keeps
+    # ``tpu_debug.tracers`` free of both, so the reading verbs and the TUI start fast (issue 6)
+    if name == "DivergenceTracer":
+        from tpu_debug.tracers.divergence import DivergenceTracer
+
+        return DivergenceTracer
+    raise AttributeError(f"module 'tpu_debug.tracers' has no attribute {name!r}")

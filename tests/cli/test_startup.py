@@ -1,15 +1,19 @@
 """What starting tpu_debug costs (issue 6): ``import tpu_debug`` and the reading verbs of the
 CLI do not import ``torch._dynamo`` (about a second); dynamo is imported by ``torch.compile``,
-and our backends and kernel shields are in place when it is.
+and our backends and kernel shields are in place when it is. The ``tpu-debug`` console
+script (``tpu_debug_launcher``) runs the reading verbs without torch and jax at all.
 
 Each check runs in a fresh interpreter: this one has imported dynamo long ago."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pytest
 from tpu_debug.tracers.store import DB_NAME, RunWriter
 
 
@@ -122,3 +126,133 @@ def test_kernels_stay_out_of_dynamos_reach(tmp_path):
         tmp_path,
     )
     assert out.split() == ["2", "True"]
+
+
+# -- the reading verbs without torch and jax (issue 6) -------------------------------------
+
+_TORCH_JAX = 'print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime") if m in sys.modules))'
+
+
+def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
+    """The ``tpu-debug`` console script (``tpu_debug_launcher``) runs the reading verbs, and
+    the TUI through every view, without importing torch or jax: the device is not registered."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tui"))
+    from synthetic_run import write_synthetic_run
+
+    run_dir = tmp_path / "runs" / "20260131T120000.000Z-synthetic"
+    write_synthetic_run(run_dir)
+    out = _python(
+        f"""
+        import asyncio, contextlib, io, sys
+        import tpu_debug_launcher
+        for argv in (["report", {str(run_dir)!r}], ["tui", {str(run_dir)!r}],
+                     ["runs", "--logdir", {str(run_dir.parent)!r}],
+                     ["tensorboard", {str(run_dir)!r}, "--print"]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                print(argv[0], tpu_debug_launcher.main(argv), file=sys.__stdout__)
+        {_TORCH_JAX}
+
+        # what 'tpu-debug tui' runs in a terminal: the app, through every view and the HLO viewer
+        import tpu_debug
+        from tpu_debug.tui import TpuDebugApp
+
+        async def main():
+            with tpu_debug.open_run({str(run_dir)!r}) as session:
+                app = TpuDebugApp(session)
+                async with app.run_test(size=(120, 36)) as pilot:
+                    for key in ("2", "h", "escape", "3", "4", "5", "1"):
+                        await pilot.press(key)
+                        for _ in range(20):
+                            await app.workers.wait_for_complete()
+                            await pilot.pause(0.02)
+                    print(type(app.screen).__name__)
+
+        asyncio.run(main())
+        {_TORCH_JAX}
+        """,
+        tmp_path,
+    )
+    # tui: 2, not a terminal; tensorboard: 1, the run has no TensorBoard data
+    assert out.split("\n") == [
+        "report 0",
+        "tui 2",
+        "runs 0",
+        "tensorboard 1",
+        "[]",
+        "OverviewScreen",
+        "[]",
+        "",
+    ]
+
+
+def test_read_only_api_registers_the_device_when_it_needs_it(tmp_path):
+    """In the reading verbs' mode the API is there, imported on first use; what records
+    (trace, compile, ...) registers the device first, as ``import tpu_debug`` would have."""
+    out = _python(
+        f"""
+        import sys
+        import tpu_debug_launcher
+        tpu_debug_launcher.read_only = True  # what main() sets for a reading verb
+        import tpu_debug
+        from tpu_debug import TraceConfig, TpuDebugError, open_run, Session
+        print(tpu_debug.list_runs({str(tmp_path)!r}), TraceConfig.__name__)
+        {_TORCH_JAX}
+        assert set(tpu_debug.__all__) <= set(dir(tpu_debug))
+        tpu_debug.trace
+        import torch
+        print(torch.ones(2, device="tpu").sum().item(), tpu_debug.runtime.installed())
+        """,
+        tmp_path,
+    )
+    assert out.split("\n") == ["[] TraceConfig", "[]", "2.0 True", ""]
+
+
+def test_import_tpu_debug_still_registers_the_device(tmp_path):
+    out = _python(
+        """
+        import sys
+        import tpu_debug
+        print("torch" in sys.modules, "jax" in sys.modules, tpu_debug.runtime.installed())
+        import torch
+        print((torch.ones(3, device="tpu") * 2).sum().item(), tpu_debug.Session.__name__)
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["True", "True", "True", "6.0", "Session"]
+
+
+def test_run_verb_registers_the_device(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import torch\nprint((torch.ones(2, device='tpu') + 1).sum().item())\n")
+    out = _python(
+        f"""
+        import sys
+        import tpu_debug_launcher
+        code = tpu_debug_launcher.main(["run", "--logdir", {str(tmp_path / "runs")!r}, {str(script)!r}])
+        print("exit", code, tpu_debug_launcher.read_only, "torch" in sys.modules)
+        """,
+        tmp_path,
+    )
+    assert "4.0" in out.split() and out.split()[-4:] == ["exit", "0", "False", "True"]
+
+
+def test_console_script_imports_neither_torch_nor_jax(tmp_path):
+    """The installed ``tpu-debug`` script itself, as a user starts it (``-X importtime``'s
+    report lists every module the process imported)."""
+    script = Path(sys.executable).parent / "tpu-debug"
+    if not script.exists():
+        pytest.skip(f"no tpu-debug console script next to {sys.executable}")
+    run_dir = _tiny_run(tmp_path)
+    done = subprocess.run(
+        [str(script), "report", "--plain", str(run_dir)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "tpu_debug.cli" in imported and "tiny" in done.stdout
+    assert not imported & {"torch", "jax", "jaxlib", "tpu_debug.runtime"}
