@@ -1214,3 +1214,93 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     g = jnp.take(_opmath(grad), jnp.clip(seg, 0, num_bags - 1), axis=0)
     out = jnp.sum(g * jnp.take(_opmath(weight), indices, axis=0), axis=-1)
     return jnp.where(valid, out, 0)
+
+
+# ---- CTC loss ---------------------------------------------------------------------------------
+
+
+def _logaddexp(a, b):
+    """log(exp(a) + exp(b)) whose gradient stays finite where both are -inf (unreachable
+    alignment cells): jnp.logaddexp's is NaN there, and NaN would reach log_probs."""
+    m = jnp.maximum(a, b)
+    dead = jnp.isneginf(m)
+    m0 = jnp.where(dead, 0.0, lax.stop_gradient(m)).astype(m.dtype)
+    a0, b0 = jnp.where(dead, 0.0, a).astype(a.dtype), jnp.where(dead, 0.0, b).astype(b.dtype)
+    out = m0 + jnp.log(jnp.exp(a0 - m0) + jnp.exp(b0 - m0))
+    return jnp.where(dead, jnp.asarray(-jnp.inf, m.dtype), out)
+
+
+def _ctc_nll(log_probs, targets, input_lengths, target_lengths, blank):
+    """CTC's negative log likelihood per batch element and its log_alpha table, by the
+    forward recursion over the extended label sequence (blank, l1, blank, l2, ..., blank).
+    Lengths are static (the IntList overload); targets are (N, S) padded or 1-D concatenated."""
+    lp = jnp.swapaxes(log_probs, 0, 1)  # (N, T, C)
+    n, t_max, _ = lp.shape
+    il = np.asarray(input_lengths, np.int64).reshape(n)
+    tl = np.asarray(target_lengths, np.int64).reshape(n)
+    s_max = int(tl.max()) if n else 0
+    width = 2 * s_max + 1
+    pos = np.arange(s_max)[None, :]
+    valid = pos < tl[:, None]
+    if targets.ndim == 1:
+        starts = np.concatenate([[0], np.cumsum(tl)[:-1]]).astype(np.int64)
+        index = np.where(valid, starts[:, None] + pos, 0)
+        labels = jnp.where(valid, targets[index] if targets.shape[0] else 0, blank)
+    else:
+        labels = jnp.where(valid, targets[:, :s_max], blank)
+    ext = jnp.full((n, width), blank, labels.dtype).at[:, 1::2].set(labels)
+    skip = jnp.zeros((n, width), bool)
+    if width > 2:
+        skip = skip.at[:, 2:].set((ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2]))
+    in_seq = np.arange(width)[None, :] < (2 * tl + 1)[:, None]
+    lp_ext = jnp.take_along_axis(lp, jnp.broadcast_to(ext[:, None, :], (n, t_max, width)), axis=2)
+    neg = jnp.asarray(-jnp.inf, lp.dtype)
+    first = jnp.full((n, width), neg).at[:, 0].set(lp_ext[:, 0, 0])
+    if width > 1:
+        first = first.at[:, 1].set(jnp.where(tl > 0, lp_ext[:, 0, 1], neg))
+    first = jnp.where(in_seq & (il > 0)[:, None], first, neg)
+
+    def step(alpha, t):
+        one = jnp.concatenate([jnp.full((n, 1), neg), alpha[:, :-1]], axis=1)
+        two = jnp.concatenate([jnp.full((n, 2), neg), alpha[:, :-2]], axis=1)[:, :width]
+        new = _logaddexp(_logaddexp(alpha, one), jnp.where(skip, two, neg)) + lp_ext[:, t, :]
+        new = jnp.where(in_seq, new, neg)
+        active = (t < il)[:, None]
+        return jnp.where(active, new, alpha), jnp.where(active, new, neg)
+
+    last, rest = lax.scan(step, first, jnp.arange(1, t_max)) if t_max > 1 else (first, first[None, :0])
+    log_alpha = jnp.concatenate([first[:, None, :], jnp.swapaxes(rest, 0, 1)], axis=1)
+    end = jnp.take_along_axis(last, jnp.asarray(2 * tl)[:, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(last, jnp.asarray(np.maximum(2 * tl - 1, 0))[:, None], axis=1)[:, 0]
+    ll = _logaddexp(end, jnp.where(tl > 0, before, neg))
+    return -ll, log_alpha
+
+
+@lower(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    nll, log_alpha = _ctc_nll(log_probs, targets, input_lengths, target_lengths, blank)
+    if zero_infinity:
+        nll = jnp.where(jnp.isinf(nll), jnp.zeros((), nll.dtype), nll)
+    return nll, log_alpha
+
+
+@lower(aten._ctc_loss_backward.default)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                       blank, zero_infinity=False):
+    """PyTorch's CTC gradient: d nll / d log_probs (here by differentiating the forward
+    recursion; CPU uses a beta pass) plus exp(log_probs) on every frame inside the input
+    length. PyTorch's kernel assumes log_probs come from log_softmax and returns the
+    gradient its backward then maps correctly (the added term sums to zero through it).
+    An infinite loss gets a zero gradient under ``zero_infinity``, as on CPU."""
+    def nll_of(lp):
+        return _ctc_nll(lp, targets, input_lengths, target_lengths, blank)[0]
+
+    nll, vjp = jax.vjp(nll_of, log_probs)
+    (g,) = vjp(grad)
+    t_max, n = log_probs.shape[0], log_probs.shape[1]
+    inside = np.arange(t_max)[:, None] < np.asarray(input_lengths, np.int64).reshape(n)[None, :]
+    g = g + jnp.where(inside[:, :, None], jnp.exp(log_probs) * grad[None, :, None], jnp.zeros((), g.dtype))
+    finite = ~jnp.isinf(nll)
+    if zero_infinity:
+        g = jnp.where(finite[None, :, None], g, jnp.zeros((), g.dtype))
+    return g

@@ -74,8 +74,6 @@ EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
     ("nn.functional.conv_transpose2d", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 42 / 3872 elements, max abs diff 0.1875, max rel diff inf"),
     ("nn.functional.conv_transpose3d", "", "bfloat16", "eager"): ("xfail", "op: values differ from CPU, 707 / 73568 elements, max abs diff 0.375, max rel diff inf"),
     ("nn.functional.conv_transpose3d", "", "float32", "eager"): ("xfail_full", "op: values differ from CPU, 32 / 2744 elements, max abs diff 0.0001277923583984375, max rel diff 0.00012547081860248"),
-    ("nn.functional.ctc_loss", "", "float32", "compiled"): ("xfail", "needs a lowering: aten::_ctc_loss"),
-    ("nn.functional.ctc_loss", "", "float32", "eager"): ("xfail", "needs a lowering: aten::_ctc_loss"),
     ("nn.functional.embedding_bag", "", "bfloat16", "eager"): ("xfail_full", "op: values differ from CPU, 1 / 10 elements, max abs diff 0.001953125, max rel diff 0.05224609375"),
     ("nn.functional.fractional_max_pool2d", "", "bfloat16", "eager"): ("xfail_full", "op: values differ from CPU, 4 / 18 elements, max abs diff 2.59375, max rel diff 0.44921875"),
     ("nn.functional.fractional_max_pool2d", "", "float32", "eager"): ("xfail_full", "op: values differ from CPU, 5 / 48 elements, max abs diff 2.3480701446533203, max rel diff 0.34947752952575684"),

@@ -568,3 +568,37 @@ def test_small_cnn_train_step():
     ref_m.eval()
     tpu_m.eval()
     torch.testing.assert_close(tpu_m(x.to("tpu")).detach().cpu(), ref_m(x).detach(), **TOL)
+
+
+@pytest.mark.parametrize("concat", [False, True], ids=["padded", "concatenated"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_forward_and_backward_match_cpu(concat, zero_infinity):
+    torch.manual_seed(0)
+    T, N, C, S = 12, 3, 6, 4
+    lp = torch.randn(T, N, C).log_softmax(-1).requires_grad_()
+    tl, il = torch.tensor([4, 2, 3]), torch.tensor([12, 9, 7])
+    tg = torch.randint(1, C, (N, S))  # repeated labels need a blank between them
+    if concat:
+        tg = torch.cat([tg[i, : tl[i]] for i in range(N)])
+    for reduction in ("mean", "sum", "none"):
+        ref = F.ctc_loss(lp, tg, il, tl, reduction=reduction, zero_infinity=zero_infinity)
+        dev = lp.detach().to("tpu").requires_grad_()
+        got = F.ctc_loss(dev, tg.to("tpu"), il, tl, reduction=reduction, zero_infinity=zero_infinity)
+        torch.testing.assert_close(got.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+        g = torch.randn_like(ref)
+        (g_ref,) = torch.autograd.grad(ref, lp, g)
+        (g_dev,) = torch.autograd.grad(got, dev, g.to("tpu"))
+        torch.testing.assert_close(g_dev.cpu(), g_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_ctc_loss_impossible_alignment():
+    """Three repeated labels cannot fit in two frames: the loss is inf, or 0 with a zero
+    gradient under zero_infinity, as on CPU."""
+    lp = torch.randn(2, 1, 4).log_softmax(-1).requires_grad_()
+    tg, il, tl = torch.tensor([[1, 1, 1]]), torch.tensor([2]), torch.tensor([3])
+    assert F.ctc_loss(lp.detach().to("tpu"), tg.to("tpu"), il, tl, reduction="sum").item() == float("inf")
+    dev = lp.detach().to("tpu").requires_grad_()
+    got = F.ctc_loss(dev, tg.to("tpu"), il, tl, reduction="sum", zero_infinity=True)
+    ref = F.ctc_loss(lp, tg, il, tl, reduction="sum", zero_infinity=True)
+    assert got.item() == ref.item() == 0.0
+    torch.testing.assert_close(torch.autograd.grad(got, dev)[0].cpu(), torch.autograd.grad(ref, lp)[0])
