@@ -200,6 +200,24 @@ RANDOM_OPS: dict[str, Callable | None] = {
     "nn.functional.alpha_dropout": None,
     "nn.functional.feature_alpha_dropout.with_train": None,
     "nn.functional.rrelu": _rrelu_range,
+    # pooling regions drawn at random: each output is one of the input's values
+    "nn.functional.fractional_max_pool2d": lambda s, out: _input_range(s, out),
+    "nn.functional.fractional_max_pool3d": lambda s, out: _input_range(s, out),
+}
+
+
+def _input_range(sample, out):
+    if not out.is_floating_point() or not sample.input.numel():
+        return None  # indices
+    return sample.input.min().item(), sample.input.max().item()
+
+
+# op name -> whether one sample is random (attention with dropout): those samples are
+# checked for shape, dtype and finiteness only, the op's other samples for values
+RANDOM_SAMPLES: dict[str, Callable] = {
+    "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
+    "nn.functional.multi_head_attention_forward": lambda s: s.kwargs.get("training", True)
+    and any(isinstance(a, float) and a > 0 for a in s.args),
 }
 
 
@@ -559,7 +577,7 @@ def _out_like(expected):
 def check_sample(op, sample, dtype, mode, *, through_view: bool = True):
     run = MODES[mode]
     name = op_id(op)
-    random = name in RANDOM_OPS or op.has_nondeterministic_output
+    random = name in RANDOM_OPS or op.has_nondeterministic_output or RANDOM_SAMPLES.get(name, bool)(sample) is True
     rng_range = RANDOM_OPS.get(name)
     tol = tolerance(op.name, op.variant_test_name, dtype_name(dtype)) or {}
     kw = {"tol": tol, "rng_range": rng_range, "random": random, "cpu_args": op.name in ARGS_STAY_ON_CPU,
