@@ -358,8 +358,6 @@ def test_solve_triangular(upper, left, unit):
 def test_triangular_solve_legacy():
     a = torch.randn(4, 4, dtype=torch.float64).tril() + 4 * torch.eye(4, dtype=torch.float64)
     b = torch.randn(4, 2, dtype=torch.float64)
-    with pytest.warns(UserWarning, match="deprecated"):
-        torch.triangular_solve(b, a, upper=False)
     import warnings
 
     with warnings.catch_warnings():
