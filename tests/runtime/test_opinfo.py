@@ -283,8 +283,8 @@ def _params():
             kind, reason = exp
             if kind == "skip":
                 marks = (pytest.mark.skip(reason=reason),)
-            else:
-                marks = (pytest.mark.xfail(reason=reason, strict=True),)
+            else:  # "flaky": fails in some processes, passes in others (see opinfo_expectations)
+                marks = (pytest.mark.xfail(reason=reason, strict=kind != "flaky"),)
         params.append(pytest.param(op, dtype, mode, id=f"{op_id(op)}-{dtype_name(dtype)}-{mode}", marks=marks))
     return params
 
