@@ -31,15 +31,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
 
 
-def _time(fn, repeat: int, sync) -> float:
-    for _ in range(3):
-        sync(fn())
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        sync(fn())
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
+def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
+    """Median ms per call of each variant: ``{name: (fn, sync)}``.
+
+    Interleaved (one sample of every variant per round, the order rotating), so load
+    from other jobs on the machine hits all of them alike. A sample is ``calls``
+    calls in a row and one sync at the end, as a training loop runs them: device work
+    of one call may overlap the host work of the next."""
+    names = list(variants)
+    for fn, sync in variants.values():
+        for _ in range(3):
+            sync(fn())
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn, sync = variants[name]
+            # XLA's and PyTorch's worker threads spin a while after their last task: let
+            # the previous variant's go idle, then warm this one's up, untimed
+            time.sleep(0.02)
+            for _ in range(2):
+                sync(fn())
+            start = time.perf_counter()
+            for _ in range(calls - 1):
+                fn()
+            sync(fn())
+            samples[name].append((time.perf_counter() - start) / calls)
+    result = {n: statistics.median(v) * 1e3 for n, v in samples.items()}
+    # ratios to torch CPU eager per round (samples taken within ~0.1 s of each other),
+    # then their median: steadier than a ratio of medians on a machine whose speed drifts
+    base = samples["torch CPU eager"]
+    for n, v in samples.items():
+        result["CPU / " + n] = statistics.median(b / x for b, x in zip(base, v))
+    return result
 
 
 def _block(out):
@@ -176,12 +199,12 @@ def llama_forward(repeat: int) -> dict[str, float]:
         # the reference computes the same function (checked against PyTorch CPU)
         got = torch.from_numpy(np.array(ref(params, jtokens)))
         torch.testing.assert_close(got, cpu(tokens), rtol=1e-4, atol=1e-4)
-        return {
-            "torch CPU eager": _time(lambda: cpu(tokens), repeat, _sync),
-            "tpu eager": _time(lambda: dev(tdev), repeat, _sync),
-            "tpu compiled": _time(lambda: comp(tdev), repeat, _sync),
-            "jax.jit floor": _time(lambda: ref(params, jtokens), repeat, _block),
-        }
+        return _time_all({
+            "torch CPU eager": (lambda: cpu(tokens), _sync),
+            "tpu eager": (lambda: dev(tdev), _sync),
+            "tpu compiled": (lambda: comp(tdev), _sync),
+            "jax.jit floor": (lambda: ref(params, jtokens), _block),
+        }, repeat)
 
 
 def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
@@ -195,10 +218,23 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
     # host, and every step of a compiled optimizer copies each one back: a sync per parameter
     opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-3, capturable=True)
     opt_c = torch.optim.AdamW(dev_c.parameters(), lr=1e-3, capturable=True)
-    # production style: forward and loss compiled together (one forward and one backward
-    # program), the optimizer step compiled as its own program
+    # the model compiled (the usual style): one forward and one backward program, the
+    # backward run by autograd after the compiled forward returns; the optimizer step
+    # compiled as its own program
     loss_c = tpu_debug.compile(lambda x, y: loss_fn(dev_c(x), y))
     step_c = tpu_debug.compile(opt_c.step)
+    # the step compiled: forward, loss and backward in one function, so one program
+    # computes loss and gradients (tpu_debug.compile traces loss.backward() into the graph)
+    dev_s = copy.deepcopy(cpu).to("tpu")
+    opt_s = torch.optim.AdamW(dev_s.parameters(), lr=1e-3, capturable=True)
+
+    def fwd_bwd(x, y):
+        loss = loss_fn(dev_s(x), y)
+        loss.backward()
+        return loss.detach()
+
+    fwd_bwd_c = tpu_debug.compile(fwd_bwd)
+    step_s = tpu_debug.compile(opt_s.step)
     jx, jy = np.asarray(x.numpy()), np.asarray(y.numpy(), np.int32)
     if jx.dtype == np.int64:
         jx = jx.astype(np.int32)
@@ -211,22 +247,36 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
         opt.step()
         return loss
 
-    def compiled_step():
+    def compiled_model_step():
         opt_c.zero_grad()
         loss = loss_c(xd, yd)
         loss.backward()
         step_c()
         return loss
 
-    # the floor trains the same model: its first loss is PyTorch's
-    reference = loss_fn(copy.deepcopy(cpu)(x), y).item()
+    def compiled_fn_step():
+        opt_s.zero_grad()
+        loss = fwd_bwd_c(xd, yd)
+        step_s()
+        return loss
+
+    # the floor trains the same model: its first loss is PyTorch's; so do both compiled
+    # styles (their first step's loss, and parameters after it, against PyTorch's)
+    ref_model = copy.deepcopy(cpu)
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3)
+    reference = eager_step(ref_model, ref_opt, x, y).item()
     np.testing.assert_allclose(float(floor(jx, jy)), reference, rtol=1e-4)
-    return {
-        "torch CPU eager": _time(lambda: eager_step(cpu, opt_cpu, x, y), repeat, _sync),
-        "tpu eager": _time(lambda: eager_step(dev, opt_dev, xd, yd), repeat, _sync),
-        "tpu compiled": _time(compiled_step, repeat, _sync),
-        "jax.jit floor": _time(lambda: floor(jx, jy), repeat, _block),
-    }
+    for step, model in ((compiled_model_step, dev_c), (compiled_fn_step, dev_s)):
+        np.testing.assert_allclose(step().item(), reference, rtol=1e-4)
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
+    return _time_all({
+        "torch CPU eager": (lambda: eager_step(cpu, opt_cpu, x, y), _sync),
+        "tpu eager": (lambda: eager_step(dev, opt_dev, xd, yd), _sync),
+        "tpu compiled": (compiled_model_step, _sync),
+        "tpu compiled step": (compiled_fn_step, _sync),
+        "jax.jit floor": (lambda: floor(jx, jy), _block),
+    }, repeat)
 
 
 def main(argv=None) -> None:
@@ -257,13 +307,18 @@ def main(argv=None) -> None:
             make_llama, jax_llama, (tokens[:, :-1], tokens[:, 1:]), llama_loss, args.repeat
         ),
     }
-    print("| workload | torch CPU eager (ms) | tpu eager (ms) | tpu compiled (ms) | jax.jit floor (ms) "
-          "| CPU / compiled | CPU / floor |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| workload | torch CPU eager (ms) | tpu eager (ms) | tpu compiled: model (ms) "
+          "| tpu compiled: step (ms) | jax.jit floor (ms) | CPU / compiled model | CPU / compiled step "
+          "| CPU / floor |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
-        cpu_ms, comp_ms, floor_ms = r["torch CPU eager"], r["tpu compiled"], r["jax.jit floor"]
-        print(f"| {name} | {cpu_ms:.2f} | {r['tpu eager']:.2f} | {comp_ms:.2f} | {floor_ms:.2f} "
-              f"| {cpu_ms / comp_ms:.2f}x | {cpu_ms / floor_ms:.2f}x |")
+        step_ms = r.get("tpu compiled step")
+        step_col = f"{step_ms:.2f}" if step_ms else "-"
+        step_ratio = f"{r['CPU / tpu compiled step']:.2f}x" if step_ms else "-"
+        print(f"| {name} | {r['torch CPU eager']:.2f} | {r['tpu eager']:.2f} | {r['tpu compiled']:.2f} | {step_col} "
+              f"| {r['jax.jit floor']:.2f} | {r['CPU / tpu compiled']:.2f}x | {step_ratio} "
+              f"| {r['CPU / jax.jit floor']:.2f}x |")
+    print("\nms: median per call; ratios: median over rounds of torch CPU eager's time / the column's")
     print(f"\nload average {' '.join(f'{v:.1f}' for v in os.getloadavg())} (2 CPUs)")
 
 

@@ -14,6 +14,7 @@ not recompile; random ops take a key input, so every call draws fresh numbers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import operator
@@ -269,11 +270,16 @@ def _cast_value(o, v):
 @dataclasses.dataclass(slots=True)
 class _Entry:
     compiled: Any
-    out_dtypes: tuple
-    none_outputs: tuple
+    # where each graph output comes from: (PROGRAM, torch dtype), (INPUT, input index,
+    # torch dtype), (SAME, earlier output index, None), (SCALAR, None, None)
+    outputs: tuple
     calls: int = 0
     scalars: dict = dataclasses.field(default_factory=dict)
     info: CompileInfo | None = None
+
+
+# output sources (see _Entry.outputs)
+_PROGRAM, _INPUT, _SAME, _SCALAR = range(4)
 
 
 class CompiledGraph:
@@ -306,21 +312,27 @@ class CompiledGraph:
 
     def __call__(self, args):
         arrays = []
-        for a in args:
+        # a mutated input read straight from its storage's payload: its new value (same
+        # shape and dtype, from the program) replaces that payload, nothing to check
+        stores: dict[int, Any] = {}
+        mutated = self.program.mutated_inputs
+        for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
-                if a.device.type == "tpu":
-                    # the common case inline: a dense tensor owning its whole payload
-                    arr = getattr(a.untyped_storage(), PAYLOAD_ATTR, None)
-                    if (arr is None or type(arr) is _Uninit or arr.shape != a.shape
-                            or a.storage_offset() or not a.is_contiguous()):
-                        arr = to_jax(a)
-                    arrays.append(arr)
+                # the common case inline: a dense `tpu` tensor owning its whole payload
+                storage = a.untyped_storage()
+                arr = getattr(storage, PAYLOAD_ATTR, None)
+                if (arr is not None and type(arr) is not _Uninit and arr.shape == a.shape
+                        and not a.storage_offset() and a.is_contiguous()):
+                    if mutated and i in mutated:
+                        stores[i] = storage
+                elif a.device.type == "tpu":
+                    arr = to_jax(a)
                 else:
-                    arrays.append(jnp.asarray(a.detach().numpy()))
+                    arr = jnp.asarray(a.detach().numpy())
+                arrays.append(arr)
             else:
                 arrays.append(a)
-        mutated = self.program.mutated_inputs
-        targets = [args[i] for i in mutated] if mutated else ()
+        targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
         if self._static:
             sig = self._static_sig
@@ -349,10 +361,21 @@ class CompiledGraph:
         result = []
         it = iter(outs)
         scalars = entry.scalars
-        for i, (is_none, dt) in enumerate(zip(entry.none_outputs, entry.out_dtypes)):
-            result.append(scalars.get(i) if is_none else from_jax(next(it), dt))
+        for i, (source, where, dt) in enumerate(entry.outputs):
+            if source == _PROGRAM:
+                result.append(from_jax(next(it), dt))
+            elif source == _INPUT:  # an input passed through (saved for backward): no copy
+                result.append(from_jax(arrays[where], dt))
+            elif source == _SAME:  # the same value again: its own tensor, the same buffer
+                first = result[where]
+                result.append(from_jax(to_jax(first), first.dtype))
+            else:
+                result.append(scalars.get(i))
         for t, value in zip(targets, it):  # input mutations: the new value into the input
-            _write_input(t, value)
+            if isinstance(t, torch.Tensor):
+                _write_input(t, value)
+            else:  # the storage of a dense input (see above)
+                setattr(t, PAYLOAD_ATTR, value)
         return result
 
     def _compile(self, sig, arrays) -> _Entry:
@@ -360,14 +383,14 @@ class CompiledGraph:
         program = self.program
         n = len(arrays)
         out_nodes = list(self.gm.graph.output_node().args[0])
-        # outputs: None, a tensor, or a Python scalar (a shape saved for backward)
-        kinds = tuple(
-            "none" if o is None
-            else "tensor" if isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor)
-            else "scalar"
-            for o in out_nodes
-        )
-        none_outputs = tuple(k != "tensor" for k in kinds)
+        # outputs: None, a tensor, or a Python scalar (a shape saved for backward). A tensor
+        # output that is an input passed through (AOTAutograd saves inputs for backward), or
+        # a value the program already returns (``relu`` and ``detach(relu)``), is not
+        # returned by the program again: XLA would copy it into a buffer of its own (a
+        # 1 MiB weight costs ~70 us of a 0.4 ms MLP forward on this machine). Decided
+        # while tracing, by the identity of the traced values.
+        tensor_out = [isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in out_nodes]
+        kinds: list[tuple[int, int | None]] = []
         scalars: dict[int, Any] = {}
 
         def fn(*dyn):
@@ -376,10 +399,22 @@ class CompiledGraph:
             if program.rng_nodes:
                 full.append(next(it))
             outs = program(*full)
-            for i, (k, o) in enumerate(zip(kinds, outs)):
-                if k == "scalar":
-                    scalars[i] = int(o) if not hasattr(o, "dtype") else o
-            return tuple(o for k, o in zip(kinds, outs) if k == "tensor") + tuple(outs[len(kinds):])
+            inputs = {id(v): i for i, v in enumerate(full[:n]) if hasattr(v, "shape")}
+            first: dict[int, int] = {}
+            kinds.clear()
+            for i, (is_tensor, o) in enumerate(zip(tensor_out, outs)):
+                if not is_tensor or o is None:
+                    if o is not None:
+                        scalars[i] = int(o) if not hasattr(o, "dtype") else o
+                    kinds.append((_SCALAR, None))
+                elif id(o) in inputs:
+                    kinds.append((_INPUT, inputs[id(o)]))
+                elif id(o) in first:
+                    kinds.append((_SAME, first[id(o)]))
+                else:
+                    first[id(o)] = i
+                    kinds.append((_PROGRAM, None))
+            return tuple(o for (k, _), o in zip(kinds, outs) if k == _PROGRAM) + tuple(outs[len(out_nodes):])
 
         example = [a for a in arrays if hasattr(a, "shape")]
         if program.rng_nodes:
@@ -392,11 +427,16 @@ class CompiledGraph:
             compiled = lowered.compile()
         seconds = time.perf_counter() - start
         self.compile_seconds += seconds
-        out_dtypes = []
+        outputs = []
         leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
-        for is_none in none_outputs:
-            out_dtypes.append(None if is_none else to_torch_dtype(next(leaves).dtype))
-        entry = _Entry(compiled, tuple(out_dtypes), none_outputs, scalars=dict(scalars))
+        for (k, where), node in zip(kinds, out_nodes):
+            if k == _PROGRAM:
+                outputs.append((k, None, to_torch_dtype(next(leaves).dtype)))
+            elif k == _INPUT:
+                outputs.append((k, where, node.meta["val"].dtype))
+            else:
+                outputs.append((k, where, None))
+        entry = _Entry(compiled, tuple(outputs), scalars=dict(scalars))
         self.cache[sig] = entry
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
@@ -480,10 +520,12 @@ def _source_name(node: torch.fx.Node) -> str:
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from tpu_debug.runtime.device import install
+    from tpu_debug.runtime.device import _dynamo_disabled, install, single_threaded_backward
 
     install()
+    single_threaded_backward()
     parent = f"g{next(_graph_ids)}"
     # issue 5: which dynamo frame (function) and which of its compiles this is, so the
     # recompile tracer can tell a recompile of one function from a new function
@@ -503,9 +545,13 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             program = CompiledGraph(graph, kind, parent)
             program.origin = origin
 
+            # AOTAutograd calls this lazily: a backward is compiled on its first call, which
+            # may come from user code dynamo is running (``loss.backward()`` after a graph
+            # break); dynamo must not trace into the runtime
             def run(args):
                 return program(args)
 
+            run = _dynamo_disabled(run)
             run._boxed_call = True
             return run
 
@@ -522,16 +568,46 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         inference_compiler=compiler("inference"),
         decompositions=_decompositions(),
         keep_inference_input_mutations=True,
+        # partition_fn=min_cut_rematerialization_partition,
     )
 
 
-def compile(fn_or_module, **kwargs):
+def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     """``torch.compile(fn_or_module, backend="tpu_debug", **kwargs)``.
+
+    A function (not a module) that calls ``loss.backward()`` or
+    ``torch.autograd.grad`` compiles them into its graph when ``backward_in_graph``
+    (dynamo's ``trace_autograd_ops``, set while the function runs): forward and
+    backward become one XLA program and the gradients land in ``.grad`` as
+    ``backward()`` leaves them. Return ``loss.detach()``: a returned tensor whose
+    backward the graph consumed graph-breaks (dynamo then falls back to tracing the
+    backward separately). ``torch.compile(fn, backend="tpu_debug")`` does the same when
+    ``torch._dynamo.config.trace_autograd_ops`` is set.
 
     Example:
         >>> model = tpu_debug.compile(model)
+        >>> def train_step(x, y):
+        ...     loss = F.cross_entropy(model(x), y)
+        ...     loss.backward()
+        ...     return loss.detach()
+        >>> train_step = tpu_debug.compile(train_step)   # one program: forward + backward
     """
-    return torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
+    compiled = torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
+    if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module):
+        return compiled
+    from torch._dynamo import config as dynamo_config
+
+    @functools.wraps(fn_or_module)
+    def run(*args, **kw):
+        if dynamo_config.trace_autograd_ops:
+            return compiled(*args, **kw)
+        dynamo_config.trace_autograd_ops = True
+        try:
+            return compiled(*args, **kw)
+        finally:
+            dynamo_config.trace_autograd_ops = False
+
+    return run
 
 
 def _auto_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):

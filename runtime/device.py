@@ -499,6 +499,23 @@ def _load_lowerings() -> None:
     ops.load()
 
 
+def single_threaded_backward() -> None:
+    """Run this thread's backward passes on this thread (issue 3).
+
+    PyTorch's autograd engine runs the nodes of a device other than CPU on a worker
+    thread of that device: for `tpu`, one more thread, a hand-off per backward and the
+    GIL passed back and forth around every Python node (a compiled graph's backward
+    is one). That cost 0.5 ms of a 0.9 ms ``loss.backward()`` of the compiled MLP
+    (benchmarks/compiled.py). With the engine's multithreading off
+    (``torch.autograd.set_multithreading_enabled(False)``, per thread, as for CPU
+    tensors) the calling thread runs them, and device work stays asynchronous in XLA.
+    A tracer walking the stack also finds the user's ``backward()`` line. Set on the
+    thread that registers the device and on each thread that compiles a graph.
+    """
+    if torch._C._is_multithreading_enabled():
+        torch._C._set_multithreading_enabled(False)
+
+
 def installed() -> bool:
     return _state["installed"] is True
 
@@ -541,6 +558,7 @@ def install() -> bool:
         _patch_storages()
         _shield_rng_functions()
         _state["installed"] = True
+    single_threaded_backward()
     from tpu_debug.runtime.compiled import install_backends
 
     # issue 6: importing torch._dynamo costs about a second, which `import tpu_debug`

@@ -276,3 +276,123 @@ def test_graph_program_records_fx_scopes():
     relu = next(n for n in nodes if n.target == "aten.relu.default")
     assert relu.scope in hlo  # optimized HLO metadata names the FX node
     assert relu.stack_trace and "test_compiled.py" in relu.stack_trace
+
+
+def _programs(fn):
+    """Run ``fn`` with a probe subscribed; the compiled programs it compiled (CompileInfo)."""
+    from tpu_debug.runtime import probes
+
+    seen = []
+
+    class P:
+        def on_compile(self, info):
+            if info.mode == "compiled":
+                seen.append(info)
+
+    p = P()
+    probes.subscribe(p)
+    try:
+        fn()
+    finally:
+        probes.unsubscribe(p)
+    return seen
+
+
+def test_backward_in_the_compiled_function_is_one_program_with_the_forward():
+    """``loss.backward()`` inside a function given to tpu_debug.compile: forward and
+    backward compile to one program, the gradients land in ``.grad`` as PyTorch's do,
+    and AdamW steps from them train like PyTorch on CPU."""
+    cpu_model = _mlp()
+    dev_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-2)
+    dev_opt = torch.optim.AdamW(dev_model.parameters(), lr=1e-2, capturable=True)
+
+    def fwd_bwd(model, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    step = tpu_debug.compile(fwd_bwd)
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(4)]
+    infos = []
+    for i, (x, y) in enumerate(batches):
+        cpu_opt.zero_grad()
+        dev_opt.zero_grad()
+        want = fwd_bwd(cpu_model, x, y)
+        out = []
+        compiled_now = _programs(lambda: out.append(step(dev_model, x.to("tpu"), y.to("tpu"))))
+        infos += compiled_now
+        got = out[0]
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+        assert not got.requires_grad
+        for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+            torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-6, msg=name)
+        cpu_opt.step()
+        dev_opt.step()
+    for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5, msg=name)
+    # one program computed loss and gradients, compiled once: no separate backward graph
+    assert [i.extra["kind"] for i in infos] == ["inference"]
+    ops = {n.target for n in infos[0].extra["fx_nodes"]}
+    assert "aten.threshold_backward.default" in ops or "aten.gelu_backward.default" in ops
+
+
+def test_backward_in_graph_off_keeps_pytorchs_default():
+    """``backward_in_graph=False``: dynamo's default, the backward call breaks the graph
+    and autograd runs AOTAutograd's backward program."""
+    model = _mlp().to("tpu")
+
+    def fwd_bwd(x):
+        loss = model(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    infos = _programs(lambda: tpu_debug.compile(fwd_bwd, backward_in_graph=False)(torch.randn(3, 8, device="tpu")))
+    kinds = [i.extra["kind"] for i in infos]
+    assert "forward" in kinds and "backward" in kinds  # (and the resumed ``detach``'s graph)
+    assert model[0].weight.grad is not None
+
+
+def test_outputs_that_are_inputs_or_repeats_are_not_copied_by_the_program():
+    """A graph output that is an input (AOTAutograd saves inputs for backward) or a value
+    already returned (``relu`` and ``detach(relu)``) comes from that array, not from a
+    program output XLA would have to copy; each is still a tensor of its own."""
+
+    def f(x, w):
+        h = torch.relu(x @ w)
+        return h, h.detach(), x.detach(), h * 2
+
+    x = torch.randn(4, 3)
+    w = torch.randn(3, 5)
+    xd, wd = x.to("tpu"), w.to("tpu")
+    outs = []
+    infos = _programs(lambda: outs.extend(tpu_debug.compile(f)(xd, wd)))
+    for got, want in zip(outs, f(x, w)):
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+    # the program returns h and h * 2 only
+    (info,) = infos
+    assert len(info.lowered.out_info) == 2
+    # an output aliasing an input aliases it as in PyTorch (AOTAutograd regenerates it
+    # from the input): an in-place write to it reaches the input
+    outs[2].mul_(3.0)
+    x_cpu = x.clone()
+    f(x_cpu, w)[2].mul_(3.0)
+    torch.testing.assert_close(xd.cpu(), x_cpu)
+    torch.testing.assert_close(outs[0].cpu(), torch.relu(x @ w), **TOL)
+
+
+def test_backward_runs_on_the_calling_thread():
+    """The autograd engine runs `tpu` backward nodes on the thread that called
+    ``backward()`` (no device worker thread), for compiled graphs and eager ops."""
+    import threading
+
+    model = _mlp().to("tpu")
+    compiled_model = tpu_debug.compile(model)
+    threads = []
+    for fwd in (model, compiled_model):
+        x = torch.randn(3, 8, device="tpu", requires_grad=True)
+        out = fwd(x)
+        out.register_hook(lambda g: threads.append(threading.get_ident()) or g)
+        out.sum().backward()
+    assert threads == [threading.get_ident()] * 2
