@@ -269,7 +269,7 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
     for step, model in ((compiled_model_step, dev_c), (compiled_fn_step, dev_s)):
         np.testing.assert_allclose(step().item(), reference, rtol=1e-4)
         for p, q in zip(model.parameters(), ref_model.parameters()):
-            torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-4)  # AdamW: lr 1e-3 per step
     return _time_all({
         "torch CPU eager": (lambda: eager_step(cpu, opt_cpu, x, y), _sync),
         "tpu eager": (lambda: eager_step(dev, opt_dev, xd, yd), _sync),
@@ -282,7 +282,10 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rows", default="llama-fwd,mlp-train,llama-train",
+                        help="comma-separated subset of: llama-fwd, mlp-train, llama-train")
     args = parser.parse_args(argv)
+    wanted = set(args.rows.split(","))
     cfg = LlamaConfig()
 
     def make_mlp():
@@ -298,15 +301,17 @@ def main(argv=None) -> None:
     def llama_loss(logits, target):
         return F.cross_entropy(logits.reshape(-1, cfg.vocab), target.reshape(-1))
 
-    rows = {
-        "tiny-Llama forward": llama_forward(args.repeat),
-        "MLP train step (fwd+bwd+AdamW)": train_steps(
+    rows = {}
+    if "llama-fwd" in wanted:
+        rows["tiny-Llama forward"] = llama_forward(args.repeat)
+    if "mlp-train" in wanted:
+        rows["MLP train step (fwd+bwd+AdamW)"] = train_steps(
             make_mlp, jax_mlp, (torch.randn(64, 256), torch.randint(0, 10, (64,))), F.cross_entropy, args.repeat
-        ),
-        "tiny-Llama train step (fwd+bwd+AdamW)": train_steps(
+        )
+    if "llama-train" in wanted:
+        rows["tiny-Llama train step (fwd+bwd+AdamW)"] = train_steps(
             make_llama, jax_llama, (tokens[:, :-1], tokens[:, 1:]), llama_loss, args.repeat
-        ),
-    }
+        )
     print("| workload | torch CPU eager (ms) | tpu eager (ms) | tpu compiled: model (ms) "
           "| tpu compiled: step (ms) | jax.jit floor (ms) | CPU / compiled model | CPU / compiled step "
           "| CPU / floor |")

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import itertools
 import operator
+import sys
 import threading
 import time
 from typing import Any
@@ -276,6 +277,13 @@ class _Entry:
     calls: int = 0
     scalars: dict = dataclasses.field(default_factory=dict)
     info: CompileInfo | None = None
+    # inputs (indices into the call's arrays) the program overwrites and whose buffers
+    # it takes (donates): XLA writes their new values in place instead of allocating
+    donated: tuple = ()
+    # the same program without donation, for a call that cannot give its buffers up
+    # (compiled on first need)
+    make_plain: Any = None
+    plain: Any = None
 
 
 # output sources (see _Entry.outputs)
@@ -332,6 +340,7 @@ class CompiledGraph:
                 arrays.append(arr)
             else:
                 arrays.append(a)
+        arr = None
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
         if self._static:
@@ -348,14 +357,19 @@ class CompiledGraph:
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
         entry.calls += 1
+        executable = entry.compiled
+        if entry.donated and not self._can_donate(entry.donated, arrays, stores):
+            if entry.plain is None:
+                entry.plain = entry.make_plain()
+            executable = entry.plain
         if probes._probes:
             probes.emit("on_execute_begin", "compiled", self.graph_id, (self.graph_id, self.digest, sig))
             start = time.perf_counter()
-            outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
+            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
             probes.emit("on_execute", "compiled", self.graph_id, (self.graph_id, self.digest, sig),
                         time.perf_counter() - start)
         else:
-            outs = entry.compiled(*[a for a in arrays if hasattr(a, "shape")])
+            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
         if probes._op_probes:  # issue 8: divergence tracing compares this call with CPU
             probes.observe_graph(self, arrays, outs)
         result = []
@@ -377,6 +391,20 @@ class CompiledGraph:
             else:  # the storage of a dense input (see above)
                 setattr(t, PAYLOAD_ATTR, value)
         return result
+
+    @staticmethod
+    def _can_donate(donated: tuple, arrays: list, stores: dict) -> bool:
+        """Whether the buffers of inputs ``donated`` may go to the program: each is the
+        whole payload of its input's storage (its new value replaces it after the call)
+        and nothing else holds it: no other tensor's storage (a saved tensor, a tensor
+        sharing the array), no tracer. A donated array is deleted by the call."""
+        if probes._op_probes:  # divergence tracing reads the inputs again after the call
+            return False
+        for i in donated:
+            # references: the storage's payload attribute, ``arrays``, getrefcount's argument
+            if i not in stores or sys.getrefcount(arrays[i]) > 3:
+                return False
+        return True
 
     def _compile(self, sig, arrays) -> _Entry:
         statics = {i: a for i, a in enumerate(arrays) if not hasattr(a, "shape")}
@@ -421,9 +449,23 @@ class CompiledGraph:
             example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
         if probes._probes:
             probes.emit("on_compile_begin", "compiled", self.graph_id)
+        # inputs the program overwrites (an optimizer's parameters and state) donate their
+        # buffers: XLA writes the new values in place. AdamW on a 0.4M-parameter MLP: 0.27
+        # instead of 0.78 ms a step, which allocated and filled 24 fresh buffers
+        positions = {i: k for k, i in enumerate(i for i, a in enumerate(arrays) if hasattr(a, "shape"))}
+        donated = tuple(i for i in program.mutated_inputs if i in positions)
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
+
+        def lower(donate: tuple):
+            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate)).lower(*specs)
+
         start = time.perf_counter()
         with jax.enable_x64(True):
-            lowered = jax.jit(fn).lower(*example)
+            lowered = lower(donated)
+            passed_through = {where for k, where in kinds if k == _INPUT}
+            if passed_through & set(donated):  # an overwritten input also returned as it was
+                donated = tuple(i for i in donated if i not in passed_through)
+                lowered = lower(donated)
             compiled = lowered.compile()
         seconds = time.perf_counter() - start
         self.compile_seconds += seconds
@@ -436,7 +478,13 @@ class CompiledGraph:
                 outputs.append((k, where, node.meta["val"].dtype))
             else:
                 outputs.append((k, where, None))
-        entry = _Entry(compiled, tuple(outputs), scalars=dict(scalars))
+        entry = _Entry(compiled, tuple(outputs), scalars=dict(scalars), donated=donated)
+        if donated:
+            def make_plain():
+                with jax.enable_x64(True):
+                    return lower(()).compile()
+
+            entry.make_plain = make_plain
         self.cache[sig] = entry
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)

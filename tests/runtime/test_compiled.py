@@ -396,3 +396,41 @@ def test_backward_runs_on_the_calling_thread():
         out.register_hook(lambda g: threads.append(threading.get_ident()) or g)
         out.sum().backward()
     assert threads == [threading.get_ident()] * 2
+
+
+def test_overwritten_inputs_donate_their_buffers_unless_shared():
+    """A graph that overwrites an input (an optimizer step) donates that input's buffer
+    to the program, so XLA updates it in place; when the array is also held elsewhere
+    (a clone that shares it, a saved tensor) the call runs a copy-out variant instead and
+    the other holder keeps its value."""
+
+    def update(p, g):
+        p.add_(g * 2)
+
+    p_cpu = torch.randn(64)
+    g = torch.randn(64)
+    p = p_cpu.to("tpu")
+    gd = g.to("tpu")
+    step = tpu_debug.compile(update)
+    infos = _programs(lambda: step(p, gd))
+    (info,) = infos
+    assert "input_output_alias" in info.compiled.as_text()  # the program takes p's buffer
+    p_cpu.add_(g * 2)
+    torch.testing.assert_close(p.cpu(), p_cpu)
+    for _ in range(2):  # donating calls
+        step(p, gd)
+        p_cpu.add_(g * 2)
+    torch.testing.assert_close(p.cpu(), p_cpu)
+    # a saved tensor shares p's array (the forward saved its input p for backward, no
+    # copy): the update between forward and backward must not take that buffer
+    x = torch.randn(64, device="tpu", requires_grad=True)
+    loss = tpu_debug.compile(lambda x, w: (x * w).sum())(x, p)
+    p_before = p_cpu.clone()
+    step(p, gd)
+    p_cpu.add_(g * 2)
+    loss.backward()
+    torch.testing.assert_close(x.grad.cpu(), p_before)  # d(sum(x * w))/dx: w as it was saved
+    torch.testing.assert_close(p.cpu(), p_cpu)
+    step(p, gd)  # and after, donation again
+    p_cpu.add_(g * 2)
+    torch.testing.assert_close(p.cpu(), p_cpu)
