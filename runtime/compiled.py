@@ -312,6 +312,7 @@ class CompiledGraph:
             isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape) for v in vals
         )
         self._static_sig: tuple | None = None
+        self._static_entry: _Entry | None = None  # its executable (CPU numerics)
         with _lock:
             _graphs.append(self)
 
@@ -343,17 +344,23 @@ class CompiledGraph:
         arr = None
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
-        if self._static:
+        entry = self._static_entry
+        if entry is not None and config.numerics == "cpu":
             sig = self._static_sig
-            if sig is None:
-                sig = self._static_sig = self._signature(arrays)
         else:
-            sig = self._signature(arrays)
-        if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
-            sig += (("numerics",) + config.numerics_key(),)
-        entry = self.cache.get(sig)
-        if entry is None:
-            entry = self._compile(sig, arrays)
+            if self._static:
+                sig = self._static_sig
+                if sig is None:
+                    sig = self._static_sig = self._signature(arrays)
+            else:
+                sig = self._signature(arrays)
+            if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
+                sig += (("numerics",) + config.numerics_key(),)
+            entry = self.cache.get(sig)
+            if entry is None:
+                entry = self._compile(sig, arrays)
+            if self._static and config.numerics == "cpu":
+                self._static_entry = entry
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
         entry.calls += 1
