@@ -1,10 +1,14 @@
 """Compiled mode speed: tiny-Llama forward and training steps, compiled `tpu`
 vs eager `tpu` vs torch CPU eager, measured in this one process.
 
-    python benchmarks/compiled.py [--repeat 20]
+    python benchmarks/compiled.py [--repeat 20] [--rows llama-fwd,mlp-train,llama-train]
 
 Each row also runs the same computation written directly in JAX and jitted (the
 "jax.jit floor": the XLA program any jitted path, torchax's included, would run).
+Training steps are compiled two ways: "model" (the model and loss compiled,
+``loss.backward()`` outside: a forward and a backward program, autograd between
+them) and "step" (forward, loss and ``loss.backward()`` in one compiled function:
+one program); the AdamW step is compiled as its own program in both.
 
 Tiny Llama: hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads,
 vocab 256; batch 1, seq 32. MLP: 256 -> 512 -> 512 -> 10, batch 64.
