@@ -2,7 +2,7 @@
 
 One declarative table read by ``test_opinfo.py``; every entry carries its
 reason. Regenerate the xfail part from a sweep with
-``tests/runtime/make_opinfo_expectations.py`` (hand-written reasons and skips
+``tests/runtime/make_opinfo_expectations.py`` (hand-written reasons, skips and flaky entries
 are kept).
 
 EXPECTATIONS: (op name, variant, dtype, mode) -> (kind, reason)
