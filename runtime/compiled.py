@@ -284,10 +284,42 @@ class _Entry:
     # (compiled on first need)
     make_plain: Any = None
     plain: Any = None
+    has_views: bool = False
 
 
-# output sources (see _Entry.outputs)
-_PROGRAM, _INPUT, _SAME, _SCALAR = range(4)
+# output sources (see _Entry.outputs); _VIEW: (VIEW, base output index, (size, stride, offset))
+_PROGRAM, _INPUT, _SAME, _SCALAR, _VIEW = range(5)
+
+
+def _output_views(kind: str, out_nodes: list) -> dict[int, tuple[int, tuple]]:
+    """Outputs of an inference graph that view another output's storage in PyTorch
+    (``h`` and ``h.view(-1)``, ``h.detach()``): {output: (base output, (size, stride,
+    offset))}. AOTAutograd hands such aliasing to the backend (as inductor returns a
+    reinterpreted buffer), so the runtime returns them as views of the base's tensor: an
+    in-place write to one reaches the other, as in eager PyTorch."""
+    if kind != "inference":  # training graphs: AOTAutograd's autograd.Function owns outputs
+        return {}
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    vals = [getattr(o, "meta", {}).get("val") if isinstance(o, torch.fx.Node) else None for o in out_nodes]
+    groups: dict[Any, list[int]] = {}
+    for i, (node, v) in enumerate(zip(out_nodes, vals)):
+        if isinstance(v, torch.Tensor) and node.op != "placeholder":
+            groups.setdefault(StorageWeakRef(v.untyped_storage()), []).append(i)
+    views: dict[int, tuple[int, tuple]] = {}
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        # the base: an output that is its whole storage, laid out densely
+        base = next((i for i in members if vals[i].is_contiguous() and not vals[i].storage_offset()
+                     and vals[i].untyped_storage().nbytes() == vals[i].numel() * vals[i].element_size()), None)
+        if base is None:
+            continue
+        for i in members:
+            v = vals[i]
+            if i != base and v.dtype == vals[base].dtype:
+                views[i] = (base, (tuple(v.shape), tuple(v.stride()), v.storage_offset()))
+    return views
 
 
 class CompiledGraph:
@@ -390,8 +422,14 @@ class CompiledGraph:
             elif source == _SAME:  # the same value again: its own tensor, the same buffer
                 first = result[where]
                 result.append(from_jax(to_jax(first), first.dtype))
+            elif source == _VIEW:  # filled in below, once its base exists
+                result.append(None)
             else:
                 result.append(scalars.get(i))
+        if entry.has_views:
+            for i, (source, where, geometry) in enumerate(entry.outputs):
+                if source == _VIEW:
+                    result[i] = result[where].as_strided(*geometry)
         for t, value in zip(targets, it):  # input mutations: the new value into the input
             if isinstance(t, torch.Tensor):
                 _write_input(t, value)
@@ -425,6 +463,7 @@ class CompiledGraph:
         # 1 MiB weight costs ~70 us of a 0.4 ms MLP forward on this machine). Decided
         # while tracing, by the identity of the traced values.
         tensor_out = [isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in out_nodes]
+        views = _output_views(self.kind, out_nodes)
         kinds: list[tuple[int, int | None]] = []
         scalars: dict[int, Any] = {}
 
@@ -442,6 +481,8 @@ class CompiledGraph:
                     if o is not None:
                         scalars[i] = int(o) if not hasattr(o, "dtype") else o
                     kinds.append((_SCALAR, None))
+                elif i in views:
+                    kinds.append((_VIEW, views[i][0]))
                 elif id(o) in inputs:
                     kinds.append((_INPUT, inputs[id(o)]))
                 elif id(o) in first:
@@ -478,14 +519,17 @@ class CompiledGraph:
         self.compile_seconds += seconds
         outputs = []
         leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
-        for (k, where), node in zip(kinds, out_nodes):
+        for i, ((k, where), node) in enumerate(zip(kinds, out_nodes)):
             if k == _PROGRAM:
                 outputs.append((k, None, to_torch_dtype(next(leaves).dtype)))
             elif k == _INPUT:
                 outputs.append((k, where, node.meta["val"].dtype))
+            elif k == _VIEW:
+                outputs.append((k, where, views[i][1]))
             else:
                 outputs.append((k, where, None))
-        entry = _Entry(compiled, tuple(outputs), scalars=dict(scalars), donated=donated)
+        entry = _Entry(compiled, tuple(outputs), scalars=dict(scalars), donated=donated,
+                       has_views=any(k == _VIEW for k, _, _ in outputs))
         if donated:
             def make_plain():
                 with jax.enable_x64(True):

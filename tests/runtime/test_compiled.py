@@ -373,13 +373,33 @@ def test_outputs_that_are_inputs_or_repeats_are_not_copied_by_the_program():
     # the program returns h and h * 2 only
     (info,) = infos
     assert len(info.lowered.out_info) == 2
-    # an output aliasing an input aliases it as in PyTorch (AOTAutograd regenerates it
-    # from the input): an in-place write to it reaches the input
-    outs[2].mul_(3.0)
+    # outputs alias what they alias in PyTorch: ``h.detach()`` is a view of the output
+    # ``h`` (the runtime returns it as one), ``x.detach()`` of the input ``x`` (AOTAutograd
+    # regenerates it): in-place writes reach the other tensor as they do on CPU
     x_cpu = x.clone()
-    f(x_cpu, w)[2].mul_(3.0)
+    want = list(f(x_cpu, w))
+    for outputs in (outs, want):
+        outputs[1].add_(100.0)
+        outputs[2].mul_(3.0)
+    for got, expected in zip(outs, want):
+        torch.testing.assert_close(got.cpu(), expected, **TOL)
     torch.testing.assert_close(xd.cpu(), x_cpu)
-    torch.testing.assert_close(outs[0].cpu(), torch.relu(x @ w), **TOL)
+
+
+def test_outputs_viewing_another_output_share_its_storage():
+    def f(x):
+        h = x * 2
+        return h, h.view(-1), h.t(), h[1:, ::2], (h + 1).sum()
+
+    x = torch.randn(4, 6)
+    outs = tpu_debug.compile(f)(x.to("tpu"))
+    want = list(f(x))
+    for outputs in (outs, want):
+        outputs[1][:3].fill_(7.0)   # through the flat view
+        outputs[3].mul_(-1.0)       # through a strided slice
+    for got, expected in zip(outs, want):
+        torch.testing.assert_close(got.cpu(), expected, **TOL)
+    assert outs[2].stride() == want[2].stride()
 
 
 def test_backward_runs_on_the_calling_thread():
