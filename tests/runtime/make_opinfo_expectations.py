@@ -13,8 +13,8 @@ failure that shows only beyond the CI tier's first samples becomes
 rtol 1e-4 / atol 1e-5 becomes a TOLERANCES widening instead, with the
 measured error as its reason. Skips are hand-written and always kept; xfails
 of cases the sweep did not run are kept too. Only the two dict literals are
-rewritten: the rest of the file is left as it is. A "flaky" entry (a case whose
-CPU reference is not reproducible in every process) stays flaky: a failure
+rewritten: the rest of the file is left as it is. A "flaky" or "flaky_full" entry
+(a case whose CPU reference is not reproducible in every process) stays so: a failure
 updates its reason, a pass keeps it as it was.
 """
 
@@ -105,7 +105,7 @@ def build(rows, old_expect, old_tol, ci_samples: dict[str, int]):
     ran_ops = {(r["op"], r["variant"], r["mode"]) for r in rows}
     for key, (kind, reason) in old_expect.items():
         name, variant, dtype, mode = key
-        if kind in ("skip", "flaky"):  # hand-judged: a sweep's one outcome does not settle either
+        if kind in ("skip", "flaky", "flaky_full"):  # hand-judged: a sweep's one outcome does not settle either
             expect[key] = (kind, reason)
         elif dtype == "*" or mode == "*":
             if (name, variant, mode) not in ran_ops and mode != "*":
@@ -132,8 +132,8 @@ def build(rows, old_expect, old_tol, ci_samples: dict[str, int]):
         kind = "xfail_full" if full_run and not _seen_by_ci(r, ci_samples) else "xfail"
         if not full_run and old_kind == "xfail_full":
             kind = "xfail_full"
-        if old_kind == "flaky":
-            kind = "flaky"
+        if old_kind in ("flaky", "flaky_full"):
+            kind = old_kind
         expect[key] = (kind, reason_for(r["error"] or "error"))
     return _collapse(expect, rows), tol
 
