@@ -19,7 +19,9 @@ async def settle(pilot, rounds: int = 2) -> None:
         except WorkerCancelled:  # an exclusive worker replaced by a newer one: that is fine
             pass
         await pilot.pause()
-        if any(w.is_running for w in app.workers) or getattr(app.screen, "_pending", False):
+        # a worker not started yet counts too: under load a screen's first load can still be
+        # pending when the last one finished (the overview then showed no findings yet)
+        if any(not w.is_finished for w in app.workers) or getattr(app.screen, "_pending", False):
             # the overview looks for transfer findings after a short delay: wait for them
             quiet = 0
             await pilot.pause(0.05)
