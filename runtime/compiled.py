@@ -616,6 +616,18 @@ def _source_name(node: torch.fx.Node) -> str:
     return str(name) if name else node.name
 
 
+def _register_prims() -> None:
+    """Lowerings of the prims ops PyTorch's decompositions leave in graphs. prims ops
+    exist once ``torch._prims`` is imported, which dynamo has done by the time it calls
+    a backend and ``import tpu_debug`` should not do (issue 6)."""
+    from tpu_debug.runtime.ops import elementwise
+    from tpu_debug.runtime.ops.registry import lower
+
+    fma = getattr(getattr(torch.ops, "prims", None), "fma", None)
+    if fma is not None and lookup(fma.default) is None:
+        lower(fma.default)(elementwise.fma)
+
+
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -625,6 +637,7 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     install()
     single_threaded_backward()
+    _register_prims()
     parent = f"g{next(_graph_ids)}"
     # issue 5: which dynamo frame (function) and which of its compiles this is, so the
     # recompile tracer can tell a recompile of one function from a new function

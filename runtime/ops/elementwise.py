@@ -208,6 +208,16 @@ def addcdiv(x, t1, t2, *, value=1):
     return x + value * (t1 / t2)
 
 
+def fma(a, b, c):
+    """``prims.fma``, ``a * b + c``: what PyTorch's decompositions of in-place
+    ``addcmul_``/``addcdiv_`` leave in compiled graphs (an optimizer's
+    ``exp_avg_sq.addcmul_(grad, grad)``). Registered by the compiled mode
+    (``compiled._register_prims``): prims ops exist once ``torch._prims`` is imported,
+    which ``torch._dynamo`` does and ``import tpu_debug`` should not (issue 6)."""
+    a, b, c = promote(a, b, c)
+    return a * b + c
+
+
 # ---- comparisons and logic -----------------------------------------------------
 
 

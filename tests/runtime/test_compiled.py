@@ -454,3 +454,34 @@ def test_overwritten_inputs_donate_their_buffers_unless_shared():
     step(p, gd)  # and after, donation again
     p_cpu.add_(g * 2)
     torch.testing.assert_close(p.cpu(), p_cpu)
+
+
+@pytest.mark.parametrize("op", ["addcmul_", "addcdiv_"])
+def test_compiled_inplace_addcmul_addcdiv(op):
+    """In-place ``addcmul_``/``addcdiv_`` decompose to ``prims.fma`` in a graph (Adam's
+    single-tensor path runs ``exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)``)."""
+    g = torch.Generator().manual_seed(6)
+    x, a, b = (torch.randn(4, 5, generator=g) for _ in range(3))
+    b = b.abs() + 0.5
+    xd = x.to("tpu")
+    tpu_debug.compile(lambda x, a, b: getattr(x, op)(a, b, value=0.3))(xd, a.to("tpu"), b.to("tpu"))
+    getattr(x, op)(a, b, value=0.3)
+    torch.testing.assert_close(xd.cpu(), x, **TOL)
+
+
+def test_compiled_single_tensor_adam_step():
+    """``torch.optim.Adam(foreach=False)`` compiled: the per-parameter path (addcmul_)."""
+    cpu_model = _mlp()
+    dev_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt = torch.optim.Adam(cpu_model.parameters(), lr=1e-2, foreach=False)
+    dev_opt = torch.optim.Adam(dev_model.parameters(), lr=1e-2, foreach=False, capturable=True)
+    step = tpu_debug.compile(dev_opt.step)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+        for model, opt, run, dev in ((cpu_model, cpu_opt, cpu_opt.step, "cpu"), (dev_model, dev_opt, step, "tpu")):
+            opt.zero_grad()
+            F.cross_entropy(model(x.to(dev)), y.to(dev)).backward()
+            run()
+    for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5, msg=name)
