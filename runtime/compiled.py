@@ -376,23 +376,10 @@ class CompiledGraph:
         arr = None
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
-        entry = self._static_entry
-        if entry is not None and config.numerics == "cpu":
-            sig = self._static_sig
+        if self._static_entry is not None and config.numerics == "cpu":
+            entry, sig = self._static_entry, self._static_sig
         else:
-            if self._static:
-                sig = self._static_sig
-                if sig is None:
-                    sig = self._static_sig = self._signature(arrays)
-            else:
-                sig = self._signature(arrays)
-            if config.numerics != "cpu":  # issue 8: TPU numerics change what products compile to
-                sig += (("numerics",) + config.numerics_key(),)
-            entry = self.cache.get(sig)
-            if entry is None:
-                entry = self._compile(sig, arrays)
-            if self._static and config.numerics == "cpu":
-                self._static_entry = entry
+            entry, sig = self._entry(arrays)
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
         entry.calls += 1
@@ -436,6 +423,24 @@ class CompiledGraph:
             else:  # the storage of a dense input (see above)
                 setattr(t, PAYLOAD_ATTR, value)
         return result
+
+    def _entry(self, arrays) -> tuple[_Entry, tuple]:
+        """The executable for these inputs and its signature, compiled on a miss."""
+        if self._static:
+            if self._static_sig is None:
+                self._static_sig = self._signature(arrays)
+            sig = self._static_sig
+        else:
+            sig = self._signature(arrays)
+        cpu = config.numerics == "cpu"
+        if not cpu:  # issue 8: TPU numerics change what products compile to
+            sig += (("numerics",) + config.numerics_key(),)
+        entry = self.cache.get(sig)
+        if entry is None:
+            entry = self._compile(sig, arrays)
+        if self._static and cpu:  # reused without a lookup (see __call__)
+            self._static_entry = entry
+        return entry, sig
 
     @staticmethod
     def _can_donate(donated: tuple, arrays: list, stores: dict) -> bool:

@@ -253,31 +253,6 @@ def test_compiled_adamw_step_writes_params_and_state(capturable):
     assert [g["compiles"] for g in compiled.graph_stats() if g["calls"] >= 4], "the step program is reused"
 
 
-def test_graph_program_records_fx_scopes():
-    seen = []
-
-    class P:
-        def on_compile(self, info):
-            if info.mode == "compiled":
-                seen.append(info)
-
-    from tpu_debug.runtime import probes
-
-    p = P()
-    probes.subscribe(p)
-    try:
-        tpu_debug.compile(lambda x: torch.relu(x) * 2)(torch.randn(4, device="tpu"))
-    finally:
-        probes.unsubscribe(p)
-    info = seen[-1]
-    nodes = info.extra["fx_nodes"]
-    assert any(n.target == "aten.relu.default" for n in nodes)
-    hlo = info.hlo()
-    relu = next(n for n in nodes if n.target == "aten.relu.default")
-    assert relu.scope in hlo  # optimized HLO metadata names the FX node
-    assert relu.stack_trace and "test_compiled.py" in relu.stack_trace
-
-
 def _programs(fn):
     """Run ``fn`` with a probe subscribed; the compiled programs it compiled (CompileInfo)."""
     from tpu_debug.runtime import probes
@@ -296,6 +271,17 @@ def _programs(fn):
     finally:
         probes.unsubscribe(p)
     return seen
+
+
+def test_graph_program_records_fx_scopes():
+    seen = _programs(lambda: tpu_debug.compile(lambda x: torch.relu(x) * 2)(torch.randn(4, device="tpu")))
+    info = seen[-1]
+    nodes = info.extra["fx_nodes"]
+    assert any(n.target == "aten.relu.default" for n in nodes)
+    hlo = info.hlo()
+    relu = next(n for n in nodes if n.target == "aten.relu.default")
+    assert relu.scope in hlo  # optimized HLO metadata names the FX node
+    assert relu.stack_trace and "test_compiled.py" in relu.stack_trace
 
 
 def test_backward_in_the_compiled_function_is_one_program_with_the_forward():
