@@ -49,7 +49,22 @@ class SmallCNN(nn.Module):
         return self.fc(x)
 
 
-def _train_compare(make_model, make_batch, loss_fn, steps=5, opt="adamw", param_atol=1e-4, **compile_kw):
+# Where AdamW's parameters may be compared tightly. Its update is lr * m / (sqrt(v) + eps):
+# for a gradient near zero (|g| ~ 1e-9) a float32 rounding difference of ~1e-9 between
+# the device and CPU flips the sign of m / sqrt(v), so the step moves by up to +-lr. That
+# is not a runtime error, and how often it happens depends on the machine (XLA:CPU's
+# thread partitioning changes summation order). An element is compared tightly when each
+# step's gradient was either exactly zero on both sides (an embedding row not looked up:
+# AdamW's update is then identical) or at least this large. There the update's relative
+# error is the gradient's (rounding: ~1e-7 relative to the largest gradient entries), so
+# the parameters stay well inside rtol=1e-3/atol=1e-4 after a few steps at lr=1e-2.
+_ADAM_GRAD_FLOOR = 1e-4
+
+
+def _train_compare(make_model, make_batch, loss_fn, steps=5, opt="adamw", **compile_kw):
+    """Train a CPU model and its `tpu` copy side by side; losses, gradients, parameters and
+    buffers must agree (parameters under AdamW only where no step's gradient was near zero,
+    see ``_ADAM_GRAD_FLOOR``; the rest must still be within the optimizer's +-lr per step)."""
     cpu_model = make_model()
     dev_model = copy.deepcopy(cpu_model).to("tpu")
     step_dev = tpu_debug.compile(dev_model, **compile_kw)
@@ -59,6 +74,8 @@ def _train_compare(make_model, make_batch, loss_fn, steps=5, opt="adamw", param_
             opts.append(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
         else:
             opts.append(torch.optim.AdamW(m.parameters(), lr=1e-2))
+    lr = opts[0].param_groups[0]["lr"]
+    fragile = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in cpu_model.named_parameters()}
     for step in range(steps):
         x, y = make_batch(step)
         losses = []
@@ -69,9 +86,21 @@ def _train_compare(make_model, make_batch, loss_fn, steps=5, opt="adamw", param_
             losses.append(loss)
             o.step()
         torch.testing.assert_close(losses[1].cpu(), losses[0], **TOL)
+        for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+            torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-3, atol=1e-4, msg=f"{name} step {step}")
+            g_cpu, g_dev = p_cpu.grad.abs(), p_dev.grad.cpu().abs()
+            near_zero = ((g_cpu > 0) & (g_cpu < _ADAM_GRAD_FLOOR)) | ((g_cpu == 0) != (g_dev == 0))
+            fragile[name] |= near_zero
     for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
-        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-3, atol=param_atol, msg=name)
-        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-3, atol=1e-4, msg=name)
+        p_dev = p_dev.detach().cpu()
+        if opt == "sgd":
+            torch.testing.assert_close(p_dev, p_cpu, rtol=1e-3, atol=1e-4, msg=name)
+            continue
+        steady = ~fragile[name]
+        torch.testing.assert_close(p_dev[steady], p_cpu.detach()[steady], rtol=1e-3, atol=1e-4, msg=name)
+        # AdamW's step is lr * m / sqrt(v) (|m / sqrt(v)| <= 1 with bias correction for
+        # constant-sign gradients, a few times that at worst), plus lr * weight decay * |p|
+        assert (p_dev - p_cpu).abs().max() <= 2 * 4 * lr * steps, name
     for (name, b_cpu), b_dev in zip(cpu_model.named_buffers(), dev_model.buffers()):
         torch.testing.assert_close(b_dev.cpu(), b_cpu, rtol=1e-3, atol=1e-4, msg=name)
     return cpu_model, dev_model
@@ -120,10 +149,7 @@ def test_tiny_llama_forward_and_training():
     def loss_fn(logits, target):
         return F.cross_entropy(logits.reshape(-1, cfg.vocab), target.reshape(-1))
 
-    # AdamW divides by sqrt(v): where a gradient is nearly zero, float32 rounding in it
-    # moves that step by up to lr (1e-2); over 5 steps one embedding element of 16k drifts
-    # by ~4e-4 (run-to-run, with XLA's thread partitioning). Losses are compared tightly.
-    _train_compare(make, lambda i: (tokens[i][:, :-1], tokens[i][:, 1:]), loss_fn, steps=5, param_atol=2e-3)
+    _train_compare(make, lambda i: (tokens[i][:, :-1], tokens[i][:, 1:]), loss_fn, steps=5)
 
 
 def test_weights_change_does_not_recompile_new_shape_does():
