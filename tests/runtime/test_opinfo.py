@@ -3,7 +3,14 @@
 For every OpInfo and dtype (float32, int64, bool, bfloat16) the op supports on
 CPU, each sample input runs on CPU and, moved to `tpu`, through the eager
 runtime; results come back and are compared with ``torch.testing.assert_close``
-(values, strict dtypes, NaNs equal). The in-place variant (also applied through
+(values, strict dtypes, NaNs equal). A floating result outside those tolerances
+still passes when it is as close to the exact result as CPU's own: the op run
+on CPU in float64 (floating inputs upcast) stands for the exact value, and the
+`tpu` result may be off it by CPU's largest error there, twice, plus the usual
+tolerance. Both are roundings of the same value (XLA and PyTorch accumulate in
+different orders, and the order depends on the machine: SIMD width, thread
+partitioning), so this is a criterion from the numerics, not from one machine's
+figures; a wrong result is off by far more than rounding. The in-place variant (also applied through
 a view, so a write that misses the base is caught) and ``out=`` are checked the
 same way, and so is every argument after the call: what an op mutates must
 match CPU. Random ops are checked for shape, dtype and range only.
@@ -439,7 +446,81 @@ def _close_summary(msg: str) -> str:
     return head
 
 
-def _compare(actual, expected, *, tol, what: str, on_tpu: bool = True):
+_WIDER = {torch.float32: torch.float64, torch.bfloat16: torch.float64, torch.float16: torch.float64,
+          torch.complex64: torch.complex128}
+
+
+def _upcast(v):
+    """Floating and complex tensors in double precision (for the exact reference)."""
+    if isinstance(v, torch.Tensor):
+        wide = _WIDER.get(v.dtype)
+        return v.to(wide) if wide is not None else v
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+        return type(v)(_upcast(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _upcast(x) for k, x in v.items()}
+    return v
+
+
+class _Reference:
+    """The op's functional result on CPU in double precision, computed once per sample when a
+    comparison needs it (None when the op does not run in double precision)."""
+
+    def __init__(self, op, sample):
+        self._op, self._sample, self._done, self._value = op, sample, False, None
+
+    def __call__(self):
+        if not self._done:
+            self._done = True
+            inp, args, kwargs = _upcast(_clone((self._sample.input, self._sample.args, self._sample.kwargs)))
+            try:
+                self._value = list(_tensors(self._op(inp, *args, **kwargs)))
+            except Exception:  # noqa: BLE001 - no double-precision kernel: no reference
+                self._value = None
+        return self._value
+
+
+def _as_accurate_as_cpu(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor, tol) -> bool:
+    """``actual`` (tpu) is within rounding of ``exact`` as ``expected`` (CPU) is (module docstring)."""
+    if actual.shape != exact.shape or not (expected.is_floating_point() or expected.is_complex()):
+        return False
+    rtol, atol = (tol["rtol"], tol["atol"]) if tol else torch.testing._comparison.default_tolerances(expected)
+    wide = torch.complex128 if expected.is_complex() else torch.float64
+    a, e, r = (t.detach().to(wide) for t in (actual, expected, exact))
+    finite = torch.isfinite(r) & torch.isfinite(e)
+    # where CPU or the exact value is NaN/Inf, the tpu must give what CPU gives
+    a_nf, e_nf = a[~finite], e[~finite]
+    if not ((a_nf == e_nf) | (torch.isnan(a_nf) & torch.isnan(e_nf))).all():
+        return False
+    if not finite.any():
+        return True
+    cpu_error = (e - r).abs()[finite].max()
+    budget = atol + rtol * r.abs() + 2 * cpu_error
+    return bool(((a - r).abs()[finite] <= budget[finite]).all())
+
+
+def _rounding_only(actual, expected, exact, tol) -> bool:
+    """Every tensor of a result that differs from CPU's is as accurate as CPU's."""
+    outs, refs = list(_tensors(actual)), list(_tensors(expected))
+    if exact is None or len(outs) != len(refs):
+        return False
+    for a, e in zip(outs, refs):
+        if a.dtype != e.dtype:
+            return False
+        try:
+            torch.testing.assert_close(a, e, equal_nan=True, **tol)
+            continue
+        except AssertionError:
+            pass
+        # the exact tensor for this one: a result tensor of the same shape (an argument mutated
+        # in place or an out= tensor holds a result too)
+        candidates = [x for x in exact if x.shape == e.shape]
+        if not any(_as_accurate_as_cpu(a, e, x, tol) for x in candidates):
+            return False
+    return True
+
+
+def _compare(actual, expected, *, tol, what: str, on_tpu: bool = True, reference=None):
     try:
         actual = _to_host(actual) if on_tpu else actual
     except _OnCpu as exc:
@@ -452,6 +533,8 @@ def _compare(actual, expected, *, tol, what: str, on_tpu: bool = True):
     try:
         torch.testing.assert_close(actual, expected, equal_nan=True, check_dtype=True, **tol)
     except AssertionError as exc:
+        if reference is not None and _rounding_only(actual, expected, reference(), tol):
+            return
         raise Mismatch(f"{what}: {_close_summary(str(exc))}\n{exc}") from None
     except (TypeError, ValueError) as exc:
         # assert_close cannot compare this kind of value (torch.Size, str, ...)
@@ -500,7 +583,7 @@ def _check_call(what, *args, **kwargs):
 
 
 def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False,
-               canonical=None):
+               canonical=None, reference=None):
     """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
     cpu = _clone((sample.input, sample.args, sample.kwargs))
     dev = (_to_tpu(cpu[0]), *_clone(cpu[1:])) if cpu_args else _to_tpu(cpu)
@@ -527,10 +610,13 @@ def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=N
         actual, expected, on_tpu = canonical(actual), canonical(expected), False
         # out= tensors are the (canonicalized) results; compare the other arguments as they are
         cpu, dev = _without_out(cpu), _without_out(dev)
-    _compare(actual, expected, tol=tol, what=what, on_tpu=on_tpu)
+    if canonical is not None:
+        reference = None  # the exact result is not canonicalized the same way
+    _compare(actual, expected, tol=tol, what=what, on_tpu=on_tpu, reference=reference)
     # every argument after the call: what the op mutates (in-place, out=) must match CPU
     after = [t.cpu() for t in _tensors(dev)]  # (ARGS_STAY_ON_CPU arguments are on cpu)
-    _compare(after, list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call", on_tpu=False)
+    _compare(after, list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call", on_tpu=False,
+             reference=reference)
 
 
 def _without_out(args):
@@ -581,7 +667,7 @@ def check_sample(op, sample, dtype, mode, *, through_view: bool = True):
     rng_range = RANDOM_OPS.get(name)
     tol = tolerance(op.name, op.variant_test_name, dtype_name(dtype)) or {}
     kw = {"tol": tol, "rng_range": rng_range, "random": random, "cpu_args": op.name in ARGS_STAY_ON_CPU,
-          "canonical": CANONICAL_OUTPUTS.get(name)}
+          "canonical": CANONICAL_OUTPUTS.get(name), "reference": _Reference(op, sample)}
 
     _check_call("op", op, sample, run, **kw)
     inplace = op.inplace_variant
