@@ -15,6 +15,7 @@ __all__ = [
     "SchemaVersionError",
     "NotRecordedError",
     "CommandError",
+    "ReportSectionError",
     "RecompileError",
     "TransferGuardError",
 ]
@@ -59,7 +60,11 @@ class CommandError(TpuDebugError):
         self.exit_code = exit_code
 
 
-# -- guards (issue 5) ------------------------------------------------------------------
+class ReportSectionError(TpuDebugError, ValueError):
+    """A report section registered under a title another section already has."""
+
+
+# -- guards ----------------------------------------------------------------------------
 # ``stops_program`` marks an error a guard raises on purpose from inside a probe:
 # ``runtime.probes.emit`` lets it through instead of recording it as a tracer failure.
 
