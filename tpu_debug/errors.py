@@ -1,6 +1,6 @@
 """Every error tpu_debug raises on purpose: one base class, one subclass per kind of mistake.
 
-Messages give the fact, the offending value and the fix (STYLE.md 10), so the
+Messages give the fact, the offending value and the fix (see CONTRIBUTING.md), so the
 CLI can print ``str(error)`` as its single line.
 """
 
