@@ -1,4 +1,4 @@
-"""The ``tpu-debug`` console script (issue 6).
+"""The ``tpu-debug`` console script.
 
 It lives outside the ``tpu_debug`` package because ``import tpu_debug`` registers
 the ``tpu`` device, which imports torch (~1.0 s) and jax (~0.45 s). The reading

@@ -6,7 +6,7 @@ the medians of the per-pair wall-time and CPU-time ratios, so the figures hold
 on a noisy machine (CPU time is the least disturbed by other processes). "On" times the loop
 inside ``with tpu_debug.trace(hlo=True)``; the fixed cost of entering and
 leaving the trace (run directory, database, writer thread, final flush) is
-reported on its own. Targets (issue 4): eager <= 1.25x, compiled <= 1.05x,
+reported on its own. Targets: eager <= 1.25x, compiled <= 1.05x,
 store >= 200k events/s.
 
     python benchmarks/tracing_overhead.py [--steps 50] [--repeat 15] [--events 500000]

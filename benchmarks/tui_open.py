@@ -16,14 +16,14 @@ lines. Then, in this process, a headless ``TpuDebugApp`` (Textual's
 
 Importing tpu_debug is not part of these times; it is measured apart, in a
 fresh interpreter: as ``import tpu_debug`` (torch, jax) and as the ``tpu-debug``
-script's reading verbs import it (read-only mode, neither; issue 6).
+script's reading verbs import it (read-only mode, neither).
 
 ``--e2e`` adds what a user sees: the real ``tpu-debug tui RUN`` command started in a
 real terminal (a private tmux server, 120x36), timed from the moment the command
 starts to the moment ``tmux capture-pane`` shows the overview with its findings,
 then after key ``2`` until the recompile storm's history and the selected
 recompile's detail and HLO are drawn. Process start, imports, opening the run and
-drawing are all in it. Target (issue 6): open and navigable in < 2 s.
+drawing are all in it. Target: open and navigable in < 2 s.
 
     python benchmarks/tui_open.py [--events 1000000] [--repeat 3] [--keep DIR]
                                   [--e2e] [--e2e-repeat 5] [--cli COMMAND] [--no-pilot]
@@ -282,7 +282,7 @@ def measure(run_dir: Path) -> dict[str, tuple[float, float]]:
 
 def import_seconds(module: str = "tpu_debug.tui", repeat: int = 3, *, read_only: bool = False) -> float:
     """Best of ``repeat`` times to ``import module`` in a fresh interpreter (torch and jax included;
-    with ``read_only``, as the ``tpu-debug`` script's reading verbs import it: neither, issue 6)."""
+    with ``read_only``, as the ``tpu-debug`` script's reading verbs import it: neither)."""
     launcher = "import tpu_debug_launcher; tpu_debug_launcher.read_only = True; " if read_only else ""
     code = f"import time; t = time.perf_counter(); {launcher}import {module}; print(time.perf_counter() - t)"
     return min(

@@ -30,7 +30,7 @@ __all__ = [
 
 
 def _read_only() -> bool:
-    """True when the ``tpu-debug`` console script runs a reading verb (issue 6): see
+    """True when the ``tpu-debug`` console script runs a reading verb: see
     ``tpu_debug_launcher``. Nothing else turns it on."""
     launcher = _sys.modules.get("tpu_debug_launcher")
     return bool(getattr(launcher, "read_only", False))
@@ -42,17 +42,15 @@ if not _read_only():
     _install()
 
     from tpu_debug.config import TraceConfig
-    from tpu_debug.runtime.compiled import compile
-    from tpu_debug.errors import TpuDebugError
+    from tpu_debug.errors import RecompileError, TpuDebugError, TransferGuardError
+    from tpu_debug.guards import expect_no_recompiles, transfer_guard
     from tpu_debug.report import print_report
     from tpu_debug.runs import list_runs
+    from tpu_debug.runtime.compiled import compile
     from tpu_debug.session import Session, open_run
-    from tpu_debug.tracing import Trace, trace
-    from tpu_debug.tracing import step  # (issue 9)
-    from tpu_debug.errors import RecompileError, TransferGuardError  # (issue 5)
-    from tpu_debug.guards import expect_no_recompiles, transfer_guard  # (issue 5)
+    from tpu_debug.tracing import Trace, step, trace
 else:
-    # Read-only mode (issue 6): the reading verbs read a run store and need neither torch
+    # Read-only mode: the reading verbs read a run store and need neither torch
     # nor jax. The API is imported on first use; a name that needs the device registers it
     # first, so using it here ends in the same state as a plain ``import tpu_debug``.
     _READING = {

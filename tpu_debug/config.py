@@ -47,7 +47,13 @@ def _parse_positive_int(var: str, raw: str) -> int:
     return value
 
 
-# -- divergence options (issue 8) --------------------------------------------------------
+def _parse_name(var: str, raw: str) -> str:
+    if not raw.strip():
+        raise ConfigError(f"{var} is set but empty; set it to a short run name, or unset it")
+    return raw.strip()
+
+
+# -- divergence options -----------------------------------------------------------------
 
 
 def _numerics(name: str, value: Any) -> str:
@@ -66,16 +72,18 @@ def _tolerances(name: str, value: Any) -> str:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def _guard_level(name: str, value: Any) -> str:  # issue 5
+# -- guard options ----------------------------------------------------------------------
+
+
+def _guard_level(name: str, value: Any) -> str:
     if value not in ("allow", "log", "disallow"):
         raise ConfigError(f"{name}={value!r} is not a transfer guard level; use 'allow', 'log' or 'disallow'")
     return value
 
 
-def _parse_name(var: str, raw: str) -> str:
-    if not raw.strip():
-        raise ConfigError(f"{var} is set but empty; set it to a short run name, or unset it")
-    return raw.strip()
+# fields whose value given to trace() must be a bool, or a positive int
+_BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile"})
+_COUNT_FIELDS = frozenset({"tensorboard_max_events", "divergence_sample", "storm_threshold"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,8 +102,8 @@ class TraceConfig:
             and per-step scalars, into ``<run>/tensorboard/``. Env: ``TPU_DEBUG_TENSORBOARD``.
         tensorboard_max_events: spans of ours after which the profile capture stops
             (the run goes on). Env: ``TPU_DEBUG_TENSORBOARD_MAX_EVENTS``.
-        divergence: compare every op and compiled-graph node with PyTorch on CPU
-            (issue 8). Env: ``TPU_DEBUG_DIVERGENCE``.
+        divergence: compare every op and compiled-graph node with PyTorch on CPU.
+            Env: ``TPU_DEBUG_DIVERGENCE``.
         numerics: ``"tpu"`` runs float32 matmuls and convolutions as a TPU does
             (bfloat16 passes), ``"cpu"`` in float32; None leaves the runtime's
             setting. Env: ``TPU_DEBUG_NUMERICS``.
@@ -104,7 +112,7 @@ class TraceConfig:
         divergence_sample: compare every N-th tensor node of a compiled graph
             (1: all). Env: ``TPU_DEBUG_DIVERGENCE_SAMPLE``.
         storm_threshold: an op or graph recompiled more than this many times is
-            a recompile storm (issue 5). Env: ``TPU_DEBUG_STORM_THRESHOLD``.
+            a recompile storm. Env: ``TPU_DEBUG_STORM_THRESHOLD``.
         fail_on_recompile: raise ``RecompileError`` on the first recompile, with
             the diff in the message. Env: ``TPU_DEBUG_FAIL_ON_RECOMPILE``.
         transfer_guard: ``"allow"``, ``"log"`` or ``"disallow"`` every
@@ -118,31 +126,34 @@ class TraceConfig:
     name: str | None = None
     hlo: bool = True
     op_events: bool = False
-    tensorboard: bool = False  # issue 9
+    tensorboard: bool = False
     tensorboard_max_events: int = 100_000
-    divergence: bool = False  # issue 8
+    divergence: bool = False
     numerics: str | None = None
     tolerances: str | None = None
     divergence_sample: int = 1
-    storm_threshold: int = 5  # issue 5
+    storm_threshold: int = 5
     fail_on_recompile: bool = False
     transfer_guard: str = "allow"
     transfer_guard_implicit: str = "allow"
 
-    _PARSERS = {"logdir": _parse_path, "name": _parse_name, "hlo": _parse_bool, "op_events": _parse_bool}
-    _PARSERS.update(tensorboard=_parse_bool, tensorboard_max_events=_parse_positive_int)
-    _PARSERS.update(  # issue 8
-        divergence=_parse_bool,
-        numerics=lambda var, raw: _numerics(var, raw.strip().lower()),
-        tolerances=lambda var, raw: _tolerances(var, raw),
-        divergence_sample=_parse_positive_int,
-    )
-    _PARSERS.update(  # issue 5
-        storm_threshold=_parse_positive_int,
-        fail_on_recompile=_parse_bool,
-        transfer_guard=lambda var, raw: _guard_level(var, raw.strip().lower()),
-        transfer_guard_implicit=lambda var, raw: _guard_level(var, raw.strip().lower()),
-    )
+    # how each field's environment variable is parsed (every field has one)
+    _PARSERS = {
+        "logdir": _parse_path,
+        "name": _parse_name,
+        "hlo": _parse_bool,
+        "op_events": _parse_bool,
+        "tensorboard": _parse_bool,
+        "tensorboard_max_events": _parse_positive_int,
+        "divergence": _parse_bool,
+        "numerics": lambda var, raw: _numerics(var, raw.strip().lower()),
+        "tolerances": _tolerances,
+        "divergence_sample": _parse_positive_int,
+        "storm_threshold": _parse_positive_int,
+        "fail_on_recompile": _parse_bool,
+        "transfer_guard": lambda var, raw: _guard_level(var, raw.strip().lower()),
+        "transfer_guard_implicit": lambda var, raw: _guard_level(var, raw.strip().lower()),
+    }
 
     @staticmethod
     def env_var(field: str) -> str:
@@ -174,26 +185,14 @@ class TraceConfig:
         for field, value in options.items():
             if value is None:
                 continue
-            if field in ("hlo", "op_events") and not isinstance(value, bool):
+            if field in _BOOL_FIELDS and not isinstance(value, bool):
                 raise ConfigError(f"{field}={value!r}: expected True or False")
-            if field == "tensorboard" and not isinstance(value, bool):
-                raise ConfigError(f"{field}={value!r}: expected True or False")
-            if field == "tensorboard_max_events" and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1
-            ):
+            if field in _COUNT_FIELDS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{field}={value!r}: expected a positive integer")
-            if field == "divergence" and not isinstance(value, bool):  # issue 8
-                raise ConfigError(f"{field}={value!r}: expected True or False")
             if field == "numerics":
                 value = _numerics(field, value)
             if field == "tolerances":
                 value = _tolerances(field, value)
-            if field == "divergence_sample" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{field}={value!r}: expected a positive integer")
-            if field == "storm_threshold" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"{field}={value!r}: expected a positive integer")  # issue 5
-            if field == "fail_on_recompile" and not isinstance(value, bool):
-                raise ConfigError(f"{field}={value!r}: expected True or False")
             if field in ("transfer_guard", "transfer_guard_implicit"):
                 value = _guard_level(field, value)
             if field == "logdir":

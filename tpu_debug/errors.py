@@ -1,6 +1,6 @@
 """Every error tpu_debug raises on purpose: one base class, one subclass per kind of mistake.
 
-Messages give the fact, the offending value and the fix (STYLE.md 10), so the
+Messages give the fact, the offending value and the fix (see CONTRIBUTING.md), so the
 CLI can print ``str(error)`` as its single line.
 """
 
@@ -15,6 +15,7 @@ __all__ = [
     "SchemaVersionError",
     "NotRecordedError",
     "CommandError",
+    "ReportSectionError",
     "RecompileError",
     "TransferGuardError",
 ]
@@ -59,7 +60,11 @@ class CommandError(TpuDebugError):
         self.exit_code = exit_code
 
 
-# -- guards (issue 5) ------------------------------------------------------------------
+class ReportSectionError(TpuDebugError, ValueError):
+    """A report section registered under a title another section already has."""
+
+
+# -- guards ----------------------------------------------------------------------------
 # ``stops_program`` marks an error a guard raises on purpose from inside a probe:
 # ``runtime.probes.emit`` lets it through instead of recording it as a tracer failure.
 

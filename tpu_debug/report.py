@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,8 @@ from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from tpu_debug.errors import ReportSectionError
 
 __all__ = ["section", "print_report", "SECTIONS", "format_seconds", "format_bytes"]
 
@@ -36,12 +39,14 @@ def section(title: str, *, order: int) -> Callable:
     """Register a report section (``fn(session, terminal) -> renderable | None``).
 
     Raises:
-        ValueError: a section with this title is already registered.
+        ReportSectionError: a section with this title is already registered.
     """
 
     def register(fn: Callable[[Any, bool], RenderableType | None]) -> Callable:
         if any(s.title == title for s in SECTIONS):
-            raise ValueError(f"report section {title!r} is registered twice")
+            raise ReportSectionError(
+                f"report section {title!r} is registered twice; give the new section another title"
+            )
         SECTIONS.append(Section(title, order, fn))
         SECTIONS.sort(key=lambda s: s.order)
         return fn
@@ -211,59 +216,84 @@ def _programs(session: Any, terminal: bool) -> RenderableType | None:
 
 @section("Recompiles", order=40)
 def _recompiles(session: Any, terminal: bool) -> RenderableType:
-    # issue 5: grouped by op / graph, what keeps changing, storms with advice, dynamo's side
-    from tpu_debug.tracers.recompiles import describe
-
+    # grouped by op / graph, what keeps changing, storms with advice, then dynamo's side
     groups = [g for g in session.recompile_groups() if g.recompiles]
     breaks, failures, limits = session.graph_breaks(), session.guard_failures(), session.recompile_limits()
     if not groups and not breaks and not failures and not limits:
         return _note("nothing was compiled twice: every op and graph kept one key")
-    parts: list[RenderableType] = []
     threshold = int(session.metadata().options.get("storm_threshold", 5))
     storms = [g for g in groups if g.storm]
+    parts: list[RenderableType] = []
     if groups:
-        total = sum(g.recompiles for g in groups)
-        head = f"{total} recompile(s) of {len(groups)} op(s)/graph(s), {format_seconds(sum(g.seconds for g in groups))} compiling them"
-        if storms:
-            head += f"; {len(storms)} storm(s) (more than {threshold} recompiles)"
-        parts.append(Text(head))
-        table = _table(
-            terminal,
-            ("op / graph", "left"),
-            ("compiles", "right"),
-            ("recompiles", "right"),
-            ("what keeps changing: values", "left"),
-            ("at", "left"),
+        parts += _recompile_table(groups, storms, threshold, terminal)
+    parts += _shared_storm_sizes(storms)
+    parts += _storm_advice(storms)
+    parts += _other_recompiles(groups)
+    if failures:
+        parts.append(_guard_failures(failures))
+    if breaks:
+        parts.append(_graph_breaks(breaks))
+    parts += [_recompile_limit_hit(hit) for hit in limits]
+    return Group(*parts)
+
+
+def _recompile_table(groups: list, storms: list, threshold: int, terminal: bool) -> list[RenderableType]:
+    """The headline and one row per recompiled op or graph, storms marked."""
+    total = sum(g.recompiles for g in groups)
+    head = (
+        f"{total} recompile(s) of {len(groups)} op(s)/graph(s), "
+        f"{format_seconds(sum(g.seconds for g in groups))} compiling them"
+    )
+    if storms:
+        head += f"; {len(storms)} storm(s) (more than {threshold} recompiles)"
+    table = _table(
+        terminal,
+        ("op / graph", "left"),
+        ("compiles", "right"),
+        ("recompiles", "right"),
+        ("what keeps changing: values", "left"),
+        ("at", "left"),
+    )
+    for g in groups[:12]:
+        ch = g.changing
+        where = g.locations[0][0] if g.locations else None
+        values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
+        table.add_row(
+            Text(("STORM " if g.storm else "") + g.identity),
+            str(g.compiles),
+            str(g.recompiles),
+            Text(f"{ch.what}: {values}" if ch else "-"),
+            Text(_where(where)),
         )
-        for g in groups[:12]:
-            ch = g.changing
-            where = g.locations[0][0] if g.locations else None
-            values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
-            table.add_row(
-                Text(("STORM " if g.storm else "") + g.identity),
-                str(g.compiles),
-                str(g.recompiles),
-                Text(f"{ch.what}: {values}" if ch else "-"),
-                Text(_where(where)),
-            )
-        parts.append(table)
-        if len(groups) > 12:
-            parts.append(_note(f"... and {len(groups) - 12} more"))
-    # storms that share one changing size are one problem: say so once
+    parts: list[RenderableType] = [Text(head), table]
+    if len(groups) > 12:
+        parts.append(_note(f"... and {len(groups) - 12} more"))
+    return parts
+
+
+def _shared_storm_sizes(storms: list) -> list[RenderableType]:
+    """Storms whose changing shape took the same values are one problem: say so once."""
     shared: dict[tuple[str, ...], list] = {}
     for g in storms:
         if g.changing is not None and g.changing.kind == "shape":
             shared.setdefault(tuple(sorted(g.changing.values, key=_num)), []).append(g)
-    for values, items in shared.items():
-        if len(items) > 1:
-            parts.append(
-                Text(
-                    f"one size drives {len(items)} storms: it took {len(values)} values "
-                    f"({', '.join(values[:8])}{', ...' if len(values) > 8 else ''}) in "
-                    f"{', '.join(g.identity for g in items[:4])}{', ...' if len(items) > 4 else ''}; "
-                    "fix it once, where the data is batched"
-                )
-            )
+    return [
+        Text(
+            f"one size drives {len(items)} storms: it took {len(values)} values "
+            f"({', '.join(values[:8])}{', ...' if len(values) > 8 else ''}) in "
+            f"{', '.join(g.identity for g in items[:4])}{', ...' if len(items) > 4 else ''}; "
+            "fix it once, where the data is batched"
+        )
+        for values, items in shared.items()
+        if len(items) > 1
+    ]
+
+
+def _storm_advice(storms: list) -> list[RenderableType]:
+    """The worst storms, each with example diffs and what to do."""
+    from tpu_debug.tracers.recompiles import describe
+
+    parts: list[RenderableType] = []
     for g in storms[:3]:
         lines = [f"{g.identity} ({g.mode}) recompiled {g.recompiles} times"]
         if g.changing is not None:
@@ -275,34 +305,48 @@ def _recompiles(session: Any, terminal: bool) -> RenderableType:
         parts.append(Text("\n".join(lines)))
     if len(storms) > 3:
         parts.append(_note(f"... and {len(storms) - 3} more storms (session.recompile_groups() has them all)"))
-    for g in [g for g in groups if not g.storm][:3]:
-        parts.append(_note(f"{g.identity}: " + "; ".join(describe(d) for d in g.last_diffs[:3])))
-    if failures:
-        by_fn: dict[str, list] = {}
-        for f in failures:
-            by_fn.setdefault(f.name, []).append(f)
-        lines = ["dynamo recompiled (guard failures):"]
-        for name, items in sorted(by_fn.items(), key=lambda kv: -len(kv[1])):
-            latest = items[-1]
-            guard = latest.guards[0].split(": ", 1)[-1] if latest.guards else "?"
-            lines.append(f"  {name}: {len(items)}x, latest: {guard} (called at {_where(latest.location)})")
-        parts.append(Text("\n".join(lines)))
-    if breaks:
-        sites: dict[tuple, list] = {}
-        for b in breaks:
-            sites.setdefault((b.name, b.location, b.reason), []).append(b)
-        lines = ["graph breaks:"]
-        for (name, loc, reason), items in sorted(sites.items(), key=lambda kv: -len(kv[1])):
-            lines.append(f"  {name} at {_where(loc)} ({len(items)}x): {reason}")
-        parts.append(Text("\n".join(lines)))
-    for hit in limits:
-        parts.append(
-            Text(
-                f"{hit.name} hit dynamo's {hit.limit_type} ({hit.limit}) at {_where(hit.location)} and "
-                f"now runs uncompiled; last reason: {hit.reason}"
-            )
-        )
-    return Group(*parts)
+    return parts
+
+
+def _other_recompiles(groups: list) -> list[RenderableType]:
+    """The latest diffs of the first few recompiled ops that are not storms."""
+    from tpu_debug.tracers.recompiles import describe
+
+    return [
+        _note(f"{g.identity}: " + "; ".join(describe(d) for d in g.last_diffs[:3]))
+        for g in [g for g in groups if not g.storm][:3]
+    ]
+
+
+def _guard_failures(failures: list) -> Text:
+    """Dynamo's recompiles by function, most frequent first, with the latest failed guard."""
+    by_fn: dict[str, list] = {}
+    for f in failures:
+        by_fn.setdefault(f.name, []).append(f)
+    lines = ["dynamo recompiled (guard failures):"]
+    for name, items in sorted(by_fn.items(), key=lambda kv: -len(kv[1])):
+        latest = items[-1]
+        guard = latest.guards[0].split(": ", 1)[-1] if latest.guards else "?"
+        lines.append(f"  {name}: {len(items)}x, latest: {guard} (called at {_where(latest.location)})")
+    return Text("\n".join(lines))
+
+
+def _graph_breaks(breaks: list) -> Text:
+    """Graph breaks by site (function, line, reason), most frequent first."""
+    sites: dict[tuple, list] = {}
+    for b in breaks:
+        sites.setdefault((b.name, b.location, b.reason), []).append(b)
+    lines = ["graph breaks:"]
+    for (name, loc, reason), items in sorted(sites.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {name} at {_where(loc)} ({len(items)}x): {reason}")
+    return Text("\n".join(lines))
+
+
+def _recompile_limit_hit(hit: Any) -> Text:
+    return Text(
+        f"{hit.name} hit dynamo's {hit.limit_type} ({hit.limit}) at {_where(hit.location)} and "
+        f"now runs uncompiled; last reason: {hit.reason}"
+    )
 
 
 def _num(text: str) -> tuple:
@@ -314,7 +358,7 @@ def _num(text: str) -> tuple:
 
 @section("Transfers", order=50)
 def _transfers(session: Any, terminal: bool) -> RenderableType:
-    # issue 5: the ledger by call site, implicit (syncs) first, loops called out with advice
+    # the ledger by call site, implicit (syncs) first, loops called out with advice
     from tpu_debug.tracers.transfers import CAUSE_TEXT, advice_for
 
     transfers = session.transfers()
@@ -364,28 +408,34 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
 def _where(loc: Any) -> str:
     if loc is None:
         return "-"
-    import os
-
     return f"{os.path.basename(loc.file)}:{loc.line}"
 
 
 def _site_text(loc: Any) -> str:
     if loc is None:
         return "-"
-    import os
-
     return f"{os.path.basename(loc.file)}:{loc.line} in {loc.function}"
 
 
 @section("Divergence", order=60)
 def _divergence(session: Any, terminal: bool) -> RenderableType:
-    # issue 8: divergences ranked by site, the first one over tolerance highlighted
+    # what was compared and the first op over tolerance, then the sites ranked
     summary = session.divergence_summary()
     events = session.divergences()
     if summary is None and not events:
         return _note("numerical divergence against CPU was not checked in this run (trace with divergence=True, or --divergence)")
     summary = summary or {}
-    parts: list[RenderableType] = []
+    parts: list[RenderableType] = [_kv(_divergence_rows(summary, events))]
+    sites: dict[tuple, list] = {}
+    for e in events:
+        sites.setdefault(_site_key(e), []).append(e)
+    if sites:
+        parts += _divergence_sites(summary, sites, terminal)
+    return Group(*parts)
+
+
+def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
+    """What was compared, under which numerics and tolerances, and what stood out."""
     compared = f"{summary.get('ops_compared', 0)} eager ops"
     if summary.get("ops_copied"):
         compared += f" (+{summary['ops_copied']} not compared: random ops, data loaded from the host)"
@@ -399,7 +449,7 @@ def _divergence(session: Any, terminal: bool) -> RenderableType:
         ("numerics", numerics),
         ("tolerances", str(summary.get("tolerances", "default"))),
     ]
-    first = next((e for e in events if e.first and e.measure == "local"), None)
+    first = next((e for e in events if _is_first(e)), None)
     origin = next((e for e in events if e.nan_origin), None)
     if first is not None:
         rows.append(("first", _divergence_line(first)))
@@ -417,63 +467,77 @@ def _divergence(session: Any, terminal: bool) -> RenderableType:
     not_compared = summary.get("not_compared") or {}
     if not_compared:
         rows.append(("not compared", ", ".join(sorted(not_compared)) + " (no CPU kernel for these calls)"))
-    parts.append(_kv(rows))
+    return rows
+
+
+def _is_first(e: Any) -> bool:
+    return e.first and e.measure == "local"
+
+
+def _site_key(e: Any) -> tuple:
+    """A divergence site: the same op or node, measure and phase at the same line."""
+    loc = e.location
+    return (e.mode, e.measure, e.phase, e.graph, e.name, loc.file if loc else None, loc.line if loc else None)
+
+
+def _rank_sites(sites: dict[tuple, list]) -> list[tuple[tuple, list]]:
+    """The first over tolerance on top, then local before drift, NaN origins, worst error."""
+    return sorted(
+        sites.items(),
+        key=lambda kv: (
+            not any(_is_first(e) for e in kv[1]),
+            kv[0][1] != "local",
+            not any(e.nan_origin for e in kv[1]),
+            -max(e.ratio for e in kv[1]),
+        ),
+    )
+
+
+def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -> list[RenderableType]:
+    """The ten worst local sites and five worst drift sites, with a legend."""
+    # the summary counts every divergence of a site; the events kept may be fewer
     counts = {
         (s["mode"], s["measure"], s["phase"], s["graph"], s["name"], s["file"], s["line"]): s["count"]
         for s in summary.get("sites", [])
     }
-    sites: dict[tuple, list] = {}
-    for e in events:
-        loc = e.location
-        key = (e.mode, e.measure, e.phase, e.graph, e.name, loc.file if loc else None, loc.line if loc else None)
-        sites.setdefault(key, []).append(e)
-    if sites:
-        ranked = sorted(
-            sites.items(),
-            key=lambda kv: (
-                not any(e.first and e.measure == "local" for e in kv[1]),
-                kv[0][1] != "local",
-                not any(e.nan_origin for e in kv[1]),
-                -max(e.ratio for e in kv[1]),
-            ),
+    ranked = _rank_sites(sites)
+    local = [kv for kv in ranked if kv[0][1] == "local"]
+    drift = [kv for kv in ranked if kv[0][1] != "local"]
+    shown = local[:10] + drift[:5]
+    table = _table(
+        terminal,
+        ("op / node", "left"),
+        ("where", "left"),
+        ("measure", "left"),
+        ("count", "right"),
+        ("max abs", "right"),
+        ("x tol", "right"),
+        ("highest", "left"),
+    )
+    for key, items in shown:
+        worst = max(items, key=lambda e: (e.ratio, e.max_abs))
+        is_first = any(_is_first(e) for e in items)
+        highest = next((e.highest for e in items if e.highest is not None), None)
+        mark = ">> " if is_first else ("NaN " if any(e.nan_origin for e in items) else "")
+        table.add_row(
+            Text(mark + _site_name(worst), style="bold" if is_first and terminal else ""),
+            Text(_where(worst.location)),
+            worst.measure + (" bwd" if worst.phase == "backward" else ""),
+            str(counts.get(key, len(items))),
+            _g(worst.max_abs),
+            _g(worst.ratio),
+            "vanishes" if highest else ("remains" if highest is False else "-"),
         )
-        local = [kv for kv in ranked if kv[0][1] == "local"]
-        drift = [kv for kv in ranked if kv[0][1] != "local"]
-        shown = local[:10] + drift[:5]
-        table = _table(
-            terminal,
-            ("op / node", "left"),
-            ("where", "left"),
-            ("measure", "left"),
-            ("count", "right"),
-            ("max abs", "right"),
-            ("x tol", "right"),
-            ("highest", "left"),
-        )
-        for key, items in shown:
-            worst = max(items, key=lambda e: (e.ratio, e.max_abs))
-            is_first = any(e.first and e.measure == "local" for e in items)
-            highest = next((e.highest for e in items if e.highest is not None), None)
-            mark = ">> " if is_first else ("NaN " if any(e.nan_origin for e in items) else "")
-            table.add_row(
-                Text(mark + _site_name(worst), style="bold" if is_first and terminal else ""),
-                Text(_short_location(worst.location)),
-                worst.measure + (" bwd" if worst.phase == "backward" else ""),
-                str(counts.get(key, len(items))),
-                _g(worst.max_abs),
-                _g(worst.ratio),
-                "vanishes" if highest else ("remains" if highest is False else "-"),
-            )
-        parts.append(table)
-        hidden = len(ranked) - len(shown)
-        if hidden:
-            parts.append(_note(f"... and {hidden} more sites ({len(drift) - min(len(drift), 5)} of them drift)"))
-        parts.append(_note(
-            ">> the first op over tolerance; local = the CPU op on the device's own inputs (where error "
-            "enters), drift = against a CPU run of the whole computation (how it spreads); x tol = worst "
-            "error in units of its tolerance; highest = at precision 'highest' (TPU numerics)"
-        ))
-    return Group(*parts)
+    parts: list[RenderableType] = [table]
+    hidden = len(ranked) - len(shown)
+    if hidden:
+        parts.append(_note(f"... and {hidden} more sites ({len(drift) - min(len(drift), 5)} of them drift)"))
+    parts.append(_note(
+        ">> the first op over tolerance; local = the CPU op on the device's own inputs (where error "
+        "enters), drift = against a CPU run of the whole computation (how it spreads); x tol = worst "
+        "error in units of its tolerance; highest = at precision 'highest' (TPU numerics)"
+    ))
+    return parts
 
 
 def _g(value: float) -> str:
@@ -484,14 +548,6 @@ def _site_name(e: Any) -> str:
     if e.mode == "compiled":
         return f"{e.name} ({e.target}, {e.graph})"
     return e.name + (f" ({e.autograd_node})" if e.autograd_node else "")
-
-
-def _short_location(loc: Any) -> str:
-    if loc is None:
-        return "-"
-    import os
-
-    return f"{os.path.basename(loc.file)}:{loc.line}"
 
 
 def _divergence_line(e: Any) -> str:
@@ -533,7 +589,7 @@ def _fallbacks(session: Any, terminal: bool) -> RenderableType | None:
 
 @section("float64", order=75)
 def _float64(session: Any, terminal: bool) -> RenderableType | None:
-    # issue 7: float64 runs on this backend; a TPU has none, so these would not run there
+    # float64 runs on this backend; a TPU has none, so these ops would not run there
     ops = session.float64_ops()
     if not ops:
         return None
@@ -550,7 +606,7 @@ def _float64(session: Any, terminal: bool) -> RenderableType | None:
 
 @section("TensorBoard", order=85)
 def _tensorboard(session: Any, terminal: bool) -> RenderableType | None:
-    # issue 9: where the profile is, how much it holds, and whether the cap cut it short
+    # where the profile is, how much it holds, and whether the cap cut it short
     tb = session.metadata().tensorboard
     if not tb:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 
@@ -217,13 +218,15 @@ def test_privateuse1_taken_is_refused():
     assert "DeviceTakenError PrivateUse1 is already registered as 'npu'" in out.stdout, out.stderr
 
 
-def test_version():
-    assert tpu_debug.__version__
+def test_version_is_the_installed_distributions():
+    # the distribution takes its version from tpu_debug._version when it is installed:
+    # a mismatch means the installed metadata is stale (reinstall with pip install -e .)
+    assert tpu_debug.__version__ == importlib.metadata.version("tpu-debug")
 
 
 def test_deepcopy_of_tpu_tensors_and_modules():
-    """copy.deepcopy clones storages (UntypedStorage.clone); a tpu storage of 4 MB used
-    to crash the process there. The copy is independent of the original."""
+    """copy.deepcopy clones storages (UntypedStorage.clone), a 4 MB tpu storage among them;
+    the copy is independent of the original."""
     import copy
 
     torch.manual_seed(0)

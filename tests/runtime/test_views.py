@@ -1,5 +1,5 @@
 """Views alias their base: a write through any view is seen by the base and the
-other views, and a write to the base is seen by the views (issue 2)."""
+other views, and a write to the base is seen by the views."""
 
 from __future__ import annotations
 
@@ -51,13 +51,11 @@ def test_view_shares_storage_and_values(name):
     torch.testing.assert_close(dv.cpu(), cv)
 
 
-@pytest.mark.parametrize("name", sorted(VIEWS))
+# an expanded view has elements that share memory: PyTorch refuses in-place writes to
+# it, so there is no CPU result to compare a write through it with
+@pytest.mark.parametrize("name", sorted(set(VIEWS) - {"expand"}))
 def test_write_through_view_reaches_base(name):
     cpu, cv, dev, dv = _pair(name)
-    if name == "expand":  # writing to overlapping memory is an error on CPU too
-        with pytest.raises(RuntimeError):
-            cv.add_(1)
-        return
     cv.mul_(-1).add_(0.5)
     dv.mul_(-1).add_(0.5)
     torch.testing.assert_close(dev.cpu(), cpu)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 import torch
 from tpu_debug.tracers.location import is_library_file, user_location
@@ -46,11 +47,29 @@ def test_what_counts_as_library():
     assert not is_library_file(sys.modules["pytest"].__file__)  # third-party code is the user's
 
 
-def test_no_user_frame_gives_none():
-    code = compile(
-        "from tpu_debug.tracers.location import user_location as u\nresult = u()", "<frozen fake>", "exec"
-    )
+def _frozen(source: str) -> dict:
+    """Run ``source`` compiled under a ``<frozen ...>`` name, which counts as the stdlib."""
     scope: dict = {}
-    exec(code, scope)
+    exec(compile(source, "<frozen fake>", "exec"), scope)
+    return scope
+
+
+def test_frozen_frames_are_skipped():
+    scope = _frozen("from tpu_debug.tracers.location import user_location as u\nresult = u()")
     # the exec'd frame is "library"; above it is this test function, which is user code
     assert scope["result"].file == __file__
+
+
+def test_no_user_frame_gives_none():
+    # a thread whose every frame is library code: threading's bootstrap (stdlib) runs a
+    # function compiled under a "<frozen ...>" name
+    probe = _frozen(
+        "from tpu_debug.tracers.location import user_location\n"
+        "def probe(found):\n"
+        "    found.append(user_location())\n"
+    )["probe"]
+    found: list = []
+    thread = threading.Thread(target=probe, args=(found,))
+    thread.start()
+    thread.join()
+    assert found == [None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from synthetic_run import GRAPH, ODD_OP
-from textual.widgets import DataTable, Input, OptionList
+from textual.widgets import DataTable, Input, OptionList, Static
 from tpu_debug.tui.screens import (
     DivergenceScreen,
     HelpScreen,
@@ -15,7 +15,7 @@ from tpu_debug.tui.screens import (
     TransfersScreen,
 )
 from tpu_debug.tui.widgets import HloDiffView, HloView, PagedTable, SourceView
-from tui_helpers import drive, press, screen_text, settle
+from tui_helpers import drive, press, screen_text, settle, widget_text
 
 
 def test_overview_shows_the_run_and_its_findings(make_app):
@@ -94,10 +94,11 @@ def test_recompiles_master_detail(make_app):
         assert history.row_count == 6
         # the first recompile is selected: its key diff, source line and HLO
         assert history.cursor_row == 1
-        detail = screen._detail
-        assert detail.number == 2 and detail.previous is not None and detail.recorded
+        why = widget_text(screen.query_one("#why", Static))
+        assert why.startswith("compile 2 of mul.Tensor (eager)")
+        assert "closest key: compile 1 (1 mismatch)" in why
+        assert "computed here from the arguments" not in why  # the run recorded this diff
         text = screen_text(app)
-        assert "closest key: compile 1 (1 mismatch)" in text
         assert "f32[8,128] → f32[9,128]" in text
         excerpt = screen.query_one("#source", SourceView).excerpt
         assert (
@@ -109,13 +110,14 @@ def test_recompiles_master_detail(make_app):
         # down the history
         history.focus()
         await press(pilot, "down", "down", "down")
-        assert screen._detail.number == 5
+        assert widget_text(screen.query_one("#why", Static)).startswith("compile 5 of mul.Tensor")
         assert "f32[11,128] → f32[12,128]" in screen_text(app)
         # another op: the compiled graph, whose diff holds brackets shown literally
         ranked.focus()
         await press(pilot, "down")
         assert history.row_count == 3
-        assert screen._detail.event.identity == GRAPH and screen._detail.event.name == "g2/forward"
+        why = widget_text(screen.query_one("#why", Static))
+        assert why.startswith(f"compile 2 of {GRAPH}, program g2/forward")
         text = screen_text(app)
         assert "L['batch'].size()[0] == 8 → failed" in text
         assert "keeps changing: dim 0 of arg 0 (2 recompiles: 8, 9, 10)" in text
@@ -313,11 +315,13 @@ def test_mouse_selects_rows(make_app):
         ranked = screen.query_one("#ranked", DataTable)
         await pilot.click(ranked, offset=(2, 3))  # header is row 0: the third op
         await settle(pilot)
-        assert screen._op == ("add.Tensor", "eager")
+        assert widget_text(screen.query_one("#history-title", Static)).strip() == (
+            "Compile history: add.Tensor (eager)"
+        )
         history = screen.query_one("#history", PagedTable)
         await pilot.click(history, offset=(2, 1))
         await settle(pilot)
-        assert screen._detail.number == 1
+        assert widget_text(screen.query_one("#why", Static)).startswith("compile 1 of add.Tensor (eager)")
 
     drive(app, scenario)
 
@@ -336,7 +340,7 @@ def test_compile_history_loads_page_by_page(make_app, storm_run):
             await press(pilot, "end")
         assert history.row_count == 450 and not history.has_more
         await press(pilot, "end")
-        assert app.screen._detail.number == 450
+        assert widget_text(app.screen.query_one("#why", Static)).startswith("compile 450 of mul.Tensor")
         assert "no HLO recorded" in "\n".join(app.screen.query_one("#hlo-preview", HloView).lines)
 
     drive(app, scenario)

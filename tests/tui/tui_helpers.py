@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
+from rich.console import Console
 from snapshot import svg_text
+from textual.widgets import OptionList
 from textual.worker import WorkerCancelled
 
 SIZE = (120, 36)  # every pilot and snapshot test runs at this terminal size
@@ -21,7 +25,7 @@ async def settle(pilot, rounds: int = 2) -> None:
         await pilot.pause()
         # a worker not started yet counts too: under load a screen's first load can still be
         # pending when the last one finished (the overview then showed no findings yet)
-        if any(not w.is_finished for w in app.workers) or getattr(app.screen, "_pending", False):
+        if any(not w.is_finished for w in app.workers) or _looking_for_transfers(app.screen):
             # the overview looks for transfer findings after a short delay: wait for them
             quiet = 0
             await pilot.pause(0.05)
@@ -31,8 +35,24 @@ async def settle(pilot, rounds: int = 2) -> None:
             return
 
 
+def _looking_for_transfers(screen) -> bool:
+    """The overview still shows "looking through the transfers…" in its findings."""
+    for findings in screen.query("#findings").results(OptionList):
+        return any(findings.get_option_at_index(i).id == "pending" for i in range(findings.option_count))
+    return False
+
+
 def screen_text(app) -> str:
     return svg_text(app.export_screenshot())
+
+
+def widget_text(widget) -> str:
+    """What a ``Static`` shows, as plain text: its content rendered by rich, wide enough
+    that no line wraps."""
+    console = Console(width=400, color_system=None, file=io.StringIO())
+    with console.capture() as captured:
+        console.print(widget.content)
+    return captured.get()
 
 
 def drive(app, scenario, size=SIZE) -> None:

@@ -55,9 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.entry(args))
-    except CommandError as exc:
-        print(f"tpu-debug {args.command}: {exc}", file=sys.stderr)
-        return exc.exit_code
     except TpuDebugError as exc:
         print(f"tpu-debug {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code if isinstance(exc, CommandError) else 1

@@ -12,7 +12,7 @@ from rich.text import Text
 
 import tpu_debug
 from tpu_debug.config import TraceConfig
-from tpu_debug.errors import TpuDebugError
+from tpu_debug.errors import RunDamagedError, SchemaVersionError, TpuDebugError
 from tpu_debug.report import format_seconds
 
 
@@ -53,9 +53,12 @@ def run(args: argparse.Namespace) -> int:
             )
         except TpuDebugError as exc:
             # the full one-line reason is what 'tpu-debug report <run>' prints
-            kind = {"RunDamagedError": "damaged", "SchemaVersionError": "other schema"}.get(
-                type(exc).__name__, "unreadable"
-            )
+            if isinstance(exc, RunDamagedError):
+                kind = "damaged"
+            elif isinstance(exc, SchemaVersionError):
+                kind = "other schema"
+            else:
+                kind = "unreadable"
             table.add_row(
                 Text(path.name),
                 Text("unreadable"),

@@ -45,6 +45,75 @@ def _hlo_target(session: Session, d: DivergenceEvent) -> _Target:
     return _Target(programs[0].id if programs else None, None)
 
 
+def _detail_table(d: DivergenceEvent) -> Table:
+    """One divergence in full: status, measure, errors against tolerance, result, NaN/Inf."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    status = (
+        Text(f"first over tolerance ({d.measure})", style="bold red")
+        if d.first
+        else Text(
+            "over tolerance" if d.over else "within tolerance", style="yellow" if d.over else "green"
+        )
+    )
+    what = Text(d.name)
+    if d.target and d.target != d.name:
+        what.append(f"  {d.target}", style="dim")
+    if d.graph:
+        what.append(f"  in graph {d.graph}", style="dim")
+    rows = [
+        ("op / node", what),
+        ("status", status),
+        (
+            "measure",
+            Text(
+                f"{d.measure} ({'CPU op on the same inputs' if d.measure == 'local' else 'against a CPU shadow run'}), {d.phase}"
+            ),
+        ),
+        (
+            "max abs error",
+            Text(
+                f"{format_float(d.max_abs)}  (tolerance there {format_float(d.tolerance)}, {format_float(d.ratio)}x)"
+            ),
+        ),
+        ("max rel error", Text(format_float(d.max_rel))),
+        ("ULP distance", Text(format_float(d.ulp))),
+        (
+            "mismatched",
+            Text(
+                f"{d.mismatched:,} of {d.numel:,} element(s)"
+                if d.numel
+                else f"{d.mismatched:,} element(s)"
+            ),
+        ),
+        ("rtol / atol", Text(f"{format_float(d.rtol)} / {format_float(d.atol)}")),
+    ]
+    if d.shape or d.dtype:
+        dtype = d.dtype + (f" (device: {d.device_dtype})" if d.dtype_mismatch else "")
+        rows.append(("result", Text(f"{dtype}[{','.join(map(str, d.shape))}]")))
+    if d.nan_origin or d.device_nonfinite or d.cpu_nonfinite:
+        nan = Text("NaN/Inf first appear here; " if d.nan_origin else "", style="red")
+        nan.append(f"{d.device_nonfinite} non-finite on device only, {d.cpu_nonfinite} on CPU only")
+        rows.append(("NaN/Inf", nan))
+    if d.autograd_node:
+        rows.append(("autograd node", Text(d.autograd_node)))
+    if d.highest is not None:
+        rows.append(
+            (
+                "at precision highest",
+                Text(
+                    "within tolerance: TPU-like matmul precision explains it"
+                    if d.highest
+                    else "still over tolerance"
+                ),
+            )
+        )
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
 class DivergenceScreen(RunScreen):
     """Divergent ops/nodes ranked; Enter opens the HLO (a graph node's instructions highlighted)."""
 
@@ -183,71 +252,8 @@ class DivergenceScreen(RunScreen):
         if not 0 <= row < len(self.events):
             return
         d = self.events[row]
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold", no_wrap=True)
-        table.add_column()
-        status = (
-            Text(f"first over tolerance ({d.measure})", style="bold red")
-            if d.first
-            else Text(
-                "over tolerance" if d.over else "within tolerance", style="yellow" if d.over else "green"
-            )
-        )
-        what = Text(d.name)
-        if d.target and d.target != d.name:
-            what.append(f"  {d.target}", style="dim")
-        if d.graph:
-            what.append(f"  in graph {d.graph}", style="dim")
-        rows = [
-            ("op / node", what),
-            ("status", status),
-            (
-                "measure",
-                Text(
-                    f"{d.measure} ({'CPU op on the same inputs' if d.measure == 'local' else 'against a CPU shadow run'}), {d.phase}"
-                ),
-            ),
-            (
-                "max abs error",
-                Text(
-                    f"{format_float(d.max_abs)}  (tolerance there {format_float(d.tolerance)}, {format_float(d.ratio)}x)"
-                ),
-            ),
-            ("max rel error", Text(format_float(d.max_rel))),
-            ("ULP distance", Text(format_float(d.ulp))),
-            (
-                "mismatched",
-                Text(
-                    f"{d.mismatched:,} of {d.numel:,} element(s)"
-                    if d.numel
-                    else f"{d.mismatched:,} element(s)"
-                ),
-            ),
-            ("rtol / atol", Text(f"{format_float(d.rtol)} / {format_float(d.atol)}")),
-        ]
-        if d.shape or d.dtype:
-            dtype = d.dtype + (f" (device: {d.device_dtype})" if d.dtype_mismatch else "")
-            rows.append(("result", Text(f"{dtype}[{','.join(map(str, d.shape))}]")))
-        if d.nan_origin or d.device_nonfinite or d.cpu_nonfinite:
-            nan = Text("NaN/Inf first appear here; " if d.nan_origin else "", style="red")
-            nan.append(f"{d.device_nonfinite} non-finite on device only, {d.cpu_nonfinite} on CPU only")
-            rows.append(("NaN/Inf", nan))
-        if d.autograd_node:
-            rows.append(("autograd node", Text(d.autograd_node)))
-        if d.highest is not None:
-            rows.append(
-                (
-                    "at precision highest",
-                    Text(
-                        "within tolerance: TPU-like matmul precision explains it"
-                        if d.highest
-                        else "still over tolerance"
-                    ),
-                )
-            )
-        for key, value in rows:
-            table.add_row(key, value)
-        self.query_one("#dv-info", Static).update(Group(table, Text("Enter / h: its HLO", style="dim")))
+        info = Group(_detail_table(d), Text("Enter / h: its HLO", style="dim"))
+        self.query_one("#dv-info", Static).update(info)
         self._load_source(d.id, d.location)
 
     @work(thread=True, exclusive=True, group="divergence-source")

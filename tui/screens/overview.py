@@ -145,7 +145,7 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
         ]
     if counts.get("graph_break"):
         findings += _by_name(session.counts_by_name("graph_break"), "graph breaks", "recompiles", 5)
-    wide = session.float64_ops()  # issue 7: fine here, absent on a TPU
+    wide = session.float64_ops()  # runs on this backend; a TPU has no float64
     if wide:
         findings += _by_name(
             {name: (runs, 0.0) for name, (_, runs) in wide.items()},
@@ -243,7 +243,8 @@ class OverviewScreen(RunScreen):
 
     def _start_transfer_pass(self) -> None:
         # a pass over every transfer: started once the user stays here a moment, so it
-        # does not compete with their first steps elsewhere (issue 6: navigable < 2 s)
+        # does not compete with their first steps elsewhere (a big run must be navigable
+        # within two seconds of opening)
         if self._transfer_timer is not None:
             self._transfer_timer.stop()
         self._transfer_timer = self.set_timer(TRANSFER_PASS_DELAY, self._load_transfers)

@@ -159,15 +159,6 @@ class RecompilesScreen(RunScreen):
         history.add_column("signature", key="signature")
         super().on_mount()
 
-    def show_compile(self, identity: str, mode: str, event_id: int | None = None) -> None:
-        """Select an op or graph and, when given, one of its compiles (by event id)."""
-        self._want_event = event_id
-        ranked = self.query_one("#ranked", DataTable)
-        key = f"{mode}\0{identity}"
-        if key in self._ops:
-            ranked.move_cursor(row=ranked.get_row_index(key))
-        self._select_op(identity, mode)
-
     # -- loading ----------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -419,8 +410,8 @@ class RecompilesScreen(RunScreen):
 
 
 def _changing(history: list[CompileEvent], mode: str, partial: bool) -> Text:
-    """What kept changing across the loaded compiles, and what to do about it (issue 5's
-    summary of a group, over the compiles loaded so far)."""
+    """What kept changing across the loaded compiles, and what to do about it (the
+    recompile tracker's summary of a group, over the compiles loaded so far)."""
     from tpu_debug.tracers.recompiles import summarize
 
     groups = summarize(history)

@@ -76,10 +76,6 @@ class HloDiffView(ScrollView, can_focus=True):
         self._max_len = 0
 
     @property
-    def rows(self) -> list[DiffRow]:
-        return self._rows
-
-    @property
     def hunks(self) -> list[int]:
         """Row indices where a run of changed lines starts."""
         return self._hunks

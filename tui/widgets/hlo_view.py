@@ -6,7 +6,6 @@ module of 100k lines opens as fast as one of ten.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable
 from typing import ClassVar
@@ -17,7 +16,6 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
-from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -47,17 +45,6 @@ class HloView(ScrollView, can_focus=True):
     ]
 
     cursor_line: reactive[int] = reactive(0, always_update=True)
-
-    @dataclasses.dataclass
-    class CursorMoved(Message):
-        """The cursor moved (the screen shows the line's position)."""
-
-        view: HloView
-        line: int
-
-        @property
-        def control(self) -> HloView:
-            return self.view
 
     def __init__(self, text: str = "", *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -171,7 +158,6 @@ class HloView(ScrollView, can_focus=True):
         elif new >= top + height:
             self.scroll_to(y=new - height + 1, animate=False)
         self.refresh()
-        self.post_message(self.CursorMoved(self, new))
 
     def action_cursor(self, delta: int) -> None:
         self.cursor_line += delta

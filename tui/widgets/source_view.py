@@ -65,16 +65,14 @@ class SourceView(Static):
         super().__init__(Text("no source line", style="dim"), id=id, classes=classes, markup=False)
         self.excerpt: SourceExcerpt | None = None
 
-    def show(self, excerpt: SourceExcerpt | None, cwd: str | None, *, note: str | None = None) -> None:
+    def show(self, excerpt: SourceExcerpt | None, cwd: str | None) -> None:
         self.excerpt = excerpt
-        self.update(self.render_excerpt(excerpt, cwd, note=note))
+        self.update(self.render_excerpt(excerpt, cwd))
 
     @staticmethod
-    def render_excerpt(
-        excerpt: SourceExcerpt | None, cwd: str | None, *, note: str | None = None
-    ) -> RenderableType:
+    def render_excerpt(excerpt: SourceExcerpt | None, cwd: str | None) -> RenderableType:
         if excerpt is None:
-            return Text(note or "no source line recorded", style="dim")
+            return Text("no source line recorded", style="dim")
         head = location_text(excerpt.location, cwd)
         head.stylize("bold")
         parts: list[RenderableType] = [head]
