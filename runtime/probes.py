@@ -245,7 +245,7 @@ _probes: tuple[Any, ...] = ()
 # the probes that observe ops or graphs: the runtime tests this before it hands them values
 _op_probes: tuple[Any, ...] = ()
 _routes = _Routes()
-_replay_sources: list = []
+_replay_sources: tuple = ()
 
 #: failures of probe methods (bounded: the first ones as text, and a count of all)
 probe_errors = ErrorLog()
@@ -267,7 +267,9 @@ def _rebuild() -> None:
 
 def add_replay_source(source) -> None:
     """``source()`` yields the CompileInfo of executables compiled so far."""
-    _replay_sources.append(source)
+    global _replay_sources
+    with _lock:
+        _replay_sources = (*_replay_sources, source)
 
 
 def subscribe(probe: Any, *, replay: bool = False) -> None:
@@ -292,7 +294,7 @@ def subscribe(probe: Any, *, replay: bool = False) -> None:
         _rebuild()
     route = _route(probe, "on_compile")
     if replay and route:
-        for source in list(_replay_sources):
+        for source in _replay_sources:
             for info in source():
                 deliver(route, (dataclasses.replace(info, replayed=True),), probe_errors)
 

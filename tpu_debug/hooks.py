@@ -142,7 +142,7 @@ def deliver(route: Route, args: tuple, log: ErrorLog) -> None:
     for owner, method, fn in route:
         try:
             fn(*args)
-        except Exception as exc:  # noqa: BLE001 - a tracer must not break the program
+        except Exception as exc:  # a tracer must not break the program
             if getattr(exc, "stops_program", False):
                 raise
             report_failure(owner, method, exc, log)

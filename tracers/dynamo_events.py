@@ -30,7 +30,6 @@ import re
 import threading
 from typing import Any, Protocol
 
-from tpu_debug.hooks import ErrorLog, deliver, report_failure
 from tpu_debug.tracers.events import (
     GraphBreakEvent,
     GuardFailureEvent,
@@ -39,6 +38,8 @@ from tpu_debug.tracers.events import (
     SourceLocation,
 )
 from tpu_debug.tracers.location import user_location
+
+from tpu_debug.hooks import ErrorLog, deliver, report_failure
 
 __all__ = [
     "DynamoListener",

@@ -19,14 +19,14 @@ from tpu_debug.tracers.location import is_library_file
 
 __all__ = [
     "HloInstruction",
-    "ProgramNode",
     "Program",
-    "program_hash",
-    "parse_instructions",
-    "instruction_lines",
+    "ProgramNode",
     "fx_nodes_from",
-    "map_nodes",
+    "instruction_lines",
     "make_program",
+    "map_nodes",
+    "parse_instructions",
+    "program_hash",
 ]
 
 

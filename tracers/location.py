@@ -51,7 +51,7 @@ def _site_packages() -> list[str]:
     # the base interpreter's stdlib tree
     import site
 
-    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    dirs = list(getattr(site, "getsitepackages", list)())
     user = getattr(site, "getusersitepackages", lambda: None)()
     return dirs + ([user] if isinstance(user, str) else [])
 

@@ -28,7 +28,7 @@ from tpu_debug.tracers.recompiles import RecompileTracker
 from tpu_debug.tracers.store import RunWriter, StatRow
 from tpu_debug.tracers.transfers import IMPLICIT, classify
 
-__all__ = ["Recorder", "IMPLICIT_TRANSFER_OPS"]
+__all__ = ["IMPLICIT_TRANSFER_OPS", "Recorder"]
 
 # transfers nobody asked for: a sync to read a value, a scalar operand, a CPU fallback
 # (tracers/transfers.py tells them apart)
@@ -42,7 +42,7 @@ _PROBE_DEPTH = 3
 class _Executable:
     """One executable's row of counters in the run (``op_stats``)."""
 
-    __slots__ = ("id", "mode", "name", "signature", "program", "written", "parts")
+    __slots__ = ("id", "mode", "name", "parts", "program", "signature", "written")
 
     def __init__(self, id: int, mode: str, name: str, signature: str, program: str | None) -> None:
         self.id = id
@@ -58,7 +58,7 @@ class _Count:
     """One thread's executions of one executable. Only that thread writes it, so no
     increment is lost; the writer thread reads it (``snapshot``)."""
 
-    __slots__ = ("exe", "count", "seconds")
+    __slots__ = ("count", "exe", "seconds")
 
     def __init__(self, exe: _Executable) -> None:
         self.exe = exe

@@ -9,10 +9,10 @@ import weakref
 
 import pytest
 import torch
-
-from tpu_debug.hooks import DEFAULT_LIMIT, ErrorLog
 from tpu_debug.runtime import clear_cache, probes
 from tpu_debug.runtime.probes import CompileInfo, Probe, TransferInfo
+
+from tpu_debug.hooks import DEFAULT_LIMIT, ErrorLog
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ import sys
 import threading
 
 import torch
+from tpu_debug.tracers.recorder import Recorder
 
 import tpu_debug
-from tpu_debug.tracers.recorder import Recorder
 
 
 class _Writer:
