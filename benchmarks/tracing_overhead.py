@@ -149,14 +149,14 @@ def _overhead(loop, logdir: Path, repeat: int, *, cold: bool = False, **options)
 
 def _probe_cost(logdir: Path, calls: int = 100_000, repeat: int = 7) -> float:
     """Seconds the recorder adds to one op execution: the runtime's ``on_execute``
-    report (two clock reads and ``probes.emit``) with a trace's recorder subscribed."""
+    report (two clock reads and ``probes.executed``) with a trace's recorder subscribed."""
     from tpu_debug.runtime import probes
     from tpu_debug.tracers.recorder import Recorder
 
     key = (torch.ops.aten.add.Tensor, ((torch.Size([64, 64]), torch.float32, False),) * 2, ())
     writer = RunWriter(logdir / "probe_bench.db", {"name": "probe-bench"})
     recorder = Recorder(writer)
-    emit, clock = probes.emit, time.perf_counter
+    executed, clock = probes.executed, time.perf_counter
     probes.subscribe(recorder)
     try:
         best = float("inf")
@@ -164,7 +164,7 @@ def _probe_cost(logdir: Path, calls: int = 100_000, repeat: int = 7) -> float:
             start = clock()
             for _ in range(calls):
                 t = clock()
-                emit("on_execute", "eager", "add.Tensor", key, clock() - t)
+                executed("eager", "add.Tensor", key, clock() - t)
             best = min(best, clock() - start)
     finally:
         probes.unsubscribe(recorder)

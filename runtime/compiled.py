@@ -34,10 +34,10 @@ from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import lookup
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo
+from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit, from_jax, to_jax, write
 
-__all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats", "FxNodeInfo"]
+__all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats"]
 
 _graph_ids = itertools.count(1)
 _aten = torch.ops.aten
@@ -50,16 +50,6 @@ _SHAPE_OPS = {
 }
 _lock = threading.Lock()
 _graphs: list[CompiledGraph] = []
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FxNodeInfo:
-    """One FX node of a compiled graph: its scope name in HLO metadata and its source."""
-
-    name: str
-    target: str
-    scope: str
-    stack_trace: str | None
 
 
 class UnsupportedGraphOp(NotImplementedError):
@@ -106,7 +96,7 @@ class _GraphProgram:
         self.gm = gm
         self.graph_id = graph_id
         self.kind = kind
-        self.nodes: list[FxNodeInfo] = []
+        self.nodes: list[LoweredNode] = []
         self.rng_nodes = 0
         # get_attr nodes: tensors dynamo lifted into the graph module (a constant index
         # tensor, say), program constants
@@ -141,7 +131,7 @@ class _GraphProgram:
                 if low.rng:
                     self.rng_nodes += 1
                 scope = f"{node.name}|aten::{str(node.target).removeprefix('aten.')}"
-                self.nodes.append(FxNodeInfo(node.name, str(node.target), scope, node.meta.get("stack_trace")))
+                self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace")))
 
     def __call__(self, *flat, debug: frozenset | None = None):
         env: dict[torch.fx.Node, Any] = {}
@@ -334,7 +324,8 @@ class CompiledGraph:
         self.program = _GraphProgram(gm, self.graph_id, kind)
         self.cache: dict[tuple, _Entry] = {}
         self.compile_seconds = 0.0
-        self.origin: dict = {}  # issue 5: the dynamo frame and compile id, see dynamo_backend
+        # what dynamo captured into this graph (dynamo_backend sets it)
+        self.origin = DynamoOrigin(torch.is_grad_enabled())
         self._debug: dict[tuple, Any] = {}  # issue 8: debug variants, see debug_values
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
@@ -389,14 +380,14 @@ class CompiledGraph:
                 entry.plain = entry.make_plain()
             executable = entry.plain
         if probes._probes:
-            probes.emit("on_execute_begin", "compiled", self.graph_id, (self.graph_id, self.digest, sig))
+            probes.executing("compiled", self.graph_id, (self.graph_id, self.digest, sig))
             start = time.perf_counter()
             outs = executable(*[a for a in arrays if hasattr(a, "shape")])
-            probes.emit("on_execute", "compiled", self.graph_id, (self.graph_id, self.digest, sig),
-                        time.perf_counter() - start)
+            probes.executed("compiled", self.graph_id, (self.graph_id, self.digest, sig),
+                            time.perf_counter() - start)
         else:
             outs = executable(*[a for a in arrays if hasattr(a, "shape")])
-        if probes._op_probes:  # issue 8: divergence tracing compares this call with CPU
+        if probes._op_probes:  # divergence tracing compares this call with CPU
             probes.observe_graph(self, arrays, outs)
         result = []
         it = iter(outs)
@@ -501,7 +492,7 @@ class CompiledGraph:
         if program.rng_nodes:
             example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
         if probes._probes:
-            probes.emit("on_compile_begin", "compiled", self.graph_id)
+            probes.compiling("compiled", self.graph_id)
         # inputs the program overwrites (an optimizer's parameters and state) donate their
         # buffers: XLA writes the new values in place. AdamW on a 0.4M-parameter MLP: 0.27
         # instead of 0.78 ms a step, which allocated and filled 24 fresh buffers
@@ -548,10 +539,10 @@ class CompiledGraph:
         )
         entry.info = CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            extra={"fx_nodes": tuple(program.nodes), "fx_code": self.gm.code, "kind": self.kind, **self.origin},
+            graph=GraphInfo(self.kind, tuple(program.nodes), self.gm.code, self.origin),
         )
         if probes._probes:
-            probes.emit("on_compile", entry.info)
+            probes.compiled(entry.info)
         return entry
 
 
@@ -614,11 +605,31 @@ def graph_stats() -> list[dict]:
 
 
 def _source_name(node: torch.fx.Node) -> str:
-    """Where dynamo took a graph input from (``L['x']``, ``L['x'].size()[0]``), for messages (issue 5)."""
+    """Where dynamo took a graph input from (``L['x']``, ``L['x'].size()[0]``), for messages."""
     source = getattr(node.meta.get("grapharg"), "source", None)
     name = getattr(source, "name", None)
     name = name() if callable(name) else name
     return str(name) if name else node.name
+
+
+def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
+    """Which dynamo frame (function) and which of its compiles ``gm`` is, so the recompile
+    tracer can tell a recompile of one function from a new function."""
+    ctx = torch._guards.CompileContext.try_get()
+    cid = ctx.compile_id if ctx is not None else None
+    known = cid is not None and cid.frame_id is not None
+    tctx = torch._guards.TracingContext.try_get()
+    function = None
+    if tctx is not None and tctx.traced_code:  # the function itself: frame ids restart with dynamo
+        code = tctx.traced_code[0]
+        function = (code.co_filename, code.co_firstlineno, code.co_name)
+    return DynamoOrigin(
+        torch.is_grad_enabled(),
+        frame=cid.frame_id if known else None,
+        compile_id=str(cid) if known else None,
+        function=function,
+        inputs=tuple(_source_name(n) for n in gm.graph.find_nodes(op="placeholder")),
+    )
 
 
 def _register_prims() -> None:
@@ -644,18 +655,7 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     single_threaded_backward()
     _register_prims()
     parent = f"g{next(_graph_ids)}"
-    # issue 5: which dynamo frame (function) and which of its compiles this is, so the
-    # recompile tracer can tell a recompile of one function from a new function
-    ctx = torch._guards.CompileContext.try_get()
-    cid = ctx.compile_id if ctx is not None else None
-    origin = {"grad_mode": torch.is_grad_enabled()}
-    if cid is not None and cid.frame_id is not None:
-        origin.update(frame=cid.frame_id, compile_id=str(cid))
-    origin["inputs"] = tuple(_source_name(n) for n in gm.graph.find_nodes(op="placeholder"))
-    tctx = torch._guards.TracingContext.try_get()
-    if tctx is not None and tctx.traced_code:  # the function itself: frame ids restart with dynamo
-        code = tctx.traced_code[0]
-        origin["code"] = (code.co_filename, code.co_firstlineno, code.co_name)
+    origin = _dynamo_origin(gm)
 
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):

@@ -337,11 +337,11 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
 
 def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = None) -> jax.Array:
     op = op or ("scalar" if implicit else "copy")  # issue 5: callers name what moved the data
-    if probes._transfer_checks:  # issue 5: a transfer guard may refuse the copy (raises)
+    if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("h2d", op, tuple(t.shape),
                               str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
     if probes._probes:
-        probes.emit("on_transfer_begin", "h2d", op)
+        probes.transferring("h2d", op)
     start = time.perf_counter()
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
@@ -353,8 +353,7 @@ def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = Non
         # and the payload never aliases the user's CPU tensor
         arr = jax.device_put(np.array(host, dtype=to_jax_dtype(t.dtype), copy=True))
     if probes._probes:
-        probes.emit(
-            "on_transfer",
+        probes.transferred(
             TransferInfo("h2d", t.numel() * t.element_size(), tuple(t.shape),
                          str(t.dtype).removeprefix("torch."),
                          op, time.perf_counter() - start),
@@ -369,11 +368,11 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
 
 def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
     """A new CPU tensor with the values of `tpu` tensor ``t``."""
-    if probes._transfer_checks:  # issue 5: a transfer guard may refuse the copy (raises)
+    if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("d2h", op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
                               t.numel() * t.element_size())
     if probes._probes:
-        probes.emit("on_transfer_begin", "d2h", op)
+        probes.transferring("d2h", op)
     start = time.perf_counter()
     arr = to_jax(t)
     host = np.array(arr)
@@ -382,8 +381,7 @@ def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
     else:
         out = torch.from_numpy(host)
     if probes._probes:
-        probes.emit(
-            "on_transfer",
+        probes.transferred(
             TransferInfo("d2h", out.numel() * out.element_size(), tuple(out.shape),
                          str(out.dtype).removeprefix("torch."), op, time.perf_counter() - start),
         )
@@ -536,7 +534,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
         return tuple(flat_out)
 
     if probes._probes:
-        probes.emit("on_compile_begin", "eager", plan.name)
+        probes.compiling("eager", plan.name)
     start = time.perf_counter()
     with jax.enable_x64(True):
         lowered = jax.jit(traced).lower(*arrays)
@@ -544,13 +542,13 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
     stats = ExecutableStats(plan.name, key, seconds)
-    # issue 5: key facts beyond the arguments (see _run_lowered), for recompile diffs
-    facts = dict(k for k in key[3:] if type(k) is tuple and len(k) == 2)
+    # what the key holds beyond the arguments (see _run_lowered), for recompile diffs
+    settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
-                       seconds, lowered, compiled, extra={"config": facts} if facts else {})
+                       seconds, lowered, compiled, settings=settings)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering, info)
     if probes._probes:
-        probes.emit("on_compile", info)
+        probes.compiled(info)
     return exe
 
 
@@ -664,10 +662,10 @@ def _run_lowered(plan: _Plan, args, kwargs):
         exe.stats.hits += 1
     exe.stats.calls += 1
     if probes._probes:
-        probes.emit("on_execute_begin", "eager", plan.name, key)
+        probes.executing("eager", plan.name, key)
         start = time.perf_counter()
         flat = exe.fn(*arrays)
-        probes.emit("on_execute", "eager", plan.name, key, time.perf_counter() - start)
+        probes.executed("eager", plan.name, key, time.perf_counter() - start)
     else:
         flat = exe.fn(*arrays)
     return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
@@ -836,8 +834,8 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
         del schema_args
         if plan.kind in ("inplace", "out"):
             if probes._probes:
-                probes.emit("on_fallback", FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs),
-                                                        time.perf_counter() - start))
+                probes.fell_back(FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs),
+                                              time.perf_counter() - start))
             return _return_written(plan, args, kwargs, _written_targets(plan, args, kwargs))
 
     def to_dev(v):
@@ -849,7 +847,7 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
 
     result = to_dev(out)
     if probes._probes:
-        probes.emit("on_fallback", FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs), time.perf_counter() - start))
+        probes.fell_back(FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs), time.perf_counter() - start))
     return result
 
 
@@ -877,7 +875,7 @@ def dispatch(op: _OpOverload, args, kwargs):
     """Run aten overload ``op`` on `tpu` tensors (the PrivateUse1 kernel)."""
     plan = _plans.get(op) or plan_for(op)
     if plan.lowering is not None:
-        if probes._op_probes:  # issue 8: divergence tracing sees each op's inputs and outputs
+        if probes._op_probes:  # divergence tracing sees each op's inputs and outputs
             return probes.observe_op(op, args, kwargs, lambda: _run_lowered(plan, args, kwargs))
         return _run_lowered(plan, args, kwargs)
     active = getattr(_guard, "ops", None)

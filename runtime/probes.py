@@ -1,57 +1,126 @@
 """The probe interface: how the runtime tells tracers what it did.
 
-The runtime records nothing itself. It calls the subscribed probes; a probe
-that raises never breaks the user's program: the error is kept in
-``probe_errors`` and handed to the probe's ``on_internal_error``.
+The runtime records nothing itself. A tracer implements some methods of
+:class:`Probe` and subscribes; the runtime reports each activity through one
+typed function of this module, which calls that method on every subscribed
+probe that has it:
+
+=====================================  ======================================
+the runtime calls                      each probe hears
+=====================================  ======================================
+``compiling(mode, name)``              ``on_compile_begin(mode, name)``
+``compiled(info)``                     ``on_compile(info: CompileInfo)``
+``executing(mode, name, key)``         ``on_execute_begin(mode, name, key)``
+``executed(mode, name, key, seconds)`` ``on_execute(mode, name, key, seconds)``
+``transferring(direction, op)``        ``on_transfer_begin(direction, op)``
+``transferred(info)``                  ``on_transfer(info: TransferInfo)``
+``fell_back(info)``                    ``on_fallback(info: FallbackInfo)``
+``evicted(mode, name, key)``           ``on_evict(mode, name, key)``
+=====================================  ======================================
+
+Which probes implement which method is worked out once, when a probe
+subscribes or unsubscribes (copy-on-write tuples), so a notification is a loop
+over the probes that listen to it. The runtime tests ``probes._probes``
+(empty unless something subscribed) before it reads a clock or builds an
+info record, so with no probe a notification costs one attribute test.
+
+A probe that raises never breaks the user's program
+(:func:`tpu_debug.hooks.deliver`): the error is counted in ``probe_errors``
+(a bounded :class:`~tpu_debug.hooks.ErrorLog`) and handed to the probe's
+``on_internal_error``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
+
+from tpu_debug.argspec import ArgSpec
+from tpu_debug.hooks import ErrorLog, Route, deliver
 
 __all__ = [
     "ArgSpec",
     "CompileInfo",
-    "TransferInfo",
+    "DynamoOrigin",
     "FallbackInfo",
+    "GraphInfo",
+    "LoweredNode",
     "Probe",
-    "subscribe",
-    "add_replay_source",
-    "unsubscribe",
+    "TransferInfo",
     "active",
-    "emit",
-    "probe_errors",
-    "observe_op",
-    "observe_graph",
-    "observed",
-    "quiet",
+    "add_replay_source",
     "add_transfer_check",
-    "remove_transfer_check",
     "check_transfer",
+    "compiled",
+    "compiling",
+    "evicted",
+    "executed",
+    "executing",
+    "fell_back",
+    "observe_graph",
+    "observe_op",
+    "observed",
+    "probe_errors",
+    "quiet",
+    "remove_transfer_check",
+    "subscribe",
+    "transferred",
+    "transferring",
+    "unsubscribe",
 ]
 
 
+# ---------------------------------------------------------------------------
+# What the runtime reports
+# ---------------------------------------------------------------------------
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class ArgSpec:
-    """One input of an executable: a tensor aval or a static Python value."""
+class LoweredNode:
+    """An FX node lowered into a compiled graph's program.
+
+    ``scope`` is the named scope its HLO instructions carry in their metadata
+    (``"mul_1|aten::mul.Tensor"``), ``stack_trace`` dynamo's record of the user
+    code that made the node.
+    """
 
     name: str
-    shape: tuple[int, ...] | None = None
-    dtype: str | None = None
-    static: Any = None
-    # issue 5: the rest of what the key holds about this input, so a recompile can
-    # say what changed: a Python number baked into the executable (a static
-    # ``Scalar`` argument), and how a tensor is read (("stride", ...), ("offset",
-    # ...), ("storage", ...) for a strided view; ("device", "cpu") for a host scalar)
-    scalar: bool = False
-    layout: tuple[tuple[str, Any], ...] = ()
+    target: str
+    scope: str
+    stack_trace: str | None
 
-    def render(self) -> str:
-        if self.shape is None:
-            return f"{self.name}={self.static!r}"
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DynamoOrigin:
+    """What dynamo captured into a graph; the forward, backward and inference graphs
+    AOTAutograd makes of one capture share it.
+
+    ``frame`` is dynamo's frame id (one per code object, restarted by
+    ``torch._dynamo.reset()``), ``compile_id`` which of its compiles this is
+    (``"0/1"``), ``function`` the compiled function's (file, first line, name),
+    ``inputs`` dynamo's source of each graph input (``"L['x']"``,
+    ``"G['m']._parameters['weight']"``), ``grad_mode`` whether grad was enabled.
+    """
+
+    grad_mode: bool
+    frame: int | None = None
+    compile_id: str | None = None
+    function: tuple[str, int, str] | None = None
+    inputs: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GraphInfo:
+    """A compiled-mode graph: which AOT graph (``kind``: ``"forward"``, ``"backward"`` or
+    ``"inference"``), its lowered nodes, its FX code, and where dynamo got it."""
+
+    kind: str
+    nodes: tuple[LoweredNode, ...]
+    code: str
+    origin: DynamoOrigin
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,7 +128,10 @@ class CompileInfo:
     """An executable was compiled (an eager op or a compiled graph).
 
     ``lowered``/``compiled`` are the JAX stage objects; text is produced only
-    when a tracer asks for it.
+    when a tracer asks for it. ``settings`` are what the executable's key holds
+    beyond its arguments (``("matmul precision", "highest")``); ``graph``
+    describes a compiled-mode graph (None for an eager op). ``replayed`` marks
+    a compile that happened before the probe subscribed (see :func:`subscribe`).
     """
 
     mode: str
@@ -69,7 +141,9 @@ class CompileInfo:
     seconds: float
     lowered: Any = None
     compiled: Any = None
-    extra: dict = dataclasses.field(default_factory=dict)
+    settings: tuple[tuple[str, Any], ...] = ()
+    graph: GraphInfo | None = None
+    replayed: bool = False
 
     def stablehlo(self) -> str:
         return self.lowered.as_text() if self.lowered is not None else ""
@@ -101,8 +175,9 @@ class FallbackInfo:
 
 @runtime_checkable
 class Probe(Protocol):
-    """What a tracer implements to hear from the runtime. All methods optional
-    in practice: missing ones are skipped."""
+    """What a tracer implements to hear from the runtime. Every method is optional:
+    a probe is called only for the methods it defines (a subclass of ``Probe`` that
+    does not override one is not called for it)."""
 
     def on_compile(self, info: CompileInfo) -> None: ...
 
@@ -112,10 +187,13 @@ class Probe(Protocol):
 
     def on_fallback(self, info: FallbackInfo) -> None: ...
 
-    # Begin notifications (issue 9: host-side spans on a profiler timeline). Each is
-    # called just before the activity, on the thread that runs it; the matching
-    # on_execute / on_compile / on_transfer follows on that thread, unless the
-    # activity raised (a probe that keeps spans open must tolerate a missing end).
+    def on_evict(self, mode: str, name: str, key: Any) -> None:
+        """The executable of ``key`` left the runtime's cache; running it again compiles it again."""
+
+    # Begin notifications, for host-side spans on a profiler timeline. Each is called
+    # just before the activity, on the thread that runs it; the matching on_execute /
+    # on_compile / on_transfer follows on that thread, unless the activity raised (a
+    # probe that keeps spans open must tolerate a missing end).
 
     def on_execute_begin(self, mode: str, name: str, key: Any) -> None: ...
 
@@ -123,9 +201,9 @@ class Probe(Protocol):
 
     def on_transfer_begin(self, direction: str, op: str) -> None: ...
 
-    # Observed ops and graphs (issue 8: divergence against CPU; see the end of this
-    # module). A probe with any of these sees every eager op with its inputs and
-    # outputs, and every compiled-graph call with its input arrays.
+    # Observed ops and graphs, for comparing against CPU (see "Observed ops and graphs"
+    # below). A probe with any of these sees every eager op with its inputs and outputs,
+    # and every compiled-graph call with its input arrays.
 
     def before_op(self, op: Any, args: tuple, kwargs: dict) -> None: ...
 
@@ -133,74 +211,166 @@ class Probe(Protocol):
 
     def on_graph(self, graph: Any, arrays: list, outputs: Any) -> None: ...
 
+    def on_internal_error(self, method: str, exc: BaseException) -> None:
+        """One of this probe's methods (``method``) raised ``exc``; the program went on."""
+
+
+# ---------------------------------------------------------------------------
+# Subscribers
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Routes:
+    """Per notification, the subscribed probes that implement it."""
+
+    on_compile: Route = ()
+    on_execute: Route = ()
+    on_transfer: Route = ()
+    on_fallback: Route = ()
+    on_evict: Route = ()
+    on_execute_begin: Route = ()
+    on_compile_begin: Route = ()
+    on_transfer_begin: Route = ()
+    before_op: Route = ()
+    on_op: Route = ()
+    on_graph: Route = ()
+
+
+_NOTIFICATIONS = tuple(f.name for f in dataclasses.fields(_Routes))
+_OBSERVING = ("before_op", "on_op", "on_graph")
 
 _lock = threading.Lock()
 _probes: tuple[Any, ...] = ()
-probe_errors: list[tuple[str, BaseException]] = []
+# the probes that observe ops or graphs: the runtime tests this before it hands them values
+_op_probes: tuple[Any, ...] = ()
+_routes = _Routes()
+_replay_sources: tuple = ()
+
+#: failures of probe methods (bounded: the first ones as text, and a count of all)
+probe_errors = ErrorLog()
 
 
-_replay_sources: list = []
+def _route(probe: Any, method: str) -> Route:
+    fn = getattr(probe, method, None)
+    # the Protocol's own stubs (a probe subclassing Probe) do not count
+    if fn is None or getattr(type(probe), method, None) is getattr(Probe, method):
+        return ()
+    return ((probe, method, fn),)
+
+
+def _rebuild() -> None:
+    global _routes, _op_probes
+    _routes = _Routes(**{m: sum((_route(p, m) for p in _probes), ()) for m in _NOTIFICATIONS})
+    _op_probes = tuple(p for p in _probes if any(_route(p, m) for m in _OBSERVING))
 
 
 def add_replay_source(source) -> None:
     """``source()`` yields the CompileInfo of executables compiled so far."""
-    _replay_sources.append(source)
+    global _replay_sources
+    with _lock:
+        _replay_sources = (*_replay_sources, source)
 
 
 def subscribe(probe: Any, *, replay: bool = False) -> None:
-    """Start calling ``probe``. With ``replay``, it first hears ``on_compile``
-    for every executable compiled before it subscribed (``extra["replayed"]``)."""
+    """Start calling ``probe`` (subscribing it twice is subscribing it once).
+
+    Args:
+        probe: an object with some of :class:`Probe`'s methods.
+        replay: first tell it ``on_compile`` for every executable compiled
+            before it subscribed (with ``replayed=True``), so it knows the keys
+            an executable was compiled for.
+
+    Example:
+        >>> probes.subscribe(recorder, replay=True)
+        >>> try: run()
+        ... finally: probes.unsubscribe(recorder)
+    """
     global _probes
     with _lock:
         if probe in _probes:
             return
         _probes = _probes + (probe,)
-        _refresh_op_probes()  # issue 8
-    if replay and hasattr(probe, "on_compile"):
-        for source in list(_replay_sources):
+        _rebuild()
+    route = _route(probe, "on_compile")
+    if replay and route:
+        for source in _replay_sources:
             for info in source():
-                replayed = dataclasses.replace(info, extra={**info.extra, "replayed": True})
-                try:
-                    probe.on_compile(replayed)
-                except Exception as exc:  # noqa: BLE001 - a tracer must not break the program
-                    probe_errors.append((f"{type(probe).__name__}.on_compile", exc))
+                deliver(route, (dataclasses.replace(info, replayed=True),), probe_errors)
 
 
 def unsubscribe(probe: Any) -> None:
+    """Stop calling ``probe`` (a probe not subscribed is ignored)."""
     global _probes
     with _lock:
         _probes = tuple(p for p in _probes if p is not probe)
-        _refresh_op_probes()  # issue 8
+        _rebuild()
 
 
 def active() -> tuple[Any, ...]:
+    """The subscribed probes."""
     return _probes
 
 
-def emit(method: str, *args: Any) -> None:
-    """Call ``method`` on every probe; a probe's own error is recorded, never raised."""
-    if _quiet and threading.get_ident() in _quiet:
-        return  # issue 8: device work a probe does itself is not the program's
-    for probe in _probes:
-        fn = getattr(probe, method, None)
-        if fn is None:
-            continue
-        try:
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 - a tracer must not break the program
-            if getattr(exc, "stops_program", False):
-                raise  # issue 5: a guard that tripped on purpose (expect_no_recompiles)
-            probe_errors.append((f"{type(probe).__name__}.{method}", exc))
-            handler = getattr(probe, "on_internal_error", None)
-            if handler is not None:
-                try:
-                    handler(method, exc)
-                except Exception as exc2:  # noqa: BLE001
-                    probe_errors.append((f"{type(probe).__name__}.on_internal_error", exc2))
+# ---------------------------------------------------------------------------
+# Notifications (the runtime calls these after testing ``probes._probes``)
+# ---------------------------------------------------------------------------
+# A thread in ``_quiet`` is running a probe's own device work: it is not the program's.
+
+_quiet: set[int] = set()
+_get_ident = threading.get_ident
+
+
+def compiling(mode: str, name: str) -> None:
+    """An executable for op or graph ``name`` is about to be compiled."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_compile_begin, (mode, name), probe_errors)
+
+
+def compiled(info: CompileInfo) -> None:
+    """An executable was compiled."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_compile, (info,), probe_errors)
+
+
+def executing(mode: str, name: str, key: Any) -> None:
+    """The executable of ``key`` is about to run."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_execute_begin, (mode, name, key), probe_errors)
+
+
+def executed(mode: str, name: str, key: Any, seconds: float) -> None:
+    """The executable of ``key`` ran, taking ``seconds`` to dispatch."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_execute, (mode, name, key, seconds), probe_errors)
+
+
+def transferring(direction: str, op: str) -> None:
+    """Data is about to move (``direction``: ``"h2d"``, ``"d2h"``, ``"d2d"``)."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_transfer_begin, (direction, op), probe_errors)
+
+
+def transferred(info: TransferInfo) -> None:
+    """Data moved between host and device."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_transfer, (info,), probe_errors)
+
+
+def fell_back(info: FallbackInfo) -> None:
+    """An op with no lowering ran on CPU."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_fallback, (info,), probe_errors)
+
+
+def evicted(mode: str, name: str, key: Any) -> None:
+    """The executable of ``key`` was dropped from the runtime's cache."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_evict, (mode, name, key), probe_errors)
 
 
 # ---------------------------------------------------------------------------
-# Observed ops and graphs (issue 8: divergence against CPU)
+# Observed ops and graphs (divergence against CPU)
 # ---------------------------------------------------------------------------
 # A probe with ``on_op(op, args, kwargs, outputs)`` (and optionally
 # ``before_op(op, args, kwargs)``) sees every eager op with its inputs and
@@ -210,40 +380,34 @@ def emit(method: str, *args: Any) -> None:
 # While a probe handles a notification its thread is quiet: device work the
 # probe does itself is neither observed nor reported to any probe.
 
-_op_probes: tuple[Any, ...] = ()
-_quiet: set[int] = set()
 
-
-def _refresh_op_probes() -> None:
-    global _op_probes
-    _op_probes = tuple(p for p in _probes if _wants_ops(p))
-
-
-def _wants_ops(probe: Any) -> bool:
-    # the Protocol's own stubs (a probe subclassing Probe) do not count
-    return any(
-        getattr(probe, name, None) is not None and getattr(type(probe), name, None) is not getattr(Probe, name)
-        for name in ("on_op", "on_graph")
-    )
+def _observe(route: Route, args: tuple, me: int) -> None:
+    if not route:
+        return
+    _quiet.add(me)
+    try:
+        deliver(route, args, probe_errors)
+    finally:
+        _quiet.discard(me)
 
 
 def observe_op(op: Any, args: Any, kwargs: Any, run: Any) -> Any:
     """``run()`` (the op's execution), with ``before_op``/``on_op`` around it."""
-    me = threading.get_ident()
+    me = _get_ident()
     if me in _quiet:
         return run()
-    watchers = _op_probes
-    _notify(watchers, "before_op", me, op, args, kwargs)
+    routes = _routes
+    _observe(routes.before_op, (op, args, kwargs), me)
     out = run()
-    _notify(watchers, "on_op", me, op, args, kwargs, out)
+    _observe(routes.on_op, (op, args, kwargs, out), me)
     return out
 
 
 def observe_graph(graph: Any, arrays: list, outputs: Any) -> None:
     """A compiled graph ran on ``arrays`` (its inputs) and gave ``outputs``."""
-    me = threading.get_ident()
+    me = _get_ident()
     if me not in _quiet:
-        _notify(_op_probes, "on_graph", me, graph, arrays, outputs)
+        _observe(_routes.on_graph, (graph, arrays, outputs), me)
 
 
 def observed(op: Any, kernel: Any) -> Any:
@@ -258,47 +422,26 @@ def observed(op: Any, kernel: Any) -> Any:
     return kernel_observed
 
 
-def quiet() -> Any:
-    """A context manager: this thread's device work is not observed or reported meanwhile."""
-    import contextlib
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """This thread's device work is not observed or reported to any probe meanwhile.
 
-    @contextlib.contextmanager
-    def scope():
-        me = threading.get_ident()
-        nested = me in _quiet
-        _quiet.add(me)
-        try:
-            yield
-        finally:
-            if not nested:
-                _quiet.discard(me)
-
-    return scope()
-
-
-def _notify(watchers: tuple, method: str, me: int, *args: Any) -> None:
+    Example:
+        >>> with probes.quiet():
+        ...     reference = x.cpu()   # a tracer's own copy: no transfer event
+    """
+    me = _get_ident()
+    nested = me in _quiet
     _quiet.add(me)
     try:
-        for probe in watchers:
-            fn = getattr(probe, method, None)
-            if fn is None:
-                continue
-            try:
-                fn(*args)
-            except Exception as exc:  # noqa: BLE001 - a tracer must not break the program
-                probe_errors.append((f"{type(probe).__name__}.{method}", exc))
-                handler = getattr(probe, "on_internal_error", None)
-                if handler is not None:
-                    try:
-                        handler(method, exc)
-                    except Exception as exc2:  # noqa: BLE001
-                        probe_errors.append((f"{type(probe).__name__}.on_internal_error", exc2))
+        yield
     finally:
-        _quiet.discard(me)
+        if not nested:
+            _quiet.discard(me)
 
 
 # ---------------------------------------------------------------------------
-# Transfer checks (issue 5: transfer guards)
+# Transfer checks (transfer guards)
 # ---------------------------------------------------------------------------
 # Unlike a probe, a check may raise: it runs before data moves, and a transfer
 # guard set to "disallow" stops the copy with an error that must reach the
@@ -322,7 +465,7 @@ def remove_transfer_check(check: Any) -> None:
 
 def check_transfer(direction: str, op: str, shape: tuple, dtype: str, nbytes: int) -> None:
     """Run the transfer checks (the runtime calls this; a check's error propagates)."""
-    if _quiet and threading.get_ident() in _quiet:
+    if _quiet and _get_ident() in _quiet:
         return  # a probe's own device work is not the program's
     for check in _transfer_checks:
         check(direction, op, shape, dtype, nbytes)

@@ -1,4 +1,4 @@
-"""Guards for CI and for finding hidden costs: no recompiles here, no (implicit) transfers here (issue 5).
+"""Guards for CI and for finding hidden costs: no recompiles here, no (implicit) transfers here.
 
 - :func:`expect_no_recompiles` raises :class:`~tpu_debug.errors.RecompileError`
   on the first recompile inside it (an op or graph compiled again with a new
@@ -50,7 +50,7 @@ class _RecompileGuard:
 
     def on_compile(self, info: Any) -> None:
         seen = self.tracker.observe(info)
-        if not seen.recompile or (info.extra or {}).get("replayed"):
+        if not seen.recompile or info.replayed:
             return
         text = explain(seen.identity, seen.diffs, location=user_location(1), compiles=seen.compiles)
         raise RecompileError(
@@ -171,9 +171,9 @@ def transfer_guard(level: str, *, implicit_only: bool = False):
 
 
 class TraceGuards:
-    """The issue-5 parts of a trace: dynamo events into the run, the recompile guard
-    (``fail_on_recompile``) and the transfer guards. ``start()`` after the recorder
-    subscribes, ``stop()`` before it unsubscribes."""
+    """What a trace adds for recompiles and transfers: dynamo's events into the run, the
+    recompile guard (``fail_on_recompile``) and the transfer guards. ``start()`` after the
+    recorder subscribes, ``stop()`` before it unsubscribes."""
 
     def __init__(self, config: Any, writer: Any, recorder: Any) -> None:
         self.config = config

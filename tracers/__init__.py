@@ -24,7 +24,7 @@ from tpu_debug.tracers.events import (
     SourceLocation,
     TransferEvent,
 )
-from tpu_debug.tracers.hlo import FxNodeInfo, Program, make_program, parse_instructions, program_hash
+from tpu_debug.tracers.hlo import Program, ProgramNode, make_program, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunMetadata, RunQuery
 from tpu_debug.tracers.recorder import Recorder
@@ -47,7 +47,7 @@ __all__ = [
     "ArgInfo",
     "KeyDiff",
     "SourceLocation",
-    "FxNodeInfo",
+    "ProgramNode",
     "Program",
     "make_program",
     "parse_instructions",

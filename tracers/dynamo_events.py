@@ -1,4 +1,4 @@
-"""Dynamo's own account of a compile: failed guards, graph breaks, recompile-limit hits (issue 5).
+"""Dynamo's own account of a compile: failed guards, graph breaks, recompile-limit hits.
 
 Read through PyTorch's logging, never by scraping stderr:
 
@@ -38,6 +38,8 @@ from tpu_debug.tracers.events import (
     SourceLocation,
 )
 from tpu_debug.tracers.location import user_location
+
+from tpu_debug.hooks import ErrorLog, deliver, report_failure
 
 __all__ = [
     "DynamoListener",
@@ -125,7 +127,8 @@ _strings: dict[int, str] = {}  # the structured trace interns file names
 _frames: dict[int, tuple[str, str]] = {}  # frame id -> (function, file)
 _failures: collections.OrderedDict[str, GuardFailure] = collections.OrderedDict()
 _saved_level: int | None = None
-internal_errors: list[tuple[str, BaseException]] = []
+#: failures of listener methods (bounded: the first ones as text, and a count of all)
+internal_errors = ErrorLog()
 
 
 def installed() -> bool:
@@ -184,24 +187,10 @@ def _detach() -> None:
 
 
 def _notify(method: str, item: Any) -> None:
-    for listener in _listeners:
-        fn = getattr(listener, method, None)
-        if fn is None:
-            continue
-        try:
-            fn(item)
-        except Exception as exc:  # noqa: BLE001 - a tracer must not break the compile
-            _internal_error(listener, method, exc)
-
-
-def _internal_error(listener: Any, method: str, exc: BaseException) -> None:
-    internal_errors.append((f"{type(listener).__name__}.{method}", exc))
-    handler = getattr(listener, "on_internal_error", None)
-    if handler is not None:
-        try:
-            handler(method, exc)
-        except Exception as exc2:  # noqa: BLE001
-            internal_errors.append((f"{type(listener).__name__}.on_internal_error", exc2))
+    route = tuple(
+        (listener, method, fn) for listener in _listeners if (fn := getattr(listener, method, None)) is not None
+    )
+    deliver(route, (item,), internal_errors)
 
 
 # ---------------------------------------------------------------------------------
@@ -341,7 +330,7 @@ class _TraceHandler(logging.Handler):
                 _on_structured(md, getattr(record, "payload", None))
         except Exception as exc:  # noqa: BLE001 - never break dynamo's compile
             for listener in _listeners:
-                _internal_error(listener, "structured trace", exc)
+                report_failure(listener, "structured trace", exc, internal_errors)
 
 
 class _LimitHandler(logging.Handler):
@@ -349,9 +338,9 @@ class _LimitHandler(logging.Handler):
         try:
             if isinstance(record.msg, str) and record.msg.startswith(_LIMIT_PREFIX):
                 _on_limit(record)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - never break dynamo's compile
             for listener in _listeners:
-                _internal_error(listener, "recompile limit", exc)
+                report_failure(listener, "recompile limit", exc, internal_errors)
 
 
 _trace_handler = _TraceHandler(logging.DEBUG)

@@ -17,6 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+# One input of a compiled program, in its recorded form (static values as their repr text):
+# the class the runtime reports inputs with, shared so there is one definition
+from tpu_debug.argspec import ArgSpec as ArgInfo
+
 __all__ = [
     "SCHEMA_VERSION",
     "SourceLocation",
@@ -49,22 +53,6 @@ class SourceLocation:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ArgInfo:
-    """One input of a compiled program: a tensor aval (``shape``/``dtype``) or a
-    static value (``static``, its ``repr``)."""
-
-    name: str
-    shape: tuple[int, ...] | None = None
-    dtype: str | None = None
-    static: str | None = None
-
-    def render(self) -> str:
-        if self.shape is None:
-            return f"{self.name}={self.static}"
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

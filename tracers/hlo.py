@@ -2,7 +2,7 @@
 
 Names come from JAX, not from guessing: the runtime runs each eager op inside
 ``jax.named_scope("aten::<op>")`` and each FX node of a compiled graph inside
-a named scope carrying the node name (issue 3), and XLA keeps those scopes in
+a named scope carrying the node name, and XLA keeps those scopes in
 every optimized instruction's ``metadata={op_name="jit(f)/<scope>/.../<prim>"}``.
 """
 
@@ -19,14 +19,14 @@ from tpu_debug.tracers.location import is_library_file
 
 __all__ = [
     "HloInstruction",
-    "FxNodeInfo",
     "Program",
-    "program_hash",
-    "parse_instructions",
-    "instruction_lines",
+    "ProgramNode",
     "fx_nodes_from",
-    "map_nodes",
+    "instruction_lines",
     "make_program",
+    "map_nodes",
+    "parse_instructions",
+    "program_hash",
 ]
 
 
@@ -41,8 +41,8 @@ class HloInstruction:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class FxNodeInfo:
-    """An FX node of a compiled graph: its name, target and user source line."""
+class ProgramNode:
+    """An FX node of a stored compiled-graph program: its name, target and user source line."""
 
     name: str
     target: str
@@ -59,7 +59,7 @@ class Program:
     stablehlo: str
     hlo: str
     instructions: int
-    fx_nodes: tuple[FxNodeInfo, ...] = ()
+    fx_nodes: tuple[ProgramNode, ...] = ()
     node_instructions: tuple[tuple[str, str], ...] = ()  # (node, instruction)
 
 
@@ -130,11 +130,11 @@ def _location_from_stack_trace(stack_trace: str | None) -> SourceLocation | None
     return found
 
 
-def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
-    """Normalise what a compiled-mode ``CompileInfo.extra["fx_nodes"]`` holds.
+def fx_nodes_from(nodes: Iterable[Any]) -> tuple[ProgramNode, ...]:
+    """The stored form of a compiled graph's nodes (``CompileInfo.graph.nodes``).
 
     Accepts objects with ``name``, ``target`` and ``stack_trace`` (the
-    runtime's node records) or ``meta["stack_trace"]`` (``torch.fx.Node``),
+    runtime's ``LoweredNode``) or ``meta["stack_trace"]`` (``torch.fx.Node``),
     mappings with ``name`` and optional ``target``,
     ``stack_trace`` or ``location`` (``(file, line[, function])``), or plain
     node names.
@@ -142,7 +142,7 @@ def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
     out = []
     for node in nodes:
         if isinstance(node, str):
-            out.append(FxNodeInfo(node, "", None))
+            out.append(ProgramNode(node, "", None))
             continue
         if isinstance(node, Mapping):
             name = str(node["name"])
@@ -162,7 +162,7 @@ def fx_nodes_from(nodes: Iterable[Any]) -> tuple[FxNodeInfo, ...]:
         else:
             location = _location_from_stack_trace(stack)
         target_name = target if isinstance(target, str) else getattr(target, "__name__", None) or str(target)
-        out.append(FxNodeInfo(name, str(target_name), location))
+        out.append(ProgramNode(name, str(target_name), location))
     return tuple(out)
 
 

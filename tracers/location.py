@@ -14,7 +14,7 @@ from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import SourceLocation
 
-__all__ = ["user_location", "is_library_file", "library_roots"]
+__all__ = ["is_library_file", "is_own_file", "library_roots", "location_of", "own_dirs", "user_location"]
 
 
 def _package_dir(module_name: str) -> str | None:
@@ -28,7 +28,9 @@ def _package_dir(module_name: str) -> str | None:
     return os.path.dirname(os.path.realpath(file)) + os.sep if file else None
 
 
-def _tpu_debug_dirs() -> list[str]:
+def own_dirs() -> tuple[str, ...]:
+    """tpu_debug's own package directories (tpu_debug, its runtime and tracers, and the
+    TUI once imported), each ending in ``os.sep``."""
     import tpu_debug.runtime
     import tpu_debug.tracers
 
@@ -40,22 +42,47 @@ def _tpu_debug_dirs() -> list[str]:
     tui = sys.modules.get("tpu_debug.tui")
     if tui is not None and getattr(tui, "__file__", None):
         dirs.add(os.path.dirname(os.path.realpath(tui.__file__)) + os.sep)
-    return sorted(d for d in dirs if d)
+    return tuple(sorted(d for d in dirs if d))
+
+
+def _site_packages() -> list[str]:
+    # a virtual environment made with --system-site-packages also imports from the base
+    # interpreter's site-packages, which sysconfig does not name and which sits inside
+    # the base interpreter's stdlib tree
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", list)())
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    return dirs + ([user] if isinstance(user, str) else [])
 
 
 def library_roots() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(library package dirs, site-packages dirs, stdlib dirs), each ending in ``os.sep``."""
     libs = [d for d in (_package_dir(m) for m in ("torch", "jax", "jaxlib")) if d]
-    libs.extend(_tpu_debug_dirs())
+    libs.extend(_own())
     paths = sysconfig.get_paths()
-    site = {os.path.realpath(paths[k]) + os.sep for k in ("purelib", "platlib")}
+    site_dirs = [paths["purelib"], paths["platlib"], *_site_packages()]
+    site = {os.path.realpath(d) + os.sep for d in site_dirs}
     stdlib = {os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib")}
     return tuple(libs), tuple(site), tuple(stdlib)
 
 
+_own_dirs: tuple[str, ...] | None = None
 _roots: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
 _verdicts: dict[CodeType, bool] = {}
 _lock = threading.Lock()
+
+
+def _own() -> tuple[str, ...]:
+    global _own_dirs
+    if _own_dirs is None:
+        _own_dirs = own_dirs()
+    return _own_dirs
+
+
+def is_own_file(filename: str) -> bool:
+    """True when ``filename`` is tpu_debug's own code (the one test of "is this frame ours")."""
+    return os.path.realpath(filename).startswith(_own())
 
 
 def is_library_file(filename: str) -> bool:

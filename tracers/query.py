@@ -35,7 +35,7 @@ from tpu_debug.tracers.events import (
     TransferEvent,
     event_type,
 )
-from tpu_debug.tracers.hlo import FxNodeInfo, instruction_lines
+from tpu_debug.tracers.hlo import ProgramNode, instruction_lines
 from tpu_debug.tracers.store import connect
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError
@@ -596,7 +596,7 @@ class RunQuery:
             raise NotRecordedError(f"{self.db_path}: no program {program!r} in this run")
         return ProgramText(*rows[0])
 
-    def fx_nodes(self, program: int | str) -> list[FxNodeInfo]:
+    def fx_nodes(self, program: int | str) -> list[ProgramNode]:
         """The FX nodes of a compiled program, with their source lines."""
         pid = self.program(program).id
         rows = self._rows(
@@ -604,7 +604,7 @@ class RunQuery:
             "LEFT JOIN locations l ON l.id = n.location_id WHERE n.program_id = ? ORDER BY n.position",
             (pid,),
         )
-        return [FxNodeInfo(node, target, self._location(f, ln, fn)) for node, target, f, ln, fn in rows]
+        return [ProgramNode(node, target, self._location(f, ln, fn)) for node, target, f, ln, fn in rows]
 
     def node_instructions(self, program: int | str, node: str) -> list[str]:
         """Names of the optimized-HLO instructions that came from FX node ``node``."""

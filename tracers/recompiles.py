@@ -231,9 +231,9 @@ def _pretty_source(source: str) -> str:
 def _named_args(info: Any) -> tuple:
     """A forward graph's arguments named after dynamo's sources for them, when they line up."""
     args = tuple(info.args)
-    extra = info.extra or {}
-    names = extra.get("inputs")
-    if info.mode != "compiled" or extra.get("kind") == "backward" or not names or len(names) != len(args):
+    graph = info.graph
+    names = graph.origin.inputs if graph is not None else ()
+    if info.mode != "compiled" or graph.kind == "backward" or not names or len(names) != len(args):
         return args
     return tuple(dataclasses.replace(a, name=_pretty_source(str(n))) for a, n in zip(args, names))
 
@@ -245,24 +245,24 @@ def _layout_text(key: str, value: Any) -> str:
 
 
 def _facts(info: Any) -> dict[str, str]:
-    extra = info.extra or {}
-    facts = {str(k): str(v) for k, v in (extra.get("config") or {}).items()}
-    if info.mode == "compiled":
-        if "grad_mode" in extra:
-            facts["grad mode"] = "enabled" if extra["grad_mode"] else "disabled"
-        kind = extra.get("kind")
-        if kind in ("forward", "inference"):
-            facts["graph kind"] = kind
+    facts = {str(k): str(v) for k, v in info.settings}
+    graph = info.graph
+    if info.mode == "compiled" and graph is not None:
+        facts["grad mode"] = "enabled" if graph.origin.grad_mode else "disabled"
+        if graph.kind in ("forward", "inference"):
+            facts["graph kind"] = graph.kind
     return facts
 
 
 def _identity(info: Any) -> tuple[Any, str]:
     if info.mode != "compiled":
         return ("eager", str(info.name)), str(info.name)
-    extra = info.extra or {}
-    direction = "backward" if extra.get("kind") == "backward" else "forward"
-    frame = extra.get("frame")
-    code = extra.get("code")
+    graph = info.graph
+    if graph is None:
+        return ("graph", str(info.name)), str(info.name)
+    direction = "backward" if graph.kind == "backward" else "forward"
+    frame = graph.origin.frame
+    code = graph.origin.function
     if code is not None:  # (file, first line, name) of the function dynamo compiled
         file, line, name = code
         label = f"{dynamo_events.pretty_function(name)} in {os.path.basename(file)} ({direction})"
@@ -299,13 +299,13 @@ class RecompileTracker:
         if known is None or (known.startswith("frame ") and not label.startswith("frame ")):
             self._labels[ident] = label
         label = self._labels[ident]
-        extra = info.extra or {}
         facts = _facts(info)
-        entry = _Seen(info.key, _named_args(info), facts, extra.get("compile_id"))
+        compile_id = info.graph.origin.compile_id if info.graph is not None else None
+        entry = _Seen(info.key, _named_args(info), facts, compile_id)
         history = self._seen.setdefault(ident, [])
         diffs: tuple[KeyDiff, ...] = ()
         previous: _Seen | None = None
-        if history and not extra.get("replayed"):
+        if history and not info.replayed:
             previous, found = self._closest(entry, history)
             diffs = tuple(self._with_dynamo(found, previous, entry, info))
         history.append(entry)

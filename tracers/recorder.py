@@ -16,7 +16,6 @@ import traceback
 from typing import Any
 
 from tpu_debug.tracers.events import (
-    ArgInfo,
     CompileEvent,
     FallbackEvent,
     InternalErrorEvent,
@@ -26,20 +25,24 @@ from tpu_debug.tracers.events import (
 from tpu_debug.tracers.hlo import make_program, program_hash
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker
-from tpu_debug.tracers.transfers import IMPLICIT, classify
 from tpu_debug.tracers.store import RunWriter, StatRow
+from tpu_debug.tracers.transfers import IMPLICIT, classify
 
-__all__ = ["Recorder", "IMPLICIT_TRANSFER_OPS"]
+__all__ = ["IMPLICIT_TRANSFER_OPS", "Recorder"]
 
 # transfers nobody asked for: a sync to read a value, a scalar operand, a CPU fallback
-IMPLICIT_TRANSFER_OPS = IMPLICIT  # issue 5: see tracers/transfers.py
+# (tracers/transfers.py tells them apart)
+IMPLICIT_TRANSFER_OPS = IMPLICIT
 
-# frames between the runtime's call site and the probe method: emit() + the method
+# frames between the probe method and the runtime's call site: deliver() and the typed
+# notification (probes.compiled, ...); all of them library frames user_location skips
 _PROBE_DEPTH = 3
 
 
-class _Stat:
-    __slots__ = ("id", "mode", "name", "signature", "program", "count", "seconds", "written")
+class _Executable:
+    """One executable's row of counters in the run (``op_stats``)."""
+
+    __slots__ = ("id", "mode", "name", "parts", "program", "signature", "written")
 
     def __init__(self, id: int, mode: str, name: str, signature: str, program: str | None) -> None:
         self.id = id
@@ -47,20 +50,29 @@ class _Stat:
         self.name = name
         self.signature = signature
         self.program = program
+        self.written = 0  # executions stored so far
+        self.parts: list[_Count] = []  # one per thread that ran it
+
+
+class _Count:
+    """One thread's executions of one executable. Only that thread writes it, so no
+    increment is lost; the writer thread reads it (``snapshot``)."""
+
+    __slots__ = ("count", "exe", "seconds")
+
+    def __init__(self, exe: _Executable) -> None:
+        self.exe = exe
         self.count = 0
         self.seconds = 0.0
-        self.written = 0
-
-
-def _arg_info(spec: Any) -> ArgInfo:
-    shape = getattr(spec, "shape", None)
-    if shape is not None:
-        return ArgInfo(str(spec.name), tuple(int(d) for d in shape), str(spec.dtype), None)
-    return ArgInfo(str(spec.name), None, None, repr(getattr(spec, "static", None)))
 
 
 class Recorder:
     """Records what the runtime reports into a :class:`RunWriter`.
+
+    Probes fire on whichever thread does device work (a DataLoader worker, say):
+    each thread counts executions in counters of its own, which ``snapshot``
+    (the writer thread) adds up, so the hot path takes no lock; compiles, which
+    are rare, are recorded under a lock.
 
     Args:
         writer: where events go.
@@ -74,12 +86,14 @@ class Recorder:
         self.hlo = hlo
         self.op_events = op_events
         self._t0 = time.perf_counter()
-        self._stats: dict[Any, _Stat] = {}
+        self._stats: dict[Any, _Executable] = {}
         self._keys: dict[Any, tuple[str, str | None]] = {}
         self._latest: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._stat_ids = 0
-        self._lock = threading.Lock()
-        self.recompiles = RecompileTracker()  # issue 5: first compile or recompile, and why
+        self._lock = threading.Lock()  # creating an executable's counters
+        self._compile_lock = threading.Lock()  # one compile recorded at a time
+        self._local = threading.local()  # .counts: this thread's {key: _Count}
+        self.recompiles = RecompileTracker()  # first compile or recompile, and why
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -89,11 +103,12 @@ class Recorder:
     # -- probe methods ------------------------------------------------------------------
 
     def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
-        stat = self._stats.get(key)
-        if stat is None:
-            stat = self._new_stat(mode, name, key)
-        stat.count += 1
-        stat.seconds += seconds
+        try:
+            count = self._local.counts[key]
+        except (AttributeError, KeyError):  # this thread's first run of the executable
+            count = self._new_count(mode, name, key)
+        count.count += 1
+        count.seconds += seconds
         if self.op_events:
             self.writer.put(
                 OpEvent(
@@ -104,30 +119,34 @@ class Recorder:
                     user_location(_PROBE_DEPTH),
                     name,
                     seconds,
-                    stat.program,
+                    count.exe.program,
                 )
             )
 
     def on_compile(self, info: Any) -> None:
         ts = self.clock() - float(info.seconds)
         location = user_location(_PROBE_DEPTH)
-        seen = self.recompiles.observe(info)  # issue 5 (a replayed compile only becomes history)
-        args = tuple(_arg_info(a) for a in seen.args)
+        with self._compile_lock:
+            self._record_compile(info, ts, location)
+
+    def _record_compile(self, info: Any, ts: float, location: Any) -> None:
+        seen = self.recompiles.observe(info)  # a replayed compile only becomes history
+        args = tuple(a.recorded() for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None
         if self.hlo:
             stablehlo, hlo = info.stablehlo(), info.hlo()
             program = program_hash(stablehlo, hlo)
             if not self.writer.has_program(program):
-                fx_nodes = (info.extra or {}).get("fx_nodes") or ()
+                nodes = info.graph.nodes if info.graph is not None else ()
                 self.writer.add_program(
-                    make_program(info.mode, str(info.name), stablehlo, hlo, fx_nodes, content_hash=program)
+                    make_program(info.mode, str(info.name), stablehlo, hlo, nodes, content_hash=program)
                 )
         self._keys[info.key] = self._latest[(info.mode, str(info.name))] = (signature, program)
-        stat = self._stats.get(info.key)
-        if stat is not None:  # executed before its compile was seen (a recompile of the same key)
-            stat.signature, stat.program = signature, program
-        if (info.extra or {}).get("replayed"):
+        exe = self._stats.get(info.key)
+        if exe is not None:  # executed before its compile was seen (a recompile of the same key)
+            exe.signature, exe.program = signature, program
+        if info.replayed:
             return  # compiled before this trace began: known program, not a compile of this run
         event_id = self.writer.new_id()
         seen.bind(event_id)
@@ -150,7 +169,7 @@ class Recorder:
         )
 
     def on_transfer(self, info: Any) -> None:
-        # issue 5: what the user did that moved data (.item(), print, if t:, ...), and where
+        # what the user did that moved data (.item(), print, if t:, ...), and where
         op, implicit, location = classify(str(info.op))
         self.writer.put(
             TransferEvent(
@@ -178,7 +197,7 @@ class Recorder:
                 threading.get_native_id(),
                 user_location(_PROBE_DEPTH),
                 str(info.op),
-                tuple(_arg_info(a) for a in info.args),
+                tuple(a.recorded() for a in info.args),
                 float(info.seconds),
             )
         )
@@ -197,25 +216,41 @@ class Recorder:
             )
         )
 
-    def _new_stat(self, mode: str, name: str, key: Any) -> _Stat:
+    def _new_count(self, mode: str, name: str, key: Any) -> _Count:
+        counts = getattr(self._local, "counts", None)
+        if counts is None:
+            counts = self._local.counts = {}
         with self._lock:
-            stat = self._stats.get(key)
-            if stat is None:
+            exe = self._stats.get(key)
+            if exe is None:
                 # compiled mode passes on_execute a shorter key than on_compile (input
                 # signature only): fall back to the latest compile of the same graph
                 known = self._keys.get(key) or self._latest.get((mode, str(name)))
                 signature, program = known if known is not None else (f"{name}(...)", None)
                 self._stat_ids += 1
-                stat = _Stat(self._stat_ids, mode, str(name), signature, program)
-                self._stats[key] = stat
-        return stat
+                exe = _Executable(self._stat_ids, mode, str(name), signature, program)
+                self._stats[key] = exe
+            count = _Count(exe)
+            exe.parts.append(count)
+        counts[key] = count
+        return count
 
     def snapshot(self) -> list[StatRow]:
-        """The per-executable counters changed since the last call (the writer stores them)."""
+        """The per-executable counters changed since the last call (the writer stores them).
+
+        Runs on the writer thread while other threads count: a row may miss the
+        executions of the moment, never an execution for good (the next snapshot,
+        at the latest the final one, has it).
+        """
+        with self._lock:
+            executables = list(self._stats.values())
         out: list[StatRow] = []
-        for stat in list(self._stats.values()):
-            n = stat.count
-            if n != stat.written:
-                out.append((stat.id, stat.mode, stat.name, stat.signature, stat.program, n, stat.seconds))
-                stat.written = n
+        for exe in executables:
+            n, seconds = 0, 0.0
+            for part in tuple(exe.parts):
+                n += part.count
+                seconds += part.seconds
+            if n != exe.written:
+                out.append((exe.id, exe.mode, exe.name, exe.signature, exe.program, n, seconds))
+                exe.written = n
         return out

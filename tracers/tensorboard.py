@@ -496,10 +496,10 @@ class TensorBoardExporter:
 
     def on_compile(self, info: Any) -> None:
         name = str(info.name)
-        self._inputs[info.key] = inputs = _safe(_inputs(info.args))
+        self._inputs[info.key] = inputs = _safe(_inputs(a.recorded() for a in info.args))
         recompile = (info.mode, name) in self._compiled
         self._compiled.add((info.mode, name))
-        if (info.extra or {}).get("replayed"):
+        if info.replayed:
             return
         self._stats.compiles += 1
         self._stats.recompiles += int(recompile)
@@ -580,7 +580,7 @@ class TensorBoardExporter:
             )
         elif isinstance(event, GraphBreakEvent):
             self._mark(f"graph break {event.name}", reason=event.reason, line=line)
-        elif event.kind == "guard_failure":  # dynamo compiles a function again (issue 5)
+        elif event.kind == "guard_failure":  # dynamo compiles a function again
             self._mark(f"guard failure {event.name}", guards="; ".join(event.guards), line=line)
         elif event.kind == "recompile_limit":
             self._mark(f"recompile limit {event.name}", reason=event.reason, limit=event.limit, line=line)

@@ -1,4 +1,4 @@
-"""Transfers: what the user did that moved data, whether they asked for it, and where (issue 5).
+"""Transfers: what the user did that moved data, whether they asked for it, and where.
 
 The runtime reports *how* data moved (``TransferInfo.op``: ``"item"``,
 ``"to"``, ``"copy"``, ``"scalar"``, ``"fallback:<op>"``). :func:`classify`
@@ -45,7 +45,7 @@ from collections.abc import Iterable
 from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import SourceLocation, TransferEvent
-from tpu_debug.tracers.location import _is_library, location_of
+from tpu_debug.tracers.location import _is_library, is_own_file, location_of
 
 __all__ = [
     "CAUSE_TEXT",
@@ -202,34 +202,14 @@ def _cause_at(instrs: list[dis.Instruction], i: int, filename: str = "") -> str 
     return None
 
 
-def _own_dirs() -> tuple[str, ...]:
-    import tpu_debug.runtime
-    import tpu_debug.tracers
-
-    import tpu_debug
-
-    dirs = {
-        os.path.dirname(os.path.realpath(m.__file__)) + os.sep
-        for m in (tpu_debug, tpu_debug.runtime, tpu_debug.tracers)
-    }
-    return tuple(sorted(dirs))
-
-
-_OWN: tuple[str, ...] | None = None
-
-
 def _frame_kind(code: CodeType) -> str:
     """``"own"`` (tpu_debug, dynamo's disable wrapper), ``"print"`` (tensor formatting),
     ``"library"`` or ``"user"``."""
     kind = _frame_kinds.get(code)
     if kind is None:
-        global _OWN
-        if _OWN is None:
-            _OWN = _own_dirs()
-        path = os.path.realpath(code.co_filename)
         name = code.co_name
-        norm = path.replace(os.sep, "/")
-        if path.startswith(_OWN) or "/torch/_dynamo/" in norm:
+        norm = os.path.realpath(code.co_filename).replace(os.sep, "/")
+        if is_own_file(code.co_filename) or "/torch/_dynamo/" in norm:
             kind = "own"
         elif norm.endswith("/torch/_tensor_str.py") or (
             norm.endswith("/torch/_tensor.py") and name in ("__repr__", "__str__", "__format__")

@@ -327,7 +327,7 @@ def _programs(fn):
 def test_graph_program_records_fx_scopes():
     seen = _programs(lambda: tpu_debug.compile(lambda x: torch.relu(x) * 2)(torch.randn(4, device="tpu")))
     info = seen[-1]
-    nodes = info.extra["fx_nodes"]
+    nodes = info.graph.nodes
     assert any(n.target == "aten.relu.default" for n in nodes)
     hlo = info.hlo()
     relu = next(n for n in nodes if n.target == "aten.relu.default")
@@ -371,8 +371,8 @@ def test_backward_in_the_compiled_function_is_one_program_with_the_forward():
         dev_opt.step()
     _assert_adam_params_close(cpu_model, dev_model, fragile, lr=1e-2, steps=len(batches), rtol=1e-4, atol=1e-5)
     # one program computed loss and gradients, compiled once: no separate backward graph
-    assert [i.extra["kind"] for i in infos] == ["inference"]
-    ops = {n.target for n in infos[0].extra["fx_nodes"]}
+    assert [i.graph.kind for i in infos] == ["inference"]
+    ops = {n.target for n in infos[0].graph.nodes}
     assert "aten.threshold_backward.default" in ops or "aten.gelu_backward.default" in ops
 
 
@@ -387,7 +387,7 @@ def test_backward_in_graph_off_keeps_pytorchs_default():
         return loss.detach()
 
     infos = _programs(lambda: tpu_debug.compile(fwd_bwd, backward_in_graph=False)(torch.randn(3, 8, device="tpu")))
-    kinds = [i.extra["kind"] for i in infos]
+    kinds = [i.graph.kind for i in infos]
     assert "forward" in kinds and "backward" in kinds  # (and the resumed ``detach``'s graph)
     assert model[0].weight.grad is not None
 

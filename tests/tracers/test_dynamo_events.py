@@ -162,3 +162,43 @@ def test_expect_no_recompiles_names_the_failed_guard():
     with pytest.raises(RecompileError, match=pattern), tpu_debug.expect_no_recompiles():
         fn(b)
     assert not _ours("torch.__trace")
+
+
+def test_a_raising_listener_does_not_break_the_compile(monkeypatch):
+    """A listener that raises on a graph break: the function still compiles and runs, the
+    failure is kept as text in the bounded log and handed to the listener."""
+    from tpu_debug.hooks import ErrorLog
+
+    log = ErrorLog()
+    monkeypatch.setattr(dynamo_events, "internal_errors", log)
+
+    class Broken:
+        def __init__(self):
+            self.handled = []
+
+        def on_graph_break(self, brk):
+            raise LookupError(f"no table for {brk.function}")
+
+        def on_internal_error(self, method, exc):
+            self.handled.append((method, type(exc).__name__))
+
+    def breaks(x):
+        y = x * 3
+        print("between graphs")  # breaks the graph
+        return y - 1
+
+    listener = Broken()
+    dynamo_events.subscribe(listener)
+    try:
+        out = tpu_debug.compile(breaks)(torch.arange(3.0, device="tpu"))
+    finally:
+        dynamo_events.unsubscribe(listener)
+    assert out.cpu().tolist() == (torch.arange(3.0) * 3 - 1).tolist()
+    assert listener.handled == [("on_graph_break", "LookupError")]
+    (error,) = log
+    assert (error.where, error.type, error.message) == (
+        "Broken.on_graph_break",
+        "LookupError",
+        "no table for breaks",
+    )
+    assert log.count == 1

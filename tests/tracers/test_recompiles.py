@@ -9,7 +9,7 @@ import pytest
 import torch
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.eager import clear_cache
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo
+from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo
 from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff
 from tpu_debug.tracers.recompiles import RecompileTracker, explain, summarize
 
@@ -22,10 +22,15 @@ from tpu_debug.guards import _RecompileGuard
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pitfalls"
 
 
-def _info(name, *args, key=None, mode="eager", **extra):
+def _info(name, *args, key=None, mode="eager", **fields):
     return CompileInfo(
-        mode, name, key if key is not None else (name, args, tuple(extra.items())), args, 0.01, extra=extra
+        mode, name, key if key is not None else (name, args, tuple(fields.items())), args, 0.01, **fields
     )
+
+
+def _graph(kind, *, grad_mode=True):
+    """A compiled-mode graph that dynamo captured from no known frame."""
+    return GraphInfo(kind, (), "", DynamoOrigin(grad_mode))
 
 
 def _t(name, shape, dtype="float32", **kw):
@@ -84,20 +89,19 @@ def test_dtype_static_scalar_and_layout_diffs():
 
 def test_config_and_compiled_facts():
     tracker = RecompileTracker()
-    tracker.observe(_info("mm", _t("self", (4, 4)), config={"matmul precision": "highest"}))
-    assert _diffs(tracker, _info("mm", _t("self", (4, 4)), config={"matmul precision": "high"})) == [
+    tracker.observe(_info("mm", _t("self", (4, 4)), settings=(("matmul precision", "highest"),)))
+    assert _diffs(tracker, _info("mm", _t("self", (4, 4)), settings=(("matmul precision", "high"),))) == [
         "matmul precision: highest -> high"
     ]
-    graph = {"mode": "compiled", "kind": "forward", "frame": None}
     tracker.observe(
-        _info("g1/forward", _t("arg0", (4,)), key=("g1/forward", "d1", 1), grad_mode=True, **graph)
+        _info("g1/forward", _t("arg0", (4,)), key=("g1/forward", "d1", 1), mode="compiled", graph=_graph("forward"))
     )
     info = _info(
         "g1/forward",
         _t("arg0", (4,)),
         key=("g1/forward", "d1", 2),
-        grad_mode=False,
-        **dict(graph, kind="inference"),
+        mode="compiled",
+        graph=_graph("inference", grad_mode=False),
     )
     assert _diffs(tracker, info) == ["grad mode: enabled -> disabled", "graph kind: forward -> inference"]
 

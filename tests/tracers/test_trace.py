@@ -246,7 +246,7 @@ def test_open_run_by_name_picks_the_latest(logdir):
 def test_tracer_errors_are_recorded_not_raised(logdir):
     x = torch.ones(2).to("tpu")
     with tpu_debug.trace(logdir=logdir) as session:
-        probes.emit("on_transfer", object())  # a malformed report: the recorder fails on it
+        probes.transferred(object())  # a malformed report: the recorder fails on it
         y = x + 1.0
     assert y.cpu().tolist() == [2.0, 2.0]
     (err,) = session.internal_errors()

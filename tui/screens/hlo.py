@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
-from tpu_debug.tracers.hlo import FxNodeInfo
+from tpu_debug.tracers.hlo import ProgramNode
 from tpu_debug.tracers.query import ProgramSummary, ProgramText
 from tpu_debug.tui.widgets import HloDiffView, HloView, diff_rows
 
@@ -32,7 +32,7 @@ _STAGES = {"hlo": "optimized HLO", "stablehlo": "StableHLO"}
 class _Program:
     text: ProgramText
     siblings: list[ProgramSummary]  # the other programs of the same op (one per input signature)
-    nodes: list[FxNodeInfo]
+    nodes: list[ProgramNode]
     node: str | None
     instructions: list[str]
 

@@ -1,0 +1,125 @@
+"""The Recorder probe under threads: probes fire on whichever thread does device work
+(a DataLoader worker, say), and the writer thread reads the counters meanwhile."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+from tpu_debug.tracers.recorder import Recorder
+
+import tpu_debug
+
+
+class _Writer:
+    """The part of RunWriter a Recorder uses, keeping what it gets."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.stats_source = None
+        self._ids = 0
+
+    def set_stats_source(self, source) -> None:
+        self.stats_source = source
+
+    def new_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def put(self, event) -> None:
+        self.events.append(event)
+
+
+def test_counts_from_four_threads_are_exact_while_the_writer_reads():
+    """Four threads report executions of the same two executables while another thread
+    takes snapshots, as the writer thread does: no execution is lost, and the final
+    snapshot has every one (thread switches forced as often as CPython allows)."""
+    writer = _Writer()
+    recorder = Recorder(writer, hlo=False)
+    keys = [("add.Tensor", "f32[8]"), ("mul.Tensor", "f32[8]")]
+    per_thread, threads = 20_000, 4
+    done = threading.Event()
+    latest: dict[int, tuple] = {}
+
+    def run():
+        for i in range(per_thread):
+            recorder.on_execute("eager", keys[i % 2][0], keys[i % 2], 0.5)
+
+    def snapshots():
+        while not done.is_set():
+            for row in writer.stats_source():
+                latest[row[0]] = row
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        reader = threading.Thread(target=snapshots)
+        reader.start()
+        workers = [threading.Thread(target=run) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        done.set()
+        reader.join()
+    finally:
+        sys.setswitchinterval(interval)
+    for row in writer.stats_source():
+        latest[row[0]] = row
+    totals = {name: (count, seconds) for _, _, name, _, _, count, seconds in latest.values()}
+    each = threads * per_thread // 2
+    # seconds: sums of 0.5, exact in binary floating point
+    assert totals == {"add.Tensor": (each, each * 0.5), "mul.Tensor": (each, each * 0.5)}
+    assert writer.stats_source() == []  # nothing changed since the last snapshot
+
+
+def test_eager_ops_from_four_threads_under_a_trace(logdir):
+    """Each of four threads runs its own loop of device ops: the results match CPU and the
+    run stores the exact number of executions of each op."""
+    loops, threads = 300, 4
+    inputs = [torch.randn(16) for _ in range(threads)]
+    results: list = [None] * threads
+
+    def loop(i):
+        x = inputs[i].to("tpu")
+        for _ in range(loops):
+            x = torch.tanh(x * 0.5 + 0.25)
+        results[i] = x.cpu()
+
+    with tpu_debug.trace(logdir=logdir) as session:
+        workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    for i, got in enumerate(results):
+        want = inputs[i]
+        for _ in range(loops):
+            want = torch.tanh(want * 0.5 + 0.25)
+        # the same float32 ops on both sides; tanh may differ by an ulp or so per step,
+        # and the map x -> tanh(x/2 + 1/4) contracts errors (|derivative| <= 1/2)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    counts = {o.name: o.count for o in session.ops()}
+    assert counts == {"mul.Tensor": loops * threads, "add.Tensor": loops * threads, "tanh": loops * threads}
+
+
+def test_events_of_a_worker_thread_carry_that_thread(logdir, cold_cache):
+    """A worker thread that compiles, runs and copies: each event names the worker."""
+    seen = {}
+    x_cpu = torch.randn(3, 11)
+
+    def work():
+        seen["thread"] = threading.get_native_id()
+        seen["y"] = torch.sinh(x_cpu.to("tpu")).cpu()
+
+    with tpu_debug.trace(logdir=logdir, op_events=True) as session:
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+    torch.testing.assert_close(seen["y"], torch.sinh(x_cpu))
+    ops = [e for e in session.events("op") if e.name == "sinh"]
+    compiles = [e for e in session.compiles() if e.name == "sinh"]
+    assert len(ops) == 1 and len(compiles) == 1
+    assert {e.thread for e in (*ops, *compiles, *session.transfers())} == {seen["thread"]}
+    assert seen["thread"] != threading.get_native_id()
