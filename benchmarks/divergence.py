@@ -1,4 +1,4 @@
-"""What divergence checking costs (issue 8): the tiny-Llama forward traced with
+"""What divergence checking costs: the tiny-Llama forward traced with
 ``divergence=False`` vs ``divergence=True``, measured in this one process.
 
     python benchmarks/divergence.py [--repeat 7] [--steps 5]

@@ -54,28 +54,9 @@ def op_at_highest(
     (the inputs of the re-run), ``outputs`` the op's device results and
     ``refs`` the CPU results they were compared with (local measure).
     """
-    copies: dict[int, torch.Tensor] = {}
-
-    def device_copy(t: torch.Tensor) -> torch.Tensor:
-        payload = before.get(id(t.untyped_storage()), payload_of(t))
-        if payload is None or not hasattr(payload, "reshape"):
-            raise LookupError("no payload")
-        base = copies.get(id(payload))
-        if base is None:
-            base = copies[id(payload)] = from_jax(payload.reshape(-1), t.dtype)
-        return base.as_strided(t.shape, t.stride(), t.storage_offset())
-
-    def on_device(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return device_copy(value) if value.device.type == "tpu" else value
-        if isinstance(value, (list, tuple)):
-            return type(value)(on_device(v) for v in value)
-        if isinstance(value, dict):
-            return {k: on_device(v) for k, v in value.items()}
-        return value
-
+    on_device = _DeviceInputs(before)
     try:
-        h_args, h_kwargs = on_device(args), on_device(kwargs)
+        h_args, h_kwargs = on_device.map(args), on_device.map(kwargs)
         with _precision_highest(), probes.quiet(), torch.no_grad():
             h_out = op(*h_args, **h_kwargs)
     except Exception:  # noqa: BLE001 - the re-run is a hint; without it the event says "not checked"
@@ -90,6 +71,35 @@ def op_at_highest(
         if measure(np.asarray(to_jax(t)), ref, rtol, atol, False).over:
             return False
     return True
+
+
+class _DeviceInputs:
+    """An op's ``tpu`` arguments as fresh device tensors on the payloads they held before it ran
+    (so an in-place op re-run writes neither the program's tensors nor their storages)."""
+
+    __slots__ = ("before", "copies")
+
+    def __init__(self, before: dict) -> None:
+        self.before = before
+        self.copies: dict[int, torch.Tensor] = {}  # flat device tensors by id of payload
+
+    def map(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.copy(value) if value.device.type == "tpu" else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.map(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.map(v) for k, v in value.items()}
+        return value
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        payload = self.before.get(id(t.untyped_storage()), payload_of(t))
+        if payload is None or not hasattr(payload, "reshape"):
+            raise LookupError("no payload")
+        base = self.copies.get(id(payload))
+        if base is None:
+            base = self.copies[id(payload)] = from_jax(payload.reshape(-1), t.dtype)
+        return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def graph_at_highest(

@@ -45,10 +45,8 @@ class DivergenceTracer:
         record_error: Callable[[str, str], None] | None = None,
     ) -> None:
         self.writer = writer
-        self.clock = clock
         self.tolerances = tolerances
         self.sample = max(1, int(sample))
-        self.max_per_site = max_per_site
         self.record_error = record_error
         self._log = EventLog(writer, clock, max_per_site)
         self._eager = EagerChecker(self._log, tolerances)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import torch
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit
@@ -33,13 +34,7 @@ __all__ = [
 ]
 
 CPU = torch.device("cpu")
-BF16 = np.dtype("bfloat16") if hasattr(np, "bfloat16") else None
-try:  # ml_dtypes ships with jax: numpy's view of bfloat16 arrays
-    import ml_dtypes
-
-    BF16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - jax always brings it
-    pass
+BF16 = np.dtype(ml_dtypes.bfloat16)  # numpy's view of bfloat16 arrays (ml_dtypes comes with jax)
 
 # argument values that hold no tensor: not walked into
 _LEAVES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout})
@@ -98,7 +93,7 @@ def host_copy(payload: Any, dtype: torch.dtype) -> torch.Tensor:
         n = int(getattr(payload, "numel", 0) or 0)
         return torch.zeros(n, dtype=dtype)
     a = np.array(payload)  # a copy
-    if a.dtype is BF16 or a.dtype == BF16:
+    if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
