@@ -147,7 +147,8 @@ def _measure_nonfinite(
     m.device_nonfinite = int((~fd & fr).sum())
     m.cpu_nonfinite = int((fd & ~fr).sum())
     both = fd & fr
-    allowed = m.atol + m.rtol * np.abs(r)
+    # off: infinite everywhere (atol + rtol * |cpu| would be inf + inf * 0, NaN, where cpu is 0)
+    allowed = np.full(r.shape, math.inf) if off else m.atol + m.rtol * np.abs(r)
     if not off:
         over = ~(diff <= allowed)  # NaN differences count as over
         neither = ~(fd | fr)
