@@ -101,7 +101,12 @@ def _pair(name: Any, value: Any) -> tuple[float, float]:
 
 def format_tolerances(table: Mapping[Any, tuple[float, float]] | None) -> str:
     """The canonical string of a tolerance table: its entries that differ from the
-    defaults (``""`` for the defaults themselves), or ``"off"``."""
+    defaults (``""`` for the defaults themselves), or ``"off"``.
+
+    Example:
+        >>> format_tolerances(parse_tolerances("float32=1e-4:1e-6"))
+        'float32=0.0001:1e-06'
+    """
     table = DEFAULT_TOLERANCES if table is None else table
     if all(v == OFF for v in table.values()):
         return "off"
