@@ -1,4 +1,4 @@
-"""Divergence against PyTorch on CPU and TPU numerics (issue 8)."""
+"""Divergence against PyTorch on CPU and TPU numerics."""
 
 from __future__ import annotations
 
@@ -95,6 +95,10 @@ def test_compare_nonfinite_dtype_and_off():
     assert compare(np.float64([1.0]), torch.tensor([1.0]), 1e-7, 1e-7).dtype_mismatch
     off = compare(np.float32([5.0, np.nan]), torch.tensor([1.0, 1.0]), math.inf, math.inf)
     assert off.mismatched == 0 and off.device_nonfinite == 1
+    # tolerances off: the allowed error is infinite everywhere, also where the CPU value is 0
+    # (atol + rtol * |cpu| would be inf + inf * 0, NaN, which the run store cannot hold)
+    zero = compare(np.float32([np.nan, 0.0]), torch.tensor([1.0, 0.0]), math.inf, math.inf)
+    assert (zero.allowed, zero.ratio, zero.mismatched) == (math.inf, math.inf, 0)
     ints = compare(np.int64([1, 2]), torch.tensor([1, 3]), 0.0, 0.0)
     assert (ints.mismatched, ints.ulp) == (1, None)
 
@@ -206,13 +210,23 @@ def test_nan_origin_even_with_tolerances_off(logdir):
     assert z.shape == mask.shape[:0] + (3,)
 
 
+def test_nan_origin_with_a_zero_result_is_recorded_with_tolerances_off(logdir):
+    x = torch.tensor([1.0, -1.0, 4.0]).to("tpu")
+    with tpu_debug.trace(logdir=logdir, divergence=True, tolerances="off") as session:
+        torch.log(x)  # NaN from log(-1), and log(1) == 0 exactly on both sides
+    (origin,) = session.divergences()
+    assert (origin.name, origin.nan_origin, origin.tolerance) == ("log", True, math.inf)
+    assert session.divergence_summary()["nan_origins"] == 1  # the run's metadata was written
+    assert not session.internal_errors()
+
+
 def test_a_tracer_failure_does_not_break_the_program(logdir, monkeypatch):
-    from tpu_debug.tracers import divergence
+    from tpu_debug.tracers.divergence import eager
 
     def broken(*args, **kwargs):
         raise RuntimeError("comparison exploded")
 
-    monkeypatch.setattr(divergence, "_compare", broken)
+    monkeypatch.setattr(eager, "measure", broken)
     with tpu_debug.trace(logdir=logdir, divergence=True) as session:
         y = (torch.ones(4).to("tpu") * 3).sum()
     assert y.item() == 12.0
