@@ -108,7 +108,7 @@ class TraceConfig:
             (bfloat16 passes), ``"cpu"`` in float32; None leaves the runtime's
             setting. Env: ``TPU_DEBUG_NUMERICS``.
         tolerances: divergence tolerances, ``"dtype=rtol[:atol],..."`` or ``"off"``;
-            None for the defaults (see ``tracers/divergence.py``). Env: ``TPU_DEBUG_TOLERANCES``.
+            None for the defaults (see ``tracers/divergence/tolerances.py``). Env: ``TPU_DEBUG_TOLERANCES``.
         divergence_sample: compare every N-th tensor node of a compiled graph
             (1: all). Env: ``TPU_DEBUG_DIVERGENCE_SAMPLE``.
         storm_threshold: an op or graph recompiled more than this many times is
