@@ -3,7 +3,8 @@
 Modules are grouped by op family (``FAMILIES``); ``load()`` imports them all,
 which fills the registry (``registry.lookup``). A new family is one module here
 and its name in ``FAMILIES``. The ``prims`` family registers when the compiled
-mode first runs (``prims.register``): prims ops exist only once dynamo is imported.
+mode first runs (``prims.register``): its ops exist only once ``torch.compile``
+has imported them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from tpu_debug.runtime.ops._common import jdtype
+from tpu_debug.runtime.ops._common import jdtype, opmath
 from tpu_debug.runtime.ops.registry import LoweringError, lookup, lower
 
 aten = torch.ops.aten
@@ -169,11 +169,7 @@ def foreach_lerp_scalar_list(xs, ends, weights):
 
 
 def _as_float(x, dtype):
-    if dtype is not None:
-        return x.astype(jdtype(dtype))
-    if x.dtype in (jnp.float16, jnp.bfloat16):
-        return x.astype(jnp.float32)
-    return x
+    return x.astype(jdtype(dtype)) if dtype is not None else opmath(x)
 
 
 def _vector_norm(x, ord, dtype):

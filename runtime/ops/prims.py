@@ -1,10 +1,11 @@
 """Lowerings of the ``prims`` ops that PyTorch's decompositions leave in compiled graphs.
 
-prims ops exist only once ``torch._prims`` is imported. ``torch._dynamo`` imports
-it, and has done so by the time it calls a backend; ``import tpu_debug`` does not
-(importing dynamo costs about a second, see tests/cli/test_startup.py). So these
-lowerings are defined here like any other but registered by ``register()``, which
-the dynamo backend calls before it lowers a graph.
+``prims.fma`` is defined by ``torch._inductor.inductor_prims``, which the
+decompositions ``torch.compile`` applies import. Importing it takes seconds and
+pulls in ``torch._dynamo``, which ``import tpu_debug`` must not do
+(tests/cli/test_startup.py), and until it is imported the op does not exist. So
+these lowerings are defined here like any other but registered by ``register()``,
+which the dynamo backend calls before it lowers a graph.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _lock = threading.Lock()
 
 
 def register() -> None:
-    """Register the prims lowerings, once; a no-op until ``torch._prims`` is imported."""
+    """Register the prims lowerings whose ops exist by now; those registered stay."""
     prims = getattr(torch.ops, "prims", None)
     with _lock:
         for name, fn in _LOWERINGS.items():

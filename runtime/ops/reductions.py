@@ -23,12 +23,10 @@ import torch
 from jax import lax
 
 from tpu_debug.errors import NoLoweringError
-from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, jdtype, promote
+from tpu_debug.runtime.ops._common import HALF, canonical_dim, canonical_dims, jdtype, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
-
-_REDUCED_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 # ---- helpers -------------------------------------------------------------------
@@ -51,12 +49,12 @@ def _is_float(dt) -> bool:
 
 def _acc(dt):
     """The accumulation dtype PyTorch's CPU kernels use for ``dt``."""
-    return jnp.dtype(jnp.float32) if jnp.dtype(dt) in _REDUCED_FLOATS else jnp.dtype(dt)
+    return jnp.dtype(jnp.float32) if jnp.dtype(dt) in HALF else jnp.dtype(dt)
 
 
 def _round_to(v, dt):
     """Round float32 ``v`` to reduced dtype ``dt`` and back (PyTorch's per-op rounding)."""
-    return v.astype(dt).astype(v.dtype) if jnp.dtype(dt) in _REDUCED_FLOATS else v
+    return v.astype(dt).astype(v.dtype) if jnp.dtype(dt) in HALF else v
 
 
 def _sum_dtype(x, dtype):
