@@ -28,7 +28,9 @@ aten = torch.ops.aten
 def _conv_dims(nd):
     sp = "DHW"[3 - nd :] if nd <= 3 else None
     if sp is None:
-        raise NoLoweringError(f"{nd}-d convolution has no tpu lowering; 1-d, 2-d and 3-d convolutions have one")
+        raise NoLoweringError(
+            f"{nd}-d convolution has no tpu lowering; 1-d, 2-d and 3-d convolutions have one"
+        )
     return ("NC" + sp, "OI" + sp, "NC" + sp)
 
 

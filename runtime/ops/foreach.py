@@ -23,7 +23,9 @@ def _fn(op):
     # resolved when traced, so registration order between families does not matter
     lowering = lookup(op)
     if lowering is None:
-        raise LoweringError(f"the _foreach lowerings map {op} over a list, and {op} has no lowering; register one")
+        raise LoweringError(
+            f"the _foreach lowerings map {op} over a list, and {op} has no lowering; register one"
+        )
     return lowering.fn
 
 

@@ -637,7 +637,8 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     """
     if reduce not in _SEGMENT_OPS:
         raise NoLoweringError(
-            f"segment_reduce has no tpu lowering for reduce={reduce!r}; use one of {', '.join(sorted(_SEGMENT_OPS))}"
+            f"segment_reduce has no tpu lowering for reduce={reduce!r}; "
+            f"use one of {', '.join(sorted(_SEGMENT_OPS))}"
         )
     fold, identity = _SEGMENT_OPS[reduce]
     axis = axis % data.ndim

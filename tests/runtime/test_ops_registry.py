@@ -114,8 +114,9 @@ _READS_PRECISION = [
     (aten.vdot.default, lambda f: f(*_arrays((4,), (4,)))),
     (aten.convolution.default, lambda f: f(*_arrays((1, 2, 5, 5), (3, 2, 3, 3)), None, [1, 1], [0, 0], [1, 1],
                                            False, [0, 0], 1)),
-    (aten.convolution_backward.default, lambda f: f(*_arrays((1, 3, 3, 3), (1, 2, 5, 5), (3, 2, 3, 3)), [3],
-                                                    [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])),
+    (aten.convolution_backward.default,
+     lambda f: f(*_arrays((1, 3, 3, 3), (1, 2, 5, 5), (3, 2, 3, 3)), [3], [1, 1], [0, 0], [1, 1], False,
+                 [0, 0], 1, [True, True, True])),
     (aten._foreach_mm.default, lambda f: f(*([a] for a in _arrays((3, 4), (4, 2))))),
 ]
 _READS_NOTHING = [
@@ -138,7 +139,11 @@ def test_precision_flag_is_set_on_exactly_the_lowerings_that_read_it(op, call, n
     reads = []
     for name in ("effective_precision", "product_passes"):
         original = getattr(RuntimeConfig, name)
-        monkeypatch.setattr(RuntimeConfig, name, lambda self, _f=original, _n=name: reads.append(_n) or _f(self))
+        def spy(self, _original=original, _name=name):
+            reads.append(_name)
+            return _original(self)
+
+        monkeypatch.setattr(RuntimeConfig, name, spy)
     monkeypatch.setattr(config, "numerics", numerics)
     lowering = registry.lookup(op)
     call(lowering.fn)
