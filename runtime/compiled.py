@@ -33,6 +33,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit, from_jax, to_jax, write
@@ -632,18 +633,6 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
     )
 
 
-def _register_prims() -> None:
-    """Lowerings of the prims ops PyTorch's decompositions leave in graphs. prims ops
-    exist once ``torch._prims`` is imported, which dynamo has done by the time it calls
-    a backend and ``import tpu_debug`` should not do (issue 6)."""
-    from tpu_debug.runtime.ops import elementwise
-    from tpu_debug.runtime.ops.registry import lower
-
-    fma = getattr(getattr(torch.ops, "prims", None), "fma", None)
-    if fma is not None and lookup(fma.default) is None:
-        lower(fma.default)(elementwise.fma)
-
-
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -653,7 +642,7 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     install()
     single_threaded_backward()
-    _register_prims()
+    register_prims()
     parent = f"g{next(_graph_ids)}"
     origin = _dynamo_origin(gm)
 

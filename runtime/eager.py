@@ -117,13 +117,12 @@ class _Plan:
     scalar_args: frozenset = frozenset()
     dynamic_scalars: bool = True
     cpu_indices: bool = False  # index tensors may live on the host, as CUDA allows
-    # issue 5: the lowering reads the float32 matmul precision while tracing (products,
-    # convolutions), so the precision is part of its key: changing it recompiles
+    # the lowering reads the float32 matmul precision while tracing (Lowering.precision),
+    # so the precision is part of its key: changing it recompiles
     precision: bool = False
 
 
 _plans: dict[_OpOverload, _Plan] = {}
-_PRECISION_MODULES = frozenset({"tpu_debug.runtime.ops.linalg", "tpu_debug.runtime.ops.nn", "tpu_debug.runtime.ops.foreach"})  # issue 5
 _CPU_INDEX_OPS = frozenset(
     f"aten::{n}" for n in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
 )
@@ -216,7 +215,7 @@ def plan_for(op: _OpOverload) -> _Plan:
     plan = _Plan(op, op_name(op), kind, functional, writes, lowering, returns_list)
     plan.scalar_args = plan_scalars
     plan.cpu_indices = schema.name in _CPU_INDEX_OPS
-    plan.precision = lowering is not None and lowering.fn.__module__ in _PRECISION_MODULES  # issue 5
+    plan.precision = lowering is not None and lowering.precision
     plan.dynamic_scalars = bool(plan_scalars) and lowering is not None and not lowering.static_scalars
     out_via_functional = kind == "out" and functional is not None and lowering is not own
     plan.meta_op = functional if out_via_functional else op

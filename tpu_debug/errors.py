@@ -18,6 +18,8 @@ __all__ = [
     "ReportSectionError",
     "RecompileError",
     "TransferGuardError",
+    "LoweringError",
+    "NoLoweringError",
 ]
 
 
@@ -80,3 +82,19 @@ class TransferGuardError(TpuDebugError, RuntimeError):
     """A host<->device transfer that a transfer guard set to ``"disallow"`` forbids."""
 
     stops_program = True
+
+
+# -- the op registry and lowerings -----------------------------------------------------
+
+
+class LoweringError(TpuDebugError):
+    """An op lowering registered wrongly: twice for one overload, or for something that is
+    not an aten overload. A mistake in tpu_debug's own op tables (or in a user's addition
+    to them), found when the lowerings load."""
+
+
+class NoLoweringError(TpuDebugError, NotImplementedError):
+    """An op, or an op with these arguments, that the tpu runtime has no lowering for.
+
+    A ``NotImplementedError`` too, so code that handles PyTorch's own "not implemented
+    for this backend" errors handles it the same way."""

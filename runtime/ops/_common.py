@@ -1,4 +1,5 @@
-"""Helpers shared by lowerings: PyTorch's type promotion on JAX values."""
+"""Helpers shared by lowerings: PyTorch's type promotion on JAX values, and its
+``opmath`` (half-precision inputs compute in float32)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["Kind", "promote", "compute_dtype", "is_array", "jdtype", "canonical_dim", "canonical_dims"]
+__all__ = [
+    "HALF",
+    "Kind",
+    "canonical_dim",
+    "canonical_dims",
+    "compute_dtype",
+    "float_opmath",
+    "is_array",
+    "jdtype",
+    "ntuple",
+    "opmath",
+    "promote",
+    "round_to",
+]
+
+HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def is_array(x) -> bool:
@@ -62,6 +79,34 @@ def promote(*args, kind: Kind = Kind.DEFAULT):
     )
 
 
+def float_opmath(*args):
+    """PyTorch's promotion to a float dtype (integers compute in the default float
+    dtype), with float16/bfloat16 arrays widened to float32, PyTorch's ``opmath``."""
+    args = promote(*args, kind=Kind.INT_TO_FLOAT)
+    return tuple(a.astype(jnp.float32) if is_array(a) and a.dtype in HALF else a for a in args)
+
+
+def opmath(x):
+    """``x`` in the dtype PyTorch's kernels compute it in: float32 for a half dtype."""
+    return x.astype(jnp.float32) if x.dtype in HALF else x
+
+
+def round_to(dtype):
+    """A function rounding float32 values to ``dtype``'s precision, where a kernel
+    PyTorch runs rounds an intermediate to a half dtype: XLA would keep float32
+    inside a fusion, and drops a ``reduce_precision`` applied to a half value."""
+    info = jnp.finfo(dtype)
+    return lambda v: lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def ntuple(v, n: int) -> tuple:
+    """An int or a sequence of ints as an ``n``-tuple (a 1-element sequence repeats)."""
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(v)
+    return v * n if len(v) == 1 else v
+
+
 def canonical_dim(dim: int, ndim: int) -> int:
     n = max(ndim, 1)
     return dim + n if dim < 0 else dim
@@ -75,8 +120,3 @@ def canonical_dims(dims, ndim: int) -> tuple[int, ...]:
     if ndim == 0:
         return ()
     return tuple(sorted(canonical_dim(d, ndim) for d in dims))
-
-
-def scalar_like(value, x):
-    """A Python scalar as a weakly-typed JAX value next to array ``x``."""
-    return jnp.asarray(value, dtype=x.dtype) if is_array(x) else value

@@ -1,13 +1,22 @@
-"""Pointwise ops: arithmetic, comparisons, math functions, activations."""
+"""Pointwise ops: arithmetic, comparisons, logic and bit operations, math functions,
+complex numbers.
+
+Operands are promoted by PyTorch's rules (``_common.promote``); math functions
+compute integer inputs in the default float dtype. Activation functions are in
+``activations.py``, special functions (Bessel, zeta, ``xlogy``, ...) in
+``special.py``.
+"""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug.runtime.ops._common import Kind, compute_dtype, is_array, promote
+from tpu_debug.runtime.ops._common import Kind, compute_dtype, float_opmath, is_array, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
@@ -208,17 +217,7 @@ def addcdiv(x, t1, t2, *, value=1):
     return x + value * (t1 / t2)
 
 
-def fma(a, b, c):
-    """``prims.fma``, ``a * b + c``: what PyTorch's decompositions of in-place
-    ``addcmul_``/``addcdiv_`` leave in compiled graphs (an optimizer's
-    ``exp_avg_sq.addcmul_(grad, grad)``). Registered by the compiled mode
-    (``compiled._register_prims``): prims ops exist once ``torch._prims`` is imported,
-    which ``torch._dynamo`` does and ``import tpu_debug`` should not (issue 6)."""
-    a, b, c = promote(a, b, c)
-    return a * b + c
-
-
-# ---- comparisons and logic -----------------------------------------------------
+# ---- comparisons, logic and bits ----------------------------------------------------------
 
 
 def _compare(fn):
@@ -281,6 +280,33 @@ def bitwise_not(x):
     return jnp.logical_not(x) if x.dtype == jnp.bool_ else ~x
 
 
+def _shift_bits(dtype) -> int:
+    return jnp.iinfo(dtype).bits
+
+
+@lower(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+       aten.bitwise_left_shift.Scalar_Tensor)
+def bitwise_left_shift(a, b):
+    # PyTorch: a shift by a negative amount or by the bit width or more gives 0
+    a, b = promote(a, b)
+    a, b = jnp.asarray(a), jnp.asarray(b, jnp.asarray(a).dtype)
+    bits = _shift_bits(a.dtype)
+    bad = (b < 0) | (b >= bits)
+    return jnp.where(bad, 0, jnp.left_shift(a, jnp.where(bad, 0, b)))
+
+
+@lower(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+       aten.bitwise_right_shift.Scalar_Tensor)
+def bitwise_right_shift(a, b):
+    # PyTorch: an out-of-range shift of a signed value fills with its sign, of an unsigned one gives 0
+    a, b = promote(a, b)
+    a, b = jnp.asarray(a), jnp.asarray(b, jnp.asarray(a).dtype)
+    bits = _shift_bits(a.dtype)
+    bad = (b < 0) | (b >= bits)
+    full = jnp.right_shift(a, bits - 1) if jnp.issubdtype(a.dtype, jnp.signedinteger) else jnp.zeros_like(a)
+    return jnp.where(bad, full, jnp.right_shift(a, jnp.where(bad, 0, b)))
+
+
 @lower(aten.isnan.default)
 def isnan(x):
     return jnp.isnan(x)
@@ -306,7 +332,7 @@ def isneginf(x):
     return jnp.isneginf(x)
 
 
-# ---- unary math (integer inputs compute in the default float dtype) ------------
+# ---- math functions (integer inputs compute in the default float dtype) -------------------
 
 
 def _float_unary(fn, name):
@@ -383,121 +409,97 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
-# ---- activations ---------------------------------------------------------------
+@lower(aten.sinc.default)
+def sinc(x):
+    (x,) = float_opmath(x)
+    product = math.pi * x
+    return jnp.where(x == 0, 1.0, jnp.sin(product) / jnp.where(x == 0, 1.0, product))
 
 
-@lower(aten.relu.default)
-def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+@lower(aten.signbit.default)
+def signbit(x):
+    if x.dtype == jnp.bool_:
+        return jnp.zeros(x.shape, jnp.bool_)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return x < 0
+    return jnp.signbit(x)
 
 
-@lower(aten.threshold.default)
-def threshold(x, threshold, value):
-    return jnp.where(x <= threshold, jnp.asarray(value, x.dtype), x)
+@lower(aten.nextafter.default)
+def nextafter(x, y):
+    x, y = promote(x, y)
+    return jnp.nextafter(x, y)
 
 
-@lower(aten.threshold_backward.default)
-def threshold_backward(grad, x, threshold):
-    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
+@lower(aten.frexp.Tensor)
+def frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)
 
 
-@lower(aten.logit.default)
-def logit(x, eps=None):
-    # PyTorch's kernel works in the result dtype: bfloat16 rounds after every step
-    # (eps included), which a float32 computation rounding once would not reproduce
-    _, dtype = compute_dtype(x, kind=_INT_TO_FLOAT)
-    step = _rounding_to(dtype) if dtype in (jnp.bfloat16, jnp.float16) else (lambda v: v)
-    x = _wide(x.astype(dtype))
-    if eps is not None and eps >= 0:
-        lo = step(jnp.asarray(eps, jnp.float32))
-        x = jnp.clip(x, lo, step(1 - lo))
-    return jnp.log(step(x / step(1 - x))).astype(dtype)
+@lower(aten.heaviside.default)
+def heaviside(x, values):
+    x, values = promote(x, values)
+    return jnp.where(x == 0, values, (x > 0).astype(x.dtype))
 
 
-@lower(aten.gelu.default)
-def gelu(x, *, approximate="none"):
-    # half types compute in float32 and round once, as PyTorch's kernels do
-    return jax.nn.gelu(_wide(x), approximate=approximate == "tanh").astype(x.dtype)
+@lower(aten.logaddexp.default)
+def logaddexp(a, b):
+    a, b = float_opmath(a, b)
+    m = jnp.maximum(a, b)
+    out = m + jnp.log1p(jnp.exp(-jnp.abs(a - b)))
+    return jnp.where(jnp.isinf(a) & (a == b), a, out)
 
 
-@lower(aten.gelu_backward.default)
-def gelu_backward(grad, x, *, approximate="none"):
-    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate == "tanh"), _wide(x))
-    return vjp(_wide(grad))[0].astype(grad.dtype)
+@lower(aten.logaddexp2.default)
+def logaddexp2(a, b):
+    a, b = float_opmath(a, b)
+    m = jnp.maximum(a, b)
+    out = m + jnp.log1p(jnp.exp2(-jnp.abs(a - b))) / math.log(2.0)
+    return jnp.where(jnp.isinf(a) & (a == b), a, out)
 
 
-def _rounding_to(dtype):
-    """Round float32 values to ``dtype``'s precision (XLA keeps a convert round trip in float32)."""
-    info = jnp.finfo(dtype)
-    return lambda v: lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+@lower(aten.gcd.default)
+def gcd(a, b):
+    a, b = promote(a, b)
+    return jnp.gcd(a, b)
 
 
-def _wide(x):
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+@lower(aten.lcm.default)
+def lcm(a, b):
+    a, b = promote(a, b)
+    g = jnp.gcd(a, b)
+    return jnp.where(g == 0, 0, jnp.abs(a // jnp.where(g == 0, 1, g) * b))
 
 
-@lower(aten.silu.default)
-def silu(x):
-    return x * jax.nn.sigmoid(x)
+# ---- complex numbers ----------------------------------------------------------------------
 
 
-@lower(aten.silu_backward.default)
-def silu_backward(grad, x):
-    s = jax.nn.sigmoid(x)
-    return grad * s * (1 + x * (1 - s))
+@lower(aten.complex.default)
+def complex_(real, imag):
+    real, imag = jnp.broadcast_arrays(real, imag)
+    return lax.complex(real, imag)
 
 
-@lower(aten.sigmoid_backward.default)
-def sigmoid_backward(grad, y):
-    return grad * y * (1 - y)
+@lower(aten.conj_physical.default, aten._conj_physical.default)
+def conj_physical(x):
+    return jnp.conj(x)
 
 
-@lower(aten.tanh_backward.default)
-def tanh_backward(grad, y):
-    return grad * (1 - y * y)
+@lower(aten._conj.default)
+def _conj(x):
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
 
 
-@lower(aten.leaky_relu.default)
-def leaky_relu(x, negative_slope=0.01):
-    return jnp.where(x > 0, x, x * negative_slope)
+@lower(aten.angle.default)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.arctan2(x.imag, x.real)
+    (x,) = float_opmath(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, math.pi, 0.0))
 
 
-@lower(aten.leaky_relu_backward.default)
-def leaky_relu_backward(grad, x, negative_slope, self_is_result):
-    return jnp.where(x > 0, grad, grad * negative_slope)
-
-
-@lower(aten.elu.default)
-def elu(x, alpha=1, scale=1, input_scale=1):
-    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
-
-
-@lower(aten.hardtanh.default)
-def hardtanh(x, min_val=-1, max_val=1):
-    return jnp.clip(x, min_val, max_val)
-
-
-@lower(aten.hardtanh_backward.default)
-def hardtanh_backward(grad, x, min_val, max_val):
-    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros((), grad.dtype), grad)
-
-
-@lower(aten.softplus.default)
-def softplus(x, beta=1, threshold=20):
-    bx = x * beta
-    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
-
-
-@lower(aten.hardsigmoid.default)
-def hardsigmoid(x):
-    return jnp.clip(x / 6 + 0.5, 0, 1)
-
-
-@lower(aten.hardswish.default)
-def hardswish(x):
-    return x * jnp.clip(x + 3, 0, 6) / 6
-
-
-@lower(aten.mish.default)
-def mish(x):
-    return x * jnp.tanh(jax.nn.softplus(x))
+@lower(aten.polar.default)
+def polar(abs_, angle_):
+    abs_, angle_ = jnp.broadcast_arrays(abs_, angle_)
+    return lax.complex(abs_ * jnp.cos(angle_), abs_ * jnp.sin(angle_))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from tpu_debug.runtime.ops.registry import lookup, lower
+from tpu_debug.runtime.ops._common import jdtype, opmath
+from tpu_debug.runtime.ops.registry import LoweringError, lookup, lower
 
 aten = torch.ops.aten
 
@@ -22,7 +23,9 @@ def _fn(op):
     # resolved when traced, so registration order between families does not matter
     lowering = lookup(op)
     if lowering is None:
-        raise NotImplementedError(f"_foreach lowering needs a lowering for {op}")
+        raise LoweringError(
+            f"the _foreach lowerings map {op} over a list, and {op} has no lowering; register one"
+        )
     return lowering.fn
 
 
@@ -168,13 +171,7 @@ def foreach_lerp_scalar_list(xs, ends, weights):
 
 
 def _as_float(x, dtype):
-    if dtype is not None:
-        from tpu_debug.runtime.dtypes import to_jax_dtype
-
-        return x.astype(to_jax_dtype(dtype))
-    if x.dtype in (jnp.float16, jnp.bfloat16):
-        return x.astype(jnp.float32)
-    return x
+    return x.astype(jdtype(dtype)) if dtype is not None else opmath(x)
 
 
 def _vector_norm(x, ord, dtype):
@@ -211,7 +208,7 @@ def foreach_max(xs):
     return [jnp.max(x) for x in xs]
 
 
-@lower(aten._foreach_mm.default)
+@lower(aten._foreach_mm.default, precision=True)
 def foreach_mm(xs, ys):
     f = _fn(aten.mm.default)
     return [f(x, y) for x, y in zip(xs, ys)]

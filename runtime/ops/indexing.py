@@ -1,4 +1,5 @@
-"""Advanced indexing, gathers, scatters, and the value-dependent-shape ops.
+"""Advanced indexing, gathers, scatters, sorted search, counting (bincount, histograms),
+and the value-dependent-shape ops.
 
 Index tensors follow PyTorch's (numpy's) rules: a ``None`` entry is a full
 slice, a bool/uint8 tensor is a mask standing for its ``nonzero()`` over as
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from tpu_debug.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import canonical_dim, compute_dtype, is_array
 from tpu_debug.runtime.ops.registry import lower
 
@@ -288,7 +290,7 @@ def _reduce_into(x, coords, src, reduce, include_self):
     elif reduce == "amin":
         out = ref.min(src)
     else:
-        raise ValueError(f"reduce argument must be sum, prod, mean, amax or amin, got {reduce!r}")
+        raise NoLoweringError(f"{reduce!r} reduction has no tpu lowering; use sum, prod, mean, amax or amin")
     if reduce == "mean":
         start = jnp.ones if include_self else jnp.zeros
         count = start(x.shape, jnp.int64).at[coords].add(1)
@@ -415,47 +417,6 @@ def nonzero_static(x, *, size, fill_value=-1):
     return jnp.argwhere(x, size=size, fill_value=fill_value).astype(jnp.int64)
 
 
-# ---- embedding ------------------------------------------------------------------------------
-
-
-@lower(aten.embedding.default)
-def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices, axis=0)
-
-
-@lower(aten.embedding_renorm.default)
-def embedding_renorm(weight, indices, max_norm, norm_type):
-    acc = jnp.float32 if weight.dtype in (jnp.bfloat16, jnp.float16) else weight.dtype
-    w = weight.astype(acc)
-    used = jnp.zeros((weight.shape[0],), jnp.bool_).at[indices.reshape(-1)].set(True)
-    a = jnp.abs(w)
-    if norm_type == 2:
-        norms = jnp.sqrt(jnp.sum(a * a, axis=1))
-    elif norm_type == 1:
-        norms = jnp.sum(a, axis=1)
-    elif norm_type == float("inf"):
-        norms = jnp.max(a, axis=1)
-    else:
-        norms = jnp.power(jnp.sum(jnp.power(a, norm_type), axis=1), 1.0 / norm_type)
-    scale = jnp.where(used & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
-    return (w * scale[:, None].astype(acc)).astype(weight.dtype)
-
-
-@lower(aten.embedding_dense_backward.default)
-def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
-    dim = grad.shape[-1]
-    idx = indices.reshape(-1).astype(jnp.int64)
-    g = grad.reshape(-1, dim)
-    acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
-    g = g.astype(acc)
-    if padding_idx >= 0:
-        g = jnp.where((idx != padding_idx)[:, None], g, jnp.zeros((), acc))
-    if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), acc).at[idx].add(1)
-        g = g / counts[idx][:, None]
-    return jnp.zeros((num_weights, dim), acc).at[idx].add(g).astype(grad.dtype)
-
-
 # ---- sorted search ---------------------------------------------------------------------------
 
 
@@ -503,7 +464,7 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     return ~hit if invert else hit
 
 
-# ---- value-dependent shapes: unique, bincount ---------------------------------------------------
+# ---- value-dependent shapes: unique, bincount; histograms ---------------------------------
 
 _EMPTY_I64 = np.zeros((0,), np.int64)
 
@@ -598,3 +559,43 @@ def histc(x, bins=100, min=0, max=0):
     b = jnp.clip(pos.astype(jnp.int64), 0, bins - 1)
     counts = jnp.zeros((bins,), xf.dtype).at[b.reshape(-1)].add(inside.reshape(-1).astype(xf.dtype))
     return counts.astype(dt)
+
+
+def _linspace(start, end, steps, dtype):
+    # PyTorch's CPU linspace: the first half counts up from start, the second half down from end
+    step = (end - start) / (steps - 1) if steps > 1 else jnp.zeros((), dtype)
+    idx = jnp.arange(steps)
+    up = start + step * idx.astype(dtype)
+    down = end - step * (steps - 1 - idx).astype(dtype)
+    return jnp.where(idx < steps // 2, up, down).astype(dtype)
+
+
+def _histogram_counts(x, edges, weight, density):
+    x = x.reshape(-1)
+    nb = edges.shape[0] - 1
+    w = jnp.ones_like(x) if weight is None else weight.reshape(-1).astype(x.dtype)
+    pos = jnp.searchsorted(edges, x, side="right") - 1
+    pos = jnp.where(x == edges[-1], nb - 1, pos)  # the rightmost edge is inclusive
+    inside = (x >= edges[0]) & (x <= edges[-1])
+    hist = jnp.zeros((nb,), x.dtype).at[jnp.where(inside, pos, 0)].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist, edges
+
+
+@lower(aten.histogram.bin_ct)
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
+    elif x.size:
+        lo, hi = jnp.min(x), jnp.max(x)
+    else:  # PyTorch: an empty input gets the range [0, 1]
+        lo, hi = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
+    same = lo == hi  # PyTorch widens an empty range by 0.5 on each side
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return _histogram_counts(x, _linspace(lo, hi, bins + 1, x.dtype), weight, density)
+
+
+@lower(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    return _histogram_counts(x, bins.astype(x.dtype), weight, density)

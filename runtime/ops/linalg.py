@@ -1,11 +1,16 @@
-"""Matrix products and linear algebra: mm/bmm/addmm, factorizations, solves.
+"""Matrix products and linear algebra: mm/bmm/addmm, factorizations, solves, pairwise
+distances.
 
-Float32 products follow ``torch.get_float32_matmul_precision()``, read when an
-op is traced: "highest" -> ``Precision.HIGHEST``, "high" -> ``HIGH``, "medium"
--> ``DEFAULT`` (on a TPU, one bf16 pass). Half-precision inputs accumulate in
-float32, as PyTorch does; integer products stay integer. With
-``config.numerics == "tpu"`` float32 products run in bfloat16 passes as a TPU
-computes them at that precision, on any backend (``tpu_product``, issue 8).
+Float32 products follow the float32 matmul precision in effect
+(``torch.get_float32_matmul_precision()``, or ``torch.tpu.precision`` when set),
+read when an op is traced: "highest" -> ``Precision.HIGHEST``, "high" ->
+``HIGH``, "medium" -> ``DEFAULT`` (on a TPU, one bf16 pass). Half-precision
+inputs accumulate in float32, as PyTorch does; integer products stay integer.
+With ``config.numerics == "tpu"`` float32 products run in bfloat16 passes as a
+TPU computes them at that precision, on any backend (``tpu_product``), so CPU
+runs reproduce a TPU's drift. A lowering that reads the precision this way is
+registered with ``precision=True``: eager mode keys its executables by the
+setting, and only those recompile when it changes.
 
 Factorizations return what PyTorch's kernels return, including the auxiliary
 outputs its backward formulas read: LU factors with 1-based int32 pivots, and
@@ -16,13 +21,16 @@ its backward then assumes).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tpu_debug.errors import NoLoweringError
 from tpu_debug.runtime.config import config
-from tpu_debug.runtime.ops._common import compute_dtype, is_array, promote
+from tpu_debug.runtime.ops._common import HALF, compute_dtype, is_array, promote, round_to
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
@@ -30,12 +38,11 @@ aten = torch.ops.aten
 __all__ = ["dot_general", "matmul_precision", "tpu_passes", "tpu_product"]
 
 _PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "medium": lax.Precision.DEFAULT}
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def matmul_precision() -> lax.Precision:
     """The JAX precision matching the float32 product precision in effect now
-    (``torch.get_float32_matmul_precision()`` or ``torch.tpu.precision``, issue 8)."""
+    (``torch.get_float32_matmul_precision()``, or ``torch.tpu.precision`` when set)."""
     return _PRECISION.get(config.effective_precision(), lax.Precision.HIGHEST)
 
 
@@ -53,7 +60,7 @@ def _product_args(*arrays):
     if jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_:
         return arrays, {}
     kw = {"precision": matmul_precision()}
-    if dt in _HALF:
+    if dt in HALF:
         kw["preferred_element_type"] = jnp.float32
     return arrays, kw
 
@@ -61,13 +68,13 @@ def _product_args(*arrays):
 def dot_general(fn, *arrays):
     """``fn(*arrays, **kw)`` with PyTorch's promotion, precision and accumulation."""
     arrays, kw = _product_args(*arrays)
-    passes = tpu_passes(*arrays)  # issue 8: TPU numerics
+    passes = tpu_passes(*arrays)
     if passes:
         return tpu_product(lambda a, b: fn(a, b, precision=lax.Precision.HIGHEST), *arrays, passes=passes)
     return fn(*arrays, **kw)
 
 
-# ---- TPU numerics (issue 8) ------------------------------------------------------
+# ---- TPU numerics -------------------------------------------------------------------------
 # With ``config.numerics == "tpu"`` a float32 product runs as a TPU's matrix unit
 # runs it: operands rounded to bfloat16 (``reduce_precision`` to 8 exponent and
 # 7 mantissa bits: XLA keeps it, where it may fold a convert pair away), exact
@@ -138,17 +145,17 @@ def _scaled(product, self, *, beta, alpha):
 # ---- products ------------------------------------------------------------------
 
 
-@lower(aten.mm.default, aten.bmm.default)
+@lower(aten.mm.default, aten.bmm.default, precision=True)
 def mm(x, y):
     return dot_general(jnp.matmul, x, y)
 
 
-@lower(aten.mm.dtype, aten.bmm.dtype)
+@lower(aten.mm.dtype, aten.bmm.dtype, precision=True)
 def mm_dtype(x, y, out_dtype):
     return mm(x, y)  # half inputs already accumulate in float32; the result is cast to out_dtype
 
 
-@lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+@lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, precision=True)
 def addmm(self, a, b, *, beta=1, alpha=1):
     return _scaled(dot_general(jnp.matmul, a, b), self, beta=beta, alpha=alpha)
 
@@ -167,14 +174,9 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
     # fused bfloat16 chain in float32): alpha * vec1 * vec2 + beta * self
     ignore_self = beta == 0  # self ignored entirely (NaN/inf in it do not propagate)
     if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-        info = jnp.finfo(dtype)
-
-        def step(v):
-            return lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-
+        step = round_to(dtype)
         self, vec1, vec2 = (a.astype(jnp.float32) for a in (self, vec1, vec2))
     else:
-
         def step(v):
             return v
 
@@ -185,15 +187,15 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
     return jnp.broadcast_to(out, shape).astype(dtype)
 
 
-@lower(aten.addmm.dtype, aten.baddbmm.dtype)
+@lower(aten.addmm.dtype, aten.baddbmm.dtype, precision=True)
 def addmm_dtype(self, a, b, out_dtype, *, beta=1, alpha=1):
     return addmm(self.astype(jnp.float32), a, b, beta=beta, alpha=alpha)
 
 
-@lower(aten.addbmm.default)
+@lower(aten.addbmm.default, precision=True)
 def addbmm(self, b1, b2, *, beta=1, alpha=1):
     self, b1, b2 = _to_result_dtype(self, b1, b2)
-    if b1.dtype not in _HALF or b1.shape[0] == 0:
+    if b1.dtype not in HALF or b1.shape[0] == 0:
         product = jnp.sum(dot_general(jnp.matmul, b1, b2), axis=0)
         return _scaled(product, self, beta=beta, alpha=alpha)
     # half dtypes: PyTorch runs one addmm_ per batch, rounding to the half dtype
@@ -206,12 +208,12 @@ def addbmm(self, b1, b2, *, beta=1, alpha=1):
     return lax.fori_loop(1, b1.shape[0], step, first)
 
 
-@lower(aten.mv.default, aten.dot.default)
+@lower(aten.mv.default, aten.dot.default, precision=True)
 def mv(x, y):
     return dot_general(jnp.matmul, x, y)
 
 
-@lower(aten.vdot.default)
+@lower(aten.vdot.default, precision=True)
 def vdot(x, y):
     return dot_general(jnp.matmul, jnp.conj(x), y)
 
@@ -235,7 +237,7 @@ def linalg_cross(x, y, *, dim=-1):
     # drops a reduce_precision on a half value as a no-op), so compute in
     # float32 and round explicitly
     rnd = _rounder(dtype)
-    if dtype in _HALF:
+    if dtype in HALF:
         x, y = x.astype(jnp.float32), y.astype(jnp.float32)
     a = [jnp.take(x, i, axis=dim) for i in range(3)]
     b = [jnp.take(y, i, axis=dim) for i in range(3)]
@@ -247,10 +249,21 @@ def linalg_cross(x, y, *, dim=-1):
 
 
 def _rounder(dtype):
-    if dtype not in _HALF:
-        return lambda v: v
-    info = jnp.finfo(dtype)
-    return lambda v: lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return round_to(dtype) if dtype in HALF else (lambda v: v)
+
+
+@lower(aten._trilinear.default, graph_only=True)  # eagerly: PyTorch's composite (bmm rounding)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``bilinear``'s kernel: each input gains size-1 dims at its ``expand`` positions, the
+    three are multiplied (broadcasting) and summed over ``sumdim``."""
+
+    def expanded(x, dims):
+        for d in sorted(dims):
+            x = jnp.expand_dims(x, d)
+        return x
+
+    prod = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
+    return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
 
 
 # ---- LU and what is built on it ------------------------------------------------
@@ -351,7 +364,7 @@ def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
 
 def _require_pivot(pivot):
     if not pivot:
-        raise NotImplementedError(
+        raise NoLoweringError(
             "LU without pivoting (pivot=False) is not supported on tpu, as on CPU; use pivot=True"
         )
 
@@ -530,7 +543,7 @@ def _batched(fn, a, core_dims=2):
 def linalg_matrix_exp(a):
     if a.shape[-1] == 0 or a.size == 0:
         return a
-    x = a.astype(jnp.float32) if a.dtype in _HALF else a
+    x = a.astype(jnp.float32) if a.dtype in HALF else a
     return _batched(jax.scipy.linalg.expm, x).astype(a.dtype)
 
 
@@ -581,7 +594,7 @@ def _geqrf_one(a):
 @lower(aten.geqrf.default)
 def geqrf(a):
     if jnp.iscomplexobj(a):
-        raise NotImplementedError("geqrf on tpu supports real matrices only")
+        raise NoLoweringError(f"geqrf has no tpu lowering for complex matrices ({a.dtype}); run it on CPU")
     if a.size == 0:
         return a, jnp.zeros(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
     return _batched(_geqrf_one, a)
@@ -591,7 +604,7 @@ def geqrf(a):
 def ormqr(a, tau, c, left=True, transpose=False):
     """C times Q (or Q^T) from the left or right, Q = H_1 ... H_k as geqrf stores it (real)."""
     if jnp.iscomplexobj(a):
-        raise NotImplementedError("ormqr on tpu supports real matrices only")
+        raise NoLoweringError(f"ormqr has no tpu lowering for complex matrices ({a.dtype}); run it on CPU")
     k = tau.shape[-1]
     m = a.shape[-2]
     rows = jnp.arange(m)
@@ -612,7 +625,7 @@ def ormqr(a, tau, c, left=True, transpose=False):
 
 def _eig(a):
     if jax.default_backend() != "cpu":
-        raise NotImplementedError(
+        raise NoLoweringError(
             f"linalg.eig on tpu needs XLA's CPU backend (this runtime is on {jax.default_backend()}); "
             "move the matrix to CPU for eig, or use linalg.eigh for symmetric matrices"
         )
@@ -674,3 +687,77 @@ def _qr_lstsq(a, b):
     q, r = jnp.linalg.qr(_mH(a))
     y = _tri_solve(r, b, lower_=False, transpose=True, conjugate=True)
     return q @ y
+
+
+@lower(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(a, atol=None, rtol=None, hermitian=False):
+    """PyTorch's pseudo-inverse: singular values (eigenvalues' magnitudes if ``hermitian``)
+    at or below max(atol, rtol * largest) count as zero; rtol defaults to eps * max(m, n)
+    when atol is absent or zero."""
+    m, n = a.shape[-2], a.shape[-1]
+    real = jnp.finfo(a.dtype).dtype if jnp.iscomplexobj(a) else a.dtype
+    atol_v = jnp.zeros((), real) if atol is None else jnp.asarray(atol, real)
+    if rtol is None:
+        eps_rtol = jnp.finfo(real).eps * max(m, n)
+        rtol_v = jnp.where(atol_v > 0, jnp.zeros((), real), eps_rtol) if atol is not None else jnp.asarray(eps_rtol, real)
+    else:
+        rtol_v = jnp.asarray(rtol, real)
+    if hermitian:
+        w, v = jnp.linalg.eigh(a, UPLO="L", symmetrize_input=False)  # PyTorch reads the lower triangle only
+        big = jnp.max(jnp.abs(w), axis=-1, keepdims=True, initial=0.0)
+        tol = jnp.maximum(atol_v[..., None], rtol_v[..., None] * big)
+        inv = jnp.where(jnp.abs(w) > tol, 1.0 / jnp.where(w == 0, 1, w), 0).astype(a.dtype)
+        return (v * inv[..., None, :]) @ jnp.conj(jnp.swapaxes(v, -1, -2))
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    big = jnp.max(s, axis=-1, keepdims=True, initial=0.0)
+    tol = jnp.maximum(atol_v[..., None], rtol_v[..., None] * big)
+    inv = jnp.where(s > tol, 1.0 / jnp.where(s == 0, 1, s), 0).astype(a.dtype)
+    return jnp.conj(jnp.swapaxes(vh, -1, -2)) @ (inv[..., :, None] * jnp.conj(jnp.swapaxes(u, -1, -2)))
+
+
+# ---- distances ----------------------------------------------------------------------------
+
+
+def _p_norm_of_diff(diff, p):
+    """PyTorch's direct cdist/pdist reduction of |x_i - y_j| over the last axis."""
+    ad = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum((ad != 0).astype(diff.dtype), axis=-1)
+    if p == 1:
+        return jnp.sum(ad, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(ad * ad, axis=-1))
+    if math.isinf(p):
+        return jnp.max(ad, axis=-1, initial=0.0)
+    return jnp.power(jnp.sum(jnp.power(ad, p), axis=-1), 1.0 / p)
+
+
+def _euclidean_mm(x1, x2):
+    # PyTorch's _euclidean_dist: one matmul on padded operands, clamped, square-rooted
+    x1_norm = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    x2_norm = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    x1_ = jnp.concatenate([x1 * -2.0, x1_norm, jnp.ones_like(x1_norm)], axis=-1)
+    x2_ = jnp.concatenate([x2, jnp.ones_like(x2_norm), x2_norm], axis=-1)
+    result = jnp.matmul(x1_, jnp.swapaxes(x2_, -1, -2), precision=lax.Precision.HIGHEST)
+    return jnp.sqrt(jnp.maximum(result, 1e-30))
+
+
+@lower(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    x1, x2 = promote(x1, x2)
+    r1, r2 = x1.shape[-2], x2.shape[-2]
+    mode = 0 if compute_mode is None else compute_mode
+    if p == 2 and (mode == 1 or (mode == 0 and (r1 > 25 or r2 > 25))) and x1.shape[-1] > 0:
+        batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+        x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+        x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+        return _euclidean_mm(x1, x2)
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    return _p_norm_of_diff(diff, p)
+
+
+@lower(aten._pdist_forward.default)
+def pdist_forward(x, p=2.0):
+    n = x.shape[0]
+    i, j = jnp.triu_indices(n, k=1)
+    return _p_norm_of_diff(x[i] - x[j], p)

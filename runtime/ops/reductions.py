@@ -1,4 +1,4 @@
-"""Reductions, scans, sorting and softmax.
+"""Reductions, scans, sorting, softmax, segment reductions and tensor hashing.
 
 PyTorch's reduction rules, held here so every lowering agrees:
 
@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, jdtype, promote
+from tpu_debug.errors import NoLoweringError
+from tpu_debug.runtime.ops._common import HALF, canonical_dim, canonical_dims, jdtype, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
-
-_REDUCED_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 # ---- helpers -------------------------------------------------------------------
@@ -50,12 +49,12 @@ def _is_float(dt) -> bool:
 
 def _acc(dt):
     """The accumulation dtype PyTorch's CPU kernels use for ``dt``."""
-    return jnp.dtype(jnp.float32) if jnp.dtype(dt) in _REDUCED_FLOATS else jnp.dtype(dt)
+    return jnp.dtype(jnp.float32) if jnp.dtype(dt) in HALF else jnp.dtype(dt)
 
 
 def _round_to(v, dt):
     """Round float32 ``v`` to reduced dtype ``dt`` and back (PyTorch's per-op rounding)."""
-    return v.astype(dt).astype(v.dtype) if jnp.dtype(dt) in _REDUCED_FLOATS else v
+    return v.astype(dt).astype(v.dtype) if jnp.dtype(dt) in HALF else v
 
 
 def _sum_dtype(x, dtype):
@@ -616,6 +615,69 @@ def mode(x, dim=-1, keepdim=False):
     if keepdim:
         value, index = jnp.expand_dims(value, axis), jnp.expand_dims(index, axis)
     return value, index
+
+
+# ---- segment reduction and hashing --------------------------------------------------------
+
+
+_SEGMENT_OPS = {
+    "sum": (jnp.add, 0.0), "mean": (jnp.add, 0.0), "prod": (jnp.multiply, 1.0),
+    "max": (jnp.maximum, -jnp.inf), "amax": (jnp.maximum, -jnp.inf),
+    "min": (jnp.minimum, jnp.inf), "amin": (jnp.minimum, jnp.inf),
+}
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Reduce consecutive segments of ``data`` along ``axis``, element by element in order.
+
+    Like PyTorch's CPU kernel, each segment starts from ``initial`` (or the
+    reduction's identity) and folds its elements in sequence in the data's
+    dtype; "mean" then divides by the segment length (empty: ``initial``, else NaN).
+    """
+    if reduce not in _SEGMENT_OPS:
+        raise NoLoweringError(
+            f"segment_reduce has no tpu lowering for reduce={reduce!r}; "
+            f"use one of {', '.join(sorted(_SEGMENT_OPS))}"
+        )
+    fold, identity = _SEGMENT_OPS[reduce]
+    axis = axis % data.ndim
+    if offsets is None:
+        zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
+        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
+    start, end = offsets[..., :-1], offsets[..., 1:]  # batch.. x S
+    trail = (1,) * (data.ndim - axis - 1)
+    out_shape = start.shape + data.shape[axis + 1 :]
+    out = jnp.full(out_shape, identity if initial is None else initial, data.dtype)
+
+    def step(j, out):
+        x = jnp.expand_dims(lax.dynamic_index_in_dim(data, j, axis, keepdims=False), axis)
+        inside = ((start <= j) & (j < end)).reshape(start.shape + trail)
+        return jnp.where(inside, fold(out, x), out)
+
+    out = lax.fori_loop(0, data.shape[axis], step, out)
+    if reduce != "mean":
+        return out
+    count = (end - start).reshape(start.shape + trail).astype(data.dtype)
+    mean = out / count
+    return jnp.where(count == 0, jnp.asarray(initial, data.dtype), mean) if initial is not None else mean
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    # PyTorch: widen to the 64-bit float / integer type, bitcast to uint64, xor-reduce
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        wide = x.astype(jnp.float64)
+    else:
+        wide = x.astype(jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    dims = tuple(range(x.ndim)) if not dim else tuple(d % max(x.ndim, 1) for d in dim)
+    if x.ndim == 0:
+        return bits
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, dims)
+    if keepdim:
+        out = jnp.expand_dims(out, dims)
+    return out
 
 
 # ---- softmax ------------------------------------------------------------------------

@@ -7,13 +7,11 @@ from collections.abc import Callable
 
 import torch
 
+from tpu_debug.errors import LoweringError
+
 __all__ = ["Lowering", "lower", "lookup", "registered", "LoweringError"]
 
 _OpOverload = torch._ops.OpOverload
-
-
-class LoweringError(Exception):
-    """A lowering was registered wrongly (twice, or for a non-op)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,6 +39,11 @@ class Lowering:
         graph_only: compiled graphs use this lowering; eagerly the op keeps
             PyTorch's composite kernel (whose rounding order a half-precision
             lowering would not reproduce).
+        precision: the function reads the float32 matmul precision and the
+            numerics setting while it is traced (products and convolutions,
+            through ``linalg.dot_general`` or ``linalg.matmul_precision``), so
+            an eager executable of it is keyed by them: changing
+            ``torch.tpu.precision`` compiles it again, and nothing else.
     """
 
     op: _OpOverload
@@ -52,33 +55,50 @@ class Lowering:
     view: bool = False
     static_scalars: bool = False
     graph_only: bool = False
+    precision: bool = False
 
 
 _LOWERINGS: dict[_OpOverload, Lowering] = {}
+_FLAGS = frozenset(f.name for f in dataclasses.fields(Lowering)) - {"op", "fn"}
 
 
 def lower(*ops: _OpOverload | torch._ops.OpOverloadPacket, **flags) -> Callable:
     """Register ``fn`` as the JAX lowering of each aten overload in ``ops``.
 
     A packet (``aten.add``) is not accepted: name the overloads, so each one a
-    lowering claims is explicit. Registering an overload twice is an error.
+    lowering claims is explicit. ``flags`` are the fields of ``Lowering``
+    (``rng=True``, ``precision=True``, ...).
+
+    Raises:
+        LoweringError: an overload is registered twice, or an argument is not an
+            aten overload.
 
     Example:
         >>> @lower(aten.neg.default)
         ... def neg(x):
         ...     return -x
     """
+    unknown = sorted(set(flags) - _FLAGS)
+    if unknown:
+        raise LoweringError(
+            f"lower({', '.join(map(str, ops))}): unknown flag(s) {', '.join(unknown)}; "
+            f"the flags are {', '.join(sorted(_FLAGS))}"
+        )
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             if not isinstance(op, _OpOverload):
-                raise LoweringError(f"{fn.__name__}: {op!r} is not an aten overload")
+                raise LoweringError(
+                    f"{fn.__module__}.{fn.__name__}: {op!r} is not an aten overload; "
+                    "name the overloads it lowers (aten.add.Tensor, not aten.add)"
+                )
             if op in _LOWERINGS:
                 other = _LOWERINGS[op].fn
                 raise LoweringError(
                     f"{op} already lowered by {other.__module__}.{other.__name__}; "
-                    f"{fn.__module__}.{fn.__name__} registers it again"
+                    f"{fn.__module__}.{fn.__name__} registers it again (keep one of the two)"
                 )
+        for op in ops:
             _LOWERINGS[op] = Lowering(op, fn, **flags)
         return fn
 

@@ -1,5 +1,5 @@
 """Ops that move data around without arithmetic: concatenation, flips, padding,
-triangles, scatters into slices, masked fills.
+resize, triangles, scatters into slices, masked fills.
 
 Views (view, transpose, select, expand, ...) are not here: the device kernels
 build them as aliases of one storage. The functional ``*_copy`` and
@@ -7,6 +7,8 @@ build them as aliases of one storage. The functional ``*_copy`` and
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +162,19 @@ for _n in (1, 2, 3):
     lower(getattr(aten, f"reflection_pad{_n}d_backward").default)(_reflect_backward)
     lower(getattr(aten, f"replication_pad{_n}d").default)(_edge)
     lower(getattr(aten, f"replication_pad{_n}d_backward").default)(_edge_backward)
+
+
+# ---- resize -------------------------------------------------------------------------------
+
+
+@lower(aten.resize.default)
+def resize(x, size, *, memory_format=None):
+    """Functional ``resize_``: the first elements of ``x`` in the new shape, zeros beyond."""
+    n = math.prod(size)
+    flat = x.reshape(-1)[:n]
+    if flat.shape[0] < n:
+        flat = jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), x.dtype)])
+    return flat.reshape(tuple(size))
 
 
 # ---- triangles and diagonals -------------------------------------------------------------

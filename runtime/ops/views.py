@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from tpu_debug.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import canonical_dim, jdtype
 from tpu_debug.runtime.ops.registry import lower
 
@@ -49,7 +50,10 @@ def view_dtype(x, dtype):
 
 
 def _bitcast(x, dtype):
-    raise NotImplementedError(f"view as {dtype} with a different element size is not supported on tpu")
+    raise NoLoweringError(
+        f"view({dtype}) of a {x.dtype} tensor has no tpu lowering in a compiled graph (the element sizes "
+        "differ); view it as a dtype of the same size, or do it outside the compiled function"
+    )
 
 
 @lower(aten.t.default, view=True)

@@ -1,4 +1,5 @@
-"""nn lowerings (runtime/ops/nn.py) against PyTorch on CPU, forward and backward."""
+"""nn lowerings (runtime/ops/: convolution, pooling, normalization, losses, resampling, embedding,
+activations) against PyTorch on CPU, forward and backward."""
 
 from __future__ import annotations
 

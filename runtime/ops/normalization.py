@@ -1,0 +1,228 @@
+"""Layer, group and batch normalization, forward and backward.
+
+Statistics are computed in float32 for half-precision inputs (PyTorch's
+``opmath``). The backward ops use the saved mean and inverse standard deviation
+in the closed forms PyTorch's kernels use. Masked-off gradients
+(``output_mask`` False) are zeros: the eager interpreter has no undefined-tensor
+output, and autograd ignores gradients it did not ask for.
+
+Batch norm's variants that update running statistics in place return the new
+statistics as extra outputs (``mutates_returns=True``).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from tpu_debug.runtime.ops._common import opmath
+from tpu_debug.runtime.ops.registry import lower
+
+aten = torch.ops.aten
+
+
+def _normalize(x, axes, eps):
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    return (x - mean) * rstd, mean, rstd, var
+
+
+def _affine(y, weight, bias, shape):
+    if weight is not None:
+        y = y * opmath(weight).reshape(shape)
+    if bias is not None:
+        y = y + opmath(bias).reshape(shape)
+    return y
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    n = len(normalized_shape)
+    axes = tuple(range(x.ndim - n, x.ndim))
+    y, mean, rstd, _ = _normalize(opmath(x), axes, eps)
+    return _affine(y, weight, bias, tuple(normalized_shape)), mean, rstd
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    return _layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def _layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    # the saved mean/rstd are the statistics: x_hat = (x - mean) * rstd and the
+    # usual closed form, as PyTorch's kernel computes it
+    n = len(normalized_shape)
+    axes = tuple(range(x.ndim - n, x.ndim))
+    outer = tuple(range(x.ndim - n))
+    x, grad = opmath(x), opmath(grad)
+    mean, rstd = mean.astype(x.dtype), rstd.astype(x.dtype)
+    x_hat = (x - mean) * rstd
+    g = grad * opmath(weight) if weight is not None else grad
+    gx = rstd * (
+        g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True)
+    )
+    shape = tuple(normalized_shape)
+    gw = jnp.sum(grad * x_hat, axis=outer) if weight is not None else jnp.zeros(shape, x.dtype)
+    gb = jnp.sum(grad, axis=outer) if bias is not None else jnp.zeros(shape, x.dtype)
+    return (
+        gx if output_mask[0] else jnp.zeros_like(x),
+        gw if output_mask[1] else jnp.zeros_like(gw),
+        gb if output_mask[2] else jnp.zeros_like(gb),
+    )
+
+
+@lower(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    return _layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask)
+
+
+def _masked(output_mask, *grads):
+    return tuple(g if m else jnp.zeros_like(g) for m, g in zip(output_mask, grads))
+
+
+def _channel_shape(ndim):
+    return (1, -1) + (1,) * (ndim - 2)
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    xf = opmath(x).reshape(N, group, (C // group) * HxW)
+    y, mean, rstd, _ = _normalize(xf, (2,), eps)
+    y = _affine(y.reshape(x.shape), weight, bias, _channel_shape(x.ndim))
+    return y, mean.reshape(N, group), rstd.reshape(N, group)
+
+
+@lower(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad, x, mean, rstd, weight, N, C, HxW, group, output_mask):
+    shape = (N, group, C // group, HxW)
+    xf, gf = opmath(x).reshape(shape), opmath(grad).reshape(shape)
+    mean = mean.astype(xf.dtype).reshape(N, group, 1, 1)
+    rstd = rstd.astype(xf.dtype).reshape(N, group, 1, 1)
+    x_hat = (xf - mean) * rstd
+    g = gf * opmath(weight).reshape(1, group, C // group, 1) if weight is not None else gf
+    axes = (2, 3)
+    gx = rstd * (g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True))
+    gw = jnp.sum(gf * x_hat, axis=(0, 3)).reshape(C)
+    gb = jnp.sum(gf, axis=(0, 3)).reshape(C)
+    return _masked(output_mask, gx.reshape(x.shape), gw, gb)
+
+
+def _bn_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _bn_train(x, weight, bias, eps):
+    xf = opmath(x)
+    axes = _bn_axes(x)
+    mean = jnp.mean(xf, axis=axes)
+    var = jnp.mean(jnp.square(xf - mean.reshape(_channel_shape(x.ndim))), axis=axes)
+    invstd = lax.rsqrt(var + eps)
+    y = (xf - mean.reshape(_channel_shape(x.ndim))) * invstd.reshape(_channel_shape(x.ndim))
+    return _affine(y, weight, bias, _channel_shape(x.ndim)), mean, invstd, var
+
+
+def _bn_eval(x, weight, bias, running_mean, running_var, eps):
+    xf = opmath(x)
+    shape = _channel_shape(x.ndim)
+    rm = running_mean.astype(xf.dtype)
+    invstd = lax.rsqrt(running_var.astype(xf.dtype) + eps)
+    y = (xf - rm.reshape(shape)) * invstd.reshape(shape)
+    return _affine(y, weight, bias, shape), rm, invstd
+
+
+def _updated_stats(x, mean, var, running_mean, running_var, momentum):
+    # PyTorch's running statistics use the unbiased batch variance
+    n = x.size // x.shape[1]
+    unbiased = var * (n / (n - 1)) if n > 1 else var * jnp.nan
+    rm = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+    rv = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+    return rm, rv
+
+
+def _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training:
+        y, mean, invstd, var = _bn_train(x, weight, bias, eps)
+        if running_mean is None:
+            return (y, mean, invstd), None
+        return (y, mean, invstd), _updated_stats(x, mean, var, running_mean, running_var, momentum)
+    y, mean, invstd = _bn_eval(x, weight, bias, running_mean, running_var, eps)
+    return (y, mean, invstd), (running_mean, running_var)
+
+
+@lower(aten._native_batch_norm_legit.default, mutates_returns=True)
+def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    outs, stats = _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return outs + stats
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
+    return _bn_train(x, weight, bias, eps)[:3]
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _bn_eval(x, weight, bias, running_mean, running_var, eps)
+
+
+@lower(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    outs, stats = _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return outs + stats
+
+
+def _reserve():
+    return jnp.zeros((0,), jnp.uint8)
+
+
+@lower(aten._batch_norm_with_update.default, mutates_returns=True)
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    outs, stats = _bn_legit(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return outs + (_reserve(),) + stats
+
+
+@lower(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    return batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+@lower(aten._batch_norm_no_update.default)
+def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    if running_mean is None:
+        return _bn_train(x, weight, bias, eps)[:3] + (_reserve(),)
+    return _bn_eval(x, weight, bias, running_mean, running_var, eps) + (_reserve(),)
+
+
+def _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
+    xf, gf = opmath(x), opmath(grad)
+    shape = _channel_shape(x.ndim)
+    axes = _bn_axes(x)
+    if train:
+        mean, invstd = save_mean.astype(xf.dtype), save_invstd.astype(xf.dtype)
+    else:
+        mean = running_mean.astype(xf.dtype)
+        invstd = lax.rsqrt(running_var.astype(xf.dtype) + eps)
+    x_hat = (xf - mean.reshape(shape)) * invstd.reshape(shape)
+    w = opmath(weight).reshape(shape) if weight is not None else 1
+    if train:
+        g = gf * w
+        gx = invstd.reshape(shape) * (
+            g - jnp.mean(g, axis=axes, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=axes, keepdims=True)
+        )
+    else:
+        gx = gf * w * invstd.reshape(shape)
+    return _masked(output_mask, gx, jnp.sum(gf * x_hat, axis=axes), jnp.sum(gf, axis=axes))
+
+
+@lower(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask):
+    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask)
+
+
+@lower(aten.batch_norm_backward.default)
+def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve):
+    # ``save_var`` holds the saved inverse std (PyTorch's naming); ``update`` is
+    # the training flag, and without running stats the batch stats were used
+    train = update or running_mean is None
+    return _bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, train, eps, output_mask)

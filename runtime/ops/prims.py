@@ -1,0 +1,42 @@
+"""Lowerings of the ``prims`` ops that PyTorch's decompositions leave in compiled graphs.
+
+``prims.fma`` is defined by ``torch._inductor.inductor_prims``, which the
+decompositions ``torch.compile`` applies import. Importing it takes seconds and
+pulls in ``torch._dynamo``, which ``import tpu_debug`` must not do
+(tests/cli/test_startup.py), and until it is imported the op does not exist. So
+these lowerings are defined here like any other but registered by ``register()``,
+which the dynamo backend calls before it lowers a graph.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from tpu_debug.runtime.ops._common import promote
+from tpu_debug.runtime.ops.registry import lookup, lower
+
+__all__ = ["register"]
+
+
+def fma(a, b, c):
+    """``prims.fma``, ``a * b + c``: what PyTorch's decompositions of in-place
+    ``addcmul_``/``addcdiv_`` leave in compiled graphs (an optimizer's
+    ``exp_avg_sq.addcmul_(grad, grad)``)."""
+    a, b, c = promote(a, b, c)
+    return a * b + c
+
+
+_LOWERINGS = {"fma": fma}
+_lock = threading.Lock()
+
+
+def register() -> None:
+    """Register the prims lowerings whose ops exist by now; those registered stay."""
+    prims = getattr(torch.ops, "prims", None)
+    with _lock:
+        for name, fn in _LOWERINGS.items():
+            packet = getattr(prims, name, None)
+            if packet is not None and lookup(packet.default) is None:
+                lower(packet.default)(fn)
