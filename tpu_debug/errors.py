@@ -75,3 +75,11 @@ class TransferGuardError(TpuDebugError, RuntimeError):
     """A host<->device transfer that a transfer guard set to ``"disallow"`` forbids."""
 
     stops_program = True
+
+
+class RunAccessError(TpuDebugError, PermissionError):
+    """A run that exists but that this user may not read."""
+
+
+class RunWriteError(TpuDebugError):
+    """A run database that cannot be written: no space left, no permission, a read-only or failing disk."""

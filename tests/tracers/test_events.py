@@ -37,7 +37,8 @@ def test_events_cannot_be_changed():
 def test_renderings():
     assert ev.ArgInfo("self", (8, 128), "float32").render() == "float32[8,128]"
     assert ev.ArgInfo("dim", static="1").render() == "dim=1"
-    assert ev.KeyDiff("arg 0", "f32[8,128]", "f32[9,128]").render() == "arg 0: f32[8,128] -> f32[9,128]"
+    diff = ev.KeyDiff("shape", "f32[8,128]", "f32[9,128]", arg_index=0, arg_name="arg0", dims=(0,))
+    assert diff.render() == "arg 0: f32[8,128] -> f32[9,128]"
     assert str(ev.SourceLocation("train.py", 12, "step")) == "train.py:12 in step"
 
 
