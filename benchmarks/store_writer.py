@@ -26,7 +26,10 @@ from tpu_debug.tracers.store import RunWriter
 
 
 def _op_events(writer: RunWriter, n: int, locs: list[SourceLocation], tid: int) -> list:
-    return [OpEvent(writer.new_id(), i * 1e-6, "eager", tid, locs[i % 16], "mul.Tensor", 2e-5, None) for i in range(n)]
+    return [
+        OpEvent(writer.new_id(), i * 1e-6, "eager", tid, locs[i % 16], "mul.Tensor", 2e-5, None)
+        for i in range(n)
+    ]
 
 
 def _compile_events(writer: RunWriter, n: int, locs: list[SourceLocation], tid: int) -> list:

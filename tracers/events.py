@@ -265,8 +265,10 @@ def register_event(cls: type[Event]) -> type[Event]:
         and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
         and "__slots__" in cls.__dict__
     ):
-        raise TypeError(f"{cls!r} is not a frozen, slotted Event dataclass; declare it with "
-                        "@dataclasses.dataclass(frozen=True, slots=True)")
+        raise TypeError(
+            f"{cls!r} is not a frozen, slotted Event dataclass; declare it with "
+            "@dataclasses.dataclass(frozen=True, slots=True)"
+        )
     if not isinstance(cls.__dict__.get("stored"), Stored):
         raise TypeError(f"{cls.__name__} declares no 'stored' (a Stored: its table and header fields)")
     known = EVENT_TYPES.get(cls.kind)
@@ -286,7 +288,9 @@ class OpEvent(Event):
     ``op_events=True``; otherwise executions are aggregated per program)."""
 
     kind: ClassVar[str] = "op"
-    stored: ClassVar[Stored] = Stored(None, name="name", seconds="seconds", program="program", header="executions")
+    stored: ClassVar[Stored] = Stored(
+        None, name="name", seconds="seconds", program="program", header="executions"
+    )
 
     name: str
     seconds: float

@@ -33,7 +33,14 @@ from tpu_debug.tracers.events import (
     event_type,
 )
 from tpu_debug.tracers.hlo import FxNodeInfo, instruction_lines
-from tpu_debug.tracers.store import META_CAPPED, META_DROPPED, META_RECORDING_ERROR, KindLayout, connect, layout
+from tpu_debug.tracers.store import (
+    META_CAPPED,
+    META_DROPPED,
+    META_RECORDING_ERROR,
+    KindLayout,
+    connect,
+    layout,
+)
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError
 
@@ -187,7 +194,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-_DAMAGED = "{path}: not a readable tpu_debug run ({detail}). The file is damaged or truncated; re-record the run."
+_DAMAGED = (
+    "{path}: not a readable tpu_debug run ({detail}). The file is damaged or truncated; re-record the run."
+)
 
 
 class RunQuery:
@@ -229,7 +238,8 @@ class RunQuery:
     def _has_table(self, name: str) -> bool:
         # a run lacks the tables of event kinds registered after it was recorded
         if self._tables is None:
-            self._tables = frozenset(r[0] for r in self._rows("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            rows = self._rows("SELECT name FROM sqlite_master WHERE type = 'table'")
+            self._tables = frozenset(r[0] for r in rows)
         return name in self._tables
 
     def close(self) -> None:
@@ -553,9 +563,9 @@ class RunQuery:
                     found = []
                     for i in range(0, len(ids), 500):
                         chunk = ids[i : i + 500]
+                        marks = ",".join("?" * len(chunk))
                         found += self._rows(
-                            f"{sql} WHERE event_id IN ({','.join('?' * len(chunk))}) ORDER BY event_id, position",
-                            tuple(chunk),
+                            f"{sql} WHERE event_id IN ({marks}) ORDER BY event_id, position", tuple(chunk)
                         )
                 try:
                     for row in found:

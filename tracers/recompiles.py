@@ -207,13 +207,17 @@ def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff]
                 )
                 continue  # a view's strides and storage follow its shape: not news
             if a.dtype != b.dtype:
-                out.append(KeyDiff("dtype", short_dtype(a.dtype), short_dtype(b.dtype), arg_index=i, arg_name=name))
+                out.append(
+                    KeyDiff("dtype", short_dtype(a.dtype), short_dtype(b.dtype), arg_index=i, arg_name=name)
+                )
                 score += 1
             la, lb = dict(getattr(a, "layout", ()) or ()), dict(getattr(b, "layout", ()) or ())
             for k in sorted(set(la) | set(lb), key=str):
                 if la.get(k) != lb.get(k):
                     before_text, now_text = _layout_text(k, la.get(k)), _layout_text(k, lb.get(k))
-                    out.append(KeyDiff("layout", before_text, now_text, arg_index=i, arg_name=name, detail=str(k)))
+                    out.append(
+                        KeyDiff("layout", before_text, now_text, arg_index=i, arg_name=name, detail=str(k))
+                    )
                     score += 1
         elif a.shape is None and b.shape is None:
             if not _same_static(a.static, b.static):
@@ -374,7 +378,9 @@ class RecompileTracker:
         out.extend(diffs)
         if not out:
             if previous.key == entry.key:
-                out.append(KeyDiff("key", "compiled before", "compiled again (the executable cache was cleared)"))
+                out.append(
+                    KeyDiff("key", "compiled before", "compiled again (the executable cache was cleared)")
+                )
             elif info.mode == "compiled":
                 before = previous.key[1] if isinstance(previous.key, tuple) and len(previous.key) > 1 else "?"
                 now = entry.key[1] if isinstance(entry.key, tuple) and len(entry.key) > 1 else "?"
@@ -388,6 +394,7 @@ class RecompileTracker:
 # Prose at the edge
 # ---------------------------------------------------------------------------------
 
+
 def describe(diff: KeyDiff) -> str:
     """One difference as a line of prose."""
     if diff.aspect == "guard":
@@ -395,7 +402,9 @@ def describe(diff: KeyDiff) -> str:
     if diff.source == "guard" and diff.detail == "global state":
         return f"dynamo guard failed: global state ({diff.before}) changed"
     if diff.source == "guard" and diff.aspect == "scalar":
-        return f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed another value"
+        return (
+            f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed another value"
+        )
     return diff.render()
 
 
@@ -476,7 +485,11 @@ def _diff_changes(diff: KeyDiff) -> list[tuple[Change, str, str]]:
             what = f"rank of {diff.subject}"
             return [(Change(what, "shape", 0, (), None, diff.arg_name, None, "rank"), diff.before, diff.now)]
         return [
-            (Change(f"dim {d} of {diff.subject}", "shape", 0, (), None, diff.arg_name, d), diff.before, diff.now)
+            (
+                Change(f"dim {d} of {diff.subject}", "shape", 0, (), None, diff.arg_name, d),
+                diff.before,
+                diff.now,
+            )
             for d in diff.dims
         ] or [(Change(diff.field, "shape", 0, (), None, diff.arg_name), diff.before, diff.now)]
     if diff.aspect == "inputs":
@@ -551,7 +564,9 @@ def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Chang
     for key, values in ranks.items():
         if len(values) > 1:
             label, i, name = labels[key]
-            out.append(Change(f"rank of {label}", "shape", len(values) - 1, tuple(values), i, name, None, "rank"))
+            out.append(
+                Change(f"rank of {label}", "shape", len(values) - 1, tuple(values), i, name, None, "rank")
+            )
     for key, values in dtypes.items():
         if len(values) > 1:
             label, i, name = labels[key]
@@ -569,7 +584,9 @@ def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Chang
 
 def _from_args(diff: KeyDiff) -> bool:
     """The compiled arguments themselves show this difference (``_arg_changes`` counts it)."""
-    return diff.aspect in ("static", "scalar") or (diff.aspect in ("shape", "dtype") and diff.arg_index is not None)
+    return diff.aspect in ("static", "scalar") or (
+        diff.aspect in ("shape", "dtype") and diff.arg_index is not None
+    )
 
 
 def _same_input(change: Change, diff: KeyDiff) -> bool:

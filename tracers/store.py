@@ -54,7 +54,13 @@ from tpu_debug.tracers import events as _events
 from tpu_debug.tracers.events import SCHEMA_VERSION, ArgInfo, Event, SourceLocation
 from tpu_debug.tracers.hlo import Program
 
-from tpu_debug.errors import RunAccessError, RunDamagedError, RunNotFoundError, RunWriteError, SchemaVersionError
+from tpu_debug.errors import (
+    RunAccessError,
+    RunDamagedError,
+    RunNotFoundError,
+    RunWriteError,
+    SchemaVersionError,
+)
 
 __all__ = [
     "APPLICATION_ID",
@@ -405,8 +411,8 @@ class KindLayout:
         extra = "".join(f", d.{c.name}" for c in self.columns)
         join = f"JOIN {self.table} d ON d.event_id = e.id " if self.table is not None else ""
         return (
-            f"SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash{extra} "
-            "FROM events e LEFT JOIN locations l ON l.id = e.location_id "
+            "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, "
+            f"p.hash{extra} FROM events e LEFT JOIN locations l ON l.id = e.location_id "
             f"LEFT JOIN programs p ON p.id = e.program_id {join}WHERE e.kind = '{self.kind}'"
         )
 
@@ -415,7 +421,9 @@ class KindLayout:
         cols = ", ".join(c.name for c in child.columns)
         return f"SELECT event_id, {cols} FROM {child.table}"
 
-    def decode(self, row: tuple, location: SourceLocation | None, children: dict[str, dict[int, list]]) -> Event:
+    def decode(
+        self, row: tuple, location: SourceLocation | None, children: dict[str, dict[int, list]]
+    ) -> Event:
         """The event of one :meth:`select_sql` row (``children``: per child field, records by event id)."""
         values = []
         for source, how in self._plan:
@@ -458,7 +466,9 @@ def schema_statements() -> list[str]:
             if table is None:
                 continue
             if table in owners:
-                raise TypeError(f"event kinds {owners[table]!r} and {kind.kind!r} both declare table {table!r}")
+                raise TypeError(
+                    f"event kinds {owners[table]!r} and {kind.kind!r} both declare table {table!r}"
+                )
             owners[table] = kind.kind
         out.extend(kind.create_statements())
     return out
@@ -886,14 +896,33 @@ class RunWriter:
                 lid = hit[1] if hit is not None and hit[0] is location else loc(location)
                 if kind.executions:
                     executions.append(
-                        (item.id, item.ts, item.mode, item.thread, lid, item.name, item.seconds, prog_ids.get(item.program))
+                        (
+                            item.id,
+                            item.ts,
+                            item.mode,
+                            item.thread,
+                            lid,
+                            item.name,
+                            item.seconds,
+                            prog_ids.get(item.program),
+                        )
                     )
                     continue
                 name, seconds, program = kind.header_of(item)
                 if kind.cap is not None and not st.admit(kind, item):
                     continue
                 events.append(
-                    (item.id, kind.kind, item.ts, item.mode, item.thread, lid, name, seconds, prog_ids.get(program))
+                    (
+                        item.id,
+                        kind.kind,
+                        item.ts,
+                        item.mode,
+                        item.thread,
+                        lid,
+                        name,
+                        seconds,
+                        prog_ids.get(program),
+                    )
                 )
                 if kind.table is not None:
                     rows = details.get(kind.insert_sql)
@@ -983,15 +1012,15 @@ class RunWriter:
 
 class _WriteState:
     __slots__ = (
-        "locations",
-        "location_objects",
-        "programs",
-        "layouts",
-        "executions_kinds",
         "busiest",
         "capped",
         "capped_changed",
         "dropped_recorded",
+        "executions_kinds",
+        "layouts",
+        "location_objects",
+        "locations",
+        "programs",
     )
 
     def __init__(self) -> None:
@@ -1071,7 +1100,10 @@ def connect(db_path: Path) -> sqlite3.Connection:
             writer = _meta_value(conn, "tpu_debug_version")
             by = f" (written by tpu_debug {writer})" if writer else ""
             if version > SCHEMA_VERSION:
-                fix = "Upgrade tpu_debug (pip install -U tpu-debug) to read it, or re-record the run with this one."
+                fix = (
+                    "Upgrade tpu_debug (pip install -U tpu-debug) to read it, "
+                    "or re-record the run with this one."
+                )
             else:
                 fix = "Re-record the run, or read it with the tpu_debug that wrote it."
             raise SchemaVersionError(

@@ -1,4 +1,4 @@
-"""Recompile analysis (issue 5): first compile vs recompile, structured diffs, storms, guards."""
+"""Recompile analysis: first compile vs recompile, structured diffs, storms, guards."""
 
 from __future__ import annotations
 

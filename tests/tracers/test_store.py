@@ -97,7 +97,9 @@ def test_round_trip_every_event_kind(tmp_path):
         "op": 1,
         "transfer": 2,
     }
-    assert q.compiles()[1].diffs == (ev.KeyDiff("shape", "float32[4]", "float32[5]", arg_index=0, arg_name="self", dims=(0,)),)
+    assert q.compiles()[1].diffs == (
+        ev.KeyDiff("shape", "float32[4]", "float32[5]", arg_index=0, arg_name="self", dims=(0,)),
+    )
     assert q.transfers(direction="h2d") == [written[4]]
     meta = q.metadata()
     assert (meta.name, meta.argv, meta.status, meta.exit_status) == (
@@ -258,7 +260,8 @@ def test_run_from_an_older_schema_says_re_record(tmp_path):
         match="^"
         + re.escape(
             f"{db} is schema {ev.SCHEMA_VERSION - 1} (written by tpu_debug 0.0.9); this tpu_debug 0.1.0 "
-            f"reads schema {ev.SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that wrote it."
+            f"reads schema {ev.SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that "
+            "wrote it."
         )
         + "$",
     ):
@@ -348,9 +351,20 @@ def test_a_kind_declared_in_one_place_round_trips(tmp_path, checkpoint_kind):
     nid = writer.new_id
     written = [
         CheckpointEvent(
-            nid(), 0.5, None, 3, LOC, "/ckpt/step10.pt", 4096, 0.25, ("w", "b"), True, 10,
+            nid(),
+            0.5,
+            None,
+            3,
+            LOC,
+            "/ckpt/step10.pt",
+            4096,
+            0.25,
+            ("w", "b"),
+            True,
+            10,
             (ev.ArgInfo("w", (4, 4), "float32"), ev.ArgInfo("lr", static="0.1")),
-            (_Note("fast", 1.5, False), _Note("slow", 0.25, True)), False,
+            (_Note("fast", 1.5, False), _Note("slow", 0.25, True)),
+            False,
         ),
         CheckpointEvent(nid(), 0.7, "eager", 3, None, "/ckpt/step20.pt", 0, 0.0, (), False),
     ]
@@ -367,7 +381,13 @@ def test_a_kind_declared_in_one_place_round_trips(tmp_path, checkpoint_kind):
     assert q.counts() == {"checkpoint": 2, "compile": 1}
     columns = [r[1] for r in q.connection.execute("PRAGMA table_info(checkpoints)")]
     assert columns == [
-        "event_id", "nbytes", "tensors", "sharded", "step_number", "args", "verified",
+        "event_id",
+        "nbytes",
+        "tensors",
+        "sharded",
+        "step_number",
+        "args",
+        "verified",
     ]
     q.close()
 
@@ -400,7 +420,9 @@ def test_declarations_the_store_cannot_keep_are_refused_with_the_reason():
         stored: ClassVar[ev.Stored] = ev.Stored("odds")
         payload: dict
 
-    with pytest.raises(TypeError, match=r"^Odd\.payload: the run store cannot keep a field of type <class 'dict'>"):
+    with pytest.raises(
+        TypeError, match=r"^Odd\.payload: the run store cannot keep a field of type <class 'dict'>"
+    ):
         layout(Odd)
 
     @dataclasses.dataclass(frozen=True, slots=True)
@@ -425,12 +447,24 @@ def test_the_declarations_give_the_layout_readers_rely_on(tmp_path):
     db = tmp_path / "run.db"
     RunWriter(db, {"name": "demo"}).close()
     conn = sqlite3.connect(db)
-    cols = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in ("compiles", "key_diffs", "transfers")}
+    cols = {
+        t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")]
+        for t in ("compiles", "key_diffs", "transfers")
+    }
     conn.close()
     assert cols == {
         "compiles": ["event_id", "signature", "args", "previous_id", "identity"],
         "key_diffs": [
-            "event_id", "position", "aspect", "before", "now", "arg_index", "arg_name", "dims", "detail", "source",
+            "event_id",
+            "position",
+            "aspect",
+            "before",
+            "now",
+            "arg_index",
+            "arg_name",
+            "dims",
+            "detail",
+            "source",
         ],
         "transfers": ["event_id", "direction", "nbytes", "shape", "dtype", "implicit"],
     }
