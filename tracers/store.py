@@ -582,6 +582,7 @@ class RunWriter:
         self.commit_interval = commit_interval
         self.error: BaseException | None = None
         self.dropped = 0
+        self._drop_lock = threading.Lock()
         # a deque, not a queue.Queue: append never blocks and never wakes the writer, so a
         # busy traced thread does not hand the GIL to the writer on every event
         self._queue: collections.deque = collections.deque()
@@ -649,7 +650,8 @@ class RunWriter:
 
     def _drop(self, item: Any) -> None:
         if isinstance(item, Event):
-            self.dropped += 1
+            with self._drop_lock:  # producers on several threads may drop at once
+                self.dropped += 1
 
     def _enqueue(self, item: Any) -> None:
         if len(self._queue) < self._open_below:
@@ -726,6 +728,9 @@ class RunWriter:
                 )
             return
         if self.error is not None:
+            for item in self._queue:  # put in the instant the writer failed, never written
+                self._drop(item)
+            self._queue.clear()
             self._note_after_error(metadata or {})
 
     def _note_after_error(self, metadata: dict[str, Any]) -> None:
