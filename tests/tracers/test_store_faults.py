@@ -339,7 +339,8 @@ def test_put_waits_then_drops_when_the_writer_is_stalled_and_the_count_is_record
 def test_backpressure_waits_for_the_writer_rather_than_dropping(tmp_path):
     db = tmp_path / DB_NAME
     writer = RunWriter(db, {"name": "demo"}, max_queue=50)
-    writer.BACKPRESSURE_WAIT = 60.0  # a live writer takes each batch long before: no drop, however slow the machine
+    # a live writer takes each batch long before this: no drop, however slow the machine
+    writer.BACKPRESSURE_WAIT = 60.0
     n = 20_000
     for i in range(n):
         writer.put(_op(writer, i))
