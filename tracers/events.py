@@ -41,6 +41,7 @@ __all__ = [
     "RecompileLimitEvent",
     "DivergenceEvent",
     "InternalErrorEvent",
+    "INTERNAL_ERRORS_KEPT",
     "EVENT_TYPES",
     "event_type",
     "register_event",
