@@ -98,3 +98,11 @@ class NoLoweringError(TpuDebugError, NotImplementedError):
 
     A ``NotImplementedError`` too, so code that handles PyTorch's own "not implemented
     for this backend" errors handles it the same way."""
+
+
+class RunAccessError(TpuDebugError, PermissionError):
+    """A run that exists but that this user may not read."""
+
+
+class RunWriteError(TpuDebugError):
+    """A run database that cannot be written: no space left, no permission, a read-only or failing disk."""

@@ -351,40 +351,44 @@ _limit_handler = _LimitHandler(logging.WARNING)
 # Guard text -> structured differences
 # ---------------------------------------------------------------------------------
 
+def _guarded(aspect: str, before: str, now: str, **where: Any) -> KeyDiff:
+    return KeyDiff(aspect, before, now, source="guard", **where)
+
+
 _GUARD_FORMS: tuple[tuple[re.Pattern, Any], ...] = (
     (
         re.compile(r"^tensor '(.+?)' size mismatch at index (\d+)\. expected (\S+), actual (\S+)$"),
-        lambda m: KeyDiff(f"tensor '{m[1]}' dim {m[2]}", m[3], m[4]),
+        lambda m: _guarded("shape", m[3], m[4], arg_name=m[1], dims=(int(m[2]),)),
     ),
     (
         re.compile(r"^tensor '(.+?)' stride mismatch at index (\d+)\. expected (\S+), actual (\S+)$"),
-        lambda m: KeyDiff(f"tensor '{m[1]}' stride {m[2]}", m[3], m[4]),
+        lambda m: _guarded("layout", m[3], m[4], arg_name=m[1], dims=(int(m[2]),), detail="stride"),
     ),
     (
         re.compile(r"^tensor '(.+?)' dtype mismatch\. expected (\S+), actual (\S+)$"),
-        lambda m: KeyDiff(f"tensor '{m[1]}' dtype", m[2], m[3]),
+        lambda m: _guarded("dtype", m[2], m[3], arg_name=m[1]),
     ),
     (
         re.compile(r"^tensor '(.+?)' rank mismatch\. expected (\S+), actual (\S+)$"),
-        lambda m: KeyDiff(f"tensor '{m[1]}' rank", m[2], m[3]),
+        lambda m: _guarded("shape", m[2], m[3], arg_name=m[1], detail="rank"),
     ),
     (
         re.compile(r"^tensor '(.+?)' requires_grad mismatch\. expected requires_grad=(\d)$"),
-        lambda m: KeyDiff(f"tensor '{m[1]}' requires_grad", str(m[2] == "1"), str(m[2] != "1")),
+        lambda m: _guarded("grad", str(m[2] == "1"), str(m[2] != "1"), arg_name=m[1], detail="requires_grad"),
     ),
     (
         re.compile(r"^tensor '(.+?)' device mismatch\. expected (.+), actual (.+)$"),
-        lambda m: KeyDiff(f"tensor '{m[1]}' device", m[2], m[3]),
+        lambda m: _guarded("layout", m[2], m[3], arg_name=m[1], detail="device"),
     ),
     (
         re.compile(r"^GLOBAL_STATE changed: (.+)$"),
-        lambda m: KeyDiff("global state", m[1].strip().replace("_", " "), "changed"),
+        lambda m: _guarded("grad", m[1].strip().replace("_", " "), "changed", detail="global state"),
     ),
     (
         re.compile(
             r"^([A-Za-z_][\w.]*|L\['[^']+'\](?:\.\w+)*) == (-?\d+(?:\.\d*)?(?:e-?\d+)?|True|False|-?inf|nan)$"
         ),
-        lambda m: KeyDiff(f"python scalar baked in '{_local_name(m[1])}'", m[2], "changed"),
+        lambda m: _guarded("scalar", m[2], "changed", arg_name=_local_name(m[1])),
     ),
 )
 
@@ -398,14 +402,14 @@ def guard_diffs(guard: str) -> list[KeyDiff]:
     """Structured differences for one failed guard (``"dynamo guard"`` when its form is unknown).
 
     Example:
-        >>> guard_diffs("tensor 'x' size mismatch at index 0. expected 8, actual 9")
-        [KeyDiff(field="tensor 'x' dim 0", before='8', now='9')]
+        >>> guard_diffs("tensor 'x' size mismatch at index 0. expected 8, actual 9")[0].field
+        "tensor 'x' dim 0"
     """
     for pattern, make in _GUARD_FORMS:
         m = pattern.match(guard)
         if m:
             return [make(m)]
-    return [KeyDiff("dynamo guard", guard, "failed")]
+    return [_guarded("guard", guard, "failed")]
 
 
 # ---------------------------------------------------------------------------------

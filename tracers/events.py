@@ -7,6 +7,12 @@ native ``thread`` id and the user ``location`` (see :mod:`.location`). The
 fields after the header are the event's own. ``kind`` is a class constant that
 names the event in the run store.
 
+An event kind is declared in one place, its class: the fields with their types,
+``kind``, and ``stored`` (a :class:`Stored`: its detail table and which fields
+the shared header keeps). ``@register_event`` adds it to :data:`EVENT_TYPES`;
+the run store derives the table's columns from the field types, and its
+writer and queries follow from the same declaration (see :mod:`.store`).
+
 ``SCHEMA_VERSION`` is the version of the run store layout these events map to
 (see :mod:`.store`); it changes whenever a reader of the old layout would
 misread the new one.
@@ -15,7 +21,7 @@ misread the new one.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 # One input of a compiled program, in its recorded form (static values as their repr text):
 # the class the runtime reports inputs with, shared so there is one definition
@@ -25,7 +31,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "SourceLocation",
     "ArgInfo",
+    "DIFF_ASPECTS",
     "KeyDiff",
+    "Stored",
+    "column",
     "Event",
     "OpEvent",
     "CompileEvent",
@@ -36,11 +45,14 @@ __all__ = [
     "RecompileLimitEvent",
     "DivergenceEvent",
     "InternalErrorEvent",
+    "INTERNAL_ERRORS_KEPT",
     "EVENT_TYPES",
     "event_type",
+    "register_event",
 ]
 
-SCHEMA_VERSION = 3  # 2: divergence measurements (issue 8); 3: recompile identities, dynamo events (issue 5)
+# 4: key differences stored as typed columns (aspect, argument, dimensions), not as prose
+SCHEMA_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,21 +67,151 @@ class SourceLocation:
         return f"{self.file}:{self.line} in {self.function}"
 
 
+DIFF_ASPECTS = (
+    "shape",
+    "dtype",
+    "layout",
+    "static",
+    "scalar",
+    "inputs",
+    "precision",
+    "grad",
+    "config",
+    "guard",
+    "key",
+)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyDiff:
     """One difference between a compile's key and the closest earlier key of
-    the same op or graph (filled by the recompile tracer, issue 5).
+    the same op or graph (filled by the recompile tracer, :mod:`.recompiles`).
 
-    ``field`` names what differs (``"arg 0"``, ``"static arg 'dim'"``,
-    ``"dtype"``, ``"dynamo guard"``); ``before``/``now`` are rendered values.
+    The difference is data; :attr:`field` and :meth:`render` are its prose.
+
+    ``aspect`` says what differs (one of :data:`DIFF_ASPECTS`):
+
+    - ``"shape"``: an input's shape (``before``/``now`` are avals, ``f32[8,128]``),
+      or, read from a dynamo guard, one dimension's size (``dims``) or a
+      tensor's rank (``detail="rank"``);
+    - ``"dtype"``: an input's dtype;
+    - ``"layout"``: a strided view's geometry, ``detail`` says which
+      (``"stride"``, ``"offset"``, ``"storage"``, ``"device"``);
+    - ``"static"``: a static argument baked into the executable;
+    - ``"scalar"``: a Python number baked in;
+    - ``"inputs"``: the number of inputs (``before``/``now``: both signatures);
+    - ``"precision"``: the float32 matmul precision;
+    - ``"grad"``: ``detail`` is ``"grad mode"``, ``"graph kind"``, ``"global state"``
+      (dynamo's) or ``"requires_grad"`` (of a tensor);
+    - ``"config"``: another runtime setting in the key (``detail``: its name);
+    - ``"guard"``: any other failed dynamo guard (``before``: its text);
+    - ``"key"``: nothing above explains it (``detail``: ``"graph code"``,
+      ``"signature"``, or None for the key as a whole).
+
+    ``arg_index`` is the input's position among the program's arguments (None
+    for a tensor known only by the name a dynamo guard gives it, or when no
+    input differs); ``arg_name`` is its name (the parameter's, or dynamo's source
+    for it: ``x``, ``m.weight``). ``dims`` are the dimensions that differ.
+    ``source`` is ``"key"`` (read from the compiled keys) or ``"guard"`` (read
+    from dynamo's failed guard).
     """
 
-    field: str
+    aspect: str
     before: str
     now: str
+    arg_index: int | None = None
+    arg_name: str | None = None
+    dims: tuple[int, ...] = ()
+    detail: str | None = None
+    source: str = "key"
+
+    def __post_init__(self) -> None:
+        if self.aspect not in DIFF_ASPECTS:
+            raise ValueError(f"KeyDiff aspect {self.aspect!r}; use one of {', '.join(DIFF_ASPECTS)}")
+        if self.source not in ("key", "guard"):
+            raise ValueError(f"KeyDiff source {self.source!r}; use 'key' or 'guard'")
+
+    @property
+    def subject(self) -> str:
+        """The input the difference is about: ``arg 0 'self'``, ``arg 1``, ``tensor 'x'``
+        (empty when it is about no input)."""
+        if self.arg_index is not None:
+            if self.arg_name is None or self.arg_name == f"arg{self.arg_index}":
+                return f"arg {self.arg_index}"
+            return f"arg {self.arg_index} '{self.arg_name}'"
+        return f"tensor '{self.arg_name}'" if self.arg_name is not None else ""
+
+    @property
+    def field(self) -> str:
+        """What differs, as a label: ``arg 0 'self'``, ``static arg 'dim'``,
+        ``tensor 'x' dim 0``, ``matmul precision``."""
+        aspect, subject, detail = self.aspect, self.subject, self.detail
+        if aspect == "shape":
+            if self.arg_index is not None:
+                return subject
+            if detail == "rank":
+                return f"{subject} rank"
+            return f"{subject} dim {','.join(map(str, self.dims))}" if self.dims else subject
+        if aspect == "dtype":
+            return f"{subject} dtype"
+        if aspect == "layout":
+            if self.arg_index is None and self.dims:
+                return f"{subject} {detail} {','.join(map(str, self.dims))}"
+            return f"{subject} {detail}"
+        if aspect == "static":
+            return f"static arg '{self.arg_name}'"
+        if aspect == "scalar":
+            return f"python scalar baked in '{self.arg_name}'"
+        if aspect == "inputs":
+            return "inputs"
+        if aspect == "guard":
+            return "dynamo guard"
+        if aspect == "grad" and detail == "requires_grad":
+            return f"{subject} requires_grad"
+        if aspect == "precision":
+            return detail or "matmul precision"
+        return detail or aspect
 
     def render(self) -> str:
         return f"{self.field}: {self.before} -> {self.now}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stored:
+    """Where an event kind is kept in the run store (``stored`` on its class).
+
+    Args:
+        table: the kind's detail table, one row per event keyed by ``event_id``:
+            every field not kept in the header gets a column there, named after
+            the field (or :func:`column`'s ``name``) and typed from its
+            annotation (``str``, ``int``, ``float``, ``bool``, tuples of those as
+            JSON, ``tuple[ArgInfo, ...]`` as JSON, ``X | None`` nullable). A
+            ``tuple`` of records (a dataclass such as :class:`KeyDiff`) goes to
+            its own child table, named by :func:`column`'s ``table``. None: the
+            header holds every field.
+        name, seconds, program: the fields the header keeps in its ``name``
+            (indexed per kind), ``seconds`` and ``program_id`` (a program's
+            content hash) columns; None leaves the column empty.
+        header: ``"events"``, the table every kind shares (indexed by kind and
+            time, kind and name), or ``"executions"`` for a kind recorded
+            millions of times (no kind column, no secondary index).
+        cap: ``(field, n)``: at most ``n`` events per value of ``field`` are
+            stored; the store counts the rest (``RunQuery.capped_counts``), so an
+            error repeated a million times is not a million rows.
+    """
+
+    table: str | None
+    name: str | None = None
+    seconds: str | None = None
+    program: str | None = None
+    header: str = "events"
+    cap: tuple[str, int] | None = None
+
+
+def column(name: str | None = None, *, table: str | None = None, default: Any = dataclasses.MISSING) -> Any:
+    """A field stored under another column ``name`` (a field named like an SQL
+    keyword), or a tuple of records stored in the child ``table``."""
+    return dataclasses.field(default=default, metadata={"column": name, "table": table})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +219,7 @@ class Event:
     """The header every event carries."""
 
     kind: ClassVar[str] = "event"
+    stored: ClassVar[Stored | None] = None
 
     id: int
     ts: float
@@ -85,18 +228,65 @@ class Event:
     location: SourceLocation | None
 
 
+EVENT_TYPES: dict[str, type[Event]] = {}
+
+
+def register_event(cls: type[Event]) -> type[Event]:
+    """Make ``cls`` an event kind the run store records and reads back (a class decorator).
+
+    Raises:
+        TypeError: ``cls`` is no frozen, slotted Event dataclass with a ``stored`` declaration.
+        ValueError: another class already registered its ``kind``.
+
+    Example:
+        >>> @register_event
+        ... @dataclasses.dataclass(frozen=True, slots=True)
+        ... class CheckpointEvent(Event):
+        ...     kind: ClassVar[str] = "checkpoint"
+        ...     stored: ClassVar[Stored] = Stored("checkpoints", name="path", seconds="seconds")
+        ...     path: str
+        ...     seconds: float
+    """
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, Event)
+        and dataclasses.is_dataclass(cls)
+        and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        and "__slots__" in cls.__dict__
+    ):
+        raise TypeError(
+            f"{cls!r} is not a frozen, slotted Event dataclass; declare it with "
+            "@dataclasses.dataclass(frozen=True, slots=True)"
+        )
+    if not isinstance(cls.__dict__.get("stored"), Stored):
+        raise TypeError(f"{cls.__name__} declares no 'stored' (a Stored: its table and header fields)")
+    known = EVENT_TYPES.get(cls.kind)
+    if known is not None and known is not cls:
+        raise ValueError(
+            f"event kind {cls.kind!r} is registered twice: {known.__module__}.{known.__qualname__} "
+            f"and {cls.__module__}.{cls.__qualname__}"
+        )
+    EVENT_TYPES[cls.kind] = cls
+    return cls
+
+
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class OpEvent(Event):
     """One execution of an eager op's executable (recorded only with
     ``op_events=True``; otherwise executions are aggregated per program)."""
 
     kind: ClassVar[str] = "op"
+    stored: ClassVar[Stored] = Stored(
+        None, name="name", seconds="seconds", program="program", header="executions"
+    )
 
     name: str
     seconds: float
     program: str | None = None  # content hash of the program, see CompileEvent
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class CompileEvent(Event):
     """An executable was compiled: an eager op for one key, or a compiled graph.
@@ -104,7 +294,7 @@ class CompileEvent(Event):
     ``program`` is the content hash of its HLO (stored once per run; ``None``
     when HLO recording is off). ``previous`` is the id of the compile of the
     same ``name`` whose key is closest, and ``diffs`` how this key differs
-    from it: both are empty for a first compile (issue 5 fills them).
+    from it: both are empty for a first compile.
     ``identity`` is what was compiled again: the op, or for a graph the
     function dynamo compiled and the direction (``"step in train.py (forward)"``,
     see ``tracers/recompiles.py``). A compile with diffs is a recompile; its
@@ -112,22 +302,24 @@ class CompileEvent(Event):
     """
 
     kind: ClassVar[str] = "compile"
+    stored: ClassVar[Stored] = Stored("compiles", name="name", seconds="seconds", program="program")
 
     name: str
     signature: str
     args: tuple[ArgInfo, ...]
     seconds: float
     program: str | None = None
-    previous: int | None = None
-    diffs: tuple[KeyDiff, ...] = ()
+    previous: int | None = column("previous_id", default=None)
+    diffs: tuple[KeyDiff, ...] = column(table="key_diffs", default=())
     identity: str | None = None
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransferEvent(Event):
     """Data crossed between host and device.
 
-    ``op`` is what the user did that moved it (issue 5, ``tracers/transfers.py``):
+    ``op`` is what the user did that moved it (``tracers/transfers.py``):
     ``"item"``, ``"tolist"``, ``"print"``, ``"bool"``, ``"float"``, ``"int"``,
     ``"index"``, ``"scalar"`` (a CPU scalar operand), ``"fallback:<aten op>"``,
     ``"cpu"``, ``"to"``, ``"tensor"``, ``"copy"``; ``implicit`` is true when the
@@ -136,6 +328,7 @@ class TransferEvent(Event):
     """
 
     kind: ClassVar[str] = "transfer"
+    stored: ClassVar[Stored] = Stored("transfers", name="op", seconds="seconds")
 
     direction: str  # "h2d" | "d2h" | "d2d"
     nbytes: int
@@ -146,34 +339,39 @@ class TransferEvent(Event):
     seconds: float
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class FallbackEvent(Event):
     """An op ran on CPU because it has no lowering."""
 
     kind: ClassVar[str] = "fallback"
+    stored: ClassVar[Stored] = Stored("fallbacks", name="name", seconds="seconds")
 
     name: str
     args: tuple[ArgInfo, ...]
     seconds: float
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class GraphBreakEvent(Event):
-    """Dynamo split a compiled function (issue 5 records these).
+    """Dynamo split a compiled function.
 
     ``name`` is the function, ``reason`` dynamo's ("Data-dependent branching:
     ..."), ``location`` the line that broke the graph.
     """
 
     kind: ClassVar[str] = "graph_break"
+    stored: ClassVar[Stored] = Stored("graph_breaks", name="name")
 
     name: str
     reason: str
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class GuardFailureEvent(Event):
-    """Dynamo found no cached graph of a function whose guards pass, and compiles it again (issue 5).
+    """Dynamo found no cached graph of a function whose guards pass, and compiles it again.
 
     ``name`` is the function, ``compile_id`` dynamo's id of the new compile
     (``"0/3"``), ``guards`` the failed guard of each cached entry, most recent
@@ -182,31 +380,35 @@ class GuardFailureEvent(Event):
     """
 
     kind: ClassVar[str] = "guard_failure"
+    stored: ClassVar[Stored] = Stored("guard_failures", name="name")
 
     name: str
     compile_id: str
     guards: tuple[str, ...]
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecompileLimitEvent(Event):
-    """A function hit dynamo's recompile limit: from then on it runs without compiling (issue 5).
+    """A function hit dynamo's recompile limit: from then on it runs without compiling.
 
     ``limit_type`` names the limit (``"recompile_limit"``), ``limit`` its
     value, ``reason`` the last failed guard.
     """
 
     kind: ClassVar[str] = "recompile_limit"
+    stored: ClassVar[Stored] = Stored("recompile_limits", name="name")
 
     name: str
     limit_type: str
-    limit: int
+    limit: int = column("limit_value")  # LIMIT is an SQL keyword
     reason: str
 
 
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class DivergenceEvent(Event):
-    """An op or graph node's result compared with PyTorch on CPU (issue 8 records these).
+    """An op or graph node's result compared with PyTorch on CPU (``tracers/divergence.py``).
 
     ``measure`` is ``"local"`` (CPU op on the device op's inputs) or
     ``"drift"`` (against a CPU shadow of the whole computation). ``name`` is the
@@ -218,10 +420,11 @@ class DivergenceEvent(Event):
     ``nan_origin``: the device output holds NaN/Inf its inputs did not.
     ``first``: the first over tolerance (per measure; per graph when compiled).
     ``highest``: with TPU numerics, whether the op is within tolerance when re-run
-    at precision "highest" (None: not checked). See ``tracers/divergence.py``.
+    at precision "highest" (None: not checked).
     """
 
     kind: ClassVar[str] = "divergence"
+    stored: ClassVar[Stored] = Stored("divergences", name="name")
 
     name: str
     measure: str
@@ -232,7 +435,7 @@ class DivergenceEvent(Event):
     nan_origin: bool
     tolerance: float
     first: bool
-    # issue 8: the rest of the measurement
+    # the measurement's details, with defaults so a caller names only those it has
     rtol: float = 0.0
     atol: float = 0.0
     ratio: float = 0.0
@@ -258,30 +461,24 @@ class DivergenceEvent(Event):
         return bool(self.device_dtype) and self.device_dtype != self.dtype
 
 
+# how many internal errors of one ``where`` the store keeps; it counts the rest
+INTERNAL_ERRORS_KEPT = 100
+
+
+@register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class InternalErrorEvent(Event):
-    """A tracer failed; the traced program went on. Kept so the report can say so."""
+    """A tracer failed; the traced program went on. Kept so the report can say so.
+
+    The run store keeps the first :data:`INTERNAL_ERRORS_KEPT` of each ``where``
+    and counts the rest (``RunQuery.capped_counts("internal_error")``).
+    """
 
     kind: ClassVar[str] = "internal_error"
+    stored: ClassVar[Stored] = Stored("internal_errors", name="where", cap=("where", INTERNAL_ERRORS_KEPT))
 
     where: str
     message: str
-
-
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls
-    for cls in (
-        OpEvent,
-        CompileEvent,
-        TransferEvent,
-        FallbackEvent,
-        GraphBreakEvent,
-        GuardFailureEvent,
-        RecompileLimitEvent,
-        DivergenceEvent,
-        InternalErrorEvent,
-    )
-}
 
 
 def event_type(kind: str) -> type[Event]:

@@ -20,7 +20,6 @@ from typing import Any
 
 from tpu_debug.tracers.events import (
     EVENT_TYPES,
-    ArgInfo,
     CompileEvent,
     DivergenceEvent,
     Event,
@@ -28,15 +27,20 @@ from tpu_debug.tracers.events import (
     GraphBreakEvent,
     GuardFailureEvent,
     InternalErrorEvent,
-    KeyDiff,
-    OpEvent,
     RecompileLimitEvent,
     SourceLocation,
     TransferEvent,
     event_type,
 )
 from tpu_debug.tracers.hlo import ProgramNode, instruction_lines
-from tpu_debug.tracers.store import connect
+from tpu_debug.tracers.store import (
+    META_CAPPED,
+    META_DROPPED,
+    META_RECORDING_ERROR,
+    KindLayout,
+    connect,
+    layout,
+)
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError
 
@@ -78,9 +82,12 @@ class RunMetadata:
     exit_status: int | None
     error: str | None
     options: dict[str, Any]
-    # what the TensorBoard export captured (issue 9): dir, profile files, spans,
+    # what the TensorBoard export captured: dir, profile files, spans,
     # max_events, capped, notes; None when the run was recorded without it
     tensorboard: dict[str, Any] | None = None
+    # why recording stopped early (the disk filled, say), and events never written
+    recording_error: str | None = None
+    dropped_events: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,44 +194,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-_EVENT_SELECT = (
-    "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash{extra} "
-    "FROM events e LEFT JOIN locations l ON l.id = e.location_id "
-    "LEFT JOIN programs p ON p.id = e.program_id {join} WHERE e.kind = ?"
+_DAMAGED = (
+    "{path}: not a readable tpu_debug run ({detail}). The file is damaged or truncated; re-record the run."
 )
-_EXECUTIONS_SELECT = (
-    "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash "
-    "FROM executions e LEFT JOIN locations l ON l.id = e.location_id "
-    "LEFT JOIN programs p ON p.id = e.program_id WHERE 1"
-)
-_DETAIL = {
-    "compile": (", c.signature, c.args, c.previous_id, c.identity", "JOIN compiles c ON c.event_id = e.id"),
-    "transfer": (
-        ", t.direction, t.nbytes, t.shape, t.dtype, t.implicit",
-        "JOIN transfers t ON t.event_id = e.id",
-    ),
-    "fallback": (", f.args", "JOIN fallbacks f ON f.event_id = e.id"),
-    "graph_break": (", g.reason", "JOIN graph_breaks g ON g.event_id = e.id"),
-    "guard_failure": (", gf.compile_id, gf.guards", "JOIN guard_failures gf ON gf.event_id = e.id"),  # issue 5
-    "recompile_limit": (
-        ", rl.limit_type, rl.limit_value, rl.reason",
-        "JOIN recompile_limits rl ON rl.event_id = e.id",
-    ),
-    "divergence": (
-        ", d.measure, d.max_abs, d.max_rel, d.ulp, d.mismatched, d.nan_origin, d.tolerance, d.first"
-        ", d.rtol, d.atol, d.ratio, d.numel, d.shape, d.dtype, d.device_dtype, d.device_nonfinite,"
-        " d.cpu_nonfinite, d.phase, d.graph, d.target, d.autograd_node, d.highest",  # issue 8
-        "JOIN divergences d ON d.event_id = e.id",
-    ),
-    "internal_error": (", x.message", "JOIN internal_errors x ON x.event_id = e.id"),
-}
-
-
-def _args(text: str) -> tuple[ArgInfo, ...]:
-    return tuple(
-        ArgInfo(name, tuple(shape) if shape is not None else None, dtype, static)
-        for name, shape, dtype, static in json.loads(text)
-    )
 
 
 class RunQuery:
@@ -238,7 +210,7 @@ class RunQuery:
     def __init__(self, db_path: Path) -> None:
         self.db_path = Path(db_path)
         self._conn: sqlite3.Connection | None = None
-        self._locations: dict[int, SourceLocation] = {}
+        self._tables: frozenset[str] | None = None
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -257,23 +229,35 @@ class RunQuery:
         try:
             return self.connection.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as exc:
-            raise RunDamagedError(
-                f"{self.db_path}: not a readable tpu_debug run ({exc}). The file is damaged or "
-                "truncated; re-record the run."
-            ) from None
+            raise RunDamagedError(_DAMAGED.format(path=self.db_path, detail=exc)) from None
+
+    def _damaged(self, exc: Exception) -> RunDamagedError:
+        """A value that does not decode (JSON cut in the middle, a wrong type): the file was damaged."""
+        return RunDamagedError(_DAMAGED.format(path=self.db_path, detail=f"{type(exc).__name__}: {exc}"))
+
+    def _has_table(self, name: str) -> bool:
+        # a run lacks the tables of event kinds registered after it was recorded
+        if self._tables is None:
+            rows = self._rows("SELECT name FROM sqlite_master WHERE type = 'table'")
+            self._tables = frozenset(r[0] for r in rows)
+        return name in self._tables
 
     def close(self) -> None:
         """Close the database connection (queries reopen it)."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+            self._tables = None
 
     # -- the run --------------------------------------------------------------------
 
     def metadata(self) -> RunMetadata:
         """The run's metadata; ``status`` says ``"incomplete"`` for a run whose
         process ended without closing it (killed)."""
-        raw = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
+        try:
+            raw = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
+        except ValueError as exc:
+            raise self._damaged(exc) from None
         status = raw.get("status", _STATUS_RUNNING)
         if status == _STATUS_RUNNING and not (
             raw.get("hostname") == socket.gethostname() and _pid_alive(int(raw.get("pid", -1)))
@@ -303,7 +287,25 @@ class RunQuery:
             error=raw.get("error"),
             options=dict(raw.get("options", {})),
             tensorboard=raw.get("tensorboard"),
+            recording_error=raw.get(META_RECORDING_ERROR),
+            dropped_events=int(raw.get(META_DROPPED) or 0),
         )
+
+    def capped_counts(self, kind: str) -> dict[str, int]:
+        """Events of a capped kind (``Stored.cap``, e.g. internal errors per ``where``)
+        whose value went over the cap: per value, how many there were in all (the run
+        keeps only the first ones).
+
+        Raises:
+            ValueError: ``kind`` is not an event kind.
+        """
+        event_type(kind)
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (META_CAPPED,))
+        try:
+            capped = json.loads(rows[0][0]) if rows else {}
+            return {str(k): int(v) for k, v in capped.get(kind, {}).items()}
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise self._damaged(exc) from None
 
     def counts(self) -> dict[str, int]:
         """Number of events per kind (kinds with none are left out). Op executions count
@@ -435,10 +437,11 @@ class RunQuery:
         return self.events("fallback")
 
     def internal_errors(self) -> list[InternalErrorEvent]:
-        """Tracer failures recorded during the run."""
+        """Tracer failures recorded during the run (the first ones of each ``where``; see
+        :meth:`capped_counts` for how many there were in all)."""
         return self.events("internal_error")
 
-    # -- recompiles and transfers (issue 5) ---------------------------------------------
+    # -- recompiles and transfers -------------------------------------------------------
 
     def recompiles(self, *, mode: str | None = None, name: str | None = None) -> list[CompileEvent]:
         """Compiles that were recompiles (they carry the diffs against the closest earlier key)."""
@@ -477,7 +480,7 @@ class RunQuery:
 
         return call_sites(self.transfers())
 
-    # -- divergence (issue 8) -----------------------------------------------------------
+    # -- divergence ---------------------------------------------------------------------
 
     def divergences(
         self, *, measure: str | None = None, mode: str | None = None, over: bool | None = None
@@ -515,16 +518,18 @@ class RunQuery:
         """What the divergence tracer counted (ops compared, occurrences per site...),
         or None when divergence was not checked in this run."""
         rows = self._rows("SELECT value FROM meta WHERE key = 'divergence'")
-        return json.loads(rows[0][0]) if rows else None
+        try:
+            return json.loads(rows[0][0]) if rows else None
+        except ValueError as exc:
+            raise self._damaged(exc) from None
 
     def _events_of(
         self, kind: str, name: str | None, start: float | None, end: float | None, limit: int | None
-    ):
-        if kind == "op":
-            sql, params = _EXECUTIONS_SELECT, []
-        else:
-            extra, join = _DETAIL[kind]
-            sql, params = _EVENT_SELECT.format(extra=extra, join=join), [kind]
+    ) -> list[Event]:
+        lay = layout(event_type(kind))
+        if not self._recorded(lay):
+            return []
+        sql, params = lay.select_sql(), []
         if name is not None:
             sql += " AND e.name = ?"
             params.append(name)
@@ -537,48 +542,45 @@ class RunQuery:
         sql += " ORDER BY e.id"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        rows = self._rows(sql, tuple(params))
-        diffs: dict[int, list[KeyDiff]] = {}
-        if kind == "compile" and rows:
-            for eid, field, before, now in self._rows(
-                "SELECT event_id, field, before, now FROM key_diffs ORDER BY event_id, position"
-            ):
-                diffs.setdefault(eid, []).append(KeyDiff(field, before, now))
-        return [self._event(kind, row, diffs) for row in rows]
+        return self._decode(lay, self._rows(sql, tuple(params)))
+
+    def _recorded(self, lay: KindLayout) -> bool:
+        """The run has the kind's tables (a kind registered after the run was recorded has none)."""
+        return all(self._has_table(t) for t in (lay.table, *(c.table for c in lay.children)) if t is not None)
+
+    def _decode(self, lay: KindLayout, rows: list[tuple]) -> list[Event]:
+        """Events from :meth:`KindLayout.select_sql` rows, with their child records."""
+        children: dict[str, dict[int, list]] = {}
+        if lay.children and rows:
+            ids = [r[0] for r in rows]
+            for child in lay.children:
+                by_event: dict[int, list] = children.setdefault(child.field, {})
+                sql = lay.child_select_sql(child)
+                if len(ids) > 2000:  # most of the run's: one pass over the table beats many lookups
+                    wanted = set(ids)
+                    found = [r for r in self._rows(sql + " ORDER BY event_id, position") if r[0] in wanted]
+                else:
+                    found = []
+                    for i in range(0, len(ids), 500):
+                        chunk = ids[i : i + 500]
+                        marks = ",".join("?" * len(chunk))
+                        found += self._rows(
+                            f"{sql} WHERE event_id IN ({marks}) ORDER BY event_id, position", tuple(chunk)
+                        )
+                try:
+                    for row in found:
+                        by_event.setdefault(row[0], []).append(child.decode(row[1:]))
+                except (ValueError, TypeError) as exc:
+                    raise self._damaged(exc) from None
+        try:
+            return [lay.decode(row, self._location(*row[4:7]), children) for row in rows]
+        except (ValueError, TypeError) as exc:
+            raise self._damaged(exc) from None
 
     def _location(self, file, line, function) -> SourceLocation | None:
         if file is None:
             return None
         return SourceLocation(file, line, function)
-
-    def _event(self, kind: str, row: tuple, diffs: dict[int, list[KeyDiff]]) -> Event:
-        eid, ts, mode, thread, file, line, function, name, seconds, program = row[:10]
-        head = (eid, ts, mode, thread, self._location(file, line, function))
-        d = row[10:]
-        if kind == "op":
-            return OpEvent(*head, name, seconds, program)
-        if kind == "compile":
-            return CompileEvent(
-                *head, name, d[0], _args(d[1]), seconds, program, d[2], tuple(diffs.get(eid, ())), d[3]
-            )
-        if kind == "transfer":
-            return TransferEvent(*head, d[0], d[1], tuple(json.loads(d[2])), d[3], name, bool(d[4]), seconds)
-        if kind == "fallback":
-            return FallbackEvent(*head, name, _args(d[0]), seconds)
-        if kind == "graph_break":
-            return GraphBreakEvent(*head, name, d[0])
-        if kind == "guard_failure":
-            return GuardFailureEvent(*head, name, d[0], tuple(json.loads(d[1])))
-        if kind == "recompile_limit":
-            return RecompileLimitEvent(*head, name, d[0], d[1], d[2])
-        if kind == "divergence":
-            return DivergenceEvent(
-                *head, name, d[0], d[1], d[2], d[3], d[4], bool(d[5]), d[6], bool(d[7]),
-                rtol=d[8], atol=d[9], ratio=d[10], numel=d[11], shape=tuple(json.loads(d[12])), dtype=d[13],
-                device_dtype=d[14], device_nonfinite=d[15], cpu_nonfinite=d[16], phase=d[17], graph=d[18],
-                target=d[19], autograd_node=d[20], highest=None if d[21] is None else bool(d[21]),
-            )
-        return InternalErrorEvent(*head, name, d[0])
 
     # -- HLO ------------------------------------------------------------------------
 
@@ -668,7 +670,7 @@ class RunQuery:
             f"this run.{hint}"
         )
 
-    # -- paged and grouped views (the TUI, issue 6) ------------------------------------
+    # -- paged and grouped views (the TUI) ------------------------------------------------
 
     def watermark(self) -> tuple[int, int, int]:
         """A value that changes whenever something new is recorded (for following a live run):
@@ -692,7 +694,7 @@ class RunQuery:
         return {name: (n, s) for name, n, s in rows}
 
     def float64_ops(self) -> dict[str, tuple[int, int]]:
-        """Ops and graphs compiled with float64 or complex128 values (issue 7): per name,
+        """Ops and graphs compiled with float64 or complex128 values: per name,
         (programs compiled, executions). It runs here; a TPU has no float64, so on a TPU
         each of these would fail or need a float32 rewrite."""
         wide = "(signature LIKE '%float64%' OR signature LIKE '%complex128%')"
@@ -720,41 +722,27 @@ class RunQuery:
         """The compiles of one op or graph (an identity of :meth:`compile_groups`; for runs
         recorded before identities, the op or graph name), oldest first, with their key
         diffs; paged by ``limit``/``offset`` so a recompile storm is read a page at a time."""
-        extra, join = _DETAIL["compile"]
+        lay = layout(CompileEvent)
         # the IN list narrows through the compiles table and the (kind, name) index first
-        sql = _EVENT_SELECT.format(extra=extra, join=join) + (
+        sql = lay.select_sql() + (
             " AND e.id IN (SELECT event_id FROM compiles WHERE identity = ? "
             "UNION ALL SELECT id FROM events WHERE kind = 'compile' AND name = ?) "
-            "AND coalesce(c.identity, e.name) = ?"
+            "AND coalesce(d.identity, e.name) = ?"
         )
-        params: list[Any] = ["compile", identity, identity, identity]
+        params: list[Any] = [identity, identity, identity]
         if mode is not None:
             sql += " AND e.mode = ?"
             params.append(mode)
         sql += " ORDER BY e.id"
         if limit is not None:
             sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
-        return self._compiles_with_diffs(self._rows(sql, tuple(params)))
+        return self._decode(lay, self._rows(sql, tuple(params)))  # type: ignore[return-value]
 
     def compile_by_id(self, event_id: int) -> CompileEvent | None:
         """One compile event (with its key diffs), or None when ``event_id`` is no compile."""
-        extra, join = _DETAIL["compile"]
-        rows = self._rows(_EVENT_SELECT.format(extra=extra, join=join) + " AND e.id = ?", ("compile", event_id))
-        out = self._compiles_with_diffs(rows)
-        return out[0] if out else None
-
-    def _compiles_with_diffs(self, rows: list[tuple]) -> list[CompileEvent]:
-        diffs: dict[int, list[KeyDiff]] = {}
-        ids = [r[0] for r in rows]
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            for eid, field, before, now in self._rows(
-                "SELECT event_id, field, before, now FROM key_diffs WHERE event_id IN "
-                f"({','.join('?' * len(chunk))}) ORDER BY event_id, position",
-                tuple(chunk),
-            ):
-                diffs.setdefault(eid, []).append(KeyDiff(field, before, now))
-        return [self._event("compile", row, diffs) for row in rows]  # type: ignore[misc]
+        lay = layout(CompileEvent)
+        out = self._decode(lay, self._rows(lay.select_sql() + " AND e.id = ?", (event_id,)))
+        return out[0] if out else None  # type: ignore[return-value]
 
     def transfer_sites(self, *, buckets: int = 0, limit: int | None = None) -> list[TransferSite]:
         """Transfers grouped by source line, direction, cause and kind: implicit ones first,
@@ -821,7 +809,7 @@ class RunQuery:
         """Divergence events ranked: the firsts over tolerance (local measure first, then in
         the order they happened), then NaN/Inf origins, then by error in units of tolerance
         (``ratio``), largest first."""
-        extra, join = _DETAIL["divergence"]
+        lay = layout(DivergenceEvent)
         # rank on the divergences table alone, then fetch the page's events: sorting the
         # join would read every event of the run
         order = (
@@ -837,8 +825,8 @@ class RunQuery:
         out: list[DivergenceEvent] = []
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            sql = _EVENT_SELECT.format(extra=extra, join=join) + f" AND e.id IN ({','.join('?' * len(chunk))})"
-            out.extend(self._event("divergence", row, {}) for row in self._rows(sql, ("divergence", *chunk)))  # type: ignore[misc]
+            sql = lay.select_sql() + f" AND e.id IN ({','.join('?' * len(chunk))})"
+            out.extend(self._decode(lay, self._rows(sql, tuple(chunk))))  # type: ignore[arg-type]
         out.sort(key=lambda e: rank[e.id])
         return out
 

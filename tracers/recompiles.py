@@ -1,32 +1,34 @@
-"""Recompiles: is a compile the first of its op or graph, or a recompile, and what changed (issue 5).
+"""Recompiles: is a compile the first of its op or graph, or a recompile, and what changed.
 
 Every compile has an *identity*: the eager op overload (``mul.Tensor``), or
 for a compiled graph the function dynamo compiled and the graph's direction
 (``"step in train.py (forward)"``; forward and inference graphs share one). A
 compile whose identity was compiled before is a recompile. It is compared with
 the closest earlier key of that identity (fewest mismatches; the latest on a
-tie) and the differences are kept as data, :class:`~.events.KeyDiff` records:
+tie) and the differences are kept as data, :class:`~.events.KeyDiff` records
+whose ``aspect`` says what changed:
 
-============================  ===============================================
-field                         what changed
-============================  ===============================================
-``arg 1 'other'``             an input's aval: ``f32[8,128]`` -> ``f32[9,128]``
-``arg 1 'other' dtype``       only its dtype: ``f32`` -> ``bf16``
-``arg 0 'self' stride``       a strided view's geometry (also ``offset``,
-                              ``storage``, ``device``)
-``static arg 'dim'``          a static argument baked into the executable
-``python scalar baked in 'n'``  a Python number baked in (eager static
-                              ``Scalar`` arguments; dynamo value guards)
-``inputs``                    the number of inputs (both signatures shown)
-``matmul precision``          ``torch.get_float32_matmul_precision()``
-``grad mode``, ``graph kind``  compiled under grad / no-grad
-``tensor 'x' dim 0``          a dynamo guard on an input's size (also
-                              ``dtype``, ``rank``, ``stride``,
-                              ``requires_grad``, ``device``)
-``dynamo guard``              any other failed dynamo guard (its text)
-============================  ===============================================
+=============  ================================================  =================================
+aspect         what changed                                      rendered as
+=============  ================================================  =================================
+``shape``      an input's aval (``dims``: which dimensions)      ``arg 1 'other'``
+``dtype``      only an input's dtype                             ``arg 1 'other' dtype``
+``layout``     a strided view's geometry (``detail``: stride,    ``arg 0 'self' stride``
+               offset, storage, device)
+``static``     a static argument baked into the executable       ``static arg 'dim'``
+``scalar``     a Python number baked in (eager static            ``python scalar baked in 'n'``
+               ``Scalar`` arguments; dynamo value guards)
+``inputs``     the number of inputs (both signatures shown)      ``inputs``
+``precision``  ``torch.get_float32_matmul_precision()``          ``matmul precision``
+``grad``       compiled under grad / no-grad (``detail``)        ``grad mode``, ``graph kind``
+``guard``      any other failed dynamo guard (its text)          ``dynamo guard``
+=============  ================================================  =================================
 
-Prose is rendered from these at the edge (:func:`explain`,
+A failed dynamo guard on an input gives the same aspects with ``source="guard"``
+and no ``arg_index`` (``tensor 'x' dim 0``, ``tensor 'x' dtype``, ``tensor 'x'
+stride 1``, ``tensor 'x' requires_grad``).
+
+Prose is rendered from these at the edge (:func:`describe`, :func:`explain`,
 :func:`summarize`), in the spirit of JAX's "closest seen signature has N
 mismatches".
 """
@@ -50,11 +52,10 @@ __all__ = [
     "Observation",
     "RecompileGroup",
     "RecompileTracker",
+    "arg_diffs",
     "aval",
     "describe",
-    "diff_kind",
     "explain",
-    "parse_aval",
     "summarize",
 ]
 
@@ -92,18 +93,6 @@ def aval(shape: Sequence[int] | None, dtype: str | None) -> str:
     return f"{short_dtype(dtype)}[{','.join(str(int(d)) for d in (shape or ()))}]"
 
 
-_AVAL = re.compile(r"^([A-Za-z0-9_]+)\[([0-9,]*)\]$")
-
-
-def parse_aval(text: str) -> tuple[str, tuple[int, ...]] | None:
-    """``"f32[8,128]"`` -> ``("f32", (8, 128))``; None for anything else."""
-    m = _AVAL.match(text)
-    if m is None:
-        return None
-    dims = tuple(int(d) for d in m.group(2).split(",") if d)
-    return m.group(1), dims
-
-
 # ---------------------------------------------------------------------------------
 # Live analysis (the recorder and the guards call this at compile time)
 # ---------------------------------------------------------------------------------
@@ -113,7 +102,7 @@ def parse_aval(text: str) -> tuple[str, tuple[int, ...]] | None:
 class _Seen:
     key: Any
     args: tuple
-    facts: dict[str, str]
+    facts: dict[tuple[str, str], str]
     compile_id: str | None
     event_id: int | None = None
 
@@ -145,7 +134,7 @@ class Observation:
 
 
 def _arg_label(i: int, name: str) -> str:
-    return f"arg {i}" if name == f"arg{i}" else f"arg {i} '{name}'"
+    return KeyDiff("shape", "", "", arg_index=i, arg_name=name).subject
 
 
 def _static_text(value: Any) -> str:
@@ -175,48 +164,73 @@ def _render_args(args: Sequence[Any]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> list[KeyDiff]:
+def arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> list[KeyDiff]:
+    """How the arguments ``now`` of a compile differ from ``before`` (``ArgInfo`` or
+    ``ArgSpec`` records): one :class:`KeyDiff` per differing input.
+
+    Example:
+        >>> arg_diffs([ArgInfo("self", (8,), "float32")], [ArgInfo("self", (9,), "float32")])[0].render()
+        "arg 0 'self': f32[8] -> f32[9]"
+    """
+    return _arg_diffs(before, now)[0]
+
+
+def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff], int]:
+    """The differences, and how far apart the two keys are (for choosing the closest): an
+    aval's differing dims count one by one; a different input count is as far as it gets."""
     if len(before) != len(now):
-        return [KeyDiff("inputs", _render_args(before), _render_args(now))]
+        return [KeyDiff("inputs", _render_args(before), _render_args(now))], 1000 + max(len(before), len(now))
     out: list[KeyDiff] = []
+    score = 0
     for i, (a, b) in enumerate(zip(before, now)):
-        label = _arg_label(i, b.name)
+        name = b.name
         if a.shape is not None and b.shape is not None:
-            if tuple(a.shape) != tuple(b.shape):
-                out.append(KeyDiff(label, aval(a.shape, a.dtype), aval(b.shape, b.dtype)))
+            sa, sb = tuple(a.shape), tuple(b.shape)
+            if sa != sb:
+                if len(sa) == len(sb):
+                    dims = tuple(d for d, (x, y) in enumerate(zip(sa, sb)) if x != y)
+                    detail = None
+                    score += len(dims) + (short_dtype(a.dtype) != short_dtype(b.dtype))
+                else:
+                    dims, detail = (), "rank"
+                    score += 1 + max(len(sa), len(sb))
+                out.append(
+                    KeyDiff(
+                        "shape",
+                        aval(sa, a.dtype),
+                        aval(sb, b.dtype),
+                        arg_index=i,
+                        arg_name=name,
+                        dims=dims,
+                        detail=detail,
+                    )
+                )
                 continue  # a view's strides and storage follow its shape: not news
             if a.dtype != b.dtype:
-                out.append(KeyDiff(f"{label} dtype", short_dtype(a.dtype), short_dtype(b.dtype)))
+                out.append(
+                    KeyDiff("dtype", short_dtype(a.dtype), short_dtype(b.dtype), arg_index=i, arg_name=name)
+                )
+                score += 1
             la, lb = dict(getattr(a, "layout", ()) or ()), dict(getattr(b, "layout", ()) or ())
             for k in sorted(set(la) | set(lb), key=str):
                 if la.get(k) != lb.get(k):
+                    before_text, now_text = _layout_text(k, la.get(k)), _layout_text(k, lb.get(k))
                     out.append(
-                        KeyDiff(f"{label} {k}", _layout_text(k, la.get(k)), _layout_text(k, lb.get(k)))
+                        KeyDiff("layout", before_text, now_text, arg_index=i, arg_name=name, detail=str(k))
                     )
+                    score += 1
         elif a.shape is None and b.shape is None:
             if not _same_static(a.static, b.static):
                 scalar = getattr(a, "scalar", False) or getattr(b, "scalar", False)
-                field = f"python scalar baked in '{b.name}'" if scalar else f"static arg '{b.name}'"
-                out.append(KeyDiff(field, _static_text(a.static), _static_text(b.static)))
-        else:
+                before_text, now_text = _static_text(a.static), _static_text(b.static)
+                aspect = "scalar" if scalar else "static"
+                out.append(KeyDiff(aspect, before_text, now_text, arg_index=i, arg_name=name))
+                score += 1
+        else:  # a tensor where a static value was, or the reverse
             text = lambda s: aval(s.shape, s.dtype) if s.shape is not None else _static_text(s.static)
-            out.append(KeyDiff(label, text(a), text(b)))
-    return out
-
-
-def _score(before: Sequence[Any], now: Sequence[Any], diffs: list[KeyDiff]) -> int:
-    """Mismatches for choosing the closest key, counting an aval's differing dims one by one;
-    a different input count is as far as it gets."""
-    if len(before) != len(now):
-        return 1000 + max(len(before), len(now))
-    score = 0
-    for d in diffs:
-        a, b = parse_aval(d.before), parse_aval(d.now)
-        if a and b and len(a[1]) == len(b[1]):
-            score += sum(x != y for x, y in zip(a[1], b[1])) + (a[0] != b[0])
-        else:
-            score += 1 if not (a and b) else 1 + max(len(a[1]), len(b[1]))
-    return score
+            out.append(KeyDiff("shape", text(a), text(b), arg_index=i, arg_name=name))
+            score += 1
+    return out, score
 
 
 _SOURCE_ROOT = re.compile(r"^[LG]\['([^']+)'\]")
@@ -244,13 +258,17 @@ def _layout_text(key: str, value: Any) -> str:
     return repr(value) if isinstance(value, tuple) else str(value)
 
 
-def _facts(info: Any) -> dict[str, str]:
-    facts = {str(k): str(v) for k, v in info.settings}
+def _facts(info: Any) -> dict[tuple[str, str], str]:
+    """What the key holds beyond the arguments, per (aspect, detail) of a :class:`KeyDiff`."""
+    facts = {
+        ("precision" if str(k) == "matmul precision" else "config", str(k)): str(v)
+        for k, v in info.settings
+    }
     graph = info.graph
     if info.mode == "compiled" and graph is not None:
-        facts["grad mode"] = "enabled" if graph.origin.grad_mode else "disabled"
+        facts[("grad", "grad mode")] = "enabled" if graph.origin.grad_mode else "disabled"
         if graph.kind in ("forward", "inference"):
-            facts["graph kind"] = graph.kind
+            facts[("grad", "graph kind")] = graph.kind
     return facts
 
 
@@ -327,11 +345,12 @@ class RecompileTracker:
         best: tuple[_Seen, list[KeyDiff]] | None = None
         best_score = 0
         for old in reversed(history):  # the latest wins a tie
-            diffs = _arg_diffs(old.args, entry.args)
-            for k in sorted(set(old.facts) | set(entry.facts)):
-                if old.facts.get(k) != entry.facts.get(k):
-                    diffs.append(KeyDiff(k, old.facts.get(k, "-"), entry.facts.get(k, "-")))
-            score = _score(old.args, entry.args, diffs)
+            diffs, score = _arg_diffs(old.args, entry.args)
+            for aspect, detail in sorted(set(old.facts) | set(entry.facts), key=lambda k: k[1]):
+                before, now = old.facts.get((aspect, detail), "-"), entry.facts.get((aspect, detail), "-")
+                if before != now:
+                    diffs.append(KeyDiff(aspect, before, now, detail=detail))
+                    score += 1
             if best is None or score < best_score:
                 best, best_score = (old, diffs), score
                 if not diffs:
@@ -351,8 +370,8 @@ class RecompileTracker:
             guard = failure.for_entry(previous.compile_id) if failure is not None else None
             if guard:
                 for d in dynamo_events.guard_diffs(guard):
-                    if d.field == "global state" and any(
-                        x.field in ("grad mode", "graph kind") for x in diffs
+                    if d.detail == "global state" and any(
+                        x.aspect == "grad" and x.detail in ("grad mode", "graph kind") for x in diffs
                     ):
                         continue  # the graph's own facts say it better
                     out.append(d)
@@ -365,7 +384,7 @@ class RecompileTracker:
             elif info.mode == "compiled":
                 before = previous.key[1] if isinstance(previous.key, tuple) and len(previous.key) > 1 else "?"
                 now = entry.key[1] if isinstance(entry.key, tuple) and len(entry.key) > 1 else "?"
-                out.append(KeyDiff("graph code", str(before), str(now)))
+                out.append(KeyDiff("key", str(before), str(now), detail="graph code"))
             else:
                 out.append(KeyDiff("key", "an earlier key", "a key differing in an unrecorded field"))
         return out
@@ -375,43 +394,17 @@ class RecompileTracker:
 # Prose at the edge
 # ---------------------------------------------------------------------------------
 
-_ARG = r"arg \d+(?: '[^']*')?"
-_KINDS: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(rf"^({_ARG})$"), "shape"),
-    (re.compile(rf"^({_ARG}) dtype$"), "dtype"),
-    (re.compile(rf"^({_ARG}) (?:stride|offset|storage|device)$"), "layout"),
-    (re.compile(r"^static arg '(.*)'$"), "static"),
-    (re.compile(r"^python scalar baked in '(.*)'$"), "scalar"),
-    (re.compile(r"^(tensor '.*') dim \d+$"), "shape"),
-    (re.compile(r"^(tensor '.*') rank$"), "shape"),
-    (re.compile(r"^(tensor '.*') dtype$"), "dtype"),
-    (re.compile(r"^(tensor '.*') (?:stride \d+|device)$"), "layout"),
-    (re.compile(r"^(tensor '.*') requires_grad$"), "grad"),
-    (re.compile(r"^(?:grad mode|graph kind|global state)$"), "grad"),
-    (re.compile(r"^matmul precision$"), "precision"),
-    (re.compile(r"^inputs$"), "inputs"),
-    (re.compile(r"^dynamo guard$"), "guard"),
-)
-
-
-def diff_kind(field: str) -> str:
-    """The kind of a difference: shape, dtype, layout, static, scalar, grad,
-    precision, inputs, guard, or other."""
-    for pattern, kind in _KINDS:
-        if pattern.match(field):
-            return kind
-    return "other"
-
 
 def describe(diff: KeyDiff) -> str:
     """One difference as a line of prose."""
-    if diff.field == "dynamo guard":
+    if diff.aspect == "guard":
         return f"dynamo guard failed: {diff.before}"
-    if diff.field == "global state":
+    if diff.source == "guard" and diff.detail == "global state":
         return f"dynamo guard failed: global state ({diff.before}) changed"
-    if diff.now == "changed" and diff.field.startswith("python scalar baked in"):
-        name = diff.field.removeprefix("python scalar baked in ")
-        return f"python scalar {name} was baked in as {diff.before}; this call passed another value"
+    if diff.source == "guard" and diff.aspect == "scalar":
+        return (
+            f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed another value"
+        )
     return diff.render()
 
 
@@ -425,7 +418,8 @@ def explain(
     """JAX-style prose for one recompile.
 
     Example:
-        >>> print(explain("mul.Tensor", [KeyDiff("arg 0 'self'", "f32[8]", "f32[9]")], compiles=2))
+        >>> diff = KeyDiff("shape", "f32[8]", "f32[9]", arg_index=0, arg_name="self", dims=(0,))
+        >>> print(explain("mul.Tensor", [diff], compiles=2))
         mul.Tensor recompiled (compile 2 of it): the closest earlier key has 1 mismatch:
           arg 0 'self': f32[8] -> f32[9]
     """
@@ -446,14 +440,20 @@ class Change:
     """One thing that kept changing across a group's recompiles.
 
     ``what`` names it ("dim 1 of arg 0 'self'", "python scalar 'lr'"), ``kind``
-    is its :func:`diff_kind`, ``count`` how many recompiles it took part in,
-    ``values`` the distinct values it took, in first-seen order.
+    is the :class:`KeyDiff` aspect, ``count`` how many recompiles it took part in,
+    ``values`` the distinct values it took, in first-seen order. ``arg_index``,
+    ``arg_name``, ``dim`` and ``detail`` say which input, dimension or setting it
+    is, as in :class:`KeyDiff`.
     """
 
     what: str
     kind: str
     count: int
     values: tuple[str, ...]
+    arg_index: int | None = None
+    arg_name: str | None = None
+    dim: int | None = None
+    detail: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -477,33 +477,25 @@ class RecompileGroup:
         return self.changes[0] if self.changes else None
 
 
-def _dim_changes(diff: KeyDiff) -> list[tuple[str, str, str, str]]:
-    """(what, kind, before, now) items of one difference, by dimension for shapes."""
-    kind = diff_kind(diff.field)
-    if kind == "shape":
-        m = re.match(r"^(tensor '.*') dim (\d+)$", diff.field)
-        if m:
-            return [(f"dim {m.group(2)} of {m.group(1)}", kind, diff.before, diff.now)]
-        a, b = parse_aval(diff.before), parse_aval(diff.now)
-        if a and b and len(a[1]) == len(b[1]):
-            return [
-                (f"dim {d} of {diff.field}", kind, str(x), str(y))
-                for d, (x, y) in enumerate(zip(a[1], b[1]))
-                if x != y
-            ]
-        return [(f"rank of {diff.field}", kind, diff.before, diff.now)]
-    if kind == "scalar":
+def _diff_changes(diff: KeyDiff) -> list[tuple[Change, str, str]]:
+    """The changes one difference the arguments cannot show stands for, each with its
+    before/now values: a dynamo guard's dimension or rank, a layout, a setting, a guard."""
+    if diff.aspect == "shape" and diff.arg_index is None and diff.arg_name is not None:
+        if diff.detail == "rank":
+            what = f"rank of {diff.subject}"
+            return [(Change(what, "shape", 0, (), None, diff.arg_name, None, "rank"), diff.before, diff.now)]
         return [
             (
-                f"python scalar {diff.field.removeprefix('python scalar baked in ')}",
-                kind,
+                Change(f"dim {d} of {diff.subject}", "shape", 0, (), None, diff.arg_name, d),
                 diff.before,
                 diff.now,
             )
-        ]
-    if kind == "inputs":
-        return [("the inputs", kind, diff.before, diff.now)]
-    return [(diff.field, kind, diff.before, diff.now)]
+            for d in diff.dims
+        ] or [(Change(diff.field, "shape", 0, (), None, diff.arg_name), diff.before, diff.now)]
+    if diff.aspect == "inputs":
+        return [(Change("the inputs", "inputs", 0, ()), diff.before, diff.now)]
+    change = Change(diff.field, diff.aspect, 0, (), diff.arg_index, diff.arg_name, None, diff.detail)
+    return [(change, diff.before, diff.now)]
 
 
 def _advice(change: Change, mode: str | None) -> str:
@@ -545,7 +537,7 @@ def _advice(change: Change, mode: str | None) -> str:
 def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Change]:
     """What varied across a group's keys, read from the compiled arguments themselves:
     every dimension, dtype and static value that took more than one value."""
-    labels: dict[str, str] = {}
+    labels: dict[str, tuple[str, int, str]] = {}  # key -> (label, position, name)
     dims: dict[tuple[str, int], dict[str, None]] = {}
     ranks: dict[str, dict[str, None]] = {}
     dtypes: dict[str, dict[str, None]] = {}
@@ -554,7 +546,7 @@ def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Chang
         for i, a in enumerate(c.args):
             # names line up across keys; positions only among keys with as many inputs
             key = a.name if a.name != f"arg{i}" else f"{len(c.args)}:{a.name}"
-            labels.setdefault(key, _arg_label(i, a.name))
+            labels.setdefault(key, (_arg_label(i, a.name), i, a.name))
             if a.shape is None:
                 statics.setdefault(key, {}).setdefault(str(a.static), None)
                 continue
@@ -566,38 +558,50 @@ def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Chang
     shape_values = set()
     for (key, d), values in dims.items():
         if len(values) > 1 and len(ranks[key]) == 1:
-            out.append(Change(f"dim {d} of {labels[key]}", "shape", len(values) - 1, tuple(values)))
+            label, i, name = labels[key]
+            out.append(Change(f"dim {d} of {label}", "shape", len(values) - 1, tuple(values), i, name, d))
             shape_values.add(frozenset(values))
     for key, values in ranks.items():
         if len(values) > 1:
-            out.append(Change(f"rank of {labels[key]}", "shape", len(values) - 1, tuple(values)))
+            label, i, name = labels[key]
+            out.append(
+                Change(f"rank of {label}", "shape", len(values) - 1, tuple(values), i, name, None, "rank")
+            )
     for key, values in dtypes.items():
         if len(values) > 1:
-            out.append(Change(f"dtype of {labels[key]}", "dtype", len(values) - 1, tuple(values)))
+            label, i, name = labels[key]
+            out.append(Change(f"dtype of {label}", "dtype", len(values) - 1, tuple(values), i, name))
     for key, values in statics.items():
         if len(values) < 2 or any(len(set(values) & dim) >= max(2, len(values) - 1) for dim in shape_values):
             continue  # constant, or a symbolic size passed beside its tensor (the dim says it)
+        _label, i, name = labels[key]
         if key in scalars:
-            out.append(Change(f"python scalar '{key}'", "scalar", len(values) - 1, tuple(values)))
+            out.append(Change(f"python scalar '{key}'", "scalar", len(values) - 1, tuple(values), i, name))
         else:
-            out.append(Change(f"static arg '{key}'", "static", len(values) - 1, tuple(values)))
+            out.append(Change(f"static arg '{key}'", "static", len(values) - 1, tuple(values), i, name))
     return out
 
 
-_FROM_ARGS = ("shape", "dtype", "static", "scalar", "inputs")
+def _from_args(diff: KeyDiff) -> bool:
+    """The compiled arguments themselves show this difference (``_arg_changes`` counts it)."""
+    return diff.aspect in ("static", "scalar") or (
+        diff.aspect in ("shape", "dtype") and diff.arg_index is not None
+    )
+
+
+def _same_input(change: Change, diff: KeyDiff) -> bool:
+    if change.arg_name is not None and change.arg_name != f"arg{change.arg_index}":
+        return diff.arg_name == change.arg_name  # a name identifies it across keys and guards
+    return change.arg_index is not None and diff.arg_index == change.arg_index
 
 
 def _shows(change: Change, diff: KeyDiff) -> bool:
     """``diff`` is an instance of ``change`` (the dimension itself changed, for a shape)."""
-    m = re.match(r"^dim (\d+) of (.+)$", change.what)
-    if m and change.kind == "shape":
-        if diff.field == m.group(2):
-            a, b = parse_aval(diff.before), parse_aval(diff.now)
-            d = int(m.group(1))
-            return bool(a and b and len(a[1]) == len(b[1]) > d and a[1][d] != b[1][d])
-        return False
-    quoted = re.search(r"'[^']*'", change.what)
-    return (quoted.group(0) in diff.field) if quoted else change.what in diff.field
+    if change.kind == "shape" and change.dim is not None:
+        return diff.aspect == "shape" and _same_input(change, diff) and change.dim in diff.dims
+    if change.arg_name is not None or change.arg_index is not None:
+        return _same_input(change, diff)
+    return diff.aspect == change.kind and diff.detail == change.detail
 
 
 def summarize(
@@ -617,30 +621,24 @@ def summarize(
     out = []
     for (mode, identity), items in groups.items():
         re_items = [c for c in items if c.diffs]
-        scalars = {
-            d.field.removeprefix("python scalar baked in ").strip("'")
-            for c in re_items
-            for d in c.diffs
-            if diff_kind(d.field) == "scalar"
-        }
+        scalars = {d.arg_name for c in re_items for d in c.diffs if d.aspect == "scalar" and d.arg_name}
         changes_list = _arg_changes(items, scalars) if re_items else []
-        tally: dict[tuple[str, str], list] = {}
+        tally: dict[str, list] = {}  # what -> [change, recompiles, values]
         for c in re_items:  # what the keys' arguments cannot show
             seen_here = set()
             for d in c.diffs:
-                for what, kind, before, now in _dim_changes(d):
-                    arg_field = re.match(rf"^(?:dim \d+ of |rank of )?{_ARG}", what) or what.startswith(
-                        ("static arg", "python scalar")
-                    )
-                    if (kind in _FROM_ARGS and arg_field) or kind == "inputs" and changes_list:
-                        continue
-                    slot = tally.setdefault((what, kind), [0, {}])
-                    if (what, kind) not in seen_here:
-                        slot[0] += 1
-                        seen_here.add((what, kind))
+                if _from_args(d) or (d.aspect == "inputs" and changes_list):
+                    continue
+                for change, before, now in _diff_changes(d):
+                    slot = tally.setdefault(change.what, [change, 0, {}])
+                    if change.what not in seen_here:
+                        slot[1] += 1
+                        seen_here.add(change.what)
                     for v in (before, now):
-                        slot[1].setdefault(v, None)
-        changes_list += [Change(what, kind, n, tuple(vals)) for (what, kind), (n, vals) in tally.items()]
+                        slot[2].setdefault(v, None)
+        changes_list += [
+            dataclasses.replace(change, count=n, values=tuple(vals)) for change, n, vals in tally.values()
+        ]
         changes = tuple(sorted(changes_list, key=lambda ch: (-ch.count, ch.kind != "shape", ch.what)))
         where = collections.Counter(c.location for c in re_items)
         storm = len(re_items) > storm_threshold
@@ -649,7 +647,9 @@ def summarize(
         if changes:
             top = changes[0]
             advice = (_advice(top, mode),)
-            second = next((ch for ch in changes[1:] if ch.kind not in (top.kind, "inputs", "other")), None)
+            second = next(
+                (ch for ch in changes[1:] if ch.kind not in (top.kind, "inputs", "config", "key")), None
+            )
             if second is not None and 2 * second.count >= top.count:
                 advice += (_advice(second, mode),)
             for c in reversed(re_items):  # the latest recompile the top change shows in

@@ -17,10 +17,11 @@ and ``PRAGMA application_id`` marks the file as a tpu_debug run):
   request), the same columns without ``kind`` and without secondary indexes:
   they can be millions, id order is time order, and per-op totals live in
   ``op_stats``. Event ids are unique across both tables.
-- one detail table per kind with more fields, keyed by ``event_id``:
-  ``compiles`` (+ ``key_diffs``), ``transfers``, ``fallbacks``,
-  ``graph_breaks``, ``guard_failures``, ``recompile_limits``, ``divergences``,
-  ``internal_errors``.
+- one detail table per event kind with more fields, keyed by ``event_id``,
+  and child tables for tuples of records (``key_diffs``). These follow from
+  each kind's declaration (``stored`` on its class, see :mod:`.events`):
+  :class:`KindLayout` derives the columns from the field types, and the
+  writer here and the queries in :mod:`.query` use the same layout.
 - ``locations``, ``programs`` (StableHLO + optimized HLO, deduplicated),
   ``fx_nodes`` and ``node_instructions`` (FX node -> HLO instructions).
 - ``op_stats``: per executable (mode, op, signature, program) execution count
@@ -32,48 +33,53 @@ Nothing is pickled; structured values are JSON.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
+import operator
 import os
+import re
 import socket
 import sqlite3
+import sys
 import threading
+import time
+import types
+import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.tracers.events import (
-    SCHEMA_VERSION,
-    CompileEvent,
-    DivergenceEvent,
-    Event,
-    FallbackEvent,
-    GraphBreakEvent,
-    GuardFailureEvent,
-    InternalErrorEvent,
-    OpEvent,
-    RecompileLimitEvent,
-    SourceLocation,
-    TransferEvent,
-)
+from tpu_debug.tracers import events as _events
+from tpu_debug.tracers.events import SCHEMA_VERSION, ArgInfo, Event, SourceLocation
 from tpu_debug.tracers.hlo import Program
 
-from tpu_debug.errors import RunDamagedError, RunNotFoundError, SchemaVersionError
+from tpu_debug.errors import (
+    RunAccessError,
+    RunDamagedError,
+    RunNotFoundError,
+    RunWriteError,
+    SchemaVersionError,
+)
 
 __all__ = [
     "APPLICATION_ID",
     "DB_NAME",
-    "SCHEMA",
+    "KindLayout",
     "RunWriter",
     "StatRow",
     "connect",
+    "layout",
+    "schema_statements",
     "args_to_json",
+    "args_from_json",
 ]
 
 DB_NAME = "run.db"
 APPLICATION_ID = 0x54504442  # "TPDB"
 
-SCHEMA = """
+# the tables every run has; each event kind adds its own (KindLayout.create_statements)
+_BASE_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE locations (
     id INTEGER PRIMARY KEY,
@@ -113,77 +119,6 @@ CREATE TABLE executions (
     seconds REAL NOT NULL,
     program_id INTEGER REFERENCES programs(id)
 );
-CREATE TABLE compiles (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    signature TEXT NOT NULL,
-    args TEXT NOT NULL,
-    previous_id INTEGER REFERENCES events(id),
-    identity TEXT
-);
-CREATE TABLE key_diffs (
-    event_id INTEGER NOT NULL REFERENCES events(id),
-    position INTEGER NOT NULL,
-    field TEXT NOT NULL,
-    before TEXT NOT NULL,
-    now TEXT NOT NULL,
-    PRIMARY KEY (event_id, position)
-) WITHOUT ROWID;
-CREATE TABLE transfers (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    direction TEXT NOT NULL,
-    nbytes INTEGER NOT NULL,
-    shape TEXT NOT NULL,
-    dtype TEXT NOT NULL,
-    implicit INTEGER NOT NULL
-);
-CREATE TABLE fallbacks (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    args TEXT NOT NULL
-);
-CREATE TABLE graph_breaks (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    reason TEXT NOT NULL
-);
-CREATE TABLE guard_failures (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    compile_id TEXT NOT NULL,
-    guards TEXT NOT NULL
-);
-CREATE TABLE recompile_limits (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    limit_type TEXT NOT NULL,
-    limit_value INTEGER NOT NULL,
-    reason TEXT NOT NULL
-);
-CREATE TABLE divergences (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    measure TEXT NOT NULL,
-    max_abs REAL NOT NULL,
-    max_rel REAL NOT NULL,
-    ulp REAL,
-    mismatched INTEGER NOT NULL,
-    nan_origin INTEGER NOT NULL,
-    tolerance REAL NOT NULL,
-    first INTEGER NOT NULL,
-    rtol REAL NOT NULL DEFAULT 0,
-    atol REAL NOT NULL DEFAULT 0,
-    ratio REAL NOT NULL DEFAULT 0,
-    numel INTEGER NOT NULL DEFAULT 0,
-    shape TEXT NOT NULL DEFAULT '[]',
-    dtype TEXT NOT NULL DEFAULT '',
-    device_dtype TEXT NOT NULL DEFAULT '',
-    device_nonfinite INTEGER NOT NULL DEFAULT 0,
-    cpu_nonfinite INTEGER NOT NULL DEFAULT 0,
-    phase TEXT NOT NULL DEFAULT 'forward',
-    graph TEXT,
-    target TEXT NOT NULL DEFAULT '',
-    autograd_node TEXT NOT NULL DEFAULT '',
-    highest INTEGER
-);
-CREATE TABLE internal_errors (
-    event_id INTEGER PRIMARY KEY REFERENCES events(id),
-    message TEXT NOT NULL
-);
 CREATE TABLE op_stats (
     id INTEGER PRIMARY KEY,
     mode TEXT NOT NULL,
@@ -209,6 +144,12 @@ CREATE TABLE node_instructions (
     PRIMARY KEY (program_id, node, instruction)
 ) WITHOUT ROWID;
 """
+_BASE_TABLES = frozenset(re.findall(r"CREATE TABLE (\w+)", _BASE_SCHEMA))
+
+# meta keys the writer maintains besides what the trace passes
+META_CAPPED = "capped_events"  # {kind: {value: total}} for values over their kind's cap
+META_DROPPED = "dropped_events"  # events put but never written (writer error, a stalled writer)
+META_RECORDING_ERROR = "recording_error"  # why the writer stopped early, when it did
 
 # (id, mode, name, signature, program hash or None, count, total seconds)
 StatRow = tuple[int, str, str, str, "str | None", int, float]
@@ -217,6 +158,369 @@ StatRow = tuple[int, str, str, str, "str | None", int, float]
 def args_to_json(args: Iterable[Any]) -> str:
     return json.dumps(
         [[a.name, list(a.shape) if a.shape is not None else None, a.dtype, a.static] for a in args]
+    )
+
+
+def args_from_json(text: str) -> tuple[ArgInfo, ...]:
+    return tuple(
+        ArgInfo(name=name, shape=tuple(shape) if shape is not None else None, dtype=dtype, static=static)
+        for name, shape, dtype, static in json.loads(text)
+    )
+
+
+# ---------------------------------------------------------------------------------
+# Event kinds -> tables, from each kind's declaration
+# ---------------------------------------------------------------------------------
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HEADER = ("id", "ts", "mode", "thread", "location")
+_LOCATION, _CHILDREN = -1, -2  # decode sources that are not a column of the row
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Column:
+    """One field of an event (or of a record in a child table) as a column."""
+
+    field: str
+    name: str
+    sql: str  # type and constraint: "TEXT NOT NULL"
+    encode: Callable[[Any], Any] | None  # None: stored as it is
+    decode: Callable[[Any], Any] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildTable:
+    """A field holding a tuple of records, one row per record keyed by (event_id, position)."""
+
+    field: str
+    table: str
+    record: type
+    columns: tuple[Column, ...]
+
+    def row(self, record: Any) -> tuple:
+        return tuple(_encoded(getattr(record, c.field), c.encode) for c in self.columns)
+
+    def decode(self, values: tuple) -> Any:
+        return self.record(*(_decoded(v, c.decode) for v, c in zip(values, self.columns)))
+
+
+def _encoded(value: Any, encode: Callable[[Any], Any] | None) -> Any:
+    return value if encode is None or value is None else encode(value)
+
+
+def _decoded(value: Any, decode: Callable[[Any], Any] | None) -> Any:
+    return value if decode is None or value is None else decode(value)
+
+
+def _json_tuple(value: tuple) -> str:
+    return json.dumps(list(value))
+
+
+def _tuple_from_json(text: str) -> tuple:
+    return tuple(json.loads(text))
+
+
+def _memo(encode: Callable[[Any], str], size: int = 4096) -> Callable[[Any], str]:
+    """``encode`` remembering its last results (the same shapes come back at every step)."""
+    cache: dict[Any, str] = {}
+
+    def encoded(value: Any) -> str:
+        text = cache.get(value)
+        if text is None:
+            if len(cache) >= size:
+                cache.clear()
+            text = cache[value] = encode(value)
+        return text
+
+    return encoded
+
+
+def _column(owner: type, f: dataclasses.Field, hint: Any) -> Column | ChildTable:
+    """The column for field ``f`` of ``owner``, from its type."""
+    name = f.metadata.get("column") or f.name
+    if not _IDENTIFIER.match(name):
+        raise TypeError(f"{owner.__name__}.{f.name}: column name {name!r} is not an SQL identifier")
+    tp, nullable = hint, False
+    if typing.get_origin(tp) in (types.UnionType, typing.Union) and type(None) in typing.get_args(tp):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(rest) == 1:
+            tp, nullable = rest[0], True
+    null = "" if nullable else " NOT NULL"
+    if tp is bool:
+        return Column(f.name, name, "INTEGER" + null, int, bool)
+    if tp in (int, float, str):
+        return Column(f.name, name, {int: "INTEGER", float: "REAL", str: "TEXT"}[tp] + null, None, None)
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = args[0]
+        if item in (int, float, str):
+            # ints only: 1 == 1.0 == True as dict keys, and a float tuple must keep its floats
+            encode = _memo(_json_tuple) if item is int else _json_tuple
+            return Column(f.name, name, "TEXT" + null, encode, _tuple_from_json)
+        if item is ArgInfo:
+            return Column(f.name, name, "TEXT" + null, args_to_json, args_from_json)
+        if dataclasses.is_dataclass(item) and f.metadata.get("table"):
+            table = f.metadata["table"]
+            if not _IDENTIFIER.match(table):
+                raise TypeError(f"{owner.__name__}.{f.name}: table name {table!r} is not an SQL identifier")
+            hints = typing.get_type_hints(item)
+            columns = []
+            for g in dataclasses.fields(item):
+                col = _column(item, g, hints[g.name])
+                if isinstance(col, ChildTable):
+                    raise TypeError(f"{item.__name__}.{g.name}: a child table's records cannot have children")
+                columns.append(col)
+            return ChildTable(f.name, table, item, tuple(columns))
+    raise TypeError(
+        f"{owner.__name__}.{f.name}: the run store cannot keep a field of type {hint!r}; use str, int, "
+        "float, bool, a tuple of those, tuple[ArgInfo, ...], a tuple of records with column(table=...), "
+        "or X | None of one of these"
+    )
+
+
+class KindLayout:
+    """How one event kind maps to rows, derived once from its class's ``stored`` declaration.
+
+    The writer builds rows with :meth:`header_of` and :meth:`row`; readers select
+    :meth:`select_sql`'s columns and rebuild events with :meth:`decode`.
+    """
+
+    def __init__(self, cls: type[Event]) -> None:
+        stored = cls.__dict__.get("stored")
+        if not isinstance(stored, _events.Stored):
+            raise TypeError(f"{cls.__name__} declares no 'stored' (see tpu_debug.tracers.events.Stored)")
+        if stored.header not in ("events", "executions"):
+            raise TypeError(f"{cls.__name__}: stored header {stored.header!r}; use 'events' or 'executions'")
+        if not _IDENTIFIER.match(cls.kind):
+            raise TypeError(f"{cls.__name__}: kind {cls.kind!r} is not an identifier (letters, digits, _)")
+        self.cls = cls
+        self.kind: str = cls.kind
+        self.table: str | None = stored.table
+        self.executions = stored.header == "executions"
+        fields = dataclasses.fields(cls)
+        names = [f.name for f in fields]
+        if tuple(names[:5]) != _HEADER:
+            raise TypeError(f"{cls.__name__}: an event's first fields are {', '.join(_HEADER)}")
+        head = (stored.name, stored.seconds, stored.program)
+        for role, field in zip(("name", "seconds", "program"), head):
+            if field is not None and field not in names:
+                raise TypeError(f"{cls.__name__}: stored {role}={field!r} names no field of it")
+        hints = typing.get_type_hints(cls)
+        columns: list[Column] = []
+        children: list[ChildTable] = []
+        for f in fields[5:]:
+            if f.name in head:
+                continue
+            col = _column(cls, f, hints[f.name])
+            (children if isinstance(col, ChildTable) else columns).append(col)
+        if columns and self.table is None:
+            raise TypeError(
+                f"{cls.__name__}: fields {', '.join(c.field for c in columns)} need a detail table: "
+                "give stored a table name"
+            )
+        if self.table is not None and not _IDENTIFIER.match(self.table):
+            raise TypeError(f"{cls.__name__}: table name {self.table!r} is not an SQL identifier")
+        if self.executions and (self.table is not None or children or head != ("name", "seconds", "program")):
+            # the writer reads these by name on its fastest path
+            raise TypeError(
+                f"{cls.__name__}: a kind kept in 'executions' has exactly the fields name, seconds and "
+                "program after the header, stored as name, seconds and program"
+            )
+        tables = [t for t in (self.table, *(c.table for c in children)) if t is not None]
+        clash = sorted(set(tables) & _BASE_TABLES)
+        if clash or len(set(tables)) != len(tables):
+            raise TypeError(f"{cls.__name__}: table name {(clash or tables)[0]!r} is taken")
+        self.columns: tuple[Column, ...] = tuple(columns) if self.table is not None else ()
+        self.children: tuple[ChildTable, ...] = tuple(children)
+        self.cap: tuple[str, int] | None = stored.cap
+        if self.cap is not None and (self.cap[0] not in names or self.executions):
+            raise TypeError(f"{cls.__name__}: stored cap {self.cap!r} names no field of an 'events' kind")
+        # writer: one C call per event reads the header's fields, another the detail's
+        if all(head):
+            self.header_of: Callable[[Any], tuple] = operator.attrgetter(*head)
+        else:
+            getters = [operator.attrgetter(h) if h else (lambda _e: None) for h in head]
+            self.header_of = lambda e: (getters[0](e), getters[1](e), getters[2](e))
+        get = operator.attrgetter(*(c.field for c in self.columns)) if self.columns else None
+        single = len(self.columns) == 1
+        encoders = tuple((i, c.encode) for i, c in enumerate(self.columns) if c.encode is not None)
+
+        def row(event: Any) -> tuple:
+            values = get(event)  # type: ignore[misc]
+            if single:
+                values = (values,)
+            if encoders:
+                values = list(values)
+                for i, encode in encoders:
+                    if values[i] is not None:
+                        values[i] = encode(values[i])
+            return (event.id, *values)
+
+        self.row: Callable[[Any], tuple] = row
+        n = len(self.columns) + 1
+        self.insert_sql = f"INSERT INTO {self.table} VALUES ({', '.join('?' * n)})" if self.table else ""
+        self.child_insert_sql = tuple(
+            f"INSERT INTO {c.table} VALUES ({', '.join('?' * (len(c.columns) + 2))})" for c in self.children
+        )
+        # reader: each field of the class from a position of the selected row
+        position = {"id": 0, "ts": 1, "mode": 2, "thread": 3}
+        for i, h in enumerate(head):
+            if h is not None:
+                position[h] = 7 + i  # after id, ts, mode, thread, file, line, function
+        for i, c in enumerate(self.columns):
+            position[c.field] = 10 + i
+        decoders = {c.field: c.decode for c in self.columns}
+        plan = []
+        for name in names:
+            if name == "location":
+                plan.append((_LOCATION, None))
+            elif any(c.field == name for c in self.children):
+                plan.append((_CHILDREN, next(c for c in self.children if c.field == name)))
+            else:
+                plan.append((position[name], decoders.get(name)))
+        self._plan = tuple(plan)
+
+    def create_statements(self) -> list[str]:
+        """The CREATE TABLE statements of the kind's detail and child tables."""
+        out = []
+        if self.table is not None:
+            cols = "".join(f",\n    {c.name} {c.sql}" for c in self.columns)
+            out.append(
+                f"CREATE TABLE IF NOT EXISTS {self.table} (\n"
+                f"    event_id INTEGER PRIMARY KEY REFERENCES events(id){cols}\n)"
+            )
+        for child in self.children:
+            cols = "".join(f"    {c.name} {c.sql},\n" for c in child.columns)
+            out.append(
+                f"CREATE TABLE IF NOT EXISTS {child.table} (\n"
+                "    event_id INTEGER NOT NULL REFERENCES events(id),\n"
+                f"    position INTEGER NOT NULL,\n{cols}"
+                "    PRIMARY KEY (event_id, position)\n) WITHOUT ROWID"
+            )
+        return out
+
+    def select_sql(self) -> str:
+        """SELECT of this kind's events: id, ts, mode, thread, file, line, function, name,
+        seconds, program hash, then the detail columns; add conditions with ``AND``."""
+        if self.executions:
+            return (
+                "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash "
+                "FROM executions e LEFT JOIN locations l ON l.id = e.location_id "
+                "LEFT JOIN programs p ON p.id = e.program_id WHERE 1"
+            )
+        extra = "".join(f", d.{c.name}" for c in self.columns)
+        join = f"JOIN {self.table} d ON d.event_id = e.id " if self.table is not None else ""
+        return (
+            "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, "
+            f"p.hash{extra} FROM events e LEFT JOIN locations l ON l.id = e.location_id "
+            f"LEFT JOIN programs p ON p.id = e.program_id {join}WHERE e.kind = '{self.kind}'"
+        )
+
+    def child_select_sql(self, child: ChildTable) -> str:
+        """SELECT of a child table's rows: event_id, then the record's columns."""
+        cols = ", ".join(c.name for c in child.columns)
+        return f"SELECT event_id, {cols} FROM {child.table}"
+
+    def decode(
+        self, row: tuple, location: SourceLocation | None, children: dict[str, dict[int, list]]
+    ) -> Event:
+        """The event of one :meth:`select_sql` row (``children``: per child field, records by event id)."""
+        values = []
+        for source, how in self._plan:
+            if source == _LOCATION:
+                values.append(location)
+            elif source == _CHILDREN:
+                values.append(tuple(children.get(how.field, {}).get(row[0], ())))
+            else:
+                value = row[source]
+                values.append(value if how is None or value is None else how(value))
+        return self.cls(*values)
+
+
+_layouts: dict[type, KindLayout] = {}
+
+
+def layout(cls: type[Event]) -> KindLayout:
+    """The :class:`KindLayout` of an event class (derived once).
+
+    Raises:
+        TypeError: the class's declaration cannot be stored (the message says why).
+    """
+    found = _layouts.get(cls)
+    if found is None:
+        found = _layouts[cls] = KindLayout(cls)
+    return found
+
+
+def schema_statements() -> list[str]:
+    """Every CREATE statement of a new run: the fixed tables, then each registered kind's.
+
+    Raises:
+        TypeError: two kinds declare the same table.
+    """
+    out = [s.strip() for s in _BASE_SCHEMA.split(";") if s.strip()]
+    owners: dict[str, str] = {}
+    for cls in _events.EVENT_TYPES.values():
+        kind = layout(cls)
+        for table in (kind.table, *(c.table for c in kind.children)):
+            if table is None:
+                continue
+            if table in owners:
+                raise TypeError(
+                    f"event kinds {owners[table]!r} and {kind.kind!r} both declare table {table!r}"
+                )
+            owners[table] = kind.kind
+        out.extend(kind.create_statements())
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------
+
+
+def _write_error(path: Path, exc: BaseException, *, creating: bool = False) -> BaseException:
+    """The one-line error a failed write becomes: what happened to which file, and what to do.
+    Errors that are not the disk's or the file's (a bug) stay as they are."""
+    if isinstance(exc, OSError) and not isinstance(exc, sqlite3.Error):
+        if isinstance(exc, PermissionError):
+            return RunWriteError(
+                f"cannot write the run database {path}: permission denied. Give your user write access "
+                f"to {path.parent}, or choose another logdir (logdir= / --logdir / TPU_DEBUG_LOGDIR)."
+            )
+        return RunWriteError(
+            f"cannot write the run database {path}: {exc.strerror or exc}. "
+            "Choose another logdir (logdir= / --logdir / TPU_DEBUG_LOGDIR)."
+        )
+    if not isinstance(exc, sqlite3.Error):
+        return exc
+    code = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc)
+    lowered = text.lower()
+    if code == "SQLITE_FULL" or "disk is full" in lowered:
+        return RunWriteError(
+            f"recording to {path} stopped: the disk is full ({text}). Free disk space, or choose "
+            "another logdir (logdir= / --logdir / TPU_DEBUG_LOGDIR); the run keeps what was recorded before."
+        )
+    if (
+        code.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH"))
+        or "readonly" in lowered
+        or "unable to open" in lowered
+    ):
+        return RunWriteError(
+            f"cannot write the run database {path} ({text}): no permission, or a read-only file system. "
+            f"Give your user write access to {path.parent}, or choose another logdir "
+            "(logdir= / --logdir / TPU_DEBUG_LOGDIR)."
+        )
+    if code.startswith("SQLITE_IOERR") or "disk i/o error" in lowered:
+        return RunWriteError(
+            f"recording to {path} stopped: the disk failed a write ({text}). Check the disk, or choose "
+            "another logdir (logdir= / --logdir / TPU_DEBUG_LOGDIR); the run keeps what was recorded before."
+        )
+    what = "creating" if creating else "recording to"
+    return RunWriteError(
+        f"{what} {path} failed ({type(exc).__name__}: {text}). Choose another logdir "
+        "(logdir= / --logdir / TPU_DEBUG_LOGDIR); the run keeps what was recorded before."
     )
 
 
@@ -240,10 +544,21 @@ _STOP = object()
 class RunWriter:
     """Appends a run's events to its database from a background thread.
 
-    ``put`` never blocks on disk. ``flush`` waits until everything put so far
-    is committed; ``close`` flushes, writes the final metadata and stops the
-    thread. An error inside the writer never reaches the traced program: it is
-    kept in ``error`` and recording stops.
+    ``put`` does not wait for the disk: it appends to a queue the writer thread
+    drains. When the queue holds ``max_queue`` items (the writer has fallen far
+    behind), ``put`` waits for the writer to take a batch, at most
+    ``BACKPRESSURE_WAIT`` seconds, and drops the event when it does not; after a
+    writer error, or after ``close``, ``put`` drops events. Dropped events are
+    counted (``dropped``) and the count is recorded in the run's meta when the
+    database still takes writes. ``flush`` waits until everything put so far is
+    committed; ``close`` flushes, writes the final metadata and stops the thread,
+    waiting at most ``timeout`` seconds. An error inside the writer never
+    reaches the traced program: it is kept in ``error`` (a
+    :class:`~tpu_debug.errors.RunWriteError` saying what to do, when the disk or
+    the file failed) and recording stops; everything committed before stays.
+
+    Raises (from the constructor):
+        RunWriteError: the database cannot be created (no permission, no space).
 
     Example:
         >>> writer = RunWriter(Path("run.db"), {"name": "demo"})
@@ -252,15 +567,31 @@ class RunWriter:
     """
 
     MAX_BATCH = 50_000
+    MAX_QUEUE = 200_000
+    BACKPRESSURE_WAIT = 1.0
 
-    def __init__(self, db_path: Path, metadata: dict[str, Any], *, commit_interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        metadata: dict[str, Any],
+        *,
+        commit_interval: float = 0.25,
+        max_queue: int | None = None,
+    ) -> None:
         self.path = Path(db_path)
         self.commit_interval = commit_interval
         self.error: BaseException | None = None
+        self.dropped = 0
+        self._drop_lock = threading.Lock()
         # a deque, not a queue.Queue: append never blocks and never wakes the writer, so a
         # busy traced thread does not hand the GIL to the writer on every event
         self._queue: collections.deque = collections.deque()
-        self._put = self._queue.append
+        self._max_queue = max_queue if max_queue is not None else self.MAX_QUEUE
+        # put() appends while the queue is shorter than this; 0 sends every put to the slow path
+        self._open_below = self._max_queue
+        self._space = threading.Condition(threading.Lock())
+        self._batches = 0  # batches the writer took; a producer that timed out waits again only on progress
+        self._stalled_at = -1
         self._wake = threading.Event()
         self._ids = itertools.count(1)
         self.new_id: Callable[[], int] = self._ids.__next__
@@ -269,21 +600,67 @@ class RunWriter:
         self._stats_source: Callable[[], list[StatRow]] | None = None
         self._listeners: tuple[Callable[[Event], None], ...] = ()
         self._closed = False
-        self._create(metadata)
+        try:
+            self._create(metadata)
+        except (sqlite3.Error, OSError) as exc:
+            raise _write_error(self.path, exc, creating=True) from None
         self._thread = threading.Thread(target=self._run, name="tpu_debug-run-writer", daemon=True)
         self._thread.start()
 
     # -- producer side (any thread) -------------------------------------------------
 
     def put(self, event: Event) -> None:
-        """Queue ``event`` for writing (never blocks)."""
-        self._put(event)
+        """Queue ``event`` for writing (waits only when the writer is far behind, see the class)."""
+        queue = self._queue
+        if len(queue) < self._open_below:
+            queue.append(event)
+        else:
+            self._put_slow(event)
         if self._listeners:
             for listener in self._listeners:
                 listener(event)
 
-    # issue 9: exporters (TensorBoard) hear each event as it is recorded, on the
-    # recording thread; a listener must not raise.
+    def _put_slow(self, item: Any) -> None:
+        if self.error is not None or self._closed:
+            self._drop(item)
+            return
+        thread = self._thread
+        if threading.get_ident() == thread.ident:
+            self._queue.append(item)  # the writer cannot wait for itself; it drains this batch next
+            return
+        if sys.is_finalizing() or not thread.is_alive():
+            self._drop(item)  # nothing will drain the queue any more
+            return
+        if self._stalled_at == self._batches:
+            self._drop(item)  # an earlier put waited in vain and the writer has not moved since
+            return
+        self._wake.set()
+        deadline = time.monotonic() + self.BACKPRESSURE_WAIT
+        with self._space:
+            while len(self._queue) >= self._max_queue:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.error is not None or not thread.is_alive():
+                    self._stalled_at = self._batches
+                    break
+                self._space.wait(min(remaining, 0.1))
+            else:
+                self._queue.append(item)
+                return
+        self._drop(item)
+
+    def _drop(self, item: Any) -> None:
+        if isinstance(item, Event):
+            with self._drop_lock:  # producers on several threads may drop at once
+                self.dropped += 1
+
+    def _enqueue(self, item: Any) -> None:
+        if len(self._queue) < self._open_below:
+            self._queue.append(item)
+        else:
+            self._put_slow(item)
+
+    # exporters (TensorBoard) hear each event as it is recorded, on the recording
+    # thread; a listener must not raise.
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         """Call ``listener(event)`` for every event put from now on."""
         self._listeners = self._listeners + (listener,)
@@ -297,7 +674,7 @@ class RunWriter:
             if program.hash in self._programs_seen:
                 return program.hash
             self._programs_seen.add(program.hash)
-        self._put(program)
+        self._enqueue(program)
         return program.hash
 
     def has_program(self, content_hash: str) -> bool:
@@ -305,7 +682,7 @@ class RunWriter:
 
     def set_meta(self, **items: Any) -> None:
         """Queue metadata updates (JSON-encodable values)."""
-        self._put(_Meta(items))
+        self._enqueue(_Meta(items))
 
     def set_stats_source(self, source: Callable[[], list[StatRow]] | None) -> None:
         """``source()`` is called at each commit and returns the op_stats rows changed since the last call."""
@@ -318,22 +695,76 @@ class RunWriter:
         if self._closed or not self._thread.is_alive():
             return True
         marker = _Flush()
-        self._put(marker)
+        self._queue.append(marker)  # past the bound: a marker is tiny, and waiting for room could deadlock
         self._wake.set()
-        return marker.done.wait(timeout) and self.error is None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not marker.done.wait(0.1):
+            if self.error is not None or not self._thread.is_alive():
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return self.error is None
 
     def close(self, metadata: dict[str, Any] | None = None, *, timeout: float | None = 120.0) -> None:
-        """Flush, record ``metadata``, checkpoint the WAL and stop the writer thread (idempotent)."""
+        """Flush, record ``metadata``, checkpoint the WAL and stop the writer thread (idempotent).
+
+        Waits at most ``timeout`` seconds for the writer; a writer still busy then
+        is left behind (a daemon thread) and ``error`` says so.
+        """
         if self._closed:
             return
         self._closed = True
+        self._open_below = 0  # from now on put() drops
         if metadata:
-            self._put(_Meta(metadata))
-        self._put(_STOP)
+            self._queue.append(_Meta(metadata))
+        self._queue.append(_STOP)
         self._wake.set()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            if self.error is None:
+                self.error = RunWriteError(
+                    f"the run writer did not finish writing {self.path} within {timeout} s; the run "
+                    "keeps what was committed before. Check the disk holding the logdir."
+                )
+            return
+        if self.error is not None:
+            for item in self._queue:  # put in the instant the writer failed, never written
+                self._drop(item)
+            self._queue.clear()
+            self._note_after_error(metadata or {})
+
+    def _note_after_error(self, metadata: dict[str, Any]) -> None:
+        """After a writer error, try once to record the final metadata, the error and the drops
+        on a fresh connection (a transient fault may have passed; a full disk may refuse it)."""
+        items = {
+            **metadata,
+            META_RECORDING_ERROR: f"{type(self.error).__name__}: {self.error}",
+            META_DROPPED: self.dropped,
+        }
+        conn = None
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=1.0)
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in items.items()]
+            )
+            conn.execute("COMMIT")
+        except (sqlite3.Error, OSError, TypeError, ValueError):
+            pass  # the error itself is in self.error, which the trace reports
+        finally:
+            if conn is not None:
+                conn.close()
 
     # -- writer thread --------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        """The writer thread's connection."""
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+        # OFF: a killed process loses nothing the OS already has; only a machine crash
+        # could damage the run, and then the run is not what matters (no fsync stalls)
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB: index pages stay in memory
+        return conn
 
     def _create(self, metadata: dict[str, Any]) -> None:
         conn = sqlite3.connect(self.path, isolation_level=None)
@@ -343,9 +774,8 @@ class RunWriter:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN")
             conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            for statement in schema_statements():
+                conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # pid and host let a reader tell a live run from one whose process died
             meta = {
@@ -365,76 +795,69 @@ class RunWriter:
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
         state = _WriteState()
+        items: list = []
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
-            # OFF: a killed process loses nothing the OS already has; only a machine crash
-            # could damage the run, and then the run is not what matters (no fsync stalls)
-            conn.execute("PRAGMA synchronous=OFF")
-            conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB: index pages stay in memory
+            conn = self._connect()
             stop = False
             pop = self._queue.popleft
             while not stop:
                 if not self._queue:
                     self._wake.wait(self.commit_interval)
                 self._wake.clear()
-                items: list = []
+                items = []
                 try:
                     for _ in range(self.MAX_BATCH):
                         items.append(pop())
                 except IndexError:
                     pass
-                try:
-                    flushes, stop = self._write(conn, state, items)
-                except BaseException:
-                    for item in items:
-                        if isinstance(item, _Flush):
-                            item.done.set()
-                    raise
+                self._batches += 1
+                if len(self._queue) < self._max_queue:
+                    with self._space:
+                        self._space.notify_all()
+                flushes, stop = self._write(conn, state, items)
+                items = []
                 for marker in flushes:
                     marker.done.set()
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except BaseException as exc:  # noqa: BLE001 - the traced program must go on; the error is reported
-            self.error = exc
-            self._drain_after_error()
+            self.error = _write_error(self.path, exc)
+            self._open_below = 0  # from now on put() drops
+            self._discard(items)
         finally:
             if conn is not None:
-                conn.close()
+                conn.close()  # rolls back the batch that failed; every earlier commit stays
+            with self._space:
+                self._space.notify_all()
 
-    def _drain_after_error(self) -> None:
+    def _discard(self, items: list) -> None:
+        """After an error: count what will never be written, release whoever waits on a flush."""
+        queued: list = []
         while True:
             try:
-                item = self._queue.popleft()
+                queued.append(self._queue.popleft())
             except IndexError:
-                if self._closed and not self._queue:
-                    return
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
+                break
+        for item in itertools.chain(items, queued):
             if isinstance(item, _Flush):
                 item.done.set()
-            elif item is _STOP:
-                return
+            else:
+                self._drop(item)
 
     def _write(self, conn: sqlite3.Connection, st: _WriteState, items: list) -> tuple[list[_Flush], bool]:
         flushes: list[_Flush] = []
         stop = False
         events: list[tuple] = []
         executions: list[tuple] = []
-        compiles: list[tuple] = []
-        diffs: list[tuple] = []
-        transfers: list[tuple] = []
-        fallbacks: list[tuple] = []
-        graph_breaks: list[tuple] = []
-        guard_failures: list[tuple] = []  # issue 5
-        recompile_limits: list[tuple] = []
-        divergences: list[tuple] = []
-        errors: list[tuple] = []
+        details: dict[str, list[tuple]] = {}
         programs: list[tuple] = []
         fx_nodes: list[tuple] = []
         node_ins: list[tuple] = []
         meta: list[tuple] = []
         new_locations: list[tuple] = []
-        shapes = st.shapes
+        new_tables: list[str] = []
+        layouts = st.layouts
+        executions_kinds = st.executions_kinds
+        busiest = st.busiest  # an identity test is cheaper than the set lookup
         loc_ids = st.locations
         by_object = st.location_objects
         prog_ids = st.programs
@@ -442,10 +865,6 @@ class RunWriter:
         def loc(location: SourceLocation | None) -> int | None:
             if location is None:
                 return None
-            # locations are interned by the finder: an identity hit skips hashing the dataclass
-            hit = by_object.get(id(location))
-            if hit is not None and hit[0] is location:
-                return hit[1]
             lid = loc_ids.get(location)
             if lid is None:
                 lid = loc_ids[location] = len(loc_ids) + 1
@@ -455,8 +874,9 @@ class RunWriter:
 
         for item in items:
             t = type(item)
-            if t is OpEvent:  # the high-volume kind: location lookup inlined
+            if t is busiest or t in executions_kinds:  # the high-volume kinds: plain attribute reads, one row
                 location = item.location
+                # locations are interned by the finder: an identity hit skips hashing the dataclass
                 hit = by_object.get(id(location))
                 lid = hit[1] if hit is not None and hit[0] is location else loc(location)
                 executions.append(
@@ -471,42 +891,54 @@ class RunWriter:
                         prog_ids.get(item.program),
                     )
                 )
-            elif t is TransferEvent:
+                continue
+            kind = layouts.get(t)
+            if kind is None and isinstance(item, Event):
+                kind = self._layout_for(st, t, new_tables)
+            if kind is not None:
+                location = item.location
+                hit = by_object.get(id(location))
+                lid = hit[1] if hit is not None and hit[0] is location else loc(location)
+                if kind.executions:
+                    executions.append(
+                        (
+                            item.id,
+                            item.ts,
+                            item.mode,
+                            item.thread,
+                            lid,
+                            item.name,
+                            item.seconds,
+                            prog_ids.get(item.program),
+                        )
+                    )
+                    continue
+                name, seconds, program = kind.header_of(item)
+                if kind.cap is not None and not st.admit(kind, item):
+                    continue
                 events.append(
                     (
                         item.id,
-                        "transfer",
+                        kind.kind,
                         item.ts,
                         item.mode,
                         item.thread,
-                        loc(item.location),
-                        item.op,
-                        item.seconds,
-                        None,
+                        lid,
+                        name,
+                        seconds,
+                        prog_ids.get(program),
                     )
                 )
-                shape = shapes.get(item.shape)
-                if shape is None:
-                    shape = shapes[item.shape] = json.dumps(list(item.shape))
-                transfers.append(
-                    (item.id, item.direction, item.nbytes, shape, item.dtype, int(item.implicit))
-                )
-            elif t is CompileEvent:
-                events.append(
-                    (
-                        item.id,
-                        "compile",
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        loc(item.location),
-                        item.name,
-                        item.seconds,
-                        prog_ids.get(item.program),
-                    )
-                )
-                compiles.append((item.id, item.signature, args_to_json(item.args), item.previous, item.identity))
-                diffs.extend((item.id, i, d.field, d.before, d.now) for i, d in enumerate(item.diffs))
+                if kind.table is not None:
+                    rows = details.get(kind.insert_sql)
+                    if rows is None:
+                        rows = details[kind.insert_sql] = []
+                    rows.append(kind.row(item))
+                for child, sql in zip(kind.children, kind.child_insert_sql):
+                    records = getattr(item, child.field)
+                    if records:
+                        rows = details.setdefault(sql, [])
+                        rows.extend((item.id, i, *child.row(r)) for i, r in enumerate(records))
             elif t is Program:
                 pid = prog_ids.get(item.hash)
                 if pid is None:
@@ -518,101 +950,6 @@ class RunWriter:
                         (pid, n.name, i, n.target, loc(n.location)) for i, n in enumerate(item.fx_nodes)
                     )
                     node_ins.extend((pid, node, ins) for node, ins in item.node_instructions)
-            elif t is FallbackEvent:
-                events.append(
-                    (
-                        item.id,
-                        "fallback",
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        loc(item.location),
-                        item.name,
-                        item.seconds,
-                        None,
-                    )
-                )
-                fallbacks.append((item.id, args_to_json(item.args)))
-            elif t is GraphBreakEvent:
-                events.append(
-                    (
-                        item.id,
-                        "graph_break",
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        loc(item.location),
-                        item.name,
-                        None,
-                        None,
-                    )
-                )
-                graph_breaks.append((item.id, item.reason))
-            elif t is GuardFailureEvent or t is RecompileLimitEvent:  # issue 5
-                events.append(
-                    (item.id, item.kind, item.ts, item.mode, item.thread, loc(item.location), item.name, None, None)
-                )
-                if t is GuardFailureEvent:
-                    guard_failures.append((item.id, item.compile_id, json.dumps(list(item.guards))))
-                else:
-                    recompile_limits.append((item.id, item.limit_type, item.limit, item.reason))
-            elif t is DivergenceEvent:
-                events.append(
-                    (
-                        item.id,
-                        "divergence",
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        loc(item.location),
-                        item.name,
-                        None,
-                        None,
-                    )
-                )
-                divergences.append(
-                    (
-                        item.id,
-                        item.measure,
-                        item.max_abs,
-                        item.max_rel,
-                        item.ulp,
-                        item.mismatched,
-                        int(item.nan_origin),
-                        item.tolerance,
-                        int(item.first),
-                        # issue 8
-                        item.rtol,
-                        item.atol,
-                        item.ratio,
-                        item.numel,
-                        json.dumps(list(item.shape)),
-                        item.dtype,
-                        item.device_dtype,
-                        item.device_nonfinite,
-                        item.cpu_nonfinite,
-                        item.phase,
-                        item.graph,
-                        item.target,
-                        item.autograd_node,
-                        None if item.highest is None else int(item.highest),
-                    )
-                )
-            elif t is InternalErrorEvent:
-                events.append(
-                    (
-                        item.id,
-                        "internal_error",
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        loc(item.location),
-                        item.where,
-                        None,
-                        None,
-                    )
-                )
-                errors.append((item.id, item.message))
             elif t is _Meta:
                 meta.extend((k, json.dumps(v)) for k, v in item.items.items())
             elif t is _Flush:
@@ -622,10 +959,18 @@ class RunWriter:
             else:
                 raise TypeError(f"the run writer cannot store {t.__name__} objects")
 
+        if st.capped_changed:
+            meta.append((META_CAPPED, json.dumps(st.capped_meta())))
+            st.capped_changed = False
+        if self.dropped != st.dropped_recorded:
+            st.dropped_recorded = self.dropped
+            meta.append((META_DROPPED, json.dumps(self.dropped)))
         stats = self._stats_source() if self._stats_source is not None else []
-        if not (events or executions or programs or meta or stats):
+        if not (events or executions or programs or meta or stats or new_tables):
             return flushes, stop
         conn.execute("BEGIN")
+        for statement in new_tables:
+            conn.execute(statement)
         if new_locations:
             conn.executemany("INSERT INTO locations VALUES (?, ?, ?, ?)", new_locations)
         if programs:
@@ -636,17 +981,7 @@ class RunWriter:
             conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
         if executions:
             conn.executemany("INSERT INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", executions)
-        for sql, rows in (
-            ("INSERT INTO compiles VALUES (?, ?, ?, ?, ?)", compiles),
-            ("INSERT INTO key_diffs VALUES (?, ?, ?, ?, ?)", diffs),
-            ("INSERT INTO transfers VALUES (?, ?, ?, ?, ?, ?)", transfers),
-            ("INSERT INTO fallbacks VALUES (?, ?)", fallbacks),
-            ("INSERT INTO graph_breaks VALUES (?, ?)", graph_breaks),
-            ("INSERT INTO guard_failures VALUES (?, ?, ?)", guard_failures),
-            ("INSERT INTO recompile_limits VALUES (?, ?, ?, ?)", recompile_limits),
-            ("INSERT INTO divergences VALUES (" + ", ".join("?" * 23) + ")", divergences),
-            ("INSERT INTO internal_errors VALUES (?, ?)", errors),
-        ):
+        for sql, rows in details.items():
             if rows:
                 conn.executemany(sql, rows)
         if stats:
@@ -662,15 +997,66 @@ class RunWriter:
         conn.execute("COMMIT")
         return flushes, stop
 
+    @staticmethod
+    def _layout_for(st: _WriteState, cls: type, new_tables: list[str]) -> KindLayout:
+        """The layout of an event class first seen in this run; a kind registered after the
+        run's database was created gets its tables now."""
+        if _events.EVENT_TYPES.get(getattr(cls, "kind", None)) is not cls:
+            raise TypeError(
+                f"the run writer cannot store {cls.__name__} objects: register the class with "
+                "@register_event (tpu_debug.tracers.events)"
+            )
+        kind = st.layouts[cls] = layout(cls)
+        if kind.executions:
+            st.executions_kinds.add(cls)
+            if st.busiest is None:
+                st.busiest = cls
+        new_tables.extend(kind.create_statements())  # IF NOT EXISTS: a no-op for the kinds of _create
+        return kind
+
 
 class _WriteState:
-    __slots__ = ("locations", "location_objects", "programs", "shapes")
+    __slots__ = (
+        "busiest",
+        "capped",
+        "capped_changed",
+        "dropped_recorded",
+        "executions_kinds",
+        "layouts",
+        "location_objects",
+        "locations",
+        "programs",
+    )
 
     def __init__(self) -> None:
         self.locations: dict[SourceLocation, int] = {}
         self.location_objects: dict[int, tuple[SourceLocation, int]] = {}
-        self.shapes: dict[tuple[int, ...], str] = {}
         self.programs: dict[str | None, int] = {}
+        self.layouts: dict[type, KindLayout] = {}
+        self.executions_kinds: set[type] = set()
+        self.busiest: type | None = None  # the first "executions" kind seen
+        self.capped: dict[str, dict[Any, int]] = {}  # per capped kind: events seen per value
+        self.capped_changed = False
+        self.dropped_recorded = 0
+
+    def admit(self, kind: KindLayout, event: Any) -> bool:
+        """Count ``event`` under its kind's cap; False once its value has had its share of rows."""
+        field, limit = kind.cap  # type: ignore[misc]
+        counts = self.capped.setdefault(kind.kind, {})
+        value = getattr(event, field)
+        n = counts[value] = counts.get(value, 0) + 1
+        if n > limit:
+            self.capped_changed = True
+            return False
+        return True
+
+    def capped_meta(self) -> dict[str, dict[str, int]]:
+        limits = {k.kind: k.cap[1] for k in self.layouts.values() if k.cap is not None}
+        return {
+            kind: {str(value): n for value, n in counts.items() if n > limits[kind]}
+            for kind, counts in self.capped.items()
+            if any(n > limits[kind] for n in counts.values())
+        }
 
 
 # ---------------------------------------------------------------------------------
@@ -683,12 +1069,24 @@ def connect(db_path: Path) -> sqlite3.Connection:
 
     Raises:
         RunNotFoundError: there is no file at ``db_path``.
+        RunAccessError: this user may not read it.
         RunDamagedError: the file is not a readable tpu_debug run database.
         SchemaVersionError: the run was written with another store layout.
     """
     db_path = Path(db_path)
-    if not db_path.is_file():
+    try:
+        exists = db_path.is_file()
+        readable = exists and os.access(db_path, os.R_OK) and os.access(db_path.parent, os.R_OK | os.X_OK)
+    except PermissionError:
+        exists, readable = True, False
+    if not exists:
         raise RunNotFoundError(f"{db_path}: no such run database. List recorded runs with 'tpu-debug runs'.")
+    if not readable:
+        raise RunAccessError(
+            f"{db_path}: permission denied. Give your user read access to {db_path.parent} and the "
+            f"files in it (chmod u+rx {db_path.parent}; chmod u+r {db_path}), or read the run as the "
+            "user who recorded it."
+        )
     uri = f"file:{_uri_path(db_path)}?mode=ro"
     conn = None
     try:
@@ -706,9 +1104,16 @@ def connect(db_path: Path) -> sqlite3.Connection:
 
             writer = _meta_value(conn, "tpu_debug_version")
             by = f" (written by tpu_debug {writer})" if writer else ""
+            if version > SCHEMA_VERSION:
+                fix = (
+                    "Upgrade tpu_debug (pip install -U tpu-debug) to read it, "
+                    "or re-record the run with this one."
+                )
+            else:
+                fix = "Re-record the run, or read it with the tpu_debug that wrote it."
             raise SchemaVersionError(
                 f"{db_path} is schema {version}{by}; this tpu_debug {__version__} reads schema "
-                f"{SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that wrote it."
+                f"{SCHEMA_VERSION}. {fix}"
             )
         conn.execute("SELECT count(*) FROM meta").fetchone()
     except sqlite3.DatabaseError as exc:

@@ -13,7 +13,8 @@ import os
 from collections.abc import Sequence
 
 from rich.text import Text
-from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, SourceLocation
+from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
+from tpu_debug.tracers.recompiles import arg_diffs
 
 from tpu_debug.report import format_bytes, format_seconds
 
@@ -100,29 +101,18 @@ def diff_summary(diffs: Sequence[KeyDiff], limit: int = 2) -> Text:
     return text
 
 
-def _arg_map(args: Sequence[ArgInfo]) -> dict[str, str]:
-    return {a.name: a.render() for a in args}
-
-
 def fallback_diffs(
     event: CompileEvent, earlier: Sequence[CompileEvent]
 ) -> tuple[CompileEvent | None, list[KeyDiff]]:
     """For a run that recorded no key diff: the earlier compile whose inputs differ
     in the fewest places, and those differences (argument by argument)."""
-    now = _arg_map(event.args)
     best: tuple[int, CompileEvent, list[KeyDiff]] | None = None
     for other in earlier:
         if other.id == event.id:
             continue
-        before = _arg_map(other.args)
-        diffs = []
-        for i, name in enumerate(dict.fromkeys([*before, *now])):
-            b, n = before.get(name, "(absent)"), now.get(name, "(absent)")
-            if b != n:
-                field = f"arg {i}" if name.startswith("arg") or not name else f"arg '{name}'"
-                diffs.append(KeyDiff(field, b, n))
+        diffs = arg_diffs(other.args, event.args)
         if not diffs and other.signature != event.signature:
-            diffs.append(KeyDiff("signature", other.signature, event.signature))
+            diffs.append(KeyDiff("key", other.signature, event.signature, detail="signature"))
         if best is None or len(diffs) < best[0] or (len(diffs) == best[0] and other.id > best[1].id):
             best = (len(diffs), other, diffs)
     if best is None:

@@ -37,17 +37,19 @@ def test_guard_text_becomes_structured_diffs():
         "n == 2",
     )
     assert guard_diffs("tensor 'x' size mismatch at index 1. expected 8, actual 9") == [
-        KeyDiff("tensor 'x' dim 1", "8", "9")
+        KeyDiff("shape", "8", "9", arg_name="x", dims=(1,), source="guard")
     ]
     assert guard_diffs("tensor 'x' dtype mismatch. expected Float, actual BFloat16") == [
-        KeyDiff("tensor 'x' dtype", "Float", "BFloat16")
+        KeyDiff("dtype", "Float", "BFloat16", arg_name="x", source="guard")
     ]
     assert guard_diffs("tensor 'x' requires_grad mismatch. expected requires_grad=0") == [
-        KeyDiff("tensor 'x' requires_grad", "False", "True")
+        KeyDiff("grad", "False", "True", arg_name="x", detail="requires_grad", source="guard")
     ]
-    assert guard_diffs("L['lr'] == 0.5") == [KeyDiff("python scalar baked in 'lr'", "0.5", "changed")]
+    assert guard_diffs("L['lr'] == 0.5") == [
+        KeyDiff("scalar", "0.5", "changed", arg_name="lr", source="guard")
+    ]
     assert guard_diffs("___check_obj_id(L['self'], 1403)") == [
-        KeyDiff("dynamo guard", "___check_obj_id(L['self'], 1403)", "failed")
+        KeyDiff("guard", "___check_obj_id(L['self'], 1403)", "failed", source="guard")
     ]
 
 
@@ -69,7 +71,7 @@ def test_size_guard_failure_and_dynamic_recompiles(logdir):
     assert [c.identity for c in compiles] == ["scale in test_dynamo_events.py (forward)"] * 3
     first, dynamo_recompile, xla_recompile = compiles
     assert first.diffs == () and dynamo_recompile.previous == first.id
-    assert dynamo_recompile.diffs[0] == KeyDiff("tensor 'x' dim 0", "4", "5")
+    assert dynamo_recompile.diffs[0] == KeyDiff("shape", "4", "5", arg_name="x", dims=(0,), source="guard")
     # the second graph has a dynamic size: XLA still compiles once per size, dynamo does not retrace
     assert [d.render() for d in xla_recompile.diffs] == [
         "static arg 'x.size()[0]': 5 -> 6",

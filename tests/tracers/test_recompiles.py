@@ -1,4 +1,4 @@
-"""Recompile analysis (issue 5): first compile vs recompile, structured diffs, storms, guards."""
+"""Recompile analysis: first compile vs recompile, structured diffs, storms, guards."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def test_first_compile_then_shape_recompile():
     first.bind(7)
     seen = tracker.observe(_info("mul.Tensor", _t("self", (8, 128)), _t("other", (9, 128))))
     assert seen.recompile and seen.previous_event == 7 and seen.compiles == 2
-    assert seen.diffs == (KeyDiff("arg 1 'other'", "f32[8,128]", "f32[9,128]"),)
+    assert seen.diffs == (
+        KeyDiff("shape", "f32[8,128]", "f32[9,128]", arg_index=1, arg_name="other", dims=(0,)),
+    )
     # another op is a first compile, whatever its shapes
     assert not tracker.observe(_info("add.Tensor", _t("self", (9, 128)))).recompile
 
@@ -126,7 +128,8 @@ def test_replayed_compiles_are_history_not_recompiles():
 
 
 def test_explain_is_jax_style_prose():
-    text = explain("mul.Tensor", [KeyDiff("arg 0 'self'", "f32[8]", "f32[9]")], compiles=2)
+    diff = KeyDiff("shape", "f32[8]", "f32[9]", arg_index=0, arg_name="self", dims=(0,))
+    text = explain("mul.Tensor", [diff], compiles=2)
     assert text == (
         "mul.Tensor recompiled (compile 2 of it): the closest earlier key has 1 mismatch:\n"
         "  arg 0 'self': f32[8] -> f32[9]"
@@ -208,7 +211,7 @@ def test_summarize_scalar_storm_advises_hoisting():
     events = []
     for i, v in enumerate((2, 3, 4)):
         args = (ArgInfo("self", (4,), "float32"), ArgInfo("exponent", static=repr(v)))
-        diffs = (KeyDiff("python scalar baked in 'exponent'", str(v - 1), str(v)),) if i else ()
+        diffs = (KeyDiff("scalar", str(v - 1), str(v), arg_index=1, arg_name="exponent"),) if i else ()
         events.append(
             CompileEvent(i, 0.0, "eager", 0, None, "pow", "sig", args, 0.1, None, None, diffs, "pow")
         )

@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
+from typing import ClassVar
 
 import pytest
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.hlo import make_program
 from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import APPLICATION_ID, RunWriter
+from tpu_debug.tracers.store import APPLICATION_ID, RunWriter, layout
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError, RunNotFoundError, SchemaVersionError
 
@@ -55,7 +57,7 @@ def _write_all_kinds(writer: RunWriter) -> list[ev.Event]:
             0.04,
             None,
             previous=1,
-            diffs=(ev.KeyDiff("arg 0", "float32[4]", "float32[5]"),),
+            diffs=(ev.KeyDiff("shape", "float32[4]", "float32[5]", arg_index=0, arg_name="self", dims=(0,)),),
         ),
         ev.OpEvent(nid(), 0.3, "eager", 11, LOC, "mul.Tensor", 2e-5, program),
         ev.TransferEvent(nid(), 0.4, None, 11, LOC2, "d2h", 4, (), "float32", "item", True, 1e-4),
@@ -95,7 +97,9 @@ def test_round_trip_every_event_kind(tmp_path):
         "op": 1,
         "transfer": 2,
     }
-    assert q.compiles()[1].diffs == (ev.KeyDiff("arg 0", "float32[4]", "float32[5]"),)
+    assert q.compiles()[1].diffs == (
+        ev.KeyDiff("shape", "float32[4]", "float32[5]", arg_index=0, arg_name="self", dims=(0,)),
+    )
     assert q.transfers(direction="h2d") == [written[4]]
     meta = q.metadata()
     assert (meta.name, meta.argv, meta.status, meta.exit_status) == (
@@ -223,19 +227,43 @@ def test_sqlite_file_that_is_not_a_run(tmp_path):
         _ = RunQuery(db).connection
 
 
-def test_unknown_schema_version(tmp_path):
-    db = tmp_path / "run.db"
-    RunWriter(db, {"name": "demo", "tpu_debug_version": "9.0"}).close()
+def _with_schema(db, version: int) -> None:
     conn = sqlite3.connect(db)
-    conn.execute("PRAGMA user_version=99")
+    conn.execute(f"PRAGMA user_version={version}")
     conn.commit()
     conn.close()
+
+
+def test_run_from_a_newer_schema_names_both_versions_and_the_upgrade(tmp_path):
+    db = tmp_path / "run.db"
+    RunWriter(db, {"name": "demo", "tpu_debug_version": "9.0"}).close()
+    _with_schema(db, ev.SCHEMA_VERSION + 1)
     with pytest.raises(
         SchemaVersionError,
-        match=re.escape(
-            f"{db} is schema 99 (written by tpu_debug 9.0); this tpu_debug 0.1.0 reads schema "
-            f"{ev.SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that wrote it."
-        ),
+        match="^"
+        + re.escape(
+            f"{db} is schema {ev.SCHEMA_VERSION + 1} (written by tpu_debug 9.0); this tpu_debug 0.1.0 reads "
+            f"schema {ev.SCHEMA_VERSION}. Upgrade tpu_debug (pip install -U tpu-debug) to read it, or "
+            "re-record the run with this one."
+        )
+        + "$",
+    ):
+        _ = RunQuery(db).connection
+
+
+def test_run_from_an_older_schema_says_re_record(tmp_path):
+    db = tmp_path / "run.db"
+    RunWriter(db, {"name": "demo", "tpu_debug_version": "0.0.9"}).close()
+    _with_schema(db, ev.SCHEMA_VERSION - 1)
+    with pytest.raises(
+        SchemaVersionError,
+        match="^"
+        + re.escape(
+            f"{db} is schema {ev.SCHEMA_VERSION - 1} (written by tpu_debug 0.0.9); this tpu_debug 0.1.0 "
+            f"reads schema {ev.SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that "
+            "wrote it."
+        )
+        + "$",
     ):
         _ = RunQuery(db).connection
 
@@ -278,3 +306,165 @@ def test_application_id_marks_the_file(tmp_path):
     assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
+
+
+# -- an event kind is one declaration -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Note:
+    """A record a test event carries in a child table."""
+
+    label: str
+    weight: float
+    flagged: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointEvent(ev.Event):
+    """A kind this test module alone declares: nothing in store.py or query.py knows it."""
+
+    kind: ClassVar[str] = "checkpoint"
+    stored: ClassVar[ev.Stored] = ev.Stored("checkpoints", name="path", seconds="seconds")
+
+    path: str
+    nbytes: int
+    seconds: float
+    tensors: tuple[str, ...]
+    sharded: bool
+    step: int | None = ev.column("step_number", default=None)  # a column named otherwise
+    args: tuple[ev.ArgInfo, ...] = ()
+    notes: tuple[_Note, ...] = ev.column(table="checkpoint_notes", default=())
+    verified: bool | None = None
+
+
+@pytest.fixture
+def checkpoint_kind():
+    ev.register_event(CheckpointEvent)
+    yield CheckpointEvent
+    del ev.EVENT_TYPES[CheckpointEvent.kind]
+
+
+def test_a_kind_declared_in_one_place_round_trips(tmp_path, checkpoint_kind):
+    db = tmp_path / "run.db"
+    writer = RunWriter(db, {"name": "demo"})
+    nid = writer.new_id
+    written = [
+        CheckpointEvent(
+            nid(),
+            0.5,
+            None,
+            3,
+            LOC,
+            "/ckpt/step10.pt",
+            4096,
+            0.25,
+            ("w", "b"),
+            True,
+            10,
+            (ev.ArgInfo("w", (4, 4), "float32"), ev.ArgInfo("lr", static="0.1")),
+            (_Note("fast", 1.5, False), _Note("slow", 0.25, True)),
+            False,
+        ),
+        CheckpointEvent(nid(), 0.7, "eager", 3, None, "/ckpt/step20.pt", 0, 0.0, (), False),
+    ]
+    compile_ = ev.CompileEvent(nid(), 0.6, "eager", 3, LOC2, "mul.Tensor", "sig", (), 0.1)
+    for e in (written[0], compile_, written[1]):
+        writer.put(e)
+    writer.close()
+    assert writer.error is None
+
+    q = RunQuery(db)
+    assert q.events("checkpoint") == written
+    assert q.events("checkpoint", name="/ckpt/step20.pt") == [written[1]]
+    assert q.events() == [*written, compile_]  # merged with the other kinds, in id order
+    assert q.counts() == {"checkpoint": 2, "compile": 1}
+    columns = [r[1] for r in q.connection.execute("PRAGMA table_info(checkpoints)")]
+    assert columns == [
+        "event_id",
+        "nbytes",
+        "tensors",
+        "sharded",
+        "step_number",
+        "args",
+        "verified",
+    ]
+    q.close()
+
+
+def test_a_run_recorded_before_a_kind_existed_reads_as_none_of_it(tmp_path, checkpoint_kind):
+    db = tmp_path / "run.db"
+    del ev.EVENT_TYPES["checkpoint"]
+    RunWriter(db, {"name": "demo"}).close()  # no checkpoints table
+    ev.register_event(CheckpointEvent)
+    q = RunQuery(db)
+    assert q.events("checkpoint") == [] and q.events() == []
+    q.close()
+
+
+def test_a_kind_registered_after_the_run_began_gets_its_tables(tmp_path, checkpoint_kind):
+    db = tmp_path / "run.db"
+    del ev.EVENT_TYPES["checkpoint"]
+    writer = RunWriter(db, {"name": "demo"})
+    ev.register_event(CheckpointEvent)
+    event = CheckpointEvent(writer.new_id(), 0.1, None, 1, None, "/c.pt", 1, 0.0, (), False)
+    writer.put(event)
+    writer.close()
+    assert writer.error is None and RunQuery(db).events("checkpoint") == [event]
+
+
+def test_declarations_the_store_cannot_keep_are_refused_with_the_reason():
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Odd(ev.Event):
+        kind: ClassVar[str] = "odd"
+        stored: ClassVar[ev.Stored] = ev.Stored("odds")
+        payload: dict
+
+    with pytest.raises(
+        TypeError, match=r"^Odd\.payload: the run store cannot keep a field of type <class 'dict'>"
+    ):
+        layout(Odd)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Untabled(ev.Event):
+        kind: ClassVar[str] = "untabled"
+        stored: ClassVar[ev.Stored] = ev.Stored(None)
+        size: int
+
+    with pytest.raises(TypeError, match=r"^Untabled: fields size need a detail table"):
+        layout(Untabled)
+
+    with pytest.raises(ValueError, match=r"^event kind 'compile' is registered twice: "):
+
+        @ev.register_event
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class Again(ev.Event):
+            kind: ClassVar[str] = "compile"
+            stored: ClassVar[ev.Stored] = ev.Stored(None)
+
+
+def test_the_declarations_give_the_layout_readers_rely_on(tmp_path):
+    db = tmp_path / "run.db"
+    RunWriter(db, {"name": "demo"}).close()
+    conn = sqlite3.connect(db)
+    cols = {
+        t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")]
+        for t in ("compiles", "key_diffs", "transfers")
+    }
+    conn.close()
+    assert cols == {
+        "compiles": ["event_id", "signature", "args", "previous_id", "identity"],
+        "key_diffs": [
+            "event_id",
+            "position",
+            "aspect",
+            "before",
+            "now",
+            "arg_index",
+            "arg_name",
+            "dims",
+            "detail",
+            "source",
+        ],
+        "transfers": ["event_id", "direction", "nbytes", "shape", "dtype", "implicit"],
+    }

@@ -194,8 +194,8 @@ def test_recompile_reason_and_divergence_from_recorded_events(tmp_path):
     exporter.on_compile(CompileInfo("eager", "add.Tensor", ("add.Tensor", "f32[8]"), info.args, 0.01))
     exporter.on_compile_begin("eager", "add.Tensor")
     diffs = (
-        KeyDiff("arg 0", "f32[8]", "f32[9]"),
-        KeyDiff("dynamo guard", "L['x'].size()[0] == 8", "failed, #1"),
+        KeyDiff("shape", "f32[8]", "f32[9]", arg_index=0, dims=(0,)),
+        KeyDiff("guard", "L['x'].size()[0] == 8", "failed, #1", source="guard"),
     )
     exporter.on_event(
         CompileEvent(1, 0.0, "eager", 1, loc, "add.Tensor", "add.Tensor(f32[9])", (), 0.01, None, 0, diffs)

@@ -89,7 +89,7 @@ def storm_run(tmp_path_factory):
     previous = None
     for n in range(1, 451):
         eid = writer.new_id()
-        diffs = (ev.KeyDiff("arg 0", f"float32[{n - 1}]", f"float32[{n}]"),) if previous else ()
+        diffs = (ev.KeyDiff("shape", f"float32[{n - 1}]", f"float32[{n}]", arg_index=0, dims=(0,)),) if previous else ()
         writer.put(
             ev.CompileEvent(
                 eid,

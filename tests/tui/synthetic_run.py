@@ -197,7 +197,7 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
             previous = None
             if last_mul is not None:
                 previous = last_mul[0]
-                diffs = (ev.KeyDiff("arg 0 'self'", f"f32[{last_mul[1]},128]", f"f32[{n},128]"),)
+                diffs = (ev.KeyDiff("shape", f"f32[{last_mul[1]},128]", f"f32[{n},128]", arg_index=0, arg_name="self", dims=(0,)),)
             eid = nid()
             put(
                 ev.CompileEvent(
@@ -222,7 +222,7 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
         if scalar not in add_compiles:
             program = writer.add_program(make_program("eager", "add.Tensor", *add_hlo(8, scalar)))
             previous = add_compiles["0.5"][0] if add_compiles else None
-            diffs = (ev.KeyDiff("python scalar baked in 'other'", "0.5", scalar),) if previous else ()
+            diffs = (ev.KeyDiff("scalar", "0.5", scalar, arg_index=1, arg_name="other"),) if previous else ()
             eid = nid()
             put(
                 ev.CompileEvent(
@@ -248,8 +248,8 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
             previous = last_graph[0] if last_graph else None
             diffs = (
                 (
-                    ev.KeyDiff("tensor 'batch' dim 0", str(last_graph[1]), str(n)),
-                    ev.KeyDiff("dynamo guard", f"L['batch'].size()[0] == {last_graph[1]}", "failed"),
+                    ev.KeyDiff("shape", str(last_graph[1]), str(n), arg_name="batch", dims=(0,), source="guard"),
+                    ev.KeyDiff("guard", f"L['batch'].size()[0] == {last_graph[1]}", "failed", source="guard"),
                 )
                 if last_graph
                 else ()
