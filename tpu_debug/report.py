@@ -625,12 +625,25 @@ def _tensorboard(session: Any, terminal: bool) -> RenderableType | None:
 @section("Tracer errors", order=90)
 def _errors(session: Any, terminal: bool) -> RenderableType | None:
     errors = session.internal_errors()
-    if not errors:
-        return None
-    table = _table(terminal, ("where", "left"), ("error", "left"))
-    for e in errors[:10]:
-        table.add_row(Text(e.where), Text(e.message))
-    return Group(_note(f"{len(errors)} tracer error(s); the program was not affected"), table)
+    meta = session.metadata()
+    notes = []
+    if meta.recording_error:
+        notes.append(_note(f"recording stopped early: {meta.recording_error}"))
+    if meta.dropped_events:
+        notes.append(_note(f"{meta.dropped_events:,} events were not recorded (the run writer could not keep up or had stopped)"))
+    if errors:
+        # the run keeps the first errors of each kind; the meta counts them all
+        capped = session.capped_counts("internal_error")
+        total: dict[str, int] = {}
+        first: dict[str, str] = {}
+        for e in errors:
+            total[e.where] = capped.get(e.where, total.get(e.where, 0) + 1)
+            first.setdefault(e.where, e.message)
+        table = _table(terminal, ("where", "left"), ("count", "right"), ("first error", "left"))
+        for where, message in list(first.items())[:10]:
+            table.add_row(Text(where), f"{total[where]:,}", Text(message))
+        notes += [_note(f"{sum(total.values()):,} tracer error(s); the program was not affected"), table]
+    return Group(*notes) if notes else None
 
 
 def _console(file: Any, terminal: bool | None, width: int | None) -> Console:

@@ -22,14 +22,17 @@ from tpu_debug.tracers.events import (
     OpEvent,
     RecompileLimitEvent,
     SourceLocation,
+    Stored,
     TransferEvent,
+    column,
+    register_event,
 )
 from tpu_debug.tracers.hlo import Program, ProgramNode, make_program, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunMetadata, RunQuery
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter, connect
-from tpu_debug.tracers.tensorboard import TensorBoardExporter  # issue 9
+from tpu_debug.tracers.tensorboard import TensorBoardExporter
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -44,6 +47,9 @@ __all__ = [
     "RecompileLimitEvent",
     "DivergenceEvent",
     "InternalErrorEvent",
+    "Stored",
+    "column",
+    "register_event",
     "ArgInfo",
     "KeyDiff",
     "SourceLocation",

@@ -287,7 +287,11 @@ def test_a_recorder_failing_on_every_op_the_program_runs_to_the_end(tmp_path, mo
     errors = [e for e in session.internal_errors() if e.where == "Recorder.on_execute"]
     assert len(errors) == ev.INTERNAL_ERRORS_KEPT and errors[0].message == "ValueError: tracer bug"
     # every failing report counted, though only the first ones are rows
-    assert session.capped_counts("internal_error")["Recorder.on_execute"] >= n
+    total = session.capped_counts("internal_error")["Recorder.on_execute"]
+    assert total >= n
+    report = session.summary()
+    assert f"{total:,} tracer error(s); the program was not affected" in report
+    assert "Recorder.on_execute" in report and "ValueError: tracer bug" in report
     session.close()
 
 
