@@ -74,8 +74,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # DivergenceTracer (issue 8) needs torch and the runtime; importing it on first use keeps
-    # ``tpu_debug.tracers`` free of both, so the reading verbs and the TUI start fast (issue 6)
+    # DivergenceTracer needs torch and the runtime; importing it on first use keeps
+    # ``tpu_debug.tracers`` free of both, so the reading verbs and the TUI start fast
     if name == "DivergenceTracer":
         from tpu_debug.tracers.divergence import DivergenceTracer
 
