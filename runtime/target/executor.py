@@ -1,0 +1,83 @@
+"""Target compiles off the caller's thread: one worker, futures.
+
+A TPU compile takes 0.1 s to seconds (the first in a process also loads the
+compiler, about a second more); the program that asked for it goes on. XLA's
+compile releases the GIL; lowering a function (``submit``) runs Python on the
+worker and shares the GIL with the caller, compiling an existing lowering
+(``submit_lowered``) does not trace at all. One worker keeps compiles in
+submission order and bounds the CPU they take.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tpu_debug.runtime.target import _libtpu
+from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target, compile_lowered_for_target
+from tpu_debug.runtime.target.hardware import Target, parse_target
+
+__all__ = ["TargetCompiler", "default_compiler", "compile_for_target_async", "compile_lowered_for_target_async"]
+
+
+class TargetCompiler:
+    """A one-thread executor for target compiles.
+
+    ``submit``/``submit_lowered`` check the target and that libtpu is installed on
+    the calling thread (so a wrong spec fails where it was written), then return a
+    ``Future[TargetCompile]``.
+
+    Example:
+        >>> compiler = TargetCompiler()
+        >>> future = compiler.submit(step, (params, batch), "v6e")
+        >>> ...                                   # the program goes on
+        >>> future.result().memory.temp_bytes
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpu_debug-target")
+
+    def submit(self, fn, abstract_args=(), target: str | Target = "v5e", **options) -> Future[TargetCompile]:
+        """``compile_for_target(fn, abstract_args, target, **options)`` on the worker.
+
+        The calling thread's 64-bit setting (``jax.enable_x64``, thread-local) is
+        carried over unless ``x64=`` is given.
+        """
+        import jax
+
+        tgt = parse_target(target)
+        _libtpu.require_libtpu()
+        options.setdefault("x64", bool(jax.config.read("jax_enable_x64")))
+        return self._pool.submit(compile_for_target, fn, tuple(abstract_args), tgt, **options)
+
+    def submit_lowered(self, lowered, target: str | Target = "v5e", **options) -> Future[TargetCompile]:
+        """``compile_lowered_for_target(lowered, target, **options)`` on the worker."""
+        tgt = parse_target(target)
+        _libtpu.require_libtpu()
+        return self._pool.submit(compile_lowered_for_target, lowered, tgt, **options)
+
+    def shutdown(self, *, wait: bool = True, cancel_futures: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+_default: TargetCompiler | None = None
+_default_lock = threading.Lock()
+
+
+def default_compiler() -> TargetCompiler:
+    """The process's shared ``TargetCompiler``, made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = TargetCompiler()
+        return _default
+
+
+def compile_for_target_async(fn, abstract_args=(), target: str | Target = "v5e", **options) -> Future[TargetCompile]:
+    """``compile_for_target`` on the shared worker thread; returns a future."""
+    return default_compiler().submit(fn, abstract_args, target, **options)
+
+
+def compile_lowered_for_target_async(lowered, target: str | Target = "v5e", **options) -> Future[TargetCompile]:
+    """``compile_lowered_for_target`` on the shared worker thread; returns a future."""
+    return default_compiler().submit_lowered(lowered, target, **options)
