@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 import threading
 
-from tpu_debug.errors import TpuDebugError
+from tpu_debug.runtime.target.errors import LibtpuMissingError
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["LibtpuMissingError", "require_libtpu", "topology", "libtpu_version"]
@@ -15,13 +15,9 @@ __all__ = ["LibtpuMissingError", "require_libtpu", "topology", "libtpu_version"]
 INSTALL_HINT = 'pip install "tpu-debug[tpu]" (from a clone: pip install -e ".[tpu]")'
 
 
-class LibtpuMissingError(TpuDebugError, ImportError):
-    """Compiling for a TPU target needs XLA's TPU compiler, which ships in libtpu."""
-
-
 def _find_libtpu() -> bool:
     try:
-        import libtpu  # noqa: F401 - a small package: the compiler is its libtpu.so, loaded by JAX
+        import libtpu
     except ImportError:
         return False
     return True

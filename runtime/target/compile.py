@@ -31,10 +31,15 @@ import contextlib
 import dataclasses
 import hashlib
 import re
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 from tpu_debug.runtime.target import _libtpu
+from tpu_debug.runtime.target.errors import TargetSpecError
 from tpu_debug.runtime.target.hardware import Target, parse_target
 
 __all__ = [
@@ -231,7 +236,7 @@ def _cost(analysis) -> CostStats:
     )
 
 
-_MODULE_NAME = re.compile(r"^module @([\w.\-]+)", re.M)
+_MODULE_NAME = re.compile(r"^module @([\w.\-]+)", re.MULTILINE)
 
 
 def _module_name(stablehlo: str) -> str:
@@ -241,8 +246,6 @@ def _module_name(stablehlo: str) -> str:
 
 def _is_compile_failure(exc: BaseException) -> bool:
     """An error raised by the XLA compiler itself (as opposed to tracing or lowering)."""
-    import jax
-
     return isinstance(exc, jax.errors.JaxRuntimeError)
 
 
@@ -250,8 +253,6 @@ def _is_compile_failure(exc: BaseException) -> bool:
 
 
 def _to_abstract(leaf, sharding):
-    import jax
-
     if isinstance(leaf, jax.ShapeDtypeStruct):
         placed = leaf.sharding is not None and all(d.platform == "tpu" for d in leaf.sharding.device_set)
         if placed:  # already on the target (a mesh sharding the caller built)
@@ -267,8 +268,6 @@ def _to_abstract(leaf, sharding):
 
 
 def _x64(x64: bool | None):
-    import jax
-
     return contextlib.nullcontext() if x64 is None else jax.enable_x64(x64)
 
 
@@ -316,8 +315,6 @@ def compile_for_target(
         >>> result.memory.argument_bytes, result.cost.flops
         (134217728, 1099511627776.0)
     """
-    import jax
-
     tgt = parse_target(target)
     devices = _libtpu.topology(tgt)
     sharding = jax.sharding.SingleDeviceSharding(devices[0])
@@ -334,12 +331,12 @@ def compile_for_target(
         lowered = jitted.lower(*args, **kwargs)
         text = lowered.as_text()
     key = _cache_key("jit", text, tgt)
-    return _compile(tgt, _module_name(text), key, cache, lambda: _compile_jit(lowered))
+    return _compile(tgt, _module_name(text), key, cache, lambda options: _compile_jit(lowered, options))
 
 
-def _compile_jit(lowered):
-    compiled = lowered.compile()
-    return compiled.as_text(), compiled.memory_analysis(), compiled.cost_analysis()
+def _compile_jit(lowered, options: dict[str, Any]):
+    compiled = lowered.compile(compiler_options=options)
+    return compiled.memory_analysis(), compiled.cost_analysis(), compiled.as_text
 
 
 _NUM = re.compile(r"mhlo\.num_(partitions|replicas) = (\d+)")
@@ -372,8 +369,6 @@ def compile_lowered_for_target(lowered, target: str | Target = "v5e", *, cache: 
         >>> compile_lowered_for_target(lowered, "v6e").hlo.count("T(8,128)") > 0
         True
     """
-    from tpu_debug.runtime.target.hardware import TargetSpecError
-
     tgt = parse_target(target)
     devices = _libtpu.topology(tgt)
     text = lowered.as_text()
@@ -386,14 +381,13 @@ def compile_lowered_for_target(lowered, target: str | Target = "v5e", *, cache: 
         )
     key = _cache_key("lowered", text, tgt)
     return _compile(tgt, _module_name(text), key, cache,
-                    lambda: _compile_module(lowered, devices, replicas, partitions))
+                    lambda options: _compile_module(lowered, devices, replicas, partitions, options))
 
 
-def _compile_module(lowered, devices, replicas: int, partitions: int):
+def _compile_module(lowered, devices, replicas: int, partitions: int, options: dict[str, Any]):
     # jax has no public call that compiles a given module for given devices: the
     # compile-only TPU client of the topology's devices does it (jax's own deviceless
     # path ends in the same client.compile)
-    import numpy as np
     from jax._src import compiler
     from jax._src.lib import xla_client as xc
 
@@ -402,19 +396,22 @@ def _compile_module(lowered, devices, replicas: int, partitions: int):
         num_replicas=replicas,
         num_partitions=partitions,
         device_assignment=np.array(used, dtype=object).reshape(replicas, partitions),
+        env_options_overrides=options,
     )
     executable = used[0].client.compile(
         lowered.compiler_ir("stablehlo"), executable_devices=xc.DeviceList(tuple(used)), compile_options=options
     )
-    hlo = "\n\n".join(m.to_string() for m in executable.hlo_modules())
-    return hlo, executable.get_compiled_memory_stats(), executable.cost_analysis()
+
+    def text() -> str:
+        return "\n\n".join(m.to_string() for m in executable.hlo_modules())
+
+    return executable.get_compiled_memory_stats(), executable.cost_analysis(), text
 
 
 # -- compile, through the cache ------------------------------------------------------
 
 
 def _cache_key(kind: str, text: str, target: Target) -> str:
-    import jax
     import jaxlib
 
     h = hashlib.sha256()
@@ -422,6 +419,19 @@ def _cache_key(kind: str, text: str, target: Target) -> str:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def _dump_options(directory: str) -> dict[str, Any]:
+    # the optimized HLO as libtpu itself prints it: jaxlib's reading of a libtpu
+    # executable's HLO (``Compiled.as_text``) fails on big programs ("RET_CHECK failure
+    # ... async-update instruction should have 1 operands but sees 3": libtpu 0.0.52's
+    # async ops are newer than jaxlib 0.10.2's HLO reader); the dump is a few MB at most
+    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": False}
+
+
+def _read_dump(directory: str) -> str | None:
+    texts = [p.read_text() for p in sorted(Path(directory).glob("*.after_optimizations.txt"))]
+    return "\n\n".join(texts) if texts else None
 
 
 def _compile(target: Target, program: str, key: str, use_cache: bool, run) -> TargetCompile:
@@ -432,15 +442,20 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run) -> Ta
         if hit is not None:
             return hit
     start = time.perf_counter()
-    try:
-        hlo, memory, cost = run()
-    except Exception as exc:  # noqa: BLE001 - only the compiler's own refusals become results
-        if not _is_compile_failure(exc):
-            raise
-        result = TargetCompile(target, program, time.perf_counter() - start, error=parse_compile_error(str(exc)))
-    else:
-        result = TargetCompile(target, program, time.perf_counter() - start, hlo=hlo, memory=_memory(memory),
-                               cost=_cost(cost))
+    with tempfile.TemporaryDirectory(prefix="tpu_debug-target-") as dump:
+        try:
+            memory, cost, text = run(_dump_options(dump))
+        except Exception as exc:
+            if not _is_compile_failure(exc):
+                raise
+            result = TargetCompile(target, program, time.perf_counter() - start,
+                                   error=parse_compile_error(str(exc)))
+        else:
+            seconds = time.perf_counter() - start
+            hlo = _read_dump(dump)
+            if hlo is None:
+                hlo = text()
+            result = TargetCompile(target, program, seconds, hlo=hlo, memory=_memory(memory), cost=_cost(cost))
     # a compile error other than an out-of-memory may come from this machine (libtpu's
     # lock, a plugin that failed to load) rather than the program: not kept
     if use_cache and (result.ok or result.error.kind == "hbm_oom"):
@@ -465,11 +480,6 @@ def target_mesh(target: str | Target, shape: tuple[int, ...], axis_names: tuple[
         >>> x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
     """
     import math
-
-    import jax
-    import numpy as np
-
-    from tpu_debug.runtime.target.hardware import TargetSpecError
 
     tgt = parse_target(target)
     devices = _libtpu.topology(tgt)

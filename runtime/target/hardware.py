@@ -17,15 +17,11 @@ import dataclasses
 import math
 import re
 
-from tpu_debug.errors import TpuDebugError
+from tpu_debug.runtime.target.errors import TargetSpecError
 
 __all__ = ["Generation", "Target", "GENERATIONS", "parse_target", "TargetSpecError"]
 
 GiB = 1024**3
-
-
-class TargetSpecError(TpuDebugError, ValueError):
-    """A TPU target spec (``"v5e-8"``) that names no known generation or slice."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
