@@ -17,7 +17,7 @@ INSTALL_HINT = 'pip install "tpu-debug[tpu]" (from a clone: pip install -e ".[tp
 
 def _find_libtpu() -> bool:
     try:
-        import libtpu
+        import libtpu  # noqa: F401 - a small package: the compiler is its libtpu.so, JAX loads it
     except ImportError:
         return False
     return True
@@ -26,7 +26,9 @@ def _find_libtpu() -> bool:
 def require_libtpu() -> None:
     """Raise ``LibtpuMissingError`` (one line: what to install) unless libtpu is importable."""
     if not _find_libtpu():
-        raise LibtpuMissingError(f"compiling for a TPU target needs libtpu, which is not installed: {INSTALL_HINT}")
+        raise LibtpuMissingError(
+            f"compiling for a TPU target needs libtpu, which is not installed: {INSTALL_HINT}"
+        )
 
 
 @functools.cache

@@ -170,7 +170,9 @@ _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P
 _SIZE = r"([\d.]+)\s*([KMGTP]?)i?B?"
 # jax 0.10 / libtpu 0.0.52: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory
 # on HBM, the total memory required for HLO temporaries (36.52G) exceeds available HBM (15.75G)."
-_OOM = re.compile(r"total memory required for (?P<what>.+?) \(" + _SIZE + r"\) exceeds available HBM \(" + _SIZE + r"\)")
+_OOM = re.compile(
+    r"total memory required for (?P<what>.+?) \(" + _SIZE + r"\) exceeds available HBM \(" + _SIZE + r"\)"
+)
 # older libtpu: "Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm."
 _OOM_USED = re.compile(r"Used " + _SIZE + r" of " + _SIZE + r" hbm")
 _CODE = re.compile(r"\b(E\d{3,5}): (\w+)")
@@ -399,7 +401,8 @@ def _compile_module(lowered, devices, replicas: int, partitions: int, options: d
         env_options_overrides=options,
     )
     executable = used[0].client.compile(
-        lowered.compiler_ir("stablehlo"), executable_devices=xc.DeviceList(tuple(used)), compile_options=options
+        lowered.compiler_ir("stablehlo"), executable_devices=xc.DeviceList(tuple(used)),
+        compile_options=options,
     )
 
     def text() -> str:
@@ -445,7 +448,7 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run) -> Ta
     with tempfile.TemporaryDirectory(prefix="tpu_debug-target-") as dump:
         try:
             memory, cost, text = run(_dump_options(dump))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - only the compiler's own refusals become results
             if not _is_compile_failure(exc):
                 raise
             result = TargetCompile(target, program, time.perf_counter() - start,
@@ -455,7 +458,8 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run) -> Ta
             hlo = _read_dump(dump)
             if hlo is None:
                 hlo = text()
-            result = TargetCompile(target, program, seconds, hlo=hlo, memory=_memory(memory), cost=_cost(cost))
+            result = TargetCompile(target, program, seconds, hlo=hlo, memory=_memory(memory),
+                                   cost=_cost(cost))
     # a compile error other than an out-of-memory may come from this machine (libtpu's
     # lock, a plugin that failed to load) rather than the program: not kept
     if use_cache and (result.ok or result.error.kind == "hbm_oom"):
@@ -485,5 +489,8 @@ def target_mesh(target: str | Target, shape: tuple[int, ...], axis_names: tuple[
     devices = _libtpu.topology(tgt)
     n = math.prod(shape)
     if n > len(devices):
-        raise TargetSpecError(f"a {'x'.join(map(str, shape))} mesh needs {n} devices; target {tgt.name} has {len(devices)}")
+        raise TargetSpecError(
+            f"a {'x'.join(map(str, shape))} mesh needs {n} devices; target {tgt.name} has {len(devices)}: "
+            "pick a bigger slice or a smaller mesh"
+        )
     return jax.sharding.Mesh(np.array(devices[:n], dtype=object).reshape(shape), axis_names)

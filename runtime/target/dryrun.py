@@ -25,15 +25,11 @@ import time
 from collections.abc import Callable
 
 import jax
-
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
 
-__all__ = ["DryRun", "dry_run", "AdamW"]
-
-GiB = 1024**3
-
+__all__ = ["DryRun", "dry_run", "TracedStep", "trace_step", "AdamW"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AdamW:
@@ -96,21 +92,28 @@ class DryRun:
     def render(self) -> str:
         c = self.compile
         head = (f"{self.mode} on {self.target.name}: {self.parameters / 1e9:.2f} B parameters "
-                f"({self.parameter_bytes / GiB:.2f} GiB)")
+                f"({_size(self.parameter_bytes)})")
         if self.state_bytes:
-            head += f" + optimizer state {self.state_bytes / GiB:.2f} GiB"
-        avail = self.target.hbm_bytes_per_device / GiB
+            head += f" + optimizer state {_size(self.state_bytes)}"
         if c.ok:
             m = c.memory
-            return (f"{head}: fits. Per device: arguments {m.argument_bytes / GiB:.2f} GiB, outputs "
-                    f"{m.output_bytes / GiB:.2f} GiB (aliased {m.alias_bytes / GiB:.2f}), temporaries "
-                    f"{m.temp_bytes / GiB:.2f} GiB; total {m.total_bytes / GiB:.2f} of {avail:.0f} GiB HBM. "
-                    f"Dry run {self.seconds:.1f} s (compile {c.seconds:.1f} s).")
+            return (f"{head}: fits. Per device: arguments {_size(m.argument_bytes)}, outputs "
+                    f"{_size(m.output_bytes)} (aliased {_size(m.alias_bytes)}), temporaries "
+                    f"{_size(m.temp_bytes)}; total {_size(m.total_bytes)} of "
+                    f"{_size(self.target.hbm_bytes_per_device)} HBM. "
+                    f"Dry run {self.seconds:.1f} s (TPU compile {c.seconds:.1f} s).")
         e = c.error
         if e.kind == "hbm_oom" and e.required_bytes is not None:
-            return (f"{head}: does NOT fit: {e.what} need {e.required_bytes / GiB:.2f} GiB, one device has "
-                    f"{e.available_bytes / GiB:.2f} GiB. Dry run {self.seconds:.1f} s.")
+            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device has "
+                    f"{_size(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
         return f"{head}: the TPU compiler refused the step: {e.message}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 def _meta(t):
@@ -121,6 +124,134 @@ def _meta(t):
 
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TracedStep:
+    """One model step as an aten graph and the JAX function the runtime's lowerings make of it.
+
+    The flat inputs, in order: the parameters (``named_parameters()`` order), the
+    buffers (``named_buffers()``); for training the AdamW state (every
+    parameter's ``exp_avg``, then every ``exp_avg_sq``, then the step count, a
+    float32 scalar); then the forward's inputs, then the loss's targets. The
+    outputs: the forward's outputs (flattened); for training ``(loss, *new
+    parameters, *new exp_avg, *new exp_avg_sq, new step)``.
+
+    Attributes:
+        graph: the aten-level FX graph (``make_fx`` with compiled mode's decompositions).
+        program: the graph as a JAX function (``runtime.compiled``'s interpreter).
+        specs: one ``jax.ShapeDtypeStruct`` per flat input.
+        donate: flat inputs the step overwrites (parameters and optimizer state).
+        mode: ``"inference"`` or ``"training"``.
+    """
+
+    graph: object
+    program: object
+    specs: tuple
+    donate: tuple[int, ...]
+    mode: str
+    parameters: int
+    parameter_bytes: int
+    state_bytes: int
+    trace_seconds: float
+
+    def function(self) -> Callable:
+        """The step as a JAX function of the flat inputs (jit it, or compile it for a target)."""
+        program = self.program
+
+        def step(*arrays):
+            return program(*arrays)
+
+        step.__name__ = f"dry_run_{self.mode}"
+        return step
+
+
+def trace_step(
+    model,
+    inputs: tuple,
+    *,
+    train: bool = False,
+    loss_fn: Callable | None = None,
+    targets: tuple = (),
+    optimizer: AdamW | None = None,
+) -> TracedStep:
+    """Trace one inference or training step of ``model`` into the runtime's JAX function.
+
+    Args: as ``dry_run``. Tensors may hold data or not: only their shapes and
+    dtypes are used (every one is replaced by a meta tensor).
+
+    Raises:
+        TargetError: ``train`` without ``loss_fn``.
+        UnsupportedGraphOp: the step uses an aten op the runtime has no lowering for.
+    """
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
+    from tpu_debug.runtime.dtypes import to_jax_dtype
+
+    if train and loss_fn is None:
+        raise TargetError(
+            "dry_run(train=True) needs loss_fn(outputs, *targets) -> scalar loss, e.g. "
+            "lambda logits, labels: F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())"
+        )
+    started = time.perf_counter()
+    params = {name: _meta(p) for name, p in model.named_parameters()}
+    buffers = {name: _meta(b) for name, b in model.named_buffers()}
+    inputs = tuple(_meta(t) for t in inputs)
+    targets = tuple(_meta(t) for t in targets)
+    names, bnames = list(params), list(buffers)
+    n_p, n_b, n_in = len(names), len(bnames), len(inputs)
+    opt = optimizer or AdamW()
+
+    def call(p_list, b_list, xs):
+        state = {**dict(zip(names, p_list)), **dict(zip(bnames, b_list))}
+        return torch.func.functional_call(model, state, xs)
+
+    if not train:
+        flat = [*params.values(), *buffers.values(), *inputs]
+
+        def step(*flat):
+            out = call(flat[:n_p], flat[n_p:n_p + n_b], tuple(flat[n_p + n_b:]))
+            return tuple(torch.utils._pytree.tree_leaves(out))
+
+        donate: tuple[int, ...] = ()
+        state_bytes = 0
+        with torch.no_grad():
+            gm = make_fx(step, decomposition_table=_decompositions())(*flat)
+    else:
+        exp_avg = [torch.empty_like(p) for p in params.values()]
+        exp_avg_sq = [torch.empty_like(p) for p in params.values()]
+        count = torch.empty((), dtype=torch.float32, device="meta")
+        flat = [*(p.requires_grad_() for p in params.values()), *buffers.values(), *exp_avg, *exp_avg_sq,
+                count, *inputs, *targets]
+
+        def step(*flat):
+            p_list = list(flat[:n_p])
+            b_list = list(flat[n_p:n_p + n_b])
+            m = list(flat[n_p + n_b:2 * n_p + n_b])
+            v = list(flat[2 * n_p + n_b:3 * n_p + n_b])
+            k = flat[3 * n_p + n_b]
+            xs = tuple(flat[3 * n_p + n_b + 1:3 * n_p + n_b + 1 + n_in])
+            ys = tuple(flat[3 * n_p + n_b + 1 + n_in:])
+            loss = loss_fn(call(p_list, b_list, xs), *ys)
+            grads = torch.autograd.grad(loss, p_list)
+            new_p, new_m, new_v, k = opt.step([p.detach() for p in p_list], list(grads), m, v, k)
+            return (loss.detach(), *new_p, *new_m, *new_v, k)
+
+        # the updated parameters and state overwrite the old (buffer donation)
+        donate = (*range(n_p), *range(n_p + n_b, 3 * n_p + n_b + 1))
+        state_bytes = _nbytes(exp_avg) + _nbytes(exp_avg_sq)
+        gm = make_fx(step, decomposition_table=_decompositions())(*flat)
+    mode = "training" if train else "inference"
+    program = _GraphProgram(gm, "dry_run", mode)
+    specs = tuple(
+        jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
+        for n in gm.graph.find_nodes(op="placeholder")
+    )
+    return TracedStep(gm, program, specs, donate, mode,
+                      parameters=sum(math.prod(p.shape) for p in params.values()),
+                      parameter_bytes=_nbytes(params.values()), state_bytes=state_bytes,
+                      trace_seconds=time.perf_counter() - started)
 
 
 def dry_run(
@@ -164,84 +295,19 @@ def dry_run(
         >>> tokens = torch.empty(8, 2048, dtype=torch.long, device="meta")
         >>> print(dry_run(model, (tokens,), "v6e").render())
     """
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
-    from tpu_debug.runtime.dtypes import to_jax_dtype
-
-    if train and loss_fn is None:
-        raise TargetError("dry_run(train=True) needs loss_fn(outputs, *targets) -> scalar loss, e.g. "
-                          "lambda logits, labels: F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())")
     tgt = parse_target(target)
     started = time.perf_counter()
-    params = {name: _meta(p) for name, p in model.named_parameters()}
-    buffers = {name: _meta(b) for name, b in model.named_buffers()}
-    inputs = tuple(_meta(t) for t in inputs)
-    targets = tuple(_meta(t) for t in targets)
-    names, bnames = list(params), list(buffers)
-    n_p, n_b, n_in = len(names), len(bnames), len(inputs)
-    opt = optimizer or AdamW()
-
-    def call(p_list, b_list, xs):
-        state = {**dict(zip(names, p_list)), **dict(zip(bnames, b_list))}
-        return torch.func.functional_call(model, state, xs)
-
-    if not train:
-        flat = [*params.values(), *buffers.values(), *inputs]
-
-        def step(*flat):
-            out = call(flat[:n_p], flat[n_p:n_p + n_b], tuple(flat[n_p + n_b:]))
-            return tuple(torch.utils._pytree.tree_leaves(out))
-
-        donate: tuple[int, ...] = ()
-        state_bytes = 0
-        with torch.no_grad():
-            gm = make_fx(step, decomposition_table=_decompositions())(*flat)
-    else:
-        exp_avg = [torch.empty_like(p) for p in params.values()]
-        exp_avg_sq = [torch.empty_like(p) for p in params.values()]
-        count = torch.empty((), dtype=torch.float32, device="meta")
-        flat = [*(p.requires_grad_() for p in params.values()), *buffers.values(), *exp_avg, *exp_avg_sq, count,
-                *inputs, *targets]
-
-        def step(*flat):
-            p_list = list(flat[:n_p])
-            b_list = list(flat[n_p:n_p + n_b])
-            m = list(flat[n_p + n_b:2 * n_p + n_b])
-            v = list(flat[2 * n_p + n_b:3 * n_p + n_b])
-            k = flat[3 * n_p + n_b]
-            xs = tuple(flat[3 * n_p + n_b + 1:3 * n_p + n_b + 1 + n_in])
-            ys = tuple(flat[3 * n_p + n_b + 1 + n_in:])
-            loss = loss_fn(call(p_list, b_list, xs), *ys)
-            grads = torch.autograd.grad(loss, p_list)
-            new_p, new_m, new_v, k = opt.step([p.detach() for p in p_list], list(grads), m, v, k)
-            return (loss.detach(), *new_p, *new_m, *new_v, k)
-
-        # the updated parameters and state overwrite the old (buffer donation)
-        donate = (*range(n_p), *range(n_p + n_b, 3 * n_p + n_b + 1))
-        state_bytes = _nbytes(exp_avg) + _nbytes(exp_avg_sq)
-        gm = make_fx(step, decomposition_table=_decompositions())(*flat)
-    trace_seconds = time.perf_counter() - started
-    program = _GraphProgram(gm, "dry_run", "training" if train else "inference")
-    specs = [
-        jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
-        for n in gm.graph.find_nodes(op="placeholder")
-    ]
-
-    def fn(*arrays):
-        return program(*arrays)
-
-    fn.__name__ = f"dry_run_{'training' if train else 'inference'}"
-    result = compile_for_target(fn, specs, tgt, donate_argnums=donate, x64=True, cache=cache)
+    traced = trace_step(model, inputs, train=train, loss_fn=loss_fn, targets=targets, optimizer=optimizer)
+    result = compile_for_target(traced.function(), traced.specs, tgt, donate_argnums=traced.donate,
+                                x64=True, cache=cache)
     return DryRun(
         target=tgt,
-        mode="training" if train else "inference",
+        mode=traced.mode,
         compile=result,
-        parameters=sum(math.prod(p.shape) for p in params.values()),
-        parameter_bytes=_nbytes(params.values()),
-        state_bytes=state_bytes,
-        graph_nodes=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
-        trace_seconds=trace_seconds,
+        parameters=traced.parameters,
+        parameter_bytes=traced.parameter_bytes,
+        state_bytes=traced.state_bytes,
+        graph_nodes=sum(1 for n in traced.graph.graph.nodes if n.op == "call_function"),
+        trace_seconds=traced.trace_seconds,
         seconds=time.perf_counter() - started,
     )

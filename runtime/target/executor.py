@@ -17,7 +17,12 @@ from tpu_debug.runtime.target import _libtpu
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target, compile_lowered_for_target
 from tpu_debug.runtime.target.hardware import Target, parse_target
 
-__all__ = ["TargetCompiler", "default_compiler", "compile_for_target_async", "compile_lowered_for_target_async"]
+__all__ = [
+    "TargetCompiler",
+    "default_compiler",
+    "compile_for_target_async",
+    "compile_lowered_for_target_async",
+]
 
 
 class TargetCompiler:
@@ -73,11 +78,13 @@ def default_compiler() -> TargetCompiler:
         return _default
 
 
-def compile_for_target_async(fn, abstract_args=(), target: str | Target = "v5e", **options) -> Future[TargetCompile]:
+def compile_for_target_async(fn, abstract_args=(), target: str | Target = "v5e",
+                             **options) -> Future[TargetCompile]:
     """``compile_for_target`` on the shared worker thread; returns a future."""
     return default_compiler().submit(fn, abstract_args, target, **options)
 
 
-def compile_lowered_for_target_async(lowered, target: str | Target = "v5e", **options) -> Future[TargetCompile]:
+def compile_lowered_for_target_async(lowered, target: str | Target = "v5e",
+                                     **options) -> Future[TargetCompile]:
     """``compile_lowered_for_target`` on the shared worker thread; returns a future."""
     return default_compiler().submit_lowered(lowered, target, **options)

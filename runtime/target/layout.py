@@ -27,9 +27,11 @@ __all__ = ["TiledLayout", "Buffer", "PaddingReport", "parse_layout", "padded_byt
 
 # bits per element of XLA's primitive types (pred takes a byte on TPU: int8 tiles)
 ELEMENT_BITS = {
-    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32, "u32": 32,
+    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32,
+    "u32": 32,
     "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
-    "f8e4m3fn": 8, "f8e5m2": 8, "f8e4m3": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8, "f8e5m2fnuz": 8, "f8e3m4": 8,
+    "f8e4m3fn": 8, "f8e5m2": 8, "f8e4m3": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8, "f8e5m2fnuz": 8,
+    "f8e3m4": 8,
     "f8e8m0fnu": 8, "f4e2m1fn": 4,
 }
 
@@ -53,7 +55,9 @@ class TiledLayout:
 
     def __str__(self) -> str:
         text = ",".join(map(str, self.minor_to_major))
-        extras = "".join("(" + ",".join("*" if t is None else str(t) for t in tile) + ")" for tile in self.tiles)
+        extras = "".join(
+            "(" + ",".join("*" if t is None else str(t) for t in tile) + ")" for tile in self.tiles
+        )
         if extras:
             extras = "T" + extras
         if self.element_bits is not None:
@@ -264,6 +268,7 @@ def padding_report(hlo_text: str, *, include_aliasing: bool = False) -> PaddingR
                 continue
             shape = _dims(dims)
             logical = math.ceil(math.prod(shape) * ELEMENT_BITS[dtype] / 8)
-            buffers.append(Buffer(name, opcode, dtype, shape, layout, logical, padded_bytes(dtype, shape, layout),
+            padded = padded_bytes(dtype, shape, layout)
+            buffers.append(Buffer(name, opcode, dtype, shape, layout, logical, padded,
                                   index if tuple_shaped else None))
     return PaddingReport(tuple(buffers))

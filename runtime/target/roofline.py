@@ -127,7 +127,9 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
     elif precision == "int8":
         peak = tgt.peak_int8_ops_per_device
         if peak is None:
-            raise TargetError(f"{tgt.generation.name} publishes no int8 peak ({tgt.generation.source}); use 'bf16'")
+            raise TargetError(
+                f"{tgt.generation.name} publishes no int8 peak ({tgt.generation.source}); use 'bf16'"
+            )
     else:
         raise TargetError(f"precision {precision!r} is not one of 'bf16', 'int8'")
     return Roofline(tgt, cost.flops, cost.bytes_accessed, peak, tgt.hbm_bandwidth_per_device, precision,
