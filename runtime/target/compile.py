@@ -337,7 +337,12 @@ def compile_for_target(
 
 
 def _compile_jit(lowered, options: dict[str, Any]):
-    compiled = lowered.compile(compiler_options=options)
+    # JAX's persistent cache cannot read a deviceless TPU executable back (see cache.py):
+    # if the user has it on, this compile writes nothing there (a thread-local setting)
+    from jax._src import config as jax_config
+
+    with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+        compiled = lowered.compile(compiler_options=options)
     return compiled.memory_analysis(), compiled.cost_analysis(), compiled.as_text
 
 
