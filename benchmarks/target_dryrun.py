@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=LLAMA_7B.layers)
+    parser.add_argument("--optimization-level", default="O0", help="XLA effort level, O0..O3, or 'default'")
     parser.add_argument("--no-cache", action="store_true", help="compile even if the result is cached")
     args = parser.parse_args(argv)
 
@@ -51,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     def loss(logits, labels):
         return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
 
+    level = None if args.optimization_level == "default" else args.optimization_level
     result = dry_run(model, (tokens,), args.target, train=train, loss_fn=loss if train else None,
-                     targets=(tokens,) if train else (), cache=not args.no_cache)
+                     targets=(tokens,) if train else (), cache=not args.no_cache,
+                     optimization_level=level)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"Llama {cfg.layers} layers, batch {args.batch} x {args.seq} tokens")
+    print(f"Llama {cfg.layers} layers, batch {args.batch} x {args.seq} tokens, XLA {args.optimization_level}")
     print(result.render())
     cached = " (cached result)" if result.compile.cached else ""
     print(f"traced in {result.trace_seconds:.1f} s ({result.graph_nodes} aten ops); TPU compile "

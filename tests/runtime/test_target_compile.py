@@ -21,6 +21,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime.target import (
     LibtpuMissingError,
     TargetCompiler,
+    TargetError,
     TargetSpecError,
     compile_for_target,
     compile_for_target_async,
@@ -332,3 +333,17 @@ def test_async_errors_arrive_through_the_future():
         compile_for_target_async(broken, (sds((4,)),), "v9")
     future = compile_for_target_async(broken, (sds((4,)),), parse_target("v5e"))
     assert isinstance(future.exception(timeout=600), ValueError)
+
+
+@requires_libtpu
+def test_the_effort_level_is_the_callers_choice(cache_dir):
+    args = (sds((1024, 512)), sds((512, 256)))
+    fast = compile_for_target(lambda a, b: jnp.tanh(a @ b), args, "v5e", optimization_level="O0")
+    full = compile_for_target(lambda a, b: jnp.tanh(a @ b), args, "v5e")
+    assert fast.ok and full.ok and not full.cached  # another level is another cache entry
+    # the same inputs and outputs in the same layouts; only the code differs
+    assert (fast.memory.argument_bytes, fast.memory.output_bytes) == (full.memory.argument_bytes,
+                                                                      full.memory.output_bytes)
+    assert fast.cost.flops == full.cost.flops == 2 * 1024 * 512 * 256
+    with pytest.raises(TargetError, match=r"optimization_level='fast' is not one of O0, O1, O2, O3"):
+        compile_for_target(lambda a: a, (sds((4,)),), "v5e", optimization_level="fast")
