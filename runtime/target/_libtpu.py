@@ -70,10 +70,16 @@ _topology_lock = threading.Lock()
 
 
 @functools.cache
-def _topology_devices(name: str) -> tuple:
+def _topology_devices(name: str, chips_per_host: tuple[int, int, int]) -> tuple:
     from jax.experimental import topologies
 
-    return tuple(topologies.get_topology_desc(topology_name=name, platform="tpu").devices)
+    # the host bounds given, not taken from the environment: JAX's own backend probe
+    # may have loaded libtpu before _prepare_environment ran (the first jax call of any
+    # program on a machine with libtpu), and libtpu then assumes 2x2x1 hosts, which a
+    # one-chip topology is not divisible by ("Topology layout "v6e:1x1" is not divisible
+    # by the given (or default) chips_per_host_bounds")
+    return tuple(topologies.get_topology_desc(topology_name=name, platform="tpu",
+                                              chips_per_host_bounds=list(chips_per_host)).devices)
 
 
 def topology(target: Target) -> tuple:
@@ -85,4 +91,4 @@ def topology(target: Target) -> tuple:
     require_libtpu()
     _prepare_environment(target)
     with _topology_lock:  # the first call initializes the PJRT plugin
-        return _topology_devices(target.topology)
+        return _topology_devices(target.topology, target.chips_per_host_bounds)

@@ -40,6 +40,7 @@ class Generation:
         slice_unit: what an accelerator-type suffix counts, ``"chips"`` or ``"cores"``.
         slices: accelerator-type suffix -> chip topology (``8 -> "2x4"``).
         source: the Cloud TPU page the figures and slices come from.
+        chips_per_host: the chips one host (TPU VM) attaches, as x, y, z bounds.
     """
 
     name: str
@@ -51,6 +52,7 @@ class Generation:
     slice_unit: str
     slices: dict[int, str]
     source: str
+    chips_per_host: tuple[int, int, int] = (2, 2, 1)
     aliases: tuple[str, ...] = ()
 
     @property
@@ -76,6 +78,7 @@ GENERATIONS: dict[str, Generation] = {
             slices={8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8",
                     512: "4x8x8", 1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16"},
             source="https://cloud.google.com/tpu/docs/v4",
+            chips_per_host=(2, 2, 1),  # a v4-8 (2x2x1) is one host
         ),
         Generation(
             "v5e",
@@ -91,6 +94,7 @@ GENERATIONS: dict[str, Generation] = {
             # same page, "Configurations": v5litepod-1 (1x1) ... v5litepod-256 (16x16)
             slices={1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
             source="https://cloud.google.com/tpu/docs/v5e",
+            chips_per_host=(2, 4, 1),  # same page: "Chips per host 8"
             aliases=("v5litepod",),
         ),
         Generation(
@@ -108,6 +112,7 @@ GENERATIONS: dict[str, Generation] = {
             slices={8: "2x2x1", 16: "2x2x2", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
                     1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16"},
             source="https://cloud.google.com/tpu/docs/v5p",
+            chips_per_host=(2, 2, 1),  # same page: 2x2x1 is one host
         ),
         Generation(
             "v6e",
@@ -124,6 +129,7 @@ GENERATIONS: dict[str, Generation] = {
             # same page, "Supported configurations": v6e-1 (1x1) ... v6e-256 (16x16)
             slices={1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
             source="https://cloud.google.com/tpu/docs/v6e",
+            chips_per_host=(2, 4, 1),  # same page: "Chips per host 8"
         ),
     )
 }
@@ -170,6 +176,17 @@ class Target:
     @property
     def hbm_bandwidth_per_device(self) -> float:
         return self.generation.hbm_bandwidth / self.generation.devices_per_chip
+
+    @property
+    def chips_per_host_bounds(self) -> tuple[int, int, int]:
+        """The chips of one host in this slice: the generation's host, or the whole slice
+        when it is smaller than one (a v5e-1 is one chip of a host)."""
+        dims = tuple(int(d) for d in self.topology.split(":")[1].split("x"))
+        dims = (*dims, *(1,) * (3 - len(dims)))
+        host = self.generation.chips_per_host
+        if all(d % h == 0 for d, h in zip(dims, host)):
+            return host
+        return dims
 
     def __str__(self) -> str:
         return self.name

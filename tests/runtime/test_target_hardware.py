@@ -45,6 +45,13 @@ def test_parse_target(spec, name, topology, chips, devices):
     assert parse_target(target) is target
 
 
+@pytest.mark.parametrize("spec, bounds", [("v5e", (1, 1, 1)), ("v5e-4", (2, 2, 1)), ("v5e-8", (2, 4, 1)),
+                                          ("v6e-256", (2, 4, 1)), ("v5e:1x2", (1, 2, 1)), ("v5p-8", (2, 2, 1)),
+                                          ("v5p-128", (2, 2, 1)), ("v4", (1, 1, 1))])
+def test_hosts_of_a_slice(spec, bounds):
+    assert parse_target(spec).chips_per_host_bounds == bounds
+
+
 def test_per_device_figures_split_a_v4_chip_between_its_cores():
     v4, v5e = parse_target("v4"), parse_target("v5e")
     assert v4.hbm_bytes_per_device == 16 * 1024**3
@@ -130,3 +137,33 @@ def test_bf16_peak_agrees_with_the_compilers_cost_model(generation):
     model = roofline(result)
     compiler_peak = result.cost.flops / result.cost.optimal_seconds
     assert 0.8 <= compiler_peak / model.peak_flops <= 1.0 + 1e-6, compiler_peak
+
+
+@requires_libtpu
+def test_targets_work_when_jax_loaded_libtpu_first():
+    # any jax call on a machine with libtpu probes for a TPU backend and loads libtpu with
+    # the environment of that moment; with the lock free (ALLOW_MULTIPLE_LIBTPU_LOAD makes
+    # it so here) it loads before the target code can set anything, and assumes 2x2x1
+    # hosts: every slice must still be described, a one-chip one included
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import jax\n"
+        "jax.devices()\n"
+        "from tpu_debug.runtime.target import GENERATIONS, compile_for_target, parse_target\n"
+        "from tpu_debug.runtime.target._libtpu import topology\n"
+        "for g in GENERATIONS.values():\n"
+        "    for spec in [g.name, *(f'{g.name}-{n}' for n in g.slices)]:\n"
+        "        t = parse_target(spec)\n"
+        "        assert len(topology(t)) == t.devices, spec\n"
+        "print(compile_for_target(lambda a: a + 1, (jax.ShapeDtypeStruct((8,), 'float32'),), 'v6e').ok)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    env.update(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_DEBUG_TARGET_CACHE="off")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
