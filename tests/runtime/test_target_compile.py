@@ -76,7 +76,9 @@ def test_a_program_too_big_for_hbm_is_an_answer_not_a_crash():
     result = compile_for_target(lambda a: a @ a, (x,), "v5e")
     assert not result.ok and result.fits is False
     e = result.error
-    assert (e.kind, e.status, e.code) == ("hbm_oom", "RESOURCE_EXHAUSTED", "E1000: CompileTimeHbmOom")
+    assert (e.kind, e.status) == ("hbm_oom", "RESOURCE_EXHAUSTED")
+    # libtpu prefixes its error id or not depending on how it was initialized in the process
+    assert e.code in (None, "E1000: CompileTimeHbmOom")
     assert e.what == "HLO temporaries"
     assert e.required_bytes > 2 * 70_000**2 * 4 * 0.99  # the compiler prints two decimals of GiB
     assert 15 * GiB < e.available_bytes <= 16 * GiB
