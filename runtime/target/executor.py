@@ -5,7 +5,8 @@ compiler, about a second more); the program that asked for it goes on. XLA's
 compile releases the GIL; lowering a function (``submit``) runs Python on the
 worker and shares the GIL with the caller, compiling an existing lowering
 (``submit_lowered``) does not trace at all. One worker keeps compiles in
-submission order and bounds the CPU they take.
+submission order and bounds the CPU they take. When the program exits, the
+compile running finishes and the ones still queued are dropped.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class TargetCompiler:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpu_debug-target")
+        # at interpreter exit, compiles nobody started are dropped (the one running
+        # finishes: XLA cannot be interrupted). Registered with threading's exit hooks,
+        # which run newest first, so before concurrent.futures joins its workers.
+        threading._register_atexit(self._drop_pending)
+
+    def _drop_pending(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, fn, abstract_args=(), target: str | Target = "v5e", **options) -> Future[TargetCompile]:
         """``compile_for_target(fn, abstract_args, target, **options)`` on the worker.
