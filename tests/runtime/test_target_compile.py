@@ -349,3 +349,31 @@ def test_the_effort_level_is_the_callers_choice(cache_dir):
     assert fast.cost.flops == full.cost.flops == 2 * 1024 * 512 * 256
     with pytest.raises(TargetError, match=r"optimization_level='fast' is not one of O0, O1, O2, O3"):
         compile_for_target(lambda a: a, (sds((4,)),), "v5e", optimization_level="fast")
+
+
+@requires_libtpu
+def test_compiles_still_queued_at_exit_are_dropped(tmp_path):
+    # the first compile holds the worker until the exit hook has shut the pool down, so
+    # the other eleven are still queued when the program ends: they must not run
+    log = tmp_path / "traced.txt"
+    code = (
+        "import sys, time, jax, jax.numpy as jnp\n"
+        "from tpu_debug.runtime.target import TargetCompiler\n"
+        "compiler = TargetCompiler()\n"
+        "def make(i):\n"
+        "    def fn(a):\n"
+        "        with open(sys.argv[1], 'a') as f:\n"
+        "            f.write(f'{i}\\n')\n"
+        "        for _ in range(600):\n"
+        "            if i or compiler._pool._shutdown:\n"
+        "                break\n"
+        "            time.sleep(0.1)\n"
+        "        return a * i\n"
+        "    return fn\n"
+        "futures = [compiler.submit(make(i), (jax.ShapeDtypeStruct((8,), jnp.float32),), 'v5e', cache=False)\n"
+        "           for i in range(12)]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert log.read_text().split() == ["0"]
