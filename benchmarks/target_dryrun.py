@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tpu_debug.runtime.target import dry_run
 
 import tpu_debug  # noqa: F401 - the runtime (its lowerings) is what the dry run compiles through
+from tpu_debug.runtime.target import dry_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402

@@ -25,11 +25,13 @@ import time
 from collections.abc import Callable
 
 import jax
+
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
 
 __all__ = ["DryRun", "dry_run", "TracedStep", "trace_step", "AdamW"]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AdamW:

@@ -90,14 +90,14 @@ def test_a_program_too_big_for_hbm_is_an_answer_not_a_crash():
 
 def test_parse_compile_error_reads_both_oom_forms():
     e = parse_compile_error(
-        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for "
-        "HLO temporaries (36.52G) exceeds available HBM (15.75G). HLO module: jit__lambda.\nSee https://..."
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required "
+        "for HLO temporaries (36.52G) exceeds available HBM (15.75G). HLO module: jit__lambda.\nSee https://..."
     )
     assert (e.kind, e.code, e.what) == ("hbm_oom", "E1000: CompileTimeHbmOom", "HLO temporaries")
     assert (e.required_bytes, e.available_bytes) == (int(36.52 * GiB), int(15.75 * GiB))
     assert "\n" not in e.message
-    e = parse_compile_error("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
-                            "space hbm. Used 20.50G of 15.48G hbm. Exceeded hbm capacity by 5.02G.")
+    e = parse_compile_error("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+                            "memory space hbm. Used 20.50G of 15.48G hbm. Exceeded hbm capacity by 5.02G.")
     assert (e.kind, e.required_bytes, e.available_bytes) == ("hbm_oom", int(20.5 * GiB), int(15.48 * GiB))
     e = parse_compile_error("INVALID_ARGUMENT: Custom emitter for lapack_spotrf_ffi not found")
     assert (e.kind, e.status, e.required_bytes) == ("compile_error", "INVALID_ARGUMENT", None)
@@ -195,7 +195,8 @@ def test_static_args_and_torch_tensors_as_abstract_inputs():
     def fn(x, n):
         return jnp.tile(x, n)
 
-    result = compile_for_target(fn, (torch.empty(4, 128, dtype=torch.bfloat16), 3), "v5e", static_argnums=(1,))
+    x = torch.empty(4, 128, dtype=torch.bfloat16)
+    result = compile_for_target(fn, (x, 3), "v5e", static_argnums=(1,))
     assert result.ok and result.memory.output_bytes == 12 * 128 * 2
 
 
@@ -260,8 +261,8 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_without_libtpu_the_target_api_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
-    expected = ('compiling for a TPU target needs libtpu, which is not installed: pip install "tpu-debug[tpu]" '
-                '(from a clone: pip install -e ".[tpu]")')
+    expected = ('compiling for a TPU target needs libtpu, which is not installed: '
+                'pip install "tpu-debug[tpu]" (from a clone: pip install -e ".[tpu]")')
     with pytest.raises(LibtpuMissingError) as info:
         compile_for_target(lambda a: a, (sds((4,)),), "v5e")
     assert str(info.value) == expected
@@ -370,8 +371,8 @@ def test_compiles_still_queued_at_exit_are_dropped(tmp_path):
         "            time.sleep(0.1)\n"
         "        return a * i\n"
         "    return fn\n"
-        "futures = [compiler.submit(make(i), (jax.ShapeDtypeStruct((8,), jnp.float32),), 'v5e', cache=False)\n"
-        "           for i in range(12)]\n"
+        "x = jax.ShapeDtypeStruct((8,), jnp.float32)\n"
+        "futures = [compiler.submit(make(i), (x,), 'v5e', cache=False) for i in range(12)]\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=600,
                          cwd=Path(__file__).resolve().parents[2])
