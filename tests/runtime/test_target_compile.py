@@ -378,3 +378,20 @@ def test_compiles_still_queued_at_exit_are_dropped(tmp_path):
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr[-3000:]
     assert log.read_text().split() == ["0"]
+
+
+@requires_libtpu
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_worker_yields_the_cpu_to_the_program():
+    seen = []
+
+    def fn(a):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return a + 1
+
+    compiler = TargetCompiler()
+    try:
+        assert compiler.submit(fn, (sds((8,)),), "v5e", cache=False).result(timeout=600).ok
+    finally:
+        compiler.shutdown()
+    assert seen and seen[0] >= min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)
