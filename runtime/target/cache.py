@@ -1,0 +1,101 @@
+"""The on-disk cache of target compile results.
+
+JAX's persistent compilation cache cannot serve deviceless TPU compiles (jax
+0.10.2, libtpu 0.0.52): it writes the executable, but reading it back needs a
+TPU client ("PjRtCompiler must be constructed with a Client to call"), so every
+warm compile warns and compiles again. What a target compile produces is data
+(HLO text, memory, cost, or the compiler's error), so that is what is kept: one
+zlib-compressed JSON file per (program text, topology, jax, jaxlib, libtpu)
+key. JSON, not pickle: a cache file is read, never executed.
+
+Where: ``$TPU_DEBUG_TARGET_CACHE`` if set (``0``/``off``/``false``/``no``/empty
+turns the cache off), else ``$XDG_CACHE_HOME/tpu_debug/target``, else
+``~/.cache/tpu_debug/target``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import zlib
+from pathlib import Path
+
+__all__ = ["cache_dir", "load", "store", "ENV"]
+
+ENV = "TPU_DEBUG_TARGET_CACHE"
+_OFF = {"0", "off", "false", "no", ""}
+_VERSION = 1
+
+
+def cache_dir() -> Path | None:
+    """The cache directory, or None when the cache is off."""
+    raw = os.environ.get(ENV)
+    if raw is not None:
+        return None if raw.strip().lower() in _OFF else Path(raw).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tpu_debug" / "target"
+
+
+def _path(key: str) -> Path | None:
+    root = cache_dir()
+    return None if root is None else root / f"{key}.json.z"
+
+
+def load(key: str, target):
+    """The cached result for ``key``, or None (a missing, unreadable or foreign file is a miss)."""
+    from tpu_debug.runtime.target.compile import CompileError, CostStats, MemoryStats, TargetCompile
+
+    path = _path(key)
+    if path is None:
+        return None
+    try:
+        data = json.loads(zlib.decompress(path.read_bytes()))
+    except (OSError, ValueError, zlib.error):
+        return None
+    if not isinstance(data, dict) or data.get("version") != _VERSION or data.get("key") != key:
+        return None
+    try:
+        return TargetCompile(
+            target=target,
+            program=data["program"],
+            seconds=float(data["seconds"]),
+            hlo=data["hlo"],
+            memory=MemoryStats(**data["memory"]) if data["memory"] else None,
+            cost=CostStats(**data["cost"]) if data["cost"] else None,
+            error=CompileError(**data["error"]) if data["error"] else None,
+            cached=True,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def store(key: str, result) -> None:
+    """Keep ``result`` under ``key``; a cache that cannot be written is skipped (the result stands)."""
+    path = _path(key)
+    if path is None:
+        return
+    data = {
+        "version": _VERSION,
+        "key": key,
+        "target": result.target.topology,
+        "program": result.program,
+        "seconds": result.seconds,
+        "hlo": result.hlo,
+        "memory": dataclasses.asdict(result.memory) if result.memory else None,
+        "cost": dataclasses.asdict(result.cost) if result.cost else None,
+        "error": dataclasses.asdict(result.error) if result.error else None,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json.z")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(zlib.compress(json.dumps(data).encode(), 6))
+            os.replace(tmp, path)  # readers see the whole file or none
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return

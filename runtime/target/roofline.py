@@ -1,0 +1,136 @@
+"""A roofline model of a target compile: compute- or memory-bound, and a time estimate.
+
+From the TPU compiler's cost analysis (flops and bytes accessed, per device)
+and the target's published peaks (``hardware.GENERATIONS``):
+arithmetic intensity = flops / bytes; the program is compute-bound when its
+intensity is above the ridge point (peak FLOP/s / HBM bytes/s), and takes at
+least max(flops / peak, bytes / bandwidth). A model estimate, not a
+measurement: it assumes perfect overlap, peak matrix-unit rate for every flop
+and full HBM bandwidth. The compiler's own estimate (``optimal_seconds``, its
+TPU cost model) is carried beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpu_debug.runtime.target.compile import CostStats, TargetCompile
+from tpu_debug.runtime.target.errors import TargetError
+from tpu_debug.runtime.target.hardware import Target, parse_target
+
+__all__ = ["Roofline", "roofline", "MODEL_NOTE"]
+
+MODEL_NOTE = ("model estimate: max(flops / peak, bytes / HBM bandwidth), published peaks, "
+              "TPU compiler's cost analysis; not a measurement")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Roofline:
+    """One program on one target device, in the roofline model.
+
+    Attributes:
+        target: the slice (figures are per device).
+        flops: floating-point operations per device (the compiler's count).
+        bytes_accessed: bytes read and written per device (the compiler's count).
+        peak_flops: the device's peak rate for ``precision``.
+        bandwidth: the device's HBM bytes/s.
+        precision: ``"bf16"`` or ``"int8"``: which peak applies.
+        xla_seconds: the compiler's own time estimate, when it gives one.
+    """
+
+    target: Target
+    flops: float
+    bytes_accessed: float
+    peak_flops: float
+    bandwidth: float
+    precision: str = "bf16"
+    xla_seconds: float | None = None
+    note: str = MODEL_NOTE
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, flops per byte accessed."""
+        return self.flops / self.bytes_accessed if self.bytes_accessed else float("inf")
+
+    @property
+    def ridge(self) -> float:
+        """The intensity above which the device's compute, not its HBM, is the limit."""
+        return self.peak_flops / self.bandwidth
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.flops / self.peak_flops
+
+    @property
+    def memory_seconds(self) -> float:
+        return self.bytes_accessed / self.bandwidth
+
+    @property
+    def seconds(self) -> float:
+        """The model's lower bound on the run time: max(compute, memory)."""
+        return max(self.compute_seconds, self.memory_seconds)
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``."""
+        return "compute" if self.compute_seconds >= self.memory_seconds else "memory"
+
+    def render(self) -> str:
+        xla = f"; the compiler's own estimate {_seconds(self.xla_seconds)}" if self.xla_seconds else ""
+        return (
+            f"{self.target.name}: {self.flops:.3g} FLOP, {self.bytes_accessed:.3g} B accessed, "
+            f"{self.intensity:.1f} FLOP/B (ridge {self.ridge:.0f}): {self.bound}-bound, "
+            f"~{_seconds(self.seconds)} ({self.note}{xla})"
+        )
+
+
+def _seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def roofline(result: TargetCompile | CostStats, target: str | Target | None = None, *,
+             precision: str = "bf16") -> Roofline:
+    """Place a compiled program on its target's roofline.
+
+    Args:
+        result: a successful ``TargetCompile`` (its target is used), or a
+            ``CostStats`` with ``target`` given.
+        target: the target, when ``result`` is a ``CostStats``.
+        precision: ``"bf16"`` (the matrix units' bfloat16 peak; float32 matmuls
+            at XLA's default precision run there too) or ``"int8"``.
+
+    Returns:
+        A ``Roofline`` (figures per device).
+
+    Raises:
+        TargetError: the compile failed, no target is given, the precision is
+            unknown, or the generation publishes no int8 peak.
+
+    Example:
+        >>> roofline(compile_for_target(f, args, "v6e")).bound
+        'compute'
+    """
+    if isinstance(result, TargetCompile):
+        if result.cost is None:
+            raise TargetError(f"{result.program} did not compile for {result.target.name}: no cost to model")
+        cost, tgt = result.cost, result.target
+    else:
+        if target is None:
+            raise TargetError("roofline(CostStats) needs the target it was compiled for")
+        cost, tgt = result, parse_target(target)
+    if precision == "bf16":
+        peak = tgt.peak_bf16_flops_per_device
+    elif precision == "int8":
+        peak = tgt.peak_int8_ops_per_device
+        if peak is None:
+            raise TargetError(
+                f"{tgt.generation.name} publishes no int8 peak ({tgt.generation.source}); use 'bf16'"
+            )
+    else:
+        raise TargetError(f"precision {precision!r} is not one of 'bf16', 'int8'")
+    return Roofline(tgt, cost.flops, cost.bytes_accessed, peak, tgt.hbm_bandwidth_per_device, precision,
+                    cost.optimal_seconds)

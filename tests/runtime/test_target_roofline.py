@@ -1,0 +1,73 @@
+"""The roofline model of target compiles."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tpu_debug.runtime.target import CostStats, TargetError, compile_for_target, parse_target, roofline
+from tpu_debug.runtime.target._libtpu import _find_libtpu
+
+requires_libtpu = pytest.mark.skipif(
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
+)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+
+
+def test_the_model_from_cost_figures():
+    # 1 TFLOP over 1 GB on a v5e (197 TFLOP/s, 819 GB/s): intensity 1000 FLOP/B, over the
+    # ridge of 240.5: compute-bound, 1e12 / 197e12 s
+    model = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), "v5e")
+    assert model.intensity == 1000
+    assert model.ridge == pytest.approx(197e12 / 819e9)
+    assert model.bound == "compute" and model.seconds == 1e12 / 197e12
+    memory = roofline(CostStats(flops=1e9, transcendentals=0, bytes_accessed=1e10), "v5e")
+    assert memory.bound == "memory" and memory.seconds == 1e10 / 819e9
+    # a v4 device is one of a chip's two TensorCores: half the chip's peak and bandwidth
+    v4 = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), "v4")
+    assert v4.peak_flops == 137.5e12 and v4.bandwidth == 600e9
+    int8 = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), "v6e", precision="int8")
+    assert int8.peak_flops == 1836e12
+    assert "model estimate" in model.render() and "compute-bound" in model.render()
+
+
+def test_the_model_refuses_what_it_cannot_compute():
+    cost = CostStats(flops=1.0, transcendentals=0, bytes_accessed=1.0)
+    with pytest.raises(TargetError, match=r"v5p publishes no int8 peak \(https://cloud.google.com/tpu/docs/v5p\)"):
+        roofline(cost, "v5p", precision="int8")
+    with pytest.raises(TargetError, match="precision 'fp4' is not one of 'bf16', 'int8'"):
+        roofline(cost, "v5e", precision="fp4")
+    with pytest.raises(TargetError, match="needs the target"):
+        roofline(cost)
+    assert roofline(CostStats(0.0, 0.0, 0.0), "v5e").intensity == float("inf")
+
+
+@requires_libtpu
+def test_a_big_matmul_is_compute_bound_and_an_add_memory_bound():
+    n = 8192
+    a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
+    mm = roofline(compile_for_target(lambda x, y: x @ y, (a, a), "v5e"))
+    assert mm.flops == 2 * n**3
+    assert mm.bound == "compute" and mm.seconds == pytest.approx(2 * n**3 / 197e12)
+    # the compiler's own model prices this matmul at the same v5e peak (checked against
+    # libtpu 0.0.52): 5.58 ms both ways, to within its rounding
+    assert mm.xla_seconds == pytest.approx(mm.seconds, rel=0.01)
+
+    v = jax.ShapeDtypeStruct((64 * 1024 * 1024,), jnp.float32)
+    add = roofline(compile_for_target(lambda x, y: x + y, (v, v), "v5e"))
+    assert add.bytes_accessed == 3 * 64 * 1024 * 1024 * 4  # two reads, one write
+    assert add.bound == "memory" and add.seconds == add.bytes_accessed / 819e9
+    assert add.intensity == pytest.approx(1 / 12)
+
+
+@requires_libtpu
+def test_a_failed_compile_has_no_roofline():
+    x = jax.ShapeDtypeStruct((70_000, 70_000), jnp.float32)
+    failed = compile_for_target(lambda a: a @ a, (x,), parse_target("v5e"))
+    with pytest.raises(TargetError, match="did not compile for v5e: no cost to model"):
+        roofline(failed)
