@@ -1,7 +1,7 @@
 """The on-disk cache of target compile results.
 
 JAX's persistent compilation cache cannot serve deviceless TPU compiles (jax
-0.10.2, libtpu 0.0.52): it writes the executable, but reading it back needs a
+0.10.2 with libtpu 0.0.42.1 or 0.0.52): it writes the executable, but reading it back needs a
 TPU client ("PjRtCompiler must be constructed with a Client to call"), so every
 warm compile warns and compiles again. What a target compile produces is data
 (HLO text, memory, cost, or the compiler's error), so that is what is kept: one

@@ -169,7 +169,7 @@ class TargetCompile:
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 _SIZE = r"([\d.]+)\s*([KMGTP]?)i?B?"
-# jax 0.10 / libtpu 0.0.52: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory
+# jax 0.10 / libtpu: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory
 # on HBM, the total memory required for HLO temporaries (36.52G) exceeds available HBM (15.75G)."
 _OOM = re.compile(
     r"total memory required for (?P<what>.+?) \(" + _SIZE + r"\) exceeds available HBM \(" + _SIZE + r"\)"
@@ -456,8 +456,9 @@ def _cache_key(kind: str, text: str, target: Target, level: str | None) -> str:
 def _dump_options(directory: str) -> dict[str, Any]:
     # the optimized HLO as libtpu itself prints it: jaxlib's reading of a libtpu
     # executable's HLO (``Compiled.as_text``) fails on big programs ("RET_CHECK failure
-    # ... async-update instruction should have 1 operands but sees 3": libtpu 0.0.52's
-    # async ops are newer than jaxlib 0.10.2's HLO reader); the dump is a few MB at most
+    # ... async-update instruction should have 1 operands but sees 3" with libtpu 0.0.52,
+    # whose async ops are newer than jaxlib 0.10.2's HLO reader); the dump reads the same
+    # with any libtpu and is a few MB at most
     return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": False}
 
 
