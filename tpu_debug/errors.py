@@ -17,6 +17,14 @@ __all__ = [
     "CommandError",
     "RecompileError",
     "TransferGuardError",
+    "DeviceTakenError",
+    "UnsupportedError",
+    "DeviceMismatchError",
+    "UnsupportedDtypeError",
+    "TpuArgumentError",
+    "OutputMismatchError",
+    "MissingPayloadError",
+    "LoweringBugError",
 ]
 
 
@@ -59,7 +67,7 @@ class CommandError(TpuDebugError):
         self.exit_code = exit_code
 
 
-# -- guards (issue 5) ------------------------------------------------------------------
+# -- guards ----------------------------------------------------------------------------
 # ``stops_program`` marks an error a guard raises on purpose from inside a probe:
 # ``runtime.probes.emit`` lets it through instead of recording it as a tracer failure.
 
@@ -75,3 +83,44 @@ class TransferGuardError(TpuDebugError, RuntimeError):
     """A host<->device transfer that a transfer guard set to ``"disallow"`` forbids."""
 
     stops_program = True
+
+
+# -- the runtime -------------------------------------------------------------------------
+# Several also derive from the builtin PyTorch raises for the same mistake, so code that
+# catches PyTorch's error (``except RuntimeError``) catches the runtime's too.
+
+
+class DeviceTakenError(TpuDebugError, RuntimeError):
+    """PrivateUse1 already belongs to another backend (a real TorchTPU, say)."""
+
+
+class UnsupportedError(TpuDebugError, NotImplementedError):
+    """The `tpu` runtime does not do this: an aten op with no lowering, a dtype-reinterpreting
+    view, ``generator=`` on an op that draws no random numbers."""
+
+
+class DeviceMismatchError(TpuDebugError, RuntimeError):
+    """An op got a CPU tensor where it needs a `tpu` one (PyTorch's own check is a RuntimeError)."""
+
+
+class UnsupportedDtypeError(TpuDebugError, TypeError):
+    """A dtype the `tpu` device has no XLA type for."""
+
+
+class TpuArgumentError(TpuDebugError, ValueError):
+    """A ``torch.tpu`` function got a value it does not accept: a precision, a device index,
+    an eager mode, an RNG state or generator."""
+
+
+class OutputMismatchError(TpuDebugError, RuntimeError):
+    """An in-place or ``out=`` result does not fit its destination (a dtype that cannot be
+    cast, a shape that cannot be resized): PyTorch raises a RuntimeError there too."""
+
+
+class MissingPayloadError(TpuDebugError, RuntimeError):
+    """A `tpu` tensor holding no data: made by a fake or meta path, not through tpu_debug."""
+
+
+class LoweringBugError(TpuDebugError, RuntimeError):
+    """A lowering broke its contract (an output of the wrong shape): a tpu_debug bug, to report
+    with the op and shapes the message names."""
