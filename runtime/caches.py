@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 __all__ = ["LruCache", "CacheCounts", "cache_counts"]
@@ -50,17 +50,23 @@ class LruCache(Generic[K, V]):
         name: what it holds, for :func:`cache_counts`.
         limit: the bound, read on each insertion (a config field).
         weigh: an entry's weight; every entry weighs 1 (``limit`` counts entries) by default.
+        uses: ``uses(key, value)``, a count the entry's user raises on every use (an
+            executable's call count). With it, a hot path reads entries through
+            ``lookup`` (the plain dict ``get``: no recency update, nothing beyond the
+            lookup it would do anyway) and recency is read off the counts when an
+            entry must go: the oldest entry used since the cache last looked gets a
+            second chance at the recent end (the CLOCK approximation of LRU).
         on_evict: called as ``on_evict(key, value)`` for each entry dropped to respect the
             bound, after the cache's lock is released (so it may use the cache).
 
-    ``get`` is the hot path: one ordered-dict lookup and a move to the recent end, no lock
-    (both are single C calls on an ``OrderedDict``, atomic under the GIL).
+    Reads take no lock: ``lookup``, and ``get``'s lookup and move to the recent end, are
+    single C calls on an ``OrderedDict``, atomic under the GIL.
 
     Example:
         >>> cache = LruCache("demo", lambda: 2)
         >>> for k in "abc":
         ...     cache.put(k, k.upper())
-        >>> list(cache.keys()), cache.evicted
+        >>> cache.keys(), cache.evicted
         (['b', 'c'], 1)
     """
 
@@ -70,17 +76,21 @@ class LruCache(Generic[K, V]):
         limit: Callable[[], int],
         *,
         weigh: Callable[[V], int] | None = None,
+        uses: Callable[[K, V], int] | None = None,
         on_evict: Callable[[K, V], None] | None = None,
     ) -> None:
         self.name = name
         self.evicted = 0
         self._limit = limit
         self._weigh = weigh
+        self._uses = uses
         self._on_evict = on_evict
         self._entries: collections.OrderedDict[K, V] = collections.OrderedDict()
         self._weights: dict[K, int] = {}
+        self._marks: dict[K, int] = {}  # with ``uses``: each entry's count when last looked at
         self._weight = 0
         self._lock = threading.Lock()
+        self.lookup: Callable[[K], V | None] = self._entries.get
         _registry.append(self)
 
     def get(self, key: K) -> V | None:
@@ -94,39 +104,30 @@ class LruCache(Generic[K, V]):
                 pass
         return value
 
-    def touch(self, key: K) -> None:
-        """Mark ``key`` most recently used (a caller that found its value another way)."""
-        try:
-            self._entries.move_to_end(key)
-        except KeyError:
-            pass
-
     def put(self, key: K, value: V) -> None:
         """Insert or replace ``key``, then drop least recently used entries over the bound.
 
-        An entry heavier than the whole bound is not kept (nothing else is dropped for it)."""
+        An entry heavier than the whole bound is not kept (nothing else is dropped for it).
+        With ``uses``, ``put`` is taken to come just before the use the entry was made for
+        (compile, cache, call): the entry counts as recent once used again after that."""
         weight = self._weigh(value) if self._weigh is not None else 1
         limit = int(self._limit())
         with self._lock:
-            entries = self._entries
-            if key in entries:
-                del entries[key]
-                self._weight -= self._weights.pop(key)
+            self._remove(key)
             if weight > limit:
                 return  # heavier than the whole bound: used once, not kept
-            entries[key] = value
+            dropped = self._shrink(limit - weight)
+            self._entries[key] = value
             self._weights[key] = weight
             self._weight += weight
-            dropped = self._shrink(limit)
+            if self._uses is not None:
+                self._marks[key] = self._uses(key, value) + 1
         self._notify(dropped)
 
     def pop(self, key: K) -> V | None:
         """Remove ``key`` (not counted as an eviction); its value or None."""
         with self._lock:
-            value = self._entries.pop(key, None)
-            if value is not None:
-                self._weight -= self._weights.pop(key)
-        return value
+            return self._remove(key)
 
     def clear(self) -> list[tuple[K, V]]:
         """Remove everything (not counted as evictions); returns what was held."""
@@ -134,6 +135,7 @@ class LruCache(Generic[K, V]):
             held = list(self._entries.items())
             self._entries.clear()
             self._weights.clear()
+            self._marks.clear()
             self._weight = 0
         return held
 
@@ -155,15 +157,28 @@ class LruCache(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
-    def __iter__(self) -> Iterator[K]:
-        return iter(self.keys())
+    def _remove(self, key: K) -> V | None:
+        value = self._entries.pop(key, None)
+        if value is not None:
+            self._weight -= self._weights.pop(key)
+            self._marks.pop(key, None)
+        return value
 
     def _shrink(self, limit: int) -> list[tuple[K, V]]:
-        """Drop the oldest entries until the weight is within ``limit`` (lock held)."""
+        """Drop the least recently used entries until the weight is within ``limit`` (lock
+        held). With ``uses``, each entry is passed over at most once per call: the loop
+        ends within twice the entries."""
         dropped: list[tuple[K, V]] = []
-        entries = self._entries
+        entries, uses, marks = self._entries, self._uses, self._marks
         while self._weight > limit:
             key, value = entries.popitem(last=False)
+            if uses is not None:
+                count = uses(key, value)
+                if count != marks[key]:  # used since last looked at: a second chance
+                    marks[key] = count
+                    entries[key] = value
+                    continue
+                del marks[key]
             self._weight -= self._weights.pop(key)
             dropped.append((key, value))
         self.evicted += len(dropped)

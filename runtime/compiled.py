@@ -295,10 +295,13 @@ def _forget_program(entry: _Entry, where: tuple[CompiledGraph, tuple]) -> None:
 
 # Every graph's programs share one bound: a run that compiles many graphs (one per
 # model, per dynamo recompile) or one graph at many shapes (dynamic shapes) keeps the
-# most recently used. Keyed by the entry itself (an identity hash), so marking a
-# program used costs no hashing of its input signature.
+# most recently used. Recency is read off each program's call count when one must go,
+# so a call does nothing for the cache (a graph finds its program in its own ``cache``).
 _programs: LruCache[_Entry, tuple[CompiledGraph, tuple]] = LruCache(
-    "compiled programs", lambda: config.compiled_cache_size, on_evict=_forget_program
+    "compiled programs",
+    lambda: config.compiled_cache_size,
+    uses=lambda entry, _where: entry.calls,
+    on_evict=_forget_program,
 )
 # divergence tracing's variants of programs (see CompiledGraph.debug_values)
 _debug_programs: LruCache[tuple, Any] = LruCache("compiled debug variants", lambda: config.compiled_cache_size)
@@ -375,7 +378,6 @@ class CompiledGraph:
         args.clear()  # boxed calling convention: free inputs early
         if self._static_entry is not None and config.numerics == "cpu":
             entry, sig = self._static_entry, self._static_sig
-            _programs.touch(entry)
         else:
             entry, sig = self._entry(arrays)
         if self.program.rng_nodes:
@@ -473,8 +475,6 @@ class CompiledGraph:
         if entry is None:
             entry = self._compile(sig, arrays)
             self._keep(sig, entry)
-        else:
-            _programs.touch(entry)
         if self._static and cpu:  # reused without a lookup (see __call__)
             self._static_entry = entry
         return entry, sig

@@ -417,9 +417,15 @@ def _keep_float64_count(exe: _Executable) -> None:
         _float64_dropped[exe.stats.op] += exe.stats.calls
 
 
+# Recency comes from each executable's call count, read only when one must go: the hot
+# path is the plain dict lookup ``_lookup`` (see LruCache ``uses``).
 _cache: LruCache[Any, _Executable] = LruCache(
-    "eager executables", lambda: config.eager_cache_size, on_evict=_forget
+    "eager executables",
+    lambda: config.eager_cache_size,
+    uses=lambda _key, exe: exe.stats.calls,
+    on_evict=_forget,
 )
+_lookup = _cache.lookup
 _guard = threading.local()
 
 
@@ -669,7 +675,7 @@ def _run_lowered(plan: _Plan, args, kwargs):
         key += (("numerics", config.numerics),)
     if plan.precision:  # the precision is read while tracing (ops/linalg.py)
         key += (("matmul precision", config.effective_precision()),)
-    exe = _cache.get(key)
+    exe = _lookup(key)
     if exe is None:
         try:
             exe = _compile(plan, key, skel_args, skel_kwargs, arrays, rng)

@@ -71,13 +71,40 @@ def test_lru_drops_the_least_recently_used_and_counts_it():
     cache.put("c", 3)
     assert dropped == [("b", 2)]
     assert cache.keys() == ["a", "c"]
-    cache.touch("a")
+    cache.get("a")
     cache.put("d", 4)
     assert dropped == [("b", 2), ("c", 3)]
     assert cache.counts().evicted == 2 and cache.counts().entries == 2
     # removing on purpose is not an eviction
     assert cache.pop("a") == 1 and cache.clear() == [("d", 4)]
     assert cache.counts().evicted == 2 and len(cache) == 0
+
+
+def test_lru_by_use_counts_reads_recency_when_an_entry_must_go():
+    """With ``uses``, lookups do not reorder: an entry used since the cache last looked
+    (its count grew past the use it was put for) is passed over once, the oldest unused
+    one goes."""
+    calls = {}
+    cache = LruCache("test counted lru", lambda: 3, uses=lambda k, v: calls[k])
+    for k in "abc":  # compile, cache, call: each used once, as it was put for
+        calls[k] = 0
+        cache.put(k, k)
+        calls[k] += 1
+    calls["a"] += 1  # "a" found again through the plain lookup
+    assert cache.lookup("a") == "a" and cache.keys() == ["a", "b", "c"]
+    calls["d"] = 0
+    cache.put("d", "d")
+    assert cache.keys() == ["c", "a", "d"]  # "b" went; "a" moved to the recent end
+    calls["d"] += 1
+    calls["e"] = 0
+    cache.put("e", "e")  # nothing used since: the oldest goes
+    calls["e"] += 1
+    assert cache.keys() == ["a", "d", "e"]
+    for k in "ade":  # all used again: each passed over once, then the oldest goes
+        calls[k] += 1
+    calls["f"] = 0
+    cache.put("f", "f")
+    assert cache.keys() == ["d", "e", "f"] and cache.counts().evicted == 3
 
 
 def test_lru_by_weight_keeps_the_total_within_the_bound():
