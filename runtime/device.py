@@ -29,6 +29,8 @@ __all__ = ["install", "installed", "TpuModule", "DeviceTakenError"]
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _lock = threading.Lock()
+# "libs": the torch.library.Library objects holding our kernels (a Library unregisters
+# its kernels when it is garbage collected)
 _state: dict[str, object] = {"installed": False, "libs": []}
 
 
@@ -54,7 +56,7 @@ class _Precision:
 
 class EagerMode:
     """TorchTPU's eager-mode names. Here eager execution is always op by op
-    (``"debug"``/``"default"``); the mode is kept so scripts that set it run."""
+    (``"debug"``/``"default"``): setting a mode is accepted so scripts that set it run."""
 
     DEBUG = "debug"
     DEFAULT = "default"
@@ -65,7 +67,6 @@ class TpuModule:
 
     EagerMode = EagerMode
     precision = _Precision()
-    _eager_mode = EagerMode.DEFAULT
 
     @staticmethod
     def is_available() -> bool:
@@ -143,7 +144,6 @@ class TpuModule:
     def set_eager_mode(mode: str) -> None:
         if mode not in (EagerMode.DEBUG, EagerMode.DEFAULT):
             raise TpuArgumentError(f"eager mode {mode!r} is not one of 'debug', 'default'")
-        TpuModule._eager_mode = mode
 
 
 # ---------------------------------------------------------------------------

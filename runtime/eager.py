@@ -93,7 +93,6 @@ class _Executable:
     out_struct: tuple
     out_dtypes: tuple
     stats: ExecutableStats
-    lowering: Lowering
     info: CompileInfo | None = None
 
 
@@ -578,7 +577,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     facts = dict(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
                        seconds, lowered, compiled, extra={"config": facts} if facts else {})
-    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering, info)
+    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if probes._probes:
         probes.emit("on_compile", info)
     return exe
