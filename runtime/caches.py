@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 __all__ = ["LruCache", "CacheCounts", "cache_counts"]
@@ -156,6 +156,14 @@ class LruCache(Generic[K, V]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self.keys())  # a snapshot: safe to delete while iterating
+
+    def __delitem__(self, key: K) -> None:
+        """Remove ``key`` (not counted as an eviction)."""
+        if self.pop(key) is None:
+            raise KeyError(key)
 
     def _remove(self, key: K) -> V | None:
         value = self._entries.pop(key, None)

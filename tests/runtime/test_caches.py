@@ -259,3 +259,15 @@ def test_cache_bounds_come_from_the_environment(field):
 def test_cache_counts_are_public():
     names = {c.name for c in tpu_debug.runtime.cache_counts()}
     assert {"eager executables", "compiled programs", "compiled debug variants", "view index arrays"} <= names
+
+
+def test_lru_iterates_and_deletes_like_a_dict():
+    cache = LruCache("test dict protocol", lambda: 5)
+    for k in "abc":
+        cache.put(k, k)
+    for k in cache:  # a snapshot of the keys: deleting meanwhile is safe
+        if k != "b":
+            del cache[k]
+    assert cache.keys() == ["b"] and cache.counts().evicted == 0
+    with pytest.raises(KeyError):
+        del cache["a"]
