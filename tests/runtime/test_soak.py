@@ -6,13 +6,17 @@ cache's bound, reading a strided view so the index-array cache fills too), and a
 compiled function with dynamic shapes cycling through more input sizes than the
 compiled-program bound. Every result is compared with the same computation on CPU.
 
-Memory: RSS after the first 10 % of the ops (warm: every code path has run, caches are
-full) against the peak RSS after it (VmHWM, reset at the warm-up point). Each cached
+Memory: RSS after the first 10 % of the ops (warm: every code path has run, the caches
+are full) against the peak RSS after it (VmHWM, reset at the warm-up point). Each cached
 executable costs ~1.4 MiB on the CPU backend, so unbounded caches would grow RSS by
-hundreds of MiB here (the default tier compiles ~200 executables after warm-up);
-``_ALLOWANCE`` covers what legitimately grows with the run rather than the caches:
-the recompile tracker's history (one small record per compile), the run writer's
-SQLite page cache and allocator fragmentation.
+about that per compile (+286 MiB in the default tier, which compiles ~200 executables
+after warm-up). The allowance is what grows with the run rather than with the caches:
+``_ALLOWANCE_MIB`` for the tracers' records (the recompile tracker keeps one small
+record per compile), the run writer's SQLite page cache and allocator fragmentation,
+plus ``_PER_COMPILE_KIB`` per compile after warm-up: native memory JAX and XLA keep for
+every program compiled, which no cache of ours holds (measured here with jax 0.10.2 on
+CPU and no tpu_debug: 37 KiB a compile over 1,000 new-shape programs, 19 KiB over
+6,000, of which ``jax.clear_caches()`` returns a tenth; as in jax-ml/jax#19429).
 
 Tiers: the default tier runs ``SOAK_OPS`` eager ops (50,000 unless the environment
 variable says otherwise; not ``TPU_DEBUG_*``, which tests clear); the full run
@@ -39,6 +43,7 @@ _NEW_SHAPE_EVERY = 500  # eager ops between two blocks on a new shape
 _SHAPE_CYCLE = 1000  # distinct sizes before a size comes back (its executables long evicted)
 _OPS_PER_COMPILED_CALL = 100
 _ALLOWANCE_MIB = 64
+_PER_COMPILE_KIB = 48
 _MIB = 1024 * 1024
 
 # tpu(x) = tanh(0.9 x + y) is a contraction (Lipschitz 0.9): a rounding difference between
@@ -66,9 +71,11 @@ def _reset_peak() -> bool:
 class _Compiles:
     def __init__(self) -> None:
         self.eager = 0
+        self.all = 0
         self.evicted = 0
 
     def on_compile(self, info) -> None:
+        self.all += 1
         if info.mode == "eager":
             self.eager += 1
 
@@ -121,6 +128,7 @@ def _soak(logdir: Path, ops: int, compiled_calls: int) -> dict:
                 if i == warm_at:
                     gc.collect()
                     figures["warm_rss"] = _status_kib("VmRSS") * 1024
+                    figures["warm_compiles"] = counts.all
                     figures["peak_reset"] = _reset_peak()
                     figures["warm_seconds"] = time.perf_counter() - start
             gc.collect()
@@ -133,6 +141,7 @@ def _soak(logdir: Path, ops: int, compiled_calls: int) -> dict:
         probes.unsubscribe(counts)
     torch.testing.assert_close(x.cpu(), x_cpu, **_TOL)
     figures.update(steps=steps, compiled_calls=calls, blocks=blocks, compiles=counts.eager, evictions=counts.evicted)
+    figures["compiles_after_warm"] = counts.all - figures["warm_compiles"]
     return figures
 
 
@@ -159,7 +168,8 @@ def test_soak_memory_stays_flat(tmp_path, monkeypatch, ops, compiled_calls):
         f"(warm after {figures['warm_seconds']:.1f} s); RSS warm {figures['warm_rss'] / _MIB:.0f} MiB, "
         f"end {figures['end_rss'] / _MIB:.0f} MiB, peak after warm-up {figures['peak_rss'] / _MIB:.0f} MiB"
         f"{'' if figures['peak_reset'] else ' (peak since process start: clear_refs not writable)'}; "
-        f"{figures['compiles']} eager compiles, evicted {evicted}"
+        f"{figures['compiles']} eager compiles, {figures['compiles_after_warm']} compiles after warm-up; "
+        f"evicted {evicted}"
     )
     assert not figures["internal_errors"], figures["internal_errors"]
     # every bound was exceeded, and what went was reported to the tracers
@@ -169,7 +179,6 @@ def test_soak_memory_stays_flat(tmp_path, monkeypatch, ops, compiled_calls):
     assert figures["recorded_eager_compiles"] == figures["compiles"]
     assert after["eager executables"].entries <= 16 and after["compiled programs"].entries <= 4
     grown = (figures["peak_rss"] if figures["peak_reset"] else figures["end_rss"]) - figures["warm_rss"]
-    assert grown <= _ALLOWANCE_MIB * _MIB, (
-        f"RSS grew {grown / _MIB:.0f} MiB after warm-up (allowed {_ALLOWANCE_MIB} MiB): {figures}"
-    )
+    allowed = _ALLOWANCE_MIB * _MIB + figures["compiles_after_warm"] * _PER_COMPILE_KIB * 1024
+    assert grown <= allowed, f"RSS grew {grown / _MIB:.0f} MiB after warm-up (allowed {allowed / _MIB:.0f} MiB): {figures}"
     eager.clear_cache()
