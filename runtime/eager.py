@@ -396,7 +396,6 @@ def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-
 def announce_evicted(mode: str, name: str, key: Any) -> None:
     """Tell the tracers that the executable of ``key`` was dropped from its cache
     (``mode`` "eager" or "compiled", ``name`` its op or graph id): the next call with
