@@ -1,14 +1,26 @@
 """PyTorch on XLA through JAX: the `tpu` device, eager and compiled execution.
 
 Public surface: ``install()`` (idempotent), ``config``, ``probes``,
-``cache_stats()``.
+``cache_stats()``, ``cache_counts()`` (how full each bounded cache is).
 """
 
 from __future__ import annotations
 
 from tpu_debug.runtime import probes
+from tpu_debug.runtime.caches import CacheCounts, cache_counts
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.device import DeviceTakenError, install, installed
 from tpu_debug.runtime.eager import cache_stats, clear_cache, float64_ops
 
-__all__ = ["install", "installed", "config", "probes", "cache_stats", "clear_cache", "float64_ops", "DeviceTakenError"]
+__all__ = [
+    "install",
+    "installed",
+    "config",
+    "probes",
+    "cache_stats",
+    "cache_counts",
+    "CacheCounts",
+    "clear_cache",
+    "float64_ops",
+    "DeviceTakenError",
+]

@@ -17,10 +17,12 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import math
 import operator
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -29,10 +31,13 @@ import numpy as np
 import torch
 import torch.fx
 
+from tpu_debug.errors import LoweringBugError, UnsupportedError
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
@@ -46,14 +51,15 @@ _aten = torch.ops.aten
 _SHAPE_OPS = {
     _aten.sym_size.int: lambda x, dim: x.shape[dim],
     _aten.sym_numel.default: lambda x: x.size,
-    _aten.sym_stride.int: lambda x, dim: int(__import__("math").prod(x.shape[dim + 1 :])),
-    _aten.sym_storage_offset.default: lambda x: 0,
+    _aten.sym_stride.int: lambda x, dim: int(math.prod(x.shape[dim + 1 :])),
+    _aten.sym_storage_offset.default: lambda _x: 0,
 }
 _lock = threading.Lock()
+# graphs holding at least one cached program, oldest first (graph_stats, replay)
 _graphs: list[CompiledGraph] = []
 
 
-class UnsupportedGraphOp(NotImplementedError):
+class UnsupportedGraphOp(UnsupportedError):
     """A node of a compiled graph has no lowering."""
 
 
@@ -70,13 +76,6 @@ def _decompositions() -> dict:
         if lookup(op) is not None:
             del table[op]
     return table
-
-
-def _fake_dtype(node):
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.dtype, tuple(val.shape)
-    return None
 
 
 def _get_attr(gm: torch.fx.GraphModule, target: str):
@@ -111,7 +110,7 @@ class _GraphProgram:
             self.constants[node.target] = to_jax(value if value.device.type == "tpu" else value.detach().to("tpu"))
         # copy_ into a graph input: an input mutation AOTAutograd left in the graph
         # (keep_inference_input_mutations); the new value is an extra program output
-        # that CompiledGraph writes into the input tensor (issue 3)
+        # that CompiledGraph writes into the input tensor
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         self.mutated_inputs: tuple[int, ...] = tuple(
             placeholders.index(node.args[0])
@@ -135,23 +134,13 @@ class _GraphProgram:
                 self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace")))
 
     def __call__(self, *flat, debug: frozenset | None = None):
+        """The graph's outputs (then each mutated input's new value) for inputs ``flat``
+        (the random key last when the graph draws random numbers). With ``debug`` (FX node
+        names), also a dict of those nodes' values: the divergence tracer's variant."""
         env: dict[torch.fx.Node, Any] = {}
-        inputs = iter(flat)
-        key = None
-        if self.rng_nodes:
-            *_, key = flat
-            inputs = iter(flat[:-1])
-        rng_index = 0
-
-        def arg(a):
-            if isinstance(a, torch.fx.Node):
-                return env[a]
-            if isinstance(a, (list, tuple)):
-                return type(a)(arg(x) for x in a)
-            if isinstance(a, torch.device) and a.type != "meta":
-                return a
-            return a
-
+        key = flat[-1] if self.rng_nodes else None
+        inputs = iter(flat[:-1] if self.rng_nodes else flat)
+        draws = itertools.count()  # the n-th random node folds n into the key
         mutations: dict[torch.fx.Node, Any] = {}
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -159,53 +148,52 @@ class _GraphProgram:
             elif node.op == "get_attr":
                 env[node] = self.constants[node.target]
             elif node.op == "call_function":
-                args = [arg(a) for a in node.args]
-                kwargs = {k: arg(v) for k, v in node.kwargs.items()}
-                target = node.target
-                if target is operator.getitem:
-                    env[node] = args[0][args[1]]
-                    continue
-                if target is _WITH_EFFECTS:
-                    env[node] = self._with_effects(node, *args, **kwargs)
-                    continue
-                if target is _COPY_:
-                    dst, src = args[0], args[1]
-                    value = jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
-                    env[node] = value
-                    if node.args[0].op == "placeholder":
-                        mutations[node.args[0]] = value
-                    continue
-                if not isinstance(target, torch._ops.OpOverload):
-                    env[node] = target(*args, **kwargs)
-                    continue
-                if target in _SHAPE_OPS:
-                    env[node] = _SHAPE_OPS[target](*args)
-                    continue
-                low = lookup(target)
-                if low.rng:
-                    kwargs["key"] = jax.random.fold_in(key, rng_index)
-                    rng_index += 1
-                    kwargs.pop("generator", None)
-                scope = f"{node.name}|aten::{str(target).removeprefix('aten.')}"
-                with jax.named_scope(scope):
-                    out = low.fn(*args, **kwargs)
-                    if low.mutates_returns:
-                        n_ret = len(target._schema.returns)
-                        out = out[:n_ret] if n_ret != 1 else out[0]
-                    env[node] = _cast_like(out, node)
+                env[node] = self._call(node, env, key, draws, mutations)
             elif node.op == "output":
-                outs = node.args[0]
-                result = tuple(arg(o) if o is not None else None for o in outs)
-                # then the new value of each mutated input, in mutated_inputs order
-                placeholders = list(self.gm.graph.find_nodes(op="placeholder"))
-                result += tuple(mutations[placeholders[i]] for i in self.mutated_inputs)
-                if debug is not None:  # issue 8: the debug variant also returns chosen intermediates
+                result = self._outputs(node, env, mutations)
+                if debug is not None:
                     return result, {n.name: v for n, v in env.items() if n.name in debug}
                 return result
             else:
                 raise UnsupportedGraphOp(f"graph {self.graph_id}: FX node kind {node.op!r} is not supported")
-        raise RuntimeError(f"graph {self.graph_id} has no output node")
+        raise LoweringBugError(f"graph {self.graph_id} has no output node; please report it with this message")
 
+    def _call(self, node: torch.fx.Node, env: dict, key, draws: Iterator[int], mutations: dict) -> Any:
+        """The value of one ``call_function`` node."""
+        args = [_value(a, env) for a in node.args]
+        kwargs = {k: _value(v, env) for k, v in node.kwargs.items()}
+        target = node.target
+        if target is operator.getitem:
+            return args[0][args[1]]
+        if target is _WITH_EFFECTS:
+            return self._with_effects(node, *args, **kwargs)
+        if target is _COPY_:
+            dst, src = args[0], args[1]
+            value = jnp.broadcast_to(src, dst.shape).astype(dst.dtype)
+            if node.args[0].op == "placeholder":
+                mutations[node.args[0]] = value
+            return value
+        if not isinstance(target, torch._ops.OpOverload):
+            return target(*args, **kwargs)
+        if target in _SHAPE_OPS:
+            return _SHAPE_OPS[target](*args)
+        low = lookup(target)
+        if low.rng:
+            kwargs["key"] = jax.random.fold_in(key, next(draws))
+            kwargs.pop("generator", None)
+        with jax.named_scope(f"{node.name}|aten::{str(target).removeprefix('aten.')}"):
+            out = low.fn(*args, **kwargs)
+            if low.mutates_returns:
+                n_ret = len(target._schema.returns)
+                out = out[:n_ret] if n_ret != 1 else out[0]
+            return _cast_like(out, node)
+
+    def _outputs(self, node: torch.fx.Node, env: dict, mutations: dict) -> tuple:
+        """The output node's values, then the new value of each mutated input (in
+        ``mutated_inputs`` order)."""
+        result = tuple(_value(o, env) if o is not None else None for o in node.args[0])
+        placeholders = list(self.gm.graph.find_nodes(op="placeholder"))
+        return result + tuple(mutations[placeholders[i]] for i in self.mutated_inputs)
 
     def _with_effects(self, node, token, op, *args, **kwargs):
         """An op AOTAutograd threads an effect token through: ``(token, *outputs)``.
@@ -222,6 +210,15 @@ class _GraphProgram:
             raise UnsupportedGraphOp(f"graph {self.graph_id} node {node.name}: effectful op {op} has no tpu lowering")
         out = low.fn(*args, **kwargs)
         return (token, *(out if isinstance(out, (tuple, list)) else (out,)))
+
+
+def _value(a, env: dict):
+    """An FX argument with its nodes replaced by their values in ``env``."""
+    if isinstance(a, torch.fx.Node):
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_value(x, env) for x in a)
+    return a
 
 
 def _write_input(t: torch.Tensor, value) -> None:
@@ -259,7 +256,7 @@ def _cast_value(o, v):
     return o
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)  # hashed by identity: the program cache's key
 class _Entry:
     compiled: Any
     # where each graph output comes from: (PROGRAM, torch dtype), (INPUT, input index,
@@ -280,6 +277,25 @@ class _Entry:
 
 # output sources (see _Entry.outputs); _VIEW: (VIEW, base output index, (size, stride, offset))
 _PROGRAM, _INPUT, _SAME, _SCALAR, _VIEW = range(5)
+
+
+def _forget_program(entry: _Entry, where: tuple[CompiledGraph, tuple]) -> None:
+    graph, sig = where
+    graph._forget(sig, entry)
+
+
+# Every graph's programs share one bound: a run that compiles many graphs (one per
+# model, per dynamo recompile) or one graph at many shapes (dynamic shapes) keeps the
+# most recently used. Recency is read off each program's call count when one must go,
+# so a call does nothing for the cache (a graph finds its program in its own ``cache``).
+_programs: LruCache[_Entry, tuple[CompiledGraph, tuple]] = LruCache(
+    "compiled programs",
+    lambda: config.compiled_cache_size,
+    uses=lambda entry, _where: entry.calls,
+    on_evict=_forget_program,
+)
+# divergence tracing's variants of programs (see CompiledGraph.debug_values)
+_debug_programs: LruCache[tuple, Any] = LruCache("compiled debug variants", lambda: config.compiled_cache_size)
 
 
 def _output_views(kind: str, out_nodes: list) -> dict[int, tuple[int, tuple]]:
@@ -314,7 +330,13 @@ def _output_views(kind: str, out_nodes: list) -> dict[int, tuple[int, tuple]]:
 
 
 class CompiledGraph:
-    """One AOT forward or backward graph; executables cached by input signature."""
+    """One AOT forward or backward graph; its programs cached by input signature.
+
+    A program falls out of the cache when ``config.compiled_cache_size`` programs of
+    newer use exist across all graphs (the tracers hear ``on_evict``); the next call
+    with its signature compiles it again. A graph is listed by :func:`graph_stats`
+    while it holds a program.
+    """
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str, parent: str):
         digest = hashlib.sha1(gm.code.encode()).hexdigest()[:10]
@@ -324,10 +346,10 @@ class CompiledGraph:
         self.gm = gm
         self.program = _GraphProgram(gm, self.graph_id, kind)
         self.cache: dict[tuple, _Entry] = {}
+        self.compiles = 0
         self.compile_seconds = 0.0
         # what dynamo captured into this graph (dynamo_backend sets it)
         self.origin = DynamoOrigin(torch.is_grad_enabled())
-        self._debug: dict[tuple, Any] = {}  # issue 8: debug variants, see debug_values
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
         # its signature is computed on the first call and reused.
@@ -337,16 +359,38 @@ class CompiledGraph:
         )
         self._static_sig: tuple | None = None
         self._static_entry: _Entry | None = None  # its executable (CPU numerics)
-        with _lock:
-            _graphs.append(self)
 
     def _signature(self, arrays) -> tuple:
         return tuple((a.shape, a.dtype) if hasattr(a, "shape") else ("s", a) for a in arrays)
 
     def __call__(self, args):
+        mutated = self.program.mutated_inputs
+        arrays, stores = self._input_arrays(args)
+        targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
+        args.clear()  # boxed calling convention: free inputs early
+        if self._static_entry is not None and config.numerics == "cpu":
+            entry, sig = self._static_entry, self._static_sig
+        else:
+            entry, sig = self._entry(arrays)
+        if self.program.rng_nodes:
+            arrays.append(_random.next_key())
+        outs = self._execute(entry, sig, arrays, stores)
+        if probes._op_probes:  # divergence tracing compares this call with CPU
+            probes.observe_graph(self, arrays, outs)
+        it = iter(outs)
+        result = self._results(entry, it, arrays)
+        for t, value in zip(targets, it):  # input mutations: the new value into the input
+            if isinstance(t, torch.Tensor):
+                _write_input(t, value)
+            else:  # the storage of a dense input (see _input_arrays)
+                setattr(t, PAYLOAD_ATTR, value)
+        return result
+
+    def _input_arrays(self, args) -> tuple[list, dict[int, Any]]:
+        """The call's inputs as arrays (Python values as they are), and the storages of
+        the mutated inputs read straight from their payload: a new value (same shape
+        and dtype, from the program) replaces that payload, nothing to check."""
         arrays = []
-        # a mutated input read straight from its storage's payload: its new value (same
-        # shape and dtype, from the program) replaces that payload, nothing to check
         stores: dict[int, Any] = {}
         mutated = self.program.mutated_inputs
         for i, a in enumerate(args):
@@ -365,33 +409,30 @@ class CompiledGraph:
                 arrays.append(arr)
             else:
                 arrays.append(a)
-        arr = None
-        targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
-        args.clear()  # boxed calling convention: free inputs early
-        if self._static_entry is not None and config.numerics == "cpu":
-            entry, sig = self._static_entry, self._static_sig
-        else:
-            entry, sig = self._entry(arrays)
-        if self.program.rng_nodes:
-            arrays.append(_random.next_key())
+        return arrays, stores
+
+    def _execute(self, entry: _Entry, sig: tuple, arrays: list, stores: dict) -> Any:
+        """Run ``entry``'s program on the array inputs, reporting to the probes."""
         entry.calls += 1
         executable = entry.compiled
         if entry.donated and not self._can_donate(entry.donated, arrays, stores):
             if entry.plain is None:
                 entry.plain = entry.make_plain()
             executable = entry.plain
-        if probes._probes:
-            probes.executing("compiled", self.graph_id, (self.graph_id, self.digest, sig))
-            start = time.perf_counter()
-            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
-            probes.executed("compiled", self.graph_id, (self.graph_id, self.digest, sig),
-                            time.perf_counter() - start)
-        else:
-            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
-        if probes._op_probes:  # divergence tracing compares this call with CPU
-            probes.observe_graph(self, arrays, outs)
+        if not probes._probes:
+            return executable(*[a for a in arrays if hasattr(a, "shape")])
+        key = (self.graph_id, self.digest, sig)
+        probes.executing("compiled", self.graph_id, key)
+        start = time.perf_counter()
+        outs = executable(*[a for a in arrays if hasattr(a, "shape")])
+        probes.executed("compiled", self.graph_id, key, time.perf_counter() - start)
+        return outs
+
+    @staticmethod
+    def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
+        """The graph's outputs as tensors, from the program's outputs (``it``, advanced
+        past them) and where ``entry`` says each output comes from."""
         result = []
-        it = iter(outs)
         scalars = entry.scalars
         for i, (source, where, dt) in enumerate(entry.outputs):
             if source == _PROGRAM:
@@ -409,11 +450,6 @@ class CompiledGraph:
             for i, (source, where, geometry) in enumerate(entry.outputs):
                 if source == _VIEW:
                     result[i] = result[where].as_strided(*geometry)
-        for t, value in zip(targets, it):  # input mutations: the new value into the input
-            if isinstance(t, torch.Tensor):
-                _write_input(t, value)
-            else:  # the storage of a dense input (see above)
-                setattr(t, PAYLOAD_ATTR, value)
         return result
 
     def _entry(self, arrays) -> tuple[_Entry, tuple]:
@@ -425,14 +461,34 @@ class CompiledGraph:
         else:
             sig = self._signature(arrays)
         cpu = config.numerics == "cpu"
-        if not cpu:  # issue 8: TPU numerics change what products compile to
+        if not cpu:  # TPU numerics change what products compile to
             sig += (("numerics",) + config.numerics_key(),)
         entry = self.cache.get(sig)
         if entry is None:
             entry = self._compile(sig, arrays)
+            self._keep(sig, entry)
         if self._static and cpu:  # reused without a lookup (see __call__)
             self._static_entry = entry
         return entry, sig
+
+    def _keep(self, sig: tuple, entry: _Entry) -> None:
+        """Cache a new program (which may push out the least recently used one)."""
+        self.cache[sig] = entry
+        with _lock:
+            if not any(g is self for g in _graphs):
+                _graphs.append(self)
+        _programs.put(entry, (self, sig))
+
+    def _forget(self, sig: tuple, entry: _Entry) -> None:
+        """The program cache's bound pushed ``entry`` out: drop it, and tell the tracers."""
+        if self.cache.get(sig) is entry:
+            del self.cache[sig]
+        if self._static_entry is entry:
+            self._static_entry = None
+        if not self.cache:
+            with _lock:
+                _graphs[:] = [g for g in _graphs if g is not self]
+        announce_evicted("compiled", self.graph_id, (self.graph_id, self.digest, sig))
 
     @staticmethod
     def _can_donate(donated: tuple, arrays: list, stores: dict) -> bool:
@@ -442,25 +498,69 @@ class CompiledGraph:
         sharing the array), no tracer. A donated array is deleted by the call."""
         if probes._op_probes:  # divergence tracing reads the inputs again after the call
             return False
-        for i in donated:
-            # references: the storage's payload attribute, ``arrays``, getrefcount's argument
-            if i not in stores or sys.getrefcount(arrays[i]) > 3:
-                return False
-        return True
+        # references: the storage's payload attribute, ``arrays``, getrefcount's argument
+        return all(i in stores and sys.getrefcount(arrays[i]) <= 3 for i in donated)
 
     def _compile(self, sig, arrays) -> _Entry:
+        """Trace, lower and compile the program for inputs ``arrays`` (signature ``sig``)."""
+        out_nodes = list(self.gm.graph.output_node().args[0])
+        views = _output_views(self.kind, out_nodes)
+        fn, kinds, scalars = self._traceable(arrays, out_nodes, views)
+        example = [a for a in arrays if hasattr(a, "shape")]
+        if self.program.rng_nodes:
+            example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
+        if probes._probes:
+            probes.compiling("compiled", self.graph_id)
+        # inputs the program overwrites (an optimizer's parameters and state) donate their
+        # buffers: XLA writes the new values in place. AdamW on a 0.4M-parameter MLP: 0.27
+        # instead of 0.78 ms a step, which allocated and filled 24 fresh buffers
+        positions = {i: k for k, i in enumerate(i for i, a in enumerate(arrays) if hasattr(a, "shape"))}
+        donated = tuple(i for i in self.program.mutated_inputs if i in positions)
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
+
+        def lower(donate: tuple):
+            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate)).lower(*specs)
+
+        start = time.perf_counter()
+        with jax.enable_x64(True):
+            lowered = lower(donated)
+            passed_through = {where for k, where in kinds if k == _INPUT}
+            if passed_through & set(donated):  # an overwritten input also returned as it was
+                donated = tuple(i for i in donated if i not in passed_through)
+                lowered = lower(donated)
+            compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        self.compiles += 1
+        self.compile_seconds += seconds
+        outputs = _output_sources(kinds, out_nodes, views, lowered)
+        entry = _Entry(compiled, outputs, scalars=dict(scalars), donated=donated,
+                       has_views=any(k == _VIEW for k, _, _ in outputs))
+        if donated:
+            def make_plain():
+                with jax.enable_x64(True):
+                    return lower(()).compile()
+
+            entry.make_plain = make_plain
+        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled)
+        if probes._probes:
+            probes.compiled(entry.info)
+        return entry
+
+    def _traceable(self, arrays: list, out_nodes: list, views: dict) -> tuple[Any, list, dict]:
+        """The function to jit for inputs ``arrays``, with what tracing it tells: where each
+        output comes from (``kinds``: (source, where) per output) and the Python scalars
+        among the outputs (``scalars``: {output index: value}).
+
+        Outputs: None, a tensor, or a Python scalar (a shape saved for backward). A tensor
+        output that is an input passed through (AOTAutograd saves inputs for backward), or
+        a value the program already returns (``relu`` and ``detach(relu)``), is not
+        returned by the program again: XLA would copy it into a buffer of its own (a
+        1 MiB weight costs ~70 us of a 0.4 ms MLP forward on this machine). Decided
+        while tracing, by the identity of the traced values."""
         statics = {i: a for i, a in enumerate(arrays) if not hasattr(a, "shape")}
         program = self.program
         n = len(arrays)
-        out_nodes = list(self.gm.graph.output_node().args[0])
-        # outputs: None, a tensor, or a Python scalar (a shape saved for backward). A tensor
-        # output that is an input passed through (AOTAutograd saves inputs for backward), or
-        # a value the program already returns (``relu`` and ``detach(relu)``), is not
-        # returned by the program again: XLA would copy it into a buffer of its own (a
-        # 1 MiB weight costs ~70 us of a 0.4 ms MLP forward on this machine). Decided
-        # while tracing, by the identity of the traced values.
         tensor_out = [isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in out_nodes]
-        views = _output_views(self.kind, out_nodes)
         kinds: list[tuple[int, int | None]] = []
         scalars: dict[int, Any] = {}
 
@@ -489,65 +589,19 @@ class CompiledGraph:
                     kinds.append((_PROGRAM, None))
             return tuple(o for (k, _), o in zip(kinds, outs) if k == _PROGRAM) + tuple(outs[len(out_nodes):])
 
-        example = [a for a in arrays if hasattr(a, "shape")]
-        if program.rng_nodes:
-            example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
-        if probes._probes:
-            probes.compiling("compiled", self.graph_id)
-        # inputs the program overwrites (an optimizer's parameters and state) donate their
-        # buffers: XLA writes the new values in place. AdamW on a 0.4M-parameter MLP: 0.27
-        # instead of 0.78 ms a step, which allocated and filled 24 fresh buffers
-        positions = {i: k for k, i in enumerate(i for i, a in enumerate(arrays) if hasattr(a, "shape"))}
-        donated = tuple(i for i in program.mutated_inputs if i in positions)
-        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
+        return fn, kinds, scalars
 
-        def lower(donate: tuple):
-            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate)).lower(*specs)
-
-        start = time.perf_counter()
-        with jax.enable_x64(True):
-            lowered = lower(donated)
-            passed_through = {where for k, where in kinds if k == _INPUT}
-            if passed_through & set(donated):  # an overwritten input also returned as it was
-                donated = tuple(i for i in donated if i not in passed_through)
-                lowered = lower(donated)
-            compiled = lowered.compile()
-        seconds = time.perf_counter() - start
-        self.compile_seconds += seconds
-        outputs = []
-        leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
-        for i, ((k, where), node) in enumerate(zip(kinds, out_nodes)):
-            if k == _PROGRAM:
-                outputs.append((k, None, to_torch_dtype(next(leaves).dtype)))
-            elif k == _INPUT:
-                outputs.append((k, where, node.meta["val"].dtype))
-            elif k == _VIEW:
-                outputs.append((k, where, views[i][1]))
-            else:
-                outputs.append((k, where, None))
-        entry = _Entry(compiled, tuple(outputs), scalars=dict(scalars), donated=donated,
-                       has_views=any(k == _VIEW for k, _, _ in outputs))
-        if donated:
-            def make_plain():
-                with jax.enable_x64(True):
-                    return lower(()).compile()
-
-            entry.make_plain = make_plain
-        self.cache[sig] = entry
+    def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled) -> CompileInfo:
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
             for i, a in enumerate(arrays)
         )
-        entry.info = CompileInfo(
+        return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            graph=GraphInfo(self.kind, tuple(program.nodes), self.gm.code, self.origin),
+            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin),
         )
-        if probes._probes:
-            probes.compiled(entry.info)
-        return entry
 
-
-    # -- debug variant (issue 8: divergence against CPU) ------------------------------
+    # -- debug variant (divergence against CPU) ---------------------------------------
 
     def debug_values(self, arrays: list, nodes: frozenset) -> dict[str, Any]:
         """The values of FX nodes ``nodes`` (names) for the inputs of one call.
@@ -555,12 +609,14 @@ class CompiledGraph:
         ``arrays`` are the inputs as this graph's call received them (the random
         key last when the graph draws random numbers, so random nodes give the
         same values). A variant of the program that also returns those nodes is
-        compiled once per input signature, node set and numerics setting.
+        compiled once per input signature, node set and numerics setting, and kept
+        within ``config.compiled_cache_size`` such variants.
         """
-        key = (self._signature(arrays), nodes, config.numerics_key())
-        run = self._debug.get(key)
+        key = (self, self._signature(arrays), nodes, config.numerics_key())
+        run = _debug_programs.get(key)
         if run is None:
-            run = self._debug[key] = self._compile_debug(arrays, nodes)
+            run = self._compile_debug(arrays, nodes)
+            _debug_programs.put(key, run)
         return run(*[a for a in arrays if hasattr(a, "shape")])
 
     def _compile_debug(self, arrays: list, nodes: frozenset):
@@ -580,8 +636,24 @@ class CompiledGraph:
             return jax.jit(fn).lower(*[a for a in arrays if hasattr(a, "shape")]).compile()
 
 
+def _output_sources(kinds: list, out_nodes: list, views: dict, lowered) -> tuple:
+    """``_Entry.outputs``: each graph output's source with its dtype (or view geometry)."""
+    outputs = []
+    leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
+    for i, ((k, where), node) in enumerate(zip(kinds, out_nodes)):
+        if k == _PROGRAM:
+            outputs.append((k, None, to_torch_dtype(next(leaves).dtype)))
+        elif k == _INPUT:
+            outputs.append((k, where, node.meta["val"].dtype))
+        elif k == _VIEW:
+            outputs.append((k, where, views[i][1]))
+        else:
+            outputs.append((k, where, None))
+    return tuple(outputs)
+
+
 def _replay():
-    """CompileInfo of every program compiled so far (for a tracer that starts late)."""
+    """CompileInfo of every program cached now (for a tracer that starts late)."""
     for g in list(_graphs):
         for entry in list(g.cache.values()):
             if entry.info is not None:
@@ -592,13 +664,16 @@ probes.add_replay_source(_replay)
 
 
 def graph_stats() -> list[dict]:
-    """Every compiled graph: id, kind, compiles, calls, compile seconds."""
+    """Every graph holding a cached program: id, kind, compiles, calls, compile seconds.
+
+    ``compiles`` counts every compile of the graph, recompiles of evicted programs
+    included; ``calls`` the calls of its programs cached now."""
     return [
         {
             "graph_id": g.graph_id,
             "kind": g.kind,
-            "compiles": len(g.cache),
-            "calls": sum(e.calls for e in g.cache.values()),
+            "compiles": g.compiles,
+            "calls": sum(e.calls for e in list(g.cache.values())),
             "compile_seconds": g.compile_seconds,
         }
         for g in list(_graphs)
@@ -636,7 +711,6 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
     from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from tpu_debug.runtime.device import _dynamo_disabled, install, single_threaded_backward
 
@@ -674,7 +748,6 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         inference_compiler=compiler("inference"),
         decompositions=_decompositions(),
         keep_inference_input_mutations=True,
-        # partition_fn=min_cut_rematerialization_partition,
     )
 
 

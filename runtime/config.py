@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-__all__ = ["RuntimeConfig", "config", "parse_bool", "parse_choice", "NUMERICS", "PRECISIONS"]
+from tpu_debug.errors import ConfigError
+
+__all__ = ["RuntimeConfig", "config", "parse_bool", "parse_choice", "parse_positive_int", "NUMERICS", "PRECISIONS"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -17,12 +19,12 @@ def parse_bool(name: str, raw: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(
+    raise ConfigError(
         f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off"
     )
 
 
-# issue 8: TPU numerics and the float32 product precision
+# TPU numerics and the float32 product precision
 NUMERICS = ("cpu", "tpu")
 PRECISIONS = ("highest", "high", "medium")
 _PASSES = {"highest": 0, "high": 3, "medium": 1}
@@ -31,7 +33,17 @@ _PASSES = {"highest": 0, "high": 3, "medium": 1}
 def parse_choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     value = raw.strip().lower()
     if value not in choices:
-        raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def parse_positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r} is not a positive integer; use a count such as 1024")
     return value
 
 
@@ -45,18 +57,38 @@ class RuntimeConfig:
             ``TPU_DEBUG_CPU_FALLBACK``.
         numerics: ``"cpu"`` (float32 products in float32) or ``"tpu"``
             (float32 matmuls and convolutions the way a TPU computes them at
-            the precision in effect, see ``effective_precision``; issue 8).
+            the precision in effect, see ``effective_precision``).
             Env: ``TPU_DEBUG_NUMERICS``.
         matmul_precision: an explicit float32 product precision (``"highest"``,
             ``"high"``, ``"medium"``), set by ``torch.tpu.precision.set``; None
             follows ``torch.get_float32_matmul_precision()``. Env:
             ``TPU_DEBUG_MATMUL_PRECISION``.
+        eager_cache_size: eager executables kept (one per op overload, input
+            shapes/dtypes and static arguments); the least recently used one
+            goes when a new one would exceed it, and compiles again if called
+            again. A model's training step uses tens to a few hundred. Env:
+            ``TPU_DEBUG_EAGER_CACHE_SIZE``.
+        compiled_cache_size: compiled-mode programs kept (one per FX graph and
+            input signature), across all graphs, least recently used out
+            first; divergence tracing's debug variants of programs are bounded
+            by the same number. Env: ``TPU_DEBUG_COMPILED_CACHE_SIZE``.
+        index_cache_bytes: bytes of gather/scatter index arrays kept for
+            reading and writing strided views (one array per view geometry);
+            an array larger than this is built for each use. Env:
+            ``TPU_DEBUG_INDEX_CACHE_BYTES``.
     """
 
     cpu_fallback: bool = False
-    # -- numerics (issue 8) --------------------------------------------------------------
     numerics: str = "cpu"
     matmul_precision: str | None = None
+    # A cached executable holds XLA's compiled code and its compile record with the
+    # lowered module: ~1.4 MiB for one small op on the CPU backend (measured: 600
+    # single-op executables grew RSS by 850 MiB, with the cache bounded at 50 by 13
+    # MiB). The bounds keep a run that meets ever new shapes within ~1.5 GiB of eager
+    # executables, well above what a model's step uses.
+    eager_cache_size: int = 1024
+    compiled_cache_size: int = 128
+    index_cache_bytes: int = 64 * 1024 * 1024
 
     def effective_precision(self) -> str:
         """The float32 product precision in effect: ``"highest"``, ``"high"`` or ``"medium"``.
@@ -101,12 +133,17 @@ class RuntimeConfig:
         raw = env.get("TPU_DEBUG_CPU_FALLBACK")
         if raw is not None:
             cfg.cpu_fallback = parse_bool("TPU_DEBUG_CPU_FALLBACK", raw)
-        raw = env.get("TPU_DEBUG_NUMERICS")  # issue 8
+        raw = env.get("TPU_DEBUG_NUMERICS")
         if raw is not None:
             cfg.numerics = parse_choice("TPU_DEBUG_NUMERICS", raw, NUMERICS)
         raw = env.get("TPU_DEBUG_MATMUL_PRECISION")
         if raw is not None:
             cfg.matmul_precision = parse_choice("TPU_DEBUG_MATMUL_PRECISION", raw, PRECISIONS)
+        for field in ("eager_cache_size", "compiled_cache_size", "index_cache_bytes"):
+            name = f"TPU_DEBUG_{field.upper()}"
+            raw = env.get(name)
+            if raw is not None:
+                setattr(cfg, field, parse_positive_int(name, raw))
         return cfg
 
 

@@ -10,25 +10,28 @@ import warnings
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
 from torch._C._dynamo import eval_frame as _eval_frame
 
+from tpu_debug.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.config import config
+from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import registered
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _create_empty, _Uninit, from_jax, to_jax, write
 from tpu_debug.runtime.tensor import empty as _empty
-from tpu_debug.runtime.tensor import from_jax, to_jax, write
 
 __all__ = ["install", "installed", "TpuModule", "DeviceTakenError"]
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _lock = threading.Lock()
+# "libs": the torch.library.Library objects holding our kernels (a Library unregisters
+# its kernels when it is garbage collected)
 _state: dict[str, object] = {"installed": False, "libs": []}
-
-
-class DeviceTakenError(RuntimeError):
-    """PrivateUse1 already belongs to another backend."""
 
 
 # ---------------------------------------------------------------------------
@@ -42,22 +45,18 @@ class _Precision:
     _VALUES = ("highest", "high", "medium")
 
     def get(self) -> str:
-        from tpu_debug.runtime.config import config
-
-        return config.effective_precision()  # issue 8: what float32 products use now
+        return config.effective_precision()  # what float32 products use now
 
     def set(self, value: str) -> None:
         if value not in self._VALUES:
-            raise ValueError(f"precision {value!r} is not one of {', '.join(self._VALUES)}")
+            raise TpuArgumentError(f"precision {value!r} is not one of {', '.join(self._VALUES)}")
         torch.set_float32_matmul_precision(value)
-        from tpu_debug.runtime.config import config
-
-        config.matmul_precision = value  # issue 8: explicit, so it holds under TPU numerics too
+        config.matmul_precision = value  # explicit, so it holds under TPU numerics too
 
 
 class EagerMode:
     """TorchTPU's eager-mode names. Here eager execution is always op by op
-    (``"debug"``/``"default"``); the mode is kept so scripts that set it run."""
+    (``"debug"``/``"default"``): setting a mode is accepted so scripts that set it run."""
 
     DEBUG = "debug"
     DEFAULT = "default"
@@ -68,7 +67,6 @@ class TpuModule:
 
     EagerMode = EagerMode
     precision = _Precision()
-    _eager_mode = EagerMode.DEFAULT
 
     @staticmethod
     def is_available() -> bool:
@@ -94,7 +92,7 @@ class TpuModule:
     def set_device(device) -> None:
         index = torch.device("tpu", device).index if isinstance(device, int) else torch.device(device).index
         if index not in (None, 0):
-            raise ValueError(
+            raise TpuArgumentError(
                 f"tpu:{index} requested; the eager runtime runs on tpu:0 "
                 "(use tpu_debug.runtime.distributed for multi-device meshes)"
             )
@@ -145,8 +143,7 @@ class TpuModule:
     @staticmethod
     def set_eager_mode(mode: str) -> None:
         if mode not in (EagerMode.DEBUG, EagerMode.DEFAULT):
-            raise ValueError(f"eager mode {mode!r} is not one of 'debug', 'default'")
-        TpuModule._eager_mode = mode
+            raise TpuArgumentError(f"eager mode {mode!r} is not one of 'debug', 'default'")
 
 
 # ---------------------------------------------------------------------------
@@ -180,9 +177,6 @@ def _resize(self, size, memory_format=None):
     for n in size:
         numel *= n
     storage = self.untyped_storage()
-    from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit
-    from tpu_debug.runtime.dtypes import to_jax_dtype
-
     old = getattr(storage, PAYLOAD_ATTR, None)
     have = 0 if old is None else old.size
     need = self.storage_offset() + numel
@@ -193,7 +187,6 @@ def _resize(self, size, memory_format=None):
             if kept is not None:
                 write(torch.as_strided(grown, (have,), (1,), 0), kept)
         storage = grown.untyped_storage()
-        del to_jax_dtype
     stride = torch.empty(size, device="meta").stride()
     self.set_(storage, self.storage_offset(), size, stride)
     return self
@@ -204,8 +197,6 @@ def _set_tensor(self, source):
 
 
 def _set_storage(self, source):
-    from tpu_debug.runtime.tensor import PAYLOAD_ATTR
-
     payload = getattr(source, PAYLOAD_ATTR, None)
     n = 0 if payload is None else payload.size
     return aten.set_.source_Storage_storage_offset.redispatch(_META, self, source, 0, (n,), (1,))
@@ -238,8 +229,6 @@ def _inplace_view_ops() -> list:
 
 
 def _payload_nbytes(payload) -> int:
-    import numpy as np
-
     if payload is None:
         return 0
     return int(payload.size) * np.dtype(payload.dtype).itemsize
@@ -257,8 +246,6 @@ def _patch_storages() -> None:
       storage from it; a 0-byte fake storage fails every ``set_`` an ``out=`` op makes.
     - ``cpu``: the payload's bytes in a CPU storage (``torch.save`` and friends).
     """
-    from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _create_empty, _Uninit
-
     cls = torch.UntypedStorage
     if getattr(cls.clone, "_tpu_debug", False):
         return
@@ -283,8 +270,6 @@ def _patch_storages() -> None:
     def cpu(self):
         if self.device.type != "tpu":
             return original_cpu(self)
-        import numpy as np
-
         payload = getattr(self, PAYLOAD_ATTR, None)
         if payload is None:
             return torch.UntypedStorage(0)
@@ -312,8 +297,6 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
     if target.type == "tpu":
         arr = to_jax(self)
         if dtype != self.dtype:
-            from tpu_debug.runtime.dtypes import to_jax_dtype
-
             with jax.enable_x64(True):
                 arr = arr.astype(to_jax_dtype(dtype))
         return from_jax(arr, dtype)
@@ -328,8 +311,6 @@ def _copy_(self, src, non_blocking=False):
         else:
             value = eager._cpu_to_jax(src)
         if tuple(value.shape) != tuple(self.shape):
-            import jax.numpy as jnp
-
             value = jnp.broadcast_to(value, tuple(self.shape))
         with jax.enable_x64(True):
             write(self, value)
@@ -393,7 +374,7 @@ def _view_ops() -> list:
 
 def _dynamo_disabled(fn):
     """``torch._dynamo.disable(fn, recursive=True)`` without importing torch._dynamo,
-    which costs about a second (issue 6): the same two steps through dynamo's C
+    which costs about a second: the same two steps through dynamo's C
     module, which loads with torch. ``fn`` and all it calls run with dynamo's frame
     callback unset, and dynamo runs the wrapper's own frame without looking at it."""
 
@@ -439,7 +420,7 @@ def _register_kernels() -> list:
         aten.set_.source_Tensor: _set_tensor,
         aten.set_.source_Storage: _set_storage,
         aten._local_scalar_dense.default: _local_scalar_dense,
-        # observed (issue 8): a cast or copy on the device keeps the CPU shadow's drift
+        # observed: a cast or copy on the device keeps divergence tracing's CPU shadow in step
         aten._to_copy.default: probes.observed(aten._to_copy.default, _to_copy),
         aten.copy_.default: probes.observed(aten.copy_.default, _copy_),
         aten._copy_from.default: _copy_from,
@@ -500,7 +481,7 @@ def _load_lowerings() -> None:
 
 
 def single_threaded_backward() -> None:
-    """Run this thread's backward passes on this thread (issue 3).
+    """Run this thread's backward passes on this thread.
 
     PyTorch's autograd engine runs the nodes of a device other than CPU on a worker
     thread of that device: for `tpu`, one more thread, a hand-off per backward and the
@@ -520,6 +501,39 @@ def installed() -> bool:
     return _state["installed"] is True
 
 
+def _leave_out_an_absent_tpu() -> None:
+    """Keep JAX from loading libtpu on a machine with no TPU attached.
+
+    With the ``libtpu`` wheel installed (the ``tpu`` extra, to compile for a TPU target),
+    JAX's first backend probe loads it even where there is no TPU: libtpu prints start-up
+    errors, holds /tmp/libtpu_lockfile (another process then fails to load it), and its
+    failure handler can abort the process when a signal arrives. When the user chose no
+    platforms (``JAX_PLATFORMS``, ``jax_platforms``), no TPU chip is on the PCI bus and no
+    other accelerator plugin is installed, JAX would end up on its CPU backend anyway:
+    the runtime asks for it directly. Compiling for a TPU target does not go through the
+    local backends (``runtime/target`` builds its own deviceless topology).
+    """
+    import importlib.util
+    import os
+    import pkgutil
+
+    try:
+        from jax._src import hardware_utils, xla_bridge
+
+        if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or xla_bridge.backends_are_initialized():
+            return
+        if importlib.util.find_spec("libtpu") is None:
+            return
+        plugins = importlib.util.find_spec("jax_plugins")
+        if plugins is not None and any(True for _ in pkgutil.iter_modules(plugins.submodule_search_locations)):
+            return  # a GPU plugin, say: JAX's own choice stands
+        if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+            return
+    except (ImportError, AttributeError, OSError):  # another jax layout: leave JAX's default
+        return
+    jax.config.update("jax_platforms", "cpu")
+
+
 def install() -> bool:
     """Register the `tpu` device once. Returns True if this call registered it.
 
@@ -530,6 +544,7 @@ def install() -> bool:
     with _lock:
         if _state["installed"]:
             return False
+        _leave_out_an_absent_tpu()
         current = torch._C._get_privateuse1_backend_name()
         if current not in ("privateuseone", "tpu"):
             raise DeviceTakenError(
@@ -561,7 +576,7 @@ def install() -> bool:
     single_threaded_backward()
     from tpu_debug.runtime.compiled import install_backends
 
-    # issue 6: importing torch._dynamo costs about a second, which `import tpu_debug`
+    # importing torch._dynamo costs about a second, which `import tpu_debug`
     # (and `tpu-debug tui`) should not pay; torch.compile and torch._dynamo's backend
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-__all__ = ["to_jax_dtype", "to_torch_dtype", "is_float64"]
+from tpu_debug.errors import UnsupportedDtypeError
+
+__all__ = ["to_jax_dtype", "to_torch_dtype"]
 
 _TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: jnp.dtype(jnp.float32),
@@ -32,7 +34,7 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
     try:
         return _TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(
+        raise UnsupportedDtypeError(
             f"dtype {dtype} is not supported on the tpu device; "
             f"use one of {', '.join(str(d) for d in _TORCH_TO_JAX)}"
         ) from None
@@ -40,7 +42,3 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
 
 def to_torch_dtype(dtype) -> torch.dtype:
     return _JAX_TO_TORCH[jnp.dtype(dtype)]
-
-
-def is_float64(dtype: torch.dtype) -> bool:
-    return dtype in (torch.float64, torch.complex128)

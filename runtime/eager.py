@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import threading
 import time
 from typing import Any
@@ -26,8 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from tpu_debug.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
@@ -83,7 +84,7 @@ class ExecutableStats:
     compile_seconds: float
     hits: int = 0
     calls: int = 0
-    float64: bool = False  # issue 7: float64/complex128 values in or out (no float64 on a TPU)
+    float64: bool = False  # float64/complex128 values in or out (a TPU has no float64)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,7 +93,6 @@ class _Executable:
     out_struct: tuple
     out_dtypes: tuple
     stats: ExecutableStats
-    lowering: Lowering
     info: CompileInfo | None = None
 
 
@@ -241,7 +241,7 @@ def _skeleton(value, arrays: list, cpu_ok: bool = False):
     if isinstance(value, _Tensor):
         if value.device.type == "cpu":
             if value.dim() != 0 and not cpu_ok:
-                raise RuntimeError(
+                raise DeviceMismatchError(
                     "Expected all tensors to be on the same device, but found at least "
                     "two devices, tpu:0 and cpu! Move the CPU tensor with .to('tpu')"
                 )
@@ -259,7 +259,7 @@ def _skeleton(value, arrays: list, cpu_ok: bool = False):
     if t is list or t is tuple:
         return (t, tuple(_skeleton(v, arrays, cpu_ok) for v in value))
     if isinstance(value, torch.Generator):
-        raise NotImplementedError("generator= is only meaningful for random ops")
+        raise UnsupportedError("generator= is only meaningful for random ops; drop it from this call")
     if isinstance(value, torch.SymInt):
         return (int, int(value))
     return value
@@ -303,7 +303,8 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
     out = []
     names = [a.name for a in schema.arguments]
 
-    # issue 5: Python numbers in `Scalar` arguments that are baked in, and view geometry
+    # Python numbers in `Scalar` arguments that are baked in, and view geometry, so a
+    # recompile diff can name what changed
     numbers = {a.name for a in schema.arguments if str(a.type) in ("number", "Optional[number]", "List[number]")}
 
     def one(name, s):
@@ -335,7 +336,7 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
 
 
 def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = None) -> jax.Array:
-    op = op or ("scalar" if implicit else "copy")  # issue 5: callers name what moved the data
+    op = op or ("scalar" if implicit else "copy")  # callers name what moved the data
     if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("h2d", op, tuple(t.shape),
                               str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
@@ -391,13 +392,40 @@ def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
 # The executable cache
 # ---------------------------------------------------------------------------
 
-_cache: dict[Any, _Executable] = {}
-_cache_lock = threading.Lock()
+
+def announce_evicted(mode: str, name: str, key: Any) -> None:
+    """Tell the tracers that the executable of ``key`` was dropped from its cache
+    (``mode`` "eager" or "compiled", ``name`` its op or graph id): the next call with
+    that key compiles again."""
+    if probes._probes:
+        probes.evicted(mode, name, key)
+
+
+def _forget(key: Any, exe: _Executable) -> None:
+    """An executable the cache's bound pushed out."""
+    _keep_float64_count(exe)
+    announce_evicted("eager", exe.stats.op, key)
+
+
+def _keep_float64_count(exe: _Executable) -> None:
+    if exe.stats.float64:  # float64_ops() counts every call, cached or not
+        _float64_dropped[exe.stats.op] += exe.stats.calls
+
+
+# Recency comes from each executable's call count, read only when one must go: the hot
+# path is the plain dict lookup ``_lookup`` (see LruCache ``uses``).
+_cache: LruCache[Any, _Executable] = LruCache(
+    "eager executables",
+    lambda: config.eager_cache_size,
+    uses=lambda _key, exe: exe.stats.calls,
+    on_evict=_forget,
+)
+_lookup = _cache.lookup
 _guard = threading.local()
 
 
 def _replay():
-    for exe in list(_cache.values()):
+    for exe in _cache.values():
         if exe.info is not None:
             yield exe.info
 
@@ -407,29 +435,28 @@ probes.add_replay_source(_replay)
 
 def cache_stats() -> list[ExecutableStats]:
     """Stats of every cached eager executable (op, key, compile time, hits)."""
-    return [e.stats for e in list(_cache.values())]
+    return [e.stats for e in _cache.values()]
 
 
 def clear_cache() -> None:
-    with _cache_lock:
-        for e in _cache.values():
-            if e.stats.float64:
-                _float64_cleared[e.stats.op] += e.stats.calls
-        _cache.clear()
+    """Drop every eager executable (each compiles again on its next call). Unlike an
+    eviction by the cache's bound, this is not reported to tracers or counted."""
+    for _key, exe in _cache.clear():
+        _keep_float64_count(exe)
 
 
 _F64_JAX = (np.dtype("float64"), np.dtype("complex128"))
 _WIDE_TORCH = (torch.float64, torch.complex128)
-_float64_cleared: collections.Counter = collections.Counter()
+_float64_dropped: collections.Counter = collections.Counter()
 
 
 def float64_ops() -> dict[str, int]:
     """Every op this process ran eagerly with float64 or complex128 values, and how many
-    times (issue 7). The CPU and GPU backends have float64; a TPU does not, so each of
+    times. The CPU and GPU backends have float64; a TPU does not, so each of
     these would fail or need a float32 rewrite there. Traced runs record the same in the
     run store (``Session.float64_ops``, the report's float64 section)."""
-    out = collections.Counter(_float64_cleared)
-    for e in list(_cache.values()):
+    out = collections.Counter(_float64_dropped)
+    for e in _cache.values():
         if e.stats.float64:
             out[e.stats.op] += e.stats.calls
     return dict(out)
@@ -490,7 +517,7 @@ def _check_inplace_result(plan: _Plan, margs, mkwargs) -> None:
     for (pos, _name, is_list), r in zip(plan.writes, _iter_tensors(result)):
         target = margs[pos] if pos < len(margs) else None
         if isinstance(target, _Tensor) and not is_list and not torch.can_cast(r.dtype, target.dtype):
-            raise RuntimeError(
+            raise OutputMismatchError(
                 f"result type {_type_name(r.dtype)} can't be cast to the desired output type {_type_name(target.dtype)}"
             )
 
@@ -525,9 +552,10 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
                 ]
                 for o, (shape, _dt) in zip(flat_out, meta):
                     if tuple(o.shape) != shape:
-                        raise RuntimeError(
+                        raise LoweringBugError(
                             f"internal error in the tpu lowering of aten::{plan.name}: "
-                            f"it produced shape {tuple(o.shape)}, PyTorch says {shape}"
+                            f"it produced shape {tuple(o.shape)}, PyTorch says {shape}; "
+                            "please report it with this message"
                         )
         struct_box.append(struct)
         return tuple(flat_out)
@@ -545,7 +573,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
                        seconds, lowered, compiled, settings=settings)
-    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, lowering, info)
+    exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if probes._probes:
         probes.compiled(info)
     return exe
@@ -638,11 +666,11 @@ def _run_lowered(plan: _Plan, args, kwargs):
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = (plan.meta_op, skel_args, skel_kwargs)
-    if config.numerics != "cpu" and plan.precision:  # issue 8: TPU numerics change what products compile to
+    if config.numerics != "cpu" and plan.precision:  # TPU numerics change what products compile to
         key += (("numerics", config.numerics),)
-    if plan.precision:  # issue 5: the precision is read while tracing (ops/linalg.py)
+    if plan.precision:  # the precision is read while tracing (ops/linalg.py)
         key += (("matmul precision", config.effective_precision()),)
-    exe = _cache.get(key)
+    exe = _lookup(key)
     if exe is None:
         try:
             exe = _compile(plan, key, skel_args, skel_kwargs, arrays, rng)
@@ -655,8 +683,7 @@ def _run_lowered(plan: _Plan, args, kwargs):
         exe.stats.float64 = any(getattr(a, "dtype", None) in _F64_JAX for a in arrays) or any(
             d in _WIDE_TORCH for d in exe.out_dtypes
         )
-        with _cache_lock:
-            _cache[key] = exe
+        _cache.put(key, exe)
     else:
         exe.stats.hits += 1
     exe.stats.calls += 1
@@ -736,7 +763,7 @@ def _return_written(plan: _Plan, args, kwargs, targets):
     if not returns:
         return None
     if plan.writes and plan.writes[0][2]:  # a list argument written in place
-        return None if not returns else targets
+        return targets
     if len(returns) == 1:
         return targets[0]
     return tuple(targets[: len(returns)])
@@ -791,7 +818,7 @@ def _check_writable(plan: _Plan, target: torch.Tensor, dtype: torch.dtype, shape
     """PyTorch's checks on writing a functional result into an in-place / out= argument:
     the result dtype must cast safely, and an output that is also an input is not resized."""
     if dtype != target.dtype and not torch.can_cast(dtype, target.dtype):
-        raise RuntimeError(
+        raise OutputMismatchError(
             f"result type {_type_name(dtype)} can't be cast to the desired output type {_type_name(target.dtype)}"
         )
     if tuple(shape) == tuple(target.shape):
@@ -799,7 +826,9 @@ def _check_writable(plan: _Plan, target: torch.Tensor, dtype: torch.dtype, shape
     written = {name for _pos, name, _l in plan.writes}
     inputs = (*args, *(v for k, v in kwargs.items() if k not in written))
     if plan.kind == "inplace" or any(a is target for a in inputs):
-        raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}")
+        raise OutputMismatchError(
+            f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}"
+        )
 
 
 def _cpu_fallback(plan: _Plan, args, kwargs):
@@ -819,7 +848,6 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
     out = plan.op(*cargs, **ckwargs)
     # written arguments: copy the CPU result back into the tpu tensors
     if plan.writes:
-        schema_args = plan.op._schema.arguments
         for pos, name, is_list in plan.writes:
             dev = args[pos] if pos < len(args) else kwargs.get(name)
             host = cargs[pos] if pos < len(cargs) else ckwargs.get(name)
@@ -830,7 +858,6 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
                 if tuple(d.shape) != tuple(h.shape):
                     d.resize_(h.shape)
                 write(d, _cpu_to_jax(h, op=f"fallback:{plan.name}"))
-        del schema_args
         if plan.kind in ("inplace", "out"):
             if probes._probes:
                 probes.fell_back(FallbackInfo(plan.name, _fallback_specs(plan, args, kwargs),
@@ -839,7 +866,7 @@ def _cpu_fallback(plan: _Plan, args, kwargs):
 
     def to_dev(v):
         if isinstance(v, _Tensor):
-            return from_jax(_cpu_to_jax(v, op=f"fallback:{plan.name}"), v.dtype)  # issue 5
+            return from_jax(_cpu_to_jax(v, op=f"fallback:{plan.name}"), v.dtype)
         if isinstance(v, (list, tuple)):
             return type(v)(to_dev(x) for x in v)
         return v
@@ -862,8 +889,8 @@ def _fallback_specs(plan: _Plan, args, kwargs) -> tuple[ArgSpec, ...]:
     return tuple(out)
 
 
-def _missing(plan: _Plan) -> NotImplementedError:
-    return NotImplementedError(
+def _missing(plan: _Plan) -> NoLoweringError:
+    return NoLoweringError(
         f"aten::{plan.name} has no tpu lowering or decomposition. "
         "Set tpu_debug.runtime.config.cpu_fallback = True (or TPU_DEBUG_CPU_FALLBACK=1) "
         "to run it on CPU, or add a lowering under runtime/ops/."
@@ -898,6 +925,3 @@ def dispatch(op: _OpOverload, args, kwargs):
     finally:
         active.discard(op)
 
-
-def numel(shape) -> int:
-    return math.prod(shape)

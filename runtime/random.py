@@ -12,6 +12,8 @@ import threading
 import numpy as np
 import torch
 
+from tpu_debug.errors import TpuArgumentError
+
 __all__ = ["manual_seed", "seed", "initial_seed", "next_key", "key_from_generator", "get_rng_state", "set_rng_state"]
 
 _lock = threading.Lock()
@@ -54,7 +56,7 @@ def key_from_generator(generator: torch.Generator) -> np.ndarray:
     ``manual_seed`` gives the same tpu numbers and consecutive calls differ.
     """
     if generator.device.type not in ("cpu", "tpu"):
-        raise ValueError(
+        raise TpuArgumentError(
             f"generator on {generator.device} cannot drive tpu random ops; "
             "pass a CPU torch.Generator (tpu generators cannot be created in PyTorch's Python API)"
         )
@@ -71,7 +73,7 @@ def get_rng_state() -> torch.Tensor:
 
 def set_rng_state(state: torch.Tensor) -> None:
     if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
-        raise ValueError(
+        raise TpuArgumentError(
             "tpu RNG state must be the uint8 tensor of 16 bytes that "
             "torch.tpu.get_rng_state() returned"
         )

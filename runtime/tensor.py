@@ -20,9 +20,12 @@ import numpy as np
 from jax import lax
 import torch
 
+from tpu_debug.errors import MissingPayloadError, UnsupportedError
+from tpu_debug.runtime.caches import LruCache
+from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "has_payload", "read_parts", "view_value", "PAYLOAD_ATTR"]
+__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "PAYLOAD_ATTR"]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
@@ -53,16 +56,12 @@ def _materialize(storage, payload: _Uninit) -> jax.Array:
     return arr
 
 
-def has_payload(t: torch.Tensor) -> bool:
-    return hasattr(t.untyped_storage(), PAYLOAD_ATTR)
-
-
 def _payload(t: torch.Tensor):
     storage = t.untyped_storage()
     try:
         arr = getattr(storage, PAYLOAD_ATTR)
     except AttributeError:
-        raise RuntimeError(
+        raise MissingPayloadError(
             f"tpu tensor of shape {tuple(t.shape)} has no data (it was created "
             "without going through tpu_debug, e.g. by a fake or meta tensor); "
             "create it with a factory function or .to('tpu')"
@@ -111,7 +110,7 @@ def read_parts(t: torch.Tensor):
     return arr, (tuple(t.stride()), t.storage_offset())
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4), donate_argnums=())
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _strided_write(base, value, size, stride, offset):
     flat = base.reshape(-1)
     idx = _indices(size, stride, offset)
@@ -119,8 +118,29 @@ def _strided_write(base, value, size, stride, offset):
     return flat.reshape(base.shape)
 
 
-@functools.lru_cache(maxsize=4096)
+# what one cached index array costs beyond its data: the key tuple, the ndarray header
+# and the cache's own entries (a 0-d index is nearly all overhead)
+_INDEX_ENTRY_OVERHEAD = 512
+_index_cache: LruCache[tuple, np.ndarray] = LruCache(
+    "view index arrays",
+    lambda: config.index_cache_bytes,
+    weigh=lambda idx: idx.nbytes + _INDEX_ENTRY_OVERHEAD,
+)
+
+
 def _indices(size, stride, offset) -> np.ndarray:
+    """The storage position of each element of a (size, stride, offset) view (read-only:
+    cached per geometry, within ``config.index_cache_bytes``)."""
+    key = (size, stride, offset)
+    idx = _index_cache.get(key)
+    if idx is None:
+        idx = _build_indices(size, stride, offset)
+        idx.flags.writeable = False
+        _index_cache.put(key, idx)
+    return idx
+
+
+def _build_indices(size, stride, offset) -> np.ndarray:
     idx = np.full(size, offset, dtype=np.int64) if size else np.array(offset)
     for dim, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
@@ -143,7 +163,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         return arr
     jdtype = to_jax_dtype(t.dtype)
     if arr.dtype != jdtype:
-        raise NotImplementedError(
+        raise UnsupportedError(
             f"reading a {t.dtype} view of {arr.dtype} storage is not supported on "
             "tpu (a dtype-reinterpreting view); use .to(dtype) instead of .view(dtype)"
         )

@@ -20,6 +20,14 @@ __all__ = [
     "TransferGuardError",
     "LoweringError",
     "NoLoweringError",
+    "DeviceTakenError",
+    "UnsupportedError",
+    "DeviceMismatchError",
+    "UnsupportedDtypeError",
+    "TpuArgumentError",
+    "OutputMismatchError",
+    "MissingPayloadError",
+    "LoweringBugError",
 ]
 
 
@@ -84,6 +92,47 @@ class TransferGuardError(TpuDebugError, RuntimeError):
     stops_program = True
 
 
+# -- the runtime -------------------------------------------------------------------------
+# Several also derive from the builtin PyTorch raises for the same mistake, so code that
+# catches PyTorch's error (``except RuntimeError``) catches the runtime's too.
+
+
+class DeviceTakenError(TpuDebugError, RuntimeError):
+    """PrivateUse1 already belongs to another backend (a real TorchTPU, say)."""
+
+
+class UnsupportedError(TpuDebugError, NotImplementedError):
+    """The `tpu` runtime does not do this: an aten op with no lowering, a dtype-reinterpreting
+    view, ``generator=`` on an op that draws no random numbers."""
+
+
+class DeviceMismatchError(TpuDebugError, RuntimeError):
+    """An op got a CPU tensor where it needs a `tpu` one (PyTorch's own check is a RuntimeError)."""
+
+
+class UnsupportedDtypeError(TpuDebugError, TypeError):
+    """A dtype the `tpu` device has no XLA type for."""
+
+
+class TpuArgumentError(TpuDebugError, ValueError):
+    """A ``torch.tpu`` function got a value it does not accept: a precision, a device index,
+    an eager mode, an RNG state or generator."""
+
+
+class OutputMismatchError(TpuDebugError, RuntimeError):
+    """An in-place or ``out=`` result does not fit its destination (a dtype that cannot be
+    cast, a shape that cannot be resized): PyTorch raises a RuntimeError there too."""
+
+
+class MissingPayloadError(TpuDebugError, RuntimeError):
+    """A `tpu` tensor holding no data: made by a fake or meta path, not through tpu_debug."""
+
+
+class LoweringBugError(TpuDebugError, RuntimeError):
+    """A lowering broke its contract (an output of the wrong shape): a tpu_debug bug, to report
+    with the op and shapes the message names."""
+
+
 # -- the op registry and lowerings -----------------------------------------------------
 
 
@@ -93,7 +142,7 @@ class LoweringError(TpuDebugError):
     to them), found when the lowerings load."""
 
 
-class NoLoweringError(TpuDebugError, NotImplementedError):
+class NoLoweringError(UnsupportedError):
     """An op, or an op with these arguments, that the tpu runtime has no lowering for.
 
     A ``NotImplementedError`` too, so code that handles PyTorch's own "not implemented

@@ -269,3 +269,26 @@ def test_torch_save_of_tpu_tensors_loads_on_cpu():
     torch.testing.assert_close(state["rows"], w[1:3])
     torch.testing.assert_close(state["n"], torch.arange(6))
     assert state["rows"].untyped_storage().data_ptr() == state["w"].untyped_storage().data_ptr()
+
+
+def test_an_installed_libtpu_without_a_tpu_stays_out_of_local_runs():
+    """With the libtpu wheel installed and no TPU on the PCI bus, the runtime runs on JAX's
+    CPU backend without JAX loading libtpu (its start-up errors, its lock file)."""
+    import importlib.util
+    import os
+
+    from jax._src import hardware_utils
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (pip install -e '.[tpu]')")
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+        pytest.skip("a TPU is attached: JAX's own choice is the right one")
+    code = (
+        "import tpu_debug, torch, jax; torch.ones(2, device='tpu').mul(2).cpu(); "
+        "print(jax.config.jax_platforms, jax.devices()[0].platform)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cpu", "cpu"]
+    assert "libtpu" not in out.stderr and "TPU_WORKER_HOSTNAMES" not in out.stderr
