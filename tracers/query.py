@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-import os
-import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from tpu_debug.tracers.events import (
     event_type,
 )
 from tpu_debug.tracers.hlo import FxNodeInfo, instruction_lines
+from tpu_debug.tracers.liveness import writer_alive
 from tpu_debug.tracers.store import connect
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError
@@ -74,7 +73,9 @@ class RunMetadata:
     start_time: str
     end_time: str | None
     duration: float | None
-    status: str  # "running" | "finished" | "failed" | "interrupted" | "incomplete"
+    # "running" | "finished" | "failed" | "interrupted" (SIGINT, KeyboardInterrupt) |
+    # "terminated" (SIGTERM) | "killed" (the process ended without closing the run)
+    status: str
     exit_status: int | None
     error: str | None
     options: dict[str, Any]
@@ -177,16 +178,6 @@ def op_name_of(target: Any) -> str:
 _STATUS_RUNNING = "running"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _EVENT_SELECT = (
     "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash{extra} "
     "FROM events e LEFT JOIN locations l ON l.id = e.location_id "
@@ -271,14 +262,17 @@ class RunQuery:
     # -- the run --------------------------------------------------------------------
 
     def metadata(self) -> RunMetadata:
-        """The run's metadata; ``status`` says ``"incomplete"`` for a run whose
-        process ended without closing it (killed)."""
+        """The run's metadata; ``status`` says ``"killed"`` for a run whose
+        process ended without closing it (SIGKILL, a crash of the interpreter)."""
         raw = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
-        status = raw.get("status", _STATUS_RUNNING)
-        if status == _STATUS_RUNNING and not (
-            raw.get("hostname") == socket.gethostname() and _pid_alive(int(raw.get("pid", -1)))
+        if raw.get("status", _STATUS_RUNNING) == _STATUS_RUNNING and not writer_alive(
+            self.db_path, pid=raw.get("pid"), hostname=raw.get("hostname")
         ):
-            status = "incomplete"
+            # the writer commits how the run ended before it lets go of its lock: read again
+            raw = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
+            if raw.get("status", _STATUS_RUNNING) == _STATUS_RUNNING:
+                raw["status"] = "killed"
+        status = raw.get("status", _STATUS_RUNNING)
         return RunMetadata(
             name=raw.get("name", ""),
             schema_version=int(raw.get("schema_version", 0)),

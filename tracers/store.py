@@ -57,6 +57,7 @@ from tpu_debug.tracers.events import (
     TransferEvent,
 )
 from tpu_debug.tracers.hlo import Program
+from tpu_debug.tracers.liveness import WriterLock
 
 from tpu_debug.errors import RunDamagedError, RunNotFoundError, SchemaVersionError
 
@@ -269,7 +270,14 @@ class RunWriter:
         self._stats_source: Callable[[], list[StatRow]] | None = None
         self._listeners: tuple[Callable[[Event], None], ...] = ()
         self._closed = False
-        self._create(metadata)
+        # the lock before the file: from the moment run.db exists a reader can ask if its writer lives
+        self._writer_lock = WriterLock(self.path)
+        self._writer_lock.acquire()
+        try:
+            self._create(metadata)
+        except BaseException:
+            self._writer_lock.release()
+            raise
         self._thread = threading.Thread(target=self._run, name="tpu_debug-run-writer", daemon=True)
         self._thread.start()
 
@@ -336,18 +344,23 @@ class RunWriter:
     # -- writer thread --------------------------------------------------------------
 
     def _create(self, metadata: dict[str, Any]) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None)
+        if self.path.exists():
+            raise FileExistsError(f"{self.path}: a run database is already there")
+        # built under another name and renamed once committed: a process killed half-way
+        # leaves no run.db that a reader would find empty
+        new = self.path.with_name(self.path.name + ".new")
+        new.unlink(missing_ok=True)
+        conn = sqlite3.connect(new, isolation_level=None)
         try:
-            conn.execute("PRAGMA synchronous=OFF")  # first: switching to WAL would fsync otherwise
+            conn.execute("PRAGMA synchronous=OFF")  # no fsync while the file is built
             conn.execute("PRAGMA page_size=16384")  # fewer page splits for append-heavy tables
-            conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN")
             conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            # pid and host let a reader tell a live run from one whose process died
+            # pid and host: what a reader falls back to where the writer lock is unavailable
             meta = {
                 "status": "running",
                 "pid": os.getpid(),
@@ -359,8 +372,11 @@ class RunWriter:
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()]
             )
             conn.execute("COMMIT")
+            # WAL once committed: the main file then holds everything, and renaming it moves it all
+            conn.execute("PRAGMA journal_mode=WAL")
         finally:
             conn.close()
+        os.replace(new, self.path)
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -399,6 +415,7 @@ class RunWriter:
         finally:
             if conn is not None:
                 conn.close()
+            self._writer_lock.release()  # after the final commit: readers now see how the run ended
 
     def _drain_after_error(self) -> None:
         while True:
