@@ -125,7 +125,7 @@ def test_sigkill_leaves_a_readable_run(tmp_path):
     assert expected > 0
     session = tpu_debug.open_run(logdir=tmp_path / "tpu_debug_runs")
     meta = session.metadata()
-    assert meta.status == "incomplete" and meta.end_time is None
+    assert meta.status == "killed" and meta.end_time is None
     items = len(session.transfers(op="item"))
     assert items >= expected
     assert session.ops(name="mul.Tensor")[0].count >= expected
