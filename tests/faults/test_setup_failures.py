@@ -74,7 +74,10 @@ def test_divergence_set_up_fails(monkeypatch, logdir, tmp_path):
     closed = []
     monkeypatch.setattr(DivergenceTracer, "close", lambda self: closed.append(self))
     _raise_when_subscribing(monkeypatch, DivergenceTracer, "no divergence today")
-    with pytest.raises(Injected, match="no divergence today"), tpu_debug.trace(logdir=logdir, divergence=True):
+    with (
+        pytest.raises(Injected, match="no divergence today"),
+        tpu_debug.trace(logdir=logdir, divergence=True),
+    ):
         pytest.fail("the block ran although trace() failed")
     assert len(closed) == 1  # the tracer was made before it failed to subscribe: it was closed
     _nothing_left_behind()
@@ -89,7 +92,10 @@ def test_guards_set_up_fails(monkeypatch, logdir, tmp_path):
 
     # the guards start dynamo's log handlers and the recompile guard, then fail on the transfer check
     monkeypatch.setattr(probes, "add_transfer_check", failing)
-    with pytest.raises(Injected, match="no transfer guard today"), tpu_debug.trace(logdir=logdir, fail_on_recompile=True, transfer_guard="log"):
+    with (
+        pytest.raises(Injected, match="no transfer guard today"),
+        tpu_debug.trace(logdir=logdir, fail_on_recompile=True, transfer_guard="log"),
+    ):
         pytest.fail("the block ran although trace() failed")
     _nothing_left_behind()
     _failed_run(logdir, "no transfer guard today")
@@ -102,7 +108,10 @@ def test_tensorboard_set_up_fails(monkeypatch, logdir, tmp_path):
 
     # the exporter has started the JAX profiler and hears the writer's events when this fails
     _raise_when_subscribing(monkeypatch, TensorBoardExporter, "no tensorboard today")
-    with pytest.raises(Injected, match="no tensorboard today"), tpu_debug.trace(logdir=logdir, tensorboard=True):
+    with (
+        pytest.raises(Injected, match="no tensorboard today"),
+        tpu_debug.trace(logdir=logdir, tensorboard=True),
+    ):
         pytest.fail("the block ran although trace() failed")
     _nothing_left_behind()
     _failed_run(logdir, "no tensorboard today")
