@@ -5,8 +5,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import gc
 import os
 import platform as _platform
+import queue
 import signal
 import socket
 import sys
@@ -98,8 +100,66 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
+def _unraisable(frame: Any) -> bool:
+    """Whether an exception raised in ``frame`` would be dropped: Python prints and drops what a
+    gc callback or a ``__del__`` raises. jax registers a gc callback that runs at every
+    collection, and a program busy compiling collects often: a signal acted on there is lost."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Resender:
+    """A thread that sends a signal to this process again, for a handler that ran where it could
+    not raise (see :func:`_unraisable`). From the main thread, ``signal.raise_signal`` and
+    ``os.kill`` would run the handler again at once, still inside the callback, and starting a
+    thread there waits, which runs it again too: the thread is started beforehand."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():  # (a forked child has none)
+            self._thread = threading.Thread(target=self._run, name="tpu_debug-signals", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            signum = self._queue.get()
+            time.sleep(0.001)  # the main thread leaves the callback meanwhile
+            os.kill(os.getpid(), signum)
+
+    def send_again(self, signum: int) -> None:
+        self._queue.put(signum)  # never blocks: safe in a signal handler
+
+
+_resender = _Resender()
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    if _unraisable(frame):
+        _resender.send_again(signum)
+        return
     raise Terminated
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    # Python's own SIGINT handler, but never lost in a gc callback (see _unraisable)
+    if _unraisable(frame):
+        _resender.send_again(signum)
+        return
+    raise KeyboardInterrupt
+
+
+# while a trace records in the main thread, these handlers replace the defaults
+_HANDLERS = {
+    signal.SIGINT: (signal.default_int_handler, _raise_interrupt),
+    signal.SIGTERM: (signal.SIG_DFL, _raise_terminated),
+}
 
 
 class _GiveUp(BaseException):
@@ -151,6 +211,8 @@ class _HeldSignals:
             return
         if len(self.received) == 1:
             self._note()
+        elif _unraisable(frame):
+            _resender.send_again(signum)
         else:
             raise _GiveUp
 
@@ -215,7 +277,7 @@ class Trace(contextlib.ContextDecorator):
         self._divergence: Any = None  # a DivergenceTracer with divergence=True
         self._saved_numerics: str | None = None
         self._guards: Any = None  # dynamo events, recompile and transfer guards
-        self._saved_sigterm: Any = None  # the SIGTERM handler to put back when the trace ends
+        self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
         # as a decorator, each call is its own run
@@ -224,6 +286,8 @@ class Trace(contextlib.ContextDecorator):
     def __enter__(self) -> Session:
         global _active
         origin = user_location(2)
+        if threading.current_thread() is threading.main_thread():
+            _resender.start()
         held = _HeldSignals().hold()
         try:
             with _lock:
@@ -244,11 +308,12 @@ class Trace(contextlib.ContextDecorator):
         try:
             self.origin = origin
             self._start_all(origin)
-            if held.previous.get(signal.SIGTERM) in (signal.SIG_DFL, _raise_terminated):
+            for sig, (default, ours) in _HANDLERS.items():
                 # SIGTERM unwinds the program like Ctrl-C, so the run is closed and says why it
-                # ended; a program's own SIGTERM handler is left in charge
-                self._saved_sigterm = signal.SIG_DFL
-                held.previous[signal.SIGTERM] = _raise_terminated
+                # ended; a program's own handler is left in charge
+                if held.previous.get(sig) in (default, ours):
+                    self._saved_handlers[sig] = default
+                    held.previous[sig] = ours
         except BaseException as exc:
             try:
                 self._finish(*self._ending(type(exc), exc, setting_up=True), held)
@@ -295,10 +360,9 @@ class Trace(contextlib.ContextDecorator):
         finally:
             with _lock:
                 _active = None
-            restore = {}
-            if self._saved_sigterm is not None and held.previous.get(signal.SIGTERM) is _raise_terminated:
-                restore[signal.SIGTERM] = self._saved_sigterm  # a handler set during the run stays
-            self._saved_sigterm = None
+            # the defaults go back where ours are still in place: a handler set during the run stays
+            saved, self._saved_handlers = self._saved_handlers, {}
+            restore = {sig: h for sig, h in saved.items() if held.previous.get(sig) is _HANDLERS[sig][1]}
             held.release(restore)
 
     def _ending(

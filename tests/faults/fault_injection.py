@@ -293,11 +293,12 @@ def _check_run(result: PointResult, child: Child, stamps: dict[str, Any], sent: 
     if status is None:
         return
     result.status = status
-    done = stamps["done"] is not None
-    if status not in (STATUS[signame], "finished") or (status == "finished" and not done):
+    # 'finished' is right only for a signal sent once the script had run its last line
+    ended = stamps["done"] is not None and sent >= stamps["done"]
+    if status != STATUS[signame] and not (status == "finished" and ended):
         result.problems.append(
             f"status {status!r}, expected {STATUS[signame]!r}"
-            + (" (or 'finished': the script had ended)" if done else "")
+            + (" (or 'finished': the script had ended)" if ended else "")
         )
     expected_codes = {-sig} if signame == "SIGKILL" else {128 + sig}
     if status == "finished" and signame != "SIGKILL":
@@ -412,11 +413,7 @@ def summarize(results: list[dict]) -> str:
             phases[r["phase"]] = phases.get(r["phase"], 0) + 1
         made = [r for r in rows if r["run"]]
         opened = sum(r["opened"] for r in made)
-        right = sum(
-            1
-            for r in made
-            if r["status"] == STATUS[signame] or (r["status"] == "finished" and not r["problems"])
-        )
+        right = sum(1 for r in made if not any(p.startswith("status ") for p in r["problems"]))
         statuses: dict[str, int] = {}
         for r in made:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
