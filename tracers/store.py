@@ -38,6 +38,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -339,7 +340,14 @@ class RunWriter:
             self._put(_Meta(metadata))
         self._put(_STOP)
         self._wake.set()
-        self._thread.join(timeout)
+        # joined in slices: Python acts on a signal between bytecodes, and one that lands just
+        # before a long blocking join would wait for all of it (Ctrl-C during the close)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._thread.is_alive():
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                break
+            self._thread.join(left)
 
     # -- writer thread --------------------------------------------------------------
 
