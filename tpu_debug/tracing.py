@@ -545,6 +545,13 @@ def trace(
     run per call). Options left as ``None`` come from ``TPU_DEBUG_*``
     environment variables, then defaults (see :class:`TraceConfig`).
 
+    While it records in the main thread, SIGTERM unwinds the program as Ctrl-C
+    does (it raises :class:`Terminated`, exit status 143) unless the program set
+    its own SIGTERM handler, and the run ends with status ``"terminated"``
+    (``"interrupted"`` for Ctrl-C). Signals arriving while the run is set up or
+    closed are delivered once that is done; a second one during the close stops
+    waiting for the run to be written. See docs/reliability.md.
+
     Args:
         logdir: where runs go (default ``./tpu_debug_runs``; ``TPU_DEBUG_LOGDIR``).
         name: run name (default: the calling script's name; ``TPU_DEBUG_NAME``).
