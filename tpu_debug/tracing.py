@@ -162,6 +162,21 @@ _HANDLERS = {
 }
 
 
+def _defaults_in_child() -> None:
+    # the trace belongs to the process that started it: a child it forks (a DataLoader worker)
+    # records nothing and gets Python's handlers back, so SIGTERM ends it as it would have
+    for sig, (default, ours) in _HANDLERS.items():
+        try:
+            if signal.getsignal(sig) is ours:
+                signal.signal(sig, default)
+        except ValueError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_defaults_in_child)
+
+
 class _GiveUp(BaseException):
     """A second signal while the run is being closed: stop waiting for the writer."""
 

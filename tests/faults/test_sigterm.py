@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -88,3 +91,39 @@ def test_sigterm_while_the_run_is_set_up_is_held_until_it_is_started(logdir, def
     session.close()
     assert tracing.active_trace() is None
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_gets_the_default_handlers(tmp_path):
+    script = tmp_path / "forks.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal
+            import tpu_debug
+
+            with tpu_debug.trace(logdir="runs"):
+                assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+                pid = os.fork()
+                if pid == 0:  # the child: Python's own handlers, as without tpu_debug
+                    ok = (signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+                          and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+                    os._exit(0 if ok else 3)
+                _, status = os.waitpid(pid, 0)
+                assert os.waitstatus_to_exitcode(status) == 0, status
+                assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the parent keeps its own
+            print("ok")
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
