@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         sys.path[0] = sys_path0
     else:
         sys.path.insert(0, sys_path0)
-    report = args.report
+    stopped = False  # by Ctrl-C or SIGTERM while the run was set up or closed
     try:
         with recording as session:
             code, error = _execute(target, bool(args.module))
@@ -242,17 +242,17 @@ def run(args: argparse.Namespace) -> int:
             raise
         session = recording.session
         code = 128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
-        report = False
+        stopped = True
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
     try:
         sys.stdout.flush()
-        tui = args.tui and sys.stdout.isatty() and sys.stdin.isatty()
-        if args.tui and not tui:
+        tui = args.tui and not stopped and sys.stdout.isatty() and sys.stdin.isatty()
+        if args.tui and not stopped and not tui:
             print("tpu-debug run --tui: not a terminal, so here is the report instead", file=sys.stderr)
-        if report and not tui:
+        if args.report and not stopped and not tui:
             session.print_summary(file=sys.stderr)
         print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
         if tui:
