@@ -35,6 +35,19 @@ STEPS = textwrap.dedent(
 )
 
 
+@pytest.fixture(autouse=True)
+def sigint_not_ignored():
+    """Children start with SIGINT at its default even when pytest was started with it ignored
+    (a background job of a shell without job control): an ignored signal stays ignored across
+    exec, and a program that ignores SIGINT keeps ignoring it under tpu-debug run."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # exec'd children get SIG_DFL
+    yield
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _env():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
     env["PYTHONUNBUFFERED"] = "1"

@@ -1,11 +1,25 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 from fault_injection import Timeline
 
 REPORT_VARIABLE = "TPU_DEBUG_FAULTS_REPORT"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sigint_not_ignored():
+    """Children start with SIGINT at its default even when this process was started with it
+    ignored (a background job of a shell without job control): an ignored signal stays ignored
+    across exec, and trace() leaves a signal the program ignores alone."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # exec'd children get SIG_DFL
+    yield
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="session")
