@@ -59,6 +59,10 @@ LOSS_BOUND = COMMIT_INTERVAL + 0.25
 def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
     env["PYTHONUNBUFFERED"] = "1"
+    # XLA on CPU, as every test runs, even where a libtpu wheel is installed: jax would load
+    # it, and its failure handler aborts the process (SIGABRT, "terminate called without an
+    # active exception") when a Ctrl-C lands in the backward pass, with or without a trace
+    env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 
 
