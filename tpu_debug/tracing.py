@@ -121,6 +121,7 @@ class _Resender:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.pending: set[int] = set()  # signals to send again; a handler that acted drops its own
 
     def start(self) -> None:
         if self._thread is None or not self._thread.is_alive():  # (a forked child has none)
@@ -131,10 +132,18 @@ class _Resender:
         while True:
             signum = self._queue.get()
             time.sleep(0.001)  # the main thread leaves the callback meanwhile
-            os.kill(os.getpid(), signum)
+            # once, and only while one of our handlers is in place: sent after the trace ended,
+            # it would reach Python's default handler, or kill a process that is shutting down
+            if signum in self.pending and signal.getsignal(signum) in _OURS:
+                self.pending.discard(signum)
+                os.kill(os.getpid(), signum)
 
     def send_again(self, signum: int) -> None:
+        self.pending.add(signum)
         self._queue.put(signum)  # never blocks: safe in a signal handler
+
+    def acted(self, signum: int) -> None:
+        self.pending.discard(signum)
 
 
 _resender = _Resender()
@@ -144,6 +153,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     if _unraisable(frame):
         _resender.send_again(signum)
         return
+    _resender.acted(signum)
     raise Terminated
 
 
@@ -152,6 +162,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     if _unraisable(frame):
         _resender.send_again(signum)
         return
+    _resender.acted(signum)
     raise KeyboardInterrupt
 
 
@@ -160,6 +171,7 @@ _HANDLERS = {
     signal.SIGINT: (signal.default_int_handler, _raise_interrupt),
     signal.SIGTERM: (signal.SIG_DFL, _raise_terminated),
 }
+_OURS: set[Any] = {_raise_interrupt, _raise_terminated}  # and each _HeldSignals._held
 
 
 def _defaults_in_child() -> None:
@@ -217,18 +229,20 @@ class _HeldSignals:
                 signal.signal(sig, self._held)
             except ValueError:  # not settable here (an embedded interpreter)
                 continue
+            _OURS.add(signal.getsignal(sig))
             self.previous[sig] = current
         return self
 
     def _held(self, signum: int, frame: Any) -> None:
         self.received.append(signum)
-        if self._waiting_for is None:
-            return
-        if len(self.received) == 1:
-            self._note()
+        if self._waiting_for is None or len(self.received) == 1:
+            _resender.acted(signum)
+            if self._waiting_for is not None:
+                self._note()
         elif _unraisable(frame):
             _resender.send_again(signum)
         else:
+            _resender.acted(signum)
             raise _GiveUp
 
     def _note(self) -> None:
@@ -250,6 +264,7 @@ class _HeldSignals:
         the first held signal to the handler in place when it came: this may raise."""
         previous, self.previous = self.previous, {}
         for sig, handler in previous.items():
+            _OURS.discard(signal.getsignal(sig))
             signal.signal(sig, (restore or {}).get(sig, handler))
         if not self.received:
             return
