@@ -316,9 +316,9 @@ def _check_run(result: PointResult, child: Child, stamps: dict[str, Any], sent: 
         )
     expected_codes = {-sig} if signame == "SIGKILL" else {128 + sig}
     if signame == "SIGINT":
-        # death by SIGINT, which a shell shows as 130 too: seen once in 80 interrupted runs,
-        # after tpu-debug run had closed the run and said where it is (cause not found; see
-        # docs/reliability.md)
+        # death by SIGINT, which a shell shows as 130 too: seen twice in about 100 points, after
+        # tpu-debug run had saved the run, before re-sent signals were limited to while
+        # tpu_debug's handlers are in place; not seen since (docs/reliability.md)
         expected_codes.add(-sig)
     if status == "finished" and signame != "SIGKILL":
         expected_codes |= {0, -sig}  # the script had ended; the signal came during or after the close
