@@ -166,6 +166,20 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _unraisable_hook(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while a trace records: a KeyboardInterrupt or Terminated that
+    Python dropped where :func:`_unraisable` could not tell (a weakref callback, a finalizer)
+    is sent again, to be raised where it can; anything else goes to the hook in place before."""
+    exc_type = unraisable.exc_type
+    if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Terminated)):
+        _resender.send_again(signal.SIGINT if issubclass(exc_type, KeyboardInterrupt) else signal.SIGTERM)
+        return
+    (_saved_unraisablehook or sys.__unraisablehook__)(unraisable)
+
+
+_saved_unraisablehook: Any = None
+
+
 # while a trace records in the main thread, these handlers replace the defaults
 _HANDLERS = {
     signal.SIGINT: (signal.default_int_handler, _raise_interrupt),
@@ -314,7 +328,7 @@ class Trace(contextlib.ContextDecorator):
         return Trace(self.config)
 
     def __enter__(self) -> Session:
-        global _active
+        global _active, _saved_unraisablehook
         origin = user_location(2)
         if threading.current_thread() is threading.main_thread():
             _resender.start()
@@ -344,6 +358,8 @@ class Trace(contextlib.ContextDecorator):
                 if held.previous.get(sig) in (default, ours):
                     self._saved_handlers[sig] = default
                     held.previous[sig] = ours
+            if self._saved_handlers and sys.unraisablehook is not _unraisable_hook:
+                _saved_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable_hook
         except BaseException as exc:
             try:
                 self._finish(*self._ending(type(exc), exc, setting_up=True), held)
@@ -393,6 +409,8 @@ class Trace(contextlib.ContextDecorator):
             # the defaults go back where ours are still in place: a handler set during the run stays
             saved, self._saved_handlers = self._saved_handlers, {}
             restore = {sig: h for sig, h in saved.items() if held.previous.get(sig) is _HANDLERS[sig][1]}
+            if saved and sys.unraisablehook is _unraisable_hook:
+                sys.unraisablehook = _saved_unraisablehook or sys.__unraisablehook__
             held.release(restore)
 
     def _ending(

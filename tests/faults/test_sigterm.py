@@ -127,3 +127,28 @@ def test_a_forked_child_gets_the_default_handlers(tmp_path):
         timeout=300,
     )
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
+
+
+def test_sigterm_dropped_in_a_weakref_callback_still_ends_the_run(logdir, default_sigterm):
+    import time
+    import weakref
+
+    class Payload:
+        pass
+
+    def freed(ref):
+        # the handler runs here, and Python drops what a weakref callback raises
+        signal.raise_signal(signal.SIGTERM)
+
+    steps = 0
+    hook = sys.unraisablehook
+    with pytest.raises(Terminated), tpu_debug.trace(logdir=logdir) as session:
+        payload = Payload()
+        ref = weakref.ref(payload, freed)
+        del payload
+        assert ref() is None
+        for steps in range(1, 3001):  # the signal, sent again, ends this loop
+            time.sleep(0.01)
+    assert steps < 3000
+    assert session.metadata().status == "terminated"
+    assert sys.unraisablehook is hook  # put back
