@@ -219,6 +219,11 @@ class PointResult:
     stall: float | None = None
     # a SIGINT that Python dropped in jax's gc callback before tpu_debug's handler was in place
     dropped: bool = False
+    # the process aborted in C++ ("terminate called without an active exception") as the
+    # KeyboardInterrupt unwound the backward pass: a crash of the runtime, not of the run's
+    # lifecycle (it happens without a trace too); the run must then read 'killed' and lose no
+    # more than SIGKILL may
+    aborted: bool = False
     problems: list[str] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> str:
@@ -309,12 +314,20 @@ def _check_run(result: PointResult, child: Child, stamps: dict[str, Any], sent: 
     # for a Ctrl-C that Python itself dropped before tpu_debug was in charge (see _dropped)
     ended = stamps["done"] is not None and sent >= stamps["done"]
     result.dropped = status == "finished" and signame == "SIGINT" and _dropped(child)
-    if status != STATUS[signame] and not (status == "finished" and (ended or result.dropped)):
+    result.aborted = (
+        signame == "SIGINT"
+        and result.returncode == -signal.SIGABRT
+        and any("terminate called without an active exception" in line for _, line in child.stderr)
+    )
+    expected = "killed" if result.aborted else STATUS[signame]
+    if status != expected and not (status == "finished" and (ended or result.dropped)):
         result.problems.append(
             f"status {status!r}, expected {STATUS[signame]!r}"
             + (" (or 'finished': the script had ended)" if ended else "")
         )
     expected_codes = {-sig} if signame == "SIGKILL" else {128 + sig}
+    if result.aborted:
+        expected_codes = {-signal.SIGABRT}
     if signame == "SIGINT":
         # death by SIGINT, which a shell shows as 130 too: seen twice in about 100 points, after
         # tpu-debug run had saved the run, before re-sent signals were limited to while
@@ -407,7 +420,7 @@ def _check_loss(result: PointResult, db: Path, stamps: dict[str, Any], sent: flo
     finally:
         conn.close()
     result.markers_recorded = recorded
-    if result.signal != "SIGKILL" and recorded < result.markers_printed:
+    if result.signal != "SIGKILL" and not result.aborted and recorded < result.markers_printed:
         result.problems.append(
             f"{result.markers_printed} step markers printed but {recorded} recorded: "
             f"{result.signal} must lose nothing"
@@ -454,7 +467,9 @@ def summarize(results: list[dict]) -> str:
         right = sum(
             1
             for r in made
-            if not r.get("dropped") and not any(p.startswith("status ") for p in r["problems"])
+            if not r.get("dropped")
+            and not r.get("aborted")
+            and not any(p.startswith("status ") for p in r["problems"])
         )
         statuses: dict[str, int] = {}
         for r in made:
@@ -476,6 +491,14 @@ def summarize(results: list[dict]) -> str:
             + f") | {lost} | "
             + ", ".join(f"{c} ×{n}" for c, n in sorted(codes.items(), key=lambda kv: str(kv[0])))
             + " |"
+        )
+    aborted = sum(r.get("aborted", False) for r in results)
+    if aborted:
+        lines.append("")
+        lines.append(
+            f'{aborted} SIGINT point(s) in the training loop: the process aborted in C++ ("terminate '
+            'called without an active exception") as the KeyboardInterrupt unwound the backward pass, '
+            "a runtime crash that happens without a trace too; the run opened and read 'killed'."
         )
     dropped = sum(r.get("dropped", False) for r in results)
     if dropped:
