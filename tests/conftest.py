@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import os
 
-# Tests never pick up a user's TPU_DEBUG_* settings by accident; TPU_DEBUG_OPINFO_* select
-# the OpInfo harness tier and results file (issue 7), not runtime behaviour.
-for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.startswith("TPU_DEBUG_OPINFO_")]:
+# Tests never pick up a user's TPU_DEBUG_* settings by accident. TPU_DEBUG_OPINFO_* (the OpInfo
+# harness tier and results file) and TPU_DEBUG_FAULTS_* (where the fault-injection suite writes
+# its figures) steer test harnesses, not runtime behaviour.
+_HARNESS_VARIABLES = ("TPU_DEBUG_OPINFO_", "TPU_DEBUG_FAULTS_")
+for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.startswith(_HARNESS_VARIABLES)]:
     del os.environ[_name]
 
 import pytest  # noqa: E402

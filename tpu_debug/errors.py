@@ -13,6 +13,7 @@ __all__ = [
     "RunNotFoundError",
     "RunDamagedError",
     "SchemaVersionError",
+    "RunBusyError",
     "NotRecordedError",
     "CommandError",
     "ReportSectionError",
@@ -53,6 +54,10 @@ class RunDamagedError(TpuDebugError):
 
 class SchemaVersionError(TpuDebugError):
     """A run written with a store layout this tpu_debug does not read."""
+
+
+class RunBusyError(TpuDebugError):
+    """A run database that another live process is writing."""
 
 
 class NotRecordedError(TpuDebugError, LookupError):

@@ -115,8 +115,8 @@ def _run(session: Any, terminal: bool) -> RenderableType:
         status += f" (exit status {m.exit_status})"
     if m.error:
         status += f": {m.error}"
-    if m.status == "incomplete":
-        status += " - the process ended without closing the run (killed?); events up to its end are kept"
+    if m.status == "killed":
+        status += " - the process ended without closing the run; what it recorded until then is kept"
     modes = session.modes()
     rows = [
         ("run", str(session.run_dir)),

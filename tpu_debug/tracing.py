@@ -5,8 +5,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import gc
 import os
 import platform as _platform
+import queue
 import signal
 import socket
 import sys
@@ -15,21 +17,25 @@ import time
 from collections.abc import Mapping
 from importlib import metadata as _metadata
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from tpu_debug._version import __version__
 from tpu_debug.config import TraceConfig
-from tpu_debug.errors import TraceActiveError
+from tpu_debug.errors import TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
 
-__all__ = ["trace", "Trace", "active_trace", "step"]
+__all__ = ["Terminated", "Trace", "active_trace", "step", "trace"]
 
 _lock = threading.Lock()
 _active: Trace | None = None
+
+# how ``tpu-debug run`` reports a script that Ctrl-C or SIGTERM ended: 128 + the signal
+_STATUS_OF_EXIT = {128 + signal.SIGINT: "interrupted", 128 + signal.SIGTERM: "terminated"}
 
 
 def active_trace() -> Trace | None:
@@ -80,30 +86,210 @@ def run_metadata(name: str, config: TraceConfig) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _sigint_deferred():
-    """Hold off Ctrl-C while the run is flushed, then deliver it (a second Ctrl-C
-    during the final flush must not cut the run short)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+class Terminated(SystemExit):
+    """SIGTERM arrived while a trace was recording.
+
+    While a trace records in the main thread, SIGTERM (unless the program set
+    its own handler) raises this exception, so the program unwinds as it does
+    for Ctrl-C and the run is closed with status ``"terminated"``. Uncaught, it
+    ends the process with exit status 143 (128 + SIGTERM), the status a shell
+    shows for a process SIGTERM killed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _unraisable(frame: Any) -> bool:
+    """Whether an exception raised in ``frame`` would be dropped: Python prints and drops what a
+    gc callback or a ``__del__`` raises. jax registers a gc callback that runs at every
+    collection, and a program busy compiling collects often: a signal acted on there is lost."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Resender:
+    """A thread that sends a signal to this process again, for a handler that ran where it could
+    not raise (see :func:`_unraisable`). From the main thread, ``signal.raise_signal`` and
+    ``os.kill`` would run the handler again at once, still inside the callback, and starting a
+    thread there waits, which runs it again too: the thread is started beforehand."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.pending: set[int] = set()  # signals to send again; a handler that acted drops its own
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():  # (a forked child has none)
+            self._thread = threading.Thread(target=self._run, name="tpu_debug-signals", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            signum = self._queue.get()
+            time.sleep(0.001)  # the main thread leaves the callback meanwhile
+            # once, and only while one of our handlers is in place: sent after the trace ended,
+            # it would reach Python's default handler, or kill a process that is shutting down
+            if signum in self.pending and signal.getsignal(signum) in _OURS:
+                self.pending.discard(signum)
+                os.kill(os.getpid(), signum)
+
+    def send_again(self, signum: int) -> None:
+        self.pending.add(signum)
+        self._queue.put(signum)  # never blocks: safe in a signal handler
+
+    def acted(self, signum: int) -> None:
+        self.pending.discard(signum)
+
+
+_resender = _Resender()
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    if _unraisable(frame):
+        _resender.send_again(signum)
         return
-    received: list[int] = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    except ValueError:  # not settable here (embedded interpreters)
-        yield
+    _resender.acted(signum)
+    raise Terminated
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    # Python's own SIGINT handler, but never lost in a gc callback (see _unraisable)
+    if _unraisable(frame):
+        _resender.send_again(signum)
         return
+    _resender.acted(signum)
+    raise KeyboardInterrupt
+
+
+def _unraisable_hook(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while a trace records: a KeyboardInterrupt or Terminated that
+    Python dropped where :func:`_unraisable` could not tell (a weakref callback, a finalizer)
+    is sent again, to be raised where it can; anything else goes to the hook in place before."""
+    exc_type = unraisable.exc_type
+    if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Terminated)):
+        _resender.send_again(signal.SIGINT if issubclass(exc_type, KeyboardInterrupt) else signal.SIGTERM)
+        return
+    (_saved_unraisablehook or sys.__unraisablehook__)(unraisable)
+
+
+_saved_unraisablehook: Any = None
+
+
+# while a trace records in the main thread, these handlers replace the defaults
+_HANDLERS = {
+    signal.SIGINT: (signal.default_int_handler, _raise_interrupt),
+    signal.SIGTERM: (signal.SIG_DFL, _raise_terminated),
+}
+_OURS: set[Any] = {_raise_interrupt, _raise_terminated}  # and each _HeldSignals._held
+
+
+def _defaults_in_child() -> None:
+    # the trace belongs to the process that started it: a child it forks (a DataLoader worker)
+    # records nothing and gets Python's handlers back, so SIGTERM ends it as it would have
+    for sig, (default, ours) in _HANDLERS.items():
+        try:
+            if signal.getsignal(sig) is ours:
+                signal.signal(sig, default)
+        except ValueError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_defaults_in_child)
+
+
+class _GiveUp(BaseException):
+    """A second signal while the run is being closed: stop waiting for the writer."""
+
+
+def _say(line: str) -> None:
+    # straight to the descriptor: called from a signal handler, which may run while the main
+    # thread is inside a write to sys.stderr (a buffered writer refuses re-entrant calls)
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            # deliver it here, not via raise_signal: a signal handled later could land in a
-            # gc callback, where Python would swallow the KeyboardInterrupt
-            if callable(previous):
-                previous(signal.SIGINT, None)
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
+        os.write(2, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
+
+
+class _HeldSignals:
+    """SIGINT and SIGTERM held while a run is set up or closed, then handed to their handlers.
+
+    A signal acted on half-way through set-up or close would leave tracers
+    subscribed, the writer open and the run "running"; held, it is delivered
+    once the run is fully started (then the run ends as the signal says) or
+    fully closed. While the final write is awaited, the first signal prints a
+    note and a second one raises :class:`_GiveUp`: an impatient Ctrl-C never
+    waits for the writer. Signals a program ignores are left alone.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+        self._waiting_for: Path | None = None
+
+    def hold(self) -> _HeldSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # only the main thread can set handlers, and only it gets signals
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                current = signal.getsignal(sig)
+                if current in (signal.SIG_IGN, None):  # ignored, or not set from Python
+                    continue
+                signal.signal(sig, self._held)
+            except ValueError:  # not settable here (an embedded interpreter)
+                continue
+            _OURS.add(signal.getsignal(sig))
+            self.previous[sig] = current
+        return self
+
+    def _held(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if self._waiting_for is None or len(self.received) == 1:
+            _resender.acted(signum)
+            if self._waiting_for is not None:
+                self._note()
+        elif _unraisable(frame):
+            _resender.send_again(signum)
+        else:
+            _resender.acted(signum)
+            raise _GiveUp
+
+    def _note(self) -> None:
+        name = signal.Signals(self.received[0]).name
+        again = "Ctrl-C" if self.received[0] == signal.SIGINT else "the signal"
+        _say(
+            f"tpu_debug: {name} received; writing the end of the run to {self._waiting_for} first "
+            f"({again} again to stop waiting)"
+        )
+
+    def waiting(self, path: Path | None) -> None:
+        """While ``path`` is set, a second signal gives up waiting (raises :class:`_GiveUp`)."""
+        self._waiting_for = path
+        if path is not None and self.received:
+            self._note()
+
+    def release(self, restore: Mapping[int, Any] | None = None) -> None:
+        """Put the handlers back (``restore`` overrides what goes back for a signal) and hand
+        the first held signal to the handler in place when it came: this may raise."""
+        previous, self.previous = self.previous, {}
+        for sig, handler in previous.items():
+            _OURS.discard(signal.getsignal(sig))
+            signal.signal(sig, (restore or {}).get(sig, handler))
+        if not self.received:
+            return
+        sig = self.received[0]
+        handler = previous.get(sig)
+        # called here, not re-raised with raise_signal: a signal handled later could land in a
+        # gc callback, where Python would swallow the exception its handler raises
+        if callable(handler):
+            handler(sig, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), sig)
 
 
 @atexit.register
@@ -131,106 +317,180 @@ class Trace(contextlib.ContextDecorator):
         self._recorder: Recorder | None = None
         self._writer: RunWriter | None = None
         self._start = 0.0
-        self._tensorboard: Any = None  # a TensorBoardExporter with tensorboard=True (issue 9)
-        self._divergence: Any = None  # a DivergenceTracer with divergence=True (issue 8)
+        self._tensorboard: Any = None  # a TensorBoardExporter with tensorboard=True
+        self._divergence: Any = None  # a DivergenceTracer with divergence=True
         self._saved_numerics: str | None = None
-        self._guards: Any = None  # dynamo events, recompile and transfer guards (issue 5)
+        self._guards: Any = None  # dynamo events, recompile and transfer guards
+        self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
         # as a decorator, each call is its own run
         return Trace(self.config)
 
     def __enter__(self) -> Session:
-        global _active
+        global _active, _saved_unraisablehook
         origin = user_location(2)
-        with _lock:
-            if _active is not None:
-                where = (
-                    f" (started at {_active.origin})"
-                    if _active.origin is not None
-                    else " (started outside your code, e.g. by 'tpu-debug run')"
-                )
-                raise TraceActiveError(
-                    f"a trace is already recording{where}; tpu_debug records one trace at a time. "
-                    "End it before starting another."
-                )
-            _active = self
+        if threading.current_thread() is threading.main_thread():
+            _resender.start()
+        held = _HeldSignals().hold()
+        try:
+            with _lock:
+                if _active is not None:
+                    where = (
+                        f" (started at {_active.origin})"
+                        if _active.origin is not None
+                        else " (started outside your code, e.g. by 'tpu-debug run')"
+                    )
+                    raise TraceActiveError(
+                        f"a trace is already recording{where}; tpu_debug records one trace at a time. "
+                        "End it before starting another."
+                    )
+                _active = self
+        except BaseException:
+            held.release()
+            raise
         try:
             self.origin = origin
-            from tpu_debug.runtime import probes
-
-            name = self.config.name or _default_name(origin)
-            run_dir = new_run_dir(self.config.logdir, name)
-            self._writer = RunWriter(run_dir / DB_NAME, run_metadata(name, self.config))
-            self._recorder = Recorder(self._writer, hlo=self.config.hlo, op_events=self.config.op_events)
-            self.session = Session(run_dir / DB_NAME, writer=self._writer)
-            self._start = time.perf_counter()
-            probes.subscribe(self._recorder, replay=True)
-            if self.config.tensorboard:
-                self._start_tensorboard(run_dir)
-            self._start_divergence()
-            from tpu_debug.guards import TraceGuards  # issue 5
-
-            self._guards = TraceGuards(self.config, self._writer, self._recorder)
-            self._guards.start()
-        except BaseException:
-            with _lock:
-                _active = None
+            self._start_all(origin)
+            for sig, (default, ours) in _HANDLERS.items():
+                # SIGTERM unwinds the program like Ctrl-C, so the run is closed and says why it
+                # ended; a program's own handler is left in charge
+                if held.previous.get(sig) in (default, ours):
+                    self._saved_handlers[sig] = default
+                    held.previous[sig] = ours
+            if self._saved_handlers and sys.unraisablehook is not _unraisable_hook:
+                _saved_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable_hook
+        except BaseException as exc:
+            try:
+                self._finish(*self._ending(type(exc), exc, setting_up=True), held)
+            finally:
+                with _lock:
+                    _active = None
+                held.release()
+            raise
+        try:
+            held.release()  # a signal held during set-up ends the run now that it is fully started
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
             raise
         return self.session
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        global _active
-        try:
-            from tpu_debug.runtime import probes
+    def _start_all(self, origin: Any) -> None:
+        from tpu_debug.runtime import probes
 
-            if self._guards is not None:  # issue 5
-                self._guards.stop()
-                self._guards = None
-            self._stop_divergence()
-            if self._tensorboard is not None:
-                self._stop_tensorboard()
-            if self._recorder is not None:
-                probes.unsubscribe(self._recorder)
-            session = self.session
-            exit_status = session._exit_status if session is not None else None
-            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-                status, error = "interrupted", "KeyboardInterrupt"
-            elif exc_type is not None and issubclass(exc_type, SystemExit):
-                code = exc.code if exc is not None else None
-                exit_status = code if isinstance(code, int) else (0 if code is None else 1)
-                status, error = ("finished" if exit_status == 0 else "failed"), None
-            elif exc_type is not None:
-                status, error = "failed", f"{exc_type.__name__}: {exc}"
-            elif exit_status is not None and exit_status != 0:
-                status = "interrupted" if exit_status == 130 else "failed"
-                error = session._exit_error if session is not None else None
-            else:
-                status, error = "finished", None
-            if self._writer is not None:
-                final = {
-                    "status": status,
-                    "exit_status": exit_status,
-                    "error": error,
-                    "end_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
-                    "duration": time.perf_counter() - self._start,
-                }
-                with _sigint_deferred():
-                    self._writer.close(final)
-                if self._writer.error is not None:
-                    err = self._writer.error
-                    print(
-                        f"tpu_debug: recording to {self._writer.path} stopped early "
-                        f"({type(err).__name__}: {err}); the run holds what was written before.",
-                        file=sys.stderr,
-                    )
-            if session is not None:
-                session._detach()
+        name = self.config.name or _default_name(origin)
+        run_dir = new_run_dir(self.config.logdir, name)
+        self._writer = RunWriter(run_dir / DB_NAME, run_metadata(name, self.config))
+        self._recorder = Recorder(self._writer, hlo=self.config.hlo, op_events=self.config.op_events)
+        # time.perf_counter() at the run's time 0 (CLOCK_MONOTONIC on Linux, shared by every
+        # process of the machine): lines the run's timestamps up with other clocks
+        self._writer.set_meta(clock_origin=time.perf_counter() - self._recorder.clock())
+        self.session = Session(run_dir / DB_NAME, writer=self._writer)
+        self._start = time.perf_counter()
+        probes.subscribe(self._recorder, replay=True)
+        if self.config.tensorboard:
+            self._start_tensorboard(run_dir)
+        self._start_divergence()
+        from tpu_debug.guards import TraceGuards
+
+        self._guards = TraceGuards(self.config, self._writer, self._recorder)
+        self._guards.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        global _active
+        held = _HeldSignals().hold()
+        try:
+            self._finish(*self._ending(exc_type, exc), held)
         finally:
             with _lock:
                 _active = None
+            # the defaults go back where ours are still in place: a handler set during the run stays
+            saved, self._saved_handlers = self._saved_handlers, {}
+            restore = {sig: h for sig, h in saved.items() if held.previous.get(sig) is _HANDLERS[sig][1]}
+            if saved and sys.unraisablehook is _unraisable_hook:
+                sys.unraisablehook = _saved_unraisablehook or sys.__unraisablehook__
+            held.release(restore)
 
-    # -- TensorBoard export (issue 9) ------------------------------------------------------
+    def _ending(
+        self, exc_type: Any, exc: BaseException | None, *, setting_up: bool = False
+    ) -> tuple[str, int | None, str | None]:
+        """(status, exit status, error) of the run that ``exc`` (or the program's exit status) ends."""
+        session = self.session
+        exit_status = session._exit_status if session is not None else None
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            return "interrupted", exit_status, "KeyboardInterrupt"
+        if exc_type is not None and issubclass(exc_type, Terminated):
+            return "terminated", 128 + signal.SIGTERM, "SIGTERM"
+        if exc_type is not None and issubclass(exc_type, SystemExit) and not setting_up:
+            code = exc.code if exc is not None else None
+            exit_status = code if isinstance(code, int) else (0 if code is None else 1)
+            return ("finished" if exit_status == 0 else "failed"), exit_status, None
+        if exc_type is not None:
+            error = f"{exc_type.__name__}: {exc}"
+            return "failed", exit_status, (f"trace() could not start: {error}" if setting_up else error)
+        if exit_status is not None and exit_status != 0:
+            error = session._exit_error if session is not None else None
+            return _STATUS_OF_EXIT.get(exit_status, "failed"), exit_status, error
+        return "finished", exit_status, None
+
+    def _finish(self, status: str, exit_status: int | None, error: str | None, held: _HeldSignals) -> None:
+        """Stop everything started, newest first, then write the run's end and close it."""
+        for where, stop in (
+            ("TraceGuards.stop", self._stop_guards),
+            ("DivergenceTracer.close", self._stop_divergence),
+            ("TensorBoardExporter.stop", self._stop_tensorboard),
+            ("Recorder.unsubscribe", self._stop_recorder),
+        ):
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 - the rest must still be stopped and the run closed
+                if self._recorder is not None:
+                    self._recorder.record_error(where, f"{type(exc).__name__}: {exc}")
+        writer = self._writer
+        if writer is not None:
+            final = {
+                "status": status,
+                "exit_status": exit_status,
+                "error": error,
+                "end_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
+                "duration": time.perf_counter() - self._start if self._start else 0.0,
+            }
+            held.waiting(writer.path)
+            try:
+                writer.close(final)
+            except _GiveUp:
+                _say(
+                    f"tpu_debug: stopped waiting for the run to be written; {writer.path} keeps what was "
+                    "committed before, and without its end it reads as 'killed'."
+                )
+            else:
+                if writer.error is not None:
+                    err = writer.error
+                    # the store's own errors already name the file, what was kept and the fix
+                    text = str(err) if isinstance(err, TpuDebugError) else (
+                        f"recording to {writer.path} stopped early ({type(err).__name__}: {err}); "
+                        "the run holds what was written before."
+                    )
+                    print(f"tpu_debug: {text}", file=sys.stderr)
+            finally:
+                held.waiting(None)
+        if self.session is not None:
+            self.session._detach()
+
+    def _stop_guards(self) -> None:
+        guards, self._guards = self._guards, None
+        if guards is not None:
+            guards.stop()
+
+    def _stop_recorder(self) -> None:
+        from tpu_debug.runtime import probes
+
+        if self._recorder is not None:
+            probes.unsubscribe(self._recorder)
+
+    # -- TensorBoard export -----------------------------------------------------------------
 
     def _start_tensorboard(self, run_dir: Path) -> None:
         from tpu_debug.runtime import probes
@@ -250,7 +510,7 @@ class Trace(contextlib.ContextDecorator):
             recorder.record_error("TensorBoardExporter.start", f"{type(exc).__name__}: {exc}")
             writer.set_meta(tensorboard={"status": "failed", "notes": [f"{type(exc).__name__}: {exc}"]})
             return
-        self._tensorboard = exporter
+        self._tensorboard = exporter  # from here on, stopping it undoes what follows too
         writer.add_listener(exporter.on_event)
         probes.subscribe(exporter, replay=True)
 
@@ -258,6 +518,8 @@ class Trace(contextlib.ContextDecorator):
         from tpu_debug.runtime import probes
 
         exporter, self._tensorboard = self._tensorboard, None
+        if exporter is None:
+            return
         probes.unsubscribe(exporter)
         if self._writer is not None:
             self._writer.remove_listener(exporter.on_event)
@@ -266,7 +528,7 @@ class Trace(contextlib.ContextDecorator):
         except Exception as exc:  # noqa: BLE001 - the run itself must still be closed
             self._recorder.record_error("TensorBoardExporter.stop", f"{type(exc).__name__}: {exc}")
 
-    # -- divergence against CPU and TPU numerics (issue 8) ------------------------------
+    # -- divergence against CPU and TPU numerics ---------------------------------------------
 
     def _start_divergence(self) -> None:
         from tpu_debug.runtime import probes
@@ -282,8 +544,8 @@ class Trace(contextlib.ContextDecorator):
                 sample=self.config.divergence_sample,
                 record_error=self._recorder.record_error,
             )
-            probes.subscribe(tracer)
             self._divergence = tracer
+            probes.subscribe(tracer)
         if self.config.numerics is not None:
             self._saved_numerics = runtime_config.numerics
             runtime_config.numerics = self.config.numerics
@@ -331,6 +593,13 @@ def trace(
     during and after the block) or as a decorator ``@tpu_debug.trace()`` (one
     run per call). Options left as ``None`` come from ``TPU_DEBUG_*``
     environment variables, then defaults (see :class:`TraceConfig`).
+
+    While it records in the main thread, SIGTERM unwinds the program as Ctrl-C
+    does (it raises :class:`Terminated`, exit status 143) unless the program set
+    its own SIGTERM handler, and the run ends with status ``"terminated"``
+    (``"interrupted"`` for Ctrl-C). Signals arriving while the run is set up or
+    closed are delivered once that is done; a second one during the close stops
+    waiting for the run to be written. See docs/reliability.md.
 
     Args:
         logdir: where runs go (default ``./tpu_debug_runs``; ``TPU_DEBUG_LOGDIR``).
@@ -384,10 +653,10 @@ def trace(
     """
     config = TraceConfig.from_env().override(logdir=logdir, name=name, hlo=hlo, op_events=op_events)
     config = config.override(tensorboard=tensorboard, tensorboard_max_events=tensorboard_max_events)
-    config = config.override(  # issue 8
+    config = config.override(
         divergence=divergence, numerics=numerics, tolerances=tolerances, divergence_sample=divergence_sample
     )
-    config = config.override(  # issue 5
+    config = config.override(
         storm_threshold=storm_threshold,
         fail_on_recompile=fail_on_recompile,
         transfer_guard=transfer_guard,
@@ -396,7 +665,7 @@ def trace(
     return Trace(config)
 
 
-# -- step marks (issue 9) ----------------------------------------------------------------
+# -- step marks --------------------------------------------------------------------------
 
 
 def step() -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-import os
-import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +31,7 @@ from tpu_debug.tracers.events import (
     event_type,
 )
 from tpu_debug.tracers.hlo import ProgramNode, instruction_lines
+from tpu_debug.tracers.liveness import writer_alive
 from tpu_debug.tracers.store import (
     META_CAPPED,
     META_DROPPED,
@@ -78,7 +77,9 @@ class RunMetadata:
     start_time: str
     end_time: str | None
     duration: float | None
-    status: str  # "running" | "finished" | "failed" | "interrupted" | "incomplete"
+    # "running" | "finished" | "failed" | "interrupted" (SIGINT, KeyboardInterrupt) |
+    # "terminated" (SIGTERM) | "killed" (the process ended without closing the run)
+    status: str
     exit_status: int | None
     error: str | None
     options: dict[str, Any]
@@ -184,16 +185,6 @@ def op_name_of(target: Any) -> str:
 _STATUS_RUNNING = "running"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _DAMAGED = (
     "{path}: not a readable tpu_debug run ({detail}). The file is damaged or truncated; re-record the run."
 )
@@ -251,18 +242,24 @@ class RunQuery:
 
     # -- the run --------------------------------------------------------------------
 
-    def metadata(self) -> RunMetadata:
-        """The run's metadata; ``status`` says ``"incomplete"`` for a run whose
-        process ended without closing it (killed)."""
+    def _meta(self) -> dict[str, Any]:
         try:
-            raw = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
+            return {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
         except ValueError as exc:
             raise self._damaged(exc) from None
-        status = raw.get("status", _STATUS_RUNNING)
-        if status == _STATUS_RUNNING and not (
-            raw.get("hostname") == socket.gethostname() and _pid_alive(int(raw.get("pid", -1)))
+
+    def metadata(self) -> RunMetadata:
+        """The run's metadata; ``status`` says ``"killed"`` for a run whose
+        process ended without closing it (SIGKILL, a crash of the interpreter)."""
+        raw = self._meta()
+        if raw.get("status", _STATUS_RUNNING) == _STATUS_RUNNING and not writer_alive(
+            self.db_path, pid=raw.get("pid"), hostname=raw.get("hostname")
         ):
-            status = "incomplete"
+            # the writer commits how the run ended before it lets go of its lock: read again
+            raw = self._meta()
+            if raw.get("status", _STATUS_RUNNING) == _STATUS_RUNNING:
+                raw["status"] = "killed"
+        status = raw.get("status", _STATUS_RUNNING)
         return RunMetadata(
             name=raw.get("name", ""),
             schema_version=int(raw.get("schema_version", 0)),

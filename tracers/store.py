@@ -53,9 +53,11 @@ from typing import Any
 from tpu_debug.tracers import events as _events
 from tpu_debug.tracers.events import SCHEMA_VERSION, ArgInfo, Event, SourceLocation
 from tpu_debug.tracers.hlo import Program
+from tpu_debug.tracers.liveness import WriterLock
 
 from tpu_debug.errors import (
     RunAccessError,
+    RunBusyError,
     RunDamagedError,
     RunNotFoundError,
     RunWriteError,
@@ -600,10 +602,19 @@ class RunWriter:
         self._stats_source: Callable[[], list[StatRow]] | None = None
         self._listeners: tuple[Callable[[Event], None], ...] = ()
         self._closed = False
+        # the lock before the file: from the moment run.db exists a reader can ask if its writer lives
+        self._writer_lock = WriterLock(self.path)
         try:
+            self._writer_lock.acquire()
             self._create(metadata)
+        except RunBusyError:
+            raise
         except (sqlite3.Error, OSError) as exc:
+            self._writer_lock.release()
             raise _write_error(self.path, exc, creating=True) from None
+        except BaseException:
+            self._writer_lock.release()
+            raise
         self._thread = threading.Thread(target=self._run, name="tpu_debug-run-writer", daemon=True)
         self._thread.start()
 
@@ -719,7 +730,14 @@ class RunWriter:
             self._queue.append(_Meta(metadata))
         self._queue.append(_STOP)
         self._wake.set()
-        self._thread.join(timeout)
+        # joined in slices: Python acts on a signal between bytecodes, and one that lands just
+        # before a long blocking join would wait for all of it (Ctrl-C during the close)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._thread.is_alive():
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                break
+            self._thread.join(left)
         if self._thread.is_alive():
             if self.error is None:
                 self.error = RunWriteError(
@@ -767,17 +785,22 @@ class RunWriter:
         return conn
 
     def _create(self, metadata: dict[str, Any]) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None)
+        if self.path.exists():
+            raise FileExistsError(f"{self.path}: a run database is already there")
+        # built under another name and renamed once committed: a process killed half-way
+        # leaves no run.db that a reader would find empty
+        new = self.path.with_name(self.path.name + ".new")
+        new.unlink(missing_ok=True)
+        conn = sqlite3.connect(new, isolation_level=None)
         try:
-            conn.execute("PRAGMA synchronous=OFF")  # first: switching to WAL would fsync otherwise
+            conn.execute("PRAGMA synchronous=OFF")  # no fsync while the file is built
             conn.execute("PRAGMA page_size=16384")  # fewer page splits for append-heavy tables
-            conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN")
             conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
             for statement in schema_statements():
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            # pid and host let a reader tell a live run from one whose process died
+            # pid and host: what a reader falls back to where the writer lock is unavailable
             meta = {
                 "status": "running",
                 "pid": os.getpid(),
@@ -789,8 +812,11 @@ class RunWriter:
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()]
             )
             conn.execute("COMMIT")
+            # WAL once committed: the main file then holds everything, and renaming it moves it all
+            conn.execute("PRAGMA journal_mode=WAL")
         finally:
             conn.close()
+        os.replace(new, self.path)
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -826,6 +852,7 @@ class RunWriter:
         finally:
             if conn is not None:
                 conn.close()  # rolls back the batch that failed; every earlier commit stays
+            self._writer_lock.release()  # after the final commit: readers now see how the run ended
             with self._space:
                 self._space.notify_all()
 

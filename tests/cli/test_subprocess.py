@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,26 @@ STEPS = textwrap.dedent(
 )
 
 
+@pytest.fixture(autouse=True)
+def sigint_not_ignored():
+    """Children start with SIGINT at its default even when pytest was started with it ignored
+    (a background job of a shell without job control): an ignored signal stays ignored across
+    exec, and a program that ignores SIGINT keeps ignoring it under tpu-debug run."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # exec'd children get SIG_DFL
+    yield
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _env():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
     env["PYTHONUNBUFFERED"] = "1"
+    # XLA on CPU even where a libtpu wheel is installed: loading it prints warnings on stderr
+    # (compared with plain python's below), and its failure handler aborts the process when a
+    # Ctrl-C lands in the backward pass
+    env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 
 
@@ -125,7 +143,7 @@ def test_sigkill_leaves_a_readable_run(tmp_path):
     assert expected > 0
     session = tpu_debug.open_run(logdir=tmp_path / "tpu_debug_runs")
     meta = session.metadata()
-    assert meta.status == "incomplete" and meta.end_time is None
+    assert meta.status == "killed" and meta.end_time is None
     items = len(session.transfers(op="item"))
     assert items >= expected
     assert session.ops(name="mul.Tensor")[0].count >= expected
@@ -156,3 +174,144 @@ def test_sigint_flushes_everything(tmp_path):
     assert printed <= items <= printed + 1
     mul = session.ops(name="mul.Tensor")[0].count
     assert printed <= mul <= printed + 1
+
+
+STUCK_CLOSE = textwrap.dedent(
+    """
+    import threading
+    import torch
+    from tpu_debug.tracers import store
+    from tpu_debug.tracing import active_trace
+
+    # the run's final write never ends (a disk that stopped answering), and close() would wait
+    # for it without end: only giving up can end this program
+    never = threading.Event()
+    write, close = store.RunWriter._write, store.RunWriter.close
+    def stuck_write(self, conn, state, items):
+        if any(item is store._STOP for item in items):
+            print("stuck", flush=True)  # close() has begun: the main thread waits for this write
+            never.wait()
+        return write(self, conn, state, items)
+    store.RunWriter._write = stuck_write
+    store.RunWriter.close = lambda self, metadata=None, timeout=None: close(self, metadata, timeout=None)
+
+    x = torch.ones(4).to("tpu")
+    x.sum().item()
+    assert len(active_trace().session.transfers(op="item")) == 1  # a live query commits first
+    print("closing", flush=True)
+    """
+)
+
+
+class _Stderr:
+    """Reads a child's stderr in a thread; ``wait_for(text)`` until a line holds it."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+
+    def wait_for(self, text: str, proc, timeout: float = 300) -> str:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not any(text in line for line in self.lines):
+                assert proc.poll() is None and time.monotonic() < deadline, "\n".join(self.lines)
+                self._changed.wait(0.1)
+            return next(line for line in self.lines if text in line)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery is POSIX")
+def test_second_ctrl_c_during_the_close_stops_waiting(tmp_path):
+    (tmp_path / "stuck.py").write_text(STUCK_CLOSE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpu_debug", "run", "stuck.py"],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stderr = _Stderr(proc.stderr)
+    try:
+        assert proc.stdout.readline() == "closing\n", "\n".join(stderr.lines)
+        assert proc.stdout.readline() == "stuck\n", "\n".join(stderr.lines)
+        proc.send_signal(signal.SIGINT)  # held: the run is being closed
+        note = stderr.wait_for("SIGINT received", proc)
+        (run_dir,) = (tmp_path / "tpu_debug_runs").iterdir()
+        run_db = Path("tpu_debug_runs") / run_dir.name / "run.db"  # as the writer names it
+        assert note == (
+            f"tpu_debug: SIGINT received; writing the end of the run to {run_db} first "
+            "(Ctrl-C again to stop waiting)"
+        )
+        proc.send_signal(signal.SIGINT)
+        proc.wait(300)  # without giving up it would wait for ever: a hang fails here
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr._thread.join(30)
+    assert proc.returncode == 130, "\n".join(stderr.lines)
+    assert (
+        f"tpu_debug: stopped waiting for the run to be written; {run_db} keeps what was committed "
+        "before, and without its end it reads as 'killed'."
+    ) in stderr.lines
+    assert not any("Traceback" in line for line in stderr.lines), "\n".join(stderr.lines)
+    session = tpu_debug.open_run(logdir=tmp_path / "tpu_debug_runs")
+    assert session.metadata().status == "killed"
+    assert len(session.transfers(op="item")) == 1  # committed before the close began
+    session.close()
+
+
+SIGTERM_HANDLED = textwrap.dedent(
+    """
+    import signal
+    import sys
+    import torch
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    x = torch.ones(4).to("tpu")
+    steps = 0
+    while not stop:
+        x.sum().item()
+        steps += 1
+        print(steps, flush=True)
+    print("stopped cleanly after", steps, "steps", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM handlers are POSIX")
+def test_a_scripts_own_sigterm_handler_decides(tmp_path):
+    (tmp_path / "graceful.py").write_text(SIGTERM_HANDLED)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpu_debug", "run", "--no-report", "graceful.py"],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = _Lines(proc.stdout)
+    try:
+        assert lines.first_step.wait(300), proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines.join()
+    assert proc.returncode == 0, proc.stderr.read()
+    last = lines.lines[-1][1]
+    assert last.startswith("stopped cleanly after ")
+    steps = int(last.split()[-2])
+    session = tpu_debug.open_run(logdir=tmp_path / "tpu_debug_runs")
+    assert session.metadata().status == "finished"
+    assert len(session.transfers(op="item")) == steps
+    session.close()

@@ -242,9 +242,8 @@ def test_read_only_run_directory_when_recording_one_line(tmp_path):
         run.chmod(0o755)
     assert result["error"] == RunWriteError.__name__
     assert result["message"] == (
-        f"cannot write the run database {run / DB_NAME} (unable to open database file): no permission, or a "
-        f"read-only file system. Give your user write access to {run}, or choose another logdir "
-        "(logdir= / --logdir / TPU_DEBUG_LOGDIR)."
+        f"cannot write the run database {run / DB_NAME}: permission denied. Give your user write access "
+        f"to {run}, or choose another logdir (logdir= / --logdir / TPU_DEBUG_LOGDIR)."
     )
 
 

@@ -293,12 +293,15 @@ def test_summary_sections(logdir):
 def test_ctrl_c_during_the_final_flush_is_held_until_the_run_is_closed():
     import signal
 
-    from tpu_debug.tracing import _sigint_deferred
+    from tpu_debug.tracing import _HeldSignals
 
     reached_end = False
+    held = _HeldSignals().hold()
     with pytest.raises(KeyboardInterrupt):
-        with _sigint_deferred():
+        try:
             signal.raise_signal(signal.SIGINT)
             reached_end = True
+        finally:
+            held.release()
     assert reached_end
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -7,6 +7,7 @@ import builtins
 import io
 import os
 import runpy
+import signal
 import sys
 import types
 from importlib.machinery import SourceFileLoader
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import tpu_debug
 from tpu_debug.errors import CommandError
+from tpu_debug.tracing import Terminated
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -47,7 +49,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="stop the profile capture after N spans (default: 100000)",
     )
-    # -- recompiles and transfers (issue 5) --
+    # -- recompiles and transfers --
     parser.add_argument(
         "--fail-on-recompile",
         action=argparse.BooleanOptionalAction,
@@ -70,7 +72,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         choices=("allow", "log", "disallow"),
         help="log or refuse implicit transfers only: .item(), print, if t:, CPU fallbacks (default: allow)",
     )
-    # -- divergence against CPU (issue 8) --
+    # -- divergence against CPU --
     parser.add_argument(
         "--divergence",
         action=argparse.BooleanOptionalAction,
@@ -173,6 +175,8 @@ def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             _run_path(target)
+    except Terminated:  # SIGTERM: no traceback, as when SIGTERM kills python
+        return 128 + signal.SIGTERM, "SIGTERM"
     except SystemExit as exc:
         return _exit_code(exc), None
     except KeyboardInterrupt as exc:
@@ -204,47 +208,60 @@ def run(args: argparse.Namespace) -> int:
         sys_path0 = os.path.dirname(os.path.realpath(path))
         name = args.name or path.stem
 
+    recording = tpu_debug.trace(
+        logdir=args.logdir,
+        name=name,
+        hlo=args.hlo,
+        op_events=args.op_events,
+        tensorboard=args.tensorboard,
+        tensorboard_max_events=args.tensorboard_max_events,
+        fail_on_recompile=args.fail_on_recompile,
+        storm_threshold=args.storm_threshold,
+        transfer_guard=args.transfer_guard,
+        transfer_guard_implicit=args.transfer_guard_implicit,
+        divergence=args.divergence,
+        numerics=args.numerics,
+        tolerances=args.tolerances,
+        divergence_sample=args.divergence_sample,
+    )
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
     if sys.path:
         sys.path[0] = sys_path0
     else:
         sys.path.insert(0, sys_path0)
+    stopped = False  # by Ctrl-C or SIGTERM while the run was set up or closed
     try:
-        with tpu_debug.trace(
-            logdir=args.logdir,
-            name=name,
-            hlo=args.hlo,
-            op_events=args.op_events,
-            tensorboard=args.tensorboard,
-            tensorboard_max_events=args.tensorboard_max_events,
-            fail_on_recompile=args.fail_on_recompile,
-            storm_threshold=args.storm_threshold,
-            transfer_guard=args.transfer_guard,
-            transfer_guard_implicit=args.transfer_guard_implicit,
-            divergence=args.divergence,
-            numerics=args.numerics,
-            tolerances=args.tolerances,
-            divergence_sample=args.divergence_sample,
-        ) as session:
+        with recording as session:
             code, error = _execute(target, bool(args.module))
             session.mark_exit(code, error)
+    except (KeyboardInterrupt, Terminated) as exc:
+        # Ctrl-C or SIGTERM while the run was set up or closed: the trace held it until the run
+        # was complete, then let it through. Leave without the report, as the user asked.
+        if recording.session is None:
+            raise
+        session = recording.session
+        code = 128 + (signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+        stopped = True
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
-    sys.stdout.flush()
-    tui = args.tui and sys.stdout.isatty() and sys.stdin.isatty()
-    if args.tui and not tui:
-        print("tpu-debug run --tui: not a terminal, so here is the report instead", file=sys.stderr)
-    if args.report and not tui:
-        session.print_summary(file=sys.stderr)
-    print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
     try:
+        sys.stdout.flush()
+        tui = args.tui and not stopped and sys.stdout.isatty() and sys.stdin.isatty()
+        if args.tui and not stopped and not tui:
+            print("tpu-debug run --tui: not a terminal, so here is the report instead", file=sys.stderr)
+        if args.report and not stopped and not tui:
+            session.print_summary(file=sys.stderr)
+        print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
         if tui:
             from tpu_debug.cli.tui import open_tui
 
             open_tui(session)
+    except KeyboardInterrupt:  # Ctrl-C on the report: the run is saved, stop here
+        print(f"\nrun saved in {session.run_dir}", file=sys.stderr)
+        return 128 + signal.SIGINT
     finally:
         session.close()
     return code
