@@ -12,7 +12,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
 def test_wheel_installs_and_runs(tmp_path):
     wheels = tmp_path / "wheels"
     build = subprocess.run(
