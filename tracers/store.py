@@ -871,158 +871,115 @@ class RunWriter:
                 self._drop(item)
 
     def _write(self, conn: sqlite3.Connection, st: _WriteState, items: list) -> tuple[list[_Flush], bool]:
-        flushes: list[_Flush] = []
-        stop = False
-        events: list[tuple] = []
-        executions: list[tuple] = []
-        details: dict[str, list[tuple]] = {}
-        programs: list[tuple] = []
-        fx_nodes: list[tuple] = []
-        node_ins: list[tuple] = []
-        meta: list[tuple] = []
-        new_locations: list[tuple] = []
-        new_tables: list[str] = []
-        layouts = st.layouts
+        """Store one batch of queued items in one transaction; returns the flush markers it
+        passed and whether it met the stop marker."""
+        batch = self._collect(st, items)
+        self._note_counts(st, batch)
+        stats = self._stats_source() if self._stats_source is not None else []
+        if batch.has_rows() or stats:
+            self._commit(conn, batch, stats, st.programs)
+        return batch.flushes, batch.stop
+
+    def _collect(self, st: _WriteState, items: list) -> _Batch:
+        """The rows of ``items``, table by table."""
+        batch = _Batch()
+        executions = batch.executions
         executions_kinds = st.executions_kinds
         busiest = st.busiest  # an identity test is cheaper than the set lookup
-        loc_ids = st.locations
         by_object = st.location_objects
         prog_ids = st.programs
-
-        def loc(location: SourceLocation | None) -> int | None:
-            if location is None:
-                return None
-            lid = loc_ids.get(location)
-            if lid is None:
-                lid = loc_ids[location] = len(loc_ids) + 1
-                new_locations.append((lid, location.file, location.line, location.function))
-            by_object[id(location)] = (location, lid)
-            return lid
-
         for item in items:
             t = type(item)
-            if t is busiest or t in executions_kinds:  # the high-volume kinds: plain attribute reads, one row
-                location = item.location
-                # locations are interned by the finder: an identity hit skips hashing the dataclass
-                hit = by_object.get(id(location))
-                lid = hit[1] if hit is not None and hit[0] is location else loc(location)
+            kind = None
+            if t is not busiest and t not in executions_kinds:
+                kind = st.layouts.get(t)
+                if kind is None and isinstance(item, Event):
+                    kind = self._layout_for(st, t, batch.new_tables)
+                if kind is None:
+                    self._collect_other(st, batch, item)
+                    continue
+            # locations are interned by the finder: an identity hit skips hashing the dataclass
+            location = item.location
+            hit = by_object.get(id(location))
+            lid = hit[1] if hit is not None and hit[0] is location else st.location_id(location, batch)
+            if kind is None or kind.executions:  # the high-volume kinds: plain attribute reads, one row
                 executions.append(
-                    (
-                        item.id,
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        lid,
-                        item.name,
-                        item.seconds,
-                        prog_ids.get(item.program),
-                    )
+                    (item.id, item.ts, item.mode, item.thread, lid, item.name, item.seconds, prog_ids.get(item.program))
                 )
-                continue
-            kind = layouts.get(t)
-            if kind is None and isinstance(item, Event):
-                kind = self._layout_for(st, t, new_tables)
-            if kind is not None:
-                location = item.location
-                hit = by_object.get(id(location))
-                lid = hit[1] if hit is not None and hit[0] is location else loc(location)
-                if kind.executions:
-                    executions.append(
-                        (
-                            item.id,
-                            item.ts,
-                            item.mode,
-                            item.thread,
-                            lid,
-                            item.name,
-                            item.seconds,
-                            prog_ids.get(item.program),
-                        )
-                    )
-                    continue
-                name, seconds, program = kind.header_of(item)
-                if kind.cap is not None and not st.admit(kind, item):
-                    continue
-                events.append(
-                    (
-                        item.id,
-                        kind.kind,
-                        item.ts,
-                        item.mode,
-                        item.thread,
-                        lid,
-                        name,
-                        seconds,
-                        prog_ids.get(program),
-                    )
-                )
-                if kind.table is not None:
-                    rows = details.get(kind.insert_sql)
-                    if rows is None:
-                        rows = details[kind.insert_sql] = []
-                    rows.append(kind.row(item))
-                for child, sql in zip(kind.children, kind.child_insert_sql):
-                    records = getattr(item, child.field)
-                    if records:
-                        rows = details.setdefault(sql, [])
-                        rows.extend((item.id, i, *child.row(r)) for i, r in enumerate(records))
-            elif t is Program:
-                pid = prog_ids.get(item.hash)
-                if pid is None:
-                    pid = prog_ids[item.hash] = len(prog_ids) + 1
-                    programs.append(
-                        (pid, item.hash, item.mode, item.name, item.stablehlo, item.hlo, item.instructions)
-                    )
-                    fx_nodes.extend(
-                        (pid, n.name, i, n.target, loc(n.location)) for i, n in enumerate(item.fx_nodes)
-                    )
-                    node_ins.extend((pid, node, ins) for node, ins in item.node_instructions)
-            elif t is _Meta:
-                meta.extend((k, json.dumps(v)) for k, v in item.items.items())
-            elif t is _Flush:
-                flushes.append(item)
-            elif item is _STOP:
-                stop = True
-            else:
-                raise TypeError(f"the run writer cannot store {t.__name__} objects")
+            elif kind.cap is None or st.admit(kind, item):
+                self._collect_event(st, batch, kind, item, lid)
+        return batch
 
+    @staticmethod
+    def _collect_event(st: _WriteState, batch: _Batch, kind: KindLayout, item: Any, lid: int | None) -> None:
+        """An event's header row, its detail row and its child records' rows."""
+        name, seconds, program = kind.header_of(item)
+        batch.events.append(
+            (item.id, kind.kind, item.ts, item.mode, item.thread, lid, name, seconds, st.programs.get(program))
+        )
+        if kind.table is not None:
+            batch.details.setdefault(kind.insert_sql, []).append(kind.row(item))
+        for child, sql in zip(kind.children, kind.child_insert_sql):
+            records = getattr(item, child.field)
+            if records:
+                batch.details.setdefault(sql, []).extend((item.id, i, *child.row(r)) for i, r in enumerate(records))
+
+    @staticmethod
+    def _collect_other(st: _WriteState, batch: _Batch, item: Any) -> None:
+        """What the queue holds besides events: programs, metadata and the writer's markers."""
+        t = type(item)
+        if t is Program:
+            if item.hash in st.programs:
+                return
+            pid = st.programs[item.hash] = len(st.programs) + 1
+            batch.programs.append((pid, item.hash, item.mode, item.name, item.stablehlo, item.hlo, item.instructions))
+            batch.fx_nodes.extend(
+                (pid, n.name, i, n.target, st.location_id(n.location, batch)) for i, n in enumerate(item.fx_nodes)
+            )
+            batch.node_ins.extend((pid, node, ins) for node, ins in item.node_instructions)
+        elif t is _Meta:
+            batch.meta.extend((k, json.dumps(v)) for k, v in item.items.items())
+        elif t is _Flush:
+            batch.flushes.append(item)
+        elif item is _STOP:
+            batch.stop = True
+        else:
+            raise TypeError(f"the run writer cannot store {t.__name__} objects")
+
+    def _note_counts(self, st: _WriteState, batch: _Batch) -> None:
+        """Metadata rows for the counts that changed: events over a kind's cap, events dropped."""
         if st.capped_changed:
-            meta.append((META_CAPPED, json.dumps(st.capped_meta())))
+            batch.meta.append((META_CAPPED, json.dumps(st.capped_meta())))
             st.capped_changed = False
         if self.dropped != st.dropped_recorded:
             st.dropped_recorded = self.dropped
-            meta.append((META_DROPPED, json.dumps(self.dropped)))
-        stats = self._stats_source() if self._stats_source is not None else []
-        if not (events or executions or programs or meta or stats or new_tables):
-            return flushes, stop
+            batch.meta.append((META_DROPPED, json.dumps(self.dropped)))
+
+    @staticmethod
+    def _commit(conn: sqlite3.Connection, batch: _Batch, stats: list[StatRow], prog_ids: dict) -> None:
         conn.execute("BEGIN")
-        for statement in new_tables:
+        for statement in batch.new_tables:
             conn.execute(statement)
-        if new_locations:
-            conn.executemany("INSERT INTO locations VALUES (?, ?, ?, ?)", new_locations)
-        if programs:
-            conn.executemany("INSERT INTO programs VALUES (?, ?, ?, ?, ?, ?, ?)", programs)
-            conn.executemany("INSERT OR IGNORE INTO fx_nodes VALUES (?, ?, ?, ?, ?)", fx_nodes)
-            conn.executemany("INSERT OR IGNORE INTO node_instructions VALUES (?, ?, ?)", node_ins)
-        if events:
-            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
-        if executions:
-            conn.executemany("INSERT INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", executions)
-        for sql, rows in details.items():
-            if rows:
-                conn.executemany(sql, rows)
+        if batch.new_locations:
+            conn.executemany("INSERT INTO locations VALUES (?, ?, ?, ?)", batch.new_locations)
+        if batch.programs:
+            conn.executemany("INSERT INTO programs VALUES (?, ?, ?, ?, ?, ?, ?)", batch.programs)
+            conn.executemany("INSERT OR IGNORE INTO fx_nodes VALUES (?, ?, ?, ?, ?)", batch.fx_nodes)
+            conn.executemany("INSERT OR IGNORE INTO node_instructions VALUES (?, ?, ?)", batch.node_ins)
+        if batch.events:
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", batch.events)
+        if batch.executions:
+            conn.executemany("INSERT INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch.executions)
+        for sql, rows in batch.details.items():
+            conn.executemany(sql, rows)
         if stats:
             conn.executemany(
                 "INSERT OR REPLACE INTO op_stats VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (i, mode, name, sig, prog_ids.get(h) if h else None, n, s)
-                    for i, mode, name, sig, h, n, s in stats
-                ],
+                [(i, mode, name, sig, prog_ids.get(h) if h else None, n, sec) for i, mode, name, sig, h, n, sec in stats],
             )
-        if meta:
-            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta)
+        if batch.meta:
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", batch.meta)
         conn.execute("COMMIT")
-        return flushes, stop
 
     @staticmethod
     def _layout_for(st: _WriteState, cls: type, new_tables: list[str]) -> KindLayout:
@@ -1040,6 +997,40 @@ class RunWriter:
                 st.busiest = cls
         new_tables.extend(kind.create_statements())  # IF NOT EXISTS: a no-op for the kinds of _create
         return kind
+
+
+class _Batch:
+    """The rows one write of the queue produces, table by table."""
+
+    __slots__ = (
+        "details",
+        "events",
+        "executions",
+        "flushes",
+        "fx_nodes",
+        "meta",
+        "new_locations",
+        "new_tables",
+        "node_ins",
+        "programs",
+        "stop",
+    )
+
+    def __init__(self) -> None:
+        self.flushes: list[_Flush] = []
+        self.stop = False
+        self.events: list[tuple] = []
+        self.executions: list[tuple] = []
+        self.details: dict[str, list[tuple]] = {}  # insert statement -> rows
+        self.programs: list[tuple] = []
+        self.fx_nodes: list[tuple] = []
+        self.node_ins: list[tuple] = []
+        self.meta: list[tuple] = []
+        self.new_locations: list[tuple] = []
+        self.new_tables: list[str] = []
+
+    def has_rows(self) -> bool:
+        return bool(self.events or self.executions or self.programs or self.meta or self.new_tables)
 
 
 class _WriteState:
@@ -1065,6 +1056,17 @@ class _WriteState:
         self.capped: dict[str, dict[Any, int]] = {}  # per capped kind: events seen per value
         self.capped_changed = False
         self.dropped_recorded = 0
+
+    def location_id(self, location: SourceLocation | None, batch: _Batch) -> int | None:
+        """The id of ``location`` in this run, a new row in ``batch`` the first time."""
+        if location is None:
+            return None
+        lid = self.locations.get(location)
+        if lid is None:
+            lid = self.locations[location] = len(self.locations) + 1
+            batch.new_locations.append((lid, location.file, location.line, location.function))
+        self.location_objects[id(location)] = (location, lid)
+        return lid
 
     def admit(self, kind: KindLayout, event: Any) -> bool:
         """Count ``event`` under its kind's cap; False once its value has had its share of rows."""
