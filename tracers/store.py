@@ -291,26 +291,37 @@ class KindLayout:
         stored = cls.__dict__.get("stored")
         if not isinstance(stored, _events.Stored):
             raise TypeError(f"{cls.__name__} declares no 'stored' (see tpu_debug.tracers.events.Stored)")
-        if stored.header not in ("events", "executions"):
-            raise TypeError(f"{cls.__name__}: stored header {stored.header!r}; use 'events' or 'executions'")
-        if not _IDENTIFIER.match(cls.kind):
-            raise TypeError(f"{cls.__name__}: kind {cls.kind!r} is not an identifier (letters, digits, _)")
         self.cls = cls
         self.kind: str = cls.kind
         self.table: str | None = stored.table
         self.executions = stored.header == "executions"
-        fields = dataclasses.fields(cls)
-        names = [f.name for f in fields]
+        self.cap: tuple[str, int] | None = stored.cap
+        head = (stored.name, stored.seconds, stored.program)
+        names = [f.name for f in dataclasses.fields(cls)]
+        columns, children = self._columns(cls, stored, head, names)
+        self.columns: tuple[Column, ...] = tuple(columns) if self.table is not None else ()
+        self.children: tuple[ChildTable, ...] = tuple(children)
+        self._check_tables(cls, head, names)
+        self._plan_rows(head)
+        self._plan_reading(head, names)
+
+    def _columns(
+        self, cls: type, stored: Any, head: tuple, names: list[str]
+    ) -> tuple[list[Column], list[ChildTable]]:
+        """The detail columns and child tables the fields after the header map to."""
+        if stored.header not in ("events", "executions"):
+            raise TypeError(f"{cls.__name__}: stored header {stored.header!r}; use 'events' or 'executions'")
+        if not _IDENTIFIER.match(cls.kind):
+            raise TypeError(f"{cls.__name__}: kind {cls.kind!r} is not an identifier (letters, digits, _)")
         if tuple(names[:5]) != _HEADER:
             raise TypeError(f"{cls.__name__}: an event's first fields are {', '.join(_HEADER)}")
-        head = (stored.name, stored.seconds, stored.program)
         for role, field in zip(("name", "seconds", "program"), head):
             if field is not None and field not in names:
                 raise TypeError(f"{cls.__name__}: stored {role}={field!r} names no field of it")
         hints = typing.get_type_hints(cls)
         columns: list[Column] = []
         children: list[ChildTable] = []
-        for f in fields[5:]:
+        for f in dataclasses.fields(cls)[5:]:
             if f.name in head:
                 continue
             col = _column(cls, f, hints[f.name])
@@ -320,24 +331,26 @@ class KindLayout:
                 f"{cls.__name__}: fields {', '.join(c.field for c in columns)} need a detail table: "
                 "give stored a table name"
             )
+        return columns, children
+
+    def _check_tables(self, cls: type, head: tuple, names: list[str]) -> None:
         if self.table is not None and not _IDENTIFIER.match(self.table):
             raise TypeError(f"{cls.__name__}: table name {self.table!r} is not an SQL identifier")
-        if self.executions and (self.table is not None or children or head != ("name", "seconds", "program")):
+        if self.executions and (self.table is not None or self.children or head != ("name", "seconds", "program")):
             # the writer reads these by name on its fastest path
             raise TypeError(
                 f"{cls.__name__}: a kind kept in 'executions' has exactly the fields name, seconds and "
                 "program after the header, stored as name, seconds and program"
             )
-        tables = [t for t in (self.table, *(c.table for c in children)) if t is not None]
+        tables = [t for t in (self.table, *(c.table for c in self.children)) if t is not None]
         clash = sorted(set(tables) & _BASE_TABLES)
         if clash or len(set(tables)) != len(tables):
             raise TypeError(f"{cls.__name__}: table name {(clash or tables)[0]!r} is taken")
-        self.columns: tuple[Column, ...] = tuple(columns) if self.table is not None else ()
-        self.children: tuple[ChildTable, ...] = tuple(children)
-        self.cap: tuple[str, int] | None = stored.cap
         if self.cap is not None and (self.cap[0] not in names or self.executions):
             raise TypeError(f"{cls.__name__}: stored cap {self.cap!r} names no field of an 'events' kind")
-        # writer: one C call per event reads the header's fields, another the detail's
+
+    def _plan_rows(self, head: tuple) -> None:
+        """The writer's side: one C call per event reads the header's fields, another the detail's."""
         if all(head):
             self.header_of: Callable[[Any], tuple] = operator.attrgetter(*head)
         else:
@@ -364,7 +377,9 @@ class KindLayout:
         self.child_insert_sql = tuple(
             f"INSERT INTO {c.table} VALUES ({', '.join('?' * (len(c.columns) + 2))})" for c in self.children
         )
-        # reader: each field of the class from a position of the selected row
+
+    def _plan_reading(self, head: tuple, names: list[str]) -> None:
+        """The reader's side: each field of the class from a position of the selected row."""
         position = {"id": 0, "ts": 1, "mode": 2, "thread": 3}
         for i, h in enumerate(head):
             if h is not None:
@@ -372,12 +387,13 @@ class KindLayout:
         for i, c in enumerate(self.columns):
             position[c.field] = 10 + i
         decoders = {c.field: c.decode for c in self.columns}
+        children = {c.field: c for c in self.children}
         plan = []
         for name in names:
             if name == "location":
                 plan.append((_LOCATION, None))
-            elif any(c.field == name for c in self.children):
-                plan.append((_CHILDREN, next(c for c in self.children if c.field == name)))
+            elif name in children:
+                plan.append((_CHILDREN, children[name]))
             else:
                 plan.append((position[name], decoders.get(name)))
         self._plan = tuple(plan)
