@@ -238,6 +238,7 @@ def stack_frames(hlo: str) -> Callable[[int], list[tuple[str, int, str]]]:
 
 
 _NODE_OP = re.compile(r"([\w.]+)\|(aten::[\w.]+)")
+_ATEN = re.compile(r"aten::[\w.]+")
 
 
 def _scope_parts(op_name: str) -> tuple[str, str]:
@@ -250,10 +251,8 @@ def _scope_parts(op_name: str) -> tuple[str, str]:
     if found:
         nodes = list(dict.fromkeys(n for n, _ in found))
         return ",".join(nodes), found[0][1]
-    for part in re.split(r"[/():]", op_name):
-        if part.startswith("aten::"):
-            return "", part
-    return "", ""
+    op = _ATEN.search(op_name)
+    return "", op.group(0) if op else ""
 
 
 def _sizes(opcode: str, asynchronous: bool, shape: str, group: int) -> tuple[int, int]:

@@ -35,6 +35,7 @@ __all__ = [
     "CollectiveTotals",
     "RankDifference",
     "program_collectives",
+    "program_calls",
     "collective_totals",
     "compare_ranks",
     "sharded",
@@ -146,6 +147,8 @@ class CollectivesTracer:
         location = user_location(_PROBE_DEPTH)
         node_lines = _node_lines(info)
         collectives = parse_collectives(hlo, user_file=_user_file, node_lines=node_lines)
+        if info.mode == "eager" and not collectives:
+            return  # an eager op that runs shard by shard (x * 2): nothing to tell
         memory = None
         try:
             memory = info.compiled.memory_analysis()
@@ -187,8 +190,14 @@ class CollectivesTracer:
         with self._lock:
             if future in self._pending:
                 self._pending.remove(future)
+        from tpu_debug.runtime.target.errors import TargetSpecError
+
         try:
-            result = future.result()
+            try:
+                result = future.result()
+            except TargetSpecError as exc:  # a target with fewer chips than the program's devices
+                self._put(info, location, None, 0, str(self.target), (), _memory(None), 0.0, str(exc))
+                return
             if result.ok:
                 collectives = parse_collectives(result.hlo or "", user_file=_user_file, node_lines=node_lines)
                 devices = module_devices(result.hlo or "") or 1
@@ -237,6 +246,17 @@ def program_collectives(session: Any, *, target: str | None = "") -> list[Collec
         if target is None or e.target == target:
             latest[(e.name, e.target, e.program)] = e
     return sorted(latest.values(), key=lambda e: (-e.collective_bytes, e.name))
+
+
+def program_calls(session: Any, events: Sequence[CollectivesEvent]) -> dict[int, int]:
+    """How many times each program of ``events`` ran (by event id): from its program's
+    execution count, or its op or graph's when HLO was not recorded."""
+    by_hash = {p.hash: p.count for p in session.programs()} if any(e.program for e in events) else {}
+    by_name: dict[str, int] = {}
+    if any(not e.program for e in events):
+        for o in session.ops():
+            by_name[o.name] = by_name.get(o.name, 0) + o.count
+    return {e.id: (by_hash.get(e.program, 0) if e.program else by_name.get(e.name, 0)) for e in events}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -33,12 +33,35 @@ __all__ = [
 active = False
 
 
+# each sharding met, in its canonical form (see placement); a few per model
+_canonical: dict[Any, Any] = {}
+
+
 def placement(arr: Any) -> Any:
-    """The sharding of ``arr`` when it spans more than one device, else None."""
+    """The sharding of ``arr`` when it spans more than one device, else None.
+
+    Equivalent shardings come back as one object: XLA writes ``P('tp', None)`` of an
+    input as ``P('tp',)`` in an output, and a key holding either must find the same
+    executable (which accepts both).
+    """
     sh = getattr(arr, "sharding", None)
     if sh is None or type(sh) is SingleDeviceSharding:
         return None
-    return sh if len(sh.device_set) > 1 else None
+    canon = _canonical.get(sh)
+    if canon is None:
+        if len(sh.device_set) <= 1:
+            canon = False
+        elif isinstance(sh, NamedSharding):
+            spec = list(sh.spec)
+            while spec and spec[-1] is None:
+                spec.pop()
+            canon = NamedSharding(sh.mesh, PartitionSpec(*spec), memory_kind=sh.memory_kind)
+        else:
+            canon = sh
+        if len(_canonical) > 4096:
+            _canonical.clear()
+        _canonical[sh] = canon
+    return canon or None
 
 
 def describe(sh: Any) -> str:

@@ -58,6 +58,8 @@ class ProgramCard:
     function: str
     ops: tuple[tuple[str, str], ...]
     collectives: tuple[str, ...]
+    # the compiled function's code (file, first line, name): its own frame is not the caller
+    code: tuple[str, int, str] | None = None
 
     @classmethod
     def of(cls, info: Any) -> ProgramCard:
@@ -65,12 +67,14 @@ class ProgramCard:
         fingerprint = hashlib.sha256(info.stablehlo().encode()).hexdigest()[:16]
         graph = info.graph
         function = "?"
+        code = None
         ops: tuple[tuple[str, str], ...] = ()
         lines: dict[str, tuple[str, int, str]] = {}
         if graph is not None:
             fn = graph.origin.function
             if fn is not None:
                 function = f"{fn[2]} ({_short(fn[0])}:{fn[1]})"
+                code = (str(fn[0]), int(fn[1]), str(fn[2]))
             for node in graph.nodes:
                 where = _user_frame(node.stack_trace)
                 if where is not None:
@@ -80,7 +84,7 @@ class ProgramCard:
             f"{c.describe()} from {c.op or '?'} at {_short(c.file) + ':' + str(c.line) if c.file else '-'}"
             for c in parse_collectives(info.hlo(), node_lines=lines)
         )
-        return cls(fingerprint, str(info.name), function, ops, collectives)
+        return cls(fingerprint, str(info.name), function, ops, collectives, code)
 
 
 def _short(path: str) -> str:
@@ -127,11 +131,13 @@ def _user_frame(stack_trace: str | None) -> tuple[str, int, str] | None:
     return found
 
 
-def _call_site() -> str:
-    """The user line calling into the runtime now."""
+def _call_site(code: tuple[str, int, str] | None) -> str:
+    """The user line calling into the runtime now (past the frame of the compiled function
+    ``code`` itself, which dynamo shows at its first line)."""
     frame = sys._getframe(2)
     while frame is not None:
-        if _is_user(frame.f_code.co_filename):
+        c = frame.f_code
+        if _is_user(c.co_filename) and (c.co_filename, c.co_firstlineno, c.co_name) != code:
             return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return "-"
@@ -170,7 +176,7 @@ def agree(card: ProgramCard) -> None:
                                  allow_overwrite=True)
             _published.add(card.fingerprint)
     here = {"call": call, "fingerprint": card.fingerprint, "graph": card.graph, "function": card.function,
-            "site": _call_site()}
+            "site": _call_site(card.code)}
     text = json.dumps(here)
     client.key_value_set(f"{_PREFIX}/call/{call}/{me}", text)
     client.key_value_set(f"{_PREFIX}/last/{me}", text, allow_overwrite=True)
@@ -217,8 +223,10 @@ def _timeout(client: Any, me: int, other: int, here: dict, card: ProgramCard) ->
 def _divergence(client: Any, me: int, other: int, here: dict, card: ProgramCard, theirs: dict) -> RankDivergenceError:
     try:
         raw = client.blocking_key_value_get(f"{_PREFIX}/card/{other}/{theirs['fingerprint']}", 5000)
-        other_card = ProgramCard(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
-                                    if isinstance(v, list) else v for k, v in json.loads(raw).items()})
+        other_card = ProgramCard(**{
+            k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+            for k, v in json.loads(raw).items()
+        })
     except Exception:  # noqa: BLE001 - the difference is still told, with less detail
         other_card = None
     lines = [
