@@ -22,7 +22,15 @@ from rich.text import Text
 
 from tpu_debug.errors import ReportSectionError
 
-__all__ = ["section", "print_report", "print_rank_report", "SECTIONS", "format_seconds", "format_bytes"]
+__all__ = [
+    "section",
+    "print_report",
+    "print_rank_report",
+    "rank_figures",
+    "SECTIONS",
+    "format_seconds",
+    "format_bytes",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -774,7 +782,7 @@ def print_report(
 # -- multi-process runs ----------------------------------------------------------------------
 
 
-def _rank_figures(session: Any) -> dict[str, str]:
+def rank_figures(session: Any) -> dict[str, str]:
     """One column of the per-rank table."""
     from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
 
@@ -838,7 +846,7 @@ def print_rank_report(
     if missing:
         console.print(_note(f"rank(s) {', '.join(map(str, missing))} recorded nothing (they ended before tracing began)"))
     if sessions:
-        figures = [(rank, _rank_figures(s)) for rank, s in sessions]
+        figures = [(rank, rank_figures(s)) for rank, s in sessions]
         table = _table(is_terminal, ("", "left"), *[(f"rank {r}", "right") for r, _ in figures])
         for key in figures[0][1]:
             table.add_row(Text(key), *[Text(f[key]) for _, f in figures])
