@@ -117,6 +117,7 @@ class CollectivesTracer:
         self._lock = threading.Lock()
         self._pending: list[Future] = []
         self._compiler: Any = None
+        self._watcher: _ReplayWatcher | None = None
         if target is not None:
             from tpu_debug.runtime.target import parse_target
             from tpu_debug.runtime.target.executor import TargetCompiler
@@ -134,6 +135,12 @@ class CollectivesTracer:
     def on_compile(self, info: Any) -> None:
         if not sharded(info):
             return
+        if info.replayed:  # compiled before the trace: recorded if it runs during the trace
+            self._watch_replayed(info)
+            return
+        self._record(info)
+
+    def _record(self, info: Any) -> None:
         hlo = info.hlo()
         devices = module_devices(hlo)
         if devices <= 1:
@@ -163,6 +170,30 @@ class CollectivesTracer:
 
     def on_internal_error(self, method: str, exc: BaseException) -> None:
         self.record_error(f"CollectivesTracer.{method}", f"{type(exc).__name__}: {exc}")
+
+    def _watch_replayed(self, info: Any) -> None:
+        """Record ``info`` when its executable first runs. The watcher listens to executions
+        only while such programs wait, so a trace without them pays nothing per op."""
+        from tpu_debug.runtime import probes
+
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = _ReplayWatcher(self)
+                probes.subscribe(self._watcher)
+            self._watcher.waiting[info.key] = info
+
+    def _replayed_ran(self, info: Any) -> None:
+        self._record(info)
+        with self._lock:
+            if self._watcher is not None and not self._watcher.waiting:
+                self._stop_watching()
+
+    def _stop_watching(self) -> None:
+        from tpu_debug.runtime import probes
+
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            probes.unsubscribe(watcher)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -212,6 +243,8 @@ class CollectivesTracer:
 
     def close(self, timeout: float = TARGET_WAIT_SECONDS) -> int:
         """Wait up to ``timeout`` seconds for target compiles still running; returns how many did not finish."""
+        with self._lock:
+            self._stop_watching()
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -231,6 +264,22 @@ class CollectivesTracer:
             self._compiler.shutdown(wait=False, cancel_futures=True)
             self.writer.set_meta(collectives_target={"target": self.target, "unfinished": unfinished})
         return unfinished
+
+
+class _ReplayWatcher:
+    """Hears executions while programs compiled before the trace wait for their first run."""
+
+    def __init__(self, tracer: CollectivesTracer) -> None:
+        self.tracer = tracer
+        self.waiting: dict[Any, Any] = {}
+
+    def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
+        info = self.waiting.pop(key, None)
+        if info is not None:
+            self.tracer._replayed_ran(info)
+
+    def on_internal_error(self, method: str, exc: BaseException) -> None:
+        self.tracer.on_internal_error(f"replay.{method}", exc)
 
 
 # ---------------------------------------------------------------------------------------
