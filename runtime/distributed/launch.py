@@ -43,9 +43,10 @@ ENV_RANK = "TPU_DEBUG_RANK"
 ENV_NPROC = "TPU_DEBUG_NPROC"
 ENV_COORDINATOR = "TPU_DEBUG_COORDINATOR"
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
-# how long a rank waits for the others to start, and to leave together at exit
+# how long a rank waits for the others to start. At exit a rank waits for the others to
+# end too (jax's shutdown barrier, 5 minutes by default): a rank that finished early must
+# not declare the run failed while another one is still working or closing its run
 _JOIN_SECONDS = 120
-_SHUTDOWN_SECONDS = 10
 
 _state: dict[str, Any] = {"initialized": False, "coordinator": None}
 _lock = threading.Lock()
@@ -98,10 +99,8 @@ def initialize(
             )
         # collectives between processes on the CPU backend
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator, num_processes=num, process_id=rank, initialization_timeout=_JOIN_SECONDS,
-            shutdown_timeout_seconds=_SHUTDOWN_SECONDS,
-        )
+        jax.distributed.initialize(coordinator, num_processes=num, process_id=rank,
+                                   initialization_timeout=_JOIN_SECONDS)
         _state["initialized"] = True
         _state["coordinator"] = coordinator
         return True

@@ -25,6 +25,7 @@ __all__ = [
     "mesh_of",
     "abstract",
     "onto_mesh",
+    "put",
     "spans_processes",
     "host_value",
 ]
@@ -123,6 +124,26 @@ def abstract(arrays: list, mesh: Any) -> list:
     return out
 
 
+def put(arr: Any, sharding: Any) -> Any:
+    """``arr`` laid out by ``sharding``.
+
+    On devices of this process only, this is ``jax.device_put``. A sharding over devices of
+    several processes takes this process's shards from its own ``arr`` (every process is
+    meant to pass the same value): ``jax.device_put`` would first compare the values of all
+    processes, a collective every process must reach, hidden in a call that looks local. An
+    array already spread over processes is resharded by a program every process runs.
+    """
+    if sharding.is_fully_addressable:
+        return jax.device_put(arr, sharding)
+    if not getattr(arr, "is_fully_addressable", True):
+        return jax.jit(lambda x: x, out_shardings=sharding)(arr)
+    shards = [
+        jax.device_put(arr[index], device)
+        for device, index in sharding.addressable_devices_indices_map(tuple(arr.shape)).items()
+    ]
+    return jax.make_array_from_single_device_arrays(tuple(arr.shape), sharding, shards)
+
+
 def onto_mesh(arrays: list, mesh: Any, storages: dict[int, Any], payload_attr: str) -> None:
     """Replicate the single-device arrays of ``arrays`` over ``mesh`` (in place in the list).
 
@@ -134,7 +155,7 @@ def onto_mesh(arrays: list, mesh: Any, storages: dict[int, Any], payload_attr: s
     for i, a in enumerate(arrays):
         if not hasattr(a, "shape") or placement(a) is not None:
             continue
-        moved = jax.device_put(a, replicated)
+        moved = put(a, replicated)
         arrays[i] = moved
         storage = storages.get(i)
         if storage is not None and getattr(storage, payload_attr, None) is a:

@@ -11,8 +11,9 @@ Two spellings of one thing, a ``jax.sharding.NamedSharding`` on the tensor's pay
   ``distribute_tensor`` returns a new sharded tensor.
 
 A dimension must divide evenly over the devices it is split on. In a
-multi-process run every process passes the same (global) value, as with
-``jax.device_put``: each keeps the shards of its own devices.
+multi-process run every process passes the same (global) value and keeps the
+shards of its own devices; the values are not compared across processes (that
+would be a collective inside a call that looks local).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from tpu_debug.runtime.distributed.errors import ShardingError
 from tpu_debug.runtime.distributed.mesh import DeviceMesh
-from tpu_debug.runtime.distributed.placement import placement
+from tpu_debug.runtime.distributed.placement import placement, put
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, from_jax, to_jax
 
 __all__ = [
@@ -176,7 +177,7 @@ def mark_sharding(t: torch.Tensor, mesh: DeviceMesh, partition_spec_: Sequence[A
     """
     arr = _owned_payload(t, "mark_sharding")
     spec = partition_spec(mesh, t.shape, partition_spec_)
-    sharded = jax.device_put(arr, NamedSharding(mesh.jax_mesh, spec))
+    sharded = put(arr, NamedSharding(mesh.jax_mesh, spec))
     setattr(t.untyped_storage(), PAYLOAD_ATTR, sharded)
     return t
 
@@ -214,7 +215,7 @@ def distribute_tensor(
     source = source.to("tpu") if source.device.type != "tpu" else source
     value = to_jax(source)
     sharding = NamedSharding(device_mesh.jax_mesh, partition_spec(device_mesh, tensor.shape, spec))
-    return from_jax(jax.device_put(value, sharding), tensor.dtype)
+    return from_jax(put(value, sharding), tensor.dtype)
 
 
 def sharding_spec(t: torch.Tensor) -> tuple | None:
