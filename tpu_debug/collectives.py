@@ -176,7 +176,7 @@ def _groups(attrs: str, devices: int) -> tuple[str, int, int]:
         return m.group(0), size, math.prod(dims[:-1]) if len(dims) > 1 else 1
     m = _MESH.match(text)
     if m:  # mesh['a'=2,'b'=4] {'a'}: groups along the named mesh axes
-        axes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        axes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", m.group(1))}
         listed = re.findall(r"'([^']+)'", m.group(2))
         size = math.prod(axes.get(a, 1) for a in listed) if listed else math.prod(axes.values())
         total = math.prod(axes.values()) if axes else devices

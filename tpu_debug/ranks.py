@@ -20,7 +20,7 @@ from tpu_debug.errors import RunDamagedError, RunNotFoundError
 from tpu_debug.runs import list_runs, new_run_dir
 from tpu_debug.session import Session
 
-__all__ = ["GROUP_FILE", "RankGroup", "new_group", "is_group", "find_group", "open_group"]
+__all__ = ["GROUP_FILE", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups"]
 
 GROUP_FILE = "ranks.json"
 _RANK = re.compile(r"-rank(\d+)(?:-\d+)?$")
@@ -140,9 +140,9 @@ def find_group(run: str | os.PathLike | None, logdir: Path | str) -> RankGroup |
         exact = root / text
         if is_group(exact):
             return RankGroup(exact)
-        named = [g for g in _groups(root) if g.name[len("20260131T235959.123Z-") :] == text]
+        named = [g for g in list_groups(root) if g.name[len("20260131T235959.123Z-") :] == text]
         return RankGroup(named[-1]) if named else None
-    groups = _groups(root)
+    groups = list_groups(root)
     if not groups:
         return None
     runs = list_runs(root)
@@ -152,7 +152,9 @@ def find_group(run: str | os.PathLike | None, logdir: Path | str) -> RankGroup |
     return RankGroup(latest_group)
 
 
-def _groups(root: Path) -> list[Path]:
+def list_groups(logdir: Path | str) -> list[Path]:
+    """The multi-process runs in ``logdir``, oldest first."""
+    root = Path(logdir)
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and _STAMP.match(p.name) and is_group(p))

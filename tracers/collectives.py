@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from tpu_debug.collectives import Collective, module_devices, parse_collectives
 from tpu_debug.tracers.events import CollectivesEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
+
+from tpu_debug.collectives import Collective, module_devices, parse_collectives
 
 __all__ = [
     "CollectivesTracer",
@@ -236,7 +237,7 @@ class CollectivesTracer:
             else:
                 collectives, devices = (), 0
                 error = f"{result.error.kind}: {result.error.message}"
-            self._put(info, location, None, devices, result.target.name, collectives, _memory(result.memory),
+            self._put(info, location, None, devices, str(self.target), collectives, _memory(result.memory),
                       result.seconds, error)
         except Exception as exc:  # noqa: BLE001 - this runs on the compiler's thread: recorded, never raised
             self.record_error("CollectivesTracer.target", f"{type(exc).__name__}: {exc}")

@@ -29,9 +29,9 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from tpu_debug.runtime import distributed as dist  # noqa: E402
 
 import tpu_debug  # noqa: E402
-from tpu_debug.runtime import distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from tpu_debug.errors import ConfigError
 from tpu_debug.runtime.config import parse_bool
+
+from tpu_debug.errors import ConfigError
 
 __all__ = ["DistributedConfig", "config"]
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 import numpy as np
-
 from tpu_debug.runtime.distributed import placement
 from tpu_debug.runtime.distributed.errors import MeshError
 

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-
 from tpu_debug.runtime.distributed.errors import ShardingError
 from tpu_debug.runtime.distributed.mesh import DeviceMesh
 from tpu_debug.runtime.distributed.sharding import (
@@ -135,7 +134,7 @@ def parallelize_module(
         if not matched:
             raise ShardingError(
                 f"plan entry {pattern!r} matches no submodule of {type(module).__name__}; "
-                f"submodule names look like {', '.join(list(n for n in names if n)[:4])}"
+                f"submodule names look like {', '.join([n for n in names if n][:4])}"
             )
         for name in matched:
             style.apply(names[name], device_mesh, name)

@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
-
 from tpu_debug.runtime.distributed.errors import ShardingError
 
 __all__ = [

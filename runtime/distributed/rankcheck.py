@@ -32,10 +32,11 @@ import sysconfig
 import threading
 from typing import Any
 
-from tpu_debug.collectives import parse_collectives
 from tpu_debug.runtime.distributed import launch
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import RankDivergenceError, RankTimeoutError
+
+from tpu_debug.collectives import parse_collectives
 
 __all__ = ["ProgramCard", "agree", "reset"]
 

@@ -26,7 +26,6 @@ from typing import Any
 import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
-
 from tpu_debug.runtime.distributed.errors import ShardingError
 from tpu_debug.runtime.distributed.mesh import DeviceMesh
 from tpu_debug.runtime.distributed.placement import placement, put

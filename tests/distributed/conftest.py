@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
-
 from dist_helpers import DATA, run_python
+from filelock import FileLock
 
 
 def _spmd_results(out: Path) -> dict:

@@ -25,5 +25,5 @@ def run_python(args: list[str], *, devices: int | None = None, timeout: float = 
                **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args], env=python_env(devices, **extra), cwd=cwd or REPO, capture_output=True,
-        text=True, timeout=timeout,
+        text=True, timeout=timeout, check=False,
     )

@@ -8,19 +8,24 @@ puts the ranks side by side.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from dist_helpers import DATA, REPO
 from torch import nn
 
-import tpu_debug
 from tpu_debug.cli import main
 from tpu_debug.ranks import find_group, is_group
 
-from dist_helpers import DATA, REPO, run_python
-
 PITFALL = REPO / "examples" / "pitfalls" / "rank_divergence.py"
+
+
+def _shown(path: Path) -> str:
+    """How the ranks show ``path``: relative to their working directory (this one) when under it."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
 
 
 def _line(path: Path, text: str) -> int:
@@ -28,11 +33,18 @@ def _line(path: Path, text: str) -> int:
     return line
 
 
-def _nproc(tmp_path: Path, script: Path, *args: str, **env: str):
-    return run_python(
-        ["-m", "tpu_debug", "run", "--logdir", str(tmp_path / "runs"), "--nproc", "2", "--devices", "2",
-         str(script), *args], **env,
-    )
+class _Launch:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _nproc(tmp_path: Path, capsys, script: Path, *args: str) -> _Launch:
+    """``tpu-debug run --nproc 2 --devices 2 script args``, the launcher in this process (the ranks
+    are processes of their own; they are told everything through the environment)."""
+    capsys.readouterr()
+    code = main(["run", "--logdir", str(tmp_path / "runs"), "--nproc", "2", "--devices", "2", str(script), *args])
+    out = capsys.readouterr()
+    return _Launch(code, out.out, out.err)
 
 
 def _cpu_training(data: dict) -> tuple[list[float], dict]:
@@ -51,7 +63,7 @@ def _cpu_training(data: dict) -> tuple[list[float], dict]:
 
 def test_data_parallel_over_two_processes(tmp_path, capsys):
     out = tmp_path / "result.json"
-    proc = _nproc(tmp_path, DATA / "dp_mlp.py", str(out))
+    proc = _nproc(tmp_path, capsys, DATA / "dp_mlp.py", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     losses, weights = _cpu_training(data)
@@ -77,19 +89,20 @@ def test_data_parallel_over_two_processes(tmp_path, capsys):
     assert "rank 0" in report and "rank 1" in report
     assert "every rank compiled the same 2 multi-device program(s)" in report
     # and the same from the reading verb, given the parent directory
+    capsys.readouterr()
     assert main(["report", str(group.path), "--plain"]) == 0
     assert "tpu_debug report: dp_mlp (2 ranks)" in capsys.readouterr().out
 
 
-def test_a_rank_dependent_branch_stops_both_ranks_before_they_hang(tmp_path):
-    proc = _nproc(tmp_path, PITFALL, TPU_DEBUG_RANK_TIMEOUT="60")
+def test_a_rank_dependent_branch_stops_both_ranks_before_they_hang(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_RANK_TIMEOUT", "60")
+    proc = _nproc(tmp_path, capsys, PITFALL)
     assert proc.returncode == 1, proc.stderr[-3000:]
     branch = _line(PITFALL, "model[0].weight.pow(2)")
     for rank in (0, 1):
         assert f"[rank {rank}] tpu_debug.runtime.distributed.errors.RankDivergenceError: ranks {rank} and " \
                f"{1 - rank} are about to run different programs together at multi-process call #1" in proc.stderr
-    where = PITFALL.relative_to(REPO)  # paths under the working directory are shown relative to it
-    assert f"rank 1 runs aten.pow.Tensor_Scalar at {where}:{branch}" in proc.stderr
+    assert f"rank 1 runs aten.pow.Tensor_Scalar at {_shown(PITFALL)}:{branch}" in proc.stderr
     group = find_group(None, tmp_path / "runs")
     assert group.info["exit_status"] == [1, 1]
     for _, session in group.sessions():
@@ -101,15 +114,16 @@ def test_a_rank_dependent_branch_stops_both_ranks_before_they_hang(tmp_path):
     assert "compiled programs: program #1 differs (program)" in report
 
 
-def test_a_rank_that_stops_early_is_named_by_the_rank_waiting_for_it(tmp_path):
+def test_a_rank_that_stops_early_is_named_by_the_rank_waiting_for_it(tmp_path, capsys, monkeypatch):
     script = DATA / "early_exit.py"
-    proc = _nproc(tmp_path, script, TPU_DEBUG_RANK_TIMEOUT="5")
+    monkeypatch.setenv("TPU_DEBUG_RANK_TIMEOUT", "5")
+    proc = _nproc(tmp_path, capsys, script)
     assert proc.returncode == 1, proc.stderr[-3000:]
     call = _line(script, "step(dist.mark_sharding(")
     assert ("[rank 0] tpu_debug.runtime.distributed.errors.RankTimeoutError: rank 1 did not reach "
             "multi-process program call #2 within 5 s.") in proc.stderr
     assert "rank 1: its last multi-process program call was #1: g1/inference of step " in proc.stderr
-    assert f"called at {script.relative_to(REPO)}:{call}" in proc.stderr
+    assert f"called at {_shown(script)}:{call}" in proc.stderr
     group = find_group(None, tmp_path / "runs")
     assert group.info["exit_status"] == [1, 0]
     group.close()

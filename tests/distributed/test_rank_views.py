@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tpu_debug.collectives import Collective
-from tpu_debug.ranks import find_group, new_group
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.collectives import collective_totals, compare_ranks
 from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+from tpu_debug.collectives import Collective
+from tpu_debug.ranks import find_group, new_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tui"))
 
@@ -110,11 +110,11 @@ def test_report_of_the_group(group_dir, capsys):
 
 
 def test_tui_collectives_view_and_rank_switch(group_dir):
+    from tpu_debug.tui import TpuDebugApp
+    from tpu_debug.tui.screens import CollectivesScreen, RanksScreen
     from tui_helpers import drive, press, screen_text, settle
 
     import tpu_debug
-    from tpu_debug.tui import TpuDebugApp
-    from tpu_debug.tui.screens import CollectivesScreen, RanksScreen
 
     group = find_group(str(group_dir), group_dir.parent)
     rank, run = next(iter(group.rank_dirs().items()))
@@ -166,9 +166,8 @@ def test_tensorboard_marks_collectives_and_counts_their_bytes(tmp_path):
     assert errors == []
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from xprof.convert import raw_to_tool_data
-
     from tpu_debug.tracers.tensorboard import profile_files
+    from xprof.convert import raw_to_tool_data
 
     (profile,) = profile_files(tmp_path)
     data, _ = raw_to_tool_data.xspace_to_tool_data([str(profile)], "trace_viewer", {})

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tpu_debug.tracers.collectives import program_collectives
 
 import tpu_debug
-from tpu_debug.tracers.collectives import program_collectives
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "examples" / "models" / "tiny_llama.py"
@@ -74,7 +74,7 @@ def test_data_parallel_reduces_every_gradient_over_the_data_dimension(spmd):
     _ok(spmd, "llama")
     (program,) = _programs(spmd["dp"]["run"])
     assert program.devices == 8
-    backward = _line(CASES, "loss.backward()")
+    backward = _line(CASES, "loss.backward()  # the compiled step's backward")
     grads = [c for c in program.collectives if c.opcode == "all-reduce" and c.line == backward]
     # dp=2: each group is the 2 replicas of one tensor-parallel position, 4 such groups
     assert {(c.group_size, c.groups) for c in grads} == {(2, 4)}

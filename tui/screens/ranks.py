@@ -23,8 +23,9 @@ __all__ = ["RanksScreen"]
 def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str]:
     """Each rank's figures (the report's per-rank columns) and where the ranks first differ,
     read with sessions of this thread's own."""
-    from tpu_debug.report import rank_figures
     from tpu_debug.tracers.collectives import compare_ranks
+
+    from tpu_debug.report import rank_figures
 
     out = []
     events = []

@@ -14,9 +14,9 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tpu_debug.runtime import distributed as dist
 
 import tpu_debug
-from tpu_debug.runtime import distributed as dist
 
 STEPS = 3
 devices = torch.tpu.device_count() * dist.get_world_size()

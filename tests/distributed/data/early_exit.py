@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from tpu_debug.runtime import distributed as dist
 
 import tpu_debug
-from tpu_debug.runtime import distributed as dist
 
 RANK = dist.get_rank()
 devices = torch.tpu.device_count() * dist.get_world_size()

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tpu_debug.runtime import distributed as dist
 
 import tpu_debug
-from tpu_debug.runtime import distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from examples.distributed.train_llama_dp_tp import PLAN  # noqa: E402
@@ -46,7 +46,7 @@ def _train(model, data, place_batch) -> list[float]:
 
     def train_step(tokens):
         loss = _loss(model, tokens)
-        loss.backward()
+        loss.backward()  # the compiled step's backward
         return loss.detach()
 
     step = tpu_debug.compile(train_step) if place_batch is not None else None
