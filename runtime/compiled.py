@@ -36,6 +36,8 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
+from tpu_debug.runtime.distributed import placement as _placement
+from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
@@ -237,6 +239,17 @@ def _write_input(t: torch.Tensor, value) -> None:
         write(t, value)
 
 
+def _onto_mesh(args: list, arrays: list) -> None:
+    """Replicate single-device inputs over the mesh the call's sharded inputs are on; the
+    payload of a tensor that owns its storage is replaced, so it moves only once."""
+    mesh = _placement.mesh_of(arrays)
+    if mesh is None:
+        return
+    storages = {i: a.untyped_storage() for i, a in enumerate(args)
+                if isinstance(a, torch.Tensor) and a.device.type == "tpu"}
+    _placement.onto_mesh(arrays, mesh, storages, PAYLOAD_ATTR)
+
+
 def _cast_like(out, node):
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor) and hasattr(out, "dtype"):
@@ -273,6 +286,8 @@ class _Entry:
     make_plain: Any = None
     plain: Any = None
     has_views: bool = False
+    # a program over devices of several processes: what the ranks compare before each call
+    spmd: Any = None
 
 
 # output sources (see _Entry.outputs); _VIEW: (VIEW, base output index, (size, stride, offset))
@@ -361,14 +376,20 @@ class CompiledGraph:
         self._static_entry: _Entry | None = None  # its executable (CPU numerics)
 
     def _signature(self, arrays) -> tuple:
+        if _placement.active:  # a program is compiled for its inputs' shardings
+            return tuple((a.shape, a.dtype, _placement.placement(a)) if hasattr(a, "shape") else ("s", a)
+                         for a in arrays)
         return tuple((a.shape, a.dtype) if hasattr(a, "shape") else ("s", a) for a in arrays)
 
     def __call__(self, args):
         mutated = self.program.mutated_inputs
         arrays, stores = self._input_arrays(args)
+        if _placement.active:
+            _onto_mesh(args, arrays)
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
-        if self._static_entry is not None and config.numerics == "cpu":
+        # the signature computed once holds no placement: with meshes in use, every call has its own
+        if self._static_entry is not None and config.numerics == "cpu" and not _placement.active:
             entry, sig = self._static_entry, self._static_sig
         else:
             entry, sig = self._entry(arrays)
@@ -419,6 +440,8 @@ class CompiledGraph:
             if entry.plain is None:
                 entry.plain = entry.make_plain()
             executable = entry.plain
+        if entry.spmd is not None:  # every rank must be about to run this same program
+            _rankcheck.agree(entry.spmd)
         if not probes._probes:
             return executable(*[a for a in arrays if hasattr(a, "shape")])
         key = (self.graph_id, self.digest, sig)
@@ -454,7 +477,7 @@ class CompiledGraph:
 
     def _entry(self, arrays) -> tuple[_Entry, tuple]:
         """The executable for these inputs and its signature, compiled on a miss."""
-        if self._static:
+        if self._static and not _placement.active:
             if self._static_sig is None:
                 self._static_sig = self._signature(arrays)
             sig = self._static_sig
@@ -516,7 +539,10 @@ class CompiledGraph:
         # instead of 0.78 ms a step, which allocated and filled 24 fresh buffers
         positions = {i: k for k, i in enumerate(i for i, a in enumerate(arrays) if hasattr(a, "shape"))}
         donated = tuple(i for i in self.program.mutated_inputs if i in positions)
-        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
+        if _placement.active:  # sharded inputs keep their shardings, XLA propagates the rest
+            specs = _placement.abstract(example, _placement.mesh_of(example))
+        else:
+            specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
 
         def lower(donate: tuple):
             return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate)).lower(*specs)
@@ -542,6 +568,8 @@ class CompiledGraph:
 
             entry.make_plain = make_plain
         entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled)
+        if _placement.active and _placement.spans_processes(example):
+            entry.spmd = _rankcheck.ProgramCard.of(entry.info)
         if probes._probes:
             probes.compiled(entry.info)
         return entry
@@ -593,7 +621,8 @@ class CompiledGraph:
 
     def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled) -> CompileInfo:
         specs = tuple(
-            ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
+            ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype), layout=_placement.layout(a) if _placement.active else ())
+            if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
             for i, a in enumerate(arrays)
         )
         return CompileInfo(

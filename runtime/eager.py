@@ -30,6 +30,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
+from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
@@ -249,10 +250,13 @@ def _skeleton(value, arrays: list, cpu_ok: bool = False):
             return _Spec((value.shape, value.dtype, True))  # CUDA allows 0-dim CPU tensors (and CPU indices)
         arr, view = read_parts(value)
         arrays.append(arr)
+        # where the payload lives: False for one device, else its sharding over a mesh (an
+        # executable is compiled for its inputs' shardings)
+        where = (_placement.placement(arr) or False) if _placement.active else False
         if view is None:
-            return _Spec((value.shape, value.dtype, False))
+            return _Spec((value.shape, value.dtype, where))
         # a strided view: the executable gathers it from the storage array itself
-        return _Spec((value.shape, value.dtype, False, arr.shape, view))
+        return _Spec((value.shape, value.dtype, where, arr.shape, view))
     t = type(value)
     if t in _SCALARS:
         return _scalar_key(value)
@@ -310,9 +314,11 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
     def one(name, s):
         if type(s) is _Spec:
             shape, dtype = s[0], s[1]
-            layout = (("device", "cpu"),) if len(s) == 3 and s[2] else ()
+            layout = (("device", "cpu"),) if len(s) == 3 and s[2] is True else ()
             if len(s) == 5:
                 layout = (("stride", tuple(s[4][0])), ("offset", s[4][1]), ("storage", tuple(s[3])))
+            if not isinstance(s[2], bool):  # sharded over a mesh
+                layout += (("sharding", _placement.describe(s[2])),)
             out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch."), layout=layout))
         elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple) and any(
             type(v) is _Spec for v in s[1]
@@ -375,7 +381,7 @@ def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
         probes.transferring("d2h", op)
     start = time.perf_counter()
     arr = to_jax(t)
-    host = np.array(arr)
+    host = np.array(arr) if not _placement.active else _placement.host_value(arr)
     if t.dtype == torch.bfloat16:
         out = torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
     else:

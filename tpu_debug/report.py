@@ -22,7 +22,15 @@ from rich.text import Text
 
 from tpu_debug.errors import ReportSectionError
 
-__all__ = ["section", "print_report", "SECTIONS", "format_seconds", "format_bytes"]
+__all__ = [
+    "section",
+    "print_report",
+    "print_rank_report",
+    "rank_figures",
+    "SECTIONS",
+    "format_seconds",
+    "format_bytes",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -405,6 +413,85 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
     return Group(*parts)
 
 
+@section("Collectives", order=55)
+def _collectives(session: Any, terminal: bool) -> RenderableType | None:
+    # programs over several devices: what XLA inserted to move data between them, and
+    # what one device holds for each program; then the same for a TPU target, if any
+    from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
+
+    local = program_collectives(session)
+    targets = [e for e in program_collectives(session, target=None) if e.target]
+    if not local and not targets:
+        return None
+    parts: list[RenderableType] = []
+    if local:
+        parts += _collective_programs(session, local, terminal, "")
+    for target in sorted({e.target for e in targets}):
+        parts += _collective_programs(session, [e for e in targets if e.target == target], terminal, target)
+    parts.append(_note(
+        "sent = bytes each device sends per run of the program (ring-algorithm estimate: an all-reduce of "
+        "S bytes over n devices sends 2(n-1)/n S); memory = per device: arguments + outputs + temporaries"
+    ))
+    return Group(*parts)
+
+
+def _collective_programs(session: Any, events: list, terminal: bool, target: str) -> list[RenderableType]:
+    from tpu_debug.tracers.collectives import collective_totals, program_calls
+
+    totals = collective_totals(events)
+    calls = program_calls(session, events) if not target else {}
+    kinds = ", ".join(f"{n} {k} ({format_bytes(b)})" for k, (n, b) in sorted(totals.by_opcode.items()))
+    where = f"on {target} (XLA's TPU compiler)" if target else "on this run's devices"
+    head = (
+        f"{totals.programs} program(s) over {totals.devices} devices {where}: {totals.collectives} "
+        f"collective(s){': ' + kinds if kinds else ''}"
+    )
+    if totals.peak_memory is not None:
+        head += f"; largest per-device memory {format_bytes(totals.peak_memory)}"
+    table = _table(
+        terminal,
+        ("program", "left"),
+        ("devices", "right"),
+        ("memory/device", "right"),
+        ("collectives", "right"),
+        ("sent/run", "right"),
+        ("runs", "right"),
+        ("sent total", "right"),
+    )
+    for e in events[:10]:
+        runs = calls.get(e.id)
+        table.add_row(
+            Text(e.name + (f" ({e.error})" if e.error else "")),
+            str(e.devices) if e.devices else "-",
+            format_bytes(e.memory_bytes) if e.memory_bytes is not None else "-",
+            str(len(e.collectives)),
+            format_bytes(e.collective_bytes),
+            str(runs) if runs is not None else "-",
+            format_bytes(e.collective_bytes * runs) if runs is not None else "-",
+        )
+    parts: list[RenderableType] = [Text(head), table]
+    if len(events) > 10:
+        parts.append(_note(f"... and {len(events) - 10} more programs"))
+    detail = _table(
+        terminal, ("collective", "left"), ("groups x devices", "right"), ("sent/run", "right"), ("from", "left"),
+        ("at", "left"),
+    )
+    shown = 0
+    for e in events[:3]:
+        for c in e.collectives[:8]:
+            detail.add_row(
+                Text(f"{c.opcode} {c.shape}"),
+                f"{c.groups}x{c.group_size}",
+                format_bytes(c.wire_bytes),
+                Text(f"{e.name}: {c.node or c.op or '-'}"),
+                Text(f"{os.path.basename(c.file)}:{c.line}" if c.file else "-"),
+            )
+            shown += 1
+    if shown:
+        parts.append(detail)
+    return parts
+
+
 def _where(loc: Any) -> str:
     if loc is None:
         return "-"
@@ -690,3 +777,111 @@ def print_report(
         console.print()
         console.print(Text(sec.title, style="bold underline" if is_terminal else ""))
         console.print(body)
+
+
+# -- multi-process runs ----------------------------------------------------------------------
+
+
+def rank_figures(session: Any) -> dict[str, str]:
+    """One column of the per-rank table."""
+    from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
+
+    m = session.metadata()
+    status = m.status + (f" ({m.exit_status})" if m.exit_status not in (None, 0) else "")
+    ops = session.ops()
+    programs = program_collectives(session)
+    calls = program_calls(session, programs)
+    totals = collective_totals(programs)
+    return {
+        "status": status,
+        "duration": format_seconds(m.duration) if m.duration is not None else "-",
+        "devices": str(m.device_count),
+        "device ops run": str(sum(o.count for o in ops)),
+        "compiles": str(sum(o.compiles for o in ops)),
+        "multi-device programs": str(totals.programs),
+        "collectives (distinct)": str(totals.collectives),
+        "sent per device": format_bytes(sum(e.collective_bytes * calls.get(e.id, 0) for e in programs)),
+        "largest memory/device": format_bytes(totals.peak_memory) if totals.peak_memory is not None else "-",
+        "transfers": str(len(session.transfers())),
+        "tracer errors": str(len(session.internal_errors())),
+    }
+
+
+def print_rank_report(
+    group: Any, *, file: Any = None, terminal: bool | None = None, width: int | None = None
+) -> None:
+    """Print the report of a multi-process run: the ranks side by side, whether they agreed,
+    and where they first differed.
+
+    Args:
+        group: a :class:`~tpu_debug.ranks.RankGroup`.
+        file, terminal, width: as for :func:`print_report`.
+    """
+    from tpu_debug.tracers.collectives import compare_ranks
+
+    console = _console(file, terminal, width)
+    is_terminal = console.is_terminal
+    info = group.info
+    sessions = group.sessions()
+    title = f"tpu_debug report: {group.name} ({info.get('nproc', len(sessions))} ranks)"
+    if is_terminal:
+        console.rule(Text(title, style="bold"))
+    else:
+        console.print(Text(title))
+        console.print(Text("=" * min(console.width, len(title))))
+
+    def heading(text: str) -> None:
+        console.print()
+        console.print(Text(text, style="bold underline" if is_terminal else ""))
+
+    heading("Ranks")
+    rows = [
+        ("run", str(group.path)),
+        ("command", " ".join(info.get("command") or []) or "-"),
+        ("status", f"{info.get('status', '?')}" + (f", exit statuses {info['exit_status']}"
+                                                  if info.get("exit_status") else "")),
+    ]
+    console.print(_kv(rows))
+    missing = [r for r in range(int(info.get("nproc", 0))) if r not in dict(sessions)]
+    if missing:
+        console.print(_note(f"rank(s) {', '.join(map(str, missing))} recorded nothing (they ended before tracing began)"))
+    if sessions:
+        figures = [(rank, rank_figures(s)) for rank, s in sessions]
+        table = _table(is_terminal, ("", "left"), *[(f"rank {r}", "right") for r, _ in figures])
+        for key in figures[0][1]:
+            table.add_row(Text(key), *[Text(f[key]) for _, f in figures])
+        console.print(table)
+
+    heading("Rank agreement")
+    stopped = False
+    for rank, s in sessions:
+        error = s.metadata().error or ""
+        if error.startswith(("RankDivergenceError", "RankTimeoutError")):
+            # the first rank that stopped in full; the others say the same from their side
+            console.print(Text(f"rank {rank} stopped: {error if not stopped else error.splitlines()[0]}"))
+            stopped = True
+    diff = compare_ranks([(rank, s.events("collectives")) for rank, s in sessions])
+    if diff is not None:
+        console.print(Text(f"compiled programs: {diff.render()}"))
+    elif len(sessions) > 1:
+        n = len([e for e in sessions[0][1].events("collectives") if not e.target])
+        console.print(Text(
+            f"every rank compiled the same {n} multi-device program(s), with the same collectives, in the same order"
+            + ("" if not stopped else " (up to where they stopped)")
+        ))
+    for rank, s in sessions:
+        error = s.metadata().error
+        if error and not error.startswith(("RankDivergenceError", "RankTimeoutError")):
+            console.print(Text(f"rank {rank} failed: {error.splitlines()[0]}"))
+
+    if sessions:
+        rank, first = sessions[0]
+        body = _collectives(first, is_terminal)
+        if body is not None:
+            heading(f"Collectives (rank {rank})")
+            console.print(body)
+    console.print()
+    console.print(_note(
+        "each rank's full report: tpu-debug report " + " | ".join(str(s.run_dir) for _, s in sessions[:1])
+        + (" (and the other rank directories beside it)" if len(sessions) > 1 else "")
+    ))

@@ -319,6 +319,7 @@ class Trace(contextlib.ContextDecorator):
         self._start = 0.0
         self._tensorboard: Any = None  # a TensorBoardExporter with tensorboard=True
         self._divergence: Any = None  # a DivergenceTracer with divergence=True
+        self._collectives: Any = None  # the CollectivesTracer (programs over several devices)
         self._saved_numerics: str | None = None
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
@@ -391,6 +392,7 @@ class Trace(contextlib.ContextDecorator):
         if self.config.tensorboard:
             self._start_tensorboard(run_dir)
         self._start_divergence()
+        self._start_collectives()
         from tpu_debug.guards import TraceGuards
 
         self._guards = TraceGuards(self.config, self._writer, self._recorder)
@@ -440,6 +442,7 @@ class Trace(contextlib.ContextDecorator):
         for where, stop in (
             ("TraceGuards.stop", self._stop_guards),
             ("DivergenceTracer.close", self._stop_divergence),
+            ("CollectivesTracer.close", self._stop_collectives),
             ("TensorBoardExporter.stop", self._stop_tensorboard),
             ("Recorder.unsubscribe", self._stop_recorder),
         ):
@@ -563,6 +566,31 @@ class Trace(contextlib.ContextDecorator):
                 self._recorder.record_error("DivergenceTracer.close", f"{type(exc).__name__}: {exc}")
         if self._saved_numerics is not None:
             runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
+
+    # -- collectives of programs over several devices -----------------------------------------
+
+    def _start_collectives(self) -> None:
+        from tpu_debug.runtime import probes
+        from tpu_debug.tracers.collectives import CollectivesTracer
+
+        # with a TPU target (trace(target=...)), each such program is also compiled for it
+        tracer = CollectivesTracer(
+            self._writer,
+            clock=self._recorder.clock,
+            record_error=self._recorder.record_error,
+            hlo=self.config.hlo,
+            target=getattr(self.config, "target", None),
+        )
+        self._collectives = tracer
+        probes.subscribe(tracer, replay=True)
+
+    def _stop_collectives(self) -> None:
+        from tpu_debug.runtime import probes
+
+        tracer, self._collectives = self._collectives, None
+        if tracer is not None:
+            probes.unsubscribe(tracer)
+            tracer.close()
 
     def mark_step(self) -> None:
         """End the current step on the TensorBoard timeline (see :func:`step`)."""

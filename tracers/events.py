@@ -493,3 +493,59 @@ def event_type(kind: str) -> type[Event]:
         raise ValueError(
             f"unknown event kind {kind!r}; known kinds: {', '.join(sorted(EVENT_TYPES))}"
         ) from None
+
+
+# -- collectives (tracers/collectives.py) --------------------------------------------------
+
+# one collective instruction, as tpu_debug/collectives.py reads it from a program's HLO:
+# shared with the runtime (ranks compare collectives before running a program together)
+from tpu_debug.collectives import Collective  # noqa: E402
+
+__all__ += ["Collective", "CollectivesEvent"]
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectivesEvent(Event):
+    """What a program spread over several devices costs each device: its collectives
+    (which XLA's SPMD partitioner inserted, with bytes, groups and the op and line
+    that caused each) and the memory one device needs for it.
+
+    ``name`` is the op or graph (as in :class:`CompileEvent`), ``program`` the
+    content hash of its HLO (None when HLO is not recorded, or for a target),
+    ``devices`` how many devices the program runs on. ``target`` is empty for
+    this run's own devices; for a TPU target (``"v5e:2x4"``) the same program
+    compiled by XLA's TPU compiler for that topology, where ``error`` holds the
+    compiler's refusal (an HBM out-of-memory) when there is one. Memory figures
+    are bytes per device from XLA's buffer assignment (None when the backend
+    gives none).
+    """
+
+    kind: ClassVar[str] = "collectives"
+    stored: ClassVar[Stored] = Stored("collective_programs", name="name", seconds="seconds", program="program")
+
+    name: str
+    program: str | None
+    devices: int
+    target: str
+    collectives: tuple[Collective, ...] = column(table="collective_ops", default=())
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    alias_bytes: int | None = None
+    temp_bytes: int | None = None
+    code_bytes: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Arguments + outputs - aliased + temporaries + code: what one device holds for it."""
+        parts = (self.argument_bytes, self.output_bytes, self.temp_bytes)
+        if any(p is None for p in parts):
+            return None
+        return sum(parts) - (self.alias_bytes or 0) + (self.code_bytes or 0)
+
+    @property
+    def collective_bytes(self) -> int:
+        """Bytes each device sends for one run of the program (ring estimates)."""
+        return sum(c.wire_bytes for c in self.collectives)

@@ -16,6 +16,9 @@ and marks on the same host timeline as XLA's own activity, as
   what caused it and the source line;
 - each divergence over tolerance, CPU fallback and graph break, as a short
   marker at the moment it was recorded;
+- each program over several devices, as a marker with its collectives, the
+  bytes each device sends per run and its memory per device; each run of it
+  carries those bytes (``collective_bytes``) in its span's metadata;
 - steps, as ``StepTraceAnnotation``s (``step <n>``): a step ends when
   ``optimizer.step()`` returns, or at each explicit ``tpu_debug.step()``
   (explicit marks, once used, replace the optimizer's).
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.tracers.events import (
+    CollectivesEvent,
     CompileEvent,
     DivergenceEvent,
     Event,
@@ -68,6 +72,8 @@ SCALAR_TAGS = {
     "tpu_debug/compile_seconds": "time spent compiling",
     "tpu_debug/transfer_bytes": "bytes moved between host and device",
     "tpu_debug/max_divergence": "largest absolute error against CPU (only steps that compared)",
+    "tpu_debug/collective_bytes": "bytes each device sent in collectives, ring estimate (only steps that ran "
+    "programs over several devices)",
 }
 
 
@@ -97,7 +103,8 @@ class _Span:
 
 
 class _StepStats:
-    __slots__ = ("compile_seconds", "compiles", "eager_ops", "max_divergence", "recompiles", "transfer_bytes")
+    __slots__ = ("collective_bytes", "compile_seconds", "compiles", "eager_ops", "max_divergence", "recompiles",
+                 "transfer_bytes")
 
     def __init__(self) -> None:
         self.eager_ops = 0
@@ -106,6 +113,7 @@ class _StepStats:
         self.compile_seconds = 0.0
         self.transfer_bytes = 0
         self.max_divergence: float | None = None
+        self.collective_bytes = 0
 
     def ran(self) -> bool:
         return bool(self.eager_ops or self.compiles)
@@ -120,6 +128,8 @@ class _StepStats:
         }
         if self.max_divergence is not None:
             out["tpu_debug/max_divergence"] = self.max_divergence
+        if self.collective_bytes:
+            out["tpu_debug/collective_bytes"] = float(self.collective_bytes)
         return out
 
 
@@ -206,6 +216,8 @@ class TensorBoardExporter:
         # (compiles from before the trace are replayed at subscription)
         self._inputs: dict[Any, str] = {}
         self._labels: dict[tuple[str, str], str] = {}
+        # (mode, op or graph) -> bytes each device sends in collectives per run (CollectivesEvent)
+        self._collective_bytes: dict[tuple[str, str], int] = {}
         self._compiled: set[tuple[str, str]] = set()
         self._step = 0
         self._manual_steps = False
@@ -488,6 +500,11 @@ class TensorBoardExporter:
     def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
         if mode == "eager":
             self._stats.eager_ops += 1
+        sent = self._collective_bytes.get((mode, name)) if self._collective_bytes else None
+        if sent:
+            self._stats.collective_bytes += sent
+            self._close("execute", collective_bytes=sent)
+            return
         self._close("execute")
 
     def on_compile_begin(self, mode: str, name: str) -> None:
@@ -571,6 +588,21 @@ class TensorBoardExporter:
                     first=int(event.first),
                     line=line,
                 )
+        elif isinstance(event, CollectivesEvent):
+            label = self._label(event.mode or "compiled", event.name)
+            if not event.target:
+                self._collective_bytes[(event.mode or "compiled", event.name)] = event.collective_bytes
+            where = f" on {event.target}" if event.target else ""
+            self._mark(
+                f"collectives {label}{where}",
+                devices=event.devices,
+                collectives=len(event.collectives),
+                sent_bytes=event.collective_bytes,
+                memory_per_device=event.memory_bytes,
+                ops="; ".join(f"{c.describe()} at {c.location}" for c in event.collectives[:8]) or None,
+                error=event.error,
+                line=line,
+            )
         elif isinstance(event, FallbackEvent):
             self._mark(
                 f"cpu fallback aten::{event.name}",

@@ -24,10 +24,12 @@ from textual.message import Message
 from textual.timer import Timer
 from tpu_debug.tracers.query import RunMetadata
 from tpu_debug.tui.screens import (
+    CollectivesScreen,
     DivergenceScreen,
     HelpScreen,
     OpsScreen,
     OverviewScreen,
+    RanksScreen,
     RecompilesScreen,
     RunScreen,
     TransfersScreen,
@@ -46,6 +48,7 @@ VIEWS = {
     "ops": "Ops",
     "transfers": "Transfers",
     "divergence": "Divergence",
+    "collectives": "Collectives",
 }
 
 
@@ -66,6 +69,7 @@ class TpuDebugApp(App[None]):
         "ops": OpsScreen,
         "transfers": TransfersScreen,
         "divergence": DivergenceScreen,
+        "collectives": CollectivesScreen,
     }
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -74,6 +78,8 @@ class TpuDebugApp(App[None]):
         Binding("3", "switch_mode('ops')", "Ops"),
         Binding("4", "switch_mode('transfers')", "Transfers"),
         Binding("5", "switch_mode('divergence')", "Divergence"),
+        Binding("6", "switch_mode('collectives')", "Collectives", show=False),
+        Binding("r", "ranks", "Ranks of a multi-process run", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),
         Binding("q", "quit", "Quit"),
@@ -86,13 +92,25 @@ class TpuDebugApp(App[None]):
         watermark: tuple[int, int, int]
         metadata: RunMetadata
 
-    def __init__(self, session: Session, *, poll_interval: float = 1.0, follow: bool | None = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        poll_interval: float = 1.0,
+        follow: bool | None = None,
+        group: Any = None,
+        rank: int | None = None,
+    ) -> None:
         """Args:
         session: the run to show (from :func:`tpu_debug.open_run`).
         poll_interval: seconds between checks for new events while the run is recorded.
         follow: follow a running run (default: when its status is ``running``).
+        group: the multi-process run (:class:`~tpu_debug.ranks.RankGroup`) ``session``
+            is rank ``rank`` of: ``r`` then shows the ranks and switches between them.
         """
         super().__init__()
+        self.group = group
+        self.rank = rank
         self.session = session
         self._pool: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._pool.put(session)
@@ -105,15 +123,58 @@ class TpuDebugApp(App[None]):
         self.follow = self.metadata.status == "running" if follow is None else follow
         self._watermark: tuple[int, int, int] | None = None
         self._follow_timer: Timer | None = None
-        self.title = f"tpu-debug · {self.metadata.name or session.run_dir.name}"
+        self._set_title()
         self._set_status()
+
+    def _set_title(self) -> None:
+        name = self.metadata.name or self.session.run_dir.name
+        if self.group is not None:
+            name = f"{self.group.name} · rank {self.rank}"
+        self.title = f"tpu-debug · {name}"
+
+    def rank_label(self) -> str:
+        """``rank 1 of 2`` when showing a rank of a multi-process run, else empty."""
+        if self.group is None:
+            return ""
+        return f"rank {self.rank} of {self.group.info.get('nproc', '?')}"
+
+    def action_ranks(self) -> None:
+        """Show the ranks side by side; the one picked becomes the run shown."""
+        if self.group is None:
+            self.notify("this run is a single process: there are no other ranks", timeout=5)
+            return
+        if isinstance(self.screen, RanksScreen):
+            self.pop_screen()
+            return
+        self.push_screen(RanksScreen(self.group, self.rank), self._switch_rank)
+
+    def _switch_rank(self, rank: int | None) -> None:
+        if rank is None or rank == self.rank:
+            return
+        run = self.group.rank_dirs().get(rank)
+        if run is None:
+            self.show_error(f"rank {rank} recorded no run")
+            return
+        session = Session(run / "run.db")
+        with self._opened_lock:
+            self._opened.append(session)
+        self._pool = queue.SimpleQueue()
+        self._pool.put(session)
+        self.session, self.rank = session, rank
+        self.metadata = session.metadata()
+        self.cwd = self.metadata.cwd or None
+        self._watermark = None
+        self._set_title()
+        self._set_status()
+        self.action_reload()
 
     # -- reading the run ------------------------------------------------------------------
 
     def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call ``fn(session, *args)`` with a session no other thread is using (from a worker)."""
+        pool = self._pool  # a switch to another rank replaces the pool: a session goes back where it came from
         try:
-            session = self._pool.get_nowait()
+            session = pool.get_nowait()
         except queue.Empty:
             session = Session(self.session.db_path)  # another connection to the same run
             with self._opened_lock:
@@ -121,7 +182,7 @@ class TpuDebugApp(App[None]):
         try:
             return fn(session, *args, **kwargs)
         finally:
-            self._pool.put(session)
+            pool.put(session)
 
     def on_unmount(self) -> None:
         with self._opened_lock:

@@ -109,6 +109,21 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="open the terminal UI on the run when the script ends (instead of printing the report)",
     )
+    # -- devices and processes --
+    parser.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="simulate N CPU devices (per process), for device meshes on a machine without accelerators "
+        "(XLA's --xla_force_host_platform_device_count)",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="run the script as N processes (ranks) of one multi-process run on this machine "
+        "(jax.distributed); each rank records its own run, under one parent directory",
+    )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     parser.add_argument("script", nargs="?", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -208,7 +223,20 @@ def run(args: argparse.Namespace) -> int:
         sys_path0 = os.path.dirname(os.path.realpath(path))
         name = args.name or path.stem
 
-    recording = tpu_debug.trace(
+    if args.nproc is not None:
+        return _run_ranks(args, name)
+    if args.devices is not None:
+        _simulate_devices(args.devices)
+    from tpu_debug.runtime import distributed
+
+    if distributed.initialize():  # a rank of `tpu-debug run --nproc`: join the others first
+        name = args.name or f"rank{distributed.get_rank()}"
+    recording = tpu_debug.trace(**_trace_options(args, name))
+    return _record(args, recording, target, script_args, argv0, sys_path0)
+
+
+def _trace_options(args: argparse.Namespace, name: str) -> dict:
+    return dict(
         logdir=args.logdir,
         name=name,
         hlo=args.hlo,
@@ -224,6 +252,9 @@ def run(args: argparse.Namespace) -> int:
         tolerances=args.tolerances,
         divergence_sample=args.divergence_sample,
     )
+
+
+def _record(args: argparse.Namespace, recording, target: str, script_args: list, argv0: str, sys_path0: str) -> int:
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
     if sys.path:
@@ -265,3 +296,60 @@ def run(args: argparse.Namespace) -> int:
     finally:
         session.close()
     return code
+
+
+def _simulate_devices(n: int) -> None:
+    """Give the CPU backend ``n`` devices (it reads XLA_FLAGS when JAX first uses it)."""
+    from jax._src import xla_bridge
+
+    from tpu_debug.runtime.distributed.launch import device_count_flag
+
+    if n < 1:
+        raise CommandError(f"--devices {n}: give at least 1 device", exit_code=2)
+    if xla_bridge.backends_are_initialized():
+        raise CommandError("--devices: JAX started before the option could apply; set XLA_FLAGS instead")
+    os.environ["XLA_FLAGS"] = device_count_flag(os.environ.get("XLA_FLAGS", ""), n)
+
+
+def _env_text(value) -> str:
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+def _run_ranks(args: argparse.Namespace, name: str) -> int:
+    """``--nproc N``: start N ranks, each a ``tpu-debug run`` of the script recording its own run
+    under one parent directory; then report them together."""
+    from tpu_debug import ranks
+    from tpu_debug.config import TraceConfig
+    from tpu_debug.report import print_rank_report
+    from tpu_debug.runtime.distributed import LaunchError, launch_ranks
+
+    if args.nproc < 1:
+        raise CommandError(f"--nproc {args.nproc}: give at least 1 process", exit_code=2)
+    options = _trace_options(args, name)
+    config = TraceConfig.from_env().override(**options)
+    group = ranks.new_group(config.logdir, name, args.nproc, list(getattr(sys, "orig_argv", sys.argv)))
+    # the ranks get the options through the environment, as any child process gets config
+    env = dict(os.environ)
+    for field, value in config.as_dict().items():
+        if field not in ("logdir", "name") and value is not None:
+            env[TraceConfig.env_var(field)] = _env_text(value)
+    what = ["-m", args.module] + ([args.script] if args.script else []) if args.module else [args.script]
+    argv = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--logdir", str(group.path),
+            *what, *args.args]
+    try:
+        codes = launch_ranks(args.nproc, argv, env=env, devices=args.devices)
+    except LaunchError as exc:
+        group.write(status="failed", error=str(exc))
+        raise CommandError(str(exc)) from None
+    failed = [c for c in codes if c != 0]
+    group.write(status="failed" if failed else "finished", exit_status=codes)
+    try:
+        if args.report:
+            print_rank_report(group, file=sys.stderr)
+        print(f"\nruns saved in {group.path} (tpu-debug report {group.path})", file=sys.stderr)
+    finally:
+        group.close()
+    if not failed:
+        return 0
+    code = failed[0]
+    return code if code > 0 else 128 - code

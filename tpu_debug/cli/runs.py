@@ -22,9 +22,18 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logdir = Path(args.logdir) if args.logdir else TraceConfig.from_env().logdir
+    from tpu_debug.ranks import RankGroup, list_groups
+
     paths = tpu_debug.list_runs(logdir)
-    if not paths:
+    groups = list_groups(logdir)
+    if not paths and not groups:
         print(f"no runs in {logdir}: record one with 'tpu-debug run script.py'", file=sys.stderr)
+        return 0
+    for path in groups:  # a multi-process run: one run per rank inside
+        info = RankGroup(path).info
+        print(f"{path.name}  {info.get('status', '?')}  {info.get('nproc', '?')} ranks "
+              f"(tpu-debug report {path.name})")
+    if not paths:
         return 0
     terminal = sys.stdout.isatty()
     console = Console(

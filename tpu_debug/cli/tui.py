@@ -23,7 +23,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0) -> None:
+def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0, **options) -> None:
     """Run the TUI on ``session`` in this terminal.
 
     Raises:
@@ -37,7 +37,7 @@ def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0) -> None:
         )
     from tpu_debug.tui import run_app
 
-    run_app(session, poll_interval=poll_interval)
+    run_app(session, poll_interval=poll_interval, **options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +45,23 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--poll {args.poll}: give a number of seconds above 0, e.g. --poll 0.5", exit_code=2
         )
+    from tpu_debug.config import TraceConfig
+    from tpu_debug.ranks import find_group
+
+    logdir = args.logdir if args.logdir is not None else TraceConfig.from_env().logdir
+    group = find_group(args.run, logdir)
+    if group is not None:  # a multi-process run: open its first rank; `r` switches
+        ranks = group.rank_dirs()
+        if not ranks:
+            raise CommandError(f"{group.path}: no rank of this multi-process run recorded anything")
+        rank, run = next(iter(ranks.items()))
+        session = tpu_debug.open_run(run)
+        try:
+            open_tui(session, poll_interval=args.poll, group=group, rank=rank)
+        finally:
+            session.close()
+            group.close()
+        return 0
     session = tpu_debug.open_run(args.run, logdir=args.logdir)
     try:
         open_tui(session, poll_interval=args.poll)

@@ -1,0 +1,90 @@
+"""Data and tensor parallelism on a device mesh, and multi-process runs.
+
+The engine is JAX's own: a ``jax.sharding.Mesh`` over the devices of one
+process, or of every process after ``jax.distributed.initialize``. A `tpu`
+tensor is sharded by placing its payload on the mesh (``mark_sharding``,
+``distribute_tensor``, ``parallelize_module``); compiled programs take their
+input shardings from their inputs and XLA's sharding propagation inserts the
+collectives. Before each call of a program that spans processes, the ranks
+check they are all about to run it (``rankcheck``).
+
+Example:
+    >>> from tpu_debug.runtime import distributed as dist
+    >>> mesh = dist.init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    >>> dist.parallelize_module(model, mesh["tp"], {"mlp.up": dist.ColwiseParallel(),
+    ...                                             "mlp.down": dist.RowwiseParallel()})
+    >>> dist.distribute_module(model, mesh)           # everything else replicated
+    >>> dist.mark_sharding(batch, mesh, ("dp", None))  # data parallel
+    >>> loss = tpu_debug.compile(train_step)(batch)
+"""
+
+from __future__ import annotations
+
+from tpu_debug.runtime.distributed.config import DistributedConfig
+from tpu_debug.runtime.distributed.config import config as distributed_config
+from tpu_debug.runtime.distributed.errors import (
+    LaunchError,
+    MeshError,
+    RankDivergenceError,
+    RankTimeoutError,
+    ShardingError,
+)
+from tpu_debug.runtime.distributed.launch import (
+    get_rank,
+    get_world_size,
+    initialize,
+    is_initialized,
+    launch_ranks,
+    process_info,
+)
+from tpu_debug.runtime.distributed.mesh import DeviceMesh, init_device_mesh
+from tpu_debug.runtime.distributed.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    distribute_module,
+    parallelize_module,
+)
+from tpu_debug.runtime.distributed.sharding import (
+    Placement,
+    Replicate,
+    Shard,
+    clear_sharding,
+    distribute_tensor,
+    is_sharded,
+    local_shape,
+    mark_sharding,
+    sharding_spec,
+)
+
+__all__ = [
+    "DeviceMesh",
+    "init_device_mesh",
+    "Placement",
+    "Shard",
+    "Replicate",
+    "mark_sharding",
+    "clear_sharding",
+    "distribute_tensor",
+    "sharding_spec",
+    "is_sharded",
+    "local_shape",
+    "ParallelStyle",
+    "ColwiseParallel",
+    "RowwiseParallel",
+    "parallelize_module",
+    "distribute_module",
+    "initialize",
+    "is_initialized",
+    "get_rank",
+    "get_world_size",
+    "process_info",
+    "launch_ranks",
+    "DistributedConfig",
+    "distributed_config",
+    "MeshError",
+    "ShardingError",
+    "LaunchError",
+    "RankDivergenceError",
+    "RankTimeoutError",
+]

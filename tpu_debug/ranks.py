@@ -1,0 +1,160 @@
+"""The runs of a multi-process run: one run directory per rank under a parent directory.
+
+``tpu-debug run --nproc N`` makes ``<logdir>/<UTC time>-<name>/`` holding
+``ranks.json`` (the command, the number of ranks, each rank's exit status) and
+one ordinary run per rank, ``<UTC time>-rank<r>/``, which each rank's own
+``tpu-debug run`` writes. :class:`RankGroup` opens them together; the report and
+the TUI read each rank through its own :class:`~tpu_debug.session.Session`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from tpu_debug.errors import RunDamagedError, RunNotFoundError
+from tpu_debug.runs import list_runs, new_run_dir
+from tpu_debug.session import Session
+
+__all__ = ["GROUP_FILE", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups"]
+
+GROUP_FILE = "ranks.json"
+_RANK = re.compile(r"-rank(\d+)(?:-\d+)?$")
+_STAMP = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-")
+
+
+def is_group(path: Path | str) -> bool:
+    """Whether ``path`` is the parent directory of a multi-process run."""
+    return (Path(path) / GROUP_FILE).is_file()
+
+
+class RankGroup:
+    """The per-rank runs of one multi-process run.
+
+    Example:
+        >>> group = tpu_debug.ranks.open_group("tpu_debug_runs/20260131T235959.123Z-train")
+        >>> [(rank, s.metadata().status) for rank, s in group.sessions()]
+        [(0, 'finished'), (1, 'finished')]
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._sessions: dict[int, Session] = {}
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What ``ranks.json`` holds: name, nproc, command, start_time, status, exit_status."""
+        try:
+            return json.loads((self.path / GROUP_FILE).read_text())
+        except (OSError, ValueError) as exc:
+            raise RunDamagedError(
+                f"{self.path / GROUP_FILE} cannot be read ({exc}); the rank runs inside are intact: "
+                f"open one with tpu-debug report {self.path}/<run of a rank>"
+            ) from None
+
+    @property
+    def name(self) -> str:
+        return str(self.info.get("name") or self.path.name)
+
+    def rank_dirs(self) -> dict[int, Path]:
+        """Each rank's run directory (the ranks that started recording)."""
+        out: dict[int, Path] = {}
+        for run in list_runs(self.path):
+            m = _RANK.search(run.name)
+            if m is not None:
+                out.setdefault(int(m.group(1)), run)
+        return dict(sorted(out.items()))
+
+    def sessions(self) -> list[tuple[int, Session]]:
+        """(rank, session) of every rank that recorded, in rank order (opened once, kept)."""
+        for rank, run in self.rank_dirs().items():
+            if rank not in self._sessions:
+                self._sessions[rank] = Session(run / "run.db")
+        return sorted(self._sessions.items())
+
+    def write(self, **values: Any) -> None:
+        """Update ``ranks.json`` (written whole, through a temporary file)."""
+        info = self.info if (self.path / GROUP_FILE).is_file() else {}
+        info.update(values)
+        tmp = self.path / (GROUP_FILE + ".tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        os.replace(tmp, self.path / GROUP_FILE)
+
+    def close(self) -> None:
+        for session in self._sessions.values():
+            session.close()
+        self._sessions.clear()
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RankGroup({str(self.path)!r})"
+
+
+def new_group(logdir: Path, name: str, nproc: int, command: list[str]) -> RankGroup:
+    """Create the parent directory of a multi-process run (``ranks.json`` says "running")."""
+    group = RankGroup(new_run_dir(logdir, name))
+    group.write(
+        name=name,
+        nproc=nproc,
+        command=command,
+        start_time=_dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
+        status="running",
+    )
+    return group
+
+
+def open_group(path: Path | str) -> RankGroup:
+    """The multi-process run in directory ``path``.
+
+    Raises:
+        RunNotFoundError: ``path`` holds no multi-process run.
+    """
+    if not is_group(path):
+        raise RunNotFoundError(f"{path}: not a multi-process run (no {GROUP_FILE} inside)")
+    return RankGroup(Path(path))
+
+
+def find_group(run: str | os.PathLike | None, logdir: Path | str) -> RankGroup | None:
+    """The multi-process run a RUN argument means, or None when it means a single run.
+
+    RUN is a multi-process run's directory or its name in ``logdir``; None means the
+    latest recording in ``logdir`` when that is a multi-process run.
+    """
+    root = Path(logdir)
+    if run is not None:
+        path = Path(run)
+        if is_group(path):
+            return RankGroup(path)
+        text = str(run)
+        if os.sep in text or "/" in text:
+            return None
+        exact = root / text
+        if is_group(exact):
+            return RankGroup(exact)
+        named = [g for g in list_groups(root) if g.name[len("20260131T235959.123Z-") :] == text]
+        return RankGroup(named[-1]) if named else None
+    groups = list_groups(root)
+    if not groups:
+        return None
+    runs = list_runs(root)
+    latest_group = groups[-1]
+    if runs and runs[-1].name[:20] > latest_group.name[:20]:
+        return None
+    return RankGroup(latest_group)
+
+
+def list_groups(logdir: Path | str) -> list[Path]:
+    """The multi-process runs in ``logdir``, oldest first."""
+    root = Path(logdir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STAMP.match(p.name) and is_group(p))
