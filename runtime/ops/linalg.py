@@ -155,6 +155,84 @@ def mm_dtype(x, y, out_dtype):
     return mm(x, y)  # half inputs already accumulate in float32; the result is cast to out_dtype
 
 
+def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``_grouped_mm``'s output, with PyTorch's argument checks but any float dtype: its
+    own meta kernel takes bfloat16 only (the CUDA kernel's dtype), and its CPU kernel any.
+    No stride alignment is required: XLA has no such rule."""
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} and mat_b.dim()={mat_b.dim()}")
+    torch._check(mat_a.dtype == mat_b.dtype, lambda: f"expected mat_a and mat_b to have the same dtype, "
+                 f"but got: {mat_a.dtype} != {mat_b.dtype}")
+    torch._check(mat_a.dtype.is_floating_point, lambda: f"grouped mm needs floating inputs, got {mat_a.dtype}")
+    torch._check(mat_a.size(-1) == mat_b.size(-2) or (mat_a.dim() == 2 and mat_b.dim() == 2),
+                 lambda: "contraction dimension of mat_a and mat_b must match")
+    batched = mat_a.dim() == 3 and mat_b.dim() == 3
+    torch._check((offs is None) == batched, lambda: "Have to provide offsets if there is a 2d matrix, "
+                 "or no offset if both matrices are 3d")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    torch._check(out_dtype is None or out_dtype == mat_a.dtype,
+                 lambda: "Grouped gemm output dtype must match `mat_a` dtype")
+    if offs is not None:
+        torch._check(offs.dim() == 1 and offs.dtype == torch.int32, lambda: "Offsets have to be int32")
+    if batched:
+        torch._check(mat_a.size(0) == mat_b.size(0), lambda: "batched dimension has to match")
+        size = (mat_a.size(0), mat_a.size(1), mat_b.size(-1))
+    elif mat_a.dim() == 2 and mat_b.dim() == 2:
+        torch._check(mat_a.size(1) == mat_b.size(0), lambda: "contraction dimension of mat_a and mat_b must match")
+        size = (offs.size(0), mat_a.size(0), mat_b.size(1))
+    elif mat_a.dim() == 2:
+        torch._check(offs.size(0) == mat_b.size(0), lambda: "matrix batch sizes have to match")
+        size = (mat_a.size(0), mat_b.size(-1))
+    else:
+        torch._check(offs.size(0) == mat_a.size(0), lambda: "matrix batch sizes have to match")
+        size = (mat_a.size(1), mat_b.size(1))
+    return mat_a.new_empty(size)
+
+
+def _ragged_dot(ragged: int, group: tuple):
+    """A ``lax.ragged_dot_general`` with ``lhs`` dim ``ragged`` in groups; ``group``: the
+    group dimension of ``rhs``, if any (a contracting ragged dim gives the output one)."""
+    contract_lhs = 1 if ragged == 0 else ragged
+    numbers = lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((contract_lhs,), (1 if group else 0,)), ((), ())),
+        lhs_ragged_dimensions=(ragged,), rhs_group_dimensions=group,
+    )
+
+    def product(a, b, sizes, **kw):
+        return lax.ragged_dot_general(a, b, sizes, numbers, **kw)
+
+    return product
+
+
+@lower(aten._grouped_mm.default, precision=True, meta=_grouped_mm_meta)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """One matrix product per group (a mixture-of-experts layer's experts), as
+    ``lax.ragged_dot_general``, which XLA's TPU compiler lowers to a grouped kernel.
+
+    ``offs`` holds each group's end along the dim that is grouped: the rows of a 2-D
+    ``a`` against the matrices of a 3-D ``b``; the columns of a 2-D ``b`` against the
+    matrices of a 3-D ``a``; the contraction of two 2-D operands (one output matrix
+    per group). Two 3-D operands are a batched product. Rows past ``offs[-1]`` are
+    zeros (PyTorch leaves them unwritten). Half inputs accumulate in float32: their
+    products are exact in float32, so they run as float32 products (XLA's CPU backend
+    has no bfloat16 x bfloat16 -> float32 ragged dot)."""
+    dtype = a.dtype
+    if dtype in HALF:
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    if a.ndim == 3 and b.ndim == 3:
+        return dot_general(jnp.matmul, a, b).astype(dtype)
+    ends = offs.astype(jnp.int32)
+    sizes = jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+    if a.ndim == 2 and b.ndim == 3:
+        out = dot_general(lambda x, y, **kw: _ragged_dot(0, (0,))(x, y, sizes, **kw), a, b)
+    elif a.ndim == 3:  # the columns of b in groups: the same product, transposed
+        out = dot_general(lambda x, y, **kw: _ragged_dot(0, (0,))(x, y, sizes, **kw),
+                          b.T, jnp.swapaxes(a, 1, 2)).T
+    else:
+        out = dot_general(lambda x, y, **kw: _ragged_dot(1, ())(x, y, sizes, **kw), a, b)
+    return out.astype(dtype)
+
+
 @lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, precision=True)
 def addmm(self, a, b, *, beta=1, alpha=1):
     return _scaled(dot_general(jnp.matmul, a, b), self, beta=beta, alpha=alpha)

@@ -172,6 +172,73 @@ def test_mm_out_dtype():
     torch.testing.assert_close(got.cpu(), a.float() @ b.float(), **TOL)
 
 
+def _i32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+# (mat_a, mat_b, offs): rows of a in groups (with an empty group), columns of b in groups,
+# the contraction in groups, a batched product. Sizes keep PyTorch's CPU kernel's 16-byte
+# stride alignment, which it checks.
+_GROUPED = [
+    ((8, 8), (3, 8, 16), (2, 2, 8)),
+    ((3, 4, 8), (8, 16), (4, 8, 16)),
+    ((4, 8), (8, 16), (3, 8)),
+    ((3, 4, 8), (3, 8, 16), None),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("a_shape, b_shape, offs", _GROUPED, ids=["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_grouped_mm(a_shape, b_shape, offs, dtype):
+    # bfloat16 products are exact in float32 and both sides accumulate in float32: one
+    # bfloat16 rounding of the same sum, give or take its order
+    tol = TOL if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    offs = None if offs is None else _i32(*offs)
+    check(lambda a, b: torch._grouped_mm(a, b, offs=None if offs is None else offs.to(a.device)),
+          torch.randn(a_shape).to(dtype), torch.randn(b_shape).to(dtype), tol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_compiled_forward_and_backward(dtype):
+    """PyTorch's meta kernel of ``_grouped_mm`` takes bfloat16 only; dynamo and AOTAutograd
+    trace `tpu` inputs with the lowering's own meta function, float32 included."""
+    from tpu_debug.runtime.compiled import compile as tpu_compile
+
+    tol = TOL if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    a, b, g = torch.randn(8, 8).to(dtype), torch.randn(3, 8, 16).to(dtype), torch.randn(8, 16).to(dtype)
+    offs = _i32(2, 2, 8)
+
+    def step(a, b, offs, g):
+        out = torch._grouped_mm(a, b, offs=offs)
+        (out * g).sum().backward()
+        return out.detach()
+
+    ref_a, ref_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    dev_a, dev_b = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+    ref = step(ref_a, ref_b, offs, g)
+    got = tpu_compile(step)(dev_a, dev_b, offs.to("tpu"), g.to("tpu"))
+    torch.testing.assert_close(got.cpu(), ref, **tol)
+    torch.testing.assert_close(dev_a.grad.cpu(), ref_a.grad, **tol)
+    torch.testing.assert_close(dev_b.grad.cpu(), ref_b.grad, **tol)
+
+
+def test_grouped_mm_meta_rule_is_only_for_tpu():
+    """Other devices keep PyTorch's meta kernel (bfloat16 only), and tpu calls get
+    PyTorch's argument checks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tpu_debug.runtime.compiled import register_metas
+
+    register_metas()
+    a, b = torch.randn(8, 8), torch.randn(3, 8, 16)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):
+        torch._grouped_mm(mode.from_tensor(a), mode.from_tensor(b), offs=mode.from_tensor(_i32(2, 4, 8)))
+    with pytest.raises(RuntimeError, match="Offsets have to be int32"):
+        torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=torch.tensor([2, 4, 8]).to("tpu"))
+    with pytest.raises(RuntimeError, match="contraction dimension of mat_a and mat_b must match"):
+        torch._grouped_mm(a.to("tpu"), torch.randn(3, 4, 16).to("tpu"), offs=_i32(2, 4, 8).to("tpu"))
+
+
 def test_linear_module_and_mlp():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4, bias=False))
     tpu_model = copy.deepcopy(model).to("tpu")
