@@ -321,20 +321,54 @@ def test_native_batch_norm_legit_ops(training):
     rm_t, rv_t = rm.to("tpu"), rv.to("tpu")
     ref = torch.ops.aten._native_batch_norm_legit(x, w, b, rm, rv, training, 0.1, 1e-5)
     got = torch.ops.aten._native_batch_norm_legit(x.to("tpu"), w.to("tpu"), b.to("tpu"), rm_t, rv_t, training, 0.1, 1e-5)
-    torch.testing.assert_close(got[0].cpu(), ref[0], **TOL)
-    if training:
-        torch.testing.assert_close(got[1].cpu(), ref[1], **TOL)
-        torch.testing.assert_close(got[2].cpu(), ref[2], **TOL)
+    for r, g in zip(ref, got):  # saved statistics too: empty when not training, as on CPU
+        torch.testing.assert_close(g.cpu(), r, **TOL)
     torch.testing.assert_close(rm_t.cpu(), rm, **TOL)
     torch.testing.assert_close(rv_t.cpu(), rv, **TOL)
     ref = torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, training, 0.1, 1e-5)
     got = torch.ops.aten._native_batch_norm_legit_functional(*(t.to("tpu") for t in (x, w, b, rm, rv)), training, 0.1, 1e-5)
-    for i in (0, 3, 4):
-        torch.testing.assert_close(got[i].cpu(), ref[i], **TOL)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g.cpu(), r, **TOL)
     ref = torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)
     got = torch.ops.aten._native_batch_norm_legit.no_stats(x.to("tpu"), w.to("tpu"), b.to("tpu"), True, 0.1, 1e-5)
     for r, g in zip(ref, got):
         torch.testing.assert_close(g.cpu(), r, **TOL)
+
+
+_BN_OPS = {
+    "native_batch_norm train": lambda x, w, b, rm, rv: torch.ops.aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5),
+    "native_batch_norm eval": lambda x, w, b, rm, rv: torch.ops.aten.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5),
+    "legit eval": lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5),
+    "legit no_training": lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5),
+    "legit no_stats": lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5),
+    "with_update": lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5),
+    "no_update": lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_no_update(x, w, b, rm, rv, 0.1, 1e-5),
+}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype, params", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                           (torch.bfloat16, torch.float32)], ids=["f32", "bf16", "bf16-f32-params"])
+def test_batch_norm_saved_statistics_are_cpus(dtype, params, compiled):
+    """PyTorch's CPU kernel saves no statistics when it normalizes with the running ones,
+    and saves them in a half input's dtype unless the parameters are float32; its meta
+    kernels say (C,) float32 in every case. The tpu follows CPU.
+
+    Compiled graphs carry the dtypes AOTAutograd traced: for the functional batch-norm op
+    it runs PyTorch's decomposition, ahead of any per-op fake rule, which saves float32
+    statistics for a bfloat16 input; there only the shapes are CPU's."""
+    from tpu_debug.runtime.compiled import compile as tpu_compile
+
+    x = torch.randn(4, 3, 5).to(dtype)
+    w, b, rm, rv = (t.to(params) for t in (torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5))
+    dtypes = not (compiled and dtype == params == torch.bfloat16)
+    for name, op in _BN_OPS.items():
+        ref = op(x, w, b, rm.clone(), rv.clone())
+        run = tpu_compile(op) if compiled else op
+        got = run(*(t.to("tpu") for t in (x, w, b, rm, rv)))
+        assert [tuple(g.shape) for g in got] == [tuple(r.shape) for r in ref], name
+        if dtypes:
+            assert [g.dtype for g in got] == [r.dtype for r in ref], name
 
 
 def test_batch_norm_with_update():
