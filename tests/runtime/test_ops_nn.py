@@ -528,6 +528,17 @@ def test_interpolate_half_precision_weights():
     check(lambda x: F.interpolate(x, size=(7, 9), mode="bilinear"), x, grad=False, tol={"rtol": 1.6e-2, "atol": 1e-5})
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize(
+    "kw",
+    [{"size": (3, 5)}, {"size": (9, 13)}, {"size": (2, 2), "align_corners": True},
+     {"size": (7, 3), "align_corners": True}, {"scale_factor": 0.35}],
+    ids=["down", "up", "corners", "mixed-corners", "scale"],
+)
+def test_interpolate_antialias(mode, kw):
+    check(lambda x: F.interpolate(x, mode=mode, antialias=True, **kw), torch.randn(2, 3, 8, 6))
+
+
 def test_upsample_module():
     check_module(nn.Upsample(scale_factor=2, mode="bilinear"), torch.randn(1, 2, 3, 3))
 
