@@ -827,6 +827,37 @@ def _auto_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     return lookup_backend("inductor")(gm, example_inputs, **kwargs)
 
 
+_state: dict[str, bool] = {}  # "metas": register_metas has run
+
+
+def register_metas() -> None:
+    """Give dynamo and AOTAutograd each lowering's own meta function (``Lowering.meta``)
+    for `tpu` inputs.
+
+    Both run every op on fake tensors first, through the op's meta kernel; where
+    PyTorch's refuses a call the lowering runs (``_grouped_mm`` in float32), FakeTensor's
+    per-op rules (``fake_impls.register_op_impl``) give it the lowering's instead. The
+    rule steps aside (``NotImplemented``) for any other device, so CPU and CUDA tracing
+    keep PyTorch's meta kernels."""
+    from torch._subclasses import fake_impls
+
+    from tpu_debug.runtime.ops.registry import registered
+
+    metas = {op: low.meta for op, low in registered().items() if low.meta is not None}
+    if not metas or _state.get("metas"):
+        return
+    _state["metas"] = True
+
+    def on_tpu(fake_mode, func, *args, **kwargs):
+        values = itertools.chain(args, kwargs.values())
+        if not any(isinstance(v, torch.Tensor) and v.device.type == "tpu" for v in values):
+            return NotImplemented
+        with fake_mode:
+            return metas[func](*args, **kwargs)
+
+    fake_impls.register_op_impl(lambda func: func in metas)(on_tpu)
+
+
 def install_backends() -> None:
     """Register ``"tpu"`` (unless another package has it) and make the default
     backend pick ``tpu_debug`` for `tpu` inputs."""
@@ -834,6 +865,7 @@ def install_backends() -> None:
 
     from torch._dynamo.backends import registry
 
+    register_metas()
     others = {ep.name for ep in entry_points(group="torch_dynamo_backends") if ep.value.split(":")[0] != __name__}
     if "tpu_debug" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=dynamo_backend, name="tpu_debug")

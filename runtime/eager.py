@@ -487,8 +487,11 @@ def _meta_outputs(plan: _Plan, skel_args, skel_kwargs):
     """Output (shape, dtype) list from PyTorch's meta kernel, or None if it has none."""
     margs = [_to_meta(s) for s in skel_args]
     mkwargs = {k: _to_meta(s) for k, s in skel_kwargs}
+    meta_fn = plan.meta_op
+    if plan.lowering.meta is not None and plan.meta_op is plan.lowering.op:
+        meta_fn = plan.lowering.meta  # PyTorch's meta kernel refuses what the lowering runs
     try:
-        out = plan.meta_op(*margs, **mkwargs)
+        out = meta_fn(*margs, **mkwargs)
     except NotImplementedError:
         return None
     except RuntimeError as exc:
@@ -791,8 +794,45 @@ def _decomposition(op: _OpOverload):
     return decomposition_table.get(op)
 
 
-def _run_functional_then_write(plan: _Plan, args, kwargs):
-    """In-place / out= variant with no lowering: run the functional op, write back."""
+def _structured_decomposition(plan: _Plan):
+    """The decomposition of ``plan``'s functional op when calling that op would come back
+    here as ``plan.op``, else None.
+
+    A structured op's functional kernel for a backend with no kernel of its own is
+    PyTorch's CompositeExplicitAutogradNonFunctional one: it allocates the result and
+    calls the ``out=`` overload, which reaches the `tpu` fallback as ``plan.op`` again
+    (``hardsigmoid_backward`` -> ``hardsigmoid_backward.grad_input`` -> ...). Running the
+    functional op's decomposition instead breaks that loop."""
+    functional = plan.functional
+    qual = functional._schema.name
+    if functional._overloadname != "default":
+        qual += f".{functional._overloadname}"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(qual, "PrivateUse1") or not has(qual, "CompositeExplicitAutogradNonFunctional"):
+        return None
+    return _decomposition(functional)
+
+
+def _call_by_schema(fn, schema, named: dict):
+    """``fn`` called with the arguments ``named`` (by schema name) laid out as ``schema``
+    orders them: decompositions take their arguments positionally, under their own names."""
+    args, kwargs = [], {}
+    for a in schema.arguments:
+        if a.kwarg_only:
+            if a.name in named:
+                kwargs[a.name] = named[a.name]
+        elif a.name in named:
+            args.append(named[a.name])
+        elif a.has_default_value():
+            args.append(a.default_value)
+        else:
+            break
+    return fn(*args, **kwargs)
+
+
+def _run_functional_then_write(plan: _Plan, args, kwargs, run=None):
+    """In-place / out= variant with no lowering: run the functional op (or ``run``, its
+    decomposition), write back."""
     schema_args = plan.op._schema.arguments
     names = [a.name for a in schema_args]
     targets = _written_targets(plan, args, kwargs)
@@ -804,7 +844,10 @@ def _run_functional_then_write(plan: _Plan, args, kwargs):
         call_kwargs[names[i]] = v
     call_kwargs.update(fkwargs)
     call_kwargs = {k: v for k, v in call_kwargs.items() if k in fschema_names}
-    out = plan.functional(**call_kwargs)
+    if run is None:
+        out = plan.functional(**call_kwargs)
+    else:
+        out = _call_by_schema(run, plan.functional._schema, call_kwargs)
     results = list(_iter_tensors(out))
     for t, o in zip(targets, results):
         _check_writable(plan, t, o.dtype, o.shape, args, kwargs)
@@ -921,7 +964,7 @@ def dispatch(op: _OpOverload, args, kwargs):
     active.add(op)
     try:
         if plan.kind in ("inplace", "out") and plan.functional is not None:
-            return _run_functional_then_write(plan, args, kwargs)
+            return _run_functional_then_write(plan, args, kwargs, _structured_decomposition(plan))
         decomp = _decomposition(op)
         if decomp is not None:
             return decomp(*args, **kwargs)

@@ -103,11 +103,27 @@ _strided_read = jax.jit(view_value, static_argnums=(1, 2, 3))
 def read_parts(t: torch.Tensor):
     """(storage array, view geometry or None): what an executable needs to read ``t``."""
     _storage, arr = _payload(t)
+    if arr.dtype != to_jax_dtype(t.dtype):
+        return to_jax(t), None  # a reinterpreting view: its value, read here
     if arr.shape == t.shape and _is_dense(t):
         return arr, None
-    if arr.dtype != to_jax_dtype(t.dtype):
-        to_jax(t)  # raises the dtype-view error
     return arr, (tuple(t.stride()), t.storage_offset())
+
+
+def _reinterpreted(arr, jdtype, t: torch.Tensor):
+    """Storage array ``arr`` as a flat array of ``jdtype`` elements, for the views that
+    reinterpret a storage: complex numbers as (real, imaginary) pairs of their real dtype
+    (``view_as_real``) and back (``view_as_complex``). Other dtype views are refused."""
+    flat = arr.reshape(-1)
+    if jnp.issubdtype(arr.dtype, jnp.complexfloating) and jdtype == jnp.finfo(arr.dtype).dtype:
+        return jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
+    if jnp.issubdtype(jdtype, jnp.complexfloating) and arr.dtype == jnp.finfo(jdtype).dtype and flat.size % 2 == 0:
+        pairs = flat.reshape(-1, 2)
+        return lax.complex(pairs[:, 0], pairs[:, 1])
+    raise UnsupportedError(
+        f"reading a {t.dtype} view of {arr.dtype} storage is not supported on "
+        "tpu (a dtype-reinterpreting view); use .to(dtype) instead of .view(dtype)"
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
@@ -159,14 +175,12 @@ def _is_dense(t: torch.Tensor) -> bool:
 def to_jax(t: torch.Tensor) -> jax.Array:
     """The value of `tpu` tensor ``t`` as a jax.Array of ``t``'s shape and dtype."""
     storage, arr = _payload(t)
-    if arr.shape == t.shape and _is_dense(t):
-        return arr
     jdtype = to_jax_dtype(t.dtype)
     if arr.dtype != jdtype:
-        raise UnsupportedError(
-            f"reading a {t.dtype} view of {arr.dtype} storage is not supported on "
-            "tpu (a dtype-reinterpreting view); use .to(dtype) instead of .view(dtype)"
-        )
+        with jax.enable_x64(True):
+            arr = _reinterpreted(arr, jdtype, t)
+    if arr.shape == t.shape and _is_dense(t):
+        return arr
     size = tuple(t.shape)
     if _is_dense(t) and arr.size == math.prod(size):
         return arr.reshape(size)
@@ -184,7 +198,7 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
         value = jnp.broadcast_to(value, tuple(t.shape))
     old = getattr(storage, PAYLOAD_ATTR, None)
     numel = t.numel()
-    if old is None or (_is_dense(t) and old.size == numel):
+    if old is None or (_is_dense(t) and old.size == numel and old.dtype == jdtype):
         setattr(storage, PAYLOAD_ATTR, value)
         return
     if type(old) is _Uninit:
@@ -192,7 +206,12 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if numel == 0:
         return
     with jax.enable_x64(True):
-        new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        if old.dtype != jdtype:  # through a reinterpreting view: write its elements, then back
+            seen = _reinterpreted(old, jdtype, t)
+            new = _strided_write(seen, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            new = _reinterpreted(new, old.dtype, t).reshape(old.shape)
+        else:
+            new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     setattr(storage, PAYLOAD_ATTR, new)
 
 

@@ -16,7 +16,9 @@ selected elements is read from the shape of ``v``.
 
 from __future__ import annotations
 
+import builtins
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -599,3 +601,77 @@ def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
 @lower(aten.histogram.bins_tensor)
 def histogram_bins_tensor(x, bins, *, weight=None, density=False):
     return _histogram_counts(x, bins.astype(x.dtype), weight, density)
+
+
+def _histogramdd_edges(x, bins, range):
+    """Each dimension's bin edges, as PyTorch's CPU kernel picks them: ``range`` (pairs of
+    bounds) or the points' extent, an empty extent widened by 0.5 on each side, an empty
+    input spanning [0, 1]."""
+    dims = x.shape[-1]
+    points = x.reshape(-1, dims)
+    edges = []
+    for k in builtins.range(dims):
+        if range is not None:
+            lo, hi = jnp.asarray(range[2 * k], x.dtype), jnp.asarray(range[2 * k + 1], x.dtype)
+        elif points.shape[0]:
+            lo, hi = jnp.min(points[:, k]), jnp.max(points[:, k])
+        else:
+            lo, hi = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
+        same = lo == hi
+        lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+        edges.append(_linspace(lo, hi, bins[k] + 1, x.dtype))
+    return edges
+
+
+def _histogramdd_counts(x, edges, weight, density):
+    """Counts (or weights) of the points of ``x`` (the last dim holds coordinates) per
+    cell; a point outside any dimension's edges is not counted, the last edge of each
+    dimension is inclusive."""
+    points = x.reshape(-1, x.shape[-1])
+    sizes = tuple(e.shape[0] - 1 for e in edges)
+    inside = jnp.ones(points.shape[:1], bool)
+    cell = jnp.zeros(points.shape[:1], jnp.int64)
+    for k, e in enumerate(edges):
+        v = points[:, k]
+        pos = jnp.searchsorted(e, v, side="right") - 1
+        pos = jnp.where(v == e[-1], sizes[k] - 1, pos)
+        inside = inside & (v >= e[0]) & (v <= e[-1])
+        cell = cell * sizes[k] + jnp.clip(pos, 0, sizes[k] - 1)
+    w = jnp.ones(points.shape[:1], x.dtype) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((math.prod(sizes),), x.dtype).at[jnp.where(inside, cell, 0)].add(jnp.where(inside, w, 0))
+    hist = hist.reshape(sizes)
+    if density:  # CPU's order: by the total, then by each dimension's bin widths
+        hist = hist / jnp.sum(hist)
+        for k, e in enumerate(edges):
+            shape = [1] * len(sizes)
+            shape[k] = sizes[k]
+            hist = hist / jnp.diff(e).reshape(shape)
+    return hist
+
+
+def _histogramdd_edges_meta(x, bins, *, range=None, weight=None, density=False):
+    return [x.new_empty((b + 1,)) for b in bins]
+
+
+def _histogramdd_bin_cts_meta(x, bins, *, range=None, weight=None, density=False):
+    return x.new_empty(tuple(bins))
+
+
+def _histogramdd_bin_tensors_meta(x, bins, *, weight=None, density=False):
+    return x.new_empty(tuple(b.shape[0] - 1 for b in bins))
+
+
+# PyTorch has no meta kernels for these (its fake tensors would run the real kernel on no data)
+@lower(aten._histogramdd_bin_edges.default, meta=_histogramdd_edges_meta)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(x, bins, range)
+
+
+@lower(aten._histogramdd_from_bin_cts.default, meta=_histogramdd_bin_cts_meta)
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_counts(x, _histogramdd_edges(x, bins, range), weight, density)
+
+
+@lower(aten._histogramdd_from_bin_tensors.default, meta=_histogramdd_bin_tensors_meta)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd_counts(x, [b.astype(x.dtype) for b in bins], weight, density)

@@ -155,6 +155,84 @@ def mm_dtype(x, y, out_dtype):
     return mm(x, y)  # half inputs already accumulate in float32; the result is cast to out_dtype
 
 
+def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``_grouped_mm``'s output, with PyTorch's argument checks but any float dtype: its
+    own meta kernel takes bfloat16 only (the CUDA kernel's dtype), and its CPU kernel any.
+    No stride alignment is required: XLA has no such rule."""
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} and mat_b.dim()={mat_b.dim()}")
+    torch._check(mat_a.dtype == mat_b.dtype, lambda: f"expected mat_a and mat_b to have the same dtype, "
+                 f"but got: {mat_a.dtype} != {mat_b.dtype}")
+    torch._check(mat_a.dtype.is_floating_point, lambda: f"grouped mm needs floating inputs, got {mat_a.dtype}")
+    torch._check(mat_a.size(-1) == mat_b.size(-2) or (mat_a.dim() == 2 and mat_b.dim() == 2),
+                 lambda: "contraction dimension of mat_a and mat_b must match")
+    batched = mat_a.dim() == 3 and mat_b.dim() == 3
+    torch._check((offs is None) == batched, lambda: "Have to provide offsets if there is a 2d matrix, "
+                 "or no offset if both matrices are 3d")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    torch._check(out_dtype is None or out_dtype == mat_a.dtype,
+                 lambda: "Grouped gemm output dtype must match `mat_a` dtype")
+    if offs is not None:
+        torch._check(offs.dim() == 1 and offs.dtype == torch.int32, lambda: "Offsets have to be int32")
+    if batched:
+        torch._check(mat_a.size(0) == mat_b.size(0), lambda: "batched dimension has to match")
+        size = (mat_a.size(0), mat_a.size(1), mat_b.size(-1))
+    elif mat_a.dim() == 2 and mat_b.dim() == 2:
+        torch._check(mat_a.size(1) == mat_b.size(0), lambda: "contraction dimension of mat_a and mat_b must match")
+        size = (offs.size(0), mat_a.size(0), mat_b.size(1))
+    elif mat_a.dim() == 2:
+        torch._check(offs.size(0) == mat_b.size(0), lambda: "matrix batch sizes have to match")
+        size = (mat_a.size(0), mat_b.size(-1))
+    else:
+        torch._check(offs.size(0) == mat_a.size(0), lambda: "matrix batch sizes have to match")
+        size = (mat_a.size(1), mat_b.size(1))
+    return mat_a.new_empty(size)
+
+
+def _ragged_dot(ragged: int, group: tuple):
+    """A ``lax.ragged_dot_general`` with ``lhs`` dim ``ragged`` in groups; ``group``: the
+    group dimension of ``rhs``, if any (a contracting ragged dim gives the output one)."""
+    contract_lhs = 1 if ragged == 0 else ragged
+    numbers = lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((contract_lhs,), (1 if group else 0,)), ((), ())),
+        lhs_ragged_dimensions=(ragged,), rhs_group_dimensions=group,
+    )
+
+    def product(a, b, sizes, **kw):
+        return lax.ragged_dot_general(a, b, sizes, numbers, **kw)
+
+    return product
+
+
+@lower(aten._grouped_mm.default, precision=True, meta=_grouped_mm_meta)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """One matrix product per group (a mixture-of-experts layer's experts), as
+    ``lax.ragged_dot_general``, which XLA's TPU compiler lowers to a grouped kernel.
+
+    ``offs`` holds each group's end along the dim that is grouped: the rows of a 2-D
+    ``a`` against the matrices of a 3-D ``b``; the columns of a 2-D ``b`` against the
+    matrices of a 3-D ``a``; the contraction of two 2-D operands (one output matrix
+    per group). Two 3-D operands are a batched product. Rows past ``offs[-1]`` are
+    zeros (PyTorch leaves them unwritten). Half inputs accumulate in float32: their
+    products are exact in float32, so they run as float32 products (XLA's CPU backend
+    has no bfloat16 x bfloat16 -> float32 ragged dot)."""
+    dtype = a.dtype
+    if dtype in HALF:
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    if a.ndim == 3 and b.ndim == 3:
+        return dot_general(jnp.matmul, a, b).astype(dtype)
+    ends = offs.astype(jnp.int32)
+    sizes = jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+    if a.ndim == 2 and b.ndim == 3:
+        out = dot_general(lambda x, y, **kw: _ragged_dot(0, (0,))(x, y, sizes, **kw), a, b)
+    elif a.ndim == 3:  # the columns of b in groups: the same product, transposed
+        out = dot_general(lambda x, y, **kw: _ragged_dot(0, (0,))(x, y, sizes, **kw),
+                          b.T, jnp.swapaxes(a, 1, 2)).T
+    else:
+        out = dot_general(lambda x, y, **kw: _ragged_dot(1, ())(x, y, sizes, **kw), a, b)
+    return out.astype(dtype)
+
+
 @lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, precision=True)
 def addmm(self, a, b, *, beta=1, alpha=1):
     return _scaled(dot_general(jnp.matmul, a, b), self, beta=beta, alpha=alpha)
@@ -539,12 +617,60 @@ def _batched(fn, a, core_dims=2):
     return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
 
 
+# Bader, Blanes and Casas, "Computing the Matrix Exponential with an Optimized Taylor
+# Polynomial Approximation" (Mathematics 7, 1174, 2019), the method PyTorch's kernel uses:
+# the degree-18 polynomial from five products, whose coefficients (B_i = sum_j b_ij P_j
+# over P = I, A, A^2, A^3, A^6) the paper gives, and the largest 1-norm it is accurate
+# for in single and double precision.
+_T18 = (
+    (0.0, -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04, 0.0),
+    (0.0, 3.97849749499645077844e-01, 1.36783778460411720168e00, 4.98289622525382669416e-01,
+     -6.37898194594723280150e-04),
+    (-1.09676396052962061844e01, 1.68015813878906206114e00, 5.71779846478865511061e-02,
+     -6.98210122488052056106e-03, 3.34975017086070470649e-05),
+    (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
+     2.95552570429315521194e-02, -1.39180257516060693404e-05),
+    (0.0, 0.0, -9.23364619367118555360e-02, -1.69364939002081722752e-02, -1.40086798182036094347e-05),
+)
+_T18_THETA = {4: 3.010066362817634, 8: 1.090863719290036}  # by real itemsize
+
+
+def _expm_taylor18(a):
+    def mm(x, y):
+        return jnp.matmul(x, y, precision=lax.Precision.HIGHEST)
+
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    a2 = mm(a, a)
+    a3 = mm(a2, a)
+    powers = (eye, a, a2, a3, mm(a3, a3))
+    b = [sum(c * p for c, p in zip(row, powers) if c) for row in _T18]
+    a9 = mm(b[0], b[4]) + b[3]
+    return b[1] + mm(b[2] + a9, a9)
+
+
 @lower(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(a):
-    if a.shape[-1] == 0 or a.size == 0:
+    """Scaling and squaring around a degree-18 Taylor polynomial, as PyTorch computes it
+    (products at full float32 precision: PyTorch turns TF32 off here). PyTorch picks a
+    lower degree for matrices of small norm; degree 18 on the scaled matrix is as
+    accurate there. Half dtypes compute in float32."""
+    n = a.shape[-1]
+    if n == 0 or a.size == 0:
         return a
     x = a.astype(jnp.float32) if a.dtype in HALF else a
-    return _batched(jax.scipy.linalg.expm, x).astype(a.dtype)
+    if n == 1:
+        return jnp.exp(x).astype(a.dtype)
+    theta = _T18_THETA[jnp.finfo(x.dtype).bits // 8]
+    norm = jnp.max(jnp.sum(jnp.abs(x), axis=-2), axis=-1)  # the operator 1-norm
+    squarings = jnp.ceil(jnp.log2(norm / theta))
+    squarings = jnp.where(jnp.isfinite(squarings), jnp.maximum(squarings, 0), 0).astype(jnp.int32)
+    scale = jnp.exp2(squarings.astype(norm.dtype))[..., None, None]
+    result = _expm_taylor18(x / scale.astype(x.dtype))
+
+    def square(i, m):
+        return jnp.where((i < squarings)[..., None, None], jnp.matmul(m, m, precision=lax.Precision.HIGHEST), m)
+
+    return lax.fori_loop(0, jnp.max(squarings), square, result).astype(a.dtype)
 
 
 @lower(aten.linalg_householder_product.default)

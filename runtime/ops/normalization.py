@@ -7,7 +7,10 @@ in the closed forms PyTorch's kernels use. Masked-off gradients
 output, and autograd ignores gradients it did not ask for.
 
 Batch norm's variants that update running statistics in place return the new
-statistics as extra outputs (``mutates_returns=True``).
+statistics as extra outputs (``mutates_returns=True``). Their saved statistics are
+what PyTorch's CPU kernel saves, which its meta kernels (written after CUDA's)
+do not describe: empty when normalizing with the running statistics, and in the
+input's half dtype when the parameters share it (``_bn_meta``).
 """
 
 from __future__ import annotations
@@ -128,7 +131,56 @@ def _bn_eval(x, weight, bias, running_mean, running_var, eps):
     rm = running_mean.astype(xf.dtype)
     invstd = lax.rsqrt(running_var.astype(xf.dtype) + eps)
     y = (xf - rm.reshape(shape)) * invstd.reshape(shape)
-    return _affine(y, weight, bias, shape), rm, invstd
+    # nothing is saved: the backward reads the running statistics
+    none = jnp.zeros((0,), xf.dtype)
+    return _affine(y, weight, bias, shape), none, none
+
+
+def _stats_meta(x, params, training: bool):
+    """Batch norm's output and saved statistics on meta or fake tensors, as PyTorch's CPU
+    kernel makes them: (C,) statistics when normalizing with the batch's, empty ones
+    with the running statistics; float32 for a half input whose parameters are
+    float32, else the input's dtype."""
+    mixed = x.dtype in (torch.float16, torch.bfloat16) and any(
+        p is not None and p.dtype == torch.float32 for p in params)
+    dtype = torch.float32 if mixed else x.dtype
+    size = (x.shape[1],) if training else (0,)
+    return torch.empty_like(x), x.new_empty(size, dtype=dtype), x.new_empty(size, dtype=dtype)
+
+
+def _reserve_meta(x):
+    return x.new_empty((0,), dtype=torch.uint8)
+
+
+def _legit_meta(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _stats_meta(x, (weight, bias, running_mean, running_var), training)
+
+
+def _legit_no_stats_meta(x, weight, bias, training, momentum, eps):
+    return _stats_meta(x, (weight, bias), True)
+
+
+def _no_training_meta(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _stats_meta(x, (weight, bias, running_mean, running_var), False)
+
+
+def _legit_functional_meta(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _legit_meta(x, weight, bias, running_mean, running_var, training, momentum, eps) + (
+        torch.empty_like(running_mean), torch.empty_like(running_var))
+
+
+def _with_update_meta(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _stats_meta(x, (weight, bias, running_mean, running_var), True) + (_reserve_meta(x),)
+
+
+def _with_update_functional_meta(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _with_update_meta(x, weight, bias, running_mean, running_var, momentum, eps) + (
+        torch.empty_like(running_mean), torch.empty_like(running_var))
+
+
+def _no_update_meta(x, weight, bias, running_mean, running_var, momentum, eps):
+    params = (weight, bias, running_mean, running_var)
+    return _stats_meta(x, params, running_mean is None) + (_reserve_meta(x),)
 
 
 def _updated_stats(x, mean, var, running_mean, running_var, momentum):
@@ -150,23 +202,23 @@ def _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, ep
     return (y, mean, invstd), (running_mean, running_var)
 
 
-@lower(aten._native_batch_norm_legit.default, mutates_returns=True)
+@lower(aten._native_batch_norm_legit.default, mutates_returns=True, meta=_legit_meta)
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     outs, stats = _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps)
     return outs + stats
 
 
-@lower(aten._native_batch_norm_legit.no_stats)
+@lower(aten._native_batch_norm_legit.no_stats, meta=_legit_no_stats_meta)
 def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return _bn_train(x, weight, bias, eps)[:3]
 
 
-@lower(aten._native_batch_norm_legit_no_training.default)
+@lower(aten._native_batch_norm_legit_no_training.default, meta=_no_training_meta)
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _bn_eval(x, weight, bias, running_mean, running_var, eps)
 
 
-@lower(aten._native_batch_norm_legit_functional.default)
+@lower(aten._native_batch_norm_legit_functional.default, meta=_legit_functional_meta)
 def native_batch_norm_legit_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     outs, stats = _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps)
     return outs + stats
@@ -176,18 +228,18 @@ def _reserve():
     return jnp.zeros((0,), jnp.uint8)
 
 
-@lower(aten._batch_norm_with_update.default, mutates_returns=True)
+@lower(aten._batch_norm_with_update.default, mutates_returns=True, meta=_with_update_meta)
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     outs, stats = _bn_legit(x, weight, bias, running_mean, running_var, True, momentum, eps)
     return outs + (_reserve(),) + stats
 
 
-@lower(aten._batch_norm_with_update_functional.default)
+@lower(aten._batch_norm_with_update_functional.default, meta=_with_update_functional_meta)
 def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
     return batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
-@lower(aten._batch_norm_no_update.default)
+@lower(aten._batch_norm_no_update.default, meta=_no_update_meta)
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is None:
         return _bn_train(x, weight, bias, eps)[:3] + (_reserve(),)

@@ -44,6 +44,13 @@ class Lowering:
             through ``linalg.dot_general`` or ``linalg.matmul_precision``), so
             an eager executable of it is keyed by them: changing
             ``torch.tpu.precision`` compiles it again, and nothing else.
+        meta: for an op whose PyTorch meta kernel refuses calls the lowering
+            runs (``_grouped_mm``'s takes bfloat16 only, the dtype of the CUDA
+            kernel): the op's output tensors computed from meta or fake input
+            tensors, in PyTorch's calling convention. The eager interpreter
+            takes output shapes and dtypes from it, and dynamo and
+            AOTAutograd use it for `tpu` inputs (``compiled.register_metas``),
+            so both modes accept what the lowering does.
     """
 
     op: _OpOverload
@@ -56,6 +63,7 @@ class Lowering:
     static_scalars: bool = False
     graph_only: bool = False
     precision: bool = False
+    meta: Callable | None = None
 
 
 _LOWERINGS: dict[_OpOverload, Lowering] = {}

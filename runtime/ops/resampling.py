@@ -1,5 +1,5 @@
-"""Resampling: ``interpolate``'s nearest, linear (1-d to 3-d) and bicubic upsampling, and
-3-d grid sampling, with their backward ops.
+"""Resampling: ``interpolate``'s nearest, linear (1-d to 3-d) and bicubic upsampling, its
+antialiased bilinear and bicubic resizing, and 3-d grid sampling, with their backward ops.
 
 Source indices and interpolation weights depend only on shapes, so they are
 computed in NumPy at trace time, the way PyTorch's CPU kernels compute them.
@@ -187,6 +187,81 @@ def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, sc
     return _input_grad(
         lambda v: _upsample_bicubic(v, tuple(output_size), align_corners, (scales_h, scales_w)), grad, input_size
     )
+
+
+# ---- antialiased resizing (interpolate(..., antialias=True)) ------------------------------
+
+
+def _aa_bilinear(x):  # a triangle: linear interpolation, widened when downsampling
+    return np.maximum(np.float32(1) - np.abs(x), np.float32(0))
+
+
+def _aa_bicubic(x):  # Keys' cubic with A = -0.5, as Pillow (the plain bicubic mode uses -0.75)
+    a = np.float32(-0.5)
+    x = np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, np.float32(0))).astype(np.float32)
+
+
+_AA_FILTERS = {"bilinear": (_aa_bilinear, 2), "bicubic": (_aa_bicubic, 4)}
+
+
+def _aa_taps(in_size, out_size, align_corners, scale, mode):
+    """(indices (out, K), weights (out, K)) of PyTorch's antialiased resize along one axis
+    (Pillow's method): the filter spans ``scale`` input pixels per output pixel when
+    downsampling, its taps normalized to sum to one. float32, as the CPU kernel computes
+    them for a float32 input."""
+    f32 = np.float32
+    filter_fn, interp_size = _AA_FILTERS[mode]
+    if align_corners:
+        ratio = f32(in_size - 1) / f32(out_size - 1) if out_size > 1 else f32(0)
+    else:
+        ratio = _scale(in_size, out_size, scale, f32)
+    support = f32(interp_size * 0.5) * ratio if ratio >= 1 else f32(interp_size * 0.5)
+    taps = int(np.ceil(support)) * 2 + 1
+    invscale = f32(1) / ratio if ratio >= 1 else f32(1)
+    index = np.zeros((out_size, taps), np.int64)
+    weights = np.zeros((out_size, taps), np.float32)
+    for i in range(out_size):
+        center = ratio * f32(i + 0.5)
+        lo = max(int(center - support + f32(0.5)), 0)  # C's truncation toward zero
+        size = min(max(min(int(center + support + f32(0.5)), in_size) - lo, 0), taps)
+        w = filter_fn((np.arange(size, dtype=f32) + f32(lo) - center + f32(0.5)) * invscale)
+        total = w.sum(dtype=f32)
+        weights[i, :size] = w / total if total != 0 else w
+        index[i, :size] = lo + np.arange(size)
+    return index, weights
+
+
+def _upsample_aa(x, output_size, align_corners, scales, mode):
+    xf = opmath(x)
+    # along the width first, then the height: PyTorch's order of the sums
+    for axis, i in ((xf.ndim - 1, 1), (xf.ndim - 2, 0)):
+        index, weights = _aa_taps(xf.shape[axis], output_size[i], align_corners, scales[i] if scales else None, mode)
+        taps = jnp.take(xf, index.reshape(-1), axis=axis)
+        taps = taps.reshape(xf.shape[:axis] + index.shape + xf.shape[axis + 1 :])
+        shape = [1] * taps.ndim
+        shape[axis], shape[axis + 1] = weights.shape
+        xf = jnp.sum(taps * jnp.asarray(weights, xf.dtype).reshape(shape), axis=axis + 1)
+    return xf
+
+
+def _aa_pair(mode):
+    def forward(x, output_size, align_corners, scales_h=None, scales_w=None):
+        return _upsample_aa(x, tuple(output_size), align_corners, (scales_h, scales_w), mode)
+
+    def backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+        return _input_grad(lambda v: forward(v, output_size, align_corners, scales_h, scales_w), grad, input_size)
+
+    return forward, backward
+
+
+for _mode in _AA_FILTERS:
+    _fwd, _bwd = _aa_pair(_mode)
+    _fwd.__name__, _bwd.__name__ = f"_upsample_{_mode}2d_aa", f"_upsample_{_mode}2d_aa_backward"
+    lower(getattr(aten, f"_upsample_{_mode}2d_aa").default)(_fwd)
+    lower(getattr(aten, f"_upsample_{_mode}2d_aa_backward").default)(_bwd)
 
 
 # ---- grid sampling ------------------------------------------------------------------------

@@ -361,6 +361,30 @@ def test_bincount_histc():
     check(torch.histc, torch.tensor([1.0, 2.0, 1.0, 4.0]), 4)
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [{"bins": [3, 4]}, {"bins": 5}, {"bins": [3, 4], "range": [-1.0, 1.0, -2.0, 2.0]},
+     {"bins": [3, 4], "weight": rand(50, seed=1, low=0, high=1), "density": True},
+     {"bins": [torch.tensor([-2.0, 0.0, 1.0, 3.0]), torch.tensor([-1.0, 0.5, 2.0])]}],
+    ids=["counts", "int-bins", "range", "weighted-density", "edges"],
+)
+def test_histogramdd(kw):
+    check(lambda x, **k: tuple(torch.histogramdd(x, **k)), rand(50, 2), **kw)
+
+
+def test_histogramdd_degenerate_and_compiled():
+    """A dimension whose points are all equal gets the range [v - 0.5, v + 0.5], an empty
+    input [0, 1]; compiled graphs trace it through the lowerings' meta functions (PyTorch
+    has no meta kernel for histogramdd's ops)."""
+    from tpu_debug.runtime.compiled import compile as tpu_compile
+
+    check(lambda x: tuple(torch.histogramdd(x, bins=2)), torch.ones(4, 3))
+    check(lambda x: tuple(torch.histogramdd(x, bins=2)), torch.empty(0, 2))
+    x = rand(30, 2)
+    got = tpu_compile(lambda x: torch.histogramdd(x, bins=[3, 4]))(x.to("tpu"))
+    _compare(tuple(got), tuple(torch.histogramdd(x, bins=[3, 4])))
+
+
 # ---- autograd ------------------------------------------------------------------------------------------
 
 

@@ -172,6 +172,73 @@ def test_mm_out_dtype():
     torch.testing.assert_close(got.cpu(), a.float() @ b.float(), **TOL)
 
 
+def _i32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+# (mat_a, mat_b, offs): rows of a in groups (with an empty group), columns of b in groups,
+# the contraction in groups, a batched product. Sizes keep PyTorch's CPU kernel's 16-byte
+# stride alignment, which it checks.
+_GROUPED = [
+    ((8, 8), (3, 8, 16), (2, 2, 8)),
+    ((3, 4, 8), (8, 16), (4, 8, 16)),
+    ((4, 8), (8, 16), (3, 8)),
+    ((3, 4, 8), (3, 8, 16), None),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("a_shape, b_shape, offs", _GROUPED, ids=["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_grouped_mm(a_shape, b_shape, offs, dtype):
+    # bfloat16 products are exact in float32 and both sides accumulate in float32: one
+    # bfloat16 rounding of the same sum, give or take its order
+    tol = TOL if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    offs = None if offs is None else _i32(*offs)
+    check(lambda a, b: torch._grouped_mm(a, b, offs=None if offs is None else offs.to(a.device)),
+          torch.randn(a_shape).to(dtype), torch.randn(b_shape).to(dtype), tol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_compiled_forward_and_backward(dtype):
+    """PyTorch's meta kernel of ``_grouped_mm`` takes bfloat16 only; dynamo and AOTAutograd
+    trace `tpu` inputs with the lowering's own meta function, float32 included."""
+    from tpu_debug.runtime.compiled import compile as tpu_compile
+
+    tol = TOL if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    a, b, g = torch.randn(8, 8).to(dtype), torch.randn(3, 8, 16).to(dtype), torch.randn(8, 16).to(dtype)
+    offs = _i32(2, 2, 8)
+
+    def step(a, b, offs, g):
+        out = torch._grouped_mm(a, b, offs=offs)
+        (out * g).sum().backward()
+        return out.detach()
+
+    ref_a, ref_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    dev_a, dev_b = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+    ref = step(ref_a, ref_b, offs, g)
+    got = tpu_compile(step)(dev_a, dev_b, offs.to("tpu"), g.to("tpu"))
+    torch.testing.assert_close(got.cpu(), ref, **tol)
+    torch.testing.assert_close(dev_a.grad.cpu(), ref_a.grad, **tol)
+    torch.testing.assert_close(dev_b.grad.cpu(), ref_b.grad, **tol)
+
+
+def test_grouped_mm_meta_rule_is_only_for_tpu():
+    """Other devices keep PyTorch's meta kernel (bfloat16 only), and tpu calls get
+    PyTorch's argument checks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tpu_debug.runtime.compiled import register_metas
+
+    register_metas()
+    a, b = torch.randn(8, 8), torch.randn(3, 8, 16)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):
+        torch._grouped_mm(mode.from_tensor(a), mode.from_tensor(b), offs=mode.from_tensor(_i32(2, 4, 8)))
+    with pytest.raises(RuntimeError, match="Offsets have to be int32"):
+        torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs=torch.tensor([2, 4, 8]).to("tpu"))
+    with pytest.raises(RuntimeError, match="contraction dimension of mat_a and mat_b must match"):
+        torch._grouped_mm(a.to("tpu"), torch.randn(3, 4, 16).to("tpu"), offs=_i32(2, 4, 8).to("tpu"))
+
+
 def test_linear_module_and_mlp():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4, bias=False))
     tpu_model = copy.deepcopy(model).to("tpu")
@@ -379,6 +446,24 @@ def test_matrix_exp():
     a = torch.randn(2, 4, 4, dtype=torch.float64)
     check(torch.linalg.matrix_exp, a)
     check(torch.linalg.matrix_exp, torch.randn(3, 3) * 0.5)
+    check(torch.linalg.matrix_exp, torch.randn(2, 1, 1))  # a 1x1 matrix is exp
+
+
+def test_matrix_exp_float32_as_accurate_as_cpu():
+    """float32 matrices whose norms need 0 to 5 squarings: over the set, the largest error
+    relative to the result (off the exact float64 result) is within twice CPU's. Both run
+    Taylor degree 18 with scaling and squaring, whose rounding differs matrix by matrix;
+    the worst case over 40 matrices measures the method. A Pade approximant of lower
+    degree (scipy's expm in float32) is off by ten times CPU's."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.cat([torch.randn(8, 5, 5, generator=gen) * s for s in (0.1, 1.0, 3.0, 6.0, 9.0)])
+    exact = torch.linalg.matrix_exp(a.double())
+    size = exact.abs().amax(dim=(-2, -1))
+
+    def worst(result):
+        return ((result.double() - exact).abs().amax(dim=(-2, -1)) / size).max().item()
+
+    assert worst(torch.linalg.matrix_exp(a.to("tpu")).cpu()) <= 2 * worst(torch.linalg.matrix_exp(a))
 
 
 def test_householder_product():

@@ -122,3 +122,52 @@ def test_inplace_dtype_error_is_pytorchs():
     # PyTorch's own meta kernel rejects the call, with PyTorch's message
     with pytest.raises(RuntimeError, match=r"in-place ops are not possible|can't be cast to the desired output type Long"):
         torch.ones(2, dtype=torch.int64, device="tpu").add_(1.5)
+
+
+# ---- views that reinterpret complex storage --------------------------------------------
+
+
+def test_view_as_real_and_complex_read_and_write_through():
+    """``view_as_real`` sees a complex storage as (real, imaginary) pairs and
+    ``view_as_complex`` a float storage as complex numbers: reads and in-place writes
+    through either reach the base, strided views of them included."""
+    c = torch.randn(3, 4, dtype=torch.complex64)
+    dev = c.to("tpu")
+    real = torch.view_as_real(dev)
+    torch.testing.assert_close(real.cpu(), torch.view_as_real(c))
+    torch.testing.assert_close(real[..., 1].cpu(), c.imag)
+    real.mul_(2)
+    real[:, 1:3, 0].zero_()
+    ref = c.clone()
+    torch.view_as_real(ref).mul_(2)
+    torch.view_as_real(ref)[:, 1:3, 0].zero_()
+    torch.testing.assert_close(dev.cpu(), ref)
+    # a flat view of the pairs has as many elements as the complex storage: still float
+    torch.testing.assert_close(torch.view_as_real(dev).reshape(-1)[:12].cpu(), torch.view_as_real(ref).reshape(-1)[:12])
+
+    x = torch.randn(3, 4, 2)
+    dev_x = x.to("tpu")
+    as_complex = torch.view_as_complex(dev_x)
+    torch.testing.assert_close(as_complex.cpu(), torch.view_as_complex(x))
+    as_complex.mul_(1j)
+    torch.view_as_complex(x).mul_(1j)
+    torch.testing.assert_close(dev_x.cpu(), x)
+
+
+def test_rotary_embedding_through_complex_views_trains():
+    """Meta's Llama applies rotary embeddings as complex products on view_as_complex of the
+    query and view_as_real of the result; forward and gradient match CPU."""
+    xq = torch.randn(2, 5, 4, 8)
+    freqs = torch.polar(torch.ones(5, 4), torch.randn(5, 4))
+
+    def rope(x, f):
+        pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * f[None, :, None, :]).flatten(3)
+
+    ref_x, dev_x = xq.clone().requires_grad_(), xq.to("tpu").requires_grad_()
+    ref, got = rope(ref_x, freqs), rope(dev_x, freqs.to("tpu"))
+    # one complex product per element, rounded the same way on both sides
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-6, atol=1e-6)
+    ref.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(dev_x.grad.cpu(), ref_x.grad, rtol=1e-5, atol=1e-5)
