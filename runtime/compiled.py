@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.fx
 
-from tpu_debug.errors import LoweringBugError, UnsupportedError
+from tpu_debug.errors import DeviceAssertError, LoweringBugError, UnsupportedError
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
@@ -89,6 +89,15 @@ def _get_attr(gm: torch.fx.GraphModule, target: str):
 
 _WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
 _COPY_ = torch.ops.aten.copy_.default
+# device-side assertions (PyTorch's decompositions of one_hot, index bounds checks): XLA has
+# no assert instruction, so each condition becomes a program output checked after the call
+_ASSERTS = frozenset(
+    op for op in (
+        getattr(getattr(torch.ops.aten, "_assert_async", None), "msg", None),
+        getattr(getattr(torch.ops.aten, "_assert_async", None), "default", None),
+        getattr(getattr(torch.ops.aten, "_functional_assert_async", None), "msg", None),
+    ) if op is not None
+)
 
 
 class _GraphProgram:
@@ -119,9 +128,15 @@ class _GraphProgram:
             for node in gm.graph.nodes
             if node.op == "call_function" and node.target is _COPY_ and node.args[0] in placeholders
         )
+        # each device assertion's message and source line, in graph order
+        self.asserts: tuple[tuple[str, str | None], ...] = tuple(
+            (node.args[1] if len(node.args) > 1 else "assertion failed", _last_line(node.meta.get("stack_trace")))
+            for node in gm.graph.nodes
+            if node.op == "call_function" and node.target in _ASSERTS
+        )
         for node in gm.graph.nodes:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-                if node.target in _SHAPE_OPS or node.target is _COPY_:
+                if node.target in _SHAPE_OPS or node.target is _COPY_ or node.target in _ASSERTS:
                     continue
                 low = lookup(node.target)
                 if low is None:
@@ -144,15 +159,20 @@ class _GraphProgram:
         inputs = iter(flat[:-1] if self.rng_nodes else flat)
         draws = itertools.count()  # the n-th random node folds n into the key
         mutations: dict[torch.fx.Node, Any] = {}
+        checks: list[Any] = []  # the device assertions' conditions
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(inputs)
             elif node.op == "get_attr":
                 env[node] = self.constants[node.target]
             elif node.op == "call_function":
-                env[node] = self._call(node, env, key, draws, mutations)
+                if node.target in _ASSERTS:
+                    checks.append(jnp.all(_value(node.args[0], env)))
+                    env[node] = None
+                else:
+                    env[node] = self._call(node, env, key, draws, mutations)
             elif node.op == "output":
-                result = self._outputs(node, env, mutations)
+                result = self._outputs(node, env, mutations) + tuple(checks)
                 if debug is not None:
                     return result, {n.name: v for n, v in env.items() if n.name in debug}
                 return result
@@ -192,7 +212,8 @@ class _GraphProgram:
 
     def _outputs(self, node: torch.fx.Node, env: dict, mutations: dict) -> tuple:
         """The output node's values, then the new value of each mutated input (in
-        ``mutated_inputs`` order)."""
+        ``mutated_inputs`` order); the program returns the device assertions' conditions
+        after them."""
         result = tuple(_value(o, env) if o is not None else None for o in node.args[0])
         placeholders = list(self.gm.graph.find_nodes(op="placeholder"))
         return result + tuple(mutations[placeholders[i]] for i in self.mutated_inputs)
@@ -405,7 +426,21 @@ class CompiledGraph:
                 _write_input(t, value)
             else:  # the storage of a dense input (see _input_arrays)
                 setattr(t, PAYLOAD_ATTR, value)
+        if self.program.asserts:
+            self._check_asserts(it)
         return result
+
+    def _check_asserts(self, conditions: Iterator) -> None:
+        """Raise for the first device assertion of this call that failed. Reading the
+        conditions waits for the program (a CUDA device assert would surface later, at the
+        next sync): one boolean read per call, and only graphs holding an assertion pay it."""
+        for (message, line), ok in zip(self.program.asserts, conditions):
+            if not bool(ok):
+                where = f" (from {line})" if line else ""
+                raise DeviceAssertError(
+                    f"graph {self.graph_id}: device assertion failed: {message.rstrip('.')}{where}; the values "
+                    "it checks (class indices, say) are out of range for the op"
+                )
 
     def _input_arrays(self, args) -> tuple[list, dict[int, Any]]:
         """The call's inputs as arrays (Python values as they are), and the storages of
@@ -707,6 +742,17 @@ def graph_stats() -> list[dict]:
         }
         for g in list(_graphs)
     ]
+
+
+def _last_line(stack_trace: str | None) -> str | None:
+    """The innermost ``File "...", line N`` of an FX node's stack trace, as ``file:N``."""
+    if not stack_trace:
+        return None
+    frames = [ln.strip() for ln in stack_trace.splitlines() if ln.strip().startswith('File "')]
+    if not frames:
+        return None
+    path, _, rest = frames[-1].removeprefix('File "').partition('", line ')
+    return f"{path}:{rest.split(',')[0]}"
 
 
 def _source_name(node: torch.fx.Node) -> str:

@@ -202,6 +202,22 @@ def _set_storage(self, source):
     return aten.set_.source_Storage_storage_offset.redispatch(_META, self, source, 0, (n,), (1,))
 
 
+def _has_compatible_shallow_copy_type(self, from_):
+    """Whether ``self.data = from_`` may keep ``self``'s tensor object. PyTorch's own rule
+    counts only its built-in dense backends (CPU, CUDA...), so without this kernel
+    ``module.to("tpu")`` made a new Parameter per module that held a tied weight (an
+    embedding shared with the LM head), and the copies trained apart. A `tpu` tensor is a
+    plain strided TensorImpl like a CPU one, so the two are compatible both ways, as they
+    are between CPU and CUDA."""
+    dense = ("cpu", "tpu")
+    return (
+        self.layout == torch.strided
+        and from_.layout == torch.strided
+        and self.device.type in dense
+        and from_.device.type in dense
+    )
+
+
 def _inplace_view(op):
     """``t_``, ``transpose_``, ``squeeze_``...: the new geometry comes from the
     same op on a meta stand-in, applied to ``self`` with ``set_`` (PyTorch's own
@@ -420,6 +436,7 @@ def _register_kernels() -> list:
         aten.set_.source_Tensor: _set_tensor,
         aten.set_.source_Storage: _set_storage,
         aten._local_scalar_dense.default: _local_scalar_dense,
+        aten._has_compatible_shallow_copy_type.default: _has_compatible_shallow_copy_type,
         # observed: a cast or copy on the device keeps divergence tracing's CPU shadow in step
         aten._to_copy.default: probes.observed(aten._to_copy.default, _to_copy),
         aten.copy_.default: probes.observed(aten.copy_.default, _copy_),

@@ -29,6 +29,7 @@ __all__ = [
     "OutputMismatchError",
     "MissingPayloadError",
     "LoweringBugError",
+    "DeviceAssertError",
 ]
 
 
@@ -131,6 +132,11 @@ class OutputMismatchError(TpuDebugError, RuntimeError):
 
 class MissingPayloadError(TpuDebugError, RuntimeError):
     """A `tpu` tensor holding no data: made by a fake or meta path, not through tpu_debug."""
+
+
+class DeviceAssertError(TpuDebugError, RuntimeError):
+    """A device-side assertion in a compiled graph (``torch._assert_async``, as PyTorch's
+    ``one_hot`` makes one) found its condition false."""
 
 
 class LoweringBugError(TpuDebugError, RuntimeError):

@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from tpu_debug.runtime.ops._common import promote
+from tpu_debug.runtime.ops._common import jdtype, promote
 from tpu_debug.runtime.ops.registry import lookup, lower
 
 __all__ = ["register"]
@@ -28,7 +28,14 @@ def fma(a, b, c):
     return a * b + c
 
 
-_LOWERINGS = {"fma": fma}
+def convert_element_type(a, dtype):
+    """``prims.convert_element_type``: a dtype cast. Dynamo passes a Python float argument
+    that changed between calls as a float64 0-d tensor input, and AOTAutograd casts it to the
+    other operand's dtype with this prim (HF attention's ``scaling``, a learning rate)."""
+    return a.astype(jdtype(dtype))
+
+
+_LOWERINGS = {"fma": fma, "convert_element_type": convert_element_type}
 _lock = threading.Lock()
 
 

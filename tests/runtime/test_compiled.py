@@ -522,3 +522,30 @@ def test_compiled_single_tensor_adam_step():
         step()
     for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
         torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_python_float_argument_that_changes_is_a_graph_input():
+    """A Python float that differs between calls becomes a float64 0-d graph input on dynamo's
+    recompile, cast to the other operand's dtype by ``prims.convert_element_type`` (Hugging Face
+    attention's ``scaling`` when two models of different head sizes share a forward)."""
+    fn = tpu_debug.compile(lambda x, s: (x * s).sum(-1))
+    x = torch.randn(3, 5, dtype=torch.float32)
+    for s in (0.125, 0.0883883, 0.3):
+        out = fn(x.to("tpu"), s)
+        assert out.dtype == torch.float32
+        # one float32 multiply by the float32-rounded scale, then a 5-term sum: PyTorch on CPU does the same
+        torch.testing.assert_close(out.cpu(), (x * s).sum(-1), rtol=1.3e-6, atol=1e-6)
+
+
+def test_device_assertions_in_a_graph_are_checked():
+    """``F.one_hot`` decomposes to ``_assert_async`` checks of its class values (Mixtral's
+    router): in range the graph runs and matches CPU, out of range the call raises."""
+    from tpu_debug.errors import DeviceAssertError
+
+    fn = tpu_debug.compile(lambda idx: F.one_hot(idx, num_classes=5).sum(0))
+    idx = torch.tensor([[0, 4], [2, 2], [1, 3]])
+    torch.testing.assert_close(fn(idx.to("tpu")).cpu(), F.one_hot(idx, num_classes=5).sum(0))
+    with pytest.raises(DeviceAssertError, match=r"device assertion failed: one_hot: Class values must be smaller"):
+        fn(torch.tensor([[0, 5], [2, 2], [1, 3]]).to("tpu"))
+    with pytest.raises(DeviceAssertError, match=r"one_hot: Class values must be non-negative"):
+        fn(torch.tensor([[0, -1], [2, 2], [1, 3]]).to("tpu"))

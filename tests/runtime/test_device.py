@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import subprocess
 import sys
@@ -96,6 +97,35 @@ def test_to_and_tpu_method_and_module_to():
     assert t.to(torch.device("tpu")).device.type == "tpu"
     m = torch.nn.Linear(3, 2).to("tpu")
     assert all(p.device.type == "tpu" for p in m.parameters())
+
+
+def test_module_to_keeps_tied_weights_and_parameter_objects():
+    """``module.to("tpu")`` moves each Parameter in place, as ``.to("cuda")`` does: a weight
+    two modules share (an embedding tied to an LM head) stays one Parameter, an optimizer
+    made before the move holds the moved parameters, and the tied weight's gradient sums both
+    uses, as on CPU."""
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(6, 4), torch.nn.Linear(4, 6, bias=False)
+    head.weight = emb.weight
+    cpu = torch.nn.ModuleDict({"emb": emb, "head": head})
+    dev = copy.deepcopy(cpu)
+    before = list(dev.parameters())
+    opt = torch.optim.SGD(dev.parameters(), lr=0.1)
+    dev.to("tpu")
+    assert dev["head"].weight is dev["emb"].weight
+    assert [p.device.type for p in opt.param_groups[0]["params"]] == ["tpu"]
+    assert all(a is b for a, b in zip(dev.parameters(), before))
+    ids = torch.tensor([[0, 3, 5, 3]])
+    for model, x in ((cpu, ids), (dev, ids.to("tpu"))):
+        model["head"](model["emb"](x)).log_softmax(-1).sum().backward()
+    # a 4-term dot product and a softmax over 6 logits per row: float32 rounding only
+    torch.testing.assert_close(dev["emb"].weight.grad.cpu(), cpu["emb"].weight.grad, rtol=1e-5, atol=1e-6)
+    opt.step()
+    dev.to("cpu")
+    assert dev["head"].weight is dev["emb"].weight and dev["emb"].weight.device.type == "cpu"
+    with torch.no_grad():
+        expected = cpu["emb"].weight - 0.1 * cpu["emb"].weight.grad
+    torch.testing.assert_close(dev["emb"].weight.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_to_dtype_on_device():
