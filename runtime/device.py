@@ -288,6 +288,7 @@ def _patch_storages() -> None:
 
 
 def _local_scalar_dense(self):
+    _lazy.computed(self)  # lazy mode: the graph runs before the copy, which is timed alone
     return eager.to_cpu(self, op="item").item()
 
 
@@ -302,6 +303,7 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         if dtype != self.dtype:
             arr = _lazy.convert(arr, dtype)
         return from_jax(arr, dtype)
+    _lazy.computed(self)
     host = eager.to_cpu(self, op="to")
     return host.to(device=target, dtype=dtype)
 
@@ -318,6 +320,7 @@ def _copy_(self, src, non_blocking=False):
             write(self, value)
         return self
     # self is on the host, src on tpu
+    _lazy.computed(src)
     self.copy_(eager.to_cpu(src, op="copy"))
     return self
 

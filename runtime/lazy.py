@@ -76,6 +76,7 @@ __all__ = [
     "pending_ops",
     "dispatch",
     "value_of",
+    "computed",
     "convert",
     "fused_stats",
 ]
@@ -515,6 +516,14 @@ def value_of(t: torch.Tensor):
     if dense and arr.size == math.prod(size):
         return _state.graph.step("reshape", _reshape, (size,), arr)
     return _state.graph.step("view", view_value, (size, tuple(t.stride()), t.storage_offset()), arr)
+
+
+def computed(t: torch.Tensor) -> None:
+    """Run the pending graph if ``t``'s value is pending (before a copy to the host, so
+    the copy's own time is what a transfer records)."""
+    payload = getattr(t.untyped_storage(), PAYLOAD_ATTR, None)
+    if type(payload) is LazyArray and payload.array is None:
+        payload.value()
 
 
 def convert(value, dtype: torch.dtype):
