@@ -61,7 +61,7 @@ class TpuModule:
     EagerMode = _lazy.EagerMode
     precision = _Precision()
     # ``with torch.tpu.set_eager_mode(mode):`` (a context manager, as in TorchTPU)
-    set_eager_mode = staticmethod(_lazy.set_eager_mode)
+    set_eager_mode = _lazy.set_eager_mode
 
     @property
     def eager_mode(self) -> _lazy.EagerMode:

@@ -37,12 +37,9 @@ import contextlib
 import enum
 import itertools
 import math
-import sys
 import threading
 import time
-import warnings
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -135,21 +132,29 @@ def set_mode(mode: EagerMode | str) -> None:
         _hook_optimizers()
 
 
-@contextlib.contextmanager
-def set_eager_mode(mode: EagerMode | str) -> Iterator[None]:
+class set_eager_mode(contextlib.ContextDecorator):
     """``with torch.tpu.set_eager_mode(mode):`` runs the block in ``mode``, then puts
-    the previous mode back (TorchTPU pushes and pops the mode the same way).
+    the previous mode back (TorchTPU pushes and pops the mode the same way; called
+    without ``with`` it changes nothing, there as here).
+
+    Raises:
+        TpuArgumentError: ``mode`` is no EagerMode (raised by the call itself).
 
     Example:
         >>> with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         ...     loss = model(x).sum(); loss.backward(); opt.step()
     """
-    previous = config.eager_mode
-    set_mode(mode)
-    try:
-        yield
-    finally:
-        set_mode(previous)
+
+    def __init__(self, mode: EagerMode | str) -> None:
+        self.mode = _parse_mode(mode)
+        self._previous: list[str] = []
+
+    def __enter__(self) -> None:
+        self._previous.append(config.eager_mode)
+        set_mode(self.mode)
+
+    def __exit__(self, *exc: object) -> None:
+        set_mode(self._previous.pop())
 
 
 # ---------------------------------------------------------------------------
