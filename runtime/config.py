@@ -7,7 +7,16 @@ import os
 
 from tpu_debug.errors import ConfigError
 
-__all__ = ["RuntimeConfig", "config", "parse_bool", "parse_choice", "parse_positive_int", "NUMERICS", "PRECISIONS"]
+__all__ = [
+    "RuntimeConfig",
+    "config",
+    "parse_bool",
+    "parse_choice",
+    "parse_positive_int",
+    "NUMERICS",
+    "PRECISIONS",
+    "EAGER_MODES",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -28,6 +37,8 @@ def parse_bool(name: str, raw: str) -> bool:
 NUMERICS = ("cpu", "tpu")
 PRECISIONS = ("highest", "high", "medium")
 _PASSES = {"highest": 0, "high": 3, "medium": 1}
+# TorchTPU's eager modes (torch.tpu.EagerMode values, runtime/lazy.py)
+EAGER_MODES = ("defer_and_fuse", "defer_never", "defer_never_and_launch_blocking")
 
 
 def parse_choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
@@ -76,6 +87,15 @@ class RuntimeConfig:
             reading and writing strided views (one array per view geometry);
             an array larger than this is built for each use. Env:
             ``TPU_DEBUG_INDEX_CACHE_BYTES``.
+        eager_mode: how ops outside compiled graphs run (``torch.tpu.EagerMode``):
+            ``"defer_never"``, op by op; ``"defer_and_fuse"``, recorded and run as
+            fused programs when a value is needed (runtime/lazy.py);
+            ``"defer_never_and_launch_blocking"``, op by op, each waited for. Set it
+            with ``torch.tpu.set_eager_mode`` or ``torch.tpu.eager_mode``. Env:
+            ``TPU_DEBUG_EAGER_MODE``.
+        lazy_graph_limit: ops a pending lazy graph holds at most; the op after
+            that runs the graph first (trigger ``size_limit``). Env:
+            ``TPU_DEBUG_LAZY_GRAPH_LIMIT``.
     """
 
     cpu_fallback: bool = False
@@ -89,6 +109,12 @@ class RuntimeConfig:
     eager_cache_size: int = 1024
     compiled_cache_size: int = 128
     index_cache_bytes: int = 64 * 1024 * 1024
+    # op by op by default, though TorchTPU defers and fuses by default: the tracers' per-op
+    # events (compiles, executions, divergence) describe op-by-op execution
+    eager_mode: str = "defer_never"
+    # XLA's compile time grows with a program's size: a graph cut here compiles in
+    # seconds, and a training step of a small model (hundreds to a few thousand ops) fits
+    lazy_graph_limit: int = 10_000
 
     def effective_precision(self) -> str:
         """The float32 product precision in effect: ``"highest"``, ``"high"`` or ``"medium"``.
@@ -139,7 +165,10 @@ class RuntimeConfig:
         raw = env.get("TPU_DEBUG_MATMUL_PRECISION")
         if raw is not None:
             cfg.matmul_precision = parse_choice("TPU_DEBUG_MATMUL_PRECISION", raw, PRECISIONS)
-        for field in ("eager_cache_size", "compiled_cache_size", "index_cache_bytes"):
+        raw = env.get("TPU_DEBUG_EAGER_MODE")
+        if raw is not None:
+            cfg.eager_mode = parse_choice("TPU_DEBUG_EAGER_MODE", raw, EAGER_MODES)
+        for field in ("eager_cache_size", "compiled_cache_size", "index_cache_bytes", "lazy_graph_limit"):
             name = f"TPU_DEBUG_{field.upper()}"
             raw = env.get(name)
             if raw is not None:

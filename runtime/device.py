@@ -17,11 +17,12 @@ from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.runtime import eager, probes
+from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import registered
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _create_empty, _Uninit, from_jax, to_jax, write
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, to_jax, write
 from tpu_debug.runtime.tensor import empty as _empty
 
 __all__ = ["install", "installed", "TpuModule", "DeviceTakenError"]
@@ -54,19 +55,22 @@ class _Precision:
         config.matmul_precision = value  # explicit, so it holds under TPU numerics too
 
 
-class EagerMode:
-    """TorchTPU's eager-mode names. Here eager execution is always op by op
-    (``"debug"``/``"default"``): setting a mode is accepted so scripts that set it run."""
-
-    DEBUG = "debug"
-    DEFAULT = "default"
-
-
 class TpuModule:
     """What ``torch.tpu`` holds."""
 
-    EagerMode = EagerMode
+    EagerMode = _lazy.EagerMode
     precision = _Precision()
+    # ``with torch.tpu.set_eager_mode(mode):`` (a context manager, as in TorchTPU)
+    set_eager_mode = _lazy.set_eager_mode
+
+    @property
+    def eager_mode(self) -> _lazy.EagerMode:
+        """The eager mode in effect; assigning it sets the mode (TorchTPU's property)."""
+        return _lazy.eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode) -> None:
+        _lazy.set_mode(mode)
 
     @staticmethod
     def is_available() -> bool:
@@ -99,6 +103,7 @@ class TpuModule:
 
     @staticmethod
     def synchronize(device=None) -> None:
+        _lazy.materialize("synchronize")  # lazy mode: what is pending runs now
         jax.effects_barrier()
         for arr in jax.live_arrays():
             arr.block_until_ready()
@@ -139,11 +144,6 @@ class TpuModule:
     @staticmethod
     def set_rng_state(state, device=None) -> None:
         _random.set_rng_state(state)
-
-    @staticmethod
-    def set_eager_mode(mode: str) -> None:
-        if mode not in (EagerMode.DEBUG, EagerMode.DEFAULT):
-            raise TpuArgumentError(f"eager mode {mode!r} is not one of 'debug', 'default'")
 
 
 # ---------------------------------------------------------------------------
@@ -291,6 +291,8 @@ def _patch_storages() -> None:
             return torch.UntypedStorage(0)
         if type(payload) is _Uninit:
             host = np.zeros(payload.numel, payload.dtype)
+        elif type(payload) is LazyArray:  # lazy mode: the pending graph runs first
+            host = np.asarray(jax.device_get(payload.value())).reshape(-1)
         else:
             host = np.asarray(jax.device_get(payload)).reshape(-1)
         return torch.from_numpy(host.copy().view(np.uint8)).untyped_storage()
@@ -302,6 +304,7 @@ def _patch_storages() -> None:
 
 
 def _local_scalar_dense(self):
+    _lazy.computed(self)  # lazy mode: the graph runs before the copy, which is timed alone
     return eager.to_cpu(self, op="item").item()
 
 
@@ -311,11 +314,12 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
     if self.device.type != "tpu":  # host -> tpu
         return eager.from_cpu(self.to(dtype=dtype))
     if target.type == "tpu":
-        arr = to_jax(self)
+        # a pending value (lazy mode) is cast by a step of its graph
+        arr = _lazy.value_of(self)
         if dtype != self.dtype:
-            with jax.enable_x64(True):
-                arr = arr.astype(to_jax_dtype(dtype))
+            arr = _lazy.convert(arr, dtype)
         return from_jax(arr, dtype)
+    _lazy.computed(self)
     host = eager.to_cpu(self, op="to")
     return host.to(device=target, dtype=dtype)
 
@@ -323,15 +327,16 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
 def _copy_(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type == "tpu":
-            value = to_jax(src)
+            value = _lazy.value_of(src)  # pending in lazy mode: the copy is a graph step
         else:
             value = eager._cpu_to_jax(src)
-        if tuple(value.shape) != tuple(self.shape):
+        if tuple(value.shape) != tuple(self.shape) and type(value) is not LazyArray:
             value = jnp.broadcast_to(value, tuple(self.shape))
         with jax.enable_x64(True):
             write(self, value)
         return self
     # self is on the host, src on tpu
+    _lazy.computed(src)
     self.copy_(eager.to_cpu(src, op="copy"))
     return self
 

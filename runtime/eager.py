@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from tpu_debug.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
+from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
@@ -539,7 +540,10 @@ def _iter_tensors(out):
             yield from _iter_tensors(o)
 
 
-def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Executable:
+def traced_function(plan: _Plan, skel_args, skel_kwargs, rng: bool):
+    """The JAX function of one op call (its tensors, float scalars and random key in, the
+    flat outputs out), and a list its output structure is put in when it is traced.
+    Eager mode jits it alone; lazy mode (runtime/lazy.py) traces it inside a fused graph."""
     lowering = plan.lowering
     meta = _meta_outputs(plan, skel_args, skel_kwargs) if lowering.cast_output else None
     struct_box: list = []
@@ -566,9 +570,14 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
                             f"it produced shape {tuple(o.shape)}, PyTorch says {shape}; "
                             "please report it with this message"
                         )
-        struct_box.append(struct)
+        struct_box[:] = [struct]
         return tuple(flat_out)
 
+    return traced, struct_box
+
+
+def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Executable:
+    traced, struct_box = traced_function(plan, skel_args, skel_kwargs, rng)
     if probes._probes:
         probes.compiling("eager", plan.name)
     start = time.perf_counter()
@@ -651,6 +660,17 @@ def _walk_specs(skel_args, skel_kw):
             yield from (x for x in s[1] if type(x) is _Spec)
 
 
+def op_key(plan: _Plan, skel_args, skel_kwargs) -> tuple:
+    """The executable key of one op call: overload, argument skeletons, and the settings
+    its lowering reads while it is traced."""
+    key = (plan.meta_op, skel_args, skel_kwargs)
+    if config.numerics != "cpu" and plan.precision:  # TPU numerics change what products compile to
+        key += (("numerics", config.numerics),)
+    if plan.precision:  # the precision is read while tracing (ops/linalg.py)
+        key += (("matmul precision", config.effective_precision()),)
+    return key
+
+
 def _run_lowered(plan: _Plan, args, kwargs):
     lowering = plan.lowering
     arrays: list = []
@@ -674,11 +694,7 @@ def _run_lowered(plan: _Plan, args, kwargs):
             out = lowering.fn(*a, **kw)
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
-    key = (plan.meta_op, skel_args, skel_kwargs)
-    if config.numerics != "cpu" and plan.precision:  # TPU numerics change what products compile to
-        key += (("numerics", config.numerics),)
-    if plan.precision:  # the precision is read while tracing (ops/linalg.py)
-        key += (("matmul precision", config.effective_precision()),)
+    key = op_key(plan, skel_args, skel_kwargs)
     exe = _lookup(key)
     if exe is None:
         try:
@@ -948,6 +964,13 @@ def _missing(plan: _Plan) -> NoLoweringError:
 
 def dispatch(op: _OpOverload, args, kwargs):
     """Run aten overload ``op`` on `tpu` tensors (the PrivateUse1 kernel)."""
+    if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking (runtime/lazy.py)
+        return _lazy.dispatch(op, args, kwargs)
+    return run_now(op, args, kwargs)
+
+
+def run_now(op: _OpOverload, args, kwargs):
+    """Run ``op`` op by op: its executable now, or its decomposition, or on CPU."""
     plan = _plans.get(op) or plan_for(op)
     if plan.lowering is not None:
         if probes._op_probes:  # divergence tracing sees each op's inputs and outputs

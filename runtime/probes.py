@@ -16,6 +16,8 @@ the runtime calls                      each probe hears
 ``transferred(info)``                  ``on_transfer(info: TransferInfo)``
 ``fell_back(info)``                    ``on_fallback(info: FallbackInfo)``
 ``evicted(mode, name, key)``           ``on_evict(mode, name, key)``
+``deferred(name, index)``              ``on_defer(name, index)``
+``materialized(info)``                 ``on_materialize(info: MaterializeInfo)``
 =====================================  ======================================
 
 Which probes implement which method is worked out once, when a probe
@@ -47,7 +49,9 @@ __all__ = [
     "DynamoOrigin",
     "FallbackInfo",
     "GraphInfo",
+    "LazyNode",
     "LoweredNode",
+    "MaterializeInfo",
     "Probe",
     "TransferInfo",
     "active",
@@ -56,10 +60,12 @@ __all__ = [
     "check_transfer",
     "compiled",
     "compiling",
+    "deferred",
     "evicted",
     "executed",
     "executing",
     "fell_back",
+    "materialized",
     "observe_graph",
     "observe_op",
     "observed",
@@ -113,14 +119,36 @@ class DynamoOrigin:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class LazyNode:
+    """One op of a lazy fused graph (runtime/lazy.py), as its program's key has it.
+
+    ``name`` is the aten op (``"mm"``, ``"add.Tensor"``) or a built-in step
+    (``"cast"``, ``"view"``, ``"write"``, ``"broadcast"``, ``"reshape"``);
+    ``inputs`` where each input comes from (``"in3"``: a graph input, ``"s1"``: a
+    float scalar, ``"n12"``: an earlier op's output); ``args`` the op's arguments as
+    its eager key holds them (shapes, dtypes, static values); ``outputs`` its
+    outputs' avals (``"float32[8,64]"``).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    args: tuple[ArgSpec, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GraphInfo:
-    """A compiled-mode graph: which AOT graph (``kind``: ``"forward"``, ``"backward"`` or
-    ``"inference"``), its lowered nodes, its FX code, and where dynamo got it."""
+    """A graph compiled into one program: which graph (``kind``: ``"forward"``,
+    ``"backward"`` or ``"inference"`` for compiled mode's AOT graphs, ``"lazy"`` for
+    a lazy fused graph), its lowered nodes, its code, and where dynamo got it.
+    A lazy graph also lists its ``ops`` and the values it returns (``outputs``)."""
 
     kind: str
     nodes: tuple[LoweredNode, ...]
     code: str
     origin: DynamoOrigin
+    ops: tuple[LazyNode, ...] = ()
+    outputs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,6 +201,32 @@ class FallbackInfo:
     seconds: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaterializeInfo:
+    """Lazy mode ran its pending graph, because a value was needed.
+
+    ``trigger`` is why, as the runtime knows it: ``"read"`` (a value read on the host
+    or by a program: ``.item()``, ``.cpu()``, ``print``, ``if t:``; the tracer tells
+    them apart), ``"synchronize"``, ``"optimizer_step"``, ``"size_limit"``,
+    ``"mode_change"``, ``"fallback:<op>"`` (an op run on CPU) or
+    ``"data_dependent:<op>"`` (an op whose output shape depends on values). ``name``
+    and ``key`` are its program's (as in its CompileInfo; ``""`` and None when no
+    value was referenced any more and nothing ran). ``ops`` are the ops recorded,
+    ``outputs`` the values computed, ``inputs`` the arrays read; ``compiled``: the
+    program was compiled for it (no cached program had its key); ``seconds`` the
+    whole materialization (compile included).
+    """
+
+    trigger: str
+    name: str
+    key: Any
+    ops: int
+    outputs: int
+    inputs: int
+    compiled: bool
+    seconds: float
+
+
 @runtime_checkable
 class Probe(Protocol):
     """What a tracer implements to hear from the runtime. Every method is optional:
@@ -189,6 +243,14 @@ class Probe(Protocol):
 
     def on_evict(self, mode: str, name: str, key: Any) -> None:
         """The executable of ``key`` left the runtime's cache; running it again compiles it again."""
+
+    # Lazy mode (runtime/lazy.py): each op recorded into the pending graph, and each run of it.
+
+    def on_defer(self, name: str, index: int) -> None:
+        """Op ``name`` was recorded as op ``index`` of the pending graph (0 starts a new graph)."""
+
+    def on_materialize(self, info: MaterializeInfo) -> None:
+        """The pending graph ran (after its on_compile, if it compiled, and its on_execute)."""
 
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
@@ -229,6 +291,8 @@ class _Routes:
     on_transfer: Route = ()
     on_fallback: Route = ()
     on_evict: Route = ()
+    on_defer: Route = ()
+    on_materialize: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -367,6 +431,18 @@ def evicted(mode: str, name: str, key: Any) -> None:
     """The executable of ``key`` was dropped from the runtime's cache."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_evict, (mode, name, key), probe_errors)
+
+
+def deferred(name: str, index: int) -> None:
+    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_defer, (name, index), probe_errors)
+
+
+def materialized(info: MaterializeInfo) -> None:
+    """Lazy mode ran its pending graph."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_materialize, (info,), probe_errors)
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "PAYLOAD_ATTR"]
+__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "LazyArray", "PAYLOAD_ATTR"]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
@@ -49,6 +49,49 @@ class _Uninit:
         return (self.numel,)
 
 
+class LazyArray:
+    """A storage's value that lazy mode recorded and has not computed yet.
+
+    Its shape and dtype are known when the op is recorded; its value comes from running
+    the pending graph it belongs to (``graph``, runtime/lazy.py), which happens when
+    something needs a value. ``slot`` is its place in that graph; once the graph ran,
+    ``array`` holds the value and ``graph`` is None.
+    """
+
+    __slots__ = ("shape", "dtype", "graph", "slot", "array", "__weakref__")
+
+    def __init__(self, shape: tuple[int, ...], dtype, graph, slot: int) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.graph = graph
+        self.slot = slot
+        self.array = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def value(self) -> jax.Array:
+        """The computed value (runs the pending graph first if it has not run)."""
+        if self.array is None:
+            if self.graph is not None:
+                self.graph.materialize()
+            if self.array is None:
+                raise MissingPayloadError(
+                    f"a pending tpu value ({self!r}) belongs to a lazy graph that no longer "
+                    "runs; compute it again"
+                )
+        return self.array
+
+    def __repr__(self) -> str:
+        state = "computed" if self.array is not None else "pending"
+        return f"LazyArray({self.dtype}{list(self.shape)}, {state})"
+
+
 def _materialize(storage, payload: _Uninit) -> jax.Array:
     with jax.enable_x64(True):
         arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
@@ -66,9 +109,34 @@ def _payload(t: torch.Tensor):
             "without going through tpu_debug, e.g. by a fake or meta tensor); "
             "create it with a factory function or .to('tpu')"
         ) from None
-    if type(arr) is _Uninit:
+    kind = type(arr)
+    if kind is _Uninit:
         arr = _materialize(storage, arr)
+    elif kind is LazyArray:  # lazy mode: computed now if it was not yet
+        arr = arr.value()
+        setattr(storage, PAYLOAD_ATTR, arr)
     return storage, arr
+
+
+def _readable(t: torch.Tensor):
+    """``t``'s storage payload as an op may read it: a LazyArray stays lazy while lazy
+    mode records (a computed one is replaced by its value)."""
+    storage = t.untyped_storage()
+    try:
+        arr = getattr(storage, PAYLOAD_ATTR)
+    except AttributeError:
+        return _payload(t)[1]
+    kind = type(arr)
+    if kind is LazyArray:
+        if arr.array is not None:
+            arr = arr.array
+            setattr(storage, PAYLOAD_ATTR, arr)
+        elif not arr.graph.recording():
+            arr = arr.value()
+            setattr(storage, PAYLOAD_ATTR, arr)
+    elif kind is _Uninit:
+        arr = _materialize(storage, arr)
+    return arr
 
 
 def view_value(src, size, stride, offset):
@@ -101,8 +169,9 @@ _strided_read = jax.jit(view_value, static_argnums=(1, 2, 3))
 
 
 def read_parts(t: torch.Tensor):
-    """(storage array, view geometry or None): what an executable needs to read ``t``."""
-    _storage, arr = _payload(t)
+    """(storage array, view geometry or None): what an executable needs to read ``t``
+    (the array is a LazyArray while lazy mode records)."""
+    arr = _readable(t)
     if arr.dtype != to_jax_dtype(t.dtype):
         return to_jax(t), None  # a reinterpreting view: its value, read here
     if arr.shape == t.shape and _is_dense(t):
@@ -191,6 +260,9 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 def write(t: torch.Tensor, value: jax.Array) -> None:
     """Write ``value`` (``t``'s shape) into ``t``, visible through every alias."""
     storage = t.untyped_storage()
+    if type(value) is LazyArray or type(getattr(storage, PAYLOAD_ATTR, None)) is LazyArray:
+        _write_lazy(t, storage, value)
+        return
     jdtype = to_jax_dtype(t.dtype)
     if value.dtype != jdtype:
         value = value.astype(jdtype)
@@ -213,6 +285,24 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
         else:
             new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     setattr(storage, PAYLOAD_ATTR, new)
+
+
+def _write_lazy(t: torch.Tensor, storage, value) -> None:
+    """``write`` where the value or the storage's payload is a LazyArray: a computed one
+    stands for its value; a pending one makes the write a step of its graph."""
+    old = getattr(storage, PAYLOAD_ATTR, None)
+    if type(old) is LazyArray and old.array is not None:
+        old = old.array
+        setattr(storage, PAYLOAD_ATTR, old)
+    if type(value) is LazyArray and value.array is not None:
+        value = value.array
+    pending = value if type(value) is LazyArray else old if type(old) is LazyArray else None
+    if pending is None:
+        write(t, value)
+        return
+    if type(old) is _Uninit:
+        old = _materialize(storage, old)
+    pending.graph.write(t, storage, value, old)
 
 
 def from_jax(arr: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:

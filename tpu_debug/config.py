@@ -72,6 +72,19 @@ def _tolerances(name: str, value: Any) -> str:
         raise ConfigError(f"{name}: {exc}") from None
 
 
+# -- runtime options ----------------------------------------------------------------------
+
+# TorchTPU's eager modes, as torch.tpu.EagerMode values (runtime/lazy.py)
+EAGER_MODES = ("defer_and_fuse", "defer_never", "defer_never_and_launch_blocking")
+
+
+def _eager_mode(name: str, value: Any) -> str:
+    text = getattr(value, "value", value)  # a torch.tpu.EagerMode member, or its name
+    if isinstance(text, str) and text.strip().lower() in EAGER_MODES:
+        return text.strip().lower()
+    raise ConfigError(f"{name}={value!r} is not an eager mode; use one of {', '.join(EAGER_MODES)}")
+
+
 # -- guard options ----------------------------------------------------------------------
 
 
@@ -120,6 +133,9 @@ class TraceConfig:
         transfer_guard_implicit: the same for implicit transfers only
             (``.item()``, ``print``, ``if t:``, CPU fallbacks); the stricter of
             the two applies to those. Env: ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``.
+        eager_mode: the eager mode while the trace records (``"defer_and_fuse"``,
+            ``"defer_never"``, ``"defer_never_and_launch_blocking"``:
+            ``torch.tpu.EagerMode``); None leaves the runtime's. Env: ``TPU_DEBUG_EAGER_MODE``.
     """
 
     logdir: Path = Path("tpu_debug_runs")
@@ -136,6 +152,7 @@ class TraceConfig:
     fail_on_recompile: bool = False
     transfer_guard: str = "allow"
     transfer_guard_implicit: str = "allow"
+    eager_mode: str | None = None
 
     # how each field's environment variable is parsed (every field has one)
     _PARSERS = {
@@ -153,6 +170,7 @@ class TraceConfig:
         "fail_on_recompile": _parse_bool,
         "transfer_guard": lambda var, raw: _guard_level(var, raw.strip().lower()),
         "transfer_guard_implicit": lambda var, raw: _guard_level(var, raw.strip().lower()),
+        "eager_mode": _eager_mode,
     }
 
     @staticmethod
@@ -195,6 +213,8 @@ class TraceConfig:
                 value = _tolerances(field, value)
             if field in ("transfer_guard", "transfer_guard_implicit"):
                 value = _guard_level(field, value)
+            if field == "eager_mode":
+                value = _eager_mode(field, value)
             if field == "logdir":
                 if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
                     raise ConfigError(f"logdir={value!r}: expected a directory path")

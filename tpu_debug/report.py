@@ -498,6 +498,56 @@ def _where(loc: Any) -> str:
     return f"{os.path.basename(loc.file)}:{loc.line}"
 
 
+@section("Lazy graphs", order=55)
+def _lazy_graphs(session: Any, terminal: bool) -> RenderableType | None:
+    # lazy mode (DEFER_AND_FUSE): how many graphs ran per optimizer step, and what cut them
+    from tpu_debug.tracers.lazy_graphs import summarize
+
+    events = session.events("materialize")
+    if not events:
+        return None
+    lazy = summarize(events)
+    head = (
+        f"{lazy.graphs} graph(s) run as {lazy.programs} program(s), {lazy.compiles} compiled in this run, "
+        f"{lazy.ops:.0f} ops each on average"
+    )
+    if lazy.empty:
+        head += f"; {lazy.empty} time(s) nothing pending was still referenced and nothing ran"
+    parts: list[RenderableType] = [Text(head)]
+    if lazy.steps:
+        per_step = lazy.graphs_per_step
+        line = f"{lazy.steps} optimizer step(s): {per_step:g} graph(s) per step (median)"
+        if lazy.split_steps:
+            line += f"; {lazy.split_steps} step(s) run as more than one graph"
+        parts.append(Text(line))
+    table = _table(
+        terminal,
+        ("where", "left"),
+        ("cut by", "left"),
+        ("count", "right"),
+        ("compiled", "right"),
+        ("ops", "right"),
+        ("time", "right"),
+    )
+    for c in lazy.cuts[:15]:
+        table.add_row(
+            Text(_site_text(c.location)), Text(c.text), str(c.count), str(c.compiled),
+            f"{c.ops:.0f}", format_seconds(c.seconds),
+        )
+    parts.append(table)
+    if len(lazy.cuts) > 15:
+        parts.append(_note(f"... and {len(lazy.cuts) - 15} more cut sites"))
+    for c in lazy.extra_cuts[:3]:
+        parts.append(
+            Text(
+                f"{_site_text(c.location)}: {c.text} cut the graph inside {c.steps} step(s): each cut runs "
+                "what was recorded so far as a program of its own and waits for it; move the read after "
+                "optimizer.step() (or read every N steps) so a step is one program"
+            )
+        )
+    return Group(*parts)
+
+
 def _site_text(loc: Any) -> str:
     if loc is None:
         return "-"

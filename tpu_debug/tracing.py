@@ -321,6 +321,7 @@ class Trace(contextlib.ContextDecorator):
         self._divergence: Any = None  # a DivergenceTracer with divergence=True
         self._collectives: Any = None  # the CollectivesTracer (programs over several devices)
         self._saved_numerics: str | None = None
+        self._saved_eager_mode: str | None = None  # the runtime's mode before trace(eager_mode=...)
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
@@ -393,6 +394,7 @@ class Trace(contextlib.ContextDecorator):
             self._start_tensorboard(run_dir)
         self._start_divergence()
         self._start_collectives()
+        self._set_eager_mode()
         from tpu_debug.guards import TraceGuards
 
         self._guards = TraceGuards(self.config, self._writer, self._recorder)
@@ -440,6 +442,8 @@ class Trace(contextlib.ContextDecorator):
     def _finish(self, status: str, exit_status: int | None, error: str | None, held: _HeldSignals) -> None:
         """Stop everything started, newest first, then write the run's end and close it."""
         for where, stop in (
+            # first: leaving lazy mode runs what is pending, which the tracers record
+            ("restoring the eager mode", self._restore_eager_mode),
             ("TraceGuards.stop", self._stop_guards),
             ("DivergenceTracer.close", self._stop_divergence),
             ("CollectivesTracer.close", self._stop_collectives),
@@ -592,6 +596,24 @@ class Trace(contextlib.ContextDecorator):
             probes.unsubscribe(tracer)
             tracer.close()
 
+    # -- eager mode ---------------------------------------------------------------------------
+
+    def _set_eager_mode(self) -> None:
+        if self.config.eager_mode is None:
+            return
+        from tpu_debug.runtime.config import config as runtime_config
+        from tpu_debug.runtime.lazy import set_mode
+
+        self._saved_eager_mode = runtime_config.eager_mode
+        set_mode(self.config.eager_mode)
+
+    def _restore_eager_mode(self) -> None:
+        saved, self._saved_eager_mode = self._saved_eager_mode, None
+        if saved is not None:
+            from tpu_debug.runtime.lazy import set_mode
+
+            set_mode(saved)
+
     def mark_step(self) -> None:
         """End the current step on the TensorBoard timeline (see :func:`step`)."""
         if self._tensorboard is not None:
@@ -614,6 +636,7 @@ def trace(
     fail_on_recompile: bool | None = None,
     transfer_guard: str | None = None,
     transfer_guard_implicit: str | None = None,
+    eager_mode: Any = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -666,6 +689,11 @@ def trace(
         transfer_guard_implicit: the same for implicit transfers only
             (``.item()``, ``print``, ``if t:``, CPU fallbacks; default "allow";
             ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``).
+        eager_mode: the eager mode while the trace records, a
+            ``torch.tpu.EagerMode`` or its name (``"defer_and_fuse"``: ops
+            recorded and run as fused programs when a value is needed, each run a
+            materialization event; see the report's "Lazy graphs"). Default:
+            leave the runtime's mode (``TPU_DEBUG_EAGER_MODE``).
 
     Returns:
         A :class:`Trace` context manager / decorator.
@@ -689,6 +717,7 @@ def trace(
         fail_on_recompile=fail_on_recompile,
         transfer_guard=transfer_guard,
         transfer_guard_implicit=transfer_guard_implicit,
+        eager_mode=eager_mode,
     )
     return Trace(config)
 

@@ -45,6 +45,7 @@ __all__ = [
     "RecompileLimitEvent",
     "DivergenceEvent",
     "InternalErrorEvent",
+    "MaterializationEvent",
     "INTERNAL_ERRORS_KEPT",
     "EVENT_TYPES",
     "event_type",
@@ -78,6 +79,7 @@ DIFF_ASPECTS = (
     "grad",
     "config",
     "guard",
+    "graph",
     "key",
 )
 
@@ -105,6 +107,9 @@ class KeyDiff:
       (dynamo's) or ``"requires_grad"`` (of a tensor);
     - ``"config"``: another runtime setting in the key (``detail``: its name);
     - ``"guard"``: any other failed dynamo guard (``before``: its text);
+    - ``"graph"``: a lazy fused graph's ops (``detail``: ``"ops"`` for their number,
+      ``"op <i>"`` for the first op that differs, with the op's line when known,
+      ``"outputs"`` for the values it returns);
     - ``"key"``: nothing above explains it (``detail``: ``"graph code"``,
       ``"signature"``, or None for the key as a whole).
 
@@ -170,6 +175,8 @@ class KeyDiff:
             return f"{subject} requires_grad"
         if aspect == "precision":
             return detail or "matmul precision"
+        if aspect == "graph":
+            return detail or "graph"
         return detail or aspect
 
     def render(self) -> str:
@@ -479,6 +486,40 @@ class InternalErrorEvent(Event):
 
     where: str
     message: str
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaterializationEvent(Event):
+    """Lazy mode ran its pending graph because a value was needed (runtime/lazy.py).
+
+    ``trigger`` is what needed it, as :mod:`.lazy_graphs` names it: a host read
+    (``"item"``, ``"print"``, ``"bool"``, ``"float"``, ``"int"``, ``"tolist"``,
+    ``"index"``, ``"numpy"``, ``"cpu"``, ``"to"``, ``"copy"``), ``"read"`` (a value
+    read by a compiled program or another path), ``"synchronize"``,
+    ``"optimizer_step"``, ``"size_limit"``, ``"mode_change"``,
+    ``"fallback:<op>"`` or ``"data_dependent:<op>"``; ``location`` is the user's
+    line that needed it. ``graph`` is its program's name, ``program`` its HLO hash
+    and ``compile`` the id of its compile event when it compiled for this run
+    (``compiled``). ``ops``: ops recorded; ``outputs``: values computed (0: nothing
+    still referenced, nothing ran); ``inputs``: arrays read. ``step``: optimizer
+    steps ended before it (each ``optimizer.step()`` ends one). ``seconds``: the
+    whole materialization, compile included.
+    """
+
+    kind: ClassVar[str] = "materialize"
+    stored: ClassVar[Stored] = Stored("materializations", name="trigger", seconds="seconds", program="program")
+
+    trigger: str
+    graph: str
+    ops: int
+    outputs: int
+    inputs: int
+    compiled: bool
+    seconds: float
+    step: int
+    program: str | None = None
+    compile: int | None = column("compile_id", default=None)
 
 
 def event_type(kind: str) -> type[Event]:

@@ -1,8 +1,10 @@
 """Recompiles: is a compile the first of its op or graph, or a recompile, and what changed.
 
-Every compile has an *identity*: the eager op overload (``mul.Tensor``), or
+Every compile has an *identity*: the eager op overload (``mul.Tensor``),
 for a compiled graph the function dynamo compiled and the graph's direction
-(``"step in train.py (forward)"``; forward and inference graphs share one). A
+(``"step in train.py (forward)"``; forward and inference graphs share one),
+for a lazy fused graph where it was cut (``"graph cut by .item() at
+train.py:40"``). A lazy graph's key is compared op by op (:func:`_graph_diffs`). A
 compile whose identity was compiled before is a recompile. It is compared with
 the closest earlier key of that identity (fewest mismatches; the latest on a
 tie) and the differences are kept as data, :class:`~.events.KeyDiff` records
@@ -22,6 +24,9 @@ aspect         what changed                                      rendered as
 ``precision``  ``torch.get_float32_matmul_precision()``          ``matmul precision``
 ``grad``       compiled under grad / no-grad (``detail``)        ``grad mode``, ``graph kind``
 ``guard``      any other failed dynamo guard (its text)          ``dynamo guard``
+``graph``      a lazy fused graph's ops: the first op that       ``op 12 at train.py:40``,
+               differs (with its line), their number, the        ``ops``, ``outputs``
+               values it returns
 =============  ================================================  =================================
 
 A failed dynamo guard on an input gives the same aspects with ``source="guard"``
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -105,6 +111,7 @@ class _Seen:
     facts: dict[tuple[str, str], str]
     compile_id: str | None
     event_id: int | None = None
+    graph: Any = None  # a lazy graph's GraphInfo (its ops and outputs)
 
 
 @dataclasses.dataclass(slots=True)
@@ -233,6 +240,83 @@ def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff]
     return out, score
 
 
+def _at(locations: Sequence[Any], i: int) -> str:
+    loc = locations[i] if 0 <= i < len(locations) else None
+    return f" at {os.path.basename(loc.file)}:{loc.line}" if loc is not None else ""
+
+
+def _op_list(names: Sequence[str]) -> str:
+    if not names:
+        return "-"
+    return ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+
+
+def _step_of(value: str) -> int | None:
+    """The op index of a lazy graph value's name (``n12``, ``n12.1``), or None (an input)."""
+    if not value.startswith("n"):
+        return None
+    head = value[1:].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _graph_diffs(
+    before_args: Sequence[Any], before: Any, now_args: Sequence[Any], now: Any, locations: Sequence[Any] = ()
+) -> tuple[list[KeyDiff], int]:
+    """How a lazy graph's key differs from an earlier one's, and how far apart they are.
+
+    The ops first: where their sequence first differs (an op inserted, removed or
+    replaced: Python control flow that changed what a step records), with the op's
+    line. With the same ops: the graph inputs whose shape or dtype changed (a new
+    batch size), then the first op whose static arguments or baked-in scalars
+    changed, then the values the graph returns (a tensor kept alive that was not
+    before, e.g. a loss appended to a list each step, is one more program output).
+    """
+    b_ops, n_ops = tuple(before.ops), tuple(now.ops)
+    b_names, n_names = [o.name for o in b_ops], [o.name for o in n_ops]
+    if b_names != n_names:
+        matcher = difflib.SequenceMatcher(a=b_names, b=n_names, autojunk=False)
+        changes = [c for c in matcher.get_opcodes() if c[0] != "equal"]
+        _tag, i1, i2, j1, j2 = changes[0]
+        out = [KeyDiff("graph", _op_list(b_names[i1:i2]), _op_list(n_names[j1:j2]),
+                       detail=f"op {j1}{_at(locations, j1)}")]
+        if len(b_ops) != len(n_ops):
+            out.append(KeyDiff("graph", f"{len(b_ops)} ops", f"{len(n_ops)} ops", detail="ops"))
+        return out, 100 + sum(max(i2 - i1, j2 - j1) for _t, i1, i2, j1, j2 in changes)
+    out, score = _arg_diffs(before_args, now_args)  # the graph's inputs
+    shape_only = None
+    for i, (a, b) in enumerate(zip(b_ops, n_ops)):
+        if a.args == b.args and a.inputs == b.inputs:
+            continue
+        found, _s = _arg_diffs(a.args, b.args) if len(a.args) == len(b.args) else ([], 0)
+        label = f"op {i} {a.name}{_at(locations, i)}"
+        found = [dataclasses.replace(d, arg_index=None, arg_name=f"{label}: {d.arg_name}") for d in found]
+        if a.inputs != b.inputs:
+            found.append(KeyDiff("graph", ", ".join(a.inputs), ", ".join(b.inputs), detail=f"{label} inputs"))
+        decisive = [d for d in found if d.aspect != "shape"]
+        if decisive:
+            out.extend(decisive)
+            score += len(decisive)
+            break
+        if shape_only is None and found:
+            shape_only = found
+    else:
+        if not out and shape_only:  # shapes changed with no input or setting to explain them
+            out.extend(shape_only)
+            score += len(shape_only)
+    b_out, n_out = tuple(before.outputs), tuple(now.outputs)
+    if b_out != n_out:
+        added = [v for v in n_out if v not in b_out]
+        extra = []
+        for v in added[:2]:
+            step = _step_of(v)
+            if step is not None and step < len(n_ops):
+                extra.append(f"{v} {n_ops[step].name}{_at(locations, step)}")
+        more = f" (new: {'; '.join(extra)})" if extra else ""
+        out.append(KeyDiff("graph", f"{len(b_out)} values", f"{len(n_out)} values{more}", detail="outputs"))
+        score += 1
+    return out, score
+
+
 _SOURCE_ROOT = re.compile(r"^[LG]\['([^']+)'\]")
 _SOURCE_MODULE = re.compile(r"\._(?:parameters|buffers|modules)\['([^']+)'\]")
 
@@ -272,7 +356,22 @@ def _facts(info: Any) -> dict[tuple[str, str], str]:
     return facts
 
 
+def _lazy_identity(info: Any) -> tuple[Any, str]:
+    """A lazy graph is known by where it is cut: the trigger and the user's line (read off
+    the stack: compiles of lazy graphs are observed while the graph materializes)."""
+    from tpu_debug.tracers.lazy_graphs import cut_site, trigger_text
+
+    trigger = str(info.name).removeprefix("lazy/")
+    if info.replayed:  # compiled before the trace: the stack is not the cut's
+        return ("lazy", trigger, None), f"graph cut by {trigger_text(trigger)}"
+    cause, loc = cut_site(trigger)
+    where = f" at {os.path.basename(loc.file)}:{loc.line}" if loc is not None else ""
+    return ("lazy", cause, loc), f"graph cut by {trigger_text(cause)}{where}"
+
+
 def _identity(info: Any) -> tuple[Any, str]:
+    if info.mode == "lazy":
+        return _lazy_identity(info)
     if info.mode != "compiled":
         return ("eager", str(info.name)), str(info.name)
     graph = info.graph
@@ -310,8 +409,12 @@ class RecompileTracker:
         self._seen: dict[Any, list[_Seen]] = {}
         self._labels: dict[Any, str] = {}
 
-    def observe(self, info: Any) -> Observation:
-        """Record compile ``info`` (a replayed one only becomes history) and say what it is."""
+    def observe(self, info: Any, *, op_locations: Sequence[SourceLocation | None] = ()) -> Observation:
+        """Record compile ``info`` (a replayed one only becomes history) and say what it is.
+
+        ``op_locations``: for a lazy graph, the user's line of each of its ops (the
+        recorder's, from ``on_defer``), so a diff can say where the op that changed is.
+        """
         ident, label = _identity(info)
         known = self._labels.get(ident)
         if known is None or (known.startswith("frame ") and not label.startswith("frame ")):
@@ -320,11 +423,13 @@ class RecompileTracker:
         facts = _facts(info)
         compile_id = info.graph.origin.compile_id if info.graph is not None else None
         entry = _Seen(info.key, _named_args(info), facts, compile_id)
+        if info.mode == "lazy" and info.graph is not None:
+            entry.graph = info.graph
         history = self._seen.setdefault(ident, [])
         diffs: tuple[KeyDiff, ...] = ()
         previous: _Seen | None = None
         if history and not info.replayed:
-            previous, found = self._closest(entry, history)
+            previous, found = self._closest(entry, history, op_locations)
             diffs = tuple(self._with_dynamo(found, previous, entry, info))
         history.append(entry)
         return Observation(
@@ -341,11 +446,14 @@ class RecompileTracker:
         return sum(len(h) for k, h in self._seen.items() if self._labels.get(k) == identity)
 
     @staticmethod
-    def _closest(entry: _Seen, history: list[_Seen]) -> tuple[_Seen, list[KeyDiff]]:
+    def _closest(entry: _Seen, history: list[_Seen], op_locations: Sequence[Any] = ()) -> tuple[_Seen, list[KeyDiff]]:
         best: tuple[_Seen, list[KeyDiff]] | None = None
         best_score = 0
         for old in reversed(history):  # the latest wins a tie
-            diffs, score = _arg_diffs(old.args, entry.args)
+            if entry.graph is not None and old.graph is not None:
+                diffs, score = _graph_diffs(old.args, old.graph, entry.args, entry.graph, op_locations)
+            else:
+                diffs, score = _arg_diffs(old.args, entry.args)
             for aspect, detail in sorted(set(old.facts) | set(entry.facts), key=lambda k: k[1]):
                 before, now = old.facts.get((aspect, detail), "-"), entry.facts.get((aspect, detail), "-")
                 if before != now:
@@ -531,6 +639,18 @@ def _advice(change: Change, mode: str | None) -> str:
         )
     if change.kind == "inputs":
         return "the number or kind of inputs changes between calls (a graph break, or dynamic shapes); see the diffs"
+    if change.kind == "graph" and change.detail == "outputs":
+        return (
+            "the lazy graph returns other values than before: every tensor still referenced when it runs "
+            "is an output of its program (a loss appended to a list, a tensor kept for logging); keep "
+            "the same tensors alive each step, e.g. store loss.item() after the step instead of the tensor"
+        )
+    if change.kind == "graph":
+        return (
+            "the ops recorded for the lazy graph differ between steps (Python control flow on values or "
+            "shapes): each variant is a program of its own; record the same ops every step, or cut the "
+            "graph with torch.tpu.synchronize() around the part that varies"
+        )
     return f"{what} keeps changing: {', '.join(change.values[:4])}"
 
 

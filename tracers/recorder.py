@@ -19,10 +19,12 @@ from tpu_debug.tracers.events import (
     CompileEvent,
     FallbackEvent,
     InternalErrorEvent,
+    MaterializationEvent,
     OpEvent,
     TransferEvent,
 )
 from tpu_debug.tracers.hlo import make_program, program_hash
+from tpu_debug.tracers.lazy_graphs import cut_site
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker
 from tpu_debug.tracers.store import RunWriter, StatRow
@@ -66,6 +68,10 @@ class _Count:
         self.seconds = 0.0
 
 
+def _loc_tuple(loc: Any) -> tuple[str, int, str] | None:
+    return (loc.file, loc.line, loc.function) if loc is not None else None
+
+
 class Recorder:
     """Records what the runtime reports into a :class:`RunWriter`.
 
@@ -94,6 +100,11 @@ class Recorder:
         self._compile_lock = threading.Lock()  # one compile recorded at a time
         self._local = threading.local()  # .counts: this thread's {key: _Count}
         self.recompiles = RecompileTracker()  # first compile or recompile, and why
+        # lazy mode: the user's line of each op of the pending graph (on_defer), the
+        # compile event of each fused program compiled in this run, optimizer steps ended
+        self._lazy_ops: list[Any] = []
+        self._lazy_compiles: dict[Any, int] = {}
+        self._lazy_step = 0
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -130,7 +141,10 @@ class Recorder:
             self._record_compile(info, ts, location)
 
     def _record_compile(self, info: Any, ts: float, location: Any) -> None:
-        seen = self.recompiles.observe(info)  # a replayed compile only becomes history
+        lazy = info.mode == "lazy" and not info.replayed
+        ops = self._lazy_ops if lazy else ()
+        # a replayed compile only becomes history
+        seen = self.recompiles.observe(info, op_locations=ops)
         args = tuple(a.recorded() for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None
@@ -139,6 +153,12 @@ class Recorder:
             program = program_hash(stablehlo, hlo)
             if not self.writer.has_program(program):
                 nodes = info.graph.nodes if info.graph is not None else ()
+                if lazy:  # a lazy graph's ops, each with the line that recorded it
+                    nodes = [
+                        {"name": n.name, "target": n.target,
+                         "location": _loc_tuple(ops[i] if i < len(ops) else None)}
+                        for i, n in enumerate(nodes)
+                    ]
                 self.writer.add_program(
                     make_program(info.mode, str(info.name), stablehlo, hlo, nodes, content_hash=program)
                 )
@@ -150,6 +170,8 @@ class Recorder:
             return  # compiled before this trace began: known program, not a compile of this run
         event_id = self.writer.new_id()
         seen.bind(event_id)
+        if info.mode == "lazy":
+            self._lazy_compiles[info.key] = event_id
         self.writer.put(
             CompileEvent(
                 event_id,
@@ -187,6 +209,37 @@ class Recorder:
                 float(info.seconds),
             )
         )
+
+    def on_defer(self, name: str, index: int) -> None:
+        if index == 0:  # a new pending graph
+            self._lazy_ops = []
+        self._lazy_ops.append(user_location(_PROBE_DEPTH))
+
+    def on_materialize(self, info: Any) -> None:
+        trigger, location = cut_site(str(info.trigger), _PROBE_DEPTH)
+        known = self._keys.get(info.key) if info.key is not None else None
+        self.writer.put(
+            MaterializationEvent(
+                self.writer.new_id(),
+                self.clock() - float(info.seconds),
+                "lazy",
+                threading.get_native_id(),
+                location,
+                trigger,
+                str(info.name),
+                int(info.ops),
+                int(info.outputs),
+                int(info.inputs),
+                bool(info.compiled),
+                float(info.seconds),
+                self._lazy_step,
+                known[1] if known is not None else None,
+                self._lazy_compiles.get(info.key) if info.compiled else None,
+            )
+        )
+        if trigger == "optimizer_step":
+            self._lazy_step += 1
+        self._lazy_ops = []
 
     def on_fallback(self, info: Any) -> None:
         self.writer.put(

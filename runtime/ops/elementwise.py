@@ -26,22 +26,28 @@ _INT_TO_FLOAT = Kind.INT_TO_FLOAT
 # ---- arithmetic --------------------------------------------------------------
 
 
+def _times_alpha(y, alpha):
+    # a float alpha arrives traced (an executable input, so a new learning rate does not
+    # recompile): comparing it with 1 would need its value
+    return y if type(alpha) in (int, bool) and alpha == 1 else y * alpha
+
+
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(x, y, *, alpha=1):
     x, y = promote(x, y)
-    return x + (y * alpha if alpha != 1 else y)
+    return x + _times_alpha(y, alpha)
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(x, y, *, alpha=1):
     x, y = promote(x, y)
-    return x - (y * alpha if alpha != 1 else y)
+    return x - _times_alpha(y, alpha)
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(x, y, *, alpha=1):
     x, y = promote(x, y)
-    return y - (x * alpha if alpha != 1 else x)
+    return y - _times_alpha(x, alpha)
 
 
 @lower(aten.mul.Tensor, aten.mul.Scalar)

@@ -33,9 +33,10 @@ def _fn(op):
 
 
 def _binary(op):
-    # ``alpha`` is only ever passed for the schemas that have it (add, sub)
+    # ``alpha`` is only ever passed for the schemas that have it (add, sub); a float alpha
+    # arrives traced (an executable input: a new learning rate does not recompile)
     def call(f, x, y, alpha):
-        return f(x, y) if alpha == 1 else f(x, y, alpha=alpha)
+        return f(x, y) if type(alpha) in (int, bool) and alpha == 1 else f(x, y, alpha=alpha)
 
     def list_(xs, ys, *, alpha=1):
         f = _fn(op)

@@ -128,8 +128,19 @@ def _seeding_dynamo_can_trace():
             m.wrapper_set_seed = original
 
 
+def _lazy(fn: Callable) -> Callable:
+    """``fn`` in lazy fused eager mode (``DEFER_AND_FUSE``): its ops are recorded, and run as
+    one fused program when the call returns (leaving the mode materializes what is pending)."""
+
+    def run(*args, **kwargs):
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            return fn(*args, **kwargs)
+
+    return run
+
+
 # mode -> how the op is called on tpu tensors; one test id per (op, dtype, mode)
-MODES: dict[str, Callable[[Callable], Callable]] = {"eager": _eager, "compiled": _compiled}
+MODES: dict[str, Callable[[Callable], Callable]] = {"eager": _eager, "compiled": _compiled, "lazy": _lazy}
 
 # mode -> the dtypes it runs. Compiled mode checks the graph path (AOTAutograd, decompositions,
 # one XLA program, outputs and mutations written back) on float32; the op math under it is the
@@ -137,6 +148,10 @@ MODES: dict[str, Callable[[Callable], Callable]] = {"eager": _eager, "compiled":
 MODE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "eager": (torch.float32, torch.int64, torch.bool, torch.bfloat16),
     "compiled": (torch.float32,),
+    # lazy mode records the eager lowerings and runs them fused: what it adds is the graph
+    # (pending values, views and writes as graph steps, one program), checked on a
+    # floating and an integer dtype
+    "lazy": (torch.float32, torch.int64),
 }
 
 

@@ -56,7 +56,9 @@ def test_dtype_reinterpreting_view():
     [
         (lambda: torch.tpu.precision.set("ultra"), r"precision 'ultra' is not one of highest, high, medium"),
         (lambda: torch.tpu.set_device(1), r"tpu:1 requested; the eager runtime runs on tpu:0"),
-        (lambda: torch.tpu.set_eager_mode("lazy"), r"eager mode 'lazy' is not one of 'debug', 'default'"),
+        (lambda: torch.tpu.set_eager_mode("lazy"),
+         r"eager mode 'lazy' is not one of torch\.tpu\.EagerMode\.DEFER_AND_FUSE, DEFER_NEVER, "
+         r"DEFER_NEVER_AND_LAUNCH_BLOCKING"),
         (lambda: torch.tpu.set_rng_state(torch.zeros(3)), r"tpu RNG state must be the uint8 tensor of 16 bytes"),
     ],
 )

@@ -72,6 +72,14 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         choices=("allow", "log", "disallow"),
         help="log or refuse implicit transfers only: .item(), print, if t:, CPU fallbacks (default: allow)",
     )
+    # -- eager mode --
+    parser.add_argument(
+        "--eager-mode",
+        choices=("defer_and_fuse", "defer_never", "defer_never_and_launch_blocking"),
+        help="how ops outside compiled graphs run: 'defer_and_fuse' records them and runs fused "
+        "programs when a value is needed (TorchTPU's default), 'defer_never' runs them one by one "
+        "(default: $TPU_DEBUG_EAGER_MODE or defer_never)",
+    )
     # -- divergence against CPU --
     parser.add_argument(
         "--divergence",
@@ -251,6 +259,7 @@ def _trace_options(args: argparse.Namespace, name: str) -> dict:
         numerics=args.numerics,
         tolerances=args.tolerances,
         divergence_sample=args.divergence_sample,
+        eager_mode=args.eager_mode,
     )
 
 

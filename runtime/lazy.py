@@ -1,0 +1,804 @@
+"""Lazy fused eager mode: ops are recorded, then run as one XLA program when a value is needed.
+
+TorchTPU's default eager mode is ``DEFER_AND_FUSE``: an op on a `tpu` tensor does
+not run when it is called. It is appended to a *pending graph*, and its outputs
+are :class:`~tpu_debug.runtime.tensor.LazyArray` payloads whose shape and dtype
+are known and whose values are not. When something needs a value, the pending
+graph is *materialized*: compiled into one XLA program (or found in the cache of
+fused programs) and run, and every pending value still referenced gets its
+array. What needs a value (the *trigger*): reading it on the host (``.item()``,
+``.cpu()``, ``print``, ``if t:``), an op with no lowering run on CPU, an op whose
+output shape depends on values (``nonzero``), ``torch.tpu.synchronize()``, the end
+of ``optimizer.step()``, the graph reaching ``config.lazy_graph_limit`` ops, and
+leaving the mode. PyTorch/XLA's lazy tensors work the same way.
+
+What is reused: each recorded op is the eager interpreter's op call (its cache
+key, its traced lowering, its output handling: in-place and ``out=`` writes,
+views, autograd all go through the same code); views and in-place writes of
+pending values become graph steps (a strided read, a strided write, a cast), as
+the eager runtime's view model does them on concrete arrays.
+
+The cache of fused programs is keyed by the graph's structure: per op, its eager
+key (argument shapes and dtypes, static arguments) and where each input comes
+from (an earlier op, a graph input, a float scalar), and which values are still
+referenced when it runs. Tensors the graph reads (parameters, batches) and
+Python floats (a learning rate, AdamW's bias corrections) are program inputs,
+never constants: the steps of a training loop find their program in the cache.
+
+The mode is ``config.eager_mode``; ``torch.tpu.set_eager_mode`` (a context
+manager) and the ``torch.tpu.eager_mode`` property change it, as in TorchTPU.
+While a divergence trace observes ops (``probes._op_probes``), ops run one by one
+whatever the mode: the tracer compares each op's output with CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import itertools
+import math
+import threading
+import time
+import weakref
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+
+from tpu_debug.errors import LoweringBugError, TpuArgumentError
+from tpu_debug.runtime import eager as _eager
+from tpu_debug.runtime import probes
+from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.caches import LruCache
+from tpu_debug.runtime.config import EAGER_MODES, config
+from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from tpu_debug.runtime.probes import (
+    ArgSpec,
+    CompileInfo,
+    DynamoOrigin,
+    GraphInfo,
+    LazyNode,
+    LoweredNode,
+    MaterializeInfo,
+)
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, to_jax, view_value
+
+__all__ = [
+    "EagerMode",
+    "eager_mode",
+    "set_mode",
+    "set_eager_mode",
+    "materialize",
+    "pending_ops",
+    "dispatch",
+    "value_of",
+    "computed",
+    "convert",
+    "fused_stats",
+]
+
+
+class EagerMode(enum.Enum):
+    """How ops on `tpu` tensors run outside compiled graphs (TorchTPU's names).
+
+    ``DEFER_AND_FUSE``: recorded and run as fused programs when a value is needed.
+    ``DEFER_NEVER``: one executable per op, dispatched when the op is called.
+    ``DEFER_NEVER_AND_LAUNCH_BLOCKING``: op by op, each one waited for before the
+    call returns (a device error then surfaces at the op that caused it).
+    """
+
+    DEFER_AND_FUSE = "defer_and_fuse"
+    DEFER_NEVER = "defer_never"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"
+
+
+_FUSE = EagerMode.DEFER_AND_FUSE.value
+_NEVER = EagerMode.DEFER_NEVER.value
+_BLOCKING = EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING.value
+assert tuple(m.value for m in EagerMode) == EAGER_MODES
+
+
+def eager_mode() -> EagerMode:
+    """The eager mode in effect (``torch.tpu.eager_mode``)."""
+    return EagerMode(config.eager_mode)
+
+
+def _parse_mode(mode: Any) -> str:
+    if isinstance(mode, EagerMode):
+        return mode.value
+    if isinstance(mode, str) and mode.strip().lower() in EAGER_MODES:
+        return mode.strip().lower()
+    raise TpuArgumentError(
+        f"eager mode {mode!r} is not one of torch.tpu.EagerMode.DEFER_AND_FUSE, DEFER_NEVER, "
+        "DEFER_NEVER_AND_LAUNCH_BLOCKING"
+    )
+
+
+def set_mode(mode: EagerMode | str) -> None:
+    """Make ``mode`` the eager mode (``torch.tpu.eager_mode = mode``).
+
+    Leaving ``DEFER_AND_FUSE`` runs what is pending first, so every value is computed
+    in the mode it was recorded in.
+
+    Raises:
+        TpuArgumentError: ``mode`` is no EagerMode (nor the name of one).
+    """
+    value = _parse_mode(mode)
+    if config.eager_mode == _FUSE and value != _FUSE:
+        materialize("mode_change")
+    config.eager_mode = value
+    if value == _FUSE:
+        _hook_optimizers()
+
+
+class set_eager_mode(contextlib.ContextDecorator):
+    """``with torch.tpu.set_eager_mode(mode):`` runs the block in ``mode``, then puts
+    the previous mode back (TorchTPU pushes and pops the mode the same way; called
+    without ``with`` it changes nothing, there as here).
+
+    Raises:
+        TpuArgumentError: ``mode`` is no EagerMode (raised by the call itself).
+
+    Example:
+        >>> with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        ...     loss = model(x).sum(); loss.backward(); opt.step()
+    """
+
+    def __init__(self, mode: EagerMode | str) -> None:
+        self.mode = _parse_mode(mode)
+        self._previous: list[str] = []
+
+    def __enter__(self) -> None:
+        self._previous.append(config.eager_mode)
+        set_mode(self.mode)
+
+    def __exit__(self, *exc: object) -> None:
+        set_mode(self._previous.pop())
+
+
+# ---------------------------------------------------------------------------
+# Templates: one per distinct recorded step (an op's eager key, a cast, a view read)
+# ---------------------------------------------------------------------------
+
+
+class _Template:
+    """What a graph step computes: its traced function and its output avals."""
+
+    __slots__ = ("name", "fn", "outs", "struct", "dtypes", "specs", "inputs", "calls")
+
+    def __init__(self, name, fn, outs, struct, dtypes, specs, inputs) -> None:
+        self.name = name  # "mm", "add.Tensor", "cast", "view", ...
+        self.fn = fn  # flat JAX inputs -> tuple of flat outputs (traceable)
+        self.outs = outs  # ((shape, numpy dtype), ...) per output
+        self.struct = struct  # the eager interpreter's output structure (aten ops)
+        self.dtypes = dtypes  # torch dtype per output
+        self.specs = specs  # ArgSpecs of the op's arguments (for recompile diffs)
+        self.inputs = inputs  # a name per flat input ("self", "other", "key")
+        self.calls = 0
+
+
+_templates: LruCache[Any, _Template] = LruCache(
+    "lazy op templates",
+    lambda: config.eager_cache_size,
+    uses=lambda _key, tpl: tpl.calls,
+)
+
+
+def _aval(a) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(a.shape), a.dtype)
+
+
+def _input_names(plan, skel_args, skel_kwargs, rng: bool) -> tuple[str, ...]:
+    """A name for each flat input of an op call, in the order its traced function takes them."""
+    schema_names = [a.name for a in plan.op._schema.arguments]
+    out: list[str] = []
+
+    def walk(name, s):
+        if type(s) is _eager._Dyn or type(s) is _eager._Spec:
+            out.append(name)
+        elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple):
+            for i, v in enumerate(s[1]):
+                walk(f"{name}[{i}]", v)
+
+    for i, s in enumerate(skel_args):
+        walk(schema_names[i] if i < len(schema_names) else f"arg{i}", s)
+    for k, s in skel_kwargs:
+        walk(k, s)
+    if rng:
+        out.append("key")
+    return tuple(out)
+
+
+def _op_template(plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Template:
+    """The template of an aten op call: the eager interpreter's traced function, its
+    output avals found by tracing it once (``jax.eval_shape``: a lowering's error
+    surfaces at the op's call, as in eager mode)."""
+    traced, struct_box = _eager.traced_function(plan, skel_args, skel_kwargs, rng)
+    with jax.enable_x64(True):
+        out = jax.eval_shape(traced, *[_aval(a) for a in arrays])
+    outs = tuple((tuple(o.shape), o.dtype) for o in out)
+    dtypes = tuple(to_torch_dtype(d) for _s, d in outs)
+    specs = _eager._specs(plan.op._schema, skel_args, skel_kwargs)
+    return _Template(plan.name, traced, outs, struct_box[0], dtypes, specs,
+                     _input_names(plan, skel_args, skel_kwargs, rng))
+
+
+def _step_template(name: str, fn, statics: tuple, inputs: tuple) -> _Template:
+    """The template of a built-in step (``fn(*inputs, *statics)``), keyed by its inputs' avals."""
+    key = (name, statics, tuple((tuple(a.shape), a.dtype) for a in inputs))
+    tpl = _templates.lookup(key)
+    if tpl is not None:
+        return tpl
+
+    def step(*flat):
+        return (fn(*flat, *statics),)
+
+    with jax.enable_x64(True):
+        (out,) = jax.eval_shape(step, *[_aval(a) for a in inputs])
+    outs = ((tuple(out.shape), out.dtype),)
+    specs = tuple(ArgSpec(f"x{i}", tuple(a.shape), str(np.dtype(a.dtype))) for i, a in enumerate(inputs))
+    specs += tuple(ArgSpec(f"s{i}", static=v) for i, v in enumerate(statics))
+    tpl = _Template(name, step, outs, None, (to_torch_dtype(out.dtype),), specs,
+                    tuple(f"x{i}" for i in range(len(inputs))))
+    _templates.put(key, tpl)
+    return tpl
+
+
+def _cast(x, dtype):
+    return x.astype(dtype)
+
+
+def _broadcast(x, shape):
+    return jax.numpy.broadcast_to(x, shape)
+
+
+def _reshape(x, shape):
+    return x.reshape(shape)
+
+
+# ---------------------------------------------------------------------------
+# The pending graph
+# ---------------------------------------------------------------------------
+
+# what each slot of a graph holds: a graph input, a float scalar, an op's output
+_LEAF, _SCALAR, _OUT = 0, 1, 2
+
+
+class _Graph:
+    """The ops recorded since the last materialization (one per process).
+
+    Every value a step reads or makes has a *slot*, numbered in order of first use:
+    a graph input (a concrete array: a parameter, a batch, a random key), a float
+    scalar (all of them go to the program as one float32 vector), or a step's output
+    (a LazyArray, referenced weakly: a value no tensor holds any more is not an
+    output of the program, and XLA drops what only it needed).
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[_Template, tuple[int, ...]]] = []
+        self.kinds = bytearray()  # per slot: _LEAF, _SCALAR or _OUT
+        self.leaves: list[Any] = []
+        self.leaf_slots: dict[int, int] = {}  # id(array) -> slot (the arrays are held in leaves)
+        self.scalars: list[float] = []
+        self.outputs: list[tuple[int, Any]] = []  # (slot, weakref to its LazyArray)
+
+    def recording(self) -> bool:
+        """Whether values of this graph may stay pending when an op reads them."""
+        return config.eager_mode == _FUSE and not probes._op_probes and self is _state.graph
+
+    def materialize(self, trigger: str = "read") -> None:
+        """Run this graph (a LazyArray of it needs its value)."""
+        _materialize(self, trigger)
+
+    def add(self, tpl: _Template, arrays) -> list[LazyArray]:
+        """Append one step reading ``arrays``; its outputs, pending."""
+        kinds = self.kinds
+        refs = []
+        for a in arrays:
+            kind = type(a)
+            if kind is LazyArray:
+                if a.array is None:
+                    refs.append(a.slot)
+                    continue
+                a = a.array
+            elif kind is np.float32:
+                refs.append(len(kinds))
+                kinds.append(_SCALAR)
+                self.scalars.append(a)
+                continue
+            slot = self.leaf_slots.get(id(a))
+            if slot is None:
+                slot = self.leaf_slots[id(a)] = len(kinds)
+                kinds.append(_LEAF)
+                self.leaves.append(a)
+            refs.append(slot)
+        self.steps.append((tpl, tuple(refs)))
+        tpl.calls += 1
+        outs = []
+        for shape, dtype in tpl.outs:
+            value = LazyArray(shape, dtype, self, len(kinds))
+            self.outputs.append((len(kinds), weakref.ref(value)))
+            kinds.append(_OUT)
+            outs.append(value)
+        return outs
+
+    def step(self, name: str, fn, statics: tuple, *inputs) -> LazyArray:
+        """A built-in step (a cast, a view read, a strided write) on pending or concrete inputs."""
+        (out,) = self.add(_step_template(name, fn, statics, inputs), inputs)
+        if probes._probes:
+            probes.deferred(name, len(self.steps) - 1)
+        return out
+
+    def write(self, t: torch.Tensor, storage, value, old) -> None:
+        """``tensor.write`` with a pending value or payload: the same steps, recorded."""
+        jdtype = to_jax_dtype(t.dtype)
+        shape = tuple(t.shape)
+        g = _state.graph
+        if value.dtype != jdtype:
+            value = g.step("cast", _cast, (jdtype,), value)
+        if tuple(value.shape) != shape:
+            value = g.step("broadcast", _broadcast, (shape,), value)
+        numel = t.numel()
+        if old is None or (_dense(t) and old.size == numel):
+            setattr(storage, PAYLOAD_ATTR, value)
+            return
+        if numel == 0:
+            return
+        new = g.step("write", _strided_write, (shape, tuple(t.stride()), t.storage_offset()), old, value)
+        setattr(storage, PAYLOAD_ATTR, new)
+
+
+class _State:
+    __slots__ = ("graph", "lock", "graphs", "hooked")
+
+    def __init__(self) -> None:
+        self.graph = _Graph()
+        self.lock = threading.RLock()
+        self.graphs = itertools.count(1)
+        self.hooked = False
+
+
+_state = _State()
+
+
+def pending_ops() -> int:
+    """Ops recorded and not run yet."""
+    return len(_state.graph.steps)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.storage_offset() == 0 and t.is_contiguous()
+
+
+# ---------------------------------------------------------------------------
+# Recording ops
+# ---------------------------------------------------------------------------
+
+
+def dispatch(op, args, kwargs):
+    """The `tpu` kernel in a mode other than ``DEFER_NEVER`` (``eager.dispatch`` calls it)."""
+    mode = config.eager_mode
+    if mode != _FUSE or probes._op_probes:
+        out = _eager.run_now(op, args, kwargs)
+        if mode == _BLOCKING:
+            _block(out, args, kwargs)
+        return out
+    plan = _eager._plans.get(op) or _eager.plan_for(op)
+    lowering = plan.lowering
+    if lowering is not None:
+        eager_only = lowering.eager_only
+        if eager_only is True or (eager_only and eager_only(args, kwargs)):
+            # the output's shape depends on the values: they are needed now
+            materialize(f"data_dependent:{plan.name}")
+            return _eager.run_now(op, args, kwargs)
+        with _state.lock:
+            return _record(plan, args, kwargs)
+    return _no_lowering(op, plan, args, kwargs)
+
+
+def _record(plan, args, kwargs):
+    """Record one op call of a lowered op: the eager interpreter's key and output
+    handling, with a graph step where eager mode would run an executable."""
+    lowering = plan.lowering
+    arrays: list = []
+    key_data = None
+    if lowering.rng and kwargs and kwargs.get("generator") is not None:
+        kwargs = dict(kwargs)
+        key_data = _random.key_from_generator(kwargs["generator"])
+        kwargs["generator"] = None
+    skel_args, skel_kwargs = _eager._build_key(plan, args, kwargs, arrays, plan.dynamic_scalars)
+    rng = lowering.rng
+    if rng:  # drawn now, in program order: the same numbers as op by op
+        arrays.append(_random.next_key() if key_data is None else key_data)
+    key = _eager.op_key(plan, skel_args, skel_kwargs)
+    tpl = _templates.lookup(key)
+    if tpl is None:
+        try:
+            tpl = _op_template(plan, key, skel_args, skel_kwargs, arrays, rng)
+        except _eager._NEEDS_VALUES:
+            if not plan.dynamic_scalars:
+                raise
+            plan.dynamic_scalars = False  # as eager mode does: bake the scalars in from now on
+            return _record(plan, args, kwargs)
+        _templates.put(key, tpl)
+    g = _state.graph
+    if len(g.steps) >= config.lazy_graph_limit:
+        _materialize(g, "size_limit")
+        g = _state.graph
+    outs = g.add(tpl, arrays)
+    if probes._probes:
+        probes.deferred(plan.name, len(g.steps) - 1)
+    return _eager._finish(plan, args, kwargs, outs, tpl.struct, tpl.dtypes)
+
+
+def _no_lowering(op, plan, args, kwargs):
+    """An op with no lowering, as ``eager.run_now`` handles it: its functional form
+    written back, its decomposition (whose ops are recorded), or the CPU."""
+    guard = _eager._guard
+    active = getattr(guard, "ops", None)
+    if active is None:
+        active = guard.ops = set()
+    if op in active:  # a decomposition called the op it decomposes
+        return _fallback(plan, args, kwargs)
+    active.add(op)
+    try:
+        if plan.kind in ("inplace", "out") and plan.functional is not None:
+            return _functional_then_write(plan, args, kwargs)
+        decomp = _eager._decomposition(op)
+        if decomp is not None:
+            return decomp(*args, **kwargs)
+        return _fallback(plan, args, kwargs)
+    finally:
+        active.discard(op)
+
+
+def _fallback(plan, args, kwargs):
+    if not config.cpu_fallback:
+        raise _eager._missing(plan)
+    materialize(f"fallback:{plan.name}")  # the CPU needs the values
+    return _eager._cpu_fallback(plan, args, kwargs)
+
+
+def _functional_then_write(plan, args, kwargs):
+    """An in-place / out= variant with no lowering: the functional op (recorded), its
+    results written into the targets (recorded)."""
+    names = [a.name for a in plan.op._schema.arguments]
+    targets = _eager._written_targets(plan, args, kwargs)
+    call_kwargs = dict(zip(names, args))
+    call_kwargs.update({k: v for k, v in kwargs.items() if not any(k == n for _, n, _ in plan.writes)})
+    fnames = {a.name for a in plan.functional._schema.arguments}
+    out = plan.functional(**{k: v for k, v in call_kwargs.items() if k in fnames})
+    results = list(_eager._iter_tensors(out))
+    for t, o in zip(targets, results):
+        _eager._check_writable(plan, t, o.dtype, o.shape, args, kwargs)
+    values = [value_of(o) for o in results]
+    for t, v in zip(targets, values):
+        if plan.kind == "out":
+            _eager._resize_out(t, v.shape)
+        from tpu_debug.runtime.tensor import write
+
+        write(t, v)
+    return _eager._return_written(plan, args, kwargs, targets)
+
+
+def _block(out, args, kwargs) -> None:
+    """Wait for the arrays behind ``out`` and the op's tensor arguments (launch blocking)."""
+    arrays = []
+
+    def collect(v):
+        if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+            payload = getattr(v.untyped_storage(), PAYLOAD_ATTR, None)
+            if hasattr(payload, "block_until_ready"):
+                arrays.append(payload)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                collect(x)
+
+    collect(out)
+    collect(args)
+    collect(list(kwargs.values()))
+    jax.block_until_ready(arrays)
+
+
+# ---------------------------------------------------------------------------
+# Reading pending values (device-side copies and casts stay in the graph)
+# ---------------------------------------------------------------------------
+
+
+def value_of(t: torch.Tensor):
+    """The value of `tpu` tensor ``t`` in ``t``'s shape: a jax.Array, or a pending
+    LazyArray while lazy mode records (a read of a view is then a graph step)."""
+    arr = _readable(t)
+    if type(arr) is not LazyArray:
+        return to_jax(t)
+    size = tuple(t.shape)
+    if arr.dtype != to_jax_dtype(t.dtype):
+        return to_jax(t)  # a dtype-reinterpreting view: computed, then refused as eager mode does
+    dense = _dense(t)
+    if dense and arr.shape == size:
+        return arr
+    if dense and arr.size == math.prod(size):
+        return _state.graph.step("reshape", _reshape, (size,), arr)
+    return _state.graph.step("view", view_value, (size, tuple(t.stride()), t.storage_offset()), arr)
+
+
+def computed(t: torch.Tensor) -> None:
+    """Run the pending graph if ``t``'s value is pending (before a copy to the host, so
+    the copy's own time is what a transfer records)."""
+    payload = getattr(t.untyped_storage(), PAYLOAD_ATTR, None)
+    if type(payload) is LazyArray and payload.array is None:
+        payload.value()
+
+
+def convert(value, dtype: torch.dtype):
+    """``value`` cast to ``dtype`` (a graph step when ``value`` is pending)."""
+    jdtype = to_jax_dtype(dtype)
+    if value.dtype == jdtype:
+        return value
+    if type(value) is LazyArray:
+        return _state.graph.step("cast", _cast, (jdtype,), value)
+    with jax.enable_x64(True):
+        return value.astype(jdtype)
+
+
+# ---------------------------------------------------------------------------
+# Materializing: the fused program
+# ---------------------------------------------------------------------------
+
+
+class _GraphKey:
+    """A fused program's key: the graph's steps (template and input slots each), the
+    kind of every slot and the slots still referenced; hashed once."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is _GraphKey and self._hash == other._hash and self.parts == other.parts
+        )
+
+
+class _Fused:
+    """One compiled fused program."""
+
+    __slots__ = ("key", "name", "compiled", "info", "calls", "seconds")
+
+    def __init__(self, key, name, compiled, info, seconds) -> None:
+        self.key = key
+        self.name = name
+        self.compiled = compiled
+        self.info = info
+        self.calls = 0
+        self.seconds = seconds
+
+
+def _forget(key: _GraphKey, entry: _Fused) -> None:
+    _eager.announce_evicted("lazy", entry.name, key)
+
+
+_fused: LruCache[_GraphKey, _Fused] = LruCache(
+    "fused programs",
+    lambda: config.compiled_cache_size,
+    uses=lambda _key, entry: entry.calls,
+    on_evict=_forget,
+)
+
+
+def _replay():
+    for entry in _fused.values():
+        if entry.info is not None:
+            yield entry.info
+
+
+probes.add_replay_source(_replay)
+
+
+def fused_stats() -> list[dict]:
+    """Every cached fused program: name, ops, outputs, calls, compile seconds."""
+    return [
+        {"name": e.name, "ops": len(e.key.parts[0]), "outputs": len(e.key.parts[2]),
+         "calls": e.calls, "compile_seconds": e.seconds}
+        for e in _fused.values()
+    ]
+
+
+def materialize(trigger: str = "synchronize") -> None:
+    """Run the pending graph now, if anything is pending.
+
+    Args:
+        trigger: why, as the tracers report it (``"synchronize"``, ``"optimizer_step"``,
+            ``"fallback:<op>"``, ...).
+    """
+    g = _state.graph
+    if g.steps:
+        _materialize(g, trigger)
+
+
+def _materialize(g: _Graph, trigger: str) -> None:
+    with _state.lock:
+        if g is not _state.graph or not g.steps:
+            return  # already run (by another thread, or a value of an older graph)
+        start = time.perf_counter()
+        live = []
+        for slot, ref in g.outputs:
+            value = ref()
+            if value is not None:
+                live.append(value)
+        if not live:  # nothing holds a result: nothing to run
+            _state.graph = _Graph()
+            if probes._probes:
+                probes.materialized(MaterializeInfo(trigger, "", None, len(g.steps), 0, len(g.leaves),
+                                                    False, time.perf_counter() - start))
+            return
+        key = _GraphKey((tuple(g.steps), bytes(g.kinds), tuple(v.slot for v in live)))
+        entry = _fused.lookup(key)
+        compiled_now = entry is None
+        if entry is None:
+            entry = _compile(g, key, live, trigger)
+            _fused.put(key, entry)
+        entry.calls += 1
+        scalars = np.array(g.scalars, np.float32)
+        if probes._probes:
+            probes.executing("lazy", entry.name, entry.key)
+            begin = time.perf_counter()
+            outs = entry.compiled(*g.leaves, scalars)
+            probes.executed("lazy", entry.name, entry.key, time.perf_counter() - begin)
+        else:
+            outs = entry.compiled(*g.leaves, scalars)
+        for value, arr in zip(live, outs):
+            value.array = arr
+            value.graph = None
+        _state.graph = _Graph()
+        if probes._probes:
+            probes.materialized(MaterializeInfo(trigger, entry.name, entry.key, len(g.steps), len(live),
+                                                len(g.leaves), compiled_now, time.perf_counter() - start))
+
+
+def _fused_function(g: _Graph, live_slots: tuple[int, ...]):
+    """The JAX function of a graph: its inputs and the float32 scalar vector in, the
+    referenced values out; each step under the named scope ``n<i>`` so optimized HLO
+    maps back to it."""
+    steps = list(g.steps)
+    kinds = bytes(g.kinds)
+    out_slots = [s for s, k in enumerate(kinds) if k == _OUT]
+
+    def fused(*args):
+        *leaves, scalars = args
+        env: list[Any] = [None] * len(kinds)
+        li = si = 0
+        for slot, kind in enumerate(kinds):
+            if kind == _LEAF:
+                env[slot] = leaves[li]
+                li += 1
+            elif kind == _SCALAR:
+                env[slot] = scalars[si]
+                si += 1
+        o = 0
+        for i, (tpl, refs) in enumerate(steps):
+            with jax.named_scope(f"n{i}"):
+                outs = tpl.fn(*[env[r] for r in refs])
+            for value in outs:
+                env[out_slots[o]] = value
+                o += 1
+        return tuple(env[s] for s in live_slots)
+
+    return fused
+
+
+def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
+    name = f"lazy/{trigger}"
+    live_slots = tuple(v.slot for v in live)
+    fn = _fused_function(g, live_slots)
+    specs = [_aval(a) for a in g.leaves] + [jax.ShapeDtypeStruct((len(g.scalars),), np.float32)]
+    if probes._probes:
+        probes.compiling("lazy", name)
+    start = time.perf_counter()
+    try:
+        with jax.enable_x64(True):
+            lowered = jax.jit(fn).lower(*specs)
+            compiled = lowered.compile()
+    except Exception as exc:
+        raise LoweringBugError(
+            f"internal error: the fused graph of {len(g.steps)} ops ({name}) failed to compile: "
+            f"{type(exc).__name__}: {exc}. Run the same code with "
+            "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER) to find the op, and report it"
+        ) from exc
+    seconds = time.perf_counter() - start
+    info = CompileInfo("lazy", name, key, _leaf_specs(g), seconds, lowered, compiled,
+                       graph=_graph_info(g, live_slots))
+    if probes._probes:
+        probes.compiled(info)
+    return _Fused(key, name, compiled, info, seconds)
+
+
+def _slot_names(g: _Graph) -> list[str]:
+    """What each slot is called in a graph's listing: ``in3`` (input), ``s1`` (float
+    scalar), ``n12`` or ``n12.1`` (step 12's output)."""
+    names: list[str] = [""] * len(g.kinds)
+    counts = {_LEAF: 0, _SCALAR: 0}
+    for slot, kind in enumerate(g.kinds):
+        if kind != _OUT:
+            names[slot] = f"{'in' if kind == _LEAF else 's'}{counts[kind]}"
+            counts[kind] += 1
+    out_slots = iter(s for s, k in enumerate(g.kinds) if k == _OUT)
+    for i, (tpl, _refs) in enumerate(g.steps):
+        n = len(tpl.outs)
+        for k in range(n):
+            names[next(out_slots)] = f"n{i}" if n == 1 else f"n{i}.{k}"
+    return names
+
+
+def _leaf_specs(g: _Graph) -> tuple[ArgSpec, ...]:
+    """The program's inputs, each named after the first op argument that reads it
+    (``mm.self``), then the float scalars."""
+    first: dict[int, str] = {}
+    for tpl, refs in g.steps:
+        for name, slot in zip(tpl.inputs, refs):
+            first.setdefault(slot, f"{tpl.name}.{name}")
+    specs = []
+    leaf = 0
+    for slot, kind in enumerate(g.kinds):
+        if kind == _LEAF:
+            a = g.leaves[leaf]
+            specs.append(ArgSpec(first.get(slot, f"in{leaf}"), tuple(a.shape), str(np.dtype(a.dtype))))
+            leaf += 1
+    specs.append(ArgSpec("float scalars", (len(g.scalars),), "float32"))
+    return tuple(specs)
+
+
+def _short(shape, dtype) -> str:
+    return f"{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+
+
+def _graph_info(g: _Graph, live_slots: tuple[int, ...]) -> GraphInfo:
+    names = _slot_names(g)
+    nodes = []
+    ops = []
+    lines = []
+    for i, (tpl, refs) in enumerate(g.steps):
+        target = f"aten::{tpl.name}" if tpl.struct is not None else tpl.name
+        nodes.append(LoweredNode(f"n{i}", target, f"n{i}", None))
+        outs = tuple(_short(s, d) for s, d in tpl.outs)
+        ops.append(LazyNode(tpl.name, tuple(names[r] for r in refs), tpl.specs, outs))
+        lines.append(f"n{i} = {tpl.name}({', '.join(names[r] for r in refs)})  # {', '.join(outs)}")
+    outputs = tuple(names[s] for s in live_slots)
+    lines.append(f"return ({', '.join(outputs)})")
+    return GraphInfo("lazy", tuple(nodes), "\n".join(lines), DynamoOrigin(torch.is_grad_enabled()),
+                     ops=tuple(ops), outputs=outputs)
+
+
+# ---------------------------------------------------------------------------
+# The end of an optimizer step
+# ---------------------------------------------------------------------------
+
+
+def _optimizer_stepped(optimizer, args, kwargs) -> None:
+    # traced by dynamo inside a compiled ``opt.step``, where it must do nothing: dynamo
+    # folds ``is_compiling()`` to True, so no graph break
+    if torch.compiler.is_compiling():
+        return
+    if config.eager_mode == _FUSE and _state.graph.steps:
+        materialize("optimizer_step")
+
+
+def _hook_optimizers() -> None:
+    """Materialize at the end of every ``optimizer.step()`` (once registered, for good:
+    the hook does nothing outside lazy mode)."""
+    if _state.hooked:
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_optimizer_stepped)
+    _state.hooked = True
+
+
+if config.eager_mode == _FUSE:  # set by TPU_DEBUG_EAGER_MODE
+    _hook_optimizers()
