@@ -11,6 +11,7 @@ misread a finding bumps the version.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from tpu_debug.tracers.events import SourceLocation
@@ -114,7 +115,10 @@ class Finding:
                 "location": (
                     {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
                 ),
-                "counts": [{"name": c.name, "value": c.value, "unit": c.unit} for c in self.evidence.counts],
+                "counts": [
+                    {"name": c.name, "value": c.value if math.isfinite(c.value) else None, "unit": c.unit}
+                    for c in self.evidence.counts
+                ],
                 "facts": list(self.evidence.facts),
             },
         }
@@ -138,7 +142,10 @@ class Finding:
                 cost_seconds=float(data["cost_seconds"]),
                 evidence=Evidence(
                     SourceLocation(str(loc["file"]), int(loc["line"]), str(loc["function"])) if loc else None,
-                    tuple(Count(str(c["name"]), c["value"], str(c.get("unit", ""))) for c in ev.get("counts", ())),
+                    tuple(
+                        Count(str(c["name"]), float("nan") if c["value"] is None else c["value"], str(c.get("unit", "")))
+                        for c in ev.get("counts", ())
+                    ),
                     tuple(str(f) for f in ev.get("facts", ())),
                 ),
                 steps=(int(steps[0]), int(steps[1])) if steps else None,

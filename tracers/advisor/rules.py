@@ -22,14 +22,16 @@ from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.recompiles import describe, summarize
 from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for
 
-__all__ = ["REPEATS", "TINY_OPS_MIN", "TINY_OPS_GAIN", "UPLOAD_MIN_BYTES", "UPLOAD_SHARE"]
+__all__ = ["REPEATS", "TINY_ELEMENTS", "TINY_OPS_MIN", "TINY_SHARE", "UPLOAD_MIN_BYTES", "UPLOAD_SHARE"]
 
 # a run without steps: a line that does something this many times sits in a loop
 REPEATS = 3
-# an eager step of at least this many ops, where compiling it would save at least this
-# share of the step's time, is worth compiling
+# an eager step of at least this many ops, nearly all of them (this share of the
+# executions) on inputs of at most TINY_ELEMENTS elements each, is worth compiling: a
+# TPU does such an op's work in far less time than the host takes to dispatch it
 TINY_OPS_MIN = 1000
-TINY_OPS_GAIN = 0.25
+TINY_SHARE = 0.9
+TINY_ELEMENTS = 65536
 # a per-step upload of a new batch is worth overlapping when it is this big and takes
 # this share of the steady step's time
 UPLOAD_MIN_BYTES = 64 * 1024
@@ -146,36 +148,34 @@ def _buckets(sizes: list[int]) -> tuple[int, list[int]]:
 
 @rule("dynamic_shape", about="a dimension that takes new sizes in steady state, recompiling at each (padding fixes it)")
 def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
-    groups: dict[tuple[str, ...], list[tuple[str, str | None, Any, list[CompileEvent]]]] = {}
+    # ops whose shape recompiles fall in the same steps change with one size (a sequence
+    # length, and the flattened batch x length after it): one finding, about that size
+    groups: dict[frozenset[int], list[tuple[str, str | None, Any, list[int], list[CompileEvent]]]] = {}
     for (mode, identity), items in _steady_recompiles(facts).items():
         shaped = [c for c in items if _cause(c.diffs)[0] == "shape"]
-        if len(facts.steady_steps_of(shaped)) < 2:
+        steps = facts.steady_steps_of(shaped)
+        if len(steps) < 2:
             continue
         history = [c for c in facts.compiles if c.mode == mode and (c.identity or c.name) == identity]
         changes = [ch for ch in summarize(history)[0].changes if ch.kind == "shape" and ch.dim is not None]
-        if not changes:
-            continue
-        top = changes[0]
-        values = _numeric(top.values)
+        values = _numeric(changes[0].values) if changes else None
         if values is None or len(values) < 3:
             continue
-        groups.setdefault(tuple(map(str, values)), []).append((identity, mode, top, shaped))
-    for values_text, members in groups.items():
-        values = [int(v) for v in values_text]
-        members.sort(key=lambda m: min(c.id for c in m[3]))
-        identity, mode, change, _ = members[0]
-        shaped = [c for m in members for c in m[3]]
-        steps = facts.steady_steps_of(shaped)
+        groups.setdefault(frozenset(steps), []).append((identity, mode, changes[0], values, shaped))
+    for step_set, members in groups.items():
+        # the size the others derive from is the smallest (a length, before it is multiplied)
+        members.sort(key=lambda m: (max(m[3]), min(c.id for c in m[4])))
+        identity, mode, change, values, _ = members[0]
+        shaped = [c for m in members for c in m[4]]
+        steps = sorted(step_set)
         seconds = sum(c.seconds for c in shaped)
         multiple, padded = _buckets(values)
-        ops = [m[0] for m in members]
-        example = next(
-            (describe(d) for c in reversed(members[0][3]) for d in c.diffs if _diff_cause(d) == "shape"), None
-        )
+        ops = list(dict.fromkeys(m[0] for m in members))
+        example = next((describe(d) for c in reversed(members[0][4]) for d in c.diffs if _diff_cause(d) == "shape"), None)
         fix = (
-            f"pad {change.what} up to a multiple of {multiple}: its {len(values)} sizes "
-            f"({values[0]}..{values[-1]}) become {len(padded)} ({', '.join(map(str, padded))}), so "
-            f"{'each op compiles' if len(ops) > 1 else 'it compiles'} {len(padded)} programs instead of "
+            f"pad {change.what} of {identity} up to a multiple of {multiple}, where the data is batched: "
+            f"its {len(values)} sizes ({values[0]}..{values[-1]}) become {len(padded)} "
+            f"({', '.join(map(str, padded))}), so each op compiles {len(padded)} programs instead of "
             f"{len(values)}; mask the padding out of the result (ignore_index in the loss, an attention mask)"
         )
         if any(m[1] == "compiled" for m in members):
@@ -183,6 +183,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
                 "; torch._dynamo.mark_dynamic(t, dim) stops dynamo from retracing, but XLA still compiles "
                 "one program per size"
             )
+        others = [f"changes with it: {m[2].what} of {m[0]} ({m[3][0]}..{m[3][-1]})" for m in members[1:4]]
         yield Finding(
             kind="dynamic_shape",
             severity="warning",
@@ -194,7 +195,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             fix=fix,
             cost_seconds=seconds,
             evidence=Evidence(
-                _most_common(c.location for c in shaped),
+                _most_common(c.location for c in members[0][4]),
                 (
                     Count("sizes", len(values)),
                     Count("ops", len(ops)),
@@ -202,7 +203,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
                     Count("steady steps with recompiles", len(steps)),
                     Count("compile time", seconds, "s"),
                 ),
-                (f"ops: {_listing(ops)}", *( [f"e.g. {example}"] if example else [])),
+                (f"ops: {_listing(ops)}", *([f"e.g. {example}"] if example else []), *others),
             ),
             steps=_span(steps),
             cause="shape",
@@ -286,6 +287,11 @@ def _recompile_title(cause: str, diff: KeyDiff | None, ops: list[str], n: int, s
     return f"{what}: {describe(diff) if diff is not None else 'the key changed'}"
 
 
+def _values(d: KeyDiff) -> tuple[str, ...]:
+    # a failed dynamo guard knows the value it was compiled for, not the one that failed it
+    return (d.before,) if d.source == "guard" else (d.before, d.now)
+
+
 def _group_label(cause: str, diff: KeyDiff | None) -> str:
     if diff is None:
         return cause
@@ -314,7 +320,7 @@ def recompile(facts: RunFacts) -> Iterable[Finding]:
             continue  # once in steady state (an epoch's short last batch): paid once, not per step
         ops = list(dict.fromkeys(m[0] for m in members))
         diff = members[-1][3]
-        values = list(dict.fromkeys(v for m in members if m[3] is not None for v in (m[3].before, m[3].now)))
+        values = list(dict.fromkeys(v for m in members if m[3] is not None for v in _values(m[3])))
         seconds = sum(c.seconds for c in events)
         mode = members[0][1]
         yield Finding(
@@ -586,6 +592,22 @@ def _dispatch_floor(ops: Sequence[Any]) -> float:
     return means[-1][0] if means else 0.0
 
 
+def _tiny_share(facts: RunFacts) -> float | None:
+    """Of the run's eager executions, the share whose inputs are all small (at most
+    :data:`TINY_ELEMENTS` elements each), read from the compiled programs' arguments;
+    None when the run recorded no programs to read them from."""
+    sizes: dict[str, int] = {}
+    for c in facts.compiles:
+        if c.mode == "eager" and c.program is not None:
+            sizes[c.program] = max((math.prod(a.shape) for a in c.args if a.shape is not None), default=0)
+    tiny = total = 0
+    for p in facts.query.programs(mode="eager"):
+        if p.count:
+            total += p.count
+            tiny += p.count if sizes.get(p.hash, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
+    return tiny / total if total else None
+
+
 @rule("eager_tiny_ops", about="an eager step of thousands of small ops, each paying a dispatch, that compiling would fuse")
 def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     steady = [s for s in facts.steady if s.eager_ops]
@@ -594,19 +616,22 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     ops = sorted(s.eager_ops for s in steady)[len(steady) // 2]
     if ops < TINY_OPS_MIN:
         return
-    eager = [o for o in facts.ops if o.mode == "eager"]
-    floor = _dispatch_floor(eager)
+    share = _tiny_share(facts)
+    if share is None or share < TINY_SHARE:
+        return  # big ops: their time is the device's work, which compiling does not remove
+    floor = _dispatch_floor([o for o in facts.ops if o.mode == "eager"])
     step = sorted(s.seconds for s in steady)[len(steady) // 2]
-    saved = (ops - 1) * floor
-    if step <= 0 or saved < TINY_OPS_GAIN * step:
-        return
+    dispatch = sorted(s.op_seconds for s in steady)[len(steady) // 2]
+    # the small ops' time is the host's (their device work is next to nothing): compiled,
+    # it becomes one program's dispatch
+    saved = max(0.0, min(step, dispatch * share - floor))
     per_op = sum(s.op_seconds for s in steady) / max(1, sum(s.eager_ops for s in steady))
     yield Finding(
         kind="eager_tiny_ops",
         severity="warning",
         title=(
-            f"each steady step runs {ops:,} eager ops at {_secs(per_op)} each; compiled, the step would "
-            f"save about {_secs(saved)} of its {_secs(step)} ({100 * min(1.0, saved / step):.0f}%)"
+            f"each steady step runs {ops:,} eager ops on small tensors, {_secs(per_op)} each; compiled, "
+            f"it would save about {_secs(saved)} of its {_secs(step)} (an estimate)"
         ),
         fix=(
             "compile the step: step = tpu_debug.compile(step) (forward and backward become one program; "
@@ -618,14 +643,17 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
             None,
             (
                 Count("eager ops per step", ops),
+                Count("small ops", round(100 * share), ""),
                 Count("time per op", per_op, "s"),
-                Count("dispatch time per op", floor, "s"),
+                Count("dispatch time per step", dispatch, "s"),
                 Count("step time", step, "s"),
                 Count("steady steps", len(steady)),
             ),
             (
-                f"estimate: a compiled step pays one dispatch instead of {ops:,}; {_secs(floor)} per op is "
-                "the run's 10th-percentile op time, what an op costs the host at the least",
+                f"{100 * share:.0f}% of the eager ops have inputs of at most {TINY_ELEMENTS:,} elements: "
+                "their time is dispatch, not device work",
+                f"estimate: the step spends {_secs(dispatch)} dispatching ops; compiled, that is one "
+                f"dispatch (about {_secs(floor)}, the run's 10th-percentile op time)",
             ),
         ),
         steps=_span([s.index for s in steady]),
