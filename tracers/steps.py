@@ -10,8 +10,9 @@ neither gets its steps from the loop it ran: the tracker keeps the sequence
 of ops executed (up to :data:`LOOP_WINDOW` of them) and, when the trace ends,
 :func:`detect_loop` finds the longest stretch that repeats one block of ops at
 least :data:`LOOP_MIN_ITERATIONS` times; each repetition becomes a step
-(``detected="loop"``). Ops are compared by name, not by executable, so a loop
-whose shapes change every iteration (a recompile storm) is still one loop.
+(``detected="loop"``). Ops are compared by name, not by executable (a compiled
+graph by the function it came from), so a loop whose shapes change every
+iteration (a recompile storm) is still one loop.
 
 Reading: every other event belongs to the step whose time span holds its
 timestamp (:class:`StepIndex`; the run store needs no step column for that),
@@ -154,8 +155,11 @@ class StepTracker:
         self._start = 0.0
         self._counts = _Counts()
         self._executables: dict[Any, tuple[int, int]] = {}  # key -> (executable id, op name id)
-        self._names: dict[tuple[str, str], int] = {}
+        self._names: dict[tuple[str, Any], int] = {}
         self._compiled: set[tuple[str, str]] = set()  # (mode, name) compiled so far
+        # a compiled graph's name changes when dynamo recompiles it: for finding the loop,
+        # each graph is known by the function it came from (and its direction)
+        self._graph_origin: dict[str, Any] = {}
         self._window: _Window | None = _Window()
         self._tpu_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hook: Any = None
@@ -257,6 +261,11 @@ class StepTracker:
             window.ends.append(self._clock())
 
     def on_compile(self, info: Any) -> None:
+        graph = info.graph
+        if graph is not None:
+            origin = graph.origin.function or graph.origin.frame
+            if origin is not None:
+                self._graph_origin[str(info.name)] = (origin, graph.kind == "backward")
         ident = (info.mode, str(info.name))
         recompile = ident in self._compiled
         self._compiled.add(ident)
@@ -294,7 +303,7 @@ class StepTracker:
         with self._lock:
             ids = self._executables.get(key)
             if ids is None:
-                ident = (mode, str(name))
+                ident = (mode, self._graph_origin.get(str(name), str(name)))
                 nid = self._names.get(ident)
                 if nid is None:
                     nid = self._names[ident] = len(self._names) + 1

@@ -76,6 +76,8 @@ class Finding:
             op or graph, a line and a cause): (kind, subject) matches one
             finding of one run with the same one of another.
         estimated: ``cost_seconds`` is an estimate, not a measurement.
+        targets: the ops and graphs it is about, as the run names them (a
+            compile's ``identity``, a fallback's op), for views that link to them.
     """
 
     kind: str
@@ -88,6 +90,7 @@ class Finding:
     cause: str | None = None
     subject: str = ""
     estimated: bool = False
+    targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -111,6 +114,7 @@ class Finding:
             "steps": list(self.steps) if self.steps is not None else None,
             "cause": self.cause,
             "subject": self.subject,
+            "targets": list(self.targets),
             "evidence": {
                 "location": (
                     {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
@@ -152,6 +156,7 @@ class Finding:
                 cause=data.get("cause"),
                 subject=str(data.get("subject", "")),
                 estimated=bool(data.get("estimated", False)),
+                targets=tuple(str(t) for t in data.get("targets", ())),
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"not a finding ({type(exc).__name__}: {exc}): {data!r:.200}") from None

@@ -208,6 +208,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             steps=_span(steps),
             cause="shape",
             subject=f"{identity}: {change.what}",
+            targets=tuple(ops),
         )
 
 
@@ -342,6 +343,7 @@ def recompile(facts: RunFacts) -> Iterable[Finding]:
             steps=_span(steps),
             cause=cause,
             subject=f"{ops[0]}: {label}",
+            targets=tuple(ops),
         )
 
 
@@ -364,6 +366,9 @@ def recompile_limit(facts: RunFacts) -> Iterable[Finding]:
             steps=(step, step) if step is not None else None,
             cause="guard",
             subject=hit.name,
+            targets=tuple(
+                dict.fromkeys(c.identity for c in facts.compiles if c.identity and c.identity.startswith(f"{hit.name} in "))
+            ),
         )
 
 
@@ -436,19 +441,26 @@ def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
         if t.op.startswith("fallback:"):
             moved[t.op.removeprefix("fallback:")].append(t)
     for name, events in by_op.items():
-        found = _repeated(facts, events)
-        if found is None:
-            continue
-        chosen, steps = found
+        # unlike a sync every N steps (a fine way to log), a fallback in steady state at all
+        # is one the step keeps paying: two steady steps with it are enough
+        if _unstepped(facts):
+            if len(events) < REPEATS:
+                continue
+            chosen, steps = list(events), []
+        else:
+            steps = facts.steady_steps_of(events)
+            if len(steps) < 2:
+                continue
+            chosen = facts.in_steady(events)
         copies = facts.in_steady(moved[name]) if steps else moved[name]
         seconds = sum(f.seconds for f in chosen) + sum(t.seconds for t in copies)
         shapes = _listing(list(dict.fromkeys(", ".join(a.render() for a in f.args) for f in chosen)), 3)
         yield Finding(
             kind="cpu_fallback",
             severity="warning",
-            title=f"aten::{name} has no tpu lowering and runs on CPU {_how_often(facts, steps, chosen)}",
+            title=f"{name} has no tpu lowering and runs on CPU {_how_often(facts, steps, chosen)}",
             fix=(
-                f"give aten::{name} a tpu lowering (runtime/ops/, @lower), or compute it with ops that have "
+                f"give {name} a tpu lowering (runtime/ops/, @lower), or compute it with ops that have "
                 "one: each call copies its inputs to the host and its result back"
             ),
             cost_seconds=seconds,
@@ -465,6 +477,7 @@ def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
             steps=_span(steps),
             cause=name,
             subject=name,
+            targets=(name,),
         )
 
 
@@ -541,12 +554,14 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
     ran = [s for s in facts.steady if s.graph_runs]
     if not _every_step(facts, [s.index for s in ran]):
         return  # the function that broke is not called in steady state
+    runs = sorted(s.graph_runs for s in ran)[len(ran) // 2]
+    if runs < 2:
+        return  # one compiled program per step: nothing is split where the step runs
     compiled = [o for o in facts.ops if o.mode == "compiled" and o.count]
     dispatch = sum(o.seconds for o in compiled) / max(1, sum(o.count for o in compiled))
     sites: dict[tuple, list[Any]] = {}
     for b in facts.graph_breaks:
         sites.setdefault((b.name, b.location, b.reason), []).append(b)
-    runs = sorted(s.graph_runs for s in ran)[len(ran) // 2]
     for (name, location, reason), items in sites.items():
         cost = len(ran) * dispatch
         yield Finding(
@@ -692,6 +707,7 @@ def float64(facts: RunFacts) -> Iterable[Finding]:
         steps=None,
         cause="dtype",
         subject="float64",
+        targets=tuple(names),
     )
 
 
@@ -701,8 +717,6 @@ def _g(value: float) -> str:
 
 @rule("divergence", about="an op whose result leaves tolerance against PyTorch on CPU, or makes NaN/Inf")
 def divergence(facts: RunFacts) -> Iterable[Finding]:
-    if facts.query.divergence_summary() is None:
-        return
     first = facts.query.first_divergence()
     origin = facts.query.nan_origin()
     for event, what in ((first, "first"), (origin, "nan")):

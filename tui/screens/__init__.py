@@ -1,4 +1,4 @@
-"""The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence, HLO, help."""
+"""The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence, steps, HLO, help."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
 from tpu_debug.tui.screens.ops import OpsScreen
 from tpu_debug.tui.screens.overview import OverviewScreen
 from tpu_debug.tui.screens.recompiles import RecompilesScreen
+from tpu_debug.tui.screens.steps import StepsScreen
 from tpu_debug.tui.screens.transfers import TransfersScreen
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "OverviewScreen",
     "RecompilesScreen",
     "RunScreen",
+    "StepsScreen",
     "TransfersScreen",
 ]
