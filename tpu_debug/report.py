@@ -1,9 +1,14 @@
-"""The run report: what ran where, the heaviest ops and programs, and one section per tracer.
+"""The run report: the advisor's findings, the steps, what ran where, and one section per tracer.
 
 Sections are registered with ``@section(title, order=...)``; each takes a
 :class:`~tpu_debug.session.Session` and returns a rich renderable, or ``None``
 to be left out. Text that comes from the run (op names, paths, HLO) is always
-wrapped in ``rich.text.Text``, so it is never read as markup.
+wrapped in ``rich.text.Text``, so it is never read as markup. What the run
+should change is the advisor's (:mod:`tpu_debug.tracers.advisor`): the
+"Findings" section renders its records and composes no advice of its own.
+
+:func:`report_data` is the same report as data, under the versioned schema
+:data:`REPORT_SCHEMA` (``tpu-debug report --json``; docs/report_schema.md).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import math
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,14 +29,20 @@ from rich.text import Text
 from tpu_debug.errors import ReportSectionError
 
 __all__ = [
-    "section",
-    "print_report",
-    "print_rank_report",
-    "rank_figures",
+    "REPORT_SCHEMA",
     "SECTIONS",
-    "format_seconds",
+    "advice_of",
     "format_bytes",
+    "format_seconds",
+    "print_rank_report",
+    "print_report",
+    "rank_figures",
+    "report_data",
+    "section",
 ]
+
+# the version of report_data's layout: a reader checks it (docs/report_schema.md)
+REPORT_SCHEMA = "tpu_debug.report/1"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,6 +155,177 @@ def _run(session: Any, terminal: bool) -> RenderableType:
     return _kv(rows)
 
 
+_ADVICE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def advice_of(session: Any) -> Any:
+    """The advisor's :class:`~tpu_debug.tracers.advisor.Advice` for ``session``'s run, worked
+    out once per state of the run (a live run that grew is advised again)."""
+    from tpu_debug.tracers.advisor import advise
+
+    mark = session.watermark()
+    known = _ADVICE.get(session)
+    if known is not None and known[0] == mark:
+        return known[1]
+    advice = advise(session)
+    _ADVICE[session] = (mark, advice)
+    return advice
+
+
+_SEVERITY_MARK = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
+_SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
+
+
+def _count_text(c: Any) -> str:
+    if c.unit == "s":
+        return f"{c.name} {format_seconds(c.value)}"
+    if c.unit == "B":
+        return f"{c.name} {format_bytes(int(c.value))}"
+    value = f"{c.value:,.0f}" if float(c.value).is_integer() else f"{c.value:,.3g}"
+    return f"{c.name} {value}"
+
+
+def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> Text:
+    """One finding as the report shows it: severity and title, then where, what it cost,
+    the evidence and the fix (every word of it from the finding)."""
+    text = Text()
+    text.append(f"{_SEVERITY_MARK[f.severity]} ", style=_SEVERITY_STYLE[f.severity] if terminal else "")
+    text.append(f.title, style="bold" if terminal else "")
+    loc = f.evidence.location
+    details = []
+    if loc is not None:
+        details.append(("at", str(loc)))
+    if f.steps is not None:
+        first, last = f.steps
+        details.append(("steps", f"{first}" if first == last else f"{first}-{last}"))
+    if f.cost_seconds:
+        details.append(("cost", format_seconds(f.cost_seconds) + (" (estimate)" if f.estimated else "")))
+    if f.evidence.counts:
+        details.append(("evidence", ", ".join(_count_text(c) for c in f.evidence.counts)))
+    details += [("", fact) for fact in f.evidence.facts]
+    details.append(("fix", f.fix))
+    for key, value in details:
+        text.append("\n  ")
+        if key:
+            text.append(f"{key}: ", style="dim" if terminal else "")
+        text.append(value)
+    return text
+
+
+@section("Findings", order=1)
+def _findings(session: Any, terminal: bool) -> RenderableType:
+    # the advisor's records, most serious and most costly first; no prose is made here
+    advice = advice_of(session)
+    parts: list[RenderableType] = []
+    if not advice.findings:
+        parts.append(_note(
+            "nothing to fix: no recompiles, syncs, fallbacks or uploads that repeat in steady state, "
+            "no graph breaks inside the step, no float64, no divergence found"
+        ))
+    for f in advice.findings:
+        parts.append(finding_text(f, terminal=terminal))
+    parts += [_note(e) for e in advice.errors]
+    return Group(*parts)
+
+
+def _steps_range_text(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+_DETECTED = {
+    "optimizer": "each optimizer.step()",
+    "explicit": "each tpu_debug.step()",
+    "loop": "the iterations of the loop the run repeated",
+}
+
+
+@section("Steps", order=5)
+def _steps(session: Any, terminal: bool) -> RenderableType:
+    # warm-up against steady state, then the figures of a few steps
+    from tpu_debug.tracers.steps import STEADY
+
+    summary = advice_of(session).steps
+    steps = session.steps()
+    if not steps:
+        return _note(
+            "no steps: the run called neither optimizer.step() (with tpu parameters) nor tpu_debug.step(), "
+            "and repeated no loop of ops; every compile counts as warm-up"
+        )
+    how = " and ".join(_DETECTED.get(d, d) for d in (summary.detected or "").split("+"))
+    rows = [("steps", f"{summary.steps} ({how})")]
+    warm = summary.warm
+    if summary.warmup:
+        rows.append((
+            "warm-up",
+            f"step {_steps_range_text(summary.warmup_ranges())}: {warm.compiles} compile(s) "
+            f"({format_seconds(warm.seconds)}); first compiles, and ops compiled for several shapes "
+            "at once, are expected here",
+        ))
+    if summary.setup.compiles:
+        rows.append(("before steps", f"{summary.setup.compiles} compile(s) ({format_seconds(summary.setup.seconds)})"))
+    steady = summary.steady_compiles
+    if summary.steady:
+        rows.append((
+            "steady state",
+            f"{summary.steady} step(s), {format_seconds(summary.step_seconds)} and {summary.ops_per_step:,.0f} "
+            f"op(s) per step (median); {steady.compiles} compile(s) ({format_seconds(steady.seconds)})",
+        ))
+    if summary.tail.compiles:
+        rows.append(("outside steps", f"{summary.tail.compiles} compile(s) ({format_seconds(summary.tail.seconds)})"))
+    phases = dict(zip((s.index for s in steps), _phases(steps)))
+    table = _table(
+        terminal,
+        ("step", "right"),
+        ("phase", "left"),
+        ("time", "right"),
+        ("ops", "right"),
+        ("dispatch", "right"),
+        ("compiles", "right"),
+        ("compile time", "right"),
+        ("transfers", "right"),
+        ("bytes", "right"),
+    )
+    shown = _steps_shown(steps, phases)
+    previous = None
+    for s in shown:
+        if previous is not None and s.index != previous + 1:
+            table.add_row("...", "", "", "", "", "", "", "", "")
+        previous = s.index
+        table.add_row(
+            str(s.index),
+            phases[s.index] if phases[s.index] != STEADY or s.compiles == 0 else "steady (compiles)",
+            format_seconds(s.seconds),
+            f"{s.ops:,}",
+            format_seconds(s.op_seconds),
+            str(s.compiles),
+            format_seconds(s.compile_seconds),
+            str(s.transfers),
+            format_bytes(s.transfer_bytes),
+        )
+    note = _note("time: from one step's end to the next; dispatch: host time running its ops (session.steps() has every step)")
+    return Group(_kv(rows), table, note)
+
+
+def _phases(steps: list) -> list[str]:
+    from tpu_debug.tracers.steps import step_phases
+
+    return step_phases(steps)
+
+
+def _steps_shown(steps: list, phases: dict[int, str], limit: int = 12) -> list:
+    """The steps worth a row: warm-up ones, steady ones that compiled, the first and last
+    steady ones; at most ``limit``."""
+    from tpu_debug.tracers.steps import STEADY
+
+    steady = [s for s in steps if phases[s.index] == STEADY]
+    keep = {s.index for s in steps if phases[s.index] != STEADY}
+    keep |= {s.index for s in steady[:2]} | {s.index for s in steady[-1:]}
+    keep |= {s.index for s in steady if s.compiles}
+    chosen = sorted(keep)[:limit]
+    by_index = {s.index: s for s in steps}
+    return [by_index[i] for i in chosen]
+
+
 @section("Top ops by time", order=10)
 def _ops(session: Any, terminal: bool) -> RenderableType:
     ops = session.ops()
@@ -224,19 +407,14 @@ def _programs(session: Any, terminal: bool) -> RenderableType | None:
 
 @section("Recompiles", order=40)
 def _recompiles(session: Any, terminal: bool) -> RenderableType:
-    # grouped by op / graph, what keeps changing, storms with advice, then dynamo's side
+    # grouped by op / graph, split into warm-up and steady state; dynamo's side as recorded
     groups = [g for g in session.recompile_groups() if g.recompiles]
     breaks, failures, limits = session.graph_breaks(), session.guard_failures(), session.recompile_limits()
     if not groups and not breaks and not failures and not limits:
         return _note("nothing was compiled twice: every op and graph kept one key")
-    threshold = int(session.metadata().options.get("storm_threshold", 5))
-    storms = [g for g in groups if g.storm]
     parts: list[RenderableType] = []
     if groups:
-        parts += _recompile_table(groups, storms, threshold, terminal)
-    parts += _shared_storm_sizes(storms)
-    parts += _storm_advice(storms)
-    parts += _other_recompiles(groups)
+        parts += _recompile_table(session, groups, terminal)
     if failures:
         parts.append(_guard_failures(failures))
     if breaks:
@@ -245,85 +423,59 @@ def _recompiles(session: Any, terminal: bool) -> RenderableType:
     return Group(*parts)
 
 
-def _recompile_table(groups: list, storms: list, threshold: int, terminal: bool) -> list[RenderableType]:
-    """The headline and one row per recompiled op or graph, storms marked."""
+def _steady_recompiles(session: Any) -> dict[tuple[str | None, str], int]:
+    """Recompiles in steady-state steps, per (mode, identity)."""
+    from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of
+
+    steps = session.steps()
+    index = StepIndex(steps)
+    phases = dict(zip((s.index for s in steps), _phases(steps)))
+    out: dict[tuple[str | None, str], int] = {}
+    for c in session.recompiles():
+        if phase_of(index, phases, c.ts) == STEADY:
+            key = (c.mode, c.identity or c.name)
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _recompile_table(session: Any, groups: list, terminal: bool) -> list[RenderableType]:
+    """The headline and one row per recompiled op or graph, with its recompiles in steady state."""
+    steady = _steady_recompiles(session)
     total = sum(g.recompiles for g in groups)
+    in_steady = sum(steady.values())
     head = (
         f"{total} recompile(s) of {len(groups)} op(s)/graph(s), "
-        f"{format_seconds(sum(g.seconds for g in groups))} compiling them"
+        f"{format_seconds(sum(g.seconds for g in groups))} compiling them; {in_steady} in steady state"
     )
-    if storms:
-        head += f"; {len(storms)} storm(s) (more than {threshold} recompiles)"
+    if total > in_steady:
+        head += f", {total - in_steady} while warming up (an op compiled for each shape it meets)"
     table = _table(
         terminal,
         ("op / graph", "left"),
         ("compiles", "right"),
         ("recompiles", "right"),
-        ("what keeps changing: values", "left"),
+        ("steady", "right"),
+        ("what changed: values", "left"),
         ("at", "left"),
     )
-    for g in groups[:12]:
+    ranked = sorted(groups, key=lambda g: (-steady.get((g.mode, g.identity), 0), -g.recompiles, g.identity))
+    for g in ranked[:12]:
         ch = g.changing
         where = g.locations[0][0] if g.locations else None
         values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
         table.add_row(
-            Text(("STORM " if g.storm else "") + g.identity),
+            Text(g.identity),
             str(g.compiles),
             str(g.recompiles),
+            str(steady.get((g.mode, g.identity), 0)),
             Text(f"{ch.what}: {values}" if ch else "-"),
             Text(_where(where)),
         )
     parts: list[RenderableType] = [Text(head), table]
     if len(groups) > 12:
         parts.append(_note(f"... and {len(groups) - 12} more"))
+    parts.append(_note("steady: recompiles in steady-state steps (see Steps); the Findings say which to fix and how"))
     return parts
-
-
-def _shared_storm_sizes(storms: list) -> list[RenderableType]:
-    """Storms whose changing shape took the same values are one problem: say so once."""
-    shared: dict[tuple[str, ...], list] = {}
-    for g in storms:
-        if g.changing is not None and g.changing.kind == "shape":
-            shared.setdefault(tuple(sorted(g.changing.values, key=_num)), []).append(g)
-    return [
-        Text(
-            f"one size drives {len(items)} storms: it took {len(values)} values "
-            f"({', '.join(values[:8])}{', ...' if len(values) > 8 else ''}) in "
-            f"{', '.join(g.identity for g in items[:4])}{', ...' if len(items) > 4 else ''}; "
-            "fix it once, where the data is batched"
-        )
-        for values, items in shared.items()
-        if len(items) > 1
-    ]
-
-
-def _storm_advice(storms: list) -> list[RenderableType]:
-    """The worst storms, each with example diffs and what to do."""
-    from tpu_debug.tracers.recompiles import describe
-
-    parts: list[RenderableType] = []
-    for g in storms[:3]:
-        lines = [f"{g.identity} ({g.mode}) recompiled {g.recompiles} times"]
-        if g.changing is not None:
-            lines[0] += f": {g.changing.what} took {len(g.changing.values)} values"
-        if g.locations and g.locations[0][0] is not None:
-            lines[0] += f", at {g.locations[0][0]}"
-        lines += [f"  e.g. {describe(d)}" for d in g.last_diffs[:4]]
-        lines += [f"  fix: {a}" for a in g.advice]
-        parts.append(Text("\n".join(lines)))
-    if len(storms) > 3:
-        parts.append(_note(f"... and {len(storms) - 3} more storms (session.recompile_groups() has them all)"))
-    return parts
-
-
-def _other_recompiles(groups: list) -> list[RenderableType]:
-    """The latest diffs of the first few recompiled ops that are not storms."""
-    from tpu_debug.tracers.recompiles import describe
-
-    return [
-        _note(f"{g.identity}: " + "; ".join(describe(d) for d in g.last_diffs[:3]))
-        for g in [g for g in groups if not g.storm][:3]
-    ]
 
 
 def _guard_failures(failures: list) -> Text:
@@ -352,22 +504,15 @@ def _graph_breaks(breaks: list) -> Text:
 
 def _recompile_limit_hit(hit: Any) -> Text:
     return Text(
-        f"{hit.name} hit dynamo's {hit.limit_type} ({hit.limit}) at {_where(hit.location)} and "
-        f"now runs uncompiled; last reason: {hit.reason}"
+        f"recompile limit: {hit.name} at {_where(hit.location)}, {hit.limit_type} {hit.limit}, "
+        f"last failed guard: {hit.reason}"
     )
-
-
-def _num(text: str) -> tuple:
-    try:
-        return (0, float(text))
-    except ValueError:
-        return (1, text)
 
 
 @section("Transfers", order=50)
 def _transfers(session: Any, terminal: bool) -> RenderableType:
-    # the ledger by call site, implicit (syncs) first, loops called out with advice
-    from tpu_debug.tracers.transfers import CAUSE_TEXT, advice_for
+    # the ledger by call site, implicit (syncs) first; which of them to fix is the Findings'
+    from tpu_debug.tracers.transfers import CAUSE_TEXT
 
     transfers = session.transfers()
     if not transfers:
@@ -395,21 +540,13 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
             Text(CAUSE_TEXT.get(s.cause, s.cause)),
             s.direction,
             "implicit" if s.implicit else "explicit",
-            str(s.count) + (" (loop)" if s.loop else ""),
+            str(s.count),
             format_bytes(s.nbytes),
             format_seconds(s.seconds),
         )
     parts: list[RenderableType] = [Text(head), table]
     if len(sites) > 15:
         parts.append(_note(f"... and {len(sites) - 15} more call sites"))
-    for s in [s for s in sites if s.loop][:5]:
-        calls = f" in {s.calls} calls" if s.calls != s.count else ""
-        parts.append(
-            Text(
-                f"{_site_text(s.location)}: {CAUSE_TEXT.get(s.cause, s.cause)} moved data {s.count} times{calls} "
-                f"({format_seconds(s.seconds)}): {advice_for(s)}"
-            )
-        )
     return Group(*parts)
 
 
@@ -733,12 +870,7 @@ def _float64(session: Any, terminal: bool) -> RenderableType | None:
     table = _table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"))
     for name, (programs, runs) in sorted(ops.items(), key=lambda kv: (-kv[1][1], kv[0])):
         table.add_row(Text(name), str(programs), str(runs))
-    note = Text(
-        f"{len(ops)} op(s) ran with float64/complex128 values. A TPU has no float64: there they "
-        "fail or must be rewritten in float32 (look for .double(), dtype=torch.float64, "
-        "torch.from_numpy of float64 arrays, Python floats made into tensors with the default dtype set to float64)."
-    )
-    return Group(note, table)
+    return Group(_note(f"{len(ops)} op(s) ran with float64/complex128 values (see Findings)"), table)
 
 
 @section("TensorBoard", order=85)
@@ -781,6 +913,196 @@ def _errors(session: Any, terminal: bool) -> RenderableType | None:
             table.add_row(Text(where), f"{total[where]:,}", Text(message))
         notes += [_note(f"{sum(total.values()):,} tracer error(s); the program was not affected"), table]
     return Group(*notes) if notes else None
+
+
+# -- the report as data ----------------------------------------------------------------------
+
+
+def _location_data(loc: Any) -> dict[str, Any] | None:
+    return {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
+
+
+def _finite(value: float | None) -> float | None:
+    # JSON has no NaN or Infinity
+    return value if value is None or math.isfinite(value) else None
+
+
+def report_data(session: Any) -> dict[str, Any]:
+    """The report of ``session``'s run as data: run metadata, per-step figures, the advisor's
+    findings, op, compile, transfer and divergence summaries, under :data:`REPORT_SCHEMA`
+    (docs/report_schema.md describes every field).
+
+    Returns:
+        A dict of JSON values (``json.dumps`` takes it as it is).
+
+    Example:
+        >>> data = report_data(tpu_debug.open_run())
+        >>> data["schema"], [f["kind"] for f in data["findings"]]
+        ('tpu_debug.report/1', ['implicit_sync'])
+    """
+    from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
+    from tpu_debug.tracers.steps import STEADY
+
+    m = session.metadata()
+    advice = advice_of(session)
+    steps = session.steps()
+    phases = dict(zip((s.index for s in steps), _phases(steps)))
+    summary = advice.steps
+    steady = _steady_recompiles(session) if steps else {}
+    ops = session.ops()
+    transfers = session.transfers()
+    divergence = session.divergence_summary()
+    first = session.first_divergence() if divergence is not None else None
+
+    def totals(t: Any) -> dict[str, Any]:
+        return {"compiles": t.compiles, "recompiles": t.recompiles, "seconds": t.seconds}
+
+    return {
+        "schema": REPORT_SCHEMA,
+        "run": {
+            "name": m.name,
+            "dir": str(session.run_dir),
+            "status": m.status,
+            "exit_status": m.exit_status,
+            "error": m.error,
+            "start_time": m.start_time,
+            "end_time": m.end_time,
+            "duration": m.duration,
+            "argv": list(m.argv),
+            "cwd": m.cwd,
+            "hostname": m.hostname,
+            "platform": m.platform,
+            "device_kind": m.device_kind,
+            "device_count": m.device_count,
+            "modes": session.modes(),
+            "versions": {
+                "tpu_debug": m.tpu_debug_version,
+                "torch": m.torch_version,
+                "jax": m.jax_version,
+                "jaxlib": m.jaxlib_version,
+                "python": m.python_version,
+            },
+            "store_schema": m.schema_version,
+            "options": m.options,
+        },
+        "steps": {
+            "count": summary.steps,
+            "detected": summary.detected,
+            "warmup": list(summary.warmup),
+            "steady": summary.steady,
+            "step_seconds": summary.step_seconds,
+            "ops_per_step": summary.ops_per_step,
+            "op_seconds": summary.op_seconds,
+            "compiles": {
+                "setup": totals(summary.setup),
+                "warmup": totals(summary.warm),
+                "steady": totals(summary.steady_compiles),
+                "outside": totals(summary.tail),
+            },
+            "per_step": [
+                {
+                    "index": s.index,
+                    "detected": s.detected,
+                    "phase": phases[s.index],
+                    "start": s.ts,
+                    "end": s.end,
+                    "seconds": s.seconds,
+                    "eager_ops": s.eager_ops,
+                    "graph_runs": s.graph_runs,
+                    "op_seconds": s.op_seconds,
+                    "compiles": s.compiles,
+                    "recompiles": s.recompiles,
+                    "compile_seconds": s.compile_seconds,
+                    "transfers": s.transfers,
+                    "transfer_bytes": s.transfer_bytes,
+                    "transfer_seconds": s.transfer_seconds,
+                    "fallbacks": s.fallbacks,
+                    "sequence": s.sequence,
+                }
+                for s in steps
+            ],
+        },
+        "findings_schema": FINDINGS_SCHEMA,
+        "findings": [f.to_dict() for f in advice.findings],
+        "advisor_errors": list(advice.errors),
+        "ops": [
+            {
+                "name": o.name,
+                "mode": o.mode,
+                "count": o.count,
+                "seconds": o.seconds,
+                "compiles": o.compiles,
+                "compile_seconds": o.compile_seconds,
+                "programs": o.programs,
+            }
+            for o in ops
+        ],
+        "compiles": {
+            "count": sum(o.compiles for o in ops),
+            "seconds": sum(o.compile_seconds for o in ops),
+            "groups": [
+                {
+                    "identity": g.identity,
+                    "mode": g.mode,
+                    "compiles": g.compiles,
+                    "recompiles": g.recompiles,
+                    "steady_recompiles": steady.get((g.mode, g.identity), 0),
+                    "seconds": g.seconds,
+                    "changing": (
+                        {"what": g.changing.what, "kind": g.changing.kind, "values": list(g.changing.values)}
+                        if g.changing is not None
+                        else None
+                    ),
+                    "location": _location_data(g.locations[0][0]) if g.locations else None,
+                }
+                for g in session.recompile_groups()
+            ],
+        },
+        "transfers": {
+            "count": len(transfers),
+            "bytes": sum(t.nbytes for t in transfers),
+            "seconds": sum(t.seconds for t in transfers),
+            "implicit": sum(1 for t in transfers if t.implicit),
+            "sites": [
+                {
+                    "location": _location_data(c.location),
+                    "direction": c.direction,
+                    "cause": c.cause,
+                    "implicit": c.implicit,
+                    "count": c.count,
+                    "bytes": c.nbytes,
+                    "seconds": c.seconds,
+                }
+                for c in session.transfer_call_sites()
+            ],
+        },
+        "divergence": (
+            None
+            if divergence is None
+            else {
+                "checked": True,
+                "ops_compared": divergence.get("ops_compared", 0),
+                "graphs_compared": divergence.get("graphs_compared", 0),
+                "numerics": divergence.get("numerics", "cpu"),
+                "first": (
+                    None
+                    if first is None
+                    else {
+                        "name": first.name,
+                        "mode": first.mode,
+                        "phase": first.phase,
+                        "location": _location_data(first.location),
+                        "max_abs": _finite(first.max_abs),
+                        "max_rel": _finite(first.max_rel),
+                        "ratio": _finite(first.ratio),
+                        "mismatched": first.mismatched,
+                        "numel": first.numel,
+                        "highest": first.highest,
+                    }
+                ),
+            }
+        ),
+    }
 
 
 def _console(file: Any, terminal: bool | None, width: int | None) -> Console:

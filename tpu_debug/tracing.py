@@ -318,6 +318,7 @@ class Trace(contextlib.ContextDecorator):
         self._writer: RunWriter | None = None
         self._start = 0.0
         self._tensorboard: Any = None  # a TensorBoardExporter with tensorboard=True
+        self._steps: Any = None  # the StepTracker: where each step ends, what ran in it
         self._divergence: Any = None  # a DivergenceTracer with divergence=True
         self._collectives: Any = None  # the CollectivesTracer (programs over several devices)
         self._saved_numerics: str | None = None
@@ -390,6 +391,7 @@ class Trace(contextlib.ContextDecorator):
         self.session = Session(run_dir / DB_NAME, writer=self._writer)
         self._start = time.perf_counter()
         probes.subscribe(self._recorder, replay=True)
+        self._start_steps()
         if self.config.tensorboard:
             self._start_tensorboard(run_dir)
         self._start_divergence()
@@ -447,6 +449,9 @@ class Trace(contextlib.ContextDecorator):
             ("TraceGuards.stop", self._stop_guards),
             ("DivergenceTracer.close", self._stop_divergence),
             ("CollectivesTracer.close", self._stop_collectives),
+            # before the exporter: a run without step marks gets its loop's steps here, and the
+            # exporter writes their scalars
+            ("StepTracker.close", self._stop_steps),
             ("TensorBoardExporter.stop", self._stop_tensorboard),
             ("Recorder.unsubscribe", self._stop_recorder),
         ):
@@ -496,6 +501,26 @@ class Trace(contextlib.ContextDecorator):
 
         if self._recorder is not None:
             probes.unsubscribe(self._recorder)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _start_steps(self) -> None:
+        from tpu_debug.runtime import probes
+        from tpu_debug.tracers.steps import StepTracker
+
+        writer, recorder = self._writer, self._recorder
+        tracker = StepTracker(writer.put, writer.new_id, recorder.clock, record_error=recorder.record_error)
+        self._steps = tracker
+        tracker.start()
+        probes.subscribe(tracker, replay=True)
+
+    def _stop_steps(self) -> None:
+        from tpu_debug.runtime import probes
+
+        tracker, self._steps = self._steps, None
+        if tracker is not None:
+            probes.unsubscribe(tracker)
+            tracker.close()
 
     # -- TensorBoard export -----------------------------------------------------------------
 
@@ -615,9 +640,9 @@ class Trace(contextlib.ContextDecorator):
             set_mode(saved)
 
     def mark_step(self) -> None:
-        """End the current step on the TensorBoard timeline (see :func:`step`)."""
-        if self._tensorboard is not None:
-            self._tensorboard.step()
+        """End the current step (see :func:`step`)."""
+        if self._steps is not None:
+            self._steps.mark()
 
 
 def trace(
@@ -728,10 +753,14 @@ def trace(
 def step() -> None:
     """Mark the end of a training step in the active trace.
 
-    With ``trace(tensorboard=True)`` each step becomes a ``StepTraceAnnotation``
-    on the profile timeline and one point of the per-step scalars. Steps end
-    automatically when ``optimizer.step()`` returns; once ``step()`` is called,
-    only explicit marks count. Without an active trace it does nothing.
+    Steps end automatically when ``optimizer.step()`` returns (for an optimizer
+    of ``tpu`` parameters); once ``step()`` is called, only explicit marks
+    count. A run with neither gets the iterations of the loop it ran as steps.
+    Each step is recorded with what ran in it (``session.steps()``); the report
+    shows the figures per step and tells warm-up steps from steady state. With
+    ``trace(tensorboard=True)`` each step also becomes a ``StepTraceAnnotation``
+    on the profile timeline and one point of the per-step scalars. Without an
+    active trace it does nothing.
 
     Example:
         >>> with tpu_debug.trace(tensorboard=True):

@@ -47,6 +47,7 @@ __all__ = [
     "InternalErrorEvent",
     "MaterializationEvent",
     "INTERNAL_ERRORS_KEPT",
+    "StepEvent",
     "EVENT_TYPES",
     "event_type",
     "register_event",
@@ -534,6 +535,54 @@ def event_type(kind: str) -> type[Event]:
         raise ValueError(
             f"unknown event kind {kind!r}; known kinds: {', '.join(sorted(EVENT_TYPES))}"
         ) from None
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepEvent(Event):
+    """One training step, with what ran in it (``tracers/steps.py`` records these).
+
+    A step is the work between two step ends: each ``optimizer.step()`` that
+    updates ``tpu`` parameters (``detected="optimizer"``), each explicit
+    ``tpu_debug.step()`` (``"explicit"``; once used, only explicit marks count),
+    or, for a run with neither, each iteration of the loop found in the
+    sequence of ops the run executed (``"loop"``, recorded when the trace ends).
+    ``index`` counts from 0, as ``for step in range(n)`` and xprof's step
+    numbers do; ``ts`` is when the step began and ``end`` when it ended
+    (``seconds`` between them). Every other event belongs to the step whose
+    [``ts``, ``end``) holds its ``ts`` (see ``tracers.steps.StepIndex``).
+
+    The counts are what ran in the step: eager op executions, compiled-graph
+    runs and their dispatch time, compiles (and how many compiled an op or
+    graph compiled before), transfers, CPU fallbacks. ``sequence`` is a hash of
+    the executables run, in order: two steps with the same ``sequence`` ran
+    the same programs (the warm-up ends when it repeats; see
+    ``tracers.steps.step_phases``).
+    """
+
+    kind: ClassVar[str] = "step"
+    stored: ClassVar[Stored] = Stored("steps", name="detected", seconds="seconds")
+
+    index: int = column("step_index")  # INDEX and END are SQL keywords
+    detected: str
+    end: float = column("end_ts")
+    seconds: float
+    eager_ops: int = 0
+    graph_runs: int = 0
+    op_seconds: float = 0.0
+    compiles: int = 0
+    recompiles: int = 0
+    compile_seconds: float = 0.0
+    transfers: int = 0
+    transfer_bytes: int = 0
+    transfer_seconds: float = 0.0
+    fallbacks: int = 0
+    sequence: str = ""
+
+    @property
+    def ops(self) -> int:
+        """Executions in the step: eager ops and compiled-graph runs."""
+        return self.eager_ops + self.graph_runs
 
 
 # -- collectives (tracers/collectives.py) --------------------------------------------------

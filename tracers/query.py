@@ -837,6 +837,20 @@ class RunQuery:
         )
         return rows[0][0] if rows else None
 
+    # -- steps and findings -------------------------------------------------------------
+
+    def steps(self) -> list[Any]:
+        """The run's steps in order (``tracers.events.StepEvent``: when each began and ended,
+        how it was detected, what ran in it); empty when the run had none."""
+        return sorted(self.events("step"), key=lambda s: s.index)
+
+    def findings(self) -> list[Any]:
+        """What the advisor finds in the run (``tracers.advisor.Finding``), the most costly
+        first; an empty list is a run with nothing to fix."""
+        from tpu_debug.tracers.advisor import advise
+
+        return list(advise(self).findings)
+
     # -- helpers --------------------------------------------------------------------
 
     @staticmethod

@@ -19,9 +19,11 @@ and marks on the same host timeline as XLA's own activity, as
 - each program over several devices, as a marker with its collectives, the
   bytes each device sends per run and its memory per device; each run of it
   carries those bytes (``collective_bytes``) in its span's metadata;
-- steps, as ``StepTraceAnnotation``s (``step <n>``): a step ends when
-  ``optimizer.step()`` returns, or at each explicit ``tpu_debug.step()``
-  (explicit marks, once used, replace the optimizer's).
+- steps, as ``StepTraceAnnotation``s (``step <n>``): a step ends where the
+  run's :class:`~tpu_debug.tracers.events.StepEvent` says (``optimizer.step()``
+  returning, or an explicit ``tpu_debug.step()``: see ``tracers/steps.py``).
+  A run whose steps are only found when it ends (the iterations of its loop)
+  gets their scalars, not their spans: the timeline is written by then.
 
 Beside the profile, per-step scalars (compiles, recompiles, compile time,
 transfer bytes, eager op count, max divergence) go to a TensorBoard event file
@@ -49,6 +51,7 @@ from tpu_debug.tracers.events import (
     Event,
     FallbackEvent,
     GraphBreakEvent,
+    StepEvent,
     TransferEvent,
 )
 
@@ -117,6 +120,17 @@ class _StepStats:
 
     def ran(self) -> bool:
         return bool(self.eager_ops or self.compiles)
+
+    @classmethod
+    def of(cls, step: StepEvent) -> _StepStats:
+        """The figures a recorded step carries (for steps found after the fact)."""
+        stats = cls()
+        stats.eager_ops = step.eager_ops
+        stats.compiles = step.compiles
+        stats.recompiles = step.recompiles
+        stats.compile_seconds = step.compile_seconds
+        stats.transfer_bytes = step.transfer_bytes
+        return stats
 
     def scalars(self) -> dict[str, float]:
         out = {
@@ -220,17 +234,16 @@ class TensorBoardExporter:
         self._collective_bytes: dict[tuple[str, str], int] = {}
         self._compiled: set[tuple[str, str]] = set()
         self._step = 0
-        self._manual_steps = False
+        self._found_steps: list[StepEvent] = []  # steps recorded after the fact (a loop's)
         self._region: _Span | None = None
         self._stats = _StepStats()
         self._scalar_writer: Any = None
-        self._hook: Any = None
         self._lock = threading.Lock()
 
     # -- life cycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the JAX profile, the scalar writer and the optimizer step hook."""
+        """Start the JAX profile and the scalar writer."""
         if self._started:
             return
         self._started = True
@@ -242,12 +255,6 @@ class TensorBoardExporter:
             self._scalar_writer = SummaryWriter(log_dir=str(self.logdir), flush_secs=5)
         except Exception as exc:  # noqa: BLE001 - no scalars, the profile still works
             self._error("start (scalars)", exc)
-        try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-        except Exception as exc:  # noqa: BLE001
-            self._error("start (optimizer hook)", exc)
         self._open_region()
         self._publish("capturing" if self._capturing else "not capturing")
 
@@ -281,9 +288,6 @@ class TensorBoardExporter:
         if self._stopped or not self._started:
             return self.summary()
         self._stopped = True
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
         self._close_all()
         self._close_region(final=True)
         self._stop_profile()
@@ -318,7 +322,7 @@ class TensorBoardExporter:
             "capped": self.capped_at is not None,
             "capped_after_seconds": self.capped_at,
             "dropped_spans": self.dropped,
-            "steps": self._step,
+            "steps": self._step or len(self._found_steps),
             "notes": list(self.notes),
         }
 
@@ -331,17 +335,8 @@ class TensorBoardExporter:
     # -- steps ----------------------------------------------------------------------
 
     def step(self) -> None:
-        """An explicit step mark (``tpu_debug.step()``): ends the current step."""
-        self._manual_steps = True
+        """End the current step (the run's StepEvents call this through :meth:`on_event`)."""
         self._end_step()
-
-    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._manual_steps:
-            return
-        try:
-            self._end_step()
-        except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
-            self._error("optimizer step hook", exc)
 
     def _end_step(self) -> None:
         with self._lock:
@@ -364,6 +359,14 @@ class TensorBoardExporter:
     def _close_region(self, *, final: bool) -> None:
         stats, self._stats = self._stats, _StepStats()
         region, self._region = self._region, None
+        if final and self._step == 0 and self._found_steps:
+            # steps found when the run ended: their scalars, one point each
+            for step in self._found_steps:
+                self._write_scalars(step.index, _StepStats.of(step))
+            if region is not None:
+                region.traceme.set_metadata(note=f"{len(self._found_steps)} steps found in the run's loop")
+                region.traceme.__exit__(None, None, None)
+            return
         if not final or (self._step > 0 and stats.ran()):
             # a marked step, or work after the last mark (an unfinished step)
             self._write_scalars(self._step, stats)
@@ -549,6 +552,12 @@ class TensorBoardExporter:
             self._error(f"on_event({event.kind})", exc)
 
     def _on_event(self, event: Event) -> None:
+        if isinstance(event, StepEvent):
+            if event.detected == "loop":
+                self._found_steps.append(event)
+            else:
+                self._end_step()
+            return
         line = str(event.location) if event.location is not None else None
         if isinstance(event, CompileEvent):
             meta = {"signature": event.signature, "line": line}

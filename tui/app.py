@@ -32,6 +32,7 @@ from tpu_debug.tui.screens import (
     RanksScreen,
     RecompilesScreen,
     RunScreen,
+    StepsScreen,
     TransfersScreen,
 )
 
@@ -48,12 +49,13 @@ VIEWS = {
     "ops": "Ops",
     "transfers": "Transfers",
     "divergence": "Divergence",
+    "steps": "Steps",
     "collectives": "Collectives",
 }
 
 
 class TpuDebugApp(App[None]):
-    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, HLO.
+    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, steps, collectives, HLO.
 
     Example:
         >>> app = TpuDebugApp(tpu_debug.open_run())
@@ -69,6 +71,7 @@ class TpuDebugApp(App[None]):
         "ops": OpsScreen,
         "transfers": TransfersScreen,
         "divergence": DivergenceScreen,
+        "steps": StepsScreen,
         "collectives": CollectivesScreen,
     }
     DEFAULT_MODE = "overview"
@@ -78,7 +81,8 @@ class TpuDebugApp(App[None]):
         Binding("3", "switch_mode('ops')", "Ops"),
         Binding("4", "switch_mode('transfers')", "Transfers"),
         Binding("5", "switch_mode('divergence')", "Divergence"),
-        Binding("6", "switch_mode('collectives')", "Collectives", show=False),
+        Binding("6", "switch_mode('steps')", "Steps"),
+        Binding("7", "switch_mode('collectives')", "Collectives", show=False),
         Binding("r", "ranks", "Ranks of a multi-process run", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),

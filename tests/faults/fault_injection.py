@@ -356,7 +356,7 @@ def _dropped(child: Child) -> bool:
 
 def _open_and_read(result: PointResult, db: Path) -> str | None:
     """Open the run as ``tpu-debug report`` and the TUI do; returns its status."""
-    from tpu_debug.tui.screens.overview import overview_data, transfer_findings
+    from tpu_debug.tui.screens.overview import finding_lines, overview_data
 
     import tpu_debug
     from tpu_debug.cli import main
@@ -376,7 +376,7 @@ def _open_and_read(result: PointResult, db: Path) -> str | None:
         try:
             meta = session.metadata()
             data = overview_data(session, meta.cwd)
-            transfer_findings(session, meta.cwd)
+            finding_lines(session, meta.cwd)
             session.ops()
             session.compiles()
             session.events(limit=100)

@@ -1,11 +1,11 @@
-"""float64 on a backend that has it, noted for the TPU that does not (issue 7)."""
+"""float64 on a backend that has it, noted for the TPU that does not."""
 
 from __future__ import annotations
 
 import io
 
 import torch
-from tpu_debug.tui.screens.overview import overview_data
+from tpu_debug.tui.screens.overview import finding_lines
 
 import tpu_debug
 
@@ -24,9 +24,12 @@ def test_float64_ops_are_noted_in_store_report_and_overview(logdir, cold_cache):
     buf = io.StringIO()
     tpu_debug.print_report(run, file=buf, terminal=False, width=160)
     text = buf.getvalue()
-    assert "A TPU has no float64" in text and "mul.Tensor" in text, text
-    findings = [f.text.plain for f in overview_data(run, None).findings]
-    assert any("in float64 (a TPU has no float64)" in f for f in findings), findings
+    assert "a TPU has no float64" in text and "mul.Tensor" in text, text
+    (finding,) = [f for f in run.findings() if f.kind == "float64"]
+    assert finding.severity == "error" and "a TPU has no float64" in finding.title
+    assert {"mul.Tensor", "add.Tensor", "sum"} <= set(finding.targets)
+    lines = [f.text.plain for f in finding_lines(run, None)]
+    assert any("a TPU has no float64" in line for line in lines), lines
 
 
 def test_float32_run_has_no_float64_note(logdir):

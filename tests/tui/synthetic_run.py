@@ -8,12 +8,16 @@ compiled graph (identity ``main (train.py) forward``, programs ``g1/forward``
 copies its batch to the device (explicit), reads the loss with ``.item()`` and
 tests it with ``bool()`` (implicit); ``nonzero`` falls back to CPU; five
 divergence records, the first over tolerance on ``add.Tensor``; one graph
-break. Source locations point at ``data/train.py``, which the run's ``cwd``
-holds, so paths show as ``train.py:12``. Nothing depends on the clock.
+break. Each step is marked (``tpu_debug.step()``): step ``k`` spans [k, k + 1)
+seconds; step 0 warms up, and steps 1-5 keep compiling ``mul.Tensor`` for new
+lengths (steady-state recompiles). Source locations point at
+``data/train.py``, which the run's ``cwd`` holds, so paths show as
+``train.py:12``. Nothing depends on the clock.
 """
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 from tpu_debug.tracers import events as ev
@@ -165,7 +169,11 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
     writer = RunWriter(db, {**META, "cwd": str(DATA)})
     nid = writer.new_id
     stats: list[tuple] = []
-    put = writer.put
+    written: list[ev.Event] = []
+
+    def put(event: ev.Event) -> None:
+        written.append(event)
+        writer.put(event)
 
     mul_compiles: dict[int, tuple[int, str]] = {}  # length -> (event id, program hash)
     add_compiles: dict[str, tuple[int, str]] = {}
@@ -174,6 +182,7 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
     last_graph: tuple[int, int] | None = None
     for step, n in enumerate(LENGTHS):
         t = float(step)
+        first = len(written)
         put(
             ev.TransferEvent(
                 nid(),
@@ -313,6 +322,36 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
                     1e-4,
                 )
             )
+
+        # the step, marked with tpu_debug.step() at its end: mul and add, and the graph
+        scalar_now = "0.5" if step < 4 else "0.25"
+        mine = written[first:]
+        compiles = [e for e in mine if isinstance(e, ev.CompileEvent)]
+        moved = [e for e in mine if isinstance(e, ev.TransferEvent)]
+        put(
+            ev.StepEvent(
+                nid(),
+                t,
+                None,
+                1,
+                None,
+                step,
+                "explicit",
+                t + 1.0,
+                1.0,
+                eager_ops=2,
+                graph_runs=1,
+                op_seconds=1.2e-4,
+                compiles=len(compiles),
+                recompiles=sum(1 for c in compiles if c.diffs),
+                compile_seconds=sum(c.seconds for c in compiles),
+                transfers=len(moved),
+                transfer_bytes=sum(e.nbytes for e in moved),
+                transfer_seconds=sum(e.seconds for e in moved),
+                fallbacks=sum(1 for e in mine if isinstance(e, ev.FallbackEvent)),
+                sequence=f"{zlib.crc32(f'mul {n} add {scalar_now} graph'.encode()):016x}",
+            )
+        )
 
     put(
         ev.GraphBreakEvent(

@@ -28,17 +28,28 @@ def test_overview_shows_the_run_and_its_findings(make_app):
         assert "XLA CPU (cpu), 1 device(s)" in text
         assert "train.py --steps 8" in text
         assert "finished (exit status 0)" in text
-        assert "mul.Tensor (eager) compiled 6 times" in text
-        assert "keeps changing: dim 0 of arg 0 'self' (5x)" in text
-        assert "19 implicit transfers" in text
-        assert "first divergence: add.Tensor" in text
-        assert "3 CPU fallbacks" in text
+        assert "8 (explicit); warm-up 0: 3 compiles; steady 7: 1.00 s/step, 8" in text
+        # the advisor's findings, the most serious first, then by the time they cost
+        findings = app.screen.query_one("#findings", OptionList)
+        lines = [str(findings.get_option_at_index(i).prompt) for i in range(findings.option_count)]
+        assert lines[0].startswith("✖ add.Tensor is the first op over tolerance against CPU at train.py:12")
+        assert any(
+            "dim 0 of arg 0 'self' of mul.Tensor takes a new size in steady state (8, 9, 10, 11, 12, 16): "
+            "5 recompiles of 1 op in 5 steps" in line
+            for line in lines
+        ), lines
+        assert any(".item() at train.py:22 waits for the device in 7 of 7 steady steps" in line for line in lines)
+        assert any("nonzero has no tpu lowering and runs on CPU in 2 of 7 steady steps" in line for line in lines)
+        # add.Tensor recompiled once in steady state (a baked-in scalar): paid once, no finding
+        assert not any("'other'" in line for line in lines), lines
+        assert "fix: compare this op's inputs on both sides" in text  # the selected finding's detail
         kinds = app.screen.query_one("#kinds", DataTable)
         assert [str(k.value) for k in kinds.rows] == [
             "compile",
             "divergence",
             "fallback",
             "graph_break",
+            "step",
             "transfer",
         ]
 
@@ -68,9 +79,11 @@ def test_enter_on_a_finding_opens_its_view(make_app):
     async def scenario(pilot):
         findings = app.screen.query_one("#findings", OptionList)
         assert app.focused is findings
-        await press(pilot, "enter")
+        await press(pilot, "enter")  # the divergence, first
+        assert isinstance(app.screen, DivergenceScreen)
+        await press(pilot, "1", "down", "enter")  # a dynamic shape
         assert isinstance(app.screen, RecompilesScreen)
-        await press(pilot, "1", "down", "down", "down", "enter")  # the implicit transfers finding
+        await press(pilot, "1", "down", "down", "down", "enter")  # the .item() sync
         assert isinstance(app.screen, TransfersScreen)
         await press(pilot, "1")
         kinds = app.screen.query_one("#kinds", DataTable)
@@ -120,7 +133,9 @@ def test_recompiles_master_detail(make_app):
         assert why.startswith(f"compile 2 of {GRAPH}, program g2/forward")
         text = screen_text(app)
         assert "L['batch'].size()[0] == 8 → failed" in text
-        assert "keeps changing: dim 0 of arg 0 (2 recompiles: 8, 9, 10)" in text
+        assert "changed: dim 0 of arg 0 (2 recompiles: 8, 9, 10)" in text
+        # the compiles in steady state are marked so, with the advisor's fix for the graph
+        assert "1 steady" in text and "→ pad dim 0 of arg 0 of main (train.py) forward" in text
 
     drive(app, scenario)
 

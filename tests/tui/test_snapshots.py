@@ -14,6 +14,7 @@ SCREENS = {
     "ops": ("3",),
     "transfers": ("4",),
     "divergence": ("5",),
+    "steps": ("6",),
     "hlo_node": ("5", "down", "enter"),
     "hlo_diff": ("2", "v"),
     "help": ("2", "question_mark"),

@@ -1,5 +1,5 @@
 """The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence,
-collectives, HLO, help, and the ranks of a multi-process run."""
+steps, collectives, HLO, help, and the ranks of a multi-process run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tpu_debug.tui.screens.ops import OpsScreen
 from tpu_debug.tui.screens.overview import OverviewScreen
 from tpu_debug.tui.screens.ranks import RanksScreen
 from tpu_debug.tui.screens.recompiles import RecompilesScreen
+from tpu_debug.tui.screens.steps import StepsScreen
 from tpu_debug.tui.screens.transfers import TransfersScreen
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "RanksScreen",
     "RecompilesScreen",
     "RunScreen",
+    "StepsScreen",
     "TransfersScreen",
 ]

@@ -1,9 +1,10 @@
-"""``OverviewScreen``: the run at a glance, and what is worth a look, each linking to its view."""
+"""``OverviewScreen``: the run at a glance, its steps, and the advisor's findings, each linking to its view."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -13,13 +14,15 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
-from tpu_debug.tracers.query import RunMetadata, TransferSite
-from tpu_debug.tui.format import format_float, format_seconds, location_text
+from tpu_debug.tracers.query import RunMetadata
+from tpu_debug.tracers.steps import StepSummary, summarize_steps
+from tpu_debug.tui.format import format_seconds
 from tpu_debug.tui.screens.base import RunScreen
 
+from tpu_debug.report import advice_of, finding_text
 from tpu_debug.session import Session
 
-__all__ = ["Finding", "OverviewData", "OverviewScreen", "overview_data"]
+__all__ = ["FINDING_VIEWS", "FindingLine", "OverviewData", "OverviewScreen", "finding_lines", "overview_data"]
 
 # which view shows each event kind
 KIND_VIEWS = {
@@ -31,17 +34,33 @@ KIND_VIEWS = {
     "divergence": "divergence",
     "guard_failure": "recompiles",
     "recompile_limit": "recompiles",
+    "step": "steps",
+}
+
+# which view shows what each kind of finding is about
+FINDING_VIEWS = {
+    "dynamic_shape": "recompiles",
+    "recompile": "recompiles",
+    "recompile_limit": "recompiles",
+    "graph_break": "recompiles",
+    "implicit_sync": "transfers",
+    "h2d_every_step": "transfers",
+    "cpu_fallback": "ops",
+    "float64": "ops",
+    "eager_tiny_ops": "steps",
+    "divergence": "divergence",
 }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Finding:
-    """Something worth a look: what it says, how serious, and the view that shows it."""
+class FindingLine:
+    """One line of the findings list: its text, how serious, the view that shows it, and the
+    finding's full text (evidence and fix) for the detail pane."""
 
     text: Text
-    severity: str  # "warning" | "info" | "error"
+    severity: str  # "error" | "warning" | "info"
     view: str | None
-    order: int = 0  # where it goes in the list (findings arrive in two batches)
+    detail: Text | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,115 +70,21 @@ class OverviewData:
     modes: list[str]
     compiles: int
     compile_seconds: float
-    findings: list[Finding]
-    transfers_pending: bool  # the transfer findings come later (one pass over every transfer)
-
-
-def _top_recompiles(session: Session, cwd: str | None) -> list[Finding]:
-    from tpu_debug.tracers.recompiles import summarize
-
-    groups = [g for g in session.compile_groups() if g.compiles > 1]
-    out = []
-    for g in groups[:3]:
-        text = Text()
-        text.append(g.identity, style="bold")
-        text.append(f" ({g.mode}) compiled {g.compiles} times, {format_seconds(g.seconds)} compiling")
-        history = session.compile_history(g.identity, mode=g.mode, limit=200)
-        summary = summarize(history)
-        change = summary[0].changing if summary else None
-        if change is not None:
-            text.append(f"; keeps changing: {change.what} ({change.count}x)", style="yellow")
-        where = next((c.location for c in reversed(history) if c.location is not None), None)
-        if where is not None:
-            text.append(" at ")
-            text.append_text(location_text(where, cwd, function=False))
-        out.append(Finding(text, "warning" if g.recompiles or g.names > 1 else "info", "recompiles"))
-    return out
-
-
-def _transfers(sites: list[TransferSite], cwd: str | None) -> list[Finding]:
-    implicit = [s for s in sites if s.implicit]
-    if not implicit:
-        return []
-    total = sum(s.count for s in implicit)
-    top = max(implicit, key=lambda s: (s.count, s.seconds))
-    text = Text()
-    text.append(f"{total} implicit transfer{'s' if total != 1 else ''}", style="bold")
-    text.append(f" (syncs nobody asked for); most from {top.op} ({top.direction}, {top.count}x) at ")
-    text.append_text(location_text(top.location, cwd, function=False))
-    return [Finding(text, "warning", "transfers", order=1)]
-
-
-def _divergence(session: Session, cwd: str | None) -> list[Finding]:
-    ranked = session.ranked_divergences(limit=1)
-    if not ranked:
-        return []
-    d = ranked[0]
-    text = Text()
-    text.append("first divergence" if d.first else "largest divergence", style="bold")
-    text.append(": ")
-    text.append(d.name, style="bold")
-    text.append(f" ({d.mode or '-'}, {d.measure}) max abs {format_float(d.max_abs)}")
-    if d.ratio:
-        text.append(f", {format_float(d.ratio)}x its tolerance")
-    if d.nan_origin:
-        text.append(", NaN/Inf starts here", style="red")
-    text.append(" at ")
-    text.append_text(location_text(d.location, cwd, function=False))
-    return [Finding(text, "error" if d.first or d.nan_origin else "info", "divergence", order=2)]
-
-
-def _by_name(counts: dict[str, tuple[int, float]], what: str, view: str, order: int) -> list[Finding]:
-    if not counts:
-        return []
-    total = sum(n for n, _ in counts.values())
-    names = sorted(counts.items(), key=lambda kv: -kv[1][0])
-    text = Text()
-    text.append(f"{total} {what}", style="bold")
-    text.append(": " + ", ".join(f"{name} ×{n}" for name, (n, _) in names[:4]))
-    if len(names) > 4:
-        text.append(f", +{len(names) - 4} more", style="dim")
-    return [Finding(text, "warning", view, order)]
+    steps: StepSummary
+    notes: list[FindingLine]  # about the recording itself (tracer errors), not the program
 
 
 def overview_data(session: Session, cwd: str | None) -> OverviewData:
-    """What the overview shows first: all of it but the transfer findings (see
-    :func:`transfer_findings`), from the run's indexes and small tables."""
+    """What the overview shows first: the run, its events and steps (the findings come
+    after, see :func:`finding_lines`)."""
     meta = session.metadata()
     counts = session.counts()
     groups = session.compile_groups()
-    findings: list[Finding] = []
-    findings += _top_recompiles(session, cwd)
-    if counts.get("divergence"):
-        findings += _divergence(session, cwd)
-    if counts.get("fallback"):
-        findings += _by_name(
-            session.counts_by_name("fallback"), "CPU fallbacks (ops with no lowering)", "ops", 3
-        )
-    if counts.get("recompile_limit"):
-        findings += [
-            dataclasses.replace(f, severity="error")
-            for f in _by_name(
-                session.counts_by_name("recompile_limit"), "hit dynamo's recompile limit", "recompiles", 4
-            )
-        ]
-    if counts.get("graph_break"):
-        findings += _by_name(session.counts_by_name("graph_break"), "graph breaks", "recompiles", 5)
-    wide = session.float64_ops()  # runs on this backend; a TPU has no float64
-    if wide:
-        findings += _by_name(
-            {name: (runs, 0.0) for name, (_, runs) in wide.items()},
-            "op executions in float64 (a TPU has no float64)", "ops", 5,
-        )
+    notes: list[FindingLine] = []
     if counts.get("internal_error"):
         n = counts["internal_error"]
-        findings.append(
-            Finding(
-                Text(f"{n} tracer error(s) were recorded; the traced program was not affected"),
-                "info",
-                None,
-                6,
-            )
+        notes.append(
+            FindingLine(Text(f"{n} tracer error(s) were recorded; the traced program was not affected"), "info", None)
         )
     return OverviewData(
         meta,
@@ -167,23 +92,45 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
         session.modes(),
         sum(g.compiles for g in groups),
         sum(g.seconds for g in groups),
-        findings,
-        bool(counts.get("transfer")),
+        summarize_steps(session.steps(), session.compiles()),
+        notes,
     )
 
 
-def transfer_findings(session: Session, cwd: str | None) -> list[Finding]:
-    """The overview's transfer findings (a pass over every transfer of the run)."""
-    return _transfers(session.transfer_sites(), cwd)
+def finding_lines(session: Session, cwd: str | None) -> list[FindingLine]:
+    """The advisor's findings as list lines, most serious and costly first (one pass over the
+    run's events: the overview asks for them once it is shown)."""
+    advice = advice_of(session)
+    out = []
+    for f in advice.findings:
+        text = Text(f.title)
+        out.append(FindingLine(text, f.severity, FINDING_VIEWS.get(f.kind), finding_text(f, terminal=True)))
+    out += [FindingLine(Text(e), "info", None) for e in advice.errors]
+    return out
 
 
-TRANSFER_PASS_DELAY = 0.75  # seconds on the overview before its transfer findings are looked for
+def _steps_text(summary: StepSummary) -> Text:
+    if not summary.steps:
+        return Text("none found (no optimizer.step(), no tpu_debug.step(), no repeated loop)", style="dim")
+    text = Text(f"{summary.steps:,} ({summary.detected})")
+    if summary.warmup:
+        ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in summary.warmup_ranges())
+        text.append(f"; warm-up {ranges}: {summary.warm.compiles} compiles", style="dim")
+    if summary.steady:
+        compiles = summary.steady_compiles.compiles
+        text.append(f"; steady {summary.steady:,}: {format_seconds(summary.step_seconds)}/step, ")
+        text.append(f"{compiles} compiles", style="bold yellow" if compiles else "green")
+    return text
+
+
+FINDINGS_DELAY = 0.75  # seconds on the overview before its findings are looked for
 
 _ICONS = {"error": ("✖ ", "bold red"), "warning": ("▲ ", "bold yellow"), "info": ("● ", "cyan")}
 
 
 class OverviewScreen(RunScreen):
-    """Platform, mode, duration, status, events per kind, and the findings (Enter opens one)."""
+    """Platform, mode, duration, status, steps, events per kind, and the findings (Enter opens
+    the view a finding is about; the pane below shows its evidence and fix)."""
 
     AUTO_FOCUS = "#findings"
 
@@ -192,14 +139,16 @@ class OverviewScreen(RunScreen):
         data: OverviewData
 
     @dataclasses.dataclass
-    class TransfersLoaded(Message):
-        findings: list[Finding]
+    class FindingsLoaded(Message):
+        findings: list[FindingLine]
 
     def __init__(self) -> None:
         super().__init__()
-        self._findings: list[Finding] = []
-        self._pending = False
-        self._transfer_timer: Timer | None = None
+        self._notes: list[FindingLine] = []
+        self._findings: list[FindingLine] = []
+        self._shown: list[FindingLine] = []
+        self._pending = True
+        self._findings_timer: Timer | None = None
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="overview-top"):
@@ -211,6 +160,7 @@ class OverviewScreen(RunScreen):
             Text("Findings (Enter opens the view)", style="bold"), classes="pane-title", markup=False
         )
         yield OptionList(id="findings", markup=False)
+        yield Static(Text(""), id="finding-detail", markup=False)
 
     def load(self) -> None:
         self._load()
@@ -235,56 +185,60 @@ class OverviewScreen(RunScreen):
             kinds.add_row(
                 Text(kind), Text(f"{n:,}", justify="right"), Text(view or "-", style="dim"), key=kind
             )
-        self._findings = list(data.findings)
-        self._pending = data.transfers_pending
+        self._notes = list(data.notes)
+        self._pending = True
         self._show_findings()
-        if data.transfers_pending:
-            self._start_transfer_pass()
+        self._start_findings_pass()
 
-    def _start_transfer_pass(self) -> None:
-        # a pass over every transfer: started once the user stays here a moment, so it
+    def _start_findings_pass(self) -> None:
+        # a pass over the run's events: started once the user stays here a moment, so it
         # does not compete with their first steps elsewhere (a big run must be navigable
         # within two seconds of opening)
-        if self._transfer_timer is not None:
-            self._transfer_timer.stop()
-        self._transfer_timer = self.set_timer(TRANSFER_PASS_DELAY, self._load_transfers)
+        if self._findings_timer is not None:
+            self._findings_timer.stop()
+        self._findings_timer = self.set_timer(FINDINGS_DELAY, self._load_findings)
 
     def on_screen_suspend(self) -> None:
-        if self._transfer_timer is not None:
-            self._transfer_timer.stop()
-            self._transfer_timer = None
+        if self._findings_timer is not None:
+            self._findings_timer.stop()
+            self._findings_timer = None
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
-        if self._pending and self._transfer_timer is None:
-            self._start_transfer_pass()
+        if self._pending and self._findings_timer is None:
+            self._start_findings_pass()
 
-    def _load_transfers(self) -> None:
-        self._transfer_timer = None
-        self._transfer_pass()
+    def _load_findings(self) -> None:
+        self._findings_timer = None
+        self._findings_pass()
 
-    @work(thread=True, exclusive=True, group="overview-transfers")
-    def _transfer_pass(self) -> None:
-        findings = self.read(transfer_findings, self.cwd)
+    @work(thread=True, exclusive=True, group="overview-findings")
+    def _findings_pass(self) -> None:
+        findings = self.read(finding_lines, self.cwd)
         if findings is not None:
-            self.post_message(self.TransfersLoaded(findings))
+            self.post_message(self.FindingsLoaded(findings))
 
-    @on(TransfersLoaded)
-    def _show_transfers(self, message: TransfersLoaded) -> None:
-        self._findings = [f for f in self._findings if f.view != "transfers"] + message.findings
+    @on(FindingsLoaded)
+    def _show_found(self, message: FindingsLoaded) -> None:
+        self._findings = message.findings
         self._pending = False
         self._show_findings()
 
     def _show_findings(self) -> None:
-        findings = sorted(self._findings, key=lambda f: f.order)
+        findings = [] if self._pending else list(self._findings)
         if not findings and not self._pending:
             findings = [
-                Finding(
-                    Text("nothing stands out: no recompiles, implicit transfers, divergences or fallbacks"),
+                FindingLine(
+                    Text(
+                        "nothing to fix: no recompiles, syncs, fallbacks or uploads that repeat in steady "
+                        "state, no graph break in the step, no float64, no divergence"
+                    ),
                     "info",
                     None,
                 )
             ]
+        findings += self._notes
+        self._shown = findings
         options = self.query_one("#findings", OptionList)
         highlighted = options.highlighted
         options.clear_options()
@@ -297,10 +251,21 @@ class OverviewScreen(RunScreen):
             options.add_option(Option(prompt, id=f"{i}:{f.view or ''}"))
         if self._pending:
             options.add_option(
-                Option(Text("  looking through the transfers…", style="dim"), id="pending", disabled=True)
+                Option(Text("  looking for findings…", style="dim"), id="pending", disabled=True)
             )
         if findings:
             options.highlighted = min(highlighted or 0, len(findings) - 1)
+        self._show_detail(options.highlighted)
+
+    @on(OptionList.OptionHighlighted, "#findings")
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self._show_detail(event.option_index)
+
+    def _show_detail(self, index: int | None) -> None:
+        detail: RenderableType = Text("")
+        if index is not None and 0 <= index < len(self._shown) and self._shown[index].detail is not None:
+            detail = Group(Text("Selected finding", style="bold"), self._shown[index].detail)
+        self.query_one("#finding-detail", Static).update(detail)
 
     def _run_info(self, data: OverviewData) -> Table:
         m = data.metadata
@@ -324,6 +289,7 @@ class OverviewScreen(RunScreen):
                 "compiles",
                 Text(f"{data.compiles:,} ({format_seconds(data.compile_seconds)} compiling)"),
             ),
+            ("steps", _steps_text(data.steps)),
             (
                 "versions",
                 Text(f"tpu_debug {m.tpu_debug_version}, torch {m.torch_version}, jax {m.jax_version}"),

@@ -2,10 +2,12 @@
 and for a selected recompile why it happened, where, and what it compiled to.
 
 Master-detail, left to right and top to bottom: ops/graphs ranked by compile
-count and time -> the chosen one's compiles, oldest first (paged) -> for the
-highlighted compile, the structured key diff against the closest previous key,
-the source line with context, and its HLO. ``m`` marks a compile, ``v`` shows the
-HLO of the marked one (or the closest previous one) beside the highlighted one.
+count and time -> the chosen one's compiles, oldest first (paged), each with the
+step it happened in (warm-up or steady state) -> for the highlighted compile,
+the structured key diff against the closest previous key, the source line with
+context, and its HLO. ``m`` marks a compile, ``v`` shows the HLO of the marked
+one (or the closest previous one) beside the highlighted one. What to do about
+an op's recompiles is the advisor's finding about it, shown as it is.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
+from tpu_debug.tracers.advisor import Finding
 from tpu_debug.tracers.events import CompileEvent, KeyDiff
 from tpu_debug.tracers.query import CompileGroup
+from tpu_debug.tracers.steps import STEADY, StepIndex, step_phases
 from tpu_debug.tui.format import changed_text, diff_summary, fallback_diffs, format_seconds, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
 from tpu_debug.tui.widgets import HloView, PagedTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.errors import NotRecordedError
+from tpu_debug.report import advice_of
 from tpu_debug.session import Session
 
 __all__ = ["CompileDetail", "RecompilesScreen"]
@@ -76,6 +81,29 @@ def _detail(
     return CompileDetail(event, number, previous, tuple(diffs), recorded, excerpt, hlo, note)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepsKnown:
+    """Which step each compile fell in, and the advisor's findings per op or graph."""
+
+    index: StepIndex
+    phases: dict[int, str]
+    findings: dict[str, Finding]  # identity -> the first finding about it
+
+    def where(self, ts: float) -> tuple[int, str] | None:
+        """(step index, phase) of a moment inside a step."""
+        step = self.index.step_of(ts)
+        return (step, self.phases[step]) if step is not None else None
+
+
+def steps_known(session: Session) -> StepsKnown:
+    steps = session.steps()
+    findings: dict[str, Finding] = {}
+    for f in advice_of(session).findings:
+        for target in f.targets:
+            findings.setdefault(target, f)
+    return StepsKnown(StepIndex(steps), dict(zip((s.index for s in steps), step_phases(steps))), findings)
+
+
 class RecompilesScreen(RunScreen):
     """Ops and graphs by compile count -> compile history -> why, where, HLO."""
 
@@ -102,6 +130,10 @@ class RecompilesScreen(RunScreen):
     class DetailLoaded(Message):
         detail: CompileDetail
 
+    @dataclasses.dataclass
+    class StepsLoaded(Message):
+        known: StepsKnown
+
     def __init__(self) -> None:
         super().__init__()
         self._ops: dict[str, CompileGroup] = {}
@@ -111,6 +143,7 @@ class RecompilesScreen(RunScreen):
         self._marked: CompileEvent | None = None
         self._want_event: int | None = None
         self._wanted: int | None = None  # the compile whose detail was asked for last
+        self._steps: StepsKnown | None = None
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="rc-top"):
@@ -154,6 +187,7 @@ class RecompilesScreen(RunScreen):
         history = self.query_one("#history", PagedTable)
         history.add_column("#", key="n")
         history.add_column("at", key="ts")
+        history.add_column("step", key="step")
         history.add_column("what changed", key="changed")
         history.add_column("compile", key="time")
         history.add_column("signature", key="signature")
@@ -163,6 +197,7 @@ class RecompilesScreen(RunScreen):
 
     def load(self) -> None:
         self._load_ranked()
+        self._load_steps()
         if self._op is not None:  # a reload (the run grew): keep the selected compile
             self._want_event = self._wanted
             self._load_history(*self._op, 0)
@@ -172,6 +207,12 @@ class RecompilesScreen(RunScreen):
         groups = self.read(Session.compile_groups)
         if groups is not None:
             self.post_message(self.RankedLoaded(groups))
+
+    @work(thread=True, exclusive=True, group="steps")
+    def _load_steps(self) -> None:
+        known = self.read(steps_known)
+        if known is not None:
+            self.post_message(self.StepsLoaded(known))
 
     @work(thread=True, exclusive=True, group="history")
     def _load_history(self, name: str, mode: str, offset: int) -> None:
@@ -221,6 +262,35 @@ class RecompilesScreen(RunScreen):
         if self.focused is None:
             ranked.focus()
 
+    @on(StepsLoaded)
+    def _show_steps(self, message: StepsLoaded) -> None:
+        self._steps = message.known
+        table = self.query_one("#history", PagedTable)
+        for e in self._history:
+            if str(e.id) in table.rows:
+                table.update_cell(str(e.id), "step", self._step_cell(e))
+        if self._op is not None:
+            self._show_changing()
+
+    def _show_changing(self) -> None:
+        if self._op is None:
+            return
+        finding = self._steps.findings.get(self._op[0]) if self._steps is not None else None
+        self.query_one("#changing", Static).update(
+            _changing(self._history, self._op[1], self.query_one("#history", PagedTable).has_more, finding)
+        )
+
+    def _step_cell(self, e: CompileEvent) -> Text:
+        if self._steps is None or not len(self._steps.index):
+            return Text("-", style="dim")
+        where = self._steps.where(e.ts)
+        if where is None:
+            return Text("outside", style="dim")
+        step, phase = where
+        if phase == STEADY:
+            return Text(f"{step} steady", style="bold yellow" if e.diffs else "")
+        return Text(f"{step} {phase}", style="dim")
+
     @on(DataTable.RowHighlighted, "#ranked")
     def _ranked_highlighted(self, event: DataTable.RowHighlighted) -> None:
         # the table's cursor, not the event's row: highlight events of a refill arrive late
@@ -263,7 +333,7 @@ class RecompilesScreen(RunScreen):
         for i, e in enumerate(message.events, start + 1):
             table.add_row(*self._history_cells(e, i), key=str(e.id))
         table.has_more = message.has_more
-        self.query_one("#changing", Static).update(_changing(self._history, message.op[1], message.has_more))
+        self._show_changing()
         if message.offset == 0 and self._history:
             want = self._want_event
             self._want_event = None
@@ -285,6 +355,7 @@ class RecompilesScreen(RunScreen):
         return [
             label,
             Text(f"{e.ts:.3f}s", justify="right"),
+            self._step_cell(e),
             changed,
             Text(format_seconds(e.seconds), justify="right"),
             Text(e.signature),
@@ -409,21 +480,22 @@ class RecompilesScreen(RunScreen):
         )
 
 
-def _changing(history: list[CompileEvent], mode: str, partial: bool) -> Text:
-    """What kept changing across the loaded compiles, and what to do about it (the
-    recompile tracker's summary of a group, over the compiles loaded so far)."""
+def _changing(history: list[CompileEvent], mode: str, partial: bool, finding: Finding | None) -> Text:
+    """What changed across the loaded compiles (the recompile tracker's summary of a group,
+    over the compiles loaded so far), and the advisor's fix when it found this op or graph
+    worth fixing."""
     from tpu_debug.tracers.recompiles import summarize
 
     groups = summarize(history)
     change = groups[0].changing if groups else None
-    if change is None:
-        return Text("")
-    text = Text("keeps changing: ", style="bold")
-    text.append(change.what, style="bold yellow")
-    values = ", ".join(change.values[:6]) + (", …" if len(change.values) > 6 else "")
-    text.append(f" ({change.count} recompiles{' so far' if partial else ''}: {values})")
-    if groups[0].advice:
-        text.append("\n→ " + groups[0].advice[0], style="dim")
+    text = Text("")
+    if change is not None:
+        text.append("changed: ", style="bold")
+        text.append(change.what, style="bold yellow" if finding is not None else "bold")
+        values = ", ".join(change.values[:6]) + (", …" if len(change.values) > 6 else "")
+        text.append(f" ({change.count} recompiles{' so far' if partial else ''}: {values})")
+    if finding is not None:
+        text.append("\n→ " + finding.fix, style="dim")
     return text
 
 

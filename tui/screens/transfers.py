@@ -1,5 +1,6 @@
 """``TransfersScreen``: host <-> device transfers by call site and over time, implicit ones
-(syncs nobody asked for: ``.item()``, ``print``, ``bool()``, CPU fallbacks) marked and first."""
+(syncs nobody asked for: ``.item()``, ``print``, ``bool()``, CPU fallbacks) marked and first.
+A site the advisor found worth fixing shows its finding's fix."""
 
 from __future__ import annotations
 
@@ -12,17 +13,33 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Sparkline, Static
 from textual.worker import get_current_worker
+from tpu_debug.tracers.advisor import Finding
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.query import TransferSite
 from tpu_debug.tui.format import format_bytes, format_seconds, location_text, sparkline
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import SourceExcerpt, SourceView, read_excerpt
 
+from tpu_debug.report import advice_of
 from tpu_debug.session import Session
 
 __all__ = ["TransfersScreen"]
 
 BUCKETS = 60  # time buckets of the timeline (the per-site column shows them in 20)
+
+
+# the kinds of finding that are about a transfer site: the site's cause as the finding has it
+_SITE_FINDINGS = ("implicit_sync", "h2d_every_step", "cpu_fallback")
+
+
+def site_findings(session: Session) -> dict[tuple[SourceLocation | None, str], Finding]:
+    """The advisor's findings about transfer sites, by (line, cause)."""
+    out: dict[tuple[SourceLocation | None, str], Finding] = {}
+    for f in advice_of(session).findings:
+        if f.kind in _SITE_FINDINGS and f.cause is not None:
+            cause = f"fallback:{f.cause}" if f.kind == "cpu_fallback" else f.cause
+            out.setdefault((f.evidence.location, cause), f)
+    return out
 
 
 def _mini(timeline: tuple[int, ...], width: int = 20) -> str:
@@ -45,9 +62,14 @@ class TransfersScreen(RunScreen):
     class SourceLoaded(Message):
         excerpt: SourceExcerpt | None
 
+    @dataclasses.dataclass
+    class FindingsLoaded(Message):
+        findings: dict[tuple[SourceLocation | None, str], Finding]
+
     def __init__(self) -> None:
         super().__init__()
         self.sites: list[TransferSite] = []
+        self._findings: dict[tuple[SourceLocation | None, str], Finding] = {}
 
     def compose_body(self) -> ComposeResult:
         yield Static(Text("loading…", style="dim"), id="tr-summary", markup=False)
@@ -82,6 +104,18 @@ class TransfersScreen(RunScreen):
 
     def load(self) -> None:
         self._load()
+        self._load_findings()
+
+    @work(thread=True, exclusive=True, group="transfer-findings")
+    def _load_findings(self) -> None:
+        findings = self.read(site_findings)
+        if findings is not None:
+            self.post_message(self.FindingsLoaded(findings))
+
+    @on(FindingsLoaded)
+    def _show_findings(self, message: FindingsLoaded) -> None:
+        self._findings = message.findings
+        self._select(self.query_one("#sites", DataTable).cursor_row)
 
     @work(thread=True, exclusive=True, group="transfers")
     def _load(self) -> None:
@@ -156,11 +190,11 @@ class TransfersScreen(RunScreen):
         info.append(f"{s.count:,} transfers, {format_bytes(s.nbytes)}, {format_seconds(s.seconds)}; ")
         info.append(f"first at {s.first_ts:.3f}s, last at {s.last_ts:.3f}s")
         if s.implicit:
-            info.append(
-                "\nimplicit: the program waited for the device here without asking for a copy "
-                "(.item(), print, bool(), a CPU fallback); move it out of the loop or keep the value on device",
-                style="yellow",
-            )
+            info.append("\nimplicit: the program waited for the device here without asking for a copy", style="yellow")
+        finding = self._findings.get((s.location, s.op))
+        if finding is not None:
+            info.append("\n" + finding.title, style="bold")
+            info.append("\n→ " + finding.fix, style="dim")
         self.query_one("#tr-site-info", Static).update(info)
         self._load_source(s.location)
 

@@ -1,0 +1,129 @@
+"""The advisor: rules over a recorded run, each giving :class:`Finding` records (data, not prose
+assembled by a view), ranked by what they cost.
+
+A rule is one function registered with :func:`rule` under its kind; it reads
+the run through :class:`RunFacts` (every event placed in its step, and each
+step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.steps`) and
+yields findings. A finding is only made for what is true of this run and
+worth changing: compiles while a program warms up, an upload before the
+loop, a graph break in a function called once are not findings. Each rule is
+tested in both directions (``tests/tracers/test_advisor.py``) and has a
+pitfall example that triggers it (``examples/pitfalls/``), while the clean
+examples give no finding at all (``tests/examples/test_advisor_examples.py``).
+
+Example:
+    >>> advice = advise(tpu_debug.open_run())
+    >>> [(f.kind, f.title) for f in advice.findings]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tpu_debug.tracers.advisor.facts import RunFacts
+from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
+from tpu_debug.tracers.steps import StepSummary
+
+__all__ = [
+    "FINDINGS_SCHEMA",
+    "RULES",
+    "SEVERITIES",
+    "Advice",
+    "Count",
+    "Evidence",
+    "Finding",
+    "Rule",
+    "RunFacts",
+    "advise",
+    "lookup",
+    "rank",
+    "rule",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rule:
+    """A registered rule: its kind (the findings' ``kind``), what it looks for, and the function."""
+
+    kind: str
+    about: str
+    check: Callable[[RunFacts], Iterable[Finding]]
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(kind: str, *, about: str) -> Callable:
+    """Register ``fn(facts) -> Iterable[Finding]`` as the rule for findings of ``kind``.
+
+    Raises:
+        ValueError: a rule of this kind is already registered.
+    """
+
+    def register(fn: Callable[[RunFacts], Iterable[Finding]]) -> Callable[[RunFacts], Iterable[Finding]]:
+        known = RULES.get(kind)
+        if known is not None:
+            raise ValueError(
+                f"advisor rule {kind!r} is registered twice: {known.check.__module__}.{known.check.__qualname__} "
+                f"and {fn.__module__}.{fn.__qualname__}"
+            )
+        RULES[kind] = Rule(kind, about, fn)
+        return fn
+
+    return register
+
+
+def lookup(kind: str) -> Rule:
+    """The rule of ``kind``.
+
+    Raises:
+        ValueError: no rule has that kind.
+    """
+    try:
+        return RULES[kind]
+    except KeyError:
+        raise ValueError(f"no advisor rule {kind!r}; rules: {', '.join(sorted(RULES))}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Advice:
+    """What the advisor made of a run: the findings, ranked (see :func:`rank`), the steps
+    (warm-up and steady state), and the rules that failed (their text), if any."""
+
+    findings: tuple[Finding, ...]
+    steps: StepSummary
+    errors: tuple[str, ...] = ()
+
+
+def advise(query: Any, *, kinds: Iterable[str] | None = None) -> Advice:
+    """Run the rules over a run.
+
+    A rule that raises does not stop the others: its error is kept in
+    :attr:`Advice.errors` (the report shows it).
+
+    Args:
+        query: the run (a Session from :func:`tpu_debug.open_run`, or a ``RunQuery``).
+        kinds: only these rules (default: all).
+
+    Returns:
+        The :class:`Advice`.
+
+    Raises:
+        ValueError: ``kinds`` names no rule.
+    """
+    facts = RunFacts(query)
+    rules = [lookup(k) for k in kinds] if kinds is not None else list(RULES.values())
+    findings: list[Finding] = []
+    errors: list[str] = []
+    for r in rules:
+        try:
+            findings.extend(r.check(facts))
+        except Exception as exc:  # noqa: BLE001 - one rule's failure must not hide the others' findings
+            errors.append(f"advisor rule {r.kind!r} failed: {type(exc).__name__}: {exc}")
+    return Advice(tuple(rank(findings)), facts.summary, tuple(errors))
+
+
+# the rules register themselves when their module is imported
+from tpu_debug.tracers.advisor import rules as _rules  # noqa: E402,F401

@@ -1,0 +1,108 @@
+"""What the rules read: a run's events, each placed in its step and phase, read once."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from tpu_debug.tracers.events import (
+    CompileEvent,
+    FallbackEvent,
+    GraphBreakEvent,
+    RecompileLimitEvent,
+    StepEvent,
+    TransferEvent,
+)
+from tpu_debug.tracers.steps import STEADY, StepIndex, StepSummary, phase_of, step_phases, summarize_steps
+
+__all__ = ["RunFacts"]
+
+
+class RunFacts:
+    """One run as the rules see it. Everything is read from the run on first use and kept.
+
+    Args:
+        query: the run (a :class:`~tpu_debug.tracers.query.RunQuery` or a Session).
+    """
+
+    def __init__(self, query: Any) -> None:
+        self.query = query
+
+    # -- steps ----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def steps(self) -> list[StepEvent]:
+        return self.query.steps()
+
+    @functools.cached_property
+    def phases(self) -> dict[int, str]:
+        """``"warm-up"`` or ``"steady"`` per step index."""
+        return dict(zip((s.index for s in self.steps), step_phases(self.steps)))
+
+    @functools.cached_property
+    def index(self) -> StepIndex:
+        return StepIndex(self.steps)
+
+    @functools.cached_property
+    def steady(self) -> list[StepEvent]:
+        """The steady-state steps, in order."""
+        return [s for s in self.steps if self.phases[s.index] == STEADY]
+
+    @functools.cached_property
+    def summary(self) -> StepSummary:
+        return summarize_steps(self.steps, self.compiles)
+
+    def step_of(self, ts: float) -> int | None:
+        """The index of the step holding ``ts`` (None outside every step)."""
+        return self.index.step_of(ts)
+
+    def phase(self, ts: float) -> str:
+        """``"setup"``, ``"warm-up"``, ``"steady"``, ``"tail"``, ``"between"`` or ``"unstepped"``."""
+        return phase_of(self.index, self.phases, ts)
+
+    def steady_steps_of(self, events: Sequence[Any]) -> list[int]:
+        """The steady steps (their indexes, sorted, once each) that hold any of ``events``."""
+        out: set[int] = set()
+        for e in events:
+            i = self.index.position(e.ts)
+            if i is not None:
+                step = self.index.steps[i]
+                if self.phases[step.index] == STEADY:
+                    out.add(step.index)
+        return sorted(out)
+
+    def in_steady(self, events: Sequence[Any]) -> list[Any]:
+        """The events among ``events`` that happened in steady steps."""
+        return [e for e in events if self.phase(e.ts) == STEADY]
+
+    # -- events ---------------------------------------------------------------------------
+
+    @functools.cached_property
+    def metadata(self) -> Any:
+        return self.query.metadata()
+
+    @functools.cached_property
+    def compiles(self) -> list[CompileEvent]:
+        return self.query.compiles()
+
+    @functools.cached_property
+    def transfers(self) -> list[TransferEvent]:
+        return self.query.transfers()
+
+    @functools.cached_property
+    def fallbacks(self) -> list[FallbackEvent]:
+        return self.query.fallbacks()
+
+    @functools.cached_property
+    def graph_breaks(self) -> list[GraphBreakEvent]:
+        return self.query.graph_breaks()
+
+    @functools.cached_property
+    def recompile_limits(self) -> list[RecompileLimitEvent]:
+        return self.query.recompile_limits()
+
+    @functools.cached_property
+    def ops(self) -> list[Any]:
+        """Per op and mode: executions and time (``OpSummary``)."""
+        return self.query.ops()

@@ -1,0 +1,627 @@
+"""Steps: where each training step begins and ends, what ran in it, and which steps are warm-up.
+
+Recording (:class:`StepTracker`, a probe the trace subscribes): a step ends
+when ``optimizer.step()`` returns for an optimizer holding ``tpu`` parameters,
+or at each explicit ``tpu_debug.step()`` (once one is made, only explicit
+marks count). The tracker counts what runs in the current step (op
+executions, compiles, transfers, fallbacks, and a hash of the executables in
+order) and writes a :class:`~.events.StepEvent` when the step ends. A run with
+neither gets its steps from the loop it ran: the tracker keeps the sequence
+of ops executed (up to :data:`LOOP_WINDOW` of them) and, when the trace ends,
+:func:`detect_loop` finds the longest stretch that repeats one block of ops at
+least :data:`LOOP_MIN_ITERATIONS` times; each repetition becomes a step
+(``detected="loop"``). Ops are compared by name, not by executable (a compiled
+graph by the function it came from), so a loop whose shapes change every
+iteration (a recompile storm) is still one loop.
+
+Reading: every other event belongs to the step whose time span holds its
+timestamp (:class:`StepIndex`; the run store needs no step column for that),
+and :func:`step_phases` says which steps are warm-up and which are steady
+state. Warm-up is the first steps of a run, and of each new phase of it
+(another optimizer, an evaluation loop), until a step compiles nothing: there
+every op and graph is compiled for the first time, and an op compiled for
+several shapes at once (one per layer) is shape polymorphism, not a problem.
+A compile in steady state is one the program pays again and again.
+
+This module imports neither torch nor jax at import time: the reading verbs
+use it.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tpu_debug.tracers.events import StepEvent
+from tpu_debug.tracers.location import user_location
+
+__all__ = [
+    "LOOP_MIN_ITERATIONS",
+    "LOOP_WINDOW",
+    "WARMUP_MAX",
+    "STEADY",
+    "WARMUP",
+    "Loop",
+    "PhaseTotals",
+    "StepIndex",
+    "StepSummary",
+    "StepTracker",
+    "detect_loop",
+    "phase_of",
+    "step_phases",
+    "summarize_steps",
+]
+
+# ops whose sequence is kept for finding a loop (names, executables, times: 24 bytes each)
+LOOP_WINDOW = 262_144
+# a block of ops must repeat this many times in a row to be taken for a loop's body
+LOOP_MIN_ITERATIONS = 3
+# a run (or a new phase of it) may compile for this many steps and still be warming up
+WARMUP_MAX = 3
+
+_MASK = (1 << 64) - 1
+_MUL = 0x100000001B3  # FNV-1a's 64-bit prime: a hash of the executables run, in order
+_SEED = 0xCBF29CE484222325
+
+
+class _Counts:
+    """What ran in the current step (the tracker swaps in a fresh one at each step end)."""
+
+    __slots__ = (
+        "compile_seconds",
+        "compiles",
+        "eager_ops",
+        "fallbacks",
+        "graph_runs",
+        "op_seconds",
+        "recompiles",
+        "sequence",
+        "transfer_bytes",
+        "transfer_seconds",
+        "transfers",
+    )
+
+    def __init__(self) -> None:
+        self.eager_ops = 0
+        self.graph_runs = 0
+        self.op_seconds = 0.0
+        self.compiles = 0
+        self.recompiles = 0
+        self.compile_seconds = 0.0
+        self.transfers = 0
+        self.transfer_bytes = 0
+        self.transfer_seconds = 0.0
+        self.fallbacks = 0
+        self.sequence = _SEED
+
+    def ran(self) -> bool:
+        return bool(self.eager_ops or self.graph_runs or self.compiles or self.transfers or self.fallbacks)
+
+
+class _Window:
+    """The run's first ops, for finding its loop: which op, which executable, when each ended."""
+
+    __slots__ = ("compiles", "ends", "fallbacks", "full", "graphs", "kinds", "names", "seconds", "transfers")
+
+    def __init__(self) -> None:
+        self.names = array.array("I")
+        self.kinds = array.array("I")
+        self.seconds = array.array("d")
+        self.ends = array.array("d")
+        self.graphs: set[int] = set()  # name ids of compiled graphs (the rest are eager ops)
+        # (ops executed before it, ...) of what happened between ops
+        self.compiles: list[tuple[int, float, bool]] = []
+        self.transfers: list[tuple[int, int, float]] = []
+        self.fallbacks: list[int] = []
+        self.full = False
+
+
+class StepTracker:
+    """Records the run's steps as :class:`~.events.StepEvent` (a probe; see the module docstring).
+
+    Args:
+        put: where events go (``RunWriter.put``).
+        new_id: the run's event ids (``RunWriter.new_id``).
+        clock: seconds since the run started.
+        record_error: ``(where, message)`` keeps a failure in the run.
+
+    Example:
+        >>> tracker = StepTracker(writer.put, writer.new_id, recorder.clock)
+        >>> tracker.start(); probes.subscribe(tracker)
+        >>> ...                        # optimizer.step() ends each step
+        >>> tracker.close()            # a run without steps: its loop's iterations
+    """
+
+    def __init__(
+        self,
+        put: Callable[[Any], None],
+        new_id: Callable[[], int],
+        clock: Callable[[], float],
+        *,
+        record_error: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._put = put
+        self._new_id = new_id
+        self._clock = clock
+        self._record_error = record_error
+        self._lock = threading.Lock()
+        self._index = 0
+        self._explicit = False
+        self._start = 0.0
+        self._counts = _Counts()
+        self._executables: dict[Any, tuple[int, int]] = {}  # key -> (executable id, op name id)
+        self._names: dict[tuple[str, Any], int] = {}
+        self._compiled: set[tuple[str, str]] = set()  # (mode, name) compiled so far
+        # a compiled graph's name changes when dynamo recompiles it: for finding the loop,
+        # each graph is known by the function it came from (and its direction)
+        self._graph_origin: dict[str, Any] = {}
+        self._window: _Window | None = _Window()
+        self._tpu_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._hook: Any = None
+        self._closed = False
+
+    @property
+    def steps(self) -> int:
+        """Steps ended so far."""
+        return self._index
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Hook ``optimizer.step()`` (every optimizer; those without ``tpu`` parameters are ignored)."""
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+        except Exception as exc:  # noqa: BLE001 - explicit marks and loop detection still work
+            self._error("start", exc)
+
+    def close(self) -> None:
+        """Stop listening; a run that ended no step gets the iterations of its loop as steps."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        window, self._window = self._window, None
+        if self._index == 0 and window is not None and len(window.names):
+            try:
+                self._loop_steps(window)
+            except Exception as exc:  # noqa: BLE001 - the run is closed without loop steps
+                self._error("close (loop detection)", exc)
+
+    # -- step ends ------------------------------------------------------------------------
+
+    def mark(self) -> None:
+        """An explicit step end (``tpu_debug.step()``); from now on only these end steps."""
+        self._explicit = True
+        self._end("explicit", user_location(2))
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if self._explicit or self._closed or not self._on_tpu(optimizer):
+                return
+            self._end("optimizer", user_location(2))
+        except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
+            self._error("optimizer step hook", exc)
+
+    def _on_tpu(self, optimizer: Any) -> bool:
+        known = self._tpu_optimizers.get(optimizer)
+        if known is None:
+            known = any(
+                getattr(getattr(p, "device", None), "type", None) == "tpu"
+                for group in getattr(optimizer, "param_groups", ())
+                for p in group.get("params", ())
+            )
+            try:
+                self._tpu_optimizers[optimizer] = known
+            except TypeError:  # not weak-referenceable: ask again next time
+                pass
+        return known
+
+    def _end(self, detected: str, location: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            now = self._clock()
+            counts, self._counts = self._counts, _Counts()
+            start, self._start = self._start, now
+            index = self._index
+            self._index += 1
+            self._window = None  # the program says where its steps are
+        self._put(_event(self._new_id(), index, detected, start, now, counts, location))
+
+    # -- probe methods --------------------------------------------------------------------
+
+    def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
+        counts = self._counts
+        if mode == "eager":
+            counts.eager_ops += 1
+        else:
+            counts.graph_runs += 1
+        counts.op_seconds += seconds
+        ids = self._executables.get(key)
+        if ids is None:
+            ids = self._new_executable(mode, name, key)
+        counts.sequence = ((counts.sequence ^ ids[0]) * _MUL) & _MASK
+        window = self._window
+        if window is not None and not window.full:
+            if len(window.names) >= LOOP_WINDOW:
+                window.full = True
+                return
+            window.names.append(ids[1])
+            window.kinds.append(ids[0])
+            window.seconds.append(seconds)
+            window.ends.append(self._clock())
+
+    def on_compile(self, info: Any) -> None:
+        graph = info.graph
+        if graph is not None:
+            origin = graph.origin.function or graph.origin.frame
+            if origin is not None:
+                self._graph_origin[str(info.name)] = (origin, graph.kind == "backward")
+        ident = (info.mode, str(info.name))
+        recompile = ident in self._compiled
+        self._compiled.add(ident)
+        if info.replayed:
+            return
+        counts = self._counts
+        counts.compiles += 1
+        counts.recompiles += int(recompile)
+        counts.compile_seconds += float(info.seconds)
+        window = self._window
+        if window is not None and not window.full:
+            window.compiles.append((len(window.names), float(info.seconds), recompile))
+
+    def on_transfer(self, info: Any) -> None:
+        counts = self._counts
+        counts.transfers += 1
+        counts.transfer_bytes += int(info.nbytes)
+        counts.transfer_seconds += float(info.seconds)
+        window = self._window
+        if window is not None and not window.full:
+            window.transfers.append((len(window.names), int(info.nbytes), float(info.seconds)))
+
+    def on_fallback(self, info: Any) -> None:
+        self._counts.fallbacks += 1
+        window = self._window
+        if window is not None and not window.full:
+            window.fallbacks.append(len(window.names))
+
+    def on_internal_error(self, method: str, exc: BaseException) -> None:
+        self._error(method, exc)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _new_executable(self, mode: str, name: str, key: Any) -> tuple[int, int]:
+        with self._lock:
+            ids = self._executables.get(key)
+            if ids is None:
+                ident = (mode, self._graph_origin.get(str(name), str(name)))
+                nid = self._names.get(ident)
+                if nid is None:
+                    nid = self._names[ident] = len(self._names) + 1
+                    window = self._window
+                    if window is not None and mode != "eager":
+                        window.graphs.add(nid)
+                ids = self._executables[key] = (len(self._executables) + 1, nid)
+        return ids
+
+    def _loop_steps(self, window: _Window) -> None:
+        loop = detect_loop(window.names)
+        if loop is None:
+            return
+        ends, seconds = window.ends, window.seconds
+        bounds = [loop.start + i * loop.period for i in range(loop.iterations + 1)]
+        compile_at = [c[0] for c in window.compiles]
+        transfer_at = [t[0] for t in window.transfers]
+        for index, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            counts = _Counts()
+            for i in range(a, b):
+                if window.names[i] in window.graphs:
+                    counts.graph_runs += 1
+                else:
+                    counts.eager_ops += 1
+                counts.op_seconds += seconds[i]
+                counts.sequence = ((counts.sequence ^ window.kinds[i]) * _MUL) & _MASK
+            # what happened before op i ran belongs to op i's step
+            for _, secs, recompile in window.compiles[bisect.bisect_left(compile_at, a) : bisect.bisect_left(compile_at, b)]:
+                counts.compiles += 1
+                counts.recompiles += int(recompile)
+                counts.compile_seconds += secs
+            for _, nbytes, secs in window.transfers[bisect.bisect_left(transfer_at, a) : bisect.bisect_left(transfer_at, b)]:
+                counts.transfers += 1
+                counts.transfer_bytes += nbytes
+                counts.transfer_seconds += secs
+            counts.fallbacks = bisect.bisect_left(window.fallbacks, b) - bisect.bisect_left(window.fallbacks, a)
+            # a step begins when the op before its first one ended
+            start = ends[a - 1] if a > 0 else ends[0] - seconds[0]
+            self._put(_event(self._new_id(), index, "loop", start, ends[b - 1], counts, None))
+        self._index = loop.iterations
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        if self._record_error is not None:
+            self._record_error(f"StepTracker.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _event(
+    event_id: int, index: int, detected: str, start: float, end: float, c: _Counts, location: Any
+) -> StepEvent:
+    return StepEvent(
+        event_id,
+        start,
+        None,
+        threading.get_native_id(),
+        location,
+        index,
+        detected,
+        end,
+        max(0.0, end - start),
+        c.eager_ops,
+        c.graph_runs,
+        c.op_seconds,
+        c.compiles,
+        c.recompiles,
+        c.compile_seconds,
+        c.transfers,
+        c.transfer_bytes,
+        c.transfer_seconds,
+        c.fallbacks,
+        f"{c.sequence:016x}",
+    )
+
+
+# ---------------------------------------------------------------------------------
+# Finding the loop
+# ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Loop:
+    """A block of ``period`` ops repeated ``iterations`` times from op ``start`` on."""
+
+    start: int
+    period: int
+    iterations: int
+
+
+def detect_loop(ops: Sequence[int], *, min_iterations: int = LOOP_MIN_ITERATIONS) -> Loop | None:
+    """The loop in a sequence of op ids: the longest stretch where one block repeats.
+
+    The block's length (the period) is one of the distances between two runs
+    of the same op: an op run once per iteration recurs exactly one period
+    later. Each candidate period ``p`` is checked over the whole sequence
+    (``ops[i] == ops[i + p]``); the one whose longest agreeing stretch covers
+    the most ops wins, the shorter period on a tie (a loop of period ``p``
+    also agrees with itself at ``2p``, over ``p`` fewer ops).
+
+    Args:
+        ops: one id per op executed, in order.
+        min_iterations: repetitions needed to call it a loop.
+
+    Returns:
+        The loop, or None when no block repeats ``min_iterations`` times.
+
+    Example:
+        >>> detect_loop([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7])
+        Loop(start=1, period=3, iterations=3)
+    """
+    import numpy as np
+
+    a = np.asarray(ops, dtype=np.int64)
+    n = len(a)
+    if n < min_iterations:
+        return None
+    order = np.argsort(a, kind="stable")
+    same = a[order[1:]] == a[order[:-1]]
+    gaps = (order[1:] - order[:-1])[same]
+    gaps = gaps[gaps * min_iterations <= n]
+    if not len(gaps):
+        return None
+    values, counts = np.unique(gaps, return_counts=True)
+    # the most frequent distances first; a period seen once cannot repeat three times
+    ranked = values[np.argsort(-counts, kind="stable")][: 256]
+    best: tuple[int, int, int] | None = None  # (covered, -period, start)
+    for p in (int(v) for v in ranked):
+        agree = a[:-p] == a[p:]
+        if not agree.any():
+            continue
+        edges = np.diff(np.concatenate(([0], agree.astype(np.int8), [0])))
+        starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        longest = int(np.argmax(stops - starts))
+        start, run = int(starts[longest]), int(stops[longest] - starts[longest])
+        covered = (run + p) // p * p
+        if covered // p < min_iterations:
+            continue
+        if best is None or (covered, -p) > best[:2]:
+            best = (covered, -p, start)
+    if best is None:
+        return None
+    covered, neg_p, start = best
+    return Loop(start, -neg_p, covered // -neg_p)
+
+
+# ---------------------------------------------------------------------------------
+# Reading: which step an event is in, warm-up and steady state
+# ---------------------------------------------------------------------------------
+
+
+class StepIndex:
+    """Finds the step an event belongs to by its timestamp.
+
+    Example:
+        >>> index = StepIndex(session.events("step"))
+        >>> index.step_of(compile_event.ts)     # its step's index, or None outside every step
+        3
+    """
+
+    def __init__(self, steps: Sequence[StepEvent]) -> None:
+        self.steps = sorted(steps, key=lambda s: (s.ts, s.index))
+        self._starts = [s.ts for s in self.steps]
+
+    def position(self, ts: float) -> int | None:
+        """The position in :attr:`steps` of the step holding ``ts``."""
+        i = bisect.bisect_right(self._starts, ts) - 1
+        if i < 0:
+            return None
+        step = self.steps[i]
+        return i if ts < step.end or (ts == step.end == step.ts) else None
+
+    def step_of(self, ts: float) -> int | None:
+        """The index of the step holding ``ts``; None before the first step, after the
+        last or between two (a loop's steps need not be contiguous with the run's start)."""
+        i = self.position(ts)
+        return self.steps[i].index if i is not None else None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+WARMUP, STEADY = "warm-up", "steady"
+
+
+def step_phases(steps: Sequence[StepEvent], *, warmup_max: int = WARMUP_MAX) -> list[str]:
+    """``"warm-up"`` or ``"steady"`` for each step (in the order given, by index).
+
+    Steps that compile come in runs. A run is warm-up when it opens the
+    program (the first steps) or a new phase of it: the first step after it
+    that compiles nothing runs a sequence of programs no earlier step ran
+    (another optimizer, an evaluation loop), so the compiles made programs
+    for work that then repeats. A warm-up run longer than ``warmup_max``
+    steps is warm-up only in its first step: compiling step after step is not
+    warming up. Every other step is steady state; compiles there (an input
+    whose shape changes again, an executable evicted and compiled again)
+    cost time at every recurrence.
+
+    Example:
+        >>> [s.compiles for s in steps]
+        [37, 4, 0, 0, 0, 6, 0]
+        >>> step_phases(steps)
+        ['warm-up', 'warm-up', 'steady', 'steady', 'steady', 'steady', 'steady']
+    """
+    ordered = sorted(range(len(steps)), key=lambda i: steps[i].index)
+    out = [STEADY] * len(steps)
+    seen: set[str] = set()
+    k = 0
+    while k < len(ordered):
+        step = steps[ordered[k]]
+        if not step.compiles:
+            seen.add(step.sequence)
+            k += 1
+            continue
+        j = k
+        while j < len(ordered) and steps[ordered[j]].compiles:
+            j += 1
+        settled = steps[ordered[j]] if j < len(ordered) else None
+        # a run still compiling when the steps end cannot show whether it would settle
+        opens = k == 0 or settled is None or settled.sequence not in seen
+        if opens:
+            last = j if j - k <= warmup_max else k + 1
+            for m in range(k, last):
+                out[ordered[m]] = WARMUP
+        for m in range(k, j):
+            seen.add(steps[ordered[m]].sequence)
+        k = j
+    return out
+
+
+def phase_of(index: StepIndex, phases: dict[int, str], ts: float) -> str:
+    """Where ``ts`` falls: ``"setup"`` (before the first step), ``"warm-up"``,
+    ``"steady"``, ``"tail"`` (after the last step), or ``"between"`` (a gap
+    between two steps), or ``"unstepped"`` when the run has no steps."""
+    if not len(index):
+        return "unstepped"
+    i = index.position(ts)
+    if i is not None:
+        return phases[index.steps[i].index]
+    if ts < index.steps[0].ts:
+        return "setup"
+    if ts >= index.steps[-1].end:
+        return "tail"
+    return "between"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PhaseTotals:
+    """Compiles in one part of a run (before the steps, warm-up, steady state, after them)."""
+
+    compiles: int = 0
+    recompiles: int = 0
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepSummary:
+    """A run's steps at a glance: how many, how found, which warmed up, what steady state costs.
+
+    ``detected`` is how the steps were found (``"optimizer"``, ``"explicit"``,
+    ``"loop"``; None without steps). ``warmup`` holds the warm-up steps' indexes.
+    ``step_seconds``, ``ops_per_step`` and ``op_seconds`` are medians over the
+    steady steps (None without any). ``setup``, ``warm``, ``steady_compiles`` and
+    ``tail`` count the compiles before the first step, in warm-up steps, in
+    steady steps and after the last step.
+    """
+
+    steps: int
+    detected: str | None
+    warmup: tuple[int, ...]
+    steady: int
+    step_seconds: float | None
+    ops_per_step: float | None
+    op_seconds: float | None
+    setup: PhaseTotals
+    warm: PhaseTotals
+    steady_compiles: PhaseTotals
+    tail: PhaseTotals
+
+    def warmup_ranges(self) -> list[tuple[int, int]]:
+        """The warm-up steps as (first, last) runs: [(0, 1), (100, 101)]."""
+        out: list[tuple[int, int]] = []
+        for i in self.warmup:
+            if out and out[-1][1] == i - 1:
+                out[-1] = (out[-1][0], i)
+            else:
+                out.append((i, i))
+        return out
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def summarize_steps(steps: Sequence[StepEvent], compiles: Sequence[Any]) -> StepSummary:
+    """The :class:`StepSummary` of a run's steps and its compile events."""
+    phases = dict(zip((s.index for s in steps), step_phases(steps)))
+    index = StepIndex(steps)
+    totals: dict[str, list] = {}
+    for c in compiles:
+        where = phase_of(index, phases, c.ts)
+        t = totals.setdefault(where, [0, 0, 0.0])
+        t[0] += 1
+        t[1] += int(bool(c.diffs))
+        t[2] += c.seconds
+    steady = [s for s in steps if phases[s.index] == STEADY]
+    detected = sorted({s.detected for s in steps})
+    return StepSummary(
+        steps=len(steps),
+        detected=("+".join(detected) if detected else None),
+        warmup=tuple(sorted(i for i, p in phases.items() if p == WARMUP)),
+        steady=len(steady),
+        step_seconds=_median([s.seconds for s in steady]),
+        ops_per_step=_median([float(s.ops) for s in steady]),
+        op_seconds=_median([s.op_seconds for s in steady]),
+        setup=PhaseTotals(*totals.get("setup", (0, 0, 0.0))),
+        warm=PhaseTotals(*totals.get(WARMUP, (0, 0, 0.0))),
+        steady_compiles=PhaseTotals(*totals.get(STEADY, (0, 0, 0.0))),
+        tail=PhaseTotals(*[sum(x) for x in zip(*(totals.get(k, (0, 0, 0.0)) for k in ("tail", "between", "unstepped")))]),
+    )
