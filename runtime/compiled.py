@@ -518,8 +518,11 @@ class CompiledGraph:
         donated = tuple(i for i in self.program.mutated_inputs if i in positions)
         specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
 
+        def jitted(donate: tuple):
+            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate))
+
         def lower(donate: tuple):
-            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate)).lower(*specs)
+            return jitted(donate).lower(*specs)
 
         start = time.perf_counter()
         with jax.enable_x64(True):
@@ -541,7 +544,7 @@ class CompiledGraph:
                     return lower(()).compile()
 
             entry.make_plain = make_plain
-        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled)
+        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled, jitted(donated))
         if probes._probes:
             probes.compiled(entry.info)
         return entry
@@ -591,14 +594,15 @@ class CompiledGraph:
 
         return fn, kinds, scalars
 
-    def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled) -> CompileInfo:
+    def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled,
+                      jitted=None) -> CompileInfo:
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
             for i, a in enumerate(arrays)
         )
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin),
+            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin), jitted=jitted,
         )
 
     # -- debug variant (divergence against CPU) ---------------------------------------

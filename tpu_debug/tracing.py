@@ -321,6 +321,7 @@ class Trace(contextlib.ContextDecorator):
         self._divergence: Any = None  # a DivergenceTracer with divergence=True
         self._saved_numerics: str | None = None
         self._guards: Any = None  # dynamo events, recompile and transfer guards
+        self._target: Any = None  # a TargetTracer with target= set
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
@@ -390,6 +391,7 @@ class Trace(contextlib.ContextDecorator):
         probes.subscribe(self._recorder, replay=True)
         if self.config.tensorboard:
             self._start_tensorboard(run_dir)
+        self._start_target()
         self._start_divergence()
         from tpu_debug.guards import TraceGuards
 
@@ -440,6 +442,8 @@ class Trace(contextlib.ContextDecorator):
         for where, stop in (
             ("TraceGuards.stop", self._stop_guards),
             ("DivergenceTracer.close", self._stop_divergence),
+            # before the exporter stops: the target's step estimates reach the timeline too
+            ("TargetTracer.close", self._stop_target),
             ("TensorBoardExporter.stop", self._stop_tensorboard),
             ("Recorder.unsubscribe", self._stop_recorder),
         ):
@@ -564,10 +568,39 @@ class Trace(contextlib.ContextDecorator):
         if self._saved_numerics is not None:
             runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
 
+    # -- TPU target ----------------------------------------------------------------------
+
+    def _start_target(self) -> None:
+        from tpu_debug.runtime import probes
+
+        target = self.config.target_spec()
+        if target is None:
+            return
+        from tpu_debug.tracers.target import TargetTracer
+
+        tracer = TargetTracer(self._writer, target, clock=self._recorder.clock,
+                              record_error=self._recorder.record_error, hlo=self.config.hlo)
+        self._target = tracer
+        # programs compiled before the trace are compiled for the target when they run in it
+        probes.subscribe(tracer, replay=True)
+        tracer.start()
+
+    def _stop_target(self) -> None:
+        from tpu_debug.runtime import probes
+
+        tracer, self._target = self._target, None
+        if tracer is None:
+            return
+        probes.unsubscribe(tracer)
+        tracer.close(wait=self.config.target_wait)
+
     def mark_step(self) -> None:
-        """End the current step on the TensorBoard timeline (see :func:`step`)."""
+        """End the current step on the TensorBoard timeline and in the target's step
+        estimates (see :func:`step`)."""
         if self._tensorboard is not None:
             self._tensorboard.step()
+        if self._target is not None:
+            self._target.step()
 
 
 def trace(
@@ -586,6 +619,8 @@ def trace(
     fail_on_recompile: bool | None = None,
     transfer_guard: str | None = None,
     transfer_guard_implicit: str | None = None,
+    target: str | None = None,
+    target_wait: float | None = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -638,12 +673,23 @@ def trace(
         transfer_guard_implicit: the same for implicit transfers only
             (``.item()``, ``print``, ``if t:``, CPU fallbacks; default "allow";
             ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``).
+        target: also compile every program for this TPU target (``"v5e"``,
+            ``"v6e-8"``, ``"v5p-8"``, ``"v5e:2x4"``), off the program's thread, and
+            record the TPU's HLO, memory, cost, padding and roofline beside each
+            local program, and step-time estimates (default None;
+            ``TPU_DEBUG_TARGET``). Needs libtpu (``pip install "tpu-debug[tpu]"``).
+            See the report's "TPU target" section.
+        target_wait: seconds the end of the trace waits for target compiles still
+            running; those that do not finish are counted, not recorded (default 60;
+            ``TPU_DEBUG_TARGET_WAIT``).
 
     Returns:
         A :class:`Trace` context manager / decorator.
 
     Raises:
-        ConfigError: an option or ``TPU_DEBUG_*`` variable has a bad value.
+        ConfigError: an option or ``TPU_DEBUG_*`` variable has a bad value (a
+            target spec naming no TPU, say).
+        LibtpuMissingError: a target is asked for and libtpu is not installed.
         TraceActiveError: (on entry) another trace is recording.
 
     Example:
@@ -662,6 +708,12 @@ def trace(
         transfer_guard=transfer_guard,
         transfer_guard_implicit=transfer_guard_implicit,
     )
+    config = config.override(target=target, target_wait=target_wait)
+    if config.target_spec(source="target" if target is not None else None) is not None:
+        # before anything runs: a script traced with --target must not run first and fail after
+        from tpu_debug.runtime.target import _libtpu
+
+        _libtpu.require_libtpu()
     return Trace(config)
 
 

@@ -98,6 +98,19 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="compare every N-th node of a compiled graph (default: 1, all)",
     )
+    # -- TPU target --
+    parser.add_argument(
+        "--target",
+        metavar="TPU",
+        help="also compile every program for this TPU (v5e, v6e-8, v5p-8, v5e:2x4, ...) and report its "
+        "memory, cost, padding and roofline beside the local run (needs libtpu: pip install \"tpu-debug[tpu]\")",
+    )
+    parser.add_argument(
+        "--target-wait",
+        type=float,
+        metavar="SECONDS",
+        help="at the end, wait at most this long for target compiles still running (default: 60)",
+    )
     parser.add_argument(
         "--no-report",
         dest="report",
@@ -223,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         numerics=args.numerics,
         tolerances=args.tolerances,
         divergence_sample=args.divergence_sample,
+        target=args.target,
+        target_wait=args.target_wait,
     )
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
