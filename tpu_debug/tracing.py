@@ -508,6 +508,7 @@ class Trace(contextlib.ContextDecorator):
                 clock=recorder.clock,
                 record_error=recorder.record_error,
                 set_meta=writer.set_meta,
+                target=getattr(self.config.target_spec(), "name", None),
             )
             exporter.start()
         except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard

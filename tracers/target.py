@@ -576,7 +576,7 @@ class TargetTracer:
         out = []
         for buf in ranked:
             op, where = str(info.name), program.location
-            described = op_names.get(buf.name)
+            described = _described(buf.name, op_names, entry_body)
             if nodes and described is not None and buf.opcode != "parameter":
                 pairs = map_nodes([described], node_by_name)
                 if pairs:
@@ -656,6 +656,24 @@ class TargetTracer:
                 self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
                 f"TargetTracer.{where}", text,
             ))
+
+
+# instructions that move or rename another instruction's value: its op is the producer's
+_MOVES = frozenset({"copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "reshape", "transpose"})
+
+
+def _described(name: str, described: dict[str, Any], entry: dict[str, _Instruction]) -> Any:
+    """The instruction whose metadata names the op that made ``name``: itself, or for a copy
+    the compiler added (no metadata), the instruction it copies."""
+    for _ in range(8):
+        found = described.get(name)
+        if found is not None and found.op_name:
+            return found
+        ins = entry.get(name)
+        if ins is None or ins.opcode not in _MOVES or not ins.operands:
+            return found
+        name = ins.operands[0]
+    return None
 
 
 def _identity(info: Any) -> str:
