@@ -636,7 +636,8 @@ class TargetStepEvent(Event):
 
     ``step`` counts steps from 1 (each ``optimizer.step()``, or explicit
     ``tpu_debug.step()`` marks); 0 is the whole run when it had no step marks,
-    and ``unfinished`` marks work after the last one. ``executions`` are the
+    and ``unfinished`` marks work after the last one. A step that ran no program
+    (an optimizer stepping CPU tensors) is not recorded. ``executions`` are the
     program runs of the step, ``estimated`` how many of them have an estimate
     (their program compiled for the target). ``estimated_seconds`` adds up the
     roofline time of each run, back to back, with no host dispatch or launch

@@ -604,6 +604,9 @@ class TargetTracer:
             # work after the last step mark is a step that did not finish; with no marks at
             # all, step 0 is the whole run
             steps.append((len(self._steps) + 1 if self._steps else 0, tail, bool(self._steps)))
+        if len(steps) > 1:
+            # a step that ran no program here (an optimizer on CPU tensors) has nothing to estimate
+            steps = [s for s in steps if s[1]]
         estimates: dict[int, tuple] = {}
         for number, counts, unfinished in steps:
             pattern = id(counts)

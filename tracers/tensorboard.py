@@ -66,6 +66,8 @@ __all__ = [
     "DEFAULT_MAX_EVENTS",
     "SCALAR_TAGS",
     "STEP_NAME",
+    "TARGET_PLANE",
+    "TARGET_SCALAR_TAGS",
     "TENSORBOARD_DIR",
     "TensorBoardExporter",
     "profile_files",
@@ -82,6 +84,9 @@ SCALAR_TAGS = {
     "tpu_debug/compile_seconds": "time spent compiling",
     "tpu_debug/transfer_bytes": "bytes moved between host and device",
     "tpu_debug/max_divergence": "largest absolute error against CPU (only steps that compared)",
+}
+# with a TPU target, per step that ran programs (written when the trace ends)
+TARGET_SCALAR_TAGS = {
     "tpu_debug/target_step_seconds": "the step's estimated time on the TPU target (a model estimate)",
     "tpu_debug/target_mfu": "the step's estimated MFU on the TPU target (a model estimate)",
     "tpu_debug/target_peak_memory_bytes": "HBM the step's largest program needs on the TPU target",
