@@ -663,9 +663,11 @@ def _target_rows(summary: Any, compiles: list, steps: list) -> list[tuple[str, s
     if summary is not None:
         rows.append((
             "target",
-            f"{summary.target} ({summary.topology}, {summary.chips} chip(s)); per device "
-            f"{format_bytes(summary.hbm_bytes)} HBM, {summary.peak_flops / 1e12:.0f} TFLOP/s bf16, "
-            f"{summary.hbm_bandwidth / 1e9:.0f} GB/s; libtpu {summary.libtpu}",
+            (
+                f"{summary.target} ({summary.topology}, {summary.chips} chip(s)); per device "
+                f"{format_bytes(summary.hbm_bytes)} HBM, {summary.peak_flops / 1e12:.0f} TFLOP/s bf16, "
+                f"{summary.hbm_bandwidth / 1e9:.0f} GB/s; libtpu {summary.libtpu}"
+            ),
         ))
         refused = [c for c in compiles if not c.ok]
         ooms = sum(1 for c in refused if c.status == "hbm_oom")
@@ -678,9 +680,11 @@ def _target_rows(summary: Any, compiles: list, steps: list) -> list[tuple[str, s
         if summary.unfinished:
             rows.append((
                 "not finished",
-                f"{summary.unfinished} program(s) still compiling when the trace stopped waiting "
-                f"({format_seconds(summary.waited_seconds)}, target_wait={summary.wait_limit:g}): no estimate "
-                "for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer",
+                (
+                    f"{summary.unfinished} program(s) still compiling when the trace stopped waiting "
+                    f"({format_seconds(summary.waited_seconds)}, target_wait={summary.wait_limit:g}): no "
+                    "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"
+                ),
             ))
         rows.append(("compile time", f"{format_seconds(summary.compile_seconds)} of TPU compiles, beside the program"))
     step = step_summary(steps)
@@ -698,8 +702,10 @@ def _target_rows(summary: Any, compiles: list, steps: list) -> list[tuple[str, s
     if largest is not None and summary is not None:
         rows.append((
             "memory",
-            f"largest program {format_bytes(largest.memory_bytes)} of {format_bytes(summary.hbm_bytes)} per device "
-            f"({largest.name})",
+            (
+                f"largest program {format_bytes(largest.memory_bytes)} of {format_bytes(summary.hbm_bytes)} "
+                f"per device ({largest.name})"
+            ),
         ))
     return rows
 

@@ -322,6 +322,7 @@ class Trace(contextlib.ContextDecorator):
         self._saved_numerics: str | None = None
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._target: Any = None  # a TargetTracer with target= set
+        self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
@@ -439,6 +440,7 @@ class Trace(contextlib.ContextDecorator):
 
     def _finish(self, status: str, exit_status: int | None, error: str | None, held: _HeldSignals) -> None:
         """Stop everything started, newest first, then write the run's end and close it."""
+        self._closing = (status, held)
         for where, stop in (
             ("TraceGuards.stop", self._stop_guards),
             ("DivergenceTracer.close", self._stop_divergence),
@@ -593,7 +595,12 @@ class Trace(contextlib.ContextDecorator):
         if tracer is None:
             return
         probes.unsubscribe(tracer)
-        tracer.close(wait=self.config.target_wait)
+        status, held = self._closing
+        # a program stopped by Ctrl-C or SIGTERM does not wait for compiles; a signal held while
+        # the trace closes stops the wait too
+        wait = 0.0 if status in ("interrupted", "terminated") else self.config.target_wait
+        tracer.close(wait=wait, interrupted=(lambda: bool(held.received)) if held is not None else None,
+                     say=_say)
 
     def mark_step(self) -> None:
         """End the current step on the TensorBoard timeline and in the target's step
@@ -725,7 +732,8 @@ def step() -> None:
     """Mark the end of a training step in the active trace.
 
     With ``trace(tensorboard=True)`` each step becomes a ``StepTraceAnnotation``
-    on the profile timeline and one point of the per-step scalars. Steps end
+    on the profile timeline and one point of the per-step scalars; with
+    ``trace(target=...)``, one step of the target's step estimates. Steps end
     automatically when ``optimizer.step()`` returns; once ``step()`` is called,
     only explicit marks count. Without an active trace it does nothing.
 

@@ -249,7 +249,7 @@ def _pad_dims(shape: tuple[int, ...], layout: Any) -> tuple[tuple[int, ...], tup
 class _Result:
     """What step estimates need of one program's target compile."""
 
-    __slots__ = ("estimated_seconds", "flops", "bytes_accessed", "memory_bytes")
+    __slots__ = ("bytes_accessed", "estimated_seconds", "flops", "memory_bytes")
 
     def __init__(self, event: TargetCompileEvent) -> None:
         self.estimated_seconds = event.estimated_seconds
@@ -258,10 +258,20 @@ class _Result:
         self.memory_bytes = event.memory_bytes
 
 
+class _Done:
+    """What is kept of a ``CompileInfo`` once its target compile is recorded: its name."""
+
+    __slots__ = ("mode", "name")
+    lowered = jitted = None
+
+    def __init__(self, info: Any) -> None:
+        self.name, self.mode = info.name, info.mode
+
+
 class _Program:
     """One executable the runtime compiled (by key), and its target compile."""
 
-    __slots__ = ("info", "location", "submitted", "result")
+    __slots__ = ("info", "location", "result", "submitted")
 
     def __init__(self, info: Any, location: SourceLocation | None) -> None:
         self.info = info
@@ -336,12 +346,24 @@ class TargetTracer:
         except Exception as exc:  # noqa: BLE001 - no steps: the whole run is one
             self._error("start (optimizer hook)", exc)
 
-    def close(self, wait: float = DEFAULT_WAIT) -> None:
+    def close(
+        self,
+        wait: float = DEFAULT_WAIT,
+        *,
+        interrupted: Callable[[], bool] | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         """End the last step, wait at most ``wait`` seconds for target compiles still
         running or queued, and record the step estimates and the summary.
 
         Compiles that did not finish in time are counted and dropped (a compile the
         worker is running finishes in the background; its result is not recorded).
+
+        Args:
+            wait: seconds to wait at most.
+            interrupted: polled while waiting; True stops the wait (a Ctrl-C held
+                while the trace closes).
+            say: tells the user, once, that the end waits for compiles (a line).
         """
         if self._hook is not None:
             self._hook.remove()
@@ -352,13 +374,18 @@ class TargetTracer:
         self._submit_executed(counts)
         start = time.perf_counter()
         deadline = start + max(0.0, float(wait))
+        told = say is None
         while True:  # a refused compile may queue its re-lowering: wait for those too
             with self._lock:
                 pending = set(self._pending)
             remaining = deadline - time.perf_counter()
-            if not pending or remaining <= 0:
+            if not pending or remaining <= 0 or (interrupted is not None and interrupted()):
                 break
-            concurrent.futures.wait(pending, timeout=remaining)
+            if not told and time.perf_counter() - start > 1.0:
+                told = True
+                say(f"tpu_debug: waiting up to {remaining:.0f} s for {len(pending)} TPU target compile(s) "
+                    "still running (Ctrl-C skips them)")
+            concurrent.futures.wait(pending, timeout=min(remaining, 0.25))
         with self._lock:
             self._closed = True
             unfinished = set(self._pending)
@@ -368,6 +395,14 @@ class TargetTracer:
         waited = time.perf_counter() - start
         self._record_steps(tail)
         self._record_summary(len(unfinished), waited, float(wait))
+
+    def on_evict(self, mode: str, name: str, key: Any) -> None:
+        # the runtime dropped the executable: running it again compiles it again (a new
+        # on_compile), so a program not yet sent to the target compiler is let go with it
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None and not program.submitted:
+                del self._programs[key]
 
     # -- steps --------------------------------------------------------------------------
 
@@ -439,6 +474,7 @@ class TargetTracer:
 
     def _finished(self, future: concurrent.futures.Future, program: _Program, relowered: bool) -> None:
         """On the compiler's worker thread: analyse and record one target compile."""
+        done = True
         try:
             if future.cancelled():
                 return
@@ -454,16 +490,20 @@ class TargetTracer:
                 and program.info.jitted is not None
                 and "custom_call" in program.info.stablehlo()
             ):
-                self._relower(program)
+                done = not self._relower(program)
                 return
             self._record(program, result, relowered)
         except Exception as exc:  # noqa: BLE001 - a tracer error never reaches the program
             self._failed(program, exc)
         finally:
+            if done:
+                # the runtime's executable (and its lowering) is no longer kept alive by this tracer
+                program.info = _Done(program.info)
             with self._lock:
                 self._pending.discard(future)
 
-    def _relower(self, program: _Program) -> None:
+    def _relower(self, program: _Program) -> bool:
+        """Queue the TPU lowering and compile of ``program``'s function; False when the trace ended."""
         from tpu_debug.runtime.target import compile_for_target_async
 
         info = program.info
@@ -473,8 +513,9 @@ class TargetTracer:
         with self._lock:
             if self._closed:
                 future.cancel()
-                return
+                return False
         self._track(future, program, relowered=True)
+        return True
 
     def _failed(self, program: _Program, exc: BaseException) -> None:
         with self._lock:
@@ -723,7 +764,7 @@ class TargetFinding:
             what = self.figure("what")
             return (
                 f"{self.subject} at {where} {need} of HBM on {self.target}"
-                f"{f' ({what})' if what else ''} at compile time; it ran on here. Fix: {self.fix}"
+                f"{f' ({what})' if what else ''} at compile time; the run went on locally. Fix: {self.fix}"
             )
         ops = ", ".join(self.programs[:3]) + (", ..." if len(self.programs) > 3 else "")
         text = (

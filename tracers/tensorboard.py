@@ -787,12 +787,12 @@ def _profile_start(data: bytes) -> tuple[int | None, list[int]]:
         names = {}
         for n, _, entry in fields:
             if n == 5:  # stat_metadata map entry: key = 1, value = 2
-                parts = dict((k, v) for k, _, v in _fields(entry))
-                meta = dict((k, v) for k, _, v in _fields(parts.get(2, b"")))
+                parts = {k: v for k, _, v in _fields(entry)}
+                meta = {k: v for k, _, v in _fields(parts.get(2, b""))}
                 names[parts.get(1)] = meta.get(2)
         for n, _, stat in fields:
             if n == 6:
-                values = dict((k, v) for k, _, v in _fields(stat))
+                values = {k: v for k, _, v in _fields(stat)}
                 if names.get(values.get(1)) == b"profile_start_time":
                     start = values.get(3, values.get(4))
     return start, ids

@@ -17,10 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.config import config as runtime_config
-from tpu_debug.runtime.target import LibtpuMissingError, default_compiler
-from tpu_debug.runtime.target import _libtpu
-from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
+from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler
 from tpu_debug.tracers.target import findings
+from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
 
 import tpu_debug
 from tpu_debug.cli import main
