@@ -579,8 +579,11 @@ class CompiledGraph:
         else:
             specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
 
+        def jitted(donate: tuple):
+            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate))
+
         def lower(donate: tuple):
-            return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate)).lower(*specs)
+            return jitted(donate).lower(*specs)
 
         start = time.perf_counter()
         with jax.enable_x64(True):
@@ -602,7 +605,7 @@ class CompiledGraph:
                     return lower(()).compile()
 
             entry.make_plain = make_plain
-        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled)
+        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled, jitted(donated))
         if _placement.active and _placement.spans_processes(example):
             entry.spmd = _rankcheck.ProgramCard.of(entry.info)
         if probes._probes:
@@ -654,7 +657,8 @@ class CompiledGraph:
 
         return fn, kinds, scalars
 
-    def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled) -> CompileInfo:
+    def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled,
+                      jitted=None) -> CompileInfo:
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype), layout=_placement.layout(a) if _placement.active else ())
             if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
@@ -662,7 +666,7 @@ class CompiledGraph:
         )
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin),
+            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin), jitted=jitted,
         )
 
     # -- debug variant (divergence against CPU) ---------------------------------------

@@ -581,8 +581,9 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     if probes._probes:
         probes.compiling("eager", plan.name)
     start = time.perf_counter()
+    jitted = jax.jit(traced)
     with jax.enable_x64(True):
-        lowered = jax.jit(traced).lower(*arrays)
+        lowered = jitted.lower(*arrays)
         compiled = lowered.compile()
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
@@ -590,7 +591,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     # what the key holds beyond the arguments (see _run_lowered), for recompile diffs
     settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
-                       seconds, lowered, compiled, settings=settings)
+                       seconds, lowered, compiled, settings=settings, jitted=jitted)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if probes._probes:
         probes.compiled(info)

@@ -160,6 +160,10 @@ class CompileInfo:
     beyond its arguments (``("matmul precision", "highest")``); ``graph``
     describes a compiled-mode graph (None for an eager op). ``replayed`` marks
     a compile that happened before the probe subscribed (see :func:`subscribe`).
+    ``jitted`` is the ``jax.jit``-wrapped function ``lowered`` came from (lowered
+    with 64-bit types on, from ``lowered.args_info``'s avals): a tracer lowers it
+    again for another platform when the lowering holds a custom call only the
+    CPU has (LAPACK's, say).
     """
 
     mode: str
@@ -172,6 +176,7 @@ class CompileInfo:
     settings: tuple[tuple[str, Any], ...] = ()
     graph: GraphInfo | None = None
     replayed: bool = False
+    jitted: Any = None
 
     def stablehlo(self) -> str:
         return self.lowered.as_text() if self.lowered is not None else ""

@@ -94,6 +94,29 @@ def _guard_level(name: str, value: Any) -> str:
     return value
 
 
+# -- TPU target options ---------------------------------------------------------------
+
+
+def _target_text(name: str, value: Any) -> str:
+    # the spec itself is checked against the hardware table by target_spec(), when a trace
+    # starts: the table lives in the runtime, which the reading verbs never import
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"{name}={value!r} is not a TPU target; use a spec such as 'v5e', 'v6e-8' or 'v5e:2x4'"
+        )
+    return value.strip().lower()
+
+
+def _parse_seconds(var: str, raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{var}={raw!r} is not a number of seconds; use a value such as 60 (0: do not wait)")
+    return value
+
+
 # fields whose value given to trace() must be a bool, or a positive int
 _BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile"})
 _COUNT_FIELDS = frozenset({"tensorboard_max_events", "divergence_sample", "storm_threshold"})
@@ -136,6 +159,11 @@ class TraceConfig:
         eager_mode: the eager mode while the trace records (``"defer_and_fuse"``,
             ``"defer_never"``, ``"defer_never_and_launch_blocking"``:
             ``torch.tpu.EagerMode``); None leaves the runtime's. Env: ``TPU_DEBUG_EAGER_MODE``.
+        target: also compile every program for this TPU target (``"v5e"``,
+            ``"v6e-8"``, ``"v5e:2x4"``) and record its HLO, memory, cost,
+            padding and roofline; needs libtpu. Env: ``TPU_DEBUG_TARGET``.
+        target_wait: seconds the end of a trace waits for target compiles still
+            running (0: none). Env: ``TPU_DEBUG_TARGET_WAIT``.
     """
 
     logdir: Path = Path("tpu_debug_runs")
@@ -153,6 +181,8 @@ class TraceConfig:
     transfer_guard: str = "allow"
     transfer_guard_implicit: str = "allow"
     eager_mode: str | None = None
+    target: str | None = None
+    target_wait: float = 60.0
 
     # how each field's environment variable is parsed (every field has one)
     _PARSERS = {
@@ -171,6 +201,8 @@ class TraceConfig:
         "transfer_guard": lambda var, raw: _guard_level(var, raw.strip().lower()),
         "transfer_guard_implicit": lambda var, raw: _guard_level(var, raw.strip().lower()),
         "eager_mode": _eager_mode,
+        "target": _target_text,
+        "target_wait": _parse_seconds,
     }
 
     @staticmethod
@@ -221,8 +253,36 @@ class TraceConfig:
                 value = Path(value)
             if field == "name" and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"name={value!r}: expected a non-empty string")
+            if field == "target":
+                value = _target_text(field, value)
+            if field == "target_wait":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                    raise ConfigError(f"target_wait={value!r}: expected a number of seconds, 0 or more")
+                value = float(value)
             values[field] = value
         return dataclasses.replace(self, **values)
+
+    def target_spec(self, *, source: str | None = None) -> Any:
+        """The TPU target to compile for (a ``runtime.target.Target``), or None.
+
+        Args:
+            source: how the user gave it, for the error (default: the environment
+                variable when it holds this value, else the ``target`` option).
+
+        Raises:
+            ConfigError: the spec names no TPU generation or slice; the message lists
+                what is accepted.
+        """
+        if self.target is None:
+            return None
+        from tpu_debug.runtime.target import TargetSpecError, parse_target
+
+        try:
+            return parse_target(self.target)
+        except TargetSpecError as exc:
+            env = self.env_var("target")
+            where = source or (env if os.environ.get(env, "").strip().lower() == self.target else "target")
+            raise ConfigError(f"{where}={self.target!r}: {exc}") from None
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -50,13 +50,20 @@ class Section:
     title: str
     order: int
     render: Callable[[Any, bool], RenderableType | None]
+    heading: Callable[[Any], str] | None = None
 
 
 SECTIONS: list[Section] = []
 
 
-def section(title: str, *, order: int) -> Callable:
+def section(title: str, *, order: int, heading: Callable[[Any], str] | None = None) -> Callable:
     """Register a report section (``fn(session, terminal) -> renderable | None``).
+
+    Args:
+        title: the section's name (unique), and its heading unless ``heading`` is given.
+        order: where it goes, lowest first.
+        heading: ``heading(session)`` gives the printed heading from the run
+            (``"TPU target (v5e)"``).
 
     Raises:
         ReportSectionError: a section with this title is already registered.
@@ -67,7 +74,7 @@ def section(title: str, *, order: int) -> Callable:
             raise ReportSectionError(
                 f"report section {title!r} is registered twice; give the new section another title"
             )
-        SECTIONS.append(Section(title, order, fn))
+        SECTIONS.append(Section(title, order, fn, heading))
         SECTIONS.sort(key=lambda s: s.order)
         return fn
 
@@ -93,7 +100,7 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _table(terminal: bool, *columns: tuple[str, str]) -> Table:
+def _table(terminal: bool, *columns: tuple[str, str], left_width: int = 40) -> Table:
     table = Table(
         box=box.SIMPLE_HEAD if terminal else box.ASCII2,
         show_edge=not terminal,
@@ -106,7 +113,7 @@ def _table(terminal: bool, *columns: tuple[str, str]) -> Table:
             justify=justify,  # type: ignore[arg-type]
             no_wrap=True,
             overflow="ellipsis",
-            max_width=40 if justify == "left" else None,
+            max_width=left_width if justify == "left" else None,
             min_width=None if justify == "left" else len(title),
         )
     return table
@@ -370,7 +377,7 @@ def _compiles(session: Any, terminal: bool) -> RenderableType:
     for o in ops:
         c, s = by_mode.get(o.mode, (0, 0.0))
         by_mode[o.mode] = (c + o.compiles, s + o.compile_seconds)
-    programs = len(session.programs())
+    programs = len(_local_programs(session.programs()))
     rows = [
         ("compiles", f"{n} ({', '.join(f'{c} {m}' for m, (c, _) in sorted(by_mode.items()))})"),
         ("compile time", format_seconds(seconds)),
@@ -379,9 +386,16 @@ def _compiles(session: Any, terminal: bool) -> RenderableType:
     return _kv(rows)
 
 
+def _local_programs(programs: list) -> list:
+    """The programs that ran here (a run with a TPU target also stores the TPU's HLO as programs)."""
+    from tpu_debug.tracers.target import TARGET_MODE
+
+    return [p for p in programs if p.mode != TARGET_MODE]
+
+
 @section("Heaviest programs", order=30)
 def _programs(session: Any, terminal: bool) -> RenderableType | None:
-    programs = session.programs(limit=10)
+    programs = _local_programs(session.programs())[:10]
     if not programs:
         return None
     table = _table(
@@ -873,6 +887,161 @@ def _float64(session: Any, terminal: bool) -> RenderableType | None:
     return Group(_note(f"{len(ops)} op(s) ran with float64/complex128 values (see Findings)"), table)
 
 
+def _target_heading(session: Any) -> str:
+    summary = session.events("target_summary")
+    if summary:
+        return f"TPU target ({summary[-1].target})"
+    compiles = session.events("target_compile", limit=1)
+    return f"TPU target ({compiles[0].target})" if compiles else "TPU target"
+
+
+@section("TPU target", order=65, heading=_target_heading)
+def _target(session: Any, terminal: bool) -> RenderableType | None:
+    # each program compiled for a real TPU: memory, cost, roofline, padding; steps; findings
+    from tpu_debug.tracers.target import findings
+
+    summaries = session.events("target_summary")
+    compiles = session.events("target_compile")
+    if not summaries and not compiles:
+        return None
+    summary = summaries[-1] if summaries else None
+    programs = session.programs()
+    runs = {p.hash: p.count for p in programs if p.count}
+    ids = {p.hash: p.id for p in programs}
+    parts: list[RenderableType] = [_kv(_target_rows(summary, compiles, session.events("target_step")))]
+    if compiles:
+        parts += _target_programs(compiles, runs, ids, terminal)
+    found = findings(compiles)
+    if found:
+        parts.append(Text("findings:"))
+        parts += [Text(f"  {f.kind}: {f.render()}") for f in found[:8]]
+        if len(found) > 8:
+            parts.append(_note(f"... and {len(found) - 8} more findings"))
+    parts.append(_note(
+        "est. = a model estimate, not a measurement: max(flops / peak, bytes / HBM bandwidth) per program, "
+        "with the target's published peaks and the TPU compiler's counts, per device; a step adds its "
+        "programs back to back, without host dispatch. TPU HLO: session.hlo(<id>)"
+    ))
+    return Group(*parts)
+
+
+def _target_rows(summary: Any, compiles: list, steps: list) -> list[tuple[str, str]]:
+    from tpu_debug.tracers.target import step_summary
+
+    rows = []
+    if summary is not None:
+        rows.append((
+            "target",
+            (
+                f"{summary.target} ({summary.topology}, {summary.chips} chip(s)); per device "
+                f"{format_bytes(summary.hbm_bytes)} HBM, {summary.peak_flops / 1e12:.0f} TFLOP/s bf16, "
+                f"{summary.hbm_bandwidth / 1e9:.0f} GB/s; libtpu {summary.libtpu}"
+            ),
+        ))
+        refused = [c for c in compiles if not c.ok]
+        ooms = sum(1 for c in refused if c.status == "hbm_oom")
+        line = f"{summary.programs} distinct, {summary.compiled} compiled ({summary.cached} from the cache)"
+        if summary.refused:
+            line += f", {summary.refused} refused ({ooms} out of HBM)"
+        if summary.failed:
+            line += f", {summary.failed} failed (see Tracer errors)"
+        rows.append(("programs", line))
+        if summary.unfinished:
+            rows.append((
+                "not finished",
+                (
+                    f"{summary.unfinished} program(s) still compiling when the trace stopped waiting "
+                    f"({format_seconds(summary.waited_seconds)}, target_wait={summary.wait_limit:g}): no "
+                    "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"
+                ),
+            ))
+        rows.append(("compile time", f"{format_seconds(summary.compile_seconds)} of TPU compiles, beside the program"))
+    step = step_summary(steps)
+    if step is not None:
+        what = "the whole run (no step marks)" if step["whole_run"] else f"{step['steps']} step(s), median"
+        text = f"est. {format_seconds(step['median_seconds'])} on the target for {what}"
+        if not step["whole_run"] and step["min_seconds"] != step["max_seconds"]:
+            text += f" ({format_seconds(step['min_seconds'])} - {format_seconds(step['max_seconds'])})"
+        if step["median_mfu"] is not None:
+            text += f", MFU est. {100 * step['median_mfu']:.2g} % of the bf16 peak"
+        if step["estimated"] < step["executions"]:
+            text += f"; {step['executions'] - step['estimated']} of {step['executions']} program runs have no estimate"
+        rows.append(("step", text))
+    largest = max((c for c in compiles if c.memory_bytes is not None), key=lambda c: c.memory_bytes, default=None)
+    if largest is not None and summary is not None:
+        rows.append((
+            "memory",
+            (
+                f"largest program {format_bytes(largest.memory_bytes)} of {format_bytes(summary.hbm_bytes)} "
+                f"per device ({largest.name})"
+            ),
+        ))
+    return rows
+
+
+def _si(value: float | None) -> str:
+    """``3.28M``: three significant digits and a decimal prefix."""
+    if value is None:
+        return "-"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{prefix}"
+    return f"{value:.3g}"
+
+
+def _target_programs(compiles: list, runs: dict, ids: dict, terminal: bool) -> list[RenderableType]:
+    """Programs by estimated time over the run (estimate x runs here), refused ones first."""
+
+    def weight(c: Any) -> tuple:
+        n = runs.get(c.program, 1) if c.program else 1
+        return (c.ok, -(c.estimated_seconds or 0.0) * n, -(c.memory_bytes or 0))
+
+    ranked = sorted(compiles, key=weight)
+    table = _table(
+        terminal,
+        ("program", "left"),
+        ("HBM", "right"),
+        ("FLOP", "right"),
+        ("bytes", "right"),
+        ("FLOP/B", "right"),
+        ("bound", "left"),
+        ("est.", "right"),
+        ("pad", "right"),
+        ("HLO", "right"),
+        left_width=24,
+    )
+    for c in ranked[:12]:
+        hlo = str(ids[c.tpu_program]) if c.tpu_program in ids else "-"
+        if not c.ok:
+            need = f"needs {format_bytes(c.required_bytes)}" if c.required_bytes is not None else "-"
+            table.add_row(Text(c.signature), Text(need), "-", "-", "-",
+                          Text("OOM" if c.status == "hbm_oom" else "refused"), "-", "-", hlo)
+            continue
+        padding = "-"
+        if c.padding_padded_bytes:
+            padding = f"{100 * c.padding_wasted_bytes / c.padding_padded_bytes:.0f}%"
+        table.add_row(
+            Text(c.signature),
+            format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
+            _si(c.flops),
+            _si(c.bytes_accessed),
+            f"{c.intensity:.2g}" if c.intensity is not None else "-",
+            c.bound or "-",
+            format_seconds(c.estimated_seconds),
+            padding,
+            hlo,
+        )
+    parts: list[RenderableType] = [table]
+    if len(ranked) > 12:
+        parts.append(_note(f"... and {len(ranked) - 12} more programs (session.events('target_compile'))"))
+    parts.append(_note(
+        "per device on the target: HBM the program needs (arguments, outputs, temporaries, code), the "
+        "compiler's FLOP and bytes accessed, FLOP/B against the ridge point, est. time, pad = share of "
+        "its arrays' bytes that TPU tiles pad, HLO = the TPU program's id"
+    ))
+    return parts
+
+
 @section("TensorBoard", order=85)
 def _tensorboard(session: Any, terminal: bool) -> RenderableType | None:
     # where the profile is, how much it holds, and whether the cap cut it short
@@ -1147,7 +1316,8 @@ def print_report(
         if body is None:
             continue
         console.print()
-        console.print(Text(sec.title, style="bold underline" if is_terminal else ""))
+        title = sec.heading(session) if sec.heading is not None else sec.title
+        console.print(Text(title, style="bold underline" if is_terminal else ""))
         console.print(body)
 
 

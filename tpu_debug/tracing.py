@@ -324,6 +324,8 @@ class Trace(contextlib.ContextDecorator):
         self._saved_numerics: str | None = None
         self._saved_eager_mode: str | None = None  # the runtime's mode before trace(eager_mode=...)
         self._guards: Any = None  # dynamo events, recompile and transfer guards
+        self._target: Any = None  # a TargetTracer with target= set
+        self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
@@ -394,6 +396,7 @@ class Trace(contextlib.ContextDecorator):
         self._start_steps()
         if self.config.tensorboard:
             self._start_tensorboard(run_dir)
+        self._start_target()
         self._start_divergence()
         self._start_collectives()
         self._set_eager_mode()
@@ -443,6 +446,7 @@ class Trace(contextlib.ContextDecorator):
 
     def _finish(self, status: str, exit_status: int | None, error: str | None, held: _HeldSignals) -> None:
         """Stop everything started, newest first, then write the run's end and close it."""
+        self._closing = (status, held)
         for where, stop in (
             # first: leaving lazy mode runs what is pending, which the tracers record
             ("restoring the eager mode", self._restore_eager_mode),
@@ -452,6 +456,8 @@ class Trace(contextlib.ContextDecorator):
             # before the exporter: a run without step marks gets its loop's steps here, and the
             # exporter writes their scalars
             ("StepTracker.close", self._stop_steps),
+            # before the exporter stops: the target's step estimates reach the timeline too
+            ("TargetTracer.close", self._stop_target),
             ("TensorBoardExporter.stop", self._stop_tensorboard),
             ("Recorder.unsubscribe", self._stop_recorder),
         ):
@@ -536,6 +542,7 @@ class Trace(contextlib.ContextDecorator):
                 clock=recorder.clock,
                 record_error=recorder.record_error,
                 set_meta=writer.set_meta,
+                target=getattr(self.config.target_spec(), "name", None),
             )
             exporter.start()
         except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard
@@ -639,10 +646,44 @@ class Trace(contextlib.ContextDecorator):
 
             set_mode(saved)
 
+    # -- TPU target ----------------------------------------------------------------------
+
+    def _start_target(self) -> None:
+        from tpu_debug.runtime import probes
+
+        target = self.config.target_spec()
+        if target is None:
+            return
+        from tpu_debug.tracers.target import TargetTracer
+
+        tracer = TargetTracer(self._writer, target, clock=self._recorder.clock,
+                              record_error=self._recorder.record_error, hlo=self.config.hlo)
+        self._target = tracer
+        # programs compiled before the trace are compiled for the target when they run in it
+        probes.subscribe(tracer, replay=True)
+        tracer.start()
+
+    def _stop_target(self) -> None:
+        from tpu_debug.runtime import probes
+
+        tracer, self._target = self._target, None
+        if tracer is None:
+            return
+        probes.unsubscribe(tracer)
+        status, held = self._closing
+        # a program stopped by Ctrl-C or SIGTERM does not wait for compiles; a signal held while
+        # the trace closes stops the wait too
+        wait = 0.0 if status in ("interrupted", "terminated") else self.config.target_wait
+        tracer.close(wait=wait, interrupted=(lambda: bool(held.received)) if held is not None else None,
+                     say=_say)
+
     def mark_step(self) -> None:
-        """End the current step (see :func:`step`)."""
+        """End the current step (see :func:`step`), in the step record and in the
+        target's step estimates."""
         if self._steps is not None:
             self._steps.mark()
+        if self._target is not None:
+            self._target.step()
 
 
 def trace(
@@ -662,6 +703,8 @@ def trace(
     transfer_guard: str | None = None,
     transfer_guard_implicit: str | None = None,
     eager_mode: Any = None,
+    target: str | None = None,
+    target_wait: float | None = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -719,12 +762,23 @@ def trace(
             recorded and run as fused programs when a value is needed, each run a
             materialization event; see the report's "Lazy graphs"). Default:
             leave the runtime's mode (``TPU_DEBUG_EAGER_MODE``).
+        target: also compile every program for this TPU target (``"v5e"``,
+            ``"v6e-8"``, ``"v5p-8"``, ``"v5e:2x4"``), off the program's thread, and
+            record the TPU's HLO, memory, cost, padding and roofline beside each
+            local program, and step-time estimates (default None;
+            ``TPU_DEBUG_TARGET``). Needs libtpu (``pip install "tpu-debug[tpu]"``).
+            See the report's "TPU target" section.
+        target_wait: seconds the end of the trace waits for target compiles still
+            running; those that do not finish are counted, not recorded (default 60;
+            ``TPU_DEBUG_TARGET_WAIT``).
 
     Returns:
         A :class:`Trace` context manager / decorator.
 
     Raises:
-        ConfigError: an option or ``TPU_DEBUG_*`` variable has a bad value.
+        ConfigError: an option or ``TPU_DEBUG_*`` variable has a bad value (a
+            target spec naming no TPU, say).
+        LibtpuMissingError: a target is asked for and libtpu is not installed.
         TraceActiveError: (on entry) another trace is recording.
 
     Example:
@@ -744,6 +798,12 @@ def trace(
         transfer_guard_implicit=transfer_guard_implicit,
         eager_mode=eager_mode,
     )
+    config = config.override(target=target, target_wait=target_wait)
+    if config.target_spec(source="target" if target is not None else None) is not None:
+        # before anything runs: a script traced with --target must not run first and fail after
+        from tpu_debug.runtime.target import _libtpu
+
+        _libtpu.require_libtpu()
     return Trace(config)
 
 
@@ -761,6 +821,11 @@ def step() -> None:
     ``trace(tensorboard=True)`` each step also becomes a ``StepTraceAnnotation``
     on the profile timeline and one point of the per-step scalars. Without an
     active trace it does nothing.
+    With ``trace(tensorboard=True)`` each step becomes a ``StepTraceAnnotation``
+    on the profile timeline and one point of the per-step scalars; with
+    ``trace(target=...)``, one step of the target's step estimates. Steps end
+    automatically when ``optimizer.step()`` returns; once ``step()`` is called,
+    only explicit marks count. Without an active trace it does nothing.
 
     Example:
         >>> with tpu_debug.trace(tensorboard=True):

@@ -48,6 +48,10 @@ __all__ = [
     "MaterializationEvent",
     "INTERNAL_ERRORS_KEPT",
     "StepEvent",
+    "PaddedBuffer",
+    "TargetCompileEvent",
+    "TargetStepEvent",
+    "TargetSummaryEvent",
     "EVENT_TYPES",
     "event_type",
     "register_event",
@@ -639,3 +643,203 @@ class CollectivesEvent(Event):
     def collective_bytes(self) -> int:
         """Bytes each device sends for one run of the program (ring estimates)."""
         return sum(c.wire_bytes for c in self.collectives)
+
+
+# -- TPU target (tracers/target.py) ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PaddedBuffer:
+    """One array of a target program that TPU tiles pad (a row of ``target_padding``).
+
+    ``name``/``opcode`` are the HLO instruction holding it in the program's entry
+    computation (``parameter`` for an input), ``layout`` its TPU layout
+    (``{1,0:T(8,128)}``). ``padded_bytes - logical_bytes`` is what the tiles waste.
+    ``pad_dims`` are the logical dimensions the tiles pad, ``pad_multiples`` the
+    multiple each would have to be to pad nothing (128 lanes, 8 sublanes for
+    float32). ``op`` is what made it: the aten op of an eager program, the FX
+    node (``addmm_1|aten::addmm``) of a compiled one; ``file``/``line``/``function``
+    the user line of that op or node. ``flops_wasted``: for the result of a matrix
+    multiply or convolution, the products its padded output tiles compute for
+    nothing (its flops times padded / logical output elements, minus its flops).
+    """
+
+    name: str
+    opcode: str
+    dtype: str
+    shape: tuple[int, ...]
+    layout: str
+    logical_bytes: int
+    padded_bytes: int
+    pad_dims: tuple[int, ...] = ()
+    pad_multiples: tuple[int, ...] = ()
+    op: str = ""
+    flops_wasted: float = 0.0
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+
+    @property
+    def wasted_bytes(self) -> int:
+        return self.padded_bytes - self.logical_bytes
+
+    @property
+    def waste(self) -> float:
+        """Fraction of the padded bytes that is padding (0.22 for 100 of 128)."""
+        return self.wasted_bytes / self.padded_bytes if self.padded_bytes else 0.0
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetCompileEvent(Event):
+    """One program the runtime compiled, compiled again for a real TPU target
+    (``trace(target="v5e")``, :mod:`.target`).
+
+    ``name`` is the op or graph as its local compile names it, ``identity`` what
+    was compiled (the op, or the function dynamo compiled and its direction),
+    ``program`` the local program's content hash (None when HLO recording is
+    off) and ``tpu_program`` the content hash of the TPU's optimized HLO, stored
+    once per run in the same programs table (mode ``"target"``). ``location`` is
+    the user line that made the runtime compile it.
+
+    ``status``: ``"ok"``, ``"hbm_oom"`` (the program does not fit one device's
+    HBM: ``required_bytes`` of ``available_bytes``, for ``error_what``) or
+    ``"compile_error"``. ``seconds`` is the TPU compile time (of the compile that
+    produced the result when it came from the on-disk cache: ``cached``);
+    ``relowered``: the local lowering held a CPU-only custom call, so the function
+    was lowered again for the TPU.
+
+    Memory is per device, from XLA's buffer assignment; cost is the TPU
+    compiler's (``flops``, ``transcendentals``, ``bytes_accessed``;
+    ``xla_seconds`` its own time estimate). ``intensity``, ``bound`` and
+    ``estimated_seconds`` place it on the target's roofline (a model estimate:
+    max(flops / peak, bytes / HBM bandwidth)). ``padding_*`` add up the arrays
+    of the entry computation, ``worst`` the ones the tiles pad most.
+    """
+
+    kind: ClassVar[str] = "target_compile"
+    stored: ClassVar[Stored] = Stored("target_compiles", name="name", seconds="seconds", program="program")
+
+    name: str
+    target: str
+    signature: str
+    args: tuple[ArgInfo, ...]
+    seconds: float
+    status: str
+    identity: str | None = None
+    program: str | None = None
+    tpu_program: str | None = None
+    cached: bool = False
+    relowered: bool = False
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    alias_bytes: int | None = None
+    temp_bytes: int | None = None
+    code_bytes: int | None = None
+    flops: float | None = None
+    transcendentals: float | None = None
+    bytes_accessed: float | None = None
+    xla_seconds: float | None = None
+    intensity: float | None = None
+    bound: str | None = None
+    estimated_seconds: float | None = None
+    padding_logical_bytes: int | None = None
+    padding_padded_bytes: int | None = None
+    worst: tuple[PaddedBuffer, ...] = column(table="target_padding", default=())
+    error_code: str | None = None
+    error_message: str | None = None
+    required_bytes: int | None = None
+    available_bytes: int | None = None
+    error_what: str | None = None
+    larger_targets: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """What one device holds for the program: arguments + outputs - aliased +
+        temporaries + code (None when it did not compile)."""
+        parts = (self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes, self.code_bytes)
+        if any(p is None for p in parts):
+            return None
+        arg, out, alias, temp, code = parts
+        return arg + out - alias + temp + code  # type: ignore[operator]
+
+    @property
+    def padding_wasted_bytes(self) -> int:
+        if self.padding_logical_bytes is None or self.padding_padded_bytes is None:
+            return 0
+        return self.padding_padded_bytes - self.padding_logical_bytes
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetStepEvent(Event):
+    """A training step as it would run on the TPU target, estimated from the target
+    compiles of the programs it ran (recorded when the trace ends).
+
+    ``step`` counts steps from 1 (each ``optimizer.step()``, or explicit
+    ``tpu_debug.step()`` marks); 0 is the whole run when it had no step marks,
+    and ``unfinished`` marks work after the last one. A step that ran no program
+    (an optimizer stepping CPU tensors) is not recorded. ``executions`` are the
+    program runs of the step, ``estimated`` how many of them have an estimate
+    (their program compiled for the target). ``estimated_seconds`` adds up the
+    roofline time of each run, back to back, with no host dispatch or launch
+    gaps; ``flops``/``bytes_accessed`` add up the compiler's counts. ``mfu`` is
+    flops / (estimated_seconds x the device's peak): a model estimate, not a
+    measurement. ``peak_memory_bytes`` is the largest program's memory.
+    """
+
+    kind: ClassVar[str] = "target_step"
+    stored: ClassVar[Stored] = Stored("target_steps", name="target", seconds="estimated_seconds")
+
+    target: str
+    step: int
+    executions: int
+    estimated: int
+    estimated_seconds: float
+    flops: float
+    bytes_accessed: float
+    mfu: float | None = None
+    peak_memory_bytes: int | None = None
+    unfinished: bool = False
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetSummaryEvent(Event):
+    """How the target compiles of a trace went (one per trace, recorded when it ends).
+
+    The target as compiled for (``target`` spec, ``topology``, ``chips``) with the
+    per-device figures the estimates use (``hbm_bytes``, ``peak_flops``,
+    ``hbm_bandwidth``, from ``runtime/target/hardware.py``); the libtpu version.
+    ``programs`` distinct programs were submitted; ``compiled`` of them compiled,
+    ``cached`` came from the on-disk cache, ``refused`` were refused by the
+    compiler (HBM out-of-memory or another error), ``failed`` could not be compiled
+    for a reason of the tracer's, and ``unfinished`` were still compiling or
+    queued when the trace stopped waiting (after ``waited_seconds``, at most
+    ``wait_limit``): their programs have no estimate. ``compile_seconds`` adds up
+    the TPU compile time spent in this run.
+    """
+
+    kind: ClassVar[str] = "target_summary"
+    stored: ClassVar[Stored] = Stored("target_summaries", name="target")
+
+    target: str
+    topology: str
+    chips: int
+    hbm_bytes: int
+    peak_flops: float
+    hbm_bandwidth: float
+    libtpu: str
+    programs: int
+    compiled: int
+    cached: int
+    refused: int
+    failed: int
+    unfinished: int
+    compile_seconds: float
+    waited_seconds: float
+    wait_limit: float

@@ -25,8 +25,18 @@ and marks on the same host timeline as XLA's own activity, as
   A run whose steps are only found when it ends (the iterations of its loop)
   gets their scalars, not their spans: the timeline is written by then.
 
+With a TPU target (``trace(target="v5e")``, :mod:`.target`), each program's
+target compile is marked when its result is recorded (``tpu target aten::<op>``:
+HBM, flops, bytes, FLOP/B, bound, estimated time, padding, or the compiler's
+refusal), the op and graph spans of programs with a result carry its estimate
+(``tpu_est``, ``tpu_bound``, ``tpu_memory``), and a counter track ``TPU memory
+(<target>)`` follows the HBM each running program needs on the target. The
+trace viewer draws it as a counter; it is added to the profile when the
+capture ends (a plane with xprof's counter line, ``_counters_``).
+
 Beside the profile, per-step scalars (compiles, recompiles, compile time,
-transfer bytes, eager op count, max divergence) go to a TensorBoard event file
+transfer bytes, eager op count, max divergence; with a target, its estimated
+step time, MFU and peak program memory) go to a TensorBoard event file
 through ``torch.utils.tensorboard`` (which needs no TensorFlow).
 
 Spans come from two sources: the runtime's probe calls (``on_*_begin`` then
@@ -39,7 +49,9 @@ metadata (``tensorboard`` key) and the report say so; scalars go on to the end.
 
 from __future__ import annotations
 
+import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +64,8 @@ from tpu_debug.tracers.events import (
     FallbackEvent,
     GraphBreakEvent,
     StepEvent,
+    TargetCompileEvent,
+    TargetStepEvent,
     TransferEvent,
 )
 
@@ -59,6 +73,8 @@ __all__ = [
     "DEFAULT_MAX_EVENTS",
     "SCALAR_TAGS",
     "STEP_NAME",
+    "TARGET_PLANE",
+    "TARGET_SCALAR_TAGS",
     "TENSORBOARD_DIR",
     "TensorBoardExporter",
     "profile_files",
@@ -78,6 +94,16 @@ SCALAR_TAGS = {
     "tpu_debug/collective_bytes": "bytes each device sent in collectives, ring estimate (only steps that ran "
     "programs over several devices)",
 }
+# with a TPU target, per step that ran programs (written when the trace ends)
+TARGET_SCALAR_TAGS = {
+    "tpu_debug/target_step_seconds": "the step's estimated time on the TPU target (a model estimate)",
+    "tpu_debug/target_mfu": "the step's estimated MFU on the TPU target (a model estimate)",
+    "tpu_debug/target_peak_memory_bytes": "HBM the step's largest program needs on the TPU target",
+}
+# the counter track of the target's memory, in a plane of its own (xprof reads a line named
+# "_counters_" as counters; "/device:CUSTOM:" planes are shown beside the host's)
+TARGET_PLANE = "/device:CUSTOM:tpu_debug TPU target"
+_COUNTER_LINE = "_counters_"
 
 
 def profile_files(logdir: Path | str) -> list[Path]:
@@ -194,6 +220,8 @@ class TensorBoardExporter:
         clock: seconds since the run started (for saying when a cap was hit).
         record_error: ``(where, message)`` keeps an exporter failure in the run.
         set_meta: ``(**items)`` updates the run metadata.
+        target: the TPU target the trace compiles for (its estimates join the
+            timeline and a memory counter track is written), or None.
 
     Example:
         >>> exporter = TensorBoardExporter(run_dir / "tensorboard", max_events=10_000)
@@ -208,8 +236,17 @@ class TensorBoardExporter:
         clock: Callable[[], float] | None = None,
         record_error: Callable[[str, str], None] | None = None,
         set_meta: Callable[..., None] | None = None,
+        target: str | None = None,
     ) -> None:
         self.logdir = Path(logdir)
+        self.target = target
+        # with a target: each program's key by (mode, name, inputs), what its spans carry,
+        # its target memory, and (time, key) of each execution span, for the counter track
+        self._key_of: dict[tuple[str, str, str], Any] = {}
+        self._target_meta: dict[Any, dict[str, Any]] = {}
+        self._target_memory: dict[Any, int] = {}
+        self._samples: list[tuple[int, Any]] = []
+        self._written: Path | None = None  # the profile file this exporter's capture wrote
         self.max_events = max(1, int(max_events))
         self._clock = clock or (lambda: 0.0)
         self._record_error = record_error
@@ -291,6 +328,11 @@ class TensorBoardExporter:
         self._close_all()
         self._close_region(final=True)
         self._stop_profile()
+        if self.target is not None:
+            try:
+                self._write_target_counters()
+            except Exception as exc:  # noqa: BLE001 - the profile and the run are kept
+                self._error("stop (target counters)", exc)
         if self._scalar_writer is not None:
             try:
                 self._scalar_writer.close()
@@ -306,10 +348,14 @@ class TensorBoardExporter:
         self._owns_profile = False
         import jax
 
+        before = set(profile_files(self.logdir))
         try:
             jax.profiler.stop_trace()
         except Exception as exc:  # noqa: BLE001 - the run and its scalars are kept
             self._error("stop (profile)", exc)
+            return
+        written = [p for p in profile_files(self.logdir) if p not in before]
+        self._written = written[-1] if written else None
 
     def summary(self) -> dict[str, Any]:
         """What was captured: directory, spans, steps, whether the cap was hit."""
@@ -413,9 +459,9 @@ class TensorBoardExporter:
         self.events += 1
         return True
 
-    def _open(self, kind: str, name: str, **meta: Any) -> None:
+    def _open(self, kind: str, name: str, **meta: Any) -> bool:
         if not self._admit():
-            return
+            return False
         stack = self._stack()
         if stack and any(span.kind == kind for span in stack):
             # the runtime does not nest an activity in one of its kind: that one raised
@@ -423,6 +469,7 @@ class TensorBoardExporter:
         tm = self._TraceMe(name, **meta) if meta else self._TraceMe(name)
         tm.__enter__()
         stack.append(_Span(kind, tm))
+        return True
 
     def _find(self, kind: str) -> _Span | None:
         stack = getattr(self._local, "spans", None)
@@ -495,10 +542,19 @@ class TensorBoardExporter:
 
     def on_execute_begin(self, mode: str, name: str, key: Any) -> None:
         inputs = self._inputs.get(key)
-        if inputs is None:
+        if self.target is not None:
+            self._execute_with_target(mode, name, key, inputs)
+        elif inputs is None:
             self._open("execute", self._label(mode, name))
         else:
             self._open("execute", self._label(mode, name), inputs=inputs)
+
+    def _execute_with_target(self, mode: str, name: str, key: Any, inputs: str | None) -> None:
+        meta = dict(self._target_meta.get(key, ()))
+        if inputs is not None:
+            meta["inputs"] = inputs
+        if self._open("execute", self._label(mode, name), **meta):
+            self._samples.append((time.time_ns(), key))
 
     def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
         if mode == "eager":
@@ -517,6 +573,8 @@ class TensorBoardExporter:
     def on_compile(self, info: Any) -> None:
         name = str(info.name)
         self._inputs[info.key] = inputs = _safe(_inputs(a.recorded() for a in info.args))
+        if self.target is not None:
+            self._key_of[(info.mode, name, inputs)] = info.key
         recompile = (info.mode, name) in self._compiled
         self._compiled.add((info.mode, name))
         if info.replayed:
@@ -625,9 +683,195 @@ class TensorBoardExporter:
             self._mark(f"guard failure {event.name}", guards="; ".join(event.guards), line=line)
         elif event.kind == "recompile_limit":
             self._mark(f"recompile limit {event.name}", reason=event.reason, limit=event.limit, line=line)
+        elif isinstance(event, TargetCompileEvent):
+            self._on_target_compile(event, line)
+        elif isinstance(event, TargetStepEvent):
+            self._target_scalars(event)
+
+    # -- TPU target ---------------------------------------------------------------------
+
+    def _on_target_compile(self, event: TargetCompileEvent, line: str | None) -> None:
+        """Mark the result, and keep the estimate for the program's next spans."""
+        mode = event.mode or "eager"
+        key = self._key_of.get((mode, event.name, _safe(_inputs(event.args))))
+        memory = event.memory_bytes
+        if key is not None and event.ok:
+            self._target_meta[key] = {
+                "tpu_est": f"{_fmt(event.estimated_seconds * 1e6)} us" if event.estimated_seconds else None,
+                "tpu_bound": event.bound,
+                "tpu_memory": memory,
+            }
+            self._target_meta[key] = {k: v for k, v in self._target_meta[key].items() if v is not None}
+            if memory is not None:
+                self._target_memory[key] = memory
+        padding = None
+        if event.padding_padded_bytes:
+            padding = f"{event.padding_wasted_bytes} of {event.padding_padded_bytes} bytes"
+        self._mark(
+            f"tpu target {self._label(mode, event.name)}",
+            target=event.target,
+            status=event.status,
+            signature=event.signature,
+            memory_bytes=memory,
+            flops=_fmt(event.flops) if event.flops is not None else None,
+            bytes_accessed=_fmt(event.bytes_accessed) if event.bytes_accessed is not None else None,
+            intensity=_fmt(event.intensity) if event.intensity is not None else None,
+            bound=event.bound,
+            estimated_us=_fmt(event.estimated_seconds * 1e6) if event.estimated_seconds is not None else None,
+            padding=padding,
+            required_bytes=event.required_bytes,
+            available_bytes=event.available_bytes,
+            error=event.error_message,
+            compile_seconds=_fmt(event.seconds),
+            cached=int(event.cached),
+            line=line,
+        )
+
+    def _target_scalars(self, event: TargetStepEvent) -> None:
+        writer = self._scalar_writer
+        if writer is None or not event.executions:
+            return
+        values = {"tpu_debug/target_step_seconds": event.estimated_seconds}
+        if event.mfu is not None:
+            values["tpu_debug/target_mfu"] = event.mfu
+        if event.peak_memory_bytes is not None:
+            values["tpu_debug/target_peak_memory_bytes"] = float(event.peak_memory_bytes)
+        try:
+            for tag, value in values.items():
+                writer.add_scalar(tag, value, global_step=event.step)
+        except Exception as exc:  # noqa: BLE001
+            self._error("scalars (target)", exc)
+
+    def _write_target_counters(self) -> None:
+        """Append the memory counter track to the profile this capture wrote: one sample
+        each time the running program's target memory changes."""
+        path = self._written
+        if path is None or not self._samples or not self._target_memory:
+            return
+        data = path.read_bytes()
+        start, plane_ids = _profile_start(data)
+        if start is None:
+            self.notes.append("the profile holds no start time: the target memory track was not added")
+            return
+        samples: list[tuple[int, float]] = []
+        last = None
+        for ns, key in self._samples:
+            value = self._target_memory.get(key)
+            if value is None or value == last:
+                continue
+            samples.append(((ns - start) * 1000, float(value)))
+            last = value
+        if samples:
+            plane = _counter_plane(max(plane_ids, default=0) + 1, TARGET_PLANE, f"TPU memory ({self.target})",
+                                   "bytes", samples)
+            with open(path, "ab") as f:  # a serialized message's repeated field grows by appending
+                f.write(plane)
 
     # -- helpers ----------------------------------------------------------------------
 
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"TensorBoardExporter.{where}", f"{type(exc).__name__}: {exc}")
+
+
+# -- the profile's protobuf (XSpace), read and extended without its generated classes --------
+# XSpace { repeated XPlane planes = 1 }; XPlane { id = 1, name = 2, lines = 3,
+# event_metadata = 4 (map<int64, XEventMetadata>), stat_metadata = 5, stats = 6 };
+# XLine { id = 1, name = 2, timestamp_ns = 3, events = 4 }; XEvent { metadata_id = 1,
+# offset_ps = 2, stats = 4 }; XStat { metadata_id = 1, double_value = 2, uint64_value = 3,
+# int64_value = 4 }; X*Metadata { id = 1, name = 2 }. The profiler stores times relative
+# to the stat "profile_start_time" of its "Task Environment" plane (wall-clock ns).
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def _fields(data: bytes):
+    """(field number, wire type, value) of each field of one message."""
+    i = 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(data, i)
+        elif wire == 2:
+            n, i = _read_varint(data, i)
+            value, i = data[i : i + n], i + n
+        elif wire == 1:
+            value, i = data[i : i + 8], i + 8
+        elif wire == 5:
+            value, i = data[i : i + 4], i + 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not read here")
+        yield number, wire, value
+
+
+def _profile_start(data: bytes) -> tuple[int | None, list[int]]:
+    """The profile's start time (wall-clock ns) and the ids of its planes."""
+    start = None
+    ids = []
+    for number, _wire, plane in _fields(data):
+        if number != 1:
+            continue
+        fields = list(_fields(plane))
+        ids += [v for n, w, v in fields if n == 1 and w == 0]
+        if not any(n == 2 and v == b"Task Environment" for n, _, v in fields):
+            continue
+        names = {}
+        for n, _, entry in fields:
+            if n == 5:  # stat_metadata map entry: key = 1, value = 2
+                parts = {k: v for k, _, v in _fields(entry)}
+                meta = {k: v for k, _, v in _fields(parts.get(2, b""))}
+                names[parts.get(1)] = meta.get(2)
+        for n, _, stat in fields:
+            if n == 6:
+                values = {k: v for k, _, v in _fields(stat)}
+                if names.get(values.get(1)) == b"profile_start_time":
+                    start = values.get(3, values.get(4))
+    return start, ids
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= (1 << 64) - 1
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _int_field(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value)
+
+
+def _message_field(number: int, payload: bytes) -> bytes:
+    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+
+
+def _double_field(number: int, value: float) -> bytes:
+    return _varint((number << 3) | 1) + struct.pack("<d", value)
+
+
+def _counter_plane(plane_id: int, name: str, counter: str, stat: str, samples: list[tuple[int, float]]) -> bytes:
+    """An XSpace ``planes`` field holding one counter line: ``samples`` are (ps since the
+    profile's start, value)."""
+    events = b"".join(
+        _message_field(4, _int_field(1, 1) + _int_field(2, ps) + _message_field(4, _int_field(1, 1) + _double_field(2, v)))
+        for ps, v in samples
+    )
+    line = _message_field(3, _int_field(1, 1) + _message_field(2, _COUNTER_LINE.encode()) + _int_field(3, 0) + events)
+    event_meta = _message_field(4, _int_field(1, 1) + _message_field(2, _int_field(1, 1) + _message_field(2, counter.encode())))
+    stat_meta = _message_field(5, _int_field(1, 1) + _message_field(2, _int_field(1, 1) + _message_field(2, stat.encode())))
+    return _message_field(1, _int_field(1, plane_id) + _message_field(2, name.encode()) + line + event_meta + stat_meta)

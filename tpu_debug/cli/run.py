@@ -106,6 +106,19 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="compare every N-th node of a compiled graph (default: 1, all)",
     )
+    # -- TPU target --
+    parser.add_argument(
+        "--target",
+        metavar="TPU",
+        help="also compile every program for this TPU (v5e, v6e-8, v5p-8, v5e:2x4, ...) and report its "
+        "memory, cost, padding and roofline beside the local run (needs libtpu: pip install \"tpu-debug[tpu]\")",
+    )
+    parser.add_argument(
+        "--target-wait",
+        type=float,
+        metavar="SECONDS",
+        help="at the end, wait at most this long for target compiles still running (default: 60)",
+    )
     parser.add_argument(
         "--no-report",
         dest="report",
@@ -260,6 +273,8 @@ def _trace_options(args: argparse.Namespace, name: str) -> dict:
         tolerances=args.tolerances,
         divergence_sample=args.divergence_sample,
         eager_mode=args.eager_mode,
+        target=args.target,
+        target_wait=args.target_wait,
     )
 
 

@@ -1,0 +1,889 @@
+"""TPU truth without a TPU: every program the runtime compiles, compiled again for a real TPU target.
+
+With ``trace(target="v5e")`` a :class:`TargetTracer` hears every compile of the
+runtime (an eager op's executable or a compiled graph, ``CompileInfo.lowered``)
+and hands the lowering to XLA's TPU compiler on the target compiler's worker
+thread (``runtime.target.compile_lowered_for_target_async``): the user's thread
+only queues it. A lowering that holds a custom call only the CPU has (LAPACK's,
+for ``torch.linalg``) is refused by the TPU compiler; its function is then
+lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``).
+
+What comes back is recorded beside the local program, one
+:class:`~tpu_debug.tracers.events.TargetCompileEvent` per distinct program: the
+TPU's optimized HLO (stored once per content hash, in the programs table with
+mode ``"target"``), per-device memory, the compiler's cost analysis, the
+program on the target's roofline, the arrays its TPU tiles pad most, and the
+compiler's refusal when it refuses (an HBM out-of-memory with its figures).
+The tracer also counts which programs each training step ran (steps end at
+``optimizer.step()`` or ``tpu_debug.step()``, as in the TensorBoard export), so
+that when the trace ends it can estimate each step's time on the target and
+its MFU (:class:`~tpu_debug.tracers.events.TargetStepEvent`). At the end it
+waits a bounded time for compiles still running, and counts those that did not
+finish (:class:`~tpu_debug.tracers.events.TargetSummaryEvent`).
+
+:func:`findings` reads the recorded events back into :class:`TargetFinding`
+records (an HBM out-of-memory at compile time; padding that wastes a fifth of
+an array or more); the report renders them. This module imports neither torch
+nor jax at module level: the report reads runs without them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import re
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from tpu_debug.tracers.events import (
+    InternalErrorEvent,
+    PaddedBuffer,
+    SourceLocation,
+    TargetCompileEvent,
+    TargetStepEvent,
+    TargetSummaryEvent,
+)
+from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
+from tpu_debug.tracers.location import user_location
+
+__all__ = [
+    "DEFAULT_WAIT",
+    "MIN_WASTED_BYTES",
+    "PADDING_WASTE",
+    "TARGET_MODE",
+    "TargetFinding",
+    "TargetTracer",
+    "findings",
+]
+
+#: seconds the end of a trace waits for target compiles still running or queued
+DEFAULT_WAIT = 60.0
+#: an array whose tiles pad this fraction of its bytes or more is a finding
+PADDING_WASTE = 0.20
+#: ... when the padding is at least one float32 (8, 128) tile: less is noise next to any program
+MIN_WASTED_BYTES = 4096
+#: arrays kept per program, the most padded first
+WORST_KEPT = 5
+#: the programs-table mode of TPU HLO (local programs are "eager" or "compiled")
+TARGET_MODE = "target"
+
+# frames between on_compile and the runtime: deliver() and probes.compiled (library frames)
+_PROBE_DEPTH = 3
+
+
+# ---------------------------------------------------------------------------------
+# Reading the TPU's optimized HLO: instructions per computation, matmul flops
+# ---------------------------------------------------------------------------------
+
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"^([a-z][a-z0-9]*)\[([<=\d,]*)\](\{[^{}]*\})?$")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"\bcalls=(\{[^}]*\}|%[\w.\-]+)")
+_DIMS = re.compile(r"\b(lhs_contracting_dims)=\{([\d,]*)\}")
+_DIM_LABELS = re.compile(r"\bdim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
+_WINDOW_SIZE = re.compile(r"\bwindow=\{[^}]*?\bsize=([\dx]+)")
+_GROUPS = re.compile(r"\bfeature_group_count=(\d+)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Instruction:
+    name: str
+    shape: str  # the result's shape text: "f32[64,100]{1,0:T(8,128)}" or a tuple
+    opcode: str
+    operands: tuple[str, ...]
+    attributes: str
+
+
+def _split_call(rest: str) -> tuple[str, str]:
+    """``rest`` is what follows ``opcode(``: (the operands, the attributes after them)."""
+    depth = 1
+    for i, ch in enumerate(rest):
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+            if depth == 0:
+                return rest[:i], rest[i + 1 :]
+    return rest, ""
+
+
+def _scan(hlo: str) -> tuple[dict[str, dict[str, _Instruction]], str | None]:
+    """The instructions of each computation of an HLO module's text, and the entry's name."""
+    computations: dict[str, dict[str, _Instruction]] = {}
+    current: dict[str, _Instruction] | None = None
+    entry = None
+    for line in hlo.splitlines():
+        if not line:
+            continue
+        if line[0] not in " \t":
+            m = _COMPUTATION.match(line)
+            if m:
+                current = computations.setdefault(m.group(2), {})
+                if m.group(1):
+                    entry = m.group(2)
+            elif line.startswith("}"):
+                current = None
+            continue
+        if current is None:
+            continue
+        m = _INSTRUCTION.match(line)
+        if m is None:
+            continue
+        operands, attributes = _split_call(m.group(4))
+        current[m.group(1)] = _Instruction(
+            m.group(1), m.group(2), m.group(3), tuple(_OPERAND.findall(operands)), attributes
+        )
+    return computations, entry
+
+
+def _array(shape_text: str) -> tuple[str, tuple[int, ...], str | None] | None:
+    m = _ARRAY.match(shape_text.strip())
+    if m is None:
+        return None
+    dims = tuple(int(d.lstrip("<=")) for d in m.group(2).split(",") if d)
+    return m.group(1), dims, m.group(3)
+
+
+def _matmul_flops(ins: _Instruction, computation: dict[str, _Instruction]) -> float | None:
+    """2 x output elements x contracted elements of a ``dot`` or ``convolution``."""
+    out = _array(ins.shape)
+    lhs = computation.get(ins.operands[0]) if ins.operands else None
+    lhs_array = _array(lhs.shape) if lhs is not None else None
+    if out is None or lhs_array is None:
+        return None
+    out_elements = math.prod(out[1])
+    lhs_dims = lhs_array[1]
+    if ins.opcode == "dot":
+        m = _DIMS.search(ins.attributes)
+        contracted = [int(d) for d in m.group(2).split(",") if d] if m else []
+        k = math.prod(lhs_dims[d] for d in contracted if d < len(lhs_dims))
+        return 2.0 * out_elements * k
+    labels = _DIM_LABELS.search(ins.attributes)
+    if labels is None or "f" not in labels.group(1):
+        return None
+    position = labels.group(1).index("f")
+    if position >= len(lhs_dims):
+        return None
+    window = _WINDOW_SIZE.search(ins.attributes)
+    taps = math.prod(int(s) for s in window.group(1).split("x")) if window else 1
+    groups = _GROUPS.search(ins.attributes)
+    features = lhs_dims[position] // (int(groups.group(1)) if groups else 1)
+    return 2.0 * out_elements * features * taps
+
+
+def _called(ins: _Instruction) -> list[str]:
+    m = _CALLS.search(ins.attributes)
+    return _OPERAND.findall(m.group(1)) if m else []
+
+
+def _wasted_flops(
+    ins: _Instruction,
+    computations: dict[str, dict[str, _Instruction]],
+    padded_elements: Callable[[tuple[int, ...], Any], int | None],
+    parse_layout: Callable[[str], Any],
+    seen: set[str] | None = None,
+) -> float:
+    """Products computed on padding by the matrix multiplies and convolutions of ``ins``
+    (itself, or inside the computations it calls): each one's flops times its padded over
+    logical output elements, minus its flops. The matrix unit computes whole output tiles."""
+    seen = set() if seen is None else seen
+    total = 0.0
+    for name in _called(ins):
+        if name in seen or name not in computations:
+            continue
+        seen.add(name)
+        body = computations[name]
+        for inner in body.values():
+            total += _wasted_flops_of(inner, body, computations, padded_elements, parse_layout, seen)
+    return total
+
+
+def _wasted_flops_of(ins, body, computations, padded_elements, parse_layout, seen) -> float:
+    if ins.opcode in ("dot", "convolution"):
+        flops = _matmul_flops(ins, body)
+        out = _array(ins.shape)
+        if flops is None or out is None or out[2] is None:
+            return 0.0
+        padded = padded_elements(out[1], parse_layout(out[2]))
+        logical = math.prod(out[1])
+        if not padded or not logical or padded <= logical:
+            return 0.0
+        return flops * (padded / logical - 1.0)
+    if ins.opcode in ("fusion", "call", "async-start", "custom-call"):
+        return _wasted_flops(ins, computations, padded_elements, parse_layout, seen)
+    return 0.0
+
+
+def _pad_dims(shape: tuple[int, ...], layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The logical dimensions the first tile pads, with the multiple each must be to pad nothing.
+
+    The tile applies to the most-minor physical dimensions (``minor_to_major`` read
+    backwards gives the physical order, major first); further tiles (``(2,1)`` for
+    bfloat16) split the first one into words and pad nothing more."""
+    if not layout.tiles or len(layout.minor_to_major) != len(shape):
+        return (), ()
+    tile = layout.tiles[0]
+    physical = list(reversed(layout.minor_to_major))
+    dims, multiples = [], []
+    for i, t in enumerate(tile):
+        position = len(physical) - len(tile) + i
+        if position < 0 or t is None or t <= 1:
+            continue
+        d = physical[position]
+        if shape[d] % t:
+            dims.append(d)
+            multiples.append(int(t))
+    return tuple(dims), tuple(multiples)
+
+
+# ---------------------------------------------------------------------------------
+# The tracer
+# ---------------------------------------------------------------------------------
+
+
+class _Result:
+    """What step estimates need of one program's target compile."""
+
+    __slots__ = ("bytes_accessed", "estimated_seconds", "flops", "memory_bytes")
+
+    def __init__(self, event: TargetCompileEvent) -> None:
+        self.estimated_seconds = event.estimated_seconds
+        self.flops = event.flops or 0.0
+        self.bytes_accessed = event.bytes_accessed or 0.0
+        self.memory_bytes = event.memory_bytes
+
+
+class _Done:
+    """What is kept of a ``CompileInfo`` once its target compile is recorded: its name."""
+
+    __slots__ = ("mode", "name")
+    lowered = jitted = None
+
+    def __init__(self, info: Any) -> None:
+        self.name, self.mode = info.name, info.mode
+
+
+class _Program:
+    """One executable the runtime compiled (by key), and its target compile."""
+
+    __slots__ = ("info", "location", "result", "submitted")
+
+    def __init__(self, info: Any, location: SourceLocation | None) -> None:
+        self.info = info
+        self.location = location
+        self.submitted = False
+        self.result: _Result | None = None
+
+
+class TargetTracer:
+    """Compiles every program the runtime compiles for a TPU target and records what it gives.
+
+    A probe (subscribe it with ``replay=True``): ``on_compile`` queues the target
+    compile of each new program, ``on_execute`` counts the programs each step
+    runs. Programs compiled before the trace are compiled for the target when
+    they first run in it. Results are recorded from the compiler's worker thread.
+
+    Args:
+        writer: the run writer (``put``, ``add_program``, ``has_program``, ``new_id``).
+        target: a target spec (``"v5e"``, ``"v6e-8"``) or ``runtime.target.Target``.
+        clock: seconds since the run started.
+        record_error: ``(where, message)`` keeps a tracer failure in the run.
+        hlo: also store the TPU's optimized HLO (and refer to the local program).
+
+    Raises:
+        TargetSpecError: ``target`` names no TPU.
+        LibtpuMissingError: libtpu is not installed.
+
+    Example:
+        >>> tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
+        >>> probes.subscribe(tracer, replay=True); tracer.start()
+        >>> ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
+    """
+
+    def __init__(
+        self,
+        writer: Any,
+        target: Any,
+        *,
+        clock: Callable[[], float] | None = None,
+        record_error: Callable[[str, str], None] | None = None,
+        hlo: bool = True,
+    ) -> None:
+        from tpu_debug.runtime.target import _libtpu, parse_target
+
+        self.target = parse_target(target)
+        _libtpu.require_libtpu()
+        self.writer = writer
+        self.hlo = hlo
+        self._clock = clock or (lambda: 0.0)
+        self._record_error = record_error
+        self._lock = threading.Lock()
+        self._programs: dict[Any, _Program] = {}
+        self._by_text: dict[str, _Result] = {}  # StableHLO hash -> the program's recorded result
+        self._pending: set[concurrent.futures.Future] = set()
+        self._closed = False
+        self._counts: dict[Any, int] = {}  # executions per key in the current step
+        self._steps: list[dict[Any, int]] = []
+        self._patterns: dict[frozenset, dict[Any, int]] = {}
+        self._manual_steps = False
+        self._hook: Any = None
+        self.stats = {"programs": 0, "compiled": 0, "cached": 0, "refused": 0, "failed": 0}
+        self.compile_seconds = 0.0
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Count steps at each ``optimizer.step()`` (until an explicit :meth:`step` mark)."""
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+        except Exception as exc:  # noqa: BLE001 - no steps: the whole run is one
+            self._error("start (optimizer hook)", exc)
+
+    def close(
+        self,
+        wait: float = DEFAULT_WAIT,
+        *,
+        interrupted: Callable[[], bool] | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        """End the last step, wait at most ``wait`` seconds for target compiles still
+        running or queued, and record the step estimates and the summary.
+
+        Compiles that did not finish in time are counted and dropped (a compile the
+        worker is running finishes in the background; its result is not recorded).
+
+        Args:
+            wait: seconds to wait at most.
+            interrupted: polled while waiting; True stops the wait (a Ctrl-C held
+                while the trace closes).
+            say: tells the user, once, that the end waits for compiles (a line).
+        """
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        with self._lock:
+            counts, self._counts = self._counts, {}
+        tail = counts if (counts or not self._steps) else None
+        self._submit_executed(counts)
+        start = time.perf_counter()
+        deadline = start + max(0.0, float(wait))
+        told = say is None
+        while True:  # a refused compile may queue its re-lowering: wait for those too
+            with self._lock:
+                pending = set(self._pending)
+            remaining = deadline - time.perf_counter()
+            if not pending or remaining <= 0 or (interrupted is not None and interrupted()):
+                break
+            if not told and time.perf_counter() - start > 1.0:
+                told = True
+                say(f"tpu_debug: waiting up to {remaining:.0f} s for {len(pending)} TPU target compile(s) "
+                    "still running (Ctrl-C skips them)")
+            concurrent.futures.wait(pending, timeout=min(remaining, 0.25))
+        with self._lock:
+            self._closed = True
+            unfinished = set(self._pending)
+            self._pending.clear()
+        for future in unfinished:
+            future.cancel()
+        waited = time.perf_counter() - start
+        self._record_steps(tail)
+        self._record_summary(len(unfinished), waited, float(wait))
+
+    def on_evict(self, mode: str, name: str, key: Any) -> None:
+        # the runtime dropped the executable: running it again compiles it again (a new
+        # on_compile), so a program not yet sent to the target compiler is let go with it
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None and not program.submitted:
+                del self._programs[key]
+
+    # -- steps --------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """An explicit step mark (``tpu_debug.step()``): from now on only these end steps."""
+        self._manual_steps = True
+        self._end_step()
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._manual_steps:
+            return
+        try:
+            self._end_step()
+        except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
+            self._error("optimizer step hook", exc)
+
+    def _end_step(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            counts, self._counts = self._counts, {}
+        # steps of a training loop run the same programs: one dict per distinct pattern
+        pattern = frozenset(counts.items())
+        self._steps.append(self._patterns.setdefault(pattern, counts))
+        self._submit_executed(counts)
+
+    # -- probe methods (the runtime calls these) ---------------------------------------
+
+    def on_compile(self, info: Any) -> None:
+        location = None if info.replayed else user_location(_PROBE_DEPTH)
+        program = _Program(info, location)
+        with self._lock:
+            if self._closed:
+                return
+            self._programs[info.key] = program
+        if not info.replayed:  # one compiled before the trace is compiled for the target if it runs
+            self._submit(program)
+
+    def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
+        with self._lock:
+            counts = self._counts
+            counts[key] = counts.get(key, 0) + 1
+
+    def on_internal_error(self, method: str, exc: BaseException) -> None:
+        self._error(method, exc)
+
+    # -- target compiles (queued on the user's thread, finished on the worker) ----------
+
+    def _submit_executed(self, counts: dict[Any, int]) -> None:
+        for key in counts:
+            program = self._programs.get(key)
+            if program is not None and not program.submitted:
+                self._submit(program)
+
+    def _submit(self, program: _Program) -> None:
+        from tpu_debug.runtime.target import compile_lowered_for_target_async
+
+        program.submitted = True
+        info = program.info
+        if info.lowered is None:
+            return
+        future = compile_lowered_for_target_async(info.lowered, self.target)
+        self._track(future, program, relowered=False)
+
+    def _track(self, future: concurrent.futures.Future, program: _Program, *, relowered: bool) -> None:
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(lambda f: self._finished(f, program, relowered))
+
+    def _finished(self, future: concurrent.futures.Future, program: _Program, relowered: bool) -> None:
+        """On the compiler's worker thread: analyse and record one target compile."""
+        done = True
+        try:
+            if future.cancelled():
+                return
+            exc = future.exception()
+            if exc is not None:
+                self._failed(program, exc)
+                return
+            result = future.result()
+            if (
+                not relowered
+                and result.error is not None
+                and result.error.kind == "compile_error"
+                and program.info.jitted is not None
+                and "custom_call" in program.info.stablehlo()
+            ):
+                done = not self._relower(program)
+                return
+            self._record(program, result, relowered)
+        except Exception as exc:  # noqa: BLE001 - a tracer error never reaches the program
+            self._failed(program, exc)
+        finally:
+            if done:
+                # the runtime's executable (and its lowering) is no longer kept alive by this tracer
+                program.info = _Done(program.info)
+            with self._lock:
+                self._pending.discard(future)
+
+    def _relower(self, program: _Program) -> bool:
+        """Queue the TPU lowering and compile of ``program``'s function; False when the trace ended."""
+        from tpu_debug.runtime.target import compile_for_target_async
+
+        info = program.info
+        args, kwargs = info.lowered.in_avals
+        # the runtime lowers with 64-bit types on; so must the TPU lowering
+        future = compile_for_target_async(info.jitted, args, self.target, abstract_kwargs=kwargs, x64=True)
+        with self._lock:
+            if self._closed:
+                future.cancel()
+                return False
+        self._track(future, program, relowered=True)
+        return True
+
+    def _failed(self, program: _Program, exc: BaseException) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.stats["failed"] += 1
+        self._error(f"compile {program.info.name}", exc)
+
+    def _record(self, program: _Program, result: Any, relowered: bool) -> None:
+        info = program.info
+        stablehlo = info.stablehlo()
+        text_hash = program_hash(stablehlo, "")
+        with self._lock:
+            known = self._by_text.get(text_hash)
+            if known is not None:  # the same program under another key (an evicted op compiled again)
+                program.result = known
+                return
+        event = self._event(program, result, relowered, stablehlo)
+        with self._lock:
+            if self._closed:
+                return
+            program.result = self._by_text[text_hash] = _Result(event)
+            self.stats["programs"] += 1
+            self.stats["compiled" if result.ok else "refused"] += 1
+            if result.cached:
+                self.stats["cached"] += 1
+            else:
+                self.compile_seconds += float(result.seconds)
+        self.writer.put(event)  # outside the lock: put may wait for a writer that fell behind
+
+    def _event(self, program: _Program, result: Any, relowered: bool, stablehlo: str) -> TargetCompileEvent:
+        """The recorded form of a target compile (runs on the worker: parsing TPU HLO costs)."""
+        from tpu_debug.runtime.target import GENERATIONS, roofline
+
+        info = program.info
+        args = tuple(a.recorded() for a in info.args)
+        signature = f"{info.name}({', '.join(a.render() for a in args)})"
+        local = tpu = None
+        if self.hlo:
+            local = program_hash(stablehlo, info.hlo())
+            if not self.writer.has_program(local):
+                local = None  # recorded by the recorder, or not at all: never a dangling hash
+            if result.hlo:
+                tpu = program_hash(f"{TARGET_MODE} {self.target.topology}", result.hlo)
+                if not self.writer.has_program(tpu):
+                    self.writer.add_program(
+                        make_program(TARGET_MODE, f"{info.name}@{self.target.name}", "", result.hlo,
+                                     content_hash=tpu)
+                    )
+        fields: dict[str, Any] = {}
+        memory, cost = result.memory, result.cost
+        if memory is not None:
+            fields.update(argument_bytes=memory.argument_bytes, output_bytes=memory.output_bytes,
+                          alias_bytes=memory.alias_bytes, temp_bytes=memory.temp_bytes,
+                          code_bytes=memory.generated_code_bytes)
+        if cost is not None:
+            line = roofline(result)
+            fields.update(flops=cost.flops, transcendentals=cost.transcendentals,
+                          bytes_accessed=cost.bytes_accessed, xla_seconds=cost.optimal_seconds,
+                          intensity=line.intensity if math.isfinite(line.intensity) else None,
+                          bound=line.bound, estimated_seconds=line.seconds)
+        if result.hlo:
+            logical, padded, worst = self._padding(program, result.hlo)
+            fields.update(padding_logical_bytes=logical, padding_padded_bytes=padded, worst=worst)
+        error = result.error
+        if error is not None:
+            fields.update(error_code=error.code, error_message=error.message, required_bytes=error.required_bytes,
+                          available_bytes=error.available_bytes, error_what=error.what)
+            if error.required_bytes is not None:
+                fields["larger_targets"] = tuple(
+                    g.name for g in GENERATIONS.values()
+                    if g.hbm_bytes // g.devices_per_chip > error.required_bytes
+                )
+        status = "ok" if error is None else error.kind
+        seconds = float(result.seconds)
+        ts = self._clock() - (0.0 if result.cached else seconds)
+        return TargetCompileEvent(
+            self.writer.new_id(), ts, info.mode, threading.get_native_id(), program.location,
+            str(info.name), self.target.name, signature, args, seconds, status,
+            identity=_identity(info), program=local, tpu_program=tpu, cached=bool(result.cached),
+            relowered=relowered, **fields,
+        )
+
+    def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
+        """The entry computation's arrays in HBM: logical and padded bytes, the worst few
+        with the op and line that made them and the matmul products spent on padding."""
+        from tpu_debug.runtime.target.layout import padded_elements, padding_report, parse_layout
+
+        info = program.info
+        report = padding_report(hlo)
+        ranked = report.worst(WORST_KEPT)
+        if not ranked:
+            return report.logical_bytes, report.padded_bytes, ()
+        computations, entry = _scan(hlo)
+        entry_body = computations.get(entry or "", {})
+        op_names = {i.name: i for i in parse_instructions(hlo) if i.computation == entry}
+        nodes = fx_nodes_from(info.graph.nodes) if info.graph is not None else ()
+        node_by_name = {n.name: n for n in nodes}
+        out = []
+        for buf in ranked:
+            op, where = str(info.name), program.location
+            described = _described(buf.name, op_names, entry_body)
+            if nodes and described is not None and buf.opcode != "parameter":
+                pairs = map_nodes([described], node_by_name)
+                if pairs:
+                    node = node_by_name[pairs[0][0]]
+                    op = f"{node.name}|{node.target}" if node.target else node.name
+                    where = node.location or where
+            ins = entry_body.get(buf.name)
+            wasted = 0.0
+            if ins is not None and buf.output_index is None:
+                wasted = _wasted_flops_of(ins, entry_body, computations, padded_elements, parse_layout, set())
+            dims, multiples = _pad_dims(buf.shape, buf.layout)
+            out.append(PaddedBuffer(
+                buf.name, buf.opcode, buf.dtype, tuple(buf.shape), str(buf.layout), int(buf.logical_bytes),
+                int(buf.padded_bytes), dims, multiples, op, float(wasted),
+                where.file if where else None, where.line if where else None, where.function if where else None,
+            ))
+        return report.logical_bytes, report.padded_bytes, tuple(out)
+
+    # -- what the trace records at its end ----------------------------------------------
+
+    def _record_steps(self, tail: dict[Any, int] | None) -> None:
+        peak = self.target.peak_bf16_flops_per_device
+        steps = [(i + 1, counts, False) for i, counts in enumerate(self._steps)]
+        if tail is not None:
+            # work after the last step mark is a step that did not finish; with no marks at
+            # all, step 0 is the whole run
+            steps.append((len(self._steps) + 1 if self._steps else 0, tail, bool(self._steps)))
+        if len(steps) > 1:
+            # a step that ran no program here (an optimizer on CPU tensors) has nothing to estimate
+            steps = [s for s in steps if s[1]]
+        estimates: dict[int, tuple] = {}
+        for number, counts, unfinished in steps:
+            pattern = id(counts)
+            if pattern not in estimates:
+                estimates[pattern] = self._estimate(counts)
+            executions, estimated, seconds, flops, nbytes, memory = estimates[pattern]
+            mfu = flops / (seconds * peak) if seconds > 0 else None
+            self.writer.put(TargetStepEvent(
+                self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
+                self.target.name, number, executions, estimated, seconds, flops, nbytes, mfu, memory,
+                unfinished,
+            ))
+
+    def _estimate(self, counts: dict[Any, int]) -> tuple[int, int, float, float, float, int | None]:
+        executions = estimated = 0
+        seconds = flops = nbytes = 0.0
+        memory: int | None = None
+        for key, n in counts.items():
+            executions += n
+            program = self._programs.get(key)
+            result = program.result if program is not None else None
+            if result is None or result.estimated_seconds is None:
+                continue
+            estimated += n
+            seconds += n * result.estimated_seconds
+            flops += n * result.flops
+            nbytes += n * result.bytes_accessed
+            if result.memory_bytes is not None and (memory is None or result.memory_bytes > memory):
+                memory = result.memory_bytes
+        return executions, estimated, seconds, flops, nbytes, memory
+
+    def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
+        from tpu_debug.runtime.target._libtpu import libtpu_version
+
+        t = self.target
+        stats = self.stats
+        self.writer.put(TargetSummaryEvent(
+            self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
+            t.name, t.topology, t.chips, t.hbm_bytes_per_device, t.peak_bf16_flops_per_device,
+            t.hbm_bandwidth_per_device, libtpu_version(), stats["programs"], stats["compiled"],
+            stats["cached"], stats["refused"], stats["failed"], unfinished, self.compile_seconds, waited, limit,
+        ))
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if self._record_error is not None:
+            self._record_error(f"TargetTracer.{where}", text)
+        else:
+            self.writer.put(InternalErrorEvent(
+                self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
+                f"TargetTracer.{where}", text,
+            ))
+
+
+# instructions that move or rename another instruction's value: its op is the producer's
+_MOVES = frozenset({"copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "reshape", "transpose"})
+
+
+def _described(name: str, described: dict[str, Any], entry: dict[str, _Instruction]) -> Any:
+    """The instruction whose metadata names the op that made ``name``: itself, or for a copy
+    the compiler added (no metadata), the instruction it copies."""
+    for _ in range(8):
+        found = described.get(name)
+        if found is not None and found.op_name:
+            return found
+        ins = entry.get(name)
+        if ins is None or ins.opcode not in _MOVES or not ins.operands:
+            return found
+        name = ins.operands[0]
+    return None
+
+
+def _identity(info: Any) -> str:
+    from tpu_debug.tracers.recompiles import _identity as identity_of
+
+    return identity_of(info)[1]
+
+
+# ---------------------------------------------------------------------------------
+# Findings (read from a run; no torch, no jax)
+# ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetFinding:
+    """Something the target compiles show that the user should change.
+
+    ``kind`` is ``"hbm_oom"`` (a program does not fit one device's HBM at compile
+    time; the run went on locally) or ``"padding"`` (TPU tiles pad an array by
+    ``PADDING_WASTE`` of its bytes or more). ``evidence`` holds the figures, by
+    name (bytes, flops, the arrays and programs); ``programs`` the programs and
+    ``locations`` their user lines; ``fix`` what to do; ``cost`` what it costs
+    (bytes over the limit, or bytes wasted per execution).
+    """
+
+    kind: str
+    target: str
+    subject: str
+    evidence: tuple[tuple[str, Any], ...]
+    programs: tuple[str, ...]
+    locations: tuple[SourceLocation | None, ...]
+    fix: str
+    cost: float
+
+    def figure(self, name: str, default: Any = None) -> Any:
+        """One named figure of the evidence."""
+        return next((v for k, v in self.evidence if k == name), default)
+
+    def render(self) -> str:
+        where = ", ".join(_where(loc) for loc in self.locations[:3] if loc is not None) or "-"
+        if self.kind == "hbm_oom":
+            required, available = self.figure("required_bytes"), self.figure("available_bytes")
+            need = f"needs {_bytes(required)} of {_bytes(available)}" if required is not None else "does not fit"
+            what = self.figure("what")
+            return (
+                f"{self.subject} at {where} {need} of HBM on {self.target}"
+                f"{f' ({what})' if what else ''} at compile time; the run went on locally. Fix: {self.fix}"
+            )
+        ops = ", ".join(self.programs[:3]) + (", ..." if len(self.programs) > 3 else "")
+        text = (
+            f"{self.subject}, laid out {self.figure('layout')}, is {self.figure('waste', 0.0):.0%} padding "
+            f"({_bytes(self.figure('wasted_bytes'))} of {_bytes(self.figure('padded_bytes'))}) in "
+            f"{self.figure('arrays')} array(s) of {ops} at {where}"
+        )
+        flops = self.figure("flops_wasted", 0.0)
+        if flops:
+            text += f"; {flops:.3g} FLOP of matrix products on padding per run of those programs"
+        return f"{text}. Fix: {self.fix}"
+
+
+def _where(loc: SourceLocation | None) -> str:
+    import os
+
+    return "-" if loc is None else f"{os.path.basename(loc.file)}:{loc.line}"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _oom_fix(event: TargetCompileEvent) -> str:
+    larger = ", ".join(event.larger_targets)
+    bigger = f"compile for a target with more HBM per chip ({larger}), or " if larger else ""
+    return (
+        f"{bigger}shard the program over more chips (a bigger {event.target.split('-')[0]}-N slice), or "
+        "hold less at once: a smaller batch, bfloat16 activations, activation checkpointing"
+    )
+
+
+def _padding_fix(buffer: PaddedBuffer) -> str:
+    parts = []
+    for d, m in zip(buffer.pad_dims, buffer.pad_multiples):
+        size = buffer.shape[d] if d < len(buffer.shape) else "?"
+        hint = ", the batch" if d == 0 and m < 128 else ""
+        parts.append(f"pad dimension {d} (size {size}{hint}) to a multiple of {m}")
+    return "; ".join(parts) if parts else "choose sizes that are multiples of the tile"
+
+
+def findings(events: Iterable[TargetCompileEvent]) -> list[TargetFinding]:
+    """The findings of a run's target compiles: HBM out-of-memory first, then padding,
+    worst first. A program that fits and pads little gives none.
+
+    Args:
+        events: the run's :class:`TargetCompileEvent` (``session.events("target_compile")``).
+
+    Returns:
+        One finding per program refused for HBM, and one per padded array shape
+        (the same shape and layout in several programs is one finding).
+
+    Example:
+        >>> for f in findings(session.events("target_compile")):
+        ...     print(f.render())
+    """
+    ooms: list[TargetFinding] = []
+    padded: dict[tuple, list[tuple[TargetCompileEvent, PaddedBuffer]]] = {}
+    for e in events:
+        if e.status == "hbm_oom":
+            ooms.append(TargetFinding(
+                "hbm_oom", e.target, e.identity or e.name,
+                (("required_bytes", e.required_bytes), ("available_bytes", e.available_bytes),
+                 ("what", e.error_what), ("message", e.error_message), ("signature", e.signature)),
+                (e.signature,), (e.location,), _oom_fix(e),
+                float((e.required_bytes or 0) - (e.available_bytes or 0)),
+            ))
+            continue
+        for b in e.worst:
+            if b.waste >= PADDING_WASTE and b.wasted_bytes >= MIN_WASTED_BYTES:
+                padded.setdefault((b.dtype, b.shape, b.layout), []).append((e, b))
+    out = sorted(ooms, key=lambda f: -f.cost)
+    pads = []
+    for (dtype, shape, layout), items in padded.items():
+        b = items[0][1]
+        programs: list[str] = []
+        locations: list[SourceLocation | None] = []
+        for e, buf in items:
+            label = buf.op if buf.op and buf.op != e.name else e.name
+            if label not in programs:
+                programs.append(label)
+            loc = SourceLocation(buf.file, buf.line, buf.function or "") if buf.file and buf.line else e.location
+            if loc not in locations:
+                locations.append(loc)
+        flops = sum(buf.flops_wasted for _, buf in items)
+        subject = f"{dtype}[{','.join(map(str, shape))}]"
+        pads.append(TargetFinding(
+            "padding", items[0][0].target, subject,
+            (("layout", layout), ("waste", b.waste), ("padded_bytes", b.padded_bytes),
+             ("wasted_bytes", b.wasted_bytes), ("flops_wasted", flops), ("arrays", len(items))),
+            tuple(programs), tuple(locations), _padding_fix(b), float(b.wasted_bytes * len(items)),
+        ))
+    pads.sort(key=lambda f: (-f.cost, f.subject))
+    return out + pads
+
+
+def step_summary(steps: Sequence[TargetStepEvent]) -> dict[str, Any] | None:
+    """Median estimated step time and MFU over the finished steps (the whole run, or the
+    unfinished tail, when there are none)."""
+    done = [s for s in steps if not s.unfinished] or list(steps)
+    if not done:
+        return None
+    seconds = sorted(s.estimated_seconds for s in done)
+    mfus = sorted(s.mfu for s in done if s.mfu is not None)
+    return {
+        "steps": len(done),
+        "whole_run": len(done) == 1 and done[0].step == 0,
+        "median_seconds": seconds[len(seconds) // 2],
+        "min_seconds": seconds[0],
+        "max_seconds": seconds[-1],
+        "median_mfu": mfus[len(mfus) // 2] if mfus else None,
+        "executions": done[len(done) // 2].executions,
+        "estimated": done[len(done) // 2].estimated,
+        "peak_memory_bytes": max((s.peak_memory_bytes or 0) for s in done) or None,
+    }
