@@ -251,8 +251,12 @@ def _skeleton(value, arrays: list, cpu_ok: bool = False):
         arrays.append(arr)
         if view is None:
             return _Spec((value.shape, value.dtype, False))
-        # a strided view: the executable gathers it from the storage array itself
-        return _Spec((value.shape, value.dtype, False, arr.shape, view))
+        # a view: the executable reads it from the storage array itself, starting at an
+        # offset passed as one more operand, so the key holds how it is read, not where
+        pattern, offset = view
+        if offset is not None:
+            arrays.append(offset)
+        return _Spec((value.shape, value.dtype, False, arr.shape, pattern))
     t = type(value)
     if t in _SCALARS:
         return _scalar_key(value)
@@ -272,8 +276,10 @@ def _fill(skel, it):
     if type(skel) is _Spec:
         if len(skel) == 3:
             return next(it)
-        stride, offset = skel[4]
-        return view_value(next(it), tuple(skel[0]), stride, offset)
+        pattern = skel[4]
+        storage = next(it)
+        offset = None if pattern[0] == "whole" else next(it)
+        return view_value(storage, tuple(skel[0]), pattern, offset)
     t = type(skel)
     if t is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
         return skel[0](_fill(v, it) for v in skel[1])
@@ -299,6 +305,16 @@ def _to_meta(skel):
     return skel
 
 
+def _pattern_text(pattern: tuple) -> str:
+    """How a view is read, as a recompile diff shows it (see tensor.view_pattern)."""
+    kind = pattern[0]
+    if kind == "permuted":
+        return f"permuted {pattern[1]}"
+    if kind == "strided":
+        return f"strided {pattern[1]}"
+    return kind
+
+
 def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
     out = []
     names = [a.name for a in schema.arguments]
@@ -312,7 +328,7 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
             shape, dtype = s[0], s[1]
             layout = (("device", "cpu"),) if len(s) == 3 and s[2] else ()
             if len(s) == 5:
-                layout = (("stride", tuple(s[4][0])), ("offset", s[4][1]), ("storage", tuple(s[3])))
+                layout = (("storage", tuple(s[3])), ("view", _pattern_text(s[4])))
             out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch."), layout=layout))
         elif type(s) is tuple and len(s) == 2 and (s[0] is list or s[0] is tuple) and any(
             type(v) is _Spec for v in s[1]

@@ -95,8 +95,10 @@ class KeyDiff:
       or, read from a dynamo guard, one dimension's size (``dims``) or a
       tensor's rank (``detail="rank"``);
     - ``"dtype"``: an input's dtype;
-    - ``"layout"``: a strided view's geometry, ``detail`` says which
-      (``"stride"``, ``"offset"``, ``"storage"``, ``"device"``);
+    - ``"layout"``: how a tensor is read, ``detail`` says which part: ``"view"``
+      (a view's access pattern: slice, permuted, strided), ``"storage"`` (the
+      shape of the storage it views), ``"device"`` (a host scalar), ``"stride"``
+      (a dynamo stride guard); a view's offset is an operand, never a difference;
     - ``"static"``: a static argument baked into the executable;
     - ``"scalar"``: a Python number baked in;
     - ``"inputs"``: the number of inputs (``before``/``now``: both signatures);
