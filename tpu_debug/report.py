@@ -453,6 +453,8 @@ def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
     origin = next((e for e in events if e.nan_origin), None)
     if first is not None:
         rows.append(("first", _divergence_line(first)))
+        if first.triage_text():
+            rows.append(("verdict", first.triage_text()))
     elif any(e.over for e in events) and summary.get("sample", 1) > 1:
         hint = (
             "no sampled node is over tolerance itself, but results drift (below): "
@@ -461,6 +463,13 @@ def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
         rows.append(("first", hint))
     else:
         rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
+    drifted = next((e for e in events if e.measure == "drift" and e.over and e.triage_text()), None)
+    if drifted is not None and (first is None or drifted.verdict != first.verdict or drifted.crossings):
+        # the first drift's cause: a wrong op before it, or noise (through a zero crossing)
+        rows.append((
+            "drift",
+            f"{_site_name(drifted)} at {drifted.location or '-'} ({drifted.phase}): {drifted.triage_text()}",
+        ))
     if origin is not None:
         where = origin.location or "-"
         rows.append(("NaN/Inf from", f"{_site_name(origin)} at {where} (made them from finite inputs)"))
@@ -512,6 +521,7 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
         ("count", "right"),
         ("max abs", "right"),
         ("x tol", "right"),
+        ("verdict", "left"),
         ("highest", "left"),
     )
     for key, items in shown:
@@ -526,6 +536,7 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
             str(counts.get(key, len(items))),
             _g(worst.max_abs),
             _g(worst.ratio),
+            _verdict_cell(items),
             "vanishes" if highest else ("remains" if highest is False else "-"),
         )
     parts: list[RenderableType] = [table]
@@ -535,9 +546,19 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
     parts.append(_note(
         ">> the first op over tolerance; local = the CPU op on the device's own inputs (where error "
         "enters), drift = against a CPU run of the whole computation (how it spreads); x tol = worst "
-        "error in units of its tolerance; highest = at precision 'highest' (TPU numerics)"
+        "error in units of its tolerance; verdict = noise (rounding: in float64 the device matches CPU, "
+        "or every op before it does) or wrong (in float64 the device still differs, here or before); "
+        "highest = at precision 'highest' (TPU numerics)"
     ))
     return parts
+
+
+def _verdict_cell(items: list) -> str:
+    """A site's triage verdict (the first of its events that has one); "wrong" wins."""
+    verdicts = {e.verdict for e in items if e.verdict}
+    if "wrong" in verdicts:
+        return "wrong"
+    return "noise" if verdicts else "-"
 
 
 def _g(value: float) -> str:
