@@ -521,9 +521,11 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
         ("count", "right"),
         ("max abs", "right"),
         ("x tol", "right"),
-        ("verdict", "left"),
+        ("f64", "left"),
         ("highest", "left"),
     )
+    for column, words in zip(table.columns[-2:], ("noise", "vanishes")):
+        column.min_width = len(words)  # verdict words: never cut, the location gives way instead
     for key, items in shown:
         worst = max(items, key=lambda e: (e.ratio, e.max_abs))
         is_first = any(_is_first(e) for e in items)
@@ -546,7 +548,7 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
     parts.append(_note(
         ">> the first op over tolerance; local = the CPU op on the device's own inputs (where error "
         "enters), drift = against a CPU run of the whole computation (how it spreads); x tol = worst "
-        "error in units of its tolerance; verdict = noise (rounding: in float64 the device matches CPU, "
+        "error in units of its tolerance; f64 = the triage verdict: noise (rounding: in float64 the device matches CPU, "
         "or every op before it does) or wrong (in float64 the device still differs, here or before); "
         "highest = at precision 'highest' (TPU numerics)"
     ))
