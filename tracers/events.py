@@ -452,7 +452,6 @@ class Crossing:
         return " ".join([text, *where])
 
 
-
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class DivergenceEvent(Event):

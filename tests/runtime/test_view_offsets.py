@@ -8,10 +8,10 @@ import collections
 
 import pytest
 import torch
-
-import tpu_debug
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import tensor as tpu_tensor
+
+import tpu_debug
 
 
 class _Compiles:
@@ -173,8 +173,10 @@ def test_recompile_advice_does_not_blame_offsets(tmp_path):
     assert (mul.compiles, mul.storm) == (5, True)
     assert mul.changing.what == "arg 0 'self' view"
     assert mul.advice == (
-        "arg 0 'self' is a view read in different ways (strided (16, 1), strided (16, 2), strided (16, 3)): each "
-        "way (a contiguous slice, a permuted block, a gather with its own strides) is its own program; "
-        "take the view the same way each step, or make it .contiguous() before the op (where the view "
-        "starts does not matter)",
+        (
+            "arg 0 'self' is a view read in different ways (strided (16, 1), strided (16, 2), strided (16, 3)): "
+            "each way (a contiguous slice, a permuted block, a gather with its own strides) is its own program; "
+            "take the view the same way each step, or make it .contiguous() before the op (where the view "
+            "starts does not matter)"
+        ),
     )

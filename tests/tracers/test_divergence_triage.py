@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 from tpu_debug.tracers.divergence import triage
 from tpu_debug.tracers.events import Crossing, DivergenceEvent
 from tpu_debug.tracers.query import RunQuery

@@ -336,9 +336,9 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
     # through a relu's zero
     relu = ev.Crossing("relu", 1, 1024, "zero", "features.2", str(SOURCE), 13)
     triage = {
-        ("add.Tensor", "local"): dict(verdict="wrong", basis="float64", f64_max_abs=3.2e-3, f64_mismatched=12),
-        ("add.Tensor", "drift"): dict(verdict="wrong", basis="float64", f64_max_abs=3.2e-3, f64_mismatched=12),
-        ("mean", "drift"): dict(verdict="noise", basis="upstream", crossings=(relu,)),
+        ("add.Tensor", "local"): {"verdict": "wrong", "basis": "float64", "f64_max_abs": 3.2e-3, "f64_mismatched": 12},
+        ("add.Tensor", "drift"): {"verdict": "wrong", "basis": "float64", "f64_max_abs": 3.2e-3, "f64_mismatched": 12},
+        ("mean", "drift"): {"verdict": "noise", "basis": "upstream", "crossings": (relu,)},
     }
     for name, mode, measure, mabs, mrel, ulp, mism, nan, tol, first, line, fn, ts in divergences:
         compiled = mode == "compiled"

@@ -40,8 +40,8 @@ from tpu_debug.tracers.divergence.triage import (
     node_in_float64,
     op_where,
 )
-from tpu_debug.tracers.events import Crossing
 from tpu_debug.tracers.divergence.values import CPU, all_finite, finite, host_copy, map_tpu
+from tpu_debug.tracers.events import Crossing
 from tpu_debug.tracers.hlo import _location_from_stack_trace
 
 __all__ = ["GraphChecker"]
