@@ -31,10 +31,25 @@ def _time(fn, repeat: int) -> float:
     return statistics.median(samples)
 
 
+class _Cycle:
+    """0, 1, ..., n-1, 0, ...: a view's storage offset that changes every call."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.i = -1
+
+    def __call__(self) -> int:
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=2000)
     args = parser.parse_args(argv)
+    rows_cpu = torch.zeros(16, 64)
+    rows = rows_cpu.to("tpu")
+    jrows = jnp.asarray(rows_cpu.numpy())
     a_cpu, b_cpu = torch.randn(64, 64), torch.randn(64, 64)
     a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
     lin_cpu = torch.nn.Linear(64, 64)
@@ -47,6 +62,9 @@ def main(argv=None) -> None:
     jit_sum = jax.jit(lambda x: x.sum())
     jit_mm = jax.jit(lambda x, y: x @ y)
     jit_lin = jax.jit(lambda x, w, bb: x @ w.T + bb)
+    jit_row_add = jax.jit(lambda r, i: r.at[i].add(1.0))
+    jit_row_read = jax.jit(lambda r, i: r[i] * 2.0)
+    cycle = _Cycle(16)
     cases = [
         ("add 64x64", lambda: a + b, lambda: a_cpu + b_cpu, lambda: jit_add(ja, jb)),
         ("mul 64x64", lambda: a * b, lambda: a_cpu * b_cpu, lambda: jit_mul(ja, jb)),
@@ -54,6 +72,14 @@ def main(argv=None) -> None:
         ("sum 64x64", lambda: a.sum(), lambda: a_cpu.sum(), lambda: jit_sum(ja)),
         ("mm 64x64", lambda: a @ b, lambda: a_cpu @ b_cpu, lambda: jit_mm(ja, jb)),
         ("nn.Linear(64,64) fwd", lambda: lin(a), lambda: lin_cpu(a_cpu), lambda: jit_lin(ja, jw, jbias)),
+        # a view op: the row is read from its storage and written back into it
+        ("x[3].add_(1), x 16x64", lambda: rows[3].add_(1), lambda: rows_cpu[3].add_(1),
+         lambda: jit_row_add(jrows, 3)),
+        # the same at a new storage offset each call (row 0, 1, ... 15, 0, ...)
+        ("x[i].add_(1), i = 0..15", lambda: rows[cycle()].add_(1), lambda: rows_cpu[cycle()].add_(1),
+         lambda: jit_row_add(jrows, cycle())),
+        ("x[i] * 2, i = 0..15", lambda: rows[cycle()] * 2, lambda: rows_cpu[cycle()] * 2,
+         lambda: jit_row_read(jrows, cycle())),
     ]
     print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |")
     print("|---|---:|---:|---:|---:|")
@@ -63,6 +89,23 @@ def main(argv=None) -> None:
             t_cpu = _time(cpu, args.repeat)
             t_raw = _time(raw, args.repeat)
             print(f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |")
+        _first_pass()
+
+
+def _first_pass() -> None:
+    """What the first ``x[i].add_(1)`` over 16 rows costs, compiles included (a shape no
+    case above used, so nothing is cached yet)."""
+    from tpu_debug.runtime import eager
+
+    x = torch.zeros(16, 48, device="tpu")
+    before = len(eager.cache_stats())
+    start = time.perf_counter()
+    for i in range(16):
+        x[i].add_(1)
+    x.cpu()
+    seconds = time.perf_counter() - start
+    print(f"\nfirst pass of x[i].add_(1) over 16 rows: {len(eager.cache_stats()) - before} eager "
+          f"executables compiled, {seconds * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":

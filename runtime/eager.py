@@ -256,8 +256,16 @@ def _skeleton(value, arrays: list, cpu_ok: bool = False):
         where = (_placement.placement(arr) or False) if _placement.active else False
         if view is None:
             return _Spec((value.shape, value.dtype, where))
-        # a strided view: the executable gathers it from the storage array itself
-        return _Spec((value.shape, value.dtype, where, arr.shape, view))
+        # a view: the executable reads it from the storage array itself, starting at an
+        # offset passed as one more operand, so the key holds how it is read, not where
+        pattern, offset = view
+        if where is not False:
+            # a view of a storage sharded over a mesh: its offset stays in the key (a
+            # scalar operand would live on one device, not on the storage's mesh)
+            return _Spec((value.shape, value.dtype, where, arr.shape, pattern, value.storage_offset()))
+        if offset is not None:
+            arrays.append(offset)
+        return _Spec((value.shape, value.dtype, where, arr.shape, pattern))
     t = type(value)
     if t in _SCALARS:
         return _scalar_key(value)
@@ -277,8 +285,13 @@ def _fill(skel, it):
     if type(skel) is _Spec:
         if len(skel) == 3:
             return next(it)
-        stride, offset = skel[4]
-        return view_value(next(it), tuple(skel[0]), stride, offset)
+        pattern = skel[4]
+        storage = next(it)
+        if len(skel) == 6:  # a view of a sharded storage, its offset in the key
+            offset = skel[5]
+        else:
+            offset = None if pattern[0] == "whole" else next(it)
+        return view_value(storage, tuple(skel[0]), pattern, offset)
     t = type(skel)
     if t is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
         return skel[0](_fill(v, it) for v in skel[1])
@@ -304,6 +317,16 @@ def _to_meta(skel):
     return skel
 
 
+def _pattern_text(pattern: tuple) -> str:
+    """How a view is read, as a recompile diff shows it (see tensor.view_pattern)."""
+    kind = pattern[0]
+    if kind == "permuted":
+        return f"permuted {pattern[1]}"
+    if kind == "strided":
+        return f"strided {pattern[1]}"
+    return kind
+
+
 def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
     out = []
     names = [a.name for a in schema.arguments]
@@ -316,8 +339,10 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
         if type(s) is _Spec:
             shape, dtype = s[0], s[1]
             layout = (("device", "cpu"),) if len(s) == 3 and s[2] is True else ()
-            if len(s) == 5:
-                layout = (("stride", tuple(s[4][0])), ("offset", s[4][1]), ("storage", tuple(s[3])))
+            if len(s) >= 5:
+                layout = (("storage", tuple(s[3])), ("view", _pattern_text(s[4])))
+            if len(s) == 6:
+                layout += (("offset", s[5]),)
             if not isinstance(s[2], bool):  # sharded over a mesh
                 layout += (("sharding", _placement.describe(s[2])),)
             out.append(ArgSpec(name, tuple(shape), str(dtype).removeprefix("torch."), layout=layout))

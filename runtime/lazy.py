@@ -62,7 +62,7 @@ from tpu_debug.runtime.probes import (
     LoweredNode,
     MaterializeInfo,
 )
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, to_jax, view_value
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, to_jax, view_pattern, view_value
 
 __all__ = [
     "EagerMode",
@@ -345,7 +345,7 @@ class _Graph:
             return
         if numel == 0:
             return
-        new = g.step("write", _strided_write, (shape, tuple(t.stride()), t.storage_offset()), old, value)
+        new = g.step("write", _strided_write, (shape, view_pattern(shape, t.stride(), old.size), t.storage_offset()), old, value)
         setattr(storage, PAYLOAD_ATTR, new)
 
 
@@ -520,7 +520,7 @@ def value_of(t: torch.Tensor):
         return arr
     if dense and arr.size == math.prod(size):
         return _state.graph.step("reshape", _reshape, (size,), arr)
-    return _state.graph.step("view", view_value, (size, tuple(t.stride()), t.storage_offset()), arr)
+    return _state.graph.step("view", view_value, (size, view_pattern(size, t.stride(), arr.size), t.storage_offset()), arr)
 
 
 def computed(t: torch.Tensor) -> None:

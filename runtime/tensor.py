@@ -6,7 +6,8 @@ in a ``jax.Array`` attached to the Python object of its ``UntypedStorage``
 payload is freed with the storage). Views share the storage and carry their
 own size/stride/offset, exactly as PyTorch's view model does: a read gathers
 the view's elements from the storage payload, a write scatters them back, so
-every alias sees every write.
+every alias sees every write. The programs that read and write a view take its
+storage offset as an operand: slicing a new row each step reuses one program.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "LazyArray", "PAYLOAD_ATTR"]
+__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand", "LazyArray", "PAYLOAD_ATTR"]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
@@ -139,21 +140,87 @@ def _readable(t: torch.Tensor):
     return arr
 
 
-def view_value(src, size, stride, offset):
-    """The elements of a (size, stride, offset) view of storage array ``src``
-    (traceable: used inside executables, so reading a view costs no extra op)."""
+@functools.lru_cache(maxsize=4096)  # called on every read of a view: a model has few geometries
+def view_pattern(size, stride, storage_numel: int) -> tuple:
+    """How a (size, stride) view is read from a storage of ``storage_numel`` elements,
+    whatever its offset: the structure of the program that reads it.
+
+    ``("whole",)``: the view is the whole storage, reshaped (its offset is 0);
+    ``("slice",)``: a contiguous run of the storage; ``("permuted", perm)``: a
+    contiguous block with its dimensions permuted (``t()``, ``transpose``,
+    ``permute``); ``("strided", stride)``: any other layout, a gather. Where the view
+    starts (its storage offset) is an operand of the program, not part of it, so
+    ``x[i]`` for every ``i`` runs one program. The stride of a size-1 dimension never
+    moves an element, so it does not count."""
+    size = tuple(size)
+    contiguous = _contiguous_strides(size)
+    stride = tuple(c if n == 1 else s for n, s, c in zip(size, stride, contiguous))
+    numel = math.prod(size)
+    if stride == contiguous or numel == 0:
+        return ("whole",) if numel == storage_numel else ("slice",)
+    perm = tuple(sorted(range(len(size)), key=lambda d: -stride[d]))
+    psize = tuple(size[d] for d in perm)
+    if tuple(stride[d] for d in perm) == _contiguous_strides(psize):
+        return ("permuted", perm)
+    return ("strided", stride)
+
+
+# Offsets as device scalars, kept: a numpy scalar operand is copied to the device on every
+# call (about 20 µs of a 40 µs eager op on the CPU backend), a device array is not.
+_OFFSETS_KEPT = 4096
+_offsets: LruCache[tuple, jax.Array] = LruCache("view offsets", lambda: _OFFSETS_KEPT)
+
+
+def offset_operand(storage_numel: int, offset: int) -> jax.Array:
+    """A view's storage offset as a program operand: an int32 device scalar unless the
+    storage has 2**31 elements or more (the type follows the storage's shape, in the key)."""
+    key = (offset, storage_numel < 2**31)
+    arr = _offsets.get(key)
+    if arr is None:
+        with jax.enable_x64(True):
+            arr = jax.device_put(np.int32(offset) if key[1] else np.int64(offset))
+        _offsets.put(key, arr)
+    return arr
+
+
+def view_value(src, size, pattern, offset):
+    """The elements of a ``size`` view of storage array ``src`` read as ``pattern``
+    (:func:`view_pattern`) from storage offset ``offset`` (traceable, ``offset`` a traced
+    integer: used inside executables, so reading a view costs no extra op). A valid view
+    lies inside its storage, so the dynamic slices never clamp."""
     flat = src.reshape(-1)
     numel = math.prod(size)
-    if tuple(stride) == _contiguous_strides(size):
-        return lax.slice(flat, (offset,), (offset + numel,)).reshape(size)
-    # a permuted contiguous block (t(), transpose, permute): slice + transpose, not a gather
-    perm = sorted(range(len(size)), key=lambda d: -stride[d])
-    psize = tuple(size[d] for d in perm)
-    if tuple(stride[d] for d in perm) == _contiguous_strides(psize) and offset + numel <= flat.shape[0]:
-        block = lax.slice(flat, (offset,), (offset + numel,)).reshape(psize)
+    kind = pattern[0]
+    if kind == "whole":
+        return flat.reshape(size)
+    if numel == 0:
+        return jnp.zeros(size, flat.dtype)
+    if kind == "slice":
+        return lax.dynamic_slice_in_dim(flat, offset, numel).reshape(size)
+    if kind == "permuted":
+        perm = pattern[1]
+        block = lax.dynamic_slice_in_dim(flat, offset, numel).reshape(tuple(size[d] for d in perm))
         return jnp.transpose(block, np.argsort(perm))
-    idx = _indices(size, stride, offset)
-    return flat[idx].reshape(size)
+    idx = _indices(tuple(size), pattern[1], flat.shape[0])
+    return flat.at[idx + offset].get(mode="promise_in_bounds", wrap_negative_indices=False)
+
+
+def _put_view(base, value, size, pattern, offset):
+    """``base`` with ``value`` written into its ``size`` view read as ``pattern`` from
+    storage offset ``offset`` (traceable; the inverse of :func:`view_value`)."""
+    flat = base.reshape(-1)
+    value = value.reshape(size).astype(flat.dtype)
+    kind = pattern[0]
+    if kind == "whole":
+        return value.reshape(base.shape)
+    if kind == "slice":
+        flat = lax.dynamic_update_slice_in_dim(flat, value.reshape(-1), offset, 0)
+    elif kind == "permuted":
+        flat = lax.dynamic_update_slice_in_dim(flat, jnp.transpose(value, pattern[1]).reshape(-1), offset, 0)
+    else:
+        idx = _indices(tuple(size), pattern[1], flat.shape[0])
+        flat = flat.at[idx + offset].set(value, mode="promise_in_bounds", wrap_negative_indices=False)
+    return flat.reshape(base.shape)
 
 
 def _contiguous_strides(size) -> tuple[int, ...]:
@@ -165,18 +232,22 @@ def _contiguous_strides(size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-_strided_read = jax.jit(view_value, static_argnums=(1, 2, 3))
+# one program per (storage aval, view shape, pattern): the offset is an operand
+_strided_read = jax.jit(view_value, static_argnums=(1, 2))
+_strided_write = jax.jit(_put_view, static_argnums=(2, 3))
 
 
 def read_parts(t: torch.Tensor):
-    """(storage array, view geometry or None): what an executable needs to read ``t``
-    (the array is a LazyArray while lazy mode records)."""
+    """(storage array, view or None): what an executable needs to read ``t`` (the array
+    is a LazyArray while lazy mode records). A view is (pattern, offset operand or None):
+    see :func:`view_pattern`; a ``"whole"`` view has no offset operand."""
     arr = _readable(t)
     if arr.dtype != to_jax_dtype(t.dtype):
         return to_jax(t), None  # a reinterpreting view: its value, read here
     if arr.shape == t.shape and _is_dense(t):
         return arr, None
-    return arr, (tuple(t.stride()), t.storage_offset())
+    pattern = view_pattern(t.shape, t.stride(), arr.size)
+    return arr, (pattern, None if pattern[0] == "whole" else offset_operand(arr.size, t.storage_offset()))
 
 
 def _reinterpreted(arr, jdtype, t: torch.Tensor):
@@ -195,14 +266,6 @@ def _reinterpreted(arr, jdtype, t: torch.Tensor):
     )
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _strided_write(base, value, size, stride, offset):
-    flat = base.reshape(-1)
-    idx = _indices(size, stride, offset)
-    flat = flat.at[idx.reshape(-1)].set(value.reshape(-1).astype(flat.dtype))
-    return flat.reshape(base.shape)
-
-
 # what one cached index array costs beyond its data: the key tuple, the ndarray header
 # and the cache's own entries (a 0-d index is nearly all overhead)
 _INDEX_ENTRY_OVERHEAD = 512
@@ -213,28 +276,27 @@ _index_cache: LruCache[tuple, np.ndarray] = LruCache(
 )
 
 
-def _indices(size, stride, offset) -> np.ndarray:
-    """The storage position of each element of a (size, stride, offset) view (read-only:
-    cached per geometry, within ``config.index_cache_bytes``)."""
-    key = (size, stride, offset)
+def _indices(size, stride, storage_numel: int) -> np.ndarray:
+    """The storage position of each element of a (size, stride) view starting at offset
+    0, in the offset operand's type for a storage of ``storage_numel`` elements
+    (read-only: cached per geometry, within ``config.index_cache_bytes``)."""
+    wide = storage_numel >= 2**31
+    key = (size, stride, wide)
     idx = _index_cache.get(key)
     if idx is None:
-        idx = _build_indices(size, stride, offset)
+        idx = _build_indices(size, stride, wide)
         idx.flags.writeable = False
         _index_cache.put(key, idx)
     return idx
 
 
-def _build_indices(size, stride, offset) -> np.ndarray:
-    idx = np.full(size, offset, dtype=np.int64) if size else np.array(offset)
+def _build_indices(size, stride, wide: bool) -> np.ndarray:
+    idx = np.zeros(size, dtype=np.int64) if size else np.array(0, dtype=np.int64)
     for dim, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
         shape[dim] = n
         idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
-    idx = np.asarray(idx)
-    if idx.size and idx.max() < 2**31:
-        idx = idx.astype(np.int32)
-    return idx
+    return np.asarray(idx, dtype=np.int64 if wide else np.int32)
 
 
 def _is_dense(t: torch.Tensor) -> bool:
@@ -253,8 +315,9 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     size = tuple(t.shape)
     if _is_dense(t) and arr.size == math.prod(size):
         return arr.reshape(size)
+    pattern = view_pattern(size, t.stride(), arr.size)
     with jax.enable_x64(True):
-        return _strided_read(arr, size, tuple(t.stride()), t.storage_offset())
+        return _strided_read(arr, size, pattern, offset_operand(arr.size, t.storage_offset()))
 
 
 def write(t: torch.Tensor, value: jax.Array) -> None:
@@ -277,13 +340,15 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
         old = _materialize(storage, old)
     if numel == 0:
         return
+    pattern = view_pattern(t.shape, t.stride(), old.size)
     with jax.enable_x64(True):
         if old.dtype != jdtype:  # through a reinterpreting view: write its elements, then back
             seen = _reinterpreted(old, jdtype, t)
-            new = _strided_write(seen, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            seen_pattern = view_pattern(t.shape, t.stride(), seen.size)
+            new = _strided_write(seen, value, tuple(t.shape), seen_pattern, offset_operand(seen.size, t.storage_offset()))
             new = _reinterpreted(new, old.dtype, t).reshape(old.shape)
         else:
-            new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            new = _strided_write(old, value, tuple(t.shape), pattern, offset_operand(old.size, t.storage_offset()))
     setattr(storage, PAYLOAD_ATTR, new)
 
 

@@ -24,8 +24,9 @@ class ArgSpec:
     into the executable, and the rest of what the executable's key holds about
     the input is kept so a recompile can say what changed: ``scalar`` marks a
     Python number passed for a ``Scalar`` argument, ``layout`` how a tensor is
-    read (``("stride", ...)``, ``("offset", ...)``, ``("storage", ...)`` for a
-    strided view; ``("device", "cpu")`` for a host scalar). As recorded
+    read (``("storage", shape)`` and ``("view", "slice")``, ``"permuted ..."``
+    or ``"strided ..."`` for a view, whose offset is an operand, not in the key;
+    ``("device", "cpu")`` for a host scalar). As recorded
     (:meth:`recorded`, what events and the run store hold), ``static`` is the
     value's ``repr`` text: a run keeps text, never Python objects.
 

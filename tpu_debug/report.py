@@ -741,6 +741,8 @@ def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
     origin = next((e for e in events if e.nan_origin), None)
     if first is not None:
         rows.append(("first", _divergence_line(first)))
+        if first.triage_text():
+            rows.append(("verdict", first.triage_text()))
     elif any(e.over for e in events) and summary.get("sample", 1) > 1:
         hint = (
             "no sampled node is over tolerance itself, but results drift (below): "
@@ -749,6 +751,13 @@ def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
         rows.append(("first", hint))
     else:
         rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
+    drifted = next((e for e in events if e.measure == "drift" and e.over and e.triage_text()), None)
+    if drifted is not None and (first is None or drifted.verdict != first.verdict or drifted.crossings):
+        # the first drift's cause: a wrong op before it, or noise (through a zero crossing)
+        rows.append((
+            "drift",
+            f"{_site_name(drifted)} at {drifted.location or '-'} ({drifted.phase}): {drifted.triage_text()}",
+        ))
     if origin is not None:
         where = origin.location or "-"
         rows.append(("NaN/Inf from", f"{_site_name(origin)} at {where} (made them from finite inputs)"))
@@ -800,8 +809,11 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
         ("count", "right"),
         ("max abs", "right"),
         ("x tol", "right"),
+        ("f64", "left"),
         ("highest", "left"),
     )
+    for column, words in zip(table.columns[-2:], ("noise", "vanishes")):
+        column.min_width = len(words)  # verdict words: never cut, the location gives way instead
     for key, items in shown:
         worst = max(items, key=lambda e: (e.ratio, e.max_abs))
         is_first = any(_is_first(e) for e in items)
@@ -814,6 +826,7 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
             str(counts.get(key, len(items))),
             _g(worst.max_abs),
             _g(worst.ratio),
+            _verdict_cell(items),
             "vanishes" if highest else ("remains" if highest is False else "-"),
         )
     parts: list[RenderableType] = [table]
@@ -823,9 +836,19 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
     parts.append(_note(
         ">> the first op over tolerance; local = the CPU op on the device's own inputs (where error "
         "enters), drift = against a CPU run of the whole computation (how it spreads); x tol = worst "
-        "error in units of its tolerance; highest = at precision 'highest' (TPU numerics)"
+        "error in units of its tolerance; f64 = the triage verdict: noise (rounding: in float64 the device matches CPU, "
+        "or every op before it does) or wrong (in float64 the device still differs, here or before); "
+        "highest = at precision 'highest' (TPU numerics)"
     ))
     return parts
+
+
+def _verdict_cell(items: list) -> str:
+    """A site's triage verdict (the first of its events that has one); "wrong" wins."""
+    verdicts = {e.verdict for e in items if e.verdict}
+    if "wrong" in verdicts:
+        return "wrong"
+    return "noise" if verdicts else "-"
 
 
 def _g(value: float) -> str:

@@ -43,6 +43,7 @@ __all__ = [
     "GraphBreakEvent",
     "GuardFailureEvent",
     "RecompileLimitEvent",
+    "Crossing",
     "DivergenceEvent",
     "InternalErrorEvent",
     "MaterializationEvent",
@@ -58,7 +59,8 @@ __all__ = [
 ]
 
 # 4: key differences stored as typed columns (aspect, argument, dimensions), not as prose
-SCHEMA_VERSION = 4
+# 5: divergences carry a triage verdict (noise or a wrong op) and the zero crossings behind it
+SCHEMA_VERSION = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,8 +104,10 @@ class KeyDiff:
       or, read from a dynamo guard, one dimension's size (``dims``) or a
       tensor's rank (``detail="rank"``);
     - ``"dtype"``: an input's dtype;
-    - ``"layout"``: a strided view's geometry, ``detail`` says which
-      (``"stride"``, ``"offset"``, ``"storage"``, ``"device"``);
+    - ``"layout"``: how a tensor is read, ``detail`` says which part: ``"view"``
+      (a view's access pattern: slice, permuted, strided), ``"storage"`` (the
+      shape of the storage it views), ``"device"`` (a host scalar), ``"stride"``
+      (a dynamo stride guard); a view's offset is an operand, never a difference;
     - ``"static"``: a static argument baked into the executable;
     - ``"scalar"``: a Python number baked in;
     - ``"inputs"``: the number of inputs (``before``/``now``: both signatures);
@@ -417,6 +421,49 @@ class RecompileLimitEvent(Event):
     reason: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Crossing:
+    """Elements that took another branch of a non-smooth op on the device than in the CPU run.
+
+    A relu passes an element the device computed as ``+1e-9`` and zeroes the
+    CPU's ``-1e-9``: a float32 rounding difference becomes a difference of a
+    whole value there, and later (a gradient through that relu) one far over
+    tolerance. ``op`` is the op (``relu``, ``threshold_backward``, ``gt.Scalar``,
+    ``max.dim``), ``branch`` what was crossed (``"zero"``, ``"bounds"``,
+    ``"threshold"``, ``"comparison"``, ``"tie"``), ``elements`` how many of its
+    ``numel`` elements crossed; ``module`` the module whose forward ran it
+    (``layer3.0.relu``; empty when unknown), ``file``/``line`` its source line.
+
+    Example:
+        >>> Crossing("relu", 1, 4096, branch="zero", module="layer3.0", file="/x/net.py", line=20).render()
+        "1 element (of 4096) crosses relu's zero in `layer3.0` (net.py:20)"
+    """
+
+    op: str
+    elements: int
+    numel: int
+    branch: str = "zero"
+    module: str = ""
+    file: str = ""
+    line: int = 0
+    phase: str = "forward"
+
+    def render(self) -> str:
+        one = self.elements == 1
+        text = (
+            f"{self.elements} element{'' if one else 's'} (of {self.numel}) "
+            f"cross{'es' if one else ''} {self.op}'s {self.branch}"
+        )
+        where = []
+        if self.module:
+            where.append(f"in `{self.module}`")
+        if self.file:
+            where.append(f"({self.file.rsplit('/', 1)[-1]}:{self.line})")
+        if self.phase == "backward":
+            where.append("in backward")
+        return " ".join([text, *where])
+
+
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class DivergenceEvent(Event):
@@ -433,6 +480,16 @@ class DivergenceEvent(Event):
     ``first``: the first over tolerance (per measure; per graph when compiled).
     ``highest``: with TPU numerics, whether the op is within tolerance when re-run
     at precision "highest" (None: not checked).
+
+    Triage (``tracers/divergence/triage.py``): ``verdict`` is ``"noise"`` (rounding
+    differences of the dtype, no op is wrong), ``"wrong"`` (an op computes something
+    else than PyTorch) or ``""`` (not triaged). ``basis`` says how it was reached:
+    ``"float64"``, the op re-run in float64 on both sides on the same inputs upcast
+    (``f64_max_abs``, ``f64_mismatched``: what differed then); ``"upstream"``, a
+    drift whose op matches CPU on its own inputs, judged by the ops before it:
+    ``upstream`` names the op over tolerance it comes from (``"silu at
+    model.py:12"``), ``crossings`` the elements that took another branch of a
+    non-smooth op on its way (the first ones, in order).
     """
 
     kind: ClassVar[str] = "divergence"
@@ -462,15 +519,55 @@ class DivergenceEvent(Event):
     target: str = ""
     autograd_node: str = ""  # eager backward: the autograd node that ran the op
     highest: bool | None = None
+    verdict: str = ""  # "noise" | "wrong" | "" (not triaged)
+    basis: str = ""  # "float64" | "upstream" | ""
+    f64_max_abs: float | None = None
+    f64_mismatched: int = 0
+    upstream: str = ""
+    crossings: tuple[Crossing, ...] = column(table="divergence_crossings", default=())
 
     @property
     def over(self) -> bool:
         """Some element is over tolerance."""
         return self.mismatched > 0
 
+    def triage_text(self) -> str:
+        """The verdict as a sentence (empty when not triaged).
+
+        Example:
+            >>> e = DivergenceEvent(1, 0.0, "eager", 1, None, "sum", "local", 0.1, 1e-6, None, 3, False,
+            ...                     1e-5, True, dtype="float32", verdict="noise", basis="float64",
+            ...                     f64_max_abs=2e-17)
+            >>> e.triage_text()
+            'float32 noise: in float64 the device matches CPU (max |error| 2e-17)'
+        """
+        floating = self.dtype.startswith(("float", "bfloat", "complex"))
+        noise = f"{self.dtype} noise" if floating else "rounding noise"  # a bool result: the noise upstream
+        if self.basis == "float64" and self.verdict == "noise":
+            return f"{noise}: in float64 the device matches CPU (max |error| {_fmt(self.f64_max_abs)})"
+        if self.basis == "float64" and self.verdict == "wrong":
+            return (
+                f"the op is wrong: in float64 the device still differs ({self.f64_mismatched} element(s), "
+                f"max |error| {_fmt(self.f64_max_abs)})"
+            )
+        if self.basis != "upstream" or self.verdict not in ("noise", "wrong"):
+            return ""
+        if self.verdict == "wrong":
+            return f"an op before it is wrong: {self.upstream} (in float64 the device still differs there)"
+        text = f"{noise}: this op matches CPU on its own inputs"
+        if self.crossings:
+            return f"{text}; the difference starts where {self.crossings[0].render()}"
+        if self.upstream:
+            return f"{text}; the difference starts at {self.upstream} (in float64 the device matches there)"
+        return f"{text}, as does every op before it; their rounding differences add up"
+
     @property
     def dtype_mismatch(self) -> bool:
         return bool(self.device_dtype) and self.device_dtype != self.dtype
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2g}"
 
 
 # how many internal errors of one ``where`` the store keeps; it counts the rest

@@ -15,8 +15,9 @@ aspect         what changed                                      rendered as
 =============  ================================================  =================================
 ``shape``      an input's aval (``dims``: which dimensions)      ``arg 1 'other'``
 ``dtype``      only an input's dtype                             ``arg 1 'other' dtype``
-``layout``     a strided view's geometry (``detail``: stride,    ``arg 0 'self' stride``
-               offset, storage, device)
+``layout``     how a view is read (``detail``: view, storage;    ``arg 0 'self' view``
+               its offset is an operand, never in the key), a
+               host scalar (device), a dynamo stride guard
 ``static``     a static argument baked into the executable       ``static arg 'dim'``
 ``scalar``     a Python number baked in (eager static            ``python scalar baked in 'n'``
                ``Scalar`` arguments; dynamo value guards)
@@ -629,7 +630,7 @@ def _advice(change: Change, mode: str | None) -> str:
     if change.kind == "dtype":
         return f"{what} alternates dtypes ({', '.join(change.values[:4])}); cast once, before the loop"
     if change.kind == "layout":
-        return f"{what} keeps changing; make the input contiguous (.contiguous()) or keep the slicing fixed"
+        return _layout_advice(change)
     if change.kind == "precision":
         return "the float32 matmul precision changes between calls; set it once at start-up"
     if change.kind == "grad":
@@ -652,6 +653,29 @@ def _advice(change: Change, mode: str | None) -> str:
             "graph with torch.tpu.synchronize() around the part that varies"
         )
     return f"{what} keeps changing: {', '.join(change.values[:4])}"
+
+
+def _layout_advice(change: Change) -> str:
+    """What to do about a layout that kept changing. A view's storage offset is an operand
+    of the program that reads it (``x[i]`` for every ``i`` runs one program), so only
+    how a view is read and the size of what it views can be the cause."""
+    what = change.what
+    subject = KeyDiff(change.kind, "", "", arg_index=change.arg_index, arg_name=change.arg_name).subject or what
+    if change.detail == "view":
+        return (
+            f"{subject} is a view read in different ways ({', '.join(change.values[:3])}): each way (a "
+            "contiguous slice, a permuted block, a gather with its own strides) is its own program; take the "
+            "view the same way each step, or make it .contiguous() before the op (where the view starts "
+            "does not matter)"
+        )
+    if change.detail == "storage":
+        return (
+            f"{subject} is a view of tensors of different sizes: the storage it is read from is part of the "
+            "program; slice it from one fixed-size buffer, or make it .contiguous() before the op"
+        )
+    if change.detail == "device":
+        return f"{subject} is a CPU scalar tensor on some calls and a tpu tensor on others; keep it on one device"
+    return f"{what} keeps changing ({', '.join(change.values[:3])}); make the input contiguous (.contiguous()) before the call"
 
 
 def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Change]:

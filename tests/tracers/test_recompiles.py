@@ -76,16 +76,15 @@ def test_dtype_static_scalar_and_layout_diffs():
     assert _diffs(
         tracker, _info("pow.Tensor_Scalar", _t("self", (4,)), ArgSpec("exponent", static=2.0, scalar=True))
     ) == ["python scalar baked in 'exponent': 3 -> 2.0"]
-    view = (("stride", (8, 1)), ("offset", 0), ("storage", (32,)))
+    view = (("storage", (32,)), ("view", "slice"))
     tracker.observe(_info("add.Tensor", _t("self", (4, 3), layout=view)))
-    moved = (("stride", (8, 1)), ("offset", 1), ("storage", (32,)))
-    assert _diffs(tracker, _info("add.Tensor", _t("self", (4, 3), layout=moved))) == [
-        "arg 0 'self' offset: 0 -> 1"
+    strided = (("storage", (32,)), ("view", "strided (8, 1)"))
+    assert _diffs(tracker, _info("add.Tensor", _t("self", (4, 3), layout=strided))) == [
+        "arg 0 'self' view: slice -> strided (8, 1)"
     ]
     assert _diffs(tracker, _info("add.Tensor", _t("self", (4, 3)))) == [
-        "arg 0 'self' offset: 1 -> contiguous",
         "arg 0 'self' storage: (32,) -> contiguous",
-        "arg 0 'self' stride: (8, 1) -> contiguous",
+        "arg 0 'self' view: strided (8, 1) -> contiguous",
     ]
 
 
@@ -147,12 +146,15 @@ def test_eager_recompiles_recorded_with_diffs_and_lines(logdir, cold_cache):
         s0, s1 = torch.sum(x, dim=0), torch.sum(x, dim=1)
         _, p3 = x.pow(2), x.pow(3)
         _, b = torch.add(x, x, alpha=0.5), torch.add(x, x, alpha=0.25)  # add's lowering bakes alpha in
-        _, v1 = x[:, :3] + 1, x[:, 1:4] + 1  # same shape, another view of the storage
-    assert (s0.shape, s1.shape, p3.cpu()[0, 0].item(), b.cpu()[0, 0].item(), v1.shape) == (
+        # same shape: another offset into the storage is an operand of the same program;
+        # a view with other strides is read by another program
+        _, v1, v2 = x[:, :3] + 1, x[:, 1:4] + 1, x[:, ::3] + 1
+    assert (s0.shape, s1.shape, p3.cpu()[0, 0].item(), b.cpu()[0, 0].item(), v1.shape, v2.shape) == (
         (9,),
         (4,),
         1.0,
         1.25,
+        (4, 3),
         (4, 3),
     )
     by_name = {}
@@ -173,7 +175,7 @@ def test_eager_recompiles_recorded_with_diffs_and_lines(logdir, cold_cache):
     adds = [[d.render() for d in c.diffs] for c in by_name["add.Tensor"]]
     assert adds[1] == ["python scalar baked in 'alpha': 0.5 -> 0.25"]
     assert adds[2] == ["inputs: (f32[4,9], f32[4,9], 0.25) -> (f32[4,3], 1)"]  # x[:, :3] + 1
-    assert adds[3] == ["arg 0 'self' offset: 0 -> 1"]
+    assert adds[3:] == [["arg 0 'self' view: strided (9, 1) -> strided (9, 3)"]]
     assert {c.name for c in session.recompiles()} >= {"mul.Tensor", "sum.dim_IntList", "pow.Tensor_Scalar"}
 
 

@@ -27,10 +27,26 @@ from tpu_debug.tracers.divergence.ops import op_info
 from tpu_debug.tracers.divergence.recording import EventLog, Subject
 from tpu_debug.tracers.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.divergence.tpu_numerics import graph_at_highest
+from tpu_debug.tracers.divergence.triage import (
+    BRANCHES,
+    RESULT_BRANCHES,
+    Causes,
+    Triaged,
+    Verdict,
+    base_name,
+    crossings_in,
+    crossings_out,
+    graph_module,
+    node_in_float64,
+    op_where,
+)
 from tpu_debug.tracers.divergence.values import CPU, all_finite, finite, host_copy, map_tpu
+from tpu_debug.tracers.events import Crossing
 from tpu_debug.tracers.hlo import _location_from_stack_trace
 
 __all__ = ["GraphChecker"]
+
+_NONE: frozenset = frozenset()
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,6 +61,7 @@ class _NodeResult:
     cpu_value: torch.Tensor  # the CPU interpretation's value
     rtol: float
     atol: float
+    crossed: tuple[str, int, int] | None = None  # a non-smooth op's elements on another branch
 
 
 class GraphChecker:
@@ -63,6 +80,7 @@ class GraphChecker:
         self.graphs_compared = 0
         self.nodes_compared = 0
         self._highest: dict[str, dict[str, bool]] = {}  # graph -> node -> verdict at "highest"
+        self.causes = Causes()
 
     def check(self, graph: Any, arrays: list) -> None:
         """One call of ``graph`` (a runtime ``CompiledGraph``) on its input ``arrays``."""
@@ -82,8 +100,44 @@ class GraphChecker:
         self.nodes_compared += len(results)
         highest = self._verdicts_at_highest(graph, arrays, chosen, results, run)
         phase = "backward" if graph.kind == "backward" else "forward"
-        for result in results:
-            self._record(result, graph.graph_id, phase, run, highest)
+        by_node = {r.node: r for r in results}
+        causes: dict[torch.fx.Node, frozenset] = {}
+        for node in gm.graph.nodes:  # in order: a node's inputs come before it
+            if node.op != "call_function" or node in run.exact:
+                continue  # a graph input, or a value the same on both sides: nothing to explain
+            inherited = Causes.merge(*(causes.get(a, _NONE) for a in node.all_input_nodes))
+            result = by_node.get(node)
+            if result is None:
+                causes[node] = inherited
+                continue
+            subject = _subject(node, graph.graph_id, phase)
+            new = []
+            if result.crossed:
+                branch, elements, numel = result.crossed
+                loc = subject.location
+                op = _target_name(node.args[0]) if node.target is operator.getitem else subject.target
+                new.append(self.causes.new("crossing", crossing=Crossing(
+                    op, elements, numel, branch, graph_module(node),
+                    loc.file if loc else "", loc.line if loc else 0, phase,
+                )))
+            verdict = None
+            if result.local is not None and result.local.over:
+                verdict = self._verdict(subject, result, run)
+                new.append(self.causes.new(Causes.of_op(verdict), where=op_where(subject.target, subject.location)))
+            causes[node] = Causes.merge(inherited, new) if new else inherited
+            self._record(result, subject, run, highest, causes[node], verdict)
+
+    def _verdict(self, subject: Subject, r: _NodeResult, run: _GraphRun) -> Verdict | None:
+        """A node's float64 verdict (:mod:`.triage`; re-run once per site)."""
+        site = self.log.site(subject, "local")
+        if not site.checked_verdict:
+            site.checked_verdict = True
+            inputs = run.device_args(r.node)
+            site.verdict = (
+                None if inputs is None
+                else node_in_float64(r.node, *inputs, r.local.max_abs, self.tolerances)
+            )
+        return site.verdict
 
     def _chosen(self, nodes: list[torch.fx.Node], forced: frozenset[str]) -> frozenset[str]:
         """The nodes the debug variant returns: all, or every ``sample``-th with the nodes
@@ -110,32 +164,30 @@ class GraphChecker:
         return highest
 
     def _record(
-        self, r: _NodeResult, graph_id: str, phase: str, run: _GraphRun, highest: dict[str, bool]
+        self, r: _NodeResult, subject: Subject, run: _GraphRun, highest: dict[str, bool],
+        causes: frozenset, verdict: Verdict | None,
     ) -> None:
-        """Events for one node: local (over tolerance, dtype mismatch, NaN/Inf origin) and drift."""
+        """Events for one node: local (over tolerance, dtype mismatch, NaN/Inf origin) and drift,
+        with their triage (``causes``: why the node's value differs; ``verdict``: its own
+        float64 verdict when it is over tolerance on its own inputs)."""
         node, lm, dm = r.node, r.local, r.drift
         nan_origin = dm.device_has_nonfinite and _node_made_nonfinite(node, run.xla, run.inputs_by_node)
         local_event = lm is not None and (lm.over or nan_origin or lm.dtype_mismatch)
         if not (local_event or dm.over or nan_origin):
             return
-        subject = Subject(
-            "compiled",
-            node.name,
-            _target_name(node),
-            phase,
-            _location_from_stack_trace(node.meta.get("stack_trace")),
-            graph=graph_id,
-        )
+        own = (lambda: Triaged.from_float64(verdict)) if lm is not None and lm.over else None
         if local_event:
-            verdict = highest.get(node.name) if lm.over else None
+            at_highest = highest.get(node.name) if lm.over else None
             detail = _detail(r.device, r.local_ref, r.rtol, r.atol)
-            self.log.record(subject, "local", lm, nan_origin=nan_origin, highest=verdict, detail=detail)
+            self.log.record(subject, "local", lm, nan_origin=nan_origin, highest=at_highest, detail=detail,
+                            triage=own)
         elif lm is None and nan_origin:
             # no local check: the drift measures stand for it (the inputs came out finite)
             detail = _detail(r.device, r.cpu_value, r.rtol, r.atol)
             self.log.record(subject, "local", dm, nan_origin=True, detail=detail)
         if dm.over:
-            self.log.record(subject, "drift", dm, detail=_detail(r.device, r.cpu_value, r.rtol, r.atol))
+            self.log.record(subject, "drift", dm, detail=_detail(r.device, r.cpu_value, r.rtol, r.atol),
+                            triage=own or (lambda: Causes.triage(causes)))
 
 
 class _GraphRun:
@@ -207,7 +259,66 @@ class _GraphRun:
                 local = measure(dev, ref, rtol, atol, False)
         if drift.exact:
             self.exact.add(node)
-        self.results.append(_NodeResult(node, local, drift, dev, ref, cpu_value, rtol, atol))
+        crossed = None
+        if not drift.exact:
+            crossed = self._crossed(node, dev, cpu_value, local, interp)
+        self.results.append(_NodeResult(node, local, drift, dev, ref, cpu_value, rtol, atol, crossed))
+
+    def _crossed(
+        self, node: torch.fx.Node, dev: np.ndarray, cpu_value: torch.Tensor, local: Measures | None, interp: _CpuGraph
+    ) -> tuple[str, int, int] | None:
+        """The elements on which a non-smooth node took another branch than in the CPU run."""
+        target, index = node.target, 0
+        if target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            target, index = node.args[0].target, node.args[1]
+        if not isinstance(target, torch._ops.OpOverload):
+            return None
+        name = op_info(target).name
+        found = RESULT_BRANCHES.get(base_name(name))
+        if found is not None:
+            # its result on XLA's inputs matches CPU, and the CPU run's result differs
+            if found[1] != index or local is None or not local.exact:
+                return None
+            return crossings_out(name, [dev], [cpu_value])
+        if base_name(name) not in BRANCHES or all(a in self.exact for a in node.all_input_nodes):
+            return None
+        device = self.device_args(node)
+        if device is None:
+            return None
+
+        def cpu(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                return interp.env[a]
+            if isinstance(a, (list, tuple)):
+                return type(a)(cpu(x) for x in a)
+            return a
+
+        return crossings_in(name, device, (cpu(node.args), {k: cpu(v) for k, v in node.kwargs.items()}))
+
+    def device_args(self, node: torch.fx.Node) -> tuple[Any, dict] | None:
+        """A node's arguments as XLA computed them, on CPU (a ``getitem`` node's: those of
+        the op it takes an item of); None when one was not returned by the debug variant."""
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]
+        ok = True
+
+        def arg(a: Any) -> Any:
+            nonlocal ok
+            if isinstance(a, torch.fx.Node):
+                if a in self.inputs_by_node:
+                    return self.inputs_by_node[a]
+                if a.name in self.xla:
+                    return self.host(a)
+                ok = False
+                return None
+            if isinstance(a, (list, tuple)):
+                return type(a)(arg(x) for x in a)
+            if isinstance(a, torch.device) and a.type == "tpu":
+                return CPU
+            return a
+
+        out = arg(node.args), {k: arg(v) for k, v in node.kwargs.items()}
+        return out if ok else None
 
     def _local_value(self, node: torch.fx.Node, interp: _CpuGraph) -> Any:
         """The node's op run on CPU on XLA's values of its inputs (None: some input was not returned)."""
@@ -305,6 +416,17 @@ def _is_random_node(node: torch.fx.Node) -> bool:
         node.op == "call_function"
         and isinstance(target, torch._ops.OpOverload)
         and op_info(target).skip is not None
+    )
+
+
+def _subject(node: torch.fx.Node, graph_id: str, phase: str) -> Subject:
+    return Subject(
+        "compiled",
+        node.name,
+        _target_name(node),
+        phase,
+        _location_from_stack_trace(node.meta.get("stack_trace")),
+        graph=graph_id,
     )
 
 

@@ -32,6 +32,19 @@ from tpu_debug.tracers.divergence.recording import EventLog, Subject
 from tpu_debug.tracers.divergence.shadows import Shadows
 from tpu_debug.tracers.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.divergence.tpu_numerics import op_at_highest
+from tpu_debug.tracers.divergence.triage import (
+    BRANCHES,
+    RESULT_BRANCHES,
+    Causes,
+    Triaged,
+    Verdict,
+    base_name,
+    crossings_in,
+    crossings_out,
+    eager_in_float64,
+    eager_module,
+    op_where,
+)
 from tpu_debug.tracers.divergence.values import (
     all_finite,
     geometry,
@@ -44,7 +57,7 @@ from tpu_debug.tracers.divergence.values import (
     tensors,
     value_at,
 )
-from tpu_debug.tracers.events import SourceLocation
+from tpu_debug.tracers.events import Crossing, SourceLocation
 from tpu_debug.tracers.location import user_location
 
 __all__ = ["EagerChecker"]
@@ -57,11 +70,26 @@ _FORWARD_LINES_LIMIT = 200_000
 class _Compared:
     """One device output and the CPU results it was compared with."""
 
+    tensor: torch.Tensor
     device: np.ndarray
     local_ref: torch.Tensor
     drift_ref: torch.Tensor
+    drift_exact: bool
     rtol: float
     atol: float
+
+
+@dataclasses.dataclass(slots=True)
+class _CpuRun:
+    """An op run by PyTorch on CPU: its results lined up with the device's (local: on the
+    device's inputs; drift: on their shadows), why its inputs differ from the CPU run
+    (``causes``) and the elements it took another branch on (``crossed``, a non-smooth op)."""
+
+    local_refs: list
+    drift_refs: list
+    drifted: bool  # some input had a shadow
+    causes: frozenset
+    crossed: tuple[str, int, int] | None
 
 
 class EagerChecker:
@@ -81,6 +109,7 @@ class EagerChecker:
         self.ops_copied = 0
         self._pending = threading.local()
         self._forward_lines: dict[int, SourceLocation | None] = {}
+        self.causes = Causes()
 
     def before_op(self, op: Any, args: tuple, kwargs: dict) -> None:
         # jax payloads are immutable: holding the current ones is the pre-op snapshot
@@ -122,28 +151,48 @@ class EagerChecker:
         if info.name in self.uncompared:
             self._adopt_device(outputs, before)
             return
-        refs = self._cpu_results(op, info, args, kwargs, returned, written, before)
-        if refs is None:
+        run = self._cpu_results(op, info, args, kwargs, returned, written, before)
+        if run is None:
             self._adopt_device(outputs, before)
             return
-        local_refs, drift_refs = refs
         self.ops_compared += 1
-        local, drift, compared = self._measure(outputs, local_refs, drift_refs, before)
+        local, drift, compared = self._measure(outputs, run.local_refs, run.drift_refs)
         if local is None:
             return
         nan_origin = local.device_has_nonfinite and _made_nonfinite(before, args, kwargs)
         local_event = local.over or nan_origin or local.dtype_mismatch
+        crossed = run.crossed or (_result_crossings(info, compared) if run.drifted else None)
+        subject = _subject(info, self._forward_lines) if (local_event or drift.over or crossed) else None
+        # why the outputs differ from the CPU run: their inputs' causes, a crossing here, and
+        # this op itself when it is over tolerance on its own inputs (its float64 verdict)
+        new = []
+        if crossed:
+            branch, elements, numel = crossed
+            loc = subject.location
+            new.append(self.causes.new("crossing", crossing=Crossing(
+                info.name, elements, numel, branch, eager_module() if subject.phase == "forward" else "",
+                loc.file if loc else "", loc.line if loc else 0, subject.phase,
+            )))
+        verdict = None
+        if local.over:
+            verdict = self._verdict(subject, op, args, kwargs, before, local.max_abs)
+            new.append(self.causes.new(Causes.of_op(verdict), where=op_where(info.name, subject.location)))
+        causes = Causes.merge(run.causes, new) if new else run.causes
+        for c in compared:
+            self.shadows.update(c.tensor, c.drift_ref, c.drift_exact, before, causes)
         if not (local_event or drift.over):
             return
-        subject = _subject(info, self._forward_lines)
+        own = (lambda: Triaged.from_float64(verdict)) if local.over else None
         if local_event:
             highest = None
             if local.over:
-                highest = self._highest(subject, op, args, kwargs, before, outputs, local_refs)
+                highest = self._highest(subject, op, args, kwargs, before, outputs, run.local_refs)
             detail = _detail(compared, "local")
-            self.log.record(subject, "local", local, nan_origin=nan_origin, highest=highest, detail=detail)
+            self.log.record(subject, "local", local, nan_origin=nan_origin, highest=highest, detail=detail,
+                            triage=own)
         if drift.over:
-            self.log.record(subject, "drift", drift, detail=_detail(compared, "drift"))
+            self.log.record(subject, "drift", drift, detail=_detail(compared, "drift"),
+                            triage=own or (lambda: Causes.triage(causes)))
 
     def _adopt_device(self, outputs: list[torch.Tensor], before: dict) -> None:
         for t in outputs:
@@ -151,11 +200,17 @@ class EagerChecker:
 
     def _cpu_results(
         self, op: Any, info: OpInfo, args: tuple, kwargs: dict, returned: list, written: list, before: dict
-    ) -> tuple[list, list] | None:
+    ) -> _CpuRun | None:
         """The op run by PyTorch on CPU: on the device's inputs (local) and on their shadows
         (drift), lined up with the device outputs. None: PyTorch on CPU could not run it."""
         inputs = _CpuInputs(self.shadows, before, bool(info.writes))
         l_args, l_kwargs = map_tpu(args, inputs.local), map_tpu(kwargs, inputs.local)
+        # the drift inputs are the shadows, or copies of their own when the op writes: mapped
+        # before either run, so a non-smooth op's branches are read from inputs not yet written
+        d_args, d_kwargs = map_tpu(args, inputs.drift), map_tpu(kwargs, inputs.drift)
+        crossed = None
+        if inputs.drifted and base_name(info.name) in BRANCHES:
+            crossed = crossings_in(info.name, (l_args, l_kwargs), (d_args, d_kwargs))
         try:
             l_out = op(*l_args, **l_kwargs)
         except Exception as exc:  # noqa: BLE001 - no CPU kernel for this call: noted, not compared
@@ -164,20 +219,29 @@ class EagerChecker:
         local_refs = _lined_up(l_out, returned, written, l_args, l_kwargs)
         if info.writes:  # the drift run may write the same CPU tensors
             local_refs = [r.clone() if r is not None else None for r in local_refs]
-        d_args, d_kwargs = map_tpu(args, inputs.drift), map_tpu(kwargs, inputs.drift)
         if not inputs.drifted:
-            return local_refs, local_refs
+            return _CpuRun(local_refs, local_refs, False, inputs.causes, None)
         try:
             d_out = op(*d_args, **d_kwargs)
-            return local_refs, _lined_up(d_out, returned, written, d_args, d_kwargs)
+            drift_refs = _lined_up(d_out, returned, written, d_args, d_kwargs)
         except Exception:  # noqa: BLE001 - the shadow's values made the CPU op fail: restart from the device's
-            return local_refs, local_refs
+            return _CpuRun(local_refs, local_refs, False, frozenset(), None)
+        return _CpuRun(local_refs, drift_refs, True, inputs.causes, crossed)
+
+    def _verdict(
+        self, subject: Subject, op: Any, args: tuple, kwargs: dict, before: dict, max_abs: float
+    ) -> Verdict | None:
+        """The op's float64 verdict (:mod:`.triage`; re-run once per site)."""
+        site = self.log.site(subject, "local")
+        if not site.checked_verdict:
+            site.checked_verdict = True
+            site.verdict = eager_in_float64(op, args, kwargs, before, max_abs, self.tolerances)
+        return site.verdict
 
     def _measure(
-        self, outputs: list[torch.Tensor], local_refs: list, drift_refs: list, before: dict
+        self, outputs: list[torch.Tensor], local_refs: list, drift_refs: list
     ) -> tuple[Measures | None, Measures | None, list[_Compared]]:
-        """The op's worst local and drift measures over its outputs (cheap tier); each output's
-        shadow becomes its CPU result."""
+        """The op's worst local and drift measures over its outputs (cheap tier)."""
         local = drift = None
         compared = []
         for t, l_ref, d_ref in zip(outputs, local_refs, drift_refs):
@@ -189,8 +253,7 @@ class EagerChecker:
             dm = lm if d_ref is l_ref else measure(dev, d_ref, rtol, atol, False)
             local = lm if local is None else local.merge(lm)
             drift = dm if drift is None else drift.merge(dm)
-            compared.append(_Compared(dev, l_ref, d_ref, rtol, atol))
-            self.shadows.update(t, d_ref, dm.exact, before)
+            compared.append(_Compared(t, dev, l_ref, d_ref, dm.exact, rtol, atol))
         return local, drift, compared
 
     def _highest(
@@ -220,13 +283,14 @@ class _CpuInputs:
     """An op's ``tpu`` arguments as CPU tensors: ``local`` holds the device's values before the
     op, ``drift`` the storages' shadows (the device's values where there is none)."""
 
-    __slots__ = ("before", "drifted", "fresh", "hosts", "shadows", "writes")
+    __slots__ = ("before", "causes", "drifted", "fresh", "hosts", "shadows", "writes")
 
     def __init__(self, shadows: Shadows, before: dict, writes: bool) -> None:
         self.shadows = shadows
         self.before = before
         self.writes = writes
         self.drifted = False  # some argument has a shadow
+        self.causes: frozenset = frozenset()  # why the shadowed arguments differ
         self.hosts: dict[int, torch.Tensor] = {}  # CPU copies by id of payload
         self.fresh: dict[int, torch.Tensor] = {}  # the same for the drift run, when the op writes
 
@@ -243,6 +307,8 @@ class _CpuInputs:
         entry = self.shadows.get(storage)
         if entry is not None and entry.payload is payload:
             self.drifted = True
+            if entry.causes:
+                self.causes = Causes.merge(self.causes, entry.causes)
             return geometry(entry.host, t)
         if not self.writes:
             return self.local(t)
@@ -279,6 +345,20 @@ def _subject(info: OpInfo, forward_lines: dict[int, SourceLocation | None]) -> S
     else:
         phase, autograd, location = "forward", "", user_location(1)
     return Subject("eager", info.name, info.name, phase, location, autograd_node=autograd)
+
+
+def _result_crossings(info: OpInfo, compared: list[_Compared]) -> tuple[str, int, int] | None:
+    """An op whose branch is an integer or bool result (a comparison, argmax): the elements
+    that differ from the CPU run's, where its result on its own inputs matches CPU."""
+    if base_name(info.name) not in RESULT_BRANCHES:
+        return None
+    local_same = all(
+        c.local_ref is not None and np.array_equal(c.device, c.local_ref.numpy()) for c in compared
+        if not (c.local_ref.is_floating_point() or c.local_ref.is_complex())
+    )
+    if not local_same:
+        return None
+    return crossings_out(info.name, [c.device for c in compared], [c.drift_ref for c in compared])
 
 
 def _detail(compared: list[_Compared], which: str) -> Callable[[], Measures]:

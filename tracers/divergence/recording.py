@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_debug.tracers.divergence.measures import Measures
+from tpu_debug.tracers.divergence.triage import NOT_TRIAGED, Triaged, Verdict
 from tpu_debug.tracers.events import DivergenceEvent, SourceLocation
 
 __all__ = ["EventLog", "Site", "Subject"]
@@ -39,12 +40,15 @@ class Subject:
 
 @dataclasses.dataclass(slots=True)
 class Site:
-    """Occurrences at one site; and with TPU numerics, its verdict at precision "highest"."""
+    """Occurrences at one site; with TPU numerics, its verdict at precision "highest"; and
+    its float64 verdict (:mod:`.triage`), both computed once per site."""
 
     count: int = 0
     recorded: int = 0
     highest: bool | None = None  # within tolerance at "highest" (None: not known)
     checked_highest: bool = False
+    verdict: Verdict | None = None  # None: not known
+    checked_verdict: bool = False
 
 
 class EventLog:
@@ -83,6 +87,7 @@ class EventLog:
         nan_origin: bool = False,
         highest: bool | None = None,
         detail: Callable[[], Measures] | None = None,
+        triage: Callable[[], Triaged] | None = None,
     ) -> None:
         """Count one divergence of ``subject`` and write its event unless its site is full.
 
@@ -94,6 +99,7 @@ class EventLog:
             highest: with TPU numerics, the verdict at precision "highest".
             detail: the full measures (relative error, ratio, ULP), computed only
                 when an event is written.
+            triage: its verdict (:mod:`.triage`), computed only when an event is written.
         """
         site = self.site(subject, measure)
         with self._lock:
@@ -111,8 +117,9 @@ class EventLog:
             site.recorded += 1
         if detail is not None:
             m = detail()
+        verdict = triage() if triage is not None else NOT_TRIAGED
         self.writer.put(
-            _event(self.writer.new_id(), self.clock(), subject, measure, m, nan_origin, highest, first)
+            _event(self.writer.new_id(), self.clock(), subject, measure, m, nan_origin, highest, first, verdict)
         )
 
     def site_rows(self, limit: int) -> list[dict[str, Any]]:
@@ -146,6 +153,7 @@ def _event(
     nan_origin: bool,
     highest: bool | None,
     first: bool,
+    triage: Triaged,
 ) -> DivergenceEvent:
     return DivergenceEvent(
         id=id,
@@ -176,4 +184,10 @@ def _event(
         target=subject.target,
         autograd_node=subject.autograd_node,
         highest=highest,
+        verdict=triage.verdict,
+        basis=triage.basis,
+        f64_max_abs=triage.f64_max_abs,
+        f64_mismatched=triage.f64_mismatched,
+        upstream=triage.upstream,
+        crossings=triage.crossings,
     )

@@ -14,19 +14,22 @@ from typing import Any
 
 import torch
 from tpu_debug.runtime.tensor import to_jax
+from tpu_debug.tracers.divergence.triage import Causes
 from tpu_debug.tracers.divergence.values import covers, geometry, host_copy, payload_of
 
 __all__ = ["Shadow", "Shadows"]
 
 
 class Shadow:
-    """A storage's CPU shadow: its values in a pure-CPU run, and the device payload it shadows."""
+    """A storage's CPU shadow: its values in a pure-CPU run, the device payload it shadows,
+    and why they differ (``causes``, see :mod:`.triage`)."""
 
-    __slots__ = ("host", "payload")
+    __slots__ = ("causes", "host", "payload")
 
-    def __init__(self, host: torch.Tensor, payload: Any) -> None:
+    def __init__(self, host: torch.Tensor, payload: Any, causes: frozenset = frozenset()) -> None:
         self.host = host  # contiguous, any shape (the payload's, or a covering tensor's)
         self.payload = payload
+        self.causes = causes
 
 
 class Shadows:
@@ -51,8 +54,11 @@ class Shadows:
         else:
             del self._map[storage]
 
-    def update(self, t: torch.Tensor, value: torch.Tensor | None, exact: bool, before: dict) -> None:
-        """``t`` now holds ``value`` in the CPU run (None: unknown); ``exact``: the device holds it too."""
+    def update(
+        self, t: torch.Tensor, value: torch.Tensor | None, exact: bool, before: dict, causes: frozenset = frozenset()
+    ) -> None:
+        """``t`` now holds ``value`` in the CPU run (None: unknown); ``exact``: the device holds it
+        too; ``causes``: why the value differs (a partial write keeps those of the rest)."""
         storage = t.untyped_storage()
         payload = payload_of(t)
         entry = self._map.get(storage)
@@ -68,15 +74,17 @@ class Shadows:
                 if entry is not None:
                     del self._map[storage]
             else:
-                self._map[storage] = Shadow(value.detach().contiguous(), payload)
+                self._map[storage] = Shadow(value.detach().contiguous(), payload, causes)
             return
         if valid:
             geometry(entry.host, t).copy_(value)
             entry.payload = payload
+            if causes:
+                entry.causes = Causes.merge(entry.causes, causes)
         elif exact:
             if entry is not None:
                 del self._map[storage]
         else:
             host = host_copy(payload, t.dtype)
             geometry(host, t).copy_(value)
-            self._map[storage] = Shadow(host, payload)
+            self._map[storage] = Shadow(host, payload, causes)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -46,7 +45,8 @@ def _hlo_target(session: Session, d: DivergenceEvent) -> _Target:
 
 
 def _detail_table(d: DivergenceEvent) -> Table:
-    """One divergence in full: status, measure, errors against tolerance, result, NaN/Inf."""
+    """One divergence in full: status, measure, errors against tolerance, result, NaN/Inf,
+    and its triage verdict (noise or a wrong op, and the zero crossings behind a drift)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
@@ -109,6 +109,12 @@ def _detail_table(d: DivergenceEvent) -> Table:
                 ),
             )
         )
+    verdict = d.triage_text()
+    if verdict:  # what to do next depends on it most: right under the status
+        style = "bold red" if d.verdict == "wrong" else "green"
+        rows[2:2] = [("verdict", Text(verdict, style=style))] + [
+            ("also", Text(c.render())) for c in d.crossings[1:]
+        ]
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -146,7 +152,9 @@ class DivergenceScreen(RunScreen):
         yield PagedTable(id="divergences", page_size=PAGE, zebra_stripes=True)
         with Horizontal(id="dv-detail"):
             with Vertical(id="dv-info-box", classes="pane"):
-                yield Static(Text("Selected", style="bold"), classes="pane-title", markup=False)
+                title = Text("Selected", style="bold")
+                title.append("  Enter / h: its HLO", style="dim")  # in the title: the rows may fill the pane
+                yield Static(title, classes="pane-title", markup=False)
                 yield Static(Text(""), id="dv-info", markup=False)
             with Vertical(id="dv-source-box", classes="pane"):
                 yield Static(Text("Source", style="bold"), classes="pane-title", markup=False)
@@ -164,6 +172,7 @@ class DivergenceScreen(RunScreen):
             ("ratio", "× tol"),
             ("ulp", "ULP"),
             ("mismatched", "mismatched"),
+            ("verdict", "verdict"),
             ("where", "where"),
         ):
             table.add_column(title, key=key)
@@ -237,6 +246,7 @@ class DivergenceScreen(RunScreen):
             Text(format_float(d.ratio) if d.ratio else "-", justify="right", style=style),
             Text(format_float(d.ulp), justify="right"),
             Text(f"{d.mismatched:,}{numel}", justify="right"),
+            Text(d.verdict or "-", style="bold red" if d.verdict == "wrong" else ""),
             location_text(d.location, self.cwd, function=False),
         ]
 
@@ -252,8 +262,7 @@ class DivergenceScreen(RunScreen):
         if not 0 <= row < len(self.events):
             return
         d = self.events[row]
-        info = Group(_detail_table(d), Text("Enter / h: its HLO", style="dim"))
-        self.query_one("#dv-info", Static).update(info)
+        self.query_one("#dv-info", Static).update(_detail_table(d))
         self._load_source(d.id, d.location)
 
     @work(thread=True, exclusive=True, group="divergence-source")
