@@ -47,26 +47,31 @@ def _sync(out):
 
 
 def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
-    """Median ms per call of each variant ``{name: fn}``, and per variant the median over
-    rounds of (op-by-op time / its time). Interleaved rounds, the order rotating; a
+    """Median ms per call of each variant ``{name: fn}`` (wall and process CPU time), and
+    per variant the median over rounds of (op-by-op wall time / its wall time). Interleaved rounds, the order rotating; a
     sample is ``calls`` calls and one sync, as a training loop runs them."""
     names = list(variants)
     for fn in variants.values():
         for _ in range(3):
             _sync(fn())
     samples: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeat):
         for name in names[r % len(names):] + names[: r % len(names)]:
             fn = variants[name]
             time.sleep(0.02)  # let the previous variant's worker threads go idle
             for _ in range(2):
                 _sync(fn())
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(calls - 1):
                 fn()
             _sync(fn())
             samples[name].append((time.perf_counter() - start) / calls)
+            cpu[name].append((time.process_time() - start_cpu) / calls)
     result = {n: statistics.median(v) * 1e3 for n, v in samples.items()}
+    # CPU time (all of the process's threads: ours, XLA's) holds when other jobs share the
+    # machine and stretch the wall time
+    result.update({"cpu " + n: statistics.median(v) * 1e3 for n, v in cpu.items()})
     for n, v in samples.items():
         result["x " + n] = statistics.median(b / x for b, x in zip(samples[BASE], v))
     return result
@@ -167,13 +172,16 @@ def main(argv=None) -> None:
             make_llama, (tokens[:, :-1], tokens[:, 1:]), llama_loss, args.repeat
         )
     print("| workload | eager op by op (ms) | eager fused (ms) | compiled step (ms) | fused speed-up "
-          "| compiled speed-up | fused / compiled | ops per fused program |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| compiled speed-up | fused / compiled | CPU ms: op by op / fused / compiled "
+          "| CPU: fused speed-up | CPU: fused / compiled | ops per fused program |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         fused_vs_compiled = r["x tpu compiled step"] / r["x tpu eager fused"]
+        c_never, c_fused, c_comp = r["cpu " + BASE], r["cpu tpu eager fused"], r["cpu tpu compiled step"]
         print(f"| {name} | {r[BASE]:.2f} | {r['tpu eager fused']:.2f} | {r['tpu compiled step']:.2f} "
               f"| {r['x tpu eager fused']:.2f}x | {r['x tpu compiled step']:.2f}x | {fused_vs_compiled:.2f}x "
-              f"| {r['ops per fused program']} |")
+              f"| {c_never:.1f} / {c_fused:.1f} / {c_comp:.1f} | {c_never / c_fused:.2f}x "
+              f"| {c_fused / c_comp:.2f}x | {r['ops per fused program']} |")
         if r["fused programs"]:
             print(f"  ! {name}: {r['fused programs']} fused programs compiled after warm-up")
     print("\nms: median per step; speed-ups: median over rounds of op-by-op time / the column's; "

@@ -31,6 +31,7 @@ KIND_VIEWS = {
     "divergence": "divergence",
     "guard_failure": "recompiles",
     "recompile_limit": "recompiles",
+    "materialize": "recompiles",  # lazy mode: its fused graphs are compiles there
 }
 
 
@@ -109,6 +110,29 @@ def _divergence(session: Session, cwd: str | None) -> list[Finding]:
     return [Finding(text, "error" if d.first or d.nan_origin else "info", "divergence", order=2)]
 
 
+def _lazy_graphs(session: Session, cwd: str | None) -> list[Finding]:
+    # lazy mode (DEFER_AND_FUSE): a step run as several graphs, and the line that cut it
+    from tpu_debug.tracers.lazy_graphs import summarize
+
+    lazy = summarize(session.events("materialize"))
+    if not lazy.graphs:
+        return []
+    text = Text()
+    if lazy.split_steps and lazy.extra_cuts:
+        cut = lazy.extra_cuts[0]
+        text.append(f"{lazy.split_steps} of {len(lazy.per_step)} optimizer steps", style="bold")
+        text.append(f" ran as more than one lazy graph; most often cut by {cut.text}")
+        if cut.location is not None:
+            text.append(" at ")
+            text.append_text(location_text(cut.location, cwd, function=False))
+        return [Finding(text, "warning", "recompiles", order=3)]
+    text.append(f"{lazy.graphs} lazy graph(s)", style="bold")
+    text.append(f" run as {lazy.programs} program(s), {lazy.compiles} compiled")
+    if lazy.graphs_per_step is not None:
+        text.append(f"; {lazy.graphs_per_step:g} per optimizer step")
+    return [Finding(text, "info", "recompiles", order=3)]
+
+
 def _by_name(counts: dict[str, tuple[int, float]], what: str, view: str, order: int) -> list[Finding]:
     if not counts:
         return []
@@ -132,6 +156,8 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
     findings += _top_recompiles(session, cwd)
     if counts.get("divergence"):
         findings += _divergence(session, cwd)
+    if counts.get("materialize"):
+        findings += _lazy_graphs(session, cwd)
     if counts.get("fallback"):
         findings += _by_name(
             session.counts_by_name("fallback"), "CPU fallbacks (ops with no lowering)", "ops", 3
