@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import tpu_debug
 from tpu_debug.runtime import lazy
 from tpu_debug.runtime.tensor import to_jax
 
+import tpu_debug
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE
 NEVER = torch.tpu.EagerMode.DEFER_NEVER
