@@ -45,8 +45,6 @@ from typing import Any
 import jax
 import numpy as np
 import torch
-
-from tpu_debug.errors import LoweringBugError, TpuArgumentError
 from tpu_debug.runtime import eager as _eager
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
@@ -64,18 +62,20 @@ from tpu_debug.runtime.probes import (
 )
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, to_jax, view_pattern, view_value
 
+from tpu_debug.errors import LoweringBugError, TpuArgumentError
+
 __all__ = [
     "EagerMode",
-    "eager_mode",
-    "set_mode",
-    "set_eager_mode",
-    "materialize",
-    "pending_ops",
-    "dispatch",
-    "value_of",
     "computed",
     "convert",
+    "dispatch",
+    "eager_mode",
     "fused_stats",
+    "materialize",
+    "pending_ops",
+    "set_eager_mode",
+    "set_mode",
+    "value_of",
 ]
 
 
@@ -165,7 +165,7 @@ class set_eager_mode(contextlib.ContextDecorator):
 class _Template:
     """What a graph step computes: its traced function and its output avals."""
 
-    __slots__ = ("name", "fn", "outs", "struct", "dtypes", "specs", "inputs", "calls")
+    __slots__ = ("calls", "dtypes", "fn", "inputs", "name", "outs", "specs", "struct")
 
     def __init__(self, name, fn, outs, struct, dtypes, specs, inputs) -> None:
         self.name = name  # "mm", "add.Tensor", "cast", "view", ...
@@ -350,7 +350,7 @@ class _Graph:
 
 
 class _State:
-    __slots__ = ("graph", "lock", "graphs", "hooked")
+    __slots__ = ("graph", "graphs", "hooked", "lock")
 
     def __init__(self) -> None:
         self.graph = _Graph()
@@ -551,7 +551,7 @@ class _GraphKey:
     """A fused program's key: the graph's steps (template and input slots each), the
     kind of every slot and the slots still referenced; hashed once."""
 
-    __slots__ = ("parts", "_hash")
+    __slots__ = ("_hash", "parts")
 
     def __init__(self, parts: tuple) -> None:
         self.parts = parts
@@ -569,7 +569,7 @@ class _GraphKey:
 class _Fused:
     """One compiled fused program."""
 
-    __slots__ = ("key", "name", "compiled", "info", "calls", "seconds")
+    __slots__ = ("calls", "compiled", "info", "key", "name", "seconds")
 
     def __init__(self, key, name, compiled, info, seconds) -> None:
         self.key = key

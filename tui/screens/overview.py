@@ -16,7 +16,7 @@ from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 from tpu_debug.tracers.query import RunMetadata
 from tpu_debug.tracers.steps import StepSummary, summarize_steps
-from tpu_debug.tui.format import format_seconds
+from tpu_debug.tui.format import format_seconds, location_text
 from tpu_debug.tui.screens.base import RunScreen
 
 from tpu_debug.report import advice_of, finding_text
@@ -35,6 +35,7 @@ KIND_VIEWS = {
     "guard_failure": "recompiles",
     "recompile_limit": "recompiles",
     "step": "steps",
+    "materialize": "recompiles",  # lazy mode: its fused graphs are compiles there
 }
 
 # which view shows what each kind of finding is about
@@ -97,6 +98,29 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
     )
 
 
+def _lazy_graphs(session: Session, cwd: str | None) -> list[FindingLine]:
+    # lazy mode (DEFER_AND_FUSE): a step run as several graphs, and the line that cut it
+    from tpu_debug.tracers.lazy_graphs import summarize
+
+    lazy = summarize(session.events("materialize"))
+    if not lazy.graphs:
+        return []
+    text = Text()
+    if lazy.split_steps and lazy.extra_cuts:
+        cut = lazy.extra_cuts[0]
+        text.append(f"{lazy.split_steps} of {len(lazy.per_step)} optimizer steps", style="bold")
+        text.append(f" ran as more than one lazy graph; most often cut by {cut.text}")
+        if cut.location is not None:
+            text.append(" at ")
+            text.append_text(location_text(cut.location, cwd, function=False))
+        return [FindingLine(text, "warning", "recompiles")]
+    text.append(f"{lazy.graphs} lazy graph(s)", style="bold")
+    text.append(f" run as {lazy.programs} program(s), {lazy.compiles} compiled")
+    if lazy.graphs_per_step is not None:
+        text.append(f"; {lazy.graphs_per_step:g} per optimizer step")
+    return [FindingLine(text, "info", "recompiles")]
+
+
 def finding_lines(session: Session, cwd: str | None) -> list[FindingLine]:
     """The advisor's findings as list lines, most serious and costly first (one pass over the
     run's events: the overview asks for them once it is shown)."""
@@ -105,6 +129,8 @@ def finding_lines(session: Session, cwd: str | None) -> list[FindingLine]:
     for f in advice.findings:
         text = Text(f.title)
         out.append(FindingLine(text, f.severity, FINDING_VIEWS.get(f.kind), finding_text(f, terminal=True)))
+    if session.counts().get("materialize"):
+        out += _lazy_graphs(session, cwd)
     out += [FindingLine(Text(e), "info", None) for e in advice.errors]
     return out
 
