@@ -683,11 +683,21 @@ def float64(facts: RunFacts) -> Iterable[Finding]:
     wide = facts.query.float64_ops()
     if not wide:
         return
+    # printing a tpu tensor runs PyTorch's formatting code on the device, and it computes in
+    # float64 (it calls .double()): ops compiled only at lines that printed a tensor are the
+    # formatter's, not the program's
+    printing = {(t.location.file, t.location.line) for t in facts.transfers if t.op == "print" and t.location}
+    compiles: dict[str, list[CompileEvent]] = {}
+    for c in facts.compiles:
+        if c.name in wide and ("float64" in c.signature or "complex128" in c.signature):
+            compiles.setdefault(c.name, []).append(c)
+    for name, items in compiles.items():
+        if all(c.location is not None and (c.location.file, c.location.line) in printing for c in items):
+            del wide[name]
+    if not wide:
+        return
     names = sorted(wide, key=lambda n: (-wide[n][1], n))
-    first = next(
-        (c for c in facts.compiles if c.name in wide and ("float64" in c.signature or "complex128" in c.signature)),
-        None,
-    )
+    first = min((c for n in names for c in compiles.get(n, ())), key=lambda c: c.id, default=None)
     runs = sum(r for _, r in wide.values())
     yield Finding(
         kind="float64",
