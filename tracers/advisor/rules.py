@@ -609,17 +609,28 @@ def _dispatch_floor(ops: Sequence[Any]) -> float:
 
 def _tiny_share(facts: RunFacts) -> float | None:
     """Of the run's eager executions, the share whose inputs are all small (at most
-    :data:`TINY_ELEMENTS` elements each), read from the compiled programs' arguments;
-    None when the run recorded no programs to read them from."""
+    :data:`TINY_ELEMENTS` elements each), read from the compiled programs' arguments
+    (per op when the run recorded no programs); None when no eager op ran."""
     sizes: dict[str, int] = {}
+    largest: dict[str, int] = {}  # per op: its largest input over every program it compiled
     for c in facts.compiles:
-        if c.mode == "eager" and c.program is not None:
-            sizes[c.program] = max((math.prod(a.shape) for a in c.args if a.shape is not None), default=0)
+        if c.mode == "eager":
+            size = max((math.prod(a.shape) for a in c.args if a.shape is not None), default=0)
+            largest[c.name] = max(largest.get(c.name, 0), size)
+            if c.program is not None:
+                sizes[c.program] = size
     tiny = total = 0
     for p in facts.query.programs(mode="eager"):
         if p.count:
             total += p.count
             tiny += p.count if sizes.get(p.hash, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
+    if not total:
+        # a run without HLO records no programs: judge each op by the largest input it
+        # compiled for (an op that ever ran on a large tensor counts as large)
+        for o in facts.ops:
+            if o.mode == "eager" and o.count:
+                total += o.count
+                tiny += o.count if largest.get(o.name, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
     return tiny / total if total else None
 
 
