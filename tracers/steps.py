@@ -340,8 +340,9 @@ class StepTracker:
                 counts.transfer_bytes += nbytes
                 counts.transfer_seconds += secs
             counts.fallbacks = bisect.bisect_left(window.fallbacks, b) - bisect.bisect_left(window.fallbacks, a)
-            # a step begins when the op before its first one ended
-            start = ends[a - 1] if a > 0 else ends[0] - seconds[0]
+            # a step begins when the op before its first one ended; a loop that opens the run
+            # begins with it, so the compiles and uploads its counts hold are inside it
+            start = ends[a - 1] if a > 0 else min(self._start, ends[0] - seconds[0])
             self._put(_event(self._new_id(), index, "loop", start, ends[b - 1], counts, None))
         self._index = loop.iterations
 

@@ -20,6 +20,7 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "target_compile",
         "target_step",
         "target_summary",
+        "step",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind

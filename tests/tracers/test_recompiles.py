@@ -206,7 +206,13 @@ def test_storm_names_the_changing_dimension_with_advice(logdir, cold_cache):
     # the threshold is the run's: a stricter one read back later makes no storm
     assert not {g.identity: g for g in session.recompile_groups(storm_threshold=4)}["relu"].storm
     text = session.summary(width=200)
-    assert "STORM relu" in text and "dim 1 of arg 0 'self': 5, 7, 6, 9, 8" in text
+    assert "dim 1 of arg 0 'self': 5, 7, 6, 9, 8" in text
+    # the loop's iterations are its steps; after the first, every one compiles again: the
+    # advisor's finding, with a fix that pads the dimension
+    (finding,) = [f for f in session.findings() if f.kind == "dynamic_shape"]
+    assert finding.title.startswith("dim 1 of arg 0 'self' of relu takes a new size in steady state (5, 6, 7, 8, 9)")
+    assert finding.fix.startswith("pad dim 1 of arg 0 'self' of relu up to a multiple of 8")
+    assert finding.title in text
 
 
 def test_summarize_scalar_storm_advises_hoisting():
@@ -322,10 +328,16 @@ def test_recompile_storm_example_names_the_sequence_length(tmp_path, cold_cache,
     assert len(storms) >= 8
     assert all(g.changing.kind == "shape" for g in storms)
     report = capsys.readouterr().err
-    assert "STORM embedding" in report and "one size drives" in report
+    # one finding for the one size that drives every op's recompiles: the sequence length
+    (finding,) = run.findings()
+    assert finding.kind == "dynamic_shape" and finding.steps == (1, 3)
+    assert finding.title.startswith("dim 1 of arg 1 'indices' of embedding takes a new size in steady state (9, 12, 17, 23)")
+    assert "changes with it: dim 1 of arg 0 'self' of relu (9..23)" in finding.evidence.facts
+    assert "indices' of embedding takes a new size in steady state (9, 12, 17, 23)" in report
     # padding to a bucket of 32 leaves one shape: nothing recompiles
     clear_cache()
     assert main(argv[:-2] + ["--steps", "4", "--bucket", "32"]) == 0
     bucketed = tpu_debug.open_run(logdir=logdir)
     assert bucketed.run_dir != run.run_dir
     assert not [g for g in bucketed.recompile_groups() if g.identity == "embedding" and g.recompiles]
+    assert bucketed.findings() == []

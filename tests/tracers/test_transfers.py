@@ -115,8 +115,13 @@ def test_a_line_syncing_in_a_loop_is_found_with_its_count(logdir):
         ("cpu", 1, False),
     ]
     assert advice_for(first).startswith("each call waits for the device to finish")
-    text = session.summary(width=200)
-    assert "6 (loop)" in text and ".item() moved data 6 times" in text
+    # the loop's iterations are its steps: the advisor finds the sync in every steady one
+    # (an iteration's .item() comes after its last op, so it counts in the next step)
+    (finding,) = session.findings()
+    assert (finding.kind, finding.cause, finding.evidence.location.line) == ("implicit_sync", "item", 95)
+    assert finding.title == ".item() at test_transfers.py:95 waits for the device in 5 of 5 steady steps"
+    assert finding.fix == advice_for(first)
+    assert finding.title in session.summary(width=200)
 
 
 def test_advice_names_the_fix():
@@ -241,8 +246,13 @@ def test_hidden_sync_example_names_the_syncing_lines(tmp_path, capsys):
         (print_line, "print"),
     }
     report = capsys.readouterr().err
-    assert f"hidden_sync.py:{item_line} in main: .item() moved data 5 times" in report
+    findings = {(f.kind, f.cause): f for f in run.findings()}
+    assert set(findings) == {("implicit_sync", "item"), ("implicit_sync", "print")}
+    assert findings[("implicit_sync", "item")].evidence.location.line == item_line
+    assert findings[("implicit_sync", "print")].evidence.location.line == print_line
+    assert f".item() at hidden_sync.py:{item_line} waits for the device in 4 of 4 steady steps" in report
     # the fixed loop syncs once, after the loop
     assert main(["run", "--no-hlo", "--logdir", str(logdir), str(script), "--steps", "5", "--fixed"]) == 0
     fixed = tpu_debug.open_run(logdir=logdir)
     assert [(s.cause, s.count) for s in fixed.transfer_call_sites() if s.implicit] == [("item", 1)]
+    assert fixed.findings() == []

@@ -609,17 +609,28 @@ def _dispatch_floor(ops: Sequence[Any]) -> float:
 
 def _tiny_share(facts: RunFacts) -> float | None:
     """Of the run's eager executions, the share whose inputs are all small (at most
-    :data:`TINY_ELEMENTS` elements each), read from the compiled programs' arguments;
-    None when the run recorded no programs to read them from."""
+    :data:`TINY_ELEMENTS` elements each), read from the compiled programs' arguments
+    (per op when the run recorded no programs); None when no eager op ran."""
     sizes: dict[str, int] = {}
+    largest: dict[str, int] = {}  # per op: its largest input over every program it compiled
     for c in facts.compiles:
-        if c.mode == "eager" and c.program is not None:
-            sizes[c.program] = max((math.prod(a.shape) for a in c.args if a.shape is not None), default=0)
+        if c.mode == "eager":
+            size = max((math.prod(a.shape) for a in c.args if a.shape is not None), default=0)
+            largest[c.name] = max(largest.get(c.name, 0), size)
+            if c.program is not None:
+                sizes[c.program] = size
     tiny = total = 0
     for p in facts.query.programs(mode="eager"):
         if p.count:
             total += p.count
             tiny += p.count if sizes.get(p.hash, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
+    if not total:
+        # a run without HLO records no programs: judge each op by the largest input it
+        # compiled for (an op that ever ran on a large tensor counts as large)
+        for o in facts.ops:
+            if o.mode == "eager" and o.count:
+                total += o.count
+                tiny += o.count if largest.get(o.name, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
     return tiny / total if total else None
 
 
@@ -683,11 +694,21 @@ def float64(facts: RunFacts) -> Iterable[Finding]:
     wide = facts.query.float64_ops()
     if not wide:
         return
+    # printing a tpu tensor runs PyTorch's formatting code on the device, and it computes in
+    # float64 (it calls .double()): ops compiled only at lines that printed a tensor are the
+    # formatter's, not the program's
+    printing = {(t.location.file, t.location.line) for t in facts.transfers if t.op == "print" and t.location}
+    compiles: dict[str, list[CompileEvent]] = {}
+    for c in facts.compiles:
+        if c.name in wide and ("float64" in c.signature or "complex128" in c.signature):
+            compiles.setdefault(c.name, []).append(c)
+    for name, items in compiles.items():
+        if all(c.location is not None and (c.location.file, c.location.line) in printing for c in items):
+            del wide[name]
+    if not wide:
+        return
     names = sorted(wide, key=lambda n: (-wide[n][1], n))
-    first = next(
-        (c for c in facts.compiles if c.name in wide and ("float64" in c.signature or "complex128" in c.signature)),
-        None,
-    )
+    first = min((c for n in names for c in compiles.get(n, ())), key=lambda c: c.id, default=None)
     runs = sum(r for _, r in wide.values())
     yield Finding(
         kind="float64",

@@ -1,0 +1,98 @@
+"""The advisor on the examples: each pitfall makes the finding of its rule (and nothing else),
+its ``--fixed`` variant makes none, and every clean example makes none at all.
+
+Each example runs under ``tpu-debug run`` in its own process (advise_example.py),
+as a user would run it, with few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tpu_debug.tracers.advisor import RULES
+
+ROOT = pathlib.Path(__file__).parents[2]
+EXAMPLES = ROOT / "examples"
+DRIVER = pathlib.Path(__file__).parent / "advise_example.py"
+
+# pitfall -> (run options, script arguments, the findings' kinds it makes, the arguments that fix it)
+PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
+    "recompile_storm.py": ([], ["--steps", "4"], {"dynamic_shape"}, ["--bucket", "32"]),
+    "python_scalar.py": ([], ["--steps", "12"], {"recompile", "recompile_limit"}, ["--fixed"]),
+    "hidden_sync.py": ([], ["--steps", "5"], {"implicit_sync"}, ["--fixed"]),
+    # the .item() that splits the graph is also a sync in every step: both are true
+    "graph_break.py": ([], ["--steps", "4"], {"graph_break", "implicit_sync"}, ["--fixed"]),
+    "cpu_fallback.py": ([], ["--steps", "4"], {"cpu_fallback"}, ["--fixed"]),
+    "float64.py": ([], ["--steps", "3"], {"float64"}, ["--fixed"]),
+    "tiny_ops.py": ([], ["--steps", "3"], {"eager_tiny_ops"}, ["--fixed"]),
+    "h2d_every_step.py": ([], ["--steps", "4"], {"h2d_every_step"}, ["--fixed"]),
+    "bf16_drift.py": (["--divergence", "--numerics", "tpu"], [], {"divergence"}, ["--highest"]),
+}
+
+# examples written as ordinary, correct programs: the advisor must find nothing in them
+CLEAN: dict[str, list[str]] = {"mlp_train.py": ["--steps", "4"]}
+CLEAN.update(
+    {
+        f"models/{p.name}": []
+        for p in sorted((EXAMPLES / "models").glob("*.py"))
+        if "__main__" in p.read_text()  # a runnable example, not a module the others import
+    }
+)
+
+
+def _findings(tmp_path, script: str, options: list[str], args: list[str]) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), str(tmp_path / "runs"), *options, "--", str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("FINDINGS ")]
+    assert proc.returncode == 0 and len(lines) == 1, (
+        f"{script} {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
+    return json.loads(lines[0].removeprefix("FINDINGS "))
+
+
+def _brief(findings: list[dict]) -> list[tuple[str, str]]:
+    return [(f["kind"], f["title"]) for f in findings]
+
+
+def test_every_rule_has_a_pitfall():
+    covered = set().union(*(kinds for _, _, kinds, _ in PITFALLS.values()))
+    assert covered == set(RULES), f"rules without a pitfall: {sorted(set(RULES) - covered)}"
+    assert {p.name for p in (EXAMPLES / "pitfalls").glob("*.py")} == set(PITFALLS)
+
+
+@pytest.mark.parametrize("script", sorted(PITFALLS))
+def test_a_pitfall_makes_its_findings(tmp_path, script):
+    options, args, kinds, _ = PITFALLS[script]
+    findings = _findings(tmp_path, f"pitfalls/{script}", options, args)
+    assert {f["kind"] for f in findings} == kinds, _brief(findings)
+    for f in findings:
+        # each says what to do, and a finding about one line names a line of the script (a
+        # whole-step finding, like a step of tiny ops, has no line)
+        assert f["fix"], f
+        loc = f["evidence"]["location"]
+        assert (loc is None) == (f["kind"] == "eager_tiny_ops"), f
+        assert loc is None or os.path.basename(loc["file"]) == script, f
+
+
+@pytest.mark.parametrize("script", sorted(PITFALLS))
+def test_a_fixed_pitfall_makes_no_finding(tmp_path, script):
+    options, args, _, fixed = PITFALLS[script]
+    findings = _findings(tmp_path, f"pitfalls/{script}", options, [*args, *fixed])
+    assert findings == [], _brief(findings)
+
+
+@pytest.mark.parametrize("script", sorted(CLEAN))
+def test_a_clean_example_makes_no_finding(tmp_path, script):
+    findings = _findings(tmp_path, script, [], CLEAN[script])
+    assert findings == [], _brief(findings)

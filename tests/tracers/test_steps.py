@@ -1,0 +1,116 @@
+"""Steps: finding the loop in an op sequence, the step of an event by time, warm-up vs steady state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpu_debug
+from tpu_debug.runtime import clear_cache
+from tpu_debug.tracers.events import StepEvent
+from tpu_debug.tracers.steps import STEADY, WARMUP, Loop, StepIndex, detect_loop, phase_of, step_phases
+
+
+def _step(index: int, ts: float, end: float, *, compiles: int = 0, sequence: str = "a") -> StepEvent:
+    return StepEvent(
+        id=index, ts=ts, mode=None, thread=0, location=None, index=index, detected="explicit",
+        end=end, seconds=end - ts, compiles=compiles, sequence=sequence,
+    )
+
+
+def test_a_loop_is_found_after_setup_and_before_a_tail():
+    assert detect_loop([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7]) == Loop(start=1, period=3, iterations=3)
+    # a block repeated twice is not yet a loop; the third time makes it one
+    assert detect_loop([1, 2, 1, 2]) is None
+    assert detect_loop([1, 2, 1, 2, 1, 2]) == Loop(0, 2, 3)
+
+
+def test_the_loop_is_the_shortest_block_that_repeats():
+    # period 2 also agrees at 4 (over fewer ops): the shorter period is the loop
+    assert detect_loop([5, 6] * 8) == Loop(0, 2, 8)
+    # an iteration that runs one op twice (a, b, a, c) is one block of 4, not two of 2
+    assert detect_loop([1, 2, 1, 3] * 4) == Loop(0, 4, 4)
+
+
+def test_no_loop_in_a_sequence_that_does_not_repeat():
+    assert detect_loop(list(range(50))) is None
+    assert detect_loop([]) is None
+
+
+def test_an_event_belongs_to_the_step_holding_its_time():
+    steps = [_step(0, 1.0, 2.0), _step(1, 2.0, 3.0), _step(2, 5.0, 6.0)]
+    index = StepIndex(steps)
+    assert [index.step_of(t) for t in (0.5, 1.0, 1.99, 2.0, 2.5, 3.0, 4.0, 5.5, 6.0)] == [
+        None, 0, 0, 1, 1, None, None, 2, None,
+    ]
+    phases = {0: WARMUP, 1: STEADY, 2: STEADY}
+    assert [phase_of(index, phases, t) for t in (0.5, 1.5, 2.5, 4.0, 7.0)] == [
+        "setup", WARMUP, STEADY, "between", "tail",
+    ]
+    assert phase_of(StepIndex([]), {}, 1.0) == "unstepped"
+
+
+def test_compiles_until_the_sequence_repeats_are_warm_up():
+    steps = [
+        _step(0, 0, 1, compiles=37, sequence="first"),
+        _step(1, 1, 2, compiles=4, sequence="second"),
+        _step(2, 2, 3, sequence="loop"),
+        _step(3, 3, 4, sequence="loop"),
+    ]
+    assert step_phases(steps) == [WARMUP, WARMUP, STEADY, STEADY]
+
+
+def test_a_new_phase_of_the_program_warms_up_again():
+    # an evaluation loop after training: new programs compile once, then repeat
+    steps = [
+        _step(0, 0, 1, compiles=5, sequence="train"),
+        _step(1, 1, 2, sequence="train"),
+        _step(2, 2, 3, compiles=3, sequence="eval"),
+        _step(3, 3, 4, sequence="eval"),
+    ]
+    assert step_phases(steps) == [WARMUP, STEADY, WARMUP, STEADY]
+
+
+def test_compiles_in_a_step_that_then_runs_the_same_programs_are_steady_state():
+    # step 3 compiled, and step 4 ran what steps 1-2 ran: the compile was not for new work
+    steps = [
+        _step(0, 0, 1, compiles=5, sequence="train"),
+        _step(1, 1, 2, sequence="train"),
+        _step(2, 2, 3, sequence="train"),
+        _step(3, 3, 4, compiles=1, sequence="train-recompiled"),
+        _step(4, 4, 5, sequence="train"),
+    ]
+    assert step_phases(steps) == [WARMUP, STEADY, STEADY, STEADY, STEADY]
+
+
+def test_compiling_step_after_step_is_not_warming_up():
+    steps = [_step(i, i, i + 1, compiles=2, sequence=f"s{i}") for i in range(8)]
+    assert step_phases(steps, warmup_max=3) == [WARMUP] + [STEADY] * 7
+    assert step_phases(steps[:3], warmup_max=3) == [WARMUP] * 3
+
+
+@pytest.mark.parametrize("optimizer", [True, False])
+def test_steps_are_recorded_per_optimizer_step_or_found_in_the_loop(tmp_path, optimizer):
+    clear_cache()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4).to("tpu")
+    with tpu_debug.trace(logdir=tmp_path, name="steps") as session:
+        for _ in range(5):
+            loss = model(x).square().sum()
+            if optimizer:
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    steps = session.steps()
+    assert [s.index for s in steps] == list(range(5))
+    assert {s.detected for s in steps} == {"optimizer" if optimizer else "loop"}
+    # the first step compiles; the rest run the same programs and compile nothing
+    assert steps[0].compiles > 0 and all(s.compiles == 0 for s in steps[1:])
+    assert len({s.sequence for s in steps[1:]}) == 1
+    assert all(s.end >= s.ts for s in steps)
+    # every compile of the run is placed in the step holding it
+    index = StepIndex(steps)
+    assert {index.step_of(c.ts) for c in session.compiles()} == {0}
+    assert session.findings() == []
