@@ -97,10 +97,10 @@ def test_each_materialization_says_what_needed_it_and_where(tmp_path):
     assert f"{this}:{bool_line} in _train: bool() / if t: cut the graph inside 3 step(s)" in section
 
     # the TUI's overview: the split steps and the line that cuts them, linked to the compiles
-    from tpu_debug.tui.screens.overview import overview_data
+    from tpu_debug.tui.screens.overview import finding_lines
 
     run = tpu_debug.open_run(session.run_dir)
-    (finding,) = [f for f in overview_data(run, None).findings if "lazy graph" in f.text.plain]
+    (finding,) = [f for f in finding_lines(run, None) if "lazy graph" in f.text.plain]
     assert finding.view == "recompiles" and finding.severity == "warning"
     assert finding.text.plain.startswith("3 of 3 optimizer steps ran as more than one lazy graph; most often cut by")
     assert f"{this}:{bool_line}" in finding.text.plain
@@ -189,9 +189,9 @@ def test_a_recompiled_fused_graph_in_a_run(tmp_path):
     (group,) = [g for g in session.recompile_groups() if g.mode == "lazy"]
     assert group.identity == f"graph cut by .item() at {os.path.basename(__file__)}:{_line('# MARK-loop')}"
     # no optimizer step, no split step: the overview notes the graphs and their programs
-    from tpu_debug.tui.screens.overview import overview_data
+    from tpu_debug.tui.screens.overview import finding_lines
 
-    findings = overview_data(tpu_debug.open_run(session.run_dir), None).findings
+    findings = finding_lines(tpu_debug.open_run(session.run_dir), None)
     (finding,) = [f for f in findings if "lazy graph" in f.text.plain]
     assert (finding.text.plain, finding.severity) == ("3 lazy graph(s) run as 2 program(s), 2 compiled", "info")
 

@@ -21,6 +21,8 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "target_step",
         "target_summary",
         "step",
+        "materialize",
+        "collectives",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind
@@ -47,7 +49,7 @@ def test_renderings():
 
 
 def test_unknown_kind_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: compile, divergence, "):
+    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collectives, compile, divergence, "):
         ev.event_type("nope")
 
 
