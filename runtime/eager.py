@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from tpu_debug.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
+from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
@@ -336,6 +337,8 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
 
 
 def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = None) -> jax.Array:
+    if _dryrun.active is not None:  # a dry run moves no data: the device copy is its shape
+        return _dryrun.Abstract(tuple(t.shape), to_jax_dtype(t.dtype))
     op = op or ("scalar" if implicit else "copy")  # callers name what moved the data
     if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("h2d", op, tuple(t.shape),
@@ -368,13 +371,15 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
 
 def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
     """A new CPU tensor with the values of `tpu` tensor ``t``."""
+    arr = to_jax(t)
+    if type(arr) is _dryrun.Abstract:  # a dry run's tensor: there is no value to copy
+        raise _dryrun.value_needed(op, t)
     if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("d2h", op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
                               t.numel() * t.element_size())
     if probes._probes:
         probes.transferring("d2h", op)
     start = time.perf_counter()
-    arr = to_jax(t)
     host = np.array(arr)
     if t.dtype == torch.bfloat16:
         out = torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
@@ -530,7 +535,9 @@ def _iter_tensors(out):
             yield from _iter_tensors(o)
 
 
-def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Executable:
+def _traced_op(plan: _Plan, skel_args, skel_kwargs, rng: bool):
+    """The op as a JAX function of its flat inputs, and a box its output structure lands in
+    when it is traced."""
     lowering = plan.lowering
     meta = _meta_outputs(plan, skel_args, skel_kwargs) if lowering.cast_output else None
     struct_box: list = []
@@ -560,6 +567,11 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
         struct_box.append(struct)
         return tuple(flat_out)
 
+    return traced, struct_box
+
+
+def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Executable:
+    traced, struct_box = _traced_op(plan, skel_args, skel_kwargs, rng)
     if probes._probes:
         probes.compiling("eager", plan.name)
     start = time.perf_counter()
@@ -656,6 +668,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
         arrays.append(_random.next_key() if key_data is None else key_data)
     eager_only = lowering.eager_only
     if eager_only is True or (eager_only and eager_only(args, kwargs)):
+        if _dryrun.active is not None:  # shapes from values a dry run does not have, if it can
+            return _finish(plan, args, kwargs, *_dryrun.active.eager_only(plan, skel_args, skel_kwargs, arrays, rng))
         it = iter(arrays)
         a = [_fill(s, it) for s in skel_args]
         kw = {k: _fill(s, it) for k, s in skel_kwargs}
@@ -670,6 +684,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
         key += (("numerics", config.numerics),)
     if plan.precision:  # the precision is read while tracing (ops/linalg.py)
         key += (("matmul precision", config.effective_precision()),)
+    if _dryrun.active is not None:  # a dry run: output shapes, the program to the target compiler
+        return _dryrun.active.run_op(plan, args, kwargs, key, skel_args, skel_kwargs, arrays, rng)
     exe = _lookup(key)
     if exe is None:
         try:

@@ -21,20 +21,33 @@ from jax import lax
 import torch
 
 from tpu_debug.errors import MissingPayloadError, UnsupportedError
+from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "PAYLOAD_ATTR"]
+__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "set_payload", "PAYLOAD_ATTR"]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
+# a dry run's payload: shape and dtype, no data (runtime/dryrun.py)
+Abstract = _dryrun.Abstract
+# memory tracking's hook, ``Ledger.note(storage, payload)``, called after every payload is
+# set while a probe listens for allocations (runtime/memory.py); None otherwise
+_track = None
+
+
+def set_payload(storage, payload) -> None:
+    """Make ``payload`` the data of ``storage`` (and tell memory tracking, when on)."""
+    setattr(storage, PAYLOAD_ATTR, payload)
+    if _track is not None:
+        _track(storage, payload)
 
 
 class _Uninit:
     """Storage allocated but never written (``torch.empty``): zeros on read."""
 
-    __slots__ = ("numel", "dtype")
+    __slots__ = ("numel", "dtype", "__weakref__")
 
     def __init__(self, numel: int, dtype):
         self.numel = numel
@@ -50,9 +63,12 @@ class _Uninit:
 
 
 def _materialize(storage, payload: _Uninit) -> jax.Array:
-    with jax.enable_x64(True):
-        arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
-    setattr(storage, PAYLOAD_ATTR, arr)
+    if _dryrun.active is not None:
+        arr = Abstract((payload.numel,), payload.dtype)
+    else:
+        with jax.enable_x64(True):
+            arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
+    set_payload(storage, arr)
     return arr
 
 
@@ -162,6 +178,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     if arr.shape == t.shape and _is_dense(t):
         return arr
     jdtype = to_jax_dtype(t.dtype)
+    if type(arr) is Abstract:  # a view of a dry run's payload: its shape, still no data
+        return Abstract(tuple(t.shape), jdtype)
     if arr.dtype != jdtype:
         raise UnsupportedError(
             f"reading a {t.dtype} view of {arr.dtype} storage is not supported on "
@@ -181,19 +199,25 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if value.dtype != jdtype:
         value = value.astype(jdtype)
     if tuple(value.shape) != tuple(t.shape):
-        value = jnp.broadcast_to(value, tuple(t.shape))
+        value = Abstract(tuple(t.shape), jdtype) if type(value) is Abstract else jnp.broadcast_to(value, tuple(t.shape))
     old = getattr(storage, PAYLOAD_ATTR, None)
     numel = t.numel()
     if old is None or (_is_dense(t) and old.size == numel):
         setattr(storage, PAYLOAD_ATTR, value)
+        if _track is not None:
+            _track(storage, value)
         return
     if type(old) is _Uninit:
         old = _materialize(storage, old)
     if numel == 0:
         return
-    with jax.enable_x64(True):
-        new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-    setattr(storage, PAYLOAD_ATTR, new)
+    if type(old) is Abstract or type(value) is Abstract:
+        # part of a storage written in a dry run: the storage holds no data from now on
+        new = old if type(old) is Abstract else Abstract(tuple(old.shape), old.dtype)
+    else:
+        with jax.enable_x64(True):
+            new = _strided_write(old, value, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    set_payload(storage, new)
 
 
 def from_jax(arr: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -201,7 +225,10 @@ def from_jax(arr: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is None:
         dtype = to_torch_dtype(arr.dtype)
     t = _create_empty(arr.shape, dtype)
-    setattr(t.untyped_storage(), PAYLOAD_ATTR, arr)
+    storage = t.untyped_storage()
+    setattr(storage, PAYLOAD_ATTR, arr)
+    if _track is not None:
+        _track(storage, arr)
     return t
 
 
@@ -214,8 +241,8 @@ def empty(size, dtype: torch.dtype, stride=None) -> torch.Tensor:
         # storage must span the furthest element of the requested layout
         extent = 1 + sum((n - 1) * s for n, s in zip(size, stride))
         numel = max(numel, extent)
-        setattr(t.untyped_storage(), PAYLOAD_ATTR, _Uninit(numel, to_jax_dtype(dtype)))
+        set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype)))
         t.set_(t.untyped_storage(), 0, size, tuple(stride))
         return t
-    setattr(t.untyped_storage(), PAYLOAD_ATTR, _Uninit(numel, to_jax_dtype(dtype)))
+    set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype)))
     return t

@@ -81,8 +81,19 @@ def _guard_level(name: str, value: Any) -> str:
     return value
 
 
+# -- memory and TPU target options -------------------------------------------------------
+
+
+def _target_spec(name: str, value: Any) -> str:
+    # the spec is checked against the TPU table when a trace starts (tpu_debug.tracing):
+    # reading it here would import the runtime, which the reading verbs never do
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{name}={value!r} is not a TPU target; use a spec such as 'v5e', 'v6e-8' or 'v5e:2x2'")
+    return value.strip()
+
+
 # fields whose value given to trace() must be a bool, or a positive int
-_BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile"})
+_BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile", "memory", "dry_run"})
 _COUNT_FIELDS = frozenset({"tensorboard_max_events", "divergence_sample", "storm_threshold"})
 
 
@@ -120,6 +131,12 @@ class TraceConfig:
         transfer_guard_implicit: the same for implicit transfers only
             (``.item()``, ``print``, ``if t:``, CPU fallbacks); the stricter of
             the two applies to those. Env: ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``.
+        memory: record the device bytes `tpu` tensors hold, per step, the peak and
+            the lines that allocated it. Env: ``TPU_DEBUG_MEMORY``.
+        target: a TPU target (``"v5e"``, ``"v6e-8"``) the run's memory is compared
+            with (one device of it). Env: ``TPU_DEBUG_TARGET``.
+        dry_run: run with tensors that hold no data, compiling every program for
+            ``target`` and executing nothing (implies ``memory``). Env: ``TPU_DEBUG_DRY_RUN``.
     """
 
     logdir: Path = Path("tpu_debug_runs")
@@ -136,6 +153,9 @@ class TraceConfig:
     fail_on_recompile: bool = False
     transfer_guard: str = "allow"
     transfer_guard_implicit: str = "allow"
+    memory: bool = False
+    target: str | None = None
+    dry_run: bool = False
 
     # how each field's environment variable is parsed (every field has one)
     _PARSERS = {
@@ -153,6 +173,9 @@ class TraceConfig:
         "fail_on_recompile": _parse_bool,
         "transfer_guard": lambda var, raw: _guard_level(var, raw.strip().lower()),
         "transfer_guard_implicit": lambda var, raw: _guard_level(var, raw.strip().lower()),
+        "memory": _parse_bool,
+        "target": _target_spec,
+        "dry_run": _parse_bool,
     }
 
     @staticmethod
@@ -199,6 +222,8 @@ class TraceConfig:
                 if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
                     raise ConfigError(f"logdir={value!r}: expected a directory path")
                 value = Path(value)
+            if field == "target":
+                value = _target_spec(field, value)
             if field == "name" and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"name={value!r}: expected a non-empty string")
             values[field] = value

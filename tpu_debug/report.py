@@ -567,6 +567,71 @@ def _divergence_line(e: Any) -> str:
     return text
 
 
+@section("Memory", order=65)
+def _memory(session: Any, terminal: bool) -> RenderableType | None:
+    # device bytes over the run, the peak's holders, and the fit against the TPU target
+    from tpu_debug.tracers.memory import describe_fix, memory_view, size
+
+    view = memory_view(session)
+    if not view.recorded:
+        return None
+    m = view.summary
+    parts: list[RenderableType] = []
+    rows = []
+    if m is not None:
+        rows.append(("peak", f"{size(m.peak_bytes)} held by tpu tensors, in step {m.peak_step} of {m.steps} "
+                             f"({size(m.persistent_bytes)} still held at that step's end, "
+                             f"{size(m.activation_bytes)} of the forward's tensors gone by then)"))
+        if m.temp_bytes:
+            whose = "the TPU compiler's figure" if m.temp_source == "target" else "this machine's compiler's figure"
+            rows.append(("largest program", f"{m.temp_program}: {size(m.temp_bytes)} of temporaries ({whose})"))
+        if m.target is not None:
+            verdict = "fits" if m.fits else "does NOT fit"
+            rows.append(("need", f"~{size(m.required_bytes)} per device (peak + temporaries) of "
+                                 f"{size(m.capacity_bytes)} on one {m.target} device: {verdict} (an estimate)"))
+        if m.dry_run:
+            dry = f"nothing executed; {m.programs} program(s) compiled for {m.target}, {m.oom_programs} out of HBM"
+            rows.append(("dry run", dry))
+        if m.stopped:
+            where = f" at {_site_text(m.location)}" if m.location is not None else ""
+            rows.append(("stopped", f"the dry run needs a value{where} ({m.stopped}); what ran before it is measured"))
+    steps = view.steps
+    if len(steps) > 1:
+        top = max(st.peak_bytes for st in steps) or 1
+        shown = steps[-60:]
+        bars = "".join(" ▁▂▃▄▅▆▇█"[max(1, round(8 * st.peak_bytes / top))] if st.peak_bytes else " " for st in shown)
+        rows.append(("peak per step", f"{bars}  (steps {shown[0].step}-{shown[-1].step})"))
+    if rows:
+        parts.append(_kv(rows))
+    holders = view.peak_holders()
+    if holders:
+        table = _table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("bytes", "right"),
+                       ("tensors", "right"), ("largest", "left"))
+        for h in holders:
+            where = f"{os.path.basename(h.file)}:{h.line} in {h.function}" if h.file else "before the trace"
+            table.add_row(Text(where), Text(h.phase), size(h.nbytes), str(h.tensors),
+                          Text(f"{h.dtype}{list(h.shape)}" if h.shape else "-"))
+        parts.append(table)
+    for f in view.findings:
+        if f.finding == "program_oom":
+            head = (f"the TPU compiler refused {f.program} on {f.target}: it counted {size(f.required_bytes)} "
+                    f"of {size(f.capacity_bytes)} HBM")
+        else:
+            head = (f"does not fit one {f.target} device: ~{size(f.required_bytes)} needed, "
+                    f"{size(f.capacity_bytes)} there")
+        if f.holders:
+            head += "; biggest holders: " + ", ".join(
+                f"{os.path.basename(h.file) + ':' + str(h.line) if h.file else 'before the trace'} "
+                f"({size(h.nbytes)})" for h in f.holders)
+        lines = [Text(head, style="bold red" if terminal else "")]
+        lines += [Text(f"  fix: {describe_fix(fix)}" + ("" if fix.fits else " - not enough alone"))
+                  for fix in f.fixes]
+        parts.append(Group(*lines))
+    if m is None:
+        parts.append(_note("the run has not ended: the peak and the fit are written when it does"))
+    return Group(*parts) if parts else None
+
+
 @section("CPU fallbacks", order=70)
 def _fallbacks(session: Any, terminal: bool) -> RenderableType | None:
     fallbacks = session.fallbacks()

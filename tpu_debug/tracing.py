@@ -22,7 +22,7 @@ from typing import Any
 
 from tpu_debug._version import __version__
 from tpu_debug.config import TraceConfig
-from tpu_debug.errors import TpuDebugError, TraceActiveError
+from tpu_debug.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
 from tpu_debug.tracers.location import user_location
@@ -321,6 +321,10 @@ class Trace(contextlib.ContextDecorator):
         self._divergence: Any = None  # a DivergenceTracer with divergence=True
         self._saved_numerics: str | None = None
         self._guards: Any = None  # dynamo events, recompile and transfer guards
+        self._memory: Any = None  # a MemoryTracer with memory=True or dry_run=True
+        self._dry: Any = None  # the runtime's dry mode (its context manager) with dry_run=True
+        self._dry_mode: Any = None
+        self._dry_seen: dict[str, Any] = {}
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
@@ -391,6 +395,7 @@ class Trace(contextlib.ContextDecorator):
         if self.config.tensorboard:
             self._start_tensorboard(run_dir)
         self._start_divergence()
+        self._start_memory()
         from tpu_debug.guards import TraceGuards
 
         self._guards = TraceGuards(self.config, self._writer, self._recorder)
@@ -439,6 +444,7 @@ class Trace(contextlib.ContextDecorator):
         """Stop everything started, newest first, then write the run's end and close it."""
         for where, stop in (
             ("TraceGuards.stop", self._stop_guards),
+            ("MemoryTracer.close", self._stop_memory),
             ("DivergenceTracer.close", self._stop_divergence),
             ("TensorBoardExporter.stop", self._stop_tensorboard),
             ("Recorder.unsubscribe", self._stop_recorder),
@@ -564,10 +570,63 @@ class Trace(contextlib.ContextDecorator):
         if self._saved_numerics is not None:
             runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
 
+    # -- device memory and dry runs ----------------------------------------------------------
+
+    def _start_memory(self) -> None:
+        config = self.config
+        if not (config.memory or config.dry_run):
+            return
+        from tpu_debug.runtime import probes
+        from tpu_debug.tracers.memory import MemoryTracer
+
+        target = None
+        if config.target is not None:
+            from tpu_debug.runtime.target import parse_target
+
+            target = parse_target(config.target)
+        tracer = MemoryTracer(self._writer, clock=self._recorder.clock, target=target, dry_run=config.dry_run,
+                              record_error=self._recorder.record_error)
+        tracer.start()
+        self._memory = tracer
+        probes.subscribe(tracer)
+        if config.dry_run:
+            from tpu_debug.dryrun import value_reader
+            from tpu_debug.runtime.dryrun import dry_mode
+
+            describe, self._dry_seen = value_reader()
+            dry = dry_mode(target, describe=describe)
+            self._dry_mode = dry.__enter__()
+            self._dry = dry
+
+    def _stop_memory(self) -> None:
+        from tpu_debug.runtime import probes
+
+        tracer, self._memory = self._memory, None
+        dry, self._dry = self._dry, None
+        try:
+            if dry is not None:
+                dry.__exit__(None, None, None)
+                mode = self._dry_mode
+                programs = mode.collect()  # the target compiles still running
+                if tracer is not None:
+                    tracer.add_target_programs(programs)
+                    if mode.stop is not None:
+                        tracer.stop_at(mode.stop.what, self._dry_seen.get("location"))
+                if self._writer is not None:
+                    self._writer.set_meta(dry_run={"target": str(mode.target) if mode.target else None,
+                                                   "programs": len(programs), "notes": list(mode.notes)})
+            if tracer is not None:
+                tracer.close()
+        finally:
+            if tracer is not None:
+                probes.unsubscribe(tracer)
+
     def mark_step(self) -> None:
-        """End the current step on the TensorBoard timeline (see :func:`step`)."""
+        """End the current step on the TensorBoard timeline and in the memory record (see :func:`step`)."""
         if self._tensorboard is not None:
             self._tensorboard.step()
+        if self._memory is not None:
+            self._memory.step()
 
 
 def trace(
@@ -586,6 +645,9 @@ def trace(
     fail_on_recompile: bool | None = None,
     transfer_guard: str | None = None,
     transfer_guard_implicit: str | None = None,
+    memory: bool | None = None,
+    target: str | None = None,
+    dry_run: bool | None = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -638,6 +700,16 @@ def trace(
         transfer_guard_implicit: the same for implicit transfers only
             (``.item()``, ``print``, ``if t:``, CPU fallbacks; default "allow";
             ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``).
+        memory: record the device bytes `tpu` tensors hold per step, the peak and
+            the lines holding it (default False; ``TPU_DEBUG_MEMORY``). See the
+            report's "Memory" and ``tpu_debug.tracers.memory.memory_view(session)``.
+        target: a TPU target (``"v5e"``, ``"v6e-8"``): the memory is compared with
+            one device of it, and a run that does not fit gets a finding with
+            estimated fixes (``TPU_DEBUG_TARGET``).
+        dry_run: run with tensors that hold no data: every program is compiled for
+            ``target`` and nothing executes; a value read (``.item()``, ``print(t)``)
+            stops the program there (default False; ``TPU_DEBUG_DRY_RUN``). See
+            :func:`tpu_debug.dry_run` for a function.
 
     Returns:
         A :class:`Trace` context manager / decorator.
@@ -662,6 +734,16 @@ def trace(
         transfer_guard=transfer_guard,
         transfer_guard_implicit=transfer_guard_implicit,
     )
+    config = config.override(memory=memory, target=target, dry_run=dry_run)
+    if config.dry_run and config.target is None:
+        raise ConfigError(
+            "dry_run=True needs a TPU target to compile for: trace(dry_run=True, target='v6e'), "
+            "tpu-debug run --dry-run --target v6e, or TPU_DEBUG_TARGET=v6e"
+        )
+    if config.target is not None:
+        from tpu_debug.runtime.target import parse_target
+
+        parse_target(config.target)  # an unknown target fails here, naming what is accepted
     return Trace(config)
 
 

@@ -17,6 +17,9 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "recompile_limit",
         "divergence",
         "internal_error",
+        "memory_step",
+        "memory",
+        "memory_finding",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind

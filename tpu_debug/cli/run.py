@@ -98,6 +98,26 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="compare every N-th node of a compiled graph (default: 1, all)",
     )
+    # -- memory and TPU targets --
+    parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record the device bytes tensors hold per step, the peak and the lines holding it "
+        "(default: off; on with --target or --dry-run)",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="TPU",
+        help="a TPU target such as v5e, v6e-8 or v5e:2x2: the run's memory is compared with one device of it",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="run with tensors that hold no data: compile every program for --target, execute nothing, "
+        "and report the memory (a value read such as .item() stops the script there)",
+    )
     parser.add_argument(
         "--no-report",
         dest="report",
@@ -170,6 +190,8 @@ def _run_path(target: str) -> None:
 
 def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
     """Run the target as ``__main__``; returns (exit code, error text)."""
+    from tpu_debug.runtime.dryrun import DryRunValueError  # a recording verb: the runtime is loaded
+
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -177,6 +199,9 @@ def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
             _run_path(target)
     except Terminated:  # SIGTERM: no traceback, as when SIGTERM kills python
         return 128 + signal.SIGTERM, "SIGTERM"
+    except DryRunValueError as exc:  # the dry run's answer ends here: one line, no traceback
+        print(f"tpu-debug run --dry-run: {exc}", file=sys.stderr)
+        return 0, None
     except SystemExit as exc:
         return _exit_code(exc), None
     except KeyboardInterrupt as exc:
@@ -223,6 +248,9 @@ def run(args: argparse.Namespace) -> int:
         numerics=args.numerics,
         tolerances=args.tolerances,
         divergence_sample=args.divergence_sample,
+        memory=True if args.target and args.memory is None else args.memory,
+        target=args.target,
+        dry_run=args.dry_run,
     )
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
