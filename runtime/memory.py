@@ -78,7 +78,8 @@ def _nbytes(payload: Any) -> int:
 
 
 def _describe(payload: Any) -> tuple[tuple[int, ...], str]:
-    return tuple(int(d) for d in payload.shape), str(np.dtype(payload.dtype))
+    shape = getattr(payload, "logical", None) or payload.shape  # an unwritten storage's tensor shape
+    return tuple(int(d) for d in shape), str(np.dtype(payload.dtype))
 
 
 class Ledger:

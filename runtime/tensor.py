@@ -45,13 +45,15 @@ def set_payload(storage, payload) -> None:
 
 
 class _Uninit:
-    """Storage allocated but never written (``torch.empty``): zeros on read."""
+    """Storage allocated but never written (``torch.empty``): zeros on read. ``logical`` is
+    the shape of the tensor it was made for (what memory tracking shows; the payload is flat)."""
 
-    __slots__ = ("numel", "dtype", "__weakref__")
+    __slots__ = ("numel", "dtype", "logical", "__weakref__")
 
-    def __init__(self, numel: int, dtype):
+    def __init__(self, numel: int, dtype, logical: tuple[int, ...] | None = None):
         self.numel = numel
         self.dtype = dtype
+        self.logical = logical
 
     @property
     def size(self) -> int:
@@ -241,8 +243,8 @@ def empty(size, dtype: torch.dtype, stride=None) -> torch.Tensor:
         # storage must span the furthest element of the requested layout
         extent = 1 + sum((n - 1) * s for n, s in zip(size, stride))
         numel = max(numel, extent)
-        set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype)))
+        set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype), size))
         t.set_(t.untyped_storage(), 0, size, tuple(stride))
         return t
-    set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype)))
+    set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype), size))
     return t

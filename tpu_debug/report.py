@@ -570,7 +570,7 @@ def _divergence_line(e: Any) -> str:
 @section("Memory", order=65)
 def _memory(session: Any, terminal: bool) -> RenderableType | None:
     # device bytes over the run, the peak's holders, and the fit against the TPU target
-    from tpu_debug.tracers.memory import describe_fix, memory_view, size
+    from tpu_debug.tracers.memory import PHASE_TEXT, describe_fix, memory_view, size
 
     view = memory_view(session)
     if not view.recorded:
@@ -609,7 +609,7 @@ def _memory(session: Any, terminal: bool) -> RenderableType | None:
                        ("tensors", "right"), ("largest", "left"))
         for h in holders:
             where = f"{os.path.basename(h.file)}:{h.line} in {h.function}" if h.file else "before the trace"
-            table.add_row(Text(where), Text(h.phase), size(h.nbytes), str(h.tensors),
+            table.add_row(Text(where), Text(PHASE_TEXT.get(h.phase, h.phase)), size(h.nbytes), str(h.tensors),
                           Text(f"{h.dtype}{list(h.shape)}" if h.shape else "-"))
         parts.append(table)
     for f in view.findings:

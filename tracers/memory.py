@@ -50,6 +50,7 @@ __all__ = [
     "describe_fix",
     "describe_holder",
     "memory_view",
+    "PHASE_TEXT",
     "plan_fixes",
     "size",
 ]
@@ -58,7 +59,11 @@ TOP_HOLDERS = 10
 FINDING_HOLDERS = 3
 _REFRESH = 1 / 256  # a step's peak copy is taken again once the peak grew by this fraction
 BEFORE_TRACE = "before trace"
+# "forward" is everything outside the backward pass and the optimizer's step: the forward,
+# the loss, building the model, loading data
 _PHASES = ("forward", "backward", "optimizer", BEFORE_TRACE)
+PHASE_TEXT = {"forward": "forward/other", "backward": "backward", "optimizer": "optimizer",
+              BEFORE_TRACE: "before trace"}
 
 
 def size(n: int | float | None) -> str:
@@ -513,7 +518,8 @@ def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
     else:
         where = "allocated before the trace began"
     largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""
-    return f"{where} ({h.phase}): {size(h.nbytes)} in {h.tensors} tensor(s){largest}"
+    phase = f" ({PHASE_TEXT.get(h.phase, h.phase)})" if h.file else ""
+    return f"{where}{phase}: {size(h.nbytes)} in {h.tensors} tensor(s){largest}"
 
 
 # -- reading -----------------------------------------------------------------------------------
