@@ -2,8 +2,11 @@
 
 All three run in this one process, interleaved, so the ratios hold on a noisy
 machine. Writes nothing; paste the table into benchmarks/README.md.
+``--memory`` adds a column with memory tracking on (a memory tracer listening:
+every payload set is noted with its allocating line), timed in turn with the
+others.
 
-    python benchmarks/eager_dispatch.py [--repeat 2000]
+    python benchmarks/eager_dispatch.py [--repeat 2000] [--memory]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def _time(fn, repeat: int) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=2000)
+    parser.add_argument("--memory", action="store_true", help="also time each op with memory tracking on")
     args = parser.parse_args(argv)
     a_cpu, b_cpu = torch.randn(64, 64), torch.randn(64, 64)
     a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
@@ -55,14 +59,34 @@ def main(argv=None) -> None:
         ("mm 64x64", lambda: a @ b, lambda: a_cpu @ b_cpu, lambda: jit_mm(ja, jb)),
         ("nn.Linear(64,64) fwd", lambda: lin(a), lambda: lin_cpu(a_cpu), lambda: jit_lin(ja, jw, jbias)),
     ]
-    print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |")
-    print("|---|---:|---:|---:|---:|")
+    extra = " tpu, memory tracked (µs) | tracked / tpu |" if args.memory else ""
+    print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |{extra}")
+    print("|---|---:|---:|---:|---:|" + ("---:|---:|" if args.memory else ""))
     with torch.no_grad():
         for name, dev, cpu, raw in cases:
             t_dev = _time(dev, args.repeat)
             t_cpu = _time(cpu, args.repeat)
             t_raw = _time(raw, args.repeat)
-            print(f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |")
+            row = f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |"
+            if args.memory:
+                t_mem = _tracked(dev, args.repeat)
+                row += f" {t_mem:.1f} | {t_mem / t_dev:.2f}x |"
+            print(row)
+
+
+def _tracked(fn, repeat: int) -> float:
+    """``_time(fn)`` with a memory tracer listening, as ``trace(memory=True)`` runs it."""
+    from tpu_debug.runtime import probes
+    from tpu_debug.tracers.memory import MemoryTracer
+
+    tracer = MemoryTracer()
+    tracer.start()
+    probes.subscribe(tracer)
+    try:
+        return _time(fn, repeat)
+    finally:
+        probes.unsubscribe(tracer)
+        tracer.close()
 
 
 if __name__ == "__main__":
