@@ -26,6 +26,7 @@ from tpu_debug.tracers.query import RunMetadata
 from tpu_debug.tui.screens import (
     DivergenceScreen,
     HelpScreen,
+    MemoryScreen,
     OpsScreen,
     OverviewScreen,
     RecompilesScreen,
@@ -46,11 +47,12 @@ VIEWS = {
     "ops": "Ops",
     "transfers": "Transfers",
     "divergence": "Divergence",
+    "memory": "Memory",
 }
 
 
 class TpuDebugApp(App[None]):
-    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, HLO.
+    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, memory, HLO.
 
     Example:
         >>> app = TpuDebugApp(tpu_debug.open_run())
@@ -66,6 +68,7 @@ class TpuDebugApp(App[None]):
         "ops": OpsScreen,
         "transfers": TransfersScreen,
         "divergence": DivergenceScreen,
+        "memory": MemoryScreen,
     }
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -74,6 +77,7 @@ class TpuDebugApp(App[None]):
         Binding("3", "switch_mode('ops')", "Ops"),
         Binding("4", "switch_mode('transfers')", "Transfers"),
         Binding("5", "switch_mode('divergence')", "Divergence"),
+        Binding("6", "switch_mode('memory')", "Memory"),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),
         Binding("q", "quit", "Quit"),

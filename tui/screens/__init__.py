@@ -1,4 +1,5 @@
-"""The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence, HLO, help."""
+"""The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence, memory,
+HLO, help."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.divergence import DivergenceScreen
 from tpu_debug.tui.screens.help import HelpScreen
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
+from tpu_debug.tui.screens.memory import MemoryScreen
 from tpu_debug.tui.screens.ops import OpsScreen
 from tpu_debug.tui.screens.overview import OverviewScreen
 from tpu_debug.tui.screens.recompiles import RecompilesScreen
@@ -16,6 +18,7 @@ __all__ = [
     "HelpScreen",
     "HloDiffScreen",
     "HloScreen",
+    "MemoryScreen",
     "OpsScreen",
     "OverviewScreen",
     "RecompilesScreen",
