@@ -1,5 +1,6 @@
-"""The HLO viewer with a run's TPU compiles: ``t`` puts this machine's optimized HLO beside the
-TPU compiler's for the same program; a run without them says so and shows nothing more."""
+"""The TUI with a run's TPU compiles (``target_compile`` events): in the HLO viewer ``t`` puts
+this machine's optimized HLO beside the TPU compiler's for the same program, and the ops view
+gains the roofline's estimate and bound per op; a run without them shows neither."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import synthetic_run
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.hlo import make_program
+from textual.widgets import DataTable
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
 from tui_helpers import drive, press, screen_text, settle
 
@@ -35,6 +37,8 @@ class _TargetCompile(ev.Event):
     target: str
     program: str | None = None
     tpu_program: str | None = None
+    estimated_seconds: float | None = None
+    bound: str | None = None
 
 
 @pytest.fixture
@@ -89,5 +93,39 @@ def test_without_tpu_compiles_t_says_so(make_app, synthetic_run):
         assert "TPU HLO" not in screen_text(app).split("\n")[1]
         await press(pilot, "t")
         assert isinstance(app.screen, HloScreen)
+
+    drive(app, scenario)
+
+
+def test_the_ops_view_shows_the_roofline_per_op(make_app, tmp_path, target_kind):
+    run_dir = tmp_path / "20260131T120000.000Z-roofline"
+    _db, writer = synthetic_run.write_synthetic_run(run_dir, close=False)
+    # two programs of mul: the slower one's estimate and bound stand for the op
+    for est, bound in ((2e-6, "memory"), (7.5e-6, "compute")):
+        writer.put(_event(target_kind, writer, name="mul.Tensor", target="v5e", estimated_seconds=est, bound=bound))
+    writer.close(synthetic_run.FINAL)
+    assert writer.error is None, writer.error
+    app = make_app(run_dir)
+
+    async def scenario(pilot):
+        await press(pilot, "3")
+        table = app.screen.query_one("#ops", DataTable)
+        assert {"tpu_est", "bound"} <= {str(k.value) for k in table.columns}
+        rows = {r.name: r for r in app.screen.rows}
+        assert (rows["mul.Tensor"].tpu_seconds, rows["mul.Tensor"].bound) == (7.5e-6, "compute")
+        assert rows["add.Tensor"].tpu_seconds is None
+        cells = [c.plain for c in table.get_row("eager\0mul.Tensor")]
+        assert cells[-2:] == ["7.5 µs", "compute"], cells
+
+    drive(app, scenario)
+
+
+def test_without_tpu_compiles_the_ops_view_has_no_roofline_columns(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "3")
+        table = app.screen.query_one("#ops", DataTable)
+        assert "tpu_est" not in {str(k.value) for k in table.columns}
 
     drive(app, scenario)
