@@ -2,8 +2,11 @@
 
 All three run in this one process, interleaved, so the ratios hold on a noisy
 machine. Writes nothing; paste the table into benchmarks/README.md.
+``--memory`` adds a column with memory tracking on (a memory tracer listening:
+every payload set is noted with its allocating line), timed in turn with the
+others.
 
-    python benchmarks/eager_dispatch.py [--repeat 2000]
+    python benchmarks/eager_dispatch.py [--repeat 2000] [--memory]
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class _Cycle:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=2000)
+    parser.add_argument("--memory", action="store_true", help="also time each op with memory tracking on")
     args = parser.parse_args(argv)
     rows_cpu = torch.zeros(16, 64)
     rows = rows_cpu.to("tpu")
@@ -81,15 +85,35 @@ def main(argv=None) -> None:
         ("x[i] * 2, i = 0..15", lambda: rows[cycle()] * 2, lambda: rows_cpu[cycle()] * 2,
          lambda: jit_row_read(jrows, cycle())),
     ]
-    print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |")
-    print("|---|---:|---:|---:|---:|")
+    extra = " tpu, memory tracked (µs) | tracked / tpu |" if args.memory else ""
+    print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |{extra}")
+    print("|---|---:|---:|---:|---:|" + ("---:|---:|" if args.memory else ""))
     with torch.no_grad():
         for name, dev, cpu, raw in cases:
             t_dev = _time(dev, args.repeat)
             t_cpu = _time(cpu, args.repeat)
             t_raw = _time(raw, args.repeat)
-            print(f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |")
+            row = f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |"
+            if args.memory:
+                t_mem = _tracked(dev, args.repeat)
+                row += f" {t_mem:.1f} | {t_mem / t_dev:.2f}x |"
+            print(row)
         _first_pass()
+
+
+def _tracked(fn, repeat: int) -> float:
+    """``_time(fn)`` with a memory tracer listening, as ``trace(memory=True)`` runs it."""
+    from tpu_debug.runtime import probes
+    from tpu_debug.tracers.memory import MemoryTracer
+
+    tracer = MemoryTracer()
+    tracer.start()
+    probes.subscribe(tracer)
+    try:
+        return _time(fn, repeat)
+    finally:
+        probes.unsubscribe(tracer)
+        tracer.close()
 
 
 def _first_pass() -> None:

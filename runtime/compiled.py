@@ -32,6 +32,7 @@ import torch
 import torch.fx
 
 from tpu_debug.errors import DeviceAssertError, LoweringBugError, UnsupportedError
+from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
@@ -43,7 +44,7 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _Uninit, from_jax, to_jax, write
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _Uninit, from_jax, set_payload, to_jax, write
 
 __all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats"]
 
@@ -254,7 +255,7 @@ def _write_input(t: torch.Tensor, value) -> None:
     old = getattr(storage, PAYLOAD_ATTR, None)
     if (old is not None and old.shape == value.shape and old.dtype == value.dtype
             and not t.storage_offset() and t.is_contiguous()):
-        setattr(storage, PAYLOAD_ATTR, value)  # the whole storage: the common case
+        set_payload(storage, value)  # the whole storage: the common case
         return
     with jax.enable_x64(True):
         write(t, value)
@@ -410,7 +411,7 @@ class CompiledGraph:
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
         # the signature computed once holds no placement: with meshes in use, every call has its own
-        if self._static_entry is not None and config.numerics == "cpu" and not _placement.active:
+        if self._static_entry is not None and config.numerics == "cpu" and not _placement.active and _dryrun.active is None:
             entry, sig = self._static_entry, self._static_sig
         else:
             entry, sig = self._entry(arrays)
@@ -425,7 +426,7 @@ class CompiledGraph:
             if isinstance(t, torch.Tensor):
                 _write_input(t, value)
             else:  # the storage of a dense input (see _input_arrays)
-                setattr(t, PAYLOAD_ATTR, value)
+                set_payload(t, value)
         if self.program.asserts:
             self._check_asserts(it)
         return result
@@ -521,6 +522,9 @@ class CompiledGraph:
         cpu = config.numerics == "cpu"
         if not cpu:  # TPU numerics change what products compile to
             sig += (("numerics",) + config.numerics_key(),)
+        if _dryrun.active is not None:  # a dry run's program computes shapes only
+            sig += (_dryrun.active.key,)
+            cpu = False
         entry = self.cache.get(sig)
         if entry is None:
             entry = self._compile(sig, arrays)
@@ -592,7 +596,9 @@ class CompiledGraph:
             if passed_through & set(donated):  # an overwritten input also returned as it was
                 donated = tuple(i for i in donated if i not in passed_through)
                 lowered = lower(donated)
-            compiled = lowered.compile()
+            # a dry run executes nothing: the program goes to the target's compiler instead
+            dry = _dryrun.active
+            compiled = lowered.compile() if dry is None else dry.program(lowered, "compiled", self.graph_id)
         seconds = time.perf_counter() - start
         self.compiles += 1
         self.compile_seconds += seconds
@@ -602,10 +608,12 @@ class CompiledGraph:
         if donated:
             def make_plain():
                 with jax.enable_x64(True):
+                    if dry is not None:
+                        return compiled  # shapes only: donation changes nothing
                     return lower(()).compile()
 
             entry.make_plain = make_plain
-        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled, jitted(donated))
+        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated))
         if _placement.active and _placement.spans_processes(example):
             entry.spmd = _rankcheck.ProgramCard.of(entry.info)
         if probes._probes:

@@ -20,9 +20,10 @@ from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.config import config
+from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import registered
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, to_jax, write
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
 from tpu_debug.runtime.tensor import empty as _empty
 
 __all__ = ["install", "installed", "TpuModule", "DeviceTakenError"]
@@ -273,9 +274,9 @@ def _patch_storages() -> None:
         new = _create_empty((0,), torch.uint8).untyped_storage()
         payload = getattr(self, PAYLOAD_ATTR, None)
         if type(payload) is _Uninit:
-            payload = _Uninit(payload.numel, payload.dtype)
+            payload = _Uninit(payload.numel, payload.dtype, payload.logical)
         if payload is not None:
-            setattr(new, PAYLOAD_ATTR, payload)
+            set_payload(new, payload)
         return new
 
     def nbytes(self):
@@ -293,6 +294,8 @@ def _patch_storages() -> None:
             host = np.zeros(payload.numel, payload.dtype)
         elif type(payload) is LazyArray:  # lazy mode: the pending graph runs first
             host = np.asarray(jax.device_get(payload.value())).reshape(-1)
+        elif type(payload) is Abstract:  # a dry run's storage (torch.save, say): no data to copy
+            raise value_needed("storage.cpu()")
         else:
             host = np.asarray(jax.device_get(payload)).reshape(-1)
         return torch.from_numpy(host.copy().view(np.uint8)).untyped_storage()
@@ -331,7 +334,8 @@ def _copy_(self, src, non_blocking=False):
         else:
             value = eager._cpu_to_jax(src)
         if tuple(value.shape) != tuple(self.shape) and type(value) is not LazyArray:
-            value = jnp.broadcast_to(value, tuple(self.shape))
+            # write() broadcasts, a dry run's shape-only value too
+            value = value if type(value) is Abstract else jnp.broadcast_to(value, tuple(self.shape))
         with jax.enable_x64(True):
             write(self, value)
         return self

@@ -27,6 +27,7 @@ import torch
 
 from tpu_debug.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
 from tpu_debug.runtime import lazy as _lazy
+from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
@@ -368,6 +369,8 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
 
 
 def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = None) -> jax.Array:
+    if _dryrun.active is not None:  # a dry run moves no data: the device copy is its shape
+        return _dryrun.Abstract(tuple(t.shape), to_jax_dtype(t.dtype))
     op = op or ("scalar" if implicit else "copy")  # callers name what moved the data
     if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("h2d", op, tuple(t.shape),
@@ -400,13 +403,15 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
 
 def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
     """A new CPU tensor with the values of `tpu` tensor ``t``."""
+    arr = to_jax(t)
+    if type(arr) is _dryrun.Abstract:  # a dry run's tensor: there is no value to copy
+        raise _dryrun.value_needed(op, t)
     if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("d2h", op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
                               t.numel() * t.element_size())
     if probes._probes:
         probes.transferring("d2h", op)
     start = time.perf_counter()
-    arr = to_jax(t)
     host = np.array(arr) if not _placement.active else _placement.host_value(arr)
     if t.dtype == torch.bfloat16:
         out = torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
@@ -711,6 +716,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
         arrays.append(_random.next_key() if key_data is None else key_data)
     eager_only = lowering.eager_only
     if eager_only is True or (eager_only and eager_only(args, kwargs)):
+        if _dryrun.active is not None:  # shapes from values a dry run does not have, if it can
+            return _finish(plan, args, kwargs, *_dryrun.active.eager_only(plan, skel_args, skel_kwargs, arrays, rng))
         it = iter(arrays)
         a = [_fill(s, it) for s in skel_args]
         kw = {k: _fill(s, it) for k, s in skel_kwargs}
@@ -721,6 +728,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = op_key(plan, skel_args, skel_kwargs)
+    if _dryrun.active is not None:  # a dry run: output shapes, the program to the target compiler
+        return _dryrun.active.run_op(plan, args, kwargs, key, skel_args, skel_kwargs, arrays, rng)
     exe = _lookup(key)
     if exe is None:
         try:

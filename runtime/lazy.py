@@ -60,7 +60,7 @@ from tpu_debug.runtime.probes import (
     LoweredNode,
     MaterializeInfo,
 )
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, to_jax, view_pattern, view_value
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, set_payload, to_jax, view_pattern, view_value
 
 from tpu_debug.errors import LoweringBugError, TpuArgumentError
 
@@ -341,12 +341,12 @@ class _Graph:
             value = g.step("broadcast", _broadcast, (shape,), value)
         numel = t.numel()
         if old is None or (_dense(t) and old.size == numel):
-            setattr(storage, PAYLOAD_ATTR, value)
+            set_payload(storage, value)
             return
         if numel == 0:
             return
         new = g.step("write", _strided_write, (shape, view_pattern(shape, t.stride(), old.size), t.storage_offset()), old, value)
-        setattr(storage, PAYLOAD_ATTR, new)
+        set_payload(storage, new)
 
 
 class _State:

@@ -18,7 +18,13 @@ the runtime calls                      each probe hears
 ``evicted(mode, name, key)``           ``on_evict(mode, name, key)``
 ``deferred(name, index)``              ``on_defer(name, index)``
 ``materialized(info)``                 ``on_materialize(info: MaterializeInfo)``
+``allocated(info)``                    ``on_alloc(info: AllocInfo)``
+``freed(info)``                        ``on_free(info: FreeInfo)``
 =====================================  ======================================
+
+``on_alloc``/``on_free`` are memory tracking (``runtime/memory.py``): while a
+probe with either is subscribed, the runtime keeps a weak registry of the
+storages holding device payloads; with none, it keeps nothing.
 
 Which probes implement which method is worked out once, when a probe
 subscribes or unsubscribes (copy-on-write tuples), so a notification is a loop
@@ -44,10 +50,12 @@ from tpu_debug.argspec import ArgSpec
 from tpu_debug.hooks import ErrorLog, Route, deliver
 
 __all__ = [
+    "AllocInfo",
     "ArgSpec",
     "CompileInfo",
     "DynamoOrigin",
     "FallbackInfo",
+    "FreeInfo",
     "GraphInfo",
     "LazyNode",
     "LoweredNode",
@@ -56,6 +64,7 @@ __all__ = [
     "TransferInfo",
     "active",
     "add_replay_source",
+    "allocated",
     "add_transfer_check",
     "check_transfer",
     "compiled",
@@ -66,6 +75,7 @@ __all__ = [
     "executing",
     "fell_back",
     "materialized",
+    "freed",
     "observe_graph",
     "observe_op",
     "observed",
@@ -232,6 +242,36 @@ class MaterializeInfo:
     seconds: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllocInfo:
+    """Device bytes were charged to a storage (see ``runtime/memory.py``).
+
+    ``storage`` is the storage's serial id (a probe keys its records by it),
+    ``nbytes`` the bytes charged now (0 for a new storage sharing a payload another
+    storage is charged for), ``shape``/``dtype`` the payload's. ``new``: the storage
+    was first seen now, so the line allocating it is on the stack (unless
+    ``existing``: it was allocated before tracking began); otherwise the bytes came
+    to a storage known already (a payload's other holder went, or the payload grew).
+    """
+
+    storage: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    new: bool = True
+    existing: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FreeInfo:
+    """Device bytes charged to a storage were released (``nbytes`` may be 0);
+    ``dead``: the storage itself is gone."""
+
+    storage: int
+    nbytes: int
+    dead: bool = True
+
+
 @runtime_checkable
 class Probe(Protocol):
     """What a tracer implements to hear from the runtime. Every method is optional:
@@ -256,6 +296,13 @@ class Probe(Protocol):
 
     def on_materialize(self, info: MaterializeInfo) -> None:
         """The pending graph ran (after its on_compile, if it compiled, and its on_execute)."""
+
+    # Memory tracking: called on the thread that set a payload (``on_alloc``), or on the one
+    # that next changes or reads the registry (``on_free`` of a storage that went).
+
+    def on_alloc(self, info: AllocInfo) -> None: ...
+
+    def on_free(self, info: FreeInfo) -> None: ...
 
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
@@ -298,6 +345,8 @@ class _Routes:
     on_evict: Route = ()
     on_defer: Route = ()
     on_materialize: Route = ()
+    on_alloc: Route = ()
+    on_free: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -366,6 +415,14 @@ def subscribe(probe: Any, *, replay: bool = False) -> None:
         for source in _replay_sources:
             for info in source():
                 deliver(route, (dataclasses.replace(info, replayed=True),), probe_errors)
+    memory_route = _route(probe, "on_alloc")
+    if memory_route or _route(probe, "on_free"):
+        from tpu_debug.runtime import memory
+
+        if memory.active() is None:
+            memory.listen(True)  # registers what exists now, telling every memory probe
+        else:
+            memory.replay(memory_route)
 
 
 def unsubscribe(probe: Any) -> None:
@@ -374,6 +431,11 @@ def unsubscribe(probe: Any) -> None:
     with _lock:
         _probes = tuple(p for p in _probes if p is not probe)
         _rebuild()
+        tracking = bool(_routes.on_alloc or _routes.on_free)
+    if not tracking:
+        from tpu_debug.runtime import memory
+
+        memory.listen(False)
 
 
 def active() -> tuple[Any, ...]:
@@ -448,6 +510,18 @@ def materialized(info: MaterializeInfo) -> None:
     """Lazy mode ran its pending graph."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_materialize, (info,), probe_errors)
+
+
+def allocated(info: AllocInfo) -> None:
+    """Device bytes were charged to a storage. Memory notifications are not filtered by
+    ``quiet``: the registry leaves out a quiet thread's own payloads, and a storage it
+    registered may go on any thread."""
+    deliver(_routes.on_alloc, (info,), probe_errors)
+
+
+def freed(info: FreeInfo) -> None:
+    """Device bytes charged to a storage were released."""
+    deliver(_routes.on_free, (info,), probe_errors)
 
 
 # ---------------------------------------------------------------------------

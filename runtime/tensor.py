@@ -22,24 +22,39 @@ from jax import lax
 import torch
 
 from tpu_debug.errors import MissingPayloadError, UnsupportedError
+from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand", "LazyArray", "PAYLOAD_ATTR"]
+__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand", "set_payload", "LazyArray", "PAYLOAD_ATTR"]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
+# a dry run's payload: shape and dtype, no data (runtime/dryrun.py)
+Abstract = _dryrun.Abstract
+# memory tracking's hook, ``Ledger.note(storage, payload)``, called after every payload is
+# set while a probe listens for allocations (runtime/memory.py); None otherwise
+_track = None
+
+
+def set_payload(storage, payload) -> None:
+    """Make ``payload`` the data of ``storage`` (and tell memory tracking, when on)."""
+    setattr(storage, PAYLOAD_ATTR, payload)
+    if _track is not None:
+        _track(storage, payload)
 
 
 class _Uninit:
-    """Storage allocated but never written (``torch.empty``): zeros on read."""
+    """Storage allocated but never written (``torch.empty``): zeros on read. ``logical`` is
+    the shape of the tensor it was made for (what memory tracking shows; the payload is flat)."""
 
-    __slots__ = ("numel", "dtype")
+    __slots__ = ("numel", "dtype", "logical", "__weakref__")
 
-    def __init__(self, numel: int, dtype):
+    def __init__(self, numel: int, dtype, logical: tuple[int, ...] | None = None):
         self.numel = numel
         self.dtype = dtype
+        self.logical = logical
 
     @property
     def size(self) -> int:
@@ -94,9 +109,12 @@ class LazyArray:
 
 
 def _materialize(storage, payload: _Uninit) -> jax.Array:
-    with jax.enable_x64(True):
-        arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
-    setattr(storage, PAYLOAD_ATTR, arr)
+    if _dryrun.active is not None:
+        arr = Abstract((payload.numel,), payload.dtype)
+    else:
+        with jax.enable_x64(True):
+            arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
+    set_payload(storage, arr)
     return arr
 
 
@@ -115,7 +133,7 @@ def _payload(t: torch.Tensor):
         arr = _materialize(storage, arr)
     elif kind is LazyArray:  # lazy mode: computed now if it was not yet
         arr = arr.value()
-        setattr(storage, PAYLOAD_ATTR, arr)
+        set_payload(storage, arr)
     return storage, arr
 
 
@@ -131,10 +149,10 @@ def _readable(t: torch.Tensor):
     if kind is LazyArray:
         if arr.array is not None:
             arr = arr.array
-            setattr(storage, PAYLOAD_ATTR, arr)
+            set_payload(storage, arr)
         elif not arr.graph.recording():
             arr = arr.value()
-            setattr(storage, PAYLOAD_ATTR, arr)
+            set_payload(storage, arr)
     elif kind is _Uninit:
         arr = _materialize(storage, arr)
     return arr
@@ -307,6 +325,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     """The value of `tpu` tensor ``t`` as a jax.Array of ``t``'s shape and dtype."""
     storage, arr = _payload(t)
     jdtype = to_jax_dtype(t.dtype)
+    if type(arr) is Abstract:  # a view of a dry run's payload: its shape, still no data
+        return Abstract(tuple(t.shape), jdtype)
     if arr.dtype != jdtype:
         with jax.enable_x64(True):
             arr = _reinterpreted(arr, jdtype, t)
@@ -330,26 +350,33 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
     if value.dtype != jdtype:
         value = value.astype(jdtype)
     if tuple(value.shape) != tuple(t.shape):
-        value = jnp.broadcast_to(value, tuple(t.shape))
+        value = Abstract(tuple(t.shape), jdtype) if type(value) is Abstract else jnp.broadcast_to(value, tuple(t.shape))
     old = getattr(storage, PAYLOAD_ATTR, None)
     numel = t.numel()
     if old is None or (_is_dense(t) and old.size == numel and old.dtype == jdtype):
         setattr(storage, PAYLOAD_ATTR, value)
+        if _track is not None:
+            _track(storage, value)
         return
     if type(old) is _Uninit:
         old = _materialize(storage, old)
     if numel == 0:
         return
     pattern = view_pattern(t.shape, t.stride(), old.size)
-    with jax.enable_x64(True):
-        if old.dtype != jdtype:  # through a reinterpreting view: write its elements, then back
-            seen = _reinterpreted(old, jdtype, t)
-            seen_pattern = view_pattern(t.shape, t.stride(), seen.size)
-            new = _strided_write(seen, value, tuple(t.shape), seen_pattern, offset_operand(seen.size, t.storage_offset()))
-            new = _reinterpreted(new, old.dtype, t).reshape(old.shape)
-        else:
-            new = _strided_write(old, value, tuple(t.shape), pattern, offset_operand(old.size, t.storage_offset()))
-    setattr(storage, PAYLOAD_ATTR, new)
+    if type(old) is Abstract or type(value) is Abstract:
+        # part of a storage written in a dry run: the storage holds no data from now on
+        new = old if type(old) is Abstract else Abstract(tuple(old.shape), old.dtype)
+    else:
+        with jax.enable_x64(True):
+            if old.dtype != jdtype:  # through a reinterpreting view: write its elements, then back
+                seen = _reinterpreted(old, jdtype, t)
+                seen_pattern = view_pattern(t.shape, t.stride(), seen.size)
+                new = _strided_write(seen, value, tuple(t.shape), seen_pattern,
+                                     offset_operand(seen.size, t.storage_offset()))
+                new = _reinterpreted(new, old.dtype, t).reshape(old.shape)
+            else:
+                new = _strided_write(old, value, tuple(t.shape), pattern, offset_operand(old.size, t.storage_offset()))
+    set_payload(storage, new)
 
 
 def _write_lazy(t: torch.Tensor, storage, value) -> None:
@@ -358,7 +385,7 @@ def _write_lazy(t: torch.Tensor, storage, value) -> None:
     old = getattr(storage, PAYLOAD_ATTR, None)
     if type(old) is LazyArray and old.array is not None:
         old = old.array
-        setattr(storage, PAYLOAD_ATTR, old)
+        set_payload(storage, old)
     if type(value) is LazyArray and value.array is not None:
         value = value.array
     pending = value if type(value) is LazyArray else old if type(old) is LazyArray else None
@@ -375,7 +402,10 @@ def from_jax(arr: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is None:
         dtype = to_torch_dtype(arr.dtype)
     t = _create_empty(arr.shape, dtype)
-    setattr(t.untyped_storage(), PAYLOAD_ATTR, arr)
+    storage = t.untyped_storage()
+    setattr(storage, PAYLOAD_ATTR, arr)
+    if _track is not None:
+        _track(storage, arr)
     return t
 
 
@@ -388,8 +418,8 @@ def empty(size, dtype: torch.dtype, stride=None) -> torch.Tensor:
         # storage must span the furthest element of the requested layout
         extent = 1 + sum((n - 1) * s for n, s in zip(size, stride))
         numel = max(numel, extent)
-        setattr(t.untyped_storage(), PAYLOAD_ATTR, _Uninit(numel, to_jax_dtype(dtype)))
+        set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype), size))
         t.set_(t.untyped_storage(), 0, size, tuple(stride))
         return t
-    setattr(t.untyped_storage(), PAYLOAD_ATTR, _Uninit(numel, to_jax_dtype(dtype)))
+    set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype), size))
     return t

@@ -15,6 +15,7 @@ __all__ = [
     "trace",
     "step",
     "compile",
+    "dry_run",
     "Trace",
     "Session",
     "open_run",
@@ -42,6 +43,7 @@ if not _read_only():
     _install()
 
     from tpu_debug.config import TraceConfig
+    from tpu_debug.dryrun import dry_run
     from tpu_debug.errors import RecompileError, TpuDebugError, TransferGuardError
     from tpu_debug.guards import expect_no_recompiles, transfer_guard
     from tpu_debug.report import print_report
@@ -65,6 +67,7 @@ else:
     }
     _RECORDING = {
         "compile": "tpu_debug.runtime.compiled",
+        "dry_run": "tpu_debug.dryrun",
         "Trace": "tpu_debug.tracing",
         "trace": "tpu_debug.tracing",
         "step": "tpu_debug.tracing",

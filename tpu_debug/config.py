@@ -118,7 +118,7 @@ def _parse_seconds(var: str, raw: str) -> float:
 
 
 # fields whose value given to trace() must be a bool, or a positive int
-_BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile"})
+_BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile", "memory", "dry_run"})
 _COUNT_FIELDS = frozenset({"tensorboard_max_events", "divergence_sample", "storm_threshold"})
 
 
@@ -159,11 +159,15 @@ class TraceConfig:
         eager_mode: the eager mode while the trace records (``"defer_and_fuse"``,
             ``"defer_never"``, ``"defer_never_and_launch_blocking"``:
             ``torch.tpu.EagerMode``); None leaves the runtime's. Env: ``TPU_DEBUG_EAGER_MODE``.
+        memory: record the device bytes `tpu` tensors hold, per step, the peak and
+            the lines that allocated it. Env: ``TPU_DEBUG_MEMORY``.
         target: also compile every program for this TPU target (``"v5e"``,
             ``"v6e-8"``, ``"v5e:2x4"``) and record its HLO, memory, cost,
             padding and roofline; needs libtpu. Env: ``TPU_DEBUG_TARGET``.
         target_wait: seconds the end of a trace waits for target compiles still
             running (0: none). Env: ``TPU_DEBUG_TARGET_WAIT``.
+        dry_run: run with tensors that hold no data, compiling every program for
+            ``target`` and executing nothing (implies ``memory``). Env: ``TPU_DEBUG_DRY_RUN``.
     """
 
     logdir: Path = Path("tpu_debug_runs")
@@ -183,6 +187,8 @@ class TraceConfig:
     eager_mode: str | None = None
     target: str | None = None
     target_wait: float = 60.0
+    memory: bool = False
+    dry_run: bool = False
 
     # how each field's environment variable is parsed (every field has one)
     _PARSERS = {
@@ -203,6 +209,8 @@ class TraceConfig:
         "eager_mode": _eager_mode,
         "target": _target_text,
         "target_wait": _parse_seconds,
+        "memory": _parse_bool,
+        "dry_run": _parse_bool,
     }
 
     @staticmethod

@@ -649,7 +649,7 @@ def _where(loc: Any) -> str:
     return f"{os.path.basename(loc.file)}:{loc.line}"
 
 
-@section("Lazy graphs", order=55)
+@section("Lazy graphs", order=57)
 def _lazy_graphs(session: Any, terminal: bool) -> RenderableType | None:
     # lazy mode (DEFER_AND_FUSE): how many graphs ran per optimizer step, and what cut them
     from tpu_debug.tracers.lazy_graphs import summarize
@@ -878,6 +878,71 @@ def _divergence_line(e: Any) -> str:
     return text
 
 
+@section("Memory", order=65)
+def _memory(session: Any, terminal: bool) -> RenderableType | None:
+    # device bytes over the run, the peak's holders, and the fit against the TPU target
+    from tpu_debug.tracers.memory import PHASE_TEXT, describe_fix, memory_view, size
+
+    view = memory_view(session)
+    if not view.recorded:
+        return None
+    m = view.summary
+    parts: list[RenderableType] = []
+    rows = []
+    if m is not None:
+        rows.append(("peak", f"{size(m.peak_bytes)} held by tpu tensors, in step {m.peak_step} of {m.steps} "
+                             f"({size(m.persistent_bytes)} still held at that step's end, "
+                             f"{size(m.activation_bytes)} of the forward's tensors gone by then)"))
+        if m.temp_bytes:
+            whose = "the TPU compiler's figure" if m.temp_source == "target" else "this machine's compiler's figure"
+            rows.append(("largest program", f"{m.temp_program}: {size(m.temp_bytes)} of temporaries ({whose})"))
+        if m.target is not None:
+            verdict = "fits" if m.fits else "does NOT fit"
+            rows.append(("need", f"~{size(m.required_bytes)} per device (peak + temporaries) of "
+                                 f"{size(m.capacity_bytes)} on one {m.target} device: {verdict} (an estimate)"))
+        if m.dry_run:
+            dry = f"nothing executed; {m.programs} program(s) compiled for {m.target}, {m.oom_programs} out of HBM"
+            rows.append(("dry run", dry))
+        if m.stopped:
+            where = f" at {_site_text(m.location)}" if m.location is not None else ""
+            rows.append(("stopped", f"the dry run needs a value{where} ({m.stopped}); what ran before it is measured"))
+    steps = view.steps
+    if len(steps) > 1:
+        top = max(st.peak_bytes for st in steps) or 1
+        shown = steps[-60:]
+        bars = "".join(" ▁▂▃▄▅▆▇█"[max(1, round(8 * st.peak_bytes / top))] if st.peak_bytes else " " for st in shown)
+        rows.append(("peak per step", f"{bars}  (steps {shown[0].step}-{shown[-1].step})"))
+    if rows:
+        parts.append(_kv(rows))
+    holders = view.peak_holders()
+    if holders:
+        table = _table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("bytes", "right"),
+                       ("tensors", "right"), ("largest", "left"))
+        for h in holders:
+            where = f"{os.path.basename(h.file)}:{h.line} in {h.function}" if h.file else "before the trace"
+            table.add_row(Text(where), Text(PHASE_TEXT.get(h.phase, h.phase)), size(h.nbytes), str(h.tensors),
+                          Text(f"{h.dtype}{list(h.shape)}" if h.shape else "-"))
+        parts.append(table)
+    for f in view.findings:
+        if f.finding == "program_oom":
+            head = (f"the TPU compiler refused {f.program} on {f.target}: it counted {size(f.required_bytes)} "
+                    f"of {size(f.capacity_bytes)} HBM")
+        else:
+            head = (f"does not fit one {f.target} device: ~{size(f.required_bytes)} needed, "
+                    f"{size(f.capacity_bytes)} there")
+        if f.holders:
+            head += "; biggest holders: " + ", ".join(
+                f"{os.path.basename(h.file) + ':' + str(h.line) if h.file else 'before the trace'} "
+                f"({size(h.nbytes)})" for h in f.holders)
+        lines = [Text(head, style="bold red" if terminal else "")]
+        lines += [Text(f"  fix: {describe_fix(fix)}" + ("" if fix.fits else " - not enough alone"))
+                  for fix in f.fixes]
+        parts.append(Group(*lines))
+    if m is None:
+        parts.append(_note("the run has not ended: the peak and the fit are written when it does"))
+    return Group(*parts) if parts else None
+
+
 @section("CPU fallbacks", order=70)
 def _fallbacks(session: Any, terminal: bool) -> RenderableType | None:
     fallbacks = session.fallbacks()
@@ -918,7 +983,7 @@ def _target_heading(session: Any) -> str:
     return f"TPU target ({compiles[0].target})" if compiles else "TPU target"
 
 
-@section("TPU target", order=65, heading=_target_heading)
+@section("TPU target", order=67, heading=_target_heading)
 def _target(session: Any, terminal: bool) -> RenderableType | None:
     # each program compiled for a real TPU: memory, cost, roofline, padding; steps; findings
     from tpu_debug.tracers.target import findings

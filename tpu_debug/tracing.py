@@ -22,7 +22,7 @@ from typing import Any
 
 from tpu_debug._version import __version__
 from tpu_debug.config import TraceConfig
-from tpu_debug.errors import TpuDebugError, TraceActiveError
+from tpu_debug.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
 from tpu_debug.tracers.location import user_location
@@ -326,6 +326,10 @@ class Trace(contextlib.ContextDecorator):
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._target: Any = None  # a TargetTracer with target= set
         self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
+        self._memory: Any = None  # a MemoryTracer with memory=True or dry_run=True
+        self._dry: Any = None  # the runtime's dry mode (its context manager) with dry_run=True
+        self._dry_mode: Any = None
+        self._dry_seen: dict[str, Any] = {}
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
@@ -400,6 +404,7 @@ class Trace(contextlib.ContextDecorator):
         self._start_divergence()
         self._start_collectives()
         self._set_eager_mode()
+        self._start_memory()
         from tpu_debug.guards import TraceGuards
 
         self._guards = TraceGuards(self.config, self._writer, self._recorder)
@@ -451,6 +456,7 @@ class Trace(contextlib.ContextDecorator):
             # first: leaving lazy mode runs what is pending, which the tracers record
             ("restoring the eager mode", self._restore_eager_mode),
             ("TraceGuards.stop", self._stop_guards),
+            ("MemoryTracer.close", self._stop_memory),
             ("DivergenceTracer.close", self._stop_divergence),
             ("CollectivesTracer.close", self._stop_collectives),
             # before the exporter: a run without step marks gets its loop's steps here, and the
@@ -677,13 +683,66 @@ class Trace(contextlib.ContextDecorator):
         tracer.close(wait=wait, interrupted=(lambda: bool(held.received)) if held is not None else None,
                      say=_say)
 
+    # -- device memory and dry runs ----------------------------------------------------------
+
+    def _start_memory(self) -> None:
+        config = self.config
+        if not (config.memory or config.dry_run):
+            return
+        from tpu_debug.runtime import probes
+        from tpu_debug.tracers.memory import MemoryTracer
+
+        target = None
+        if config.target is not None:
+            from tpu_debug.runtime.target import parse_target
+
+            target = parse_target(config.target)
+        tracer = MemoryTracer(self._writer, clock=self._recorder.clock, target=target, dry_run=config.dry_run,
+                              record_error=self._recorder.record_error)
+        tracer.start()
+        self._memory = tracer
+        probes.subscribe(tracer)
+        if config.dry_run:
+            from tpu_debug.dryrun import value_reader
+            from tpu_debug.runtime.dryrun import dry_mode
+
+            describe, self._dry_seen = value_reader()
+            dry = dry_mode(target, describe=describe)
+            self._dry_mode = dry.__enter__()
+            self._dry = dry
+
+    def _stop_memory(self) -> None:
+        from tpu_debug.runtime import probes
+
+        tracer, self._memory = self._memory, None
+        dry, self._dry = self._dry, None
+        try:
+            if dry is not None:
+                dry.__exit__(None, None, None)
+                mode = self._dry_mode
+                programs = mode.collect()  # the target compiles still running
+                if tracer is not None:
+                    tracer.add_target_programs(programs)
+                    if mode.stop is not None:
+                        tracer.stop_at(mode.stop.what, self._dry_seen.get("location"))
+                if self._writer is not None:
+                    self._writer.set_meta(dry_run={"target": str(mode.target) if mode.target else None,
+                                                   "programs": len(programs), "notes": list(mode.notes)})
+            if tracer is not None:
+                tracer.close()
+        finally:
+            if tracer is not None:
+                probes.unsubscribe(tracer)
+
     def mark_step(self) -> None:
-        """End the current step (see :func:`step`), in the step record and in the
-        target's step estimates."""
+        """End the current step (see :func:`step`): in the step record, the target's step
+        estimates and the memory record."""
         if self._steps is not None:
             self._steps.mark()
         if self._target is not None:
             self._target.step()
+        if self._memory is not None:
+            self._memory.step()
 
 
 def trace(
@@ -705,6 +764,8 @@ def trace(
     eager_mode: Any = None,
     target: str | None = None,
     target_wait: float | None = None,
+    memory: bool | None = None,
+    dry_run: bool | None = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -771,6 +832,13 @@ def trace(
         target_wait: seconds the end of the trace waits for target compiles still
             running; those that do not finish are counted, not recorded (default 60;
             ``TPU_DEBUG_TARGET_WAIT``).
+        memory: record the device bytes `tpu` tensors hold per step, the peak and
+            the lines holding it (default False; ``TPU_DEBUG_MEMORY``). See the
+            report's "Memory" and ``tpu_debug.tracers.memory.memory_view(session)``.
+        dry_run: run with tensors that hold no data: every program is compiled for
+            ``target`` and nothing executes; a value read (``.item()``, ``print(t)``)
+            stops the program there (default False; ``TPU_DEBUG_DRY_RUN``). See
+            :func:`tpu_debug.dry_run` for a function.
 
     Returns:
         A :class:`Trace` context manager / decorator.
@@ -798,7 +866,12 @@ def trace(
         transfer_guard_implicit=transfer_guard_implicit,
         eager_mode=eager_mode,
     )
-    config = config.override(target=target, target_wait=target_wait)
+    config = config.override(target=target, target_wait=target_wait, memory=memory, dry_run=dry_run)
+    if config.dry_run and config.target is None:
+        raise ConfigError(
+            "dry_run=True needs a TPU target to compile for: trace(dry_run=True, target='v6e'), "
+            "tpu-debug run --dry-run --target v6e, or TPU_DEBUG_TARGET=v6e"
+        )
     if config.target_spec(source="target" if target is not None else None) is not None:
         # before anything runs: a script traced with --target must not run first and fail after
         from tpu_debug.runtime.target import _libtpu

@@ -53,6 +53,11 @@ __all__ = [
     "TargetCompileEvent",
     "TargetStepEvent",
     "TargetSummaryEvent",
+    "MemoryHolder",
+    "MemoryStepEvent",
+    "MemorySummaryEvent",
+    "MemoryFix",
+    "MemoryFindingEvent",
     "EVENT_TYPES",
     "event_type",
     "register_event",
@@ -940,3 +945,135 @@ class TargetSummaryEvent(Event):
     compile_seconds: float
     waited_seconds: float
     wait_limit: float
+
+
+# -- device memory (tracers/memory.py) ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryHolder:
+    """Device bytes live at one moment, grouped by the line that allocated them.
+
+    ``file``/``line``/``function`` are the user's line (``file`` empty for tensors
+    allocated before the trace began), ``phase`` when it ran (``"forward"``,
+    ``"backward"``, ``"optimizer"``, ``"before trace"``), ``nbytes`` and
+    ``tensors`` what that line's storages held then, ``shape``/``dtype`` its largest
+    allocation's.
+    """
+
+    file: str
+    line: int
+    function: str
+    phase: str
+    nbytes: int
+    tensors: int
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryStepEvent(Event):
+    """Device bytes held by `tpu` tensors over one step (``ts``: the step's start).
+
+    ``live_bytes`` at the step's end, ``peak_bytes`` the most held at once within it
+    (at ``peak_ts``), ``tensors`` the storages alive at its end. ``holders``: the
+    top holders at the peak, kept only for a step whose peak was the run's highest
+    so far. Steps end at ``optimizer.step()`` or ``tpu_debug.step()``; a run with
+    neither is one step.
+    """
+
+    kind: ClassVar[str] = "memory_step"
+    stored: ClassVar[Stored] = Stored("memory_steps")
+
+    step: int
+    live_bytes: int
+    peak_bytes: int
+    peak_ts: float
+    tensors: int
+    holders: tuple[MemoryHolder, ...] = column(table="memory_step_holders", default=())
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemorySummaryEvent(Event):
+    """The run's device memory, and whether it fits its TPU target (written when the trace ends).
+
+    ``peak_bytes``: the most the `tpu` tensors held at once (in step ``peak_step``);
+    ``persistent_bytes`` what was still held at that step's end (parameters,
+    gradients, optimizer state, inputs kept); ``activation_bytes`` the forward's
+    tensors held at the peak and gone by the step's end (kept for backward);
+    ``float32_bytes`` float32 tensors at the peak. ``temp_bytes`` the largest
+    program's temporaries (``temp_program``; ``temp_source`` ``"target"``: the TPU
+    compiler's figure, ``"local"``: this machine's compiler's). ``required_bytes``:
+    the peak plus those temporaries, the estimate compared with ``capacity_bytes``,
+    one device of ``target`` (``fits`` None without a target). A dry run
+    (``dry_run``) compiled ``programs`` for the target, ``oom_programs`` of them
+    out of memory; ``stopped`` is what made it stop early (a value it does not
+    have), with the line in ``location``. ``holders``: the top holders at the peak.
+    """
+
+    kind: ClassVar[str] = "memory"
+    stored: ClassVar[Stored] = Stored("memory_summaries")
+
+    peak_bytes: int
+    peak_step: int
+    end_bytes: int
+    steps: int
+    persistent_bytes: int
+    activation_bytes: int
+    float32_bytes: int
+    temp_bytes: int
+    required_bytes: int
+    dry_run: bool
+    programs: int
+    oom_programs: int
+    temp_program: str | None = None
+    temp_source: str | None = None
+    target: str | None = None
+    capacity_bytes: int | None = None
+    fits: bool | None = None
+    stopped: str | None = None
+    holders: tuple[MemoryHolder, ...] = column(table="memory_peak_holders", default=())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryFix:
+    """One way a run that does not fit could, with the need estimated after it (per device).
+
+    ``remedy``: ``"bfloat16"`` (float32 tensors in bfloat16), ``"checkpointing"``
+    (activation checkpointing), ``"batch"`` (a smaller batch: ``factor`` is the
+    largest fraction of the current one that fits, 0 when none does),
+    ``"chips"`` (``factor`` chips, parameters, gradients and optimizer state
+    sharded and the batch split across them; ``detail`` names the slice, ``v5e-4``).
+    ``fits``: the estimate is within capacity.
+    """
+
+    remedy: str
+    estimate_bytes: int
+    factor: float
+    fits: bool
+    detail: str = ""
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryFindingEvent(Event):
+    """The run does not fit its TPU target's memory: the evidence and the fixes, as data.
+
+    ``finding``: ``"does_not_fit"`` (the estimate, ``required_bytes``, is over one
+    device's ``capacity_bytes``) or ``"program_oom"`` (the TPU compiler refused
+    ``program`` for want of HBM; ``required_bytes`` is what it had counted).
+    ``holders``: the biggest holders at the peak; ``fixes``: estimates, best first.
+    """
+
+    kind: ClassVar[str] = "memory_finding"
+    stored: ClassVar[Stored] = Stored("memory_findings", name="finding")
+
+    finding: str
+    target: str
+    required_bytes: int
+    capacity_bytes: int
+    program: str | None = None
+    holders: tuple[MemoryHolder, ...] = column(table="memory_finding_holders", default=())
+    fixes: tuple[MemoryFix, ...] = column(table="memory_fixes", default=())

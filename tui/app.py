@@ -27,6 +27,7 @@ from tpu_debug.tui.screens import (
     CollectivesScreen,
     DivergenceScreen,
     HelpScreen,
+    MemoryScreen,
     OpsScreen,
     OverviewScreen,
     RanksScreen,
@@ -50,12 +51,13 @@ VIEWS = {
     "transfers": "Transfers",
     "divergence": "Divergence",
     "steps": "Steps",
+    "memory": "Memory",
     "collectives": "Collectives",
 }
 
 
 class TpuDebugApp(App[None]):
-    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, steps, collectives, HLO.
+    """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, steps, memory, collectives, HLO.
 
     Example:
         >>> app = TpuDebugApp(tpu_debug.open_run())
@@ -72,6 +74,7 @@ class TpuDebugApp(App[None]):
         "transfers": TransfersScreen,
         "divergence": DivergenceScreen,
         "steps": StepsScreen,
+        "memory": MemoryScreen,
         "collectives": CollectivesScreen,
     }
     DEFAULT_MODE = "overview"
@@ -82,7 +85,8 @@ class TpuDebugApp(App[None]):
         Binding("4", "switch_mode('transfers')", "Transfers"),
         Binding("5", "switch_mode('divergence')", "Divergence"),
         Binding("6", "switch_mode('steps')", "Steps"),
-        Binding("7", "switch_mode('collectives')", "Collectives", show=False),
+        Binding("7", "switch_mode('memory')", "Memory"),
+        Binding("8", "switch_mode('collectives')", "Collectives", show=False),
         Binding("r", "ranks", "Ranks of a multi-process run", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),

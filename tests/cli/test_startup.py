@@ -160,7 +160,7 @@ def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
             with tpu_debug.open_run({str(run_dir)!r}) as session:
                 app = TpuDebugApp(session)
                 async with app.run_test(size=(120, 36)) as pilot:
-                    for key in ("2", "h", "escape", "3", "4", "5", "6", "7", "1"):
+                    for key in ("2", "h", "escape", "3", "4", "5", "6", "7", "8", "1"):
                         await pilot.press(key)
                         for _ in range(20):
                             await app.workers.wait_for_complete()

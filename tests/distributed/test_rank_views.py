@@ -122,7 +122,7 @@ def test_tui_collectives_view_and_rank_switch(group_dir):
     app = TpuDebugApp(session, group=group, rank=rank)
 
     async def scenario(pilot):
-        await press(pilot, "7")
+        await press(pilot, "8")
         assert isinstance(app.screen, CollectivesScreen)
         await settle(pilot)
         text = screen_text(app)

@@ -23,6 +23,9 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "step",
         "materialize",
         "collectives",
+        "memory_step",
+        "memory",
+        "memory_finding",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind

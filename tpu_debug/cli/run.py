@@ -120,6 +120,20 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         help="at the end, wait at most this long for target compiles still running (default: 60)",
     )
     parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record the device bytes tensors hold per step, the peak and the lines holding it "
+        "(default: off; on with --target or --dry-run)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="run with tensors that hold no data: compile every program for --target, execute nothing, "
+        "and report the memory (a value read such as .item() stops the script there)",
+    )
+    parser.add_argument(
         "--no-report",
         dest="report",
         action="store_false",
@@ -206,6 +220,8 @@ def _run_path(target: str) -> None:
 
 def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
     """Run the target as ``__main__``; returns (exit code, error text)."""
+    from tpu_debug.runtime.dryrun import DryRunValueError  # a recording verb: the runtime is loaded
+
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -213,6 +229,9 @@ def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
             _run_path(target)
     except Terminated:  # SIGTERM: no traceback, as when SIGTERM kills python
         return 128 + signal.SIGTERM, "SIGTERM"
+    except DryRunValueError as exc:  # the dry run's answer ends here: one line, no traceback
+        print(f"tpu-debug run --dry-run: {exc}", file=sys.stderr)
+        return 0, None
     except SystemExit as exc:
         return _exit_code(exc), None
     except KeyboardInterrupt as exc:
@@ -275,6 +294,8 @@ def _trace_options(args: argparse.Namespace, name: str) -> dict:
         eager_mode=args.eager_mode,
         target=args.target,
         target_wait=args.target_wait,
+        memory=True if args.target and args.memory is None else args.memory,
+        dry_run=args.dry_run,
     )
 
 

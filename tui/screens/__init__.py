@@ -1,5 +1,5 @@
 """The TUI's views, one Screen each: overview, recompiles, ops, transfers, divergence,
-steps, collectives, HLO, help, and the ranks of a multi-process run."""
+steps, memory, collectives, HLO, help, and the ranks of a multi-process run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from tpu_debug.tui.screens.collectives import CollectivesScreen
 from tpu_debug.tui.screens.divergence import DivergenceScreen
 from tpu_debug.tui.screens.help import HelpScreen
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
+from tpu_debug.tui.screens.memory import MemoryScreen
 from tpu_debug.tui.screens.ops import OpsScreen
 from tpu_debug.tui.screens.overview import OverviewScreen
 from tpu_debug.tui.screens.ranks import RanksScreen
@@ -21,6 +22,7 @@ __all__ = [
     "HelpScreen",
     "HloDiffScreen",
     "HloScreen",
+    "MemoryScreen",
     "OpsScreen",
     "OverviewScreen",
     "RanksScreen",

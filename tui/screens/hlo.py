@@ -35,6 +35,22 @@ class _Program:
     nodes: list[ProgramNode]
     node: str | None
     instructions: list[str]
+    tpu: tuple[str, str] | None = None  # (content hash of the TPU's optimized HLO, target name)
+
+
+def _tpu_program(session: Session, program_hash: str) -> tuple[str, str] | None:
+    """The TPU compile of this program, when the run compiled its programs for a target: the
+    ``target_compile`` events (tracers/target.py), read by field name so a run recorded
+    without them (or a build that does not declare the kind) shows nothing."""
+    try:
+        events = session.events("target_compile")
+    except ValueError:  # the kind is not declared in this build
+        return None
+    for e in reversed(events):
+        tpu = getattr(e, "tpu_program", None)
+        if tpu and getattr(e, "program", None) == program_hash:
+            return tpu, str(getattr(e, "target", "") or "TPU")
+    return None
 
 
 def _load_program(
@@ -44,7 +60,7 @@ def _load_program(
     siblings = session.programs(name=name, mode=mode) if name else []
     nodes = session.fx_nodes(text.id) if text.mode == "compiled" else []
     instructions = session.node_instructions(text.id, node) if node else []
-    return _Program(text, siblings, nodes, node, instructions)
+    return _Program(text, siblings, nodes, node, instructions, _tpu_program(session, text.hash))
 
 
 class _PushedScreen(Screen):
@@ -71,6 +87,7 @@ class HloScreen(_PushedScreen):
         Binding("n", "next_match", "Next match"),
         Binding("N", "previous_match", "Prev match", key_display="N"),
         Binding("s", "stage", "HLO/StableHLO"),
+        Binding("t", "tpu", "TPU HLO"),
         Binding("right_square_bracket", "program(1)", "Next program", key_display="]"),
         Binding("left_square_bracket", "program(-1)", "Prev program", key_display="["),
         Binding("full_stop", "next_marked(1)", "Next node line", key_display=".", show=False),
@@ -177,6 +194,8 @@ class HloScreen(_PushedScreen):
         info.append(t.name, style="bold")
         info.append(f"  {t.mode}  program {t.id}  {t.hash[:12]}  ", style="dim")
         info.append(_STAGES[self.stage], style="bold cyan")
+        if p.tpu is not None:
+            info.append(f"  TPU HLO for {p.tpu[1]} beside it (t)", style="bold green")
         if len(p.siblings) > 1:
             index = next((i for i, s in enumerate(p.siblings) if s.id == t.id), 0)
             info.append(f"  program {index + 1} of {len(p.siblings)} for this op ([ ])", style="dim")
@@ -254,6 +273,15 @@ class HloScreen(_PushedScreen):
     def action_stage(self) -> None:
         self.stage = "stablehlo" if self.stage == "hlo" else "hlo"
         self._render_text(self.loaded.instructions if self.loaded is not None else [])
+
+    def action_tpu(self) -> None:
+        """This machine's optimized HLO beside the TPU compiler's, for a run with a target."""
+        p = self.loaded
+        if p is None or p.tpu is None:
+            self.app.notify("no TPU compile of this program was recorded (trace with a target)", markup=False)
+            return
+        local = (p.text.hash, f"this machine ({p.text.name})")
+        self.app.push_screen(HloDiffScreen(local, (p.tpu[0], f"TPU compiler, {p.tpu[1]}")))
 
     def action_program(self, step: int) -> None:
         p = self.loaded

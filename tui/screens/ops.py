@@ -34,6 +34,10 @@ class OpRow:
     compile_seconds: float
     fallbacks: int
     programs: int
+    # the TPU target's roofline for one call (the slowest of its programs), when the run
+    # compiled them for a target: model estimates, not measurements
+    tpu_seconds: float | None = None
+    bound: str | None = None
 
     @property
     def mean(self) -> float:
@@ -52,6 +56,27 @@ COLUMNS = {
     "fallbacks": ("fallbacks", lambda r: r.fallbacks, True),
     "programs": ("programs", lambda r: r.programs, True),
 }
+# shown when the run has target compiles (tracers/target.py's ``target_compile`` events)
+ROOFLINE_COLUMNS = {
+    "tpu_est": ("TPU est./call", lambda r: r.tpu_seconds if r.tpu_seconds is not None else -1.0, True),
+    "bound": ("TPU bound", lambda r: (r.bound or "", r.name), False),
+}
+SORTS = {**COLUMNS, **ROOFLINE_COLUMNS}
+
+
+def _roofline(session: Session) -> dict[str, tuple[float, str | None]]:
+    """op or graph name -> (estimated seconds of its slowest TPU program, what bounds it), read
+    by field name from the ``target_compile`` events (none in a run without a target)."""
+    try:
+        events = session.events("target_compile")
+    except ValueError:  # the kind is not declared in this build
+        return {}
+    out: dict[str, tuple[float, str | None]] = {}
+    for e in events:
+        name, est = getattr(e, "name", None), getattr(e, "estimated_seconds", None)
+        if name and est is not None and est >= out.get(name, (-1.0, None))[0]:
+            out[name] = (float(est), getattr(e, "bound", None))
+    return out
 
 
 def _rows(session: Session) -> list[OpRow]:
@@ -68,6 +93,10 @@ def _rows(session: Session) -> list[OpRow]:
             rows[i] = dataclasses.replace(r, fallbacks=n, count=r.count + n, seconds=r.seconds + seconds)
         else:
             rows.append(OpRow(name, "cpu fallback", n, seconds, 0, 0.0, n, 0))
+    roofline = _roofline(session)
+    if roofline:
+        rows = [dataclasses.replace(r, tpu_seconds=roofline[r.name][0], bound=roofline[r.name][1])
+                if r.name in roofline else r for r in rows]
     return rows
 
 
@@ -137,7 +166,7 @@ class OpsScreen(RunScreen):
         rows = (
             [r for r in self.rows if text in r.name.lower() or text in r.mode.lower()] if text else self.rows
         )
-        _, key, largest_first = COLUMNS[self.sort_key]
+        _, key, largest_first = SORTS[self.sort_key]
         return sorted(rows, key=key, reverse=largest_first != self.reverse)
 
     def _fill(self) -> None:
@@ -146,9 +175,19 @@ class OpsScreen(RunScreen):
         if table.row_count and table.cursor_row < table.row_count:
             selected = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
         table.clear()
+        roofline = any(r.tpu_seconds is not None for r in self.rows)
+        if roofline and "tpu_est" not in table.columns:
+            for key, (title, _, _) in ROOFLINE_COLUMNS.items():
+                table.add_column(title, key=key)
         rows = self.visible_rows()
         for r in rows:
             hot = "bold yellow" if r.compiles > 1 else ""
+            extra = ()
+            if "tpu_est" in table.columns:
+                extra = (
+                    Text(format_seconds(r.tpu_seconds) if r.tpu_seconds is not None else "-", justify="right"),
+                    Text(r.bound or "-", style="" if r.bound else "dim"),
+                )
             table.add_row(
                 Text(r.name, style="bold" if r.fallbacks else ""),
                 Text(r.mode, style="red" if r.mode == "cpu fallback" else "dim"),
@@ -163,11 +202,12 @@ class OpsScreen(RunScreen):
                     style="red" if r.fallbacks else "dim",
                 ),
                 Text(str(r.programs), justify="right"),
+                *extra,
                 key=f"{r.mode}\0{r.name}",
             )
         if selected is not None and selected in table.rows:
             table.move_cursor(row=table.get_row_index(selected))
-        title, _, largest_first = COLUMNS[self.sort_key]
+        title, _, largest_first = SORTS[self.sort_key]
         order = "descending" if largest_first != self.reverse else "ascending"
         status = Text(f"{len(rows)} of {len(self.rows)} ops · sorted by {title}, {order}", style="dim")
         self.query_one("#ops-status", Static).update(status)

@@ -1,0 +1,327 @@
+"""Dry runs: the `tpu` device with tensors that hold no data, every program compiled for a TPU target.
+
+While a :class:`DryMode` is active (``with dry_mode("v6e") as mode:``), a `tpu`
+tensor's payload is an :class:`Abstract`: a shape and a dtype. Nothing executes
+and nothing is copied:
+
+- an eager op is lowered as usual (``jax.jit(op).lower(...)`` on the abstract
+  inputs); the lowering's output avals are the op's outputs, and the lowering
+  goes to the target's compiler (on the target compiler's worker thread);
+- a compiled graph's program is lowered and goes to the target's compiler
+  instead of this machine's; calling it gives its outputs' avals;
+- factories, ``.to("tpu")`` and ``copy_`` from the host make abstract payloads
+  (the host tensor's data is never copied; a model built on the host still holds
+  its host copy: build it under ``torch.device("tpu")`` or ``"meta"`` to avoid
+  that);
+- reading a value (``.item()``, ``print(t)``, ``if t:``, ``.cpu()``, an op whose
+  output shape depends on values) raises :class:`DryRunValueError`, which names
+  the line when the caller said how to find it (``describe``).
+
+The target compiler's answers (per-device memory, HBM out-of-memory, refusals)
+are collected with :meth:`DryMode.collect`. Programs are single-device here: a
+data-parallel replica on a multi-chip target holds the same on each chip, and a
+program lowered with shardings would carry its partitions to the target compile
+(``compile_lowered_for_target``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import jax
+import numpy as np
+
+from tpu_debug.errors import TpuDebugError
+
+__all__ = ["Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile", "active", "dry_mode",
+           "value_needed"]
+
+
+class Abstract(jax.ShapeDtypeStruct):
+    """A payload with a shape and a dtype and no data: a dry run's tensors hold these.
+
+    ``jax.jit(...).lower`` takes it as an input spec; the memory registry keeps a weak
+    reference to it, as to any payload (so each output of an op is an object of its own).
+    """
+
+    __slots__ = ("__weakref__",)
+
+    def astype(self, dtype: Any) -> Abstract:
+        return Abstract(self.shape, dtype)
+
+    def reshape(self, *shape: Any) -> Abstract:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if -1 in shape:
+            known = int(np.prod([d for d in shape if d != -1]))
+            shape = tuple(self.size // max(known, 1) if d == -1 else d for d in shape)
+        return Abstract(tuple(shape), self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.size) * np.dtype(self.dtype).itemsize
+
+
+class DryRunError(TpuDebugError, RuntimeError):
+    """A dry run was asked for something it cannot do."""
+
+
+class DryRunValueError(TpuDebugError, RuntimeError):
+    """A dry run reached code that needs a tensor's value, which a dry run does not have.
+
+    Attributes:
+        what: what needed the value (``".item()"``, ``"print/repr"``,
+            ``"aten::nonzero (its output shape depends on values)"``).
+        tensor: the tensor's type, ``float32[8, 128]`` (empty when there is none).
+        where: the user's line (``train.py:42``), when the dry run was told how
+            to find it.
+    """
+
+    def __init__(self, what: str, tensor: str = "", where: str | None = None) -> None:
+        self.what = what
+        self.tensor = tensor
+        self.where = where
+        at = f" at {where}" if where else ""
+        of = f" of a {tensor} tensor" if tensor else ""
+        super().__init__(
+            f"the dry run needs a value{at} ({what}): tensors in a dry run hold no data, so "
+            f"nothing{of} can be read; what ran before this line is what the dry run measured. "
+            "Move the read after the step being measured, or skip it in dry runs "
+            "(tpu_debug.runtime.dryrun.active is not None)"
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class ProgramCompile:
+    """One program of the dry run sent to the target's compiler.
+
+    Attributes:
+        mode: ``"eager"`` (one op) or ``"compiled"`` (a graph).
+        name: the op or graph (``mul.Tensor``, ``g1/forward``).
+        future: the compile running on the target compiler's worker.
+        result: the ``TargetCompile`` once collected.
+        error: the text of an error other than the compiler's own refusal.
+    """
+
+    mode: str
+    name: str
+    future: Future | None
+    result: Any = None
+    error: str | None = None
+
+
+def _tensor_text(t: Any) -> str:
+    if t is None:
+        return ""
+    dtype = str(getattr(t, "dtype", "")).removeprefix("torch.")
+    return f"{dtype}{list(getattr(t, 'shape', ()))}"
+
+
+class DryMode:
+    """The state of one dry run (see the module docstring).
+
+    Args:
+        target: the TPU target to compile for (a spec or ``Target``); None compiles
+            nothing (shapes and memory only).
+        describe: ``describe(op) -> (what, where)``: what a value read is and the user's
+            line, called on the thread that reads (its stack is the read's).
+        optimization_level: XLA's effort level for the target compiles. ``"O0"``: the
+            question is memory, and O0 assigns nearly the buffers of the default level
+            in a fraction of the time (see ``runtime/target``; a float32
+            2048x2048 @ 2048x32000 product: 0.08 CPU seconds at O0, 0.9 at the default).
+    """
+
+    def __init__(self, target: Any = None, *, describe: Callable[[str], tuple[str, str | None]] | None = None,
+                 optimization_level: str | None = "O0") -> None:
+        from tpu_debug.runtime.target import parse_target
+
+        self.target = parse_target(target) if target is not None else None
+        self.describe = describe
+        self.optimization_level = optimization_level
+        self.key = ("dry run", id(self))  # marks a compiled graph's dry programs in its cache
+        self.programs: list[ProgramCompile] = []
+        self.notes: list[str] = []
+        self.stop: DryRunValueError | None = None
+        self._ops: dict[Any, tuple[tuple, Any, tuple]] = {}
+        self._lock = threading.Lock()
+        self._compiling = self.target is not None
+        self.ops = 0  # eager ops dispatched
+
+    # -- eager ops ---------------------------------------------------------------------
+
+    def run_op(self, plan: Any, args: Any, kwargs: Any, key: Any, skel_args: Any, skel_kwargs: Any,
+               arrays: list, rng: bool) -> Any:
+        """An eager op: its outputs' avals (lowered once per key), written as the eager path writes."""
+        from tpu_debug.runtime import eager, probes
+
+        entry = self._ops.get(key)
+        if entry is None:
+            try:
+                entry = self._lower_op(plan, key, skel_args, skel_kwargs, arrays, rng)
+            except eager._NEEDS_VALUES:
+                if not plan.dynamic_scalars:
+                    raise self._needs(f"aten::{plan.name} (its lowering needs input values)") from None
+                plan.dynamic_scalars = False  # as the eager path does: bake the scalars in
+                return eager._run_lowered(plan, args, kwargs)
+            self._ops[key] = entry
+        self.ops += 1
+        avals, struct, dtypes = entry
+        if probes._probes:
+            probes.executing("eager", plan.name, key)
+            start = time.perf_counter()
+            flat = [Abstract(shape, dtype) for shape, dtype in avals]
+            probes.executed("eager", plan.name, key, time.perf_counter() - start)
+        else:
+            flat = [Abstract(shape, dtype) for shape, dtype in avals]  # each output a payload of its own
+        return eager._finish(plan, args, kwargs, flat, struct, dtypes)
+
+    def _lower_op(self, plan: Any, key: Any, skel_args: Any, skel_kwargs: Any, arrays: list,
+                  rng: bool) -> tuple[tuple, Any, tuple]:
+        from tpu_debug.runtime import eager, probes
+        from tpu_debug.runtime.dtypes import to_torch_dtype
+        from tpu_debug.runtime.probes import CompileInfo
+
+        traced, struct_box = eager.traced_function(plan, skel_args, skel_kwargs, rng)
+        if probes._probes:
+            probes.compiling("eager", plan.name)
+        start = time.perf_counter()
+        with jax.enable_x64(True):
+            lowered = jax.jit(traced).lower(*arrays)
+        seconds = time.perf_counter() - start
+        leaves = jax.tree_util.tree_leaves(lowered.out_info)
+        avals = tuple((tuple(a.shape), a.dtype) for a in leaves)
+        dtypes = tuple(to_torch_dtype(a.dtype) for a in leaves)
+        settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
+        info = CompileInfo("eager", plan.name, key, eager._specs(plan.op._schema, skel_args, skel_kwargs),
+                           seconds, lowered, None, settings=settings)
+        self._submit(lowered, "eager", plan.name, self.optimization_level)
+        if probes._probes:
+            probes.compiled(info)
+        return avals, struct_box[0], dtypes
+
+    def eager_only(self, plan: Any, skel_args: Any, skel_kwargs: Any, arrays: list,
+                   rng: bool) -> tuple[list, Any, tuple]:
+        """An op whose output shape depends on values: its shapes if they can be had without them."""
+        from tpu_debug.runtime import eager
+        from tpu_debug.runtime.dtypes import to_torch_dtype
+
+        box: list = []
+
+        def fn(*flat):
+            it = iter(flat)
+            a = [eager._fill(s, it) for s in skel_args]
+            kw = {k: eager._fill(s, it) for k, s in skel_kwargs}
+            if rng:
+                kw["key"] = next(it)
+            out_flat, struct = eager._flatten_out(plan.lowering.fn(*a, **kw))
+            box.append(struct)
+            return out_flat
+
+        try:
+            with jax.enable_x64(True):
+                out = jax.eval_shape(fn, *arrays)
+        except (*eager._NEEDS_VALUES, TypeError, ValueError):
+            raise self._needs(f"aten::{plan.name} (its output shape depends on values)") from None
+        return ([Abstract(o.shape, o.dtype) for o in out], box[0], tuple(to_torch_dtype(o.dtype) for o in out))
+
+    # -- compiled graphs -------------------------------------------------------------
+
+    def program(self, lowered: Any, mode: str, name: str) -> Callable[..., tuple]:
+        """What runs in place of a compiled graph's executable: its outputs' avals."""
+        leaves = tuple((tuple(a.shape), a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
+        self._submit(lowered, mode, name, self.optimization_level)
+
+        def run(*_arrays: Any) -> tuple:
+            return tuple(Abstract(shape, dtype) for shape, dtype in leaves)
+
+        return run
+
+    # -- the target compiler ---------------------------------------------------------
+
+    def _submit(self, lowered: Any, mode: str, name: str, level: str | None) -> None:
+        if not self._compiling:
+            return
+        from tpu_debug.runtime.target import LibtpuMissingError, default_compiler
+
+        try:
+            future = default_compiler().submit_lowered(lowered, self.target, optimization_level=level)
+        except LibtpuMissingError as exc:
+            self._compiling = False
+            self.notes.append(f"programs were not compiled for {self.target.name}: {exc}")
+            return
+        with self._lock:
+            self.programs.append(ProgramCompile(mode, name, future))
+
+    def collect(self, timeout: float | None = None) -> list[ProgramCompile]:
+        """Wait for every program sent to the target's compiler (each at most ``timeout`` seconds
+        more); each gets its ``result`` or ``error``."""
+        with self._lock:
+            programs = list(self.programs)
+        for p in programs:
+            if p.future is None or p.result is not None or p.error is not None:
+                continue
+            try:
+                p.result = p.future.result(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - one program's failure is that program's result
+                p.error = f"{type(exc).__name__}: {exc}"
+        return programs
+
+    # -- values ------------------------------------------------------------------------
+
+    def _needs(self, what: str, tensor: str = "", op: str | None = None) -> DryRunValueError:
+        where = None
+        if self.describe is not None:
+            try:
+                what_read, where = self.describe(op or what)
+                if op is not None:
+                    what = what_read
+            except Exception:  # noqa: BLE001 - naming the line is a courtesy; the stop happens anyway
+                where = None
+        error = DryRunValueError(what, tensor, where)
+        if self.stop is None:
+            self.stop = error
+        return error
+
+
+active: DryMode | None = None
+_switch = threading.Lock()
+
+
+def value_needed(op: str, t: Any = None) -> DryRunValueError:
+    """The error for reading a value a dry run does not have (``op``: the runtime's name of
+    the read, as in ``TransferInfo.op``: ``"item"``, ``"copy"``, ``"fallback:<op>"``)."""
+    mode = active
+    if mode is None:
+        return DryRunValueError(op, _tensor_text(t))  # a dry run's tensor read after it ended
+    return mode._needs(op, _tensor_text(t), op=op)
+
+
+@contextlib.contextmanager
+def dry_mode(target: Any = None, **options: Any) -> Iterator[DryMode]:
+    """Run the block as a dry run (see :class:`DryMode` for ``options``).
+
+    Raises:
+        DryRunError: a dry run is active already.
+
+    Example:
+        >>> with dry_mode("v6e") as mode:
+        ...     y = model(torch.empty(8, 2048, dtype=torch.long, device="tpu"))
+        >>> [p.result.memory.temp_bytes for p in mode.collect()]
+    """
+    global active
+    mode = DryMode(target, **options)
+    with _switch:
+        if active is not None:
+            raise DryRunError("a dry run is active already; dry runs do not nest")
+        active = mode
+    try:
+        yield mode
+    finally:
+        with _switch:
+            active = None

@@ -1,0 +1,132 @@
+"""Dry runs of whole programs (runtime/dryrun.py, tpu_debug.dry_run, tpu-debug run --dry-run):
+tensors that hold no data, every program compiled for a TPU target, nothing executed.
+
+The sizes checked are exact: a dry run's payload of a float32[n] tensor holds 4n bytes on
+the device, as the same tensor does in PyTorch on CPU (``untyped_storage().nbytes()``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import tpu_debug
+from tpu_debug.runtime import dryrun
+from tpu_debug.runtime.target._libtpu import _find_libtpu
+from tpu_debug.tracers.memory import memory_view
+
+ROOT = Path(__file__).resolve().parents[2]
+requires_libtpu = pytest.mark.skipif(
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
+)
+GiB = 1024**3
+pytestmark = requires_libtpu
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+
+
+def test_a_value_read_stops_the_dry_run_at_its_line():
+    cpu = torch.nn.Linear(64, 32)
+    held = sum(p.untyped_storage().nbytes() for p in cpu.parameters()) + 16 * 64 * 4
+
+    def step():
+        with torch.device("tpu"):
+            model = torch.nn.Linear(64, 32)
+        x = torch.ones(16, 64, device="tpu")
+        loss = model(x).square().mean()
+        assert loss.shape == () and loss.dtype == torch.float32  # shapes and dtypes are known
+        value = loss.item()  # the read
+        raise AssertionError(f"a dry run read a value: {value}")
+
+    read_line = step.__code__.co_firstlineno + 6
+    result = tpu_debug.dry_run(step, target="v5e")
+    assert result.stopped is not None and result.stopped.where.endswith(f"test_dryrun_mode.py:{read_line}")
+    assert ".item()" in str(result.stopped) and result.outputs is None
+    assert dryrun.active is None  # the mode ended with the run
+    # what ran before the read was measured: parameters and input were live at the peak
+    assert result.memory.peak_bytes >= held
+    assert result.memory.stopped and result.fits is True and result.memory.target == "v5e"
+    assert result.programs and not result.ooms and not result.refused
+    assert f"test_dryrun_mode.py:{read_line}" in result.render()
+
+
+def test_a_tensor_over_one_chip_is_a_finding_with_estimated_fixes():
+    n = 5 * GiB  # float32: 20 GiB, over a v5e chip's 16 GiB HBM
+
+    def step():
+        x = torch.empty(n, device="tpu")
+        x.mul_(2)  # a program reading and writing it, so the compiler sees it too
+        return x
+
+    line = step.__code__.co_firstlineno + 1
+    result = tpu_debug.dry_run(step, target="v5e")
+    assert result.stopped is None and result.outputs.shape == (n,) and result.outputs.device.type == "tpu"
+    assert result.fits is False and result.memory.peak_bytes >= 4 * n
+    assert result.memory.required_bytes > result.memory.capacity_bytes
+    (finding,) = [f for f in result.findings if f.finding == "does_not_fit"]
+    top = finding.holders[0]
+    assert (os.path.basename(top.file), top.line, top.nbytes, top.shape) == ("test_dryrun_mode.py", line, 4 * n, (n,))
+    remedies = {f.remedy: f for f in finding.fixes}
+    # float32 -> bfloat16 halves the tensor: ~10 GiB, which fits; two v5e chips split it
+    assert remedies["bfloat16"].fits and remedies["bfloat16"].estimate_bytes < 16 * GiB
+    assert remedies["chips"].fits and remedies["chips"].factor >= 2
+    assert "does NOT fit" in result.render()
+
+
+BIG = textwrap.dedent(
+    """
+    import resource, sys
+    import torch
+    sys.path.insert(0, {root!r})
+    from examples.models.tiny_llama import LlamaConfig, TinyLlama
+
+    # a wide Llama: ~3 GB of bfloat16 parameters
+    cfg = LlamaConfig(vocab=128000, hidden=4096, intermediate=14336, layers=2, heads=32, kv_heads=8, max_seq=64)
+    with torch.device("meta"):
+        model = TinyLlama(cfg).to(torch.bfloat16)
+    model = model.to_empty(device="tpu")
+    tokens = torch.zeros(8, 64, dtype=torch.long, device="tpu")
+    with torch.no_grad():
+        logits = model(tokens)
+    print("params", sum(p.untyped_storage().nbytes() for p in model.parameters()))
+    print("logits", tuple(logits.shape), logits.dtype)
+    print("maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print("loss", logits.float().mean().item())
+    print("not reached")
+    """
+)
+
+
+def test_a_model_bigger_than_this_process_dry_runs_from_the_cli(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(BIG.format(root=str(ROOT)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_TARGET_CACHE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpu_debug", "run", "--logdir", str(tmp_path / "runs"), "--target", "v6e",
+         "--dry-run", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    params = int(said["params"])
+    assert params > 2.5 * GiB
+    assert said["logits"] == "(8, 64, 128000) torch.bfloat16" and "not reached" not in said
+    # the whole process (torch, jax, libtpu and the compiles) stayed under the model's size
+    assert int(said["maxrss"]) < params
+    # the stop names the line in one sentence, then the report
+    line = BIG.splitlines().index('print("loss", logits.float().mean().item())') + 1
+    stop = [ln for ln in proc.stderr.splitlines() if ln.startswith("tpu-debug run --dry-run: ")]
+    assert len(stop) == 1 and f"serve.py:{line} (.item())" in stop[0], proc.stderr[-3000:]
+    summary = memory_view(tpu_debug.open_run(logdir=tmp_path / "runs")).summary
+    assert summary.dry_run and summary.target == "v6e" and summary.fits is True
+    assert summary.peak_bytes >= params and summary.oom_programs == 0 and summary.programs > 0
+    assert summary.stopped

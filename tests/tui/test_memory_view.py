@@ -1,0 +1,80 @@
+"""The memory view (key 6): device bytes per step, the peak's holders by allocating line, the
+fit against a TPU target with its fixes; and what it says for a run without memory tracking."""
+
+from __future__ import annotations
+
+import pytest
+import synthetic_run
+from snapshot import check_snapshot
+from tpu_debug.tracers import events as ev
+from tpu_debug.tui.screens.memory import NOT_TRACKED
+from tui_helpers import drive, press, screen_text
+
+MiB = 1024**2
+GiB = 1024**3
+SOURCE = str(synthetic_run.SOURCE)
+HOLDERS = (
+    ev.MemoryHolder(SOURCE, 12, "main", "forward", 9 * GiB, 3, (1024, 2359296), "float32"),
+    ev.MemoryHolder(SOURCE, 20, "step", "optimizer", 6 * GiB, 6, (1024, 1048576), "float32"),
+    ev.MemoryHolder(SOURCE, 16, "step", "backward", 3 * GiB, 3, (1024, 786432), "float32"),
+    ev.MemoryHolder("", 0, "", "before trace", 64 * MiB, 2, (), ""),
+)
+FIXES = (
+    ev.MemoryFix("chips", 5 * GiB, 4.0, True, "v5e-4"),
+    ev.MemoryFix("bfloat16", 10 * GiB, 0.5, True),
+    ev.MemoryFix("batch", 18 * GiB, 0.0, False),
+)
+STEP_PEAKS = (12 * GiB, 18 * GiB, 18 * GiB + 64 * MiB, 18 * GiB)
+
+
+@pytest.fixture(scope="module")
+def memory_run(tmp_path_factory):
+    """The synthetic run with a memory trace against a v5e that does not fit."""
+    run_dir = tmp_path_factory.mktemp("tui-memory") / "20260131T120000.000Z-memory"
+    _db, writer = synthetic_run.write_synthetic_run(run_dir, close=False)
+    nid = writer.new_id
+    for i, peak in enumerate(STEP_PEAKS):
+        holders = HOLDERS if i == 2 else ()
+        writer.put(ev.MemoryStepEvent(nid(), float(i), None, 1, None, step=i, live_bytes=15 * GiB,
+                                      peak_bytes=peak, peak_ts=i + 0.5, tensors=14, holders=holders))
+    writer.put(ev.MemorySummaryEvent(
+        nid(), 4.0, None, 1, None, peak_bytes=STEP_PEAKS[2], peak_step=2, end_bytes=15 * GiB, steps=4,
+        persistent_bytes=15 * GiB, activation_bytes=3 * GiB, float32_bytes=18 * GiB, temp_bytes=512 * MiB,
+        required_bytes=STEP_PEAKS[2] + 512 * MiB, dry_run=False, programs=0, oom_programs=0,
+        temp_program="mm", temp_source="target", target="v5e", capacity_bytes=16 * GiB, fits=False,
+        holders=HOLDERS))
+    writer.put(ev.MemoryFindingEvent(nid(), 4.0, None, 1, None, "does_not_fit", "v5e", STEP_PEAKS[2] + 512 * MiB,
+                                     16 * GiB, None, HOLDERS[:3], FIXES))
+    writer.close(synthetic_run.FINAL)
+    assert writer.error is None, writer.error
+    return run_dir
+
+
+def test_the_memory_view_shows_steps_holders_and_fixes(make_app, memory_run):
+    app = make_app(memory_run)
+
+    async def scenario(pilot):
+        await press(pilot, "7")
+        text = screen_text(app)
+        assert "peak 18.1 GiB held by tpu tensors in step 2 of 4" in text, text
+        assert "does NOT fit" in text and "one v5e device" in text
+        assert "4 step(s)" in text and "(step 2)" in text
+        # the holders at the peak, biggest first, each by its line
+        rows = [line for line in text.splitlines() if "train.py:" in line or "before the trace" in line]
+        assert [r.split("train.py:")[1].split()[0] if "train.py:" in r else "-" for r in rows] == ["12", "20", "16", "-"]
+        assert "optimizer" in rows[1] and "float32[1024, 1048576]" in rows[1]
+        assert "fix: 4 chips (v5e-4)" in text and "fix: bfloat16 instead of float32" in text
+        check_snapshot(app.export_screenshot(), "memory")
+
+    drive(app, scenario)
+
+
+def test_a_run_without_memory_tracking_says_how_to_get_it(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "7")
+        text = " ".join(screen_text(app).split())
+        assert " ".join(NOT_TRACKED.split())[:60] in text, text
+
+    drive(app, scenario)

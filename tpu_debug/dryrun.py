@@ -1,0 +1,185 @@
+"""``tpu_debug.dry_run``: run PyTorch code with tensors that hold no data, for a TPU target.
+
+The runtime's dry mode (``runtime/dryrun.py``) gives every `tpu` tensor a shape
+and a dtype and no data, and sends every program to the target's compiler
+instead of running it; the memory tracer (``tracers/memory.py``) follows the
+live bytes. What comes back says whether the code fits one device of the
+target, with the peak, its holders and the compiler's refusals, on a machine
+that could not hold the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tpu_debug.runtime import probes
+from tpu_debug.runtime.dryrun import DryRunValueError, ProgramCompile, dry_mode
+from tpu_debug.runtime.target import Target, parse_target
+from tpu_debug.tracers.events import MemoryFindingEvent, MemorySummaryEvent, SourceLocation
+from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, size
+
+__all__ = ["DryRunResult", "DryRunValueError", "dry_run", "value_reader"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DryRunResult:
+    """What a dry run found.
+
+    Attributes:
+        target: the TPU target.
+        memory: the memory summary (peak, holders, the largest program's
+            temporaries, the need against one device's HBM).
+        findings: the does-not-fit findings, with estimated fixes.
+        programs: every program sent to the target's compiler, with its result.
+        stopped: the value read that stopped the run early, if one did.
+        outputs: what ``fn`` returned (tensors that hold no data), None if it stopped.
+        notes: what the dry run could not do (libtpu missing, say).
+        seconds: the dry run, wall clock (the target compiles included).
+    """
+
+    target: Target
+    memory: MemorySummaryEvent
+    findings: tuple[MemoryFindingEvent, ...]
+    programs: tuple[ProgramCompile, ...]
+    stopped: DryRunValueError | None
+    outputs: Any
+    notes: tuple[str, ...]
+    seconds: float
+
+    @property
+    def fits(self) -> bool | None:
+        """True if the estimate fits one device and no program ran out of HBM; None when
+        nothing was measured."""
+        return self.memory.fits
+
+    @property
+    def ooms(self) -> list[ProgramCompile]:
+        """Programs the target's compiler refused for want of HBM."""
+        return [p for p in self.programs if p.result is not None and p.result.fits is False]
+
+    @property
+    def refused(self) -> list[ProgramCompile]:
+        """Programs the target's compiler refused for another reason, or that failed to compile."""
+        return [p for p in self.programs if p.error is not None or (p.result is not None and p.result.fits is None)]
+
+    def render(self, cwd: str | None = None) -> str:
+        """The answer in a few lines."""
+        m = self.memory
+        verdict = {True: "fits", False: "does NOT fit", None: "unknown"}[m.fits]
+        lines = [
+            f"dry run for {self.target.name}: {verdict}: needs ~{size(m.required_bytes)} of "
+            f"{size(m.capacity_bytes)} per chip (peak {size(m.peak_bytes)} held by tensors in step "
+            f"{m.peak_step} + {size(m.temp_bytes)} temporaries of the largest program"
+            + (f", {m.temp_program}" if m.temp_program else "") + ")",
+            f"{len(self.programs)} program(s) compiled for {self.target.name} in {self.seconds:.1f} s; "
+            f"{len(self.ooms)} out of HBM, {len(self.refused)} refused",
+        ]
+        if self.stopped is not None:
+            lines.append(f"stopped early: {self.stopped.what}" + (f" at {self.stopped.where}" if self.stopped.where else ""))
+        for h in m.holders[:5]:
+            lines.append(f"  {describe_holder(h, cwd)}")
+        for f in self.findings[:1]:
+            for fix in f.fixes:
+                lines.append(f"  fix: {describe_fix(fix)}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _where(location: SourceLocation | None) -> str | None:
+    if location is None:
+        return None
+    file = location.file
+    try:
+        rel = os.path.relpath(file)
+        if not rel.startswith(".."):
+            file = rel
+    except ValueError:  # another drive
+        pass
+    return f"{file}:{location.line}"
+
+
+def value_reader() -> tuple[Callable[[str], tuple[str, str | None]], dict[str, Any]]:
+    """``(describe, seen)``: the dry mode's ``describe`` (what a value read is and its line,
+    from the stack at the read) and where it keeps the last read's ``SourceLocation``."""
+    from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
+
+    seen: dict[str, Any] = {}
+
+    def describe(op: str) -> tuple[str, str | None]:
+        cause, _implicit, location = classify(op, 2)
+        seen["location"] = location
+        if cause.startswith("fallback:"):
+            what = f"aten::{cause.removeprefix('fallback:')} has no tpu lowering and would run on CPU"
+        else:
+            what = CAUSE_TEXT.get(cause, cause)
+        return what, _where(location)
+
+    return describe, seen
+
+
+def dry_run(fn: Callable[..., Any], *inputs: Any, target: str | Target = "v5e", compile_timeout: float | None = None,
+            **kwargs: Any) -> DryRunResult:
+    """Run ``fn(*inputs, **kwargs)`` with tensors that hold no data; compile every program for ``target``.
+
+    Inside, every `tpu` tensor is a shape and a dtype: ops compute output shapes
+    from their lowerings, nothing executes, host data is never copied to the
+    device, and each program goes to the TPU compiler for ``target``. Build the
+    model inside ``fn`` under ``torch.device("tpu")`` so its parameters hold no data
+    either (a model built on the host keeps its host copy). A value read
+    (``.item()``, ``print(t)``, ``if t:``) stops the run there; what ran before it is
+    still measured.
+
+    Args:
+        fn: the code to dry-run (a training step, a forward, a whole ``main``).
+        *inputs: its positional arguments (tensors may hold data or not).
+        target: the TPU target (``"v5e"``, ``"v6e"``, ``"v5e-8"``, ...); the need is
+            compared with one device of it.
+        compile_timeout: seconds to wait for each target compile (None: no limit).
+        **kwargs: ``fn``'s keyword arguments.
+
+    Returns:
+        A :class:`DryRunResult`: ``fits``, the memory summary (peak, holders,
+        temporaries, the need per chip), findings with estimated fixes, each
+        program's target compile, the stop if there was one.
+
+    Raises:
+        TargetSpecError: ``target`` names no known TPU.
+        DryRunError: a dry run is active already.
+        Exception: whatever ``fn`` raises other than a value read.
+
+    Example:
+        >>> def step():
+        ...     with torch.device("tpu"):
+        ...         model = TinyLlama(cfg).to(torch.bfloat16)
+        ...     model(torch.zeros(8, 2048, dtype=torch.long, device="tpu")).float().mean().backward()
+        >>> result = tpu_debug.dry_run(step, target="v6e")
+        >>> result.fits, result.memory.required_bytes
+    """
+    tgt = parse_target(target)
+    started = time.perf_counter()
+    describe, seen = value_reader()
+    tracer = MemoryTracer(target=tgt, dry_run=True)
+    tracer.start()
+    probes.subscribe(tracer)
+    stopped: DryRunValueError | None = None
+    outputs = None
+    try:
+        with dry_mode(tgt, describe=describe) as mode:
+            try:
+                outputs = fn(*inputs, **kwargs)
+            except DryRunValueError as exc:
+                stopped = exc
+            programs = mode.collect(compile_timeout)
+        tracer.add_target_programs(programs)
+        if stopped is not None:
+            tracer.stop_at(stopped.what, seen.get("location"))
+        summary = tracer.close()
+    finally:
+        probes.unsubscribe(tracer)
+        tracer.close()
+    return DryRunResult(tgt, summary, tuple(tracer.findings), tuple(programs), stopped, outputs,
+                        tuple(mode.notes), time.perf_counter() - started)

@@ -1,0 +1,553 @@
+"""Device memory over a run: live bytes per step, the peak and who held it, and whether it fits.
+
+:class:`MemoryTracer` is the probe (``on_alloc``/``on_free``, see
+``runtime/memory.py``): it charges each storage's bytes to the user line that
+allocated it and the phase it ran in (forward, backward, optimizer), keeps live
+bytes and the peak of each step, and at the end writes one
+:class:`~.events.MemoryStepEvent` per step, a :class:`~.events.MemorySummaryEvent`
+and, when a TPU target was given and the run does not fit one device of it, a
+:class:`~.events.MemoryFindingEvent` with fixes estimated from the same figures
+(:func:`plan_fixes`).
+
+What counts: the payloads `tpu` tensors hold (parameters, gradients, optimizer
+state, activations kept for backward, inputs), each payload once, plus the
+largest program's temporaries (its compiler's figure). What does not: XLA's own
+buffers outside tensors (executables, the runtime's caches), and the padding a
+TPU's tiled layouts add (see ``runtime/target/layout.py``).
+
+The peak's holders are a copy of the per-line totals taken when a new high is
+followed by a free; within a step, copies are taken again only when the high
+grew by 1/256 or more, so the holders are those of a moment within 0.4 % of the
+peak (the peak's byte count itself is exact).
+
+This module imports neither torch nor jax at module level: the report and the
+TUI read its rendering helpers (:func:`describe_fix`, :func:`memory_view`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tpu_debug.tracers.events import (
+    MemoryFindingEvent,
+    MemoryFix,
+    MemoryHolder,
+    MemoryStepEvent,
+    MemorySummaryEvent,
+    SourceLocation,
+)
+from tpu_debug.tracers.location import user_location
+
+__all__ = [
+    "MemoryTracer",
+    "MemoryView",
+    "ProgramMemory",
+    "describe_fix",
+    "describe_holder",
+    "memory_view",
+    "PHASE_TEXT",
+    "plan_fixes",
+    "size",
+]
+
+TOP_HOLDERS = 10
+FINDING_HOLDERS = 3
+_REFRESH = 1 / 256  # a step's peak copy is taken again once the peak grew by this fraction
+BEFORE_TRACE = "before trace"
+# "forward" is everything outside the backward pass and the optimizer's step: the forward,
+# the loss, building the model, loading data
+_PHASES = ("forward", "backward", "optimizer", BEFORE_TRACE)
+PHASE_TEXT = {"forward": "forward/other", "backward": "backward", "optimizer": "optimizer",
+              BEFORE_TRACE: "before trace"}
+
+
+def size(n: int | float | None) -> str:
+    """``1.50 GiB``, ``12.0 MiB``, ``512 B``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+class _Site:
+    """Bytes live now from one (line, phase)."""
+
+    __slots__ = ("location", "phase", "nbytes", "tensors", "largest", "shape", "dtype")
+
+    def __init__(self, location: SourceLocation | None, phase: str) -> None:
+        self.location = location
+        self.phase = phase
+        self.nbytes = 0
+        self.tensors = 0
+        self.largest = 0
+        self.shape: tuple[int, ...] = ()
+        self.dtype = ""
+
+    def holder(self, nbytes: int, tensors: int) -> MemoryHolder:
+        loc = self.location
+        return MemoryHolder(loc.file if loc else "", loc.line if loc else 0, loc.function if loc else "",
+                            self.phase, nbytes, tensors, self.shape, self.dtype)
+
+
+@dataclasses.dataclass(slots=True)
+class _Snapshot:
+    """Live bytes at one moment: total, per site, per phase, float32."""
+
+    ts: float
+    live: int
+    sites: list[tuple[_Site, int, int]]
+    phases: dict[str, int]
+    float32: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramMemory:
+    """A program's memory as its compiler assigned it.
+
+    ``source``: ``"target"`` (the TPU compiler) or ``"local"`` (this machine's).
+    ``error`` holds an HBM out-of-memory's figures: ``required_bytes`` what the
+    compiler counted, ``available_bytes`` one device's HBM.
+    """
+
+    name: str
+    temp_bytes: int
+    source: str
+    oom: bool = False
+    required_bytes: int = 0
+    available_bytes: int = 0
+
+
+class MemoryTracer:
+    """Records device memory per step, the peak's holders, and the fit against a TPU target.
+
+    Args:
+        writer: where events go (a ``RunWriter``), or None to keep them only
+            (``summary`` and ``findings`` after :meth:`close`).
+        clock: seconds since the run started.
+        target: a ``runtime.target.Target`` to compare the need with, or None.
+        dry_run: the run is a dry run (recorded in the summary).
+        record_error: ``record_error(where, message)`` for the tracer's own failures.
+    """
+
+    def __init__(self, writer: Any = None, *, clock: Callable[[], float] | None = None, target: Any = None,
+                 dry_run: bool = False, record_error: Callable[[str, str], None] | None = None) -> None:
+        self.writer = writer
+        self.clock = clock or _clock()
+        self.target = target
+        self.dry_run = dry_run
+        self._record_error = record_error
+        self._storages: dict[int, list] = {}  # storage serial id -> [site, bytes charged, float32]
+        self._sites: dict[tuple, _Site] = {}
+        self._phases = dict.fromkeys(_PHASES, 0)
+        self.live = 0
+        self.float32 = 0
+        self._optimizer = 0
+        self._hooks: list = []
+        self._lock = threading.RLock()
+        # the step now
+        self.step_index = 0
+        self._step_ts = 0.0
+        self._step_peak = 0
+        self._step_peak_ts = 0.0
+        self._rising = False
+        self._step_snapshot: _Snapshot | None = None
+        # the run
+        self.steps: list[MemoryStepEvent] = []
+        self.peak = 0
+        self.peak_step = 0
+        self._peak_snapshot: _Snapshot | None = None
+        self._peak_end_phases: dict[str, int] = {}
+        self._peak_end_live = 0
+        self.programs: dict[str, ProgramMemory] = {}
+        self.stopped: tuple[str, SourceLocation | None] | None = None
+        self.dry_programs = 0
+        self.summary: MemorySummaryEvent | None = None
+        self.findings: list[MemoryFindingEvent] = []
+        self._closed = False
+        self._manual_steps = False
+        self._changed = False  # memory changed since the last step ended
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Hook the optimizer's step (the phase of what it allocates, and step ends)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._step_ts = self.clock()
+        self._hooks = [register_optimizer_step_pre_hook(self._optimizer_begins),
+                       register_optimizer_step_post_hook(self._optimizer_ends)]
+
+    def _optimizer_begins(self, *_args: Any) -> None:
+        self._optimizer += 1
+
+    def _optimizer_ends(self, *_args: Any) -> None:
+        self._optimizer = max(0, self._optimizer - 1)
+        if not self._manual_steps and not self._optimizer:
+            try:
+                self.end_step()
+            except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
+                self._error("optimizer step hook", exc)
+
+    def step(self) -> None:
+        """An explicit step mark (``tpu_debug.step()``); from then on only these end steps."""
+        self._manual_steps = True
+        self.end_step()
+
+    # -- probe methods -----------------------------------------------------------------
+
+    def on_alloc(self, info: Any) -> None:
+        with self._lock:
+            if info.new:
+                if info.existing:
+                    key: tuple = (None, BEFORE_TRACE)
+                else:
+                    key = (user_location(3), self._phase())
+                site = self._sites.get(key)
+                if site is None:
+                    site = self._sites[key] = _Site(*key)
+                site.tensors += 1
+                record = [site, 0, info.dtype == "float32"]
+                self._storages[info.storage] = record
+            else:
+                record = self._storages.get(info.storage)
+                if record is None:
+                    return
+            n = info.nbytes
+            if not n:
+                return
+            self._changed = True
+            site = record[0]
+            record[1] += n
+            site.nbytes += n
+            if n > site.largest:
+                site.largest, site.shape, site.dtype = n, tuple(info.shape), info.dtype
+            self.live += n
+            self._phases[site.phase] += n
+            if record[2]:
+                self.float32 += n
+            if self.live > self._step_peak:
+                self._step_peak = self.live
+                self._rising = True
+
+    def on_free(self, info: Any) -> None:
+        with self._lock:
+            record = self._storages.get(info.storage)
+            if record is None:
+                return
+            if self._rising:
+                self._take_snapshot()
+            self._changed = True
+            site = record[0]
+            n = info.nbytes
+            record[1] -= n
+            site.nbytes -= n
+            self.live -= n
+            self._phases[site.phase] -= n
+            if record[2]:
+                self.float32 -= n
+            if info.dead:
+                site.tensors -= 1
+                del self._storages[info.storage]
+
+    def on_compile(self, info: Any) -> None:
+        compiled = getattr(info, "compiled", None)
+        if compiled is None:
+            return
+        stats = compiled.memory_analysis()
+        temp = int(getattr(stats, "temp_size_in_bytes", 0) or 0)
+        name = str(info.name)
+        known = self.programs.get(name)
+        if known is None or temp > known.temp_bytes:
+            self.programs[name] = ProgramMemory(name, temp, "local")
+
+    def on_internal_error(self, method: str, exc: BaseException) -> None:
+        self._error(method, exc)
+
+    # -- what the dry run adds -----------------------------------------------------------
+
+    def add_target_programs(self, programs: list) -> None:
+        """The dry run's target compiles (``runtime.dryrun.ProgramCompile``): their temporaries
+        replace this machine's figure for the same program, and out-of-memory refusals are kept."""
+        for p in programs:
+            result = p.result
+            if result is None:
+                continue
+            self.dry_programs += 1
+            name = str(p.name)
+            known = self.programs.get(name)
+            if result.ok:
+                temp = int(result.memory.temp_bytes)
+                if known is None or known.source != "target" or temp > known.temp_bytes:
+                    if not (known is not None and known.oom):
+                        self.programs[name] = ProgramMemory(name, temp, "target")
+            elif result.error.kind == "hbm_oom":
+                e = result.error
+                self.programs[name] = ProgramMemory(name, 0, "target", True, int(e.required_bytes or 0),
+                                                    int(e.available_bytes or 0))
+
+    def stop_at(self, what: str, location: SourceLocation | None) -> None:
+        """The dry run stopped early: ``what`` needed a value, at ``location``."""
+        self.stopped = (what, location)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _phase(self) -> str:
+        if self._optimizer:
+            return "optimizer"
+        import torch
+
+        return "backward" if torch._C._current_autograd_node() is not None else "forward"
+
+    def _take_snapshot(self) -> None:
+        self._rising = False
+        snap = self._step_snapshot
+        if snap is not None and self.live < snap.live * (1 + _REFRESH):
+            return
+        self._step_snapshot = _Snapshot(
+            self.clock(), self.live,
+            [(s, s.nbytes, s.tensors) for s in self._sites.values() if s.nbytes > 0],
+            dict(self._phases), self.float32,
+        )
+
+    def end_step(self) -> None:
+        """End the current step: apply pending frees, record its live and peak bytes."""
+        from tpu_debug.runtime import memory
+
+        memory.drain()
+        with self._lock:
+            if self._rising or self._step_snapshot is None:
+                self._rising = True
+                self._take_snapshot()
+            snap = self._step_snapshot
+            holders: tuple[MemoryHolder, ...] = ()
+            if self._step_peak > self.peak or self._peak_snapshot is None:
+                self.peak, self.peak_step = self._step_peak, self.step_index
+                self._peak_snapshot = snap
+                self._peak_end_phases = dict(self._phases)
+                self._peak_end_live = self.live
+                holders = _top(snap.sites, TOP_HOLDERS)
+            event = MemoryStepEvent(self._new_id(), self._step_ts, None, threading.get_native_id(), None,
+                                    self.step_index, self.live, self._step_peak, snap.ts, len(self._storages),
+                                    holders)
+            self.steps.append(event)
+            self._put(event)
+            self.step_index += 1
+            self._step_ts = self.clock()
+            self._step_peak = self.live
+            self._step_snapshot = None
+            self._rising = False
+            self._changed = False
+
+    # -- the end -------------------------------------------------------------------------
+
+    def close(self) -> MemorySummaryEvent:
+        """Unhook, end the last step, and write the summary (and the findings)."""
+        if self._closed and self.summary is not None:
+            return self.summary
+        self._closed = True
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if not self.steps or self._changed:  # what ran after the last step mark is a step too
+            self.end_step()
+        self.summary = self._summarize()
+        self._put(self.summary)
+        for finding in self._find():
+            self.findings.append(finding)
+            self._put(finding)
+        return self.summary
+
+    def _summarize(self) -> MemorySummaryEvent:
+        snap = self._peak_snapshot
+        peak = self.peak
+        persistent = min(self._peak_end_live, peak)
+        forward_at_peak = snap.phases.get("forward", 0) if snap is not None else 0
+        activations = max(0, forward_at_peak - self._peak_end_phases.get("forward", 0))
+        temps = [p for p in self.programs.values() if not p.oom]
+        biggest = max(temps, key=lambda p: p.temp_bytes, default=None)
+        temp = biggest.temp_bytes if biggest is not None else 0
+        required = peak + temp
+        target = self.target
+        capacity = self._capacity()
+        fits = None if capacity is None else required <= capacity and not self._ooms()
+        what, where = self.stopped if self.stopped is not None else (None, None)
+        return MemorySummaryEvent(
+            self._new_id(), self.clock(), None, threading.get_native_id(), where,
+            peak_bytes=peak, peak_step=self.peak_step, end_bytes=self.live, steps=len(self.steps),
+            persistent_bytes=persistent, activation_bytes=activations,
+            float32_bytes=snap.float32 if snap is not None else 0,
+            temp_bytes=temp, required_bytes=required, dry_run=self.dry_run,
+            programs=self.dry_programs, oom_programs=len(self._ooms()),
+            temp_program=biggest.name if biggest is not None and temp else None,
+            temp_source=biggest.source if biggest is not None and temp else None,
+            target=target.name if target is not None else None, capacity_bytes=capacity, fits=fits,
+            stopped=what, holders=_top(snap.sites, TOP_HOLDERS) if snap is not None else (),
+        )
+
+    def _capacity(self) -> int | None:
+        if self.target is None:
+            return None
+        # the compiler's own figure for one device when it gave one (an out-of-memory says it)
+        told = [p.available_bytes for p in self.programs.values() if p.oom and p.available_bytes]
+        return min(told) if told else int(self.target.hbm_bytes_per_device)
+
+    def _ooms(self) -> list[ProgramMemory]:
+        return [p for p in self.programs.values() if p.oom]
+
+    def _find(self) -> list[MemoryFindingEvent]:
+        s = self.summary
+        if s is None or s.capacity_bytes is None or self.target is None:
+            return []
+        out = []
+        holders = s.holders[:FINDING_HOLDERS]
+        fixes = plan_fixes(s, self.target)
+        if s.required_bytes > s.capacity_bytes:
+            out.append(MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
+                                          "does_not_fit", s.target, s.required_bytes, s.capacity_bytes, None,
+                                          holders, fixes))
+        for p in self._ooms():
+            out.append(MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
+                                          "program_oom", s.target, p.required_bytes or s.required_bytes,
+                                          p.available_bytes or s.capacity_bytes, p.name, holders, fixes))
+        return out
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        return self.writer.new_id() if self.writer is not None else 0
+
+    def _put(self, event: Any) -> None:
+        if self.writer is not None:
+            self.writer.put(event)
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        if self._record_error is not None:
+            self._record_error(f"MemoryTracer.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _clock() -> Callable[[], float]:
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0
+
+
+def _top(sites: list[tuple[_Site, int, int]], n: int) -> tuple[MemoryHolder, ...]:
+    ranked = sorted(sites, key=lambda s: -s[1])[:n]
+    return tuple(site.holder(nbytes, tensors) for site, nbytes, tensors in ranked)
+
+
+# -- fixes ----------------------------------------------------------------------------------
+
+
+def plan_fixes(summary: MemorySummaryEvent, target: Any) -> tuple[MemoryFix, ...]:
+    """What would make the run fit one device of ``target``, each with the need estimated after it.
+
+    The estimates move the summary's parts, never measure: float32 tensors in
+    bfloat16 halve (the temporaries in proportion); activation checkpointing drops
+    the forward's tensors kept for backward (a lower bound: it keeps each
+    checkpointed block's input); a smaller batch scales what is not persistent
+    (activations and temporaries); more chips divide the whole (parameters,
+    gradients and optimizer state sharded, FSDP-style, the batch split), using the
+    generation's slice sizes.
+    """
+    capacity = summary.capacity_bytes or 0
+    peak, temp, required = summary.peak_bytes, summary.temp_bytes, summary.required_bytes
+    fixes = []
+    if summary.float32_bytes:
+        share = summary.float32_bytes / peak if peak else 0.0
+        est = int(peak - summary.float32_bytes / 2 + temp * (1 - share / 2))
+        fixes.append(MemoryFix("bfloat16", est, 0.5, est <= capacity))
+    if summary.activation_bytes:
+        est = required - summary.activation_bytes
+        fixes.append(MemoryFix("checkpointing", est, 0.0, est <= capacity))
+    persistent = summary.persistent_bytes
+    scaled = required - persistent
+    if scaled > 0:
+        if persistent < capacity:
+            factor = min(1.0, (capacity - persistent) / scaled)
+            fixes.append(MemoryFix("batch", int(persistent + scaled * factor), round(factor, 3), True))
+        else:
+            fixes.append(MemoryFix("batch", persistent, 0.0, False))
+    if target is not None:
+        gen = target.generation
+        for count in sorted(gen.slices):  # an accelerator-type suffix counts chips or TensorCores
+            n = count // 2 if gen.slice_unit == "cores" else count
+            if n > 1 and required / n <= capacity:
+                fixes.append(MemoryFix("chips", math.ceil(required / n), float(n), True, f"{gen.name}-{count}"))
+                break
+    return tuple(sorted(fixes, key=lambda f: (not f.fits, f.estimate_bytes)))
+
+
+def describe_fix(fix: MemoryFix) -> str:
+    """One line for a fix (what to do, the estimated need after it)."""
+    est = f"~{size(fix.estimate_bytes)} per chip (estimated)"
+    if fix.remedy == "bfloat16":
+        return (f"bfloat16 instead of float32 (model.to(torch.bfloat16), or bf16 autocast with bf16 "
+                f"optimizer state): {est}")
+    if fix.remedy == "checkpointing":
+        return (f"activation checkpointing (torch.utils.checkpoint around each block): {est}, at most: "
+                "each block's input is still kept")
+    if fix.remedy == "batch":
+        if fix.factor <= 0:
+            return "a smaller batch cannot fit it alone: what stays between steps is over capacity"
+        return f"a batch {fix.factor:.2f}x the current one (activations and temporaries scale with it): {est}"
+    if fix.remedy == "chips":
+        n = int(fix.factor)
+        return (f"{n} chips ({fix.detail or 'a slice'}), parameters, gradients and optimizer state "
+                f"sharded (FSDP) and the batch split across them: {est}")
+    return f"{fix.remedy}: {est}"
+
+
+def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
+    """``train.py:12 in main (forward): 1.00 GiB in 3 tensors, largest float32[1024, 262144]``."""
+    import os
+
+    if h.file:
+        file = h.file
+        if cwd and os.path.isabs(file):
+            rel = os.path.relpath(file, cwd)
+            file = rel if not rel.startswith("..") else file
+        where = f"{file}:{h.line} in {h.function}"
+    else:
+        where = "allocated before the trace began"
+    largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""
+    phase = f" ({PHASE_TEXT.get(h.phase, h.phase)})" if h.file else ""
+    return f"{where}{phase}: {size(h.nbytes)} in {h.tensors} tensor(s){largest}"
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryView:
+    """A run's memory records: steps in order, the summary (None when memory was not
+    tracked or the run is still going), and the findings."""
+
+    steps: list[MemoryStepEvent]
+    summary: MemorySummaryEvent | None
+    findings: list[MemoryFindingEvent]
+
+    @property
+    def recorded(self) -> bool:
+        return bool(self.steps) or self.summary is not None
+
+    def peak_holders(self) -> tuple[MemoryHolder, ...]:
+        if self.summary is not None:
+            return self.summary.holders
+        best = max((s for s in self.steps if s.holders), key=lambda s: s.peak_bytes, default=None)
+        return best.holders if best is not None else ()
+
+
+def memory_view(query: Any) -> MemoryView:
+    """The memory records of a run (a ``RunQuery`` or ``Session``)."""
+    steps = [e for e in query.events(MemoryStepEvent.kind) if isinstance(e, MemoryStepEvent)]
+    summaries = [e for e in query.events(MemorySummaryEvent.kind) if isinstance(e, MemorySummaryEvent)]
+    findings = [e for e in query.events(MemoryFindingEvent.kind) if isinstance(e, MemoryFindingEvent)]
+    return MemoryView(steps, summaries[-1] if summaries else None, findings)

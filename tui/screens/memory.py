@@ -1,0 +1,146 @@
+"""``MemoryScreen``: device bytes over the run's steps, the peak step and what held it, by
+allocating line, and whether it fits one device of the TPU target (with the estimated fixes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.message import Message
+from textual.widgets import DataTable, Sparkline, Static
+from tpu_debug.tracers.events import MemoryHolder, SourceLocation
+from tpu_debug.tracers.memory import PHASE_TEXT, MemoryView, describe_fix, memory_view
+from tpu_debug.tui.format import format_bytes, location_text
+from tpu_debug.tui.screens.base import RunScreen
+
+__all__ = ["MemoryScreen"]
+
+NOT_TRACKED = (
+    "device memory was not tracked in this run: trace with memory=True (or a target), "
+    "or run with tpu-debug run --memory / --target / --dry-run"
+)
+
+
+def _summary(view: MemoryView, cwd: str | None) -> Text:
+    text = Text()
+    s = view.summary
+    steps = view.steps
+    if s is None:  # a run still going (or cut short): the steps so far
+        peak = max(steps, key=lambda e: e.peak_bytes)
+        text.append(f"peak so far {format_bytes(peak.peak_bytes)}", style="bold")
+        text.append(f" in step {peak.step} of {len(steps)}; {format_bytes(steps[-1].live_bytes)} held at the last step's end")
+        return text
+    text.append(f"peak {format_bytes(s.peak_bytes)}", style="bold")
+    text.append(f" held by tpu tensors in step {s.peak_step} of {s.steps}; ")
+    text.append(f"{format_bytes(s.persistent_bytes)} still held at its end, "
+                f"{format_bytes(s.activation_bytes)} of the forward's tensors gone by then")
+    if s.temp_bytes:
+        text.append(f"\n+ {format_bytes(s.temp_bytes)} temporaries of the largest program")
+        if s.temp_program:
+            text.append(f" ({s.temp_program}, {'TPU compiler' if s.temp_source == 'target' else 'local compiler'})")
+    if s.target is not None and s.capacity_bytes is not None:
+        verdict = {True: ("fits", "bold green"), False: ("does NOT fit", "bold red")}.get(s.fits, ("unknown", "dim"))
+        text.append(f"\nneeds ~{format_bytes(s.required_bytes)} per device of {format_bytes(s.capacity_bytes)} "
+                    f"on one {s.target} device: ")
+        text.append(verdict[0], style=verdict[1])
+        text.append(" (an estimate)", style="dim")
+    if s.dry_run:
+        text.append(f"\ndry run: nothing executed; {s.programs} program(s) compiled for {s.target}, "
+                    f"{s.oom_programs} out of HBM")
+    if s.stopped:
+        where = ""
+        if s.location is not None:
+            where = f" at {location_text(s.location, cwd, function=False).plain}"
+        text.append(f"\nstopped{where}: {s.stopped}", style="yellow")
+    return text
+
+
+def _findings(view: MemoryView) -> Text:
+    text = Text()
+    for f in view.findings:
+        if f.finding == "program_oom":
+            text.append(f"{f.program or 'a program'} ran out of HBM on {f.target}: ", style="bold red")
+        else:
+            text.append(f"does not fit one {f.target} device: ", style="bold red")
+        text.append(f"~{format_bytes(f.required_bytes)} of {format_bytes(f.capacity_bytes)}\n")
+    fixes = view.findings[0].fixes if view.findings else ()
+    for fix in fixes:
+        text.append("fix: ", style="bold" if fix.fits else "dim")
+        text.append(describe_fix(fix) + "\n", style="" if fix.fits else "dim")
+    text.rstrip()
+    return text
+
+
+class MemoryScreen(RunScreen):
+    """Live device bytes per step (sparkline), the peak's holders, the fit against the target."""
+
+    AUTO_FOCUS = "#holders"
+
+    @dataclasses.dataclass
+    class Loaded(Message):
+        view: MemoryView
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(Text("loading…", style="dim"), id="mem-summary", markup=False)
+        yield Static(Text("", style="dim"), id="mem-steps-label", markup=False)
+        yield Sparkline([], id="mem-steps")
+        yield DataTable(id="holders", cursor_type="row", zebra_stripes=True)
+        yield Static(Text(""), id="mem-findings", markup=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#holders", DataTable)
+        table.add_column("held at the peak by", key="where")
+        table.add_column("phase", key="phase")
+        table.add_column("bytes", key="bytes")
+        table.add_column("tensors", key="tensors")
+        table.add_column("largest", key="largest")
+        super().on_mount()
+
+    def load(self) -> None:
+        self._load()
+
+    @work(thread=True, exclusive=True, group="memory")
+    def _load(self) -> None:
+        view = self.read(memory_view)
+        if view is not None:
+            self.post_message(self.Loaded(view))
+
+    @on(Loaded)
+    def _show(self, message: Loaded) -> None:
+        view = message.view
+        table = self.query_one("#holders", DataTable)
+        table.clear()
+        if not view.recorded:
+            self.query_one("#mem-summary", Static).update(Text(NOT_TRACKED, style="dim"))
+            self.query_one("#mem-steps", Sparkline).data = []
+            self.query_one("#mem-findings", Static).update(Text(""))
+            return
+        self.query_one("#mem-summary", Static).update(_summary(view, self.cwd))
+        steps = view.steps
+        peaks = [s.peak_bytes for s in steps]
+        self.query_one("#mem-steps", Sparkline).data = peaks or [0]
+        if steps:
+            top = max(steps, key=lambda s: s.peak_bytes)
+            label = (f"peak bytes per step, {len(steps)} step(s): {format_bytes(min(peaks))} .. "
+                     f"{format_bytes(top.peak_bytes)} (step {top.step})")
+        else:
+            label = "no step was recorded"
+        self.query_one("#mem-steps-label", Static).update(Text(label, style="dim"))
+        for i, h in enumerate(view.peak_holders()):
+            table.add_row(*self._row(h), key=str(i))
+        self.query_one("#mem-findings", Static).update(_findings(view))
+
+    def _row(self, h: MemoryHolder) -> tuple[Text, ...]:
+        if h.file:
+            where = location_text(SourceLocation(h.file, h.line, h.function), self.cwd)
+        else:
+            where = Text("before the trace", style="dim")
+        return (
+            where,
+            Text(PHASE_TEXT.get(h.phase, h.phase)),
+            Text(format_bytes(h.nbytes), justify="right"),
+            Text(str(h.tensors), justify="right"),
+            Text(f"{h.dtype}{list(h.shape)}" if h.shape else "-"),
+        )
