@@ -192,6 +192,18 @@ def _count_text(c: Any) -> str:
     return f"{c.name} {value}"
 
 
+def _relative(file: str, cwd: str | None) -> str:
+    """``file`` relative to ``cwd`` (the run's working directory) when it lies under it."""
+    if cwd and os.path.isabs(file):
+        try:
+            rel = os.path.relpath(file, cwd)
+        except ValueError:  # another drive
+            return file
+        if not rel.startswith(".."):
+            return rel
+    return file
+
+
 def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> Text:
     """One finding as the report shows it: severity and title, then where, what it cost,
     the evidence and the fix (every word of it from the finding)."""
@@ -201,7 +213,7 @@ def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> T
     loc = f.evidence.location
     details = []
     if loc is not None:
-        details.append(("at", str(loc)))
+        details.append(("at", f"{_relative(loc.file, cwd)}:{loc.line} in {loc.function}"))
     if f.steps is not None:
         first, last = f.steps
         details.append(("steps", f"{first}" if first == last else f"{first}-{last}"))

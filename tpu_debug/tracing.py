@@ -658,7 +658,8 @@ class Trace(contextlib.ContextDecorator):
         from tpu_debug.runtime import probes
 
         target = self.config.target_spec()
-        if target is None:
+        if target is None or self.config.dry_run:
+            # a dry run compiles every program for the target itself (runtime/dryrun.py)
             return
         from tpu_debug.tracers.target import TargetTracer
 

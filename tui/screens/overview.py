@@ -128,7 +128,7 @@ def finding_lines(session: Session, cwd: str | None) -> list[FindingLine]:
     out = []
     for f in advice.findings:
         text = Text(f.title)
-        out.append(FindingLine(text, f.severity, FINDING_VIEWS.get(f.kind), finding_text(f, terminal=True)))
+        out.append(FindingLine(text, f.severity, FINDING_VIEWS.get(f.kind), finding_text(f, terminal=True, cwd=cwd)))
     if session.counts().get("materialize"):
         out += _lazy_graphs(session, cwd)
     out += [FindingLine(Text(e), "info", None) for e in advice.errors]
