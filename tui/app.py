@@ -79,7 +79,7 @@ class TpuDebugApp(App[None]):
         Binding("4", "switch_mode('transfers')", "Transfers"),
         Binding("5", "switch_mode('divergence')", "Divergence"),
         Binding("6", "switch_mode('collectives')", "Collectives", show=False),
-        Binding("r", "ranks", "Ranks of a multi-process run", show=False),
+        Binding("r", "ranks", "Ranks (multi-process run)", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),
         Binding("q", "quit", "Quit"),
