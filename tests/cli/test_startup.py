@@ -1,4 +1,4 @@
-"""What starting tpu_debug costs (issue 6): ``import tpu_debug`` and the reading verbs of the
+"""What starting tpu_debug costs: ``import tpu_debug`` and the reading verbs of the
 CLI do not import ``torch._dynamo`` (about a second); dynamo is imported by ``torch.compile``,
 and our backends and kernel shields are in place when it is. The ``tpu-debug`` console
 script (``tpu_debug_launcher``) runs the reading verbs without torch and jax at all.
@@ -128,7 +128,7 @@ def test_kernels_stay_out_of_dynamos_reach(tmp_path):
     assert out.split() == ["2", "True"]
 
 
-# -- the reading verbs without torch and jax (issue 6) -------------------------------------
+# -- the reading verbs without torch and jax -------------------------------------------
 
 _TORCH_JAX = 'print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime") if m in sys.modules))'
 
