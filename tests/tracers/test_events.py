@@ -17,6 +17,7 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "recompile_limit",
         "divergence",
         "internal_error",
+        "collectives",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind
@@ -43,7 +44,7 @@ def test_renderings():
 
 
 def test_unknown_kind_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: compile, divergence, "):
+    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collectives, compile, divergence, "):
         ev.event_type("nope")
 
 
