@@ -33,6 +33,7 @@ from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
+from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
@@ -97,6 +98,8 @@ class _Executable:
     out_dtypes: tuple
     stats: ExecutableStats
     info: CompileInfo | None = None
+    # an op over devices of several processes: what the ranks compare before each run
+    spmd: Any = None
 
 
 # ---------------------------------------------------------------------------
@@ -623,6 +626,8 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
                        seconds, lowered, compiled, settings=settings, jitted=jitted)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
+    if _placement.active and _placement.spans_processes(arrays):
+        exe.spmd = _rankcheck.ProgramCard.of(info)
     if probes._probes:
         probes.compiled(info)
     return exe
@@ -747,6 +752,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
     else:
         exe.stats.hits += 1
     exe.stats.calls += 1
+    if exe.spmd is not None:  # every rank must be about to run this same op
+        _rankcheck.agree(exe.spmd)
     if probes._probes:
         probes.executing("eager", plan.name, key)
         start = time.perf_counter()

@@ -580,7 +580,7 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
 def _collectives(session: Any, terminal: bool) -> RenderableType | None:
     # programs over several devices: what XLA inserted to move data between them, and
     # what one device holds for each program; then the same for a TPU target, if any
-    from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
+    from tpu_debug.tracers.collectives import program_collectives
 
     local = program_collectives(session)
     targets = [e for e in program_collectives(session, target=None) if e.target]

@@ -87,7 +87,7 @@ class TpuDebugApp(App[None]):
         Binding("6", "switch_mode('steps')", "Steps"),
         Binding("7", "switch_mode('memory')", "Memory"),
         Binding("8", "switch_mode('collectives')", "Collectives", show=False),
-        Binding("r", "ranks", "Ranks of a multi-process run", show=False),
+        Binding("r", "ranks", "Ranks (multi-process run)", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),
         Binding("q", "quit", "Quit"),

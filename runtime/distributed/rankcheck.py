@@ -71,7 +71,9 @@ class ProgramCard:
         code = None
         ops: tuple[tuple[str, str], ...] = ()
         lines: dict[str, tuple[str, int, str]] = {}
-        if graph is not None:
+        if graph is None:  # an eager op: its name says all; the line is the call site's
+            function = ""
+        else:
             fn = graph.origin.function
             if fn is not None:
                 function = f"{fn[2]} ({_short(fn[0])}:{fn[1]})"
@@ -85,7 +87,8 @@ class ProgramCard:
             f"{c.describe()} from {c.op or '?'} at {_short(c.file) + ':' + str(c.line) if c.file else '-'}"
             for c in parse_collectives(info.hlo(), node_lines=lines)
         )
-        return cls(fingerprint, str(info.name), function, ops, collectives, code)
+        name = str(info.name) if graph is not None else f"eager op aten::{info.name}"
+        return cls(fingerprint, name, function, ops, collectives, code)
 
 
 def _short(path: str) -> str:
@@ -201,7 +204,8 @@ def agree(card: ProgramCard) -> None:
 
 
 def _side(info: dict) -> str:
-    return f"{info['graph']} of {info['function']}, called at {info['site']}"
+    of = f" of {info['function']}" if info["function"] else ""
+    return f"{info['graph']}{of}, called at {info['site']}"
 
 
 def _timeout(client: Any, me: int, other: int, here: dict, card: ProgramCard) -> RankTimeoutError:
@@ -241,6 +245,9 @@ def _divergence(client: Any, me: int, other: int, here: dict, card: ProgramCard,
     lines.append(
         "Fix: make every rank trace the same code: a branch on the rank (or on rank-dependent data, "
         "shapes or Python values) inside a compiled function gives each rank its own graph."
+        if card.function and theirs["function"] else
+        "Fix: make every rank run the same ops on tensors that span processes, in the same order: "
+        "an eager op on such a tensor is a program every rank runs together."
     )
     return RankDivergenceError("\n".join(lines), call=here["call"], ranks=(me, other))
 

@@ -127,3 +127,19 @@ def test_a_rank_that_stops_early_is_named_by_the_rank_waiting_for_it(tmp_path, c
     group = find_group(None, tmp_path / "runs")
     assert group.info["exit_status"] == [1, 0]
     group.close()
+
+
+def test_an_eager_op_only_one_rank_runs_stops_both_ranks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_RANK_TIMEOUT", "60")
+    script = DATA / "eager_divergence.py"
+    proc = _nproc(tmp_path, capsys, script)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] tpu_debug.runtime.distributed.errors.RankDivergenceError: ranks {rank} and " \
+               f"{1 - rank} are about to run different programs together at multi-process call #2" in proc.stderr
+    # each side names its op and the line calling it: the first op both ran (#1) agreed
+    assert f"rank 1: eager op aten::add_.Tensor, called at {_shown(script)}:{_line(script, 'w.add_(1)')}" \
+        in proc.stderr
+    assert f"rank 0: eager op aten::sub_.Tensor, called at {_shown(script)}:{_line(script, 'w.sub_(1)')}" \
+        in proc.stderr
+    assert "Fix: make every rank run the same ops on tensors that span processes" in proc.stderr

@@ -1,4 +1,4 @@
-"""TensorBoard export (issue 9): our events on the JAX profile timeline, read back by xprof."""
+"""TensorBoard export: our events on the JAX profile timeline, read back by xprof."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_trace_viewer_shows_ops_compiles_transfers_and_steps(recorded):
     assert float(args["seconds"]) > 0 and args["line"].startswith(str(Path(__file__)))
     (recompile,) = _named(events, "recompile aten::addmm")
     assert recompile["args"]["signature"] == "addmm(float32[4], float32[3,8], float32[8,4])"
-    # the reason is the recorded compile's key diffs (the recompile tracer's, issue 5)
+    # the reason is the recorded compile's key diffs (what the recompile tracer recorded)
     (stored,) = [c for c in recorded.compiles(name="addmm") if c.diffs]
     assert recompile["args"]["recompile"] == "; ".join(d.render() for d in stored.diffs)
     assert "f32[2,8] -> f32[3,8]" in recompile["args"]["recompile"]
@@ -238,7 +238,7 @@ def test_recompile_reason_and_divergence_from_recorded_events(tmp_path):
 
 
 def test_divergence_over_tolerance_is_marked_where_it_happens(logdir):
-    # TPU numerics (bf16 matmul inputs) put an f32 matmul over the f32 tolerance (issue 8)
+    # TPU numerics (bf16 matmul inputs) put an f32 matmul over the f32 tolerance
     x, w = torch.randn(32, 32).to("tpu"), torch.randn(32, 32).to("tpu")
     with tpu_debug.trace(logdir=logdir, tensorboard=True, divergence=True, numerics="tpu") as session:
         (x @ w).sum().item()

@@ -23,8 +23,8 @@ from tpu_debug.runtime import distributed as dist
 import tpu_debug
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from examples.distributed.train_llama_dp_tp import PLAN  # noqa: E402
-from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+from examples.distributed.train_llama_dp_tp import PLAN
+from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
 CFG = LlamaConfig(vocab=64, hidden=32, intermediate=64, layers=1, heads=4, kv_heads=2, max_seq=16)
 STEPS = 2
