@@ -245,7 +245,7 @@ def _recompile_table(groups: list, storms: list, threshold: int, terminal: bool)
         f"{format_seconds(sum(g.seconds for g in groups))} compiling them"
     )
     if storms:
-        head += f"; {len(storms)} storm(s) (more than {threshold} recompiles)"
+        head += f"; {len(storms)} storm(s) (more than {threshold} recompiles at one line)"
     table = _table(
         terminal,
         ("op / graph", "left"),
@@ -256,19 +256,28 @@ def _recompile_table(groups: list, storms: list, threshold: int, terminal: bool)
     )
     for g in groups[:12]:
         ch = g.changing
-        where = g.locations[0][0] if g.locations else None
+        where = _change_location(g)
         values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
+        grows = " (grows)" if ch is not None and ch.grows else ""
         table.add_row(
             Text(("STORM " if g.storm else "") + g.identity),
             str(g.compiles),
             str(g.recompiles),
-            Text(f"{ch.what}: {values}" if ch else "-"),
+            Text(f"{ch.what}{grows}: {values}" if ch else "-"),
             Text(_where(where)),
         )
     parts: list[RenderableType] = [Text(head), table]
     if len(groups) > 12:
         parts.append(_note(f"... and {len(groups) - 12} more"))
     return parts
+
+
+def _change_location(g: Any) -> Any:
+    """Where a group's top change happened, else where it recompiled most."""
+    ch = g.changing
+    if ch is not None and ch.location is not None:
+        return ch.location
+    return g.locations[0][0] if g.locations else None
 
 
 def _shared_storm_sizes(storms: list) -> list[RenderableType]:
@@ -298,8 +307,9 @@ def _storm_advice(storms: list) -> list[RenderableType]:
         lines = [f"{g.identity} ({g.mode}) recompiled {g.recompiles} times"]
         if g.changing is not None:
             lines[0] += f": {g.changing.what} took {len(g.changing.values)} values"
-        if g.locations and g.locations[0][0] is not None:
-            lines[0] += f", at {g.locations[0][0]}"
+        where = _change_location(g)
+        if where is not None:
+            lines[0] += f", at {where}"
         lines += [f"  e.g. {describe(d)}" for d in g.last_diffs[:4]]
         lines += [f"  fix: {a}" for a in g.advice]
         parts.append(Text("\n".join(lines)))
