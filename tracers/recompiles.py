@@ -583,6 +583,16 @@ def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Chang
     ]
 
 
+def _tally_count(change: Change, recompiles: int, values: dict) -> int:
+    """How many recompiles a change from the diffs accounts for. A layout that took two
+    values (a key's contiguous input against a value's transposed view, both at one line)
+    shows in the diff of every recompile that compared the two, yet explains one program:
+    like a dimension, it counts as its values less one."""
+    if change.kind == "layout":
+        return min(recompiles, max(1, len(values) - 1))
+    return recompiles
+
+
 def _site_recompiles(items: Sequence[CompileEvent]) -> int:
     """The most recompiles of a group at one line."""
     per_line = collections.Counter(_line(c) for c in items if c.diffs)
@@ -694,7 +704,9 @@ def summarize(
                     for v in (before, now):
                         slot[2].setdefault(v, None)
         changes_list += [
-            dataclasses.replace(change, count=n, values=tuple(vals), location=lines.most_common(1)[0][0])
+            dataclasses.replace(
+                change, count=_tally_count(change, n, vals), values=tuple(vals), location=lines.most_common(1)[0][0]
+            )
             for change, n, vals, lines in tally.values()
         ]
         changes = tuple(sorted(changes_list, key=lambda ch: (-ch.count, ch.kind != "shape", ch.what)))
