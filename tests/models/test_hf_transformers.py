@@ -48,3 +48,13 @@ def test_train_step_matches_cpu(name, mode):
     assert errors.loss <= ATOL, errors
     assert errors.grad <= ATOL, errors
     assert errors.param <= ATOL, errors
+
+
+@pytest.mark.slow
+def test_mixtral_eager_experts_compiled_matches_cpu():
+    """Mixtral's eager experts loop (``experts_implementation="eager"``) runs without
+    aten._grouped_mm; compiled, its router's one_hot asserts its indices on the device
+    (aten._assert_async, which the compiled graph checks as a program output)."""
+    dev, ref = run_on_tpu("mixtral", "compiled", experts_implementation="eager")
+    errors = compare(dev, ref)
+    assert max(errors.forward, errors.train) <= ATOL, errors
