@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 import os
 import re
@@ -474,7 +475,7 @@ class Change:
             sizes = [int(v) for v in self.values]
         except ValueError:
             return False
-        return all(b > a for a, b in zip(sizes, sizes[1:]))
+        return all(b > a for a, b in itertools.pairwise(sizes))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -705,7 +706,10 @@ def summarize(
                         slot[2].setdefault(v, None)
         changes_list += [
             dataclasses.replace(
-                change, count=_tally_count(change, n, vals), values=tuple(vals), location=lines.most_common(1)[0][0]
+                change,
+                count=_tally_count(change, n, vals),
+                values=tuple(vals),
+                location=lines.most_common(1)[0][0],
             )
             for change, n, vals, lines in tally.values()
         ]

@@ -30,17 +30,17 @@ BATCH, SEQ = 2, 8
 # CPU's exactly by lr x the gradients' difference
 LR = 0.05
 
-_DECODER = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-)
-_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_DECODER = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 64,
+}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,10 @@ class Spec:
     def build(self, **overrides) -> torch.nn.Module:
         torch.manual_seed(0)
         cls = getattr(transformers, self.model_class)
-        return cls.from_config(self.make_config(**overrides)) if cls.__name__.startswith("Auto") else cls(
-            self.make_config(**overrides)
+        return (
+            cls.from_config(self.make_config(**overrides))
+            if cls.__name__.startswith("Auto")
+            else cls(self.make_config(**overrides))
         )
 
     def batch(self, config) -> dict[str, torch.Tensor]:
@@ -112,45 +114,93 @@ SPECS: dict[str, Spec] = {
     "llama": Spec("llama", _DECODER, "decoder"),
     "qwen2": Spec("qwen2", _DECODER, "decoder"),
     "qwen3": Spec("qwen3", _DECODER, "decoder"),
-    "qwen2_moe": Spec(
-        "qwen2_moe", {**_DECODER, **_MOE, "shared_expert_intermediate_size": 32}, "decoder"
-    ),
+    "qwen2_moe": Spec("qwen2_moe", {**_DECODER, **_MOE, "shared_expert_intermediate_size": 32}, "decoder"),
     "qwen3_moe": Spec("qwen3_moe", {**_DECODER, **_MOE}, "decoder"),
     "mixtral": Spec("mixtral", {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2}, "decoder"),
     "gemma": Spec("gemma", _DECODER, "decoder"),
     "phi": Spec("phi", {k: v for k, v in _DECODER.items() if k != "head_dim"}, "decoder"),
-    "gpt2": Spec("gpt2", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2), "decoder"),
+    "gpt2": Spec(
+        "gpt2",
+        {
+            "vocab_size": VOCAB,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 64,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "decoder",
+    ),
     "bert": Spec(
         "bert",
-        dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=64, max_position_embeddings=64),
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        },
         "encoder",
         model_class="BertForMaskedLM",
         inputs=_bert_inputs,
     ),
     "t5": Spec(
         "t5",
-        dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-             num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-             pad_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+        {
+            "vocab_size": VOCAB,
+            "d_model": 32,
+            "d_kv": 8,
+            "d_ff": 64,
+            "num_layers": 2,
+            "num_decoder_layers": 2,
+            "num_heads": 4,
+            "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 16,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "decoder_start_token_id": 0,
+        },
         "encoder-decoder",
         model_class="T5ForConditionalGeneration",
         inputs=_t5_inputs,
     ),
     "whisper": Spec(
         "whisper",
-        dict(vocab_size=VOCAB, num_mel_bins=16, d_model=32, encoder_layers=2, decoder_layers=2,
-             encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-             max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=1,
-             eos_token_id=2, decoder_start_token_id=1),
+        {
+            "vocab_size": VOCAB,
+            "num_mel_bins": 16,
+            "d_model": 32,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 64,
+            "decoder_ffn_dim": 64,
+            "max_source_positions": 16,
+            "max_target_positions": 32,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "decoder_start_token_id": 1,
+        },
         "encoder-decoder",
         model_class="WhisperForConditionalGeneration",
         inputs=_whisper_inputs,
     ),
     "vit": Spec(
         "vit",
-        dict(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
-             num_attention_heads=4, intermediate_size=64, num_labels=5),
+        {
+            "image_size": 16,
+            "patch_size": 4,
+            "num_channels": 3,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "num_labels": 5,
+        },
         "vision",
         model_class="ViTForImageClassification",
         inputs=_vit_inputs,

@@ -40,7 +40,7 @@ def _model_and_prompt():
 
 def test_generate_dynamic_eager_and_static_compiled_match_cpu(tmp_path):
     model, prompt = _model_and_prompt()
-    greedy = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
+    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
     with torch.no_grad():
         expected = model.generate(prompt, **greedy)
     model.to("tpu")
@@ -48,9 +48,7 @@ def test_generate_dynamic_eager_and_static_compiled_match_cpu(tmp_path):
         eager = model.generate(prompt.to("tpu"), **greedy)
         model.forward = torch.compile(model.forward, backend="tpu_debug")
         counter = _CompileCounter(session)
-        compiled = model.generate(
-            prompt.to("tpu"), cache_implementation="static", streamer=counter, **greedy
-        )
+        compiled = model.generate(prompt.to("tpu"), cache_implementation="static", streamer=counter, **greedy)
     assert torch.equal(eager.cpu(), expected)
     assert torch.equal(compiled.cpu(), expected)
 
@@ -65,7 +63,9 @@ def test_generate_dynamic_eager_and_static_compiled_match_cpu(tmp_path):
     assert compiled_groups and all(not g.storm for g in compiled_groups)
     # eagerly, attention's ops meet one key length per token: the report names that
     # dimension as growing, through every length the cache took
-    grown = [g for g in groups if g.mode == "eager" and g.storm and g.changing is not None and g.changing.grows]
+    grown = [
+        g for g in groups if g.mode == "eager" and g.storm and g.changing is not None and g.changing.grows
+    ]
     assert grown, [(g.identity, g.changing) for g in groups]
     lengths = [str(n) for n in range(prompt.shape[1], prompt.shape[1] + NEW_TOKENS)]
     assert any(g.changing.values == tuple(lengths) for g in grown), [g.changing for g in grown]
