@@ -291,7 +291,12 @@ def _shared_storm_sizes(storms: list) -> list[RenderableType]:
             f"one size drives {len(items)} storms: it took {len(values)} values "
             f"({', '.join(values[:8])}{', ...' if len(values) > 8 else ''}) in "
             f"{', '.join(g.identity for g in items[:4])}{', ...' if len(items) > 4 else ''}; "
-            "fix it once, where the data is batched"
+            + (
+                # a sequence extended step by step (a KV cache) is fixed where it is allocated
+                "it grows one step at a time: fix it once, where that sequence is allocated"
+                if any(g.changing.grows for g in items)
+                else "fix it once, where the data is batched"
+            )
         )
         for values, items in shared.items()
         if len(items) > 1

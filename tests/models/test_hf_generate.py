@@ -72,3 +72,4 @@ def test_generate_dynamic_eager_and_static_compiled_match_cpu(tmp_path):
     assert any("grows at every call" in a and "static cache" in a for g in grown for a in g.advice)
     text = session.summary(width=200)
     assert "(grows)" in text
+    assert "it grows one step at a time: fix it once, where that sequence is allocated" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tpu_debug.cli import main
 from tpu_debug.config import TraceConfig
 from tpu_debug.errors import ConfigError, RecompileError
 from tpu_debug.guards import _RecompileGuard
+from tpu_debug.report import _shared_storm_sizes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pitfalls"
 
@@ -252,6 +254,11 @@ def test_summarize_reads_changes_per_line_and_names_a_growing_size():
     assert group.changing.location.line == 10
     assert group.advice[0].startswith("dim 2 of arg 0 'self' grows at every call (5 -> 9)")
     assert not Change("d", "shape", 2, ("5", "7", "6")).grows  # a size that varies but does not grow
+    # two storms driven by that one growing size: the report points at where it is allocated
+    relabelled = [dataclasses.replace(e, name="bmm", identity="bmm") for e in events[:-1]]
+    (bmm,) = summarize(relabelled, storm_threshold=5)
+    (line,) = _shared_storm_sizes([group, bmm])
+    assert "it grows one step at a time: fix it once, where that sequence is allocated" in line.plain
     # the same op meeting one shape per line (a model's layers) is no storm
     per_layer = [_compile_at(j, 100 + j, 8 + j, diffs=_grew(7 + j, 8 + j) if j else ()) for j in range(8)]
     (layers,) = summarize(per_layer, storm_threshold=5)
@@ -357,6 +364,7 @@ def test_recompile_storm_example_names_the_sequence_length(tmp_path, cold_cache,
     assert all(g.changing.kind == "shape" for g in storms)
     report = capsys.readouterr().err
     assert "STORM embedding" in report and "one size drives" in report
+    assert "fix it once, where the data is batched" in report  # the lengths vary, not grow
     # padding to a bucket of 32 leaves one shape: nothing recompiles
     clear_cache()
     assert main(argv[:-2] + ["--steps", "4", "--bucket", "32"]) == 0
