@@ -487,14 +487,15 @@ def _recompile_table(session: Any, groups: list, terminal: bool) -> list[Rendera
     ranked = sorted(groups, key=lambda g: (-steady.get((g.mode, g.identity), 0), -g.recompiles, g.identity))
     for g in ranked[:12]:
         ch = g.changing
-        where = g.locations[0][0] if g.locations else None
+        where = _change_location(g)
         values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
+        grows = " (grows)" if ch is not None and ch.grows else ""
         table.add_row(
             Text(g.identity),
             str(g.compiles),
             str(g.recompiles),
             str(steady.get((g.mode, g.identity), 0)),
-            Text(f"{ch.what}: {values}" if ch else "-"),
+            Text(f"{ch.what}{grows}: {values}" if ch else "-"),
             Text(_where(where)),
         )
     parts: list[RenderableType] = [Text(head), table]
@@ -502,6 +503,14 @@ def _recompile_table(session: Any, groups: list, terminal: bool) -> list[Rendera
         parts.append(_note(f"... and {len(groups) - 12} more"))
     parts.append(_note("steady: recompiles in steady-state steps (see Steps); the Findings say which to fix and how"))
     return parts
+
+
+def _change_location(g: Any) -> Any:
+    """Where a group's top change happened, else where it recompiled most."""
+    ch = g.changing
+    if ch is not None and ch.location is not None:
+        return ch.location
+    return g.locations[0][0] if g.locations else None
 
 
 def _guard_failures(failures: list) -> Text:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 import re
@@ -183,13 +184,13 @@ def arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> list[KeyDiff]:
     return _arg_diffs(before, now)[0]
 
 
-def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff], int]:
+def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff], float]:
     """The differences, and how far apart the two keys are (for choosing the closest): an
     aval's differing dims count one by one; a different input count is as far as it gets."""
     if len(before) != len(now):
         return [KeyDiff("inputs", _render_args(before), _render_args(now))], 1000 + max(len(before), len(now))
     out: list[KeyDiff] = []
-    score = 0
+    score = 0.0
     for i, (a, b) in enumerate(zip(before, now)):
         name = b.name
         if a.shape is not None and b.shape is not None:
@@ -220,13 +221,18 @@ def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff]
                 )
                 score += 1
             la, lb = dict(getattr(a, "layout", ()) or ()), dict(getattr(b, "layout", ()) or ())
+            moved = False
             for k in sorted(set(la) | set(lb), key=str):
                 if la.get(k) != lb.get(k):
                     before_text, now_text = _layout_text(k, la.get(k)), _layout_text(k, lb.get(k))
                     out.append(
                         KeyDiff("layout", before_text, now_text, arg_index=i, arg_name=name, detail=str(k))
                     )
-                    score += 1
+                    moved = True
+            # a view read at another place of its storage (its offset and the storage's size
+            # move together as a sequence grows) is closer than any change of shape: the
+            # same aval, the same program but for where it reads
+            score += 0.5 if moved else 0
         elif a.shape is None and b.shape is None:
             if not _same_static(a.static, b.static):
                 scalar = getattr(a, "scalar", False) or getattr(b, "scalar", False)
@@ -552,7 +558,10 @@ class Change:
     is the :class:`KeyDiff` aspect, ``count`` how many recompiles it took part in,
     ``values`` the distinct values it took, in first-seen order. ``arg_index``,
     ``arg_name``, ``dim`` and ``detail`` say which input, dimension or setting it
-    is, as in :class:`KeyDiff`.
+    is, as in :class:`KeyDiff`. ``location`` is the line where it changed most.
+    An argument's changes are read among the compiles of one line: an eager op
+    called from several lines (each linear layer of a model) sees different
+    shapes there without any of them changing.
     """
 
     what: str
@@ -563,6 +572,19 @@ class Change:
     arg_name: str | None = None
     dim: int | None = None
     detail: str | None = None
+    location: SourceLocation | None = None
+
+    @property
+    def grows(self) -> bool:
+        """A size that got larger at every compile (three or more): a sequence extended
+        one step at a time, such as a KV cache or the generated tokens."""
+        if self.kind != "shape" or self.detail == "rank" or len(self.values) < 3:
+            return False
+        try:
+            sizes = [int(v) for v in self.values]
+        except ValueError:
+            return False
+        return all(b > a for a, b in itertools.pairwise(sizes))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -609,6 +631,17 @@ def _diff_changes(diff: KeyDiff) -> list[tuple[Change, str, str]]:
 
 def _advice(change: Change, mode: str | None) -> str:
     what = change.what
+    if change.kind == "shape" and change.detail == "rank":
+        return (
+            f"{what} changes at this line (it took {len(change.values)} values): each rank is a "
+            "program of its own; keep the input's rank fixed"
+        )
+    if change.grows:
+        return (
+            f"{what} grows at every call ({change.values[0]} -> {change.values[-1]}): a sequence "
+            "extended one step at a time (a KV cache, the generated tokens) compiles once per "
+            "length; allocate it at its final length once (a static cache) or grow it in buckets"
+        )
     if change.kind == "shape":
         text = (
             f"pad or bucket {what} (it took {len(change.values)} values): round it up to a multiple "
@@ -678,9 +711,42 @@ def _layout_advice(change: Change) -> str:
     return f"{what} keeps changing ({', '.join(change.values[:3])}); make the input contiguous (.contiguous()) before the call"
 
 
+def _line(c: CompileEvent) -> tuple[str, int] | None:
+    return (c.location.file, c.location.line) if c.location is not None else None
+
+
 def _arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Change]:
-    """What varied across a group's keys, read from the compiled arguments themselves:
-    every dimension, dtype and static value that took more than one value."""
+    """What varied across a group's keys, line by line (see :class:`Change`): the same
+    dimension changing at two lines is two changes, each with its own values."""
+    sites: dict[tuple[str, int] | None, list[CompileEvent]] = {}
+    for c in items:
+        sites.setdefault(_line(c), []).append(c)
+    return [
+        dataclasses.replace(change, location=site_items[0].location)
+        for site_items in sites.values()
+        for change in _site_arg_changes(site_items, scalars)
+    ]
+
+
+def _tally_count(change: Change, recompiles: int, values: dict) -> int:
+    """How many recompiles a change from the diffs accounts for. A layout that took two
+    values (a key's contiguous input against a value's transposed view, both at one line)
+    shows in the diff of every recompile that compared the two, yet explains one program:
+    like a dimension, it counts as its values less one."""
+    if change.kind == "layout":
+        return min(recompiles, max(1, len(values) - 1))
+    return recompiles
+
+
+def _site_recompiles(items: Sequence[CompileEvent]) -> int:
+    """The most recompiles of a group at one line."""
+    per_line = collections.Counter(_line(c) for c in items if c.diffs)
+    return max(per_line.values(), default=0)
+
+
+def _site_arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[Change]:
+    """What varied across keys compiled at one line, read from the compiled arguments
+    themselves: every dimension, dtype and static value that took more than one value."""
     labels: dict[str, tuple[str, int, str]] = {}  # key -> (label, position, name)
     dims: dict[tuple[str, int], dict[str, None]] = {}
     ranks: dict[str, dict[str, None]] = {}
@@ -753,7 +819,8 @@ def summarize(
 ) -> list[RecompileGroup]:
     """Group a run's compiles by identity; most recompiled first.
 
-    A group recompiled more than ``storm_threshold`` times is a storm. Its
+    A group recompiled more than ``storm_threshold`` times at one line is a storm (an
+    eager op meets one shape per layer of a model, once each: that is no storm). Its
     ``changes`` name what kept changing, most values first: every dimension,
     dtype or static argument that took several values across the group's
     keys, then what only the diffs know (dynamo guards, grad mode,
@@ -767,25 +834,32 @@ def summarize(
         re_items = [c for c in items if c.diffs]
         scalars = {d.arg_name for c in re_items for d in c.diffs if d.aspect == "scalar" and d.arg_name}
         changes_list = _arg_changes(items, scalars) if re_items else []
-        tally: dict[str, list] = {}  # what -> [change, recompiles, values]
+        tally: dict[str, list] = {}  # what -> [change, recompiles, values, lines]
         for c in re_items:  # what the keys' arguments cannot show
             seen_here = set()
             for d in c.diffs:
                 if _from_args(d) or (d.aspect == "inputs" and changes_list):
                     continue
                 for change, before, now in _diff_changes(d):
-                    slot = tally.setdefault(change.what, [change, 0, {}])
+                    slot = tally.setdefault(change.what, [change, 0, {}, collections.Counter()])
                     if change.what not in seen_here:
                         slot[1] += 1
+                        slot[3][c.location] += 1
                         seen_here.add(change.what)
                     for v in (before, now):
                         slot[2].setdefault(v, None)
         changes_list += [
-            dataclasses.replace(change, count=n, values=tuple(vals)) for change, n, vals in tally.values()
+            dataclasses.replace(
+                change,
+                count=_tally_count(change, n, vals),
+                values=tuple(vals),
+                location=lines.most_common(1)[0][0],
+            )
+            for change, n, vals, lines in tally.values()
         ]
         changes = tuple(sorted(changes_list, key=lambda ch: (-ch.count, ch.kind != "shape", ch.what)))
         where = collections.Counter(c.location for c in re_items)
-        storm = len(re_items) > storm_threshold
+        storm = _site_recompiles(items) > storm_threshold
         advice: tuple[str, ...] = ()
         example: tuple[KeyDiff, ...] = re_items[-1].diffs if re_items else ()
         if changes:
@@ -796,10 +870,11 @@ def summarize(
             )
             if second is not None and 2 * second.count >= top.count:
                 advice += (_advice(second, mode),)
-            for c in reversed(re_items):  # the latest recompile the top change shows in
-                if any(_shows(top, d) for d in c.diffs):
-                    example = c.diffs
-                    break
+            # the latest recompile the top change shows in, at its line if one there does
+            shown = [c for c in re_items if any(_shows(top, d) for d in c.diffs)]
+            there = [c for c in shown if top.location is None or c.location == top.location]
+            if there or shown:
+                example = (there or shown)[-1].diffs
         out.append(
             RecompileGroup(
                 identity,

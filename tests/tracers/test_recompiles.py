@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -10,14 +11,15 @@ import torch
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.eager import clear_cache
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo
-from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff
-from tpu_debug.tracers.recompiles import RecompileTracker, explain, summarize
+from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, SourceLocation
+from tpu_debug.tracers.recompiles import Change, RecompileTracker, explain, summarize
 
 import tpu_debug
 from tpu_debug.cli import main
 from tpu_debug.config import TraceConfig
 from tpu_debug.errors import ConfigError, RecompileError
 from tpu_debug.guards import _RecompileGuard
+from tpu_debug.report import _shared_storm_sizes
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pitfalls"
 
@@ -228,6 +230,47 @@ def test_summarize_scalar_storm_advises_hoisting():
         group.storm and group.changing.what == "python scalar 'exponent'" and group.changing.kind == "scalar"
     )
     assert group.advice[0].startswith("hoist the python scalar 'exponent' into a tensor on the device")
+
+
+def _compile_at(i, line, length, *, contiguous=True, diffs=()):
+    """A `clone` compiled at ``line`` for a key of ``length`` tokens."""
+    layout = () if contiguous else (("offset", 0),)
+    args = (ArgInfo("self", (2, 4, length, 8), "float32", layout=layout),)
+    where = SourceLocation("model.py", line, "attend")
+    return CompileEvent(i, 0.0, "eager", 0, where, "clone", "sig", args, 0.1, None, None, diffs, "clone")
+
+
+def _grew(a, b):
+    return (KeyDiff("shape", f"f32[2,4,{a},8]", f"f32[2,4,{b},8]", arg_index=0, arg_name="self", dims=(2,)),)
+
+
+def test_summarize_reads_changes_per_line_and_names_a_growing_size():
+    layout = (KeyDiff("layout", "contiguous", "0", arg_index=0, arg_name="self", detail="offset"),)
+    # a KV cache growing 5..9 at line 10, each length compiled for the key (contiguous) and the
+    # value (a view): the layout shows in many diffs but is one difference; line 20 meets one
+    # other fixed length, which is no change
+    events, i = [], 0
+    for n in range(5, 10):
+        for contiguous in (True, False):
+            diffs = () if i == 0 else (layout if not contiguous else _grew(n - 1, n))
+            events.append(_compile_at(i, 10, n, contiguous=contiguous, diffs=diffs))
+            i += 1
+    events.append(_compile_at(i, 20, 64, diffs=_grew(9, 64)))
+    (group,) = summarize(events, storm_threshold=5)
+    assert group.storm and group.changing.what == "dim 2 of arg 0 'self'"
+    assert group.changing.values == ("5", "6", "7", "8", "9") and group.changing.grows
+    assert group.changing.location.line == 10
+    assert group.advice[0].startswith("dim 2 of arg 0 'self' grows at every call (5 -> 9)")
+    assert not Change("d", "shape", 2, ("5", "7", "6")).grows  # a size that varies but does not grow
+    # two storms driven by that one growing size: the report points at where it is allocated
+    relabelled = [dataclasses.replace(e, name="bmm", identity="bmm") for e in events[:-1]]
+    (bmm,) = summarize(relabelled, storm_threshold=5)
+    (line,) = _shared_storm_sizes([group, bmm])
+    assert "it grows one step at a time: fix it once, where that sequence is allocated" in line.plain
+    # the same op meeting one shape per line (a model's layers) is no storm
+    per_layer = [_compile_at(j, 100 + j, 8 + j, diffs=_grew(7 + j, 8 + j) if j else ()) for j in range(8)]
+    (layers,) = summarize(per_layer, storm_threshold=5)
+    assert layers.recompiles == 7 and not layers.storm
 
 
 # -- guards --------------------------------------------------------------------------------

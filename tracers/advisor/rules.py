@@ -178,7 +178,15 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             f"({', '.join(map(str, padded))}), so each op compiles {len(padded)} programs instead of "
             f"{len(values)}; mask the padding out of the result (ignore_index in the loss, an attention mask)"
         )
-        if any(m[1] == "compiled" for m in members):
+        if change.grows:
+            # a sequence extended one step at a time (a KV cache): padding each step is the wrong fix
+            fix = (
+                f"{change.what} of {identity} grows at every call ({values[0]}..{values[-1]}): a sequence "
+                "extended one step at a time, such as a dynamic KV cache; allocate it once at its final "
+                "length and write each step into it (Hugging Face: generate(..., cache_implementation="
+                "'static')), so every step has the same shapes"
+            )
+        elif any(m[1] == "compiled" for m in members):
             fix += (
                 "; torch._dynamo.mark_dynamic(t, dim) stops dynamo from retracing, but XLA still compiles "
                 "one program per size"
