@@ -68,7 +68,8 @@ def _brief(findings: list[dict]) -> list[tuple[str, str]]:
 def test_every_rule_has_a_pitfall():
     covered = set().union(*(kinds for _, _, kinds, _ in PITFALLS.values()))
     assert covered == set(RULES), f"rules without a pitfall: {sorted(set(RULES) - covered)}"
-    assert {p.name for p in (EXAMPLES / "pitfalls").glob("*.py")} == set(PITFALLS)
+    # rank_divergence.py is the runtime's error, not a finding (tests/distributed runs it)
+    assert {p.name for p in (EXAMPLES / "pitfalls").glob("*.py")} == set(PITFALLS) | {"rank_divergence.py"}
 
 
 @pytest.mark.parametrize("script", sorted(PITFALLS))
