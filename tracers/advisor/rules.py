@@ -146,6 +146,16 @@ def _buckets(sizes: list[int]) -> tuple[int, list[int]]:
         m *= 2
 
 
+def _grows_by_steps(change: Any) -> bool:
+    """A size that grew by the same amount at each of five or more compiles (5, 6, 7, 8, 9):
+    a sequence extended one step at a time, such as a dynamic KV cache, which padding does
+    not fix. Fewer sizes, or uneven steps, read as batches of varying size."""
+    if not change.grows or len(change.values) < 5:
+        return False
+    sizes = [int(v) for v in change.values]
+    return len({b - a for a, b in zip(sizes, sizes[1:])}) == 1
+
+
 @rule("dynamic_shape", about="a dimension that takes new sizes in steady state, recompiling at each (padding fixes it)")
 def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
     # ops whose shape recompiles fall in the same steps change with one size (a sequence
@@ -178,7 +188,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             f"({', '.join(map(str, padded))}), so each op compiles {len(padded)} programs instead of "
             f"{len(values)}; mask the padding out of the result (ignore_index in the loss, an attention mask)"
         )
-        if change.grows:
+        if _grows_by_steps(change):
             # a sequence extended one step at a time (a KV cache): padding each step is the wrong fix
             fix = (
                 f"{change.what} of {identity} grows at every call ({values[0]}..{values[-1]}): a sequence "

@@ -268,7 +268,7 @@ class RecompilesScreen(RunScreen):
         table = self.query_one("#history", PagedTable)
         for e in self._history:
             if str(e.id) in table.rows:
-                table.update_cell(str(e.id), "step", self._step_cell(e))
+                table.update_cell(str(e.id), "step", self._step_cell(e), update_width=True)
         if self._op is not None:
             self._show_changing()
 
