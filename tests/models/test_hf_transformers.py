@@ -13,18 +13,9 @@ reordering, far below any wrong lowering (a wrong op moves results by 1e-2 or mo
 from __future__ import annotations
 
 import pytest
-import torch._dynamo.exc
 from hf_common import SPECS, compare, run_on_tpu
 
 ATOL = 1e-4
-
-# compiled mode needs aten._grouped_mm in float32 (its meta function asks for bfloat16 inputs):
-# the MoE models' experts run through it under torch.compile
-_GROUPED_MM = pytest.mark.xfail(
-    reason="aten._grouped_mm: float32 inputs under torch.compile (the meta function requires bfloat16)",
-    raises=torch._dynamo.exc.TorchRuntimeError,
-    strict=False,
-)
 
 # the fastest of each family run in the default tier; the others in the slow tier
 FAST = ("llama", "gpt2", "bert", "t5", "vit")
@@ -37,8 +28,6 @@ def _cases():
             marks = []
             if name in SLOW:
                 marks.append(pytest.mark.slow)
-            if mode == "compiled" and name in ("qwen2_moe", "qwen3_moe", "mixtral"):
-                marks.append(_GROUPED_MM)
             yield pytest.param(name, mode, marks=marks, id=f"{name}-{mode}")
 
 
