@@ -82,6 +82,7 @@ def compare(
     lr: float = 0.1,
     rtol: float = RTOL,
     scale_atol: float = SCALE_ATOL,
+    to_device: Callable[[tuple, str], tuple] | None = None,
 ) -> Comparison:
     """``loss_of(model, batch) -> (output, loss)`` on CPU and on `tpu` (the module compiled
     with ``tpu_debug.compile`` when ``mode == "compiled"``), then backward and one SGD step."""
@@ -91,7 +92,10 @@ def compare(
     cpu = make_model()
     dev = copy.deepcopy(cpu).to("tpu")
     batch = make_batch()
-    dev_batch = tuple(b.to("tpu") if isinstance(b, torch.Tensor) else b for b in batch)
+    if to_device is None:
+        dev_batch = tuple(b.to("tpu") if isinstance(b, torch.Tensor) else b for b in batch)
+    else:
+        dev_batch = to_device(batch, "tpu")
     runner = tpu_debug.compile(dev) if mode == "compiled" else dev
 
     out_c, loss_c = loss_of(cpu, batch)
@@ -110,6 +114,8 @@ def compare(
             worst[f"grad {name}"] = float("inf")
             continue
         worst[f"grad {name}"] = _ratio(p_d.grad, p_c.grad, rtol=rtol, scale_atol=scale_atol)
+    for (name, b_c), b_d in zip(cpu.named_buffers(), dev.buffers()):  # batch norm's running statistics
+        worst[f"buffer {name}"] = _ratio(b_d, b_c, rtol=rtol, scale_atol=scale_atol)
     for model in (cpu, dev):
         torch.optim.SGD(model.parameters(), lr=lr).step()
     for (name, p_c), p_d in zip(cpu.named_parameters(), dev.parameters()):
