@@ -91,6 +91,8 @@ def compare(
     torch.manual_seed(0)
     cpu = make_model()
     dev = copy.deepcopy(cpu).to("tpu")
+    if hasattr(dev, "tie_weights"):  # moving to tpu unties shared parameters: see mingpt.GPT.tie_weights
+        dev.tie_weights()
     batch = make_batch()
     if to_device is None:
         dev_batch = tuple(b.to("tpu") if isinstance(b, torch.Tensor) else b for b in batch)
