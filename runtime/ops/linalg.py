@@ -530,6 +530,142 @@ def linalg_slogdet(a):
     return sign, logabs, lu, pivots
 
 
+# ---- LDL^T (Bunch-Kaufman) ------------------------------------------------------------
+# LAPACK's unblocked sytf2/sytrs with UPLO = 'L', which PyTorch's CPU kernel calls: L
+# unit lower triangular below D's 1x1 and 2x2 diagonal blocks, 1-based pivots (a 2x2
+# block's two entries both -p), the row interchanges applied to the trailing matrix
+# only. Real matrices; "hermitian" is the same factorization for them.
+
+_BK_ALPHA = (1 + math.sqrt(17.0)) / 8  # Bunch-Kaufman's pivot threshold
+
+
+def _ldl_factor_one(a):
+    n = a.shape[-1]
+    rows = jnp.arange(n)[:, None]
+    cols = jnp.arange(n)[None, :]
+    alpha = jnp.asarray(_BK_ALPHA, a.dtype)
+
+    def step(state):
+        a, piv, info, k = state
+        col = jnp.abs(a[:, k])
+        absakk = col[k]
+        below = jnp.where(rows[:, 0] > k, col, -1)
+        imax = jnp.argmax(below)  # the first largest, as IDAMAX
+        colmax = jnp.maximum(below[imax], 0)
+        zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        row_part = jnp.where((cols[0] >= k) & (cols[0] < imax), jnp.abs(a[imax, :]), -1)
+        col_part = jnp.where(rows[:, 0] > imax, jnp.abs(a[:, imax]), -1)
+        rowmax = jnp.maximum(jnp.max(row_part), jnp.max(col_part))
+        keep = zero | (absakk >= alpha * colmax) | (absakk * rowmax >= alpha * colmax * colmax)
+        one_by_one = keep | (jnp.abs(a[imax, imax]) >= alpha * rowmax)
+        kp = jnp.where(keep, k, imax)
+        kstep = jnp.where(one_by_one, 1, 2)
+        kk = k + kstep - 1
+        # interchange rows and columns kk and kp of the trailing matrix (lower triangle)
+        trailing = (rows >= k) & (cols >= k)
+        full = jnp.where(trailing & (rows >= cols), a, 0)
+        full = full + jnp.where(trailing & (rows > cols), a, 0).T
+        perm = jnp.where(jnp.arange(n) == kk, kp, jnp.where(jnp.arange(n) == kp, kk, jnp.arange(n)))
+        swapped = full[perm][:, perm]
+        a = jnp.where(trailing & (rows >= cols), swapped, a)
+        # eliminate the pivot block's columns from the trailing matrix
+        after1 = (rows > k) & (cols > k) & (rows >= cols)
+        x = jnp.where(rows[:, 0] > k, a[:, k], 0)
+        d11 = 1 / jnp.where(zero, 1, a[k, k])
+        update1 = jnp.where(after1, a + x[:, None] * (-d11 * x)[None, :], a)
+        update1 = update1.at[:, k].set(jnp.where(rows[:, 0] > k, x * d11, update1[:, k]))
+        k1 = jnp.minimum(k + 1, n - 1)
+        d21 = a[k1, k]
+        e11 = a[k1, k1] / d21
+        e22 = a[k, k] / d21
+        t = 1 / (e11 * e22 - 1)
+        d21 = t / d21
+        tail = rows[:, 0] > k + 1
+        wk = jnp.where(tail, d21 * (e11 * a[:, k] - a[:, k1]), 0)
+        wkp1 = jnp.where(tail, d21 * (e22 * a[:, k1] - a[:, k]), 0)
+        after2 = (rows > k + 1) & (cols > k + 1) & (rows >= cols)
+        update2 = jnp.where(after2, a - (a[:, k][:, None] * wk[None, :] + a[:, k1][:, None] * wkp1[None, :]), a)
+        update2 = update2.at[:, k].set(jnp.where(tail, wk, update2[:, k]))
+        update2 = update2.at[:, k1].set(jnp.where(tail, wkp1, update2[:, k1]))
+        a = jnp.where(zero, a, jnp.where(kstep == 1, update1, update2))
+        p = (kp + 1).astype(jnp.int32)
+        piv = jnp.where(kstep == 1, piv.at[k].set(p), piv.at[k].set(-p).at[k1].set(-p))
+        info = jnp.where(zero & (info == 0), k + 1, info).astype(jnp.int32)
+        return a, piv, info, k + kstep
+
+    state = (a, jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    a, piv, info, _ = lax.while_loop(lambda s: s[3] < n, step, state)
+    return jnp.tril(a), piv, info
+
+
+@lower(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
+    if jnp.iscomplexobj(a):
+        raise NoLoweringError(f"linalg.ldl_factor has no tpu lowering for complex matrices ({a.dtype}); run it on CPU")
+    if a.shape[-1] == 0:
+        return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
+    return _batched(_ldl_factor_one, a)
+
+
+def _ldl_solve_one(ld, piv, b):
+    n = ld.shape[-1]
+    rows = jnp.arange(n)
+
+    def swap(b, i, j):
+        perm = jnp.where(rows == i, j, jnp.where(rows == j, i, rows))
+        return b[perm]
+
+    def forward(state):  # L D X = B, first block to last
+        b, k = state
+        p = piv[k]
+        two = p < 0
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = swap(b, jnp.where(two, k1, k), jnp.abs(p) - 1)
+        one_b = b - jnp.where((rows > k)[:, None], ld[:, k][:, None] * b[k][None, :], 0)
+        one_b = one_b.at[k].set(one_b[k] / ld[k, k])
+        tail = (rows > k + 1)[:, None]
+        two_b = b - jnp.where(tail, ld[:, k][:, None] * b[k][None, :], 0)
+        two_b = two_b - jnp.where(tail, ld[:, k1][:, None] * two_b[k1][None, :], 0)
+        akm1k = ld[k1, k]
+        akm1 = ld[k, k] / akm1k
+        ak = ld[k1, k1] / akm1k
+        denom = akm1 * ak - 1
+        bkm1, bk = two_b[k] / akm1k, two_b[k1] / akm1k
+        two_b = two_b.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+        return jnp.where(two, two_b, one_b), k + jnp.where(two, 2, 1)
+
+    def backward(state):  # L^T X = B, last block to first
+        b, k = state
+        p = piv[k]
+        two = p < 0
+        km1 = jnp.maximum(k - 1, 0)
+        below = (rows > k)[:, None]
+        b = b.at[k].add(-jnp.sum(jnp.where(below, ld[:, k][:, None] * b, 0), axis=0))
+        b = b.at[km1].add(jnp.where(two, -jnp.sum(jnp.where(below, ld[:, km1][:, None] * b, 0), axis=0), 0))
+        b = swap(b, k, jnp.abs(p) - 1)
+        return b, k - jnp.where(two, 2, 1)
+
+    b, _ = lax.while_loop(lambda s: s[1] < n, forward, (b, jnp.zeros((), jnp.int32)))
+    b, _ = lax.while_loop(lambda s: s[1] >= 0, backward, (b, jnp.asarray(n - 1, jnp.int32)))
+    return b
+
+
+@lower(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
+    if jnp.iscomplexobj(ld) or jnp.iscomplexobj(b):
+        raise NoLoweringError(f"linalg.ldl_solve has no tpu lowering for complex matrices ({ld.dtype}); run it on CPU")
+    batch = jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2])
+    ld = jnp.broadcast_to(ld, batch + ld.shape[-2:])
+    pivots = jnp.broadcast_to(pivots, batch + pivots.shape[-1:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:]).astype(ld.dtype)
+    if ld.shape[-1] == 0 or b.size == 0:
+        return b
+    solve = _ldl_solve_one
+    for _ in batch:
+        solve = jax.vmap(solve)
+    return solve(ld, pivots.astype(jnp.int32), b)
+
+
 # ---- Cholesky, QR, eigh, SVD -----------------------------------------------------
 
 

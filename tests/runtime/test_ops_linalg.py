@@ -515,3 +515,32 @@ def test_cross_and_trace():
     check(lambda a, b: torch.cross(a, b, dim=0), torch.randn(3, 4), torch.randn(3, 4))
     check(torch.trace, torch.randn(4, 5))
     check(torch.trace, torch.randint(0, 9, (3, 3), dtype=torch.int32), grad=False)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_ldl_factor_and_solve(n):
+    """Bunch-Kaufman pivoting chooses the same 1x1 and 2x2 blocks as LAPACK's sytf2 (the
+    pivots are integers, compared exactly); a zero (0, 0) entry forces a 2x2 block or an
+    interchange. float64 keeps the comparison of the factors at rounding level."""
+    gen = torch.Generator().manual_seed(n)
+    a = torch.randn(2, n, n, dtype=torch.float64, generator=gen)
+    a = a + a.mT
+    if n > 1:
+        a[0, 0, 0] = 0.0
+    b = torch.randn(2, n, 3, dtype=torch.float64, generator=gen)
+    ld, piv, info = torch.linalg.ldl_factor_ex(a)
+    ld_t, piv_t, info_t = torch.linalg.ldl_factor_ex(a.to("tpu"))
+    torch.testing.assert_close(ld_t.cpu(), ld, rtol=1e-10, atol=1e-12)
+    assert torch.equal(piv_t.cpu(), piv) and torch.equal(info_t.cpu(), info)
+    ld2, piv2 = torch.linalg.ldl_factor(a.to("tpu"))
+    x = torch.linalg.ldl_solve(ld2, piv2, b.to("tpu"))
+    torch.testing.assert_close(x.cpu(), torch.linalg.ldl_solve(ld, piv, b), rtol=1e-9, atol=1e-10)
+
+
+def test_ldl_factor_singular_reports_info():
+    a = torch.zeros(3, 3)
+    a[2, 2] = 1.0
+    ld, piv, info = torch.linalg.ldl_factor_ex(a.to("tpu"))
+    ld_c, piv_c, info_c = torch.linalg.ldl_factor_ex(a)
+    assert info.item() == info_c.item() == 1
+    assert torch.equal(piv.cpu(), piv_c)

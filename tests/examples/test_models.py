@@ -1,0 +1,56 @@
+"""The example models (examples/models/) at their tiny sizes: each trains one step on the
+`tpu` device, eagerly and compiled, and agrees with CPU (forward, loss, gradients,
+parameters after the step; tolerances in examples/models/_harness.py)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.models import _harness  # noqa: E402
+
+CASES = [
+    ("llama", {}),
+    ("moe", {"experts": "loop"}),
+    ("moe", {"experts": "grouped"}),
+    ("resnet", {}),
+    ("dlrm", {}),
+    ("mingpt", {}),
+    ("unet", {}),
+]
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=[n + "".join(f"-{v}" for v in k.values()) for n, k in CASES])
+def test_model_matches_cpu(name, kwargs, mode):
+    module = importlib.import_module(f"examples.models.{name}")
+    result = module.run(mode, **kwargs)
+    bad = {k: v for k, v in result.worst.items() if not v <= 1.0}
+    assert not bad, f"{name} ({mode}) off tolerance (ratio to it): {bad}"
+
+
+def test_harness_catches_a_wrong_result():
+    """A device result off by 1e-3 relative (ten times the tolerance) fails the comparison."""
+    from examples.models import dlrm
+
+    def skewed(model, batch):
+        out, loss = dlrm.loss_of(model, batch)
+        if out.device.type == "tpu":
+            out, loss = out * (1 + 1e-3), loss * (1 + 1e-3)
+        return out, loss
+
+    result = _harness.compare(dlrm.DLRM, dlrm.make_batch, skewed, "eager", to_device=dlrm._to)
+    assert not result.ok
+    assert result.worst["loss"] > 1 and result.worst["output[0]"] > 1
+
+
+def test_main_reports_each_mode(capsys):
+    from examples.models import resnet
+
+    assert resnet.main(["--mode", "eager"]) == 0
+    out = capsys.readouterr().out
+    assert "eager:" in out and "OK" in out and "compiled:" not in out
