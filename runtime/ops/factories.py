@@ -1,4 +1,4 @@
-"""Fills, ranges and allocations: ``fill``, ``full``, ``arange``, and the ``*_like``/``empty``
+"""Fills, ranges and allocations: ``fill``, ``full``, ``arange``, ``tril_indices``/``triu_indices``, and the ``*_like``/``empty``
 /``zeros`` factories compiled graphs hold.
 
 Random fills and random factories are in ``random.py``.
@@ -111,3 +111,17 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 @lower(aten.copy.default)
 def copy(x, src, non_blocking=False):
     return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+
+
+@lower(aten.tril_indices.default, static_scalars=True)
+def tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # the sizes are Python ints, so the indices are a constant of the program (PyTorch's
+    # decomposition computes them in float64, which a TPU does not have)
+    rows, cols = np.tril_indices(row, k=offset, m=col)
+    return jnp.asarray(np.stack([rows, cols]), jdtype(dtype or torch.int64))
+
+
+@lower(aten.triu_indices.default, static_scalars=True)
+def triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    rows, cols = np.triu_indices(row, k=offset, m=col)
+    return jnp.asarray(np.stack([rows, cols]), jdtype(dtype or torch.int64))

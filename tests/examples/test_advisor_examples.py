@@ -36,14 +36,9 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
 }
 
 # examples written as ordinary, correct programs: the advisor must find nothing in them
+# the model examples (examples/models/) run traced in tests/examples/test_models.py, which
+# checks them against CPU and for findings in the same run
 CLEAN: dict[str, list[str]] = {"mlp_train.py": ["--steps", "4"]}
-CLEAN.update(
-    {
-        f"models/{p.name}": []
-        for p in sorted((EXAMPLES / "models").glob("*.py"))
-        if "__main__" in p.read_text()  # a runnable example, not a module the others import
-    }
-)
 
 
 def _findings(tmp_path, script: str, options: list[str], args: list[str]) -> list[dict]:

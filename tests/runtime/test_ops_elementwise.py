@@ -124,6 +124,28 @@ def test_arange_integer_truncates_like_cpu(args, dtype):
     assert torch.equal(torch.arange(*args, dtype=dtype, device="tpu").cpu(), expected)
 
 
+@pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices])
+@pytest.mark.parametrize("row, col, offset", [(4, 4, -1), (3, 5, 0), (5, 3, 1), (0, 3, 0), (4, 4, -5), (3, 3, 4)])
+def test_tril_triu_indices_are_cpus_and_use_no_float64(fn, row, col, offset):
+    from tpu_debug.runtime import probes
+
+    compiled = []
+
+    class Listen:
+        def on_compile(self, info):
+            compiled.append(info)
+
+    listener = Listen()
+    probes.subscribe(listener)
+    try:
+        got = fn(row, col, offset, device="tpu").cpu()
+    finally:
+        probes.unsubscribe(listener)
+    assert torch.equal(got, fn(row, col, offset)) and got.dtype == torch.int64
+    # one program of its own: no float64 arithmetic (PyTorch's decomposition's sqrt/floor)
+    assert [c.name for c in compiled] in ([], [fn.__name__])
+
+
 def test_rrelu_with_noise():
     x = torch.randn(6, 7)
     check(lambda x: torch.nn.functional.rrelu(x, 0.1, 0.3, training=False), x)  # leaky_relu, mean slope
