@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import tpu_debug
 
@@ -39,6 +40,17 @@ def test_model_matches_cpu(tmp_path, name, kwargs, mode):
     if kwargs.get("experts") != "loop":
         findings = session.findings()
         assert findings == [], [(f.kind, f.title) for f in findings]
+
+
+@pytest.mark.parametrize("name,kwargs", [c for c in CASES if c[1].get("experts") != "loop"],
+                         ids=[n + "".join(f"-{v}" for v in k.values()) for n, k in CASES if k.get("experts") != "loop"])
+def test_model_matches_cpu_in_lazy_mode(name, kwargs):
+    """The eager step with ops recorded and run as fused programs (DEFER_AND_FUSE)."""
+    module = importlib.import_module(f"examples.models.{name}")
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        result = module.run("eager", **kwargs)
+    bad = {k: v for k, v in result.worst.items() if not v <= 1.0}
+    assert not bad, f"{name} (lazy) off tolerance (ratio to it): {bad}"
 
 
 def test_harness_catches_a_wrong_result():
