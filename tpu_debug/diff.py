@@ -19,7 +19,16 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from tpu_debug.report import _console, _kv, _note, _table, advice_of, finding_text, format_bytes, format_seconds
+from tpu_debug.report import (
+    _console,
+    _kv,
+    _note,
+    _table,
+    advice_of,
+    finding_text,
+    format_bytes,
+    format_seconds,
+)
 
 __all__ = ["DIFF_SCHEMA", "FIGURES", "Figure", "diff_data", "print_diff", "run_figures"]
 

@@ -31,6 +31,17 @@ SHOWN = 8
 _RECOMPILE_KINDS = ("recompile", "dynamic_shape", "recompile_limit")
 
 
+_NO_STEPS = (
+    "tpu_debug_no_recompiles: the test ran no steps (no optimizer.step() on tpu parameters, no "
+    "tpu_debug.step(), no loop of three iterations or more), so none of its compiles is in steady "
+    "state; end each step with tpu_debug.step() to have its recompiles checked"
+)
+_RECOMPILE_FIX = (
+    "fix: make the changing input the same at every step (pad or bucket shapes, pass Python scalars "
+    "as tensors), or compile it before the steps"
+)
+
+
 def _logdir(item: pytest.Item, checks: Sequence[str]) -> Path:
     value = item.config.getoption("tpu_debug")
     if value is None:  # recorded for a check only: the fixture's temporary directory
@@ -66,11 +77,7 @@ def steady_compile_failures(session: Any, item: pytest.Item | None = None) -> li
     compiles = session.compiles()
     if not steps:
         if item is not None and any(c.diffs for c in compiles):
-            item.warn(pytest.PytestWarning(
-                "tpu_debug_no_recompiles: the test ran no steps (no optimizer.step() on tpu parameters, no "
-                "tpu_debug.step(), no loop of three iterations or more), so none of its compiles is in steady "
-                "state; end each step with tpu_debug.step() to have its recompiles checked"
-            ))
+            item.warn(pytest.PytestWarning(_NO_STEPS))
         return []
     phases = dict(zip((s.index for s in steps), step_phases(steps)))
     index = StepIndex(steps)
@@ -78,11 +85,12 @@ def steady_compile_failures(session: Any, item: pytest.Item | None = None) -> li
     if not steady:
         return []
     warmup = [i for i, p in phases.items() if p != STEADY]
-    lines = [
-        f"tpu_debug_no_recompiles: {len(steady)} compile(s) in steady state, in step(s) "
-        f"{_ranges(sorted({index.step_of(c.ts) for c in steady}))} of {len(steps)} "
-        f"(warm-up: {_ranges(warmup) if warmup else 'none'}):"
-    ]
+    in_steps = _ranges(sorted({index.step_of(c.ts) for c in steady}))
+    head = (
+        f"tpu_debug_no_recompiles: {len(steady)} compile(s) in steady state, in step(s) {in_steps} "
+        f"of {len(steps)} (warm-up: {_ranges(warmup) if warmup else 'none'}):"
+    )
+    lines = [head]
     for c in steady[:SHOWN]:
         what = c.identity or c.name
         if c.diffs:
@@ -94,10 +102,7 @@ def steady_compile_failures(session: Any, item: pytest.Item | None = None) -> li
     if len(steady) > SHOWN:
         lines.append(f"  ... and {len(steady) - SHOWN} more")
     fixes = dict.fromkeys(f.fix for f in advice_of(session).findings if f.kind in _RECOMPILE_KINDS)
-    lines += [f"fix: {fix}" for fix in fixes] or [
-        "fix: make the changing input the same at every step (pad or bucket shapes, pass Python scalars "
-        "as tensors), or compile it before the steps"
-    ]
+    lines += [f"fix: {fix}" for fix in fixes] or [_RECOMPILE_FIX]
     return ["\n".join(lines)]
 
 
