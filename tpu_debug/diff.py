@@ -61,6 +61,7 @@ FIGURES = (
     Figure("transfers_per_step", "transfers per steady step"),
     Figure("transfer_bytes_per_step", "bytes per steady step", "B"),
     Figure("implicit_syncs_per_step", "implicit syncs per steady step"),
+    Figure("divergences_over_tolerance", "ops over tolerance (vs CPU)"),
     Figure("max_divergence", "max divergence (error / tolerance)"),
     Figure("max_abs_divergence", "max |device - cpu|"),
     Figure("findings", "findings"),
@@ -76,8 +77,10 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
 
     Per-step figures are over the steady-state steps (None when the run has none);
     an implicit sync is a device-to-host transfer nobody asked for (``.item()``,
-    ``print``, ``if t:``, a CPU fallback); divergence figures are None when the
-    run did not compare against CPU.
+    ``print``, ``if t:``, a CPU fallback). Divergence figures are None when the
+    run did not compare against CPU; the largest divergence is over the ops found
+    over tolerance (the divergence tracer records those, not the error of an op
+    within tolerance), so it is None too when every op was within tolerance.
     """
     from tpu_debug.tracers.steps import STEADY, StepIndex, step_phases
 
@@ -111,14 +114,20 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
         "transfers_per_step": per_step(sum(s.transfers for s in steady)),
         "transfer_bytes_per_step": per_step(sum(s.transfer_bytes for s in steady)),
         "implicit_syncs_per_step": per_step(steady_syncs),
+        "divergences_over_tolerance": None,
         "max_divergence": None,
         "max_abs_divergence": None,
         "findings": len(advice.findings),
     }
-    if session.divergence_summary() is not None:
-        local = session.divergences(measure="local")
-        figures["max_divergence"] = _finite(max((e.ratio for e in local), default=0.0))
-        figures["max_abs_divergence"] = _finite(max((e.max_abs for e in local), default=0.0))
+    checked = session.divergence_summary()
+    if checked is not None:
+        # the local measure: each op against CPU on its own inputs, so an op is counted
+        # once, not again for every op its error flows into
+        figures["divergences_over_tolerance"] = int(checked.get("over_tolerance", {}).get("local", 0))
+        over = session.divergences(measure="local", over=True)
+        if over:
+            figures["max_divergence"] = _finite(max(e.ratio for e in over))
+            figures["max_abs_divergence"] = _finite(max(e.max_abs for e in over))
     return figures
 
 

@@ -136,3 +136,34 @@ def test_diff_reads_runs_without_torch_or_jax(runs, tmp_path):
                           cwd=tmp_path, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["0 -6", "[]", ""]
+
+
+def test_diff_compares_divergence_against_cpu(logdir, capsys):
+    """A matmul in one bfloat16 pass (TPU numerics) against the same in float32: the fix of a
+    precision problem, as the diff shows it."""
+    torch.manual_seed(0)
+    a, b = torch.randn(32, 128).to("tpu"), torch.randn(128, 16).to("tpu")
+    dirs = []
+    for name, numerics in (("bf16", "tpu"), ("f32", "cpu")):
+        clear_cache()
+        with tpu_debug.trace(logdir=logdir, name=name, divergence=True, numerics=numerics) as session:
+            (a @ b).cpu()
+        dirs.append(str(session.run_dir))
+    with tpu_debug.trace(logdir=logdir, name="unchecked") as session:
+        (a @ b).cpu()
+    unchecked = str(session.run_dir)
+
+    data = _diff_json(capsys, *dirs)
+    fig = data["figures"]
+    # products of operands rounded to bfloat16 (8 significant bits) summed over 128 terms are far
+    # outside float32's tolerance; in float32 the mm is within it (only the summation order differs)
+    assert fig["divergences_over_tolerance"]["a"] == 1 and fig["divergences_over_tolerance"]["b"] == 0
+    assert fig["max_divergence"]["a"] > 1 and fig["max_divergence"]["b"] is None
+    (over,) = tpu_debug.open_run(dirs[0]).divergences(measure="local", over=True)
+    assert over.name == "mm" and fig["max_abs_divergence"]["a"] == over.max_abs
+    assert [f["kind"] for f in data["findings"]["fixed"]] == ["divergence"]
+    assert data["findings"]["introduced"] == []
+    # a run that did not compare has no divergence figures at all
+    fig = _diff_json(capsys, dirs[1], unchecked)["figures"]
+    assert fig["divergences_over_tolerance"] == {"a": 0, "b": None, "change": None, "unit": ""}
+    assert fig["max_abs_divergence"]["b"] is None
