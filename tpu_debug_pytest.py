@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["CHECKS", "pytest_addoption", "pytest_runtest_call", "tpu_debug_no_implicit_syncs", "tpu_debug_no_recompiles"]
+__all__ = ["CHECKS", "pytest_addoption", "pytest_configure", "pytest_runtest_call", "tpu_debug_no_implicit_syncs", "tpu_debug_no_recompiles"]
 
 #: the fixtures that make a test checked (and recorded)
 CHECKS = ("tpu_debug_no_recompiles", "tpu_debug_no_implicit_syncs")
@@ -45,6 +45,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="record one tpu_debug run per test into DIR (default: $TPU_DEBUG_LOGDIR or ./tpu_debug_runs); "
         "write --tpu-debug=DIR, since a separate word after --tpu-debug is taken as DIR",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    value = config.getoption("tpu_debug")
+    # "--tpu-debug tests/test_x.py" gives the test path to --tpu-debug as its DIR
+    if value and (value.endswith(".py") or "::" in value or Path(value).is_file()):
+        raise pytest.UsageError(
+            f"--tpu-debug took {value!r} as the directory for the runs: write --tpu-debug=DIR, "
+            "or put --tpu-debug after the test paths"
+        )
 
 
 @pytest.hookimpl(wrapper=True)

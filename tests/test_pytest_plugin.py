@@ -131,6 +131,11 @@ def test_plain(request):
 """)
     result = pytester.runpytest_subprocess(*PLUGIN)
     result.assert_outcomes(passed=1)
+    # a test path after --tpu-debug would be taken as the run directory: refused, saying how
+    result = pytester.runpytest_subprocess(*PLUGIN, "--tpu-debug", "test_plain.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    refused = "--tpu-debug took 'test_plain.py' as the directory for the runs: write --tpu-debug=DIR"
+    result.stderr.fnmatch_lines([f"*{refused}, or put --tpu-debug after the test paths"])
 
 
 def test_plugin_is_declared_as_a_pytest11_entry_point():
