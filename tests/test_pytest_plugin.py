@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -66,36 +67,7 @@ def test_explicit_copy(tpu_debug_no_implicit_syncs):
 """
 
 
-def test_fixtures_fail_a_test_with_the_line_and_the_cause(pytester):
-    pytester.makepyfile(test_shapes=SHAPES, test_syncs=SYNCS)
-    # --tpu-debug without a directory, after the paths: $TPU_DEBUG_LOGDIR or ./tpu_debug_runs
-    result = pytester.runpytest_subprocess(*PLUGIN, "test_shapes.py", "test_syncs.py", "--tpu-debug")
-    result.assert_outcomes(passed=3, failed=2, warnings=1)
-    failed = {line.split(" - ")[0] for line in result.outlines if line.startswith("FAILED ")}
-    assert failed == {"FAILED test_shapes.py::test_grows", "FAILED test_syncs.py::test_if_tensor"}
-    # six steps compiling one after another: only the first is warm-up (step_phases); the steady
-    # steps compile ones, mul and sum for lengths 102..106: 15 compiles
-    result.stdout.re_match_lines([
-        r"tpu_debug_no_recompiles: 15 compile\(s\) in steady state, in step\(s\) 1-5 of 6 \(warm-up: 0\):$",
-        r"  mul\.Tensor recompiled at .*test_shapes\.py:6 in test_grows: the closest earlier key has 1 mismatch:$",
-        r"    arg 0 'self': f32\[101\] -> f32\[102\]$",
-        r"fix: dim 0 of arg 0 'self' of mul\.Tensor grows at every call \(101\.\.106\)",
-        r"\(the run: .*tpu_debug_runs/[^/]*-test_shapes\.py_test_grows\)$",
-    ])
-    result.stdout.fnmatch_lines([
-        "tpu_debug_no_implicit_syncs: 1 implicit device-to-host sync(s):",
-        "  *test_syncs.py:6 in test_if_tensor: bool() / if t:, 1 time(s), 1 bytes",
-        "fix: keep values on the device*",
-    ])
-    result.stdout.fnmatch_lines(["test_shapes.py::test_no_steps", "*PytestWarning: tpu_debug_no_recompiles: the test ran no steps *"])
-    # each checked test is recorded where --tpu-debug says
-    names = {tpu_debug.open_run(p).metadata().name for p in tpu_debug.list_runs(pytester.path / "tpu_debug_runs")}
-    assert names == {"test_shapes.py::test_grows", "test_shapes.py::test_steady", "test_shapes.py::test_no_steps",
-                     "test_syncs.py::test_if_tensor", "test_syncs.py::test_explicit_copy"}
-
-
-def test_tpu_debug_option_records_one_run_per_test(pytester):
-    pytester.makepyfile(test_rec=HEADER + """
+RECORDED = HEADER + """
 def test_add():
     assert (torch.ones(3, device="tpu") + 1).cpu().tolist() == [2.0] * 3
 
@@ -105,18 +77,72 @@ def test_nothing():
 def test_fails():
     torch.zeros(2, device="tpu").cpu()
     assert False, "on purpose"
-""")
+"""
+
+
+def test_fixtures_fail_tests_with_the_line_and_the_cause_and_each_test_is_recorded(pytester):
+    # one inner session for all (each starts an interpreter that imports torch and jax)
+    pytester.makepyfile(test_shapes=SHAPES, test_syncs=SYNCS, test_rec=RECORDED)
     result = pytester.runpytest_subprocess(*PLUGIN, "--tpu-debug=runs")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=5, failed=3, warnings=1)
+    failed = {line.split(" - ")[0] for line in result.outlines if line.startswith("FAILED ")}
+    assert failed == {"FAILED test_shapes.py::test_grows", "FAILED test_syncs.py::test_if_tensor",
+                      "FAILED test_rec.py::test_fails"}
+    # six steps compiling one after another: only the first is warm-up (step_phases); the steady
+    # steps compile ones, mul and sum for lengths 102..106: 15 compiles
+    result.stdout.re_match_lines([
+        r"tpu_debug_no_recompiles: 15 compile\(s\) in steady state, in step\(s\) 1-5 of 6 \(warm-up: 0\):$",
+        r"  mul\.Tensor recompiled at .*test_shapes\.py:6 in test_grows: the closest earlier key has 1 mismatch:$",
+        r"    arg 0 'self': f32\[101\] -> f32\[102\]$",
+        r"fix: dim 0 of arg 0 'self' of mul\.Tensor grows at every call \(101\.\.106\)",
+        r"\(the run: .*/runs/[^/]*-test_shapes\.py_test_grows\)$",
+    ])
+    result.stdout.fnmatch_lines([
+        "tpu_debug_no_implicit_syncs: 1 implicit device-to-host sync(s):",
+        "  *test_syncs.py:6 in test_if_tensor: bool() / if t:, 1 time(s), 1 bytes",
+        "fix: keep values on the device*",
+    ])
+    result.stdout.fnmatch_lines([
+        "test_shapes.py::test_no_steps",
+        "*PytestWarning: tpu_debug_no_recompiles: the test ran no steps *",
+    ])
+
+    # one run per test, named after it, holding what the test ran
     runs = {}
     for path in tpu_debug.list_runs(pytester.path / "runs"):
         with tpu_debug.open_run(path) as session:
             m = session.metadata()
             runs[m.name] = (m.status, sorted(o.name for o in session.ops() if o.mode == "eager"))
-    assert set(runs) == {"test_rec.py::test_add", "test_rec.py::test_nothing", "test_rec.py::test_fails"}
+    assert set(runs) == {
+        "test_shapes.py::test_grows", "test_shapes.py::test_steady", "test_shapes.py::test_no_steps",
+        "test_syncs.py::test_if_tensor", "test_syncs.py::test_explicit_copy",
+        "test_rec.py::test_add", "test_rec.py::test_nothing", "test_rec.py::test_fails",
+    }
     assert runs["test_rec.py::test_add"][0] == "finished" and "add.Tensor" in runs["test_rec.py::test_add"][1]
     assert runs["test_rec.py::test_nothing"] == ("finished", [])
     assert runs["test_rec.py::test_fails"][0] == "failed"
+    # a check's failure is the test's, not the program's: the run itself finished
+    assert runs["test_shapes.py::test_grows"][0] == "finished"
+
+
+def test_where_the_runs_go(tmp_path, monkeypatch):
+    from tpu_debug.pytest_plugin import _logdir
+
+    def item(option, **funcargs):
+        options = {"tpu_debug": option}
+        config = SimpleNamespace(getoption=options.__getitem__, invocation_params=SimpleNamespace(dir=tmp_path))
+        return SimpleNamespace(config=config, funcargs=funcargs)
+
+    monkeypatch.chdir(tmp_path / "..")  # a test that changed directory does not move the runs
+    assert _logdir(item("runs"), ()) == tmp_path / "runs"
+    assert _logdir(item("/abs/runs"), ()) == Path("/abs/runs")
+    monkeypatch.delenv("TPU_DEBUG_LOGDIR", raising=False)
+    assert _logdir(item(""), ()) == tmp_path / "tpu_debug_runs"  # --tpu-debug alone
+    monkeypatch.setenv("TPU_DEBUG_LOGDIR", "elsewhere")
+    assert _logdir(item(""), ()) == tmp_path / "elsewhere"
+    # no --tpu-debug: the checked test's run goes to its fixture's temporary directory
+    checked = tmp_path / "fixture"
+    assert _logdir(item(None, tpu_debug_no_implicit_syncs=checked), ("tpu_debug_no_implicit_syncs",)) == checked
 
 
 def test_plugin_imports_neither_torch_nor_jax_when_unused(pytester):

@@ -42,8 +42,10 @@ def _record(logdir, *, sync: bool, name: str) -> str:
     return str(session.run_dir)
 
 
-@pytest.fixture
-def runs(logdir):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The two runs the tests compare (read only: recorded once for the module)."""
+    logdir = tmp_path_factory.mktemp("runs")
     return _record(logdir, sync=True, name="before"), _record(logdir, sync=False, name="after")
 
 
