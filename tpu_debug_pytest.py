@@ -11,6 +11,10 @@
   line and the cause. Such a test is recorded with or without ``--tpu-debug``
   (into a temporary directory without it).
 
+One trace records at a time, so a recorded test that starts its own
+``tpu_debug.trace()`` fails with ``TraceActiveError``: record it without the
+plugin.
+
 This module lives outside the ``tpu_debug`` package for the reason
 ``tpu_debug_launcher`` does: ``import tpu_debug`` registers the ``tpu`` device,
 which imports torch and jax, and pytest loads an installed plugin in every run
@@ -27,7 +31,14 @@ from typing import Any
 
 import pytest
 
-__all__ = ["CHECKS", "pytest_addoption", "pytest_configure", "pytest_runtest_call", "tpu_debug_no_implicit_syncs", "tpu_debug_no_recompiles"]
+__all__ = [
+    "CHECKS",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_runtest_call",
+    "tpu_debug_no_implicit_syncs",
+    "tpu_debug_no_recompiles",
+]
 
 #: the fixtures that make a test checked (and recorded)
 CHECKS = ("tpu_debug_no_recompiles", "tpu_debug_no_implicit_syncs")
