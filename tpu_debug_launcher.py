@@ -2,7 +2,7 @@
 
 It lives outside the ``tpu_debug`` package because ``import tpu_debug`` registers
 the ``tpu`` device, which imports torch (~1.0 s) and jax (~0.45 s). The reading
-verbs (``tui``, ``report``, ``runs``, ``tensorboard``) only read a run store, so
+verbs (``tui``, ``report``, ``runs``, ``tensorboard``, ``diff``) only read a run store, so
 for them (and for ``--help`` and ``--version``) this module sets :data:`read_only`
 before it imports the package: the package then skips the registration and
 exposes its API lazily. ``run`` and every other verb import ``tpu_debug`` as
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 __all__ = ["READING_VERBS", "main", "read_only"]
 
-READING_VERBS = frozenset({"tui", "report", "runs", "tensorboard"})
+READING_VERBS = frozenset({"tui", "report", "runs", "tensorboard", "diff"})
 
 #: Read by ``tpu_debug/__init__.py`` when it is first imported; set only by :func:`main`.
 read_only = False

@@ -147,7 +147,7 @@ def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
         import tpu_debug_launcher
         for argv in (["report", {str(run_dir)!r}], ["tui", {str(run_dir)!r}],
                      ["runs", "--logdir", {str(run_dir.parent)!r}],
-                     ["tensorboard", {str(run_dir)!r}, "--print"]):
+                     ["tensorboard", {str(run_dir)!r}, "--print"], ["diff", {str(run_dir)!r}, {str(run_dir)!r}]):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 print(argv[0], tpu_debug_launcher.main(argv), file=sys.__stdout__)
         {_TORCH_JAX}
@@ -182,6 +182,7 @@ def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
         "tui 2",
         "runs 0",
         "tensorboard 1",
+        "diff 0",
         "[]",
         "OverviewScreen",
         "[]",

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from tpu_debug._version import __version__
-from tpu_debug.cli import report, run, runs, tensorboard, tui
+from tpu_debug.cli import diff, report, run, runs, tensorboard, tui
 from tpu_debug.errors import CommandError, TpuDebugError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -22,6 +22,7 @@ COMMANDS = {
     "runs": runs,
     "tui": tui,
     "tensorboard": tensorboard,
+    "diff": diff,
 }
 
 
