@@ -42,6 +42,8 @@ def test_model_matches_cpu(tmp_path, name, kwargs, mode):
         assert findings == [], [(f.kind, f.title) for f in findings]
 
 
+# slow tier: lazy mode is checked in CI by the OpInfo lazy tier and tests/runtime/test_lazy*.py
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kwargs", [c for c in CASES if c[1].get("experts") != "loop"],
                          ids=[n + "".join(f"-{v}" for v in k.values()) for n, k in CASES if k.get("experts") != "loop"])
 def test_model_matches_cpu_in_lazy_mode(name, kwargs):
