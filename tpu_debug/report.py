@@ -39,6 +39,7 @@ __all__ = [
     "rank_figures",
     "report_data",
     "section",
+    "short_path",
 ]
 
 # the version of report_data's layout: a reader checks it (docs/report_schema.md)
@@ -192,7 +193,7 @@ def _count_text(c: Any) -> str:
     return f"{c.name} {value}"
 
 
-def _relative(file: str, cwd: str | None) -> str:
+def short_path(file: str, cwd: str | None) -> str:
     """``file`` relative to ``cwd`` (the run's working directory) when it lies under it."""
     if cwd and os.path.isabs(file):
         try:
@@ -213,7 +214,7 @@ def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> T
     loc = f.evidence.location
     details = []
     if loc is not None:
-        details.append(("at", f"{_relative(loc.file, cwd)}:{loc.line} in {loc.function}"))
+        details.append(("at", f"{short_path(loc.file, cwd)}:{loc.line} in {loc.function}"))
     if f.steps is not None:
         first, last = f.steps
         details.append(("steps", f"{first}" if first == last else f"{first}-{last}"))

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import os
 from collections.abc import Sequence
 
 from rich.text import Text
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.recompiles import arg_diffs
 
-from tpu_debug.report import format_bytes, format_seconds
+from tpu_debug.report import format_bytes, format_seconds, short_path
 
 __all__ = [
     "changed_text",
@@ -43,18 +42,6 @@ def format_float(value: float | None) -> str:
     if abs(value) >= 1e4 or abs(value) < 1e-3:
         return f"{value:.2e}"
     return f"{value:.4g}"
-
-
-def short_path(file: str, cwd: str | None) -> str:
-    """``file`` relative to the run's working directory when it lies under it."""
-    if cwd and os.path.isabs(file):
-        try:
-            rel = os.path.relpath(file, cwd)
-        except ValueError:  # another drive
-            return file
-        if not rel.startswith(".."):
-            return rel
-    return file
 
 
 def location_text(location: SourceLocation | None, cwd: str | None, *, function: bool = True) -> Text:
