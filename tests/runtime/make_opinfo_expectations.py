@@ -72,12 +72,12 @@ def _widening(row) -> tuple[float, float, str] | None:
     return None
 
 
-def _seen_by_ci(row, ci_samples: dict[str, int]) -> bool:
+def _seen_by_ci(row, ci_samples) -> bool:
     """Whether the CI tier runs the check that failed (its first samples; views on the first)."""
     first = row["failed_sample"] or 0
     if row.get("failed_check") == "in-place through a view":
         return first == 0
-    return first < ci_samples[row["mode"]]
+    return first < ci_samples(row["mode"], row["dtype"])
 
 
 def _lookup(table, key):
@@ -98,7 +98,7 @@ def load_rows(path: Path) -> list[dict]:
     return list(rows.values())
 
 
-def build(rows, old_expect, old_tol, ci_samples: dict[str, int]):
+def build(rows, old_expect, old_tol, ci_samples):
     expect: dict = {}
     tol: dict = dict(old_tol)
     ran = {(r["op"], r["variant"], r["dtype"], r["mode"]) for r in rows}
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     import opinfo_expectations as table
 
     rows = load_rows(args.results)
-    expect, tol = build(rows, table.EXPECTATIONS, table.TOLERANCES, table.CI_SAMPLES)
+    expect, tol = build(rows, table.EXPECTATIONS, table.TOLERANCES, table.ci_samples)
     text = TABLE.read_text(encoding="utf-8")
     text = _replace_dict(text, "EXPECTATIONS", _render_dict(expect, _tuple))
     text = _replace_dict(text, "TOLERANCES", _render_dict(tol, _tuple))
