@@ -892,6 +892,8 @@ class RunWriter:
         batch = self._collect(st, items)
         self._note_counts(st, batch)
         stats = self._stats_source() if self._stats_source is not None else []
+        if stats or st.waiting_stats:
+            stats = st.stats_to_store(stats, final=batch.stop)
         if batch.has_rows() or stats:
             self._commit(conn, batch, stats, st.programs)
         return batch.flushes, batch.stop
@@ -1060,6 +1062,7 @@ class _WriteState:
         "location_objects",
         "locations",
         "programs",
+        "waiting_stats",
     )
 
     def __init__(self) -> None:
@@ -1072,6 +1075,31 @@ class _WriteState:
         self.capped: dict[str, dict[Any, int]] = {}  # per capped kind: events seen per value
         self.capped_changed = False
         self.dropped_recorded = 0
+        self.waiting_stats: dict[int, StatRow] = {}  # op_stats rows whose program is not stored yet
+
+    def stats_to_store(self, stats: list[StatRow], *, final: bool) -> list[StatRow]:
+        """The op_stats rows to store with this batch.
+
+        The counters are read after the batch was taken from the queue: an executable
+        compiled and run in between has counts but its program is still queued. Its row
+        waits for the batch that stores the program (stored now it would keep no program
+        id: a row is written again only when its counts change). The last batch stores
+        whatever is left.
+        """
+        if self.waiting_stats:
+            merged = self.waiting_stats
+            self.waiting_stats = {}
+            merged.update((row[0], row) for row in stats)  # a newer reading replaces an older one
+            stats = list(merged.values())
+        if final:
+            return stats
+        ready = []
+        for row in stats:
+            if row[4] and row[4] not in self.programs:
+                self.waiting_stats[row[0]] = row
+            else:
+                ready.append(row)
+        return ready
 
     def location_id(self, location: SourceLocation | None, batch: _Batch) -> int | None:
         """The id of ``location`` in this run, a new row in ``batch`` the first time."""

@@ -145,6 +145,25 @@ def test_op_stats_are_updated_in_place(tmp_path):
     q.close()
 
 
+def test_counts_read_before_their_program_is_stored_keep_the_program(tmp_path):
+    """The writer reads the counters after taking a batch from the queue: an op compiled and run
+    in between has counts while its program is still queued. Its row is stored with the batch
+    that stores the program, so the program's executions are counted."""
+    db = tmp_path / "run.db"
+    writer = RunWriter(db, {"name": "demo"}, commit_interval=60)
+    program = make_program("eager", "mul.Tensor", STABLEHLO, HLO)
+    readings = [[(1, "eager", "mul.Tensor", "mul.Tensor(float32[4])", program.hash, 1, 0.002)]]
+    writer.set_stats_source(lambda: readings.pop() if readings else [])
+    assert writer.flush()  # the counters are read; the program is not queued yet
+    writer.add_program(program)
+    writer.close()
+    q = RunQuery(db)
+    (summary,) = q.programs()
+    assert (summary.hash, summary.count, summary.seconds) == (program.hash, 1, 0.002)
+    assert [(o.name, o.count) for o in q.ops()] == [("mul.Tensor", 1)]
+    q.close()
+
+
 def test_live_reader_sees_flushed_events(tmp_path):
     db = tmp_path / "run.db"
     writer = RunWriter(db, {"name": "demo"}, commit_interval=60)
