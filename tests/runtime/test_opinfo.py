@@ -25,7 +25,7 @@ xfails are strict, so an op that starts passing is noticed.
 
 Commands::
 
-    # CI tier: the first 3 samples of each (op, float32) eagerly, the first one of the other
+    # CI tier: the first 2 samples of each (op, float32) eagerly, the first one of the other
     # dtypes and compiled; in-place through a view on the first
     python -m pytest tests/runtime/test_opinfo.py -n 2 -q
     # full sweep: every sample
