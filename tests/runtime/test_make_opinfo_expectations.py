@@ -8,7 +8,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_opinfo_expectations as gen  # noqa: E402
 
-def CI(mode: str, dtype: str) -> int:  # the CI tier's samples: two eagerly in float32, else one
+
+
+def _ci_samples(mode: str, dtype: str) -> int:  # the CI tier's samples: two eagerly in float32, else one
     return 2 if (mode, dtype) == ("eager", "float32") else 1
 
 
@@ -32,7 +34,7 @@ def test_flaky_entries_stay_flaky_whether_the_sweep_passed_or_failed_them():
         _row("kthvalue", "failed", "op: values differ from CPU, 1 / 8 elements"),
         _row("linspace", "failed", "op: values differ from CPU, 7 / 50 elements", sample=5),
     ]
-    expect, _ = gen.build(rows, old, {}, CI)
+    expect, _ = gen.build(rows, old, {}, _ci_samples)
     assert expect[("argsort", "", "bool", "eager")] == ("flaky", "op: values differ from CPU, 3 / 8 elements")
     assert expect[("sort", "", "bool", "eager")] == old[("sort", "", "bool", "eager")]  # a pass keeps it
     assert ("topk", "", "bool", "eager") not in expect  # a strict xfail that passed is fixed
@@ -48,6 +50,6 @@ def test_a_failure_beyond_the_ci_samples_of_its_dtype_is_xfail_full():
         _row("atan2", "failed", "op: values differ from CPU, 1 / 8 elements", dtype="bfloat16", sample=1),
         _row("atan2", "failed", "op: values differ from CPU, 1 / 8 elements", dtype="float32", sample=1),
     ]
-    expect, _ = gen.build(rows, {}, {}, CI)
+    expect, _ = gen.build(rows, {}, {}, _ci_samples)
     assert expect[("atan2", "", "bfloat16", "eager")][0] == "xfail_full"
     assert expect[("atan2", "", "float32", "eager")][0] == "xfail"
