@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -21,8 +22,13 @@ def test_wheel_installs_and_runs(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = wheels.glob("tpu_debug-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in ("tpu_debug/__init__.py", "tpu_debug/runtime/eager.py", "tpu_debug/runtime/ops/registry.py",
-                     "tpu_debug/tracers/store.py", "tpu_debug/cli/__init__.py", "tpu_debug/py.typed"):
+    # every source file of the checkout is in the wheel, at the path its package-dir root gives
+    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in roots.items():
+        for source in (ROOT / folder).rglob("*.py"):
+            expected = "/".join((*package.split("."), *source.relative_to(ROOT / folder).parts))
+            assert expected in names, f"{source.relative_to(ROOT)} is not in the wheel"
+    for expected in ("tpu_debug/py.typed", "tpu_debug/tui/app.tcss", "tpu_debug_launcher.py"):
         assert expected in names, expected
     target = tmp_path / "site"
     inst = subprocess.run(
@@ -30,9 +36,15 @@ def test_wheel_installs_and_runs(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert inst.returncode == 0, inst.stderr[-2000:]
+    # every module the installed package holds imports (a subpackage left out of the wheel fails
+    # here as ModuleNotFoundError in the module that imports it), then an op runs on the device
     code = (
-        "import tpu_debug, torch, sys;"
+        "import importlib, pkgutil, tpu_debug, torch, sys;"
         "assert tpu_debug.__file__.startswith(sys.argv[1]), tpu_debug.__file__;"
+        "names = [m.name for m in pkgutil.walk_packages(tpu_debug.__path__, 'tpu_debug.')"
+        " if not m.name.endswith('.__main__')];"
+        "[importlib.import_module(n) for n in names];"
+        "print(len(names));"
         "print((torch.ones(3, device='tpu') * 2).sum().item())"
     )
     # run from tmp_path with only the wheel's copy on the path (not the editable checkout)
@@ -41,4 +53,10 @@ def test_wheel_installs_and_runs(tmp_path):
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"},
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip().splitlines()[-1] == "6.0"
+    *_, imported, result = run.stdout.strip().splitlines()
+    sources = [p for p in names if p.endswith(".py") and p.startswith("tpu_debug/") and "__main__" not in p
+               and not p.endswith("__init__.py")]
+    packages = [p for p in names if p.endswith("/__init__.py") and p.startswith("tpu_debug/")]
+    # the package itself is not among walk_packages' names; its subpackages and modules are
+    assert int(imported) == len(sources) + len(packages) - 1
+    assert result == "6.0"
