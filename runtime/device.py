@@ -355,13 +355,24 @@ def _copy_from_and_resize(self, dst):
     return _copy_(dst, self)
 
 
+def dispatch(op, args, kwargs):
+    """Run aten overload ``op`` on `tpu` tensors (the PrivateUse1 kernel) in the configured mode.
+
+    The choice lives here, above both modes, so that op-by-op execution (``eager``) and the
+    deferred, fused mode (``lazy``, which falls back to ``eager.run_now``) depend one way.
+    """
+    if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking
+        return _lazy.dispatch(op, args, kwargs)
+    return eager.run_now(op, args, kwargs)
+
+
 def _boxed_fallback(keyset, op, *args, **kwargs):
-    return eager.dispatch(op, args, kwargs)
+    return dispatch(op, args, kwargs)
 
 
 def _lowered_kernel(op):
     def kernel(*args, **kwargs):
-        return eager.dispatch(op, args, kwargs)
+        return dispatch(op, args, kwargs)
 
     kernel.__name__ = f"tpu_{op._schema.name.split('::')[1]}"
     return kernel

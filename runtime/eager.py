@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from tpu_debug.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
-from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
@@ -39,7 +38,7 @@ from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
 from tpu_debug.runtime.tensor import from_jax, read_parts, to_jax, view_value, write
 
-__all__ = ["dispatch", "cache_stats", "clear_cache", "float64_ops", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
+__all__ = ["cache_stats", "clear_cache", "float64_ops", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
 
 _OpOverload = torch._ops.OpOverload
 _Tensor = torch.Tensor
@@ -1002,13 +1001,6 @@ def _missing(plan: _Plan) -> NoLoweringError:
         "Set tpu_debug.runtime.config.cpu_fallback = True (or TPU_DEBUG_CPU_FALLBACK=1) "
         "to run it on CPU, or add a lowering under runtime/ops/."
     )
-
-
-def dispatch(op: _OpOverload, args, kwargs):
-    """Run aten overload ``op`` on `tpu` tensors (the PrivateUse1 kernel)."""
-    if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking (runtime/lazy.py)
-        return _lazy.dispatch(op, args, kwargs)
-    return run_now(op, args, kwargs)
 
 
 def run_now(op: _OpOverload, args, kwargs):

@@ -377,7 +377,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def dispatch(op, args, kwargs):
-    """The `tpu` kernel in a mode other than ``DEFER_NEVER`` (``eager.dispatch`` calls it)."""
+    """The `tpu` kernel in a mode other than ``DEFER_NEVER`` (``device.dispatch`` calls it)."""
     mode = config.eager_mode
     if mode != _FUSE or probes._op_probes:
         out = _eager.run_now(op, args, kwargs)

@@ -185,16 +185,16 @@ def _without_lowering(monkeypatch, op):
 
 
 def test_missing_lowering_names_the_overload(monkeypatch):
-    from tpu_debug.runtime import eager
+    from tpu_debug.runtime import device
 
     op = torch.ops.aten.special_airy_ai.default
     _without_lowering(monkeypatch, op)
     with pytest.raises(NotImplementedError, match=r"aten::special_airy_ai has no tpu lowering or decomposition"):
-        eager.dispatch(op, (torch.ones(2, device="tpu"),), {})
+        device.dispatch(op, (torch.ones(2, device="tpu"),), {})
 
 
 def test_cpu_fallback_runs_on_cpu_and_counts(monkeypatch):
-    from tpu_debug.runtime import eager, probes
+    from tpu_debug.runtime import device, probes
 
     seen = []
 
@@ -208,7 +208,7 @@ def test_cpu_fallback_runs_on_cpu_and_counts(monkeypatch):
     monkeypatch.setattr(runtime.config, "cpu_fallback", True)
     try:
         x = torch.linspace(-2, 2, 5)
-        out = eager.dispatch(torch.ops.aten.special_airy_ai.default, (x.to("tpu"),), {})
+        out = device.dispatch(torch.ops.aten.special_airy_ai.default, (x.to("tpu"),), {})
     finally:
         probes.unsubscribe(p)
     torch.testing.assert_close(out.cpu(), torch.special.airy_ai(x))
