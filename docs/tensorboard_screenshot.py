@@ -1,4 +1,4 @@
-"""Regenerate ``docs/tensorboard_trace.png``: a recorded run in xprof's trace viewer (issue 9).
+"""Regenerate ``docs/tensorboard_trace.png``: a recorded run in xprof's trace viewer.
 
     python docs/tensorboard_screenshot.py [--out docs/tensorboard_trace.png]
 

@@ -1,4 +1,4 @@
-"""Generate docs/op_coverage.md: core aten ops on `tpu` and the OpInfo pass counts (issue 7).
+"""Generate docs/op_coverage.md: core aten ops on `tpu` and the OpInfo pass counts.
 
 Usage::
 
@@ -339,7 +339,7 @@ def generate() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Generate docs/op_coverage.md (issue 7).")
+    parser = argparse.ArgumentParser(description="Generate docs/op_coverage.md.")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--check", action="store_true", help="exit 1 if docs/op_coverage.md is stale")
     group.add_argument("--sweep", choices=("ci", "full"), help="run the OpInfo harness and record it")

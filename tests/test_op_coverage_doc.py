@@ -1,4 +1,4 @@
-"""docs/op_coverage.md is what scripts/op_coverage.py generates now (issue 7).
+"""docs/op_coverage.md is what scripts/op_coverage.py generates now.
 
 The document is derived from op_db, the op table and tests/runtime/opinfo_expectations.py;
 a lowering or expectation change without regenerating it fails here.

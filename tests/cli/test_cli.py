@@ -229,7 +229,7 @@ def test_version(capsys):
 
 def test_console_script_points_at_main():
     (ep,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "tpu-debug"]
-    # the launcher imports tpu_debug read-only for the reading verbs, then runs cli.main (issue 6)
+    # the launcher imports tpu_debug read-only for the reading verbs, then runs cli.main
     assert ep.value == "tpu_debug_launcher:main"
     assert callable(ep.load())
 

@@ -1,4 +1,4 @@
-"""Rewrite the tables in opinfo_expectations.py from an OpInfo sweep's results (issue 7).
+"""Rewrite the tables in opinfo_expectations.py from an OpInfo sweep's results.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Expected OpInfo failures on `tpu` and per-op tolerance widenings (issue 7).
+"""Expected OpInfo failures on `tpu` and per-op tolerance widenings.
 
 One declarative table read by ``test_opinfo.py``; every entry carries its
 reason. Regenerate the xfail part from a sweep with

@@ -1,4 +1,4 @@
-"""The OpInfo expectation generator keeps hand-judged kinds (issue 7)."""
+"""The OpInfo expectation generator keeps hand-judged kinds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PyTorch's OpInfo database (``op_db``) on `tpu`, checked against PyTorch on CPU (issue 7).
+"""PyTorch's OpInfo database (``op_db``) on `tpu`, checked against PyTorch on CPU.
 
 For every OpInfo and dtype (float32, int64, bool, bfloat16) the op supports on
 CPU, each sample input runs on CPU and, moved to `tpu`, through the eager
@@ -16,7 +16,7 @@ same way, and so is every argument after the call: what an op mutates must
 match CPU. Random ops are checked for shape, dtype and range only.
 
 Modes: "eager" (op by op, every dtype above) and "compiled" (each call through
-``torch.compile`` with the tpu_debug backend, float32, issue 3): the same checks
+``torch.compile`` with the tpu_debug backend, float32): the same checks
 on whole-graph programs, with a count of the graphs dynamo handed to the backend.
 
 One test id per (op[.variant], dtype, mode). Expected failures and per-op
@@ -72,7 +72,7 @@ def _eager(fn: Callable) -> Callable:
 
 
 class _GraphCount:
-    """How many graphs dynamo handed to the tpu_debug backend during one test (issue 3):
+    """How many graphs dynamo handed to the tpu_debug backend during one test:
     a compiled-mode case that passes with none ran eagerly after dynamo gave up on it."""
 
     graphs = 0

@@ -1,5 +1,5 @@
 """Elementwise and small nn lowerings on `tpu`, and eager in-place / ``out=`` handling,
-checked against PyTorch on CPU (issue 7 regressions found by the OpInfo harness)."""
+checked against PyTorch on CPU (regressions found by the OpInfo harness)."""
 
 from __future__ import annotations
 

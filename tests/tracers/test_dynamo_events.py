@@ -1,4 +1,4 @@
-"""Dynamo's side of recompiles (issue 5): failed guards, graph breaks, the recompile limit,
+"""Dynamo's side of recompiles: failed guards, graph breaks, the recompile limit,
 read through PyTorch's logging while a trace is active."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Transfers (issue 5): every host<->device copy, what caused it, where, loops, and guards."""
+"""Transfers: every host<->device copy, what caused it, where, loops, and guards."""
 
 from __future__ import annotations
 
