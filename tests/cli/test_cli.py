@@ -221,7 +221,7 @@ def test_no_command_prints_help(capsys):
 
 
 def test_version(capsys):
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SystemExit, match=r"^0$") as exc:
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out == f"tpu-debug {tpu_debug.__version__}\n"

@@ -33,7 +33,7 @@ def logdir(tmp_path):
 def test_sigterm_ends_the_run_as_terminated(logdir, default_sigterm):
     x = torch.ones(4).to("tpu")
     steps = 0
-    with pytest.raises(Terminated) as info, tpu_debug.trace(logdir=logdir) as session:
+    with pytest.raises(Terminated, match=r"^143$") as info, tpu_debug.trace(logdir=logdir) as session:
         assert signal.getsignal(signal.SIGTERM) is _raise_terminated
         for steps in range(1, 1000):
             x = x * 1.0
@@ -83,7 +83,7 @@ def test_sigterm_while_the_run_is_set_up_is_held_until_it_is_started(logdir, def
         start_all(self, origin)
 
     monkeypatch.setattr(tracing.Trace, "_start_all", signalled_half_way)
-    with pytest.raises(Terminated), tpu_debug.trace(logdir=logdir):
+    with pytest.raises(Terminated, match=r"^143$"), tpu_debug.trace(logdir=logdir):
         pytest.fail("the block ran although SIGTERM came first")
     (run,) = tpu_debug.list_runs(logdir)
     session = tpu_debug.open_run(run)
@@ -142,7 +142,7 @@ def test_sigterm_dropped_in_a_weakref_callback_still_ends_the_run(logdir, defaul
 
     steps = 0
     hook = sys.unraisablehook
-    with pytest.raises(Terminated), tpu_debug.trace(logdir=logdir) as session:
+    with pytest.raises(Terminated, match=r"^143$"), tpu_debug.trace(logdir=logdir) as session:
         payload = Payload()
         ref = weakref.ref(payload, freed)
         del payload

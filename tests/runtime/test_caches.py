@@ -239,7 +239,7 @@ def test_index_cache_is_bounded_by_bytes(monkeypatch):
 
 def test_cached_index_arrays_are_read_only():
     idx = tpu_tensor._indices((3, 2), (1, 3), 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         idx[0, 0] = 5
 
 
@@ -269,5 +269,5 @@ def test_lru_iterates_and_deletes_like_a_dict():
         if k != "b":
             del cache[k]
     assert cache.keys() == ["b"] and cache.counts().evicted == 0
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="'a'"):
         del cache["a"]

@@ -263,14 +263,14 @@ def test_without_libtpu_the_target_api_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
     expected = ('compiling for a TPU target needs libtpu, which is not installed: '
                 'pip install "tpu-debug[tpu]" (from a clone: pip install -e ".[tpu]")')
-    with pytest.raises(LibtpuMissingError) as info:
+    with pytest.raises(LibtpuMissingError, match="needs libtpu") as info:
         compile_for_target(lambda a: a, (sds((4,)),), "v5e")
     assert str(info.value) == expected
     with pytest.raises(LibtpuMissingError, match=r"pip install -e \"\.\[tpu\]\""):
         compile_lowered_for_target(jax.jit(jnp.sin).lower(np.ones(3, np.float32)), "v6e")
-    with pytest.raises(LibtpuMissingError):  # on the calling thread, not in the future
+    with pytest.raises(LibtpuMissingError, match="needs libtpu"):  # on the calling thread, not in the future
         TargetCompiler().submit(lambda a: a, (sds((4,)),), "v5e")
-    with pytest.raises(LibtpuMissingError):
+    with pytest.raises(LibtpuMissingError, match="needs libtpu"):
         target_mesh("v5e-4", (4,), ("d",))
 
 
@@ -332,7 +332,7 @@ def test_async_errors_arrive_through_the_future():
     def broken(x):
         raise ValueError("user bug")
 
-    with pytest.raises(TargetSpecError):  # a wrong spec fails where it was written
+    with pytest.raises(TargetSpecError, match="v9"):  # a wrong spec fails where it was written
         compile_for_target_async(broken, (sds((4,)),), "v9")
     future = compile_for_target_async(broken, (sds((4,)),), parse_target("v5e"))
     assert isinstance(future.exception(timeout=600), ValueError)

@@ -64,7 +64,7 @@ def test_per_device_figures_split_a_v4_chip_between_its_cores():
 @pytest.mark.parametrize("spec", ["v7", "tpu", "", "v5e-3", "v5p-1", "v4-4", "v5e:2x2x2", "v5p:2x2",
                                   "v5e:0x4", "v5e-8-1", "h100"])
 def test_junk_target_names_what_is_accepted(spec):
-    with pytest.raises(TargetSpecError) as info:
+    with pytest.raises(TargetSpecError, match="TPU") as info:
         parse_target(spec)
     assert repr(spec.strip().lower()) in str(info.value) or repr(spec) in str(info.value)
     message = str(info.value)

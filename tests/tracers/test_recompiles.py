@@ -273,7 +273,7 @@ def test_summarize_reads_changes_per_line_and_names_a_growing_size():
 def test_fail_on_recompile_raises_with_the_diff(logdir, cold_cache):
     three, five = torch.ones(3, device="tpu"), torch.ones(5, device="tpu")
     with (
-        pytest.raises(RecompileError) as info,
+        pytest.raises(RecompileError, match="forbids recompiles here") as info,
         tpu_debug.trace(logdir=logdir, fail_on_recompile=True) as session,
     ):
         three.neg()

@@ -138,7 +138,7 @@ def test_truncated_database_one_line_no_traceback(tmp_path, capsys):
     assert code == 1 and len(err) == 1 and "Traceback" not in err[0]
     assert err[0].startswith(f"tpu-debug report: {db}: not a readable tpu_debug run (")
     assert err[0].endswith("The file is damaged or truncated; re-record the run.")
-    with pytest.raises(RunDamagedError):
+    with pytest.raises(RunDamagedError, match="not a readable tpu_debug run"):
         RunQuery(db).transfers()
 
 
@@ -155,7 +155,7 @@ def test_bytes_overwritten_in_the_middle_one_line_no_traceback(tmp_path, capsys)
     assert err[0].startswith(f"tpu-debug report: {db}: not a readable tpu_debug run (")
     assert err[0].endswith("The file is damaged or truncated; re-record the run.")
     q = RunQuery(db)
-    with pytest.raises(RunDamagedError):
+    with pytest.raises(RunDamagedError, match="not a readable tpu_debug run"):
         q.transfers()
         q.internal_errors()
     q.close()

@@ -92,7 +92,7 @@ def test_without_libtpu_a_target_fails_in_one_line_before_the_script_runs(tmp_pa
     assert capsys.readouterr().err.splitlines() == [f"tpu-debug run: {message}"]
     assert not (tmp_path / "ran").exists() and not (tmp_path / "runs").exists()
     monkeypatch.setenv("TPU_DEBUG_TARGET", "v6e-8")  # the environment asks the same
-    with pytest.raises(LibtpuMissingError):
+    with pytest.raises(LibtpuMissingError, match="needs libtpu"):
         tpu_debug.trace()
 
 

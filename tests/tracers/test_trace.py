@@ -106,7 +106,7 @@ def test_one_trace_at_a_time(logdir):
 
 def test_flushed_and_released_when_the_block_raises(logdir):
     x = torch.ones(2).to("tpu")
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(ZeroDivisionError, match="division by zero"):
         with tpu_debug.trace(logdir=logdir) as session:
             x = x * 5.0
             _ = 1 / 0
@@ -119,7 +119,7 @@ def test_flushed_and_released_when_the_block_raises(logdir):
 
 
 def test_keyboard_interrupt_is_recorded_as_interrupted(logdir):
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=r"^$"):
         with tpu_debug.trace(logdir=logdir) as session:
             raise KeyboardInterrupt
     assert session.metadata().status == "interrupted"
@@ -142,7 +142,7 @@ def test_as_a_decorator_each_call_is_a_run(logdir):
 
 
 def test_options_are_keyword_only():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="positional argument"):
         tpu_debug.trace("somewhere")  # type: ignore[misc]
 
 
@@ -300,7 +300,7 @@ def test_ctrl_c_during_the_final_flush_is_held_until_the_run_is_closed():
 
     reached_end = False
     held = _HeldSignals().hold()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=r"^$"):
         try:
             signal.raise_signal(signal.SIGINT)
             reached_end = True

@@ -139,7 +139,7 @@ def test_disallow_raises_before_the_copy_naming_the_line(logdir):
     s = torch.ones(3, device="tpu").sum()
     with (
         tpu_debug.trace(logdir=logdir, transfer_guard="disallow") as session,
-        pytest.raises(TransferGuardError) as info,
+        pytest.raises(TransferGuardError, match=r"implicit device-to-host transfer") as info,
     ):
         line = _line(1)
         s.item()
