@@ -6,7 +6,8 @@ verbs (``tui``, ``report``, ``runs``, ``tensorboard``, ``diff``) only read a run
 for them (and for ``--help`` and ``--version``) this module sets :data:`read_only`
 before it imports the package: the package then skips the registration and
 exposes its API lazily. ``run`` and every other verb import ``tpu_debug`` as
-``import tpu_debug`` always does.
+``import tpu_debug`` always does. The reading verbs also ignore the recording
+options' ``TPU_DEBUG_*`` variables (:func:`tpu_debug.options.ignore_recording_options`).
 
 The flag lives in this process only (never in the environment), so a child
 process that imports ``tpu_debug`` registers the device as usual.
@@ -38,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # no verb: --help, --version or the usage, which need the device no more than 'report' does
     if "tpu_debug" not in sys.modules and (verb is None or verb in READING_VERBS):
         read_only = True
+    if verb in READING_VERBS:
+        # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
+        from tpu_debug.options import ignore_recording_options
+
+        ignore_recording_options()
     from tpu_debug.cli import main as cli_main
 
     return cli_main(args)
