@@ -39,11 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # no verb: --help, --version or the usage, which need the device no more than 'report' does
     if "tpu_debug" not in sys.modules and (verb is None or verb in READING_VERBS):
         read_only = True
-    if verb in READING_VERBS:
-        # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
-        from tpu_debug.options import ignore_recording_options
-
-        ignore_recording_options()
     from tpu_debug.cli import main as cli_main
 
-    return cli_main(args)
+    if verb not in READING_VERBS:
+        return cli_main(args)
+    # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
+    from tpu_debug.options import ignore_recording_options
+
+    with ignore_recording_options():
+        return cli_main(args)

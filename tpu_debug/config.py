@@ -45,7 +45,7 @@ class _TraceConfigMethods:
         """
         checked = {}
         for name, value in values.items():
-            opt = _options.option(name) if name in _FIELDS else None
+            opt = _FIELDS.get(name)
             if opt is None:
                 raise TypeError(f"trace() got an unexpected keyword argument {name!r}")
             if value is not None:

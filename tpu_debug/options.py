@@ -23,10 +23,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -297,25 +298,36 @@ OPTIONS: tuple[Option, ...] = (
            "RankTimeoutError", _RANKS, flag=False),
 )
 
-_BY_NAME = {o.name: o for o in OPTIONS}
-# set by ignore_recording_options(): this process only reads runs
+# set while ignore_recording_options() is in effect: this process only reads runs
 _reading_only = False
 
 
-def ignore_recording_options() -> None:
-    """From now on this process reads only the reading options' variables (``logdir``).
+@contextlib.contextmanager
+def ignore_recording_options() -> Iterator[None]:
+    """Inside the block, only the reading options' variables (``logdir``) are read.
 
     The reading verbs (``report``, ``runs``, ``tui``, ``diff``, ``tensorboard``) record
     nothing, so a bad recording variable must not stop them: ``tpu_debug_launcher``
-    calls this before it runs one.
+    runs them inside this block.
     """
     global _reading_only
-    _reading_only = True
+    saved, _reading_only = _reading_only, True
+    try:
+        yield
+    finally:
+        _reading_only = saved
 
 
 def option(name: str) -> Option:
-    """The declaration of option ``name``."""
-    return _BY_NAME[name]
+    """The declaration of option ``name``.
+
+    Raises:
+        KeyError: no option has that name.
+    """
+    found = next((o for o in OPTIONS if o.name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found
 
 
 def options(scope: str | None = None) -> tuple[Option, ...]:
