@@ -96,5 +96,8 @@ TraceConfig.__doc__ = "What a trace records and where: one field per trace optio
 
 
 def _guard_level(name: str, value: Any) -> str:
-    """``value`` checked as a transfer guard level (``tpu_debug.transfer_guard``'s argument)."""
-    return _options.check_value(_options.option(name), value)
+    """``value`` checked as a transfer guard level (``tpu_debug.transfer_guard``'s argument,
+    used as given: so only the canonical spelling is accepted)."""
+    if value not in _options.GUARD_LEVELS:
+        raise ConfigError(f"{name}={value!r}: expected {_options.option(name).kind.argument}")
+    return value
