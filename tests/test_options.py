@@ -12,14 +12,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tpu_debug.runtime.config import RuntimeConfig
+from tpu_debug.runtime.distributed.config import DistributedConfig
+
 import tpu_debug
 from tpu_debug import options
 from tpu_debug.cli import main
 from tpu_debug.cli.run import prepare_parser
 from tpu_debug.config import TraceConfig
 from tpu_debug.errors import ConfigError
-from tpu_debug.runtime.config import RuntimeConfig
-from tpu_debug.runtime.distributed.config import DistributedConfig
 
 # Written out by hand, not read from the declarations: every TPU_DEBUG_* option variable
 # the documentation (README, docstrings) promises, with a value each one refuses.
@@ -102,6 +103,12 @@ def test_counts_and_seconds():
         options.read_env([wait], {wait.env: "inf"})
 
 
+def test_readers_find_runs_from_the_logdir_variable_alone():
+    junk = {var: JUNK[var] for var in RECORDING}
+    assert options.default_logdir(junk) == Path("tpu_debug_runs")
+    assert options.default_logdir({**junk, "TPU_DEBUG_LOGDIR": " /data/runs "}) == Path("/data/runs")
+
+
 # -- everything derived from the declarations -------------------------------------------
 
 
@@ -151,8 +158,8 @@ def test_adding_an_option_is_one_declaration(tmp_path):
         print(parser.parse_args(["--sample-rate", "5", "s.py"]).sample_rate)
         print("sample_rate" in inspect.signature(tpu_debug.tracing.trace).parameters)
     """
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["7 3", "5", "True", ""]
 
@@ -181,8 +188,8 @@ _CONSOLE = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
 def _process(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={**os.environ, **env})
+    return subprocess.run([sys.executable, *argv], check=False, capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env={**os.environ, **env})
 
 
 def _recorded_run(tmp_path: Path) -> Path:
@@ -213,6 +220,8 @@ def test_run_with_a_bad_variable_is_one_line_and_fails(tmp_path):
     done = _process(["-c", _CONSOLE, "run", str(script)], tmp_path, {"TPU_DEBUG_EAGER_MODE": "junk"})
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        "tpu-debug run: TPU_DEBUG_EAGER_MODE='junk' is not an eager mode; "
-        "use one of defer_and_fuse, defer_never, defer_never_and_launch_blocking"
+        (
+            "tpu-debug run: TPU_DEBUG_EAGER_MODE='junk' is not an eager mode; "
+            "use one of defer_and_fuse, defer_never, defer_never_and_launch_blocking"
+        )
     ]

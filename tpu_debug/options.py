@@ -49,6 +49,7 @@ __all__ = [
     "check_value",
     "read_env",
     "check_env",
+    "default_logdir",
     "env_text",
     "add_flags",
     "ignore_recording_options",
@@ -397,6 +398,18 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     read_env(None, environ)
 
 
+def default_logdir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where runs are when no logdir is given: ``TPU_DEBUG_LOGDIR``, else the default.
+
+    What a reader of runs needs, without the recording options (which it ignores).
+
+    Raises:
+        ConfigError: ``TPU_DEBUG_LOGDIR`` is set but blank.
+    """
+    opt = option("logdir")
+    return read_env([opt], environ).get("logdir", opt.default)
+
+
 def env_text(value: Any) -> str:
     """``value`` as the text of an environment variable that parses back to it."""
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
@@ -407,6 +420,7 @@ def add_flags(parser: argparse.ArgumentParser, scope: str = "trace") -> None:
     for o in options(scope):
         if o.flag:
             shown = o.default.name if isinstance(o.default, Path) else o.default
+            shown = ("on" if shown else "off") if isinstance(shown, bool) else shown
             hint = f" (default: {shown}; {o.env})" if shown is not None else f" ({o.env})"
             parser.add_argument(o.cli, dest=o.name, help=o.help + hint, **o.kind.flag)
 
@@ -448,7 +462,7 @@ class Settings:
     def __init__(self, **values: Any) -> None:
         unknown = set(values) - self._NAMES
         if unknown:
-            raise TypeError(f"{type(self).__name__} has no option {sorted(unknown)[0]!r}")
+            raise TypeError(f"{type(self).__name__} has no option {min(unknown)!r}")
         for o in self._OPTIONS:
             setattr(self, o.name, values.get(o.name, o.default))
 

@@ -228,8 +228,8 @@ def _fresh(code: str, env: dict[str, str]) -> list[str]:
     import os
     import textwrap
 
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **env})
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
