@@ -409,11 +409,11 @@ def _dynamo_disabled(fn):
     callback unset, and dynamo runs the wrapper's own frame without looking at it."""
 
     def shielded(*args, **kwargs):
-        # every kernel and torch.tpu RNG function comes through here: the device's first use
-        if not _started:
-            start()
         prior = _eval_frame.set_eval_frame(None)
         try:
+            # every kernel and torch.tpu RNG function comes through here: the device's first use
+            if not _started:
+                start()
             return fn(*args, **kwargs)
         finally:
             _eval_frame.set_eval_frame(prior)
@@ -525,7 +525,7 @@ def single_threaded_backward() -> None:
     (``torch.autograd.set_multithreading_enabled(False)``, per thread, as for CPU
     tensors) the calling thread runs them, and device work stays asynchronous in XLA.
     A tracer walking the stack also finds the user's ``backward()`` line. Set on the
-    thread that registers the device and on each thread that compiles a graph.
+    thread of the device's first use (``start()``) and on each thread that compiles a graph.
     """
     if torch._C._is_multithreading_enabled():
         torch._C._set_multithreading_enabled(False)
