@@ -6,7 +6,8 @@ verbs (``tui``, ``report``, ``runs``, ``tensorboard``, ``diff``) only read a run
 for them (and for ``--help`` and ``--version``) this module sets :data:`read_only`
 before it imports the package: the package then skips the registration and
 exposes its API lazily. ``run`` and every other verb import ``tpu_debug`` as
-``import tpu_debug`` always does.
+``import tpu_debug`` always does. The reading verbs also ignore the recording
+options' ``TPU_DEBUG_*`` variables (:func:`tpu_debug.options.ignore_recording_options`).
 
 The flag lives in this process only (never in the environment), so a child
 process that imports ``tpu_debug`` registers the device as usual.
@@ -40,4 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_only = True
     from tpu_debug.cli import main as cli_main
 
-    return cli_main(args)
+    if verb not in READING_VERBS:
+        return cli_main(args)
+    # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
+    from tpu_debug.options import ignore_recording_options
+
+    with ignore_recording_options():
+        return cli_main(args)

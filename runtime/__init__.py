@@ -1,6 +1,7 @@
 """PyTorch on XLA through JAX: the `tpu` device, eager and compiled execution.
 
-Public surface: ``install()`` (idempotent), ``config``, ``probes``,
+Public surface: ``install()`` (idempotent), ``start()`` (what the device's first use
+does, once), ``config``, ``probes``,
 ``cache_stats()``, ``cache_counts()`` (how full each bounded cache is).
 """
 
@@ -9,12 +10,13 @@ from __future__ import annotations
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.caches import CacheCounts, cache_counts
 from tpu_debug.runtime.config import config
-from tpu_debug.runtime.device import DeviceTakenError, install, installed
+from tpu_debug.runtime.device import DeviceTakenError, install, installed, start
 from tpu_debug.runtime.eager import cache_stats, clear_cache, float64_ops
 
 __all__ = [
     "install",
     "installed",
+    "start",
     "config",
     "probes",
     "cache_stats",

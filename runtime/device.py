@@ -26,7 +26,7 @@ from tpu_debug.runtime.ops.registry import registered
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
 from tpu_debug.runtime.tensor import empty as _empty
 
-__all__ = ["install", "installed", "TpuModule", "DeviceTakenError"]
+__all__ = ["install", "installed", "start", "TpuModule", "DeviceTakenError"]
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -34,6 +34,8 @@ _lock = threading.Lock()
 # "libs": the torch.library.Library objects holding our kernels (a Library unregisters
 # its kernels when it is garbage collected)
 _state: dict[str, object] = {"installed": False, "libs": []}
+# set by start(): read on every kernel call, so a plain module global
+_started = False
 
 
 # ---------------------------------------------------------------------------
@@ -87,6 +89,7 @@ class TpuModule:
 
     @staticmethod
     def device_count() -> int:
+        start()
         return jax.local_device_count()
 
     @staticmethod
@@ -104,6 +107,7 @@ class TpuModule:
 
     @staticmethod
     def synchronize(device=None) -> None:
+        start()
         _lazy.materialize("synchronize")  # lazy mode: what is pending runs now
         jax.effects_barrier()
         for arr in jax.live_arrays():
@@ -111,6 +115,7 @@ class TpuModule:
 
     @staticmethod
     def get_device_name(device=None) -> str:
+        start()
         dev = jax.devices()[0]
         return f"XLA {dev.platform.upper()} ({dev.device_kind})"
 
@@ -417,6 +422,9 @@ def _dynamo_disabled(fn):
     def shielded(*args, **kwargs):
         prior = _eval_frame.set_eval_frame(None)
         try:
+            # every kernel and torch.tpu RNG function comes through here: the device's first use
+            if not _started:
+                start()
             return fn(*args, **kwargs)
         finally:
             _eval_frame.set_eval_frame(prior)
@@ -528,7 +536,7 @@ def single_threaded_backward() -> None:
     (``torch.autograd.set_multithreading_enabled(False)``, per thread, as for CPU
     tensors) the calling thread runs them, and device work stays asynchronous in XLA.
     A tracer walking the stack also finds the user's ``backward()`` line. Set on the
-    thread that registers the device and on each thread that compiles a graph.
+    thread of the device's first use (``start()``) and on each thread that compiles a graph.
     """
     if torch._C._is_multithreading_enabled():
         torch._C._set_multithreading_enabled(False)
@@ -581,7 +589,6 @@ def install() -> bool:
     with _lock:
         if _state["installed"]:
             return False
-        _leave_out_an_absent_tpu()
         current = torch._C._get_privateuse1_backend_name()
         if current not in ("privateuseone", "tpu"):
             raise DeviceTakenError(
@@ -610,7 +617,6 @@ def install() -> bool:
         _patch_storages()
         _shield_rng_functions()
         _state["installed"] = True
-    single_threaded_backward()
     from tpu_debug.runtime.compiled import install_backends
 
     # importing torch._dynamo costs about a second, which `import tpu_debug`
@@ -618,6 +624,36 @@ def install() -> bool:
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
     return True
+
+
+def start() -> None:
+    """Prepare the runtime for its first work, once: the device's first op (any kernel or
+    ``torch.tpu`` function that reaches JAX) and the first ``tpu_debug.trace()`` call it.
+
+    Registering the device (``import tpu_debug``) changes nothing else in the process;
+    this does, when the device is first used: it reads the runtime's ``TPU_DEBUG_*``
+    variables into ``runtime.config`` (a value assigned before stands), applies the eager
+    mode they ask for, keeps JAX off an absent TPU (see ``_leave_out_an_absent_tpu``:
+    before JAX's first backend probe) and runs this thread's backward passes on this
+    thread (see ``single_threaded_backward``).
+
+    Raises:
+        ConfigError: a ``TPU_DEBUG_*`` variable of the runtime holds a value it does
+            not accept (the one-line message names the variable, the value and what
+            is accepted); the next use tries again.
+    """
+    global _started
+    if _started:
+        return
+    with _lock:
+        if _started:
+            return
+        config.load_env()
+        _leave_out_an_absent_tpu()
+        single_threaded_backward()
+        _started = True
+    # TPU_DEBUG_EAGER_MODE=defer_and_fuse: hook the optimizers as setting the mode does
+    _lazy.set_mode(config.eager_mode)
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):

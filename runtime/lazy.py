@@ -799,6 +799,3 @@ def _hook_optimizers() -> None:
     register_optimizer_step_post_hook(_optimizer_stepped)
     _state.hooked = True
 
-
-if config.eager_mode == _FUSE:  # set by TPU_DEBUG_EAGER_MODE
-    _hook_optimizers()

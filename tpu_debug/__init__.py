@@ -1,7 +1,12 @@
 """tpu_debug: see what PyTorch does on an XLA (TPU) device, op by op and compile by compile.
 
-``import tpu_debug`` registers the ``tpu`` device (once). Recording is explicit:
-``with tpu_debug.trace() as session:`` or ``tpu-debug run script.py``.
+``import tpu_debug`` registers the ``tpu`` device (once), and that is all it does to
+the process. What the runtime needs besides happens at the device's first use (first
+op or first ``trace()``; ``tpu_debug.runtime.start()``): reading the ``TPU_DEBUG_*``
+variables, switching autograd's device worker thread off for that thread, and keeping
+JAX off libtpu where no TPU is attached (``jax_platforms=cpu``). Recording is explicit:
+``with tpu_debug.trace() as session:`` or ``tpu-debug run script.py``. Options:
+:mod:`tpu_debug.options`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.config import TraceConfig
+from tpu_debug.options import default_logdir
 from tpu_debug.runs import resolve_run
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import RunWriter
@@ -104,7 +104,7 @@ def open_run(run: str | os.PathLike | None = None, *, logdir: str | os.PathLike 
         >>> session.metadata().platform
         'cpu'
     """
-    root = Path(logdir) if logdir is not None else TraceConfig.from_env().logdir
+    root = Path(logdir) if logdir is not None else default_logdir()
     session = Session(resolve_run(run, root))
     _ = session.connection  # validate now: a bad run fails here, not at the first query
     return session

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import datetime as _dt
 import gc
+import inspect
 import os
 import platform as _platform
 import queue
@@ -20,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tpu_debug import options as _options
 from tpu_debug._version import __version__
 from tpu_debug.config import TraceConfig
 from tpu_debug.errors import ConfigError, TpuDebugError, TraceActiveError
@@ -746,34 +748,14 @@ class Trace(contextlib.ContextDecorator):
             self._memory.step()
 
 
-def trace(
-    *,
-    logdir: str | os.PathLike | None = None,
-    name: str | None = None,
-    hlo: bool | None = None,
-    op_events: bool | None = None,
-    tensorboard: bool | None = None,
-    tensorboard_max_events: int | None = None,
-    divergence: bool | None = None,
-    numerics: str | None = None,
-    tolerances: str | Mapping[str, Any] | None = None,
-    divergence_sample: int | None = None,
-    storm_threshold: int | None = None,
-    fail_on_recompile: bool | None = None,
-    transfer_guard: str | None = None,
-    transfer_guard_implicit: str | None = None,
-    eager_mode: Any = None,
-    target: str | None = None,
-    target_wait: float | None = None,
-    memory: bool | None = None,
-    dry_run: bool | None = None,
-) -> Trace:
+def trace(**options: Any) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
     Use as ``with tpu_debug.trace() as session:`` (the session answers queries
     during and after the block) or as a decorator ``@tpu_debug.trace()`` (one
-    run per call). Options left as ``None`` come from ``TPU_DEBUG_*``
-    environment variables, then defaults (see :class:`TraceConfig`).
+    run per call). Options are keyword-only, one per trace option of
+    :mod:`tpu_debug.options` (listed below); one left out or ``None`` comes from
+    its ``TPU_DEBUG_*`` environment variable, then its default.
 
     While it records in the main thread, SIGTERM unwinds the program as Ctrl-C
     does (it raises :class:`Terminated`, exit status 143) unless the program set
@@ -782,65 +764,12 @@ def trace(
     closed are delivered once that is done; a second one during the close stops
     waiting for the run to be written. See docs/reliability.md.
 
-    Args:
-        logdir: where runs go (default ``./tpu_debug_runs``; ``TPU_DEBUG_LOGDIR``).
-        name: run name (default: the calling script's name; ``TPU_DEBUG_NAME``).
-        hlo: record StableHLO and optimized HLO of every compiled program
-            (default True; ``TPU_DEBUG_HLO``).
-        op_events: one event per eager op execution instead of per-executable
-            totals (default False; ``TPU_DEBUG_OP_EVENTS``).
-        tensorboard: capture a JAX profile of the run with tpu_debug's events on
-            its timeline, plus per-step scalars, into ``<run>/tensorboard/``
-            (default False; ``TPU_DEBUG_TENSORBOARD``). Open it with
-            ``tpu-debug tensorboard``.
-        tensorboard_max_events: stop the profile capture after this many spans
-            (default 100000; ``TPU_DEBUG_TENSORBOARD_MAX_EVENTS``).
-        divergence: also run every op on CPU (eager) and interpret every
-            compiled graph on CPU, and record where results first leave
-            tolerance (default False; ``TPU_DEBUG_DIVERGENCE``). See
-            ``session.first_divergence()`` and the report's "Divergence".
-        numerics: ``"tpu"``: float32 matmuls and convolutions run in bfloat16
-            passes as on a TPU at the precision in effect
-            (``torch.tpu.precision``); ``"cpu"``: in float32. Default: leave
-            the runtime's setting (``TPU_DEBUG_NUMERICS``).
-        tolerances: divergence tolerances per dtype, ``{"float32": (rtol, atol)}``,
-            ``"float32=1e-4:1e-6"`` or ``"off"`` (default: ``torch.testing``'s;
-            ``TPU_DEBUG_TOLERANCES``).
-        divergence_sample: compare every N-th node of a compiled graph
-            (default 1: all; ``TPU_DEBUG_DIVERGENCE_SAMPLE``).
-        storm_threshold: flag an op or graph recompiled more than this many
-            times as a recompile storm, naming what keeps changing (default 5;
-            ``TPU_DEBUG_STORM_THRESHOLD``).
-        fail_on_recompile: raise ``RecompileError`` on the first recompile, with
-            the diff in the message (default False; ``TPU_DEBUG_FAIL_ON_RECOMPILE``).
-        transfer_guard: ``"allow"``, ``"log"`` or ``"disallow"`` host<->device
-            transfers; disallow raises ``TransferGuardError`` naming the line
-            (default "allow"; ``TPU_DEBUG_TRANSFER_GUARD``).
-        transfer_guard_implicit: the same for implicit transfers only
-            (``.item()``, ``print``, ``if t:``, CPU fallbacks; default "allow";
-            ``TPU_DEBUG_TRANSFER_GUARD_IMPLICIT``).
-        eager_mode: the eager mode while the trace records, a
-            ``torch.tpu.EagerMode`` or its name (``"defer_and_fuse"``: ops
-            recorded and run as fused programs when a value is needed, each run a
-            materialization event; see the report's "Lazy graphs"). Default:
-            leave the runtime's mode (``TPU_DEBUG_EAGER_MODE``).
-        target: also compile every program for this TPU target (``"v5e"``,
-            ``"v6e-8"``, ``"v5p-8"``, ``"v5e:2x4"``), off the program's thread, and
-            record the TPU's HLO, memory, cost, padding and roofline beside each
-            local program, and step-time estimates (default None;
-            ``TPU_DEBUG_TARGET``). Needs libtpu (``pip install "tpu-debug[tpu]"``).
-            See the report's "TPU target" section.
-        target_wait: seconds the end of the trace waits for target compiles still
-            running; those that do not finish are counted, not recorded (default 60;
-            ``TPU_DEBUG_TARGET_WAIT``).
-        memory: record the device bytes `tpu` tensors hold per step, the peak and
-            the lines holding it (default False; ``TPU_DEBUG_MEMORY``). See the
-            report's "Memory" and ``tpu_debug.tracers.memory.memory_view(session)``.
-        dry_run: run with tensors that hold no data: every program is compiled for
-            ``target`` and nothing executes; a value read (``.item()``, ``print(t)``)
-            stops the program there (default False; ``TPU_DEBUG_DRY_RUN``). See
-            :func:`tpu_debug.dry_run` for a function.
+    The first trace (or op) of a process prepares the runtime
+    (``tpu_debug.runtime.start()``); a trace also checks every ``TPU_DEBUG_*``
+    option variable first, so a bad one stops it before anything runs.
 
+    Args:
+{options}
     Returns:
         A :class:`Trace` context manager / decorator.
 
@@ -855,30 +784,29 @@ def trace(
         ...     y = torch.randn(8, 8, device="tpu") @ torch.randn(8, 8, device="tpu")
         >>> print(session.summary())
     """
-    config = TraceConfig.from_env().override(logdir=logdir, name=name, hlo=hlo, op_events=op_events)
-    config = config.override(tensorboard=tensorboard, tensorboard_max_events=tensorboard_max_events)
-    config = config.override(
-        divergence=divergence, numerics=numerics, tolerances=tolerances, divergence_sample=divergence_sample
-    )
-    config = config.override(
-        storm_threshold=storm_threshold,
-        fail_on_recompile=fail_on_recompile,
-        transfer_guard=transfer_guard,
-        transfer_guard_implicit=transfer_guard_implicit,
-        eager_mode=eager_mode,
-    )
-    config = config.override(target=target, target_wait=target_wait, memory=memory, dry_run=dry_run)
+    config = TraceConfig.from_env().override(**options)
+    _options.check_env()  # the runtime's variables too: a bad one fails here, not mid-script
     if config.dry_run and config.target is None:
         raise ConfigError(
             "dry_run=True needs a TPU target to compile for: trace(dry_run=True, target='v6e'), "
             "tpu-debug run --dry-run --target v6e, or TPU_DEBUG_TARGET=v6e"
         )
-    if config.target_spec(source="target" if target is not None else None) is not None:
+    if config.target_spec(source="target" if options.get("target") is not None else None) is not None:
         # before anything runs: a script traced with --target must not run first and fail after
         from tpu_debug.runtime.target import _libtpu
 
         _libtpu.require_libtpu()
+    from tpu_debug.runtime import start
+
+    start()
     return Trace(config)
+
+
+trace.__doc__ = trace.__doc__.replace("{options}", _options.doc_entries("trace"))
+trace.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None) for o in _options.options("trace")],
+    return_annotation="Trace",
+)
 
 
 # -- step marks --------------------------------------------------------------------------

@@ -97,6 +97,9 @@ def initialize(
                 "JAX was already in use when this process joined the multi-process run; call "
                 "distributed.initialize() before any tpu tensor is made (tpu-debug run --nproc does)"
             )
+        from tpu_debug.runtime.device import start
+
+        start()  # the device's first use: before JAX's first backend probe
         # collectives between processes on the CPU backend
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=num, process_id=rank,

@@ -136,6 +136,9 @@ def init_device_mesh(
         raise MeshError(
             f"mesh_dim_names={mesh_dim_names!r}: give one distinct name per mesh dimension ({len(shape)})"
         )
+    from tpu_debug.runtime.device import start
+
+    start()  # the device's first use: before JAX's first backend probe
     devices = jax.devices()
     n = math.prod(shape)
     if n > len(devices) or (jax.process_count() > 1 and n != len(devices)):

@@ -224,6 +224,58 @@ def test_config_env_is_strict():
         RuntimeConfig.from_env({"TPU_DEBUG_CPU_FALLBACK": "maybe"})
 
 
+def _fresh(code: str, env: dict[str, str]) -> list[str]:
+    import os
+    import textwrap
+
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_import_registers_the_device_and_changes_nothing_else_until_first_use():
+    code = """
+        import importlib.util, os
+        import jax, torch
+        from jax._src import xla_bridge
+        platforms = jax.config.jax_platforms
+        import tpu_debug
+        from tpu_debug.runtime import config, lazy
+        print(torch._C._is_multithreading_enabled(), jax.config.jax_platforms == platforms,
+              xla_bridge.backends_are_initialized(), vars(config) == {}, lazy._state.hooked)
+        config.cpu_fallback = True  # assigned before the first use: the variable does not undo it
+        x = torch.ones(2, device="tpu") * 2
+        # no TPU attached here: with libtpu installed, and no platform or plugin chosen, JAX is
+        # asked for its CPU backend before it first probes (it would load libtpu otherwise)
+        chosen = os.environ.get("JAX_PLATFORMS") or platforms or importlib.util.find_spec("jax_plugins")
+        expected = "cpu" if importlib.util.find_spec("libtpu") and not chosen else platforms
+        print(torch._C._is_multithreading_enabled(), jax.config.jax_platforms == expected)
+        print(config.cpu_fallback, torch.tpu.eager_mode.value, lazy._state.hooked, x.sum().item())
+    """
+    env = {"TPU_DEBUG_CPU_FALLBACK": "0", "TPU_DEBUG_EAGER_MODE": "defer_and_fuse"}
+    assert _fresh(code, env) == [
+        "True True False True False",  # autograd, jax config, jax backends, environment: untouched
+        "False True",
+        "True defer_and_fuse True 4.0",  # the variables apply from the first op on
+    ]
+
+
+def test_a_bad_variable_fails_the_first_use_not_the_import():
+    code = """
+        import torch, tpu_debug
+        from tpu_debug.errors import ConfigError
+        print("imported")
+        for _ in range(2):  # not marked as started: each use says it again
+            try:
+                torch.ones(2, device="tpu")
+            except ConfigError as exc:
+                print(exc)
+    """
+    message = "TPU_DEBUG_LAZY_GRAPH_LIMIT='none' is not a positive integer; use a count such as 1024"
+    assert _fresh(code, {"TPU_DEBUG_LAZY_GRAPH_LIMIT": "none"}) == ["imported", message, message]
+
+
 def test_import_in_fresh_process_registers_once():
     code = (
         "import torch, tpu_debug, tpu_debug.runtime as r;"

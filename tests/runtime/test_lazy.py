@@ -105,7 +105,7 @@ def test_bad_modes_say_which_exist():
     with pytest.raises(TpuArgumentError, match=r"eager mode 3 is not one of"):
         torch.tpu.eager_mode = 3
     assert RuntimeConfig.from_env({"TPU_DEBUG_EAGER_MODE": "DEFER_AND_FUSE"}).eager_mode == "defer_and_fuse"
-    with pytest.raises(ConfigError, match=r"TPU_DEBUG_EAGER_MODE='lazy' is not one of defer_and_fuse, "):
+    with pytest.raises(ConfigError, match=r"^TPU_DEBUG_EAGER_MODE='lazy' is not an eager mode; use one of defer_and_fuse, "):
         RuntimeConfig.from_env({"TPU_DEBUG_EAGER_MODE": "lazy"})
     with pytest.raises(ConfigError, match=r"TPU_DEBUG_LAZY_GRAPH_LIMIT='0' is not a positive integer"):
         RuntimeConfig.from_env({"TPU_DEBUG_LAZY_GRAPH_LIMIT": "0"})

@@ -71,7 +71,7 @@ def test_target_spec_is_parsed_strictly(monkeypatch):
         tpu_debug.trace()
     with pytest.raises(ConfigError, match=r"^TPU_DEBUG_TARGET_WAIT='soon' is not a number of seconds"):
         TraceConfig.from_env({"TPU_DEBUG_TARGET_WAIT": "soon"})
-    with pytest.raises(ConfigError, match=r"^TPU_DEBUG_TARGET=' ' is not a TPU target; use a spec such as 'v5e'"):
+    with pytest.raises(ConfigError, match=r"^TPU_DEBUG_TARGET is set but empty; set it to a TPU target, or unset it$"):
         TraceConfig.from_env({"TPU_DEBUG_TARGET": " "})
     config = TraceConfig.from_env({"TPU_DEBUG_TARGET": " V6E-8 ", "TPU_DEBUG_TARGET_WAIT": "2.5"})
     assert (config.target, config.target_wait, config.target_spec().topology) == ("v6e-8", 2.5, "v6e:2x4")

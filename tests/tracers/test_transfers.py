@@ -189,7 +189,7 @@ def test_transfer_guard_context_manager_without_a_trace():
         ):
             t.sum().item()
     assert t.sum().item() == 2.0
-    pattern = r"^transfer_guard='never' is not a transfer guard level; use 'allow', 'log' or 'disallow'$"
+    pattern = r"^transfer_guard='never': expected one of allow, log, disallow$"
     with pytest.raises(ConfigError, match=pattern), tpu_debug.transfer_guard("never"):
         pass
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import tpu_debug
 from tpu_debug.errors import CommandError
+from tpu_debug.options import add_flags, check_env, env_text
+from tpu_debug.options import options as trace_options
 from tpu_debug.tracing import Terminated
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
@@ -22,117 +24,8 @@ _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = "tpu-debug run [options] (script.py | -m module) [args ...]"
-    parser.add_argument("--logdir", help="where runs go (default: $TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
-    parser.add_argument("--name", help="run name (default: the script's name)")
-    parser.add_argument(
-        "--hlo",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="record StableHLO and optimized HLO of every program (default: on)",
-    )
-    parser.add_argument(
-        "--op-events",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="one event per eager op execution (default: off; totals per executable)",
-    )
-    parser.add_argument(
-        "--tensorboard",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="capture a JAX profile with tpu_debug's events, and per-step scalars, for TensorBoard "
-        "(default: off; open it with 'tpu-debug tensorboard')",
-    )
-    parser.add_argument(
-        "--tensorboard-max-events",
-        type=int,
-        metavar="N",
-        help="stop the profile capture after N spans (default: 100000)",
-    )
-    # -- recompiles and transfers --
-    parser.add_argument(
-        "--fail-on-recompile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="stop the script with RecompileError on the first recompile, showing what changed",
-    )
-    parser.add_argument(
-        "--storm-threshold",
-        type=int,
-        metavar="N",
-        help="flag an op or graph recompiled more than N times as a recompile storm (default: 5)",
-    )
-    parser.add_argument(
-        "--transfer-guard",
-        choices=("allow", "log", "disallow"),
-        help="log or refuse every host<->device transfer (default: allow)",
-    )
-    parser.add_argument(
-        "--transfer-guard-implicit",
-        choices=("allow", "log", "disallow"),
-        help="log or refuse implicit transfers only: .item(), print, if t:, CPU fallbacks (default: allow)",
-    )
-    # -- eager mode --
-    parser.add_argument(
-        "--eager-mode",
-        choices=("defer_and_fuse", "defer_never", "defer_never_and_launch_blocking"),
-        help="how ops outside compiled graphs run: 'defer_and_fuse' records them and runs fused "
-        "programs when a value is needed (TorchTPU's default), 'defer_never' runs them one by one "
-        "(default: $TPU_DEBUG_EAGER_MODE or defer_never)",
-    )
-    # -- divergence against CPU --
-    parser.add_argument(
-        "--divergence",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also run every op on CPU (and interpret compiled graphs on CPU); report the first op "
-        "or graph node whose result leaves tolerance (default: off)",
-    )
-    parser.add_argument(
-        "--numerics",
-        choices=("cpu", "tpu"),
-        help="'tpu': float32 matmuls and convolutions in bfloat16 passes, as a TPU computes them "
-        "(precision from torch.tpu.precision); 'cpu': float32 (default: $TPU_DEBUG_NUMERICS or cpu)",
-    )
-    parser.add_argument(
-        "--tolerances",
-        metavar="SPEC",
-        help="divergence tolerances, 'float32=1e-4:1e-6,bfloat16=0.05' (rtol[:atol] per dtype) or 'off' "
-        "(default: torch.testing's)",
-    )
-    parser.add_argument(
-        "--divergence-sample",
-        type=int,
-        metavar="N",
-        help="compare every N-th node of a compiled graph (default: 1, all)",
-    )
-    # -- TPU target --
-    parser.add_argument(
-        "--target",
-        metavar="TPU",
-        help="also compile every program for this TPU (v5e, v6e-8, v5p-8, v5e:2x4, ...) and report its "
-        "memory, cost, padding and roofline beside the local run (needs libtpu: pip install \"tpu-debug[tpu]\")",
-    )
-    parser.add_argument(
-        "--target-wait",
-        type=float,
-        metavar="SECONDS",
-        help="at the end, wait at most this long for target compiles still running (default: 60)",
-    )
-    parser.add_argument(
-        "--memory",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="record the device bytes tensors hold per step, the peak and the lines holding it "
-        "(default: off; on with --target or --dry-run)",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        default=None,
-        help="run with tensors that hold no data: compile every program for --target, execute nothing, "
-        "and report the memory (a value read such as .item() stops the script there)",
-    )
+    # one flag per trace option (tpu_debug/options.py), None when not given
+    add_flags(parser, "trace")
     parser.add_argument(
         "--no-report",
         dest="report",
@@ -244,6 +137,7 @@ def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_env()  # a bad TPU_DEBUG_* variable: one line, before anything starts
     if args.module:
         target, script_args = args.module, ([args.script] if args.script else []) + list(args.args)
         argv0 = target
@@ -267,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_ranks(args, name)
     if args.devices is not None:
         _simulate_devices(args.devices)
+    tpu_debug.runtime.start()  # before jax.distributed: it keeps JAX off an absent TPU
     from tpu_debug.runtime import distributed
 
     if distributed.initialize():  # a rank of `tpu-debug run --nproc`: join the others first
@@ -276,27 +171,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _trace_options(args: argparse.Namespace, name: str) -> dict:
-    return dict(
-        logdir=args.logdir,
-        name=name,
-        hlo=args.hlo,
-        op_events=args.op_events,
-        tensorboard=args.tensorboard,
-        tensorboard_max_events=args.tensorboard_max_events,
-        fail_on_recompile=args.fail_on_recompile,
-        storm_threshold=args.storm_threshold,
-        transfer_guard=args.transfer_guard,
-        transfer_guard_implicit=args.transfer_guard_implicit,
-        divergence=args.divergence,
-        numerics=args.numerics,
-        tolerances=args.tolerances,
-        divergence_sample=args.divergence_sample,
-        eager_mode=args.eager_mode,
-        target=args.target,
-        target_wait=args.target_wait,
-        memory=True if args.target and args.memory is None else args.memory,
-        dry_run=args.dry_run,
-    )
+    options = {o.name: getattr(args, o.name) for o in trace_options("trace") if o.flag}
+    options["name"] = name
+    if args.target and args.memory is None:  # a target's report needs the memory record
+        options["memory"] = True
+    return options
 
 
 def _record(args: argparse.Namespace, recording, target: str, script_args: list, argv0: str, sys_path0: str) -> int:
@@ -356,10 +235,6 @@ def _simulate_devices(n: int) -> None:
     os.environ["XLA_FLAGS"] = device_count_flag(os.environ.get("XLA_FLAGS", ""), n)
 
 
-def _env_text(value) -> str:
-    return ("1" if value else "0") if isinstance(value, bool) else str(value)
-
-
 def _run_ranks(args: argparse.Namespace, name: str) -> int:
     """``--nproc N``: start N ranks, each a ``tpu-debug run`` of the script recording its own run
     under one parent directory; then report them together."""
@@ -377,7 +252,7 @@ def _run_ranks(args: argparse.Namespace, name: str) -> int:
     env = dict(os.environ)
     for field, value in config.as_dict().items():
         if field not in ("logdir", "name") and value is not None:
-            env[TraceConfig.env_var(field)] = _env_text(value)
+            env[TraceConfig.env_var(field)] = env_text(value)
     what = ["-m", args.module] + ([args.script] if args.script else []) if args.module else [args.script]
     argv = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--logdir", str(group.path),
             *what, *args.args]

@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--poll {args.poll}: give a number of seconds above 0, e.g. --poll 0.5", exit_code=2
         )
-    from tpu_debug.config import TraceConfig
+    from tpu_debug.options import default_logdir
     from tpu_debug.ranks import find_group
 
-    logdir = args.logdir if args.logdir is not None else TraceConfig.from_env().logdir
+    logdir = args.logdir if args.logdir is not None else default_logdir()
     group = find_group(args.run, logdir)
     if group is not None:  # a multi-process run: open its first rank; `r` switches
         ranks = group.rank_dirs()
