@@ -979,8 +979,9 @@ class MemoryStepEvent(Event):
     ``live_bytes`` at the step's end, ``peak_bytes`` the most held at once within it
     (at ``peak_ts``), ``tensors`` the storages alive at its end. ``holders``: the
     top holders at the peak, kept only for a step whose peak was the run's highest
-    so far. Steps end at ``optimizer.step()`` or ``tpu_debug.step()``; a run with
-    neither is one step.
+    so far. ``step`` is the :class:`StepEvent` index of the step (the memory tracer
+    listens to the run's steps); what ran after the last step is one more record,
+    and a run without steps is one step.
     """
 
     kind: ClassVar[str] = "memory_step"
@@ -999,7 +1000,8 @@ class MemoryStepEvent(Event):
 class MemorySummaryEvent(Event):
     """The run's device memory, and whether it fits its TPU target (written when the trace ends).
 
-    ``peak_bytes``: the most the `tpu` tensors held at once (in step ``peak_step``);
+    ``peak_bytes``: the most the `tpu` tensors held at once (in step ``peak_step``,
+    of the ``steps`` the run's step source ended; 1 for a run without steps);
     ``persistent_bytes`` what was still held at that step's end (parameters,
     gradients, optimizer state, inputs kept); ``activation_bytes`` the forward's
     tensors held at the peak and gone by the step's end (kept for backward);
@@ -1059,12 +1061,18 @@ class MemoryFix:
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryFindingEvent(Event):
-    """The run does not fit its TPU target's memory: the evidence and the fixes, as data.
+    """The evidence of a run's fit in its TPU target's memory, as data (the memory
+    tracer writes it; whether it is a finding is the advisor's rule,
+    ``tracers/advisor/fit.py``).
 
-    ``finding``: ``"does_not_fit"`` (the estimate, ``required_bytes``, is over one
-    device's ``capacity_bytes``) or ``"program_oom"`` (the TPU compiler refused
-    ``program`` for want of HBM; ``required_bytes`` is what it had counted).
-    ``holders``: the biggest holders at the peak; ``fixes``: estimates, best first.
+    ``finding`` says which record it is: ``"estimate"`` (written for every run with
+    a target: the need, ``required_bytes``, against one device's
+    ``capacity_bytes``, with what each remedy would bring it to) or
+    ``"program_oom"`` (the TPU compiler refused ``program`` for want of HBM;
+    ``required_bytes`` is what it had counted). Runs recorded before the advisor
+    made that decision hold ``"does_not_fit"`` (an estimate over capacity) instead
+    of ``"estimate"``. ``holders``: the biggest holders at the peak; ``fixes``:
+    estimates, best first.
     """
 
     kind: ClassVar[str] = "memory_finding"

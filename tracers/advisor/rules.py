@@ -15,9 +15,9 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tpu_debug.tracers.advisor import rule
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
+from tpu_debug.tracers.advisor.registry import rule
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.recompiles import describe, summarize
 from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for
