@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler
+from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.target import findings
 from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
 
@@ -155,14 +156,20 @@ def test_a_cpu_only_custom_call_is_lowered_again_for_the_tpu(logdir, cold_cache)
 def test_padding_waste_on_a_100_wide_layer_and_not_on_a_128_wide_one(logdir):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=g)
-    found = {}
+    found, advised = {}, {}
     for width in (100, 128):
         w, b = torch.randn(width, 256, generator=g), torch.randn(width, generator=g)
         with tpu_debug.trace(logdir=logdir, target="v5e", name=f"width{width}") as session:
             y = F.linear(x.to("tpu"), w.to("tpu"), b.to("tpu"))  # the layer
         torch.testing.assert_close(y.cpu(), F.linear(x, w, b), **MATMUL_TOL)
         found[width] = findings(session.events("target_compile"))
-    assert found[128] == []
+        advised[width] = [f for f in session.findings() if f.kind == "tpu_padding"]
+    assert found[128] == [] and advised[128] == []
+    # the advisor's finding: the same array, its line, and the fix for its padded dimension
+    (advice,) = advised[100]
+    assert advice.severity == "warning" and advice.evidence.location.line == _line("# the layer")
+    assert advice.evidence.count("padding bytes") == 64 * 28 * 4 and advice.targets == ("addmm",)
+    assert advice.fix == "pad dimension 1 (size 100) to a multiple of 128"
     (pad,) = found[100]
     assert (pad.kind, pad.target, pad.subject) == ("padding", "v5e", "f32[64,100]")
     # 100 of the 128 lanes of each (8, 128) tile: 28 padding columns of 64 float32 rows
@@ -206,6 +213,12 @@ def test_a_program_over_v5e_hbm_is_refused_there_and_fits_v6e(logdir):
     report = v5e.summary()
     assert "TPU target (v5e)" in report and "OOM" in report
     assert f"hbm_oom: bmm at test_target_trace.py:{_line('# the batched product')} needs" in report
+    # one of the run's findings, an error, at the line, with a fix for its cause (HBM)
+    (advice,) = [f for f in v5e.findings() if f.kind == "hbm_oom"]
+    assert advice.severity == "error" and advice.cause == "hbm" and "v6e" in advice.fix
+    assert advice.evidence.location.line == _line("# the batched product")
+    assert advice.evidence.count("required") == refused.required_bytes
+    assert "hbm_oom" not in {f.kind for f in v6e.findings()}
     # v6e: 32 GiB per chip; the same program fits, needing more than a v5e chip offers
     (fits,) = _compiles(v6e, "bmm")
     assert fits.ok and refused.available_bytes < fits.memory_bytes < v6e.events("target_summary")[0].hbm_bytes
@@ -273,6 +286,27 @@ def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_pat
     assert [s.step for s in steps if not s.unfinished][:3] == [1, 2, 3]  # SGD's three steps
     assert all(s.executions == s.estimated > 0 and 0 < s.mfu < 1 for s in steps)
     assert "step" in section and "MFU est." in section and "a model estimate, not a measurement" in section
+
+
+@requires_libtpu
+def test_steps_memory_and_target_count_the_traced_devices_steps_only(tmp_path, monkeypatch, capsys):
+    # mlp_train.py trains on tpu with SGD, then Adam, and each again on CPU as the reference:
+    # the script's own loop makes 2 x --steps optimizer steps on tpu (and as many on CPU)
+    monkeypatch.chdir(tmp_path)
+    loop_steps = 4
+    code = main(["run", "--logdir", str(tmp_path / "runs"), "--target", "v5e", str(EXAMPLES / "mlp_train.py"),
+                 "--steps", str(loop_steps)])
+    assert code == 0, capsys.readouterr().err
+    tpu_steps = 2 * loop_steps
+    session = open_run(logdir=tmp_path / "runs")
+    assert [s.index for s in session.steps()] == list(range(tpu_steps))
+    memory = memory_view(session)
+    assert memory.summary.steps == tpu_steps
+    # one memory record per step, by the step's own index (and the work after the last step)
+    assert [m.step for m in memory.steps][:tpu_steps] == list(range(tpu_steps))
+    assert memory.summary.peak_step < len(memory.steps) <= tpu_steps + 1
+    finished = [s.step for s in session.events("target_step") if not s.unfinished]
+    assert finished == list(range(1, tpu_steps + 1))
 
 
 class _Net(torch.nn.Module):

@@ -30,9 +30,21 @@ def _holder_location(holders: Iterable[MemoryHolder]) -> SourceLocation | None:
     return next((SourceLocation(h.file, h.line, h.function) for h in holders if h.file), None)
 
 
-def _fix_text(record: MemoryFindingEvent) -> tuple[str, tuple[str, ...]]:
-    """The fix to give (the best estimate that fits alone, or what to combine) and the others."""
-    fitting = [f for f in record.fixes if f.fits]
+# the remedies to try first, by cause: tensors held between steps shrink with their dtype or
+# spread over chips (a smaller batch or checkpointing leaves them as they are); a step's peak
+# on top of them shrinks first with what the step keeps for backward and its batch
+_PREFERRED = {
+    "state": ("bfloat16", "chips", "checkpointing", "batch"),
+    "peak": ("checkpointing", "batch", "bfloat16", "chips"),
+}
+
+
+def _fix_text(record: MemoryFindingEvent, cause: str) -> tuple[str, tuple[str, ...]]:
+    """The fix to give (the first remedy for ``cause`` that fits alone, or what to combine) and
+    the other remedies that fit alone."""
+    order = _PREFERRED[cause]
+    fitting = sorted((f for f in record.fixes if f.fits),
+                     key=lambda f: order.index(f.remedy) if f.remedy in order else len(order))
     if fitting:
         return describe_fix(fitting[0]), tuple(f"or: {describe_fix(f)}" for f in fitting[1:])
     partial = [describe_fix(f) for f in record.fixes]
@@ -59,8 +71,8 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
     for record in facts.memory.findings:
         if record.finding != DOES_NOT_FIT:
             continue
-        fix, others = _fix_text(record)
         cause = _cause(summary, record)
+        fix, others = _fix_text(record, cause)
         title = (
             f"the run does not fit one {record.target} device: ~{size(record.required_bytes)} needed, "
             f"{size(record.capacity_bytes)} there"
@@ -115,8 +127,8 @@ def _oom_from_target(f: TargetFinding) -> Finding:
     )
 
 
-def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
-    fix, others = _fix_text(record)
+def _oom_from_dry_run(record: MemoryFindingEvent, summary: MemorySummaryEvent | None) -> Finding:
+    fix, others = _fix_text(record, _cause(summary, record))
     program = record.program or "a program"
     return Finding(
         kind="hbm_oom",
@@ -147,7 +159,7 @@ def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
             yield _oom_from_target(f)
     for record in facts.memory.findings:
         if record.finding == PROGRAM_OOM:
-            yield _oom_from_dry_run(record)
+            yield _oom_from_dry_run(record, facts.memory.summary)
 
 
 @rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more")
