@@ -127,9 +127,16 @@ def _oom_from_target(f: TargetFinding) -> Finding:
     )
 
 
-def _oom_from_dry_run(record: MemoryFindingEvent, summary: MemorySummaryEvent | None) -> Finding:
-    fix, others = _fix_text(record, _cause(summary, record))
+def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
     program = record.program or "a program"
+    # the run's remedies (estimated for its peak) are not this one program's: what it holds is
+    # its own inputs, outputs and temporaries
+    fix = (
+        f"make {program} hold less on one device: shard it over more chips (a bigger "
+        f"{record.target.split('-')[0]}-N slice, its inputs split), or shrink its inputs and outputs: "
+        "bfloat16 instead of float32, a smaller batch; a weight initialized on the device in one "
+        "program can be built on 'meta' and loaded instead"
+    )
     return Finding(
         kind="hbm_oom",
         severity="error",
@@ -141,13 +148,11 @@ def _oom_from_dry_run(record: MemoryFindingEvent, summary: MemorySummaryEvent | 
         cost_seconds=0.0,
         evidence=Evidence(
             _holder_location(record.holders),
-            (Count("required", record.required_bytes, "B"), Count("available", record.capacity_bytes, "B"),
-             *_fix_counts(record)),
-            (*(f"holds at the peak: {describe_holder(h)}" for h in record.holders), *others),
+            (Count("required", record.required_bytes, "B"), Count("available", record.capacity_bytes, "B")),
+            tuple(f"holds at the peak: {describe_holder(h)}" for h in record.holders),
         ),
         cause="hbm",
         subject=f"{record.target}: {program}",
-        estimated=True,
         targets=(program,),
     )
 
@@ -159,7 +164,7 @@ def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
             yield _oom_from_target(f)
     for record in facts.memory.findings:
         if record.finding == PROGRAM_OOM:
-            yield _oom_from_dry_run(record, facts.memory.summary)
+            yield _oom_from_dry_run(record)
 
 
 @rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more")
