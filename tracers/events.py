@@ -8,8 +8,8 @@ fields after the header are the event's own. ``kind`` is a class constant that
 names the event in the run store.
 
 An event kind is declared in one place, its class: the fields with their types,
-``kind``, and ``stored`` (a :class:`Stored`: its detail table and which fields
-the shared header keeps). ``@register_event`` adds it to :data:`EVENT_TYPES`;
+``kind``, ``stored`` (a :class:`Stored`: its detail table and which fields
+the shared header keeps) and ``view`` (the TUI view that shows it, if any). ``@register_event`` adds it to :data:`EVENT_TYPES`;
 the run store derives the table's columns from the field types, and its
 writer and queries follow from the same declaration (see :mod:`.store`).
 
@@ -241,6 +241,8 @@ class Event:
 
     kind: ClassVar[str] = "event"
     stored: ClassVar[Stored | None] = None
+    # the TUI view (its mode name: "recompiles", "ops", ...) that shows events of this kind
+    view: ClassVar[str | None] = None
 
     id: int
     ts: float
@@ -298,6 +300,7 @@ class OpEvent(Event):
     ``op_events=True``; otherwise executions are aggregated per program)."""
 
     kind: ClassVar[str] = "op"
+    view: ClassVar[str | None] = "ops"
     stored: ClassVar[Stored] = Stored(
         None, name="name", seconds="seconds", program="program", header="executions"
     )
@@ -323,6 +326,7 @@ class CompileEvent(Event):
     """
 
     kind: ClassVar[str] = "compile"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("compiles", name="name", seconds="seconds", program="program")
 
     name: str
@@ -349,6 +353,7 @@ class TransferEvent(Event):
     """
 
     kind: ClassVar[str] = "transfer"
+    view: ClassVar[str | None] = "transfers"
     stored: ClassVar[Stored] = Stored("transfers", name="op", seconds="seconds")
 
     direction: str  # "h2d" | "d2h" | "d2d"
@@ -366,6 +371,7 @@ class FallbackEvent(Event):
     """An op ran on CPU because it has no lowering."""
 
     kind: ClassVar[str] = "fallback"
+    view: ClassVar[str | None] = "ops"
     stored: ClassVar[Stored] = Stored("fallbacks", name="name", seconds="seconds")
 
     name: str
@@ -383,6 +389,7 @@ class GraphBreakEvent(Event):
     """
 
     kind: ClassVar[str] = "graph_break"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("graph_breaks", name="name")
 
     name: str
@@ -401,6 +408,7 @@ class GuardFailureEvent(Event):
     """
 
     kind: ClassVar[str] = "guard_failure"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("guard_failures", name="name")
 
     name: str
@@ -418,6 +426,7 @@ class RecompileLimitEvent(Event):
     """
 
     kind: ClassVar[str] = "recompile_limit"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("recompile_limits", name="name")
 
     name: str
@@ -498,6 +507,7 @@ class DivergenceEvent(Event):
     """
 
     kind: ClassVar[str] = "divergence"
+    view: ClassVar[str | None] = "divergence"
     stored: ClassVar[Stored] = Stored("divergences", name="name")
 
     name: str
@@ -615,6 +625,7 @@ class MaterializationEvent(Event):
     """
 
     kind: ClassVar[str] = "materialize"
+    view: ClassVar[str | None] = "recompiles"  # lazy mode's fused graphs are compiles there
     stored: ClassVar[Stored] = Stored("materializations", name="trigger", seconds="seconds", program="program")
 
     trigger: str
@@ -667,6 +678,7 @@ class StepEvent(Event):
     """
 
     kind: ClassVar[str] = "step"
+    view: ClassVar[str | None] = "steps"
     stored: ClassVar[Stored] = Stored("steps", name="detected", seconds="seconds")
 
     index: int = column("step_index")  # INDEX and END are SQL keywords
@@ -718,6 +730,7 @@ class CollectivesEvent(Event):
     """
 
     kind: ClassVar[str] = "collectives"
+    view: ClassVar[str | None] = "collectives"
     stored: ClassVar[Stored] = Stored("collective_programs", name="name", seconds="seconds", program="program")
 
     name: str
@@ -820,6 +833,7 @@ class TargetCompileEvent(Event):
     """
 
     kind: ClassVar[str] = "target_compile"
+    view: ClassVar[str | None] = "ops"
     stored: ClassVar[Stored] = Stored("target_compiles", name="name", seconds="seconds", program="program")
 
     name: str
@@ -985,6 +999,7 @@ class MemoryStepEvent(Event):
     """
 
     kind: ClassVar[str] = "memory_step"
+    view: ClassVar[str | None] = "memory"
     stored: ClassVar[Stored] = Stored("memory_steps")
 
     step: int
@@ -1016,6 +1031,7 @@ class MemorySummaryEvent(Event):
     """
 
     kind: ClassVar[str] = "memory"
+    view: ClassVar[str | None] = "memory"
     stored: ClassVar[Stored] = Stored("memory_summaries")
 
     peak_bytes: int
@@ -1076,6 +1092,7 @@ class MemoryFindingEvent(Event):
     """
 
     kind: ClassVar[str] = "memory_finding"
+    view: ClassVar[str | None] = "memory"
     stored: ClassVar[Stored] = Stored("memory_findings", name="finding")
 
     finding: str

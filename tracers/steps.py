@@ -193,7 +193,6 @@ class StepTracker:
         """Hook ``optimizer.step()`` (every optimizer; those without ``tpu`` parameters are ignored)."""
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
-
             from tpu_debug.runtime.lazy import hook_optimizers
 
             # post hooks run in the order they were registered: lazy mode's (which runs the

@@ -22,9 +22,9 @@ import sys
 
 import torch
 from torch import nn
+from tpu_debug.runtime import dryrun
 
 import tpu_debug
-from tpu_debug.runtime import dryrun
 
 HIDDEN, VOCAB = 16384, 262144
 

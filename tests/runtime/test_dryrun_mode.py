@@ -138,11 +138,11 @@ def test_a_traced_dry_run_over_one_chip_is_one_of_the_runs_findings(tmp_path, ca
     from tpu_debug.cli import main
 
     n = 5 * GiB  # float32: 20 GiB, over a v5e chip's 16 GiB HBM
-    with pytest.raises(dryrun.DryRunValueError, match=r"the dry run needs a value .*\(\.item\(\)\)"):
-        with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
-            x = torch.empty(n, device="tpu")  # the big tensor
-            x.mul_(2)
-            x.sum().item()  # the read that stops it
+    stops = pytest.raises(dryrun.DryRunValueError, match=r"the dry run needs a value .*\(\.item\(\)\)")
+    with stops, tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
+        x = torch.empty(n, device="tpu")  # the big tensor
+        x.mul_(2)
+        x.sum().item()  # the read that stops it
     lines = Path(__file__).read_text().splitlines()
     big, read = (next(i for i, t in enumerate(lines, 1) if marker in t) for marker in ("# the big tensor", "# the read that stops it"))
     found = {f.kind: f for f in session.findings()}

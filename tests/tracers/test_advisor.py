@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tpu_debug
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers import advisor
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.advisor import Advice, Finding, advise, lookup, rank, rule
+
+import tpu_debug
 
 
 def _finding(kind="recompile", severity="warning", cost=1.0, subject="s") -> Finding:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tpu_debug
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.steps import STEADY, WARMUP, Loop, StepIndex, detect_loop, phase_of, step_phases
+
+import tpu_debug
 
 
 def _step(index: int, ts: float, end: float, *, compiles: int = 0, sequence: str = "a") -> StepEvent:

@@ -65,7 +65,7 @@ def _cause(summary: MemorySummaryEvent | None, record: MemoryFindingEvent) -> st
     return "peak"
 
 
-@rule("memory_fit", about="tensors and temporaries need more HBM than one device of the TPU target has")
+@rule("memory_fit", about="tensors and temporaries need more HBM than one device of the TPU target has", view="memory")
 def memory_fit(facts: RunFacts) -> Iterable[Finding]:
     summary = facts.memory.summary
     for record in facts.memory.findings:
@@ -157,7 +157,7 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
     )
 
 
-@rule("hbm_oom", about="a program the TPU target's compiler refuses: it needs more HBM than one device has")
+@rule("hbm_oom", about="a program the TPU target's compiler refuses: it needs more HBM than one device has", view="memory")
 def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
     for f in findings(facts.target_compiles):
         if f.kind == "hbm_oom":
@@ -167,7 +167,7 @@ def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
             yield _oom_from_dry_run(record)
 
 
-@rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more")
+@rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more", view="ops")
 def tpu_padding(facts: RunFacts) -> Iterable[Finding]:
     for f in findings(facts.target_compiles):
         if f.kind != "padding":
@@ -200,7 +200,7 @@ def tpu_padding(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("dry_run_stopped", about="a dry run that stopped early: the code read a value a dry run does not have")
+@rule("dry_run_stopped", about="a dry run that stopped early: the code read a value a dry run does not have", view="memory")
 def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
     summary = facts.memory.summary
     if summary is None or not summary.dry_run or not summary.stopped:

@@ -24,19 +24,21 @@ class Rule:
     kind: str
     about: str
     check: Callable[[RunFacts], Iterable[Finding]]
+    view: str | None = None  # the TUI view (its mode name) that shows what the findings are about
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(kind: str, *, about: str) -> Callable:
-    """Register ``fn(facts) -> Iterable[Finding]`` as the rule for findings of ``kind``.
+def rule(kind: str, *, about: str, view: str | None = None) -> Callable:
+    """Register ``fn(facts) -> Iterable[Finding]`` as the rule for findings of ``kind``, whose
+    findings the TUI view ``view`` (``"recompiles"``, ``"ops"``, ...) shows the subject of.
 
     Raises:
         ValueError: a rule of this kind is already registered.
 
     Example:
-        >>> @rule("my_kind", about="what it looks for")
+        >>> @rule("my_kind", about="what it looks for", view="ops")
         ... def my_kind(facts: RunFacts) -> Iterable[Finding]:
         ...     yield from ()
     """
@@ -48,7 +50,7 @@ def rule(kind: str, *, about: str) -> Callable:
                 f"advisor rule {kind!r} is registered twice: {known.check.__module__}.{known.check.__qualname__} "
                 f"and {fn.__module__}.{fn.__qualname__}"
             )
-        RULES[kind] = Rule(kind, about, fn)
+        RULES[kind] = Rule(kind, about, fn, view)
         return fn
 
     return register
