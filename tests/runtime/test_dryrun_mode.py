@@ -7,6 +7,7 @@ the device, as the same tensor does in PyTorch on CPU (``untyped_storage().nbyte
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -143,6 +144,7 @@ def test_a_traced_dry_run_over_one_chip_is_one_of_the_runs_findings(tmp_path, ca
         x = torch.empty(n, device="tpu")  # the big tensor
         x.mul_(2)
         x.sum().item()  # the read that stops it
+    del x  # the traceback pytest keeps would hold it (and its 20 GiB) alive in the next test's trace
     lines = Path(__file__).read_text().splitlines()
     big, read = (next(i for i, t in enumerate(lines, 1) if marker in t) for marker in ("# the big tensor", "# the read that stops it"))
     found = {f.kind: f for f in session.findings()}
@@ -164,6 +166,7 @@ def test_a_traced_dry_run_over_one_chip_is_one_of_the_runs_findings(tmp_path, ca
 
 
 def test_a_dry_run_that_fits_makes_no_memory_finding(tmp_path):
+    gc.collect()  # tensors other tests left to the collector are live tpu tensors to a trace
     with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
         x = torch.empty(1024, 1024, device="tpu")
         x.mul_(2)
