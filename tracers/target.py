@@ -23,7 +23,8 @@ finish (:class:`~tpu_debug.tracers.events.TargetSummaryEvent`).
 
 :func:`findings` reads the recorded events back into :class:`TargetFinding`
 records (an HBM out-of-memory at compile time; padding that wastes a fifth of
-an array or more); the report renders them. This module imports neither torch
+an array or more): the evidence the advisor's ``hbm_oom`` and ``tpu_padding``
+rules (``tracers/advisor/fit.py``) make findings of, like every other finding. This module imports neither torch
 nor jax at module level: the report reads runs without them.
 """
 
