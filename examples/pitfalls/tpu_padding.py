@@ -1,14 +1,15 @@
-"""Pitfall: a layer width a TPU pads, wasting HBM and matrix-unit work.
+"""Pitfall: image and batch sizes a TPU pads, wasting HBM and bandwidth.
 
-A TPU lays a float32 matrix out in (8, 128) tiles: a dimension of 100 is
-stored, moved and multiplied as 128, so 22 % of each such array is padding.
-A classifier over 100 classes (CIFAR-100's) makes logits of width 100 at
-every step. CPU XLA has no tiles, so nothing shows here; compiled for a real
-TPU (``--target``), every program is laid out as the TPU would.
+A TPU lays a float32 array out in (8, 128) tiles over two of its dimensions
+(the compiler picks which): a dimension of 100 is stored and moved as 128.
+Images of 100 x 100 pixels in batches of 96 leave it no dimension that fills
+a tile, so 22 % of every image batch the step touches is padding, and a third
+of the pooled one. CPU XLA has no tiles, so nothing shows here; compiled for
+a real TPU (``--target``), every program is laid out as the TPU would.
 
-``tpu-debug run --target v5e`` on this script names the padded array, its
-line and the fix. ``--fixed`` pads the classes to 128 and masks the 28 extra
-logits out of the loss, so every array is whole tiles.
+``tpu-debug run --target v5e`` on this script names the padded arrays, their
+line and the dimension to pad. ``--fixed`` crops and pads the images to
+128 x 128 and batches 128 of them, so the tiles are full.
 
     python examples/pitfalls/tpu_padding.py [--steps 3] [--fixed]
     tpu-debug run --target v5e examples/pitfalls/tpu_padding.py
@@ -24,32 +25,31 @@ from torch import nn
 
 import tpu_debug  # noqa: F401 - registers the tpu device
 
-CLASSES = 100
+CLASSES = 10
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--fixed", action="store_true", help="pad the classes to 128 and mask the extra ones")
+    parser.add_argument("--fixed", action="store_true", help="128 x 128 images in batches of 128")
     args = parser.parse_args(argv)
 
-    width = 128 if args.fixed else CLASSES
+    size, batch = (128, 128) if args.fixed else (100, 96)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 256, generator=g).to("tpu")
-    y = torch.randint(0, CLASSES, (64,), generator=g).to("tpu")
+    images = torch.rand(batch, 3, size, size, generator=g).to("tpu")
+    labels = torch.randint(0, CLASSES, (batch,), generator=g).to("tpu")
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1).to("tpu")
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, width)).to("tpu")
-    # the padded classes never win: their logits are pushed far below the real ones
-    mask = torch.zeros(width)
-    mask[CLASSES:] = -1e9
-    mask = mask.to("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = nn.Linear(3 * (size // 2) ** 2, CLASSES).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.steps):
+        x = (images - mean) * 4.0  # normalized: batch x 3 x size x size
+        x = nn.functional.avg_pool2d(x, 2).flatten(1)
         opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x) + mask, y)  # logits: 64 x width
+        loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         opt.step()
-    print(f"{args.steps} steps, logits of width {width}, final loss {loss.detach().cpu().item():.4f}")
+    print(f"{args.steps} steps on {batch} images of {size}x{size}, final loss {loss.detach().cpu().item():.4f}")
     return 0
 
 

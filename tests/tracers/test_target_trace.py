@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler
+from tpu_debug.tracers.advisor.fit import PADDING_FINDING_BYTES
 from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.target import findings
 from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
@@ -156,20 +157,16 @@ def test_a_cpu_only_custom_call_is_lowered_again_for_the_tpu(logdir, cold_cache)
 def test_padding_waste_on_a_100_wide_layer_and_not_on_a_128_wide_one(logdir):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=g)
-    found, advised = {}, {}
+    found = {}
     for width in (100, 128):
         w, b = torch.randn(width, 256, generator=g), torch.randn(width, generator=g)
         with tpu_debug.trace(logdir=logdir, target="v5e", name=f"width{width}") as session:
             y = F.linear(x.to("tpu"), w.to("tpu"), b.to("tpu"))  # the layer
         torch.testing.assert_close(y.cpu(), F.linear(x, w, b), **MATMUL_TOL)
         found[width] = findings(session.events("target_compile"))
-        advised[width] = [f for f in session.findings() if f.kind == "tpu_padding"]
-    assert found[128] == [] and advised[128] == []
-    # the advisor's finding: the same array, its line, and the fix for its padded dimension
-    (advice,) = advised[100]
-    assert advice.severity == "warning" and advice.evidence.location.line == _line("# the layer")
-    assert advice.evidence.count("padding bytes") == 64 * 28 * 4 and advice.targets == ("addmm",)
-    assert advice.fix == "pad dimension 1 (size 100) to a multiple of 128"
+        # 7 KiB of padding: shown with the target's figures, too small to be one of the run's findings
+        assert [f for f in session.findings() if f.kind == "tpu_padding"] == []
+    assert found[128] == []
     (pad,) = found[100]
     assert (pad.kind, pad.target, pad.subject) == ("padding", "v5e", "f32[64,100]")
     # 100 of the 128 lanes of each (8, 128) tile: 28 padding columns of 64 float32 rows
@@ -179,6 +176,23 @@ def test_padding_waste_on_a_100_wide_layer_and_not_on_a_128_wide_one(logdir):
     assert pad.figure("flops_wasted") == pytest.approx(2 * 64 * 256 * 28, rel=1e-9)
     assert pad.programs == ("addmm",) and pad.locations[0].line == _line("# the layer")
     assert pad.fix == "pad dimension 1 (size 100) to a multiple of 128"
+
+
+@requires_libtpu
+def test_a_megabyte_of_padding_in_one_array_is_one_of_the_runs_findings(logdir):
+    # 96 images of 100 x 100: no dimension fills a 128-lane tile row
+    images = torch.rand(96, 3, 100, 100, generator=torch.Generator().manual_seed(0))
+    with tpu_debug.trace(logdir=logdir, target="v5e", hlo=False) as session:
+        scaled = images.to("tpu") * 4.0  # the image batch
+    torch.testing.assert_close(scaled.cpu(), images * 4.0, rtol=0, atol=0)
+    (advice,) = [f for f in session.findings() if f.kind == "tpu_padding"]
+    assert advice.severity == "warning" and advice.subject.startswith("v5e: f32[96,3,100,100]")
+    # whichever way the compiler lays it out, one 100 sits on the lanes (padded to 128), and 96
+    # (a multiple of 8) or the other 100 (to 104) on the sublanes: 28 of every 128 lanes at least
+    wasted = advice.evidence.count("padding bytes")
+    assert wasted >= 96 * 3 * 100 * 28 * 4 >= PADDING_FINDING_BYTES
+    assert advice.evidence.location.line == _line("# the image batch")
+    assert "pad dimension" in advice.fix and "(size 100) to a multiple of 128" in advice.fix
 
 
 @requires_libtpu
@@ -307,6 +321,8 @@ def test_steps_memory_and_target_count_the_traced_devices_steps_only(tmp_path, m
     assert memory.summary.peak_step < len(memory.steps) <= tpu_steps + 1
     finished = [s.step for s in session.events("target_step") if not s.unfinished]
     assert finished == list(range(1, tpu_steps + 1))
+    # a correct small program: its small padded arrays are target figures, not findings
+    assert session.findings() == []
 
 
 class _Net(torch.nn.Module):
