@@ -43,7 +43,9 @@ def predict(fixed: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fixed", action="store_true", help="bfloat16 weights, and no value read in a dry run")
+    parser.add_argument(
+        "--fixed", action="store_true", help="bfloat16 weights, and no value read in a dry run"
+    )
     args = parser.parse_args(argv)
     if dryrun.active is not None:  # under tpu-debug run --dry-run
         predict(args.fixed)

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         opt.step()
-    print(f"{args.steps} steps on {batch} images of {size}x{size}, final loss {loss.detach().cpu().item():.4f}")
+    print(
+        f"{args.steps} steps on {batch} images of {size}x{size}, final loss {loss.detach().cpu().item():.4f}"
+    )
     return 0
 
 

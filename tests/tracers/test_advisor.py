@@ -178,4 +178,8 @@ def test_a_program_the_compiler_refused_in_a_dry_run_is_an_hbm_finding_about_tha
     assert _fit(run) == []  # the run's estimate fits: only the program is refused
     (finding,) = _fit(run, "hbm_oom")
     assert (finding.severity, finding.subject, finding.targets) == ("error", "v5e: uniform_", ("uniform_",))
-    assert finding.evidence.count("required") == 48 * GiB and "shard it over more chips" in finding.fix
+    assert finding.evidence.count("required") == 48 * GiB and "torch.device('meta')" in finding.fix
+    # a computation refused (not a tensor being made): shard it or shrink what it holds
+    run = _Run(_summary(8 * GiB, 12 * GiB), _record("program_oom", 18 * GiB, program="bmm"))
+    (finding,) = _fit(run, "hbm_oom")
+    assert "shard it over more chips" in finding.fix and "meta" not in finding.fix

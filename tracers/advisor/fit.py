@@ -5,7 +5,8 @@ They read the evidence the memory tracer and the TPU target tracer recorded
 rule, what is worth a :class:`~.findings.Finding`: a run whose tensors and
 temporaries need more HBM than one device of its target has, a program the
 TPU compiler refused for want of HBM, an array the TPU's tiles pad by a
-fifth or more, and a dry run that stopped before the end of what it measures.
+fifth and a mebibyte or more, and a dry run that stopped before the end of
+what it measures.
 A run recorded without a target (``trace(target=...)``, ``--target``) has
 none of this evidence and gets none of these findings.
 """
@@ -50,8 +51,10 @@ def _fix_text(record: MemoryFindingEvent, cause: str) -> tuple[str, tuple[str, .
     """The fix to give (the first remedy for ``cause`` that fits alone, or what to combine) and
     the other remedies that fit alone."""
     order = _PREFERRED[cause]
-    fitting = sorted((f for f in record.fixes if f.fits),
-                     key=lambda f: order.index(f.remedy) if f.remedy in order else len(order))
+    fitting = sorted(
+        (f for f in record.fixes if f.fits),
+        key=lambda f: order.index(f.remedy) if f.remedy in order else len(order),
+    )
     if fitting:
         return describe_fix(fitting[0]), tuple(f"or: {describe_fix(f)}" for f in fitting[1:])
     partial = [describe_fix(f) for f in record.fixes]
@@ -72,7 +75,11 @@ def _cause(summary: MemorySummaryEvent | None, record: MemoryFindingEvent) -> st
     return "peak"
 
 
-@rule("memory_fit", about="tensors and temporaries need more HBM than one device of the TPU target has", view="memory")
+@rule(
+    "memory_fit",
+    about="tensors and temporaries need more HBM than one device of the TPU target has",
+    view="memory",
+)
 def memory_fit(facts: RunFacts) -> Iterable[Finding]:
     summary = facts.memory.summary
     for record in facts.memory.findings:
@@ -84,16 +91,25 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
             f"the run does not fit one {record.target} device: ~{size(record.required_bytes)} needed, "
             f"{size(record.capacity_bytes)} there"
         )
-        counts = [Count("need per device", record.required_bytes, "B"), Count("HBM per device", record.capacity_bytes, "B")]
+        counts = [
+            Count("need per device", record.required_bytes, "B"),
+            Count("HBM per device", record.capacity_bytes, "B"),
+        ]
         if summary is not None:
             title += (
                 f" (peak {size(summary.peak_bytes)} of tensors in step {summary.peak_step}"
-                + (f" + {size(summary.temp_bytes)} temporaries of {summary.temp_program}" if summary.temp_bytes else "")
+                + (
+                    f" + {size(summary.temp_bytes)} temporaries of {summary.temp_program}"
+                    if summary.temp_bytes
+                    else ""
+                )
                 + ")"
             )
-            counts += [Count("peak tensor bytes", summary.peak_bytes, "B"),
-                       Count("held between steps", summary.persistent_bytes, "B"),
-                       Count("temporaries", summary.temp_bytes, "B")]
+            counts += [
+                Count("peak tensor bytes", summary.peak_bytes, "B"),
+                Count("held between steps", summary.persistent_bytes, "B"),
+                Count("temporaries", summary.temp_bytes, "B"),
+            ]
         yield Finding(
             kind="memory_fit",
             severity="error",
@@ -114,24 +130,35 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
 
 def _oom_from_target(f: TargetFinding) -> Finding:
     required, available = f.figure("required_bytes"), f.figure("available_bytes")
-    need = f"needs {size(required)} of {size(available)} HBM" if required is not None else "does not fit its HBM"
+    need = (
+        f"needs {size(required)} of {size(available)} HBM" if required is not None else "does not fit its HBM"
+    )
     what = f.figure("what")
     return Finding(
         kind="hbm_oom",
         severity="error",
-        title=f"the TPU compiler refused {f.subject} for {f.target}: it {need}" + (f" ({what})" if what else ""),
+        title=f"the TPU compiler refused {f.subject} for {f.target}: it {need}"
+        + (f" ({what})" if what else ""),
         fix=f.fix,
         cost_seconds=0.0,
         evidence=Evidence(
             next((loc for loc in f.locations if loc is not None), None),
-            tuple(Count(name, float(v), "B") for name, v in (("required", required), ("available", available))
-                  if v is not None),
+            tuple(
+                Count(name, float(v), "B")
+                for name, v in (("required", required), ("available", available))
+                if v is not None
+            ),
             tuple(f"program: {p}" for p in f.programs),
         ),
         cause="hbm",
         subject=f"{f.target}: {f.subject}",
         targets=(f.subject,),
     )
+
+
+# ops that make a tensor from nothing (a factory, an initializer): a program of one of these is
+# the allocation of one big tensor, which building the model on "meta" avoids
+_MAKERS = ("empty", "zeros", "ones", "full", "rand", "normal", "uniform", "arange", "eye")
 
 
 def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
@@ -141,9 +168,14 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
     fix = (
         f"make {program} hold less on one device: shard it over more chips (a bigger "
         f"{record.target.split('-')[0]}-N slice, its inputs split), or shrink its inputs and outputs: "
-        "bfloat16 instead of float32, a smaller batch; a weight initialized on the device in one "
-        "program can be built on 'meta' and loaded instead"
+        "bfloat16 instead of float32, a smaller batch"
     )
+    if program.lstrip("_").startswith(_MAKERS):
+        fix = (
+            f"{program} makes one tensor too big for a device: build the model under "
+            "torch.device('meta') and load or shard its weights (FSDP over more chips), or keep that "
+            "tensor in bfloat16"
+        )
     return Finding(
         kind="hbm_oom",
         severity="error",
@@ -164,7 +196,11 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
     )
 
 
-@rule("hbm_oom", about="a program the TPU target's compiler refuses: it needs more HBM than one device has", view="memory")
+@rule(
+    "hbm_oom",
+    about="a program the TPU target's compiler refuses: it needs more HBM than one device has",
+    view="memory",
+)
 def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
     for f in findings(facts.target_compiles):
         if f.kind == "hbm_oom":
@@ -200,7 +236,11 @@ def tpu_padding(facts: RunFacts) -> Iterable[Finding]:
                     Count("arrays", f.figure("arrays")),
                     Count("matrix FLOP on padding", flops),
                 ),
-                tuple(f"also at {os.path.basename(loc.file)}:{loc.line}" for loc in f.locations[1:4] if loc is not None),
+                tuple(
+                    f"also at {os.path.basename(loc.file)}:{loc.line}"
+                    for loc in f.locations[1:4]
+                    if loc is not None
+                ),
             ),
             cause="tile",
             subject=f"{f.target}: {f.subject} {f.figure('layout')}",
@@ -208,12 +248,18 @@ def tpu_padding(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("dry_run_stopped", about="a dry run that stopped early: the code read a value a dry run does not have", view="memory")
+@rule(
+    "dry_run_stopped",
+    about="a dry run that stopped early: the code read a value a dry run does not have",
+    view="memory",
+)
 def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
     summary = facts.memory.summary
     if summary is None or not summary.dry_run or not summary.stopped:
         return
-    where = f" at {os.path.basename(summary.location.file)}:{summary.location.line}" if summary.location else ""
+    where = (
+        f" at {os.path.basename(summary.location.file)}:{summary.location.line}" if summary.location else ""
+    )
     yield Finding(
         kind="dry_run_stopped",
         severity="warning",
@@ -226,7 +272,9 @@ def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
             "(if tpu_debug.runtime.dryrun.active is None: ...), so the whole step is measured"
         ),
         cost_seconds=0.0,
-        evidence=Evidence(summary.location, (Count("steps measured", summary.steps),), (f"read: {summary.stopped}",)),
+        evidence=Evidence(
+            summary.location, (Count("steps measured", summary.steps),), (f"read: {summary.stopped}",)
+        ),
         cause="value",
         subject=f"dry run: {summary.stopped}",
     )
