@@ -138,6 +138,10 @@ class ProgramMemory:
 class MemoryTracer:
     """Records device memory per step, the peak's holders, and the fit against a TPU target.
 
+    A probe (``on_alloc``, ``on_free``, ``on_compile``) and a listener of the run's steps
+    (:meth:`on_step`, given to ``StepTracker.add_listener``); without one (``dry_run()`` of
+    a function), the whole run is one step.
+
     Args:
         writer: where events go (a ``RunWriter``), or None to keep them only
             (``summary`` and ``findings`` after :meth:`close`).
