@@ -1,7 +1,12 @@
 """The advisor: rules over a recorded run, each giving :class:`Finding` records (data, not prose
 assembled by a view), ranked by what they cost.
 
-A rule is one function registered with :func:`rule` under its kind; it reads
+A rule is one function registered with :func:`rule` under its kind (and the
+TUI view that shows what its findings are about), in a rule module: :mod:`.rules`
+for the training loop (recompiles, syncs, uploads, dispatch, numerics),
+:mod:`.fit` for fitting a TPU (memory, the target compiler's refusals and
+padding, dry runs). Rule modules import :mod:`.registry`, never this package,
+so adding a rule to one is one declaration plus its tests. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
 step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.steps`) and
 yields findings. A finding is only made for what is true of this run and
