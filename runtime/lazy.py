@@ -71,6 +71,7 @@ __all__ = [
     "dispatch",
     "eager_mode",
     "fused_stats",
+    "hook_optimizers",
     "materialize",
     "pending_ops",
     "set_eager_mode",
@@ -129,7 +130,7 @@ def set_mode(mode: EagerMode | str) -> None:
         materialize("mode_change")
     config.eager_mode = value
     if value == _FUSE:
-        _hook_optimizers()
+        hook_optimizers()
 
 
 class set_eager_mode(contextlib.ContextDecorator):
@@ -789,13 +790,14 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
         materialize("optimizer_step")
 
 
-def _hook_optimizers() -> None:
+def hook_optimizers() -> None:
     """Materialize at the end of every ``optimizer.step()`` (once registered, for good:
-    the hook does nothing outside lazy mode)."""
+    the hook does nothing outside lazy mode). Idempotent; a tracer that ends steps at
+    ``optimizer.step()`` calls it before hooking the optimizer itself, so its hook runs
+    after this one, once the step's graph has run."""
     if _state.hooked:
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(_optimizer_stepped)
     _state.hooked = True
-

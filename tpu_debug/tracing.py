@@ -528,6 +528,11 @@ class Trace(contextlib.ContextDecorator):
         tracker.start()
         probes.subscribe(tracker, replay=True)
 
+    def _listen_to_steps(self, listener: Any) -> None:
+        # the StepTracker is the run's one step source: per-step tracers end their steps on its events
+        if self._steps is not None:
+            self._steps.add_listener(listener)
+
     def _stop_steps(self) -> None:
         from tpu_debug.runtime import probes
 
@@ -670,7 +675,7 @@ class Trace(contextlib.ContextDecorator):
         self._target = tracer
         # programs compiled before the trace are compiled for the target when they run in it
         probes.subscribe(tracer, replay=True)
-        tracer.start()
+        self._listen_to_steps(tracer.on_step)
 
     def _stop_target(self) -> None:
         from tpu_debug.runtime import probes
@@ -679,6 +684,8 @@ class Trace(contextlib.ContextDecorator):
         if tracer is None:
             return
         probes.unsubscribe(tracer)
+        if self._steps is not None:
+            self._steps.remove_listener(tracer.on_step)
         status, held = self._closing
         # a program stopped by Ctrl-C or SIGTERM does not wait for compiles; a signal held while
         # the trace closes stops the wait too
@@ -705,6 +712,7 @@ class Trace(contextlib.ContextDecorator):
         tracer.start()
         self._memory = tracer
         probes.subscribe(tracer)
+        self._listen_to_steps(tracer.on_step)
         if config.dry_run:
             from tpu_debug.dryrun import value_reader
             from tpu_debug.runtime.dryrun import dry_mode
@@ -732,20 +740,18 @@ class Trace(contextlib.ContextDecorator):
                     self._writer.set_meta(dry_run={"target": str(mode.target) if mode.target else None,
                                                    "programs": len(programs), "notes": list(mode.notes)})
             if tracer is not None:
+                if self._steps is not None:
+                    self._steps.remove_listener(tracer.on_step)
                 tracer.close()
         finally:
             if tracer is not None:
                 probes.unsubscribe(tracer)
 
     def mark_step(self) -> None:
-        """End the current step (see :func:`step`): in the step record, the target's step
-        estimates and the memory record."""
+        """End the current step (see :func:`step`); the tracers that work per step hear it
+        from the step tracker."""
         if self._steps is not None:
             self._steps.mark()
-        if self._target is not None:
-            self._target.step()
-        if self._memory is not None:
-            self._memory.step()
 
 
 def trace(**options: Any) -> Trace:

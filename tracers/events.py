@@ -8,8 +8,8 @@ fields after the header are the event's own. ``kind`` is a class constant that
 names the event in the run store.
 
 An event kind is declared in one place, its class: the fields with their types,
-``kind``, and ``stored`` (a :class:`Stored`: its detail table and which fields
-the shared header keeps). ``@register_event`` adds it to :data:`EVENT_TYPES`;
+``kind``, ``stored`` (a :class:`Stored`: its detail table and which fields
+the shared header keeps) and ``view`` (the TUI view that shows it, if any). ``@register_event`` adds it to :data:`EVENT_TYPES`;
 the run store derives the table's columns from the field types, and its
 writer and queries follow from the same declaration (see :mod:`.store`).
 
@@ -241,6 +241,8 @@ class Event:
 
     kind: ClassVar[str] = "event"
     stored: ClassVar[Stored | None] = None
+    # the TUI view (its mode name: "recompiles", "ops", ...) that shows events of this kind
+    view: ClassVar[str | None] = None
 
     id: int
     ts: float
@@ -298,6 +300,7 @@ class OpEvent(Event):
     ``op_events=True``; otherwise executions are aggregated per program)."""
 
     kind: ClassVar[str] = "op"
+    view: ClassVar[str | None] = "ops"
     stored: ClassVar[Stored] = Stored(
         None, name="name", seconds="seconds", program="program", header="executions"
     )
@@ -323,6 +326,7 @@ class CompileEvent(Event):
     """
 
     kind: ClassVar[str] = "compile"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("compiles", name="name", seconds="seconds", program="program")
 
     name: str
@@ -349,6 +353,7 @@ class TransferEvent(Event):
     """
 
     kind: ClassVar[str] = "transfer"
+    view: ClassVar[str | None] = "transfers"
     stored: ClassVar[Stored] = Stored("transfers", name="op", seconds="seconds")
 
     direction: str  # "h2d" | "d2h" | "d2d"
@@ -366,6 +371,7 @@ class FallbackEvent(Event):
     """An op ran on CPU because it has no lowering."""
 
     kind: ClassVar[str] = "fallback"
+    view: ClassVar[str | None] = "ops"
     stored: ClassVar[Stored] = Stored("fallbacks", name="name", seconds="seconds")
 
     name: str
@@ -383,6 +389,7 @@ class GraphBreakEvent(Event):
     """
 
     kind: ClassVar[str] = "graph_break"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("graph_breaks", name="name")
 
     name: str
@@ -401,6 +408,7 @@ class GuardFailureEvent(Event):
     """
 
     kind: ClassVar[str] = "guard_failure"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("guard_failures", name="name")
 
     name: str
@@ -418,6 +426,7 @@ class RecompileLimitEvent(Event):
     """
 
     kind: ClassVar[str] = "recompile_limit"
+    view: ClassVar[str | None] = "recompiles"
     stored: ClassVar[Stored] = Stored("recompile_limits", name="name")
 
     name: str
@@ -498,6 +507,7 @@ class DivergenceEvent(Event):
     """
 
     kind: ClassVar[str] = "divergence"
+    view: ClassVar[str | None] = "divergence"
     stored: ClassVar[Stored] = Stored("divergences", name="name")
 
     name: str
@@ -615,6 +625,7 @@ class MaterializationEvent(Event):
     """
 
     kind: ClassVar[str] = "materialize"
+    view: ClassVar[str | None] = "recompiles"  # lazy mode's fused graphs are compiles there
     stored: ClassVar[Stored] = Stored("materializations", name="trigger", seconds="seconds", program="program")
 
     trigger: str
@@ -667,6 +678,7 @@ class StepEvent(Event):
     """
 
     kind: ClassVar[str] = "step"
+    view: ClassVar[str | None] = "steps"
     stored: ClassVar[Stored] = Stored("steps", name="detected", seconds="seconds")
 
     index: int = column("step_index")  # INDEX and END are SQL keywords
@@ -718,6 +730,7 @@ class CollectivesEvent(Event):
     """
 
     kind: ClassVar[str] = "collectives"
+    view: ClassVar[str | None] = "collectives"
     stored: ClassVar[Stored] = Stored("collective_programs", name="name", seconds="seconds", program="program")
 
     name: str
@@ -820,6 +833,7 @@ class TargetCompileEvent(Event):
     """
 
     kind: ClassVar[str] = "target_compile"
+    view: ClassVar[str | None] = "ops"
     stored: ClassVar[Stored] = Stored("target_compiles", name="name", seconds="seconds", program="program")
 
     name: str
@@ -979,11 +993,13 @@ class MemoryStepEvent(Event):
     ``live_bytes`` at the step's end, ``peak_bytes`` the most held at once within it
     (at ``peak_ts``), ``tensors`` the storages alive at its end. ``holders``: the
     top holders at the peak, kept only for a step whose peak was the run's highest
-    so far. Steps end at ``optimizer.step()`` or ``tpu_debug.step()``; a run with
-    neither is one step.
+    so far. ``step`` is the :class:`StepEvent` index of the step (the memory tracer
+    listens to the run's steps); what ran after the last step is one more record,
+    and a run without steps is one step.
     """
 
     kind: ClassVar[str] = "memory_step"
+    view: ClassVar[str | None] = "memory"
     stored: ClassVar[Stored] = Stored("memory_steps")
 
     step: int
@@ -999,7 +1015,8 @@ class MemoryStepEvent(Event):
 class MemorySummaryEvent(Event):
     """The run's device memory, and whether it fits its TPU target (written when the trace ends).
 
-    ``peak_bytes``: the most the `tpu` tensors held at once (in step ``peak_step``);
+    ``peak_bytes``: the most the `tpu` tensors held at once (in step ``peak_step``,
+    of the ``steps`` the run's step source ended; 1 for a run without steps);
     ``persistent_bytes`` what was still held at that step's end (parameters,
     gradients, optimizer state, inputs kept); ``activation_bytes`` the forward's
     tensors held at the peak and gone by the step's end (kept for backward);
@@ -1014,6 +1031,7 @@ class MemorySummaryEvent(Event):
     """
 
     kind: ClassVar[str] = "memory"
+    view: ClassVar[str | None] = "memory"
     stored: ClassVar[Stored] = Stored("memory_summaries")
 
     peak_bytes: int
@@ -1059,15 +1077,22 @@ class MemoryFix:
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemoryFindingEvent(Event):
-    """The run does not fit its TPU target's memory: the evidence and the fixes, as data.
+    """The evidence of a run's fit in its TPU target's memory, as data (the memory
+    tracer writes it; whether it is a finding is the advisor's rule,
+    ``tracers/advisor/fit.py``).
 
-    ``finding``: ``"does_not_fit"`` (the estimate, ``required_bytes``, is over one
-    device's ``capacity_bytes``) or ``"program_oom"`` (the TPU compiler refused
-    ``program`` for want of HBM; ``required_bytes`` is what it had counted).
-    ``holders``: the biggest holders at the peak; ``fixes``: estimates, best first.
+    ``finding`` says which record it is: ``"estimate"`` (written for every run with
+    a target: the need, ``required_bytes``, against one device's
+    ``capacity_bytes``, with what each remedy would bring it to) or
+    ``"program_oom"`` (the TPU compiler refused ``program`` for want of HBM;
+    ``required_bytes`` is what it had counted). Runs recorded before the advisor
+    made that decision hold ``"does_not_fit"`` (an estimate over capacity) instead
+    of ``"estimate"``. ``holders``: the biggest holders at the peak; ``fixes``:
+    estimates, best first.
     """
 
     kind: ClassVar[str] = "memory_finding"
+    view: ClassVar[str | None] = "memory"
     stored: ClassVar[Stored] = Stored("memory_findings", name="finding")
 
     finding: str

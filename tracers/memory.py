@@ -5,9 +5,14 @@
 allocated it and the phase it ran in (forward, backward, optimizer), keeps live
 bytes and the peak of each step, and at the end writes one
 :class:`~.events.MemoryStepEvent` per step, a :class:`~.events.MemorySummaryEvent`
-and, when a TPU target was given and the run does not fit one device of it, a
-:class:`~.events.MemoryFindingEvent` with fixes estimated from the same figures
-(:func:`plan_fixes`).
+and, when a TPU target was given, the evidence of the fit as
+:class:`~.events.MemoryFindingEvent` records: the need against one device with
+fixes estimated from the same figures (:func:`plan_fixes`), and each program
+the TPU compiler refused for want of HBM. Whether that is a finding is the
+advisor's decision (``tracers/advisor/fit.py``, through :func:`fit_verdicts`).
+Steps end where the run's step source says (:meth:`MemoryTracer.on_step`, a
+``StepTracker`` listener); what runs after the last step is recorded as one
+more step, not counted among the run's steps.
 
 What counts: the payloads `tpu` tensors hold (parameters, gradients, optimizer
 state, activations kept for backward, inputs), each payload once, plus the
@@ -40,6 +45,7 @@ from tpu_debug.tracers.events import (
     MemoryStepEvent,
     MemorySummaryEvent,
     SourceLocation,
+    StepEvent,
 )
 from tpu_debug.tracers.location import user_location
 
@@ -49,12 +55,16 @@ __all__ = [
     "ProgramMemory",
     "describe_fix",
     "describe_holder",
+    "fit_verdicts",
     "memory_view",
     "PHASE_TEXT",
     "plan_fixes",
     "size",
 ]
 
+# the records of a fit (MemoryFindingEvent.finding): the evidence the tracer writes, and the
+# verdict read from it (runs recorded before the advisor decided also hold DOES_NOT_FIT records)
+ESTIMATE, PROGRAM_OOM, DOES_NOT_FIT = "estimate", "program_oom", "does_not_fit"
 TOP_HOLDERS = 10
 FINDING_HOLDERS = 3
 _REFRESH = 1 / 256  # a step's peak copy is taken again once the peak grew by this fraction
@@ -128,6 +138,10 @@ class ProgramMemory:
 class MemoryTracer:
     """Records device memory per step, the peak's holders, and the fit against a TPU target.
 
+    A probe (``on_alloc``, ``on_free``, ``on_compile``) and a listener of the run's steps
+    (:meth:`on_step`, given to ``StepTracker.add_listener``); without one (``dry_run()`` of
+    a function), the whole run is one step.
+
     Args:
         writer: where events go (a ``RunWriter``), or None to keep them only
             (``summary`` and ``findings`` after :meth:`close`).
@@ -170,15 +184,16 @@ class MemoryTracer:
         self.stopped: tuple[str, SourceLocation | None] | None = None
         self.dry_programs = 0
         self.summary: MemorySummaryEvent | None = None
-        self.findings: list[MemoryFindingEvent] = []
+        self.records: list[MemoryFindingEvent] = []  # the fit's evidence (see _evidence)
         self._closed = False
-        self._manual_steps = False
+        self._finished = 0  # steps the step source ended (what follows the last is the run's tail)
         self._changed = False  # memory changed since the last step ended
 
     # -- set-up ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Hook the optimizer's step (the phase of what it allocates, and step ends)."""
+        """Hook the optimizer's step, for the phase of what it allocates (steps end where the
+        run's step source says: :meth:`on_step`)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._step_ts = self.clock()
@@ -190,16 +205,13 @@ class MemoryTracer:
 
     def _optimizer_ends(self, *_args: Any) -> None:
         self._optimizer = max(0, self._optimizer - 1)
-        if not self._manual_steps and not self._optimizer:
-            try:
-                self.end_step()
-            except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
-                self._error("optimizer step hook", exc)
 
-    def step(self) -> None:
-        """An explicit step mark (``tpu_debug.step()``); from then on only these end steps."""
-        self._manual_steps = True
-        self.end_step()
+    def on_step(self, step: StepEvent) -> None:
+        """A step ended (a ``StepTracker`` listener): its memory record gets the step's index."""
+        try:
+            self.end_step(step.index)
+        except Exception as exc:  # noqa: BLE001 - never break the program's step
+            self._error("on_step", exc)
 
     # -- probe methods -----------------------------------------------------------------
 
@@ -317,12 +329,16 @@ class MemoryTracer:
             dict(self._phases), self.float32,
         )
 
-    def end_step(self) -> None:
-        """End the current step: apply pending frees, record its live and peak bytes."""
+    def end_step(self, index: int | None = None) -> None:
+        """End the current step (number ``index``, by default the one after the last):
+        apply pending frees, record its live and peak bytes."""
         from tpu_debug.runtime import memory
 
         memory.drain()
         with self._lock:
+            if index is not None:
+                self.step_index = index
+            self._finished = self.step_index + 1
             if self._rising or self._step_snapshot is None:
                 self._rising = True
                 self._take_snapshot()
@@ -356,14 +372,21 @@ class MemoryTracer:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        if not self.steps or self._changed:  # what ran after the last step mark is a step too
+        if not self.steps or self._changed:  # what ran after the last step mark is recorded too
+            finished = self._finished
             self.end_step()
+            self._finished = finished or 1  # a run without steps is one step
         self.summary = self._summarize()
         self._put(self.summary)
-        for finding in self._find():
-            self.findings.append(finding)
-            self._put(finding)
+        for record in self._evidence():
+            self.records.append(record)
+            self._put(record)
         return self.summary
+
+    @property
+    def findings(self) -> list[MemoryFindingEvent]:
+        """What does not fit, read from the evidence after :meth:`close` (see :func:`fit_verdicts`)."""
+        return fit_verdicts(self.records)
 
     def _summarize(self) -> MemorySummaryEvent:
         snap = self._peak_snapshot
@@ -381,7 +404,7 @@ class MemoryTracer:
         what, where = self.stopped if self.stopped is not None else (None, None)
         return MemorySummaryEvent(
             self._new_id(), self.clock(), None, threading.get_native_id(), where,
-            peak_bytes=peak, peak_step=self.peak_step, end_bytes=self.live, steps=len(self.steps),
+            peak_bytes=peak, peak_step=self.peak_step, end_bytes=self.live, steps=self._finished,
             persistent_bytes=persistent, activation_bytes=activations,
             float32_bytes=snap.float32 if snap is not None else 0,
             temp_bytes=temp, required_bytes=required, dry_run=self.dry_run,
@@ -402,21 +425,21 @@ class MemoryTracer:
     def _ooms(self) -> list[ProgramMemory]:
         return [p for p in self.programs.values() if p.oom]
 
-    def _find(self) -> list[MemoryFindingEvent]:
+    def _evidence(self) -> list[MemoryFindingEvent]:
+        """With a target: the need against one device with what each remedy would bring it to
+        (``"estimate"``, whether it fits or not: the advisor decides), and each program the TPU
+        compiler refused for want of HBM (``"program_oom"``)."""
         s = self.summary
         if s is None or s.capacity_bytes is None or self.target is None:
             return []
-        out = []
         holders = s.holders[:FINDING_HOLDERS]
-        fixes = plan_fixes(s, self.target)
-        if s.required_bytes > s.capacity_bytes:
-            out.append(MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
-                                          "does_not_fit", s.target, s.required_bytes, s.capacity_bytes, None,
-                                          holders, fixes))
+        out = [MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
+                                  ESTIMATE, s.target, s.required_bytes, s.capacity_bytes, None, holders,
+                                  plan_fixes(s, self.target))]
         for p in self._ooms():
             out.append(MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
-                                          "program_oom", s.target, p.required_bytes or s.required_bytes,
-                                          p.available_bytes or s.capacity_bytes, p.name, holders, fixes))
+                                          PROGRAM_OOM, s.target, p.required_bytes or s.required_bytes,
+                                          p.available_bytes or s.capacity_bytes, p.name))
         return out
 
     # -- helpers -----------------------------------------------------------------------
@@ -545,9 +568,35 @@ class MemoryView:
         return best.holders if best is not None else ()
 
 
+def fit_verdicts(records: list[MemoryFindingEvent]) -> list[MemoryFindingEvent]:
+    """What does not fit, from a run's fit evidence: the estimate when it is over capacity
+    (as a ``"does_not_fit"`` record), then each program the compiler refused for HBM, with
+    the estimate's holders and fixes. The advisor's fit rules and the views read this one
+    decision (``tracers/advisor/fit.py``).
+
+    Args:
+        records: the run's :class:`~.events.MemoryFindingEvent` records, in order.
+
+    Returns:
+        The verdicts, empty when everything fits (or no target was given).
+    """
+    estimates = [r for r in records if r.finding in (ESTIMATE, DOES_NOT_FIT)]
+    estimate = estimates[-1] if estimates else None
+    out = []
+    if estimate is not None and estimate.required_bytes > estimate.capacity_bytes:
+        out.append(dataclasses.replace(estimate, finding=DOES_NOT_FIT))
+    for r in records:
+        if r.finding == PROGRAM_OOM:
+            if estimate is not None and not r.fixes:
+                r = dataclasses.replace(r, holders=r.holders or estimate.holders, fixes=estimate.fixes)
+            out.append(r)
+    return out
+
+
 def memory_view(query: Any) -> MemoryView:
-    """The memory records of a run (a ``RunQuery`` or ``Session``)."""
+    """The memory records of a run (a ``RunQuery`` or ``Session``); ``findings`` are
+    the verdicts (:func:`fit_verdicts`), not the evidence they come from."""
     steps = [e for e in query.events(MemoryStepEvent.kind) if isinstance(e, MemoryStepEvent)]
     summaries = [e for e in query.events(MemorySummaryEvent.kind) if isinstance(e, MemorySummaryEvent)]
-    findings = [e for e in query.events(MemoryFindingEvent.kind) if isinstance(e, MemoryFindingEvent)]
-    return MemoryView(steps, summaries[-1] if summaries else None, findings)
+    records = [e for e in query.events(MemoryFindingEvent.kind) if isinstance(e, MemoryFindingEvent)]
+    return MemoryView(steps, summaries[-1] if summaries else None, fit_verdicts(records))

@@ -14,7 +14,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_debug.tracers.events import (
     EVENT_TYPES,
@@ -42,6 +42,9 @@ from tpu_debug.tracers.store import (
 )
 
 from tpu_debug.errors import NotRecordedError, RunDamagedError
+
+if TYPE_CHECKING:  # the advisor reads runs through this module: imported when findings are asked for
+    from tpu_debug.tracers.advisor.findings import Finding
 
 __all__ = [
     "RunQuery",
@@ -844,7 +847,7 @@ class RunQuery:
         how it was detected, what ran in it); empty when the run had none."""
         return sorted(self.events("step"), key=lambda s: s.index)
 
-    def findings(self) -> list[Any]:
+    def findings(self) -> list[Finding]:
         """What the advisor finds in the run (``tracers.advisor.Finding``), the most costly
         first; an empty list is a run with nothing to fix."""
         from tpu_debug.tracers.advisor import advise

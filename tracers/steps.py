@@ -3,7 +3,12 @@
 Recording (:class:`StepTracker`, a probe the trace subscribes): a step ends
 when ``optimizer.step()`` returns for an optimizer holding ``tpu`` parameters,
 or at each explicit ``tpu_debug.step()`` (once one is made, only explicit
-marks count). The tracker counts what runs in the current step (op
+marks count). The tracker is the run's one source of steps: the other tracers
+that work per step (memory, the TPU target's step estimates) listen to its
+:class:`~.events.StepEvent` (:meth:`StepTracker.add_listener`) instead of
+hooking the optimizer themselves, so every part of a report counts the same
+steps, and an optimizer of CPU tensors (a reference run beside the traced
+one) ends none. The tracker counts what runs in the current step (op
 executions, compiles, transfers, fallbacks, and a hash of the executables in
 order) and writes a :class:`~.events.StepEvent` when the step ends. A run with
 neither gets its steps from the loop it ran: the tracker keeps the sequence
@@ -164,11 +169,23 @@ class StepTracker:
         self._tpu_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hook: Any = None
         self._closed = False
+        self._listeners: tuple[Callable[[StepEvent], None], ...] = ()
 
     @property
     def steps(self) -> int:
         """Steps ended so far."""
         return self._index
+
+    def add_listener(self, listener: Callable[[StepEvent], None]) -> None:
+        """Call ``listener(step)`` with each :class:`~.events.StepEvent` as its step ends, on
+        the thread that ended it, after the step is recorded. Steps found in the run's loop
+        when the trace ends are recorded only: a listener hears the steps the program marked
+        (``optimizer.step()``, ``tpu_debug.step()``) while it ran. A listener that raises is
+        recorded as the tracker's error; the others still hear the step."""
+        self._listeners = self._listeners + (listener,)
+
+    def remove_listener(self, listener: Callable[[StepEvent], None]) -> None:
+        self._listeners = tuple(fn for fn in self._listeners if fn is not listener)
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -176,7 +193,11 @@ class StepTracker:
         """Hook ``optimizer.step()`` (every optimizer; those without ``tpu`` parameters are ignored)."""
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
+            from tpu_debug.runtime.lazy import hook_optimizers
 
+            # post hooks run in the order they were registered: lazy mode's (which runs the
+            # step's pending graph) first, so the graph is counted in the step it belongs to
+            hook_optimizers()
             self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
         except Exception as exc:  # noqa: BLE001 - explicit marks and loop detection still work
             self._error("start", exc)
@@ -235,7 +256,13 @@ class StepTracker:
             index = self._index
             self._index += 1
             self._window = None  # the program says where its steps are
-        self._put(_event(self._new_id(), index, detected, start, now, counts, location))
+        event = _event(self._new_id(), index, detected, start, now, counts, location)
+        self._put(event)
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - one listener's failure must not end the step for the rest
+                self._error(f"step listener {getattr(listener, '__qualname__', listener)}", exc)
 
     # -- probe methods --------------------------------------------------------------------
 

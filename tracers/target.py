@@ -14,8 +14,8 @@ TPU's optimized HLO (stored once per content hash, in the programs table with
 mode ``"target"``), per-device memory, the compiler's cost analysis, the
 program on the target's roofline, the arrays its TPU tiles pad most, and the
 compiler's refusal when it refuses (an HBM out-of-memory with its figures).
-The tracer also counts which programs each training step ran (steps end at
-``optimizer.step()`` or ``tpu_debug.step()``, as in the TensorBoard export), so
+The tracer also counts which programs each training step ran (it listens to
+the run's ``StepEvent``: ``tracers/steps.py`` says where steps end), so
 that when the trace ends it can estimate each step's time on the target and
 its MFU (:class:`~tpu_debug.tracers.events.TargetStepEvent`). At the end it
 waits a bounded time for compiles still running, and counts those that did not
@@ -23,7 +23,8 @@ finish (:class:`~tpu_debug.tracers.events.TargetSummaryEvent`).
 
 :func:`findings` reads the recorded events back into :class:`TargetFinding`
 records (an HBM out-of-memory at compile time; padding that wastes a fifth of
-an array or more); the report renders them. This module imports neither torch
+an array or more): the evidence the advisor's ``hbm_oom`` and ``tpu_padding``
+rules (``tracers/advisor/fit.py``) make findings of, like every other finding. This module imports neither torch
 nor jax at module level: the report reads runs without them.
 """
 
@@ -285,7 +286,7 @@ class TargetTracer:
 
     A probe (subscribe it with ``replay=True``): ``on_compile`` queues the target
     compile of each new program, ``on_execute`` counts the programs each step
-    runs. Programs compiled before the trace are compiled for the target when
+    runs, and :meth:`on_step` (a ``StepTracker`` listener) ends a step. Programs compiled before the trace are compiled for the target when
     they first run in it. Results are recorded from the compiler's worker thread.
 
     Args:
@@ -301,7 +302,7 @@ class TargetTracer:
 
     Example:
         >>> tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
-        >>> probes.subscribe(tracer, replay=True); tracer.start()
+        >>> probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
         >>> ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
     """
 
@@ -330,21 +331,10 @@ class TargetTracer:
         self._counts: dict[Any, int] = {}  # executions per key in the current step
         self._steps: list[dict[Any, int]] = []
         self._patterns: dict[frozenset, dict[Any, int]] = {}
-        self._manual_steps = False
-        self._hook: Any = None
         self.stats = {"programs": 0, "compiled": 0, "cached": 0, "refused": 0, "failed": 0}
         self.compile_seconds = 0.0
 
     # -- life cycle ---------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Count steps at each ``optimizer.step()`` (until an explicit :meth:`step` mark)."""
-        try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
-        except Exception as exc:  # noqa: BLE001 - no steps: the whole run is one
-            self._error("start (optimizer hook)", exc)
 
     def close(
         self,
@@ -365,9 +355,6 @@ class TargetTracer:
                 while the trace closes).
             say: tells the user, once, that the end waits for compiles (a line).
         """
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
         with self._lock:
             counts, self._counts = self._counts, {}
         tail = counts if (counts or not self._steps) else None
@@ -406,18 +393,12 @@ class TargetTracer:
 
     # -- steps --------------------------------------------------------------------------
 
-    def step(self) -> None:
-        """An explicit step mark (``tpu_debug.step()``): from now on only these end steps."""
-        self._manual_steps = True
-        self._end_step()
-
-    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._manual_steps:
-            return
+    def on_step(self, step: Any) -> None:
+        """A step ended (a ``StepTracker`` listener, with its ``StepEvent``)."""
         try:
             self._end_step()
-        except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
-            self._error("optimizer step hook", exc)
+        except Exception as exc:  # noqa: BLE001 - never break the program's step
+            self._error("on_step", exc)
 
     def _end_step(self) -> None:
         with self._lock:

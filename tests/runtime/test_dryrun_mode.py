@@ -7,6 +7,7 @@ the device, as the same tensor does in PyTorch on CPU (``untyped_storage().nbyte
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -130,3 +131,44 @@ def test_a_model_bigger_than_this_process_dry_runs_from_the_cli(tmp_path):
     assert summary.dry_run and summary.target == "v6e" and summary.fits is True
     assert summary.peak_bytes >= params and summary.oom_programs == 0 and summary.programs > 0
     assert summary.stopped
+
+
+def test_a_traced_dry_run_over_one_chip_is_one_of_the_runs_findings(tmp_path, capsys):
+    import json
+
+    from tpu_debug.cli import main
+
+    n = 5 * GiB  # float32: 20 GiB, over a v5e chip's 16 GiB HBM
+    stops = pytest.raises(dryrun.DryRunValueError, match=r"the dry run needs a value .*\(\.item\(\)\)")
+    with stops, tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
+        x = torch.empty(n, device="tpu")  # the big tensor
+        x.mul_(2)
+        x.sum().item()  # the read that stops it
+    del x  # the traceback pytest keeps would hold it (and its 20 GiB) alive in the next test's trace
+    lines = Path(__file__).read_text().splitlines()
+    big, read = (next(i for i, t in enumerate(lines, 1) if marker in t) for marker in ("# the big tensor", "# the read that stops it"))
+    found = {f.kind: f for f in session.findings()}
+    fit = found["memory_fit"]
+    assert fit.severity == "error" and fit.subject == "v5e"
+    assert (os.path.basename(fit.evidence.location.file), fit.evidence.location.line) == ("test_dryrun_mode.py", big)
+    assert fit.evidence.count("need per device") >= 4 * n > fit.evidence.count("HBM per device") > 15 * GiB
+    # the tensor is held to the end, so its bytes must shrink: bfloat16 halves them to 10 GiB,
+    # under the 15.75 GiB; a smaller batch or checkpointing would not touch them
+    assert fit.cause == "state" and fit.fix.startswith("bfloat16"), fit.fix
+    assert fit.evidence.count("need after bfloat16") < 15 * GiB
+    stop = found["dry_run_stopped"]
+    assert stop.evidence.location.line == read and ".item()" in stop.title
+    # and so in report --json, which reads the advisor
+    capsys.readouterr()
+    assert main(["report", "--json", str(session.run_dir)]) == 0
+    kinds = {f["kind"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert {"memory_fit", "dry_run_stopped"} <= kinds
+
+
+def test_a_dry_run_that_fits_makes_no_memory_finding(tmp_path):
+    gc.collect()  # tensors other tests left to the collector are live tpu tensors to a trace
+    with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
+        x = torch.empty(1024, 1024, device="tpu")
+        x.mul_(2)
+    assert memory_view(session).summary.fits is True
+    assert session.findings() == []

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tpu_debug
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers import advisor
+from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.advisor import Advice, Finding, advise, lookup, rank, rule
+
+import tpu_debug
 
 
 def _finding(kind="recompile", severity="warning", cost=1.0, subject="s") -> Finding:
@@ -100,3 +101,85 @@ def test_one_op_compiled_for_several_shapes_while_warming_up_is_no_finding(tmp_p
     groups = {g.identity: g for g in session.recompile_groups()}
     assert groups["zeros_like"].recompiles == 2
     assert session.findings() == []
+
+
+# -- fitting a TPU: rules over the memory tracer's evidence -------------------------------------
+
+GiB = 1024**3
+_HOLDERS = (
+    ev.MemoryHolder("", 0, "", "before trace", 2 * GiB, 1),
+    ev.MemoryHolder("/src/train.py", 12, "main", "forward", 9 * GiB, 3, (1024, 2359296), "float32"),
+)
+
+
+class _Run:
+    """A run as the fit rules read it: its memory events, by kind."""
+
+    def __init__(self, *events) -> None:
+        self._events = events
+
+    def events(self, kind=None, **_):
+        return [e for e in self._events if kind is None or e.kind == kind]
+
+
+def _summary(persistent: int, required: int) -> ev.MemorySummaryEvent:
+    return ev.MemorySummaryEvent(
+        2, 4.0, None, 1, None, peak_bytes=required, peak_step=2, end_bytes=persistent, steps=4,
+        persistent_bytes=persistent, activation_bytes=required - persistent, float32_bytes=required, temp_bytes=0,
+        required_bytes=required, dry_run=False, programs=0, oom_programs=0, target="v5e",
+        capacity_bytes=16 * GiB, fits=required <= 16 * GiB, holders=_HOLDERS)
+
+
+def _record(finding: str, required: int, fixes=(), program=None) -> ev.MemoryFindingEvent:
+    return ev.MemoryFindingEvent(3, 4.0, None, 1, None, finding, "v5e", required, 16 * GiB, program, _HOLDERS, fixes)
+
+
+def _fit(run: _Run, kind: str = "memory_fit") -> list[Finding]:
+    return list(lookup(kind).check(advisor.RunFacts(run)))
+
+
+CHIPS = ev.MemoryFix("chips", 5 * GiB, 4.0, True, "v5e-4")
+BF16 = ev.MemoryFix("bfloat16", 10 * GiB, 0.5, True)
+CHECKPOINT = ev.MemoryFix("checkpointing", 12 * GiB, 0.0, True)
+
+
+def test_a_need_over_one_device_is_an_error_whose_fix_fits_its_cause():
+    # 20 GiB held between steps, over the 16: only what shrinks those bytes is a fix, and the
+    # dtype comes before buying chips even though 4 chips leave more room
+    run = _Run(_summary(20 * GiB, 21 * GiB), _record("estimate", 21 * GiB, (CHIPS, BF16)))
+    (finding,) = _fit(run)
+    assert (finding.kind, finding.severity, finding.cause, finding.subject) == ("memory_fit", "error", "state", "v5e")
+    assert finding.fix.startswith("bfloat16") and finding.evidence.facts[-1].startswith("or: 4 chips")
+    # the line is the biggest holder with a line of its own (not tensors made before the trace)
+    assert (finding.evidence.location.file, finding.evidence.location.line) == ("/src/train.py", 12)
+    assert finding.evidence.count("need per device") == 21 * GiB and finding.steps == (2, 2)
+
+
+def test_a_peak_over_one_device_on_state_that_fits_is_fixed_by_what_the_step_keeps():
+    run = _Run(_summary(8 * GiB, 18 * GiB), _record("estimate", 18 * GiB, (CHIPS, BF16, CHECKPOINT)))
+    (finding,) = _fit(run)
+    assert finding.cause == "peak" and finding.fix.startswith("activation checkpointing")
+
+
+def test_a_run_that_fits_or_has_no_target_makes_no_fit_finding():
+    assert _fit(_Run(_summary(8 * GiB, 12 * GiB), _record("estimate", 12 * GiB, (BF16,)))) == []
+    assert _fit(_Run(_summary(8 * GiB, 12 * GiB))) == []
+
+
+def test_a_run_recorded_with_its_verdict_gives_one_finding():
+    # runs written before the advisor decided hold a "does_not_fit" record instead of the estimate
+    (finding,) = _fit(_Run(_summary(20 * GiB, 21 * GiB), _record("does_not_fit", 21 * GiB, (BF16,))))
+    assert finding.kind == "memory_fit"
+
+
+def test_a_program_the_compiler_refused_in_a_dry_run_is_an_hbm_finding_about_that_program():
+    run = _Run(_summary(8 * GiB, 12 * GiB), _record("estimate", 12 * GiB, (BF16,)),
+               _record("program_oom", 48 * GiB, program="uniform_"))
+    assert _fit(run) == []  # the run's estimate fits: only the program is refused
+    (finding,) = _fit(run, "hbm_oom")
+    assert (finding.severity, finding.subject, finding.targets) == ("error", "v5e: uniform_", ("uniform_",))
+    assert finding.evidence.count("required") == 48 * GiB and "torch.device('meta')" in finding.fix
+    # a computation refused (not a tensor being made): shard it or shrink what it holds
+    run = _Run(_summary(8 * GiB, 12 * GiB), _record("program_oom", 18 * GiB, program="bmm"))
+    (finding,) = _fit(run, "hbm_oom")
+    assert "shard it over more chips" in finding.fix and "meta" not in finding.fix

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import tpu_debug
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import StepEvent
+from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.steps import STEADY, WARMUP, Loop, StepIndex, detect_loop, phase_of, step_phases
+
+import tpu_debug
 
 
 def _step(index: int, ts: float, end: float, *, compiles: int = 0, sequence: str = "a") -> StepEvent:
@@ -114,3 +115,39 @@ def test_steps_are_recorded_per_optimizer_step_or_found_in_the_loop(tmp_path, op
     index = StepIndex(steps)
     assert {index.step_of(c.ts) for c in session.compiles()} == {0}
     assert session.findings() == []
+
+
+def test_a_lazy_steps_graph_runs_in_the_step_it_belongs_to(tmp_path):
+    # lazy mode runs what a step recorded when optimizer.step() returns: one fused graph per
+    # iteration of this loop, which must be counted in that iteration's step, not the next
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 8).to("tpu")
+    iterations = 4
+    with tpu_debug.trace(logdir=tmp_path, eager_mode="defer_and_fuse", hlo=False) as session:
+        for _ in range(iterations):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    assert [(s.index, s.graph_runs) for s in session.steps()] == [(i, 1) for i in range(iterations)]
+
+
+def test_an_optimizer_of_cpu_tensors_ends_no_step_in_any_tracer(tmp_path):
+    # a CPU reference trained beside the traced model: its optimizer steps are not the device's
+    torch.manual_seed(0)
+    model, reference = torch.nn.Linear(4, 2).to("tpu"), torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    iterations = 3
+    with tpu_debug.trace(logdir=tmp_path, memory=True) as session:
+        for _ in range(iterations):
+            for m, o, data in ((model, opt, x.to("tpu")), (reference, ref_opt, x)):
+                o.zero_grad()
+                m(data).square().sum().backward()
+                o.step()
+    assert [s.index for s in session.steps()] == list(range(iterations))
+    memory = memory_view(session)
+    assert memory.summary.steps == iterations
+    assert [m.step for m in memory.steps][:iterations] == list(range(iterations))

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler
+from tpu_debug.tracers.advisor.fit import PADDING_FINDING_BYTES
+from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.target import findings
 from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
 
@@ -162,6 +164,8 @@ def test_padding_waste_on_a_100_wide_layer_and_not_on_a_128_wide_one(logdir):
             y = F.linear(x.to("tpu"), w.to("tpu"), b.to("tpu"))  # the layer
         torch.testing.assert_close(y.cpu(), F.linear(x, w, b), **MATMUL_TOL)
         found[width] = findings(session.events("target_compile"))
+        # 7 KiB of padding: shown with the target's figures, too small to be one of the run's findings
+        assert [f for f in session.findings() if f.kind == "tpu_padding"] == []
     assert found[128] == []
     (pad,) = found[100]
     assert (pad.kind, pad.target, pad.subject) == ("padding", "v5e", "f32[64,100]")
@@ -172,6 +176,23 @@ def test_padding_waste_on_a_100_wide_layer_and_not_on_a_128_wide_one(logdir):
     assert pad.figure("flops_wasted") == pytest.approx(2 * 64 * 256 * 28, rel=1e-9)
     assert pad.programs == ("addmm",) and pad.locations[0].line == _line("# the layer")
     assert pad.fix == "pad dimension 1 (size 100) to a multiple of 128"
+
+
+@requires_libtpu
+def test_a_megabyte_of_padding_in_one_array_is_one_of_the_runs_findings(logdir):
+    # 96 images of 100 x 100: no dimension fills a 128-lane tile row
+    images = torch.rand(96, 3, 100, 100, generator=torch.Generator().manual_seed(0))
+    with tpu_debug.trace(logdir=logdir, target="v5e", hlo=False) as session:
+        scaled = images.to("tpu") * 4.0  # the image batch
+    torch.testing.assert_close(scaled.cpu(), images * 4.0, rtol=0, atol=0)
+    (advice,) = [f for f in session.findings() if f.kind == "tpu_padding"]
+    assert advice.severity == "warning" and advice.subject.startswith("v5e: f32[96,3,100,100]")
+    # whichever way the compiler lays it out, one 100 sits on the lanes (padded to 128), and 96
+    # (a multiple of 8) or the other 100 (to 104) on the sublanes: 28 of every 128 lanes at least
+    wasted = advice.evidence.count("padding bytes")
+    assert wasted >= 96 * 3 * 100 * 28 * 4 >= PADDING_FINDING_BYTES
+    assert advice.evidence.location.line == _line("# the image batch")
+    assert "pad dimension" in advice.fix and "(size 100) to a multiple of 128" in advice.fix
 
 
 @requires_libtpu
@@ -206,6 +227,12 @@ def test_a_program_over_v5e_hbm_is_refused_there_and_fits_v6e(logdir):
     report = v5e.summary()
     assert "TPU target (v5e)" in report and "OOM" in report
     assert f"hbm_oom: bmm at test_target_trace.py:{_line('# the batched product')} needs" in report
+    # one of the run's findings, an error, at the line, with a fix for its cause (HBM)
+    (advice,) = [f for f in v5e.findings() if f.kind == "hbm_oom"]
+    assert advice.severity == "error" and advice.cause == "hbm" and "v6e" in advice.fix
+    assert advice.evidence.location.line == _line("# the batched product")
+    assert advice.evidence.count("required") == refused.required_bytes
+    assert "hbm_oom" not in {f.kind for f in v6e.findings()}
     # v6e: 32 GiB per chip; the same program fits, needing more than a v5e chip offers
     (fits,) = _compiles(v6e, "bmm")
     assert fits.ok and refused.available_bytes < fits.memory_bytes < v6e.events("target_summary")[0].hbm_bytes
@@ -273,6 +300,29 @@ def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_pat
     assert [s.step for s in steps if not s.unfinished][:3] == [1, 2, 3]  # SGD's three steps
     assert all(s.executions == s.estimated > 0 and 0 < s.mfu < 1 for s in steps)
     assert "step" in section and "MFU est." in section and "a model estimate, not a measurement" in section
+
+
+@requires_libtpu
+def test_steps_memory_and_target_count_the_traced_devices_steps_only(tmp_path, monkeypatch, capsys):
+    # mlp_train.py trains on tpu with SGD, then Adam, and each again on CPU as the reference:
+    # the script's own loop makes 2 x --steps optimizer steps on tpu (and as many on CPU)
+    monkeypatch.chdir(tmp_path)
+    loop_steps = 4
+    code = main(["run", "--logdir", str(tmp_path / "runs"), "--target", "v5e", str(EXAMPLES / "mlp_train.py"),
+                 "--steps", str(loop_steps)])
+    assert code == 0, capsys.readouterr().err
+    tpu_steps = 2 * loop_steps
+    session = open_run(logdir=tmp_path / "runs")
+    assert [s.index for s in session.steps()] == list(range(tpu_steps))
+    memory = memory_view(session)
+    assert memory.summary.steps == tpu_steps
+    # one memory record per step, by the step's own index (and the work after the last step)
+    assert [m.step for m in memory.steps][:tpu_steps] == list(range(tpu_steps))
+    assert memory.summary.peak_step < len(memory.steps) <= tpu_steps + 1
+    finished = [s.step for s in session.events("target_step") if not s.unfinished]
+    assert finished == list(range(1, tpu_steps + 1))
+    # a correct small program: its small padded arrays are target figures, not findings
+    assert session.findings() == []
 
 
 class _Net(torch.nn.Module):

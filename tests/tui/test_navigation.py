@@ -359,3 +359,18 @@ def test_compile_history_loads_page_by_page(make_app, storm_run):
         assert "no HLO recorded" in "\n".join(app.screen.query_one("#hlo-preview", HloView).lines)
 
     drive(app, scenario)
+
+
+def test_every_view_an_event_kind_or_a_rule_declares_is_a_view_of_the_app():
+    # the kinds and rules name their views (events.py, @rule); the app must have each one
+    from tpu_debug.tracers.advisor import RULES
+    from tpu_debug.tracers.events import EVENT_TYPES
+    from tpu_debug.tui.app import TpuDebugApp
+    from tpu_debug.tui.screens.overview import FINDING_VIEWS, KIND_VIEWS
+
+    declared = {cls.view for cls in EVENT_TYPES.values()} | {r.view for r in RULES.values()}
+    assert declared - {None} <= set(TpuDebugApp.MODES)
+    # every rule's findings open a view, and the overview's tables are these declarations
+    assert all(r.view is not None for r in RULES.values())
+    assert FINDING_VIEWS == {kind: r.view for kind, r in RULES.items()}
+    assert KIND_VIEWS == {kind: cls.view for kind, cls in EVENT_TYPES.items() if cls.view is not None}

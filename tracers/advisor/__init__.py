@@ -1,7 +1,12 @@
 """The advisor: rules over a recorded run, each giving :class:`Finding` records (data, not prose
 assembled by a view), ranked by what they cost.
 
-A rule is one function registered with :func:`rule` under its kind; it reads
+A rule is one function registered with :func:`rule` under its kind (and the
+TUI view that shows what its findings are about), in a rule module: :mod:`.rules`
+for the training loop (recompiles, syncs, uploads, dispatch, numerics),
+:mod:`.fit` for fitting a TPU (memory, the target compiler's refusals and
+padding, dry runs). Rule modules import :mod:`.registry`, never this package,
+so adding a rule to one is one declaration plus its tests. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
 step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.steps`) and
 yields findings. A finding is only made for what is true of this run and
@@ -19,11 +24,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
+# the rule modules register their rules when imported; they import the registry, never this package
+from tpu_debug.tracers.advisor import fit as _fit  # noqa: F401
+from tpu_debug.tracers.advisor import rules as _rules  # noqa: F401
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
+from tpu_debug.tracers.advisor.registry import RULES, Rule, lookup, rule
 from tpu_debug.tracers.steps import StepSummary
 
 __all__ = [
@@ -41,50 +50,6 @@ __all__ = [
     "rank",
     "rule",
 ]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rule:
-    """A registered rule: its kind (the findings' ``kind``), what it looks for, and the function."""
-
-    kind: str
-    about: str
-    check: Callable[[RunFacts], Iterable[Finding]]
-
-
-RULES: dict[str, Rule] = {}
-
-
-def rule(kind: str, *, about: str) -> Callable:
-    """Register ``fn(facts) -> Iterable[Finding]`` as the rule for findings of ``kind``.
-
-    Raises:
-        ValueError: a rule of this kind is already registered.
-    """
-
-    def register(fn: Callable[[RunFacts], Iterable[Finding]]) -> Callable[[RunFacts], Iterable[Finding]]:
-        known = RULES.get(kind)
-        if known is not None:
-            raise ValueError(
-                f"advisor rule {kind!r} is registered twice: {known.check.__module__}.{known.check.__qualname__} "
-                f"and {fn.__module__}.{fn.__qualname__}"
-            )
-        RULES[kind] = Rule(kind, about, fn)
-        return fn
-
-    return register
-
-
-def lookup(kind: str) -> Rule:
-    """The rule of ``kind``.
-
-    Raises:
-        ValueError: no rule has that kind.
-    """
-    try:
-        return RULES[kind]
-    except KeyError:
-        raise ValueError(f"no advisor rule {kind!r}; rules: {', '.join(sorted(RULES))}") from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,7 +88,3 @@ def advise(query: Any, *, kinds: Iterable[str] | None = None) -> Advice:
         except Exception as exc:  # noqa: BLE001 - one rule's failure must not hide the others' findings
             errors.append(f"advisor rule {r.kind!r} failed: {type(exc).__name__}: {exc}")
     return Advice(tuple(rank(findings)), facts.summary, tuple(errors))
-
-
-# the rules register themselves when their module is imported
-from tpu_debug.tracers.advisor import rules as _rules  # noqa: E402,F401

@@ -12,8 +12,10 @@ from tpu_debug.tracers.events import (
     GraphBreakEvent,
     RecompileLimitEvent,
     StepEvent,
+    TargetCompileEvent,
     TransferEvent,
 )
+from tpu_debug.tracers.memory import MemoryView, memory_view
 from tpu_debug.tracers.steps import STEADY, StepIndex, StepSummary, phase_of, step_phases, summarize_steps
 
 __all__ = ["RunFacts"]
@@ -101,6 +103,16 @@ class RunFacts:
     @functools.cached_property
     def recompile_limits(self) -> list[RecompileLimitEvent]:
         return self.query.recompile_limits()
+
+    @functools.cached_property
+    def memory(self) -> MemoryView:
+        """The memory tracer's records: per step, the summary, the fit's verdicts."""
+        return memory_view(self.query)
+
+    @functools.cached_property
+    def target_compiles(self) -> list[TargetCompileEvent]:
+        """The run's programs compiled again for its TPU target."""
+        return [e for e in self.query.events(TargetCompileEvent.kind) if isinstance(e, TargetCompileEvent)]
 
     @functools.cached_property
     def ops(self) -> list[Any]:

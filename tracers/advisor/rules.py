@@ -15,9 +15,9 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tpu_debug.tracers.advisor import rule
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
+from tpu_debug.tracers.advisor.registry import rule
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.recompiles import describe, summarize
 from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for
@@ -156,7 +156,7 @@ def _grows_by_steps(change: Any) -> bool:
     return len({b - a for a, b in zip(sizes, sizes[1:])}) == 1
 
 
-@rule("dynamic_shape", about="a dimension that takes new sizes in steady state, recompiling at each (padding fixes it)")
+@rule("dynamic_shape", about="a dimension that takes new sizes in steady state, recompiling at each (padding fixes it)", view="recompiles")
 def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
     # ops whose shape recompiles fall in the same steps change with one size (a sequence
     # length, and the flattened batch x length after it): one finding, about that size
@@ -323,7 +323,7 @@ def _group_label(cause: str, diff: KeyDiff | None) -> str:
     return f"{cause} {diff.detail or ''}".strip()
 
 
-@rule("recompile", about="recompiles that keep happening in steady state, by cause (padding cannot fix these)")
+@rule("recompile", about="recompiles that keep happening in steady state, by cause (padding cannot fix these)", view="recompiles")
 def recompile(facts: RunFacts) -> Iterable[Finding]:
     groups: dict[tuple[str, str], list[tuple[str, str | None, CompileEvent, KeyDiff | None]]] = {}
     for (mode, identity), items in _steady_recompiles(facts).items():
@@ -365,7 +365,7 @@ def recompile(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("recompile_limit", about="a function that hit dynamo's recompile limit and runs uncompiled")
+@rule("recompile_limit", about="a function that hit dynamo's recompile limit and runs uncompiled", view="recompiles")
 def recompile_limit(facts: RunFacts) -> Iterable[Finding]:
     for hit in facts.recompile_limits:
         step = facts.step_of(hit.ts)
@@ -412,7 +412,7 @@ def _how_often(facts: RunFacts, steps: list[int], events: Sequence[Any]) -> str:
     return f"{len(events)} times (no steps were found; it repeats)"
 
 
-@rule("implicit_sync", about="a sync nobody asked for (.item(), print, if t:) inside the step")
+@rule("implicit_sync", about="a sync nobody asked for (.item(), print, if t:) inside the step", view="transfers")
 def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
     sites: dict[tuple, list[Any]] = {}
     for t in facts.transfers:
@@ -449,7 +449,7 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("cpu_fallback", about="an op with no tpu lowering that runs on CPU inside the step")
+@rule("cpu_fallback", about="an op with no tpu lowering that runs on CPU inside the step", view="ops")
 def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
     by_op: dict[str, list[Any]] = {}
     for f in facts.fallbacks:
@@ -499,7 +499,7 @@ def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("h2d_every_step", about="the same host-to-device copy at every step (a tensor rebuilt from Python data, a batch copied synchronously)")
+@rule("h2d_every_step", about="the same host-to-device copy at every step (a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
 def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
     if len(facts.steady) < REPEATS:
         return
@@ -565,7 +565,7 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
 # ---------------------------------------------------------------------------------
 
 
-@rule("graph_break", about="dynamo splits a compiled function that runs at every step")
+@rule("graph_break", about="dynamo splits a compiled function that runs at every step", view="recompiles")
 def graph_break(facts: RunFacts) -> Iterable[Finding]:
     if not facts.graph_breaks:
         return
@@ -652,7 +652,7 @@ def _tiny_share(facts: RunFacts) -> float | None:
     return tiny / total if total else None
 
 
-@rule("eager_tiny_ops", about="an eager step of thousands of small ops, each paying a dispatch, that compiling would fuse")
+@rule("eager_tiny_ops", about="an eager step of thousands of small ops, each paying a dispatch, that compiling would fuse", view="steps")
 def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     steady = [s for s in facts.steady if s.eager_ops]
     if len(steady) < 2:
@@ -707,7 +707,7 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     )
 
 
-@rule("float64", about="float64 or complex128 values, which a TPU does not have")
+@rule("float64", about="float64 or complex128 values, which a TPU does not have", view="ops")
 def float64(facts: RunFacts) -> Iterable[Finding]:
     wide = facts.query.float64_ops()
     if not wide:
@@ -754,7 +754,7 @@ def _g(value: float) -> str:
     return "nan" if math.isnan(value) else f"{value:.2g}"
 
 
-@rule("divergence", about="an op whose result leaves tolerance against PyTorch on CPU, or makes NaN/Inf")
+@rule("divergence", about="an op whose result leaves tolerance against PyTorch on CPU, or makes NaN/Inf", view="divergence")
 def divergence(facts: RunFacts) -> Iterable[Finding]:
     first = facts.query.first_divergence()
     origin = facts.query.nan_origin()

@@ -14,6 +14,8 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
+from tpu_debug.tracers.advisor import RULES
+from tpu_debug.tracers.events import EVENT_TYPES
 from tpu_debug.tracers.query import RunMetadata
 from tpu_debug.tracers.steps import StepSummary, summarize_steps
 from tpu_debug.tui.format import format_seconds, location_text
@@ -24,33 +26,10 @@ from tpu_debug.session import Session
 
 __all__ = ["FINDING_VIEWS", "FindingLine", "OverviewData", "OverviewScreen", "finding_lines", "overview_data"]
 
-# which view shows each event kind
-KIND_VIEWS = {
-    "compile": "recompiles",
-    "graph_break": "recompiles",
-    "op": "ops",
-    "fallback": "ops",
-    "transfer": "transfers",
-    "divergence": "divergence",
-    "guard_failure": "recompiles",
-    "recompile_limit": "recompiles",
-    "step": "steps",
-    "materialize": "recompiles",  # lazy mode: its fused graphs are compiles there
-}
-
-# which view shows what each kind of finding is about
-FINDING_VIEWS = {
-    "dynamic_shape": "recompiles",
-    "recompile": "recompiles",
-    "recompile_limit": "recompiles",
-    "graph_break": "recompiles",
-    "implicit_sync": "transfers",
-    "h2d_every_step": "transfers",
-    "cpu_fallback": "ops",
-    "float64": "ops",
-    "eager_tiny_ops": "steps",
-    "divergence": "divergence",
-}
+# which view shows each event kind, and what each kind of finding is about: declared with the
+# event class (its ``view``) and the advisor rule (``@rule(..., view=...)``)
+KIND_VIEWS = {kind: cls.view for kind, cls in EVENT_TYPES.items() if cls.view is not None}
+FINDING_VIEWS = {kind: r.view for kind, r in RULES.items() if r.view is not None}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

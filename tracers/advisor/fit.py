@@ -1,0 +1,280 @@
+"""The advisor's rules about fitting a TPU: memory, the target's compiler, the dry run.
+
+They read the evidence the memory tracer and the TPU target tracer recorded
+(``tracers/memory.py``, ``tracers/target.py``) and decide, like every other
+rule, what is worth a :class:`~.findings.Finding`: a run whose tensors and
+temporaries need more HBM than one device of its target has, a program the
+TPU compiler refused for want of HBM, an array the TPU's tiles pad by a
+fifth and a mebibyte or more, and a dry run that stopped before the end of
+what it measures.
+A run recorded without a target (``trace(target=...)``, ``--target``) has
+none of this evidence and gets none of these findings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from tpu_debug.tracers.advisor.facts import RunFacts
+from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
+from tpu_debug.tracers.advisor.registry import rule
+from tpu_debug.tracers.events import MemoryFindingEvent, MemoryHolder, MemorySummaryEvent, SourceLocation
+from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, size
+from tpu_debug.tracers.target import TargetFinding, findings
+
+__all__ = ["PADDING_FINDING_BYTES"]
+
+# padding worth a finding wastes at least this much in one array: less takes under 1.3 µs of a
+# v5e chip's HBM bandwidth (819 GB/s) per pass over it, below a program's launch cost. The TPU
+# compiler lays large arrays out so that their tiles are nearly full (a [16384, 100] result
+# puts the 16384 on the 128 lanes), so what pads a fifth or more is mostly small arrays, such
+# as a 64-wide layer's; the TPU target section of the report still lists those
+PADDING_FINDING_BYTES = 1 << 20
+
+
+def _holder_location(holders: Iterable[MemoryHolder]) -> SourceLocation | None:
+    """The user line holding the most at the peak (tensors from before the trace have none)."""
+    return next((SourceLocation(h.file, h.line, h.function) for h in holders if h.file), None)
+
+
+# the remedies to try first, by cause: tensors held between steps shrink with their dtype or
+# spread over chips (a smaller batch or checkpointing leaves them as they are); a step's peak
+# on top of them shrinks first with what the step keeps for backward and its batch
+_PREFERRED = {
+    "state": ("bfloat16", "chips", "checkpointing", "batch"),
+    "peak": ("checkpointing", "batch", "bfloat16", "chips"),
+}
+
+
+def _fix_text(record: MemoryFindingEvent, cause: str) -> tuple[str, tuple[str, ...]]:
+    """The fix to give (the first remedy for ``cause`` that fits alone, or what to combine) and
+    the other remedies that fit alone."""
+    order = _PREFERRED[cause]
+    fitting = sorted(
+        (f for f in record.fixes if f.fits),
+        key=lambda f: order.index(f.remedy) if f.remedy in order else len(order),
+    )
+    if fitting:
+        return describe_fix(fitting[0]), tuple(f"or: {describe_fix(f)}" for f in fitting[1:])
+    partial = [describe_fix(f) for f in record.fixes]
+    if not partial:
+        return "hold less at once: a smaller batch, bfloat16, activation checkpointing, or more chips", ()
+    return "no one change fits it alone; combine them: " + "; ".join(partial), ()
+
+
+def _fix_counts(record: MemoryFindingEvent) -> tuple[Count, ...]:
+    return tuple(Count(f"need after {f.remedy}", f.estimate_bytes, "B") for f in record.fixes)
+
+
+def _cause(summary: MemorySummaryEvent | None, record: MemoryFindingEvent) -> str:
+    """What is over: what stays between steps alone (parameters, gradients, optimizer state),
+    or the step's peak on top of it (activations and temporaries)."""
+    if summary is not None and summary.persistent_bytes > record.capacity_bytes:
+        return "state"
+    return "peak"
+
+
+@rule(
+    "memory_fit",
+    about="tensors and temporaries need more HBM than one device of the TPU target has",
+    view="memory",
+)
+def memory_fit(facts: RunFacts) -> Iterable[Finding]:
+    summary = facts.memory.summary
+    for record in facts.memory.findings:
+        if record.finding != DOES_NOT_FIT:
+            continue
+        cause = _cause(summary, record)
+        fix, others = _fix_text(record, cause)
+        title = (
+            f"the run does not fit one {record.target} device: ~{size(record.required_bytes)} needed, "
+            f"{size(record.capacity_bytes)} there"
+        )
+        counts = [
+            Count("need per device", record.required_bytes, "B"),
+            Count("HBM per device", record.capacity_bytes, "B"),
+        ]
+        if summary is not None:
+            title += (
+                f" (peak {size(summary.peak_bytes)} of tensors in step {summary.peak_step}"
+                + (
+                    f" + {size(summary.temp_bytes)} temporaries of {summary.temp_program}"
+                    if summary.temp_bytes
+                    else ""
+                )
+                + ")"
+            )
+            counts += [
+                Count("peak tensor bytes", summary.peak_bytes, "B"),
+                Count("held between steps", summary.persistent_bytes, "B"),
+                Count("temporaries", summary.temp_bytes, "B"),
+            ]
+        yield Finding(
+            kind="memory_fit",
+            severity="error",
+            title=title,
+            fix=fix,
+            cost_seconds=0.0,
+            evidence=Evidence(
+                _holder_location(record.holders),
+                (*counts, *_fix_counts(record)),
+                (*(f"holds at the peak: {describe_holder(h)}" for h in record.holders), *others),
+            ),
+            steps=(summary.peak_step, summary.peak_step) if summary is not None else None,
+            cause=cause,
+            subject=record.target,
+            estimated=True,
+        )
+
+
+def _oom_from_target(f: TargetFinding) -> Finding:
+    required, available = f.figure("required_bytes"), f.figure("available_bytes")
+    need = (
+        f"needs {size(required)} of {size(available)} HBM" if required is not None else "does not fit its HBM"
+    )
+    what = f.figure("what")
+    return Finding(
+        kind="hbm_oom",
+        severity="error",
+        title=f"the TPU compiler refused {f.subject} for {f.target}: it {need}"
+        + (f" ({what})" if what else ""),
+        fix=f.fix,
+        cost_seconds=0.0,
+        evidence=Evidence(
+            next((loc for loc in f.locations if loc is not None), None),
+            tuple(
+                Count(name, float(v), "B")
+                for name, v in (("required", required), ("available", available))
+                if v is not None
+            ),
+            tuple(f"program: {p}" for p in f.programs),
+        ),
+        cause="hbm",
+        subject=f"{f.target}: {f.subject}",
+        targets=(f.subject,),
+    )
+
+
+# ops that make a tensor from nothing (a factory, an initializer): a program of one of these is
+# the allocation of one big tensor, which building the model on "meta" avoids
+_MAKERS = ("empty", "zeros", "ones", "full", "rand", "normal", "uniform", "arange", "eye")
+
+
+def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
+    program = record.program or "a program"
+    # the run's remedies (estimated for its peak) are not this one program's: what it holds is
+    # its own inputs, outputs and temporaries
+    fix = (
+        f"make {program} hold less on one device: shard it over more chips (a bigger "
+        f"{record.target.split('-')[0]}-N slice, its inputs split), or shrink its inputs and outputs: "
+        "bfloat16 instead of float32, a smaller batch"
+    )
+    if program.lstrip("_").startswith(_MAKERS):
+        fix = (
+            f"{program} makes one tensor too big for a device: build the model under "
+            "torch.device('meta') and load or shard its weights (FSDP over more chips), or keep that "
+            "tensor in bfloat16"
+        )
+    return Finding(
+        kind="hbm_oom",
+        severity="error",
+        title=(
+            f"the TPU compiler refused {program} for {record.target}: it counted "
+            f"{size(record.required_bytes)} of {size(record.capacity_bytes)} HBM"
+        ),
+        fix=fix,
+        cost_seconds=0.0,
+        evidence=Evidence(
+            _holder_location(record.holders),
+            (Count("required", record.required_bytes, "B"), Count("available", record.capacity_bytes, "B")),
+            tuple(f"holds at the peak: {describe_holder(h)}" for h in record.holders),
+        ),
+        cause="hbm",
+        subject=f"{record.target}: {program}",
+        targets=(program,),
+    )
+
+
+@rule(
+    "hbm_oom",
+    about="a program the TPU target's compiler refuses: it needs more HBM than one device has",
+    view="memory",
+)
+def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
+    for f in findings(facts.target_compiles):
+        if f.kind == "hbm_oom":
+            yield _oom_from_target(f)
+    for record in facts.memory.findings:
+        if record.finding == PROGRAM_OOM:
+            yield _oom_from_dry_run(record)
+
+
+@rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more", view="ops")
+def tpu_padding(facts: RunFacts) -> Iterable[Finding]:
+    for f in findings(facts.target_compiles):
+        if f.kind != "padding" or f.figure("wasted_bytes", 0) < PADDING_FINDING_BYTES:
+            continue
+        wasted, padded = f.figure("wasted_bytes"), f.figure("padded_bytes")
+        flops = f.figure("flops_wasted", 0.0)
+        programs = ", ".join(f.programs[:3]) + (", ..." if len(f.programs) > 3 else "")
+        yield Finding(
+            kind="tpu_padding",
+            severity="warning",
+            title=(
+                f"{f.subject} is {f.figure('waste', 0.0):.0%} padding on {f.target} (laid out "
+                f"{f.figure('layout')}), in {f.figure('arrays')} array(s) of {programs}"
+            ),
+            fix=f.fix,
+            cost_seconds=0.0,
+            evidence=Evidence(
+                next((loc for loc in f.locations if loc is not None), None),
+                (
+                    Count("padding bytes", wasted, "B"),
+                    Count("padding bytes in all", f.cost, "B"),
+                    Count("bytes with padding", padded, "B"),
+                    Count("arrays", f.figure("arrays")),
+                    Count("matrix FLOP on padding", flops),
+                ),
+                tuple(
+                    f"also at {os.path.basename(loc.file)}:{loc.line}"
+                    for loc in f.locations[1:4]
+                    if loc is not None
+                ),
+            ),
+            cause="tile",
+            subject=f"{f.target}: {f.subject} {f.figure('layout')}",
+            targets=f.programs,
+        )
+
+
+@rule(
+    "dry_run_stopped",
+    about="a dry run that stopped early: the code read a value a dry run does not have",
+    view="memory",
+)
+def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
+    summary = facts.memory.summary
+    if summary is None or not summary.dry_run or not summary.stopped:
+        return
+    where = (
+        f" at {os.path.basename(summary.location.file)}:{summary.location.line}" if summary.location else ""
+    )
+    yield Finding(
+        kind="dry_run_stopped",
+        severity="warning",
+        title=(
+            f"the dry run stopped{where}: {summary.stopped} needs a value, and a dry run's tensors hold "
+            f"none; only what ran before it was measured ({summary.steps} step(s))"
+        ),
+        fix=(
+            "move the read after the step being measured, or skip it in dry runs "
+            "(if tpu_debug.runtime.dryrun.active is None: ...), so the whole step is measured"
+        ),
+        cost_seconds=0.0,
+        evidence=Evidence(
+            summary.location, (Count("steps measured", summary.steps),), (f"read: {summary.stopped}",)
+        ),
+        cause="value",
+        subject=f"dry run: {summary.stopped}",
+    )
