@@ -42,6 +42,7 @@ __all__ = [
     "advice_of",
     "format_bytes",
     "format_seconds",
+    "plain_width",
     "print_rank_report",
     "print_report",
     "rank_data",
@@ -1636,15 +1637,22 @@ def report_data(session: Any) -> dict[str, Any]:
     return _assemble(_section_data(session))
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit with status 1; the command line ends quietly with 0 instead
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console(file: Any, terminal: bool | None, width: int | None) -> Console:
     file = file if file is not None else sys.stdout
     if terminal is None:
         terminal = bool(getattr(file, "isatty", lambda: False)())
     if terminal:
-        return Console(file=file, width=width, force_terminal=True, highlight=False, emoji=False)
-    return Console(
+        return _Console(file=file, width=width, force_terminal=True, highlight=False, emoji=False)
+    return _Console(
         file=file,
-        width=width or _plain_width(),
+        width=width or plain_width(),
         force_terminal=False,
         color_system=None,
         highlight=False,
@@ -1653,7 +1661,8 @@ def _console(file: Any, terminal: bool | None, width: int | None) -> Console:
     )
 
 
-def _plain_width() -> int:
+def plain_width() -> int:
+    """The line width of plain text (a file, a pipe): ``$COLUMNS``, else :data:`PLAIN_WIDTH`."""
     columns = os.environ.get("COLUMNS", "")
     return int(columns) if columns.isdigit() and int(columns) > 0 else PLAIN_WIDTH
 
