@@ -374,17 +374,17 @@ def _steps_rows(d: dict) -> list[tuple[str, str]]:
     if d["warmup"]:
         rows.append((
             "warm-up",
-            f"step {_steps_range_text(d['warmup'])}: {c['warmup']['compiles']} compile(s) "
+            (f"step {_steps_range_text(d['warmup'])}: {c['warmup']['compiles']} compile(s) "
             f"({format_seconds(c['warmup']['seconds'])}); first compiles, and ops compiled for several shapes "
-            "at once, are expected here",
+            "at once, are expected here"),
         ))
     if c["setup"]["compiles"]:
         rows.append(("before steps", f"{c['setup']['compiles']} compile(s) ({format_seconds(c['setup']['seconds'])})"))
     if d["steady"]:
         rows.append((
             "steady state",
-            f"{d['steady']} step(s), {format_seconds(d['step_seconds'])} and {d['ops_per_step']:,.0f} "
-            f"op(s) per step (median); {c['steady']['compiles']} compile(s) ({format_seconds(c['steady']['seconds'])})",
+            (f"{d['steady']} step(s), {format_seconds(d['step_seconds'])} and {d['ops_per_step']:,.0f} "
+            f"op(s) per step (median); {c['steady']['compiles']} compile(s) ({format_seconds(c['steady']['seconds'])})"),
         ))
     if c["outside"]["compiles"]:
         rows.append(("outside steps", f"{c['outside']['compiles']} compile(s) ({format_seconds(c['outside']['seconds'])})"))
@@ -1035,11 +1035,11 @@ def _divergence_rows(d: dict) -> list[tuple[str, str]]:
         rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
     if drifted is not None:
         # the first drift's cause: a wrong op before it, or noise (through a zero crossing)
-        rows.append(("drift", f"{drifted['site']} at {_full_where(drifted['location'])} ({drifted['phase']}): "
-                              f"{drifted['triage']}"))
+        rows.append(("drift", (f"{drifted['site']} at {_full_where(drifted['location'])} ({drifted['phase']}): "
+                              f"{drifted['triage']}")))
     if origin is not None:
-        rows.append(("NaN/Inf from", f"{origin['site']} at {_full_where(origin['location'])} "
-                                     "(made them from finite inputs)"))
+        rows.append(("NaN/Inf from", (f"{origin['site']} at {_full_where(origin['location'])} "
+                                     "(made them from finite inputs)")))
     if d["not_compared"]:
         rows.append(("not compared", ", ".join(d["not_compared"]) + " (no CPU kernel for these calls)"))
     return rows
@@ -1227,16 +1227,16 @@ def _divergence(session: Any) -> dict[str, Any] | None:
 def _memory_rows(m: dict) -> list[tuple[str, str]]:
     from tpu_debug.tracers.memory import size
 
-    rows = [("peak", f"{size(m['peak_bytes'])} held by tpu tensors, in step {m['peak_step']} of {m['steps']} "
+    rows = [("peak", (f"{size(m['peak_bytes'])} held by tpu tensors, in step {m['peak_step']} of {m['steps']} "
                      f"({size(m['persistent_bytes'])} still held at that step's end, "
-                     f"{size(m['activation_bytes'])} of the forward's tensors gone by then)")]
+                     f"{size(m['activation_bytes'])} of the forward's tensors gone by then)"))]
     if m["temp_bytes"]:
         whose = "the TPU compiler's figure" if m["temp_source"] == "target" else "this machine's compiler's figure"
         rows.append(("largest program", f"{m['temp_program']}: {size(m['temp_bytes'])} of temporaries ({whose})"))
     if m["target"] is not None:
         verdict = "fits" if m["fits"] else "does NOT fit"
-        rows.append(("need", f"~{size(m['required_bytes'])} per device (peak + temporaries) of "
-                             f"{size(m['capacity_bytes'])} on one {m['target']} device: {verdict} (an estimate)"))
+        rows.append(("need", (f"~{size(m['required_bytes'])} per device (peak + temporaries) of "
+                             f"{size(m['capacity_bytes'])} on one {m['target']} device: {verdict} (an estimate)")))
     if m["dry_run"]:
         dry = f"nothing executed; {m['programs']} program(s) compiled for {m['target']}, {m['oom_programs']} out of HBM"
         rows.append(("dry run", dry))
@@ -1371,9 +1371,9 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
     if summary is not None:
         rows.append((
             "target",
-            f"{summary['target']} ({summary['topology']}, {summary['chips']} chip(s)); per device "
+            (f"{summary['target']} ({summary['topology']}, {summary['chips']} chip(s)); per device "
             f"{format_bytes(summary['hbm_bytes'])} HBM, {summary['peak_flops'] / 1e12:.0f} TFLOP/s bf16, "
-            f"{summary['hbm_bandwidth'] / 1e9:.0f} GB/s; libtpu {summary['libtpu']}",
+            f"{summary['hbm_bandwidth'] / 1e9:.0f} GB/s; libtpu {summary['libtpu']}"),
         ))
         ooms = sum(1 for c in programs if not c["ok"] and c["status"] == "hbm_oom")
         line = f"{summary['programs']} distinct, {summary['compiled']} compiled ({summary['cached']} from the cache)"
@@ -1385,9 +1385,9 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
         if summary["unfinished"]:
             rows.append((
                 "not finished",
-                f"{summary['unfinished']} program(s) still compiling when the trace stopped waiting "
+                (f"{summary['unfinished']} program(s) still compiling when the trace stopped waiting "
                 f"({format_seconds(summary['waited_seconds'])}, target_wait={summary['wait_limit']:g}): no "
-                "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer",
+                "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"),
             ))
         rows.append(("compile time", f"{format_seconds(summary['compile_seconds'])} of TPU compiles, beside the program"))
     step = d["step"]
@@ -1405,8 +1405,8 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
     if largest is not None and summary is not None:
         rows.append((
             "memory",
-            f"largest program {format_bytes(largest['memory_bytes'])} of {format_bytes(summary['hbm_bytes'])} "
-            f"per device ({largest['name']})",
+            (f"largest program {format_bytes(largest['memory_bytes'])} of {format_bytes(summary['hbm_bytes'])} "
+            f"per device ({largest['name']})"),
         ))
     return rows
 

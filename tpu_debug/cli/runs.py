@@ -14,7 +14,6 @@ from tpu_debug.config import TraceConfig
 from tpu_debug.errors import RunDamagedError, SchemaVersionError, TpuDebugError
 from tpu_debug.report import _console, format_seconds
 
-
 _UNBOUNDED = 1_000_000  # the width of plain text: lines as long as what they hold
 
 
