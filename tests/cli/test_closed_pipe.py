@@ -55,6 +55,7 @@ def _closed_pipe(*args: str) -> tuple[int, str]:
         ["diff", "--json", "A", "B"],
         ["diff", "--plain", "A", "B"],
         ["runs"],
+        ["report", "--help"],
     ],
     ids=" ".join,
 )

@@ -52,8 +52,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["report", "--logdir", "tpu_debug_runs"])
         0
     """
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    finally:
+        sys.stdout.flush()  # --help and --version print, then exit: a closed pipe shows here
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -61,9 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.entry(args))
         sys.stdout.flush()  # a closed pipe shows here rather than when the interpreter exits
         return code
-    except BrokenPipeError:
-        _discard_stdout()
-        return 0
     except TpuDebugError as exc:
         print(f"tpu-debug {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, CommandError) else 1
