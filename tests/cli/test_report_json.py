@@ -358,3 +358,15 @@ def test_a_width_below_twenty_is_refused(capsys):
     with pytest.raises(SystemExit, match="2"):
         main(["report", "--width", "5"])
     assert "no line width" in capsys.readouterr().err
+
+
+def test_a_recorded_runs_plain_report_keeps_its_source_lines_whole(logdir, capsys):
+    run_dir = _record(logdir, sync=True)
+    capsys.readouterr()
+    assert main(["report", "--plain", "--width", "60", run_dir]) == 0
+    text = capsys.readouterr().out
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
+    # the Transfers table's "where": the line of the loop's .item(), with its function
+    source = pathlib.Path(__file__).read_text().splitlines()
+    line = 1 + next(i for i, src in enumerate(source) if src.endswith("# a sync in every step"))
+    assert f"test_report_json.py:{line}in_record" in "\n".join(_columns(text))
