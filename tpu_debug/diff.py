@@ -251,7 +251,7 @@ def print_diff(a: Any, b: Any, *, file: Any = None, terminal: bool | None = None
         b: the run after.
         file: where to write.
         terminal: colors and box drawing (default: whether ``file`` is a terminal).
-        width: the console width (default: the terminal's, or 100).
+        width: the console width (default: the terminal's; plain text: ``$COLUMNS``, else 160).
 
     Example:
         >>> print_diff(tpu_debug.open_run("before"), tpu_debug.open_run("after"))

@@ -1,14 +1,20 @@
 """The run report: the advisor's findings, the steps, what ran where, and one section per tracer.
 
-Sections are registered with ``@section(title, order=...)``; each takes a
-:class:`~tpu_debug.session.Session` and returns a rich renderable, or ``None``
-to be left out. Text that comes from the run (op names, paths, HLO) is always
-wrapped in ``rich.text.Text``, so it is never read as markup. What the run
-should change is the advisor's (:mod:`tpu_debug.tracers.advisor`): the
-"Findings" section renders its records and composes no advice of its own.
+A section is declared once, with ``@section(title, order=..., key=..., render=...)`` on
+its data function: ``data(session)`` gives the section as plain JSON values
+(dicts, lists, strings, numbers, None), and ``render(data, terminal)`` turns that
+data, and nothing else, into a rich renderable (``None``: the section is left
+out of the text). :func:`report_data` (``tpu-debug report --json``, under the
+versioned schema :data:`REPORT_SCHEMA`, docs/report_schema.md) and
+:func:`print_report` read the same data, so the JSON holds every section.
 
-:func:`report_data` is the same report as data, under the versioned schema
-:data:`REPORT_SCHEMA` (``tpu-debug report --json``; docs/report_schema.md).
+Text that comes from the run (op names, paths, HLO) is always wrapped in
+``rich.text.Text``, so it is never read as markup. What the run should change is
+the advisor's (:mod:`tpu_debug.tracers.advisor`): the "Findings" section renders
+its records and composes no advice of its own.
+
+Plain text (a file, a pipe) never cuts a cell: cells wrap, and the width is
+``width``, else ``$COLUMNS``, else :data:`PLAIN_WIDTH`.
 """
 
 from __future__ import annotations
@@ -29,13 +35,17 @@ from rich.text import Text
 from tpu_debug.errors import ReportSectionError
 
 __all__ = [
+    "PLAIN_WIDTH",
+    "RANKS_SCHEMA",
     "REPORT_SCHEMA",
     "SECTIONS",
     "advice_of",
     "format_bytes",
     "format_seconds",
+    "plain_width",
     "print_rank_report",
     "print_report",
+    "rank_data",
     "rank_figures",
     "report_data",
     "section",
@@ -44,12 +54,19 @@ __all__ = [
 
 # the version of report_data's layout: a reader checks it (docs/report_schema.md)
 REPORT_SCHEMA = "tpu_debug.report/1"
+# the version of rank_data's layout (a multi-process run: one report per rank inside)
+RANKS_SCHEMA = "tpu_debug.ranks/1"
+# the line width of plain text when neither the caller nor $COLUMNS gives one: wide, since
+# a file or a pipe has no edge, and the cells wrap beyond it rather than lose text
+PLAIN_WIDTH = 160
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Section:
     title: str
     order: int
+    key: str | None
+    data: Callable[[Any], Any]
     render: Callable[[Any, bool], RenderableType | None]
     heading: Callable[[Any], str] | None = None
 
@@ -57,25 +74,35 @@ class Section:
 SECTIONS: list[Section] = []
 
 
-def section(title: str, *, order: int, heading: Callable[[Any], str] | None = None) -> Callable:
-    """Register a report section (``fn(session, terminal) -> renderable | None``).
+def section(
+    title: str,
+    *,
+    order: int,
+    key: str | None,
+    render: Callable[[Any, bool], RenderableType | None],
+    heading: Callable[[Any], str] | None = None,
+) -> Callable:
+    """Register a report section on its data function ``fn(session) -> JSON value``.
 
     Args:
         title: the section's name (unique), and its heading unless ``heading`` is given.
         order: where it goes, lowest first.
-        heading: ``heading(session)`` gives the printed heading from the run
-            (``"TPU target (v5e)"``).
+        key: the field of :func:`report_data` that holds the section's data; ``None``:
+            the data is a dict whose fields are top-level fields of the report.
+        render: ``render(data, terminal)`` gives the text from the data (``None``: left out).
+        heading: ``heading(data)`` gives the printed heading (``"TPU target (v5e)"``).
 
     Raises:
-        ReportSectionError: a section with this title is already registered.
+        ReportSectionError: a section with this title or key is already registered.
     """
 
-    def register(fn: Callable[[Any, bool], RenderableType | None]) -> Callable:
-        if any(s.title == title for s in SECTIONS):
+    def register(fn: Callable[[Any], Any]) -> Callable:
+        if any(s.title == title or (key is not None and s.key == key) for s in SECTIONS):
             raise ReportSectionError(
-                f"report section {title!r} is registered twice; give the new section another title"
+                f"report section {title!r} (key {key!r}) is registered twice; give the new section "
+                "another title and key"
             )
-        SECTIONS.append(Section(title, order, fn, heading))
+        SECTIONS.append(Section(title, order, key, fn, render, heading))
         SECTIONS.sort(key=lambda s: s.order)
         return fn
 
@@ -108,14 +135,16 @@ def _table(terminal: bool, *columns: tuple[str, str], left_width: int = 40) -> T
         header_style="bold" if terminal else "",
     )
     for title, justify in columns:
-        # one line per row: long signatures (a list of baked-in scalars, say) end in "…"
+        left = justify == "left"
+        # a terminal gets one line per row (a long signature ends in "…"); plain text, read
+        # later in a file or a log, keeps every cell whole and wraps it instead
         table.add_column(
             title,
             justify=justify,  # type: ignore[arg-type]
-            no_wrap=True,
-            overflow="ellipsis",
-            max_width=left_width if justify == "left" else None,
-            min_width=None if justify == "left" else len(title),
+            no_wrap=terminal,
+            overflow="ellipsis" if terminal else "fold",
+            max_width=left_width if left and terminal else None,
+            min_width=None if left else len(title),
         )
     return table
 
@@ -135,32 +164,94 @@ def _kv(rows: list[tuple[str, str]]) -> Text:
     return text
 
 
-@section("Run", order=0)
-def _run(session: Any, terminal: bool) -> RenderableType:
-    m = session.metadata()
-    status = m.status
-    if m.exit_status is not None:
-        status += f" (exit status {m.exit_status})"
-    if m.error:
-        status += f": {m.error}"
-    if m.status == "killed":
+def _plain(value: Any, skip: tuple[str, ...] = ("thread",)) -> Any:
+    """A record as JSON values: a dataclass as a dict of its fields (but ``skip``), tuples
+    as lists, recursively."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), skip) for f in dataclasses.fields(value) if f.name not in skip}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, skip) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v, skip) for k, v in value.items()}
+    return value
+
+
+def _location_data(loc: Any) -> dict[str, Any] | None:
+    return {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
+
+
+def _where(loc: dict | None) -> str:
+    """``train.py:12`` of a location's data."""
+    if loc is None:
+        return "-"
+    return f"{os.path.basename(loc['file'])}:{loc['line']}"
+
+
+def _site_text(loc: dict | None) -> str:
+    """``train.py:12 in step`` of a location's data."""
+    if loc is None:
+        return "-"
+    return f"{os.path.basename(loc['file'])}:{loc['line']} in {loc['function']}"
+
+
+def _full_where(loc: dict | None) -> str:
+    """The whole path, line and function of a location's data."""
+    if loc is None:
+        return "-"
+    return f"{loc['file']}:{loc['line']} in {loc['function']}"
+
+
+def _render_run(d: dict, terminal: bool) -> RenderableType:
+    status = d["status"]
+    if d["exit_status"] is not None:
+        status += f" (exit status {d['exit_status']})"
+    if d["error"]:
+        status += f": {d['error']}"
+    if d["status"] == "killed":
         status += " - the process ended without closing the run; what it recorded until then is kept"
-    modes = session.modes()
+    v = d["versions"]
     rows = [
-        ("run", str(session.run_dir)),
-        ("command", " ".join(m.argv) if m.argv else "-"),
-        ("started", m.start_time),
-        ("duration", format_seconds(m.duration) if m.duration is not None else "-"),
+        ("run", d["dir"]),
+        ("command", " ".join(d["argv"]) if d["argv"] else "-"),
+        ("started", str(d["start_time"])),
+        ("duration", format_seconds(d["duration"]) if d["duration"] is not None else "-"),
         ("status", status),
-        ("platform", f"XLA {m.platform.upper()} ({m.device_kind}), {m.device_count} device(s)"),
-        ("mode", ", ".join(modes) if modes else "no device ops ran"),
-        (
-            "versions",
-            f"tpu_debug {m.tpu_debug_version}, torch {m.torch_version}, "
-            f"jax {m.jax_version}, jaxlib {m.jaxlib_version}",
-        ),
+        ("platform", f"XLA {d['platform'].upper()} ({d['device_kind']}), {d['device_count']} device(s)"),
+        ("mode", ", ".join(d["modes"]) if d["modes"] else "no device ops ran"),
+        ("versions", f"tpu_debug {v['tpu_debug']}, torch {v['torch']}, jax {v['jax']}, jaxlib {v['jaxlib']}"),
     ]
     return _kv(rows)
+
+
+@section("Run", order=0, key="run", render=_render_run)
+def _run(session: Any) -> dict[str, Any]:
+    m = session.metadata()
+    return {
+        "name": m.name,
+        "dir": str(session.run_dir),
+        "status": m.status,
+        "exit_status": m.exit_status,
+        "error": m.error,
+        "start_time": m.start_time,
+        "end_time": m.end_time,
+        "duration": m.duration,
+        "argv": list(m.argv),
+        "cwd": m.cwd,
+        "hostname": m.hostname,
+        "platform": m.platform,
+        "device_kind": m.device_kind,
+        "device_count": m.device_count,
+        "modes": session.modes(),
+        "versions": {
+            "tpu_debug": m.tpu_debug_version,
+            "torch": m.torch_version,
+            "jax": m.jax_version,
+            "jaxlib": m.jaxlib_version,
+            "python": m.python_version,
+        },
+        "store_schema": m.schema_version,
+        "options": m.options,
+    }
 
 
 _ADVICE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -232,23 +323,40 @@ def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> T
     return text
 
 
-@section("Findings", order=1)
-def _findings(session: Any, terminal: bool) -> RenderableType:
+def _render_findings(d: dict, terminal: bool) -> RenderableType:
     # the advisor's records, most serious and most costly first; no prose is made here
-    advice = advice_of(session)
+    from tpu_debug.tracers.advisor import Finding
+
     parts: list[RenderableType] = []
-    if not advice.findings:
+    if not d["findings"]:
         parts.append(_note(
             "nothing to fix: no recompiles, syncs, fallbacks or uploads that repeat in steady state, "
             "no graph breaks inside the step, no float64, no divergence found"
         ))
-    for f in advice.findings:
-        parts.append(finding_text(f, terminal=terminal))
-    parts += [_note(e) for e in advice.errors]
+    parts += [finding_text(Finding.from_dict(f), terminal=terminal) for f in d["findings"]]
+    parts += [_note(e) for e in d["advisor_errors"]]
     return Group(*parts)
 
 
-def _steps_range_text(ranges: list[tuple[int, int]]) -> str:
+@section("Findings", order=1, key=None, render=_render_findings)
+def _findings(session: Any) -> dict[str, Any]:
+    from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
+
+    advice = advice_of(session)
+    return {
+        "findings_schema": FINDINGS_SCHEMA,
+        "findings": [f.to_dict() for f in advice.findings],
+        "advisor_errors": list(advice.errors),
+    }
+
+
+def _steps_range_text(indexes: list[int]) -> str:
+    ranges: list[list[int]] = []
+    for i in indexes:
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
@@ -259,40 +367,39 @@ _DETECTED = {
 }
 
 
-@section("Steps", order=5)
-def _steps(session: Any, terminal: bool) -> RenderableType:
+def _steps_rows(d: dict) -> list[tuple[str, str]]:
+    how = " and ".join(_DETECTED.get(x, x) for x in (d["detected"] or "").split("+"))
+    rows = [("steps", f"{d['count']} ({how})")]
+    c = d["compiles"]
+    if d["warmup"]:
+        rows.append((
+            "warm-up",
+            (f"step {_steps_range_text(d['warmup'])}: {c['warmup']['compiles']} compile(s) "
+            f"({format_seconds(c['warmup']['seconds'])}); first compiles, and ops compiled for several shapes "
+            "at once, are expected here"),
+        ))
+    if c["setup"]["compiles"]:
+        rows.append(("before steps", f"{c['setup']['compiles']} compile(s) ({format_seconds(c['setup']['seconds'])})"))
+    if d["steady"]:
+        rows.append((
+            "steady state",
+            (f"{d['steady']} step(s), {format_seconds(d['step_seconds'])} and {d['ops_per_step']:,.0f} "
+            f"op(s) per step (median); {c['steady']['compiles']} compile(s) ({format_seconds(c['steady']['seconds'])})"),
+        ))
+    if c["outside"]["compiles"]:
+        rows.append(("outside steps", f"{c['outside']['compiles']} compile(s) ({format_seconds(c['outside']['seconds'])})"))
+    return rows
+
+
+def _render_steps(d: dict, terminal: bool) -> RenderableType:
     # warm-up against steady state, then the figures of a few steps
     from tpu_debug.tracers.steps import STEADY
 
-    summary = advice_of(session).steps
-    steps = session.steps()
-    if not steps:
+    if not d["per_step"]:
         return _note(
             "no steps: the run called neither optimizer.step() (with tpu parameters) nor tpu_debug.step(), "
             "and repeated no loop of ops; every compile counts as warm-up"
         )
-    how = " and ".join(_DETECTED.get(d, d) for d in (summary.detected or "").split("+"))
-    rows = [("steps", f"{summary.steps} ({how})")]
-    warm = summary.warm
-    if summary.warmup:
-        rows.append((
-            "warm-up",
-            f"step {_steps_range_text(summary.warmup_ranges())}: {warm.compiles} compile(s) "
-            f"({format_seconds(warm.seconds)}); first compiles, and ops compiled for several shapes "
-            "at once, are expected here",
-        ))
-    if summary.setup.compiles:
-        rows.append(("before steps", f"{summary.setup.compiles} compile(s) ({format_seconds(summary.setup.seconds)})"))
-    steady = summary.steady_compiles
-    if summary.steady:
-        rows.append((
-            "steady state",
-            f"{summary.steady} step(s), {format_seconds(summary.step_seconds)} and {summary.ops_per_step:,.0f} "
-            f"op(s) per step (median); {steady.compiles} compile(s) ({format_seconds(steady.seconds)})",
-        ))
-    if summary.tail.compiles:
-        rows.append(("outside steps", f"{summary.tail.compiles} compile(s) ({format_seconds(summary.tail.seconds)})"))
-    phases = dict(zip((s.index for s in steps), _phases(steps)))
     table = _table(
         terminal,
         ("step", "right"),
@@ -305,25 +412,37 @@ def _steps(session: Any, terminal: bool) -> RenderableType:
         ("transfers", "right"),
         ("bytes", "right"),
     )
-    shown = _steps_shown(steps, phases)
     previous = None
-    for s in shown:
-        if previous is not None and s.index != previous + 1:
+    for s in _steps_shown(d["per_step"]):
+        if previous is not None and s["index"] != previous + 1:
             table.add_row("...", "", "", "", "", "", "", "", "")
-        previous = s.index
+        previous = s["index"]
         table.add_row(
-            str(s.index),
-            phases[s.index] if phases[s.index] != STEADY or s.compiles == 0 else "steady (compiles)",
-            format_seconds(s.seconds),
-            f"{s.ops:,}",
-            format_seconds(s.op_seconds),
-            str(s.compiles),
-            format_seconds(s.compile_seconds),
-            str(s.transfers),
-            format_bytes(s.transfer_bytes),
+            str(s["index"]),
+            s["phase"] if s["phase"] != STEADY or s["compiles"] == 0 else "steady (compiles)",
+            format_seconds(s["seconds"]),
+            f"{s['eager_ops'] + s['graph_runs']:,}",
+            format_seconds(s["op_seconds"]),
+            str(s["compiles"]),
+            format_seconds(s["compile_seconds"]),
+            str(s["transfers"]),
+            format_bytes(s["transfer_bytes"]),
         )
     note = _note("time: from one step's end to the next; dispatch: host time running its ops (session.steps() has every step)")
-    return Group(_kv(rows), table, note)
+    return Group(_kv(_steps_rows(d)), table, note)
+
+
+def _steps_shown(steps: list[dict], limit: int = 12) -> list[dict]:
+    """The steps worth a row: warm-up ones, steady ones that compiled, the first and last
+    steady ones; at most ``limit``."""
+    from tpu_debug.tracers.steps import STEADY
+
+    steady = [s for s in steps if s["phase"] == STEADY]
+    keep = {s["index"] for s in steps if s["phase"] != STEADY}
+    keep |= {s["index"] for s in steady[:2]} | {s["index"] for s in steady[-1:]}
+    keep |= {s["index"] for s in steady if s["compiles"]}
+    by_index = {s["index"]: s for s in steps}
+    return [by_index[i] for i in sorted(keep)[:limit]]
 
 
 def _phases(steps: list) -> list[str]:
@@ -332,26 +451,59 @@ def _phases(steps: list) -> list[str]:
     return step_phases(steps)
 
 
-def _steps_shown(steps: list, phases: dict[int, str], limit: int = 12) -> list:
-    """The steps worth a row: warm-up ones, steady ones that compiled, the first and last
-    steady ones; at most ``limit``."""
-    from tpu_debug.tracers.steps import STEADY
+def _step_data(s: Any, phase: str) -> dict[str, Any]:
+    return {
+        "index": s.index,
+        "detected": s.detected,
+        "phase": phase,
+        "start": s.ts,
+        "end": s.end,
+        "seconds": s.seconds,
+        "eager_ops": s.eager_ops,
+        "graph_runs": s.graph_runs,
+        "op_seconds": s.op_seconds,
+        "compiles": s.compiles,
+        "recompiles": s.recompiles,
+        "compile_seconds": s.compile_seconds,
+        "transfers": s.transfers,
+        "transfer_bytes": s.transfer_bytes,
+        "transfer_seconds": s.transfer_seconds,
+        "fallbacks": s.fallbacks,
+        "sequence": s.sequence,
+    }
 
-    steady = [s for s in steps if phases[s.index] == STEADY]
-    keep = {s.index for s in steps if phases[s.index] != STEADY}
-    keep |= {s.index for s in steady[:2]} | {s.index for s in steady[-1:]}
-    keep |= {s.index for s in steady if s.compiles}
-    chosen = sorted(keep)[:limit]
-    by_index = {s.index: s for s in steps}
-    return [by_index[i] for i in chosen]
+
+@section("Steps", order=5, key="steps", render=_render_steps)
+def _steps(session: Any) -> dict[str, Any]:
+    summary = advice_of(session).steps
+    steps = session.steps()
+    phases = _phases(steps)
+
+    def totals(t: Any) -> dict[str, Any]:
+        return {"compiles": t.compiles, "recompiles": t.recompiles, "seconds": t.seconds}
+
+    return {
+        "count": summary.steps,
+        "detected": summary.detected,
+        "warmup": list(summary.warmup),
+        "steady": summary.steady,
+        "step_seconds": summary.step_seconds,
+        "ops_per_step": summary.ops_per_step,
+        "op_seconds": summary.op_seconds,
+        "compiles": {
+            "setup": totals(summary.setup),
+            "warmup": totals(summary.warm),
+            "steady": totals(summary.steady_compiles),
+            "outside": totals(summary.tail),
+        },
+        "per_step": [_step_data(s, phase) for s, phase in zip(steps, phases)],
+    }
 
 
-@section("Top ops by time", order=10)
-def _ops(session: Any, terminal: bool) -> RenderableType:
-    ops = session.ops()
+def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
     if not ops:
         return _note("no ops recorded")
-    total = sum(o.seconds for o in ops) or 1.0
+    total = sum(o["seconds"] for o in ops) or 1.0
     table = _table(
         terminal,
         ("op", "left"),
@@ -364,13 +516,13 @@ def _ops(session: Any, terminal: bool) -> RenderableType:
     )
     for o in ops[:15]:
         table.add_row(
-            Text(o.name),
-            Text(o.mode),
-            str(o.count),
-            format_seconds(o.seconds),
-            format_seconds(o.mean_seconds),
-            f"{100 * o.seconds / total:.1f}",
-            str(o.compiles),
+            Text(o["name"]),
+            Text(o["mode"]),
+            str(o["count"]),
+            format_seconds(o["seconds"]),
+            format_seconds(o["seconds"] / o["count"] if o["count"] else 0.0),
+            f"{100 * o['seconds'] / total:.1f}",
+            str(o["compiles"]),
         )
     parts: list[RenderableType] = [table]
     if len(ops) > 15:
@@ -379,24 +531,68 @@ def _ops(session: Any, terminal: bool) -> RenderableType:
     return Group(*parts)
 
 
-@section("Programs compiled", order=20)
-def _compiles(session: Any, terminal: bool) -> RenderableType:
-    ops = session.ops()
-    n = sum(o.compiles for o in ops)
-    if not n:
+@section("Top ops by time", order=10, key="ops", render=_render_ops)
+def _ops(session: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": o.name,
+            "mode": o.mode,
+            "count": o.count,
+            "seconds": o.seconds,
+            "compiles": o.compiles,
+            "compile_seconds": o.compile_seconds,
+            "programs": o.programs,
+        }
+        for o in session.ops()
+    ]
+
+
+def _render_compiles(d: dict, terminal: bool) -> RenderableType:
+    if not d["count"]:
         return _note("nothing was compiled while tracing")
-    seconds = sum(o.compile_seconds for o in ops)
-    by_mode: dict[str, tuple[int, float]] = {}
-    for o in ops:
-        c, s = by_mode.get(o.mode, (0, 0.0))
-        by_mode[o.mode] = (c + o.compiles, s + o.compile_seconds)
-    programs = len(_local_programs(session.programs()))
+    modes = ", ".join(f"{m['compiles']} {name}" for name, m in sorted(d["by_mode"].items()))
     rows = [
-        ("compiles", f"{n} ({', '.join(f'{c} {m}' for m, (c, _) in sorted(by_mode.items()))})"),
-        ("compile time", format_seconds(seconds)),
-        ("distinct programs", str(programs) if programs else "HLO not recorded"),
+        ("compiles", f"{d['count']} ({modes})"),
+        ("compile time", format_seconds(d["seconds"])),
+        ("distinct programs", str(d["programs"]) if d["programs"] else "HLO not recorded"),
     ]
     return _kv(rows)
+
+
+def _group_data(g: Any, steady: dict) -> dict[str, Any]:
+    return {
+        "identity": g.identity,
+        "mode": g.mode,
+        "compiles": g.compiles,
+        "recompiles": g.recompiles,
+        "steady_recompiles": steady.get((g.mode, g.identity), 0),
+        "seconds": g.seconds,
+        "changing": (
+            {"what": g.changing.what, "kind": g.changing.kind, "values": list(g.changing.values),
+             "grows": bool(g.changing.grows), "location": _location_data(g.changing.location)}
+            if g.changing is not None
+            else None
+        ),
+        "location": _location_data(g.locations[0][0]) if g.locations else None,
+    }
+
+
+@section("Programs compiled", order=20, key="compiles", render=_render_compiles)
+def _compiles(session: Any) -> dict[str, Any]:
+    ops = session.ops()
+    by_mode: dict[str, dict[str, Any]] = {}
+    for o in ops:
+        m = by_mode.setdefault(o.mode, {"compiles": 0, "seconds": 0.0})
+        m["compiles"] += o.compiles
+        m["seconds"] += o.compile_seconds
+    steady = _steady_recompiles(session) if session.steps() else {}
+    return {
+        "count": sum(o.compiles for o in ops),
+        "seconds": sum(o.compile_seconds for o in ops),
+        "by_mode": by_mode,
+        "programs": len(_local_programs(session.programs())),
+        "groups": [_group_data(g, steady) for g in session.recompile_groups()],
+    }
 
 
 def _local_programs(programs: list) -> list:
@@ -406,9 +602,7 @@ def _local_programs(programs: list) -> list:
     return [p for p in programs if p.mode != TARGET_MODE]
 
 
-@section("Heaviest programs", order=30)
-def _programs(session: Any, terminal: bool) -> RenderableType | None:
-    programs = _local_programs(session.programs())[:10]
+def _render_programs(programs: list[dict], terminal: bool) -> RenderableType | None:
     if not programs:
         return None
     table = _table(
@@ -420,34 +614,87 @@ def _programs(session: Any, terminal: bool) -> RenderableType | None:
         ("compile", "right"),
         ("instrs", "right"),
     )
-    for p in programs:
+    for p in programs[:10]:
         table.add_row(
-            str(p.id),
-            Text(p.signature),
-            str(p.count),
-            format_seconds(p.seconds),
-            format_seconds(p.compile_seconds),
-            str(p.instructions),
+            str(p["id"]),
+            Text(p["signature"]),
+            str(p["count"]),
+            format_seconds(p["seconds"]),
+            format_seconds(p["compile_seconds"]),
+            str(p["instructions"]),
         )
     return Group(table, _note("see a program's HLO with session.hlo(<op or program id>)"))
 
 
-@section("Recompiles", order=40)
-def _recompiles(session: Any, terminal: bool) -> RenderableType:
+@section("Heaviest programs", order=30, key="programs", render=_render_programs)
+def _programs(session: Any) -> list[dict[str, Any]]:
+    return [_plain(p) for p in _local_programs(session.programs())]
+
+
+def _render_recompiles(d: dict, terminal: bool) -> RenderableType:
     # grouped by op / graph, split into warm-up and steady state; dynamo's side as recorded
-    groups = [g for g in session.recompile_groups() if g.recompiles]
-    breaks, failures, limits = session.graph_breaks(), session.guard_failures(), session.recompile_limits()
-    if not groups and not breaks and not failures and not limits:
+    if not d["groups"] and not d["graph_breaks"] and not d["guard_failures"] and not d["limits"]:
         return _note("nothing was compiled twice: every op and graph kept one key")
     parts: list[RenderableType] = []
-    if groups:
-        parts += _recompile_table(session, groups, terminal)
-    if failures:
-        parts.append(_guard_failures(failures))
-    if breaks:
-        parts.append(_graph_breaks(breaks))
-    parts += [_recompile_limit_hit(hit) for hit in limits]
+    if d["groups"]:
+        parts += _recompile_table(d, terminal)
+    if d["guard_failures"]:
+        lines = ["dynamo recompiled (guard failures):"]
+        lines += [
+            f"  {f['name']}: {f['count']}x, latest: {f['guard']} (called at {_where(f['location'])})"
+            for f in d["guard_failures"]
+        ]
+        parts.append(Text("\n".join(lines)))
+    if d["graph_breaks"]:
+        lines = ["graph breaks:"]
+        lines += [f"  {b['name']} at {_where(b['location'])} ({b['count']}x): {b['reason']}" for b in d["graph_breaks"]]
+        parts.append(Text("\n".join(lines)))
+    parts += [
+        Text(
+            f"recompile limit: {hit['name']} at {_where(hit['location'])}, {hit['limit_type']} {hit['limit']}, "
+            f"last failed guard: {hit['reason']}"
+        )
+        for hit in d["limits"]
+    ]
     return Group(*parts)
+
+
+def _recompile_table(d: dict, terminal: bool) -> list[RenderableType]:
+    """The headline and one row per recompiled op or graph, with its recompiles in steady state."""
+    groups = d["groups"]
+    head = (
+        f"{d['count']} recompile(s) of {len(groups)} op(s)/graph(s), "
+        f"{format_seconds(d['seconds'])} compiling them; {d['steady']} in steady state"
+    )
+    if d["count"] > d["steady"]:
+        head += f", {d['count'] - d['steady']} while warming up (an op compiled for each shape it meets)"
+    table = _table(
+        terminal,
+        ("op / graph", "left"),
+        ("compiles", "right"),
+        ("recompiles", "right"),
+        ("steady", "right"),
+        ("what changed: values", "left"),
+        ("at", "left"),
+    )
+    for g in groups[:12]:
+        ch = g["changing"]
+        values = ", ".join(ch["values"][:6]) + (", ..." if len(ch["values"]) > 6 else "") if ch else ""
+        grows = " (grows)" if ch is not None and ch["grows"] else ""
+        where = ch["location"] if ch is not None and ch["location"] is not None else g["location"]
+        table.add_row(
+            Text(g["identity"]),
+            str(g["compiles"]),
+            str(g["recompiles"]),
+            str(g["steady_recompiles"]),
+            Text(f"{ch['what']}{grows}: {values}" if ch else "-"),
+            Text(_where(where)),
+        )
+    parts: list[RenderableType] = [Text(head), table]
+    if len(groups) > 12:
+        parts.append(_note(f"... and {len(groups) - 12} more"))
+    parts.append(_note("steady: recompiles in steady-state steps (see Steps); the Findings say which to fix and how"))
+    return parts
 
 
 def _steady_recompiles(session: Any) -> dict[tuple[str | None, str], int]:
@@ -465,101 +712,62 @@ def _steady_recompiles(session: Any) -> dict[tuple[str | None, str], int]:
     return out
 
 
-def _recompile_table(session: Any, groups: list, terminal: bool) -> list[RenderableType]:
-    """The headline and one row per recompiled op or graph, with its recompiles in steady state."""
-    steady = _steady_recompiles(session)
-    total = sum(g.recompiles for g in groups)
-    in_steady = sum(steady.values())
-    head = (
-        f"{total} recompile(s) of {len(groups)} op(s)/graph(s), "
-        f"{format_seconds(sum(g.seconds for g in groups))} compiling them; {in_steady} in steady state"
-    )
-    if total > in_steady:
-        head += f", {total - in_steady} while warming up (an op compiled for each shape it meets)"
-    table = _table(
-        terminal,
-        ("op / graph", "left"),
-        ("compiles", "right"),
-        ("recompiles", "right"),
-        ("steady", "right"),
-        ("what changed: values", "left"),
-        ("at", "left"),
-    )
-    ranked = sorted(groups, key=lambda g: (-steady.get((g.mode, g.identity), 0), -g.recompiles, g.identity))
-    for g in ranked[:12]:
-        ch = g.changing
-        where = _change_location(g)
-        values = ", ".join(ch.values[:6]) + (", ..." if len(ch.values) > 6 else "") if ch else ""
-        grows = " (grows)" if ch is not None and ch.grows else ""
-        table.add_row(
-            Text(g.identity),
-            str(g.compiles),
-            str(g.recompiles),
-            str(steady.get((g.mode, g.identity), 0)),
-            Text(f"{ch.what}{grows}: {values}" if ch else "-"),
-            Text(_where(where)),
-        )
-    parts: list[RenderableType] = [Text(head), table]
-    if len(groups) > 12:
-        parts.append(_note(f"... and {len(groups) - 12} more"))
-    parts.append(_note("steady: recompiles in steady-state steps (see Steps); the Findings say which to fix and how"))
-    return parts
-
-
-def _change_location(g: Any) -> Any:
-    """Where a group's top change happened, else where it recompiled most."""
-    ch = g.changing
-    if ch is not None and ch.location is not None:
-        return ch.location
-    return g.locations[0][0] if g.locations else None
-
-
-def _guard_failures(failures: list) -> Text:
+def _guard_failures_data(failures: list) -> list[dict[str, Any]]:
     """Dynamo's recompiles by function, most frequent first, with the latest failed guard."""
     by_fn: dict[str, list] = {}
     for f in failures:
         by_fn.setdefault(f.name, []).append(f)
-    lines = ["dynamo recompiled (guard failures):"]
+    out = []
     for name, items in sorted(by_fn.items(), key=lambda kv: -len(kv[1])):
         latest = items[-1]
         guard = latest.guards[0].split(": ", 1)[-1] if latest.guards else "?"
-        lines.append(f"  {name}: {len(items)}x, latest: {guard} (called at {_where(latest.location)})")
-    return Text("\n".join(lines))
+        out.append({"name": name, "count": len(items), "guard": guard, "location": _location_data(latest.location)})
+    return out
 
 
-def _graph_breaks(breaks: list) -> Text:
+def _graph_breaks_data(breaks: list) -> list[dict[str, Any]]:
     """Graph breaks by site (function, line, reason), most frequent first."""
     sites: dict[tuple, list] = {}
     for b in breaks:
         sites.setdefault((b.name, b.location, b.reason), []).append(b)
-    lines = ["graph breaks:"]
-    for (name, loc, reason), items in sorted(sites.items(), key=lambda kv: -len(kv[1])):
-        lines.append(f"  {name} at {_where(loc)} ({len(items)}x): {reason}")
-    return Text("\n".join(lines))
+    return [
+        {"name": name, "location": _location_data(loc), "reason": reason, "count": len(items)}
+        for (name, loc, reason), items in sorted(sites.items(), key=lambda kv: -len(kv[1]))
+    ]
 
 
-def _recompile_limit_hit(hit: Any) -> Text:
-    return Text(
-        f"recompile limit: {hit.name} at {_where(hit.location)}, {hit.limit_type} {hit.limit}, "
-        f"last failed guard: {hit.reason}"
-    )
+@section("Recompiles", order=40, key="recompiles", render=_render_recompiles)
+def _recompiles(session: Any) -> dict[str, Any]:
+    groups = [g for g in session.recompile_groups() if g.recompiles]
+    steady = _steady_recompiles(session) if groups else {}
+    ranked = sorted(groups, key=lambda g: (-steady.get((g.mode, g.identity), 0), -g.recompiles, g.identity))
+    return {
+        "count": sum(g.recompiles for g in groups),
+        "steady": sum(steady.values()),
+        "seconds": sum(g.seconds for g in groups),
+        "groups": [_group_data(g, steady) for g in ranked],
+        "guard_failures": _guard_failures_data(session.guard_failures()),
+        "graph_breaks": _graph_breaks_data(session.graph_breaks()),
+        "limits": [
+            {"name": hit.name, "location": _location_data(hit.location), "limit_type": hit.limit_type,
+             "limit": hit.limit, "reason": hit.reason}
+            for hit in session.recompile_limits()
+        ],
+    }
 
 
-@section("Transfers", order=50)
-def _transfers(session: Any, terminal: bool) -> RenderableType:
+def _render_transfers(d: dict, terminal: bool) -> RenderableType:
     # the ledger by call site, implicit (syncs) first; which of them to fix is the Findings'
     from tpu_debug.tracers.transfers import CAUSE_TEXT
 
-    transfers = session.transfers()
-    if not transfers:
+    if not d["count"]:
         return _note("no host <-> device transfers recorded")
-    implicit = [t for t in transfers if t.implicit]
     head = (
-        f"{len(transfers)} transfer(s), {format_bytes(sum(t.nbytes for t in transfers))}, "
-        f"{format_seconds(sum(t.seconds for t in transfers))}: {len(implicit)} implicit (syncs nobody asked for), "
-        f"{len(transfers) - len(implicit)} explicit"
+        f"{d['count']} transfer(s), {format_bytes(d['bytes'])}, "
+        f"{format_seconds(d['seconds'])}: {d['implicit']} implicit (syncs nobody asked for), "
+        f"{d['count'] - d['implicit']} explicit"
     )
-    sites = session.transfer_call_sites()
+    sites = d["sites"]
     table = _table(
         terminal,
         ("where", "left"),
@@ -572,13 +780,13 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
     )
     for s in sites[:15]:
         table.add_row(
-            Text(_site_text(s.location)),
-            Text(CAUSE_TEXT.get(s.cause, s.cause)),
-            s.direction,
-            "implicit" if s.implicit else "explicit",
-            str(s.count),
-            format_bytes(s.nbytes),
-            format_seconds(s.seconds),
+            Text(_site_text(s["location"])),
+            Text(CAUSE_TEXT.get(s["cause"], s["cause"])),
+            s["direction"],
+            "implicit" if s["implicit"] else "explicit",
+            str(s["count"]),
+            format_bytes(s["bytes"]),
+            format_seconds(s["seconds"]),
         )
     parts: list[RenderableType] = [Text(head), table]
     if len(sites) > 15:
@@ -586,21 +794,37 @@ def _transfers(session: Any, terminal: bool) -> RenderableType:
     return Group(*parts)
 
 
-@section("Collectives", order=55)
-def _collectives(session: Any, terminal: bool) -> RenderableType | None:
+@section("Transfers", order=50, key="transfers", render=_render_transfers)
+def _transfers(session: Any) -> dict[str, Any]:
+    transfers = session.transfers()
+    return {
+        "count": len(transfers),
+        "bytes": sum(t.nbytes for t in transfers),
+        "seconds": sum(t.seconds for t in transfers),
+        "implicit": sum(1 for t in transfers if t.implicit),
+        "sites": [
+            {
+                "location": _location_data(c.location),
+                "direction": c.direction,
+                "cause": c.cause,
+                "implicit": c.implicit,
+                "count": c.count,
+                "bytes": c.nbytes,
+                "seconds": c.seconds,
+            }
+            for c in session.transfer_call_sites()
+        ],
+    }
+
+
+def _render_collectives(d: dict | None, terminal: bool) -> RenderableType | None:
     # programs over several devices: what XLA inserted to move data between them, and
     # what one device holds for each program; then the same for a TPU target, if any
-    from tpu_debug.tracers.collectives import program_collectives
-
-    local = program_collectives(session)
-    targets = [e for e in program_collectives(session, target=None) if e.target]
-    if not local and not targets:
+    if d is None:
         return None
     parts: list[RenderableType] = []
-    if local:
-        parts += _collective_programs(session, local, terminal, "")
-    for target in sorted({e.target for e in targets}):
-        parts += _collective_programs(session, [e for e in targets if e.target == target], terminal, target)
+    for block in ([d["local"]] if d["local"] is not None else []) + d["targets"]:
+        parts += _collective_programs(block, terminal)
     parts.append(_note(
         "sent = bytes each device sends per run of the program (ring-algorithm estimate: an all-reduce of "
         "S bytes over n devices sends 2(n-1)/n S); memory = per device: arguments + outputs + temporaries"
@@ -608,19 +832,16 @@ def _collectives(session: Any, terminal: bool) -> RenderableType | None:
     return Group(*parts)
 
 
-def _collective_programs(session: Any, events: list, terminal: bool, target: str) -> list[RenderableType]:
-    from tpu_debug.tracers.collectives import collective_totals, program_calls
-
-    totals = collective_totals(events)
-    calls = program_calls(session, events) if not target else {}
-    kinds = ", ".join(f"{n} {k} ({format_bytes(b)})" for k, (n, b) in sorted(totals.by_opcode.items()))
+def _collective_programs(block: dict, terminal: bool) -> list[RenderableType]:
+    programs, target = block["programs"], block["target"]
+    kinds = ", ".join(f"{n['count']} {k} ({format_bytes(n['bytes'])})" for k, n in sorted(block["by_opcode"].items()))
     where = f"on {target} (XLA's TPU compiler)" if target else "on this run's devices"
     head = (
-        f"{totals.programs} program(s) over {totals.devices} devices {where}: {totals.collectives} "
+        f"{len(programs)} program(s) over {block['devices']} devices {where}: {block['collectives']} "
         f"collective(s){': ' + kinds if kinds else ''}"
     )
-    if totals.peak_memory is not None:
-        head += f"; largest per-device memory {format_bytes(totals.peak_memory)}"
+    if block["peak_memory"] is not None:
+        head += f"; largest per-device memory {format_bytes(block['peak_memory'])}"
     table = _table(
         terminal,
         ("program", "left"),
@@ -631,67 +852,111 @@ def _collective_programs(session: Any, events: list, terminal: bool, target: str
         ("runs", "right"),
         ("sent total", "right"),
     )
-    for e in events[:10]:
-        runs = calls.get(e.id)
+    for e in programs[:10]:
+        runs = e["runs"]
         table.add_row(
-            Text(e.name + (f" ({e.error})" if e.error else "")),
-            str(e.devices) if e.devices else "-",
-            format_bytes(e.memory_bytes) if e.memory_bytes is not None else "-",
-            str(len(e.collectives)),
-            format_bytes(e.collective_bytes),
+            Text(e["name"] + (f" ({e['error']})" if e["error"] else "")),
+            str(e["devices"]) if e["devices"] else "-",
+            format_bytes(e["memory_bytes"]) if e["memory_bytes"] is not None else "-",
+            str(len(e["collectives"])),
+            format_bytes(e["collective_bytes"]),
             str(runs) if runs is not None else "-",
-            format_bytes(e.collective_bytes * runs) if runs is not None else "-",
+            format_bytes(e["collective_bytes"] * runs) if runs is not None else "-",
         )
     parts: list[RenderableType] = [Text(head), table]
-    if len(events) > 10:
-        parts.append(_note(f"... and {len(events) - 10} more programs"))
+    if len(programs) > 10:
+        parts.append(_note(f"... and {len(programs) - 10} more programs"))
     detail = _table(
         terminal, ("collective", "left"), ("groups x devices", "right"), ("sent/run", "right"), ("from", "left"),
         ("at", "left"),
     )
-    shown = 0
-    for e in events[:3]:
-        for c in e.collectives[:8]:
+    for e in programs[:3]:
+        for c in e["collectives"][:8]:
             detail.add_row(
-                Text(f"{c.opcode} {c.shape}"),
-                f"{c.groups}x{c.group_size}",
-                format_bytes(c.wire_bytes),
-                Text(f"{e.name}: {c.node or c.op or '-'}"),
-                Text(f"{os.path.basename(c.file)}:{c.line}" if c.file else "-"),
+                Text(f"{c['opcode']} {c['shape']}"),
+                f"{c['groups']}x{c['group_size']}",
+                format_bytes(c["wire_bytes"]),
+                Text(f"{e['name']}: {c['node'] or c['op'] or '-'}"),
+                Text(f"{os.path.basename(c['file'])}:{c['line']}" if c["file"] else "-"),
             )
-            shown += 1
-    if shown:
+    if detail.row_count:
         parts.append(detail)
     return parts
 
 
-def _where(loc: Any) -> str:
-    if loc is None:
-        return "-"
-    return f"{os.path.basename(loc.file)}:{loc.line}"
+def _collectives_block(session: Any, events: list, target: str | None) -> dict[str, Any]:
+    from tpu_debug.tracers.collectives import collective_totals, program_calls
+
+    totals = collective_totals(events)
+    calls = program_calls(session, events) if not target else {}
+    return {
+        "target": target,
+        "devices": totals.devices,
+        "collectives": totals.collectives,
+        "wire_bytes": totals.wire_bytes,
+        "by_opcode": {k: {"count": n, "bytes": b} for k, (n, b) in totals.by_opcode.items()},
+        "peak_memory": totals.peak_memory,
+        "programs": [
+            {
+                "name": e.name,
+                "program": e.program,
+                "error": e.error,
+                "devices": e.devices,
+                "memory_bytes": e.memory_bytes,
+                "collective_bytes": e.collective_bytes,
+                "runs": calls.get(e.id),
+                "collectives": [_plain(c) for c in e.collectives],
+            }
+            for e in events
+        ],
+    }
 
 
-@section("Lazy graphs", order=57)
-def _lazy_graphs(session: Any, terminal: bool) -> RenderableType | None:
-    # lazy mode (DEFER_AND_FUSE): how many graphs ran per optimizer step, and what cut them
-    from tpu_debug.tracers.lazy_graphs import summarize
+@section("Collectives", order=55, key="collectives", render=_render_collectives)
+def _collectives(session: Any) -> dict[str, Any] | None:
+    from tpu_debug.tracers.collectives import program_collectives
 
-    events = session.events("materialize")
-    if not events:
+    local = program_collectives(session)
+    targets = [e for e in program_collectives(session, target=None) if e.target]
+    if not local and not targets:
         return None
-    lazy = summarize(events)
+    return {
+        "local": _collectives_block(session, local, None) if local else None,
+        "targets": [
+            _collectives_block(session, [e for e in targets if e.target == t], t)
+            for t in sorted({e.target for e in targets})
+        ],
+    }
+
+
+def _cut_data(c: Any) -> dict[str, Any]:
+    return {
+        "trigger": c.trigger,
+        "text": c.text,
+        "location": _location_data(c.location),
+        "count": c.count,
+        "compiled": c.compiled,
+        "ops": c.ops,
+        "seconds": c.seconds,
+        "steps": c.steps,
+    }
+
+
+def _render_lazy_graphs(d: dict | None, terminal: bool) -> RenderableType | None:
+    # lazy mode (DEFER_AND_FUSE): how many graphs ran per optimizer step, and what cut them
+    if d is None:
+        return None
     head = (
-        f"{lazy.graphs} graph(s) run as {lazy.programs} program(s), {lazy.compiles} compiled in this run, "
-        f"{lazy.ops:.0f} ops each on average"
+        f"{d['graphs']} graph(s) run as {d['programs']} program(s), {d['compiles']} compiled in this run, "
+        f"{d['ops']:.0f} ops each on average"
     )
-    if lazy.empty:
-        head += f"; {lazy.empty} time(s) nothing pending was still referenced and nothing ran"
+    if d["empty"]:
+        head += f"; {d['empty']} time(s) nothing pending was still referenced and nothing ran"
     parts: list[RenderableType] = [Text(head)]
-    if lazy.steps:
-        per_step = lazy.graphs_per_step
-        line = f"{lazy.steps} optimizer step(s): {per_step:g} graph(s) per step (median)"
-        if lazy.split_steps:
-            line += f"; {lazy.split_steps} step(s) run as more than one graph"
+    if d["steps"]:
+        line = f"{d['steps']} optimizer step(s): {d['graphs_per_step']:g} graph(s) per step (median)"
+        if d["split_steps"]:
+            line += f"; {d['split_steps']} step(s) run as more than one graph"
         parts.append(Text(line))
     table = _table(
         terminal,
@@ -702,70 +967,65 @@ def _lazy_graphs(session: Any, terminal: bool) -> RenderableType | None:
         ("ops", "right"),
         ("time", "right"),
     )
-    for c in lazy.cuts[:15]:
+    for c in d["cuts"][:15]:
         table.add_row(
-            Text(_site_text(c.location)), Text(c.text), str(c.count), str(c.compiled),
-            f"{c.ops:.0f}", format_seconds(c.seconds),
+            Text(_site_text(c["location"])), Text(c["text"]), str(c["count"]), str(c["compiled"]),
+            f"{c['ops']:.0f}", format_seconds(c["seconds"]),
         )
     parts.append(table)
-    if len(lazy.cuts) > 15:
-        parts.append(_note(f"... and {len(lazy.cuts) - 15} more cut sites"))
-    for c in lazy.extra_cuts[:3]:
-        parts.append(
-            Text(
-                f"{_site_text(c.location)}: {c.text} cut the graph inside {c.steps} step(s): each cut runs "
-                "what was recorded so far as a program of its own and waits for it; move the read after "
-                "optimizer.step() (or read every N steps) so a step is one program"
-            )
+    if len(d["cuts"]) > 15:
+        parts.append(_note(f"... and {len(d['cuts']) - 15} more cut sites"))
+    parts += [
+        Text(
+            f"{_site_text(c['location'])}: {c['text']} cut the graph inside {c['steps']} step(s): each cut runs "
+            "what was recorded so far as a program of its own and waits for it; move the read after "
+            "optimizer.step() (or read every N steps) so a step is one program"
         )
-    return Group(*parts)
-
-
-def _site_text(loc: Any) -> str:
-    if loc is None:
-        return "-"
-    return f"{os.path.basename(loc.file)}:{loc.line} in {loc.function}"
-
-
-@section("Divergence", order=60)
-def _divergence(session: Any, terminal: bool) -> RenderableType:
-    # what was compared and the first op over tolerance, then the sites ranked
-    summary = session.divergence_summary()
-    events = session.divergences()
-    if summary is None and not events:
-        return _note("numerical divergence against CPU was not checked in this run (trace with divergence=True, or --divergence)")
-    summary = summary or {}
-    parts: list[RenderableType] = [_kv(_divergence_rows(summary, events))]
-    sites: dict[tuple, list] = {}
-    for e in events:
-        sites.setdefault(_site_key(e), []).append(e)
-    if sites:
-        parts += _divergence_sites(summary, sites, terminal)
-    return Group(*parts)
-
-
-def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
-    """What was compared, under which numerics and tolerances, and what stood out."""
-    compared = f"{summary.get('ops_compared', 0)} eager ops"
-    if summary.get("ops_copied"):
-        compared += f" (+{summary['ops_copied']} not compared: random ops, data loaded from the host)"
-    if summary.get("graphs_compared"):
-        compared += f", {summary['graphs_compared']} graph runs / {summary.get('nodes_compared', 0)} nodes"
-    numerics = summary.get("numerics", "cpu")
-    if numerics != "cpu":
-        numerics += f", float32 product precision {summary.get('precision', '?')!r}"
-    rows = [
-        ("compared", compared),
-        ("numerics", numerics),
-        ("tolerances", str(summary.get("tolerances", "default"))),
+        for c in d["extra_cuts"][:3]
     ]
-    first = next((e for e in events if _is_first(e)), None)
-    origin = next((e for e in events if e.nan_origin), None)
+    return Group(*parts)
+
+
+@section("Lazy graphs", order=57, key="lazy_graphs", render=_render_lazy_graphs)
+def _lazy_graphs(session: Any) -> dict[str, Any] | None:
+    from tpu_debug.tracers.lazy_graphs import summarize
+
+    events = session.events("materialize")
+    if not events:
+        return None
+    lazy = summarize(events)
+    return {
+        "graphs": lazy.graphs,
+        "empty": lazy.empty,
+        "programs": lazy.programs,
+        "compiles": lazy.compiles,
+        "ops": lazy.ops,
+        "steps": lazy.steps,
+        "per_step": list(lazy.per_step),
+        "graphs_per_step": lazy.graphs_per_step,
+        "split_steps": lazy.split_steps,
+        "cuts": [_cut_data(c) for c in lazy.cuts],
+        "extra_cuts": [_cut_data(c) for c in lazy.extra_cuts],
+    }
+
+
+def _divergence_rows(d: dict) -> list[tuple[str, str]]:
+    """What was compared, under which numerics and tolerances, and what stood out."""
+    compared = f"{d['ops_compared']} eager ops"
+    if d["ops_copied"]:
+        compared += f" (+{d['ops_copied']} not compared: random ops, data loaded from the host)"
+    if d["graphs_compared"]:
+        compared += f", {d['graphs_compared']} graph runs / {d['nodes_compared']} nodes"
+    numerics = d["numerics"]
+    if numerics != "cpu":
+        numerics += f", float32 product precision {d['precision']!r}"
+    rows = [("compared", compared), ("numerics", numerics), ("tolerances", str(d["tolerances"]))]
+    first, drifted, origin = d["first"], d["drift"], d["nan_origin"]
     if first is not None:
         rows.append(("first", _divergence_line(first)))
-        if first.triage_text():
-            rows.append(("verdict", first.triage_text()))
-    elif any(e.over for e in events) and summary.get("sample", 1) > 1:
+        if first["triage"]:
+            rows.append(("verdict", first["triage"]))
+    elif d["over_tolerance"] and d["sample"] > 1:
         hint = (
             "no sampled node is over tolerance itself, but results drift (below): "
             "run with divergence_sample=1 (--divergence-sample 1) to name the node"
@@ -773,20 +1033,26 @@ def _divergence_rows(summary: dict, events: list) -> list[tuple[str, str]]:
         rows.append(("first", hint))
     else:
         rows.append(("first", "every op compared is within tolerance of PyTorch on CPU (local measure)"))
-    drifted = next((e for e in events if e.measure == "drift" and e.over and e.triage_text()), None)
-    if drifted is not None and (first is None or drifted.verdict != first.verdict or drifted.crossings):
+    if drifted is not None:
         # the first drift's cause: a wrong op before it, or noise (through a zero crossing)
-        rows.append((
-            "drift",
-            f"{_site_name(drifted)} at {drifted.location or '-'} ({drifted.phase}): {drifted.triage_text()}",
-        ))
+        rows.append(("drift", (f"{drifted['site']} at {_full_where(drifted['location'])} ({drifted['phase']}): "
+                              f"{drifted['triage']}")))
     if origin is not None:
-        where = origin.location or "-"
-        rows.append(("NaN/Inf from", f"{_site_name(origin)} at {where} (made them from finite inputs)"))
-    not_compared = summary.get("not_compared") or {}
-    if not_compared:
-        rows.append(("not compared", ", ".join(sorted(not_compared)) + " (no CPU kernel for these calls)"))
+        rows.append(("NaN/Inf from", (f"{origin['site']} at {_full_where(origin['location'])} "
+                                     "(made them from finite inputs)")))
+    if d["not_compared"]:
+        rows.append(("not compared", ", ".join(d["not_compared"]) + " (no CPU kernel for these calls)"))
     return rows
+
+
+def _render_divergence(d: dict | None, terminal: bool) -> RenderableType:
+    # what was compared and the first op over tolerance, then the sites ranked
+    if d is None:
+        return _note("numerical divergence against CPU was not checked in this run (trace with divergence=True, or --divergence)")
+    parts: list[RenderableType] = [_kv(_divergence_rows(d))]
+    if d["sites"]:
+        parts += _divergence_sites(d["sites"], terminal)
+    return Group(*parts)
 
 
 def _is_first(e: Any) -> bool:
@@ -812,16 +1078,10 @@ def _rank_sites(sites: dict[tuple, list]) -> list[tuple[tuple, list]]:
     )
 
 
-def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -> list[RenderableType]:
+def _divergence_sites(sites: list[dict], terminal: bool) -> list[RenderableType]:
     """The ten worst local sites and five worst drift sites, with a legend."""
-    # the summary counts every divergence of a site; the events kept may be fewer
-    counts = {
-        (s["mode"], s["measure"], s["phase"], s["graph"], s["name"], s["file"], s["line"]): s["count"]
-        for s in summary.get("sites", [])
-    }
-    ranked = _rank_sites(sites)
-    local = [kv for kv in ranked if kv[0][1] == "local"]
-    drift = [kv for kv in ranked if kv[0][1] != "local"]
+    local = [s for s in sites if s["measure"] == "local"]
+    drift = [s for s in sites if s["measure"] != "local"]
     shown = local[:10] + drift[:5]
     table = _table(
         terminal,
@@ -836,23 +1096,20 @@ def _divergence_sites(summary: dict, sites: dict[tuple, list], terminal: bool) -
     )
     for column, words in zip(table.columns[-2:], ("noise", "vanishes")):
         column.min_width = len(words)  # verdict words: never cut, the location gives way instead
-    for key, items in shown:
-        worst = max(items, key=lambda e: (e.ratio, e.max_abs))
-        is_first = any(_is_first(e) for e in items)
-        highest = next((e.highest for e in items if e.highest is not None), None)
-        mark = ">> " if is_first else ("NaN " if any(e.nan_origin for e in items) else "")
+    for s in shown:
+        mark = ">> " if s["first"] else ("NaN " if s["nan_origin"] else "")
         table.add_row(
-            Text(mark + _site_name(worst), style="bold" if is_first and terminal else ""),
-            Text(_where(worst.location)),
-            worst.measure + (" bwd" if worst.phase == "backward" else ""),
-            str(counts.get(key, len(items))),
-            _g(worst.max_abs),
-            _g(worst.ratio),
-            _verdict_cell(items),
-            "vanishes" if highest else ("remains" if highest is False else "-"),
+            Text(mark + s["site"], style="bold" if s["first"] and terminal else ""),
+            Text(_where(s["location"])),
+            s["measure"] + (" bwd" if s["phase"] == "backward" else ""),
+            str(s["count"]),
+            _g(s["max_abs"]),
+            _g(s["ratio"]),
+            s["verdict"] or "-",
+            "vanishes" if s["highest"] else ("remains" if s["highest"] is False else "-"),
         )
     parts: list[RenderableType] = [table]
-    hidden = len(ranked) - len(shown)
+    hidden = len(sites) - len(shown)
     if hidden:
         parts.append(_note(f"... and {hidden} more sites ({len(drift) - min(len(drift), 5)} of them drift)"))
     parts.append(_note(
@@ -870,11 +1127,11 @@ def _verdict_cell(items: list) -> str:
     verdicts = {e.verdict for e in items if e.verdict}
     if "wrong" in verdicts:
         return "wrong"
-    return "noise" if verdicts else "-"
+    return "noise" if verdicts else ""
 
 
-def _g(value: float) -> str:
-    return "nan" if math.isnan(value) else f"{value:.2g}"
+def _g(value: float | None) -> str:
+    return "nan" if value is None or math.isnan(value) else f"{value:.2g}"
 
 
 def _site_name(e: Any) -> str:
@@ -883,190 +1140,257 @@ def _site_name(e: Any) -> str:
     return e.name + (f" ({e.autograd_node})" if e.autograd_node else "")
 
 
-def _divergence_line(e: Any) -> str:
+def _divergence_line(e: dict) -> str:
     text = (
-        f"{_site_name(e)} at {e.location or '-'} ({e.mode}, {e.phase}): max abs {_g(e.max_abs)}, "
-        f"max rel {_g(e.max_rel)}"
+        f"{e['site']} at {_full_where(e['location'])} ({e['mode']}, {e['phase']}): max abs {_g(e['max_abs'])}, "
+        f"max rel {_g(e['max_rel'])}"
     )
-    if e.ulp is not None:
-        text += f", {_g(e.ulp)} ULP ({e.dtype})"
-    text += f", {e.mismatched}/{e.numel} elements over tolerance (rtol {e.rtol:g}, atol {e.atol:g})"
-    if e.dtype_mismatch:
-        text += f"; dtype {e.device_dtype} on tpu, {e.dtype} on CPU"
-    if e.highest is True:
+    if e["ulp"] is not None:
+        text += f", {_g(e['ulp'])} ULP ({e['dtype']})"
+    text += f", {e['mismatched']}/{e['numel']} elements over tolerance (rtol {e['rtol']:g}, atol {e['atol']:g})"
+    if e["dtype_mismatch"]:
+        text += f"; dtype {e['device_dtype']} on tpu, {e['dtype']} on CPU"
+    if e["highest"] is True:
         text += "; within tolerance at precision 'highest': a bfloat16-precision effect (torch.tpu.precision.set('highest') removes it)"
-    elif e.highest is False:
+    elif e["highest"] is False:
         text += "; still over tolerance at precision 'highest': not a matmul-precision effect"
     return text
 
 
-@section("Memory", order=65)
-def _memory(session: Any, terminal: bool) -> RenderableType | None:
-    # device bytes over the run, the peak's holders, and the fit against the TPU target
-    from tpu_debug.tracers.memory import PHASE_TEXT, describe_fix, memory_view, size
+def _divergence_event_data(e: Any) -> dict[str, Any]:
+    fields = ("name", "mode", "measure", "phase", "graph", "target", "autograd_node", "max_abs", "max_rel", "ulp",
+              "ratio", "mismatched", "numel", "dtype", "device_dtype", "dtype_mismatch", "rtol", "atol", "highest",
+              "verdict", "nan_origin", "first", "over")
+    data = {f: getattr(e, f) for f in fields}
+    data.update(site=_site_name(e), location=_location_data(e.location), triage=e.triage_text(),
+                crossings=len(e.crossings))
+    return data
 
-    view = memory_view(session)
-    if not view.recorded:
+
+def _divergence_site_data(key: tuple, items: list, counts: dict) -> dict[str, Any]:
+    worst = max(items, key=lambda e: (e.ratio, e.max_abs))
+    return {
+        "site": _site_name(worst),
+        "mode": worst.mode,
+        "measure": worst.measure,
+        "phase": worst.phase,
+        "location": _location_data(worst.location),
+        "count": counts.get(key, len(items)),
+        "max_abs": worst.max_abs,
+        "ratio": worst.ratio,
+        "verdict": _verdict_cell(items),
+        "highest": next((e.highest for e in items if e.highest is not None), None),
+        "first": any(_is_first(e) for e in items),
+        "nan_origin": any(e.nan_origin for e in items),
+    }
+
+
+@section("Divergence", order=60, key="divergence", render=_render_divergence)
+def _divergence(session: Any) -> dict[str, Any] | None:
+    summary = session.divergence_summary()
+    events = session.divergences()
+    if summary is None and not events:
         return None
-    m = view.summary
+    summary = summary or {}
+    first = next((e for e in events if _is_first(e)), None)
+    drifted = next((e for e in events if e.measure == "drift" and e.over and e.triage_text()), None)
+    if drifted is not None and not (first is None or drifted.verdict != first.verdict or drifted.crossings):
+        drifted = None  # the same verdict as the first op's says nothing new
+    origin = next((e for e in events if e.nan_origin), None)
+    sites: dict[tuple, list] = {}
+    for e in events:
+        sites.setdefault(_site_key(e), []).append(e)
+    # the summary counts every divergence of a site; the events kept may be fewer
+    counts = {
+        (s["mode"], s["measure"], s["phase"], s["graph"], s["name"], s["file"], s["line"]): s["count"]
+        for s in summary.get("sites", [])
+    }
+    return {
+        "checked": True,
+        "ops_compared": summary.get("ops_compared", 0),
+        "ops_copied": summary.get("ops_copied", 0),
+        "graphs_compared": summary.get("graphs_compared", 0),
+        "nodes_compared": summary.get("nodes_compared", 0),
+        "numerics": summary.get("numerics", "cpu"),
+        "precision": summary.get("precision", "?"),
+        "tolerances": summary.get("tolerances", "default"),
+        "sample": summary.get("sample", 1),
+        "not_compared": sorted(summary.get("not_compared") or {}),
+        "over_tolerance": any(e.over for e in events),
+        "first": _divergence_event_data(first) if first is not None else None,
+        "drift": _divergence_event_data(drifted) if drifted is not None else None,
+        "nan_origin": _divergence_event_data(origin) if origin is not None else None,
+        "sites": [_divergence_site_data(k, items, counts) for k, items in _rank_sites(sites)],
+    }
+
+
+def _memory_rows(m: dict) -> list[tuple[str, str]]:
+    from tpu_debug.tracers.memory import size
+
+    rows = [("peak", (f"{size(m['peak_bytes'])} held by tpu tensors, in step {m['peak_step']} of {m['steps']} "
+                     f"({size(m['persistent_bytes'])} still held at that step's end, "
+                     f"{size(m['activation_bytes'])} of the forward's tensors gone by then)"))]
+    if m["temp_bytes"]:
+        whose = "the TPU compiler's figure" if m["temp_source"] == "target" else "this machine's compiler's figure"
+        rows.append(("largest program", f"{m['temp_program']}: {size(m['temp_bytes'])} of temporaries ({whose})"))
+    if m["target"] is not None:
+        verdict = "fits" if m["fits"] else "does NOT fit"
+        rows.append(("need", (f"~{size(m['required_bytes'])} per device (peak + temporaries) of "
+                             f"{size(m['capacity_bytes'])} on one {m['target']} device: {verdict} (an estimate)")))
+    if m["dry_run"]:
+        dry = f"nothing executed; {m['programs']} program(s) compiled for {m['target']}, {m['oom_programs']} out of HBM"
+        rows.append(("dry run", dry))
+    if m["stopped"]:
+        where = f" at {_site_text(m['location'])}" if m["location"] is not None else ""
+        rows.append(("stopped", f"the dry run needs a value{where} ({m['stopped']}); what ran before it is measured"))
+    return rows
+
+
+def _holder_where(h: dict) -> str:
+    return f"{os.path.basename(h['file'])}:{h['line']} in {h['function']}" if h["file"] else "before the trace"
+
+
+def _memory_finding(f: dict, terminal: bool) -> Group:
+    from tpu_debug.tracers.memory import size
+
+    if f["finding"] == "program_oom":
+        head = (f"the TPU compiler refused {f['program']} on {f['target']}: it counted {size(f['required_bytes'])} "
+                f"of {size(f['capacity_bytes'])} HBM")
+    else:
+        head = (f"does not fit one {f['target']} device: ~{size(f['required_bytes'])} needed, "
+                f"{size(f['capacity_bytes'])} there")
+    if f["holders"]:
+        head += "; biggest holders: " + ", ".join(
+            f"{os.path.basename(h['file']) + ':' + str(h['line']) if h['file'] else 'before the trace'} "
+            f"({size(h['nbytes'])})" for h in f["holders"])
+    lines = [Text(head, style="bold red" if terminal else "")]
+    lines += [Text(f"  fix: {fix['text']}" + ("" if fix["fits"] else " - not enough alone")) for fix in f["fixes"]]
+    return Group(*lines)
+
+
+def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
+    # device bytes over the run, the peak's holders, and the fit against the TPU target
+    from tpu_debug.tracers.memory import PHASE_TEXT, size
+
+    if d is None:
+        return None
     parts: list[RenderableType] = []
-    rows = []
-    if m is not None:
-        rows.append(("peak", f"{size(m.peak_bytes)} held by tpu tensors, in step {m.peak_step} of {m.steps} "
-                             f"({size(m.persistent_bytes)} still held at that step's end, "
-                             f"{size(m.activation_bytes)} of the forward's tensors gone by then)"))
-        if m.temp_bytes:
-            whose = "the TPU compiler's figure" if m.temp_source == "target" else "this machine's compiler's figure"
-            rows.append(("largest program", f"{m.temp_program}: {size(m.temp_bytes)} of temporaries ({whose})"))
-        if m.target is not None:
-            verdict = "fits" if m.fits else "does NOT fit"
-            rows.append(("need", f"~{size(m.required_bytes)} per device (peak + temporaries) of "
-                                 f"{size(m.capacity_bytes)} on one {m.target} device: {verdict} (an estimate)"))
-        if m.dry_run:
-            dry = f"nothing executed; {m.programs} program(s) compiled for {m.target}, {m.oom_programs} out of HBM"
-            rows.append(("dry run", dry))
-        if m.stopped:
-            where = f" at {_site_text(m.location)}" if m.location is not None else ""
-            rows.append(("stopped", f"the dry run needs a value{where} ({m.stopped}); what ran before it is measured"))
-    steps = view.steps
+    rows = _memory_rows(d["summary"]) if d["summary"] is not None else []
+    steps = d["steps"]
     if len(steps) > 1:
-        top = max(st.peak_bytes for st in steps) or 1
+        top = max(st["peak_bytes"] for st in steps) or 1
         shown = steps[-60:]
-        bars = "".join(" ▁▂▃▄▅▆▇█"[max(1, round(8 * st.peak_bytes / top))] if st.peak_bytes else " " for st in shown)
-        rows.append(("peak per step", f"{bars}  (steps {shown[0].step}-{shown[-1].step})"))
+        bars = "".join(" ▁▂▃▄▅▆▇█"[max(1, round(8 * st["peak_bytes"] / top))] if st["peak_bytes"] else " "
+                       for st in shown)
+        rows.append(("peak per step", f"{bars}  (steps {shown[0]['step']}-{shown[-1]['step']})"))
     if rows:
         parts.append(_kv(rows))
-    holders = view.peak_holders()
-    if holders:
+    if d["holders"]:
         table = _table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("bytes", "right"),
                        ("tensors", "right"), ("largest", "left"))
-        for h in holders:
-            where = f"{os.path.basename(h.file)}:{h.line} in {h.function}" if h.file else "before the trace"
-            table.add_row(Text(where), Text(PHASE_TEXT.get(h.phase, h.phase)), size(h.nbytes), str(h.tensors),
-                          Text(f"{h.dtype}{list(h.shape)}" if h.shape else "-"))
+        for h in d["holders"]:
+            table.add_row(Text(_holder_where(h)), Text(PHASE_TEXT.get(h["phase"], h["phase"])), size(h["nbytes"]),
+                          str(h["tensors"]), Text(f"{h['dtype']}{list(h['shape'])}" if h["shape"] else "-"))
         parts.append(table)
-    for f in view.findings:
-        if f.finding == "program_oom":
-            head = (f"the TPU compiler refused {f.program} on {f.target}: it counted {size(f.required_bytes)} "
-                    f"of {size(f.capacity_bytes)} HBM")
-        else:
-            head = (f"does not fit one {f.target} device: ~{size(f.required_bytes)} needed, "
-                    f"{size(f.capacity_bytes)} there")
-        if f.holders:
-            head += "; biggest holders: " + ", ".join(
-                f"{os.path.basename(h.file) + ':' + str(h.line) if h.file else 'before the trace'} "
-                f"({size(h.nbytes)})" for h in f.holders)
-        lines = [Text(head, style="bold red" if terminal else "")]
-        lines += [Text(f"  fix: {describe_fix(fix)}" + ("" if fix.fits else " - not enough alone"))
-                  for fix in f.fixes]
-        parts.append(Group(*lines))
-    if m is None:
+    parts += [_memory_finding(f, terminal) for f in d["findings"]]
+    if d["summary"] is None:
         parts.append(_note("the run has not ended: the peak and the fit are written when it does"))
     return Group(*parts) if parts else None
 
 
-@section("CPU fallbacks", order=70)
-def _fallbacks(session: Any, terminal: bool) -> RenderableType | None:
-    fallbacks = session.fallbacks()
+_EVENT_HEADER = ("id", "ts", "mode", "thread")
+
+
+@section("Memory", order=65, key="memory", render=_render_memory)
+def _memory(session: Any) -> dict[str, Any] | None:
+    from tpu_debug.tracers.memory import describe_fix, memory_view
+
+    view = memory_view(session)
+    if not view.recorded:
+        return None
+    summary = _plain(view.summary, _EVENT_HEADER + ("holders",)) if view.summary is not None else None
+    findings = []
+    for f in view.findings:
+        found = _plain(f, _EVENT_HEADER + ("location", "fixes"))
+        found["fixes"] = [dict(_plain(fix), text=describe_fix(fix)) for fix in f.fixes]
+        findings.append(found)
+    return {
+        "summary": summary,
+        "steps": [{"step": st.step, "peak_bytes": st.peak_bytes} for st in view.steps],
+        "holders": _plain(list(view.peak_holders())),
+        "findings": findings,
+    }
+
+
+def _render_fallbacks(fallbacks: list[dict], terminal: bool) -> RenderableType | None:
     if not fallbacks:
         return None
-    counts: dict[str, list] = {}
-    for f in fallbacks:
-        counts.setdefault(f.name, []).append(f)
     table = _table(terminal, ("op", "left"), ("count", "right"), ("time", "right"), ("first at", "left"))
-    for name, items in sorted(counts.items(), key=lambda kv: -len(kv[1])):
-        loc = items[0].location
-        table.add_row(
-            Text(name),
-            str(len(items)),
-            format_seconds(sum(f.seconds for f in items)),
-            Text(str(loc) if loc else "-"),
-        )
+    for f in fallbacks:
+        table.add_row(Text(f["name"]), str(f["count"]), format_seconds(f["seconds"]), Text(_full_where(f["location"])))
     return table
 
 
-@section("float64", order=75)
-def _float64(session: Any, terminal: bool) -> RenderableType | None:
+@section("CPU fallbacks", order=70, key="fallbacks", render=_render_fallbacks)
+def _fallbacks(session: Any) -> list[dict[str, Any]]:
+    counts: dict[str, list] = {}
+    for f in session.fallbacks():
+        counts.setdefault(f.name, []).append(f)
+    return [
+        {"name": name, "count": len(items), "seconds": sum(f.seconds for f in items),
+         "location": _location_data(items[0].location)}
+        for name, items in sorted(counts.items(), key=lambda kv: -len(kv[1]))
+    ]
+
+
+def _render_float64(ops: list[dict], terminal: bool) -> RenderableType | None:
     # float64 runs on this backend; a TPU has none, so these ops would not run there
-    ops = session.float64_ops()
     if not ops:
         return None
     table = _table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"))
-    for name, (programs, runs) in sorted(ops.items(), key=lambda kv: (-kv[1][1], kv[0])):
-        table.add_row(Text(name), str(programs), str(runs))
+    for o in ops:
+        table.add_row(Text(o["name"]), str(o["programs"]), str(o["executions"]))
     return Group(_note(f"{len(ops)} op(s) ran with float64/complex128 values (see Findings)"), table)
 
 
-def _target_heading(session: Any) -> str:
-    summary = session.events("target_summary")
-    if summary:
-        return f"TPU target ({summary[-1].target})"
-    compiles = session.events("target_compile", limit=1)
-    return f"TPU target ({compiles[0].target})" if compiles else "TPU target"
+@section("float64", order=75, key="float64", render=_render_float64)
+def _float64(session: Any) -> list[dict[str, Any]]:
+    ops = session.float64_ops()
+    return [
+        {"name": name, "programs": programs, "executions": runs}
+        for name, (programs, runs) in sorted(ops.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    ]
 
 
-@section("TPU target", order=67, heading=_target_heading)
-def _target(session: Any, terminal: bool) -> RenderableType | None:
-    # each program compiled for a real TPU: memory, cost, roofline, padding; steps; findings
-    from tpu_debug.tracers.target import findings
-
-    summaries = session.events("target_summary")
-    compiles = session.events("target_compile")
-    if not summaries and not compiles:
-        return None
-    summary = summaries[-1] if summaries else None
-    programs = session.programs()
-    runs = {p.hash: p.count for p in programs if p.count}
-    ids = {p.hash: p.id for p in programs}
-    parts: list[RenderableType] = [_kv(_target_rows(summary, compiles, session.events("target_step")))]
-    if compiles:
-        parts += _target_programs(compiles, runs, ids, terminal)
-    found = findings(compiles)
-    if found:
-        parts.append(Text("findings:"))
-        parts += [Text(f"  {f.kind}: {f.render()}") for f in found[:8]]
-        if len(found) > 8:
-            parts.append(_note(f"... and {len(found) - 8} more findings"))
-    parts.append(_note(
-        "est. = a model estimate, not a measurement: max(flops / peak, bytes / HBM bandwidth) per program, "
-        "with the target's published peaks and the TPU compiler's counts, per device; a step adds its "
-        "programs back to back, without host dispatch. TPU HLO: session.hlo(<id>)"
-    ))
-    return Group(*parts)
+def _target_heading(d: dict) -> str:
+    return f"TPU target ({d['target']})" if d["target"] else "TPU target"
 
 
-def _target_rows(summary: Any, compiles: list, steps: list) -> list[tuple[str, str]]:
-    from tpu_debug.tracers.target import step_summary
-
-    rows = []
+def _target_rows(d: dict) -> list[tuple[str, str]]:
+    summary, programs, rows = d["summary"], d["programs"], []
     if summary is not None:
         rows.append((
             "target",
-            (
-                f"{summary.target} ({summary.topology}, {summary.chips} chip(s)); per device "
-                f"{format_bytes(summary.hbm_bytes)} HBM, {summary.peak_flops / 1e12:.0f} TFLOP/s bf16, "
-                f"{summary.hbm_bandwidth / 1e9:.0f} GB/s; libtpu {summary.libtpu}"
-            ),
+            (f"{summary['target']} ({summary['topology']}, {summary['chips']} chip(s)); per device "
+            f"{format_bytes(summary['hbm_bytes'])} HBM, {summary['peak_flops'] / 1e12:.0f} TFLOP/s bf16, "
+            f"{summary['hbm_bandwidth'] / 1e9:.0f} GB/s; libtpu {summary['libtpu']}"),
         ))
-        refused = [c for c in compiles if not c.ok]
-        ooms = sum(1 for c in refused if c.status == "hbm_oom")
-        line = f"{summary.programs} distinct, {summary.compiled} compiled ({summary.cached} from the cache)"
-        if summary.refused:
-            line += f", {summary.refused} refused ({ooms} out of HBM)"
-        if summary.failed:
-            line += f", {summary.failed} failed (see Tracer errors)"
+        ooms = sum(1 for c in programs if not c["ok"] and c["status"] == "hbm_oom")
+        line = f"{summary['programs']} distinct, {summary['compiled']} compiled ({summary['cached']} from the cache)"
+        if summary["refused"]:
+            line += f", {summary['refused']} refused ({ooms} out of HBM)"
+        if summary["failed"]:
+            line += f", {summary['failed']} failed (see Tracer errors)"
         rows.append(("programs", line))
-        if summary.unfinished:
+        if summary["unfinished"]:
             rows.append((
                 "not finished",
-                (
-                    f"{summary.unfinished} program(s) still compiling when the trace stopped waiting "
-                    f"({format_seconds(summary.waited_seconds)}, target_wait={summary.wait_limit:g}): no "
-                    "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"
-                ),
+                (f"{summary['unfinished']} program(s) still compiling when the trace stopped waiting "
+                f"({format_seconds(summary['waited_seconds'])}, target_wait={summary['wait_limit']:g}): no "
+                "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"),
             ))
-        rows.append(("compile time", f"{format_seconds(summary.compile_seconds)} of TPU compiles, beside the program"))
-    step = step_summary(steps)
+        rows.append(("compile time", f"{format_seconds(summary['compile_seconds'])} of TPU compiles, beside the program"))
+    step = d["step"]
     if step is not None:
         what = "the whole run (no step marks)" if step["whole_run"] else f"{step['steps']} step(s), median"
         text = f"est. {format_seconds(step['median_seconds'])} on the target for {what}"
@@ -1077,16 +1401,35 @@ def _target_rows(summary: Any, compiles: list, steps: list) -> list[tuple[str, s
         if step["estimated"] < step["executions"]:
             text += f"; {step['executions'] - step['estimated']} of {step['executions']} program runs have no estimate"
         rows.append(("step", text))
-    largest = max((c for c in compiles if c.memory_bytes is not None), key=lambda c: c.memory_bytes, default=None)
+    largest = max((c for c in programs if c["memory_bytes"] is not None), key=lambda c: c["memory_bytes"], default=None)
     if largest is not None and summary is not None:
         rows.append((
             "memory",
-            (
-                f"largest program {format_bytes(largest.memory_bytes)} of {format_bytes(summary.hbm_bytes)} "
-                f"per device ({largest.name})"
-            ),
+            (f"largest program {format_bytes(largest['memory_bytes'])} of {format_bytes(summary['hbm_bytes'])} "
+            f"per device ({largest['name']})"),
         ))
     return rows
+
+
+def _render_target(d: dict | None, terminal: bool) -> RenderableType | None:
+    # each program compiled for a real TPU: memory, cost, roofline, padding; steps; findings
+    if d is None:
+        return None
+    parts: list[RenderableType] = [_kv(_target_rows(d))]
+    if d["programs"]:
+        parts += _target_programs(d["programs"], terminal)
+    found = d["findings"]
+    if found:
+        parts.append(Text("findings:"))
+        parts += [Text(f"  {f['kind']}: {f['text']}") for f in found[:8]]
+        if len(found) > 8:
+            parts.append(_note(f"... and {len(found) - 8} more findings"))
+    parts.append(_note(
+        "est. = a model estimate, not a measurement: max(flops / peak, bytes / HBM bandwidth) per program, "
+        "with the target's published peaks and the TPU compiler's counts, per device; a step adds its "
+        "programs back to back, without host dispatch. TPU HLO: session.hlo(<id>)"
+    ))
+    return Group(*parts)
 
 
 def _si(value: float | None) -> str:
@@ -1099,14 +1442,8 @@ def _si(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def _target_programs(compiles: list, runs: dict, ids: dict, terminal: bool) -> list[RenderableType]:
+def _target_programs(ranked: list[dict], terminal: bool) -> list[RenderableType]:
     """Programs by estimated time over the run (estimate x runs here), refused ones first."""
-
-    def weight(c: Any) -> tuple:
-        n = runs.get(c.program, 1) if c.program else 1
-        return (c.ok, -(c.estimated_seconds or 0.0) * n, -(c.memory_bytes or 0))
-
-    ranked = sorted(compiles, key=weight)
     table = _table(
         terminal,
         ("program", "left"),
@@ -1121,23 +1458,23 @@ def _target_programs(compiles: list, runs: dict, ids: dict, terminal: bool) -> l
         left_width=24,
     )
     for c in ranked[:12]:
-        hlo = str(ids[c.tpu_program]) if c.tpu_program in ids else "-"
-        if not c.ok:
-            need = f"needs {format_bytes(c.required_bytes)}" if c.required_bytes is not None else "-"
-            table.add_row(Text(c.signature), Text(need), "-", "-", "-",
-                          Text("OOM" if c.status == "hbm_oom" else "refused"), "-", "-", hlo)
+        hlo = str(c["hlo"]) if c["hlo"] is not None else "-"
+        if not c["ok"]:
+            need = f"needs {format_bytes(c['required_bytes'])}" if c["required_bytes"] is not None else "-"
+            table.add_row(Text(c["signature"]), Text(need), "-", "-", "-",
+                          Text("OOM" if c["status"] == "hbm_oom" else "refused"), "-", "-", hlo)
             continue
         padding = "-"
-        if c.padding_padded_bytes:
-            padding = f"{100 * c.padding_wasted_bytes / c.padding_padded_bytes:.0f}%"
+        if c["padding_padded_bytes"]:
+            padding = f"{100 * c['padding_wasted_bytes'] / c['padding_padded_bytes']:.0f}%"
         table.add_row(
-            Text(c.signature),
-            format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
-            _si(c.flops),
-            _si(c.bytes_accessed),
-            f"{c.intensity:.2g}" if c.intensity is not None else "-",
-            c.bound or "-",
-            format_seconds(c.estimated_seconds),
+            Text(c["signature"]),
+            format_bytes(c["memory_bytes"]) if c["memory_bytes"] is not None else "-",
+            _si(c["flops"]),
+            _si(c["bytes_accessed"]),
+            f"{c['intensity']:.2g}" if c["intensity"] is not None else "-",
+            c["bound"] or "-",
+            format_seconds(c["estimated_seconds"]),
             padding,
             hlo,
         )
@@ -1152,64 +1489,142 @@ def _target_programs(compiles: list, runs: dict, ids: dict, terminal: bool) -> l
     return parts
 
 
-@section("TensorBoard", order=85)
-def _tensorboard(session: Any, terminal: bool) -> RenderableType | None:
+def _target_compile_data(c: Any, runs: dict, ids: dict) -> dict[str, Any]:
+    data = _plain(c, _EVENT_HEADER)
+    data.update(
+        location=_location_data(c.location), ok=c.ok, memory_bytes=c.memory_bytes,
+        padding_wasted_bytes=c.padding_wasted_bytes, runs=runs.get(c.program) if c.program else None,
+        hlo=ids.get(c.tpu_program),
+    )
+    return data
+
+
+@section("TPU target", order=67, key="target", render=_render_target, heading=_target_heading)
+def _target(session: Any) -> dict[str, Any] | None:
+    from tpu_debug.tracers.target import findings, step_summary
+
+    summaries = session.events("target_summary")
+    compiles = session.events("target_compile")
+    if not summaries and not compiles:
+        return None
+    summary = summaries[-1] if summaries else None
+    programs = session.programs()
+    runs = {p.hash: p.count for p in programs if p.count}
+    ids = {p.hash: p.id for p in programs}
+
+    def weight(c: Any) -> tuple:
+        n = runs.get(c.program, 1) if c.program else 1
+        return (c.ok, -(c.estimated_seconds or 0.0) * n, -(c.memory_bytes or 0))
+
+    return {
+        "target": summary.target if summary is not None else compiles[0].target,
+        "summary": _plain(summary, _EVENT_HEADER + ("location",)) if summary is not None else None,
+        "step": step_summary(session.events("target_step")),
+        "programs": [_target_compile_data(c, runs, ids) for c in sorted(compiles, key=weight)],
+        "findings": [
+            {"kind": f.kind, "subject": f.subject, "programs": list(f.programs), "fix": f.fix, "cost": f.cost,
+             "text": f.render()}
+            for f in findings(compiles)
+        ],
+    }
+
+
+def _render_tensorboard(tb: dict | None, terminal: bool) -> RenderableType | None:
     # where the profile is, how much it holds, and whether the cap cut it short
+    if tb is None:
+        return None
+    rows = [("directory", tb["directory"])]
+    rows.append(("profile", ", ".join(tb["profile"]) if tb["profile"] else "none written"))
+    spans = f"{tb['spans']} spans (max {tb['max_events'] if tb['max_events'] is not None else '-'}), {tb['steps']} step mark(s)"
+    if tb["capped"]:
+        spans += f"; CAPPED after {tb['capped_after_seconds']:.2f} s, {tb['dropped_spans']} spans dropped"
+    rows.append(("captured", spans))
+    rows.append(("open with", tb["open_with"]))
+    return Group(_kv(rows), *[_note(n) for n in tb["notes"]])
+
+
+@section("TensorBoard", order=85, key="tensorboard", render=_render_tensorboard)
+def _tensorboard(session: Any) -> dict[str, Any] | None:
     tb = session.metadata().tensorboard
     if not tb:
         return None
-    rows = [("directory", str(session.run_dir / "tensorboard"))]
-    files = tb.get("profile") or []
-    rows.append(("profile", ", ".join(files) if files else "none written"))
-    spans = f"{tb.get('spans', 0)} spans (max {tb.get('max_events', '-')}), {tb.get('steps', 0)} step mark(s)"
-    if tb.get("capped"):
-        spans += f"; CAPPED after {tb.get('capped_after_seconds', 0):.2f} s, {tb.get('dropped_spans', 0)} spans dropped"
-    rows.append(("captured", spans))
-    rows.append(("open with", f"tpu-debug tensorboard {session.run_dir.name}"))
-    notes = [_kv(rows)] + [_note(str(n)) for n in tb.get("notes") or []]
-    return Group(*notes)
+    return {
+        "directory": str(session.run_dir / "tensorboard"),
+        "profile": list(tb.get("profile") or []),
+        "spans": tb.get("spans", 0),
+        "max_events": tb.get("max_events"),
+        "steps": tb.get("steps", 0),
+        "capped": bool(tb.get("capped")),
+        "capped_after_seconds": tb.get("capped_after_seconds", 0.0),
+        "dropped_spans": tb.get("dropped_spans", 0),
+        "notes": [str(n) for n in tb.get("notes") or []],
+        "open_with": f"tpu-debug tensorboard {session.run_dir.name}",
+    }
 
 
-@section("Tracer errors", order=90)
-def _errors(session: Any, terminal: bool) -> RenderableType | None:
-    errors = session.internal_errors()
-    meta = session.metadata()
-    notes = []
-    if meta.recording_error:
-        notes.append(_note(f"recording stopped early: {meta.recording_error}"))
-    if meta.dropped_events:
-        notes.append(_note(f"{meta.dropped_events:,} events were not recorded (the run writer could not keep up or had stopped)"))
-    if errors:
-        # the run keeps the first errors of each kind; the meta counts them all
-        capped = session.capped_counts("internal_error")
-        total: dict[str, int] = {}
-        first: dict[str, str] = {}
-        for e in errors:
-            total[e.where] = capped.get(e.where, total.get(e.where, 0) + 1)
-            first.setdefault(e.where, e.message)
+def _render_errors(d: dict, terminal: bool) -> RenderableType | None:
+    notes: list[RenderableType] = []
+    if d["recording_error"]:
+        notes.append(_note(f"recording stopped early: {d['recording_error']}"))
+    if d["dropped_events"]:
+        notes.append(_note(f"{d['dropped_events']:,} events were not recorded (the run writer could not keep up or had stopped)"))
+    if d["errors"]:
         table = _table(terminal, ("where", "left"), ("count", "right"), ("first error", "left"))
-        for where, message in list(first.items())[:10]:
-            table.add_row(Text(where), f"{total[where]:,}", Text(message))
-        notes += [_note(f"{sum(total.values()):,} tracer error(s); the program was not affected"), table]
+        for e in d["errors"][:10]:
+            table.add_row(Text(e["where"]), f"{e['count']:,}", Text(e["first"]))
+        notes += [_note(f"{d['count']:,} tracer error(s); the program was not affected"), table]
     return Group(*notes) if notes else None
 
 
-# -- the report as data ----------------------------------------------------------------------
+@section("Tracer errors", order=90, key="tracer_errors", render=_render_errors)
+def _errors(session: Any) -> dict[str, Any]:
+    meta = session.metadata()
+    # the run keeps the first errors of each kind; the meta counts them all
+    capped = session.capped_counts("internal_error")
+    total: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for e in session.internal_errors():
+        total[e.where] = capped.get(e.where, total.get(e.where, 0) + 1)
+        first.setdefault(e.where, e.message)
+    return {
+        "recording_error": meta.recording_error,
+        "dropped_events": meta.dropped_events,
+        "count": sum(total.values()),
+        "errors": [{"where": w, "count": total[w], "first": message} for w, message in first.items()],
+    }
 
 
-def _location_data(loc: Any) -> dict[str, Any] | None:
-    return {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
+# -- the report as data, and as text ---------------------------------------------------------
 
 
-def _finite(value: float | None) -> float | None:
-    # JSON has no NaN or Infinity
-    return value if value is None or math.isfinite(value) else None
+def _json_safe(value: Any) -> Any:
+    # JSON has no NaN or Infinity: they are written as null
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _section_data(session: Any) -> list[tuple[Section, Any]]:
+    return [(sec, sec.data(session)) for sec in SECTIONS]
+
+
+def _assemble(parts: list[tuple[Section, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {"schema": REPORT_SCHEMA}
+    for sec, part in parts:
+        if sec.key is None:
+            data.update(part)
+        else:
+            data[sec.key] = part
+    return _json_safe(data)
 
 
 def report_data(session: Any) -> dict[str, Any]:
-    """The report of ``session``'s run as data: run metadata, per-step figures, the advisor's
-    findings, op, compile, transfer and divergence summaries, under :data:`REPORT_SCHEMA`
-    (docs/report_schema.md describes every field).
+    """The report of ``session``'s run as data, every section of it, under :data:`REPORT_SCHEMA`
+    (docs/report_schema.md describes every field): the data the text report is printed from.
 
     Returns:
         A dict of JSON values (``json.dumps`` takes it as it is).
@@ -1219,169 +1634,14 @@ def report_data(session: Any) -> dict[str, Any]:
         >>> data["schema"], [f["kind"] for f in data["findings"]]
         ('tpu_debug.report/1', ['implicit_sync'])
     """
-    from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
-    from tpu_debug.tracers.steps import STEADY
+    return _assemble(_section_data(session))
 
-    m = session.metadata()
-    advice = advice_of(session)
-    steps = session.steps()
-    phases = dict(zip((s.index for s in steps), _phases(steps)))
-    summary = advice.steps
-    steady = _steady_recompiles(session) if steps else {}
-    ops = session.ops()
-    transfers = session.transfers()
-    divergence = session.divergence_summary()
-    first = session.first_divergence() if divergence is not None else None
 
-    def totals(t: Any) -> dict[str, Any]:
-        return {"compiles": t.compiles, "recompiles": t.recompiles, "seconds": t.seconds}
-
-    return {
-        "schema": REPORT_SCHEMA,
-        "run": {
-            "name": m.name,
-            "dir": str(session.run_dir),
-            "status": m.status,
-            "exit_status": m.exit_status,
-            "error": m.error,
-            "start_time": m.start_time,
-            "end_time": m.end_time,
-            "duration": m.duration,
-            "argv": list(m.argv),
-            "cwd": m.cwd,
-            "hostname": m.hostname,
-            "platform": m.platform,
-            "device_kind": m.device_kind,
-            "device_count": m.device_count,
-            "modes": session.modes(),
-            "versions": {
-                "tpu_debug": m.tpu_debug_version,
-                "torch": m.torch_version,
-                "jax": m.jax_version,
-                "jaxlib": m.jaxlib_version,
-                "python": m.python_version,
-            },
-            "store_schema": m.schema_version,
-            "options": m.options,
-        },
-        "steps": {
-            "count": summary.steps,
-            "detected": summary.detected,
-            "warmup": list(summary.warmup),
-            "steady": summary.steady,
-            "step_seconds": summary.step_seconds,
-            "ops_per_step": summary.ops_per_step,
-            "op_seconds": summary.op_seconds,
-            "compiles": {
-                "setup": totals(summary.setup),
-                "warmup": totals(summary.warm),
-                "steady": totals(summary.steady_compiles),
-                "outside": totals(summary.tail),
-            },
-            "per_step": [
-                {
-                    "index": s.index,
-                    "detected": s.detected,
-                    "phase": phases[s.index],
-                    "start": s.ts,
-                    "end": s.end,
-                    "seconds": s.seconds,
-                    "eager_ops": s.eager_ops,
-                    "graph_runs": s.graph_runs,
-                    "op_seconds": s.op_seconds,
-                    "compiles": s.compiles,
-                    "recompiles": s.recompiles,
-                    "compile_seconds": s.compile_seconds,
-                    "transfers": s.transfers,
-                    "transfer_bytes": s.transfer_bytes,
-                    "transfer_seconds": s.transfer_seconds,
-                    "fallbacks": s.fallbacks,
-                    "sequence": s.sequence,
-                }
-                for s in steps
-            ],
-        },
-        "findings_schema": FINDINGS_SCHEMA,
-        "findings": [f.to_dict() for f in advice.findings],
-        "advisor_errors": list(advice.errors),
-        "ops": [
-            {
-                "name": o.name,
-                "mode": o.mode,
-                "count": o.count,
-                "seconds": o.seconds,
-                "compiles": o.compiles,
-                "compile_seconds": o.compile_seconds,
-                "programs": o.programs,
-            }
-            for o in ops
-        ],
-        "compiles": {
-            "count": sum(o.compiles for o in ops),
-            "seconds": sum(o.compile_seconds for o in ops),
-            "groups": [
-                {
-                    "identity": g.identity,
-                    "mode": g.mode,
-                    "compiles": g.compiles,
-                    "recompiles": g.recompiles,
-                    "steady_recompiles": steady.get((g.mode, g.identity), 0),
-                    "seconds": g.seconds,
-                    "changing": (
-                        {"what": g.changing.what, "kind": g.changing.kind, "values": list(g.changing.values)}
-                        if g.changing is not None
-                        else None
-                    ),
-                    "location": _location_data(g.locations[0][0]) if g.locations else None,
-                }
-                for g in session.recompile_groups()
-            ],
-        },
-        "transfers": {
-            "count": len(transfers),
-            "bytes": sum(t.nbytes for t in transfers),
-            "seconds": sum(t.seconds for t in transfers),
-            "implicit": sum(1 for t in transfers if t.implicit),
-            "sites": [
-                {
-                    "location": _location_data(c.location),
-                    "direction": c.direction,
-                    "cause": c.cause,
-                    "implicit": c.implicit,
-                    "count": c.count,
-                    "bytes": c.nbytes,
-                    "seconds": c.seconds,
-                }
-                for c in session.transfer_call_sites()
-            ],
-        },
-        "divergence": (
-            None
-            if divergence is None
-            else {
-                "checked": True,
-                "ops_compared": divergence.get("ops_compared", 0),
-                "graphs_compared": divergence.get("graphs_compared", 0),
-                "numerics": divergence.get("numerics", "cpu"),
-                "first": (
-                    None
-                    if first is None
-                    else {
-                        "name": first.name,
-                        "mode": first.mode,
-                        "phase": first.phase,
-                        "location": _location_data(first.location),
-                        "max_abs": _finite(first.max_abs),
-                        "max_rel": _finite(first.max_rel),
-                        "ratio": _finite(first.ratio),
-                        "mismatched": first.mismatched,
-                        "numel": first.numel,
-                        "highest": first.highest,
-                    }
-                ),
-            }
-        ),
-    }
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit with status 1; the command line ends quietly with 0 instead
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def _console(file: Any, terminal: bool | None, width: int | None) -> Console:
@@ -1389,16 +1649,35 @@ def _console(file: Any, terminal: bool | None, width: int | None) -> Console:
     if terminal is None:
         terminal = bool(getattr(file, "isatty", lambda: False)())
     if terminal:
-        return Console(file=file, width=width, force_terminal=True, highlight=False, emoji=False)
-    return Console(
+        return _Console(file=file, width=width, force_terminal=True, highlight=False, emoji=False)
+    return _Console(
         file=file,
-        width=width or 100,
+        width=width or plain_width(),
         force_terminal=False,
         color_system=None,
         highlight=False,
         emoji=False,
         soft_wrap=False,
     )
+
+
+def plain_width() -> int:
+    """The line width of plain text (a file, a pipe): ``$COLUMNS``, else :data:`PLAIN_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PLAIN_WIDTH
+
+
+def _print_title(console: Console, title: str) -> None:
+    if console.is_terminal:
+        console.rule(Text(title, style="bold"))
+    else:
+        console.print(Text(title))
+        console.print(Text("=" * min(console.width, len(title))))
+
+
+def _print_heading(console: Console, text: str) -> None:
+    console.print()
+    console.print(Text(text, style="bold underline" if console.is_terminal else ""))
 
 
 def print_report(
@@ -1411,129 +1690,167 @@ def print_report(
         file: where to print.
         terminal: force rich terminal output (True) or plain text (False);
             default: rich when ``file`` is a terminal.
-        width: line width (plain text default 100).
+        width: line width (plain text: default ``$COLUMNS``, else :data:`PLAIN_WIDTH`;
+            cells wrap, never cut).
     """
     console = _console(file, terminal, width)
-    is_terminal = console.is_terminal
-    title = session.metadata().name
-    if is_terminal:
-        console.rule(Text(f"tpu_debug report: {title}", style="bold"))
-    else:
-        console.print(Text(f"tpu_debug report: {title}"))
-        console.print(Text("=" * min(console.width, 20 + len(title))))
-    for sec in SECTIONS:
-        body = sec.render(session, is_terminal)
+    _print_title(console, f"tpu_debug report: {session.metadata().name}")
+    for sec, data in _section_data(session):
+        body = sec.render(data, console.is_terminal)
         if body is None:
             continue
-        console.print()
-        title = sec.heading(session) if sec.heading is not None else sec.title
-        console.print(Text(title, style="bold underline" if is_terminal else ""))
+        _print_heading(console, sec.heading(data) if sec.heading is not None else sec.title)
         console.print(body)
 
 
 # -- multi-process runs ----------------------------------------------------------------------
 
 
-def rank_figures(session: Any) -> dict[str, str]:
-    """One column of the per-rank table."""
+def _rank_figure_data(session: Any) -> dict[str, Any]:
+    """One rank's figures as data (one column of the per-rank table)."""
     from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
 
     m = session.metadata()
-    status = m.status + (f" ({m.exit_status})" if m.exit_status not in (None, 0) else "")
     ops = session.ops()
     programs = program_collectives(session)
     calls = program_calls(session, programs)
     totals = collective_totals(programs)
     return {
-        "status": status,
-        "duration": format_seconds(m.duration) if m.duration is not None else "-",
-        "devices": str(m.device_count),
-        "device ops run": str(sum(o.count for o in ops)),
-        "compiles": str(sum(o.compiles for o in ops)),
-        "multi-device programs": str(totals.programs),
-        "collectives (distinct)": str(totals.collectives),
-        "sent per device": format_bytes(sum(e.collective_bytes * calls.get(e.id, 0) for e in programs)),
-        "largest memory/device": format_bytes(totals.peak_memory) if totals.peak_memory is not None else "-",
-        "transfers": str(len(session.transfers())),
-        "tracer errors": str(len(session.internal_errors())),
+        "status": m.status,
+        "exit_status": m.exit_status,
+        "duration": m.duration,
+        "devices": m.device_count,
+        "device_ops": sum(o.count for o in ops),
+        "compiles": sum(o.compiles for o in ops),
+        "multi_device_programs": totals.programs,
+        "collectives": totals.collectives,
+        "sent_bytes": sum(e.collective_bytes * calls.get(e.id, 0) for e in programs),
+        "peak_memory": totals.peak_memory,
+        "transfers": len(session.transfers()),
+        "tracer_errors": len(session.internal_errors()),
     }
+
+
+def _rank_figure_text(f: dict) -> dict[str, str]:
+    return {
+        "status": f["status"] + (f" ({f['exit_status']})" if f["exit_status"] not in (None, 0) else ""),
+        "duration": format_seconds(f["duration"]) if f["duration"] is not None else "-",
+        "devices": str(f["devices"]),
+        "device ops run": str(f["device_ops"]),
+        "compiles": str(f["compiles"]),
+        "multi-device programs": str(f["multi_device_programs"]),
+        "collectives (distinct)": str(f["collectives"]),
+        "sent per device": format_bytes(f["sent_bytes"]),
+        "largest memory/device": format_bytes(f["peak_memory"]) if f["peak_memory"] is not None else "-",
+        "transfers": str(f["transfers"]),
+        "tracer errors": str(f["tracer_errors"]),
+    }
+
+
+def rank_figures(session: Any) -> dict[str, str]:
+    """One column of the per-rank table."""
+    return _rank_figure_text(_rank_figure_data(session))
+
+
+_RANK_STOPS = ("RankDivergenceError", "RankTimeoutError")
+
+
+def _agreement_data(sessions: list) -> dict[str, Any]:
+    """Whether the ranks compiled the same multi-device programs, and which stopped or failed."""
+    from tpu_debug.tracers.collectives import compare_ranks
+
+    errors = [(rank, s.metadata().error or "") for rank, s in sessions]
+    diff = compare_ranks([(rank, s.events("collectives")) for rank, s in sessions])
+    same = None
+    if diff is None and len(sessions) > 1:
+        same = len([e for e in sessions[0][1].events("collectives") if not e.target])
+    return {
+        "stopped": [{"rank": r, "error": e} for r, e in errors if e.startswith(_RANK_STOPS)],
+        "difference": diff.render() if diff is not None else None,
+        "same_programs": same,
+        "failed": [{"rank": r, "error": e} for r, e in errors if e and not e.startswith(_RANK_STOPS)],
+    }
+
+
+def rank_data(group: Any) -> dict[str, Any]:
+    """The report of a multi-process run as data, under :data:`RANKS_SCHEMA`: the run, each
+    rank's figures, whether the ranks agreed, and each rank's full report (:func:`report_data`).
+
+    Args:
+        group: a :class:`~tpu_debug.ranks.RankGroup`.
+    """
+    info = group.info
+    sessions = group.sessions()
+    nproc = int(info.get("nproc", len(sessions)))
+    reports = [(rank, _section_data(s)) for rank, s in sessions]
+    return _json_safe({
+        "schema": RANKS_SCHEMA,
+        "name": group.name,
+        "dir": str(group.path),
+        "nproc": nproc,
+        "command": list(info.get("command") or []),
+        "status": info.get("status", "?"),
+        "exit_status": info.get("exit_status") or None,
+        "missing": [r for r in range(nproc) if r not in dict(sessions)],
+        "agreement": _agreement_data(sessions),
+        "ranks": [
+            {"rank": rank, "figures": _rank_figure_data(s), "report": _assemble(parts)}
+            for (rank, s), (_, parts) in zip(sessions, reports)
+        ],
+    })
+
+
+def _print_agreement(console: Console, agreement: dict) -> None:
+    for i, stop in enumerate(agreement["stopped"]):
+        # the first rank that stopped in full; the others say the same from their side
+        error = stop["error"] if i == 0 else stop["error"].splitlines()[0]
+        console.print(Text(f"rank {stop['rank']} stopped: {error}"))
+    if agreement["difference"] is not None:
+        console.print(Text(f"compiled programs: {agreement['difference']}"))
+    elif agreement["same_programs"] is not None:
+        console.print(Text(
+            f"every rank compiled the same {agreement['same_programs']} multi-device program(s), with the same "
+            "collectives, in the same order" + ("" if not agreement["stopped"] else " (up to where they stopped)")
+        ))
+    for fail in agreement["failed"]:
+        console.print(Text(f"rank {fail['rank']} failed: {fail['error'].splitlines()[0]}"))
 
 
 def print_rank_report(
     group: Any, *, file: Any = None, terminal: bool | None = None, width: int | None = None
 ) -> None:
     """Print the report of a multi-process run: the ranks side by side, whether they agreed,
-    and where they first differed.
+    and where they first differed (the text of :func:`rank_data`).
 
     Args:
         group: a :class:`~tpu_debug.ranks.RankGroup`.
         file, terminal, width: as for :func:`print_report`.
     """
-    from tpu_debug.tracers.collectives import compare_ranks
-
     console = _console(file, terminal, width)
-    is_terminal = console.is_terminal
-    info = group.info
-    sessions = group.sessions()
-    title = f"tpu_debug report: {group.name} ({info.get('nproc', len(sessions))} ranks)"
-    if is_terminal:
-        console.rule(Text(title, style="bold"))
-    else:
-        console.print(Text(title))
-        console.print(Text("=" * min(console.width, len(title))))
-
-    def heading(text: str) -> None:
-        console.print()
-        console.print(Text(text, style="bold underline" if is_terminal else ""))
-
-    heading("Ranks")
-    rows = [
-        ("run", str(group.path)),
-        ("command", " ".join(info.get("command") or []) or "-"),
-        ("status", f"{info.get('status', '?')}" + (f", exit statuses {info['exit_status']}"
-                                                  if info.get("exit_status") else "")),
-    ]
-    console.print(_kv(rows))
-    missing = [r for r in range(int(info.get("nproc", 0))) if r not in dict(sessions)]
-    if missing:
-        console.print(_note(f"rank(s) {', '.join(map(str, missing))} recorded nothing (they ended before tracing began)"))
-    if sessions:
-        figures = [(rank, rank_figures(s)) for rank, s in sessions]
-        table = _table(is_terminal, ("", "left"), *[(f"rank {r}", "right") for r, _ in figures])
+    data = rank_data(group)
+    _print_title(console, f"tpu_debug report: {data['name']} ({data['nproc']} ranks)")
+    _print_heading(console, "Ranks")
+    status = data["status"] + (f", exit statuses {data['exit_status']}" if data["exit_status"] else "")
+    console.print(_kv([("run", data["dir"]), ("command", " ".join(data["command"]) or "-"), ("status", status)]))
+    if data["missing"]:
+        missing = ", ".join(map(str, data["missing"]))
+        console.print(_note(f"rank(s) {missing} recorded nothing (they ended before tracing began)"))
+    ranks = data["ranks"]
+    if ranks:
+        figures = [(r["rank"], _rank_figure_text(r["figures"])) for r in ranks]
+        table = _table(console.is_terminal, ("", "left"), *[(f"rank {r}", "right") for r, _ in figures])
         for key in figures[0][1]:
             table.add_row(Text(key), *[Text(f[key]) for _, f in figures])
         console.print(table)
-
-    heading("Rank agreement")
-    stopped = False
-    for rank, s in sessions:
-        error = s.metadata().error or ""
-        if error.startswith(("RankDivergenceError", "RankTimeoutError")):
-            # the first rank that stopped in full; the others say the same from their side
-            console.print(Text(f"rank {rank} stopped: {error if not stopped else error.splitlines()[0]}"))
-            stopped = True
-    diff = compare_ranks([(rank, s.events("collectives")) for rank, s in sessions])
-    if diff is not None:
-        console.print(Text(f"compiled programs: {diff.render()}"))
-    elif len(sessions) > 1:
-        n = len([e for e in sessions[0][1].events("collectives") if not e.target])
-        console.print(Text(
-            f"every rank compiled the same {n} multi-device program(s), with the same collectives, in the same order"
-            + ("" if not stopped else " (up to where they stopped)")
-        ))
-    for rank, s in sessions:
-        error = s.metadata().error
-        if error and not error.startswith(("RankDivergenceError", "RankTimeoutError")):
-            console.print(Text(f"rank {rank} failed: {error.splitlines()[0]}"))
-
-    if sessions:
-        rank, first = sessions[0]
-        body = _collectives(first, is_terminal)
+    _print_heading(console, "Rank agreement")
+    _print_agreement(console, data["agreement"])
+    if ranks:
+        body = _render_collectives(ranks[0]["report"]["collectives"], console.is_terminal)
         if body is not None:
-            heading(f"Collectives (rank {rank})")
+            _print_heading(console, f"Collectives (rank {ranks[0]['rank']})")
             console.print(body)
     console.print()
     console.print(_note(
-        "each rank's full report: tpu-debug report " + " | ".join(str(s.run_dir) for _, s in sessions[:1])
-        + (" (and the other rank directories beside it)" if len(sessions) > 1 else "")
+        "each rank's full report: tpu-debug report " + " | ".join(r["report"]["run"]["dir"] for r in ranks[:1])
+        + (" (and the other rank directories beside it)" if len(ranks) > 1 else "")
     ))

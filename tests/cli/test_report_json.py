@@ -1,25 +1,66 @@
-"""``tpu-debug report --json``: the report as data under the documented schema tpu_debug.report/1."""
+"""``tpu-debug report --json``: the report as data under the documented schema tpu_debug.report/1.
+
+Every report section is in it, docs/report_schema.md describes every field at every depth,
+a multi-process run gives its ranks' data, and plain text keeps every cell's text whatever
+the width. Besides a recorded run, the tests read runs written with the run store's writer
+(the TUI's synthetic run, plus the records of the tracers that need a TPU target, several
+devices or lazy mode), so every figure they expect is one they wrote.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import pathlib
 import re
 
+import pytest
 import torch
+from tpu_debug.runtime import clear_cache
+from tpu_debug.tracers import events as ev
+from tpu_debug.tracers.advisor import Count, Evidence, Finding
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.runtime import clear_cache
-from tpu_debug.tracers.advisor import Count, Evidence, Finding
+from tpu_debug.collectives import Collective
+from tpu_debug.ranks import new_group
+from tpu_debug.report import SECTIONS
 
-SCHEMA_DOC = pathlib.Path(__file__).parents[2] / "docs" / "report_schema.md"
+TESTS = pathlib.Path(__file__).resolve().parents[1]
+SCHEMA_DOC = TESTS.parent / "docs" / "report_schema.md"
+_spec = importlib.util.spec_from_file_location("synthetic_run", TESTS / "tui" / "synthetic_run.py")
+synthetic_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synthetic_run)
+
+GiB = 1 << 30
+# fields whose keys are data (a mode, an opcode, an option's name), not names of the schema
+MAPS = {"options", "by_mode", "by_opcode", "tolerances"}
 
 
 def _documented() -> set[str]:
-    """Every name the schema document writes as code (`name`)."""
-    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", SCHEMA_DOC.read_text()))
+    """The names the schema document writes as code: `name`, and each name of `{a, b, c}`."""
+    text = SCHEMA_DOC.read_text()
+    names = set(re.findall(r"`([A-Za-z_]\w*)`", text))
+    for span in re.findall(r"`\{([\w,\s]+)\}`", text):
+        names |= set(re.findall(r"\w+", span))
+    return names
+
+
+def _undocumented(data, documented: set[str], path: str = "") -> set[str]:
+    """Every key, at any depth, that the schema document does not write as code."""
+    missing: set[str] = set()
+    if isinstance(data, dict):
+        for key, value in data.items():
+            where = f"{path}.{key}" if path else key
+            if key not in documented:
+                missing.add(where)
+            if key not in MAPS:
+                missing |= _undocumented(value, documented, where)
+    elif isinstance(data, list):
+        for item in data:
+            missing |= _undocumented(item, documented, path)
+    return missing
 
 
 def _record(logdir, *, sync: bool) -> str:
@@ -90,16 +131,7 @@ def test_a_run_without_a_problem_has_no_findings(logdir, capsys):
 
 def test_every_field_of_the_report_is_documented(logdir, capsys):
     data = _report_json(_record(logdir, sync=True), capsys)
-    documented = _documented()
-    missing = set(data) - documented
-    missing |= {f"run.{k}" for k in data["run"] if k not in documented}
-    missing |= {f"steps.{k}" for k in data["steps"] if k not in documented}
-    missing |= {f"per_step.{k}" for k in data["steps"]["per_step"][0] if k not in documented}
-    missing |= {f"findings.{k}" for k in data["findings"][0] if k not in documented}
-    missing |= {f"ops.{k}" for k in data["ops"][0] if k not in documented}
-    missing |= {f"compiles.{k}" for k in data["compiles"] if k not in documented}
-    missing |= {f"transfers.{k}" for k in data["transfers"] if k not in documented}
-    missing |= {f"transfers.sites.{k}" for k in data["transfers"]["sites"][0] if k not in documented}
+    missing = _undocumented(data, _documented())
     assert not missing, f"docs/report_schema.md does not describe {sorted(missing)}"
 
 
@@ -132,3 +164,209 @@ def test_a_finding_reads_back_ignoring_fields_it_does_not_know():
         assert "not a finding" in str(exc)
     else:
         raise AssertionError("a finding without a fix was read")
+
+
+CUT_FUNCTION = "a_function_with_a_rather_long_name_that_reads_the_loss"
+HOLDER = ev.MemoryHolder(str(synthetic_run.SOURCE), 11, "main", "forward", 3 * GiB, 4, (64, 1024, 1024), "float32")
+FIX = ev.MemoryFix("bfloat16", 9 * GiB, 0.5, True)
+
+
+def _put(writer, cls, **fields):
+    writer.put(cls(id=writer.new_id(), ts=fields.pop("ts", 8.5), mode=fields.pop("mode", None), thread=1,
+                   location=fields.pop("location", None), **fields))
+
+
+def _loc(line: int, function: str = "main") -> ev.SourceLocation:
+    return ev.SourceLocation(str(synthetic_run.SOURCE), line, function)
+
+
+def _collective(line: int) -> Collective:
+    return Collective("all-reduce", "all-reduce.1", "f32[8,128]", 4096, 6144, 4, 1, "{{0,1,2,3}}", "", "", "aten::mm",
+                      file=str(synthetic_run.SOURCE), line=line, function="main")
+
+
+def _write_tracer_records(writer) -> None:
+    """Memory, TPU target, collectives and lazy graphs records, and a TensorBoard summary."""
+    for step, peak in enumerate((10 * GiB, 12 * GiB)):
+        _put(writer, ev.MemoryStepEvent, step=step, live_bytes=8 * GiB, peak_bytes=peak, peak_ts=step + 0.5,
+             tensors=9, holders=(HOLDER,) if step else ())
+    _put(writer, ev.MemorySummaryEvent, peak_bytes=12 * GiB, peak_step=1, end_bytes=8 * GiB, steps=2,
+         persistent_bytes=8 * GiB, activation_bytes=3 * GiB, float32_bytes=12 * GiB, temp_bytes=GiB,
+         required_bytes=13 * GiB, dry_run=False, programs=0, oom_programs=0, temp_program="g3/forward",
+         temp_source="target", target="v5e", capacity_bytes=16 * GiB, fits=True, holders=(HOLDER,))
+    _put(writer, ev.MemoryFindingEvent, finding="does_not_fit", target="v5e", required_bytes=20 * GiB,
+         capacity_bytes=16 * GiB, holders=(HOLDER,), fixes=(FIX,))
+    _put(writer, ev.TargetSummaryEvent, target="v5e", topology="1x1", chips=1, hbm_bytes=16 * GiB,
+         peak_flops=197e12, hbm_bandwidth=819e9, libtpu="0.0.1", programs=2, compiled=2, cached=0, refused=1,
+         failed=0, unfinished=0, compile_seconds=0.5, waited_seconds=0.0, wait_limit=60.0)
+    common = {"target": "v5e", "args": (), "seconds": 0.25, "location": _loc(11)}
+    _put(writer, ev.TargetCompileEvent, name="mul.Tensor", signature="mul.Tensor(float32[8,128], other=2.0)",
+         status="ok", argument_bytes=4096, output_bytes=4096, alias_bytes=0, temp_bytes=512, code_bytes=1024, flops=1024.0,
+         bytes_accessed=8192.0, intensity=0.125, bound="memory", estimated_seconds=1e-8, **common)
+    _put(writer, ev.TargetCompileEvent, name="g3/forward", signature="g3/forward(float32[10,128])",
+         status="hbm_oom", required_bytes=20 * GiB, available_bytes=16 * GiB, **common)
+    _put(writer, ev.TargetStepEvent, target="v5e", step=1, executions=3, estimated=3, estimated_seconds=2e-8,
+         flops=2048.0, bytes_accessed=16384.0, mfu=0.01)
+    for target, line in (("", 21), ("v5e", 21)):
+        _put(writer, ev.CollectivesEvent, name="g3/forward", program=None, devices=4, target=target,
+             collectives=(_collective(line),), argument_bytes=4096, output_bytes=4096, temp_bytes=0)
+    for step, trigger in enumerate(("read", "optimizer_step", "optimizer_step")):
+        _put(writer, ev.MaterializationEvent, mode="eager", location=_loc(48, CUT_FUNCTION), trigger=trigger,
+             graph=f"lazy{step}", ops=20, outputs=1, inputs=2, compiled=step == 0, seconds=0.01, step=1)
+    _put(writer, ev.CompileEvent, mode="eager", location=_loc(30), name="sum", signature="sum(float64[8])",
+         args=(ev.ArgInfo("self", (8,), "float64"),), seconds=0.01, program=None, previous=None, diffs=())
+    writer.set_meta(tensorboard={"profile": ["plugins/profile/run.xplane.pb"], "spans": 40, "max_events": 1000,
+                                 "steps": 8, "capped": False, "notes": ["a note"]})
+
+
+@pytest.fixture(scope="module")
+def every_section_run(tmp_path_factory) -> pathlib.Path:
+    run_dir = tmp_path_factory.mktemp("report-sections") / "20260131T120000.000Z-synthetic"
+    _db, writer = synthetic_run.write_synthetic_run(run_dir, close=False)
+    _write_tracer_records(writer)
+    writer.close(synthetic_run.FINAL)
+    assert writer.error is None, writer.error
+    return run_dir
+
+
+def _text(capsys, *args: str) -> str:
+    capsys.readouterr()
+    assert main(["report", "--plain", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_run, capsys):
+    data = _report_json(str(every_section_run), capsys)
+    for sec in SECTIONS:
+        if sec.key is not None:
+            assert data[sec.key] is not None and data[sec.key] != [], sec.title
+    text = _text(capsys, str(every_section_run))
+    headings = {line for line in text.splitlines()}
+    assert {"Memory", "TPU target (v5e)", "Collectives", "Lazy graphs", "TensorBoard"} <= headings
+
+    memory = data["memory"]
+    assert (memory["summary"]["peak_bytes"], memory["summary"]["fits"]) == (12 * GiB, True)
+    assert memory["steps"] == [{"step": 0, "peak_bytes": 10 * GiB}, {"step": 1, "peak_bytes": 12 * GiB}]
+    assert memory["holders"][0]["shape"] == [64, 1024, 1024]
+    (fix,) = memory["findings"][0]["fixes"]
+    assert (fix["remedy"], fix["estimate_bytes"], fix["fits"]) == ("bfloat16", 9 * GiB, True)
+
+    target = data["target"]
+    assert target["target"] == "v5e" and target["summary"]["refused"] == 1
+    # a refused program comes first, whatever its estimate
+    assert [(p["name"], p["ok"]) for p in target["programs"]] == [("g3/forward", False), ("mul.Tensor", True)]
+    # arguments + outputs - aliased + temporaries + code
+    assert target["programs"][1]["memory_bytes"] == 4096 + 4096 - 0 + 512 + 1024
+    assert target["step"]["median_seconds"] == 2e-8
+
+    collectives = data["collectives"]
+    assert collectives["local"]["by_opcode"] == {"all-reduce": {"count": 1, "bytes": 6144}}
+    assert [t["target"] for t in collectives["targets"]] == ["v5e"]
+    assert collectives["local"]["programs"][0]["collectives"][0]["line"] == 21
+
+    lazy = data["lazy_graphs"]
+    assert (lazy["graphs"], lazy["compiles"], lazy["steps"]) == (3, 1, 2)
+    (cut,) = [c for c in lazy["cuts"] if c["trigger"] == "read"]
+    assert cut["location"] == {"file": str(synthetic_run.SOURCE), "line": 48, "function": CUT_FUNCTION}
+
+    assert data["tensorboard"]["spans"] == 40 and data["tensorboard"]["profile"] == ["plugins/profile/run.xplane.pb"]
+    assert data["fallbacks"][0]["name"] == "nonzero"
+    assert data["recompiles"]["graph_breaks"][0]["reason"] == "call to Tensor.item() inside the compiled region"
+    assert data["divergence"]["first"]["name"] == "add.Tensor"
+
+
+def test_every_field_of_every_section_is_documented(every_section_run, capsys):
+    data = _report_json(str(every_section_run), capsys)
+    missing = _undocumented(data, _documented())
+    assert not missing, f"docs/report_schema.md does not describe {sorted(missing)}"
+
+
+def _rank_group(tmp_path: pathlib.Path) -> pathlib.Path:
+    group = new_group(tmp_path / "runs", "pair", 2, ["train.py"])
+    for rank in range(2):
+        _db, writer = synthetic_run.write_synthetic_run(group.path / f"20260131T120000.000Z-rank{rank}", close=False)
+        _put(writer, ev.CollectivesEvent, name="g3/forward", program=None, devices=4, target="",
+             collectives=(_collective(21),))
+        writer.close(synthetic_run.FINAL)
+        assert writer.error is None, writer.error
+    group.write(status="finished", exit_status=[0, 0])
+    group.close()
+    return group.path
+
+
+def test_a_multi_process_run_gives_each_ranks_report_as_json(tmp_path, capsys):
+    path = _rank_group(tmp_path)
+    data = _report_json(str(path), capsys)
+    assert (data["schema"], data["nproc"], data["status"], data["missing"]) == ("tpu_debug.ranks/1", 2, "finished", [])
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["agreement"] == {"stopped": [], "difference": None, "same_programs": 1, "failed": []}
+    for r in data["ranks"]:
+        assert r["report"]["schema"] == "tpu_debug.report/1"
+        assert r["report"]["collectives"]["local"]["programs"][0]["name"] == "g3/forward"
+        # the synthetic run's graph compiled for lengths 8, 9 and 10: its third program (g3/forward)
+        # ran in the six steps of length 10 and up, each run sending the all-reduce's 6144 bytes
+        assert r["figures"]["multi_device_programs"] == 1 and r["figures"]["sent_bytes"] == 6144 * 6
+    assert not _undocumented(data, _documented())
+    text = _text(capsys, str(path))
+    assert "every rank compiled the same 1 multi-device program(s)" in text
+
+
+def _columns(text: str) -> list[str]:
+    """The cells of every plain-text table, column by column, each column's lines joined
+    without spaces (a wrapped cell reads whole again)."""
+    out: list[str] = []
+    table: list[list[str]] = []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            table.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif not line.startswith("+") and table:
+            out += ["".join(row[i] for row in table if i < len(row)).replace(" ", "") for i in range(len(table[0]))]
+            table = []
+    return out
+
+
+@pytest.mark.parametrize("width", [60, 100])
+def test_plain_text_keeps_every_cell_whole_at_any_width(every_section_run, capsys, width):
+    capsys.readouterr()
+    assert main(["report", "--plain", "--width", str(width), str(every_section_run)]) == 0
+    text = capsys.readouterr().out
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    columns = "\n".join(_columns(text))
+    expected = [
+        f"train.py:48in{CUT_FUNCTION}",  # the lazy graph cut's line and function
+        "train.py:11",  # a recompile's "at"
+        "mul.Tensor(float32[16,128],other=2.0)",  # a program's signature
+        "dim0ofarg0'self'(grows):8,9,10,11,12,16",  # what changed between the recompiles
+        "mul(aten.mul.default,g3/forward)",  # a divergence site
+    ]
+    for cell in expected:
+        assert cell in columns, cell
+
+
+def test_plain_text_takes_its_width_from_columns(every_section_run, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "72")
+    text = _text(capsys, str(every_section_run))
+    assert max(len(line) for line in text.splitlines()) <= 72
+    monkeypatch.delenv("COLUMNS")
+    text = _text(capsys, str(every_section_run))
+    # the wide default: the longest lines (the notes) are longer than a terminal's 80
+    assert 80 < max(len(line) for line in text.splitlines()) <= 160
+
+
+def test_a_width_below_twenty_is_refused(capsys):
+    with pytest.raises(SystemExit, match="2"):
+        main(["report", "--width", "5"])
+    assert "no line width" in capsys.readouterr().err
+
+
+def test_a_recorded_runs_plain_report_keeps_its_source_lines_whole(logdir, capsys):
+    run_dir = _record(logdir, sync=True)
+    capsys.readouterr()
+    assert main(["report", "--plain", "--width", "60", run_dir]) == 0
+    text = capsys.readouterr().out
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
+    # the Transfers table's "where": the line of the loop's .item(), with its function
+    source = pathlib.Path(__file__).read_text().splitlines()
+    line = 1 + next(i for i, src in enumerate(source) if src.endswith("# a sync in every step"))
+    assert f"test_report_json.py:{line}in_record" in "\n".join(_columns(text))

@@ -1,12 +1,15 @@
 """The ``tpu-debug`` command line: one module per subcommand (``prepare_parser`` + ``run``).
 
 ``main(argv)`` parses, dispatches and turns a :class:`~tpu_debug.errors.TpuDebugError`
-into one line on stderr and an exit code; it never prints a traceback of ours.
+into one line on stderr and an exit code; it never prints a traceback of ours. Output
+whose reader went away (``tpu-debug report --json | head``) ends quietly with status 0,
+as a Unix tool's does.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,13 +52,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["report", "--logdir", "tpu_debug_runs"])
         0
     """
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    finally:
+        sys.stdout.flush()  # --help and --version print, then exit: a closed pipe shows here
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.entry(args))
+        code = int(args.entry(args))
+        sys.stdout.flush()  # a closed pipe shows here rather than when the interpreter exits
+        return code
     except TpuDebugError as exc:
         print(f"tpu-debug {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, CommandError) else 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device: its reader is gone, and what is still buffered
+    would raise again when the interpreter flushes it on exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (stdout replaced): nothing is flushed to it
+        pass

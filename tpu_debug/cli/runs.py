@@ -6,14 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 import tpu_debug
 from tpu_debug.config import TraceConfig
 from tpu_debug.errors import RunDamagedError, SchemaVersionError, TpuDebugError
-from tpu_debug.report import format_seconds
+from tpu_debug.report import _console, format_seconds
+
+_UNBOUNDED = 1_000_000  # the width of plain text: lines as long as what they hold
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -36,12 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if not paths:
         return 0
     terminal = sys.stdout.isatty()
-    console = Console(
-        file=sys.stdout,
-        highlight=False,
-        emoji=False,
-        **({} if terminal else {"width": 200, "color_system": None, "force_terminal": False}),
-    )
+    # a file or a pipe gets one whole line per run, however long its command (grep finds it whole)
+    console = _console(sys.stdout, terminal, None if terminal else _UNBOUNDED)
     table = Table(box=None, pad_edge=False, header_style="bold" if terminal else "")
     for title in ("run", "status", "duration", "platform", "op calls", "events", "command"):
         table.add_column(title, no_wrap=True)
