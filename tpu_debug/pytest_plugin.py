@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tpu_debug
-from tpu_debug.config import TraceConfig
+from tpu_debug.options import default_logdir
 from tpu_debug.report import advice_of
 from tpu_debug.tracers.recompiles import explain
 from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of, step_phases
@@ -46,7 +46,7 @@ def _logdir(item: pytest.Item, checks: Sequence[str]) -> Path:
     value = item.config.getoption("tpu_debug")
     if value is None:  # recorded for a check only: the fixture's temporary directory
         return Path(item.funcargs[checks[0]])  # type: ignore[attr-defined]
-    path = Path(value) if value else TraceConfig.from_env().logdir
+    path = Path(value) if value else default_logdir()
     # relative to where pytest was started, not to a directory a test changed into
     return path if path.is_absolute() else item.config.invocation_params.dir / path
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 import tpu_debug
-from tpu_debug.config import TraceConfig
+from tpu_debug.options import default_logdir
 from tpu_debug.errors import RunDamagedError, SchemaVersionError, TpuDebugError
 from tpu_debug.report import _console, format_seconds
 
@@ -22,7 +22,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logdir = Path(args.logdir) if args.logdir else TraceConfig.from_env().logdir
+    logdir = Path(args.logdir) if args.logdir else default_logdir()
     from tpu_debug.ranks import RankGroup, list_groups
 
     paths = tpu_debug.list_runs(logdir)
