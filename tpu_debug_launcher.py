@@ -7,7 +7,7 @@ for them (and for ``--help`` and ``--version``) this module sets :data:`read_onl
 before it imports the package: the package then skips the registration and
 exposes its API lazily. ``run`` and every other verb import ``tpu_debug`` as
 ``import tpu_debug`` always does. The reading verbs also ignore the recording
-options' ``TPU_DEBUG_*`` variables (:func:`tpu_debug.options.ignore_recording_options`).
+options' ``TPU_DEBUG_*`` variables (:func:`tpu_debug_core.options.ignore_recording_options`).
 
 The flag lives in this process only (never in the environment), so a child
 process that imports ``tpu_debug`` registers the device as usual.
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if verb not in READING_VERBS:
         return cli_main(args)
     # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
-    from tpu_debug.options import ignore_recording_options
+    from tpu_debug_core.options import ignore_recording_options
 
     with ignore_recording_options():
         return cli_main(args)

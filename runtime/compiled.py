@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.fx
 
-from tpu_debug.errors import DeviceAssertError, LoweringBugError, UnsupportedError
+from tpu_debug_core.errors import DeviceAssertError, LoweringBugError, UnsupportedError
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random

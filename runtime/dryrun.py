@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tpu_debug.errors import TpuDebugError
+from tpu_debug_core.errors import TpuDebugError
 
 __all__ = ["Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile", "active", "dry_mode",
            "value_needed"]

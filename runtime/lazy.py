@@ -62,7 +62,7 @@ from tpu_debug.runtime.probes import (
 )
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, set_payload, to_jax, view_pattern, view_value
 
-from tpu_debug.errors import LoweringBugError, TpuArgumentError
+from tpu_debug_core.errors import LoweringBugError, TpuArgumentError
 
 __all__ = [
     "EagerMode",

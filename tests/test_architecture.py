@@ -8,6 +8,7 @@ Both read the source with ``ast`` (nothing is imported), over every package that
 from __future__ import annotations
 
 import ast
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,22 @@ def test_no_import_cycles_between_modules():
     assert not found, "import cycles (move the shared part into a module both import):\n" + "\n".join(
         " <-> ".join(component) for component in found
     )
+
+
+def test_core_imports_only_the_standard_library():
+    """core/ is what every layer shares: importing it must pull no device, torch, jax or layer."""
+    modules = _modules()
+    outside = []
+    for name, (source, _) in modules.items():
+        if not name.startswith("tpu_debug_core"):
+            continue
+        for node in _module_level_imports(ast.parse(source.read_text(), str(source))):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for target in targets:
+                top = target.split(".")[0]
+                if getattr(node, "level", 0) == 0 and top not in sys.stdlib_module_names and top != "tpu_debug_core":
+                    outside.append(f"{source.relative_to(ROOT)}: {target}")
+    assert not outside, "core/ imports outside the standard library:\n" + "\n".join(outside)
 
 
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

@@ -1,4 +1,4 @@
-"""Options (tpu_debug/options.py): one declaration each, from which the environment
+"""Options (core/options.py): one declaration each, from which the environment
 parsing, ``trace()``'s keywords, ``TraceConfig``, the runtime's config objects and the
 flags of ``tpu-debug run`` all come, with one parsing rule for every variable."""
 
@@ -16,11 +16,11 @@ from tpu_debug.runtime.config import RuntimeConfig
 from tpu_debug.runtime.distributed.config import DistributedConfig
 
 import tpu_debug
-from tpu_debug import options
+from tpu_debug_core import options
 from tpu_debug.cli import main
 from tpu_debug.cli.run import prepare_parser
 from tpu_debug.config import TraceConfig
-from tpu_debug.errors import ConfigError
+from tpu_debug_core.errors import ConfigError
 
 # Written out by hand, not read from the declarations: every TPU_DEBUG_* option variable
 # the documentation (README, docstrings) promises, with a value each one refuses.
@@ -146,7 +146,7 @@ def test_adding_an_option_is_one_declaration(tmp_path):
     code = """
         import tpu_debug_launcher
         tpu_debug_launcher.read_only = True  # import the package face without the device
-        from tpu_debug import options as o
+        from tpu_debug_core import options as o
         o.OPTIONS += (o.Option("sample_rate", o.COUNT, 7, "keep every N-th sample"),)
         import argparse, inspect, os
         from tpu_debug.config import TraceConfig

@@ -6,7 +6,7 @@ op or first ``trace()``; ``tpu_debug.runtime.start()``): reading the ``TPU_DEBUG
 variables, switching autograd's device worker thread off for that thread, and keeping
 JAX off libtpu where no TPU is attached (``jax_platforms=cpu``). Recording is explicit:
 ``with tpu_debug.trace() as session:`` or ``tpu-debug run script.py``. Options:
-:mod:`tpu_debug.options`.
+:mod:`tpu_debug_core.options`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ if not _read_only():
 
     from tpu_debug.config import TraceConfig
     from tpu_debug.dryrun import dry_run
-    from tpu_debug.errors import RecompileError, TpuDebugError, TransferGuardError
+    from tpu_debug_core.errors import RecompileError, TpuDebugError, TransferGuardError
     from tpu_debug.guards import expect_no_recompiles, transfer_guard
     from tpu_debug.report import print_report
     from tpu_debug.runs import list_runs
@@ -62,9 +62,9 @@ else:
     # first, so using it here ends in the same state as a plain ``import tpu_debug``.
     _READING = {
         "TraceConfig": "tpu_debug.config",
-        "TpuDebugError": "tpu_debug.errors",
-        "RecompileError": "tpu_debug.errors",
-        "TransferGuardError": "tpu_debug.errors",
+        "TpuDebugError": "tpu_debug_core.errors",
+        "RecompileError": "tpu_debug_core.errors",
+        "TransferGuardError": "tpu_debug_core.errors",
         "print_report": "tpu_debug.report",
         "list_runs": "tpu_debug.runs",
         "Session": "tpu_debug.session",

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.errors import RunDamagedError, RunNotFoundError
+from tpu_debug_core.errors import RunDamagedError, RunNotFoundError
 from tpu_debug.runs import list_runs, new_run_dir
 from tpu_debug.session import Session
 

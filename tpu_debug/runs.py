@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from tpu_debug.errors import RunNotFoundError, TpuDebugError
+from tpu_debug_core.errors import RunNotFoundError, TpuDebugError
 from tpu_debug.tracers.store import DB_NAME
 
 __all__ = ["new_run_dir", "list_runs", "resolve_run", "run_stamp", "DB_NAME"]

@@ -3,7 +3,7 @@
 Recording: :class:`CollectivesTracer` is a probe. For every program the runtime
 compiles over more than one device (a compiled graph or eager op whose inputs
 are sharded over a mesh) it reads the collectives XLA inserted from the
-optimized HLO (``tpu_debug/collectives.py``), ties each to the FX node and user
+optimized HLO (``core/collectives.py``), ties each to the FX node and user
 line that caused it, takes the memory one device needs from XLA's buffer
 assignment, and records a :class:`~tpu_debug.tracers.events.CollectivesEvent`.
 With a TPU ``target`` (``"v5e:2x4"``) each such program is also compiled by XLA's
@@ -29,7 +29,7 @@ from tpu_debug.tracers.events import CollectivesEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
-from tpu_debug.collectives import Collective, module_devices, parse_collectives
+from tpu_debug_core.collectives import Collective, module_devices, parse_collectives
 
 __all__ = [
     "CollectivesTracer",

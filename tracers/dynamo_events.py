@@ -39,7 +39,7 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.location import user_location
 
-from tpu_debug.hooks import ErrorLog, deliver, report_failure
+from tpu_debug_core.hooks import ErrorLog, deliver, report_failure
 
 __all__ = [
     "DynamoListener",

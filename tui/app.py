@@ -37,7 +37,7 @@ from tpu_debug.tui.screens import (
     TransfersScreen,
 )
 
-from tpu_debug.errors import TpuDebugError
+from tpu_debug_core.errors import TpuDebugError
 from tpu_debug.session import Session
 
 __all__ = ["TpuDebugApp", "run_app"]

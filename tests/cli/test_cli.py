@@ -254,7 +254,7 @@ def test_a_script_that_traces_itself_is_told_why_it_cannot(script, logdir, capsy
     # in process, the first user frame above the runner is this test; from a shell it is
     # "started outside your code, e.g. by 'tpu-debug run'"
     assert re.search(
-        r"tpu_debug\.errors\.TraceActiveError: a trace is already recording \(started at .*test_cli\.py:\d+ in "
+        r"tpu_debug_core\.errors\.TraceActiveError: a trace is already recording \(started at .*test_cli\.py:\d+ in "
         r"test_a_script_that_traces_itself_is_told_why_it_cannot\); tpu_debug records one trace at a time\. "
         r"End it before starting another\.",
         err,

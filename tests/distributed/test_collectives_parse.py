@@ -1,4 +1,4 @@
-"""Reading collectives from optimized HLO text (tpu_debug/collectives.py), format by format.
+"""Reading collectives from optimized HLO text (core/collectives.py), format by format.
 
 The modules below are written in the forms XLA prints (jaxlib 0.10): replica groups
 as explicit lists, as iota reshapes and as mesh axes, asynchronous start/done pairs,
@@ -8,7 +8,7 @@ expected figures follow from the shapes and groups written in each instruction.
 
 from __future__ import annotations
 
-from tpu_debug.collectives import module_devices, parse_collectives, shape_bytes, stack_frames
+from tpu_debug_core.collectives import module_devices, parse_collectives, shape_bytes, stack_frames
 
 MODULE = """\
 HloModule jit_fn, is_scheduled=true, entry_computation_layout={(f32[4,16]{1,0})->f32[]}, num_partitions=8

@@ -14,9 +14,9 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import tpu_debug
-from tpu_debug.errors import CommandError
-from tpu_debug.options import add_flags, check_env, env_text
-from tpu_debug.options import options as trace_options
+from tpu_debug_core.errors import CommandError
+from tpu_debug_core.options import add_flags, check_env, env_text
+from tpu_debug_core.options import options as trace_options
 from tpu_debug.tracing import Terminated
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
@@ -24,7 +24,7 @@ _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = "tpu-debug run [options] (script.py | -m module) [args ...]"
-    # one flag per trace option (tpu_debug/options.py), None when not given
+    # one flag per trace option (core/options.py), None when not given
     add_flags(parser, "trace")
     parser.add_argument(
         "--no-report",

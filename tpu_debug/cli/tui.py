@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import tpu_debug
-from tpu_debug.errors import CommandError
+from tpu_debug_core.errors import CommandError
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--poll {args.poll}: give a number of seconds above 0, e.g. --poll 0.5", exit_code=2
         )
-    from tpu_debug.options import default_logdir
+    from tpu_debug_core.options import default_logdir
     from tpu_debug.ranks import find_group
 
     logdir = args.logdir if args.logdir is not None else default_logdir()
