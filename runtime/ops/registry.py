@@ -9,7 +9,7 @@ import torch
 
 from tpu_debug.errors import LoweringError
 
-__all__ = ["Lowering", "composite", "composites", "lower", "lookup", "registered", "LoweringError"]
+__all__ = ["Lowering", "LoweringError", "composite", "composites", "lookup", "lower", "registered"]
 
 _OpOverload = torch._ops.OpOverload
 
