@@ -3,6 +3,8 @@ fills on `tpu`, checked against PyTorch on CPU."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -172,6 +174,19 @@ def test_tensor_split_by_tpu_tensor_refuses_what_cpu_refuses():
                 "one-dimensional tensor, but got a tensor with 2 dims$")
     with pytest.raises(RuntimeError, match=expected):
         torch.tensor_split(x, torch.tensor([[1]]).to("tpu"))
+
+
+
+def test_tensor_split_by_tpu_tensor_is_an_implicit_read(tmp_path):
+    # the split points' values decide the pieces' shapes: reading them is a sync the user
+    # did not write, recorded at the user's line with the points' bytes
+    x, points = rand(6, seed=7).to("tpu"), torch.tensor([2, 3]).to("tpu")
+    with tpu_debug.trace(logdir=str(tmp_path)) as session:
+        line = inspect.currentframe().f_lineno + 1
+        torch.tensor_split(x, points)
+    (read,) = session.transfers()
+    assert (read.direction, read.nbytes, read.implicit) == ("d2h", 2 * 8, True)
+    assert (read.location.file, read.location.line) == (__file__, line)
 
 
 # ---- copies ------------------------------------------------------------------------------------
