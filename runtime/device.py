@@ -465,7 +465,9 @@ def _register_kernels() -> list:
         for op, fn in special.items():
             lib.impl(op, shielded(fn), "PrivateUse1")
         done = set(special)
-        for op, fn in composites().items():  # above autograd: the ops they call record it
+        # composite kernels also take the autograd key: the aten ops they call record
+        # autograd and views, as PyTorch's composite kernels' calls do
+        for op, fn in composites().items():
             lib.impl(op, shielded(fn), "PrivateUse1")
             lib.impl(op, shielded(fn), "AutogradPrivateUse1")
             done.add(op)

@@ -21,7 +21,9 @@ from tpu_debug.runtime.ops.registry import (
     registered,
 )
 
-__all__ = ["FAMILIES", "Lowering", "LoweringError", "composite", "composites", "load", "lookup", "lower", "registered"]
+__all__ = [
+    "FAMILIES", "Lowering", "LoweringError", "composite", "composites", "load", "lookup", "lower", "registered",
+]
 
 FAMILIES = (
     "elementwise",
