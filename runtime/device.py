@@ -22,7 +22,7 @@ from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
-from tpu_debug.runtime.ops.registry import registered
+from tpu_debug.runtime.ops.registry import composites, registered
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
 from tpu_debug.runtime.tensor import empty as _empty
 
@@ -484,6 +484,12 @@ def _register_kernels() -> list:
         for op, fn in special.items():
             lib.impl(op, shielded(fn), "PrivateUse1")
         done = set(special)
+        # composite kernels also take the autograd key: the aten ops they call record
+        # autograd and views, as PyTorch's composite kernels' calls do
+        for op, fn in composites().items():
+            lib.impl(op, shielded(fn), "PrivateUse1")
+            lib.impl(op, shielded(fn), "AutogradPrivateUse1")
+            done.add(op)
         for op, lowering in registered().items():
             if op in done or lowering.view or lowering.graph_only:
                 continue

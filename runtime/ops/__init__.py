@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import importlib
 
-from tpu_debug.runtime.ops.registry import Lowering, LoweringError, lookup, lower, registered
+from tpu_debug.runtime.ops.registry import (
+    Lowering,
+    LoweringError,
+    composite,
+    composites,
+    lookup,
+    lower,
+    registered,
+)
 
-__all__ = ["FAMILIES", "Lowering", "LoweringError", "load", "lookup", "lower", "registered"]
+__all__ = [
+    "FAMILIES", "Lowering", "LoweringError", "composite", "composites", "load", "lookup", "lower", "registered",
+]
 
 FAMILIES = (
     "elementwise",

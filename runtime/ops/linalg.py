@@ -788,8 +788,12 @@ def _expm_taylor18(a):
 def linalg_matrix_exp(a):
     """Scaling and squaring around a degree-18 Taylor polynomial, as PyTorch computes it
     (products at full float32 precision: PyTorch turns TF32 off here). PyTorch picks a
-    lower degree for matrices of small norm; degree 18 on the scaled matrix is as
-    accurate there. Half dtypes compute in float32."""
+    lower degree for a single matrix of small norm; degree 18 on the scaled matrix is as
+    accurate there. Above that norm the steps are PyTorch's (threshold, polynomial, scaling
+    by 2^-s, s squarings), so a result differs from CPU's by product rounding only, which
+    each squaring doubles: within 2^s n u of the matrix's largest entry, not of each entry.
+    Half dtypes compute in float32 and round once (PyTorch's CPU kernel returns NaN for
+    them: it reads its float64 coefficient table as the half dtype)."""
     n = a.shape[-1]
     if n == 0 or a.size == 0:
         return a

@@ -9,7 +9,7 @@ import torch
 
 from tpu_debug_core.errors import LoweringError
 
-__all__ = ["Lowering", "lower", "lookup", "registered", "LoweringError"]
+__all__ = ["Lowering", "LoweringError", "composite", "composites", "lookup", "lower", "registered"]
 
 _OpOverload = torch._ops.OpOverload
 
@@ -70,6 +70,15 @@ _LOWERINGS: dict[_OpOverload, Lowering] = {}
 _FLAGS = frozenset(f.name for f in dataclasses.fields(Lowering)) - {"op", "fn"}
 
 
+def _refuse_twice(op: _OpOverload, fn: Callable) -> None:
+    other = _LOWERINGS[op].fn if op in _LOWERINGS else _COMPOSITES.get(op)
+    if other is not None:
+        raise LoweringError(
+            f"{op} already lowered by {other.__module__}.{other.__name__}; "
+            f"{fn.__module__}.{fn.__name__} registers it again (keep one of the two)"
+        )
+
+
 def lower(*ops: _OpOverload | torch._ops.OpOverloadPacket, **flags) -> Callable:
     """Register ``fn`` as the JAX lowering of each aten overload in ``ops``.
 
@@ -100,12 +109,7 @@ def lower(*ops: _OpOverload | torch._ops.OpOverloadPacket, **flags) -> Callable:
                     f"{fn.__module__}.{fn.__name__}: {op!r} is not an aten overload; "
                     "name the overloads it lowers (aten.add.Tensor, not aten.add)"
                 )
-            if op in _LOWERINGS:
-                other = _LOWERINGS[op].fn
-                raise LoweringError(
-                    f"{op} already lowered by {other.__module__}.{other.__name__}; "
-                    f"{fn.__module__}.{fn.__name__} registers it again (keep one of the two)"
-                )
+            _refuse_twice(op, fn)
         for op in ops:
             _LOWERINGS[op] = Lowering(op, fn, **flags)
         return fn
@@ -121,3 +125,41 @@ def lookup(op: _OpOverload) -> Lowering | None:
 def registered() -> dict[_OpOverload, Lowering]:
     """A copy of the whole table."""
     return dict(_LOWERINGS)
+
+
+_COMPOSITES: dict[_OpOverload, Callable] = {}
+
+
+def composite(*ops: _OpOverload) -> Callable:
+    """Register ``fn`` as the `tpu` kernel of composite aten overloads, above autograd.
+
+    For an op whose PyTorch composite kernel refuses a `tpu` argument (it reads the
+    argument's values on the host): ``fn`` takes and returns torch tensors and calls
+    other aten ops, so views and autograd come from those ops as they do from the
+    composite kernel. It is registered for the ``PrivateUse1`` and
+    ``AutogradPrivateUse1`` keys, and runs eagerly (dynamo does not trace into it).
+
+    Raises:
+        LoweringError: an overload already has a lowering or a composite kernel.
+
+    Example:
+        >>> @composite(aten.tensor_split.tensor_indices_or_sections)
+        ... def tensor_split(x, indices_or_sections, dim=0):
+        ...     ...
+    """
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            if not isinstance(op, _OpOverload):
+                raise LoweringError(f"{fn.__module__}.{fn.__name__}: {op!r} is not an aten overload")
+            _refuse_twice(op, fn)
+        for op in ops:
+            _COMPOSITES[op] = fn
+        return fn
+
+    return register
+
+
+def composites() -> dict[_OpOverload, Callable]:
+    """A copy of the composite-kernel table."""
+    return dict(_COMPOSITES)

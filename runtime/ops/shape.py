@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from jax import lax
 
+from tpu_debug.runtime import eager
+from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, compute_dtype
-from tpu_debug.runtime.ops.registry import lower
+from tpu_debug.runtime.ops.registry import composite, lower
 
 aten = torch.ops.aten
 
@@ -74,6 +76,26 @@ def repeat(x, repeats):
 def repeat_interleave(repeats, *, output_size=None):
     counts = np.asarray(repeats)
     return jnp.asarray(np.repeat(np.arange(counts.shape[0], dtype=counts.dtype), counts))
+
+
+@composite(aten.tensor_split.tensor_indices_or_sections)
+def tensor_split_tensor(x, indices_or_sections, dim=0):
+    """The split points as a tensor. PyTorch's kernel reads them on the host and refuses a
+    `tpu` tensor of them; here they come to the host and PyTorch's composite kernel splits
+    ``x`` into views of it."""
+    op = aten.tensor_split.tensor_indices_or_sections
+    points = indices_or_sections
+    if torch._subclasses.fake_tensor.is_fake(points):
+        # tracing (dynamo's fake tensors, AOTAutograd's functional wrappers of them): the
+        # Python form of the kernel, which makes unbacked sizes
+        return op.decompose(x, points.cpu(), dim)
+    if points.device.type == "tpu":
+        # a read the user did not write: the transfer tracer files it as a tensor used as
+        # an index (an implicit sync), not as a ``.to()``
+        _lazy.computed(points)
+        points = eager.to_cpu(points, op="index")
+    # PyTorch's C++ composite kernel: its checks and messages are the ones a CPU call gives
+    return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, x, points, dim)
 
 
 # ---- identity copies ---------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tpu_debug
-from tpu_debug.cli import main
+from tpu_debug.cli import COMMANDS, main
 
 PROBE = textwrap.dedent(
     """
@@ -259,3 +259,13 @@ def test_a_script_that_traces_itself_is_told_why_it_cannot(script, logdir, capsy
         r"End it before starting another\.",
         err,
     )
+
+
+@pytest.mark.parametrize("verb", [None, *COMMANDS])
+def test_help_is_plain_text(verb, capsys):
+    # help is read in a terminal: no reST markup from the docstrings it is made of
+    with pytest.raises(SystemExit):
+        main(["--help"] if verb is None else [verb, "--help"])
+    text = capsys.readouterr().out
+    assert "usage: tpu-debug" in text
+    assert not re.search(r"``|:(class|func|data|meth):`", text), text

@@ -43,6 +43,7 @@ def ci_samples(mode: str, dtype: str) -> int:
     return CI_SAMPLES[mode] if dtype == "float32" else 1
 
 EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
+    ("_native_batch_norm_legit", "", "*", "*"): ("xfail", "out=: NoLoweringError: aten::_native_batch_norm_legit.out has no tpu lowering (its out= form also writes running_mean and running_var, which the out= variant registration does not take)"),
     ("_native_batch_norm_legit", "", "float32", "compiled"): ("flaky", "out=: RuntimeError: with fake tensors: RuntimeError: 'tpu tensor of shape (5, 5, 5) has no data (it was created without going through tpu_debug, e...."),
     ("argsort", "", "bfloat16", "eager"): ("flaky", "op: values differ from CPU, 7113 / 8000 elements, max abs diff 7974, max rel diff 2728.0"),
     ("argsort", "", "bool", "eager"): ("flaky", "op: values differ from CPU, 7999 / 8000 elements, max abs diff 7985, max rel diff inf"),
@@ -66,6 +67,7 @@ EXPECTATIONS: dict[tuple[str, str, str, str], tuple[str, str]] = {
     ("linspace", "tensor_overload", "int64", "eager"): ("flaky_full", "op: values differ from CPU, 7 / 50 elements, max abs diff 1, max rel diff inf (failed in the first full sweep, passed in the 2026-11-30 one)"),
     ("logspace", "", "bfloat16", "eager"): ("flaky_full", "op: values differ from CPU, 1 / 2 elements, max abs diff 512.0, max rel diff 0.0250244140625 (failed in the first full sweep, passed in the 2026-11-30 one)"),
     ("logspace", "tensor_overload", "bfloat16", "eager"): ("flaky_full", "op: values differ from CPU, 1 / 2 elements, max abs diff 512.0, max rel diff 0.0250244140625 (failed in the first full sweep, passed in the 2026-11-30 one)"),
+    ("matrix_exp", "", "bfloat16", "eager"): ("xfail", "op: PyTorch's CPU kernel returns NaN in bfloat16 (it reads its float64 coefficient table as bfloat16); tpu computes in float32 and rounds once, checked against float64 in tests/runtime/test_ops_linalg.py"),
     ("mode", "", "bfloat16", "eager"): ("flaky_full", "op: values differ from CPU, CPU 2253, tpu 2886 (failed in the first full sweep, passed in the 2026-11-30 one)"),
     ("mode", "", "bool", "eager"): ("flaky_full", "op: values differ from CPU, CPU 1276, tpu 2999 (failed in the first full sweep, passed in the 2026-11-30 one)"),
     ("mode", "", "int64", "eager"): ("flaky_full", "op: values differ from CPU, CPU 1030, tpu 2995 (failed in the first full sweep, passed in the 2026-11-30 one)"),

@@ -243,6 +243,10 @@ RANDOM_SAMPLES: dict[str, Callable] = {
 }
 
 
+def _never(sample) -> bool:
+    return False
+
+
 # ---- outputs that are unique only up to sign ----------------------------------------
 
 
@@ -323,10 +327,6 @@ def _params():
 
 
 # ---- moving values between devices -------------------------------------------------
-
-# ops whose non-input tensor arguments PyTorch requires on CPU, whatever the input's device
-ARGS_STAY_ON_CPU = {"tensor_split"}
-
 
 def _compact(t: torch.Tensor) -> bool:
     if t.layout != torch.strided:
@@ -608,11 +608,11 @@ def _check_call(what, *args, **kwargs):
         raise
 
 
-def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, cpu_args=False,
-               canonical=None, reference=None):
+def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, canonical=None,
+               reference=None):
     """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
     cpu = _clone((sample.input, sample.args, sample.kwargs))
-    dev = (_to_tpu(cpu[0]), *_clone(cpu[1:])) if cpu_args else _to_tpu(cpu)
+    dev = _to_tpu(cpu)
     if prepare is not None:
         cpu, dev = prepare(cpu, "cpu"), prepare(dev, "tpu")
     try:
@@ -640,7 +640,7 @@ def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=N
         reference = None  # the exact result is not canonicalized the same way
     _compare(actual, expected, tol=tol, what=what, on_tpu=on_tpu, reference=reference)
     # every argument after the call: what the op mutates (in-place, out=) must match CPU
-    after = [t.cpu() for t in _tensors(dev)]  # (ARGS_STAY_ON_CPU arguments are on cpu)
+    after = [t.cpu() for t in _tensors(dev)]
     _compare(after, list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call", on_tpu=False,
              reference=reference)
 
@@ -689,10 +689,10 @@ def _out_like(expected):
 def check_sample(op, sample, dtype, mode, *, through_view: bool = True):
     run = MODES[mode]
     name = op_id(op)
-    random = name in RANDOM_OPS or op.has_nondeterministic_output or RANDOM_SAMPLES.get(name, bool)(sample) is True
+    random = name in RANDOM_OPS or op.has_nondeterministic_output or RANDOM_SAMPLES.get(name, _never)(sample)
     rng_range = RANDOM_OPS.get(name)
     tol = tolerance(op.name, op.variant_test_name, dtype_name(dtype)) or {}
-    kw = {"tol": tol, "rng_range": rng_range, "random": random, "cpu_args": op.name in ARGS_STAY_ON_CPU,
+    kw = {"tol": tol, "rng_range": rng_range, "random": random,
           "canonical": CANONICAL_OUTPUTS.get(name), "reference": _Reference(op, sample)}
 
     _check_call("op", op, sample, run, **kw)

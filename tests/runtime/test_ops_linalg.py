@@ -466,6 +466,58 @@ def test_matrix_exp_float32_as_accurate_as_cpu():
     assert worst(torch.linalg.matrix_exp(a.to("tpu")).cpu()) <= 2 * worst(torch.linalg.matrix_exp(a))
 
 
+
+def _squarings(a):
+    """How many times scaling and squaring squares: the float32 1-norm threshold of degree 18."""
+    norm = a.double().abs().sum(-2).amax(-1)
+    return torch.ceil(torch.log2(norm / 3.010066362817634)).clamp(min=0)
+
+
+def _matrix_exp_bound(a):
+    """Per matrix, the float32 error of scaling and squaring, relative to its largest entry.
+
+    Each of the s squarings doubles the relative error it receives and adds one product's
+    rounding (a dot product of n terms: n u, u = 2^-24); the degree-18 polynomial adds
+    about as much as a product. So the error is within 2^s * 2n * u of the largest entry.
+    It is normwise, not per entry: the result's entries span five orders of magnitude at
+    these norms, and a small one carries the absolute error of the large ones.
+    """
+    return 2 ** _squarings(a) * 2 * a.shape[-1] * 2.0**-24
+
+
+def test_matrix_exp_float32_within_scaling_and_squaring_rounding():
+    """OpInfo's samples (entries uniform in [-9, 9], 5x5: norms near 27, 3 or 4 squarings).
+    CPU and tpu both run degree 18 with scaling and squaring; what they differ by is
+    product rounding amplified by the squarings, within the bound above for each."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.rand(64, 5, 5, generator=gen) * 18 - 9
+    exact = torch.linalg.matrix_exp(a.double())
+    size = exact.abs().amax(dim=(-2, -1))
+    bound = _matrix_exp_bound(a)
+    got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    off = (got.double() - exact).abs().amax(dim=(-2, -1)) / size
+    assert (off <= bound).all(), (off / bound).max()
+    # so tpu and CPU (also within its bound) agree to twice the bound, not per entry
+    cpu_off = (got.double() - torch.linalg.matrix_exp(a).double()).abs().amax(dim=(-2, -1)) / size
+    assert (cpu_off <= 2 * bound).all(), (cpu_off / bound).max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matrix_exp_half_dtypes_round_the_float32_result(dtype):
+    """Half dtypes compute in float32 and round once: each entry is within half a unit in
+    the last place of its exact value (2^-8 relative for bfloat16, 2^-11 for float16) plus
+    the float32 bound. (PyTorch's CPU kernel returns NaN here: it reads its float64
+    coefficient table as the half dtype, so the reference is float64.)"""
+    gen = torch.Generator().manual_seed(1)
+    a = (torch.rand(8, 5, 5, generator=gen) * 6 - 3).to(dtype)
+    exact = torch.linalg.matrix_exp(a.double())
+    got = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    assert got.dtype == dtype
+    half_ulp = torch.finfo(dtype).eps / 2
+    budget = half_ulp * exact.abs() + (_matrix_exp_bound(a) * exact.abs().amax(dim=(-2, -1)))[:, None, None]
+    assert ((got.double() - exact).abs() <= budget).all()
+
+
 def test_householder_product():
     a = torch.randn(2, 6, 4, dtype=torch.float64)
     tau = torch.rand(2, 3, dtype=torch.float64)

@@ -40,6 +40,22 @@ def test_registering_an_overload_twice_names_both_functions(table):
     assert table[aten.neg.default] is before
 
 
+
+def test_a_composite_kernel_and_a_lowering_refuse_each_other(table, monkeypatch):
+    monkeypatch.setattr(registry, "_COMPOSITES", dict(registry._COMPOSITES))
+    split = aten.tensor_split.tensor_indices_or_sections
+
+    def my_split(x, points, dim=0):
+        return ()
+
+    with pytest.raises(LoweringError, match=r"aten\.tensor_split\.tensor_indices_or_sections already lowered "
+                       r"by tpu_debug\.runtime\.ops\.shape\.tensor_split_tensor; .*\.my_split registers it again"):
+        registry.lower(split)(my_split)
+    with pytest.raises(LoweringError, match=r"aten\.neg\.default already lowered by "
+                       r"tpu_debug\.runtime\.ops\.elementwise\.neg; .*\.my_split registers it again"):
+        registry.composite(aten.neg.default)(my_split)
+    assert split not in table and aten.neg.default not in registry._COMPOSITES
+
 def test_a_packet_is_refused_and_nothing_is_registered(table):
     free = aten.nonzero_numpy.default  # an overload with no lowering of its own
     assert free not in table

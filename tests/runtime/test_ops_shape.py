@@ -3,6 +3,8 @@ fills on `tpu`, checked against PyTorch on CPU."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,6 +120,73 @@ def test_repeat_interleave():
     check(torch.repeat_interleave, x, 2, 0)
     check(torch.repeat_interleave, x, torch.tensor([1, 0, 2]), 0)
     check(torch.repeat_interleave, torch.tensor([2, 1, 3]))
+
+
+
+# ---- tensor_split with the split points in a tensor ---------------------------------------------
+
+# split points as a 1-D tensor (negative and past-the-end ones included) or a 0-d section count
+SPLITS = [([1, 4], 0), ([-2, 1, 9], 1), ([], 0), (3, 0), (2, 1)]
+
+
+def _split_on_tpu(x, points, dim, mode):
+    def split(a, p):
+        return [t * 1 for t in torch.tensor_split(a, p, dim)]
+
+    if mode == "compiled":
+        torch._dynamo.reset()
+        return torch.compile(split, backend="tpu_debug")(x, points)
+    if mode == "lazy":
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            return split(x, points)
+    return split(x, points)
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy", "compiled"])
+@pytest.mark.parametrize("points_device", ["tpu", "cpu"])
+@pytest.mark.parametrize(("points", "dim"), SPLITS)
+def test_tensor_split_by_tensor(points, dim, points_device, mode):
+    # PyTorch reads the split points on the host; a user whose tensors all live on tpu
+    # passes them as a tpu tensor, and the pieces are CPU's (copies of slices: exact)
+    x = rand(6, 5, seed=4)
+    expected = torch.tensor_split(x, torch.tensor(points, dtype=torch.long), dim)
+    actual = _split_on_tpu(x.to("tpu"), torch.tensor(points, dtype=torch.long).to(points_device), dim, mode)
+    _compare(actual, list(expected))
+
+
+def test_tensor_split_by_tpu_tensor_gives_views_and_gradients():
+    x = rand(6, 5, seed=5).requires_grad_()
+    xt = _tpu(x)
+    pieces = torch.tensor_split(xt, torch.tensor([2, 3]).to("tpu"), 0)
+    assert all(p._base is xt for p in pieces)  # views of the input, as on CPU
+    weights = (1.0, 2.0, 3.0)
+    sum(w * p.sum() for w, p in zip(weights, torch.tensor_split(x, torch.tensor([2, 3]), 0))).backward()
+    sum(w * p.sum() for w, p in zip(weights, pieces)).backward()
+    assert_close(xt.grad.cpu(), x.grad)
+
+
+def test_tensor_split_by_tpu_tensor_refuses_what_cpu_refuses():
+    x = rand(6, seed=6).to("tpu")
+    expected = "^tensor_split expected tensor_indices_or_sections to have dtype of long, but got Float$"
+    with pytest.raises(RuntimeError, match=expected):
+        torch.tensor_split(x, torch.tensor([1.0]).to("tpu"))
+    expected = ("^tensor_split expected tensor_indices_or_sections to be a zero-dimensional or "
+                "one-dimensional tensor, but got a tensor with 2 dims$")
+    with pytest.raises(RuntimeError, match=expected):
+        torch.tensor_split(x, torch.tensor([[1]]).to("tpu"))
+
+
+
+def test_tensor_split_by_tpu_tensor_is_an_implicit_read(tmp_path):
+    # the split points' values decide the pieces' shapes: reading them is a sync the user
+    # did not write, recorded at the user's line with the points' bytes
+    x, points = rand(6, seed=7).to("tpu"), torch.tensor([2, 3]).to("tpu")
+    with tpu_debug.trace(logdir=str(tmp_path)) as session:
+        line = inspect.currentframe().f_lineno + 1
+        torch.tensor_split(x, points)
+    (read,) = session.transfers()
+    assert (read.direction, read.nbytes, read.implicit) == ("d2h", 2 * 8, True)
+    assert (read.location.file, read.location.line) == (__file__, line)
 
 
 # ---- copies ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Run a Python script (or module) as ``python`` would, record it, and print its report."""
+"""Run a Python script (or module) as the python command would, record it, and print its report."""
 
 from __future__ import annotations
 
