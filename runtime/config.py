@@ -96,6 +96,13 @@ class RuntimeConfig:
         lazy_graph_limit: ops a pending lazy graph holds at most; the op after
             that runs the graph first (trigger ``size_limit``). Env:
             ``TPU_DEBUG_LAZY_GRAPH_LIMIT``.
+        compile_cache: keep compiled programs on disk and read them back in later
+            runs instead of compiling again (runtime/compile_cache.py). Env:
+            ``TPU_DEBUG_COMPILE_CACHE``.
+        compile_cache_dir: where; None for ``$XDG_CACHE_HOME/tpu_debug/compile``
+            (``~/.cache/tpu_debug/compile``). Env: ``TPU_DEBUG_COMPILE_CACHE_DIR``.
+        compile_cache_bytes: bytes the cache directory holds at most, least
+            recently used entries out first. Env: ``TPU_DEBUG_COMPILE_CACHE_BYTES``.
     """
 
     cpu_fallback: bool = False
@@ -115,6 +122,11 @@ class RuntimeConfig:
     # XLA's compile time grows with a program's size: a graph cut here compiles in
     # seconds, and a training step of a small model (hundreds to a few thousand ops) fits
     lazy_graph_limit: int = 10_000
+    compile_cache: bool = True
+    compile_cache_dir: str | None = None
+    # a small op's CPU executable is ~10-40 KB compressed, a model's step program a few MB:
+    # a few thousand programs
+    compile_cache_bytes: int = 1 << 30
 
     def effective_precision(self) -> str:
         """The float32 product precision in effect: ``"highest"``, ``"high"`` or ``"medium"``.
@@ -168,7 +180,14 @@ class RuntimeConfig:
         raw = env.get("TPU_DEBUG_EAGER_MODE")
         if raw is not None:
             cfg.eager_mode = parse_choice("TPU_DEBUG_EAGER_MODE", raw, EAGER_MODES)
-        for field in ("eager_cache_size", "compiled_cache_size", "index_cache_bytes", "lazy_graph_limit"):
+        raw = env.get("TPU_DEBUG_COMPILE_CACHE")
+        if raw is not None:
+            cfg.compile_cache = parse_bool("TPU_DEBUG_COMPILE_CACHE", raw)
+        raw = env.get("TPU_DEBUG_COMPILE_CACHE_DIR")
+        if raw is not None and raw.strip():
+            cfg.compile_cache_dir = raw.strip()
+        for field in ("eager_cache_size", "compiled_cache_size", "index_cache_bytes", "lazy_graph_limit",
+                      "compile_cache_bytes"):
             name = f"TPU_DEBUG_{field.upper()}"
             raw = env.get(name)
             if raw is not None:

@@ -30,6 +30,7 @@ from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
+from tpu_debug.runtime.compile_cache import local_compile
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
@@ -616,14 +617,16 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     jitted = jax.jit(traced)
     with jax.enable_x64(True):
         lowered = jitted.lower(*arrays)
-        compiled = lowered.compile()
+        with local_compile() as cached:
+            compiled = lowered.compile()
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
     stats = ExecutableStats(plan.name, key, seconds)
     # what the key holds beyond the arguments (see _run_lowered), for recompile diffs
     settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
-                       seconds, lowered, compiled, settings=settings, jitted=jitted)
+                       seconds, lowered, compiled, settings=settings, jitted=jitted,
+                       from_cache=cached.from_cache, saved_seconds=cached.saved_seconds)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if _placement.active and _placement.spans_processes(arrays):
         exe.spmd = _rankcheck.ProgramCard.of(info)

@@ -8,6 +8,10 @@ import os
 _HARNESS_VARIABLES = ("TPU_DEBUG_OPINFO_", "TPU_DEBUG_FAULTS_")
 for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.startswith(_HARNESS_VARIABLES)]:
     del os.environ[_name]
+# Tests compile from scratch, in this process and in the scripts they run: a user's persistent
+# compile cache would turn compiles into read-backs and make counts depend on earlier runs.
+# tests/runtime/test_compile_cache.py turns it on, in a temporary directory.
+os.environ["TPU_DEBUG_COMPILE_CACHE"] = "0"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -118,7 +118,9 @@ def _parse_seconds(var: str, raw: str) -> float:
 
 
 # fields whose value given to trace() must be a bool, or a positive int
-_BOOL_FIELDS = frozenset({"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile", "memory", "dry_run"})
+_BOOL_FIELDS = frozenset(
+    {"hlo", "op_events", "tensorboard", "divergence", "fail_on_recompile", "memory", "dry_run", "compile_cache"}
+)
 _COUNT_FIELDS = frozenset({"tensorboard_max_events", "divergence_sample", "storm_threshold"})
 
 
@@ -168,6 +170,9 @@ class TraceConfig:
             running (0: none). Env: ``TPU_DEBUG_TARGET_WAIT``.
         dry_run: run with tensors that hold no data, compiling every program for
             ``target`` and executing nothing (implies ``memory``). Env: ``TPU_DEBUG_DRY_RUN``.
+        compile_cache: read compiled programs back from the persistent compile
+            cache and keep new ones there; None leaves the runtime's setting (on
+            unless ``TPU_DEBUG_COMPILE_CACHE=0``). Env: ``TPU_DEBUG_COMPILE_CACHE``.
     """
 
     logdir: Path = Path("tpu_debug_runs")
@@ -189,6 +194,7 @@ class TraceConfig:
     target_wait: float = 60.0
     memory: bool = False
     dry_run: bool = False
+    compile_cache: bool | None = None
 
     # how each field's environment variable is parsed (every field has one)
     _PARSERS = {
@@ -211,6 +217,7 @@ class TraceConfig:
         "target_wait": _parse_seconds,
         "memory": _parse_bool,
         "dry_run": _parse_bool,
+        "compile_cache": _parse_bool,
     }
 
     @staticmethod

@@ -383,8 +383,9 @@ def _ops(session: Any, terminal: bool) -> RenderableType:
 def _compiles(session: Any, terminal: bool) -> RenderableType:
     ops = session.ops()
     n = sum(o.compiles for o in ops)
+    cached = _read_back_text(ops)
     if not n:
-        return _note("nothing was compiled while tracing")
+        return _note("nothing was compiled while tracing" + (f"; {cached}" if cached else ""))
     seconds = sum(o.compile_seconds for o in ops)
     by_mode: dict[str, tuple[int, float]] = {}
     for o in ops:
@@ -396,7 +397,18 @@ def _compiles(session: Any, terminal: bool) -> RenderableType:
         ("compile time", format_seconds(seconds)),
         ("distinct programs", str(programs) if programs else "HLO not recorded"),
     ]
+    if cached:
+        rows.append(("compile cache", cached))
     return _kv(rows)
+
+
+def _read_back_text(ops: list) -> str | None:
+    """The programs read back from the persistent compile cache and the compile time saved."""
+    n = sum(o.read_back for o in ops)
+    if not n:
+        return None
+    saved = sum(o.saved_seconds for o in ops)
+    return f"{n} program(s) read back from the compile cache, saving {format_seconds(saved)} of compiling"
 
 
 def _local_programs(programs: list) -> list:

@@ -323,6 +323,7 @@ class Trace(contextlib.ContextDecorator):
         self._collectives: Any = None  # the CollectivesTracer (programs over several devices)
         self._saved_numerics: str | None = None
         self._saved_eager_mode: str | None = None  # the runtime's mode before trace(eager_mode=...)
+        self._saved_compile_cache: bool | None = None  # the runtime's setting before trace(compile_cache=...)
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._target: Any = None  # a TargetTracer with target= set
         self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
@@ -404,6 +405,7 @@ class Trace(contextlib.ContextDecorator):
         self._start_divergence()
         self._start_collectives()
         self._set_eager_mode()
+        self._set_compile_cache()
         self._start_memory()
         from tpu_debug.guards import TraceGuards
 
@@ -455,6 +457,7 @@ class Trace(contextlib.ContextDecorator):
         for where, stop in (
             # first: leaving lazy mode runs what is pending, which the tracers record
             ("restoring the eager mode", self._restore_eager_mode),
+            ("restoring the compile cache setting", self._restore_compile_cache),
             ("TraceGuards.stop", self._stop_guards),
             ("MemoryTracer.close", self._stop_memory),
             ("DivergenceTracer.close", self._stop_divergence),
@@ -652,6 +655,21 @@ class Trace(contextlib.ContextDecorator):
 
             set_mode(saved)
 
+    def _set_compile_cache(self) -> None:
+        if self.config.compile_cache is None:
+            return
+        from tpu_debug.runtime.config import config as runtime_config
+
+        self._saved_compile_cache = runtime_config.compile_cache
+        runtime_config.compile_cache = self.config.compile_cache
+
+    def _restore_compile_cache(self) -> None:
+        saved, self._saved_compile_cache = self._saved_compile_cache, None
+        if saved is not None:
+            from tpu_debug.runtime.config import config as runtime_config
+
+            runtime_config.compile_cache = saved
+
     # -- TPU target ----------------------------------------------------------------------
 
     def _start_target(self) -> None:
@@ -767,6 +785,7 @@ def trace(
     target_wait: float | None = None,
     memory: bool | None = None,
     dry_run: bool | None = None,
+    compile_cache: bool | None = None,
 ) -> Trace:
     """Record what the ``tpu`` runtime does, into a run directory.
 
@@ -840,6 +859,10 @@ def trace(
             ``target`` and nothing executes; a value read (``.item()``, ``print(t)``)
             stops the program there (default False; ``TPU_DEBUG_DRY_RUN``). See
             :func:`tpu_debug.dry_run` for a function.
+        compile_cache: read programs compiled by earlier runs back from the
+            persistent compile cache (``~/.cache/tpu_debug/compile``) and keep new
+            ones there; False compiles everything (default: the runtime's setting,
+            on; ``TPU_DEBUG_COMPILE_CACHE``).
 
     Returns:
         A :class:`Trace` context manager / decorator.
@@ -868,6 +891,7 @@ def trace(
         eager_mode=eager_mode,
     )
     config = config.override(target=target, target_wait=target_wait, memory=memory, dry_run=dry_run)
+    config = config.override(compile_cache=compile_cache)
     if config.dry_run and config.target is None:
         raise ConfigError(
             "dry_run=True needs a TPU target to compile for: trace(dry_run=True, target='v6e'), "

@@ -120,6 +120,13 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         help="at the end, wait at most this long for target compiles still running (default: 60)",
     )
     parser.add_argument(
+        "--compile-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read programs compiled by earlier runs back from the compile cache and keep new ones there "
+        "(default: on, in ~/.cache/tpu_debug/compile; off with $TPU_DEBUG_COMPILE_CACHE=0)",
+    )
+    parser.add_argument(
         "--memory",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -296,6 +303,7 @@ def _trace_options(args: argparse.Namespace, name: str) -> dict:
         target_wait=args.target_wait,
         memory=True if args.target and args.memory is None else args.memory,
         dry_run=args.dry_run,
+        compile_cache=args.compile_cache,
     )
 
 
