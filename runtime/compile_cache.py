@@ -325,6 +325,13 @@ def _entries(root: Path) -> list[tuple[float, int, Path]]:
 
 
 def _count(root: Path) -> int:
+    """Bytes of the entries in ``root``; temporary files an hour old (left by a process
+    killed while writing) are removed."""
+    stale = time.time() - 3600
+    for tmp in root.glob(".tmp-*"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < stale:
+                tmp.unlink()
     return sum(size for _, size, _ in _entries(root))
 
 
