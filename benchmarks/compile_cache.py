@@ -34,7 +34,7 @@ def _run(script: Path, logdir: Path, cache: Path, name: str, *extra: str) -> dic
         env=env, check=True, stdout=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - start
-    session = open_run(sorted(logdir.glob(f"*-{name}"))[-1])
+    session = open_run(max(logdir.glob(f"*-{name}")))
     ops = session.ops()
     return {
         "wall": wall,

@@ -153,6 +153,9 @@ def _install() -> bool:
     return True
 
 
+_print: str | None = None
+
+
 def _fingerprint() -> str:
     """What, beyond JAX's key, an entry was written by: versions and the XLA platform."""
     global _print
@@ -176,9 +179,6 @@ def _fingerprint() -> str:
     return _print
 
 
-_print: str | None = None
-
-
 def _entry_path(root: Path, key: str) -> Path:
     digest = hashlib.sha256(f"{key}\0{_fingerprint()}".encode()).hexdigest()[:40]
     return root / f"{digest}{_SUFFIX}"
@@ -191,25 +191,40 @@ def _get_cache_interface():
 
 
 class _Store(_get_cache_interface()):
-    """JAX's cache backend: checked, atomic entries for the runtime's compiles; the previous
-    backend (or none) for every other compile."""
+    """JAX's cache backend: checked, atomic entries for the runtime's compiles; for every other
+    compile, the cache JAX had (or sets up once the user gives it a directory), else none."""
 
     def __init__(self, inner) -> None:
         self._inner = inner
         self._path = getattr(inner, "_path", None)
 
+    def _others(self):
+        if self._inner is None:
+            # the user's own jax_compilation_cache_dir, set after this store took JAX's slot
+            from jax._src import compilation_cache as jcc
+            from jax._src import config as jax_config
+
+            path = jax_config.compilation_cache_dir.value
+            if path is not None:
+                made = jcc.get_file_cache(path)
+                if made is not None:
+                    self._inner, self._path = made[0], getattr(made[0], "_path", None)
+        return self._inner
+
     def get(self, key: str) -> bytes | None:
         scope = getattr(_local, "scope", None)
         if scope is None:
-            return self._inner.get(key) if self._inner is not None else None
+            others = self._others()
+            return others.get(key) if others is not None else None
         root, outcome = scope
         return _read(_entry_path(root, key), key, outcome)
 
     def put(self, key: str, value: bytes) -> None:
         scope = getattr(_local, "scope", None)
         if scope is None:
-            if self._inner is not None:
-                self._inner.put(key, value)
+            others = self._others()
+            if others is not None:
+                others.put(key, value)
             return
         root, outcome = scope
         if outcome.from_cache:  # the entry read back did not load (JAX warned): compiled after all
