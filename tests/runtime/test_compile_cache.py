@@ -263,3 +263,21 @@ def test_stale_temporary_files_are_removed(cache, monkeypatch):
     monkeypatch.setattr(compile_cache, "_sizes", {})  # the next write counts the directory again
     _fresh_process_call(torch.randn(3, 5))
     assert not stale.exists() and fresh.exists()  # another process may still be writing that one
+
+
+def test_users_own_jax_cache_directory_keeps_working(cache, tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    _fresh_process_call(torch.randn(2, 2))  # the runtime's store now holds JAX's cache slot
+    theirs = tmp_path / "jax-cache"
+    saved = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_compilation_cache_dir", str(theirs))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        jax.jit(lambda a: jnp.cos(a) + 3).lower(jnp.ones((4, 3))).compile()
+        assert any(p.is_file() for p in theirs.rglob("*"))  # written by JAX, in its own format
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+        compile_cache._store._inner = compile_cache._store._path = None
