@@ -649,9 +649,9 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
 
 def _wrap(flat, struct, dtypes):
     single, parts = struct
+    if single:  # most ops: one tensor out
+        return from_jax(flat[0], dtypes[0])
     tensors = [from_jax(a, d) for a, d in zip(flat, dtypes)]
-    if single:
-        return tensors[0]
     out = []
     i = 0
     for n in parts:
