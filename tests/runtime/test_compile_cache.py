@@ -281,3 +281,28 @@ def test_users_own_jax_cache_directory_keeps_working(cache, tmp_path):
         jax.config.update("jax_compilation_cache_dir", saved[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
         compile_cache._store._inner = compile_cache._store._path = None
+
+
+def test_entry_xla_cannot_load_is_compiled_again_with_a_note(cache):
+    import hashlib
+    import json
+
+    x = torch.randn(3, 2)
+    with _listening() as first:
+        _fresh_process_call(x)
+    for path in cache.glob("*.xc"):  # whole and checksummed, but not an executable
+        data = path.read_bytes()
+        size = int.from_bytes(data[8:12], "big")
+        header = json.loads(data[12 : 12 + size])
+        payload = b"not an executable"
+        header.update(length=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+        text = json.dumps(header).encode()
+        path.write_bytes(data[:8] + len(text).to_bytes(4, "big") + text + payload)
+    before = len(compile_cache.notes())
+    with pytest.warns(UserWarning, match="Error reading persistent compilation cache entry"), _listening() as log:
+        out = _fresh_process_call(x)
+    assert not any(i.from_cache for i in log.infos)
+    assert log.backend == len(first.infos)
+    notes = compile_cache.notes()[before:]
+    assert len(notes) == len(first.infos) and all("could not be loaded by XLA" in n for n in notes)
+    torch.testing.assert_close(out, _op(x))
