@@ -1,7 +1,11 @@
 """Eager dispatch cost: µs per small op on `tpu`, beside torch CPU and raw jax.jit.
 
-All three run in this one process, interleaved, so the ratios hold on a noisy
-machine. Writes nothing; paste the table into benchmarks/README.md.
+All three run in this one process, interleaved block by block (a block of tpu
+calls, then of torch CPU calls, then of jax.jit calls, 30 rounds), so the
+ratios hold on a noisy machine; each figure is the 10th percentile of its
+blocks. Beside wall time, the calling thread's CPU time (``time.thread_time``):
+what dispatching costs the host, which other jobs on the machine move less.
+Writes nothing; paste the table into benchmarks/README.md.
 ``--memory`` adds a column with memory tracking on (a memory tracer listening:
 every payload set is noted with its allocating line), timed in turn with the
 others.
@@ -12,6 +16,7 @@ others.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -32,6 +37,29 @@ def _time(fn, repeat: int) -> float:
             fn()
         samples.append((time.perf_counter() - start) / repeat * 1e6)
     return statistics.median(samples)
+
+
+def _interleaved(fns, repeat: int, rounds: int = 30) -> list[tuple[float, float]]:
+    """(wall µs, thread CPU µs) per call of each of ``fns``, timed in alternating blocks:
+    the 10th percentile of each's blocks."""
+    for fn in fns:
+        for _ in range(50):
+            fn()
+    walls: list[list[float]] = [[] for _ in fns]
+    cpus: list[list[float]] = [[] for _ in fns]
+    block = max(1, repeat // 10)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            start, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(block):
+                fn()
+            walls[i].append((time.perf_counter() - start) / block * 1e6)
+            cpus[i].append((time.thread_time() - cpu) / block * 1e6)
+
+    def low(v: list[float]) -> float:
+        return sorted(v)[len(v) // 10]
+
+    return [(low(w), low(c)) for w, c in zip(walls, cpus)]
 
 
 class _Cycle:
@@ -86,14 +114,19 @@ def main(argv=None) -> None:
          lambda: jit_row_read(jrows, cycle())),
     ]
     extra = " tpu, memory tracked (µs) | tracked / tpu |" if args.memory else ""
-    print(f"| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit |{extra}")
-    print("|---|---:|---:|---:|---:|" + ("---:|---:|" if args.memory else ""))
+    print(f"load average: {os.getloadavg()[0]:.2f}")
+    print(
+        "| op | tpu (µs) | torch CPU (µs) | raw jax.jit (µs) | tpu / jax.jit | tpu CPU time (µs) "
+        f"| jax.jit CPU time (µs) | tpu / jax.jit, CPU time |{extra}"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.memory else ""))
     with torch.no_grad():
         for name, dev, cpu, raw in cases:
-            t_dev = _time(dev, args.repeat)
-            t_cpu = _time(cpu, args.repeat)
-            t_raw = _time(raw, args.repeat)
-            row = f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x |"
+            (t_dev, c_dev), (t_cpu, _), (t_raw, c_raw) = _interleaved((dev, cpu, raw), args.repeat)
+            row = (
+                f"| {name} | {t_dev:.1f} | {t_cpu:.1f} | {t_raw:.1f} | {t_dev / t_raw:.1f}x "
+                f"| {c_dev:.1f} | {c_raw:.1f} | {c_dev / c_raw:.1f}x |"
+            )
             if args.memory:
                 t_mem = _tracked(dev, args.repeat)
                 row += f" {t_mem:.1f} | {t_mem / t_dev:.2f}x |"

@@ -174,6 +174,7 @@ TIMEOUT = Kind("a number of seconds above 0", "a value such as 60", *_seconds(ze
                "a number of seconds above 0", {"type": float, "metavar": "SECONDS"})
 DIRECTORY = Kind("a directory for runs", "a directory path", lambda text: Path(text), _check_path,
                  "a directory path", {"metavar": "DIR"})
+CACHE_DIRECTORY = Kind("a cache directory", "a directory path", _check_text, _check_text, "a directory path", {})
 RUN_NAME = Kind("a short run name", "a short run name", _check_text, _check_text, "a non-empty string", {})
 TOLERANCES = Kind("a tolerance spec", "'float32=1e-4:1e-6,bfloat16=0.05' (rtol[:atol] per dtype) or 'off'",
                   _check_tolerances, _check_tolerances, "a tolerance spec", {"metavar": "SPEC"})
@@ -292,6 +293,14 @@ OPTIONS: tuple[Option, ...] = (
     # and a training step of a small model (hundreds to a few thousand ops) fits
     Option("lazy_graph_limit", COUNT, 10_000, "ops a pending lazy graph holds at most; the op after that runs "
            "the graph first", _RUNTIME, flag=False),
+    # A small op's CPU executable is 1-30 KB compressed (examples/mlp_train.py's 37 programs:
+    # 0.15 MiB), a model's step program up to a few MB: a GiB holds thousands of programs
+    Option("compile_cache", BOOL, True, "read programs compiled by earlier runs back from the persistent "
+           "compile cache, and keep new ones there (~/.cache/tpu_debug/compile)", _BOTH),
+    Option("compile_cache_dir", CACHE_DIRECTORY, None, "where the persistent compile cache lives (default: "
+           "$XDG_CACHE_HOME/tpu_debug/compile, else ~/.cache/tpu_debug/compile)", _RUNTIME, flag=False),
+    Option("compile_cache_bytes", COUNT, 1 << 30, "bytes the persistent compile cache holds at most, least "
+           "recently used entries out first", _RUNTIME, flag=False),
     # multi-process runs: tpu_debug.runtime.distributed.config
     Option("rank_check", BOOL, True, "before each program over devices of several processes, check that every "
            "rank runs the same program (a rank running another raises RankDivergenceError)", _RANKS, flag=False),

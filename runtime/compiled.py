@@ -36,6 +36,7 @@ from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
+from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
@@ -598,7 +599,9 @@ class CompiledGraph:
                 lowered = lower(donated)
             # a dry run executes nothing: the program goes to the target's compiler instead
             dry = _dryrun.active
-            compiled = lowered.compile() if dry is None else dry.program(lowered, "compiled", self.graph_id)
+            # the target's compiler reads nothing from this machine's cache
+            with local_compile(enabled=dry is None) as cached:
+                compiled = lowered.compile() if dry is None else dry.program(lowered, "compiled", self.graph_id)
         seconds = time.perf_counter() - start
         self.compiles += 1
         self.compile_seconds += seconds
@@ -610,10 +613,12 @@ class CompiledGraph:
                 with jax.enable_x64(True):
                     if dry is not None:
                         return compiled  # shapes only: donation changes nothing
-                    return lower(()).compile()
+                    with local_compile():
+                        return lower(()).compile()
 
             entry.make_plain = make_plain
-        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated))
+        entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated),
+                                        cached)
         if _placement.active and _placement.spans_processes(example):
             entry.spmd = _rankcheck.ProgramCard.of(entry.info)
         if probes._probes:
@@ -666,7 +671,7 @@ class CompiledGraph:
         return fn, kinds, scalars
 
     def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled,
-                      jitted=None) -> CompileInfo:
+                      jitted=None, cached: CacheOutcome | None = None) -> CompileInfo:
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype), layout=_placement.layout(a) if _placement.active else ())
             if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
@@ -675,6 +680,8 @@ class CompiledGraph:
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
             graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin), jitted=jitted,
+            from_cache=cached is not None and cached.from_cache,
+            saved_seconds=cached.saved_seconds if cached is not None else 0.0,
         )
 
     # -- debug variant (divergence against CPU) ---------------------------------------
@@ -708,7 +715,7 @@ class CompiledGraph:
             _, values = program(*full, debug=nodes)
             return {k: v for k, v in values.items() if hasattr(v, "shape") and hasattr(v, "dtype")}
 
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), local_compile():
             return jax.jit(fn).lower(*[a for a in arrays if hasattr(a, "shape")]).compile()
 
 

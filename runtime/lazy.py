@@ -49,6 +49,7 @@ from tpu_debug.runtime import eager as _eager
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.caches import LruCache
+from tpu_debug.runtime.compile_cache import local_compile
 from tpu_debug.runtime.config import EAGER_MODES, config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.probes import (
@@ -705,7 +706,8 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
     try:
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*specs)
-            compiled = lowered.compile()
+            with local_compile() as cached:
+                compiled = lowered.compile()
     except Exception as exc:
         raise LoweringBugError(
             f"internal error: the fused graph of {len(g.steps)} ops ({name}) failed to compile: "
@@ -714,7 +716,8 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
         ) from exc
     seconds = time.perf_counter() - start
     info = CompileInfo("lazy", name, key, _leaf_specs(g), seconds, lowered, compiled,
-                       graph=_graph_info(g, live_slots))
+                       graph=_graph_info(g, live_slots), from_cache=cached.from_cache,
+                       saved_seconds=cached.saved_seconds)
     if probes._probes:
         probes.compiled(info)
     return _Fused(key, name, compiled, info, seconds)

@@ -173,7 +173,9 @@ class CompileInfo:
     ``jitted`` is the ``jax.jit``-wrapped function ``lowered`` came from (lowered
     with 64-bit types on, from ``lowered.args_info``'s avals): a tracer lowers it
     again for another platform when the lowering holds a custom call only the
-    CPU has (LAPACK's, say).
+    CPU has (LAPACK's, say). ``from_cache`` marks an executable read back from the
+    persistent compile cache (nothing compiled; ``seconds`` is the read-back), and
+    ``saved_seconds`` the compile time that saved (``runtime/compile_cache.py``).
     """
 
     mode: str
@@ -187,6 +189,8 @@ class CompileInfo:
     graph: GraphInfo | None = None
     replayed: bool = False
     jitted: Any = None
+    from_cache: bool = False
+    saved_seconds: float = 0.0
 
     def stablehlo(self) -> str:
         return self.lowered.as_text() if self.lowered is not None else ""

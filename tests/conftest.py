@@ -11,6 +11,10 @@ for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.star
 # Plain-text reports take their width from $COLUMNS, which pytest-xdist's workers set to 80 and a
 # developer's shell to anything: tests that read a report see its default width unless they set one.
 os.environ.pop("COLUMNS", None)
+# Tests compile from scratch, in this process and in the scripts they run: a user's persistent
+# compile cache would turn compiles into read-backs and make counts depend on earlier runs.
+# tests/runtime/test_compile_cache.py turns it on, in a temporary directory.
+os.environ["TPU_DEBUG_COMPILE_CACHE"] = "0"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

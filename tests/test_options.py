@@ -52,6 +52,9 @@ JUNK = {
     "TPU_DEBUG_LAZY_GRAPH_LIMIT": "none",
     "TPU_DEBUG_RANK_CHECK": "junk",
     "TPU_DEBUG_RANK_TIMEOUT": "0",
+    "TPU_DEBUG_COMPILE_CACHE": "junk",
+    "TPU_DEBUG_COMPILE_CACHE_DIR": " ",
+    "TPU_DEBUG_COMPILE_CACHE_BYTES": "1GB",
 }
 RECORDING = sorted(set(JUNK) - {"TPU_DEBUG_LOGDIR"})  # the reading verbs use the logdir too
 

@@ -50,7 +50,8 @@ class _RecompileGuard:
 
     def on_compile(self, info: Any) -> None:
         seen = self.tracker.observe(info)
-        if not seen.recompile or info.replayed:
+        # a read-back from the persistent compile cache compiles nothing: it costs no recompile
+        if not seen.recompile or info.replayed or getattr(info, "from_cache", False):
             return
         text = explain(seen.identity, seen.diffs, location=user_location(1), compiles=seen.compiles)
         raise RecompileError(

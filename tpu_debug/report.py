@@ -547,15 +547,26 @@ def _ops(session: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _read_back_text(d: dict) -> str | None:
+    """The programs read back from the persistent compile cache and the compile time saved."""
+    if not d["read_back"]:
+        return None
+    return (f"{d['read_back']} program(s) read back from the compile cache, saving "
+            f"{format_seconds(d['saved_seconds'])} of compiling")
+
+
 def _render_compiles(d: dict, terminal: bool) -> RenderableType:
+    cached = _read_back_text(d)
     if not d["count"]:
-        return _note("nothing was compiled while tracing")
+        return _note("nothing was compiled while tracing" + (f"; {cached}" if cached else ""))
     modes = ", ".join(f"{m['compiles']} {name}" for name, m in sorted(d["by_mode"].items()))
     rows = [
         ("compiles", f"{d['count']} ({modes})"),
         ("compile time", format_seconds(d["seconds"])),
         ("distinct programs", str(d["programs"]) if d["programs"] else "HLO not recorded"),
     ]
+    if cached:
+        rows.append(("compile cache", cached))
     return _kv(rows)
 
 
@@ -589,6 +600,9 @@ def _compiles(session: Any) -> dict[str, Any]:
     return {
         "count": sum(o.compiles for o in ops),
         "seconds": sum(o.compile_seconds for o in ops),
+        # programs the persistent compile cache gave back instead of a compile, and the time saved
+        "read_back": sum(o.read_back for o in ops),
+        "saved_seconds": sum(o.saved_seconds for o in ops),
         "by_mode": by_mode,
         "programs": len(_local_programs(session.programs())),
         "groups": [_group_data(g, steady) for g in session.recompile_groups()],

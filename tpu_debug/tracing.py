@@ -325,6 +325,7 @@ class Trace(contextlib.ContextDecorator):
         self._collectives: Any = None  # the CollectivesTracer (programs over several devices)
         self._saved_numerics: str | None = None
         self._saved_eager_mode: str | None = None  # the runtime's mode before trace(eager_mode=...)
+        self._saved_compile_cache: bool | None = None  # the runtime's setting before trace(compile_cache=...)
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._target: Any = None  # a TargetTracer with target= set
         self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
@@ -406,6 +407,7 @@ class Trace(contextlib.ContextDecorator):
         self._start_divergence()
         self._start_collectives()
         self._set_eager_mode()
+        self._set_compile_cache()
         self._start_memory()
         from tpu_debug.guards import TraceGuards
 
@@ -457,6 +459,7 @@ class Trace(contextlib.ContextDecorator):
         for where, stop in (
             # first: leaving lazy mode runs what is pending, which the tracers record
             ("restoring the eager mode", self._restore_eager_mode),
+            ("restoring the compile cache setting", self._restore_compile_cache),
             ("TraceGuards.stop", self._stop_guards),
             ("MemoryTracer.close", self._stop_memory),
             ("DivergenceTracer.close", self._stop_divergence),
@@ -658,6 +661,21 @@ class Trace(contextlib.ContextDecorator):
             from tpu_debug.runtime.lazy import set_mode
 
             set_mode(saved)
+
+    def _set_compile_cache(self) -> None:
+        if self.config.compile_cache is None:
+            return
+        from tpu_debug.runtime.config import config as runtime_config
+
+        self._saved_compile_cache = runtime_config.compile_cache
+        runtime_config.compile_cache = self.config.compile_cache
+
+    def _restore_compile_cache(self) -> None:
+        saved, self._saved_compile_cache = self._saved_compile_cache, None
+        if saved is not None:
+            from tpu_debug.runtime.config import config as runtime_config
+
+            runtime_config.compile_cache = saved
 
     # -- TPU target ----------------------------------------------------------------------
 

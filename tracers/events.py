@@ -65,7 +65,8 @@ __all__ = [
 
 # 4: key differences stored as typed columns (aspect, argument, dimensions), not as prose
 # 5: divergences carry a triage verdict (noise or a wrong op) and the zero crossings behind it
-SCHEMA_VERSION = 5
+# 6: a compile says whether it was read back from the persistent compile cache, and what that saved
+SCHEMA_VERSION = 6
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,6 +324,10 @@ class CompileEvent(Event):
     function dynamo compiled and the direction (``"step in train.py (forward)"``,
     see ``tracers/recompiles.py``). A compile with diffs is a recompile; its
     ``previous`` is None when the closest key was compiled before the trace.
+    ``from_cache`` marks an executable read back from the persistent compile
+    cache: nothing was compiled (``seconds`` is the read-back, ``saved_seconds``
+    the compile time it saved), so it is never a recompile (no ``previous``, no
+    ``diffs``) and compile counts leave it out.
     """
 
     kind: ClassVar[str] = "compile"
@@ -337,6 +342,8 @@ class CompileEvent(Event):
     previous: int | None = column("previous_id", default=None)
     diffs: tuple[KeyDiff, ...] = column(table="key_diffs", default=())
     identity: str | None = None
+    from_cache: bool = False
+    saved_seconds: float = 0.0
 
 
 @register_event
@@ -674,7 +681,9 @@ class StepEvent(Event):
     graph compiled before), transfers, CPU fallbacks. ``sequence`` is a hash of
     the executables run, in order: two steps with the same ``sequence`` ran
     the same programs (the warm-up ends when it repeats; see
-    ``tracers.steps.step_phases``).
+    ``tracers.steps.step_phases``). ``read_backs`` counts executables read back
+    from the persistent compile cache: not compiles, but a step that makes
+    programs ready all the same (warm-up).
     """
 
     kind: ClassVar[str] = "step"
@@ -696,6 +705,7 @@ class StepEvent(Event):
     transfer_seconds: float = 0.0
     fallbacks: int = 0
     sequence: str = ""
+    read_backs: int = 0
 
     @property
     def ops(self) -> int:

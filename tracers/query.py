@@ -105,6 +105,8 @@ class OpSummary:
     compiles: int
     compile_seconds: float
     programs: int
+    read_back: int = 0  # executables read back from the persistent compile cache (not compiles)
+    saved_seconds: float = 0.0  # the compile time those read-backs saved
 
     @property
     def mean_seconds(self) -> float:
@@ -342,22 +344,27 @@ class RunQuery:
             "GROUP BY mode, name",
             params,
         )
-        cwhere, cparams = self._filters(mode=mode, name=op_name_of(name) if name else None, kind="compile")
+        cwhere, cparams = self._filters(
+            mode=mode, name=op_name_of(name) if name else None, kind="compile", prefix="e."
+        )
         compiles = {
-            (m, n): (c, s)
-            for m, n, c, s in self._rows(
-                f"SELECT mode, name, count(*), sum(seconds) FROM events {cwhere} GROUP BY mode, name", cparams
+            (m, n): (c, s, r, saved)
+            for m, n, c, s, r, saved in self._rows(
+                "SELECT e.mode, e.name, sum(NOT c.from_cache), sum(CASE WHEN c.from_cache THEN 0 ELSE e.seconds END), "
+                f"sum(c.from_cache), sum(c.saved_seconds) FROM events e JOIN compiles c ON c.event_id = e.id {cwhere} "
+                "GROUP BY e.mode, e.name",
+                cparams,
             )
         }
         out = []
         seen = set()
         for m, n, count, seconds, programs in stats:
-            c, cs = compiles.get((m, n), (0, 0.0))
-            out.append(OpSummary(n, m, count, seconds, c, cs, programs))
+            c, cs, r, saved = compiles.get((m, n), (0, 0.0, 0, 0.0))
+            out.append(OpSummary(n, m, count, seconds, c, cs, programs, r, saved))
             seen.add((m, n))
-        for (m, n), (c, cs) in compiles.items():
+        for (m, n), (c, cs, r, saved) in compiles.items():
             if (m, n) not in seen:
-                out.append(OpSummary(n, m, 0, 0.0, c, cs, 0))
+                out.append(OpSummary(n, m, 0, 0.0, c, cs, 0, r, saved))
         out.sort(key=lambda o: (-o.seconds, -o.count, o.name))
         return out[:limit] if limit is not None else out
 

@@ -172,6 +172,8 @@ class Recorder:
         seen.bind(event_id)
         if info.mode == "lazy":
             self._lazy_compiles[info.key] = event_id
+        # a read-back is learnt as a key (later compiles are compared with it) but compiled nothing
+        read_back = bool(getattr(info, "from_cache", False))
         self.writer.put(
             CompileEvent(
                 event_id,
@@ -184,9 +186,11 @@ class Recorder:
                 args,
                 float(info.seconds),
                 program,
-                seen.previous_event,
-                seen.diffs,
+                None if read_back else seen.previous_event,
+                () if read_back else seen.diffs,
                 seen.identity,
+                read_back,
+                float(getattr(info, "saved_seconds", 0.0)),
             )
         )
 

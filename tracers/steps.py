@@ -84,6 +84,7 @@ class _Counts:
         "fallbacks",
         "graph_runs",
         "op_seconds",
+        "read_backs",
         "recompiles",
         "sequence",
         "transfer_bytes",
@@ -102,10 +103,12 @@ class _Counts:
         self.transfer_bytes = 0
         self.transfer_seconds = 0.0
         self.fallbacks = 0
+        self.read_backs = 0
         self.sequence = _SEED
 
     def ran(self) -> bool:
-        return bool(self.eager_ops or self.graph_runs or self.compiles or self.transfers or self.fallbacks)
+        return bool(self.eager_ops or self.graph_runs or self.compiles or self.read_backs or self.transfers
+                    or self.fallbacks)
 
 
 class _Window:
@@ -119,8 +122,9 @@ class _Window:
         self.seconds = array.array("d")
         self.ends = array.array("d")
         self.graphs: set[int] = set()  # name ids of compiled graphs (the rest are eager ops)
-        # (ops executed before it, ...) of what happened between ops
-        self.compiles: list[tuple[int, float, bool]] = []
+        # (ops executed before it, ...) of what happened between ops; a compile's flags:
+        # (recompile, read back from the persistent cache)
+        self.compiles: list[tuple[int, float, bool, bool]] = []
         self.transfers: list[tuple[int, int, float]] = []
         self.fallbacks: list[int] = []
         self.full = False
@@ -299,12 +303,11 @@ class StepTracker:
         if info.replayed:
             return
         counts = self._counts
-        counts.compiles += 1
-        counts.recompiles += int(recompile)
-        counts.compile_seconds += float(info.seconds)
+        read_back = bool(getattr(info, "from_cache", False))
+        _count_compile(counts, float(info.seconds), recompile, read_back)
         window = self._window
         if window is not None and not window.full:
-            window.compiles.append((len(window.names), float(info.seconds), recompile))
+            window.compiles.append((len(window.names), float(info.seconds), recompile, read_back))
 
     def on_transfer(self, info: Any) -> None:
         counts = self._counts
@@ -358,10 +361,10 @@ class StepTracker:
                 counts.op_seconds += seconds[i]
                 counts.sequence = ((counts.sequence ^ window.kinds[i]) * _MUL) & _MASK
             # what happened before op i ran belongs to op i's step
-            for _, secs, recompile in window.compiles[bisect.bisect_left(compile_at, a) : bisect.bisect_left(compile_at, b)]:
-                counts.compiles += 1
-                counts.recompiles += int(recompile)
-                counts.compile_seconds += secs
+            for _, secs, recompile, read_back in window.compiles[
+                bisect.bisect_left(compile_at, a) : bisect.bisect_left(compile_at, b)
+            ]:
+                _count_compile(counts, secs, recompile, read_back)
             for _, nbytes, secs in window.transfers[bisect.bisect_left(transfer_at, a) : bisect.bisect_left(transfer_at, b)]:
                 counts.transfers += 1
                 counts.transfer_bytes += nbytes
@@ -376,6 +379,15 @@ class StepTracker:
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"StepTracker.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: bool) -> None:
+    if read_back:  # read back from the persistent compile cache: nothing compiled, never a recompile
+        counts.read_backs += 1
+        return
+    counts.compiles += 1
+    counts.recompiles += int(recompile)
+    counts.compile_seconds += seconds
 
 
 def _event(
@@ -402,6 +414,7 @@ def _event(
         c.transfer_seconds,
         c.fallbacks,
         f"{c.sequence:016x}",
+        c.read_backs,
     )
 
 
@@ -539,12 +552,12 @@ def step_phases(steps: Sequence[StepEvent], *, warmup_max: int = WARMUP_MAX) -> 
     k = 0
     while k < len(ordered):
         step = steps[ordered[k]]
-        if not step.compiles:
+        if not (step.compiles or step.read_backs):
             seen.add(step.sequence)
             k += 1
             continue
         j = k
-        while j < len(ordered) and steps[ordered[j]].compiles:
+        while j < len(ordered) and (steps[ordered[j]].compiles or steps[ordered[j]].read_backs):
             j += 1
         settled = steps[ordered[j]] if j < len(ordered) else None
         # a run still compiling when the steps end cannot show whether it would settle
@@ -633,6 +646,8 @@ def summarize_steps(steps: Sequence[StepEvent], compiles: Sequence[Any]) -> Step
     index = StepIndex(steps)
     totals: dict[str, list] = {}
     for c in compiles:
+        if getattr(c, "from_cache", False):
+            continue  # read back from the persistent cache: nothing compiled
         where = phase_of(index, phases, c.ts)
         t = totals.setdefault(where, [0, 0, 0.0])
         t[0] += 1

@@ -472,7 +472,7 @@ def test_the_declarations_give_the_layout_readers_rely_on(tmp_path):
     }
     conn.close()
     assert cols == {
-        "compiles": ["event_id", "signature", "args", "previous_id", "identity"],
+        "compiles": ["event_id", "signature", "args", "previous_id", "identity", "from_cache", "saved_seconds"],
         "key_diffs": [
             "event_id",
             "position",

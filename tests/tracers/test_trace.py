@@ -147,6 +147,7 @@ def test_options_are_keyword_only():
 
 
 def test_environment_sets_options(monkeypatch, tmp_path):
+    monkeypatch.delenv("TPU_DEBUG_COMPILE_CACHE")  # the suite's setting (conftest): only these variables here
     monkeypatch.setenv("TPU_DEBUG_LOGDIR", str(tmp_path / "env_runs"))
     monkeypatch.setenv("TPU_DEBUG_HLO", "off")
     monkeypatch.setenv("TPU_DEBUG_OP_EVENTS", "yes")

@@ -1,0 +1,362 @@
+"""The persistent compile cache: local programs compiled once, read back by later runs.
+
+Running the same script again lowers the same programs; compiling them again
+costs the same seconds every run. JAX's persistent compilation cache already
+keys an executable by its lowering, the compile options, the devices and the
+jax, jaxlib and XLA platform versions, and turns a read-back into a
+``jax.stages.Compiled`` like any compile. What it does not do is what a
+debugging tool needs: its files are written in place (a process killed mid-write
+leaves a truncated entry), read without a checksum, it records compile time in
+whole seconds (a small op's 20 ms is 0), it serves every ``jax.jit`` of the
+process, and its compile-time threshold (1 s) skips the small programs eager mode
+is made of. So JAX's cache calls go through :class:`_Store`, installed as JAX's
+cache backend, which:
+
+- serves only the runtime's own compiles (inside :func:`local_compile`); any other
+  compile of the process (the user's ``jax.jit``, a TPU-target compile) goes to
+  the cache JAX had before (usually none);
+- keeps one file per entry, named by JAX's key and ours (tpu_debug, jax,
+  jaxlib and libtpu versions, XLA platform), written to a temporary file and
+  renamed, so a reader sees a whole entry or none;
+- checks each entry before handing it to XLA (format, both keys, length,
+  SHA-256): a damaged or foreign entry is ignored with a note (logged, and kept by
+  :func:`notes`), and the program is compiled again, which replaces it;
+- remembers the compile time in seconds (a float) to report what a read-back saved;
+- holds at most ``config.compile_cache_bytes``, least recently used entries out first.
+
+Where: ``config.compile_cache_dir`` (``$TPU_DEBUG_COMPILE_CACHE_DIR``), else
+``$XDG_CACHE_HOME/tpu_debug/compile``, else ``~/.cache/tpu_debug/compile``.
+``config.compile_cache = False`` (``TPU_DEBUG_COMPILE_CACHE=0``,
+``trace(compile_cache=False)``, ``tpu-debug run --no-compile-cache``) turns it off.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tpu_debug.runtime.config import config
+
+__all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes"]
+
+_log = logging.getLogger("tpu_debug.compile_cache")
+_MAGIC = b"TPUDBGXC"
+_FORMAT = 1
+_SUFFIX = ".xc"
+_HEADER_MAX = 1 << 16  # an entry's JSON header is a few hundred bytes; more means a foreign file
+
+
+@dataclasses.dataclass(slots=True)
+class CacheOutcome:
+    """What the persistent cache did for one compile.
+
+    Attributes:
+        from_cache: the executable was read back from the cache (nothing compiled).
+        saved_seconds: for a read-back, the recorded compile time less the read-back's.
+    """
+
+    from_cache: bool = False
+    saved_seconds: float = 0.0
+    start: float = 0.0
+    original_seconds: float = 0.0
+
+
+def cache_dir() -> Path | None:
+    """The cache directory, or None when the cache is off."""
+    if not config.compile_cache:
+        return None
+    if config.compile_cache_dir:
+        return Path(config.compile_cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tpu_debug" / "compile"
+
+
+_notes: collections.deque[str] = collections.deque(maxlen=100)
+
+
+def notes() -> list[str]:
+    """The latest notes about entries ignored (damaged, foreign) or not written, oldest first."""
+    return list(_notes)
+
+
+def _note(text: str) -> None:
+    _notes.append(text)
+    _log.warning("tpu_debug compile cache: %s", text)
+
+
+_local = threading.local()  # .scope: (root, CacheOutcome) of this thread's compile in progress
+
+
+@contextlib.contextmanager
+def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
+    """Around the runtime's ``lowered.compile()`` of a local program: the cache may serve it.
+
+    Args:
+        enabled: False for a block that compiles for another target (nothing cached).
+
+    Yields the :class:`CacheOutcome`, filled when the block ends.
+
+    Example:
+        >>> with local_compile() as outcome:
+        ...     compiled = jax.jit(f).lower(x).compile()
+        >>> outcome.from_cache
+        False
+    """
+    outcome = CacheOutcome(start=time.perf_counter())
+    root = cache_dir() if enabled else None
+    if root is None or not _install():
+        yield outcome
+        return
+    from jax._src import config as jax_config
+
+    saved, _local.scope = getattr(_local, "scope", None), (root, outcome)
+    try:
+        # every program is worth keeping: an eager op compiles in milliseconds, many times per run
+        with jax_config.persistent_cache_min_compile_time_secs(0.0):
+            yield outcome
+    finally:
+        _local.scope = saved
+    if outcome.from_cache:
+        outcome.saved_seconds = max(0.0, outcome.original_seconds - (time.perf_counter() - outcome.start))
+
+
+_install_lock = threading.Lock()
+_store: _Store | None = None
+
+
+def _install() -> bool:
+    """Make :class:`_Store` JAX's cache backend (again, if something replaced it); False if
+    this jax has no such hook."""
+    global _store
+    try:
+        from jax._src import compilation_cache as jcc
+    except ImportError:
+        return False
+    if _store is not None and jcc._cache is _store:
+        return True
+    with _install_lock:
+        if _store is None or jcc._cache is not _store:
+            previous = jcc._cache if not isinstance(jcc._cache, _Store) else jcc._cache._inner
+            _store = _Store(previous)
+            jcc._cache = _store
+    return True
+
+
+_print: str | None = None
+
+
+def _fingerprint() -> str:
+    """What, beyond JAX's key, an entry was written by: versions and the XLA platform."""
+    global _print
+    if _print is None:
+        import jax
+        import jaxlib
+
+        from tpu_debug._version import __version__
+
+        try:
+            libtpu = importlib.metadata.version("libtpu")
+        except importlib.metadata.PackageNotFoundError:
+            libtpu = "none"
+        from jax.extend.backend import get_backend
+
+        backend = get_backend()
+        _print = (
+            f"tpu_debug {__version__}; jax {jax.__version__}; jaxlib {jaxlib.__version__}; libtpu {libtpu}; "
+            f"platform {backend.platform} {backend.platform_version}"
+        )
+    return _print
+
+
+def _entry_path(root: Path, key: str) -> Path:
+    digest = hashlib.sha256(f"{key}\0{_fingerprint()}".encode()).hexdigest()[:40]
+    return root / f"{digest}{_SUFFIX}"
+
+
+def _get_cache_interface():
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    return CacheInterface
+
+
+class _Store(_get_cache_interface()):
+    """JAX's cache backend: checked, atomic entries for the runtime's compiles; for every other
+    compile, the cache JAX had (or sets up once the user gives it a directory), else none."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self._path = getattr(inner, "_path", None)
+
+    def _others(self):
+        if self._inner is None:
+            # the user's own jax_compilation_cache_dir, set after this store took JAX's slot
+            from jax._src import compilation_cache as jcc
+            from jax._src import config as jax_config
+
+            path = jax_config.compilation_cache_dir.value
+            if path is not None:
+                made = jcc.get_file_cache(path)
+                if made is not None:
+                    self._inner, self._path = made[0], getattr(made[0], "_path", None)
+        return self._inner
+
+    def get(self, key: str) -> bytes | None:
+        scope = getattr(_local, "scope", None)
+        if scope is None:
+            others = self._others()
+            return others.get(key) if others is not None else None
+        root, outcome = scope
+        return _read(_entry_path(root, key), key, outcome)
+
+    def put(self, key: str, value: bytes) -> None:
+        scope = getattr(_local, "scope", None)
+        if scope is None:
+            others = self._others()
+            if others is not None:
+                others.put(key, value)
+            return
+        root, outcome = scope
+        if outcome.from_cache:  # the entry read back did not load (JAX warned): compiled after all
+            outcome.from_cache = False
+            _note(f"entry {_entry_path(root, key).name} could not be loaded by XLA; compiled again and replaced")
+        _write(root, _entry_path(root, key), key, value, time.perf_counter() - outcome.start)
+
+    def clear(self) -> None:
+        if self._inner is not None and hasattr(self._inner, "clear"):
+            self._inner.clear()
+
+
+def _read(path: Path, key: str, outcome: CacheOutcome) -> bytes | None:
+    """The payload of the entry at ``path`` if it is whole and ours, else None (with a note)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _note(f"entry {path.name} unreadable ({exc.strerror}); compiling instead")
+        return None
+    problem, header, payload = _parse(data, key)
+    if problem is not None:
+        _note(f"entry {path.name} ignored: {problem}; compiling again to replace it")
+        return None
+    outcome.from_cache = True
+    outcome.original_seconds = float(header["seconds"])
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recency for the size bound
+    return payload
+
+
+def _parse(data: bytes, key: str) -> tuple[str | None, dict, bytes]:
+    """(problem or None, header, payload) of an entry's bytes."""
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 4:
+        return "not a tpu_debug cache entry", {}, b""
+    at = len(_MAGIC) + 4
+    size = int.from_bytes(data[len(_MAGIC):at], "big")
+    if size > _HEADER_MAX or at + size > len(data):
+        return "truncated or damaged header", {}, b""
+    try:
+        header = json.loads(data[at:at + size])
+    except ValueError:
+        return "damaged header", {}, b""
+    payload = data[at + size:]
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        return "written in another format", {}, b""
+    if header.get("key") != key or header.get("by") != _fingerprint():
+        return f"written for another program or version ({header.get('by')!r})", {}, b""
+    if header.get("length") != len(payload):
+        return f"truncated ({len(payload)} of {header.get('length')} bytes)", {}, b""
+    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        return "checksum mismatch", {}, b""
+    if not isinstance(header.get("seconds"), (int, float)):
+        return "damaged header", {}, b""
+    return None, header, payload
+
+
+def _write(root: Path, path: Path, key: str, payload: bytes, seconds: float) -> None:
+    """Write the entry whole (a temporary file renamed over it), then keep the cache within its bound."""
+    header = json.dumps({
+        "format": _FORMAT, "key": key, "by": _fingerprint(), "length": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(), "seconds": seconds,
+    }).encode()
+    data = _MAGIC + len(header).to_bytes(4, "big") + header + payload
+    if len(data) > config.compile_cache_bytes:
+        return  # larger than the whole bound: not kept
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-", suffix=_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        _note(f"could not write to {root} ({exc.strerror}); the program runs, uncached")
+        return
+    _bound(root, len(data))
+
+
+_size_lock = threading.Lock()
+_sizes: dict[Path, int] = {}  # bytes held per cache directory, as this process last counted
+
+
+def _bound(root: Path, added: int) -> None:
+    """Drop the least recently used entries once the directory holds more than the bound.
+
+    The total is counted from the directory once and then kept up to date here; other
+    processes writing to the same directory are caught at the next count (each time the
+    bound is passed)."""
+    limit = config.compile_cache_bytes
+    with _size_lock:
+        total = _sizes.get(root)
+        total = _count(root) if total is None else total + added
+        if total > limit:
+            total = _evict(root, limit * 3 // 4)  # below the bound, so it is not passed again at once
+        _sizes[root] = total
+
+
+def _entries(root: Path) -> list[tuple[float, int, Path]]:
+    out = []
+    with contextlib.suppress(OSError), os.scandir(root) as it:
+        for e in it:
+            if e.name.endswith(_SUFFIX) and not e.name.startswith(".tmp-"):
+                with contextlib.suppress(OSError):
+                    st = e.stat()
+                    out.append((st.st_mtime, st.st_size, Path(e.path)))
+    return out
+
+
+def _count(root: Path) -> int:
+    """Bytes of the entries in ``root``; temporary files an hour old (left by a process
+    killed while writing) are removed."""
+    stale = time.time() - 3600
+    for tmp in root.glob(".tmp-*"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < stale:
+                tmp.unlink()
+    return sum(size for _, size, _ in _entries(root))
+
+
+def _evict(root: Path, target: int) -> int:
+    entries = sorted(_entries(root))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in entries:
+        if total <= target:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        total -= size
+    return total
