@@ -40,20 +40,35 @@ from tpu_debug.tui.screens import (
 from tpu_debug_core.errors import TpuDebugError
 from tpu_debug.session import Session
 
-__all__ = ["TpuDebugApp", "run_app"]
+__all__ = ["VIEW_TABLE", "View", "TpuDebugApp", "run_app"]
 
 T = TypeVar("T")
 
-VIEWS = {
-    "overview": "Overview",
-    "recompiles": "Recompiles",
-    "ops": "Ops",
-    "transfers": "Transfers",
-    "divergence": "Divergence",
-    "steps": "Steps",
-    "memory": "Memory",
-    "collectives": "Collectives",
-}
+@dataclasses.dataclass(frozen=True)
+class View:
+    """One view of the app: its Textual mode, its title, its screen, and whether the footer
+    shows its number key (the help screen, ``?``, lists every key)."""
+
+    mode: str
+    title: str
+    screen: type
+    in_footer: bool = True
+
+
+# The one table of views: the number keys (1, 2, ...) follow its order; MODES, BINDINGS and
+# VIEWS come from it, so a new view is its screen plus one row here.
+VIEW_TABLE: tuple[View, ...] = (
+    View("overview", "Overview", OverviewScreen),
+    View("recompiles", "Recompiles", RecompilesScreen),
+    View("ops", "Ops", OpsScreen),
+    View("transfers", "Transfers", TransfersScreen),
+    View("divergence", "Divergence", DivergenceScreen),
+    View("steps", "Steps", StepsScreen),
+    View("memory", "Memory", MemoryScreen),
+    View("collectives", "Collectives", CollectivesScreen, in_footer=False),
+)
+
+VIEWS = {view.mode: view.title for view in VIEW_TABLE}
 
 
 class TpuDebugApp(App[None]):
@@ -67,26 +82,13 @@ class TpuDebugApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "tpu-debug"
     ENABLE_COMMAND_PALETTE = False
-    MODES: ClassVar[dict[str, Any]] = {
-        "overview": OverviewScreen,
-        "recompiles": RecompilesScreen,
-        "ops": OpsScreen,
-        "transfers": TransfersScreen,
-        "divergence": DivergenceScreen,
-        "steps": StepsScreen,
-        "memory": MemoryScreen,
-        "collectives": CollectivesScreen,
-    }
+    MODES: ClassVar[dict[str, Any]] = {view.mode: view.screen for view in VIEW_TABLE}
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "switch_mode('overview')", "Overview"),
-        Binding("2", "switch_mode('recompiles')", "Recompiles"),
-        Binding("3", "switch_mode('ops')", "Ops"),
-        Binding("4", "switch_mode('transfers')", "Transfers"),
-        Binding("5", "switch_mode('divergence')", "Divergence"),
-        Binding("6", "switch_mode('steps')", "Steps"),
-        Binding("7", "switch_mode('memory')", "Memory"),
-        Binding("8", "switch_mode('collectives')", "Collectives", show=False),
+        *(
+            Binding(str(number), f"switch_mode('{view.mode}')", view.title, show=view.in_footer)
+            for number, view in enumerate(VIEW_TABLE, 1)
+        ),
         Binding("r", "ranks", "Ranks (multi-process run)", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),
