@@ -39,6 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # no verb: --help, --version or the usage, which need the device no more than 'report' does
     if "tpu_debug" not in sys.modules and (verb is None or verb in READING_VERBS):
         read_only = True
+    if verb == "run" and "tpu_debug" not in sys.modules:
+        # a missing script is said at once, before torch and jax are imported (seconds)
+        from tpu_debug_core.run_args import early_error
+
+        error = early_error(args[args.index("run") + 1:])
+        if error is not None:
+            print(f"tpu-debug run: {error}", file=sys.stderr)
+            return error.exit_code
     from tpu_debug.cli import main as cli_main
 
     if verb not in READING_VERBS:

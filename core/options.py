@@ -202,7 +202,8 @@ class Option:
         help: one sentence for ``--help`` and the docstrings.
         scopes: the config objects that hold it: ``"trace"`` (:class:`TraceConfig`,
             ``trace()``), ``"runtime"`` (``tpu_debug.runtime.config``),
-            ``"distributed"`` (``tpu_debug.runtime.distributed.config``). An option in
+            ``"distributed"`` (``tpu_debug.runtime.distributed.config``), ``"run"`` (the
+            ``tpu-debug run`` command itself: a flag and a variable only). An option in
             both ``"trace"`` and ``"runtime"`` sets the runtime's value while a trace
             records; its ``trace()`` default (None) leaves the runtime's value.
         flag: ``tpu-debug run`` has a flag for it.
@@ -301,6 +302,9 @@ OPTIONS: tuple[Option, ...] = (
            "$XDG_CACHE_HOME/tpu_debug/compile, else ~/.cache/tpu_debug/compile)", _RUNTIME, flag=False),
     Option("compile_cache_bytes", COUNT, 1 << 30, "bytes the persistent compile cache holds at most, least "
            "recently used entries out first", _RUNTIME, flag=False),
+    # the tpu-debug run command itself
+    Option("traceback", BOOL, False, "print the whole traceback of a tpu_debug error (a guard, a rank check) "
+           "that ends the script, not only the script's innermost frame and the message", frozenset({"run"})),
     # multi-process runs: tpu_debug.runtime.distributed.config
     Option("rank_check", BOOL, True, "before each program over devices of several processes, check that every "
            "rank runs the same program (a rank running another raises RankDivergenceError)", _RANKS, flag=False),

@@ -55,6 +55,7 @@ JUNK = {
     "TPU_DEBUG_COMPILE_CACHE": "junk",
     "TPU_DEBUG_COMPILE_CACHE_DIR": " ",
     "TPU_DEBUG_COMPILE_CACHE_BYTES": "1GB",
+    "TPU_DEBUG_TRACEBACK": "junk",
 }
 RECORDING = sorted(set(JUNK) - {"TPU_DEBUG_LOGDIR"})  # the reading verbs use the logdir too
 

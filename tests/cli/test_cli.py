@@ -254,7 +254,7 @@ def test_a_script_that_traces_itself_is_told_why_it_cannot(script, logdir, capsy
     # in process, the first user frame above the runner is this test; from a shell it is
     # "started outside your code, e.g. by 'tpu-debug run'"
     assert re.search(
-        r"tpu_debug_core\.errors\.TraceActiveError: a trace is already recording \(started at .*test_cli\.py:\d+ in "
+        r"TraceActiveError: a trace is already recording \(started at .*test_cli\.py:\d+ in "
         r"test_a_script_that_traces_itself_is_told_why_it_cannot\); tpu_debug records one trace at a time\. "
         r"End it before starting another\.",
         err,
@@ -269,3 +269,29 @@ def test_help_is_plain_text(verb, capsys):
     text = capsys.readouterr().out
     assert "usage: tpu-debug" in text
     assert not re.search(r"``|:(class|func|data|meth):`", text), text
+
+
+def test_a_tpu_debug_error_ending_the_script_shows_the_users_frame_and_its_message(tmp_path, capsys):
+    script = tmp_path / "guarded.py"
+    script.write_text(
+        "import torch\nimport tpu_debug\n\n"
+        "def main():\n"
+        "    s = torch.ones(3, device='tpu').sum()\n"
+        "    with tpu_debug.transfer_guard('disallow'):\n"
+        "        print(s.item())\n\n"
+        "main()\n"
+    )
+    logdir = tmp_path / "runs"
+    assert main(["run", "--logdir", str(logdir), "--no-report", str(script)]) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    start = lines.index("Traceback (the innermost frame of the script; tpu-debug run --traceback shows every frame):")
+    assert lines[start + 1] == f'  File "{script}", line 7, in main'
+    assert lines[start + 2].strip() == "print(s.item())"
+    message = next(line for line in lines[start:] if line.startswith("TransferGuardError: "))
+    assert f"by .item() at {script}:7 in main is disallowed" in message
+    assert "site-packages" not in err and "runtime" not in err  # no library frame
+    # --traceback: every frame, the runtime's too
+    assert main(["run", "--logdir", str(logdir), "--no-report", "--traceback", str(script)]) == 1
+    full = capsys.readouterr().err
+    assert "Traceback (most recent call last):" in full and full.count('  File "') > 2

@@ -241,6 +241,20 @@ def test_run_verb_registers_the_device(tmp_path):
     assert "4.0" in out.split() and out.split()[-4:] == ["exit", "0", "False", "True"]
 
 
+def test_run_of_a_missing_script_says_so_before_importing_torch(tmp_path):
+    missing = tmp_path / "nosuch.py"
+    out = _python(
+        f"""
+        import sys
+        import tpu_debug_launcher
+        code = tpu_debug_launcher.main(["run", "--target", "v5e", {str(missing)!r}, "--steps", "3"])
+        print("exit", code, "torch" in sys.modules, "jax" in sys.modules, file=sys.__stdout__)
+        """,
+        tmp_path,
+    )
+    assert out.split()[-4:] == ["exit", "2", "False", "False"]
+
+
 def test_console_script_imports_neither_torch_nor_jax(tmp_path):
     """The installed ``tpu-debug`` script itself, as a user starts it (``-X importtime``'s
     report lists every module the process imported)."""

@@ -9,52 +9,19 @@ import os
 import runpy
 import signal
 import sys
+import traceback
 import types
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import tpu_debug
-from tpu_debug_core.errors import CommandError
-from tpu_debug_core.options import add_flags, check_env, env_text
+from tpu_debug_core.errors import CommandError, TpuDebugError
+from tpu_debug_core.run_args import prepare_parser, script_of
+from tpu_debug_core.options import check_env, env_text, read_env
 from tpu_debug_core.options import options as trace_options
 from tpu_debug.tracing import Terminated
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
-
-
-def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "tpu-debug run [options] (script.py | -m module) [args ...]"
-    # one flag per trace option (core/options.py), None when not given
-    add_flags(parser, "trace")
-    parser.add_argument(
-        "--no-report",
-        dest="report",
-        action="store_false",
-        help="do not print the report when the script ends",
-    )
-    parser.add_argument(
-        "--tui",
-        action="store_true",
-        help="open the terminal UI on the run when the script ends (instead of printing the report)",
-    )
-    # -- devices and processes --
-    parser.add_argument(
-        "--devices",
-        type=int,
-        metavar="N",
-        help="simulate N CPU devices (per process), for device meshes on a machine without accelerators "
-        "(XLA's --xla_force_host_platform_device_count)",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        metavar="N",
-        help="run the script as N processes (ranks) of one multi-process run on this machine "
-        "(jax.distributed); each rank records its own run, under one parent directory",
-    )
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
-    parser.add_argument("script", nargs="?", help="the Python script to run")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -77,11 +44,33 @@ def _user_traceback(tb):
     return tb
 
 
+# set by run(): print a tpu_debug error's whole traceback (--traceback, TPU_DEBUG_TRACEBACK)
+_full_traceback = False
+
+
 def _print_exception(exc: BaseException) -> None:
     # the default excepthook reads exc.__traceback__, not its tb argument
     tb = _user_traceback(exc.__traceback__)
     exc.with_traceback(tb)
+    if isinstance(exc, TpuDebugError) and not _full_traceback and _print_short(exc, tb):
+        return
     sys.excepthook(type(exc), exc, tb)
+
+
+def _print_short(exc: BaseException, tb) -> bool:
+    """A tpu_debug error (a guard, a rank check) says what and where in its message: print
+    the user's innermost frame and the message, not the dozens of runtime and PyTorch frames
+    between them. False when no frame of the traceback is the user's."""
+    from tpu_debug.tracers.location import is_library_file
+
+    frames = [f for f in traceback.extract_tb(tb) if not is_library_file(f.filename)]
+    if not frames:
+        return False
+    print("Traceback (the innermost frame of the script; tpu-debug run --traceback shows every frame):",
+          file=sys.stderr)
+    print("".join(traceback.format_list(frames[-1:])), end="", file=sys.stderr)
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    return True
 
 
 def _run_path(target: str) -> None:
@@ -137,25 +126,10 @@ def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    global _full_traceback
     check_env()  # a bad TPU_DEBUG_* variable: one line, before anything starts
-    if args.module:
-        target, script_args = args.module, ([args.script] if args.script else []) + list(args.args)
-        argv0 = target
-        sys_path0 = os.getcwd()
-        name = args.name or target.rsplit(".", 1)[-1]
-    else:
-        if not args.script:
-            raise CommandError("no script given: tpu-debug run [options] script.py [args ...]", exit_code=2)
-        path = Path(args.script)
-        if not path.exists():
-            raise CommandError(
-                f"can't open file {str(path.absolute())!r}: no such file. "
-                "Pass the path of a Python script: tpu-debug run script.py [args ...]",
-                exit_code=2,
-            )
-        target, script_args, argv0 = args.script, list(args.args), args.script
-        sys_path0 = os.path.dirname(os.path.realpath(path))
-        name = args.name or path.stem
+    _full_traceback = args.traceback if args.traceback is not None else read_env("run").get("traceback", False)
+    target, script_args, argv0, sys_path0, name = script_of(args)
 
     if args.nproc is not None:
         return _run_ranks(args, name)
