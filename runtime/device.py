@@ -18,6 +18,8 @@ from torch._C._dynamo import eval_frame as _eval_frame
 from tpu_debug_core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
+from tpu_debug.runtime import profiler as _profiler
+from tpu_debug.runtime import tpu_utils as _tpu_utils
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
@@ -65,6 +67,10 @@ class TpuModule:
     precision = _Precision()
     # ``with torch.tpu.set_eager_mode(mode):`` (a context manager, as in TorchTPU)
     set_eager_mode = _lazy.set_eager_mode
+    # TorchTPU's submodules and debugging utilities (runtime/profiler.py, runtime/tpu_utils.py)
+    profiler = _profiler
+    utils = _tpu_utils
+    _get_cache_stats = staticmethod(_tpu_utils.get_cache_stats)
 
     @property
     def eager_mode(self) -> _lazy.EagerMode:
@@ -622,6 +628,7 @@ def install() -> bool:
         _state["libs"] = _register_kernels()
         _patch_storages()
         _shield_rng_functions()
+        _profiler.install_profiler_hooks()
         _state["installed"] = True
     from tpu_debug.runtime.compiled import install_backends
 

@@ -1,0 +1,259 @@
+"""``torch.profiler`` on the ``tpu`` device: the runtime's work as profiler ranges.
+
+While a ``torch.profiler.profile`` (or ``torch.autograd.profiler.profile``)
+session records, a probe (:class:`ProfilerProbe`) is subscribed to the runtime
+and turns each compile, program run and host<->device copy into a
+``record_function`` range on the thread that did it:
+
+==============================  ============================================
+range name                      what ran
+==============================  ============================================
+``tpu::<name>``                 an executable: an eager op (``mm``) or a lazy
+                                or compiled graph's program
+``tpu::compile::<name>``        its compile (or its read-back from the
+                                persistent compile cache)
+``tpu::<direction>::<op>``      a copy (``tpu::h2d::_to_copy``, ``tpu::d2h::...``)
+==============================  ============================================
+
+so ``prof.export_chrome_trace()`` holds them nested under the aten ops that
+caused them, and ``prof.key_averages()`` counts and times them by name. The
+probe is subscribed when the profiler starts recording and unsubscribed when it
+stops (hooks on ``torch.autograd.profiler.profile``, which both profiler APIs
+run): with no profiler running, the runtime has no probe and pays nothing.
+
+TorchTPU's ``torch.tpu.profiler.TpuProfilerConfig`` is accepted as the
+profiler's ``experimental_config``; see :class:`TpuProfilerConfig` for what
+each argument does here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.autograd import profiler as _autograd_profiler
+
+from tpu_debug_core.errors import TpuArgumentError
+from tpu_debug.runtime import probes
+
+__all__ = ["ProfilerProbe", "TpuProfilerConfig", "install_profiler_hooks"]
+
+_LEVELS = {"host_tracer_level": (0, 3), "device_tracer_level": (0, 1), "python_tracer_level": (0, 1)}
+# below this host tracer level the runtime's own ranges are left out (TorchTPU: 1 is
+# "user-instrumented ranges only", 2 adds the XLA runtime's)
+_RUNTIME_RANGES_LEVEL = 2
+
+
+class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
+    """TorchTPU's profiler configuration, passed as ``experimental_config``.
+
+    Args:
+        host_tracer_level: 0 or 1: no ``tpu::`` ranges (only the user's
+            ``record_function`` ranges and the aten ops); 2 (default) or 3:
+            compiles, program runs and copies as ranges.
+        device_tracer_level: 1 (default) with ``run_dir``: a JAX profiler trace
+            (XPlane, for TensorBoard or XProf) of the same window is written under
+            ``run_dir``; 0: none.
+        python_tracer_level: JAX's Python tracer level for that trace (0 or 1).
+        run_dir: where the JAX trace goes; None: no JAX trace.
+        worker_rank: added to the trace's metadata as ``tpu_worker_rank``.
+        experimental_options: TorchTPU's backend options; this runtime has none, so
+            any raises unless ``check_experimental_options`` is False (then ignored).
+        check_experimental_options: refuse unknown experimental options.
+
+    Raises:
+        TpuArgumentError: a level out of range, a ``worker_rank`` that is not a
+            string or holds ``:`` or ``,``, or an experimental option.
+
+    Example:
+        >>> cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir="prof")
+        >>> with torch.profiler.profile(experimental_config=cfg) as prof:
+        ...     step()
+    """
+
+    def __init__(
+        self,
+        host_tracer_level: int = 2,
+        device_tracer_level: int = 1,
+        python_tracer_level: int = 0,
+        run_dir: os.PathLike[str] | str | None = None,
+        worker_rank: str | None = None,
+        experimental_options: Mapping[str, int | bool | str] | None = None,
+        check_experimental_options: bool = True,
+    ) -> None:
+        levels = {"host_tracer_level": host_tracer_level, "device_tracer_level": device_tracer_level,
+                  "python_tracer_level": python_tracer_level}
+        for name, value in levels.items():
+            low, high = _LEVELS[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise TpuArgumentError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+        if worker_rank is not None:
+            if not isinstance(worker_rank, str):
+                raise TpuArgumentError(f"worker_rank must be a string, got {type(worker_rank).__name__}")
+            if ":" in worker_rank or "," in worker_rank:
+                raise TpuArgumentError(f"worker_rank cannot contain ':' or ',': {worker_rank!r}")
+        if experimental_options and check_experimental_options:
+            raise TpuArgumentError(
+                f"experimental_options {sorted(experimental_options)} are TorchTPU backend options; "
+                "tpu_debug's runtime has none. Drop them, or pass check_experimental_options=False "
+                "to ignore them"
+            )
+        super().__init__()
+        self.host_tracer_level = host_tracer_level
+        self.device_tracer_level = device_tracer_level
+        self.python_tracer_level = python_tracer_level
+        self.run_dir = os.fspath(run_dir) if run_dir is not None else None
+        self.worker_rank = worker_rank
+
+
+class ProfilerProbe:
+    """A probe that opens a ``record_function`` range at each begin notification and
+    closes it at the matching end.
+
+    An activity that raised sends no end: its range stays open until the next end of
+    an enclosing activity on that thread, or :meth:`close_all`, closes it (a range
+    is always closed before the one it is nested in, as the profiler requires).
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _stack(self) -> list:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _open(self, kind: str, name: str) -> None:
+        rf = _autograd_profiler.record_function(name)
+        rf.__enter__()
+        self._stack().append((kind, rf))
+
+    def _close(self, kind: str) -> None:
+        stack = self._stack()
+        if not any(k == kind for k, _ in stack):
+            return  # begun before this probe subscribed
+        while stack:
+            k, rf = stack.pop()
+            rf.__exit__(None, None, None)
+            if k == kind:
+                return
+
+    def close_all(self) -> None:
+        """Close this thread's open ranges (innermost first)."""
+        stack = self._stack()
+        while stack:
+            stack.pop()[1].__exit__(None, None, None)
+
+    def on_execute_begin(self, mode: str, name: str, key: Any) -> None:
+        self._open("execute", f"tpu::{name}")
+
+    def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
+        self._close("execute")
+
+    def on_compile_begin(self, mode: str, name: str) -> None:
+        self._open("compile", f"tpu::compile::{name}")
+
+    def on_compile(self, info: probes.CompileInfo) -> None:
+        if not info.replayed:
+            self._close("compile")
+
+    def on_transfer_begin(self, direction: str, op: str) -> None:
+        self._open("transfer", f"tpu::{direction}::{op}")
+
+    def on_transfer(self, info: probes.TransferInfo) -> None:
+        self._close("transfer")
+
+
+class _Sessions:
+    """The profiler sessions recording now: the first subscribes the probe, the last
+    unsubscribes it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: set[int] = set()  # id() of each recording profiler
+        self.probe: ProfilerProbe | None = None
+        self.jax_traces: dict[int, str] = {}
+
+
+_sessions = _Sessions()
+
+
+def _config(prof: Any) -> TpuProfilerConfig | None:
+    cfg = getattr(prof, "experimental_config", None)
+    return cfg if isinstance(cfg, TpuProfilerConfig) else None
+
+
+def _session_started(prof: Any) -> None:
+    cfg = _config(prof)
+    with _sessions.lock:
+        _sessions.active.add(id(prof))
+        if cfg is None or cfg.host_tracer_level >= _RUNTIME_RANGES_LEVEL:
+            if _sessions.probe is None:
+                _sessions.probe = ProfilerProbe()
+                probes.subscribe(_sessions.probe)
+    if cfg is None:
+        return
+    if cfg.worker_rank is not None:
+        torch.autograd._add_metadata_json("tpu_worker_rank", f'"{cfg.worker_rank}"')
+    if cfg.run_dir is not None and cfg.device_tracer_level >= 1:
+        import jax.profiler
+
+        options = jax.profiler.ProfileOptions()
+        options.host_tracer_level = cfg.host_tracer_level
+        options.python_tracer_level = cfg.python_tracer_level
+        jax.profiler.start_trace(cfg.run_dir, profiler_options=options)
+        _sessions.jax_traces[id(prof)] = cfg.run_dir
+
+
+def _session_stopping(prof: Any) -> None:
+    probe = _sessions.probe
+    if probe is not None:
+        probe.close_all()
+
+
+def _session_stopped(prof: Any) -> None:
+    with _sessions.lock:
+        _sessions.active.discard(id(prof))
+        probe = _sessions.probe if not _sessions.active else None
+        _sessions.probe = None if probe is not None else _sessions.probe
+    if probe is not None:
+        probes.unsubscribe(probe)
+        probe.close_all()
+    if _sessions.jax_traces.pop(id(prof), None) is not None:
+        import jax.profiler
+
+        jax.profiler.stop_trace()
+
+
+def install_profiler_hooks() -> None:
+    """Wrap ``torch.autograd.profiler.profile``'s start and stop of recording (which
+    ``torch.profiler.profile`` uses too) so a session subscribes the probe (idempotent).
+
+    The two methods are where the profiler turns recording on and off; PyTorch has no
+    Python callback for that, so they are wrapped, each calling the original first
+    (start) or around it (stop)."""
+    cls = _autograd_profiler.profile
+    if getattr(cls, "_tpu_debug_hooked", False):
+        return
+    start, exit_ = cls._start_trace, cls.__exit__
+
+    def _start_trace(self):
+        start(self)
+        _session_started(self)
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if id(self) not in _sessions.active:
+            return exit_(self, exc_type, exc_val, exc_tb)
+        _session_stopping(self)
+        try:
+            return exit_(self, exc_type, exc_val, exc_tb)
+        finally:
+            _session_stopped(self)
+
+    cls._start_trace = _start_trace
+    cls.__exit__ = __exit__
+    cls._tpu_debug_hooked = True
