@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
-from tpu_debug_core.errors import TpuArgumentError
+from tpu_debug_core.errors import TpuArgumentError, TraceActiveError
 from tpu_debug.runtime import probes
 
 __all__ = ["ProfilerProbe", "TpuProfilerConfig", "install_profiler_hooks"]
@@ -67,6 +67,8 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
     Raises:
         TpuArgumentError: a level out of range, a ``worker_rank`` that is not a
             string or holds ``:`` or ``,``, or an experimental option.
+        TraceActiveError: (when the profiler starts) ``run_dir`` given while another
+            JAX trace runs; the profiler then does not start.
 
     Example:
         >>> cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir="prof")
@@ -84,8 +86,11 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
         experimental_options: Mapping[str, int | bool | str] | None = None,
         check_experimental_options: bool = True,
     ) -> None:
-        levels = {"host_tracer_level": host_tracer_level, "device_tracer_level": device_tracer_level,
-                  "python_tracer_level": python_tracer_level}
+        levels = {
+            "host_tracer_level": host_tracer_level,
+            "device_tracer_level": device_tracer_level,
+            "python_tracer_level": python_tracer_level,
+        }
         for name, value in levels.items():
             low, high = _LEVELS[name]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -187,26 +192,38 @@ def _config(prof: Any) -> TpuProfilerConfig | None:
     return cfg if isinstance(cfg, TpuProfilerConfig) else None
 
 
+def _start_jax_trace(prof: Any) -> None:
+    """Start the JAX trace a TpuProfilerConfig asks for, before the profiler records, so a
+    refusal leaves the profiler off."""
+    cfg = _config(prof)
+    if cfg is None or cfg.run_dir is None or cfg.device_tracer_level < 1:
+        return
+    import jax.profiler
+
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level = cfg.host_tracer_level
+    options.python_tracer_level = cfg.python_tracer_level
+    try:
+        jax.profiler.start_trace(cfg.run_dir, profiler_options=options)
+    except RuntimeError as exc:  # JAX runs one trace per process
+        raise TraceActiveError(
+            f"TpuProfilerConfig(run_dir={cfg.run_dir!r}) cannot start a JAX trace: {exc}. "
+            "Stop the other JAX trace (tpu_debug's tensorboard capture, jax.profiler), or "
+            "drop run_dir"
+        ) from None
+    _sessions.jax_traces[id(prof)] = cfg.run_dir
+
+
 def _session_started(prof: Any) -> None:
     cfg = _config(prof)
     with _sessions.lock:
         _sessions.active.add(id(prof))
-        if cfg is None or cfg.host_tracer_level >= _RUNTIME_RANGES_LEVEL:
-            if _sessions.probe is None:
-                _sessions.probe = ProfilerProbe()
-                probes.subscribe(_sessions.probe)
-    if cfg is None:
-        return
-    if cfg.worker_rank is not None:
+        ranges = cfg is None or cfg.host_tracer_level >= _RUNTIME_RANGES_LEVEL
+        if ranges and _sessions.probe is None:
+            _sessions.probe = ProfilerProbe()
+            probes.subscribe(_sessions.probe)
+    if cfg is not None and cfg.worker_rank is not None:
         torch.autograd._add_metadata_json("tpu_worker_rank", f'"{cfg.worker_rank}"')
-    if cfg.run_dir is not None and cfg.device_tracer_level >= 1:
-        import jax.profiler
-
-        options = jax.profiler.ProfileOptions()
-        options.host_tracer_level = cfg.host_tracer_level
-        options.python_tracer_level = cfg.python_tracer_level
-        jax.profiler.start_trace(cfg.run_dir, profiler_options=options)
-        _sessions.jax_traces[id(prof)] = cfg.run_dir
 
 
 def _session_stopping(prof: Any) -> None:
@@ -223,6 +240,10 @@ def _session_stopped(prof: Any) -> None:
     if probe is not None:
         probes.unsubscribe(probe)
         probe.close_all()
+    _stop_jax_trace(prof)
+
+
+def _stop_jax_trace(prof: Any) -> None:
     if _sessions.jax_traces.pop(id(prof), None) is not None:
         import jax.profiler
 
@@ -242,7 +263,12 @@ def install_profiler_hooks() -> None:
     start, exit_ = cls._start_trace, cls.__exit__
 
     def _start_trace(self):
-        start(self)
+        _start_jax_trace(self)
+        try:
+            start(self)
+        except BaseException:
+            _stop_jax_trace(self)
+            raise
         _session_started(self)
 
     def __exit__(self, exc_type, exc_val, exc_tb):

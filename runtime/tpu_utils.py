@@ -14,13 +14,20 @@ import collections
 import contextlib
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CacheStats", "CacheEntryStats", "OpTracer", "assert_close", "get_cache_stats",
-           "pformat_op_tracer", "suggested_tolerances"]
+__all__ = [
+    "CacheEntryStats",
+    "CacheStats",
+    "OpTracer",
+    "assert_close",
+    "get_cache_stats",
+    "pformat_op_tracer",
+    "suggested_tolerances",
+]
 
 
 # ---------------------------------------------------------------------------
@@ -90,12 +97,16 @@ def get_cache_stats() -> tuple[CacheStats, ...]:
         CacheEntryStats(e.name, e.calls, max(e.calls - 1, 0), e.seconds) for e in lazy._fused.values()
     )
     programs = tuple(
-        CacheEntryStats(_program_name(e), e.calls, max(e.calls - 1, 0),
-                        e.info.seconds if e.info is not None else 0.0)
+        CacheEntryStats(
+            _program_name(e), e.calls, max(e.calls - 1, 0), e.info.seconds if e.info is not None else 0.0
+        )
         for e in compiled._programs.values()
     )
-    return (CacheStats("eager executables", eager_entries), CacheStats("fused programs", fused),
-            CacheStats("compiled programs", programs))
+    return (
+        CacheStats("eager executables", eager_entries),
+        CacheStats("fused programs", fused),
+        CacheStats("compiled programs", programs),
+    )
 
 
 def _program_name(entry: Any) -> str:
@@ -127,7 +138,7 @@ class OpTracer(TorchDispatchMode, contextlib.ContextDecorator):
         super().__init__()
         self.ops_log: dict[str, dict[str, int]] = collections.defaultdict(dict)
 
-    def __enter__(self) -> OpTracer:
+    def __enter__(self) -> Self:
         super().__enter__()
         self.ops_log = collections.defaultdict(dict)
         return self
@@ -207,8 +218,9 @@ def _needed(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: flo
     return need_rtol, need_atol
 
 
-def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None,
-                 **kwargs: Any) -> None:
+def assert_close(
+    actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, **kwargs: Any
+) -> None:
     """``torch.testing.assert_close``, on ``tpu`` tensors too, with :func:`suggested_tolerances`
     as defaults; a mismatch names the tolerances that would have passed.
 
@@ -229,15 +241,21 @@ def assert_close(actual: Any, expected: Any, *, rtol: float | None = None, atol:
     if isinstance(expected, torch.Tensor) and expected.device.type == "tpu":
         expected = expected.cpu()
     if (rtol is None) != (atol is None):
-        raise ValueError("Both 'rtol' and 'atol' must be either specified or omitted, "
-                         f"but got no {'rtol' if rtol is None else 'atol'}.")
+        raise ValueError(
+            "Both 'rtol' and 'atol' must be either specified or omitted, "
+            f"but got no {'rtol' if rtol is None else 'atol'}."
+        )
     if rtol is None and isinstance(expected, torch.Tensor):
         rtol, atol = suggested_tolerances(expected.dtype)
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, **kwargs)
     except AssertionError as exc:
-        if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
-                and actual.shape == expected.shape and rtol is not None):
+        if not (
+            isinstance(actual, torch.Tensor)
+            and isinstance(expected, torch.Tensor)
+            and actual.shape == expected.shape
+            and rtol is not None
+        ):
             raise
         need_rtol, need_atol = (_round_up(t) for t in _needed(actual, expected, rtol, atol))
         raise AssertionError(

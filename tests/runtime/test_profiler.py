@@ -12,12 +12,13 @@ from __future__ import annotations
 import collections
 import json
 
+import jax.profiler
 import pytest
 import torch
 from tpu_debug.runtime import clear_cache, probes
 from tpu_debug.runtime.profiler import ProfilerProbe
 
-from tpu_debug_core.errors import TpuArgumentError
+from tpu_debug_core.errors import TpuArgumentError, TraceActiveError
 
 NEVER = torch.tpu.EagerMode.DEFER_NEVER
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE
@@ -55,13 +56,12 @@ def _profile_step(mode, tmp_path, **profile_kwargs):
     x, y = torch.randn(4, 8), torch.randn(4, 2)
     clear_cache()  # so this step compiles its ops
     heard = Heard()
-    with torch.tpu.set_eager_mode(mode):
-        with torch.profiler.profile(**profile_kwargs) as prof:
-            probes.subscribe(heard)
-            try:
-                _train_step(model, opt, x, y)
-            finally:
-                probes.unsubscribe(heard)
+    with torch.tpu.set_eager_mode(mode), torch.profiler.profile(**profile_kwargs) as prof:
+        probes.subscribe(heard)
+        try:
+            _train_step(model, opt, x, y)
+        finally:
+            probes.unsubscribe(heard)
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
     return prof, json.loads(path.read_text()), heard.counts
@@ -97,8 +97,10 @@ def test_runtime_ranges_nest_inside_the_aten_ops_that_caused_them(tmp_path):
             start, end = e["ts"], e["ts"] + e["dur"]
             assert e["dur"] >= 0
             # a runtime range runs inside an aten op (the dispatcher's range of the op)
-            assert any(o["name"].startswith("aten::") and o["ts"] <= start and end <= o["ts"] + o["dur"]
-                       for o in events), e["name"]
+            assert any(
+                o["name"].startswith("aten::") and o["ts"] <= start and end <= o["ts"] + o["dur"]
+                for o in events
+            ), e["name"]
             # and no range on its thread overlaps it without one containing the other
             for o in events:
                 o_start, o_end = o["ts"], o["ts"] + o["dur"]
@@ -123,7 +125,10 @@ def test_lazy_mode_shows_its_fused_programs(tmp_path):
     _, trace, heard = _profile_step(FUSE, tmp_path)
     seen = collections.Counter(e["name"] for e in _ranges(trace) if e["name"].startswith("tpu::"))
     assert seen == heard
-    assert sum(n for name, n in heard.items() if not name.startswith(("tpu::compile::", "tpu::h2d", "tpu::d2h"))) > 0
+    assert (
+        sum(n for name, n in heard.items() if not name.startswith(("tpu::compile::", "tpu::h2d", "tpu::d2h")))
+        > 0
+    )
 
 
 def test_no_probe_when_no_profiler_runs(tmp_path):
@@ -181,7 +186,9 @@ def test_tpu_profiler_config_refuses_what_torchtpu_refuses(kwargs, match):
 
 
 def test_unchecked_experimental_options_are_ignored():
-    cfg = torch.tpu.profiler.TpuProfilerConfig(experimental_options={"x": 1}, check_experimental_options=False)
+    cfg = torch.tpu.profiler.TpuProfilerConfig(
+        experimental_options={"x": 1}, check_experimental_options=False
+    )
     assert isinstance(cfg, torch.profiler._ExperimentalConfig)
 
 
@@ -194,3 +201,18 @@ def test_a_range_left_open_by_an_error_is_closed_by_the_enclosing_end():
         probe.on_execute("eager", "mm", None, 0.0)  # its range is closed already: ignored
     names = collections.Counter(e.key for e in prof.key_averages())
     assert names["tpu::d2h::item"] == 1 and names["tpu::mm"] == 1
+
+
+def test_run_dir_while_another_jax_trace_runs_leaves_the_profiler_off(tmp_path):
+    jax.profiler.start_trace(str(tmp_path / "other"))
+    try:
+        cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir=tmp_path / "xprof")
+        refused = pytest.raises(
+            TraceActiveError, match=r"^TpuProfilerConfig\(run_dir=.*\) cannot start a JAX trace: "
+        )
+        with refused, torch.profiler.profile(experimental_config=cfg):
+            pass
+    finally:
+        jax.profiler.stop_trace()
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert probes.active() == ()

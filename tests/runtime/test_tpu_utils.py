@@ -92,7 +92,9 @@ def _ours_says(actual, expected, **kw) -> bool:
 
 
 @pytest.mark.parametrize("scale", [0.0, 1e-7, 1e-5, 1e-3, 1e-1])
-@pytest.mark.parametrize("tols", [{"rtol": 1e-6, "atol": 1e-6}, {"rtol": 1e-3, "atol": 0.0}, {"rtol": 0.0, "atol": 1e-4}])
+@pytest.mark.parametrize(
+    "tols", [{"rtol": 1e-6, "atol": 1e-6}, {"rtol": 1e-3, "atol": 0.0}, {"rtol": 0.0, "atol": 1e-4}]
+)
 def test_assert_close_with_explicit_tolerances_agrees_with_torch(scale, tols):
     expected = torch.linspace(-2.0, 2.0, 33)
     actual = expected + scale * torch.cos(torch.arange(33.0))
