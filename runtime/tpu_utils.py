@@ -96,11 +96,12 @@ def get_cache_stats() -> tuple[CacheStats, ...]:
     fused = tuple(
         CacheEntryStats(e.name, e.calls, max(e.calls - 1, 0), e.seconds) for e in lazy._fused.values()
     )
+    # the compiled-programs cache is keyed by each program's entry (its value: where it is kept)
     programs = tuple(
         CacheEntryStats(
             _program_name(e), e.calls, max(e.calls - 1, 0), e.info.seconds if e.info is not None else 0.0
         )
-        for e in compiled._programs.values()
+        for e in compiled._programs.keys()
     )
     return (
         CacheStats("eager executables", eager_entries),

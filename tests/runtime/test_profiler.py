@@ -216,3 +216,25 @@ def test_run_dir_while_another_jax_trace_runs_leaves_the_profiler_off(tmp_path):
         jax.profiler.stop_trace()
     assert not torch.autograd.profiler._is_profiler_enabled
     assert probes.active() == ()
+
+
+def test_compiled_graph_programs_are_ranges_and_cache_stats_count_their_calls(tmp_path):
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: (x.sin() * 2.0).sum(), backend="tpu")
+    x = torch.ones(5, device="tpu")
+    recorder = Heard()
+    with torch.profiler.profile() as prof:
+        probes.subscribe(recorder)
+        try:
+            for _ in range(3):
+                fn(x)
+        finally:
+            probes.unsubscribe(recorder)
+    heard = recorder.counts
+    averages = {e.key: e.count for e in prof.key_averages()}
+    programs = [name for name in heard if name.startswith("tpu::") and not name.startswith("tpu::compile::")]
+    assert programs and all(averages[name] == heard[name] for name in programs)
+    assert sum(n for name, n in heard.items() if name.startswith("tpu::compile::")) >= 1
+    stats = next(c for c in torch.tpu._get_cache_stats() if c.name == "compiled programs")
+    called = [e for e in stats.entries if f"tpu::{e.name}" in heard]
+    assert sum(e.requests for e in called) == 3 and sum(e.hits for e in called) == 2
