@@ -629,6 +629,10 @@ def install() -> bool:
         _patch_storages()
         _shield_rng_functions()
         _profiler.install_profiler_hooks()
+        # ``from torch.tpu.profiler import TpuProfilerConfig`` as TorchTPU scripts write it
+        # (``torch.tpu`` is a TpuModule, not a package, so its submodules are found here)
+        sys.modules.setdefault("torch.tpu.profiler", _profiler)
+        sys.modules.setdefault("torch.tpu.utils", _tpu_utils)
         _state["installed"] = True
     from tpu_debug.runtime.compiled import install_backends
 

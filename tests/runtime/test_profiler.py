@@ -238,3 +238,11 @@ def test_compiled_graph_programs_are_ranges_and_cache_stats_count_their_calls(tm
     stats = next(c for c in torch.tpu._get_cache_stats() if c.name == "compiled programs")
     called = [e for e in stats.entries if f"tpu::{e.name}" in heard]
     assert sum(e.requests for e in called) == 3 and sum(e.hits for e in called) == 2
+
+
+def test_torchtpu_import_of_the_config_works():
+    from torch.tpu.profiler import TpuProfilerConfig
+    from torch.tpu.utils import OpTracer
+
+    assert TpuProfilerConfig is torch.tpu.profiler.TpuProfilerConfig
+    assert OpTracer is torch.tpu.utils.OpTracer
