@@ -28,6 +28,7 @@ each argument does here.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Mapping
