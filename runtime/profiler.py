@@ -224,7 +224,7 @@ def _session_started(prof: Any) -> None:
             _sessions.probe = ProfilerProbe()
             probes.subscribe(_sessions.probe)
     if cfg is not None and cfg.worker_rank is not None:
-        torch.autograd._add_metadata_json("tpu_worker_rank", f'"{cfg.worker_rank}"')
+        torch.autograd._add_metadata_json("tpu_worker_rank", json.dumps(cfg.worker_rank))
 
 
 def _session_stopping(prof: Any) -> None:

@@ -164,10 +164,10 @@ def test_host_tracer_level_below_two_leaves_the_runtime_out(tmp_path):
 
 
 def test_run_dir_gets_a_jax_trace_and_worker_rank_is_metadata(tmp_path):
-    cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir=tmp_path / "xprof", worker_rank="host0")
+    cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir=tmp_path / "xprof", worker_rank="host \"0\"")
     _, trace, _ = _profile_step(NEVER, tmp_path, experimental_config=cfg)
     assert list((tmp_path / "xprof").rglob("*.xplane.pb"))
-    assert trace["tpu_worker_rank"] == "host0"
+    assert trace["tpu_worker_rank"] == "host \"0\""
 
 
 @pytest.mark.parametrize(
