@@ -67,7 +67,7 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
 
     Raises:
         TpuArgumentError: a level out of range, a ``worker_rank`` that is not a
-            string or holds ``:`` or ``,``, or an experimental option.
+            string or holds ``:``, ``,``, ``"`` or ``\\``, or an experimental option.
         TraceActiveError: (when the profiler starts) ``run_dir`` given while another
             JAX trace runs; the profiler then does not start.
 
@@ -101,6 +101,9 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
                 raise TpuArgumentError(f"worker_rank must be a string, got {type(worker_rank).__name__}")
             if ":" in worker_rank or "," in worker_rank:
                 raise TpuArgumentError(f"worker_rank cannot contain ':' or ',': {worker_rank!r}")
+            if '"' in worker_rank or "\\" in worker_rank:
+                # kineto writes trace metadata into the chrome trace unescaped
+                raise TpuArgumentError(f"worker_rank cannot contain '\"' or '\\': {worker_rank!r}")
         if experimental_options and check_experimental_options:
             raise TpuArgumentError(
                 f"experimental_options {sorted(experimental_options)} are TorchTPU backend options; "

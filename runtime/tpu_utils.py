@@ -101,7 +101,7 @@ def get_cache_stats() -> tuple[CacheStats, ...]:
         CacheEntryStats(
             _program_name(e), e.calls, max(e.calls - 1, 0), e.info.seconds if e.info is not None else 0.0
         )
-        for e in compiled._programs.keys()
+        for e in compiled._programs
     )
     return (
         CacheStats("eager executables", eager_entries),

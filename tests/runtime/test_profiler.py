@@ -164,10 +164,10 @@ def test_host_tracer_level_below_two_leaves_the_runtime_out(tmp_path):
 
 
 def test_run_dir_gets_a_jax_trace_and_worker_rank_is_metadata(tmp_path):
-    cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir=tmp_path / "xprof", worker_rank="host \"0\"")
+    cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir=tmp_path / "xprof", worker_rank="host0")
     _, trace, _ = _profile_step(NEVER, tmp_path, experimental_config=cfg)
     assert list((tmp_path / "xprof").rglob("*.xplane.pb"))
-    assert trace["tpu_worker_rank"] == "host \"0\""
+    assert trace["tpu_worker_rank"] == "host0"
 
 
 @pytest.mark.parametrize(
@@ -177,6 +177,7 @@ def test_run_dir_gets_a_jax_trace_and_worker_rank_is_metadata(tmp_path):
         ({"device_tracer_level": True}, r"^device_tracer_level must be an integer from 0 to 1, got True$"),
         ({"worker_rank": 3}, r"^worker_rank must be a string, got int$"),
         ({"worker_rank": "a:b"}, r"^worker_rank cannot contain ':' or ',': 'a:b'$"),
+        ({"worker_rank": 'a"b'}, r"""^worker_rank cannot contain '"' or '\\': 'a"b'$"""),
         ({"experimental_options": {"x": 1}}, r"^experimental_options \['x'\] are TorchTPU backend options"),
     ],
 )
