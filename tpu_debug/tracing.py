@@ -27,6 +27,7 @@ from tpu_debug.config import TraceConfig
 from tpu_debug_core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
+from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
@@ -557,13 +558,16 @@ class Trace(contextlib.ContextDecorator):
                 max_events=self.config.tensorboard_max_events,
                 clock=recorder.clock,
                 record_error=recorder.record_error,
-                set_meta=writer.set_meta,
+                writer=writer,
                 target=getattr(self.config.target_spec(), "name", None),
             )
             exporter.start()
         except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard
             recorder.record_error("TensorBoardExporter.start", f"{type(exc).__name__}: {exc}")
-            writer.set_meta(tensorboard={"status": "failed", "notes": [f"{type(exc).__name__}: {exc}"]})
+            writer.put(TensorBoardSummaryEvent(
+                writer.new_id(), recorder.clock(), None, threading.get_native_id(), None,
+                status="failed", notes=(f"{type(exc).__name__}: {exc}",),
+            ))
             return
         self._tensorboard = exporter  # from here on, stopping it undoes what follows too
         writer.add_listener(exporter.on_event)
@@ -754,9 +758,13 @@ class Trace(contextlib.ContextDecorator):
                     tracer.add_target_programs(programs)
                     if mode.stop is not None:
                         tracer.stop_at(mode.stop.what, self._dry_seen.get("location"))
-                if self._writer is not None:
-                    self._writer.set_meta(dry_run={"target": str(mode.target) if mode.target else None,
-                                                   "programs": len(programs), "notes": list(mode.notes)})
+                writer = self._writer
+                if writer is not None:
+                    writer.put(DryRunSummaryEvent(
+                        writer.new_id(), self._recorder.clock() if self._recorder else 0.0, None, threading.get_native_id(), None,
+                        target=str(mode.target) if mode.target else None, programs=len(programs),
+                        notes=tuple(mode.notes),
+                    ))
             if tracer is not None:
                 if self._steps is not None:
                     self._steps.remove_listener(tracer.on_step)

@@ -18,15 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_debug.tracers.events import (
     EVENT_TYPES,
+    CollectivesTargetEvent,
     CompileEvent,
     DivergenceEvent,
+    DivergenceSummaryEvent,
+    DryRunSummaryEvent,
     Event,
     FallbackEvent,
     GraphBreakEvent,
     GuardFailureEvent,
     InternalErrorEvent,
+    ProcessEvent,
     RecompileLimitEvent,
     SourceLocation,
+    TensorBoardSummaryEvent,
     TransferEvent,
     event_type,
 )
@@ -86,9 +91,6 @@ class RunMetadata:
     exit_status: int | None
     error: str | None
     options: dict[str, Any]
-    # what the TensorBoard export captured: dir, profile files, spans,
-    # max_events, capped, notes; None when the run was recorded without it
-    tensorboard: dict[str, Any] | None = None
     # why recording stopped early (the disk filled, say), and events never written
     recording_error: str | None = None
     dropped_events: int = 0
@@ -288,7 +290,6 @@ class RunQuery:
             exit_status=raw.get("exit_status"),
             error=raw.get("error"),
             options=dict(raw.get("options", {})),
-            tensorboard=raw.get("tensorboard"),
             recording_error=raw.get(META_RECORDING_ERROR),
             dropped_events=int(raw.get(META_DROPPED) or 0),
         )
@@ -521,14 +522,37 @@ class RunQuery:
         """The first op or node whose device output held NaN/Inf its inputs did not."""
         return next((e for e in self.divergences() if e.nan_origin), None)
 
-    def divergence_summary(self) -> dict[str, Any] | None:
-        """What the divergence tracer counted (ops compared, occurrences per site...),
+    def divergence_summary(self) -> DivergenceSummaryEvent | None:
+        """What the divergence tracer compared (ops compared, occurrences per site...),
         or None when divergence was not checked in this run."""
-        rows = self._rows("SELECT value FROM meta WHERE key = 'divergence'")
-        try:
-            return json.loads(rows[0][0]) if rows else None
-        except ValueError as exc:
-            raise self._damaged(exc) from None
+        return self._summary(DivergenceSummaryEvent)
+
+    # -- the run's summaries --------------------------------------------------------
+
+    def _summary(self, cls: type[Event]) -> Any:
+        """The last event of a kind recorded once per run (or once per state, the last
+        being the run's), or None when the run has none."""
+        lay = layout(cls)
+        if not self._recorded(lay):
+            return None
+        rows = self._rows(lay.select_sql() + " ORDER BY e.id DESC LIMIT 1")
+        return self._decode(lay, rows)[0] if rows else None
+
+    def tensorboard_summary(self) -> TensorBoardSummaryEvent | None:
+        """What the TensorBoard export captured, or None when the run was recorded without it."""
+        return self._summary(TensorBoardSummaryEvent)
+
+    def dry_run_summary(self) -> DryRunSummaryEvent | None:
+        """How the dry run went (its target, programs compiled), or None for a run that executed."""
+        return self._summary(DryRunSummaryEvent)
+
+    def process(self) -> ProcessEvent | None:
+        """This run's rank in a multi-process run, or None for a single-process run."""
+        return self._summary(ProcessEvent)
+
+    def collectives_target(self) -> CollectivesTargetEvent | None:
+        """How the collectives' target compiles ended, or None without a target."""
+        return self._summary(CollectivesTargetEvent)
 
     def _events_of(
         self, kind: str, name: str | None, start: float | None, end: float | None, limit: int | None

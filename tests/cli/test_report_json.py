@@ -215,8 +215,8 @@ def _write_tracer_records(writer) -> None:
              graph=f"lazy{step}", ops=20, outputs=1, inputs=2, compiled=step == 0, seconds=0.01, step=1)
     _put(writer, ev.CompileEvent, mode="eager", location=_loc(30), name="sum", signature="sum(float64[8])",
          args=(ev.ArgInfo("self", (8,), "float64"),), seconds=0.01, program=None, previous=None, diffs=())
-    writer.set_meta(tensorboard={"profile": ["plugins/profile/run.xplane.pb"], "spans": 40, "max_events": 1000,
-                                 "steps": 8, "capped": False, "notes": ["a note"]})
+    _put(writer, ev.TensorBoardSummaryEvent, status="finished", profile=("plugins/profile/run.xplane.pb",),
+         spans=40, max_events=1000, steps=8, capped=False, notes=("a note",))
 
 
 @pytest.fixture(scope="module")
