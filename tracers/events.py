@@ -15,7 +15,8 @@ writer and queries follow from the same declaration (see :mod:`.store`).
 
 ``SCHEMA_VERSION`` is the version of the run store layout these events map to
 (see :mod:`.store`); it changes whenever a reader of the old layout would
-misread the new one.
+misread the new one. ``OLDEST_READABLE_SCHEMA`` is the oldest layout readers
+still read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tpu_debug_core.argspec import ArgSpec as ArgInfo
 
 __all__ = [
     "SCHEMA_VERSION",
+    "OLDEST_READABLE_SCHEMA",
     "SourceLocation",
     "ArgInfo",
     "DIFF_ASPECTS",
@@ -75,6 +77,9 @@ __all__ = [
 # 6: a compile says whether it was read back from the persistent compile cache, and what that saved
 # 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
 SCHEMA_VERSION = 7
+# the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
+# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries)
+OLDEST_READABLE_SCHEMA = 6
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from tpu_debug.tracers.events import (
     CollectivesTargetEvent,
     CompileEvent,
     DivergenceEvent,
+    DivergenceSite,
     DivergenceSummaryEvent,
     DryRunSummaryEvent,
     Event,
@@ -33,6 +34,7 @@ from tpu_debug.tracers.events import (
     SourceLocation,
     TensorBoardSummaryEvent,
     TransferEvent,
+    UncomparedOp,
     event_type,
 )
 from tpu_debug.tracers.hlo import ProgramNode, instruction_lines
@@ -191,6 +193,33 @@ def op_name_of(target: Any) -> str:
 
 _STATUS_RUNNING = "running"
 
+# the schema from which the run summaries are events; before it, JSON objects in
+# ``meta`` under these keys, with the same fields (but for the divergence summary's)
+_SUMMARIES_AS_EVENTS = 7
+_LEGACY_SUMMARY_KEYS: dict[type[Event], str] = {
+    DivergenceSummaryEvent: "divergence",
+    TensorBoardSummaryEvent: "tensorboard",
+    DryRunSummaryEvent: "dry_run",
+    ProcessEvent: "distributed",
+    CollectivesTargetEvent: "collectives_target",
+}
+
+
+def _from_legacy(cls: type[Event], value: dict[str, Any]) -> Event:
+    """A summary event from the JSON object a schema 6 run kept in ``meta``."""
+    if cls is DivergenceSummaryEvent:
+        over = value.get("over_tolerance") or {}
+        value = {
+            **value,
+            "over_local": over.get("local", 0),
+            "over_drift": over.get("drift", 0),
+            "not_compared": tuple(UncomparedOp(op, why) for op, why in sorted(value["not_compared"].items())),
+            "sites": tuple(DivergenceSite(**site) for site in value["sites"]),
+        }
+    names = {f.name for f in dataclasses.fields(cls)[5:]}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items() if k in names}
+    return cls(0, 0.0, None, 0, None, **fields)
+
 
 _DAMAGED = (
     "{path}: not a readable tpu_debug run ({detail}). The file is damaged or truncated; re-record the run."
@@ -209,6 +238,7 @@ class RunQuery:
         self.db_path = Path(db_path)
         self._conn: sqlite3.Connection | None = None
         self._tables: frozenset[str] | None = None
+        self._version: int | None = None
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -246,6 +276,7 @@ class RunQuery:
             self._conn.close()
             self._conn = None
             self._tables = None
+            self._version = None
 
     # -- the run --------------------------------------------------------------------
 
@@ -532,11 +563,27 @@ class RunQuery:
     def _summary(self, cls: type[Event]) -> Any:
         """The last event of a kind recorded once per run (or once per state, the last
         being the run's), or None when the run has none."""
+        if self._schema() < _SUMMARIES_AS_EVENTS:
+            return self._legacy_summary(cls)
         lay = layout(cls)
         if not self._recorded(lay):
             return None
         rows = self._rows(lay.select_sql() + " ORDER BY e.id DESC LIMIT 1")
         return self._decode(lay, rows)[0] if rows else None
+
+    def _schema(self) -> int:
+        if self._version is None:
+            self._version = int(self._rows("PRAGMA user_version")[0][0])
+        return self._version
+
+    def _legacy_summary(self, cls: type[Event]) -> Any:
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (_LEGACY_SUMMARY_KEYS[cls],))
+        if not rows:
+            return None
+        try:
+            return _from_legacy(cls, json.loads(rows[0][0]))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise self._damaged(exc) from None
 
     def tensorboard_summary(self) -> TensorBoardSummaryEvent | None:
         """What the TensorBoard export captured, or None when the run was recorded without it."""
