@@ -12,19 +12,16 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from tpu_debug_core.errors import RunDamagedError, RunNotFoundError
-from tpu_debug.runs import list_runs, new_run_dir
+from tpu_debug_core.errors import RunDamagedError, RunNotFoundError, TpuDebugError
+from tpu_debug.runs import DB_NAME, list_runs, new_run_dir, run_identity
 from tpu_debug.session import Session
 
 __all__ = ["GROUP_FILE", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups"]
 
 GROUP_FILE = "ranks.json"
-_RANK = re.compile(r"-rank(\d+)(?:-\d+)?$")
-_STAMP = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-")
 
 
 def is_group(path: Path | str) -> bool:
@@ -61,19 +58,20 @@ class RankGroup:
         return str(self.info.get("name") or self.path.name)
 
     def rank_dirs(self) -> dict[int, Path]:
-        """Each rank's run directory (the ranks that started recording)."""
+        """Each rank's run directory (the ranks that started recording), by the rank each
+        run recorded; a run that recorded none (or cannot be read) is no rank's."""
         out: dict[int, Path] = {}
         for run in list_runs(self.path):
-            m = _RANK.search(run.name)
-            if m is not None:
-                out.setdefault(int(m.group(1)), run)
+            rank = _recorded_rank(run)
+            if rank is not None:
+                out.setdefault(rank, run)
         return dict(sorted(out.items()))
 
     def sessions(self) -> list[tuple[int, Session]]:
         """(rank, session) of every rank that recorded, in rank order (opened once, kept)."""
         for rank, run in self.rank_dirs().items():
             if rank not in self._sessions:
-                self._sessions[rank] = Session(run / "run.db")
+                self._sessions[rank] = Session(run / DB_NAME)
         return sorted(self._sessions.items())
 
     def write(self, **values: Any) -> None:
@@ -97,6 +95,15 @@ class RankGroup:
 
     def __repr__(self) -> str:
         return f"RankGroup({str(self.path)!r})"
+
+
+def _recorded_rank(run: Path) -> int | None:
+    try:
+        with Session(run / DB_NAME) as session:
+            process = session.process()
+    except TpuDebugError:
+        return None
+    return process.rank if process is not None else None
 
 
 def new_group(logdir: Path, name: str, nproc: int, command: list[str]) -> RankGroup:
@@ -140,21 +147,36 @@ def find_group(run: str | os.PathLike | None, logdir: Path | str) -> RankGroup |
         exact = root / text
         if is_group(exact):
             return RankGroup(exact)
-        named = [g for g in list_groups(root) if g.name[len("20260131T235959.123Z-") :] == text]
+        named = [g for g in list_groups(root) if _group_info(g).get("name") == text]
         return RankGroup(named[-1]) if named else None
     groups = list_groups(root)
     if not groups:
         return None
     runs = list_runs(root)
     latest_group = groups[-1]
-    if runs and runs[-1].name[:20] > latest_group.name[:20]:
+    if runs and run_identity(runs[-1]).start_time > _group_start(latest_group):
         return None
     return RankGroup(latest_group)
 
 
+def _group_info(path: Path) -> dict[str, Any]:
+    """What ``ranks.json`` says ({} when it cannot be read)."""
+    try:
+        return RankGroup(path).info
+    except RunDamagedError:
+        return {}
+
+
+def _group_start(path: Path) -> str:
+    """When a multi-process run started ("" when its ``ranks.json`` cannot be read)."""
+    return str(_group_info(path).get("start_time") or "")
+
+
 def list_groups(logdir: Path | str) -> list[Path]:
-    """The multi-process runs in ``logdir``, oldest first."""
+    """The multi-process runs in ``logdir`` (directories holding ``ranks.json``, whatever
+    they are called), oldest first."""
     root = Path(logdir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STAMP.match(p.name) and is_group(p))
+    started = {p: _group_start(p) for p in root.iterdir() if p.is_dir() and is_group(p)}
+    return sorted(started, key=lambda p: (started[p], p.name))

@@ -27,7 +27,7 @@ from tpu_debug.config import TraceConfig
 from tpu_debug_core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
-from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
+from tpu_debug.tracers.events import DryRunSummaryEvent, ProcessEvent, TensorBoardSummaryEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
@@ -398,6 +398,7 @@ class Trace(contextlib.ContextDecorator):
         # time.perf_counter() at the run's time 0 (CLOCK_MONOTONIC on Linux, shared by every
         # process of the machine): lines the run's timestamps up with other clocks
         self._writer.set_meta(clock_origin=time.perf_counter() - self._recorder.clock())
+        self._record_process()
         self.session = Session(run_dir / DB_NAME, writer=self._writer)
         self._start = time.perf_counter()
         probes.subscribe(self._recorder, replay=True)
@@ -622,6 +623,15 @@ class Trace(contextlib.ContextDecorator):
                 self._recorder.record_error("DivergenceTracer.close", f"{type(exc).__name__}: {exc}")
         if self._saved_numerics is not None:
             runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
+
+    def _record_process(self) -> None:
+        """In a multi-process run, this process's rank (the run's identity within its group)."""
+        from tpu_debug.runtime.distributed.launch import process_info
+
+        info, writer = process_info(), self._writer
+        if info is not None:
+            writer.put(ProcessEvent(writer.new_id(), self._recorder.clock(), None, threading.get_native_id(),
+                                    None, **info))
 
     # -- collectives of programs over several devices -----------------------------------------
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, ProcessEvent, SourceLocation
+from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
@@ -125,11 +125,6 @@ class CollectivesTracer:
 
             parse_target(target)  # a bad spec fails when the trace starts, not at the first compile
             self._compiler = TargetCompiler()
-        from tpu_debug.runtime.distributed.launch import process_info
-
-        info = process_info()
-        if info is not None:
-            writer.put(ProcessEvent(writer.new_id(), clock(), None, threading.get_native_id(), None, **info))
 
     # -- probe methods --------------------------------------------------------------------
 
