@@ -65,7 +65,8 @@ def list_runs(logdir: Path | str) -> list[Path]:
     root = Path(logdir)
     if not root.is_dir():
         return []
-    started = {p: run_identity(p).start_time for p in root.iterdir() if p.is_dir() and (p / DB_NAME).is_file()}
+    runs = [p for p in root.iterdir() if p.is_dir() and (p / DB_NAME).is_file()]
+    started = {p: run_identity(p).start_time for p in runs}
     return sorted(started, key=lambda p: (started[p], p.name))
 
 
@@ -85,8 +86,8 @@ def run_identity(run_dir: Path) -> RunIdentity:
     except TpuDebugError:
         return RunIdentity("", _stamp_time(Path(run_dir).name))
     try:
-        rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('name', 'start_time')").fetchall())
-        values = {k: json.loads(v) for k, v in rows.items()}
+        rows = conn.execute("SELECT key, value FROM meta WHERE key IN ('name', 'start_time')").fetchall()
+        values = {k: json.loads(v) for k, v in rows}
         return RunIdentity(str(values.get("name") or ""), str(values.get("start_time") or ""))
     except (sqlite3.DatabaseError, ValueError):
         return RunIdentity("", _stamp_time(Path(run_dir).name))

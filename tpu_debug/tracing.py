@@ -768,10 +768,11 @@ class Trace(contextlib.ContextDecorator):
                     tracer.add_target_programs(programs)
                     if mode.stop is not None:
                         tracer.stop_at(mode.stop.what, self._dry_seen.get("location"))
-                writer = self._writer
+                writer, recorder = self._writer, self._recorder
                 if writer is not None:
                     writer.put(DryRunSummaryEvent(
-                        writer.new_id(), self._recorder.clock() if self._recorder else 0.0, None, threading.get_native_id(), None,
+                        writer.new_id(), recorder.clock() if recorder else 0.0, None,
+                        threading.get_native_id(), None,
                         target=str(mode.target) if mode.target else None, programs=len(programs),
                         notes=tuple(mode.notes),
                     ))

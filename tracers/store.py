@@ -1188,7 +1188,9 @@ def connect(db_path: Path) -> sqlite3.Connection:
                 f"schema {SCHEMA_VERSION}" if OLDEST_READABLE_SCHEMA == SCHEMA_VERSION
                 else f"schema {OLDEST_READABLE_SCHEMA} to {SCHEMA_VERSION}"
             )
-            raise SchemaVersionError(f"{db_path} is schema {version}{by}; this tpu_debug {__version__} reads {reads}. {fix}")
+            raise SchemaVersionError(
+                f"{db_path} is schema {version}{by}; this tpu_debug {__version__} reads {reads}. {fix}"
+            )
         conn.execute("SELECT count(*) FROM meta").fetchone()
     except sqlite3.DatabaseError as exc:
         if conn is not None:

@@ -7,12 +7,12 @@ import json
 import shutil
 
 import pytest
-from tpu_debug.ranks import find_group, list_groups, open_group
-from tpu_debug.runs import RunIdentity, list_runs, resolve_run, run_identity
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.store import DB_NAME, RunWriter
-
 from tpu_debug_core.errors import RunNotFoundError
+
+from tpu_debug.ranks import find_group, list_groups, open_group
+from tpu_debug.runs import RunIdentity, list_runs, resolve_run, run_identity
 
 
 def _run(run_dir, name: str, start: str, rank: int | None = None) -> None:

@@ -11,28 +11,27 @@ import pytest
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import RunWriter
-
 from tpu_debug_core.errors import RunDamagedError
 
 LOC = ev.SourceLocation("/work/user/train.py", 12, "step")
 
-DIVERGENCE = dict(
-    numerics="tpu", precision="default", tolerances="float32=1e-05:1e-06", sample=2, ops_compared=120,
-    ops_copied=3, graphs_compared=2, nodes_compared=40, over_local=1, over_drift=4, nan_origins=1,
-    not_compared=(ev.UncomparedOp("_foo.default", "RuntimeError: no CPU kernel"),),
-    sites=(
+DIVERGENCE = {
+    "numerics": "tpu", "precision": "default", "tolerances": "float32=1e-05:1e-06", "sample": 2, "ops_compared": 120,
+    "ops_copied": 3, "graphs_compared": 2, "nodes_compared": 40, "over_local": 1, "over_drift": 4, "nan_origins": 1,
+    "not_compared": (ev.UncomparedOp("_foo.default", "RuntimeError: no CPU kernel"),),
+    "sites": (
         ev.DivergenceSite("eager", "local", "forward", None, "mm", "/work/user/train.py", 12, 9, 5),
         ev.DivergenceSite("compiled", "drift", "backward", "g1/backward", "mul_3", None, None, 2, 2),
     ),
-)
-TENSORBOARD = dict(
-    status="capped", dir="/runs/r/tensorboard", profile=("plugins/profile/a/vm.xplane.pb",), spans=12,
-    max_events=12, capped=True, capped_after_seconds=1.5, dropped_spans=30, steps=2,
-    notes=("capture stopped after 12 spans",),
-)
-DRY_RUN = dict(target="v5e:2x2", programs=7, notes=("a value was read: the dry run stops there",))
-PROCESS = dict(rank=1, world_size=2, devices=8, local_devices=4, coordinator="localhost:4321")
-COLLECTIVES_TARGET = dict(target="v5e", unfinished=3)
+}
+TENSORBOARD = {
+    "status": "capped", "dir": "/runs/r/tensorboard", "profile": ("plugins/profile/a/vm.xplane.pb",), "spans": 12,
+    "max_events": 12, "capped": True, "capped_after_seconds": 1.5, "dropped_spans": 30, "steps": 2,
+    "notes": ("capture stopped after 12 spans",),
+}
+DRY_RUN = {"target": "v5e:2x2", "programs": 7, "notes": ("a value was read: the dry run stops there",)}
+PROCESS = {"rank": 1, "world_size": 2, "devices": 8, "local_devices": 4, "coordinator": "localhost:4321"}
+COLLECTIVES_TARGET = {"target": "v5e", "unfinished": 3}
 
 SUMMARIES = [
     (ev.DivergenceSummaryEvent, DIVERGENCE, RunQuery.divergence_summary),
@@ -139,3 +138,26 @@ def test_a_damaged_schema_6_summary_says_damaged(tmp_path):
     _schema_6_run(db, {"dry_run": {"programs": 7}})  # no target: cut short
     with pytest.raises(RunDamagedError, match=r"not a readable tpu_debug run \(TypeError: .*'target'"):
         RunQuery(db).dry_run_summary()
+
+
+def test_a_traced_dry_run_records_its_summary(tmp_path, monkeypatch):
+    from tpu_debug.runtime.target._libtpu import _find_libtpu
+
+    if not _find_libtpu():
+        pytest.skip('needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+    import gc
+
+    import torch
+
+    import tpu_debug
+
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+    gc.collect()  # tensors other tests left to the collector are live tpu tensors to a trace
+    with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
+        x = torch.empty(256, 256, device="tpu")
+        (x @ x).sum()
+    dry = session.dry_run_summary()
+    # every program the dry run lowered is compiled once for the target: one compile event each
+    assert (dry.target, dry.programs) == ("v5e", len(session.events("compile")))
+    assert dry.programs >= 2  # the matmul and the sum
+    assert session.process() is None  # a single-process run

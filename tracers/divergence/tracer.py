@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_debug.runtime.config import config as runtime_config
