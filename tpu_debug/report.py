@@ -1799,16 +1799,16 @@ def rank_data(group: Any) -> dict[str, Any]:
     """
     info = group.info
     sessions = group.sessions()
-    nproc = int(info.get("nproc", len(sessions)))
+    nproc = info.nproc
     reports = [(rank, _section_data(s)) for rank, s in sessions]
     return _json_safe({
         "schema": RANKS_SCHEMA,
         "name": group.name,
         "dir": str(group.path),
         "nproc": nproc,
-        "command": list(info.get("command") or []),
-        "status": info.get("status", "?"),
-        "exit_status": info.get("exit_status") or None,
+        "command": list(info.command),
+        "status": info.status,
+        "exit_status": list(info.exit_status) if info.exit_status else None,
         "missing": [r for r in range(nproc) if r not in dict(sessions)],
         "agreement": _agreement_data(sessions),
         "ranks": [

@@ -285,6 +285,7 @@ def _rank_group(tmp_path: pathlib.Path) -> pathlib.Path:
     group = new_group(tmp_path / "runs", "pair", 2, ["train.py"])
     for rank in range(2):
         _db, writer = synthetic_run.write_synthetic_run(group.path / f"20260131T120000.000Z-rank{rank}", close=False)
+        _put(writer, ev.ProcessEvent, rank=rank, world_size=2, devices=4, local_devices=2, coordinator=None)
         _put(writer, ev.CollectivesEvent, name="g3/forward", program=None, devices=4, target="",
              collectives=(_collective(21),))
         writer.close(synthetic_run.FINAL)

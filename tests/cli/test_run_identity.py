@@ -102,3 +102,27 @@ def test_a_run_in_a_group_without_a_recorded_rank_is_no_rank(tmp_path):
     _run(group / "20260131T120000.001Z-rank0", "rank0", "2026-01-31T12:00:00.001+00:00")
     _run(group / "r1", "rank1", "2026-01-31T12:00:00.002+00:00", rank=1)
     assert list(open_group(group).rank_dirs()) == [1]
+
+
+def test_the_group_file_reads_back_as_its_record(tmp_path):
+    from tpu_debug.ranks import GroupInfo, new_group
+
+    group = new_group(tmp_path, "train", 2, ["tpu-debug", "run", "--nproc", "2", "train.py"])
+    group.write(status="failed", exit_status=[0, 1])
+    info = group.info
+    assert isinstance(info, GroupInfo)
+    assert (info.name, info.nproc, info.command, info.status, info.exit_status, info.error) == (
+        "train", 2, ("tpu-debug", "run", "--nproc", "2", "train.py"), "failed", (0, 1), None
+    )
+    on_disk = json.loads((group.path / "ranks.json").read_text())
+    assert (on_disk["status"], on_disk["exit_status"], on_disk["nproc"]) == ("failed", [0, 1], 2)
+
+
+def test_a_group_file_without_its_fields_is_damaged(tmp_path):
+    from tpu_debug.ranks import RankGroup
+
+    from tpu_debug_core.errors import RunDamagedError
+
+    (tmp_path / "ranks.json").write_text(json.dumps({"name": "train"}))
+    with pytest.raises(RunDamagedError, match=r"ranks\.json cannot be read \(.*'nproc'.*\); the rank runs inside"):
+        _ = RankGroup(tmp_path).info
