@@ -9,9 +9,9 @@ import shutil
 import pytest
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.store import DB_NAME, RunWriter
-from tpu_debug_core.errors import RunNotFoundError
+from tpu_debug_core.errors import RunDamagedError, RunNotFoundError
 
-from tpu_debug.ranks import find_group, list_groups, open_group
+from tpu_debug.ranks import GroupInfo, RankGroup, find_group, list_groups, new_group, open_group
 from tpu_debug.runs import RunIdentity, list_runs, resolve_run, run_identity
 
 
@@ -105,8 +105,6 @@ def test_a_run_in_a_group_without_a_recorded_rank_is_no_rank(tmp_path):
 
 
 def test_the_group_file_reads_back_as_its_record(tmp_path):
-    from tpu_debug.ranks import GroupInfo, new_group
-
     group = new_group(tmp_path, "train", 2, ["tpu-debug", "run", "--nproc", "2", "train.py"])
     group.write(status="failed", exit_status=[0, 1])
     info = group.info
@@ -119,10 +117,6 @@ def test_the_group_file_reads_back_as_its_record(tmp_path):
 
 
 def test_a_group_file_without_its_fields_is_damaged(tmp_path):
-    from tpu_debug.ranks import RankGroup
-
-    from tpu_debug_core.errors import RunDamagedError
-
     (tmp_path / "ranks.json").write_text(json.dumps({"name": "train"}))
     with pytest.raises(RunDamagedError, match=r"ranks\.json cannot be read \(.*'nproc'.*\); the rank runs inside"):
         _ = RankGroup(tmp_path).info
