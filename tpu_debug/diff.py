@@ -123,7 +123,7 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
     if checked is not None:
         # the local measure: each op against CPU on its own inputs, so an op is counted
         # once, not again for every op its error flows into
-        figures["divergences_over_tolerance"] = int(checked.get("over_tolerance", {}).get("local", 0))
+        figures["divergences_over_tolerance"] = checked.over_local
         over = session.divergences(measure="local", over=True)
         if over:
             figures["max_divergence"] = _finite(max(e.ratio for e in over))

@@ -9,22 +9,46 @@ the TUI read each rank through its own :class:`~tpu_debug.session.Session`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from tpu_debug_core.errors import RunDamagedError, RunNotFoundError
-from tpu_debug.runs import list_runs, new_run_dir
+from tpu_debug_core.errors import RunDamagedError, RunNotFoundError, TpuDebugError
+from tpu_debug.runs import DB_NAME, list_runs, new_run_dir, run_identity
 from tpu_debug.session import Session
 
-__all__ = ["GROUP_FILE", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups"]
+__all__ = ["GROUP_FILE", "GroupInfo", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups"]
 
 GROUP_FILE = "ranks.json"
-_RANK = re.compile(r"-rank(\d+)(?:-\d+)?$")
-_STAMP = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What ``ranks.json`` says about a multi-process run: its ``name``, ``nproc`` ranks
+    started by ``command`` at ``start_time`` (ISO 8601, UTC); ``status`` ``"running"``,
+    ``"finished"`` or ``"failed"``; each rank's ``exit_status`` in rank order once they
+    ended, and the ``error`` that stopped the launch, if one did."""
+
+    name: str
+    nproc: int
+    command: tuple[str, ...]
+    start_time: str
+    status: str
+    exit_status: tuple[int, ...] | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupInfo:
+        """The record from the file's JSON object (keys it does not know are left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["command"] = tuple(values.get("command") or ())
+        if values.get("exit_status") is not None:
+            values["exit_status"] = tuple(values["exit_status"])
+        return cls(**values)
 
 
 def is_group(path: Path | str) -> bool:
@@ -46,11 +70,15 @@ class RankGroup:
         self._sessions: dict[int, Session] = {}
 
     @property
-    def info(self) -> dict[str, Any]:
-        """What ``ranks.json`` holds: name, nproc, command, start_time, status, exit_status."""
+    def info(self) -> GroupInfo:
+        """What ``ranks.json`` holds (read again at every call: the launcher updates it).
+
+        Raises:
+            RunDamagedError: the file cannot be read, or lacks a field.
+        """
         try:
-            return json.loads((self.path / GROUP_FILE).read_text())
-        except (OSError, ValueError) as exc:
+            return GroupInfo.from_json(json.loads((self.path / GROUP_FILE).read_text()))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise RunDamagedError(
                 f"{self.path / GROUP_FILE} cannot be read ({exc}); the rank runs inside are intact: "
                 f"open one with tpu-debug report {self.path}/<run of a rank>"
@@ -58,30 +86,33 @@ class RankGroup:
 
     @property
     def name(self) -> str:
-        return str(self.info.get("name") or self.path.name)
+        return self.info.name or self.path.name
 
     def rank_dirs(self) -> dict[int, Path]:
-        """Each rank's run directory (the ranks that started recording)."""
+        """Each rank's run directory (the ranks that started recording), by the rank each
+        run recorded; a run that recorded none (or cannot be read) is no rank's."""
         out: dict[int, Path] = {}
         for run in list_runs(self.path):
-            m = _RANK.search(run.name)
-            if m is not None:
-                out.setdefault(int(m.group(1)), run)
+            rank = _recorded_rank(run)
+            if rank is not None:
+                out.setdefault(rank, run)
         return dict(sorted(out.items()))
 
     def sessions(self) -> list[tuple[int, Session]]:
         """(rank, session) of every rank that recorded, in rank order (opened once, kept)."""
         for rank, run in self.rank_dirs().items():
             if rank not in self._sessions:
-                self._sessions[rank] = Session(run / "run.db")
+                self._sessions[rank] = Session(run / DB_NAME)
         return sorted(self._sessions.items())
 
     def write(self, **values: Any) -> None:
         """Update ``ranks.json`` (written whole, through a temporary file)."""
-        info = self.info if (self.path / GROUP_FILE).is_file() else {}
-        info.update(values)
+        if (self.path / GROUP_FILE).is_file():
+            info = dataclasses.replace(self.info, **values)
+        else:
+            info = GroupInfo(**values)
         tmp = self.path / (GROUP_FILE + ".tmp")
-        tmp.write_text(json.dumps(info, indent=1))
+        tmp.write_text(json.dumps(dataclasses.asdict(info), indent=1))
         os.replace(tmp, self.path / GROUP_FILE)
 
     def close(self) -> None:
@@ -99,13 +130,22 @@ class RankGroup:
         return f"RankGroup({str(self.path)!r})"
 
 
+def _recorded_rank(run: Path) -> int | None:
+    try:
+        with Session(run / DB_NAME) as session:
+            process = session.process()
+    except TpuDebugError:
+        return None
+    return process.rank if process is not None else None
+
+
 def new_group(logdir: Path, name: str, nproc: int, command: list[str]) -> RankGroup:
     """Create the parent directory of a multi-process run (``ranks.json`` says "running")."""
     group = RankGroup(new_run_dir(logdir, name))
     group.write(
         name=name,
         nproc=nproc,
-        command=command,
+        command=tuple(command),
         start_time=_dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
         status="running",
     )
@@ -140,21 +180,37 @@ def find_group(run: str | os.PathLike | None, logdir: Path | str) -> RankGroup |
         exact = root / text
         if is_group(exact):
             return RankGroup(exact)
-        named = [g for g in list_groups(root) if g.name[len("20260131T235959.123Z-") :] == text]
+        named = [g for g in list_groups(root) if getattr(_group_info(g), "name", None) == text]
         return RankGroup(named[-1]) if named else None
     groups = list_groups(root)
     if not groups:
         return None
     runs = list_runs(root)
     latest_group = groups[-1]
-    if runs and runs[-1].name[:20] > latest_group.name[:20]:
+    if runs and run_identity(runs[-1]).start_time > _group_start(latest_group):
         return None
     return RankGroup(latest_group)
 
 
+def _group_info(path: Path) -> GroupInfo | None:
+    """What ``ranks.json`` says (None when it cannot be read)."""
+    try:
+        return RankGroup(path).info
+    except RunDamagedError:
+        return None
+
+
+def _group_start(path: Path) -> str:
+    """When a multi-process run started ("" when its ``ranks.json`` cannot be read)."""
+    info = _group_info(path)
+    return info.start_time if info is not None else ""
+
+
 def list_groups(logdir: Path | str) -> list[Path]:
-    """The multi-process runs in ``logdir``, oldest first."""
+    """The multi-process runs in ``logdir`` (directories holding ``ranks.json``, whatever
+    they are called), oldest first."""
     root = Path(logdir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STAMP.match(p.name) and is_group(p))
+    started = {p: _group_start(p) for p in root.iterdir() if p.is_dir() and is_group(p)}
+    return sorted(started, key=lambda p: (started[p], p.name))

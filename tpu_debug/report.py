@@ -1205,7 +1205,14 @@ def _divergence(session: Any) -> dict[str, Any] | None:
     events = session.divergences()
     if summary is None and not events:
         return None
-    summary = summary or {}
+    if summary is None:  # the trace ended before the tracer wrote its summary
+        from tpu_debug.tracers.events import DivergenceSummaryEvent
+
+        summary = DivergenceSummaryEvent(
+            0, 0.0, None, 0, None, numerics="cpu", precision="?", tolerances="default", sample=1,
+            ops_compared=0, ops_copied=0, graphs_compared=0, nodes_compared=0, over_local=0, over_drift=0,
+            nan_origins=0,
+        )
     first = next((e for e in events if _is_first(e)), None)
     drifted = next((e for e in events if e.measure == "drift" and e.over and e.triage_text()), None)
     if drifted is not None and not (first is None or drifted.verdict != first.verdict or drifted.crossings):
@@ -1215,21 +1222,18 @@ def _divergence(session: Any) -> dict[str, Any] | None:
     for e in events:
         sites.setdefault(_site_key(e), []).append(e)
     # the summary counts every divergence of a site; the events kept may be fewer
-    counts = {
-        (s["mode"], s["measure"], s["phase"], s["graph"], s["name"], s["file"], s["line"]): s["count"]
-        for s in summary.get("sites", [])
-    }
+    counts = {(s.mode, s.measure, s.phase, s.graph, s.name, s.file, s.line): s.count for s in summary.sites}
     return {
         "checked": True,
-        "ops_compared": summary.get("ops_compared", 0),
-        "ops_copied": summary.get("ops_copied", 0),
-        "graphs_compared": summary.get("graphs_compared", 0),
-        "nodes_compared": summary.get("nodes_compared", 0),
-        "numerics": summary.get("numerics", "cpu"),
-        "precision": summary.get("precision", "?"),
-        "tolerances": summary.get("tolerances", "default"),
-        "sample": summary.get("sample", 1),
-        "not_compared": sorted(summary.get("not_compared") or {}),
+        "ops_compared": summary.ops_compared,
+        "ops_copied": summary.ops_copied,
+        "graphs_compared": summary.graphs_compared,
+        "nodes_compared": summary.nodes_compared,
+        "numerics": summary.numerics,
+        "precision": summary.precision,
+        "tolerances": summary.tolerances,
+        "sample": summary.sample,
+        "not_compared": sorted(u.op for u in summary.not_compared),
         "over_tolerance": any(e.over for e in events),
         "first": _divergence_event_data(first) if first is not None else None,
         "drift": _divergence_event_data(drifted) if drifted is not None else None,
@@ -1559,19 +1563,19 @@ def _render_tensorboard(tb: dict | None, terminal: bool) -> RenderableType | Non
 
 @section("TensorBoard", order=85, key="tensorboard", render=_render_tensorboard)
 def _tensorboard(session: Any) -> dict[str, Any] | None:
-    tb = session.metadata().tensorboard
-    if not tb:
+    tb = session.tensorboard_summary()
+    if tb is None:
         return None
     return {
         "directory": str(session.run_dir / "tensorboard"),
-        "profile": list(tb.get("profile") or []),
-        "spans": tb.get("spans", 0),
-        "max_events": tb.get("max_events"),
-        "steps": tb.get("steps", 0),
-        "capped": bool(tb.get("capped")),
-        "capped_after_seconds": tb.get("capped_after_seconds", 0.0),
-        "dropped_spans": tb.get("dropped_spans", 0),
-        "notes": [str(n) for n in tb.get("notes") or []],
+        "profile": list(tb.profile),
+        "spans": tb.spans,
+        "max_events": tb.max_events,
+        "steps": tb.steps,
+        "capped": tb.capped,
+        "capped_after_seconds": tb.capped_after_seconds,
+        "dropped_spans": tb.dropped_spans,
+        "notes": list(tb.notes),
         "open_with": f"tpu-debug tensorboard {session.run_dir.name}",
     }
 
@@ -1795,16 +1799,16 @@ def rank_data(group: Any) -> dict[str, Any]:
     """
     info = group.info
     sessions = group.sessions()
-    nproc = int(info.get("nproc", len(sessions)))
+    nproc = info.nproc
     reports = [(rank, _section_data(s)) for rank, s in sessions]
     return _json_safe({
         "schema": RANKS_SCHEMA,
         "name": group.name,
         "dir": str(group.path),
         "nproc": nproc,
-        "command": list(info.get("command") or []),
-        "status": info.get("status", "?"),
-        "exit_status": info.get("exit_status") or None,
+        "command": list(info.command),
+        "status": info.status,
+        "exit_status": list(info.exit_status) if info.exit_status else None,
         "missing": [r for r in range(nproc) if r not in dict(sessions)],
         "agreement": _agreement_data(sessions),
         "ranks": [

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import json
 import os
 import re
+import sqlite3
 from pathlib import Path
 
 from tpu_debug_core.errors import RunNotFoundError, TpuDebugError
-from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.store import DB_NAME, connect
 
-__all__ = ["new_run_dir", "list_runs", "resolve_run", "run_stamp", "DB_NAME"]
+__all__ = ["new_run_dir", "list_runs", "resolve_run", "run_stamp", "run_identity", "RunIdentity", "DB_NAME"]
 
 _STAMP = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -53,17 +56,57 @@ def new_run_dir(logdir: Path, name: str) -> Path:
 
 
 def list_runs(logdir: Path | str) -> list[Path]:
-    """Run directories in ``logdir``, oldest first (``[]`` when there is none)."""
+    """Run directories in ``logdir``, oldest first (``[]`` when there is none).
+
+    A run is any directory holding a ``run.db``, whatever it is called; the order is
+    the start time each run recorded (a run that cannot be read sorts by its
+    directory's time prefix, when it has one, else first).
+    """
     root = Path(logdir)
     if not root.is_dir():
         return []
-    runs = [p for p in root.iterdir() if p.is_dir() and _STAMP.match(p.name) and (p / DB_NAME).exists()]
-    return sorted(runs, key=lambda p: (p.name[:19], _suffix(p.name)))
+    runs = [p for p in root.iterdir() if p.is_dir() and (p / DB_NAME).is_file()]
+    started = {p: run_identity(p).start_time for p in runs}
+    return sorted(started, key=lambda p: (started[p], p.name))
 
 
-def _suffix(name: str) -> tuple[int, str]:
-    m = re.search(r"-(\d+)$", name)
-    return (int(m.group(1)) if m else 1, name)
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunIdentity:
+    """What a run recorded about itself: its ``name`` and ``start_time`` (ISO 8601, UTC);
+    empty when the run cannot be read (damaged, another schema)."""
+
+    name: str
+    start_time: str
+
+
+def run_identity(run_dir: Path) -> RunIdentity:
+    """The name and start time recorded in the run in ``run_dir`` (never raises)."""
+    try:
+        conn = connect(Path(run_dir) / DB_NAME)
+    except TpuDebugError:
+        return RunIdentity("", _stamp_time(Path(run_dir).name))
+    try:
+        rows = conn.execute("SELECT key, value FROM meta WHERE key IN ('name', 'start_time')").fetchall()
+        values = {k: json.loads(v) for k, v in rows}
+        return RunIdentity(str(values.get("name") or ""), str(values.get("start_time") or ""))
+    except (sqlite3.DatabaseError, ValueError):
+        return RunIdentity("", _stamp_time(Path(run_dir).name))
+    finally:
+        conn.close()
+
+
+def _stamp_time(name: str) -> str:
+    """The start time in a directory name ``new_run_dir`` made, in the form runs record it."""
+    if not _STAMP.match(name):
+        return ""
+    stamp = _dt.datetime.strptime(name[:19], "%Y%m%dT%H%M%S.%f").replace(tzinfo=_dt.UTC)
+    return stamp.isoformat(timespec="milliseconds")
+
+
+def _names(recorded: str, text: str) -> bool:
+    """Whether a RUN argument names a run recorded as ``recorded`` (as given, or as its
+    directory spells it)."""
+    return bool(recorded) and (recorded == text or _safe_name(recorded) == _safe_name(text))
 
 
 def resolve_run(run: str | os.PathLike | None, logdir: Path | str) -> Path:
@@ -99,12 +142,7 @@ def resolve_run(run: str | os.PathLike | None, logdir: Path | str) -> Path:
         exact = logdir / text
         if (exact / DB_NAME).is_file():
             return exact / DB_NAME
-        named = [
-            p
-            for p in list_runs(logdir)
-            if p.name[len("20260131T235959.123Z-") :] == _safe_name(text)
-            or re.sub(r"-\d+$", "", p.name[len("20260131T235959.123Z-") :]) == _safe_name(text)
-        ]
+        named = [p for p in list_runs(logdir) if _names(run_identity(p).name, text)]
         if named:
             return named[-1] / DB_NAME
     raise RunNotFoundError(

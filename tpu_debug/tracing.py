@@ -27,6 +27,7 @@ from tpu_debug.config import TraceConfig
 from tpu_debug_core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
+from tpu_debug.tracers.events import DryRunSummaryEvent, ProcessEvent, TensorBoardSummaryEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
@@ -397,6 +398,7 @@ class Trace(contextlib.ContextDecorator):
         # time.perf_counter() at the run's time 0 (CLOCK_MONOTONIC on Linux, shared by every
         # process of the machine): lines the run's timestamps up with other clocks
         self._writer.set_meta(clock_origin=time.perf_counter() - self._recorder.clock())
+        self._record_process()
         self.session = Session(run_dir / DB_NAME, writer=self._writer)
         self._start = time.perf_counter()
         probes.subscribe(self._recorder, replay=True)
@@ -557,13 +559,16 @@ class Trace(contextlib.ContextDecorator):
                 max_events=self.config.tensorboard_max_events,
                 clock=recorder.clock,
                 record_error=recorder.record_error,
-                set_meta=writer.set_meta,
+                writer=writer,
                 target=getattr(self.config.target_spec(), "name", None),
             )
             exporter.start()
         except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard
             recorder.record_error("TensorBoardExporter.start", f"{type(exc).__name__}: {exc}")
-            writer.set_meta(tensorboard={"status": "failed", "notes": [f"{type(exc).__name__}: {exc}"]})
+            writer.put(TensorBoardSummaryEvent(
+                writer.new_id(), recorder.clock(), None, threading.get_native_id(), None,
+                status="failed", notes=(f"{type(exc).__name__}: {exc}",),
+            ))
             return
         self._tensorboard = exporter  # from here on, stopping it undoes what follows too
         writer.add_listener(exporter.on_event)
@@ -618,6 +623,15 @@ class Trace(contextlib.ContextDecorator):
                 self._recorder.record_error("DivergenceTracer.close", f"{type(exc).__name__}: {exc}")
         if self._saved_numerics is not None:
             runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
+
+    def _record_process(self) -> None:
+        """In a multi-process run, this process's rank (the run's identity within its group)."""
+        from tpu_debug.runtime.distributed.launch import process_info
+
+        info, writer = process_info(), self._writer
+        if info is not None:
+            writer.put(ProcessEvent(writer.new_id(), self._recorder.clock(), None, threading.get_native_id(),
+                                    None, **info))
 
     # -- collectives of programs over several devices -----------------------------------------
 
@@ -754,9 +768,14 @@ class Trace(contextlib.ContextDecorator):
                     tracer.add_target_programs(programs)
                     if mode.stop is not None:
                         tracer.stop_at(mode.stop.what, self._dry_seen.get("location"))
-                if self._writer is not None:
-                    self._writer.set_meta(dry_run={"target": str(mode.target) if mode.target else None,
-                                                   "programs": len(programs), "notes": list(mode.notes)})
+                writer, recorder = self._writer, self._recorder
+                if writer is not None:
+                    writer.put(DryRunSummaryEvent(
+                        writer.new_id(), recorder.clock() if recorder else 0.0, None,
+                        threading.get_native_id(), None,
+                        target=str(mode.target) if mode.target else None, programs=len(programs),
+                        notes=tuple(mode.notes),
+                    ))
             if tracer is not None:
                 if self._steps is not None:
                     self._steps.remove_listener(tracer.on_step)

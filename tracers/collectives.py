@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from tpu_debug.tracers.events import CollectivesEvent, SourceLocation
+from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
@@ -125,11 +125,6 @@ class CollectivesTracer:
 
             parse_target(target)  # a bad spec fails when the trace starts, not at the first compile
             self._compiler = TargetCompiler()
-        from tpu_debug.runtime.distributed.launch import process_info
-
-        info = process_info()
-        if info is not None:
-            writer.set_meta(distributed=info)
 
     # -- probe methods --------------------------------------------------------------------
 
@@ -263,7 +258,9 @@ class CollectivesTracer:
             unfinished = len(self._pending)
         if self._compiler is not None:
             self._compiler.shutdown(wait=False, cancel_futures=True)
-            self.writer.set_meta(collectives_target={"target": self.target, "unfinished": unfinished})
+            self.writer.put(CollectivesTargetEvent(
+                self.writer.new_id(), self.clock(), None, threading.get_native_id(), None, self.target, unfinished,
+            ))
         return unfinished
 
 

@@ -15,7 +15,8 @@ writer and queries follow from the same declaration (see :mod:`.store`).
 
 ``SCHEMA_VERSION`` is the version of the run store layout these events map to
 (see :mod:`.store`); it changes whenever a reader of the old layout would
-misread the new one.
+misread the new one. ``OLDEST_READABLE_SCHEMA`` is the oldest layout readers
+still read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tpu_debug_core.argspec import ArgSpec as ArgInfo
 
 __all__ = [
     "SCHEMA_VERSION",
+    "OLDEST_READABLE_SCHEMA",
     "SourceLocation",
     "ArgInfo",
     "DIFF_ASPECTS",
@@ -58,6 +60,13 @@ __all__ = [
     "MemorySummaryEvent",
     "MemoryFix",
     "MemoryFindingEvent",
+    "DivergenceSite",
+    "UncomparedOp",
+    "DivergenceSummaryEvent",
+    "TensorBoardSummaryEvent",
+    "DryRunSummaryEvent",
+    "ProcessEvent",
+    "CollectivesTargetEvent",
     "EVENT_TYPES",
     "event_type",
     "register_event",
@@ -66,7 +75,11 @@ __all__ = [
 # 4: key differences stored as typed columns (aspect, argument, dimensions), not as prose
 # 5: divergences carry a triage verdict (noise or a wrong op) and the zero crossings behind it
 # 6: a compile says whether it was read back from the persistent compile cache, and what that saved
-SCHEMA_VERSION = 6
+# 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
+SCHEMA_VERSION = 7
+# the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
+# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries)
+OLDEST_READABLE_SCHEMA = 6
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1112,3 +1125,141 @@ class MemoryFindingEvent(Event):
     program: str | None = None
     holders: tuple[MemoryHolder, ...] = column(table="memory_finding_holders", default=())
     fixes: tuple[MemoryFix, ...] = column(table="memory_fixes", default=())
+
+
+# -- run summaries (one per run, written when the tracer that counts them stops) ----------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DivergenceSite:
+    """One place divergences occurred (an op, or a node of a compiled graph), with how
+    often: ``count`` occurrences, ``recorded`` of them kept as events (the rest over
+    the tracer's per-site limit). ``file``/``line``: the user's line, when known."""
+
+    mode: str | None
+    measure: str
+    phase: str | None
+    graph: str | None
+    name: str
+    file: str | None
+    line: int | None
+    count: int
+    recorded: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UncomparedOp:
+    """An op PyTorch on CPU could not run on the device op's inputs, and why (the first error)."""
+
+    op: str
+    reason: str
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class DivergenceSummaryEvent(Event):
+    """What the divergence tracer compared in a run (written when the trace ends).
+
+    The comparison's settings: ``numerics`` (``"cpu"`` or ``"tpu"``), the matmul
+    ``precision`` in effect, ``tolerances`` (as given, ``"default"`` when none) and
+    ``sample`` (every n-th op compared). The counts: eager ops compared with PyTorch
+    on CPU (``ops_compared``; ``ops_copied`` only copied, not compared), compiled
+    graphs and their nodes compared; divergences over tolerance per measure
+    (``over_local``, ``over_drift``) and NaN/Inf origins. ``not_compared``: the ops
+    CPU could not run; ``sites``: the busiest sites, most occurrences first.
+    """
+
+    kind: ClassVar[str] = "divergence_summary"
+    view: ClassVar[str | None] = "divergence"
+    stored: ClassVar[Stored] = Stored("divergence_summaries")
+
+    numerics: str
+    precision: str
+    tolerances: str
+    sample: int
+    ops_compared: int
+    ops_copied: int
+    graphs_compared: int
+    nodes_compared: int
+    over_local: int
+    over_drift: int
+    nan_origins: int
+    not_compared: tuple[UncomparedOp, ...] = column(table="divergence_uncompared", default=())
+    sites: tuple[DivergenceSite, ...] = column(table="divergence_sites", default=())
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorBoardSummaryEvent(Event):
+    """What the TensorBoard export captured (written when it starts, hits its cap and stops;
+    the last one is the run's).
+
+    ``status``: ``"capturing"``, ``"not capturing"`` (another profile was running),
+    ``"capped"``, ``"finished"`` or ``"failed"`` (the export could not start: ``notes``
+    say why). ``dir``: the export's directory; ``profile``: the profile files in it,
+    relative to it; ``spans`` emitted of at most ``max_events``; ``capped_after_seconds``:
+    when the cap stopped the capture (None: it did not); ``dropped_spans``: spans
+    left out after it; ``steps``: step marks.
+    """
+
+    kind: ClassVar[str] = "tensorboard_summary"
+    stored: ClassVar[Stored] = Stored("tensorboard_summaries", name="status")
+
+    status: str
+    dir: str = ""
+    profile: tuple[str, ...] = ()
+    spans: int = 0
+    max_events: int | None = None
+    capped: bool = False
+    capped_after_seconds: float | None = None
+    dropped_spans: int = 0
+    steps: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class DryRunSummaryEvent(Event):
+    """A dry run's outcome (written when the trace ends): the ``target`` it compiled for
+    (None: no target), ``programs`` compiled for it, and ``notes`` from the dry mode."""
+
+    kind: ClassVar[str] = "dry_run"
+    view: ClassVar[str | None] = "memory"
+    stored: ClassVar[Stored] = Stored("dry_run_summaries", name="target")
+
+    target: str | None
+    programs: int
+    notes: tuple[str, ...] = ()
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessEvent(Event):
+    """This run's process in a multi-process run (written when the trace starts; a
+    single-process run has none): ``rank`` (``jax.process_index()``) of ``world_size``
+    processes, the ``devices`` they share and this process's ``local_devices``, and the
+    ``coordinator`` address they joined through."""
+
+    kind: ClassVar[str] = "process"
+    stored: ClassVar[Stored] = Stored("processes")
+
+    rank: int
+    world_size: int
+    devices: int
+    local_devices: int
+    coordinator: str | None = None
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectivesTargetEvent(Event):
+    """How the collectives tracer's target compiles ended (written when the trace ends):
+    the ``target`` they compiled for and how many were still ``unfinished`` (their
+    collectives have no target figures)."""
+
+    kind: ClassVar[str] = "collectives_target"
+    view: ClassVar[str | None] = "collectives"
+    stored: ClassVar[Stored] = Stored("collectives_targets", name="target")
+
+    target: str | None
+    unfinished: int

@@ -18,16 +18,23 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_debug.tracers.events import (
     EVENT_TYPES,
+    CollectivesTargetEvent,
     CompileEvent,
     DivergenceEvent,
+    DivergenceSite,
+    DivergenceSummaryEvent,
+    DryRunSummaryEvent,
     Event,
     FallbackEvent,
     GraphBreakEvent,
     GuardFailureEvent,
     InternalErrorEvent,
+    ProcessEvent,
     RecompileLimitEvent,
     SourceLocation,
+    TensorBoardSummaryEvent,
     TransferEvent,
+    UncomparedOp,
     event_type,
 )
 from tpu_debug.tracers.hlo import ProgramNode, instruction_lines
@@ -86,9 +93,6 @@ class RunMetadata:
     exit_status: int | None
     error: str | None
     options: dict[str, Any]
-    # what the TensorBoard export captured: dir, profile files, spans,
-    # max_events, capped, notes; None when the run was recorded without it
-    tensorboard: dict[str, Any] | None = None
     # why recording stopped early (the disk filled, say), and events never written
     recording_error: str | None = None
     dropped_events: int = 0
@@ -189,6 +193,33 @@ def op_name_of(target: Any) -> str:
 
 _STATUS_RUNNING = "running"
 
+# the schema from which the run summaries are events; before it, JSON objects in
+# ``meta`` under these keys, with the same fields (but for the divergence summary's)
+_SUMMARIES_AS_EVENTS = 7
+_LEGACY_SUMMARY_KEYS: dict[type[Event], str] = {
+    DivergenceSummaryEvent: "divergence",
+    TensorBoardSummaryEvent: "tensorboard",
+    DryRunSummaryEvent: "dry_run",
+    ProcessEvent: "distributed",
+    CollectivesTargetEvent: "collectives_target",
+}
+
+
+def _from_legacy(cls: type[Event], value: dict[str, Any]) -> Event:
+    """A summary event from the JSON object a schema 6 run kept in ``meta``."""
+    if cls is DivergenceSummaryEvent:
+        over = value.get("over_tolerance") or {}
+        value = {
+            **value,
+            "over_local": over.get("local", 0),
+            "over_drift": over.get("drift", 0),
+            "not_compared": tuple(UncomparedOp(op, why) for op, why in sorted(value["not_compared"].items())),
+            "sites": tuple(DivergenceSite(**site) for site in value["sites"]),
+        }
+    names = {f.name for f in dataclasses.fields(cls)[5:]}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items() if k in names}
+    return cls(0, 0.0, None, 0, None, **fields)
+
 
 _DAMAGED = (
     "{path}: not a readable tpu_debug run ({detail}). The file is damaged or truncated; re-record the run."
@@ -207,6 +238,7 @@ class RunQuery:
         self.db_path = Path(db_path)
         self._conn: sqlite3.Connection | None = None
         self._tables: frozenset[str] | None = None
+        self._version: int | None = None
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -244,6 +276,7 @@ class RunQuery:
             self._conn.close()
             self._conn = None
             self._tables = None
+            self._version = None
 
     # -- the run --------------------------------------------------------------------
 
@@ -288,7 +321,6 @@ class RunQuery:
             exit_status=raw.get("exit_status"),
             error=raw.get("error"),
             options=dict(raw.get("options", {})),
-            tensorboard=raw.get("tensorboard"),
             recording_error=raw.get(META_RECORDING_ERROR),
             dropped_events=int(raw.get(META_DROPPED) or 0),
         )
@@ -521,14 +553,53 @@ class RunQuery:
         """The first op or node whose device output held NaN/Inf its inputs did not."""
         return next((e for e in self.divergences() if e.nan_origin), None)
 
-    def divergence_summary(self) -> dict[str, Any] | None:
-        """What the divergence tracer counted (ops compared, occurrences per site...),
+    def divergence_summary(self) -> DivergenceSummaryEvent | None:
+        """What the divergence tracer compared (ops compared, occurrences per site...),
         or None when divergence was not checked in this run."""
-        rows = self._rows("SELECT value FROM meta WHERE key = 'divergence'")
+        return self._summary(DivergenceSummaryEvent)
+
+    # -- the run's summaries --------------------------------------------------------
+
+    def _summary(self, cls: type[Event]) -> Any:
+        """The last event of a kind recorded once per run (or once per state, the last
+        being the run's), or None when the run has none."""
+        if self._schema() < _SUMMARIES_AS_EVENTS:
+            return self._legacy_summary(cls)
+        lay = layout(cls)
+        if not self._recorded(lay):
+            return None
+        rows = self._rows(lay.select_sql() + " ORDER BY e.id DESC LIMIT 1")
+        return self._decode(lay, rows)[0] if rows else None
+
+    def _schema(self) -> int:
+        if self._version is None:
+            self._version = int(self._rows("PRAGMA user_version")[0][0])
+        return self._version
+
+    def _legacy_summary(self, cls: type[Event]) -> Any:
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (_LEGACY_SUMMARY_KEYS[cls],))
+        if not rows:
+            return None
         try:
-            return json.loads(rows[0][0]) if rows else None
-        except ValueError as exc:
+            return _from_legacy(cls, json.loads(rows[0][0]))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise self._damaged(exc) from None
+
+    def tensorboard_summary(self) -> TensorBoardSummaryEvent | None:
+        """What the TensorBoard export captured, or None when the run was recorded without it."""
+        return self._summary(TensorBoardSummaryEvent)
+
+    def dry_run_summary(self) -> DryRunSummaryEvent | None:
+        """How the dry run went (its target, programs compiled), or None for a run that executed."""
+        return self._summary(DryRunSummaryEvent)
+
+    def process(self) -> ProcessEvent | None:
+        """This run's rank in a multi-process run, or None for a single-process run."""
+        return self._summary(ProcessEvent)
+
+    def collectives_target(self) -> CollectivesTargetEvent | None:
+        """How the collectives' target compiles ended, or None without a target."""
+        return self._summary(CollectivesTargetEvent)
 
     def _events_of(
         self, kind: str, name: str | None, start: float | None, end: float | None, limit: int | None

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.tracers import events as _events
-from tpu_debug.tracers.events import SCHEMA_VERSION, ArgInfo, Event, SourceLocation
+from tpu_debug.tracers.events import OLDEST_READABLE_SCHEMA, SCHEMA_VERSION, ArgInfo, Event, SourceLocation
 from tpu_debug.tracers.hlo import Program
 from tpu_debug.tracers.liveness import WriterLock
 
@@ -1172,7 +1172,7 @@ def connect(db_path: Path) -> sqlite3.Connection:
                 f"{db_path}: not a tpu_debug run database (application id {app_id:#x}). "
                 "Point at a run directory under tpu_debug_runs/, or re-record the run."
             )
-        if version != SCHEMA_VERSION:
+        if not OLDEST_READABLE_SCHEMA <= version <= SCHEMA_VERSION:
             from tpu_debug._version import __version__
 
             writer = _meta_value(conn, "tpu_debug_version")
@@ -1184,9 +1184,12 @@ def connect(db_path: Path) -> sqlite3.Connection:
                 )
             else:
                 fix = "Re-record the run, or read it with the tpu_debug that wrote it."
+            reads = (
+                f"schema {SCHEMA_VERSION}" if OLDEST_READABLE_SCHEMA == SCHEMA_VERSION
+                else f"schema {OLDEST_READABLE_SCHEMA} to {SCHEMA_VERSION}"
+            )
             raise SchemaVersionError(
-                f"{db_path} is schema {version}{by}; this tpu_debug {__version__} reads schema "
-                f"{SCHEMA_VERSION}. {fix}"
+                f"{db_path} is schema {version}{by}; this tpu_debug {__version__} reads {reads}. {fix}"
             )
         conn.execute("SELECT count(*) FROM meta").fetchone()
     except sqlite3.DatabaseError as exc:

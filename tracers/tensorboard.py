@@ -66,6 +66,7 @@ from tpu_debug.tracers.events import (
     StepEvent,
     TargetCompileEvent,
     TargetStepEvent,
+    TensorBoardSummaryEvent,
     TransferEvent,
 )
 
@@ -219,7 +220,8 @@ class TensorBoardExporter:
         max_events: spans to emit before the capture stops (at least 1).
         clock: seconds since the run started (for saying when a cap was hit).
         record_error: ``(where, message)`` keeps an exporter failure in the run.
-        set_meta: ``(**items)`` updates the run metadata.
+        writer: the run writer (``new_id()``, ``put(event)``) that records the
+            export's :class:`TensorBoardSummaryEvent`; None records none.
         target: the TPU target the trace compiles for (its estimates join the
             timeline and a memory counter track is written), or None.
 
@@ -235,7 +237,7 @@ class TensorBoardExporter:
         max_events: int = DEFAULT_MAX_EVENTS,
         clock: Callable[[], float] | None = None,
         record_error: Callable[[str, str], None] | None = None,
-        set_meta: Callable[..., None] | None = None,
+        writer: Any = None,
         target: str | None = None,
     ) -> None:
         self.logdir = Path(logdir)
@@ -250,7 +252,7 @@ class TensorBoardExporter:
         self.max_events = max(1, int(max_events))
         self._clock = clock or (lambda: 0.0)
         self._record_error = record_error
-        self._set_meta = set_meta
+        self._writer = writer
         self._TraceMe = _traceme()
         self._local = threading.local()
         self._stacks: list[list[_Span]] = []
@@ -319,11 +321,11 @@ class TensorBoardExporter:
         self._owns_profile = True
         self._capturing = True
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> TensorBoardSummaryEvent:
         """Close open spans, write the profile and the last scalars; returns the summary
-        also stored in the run metadata (``tensorboard`` key)."""
+        also recorded in the run."""
         if self._stopped or not self._started:
-            return self.summary()
+            return self.summary("finished" if self._stopped else "not started")
         self._stopped = True
         self._close_all()
         self._close_region(final=True)
@@ -357,25 +359,28 @@ class TensorBoardExporter:
         written = [p for p in profile_files(self.logdir) if p not in before]
         self._written = written[-1] if written else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, status: str = "") -> TensorBoardSummaryEvent:
         """What was captured: directory, spans, steps, whether the cap was hit."""
         files = profile_files(self.logdir)
-        return {
-            "dir": str(self.logdir.resolve()),
-            "profile": [str(p.relative_to(self.logdir)) for p in files],
-            "spans": self.events,
-            "max_events": self.max_events,
-            "capped": self.capped_at is not None,
-            "capped_after_seconds": self.capped_at,
-            "dropped_spans": self.dropped,
-            "steps": self._step or len(self._found_steps),
-            "notes": list(self.notes),
-        }
+        writer = self._writer
+        return TensorBoardSummaryEvent(
+            writer.new_id() if writer is not None else 0, self._clock(), None, threading.get_native_id(), None,
+            status=status,
+            dir=str(self.logdir.resolve()),
+            profile=tuple(str(p.relative_to(self.logdir)) for p in files),
+            spans=self.events,
+            max_events=self.max_events,
+            capped=self.capped_at is not None,
+            capped_after_seconds=self.capped_at,
+            dropped_spans=self.dropped,
+            steps=self._step or len(self._found_steps),
+            notes=tuple(self.notes),
+        )
 
-    def _publish(self, status: str) -> dict[str, Any]:
-        summary = {"status": status, **self.summary()}
-        if self._set_meta is not None:
-            self._set_meta(tensorboard=summary)
+    def _publish(self, status: str) -> TensorBoardSummaryEvent:
+        summary = self.summary(status)
+        if self._writer is not None:
+            self._writer.put(summary)
         return summary
 
     # -- steps ----------------------------------------------------------------------

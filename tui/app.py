@@ -146,7 +146,7 @@ class TpuDebugApp(App[None]):
         """``rank 1 of 2`` when showing a rank of a multi-process run, else empty."""
         if self.group is None:
             return ""
-        return f"rank {self.rank} of {self.group.info.get('nproc', '?')}"
+        return f"rank {self.rank} of {self.group.info.nproc}"
 
     def action_ranks(self) -> None:
         """Show the ranks side by side; the one picked becomes the run shown."""

@@ -215,8 +215,8 @@ def _write_tracer_records(writer) -> None:
              graph=f"lazy{step}", ops=20, outputs=1, inputs=2, compiled=step == 0, seconds=0.01, step=1)
     _put(writer, ev.CompileEvent, mode="eager", location=_loc(30), name="sum", signature="sum(float64[8])",
          args=(ev.ArgInfo("self", (8,), "float64"),), seconds=0.01, program=None, previous=None, diffs=())
-    writer.set_meta(tensorboard={"profile": ["plugins/profile/run.xplane.pb"], "spans": 40, "max_events": 1000,
-                                 "steps": 8, "capped": False, "notes": ["a note"]})
+    _put(writer, ev.TensorBoardSummaryEvent, status="finished", profile=("plugins/profile/run.xplane.pb",),
+         spans=40, max_events=1000, steps=8, capped=False, notes=("a note",))
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +285,7 @@ def _rank_group(tmp_path: pathlib.Path) -> pathlib.Path:
     group = new_group(tmp_path / "runs", "pair", 2, ["train.py"])
     for rank in range(2):
         _db, writer = synthetic_run.write_synthetic_run(group.path / f"20260131T120000.000Z-rank{rank}", close=False)
+        _put(writer, ev.ProcessEvent, rank=rank, world_size=2, devices=4, local_devices=2, coordinator=None)
         _put(writer, ev.CollectivesEvent, name="g3/forward", program=None, devices=4, target="",
              collectives=(_collective(21),))
         writer.close(synthetic_run.FINAL)

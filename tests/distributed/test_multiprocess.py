@@ -74,7 +74,7 @@ def test_data_parallel_over_two_processes(tmp_path, capsys):
 
     group = find_group(None, tmp_path / "runs")
     assert group is not None and is_group(group.path)
-    assert group.info["exit_status"] == [0, 0] and group.info["status"] == "finished"
+    assert group.info.exit_status == (0, 0) and group.info.status == "finished"
     sessions = group.sessions()
     assert [r for r, _ in sessions] == [0, 1]
     for rank, session in sessions:
@@ -106,7 +106,7 @@ def test_a_rank_dependent_branch_stops_both_ranks_before_they_hang(tmp_path, cap
     # each rank shows the script's frame and the message, not the runtime's frames between them
     assert "tpu_debug/runtime" not in proc.stderr and "/runtime/" not in proc.stderr
     group = find_group(None, tmp_path / "runs")
-    assert group.info["exit_status"] == [1, 1]
+    assert group.info.exit_status == (1, 1)
     for _, session in group.sessions():
         assert session.metadata().status == "failed"
         assert session.metadata().error.startswith("RankDivergenceError: ")
@@ -127,7 +127,7 @@ def test_a_rank_that_stops_early_is_named_by_the_rank_waiting_for_it(tmp_path, c
     assert "rank 1: its last multi-process program call was #1: g1/inference of step " in proc.stderr
     assert f"called at {_shown(script)}:{call}" in proc.stderr
     group = find_group(None, tmp_path / "runs")
-    assert group.info["exit_status"] == [1, 0]
+    assert group.info.exit_status == (1, 0)
     group.close()
 
 

@@ -41,6 +41,8 @@ def _collective(opcode: str, shape: str, nbytes: int, group: int, line: int, nod
 
 def _write_rank(run_dir: Path, rank: int) -> None:
     writer = RunWriter(run_dir / DB_NAME, dict(META, name=f"rank{rank}"))
+    writer.put(ev.ProcessEvent(writer.new_id(), 0.0, None, 1, None, rank=rank, world_size=2, devices=4,
+                               local_devices=2, coordinator="localhost:1234"))
     loc = ev.SourceLocation(SCRIPT, 30, "<module>")
     grads = _collective("all-reduce", "(f32[64,32], f32[64])", 4 * (64 * 32 + 64), 4, 14, "mm_2")
     writer.put(ev.CollectivesEvent(writer.new_id(), 0.5, "compiled", 1, loc, "g1/inference", None, 4, "",

@@ -118,5 +118,5 @@ def test_tensorboard_set_up_fails(monkeypatch, logdir, tmp_path):
     monkeypatch.undo()
     # a profiler left running would make this one fail to start its own capture
     session = _traces_again(tmp_path, tensorboard=True)
-    assert session.metadata().tensorboard["status"] != "failed"
+    assert session.tensorboard_summary().status != "failed"
     assert len(profile_files(session.run_dir / "tensorboard")) == 1

@@ -145,7 +145,7 @@ def test_wrong_lowering_is_named_first_eager(logdir):
     drift = session.divergences(measure="drift")
     assert drift and all(e.id >= first.id for e in drift)  # drift starts at silu and spreads
     summary = session.divergence_summary()
-    assert summary["ops_compared"] > 100 and summary["over_tolerance"]["local"] == 1
+    assert summary.ops_compared > 100 and summary.over_local == 1
     assert not session.internal_errors()
     report = session.summary()
     assert ">> silu" in report and f"tiny_llama.py:{SILU_LINE}" in report
@@ -172,7 +172,7 @@ def test_random_and_loaded_values_are_copied_not_compared(logdir):
         loaded = torch.ones(3).to("tpu") * 2
     assert torch.isfinite(y.cpu()) and loaded.cpu().tolist() == [2.0, 2.0, 2.0]
     summary = session.divergence_summary()
-    assert summary["ops_copied"] >= 3  # randn, dropout, the host copy
+    assert summary.ops_copied >= 3  # randn, dropout, the host copy
     assert session.divergences(over=True) == []
 
 
@@ -216,7 +216,7 @@ def test_nan_origin_with_a_zero_result_is_recorded_with_tolerances_off(logdir):
         torch.log(x)  # NaN from log(-1), and log(1) == 0 exactly on both sides
     (origin,) = session.divergences()
     assert (origin.name, origin.nan_origin, origin.tolerance) == ("log", True, math.inf)
-    assert session.divergence_summary()["nan_origins"] == 1  # the run's metadata was written
+    assert session.divergence_summary().nan_origins == 1  # the run's summary was written
     assert not session.internal_errors()
 
 
@@ -259,7 +259,7 @@ def test_wrong_lowering_is_named_first_compiled(logdir):
     ]
     assert local[1].graph.endswith("/backward") and local[1].location.line == SILU_LINE
     summary = session.divergence_summary()
-    assert summary["graphs_compared"] == 2 and summary["nodes_compared"] > 100  # forward and backward
+    assert summary.graphs_compared == 2 and summary.nodes_compared > 100  # forward and backward
     assert not session.internal_errors()
 
 
@@ -322,7 +322,7 @@ def test_tpu_numerics_round_products_and_recompile(logdir):
     assert err(tpu) > 100 * err(three) > 0 and err(three) > err(before)
     first = session.first_divergence()
     assert (first.name, first.highest) == ("mm", True)  # vanishes at precision "highest"
-    assert session.divergence_summary()["numerics"] == "tpu"
+    assert session.divergence_summary().numerics == "tpu"
 
 
 def test_tpu_numerics_convolution_backward_rounds_operands():

@@ -26,6 +26,11 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "memory_step",
         "memory",
         "memory_finding",
+        "divergence_summary",
+        "tensorboard_summary",
+        "dry_run",
+        "process",
+        "collectives_target",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind
@@ -54,7 +59,7 @@ def test_renderings():
 
 
 def test_unknown_kind_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collectives, compile, divergence, "):
+    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collectives, collectives_target, compile, divergence, "):
         ev.event_type("nope")
 
 

@@ -262,7 +262,7 @@ def test_run_from_a_newer_schema_names_both_versions_and_the_upgrade(tmp_path):
         match="^"
         + re.escape(
             f"{db} is schema {ev.SCHEMA_VERSION + 1} (written by tpu_debug 9.0); this tpu_debug 0.1.0 reads "
-            f"schema {ev.SCHEMA_VERSION}. Upgrade tpu_debug (pip install -U tpu-debug) to read it, or "
+            f"schema {ev.OLDEST_READABLE_SCHEMA} to {ev.SCHEMA_VERSION}. Upgrade tpu_debug (pip install -U tpu-debug) to read it, or "
             "re-record the run with this one."
         )
         + "$",
@@ -273,13 +273,13 @@ def test_run_from_a_newer_schema_names_both_versions_and_the_upgrade(tmp_path):
 def test_run_from_an_older_schema_says_re_record(tmp_path):
     db = tmp_path / "run.db"
     RunWriter(db, {"name": "demo", "tpu_debug_version": "0.0.9"}).close()
-    _with_schema(db, ev.SCHEMA_VERSION - 1)
+    _with_schema(db, ev.OLDEST_READABLE_SCHEMA - 1)
     with pytest.raises(
         SchemaVersionError,
         match="^"
         + re.escape(
-            f"{db} is schema {ev.SCHEMA_VERSION - 1} (written by tpu_debug 0.0.9); this tpu_debug 0.1.0 "
-            f"reads schema {ev.SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that "
+            f"{db} is schema {ev.OLDEST_READABLE_SCHEMA - 1} (written by tpu_debug 0.0.9); this tpu_debug 0.1.0 "
+            f"reads schema {ev.OLDEST_READABLE_SCHEMA} to {ev.SCHEMA_VERSION}. Re-record the run, or read it with the tpu_debug that "
             "wrote it."
         )
         + "$",

@@ -139,10 +139,10 @@ def test_scalars_per_step(recorded):
 
 
 def test_run_metadata_and_report_describe_the_capture(recorded):
-    tb = recorded.metadata().tensorboard
-    assert tb["status"] == "finished" and not tb["capped"] and tb["dropped_spans"] == 0
-    assert tb["steps"] == 3 and tb["spans"] > 30 and tb["max_events"] == 100_000
-    assert tb["profile"] == [str(profile_files(recorded.run_dir / "tensorboard")[0].relative_to(tb["dir"]))]
+    tb = recorded.tensorboard_summary()
+    assert tb.status == "finished" and not tb.capped and tb.dropped_spans == 0
+    assert tb.steps == 3 and tb.spans > 30 and tb.max_events == 100_000
+    assert tb.profile == (str(profile_files(recorded.run_dir / "tensorboard")[0].relative_to(tb.dir)),)
     assert recorded.metadata().options["tensorboard"] is True
     report = recorded.summary()
     assert "TensorBoard" in report and f"tpu-debug tensorboard {recorded.run_dir.name}" in report
@@ -152,9 +152,9 @@ def test_run_metadata_and_report_describe_the_capture(recorded):
 def test_capture_is_bounded_and_says_so(logdir):
     with tpu_debug.trace(logdir=logdir, tensorboard=True, tensorboard_max_events=12) as session:
         _train([2, 2])
-    tb = session.metadata().tensorboard
-    assert tb["status"] == "capped" and tb["capped"] and tb["spans"] == 12 and tb["dropped_spans"] > 0
-    assert "capture stopped after 12 spans" in tb["notes"][0]
+    tb = session.tensorboard_summary()
+    assert tb.status == "capped" and tb.capped and tb.spans == 12 and tb.dropped_spans > 0
+    assert "capture stopped after 12 spans" in tb.notes[0]
     events = _trace_events(session.run_dir / "tensorboard")  # written at the cap, still readable
     ours = [e for e in events if e["name"].startswith(("aten::", "compile ", "recompile ", "transfer "))]
     assert len(ours) == 12
@@ -175,7 +175,7 @@ def test_explicit_step_marks_replace_the_optimizer_hook(logdir):
             x = x * 2
             tpu_debug.step()
         _train([2])  # its optimizer.step() no longer ends a step
-    assert session.metadata().tensorboard["steps"] == 2
+    assert session.tensorboard_summary().steps == 2
     steps = [
         e["name"] for e in _trace_events(session.run_dir / "tensorboard") if e["name"].startswith("step")
     ]
@@ -213,7 +213,7 @@ def test_recompile_reason_and_divergence_from_recorded_events(tmp_path):
         )
     )
     summary = exporter.stop()
-    assert errors == [] and summary["spans"] == 3
+    assert errors == [] and summary.spans == 3
 
     events = _trace_events(tmp_path)
     (recompile,) = _named(events, "recompile aten::add.Tensor")
@@ -264,8 +264,8 @@ def test_a_users_own_jax_profile_gets_the_spans(tmp_path, logdir):
             (torch.ones(3, device="tpu") + 1).cpu()
     finally:
         jax.profiler.stop_trace()
-    tb = session.metadata().tensorboard
-    assert "started outside tpu_debug" in tb["notes"][0] and tb["profile"] == []
+    tb = session.tensorboard_summary()
+    assert "started outside tpu_debug" in tb.notes[0] and tb.profile == ()
     names = {e["name"] for e in _trace_events(tmp_path / "mine")}
     assert {"aten::add.Tensor", "transfer d2h"} <= names
 
@@ -281,7 +281,7 @@ def test_an_exporter_failure_does_not_break_the_program(logdir, monkeypatch):
     assert [(e.where, e.message) for e in session.internal_errors()] == [
         ("TensorBoardExporter.start", "OSError: disk full")
     ]
-    assert session.metadata().tensorboard["status"] == "failed"
+    assert session.tensorboard_summary().status == "failed"
 
 
 def test_config_from_env_and_arguments():
@@ -326,8 +326,8 @@ def test_cli_run_records_tensorboard_on_request(tmp_path, logdir, monkeypatch, c
     assert main([*argv, str(script)]) == 0
     assert capsys.readouterr().out == "6.0\n"
     with tpu_debug.open_run(logdir=logdir) as session:
-        tb = session.metadata().tensorboard
-        assert (tb["status"], tb["max_events"], len(tb["profile"])) == ("finished", 50, 1)
+        tb = session.tensorboard_summary()
+        assert (tb.status, tb.max_events, len(tb.profile)) == ("finished", 50, 1)
         assert session.metadata().options["tensorboard_max_events"] == 50
 
 

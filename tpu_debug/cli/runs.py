@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for path in groups:  # a multi-process run: one run per rank inside
         info = RankGroup(path).info
-        print(f"{path.name}  {info.get('status', '?')}  {info.get('nproc', '?')} ranks "
+        print(f"{path.name}  {info.status}  {info.nproc} ranks "
               f"(tpu-debug report {path.name})")
     if not paths:
         return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 from tpu_debug.tracers.divergence.measures import Measures
 from tpu_debug.tracers.divergence.triage import NOT_TRIAGED, Triaged, Verdict
-from tpu_debug.tracers.events import DivergenceEvent, SourceLocation
+from tpu_debug.tracers.events import DivergenceEvent, DivergenceSite, SourceLocation
 
 __all__ = ["EventLog", "Site", "Subject"]
 
@@ -122,26 +122,17 @@ class EventLog:
             _event(self.writer.new_id(), self.clock(), subject, measure, m, nan_origin, highest, first, verdict)
         )
 
-    def site_rows(self, limit: int) -> list[dict[str, Any]]:
+    def site_rows(self, limit: int) -> tuple[DivergenceSite, ...]:
         """The busiest ``limit`` sites, most occurrences first, as the run summary lists them."""
-        rows = []
-        for (mode, measure, phase, graph, name, location), site in sorted(
-            self.sites.items(), key=lambda kv: -kv[1].count
-        ):
-            rows.append(
-                {
-                    "mode": mode,
-                    "measure": measure,
-                    "phase": phase,
-                    "graph": graph,
-                    "name": name,
-                    "file": location.file if location else None,
-                    "line": location.line if location else None,
-                    "count": site.count,
-                    "recorded": site.recorded,
-                }
+        ranked = sorted(self.sites.items(), key=lambda kv: -kv[1].count)[:limit]
+        return tuple(
+            DivergenceSite(
+                mode, measure, phase, graph, name,
+                location.file if location else None, location.line if location else None,
+                site.count, site.recorded,
             )
-        return rows[:limit]
+            for (mode, measure, phase, graph, name, location), site in ranked
+        )
 
 
 def _event(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,17 +12,18 @@ from tpu_debug.tracers.divergence.eager import EagerChecker
 from tpu_debug.tracers.divergence.recording import EventLog
 from tpu_debug.tracers.divergence.tolerances import format_tolerances
 from tpu_debug.tracers.divergence.values import single_threaded
+from tpu_debug.tracers.events import DivergenceSummaryEvent, UncomparedOp
 
 __all__ = ["DivergenceTracer"]
 
-_SUMMARY_SITES = 500  # sites listed in the run's metadata, the busiest first
+_SUMMARY_SITES = 500  # sites listed in the run's summary, the busiest first
 
 
 class DivergenceTracer:
     """Compares every device op and compiled-graph node with PyTorch on CPU (a probe).
 
     Args:
-        writer: the run writer (events and the ``divergence`` metadata go there).
+        writer: the run writer (events and the run's divergence summary go there).
         clock: seconds since the run started (the run's timestamps).
         tolerances: a table from :func:`parse_tolerances` (None: the defaults).
         sample: compare every ``sample``-th tensor node of a compiled graph (1: all).
@@ -76,24 +78,26 @@ class DivergenceTracer:
 
     # -- the run's summary ----------------------------------------------------------------
 
-    def summary(self) -> dict[str, Any]:
-        """What the run's ``divergence`` metadata holds: counts, and occurrences per site."""
+    def summary(self) -> DivergenceSummaryEvent:
+        """The run's divergence summary: counts, and occurrences per site."""
         eager, graphs, log = self._eager, self._graphs, self._log
-        return {
-            "numerics": runtime_config.numerics,
-            "precision": runtime_config.effective_precision(),
-            "tolerances": format_tolerances(self.tolerances) or "default",
-            "sample": self.sample,
-            "ops_compared": eager.ops_compared,
-            "ops_copied": eager.ops_copied,
-            "graphs_compared": graphs.graphs_compared,
-            "nodes_compared": graphs.nodes_compared,
-            "over_tolerance": dict(log.over),
-            "nan_origins": log.nan_origins,
-            "not_compared": dict(eager.uncompared),
-            "sites": log.site_rows(_SUMMARY_SITES),
-        }
+        return DivergenceSummaryEvent(
+            self.writer.new_id(), log.clock(), None, threading.get_native_id(), None,
+            numerics=runtime_config.numerics,
+            precision=runtime_config.effective_precision(),
+            tolerances=format_tolerances(self.tolerances) or "default",
+            sample=self.sample,
+            ops_compared=eager.ops_compared,
+            ops_copied=eager.ops_copied,
+            graphs_compared=graphs.graphs_compared,
+            nodes_compared=graphs.nodes_compared,
+            over_local=log.over["local"],
+            over_drift=log.over["drift"],
+            nan_origins=log.nan_origins,
+            not_compared=tuple(UncomparedOp(op, why) for op, why in sorted(eager.uncompared.items())),
+            sites=log.site_rows(_SUMMARY_SITES),
+        )
 
     def close(self) -> None:
-        """Write the summary into the run's metadata (the trace calls this at its end)."""
-        self.writer.set_meta(divergence=self.summary())
+        """Record the summary in the run (the trace calls this at its end)."""
+        self.writer.put(self.summary())
