@@ -13,7 +13,8 @@ for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.star
 os.environ.pop("COLUMNS", None)
 # Tests compile from scratch, in this process and in the scripts they run: a user's persistent
 # compile cache would turn compiles into read-backs and make counts depend on earlier runs.
-# tests/runtime/test_compile_cache.py turns it on, in a temporary directory.
+# tests/runtime/test_compile_cache.py turns it on, in a temporary directory. Helpers that give
+# a child process none of the test process's TPU_DEBUG_* variables keep this one.
 os.environ["TPU_DEBUG_COMPILE_CACHE"] = "0"
 
 import pytest  # noqa: E402

@@ -49,7 +49,7 @@ def sigint_not_ignored():
 
 
 def _env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_COMPILE_CACHE"}
     env["PYTHONUNBUFFERED"] = "1"
     # XLA on CPU even where a libtpu wheel is installed: loading it prints warnings on stderr
     # (compared with plain python's below), and its failure handler aborts the process when a

@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parent / "data"
 def python_env(devices: int | None = None, **extra: str) -> dict[str, str]:
     """This environment for a child python: no TPU_DEBUG_* of the test process, ``devices``
     CPU devices, and ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_COMPILE_CACHE"}
     if devices is not None:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env.update(extra)

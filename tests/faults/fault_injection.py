@@ -57,7 +57,7 @@ LOSS_BOUND = COMMIT_INTERVAL + 0.25
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_COMPILE_CACHE"}
     env["PYTHONUNBUFFERED"] = "1"
     # XLA on CPU, as every test runs, even where a libtpu wheel is installed: jax would load
     # it, and its failure handler aborts the process (SIGABRT, "terminate called without an

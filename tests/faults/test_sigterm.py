@@ -116,7 +116,7 @@ def test_a_forked_child_gets_the_default_handlers(tmp_path):
             """
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_COMPILE_CACHE"}
     done = subprocess.run(
         [sys.executable, str(script)],
         check=False,

@@ -110,7 +110,7 @@ BIG = textwrap.dedent(
 def test_a_model_bigger_than_this_process_dry_runs_from_the_cli(tmp_path):
     script = tmp_path / "serve.py"
     script.write_text(BIG.format(root=str(ROOT)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_TARGET_CACHE"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k in ("TPU_DEBUG_TARGET_CACHE", "TPU_DEBUG_COMPILE_CACHE")}
     proc = subprocess.run(
         [sys.executable, "-m", "tpu_debug", "run", "--logdir", str(tmp_path / "runs"), "--target", "v6e",
          "--dry-run", str(script)],
