@@ -99,7 +99,7 @@ def _compiled_directly(spec, fn, args):
 def test_a_float32_products_time_is_its_passes(spec, dtype, precision):
     import re
 
-    n = 4096  # compute-bound at every precision on both targets
+    n = 2048  # the expected time is the roofline of either bound, whichever it is
     a = jax.ShapeDtypeStruct((n, n), dtype)
 
     def f(x, y):
