@@ -99,13 +99,14 @@ class DryRun:
             head += f" + optimizer state {_size(self.state_bytes)}"
         if c.ok:
             m = c.memory
-            return (f"{head}: fits. Per device: arguments {_size(m.argument_bytes)}, outputs "
+            return (f"{head}: fits. Per device ({self.target.device_kind}): arguments {_size(m.argument_bytes)}, outputs "
                     f"{_size(m.output_bytes)} (aliased {_size(m.alias_bytes)}), temporaries "
                     f"{_size(m.temp_bytes)}; total {_size(m.total_bytes)} of {_capacity(self.target)}. "
                     f"Dry run {self.seconds:.1f} s (TPU compile {c.seconds:.1f} s).")
         e = c.error
         if e.kind == "hbm_oom" and e.required_bytes is not None:
-            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device has "
+            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device "
+                    f"({self.target.device_kind}) has "
                     f"{_size(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
         return f"{head}: the TPU compiler refused the step: {e.message}"
 

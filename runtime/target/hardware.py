@@ -160,6 +160,16 @@ class Target:
         return self.chips * self.generation.devices_per_chip
 
     @property
+    def device_kind(self) -> str:
+        """What one device of the figures is: a chip, or on v4 one of its two TensorCores
+        (the deviceless compiler's v4 device; a v4 TPU VM's JAX shows one megacore device
+        per chip, with both cores: twice the HBM and the peak)."""
+        if self.generation.devices_per_chip == 1:
+            return "chip"
+        return (f"TensorCore, 1/{self.generation.devices_per_chip} chip (a {self.generation.name} VM's JAX "
+                f"shows one megacore device per chip: {self.generation.devices_per_chip}x HBM and peak)")
+
+    @property
     def spec_hbm_bytes_per_device(self) -> int:
         """HBM one device has by the spec sheet (the chip's share per device)."""
         return self.generation.hbm_bytes // self.generation.devices_per_chip

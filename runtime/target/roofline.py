@@ -96,7 +96,7 @@ class Roofline:
         dots = "".join(f", float32 dots {f:.3g} FLOP at {p} ({PASSES[p]} bf16 pass{'es' * (PASSES[p] > 1)})"
                        for p, f in self.dot_precisions)
         return (
-            f"{self.target.name}: {self.flops:.3g} FLOP{dots}, {self.bytes_accessed:.3g} B accessed, "
+            f"{self.target.name} per {self.target.device_kind}: {self.flops:.3g} FLOP{dots}, {self.bytes_accessed:.3g} B accessed, "
             f"{self.intensity:.1f} FLOP/B (ridge {self.ridge:.0f}): {self.bound}-bound, "
             f"~{_seconds(self.seconds)} ({self.note}{xla})"
         )

@@ -42,7 +42,7 @@ def _compiler_accepts(spec: str, shapes: list[tuple[tuple[int, ...], jnp.dtype]]
     return True
 
 
-@pytest.mark.parametrize("spec", ["v5e", "v6e"])
+@pytest.mark.parametrize("spec", ["v5e", "v6e", "v4"])
 def test_the_capacity_is_where_the_compiler_starts_refusing(spec):
     target = parse_target(spec)
     usable = target.hbm_bytes_per_device
@@ -80,3 +80,13 @@ def test_a_dry_runs_fit_verdict_is_the_compilers(spec, total_gib, dtype):
     assert spec_fits  # so the spec sheet's figure would have said "fits" every time
     if total_gib in (15.9, 31.6):
         assert not accepted and "does NOT fit" in rendered
+
+
+def test_v4_figures_say_they_are_one_tensorcores():
+    # the deviceless v4 topology has a device per TensorCore, two per chip; a v4 VM's JAX shows
+    # one megacore device per chip, so the figures say which device they are for
+    v4, v5e = parse_target("v4"), parse_target("v5e")
+    assert len(topology(v4)) == 2 and len(topology(v5e)) == 1
+    assert v4.device_kind.startswith("TensorCore, 1/2 chip") and "megacore" in v4.device_kind
+    assert v5e.device_kind == "chip"
+    assert v4.spec_hbm_bytes_per_device == 16 * GiB  # half of the chip's 32 GiB
