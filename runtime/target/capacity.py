@@ -53,10 +53,12 @@ def usable_hbm_bytes(target: str | Target) -> int:
 
 def hbm_capacity(target: str | Target) -> tuple[int, str]:
     """``(bytes, source)``: the compiler's figure (``"compiler"``), or the spec sheet's
-    (``"spec"``) where libtpu is not installed to ask."""
+    (``"spec"``) where libtpu is not installed to ask or its compiler stated no limit."""
     tgt = parse_target(target)
     try:
         return usable_hbm_bytes(tgt), "compiler"
+    except TargetError:  # a limit that cannot be measured is not worth failing a report for
+        return tgt.spec_hbm_bytes_per_device, "spec"
     except LibtpuMissingError:
         return tgt.spec_hbm_bytes_per_device, "spec"
 

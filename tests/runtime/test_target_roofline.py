@@ -127,6 +127,7 @@ def test_a_torch_float32_matmul_on_the_target_is_timed_at_six_passes():
     # torch's float32 matmul precision is "highest" by default; the runtime's lowering keeps
     # it, and the TPU compiler runs it as six bf16 passes
     import torch
+
     import tpu_debug
 
     n = 4096
