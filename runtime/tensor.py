@@ -109,11 +109,16 @@ class LazyArray:
 
 
 def _materialize(storage, payload: _Uninit) -> jax.Array:
+    # in the tensor's own shape where the storage holds exactly it: a flat payload is
+    # reshaped inside every program that reads it, which on a TPU is a relayout copy
+    # (tiles of the flat array are not the 2-D array's) a device tensor would not need
+    logical = payload.logical
+    shape = tuple(logical) if logical is not None and math.prod(logical) == payload.numel else (payload.numel,)
     if _dryrun.active is not None:
-        arr = Abstract((payload.numel,), payload.dtype)
+        arr = Abstract(shape, payload.dtype)
     else:
         with jax.enable_x64(True):
-            arr = jnp.asarray(np.zeros(payload.numel, dtype=payload.dtype))
+            arr = jnp.asarray(np.zeros(shape, dtype=payload.dtype))
     set_payload(storage, arr)
     return arr
 

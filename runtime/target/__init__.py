@@ -5,7 +5,8 @@ per-device memory and the compiler's cost analysis (or its HBM out-of-memory,
 as data); ``compile_lowered_for_target`` does the same for an existing
 lowering; ``compile_for_target_async`` runs either on a worker thread.
 ``padding_report`` reads what TPU tiles pad, ``roofline`` places a program on
-its target's roofline, ``dry_run`` compiles a PyTorch model's inference or
+its target's roofline (float32 dots at their bf16 passes, ``dot_flops``),
+``usable_hbm_bytes`` is the HBM the compiler offers one device, ``dry_run`` compiles a PyTorch model's inference or
 training step with tensors that hold no data.
 
 Importing this package loads nothing from libtpu and sets no environment
@@ -14,6 +15,7 @@ variable; the first target compile does both (``pip install "tpu-debug[tpu]"``).
 
 from __future__ import annotations
 
+from tpu_debug.runtime.target.capacity import hbm_capacity, usable_hbm_bytes
 from tpu_debug.runtime.target.compile import (
     CompileError,
     CostStats,
@@ -41,6 +43,7 @@ from tpu_debug.runtime.target.layout import (
     padding_report,
     parse_layout,
 )
+from tpu_debug.runtime.target.precision import PASSES, DotFlops, dot_flops
 from tpu_debug.runtime.target.roofline import Roofline, roofline
 
 __all__ = [
@@ -68,6 +71,11 @@ __all__ = [
     "padding_report",
     "Roofline",
     "roofline",
+    "PASSES",
+    "DotFlops",
+    "dot_flops",
+    "usable_hbm_bytes",
+    "hbm_capacity",
     "DryRun",
     "dry_run",
     "TracedStep",

@@ -22,7 +22,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-__all__ = ["cache_dir", "load", "store", "ENV"]
+__all__ = ["cache_dir", "load", "store", "load_value", "store_value", "ENV"]
 
 ENV = "TPU_DEBUG_TARGET_CACHE"
 _OFF = {"0", "off", "false", "no", ""}
@@ -47,14 +47,8 @@ def load(key: str, target):
     """The cached result for ``key``, or None (a missing, unreadable or foreign file is a miss)."""
     from tpu_debug.runtime.target.compile import CompileError, CostStats, MemoryStats, TargetCompile
 
-    path = _path(key)
-    if path is None:
-        return None
-    try:
-        data = json.loads(zlib.decompress(path.read_bytes()))
-    except (OSError, ValueError, zlib.error):
-        return None
-    if not isinstance(data, dict) or data.get("version") != _VERSION or data.get("key") != key:
+    data = _read(key)
+    if data is None:
         return None
     try:
         return TargetCompile(
@@ -73,12 +67,7 @@ def load(key: str, target):
 
 def store(key: str, result) -> None:
     """Keep ``result`` under ``key``; a cache that cannot be written is skipped (the result stands)."""
-    path = _path(key)
-    if path is None:
-        return
-    data = {
-        "version": _VERSION,
-        "key": key,
+    _write(key, {
         "target": result.target.topology,
         "program": result.program,
         "seconds": result.seconds,
@@ -86,7 +75,38 @@ def store(key: str, result) -> None:
         "memory": dataclasses.asdict(result.memory) if result.memory else None,
         "cost": dataclasses.asdict(result.cost) if result.cost else None,
         "error": dataclasses.asdict(result.error) if result.error else None,
-    }
+    })
+
+
+def load_value(key: str):
+    """A JSON value kept with ``store_value`` under ``key``, or None (a miss)."""
+    data = _read(key)
+    return None if data is None else data.get("value")
+
+
+def store_value(key: str, value) -> None:
+    """Keep a JSON value (a figure the compiler gave) under ``key``; an unwritable cache is skipped."""
+    _write(key, {"value": value})
+
+
+def _read(key: str) -> dict | None:
+    path = _path(key)
+    if path is None:
+        return None
+    try:
+        data = json.loads(zlib.decompress(path.read_bytes()))
+    except (OSError, ValueError, zlib.error):
+        return None
+    if not isinstance(data, dict) or data.get("version") != _VERSION or data.get("key") != key:
+        return None
+    return data
+
+
+def _write(key: str, fields: dict) -> None:
+    path = _path(key)
+    if path is None:
+        return
+    data = {"version": _VERSION, "key": key, **fields}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json.z")

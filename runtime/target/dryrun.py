@@ -99,14 +99,14 @@ class DryRun:
             head += f" + optimizer state {_size(self.state_bytes)}"
         if c.ok:
             m = c.memory
-            return (f"{head}: fits. Per device: arguments {_size(m.argument_bytes)}, outputs "
+            return (f"{head}: fits. Per device ({self.target.device_kind}): arguments {_size(m.argument_bytes)}, outputs "
                     f"{_size(m.output_bytes)} (aliased {_size(m.alias_bytes)}), temporaries "
-                    f"{_size(m.temp_bytes)}; total {_size(m.total_bytes)} of "
-                    f"{_size(self.target.hbm_bytes_per_device)} HBM. "
+                    f"{_size(m.temp_bytes)}; total {_size(m.total_bytes)} of {_capacity(self.target)}. "
                     f"Dry run {self.seconds:.1f} s (TPU compile {c.seconds:.1f} s).")
         e = c.error
         if e.kind == "hbm_oom" and e.required_bytes is not None:
-            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device has "
+            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device "
+                    f"({self.target.device_kind}) has "
                     f"{_size(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
         return f"{head}: the TPU compiler refused the step: {e.message}"
 
@@ -116,6 +116,14 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n} B"
+
+
+def _capacity(target: Target) -> str:
+    usable = target.hbm_bytes_per_device
+    spec = target.spec_hbm_bytes_per_device
+    if target.hbm_source == "compiler":
+        return f"{_size(usable)} HBM the compiler offers one device (spec {_size(spec)})"
+    return f"{_size(spec)} HBM (spec; libtpu not installed to ask the compiler)"
 
 
 def _meta(t):

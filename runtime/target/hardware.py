@@ -160,9 +160,35 @@ class Target:
         return self.chips * self.generation.devices_per_chip
 
     @property
-    def hbm_bytes_per_device(self) -> int:
-        """HBM one device addresses: what one program's buffers must fit in."""
+    def device_kind(self) -> str:
+        """What one device of the figures is: a chip, or on v4 one of its two TensorCores
+        (the deviceless compiler's v4 device; a v4 TPU VM's JAX shows one megacore device
+        per chip, with both cores: twice the HBM and the peak)."""
+        if self.generation.devices_per_chip == 1:
+            return "chip"
+        return (f"TensorCore, 1/{self.generation.devices_per_chip} chip (a {self.generation.name} VM's JAX "
+                f"shows one megacore device per chip: {self.generation.devices_per_chip}x HBM and peak)")
+
+    @property
+    def spec_hbm_bytes_per_device(self) -> int:
+        """HBM one device has by the spec sheet (the chip's share per device)."""
         return self.generation.hbm_bytes // self.generation.devices_per_chip
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        """HBM one device offers a program, as the TPU compiler counts it: what one program's
+        buffers must fit in (a little under the spec sheet's; asked of the compiler once and
+        cached, see ``capacity``). The spec sheet's where libtpu is not installed."""
+        from tpu_debug.runtime.target.capacity import hbm_capacity
+
+        return hbm_capacity(self)[0]
+
+    @property
+    def hbm_source(self) -> str:
+        """Where ``hbm_bytes_per_device`` comes from: ``"compiler"`` or ``"spec"``."""
+        from tpu_debug.runtime.target.capacity import hbm_capacity
+
+        return hbm_capacity(self)[1]
 
     @property
     def peak_bf16_flops_per_device(self) -> float:

@@ -4,7 +4,9 @@ From the TPU compiler's cost analysis (flops and bytes accessed, per device)
 and the target's published peaks (``hardware.GENERATIONS``):
 arithmetic intensity = flops / bytes; the program is compute-bound when its
 intensity is above the ridge point (peak FLOP/s / HBM bytes/s), and takes at
-least max(flops / peak, bytes / bandwidth). A model estimate, not a
+least max(flops / peak, bytes / bandwidth), where a float32 dot's flops count
+once per bf16 pass its precision takes (``precision``: DEFAULT 1, HIGH 3,
+HIGHEST 6; the compiler's count is one). A model estimate, not a
 measurement: it assumes perfect overlap, peak matrix-unit rate for every flop
 and full HBM bandwidth. The compiler's own estimate (``optimal_seconds``, its
 TPU cost model) is carried beside it.
@@ -17,10 +19,11 @@ import dataclasses
 from tpu_debug.runtime.target.compile import CostStats, TargetCompile
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
+from tpu_debug.runtime.target.precision import PASSES, dot_flops
 
 __all__ = ["Roofline", "roofline", "MODEL_NOTE"]
 
-MODEL_NOTE = ("model estimate: max(flops / peak, bytes / HBM bandwidth), published peaks, "
+MODEL_NOTE = ("model estimate: max(flops x bf16 passes / peak, bytes / HBM bandwidth), published peaks, "
               "TPU compiler's cost analysis; not a measurement")
 
 
@@ -36,6 +39,8 @@ class Roofline:
         bandwidth: the device's HBM bytes/s.
         precision: ``"bf16"`` or ``"int8"``: which peak applies.
         xla_seconds: the compiler's own time estimate, when it gives one.
+        dot_precisions: ``(("HIGHEST", flops), ...)``: the flops of the dots with
+            float32 operands, by precision (empty when no HLO was given: one pass each).
     """
 
     target: Target
@@ -46,6 +51,17 @@ class Roofline:
     precision: str = "bf16"
     xla_seconds: float | None = None
     note: str = MODEL_NOTE
+    dot_precisions: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def pass_flops(self) -> float:
+        """The flops the matrix units run: each float32 dot's once per bf16 pass."""
+        return self.flops + sum((PASSES[p] - 1) * f for p, f in self.dot_precisions)
+
+    @property
+    def mfu(self) -> float:
+        """Model flops utilization at the estimated time: flops / (seconds * peak)."""
+        return self.flops / (self.seconds * self.peak_flops) if self.seconds > 0 else 0.0
 
     @property
     def intensity(self) -> float:
@@ -59,7 +75,7 @@ class Roofline:
 
     @property
     def compute_seconds(self) -> float:
-        return self.flops / self.peak_flops
+        return self.pass_flops / self.peak_flops
 
     @property
     def memory_seconds(self) -> float:
@@ -77,8 +93,10 @@ class Roofline:
 
     def render(self) -> str:
         xla = f"; the compiler's own estimate {_seconds(self.xla_seconds)}" if self.xla_seconds else ""
+        dots = "".join(f", float32 dots {f:.3g} FLOP at {p} ({PASSES[p]} bf16 pass{'es' * (PASSES[p] > 1)})"
+                       for p, f in self.dot_precisions)
         return (
-            f"{self.target.name}: {self.flops:.3g} FLOP, {self.bytes_accessed:.3g} B accessed, "
+            f"{self.target.name} per {self.target.device_kind}: {self.flops:.3g} FLOP{dots}, {self.bytes_accessed:.3g} B accessed, "
             f"{self.intensity:.1f} FLOP/B (ridge {self.ridge:.0f}): {self.bound}-bound, "
             f"~{_seconds(self.seconds)} ({self.note}{xla})"
         )
@@ -93,7 +111,7 @@ def _seconds(s: float) -> str:
 
 
 def roofline(result: TargetCompile | CostStats, target: str | Target | None = None, *,
-             precision: str = "bf16") -> Roofline:
+             precision: str = "bf16", hlo: str | None = None) -> Roofline:
     """Place a compiled program on its target's roofline.
 
     Args:
@@ -101,7 +119,9 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
             ``CostStats`` with ``target`` given.
         target: the target, when ``result`` is a ``CostStats``.
         precision: ``"bf16"`` (the matrix units' bfloat16 peak; float32 matmuls
-            at XLA's default precision run there too) or ``"int8"``.
+            run there too, in as many passes as their precision takes) or ``"int8"``.
+        hlo: the optimized TPU HLO, read for the float32 dots' precisions (a
+            ``TargetCompile``'s own is used when this is None).
 
     Returns:
         A ``Roofline`` (figures per device).
@@ -118,6 +138,7 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
         if result.cost is None:
             raise TargetError(f"{result.program} did not compile for {result.target.name}: no cost to model")
         cost, tgt = result.cost, result.target
+        hlo = result.hlo if hlo is None else hlo
     else:
         if target is None:
             raise TargetError("roofline(CostStats) needs the target it was compiled for")
@@ -132,5 +153,6 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
             )
     else:
         raise TargetError(f"precision {precision!r} is not one of 'bf16', 'int8'")
+    dots = tuple(sorted(dot_flops(hlo).by_precision.items())) if hlo and precision == "bf16" else ()
     return Roofline(tgt, cost.flops, cost.bytes_accessed, peak, tgt.hbm_bandwidth_per_device, precision,
-                    cost.optimal_seconds)
+                    cost.optimal_seconds, dot_precisions=dots)

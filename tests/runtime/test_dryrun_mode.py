@@ -172,3 +172,38 @@ def test_a_dry_run_that_fits_makes_no_memory_finding(tmp_path):
         x.mul_(2)
     assert memory_view(session).summary.fits is True
     assert session.findings() == []
+
+
+@pytest.mark.parametrize("spec", ["v5e", "v6e"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_matmul_of_empty_tensors_needs_what_the_same_jax_program_does(spec, dtype):
+    # torch.empty tensors hold no relayout a device tensor would not: the product's TPU
+    # program needs what jnp's a @ b on arrays of that shape needs, compiled straight
+    # through JAX for the same target
+    import jax
+    import jax.numpy as jnp
+
+    from tpu_debug.runtime.target import parse_target
+    from tpu_debug.runtime.target._libtpu import topology
+
+    n = 4096
+
+    def step():
+        a = torch.empty(n, n, dtype=dtype, device="tpu")
+        b = torch.empty(n, n, dtype=dtype, device="tpu")
+        (a @ b).sum(dim=0)
+
+    result = tpu_debug.dry_run(step, target=spec)
+    products = [p.result for p in result.programs if p.result is not None and "mm" in p.name]
+    assert len(products) == 1, [p.name for p in result.programs]
+    mine = products[0].memory
+    sharding = jax.sharding.SingleDeviceSharding(topology(parse_target(spec))[0])
+    jdtype = jnp.float32 if dtype == torch.float32 else jnp.bfloat16
+    x = jax.ShapeDtypeStruct((n, n), jdtype, sharding=sharding)
+    precision = "highest" if dtype == torch.float32 else None  # torch's float32 default
+    stats = jax.jit(lambda a, b: jnp.dot(a, b, precision=precision)).lower(x, x).compile().memory_analysis()
+    reference = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+                 + stats.temp_size_in_bytes)
+    assert mine.argument_bytes == stats.argument_size_in_bytes
+    # within 2 %: a flat input's relayout would add a whole operand (1/3 of it) in temporaries
+    assert mine.total_bytes - mine.generated_code_bytes == pytest.approx(reference, rel=0.02)

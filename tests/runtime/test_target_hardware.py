@@ -55,9 +55,9 @@ def test_hosts_of_a_slice(spec, bounds):
 
 def test_per_device_figures_split_a_v4_chip_between_its_cores():
     v4, v5e = parse_target("v4"), parse_target("v5e")
-    assert v4.hbm_bytes_per_device == 16 * 1024**3
+    assert v4.spec_hbm_bytes_per_device == 16 * 1024**3
     assert v4.peak_bf16_flops_per_device == 137.5e12
-    assert v5e.hbm_bytes_per_device == 16 * 1024**3 and v5e.peak_int8_ops_per_device == 393e12
+    assert v5e.spec_hbm_bytes_per_device == 16 * 1024**3 and v5e.peak_int8_ops_per_device == 393e12
     assert parse_target("v5p").peak_int8_ops_per_device is None  # the v5p page gives no int8 figure
 
 
@@ -122,7 +122,7 @@ def test_hbm_matches_what_the_compiler_offers_one_device(generation):
     x = jax.ShapeDtypeStruct((200_000, 200_000), jnp.float32)  # 149 GiB
     result = compile_for_target(lambda a: a + 1, (x,), target)
     assert result.fits is False and result.error.kind == "hbm_oom", result.error
-    assert 0.95 <= result.error.available_bytes / target.hbm_bytes_per_device <= 1.01
+    assert 0.95 <= result.error.available_bytes / target.spec_hbm_bytes_per_device <= 1.01
 
 
 @requires_libtpu

@@ -71,3 +71,76 @@ def test_a_failed_compile_has_no_roofline():
     failed = compile_for_target(lambda a: a @ a, (x,), parse_target("v5e"))
     with pytest.raises(TargetError, match="did not compile for v5e: no cost to model"):
         roofline(failed)
+
+
+# bf16 passes of one product by the precision XLA's TPU compiler gives it (BF16_BF16_F32_X3 and
+# _X6 for float32 at HIGH and HIGHEST); a bf16 product is one pass at any precision
+_PASSES = {"default": 1, "high": 3, "highest": 6}
+_PEAK = {"v5e": 197e12, "v6e": 918e12}  # the Cloud TPU pages' bf16 peak per chip
+_BANDWIDTH = {"v5e": 819e9, "v6e": 1640e9}
+
+
+def _compiled_directly(spec, fn, args):
+    """``fn`` compiled straight through JAX for one device of ``spec``: (TPU HLO, cost analysis)."""
+    from tpu_debug.runtime.target._libtpu import topology
+
+    device = topology(parse_target(spec))[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
+    compiled = jax.jit(fn).lower(*placed).compile()
+    cost = compiled.cost_analysis()
+    return compiled.as_text(), cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+@requires_libtpu
+@pytest.mark.parametrize("spec", ["v5e", "v6e"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("precision", ["default", "high", "highest"])
+def test_a_float32_products_time_is_its_passes(spec, dtype, precision):
+    import re
+
+    n = 2048  # the expected time is the roofline of either bound, whichever it is
+    a = jax.ShapeDtypeStruct((n, n), dtype)
+
+    def f(x, y):
+        return jnp.dot(x, y, precision=precision)
+
+    hlo, cost = _compiled_directly(spec, f, (a, a))
+    (dot,) = [line for line in hlo.splitlines() if " convolution(" in line or " dot(" in line]
+    named = re.search(r"operand_precision=\{(\w+),", dot)
+    said = named.group(1) if named else "default"
+    assert said == precision  # the compiler keeps the precision asked for
+    passes = _PASSES[said] if dtype == jnp.float32 else 1
+    expected = max(passes * cost["flops"] / _PEAK[spec], cost["bytes accessed"] / _BANDWIDTH[spec])
+
+    model = roofline(compile_for_target(f, (a, a), spec))
+    assert model.seconds == pytest.approx(expected, rel=0.02)
+    assert model.mfu == pytest.approx(cost["flops"] / (expected * _PEAK[spec]), rel=0.02)
+    if dtype == jnp.float32:
+        assert f"at {precision.upper()} ({passes} bf16 pass" in model.render()
+    else:
+        assert "float32 dots" not in model.render()
+
+
+@requires_libtpu
+def test_a_torch_float32_matmul_on_the_target_is_timed_at_six_passes():
+    # torch's float32 matmul precision is "highest" by default; the runtime's lowering keeps
+    # it, and the TPU compiler runs it as six bf16 passes
+    import torch
+
+    import tpu_debug
+
+    n = 4096
+
+    def step():
+        x = torch.empty(n, n, device="tpu")
+        return x @ x
+
+    a = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    hlo, cost = _compiled_directly("v5e", lambda x, y: jnp.dot(x, y, precision="highest"), (a, a))
+    assert "operand_precision={highest,highest}" in hlo
+    result = tpu_debug.dry_run(step, target="v5e")
+    (program,) = [p for p in result.programs if p.result is not None and "mm" in p.name]
+    model = roofline(program.result)
+    assert model.dot_precisions == (("HIGHEST", pytest.approx(cost["flops"], rel=0.02)),)
+    assert model.seconds == pytest.approx(6 * cost["flops"] / 197e12, rel=0.02)
