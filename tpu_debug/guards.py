@@ -4,7 +4,10 @@
   on the first recompile inside it (an op or graph compiled again with a new
   key), with the diff against the closest earlier key in the message;
   ``trace(fail_on_recompile=True)`` and ``tpu-debug run --fail-on-recompile``
-  do the same for a whole trace.
+  do the same for a whole trace once it is past warm-up. Neither counts warm-up
+  (see :class:`_RecompileGuard`): the keys an op or graph gets in the step it
+  first runs in (one per layer's shape), and for a trace, the steps of each
+  phase until one compiles nothing new.
 - :func:`transfer_guard` logs or refuses host<->device transfers, like
   ``jax.transfer_guard``: ``"allow"``, ``"log"`` (a warning naming the line)
   or ``"disallow"`` (:class:`~tpu_debug_core.errors.TransferGuardError` before the
@@ -136,8 +139,13 @@ class _RecompileGuard:
 class expect_no_recompiles(contextlib.ContextDecorator):
     """Raise on the first recompile inside the block (or decorated function).
 
-    A first compile of an op or graph is fine (warm-up); compiling one again
-    for a new key is not. Works with or without an active trace.
+    A first compile of an op or graph is fine (warm-up), and so is each key it
+    gets in the step it first runs in (one op compiled for each layer's shape);
+    compiling it again for a new key in a later step, or when it was compiled
+    before the block, is not. Steps end at ``optimizer.step()`` (with an active
+    trace, where the trace ends them: ``tpu_debug.step()`` too); a block without
+    steps is one step. Warm the program up before the block (one step) so the
+    block holds only steady state. Works with or without an active trace.
 
     Raises:
         RecompileError: (inside the block) something recompiled; the message
