@@ -50,7 +50,6 @@ from tpu_debug_core.argspec import ArgSpec
 from tpu_debug_core.hooks import ErrorLog, Route, deliver
 
 __all__ = [
-    "hidden_from_dynamo",
     "AllocInfo",
     "ArgSpec",
     "CompileInfo",
@@ -65,8 +64,8 @@ __all__ = [
     "TransferInfo",
     "active",
     "add_replay_source",
-    "allocated",
     "add_transfer_check",
+    "allocated",
     "check_transfer",
     "compiled",
     "compiling",
@@ -75,8 +74,9 @@ __all__ = [
     "executed",
     "executing",
     "fell_back",
-    "materialized",
     "freed",
+    "hidden_from_dynamo",
+    "materialized",
     "observe_graph",
     "observe_op",
     "observed",

@@ -24,8 +24,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, Self
 
-from tpu_debug.config import _guard_level as check_level
 from tpu_debug_core.errors import RecompileError, TransferGuardError
+
+from tpu_debug.config import _guard_level as check_level
 from tpu_debug.runtime import probes
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.location import user_location

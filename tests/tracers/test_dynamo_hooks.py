@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+from tpu_debug.tracers.location import own_dirs
 
 import tpu_debug
-from tpu_debug.tracers.location import own_dirs
 
 
 class _Log(logging.Handler):
@@ -78,14 +78,14 @@ def _compiled_training(trace_options: dict | None, logdir) -> tuple[int, dict[st
 # out because the scheduler's Python float lr does recompile opt.step (a true finding), and
 # memory=True because its optimizer pre-hook, hidden from dynamo, still splits the
 # optimizer's step wrapper
-EVERYTHING = dict(
-    hlo=True,
-    op_events=True,
-    tensorboard=True,
-    divergence=True,
-    transfer_guard="log",
-    transfer_guard_implicit="log",
-)
+EVERYTHING = {
+    "hlo": True,
+    "op_events": True,
+    "tensorboard": True,
+    "divergence": True,
+    "transfer_guard": "log",
+    "transfer_guard_implicit": "log",
+}
 
 
 def test_tracing_leaves_a_compiled_steps_graphs_and_breaks_as_they_are(tmp_path, dynamo_log):

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from tpu_debug_core.errors import RecompileError
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug_core.errors import RecompileError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -81,17 +81,16 @@ def test_expect_no_recompiles_block_allows_a_new_ops_shapes_in_its_first_step(co
         a.atan()
         b.atan()  # the step atan first runs in: one program per shape is warm-up
         _train(model, opt, [4])
-    with pytest.raises(RecompileError, match=r"^atan recompiled .*\n.*f32\[(3|7)\] -> f32\[2\]"):
-        with tpu_debug.expect_no_recompiles():
-            c.atan()  # atan was compiled before the block
+    pattern = r"^atan recompiled .*\n.*f32\[(3|7)\] -> f32\[2\]"
+    with pytest.raises(RecompileError, match=pattern), tpu_debug.expect_no_recompiles():
+        c.atan()  # atan was compiled before the block
 
 
 def test_expect_no_recompiles_block_stops_a_shape_change_in_a_later_step(cold_cache):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(RecompileError, match=r"f32\[4,8\] -> f32\[5,8\]"):
-        with tpu_debug.expect_no_recompiles():
-            _train(model, opt, [4, 5])
+    with pytest.raises(RecompileError, match=r"f32\[4,8\] -> f32\[5,8\]"), tpu_debug.expect_no_recompiles():
+        _train(model, opt, [4, 5])
 
 
 def _run(tmp_path: Path, *argv: str) -> int:
