@@ -254,8 +254,8 @@ OPTIONS: tuple[Option, ...] = (
            "(rtol[:atol] per dtype) or 'off' (default: torch.testing's)"),
     Option("divergence_sample", COUNT, 1, "compare every N-th node of a compiled graph (1: all)"),
     Option("storm_threshold", COUNT, 5, "flag an op or graph recompiled more than N times as a recompile storm"),
-    Option("fail_on_recompile", BOOL, False, "stop the script with RecompileError on the first recompile, "
-           "showing what changed"),
+    Option("fail_on_recompile", BOOL, False, "stop the script with RecompileError on the first recompile "
+           "after warm-up (the first steps, until one compiles nothing new), showing what changed"),
     Option("transfer_guard", choice("a transfer guard level", GUARD_LEVELS), "allow",
            "log or refuse every host<->device transfer"),
     Option("transfer_guard_implicit", choice("a transfer guard level", GUARD_LEVELS), "allow",

@@ -829,7 +829,8 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             run._boxed_call = True
             return run
 
-        return compile_graph
+        # called lazily too (a backward's first call, from code dynamo is running): hidden as run is
+        return _dynamo_disabled(compile_graph)
 
     # The real `tpu` inputs go to AOTAutograd: it fakes them itself (FakeTensor
     # works on PrivateUse1 tensors), and sharing dynamo's shape environment keeps

@@ -802,5 +802,5 @@ def hook_optimizers() -> None:
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    register_optimizer_step_post_hook(_optimizer_stepped)
+    register_optimizer_step_post_hook(probes.hidden_from_dynamo(_optimizer_stepped))
     _state.hooked = True

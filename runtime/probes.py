@@ -64,8 +64,8 @@ __all__ = [
     "TransferInfo",
     "active",
     "add_replay_source",
-    "allocated",
     "add_transfer_check",
+    "allocated",
     "check_transfer",
     "compiled",
     "compiling",
@@ -74,8 +74,9 @@ __all__ = [
     "executed",
     "executing",
     "fell_back",
-    "materialized",
     "freed",
+    "hidden_from_dynamo",
+    "materialized",
     "observe_graph",
     "observe_op",
     "observed",
@@ -628,3 +629,43 @@ def check_transfer(direction: str, op: str, shape: tuple, dtype: str, nbytes: in
         return  # a probe's own device work is not the program's
     for check in _transfer_checks:
         check(direction, op, shape, dtype, nbytes)
+
+
+# ---------------------------------------------------------------------------
+# Hooks the tool installs into the user's program
+# ---------------------------------------------------------------------------
+
+
+def hidden_from_dynamo(fn: Any) -> Any:
+    """``fn`` as a hook dynamo never traces, like ``torch._dynamo.disable(fn)``.
+
+    An optimizer-step hook runs inside the user's ``opt.step()``, which may be
+    part of a compiled function: dynamo would try to trace the hook (and break
+    the user's graph at its ``sys._getframe``). The wrapper runs ``fn`` with
+    dynamo's frame callback unset, its code is marked for dynamo to run without
+    looking at it, and it carries the marks ``torch._dynamo.disable`` leaves, so
+    dynamo calls it as it would a disabled function. Importing torch._dynamo
+    (about a second) is not needed: this goes through dynamo's C module.
+
+    Example:
+        >>> register_optimizer_step_post_hook(hidden_from_dynamo(tracker.on_step))
+    """
+    import functools
+
+    from torch._C._dynamo import eval_frame
+
+    def hidden(*args: Any, **kwargs: Any) -> Any:
+        prior = eval_frame.set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            eval_frame.set_eval_frame(prior)
+
+    skip = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.DEFAULT)
+    eval_frame.set_code_exec_strategy(hidden.__code__, skip)
+    hidden = functools.wraps(fn)(hidden)
+    hidden._torchdynamo_disable = True
+    hidden._torchdynamo_disable_msg = None
+    hidden._torchdynamo_disable_recursive = True
+    hidden._torchdynamo_orig_callable = fn
+    return hidden

@@ -4,7 +4,10 @@
   on the first recompile inside it (an op or graph compiled again with a new
   key), with the diff against the closest earlier key in the message;
   ``trace(fail_on_recompile=True)`` and ``tpu-debug run --fail-on-recompile``
-  do the same for a whole trace.
+  do the same for a whole trace once it is past warm-up. Neither counts warm-up
+  (see :class:`_RecompileGuard`): the keys an op or graph gets in the step it
+  first runs in (one per layer's shape), and for a trace, the steps of each
+  phase until one compiles nothing new.
 - :func:`transfer_guard` logs or refuses host<->device transfers, like
   ``jax.transfer_guard``: ``"allow"``, ``"log"`` (a warning naming the line)
   or ``"disallow"`` (:class:`~tpu_debug_core.errors.TransferGuardError` before the
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, Self
 
-from tpu_debug.config import _guard_level as check_level
 from tpu_debug_core.errors import RecompileError, TransferGuardError
+
+from tpu_debug.config import _guard_level as check_level
 from tpu_debug.runtime import probes
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.location import user_location
@@ -41,17 +46,89 @@ _DIRECTIONS = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-
 # ---------------------------------------------------------------------------------
 
 
-class _RecompileGuard:
-    """A probe that raises on the first recompile (it learns earlier keys by replay)."""
+class _StepCount:
+    """Counts the program's step ends for a recompile guard: the active trace's step tracker
+    when there is one (``optimizer.step()`` or ``tpu_debug.step()``, as the run counts
+    them), else every ``optimizer.step()``."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, on_step: Callable[[], None]) -> None:
+        self._on_step = on_step
+        self._tracker: Any = None
+        self._hook: Any = None
+
+    def start(self) -> None:
+        from tpu_debug.tracing import active_trace
+
+        tracker = getattr(active_trace(), "_steps", None)
+        if tracker is not None:
+            self._tracker = tracker
+            tracker.add_listener(self._stepped)
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._hook = register_optimizer_step_post_hook(probes.hidden_from_dynamo(self._stepped))
+
+    def stop(self) -> None:
+        if self._tracker is not None:
+            self._tracker.remove_listener(self._stepped)
+            self._tracker = None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _stepped(self, *_args: Any) -> None:
+        self._on_step()
+
+
+class _RecompileGuard:
+    """A probe that raises on the first recompile that is not warm-up (it learns earlier
+    keys by replay).
+
+    Warm-up, for a guard: a compile is of an op or graph (its identity) and a step is
+    what the run counts as one (``optimizer.step()``, ``tpu_debug.step()``). A new
+    key of an identity first compiled in the current step is warm-up (one op
+    compiled for each layer's shape). With ``warm=True`` (a whole trace), the steps
+    of a phase are warm-up too until the end of the first step that compiles no
+    identity it had not seen (that step repeats earlier steps' programs); a step
+    that compiles a new identity (a new optimizer, an evaluation loop) opens a
+    phase again. Any other new key (an identity compiled in an earlier step, or
+    before the guard began) is a recompile.
+    """
+
+    def __init__(self, where: str, *, warm: bool = False) -> None:
         self.where = where
         self.tracker = RecompileTracker()
+        self.step = 0
+        self._first: dict[str, int] = {}  # identity -> the step it was first compiled in
+        self._phases = warm  # a phase's first steps are warm-up
+        self._warm = warm  # in a phase's warm-up steps
+        self._opens = warm  # the current step compiled an identity it had not seen
+        self._steps = _StepCount(self.on_step)
+
+    def start(self) -> None:
+        self._steps.start()
+
+    def stop(self) -> None:
+        self._steps.stop()
+
+    def on_step(self) -> None:
+        """A step ended."""
+        if self._warm and not self._opens:
+            self._warm = False
+        self._opens = False
+        self.step += 1
 
     def on_compile(self, info: Any) -> None:
         seen = self.tracker.observe(info)
+        if info.replayed:  # compiled before the guard began
+            self._first.setdefault(seen.identity, -1)
+            return
+        first = self._first.setdefault(seen.identity, self.step)
+        if first == self.step and not seen.recompile:
+            self._opens = True
+            self._warm = self._phases
         # a read-back from the persistent compile cache compiles nothing: it costs no recompile
-        if not seen.recompile or info.replayed or getattr(info, "from_cache", False):
+        if not seen.recompile or getattr(info, "from_cache", False) or first == self.step or self._warm:
             return
         text = explain(seen.identity, seen.diffs, location=user_location(1), compiles=seen.compiles)
         raise RecompileError(
@@ -63,8 +140,13 @@ class _RecompileGuard:
 class expect_no_recompiles(contextlib.ContextDecorator):
     """Raise on the first recompile inside the block (or decorated function).
 
-    A first compile of an op or graph is fine (warm-up); compiling one again
-    for a new key is not. Works with or without an active trace.
+    A first compile of an op or graph is fine (warm-up), and so is each key it
+    gets in the step it first runs in (one op compiled for each layer's shape);
+    compiling it again for a new key in a later step, or when it was compiled
+    before the block, is not. Steps end at ``optimizer.step()`` (with an active
+    trace, where the trace ends them: ``tpu_debug.step()`` too); a block without
+    steps is one step. Warm the program up before the block (one step) so the
+    block holds only steady state. Works with or without an active trace.
 
     Raises:
         RecompileError: (inside the block) something recompiled; the message
@@ -87,11 +169,13 @@ class expect_no_recompiles(contextlib.ContextDecorator):
         self._guard = _RecompileGuard("expect_no_recompiles()")
         dynamo_events.subscribe(self._guard)  # dynamo's guard failures make the message say why
         probes.subscribe(self._guard, replay=True)
+        self._guard.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         guard, self._guard = self._guard, None
         if guard is not None:
+            guard.stop()
             probes.unsubscribe(guard)
             dynamo_events.unsubscribe(guard)
 
@@ -185,8 +269,9 @@ class TraceGuards:
     def start(self) -> None:
         dynamo_events.subscribe(self._dynamo)
         if self.config.fail_on_recompile:
-            self._recompile = _RecompileGuard("trace(fail_on_recompile=True)")
+            self._recompile = _RecompileGuard("trace(fail_on_recompile=True)", warm=True)
             probes.subscribe(self._recompile, replay=True)
+            self._recompile.start()
         level, implicit = self.config.transfer_guard, self.config.transfer_guard_implicit
         if level != "allow" or implicit != "allow":
             self._transfer = _TransferCheck(level, implicit, ("transfer_guard", "transfer_guard_implicit"))
@@ -197,6 +282,7 @@ class TraceGuards:
             probes.remove_transfer_check(self._transfer)
             self._transfer = None
         if self._recompile is not None:
+            self._recompile.stop()
             probes.unsubscribe(self._recompile)
             self._recompile = None
         dynamo_events.unsubscribe(self._dynamo)

@@ -197,8 +197,10 @@ class MemoryTracer:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._step_ts = self.clock()
-        self._hooks = [register_optimizer_step_pre_hook(self._optimizer_begins),
-                       register_optimizer_step_post_hook(self._optimizer_ends)]
+        from tpu_debug.runtime.probes import hidden_from_dynamo
+
+        self._hooks = [register_optimizer_step_pre_hook(hidden_from_dynamo(self._optimizer_begins)),
+                       register_optimizer_step_post_hook(hidden_from_dynamo(self._optimizer_ends))]
 
     def _optimizer_begins(self, *_args: Any) -> None:
         self._optimizer += 1

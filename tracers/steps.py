@@ -198,11 +198,12 @@ class StepTracker:
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
             from tpu_debug.runtime.lazy import hook_optimizers
+            from tpu_debug.runtime.probes import hidden_from_dynamo
 
             # post hooks run in the order they were registered: lazy mode's (which runs the
             # step's pending graph) first, so the graph is counted in the step it belongs to
             hook_optimizers()
-            self._hook = register_optimizer_step_post_hook(self._optimizer_stepped)
+            self._hook = register_optimizer_step_post_hook(hidden_from_dynamo(self._optimizer_stepped))
         except Exception as exc:  # noqa: BLE001 - explicit marks and loop detection still work
             self._error("start", exc)
 

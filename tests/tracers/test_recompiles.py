@@ -276,8 +276,10 @@ def test_fail_on_recompile_raises_with_the_diff(logdir, cold_cache):
         pytest.raises(RecompileError, match="forbids recompiles here") as info,
         tpu_debug.trace(logdir=logdir, fail_on_recompile=True) as session,
     ):
-        three.neg()
-        five.neg()
+        # step 0 compiles neg, step 1 repeats it (warm-up is over), step 2 meets a new shape
+        for t in (three, three, five):
+            t.neg()
+            tpu_debug.step()
     message = str(info.value)
     assert message.startswith(f"neg recompiled at {__file__}:")
     assert "the closest earlier key has 1 mismatch:\n  arg 0 'self': f32[3] -> f32[5]\n" in message
@@ -324,7 +326,9 @@ def test_options_from_environment_and_cli(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match=r"^fail_on_recompile='yes': expected True or False$"):
         tpu_debug.trace(fail_on_recompile="yes")
     script = tmp_path / "recompiles.py"
-    script.write_text("import torch, tpu_debug\nfor n in (3, 4):\n    torch.ones(n).to('tpu').tanh()\n")
+    script.write_text(
+        "import torch, tpu_debug\nfor n in (3, 3, 4):\n    torch.ones(n).to('tpu').tanh()\n    tpu_debug.step()\n"
+    )
     code = main(
         ["run", "--no-report", "--logdir", str(tmp_path / "runs"), "--fail-on-recompile", str(script)]
     )
