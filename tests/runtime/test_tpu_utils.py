@@ -36,7 +36,8 @@ def test_eager_cache_stats_count_the_calls_made():
 
 
 def test_fused_program_stats_count_its_runs():
-    x = torch.ones(4, 4, device="tpu")
+    # a shape no other test uses: a program another test compiled in this process would be a hit
+    x = torch.ones(3, 29, device="tpu")
     before = {e.name: e.requests for e in _cache("fused programs").entries}
     with torch.tpu.set_eager_mode(FUSE):
         for _ in range(3):
