@@ -79,7 +79,7 @@ class CollectivesScreen(RunScreen):
                 Col("collective", "collective", shrink=14),
                 Col("groups", "groups"),
                 Col("sent", "sent"),
-                Col("from", "from", drop=1, shrink=8),
+                Col("from", "from", drop=1),
                 Col("at", "at"),
             ]
         )

@@ -193,7 +193,7 @@ class RecompilesScreen(RunScreen):
             [
                 Col("#", "n"),
                 Col("at", "ts", drop=2),
-                Col("step", "step", drop=3, shrink=4),
+                Col("step", "step", drop=3),
                 Col("what changed", "changed", shrink=16),
                 Col("compile", "time", drop=4),
                 Col("signature", "signature", drop=1, shrink=24),

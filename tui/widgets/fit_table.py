@@ -60,6 +60,12 @@ def plan_columns(cols: Sequence[Col], rows: Sequence[Sequence[Text]], width: int
             if not droppable:
                 break
             kept.remove(min(droppable, key=lambda i: (cols[i].drop, -i)))
+        # a descriptive column that may be left out goes before one that matters wraps
+        while total(natural) > width:
+            optional = [i for i in kept if cols[i].drop > 0 and cols[i].shrink is not None]
+            if not optional:
+                break
+            kept.remove(min(optional, key=lambda i: (cols[i].drop, -i)))
     widths = list(natural)
     excess = total(widths) - width if width > 0 else 0
     while excess > 0:
