@@ -11,8 +11,8 @@ from tpu_debug.tui.widgets.source_view import SourceExcerpt, SourceView, read_ex
 
 __all__ = [
     "Col",
-    "FitTable",
     "DiffRow",
+    "FitTable",
     "HloDiffView",
     "HloView",
     "PagedTable",

@@ -140,7 +140,9 @@ class FitTable(DataTable):
             return
         cursor = self.cursor_row
         self._fitted_width = self.size.width
-        self._plan = plan_columns(self._cols, [r for r, _ in self._rows], self._available(), self.cell_padding)
+        self._plan = plan_columns(
+            self._cols, [r for r, _ in self._rows], self._available(), self.cell_padding
+        )
         self.clear(columns=True)
         for col in self._cols:
             if col.key in self._plan:

@@ -8,7 +8,6 @@ from typing import ClassVar
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
-
 from tpu_debug.tui.widgets.fit_table import FitTable
 
 __all__ = ["PagedTable"]
