@@ -166,3 +166,22 @@ def test_plan_leaves_out_an_optional_descriptive_column_before_wrapping():
     cols = [Col("what", "what", shrink=8), Col("sig", "sig", drop=1, shrink=8)]
     # both fit at their minimum (20), not at their natural width (34): sig goes, what stays whole
     assert plan_columns(cols, _rows(14, 16), width=25, pad=1) == {"what": 14}
+
+
+def test_the_columns_refit_when_the_terminal_is_resized(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2")
+        ranked = app.screen.query_one("#ranked", DataTable)
+        assert cells(column_lines(app, ranked, "mode"))[0] == "eager"  # wide: every column
+        await pilot.resize_terminal(*NARROW)
+        await press(pilot)
+        shown = [c.value for c in ranked.columns]
+        assert "mode" not in shown and "compiles" in shown, shown
+        assert cells(column_lines(app, ranked, "compiles"))[0] == str(len(set(LENGTHS)))
+        await pilot.resize_terminal(*WIDE)
+        await press(pilot)
+        assert "mode" in [c.value for c in ranked.columns]
+
+    drive(app, scenario, size=WIDE)
