@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import synthetic_run
-from textual.widgets import DataTable
 from snapshot import check_snapshot
+from textual.widgets import DataTable
 from tpu_debug.tracers import events as ev
 from tpu_debug.tui.screens.memory import NOT_TRACKED
 from tui_helpers import drive, press, screen_text
