@@ -89,7 +89,9 @@ class TpuDebugApp(App[None]):
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
         *(
-            Binding(str(number), f"switch_mode('{view.mode}')", view.title, show=view.in_footer, group=_VIEW_KEYS)
+            Binding(
+                str(number), f"switch_mode('{view.mode}')", view.title, show=view.in_footer, group=_VIEW_KEYS
+            )
             for number, view in enumerate(VIEW_TABLE, 1)
         ),
         Binding("r", "ranks", "Ranks (multi-process run)", show=False),

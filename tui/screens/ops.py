@@ -65,8 +65,14 @@ ROOFLINE_COLUMNS = {
 SORTS = {**COLUMNS, **ROOFLINE_COLUMNS}
 # how a narrow table gives way (see FitTable): the name wraps, then these columns are left out
 # in this order (1 first)
-_FIT = {"name": (0, 20), "programs": (1, None), "mean": (2, None), "mode": (3, None), "bound": (4, None),
-        "tpu_est": (5, None)}
+_FIT = {
+    "name": (0, 20),
+    "programs": (1, None),
+    "mean": (2, None),
+    "mode": (3, None),
+    "bound": (4, None),
+    "tpu_est": (5, None),
+}
 
 
 def _columns(roofline: bool) -> list[Col]:
