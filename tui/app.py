@@ -56,7 +56,8 @@ class View:
 
 
 # The one table of views: the number keys (1, 2, ...) follow its order; MODES, BINDINGS and
-# VIEWS come from it, so a new view is its screen plus one row here.
+# VIEWS come from it, so a new view is its screen plus one row here. The footer shows the
+# number keys as one group ("1-8 Views") so that it fits a 100-column terminal; `?` names each.
 VIEW_TABLE: tuple[View, ...] = (
     View("overview", "Overview", OverviewScreen),
     View("recompiles", "Recompiles", RecompilesScreen),
@@ -65,8 +66,10 @@ VIEW_TABLE: tuple[View, ...] = (
     View("divergence", "Divergence", DivergenceScreen),
     View("steps", "Steps", StepsScreen),
     View("memory", "Memory", MemoryScreen),
-    View("collectives", "Collectives", CollectivesScreen, in_footer=False),
+    View("collectives", "Collectives", CollectivesScreen),
 )
+
+_VIEW_KEYS = Binding.Group("Views", compact=True)
 
 VIEWS = {view.mode: view.title for view in VIEW_TABLE}
 
@@ -86,7 +89,9 @@ class TpuDebugApp(App[None]):
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
         *(
-            Binding(str(number), f"switch_mode('{view.mode}')", view.title, show=view.in_footer)
+            Binding(
+                str(number), f"switch_mode('{view.mode}')", view.title, show=view.in_footer, group=_VIEW_KEYS
+            )
             for number, view in enumerate(VIEW_TABLE, 1)
         ),
         Binding("r", "ranks", "Ranks (multi-process run)", show=False),

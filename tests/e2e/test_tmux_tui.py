@@ -51,10 +51,10 @@ class Tmux:
             check=check,
         )
 
-    def start(self, command: str, cwd: Path) -> None:
+    def start(self, command: str, cwd: Path, size: tuple[int, int] = (WIDTH, HEIGHT)) -> None:
         # the shell stays after the command so an error (and the exit status) can be read
         shell = f"cd {shlex.quote(str(cwd))} && {command}; echo EXIT=$?; sleep 120"
-        self("new-session", "-d", "-s", "tui", "-x", str(WIDTH), "-y", str(HEIGHT), shell)
+        self("new-session", "-d", "-s", "tui", "-x", str(size[0]), "-y", str(size[1]), shell)
 
     def pane(self) -> str:
         return self("capture-pane", "-p", "-t", "tui").stdout
@@ -101,6 +101,27 @@ def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
     pane = tmux.wait_for("Compile history: main (train.py) forward")
     assert "tensor 'batch' dim 0: 8 → 9" in pane
     assert "L['batch'].size()[0] == 8 → failed" in pane
+    tmux.keys("q")
+    tmux.wait_for("EXIT=0", timeout=30)
+
+
+def test_tui_at_100x30_keeps_counts_locations_and_every_key(tmp_path, tmux):
+    """The narrowest terminal the TUI is made for: columns that matter stay, values are whole,
+    the footer ends with the help and quit keys."""
+    run_dir = tmp_path / "runs" / "20260131T120000.000Z-synthetic"
+    _synthetic().write_synthetic_run(run_dir)
+    command = f"{shlex.quote(sys.executable)} -m tpu_debug tui {shlex.quote(str(run_dir))}"
+    tmux.start(command, tmp_path, size=(100, 30))
+    tmux.wait_for("Findings", "12345678 Views", "? Keys", "q Quit")
+    tmux.keys("2")
+    pane = tmux.wait_for("Compile history: mul.Tensor", "compiles")
+    lines = pane.splitlines()
+    # mul.Tensor compiled for 6 lengths (5 recompiles): both counts on its row
+    assert any(line.split()[1:4] == ["mul.Tensor", "6", "5"] for line in lines if line.startswith("│")), pane
+    assert "f32[8,128] →" in pane and "f32[9,128]" in pane
+    tmux.keys("8")
+    pane = tmux.wait_for("Collectives of", "72.0 MiB")
+    assert "train.py:11" in pane and "train.py:13" in pane
     tmux.keys("q")
     tmux.wait_for("EXIT=0", timeout=30)
 

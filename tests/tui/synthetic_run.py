@@ -161,6 +161,28 @@ FX_NODES = (
 )
 
 
+def _collectives(eid: int, program: str, graph: str) -> ev.CollectivesEvent:
+    """The step graph sharded over 4 devices: an all-reduce of its gradient and an
+    all-gather XLA combined from three (a tuple shape as wide as a narrow pane)."""
+    combined = "(f32[1024,4096], f32[4096,4096], f32[4096,1024])"
+    return ev.CollectivesEvent(
+        eid, 7.9, "compiled", 1, _loc(13, "step"), graph, program, 4, "",
+        (
+            ev.Collective(
+                "all-reduce", "all-reduce.1", "f32[128]", 512, 768, 4, 1, "{{0,1,2,3}}", "jit(fn)/sum",
+                "mean", "aten::mean.default", file="train.py", line=13, function="step",
+            ),
+            ev.Collective(
+                "all-gather", "all-gather.2", combined, 100663296, 75497472, 4, 1, "{{0,1,2,3}}",
+                "jit(fn)/mul", "mul, add", "aten::mul.Tensor", asynchronous=True, file="train.py",
+                line=11, function="step",
+            ),
+        ),
+        argument_bytes=4 << 20, output_bytes=1 << 20, alias_bytes=0, temp_bytes=2 << 20, code_bytes=4096,
+        seconds=0.05,
+    )
+
+
 def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, RunWriter]:
     """Write the run into ``run_dir`` (created); returns its run.db and the writer
     (already closed unless ``close=False``: then the run reads as still running)."""
@@ -409,6 +431,8 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
                 **triage.get((name, measure), {}),
             )
         )
+
+    put(_collectives(nid(), *graph_compiles[10][1:]))
 
     # op_stats: executions per program
     counts: dict[int, int] = {}

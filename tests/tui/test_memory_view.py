@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import synthetic_run
 from snapshot import check_snapshot
+from textual.widgets import DataTable
 from tpu_debug.tracers import events as ev
 from tpu_debug.tui.screens.memory import NOT_TRACKED
 from tui_helpers import drive, press, screen_text
@@ -78,3 +79,16 @@ def test_a_run_without_memory_tracking_says_how_to_get_it(make_app):
         assert " ".join(NOT_TRACKED.split())[:60] in text, text
 
     drive(app, scenario)
+
+
+def test_the_memory_view_at_100x30_keeps_where_and_how_much(make_app, memory_run):
+    app = make_app(memory_run)
+
+    async def scenario(pilot):
+        await press(pilot, "7")
+        holders = app.screen.query_one("#holders", DataTable)
+        shown = [c.value for c in holders.columns]
+        assert shown[0] == "where" and "bytes" in shown, shown
+        check_snapshot(app.export_screenshot(), "memory-run-100x30")
+
+    drive(app, scenario, size=(100, 30))

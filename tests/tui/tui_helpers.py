@@ -9,7 +9,7 @@ from snapshot import svg_text
 from textual.widgets import OptionList
 from textual.worker import WorkerCancelled
 
-SIZE = (120, 36)  # every pilot and snapshot test runs at this terminal size
+SIZE = (120, 36)  # the pilot tests run at this terminal size unless they name another
 
 
 async def settle(pilot, rounds: int = 2) -> None:

@@ -16,7 +16,7 @@ from textual.worker import get_current_worker
 from tpu_debug.tracers.events import CollectivesEvent, SourceLocation
 from tpu_debug.tui.format import format_bytes
 from tpu_debug.tui.screens.base import RunScreen
-from tpu_debug.tui.widgets import SourceExcerpt, SourceView, read_excerpt
+from tpu_debug.tui.widgets import Col, FitTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.session import Session
 
@@ -51,23 +51,38 @@ class CollectivesScreen(RunScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(Text("loading…", style="dim"), id="cl-summary", markup=False)
-        yield DataTable(id="cl-programs", cursor_type="row", zebra_stripes=True)
+        yield FitTable(id="cl-programs", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="cl-detail"):
             with Vertical(id="cl-ops-box", classes="pane"):
                 yield Static(Text("Collectives", style="bold"), id="cl-ops-title", classes="pane-title",
                              markup=False)
-                yield DataTable(id="cl-ops", cursor_type="row", zebra_stripes=True)
+                yield FitTable(id="cl-ops", cursor_type="row", zebra_stripes=True)
             with Vertical(id="cl-source-box", classes="pane"):
                 yield Static(Text("Source", style="bold"), classes="pane-title", markup=False)
                 yield SourceView(id="cl-source")
 
     def on_mount(self) -> None:
-        programs = self.query_one("#cl-programs", DataTable)
-        for label in ("program", "on", "devices", "memory/device", "collectives", "sent/run", "runs"):
-            programs.add_column(label, key=label)
-        ops = self.query_one("#cl-ops", DataTable)
-        for label in ("collective", "groups", "sent", "from", "at"):
-            ops.add_column(label, key=label)
+        # the counts, bytes and the source line matter most: a long (combined) shape wraps
+        self.query_one("#cl-programs", FitTable).set_columns(
+            [
+                Col("program", "program", shrink=12),
+                Col("on", "on", drop=2),
+                Col("devices", "devices"),
+                Col("memory/device", "memory/device", drop=1),
+                Col("collectives", "collectives"),
+                Col("sent/run", "sent/run"),
+                Col("runs", "runs"),
+            ]
+        )
+        self.query_one("#cl-ops", FitTable).set_columns(
+            [
+                Col("collective", "collective", shrink=14),
+                Col("groups", "groups"),
+                Col("sent", "sent"),
+                Col("from", "from", drop=1),
+                Col("at", "at"),
+            ]
+        )
         super().on_mount()
 
     def load(self) -> None:
@@ -82,9 +97,9 @@ class CollectivesScreen(RunScreen):
     @on(Loaded)
     def _show(self, message: Loaded) -> None:
         self.programs, self.calls = message.programs, message.calls
-        table = self.query_one("#cl-programs", DataTable)
+        table = self.query_one("#cl-programs", FitTable)
         row = table.cursor_row
-        table.clear()
+        table.fill([])
         summary = Text()
         rank = self.run_app.rank_label()
         if rank:
@@ -95,7 +110,7 @@ class CollectivesScreen(RunScreen):
                 "tpu_debug.runtime.distributed)", style="dim"
             )
             self.query_one("#cl-summary", Static).update(summary)
-            self.query_one("#cl-ops", DataTable).clear()
+            self.query_one("#cl-ops", FitTable).fill([])
             return
         local = [p for p in self.programs if not p.target]
         summary.append(f"{len(self.programs)} program(s) over several devices", style="bold")
@@ -104,9 +119,11 @@ class CollectivesScreen(RunScreen):
         summary.append(f", {format_bytes(sent)} sent per device in all")
         summary.append(" (ring estimates)", style="dim")
         self.query_one("#cl-summary", Static).update(summary)
-        for i, p in enumerate(self.programs):
+        rows = []
+        for p in self.programs:
             runs = self.calls.get(p.id)
-            table.add_row(
+            rows.append(
+                [
                 Text(p.name + (f"  {p.error}" if p.error else ""), style="red" if p.error else ""),
                 Text(p.target or "this run", style="dim" if not p.target else "cyan"),
                 Text(str(p.devices or "-"), justify="right"),
@@ -114,8 +131,9 @@ class CollectivesScreen(RunScreen):
                 Text(str(len(p.collectives)), justify="right"),
                 Text(format_bytes(p.collective_bytes), justify="right"),
                 Text(str(runs) if runs is not None else "-", justify="right"),
-                key=str(i),
+                ]
             )
+        table.fill(rows, [str(i) for i in range(len(rows))])
         table.move_cursor(row=min(row, len(self.programs) - 1))
         self._select(table.cursor_row)
 
@@ -135,17 +153,17 @@ class CollectivesScreen(RunScreen):
                 f"{format_bytes(p.temp_bytes or 0)} temporaries"
             )
         self.query_one("#cl-ops-title", Static).update(title)
-        ops = self.query_one("#cl-ops", DataTable)
-        ops.clear()
-        for i, c in enumerate(p.collectives):
-            ops.add_row(
+        rows = [
+            [
                 Text(f"{c.opcode} {c.shape}"),
                 Text(f"{c.groups}x{c.group_size}", justify="right"),
                 Text(format_bytes(c.wire_bytes), justify="right"),
                 Text(c.node or c.op or "-"),
                 Text(f"{os.path.basename(c.file)}:{c.line}" if c.file else "-"),
-                key=str(i),
-            )
+            ]
+            for c in p.collectives
+        ]
+        self.query_one("#cl-ops", FitTable).fill(rows, [str(i) for i in range(len(rows))])
         self._select_collective(0)
 
     @on(DataTable.RowHighlighted, "#cl-ops")

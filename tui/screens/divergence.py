@@ -19,7 +19,7 @@ from tpu_debug.tracers.events import DivergenceEvent
 from tpu_debug.tui.format import format_float, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloScreen
-from tpu_debug.tui.widgets import PagedTable, SourceExcerpt, SourceView, read_excerpt
+from tpu_debug.tui.widgets import Col, PagedTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.session import Session
 
@@ -161,21 +161,22 @@ class DivergenceScreen(RunScreen):
                 yield SourceView(id="dv-source")
 
     def on_mount(self) -> None:
-        table = self.query_one("#divergences", PagedTable)
-        for key, title in (
-            ("rank", "#"),
-            ("name", "op / node"),
-            ("mode", "mode"),
-            ("phase", "phase"),
-            ("measure", "measure"),
-            ("max_abs", "max abs"),
-            ("ratio", "× tol"),
-            ("ulp", "ULP"),
-            ("mismatched", "mismatched"),
-            ("verdict", "verdict"),
-            ("where", "where"),
-        ):
-            table.add_column(title, key=key)
+        # the op, its numbers and where it is matter most: the labels are left out first
+        self.query_one("#divergences", PagedTable).set_columns(
+            [
+                Col("#", "rank"),
+                Col("op / node", "name", shrink=12),
+                Col("mode", "mode", drop=5),
+                Col("phase", "phase", drop=4),
+                Col("measure", "measure", drop=3),
+                Col("max abs", "max_abs"),
+                Col("× tol", "ratio"),
+                Col("ULP", "ulp", drop=2),
+                Col("mismatched", "mismatched", drop=1),
+                Col("verdict", "verdict", drop=6),
+                Col("where", "where", shrink=16),
+            ]
+        )
         super().on_mount()
 
     def load(self) -> None:
@@ -199,8 +200,8 @@ class DivergenceScreen(RunScreen):
             return
         start = len(self.events)
         self.events.extend(message.events)
-        for i, d in enumerate(message.events, start + 1):
-            table.add_row(*self._cells(d, i), key=str(d.id))
+        numbered = list(enumerate(message.events, start + 1))
+        table.append([self._cells(d, i) for i, d in numbered], [str(d.id) for _, d in numbered])
         table.has_more = message.has_more
         if message.offset == 0 and self.events:
             table.move_cursor(row=min(row, len(self.events) - 1))

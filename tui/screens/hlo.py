@@ -25,6 +25,11 @@ from tpu_debug.session import Session
 
 __all__ = ["HloDiffScreen", "HloScreen"]
 
+# keys that go in pairs share one footer entry, so that the footer fits 100 columns
+_MATCH_KEYS = Binding.Group("Match", compact=True)
+_PROGRAM_KEYS = Binding.Group("Program", compact=True)
+_CHANGE_KEYS = Binding.Group("Change", compact=True)
+
 _STAGES = {"hlo": "optimized HLO", "stablehlo": "StableHLO"}
 
 
@@ -84,12 +89,12 @@ class HloScreen(_PushedScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("slash", "search", "Search", key_display="/"),
-        Binding("n", "next_match", "Next match"),
-        Binding("N", "previous_match", "Prev match", key_display="N"),
-        Binding("s", "stage", "HLO/StableHLO"),
-        Binding("t", "tpu", "TPU HLO"),
-        Binding("right_square_bracket", "program(1)", "Next program", key_display="]"),
-        Binding("left_square_bracket", "program(-1)", "Prev program", key_display="["),
+        Binding("n", "next_match", "Next match", group=_MATCH_KEYS),
+        Binding("N", "previous_match", "Prev match", key_display="N", group=_MATCH_KEYS),
+        Binding("s", "stage", "StableHLO"),
+        Binding("t", "tpu", "TPU"),
+        Binding("left_square_bracket", "program(-1)", "Prev program", key_display="[", group=_PROGRAM_KEYS),
+        Binding("right_square_bracket", "program(1)", "Next program", key_display="]", group=_PROGRAM_KEYS),
         Binding("full_stop", "next_marked(1)", "Next node line", key_display=".", show=False),
         Binding("comma", "next_marked(-1)", "Prev node line", key_display=",", show=False),
     ]
@@ -313,9 +318,9 @@ class HloDiffScreen(_PushedScreen):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
-        Binding("n", "next_change(1)", "Next change"),
-        Binding("N", "next_change(-1)", "Prev change", key_display="N"),
-        Binding("s", "stage", "HLO/StableHLO"),
+        Binding("n", "next_change(1)", "Next change", group=_CHANGE_KEYS),
+        Binding("N", "next_change(-1)", "Prev change", key_display="N", group=_CHANGE_KEYS),
+        Binding("s", "stage", "StableHLO"),
     ]
 
     @dataclasses.dataclass

@@ -9,11 +9,12 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.message import Message
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import MemoryHolder, SourceLocation
 from tpu_debug.tracers.memory import PHASE_TEXT, MemoryView, describe_fix, memory_view
 from tpu_debug.tui.format import format_bytes, location_text
 from tpu_debug.tui.screens.base import RunScreen
+from tpu_debug.tui.widgets import Col, FitTable
 
 __all__ = ["MemoryScreen"]
 
@@ -86,16 +87,20 @@ class MemoryScreen(RunScreen):
         yield Static(Text("loading…", style="dim"), id="mem-summary", markup=False)
         yield Static(Text("", style="dim"), id="mem-steps-label", markup=False)
         yield Sparkline([], id="mem-steps")
-        yield DataTable(id="holders", cursor_type="row", zebra_stripes=True)
+        yield FitTable(id="holders", cursor_type="row", zebra_stripes=True)
         yield Static(Text(""), id="mem-findings", markup=False)
 
     def on_mount(self) -> None:
-        table = self.query_one("#holders", DataTable)
-        table.add_column("held at the peak by", key="where")
-        table.add_column("phase", key="phase")
-        table.add_column("bytes", key="bytes")
-        table.add_column("tensors", key="tensors")
-        table.add_column("largest", key="largest")
+        # where and how much matter most: the location wraps, the phase is left out first
+        self.query_one("#holders", FitTable).set_columns(
+            [
+                Col("held at the peak by", "where", shrink=20),
+                Col("phase", "phase", drop=1),
+                Col("bytes", "bytes"),
+                Col("tensors", "tensors", drop=2),
+                Col("largest", "largest", drop=3),
+            ]
+        )
         super().on_mount()
 
     def load(self) -> None:
@@ -110,8 +115,8 @@ class MemoryScreen(RunScreen):
     @on(Loaded)
     def _show(self, message: Loaded) -> None:
         view = message.view
-        table = self.query_one("#holders", DataTable)
-        table.clear()
+        table = self.query_one("#holders", FitTable)
+        table.fill([])
         if not view.recorded:
             self.query_one("#mem-summary", Static).update(Text(NOT_TRACKED, style="dim"))
             self.query_one("#mem-steps", Sparkline).data = []
@@ -128,8 +133,8 @@ class MemoryScreen(RunScreen):
         else:
             label = "no step was recorded"
         self.query_one("#mem-steps-label", Static).update(Text(label, style="dim"))
-        for i, h in enumerate(view.peak_holders()):
-            table.add_row(*self._row(h), key=str(i))
+        holders = [self._row(h) for h in view.peak_holders()]
+        table.fill(holders, [str(i) for i in range(len(holders))])
         self.query_one("#mem-findings", Static).update(_findings(view))
 
     def _row(self, h: MemoryHolder) -> tuple[Text, ...]:

@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Input, Static
 from tpu_debug.tui.format import format_seconds
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloScreen
+from tpu_debug.tui.widgets import Col, FitTable
 
 from tpu_debug.session import Session
 
@@ -62,6 +63,21 @@ ROOFLINE_COLUMNS = {
     "bound": ("TPU bound", lambda r: (r.bound or "", r.name), False),
 }
 SORTS = {**COLUMNS, **ROOFLINE_COLUMNS}
+# how a narrow table gives way (see FitTable): the name wraps, then these columns are left out
+# in this order (1 first)
+_FIT = {
+    "name": (0, 20),
+    "programs": (1, None),
+    "mean": (2, None),
+    "mode": (3, None),
+    "bound": (4, None),
+    "tpu_est": (5, None),
+}
+
+
+def _columns(roofline: bool) -> list[Col]:
+    shown = {**COLUMNS, **ROOFLINE_COLUMNS} if roofline else COLUMNS
+    return [Col(title, key, *_FIT.get(key, (0, None))) for key, (title, _, _) in shown.items()]
 
 
 def _roofline(session: Session) -> dict[str, tuple[float, str | None]]:
@@ -100,6 +116,10 @@ def _rows(session: Session) -> list[OpRow]:
     return rows
 
 
+# the sort keys share one footer entry, so that the footer fits 100 columns
+_SORT_KEYS = Binding.Group("Sort", compact=True)
+
+
 class OpsScreen(RunScreen):
     """The ops table: ``/`` filters, ``c t k f n`` sort (again: reverse), Enter shows HLO."""
 
@@ -108,11 +128,11 @@ class OpsScreen(RunScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
-        Binding("t", "sort('time')", "By time"),
-        Binding("c", "sort('count')", "By calls"),
-        Binding("k", "sort('compiles')", "By compiles"),
-        Binding("f", "sort('fallbacks')", "By fallbacks"),
-        Binding("n", "sort('name')", "By name"),
+        Binding("t", "sort('time')", "By time", group=_SORT_KEYS),
+        Binding("c", "sort('count')", "By calls", group=_SORT_KEYS),
+        Binding("k", "sort('compiles')", "By compiles", group=_SORT_KEYS),
+        Binding("f", "sort('fallbacks')", "By fallbacks", group=_SORT_KEYS),
+        Binding("n", "sort('name')", "By name", group=_SORT_KEYS),
         Binding("h", "open_hlo", "HLO", show=False),
     ]
 
@@ -136,12 +156,10 @@ class OpsScreen(RunScreen):
         with Horizontal(id="ops-bar"):
             yield Input(placeholder="filter ops by name (/)", id="ops-filter")
             yield Static(Text(""), id="ops-status", markup=False)
-        yield DataTable(id="ops", cursor_type="row", zebra_stripes=True)
+        yield FitTable(id="ops", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
-        table = self.query_one("#ops", DataTable)
-        for key, (title, _, _) in COLUMNS.items():
-            table.add_column(title, key=key)
+        self.query_one("#ops", FitTable).set_columns(_columns(roofline=False))
         self.query_one("#ops-filter", Input).cursor_blink = False
         super().on_mount()
 
@@ -170,25 +188,24 @@ class OpsScreen(RunScreen):
         return sorted(rows, key=key, reverse=largest_first != self.reverse)
 
     def _fill(self) -> None:
-        table = self.query_one("#ops", DataTable)
+        table = self.query_one("#ops", FitTable)
         selected = None
         if table.row_count and table.cursor_row < table.row_count:
             selected = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        table.clear()
         roofline = any(r.tpu_seconds is not None for r in self.rows)
-        if roofline and "tpu_est" not in table.columns:
-            for key, (title, _, _) in ROOFLINE_COLUMNS.items():
-                table.add_column(title, key=key)
+        table.set_columns(_columns(roofline))
         rows = self.visible_rows()
+        cells, keys = [], []
         for r in rows:
             hot = "bold yellow" if r.compiles > 1 else ""
             extra = ()
-            if "tpu_est" in table.columns:
+            if roofline:
                 extra = (
                     Text(format_seconds(r.tpu_seconds) if r.tpu_seconds is not None else "-", justify="right"),
                     Text(r.bound or "-", style="" if r.bound else "dim"),
                 )
-            table.add_row(
+            keys.append(f"{r.mode}\0{r.name}")
+            cells.append([
                 Text(r.name, style="bold" if r.fallbacks else ""),
                 Text(r.mode, style="red" if r.mode == "cpu fallback" else "dim"),
                 Text(f"{r.count:,}", justify="right"),
@@ -203,8 +220,8 @@ class OpsScreen(RunScreen):
                 ),
                 Text(str(r.programs), justify="right"),
                 *extra,
-                key=f"{r.mode}\0{r.name}",
-            )
+            ])
+        table.fill(cells, keys)
         if selected is not None and selected in table.rows:
             table.move_cursor(row=table.get_row_index(selected))
         title, _, largest_first = SORTS[self.sort_key]

@@ -31,7 +31,7 @@ from tpu_debug.tracers.steps import STEADY, StepIndex, step_phases
 from tpu_debug.tui.format import changed_text, diff_summary, fallback_diffs, format_seconds, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
-from tpu_debug.tui.widgets import HloView, PagedTable, SourceExcerpt, SourceView, read_excerpt
+from tpu_debug.tui.widgets import Col, FitTable, HloView, PagedTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug_core.errors import NotRecordedError
 from tpu_debug.report import advice_of
@@ -151,7 +151,7 @@ class RecompilesScreen(RunScreen):
                 yield Static(
                     Text("Ops and graphs by compiles", style="bold"), classes="pane-title", markup=False
                 )
-                yield DataTable(id="ranked", cursor_type="row")
+                yield FitTable(id="ranked", cursor_type="row")
             with Vertical(id="rc-history-box", classes="pane"):
                 yield Static(
                     Text("Compile history", style="bold"),
@@ -178,19 +178,27 @@ class RecompilesScreen(RunScreen):
                 yield HloView(id="hlo-preview")
 
     def on_mount(self) -> None:
-        ranked = self.query_one("#ranked", DataTable)
-        ranked.add_column("op / graph", key="name")
-        ranked.add_column("mode", key="mode")
-        ranked.add_column("compiles", key="compiles")
-        ranked.add_column("re", key="recompiles")
-        ranked.add_column("time", key="time")
-        history = self.query_one("#history", PagedTable)
-        history.add_column("#", key="n")
-        history.add_column("at", key="ts")
-        history.add_column("step", key="step")
-        history.add_column("what changed", key="changed")
-        history.add_column("compile", key="time")
-        history.add_column("signature", key="signature")
+        # the counts matter most: the name wraps, then mode and time are left out; in the history,
+        # what changed (whole shapes, wrapped) matters most
+        self.query_one("#ranked", FitTable).set_columns(
+            [
+                Col("op / graph", "name", shrink=12),
+                Col("mode", "mode", drop=1),
+                Col("compiles", "compiles"),
+                Col("re", "recompiles"),
+                Col("time", "time", drop=2),
+            ]
+        )
+        self.query_one("#history", PagedTable).set_columns(
+            [
+                Col("#", "n"),
+                Col("at", "ts", drop=2),
+                Col("step", "step", drop=3),
+                Col("what changed", "changed", shrink=16),
+                Col("compile", "time", drop=4),
+                Col("signature", "signature", drop=1, shrink=24),
+            ]
+        )
         super().on_mount()
 
     # -- loading ----------------------------------------------------------------------------
@@ -232,22 +240,25 @@ class RecompilesScreen(RunScreen):
 
     @on(RankedLoaded)
     def _show_ranked(self, message: RankedLoaded) -> None:
-        ranked = self.query_one("#ranked", DataTable)
+        ranked = self.query_one("#ranked", FitTable)
         current = self._op
-        ranked.clear()
         self._ops = {}
+        rows, keys = [], []
         for g in message.groups:
             key = f"{g.mode}\0{g.identity}"
             self._ops[key] = g
             style = "bold yellow" if g.compiles > 1 else ""
-            ranked.add_row(
-                Text(g.identity, style=style),
-                Text(g.mode),
-                Text(str(g.compiles), justify="right", style=style),
-                Text(str(g.recompiles) if g.recompiles else "-", justify="right", style=style),
-                Text(format_seconds(g.seconds), justify="right"),
-                key=key,
+            keys.append(key)
+            rows.append(
+                [
+                    Text(g.identity, style=style),
+                    Text(g.mode),
+                    Text(str(g.compiles), justify="right", style=style),
+                    Text(str(g.recompiles) if g.recompiles else "-", justify="right", style=style),
+                    Text(format_seconds(g.seconds), justify="right"),
+                ]
             )
+        ranked.fill(rows, keys)
         if not message.groups:
             self.query_one("#why", Static).update(
                 Text("nothing was compiled while this run was recorded", style="dim")
@@ -268,7 +279,7 @@ class RecompilesScreen(RunScreen):
         table = self.query_one("#history", PagedTable)
         for e in self._history:
             if str(e.id) in table.rows:
-                table.update_cell(str(e.id), "step", self._step_cell(e), update_width=True)
+                table.set_cell(str(e.id), "step", self._step_cell(e))
         if self._op is not None:
             self._show_changing()
 
@@ -330,8 +341,8 @@ class RecompilesScreen(RunScreen):
             return
         start = len(self._history)
         self._history.extend(message.events)
-        for i, e in enumerate(message.events, start + 1):
-            table.add_row(*self._history_cells(e, i), key=str(e.id))
+        events = list(enumerate(message.events, start + 1))
+        table.append([self._history_cells(e, i) for i, e in events], [str(e.id) for _, e in events])
         table.has_more = message.has_more
         self._show_changing()
         if message.offset == 0 and self._history:
@@ -454,7 +465,7 @@ class RecompilesScreen(RunScreen):
             if e is None or str(e.id) not in table.rows:
                 continue
             number = next(i for i, h in enumerate(self._history, 1) if h.id == e.id)
-            table.update_cell(str(e.id), "n", self._history_cells(e, number)[0])
+            table.set_cell(str(e.id), "n", self._history_cells(e, number)[0])
         if self._marked is not None:
             self.app.notify(f"marked compile {d.number}; highlight another and press v", markup=False)
 

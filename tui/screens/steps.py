@@ -13,7 +13,7 @@ from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.steps import STEADY, StepSummary, step_phases, summarize_steps
 from tpu_debug.tui.format import format_bytes, format_seconds
 from tpu_debug.tui.screens.base import RunScreen
-from tpu_debug.tui.widgets import PagedTable
+from tpu_debug.tui.widgets import Col, PagedTable
 
 from tpu_debug.session import Session
 
@@ -66,22 +66,23 @@ class StepsScreen(RunScreen):
         yield PagedTable(id="steps", page_size=PAGE, zebra_stripes=True)
 
     def on_mount(self) -> None:
-        table = self.query_one("#steps", PagedTable)
-        for label, key in (
-            ("step", "step"),
-            ("phase", "phase"),
-            ("ended by", "how"),
-            ("time", "time"),
-            ("eager ops", "ops"),
-            ("graphs", "graphs"),
-            ("dispatch", "dispatch"),
-            ("compiles", "compiles"),
-            ("compile time", "compile_time"),
-            ("transfers", "transfers"),
-            ("bytes", "bytes"),
-            ("fallbacks", "fallbacks"),
-        ):
-            table.add_column(label, key=key)
+        # time, compiles and transfers per step matter most: the rest is left out first
+        self.query_one("#steps", PagedTable).set_columns(
+            [
+                Col("step", "step"),
+                Col("phase", "phase"),
+                Col("ended by", "how", drop=1),
+                Col("time", "time"),
+                Col("eager ops", "ops", drop=3),
+                Col("graphs", "graphs", drop=4),
+                Col("dispatch", "dispatch", drop=2),
+                Col("compiles", "compiles"),
+                Col("compile time", "compile_time"),
+                Col("transfers", "transfers"),
+                Col("bytes", "bytes", drop=5),
+                Col("fallbacks", "fallbacks", drop=6),
+            ]
+        )
         super().on_mount()
 
     def load(self) -> None:
@@ -120,10 +121,12 @@ class StepsScreen(RunScreen):
             return
         table = self.query_one("#steps", PagedTable)
         end = min(len(data.steps), offset + PAGE)
+        rows, keys = [], []
         for s, phase in zip(data.steps[offset:end], data.phases[offset:end]):
             compiling = phase == STEADY and s.compiles > 0
             style = "bold yellow" if compiling else ("dim" if phase != STEADY else "")
-            table.add_row(
+            keys.append(str(s.index))
+            rows.append([
                 Text(str(s.index), justify="right"),
                 Text("steady, compiles" if compiling else phase, style=style),
                 Text(_HOW.get(s.detected, s.detected), style="dim"),
@@ -136,8 +139,8 @@ class StepsScreen(RunScreen):
                 Text(str(s.transfers), justify="right"),
                 Text(format_bytes(s.transfer_bytes), justify="right"),
                 Text(str(s.fallbacks) if s.fallbacks else "-", justify="right"),
-                key=str(s.index),
-            )
+            ])
+        table.append(rows, keys)
         table.has_more = end < len(data.steps)
         table.check_more()
 

@@ -18,7 +18,7 @@ from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.query import TransferSite
 from tpu_debug.tui.format import format_bytes, format_seconds, location_text, sparkline
 from tpu_debug.tui.screens.base import RunScreen
-from tpu_debug.tui.widgets import SourceExcerpt, SourceView, read_excerpt
+from tpu_debug.tui.widgets import Col, FitTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.report import advice_of
 from tpu_debug.session import Session
@@ -75,7 +75,7 @@ class TransfersScreen(RunScreen):
         yield Static(Text("loading…", style="dim"), id="tr-summary", markup=False)
         yield Static(Text("all transfers over time", style="dim"), id="tr-all-label", markup=False)
         yield Sparkline([], id="tr-all")
-        yield DataTable(id="sites", cursor_type="row", zebra_stripes=True)
+        yield FitTable(id="sites", cursor_type="row", zebra_stripes=True)
         with Horizontal(id="tr-detail"):
             with Vertical(id="tr-site-box", classes="pane"):
                 yield Static(
@@ -91,15 +91,19 @@ class TransfersScreen(RunScreen):
                 yield SourceView(id="tr-source")
 
     def on_mount(self) -> None:
-        table = self.query_one("#sites", DataTable)
-        table.add_column("kind", key="kind")
-        table.add_column("dir", key="dir")
-        table.add_column("by", key="by")
-        table.add_column("where", key="where")
-        table.add_column("count", key="count")
-        table.add_column("bytes", key="bytes")
-        table.add_column("time", key="time")
-        table.add_column("over time", key="timeline")
+        # where, how many and how long matter most: the timeline and labels are left out first
+        self.query_one("#sites", FitTable).set_columns(
+            [
+                Col("kind", "kind", drop=3),
+                Col("dir", "dir", drop=2),
+                Col("by", "by", shrink=8),
+                Col("where", "where", shrink=16),
+                Col("count", "count"),
+                Col("bytes", "bytes", drop=4),
+                Col("time", "time"),
+                Col("over time", "timeline", drop=1),
+            ]
+        )
         super().on_mount()
 
     def load(self) -> None:
@@ -132,9 +136,9 @@ class TransfersScreen(RunScreen):
     @on(Loaded)
     def _show(self, message: Loaded) -> None:
         sites = self.sites = message.sites
-        table = self.query_one("#sites", DataTable)
+        table = self.query_one("#sites", FitTable)
         row = table.cursor_row
-        table.clear()
+        table.fill([])
         summary = Text()
         if not sites:
             summary.append("no host <-> device transfers were recorded", style="dim")
@@ -156,9 +160,10 @@ class TransfersScreen(RunScreen):
         self.query_one("#tr-all-label", Static).update(
             Text(f"all transfers over time, {t0:.2f}s .. {t1:.2f}s ({BUCKETS} buckets)", style="dim")
         )
-        for i, s in enumerate(sites):
+        rows = []
+        for s in sites:
             kind = Text("▲ implicit", style="bold yellow") if s.implicit else Text("explicit", style="dim")
-            table.add_row(
+            rows.append([
                 kind,
                 Text(s.direction),
                 Text(s.op),
@@ -167,8 +172,8 @@ class TransfersScreen(RunScreen):
                 Text(format_bytes(s.nbytes), justify="right"),
                 Text(format_seconds(s.seconds), justify="right"),
                 Text(_mini(s.timeline), style="yellow" if s.implicit else "cyan"),
-                key=str(i),
-            )
+            ])
+        table.fill(rows, [str(i) for i in range(len(rows))])
         table.move_cursor(row=min(row, len(sites) - 1))
         self._select(table.cursor_row)
         if self.focused is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_debug.tui.widgets.fit_table import Col, FitTable
 from tpu_debug.tui.widgets.hlo_diff import DiffRow, HloDiffView, diff_rows
 from tpu_debug.tui.widgets.hlo_highlight import highlight_line
 from tpu_debug.tui.widgets.hlo_view import HloView
@@ -9,7 +10,9 @@ from tpu_debug.tui.widgets.paged_table import PagedTable
 from tpu_debug.tui.widgets.source_view import SourceExcerpt, SourceView, read_excerpt
 
 __all__ = [
+    "Col",
     "DiffRow",
+    "FitTable",
     "HloDiffView",
     "HloView",
     "PagedTable",

@@ -8,11 +8,12 @@ from typing import ClassVar
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
+from tpu_debug.tui.widgets.fit_table import FitTable
 
 __all__ = ["PagedTable"]
 
 
-class PagedTable(DataTable):
+class PagedTable(FitTable):
     """Rows arrive a page at a time: set ``has_more`` after adding a page; when the cursor
     comes within ``prefetch`` rows of the end, :class:`NeedMore` is posted once per page.
     Home / End go to the first / last row loaded (End again loads the next page)."""
@@ -43,7 +44,7 @@ class PagedTable(DataTable):
 
     def reset(self) -> None:
         """Empty the table (columns kept) before loading from the start."""
-        self.clear()
+        self.fill([])
         self.has_more = False
         self._asked_at = -1
 
