@@ -127,8 +127,9 @@ class _RecompileGuard:
         if first == self.step and not seen.recompile:
             self._opens = True
             self._warm = self._phases
-        # a read-back from the persistent compile cache compiles nothing: it costs no recompile
-        if not seen.recompile or getattr(info, "from_cache", False) or first == self.step or self._warm:
+        # a program read back from the persistent compile cache is a new program for this op as much
+        # as a compiled one: the guard's verdict does not depend on what an earlier run cached
+        if not seen.recompile or first == self.step or self._warm:
             return
         text = explain(seen.identity, seen.diffs, location=user_location(1), compiles=seen.compiles)
         raise RecompileError(

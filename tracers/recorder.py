@@ -172,7 +172,9 @@ class Recorder:
         seen.bind(event_id)
         if info.mode == "lazy":
             self._lazy_compiles[info.key] = event_id
-        # a read-back is learnt as a key (later compiles are compared with it) but compiled nothing
+        # A read-back compiled nothing, but it is a new program for this op all the same: it keeps
+        # its diff against the closest earlier key, so what the run's programs show (recompiles,
+        # shapes that keep changing) does not depend on what an earlier run left in the cache.
         read_back = bool(getattr(info, "from_cache", False))
         self.writer.put(
             CompileEvent(
@@ -186,8 +188,8 @@ class Recorder:
                 args,
                 float(info.seconds),
                 program,
-                None if read_back else seen.previous_event,
-                () if read_back else seen.diffs,
+                seen.previous_event,
+                seen.diffs,
                 seen.identity,
                 read_back,
                 float(getattr(info, "saved_seconds", 0.0)),

@@ -39,7 +39,10 @@ class Tmux:
         # COLUMNS/LINES (pytest-xdist sets them) would override the pane's size in the TUI
         skip = ("TPU_DEBUG_", "TMUX", "COLUMNS", "LINES")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
-        self.env.update(TERM="xterm-256color", COLORTERM="truecolor", PYTHONUNBUFFERED="1")
+        # compile from scratch, as every test does (tests/conftest.py): read-backs from a user's
+        # compile cache are not compiles, and the storm it records would not be found
+        self.env.update(TERM="xterm-256color", COLORTERM="truecolor", PYTHONUNBUFFERED="1",
+                        TPU_DEBUG_COMPILE_CACHE="0")
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(

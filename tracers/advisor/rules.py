@@ -208,7 +208,9 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             title=(
                 f"{change.what} of {identity} takes a new size in steady state "
                 f"({_listing([str(v) for v in values])}): {_plural(len(shaped), 'recompile')} of "
-                f"{_plural(len(ops), 'op')} in {_plural(len(steps), 'step')}, {_secs(seconds)} compiling"
+                f"{_plural(len(ops), 'op')} in {_plural(len(steps), 'step')}, {_secs(seconds)} "
+                + ("reading them back from the compile cache" if all(getattr(c, "from_cache", False) for c in shaped)
+                   else "compiling")
             ),
             fix=fix,
             cost_seconds=seconds,
