@@ -260,9 +260,14 @@ def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_
     assert target["step"]["median_seconds"] == 2e-8
 
     collectives = data["collectives"]
-    assert collectives["local"]["by_opcode"] == {"all-reduce": {"count": 1, "bytes": 6144}}
+    # this test's all-reduce (6144 bytes sent) plus the synthetic run's step graph: an all-reduce
+    # (768) and an all-gather (75497472), see tests/tui/synthetic_run.py
+    assert collectives["local"]["by_opcode"] == {
+        "all-reduce": {"count": 2, "bytes": 6144 + 768}, "all-gather": {"count": 1, "bytes": 75497472}
+    }
     assert [t["target"] for t in collectives["targets"]] == ["v5e"]
-    assert collectives["local"]["programs"][0]["collectives"][0]["line"] == 21
+    programs = {p["name"]: p for p in collectives["local"]["programs"]}
+    assert programs["g3/forward"]["collectives"][0]["line"] == 21
 
     lazy = data["lazy_graphs"]
     assert (lazy["graphs"], lazy["compiles"], lazy["steps"]) == (3, 1, 2)
@@ -284,7 +289,8 @@ def test_every_field_of_every_section_is_documented(every_section_run, capsys):
 def _rank_group(tmp_path: pathlib.Path) -> pathlib.Path:
     group = new_group(tmp_path / "runs", "pair", 2, ["train.py"])
     for rank in range(2):
-        _db, writer = synthetic_run.write_synthetic_run(group.path / f"20260131T120000.000Z-rank{rank}", close=False)
+        _db, writer = synthetic_run.write_synthetic_run(group.path / f"20260131T120000.000Z-rank{rank}", close=False,
+                                                        collectives=False)
         _put(writer, ev.ProcessEvent, rank=rank, world_size=2, devices=4, local_devices=2, coordinator=None)
         _put(writer, ev.CollectivesEvent, name="g3/forward", program=None, devices=4, target="",
              collectives=(_collective(21),))

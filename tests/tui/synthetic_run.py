@@ -183,9 +183,10 @@ def _collectives(eid: int, program: str, graph: str) -> ev.CollectivesEvent:
     )
 
 
-def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, RunWriter]:
+def write_synthetic_run(run_dir: Path, *, close: bool = True, collectives: bool = True) -> tuple[Path, RunWriter]:
     """Write the run into ``run_dir`` (created); returns its run.db and the writer
-    (already closed unless ``close=False``: then the run reads as still running)."""
+    (already closed unless ``close=False``: then the run reads as still running).
+    ``collectives=False`` leaves out the step graph's collectives, for a test that writes its own."""
     run_dir.mkdir(parents=True, exist_ok=True)
     db = run_dir / DB_NAME
     writer = RunWriter(db, {**META, "cwd": str(DATA)})
@@ -432,7 +433,8 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True) -> tuple[Path, Run
             )
         )
 
-    put(_collectives(nid(), *graph_compiles[10][1:]))
+    if collectives:
+        put(_collectives(nid(), *graph_compiles[10][1:]))
 
     # op_stats: executions per program
     counts: dict[int, int] = {}
