@@ -16,20 +16,15 @@ body is counted once, not once per iteration.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
+
+from tpu_debug_core.hlo_text import array, matmul_flops, scan
 
 __all__ = ["PASSES", "DotFlops", "dot_flops"]
 
 PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
 
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
-_ARRAY = re.compile(r"^([a-z][a-z0-9]*)\[([\d,]*)\]")
 _PRECISION = re.compile(r"operand_precision=\{([a-z_,]+)\}")
-_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
-_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
-_NAME = re.compile(r"%([\w.\-]+)")
 # a dot may name its algorithm instead of a precision: the bf16 ones say their passes
 _ALGORITHM = re.compile(r"algorithm=dot_(bf16_bf16_f32(?:_x\d)?)\b")
 _BY_ALGORITHM = {"bf16_bf16_f32": "DEFAULT", "bf16_bf16_f32_x3": "HIGH", "bf16_bf16_f32_x6": "HIGHEST"}
@@ -61,25 +56,6 @@ class DotFlops:
         return max(self.by_precision, key=lambda p: self.by_precision[p])
 
 
-def _array(type_text: str) -> tuple[str, tuple[int, ...]] | None:
-    m = _ARRAY.match(type_text.strip())
-    if m is None:
-        return None
-    return m.group(1), tuple(int(d) for d in m.group(2).split(",") if d)
-
-
-def _operand_names(rest: str) -> list[str]:
-    depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            if depth == 0:
-                return _NAME.findall(rest[:i])
-            depth -= 1
-    return []
-
-
 def _precision(attrs: str) -> str:
     m = _ALGORITHM.search(attrs)
     if m is not None:
@@ -91,44 +67,23 @@ def _precision(attrs: str) -> str:
     return max((q if q in PASSES else "DEFAULT" for q in named), key=PASSES.__getitem__)
 
 
-def _flops(opcode: str, out: tuple[int, ...], lhs: tuple[int, ...], rhs: tuple[int, ...], attrs: str) -> float:
-    if opcode == "convolution":
-        m = _LABELS.search(attrs)
-        if m is None:
-            return 0.0
-        kernel = m.group(2)
-        window = math.prod(d for d, label in zip(rhs, kernel) if label != "o")
-        return 2.0 * math.prod(out) * window
-    m = _CONTRACTING.search(attrs)
-    dims = [int(d) for d in m.group(1).split(",") if d] if m else []
-    return 2.0 * math.prod(out) * math.prod(lhs[d] for d in dims)
-
-
 def dot_flops(hlo: str) -> DotFlops:
     """The dots (``dot``, ``convolution``) of an optimized HLO module, by operand type and precision."""
     by_precision: dict[str, float] = {}
     other = 0.0
-    types: dict[str, str] = {}
-    for line in hlo.splitlines():
-        if _COMPUTATION.match(line):
-            types = {}
-            continue
-        m = _INSTRUCTION.match(line)
-        if m is None:
-            continue
-        name, type_text, opcode, rest = m.groups()
-        types[name] = type_text
-        if opcode not in ("dot", "convolution"):
-            continue
-        operands = [_array(types.get(n, "")) for n in _operand_names(rest)]
-        out = _array(type_text)
-        if out is None or len(operands) != 2 or None in operands:
-            continue
-        (lt, lhs), (rt, rhs) = operands
-        flops = _flops(opcode, out[1], lhs, rhs, rest)
-        if "f32" in (lt, rt):
-            precision = _precision(rest)
-            by_precision[precision] = by_precision.get(precision, 0.0) + flops
-        else:
-            other += flops
+    computations, _ = scan(hlo)
+    for body in computations.values():
+        for ins in body.values():
+            if ins.opcode not in ("dot", "convolution") or len(ins.operands) != 2:
+                continue
+            operands = [body.get(name) for name in ins.operands]
+            types = [array(o.shape) if o is not None else None for o in operands]
+            flops = matmul_flops(ins, body)
+            if flops is None or None in types:
+                continue
+            if "f32" in (types[0][0], types[1][0]):
+                precision = _precision(ins.attributes)
+                by_precision[precision] = by_precision.get(precision, 0.0) + flops
+            else:
+                other += flops
     return DotFlops(by_precision, other)
