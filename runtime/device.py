@@ -435,18 +435,7 @@ def _dynamo_disabled(fn):
         finally:
             _eval_frame.set_eval_frame(prior)
 
-    # every shielded function shares this code object: dynamo runs its frames without
-    # looking at them, as it does those of torch._dynamo.disable's wrapper (in torch)
-    skip = _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP, _eval_frame._FrameAction.DEFAULT)
-    _eval_frame.set_code_exec_strategy(shielded.__code__, skip)
-    shielded = functools.wraps(fn)(shielded)
-    # what dynamo reads off a function made by torch._dynamo.disable: it does not
-    # inline it, it breaks the graph and calls it
-    shielded._torchdynamo_disable = True
-    shielded._torchdynamo_disable_msg = None
-    shielded._torchdynamo_disable_recursive = True
-    shielded._torchdynamo_orig_callable = fn
-    return shielded
+    return probes.as_dynamo_disabled(shielded, fn)
 
 
 def _shield_rng_functions() -> None:

@@ -52,6 +52,7 @@ from tpu_debug_core.hooks import ErrorLog, Route, deliver
 __all__ = [
     "AllocInfo",
     "ArgSpec",
+    "as_dynamo_disabled",
     "CompileInfo",
     "DynamoOrigin",
     "FallbackInfo",
@@ -650,8 +651,6 @@ def hidden_from_dynamo(fn: Any) -> Any:
     Example:
         >>> register_optimizer_step_post_hook(hidden_from_dynamo(tracker.on_step))
     """
-    import functools
-
     from torch._C._dynamo import eval_frame
 
     def hidden(*args: Any, **kwargs: Any) -> Any:
@@ -661,11 +660,24 @@ def hidden_from_dynamo(fn: Any) -> Any:
         finally:
             eval_frame.set_eval_frame(prior)
 
+    return as_dynamo_disabled(hidden, fn)
+
+
+def as_dynamo_disabled(wrapper: Any, fn: Any) -> Any:
+    """``wrapper`` (which calls ``fn`` with dynamo's frame callback unset) marked as
+    ``torch._dynamo.disable`` marks its wrappers: dynamo runs the wrapper's frames without
+    looking at them, and a compiled function calling it breaks its graph there and calls it
+    rather than inlining it. Every wrapper made from one ``def`` shares its code object,
+    so marking that code once covers them all."""
+    import functools
+
+    from torch._C._dynamo import eval_frame
+
     skip = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.DEFAULT)
-    eval_frame.set_code_exec_strategy(hidden.__code__, skip)
-    hidden = functools.wraps(fn)(hidden)
-    hidden._torchdynamo_disable = True
-    hidden._torchdynamo_disable_msg = None
-    hidden._torchdynamo_disable_recursive = True
-    hidden._torchdynamo_orig_callable = fn
-    return hidden
+    eval_frame.set_code_exec_strategy(wrapper.__code__, skip)
+    wrapper = functools.wraps(fn)(wrapper)
+    wrapper._torchdynamo_disable = True
+    wrapper._torchdynamo_disable_msg = None
+    wrapper._torchdynamo_disable_recursive = True
+    wrapper._torchdynamo_orig_callable = fn
+    return wrapper
