@@ -169,15 +169,6 @@ def pformat_op_tracer(tracer: OpTracer) -> str:
 # assert_close
 # ---------------------------------------------------------------------------
 
-# torch.testing.assert_close's defaults, (rtol, atol) per dtype
-_TORCH_DEFAULTS = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1.3e-6, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
 # float32 products by matmul precision: "medium" is one bfloat16 pass (bfloat16's 8-bit
 # significand, so bfloat16's tolerances); "high" is three passes (about 16 bits:
 # 2**-16 = 1.5e-5, with a margin of ~6x for accumulation over the reduced dimension)
@@ -195,7 +186,10 @@ def suggested_tolerances(dtype: torch.dtype) -> tuple[float, float]:
         from tpu_debug.runtime.config import config
 
         return _FLOAT32_BY_PRECISION[config.effective_precision()]
-    return _TORCH_DEFAULTS.get(dtype, (0.0, 0.0))
+    # torch.testing.assert_close's own defaults, read from it rather than copied
+    from torch.testing._comparison import default_tolerances
+
+    return default_tolerances(dtype)
 
 
 def _needed(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> tuple[float, float]:
