@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import dis
 import gc
 import inspect
 import os
@@ -103,13 +104,47 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
+def _package_dirs(*names: str) -> tuple[str, ...]:
+    """The folders of the named packages that are imported, each ending in ``os.sep``."""
+    dirs = []
+    for name in names:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs += [os.path.dirname(path) + os.sep, os.path.dirname(os.path.realpath(path)) + os.sep]
+    return tuple(dirs)
+
+
+# where the interpreter itself runs a signal's handler: entering a function and the back edge
+# of a loop. Elsewhere it runs because C code asked (PyErr_CheckSignals, as torch does while an
+# op or the backward pass runs), and an exception raised there unwinds through that C++
+_EVAL_LOOP_CHECKS = frozenset({"RESUME", "JUMP_BACKWARD"})
+
+
+def _opname(frame: Any) -> str:
+    code = frame.f_code.co_code
+    lasti = frame.f_lasti
+    return dis.opname[code[lasti]] if 0 <= lasti < len(code) else ""
+
+
 def _unraisable(frame: Any) -> bool:
-    """Whether an exception raised in ``frame`` would be dropped: Python prints and drops what a
-    gc callback or a ``__del__`` raises. jax registers a gc callback that runs at every
-    collection, and a program busy compiling collects often: a signal acted on there is lost."""
+    """Whether an exception raised in ``frame`` would be dropped or would crash the process.
+
+    Python prints and drops what a gc callback or a ``__del__`` raises; jax registers a gc
+    callback that runs at every collection, and a program busy compiling collects often. An
+    exception raised while C++ runs (torch's call into an op or the backward pass; tpu_debug's
+    kernels and hooks, which the torch dispatcher and autograd engine call; jax under jaxlib)
+    unwinds through that C++, where it sometimes ends the process with "terminate called without
+    an active exception" (SIGABRT) instead of reaching the program: the signal is acted on once
+    the program is back in Python code that Python called."""
+    libraries = _package_dirs("torch", "jax", "jaxlib", "tpu_debug.runtime", "tpu_debug.tracers")
+    if frame is not None and frame.f_code.co_filename.startswith(libraries):
+        if _opname(frame) not in _EVAL_LOOP_CHECKS:
+            return True  # a library's call into C asked for the handler
+    called_from_cpp = _package_dirs("jax", "jaxlib", "tpu_debug.runtime", "tpu_debug.tracers")
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename.startswith(called_from_cpp):
             return True
         frame = frame.f_back
     return False
@@ -139,7 +174,9 @@ class _Resender:
             # it would reach Python's default handler, or kill a process that is shutting down
             if signum in self.pending and signal.getsignal(signum) in _OURS:
                 self.pending.discard(signum)
-                os.kill(os.getpid(), signum)
+                # to the main thread, the one that acts on it: sent to the process, it may land
+                # on a thread of the runtime while the main thread still has it pending
+                signal.pthread_kill(threading.main_thread().ident, signum)
 
     def send_again(self, signum: int) -> None:
         self.pending.add(signum)
