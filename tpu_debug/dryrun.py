@@ -20,7 +20,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime.dryrun import DryRunValueError, ProgramCompile, dry_mode
 from tpu_debug.runtime.target import Target, parse_target
 from tpu_debug.tracers.events import MemoryFindingEvent, MemorySummaryEvent, SourceLocation
-from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, size
+from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text, size
 
 __all__ = ["DryRunResult", "DryRunValueError", "dry_run", "value_reader"]
 
@@ -72,9 +72,7 @@ class DryRunResult:
         verdict = {True: "fits", False: "does NOT fit", None: "unknown"}[m.fits]
         lines = [
             f"dry run for {self.target.name}: {verdict}: needs ~{size(m.required_bytes)} of "
-            f"{size(m.capacity_bytes)} per chip (peak {size(m.peak_bytes)} held by tensors in step "
-            f"{m.peak_step} + {size(m.temp_bytes)} temporaries of the largest program"
-            + (f", {m.temp_program}" if m.temp_program else "") + ")",
+            f"{size(m.capacity_bytes)} per chip ({need_text(m)}, in step {m.peak_step})",
             f"{len(self.programs)} program(s) compiled for {self.target.name} in {self.seconds:.1f} s; "
             f"{len(self.ooms)} out of HBM, {len(self.refused)} refused",
         ]

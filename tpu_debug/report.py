@@ -1253,7 +1253,7 @@ def _memory_rows(m: dict) -> list[tuple[str, str]]:
         rows.append(("largest program", f"{m['temp_program']}: {size(m['temp_bytes'])} of temporaries ({whose})"))
     if m["target"] is not None:
         verdict = "fits" if m["fits"] else "does NOT fit"
-        rows.append(("need", (f"~{size(m['required_bytes'])} per device (peak + temporaries) of "
+        rows.append(("need", (f"~{size(m['required_bytes'])} per device ({m['need']}) of "
                              f"{size(m['capacity_bytes'])} on one {m['target']} device: {verdict} (an estimate)")))
     if m["dry_run"]:
         dry = f"nothing executed; {m['programs']} program(s) compiled for {m['target']}, {m['oom_programs']} out of HBM"
@@ -1321,12 +1321,14 @@ _EVENT_HEADER = ("id", "ts", "mode", "thread")
 
 @section("Memory", order=65, key="memory", render=_render_memory)
 def _memory(session: Any) -> dict[str, Any] | None:
-    from tpu_debug.tracers.memory import describe_fix, memory_view
+    from tpu_debug.tracers.memory import describe_fix, memory_view, need_text
 
     view = memory_view(session)
     if not view.recorded:
         return None
     summary = _plain(view.summary, _EVENT_HEADER + ("holders",)) if view.summary is not None else None
+    if summary is not None:
+        summary["need"] = need_text(view.summary)
     findings = []
     for f in view.findings:
         found = _plain(f, _EVENT_HEADER + ("location", "fixes"))

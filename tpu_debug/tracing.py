@@ -126,7 +126,7 @@ def _opname(frame: Any) -> str:
     return dis.opname[code[lasti]] if 0 <= lasti < len(code) else ""
 
 
-def _unraisable(frame: Any) -> bool:
+def _unraisable(frame: Any, in_cpp: bool = True) -> bool:
     """Whether an exception raised in ``frame`` would be dropped or would crash the process.
 
     Python prints and drops what a gc callback or a ``__del__`` raises; jax registers a gc
@@ -135,12 +135,14 @@ def _unraisable(frame: Any) -> bool:
     kernels and hooks, which the torch dispatcher and autograd engine call; jax under jaxlib)
     unwinds through that C++, where it sometimes ends the process with "terminate called without
     an active exception" (SIGABRT) instead of reaching the program: the signal is acted on once
-    the program is back in Python code that Python called."""
-    libraries = _package_dirs("torch", "jax", "jaxlib", "tpu_debug.runtime", "tpu_debug.tracers")
-    if frame is not None and frame.f_code.co_filename.startswith(libraries):
-        if _opname(frame) not in _EVAL_LOOP_CHECKS:
-            return True  # a library's call into C asked for the handler
-    called_from_cpp = _package_dirs("jax", "jaxlib", "tpu_debug.runtime", "tpu_debug.tracers")
+    the program is back in Python code that Python called (``in_cpp=False``: only the first
+    kind, for a handler that must act while the run closes, waiting in tpu_debug's code)."""
+    if in_cpp:
+        libraries = _package_dirs("torch", "jax", "jaxlib", "tpu_debug.runtime", "tpu_debug.tracers")
+        if frame is not None and frame.f_code.co_filename.startswith(libraries):
+            if _opname(frame) not in _EVAL_LOOP_CHECKS:
+                return True  # a library's call into C asked for the handler
+    called_from_cpp = _package_dirs("jax", "jaxlib", "tpu_debug.runtime", "tpu_debug.tracers") if in_cpp else ()
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
         code = frame.f_code
@@ -293,7 +295,7 @@ class _HeldSignals:
             _resender.acted(signum)
             if self._waiting_for is not None:
                 self._note()
-        elif _unraisable(frame):
+        elif _unraisable(frame, in_cpp=False):
             _resender.send_again(signum)
         else:
             _resender.acted(signum)

@@ -1043,12 +1043,15 @@ class MemorySummaryEvent(Event):
     ``persistent_bytes`` what was still held at that step's end (parameters,
     gradients, optimizer state, inputs kept); ``activation_bytes`` the forward's
     tensors held at the peak and gone by the step's end (kept for backward);
-    ``float32_bytes`` float32 tensors at the peak. ``temp_bytes`` the largest
-    program's temporaries (``temp_program``; ``temp_source`` ``"target"``: the TPU
-    compiler's figure, ``"local"``: this machine's compiler's). ``required_bytes``:
-    the peak plus those temporaries, the estimate compared with ``capacity_bytes``,
-    one device of ``target`` (``fits`` None without a target). A dry run
-    (``dry_run``) compiled ``programs`` for the target, ``oom_programs`` of them
+    ``float32_bytes`` float32 tensors at the peak. ``temp_bytes``: the temporaries
+    of ``temp_program``, the program whose temporaries on top of what was held when
+    it began (``temp_live_bytes``; None: not known, counted at the peak) reach
+    highest (``temp_source`` ``"target"``: the TPU compiler's figure, ``"local"``:
+    this machine's compiler's). ``required_bytes``: the larger of the peak and that
+    sum, the estimate compared with ``capacity_bytes``, one device of ``target``
+    (``fits`` None without a target); ``trains``: a backward pass or an optimizer
+    step allocated (an inference run has no gradients or optimizer state to shard;
+    None: not known). A dry run (``dry_run``) compiled ``programs`` for the target, ``oom_programs`` of them
     out of memory; ``stopped`` is what made it stop early (a value it does not
     have), with the line in ``location``. ``holders``: the top holders at the peak.
     """
@@ -1076,6 +1079,8 @@ class MemorySummaryEvent(Event):
     fits: bool | None = None
     stopped: str | None = None
     holders: tuple[MemoryHolder, ...] = column(table="memory_peak_holders", default=())
+    temp_live_bytes: int | None = None
+    trains: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1087,7 +1092,8 @@ class MemoryFix:
     largest fraction of the current one that fits, 0 when none does),
     ``"chips"`` (``factor`` chips, parameters, gradients and optimizer state
     sharded and the batch split across them; ``detail`` names the slice, ``v5e-4``).
-    ``fits``: the estimate is within capacity.
+    ``fits``: the estimate is within capacity. ``trains``: the run trained (False: an
+    inference run, whose fixes name no gradients or optimizer state; None: not known).
     """
 
     remedy: str
@@ -1095,6 +1101,7 @@ class MemoryFix:
     factor: float
     fits: bool
     detail: str = ""
+    trains: bool | None = None
 
 
 @register_event

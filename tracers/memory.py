@@ -54,6 +54,7 @@ __all__ = [
     "MemoryView",
     "ProgramMemory",
     "describe_fix",
+    "need_text",
     "describe_holder",
     "fit_verdicts",
     "memory_view",
@@ -181,6 +182,8 @@ class MemoryTracer:
         self._peak_end_phases: dict[str, int] = {}
         self._peak_end_live = 0
         self.programs: dict[str, ProgramMemory] = {}
+        self._live_at_run: dict[str, int] = {}  # program -> the most held when it began to run
+        self.trained = False  # a backward pass or an optimizer step allocated
         self.stopped: tuple[str, SourceLocation | None] | None = None
         self.dry_programs = 0
         self.summary: MemorySummaryEvent | None = None
@@ -245,6 +248,8 @@ class MemoryTracer:
                 site.largest, site.shape, site.dtype = n, tuple(info.shape), info.dtype
             self.live += n
             self._phases[site.phase] += n
+            if site.phase in ("backward", "optimizer"):
+                self.trained = True
             if record[2]:
                 self.float32 += n
             if self.live > self._step_peak:
@@ -281,6 +286,13 @@ class MemoryTracer:
         known = self.programs.get(name)
         if known is None or temp > known.temp_bytes:
             self.programs[name] = ProgramMemory(name, temp, "local")
+
+    def on_execute_begin(self, mode: str, name: Any, key: Any) -> None:
+        # a program's temporaries exist while it runs, on top of what is held then: the weights'
+        # initialisation runs early and never meets the forward's peak
+        name = str(name)
+        if self.live > self._live_at_run.get(name, -1):
+            self._live_at_run[name] = self.live
 
     def on_internal_error(self, method: str, exc: BaseException) -> None:
         self._error(method, exc)
@@ -397,9 +409,11 @@ class MemoryTracer:
         forward_at_peak = snap.phases.get("forward", 0) if snap is not None else 0
         activations = max(0, forward_at_peak - self._peak_end_phases.get("forward", 0))
         temps = [p for p in self.programs.values() if not p.oom]
-        biggest = max(temps, key=lambda p: p.temp_bytes, default=None)
+        held = {p.name: self._live_at_run.get(p.name, peak) for p in temps}  # unknown: at the peak
+        biggest = max(temps, key=lambda p: (held[p.name] + p.temp_bytes, p.temp_bytes), default=None)
         temp = biggest.temp_bytes if biggest is not None else 0
-        required = peak + temp
+        temp_live = held[biggest.name] if biggest is not None else peak
+        required = max(peak, temp_live + temp)
         target = self.target
         capacity = self._capacity()
         fits = None if capacity is None else required <= capacity and not self._ooms()
@@ -415,6 +429,7 @@ class MemoryTracer:
             temp_source=biggest.source if biggest is not None and temp else None,
             target=target.name if target is not None else None, capacity_bytes=capacity, fits=fits,
             stopped=what, holders=_top(snap.sites, TOP_HOLDERS) if snap is not None else (),
+            temp_live_bytes=temp_live if biggest is not None and temp else None, trains=self.trained,
         )
 
     def _capacity(self) -> int | None:
@@ -484,28 +499,32 @@ def plan_fixes(summary: MemorySummaryEvent, target: Any) -> tuple[MemoryFix, ...
     """
     capacity = summary.capacity_bytes or 0
     peak, temp, required = summary.peak_bytes, summary.temp_bytes, summary.required_bytes
+    trains = summary.trains
     fixes = []
     if summary.float32_bytes:
         share = summary.float32_bytes / peak if peak else 0.0
-        est = int(peak - summary.float32_bytes / 2 + temp * (1 - share / 2))
-        fixes.append(MemoryFix("bfloat16", est, 0.5, est <= capacity))
-    if summary.activation_bytes:
+        # the temporaries shrink in proportion too, where they add to the need
+        est = int(required - summary.float32_bytes / 2 - (temp * share / 2 if required > peak else 0))
+        fixes.append(MemoryFix("bfloat16", est, 0.5, est <= capacity, trains=trains))
+    if summary.activation_bytes and trains is not False:
+        # without a backward pass nothing is kept for it: checkpointing has nothing to drop
         est = required - summary.activation_bytes
-        fixes.append(MemoryFix("checkpointing", est, 0.0, est <= capacity))
+        fixes.append(MemoryFix("checkpointing", est, 0.0, est <= capacity, trains=trains))
     persistent = summary.persistent_bytes
     scaled = required - persistent
     if scaled > 0:
         if persistent < capacity:
             factor = min(1.0, (capacity - persistent) / scaled)
-            fixes.append(MemoryFix("batch", int(persistent + scaled * factor), round(factor, 3), True))
+            fixes.append(MemoryFix("batch", int(persistent + scaled * factor), round(factor, 3), True, trains=trains))
         else:
-            fixes.append(MemoryFix("batch", persistent, 0.0, False))
+            fixes.append(MemoryFix("batch", persistent, 0.0, False, trains=trains))
     if target is not None:
         gen = target.generation
         for count in sorted(gen.slices):  # an accelerator-type suffix counts chips or TensorCores
             n = count // 2 if gen.slice_unit == "cores" else count
             if n > 1 and required / n <= capacity:
-                fixes.append(MemoryFix("chips", math.ceil(required / n), float(n), True, f"{gen.name}-{count}"))
+                fixes.append(MemoryFix("chips", math.ceil(required / n), float(n), True, f"{gen.name}-{count}",
+                                       trains=trains))
                 break
     return tuple(sorted(fixes, key=lambda f: (not f.fits, f.estimate_bytes)))
 
@@ -514,6 +533,8 @@ def describe_fix(fix: MemoryFix) -> str:
     """One line for a fix (what to do, the estimated need after it)."""
     est = f"~{size(fix.estimate_bytes)} per chip (estimated)"
     if fix.remedy == "bfloat16":
+        if fix.trains is False:
+            return f"bfloat16 instead of float32 (model.to(torch.bfloat16) for inference): {est}"
         return (f"bfloat16 instead of float32 (model.to(torch.bfloat16), or bf16 autocast with bf16 "
                 f"optimizer state): {est}")
     if fix.remedy == "checkpointing":
@@ -525,9 +546,30 @@ def describe_fix(fix: MemoryFix) -> str:
         return f"a batch {fix.factor:.2f}x the current one (activations and temporaries scale with it): {est}"
     if fix.remedy == "chips":
         n = int(fix.factor)
+        if fix.trains is False:
+            return (f"{n} chips ({fix.detail or 'a slice'}), the weights sharded across them (tensor "
+                    f"parallel) and the batch split: {est}")
         return (f"{n} chips ({fix.detail or 'a slice'}), parameters, gradients and optimizer state "
                 f"sharded (FSDP) and the batch split across them: {est}")
     return f"{fix.remedy}: {est}"
+
+
+def need_text(summary: MemorySummaryEvent, fmt: Callable[[int], str] | None = None) -> str:
+    """How the need is made: ``peak 12.0 GiB of tensors + 2.0 GiB temporaries of addmm`` (the
+    program whose temporaries, on top of what was held when it ran, reach highest), or the peak
+    alone when every program's temporaries fit under it. ``fmt`` formats bytes (:func:`size`)."""
+    fmt = fmt or size
+    peak = fmt(summary.peak_bytes)
+    if not summary.temp_bytes:
+        return f"peak {peak} of tensors"
+    program = summary.temp_program or "the largest program"
+    live, temp = summary.temp_live_bytes, fmt(summary.temp_bytes)
+    if live is None or live >= summary.peak_bytes:
+        return f"peak {peak} of tensors + {temp} temporaries of {program}"
+    if summary.required_bytes > summary.peak_bytes:
+        return f"{fmt(live)} of tensors held when {program} ran + its {temp} of temporaries (tensor peak {peak})"
+    return (f"peak {peak} of tensors (every program's temporaries fit under it: the most, {program}'s "
+            f"{temp}, ran with {fmt(live)} held)")
 
 
 def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:

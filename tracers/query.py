@@ -239,6 +239,7 @@ class RunQuery:
         self._conn: sqlite3.Connection | None = None
         self._tables: frozenset[str] | None = None
         self._version: int | None = None
+        self._table_columns: dict[str, frozenset[str]] = {}
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -277,6 +278,7 @@ class RunQuery:
             self._conn = None
             self._tables = None
             self._version = None
+            self._table_columns = {}
 
     # -- the run --------------------------------------------------------------------
 
@@ -568,7 +570,7 @@ class RunQuery:
         lay = layout(cls)
         if not self._recorded(lay):
             return None
-        rows = self._rows(lay.select_sql() + " ORDER BY e.id DESC LIMIT 1")
+        rows = self._rows(self._select(lay) + " ORDER BY e.id DESC LIMIT 1")
         return self._decode(lay, rows)[0] if rows else None
 
     def _schema(self) -> int:
@@ -607,7 +609,7 @@ class RunQuery:
         lay = layout(event_type(kind))
         if not self._recorded(lay):
             return []
-        sql, params = lay.select_sql(), []
+        sql, params = self._select(lay), []
         if name is not None:
             sql += " AND e.name = ?"
             params.append(name)
@@ -622,6 +624,17 @@ class RunQuery:
             sql += f" LIMIT {int(limit)}"
         return self._decode(lay, self._rows(sql, tuple(params)))
 
+    def _select(self, lay: KindLayout) -> str:
+        return lay.select_sql(self._columns_of(lay.table) if lay.table is not None else None)
+
+    def _columns_of(self, table: str) -> frozenset[str]:
+        """The columns ``table`` has in this run (one recorded before a field was added lacks it)."""
+        cols = self._table_columns.get(table)
+        if cols is None:
+            cols = frozenset(r[1] for r in self._rows(f"PRAGMA table_info({table})"))
+            self._table_columns[table] = cols
+        return cols
+
     def _recorded(self, lay: KindLayout) -> bool:
         """The run has the kind's tables (a kind registered after the run was recorded has none)."""
         return all(self._has_table(t) for t in (lay.table, *(c.table for c in lay.children)) if t is not None)
@@ -633,7 +646,7 @@ class RunQuery:
             ids = [r[0] for r in rows]
             for child in lay.children:
                 by_event: dict[int, list] = children.setdefault(child.field, {})
-                sql = lay.child_select_sql(child)
+                sql = lay.child_select_sql(child, self._columns_of(child.table))
                 if len(ids) > 2000:  # most of the run's: one pass over the table beats many lookups
                     wanted = set(ids)
                     found = [r for r in self._rows(sql + " ORDER BY event_id, position") if r[0] in wanted]
@@ -802,7 +815,7 @@ class RunQuery:
         diffs; paged by ``limit``/``offset`` so a recompile storm is read a page at a time."""
         lay = layout(CompileEvent)
         # the IN list narrows through the compiles table and the (kind, name) index first
-        sql = lay.select_sql() + (
+        sql = self._select(lay) + (
             " AND e.id IN (SELECT event_id FROM compiles WHERE identity = ? "
             "UNION ALL SELECT id FROM events WHERE kind = 'compile' AND name = ?) "
             "AND coalesce(d.identity, e.name) = ?"
@@ -819,7 +832,7 @@ class RunQuery:
     def compile_by_id(self, event_id: int) -> CompileEvent | None:
         """One compile event (with its key diffs), or None when ``event_id`` is no compile."""
         lay = layout(CompileEvent)
-        out = self._decode(lay, self._rows(lay.select_sql() + " AND e.id = ?", (event_id,)))
+        out = self._decode(lay, self._rows(self._select(lay) + " AND e.id = ?", (event_id,)))
         return out[0] if out else None  # type: ignore[return-value]
 
     def transfer_sites(self, *, buckets: int = 0, limit: int | None = None) -> list[TransferSite]:
@@ -903,7 +916,7 @@ class RunQuery:
         out: list[DivergenceEvent] = []
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            sql = lay.select_sql() + f" AND e.id IN ({','.join('?' * len(chunk))})"
+            sql = self._select(lay) + f" AND e.id IN ({','.join('?' * len(chunk))})"
             out.extend(self._decode(lay, self._rows(sql, tuple(chunk))))  # type: ignore[arg-type]
         out.sort(key=lambda e: rank[e.id])
         return out

@@ -280,6 +280,24 @@ def _column(owner: type, f: dataclasses.Field, hint: Any) -> Column | ChildTable
     )
 
 
+def _column_or_default(column: Column, owner: type, present: frozenset[str] | None, prefix: str = "") -> str:
+    """``column`` in a SELECT; a column the run's table lacks (a field added since the run was
+    recorded) reads as its field's default (a plain value; NULL for anything else)."""
+    if present is None or column.name in present:
+        return f"{prefix}{column.name}"
+    field = next((f for f in dataclasses.fields(owner) if f.name == column.field), None)
+    default = field.default if field is not None else None
+    if isinstance(default, bool):
+        literal = str(int(default))
+    elif isinstance(default, int | float):
+        literal = repr(default)
+    elif isinstance(default, str):
+        literal = "'" + default.replace("'", "''") + "'"
+    else:
+        literal = "NULL"
+    return f"{literal} AS {column.name}"
+
+
 class KindLayout:
     """How one event kind maps to rows, derived once from its class's ``stored`` declaration.
 
@@ -417,16 +435,18 @@ class KindLayout:
             )
         return out
 
-    def select_sql(self) -> str:
+    def select_sql(self, present: frozenset[str] | None = None) -> str:
         """SELECT of this kind's events: id, ts, mode, thread, file, line, function, name,
-        seconds, program hash, then the detail columns; add conditions with ``AND``."""
+        seconds, program hash, then the detail columns; add conditions with ``AND``.
+        ``present``: the detail table's columns in the run being read, when it may lack
+        some: a field added since that run was recorded reads as its default."""
         if self.executions:
             return (
                 "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, p.hash "
                 "FROM executions e LEFT JOIN locations l ON l.id = e.location_id "
                 "LEFT JOIN programs p ON p.id = e.program_id WHERE 1"
             )
-        extra = "".join(f", d.{c.name}" for c in self.columns)
+        extra = "".join(f", {_column_or_default(c, self.cls, present, 'd.')}" for c in self.columns)
         join = f"JOIN {self.table} d ON d.event_id = e.id " if self.table is not None else ""
         return (
             "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, "
@@ -434,9 +454,10 @@ class KindLayout:
             f"LEFT JOIN programs p ON p.id = e.program_id {join}WHERE e.kind = '{self.kind}'"
         )
 
-    def child_select_sql(self, child: ChildTable) -> str:
-        """SELECT of a child table's rows: event_id, then the record's columns."""
-        cols = ", ".join(c.name for c in child.columns)
+    def child_select_sql(self, child: ChildTable, present: frozenset[str] | None = None) -> str:
+        """SELECT of a child table's rows: event_id, then the record's columns (``present``:
+        as for :meth:`select_sql`)."""
+        cols = ", ".join(_column_or_default(c, child.record, present) for c in child.columns)
         return f"SELECT event_id, {cols} FROM {child.table}"
 
     def decode(

@@ -20,7 +20,7 @@ from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
 from tpu_debug.tracers.events import MemoryFindingEvent, MemoryHolder, MemorySummaryEvent, SourceLocation
-from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, size
+from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text, size
 from tpu_debug.tracers.target import TargetFinding, findings
 
 __all__ = ["PADDING_FINDING_BYTES"]
@@ -96,15 +96,7 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
             Count("HBM per device", record.capacity_bytes, "B"),
         ]
         if summary is not None:
-            title += (
-                f" (peak {size(summary.peak_bytes)} of tensors in step {summary.peak_step}"
-                + (
-                    f" + {size(summary.temp_bytes)} temporaries of {summary.temp_program}"
-                    if summary.temp_bytes
-                    else ""
-                )
-                + ")"
-            )
+            title += f" ({need_text(summary)}, in step {summary.peak_step})"
             counts += [
                 Count("peak tensor bytes", summary.peak_bytes, "B"),
                 Count("held between steps", summary.persistent_bytes, "B"),

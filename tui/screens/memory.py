@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.message import Message
 from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import MemoryHolder, SourceLocation
-from tpu_debug.tracers.memory import PHASE_TEXT, MemoryView, describe_fix, memory_view
+from tpu_debug.tracers.memory import PHASE_TEXT, MemoryView, describe_fix, memory_view, need_text
 from tpu_debug.tui.format import format_bytes, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable
@@ -38,9 +38,8 @@ def _summary(view: MemoryView, cwd: str | None) -> Text:
     text.append(f"{format_bytes(s.persistent_bytes)} still held at its end, "
                 f"{format_bytes(s.activation_bytes)} of the forward's tensors gone by then")
     if s.temp_bytes:
-        text.append(f"\n+ {format_bytes(s.temp_bytes)} temporaries of the largest program")
-        if s.temp_program:
-            text.append(f" ({s.temp_program}, {'TPU compiler' if s.temp_source == 'target' else 'local compiler'})")
+        whose = "TPU compiler" if s.temp_source == "target" else "local compiler"
+        text.append(f"\n{need_text(s, format_bytes)} ({whose}'s temporaries)")
     if s.target is not None and s.capacity_bytes is not None:
         verdict = {True: ("fits", "bold green"), False: ("does NOT fit", "bold red")}.get(s.fits, ("unknown", "dim"))
         text.append(f"\nneeds ~{format_bytes(s.required_bytes)} per device of {format_bytes(s.capacity_bytes)} "
