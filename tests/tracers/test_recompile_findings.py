@@ -75,7 +75,7 @@ def _t(name, *shape, dtype="float32"):
 # -- a Python float learning rate changed by a scheduler, given to a compiled opt.step ---------
 
 STEP_IDENTITY = "step in adam.py (forward)"
-OPT_STEP_LINE = 23  # where the user's loop calls the compiled optimizer step
+OPT_STEP_LINE = 23  # where the user's code calls opt.step(), whose Adam.step dynamo compiles
 LRS = [0.003 * 0.95**k for k in range(8)]  # LambdaLR(opt, lambda step: 0.95 ** step), lr=3e-3
 
 
@@ -262,3 +262,37 @@ def test_two_pow_call_sites_in_a_real_eager_loop_are_a_dynamic_shape_only(tmp_pa
             tpu_debug.step()
     kinds = [f.kind for f in session.findings()]
     assert "recompile" not in kinds and kinds.count("dynamic_shape") == 1
+
+
+def _scheduled_adamw_loop(tmp_path, *, tensor_lr: bool):
+    """A user's loop: AdamW with a LambdaLR, its opt.step() compiled, the scheduler stepped after it."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to("tpu")
+    lr = torch.tensor(3e-3) if tensor_lr else 3e-3
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=tensor_lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.95**step)
+
+    @torch.compile(backend="tpu_debug")
+    def opt_step():
+        opt.step()  # calls Adam.step, the function dynamo compiles again: the line the finding names
+
+    with tpu_debug.trace(logdir=tmp_path, name="sched", hlo=False) as session:
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(8, 16).to("tpu")).square().mean().backward()
+            opt_step()
+            sched.step()
+    torch._dynamo.reset()
+    return session.findings()
+
+
+def test_a_scheduled_float_lr_in_a_real_compiled_optimizer_step(tmp_path, cold_cache):
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if "opt.step()  # calls Adam.step" in text)
+    (finding,) = [f for f in _scheduled_adamw_loop(tmp_path / "float", tensor_lr=False) if f.kind == "recompile"]
+    assert finding.cause == "scalar" and finding.evidence.location.line == line
+    assert "param_groups[0]['lr']" in finding.fix and "lr=torch.tensor(0.003)" in finding.fix
+    assert "capturable=True" in finding.fix
+    # the fix it names: the same loop with the tensor lr and capturable=True recompiles nothing
+    fixed = _scheduled_adamw_loop(tmp_path / "tensor", tensor_lr=True)
+    assert [f for f in fixed if f.kind in ("recompile", "recompile_limit", "dynamic_shape")] == []
