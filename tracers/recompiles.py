@@ -785,7 +785,7 @@ def _advice(change: Change, mode: str | None) -> str:
         return (
             f"{what} grows at every call ({change.values[0]} -> {change.values[-1]}): a sequence "
             "extended one step at a time (a KV cache, the generated tokens) compiles once per "
-            "length; allocate it at its final length once (a static cache) or grow it in buckets"
+            "length; allocate it at its final length once (for a KV cache: a static cache) or grow it in buckets"
         )
     if change.kind == "shape":
         text = (
@@ -847,9 +847,20 @@ def _layout_advice(change: Change) -> str:
             "does not matter)"
         )
     if change.detail == "storage":
+        # the latest sizes (a prefill's or a first call's view may come before them)
+        tail = [s for s in map(storage_sizes, change.values) if s is not None][-5:]
+        if len(tail) >= 3 and all(
+            len(a) == len(b) and a != b and all(x <= y for x, y in zip(a, b)) for a, b in itertools.pairwise(tail)
+        ):
+            return (
+                f"{subject} is a view of a tensor that grows at every call ({tail[0]} .. {tail[-1]}): a "
+                "sequence extended one step at a time (generated token ids, a dynamic KV "
+                "cache) compiles once per length; allocate it once at its final length, or grow it in buckets"
+            )
+        # a copy (.contiguous()) would only move the recompile to the copy, which reads the same view
         return (
             f"{subject} is a view of tensors of different sizes: the storage it is read from is part of the "
-            "program; slice it from one fixed-size buffer, or make it .contiguous() before the op"
+            "program; slice it from one fixed-size buffer"
         )
     if change.detail == "device":
         return f"{subject} is a CPU scalar tensor on some calls and a tpu tensor on others; keep it on one device"

@@ -8,10 +8,21 @@ lines of a script, the dtype and rank of a KV cache), not from the tool's output
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 from tpu_debug.tracers.advisor import rules
 from tpu_debug.tracers.advisor.facts import RunFacts
-from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, RecompileLimitEvent, SourceLocation, StepEvent
+from tpu_debug.tracers.events import (
+    ArgInfo,
+    CompileEvent,
+    KeyDiff,
+    RecompileLimitEvent,
+    SourceLocation,
+    StepEvent,
+)
+from tpu_debug.tracers.recompiles import by_call_site, guard_subject, read_guard, summarize
 
 import tpu_debug
 
@@ -70,6 +81,52 @@ class _Recorder:
 
 def _t(name, *shape, dtype="float32"):
     return ArgInfo(name, tuple(shape), dtype)
+
+
+# -- reading what a failed guard tests --------------------------------------------------------------
+
+
+def _guard(text: str) -> KeyDiff:
+    return read_guard(KeyDiff("guard", text, "failed", source="guard"))
+
+
+def test_a_value_guard_on_any_source_is_the_python_value_it_names():
+    lr = _guard("L['self'].param_groups[0]['lr'] == 0.0027075")
+    assert (lr.aspect, lr.arg_name, lr.before, lr.source) == ("scalar", "self.param_groups[0]['lr']", "0.0027075", "guard")
+    assert _guard("G['cfg'].scale == 2").arg_name == "cfg.scale"
+    size = _guard("L['x'].size()[0] == 8")
+    assert (size.aspect, size.arg_name, size.dims) == ("shape", "x", (0,))
+    # a call is no Python value of the user's: kept as the guard's text
+    assert _guard("len(L['xs']) == 3").aspect == "guard"
+    assert _guard("___check_obj_id(L['m'], 1402)").aspect == "guard"
+
+
+def test_a_guard_without_its_values_is_what_it_tests():
+    assert guard_subject("___check_obj_id(L['m'], 1402)") == guard_subject("___check_obj_id(L['m'], 9977)")
+    assert guard_subject("L['xs'][0] == 1.5") == "L['xs'][0] == ..."  # the index stays, the value goes
+
+
+def test_a_recompile_is_read_against_its_own_line():
+    facts = _two_constant_sites_run()
+    read = by_call_site(facts.compiles)
+    second_line = [c for c in read if c.location.line == BACKWARD]
+    assert second_line[0].diffs == ()  # the first program of that line: no recompile
+    # afterwards, each is its own line's exponent at a new length: dim 0 changed, not the exponent
+    assert all([d.aspect for d in c.diffs] == ["shape"] and c.diffs[0].dims == (0,) for c in second_line[1:])
+
+
+def test_a_view_of_a_growing_tensor_is_advised_as_growth_not_contiguity():
+    sizes = tuple(f"(1, {n})" for n in range(9, 15))
+    recompiles = [
+        CompileEvent(i, float(i), "eager", 0, _at(12), "isin.Tensor_Tensor", "", (_t("elements", 1, dtype="int64"),),
+                     0.01, diffs=(KeyDiff("layout", sizes[i - 1], sizes[i], arg_index=0, arg_name="elements",
+                                          detail="storage"),) if i else ())
+        for i in range(len(sizes))
+    ]
+    (group,) = summarize(recompiles)
+    assert (group.changing.kind, group.changing.detail, group.changing.values) == ("layout", "storage", sizes)
+    (advice,) = group.advice
+    assert "grows at every call" in advice and "contiguous" not in advice
 
 
 # -- a Python float learning rate changed by a scheduler, given to a compiled opt.step ---------
@@ -288,7 +345,7 @@ def _scheduled_adamw_loop(tmp_path, *, tensor_lr: bool):
 
 
 def test_a_scheduled_float_lr_in_a_real_compiled_optimizer_step(tmp_path, cold_cache):
-    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if "opt.step()  # calls Adam.step" in text)
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "opt.step()  # calls Adam.step" in text)
     (finding,) = [f for f in _scheduled_adamw_loop(tmp_path / "float", tensor_lr=False) if f.kind == "recompile"]
     assert finding.cause == "scalar" and finding.evidence.location.line == line
     assert "param_groups[0]['lr']" in finding.fix and "lr=torch.tensor(0.003)" in finding.fix
@@ -296,3 +353,30 @@ def test_a_scheduled_float_lr_in_a_real_compiled_optimizer_step(tmp_path, cold_c
     # the fix it names: the same loop with the tensor lr and capturable=True recompiles nothing
     fixed = _scheduled_adamw_loop(tmp_path / "tensor", tensor_lr=True)
     assert [f for f in fixed if f.kind in ("recompile", "recompile_limit", "dynamic_shape")] == []
+
+
+def _generate(tmp_path, **options):
+    """A user's greedy generate() on a tiny random GPT-2, eagerly on tpu."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=500, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config).eval().to("tpu")
+    prompt = torch.randint(0, 500, (1, 6)).to("tpu")
+    with tpu_debug.trace(logdir=tmp_path, name="generate", hlo=False) as session, torch.no_grad():
+        model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, **options)
+    return [f for f in session.findings() if f.kind in ("recompile", "dynamic_shape")]
+
+
+def test_generate_with_a_dynamic_cache_is_one_growing_size_fixed_by_a_static_cache(tmp_path, cold_cache):
+    (finding,) = _generate(tmp_path)
+    assert (finding.kind, finding.cause) == ("dynamic_shape", "shape")
+    assert "cache_implementation='static'" in finding.fix and "contiguous" not in finding.fix
+
+
+def test_generate_with_a_static_cache_is_not_told_to_use_one(tmp_path, cold_cache):
+    findings = _generate(tmp_path, cache_implementation="static")
+    assert findings, "generate() still extends the token ids one token at a time"
+    for finding in findings:
+        assert (finding.kind, finding.cause) == ("dynamic_shape", "shape")
+        assert "cache_implementation='static'" not in finding.fix and "contiguous" not in finding.fix
+        assert "token ids" in finding.fix
