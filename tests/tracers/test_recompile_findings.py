@@ -136,19 +136,19 @@ OPT_STEP_LINE = 23  # where the user's code calls opt.step(), whose Adam.step dy
 LRS = [0.003 * 0.95**k for k in range(8)]  # LambdaLR(opt, lambda step: 0.95 ** step), lr=3e-3
 
 
-def _lr_schedule_run(*, as_text: bool) -> RunFacts:
+def _lr_schedule_run(*, as_text: bool, identity: str = STEP_IDENTITY) -> RunFacts:
     """Step 0 compiles the model's graphs and the optimizer step; every later step the scheduler's
     new lr fails dynamo's value guard on the lr the step was compiled for."""
     rec = _Recorder()
     rec.compile(0, "graph_0", [_t("x", 32, 64)], 14, mode="compiled", identity="train_step in train.py (forward)")
     rec.compile(0, "graph_1", [_t("g", 32, 10)], 17, mode="compiled", identity="train_step in train.py (backward)")
-    rec.compile(0, "graph_2", [_t("p", 128, 64)], OPT_STEP_LINE, mode="compiled", identity=STEP_IDENTITY)
+    rec.compile(0, "graph_2", [_t("p", 128, 64)], OPT_STEP_LINE, mode="compiled", identity=identity)
     for step in range(1, 8):
         guard = f"self.param_groups[0]['lr'] == {LRS[step - 1]!r}"
         diff = (KeyDiff("guard", guard, "failed", source="guard") if as_text else
                 KeyDiff("scalar", repr(LRS[step - 1]), "changed", arg_name="self.param_groups[0]['lr']", source="guard"))
         rec.compile(step, "graph_2", [_t("p", 128, 64)], OPT_STEP_LINE, mode="compiled",
-                    identity=STEP_IDENTITY, diffs=[diff])
+                    identity=identity, diffs=[diff])
     limit = RecompileLimitEvent(
         999, 8.5, "compiled", 0, _at(OPT_STEP_LINE, "opt_step"), "step", "recompile_limit", 8,
         f"self.param_groups[0]['lr'] == {LRS[7]!r}",
@@ -159,7 +159,7 @@ def _lr_schedule_run(*, as_text: bool) -> RunFacts:
 def _lr_fix_is_right(fix: str) -> None:
     assert "self.param_groups[0]['lr']" in fix
     # the idiom of PyTorch's compiled-optimizer-with-scheduler recipe and Adam's lr docs
-    assert "lr=torch.tensor(0.003)" in fix and "capturable=True" in fix
+    assert "lr=torch.tensor(lr) and capturable=True" in fix
     assert "hoist" not in fix
 
 
@@ -172,7 +172,16 @@ def test_a_scheduled_float_lr_is_one_recompile_finding_naming_lr_and_the_tensor_
         assert finding.steps == (1, 7)  # step 1 only recompiles: it repeats step 0's work
         assert finding.evidence.count("recompiles in steady state") == 7
         assert "self.param_groups[0]['lr']" in finding.title
+        # the values the step was compiled for: the schedule's, as written (0.95 * 0.003 = 0.00285)
+        assert ", ".join(f"{v:.6g}" for v in LRS[:3]) == "0.003, 0.00285, 0.0027075"
+        assert "(0.003, 0.00285, 0.0027075, " in finding.title
         _lr_fix_is_right(finding.fix)
+
+
+def test_an_sgd_lr_is_wrapped_in_a_tensor_without_capturable():
+    # SGD has no capturable option; a tensor lr is all it needs
+    (finding,) = list(rules.recompile(_lr_schedule_run(as_text=True, identity="step in sgd.py (forward)")))
+    assert "lr=torch.tensor(lr)" in finding.fix and "capturable" not in finding.fix
 
 
 def test_the_recompile_limit_it_hits_names_lr_and_the_idiom_too():
@@ -348,8 +357,7 @@ def test_a_scheduled_float_lr_in_a_real_compiled_optimizer_step(tmp_path, cold_c
     line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "opt.step()  # calls Adam.step" in text)
     (finding,) = [f for f in _scheduled_adamw_loop(tmp_path / "float", tensor_lr=False) if f.kind == "recompile"]
     assert finding.cause == "scalar" and finding.evidence.location.line == line
-    assert "param_groups[0]['lr']" in finding.fix and "lr=torch.tensor(0.003)" in finding.fix
-    assert "capturable=True" in finding.fix
+    assert "param_groups[0]['lr']" in finding.fix and "lr=torch.tensor(lr) and capturable=True" in finding.fix
     # the fix it names: the same loop with the tensor lr and capturable=True recompiles nothing
     fixed = _scheduled_adamw_loop(tmp_path / "tensor", tensor_lr=True)
     assert [f for f in fixed if f.kind in ("recompile", "recompile_limit", "dynamic_shape")] == []

@@ -345,22 +345,24 @@ _LR = re.compile(r"(?:^|[.\['\"])(?:lr|learning_rate)['\"\]]*$")
 def _lr_fix(name: str, values: list[str], identity: str) -> str:
     """A learning rate dynamo guards on as a Python float, e.g. an optimizer's
     ``param_groups[0]['lr']`` that an LR scheduler changes at every step."""
-    first = values[0] if values else "3e-4"
     shown = f" ({_listing(values, 3)})" if len(values) > 1 else ""
     m = re.match(r"step in (\w+)\.py", identity)
-    if m is not None and m.group(1) in _CAPTURABLE:
+    optimizer = m.group(1) if m else None
+    if optimizer in _CAPTURABLE:
         idiom = (
-            f"create the optimizer with lr=torch.tensor({first}) and capturable=True (PyTorch's optimizer docs: a "
+            "create the optimizer with lr=torch.tensor(lr) and capturable=True (PyTorch's optimizer docs: a "
             "tensor lr needs capturable=True or fused=True)"
         )
+    elif optimizer is not None and optimizer.isidentifier():
+        idiom = "create the optimizer with lr=torch.tensor(lr)"
     else:
         idiom = (
-            f"create the optimizer with lr=torch.tensor({first}) (Adam, AdamW and the other optimizers with a "
+            "create the optimizer with lr=torch.tensor(lr) (Adam, AdamW and the other optimizers with a "
             "capturable option also need capturable=True)"
         )
     if "group" not in name:  # a learning rate of the user's own, passed to a compiled function
         return (
-            f"pass the learning rate '{name}' in as a tensor (torch.tensor({first}, device='tpu'), updated in place "
+            f"pass the learning rate '{name}' in as a tensor (torch.tensor(lr, device='tpu'), updated in place "
             f"with fill_): as a Python float dynamo guards on its value and compiles again for each new one{shown}"
         )
     return (
@@ -464,9 +466,19 @@ def _recompile_title(cause: str, diff: KeyDiff | None, ops: list[str], n: int, s
     return f"{what}: {describe(diff) if diff is not None else 'the key changed'}"
 
 
+def _number(text: str) -> str:
+    """A float as a person writes it (``0.09000000000000001`` -> ``0.09``); anything else as it is."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return text if "." not in text and "e" not in text else f"{value:.6g}"
+
+
 def _values(d: KeyDiff) -> tuple[str, ...]:
     # a failed dynamo guard knows the value it was compiled for, not the one that failed it
-    return (d.before,) if d.source == "guard" else (d.before, d.now)
+    values = (d.before,) if d.source == "guard" else (d.before, d.now)
+    return tuple(map(_number, values)) if d.aspect == "scalar" else values
 
 
 def _group_label(cause: str, diff: KeyDiff | None) -> str:
@@ -542,7 +554,7 @@ def recompile_limit(facts: RunFacts) -> Iterable[Finding]:
                 d.before for c in _read_compiles(facts) if c.identity in targets
                 for d in c.diffs if d.aspect == "scalar" and d.arg_name == guard.arg_name
             ]
-            values = list(dict.fromkeys([*values, guard.before]))
+            values = list(dict.fromkeys(map(_number, [*values, guard.before])))
             fix = _recompile_fix("scalar", guard, values, "compiled", targets[0] if targets else "") + (
                 "; raising torch._dynamo.config.recompile_limit only delays this"
             )
