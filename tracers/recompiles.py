@@ -798,6 +798,12 @@ def _advice(change: Change, mode: str | None) -> str:
                 "compiles one program per distinct size"
             )
         return text
+    if change.kind == "scalar" and "param_groups" in (change.arg_name or "") and "'lr'" in (change.arg_name or ""):
+        return (
+            f"the optimizer's learning rate ({change.arg_name}) is a Python float that changes (an LR scheduler) "
+            "and dynamo guards on its value: create the optimizer with lr=torch.tensor(lr) (and capturable=True "
+            "for Adam, AdamW and the others that have it), so the scheduler updates the tensor in place"
+        )
     if change.kind == "scalar":
         return (
             f"hoist the {what} into a tensor on the device (torch.tensor(v, device='tpu')): as a "
@@ -949,8 +955,9 @@ def _site_arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[
 
 
 def _from_args(diff: KeyDiff) -> bool:
-    """The compiled arguments themselves show this difference (``_arg_changes`` counts it)."""
-    return diff.aspect in ("static", "scalar") or (
+    """The compiled arguments themselves show this difference (``_arg_changes`` counts it); a
+    value a dynamo guard tests is not among them."""
+    return diff.source == "key" and diff.aspect in ("static", "scalar") or (
         diff.aspect in ("shape", "dtype") and diff.arg_index is not None
     )
 
@@ -993,7 +1000,7 @@ def summarize(
         tally: dict[str, list] = {}  # what -> [change, recompiles, values, lines]
         for c in re_items:  # what the keys' arguments cannot show
             seen_here = set()
-            for d in c.diffs:
+            for d in map(read_guard, c.diffs):
                 if _from_args(d) or (d.aspect == "inputs" and changes_list):
                     continue
                 for change, before, now in _diff_changes(d):
@@ -1002,7 +1009,8 @@ def summarize(
                         slot[1] += 1
                         slot[3][c.location] += 1
                         seen_here.add(change.what)
-                    for v in (before, now):
+                    # a failed guard knows the value it was compiled for, not the one that failed it
+                    for v in (before,) if d.source == "guard" and d.aspect == "scalar" else (before, now):
                         slot[2].setdefault(v, None)
         changes_list += [
             dataclasses.replace(

@@ -178,6 +178,15 @@ def test_a_scheduled_float_lr_is_one_recompile_finding_naming_lr_and_the_tensor_
         _lr_fix_is_right(finding.fix)
 
 
+def test_the_recompiles_view_names_the_lr_and_its_values_too():
+    groups = {g.identity: g for g in summarize(_lr_schedule_run(as_text=True).compiles)}
+    change = groups[STEP_IDENTITY].changing
+    assert (change.kind, change.arg_name, change.count) == ("scalar", "self.param_groups[0]['lr']", 7)
+    assert change.values == tuple(repr(v) for v in LRS[:7])  # the value each compile was made for
+    (advice,) = groups[STEP_IDENTITY].advice
+    assert "lr=torch.tensor(lr)" in advice and "capturable=True" in advice
+
+
 def test_an_sgd_lr_is_wrapped_in_a_tensor_without_capturable():
     # SGD has no capturable option; a tensor lr is all it needs
     (finding,) = list(rules.recompile(_lr_schedule_run(as_text=True, identity="step in sgd.py (forward)")))
