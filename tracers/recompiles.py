@@ -37,6 +37,12 @@ stride 1``, ``tensor 'x' requires_grad``).
 Prose is rendered from these at the edge (:func:`describe`, :func:`explain`,
 :func:`summarize`), in the spirit of JAX's "closest seen signature has N
 mismatches".
+
+After the run, what changed is read by what it is, not by how it was first
+rendered: a failed guard's text by what it tests (:func:`read_guard`: a value
+guard on ``self.param_groups[0]['lr']`` is that Python value; :func:`guard_subject`:
+a guard without its values), and an eager recompile against the keys of its
+own line (:func:`by_call_site`: two lines' constants are no constant that changes).
 """
 
 from __future__ import annotations
@@ -442,9 +448,12 @@ def _at_site(c: CompileEvent, here: Sequence[CompileEvent], layouts: dict[int, d
     for (name, detail), now in layouts.get(c.id, {}).items():
         if detail != "storage" or storage_sizes(now) is None:
             continue
-        before = next((layouts[o.id][name, detail] for o in reversed(same) if (name, detail) in layouts.get(o.id, {})), None)
+        earlier = (layouts[o.id][name, detail] for o in reversed(same) if (name, detail) in layouts.get(o.id, {}))
+        before = next(earlier, None)
         if before is not None and before != now and len(storage_sizes(before)) == len(storage_sizes(now)):
-            diff = next(d for d in c.diffs if d.aspect == "layout" and d.detail == "storage" and d.arg_name == name)
+            diff = next(
+                d for d in c.diffs if d.aspect == "layout" and d.detail == "storage" and d.arg_name == name
+            )
             moved.append(dataclasses.replace(diff, before=before))
     if moved:
         return dataclasses.replace(c, diffs=tuple(moved))
