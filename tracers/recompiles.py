@@ -37,6 +37,12 @@ stride 1``, ``tensor 'x' requires_grad``).
 Prose is rendered from these at the edge (:func:`describe`, :func:`explain`,
 :func:`summarize`), in the spirit of JAX's "closest seen signature has N
 mismatches".
+
+After the run, what changed is read by what it is, not by how it was first
+rendered: a failed guard's text by what it tests (:func:`read_guard`: a value
+guard on ``self.param_groups[0]['lr']`` is that Python value; :func:`guard_subject`:
+a guard without its values), and an eager recompile against the keys of its
+own line (:func:`by_call_site`: two lines' constants are no constant that changes).
 """
 
 from __future__ import annotations
@@ -62,8 +68,12 @@ __all__ = [
     "RecompileTracker",
     "arg_diffs",
     "aval",
+    "by_call_site",
     "describe",
     "explain",
+    "guard_subject",
+    "read_guard",
+    "storage_sizes",
     "summarize",
 ]
 
@@ -333,6 +343,150 @@ def _pretty_source(source: str) -> str:
     return _SOURCE_MODULE.sub(r".\1", _SOURCE_ROOT.sub(r"\1", source))
 
 
+# what a failed dynamo guard compares a Python value with: a number, a bool, None, a string
+_LITERAL = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|True|False|None|-?inf|nan|'[^']*'"
+# a source: a name with attributes and subscripts (``L['self'].param_groups[0]['lr']``), no call
+_VALUE_GUARD = re.compile(rf"^(?P<source>[A-Za-z_]\w*(?:\.\w+|\[[^\]]*\])*) == (?P<value>{_LITERAL})$")
+_SIZE_GUARD = re.compile(r"^(?P<tensor>\S+)\.size\(\)\[(?P<dim>\d+)\] == (?P<value>\d+)$")
+# a number the guard compares with, but no index (``[0]``) or part of a name
+_GUARD_NUMBER = re.compile(r"(?<![\w\[.'])-?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?(?![\w\]'])")
+
+
+def read_guard(diff: KeyDiff) -> KeyDiff:
+    """A failed dynamo guard kept as its text, read as what it tests when its form says so.
+
+    A value guard on any source (``self.param_groups[0]['lr'] == 0.003``, where
+    an optimizer's learning rate is read; ``G['cfg'].scale == 2``) is the Python
+    scalar named by its source (the value is the one it was compiled for); a
+    size guard (``L['x'].size()[0] == 8``) is that dimension. Any other diff
+    comes back unchanged.
+
+    Example:
+        >>> read_guard(KeyDiff("guard", "self.param_groups[0]['lr'] == 0.003", "failed", source="guard")).field
+        "python scalar baked in 'self.param_groups[0]['lr']'"
+    """
+    if diff.aspect != "guard":
+        return diff
+    text = diff.before.strip()
+    m = _SIZE_GUARD.match(text)
+    if m:
+        name = _pretty_source(m["tensor"])
+        return KeyDiff("shape", m["value"], "changed", arg_name=name, dims=(int(m["dim"]),), source="guard")
+    m = _VALUE_GUARD.match(text)
+    if m:
+        return KeyDiff("scalar", m["value"], "changed", arg_name=_pretty_source(m["source"]), source="guard")
+    return diff
+
+
+def guard_subject(text: str) -> str:
+    """What a failed guard tests, without the values it compares with: the guard
+    failing at every step for a new value is one thing that changes, not one per value.
+
+    Example:
+        >>> guard_subject("___check_obj_id(L['m'], 140234)")
+        "___check_obj_id(L['m'], ...)"
+    """
+    return _GUARD_NUMBER.sub("...", text.strip())
+
+
+def storage_sizes(text: str) -> tuple[int, ...] | None:
+    """The sizes of a view's storage as a layout diff renders them (``(1, 22)``), or None."""
+    m = re.fullmatch(r"\((\d+(?:,\s*\d+)*),?\)", text.strip())
+    return tuple(int(v) for v in m.group(1).split(",")) if m else None
+
+
+def _constants(c: CompileEvent) -> tuple:
+    """What a call site fixes in its key: static values, and each tensor's dtype and rank."""
+    return tuple(
+        (a.name, a.static) if a.shape is None else (a.name, a.dtype, len(a.shape)) for a in c.args
+    )
+
+
+def _site_bound(d: KeyDiff) -> bool:
+    # what one call site holds fixed (a constant, how it reads a view), compared across two sites
+    return d.source == "key" and d.aspect in ("static", "scalar", "layout")
+
+
+def _layouts(c: CompileEvent) -> dict[tuple[str | None, str | None], str]:
+    """How ``c`` reads its inputs, as far as its recorded layout diffs show (their ``now`` side)."""
+    return {(d.arg_name, d.detail): d.now for d in c.diffs if d.aspect == "layout"}
+
+
+def _layout_kind(detail: str | None, value: str) -> str:
+    # a storage of any size, a view read the same way at any strides: the same kind of input
+    if detail == "storage":
+        return "sized" if storage_sizes(value) is not None else value
+    return value.split(" ", 1)[0]
+
+
+def _same_kind(c: CompileEvent, o: CompileEvent, layouts: dict[int, dict]) -> bool:
+    """``o`` reads its inputs as ``c`` does, as far as is known: the key ``c`` was recorded
+    against differs in its layout, and so does any whose own layout is of another kind."""
+    mine = layouts.get(c.id, {})
+    if mine and o.id == c.previous:
+        return False
+    theirs = layouts.get(o.id, {})
+    return all(
+        _layout_kind(k[1], theirs[k]) == _layout_kind(k[1], v) for k, v in mine.items() if k in theirs
+    )
+
+
+def _at_site(c: CompileEvent, here: Sequence[CompileEvent], layouts: dict[int, dict]) -> CompileEvent:
+    """``c`` with its diffs read against the earlier keys of its own line (see :func:`by_call_site`)."""
+    if not here:
+        return dataclasses.replace(c, diffs=(), previous=None)  # the line's first program
+    same = [o for o in here if _constants(o) == _constants(c) and _same_kind(c, o, layouts)]
+    if not same:
+        return c  # a constant or a way of reading an input that changed at this line
+    best = min(reversed(same), key=lambda o: _arg_diffs(o.args, c.args)[1])  # the latest on a tie
+    found = arg_diffs(best.args, c.args)
+    if found:
+        return dataclasses.replace(c, diffs=tuple(found), previous=best.id)
+    # the same avals at this line: a view of the same kind, read from a storage of another size
+    # than the last time this line made one, is that size changing
+    moved = []
+    for (name, detail), now in layouts.get(c.id, {}).items():
+        if detail != "storage" or storage_sizes(now) is None:
+            continue
+        earlier = (layouts[o.id][name, detail] for o in reversed(same) if (name, detail) in layouts.get(o.id, {}))
+        before = next(earlier, None)
+        if before is not None and before != now and len(storage_sizes(before)) == len(storage_sizes(now)):
+            diff = next(
+                d for d in c.diffs if d.aspect == "layout" and d.detail == "storage" and d.arg_name == name
+            )
+            moved.append(dataclasses.replace(diff, before=before))
+    if moved:
+        return dataclasses.replace(c, diffs=tuple(moved))
+    layout = tuple(d for d in c.diffs if d.aspect == "layout")
+    return dataclasses.replace(c, diffs=layout or c.diffs)
+
+
+def by_call_site(compiles: Iterable[CompileEvent]) -> list[CompileEvent]:
+    """The compiles, each eager recompile read against the keys compiled at its own line.
+
+    The closest earlier key of an op may come from another line: the forward's
+    ``pow(x, 2)`` and its backward's ``pow(x, 1.0)`` on a tensor of a new length
+    are a shape change at two lines, yet the closest key of the second is the
+    first (same shape), which reads as a Python number that changes. A recompile
+    whose diffs name a constant or a view's layout is therefore compared again,
+    with the earlier keys of its line that have the same constants (the same
+    static values, dtypes and ranks): its diffs become the sizes that changed
+    there. The first key of a line is a first compile of that line (no diffs).
+    Other compiles (compiled graphs, lazy graphs, keys with no line) are kept.
+    """
+    sites: dict[tuple, list[CompileEvent]] = {}
+    layouts: dict[int, dict] = {}
+    out = []
+    for c in compiles:
+        here = sites.setdefault((c.mode, c.identity or c.name, _line(c)), [])
+        layouts[c.id] = _layouts(c)
+        if c.mode == "eager" and c.location is not None and any(_site_bound(d) for d in c.diffs):
+            c = _at_site(c, here, layouts)
+        here.append(c)
+        out.append(c)
+    return out
+
+
 def _named_args(info: Any) -> tuple:
     """A forward graph's arguments named after dynamo's sources for them, when they line up."""
     args = tuple(info.args)
@@ -489,7 +643,7 @@ class RecompileTracker:
                         x.aspect == "grad" and x.detail in ("grad mode", "graph kind") for x in diffs
                     ):
                         continue  # the graph's own facts say it better
-                    out.append(d)
+                    out.append(read_guard(d))
         out.extend(diffs)
         if not out:
             if previous.key == entry.key:
@@ -640,7 +794,7 @@ def _advice(change: Change, mode: str | None) -> str:
         return (
             f"{what} grows at every call ({change.values[0]} -> {change.values[-1]}): a sequence "
             "extended one step at a time (a KV cache, the generated tokens) compiles once per "
-            "length; allocate it at its final length once (a static cache) or grow it in buckets"
+            "length; allocate it at its final length once (for a KV cache: a static cache) or grow it in buckets"
         )
     if change.kind == "shape":
         text = (
@@ -653,6 +807,12 @@ def _advice(change: Change, mode: str | None) -> str:
                 "compiles one program per distinct size"
             )
         return text
+    if change.kind == "scalar" and "param_groups" in (change.arg_name or "") and "'lr'" in (change.arg_name or ""):
+        return (
+            f"the optimizer's learning rate ({change.arg_name}) is a Python float that changes (an LR scheduler) "
+            "and dynamo guards on its value: create the optimizer with lr=torch.tensor(lr) (and capturable=True "
+            "for Adam, AdamW and the others that have it), so the scheduler updates the tensor in place"
+        )
     if change.kind == "scalar":
         return (
             f"hoist the {what} into a tensor on the device (torch.tensor(v, device='tpu')): as a "
@@ -702,9 +862,20 @@ def _layout_advice(change: Change) -> str:
             "does not matter)"
         )
     if change.detail == "storage":
+        # the latest sizes (a prefill's or a first call's view may come before them)
+        tail = [s for s in map(storage_sizes, change.values) if s is not None][-5:]
+        if len(tail) >= 3 and all(
+            len(a) == len(b) and a != b and all(x <= y for x, y in zip(a, b)) for a, b in itertools.pairwise(tail)
+        ):
+            return (
+                f"{subject} is a view of a tensor that grows at every call ({tail[0]} .. {tail[-1]}): a "
+                "sequence extended one step at a time (generated token ids, a dynamic KV "
+                "cache) compiles once per length; allocate it once at its final length, or grow it in buckets"
+            )
+        # a copy (.contiguous()) would only move the recompile to the copy, which reads the same view
         return (
             f"{subject} is a view of tensors of different sizes: the storage it is read from is part of the "
-            "program; slice it from one fixed-size buffer, or make it .contiguous() before the op"
+            "program; slice it from one fixed-size buffer"
         )
     if change.detail == "device":
         return f"{subject} is a CPU scalar tensor on some calls and a tpu tensor on others; keep it on one device"
@@ -793,8 +964,9 @@ def _site_arg_changes(items: Sequence[CompileEvent], scalars: set[str]) -> list[
 
 
 def _from_args(diff: KeyDiff) -> bool:
-    """The compiled arguments themselves show this difference (``_arg_changes`` counts it)."""
-    return diff.aspect in ("static", "scalar") or (
+    """The compiled arguments themselves show this difference (``_arg_changes`` counts it); a
+    value a dynamo guard tests is not among them."""
+    return diff.source == "key" and diff.aspect in ("static", "scalar") or (
         diff.aspect in ("shape", "dtype") and diff.arg_index is not None
     )
 
@@ -837,7 +1009,7 @@ def summarize(
         tally: dict[str, list] = {}  # what -> [change, recompiles, values, lines]
         for c in re_items:  # what the keys' arguments cannot show
             seen_here = set()
-            for d in c.diffs:
+            for d in map(read_guard, c.diffs):
                 if _from_args(d) or (d.aspect == "inputs" and changes_list):
                     continue
                 for change, before, now in _diff_changes(d):
@@ -846,7 +1018,8 @@ def summarize(
                         slot[1] += 1
                         slot[3][c.location] += 1
                         seen_here.add(change.what)
-                    for v in (before, now):
+                    # a failed guard knows the value it was compiled for, not the one that failed it
+                    for v in (before,) if d.source == "guard" and d.aspect == "scalar" else (before, now):
                         slot[2].setdefault(v, None)
         changes_list += [
             dataclasses.replace(
