@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import re
 import threading
 from typing import Any, Protocol
@@ -260,9 +261,7 @@ _DELIBERATE = ("Call to `torch._dynamo.graph_break()`", "Skip inlining `torch.co
 
 
 def _in_torch(file: str) -> bool:
-    import os
-
-    import torch
+    import torch  # dynamo is running: torch is imported
 
     root = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
     return os.path.realpath(file).startswith(root)

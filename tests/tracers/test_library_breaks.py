@@ -117,7 +117,8 @@ def test_the_optimizers_deliberate_break_is_no_finding(tmp_path):
     # grad-mode switch; that break is recorded, at the user's call, and is not a finding
     assert breaks and all(b.deliberate for b in breaks), [(b.context, b.reason) for b in breaks]
     assert all(b.context.split(":")[0].endswith("torch/optim/optimizer.py") for b in breaks)
-    assert {(b.location.file, b.location.line) for b in breaks} == {(__file__, _line_of(loop, "# the compiled"))}
+    call = (__file__, _line_of(loop, "# the compiled"))
+    assert {(b.location.file, b.location.line) for b in breaks} == {call}
     assert [f for f in session.findings() if f.kind == "graph_break"] == []
 
 

@@ -580,8 +580,8 @@ def _break_text(name: str, location: SourceLocation | None, context: str) -> tup
     library = f"{os.path.basename(file)}:{rest}"
     return f"dynamo splits the compiled code that {_where(location)} runs, inside library code ({library})", (
         f"the break is in library code ({library}), not on your line: the line cannot be made traceable; "
-        f"call what {_where(location)} reaches outside the compiled function, or compile only the code around "
-        "it; each break costs a program launch and a return to Python per call"
+        f"call what {_where(location)} reaches outside the compiled function, or compile only the code "
+        "around it; each break costs a program launch and a return to Python per call"
     )
 
 
@@ -605,11 +605,14 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
         sites.setdefault((b.name, b.location, b.reason, b.context), []).append(b)
     for (name, location, reason, context), items in sites.items():
         what, fix = _break_text(name, location, context)
-        facts_text = (f"reason: {reason}",) + ((f"the break is in library code: {context}",) if context else ())
+        where = (f"the break is in library code: {context}",) if context else ()
         yield Finding(
             kind="graph_break",
             severity="warning",
-            title=f"{what}; each of {len(ran)} steady steps runs {_plural(runs, 'compiled program')} with Python in between",
+            title=(
+                f"{what}; each of {len(ran)} steady steps runs {_plural(runs, 'compiled program')} "
+                "with Python in between"
+            ),
             fix=fix,
             cost_seconds=len(ran) * dispatch,
             evidence=Evidence(
@@ -620,7 +623,7 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
                     Count("compiled programs per step", runs),
                     Count("launch time per program", dispatch, "s"),
                 ),
-                facts_text,
+                (f"reason: {reason}", *where),
             ),
             steps=_span([s.index for s in ran]),
             cause="library" if context else "graph_break",
