@@ -84,7 +84,8 @@ OLDEST_READABLE_SCHEMA = 6
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SourceLocation:
-    """A line of user code: the first frame outside torch, jax, tpu_debug and the stdlib."""
+    """A line of user code: the innermost frame outside torch, jax, tpu_debug, the stdlib and
+    installed packages (see :mod:`.location`)."""
 
     file: str
     line: int

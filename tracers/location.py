@@ -33,6 +33,7 @@ __all__ = [
     "location_of",
     "own_dirs",
     "split_frames",
+    "user_frame_location",
     "user_location",
     "user_site",
 ]
@@ -210,23 +211,27 @@ def user_site(depth: int = 1) -> tuple[SourceLocation | None, SourceLocation | N
     while frame is not None:
         code = frame.f_code
         if not _is_library(code):
-            if frame.f_back is not None and _in_compiled_prologue(frame):
-                caller = _first_user(frame.f_back)
-                if caller is not None:
-                    return caller, context
-            return location_of(frame), context
+            return user_frame_location(frame), context
         if context is None and not _is_own(code):
             context = location_of(frame)
         frame = frame.f_back
     return None, None
 
 
-def _first_user(frame: FrameType | None) -> SourceLocation | None:
-    while frame is not None:
-        if not _is_library(frame.f_code):
-            return location_of(frame)
-        frame = frame.f_back
-    return None
+def user_frame_location(frame: FrameType) -> SourceLocation:
+    """The location of the user frame ``frame``: its line, or, when it runs the prologue of a
+    function dynamo compiled, the line of the user code that called the function.
+
+    A tracer that walks the stack itself calls this on the user frame it stops at, so its
+    locations follow the same policy as :func:`user_site`.
+    """
+    if frame.f_back is not None and _in_compiled_prologue(frame):
+        caller = frame.f_back
+        while caller is not None:
+            if not _is_library(caller.f_code):
+                return location_of(caller)
+            caller = caller.f_back
+    return location_of(frame)
 
 
 def user_location(depth: int = 1) -> SourceLocation | None:

@@ -160,3 +160,32 @@ def _library(fn):
     scope: dict = {}
     exec(compile("def call(fn, *a):\n    return fn(*a)\n", "<frozen fake>", "exec"), scope)
     return functools.partial(scope["call"], fn)
+
+
+def test_a_tracers_own_stack_walk_gets_the_same_caller_line():
+    # a tracer that walks frames itself stops at the first user frame and asks for its location
+    from tpu_debug.tracers.location import user_frame_location
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            frame = sys._getframe(1)
+            while frame.f_code.co_filename != __file__ or frame.f_code.co_name == "run":
+                frame = frame.f_back
+            seen.append((frame.f_code.co_name, user_frame_location(frame)))
+            return gm.forward(*args)
+
+        return _library(run)
+
+    @torch.compile(backend=backend)
+    def scale(x):
+        return x * 3
+
+    def caller():
+        return scale(torch.ones(2))  # the call
+
+    caller()
+    (name, location), *_ = seen
+    # the frame the walk stops at is the compiled function's; its location is the caller's line
+    assert name == "scale" and location.line == _line_of(caller, "# the call")
