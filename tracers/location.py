@@ -249,7 +249,8 @@ def user_location(depth: int = 1) -> SourceLocation | None:
 
 def split_frames(frames: Sequence[SourceLocation]) -> tuple[SourceLocation | None, SourceLocation | None]:
     """The innermost user frame of a stack given outermost first (a traceback's order),
-    and the innermost frame when that one is library code (its context).
+    and the innermost frame when that one is library code (its context; tpu_debug's own
+    code included: a break inside the tool's runtime is not on the user's line either).
 
     Example:
         >>> split_frames([SourceLocation("train.py", 24, "<module>"),
@@ -257,6 +258,5 @@ def split_frames(frames: Sequence[SourceLocation]) -> tuple[SourceLocation | Non
         (SourceLocation('train.py', 24, '<module>'), SourceLocation('.../external_utils.py', 69, 'inner'))
     """
     user = next((f for f in reversed(frames) if not is_library_file(f.file)), None)
-    inner = next((f for f in reversed(frames) if not is_own_file(f.file)), None)
-    context = inner if inner is not None and inner is not user and is_library_file(inner.file) else None
-    return user, context
+    inner = frames[-1] if frames else None
+    return user, (inner if inner is not None and inner is not user else None)

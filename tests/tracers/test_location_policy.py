@@ -130,6 +130,8 @@ def test_a_dynamo_traceback_splits_into_the_users_line_and_the_library_frame():
     # a break in user code has no library context
     assert split_frames(frames[:1]) == (frames[0], None)
     assert split_frames(frames[1:]) == (None, frames[2])
+    # a break inside the tool's own runtime is library code too
+    assert split_frames(frames[:2]) == (frames[0], frames[1])
 
 
 def test_a_compiled_function_points_at_its_callers_line():
