@@ -188,3 +188,42 @@ def test_a_print_inside_a_compiled_forward_is_pinned_to_the_print(tmp_path, caps
         assert (loc.file, loc.line) == printed, (kind, loc)
     assert kinds["graph_break"].cause == "graph_break"  # the user's own line: no library context
     assert "print" in kinds["implicit_sync"].title
+
+
+def _payload(where: str, title: str, explanation: str, frames: list[tuple[str, int, str]]) -> str:
+    """Dynamo's graph-break text, in the form its structured trace logs it."""
+    tb = "".join(f'  File "{f}", line {n}, in {fn}\n    code\n' for f, n, fn in frames)
+    return (
+        f"Graph break in user code at {where}\nGraph Break Reason: {title}\n  Explanation: {explanation}\n"
+        f"  Hint: none\n\nUser code traceback:\n{tb}\nTraceback (most recent call last):\n  ...\n"
+    )
+
+
+def test_dynamos_traceback_gives_the_user_line_and_the_library_frame(tmp_path):
+    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+
+    deprecation = str(tmp_path / "venv/lib/python3.11/site-packages/transformers/utils/deprecation.py")
+    user = "/home/me/train.py"
+    frames = [(user, 40, "<module>"), (user, 12, "step"), (deprecation, 172, "wrapped_func")]
+    brk = _parse_graph_break(
+        _payload(f"{deprecation}:172", "Failed to trace builtin operator", "print", frames), None
+    )
+    assert (brk.location.file, brk.location.line, brk.location.function) == (user, 12, "step")
+    assert (brk.context.file, brk.context.line) == (deprecation, 172) and not brk.deliberate
+    assert brk.reason == "Failed to trace builtin operator: print"
+
+    optimizer = inspect.getfile(torch.optim.Optimizer)  # torch/optim/optimizer.py
+    deliberate = ("Call to `torch._dynamo.graph_break()`", "User-inserted graph break.")
+    frames = [(user, 40, "<module>"), (optimizer, 79, "_use_grad")]
+    brk = _parse_graph_break(
+        _payload(f"{optimizer}:79", *deliberate, frames), None
+    )
+    assert (brk.location.file, brk.location.line) == (user, 40)
+    assert brk.context.file == optimizer and brk.deliberate
+
+    # the same call in the user's own code is the user's break, and a finding's business
+    frames = [(user, 40, "<module>"), (user, 12, "step")]
+    brk = _parse_graph_break(
+        _payload(f"{user}:12", *deliberate, frames), None
+    )
+    assert (brk.location.line, brk.context, brk.deliberate) == (12, None, False)
