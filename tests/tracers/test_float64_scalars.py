@@ -8,8 +8,8 @@ import inspect
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import tpu_debug
 

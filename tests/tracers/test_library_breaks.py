@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 import tpu_debug
 
