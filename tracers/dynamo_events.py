@@ -93,8 +93,9 @@ class GraphBreak:
     is in user code, else the innermost user frame of dynamo's traceback, else the
     user's call of the compiled function (``call_site``). ``context`` is the library
     frame where the break is (None when it is in user code). ``deliberate`` marks a
-    break PyTorch put in its own code on purpose (``torch._dynamo.graph_break()``, a
-    ``torch.compiler.disable``d helper), around code that runs no tensor op.
+    break PyTorch's optimizer makes on purpose around code that runs no tensor op
+    (``torch._dynamo.graph_break()`` in its step decorator, the ``torch.compiler.disable``d
+    step counter an LR scheduler reads).
     """
 
     function: str
@@ -255,16 +256,22 @@ def _graph_break_reason(payload: str) -> str:
     return f"{title}: {explanation}" if explanation else title
 
 
-# what PyTorch's own code does on purpose to split a graph around Python-only work: a
-# reason that starts so, at a break inside torch, is not the user's to fix
+# PyTorch's optimizer splits its compiled step on purpose around Python-only work: its
+# step decorator calls torch._dynamo.graph_break() around a grad-mode switch, and the
+# step counter an LR scheduler reads is bumped by a torch.compiler.disable'd helper. Neither
+# side of those breaks runs a tensor op, so they cost no program launch. Other disabled torch
+# code (an optimizer's non-capturable math, say) does run ops, and stays a finding.
 _DELIBERATE = ("Call to `torch._dynamo.graph_break()`", "Skip inlining `torch.compiler.disable()`d function")
+_DELIBERATE_FILES = (os.path.join("optim", "optimizer.py"),)
 
 
-def _in_torch(file: str) -> bool:
+def _deliberate(reason: str, context: SourceLocation | None) -> bool:
+    if context is None or not reason.startswith(_DELIBERATE):
+        return False
     import torch  # dynamo is running: torch is imported
 
-    root = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
-    return os.path.realpath(file).startswith(root)
+    root = os.path.dirname(os.path.realpath(torch.__file__))
+    return os.path.realpath(context.file) in {os.path.join(root, f) for f in _DELIBERATE_FILES}
 
 
 def _user_traceback(payload: str) -> list[SourceLocation]:
@@ -290,7 +297,7 @@ def _parse_graph_break(payload: str, frame: int | None) -> GraphBreak:
         if not frames or frames[-1] != at:
             frames.append(at)
     user, context = split_frames(frames)
-    deliberate = context is not None and reason.startswith(_DELIBERATE) and _in_torch(context.file)
+    deliberate = _deliberate(reason, context)
     return GraphBreak(pretty_function(function), reason, user or call_site, call_site, context, deliberate)
 
 

@@ -227,3 +227,14 @@ def test_dynamos_traceback_gives_the_user_line_and_the_library_frame(tmp_path):
         _payload(f"{user}:12", *deliberate, frames), None
     )
     assert (brk.location.line, brk.context, brk.deliberate) == (12, None, False)
+
+
+def test_disabled_torch_code_that_runs_ops_is_not_deliberate():
+    # an optimizer's math disabled for dynamo (not capturable) runs eagerly: a real cost
+    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+
+    adam = inspect.getfile(torch.optim.Adam)  # torch/optim/adam.py
+    frames = [("/home/me/train.py", 40, "<module>"), (adam, 247, "step")]
+    title = "Skip inlining `torch.compiler.disable()`d function"
+    brk = _parse_graph_break(_payload(f"{adam}:247", title, "adam", frames), None)
+    assert (brk.location.line, brk.context.file, brk.deliberate) == (40, adam, False)
