@@ -29,6 +29,7 @@ from tpu_debug.tracers.events import SourceLocation
 __all__ = [
     "is_library_file",
     "is_own_file",
+    "is_user_frame",
     "library_roots",
     "location_of",
     "own_dirs",
@@ -130,8 +131,10 @@ def is_library_file(filename: str) -> bool:
             if _roots is None:
                 _roots = library_roots()
     if filename.startswith("<"):
-        # "<frozen runpy>" is the stdlib; "<string>", "<stdin>", cells are the user's
-        return filename.startswith("<frozen ")
+        # "<frozen runpy>" is the stdlib and "<eval_with_key>.3" torch.fx's generated code;
+        # "<string>", "<stdin>", cells are the user's (see is_user_frame for code a library
+        # compiled from a string)
+        return filename.startswith(("<frozen ", "<eval_with_key>"))
     libs, site, stdlib = _roots
     path = os.path.realpath(filename)
     if path.startswith(libs):
@@ -210,10 +213,10 @@ def user_site(depth: int = 1) -> tuple[SourceLocation | None, SourceLocation | N
     context: SourceLocation | None = None
     while frame is not None:
         code = frame.f_code
-        if not _is_library(code):
+        if is_user_frame(frame):
             return user_frame_location(frame), context
-        if context is None and not _is_own(code):
-            context = location_of(frame)
+        if context is None and not _is_own(code) and not code.co_filename.startswith("<"):
+            context = location_of(frame)  # a frame with a file to show
         frame = frame.f_back
     return None, None
 
@@ -228,10 +231,28 @@ def user_frame_location(frame: FrameType) -> SourceLocation:
     if frame.f_back is not None and _in_compiled_prologue(frame):
         caller = frame.f_back
         while caller is not None:
-            if not _is_library(caller.f_code):
+            if is_user_frame(caller):
                 return location_of(caller)
             caller = caller.f_back
     return location_of(frame)
+
+
+# pseudo-files that are the user's typing whoever runs them
+_TYPED = ("<stdin>", "<ipython-input-")
+
+
+def is_user_frame(frame: FrameType) -> bool:
+    """True when ``frame`` runs the user's code: a file that is not library code, or code
+    compiled from a string by the user (``python -c``, the user's own ``exec``). Code a
+    library compiled from a string (``"<string>"`` called by torch, say) is the library's.
+    """
+    code = frame.f_code
+    if _is_library(code):
+        return False
+    if not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
+        return True
+    caller = frame.f_back
+    return caller is None or not _is_library(caller.f_code)
 
 
 def user_location(depth: int = 1) -> SourceLocation | None:

@@ -191,3 +191,23 @@ def test_a_tracers_own_stack_walk_gets_the_same_caller_line():
     (name, location), *_ = seen
     # the frame the walk stops at is the compiled function's; its location is the caller's line
     assert name == "scale" and location.line == _line_of(caller, "# the call")
+
+
+def test_pseudo_files():
+    assert is_library_file("<eval_with_key>.3")  # torch.fx's generated forward
+    assert is_library_file("<frozen runpy>")
+    assert not is_library_file("<string>") and not is_library_file("<stdin>")  # python -c, the REPL
+
+
+def test_a_string_compiled_function_called_by_a_library_is_not_the_users_line(tmp_path):
+    lib = _fake_package(tmp_path, "fakecall_policy")
+    scope: dict = {}
+    exec(compile("probe = lambda: site()\n", "<string>", "exec"), {"site": user_site}, scope)  # noqa: S102
+
+    def user():
+        return lib.call(scope["probe"])  # reaches the library
+
+    location, context = user()
+    # the "<string>" lambda is called by the library: it is the library's generated code
+    assert (location.file, location.line) == (__file__, _line_of(user, "# reaches the library"))
+    assert context.file == lib.__file__
