@@ -180,14 +180,15 @@ def _in_compiled_prologue(frame: FrameType) -> bool:
     """True when ``frame`` runs dynamo's generated code for a compiled function outside any
     line of its body (the call of the compiled graph carries the function's first line)."""
     code = frame.f_code
-    if frame.f_lineno != code.co_firstlineno or code.co_name == "<module>":
+    generated = getattr(sys.modules.get("torch._dynamo.utils"), "orig_code_map", None)
+    if generated is None or code.co_name == "<module>":
         return False
-    utils = sys.modules.get("torch._dynamo.utils")
-    generated = getattr(utils, "orig_code_map", None)
     try:
-        return generated is not None and code in generated
+        if code not in generated:  # a dict lookup by the code object's id
+            return False
     except TypeError:
         return False
+    return frame.f_lineno == code.co_firstlineno
 
 
 def user_site(depth: int = 1) -> tuple[SourceLocation | None, SourceLocation | None]:
