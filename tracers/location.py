@@ -2,8 +2,9 @@
 
 Library code is torch, jax, jaxlib, tpu_debug, the standard library and every
 installed package (anything under a ``site-packages`` or ``dist-packages``
-directory: transformers, diffusers, ...). The script being run is the user's
-wherever it lives. A finding's location is the innermost user frame; the
+directory: transformers, diffusers, ...), and code a library generated
+(torch.fx's ``<eval_with_key>``, a ``"<string>"`` a library compiled and calls). The
+script being run is the user's wherever it lives. A finding's location is the innermost user frame; the
 library frame the user's line reached is kept beside it as context
 (:func:`user_site`, :func:`split_frames`).
 
