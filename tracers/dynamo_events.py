@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import re
 import threading
 from typing import Any, Protocol
@@ -37,7 +38,7 @@ from tpu_debug.tracers.events import (
     RecompileLimitEvent,
     SourceLocation,
 )
-from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.location import split_frames, user_location
 
 from tpu_debug_core.hooks import ErrorLog, deliver, report_failure
 
@@ -86,12 +87,23 @@ class GuardFailure:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GraphBreak:
-    """Dynamo split a function at ``location`` for ``reason``; ``call_site`` is the user's call."""
+    """Dynamo split a function for ``reason``.
+
+    ``location`` is the user's line that reached the break: the break itself when it
+    is in user code, else the innermost user frame of dynamo's traceback, else the
+    user's call of the compiled function (``call_site``). ``context`` is the library
+    frame where the break is (None when it is in user code). ``deliberate`` marks a
+    break PyTorch's optimizer makes on purpose around code that runs no tensor op
+    (``torch._dynamo.graph_break()`` in its step decorator, the ``torch.compiler.disable``d
+    step counter an LR scheduler reads).
+    """
 
     function: str
     reason: str
     location: SourceLocation | None
     call_site: SourceLocation | None
+    context: SourceLocation | None = None
+    deliberate: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -244,18 +256,49 @@ def _graph_break_reason(payload: str) -> str:
     return f"{title}: {explanation}" if explanation else title
 
 
+# PyTorch's optimizer splits its compiled step on purpose around Python-only work: its
+# step decorator calls torch._dynamo.graph_break() around a grad-mode switch, and the
+# step counter an LR scheduler reads is bumped by a torch.compiler.disable'd helper. Neither
+# side of those breaks runs a tensor op, so they cost no program launch. Other disabled torch
+# code (an optimizer's non-capturable math, say) does run ops, and stays a finding.
+_DELIBERATE = ("Call to `torch._dynamo.graph_break()`", "Skip inlining `torch.compiler.disable()`d function")
+_DELIBERATE_FILES = (os.path.join("optim", "optimizer.py"),)
+
+
+def _deliberate(reason: str, context: SourceLocation | None) -> bool:
+    if context is None or not reason.startswith(_DELIBERATE):
+        return False
+    import torch  # dynamo is running: torch is imported
+
+    root = os.path.dirname(os.path.realpath(torch.__file__))
+    return os.path.realpath(context.file) in {os.path.join(root, f) for f in _DELIBERATE_FILES}
+
+
+def _user_traceback(payload: str) -> list[SourceLocation]:
+    """The frames of dynamo's "User code traceback", outermost first."""
+    if "User code traceback:" not in payload:
+        return []
+    tb = payload.split("User code traceback:", 1)[1].split("Traceback (most recent call last)", 1)[0]
+    return [SourceLocation(f, int(ln), fn) for f, ln, fn in _FRAME_LINE.findall(tb)]
+
+
 def _parse_graph_break(payload: str, frame: int | None) -> GraphBreak:
-    location = None
-    m = _BREAK_AT.search(payload)
+    call_site = user_location(1)
+    reason = _graph_break_reason(payload)
     function = (_frames.get(frame) or ("?", ""))[0] if frame is not None else "?"
+    frames = _user_traceback(payload)
+    m = _BREAK_AT.search(payload)
+    at = None
     if m:
         file, line = m.group(1), int(m.group(2))
-        tb = payload.split("User code traceback:", 1)[-1].split("Traceback (most recent call last)", 1)[0]
-        for f, ln, fn in _FRAME_LINE.findall(tb):
-            if f == file and int(ln) == line:
-                function = fn
-        location = SourceLocation(file, line, function)
-    return GraphBreak(pretty_function(function), _graph_break_reason(payload), location, user_location(1))
+        at = next((f for f in reversed(frames) if f.file == file and f.line == line), None)
+        at = at or SourceLocation(file, line, function)
+        function = at.function
+        if not frames or frames[-1] != at:
+            frames.append(at)
+    user, context = split_frames(frames)
+    deliberate = _deliberate(reason, context)
+    return GraphBreak(pretty_function(function), reason, user or call_site, call_site, context, deliberate)
 
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+)_at_(\d+)$")
@@ -440,7 +483,12 @@ class DynamoRecorder:
         self.writer.put(GuardFailureEvent(*self._head(failure.location), name, failure.compile_id, guards))
 
     def on_graph_break(self, brk: GraphBreak) -> None:
-        self.writer.put(GraphBreakEvent(*self._head(brk.location or brk.call_site), brk.function, brk.reason))
+        context = str(brk.context) if brk.context is not None else ""
+        self.writer.put(
+            GraphBreakEvent(
+                *self._head(brk.location or brk.call_site), brk.function, brk.reason, context, brk.deliberate
+            )
+        )
 
     def on_recompile_limit(self, hit: RecompileLimit) -> None:
         self.writer.put(

@@ -84,7 +84,8 @@ OLDEST_READABLE_SCHEMA = 6
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SourceLocation:
-    """A line of user code: the first frame outside torch, jax, tpu_debug and the stdlib."""
+    """A line of user code: the innermost frame outside torch, jax, tpu_debug, the stdlib and
+    installed packages (see :mod:`.location`)."""
 
     file: str
     line: int
@@ -405,7 +406,11 @@ class GraphBreakEvent(Event):
     """Dynamo split a compiled function.
 
     ``name`` is the function, ``reason`` dynamo's ("Data-dependent branching:
-    ..."), ``location`` the line that broke the graph.
+    ..."), ``location`` the user's line that broke the graph or reached the break.
+    ``context`` is the library frame where the break is, when it is not in user
+    code (``".../torch/_dynamo/external_utils.py:69 in inner"``), and
+    ``deliberate`` marks a break PyTorch's own code makes on purpose around
+    Python-only work (``torch._dynamo.graph_break()`` in ``torch/optim``).
     """
 
     kind: ClassVar[str] = "graph_break"
@@ -414,6 +419,8 @@ class GraphBreakEvent(Event):
 
     name: str
     reason: str
+    context: str = ""
+    deliberate: bool = False
 
 
 @register_event

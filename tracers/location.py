@@ -1,4 +1,16 @@
-"""Finding the user's line: the first frame outside torch, jax, tpu_debug and the stdlib.
+"""Finding the user's line: the innermost frame of the user's own code.
+
+Library code is torch, jax, jaxlib, tpu_debug, the standard library and every
+installed package (anything under a ``site-packages`` or ``dist-packages``
+directory: transformers, diffusers, ...), and code a library generated
+(torch.fx's ``<eval_with_key>``, a ``"<string>"`` a library compiled and calls). The
+script being run is the user's wherever it lives. A finding's location is the innermost user frame; the
+library frame the user's line reached is kept beside it as context
+(:func:`user_site`, :func:`split_frames`).
+
+A function compiled by dynamo runs as a generated code object whose prologue
+(the call of the compiled graph) carries the function's first line: an event
+there belongs to the caller's line, where the inputs came from.
 
 Whether a code object is "library" is decided once per code object and
 cached, so a lookup is a short walk up the stack with dict hits.
@@ -10,11 +22,27 @@ import os
 import sys
 import sysconfig
 import threading
+from collections.abc import Sequence
 from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import SourceLocation
 
-__all__ = ["is_library_file", "is_own_file", "library_roots", "location_of", "own_dirs", "user_location"]
+__all__ = [
+    "is_library_file",
+    "is_own_file",
+    "is_user_frame",
+    "library_roots",
+    "location_of",
+    "own_dirs",
+    "split_frames",
+    "user_frame_location",
+    "user_location",
+    "user_site",
+]
+
+# installed packages live in directories of these names, whichever interpreter, virtual
+# environment or --target install put them there
+_INSTALLED = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
 
 
 def _package_dir(module_name: str) -> str | None:
@@ -86,22 +114,34 @@ def is_own_file(filename: str) -> bool:
     return os.path.realpath(filename).startswith(_own())
 
 
+def _main_file() -> str | None:
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None)
+    return os.path.realpath(file) if isinstance(file, str) else None
+
+
 def is_library_file(filename: str) -> bool:
-    """True when ``filename`` belongs to torch, jax, tpu_debug or the standard library."""
+    """True when ``filename`` is not the user's: torch, jax, tpu_debug, the standard
+    library, or an installed package (transformers, diffusers, any ``site-packages``).
+
+    The script being run is the user's even when it sits in an installed package's tree.
+    """
     global _roots
     if _roots is None:
         with _lock:
             if _roots is None:
                 _roots = library_roots()
     if filename.startswith("<"):
-        # "<frozen runpy>" is the stdlib; "<string>", "<stdin>", cells are the user's
-        return filename.startswith("<frozen ")
+        # "<frozen runpy>" is the stdlib and "<eval_with_key>.3" torch.fx's generated code;
+        # "<string>", "<stdin>", cells are the user's (see is_user_frame for code a library
+        # compiled from a string)
+        return filename.startswith(("<frozen ", "<eval_with_key>"))
     libs, site, stdlib = _roots
     path = os.path.realpath(filename)
     if path.startswith(libs):
         return True
-    if path.startswith(site):
-        return False  # third-party code (site-packages sits inside the stdlib tree)
+    if path.startswith(site) or any(d in path for d in _INSTALLED):
+        return path != _main_file()
     return path.startswith(stdlib)
 
 
@@ -111,6 +151,17 @@ def _is_library(code: CodeType) -> bool:
         verdict = is_library_file(code.co_filename)
         _verdicts[code] = verdict
     return verdict  # type: ignore[return-value]
+
+
+_own_verdicts: dict[CodeType, bool] = {}
+
+
+def _is_own(code: CodeType) -> bool:
+    verdict = _own_verdicts.get(code)
+    if verdict is None:
+        verdict = is_own_file(code.co_filename)
+        _own_verdicts[code] = verdict
+    return verdict
 
 
 _interned: dict[tuple[str, int, str], SourceLocation] = {}
@@ -126,8 +177,89 @@ def location_of(frame: FrameType) -> SourceLocation:
     return loc
 
 
+def _in_compiled_prologue(frame: FrameType) -> bool:
+    """True when ``frame`` runs dynamo's generated code for a compiled function outside any
+    line of its body (the call of the compiled graph carries the function's first line)."""
+    code = frame.f_code
+    generated = getattr(sys.modules.get("torch._dynamo.utils"), "orig_code_map", None)
+    if generated is None or code.co_name == "<module>":
+        return False
+    try:
+        if code not in generated:  # a dict lookup by the code object's id
+            return False
+    except TypeError:
+        return False
+    return frame.f_lineno == code.co_firstlineno
+
+
+def user_site(depth: int = 1) -> tuple[SourceLocation | None, SourceLocation | None]:
+    """The innermost user line above the caller, and the library frame it reached.
+
+    The context is the innermost library frame between the caller and the user line
+    (tpu_debug's own frames are never context: they are the tool's machinery), None
+    when the caller was reached from user code directly. An event in the prologue
+    of a function compiled by dynamo belongs to the line that called the function.
+
+    Args:
+        depth: frames to skip before looking (1 skips the caller itself).
+
+    Returns:
+        ``(user line, library frame)``, e.g. ``(SourceLocation("train.py", 42, "step"),
+        SourceLocation(".../transformers/utils/deprecation.py", 172, "wrapped_func"))``;
+        ``(None, None)`` when no user frame is on the stack.
+    """
+    try:
+        frame: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return None, None
+    context: SourceLocation | None = None
+    while frame is not None:
+        code = frame.f_code
+        if is_user_frame(frame):
+            return user_frame_location(frame), context
+        if context is None and not _is_own(code) and not code.co_filename.startswith("<"):
+            context = location_of(frame)  # a frame with a file to show
+        frame = frame.f_back
+    return None, None
+
+
+def user_frame_location(frame: FrameType) -> SourceLocation:
+    """The location of the user frame ``frame``: its line, or, when it runs the prologue of a
+    function dynamo compiled, the line of the user code that called the function.
+
+    A tracer that walks the stack itself calls this on the user frame it stops at, so its
+    locations follow the same policy as :func:`user_site`.
+    """
+    if frame.f_back is not None and _in_compiled_prologue(frame):
+        caller = frame.f_back
+        while caller is not None:
+            if is_user_frame(caller):
+                return location_of(caller)
+            caller = caller.f_back
+    return location_of(frame)
+
+
+# pseudo-files that are the user's typing whoever runs them
+_TYPED = ("<stdin>", "<ipython-input-")
+
+
+def is_user_frame(frame: FrameType) -> bool:
+    """True when ``frame`` runs the user's code: a file that is not library code, or code
+    compiled from a string by the user (``python -c``, the user's own ``exec``). Code a
+    library compiled from a string (``"<string>"`` called by torch, say) is the library's.
+    """
+    code = frame.f_code
+    if _is_library(code):
+        return False
+    if not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
+        return True
+    caller = frame.f_back
+    return caller is None or not _is_library(caller.f_code)
+
+
 def user_location(depth: int = 1) -> SourceLocation | None:
-    """The first frame of user code above the caller, or None when there is none.
+    """The first frame of user code above the caller, or None when there is none
+    (the location half of :func:`user_site`).
 
     Args:
         depth: frames to skip before looking (1 skips the caller itself).
@@ -135,12 +267,19 @@ def user_location(depth: int = 1) -> SourceLocation | None:
     Returns:
         The user line, e.g. ``SourceLocation("train.py", 42, "step")``.
     """
-    try:
-        frame: FrameType | None = sys._getframe(depth)
-    except ValueError:
-        return None
-    while frame is not None:
-        if not _is_library(frame.f_code):
-            return location_of(frame)
-        frame = frame.f_back
-    return None
+    return user_site(depth + 1)[0]
+
+
+def split_frames(frames: Sequence[SourceLocation]) -> tuple[SourceLocation | None, SourceLocation | None]:
+    """The innermost user frame of a stack given outermost first (a traceback's order),
+    and the innermost frame when that one is library code (its context; tpu_debug's own
+    code included: a break inside the tool's runtime is not on the user's line either).
+
+    Example:
+        >>> split_frames([SourceLocation("train.py", 24, "<module>"),
+        ...               SourceLocation(".../torch/_dynamo/external_utils.py", 69, "inner")])
+        (SourceLocation('train.py', 24, '<module>'), SourceLocation('.../external_utils.py', 69, 'inner'))
+    """
+    user = next((f for f in reversed(frames) if not is_library_file(f.file)), None)
+    inner = frames[-1] if frames else None
+    return user, (inner if inner is not None and inner is not user else None)

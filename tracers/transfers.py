@@ -45,7 +45,7 @@ from collections.abc import Iterable
 from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import SourceLocation, TransferEvent
-from tpu_debug.tracers.location import _is_library, is_own_file, location_of
+from tpu_debug.tracers.location import _is_library, is_own_file, is_user_frame, user_frame_location
 
 __all__ = [
     "CAUSE_TEXT",
@@ -248,8 +248,8 @@ def classify(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None]
                 caller_seen = True
                 if cause is None:
                     cause = _instruction_cause(frame.f_code, frame.f_lasti)
-            if kind == "user":
-                location = location_of(frame)
+            if kind == "user" and is_user_frame(frame):
+                location = user_frame_location(frame)
                 break
         frame = frame.f_back
     if cause is None:

@@ -749,9 +749,30 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
 # ---------------------------------------------------------------------------------
 
 
+def _break_text(name: str, location: SourceLocation | None, context: str) -> tuple[str, str]:
+    """(what splits where, the fix) for a graph break at the user's ``location``; ``context``
+    is the library frame that holds the break, empty when the break is in user code."""
+    if not context:
+        return f"dynamo splits {name} at {_where(location)}", (
+            "move the call dynamo cannot trace (named in the reason) out of the compiled function, or "
+            "replace it: keep values as tensors (torch.where instead of if on a tensor, no .item() or "
+            "print inside); each break costs a program launch and a return to Python per call"
+        )
+    file, _, rest = context.rpartition(":")
+    library = f"{os.path.basename(file)}:{rest}"
+    return f"dynamo splits the compiled code that {_where(location)} runs, inside library code ({library})", (
+        f"the break is in library code ({library}), not on your line: the line cannot be made traceable; "
+        f"call what {_where(location)} reaches outside the compiled function, or compile only the code "
+        "around it; each break costs a program launch and a return to Python per call"
+    )
+
+
 @rule("graph_break", about="dynamo splits a compiled function that runs at every step", view="recompiles")
 def graph_break(facts: RunFacts) -> Iterable[Finding]:
-    if not facts.graph_breaks:
+    # PyTorch's own deliberate breaks (the optimizer's graph_break(), its compiler.disable'd
+    # bookkeeping) split off Python-only code that launches no program: nothing to fix
+    breaks = [b for b in facts.graph_breaks if not b.deliberate]
+    if not breaks:
         return
     ran = [s for s in facts.steady if s.graph_runs]
     if not _every_step(facts, [s.index for s in ran]):
@@ -762,23 +783,20 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
     compiled = [o for o in facts.ops if o.mode == "compiled" and o.count]
     dispatch = sum(o.seconds for o in compiled) / max(1, sum(o.count for o in compiled))
     sites: dict[tuple, list[Any]] = {}
-    for b in facts.graph_breaks:
-        sites.setdefault((b.name, b.location, b.reason), []).append(b)
-    for (name, location, reason), items in sites.items():
-        cost = len(ran) * dispatch
+    for b in breaks:
+        sites.setdefault((b.name, b.location, b.reason, b.context), []).append(b)
+    for (name, location, reason, context), items in sites.items():
+        what, fix = _break_text(name, location, context)
+        where = (f"the break is in library code: {context}",) if context else ()
         yield Finding(
             kind="graph_break",
             severity="warning",
             title=(
-                f"dynamo splits {name} at {_where(location)}; each of {len(ran)} steady steps runs "
-                f"{_plural(runs, 'compiled program')} with Python in between"
+                f"{what}; each of {len(ran)} steady steps runs {_plural(runs, 'compiled program')} "
+                "with Python in between"
             ),
-            fix=(
-                "move the call dynamo cannot trace (named in the reason) out of the compiled function, or "
-                "replace it: keep values as tensors (torch.where instead of if on a tensor, no .item() or "
-                "print inside); each break costs a program launch and a return to Python per call"
-            ),
-            cost_seconds=cost,
+            fix=fix,
+            cost_seconds=len(ran) * dispatch,
             evidence=Evidence(
                 location,
                 (
@@ -787,10 +805,10 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
                     Count("compiled programs per step", runs),
                     Count("launch time per program", dispatch, "s"),
                 ),
-                (f"reason: {reason}",),
+                (f"reason: {reason}", *where),
             ),
             steps=_span([s.index for s in ran]),
-            cause="graph_break",
+            cause="library" if context else "graph_break",
             subject=f"{name}: {_site(location)}",
             estimated=True,
         )
@@ -891,6 +909,38 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     )
 
 
+def _wide(arg: Any) -> bool:
+    return arg.dtype in ("float64", "complex128")
+
+
+def _from_python_floats(facts: RunFacts, compiles: dict[str, list[CompileEvent]]) -> list[str]:
+    """The backward graphs whose only float64 values are 0-d scalars dynamo made from Python
+    floats, not the user's tensors.
+
+    Dynamo passes a Python float that changed between calls (a temperature, a scale read
+    with ``.item()``) to the graph as a 0-d float64 CPU tensor: the forward graph reads it
+    as a host scalar (recorded in the default float32) and saves it for the backward, whose
+    input it is in float64. A 0-d float64 of the user's own is a device tensor: the forward
+    graph has it as a float64 input too, and the finding stays.
+    """
+    forwards: dict[str, list[CompileEvent]] = {}
+    for c in facts.compiles:
+        if c.mode == "compiled" and c.name.endswith("/forward"):
+            forwards.setdefault(c.name.rsplit("/", 1)[0], []).append(c)
+    made = []
+    for name, items in compiles.items():
+        graph, _, kind = name.rpartition("/")
+        if kind != "backward" or not forwards.get(graph):
+            continue
+        scalars = all(a.shape == () and a.dtype == "float64" for c in items for a in c.args if _wide(a))
+        host = all(
+            not any(_wide(a) for a in f.args) and any(a.shape == () for a in f.args) for f in forwards[graph]
+        )
+        if scalars and host:
+            made.append(name)
+    return made
+
+
 @rule("float64", about="float64 or complex128 values, which a TPU does not have", view="ops")
 def float64(facts: RunFacts) -> Iterable[Finding]:
     wide = facts.query.float64_ops()
@@ -907,6 +957,8 @@ def float64(facts: RunFacts) -> Iterable[Finding]:
     for name, items in compiles.items():
         if all(c.location is not None and (c.location.file, c.location.line) in printing for c in items):
             del wide[name]
+    for name in _from_python_floats(facts, compiles):
+        wide.pop(name, None)
     if not wide:
         return
     names = sorted(wide, key=lambda n: (-wide[n][1], n))

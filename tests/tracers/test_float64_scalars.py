@@ -1,0 +1,88 @@
+"""A 0-d float64 that dynamo made from a Python float argument is not the user's float64;
+a float64 tensor of the user's still is a finding."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tpu_debug
+
+
+@pytest.fixture(autouse=True)
+def _forget_graphs():
+    from tpu_debug.runtime import compiled
+
+    before = list(compiled._graphs)
+    yield
+    with compiled._lock:
+        compiled._graphs[:] = before
+    torch._dynamo.reset()
+
+
+def _line_of(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    (offset,) = [i for i, line in enumerate(lines) if text in line]
+    return first + offset
+
+
+def test_an_annealed_temperature_is_not_the_users_float64(tmp_path):
+    torch.manual_seed(0)
+    teacher = nn.Linear(16, 10).to("tpu")
+    student = nn.Linear(16, 10).to("tpu")
+    opt = torch.optim.SGD(student.parameters(), lr=0.05)
+
+    @torch.compile(backend="tpu_debug")
+    def distill_loss(s_logits, t_logits, T):
+        p = F.log_softmax(s_logits / T, dim=-1)
+        q = F.softmax(t_logits / T, dim=-1)
+        return F.kl_div(p, q, reduction="batchmean") * (T * T)
+
+    T = 4.0
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        for _ in range(8):
+            x = torch.randn(8, 16, device="tpu")
+            with torch.no_grad():
+                t = teacher(x)
+            distill_loss(student(x), t, T).backward()
+            opt.step()
+            opt.zero_grad()
+            T = max(1.0, T * 0.9)  # a Python float that changes: dynamo passes it as a tensor
+    # the premise: once T changed, dynamo passed it as a 0-d float64 and the backward got it
+    wide = [c for c in session.compiles(mode="compiled") if "float64" in c.signature]
+    assert wide and all(
+        a.shape == () for c in wide for a in c.args if a.dtype == "float64"
+    ), [c.signature for c in wide]
+    assert [f for f in session.findings() if f.kind == "float64"] == []
+
+
+def test_a_float64_scalar_of_the_users_is_still_a_finding(tmp_path):
+    model = nn.Linear(8, 1).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weight = torch.tensor(np.float64(0.5)).to("tpu")  # a NumPy scalar: float64
+
+    @torch.compile(backend="tpu_debug")
+    def loss_fn(pred, y, w):
+        return ((pred - y).square().mean() * w).float()
+
+    def loop():
+        for _ in range(6):
+            x, y = torch.randn(4, 8, device="tpu"), torch.randn(4, 1, device="tpu")
+            loss = loss_fn(model(x), y, weight)  # call
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        loop()
+    (finding,) = [f for f in session.findings() if f.kind == "float64"]
+    assert finding.severity == "error" and "from_numpy" in finding.fix
+    assert any(t.endswith("/forward") for t in finding.targets), finding.targets
+    # the compiled function's compile is pinned to the line that called it
+    loc = finding.evidence.location
+    assert (loc.file, loc.line) == (__file__, _line_of(loop, "# call"))

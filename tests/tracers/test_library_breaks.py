@@ -1,0 +1,240 @@
+"""Graph breaks and syncs pinned to the user's line: a break inside library code (an installed
+package, torch's optimizer and LR scheduler) points at the user line that reached it and says
+the cause is library code; PyTorch's deliberate breaks that cost nothing are not findings."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+import tpu_debug
+
+
+@pytest.fixture(autouse=True)
+def _forget_graphs():
+    """Graphs compiled here are not replayed into the runs of later tests."""
+    from tpu_debug.runtime import compiled
+
+    before = list(compiled._graphs)
+    yield
+    with compiled._lock:
+        compiled._graphs[:] = before
+    torch._dynamo.reset()
+
+
+def _line_of(fn, text: str) -> int:
+    """The line of ``fn``'s source holding ``text`` (the reference, read from the file)."""
+    lines, first = inspect.getsourcelines(fn)
+    (offset,) = [i for i, line in enumerate(lines) if text in line]
+    return first + offset
+
+
+def _installed(root, name: str, source: str):
+    """A package installed in a site-packages tree under ``root`` (as transformers is)."""
+    pkg = root / "lib" / "python3.11" / "site-packages" / name
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(source))
+    sys.path.insert(0, str(pkg.parent))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(pkg.parent))
+
+
+_DEPRECATION = """
+    import functools
+
+
+    def deprecate_kwarg(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            print("deprecated call")  # the library's line dynamo cannot trace
+            return fn(*args, **kwargs)
+
+        return wrapped
+"""
+
+
+def test_a_break_in_an_installed_package_points_at_the_users_line(tmp_path):
+    lib = _installed(tmp_path, "fakehub_utils", _DEPRECATION)
+    model = nn.Linear(16, 16).to("tpu")
+
+    @lib.deprecate_kwarg
+    def head(h):
+        return h.relu()
+
+    def step(x):
+        h = model(x)
+        return head(h).sum()  # reaches the library
+
+    compiled = tpu_debug.compile(step)
+    xs = [torch.randn(4, 16).to("tpu") for _ in range(6)]
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        for x in xs:
+            compiled(x)
+            tpu_debug.step()
+    user_line = _line_of(step, "# reaches the library")
+    breaks = session.graph_breaks()
+    assert breaks, "dynamo broke the graph at the library's print"
+    for brk in breaks:
+        assert (brk.location.file, brk.location.line) == (__file__, user_line)
+        assert brk.context.startswith(lib.__file__ + ":8 in ") and not brk.deliberate
+    (finding,) = [f for f in session.findings() if f.kind == "graph_break"]
+    assert finding.cause == "library"
+    assert (finding.evidence.location.file, finding.evidence.location.line) == (__file__, user_line)
+    assert "inside library code (__init__.py:8 in " in finding.title
+    assert finding.fix.startswith("the break is in library code (__init__.py:8 in ")
+
+
+def test_the_optimizers_deliberate_break_is_no_finding(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+
+    @tpu_debug.compile
+    def train_step(x, y):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    opt_step = tpu_debug.compile(opt.step)
+
+    def loop():
+        for _ in range(6):
+            train_step(torch.randn(4, 8, device="tpu"), torch.randn(4, 1, device="tpu"))
+            opt_step()  # the compiled optimizer step
+            opt.zero_grad(set_to_none=False)
+
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        loop()
+    breaks = session.graph_breaks()
+    # torch/optim/optimizer.py calls torch._dynamo.graph_break() on purpose around the
+    # grad-mode switch; that break is recorded, at the user's call, and is not a finding
+    assert breaks and all(b.deliberate for b in breaks), [(b.context, b.reason) for b in breaks]
+    assert all(b.context.split(":")[0].endswith("torch/optim/optimizer.py") for b in breaks)
+    call = (__file__, _line_of(loop, "# the compiled"))
+    assert {(b.location.file, b.location.line) for b in breaks} == {call}
+    assert [f for f in session.findings() if f.kind == "graph_break"] == []
+
+
+def test_a_scheduler_wrapped_optimizer_step_breaks_in_library_code_at_the_users_call(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)
+
+    @tpu_debug.compile
+    def train_step(x, y):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    opt_step = tpu_debug.compile(opt.step)  # the scheduler's wrapper of opt.step
+
+    def loop():
+        for _ in range(8):
+            train_step(torch.randn(4, 8, device="tpu"), torch.randn(4, 1, device="tpu"))
+            opt_step()  # the compiled, scheduler-wrapped step
+            opt.zero_grad(set_to_none=False)
+            sched.step()
+
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        loop()
+    call = (__file__, _line_of(loop, "# the compiled, scheduler-wrapped"))
+    breaks = session.graph_breaks()
+    assert {(b.location.file, b.location.line) for b in breaks} == {call}
+    wrapper = [b for b in breaks if not b.deliberate]
+    # dynamo's wrapper around the patched opt.step cannot call the scheduler's step wrapper
+    assert len(wrapper) == 1 and "torch/_dynamo/external_utils.py:" in wrapper[0].context
+    findings = [f for f in session.findings() if f.kind == "graph_break"]
+    assert [(f.cause, f.evidence.location.file, f.evidence.location.line) for f in findings] == [
+        ("library", *call)
+    ]
+    assert "inside library code (external_utils.py:" in findings[0].title
+    assert "optimizer.py" not in findings[0].title
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        print("hidden mean", h.mean())  # the print
+        return self.fc2(h)
+
+
+def test_a_print_inside_a_compiled_forward_is_pinned_to_the_print(tmp_path, capsys):
+    model = _Net().to("tpu")
+    fast = torch.compile(model, backend="tpu_debug")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        for _ in range(6):
+            fast(torch.randn(8, 16, device="tpu")).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    printed = (__file__, _line_of(_Net.forward, "# the print"))
+    kinds = {f.kind: f for f in session.findings()}
+    assert {"graph_break", "implicit_sync"} <= set(kinds), list(kinds)
+    for kind in ("graph_break", "implicit_sync"):
+        loc = kinds[kind].evidence.location
+        assert (loc.file, loc.line) == printed, (kind, loc)
+    assert kinds["graph_break"].cause == "graph_break"  # the user's own line: no library context
+    assert "print" in kinds["implicit_sync"].title
+
+
+def _payload(where: str, title: str, explanation: str, frames: list[tuple[str, int, str]]) -> str:
+    """Dynamo's graph-break text, in the form its structured trace logs it."""
+    tb = "".join(f'  File "{f}", line {n}, in {fn}\n    code\n' for f, n, fn in frames)
+    return (
+        f"Graph break in user code at {where}\nGraph Break Reason: {title}\n  Explanation: {explanation}\n"
+        f"  Hint: none\n\nUser code traceback:\n{tb}\nTraceback (most recent call last):\n  ...\n"
+    )
+
+
+def test_dynamos_traceback_gives_the_user_line_and_the_library_frame(tmp_path):
+    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+
+    deprecation = str(tmp_path / "venv/lib/python3.11/site-packages/transformers/utils/deprecation.py")
+    user = "/home/me/train.py"
+    frames = [(user, 40, "<module>"), (user, 12, "step"), (deprecation, 172, "wrapped_func")]
+    brk = _parse_graph_break(
+        _payload(f"{deprecation}:172", "Failed to trace builtin operator", "print", frames), None
+    )
+    assert (brk.location.file, brk.location.line, brk.location.function) == (user, 12, "step")
+    assert (brk.context.file, brk.context.line) == (deprecation, 172) and not brk.deliberate
+    assert brk.reason == "Failed to trace builtin operator: print"
+
+    optimizer = inspect.getfile(torch.optim.Optimizer)  # torch/optim/optimizer.py
+    deliberate = ("Call to `torch._dynamo.graph_break()`", "User-inserted graph break.")
+    frames = [(user, 40, "<module>"), (optimizer, 79, "_use_grad")]
+    brk = _parse_graph_break(
+        _payload(f"{optimizer}:79", *deliberate, frames), None
+    )
+    assert (brk.location.file, brk.location.line) == (user, 40)
+    assert brk.context.file == optimizer and brk.deliberate
+
+    # the same call in the user's own code is the user's break, and a finding's business
+    frames = [(user, 40, "<module>"), (user, 12, "step")]
+    brk = _parse_graph_break(
+        _payload(f"{user}:12", *deliberate, frames), None
+    )
+    assert (brk.location.line, brk.context, brk.deliberate) == (12, None, False)
+
+
+def test_disabled_torch_code_that_runs_ops_is_not_deliberate():
+    # an optimizer's math disabled for dynamo (not capturable) runs eagerly: a real cost
+    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+
+    adam = inspect.getfile(torch.optim.Adam)  # torch/optim/adam.py
+    frames = [("/home/me/train.py", 40, "<module>"), (adam, 247, "step")]
+    title = "Skip inlining `torch.compiler.disable()`d function"
+    brk = _parse_graph_break(_payload(f"{adam}:247", title, "adam", frames), None)
+    assert (brk.location.line, brk.context.file, brk.deliberate) == (40, adam, False)
