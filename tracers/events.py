@@ -383,6 +383,9 @@ class TransferEvent(Event):
     op: str
     implicit: bool
     seconds: float
+    # host->device only: a fingerprint of the bytes uploaded (equal at one line: the same data
+    # uploaded again); None for other directions and for payloads too large to fingerprint
+    digest: str | None = None
 
 
 @register_event

@@ -213,6 +213,7 @@ class Recorder:
                 op,
                 implicit,
                 float(info.seconds),
+                getattr(info, "digest", None),
             )
         )
 

@@ -501,11 +501,49 @@ def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("h2d_every_step", about="the same host-to-device copy at every step (a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
+def _same_payload(events: Sequence[Any]) -> bool:
+    """Every copy carried the same bytes: each has a fingerprint (the runtime leaves large
+    payloads without one, so a batch is never taken for a constant) and all are equal."""
+    digests = {getattr(t, "digest", None) for t in events}
+    return len(digests) == 1 and None not in digests
+
+
+def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: float, seconds: float,
+              steps: Sequence[int], facts: RunFacts, same: bool) -> tuple[str, str] | None:
+    """(title, fix) of a line that uploads at every steady step, or None when it is no finding."""
+    n, steady = len(steps), len(facts.steady)
+    step_seconds = sum(s.seconds for s in facts.steady)
+    if same and seconds > 0:
+        # the same bytes every step: the copy buys nothing, whatever its share of the step
+        return (
+            f"{CAUSE_TEXT.get(op, op)} at {_where(location)} uploads the same {_bytes(per_step)} "
+            f"({aval}) to the device in {n} of {steady} steady steps, {_secs(seconds / n)} per step",
+            "the data is identical at every step: create it once on the device before the loop "
+            "(the same expression, hoisted above the loop) and reuse that tensor",
+        )
+    if op == "tensor":
+        return (
+            f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
+            f"in {n} of {steady} steady steps",
+            "build it once, before the loop, when its values do not change; otherwise make it on the "
+            "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list",
+        )
+    if per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
+        # new data each step (or too large to fingerprint): only its share of the step matters
+        return (
+            f"{CAUSE_TEXT.get(op, op)} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
+            f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time",
+            "if the data is the same every step, move it to the device once, before the loop; if it is "
+            "a new batch, overlap the copy with the step: DataLoader(..., pin_memory=True) with "
+            ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs",
+        )
+    return None
+
+
+@rule("h2d_every_step", about="the same host-to-device copy at every step (identical data uploaded again, a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
 def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
     if len(facts.steady) < REPEATS:
         return
-    step_seconds = sum(s.seconds for s in facts.steady)
     sites: dict[tuple, list[Any]] = {}
     for t in facts.transfers:
         if t.direction == "h2d" and not t.implicit:
@@ -516,35 +554,20 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
         if len(steps) < max(REPEATS, len(facts.steady) - 1):
             continue  # not in every steady step
         seconds = sum(t.seconds for t in steady)
-        nbytes = sum(t.nbytes for t in steady)
-        per_step = nbytes / len(steps)
+        per_step = sum(t.nbytes for t in steady) / len(steps)
         aval = f"{dtype}[{','.join(map(str, shape))}]"
-        if op == "tensor":
-            title = (
-                f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
-                f"in {len(steps)} of {len(facts.steady)} steady steps"
-            )
-            fix = (
-                "build it once, before the loop, when its values do not change; otherwise make it on the "
-                "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
-            )
-        elif per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
-            title = (
-                f"{CAUSE_TEXT.get(op, op)} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
-                f"device in {len(steps)} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
-            )
-            fix = (
-                "if the data is the same every step, move it to the device once, before the loop; if it is "
-                "a new batch, overlap the copy with the step: DataLoader(..., pin_memory=True) with "
-                ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
-            )
-        else:
+        same = _same_payload(steady)
+        text = _h2d_text(op, location, aval, per_step, seconds, steps, facts, same)
+        if text is None:
             continue
+        facts_text = f"{aval} by {CAUSE_TEXT.get(op, op)}"
+        if same:
+            facts_text += f", identical bytes in all {len(steady)} steady copies"
         yield Finding(
             kind="h2d_every_step",
             severity="warning",
-            title=title,
-            fix=fix,
+            title=text[0],
+            fix=text[1],
             cost_seconds=seconds,
             evidence=Evidence(
                 location,
@@ -552,12 +575,13 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
                     Count("copies", len(steady)),
                     Count("steady steps", len(steps)),
                     Count("bytes per step", per_step, "B"),
+                    Count("time per step", seconds / len(steps), "s"),
                     Count("time", seconds, "s"),
                 ),
-                (f"{aval} by {CAUSE_TEXT.get(op, op)}",),
+                (facts_text,),
             ),
             steps=_span(steps),
-            cause=op,
+            cause="same_data" if same else op,
             subject=f"{_site(location)} ({op})",
         )
 
