@@ -110,9 +110,11 @@ class LazySummary:
     nothing still referenced; ``programs``: distinct programs run; ``compiles``:
     materializations that compiled; ``steps``: optimizer steps seen;
     ``per_step``: graphs run in each complete step (step order); ``cuts``: by
-    trigger and line, most frequent first; ``split_steps``: steps run as more than
-    one graph; ``extra_cuts``: within those steps, the cuts other than the
-    step's end (what splits them), most frequent first.
+    trigger and line, most frequent first; ``split_steps``: steps whose work was
+    cut into more than one graph; ``extra_cuts``: within those steps, the cuts other
+    than the step's end (what splits them), most frequent first. A read written
+    after ``optimizer.step()`` (a metric, a read after the loop) runs a graph of its
+    own in the next step without cutting that step's work, and is neither.
     """
 
     graphs: int
@@ -145,6 +147,19 @@ def _cuts(events: list[MaterializationEvent]) -> tuple[Cut, ...]:
     return tuple(out)
 
 
+def _after_step(cut: MaterializationEvent, step_end: MaterializationEvent) -> bool:
+    """The read is written after the ``optimizer.step()`` call that ends a step (later in the
+    same function: a metric read after the step in the loop body, a read after an inner loop).
+
+    Such a read runs only what the program computed after the step, as a small graph of its
+    own, and the next step's forward, backward and update still run as one graph: it counts
+    in the step after it but does not cut that step's work. A read in another function than
+    the ``optimizer.step()`` call cannot be placed by its line and is kept as a cut.
+    """
+    a, b = cut.location, step_end.location
+    return a is not None and b is not None and (a.file, a.function) == (b.file, b.function) and a.line > b.line
+
+
 def summarize(events: Iterable[MaterializationEvent]) -> LazySummary:
     """Graphs per step and cuts by trigger and line, from a run's materialization events."""
     events = sorted(events, key=lambda e: e.id)
@@ -154,10 +169,14 @@ def summarize(events: Iterable[MaterializationEvent]) -> LazySummary:
     for e in ran:
         by_step[e.step].append(e)
     # a complete step is one ended by an optimizer step
-    complete = sorted({e.step for e in events if e.trigger == "optimizer_step"})
+    ends = {e.step: e for e in events if e.trigger == "optimizer_step"}
+    complete = sorted(ends)
     per_step = tuple(len(by_step.get(s, ())) for s in complete)
-    split = [s for s in complete if len(by_step.get(s, ())) > 1]
-    extra = [e for s in split for e in by_step[s] if e.trigger != "optimizer_step"]
+    extra = [
+        e for s in complete for e in by_step.get(s, ())
+        if e.trigger != "optimizer_step" and not _after_step(e, ends.get(s - 1) or ends[s])
+    ]
+    split = sorted({e.step for e in extra})
     return LazySummary(
         graphs=len(ran),
         empty=len(events) - len(ran),
