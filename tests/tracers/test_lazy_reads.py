@@ -29,7 +29,7 @@ def _setup():
 
 def _lazy_section(session) -> str:
     report = session.summary(width=200)
-    return report[report.index("Lazy graphs"):]
+    return report[report.index("Lazy graphs") :]
 
 
 def test_a_metric_read_after_the_step_at_every_step_does_not_split_the_step(logdir):
@@ -37,12 +37,12 @@ def test_a_metric_read_after_the_step_at_every_step_does_not_split_the_step(logd
     accs = []
     with tpu_debug.trace(logdir=logdir, eager_mode=FUSE, hlo=False) as session:
         for i in range(0, 64, 8):
-            logits = model(x[i:i + 8])
-            loss = nn.functional.cross_entropy(logits, y[i:i + 8])
+            logits = model(x[i : i + 8])
+            loss = nn.functional.cross_entropy(logits, y[i : i + 8])
             opt.zero_grad()
             loss.backward()
             opt.step()
-            accs.append((logits.argmax(1) == y[i:i + 8]).float().mean().cpu())
+            accs.append((logits.argmax(1) == y[i : i + 8]).float().mean().cpu())
             read = _line(-1)
         events = session.events("materialize")
     assert len(accs) == 8
@@ -60,7 +60,7 @@ def test_a_read_after_an_inner_loop_does_not_split_the_next_epoch(logdir):
         for _epoch in range(3):
             losses = []
             for i in range(0, 64, 16):
-                loss = nn.functional.cross_entropy(model(x[i:i + 16]), y[i:i + 16])
+                loss = nn.functional.cross_entropy(model(x[i : i + 16]), y[i : i + 16])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -77,7 +77,7 @@ def test_a_read_inside_the_step_still_splits_it(logdir):
     model, opt, x, y = _setup()
     with tpu_debug.trace(logdir=logdir, eager_mode=FUSE, hlo=False) as session:
         for i in range(0, 64, 16):
-            loss = nn.functional.cross_entropy(model(x[i:i + 16]), y[i:i + 16])
+            loss = nn.functional.cross_entropy(model(x[i : i + 16]), y[i : i + 16])
             if torch.isnan(loss):
                 raise AssertionError("the loss of a fixed seed is finite")
             read = _line(-2)

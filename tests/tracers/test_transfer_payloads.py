@@ -89,7 +89,9 @@ def test_the_same_numpy_mask_moved_at_every_step_is_found_at_its_line(logdir, up
             _train_step(model, opt, x, mask)
     (finding,) = _of_kind(session.findings(), "h2d_every_step")
     assert (finding.cause, finding.evidence.location.file, finding.evidence.location.line) == (
-        "same_data", __file__, line,
+        "same_data",
+        __file__,
+        line,
     )
     copies = finding.evidence.count("copies")
     # one upload per step, in every steady step (with cold caches the first step or two warm up)
@@ -156,5 +158,5 @@ def test_a_read_at_every_step_is_an_implicit_sync(logdir):
 
 @pytest.mark.parametrize("every", [2, 5])
 def test_a_read_every_n_steps_is_logging_not_a_finding(logdir, every):
-    findings, _line_ = _logged_every(logdir, every)
+    findings, _ = _logged_every(logdir, every)
     assert _of_kind(findings, "implicit_sync") == []

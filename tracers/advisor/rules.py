@@ -527,31 +527,40 @@ def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: flo
     """(title, fix) of a line that uploads at every steady step, or None when it is no finding."""
     n, steady = len(steps), len(facts.steady)
     step_seconds = sum(s.seconds for s in facts.steady)
+    what = CAUSE_TEXT.get(op, op)
     if same and seconds > 0:
         # the same bytes every step: the copy buys nothing, whatever its share of the step
-        return (
-            f"{CAUSE_TEXT.get(op, op)} at {_where(location)} uploads the same {_bytes(per_step)} "
-            f"({aval}) to the device in {n} of {steady} steady steps, {_secs(seconds / n)} per step",
+        title = (
+            f"{what} at {_where(location)} uploads the same {_bytes(per_step)} ({aval}) to the device "
+            f"in {n} of {steady} steady steps, {_secs(seconds / n)} per step"
+        )
+        fix = (
             "the data is identical at every step: create it once on the device before the loop "
-            "(the same expression, hoisted above the loop) and reuse that tensor",
+            "(the same expression, hoisted above the loop) and reuse that tensor"
         )
-    if op == "tensor":
-        return (
+    elif op == "tensor":
+        title = (
             f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
-            f"in {n} of {steady} steady steps",
-            "build it once, before the loop, when its values do not change; otherwise make it on the "
-            "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list",
+            f"in {n} of {steady} steady steps"
         )
-    if per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
+        fix = (
+            "build it once, before the loop, when its values do not change; otherwise make it on the "
+            "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
+        )
+    elif per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
         # new data each step (or too large to fingerprint): only its share of the step matters
-        return (
-            f"{CAUSE_TEXT.get(op, op)} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
-            f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time",
+        title = (
+            f"{what} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
+            f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
+        )
+        fix = (
             "if the data is the same every step, move it to the device once, before the loop; if it is "
             "a new batch, overlap the copy with the step: DataLoader(..., pin_memory=True) with "
-            ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs",
+            ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
         )
-    return None
+    else:
+        return None
+    return title, fix
 
 
 @rule("h2d_every_step", about="the same host-to-device copy at every step (identical data uploaded again, a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
