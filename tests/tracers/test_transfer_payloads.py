@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from tpu_debug.runtime import eager
+from tpu_debug.tracers.advisor import rules
 
 import tpu_debug
 
@@ -160,3 +162,44 @@ def test_a_read_at_every_step_is_an_implicit_sync(logdir):
 def test_a_read_every_n_steps_is_logging_not_a_finding(logdir, every):
     findings, _ = _logged_every(logdir, every)
     assert _of_kind(findings, "implicit_sync") == []
+
+
+def test_a_python_list_that_changes_every_step_is_new_data_not_a_finding(logdir):
+    # torch.tensor(list, device=) of new values each step uploads what the step needs; a few
+    # bytes are no measurable share of the step, and hoisting it would change the program
+    model, opt = _model()
+    mask = torch.from_numpy(MASK).to("tpu")
+    x = torch.randn(8, 256).to("tpu")
+    with tpu_debug.trace(logdir=logdir, hlo=False) as session:
+        for step in range(STEPS):
+            scale = torch.tensor([1.0 + step, 2.0 + step], device="tpu")
+            _train_step(model, opt, x * scale[0], mask)
+    assert _of_kind(session.findings(), "h2d_every_step") == []
+
+
+def _steady(*seconds: float) -> SimpleNamespace:
+    return SimpleNamespace(steady=[SimpleNamespace(seconds=s) for s in seconds])
+
+
+def test_a_large_upload_of_new_data_is_told_to_overlap_not_to_move_out_of_the_loop():
+    # 3 steps of 10 ms, 4 ms of each copying a 1 MiB batch: 40 % of the step
+    facts, steps = _steady(0.01, 0.01, 0.01), [1, 2, 3]
+    args = ("to", None, "float32[256,1024]", float(1 << 20), 0.012, steps, facts)
+    title, fix = rules._h2d_text(*args, "new")
+    assert (
+        title
+        == ".to() at an unknown line copies 1.0 MiB (float32[256,1024]) to the device in 3 steady steps, 40% of their time"
+    )
+    assert fix.startswith("the data changes at every step (a batch): overlap the copy with the step")
+    assert "before the loop" not in fix
+    # without fingerprints (too large to take) both causes stay possible, and the fix names both
+    _title, fix = rules._h2d_text(*args, "unknown")
+    assert fix.startswith("if the data is the same every step, move it to the device once, before the loop")
+    assert "pin_memory=True" in fix
+    # the same data: hoisting is the fix, whatever the share
+    title, fix = rules._h2d_text("to", None, "float32[4]", 16.0, 3e-5, steps, facts, "same")
+    assert (
+        title
+        == ".to() at an unknown line uploads the same 16 B (float32[4]) to the device in 3 of 3 steady steps, 10 µs per step"
+    )
+    assert fix.startswith("the data is identical at every step: create it once on the device before the loop")

@@ -515,20 +515,23 @@ def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-def _same_payload(events: Sequence[Any]) -> bool:
-    """Every copy carried the same bytes: each has a fingerprint (the runtime leaves large
-    payloads without one, so a batch is never taken for a constant) and all are equal."""
+def _payload(events: Sequence[Any]) -> str:
+    """``"same"`` when every copy carried the same bytes, ``"new"`` when the bytes changed,
+    ``"unknown"`` when a copy has no fingerprint (the runtime takes none of a large payload,
+    so a batch is never taken for a constant)."""
     digests = {getattr(t, "digest", None) for t in events}
-    return len(digests) == 1 and None not in digests
+    if None in digests:
+        return "unknown"
+    return "same" if len(digests) == 1 else "new"
 
 
 def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: float, seconds: float,
-              steps: Sequence[int], facts: RunFacts, same: bool) -> tuple[str, str] | None:
+              steps: Sequence[int], facts: RunFacts, payload: str) -> tuple[str, str] | None:
     """(title, fix) of a line that uploads at every steady step, or None when it is no finding."""
     n, steady = len(steps), len(facts.steady)
     step_seconds = sum(s.seconds for s in facts.steady)
     what = CAUSE_TEXT.get(op, op)
-    if same and seconds > 0:
+    if payload == "same" and seconds > 0:
         # the same bytes every step: the copy buys nothing, whatever its share of the step
         title = (
             f"{what} at {_where(location)} uploads the same {_bytes(per_step)} ({aval}) to the device "
@@ -538,7 +541,7 @@ def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: flo
             "the data is identical at every step: create it once on the device before the loop "
             "(the same expression, hoisted above the loop) and reuse that tensor"
         )
-    elif op == "tensor":
+    elif op == "tensor" and payload != "new":
         title = (
             f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
             f"in {n} of {steady} steady steps"
@@ -553,11 +556,17 @@ def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: flo
             f"{what} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
             f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
         )
-        fix = (
-            "if the data is the same every step, move it to the device once, before the loop; if it is "
-            "a new batch, overlap the copy with the step: DataLoader(..., pin_memory=True) with "
+        overlap = (
+            "overlap the copy with the step: DataLoader(..., pin_memory=True) with "
             ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
         )
+        if payload == "new":  # the fingerprints differ: hoisting it out of the loop is no fix
+            fix = f"the data changes at every step (a batch): {overlap}"
+        else:
+            fix = (
+                "if the data is the same every step, move it to the device once, before the loop; "
+                f"if it is a new batch, {overlap}"
+            )
     else:
         return None
     return title, fix
@@ -579,8 +588,9 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
         seconds = sum(t.seconds for t in steady)
         per_step = sum(t.nbytes for t in steady) / len(steps)
         aval = f"{dtype}[{','.join(map(str, shape))}]"
-        same = _same_payload(steady)
-        text = _h2d_text(op, location, aval, per_step, seconds, steps, facts, same)
+        payload = _payload(steady)
+        same = payload == "same"
+        text = _h2d_text(op, location, aval, per_step, seconds, steps, facts, payload)
         if text is None:
             continue
         facts_text = f"{aval} by {CAUSE_TEXT.get(op, op)}"
