@@ -36,13 +36,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
+from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import MaterializationEvent, SourceLocation
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
+from tpu_debug.tracers.transfers import CAUSE_TEXT, _frame_kind, classify
 
-__all__ = ["TRIGGER_TEXT", "Cut", "LazySummary", "cut_site", "summarize", "trigger_text"]
+__all__ = ["TRIGGER_TEXT", "Cut", "LazySummary", "StepFrames", "cut_site", "summarize", "trigger_text"]
 
 # runtime triggers that are not host reads: their cause is the trigger itself
 _OWN = ("synchronize", "optimizer_step", "size_limit", "mode_change")
@@ -78,6 +80,42 @@ def cut_site(trigger: str, depth: int = 1) -> tuple[str, SourceLocation | None]:
         return trigger, user_location(depth + 1)
     cause, _implicit, location = classify(trigger, depth + 1)
     return cause, location
+
+
+def _user_frames() -> Iterator[FrameType]:
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if _frame_kind(frame.f_code) == "user":
+            yield frame
+        frame = frame.f_back
+
+
+class StepFrames:
+    """Where the user's code stood at the last ``optimizer.step()``, to tell whether a later
+    read is written after that call (call both methods on the thread that materializes).
+
+    The innermost of the user's frames that is still running from the step to the read is
+    the code both are in: the loop's frame for a read after ``opt.step()`` in the loop body
+    or after an inner loop, the caller's frame when ``opt.step()`` is inside a
+    ``train_step()`` it calls. The read comes after the step when that frame has moved on
+    past the line it was at. A frame is known by its id and code (no reference is kept: a
+    frame holds its locals, tensors among them, alive).
+    """
+
+    __slots__ = ("_lines",)
+
+    def __init__(self) -> None:
+        self._lines: dict[int, tuple[CodeType, int]] = {}
+
+    def step_ended(self) -> None:
+        self._lines = {id(f): (f.f_code, f.f_lineno) for f in _user_frames()}
+
+    def read_after_step(self) -> bool:
+        for f in _user_frames():
+            seen = self._lines.get(id(f))
+            if seen is not None and seen[0] is f.f_code:
+                return f.f_lineno > seen[1]
+        return False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,19 +185,6 @@ def _cuts(events: list[MaterializationEvent]) -> tuple[Cut, ...]:
     return tuple(out)
 
 
-def _after_step(cut: MaterializationEvent, step_end: MaterializationEvent) -> bool:
-    """The read is written after the ``optimizer.step()`` call that ends a step (later in the
-    same function: a metric read after the step in the loop body, a read after an inner loop).
-
-    Such a read runs only what the program computed after the step, as a small graph of its
-    own, and the next step's forward, backward and update still run as one graph: it counts
-    in the step after it but does not cut that step's work. A read in another function than
-    the ``optimizer.step()`` call cannot be placed by its line and is kept as a cut.
-    """
-    a, b = cut.location, step_end.location
-    return a is not None and b is not None and (a.file, a.function) == (b.file, b.function) and a.line > b.line
-
-
 def summarize(events: Iterable[MaterializationEvent]) -> LazySummary:
     """Graphs per step and cuts by trigger and line, from a run's materialization events."""
     events = sorted(events, key=lambda e: e.id)
@@ -172,10 +197,7 @@ def summarize(events: Iterable[MaterializationEvent]) -> LazySummary:
     ends = {e.step: e for e in events if e.trigger == "optimizer_step"}
     complete = sorted(ends)
     per_step = tuple(len(by_step.get(s, ())) for s in complete)
-    extra = [
-        e for s in complete for e in by_step.get(s, ())
-        if e.trigger != "optimizer_step" and not _after_step(e, ends.get(s - 1) or ends[s])
-    ]
+    extra = [e for s in complete for e in by_step.get(s, ()) if e.trigger != "optimizer_step" and not e.after_step]
     split = sorted({e.step for e in extra})
     return LazySummary(
         graphs=len(ran),

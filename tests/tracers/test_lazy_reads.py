@@ -89,3 +89,45 @@ def test_a_read_inside_the_step_still_splits_it(logdir):
     (cut,) = lazy.extra_cuts
     assert (cut.trigger, cut.location.line, cut.count, lazy.split_steps) == ("bool", read, 4, 4)
     assert MOVE in _lazy_section(session)
+
+
+def _train_step(model, opt, x, y, check: bool):
+    logits = model(x)
+    loss = nn.functional.cross_entropy(logits, y)
+    if check and torch.isnan(loss):
+        raise AssertionError("the loss of a fixed seed is finite")
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return logits
+
+
+CHECK_LINE = _train_step.__code__.co_firstlineno + 3
+
+
+def test_a_read_in_the_caller_after_a_train_step_function_does_not_split_the_step(logdir):
+    # opt.step() runs inside _train_step; the read is in the loop that called it, after the call
+    model, opt, x, y = _setup()
+    with tpu_debug.trace(logdir=logdir, eager_mode=FUSE, hlo=False) as session:
+        for i in range(0, 64, 16):
+            logits = _train_step(model, opt, x[i : i + 16], y[i : i + 16], check=False)
+            (logits.argmax(1) == y[i : i + 16]).float().mean().cpu()
+            read = _line(-1)
+        events = session.events("materialize")
+    assert [e.after_step for e in events if e.trigger == "cpu"] == [True] * 4
+    assert {e.location.line for e in events if e.trigger == "cpu"} == {read}
+    lazy = summarize(events)
+    assert (lazy.split_steps, lazy.extra_cuts) == (0, ())
+
+
+def test_a_read_inside_a_train_step_function_still_splits_the_step(logdir):
+    # each call is a new frame of the same function: the read at its line 4 is before its
+    # opt.step(), whatever frame the previous call's step was seen in
+    model, opt, x, y = _setup()
+    with tpu_debug.trace(logdir=logdir, eager_mode=FUSE, hlo=False) as session:
+        for i in range(0, 64, 16):
+            _train_step(model, opt, x[i : i + 16], y[i : i + 16], check=True)
+        events = session.events("materialize")
+    lazy = summarize(events)
+    (cut,) = lazy.extra_cuts
+    assert (cut.trigger, cut.location.line, cut.count, lazy.split_steps) == ("bool", CHECK_LINE, 4, 4)
