@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import threading
 import time
+import zlib
 from typing import Any
 
 import jax
@@ -401,14 +402,35 @@ def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = Non
     with jax.enable_x64(True):
         # device_put of a private copy: no convert program to compile per new shape,
         # and the payload never aliases the user's CPU tensor
-        arr = jax.device_put(np.array(host, dtype=to_jax_dtype(t.dtype), copy=True))
+        payload = np.array(host, dtype=to_jax_dtype(t.dtype), copy=True)
+        arr = jax.device_put(payload)
     if probes._probes:
+        seconds = time.perf_counter() - start  # the copy's time, without the fingerprint's
         probes.transferred(
             TransferInfo("h2d", t.numel() * t.element_size(), tuple(t.shape),
                          str(t.dtype).removeprefix("torch."),
-                         op, time.perf_counter() - start),
+                         op, seconds, payload_digest(payload)),
         )
     return arr
+
+
+# Payloads up to this size are fingerprinted whole. CRC-32 reads memory at about the speed
+# of the private copy made just before it (7 GB/s: 0.04 ms for a 256 KiB mask, 2 ms at the
+# cap), so tracing adds at most the cost of the copy itself. Larger payloads (a big batch at
+# every step) get no fingerprint: hashing a 1 GiB batch per step would dominate the step,
+# and a sampled fingerprint could call two batches that differ outside the samples equal,
+# which would tell a user to hoist data that changes.
+DIGEST_MAX_BYTES = 16 << 20
+
+
+def payload_digest(payload: np.ndarray) -> str | None:
+    """The fingerprint of a contiguous host payload (its byte count and CRC-32), or None
+    above :data:`DIGEST_MAX_BYTES`. Equal digests mean equal bytes but for a 2**-32 chance
+    per pair, which is enough to say "the same data again" about a call site's uploads."""
+    if payload.nbytes > DIGEST_MAX_BYTES:
+        return None
+    raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+    return f"{payload.nbytes}:{zlib.crc32(raw):08x}"
 
 
 def from_cpu(t: torch.Tensor) -> torch.Tensor:

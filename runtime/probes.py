@@ -211,6 +211,9 @@ class TransferInfo:
     dtype: str
     op: str
     seconds: float
+    # a host->device payload's fingerprint (see eager.payload_digest): equal digests at one
+    # call site mean the same bytes were uploaded again; None when not taken
+    digest: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -384,6 +384,9 @@ class TransferEvent(Event):
     op: str
     implicit: bool
     seconds: float
+    # host->device only: a fingerprint of the bytes uploaded (equal at one line: the same data
+    # uploaded again); None for other directions and for payloads too large to fingerprint
+    digest: str | None = None
 
 
 @register_event
@@ -648,7 +651,9 @@ class MaterializationEvent(Event):
     (``compiled``). ``ops``: ops recorded; ``outputs``: values computed (0: nothing
     still referenced, nothing ran); ``inputs``: arrays read. ``step``: optimizer
     steps ended before it (each ``optimizer.step()`` ends one). ``seconds``: the
-    whole materialization, compile included.
+    whole materialization, compile included. ``after_step``: the read that needed it
+    is written after the ``optimizer.step()`` call that ended the last step
+    (:class:`~.lazy_graphs.StepFrames`), so it does not cut a step's work.
     """
 
     kind: ClassVar[str] = "materialize"
@@ -665,6 +670,9 @@ class MaterializationEvent(Event):
     step: int
     program: str | None = None
     compile: int | None = column("compile_id", default=None)
+    # a read written after the optimizer.step() that ended the last step (a metric after the
+    # step, a read after an inner loop): it runs what came after the step, not part of one
+    after_step: bool = False
 
 
 def event_type(kind: str) -> type[Event]:

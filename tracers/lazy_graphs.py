@@ -36,13 +36,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
+from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import MaterializationEvent, SourceLocation
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
+from tpu_debug.tracers.transfers import CAUSE_TEXT, _frame_kind, classify
 
-__all__ = ["TRIGGER_TEXT", "Cut", "LazySummary", "cut_site", "summarize", "trigger_text"]
+__all__ = ["TRIGGER_TEXT", "Cut", "LazySummary", "StepFrames", "cut_site", "summarize", "trigger_text"]
 
 # runtime triggers that are not host reads: their cause is the trigger itself
 _OWN = ("synchronize", "optimizer_step", "size_limit", "mode_change")
@@ -80,6 +82,42 @@ def cut_site(trigger: str, depth: int = 1) -> tuple[str, SourceLocation | None]:
     return cause, location
 
 
+def _user_frames() -> Iterator[FrameType]:
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if _frame_kind(frame.f_code) == "user":
+            yield frame
+        frame = frame.f_back
+
+
+class StepFrames:
+    """Where the user's code stood at the last ``optimizer.step()``, to tell whether a later
+    read is written after that call (call both methods on the thread that materializes).
+
+    The innermost of the user's frames that is still running from the step to the read is
+    the code both are in: the loop's frame for a read after ``opt.step()`` in the loop body
+    or after an inner loop, the caller's frame when ``opt.step()`` is inside a
+    ``train_step()`` it calls. The read comes after the step when that frame has moved on
+    past the line it was at. A frame is known by its id and code (no reference is kept: a
+    frame holds its locals, tensors among them, alive).
+    """
+
+    __slots__ = ("_lines",)
+
+    def __init__(self) -> None:
+        self._lines: dict[int, tuple[CodeType, int]] = {}
+
+    def step_ended(self) -> None:
+        self._lines = {id(f): (f.f_code, f.f_lineno) for f in _user_frames()}
+
+    def read_after_step(self) -> bool:
+        for f in _user_frames():
+            seen = self._lines.get(id(f))
+            if seen is not None and seen[0] is f.f_code:
+                return f.f_lineno > seen[1]
+        return False
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cut:
     """The materializations of one trigger at one line, added up.
@@ -110,9 +148,11 @@ class LazySummary:
     nothing still referenced; ``programs``: distinct programs run; ``compiles``:
     materializations that compiled; ``steps``: optimizer steps seen;
     ``per_step``: graphs run in each complete step (step order); ``cuts``: by
-    trigger and line, most frequent first; ``split_steps``: steps run as more than
-    one graph; ``extra_cuts``: within those steps, the cuts other than the
-    step's end (what splits them), most frequent first.
+    trigger and line, most frequent first; ``split_steps``: steps whose work was
+    cut into more than one graph; ``extra_cuts``: within those steps, the cuts other
+    than the step's end (what splits them), most frequent first. A read written
+    after ``optimizer.step()`` (a metric, a read after the loop) runs a graph of its
+    own in the next step without cutting that step's work, and is neither.
     """
 
     graphs: int
@@ -154,10 +194,11 @@ def summarize(events: Iterable[MaterializationEvent]) -> LazySummary:
     for e in ran:
         by_step[e.step].append(e)
     # a complete step is one ended by an optimizer step
-    complete = sorted({e.step for e in events if e.trigger == "optimizer_step"})
+    ends = {e.step: e for e in events if e.trigger == "optimizer_step"}
+    complete = sorted(ends)
     per_step = tuple(len(by_step.get(s, ())) for s in complete)
-    split = [s for s in complete if len(by_step.get(s, ())) > 1]
-    extra = [e for s in split for e in by_step[s] if e.trigger != "optimizer_step"]
+    extra = [e for s in complete for e in by_step.get(s, ()) if e.trigger != "optimizer_step" and not e.after_step]
+    split = sorted({e.step for e in extra})
     return LazySummary(
         graphs=len(ran),
         empty=len(events) - len(ran),

@@ -24,7 +24,7 @@ from tpu_debug.tracers.events import (
     TransferEvent,
 )
 from tpu_debug.tracers.hlo import make_program, program_hash
-from tpu_debug.tracers.lazy_graphs import cut_site
+from tpu_debug.tracers.lazy_graphs import StepFrames, cut_site
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker
 from tpu_debug.tracers.store import RunWriter, StatRow
@@ -105,6 +105,7 @@ class Recorder:
         self._lazy_ops: list[Any] = []
         self._lazy_compiles: dict[Any, int] = {}
         self._lazy_step = 0
+        self._step_frames = StepFrames()
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -213,6 +214,7 @@ class Recorder:
                 op,
                 implicit,
                 float(info.seconds),
+                getattr(info, "digest", None),
             )
         )
 
@@ -241,10 +243,12 @@ class Recorder:
                 self._lazy_step,
                 known[1] if known is not None else None,
                 self._lazy_compiles.get(info.key) if info.compiled else None,
+                after_step=trigger != "optimizer_step" and self._step_frames.read_after_step(),
             )
         )
         if trigger == "optimizer_step":
             self._lazy_step += 1
+            self._step_frames.step_ended()
         self._lazy_ops = []
 
     def on_fallback(self, info: Any) -> None:

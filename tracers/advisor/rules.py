@@ -596,6 +596,12 @@ def _how_often(facts: RunFacts, steps: list[int], events: Sequence[Any]) -> str:
     return f"{len(events)} times (no steps were found; it repeats)"
 
 
+def _every_nth(steps: Sequence[int]) -> int | None:
+    """N when ``steps`` (sorted step indexes) are evenly spaced N >= 2 apart, else None."""
+    gaps = {b - a for a, b in zip(steps, steps[1:])}
+    return gaps.pop() if len(gaps) == 1 and min(gaps) >= 2 else None
+
+
 @rule("implicit_sync", about="a sync nobody asked for (.item(), print, if t:) inside the step", view="transfers")
 def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
     sites: dict[tuple, list[Any]] = {}
@@ -607,6 +613,14 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
         if found is None:
             continue
         chosen, steps = found
+        if _every_nth(steps) is not None:
+            # A read at a fixed cadence (``if step % N == 0: print(loss.item())``) is logging the
+            # user chose, and it is the fix this rule gives. Each sync drains the device queue
+            # once; at one sync per N steps the host loses its lead over the device on 1/N of
+            # the steps, and how much that costs depends on the step's host/device balance,
+            # which a read count does not show. Only a read at every step is certain to cost
+            # at every step.
+            continue
         seconds = sum(t.seconds for t in chosen)
         nbytes = sum(t.nbytes for t in chosen)
         site = CallSite(location, direction, op, True, len(chosen), nbytes, seconds, ())
@@ -683,11 +697,67 @@ def cpu_fallback(facts: RunFacts) -> Iterable[Finding]:
         )
 
 
-@rule("h2d_every_step", about="the same host-to-device copy at every step (a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
+def _payload(events: Sequence[Any]) -> str:
+    """``"same"`` when every copy carried the same bytes, ``"new"`` when the bytes changed,
+    ``"unknown"`` when a copy has no fingerprint (the runtime takes none of a large payload,
+    so a batch is never taken for a constant)."""
+    digests = {getattr(t, "digest", None) for t in events}
+    if None in digests:
+        return "unknown"
+    return "same" if len(digests) == 1 else "new"
+
+
+def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: float, seconds: float,
+              steps: Sequence[int], facts: RunFacts, payload: str) -> tuple[str, str] | None:
+    """(title, fix) of a line that uploads at every steady step, or None when it is no finding."""
+    n, steady = len(steps), len(facts.steady)
+    step_seconds = sum(s.seconds for s in facts.steady)
+    what = CAUSE_TEXT.get(op, op)
+    if payload == "same" and seconds > 0:
+        # the same bytes every step: the copy buys nothing, whatever its share of the step
+        title = (
+            f"{what} at {_where(location)} uploads the same {_bytes(per_step)} ({aval}) to the device "
+            f"in {n} of {steady} steady steps, {_secs(seconds / n)} per step"
+        )
+        fix = (
+            "the data is identical at every step: create it once on the device before the loop "
+            "(the same expression, hoisted above the loop) and reuse that tensor"
+        )
+    elif op == "tensor" and payload != "new":
+        title = (
+            f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
+            f"in {n} of {steady} steady steps"
+        )
+        fix = (
+            "build it once, before the loop, when its values do not change; otherwise make it on the "
+            "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
+        )
+    elif per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
+        # new data each step (or too large to fingerprint): only its share of the step matters
+        title = (
+            f"{what} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
+            f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
+        )
+        overlap = (
+            "overlap the copy with the step: DataLoader(..., pin_memory=True) with "
+            ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
+        )
+        if payload == "new":  # the fingerprints differ: hoisting it out of the loop is no fix
+            fix = f"the data changes at every step (a batch): {overlap}"
+        else:
+            fix = (
+                "if the data is the same every step, move it to the device once, before the loop; "
+                f"if it is a new batch, {overlap}"
+            )
+    else:
+        return None
+    return title, fix
+
+
+@rule("h2d_every_step", about="the same host-to-device copy at every step (identical data uploaded again, a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
 def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
     if len(facts.steady) < REPEATS:
         return
-    step_seconds = sum(s.seconds for s in facts.steady)
     sites: dict[tuple, list[Any]] = {}
     for t in facts.transfers:
         if t.direction == "h2d" and not t.implicit:
@@ -698,35 +768,21 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
         if len(steps) < max(REPEATS, len(facts.steady) - 1):
             continue  # not in every steady step
         seconds = sum(t.seconds for t in steady)
-        nbytes = sum(t.nbytes for t in steady)
-        per_step = nbytes / len(steps)
+        per_step = sum(t.nbytes for t in steady) / len(steps)
         aval = f"{dtype}[{','.join(map(str, shape))}]"
-        if op == "tensor":
-            title = (
-                f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
-                f"in {len(steps)} of {len(facts.steady)} steady steps"
-            )
-            fix = (
-                "build it once, before the loop, when its values do not change; otherwise make it on the "
-                "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
-            )
-        elif per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
-            title = (
-                f"{CAUSE_TEXT.get(op, op)} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
-                f"device in {len(steps)} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
-            )
-            fix = (
-                "if the data is the same every step, move it to the device once, before the loop; if it is "
-                "a new batch, overlap the copy with the step: DataLoader(..., pin_memory=True) with "
-                ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
-            )
-        else:
+        payload = _payload(steady)
+        same = payload == "same"
+        text = _h2d_text(op, location, aval, per_step, seconds, steps, facts, payload)
+        if text is None:
             continue
+        facts_text = f"{aval} by {CAUSE_TEXT.get(op, op)}"
+        if same:
+            facts_text += f", identical bytes in all {len(steady)} steady copies"
         yield Finding(
             kind="h2d_every_step",
             severity="warning",
-            title=title,
-            fix=fix,
+            title=text[0],
+            fix=text[1],
             cost_seconds=seconds,
             evidence=Evidence(
                 location,
@@ -734,12 +790,13 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
                     Count("copies", len(steady)),
                     Count("steady steps", len(steps)),
                     Count("bytes per step", per_step, "B"),
+                    Count("time per step", seconds / len(steps), "s"),
                     Count("time", seconds, "s"),
                 ),
-                (f"{aval} by {CAUSE_TEXT.get(op, op)}",),
+                (facts_text,),
             ),
             steps=_span(steps),
-            cause=op,
+            cause="same_data" if same else op,
             subject=f"{_site(location)} ({op})",
         )
 
