@@ -6,7 +6,7 @@ computes in float64 without complaint, so the script runs here; a TPU has no
 float64, and there the same program fails or must be rewritten in float32.
 
 ``tpu-debug run`` on this script names the ops that ran in float64 and the
-line the data came from. ``--fixed`` casts the features to float32 where
+line where the float64 data entered the device. ``--fixed`` casts the features to float32 where
 they are loaded.
 
     python examples/pitfalls/float64.py [--steps 4] [--fixed]

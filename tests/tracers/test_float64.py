@@ -49,3 +49,20 @@ def test_runtime_notes_float64_ops_without_a_trace(cold_cache):
     assert after["div.Tensor"] == before + 1
     runtime.clear_cache()  # the note outlives the executable cache
     assert runtime.float64_ops()["div.Tensor"] == before + 1
+
+
+def test_the_float64_finding_points_where_the_data_entered_the_device(logdir, cold_cache):
+    import inspect
+
+    import numpy as np
+
+    with tpu_debug.trace(logdir=logdir) as session:
+        host = torch.from_numpy(np.linspace(0.0, 1.0, 8))  # float64, as NumPy makes it
+        x = host.to("tpu")  # the upload
+        y = torch.ones(8, device="tpu")
+        (x * y).sum().item()  # the first float64 op
+    source, start = inspect.getsourcelines(test_the_float64_finding_points_where_the_data_entered_the_device)
+    upload = start + next(i for i, line in enumerate(source) if "# the upload" in line)
+    (finding,) = [f for f in tpu_debug.open_run(session.run_dir).findings() if f.kind == "float64"]
+    assert finding.evidence.location is not None and finding.evidence.location.line == upload, finding
+    assert any("first float64 op" in fact for fact in finding.evidence.facts), finding.evidence.facts

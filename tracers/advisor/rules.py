@@ -1021,6 +1021,16 @@ def float64(facts: RunFacts) -> Iterable[Finding]:
     names = sorted(wide, key=lambda n: (-wide[n][1], n))
     first = min((c for n in names for c in compiles.get(n, ())), key=lambda c: c.id, default=None)
     runs = sum(r for _, r in wide.values())
+    # where the data entered: the first float64 upload (a tensor made on the device in float64
+    # has none, and the first float64 op is the line to look at)
+    entered = next((t for t in facts.transfers if t.direction == "h2d" and t.location is not None
+                    and t.dtype in ("float64", "complex128", "torch.float64", "torch.complex128")), None)
+    where = entered.location if entered is not None else (first.location if first is not None else None)
+    facts_text = tuple(f"{n}: {wide[n][0]} program(s), {wide[n][1]} execution(s)" for n in names[:6])
+    if entered is not None:
+        facts_text = (f"float64 data uploaded here: {entered.dtype}{list(entered.shape)}",) + facts_text
+        if first is not None and first.location is not None:
+            facts_text += (f"first float64 op: {first.name} at {_where(first.location)}",)
     yield Finding(
         kind="float64",
         severity="error",
@@ -1031,11 +1041,7 @@ def float64(facts: RunFacts) -> Iterable[Finding]:
             "set to float64; on a TPU these ops fail or must be rewritten"
         ),
         cost_seconds=0.0,
-        evidence=Evidence(
-            first.location if first is not None else None,
-            (Count("ops", len(names)), Count("executions", runs)),
-            tuple(f"{n}: {wide[n][0]} program(s), {wide[n][1]} execution(s)" for n in names[:6]),
-        ),
+        evidence=Evidence(where, (Count("ops", len(names)), Count("executions", runs)), facts_text),
         steps=None,
         cause="dtype",
         subject="float64",
