@@ -367,6 +367,13 @@ def _output_views(kind: str, out_nodes: list) -> dict[int, tuple[int, tuple]]:
     return views
 
 
+def _computes_gradients(gm: torch.fx.GraphModule) -> bool:
+    """Whether a dynamo graph takes gradients itself (a training step whose ``loss.backward()``
+    dynamo traced into the graph calls ``torch.autograd.grad`` there)."""
+    grads = (torch.autograd.grad, torch.autograd.backward)
+    return any(n.op == "call_function" and n.target in grads for n in gm.graph.nodes)
+
+
 class CompiledGraph:
     """One AOT forward or backward graph; its programs cached by input signature.
 
@@ -376,9 +383,9 @@ class CompiledGraph:
     while it holds a program.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, kind: str, parent: str):
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, parent: str, label: str | None = None):
         digest = hashlib.sha1(gm.code.encode()).hexdigest()[:10]
-        self.graph_id = f"{parent}/{kind}"
+        self.graph_id = f"{parent}/{label or kind}"
         self.digest = digest
         self.kind = kind
         self.gm = gm
@@ -813,10 +820,14 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     register_prims()
     parent = f"g{next(_graph_ids)}"
     origin = _dynamo_origin(gm)
+    # AOTAutograd calls a graph with no autograd around it "inference"; one that takes the
+    # gradients itself is a whole training step
+    step = _computes_gradients(gm)
 
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
-            program = CompiledGraph(graph, kind, parent)
+            label = "train_step" if kind == "inference" and step else kind
+            program = CompiledGraph(graph, kind, parent, label)
             program.origin = origin
 
             # AOTAutograd calls this lazily: a backward is compiled on its first call, which

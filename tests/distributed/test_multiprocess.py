@@ -80,7 +80,7 @@ def test_data_parallel_over_two_processes(tmp_path, capsys):
     for rank, session in sessions:
         m = session.metadata()
         assert m.status == "finished" and m.device_count == 4
-        (program,) = [e for e in session.events("collectives") if e.name.endswith("/inference")][:1]
+        (program,) = [e for e in session.events("collectives") if e.name.endswith("/train_step")][:1]
         assert {c.group_size for c in program.collectives} == {4}  # every device of both processes
     group.close()
     # the launcher's report: the ranks side by side, and that they agreed
@@ -124,7 +124,7 @@ def test_a_rank_that_stops_early_is_named_by_the_rank_waiting_for_it(tmp_path, c
     call = _line(script, "step(dist.mark_sharding(")
     assert ("[rank 0] RankTimeoutError: rank 1 did not reach "
             "multi-process program call #2 within 5 s.") in proc.stderr
-    assert "rank 1: its last multi-process program call was #1: g1/inference of step " in proc.stderr
+    assert "rank 1: its last multi-process program call was #1: g1/train_step of step " in proc.stderr
     assert f"called at {_shown(script)}:{call}" in proc.stderr
     group = find_group(None, tmp_path / "runs")
     assert group.info.exit_status == (1, 0)
