@@ -134,7 +134,7 @@ def test_recompiles_master_detail(make_app):
         assert why.startswith(f"compile 2 of {GRAPH}, program g2/forward")
         text = screen_text(app)
         assert "L['batch'].size()[0] == 8 → failed" in text
-        assert "changed: dim 0 of arg 0 (2 recompiles: 8, 9, 10)" in text
+        assert "changed: dim 0 of arg 0 (in all 2 recompiles; values: 8, 9, 10)" in text
         # the compiles in steady state are marked so, with the advisor's fix for the graph
         assert "1 steady" in text and "→ pad dim 0 of arg 0 of main (train.py) forward" in text
 

@@ -504,7 +504,11 @@ def _changing(history: list[CompileEvent], mode: str, partial: bool, finding: Fi
         text.append("changed: ", style="bold")
         text.append(change.what, style="bold yellow" if finding is not None else "bold")
         values = ", ".join(change.values[:6]) + (", …" if len(change.values) > 6 else "")
-        text.append(f" ({change.count} recompiles{' so far' if partial else ''}: {values})")
+        # this change explains ``count`` of the group's recompiles (others may change something else)
+        total = groups[0].recompiles
+        share = f"all {total}" if change.count >= total else f"{change.count} of the {total}"
+        noun = "recompile" if total == 1 else "recompiles"
+        text.append(f" (in {share} {noun}{' so far' if partial else ''}; values: {values})")
     if finding is not None:
         text.append("\n→ " + finding.fix, style="dim")
     return text
