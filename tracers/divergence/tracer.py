@@ -65,7 +65,7 @@ class DivergenceTracer:
     def on_graph(self, graph: Any, arrays: list, outputs: Any) -> None:
         try:
             with single_threaded():
-                self._graphs.check(graph, arrays)
+                self._graphs.check(graph, arrays, outputs)
         except Exception as exc:  # noqa: BLE001 - one graph failing to compare is reported, not raised
             self._error(f"divergence of graph {graph.graph_id}", exc)
 
