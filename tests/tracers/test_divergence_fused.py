@@ -58,6 +58,23 @@ def test_drift_only_the_fused_program_has_is_found_at_its_line(logdir):
     assert (first.location.file, first.location.line) == (__file__, SUB_LINE)
     assert first.verdict == ""  # nothing the node check saw explains it: it is the fused program's
     assert session.divergences(measure="local") == []
+    (finding,) = [f for f in session.findings() if f.kind == "divergence"]
+    assert finding.cause == "fused" and finding.evidence.location.line == SUB_LINE
+    assert "first node that drifts in the fused program" in finding.title
+
+
+def test_the_advisor_keeps_one_finding_when_the_node_check_names_the_same_node(logdir):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 128, dtype=torch.bfloat16) * 0.05, torch.randn(128, dtype=torch.bfloat16)
+    compiled = tpu_debug.compile(shifted)
+    with tpu_debug.trace(logdir=logdir, divergence=True) as session:
+        compiled(x.to("tpu"), w.to("tpu"))
+    torch._dynamo.reset()
+    local, fused = session.first_divergence(), session.first_divergence("fused")
+    assert (local.name, fused.name) == ("sub", "sub")
+    (finding,) = [f for f in session.findings() if f.kind == "divergence"]
+    assert finding.cause == "local" and finding.evidence.location.line == SUB_LINE
 
 
 def test_clean_compiled_float32_program_is_not_flagged(logdir):
