@@ -135,9 +135,7 @@ class GraphChecker:
             causes[node] = Causes.merge(inherited, new) if new else inherited
             self._record(result, subject, run, highest, causes[node], verdict)
         if outputs is not None:
-            # a node the node check saw no cause for is not triaged: its drift is the fused program's
-            self.fused.check(graph, arrays, outputs, run,
-                             lambda n: Causes.triage(causes[n]) if causes.get(n) else NOT_TRIAGED)
+            self.fused.check(graph, arrays, outputs, run, lambda n: _triage_seen(by_node.get(n), causes.get(n, _NONE)))
 
     def _verdict(self, subject: Subject, r: _NodeResult, run: _GraphRun) -> Verdict | None:
         """A node's float64 verdict (:mod:`.triage`; re-run once per site)."""
@@ -200,6 +198,14 @@ class GraphChecker:
         if dm.over:
             self.log.record(subject, "drift", dm, detail=_detail(r.device, r.cpu_value, r.rtol, r.atol),
                             triage=own or (lambda: Causes.triage(causes)))
+
+
+def _triage_seen(result: _NodeResult | None, causes: frozenset) -> Triaged:
+    """What the node check says about a node's drift, when its debug variant drifted there
+    too; otherwise nothing: the drift is the real fused program's own."""
+    if result is None or not result.drift.over:
+        return NOT_TRIAGED
+    return Causes.triage(causes)
 
 
 class _GraphRun:
