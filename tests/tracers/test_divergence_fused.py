@@ -58,6 +58,9 @@ def test_drift_only_the_fused_program_has_is_found_at_its_line(logdir):
     assert (first.location.file, first.location.line) == (__file__, SUB_LINE)
     assert first.verdict == ""  # nothing the node check saw explains it: it is the fused program's
     assert session.divergences(measure="local") == []
+    summary = session.divergence_summary()
+    # one output; bisection over the cast up, add, sub, the cast back and mul: 3 programs (mul, add, sub)
+    assert (summary.outputs_compared, summary.over_output, summary.fused_programs) == (1, 1, 3)
     (finding,) = [f for f in session.findings() if f.kind == "divergence"]
     assert finding.cause == "fused" and finding.evidence.location.line == SUB_LINE
     assert "first node that drifts in the fused program" in finding.title
@@ -96,6 +99,7 @@ def test_clean_compiled_float32_program_is_not_flagged(logdir):
     assert session.divergences(over=True) == []
     summary = session.divergence_summary()
     assert summary.graphs_compared == 6  # forward and backward, three steps: every call checked
+    assert summary.outputs_compared >= 6 and (summary.over_output, summary.fused_programs) == (0, 0)
 
 
 def test_call_schedule_checks_the_first_calls_then_every_nth():

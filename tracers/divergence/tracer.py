@@ -96,6 +96,10 @@ class DivergenceTracer:
             nan_origins=log.nan_origins,
             not_compared=tuple(UncomparedOp(op, why) for op, why in sorted(eager.uncompared.items())),
             sites=log.site_rows(_SUMMARY_SITES),
+            outputs_compared=graphs.fused.outputs_compared,
+            over_output=log.over["output"],
+            fused_programs=graphs.fused.programs_compiled,
+            calls_skipped=graphs.schedule.skipped,
         )
 
     def close(self) -> None:
