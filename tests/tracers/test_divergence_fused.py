@@ -108,3 +108,33 @@ def test_call_schedule_checks_the_first_calls_then_every_nth():
     assert due == [1, 2, 3, 13, 23, 33]
     assert schedule.skipped == 40 - len(due)
     assert schedule.due("other")  # each graph counts its own calls
+
+
+def test_bisection_leaves_random_draws_and_results_as_they_were(logdir):
+    # random nodes in the fused programs draw with the call's own key: the stream does not move
+    # (additive noise: a random node's whole value is taken from the device, so a dropout at
+    # the end would carry the drift into the CPU side too)
+    def noisy(x, w):
+        y = shifted(x, w)
+        return y + torch.randn_like(y) * 1e-3
+
+    x, w = torch.randn(64, 128, dtype=torch.bfloat16) * 0.05, torch.randn(128, dtype=torch.bfloat16)
+
+    def run(traced: bool):
+        torch._dynamo.reset()
+        compiled = tpu_debug.compile(noisy)
+        torch.manual_seed(1)
+        if not traced:
+            return compiled(x.to("tpu"), w.to("tpu")).cpu(), torch.rand(8, device="tpu").cpu(), None
+        with tpu_debug.trace(logdir=logdir, divergence=True, divergence_sample=1000) as session:
+            out = compiled(x.to("tpu"), w.to("tpu")).cpu()
+            after = torch.rand(8, device="tpu").cpu()
+        return out, after, session
+
+    plain_out, plain_after, _ = run(False)
+    out, after, session = run(True)
+    torch._dynamo.reset()
+    assert torch.equal(out, plain_out) and torch.equal(after, plain_after)
+    assert session.first_divergence("fused").name == "sub"
+    assert session.divergence_summary().fused_programs >= 2
+    assert not session.internal_errors()
