@@ -138,3 +138,23 @@ def test_bisection_leaves_random_draws_and_results_as_they_were(logdir):
     assert session.first_divergence("fused").name == "sub"
     assert session.divergence_summary().fused_programs >= 2
     assert not session.internal_errors()
+
+
+def test_an_input_the_program_updates_is_compared_with_its_cpu_update(logdir):
+    def update(p, g):
+        p.mul_(((g.float() + SHIFT) - SHIFT).to(torch.bfloat16))
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    p0, g = torch.randn(256, dtype=torch.bfloat16), torch.randn(256, dtype=torch.bfloat16) * 0.05
+    compiled = tpu_debug.compile(update)
+    p, cpu = p0.to("tpu"), p0.clone()
+    update(cpu, g)
+    with tpu_debug.trace(logdir=logdir, divergence=True, divergence_sample=1000) as session:
+        compiled(p, g.to("tpu"))
+    torch._dynamo.reset()
+    assert _over(p.cpu(), cpu) > 10  # the update the user receives leaves tolerance
+    (output,) = session.divergences(measure="output")
+    assert output.target == "mul.Tensor" and output.mismatched == _over(p.cpu(), cpu)
+    assert session.first_divergence("fused").name == "sub"
+    assert not session.internal_errors()
