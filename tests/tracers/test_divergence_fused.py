@@ -6,9 +6,9 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from tpu_debug.tracers.divergence.fused import CallSchedule
 
 import tpu_debug
-from tpu_debug.tracers.divergence.fused import CallSchedule
 
 # bfloat16 keeps 8 significant bits: one rounding moves a value by up to 2**-8 of it, and
 # assert_close's bfloat16 rtol (1.6e-2, the divergence default) allows about four such
