@@ -64,6 +64,8 @@ def test_drift_only_the_fused_program_has_is_found_at_its_line(logdir):
     (finding,) = [f for f in session.findings() if f.kind == "divergence"]
     assert finding.cause == "fused" and finding.evidence.location.line == SUB_LINE
     assert "first node that drifts in the fused program" in finding.title
+    report = " ".join(session.summary().split())
+    assert "first node that drifts in the fused program: sub (sub.Tensor" in report
 
 
 def test_the_advisor_keeps_one_finding_when_the_node_check_names_the_same_node(logdir):
