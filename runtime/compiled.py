@@ -22,7 +22,7 @@ import operator
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -427,7 +427,7 @@ class CompiledGraph:
             arrays.append(_random.next_key())
         outs = self._execute(entry, sig, arrays, stores)
         if probes._op_probes:  # divergence tracing compares this call with CPU
-            probes.observe_graph(self, arrays, outs)
+            probes.observe_graph(self, arrays, _output_arrays(entry, outs, arrays, len(mutated)))
         it = iter(outs)
         result = self._results(entry, it, arrays)
         for t, value in zip(targets, it):  # input mutations: the new value into the input
@@ -740,6 +740,25 @@ def _output_sources(kinds: list, out_nodes: list, views: dict, lowered) -> tuple
         else:
             outputs.append((k, where, None))
     return tuple(outputs)
+
+
+def _output_arrays(entry: _Entry, outs: Sequence, arrays: list, mutated: int) -> list:
+    """What one call of ``entry``'s program gave each FX output, as arrays (None for a Python
+    scalar and for an output viewing another), then each mutated input's new value: the
+    values the caller receives, which divergence tracing compares with CPU."""
+    it = iter(outs)
+    values: list = []
+    for source, where, _ in entry.outputs:
+        if source == _PROGRAM:
+            values.append(next(it))
+        elif source == _INPUT:
+            values.append(arrays[where])
+        elif source == _SAME:
+            values.append(values[where])
+        else:
+            values.append(None)
+    values.extend(itertools.islice(it, mutated))
+    return values
 
 
 def _replay():

@@ -1051,6 +1051,9 @@ def _divergence_rows(d: dict) -> list[tuple[str, str]]:
         # the first drift's cause: a wrong op before it, or noise (through a zero crossing)
         rows.append(("drift", (f"{drifted['site']} at {_full_where(drifted['location'])} ({drifted['phase']}): "
                               f"{drifted['triage']}")))
+    if d.get("fused") is not None:
+        rows.append(("fused", ("the compiled program's outputs leave tolerance; first node that drifts in the "
+                               f"fused program: {_divergence_line(d['fused'])}")))
     if origin is not None:
         rows.append(("NaN/Inf from", (f"{origin['site']} at {_full_where(origin['location'])} "
                                      "(made them from finite inputs)")))
@@ -1218,6 +1221,7 @@ def _divergence(session: Any) -> dict[str, Any] | None:
     if drifted is not None and not (first is None or drifted.verdict != first.verdict or drifted.crossings):
         drifted = None  # the same verdict as the first op's says nothing new
     origin = next((e for e in events if e.nan_origin), None)
+    fused = next((e for e in events if e.measure == "fused" and e.first), None)
     sites: dict[tuple, list] = {}
     for e in events:
         sites.setdefault(_site_key(e), []).append(e)
@@ -1237,6 +1241,7 @@ def _divergence(session: Any) -> dict[str, Any] | None:
         "over_tolerance": any(e.over for e in events),
         "first": _divergence_event_data(first) if first is not None else None,
         "drift": _divergence_event_data(drifted) if drifted is not None else None,
+        "fused": _divergence_event_data(fused) if fused is not None else None,
         "nan_origin": _divergence_event_data(origin) if origin is not None else None,
         "sites": [_divergence_site_data(k, items, counts) for k, items in _rank_sites(sites)],
     }

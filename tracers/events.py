@@ -1208,6 +1208,12 @@ class DivergenceSummaryEvent(Event):
     nan_origins: int
     not_compared: tuple[UncomparedOp, ...] = column(table="divergence_uncompared", default=())
     sites: tuple[DivergenceSite, ...] = column(table="divergence_sites", default=())
+    # the real compiled programs: outputs compared with CPU, how many were over tolerance,
+    # fused single-node programs run to name the first drifting node, calls not checked
+    outputs_compared: int = 0
+    over_output: int = 0
+    fused_programs: int = 0
+    calls_skipped: int = 0
 
 
 @register_event

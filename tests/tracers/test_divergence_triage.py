@@ -115,9 +115,11 @@ def test_comparison_crossing_is_noise_compiled(logdir):
         _step(model, img, h)
     torch._dynamo.reset()
     over = session.divergences(over=True)
-    assert over and all(e.mode == "compiled" and e.measure == "drift" for e in over)
-    assert all(e.verdict == "noise" for e in over)
-    mul = next(e for e in over if e.target == "mul.Tensor")
+    nodes = [e for e in over if e.measure in ("local", "drift")]
+    assert nodes and all(e.mode == "compiled" and e.measure == "drift" for e in nodes)
+    # the real program's outputs drift too, for the same reason: noise, not a fused-program effect
+    assert all(e.verdict == "noise" for e in over) and {e.measure for e in over} >= {"output", "fused"}
+    mul = next(e for e in nodes if e.target == "mul.Tensor")
     crossing = mul.crossings[0]
     assert (crossing.op, crossing.branch, crossing.elements) == ("gt.Scalar", "comparison", CROSSED)
     assert crossing.module == "gate" and crossing.line == GATE_LINE + 2

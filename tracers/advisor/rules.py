@@ -1099,3 +1099,45 @@ def divergence(facts: RunFacts) -> Iterable[Finding]:
             cause="nan" if what == "nan" else event.measure,
             subject=f"{what}: {name}",
         )
+    fused = _fused_divergence(facts, first)
+    if fused is not None:
+        yield fused
+
+
+def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
+    """The first node that drifts in a real compiled program whose outputs leave tolerance,
+    unless the node check explained it as noise or already named that node."""
+    event = facts.query.first_divergence("fused")
+    if event is None or event.verdict == "noise":
+        return None
+    if first is not None and (first.graph, first.name) == (event.graph, event.name):
+        return None
+    name = f"{event.name} ({event.target}, {event.graph})"
+    step = facts.step_of(event.ts)
+    return Finding(
+        kind="divergence",
+        severity="error",
+        title=(
+            f"the compiled program's outputs leave tolerance against CPU; {name} at {_where(event.location)} "
+            f"({event.phase}) is the first node that drifts in the fused program: max abs {_g(event.max_abs)}, "
+            f"{_g(event.ratio)}x its tolerance"
+        ),
+        fix=(
+            "XLA's fused program computes this line otherwise than PyTorch op by op (constants folded, a "
+            "reduction reassociated, an intermediate kept in another precision); if the difference matters, "
+            "compute that line in a wider dtype (.float() before it) or keep it out of torch.compile"
+        ),
+        cost_seconds=0.0,
+        evidence=Evidence(
+            event.location,
+            (
+                Count("max abs error", event.max_abs),
+                Count("x tolerance", event.ratio),
+                Count("elements over tolerance", event.mismatched),
+            ),
+            (f"fused measure, compiled mode, {event.dtype}",),
+        ),
+        steps=(step, step) if step is not None else None,
+        cause="fused",
+        subject=f"fused: {name}",
+    )

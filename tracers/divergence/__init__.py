@@ -31,6 +31,18 @@ of the same inputs, and each node is compared: ``drift`` is the CPU
 interpretation against XLA's value, ``local`` the node's op on XLA's own values
 of its inputs (when those were returned).
 
+That debug variant is another program than the one the backend runs, so each
+compiled call is also checked on what the real program computes
+(:mod:`.fused`): ``output`` compares the real program's outputs (and the new
+values of inputs it mutates) with the CPU interpretation's; when one leaves
+tolerance, ``fused`` names the first node that drifts, found by bisection over
+programs that compute a single node as the fused program does (``log2(n) + 1``
+of them, once per graph, at most 8 graphs a run). The events are triaged with
+what the node check found about that node; none found means the drift is the
+fused program's own (constants folded, a reduction reassociated, an
+intermediate kept in another precision). Compiled calls are checked on a
+bounded schedule: each graph's first 8 calls, then every 50th.
+
 Measures per op (over all its tensor outputs and written arguments;
 :mod:`.measures`): max absolute error, max relative error, ULP distance,
 elements over tolerance, NaN/Inf present on one side only, dtype mismatch, and

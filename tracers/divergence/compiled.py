@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.fx
 from tpu_debug.runtime.config import config as runtime_config
+from tpu_debug.tracers.divergence.fused import CallSchedule, FusedChecker
 from tpu_debug.tracers.divergence.measures import Measures, measure
 from tpu_debug.tracers.divergence.ops import op_info
 from tpu_debug.tracers.divergence.recording import EventLog, Subject
@@ -29,6 +30,7 @@ from tpu_debug.tracers.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.divergence.tpu_numerics import graph_at_highest
 from tpu_debug.tracers.divergence.triage import (
     BRANCHES,
+    NOT_TRIAGED,
     RESULT_BRANCHES,
     Causes,
     Triaged,
@@ -81,9 +83,15 @@ class GraphChecker:
         self.nodes_compared = 0
         self._highest: dict[str, dict[str, bool]] = {}  # graph -> node -> verdict at "highest"
         self.causes = Causes()
+        self.schedule = CallSchedule()
+        self.fused = FusedChecker(log, tolerances)
 
-    def check(self, graph: Any, arrays: list) -> None:
-        """One call of ``graph`` (a runtime ``CompiledGraph``) on its input ``arrays``."""
+    def check(self, graph: Any, arrays: list, outputs: Sequence | None = None) -> None:
+        """One call of ``graph`` (a runtime ``CompiledGraph``) on its input ``arrays``; with
+        ``outputs`` (what the real program gave, see :mod:`.fused`), those are compared too.
+        Only the calls :class:`.fused.CallSchedule` picks are compared."""
+        if not self.schedule.due(graph.graph_id):
+            return
         gm = graph.gm
         nodes = [
             n
@@ -126,6 +134,8 @@ class GraphChecker:
                 new.append(self.causes.new(Causes.of_op(verdict), where=op_where(subject.target, subject.location)))
             causes[node] = Causes.merge(inherited, new) if new else inherited
             self._record(result, subject, run, highest, causes[node], verdict)
+        if outputs is not None:
+            self.fused.check(graph, arrays, outputs, run, lambda n: _triage_seen(by_node.get(n), causes.get(n, _NONE)))
 
     def _verdict(self, subject: Subject, r: _NodeResult, run: _GraphRun) -> Verdict | None:
         """A node's float64 verdict (:mod:`.triage`; re-run once per site)."""
@@ -190,6 +200,14 @@ class GraphChecker:
                             triage=own or (lambda: Causes.triage(causes)))
 
 
+def _triage_seen(result: _NodeResult | None, causes: frozenset) -> Triaged:
+    """What the node check says about a node's drift, when its debug variant drifted there
+    too; otherwise nothing: the drift is the real fused program's own."""
+    if result is None or not result.drift.over:
+        return NOT_TRIAGED
+    return Causes.triage(causes)
+
+
 class _GraphRun:
     """One call of a compiled graph, interpreted on CPU and compared node by node.
 
@@ -220,10 +238,13 @@ class _GraphRun:
         self.results: list[_NodeResult] = []
         self._hosts: dict[str, torch.Tensor] = {}
         self._locals: dict[torch.fx.Node, Any] = {}
+        self.env: dict[torch.fx.Node, Any] = {}  # every node's CPU value, once compare() ran
 
     def compare(self) -> list[_NodeResult]:
         """Interpret the graph on CPU, comparing each returned node as its value is made."""
-        _CpuGraph(self.gm, self.forced, self.host, self._on_value).run(*self.inputs)
+        interp = _CpuGraph(self.gm, self.forced, self.host, self._on_value)
+        interp.run(*self.inputs)
+        self.env = interp.env
         return self.results
 
     def host(self, node: torch.fx.Node) -> torch.Tensor:

@@ -65,7 +65,7 @@ class EventLog:
         self.clock = clock
         self.max_per_site = max_per_site
         self.sites: dict[tuple, Site] = {}
-        self.over = {"local": 0, "drift": 0}
+        self.over = {"local": 0, "drift": 0, "output": 0, "fused": 0}
         self.nan_origins = 0
         self._first: set[tuple] = set()
         self._lock = threading.Lock()

@@ -65,7 +65,7 @@ class DivergenceTracer:
     def on_graph(self, graph: Any, arrays: list, outputs: Any) -> None:
         try:
             with single_threaded():
-                self._graphs.check(graph, arrays)
+                self._graphs.check(graph, arrays, outputs)
         except Exception as exc:  # noqa: BLE001 - one graph failing to compare is reported, not raised
             self._error(f"divergence of graph {graph.graph_id}", exc)
 
@@ -96,6 +96,10 @@ class DivergenceTracer:
             nan_origins=log.nan_origins,
             not_compared=tuple(UncomparedOp(op, why) for op, why in sorted(eager.uncompared.items())),
             sites=log.site_rows(_SUMMARY_SITES),
+            outputs_compared=graphs.fused.outputs_compared,
+            over_output=log.over["output"],
+            fused_programs=graphs.fused.programs_compiled,
+            calls_skipped=graphs.schedule.skipped,
         )
 
     def close(self) -> None:
