@@ -752,6 +752,14 @@ def op_key(plan: _Plan, skel_args, skel_kwargs) -> tuple:
     return key
 
 
+def _report_value_read(read: list, seconds: float) -> None:
+    """An eager-only op (its output's shape depends on the data: nonzero, a boolean mask) read
+    its device inputs on the host to run: a device-to-host sync the program did not ask for."""
+    first = max(read, key=lambda a: a.nbytes)
+    probes.transferred(TransferInfo("d2h", int(sum(a.nbytes for a in read)), tuple(first.shape),
+                                    str(first.dtype), "shape", seconds))
+
+
 def _run_lowered(plan: _Plan, args, kwargs):
     lowering = plan.lowering
     arrays: list = []
@@ -773,8 +781,16 @@ def _run_lowered(plan: _Plan, args, kwargs):
         kw = {k: _fill(s, it) for k, s in skel_kwargs}
         if rng:
             kw["key"] = next(it)
+        read = [x for x in arrays if hasattr(x, "nbytes") and hasattr(x, "shape")]
+        if probes._transfer_checks and read:  # a transfer guard may refuse the read (raises)
+            first = max(read, key=lambda x: x.nbytes)
+            probes.check_transfer("d2h", "shape", tuple(first.shape), str(first.dtype),
+                                  int(sum(x.nbytes for x in read)))
+        start = time.perf_counter()
         with jax.enable_x64(True), jax.named_scope(f"aten::{plan.name}"):
             out = lowering.fn(*a, **kw)
+        if probes._probes and read:
+            _report_value_read(read, time.perf_counter() - start)
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = op_key(plan, skel_args, skel_kwargs)

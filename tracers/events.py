@@ -387,6 +387,9 @@ class TransferEvent(Event):
     # host->device only: a fingerprint of the bytes uploaded (equal at one line: the same data
     # uploaded again); None for other directions and for payloads too large to fingerprint
     digest: str | None = None
+    # the library frame that moved the data when it was not the user's own line ("file:line in
+    # function": a sync inside transformers' generate(), reached from ``location``), else None
+    context: str | None = None
 
 
 @register_event

@@ -28,7 +28,7 @@ from tpu_debug.tracers.lazy_graphs import StepFrames, cut_site
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker
 from tpu_debug.tracers.store import RunWriter, StatRow
-from tpu_debug.tracers.transfers import IMPLICIT, classify
+from tpu_debug.tracers.transfers import IMPLICIT, classify_site
 
 __all__ = ["IMPLICIT_TRANSFER_OPS", "Recorder"]
 
@@ -39,6 +39,10 @@ IMPLICIT_TRANSFER_OPS = IMPLICIT
 # frames between the probe method and the runtime's call site: deliver() and the typed
 # notification (probes.compiled, ...); all of them library frames user_location skips
 _PROBE_DEPTH = 3
+
+
+def _where(loc: Any) -> str | None:
+    return None if loc is None else f"{loc.file}:{loc.line} in {loc.function}"
 
 
 class _Executable:
@@ -199,7 +203,7 @@ class Recorder:
 
     def on_transfer(self, info: Any) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
-        op, implicit, location = classify(str(info.op))
+        op, implicit, location, context = classify_site(str(info.op))
         self.writer.put(
             TransferEvent(
                 self.writer.new_id(),
@@ -215,6 +219,7 @@ class Recorder:
                 implicit,
                 float(info.seconds),
                 getattr(info, "digest", None),
+                _where(context),
             )
         )
 

@@ -45,7 +45,7 @@ from collections.abc import Iterable
 from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import SourceLocation, TransferEvent
-from tpu_debug.tracers.location import _is_library, is_own_file, is_user_frame, user_frame_location
+from tpu_debug.tracers.location import _is_library, is_own_file, is_user_frame, location_of, user_frame_location
 
 __all__ = [
     "CAUSE_TEXT",
@@ -55,10 +55,11 @@ __all__ = [
     "advice_for",
     "call_sites",
     "classify",
+    "classify_site",
     "is_implicit",
 ]
 
-IMPLICIT = frozenset({"item", "tolist", "print", "bool", "float", "int", "index", "scalar", "numpy"})
+IMPLICIT = frozenset({"item", "tolist", "print", "bool", "float", "int", "index", "scalar", "numpy", "shape"})
 
 # how the report names each cause
 CAUSE_TEXT = {
@@ -71,6 +72,7 @@ CAUSE_TEXT = {
     "index": "tensor as index",
     "scalar": "scalar operand",
     "numpy": ".numpy()",
+    "shape": "a data-dependent shape (boolean mask, nonzero)",
     "cpu": ".cpu()",
     "to": ".to()",
     "tensor": "torch.tensor(device=)",
@@ -222,7 +224,17 @@ def _frame_kind(code: CodeType) -> str:
 
 
 def classify(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None]:
-    """(cause, implicit, user line) of a transfer the runtime reports as ``op``.
+    """(cause, implicit, user line) of a transfer the runtime reports as ``op`` (see
+    :func:`classify_site`, which also names the library frame that made it)."""
+    cause, implicit, location, _context = classify_site(op, depth + 1)
+    return cause, implicit, location
+
+
+def classify_site(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None, SourceLocation | None]:
+    """(cause, implicit, user line, library frame) of a transfer the runtime reports as ``op``.
+
+    The library frame is the first frame outside tpu_debug when it is not the user's own
+    (a ``.item()`` inside transformers' ``generate``, reached from the user's line), else None.
 
     Args:
         op: the runtime's ``TransferInfo.op``.
@@ -237,24 +249,30 @@ def classify(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None]
     except ValueError:
         frame = None
     cause: str | None = op if op.startswith("fallback:") or op == "scalar" else None
+    # a value read for a data-dependent shape: the formatting of a printed tensor (print wins),
+    # else whatever the user's instruction was (a boolean mask as an index) reads for its size
+    shape = op == "shape"
     caller_seen = False
-    location = None
+    location = context = None
     while frame is not None:
         kind = _frame_kind(frame.f_code)
         if kind != "own":
             if kind == "print" and cause is None:
                 cause = "print"
+            user = kind == "user" and is_user_frame(frame)
             if not caller_seen:
                 caller_seen = True
-                if cause is None:
+                if cause is None and not shape:
                     cause = _instruction_cause(frame.f_code, frame.f_lasti)
-            if kind == "user" and is_user_frame(frame):
+                if not user and kind != "print" and not frame.f_code.co_filename.startswith("<"):
+                    context = location_of(frame)  # library code moved the data, not the user's line
+            if user:
                 location = user_frame_location(frame)
                 break
         frame = frame.f_back
     if cause is None:
         cause = {"copy": "copy", "to": "to", "item": "item"}.get(op, op)
-    return cause, is_implicit(cause), location
+    return cause, is_implicit(cause), location, context if location is not None else None
 
 
 # ---------------------------------------------------------------------------------
@@ -338,6 +356,12 @@ def advice_for(site: CallSite) -> str:
         return "tolist() copies the whole tensor to the host; keep the data on the device or copy once after the loop"
     if cause == "index":
         return "a tensor used as a Python index is read back to the host; index with the tensor on the device instead"
+    if cause == "shape":
+        return (
+            "the result's size depends on the data, so the host waits for the device to count it and "
+            "each new size compiles again; keep the shape fixed: torch.where or masked_fill instead of "
+            "selecting with a mask, ignore_index or a weighted loss instead of dropping elements"
+        )
     if cause == "scalar":
         return "a CPU scalar tensor is uploaded on every call; make it a Python number or create it on the device once"
     if cause.startswith("fallback:"):

@@ -625,11 +625,22 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
         nbytes = sum(t.nbytes for t in chosen)
         site = CallSite(location, direction, op, True, len(chosen), nbytes, seconds, ())
         what = CAUSE_TEXT.get(op, op)
+        library = _library_frame(chosen)
+        title = f"{what} at {_where(location)} waits for the device {_how_often(facts, steps, chosen)}"
+        fix = advice_for(site)
+        notes = (f"{direction} copies made by {what}",)
+        if library is not None:
+            # the sync is the library's own code (transformers' generate() checking its stopping
+            # criteria, say): the user's line is what reached it, and the fix is not theirs to make
+            title = f"{what} inside library code ({library}), reached from {_where(location)}, waits for the device {_how_often(facts, steps, chosen)}"
+            fix = (f"the read is in {library}, not in this script: it syncs where the library needs "
+                   "the value; call the library less often per step, or use an API of it that does not read")
+            notes += (f"library frame: {library}",)
         yield Finding(
             kind="implicit_sync",
-            severity="warning",
-            title=f"{what} at {_where(location)} waits for the device {_how_often(facts, steps, chosen)}",
-            fix=advice_for(site),
+            severity="info" if library is not None else "warning",
+            title=title,
+            fix=fix,
             cost_seconds=seconds,
             evidence=Evidence(
                 location,
@@ -639,12 +650,21 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
                     Count("bytes", nbytes, "B"),
                     Count("time", seconds, "s"),
                 ),
-                (f"{direction} copies made by {what}",),
+                notes,
             ),
             steps=_span(steps),
-            cause=op,
+            cause="library" if library is not None else op,
             subject=f"{_site(location)} ({op})",
         )
+
+
+def _library_frame(events: Sequence[Any]) -> str | None:
+    """The library frame every one of ``events`` was made in (its ``context``), None when any
+    was the user's own line (a run recorded before contexts were kept has none)."""
+    frames = {getattr(e, "context", None) for e in events}
+    if len(frames) != 1 or None in frames:
+        return None
+    return frames.pop()
 
 
 @rule("cpu_fallback", about="an op with no tpu lowering that runs on CPU inside the step", view="ops")
@@ -769,6 +789,8 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
             continue  # not in every steady step
         seconds = sum(t.seconds for t in steady)
         per_step = sum(t.nbytes for t in steady) / len(steps)
+        if per_step == 0:
+            continue  # an empty tensor moves nothing
         aval = f"{dtype}[{','.join(map(str, shape))}]"
         payload = _payload(steady)
         same = payload == "same"
@@ -778,11 +800,19 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
         facts_text = f"{aval} by {CAUSE_TEXT.get(op, op)}"
         if same:
             facts_text += f", identical bytes in all {len(steady)} steady copies"
+        title, fix = text
+        library = _library_frame(steady)
+        if library is not None:
+            # the library builds and uploads it (transformers making position ids, say): the fix
+            # is not the user's to make, and the user's line is what reached it
+            title = f"inside library code ({library}): {title}"
+            fix = f"the copy is made in {library}, not in this script; {fix}"
+            facts_text += f"; library frame: {library}"
         yield Finding(
             kind="h2d_every_step",
-            severity="warning",
-            title=text[0],
-            fix=text[1],
+            severity="info" if library is not None else "warning",
+            title=title,
+            fix=fix,
             cost_seconds=seconds,
             evidence=Evidence(
                 location,
@@ -929,6 +959,9 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     # it becomes one program's dispatch
     saved = max(0.0, min(step, dispatch * share - floor))
     per_op = sum(s.op_seconds for s in steady) / max(1, sum(s.eager_ops for s in steady))
+    # the line that issues the most distinct eager ops (the unrolled loop's body, usually):
+    # ops are not located one by one unless op events are recorded, their compiles are
+    where = _most_common(c.location for c in facts.compiles if c.mode == "eager" and c.location is not None)
     yield Finding(
         kind="eager_tiny_ops",
         severity="warning",
@@ -943,7 +976,7 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
         ),
         cost_seconds=saved * len(steady),
         evidence=Evidence(
-            None,
+            where,
             (
                 Count("eager ops per step", ops),
                 Count("small ops", round(100 * share), ""),
