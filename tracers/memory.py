@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -164,7 +166,6 @@ class MemoryTracer:
         self._phases = dict.fromkeys(_PHASES, 0)
         self.live = 0
         self.float32 = 0
-        self._optimizer = 0
         self._hooks: list = []
         self._lock = threading.RLock()
         # the step now
@@ -195,21 +196,8 @@ class MemoryTracer:
     # -- set-up ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Hook the optimizer's step, for the phase of what it allocates (steps end where the
-        run's step source says: :meth:`on_step`)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
+        """Begin (steps end where the run's step source says: :meth:`on_step`)."""
         self._step_ts = self.clock()
-        from tpu_debug.runtime.probes import hidden_from_dynamo
-
-        self._hooks = [register_optimizer_step_pre_hook(hidden_from_dynamo(self._optimizer_begins)),
-                       register_optimizer_step_post_hook(hidden_from_dynamo(self._optimizer_ends))]
-
-    def _optimizer_begins(self, *_args: Any) -> None:
-        self._optimizer += 1
-
-    def _optimizer_ends(self, *_args: Any) -> None:
-        self._optimizer = max(0, self._optimizer - 1)
 
     def on_step(self, step: StepEvent) -> None:
         """A step ended (a ``StepTracker`` listener): its memory record gets the step's index."""
@@ -326,7 +314,9 @@ class MemoryTracer:
     # -- steps -----------------------------------------------------------------------------
 
     def _phase(self) -> str:
-        if self._optimizer:
+        # the optimizer's phase is read from the stack, not from optimizer step hooks: a
+        # pre-step hook, even hidden from dynamo, splits a compiled opt.step's graph
+        if _in_optimizer(sys._getframe(2)):
             return "optimizer"
         import torch
 
@@ -471,6 +461,19 @@ class MemoryTracer:
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"MemoryTracer.{where}", f"{type(exc).__name__}: {exc}")
+
+
+_OPTIM_DIR = os.sep + os.path.join("torch", "optim") + os.sep
+
+
+def _in_optimizer(frame: Any, limit: int = 64) -> bool:
+    """Whether ``frame`` runs inside a torch optimizer's code (its step, its state's set-up)."""
+    while frame is not None and limit > 0:
+        if _OPTIM_DIR in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+        limit -= 1
+    return False
 
 
 def _clock() -> Callable[[], float]:

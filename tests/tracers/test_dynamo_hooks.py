@@ -75,9 +75,7 @@ def _compiled_training(trace_options: dict | None, logdir) -> tuple[int, dict[st
 
 
 # every tracer a trace can run on CPU, and the transfer guards; fail_on_recompile is left
-# out because the scheduler's Python float lr does recompile opt.step (a true finding), and
-# memory=True because its optimizer pre-hook, hidden from dynamo, still splits the
-# optimizer's step wrapper
+# out because the scheduler's Python float lr does recompile opt.step (a true finding)
 EVERYTHING = {
     "hlo": True,
     "op_events": True,
@@ -85,6 +83,7 @@ EVERYTHING = {
     "divergence": True,
     "transfer_guard": "log",
     "transfer_guard_implicit": "log",
+    "memory": True,
 }
 
 
