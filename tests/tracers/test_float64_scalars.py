@@ -3,32 +3,16 @@ a float64 tensor of the user's still is a finding."""
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from source_helpers import line_of
 from torch import nn
 
 import tpu_debug
 
-
-@pytest.fixture(autouse=True)
-def _forget_graphs():
-    from tpu_debug.runtime import compiled
-
-    before = list(compiled._graphs)
-    yield
-    with compiled._lock:
-        compiled._graphs[:] = before
-    torch._dynamo.reset()
-
-
-def _line_of(fn, text: str) -> int:
-    lines, first = inspect.getsourcelines(fn)
-    (offset,) = [i for i, line in enumerate(lines) if text in line]
-    return first + offset
+pytestmark = pytest.mark.usefixtures("forget_graphs")
 
 
 def test_an_annealed_temperature_is_not_the_users_float64(tmp_path):
@@ -85,4 +69,4 @@ def test_a_float64_scalar_of_the_users_is_still_a_finding(tmp_path):
     assert any(t.endswith("/forward") for t in finding.targets), finding.targets
     # the compiled function's compile is pinned to the line that called it
     loc = finding.evidence.location
-    assert (loc.file, loc.line) == (__file__, _line_of(loop, "# call"))
+    assert (loc.file, loc.line) == (__file__, line_of(loop, "# call"))

@@ -5,45 +5,15 @@ the cause is library code; PyTorch's deliberate breaks that cost nothing are not
 from __future__ import annotations
 
 import inspect
-import sys
-import textwrap
 
 import pytest
 import torch
+from source_helpers import installed, line_of
 from torch import nn
 
 import tpu_debug
 
-
-@pytest.fixture(autouse=True)
-def _forget_graphs():
-    """Graphs compiled here are not replayed into the runs of later tests."""
-    from tpu_debug.runtime import compiled
-
-    before = list(compiled._graphs)
-    yield
-    with compiled._lock:
-        compiled._graphs[:] = before
-    torch._dynamo.reset()
-
-
-def _line_of(fn, text: str) -> int:
-    """The line of ``fn``'s source holding ``text`` (the reference, read from the file)."""
-    lines, first = inspect.getsourcelines(fn)
-    (offset,) = [i for i, line in enumerate(lines) if text in line]
-    return first + offset
-
-
-def _installed(root, name: str, source: str):
-    """A package installed in a site-packages tree under ``root`` (as transformers is)."""
-    pkg = root / "lib" / "python3.11" / "site-packages" / name
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(source))
-    sys.path.insert(0, str(pkg.parent))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(pkg.parent))
+pytestmark = pytest.mark.usefixtures("forget_graphs")
 
 
 _DEPRECATION = """
@@ -61,7 +31,7 @@ _DEPRECATION = """
 
 
 def test_a_break_in_an_installed_package_points_at_the_users_line(tmp_path):
-    lib = _installed(tmp_path, "fakehub_utils", _DEPRECATION)
+    lib = installed(tmp_path, "fakehub_utils", _DEPRECATION)
     model = nn.Linear(16, 16).to("tpu")
 
     @lib.deprecate_kwarg
@@ -78,7 +48,7 @@ def test_a_break_in_an_installed_package_points_at_the_users_line(tmp_path):
         for x in xs:
             compiled(x)
             tpu_debug.step()
-    user_line = _line_of(step, "# reaches the library")
+    user_line = line_of(step, "# reaches the library")
     breaks = session.graph_breaks()
     assert breaks, "dynamo broke the graph at the library's print"
     for brk in breaks:
@@ -117,7 +87,7 @@ def test_the_optimizers_deliberate_break_is_no_finding(tmp_path):
     # grad-mode switch; that break is recorded, at the user's call, and is not a finding
     assert breaks and all(b.deliberate for b in breaks), [(b.context, b.reason) for b in breaks]
     assert all(b.context.split(":")[0].endswith("torch/optim/optimizer.py") for b in breaks)
-    call = (__file__, _line_of(loop, "# the compiled"))
+    call = (__file__, line_of(loop, "# the compiled"))
     assert {(b.location.file, b.location.line) for b in breaks} == {call}
     assert [f for f in session.findings() if f.kind == "graph_break"] == []
 
@@ -145,7 +115,7 @@ def test_a_scheduler_wrapped_optimizer_step_breaks_in_library_code_at_the_users_
 
     with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
         loop()
-    call = (__file__, _line_of(loop, "# the compiled, scheduler-wrapped"))
+    call = (__file__, line_of(loop, "# the compiled, scheduler-wrapped"))
     breaks = session.graph_breaks()
     assert {(b.location.file, b.location.line) for b in breaks} == {call}
     wrapper = [b for b in breaks if not b.deliberate]
@@ -180,7 +150,7 @@ def test_a_print_inside_a_compiled_forward_is_pinned_to_the_print(tmp_path, caps
             fast(torch.randn(8, 16, device="tpu")).square().mean().backward()
             opt.step()
             opt.zero_grad()
-    printed = (__file__, _line_of(_Net.forward, "# the print"))
+    printed = (__file__, line_of(_Net.forward, "# the print"))
     kinds = {f.kind: f for f in session.findings()}
     assert {"graph_break", "implicit_sync"} <= set(kinds), list(kinds)
     for kind in ("graph_break", "implicit_sync"):

@@ -14,15 +14,7 @@ import jax
 import torch
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.location import is_library_file, split_frames, user_location, user_site
-
-
-def _line_of(fn, text: str) -> int:
-    """The line of ``fn``'s source that contains ``text`` (the reference, read from the file)."""
-    import inspect
-
-    lines, first = inspect.getsourcelines(fn)
-    (offset,) = [i for i, line in enumerate(lines) if text in line]
-    return first + offset
+from source_helpers import line_of
 
 
 def _fake_package(root, name: str) -> types.ModuleType:
@@ -55,7 +47,7 @@ def test_an_installed_package_is_library_code_kept_as_context(tmp_path):
     location, context = user()
     assert (location.file, location.line, location.function) == (
         __file__,
-        _line_of(user, "# the user's line"),
+        line_of(user, "# the user's line"),
         user.__qualname__,
     )
     assert context.file == lib.__file__ and context.line == 3 and context.function == "call"
@@ -87,7 +79,7 @@ def test_stdlib_frames_are_context():
         return json.loads('{"a": 1}', object_pairs_hook=lambda _: user_site(2))  # the json call
 
     location, context = user()
-    assert location.file == __file__ and location.line == _line_of(user, "# the json call")
+    assert location.file == __file__ and location.line == line_of(user, "# the json call")
     assert context.file == json.decoder.__file__ and is_library_file(context.file)
 
 
@@ -96,7 +88,7 @@ def test_torch_frames_are_context():
         return torch.utils._pytree.tree_map(lambda _: user_site(2), [0])[0]  # the torch call
 
     location, context = user()
-    assert location.line == _line_of(user, "# the torch call") and location.file == __file__
+    assert location.line == line_of(user, "# the torch call") and location.file == __file__
     assert context.file == torch.utils._pytree.__file__
 
 
@@ -105,7 +97,7 @@ def test_jax_frames_are_context():
         return jax.tree_util.tree_map(lambda _: user_site(2), [0])[0]  # the jax call
 
     location, context = user()
-    assert location.line == _line_of(user, "# the jax call") and location.file == __file__
+    assert location.line == line_of(user, "# the jax call") and location.file == __file__
     assert "/jax/" in context.file and is_library_file(context.file)
 
 
@@ -114,7 +106,7 @@ def test_tpu_debug_frames_are_never_context():
         return user_site()  # no library between
 
     location, context = user()
-    assert location.line == _line_of(user, "# no library between") and context is None
+    assert location.line == line_of(user, "# no library between") and context is None
 
 
 def test_a_dynamo_traceback_splits_into_the_users_line_and_the_library_frame():
@@ -154,7 +146,7 @@ def test_a_compiled_function_points_at_its_callers_line():
         return encode(torch.ones(3))  # the caller's line
 
     assert caller().item() == 6.0
-    assert seen and seen[-1].line == _line_of(caller, "# the caller's line"), seen
+    assert seen and seen[-1].line == line_of(caller, "# the caller's line"), seen
 
 
 def _library(fn):
@@ -190,7 +182,7 @@ def test_a_tracers_own_stack_walk_gets_the_same_caller_line():
     caller()
     (name, location), *_ = seen
     # the frame the walk stops at is the compiled function's; its location is the caller's line
-    assert name == "scale" and location.line == _line_of(caller, "# the call")
+    assert name == "scale" and location.line == line_of(caller, "# the call")
 
 
 def test_pseudo_files():
@@ -209,5 +201,5 @@ def test_a_string_compiled_function_called_by_a_library_is_not_the_users_line(tm
 
     location, context = user()
     # the "<string>" lambda is called by the library: it is the library's generated code
-    assert (location.file, location.line) == (__file__, _line_of(user, "# reaches the library"))
+    assert (location.file, location.line) == (__file__, line_of(user, "# reaches the library"))
     assert context.file == lib.__file__

@@ -4,24 +4,11 @@ even in code that package compiled from a string, is pinned to the user's line t
 from __future__ import annotations
 
 import inspect
-import sys
-import textwrap
 
 import torch
+from source_helpers import installed
 
 import tpu_debug
-
-
-def _installed(root, name: str, source: str):
-    pkg = root / "lib" / "python3.11" / "site-packages" / name
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(source))
-    sys.path.insert(0, str(pkg.parent))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(pkg.parent))
-
 
 # a library that builds its helper from a string, as code generators (torch.fx, dataclasses) do
 _GENERATING = """
@@ -41,7 +28,7 @@ _GENERATING = """
 
 
 def test_a_sync_inside_library_generated_code_is_pinned_to_the_users_call(tmp_path):
-    lib = _installed(tmp_path, "fakegen_transfers", _GENERATING)
+    lib = installed(tmp_path, "fakegen_transfers", _GENERATING)
 
     def user(x):
         return lib.generate(x, 3)  # the user's call
