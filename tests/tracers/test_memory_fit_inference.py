@@ -17,7 +17,8 @@ from tpu_debug.tracers.memory import describe_fix, memory_view
 
 
 def _inference(layers: int, width: int):
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to("tpu")
+    # made on the device: a dry run holds no values, so the 18 GiB never exist on this machine
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, device="tpu") for _ in range(layers)])
     model.eval()
     x = torch.randn(64, width, device="tpu")
     with torch.no_grad():
