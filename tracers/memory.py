@@ -16,9 +16,12 @@ more step, not counted among the run's steps.
 
 What counts: the payloads `tpu` tensors hold (parameters, gradients, optimizer
 state, activations kept for backward, inputs), each payload once, plus the
-largest program's temporaries (its compiler's figure). What does not: XLA's own
-buffers outside tensors (executables, the runtime's caches), and the padding a
-TPU's tiled layouts add (see ``runtime/target/layout.py``).
+largest program's temporaries (its compiler's figure). With a TPU target, each
+payload counts at its padded size on the target: the bytes the TPU compiler gives
+an entry parameter of that shape and dtype (``runtime/target/padding.py``), so an
+f32[N,10,10] under ``{0,2,1:T(8,128)}`` counts 1.6x its logical bytes; without one,
+at its logical bytes. What does not count: XLA's own buffers outside tensors
+(executables, the runtime's caches).
 
 The peak's holders are a copy of the per-line totals taken when a new high is
 followed by a free; within a step, copies are taken again only when the high
@@ -159,7 +162,9 @@ class MemoryTracer:
         self.target = target
         self.dry_run = dry_run
         self._record_error = record_error
-        self._storages: dict[int, list] = {}  # storage serial id -> [site, bytes charged, float32]
+        # storage serial id -> [site, bytes charged (padded on a target), float32, logical bytes]
+        self._storages: dict[int, list] = {}
+        self._padding: dict[tuple, tuple[int, int] | None] = {}  # (shape, dtype) -> (padded, logical)
         self._sites: dict[tuple, _Site] = {}
         self._phases = dict.fromkeys(_PHASES, 0)
         self.live = 0
@@ -231,7 +236,7 @@ class MemoryTracer:
                 if site is None:
                     site = self._sites[key] = _Site(*key)
                 site.tensors += 1
-                record = [site, 0, info.dtype == "float32"]
+                record = [site, 0, info.dtype == "float32", 0]
                 self._storages[info.storage] = record
             else:
                 record = self._storages.get(info.storage)
@@ -242,6 +247,8 @@ class MemoryTracer:
                 return
             self._changed = True
             site = record[0]
+            record[3] += n
+            n = self._padded(info, n)
             record[1] += n
             site.nbytes += n
             if n > site.largest:
@@ -265,7 +272,9 @@ class MemoryTracer:
                 self._take_snapshot()
             self._changed = True
             site = record[0]
-            n = info.nbytes
+            # the padded share of what leaves: all of it when the storage is freed whole
+            n = record[1] if info.nbytes >= record[3] else record[1] * info.nbytes // max(1, record[3])
+            record[3] -= info.nbytes
             record[1] -= n
             site.nbytes -= n
             self.live -= n
@@ -275,6 +284,27 @@ class MemoryTracer:
             if info.dead:
                 site.tensors -= 1
                 del self._storages[info.storage]
+
+    def _padded(self, info: Any, n: int) -> int:
+        """``n`` logical bytes of ``info``'s payload as the target lays them out.
+
+        Padded here, when the bytes arrive, not when figures are summed up: the step
+        peaks and the moment whose holders are kept are found by comparing live bytes
+        at each allocation, so they must be the padded bytes already, or the padded
+        peak's moment and holders could be those of another (the logical peak's). The
+        cost is a dict read per allocation; a shape not seen before costs one lookup
+        of the compiler's figure (a compile of about 0.1 s, once per machine: cached).
+        """
+        if self.target is None:
+            return n
+        key = (tuple(info.shape), info.dtype)
+        sizes = self._padding.get(key, ())
+        if sizes == ():
+            sizes = self._padding[key] = _padded_size(self.target, *key)
+        if sizes is None:  # no figure from the compiler: the logical bytes
+            return n
+        padded, logical = sizes
+        return padded if n == logical else n * padded // logical
 
     def on_compile(self, info: Any) -> None:
         compiled = getattr(info, "compiled", None)
@@ -476,6 +506,21 @@ class MemoryTracer:
 def _clock() -> Callable[[], float]:
     t0 = time.perf_counter()
     return lambda: time.perf_counter() - t0
+
+
+def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, int] | None:
+    """``(padded, logical)`` bytes of one ``dtype[shape]`` array on ``target``, or None."""
+    import numpy as np
+
+    from tpu_debug.runtime.target.padding import padded_bytes
+
+    try:
+        itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    except TypeError:
+        return None
+    logical = math.prod(shape) * itemsize
+    padded = padded_bytes(target, shape, dtype) if logical else None
+    return None if padded is None else (padded, logical)
 
 
 def _top(sites: list[tuple[_Site, int, int]], n: int) -> tuple[MemoryHolder, ...]:

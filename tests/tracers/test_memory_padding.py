@@ -1,0 +1,89 @@
+"""With a TPU target, live bytes are the bytes the TPU compiler gives each tensor in HBM.
+
+The reference is XLA's TPU compiler itself: the equivalent JAX program, compiled in the test
+(deviceless, for one device of the target), states the argument bytes of one array in the
+layout it picks, and whether it accepts the arrays held at once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+
+import tpu_debug
+from tpu_debug.runtime.target import parse_target
+from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
+
+GiB = 1024**3
+pytestmark = pytest.mark.skipif(
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
+)
+_JAX = {torch.float32: jnp.float32, torch.bfloat16: jnp.bfloat16}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+
+
+def _args(spec: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> list:
+    sharding = jax.sharding.SingleDeviceSharding(topology(parse_target(spec))[0])
+    return [jax.ShapeDtypeStruct(shape, _JAX[dtype], sharding=sharding) for shape in shapes]
+
+
+def _compiler_argument_bytes(spec: str, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The argument bytes of a program taking one such array, compiled straight through JAX."""
+    (arg,) = _args(spec, [shape], dtype)
+    compiled = jax.jit(lambda a: a.sum()).lower(arg).compile()
+    return int(compiled.memory_analysis().argument_size_in_bytes)
+
+
+def _compiler_accepts(spec: str, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> bool:
+    """Whether the compiler accepts a program holding all these arrays as arguments."""
+    try:
+        jax.jit(lambda *xs: xs[0][:8], keep_unused=True).lower(*_args(spec, shapes, dtype)).compile()
+    except jax.errors.JaxRuntimeError as exc:
+        assert "RESOURCE_EXHAUSTED" in str(exc) and "HBM" in str(exc), exc
+        return False
+    return True
+
+
+def _held(shapes: list[tuple[int, ...]], dtype: torch.dtype):
+    def step():
+        held = [torch.zeros(shape, dtype=dtype, device="tpu") for shape in shapes]
+        del held  # returned, the outputs would be materialized on the host by a failing assert's repr
+
+    return step
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensors_that_fit_logically_but_not_padded_do_not_fit(dtype):
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    # four [n, 10, 10] tensors of 12 GiB in all, n a multiple of 128: the layout's minor dim
+    # (n) fills its 128-lane tiles exactly and the 10 beside it pads to 16 sublanes, 1.6x
+    n = int(12 * GiB / 4 / (100 * itemsize)) // 128 * 128
+    shape = (n, 10, 10)
+    result = tpu_debug.dry_run(_held([shape] * 4, dtype), target="v5e")
+    m = result.memory
+    per_tensor = _compiler_argument_bytes("v5e", shape, dtype)
+    logical = n * 100 * itemsize
+    assert 4 * logical < m.capacity_bytes < 4 * per_tensor  # the case in question
+    assert per_tensor > logical
+    assert m.peak_bytes == 4 * per_tensor
+    (holder,) = [h for h in m.holders if h.tensors == 4]
+    assert holder.nbytes == 4 * per_tensor and tuple(holder.shape) == shape
+    assert m.required_bytes >= 4 * per_tensor
+    assert not _compiler_accepts("v5e", [shape] * 4, dtype)
+    assert m.fits is False and "does NOT fit" in result.render()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_whole_tile_tensor_counts_its_logical_bytes(dtype):
+    shape = (1024, 1024)
+    result = tpu_debug.dry_run(_held([shape], dtype), target="v5e")
+    logical = 1024 * 1024 * torch.empty((), dtype=dtype).element_size()
+    assert _compiler_argument_bytes("v5e", shape, dtype) == logical
+    assert result.memory.peak_bytes == logical
+    assert result.memory.fits is True
