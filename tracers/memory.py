@@ -94,21 +94,22 @@ def size(n: int | float | None) -> str:
 class _Site:
     """Bytes live now from one (line, phase)."""
 
-    __slots__ = ("location", "phase", "nbytes", "tensors", "largest", "shape", "dtype")
+    __slots__ = ("location", "phase", "nbytes", "logical", "tensors", "largest", "shape", "dtype")
 
     def __init__(self, location: SourceLocation | None, phase: str) -> None:
         self.location = location
         self.phase = phase
         self.nbytes = 0
+        self.logical = 0  # nbytes at the tensors' logical size (nbytes are padded on a target)
         self.tensors = 0
         self.largest = 0
         self.shape: tuple[int, ...] = ()
         self.dtype = ""
 
-    def holder(self, nbytes: int, tensors: int) -> MemoryHolder:
+    def holder(self, nbytes: int, tensors: int, logical: int) -> MemoryHolder:
         loc = self.location
         return MemoryHolder(loc.file if loc else "", loc.line if loc else 0, loc.function if loc else "",
-                            self.phase, nbytes, tensors, self.shape, self.dtype)
+                            self.phase, nbytes, tensors, self.shape, self.dtype, logical)
 
 
 @dataclasses.dataclass(slots=True)
@@ -117,7 +118,7 @@ class _Snapshot:
 
     ts: float
     live: int
-    sites: list[tuple[_Site, int, int]]
+    sites: list[tuple[_Site, int, int, int]]  # site, bytes, tensors, logical bytes
     phases: dict[str, int]
     float32: int
 
@@ -248,6 +249,7 @@ class MemoryTracer:
             self._changed = True
             site = record[0]
             record[3] += n
+            site.logical += n
             n = self._padded(info, n)
             record[1] += n
             site.nbytes += n
@@ -275,6 +277,7 @@ class MemoryTracer:
             # the padded share of what leaves: all of it when the storage is freed whole
             n = record[1] if info.nbytes >= record[3] else record[1] * info.nbytes // max(1, record[3])
             record[3] -= info.nbytes
+            site.logical -= info.nbytes
             record[1] -= n
             site.nbytes -= n
             self.live -= n
@@ -369,7 +372,7 @@ class MemoryTracer:
             return
         self._step_snapshot = _Snapshot(
             self.clock(), self.live,
-            [(s, s.nbytes, s.tensors) for s in self._sites.values() if s.nbytes > 0],
+            [(s, s.nbytes, s.tensors, s.logical) for s in self._sites.values() if s.nbytes > 0],
             dict(self._phases), self.float32,
         )
 
@@ -523,9 +526,9 @@ def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, 
     return None if padded is None else (padded, logical)
 
 
-def _top(sites: list[tuple[_Site, int, int]], n: int) -> tuple[MemoryHolder, ...]:
+def _top(sites: list[tuple[_Site, int, int, int]], n: int) -> tuple[MemoryHolder, ...]:
     ranked = sorted(sites, key=lambda s: -s[1])[:n]
-    return tuple(site.holder(nbytes, tensors) for site, nbytes, tensors in ranked)
+    return tuple(site.holder(nbytes, tensors, logical) for site, nbytes, tensors, logical in ranked)
 
 
 # -- fixes ----------------------------------------------------------------------------------
@@ -618,7 +621,8 @@ def need_text(summary: MemorySummaryEvent, fmt: Callable[[int], str] | None = No
 
 
 def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
-    """``train.py:12 in main (forward): 1.00 GiB in 3 tensors, largest float32[1024, 262144]``."""
+    """``train.py:12 in main (forward): 1.00 GiB in 3 tensors, largest float32[1024, 262144]``
+    (``1.60 GiB (1.00 GiB logical) in ...`` where the target's tiles pad them)."""
     import os
 
     if h.file:
@@ -631,7 +635,8 @@ def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
         where = "allocated before the trace began"
     largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""
     phase = f" ({PHASE_TEXT.get(h.phase, h.phase)})" if h.file else ""
-    return f"{where}{phase}: {size(h.nbytes)} in {h.tensors} tensor(s){largest}"
+    logical = f" ({size(h.logical_bytes)} logical)" if h.logical_bytes and h.logical_bytes != h.nbytes else ""
+    return f"{where}{phase}: {size(h.nbytes)}{logical} in {h.tensors} tensor(s){largest}"
 
 
 # -- reading -----------------------------------------------------------------------------------

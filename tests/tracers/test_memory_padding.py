@@ -74,6 +74,7 @@ def test_tensors_that_fit_logically_but_not_padded_do_not_fit(dtype):
     assert m.peak_bytes == 4 * per_tensor
     (holder,) = [h for h in m.holders if h.tensors == 4]
     assert holder.nbytes == 4 * per_tensor and tuple(holder.shape) == shape
+    assert holder.logical_bytes == 4 * logical  # what torch counts, shown beside
     assert m.required_bytes >= 4 * per_tensor
     assert not _compiler_accepts("v5e", [shape] * 4, dtype)
     assert m.fits is False and "does NOT fit" in result.render()
