@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tpu_debug
+from tpu_debug.tracers.memory import memory_view
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
 
@@ -58,16 +59,18 @@ def _held(shapes: list[tuple[int, ...]], dtype: torch.dtype):
     return step
 
 
+# logical totals under the compiler's limit (15.75 GiB v5e, 31.25 GiB v6e), padded over it
+@pytest.mark.parametrize("spec, total_gib", [("v5e", 12), ("v6e", 24)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tensors_that_fit_logically_but_not_padded_do_not_fit(dtype):
+def test_tensors_that_fit_logically_but_not_padded_do_not_fit(spec, total_gib, dtype):
     itemsize = torch.empty((), dtype=dtype).element_size()
-    # four [n, 10, 10] tensors of 12 GiB in all, n a multiple of 128: the layout's minor dim
+    # four [n, 10, 10] tensors, n a multiple of 128: under {0,2,1:T(8,128)} the minor dim
     # (n) fills its 128-lane tiles exactly and the 10 beside it pads to 16 sublanes, 1.6x
-    n = int(12 * GiB / 4 / (100 * itemsize)) // 128 * 128
+    n = int(total_gib * GiB / 4 / (100 * itemsize)) // 128 * 128
     shape = (n, 10, 10)
-    result = tpu_debug.dry_run(_held([shape] * 4, dtype), target="v5e")
+    result = tpu_debug.dry_run(_held([shape] * 4, dtype), target=spec)
     m = result.memory
-    per_tensor = _compiler_argument_bytes("v5e", shape, dtype)
+    per_tensor = _compiler_argument_bytes(spec, shape, dtype)
     logical = n * 100 * itemsize
     assert 4 * logical < m.capacity_bytes < 4 * per_tensor  # the case in question
     assert per_tensor > logical
@@ -76,7 +79,7 @@ def test_tensors_that_fit_logically_but_not_padded_do_not_fit(dtype):
     assert holder.nbytes == 4 * per_tensor and tuple(holder.shape) == shape
     assert holder.logical_bytes == 4 * logical  # what torch counts, shown beside
     assert m.required_bytes >= 4 * per_tensor
-    assert not _compiler_accepts("v5e", [shape] * 4, dtype)
+    assert not _compiler_accepts(spec, [shape] * 4, dtype)
     assert m.fits is False and "does NOT fit" in result.render()
 
 
@@ -88,3 +91,16 @@ def test_a_whole_tile_tensor_counts_its_logical_bytes(dtype):
     assert _compiler_argument_bytes("v5e", shape, dtype) == logical
     assert result.memory.peak_bytes == logical
     assert result.memory.fits is True
+
+
+def test_without_a_target_tensors_count_their_logical_bytes(tmp_path):
+    shape = (1000, 10, 10)  # 1.6x padded on a TPU target
+    with tpu_debug.trace(logdir=tmp_path / "runs", memory=True) as session:
+        held = [torch.zeros(shape, device="tpu") for _ in range(2)]
+        torch.ones(8, device="tpu")
+        del held
+    s = memory_view(tpu_debug.open_run(session.run_dir)).summary
+    # PyTorch's own count of the bytes: numel * element size
+    logical = torch.zeros(shape).numel() * 4
+    assert s is not None and s.capacity_bytes is None
+    assert s.peak_bytes == 2 * logical + 8 * 4
