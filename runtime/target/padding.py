@@ -87,7 +87,8 @@ def _measure(tgt: Target, shape: tuple[int, ...], dtype: str) -> int | None:
 
     x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
     # one element out: the output is tiny, so an array near the device's size still compiles
-    result = compile_for_target(lambda a: a[(0,) * a.ndim] if a.ndim else a, (x,), tgt, cache=False)
+    # 64-bit on, as the runtime keeps tensors: an int64 array is not narrowed to int32
+    result = compile_for_target(lambda a: a[(0,) * a.ndim] if a.ndim else a, (x,), tgt, x64=True, cache=False)
     if not result.ok or result.memory is None:
         return None
     return int(result.memory.argument_bytes)
