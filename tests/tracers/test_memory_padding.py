@@ -104,3 +104,17 @@ def test_without_a_target_tensors_count_their_logical_bytes(tmp_path):
     logical = torch.zeros(shape).numel() * 4
     assert s is not None and s.capacity_bytes is None
     assert s.peak_bytes == 2 * logical + 8 * 4
+
+
+def test_per_step_peaks_and_the_peaks_holders_are_padded_alike(tmp_path):
+    shape = (1000, 10, 10)
+    per_tensor = _compiler_argument_bytes("v5e", shape, torch.float32)
+    with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
+        for count in (1, 3, 2):
+            held = [torch.zeros(shape, device="tpu") for _ in range(count)]
+            del held
+            tpu_debug.step()
+    view = memory_view(tpu_debug.open_run(session.run_dir))
+    assert [s.peak_bytes for s in view.steps[:3]] == [per_tensor, 3 * per_tensor, 2 * per_tensor]
+    assert view.summary.peak_bytes == 3 * per_tensor and view.summary.peak_step == 1
+    assert sum(h.nbytes for h in view.summary.holders) == 3 * per_tensor
