@@ -1013,7 +1013,9 @@ class MemoryHolder:
     allocated before the trace began), ``phase`` when it ran (``"forward"``,
     ``"backward"``, ``"optimizer"``, ``"before trace"``), ``nbytes`` and
     ``tensors`` what that line's storages held then, ``shape``/``dtype`` its largest
-    allocation's.
+    allocation's. With a TPU target ``nbytes`` are the bytes in HBM (padded to the
+    target's tiles) and ``logical_bytes`` the same tensors' logical bytes; 0 where not
+    recorded.
     """
 
     file: str
@@ -1024,6 +1026,7 @@ class MemoryHolder:
     tensors: int
     shape: tuple[int, ...] = ()
     dtype: str = ""
+    logical_bytes: int = 0
 
 
 @register_event

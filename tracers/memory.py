@@ -16,9 +16,12 @@ more step, not counted among the run's steps.
 
 What counts: the payloads `tpu` tensors hold (parameters, gradients, optimizer
 state, activations kept for backward, inputs), each payload once, plus the
-largest program's temporaries (its compiler's figure). What does not: XLA's own
-buffers outside tensors (executables, the runtime's caches), and the padding a
-TPU's tiled layouts add (see ``runtime/target/layout.py``).
+largest program's temporaries (its compiler's figure). With a TPU target, each
+payload counts at its padded size on the target: the bytes the TPU compiler gives
+an entry parameter of that shape and dtype (``runtime/target/padding.py``), so an
+f32[N,10,10] under ``{0,2,1:T(8,128)}`` counts 1.6x its logical bytes; without one,
+at its logical bytes. What does not count: XLA's own buffers outside tensors
+(executables, the runtime's caches).
 
 The peak's holders are a copy of the per-line totals taken when a new high is
 followed by a free; within a step, copies are taken again only when the high
@@ -93,21 +96,22 @@ def size(n: int | float | None) -> str:
 class _Site:
     """Bytes live now from one (line, phase)."""
 
-    __slots__ = ("location", "phase", "nbytes", "tensors", "largest", "shape", "dtype")
+    __slots__ = ("location", "phase", "nbytes", "logical", "tensors", "largest", "shape", "dtype")
 
     def __init__(self, location: SourceLocation | None, phase: str) -> None:
         self.location = location
         self.phase = phase
         self.nbytes = 0
+        self.logical = 0  # nbytes at the tensors' logical size (nbytes are padded on a target)
         self.tensors = 0
         self.largest = 0
         self.shape: tuple[int, ...] = ()
         self.dtype = ""
 
-    def holder(self, nbytes: int, tensors: int) -> MemoryHolder:
+    def holder(self, nbytes: int, tensors: int, logical: int) -> MemoryHolder:
         loc = self.location
         return MemoryHolder(loc.file if loc else "", loc.line if loc else 0, loc.function if loc else "",
-                            self.phase, nbytes, tensors, self.shape, self.dtype)
+                            self.phase, nbytes, tensors, self.shape, self.dtype, logical)
 
 
 @dataclasses.dataclass(slots=True)
@@ -116,7 +120,7 @@ class _Snapshot:
 
     ts: float
     live: int
-    sites: list[tuple[_Site, int, int]]
+    sites: list[tuple[_Site, int, int, int]]  # site, bytes, tensors, logical bytes
     phases: dict[str, int]
     float32: int
 
@@ -161,7 +165,9 @@ class MemoryTracer:
         self.target = target
         self.dry_run = dry_run
         self._record_error = record_error
-        self._storages: dict[int, list] = {}  # storage serial id -> [site, bytes charged, float32]
+        # storage serial id -> [site, bytes charged (padded on a target), float32, logical bytes]
+        self._storages: dict[int, list] = {}
+        self._padding: dict[tuple, tuple[int, int] | None] = {}  # (shape, dtype) -> (padded, logical)
         self._sites: dict[tuple, _Site] = {}
         self._phases = dict.fromkeys(_PHASES, 0)
         self.live = 0
@@ -219,7 +225,7 @@ class MemoryTracer:
                 if site is None:
                     site = self._sites[key] = _Site(*key)
                 site.tensors += 1
-                record = [site, 0, info.dtype == "float32"]
+                record = [site, 0, info.dtype == "float32", 0]
                 self._storages[info.storage] = record
             else:
                 record = self._storages.get(info.storage)
@@ -230,6 +236,9 @@ class MemoryTracer:
                 return
             self._changed = True
             site = record[0]
+            record[3] += n
+            site.logical += n
+            n = self._padded(info, n)
             record[1] += n
             site.nbytes += n
             if n > site.largest:
@@ -253,7 +262,10 @@ class MemoryTracer:
                 self._take_snapshot()
             self._changed = True
             site = record[0]
-            n = info.nbytes
+            # the padded share of what leaves: all of it when the storage is freed whole
+            n = record[1] if info.nbytes >= record[3] else record[1] * info.nbytes // max(1, record[3])
+            record[3] -= info.nbytes
+            site.logical -= info.nbytes
             record[1] -= n
             site.nbytes -= n
             self.live -= n
@@ -263,6 +275,27 @@ class MemoryTracer:
             if info.dead:
                 site.tensors -= 1
                 del self._storages[info.storage]
+
+    def _padded(self, info: Any, n: int) -> int:
+        """``n`` logical bytes of ``info``'s payload as the target lays them out.
+
+        Padded here, when the bytes arrive, not when figures are summed up: the step
+        peaks and the moment whose holders are kept are found by comparing live bytes
+        at each allocation, so they must be the padded bytes already, or the padded
+        peak's moment and holders could be those of another (the logical peak's). The
+        cost is a dict read per allocation; a shape not seen before costs one lookup
+        of the compiler's figure (a compile of about 0.1 s, once per machine: cached).
+        """
+        if self.target is None:
+            return n
+        key = (tuple(info.shape), info.dtype)
+        sizes = self._padding.get(key, ())
+        if sizes == ():
+            sizes = self._padding[key] = _padded_size(self.target, *key)
+        if sizes is None:  # no figure from the compiler: the logical bytes
+            return n
+        padded, logical = sizes
+        return padded if n == logical else n * padded // logical
 
     def on_compile(self, info: Any) -> None:
         compiled = getattr(info, "compiled", None)
@@ -329,7 +362,7 @@ class MemoryTracer:
             return
         self._step_snapshot = _Snapshot(
             self.clock(), self.live,
-            [(s, s.nbytes, s.tensors) for s in self._sites.values() if s.nbytes > 0],
+            [(s, s.nbytes, s.tensors, s.logical) for s in self._sites.values() if s.nbytes > 0],
             dict(self._phases), self.float32,
         )
 
@@ -481,9 +514,24 @@ def _clock() -> Callable[[], float]:
     return lambda: time.perf_counter() - t0
 
 
-def _top(sites: list[tuple[_Site, int, int]], n: int) -> tuple[MemoryHolder, ...]:
+def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, int] | None:
+    """``(padded, logical)`` bytes of one ``dtype[shape]`` array on ``target``, or None."""
+    import numpy as np
+
+    from tpu_debug.runtime.target.padding import padded_bytes
+
+    try:
+        itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    except TypeError:
+        return None
+    logical = math.prod(shape) * itemsize
+    padded = padded_bytes(target, shape, dtype) if logical else None
+    return None if padded is None else (padded, logical)
+
+
+def _top(sites: list[tuple[_Site, int, int, int]], n: int) -> tuple[MemoryHolder, ...]:
     ranked = sorted(sites, key=lambda s: -s[1])[:n]
-    return tuple(site.holder(nbytes, tensors) for site, nbytes, tensors in ranked)
+    return tuple(site.holder(nbytes, tensors, logical) for site, nbytes, tensors, logical in ranked)
 
 
 # -- fixes ----------------------------------------------------------------------------------
@@ -576,7 +624,8 @@ def need_text(summary: MemorySummaryEvent, fmt: Callable[[int], str] | None = No
 
 
 def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
-    """``train.py:12 in main (forward): 1.00 GiB in 3 tensors, largest float32[1024, 262144]``."""
+    """``train.py:12 in main (forward): 1.00 GiB in 3 tensors, largest float32[1024, 262144]``
+    (``1.60 GiB (1.00 GiB logical) in ...`` where the target's tiles pad them)."""
     import os
 
     if h.file:
@@ -589,7 +638,8 @@ def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
         where = "allocated before the trace began"
     largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""
     phase = f" ({PHASE_TEXT.get(h.phase, h.phase)})" if h.file else ""
-    return f"{where}{phase}: {size(h.nbytes)} in {h.tensors} tensor(s){largest}"
+    logical = f" ({size(h.logical_bytes)} logical)" if h.logical_bytes and h.logical_bytes != h.nbytes else ""
+    return f"{where}{phase}: {size(h.nbytes)}{logical} in {h.tensors} tensor(s){largest}"
 
 
 # -- reading -----------------------------------------------------------------------------------
