@@ -53,6 +53,7 @@ def _compile_id(head: dict[str, Any]) -> str:
 def _events(entries: list[tuple[float, dict[str, Any], str]], writer: RunWriter) -> None:
     strings: dict[int, str] = {}
     starts: dict[str, tuple[str, SourceLocation | None]] = {}  # compile id -> function, user call
+    pending: dict[str, tuple[float, tuple[str, ...]]] = {}  # compile id -> failed guards
     t0 = entries[0][0] if entries else 0.0
     for ts, head, payload in entries:
         clock = ts - t0
@@ -65,16 +66,23 @@ def _events(entries: list[tuple[float, dict[str, Any], str]], writer: RunWriter)
                       for f in stack]
             call = frames[-2] if len(frames) > 1 else None
             starts[_compile_id(head)] = (frames[-1].function, call)
+            if _compile_id(head) in pending:  # the reasons come just before their compile's start
+                when, guards = pending.pop(_compile_id(head))
+                _guard_failure(writer, when, _compile_id(head), guards, (frames[-1].function, call))
         elif head.get("artifact", {}).get("name") == "recompile_reasons":
-            # the reasons come before the recompile's own dynamo_start: name the frame's earlier compile
-            earlier = f"{head.get('frame_id')}/0"
-            function, call = starts.get(_compile_id(head), starts.get(earlier, (f"frame {head.get('frame_id')}", None)))
-            guards = tuple(line for line in _payload_lines(payload))
-            writer.put(GuardFailureEvent(writer.new_id(), clock, "compiled", 0, call, function, _compile_id(head), guards))
+            pending[_compile_id(head)] = (clock, tuple(_payload_lines(payload)))
         elif head.get("artifact", {}).get("name") == "dynamo_graph_break_reason":
             _graph_break(writer, clock, head, payload, starts)
         elif "compilation_metrics" in head:
             _compile(writer, clock, head["compilation_metrics"], starts)
+    for compile_id, (when, guards) in pending.items():  # a log cut off before the compile started
+        earlier = starts.get(compile_id.split("/")[0] + "/0", (f"frame {compile_id.split('/')[0]}", None))
+        _guard_failure(writer, when, compile_id, guards, earlier)
+
+
+def _guard_failure(writer: RunWriter, clock: float, compile_id: str, guards: tuple, start: tuple) -> None:
+    function, call = start
+    writer.put(GuardFailureEvent(writer.new_id(), clock, "compiled", 0, call, function, compile_id, guards))
 
 
 def _payload_lines(payload: str) -> list[str]:
