@@ -76,3 +76,17 @@ def test_empty_directory_is_an_error(tmp_path: Path) -> None:
     done = _tool("import-trace", str(tmp_path), "--logdir", str(tmp_path / "runs"))
     assert done.returncode != 0
     assert "no dedicated_log_torch_trace" in done.stderr
+
+
+def test_tlparse_reads_the_same_log_and_agrees_on_the_guard(trace_dir: Path, tmp_path: Path) -> None:
+    # tlparse (when installed) is the independent reader of the log: its recompile
+    # reasons hold the guard our run reports
+    tlparse = shutil.which("tlparse") or str(Path(sys.executable).parent / "tlparse")
+    if not Path(tlparse).exists():
+        pytest.skip("tlparse is not installed")
+    log = next(trace_dir.glob("dedicated_log_torch_trace*.log"))
+    out = tmp_path / "tlparse"
+    done = subprocess.run([tlparse, str(log), "-o", str(out), "--no-browser"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    reasons = " ".join(p.read_text() for p in out.glob("*/recompile_reasons_*.json"))
+    assert "tensor 'x' size mismatch at index 0. expected 3, actual 4" in reasons
