@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
         print("side effect")
         return y + 1
 
-    g = torch.compile(f, backend="eager", dynamic=False)
+    g = torch.compile(f, backend=BACKEND, dynamic=False)
     g(torch.ones(3))
     g(torch.ones(4))
     """
@@ -33,11 +33,9 @@ def _tool(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("torch_trace")
+def _make_trace(root: Path, backend: str) -> Path:
     script = root / "script.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT.replace("BACKEND", repr(backend)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG")}
     env["TORCH_TRACE"] = str(root / "trace")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -45,7 +43,15 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "trace"
 
 
-def test_report_shows_recompile_guard_and_graph_break(trace_dir: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_trace(tmp_path_factory.mktemp("torch_trace"), "eager")
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_report_shows_recompile_guard_and_graph_break(backend: str, trace_dir: Path, tmp_path: Path) -> None:
+    if backend != "eager":
+        trace_dir = _make_trace(tmp_path, backend)
     done = _tool("import-trace", str(trace_dir), "--logdir", str(tmp_path / "runs"))
     assert done.returncode == 0, done.stderr
     report = _tool("report", "--logdir", str(tmp_path / "runs"), "--plain", "--width", "400")
