@@ -62,8 +62,10 @@ def _events(entries: list[tuple[float, dict[str, Any], str]], writer: RunWriter)
             strings[index] = text
         elif "dynamo_start" in head:
             stack = head["dynamo_start"].get("stack") or [{}]
-            frames = [SourceLocation(strings.get(f.get("filename"), "?"), f.get("line", 0), f.get("name", "?"))
-                      for f in stack]
+            frames = [
+                SourceLocation(strings.get(f.get("filename"), "?"), f.get("line", 0), f.get("name", "?"))
+                for f in stack
+            ]
             call = frames[-2] if len(frames) > 1 else None
             starts[_compile_id(head)] = (frames[-1].function, call)
             if _compile_id(head) in pending:  # the reasons come just before their compile's start
@@ -99,7 +101,9 @@ def _graph_break(writer: RunWriter, clock: float, head: dict, payload: str, star
     lines = payload.splitlines()
     at = _BREAK_AT.search(payload)
     location = SourceLocation(at.group(1), int(at.group(2)), function) if at else None
-    reason = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Graph Break Reason:")), "")
+    reason = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("Graph Break Reason:")), ""
+    )
     detail = next((line.strip() for line in lines if line.strip().startswith("Explanation:")), "")
     full = f"{reason} {detail}".strip() or payload.strip()[:500]
     writer.put(GraphBreakEvent(writer.new_id(), clock, "compiled", 0, location, function, full))
@@ -109,14 +113,19 @@ def _compile(writer: RunWriter, clock: float, metrics: dict, starts: dict) -> No
     if metrics.get("co_name") is None:
         return
     compile_id = str(metrics.get("compile_id"))
-    location = SourceLocation(str(metrics.get("co_filename")), int(metrics.get("co_firstlineno") or 0), metrics["co_name"])
+    location = SourceLocation(
+        str(metrics.get("co_filename")), int(metrics.get("co_firstlineno") or 0), metrics["co_name"]
+    )
     seconds = float(metrics.get("entire_frame_compile_time_s") or 0.0)
     name = metrics["co_name"]
     identity = f"{name} in {Path(location.file).name}"
     fail = metrics.get("fail_reason")
     signature = f"dynamo {compile_id}" + (f" (failed: {fail})" if fail else "")
-    writer.put(CompileEvent(writer.new_id(), clock, "compiled", 0, location, name, signature, (), seconds,
-                            identity=identity))
+    writer.put(
+        CompileEvent(
+            writer.new_id(), clock, "compiled", 0, location, name, signature, (), seconds, identity=identity
+        )
+    )
 
 
 def import_trace(trace_dir: Path, logdir: Path, name: str | None = None) -> list[Path]:

@@ -38,7 +38,9 @@ def _make_trace(root: Path, backend: str) -> Path:
     script.write_text(SCRIPT.replace("BACKEND", repr(backend)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG")}
     env["TORCH_TRACE"] = str(root / "trace")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return root / "trace"
 
@@ -92,7 +94,13 @@ def test_tlparse_reads_the_same_log_and_agrees_on_the_guard(trace_dir: Path, tmp
         pytest.skip("tlparse is not installed")
     log = next(trace_dir.glob("dedicated_log_torch_trace*.log"))
     out = tmp_path / "tlparse"
-    done = subprocess.run([tlparse, str(log), "-o", str(out), "--no-browser"], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [tlparse, str(log), "-o", str(out), "--no-browser"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     reasons = " ".join(p.read_text() for p in out.glob("*/recompile_reasons_*.json"))
     assert "tensor 'x' size mismatch at index 0. expected 3, actual 4" in reasons
