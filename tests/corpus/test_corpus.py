@@ -17,13 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import score  # noqa: E402
 
 # script -> why the tool does not get it right yet
-KNOWN: dict[str, str] = {
-    "h_c07_gpt2_generate_static.py": (
-        "generate() with a static cache still grows input_ids and the attention mask by torch.cat "
-        "inside transformers, so those small eager ops compile once per token; the tool warns "
-        "(dynamic_shape) where the cause is library code the script cannot change"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("path", score.scripts(), ids=lambda p: p.stem)

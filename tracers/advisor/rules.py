@@ -192,10 +192,11 @@ def _buckets(sizes: list[int]) -> tuple[int, list[int]]:
 
 
 def _grows_by_steps(change: Any) -> bool:
-    """A size that grew by the same amount at each of five or more compiles (5, 6, 7, 8, 9):
-    a sequence extended one step at a time, such as a dynamic KV cache, which padding does
-    not fix. Fewer sizes, or uneven steps, read as batches of varying size."""
-    if not change.grows or len(change.values) < 5:
+    """A size that grew by the same amount at each of four or more compiles (6, 7, 8, 9: three
+    equal steps, which batches of varying size do not make): a sequence extended one step at a
+    time, such as a dynamic KV cache, which padding does not fix. Fewer sizes, or uneven
+    steps, read as batches of varying size."""
+    if not change.grows or len(change.values) < 4:
         return False
     sizes = [int(v) for v in change.values]
     return len({b - a for a, b in zip(sizes, sizes[1:])}) == 1
@@ -248,17 +249,19 @@ def _shape_member(facts_compiles: Sequence[CompileEvent], mode: str | None, iden
     return change, values
 
 
-def _growing_fix(change: Change, identity: str, values: list[int], members: Sequence[Any]) -> str:
+def _growing_fix(change: Change, identity: str, values: list[int], members: Sequence[Any]) -> tuple[str, bool]:
     """The fix for a size that grows by one step at every call, chosen by what grows with it:
     attention over a growing KV cache (floating-point tensors of rank 3 or more), or only
-    integer bookkeeping such as the token ids, which a static cache does not fix."""
+    integer bookkeeping such as the token ids, which a static cache does not fix; and whether
+    it is only that bookkeeping (small ops of the decoding loop, compiled once per length and
+    reused by later calls with the same lengths: worth knowing, not a warning)."""
     head = f"{change.what} of {identity} grows at every call ({values[0]}..{values[-1]}): a sequence extended one step at a time"
     grown = [(m[2], _grown_tensor(m[2], m[4])) for m in members]
     if any(t is not None and t[1] >= 3 and "float" in t[0] for _, t in grown):
         return (
             f"{head}, such as a dynamic KV cache; allocate it once at its final length and write each step "
             "into it (Hugging Face: generate(..., cache_implementation='static')), so every step has the same shapes"
-        )
+        ), False
     kinds = _listing(sorted({f"{short_dtype(t[0])} of rank {t[1]}" for _, t in grown if t is not None}), 3)
     return (
         f"{head}; no floating-point tensor of rank 3 or more grows with it, so the KV cache, if there is one, "
@@ -266,7 +269,7 @@ def _growing_fix(change: Change, identity: str, values: list[int], members: Sequ
         "token ids and attention mask generate() extends with torch.cat at each new token. Keep them in buffers "
         "allocated once at prompt + max_new_tokens and write each token in place (ids[:, pos] = token), or keep "
         "prompt lengths and max_new_tokens to a few fixed values, so later calls reuse the programs the first compiled"
-    )
+    ), True
 
 
 @rule("dynamic_shape", about="a dimension that takes new sizes in steady state, recompiling at each (padding fixes it)", view="recompiles")
@@ -297,9 +300,10 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             f"({', '.join(map(str, padded))}), so each op compiles {len(padded)} programs instead of "
             f"{len(values)}; mask the padding out of the result (ignore_index in the loss, an attention mask)"
         )
+        bookkeeping = False
         if _grows_by_steps(change):
             # a sequence extended one step at a time: padding each step is the wrong fix
-            fix = _growing_fix(change, identity, values, members)
+            fix, bookkeeping = _growing_fix(change, identity, values, members)
         elif any(m[1] == "compiled" for m in members):
             fix += (
                 "; torch._dynamo.mark_dynamic(t, dim) stops dynamo from retracing, but XLA still compiles "
@@ -308,7 +312,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
         others = [f"changes with it: {m[2].what} of {m[0]} ({m[3][0]}..{m[3][-1]})" for m in members[1:4]]
         yield Finding(
             kind="dynamic_shape",
-            severity="warning",
+            severity="info" if bookkeeping else "warning",
             title=(
                 f"{change.what} of {identity} takes a new size in steady state "
                 f"({_listing([str(v) for v in values])}): {_plural(len(shaped), 'recompile')} of "
