@@ -300,12 +300,18 @@ def test_ctrl_c_during_the_final_flush_is_held_until_the_run_is_closed():
     from tpu_debug.tracing import _HeldSignals
 
     reached_end = False
-    held = _HeldSignals().hold()
-    with pytest.raises(KeyboardInterrupt, match=r"^$"):
-        try:
-            signal.raise_signal(signal.SIGINT)
-            reached_end = True
-        finally:
-            held.release()
-    assert reached_end
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler, whatever this process inherited (a job started in the
+    # background of a non-interactive shell has SIGINT ignored, which hold() leaves alone)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        held = _HeldSignals().hold()
+        with pytest.raises(KeyboardInterrupt, match=r"^$"):
+            try:
+                signal.raise_signal(signal.SIGINT)
+                reached_end = True
+            finally:
+                held.release()
+        assert reached_end
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
