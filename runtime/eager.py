@@ -781,7 +781,8 @@ def _run_lowered(plan: _Plan, args, kwargs):
         kw = {k: _fill(s, it) for k, s in skel_kwargs}
         if rng:
             kw["key"] = next(it)
-        read = [x for x in arrays if hasattr(x, "nbytes") and hasattr(x, "shape")]
+        # the device inputs it reads on the host, looked at only when a guard or tracer listens
+        read = [x for x in arrays if hasattr(x, "nbytes")] if probes._transfer_checks or probes._probes else []
         if probes._transfer_checks and read:  # a transfer guard may refuse the read (raises)
             first = max(read, key=lambda x: x.nbytes)
             probes.check_transfer("d2h", "shape", tuple(first.shape), str(first.dtype),

@@ -1123,15 +1123,7 @@ def divergence(facts: RunFacts) -> Iterable[Finding]:
             title=title,
             fix=fix,
             cost_seconds=0.0,
-            evidence=Evidence(
-                event.location,
-                (
-                    Count("max abs error", event.max_abs),
-                    Count("x tolerance", event.ratio),
-                    Count("elements over tolerance", event.mismatched),
-                ),
-                (f"{event.measure} measure, {event.mode} mode, {event.dtype}",),
-            ),
+            evidence=_divergence_evidence(event, f"{event.measure} measure, {event.mode} mode"),
             steps=(step, step) if step is not None else None,
             cause="nan" if what == "nan" else event.measure,
             subject=f"{what}: {name}",
@@ -1139,6 +1131,15 @@ def divergence(facts: RunFacts) -> Iterable[Finding]:
     fused = _fused_divergence(facts, first)
     if fused is not None:
         yield fused
+
+
+def _divergence_evidence(event: Any, how: str) -> Evidence:
+    counts = (
+        Count("max abs error", event.max_abs),
+        Count("x tolerance", event.ratio),
+        Count("elements over tolerance", event.mismatched),
+    )
+    return Evidence(event.location, counts, (f"{how}, {event.dtype}",))
 
 
 def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
@@ -1165,15 +1166,7 @@ def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
             "compute that line in a wider dtype (.float() before it) or keep it out of torch.compile"
         ),
         cost_seconds=0.0,
-        evidence=Evidence(
-            event.location,
-            (
-                Count("max abs error", event.max_abs),
-                Count("x tolerance", event.ratio),
-                Count("elements over tolerance", event.mismatched),
-            ),
-            (f"fused measure, compiled mode, {event.dtype}",),
-        ),
+        evidence=_divergence_evidence(event, "fused measure, compiled mode"),
         steps=(step, step) if step is not None else None,
         cause="fused",
         subject=f"fused: {name}",
