@@ -16,6 +16,7 @@ import torch
 from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug_core.errors import DeviceTakenError, TpuArgumentError
+from tpu_debug.runtime import autocast as _autocast
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import profiler as _profiler
@@ -497,7 +498,7 @@ def _register_kernels() -> list:
                     done.add(variant)
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(shielded(_boxed_fallback), "PrivateUse1", with_keyset=True)
-    return [lib, fallback]
+    return [lib, fallback, *_autocast.register_kernels(shielded)]
 
 
 def _variants(op) -> list:
