@@ -793,6 +793,7 @@ class Trace(contextlib.ContextDecorator):
         self._writer.remove_listener(emitter.on_event)
         emitter.close(self.session.program)  # the live session flushes the writer first
 
+    # -- device memory and dry runs ----------------------------------------------------------
 
     def _start_memory(self) -> None:
         config = self.config
