@@ -148,7 +148,9 @@ def test_each_graph_has_its_tpu_hlo_with_tpu_layouts(parsed: Path) -> None:
             assert re.search(r"\{[\d,]*:T\(\d+(,\d+)*\)", tpu) and not re.search(r":T\(\d+", local)
 
 
-def test_without_torch_trace_no_emitter_is_made(monkeypatch: pytest.MonkeyPatch, logdir: Path) -> None:
+def test_without_torch_trace_no_emitter_is_made(
+    monkeypatch: pytest.MonkeyPatch, logdir: Path, forget_graphs: None
+) -> None:
     import torch
     from tpu_debug.tracers import torch_trace
 
