@@ -23,7 +23,11 @@ It hears a compile twice, on the thread that compiled: as the recorder's
 :class:`~.events.CompileEvent` (a run-writer listener: the recompile's diffs) and
 then as the runtime's ``CompileInfo`` (a probe subscribed after the recorder: the
 program's text and dynamo's compile id). The TPU compiles finish on the target
-compiler's worker; their text is read back from the run when the trace ends.
+compiler's worker; their text is read back from the run when the trace ends (so they
+need the run's HLO recording, ``hlo=True``, the default). A graph's program is compiled
+when it first runs, after dynamo's compile returned: its artifacts are filed under that
+compile's id and the attempt the log wrote last for it (dynamo restarts a compile as a
+new attempt at a graph break; the last attempt is the one that made the graph).
 
 Only graphs of compiled mode are written (eager ops and lazy graphs have no dynamo
 compile id to file them under). The trace wires this only when ``TORCH_TRACE`` is
