@@ -24,7 +24,7 @@ It hears a compile twice, on the thread that compiled: as the recorder's
 then as the runtime's ``CompileInfo`` (a probe subscribed after the recorder: the
 program's text and dynamo's compile id). The TPU compiles finish on the target
 compiler's worker; their text is read back from the run when the trace ends (so they
-need the run's HLO recording, ``hlo=True``, the default). A graph's program is compiled
+need the run's HLO recording, ``hlo=True``, the default). A graph's program may be compiled
 when it first runs, after dynamo's compile returned: its artifacts are filed under that
 compile's id and the attempt the log wrote last for it (dynamo restarts a compile as a
 new attempt at a graph break; the last attempt is the one that made the graph).
