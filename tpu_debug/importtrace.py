@@ -20,6 +20,7 @@ The advisor then reads a recompile that keeps coming back as it does in a live r
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import os
 import re
@@ -96,6 +97,7 @@ class _Importer:
         self.strings: dict[int, str] = {}
         self.compiles: dict[str, _Compile] = {}
         self.written: list[tuple[str, CompileEvent]] = []  # (dynamo frame id, its compile)
+        self.meta: dict[str, Any] = {}  # what the log says of the program that wrote it
 
     def read(self, entries: list[tuple[float, dict[str, Any], str]]) -> None:
         t0 = entries[0][0] if entries else 0.0
@@ -121,6 +123,9 @@ class _Importer:
                 known.function = first.function if first else f"frame {compile_id.split('/')[0]}"
                 self._guard_failure(compile_id, known)
         _steps(self.writer, self.written)
+        if entries:
+            self.meta["duration"] = entries[-1][0] - t0
+        self.writer.set_meta(**self.meta)
 
     def _known(self, head: dict[str, Any], clock: float) -> _Compile | None:
         if head.get("frame_id") is None:
@@ -149,6 +154,7 @@ class _Importer:
     def _compile(self, metrics: dict[str, Any]) -> None:
         if metrics.get("co_name") is None:
             return
+        self._versions(metrics)
         compile_id = str(metrics.get("compile_id"))
         known = self.compiles.get(compile_id) or _Compile(0.0)
         name = str(metrics["co_name"])
@@ -178,6 +184,15 @@ class _Importer:
         known.event = event.id
         self.writer.put(event)
         self.written.append((compile_id.split("/")[0], event))
+
+    def _versions(self, metrics: dict[str, Any]) -> None:
+        if "start_time" not in self.meta and isinstance(metrics.get("start_time"), (int, float)):
+            start = _dt.datetime.fromtimestamp(metrics["start_time"], _dt.UTC)
+            self.meta["start_time"] = start.isoformat(timespec="milliseconds")
+        if metrics.get("pytorch_version"):
+            self.meta["torch_version"] = str(metrics["pytorch_version"])
+        if metrics.get("python_version"):
+            self.meta["python_version"] = str(metrics["python_version"]).split()[0]
 
     def _recompile_of(self, known: _Compile) -> tuple[int | None, tuple[KeyDiff, ...], SourceLocation | None]:
         """The compile a recompile replaces (the entry whose guard failed most recently), how it
