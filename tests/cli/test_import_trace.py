@@ -179,7 +179,11 @@ def test_report_finds_the_recompile_at_the_guarded_line(constant_trace: Path, tm
     assert done.returncode == 0, done.stderr
     report = _tool("report", done.stdout.strip(), "--json")
     assert report.returncode == 0, report.stderr
-    findings = [f for f in json.loads(report.stdout)["findings"] if f["kind"] == "recompile"]
+    data = json.loads(report.stdout)
+    # the program's torch, as tlparse reads it from the log
+    version = json.loads(next((tmp_path / "tlparse").glob("*/torch_version_*.json")).read_text())
+    assert data["run"]["versions"]["torch"] == version["pytorch_version"]
+    findings = [f for f in data["findings"] if f["kind"] == "recompile"]
     assert len(findings) == 1
     assert findings[0]["cause"] == "scalar" and "'n'" in findings[0]["title"]
     location = findings[0]["evidence"]["location"]
