@@ -130,6 +130,24 @@ def test_tlparse_reads_the_same_log_and_agrees_on_the_guard(trace_dir: Path, tmp
     assert "tensor 'x' size mismatch at index 0. expected 3, actual 4" in reasons
 
 
+def test_shape_recompile_is_the_size_tlparse_shows(trace_dir: Path, tmp_path: Path) -> None:
+    from tpu_debug import open_run
+
+    reasons = _reasons_by_compile(_tlparse(trace_dir, tmp_path / "tlparse"))
+    entry, name, dim, before, now = re.match(
+        r"(\d+/\d+): tensor '(\w+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)",
+        reasons["0/1"][0],
+    ).groups()
+    done = _tool("import-trace", str(trace_dir), "--logdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    compiles = {c.signature.removeprefix("dynamo "): c for c in open_run(done.stdout.strip()).compiles()}
+    recompile = compiles["0/1"]
+    assert recompile.previous == compiles[entry].id
+    assert [(d.aspect, d.arg_name, d.dims, d.before, d.now) for d in recompile.diffs] == [
+        ("shape", name, (int(dim),), before, now)
+    ]
+
+
 def _reasons_by_compile(out: Path) -> dict[str, list[str]]:
     """tlparse's recompile reasons per compile id ("0/3"), most recent cached entry first."""
     found = {}
