@@ -74,9 +74,9 @@ def _emit(name: str, encoding: str, payload: Callable[[], str], compile_id: str 
     if compile_id is None or (current is not None and str(current.compile_id) == compile_id):
         trace_structured("artifact", metadata_fn=metadata, payload_fn=payload)
         return
-    # outside the compile (the runtime compiles a graph's program when it first runs it; the TPU
-    # compiles are read back at the end): that compile's context, so tlparse files the artifact
-    # with the compile's own
+    # outside the compile (the runtime may compile a graph's program when it first runs it; the
+    # TPU compiles are read back at the end): that compile's context, so tlparse files the
+    # artifact with the compile's own
     context = guards.CompileContext(guards.CompileId.from_string(compile_id))
     context.attempt = attempt
     with guards.compile_context(context):
@@ -93,8 +93,8 @@ class _Attempts(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         md = getattr(record, "metadata", None)
-        if isinstance(md, dict) and "frame_id" in md and "attempt" in md:
-            self.last[f"{md['frame_id']}/{md.get('frame_compile_id')}"] = int(md["attempt"])
+        if isinstance(md, dict) and "frame_id" in md and isinstance(md.get("attempt"), int):
+            self.last[f"{md['frame_id']}/{md.get('frame_compile_id')}"] = md["attempt"]
 
 
 def _diff(d: KeyDiff) -> dict[str, Any]:
