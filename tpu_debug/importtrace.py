@@ -138,8 +138,9 @@ class _Importer:
             SourceLocation(self.strings.get(f.get("filename"), "?"), f.get("line", 0), f.get("name", "?"))
             for f in stack
         ]
+        first = known.function is None  # a restarted compile may start again
         known.function, known.call = frames[-1].function, (frames[-2] if len(frames) > 1 else None)
-        if known.guards:  # the reasons come just before their compile's start
+        if known.guards and first:  # the reasons come just before their compile's start
             self._guard_failure(_compile_id(head), known)
 
     def _guard_failure(self, compile_id: str, known: _Compile) -> None:
