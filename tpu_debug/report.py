@@ -364,6 +364,7 @@ _DETECTED = {
     "optimizer": "each optimizer.step()",
     "explicit": "each tpu_debug.step()",
     "loop": "the iterations of the loop the run repeated",
+    "torch_trace": "the calls an imported TORCH_TRACE log shows compiling; it does not log the others",
 }
 
 

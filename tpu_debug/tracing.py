@@ -368,6 +368,7 @@ class Trace(contextlib.ContextDecorator):
         self._saved_compile_cache: bool | None = None  # the runtime's setting before trace(compile_cache=...)
         self._guards: Any = None  # dynamo events, recompile and transfer guards
         self._target: Any = None  # a TargetTracer with target= set
+        self._torch_trace: Any = None  # a TorchTraceEmitter when TORCH_TRACE is set
         self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
         self._memory: Any = None  # a MemoryTracer with memory=True or dry_run=True
         self._dry: Any = None  # the runtime's dry mode (its context manager) with dry_run=True
@@ -445,6 +446,7 @@ class Trace(contextlib.ContextDecorator):
         if self.config.tensorboard:
             self._start_tensorboard(run_dir)
         self._start_target()
+        self._start_torch_trace()
         self._start_divergence()
         self._start_collectives()
         self._set_eager_mode()
@@ -510,6 +512,8 @@ class Trace(contextlib.ContextDecorator):
             ("StepTracker.close", self._stop_steps),
             # before the exporter stops: the target's step estimates reach the timeline too
             ("TargetTracer.close", self._stop_target),
+            # after the target: the TPU programs it compiled go into the structured trace too
+            ("TorchTraceEmitter.close", self._stop_torch_trace),
             ("TensorBoardExporter.stop", self._stop_tensorboard),
             ("Recorder.unsubscribe", self._stop_recorder),
         ):
@@ -763,6 +767,31 @@ class Trace(contextlib.ContextDecorator):
         wait = 0.0 if status in ("interrupted", "terminated") else self.config.target_wait
         tracer.close(wait=wait, interrupted=(lambda: bool(held.received)) if held is not None else None,
                      say=_say)
+
+    # -- PyTorch's structured trace (TORCH_TRACE, read by tlparse) ------------------------------
+
+    def _start_torch_trace(self) -> None:
+        from tpu_debug.tracers import torch_trace
+
+        if not torch_trace.enabled():
+            return
+        from tpu_debug.runtime import probes
+
+        emitter = torch_trace.TorchTraceEmitter(self._recorder.record_error)
+        self._torch_trace = emitter
+        emitter.start()
+        self._writer.add_listener(emitter.on_event)
+        probes.subscribe(emitter)  # after the recorder: it hears each compile's event first
+
+    def _stop_torch_trace(self) -> None:
+        from tpu_debug.runtime import probes
+
+        emitter, self._torch_trace = self._torch_trace, None
+        if emitter is None:
+            return
+        probes.unsubscribe(emitter)
+        self._writer.remove_listener(emitter.on_event)
+        emitter.close(self.session.program)  # the live session flushes the writer first
 
     # -- device memory and dry runs ----------------------------------------------------------
 

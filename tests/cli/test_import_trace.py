@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,15 +29,33 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# a Python number passed to a compiled function: dynamo guards on its value and compiles
+# again for each new one (the guard failures the log records are the reference)
+CONSTANT = textwrap.dedent(
+    """\
+    import torch
+
+    def f(x, n):
+        y = x * n
+        return y + 1
+
+    g = torch.compile(f, backend="eager", dynamic=False)
+    for step in range(6):
+        g(torch.ones(3), ARG)
+    """
+)
+
+
 def _tool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tpu_debug", *args], capture_output=True, text=True, timeout=120, check=False
     )
 
 
-def _make_trace(root: Path, backend: str) -> Path:
+def _make_trace(root: Path, backend: str, source: str | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     script = root / "script.py"
-    script.write_text(SCRIPT.replace("BACKEND", repr(backend)))
+    script.write_text(source if source is not None else SCRIPT.replace("BACKEND", repr(backend)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG")}
     env["TORCH_TRACE"] = str(root / "trace")
     done = subprocess.run(
@@ -86,14 +106,12 @@ def test_empty_directory_is_an_error(tmp_path: Path) -> None:
     assert "no dedicated_log_torch_trace" in done.stderr
 
 
-def test_tlparse_reads_the_same_log_and_agrees_on_the_guard(trace_dir: Path, tmp_path: Path) -> None:
-    # tlparse (when installed) is the independent reader of the log: its recompile
-    # reasons hold the guard our run reports
+def _tlparse(trace_dir: Path, out: Path) -> Path:
+    """tlparse's reading of the log: the independent reader (skips when tlparse is missing)."""
     tlparse = shutil.which("tlparse") or str(Path(sys.executable).parent / "tlparse")
     if not Path(tlparse).exists():
         pytest.skip("tlparse is not installed")
     log = next(trace_dir.glob("dedicated_log_torch_trace*.log"))
-    out = tmp_path / "tlparse"
     done = subprocess.run(
         [tlparse, str(log), "-o", str(out), "--no-browser"],
         capture_output=True,
@@ -102,5 +120,110 @@ def test_tlparse_reads_the_same_log_and_agrees_on_the_guard(trace_dir: Path, tmp
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_tlparse_reads_the_same_log_and_agrees_on_the_guard(trace_dir: Path, tmp_path: Path) -> None:
+    # tlparse's recompile reasons hold the guard our run reports
+    out = _tlparse(trace_dir, tmp_path / "tlparse")
     reasons = " ".join(p.read_text() for p in out.glob("*/recompile_reasons_*.json"))
     assert "tensor 'x' size mismatch at index 0. expected 3, actual 4" in reasons
+
+
+def test_shape_recompile_is_the_size_tlparse_shows(trace_dir: Path, tmp_path: Path) -> None:
+    from tpu_debug import open_run
+
+    reasons = _reasons_by_compile(_tlparse(trace_dir, tmp_path / "tlparse"))
+    entry, name, dim, before, now = re.match(
+        r"(\d+/\d+): tensor '(\w+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)",
+        reasons["0/1"][0],
+    ).groups()
+    done = _tool("import-trace", str(trace_dir), "--logdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    compiles = {c.signature.removeprefix("dynamo "): c for c in open_run(done.stdout.strip()).compiles()}
+    recompile = compiles["0/1"]
+    assert recompile.previous == compiles[entry].id
+    assert [(d.aspect, d.arg_name, d.dims, d.before, d.now) for d in recompile.diffs] == [
+        ("shape", name, (int(dim),), before, now)
+    ]
+
+
+def _reasons_by_compile(out: Path) -> dict[str, list[str]]:
+    """tlparse's recompile reasons per compile id ("0/3"), most recent cached entry first."""
+    found = {}
+    for path in out.glob("*/recompile_reasons_*.json"):
+        frame, compile_ = path.parent.name.split("_")[1:3]  # "-_0_3_0": frame 0, compile 3, attempt 0
+        text = path.read_text()
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        found[f"{frame}/{compile_}"] = value if isinstance(value, list) else [value]
+    return found
+
+
+@pytest.fixture(scope="module")
+def constant_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _make_trace(tmp_path_factory.mktemp("constant"), "eager", CONSTANT.replace("ARG", "step"))
+
+
+def test_recompile_is_linked_to_the_compile_whose_guard_failed(constant_trace: Path, tmp_path: Path) -> None:
+    from tpu_debug import open_run
+
+    reasons = _reasons_by_compile(_tlparse(constant_trace, tmp_path / "tlparse"))
+    assert len(reasons) == 5  # one per call after the first
+    done = _tool("import-trace", str(constant_trace), "--logdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    compiles = {c.signature.removeprefix("dynamo "): c for c in open_run(done.stdout.strip()).compiles()}
+    by_id = {c.id: c for c in compiles.values()}
+    assert compiles["0/0"].previous is None and not compiles["0/0"].diffs
+    for compile_id, texts in reasons.items():
+        # dynamo's first reason is the most recent cached entry's: "0/2: n == 2  # y = x * n ..."
+        entry, guard = re.match(r"(\d+/\d+): (\S+ == \S+)", texts[0]).groups()
+        name, value = guard.split(" == ")
+        recompile = compiles[compile_id]
+        assert by_id[recompile.previous].signature == f"dynamo {entry}"
+        assert [(d.aspect, d.arg_name, d.before, d.source) for d in recompile.diffs] == [
+            ("scalar", name, value, "guard")
+        ]
+
+
+def test_report_finds_the_recompile_at_the_guarded_line(constant_trace: Path, tmp_path: Path) -> None:
+    reasons = _reasons_by_compile(_tlparse(constant_trace, tmp_path / "tlparse"))
+    # the user's line of each failed guard, as the log's "User stack trace" gives it
+    lines = {int(m) for texts in reasons.values() for m in re.findall(r'script\.py", line (\d+)', texts[0])}
+    assert len(lines) == 1
+    done = _tool("import-trace", str(constant_trace), "--logdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    report = _tool("report", done.stdout.strip(), "--json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    # the program's torch, as tlparse reads it from the log
+    version = json.loads(next((tmp_path / "tlparse").glob("*/torch_version_*.json")).read_text())
+    assert data["run"]["versions"]["torch"] == version["pytorch_version"]
+    findings = [f for f in data["findings"] if f["kind"] == "recompile"]
+    assert len(findings) == 1
+    assert findings[0]["cause"] == "scalar" and "'n'" in findings[0]["title"]
+    location = findings[0]["evidence"]["location"]
+    assert (Path(location["file"]).name, location["line"]) == ("script.py", lines.pop())
+
+
+def test_diff_between_imported_runs_shows_the_recompiles_fixed(constant_trace: Path, tmp_path: Path) -> None:
+    reasons = _reasons_by_compile(_tlparse(constant_trace, tmp_path / "tlparse"))
+    fixed = _make_trace(tmp_path / "fixed", "eager", CONSTANT.replace("ARG", "torch.tensor(float(step))"))
+    assert not _reasons_by_compile(_tlparse(fixed, tmp_path / "tlparse_fixed"))
+    runs = []
+    for name, trace in (("before", constant_trace), ("after", fixed)):
+        done = _tool("import-trace", str(trace), "--logdir", str(tmp_path / "runs"), "--name", name)
+        assert done.returncode == 0, done.stderr
+        runs.append(done.stdout.strip())
+    done = _tool("diff", *runs, "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    # a run's steps are the calls the log shows compiling: the first (warm-up) compiles f for
+    # the first time, and each later one is a recompile in steady state
+    assert data["figures"]["compiles"]["a"] == len(reasons) + 1
+    assert data["figures"]["steady_recompiles"]["a"] == len(reasons)
+    assert data["figures"]["steady_recompiles"]["b"] == 0
+    assert [f["kind"] for f in data["findings"]["fixed"]] == ["recompile"]
+    assert data["findings"]["introduced"] == []
