@@ -22,7 +22,7 @@ __all__ = ["StepsData", "StepsScreen", "steps_data"]
 PAGE = 500  # rows added to the table at a time (a long run has many thousands of steps)
 POINTS = 120  # points of the step-time sparkline
 
-_HOW = {"optimizer": "optimizer.step()", "explicit": "tpu_debug.step()", "loop": "loop"}
+_HOW = {"optimizer": "optimizer.step()", "explicit": "tpu_debug.step()", "loop": "loop", "torch_trace": "compile (TORCH_TRACE)"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
