@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
-import tpu_debug
 from tpu_debug_core.errors import CommandError
+
+import tpu_debug
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +33,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         help="with --serve: the address to listen on (default: 127.0.0.1, this machine only; "
         "reach it from elsewhere through an SSH port forward)",
     )
-    parser.add_argument(
-        "--port", type=int, help="with --serve: the port to listen on (default: 8000)"
-    )
+    parser.add_argument("--port", type=int, help="with --serve: the port to listen on (default: 8000)")
 
 
 def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0, **options) -> None:
@@ -58,8 +57,9 @@ def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0, **option
 
 def _serve(args: argparse.Namespace) -> int:
     """``tpu-debug tui --serve``: resolve the run here (its errors are said at once), then serve it."""
-    from tpu_debug.cli.tui_serve import check_options, serve
     from tpu_debug_core.options import default_logdir
+
+    from tpu_debug.cli.tui_serve import check_options, serve
     from tpu_debug.ranks import find_group
 
     host = args.host if args.host is not None else "127.0.0.1"
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         given = "--host" if args.host is not None else "--port"
         raise CommandError(f"{given} is for --serve: add --serve to open the UI in a browser", exit_code=2)
     from tpu_debug_core.options import default_logdir
+
     from tpu_debug.ranks import find_group
 
     logdir = args.logdir if args.logdir is not None else default_logdir()
