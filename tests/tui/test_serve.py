@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import shutil
 import signal
 import socket
@@ -172,7 +173,8 @@ def browse(
 ) -> str:
     """Open ``url`` in headless Chromium; the served terminal's text once it holds every ``wanted``
     (``then()`` is called then, while the page is still open)."""
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+    # Chromium's helpers may still write its profile a moment after the browser ended
+    with tempfile.TemporaryDirectory(prefix="chromium-", ignore_cleanup_errors=True) as profile:
         chromium = subprocess.Popen(
             [
                 CHROMIUM,
@@ -185,6 +187,7 @@ def browse(
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: its helpers end with it
         )
         try:
             active = Path(profile) / "DevToolsActivePort"
@@ -198,7 +201,12 @@ def browse(
             page = next(t for t in targets if t["type"] == "page")
             return asyncio.run(_read_page(page["webSocketDebuggerUrl"], url, wanted, shot, then))
         finally:
-            stop(chromium)
+            os.killpg(chromium.pid, signal.SIGTERM)
+            try:
+                chromium.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(chromium.pid, signal.SIGKILL)
+                chromium.wait()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -242,29 +250,32 @@ def test_browser_shows_the_overview(synthetic_run, tmp_path):
             f"tpu-debug · {META['name']}",
             ".item() at train.py:22 waits for the device",
         ]
-        libraries: dict[int, str] = {}  # each UI process's memory map, read while the page is open
+        # the server's and each UI process's command line and memory map, read while the page is open
+        processes: dict[int, tuple[str, str]] = {}
 
-        def look_at_the_ui() -> None:
-            for pid in _descendants(server.pid):
-                if "tpu_debug_launcher" in _cmdline(pid):
-                    libraries[pid] = _loaded_libraries(pid)
+        def look_at_the_processes() -> None:
+            for pid in [server.pid, *_descendants(server.pid)]:
+                command = _cmdline(pid)
+                if command.startswith(sys.executable) and "tpu_debug_launcher" in command:
+                    processes[pid] = (command, _loaded_libraries(pid))
 
-        text = browse(f"http://127.0.0.1:{port}/", wanted, shot=tmp_path / "page.png", then=look_at_the_ui)
+        text = browse(
+            f"http://127.0.0.1:{port}/", wanted, shot=tmp_path / "page.png", then=look_at_the_processes
+        )
         assert all(w in text for w in wanted), text
         assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        # the page's UI ran in the reading verb's process, without torch or jax
-        assert libraries, "no UI process under the server"
-        for pid, maps in libraries.items():
-            assert "libtorch" not in maps and "jaxlib" not in maps, (
-                f"the UI process {pid} loaded torch or jax"
-            )
+        # the server and the page's UI are the reading verb's processes: without torch or jax
+        uis = [pid for pid, (command, _) in processes.items() if "--serve" not in command]
+        assert server.pid in processes and uis, processes.keys()
+        for command, maps in processes.values():
+            assert "libtorch" not in maps and "jaxlib" not in maps, f"{command} loaded torch or jax"
     finally:
         status = stop(server, signal.SIGINT)  # what Ctrl+C sends
     output = log.read_text()
     assert status == 0, output
     assert f"tpu-debug tui: serving at http://127.0.0.1:{port} (Ctrl+C stops)" in output.splitlines()
     assert "Traceback" not in output, output
-    wait_until(lambda: all(_state(pid) in ("gone", "Z") for pid in libraries), "the UI processes to end")
+    wait_until(lambda: all(_state(pid) in ("gone", "Z") for pid in uis), "the UI processes to end")
 
 
 def _one_line(err: str) -> str:

@@ -7,6 +7,7 @@ the page over a websocket.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import shlex
@@ -17,12 +18,15 @@ from collections.abc import Sequence
 from tpu_debug_core.errors import CommandError
 
 # the launcher, not ``-m tpu_debug.cli``: it keeps the reading verbs free of torch and jax
+# a UI told to quit is given this long to end before it is killed
+_UI_QUIT_SECONDS = 10.0
 _LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
 
 
 def tui_command(tui_args: Sequence[str]) -> str:
     """The shell command each browser session runs: this Python's ``tpu-debug tui TUI_ARGS``."""
-    return shlex.join([sys.executable, "-c", _LAUNCHER, "tui", *tui_args])
+    # textual-serve runs it through a shell: exec makes the UI the process it stops (or kills)
+    return "exec " + shlex.join([sys.executable, "-c", _LAUNCHER, "tui", *tui_args])
 
 
 def url_of(host: str, port: int) -> str:
@@ -73,14 +77,35 @@ def _bind_error(host: str, port: int, error: OSError) -> CommandError:
 
 def _server_class():
     try:
+        from aiohttp import web
+        from textual_serve.app_service import AppService
         from textual_serve.server import Server
     except ImportError:
         raise CommandError(
             "tpu-debug tui --serve needs textual-serve: pip install textual-serve", exit_code=2
         ) from None
 
+    class UiProcess(AppService):
+        """One browser tab's UI process; stopping it also waits for it to end."""
+
+        async def stop(self) -> None:
+            await super().stop()
+            # textual-serve leaves the process to be reaped, and its input open, after the UI
+            # quits: when Ctrl+C closes the event loop first, both end in tracebacks
+            process = self._process
+            if process is None:
+                return
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), _UI_QUIT_SECONDS)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
     class TuiServer(Server):
-        """textual-serve's server, with page links relative to the address the browser used."""
+        """textual-serve's server: page links relative to the address the browser used, UI
+        processes that end before the server does."""
 
         def initialize_logging(self) -> None:
             # its warnings and errors (a UI that failed to start) but not a line per request
@@ -98,7 +123,41 @@ def _server_class():
             self.public_url = f"{request.scheme}://{request.host}"
             return await super().handle_index(request)
 
+        async def handle_websocket(self, request):
+            # textual-serve's own, with a UiProcess for its AppService
+            websocket = web.WebSocketResponse(heartbeat=15)
+            width = _int(request.query.get("width"), 80)
+            height = _int(request.query.get("height"), 24)
+            ui = None
+            try:
+                await websocket.prepare(request)
+                ui = UiProcess(
+                    self.command,
+                    write_bytes=websocket.send_bytes,
+                    write_str=websocket.send_str,
+                    close=websocket.close,
+                    download_manager=self.download_manager,
+                    debug=self.debug,
+                )
+                await ui.start(width, height)
+                await self._process_messages(websocket, ui)
+            except asyncio.CancelledError:  # the server stops
+                await websocket.close()
+            except Exception:  # the page shows a closed session; the server goes on
+                logging.getLogger("textual-serve").exception("a browser session failed")
+            finally:
+                if ui is not None:
+                    await ui.stop()
+            return websocket
+
     return TuiServer
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
 
 
 def serve(tui_args: Sequence[str], *, host: str, port: int) -> None:
