@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from tpu_debug_core.errors import CommandError
 
-# the launcher, not ``-m tpu_debug.cli``: it keeps the reading verbs free of torch and jax
 # a UI told to quit is given this long to end before it is killed
 _UI_QUIT_SECONDS = 10.0
+# the launcher, not ``-m tpu_debug.cli``: it keeps the reading verbs free of torch and jax
 _LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
 
 
