@@ -104,7 +104,7 @@ def start_server(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
 def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
     process.send_signal(sig)
     try:
-        return process.wait(timeout=30)
+        return process.wait(timeout=PATIENCE)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
@@ -203,7 +203,7 @@ def browse(
         finally:
             os.killpg(chromium.pid, signal.SIGTERM)
             try:
-                chromium.wait(timeout=30)
+                chromium.wait(timeout=PATIENCE)
             except subprocess.TimeoutExpired:
                 os.killpg(chromium.pid, signal.SIGKILL)
                 chromium.wait()
