@@ -77,7 +77,7 @@ def _bind_error(host: str, port: int, error: OSError) -> CommandError:
 
 def _server_class():
     try:
-        from aiohttp import web
+        import textual_serve.server as served
         from textual_serve.app_service import AppService
         from textual_serve.server import Server
     except ImportError:
@@ -104,8 +104,7 @@ def _server_class():
                 await process.wait()
 
     class TuiServer(Server):
-        """textual-serve's server: page links relative to the address the browser used, UI
-        processes that end before the server does."""
+        """textual-serve's server, with page links relative to the address the browser used."""
 
         def initialize_logging(self) -> None:
             # its warnings and errors (a UI that failed to start) but not a line per request
@@ -123,41 +122,11 @@ def _server_class():
             self.public_url = f"{request.scheme}://{request.host}"
             return await super().handle_index(request)
 
-        async def handle_websocket(self, request):
-            # textual-serve's own, with a UiProcess for its AppService
-            websocket = web.WebSocketResponse(heartbeat=15)
-            width = _int(request.query.get("width"), 80)
-            height = _int(request.query.get("height"), 24)
-            ui = None
-            try:
-                await websocket.prepare(request)
-                ui = UiProcess(
-                    self.command,
-                    write_bytes=websocket.send_bytes,
-                    write_str=websocket.send_str,
-                    close=websocket.close,
-                    download_manager=self.download_manager,
-                    debug=self.debug,
-                )
-                await ui.start(width, height)
-                await self._process_messages(websocket, ui)
-            except asyncio.CancelledError:  # the server stops
-                await websocket.close()
-            except Exception:  # the page shows a closed session; the server goes on
-                logging.getLogger("textual-serve").exception("a browser session failed")
-            finally:
-                if ui is not None:
-                    await ui.stop()
-            return websocket
-
+    # textual-serve's websocket handler makes each tab's AppService by the name in its
+    # module: pointing that name at UiProcess gives every tab the waiting stop() without
+    # a handler of our own (this process only serves)
+    served.AppService = UiProcess
     return TuiServer
-
-
-def _int(text: str | None, default: int) -> int:
-    try:
-        return int(text) if text is not None else default
-    except ValueError:
-        return default
 
 
 def serve(tui_args: Sequence[str], *, host: str, port: int) -> None:
