@@ -1415,6 +1415,14 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
                 "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"),
             ))
         rows.append(("compile time", f"{format_seconds(summary['compile_seconds'])} of TPU compiles, beside the program"))
+    levels = d.get("optimization_levels") or []
+    if levels:
+        rows.append((
+            "effort",
+            (f"compiled at XLA's {', '.join(levels)} (a dry run's level: fast to compile, nearly the default's "
+             "memory, the same FLOP; bytes accessed, and so est. times, are the O0 program's, not the "
+             "default level's: trace with --target and no --dry-run for those)"),
+        ))
     step = d["step"]
     if step is not None:
         what = "the whole run (no step marks)" if step["whole_run"] else f"{step['steps']} step(s), median"
@@ -1546,6 +1554,7 @@ def _target(session: Any) -> dict[str, Any] | None:
         "summary": _plain(summary, _EVENT_HEADER + ("location",)) if summary is not None else None,
         "step": step_summary(session.events("target_step")),
         "programs": [_target_compile_data(c, runs, ids) for c in sorted(compiles, key=weight)],
+        "optimization_levels": sorted({c.optimization_level for c in compiles if c.optimization_level}),
         "findings": [
             {"kind": f.kind, "subject": f.subject, "programs": list(f.programs), "fix": f.fix, "cost": f.cost,
              "text": f.render()}

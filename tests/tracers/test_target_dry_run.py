@@ -1,0 +1,116 @@
+"""A traced dry run records each program's TPU target compile, as a ``--target`` run does.
+
+The reference is XLA's TPU compiler itself: the equivalent JAX program, compiled in the
+test for one device of the same deviceless topology at the dry run's effort level (O0),
+gives the flops, the argument, output and temporary bytes; the time is the roofline
+worked out here from that compile's cost analysis and the generation's published peaks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+
+import tpu_debug
+from tpu_debug.cli import main
+from tpu_debug.runtime.target import executor, parse_target
+from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
+
+pytestmark = pytest.mark.skipif(
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
+)
+_JAX = {torch.float32: jnp.float32, torch.bfloat16: jnp.bfloat16}
+# per chip, from https://cloud.google.com/tpu/docs/v5e and /v6e: bf16 peak FLOP/s, HBM bytes/s
+_PEAKS = {"v5e": (197e12, 819e9), "v6e": (918e12, 1640e9)}
+# a float32 product lowers at HIGHEST (torch's float32 default), six bf16 passes on the MXU
+_PASSES = {torch.float32: 6, torch.bfloat16: 1}
+M, K, N = 1024, 1000, 100  # the 100-wide result pads to 128 lanes
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+
+
+def _reference(spec: str, fn, shapes: list[tuple[int, ...]], dtype: torch.dtype):
+    """(memory_analysis, cost_analysis) of ``fn`` compiled straight through JAX at O0."""
+    sharding = jax.sharding.SingleDeviceSharding(topology(parse_target(spec))[0])
+    args = [jax.ShapeDtypeStruct(s, _JAX[dtype], sharding=sharding) for s in shapes]
+    before = jax.config.jax_optimization_level
+    jax.config.update("jax_optimization_level", "O0")
+    try:
+        compiled = jax.jit(fn).lower(*args).compile()
+    finally:
+        jax.config.update("jax_optimization_level", before)
+    cost = compiled.cost_analysis()
+    return compiled.memory_analysis(), cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+def _opmath(fn):
+    """``fn`` as PyTorch's kernels compute it: a bfloat16 input in float32, the result rounded back."""
+    return lambda x: fn(x.astype(jnp.float32)).astype(x.dtype)
+
+
+def _dot(dtype: torch.dtype):
+    precision = jax.lax.Precision.HIGHEST if dtype == torch.float32 else None
+    return lambda a, b: jnp.dot(a, b, precision=precision)
+
+
+@pytest.mark.parametrize("spec", ["v5e", "v6e"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_dry_runs_programs_have_the_figures_of_the_same_jax_programs(spec, dtype, tmp_path, monkeypatch, capsys):
+    started = []
+    compile_lowered = executor.compile_lowered_for_target
+
+    def counted(*args, **kwargs):
+        started.append(args[0])
+        return compile_lowered(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "compile_lowered_for_target", counted)
+    graph = tpu_debug.compile(lambda x, y: torch.tanh(x @ y) * 2)
+    with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target=spec) as session:
+        a = torch.empty(M, K, dtype=dtype, device="tpu")
+        b = torch.empty(K, N, dtype=dtype, device="tpu")
+        torch.tanh(a @ b)
+        graph(a, b)
+    # the graph's name numbers it among the process's graphs
+    compiles = {("graph" if e.name.endswith("/inference") else e.name): e for e in session.events("target_compile")}
+    assert set(compiles) == {"mm", "tanh", "graph"}, sorted(compiles)
+    # each program went to the TPU compiler once: the dry run's compile is the one recorded
+    (dry,) = session.events("dry_run")
+    assert len(started) == dry.programs == len(compiles)
+    dot = _dot(dtype)
+    references = {
+        "mm": (dot, [(M, K), (K, N)]),
+        "tanh": (_opmath(jnp.tanh), [(M, N)]),
+        "graph": (lambda x, y: _opmath(lambda v: v * 2)(_opmath(jnp.tanh)(dot(x, y))), [(M, K), (K, N)]),
+    }
+    peak, bandwidth = _PEAKS[spec]
+    for name, (fn, shapes) in references.items():
+        event = compiles[name]
+        memory, cost = _reference(spec, fn, shapes, dtype)
+        assert event.ok and event.optimization_level == "O0" and event.target == spec
+        # the compiler's own figures for the same program: equal, well within 2 %
+        assert event.flops == pytest.approx(cost.get("flops", 0.0), rel=0.02)
+        assert event.argument_bytes == pytest.approx(memory.argument_size_in_bytes, rel=0.02)
+        assert event.output_bytes == pytest.approx(memory.output_size_in_bytes, rel=0.02)
+        assert event.temp_bytes == pytest.approx(memory.temp_size_in_bytes, rel=0.02, abs=0)
+        dot_flops = 2 * M * N * K if name != "tanh" else 0
+        compute = (cost.get("flops", 0.0) + (_PASSES[dtype] - 1) * dot_flops) / peak
+        assert event.estimated_seconds == pytest.approx(max(compute, cost["bytes accessed"] / bandwidth), rel=0.02)
+    # the product's padded result: 100 lanes of 128 in the compiler's layout, not the logical bytes
+    assert compiles["mm"].output_bytes > M * N * torch.empty((), dtype=dtype).element_size()
+    # the report's TPU target section, as text and as JSON
+    capsys.readouterr()
+    assert main(["report", str(session.run_dir)]) == 0
+    text = capsys.readouterr().out
+    section = text[text.index(f"TPU target ({spec})"):]
+    assert f"{compiles['graph'].name}(" in section and "compiled at XLA's O0" in section
+    assert main(["report", "--json", str(session.run_dir)]) == 0
+    target = json.loads(capsys.readouterr().out)["target"]
+    assert target["target"] == spec
+    assert {p["name"]: p["flops"] for p in target["programs"]} == {e.name: e.flops for e in compiles.values()}
