@@ -1118,7 +1118,8 @@ class MemorySummaryEvent(Event):
 class MemoryFix:
     """One way a run that does not fit could, with the need estimated after it (per device).
 
-    ``remedy``: ``"bfloat16"`` (float32 tensors in bfloat16), ``"checkpointing"``
+    ``remedy``: ``"bfloat16"`` (float32 tensors in bfloat16: ``factor`` is what their
+    bytes become, as the target's tiles pad bfloat16 arrays of their shapes), ``"checkpointing"``
     (activation checkpointing), ``"batch"`` (a smaller batch: ``factor`` is the
     largest fraction of the current one that fits, 0 when none does),
     ``"chips"`` (``factor`` chips, parameters, gradients and optimizer state
