@@ -4,11 +4,14 @@ The reference is XLA's TPU compiler itself: the equivalent JAX program, compiled
 test for one device of the same deviceless topology at the dry run's effort level (O0),
 gives the flops, the argument, output and temporary bytes; the time is the roofline
 worked out here from that compile's cost analysis and the generation's published peaks.
+Which generations a refused program would fit is the compiler's accept or refuse of the
+same program on one device of each.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +20,9 @@ import torch
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.runtime.target import executor, parse_target
+from tpu_debug.runtime.target import GENERATIONS, executor, parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
+from tpu_debug.tracers.target import findings
 
 pytestmark = pytest.mark.skipif(
     not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
@@ -29,11 +33,16 @@ _PEAKS = {"v5e": (197e12, 819e9), "v6e": (918e12, 1640e9)}
 # a float32 product lowers at HIGHEST (torch's float32 default), six bf16 passes on the MXU
 _PASSES = {torch.float32: 6, torch.bfloat16: 1}
 M, K, N = 1024, 1000, 100  # the 100-wide result pads to 128 lanes
+GiB = 1024**3
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory):
+    """One target cache for the module: never the user's, and filled by these tests only."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path_factory.mktemp("target-cache")))
+    yield
+    mp.undo()
 
 
 def _reference(spec: str, fn, shapes: list[tuple[int, ...]], dtype: torch.dtype):
@@ -114,3 +123,42 @@ def test_a_dry_runs_programs_have_the_figures_of_the_same_jax_programs(spec, dty
     target = json.loads(capsys.readouterr().out)["target"]
     assert target["target"] == spec
     assert {p["name"]: p["flops"] for p in target["programs"]} == {e.name: e.flops for e in compiles.values()}
+
+
+def _stated_hbm(generation: str) -> int:
+    """The HBM one device offers, as the compiler's refusal of a far too big program states it."""
+    sharding = jax.sharding.SingleDeviceSharding(topology(parse_target(generation))[0])
+    x = jax.ShapeDtypeStruct((200_000, 200_000), jnp.float32, sharding=sharding)  # 149 GiB
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"exceeds available HBM \((?P<g>[\d.]+)G\)") as refused:
+        jax.jit(lambda a: a + 1).lower(x).compile()
+    return int(float(re.search(r"available HBM \(([\d.]+)G\)", str(refused.value)).group(1)) * GiB)
+
+
+def _accepts(generation: str, fn, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    sharding = jax.sharding.SingleDeviceSharding(topology(parse_target(generation))[0])
+    try:
+        jax.jit(fn).lower(jax.ShapeDtypeStruct(shape, _JAX[dtype], sharding=sharding)).compile()
+    except jax.errors.JaxRuntimeError as exc:
+        assert "RESOURCE_EXHAUSTED" in str(exc) and "HBM" in str(exc), exc
+        return False
+    return True
+
+
+# a product whose input and output each take half the need: over one v5e device (15.75 GiB)
+# and under one v6e (31.25); over one v6e and under one v5p (95.74)
+@pytest.mark.parametrize("spec, need_gib", [("v5e", 20), ("v6e", 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_it(spec, need_gib, dtype, tmp_path):
+    n = need_gib * GiB // 2 // torch.empty((), dtype=dtype).element_size()
+    with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target=spec) as session:
+        x = torch.empty(n, dtype=dtype, device="tpu")
+        x * 2
+    (refused,) = [e for e in session.events("target_compile") if e.status == "hbm_oom"]
+    accepted = {g for g in GENERATIONS if _accepts(g, _opmath(lambda v: v * 2), (n,), dtype)}
+    assert set(refused.larger_targets) == accepted and spec not in accepted and accepted
+    for name, usable, spec_bytes in zip(refused.larger_targets, refused.larger_hbm_bytes, refused.larger_spec_bytes):
+        # the compiler's figure (its message rounds it to 0.01 GiB), the spec sheet's beside it
+        assert usable == pytest.approx(_stated_hbm(name), abs=0.01 * GiB)
+        assert spec_bytes == {"v6e": 32 * GiB, "v5p": 95 * GiB}[name]
+    (oom,) = [f for f in findings(session.events("target_compile")) if f.kind == "hbm_oom"]
+    assert ("v6e: 31.25 GiB usable (spec 32.00 GiB)" in oom.fix) is (spec == "v5e")
