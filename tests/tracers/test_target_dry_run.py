@@ -153,6 +153,7 @@ def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_
     with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target=spec) as session:
         x = torch.empty(n, dtype=dtype, device="tpu")
         x * 2
+    del x  # a traceback kept by a later check would hold the frame, and the tensor, alive into the next test
     (refused,) = [e for e in session.events("target_compile") if e.status == "hbm_oom"]
     accepted = {g for g in GENERATIONS if _accepts(g, _opmath(lambda v: v * 2), (n,), dtype)}
     assert set(refused.larger_targets) == accepted and spec not in accepted and accepted
