@@ -163,3 +163,21 @@ def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_
         assert spec_bytes == {"v6e": 32 * GiB, "v5p": 95 * GiB}[name]
     (oom,) = [f for f in findings(session.events("target_compile")) if f.kind == "hbm_oom"]
     assert ("v6e: 31.25 GiB usable (spec 32.00 GiB)" in oom.fix) is (spec == "v5e")
+
+
+def test_dry_run_gives_each_programs_target_compile_as_a_target_run_records_it():
+    def step():
+        a = torch.empty(M, K, device="tpu")
+        b = torch.empty(K, N, device="tpu")
+        a @ b
+
+    result = tpu_debug.dry_run(step, target="v6e")
+    assert {e.name for e in result.compiles} == {p.name for p in result.programs}
+    (mm,) = [e for e in result.compiles if e.name == "mm"]
+    memory, cost = _reference("v6e", _dot(torch.float32), [(M, K), (K, N)], torch.float32)
+    assert mm.ok and mm.optimization_level == "O0" and mm.flops == pytest.approx(cost["flops"], rel=0.02)
+    assert (mm.argument_bytes, mm.output_bytes, mm.temp_bytes) == (
+        memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes)
+    peak, bandwidth = _PEAKS["v6e"]
+    compute = cost["flops"] * _PASSES[torch.float32] / peak
+    assert mm.estimated_seconds == pytest.approx(max(compute, cost["bytes accessed"] / bandwidth), rel=0.02)
