@@ -1419,9 +1419,9 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
     if levels:
         rows.append((
             "effort",
-            (f"compiled at XLA's {', '.join(levels)} (a dry run's level: fast to compile, nearly the default's "
-             "memory, the same FLOP; bytes accessed, and so est. times, are the O0 program's, not the "
-             "default level's: trace with --target and no --dry-run for those)"),
+            (f"compiled at XLA's {', '.join(levels)}, the dry run's effort level (fast to compile; FLOP as at "
+             "the default level and memory nearly so; bytes accessed, and so est. times, are those of the "
+             "program at this level: trace with --target and no --dry-run for the default's)"),
         ))
     step = d["step"]
     if step is not None:
