@@ -1419,9 +1419,10 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
     if levels:
         rows.append((
             "effort",
-            (f"compiled at XLA's {', '.join(levels)}, the dry run's effort level (fast to compile; FLOP as at "
-             "the default level and memory nearly so; bytes accessed, and so est. times, are those of the "
-             "program at this level: trace with --target and no --dry-run for the default's)"),
+            (f"compiled at XLA's {', '.join(levels)}, the dry run's effort level (fast to compile; FLOP, "
+             "argument and output bytes as at the default level; temporaries and bytes accessed, and so "
+             "est. times, are those of the program at this level: trace with --target and no --dry-run "
+             "for the default's)"),
         ))
     step = d["step"]
     if step is not None:

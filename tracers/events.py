@@ -876,8 +876,8 @@ class TargetCompileEvent(Event):
     offers more HBM than ``required_bytes``, with what their compiler offers
     (``larger_hbm_bytes``) and their spec sheet's figure (``larger_spec_bytes``).
     ``optimization_level``: XLA's effort level of the compile (None: the
-    compiler's default; a dry run compiles at ``"O0"``, whose cost analysis is of
-    less optimized code).
+    compiler's default; a dry run compiles at ``"O0"``, whose temporaries and
+    bytes accessed can differ from the default level's; flops do not).
     """
 
     kind: ClassVar[str] = "target_compile"
