@@ -163,6 +163,8 @@ def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_
         assert spec_bytes == {"v6e": 32 * GiB, "v5p": 95 * GiB}[name]
     (oom,) = [f for f in findings(session.events("target_compile")) if f.kind == "hbm_oom"]
     assert ("v6e: 31.25 GiB usable (spec 32.00 GiB)" in oom.fix) is (spec == "v5e")
+    # the refusal is the dry run's and the target tracer's record both: one finding of the run
+    assert [f.kind for f in session.findings()].count("hbm_oom") == 1
 
 
 def test_dry_run_gives_each_programs_target_compile_as_a_target_run_records_it():
