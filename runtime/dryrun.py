@@ -42,8 +42,8 @@ import numpy as np
 
 from tpu_debug_core.errors import TpuDebugError
 
-__all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile", "active",
-           "dry_mode", "target_future", "value_needed"]
+__all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile",
+           "active", "dry_mode", "target_future", "value_needed"]
 
 
 #: XLA's effort level of a dry run's target compiles (see ``DryMode``)

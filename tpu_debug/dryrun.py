@@ -22,7 +22,12 @@ from typing import Any
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.dryrun import TARGET_LEVEL, DryRunValueError, ProgramCompile, dry_mode, target_future
 from tpu_debug.runtime.target import LibtpuMissingError, Target, parse_target
-from tpu_debug.tracers.events import MemoryFindingEvent, MemorySummaryEvent, SourceLocation, TargetCompileEvent
+from tpu_debug.tracers.events import (
+    MemoryFindingEvent,
+    MemorySummaryEvent,
+    SourceLocation,
+    TargetCompileEvent,
+)
 from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text, size
 from tpu_debug.tracers.target import DEFAULT_WAIT, TargetTracer
 

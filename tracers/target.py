@@ -715,9 +715,10 @@ def _larger_text(event: TargetCompileEvent) -> str:
     the figures)."""
     if len(event.larger_hbm_bytes) != len(event.larger_targets):
         return ", ".join(event.larger_targets)
+    figures = zip(event.larger_targets, event.larger_hbm_bytes, event.larger_spec_bytes)
     return ", ".join(
         f"{name}: {_bytes(usable)} usable (spec {_bytes(spec)})" if usable != spec else f"{name}: {_bytes(spec)}"
-        for name, usable, spec in zip(event.larger_targets, event.larger_hbm_bytes, event.larger_spec_bytes)
+        for name, usable, spec in figures
     )
 
 

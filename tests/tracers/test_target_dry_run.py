@@ -71,7 +71,8 @@ def _dot(dtype: torch.dtype):
 
 @pytest.mark.parametrize("spec", ["v5e", "v6e"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_dry_runs_programs_have_the_figures_of_the_same_jax_programs(spec, dtype, tmp_path, monkeypatch, capsys):
+def test_a_dry_runs_programs_have_the_figures_of_the_same_jax_programs(spec, dtype, tmp_path, monkeypatch,
+                                                                       capsys):
     started = []
     compile_lowered = executor.compile_lowered_for_target
 
@@ -87,7 +88,8 @@ def test_a_dry_runs_programs_have_the_figures_of_the_same_jax_programs(spec, dty
         torch.tanh(a @ b)
         graph(a, b)
     # the graph's name numbers it among the process's graphs
-    compiles = {("graph" if e.name.endswith("/inference") else e.name): e for e in session.events("target_compile")}
+    events = session.events("target_compile")
+    compiles = {("graph" if e.name.endswith("/inference") else e.name): e for e in events}
     assert set(compiles) == {"mm", "tanh", "graph"}, sorted(compiles)
     # each program went to the TPU compiler once: the dry run's compile is the one recorded
     (dry,) = session.events("dry_run")
@@ -110,7 +112,8 @@ def test_a_dry_runs_programs_have_the_figures_of_the_same_jax_programs(spec, dty
         assert event.temp_bytes == pytest.approx(memory.temp_size_in_bytes, rel=0.02, abs=0)
         dot_flops = 2 * M * N * K if name != "tanh" else 0
         compute = (cost.get("flops", 0.0) + (_PASSES[dtype] - 1) * dot_flops) / peak
-        assert event.estimated_seconds == pytest.approx(max(compute, cost["bytes accessed"] / bandwidth), rel=0.02)
+        memory_bound = cost["bytes accessed"] / bandwidth
+        assert event.estimated_seconds == pytest.approx(max(compute, memory_bound), rel=0.02)
     # the product's padded result: 100 lanes of 128 in the compiler's layout, not the logical bytes
     assert compiles["mm"].output_bytes > M * N * torch.empty((), dtype=dtype).element_size()
     # the report's TPU target section, as text and as JSON
@@ -149,7 +152,8 @@ def _accepts(generation: str, fn, shape: tuple[int, ...], dtype: torch.dtype) ->
 # and under one v6e (31.25); over one v6e and under one v5p (95.74)
 @pytest.mark.parametrize("spec, need_gib", [("v5e", 20), ("v6e", 40)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_it(spec, need_gib, dtype, tmp_path):
+def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_it(spec, need_gib, dtype,
+                                                                                    tmp_path):
     n = need_gib * GiB // 2 // torch.empty((), dtype=dtype).element_size()
     with tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target=spec) as session:
         x = torch.empty(n, dtype=dtype, device="tpu")
@@ -158,7 +162,8 @@ def test_a_program_refused_for_hbm_names_the_generations_whose_compiler_accepts_
     (refused,) = [e for e in session.events("target_compile") if e.status == "hbm_oom"]
     accepted = {g for g in GENERATIONS if _accepts(g, _opmath(lambda v: v * 2), (n,), dtype)}
     assert set(refused.larger_targets) == accepted and spec not in accepted and accepted
-    for name, usable, spec_bytes in zip(refused.larger_targets, refused.larger_hbm_bytes, refused.larger_spec_bytes):
+    larger = zip(refused.larger_targets, refused.larger_hbm_bytes, refused.larger_spec_bytes)
+    for name, usable, spec_bytes in larger:
         # the compiler's figure (its message rounds it to 0.01 GiB), the spec sheet's beside it
         assert usable == pytest.approx(_stated_hbm(name), abs=0.01 * GiB)
         assert spec_bytes == {"v6e": 32 * GiB, "v5p": 95 * GiB}[name]
