@@ -18,7 +18,9 @@ and nothing is copied:
   the line when the caller said how to find it (``describe``).
 
 The target compiler's answers (per-device memory, HBM out-of-memory, refusals)
-are collected with :meth:`DryMode.collect`. Programs are single-device here: a
+are collected with :meth:`DryMode.collect`; a tracer that records each program's
+target compile takes the one already running for a lowering (:func:`target_future`)
+instead of compiling it again. Programs are single-device here: a
 data-parallel replica on a multi-chip target holds the same on each chip, and a
 program lowered with shardings would carry its partitions to the target compile
 (``compile_lowered_for_target``).
@@ -30,6 +32,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -39,8 +42,12 @@ import numpy as np
 
 from tpu_debug_core.errors import TpuDebugError
 
-__all__ = ["Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile", "active", "dry_mode",
-           "value_needed"]
+__all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile",
+           "active", "dry_mode", "target_future", "value_needed"]
+
+
+#: XLA's effort level of a dry run's target compiles (see ``DryMode``)
+TARGET_LEVEL = "O0"
 
 
 class Abstract(jax.ShapeDtypeStruct):
@@ -138,7 +145,7 @@ class DryMode:
     """
 
     def __init__(self, target: Any = None, *, describe: Callable[[str], tuple[str, str | None]] | None = None,
-                 optimization_level: str | None = "O0") -> None:
+                 optimization_level: str | None = TARGET_LEVEL) -> None:
         from tpu_debug.runtime.target import parse_target
 
         self.target = parse_target(target) if target is not None else None
@@ -150,6 +157,9 @@ class DryMode:
         self.stop: DryRunValueError | None = None
         self._ops: dict[Any, tuple[tuple, Any, tuple]] = {}
         self._lock = threading.Lock()
+        # lowering -> its target compile, until a tracer takes it (weak: nothing else keeps a
+        # lowering alive once its program is compiled and its outputs' avals read)
+        self._futures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._compiling = self.target is not None
         self.ops = 0  # eager ops dispatched
 
@@ -257,6 +267,12 @@ class DryMode:
             return
         with self._lock:
             self.programs.append(ProgramCompile(mode, name, future))
+            self._futures[lowered] = future
+
+    def future_for(self, lowered: Any) -> Future | None:
+        """The target compile of ``lowered`` this dry run started (taken: asked once), or None."""
+        with self._lock:
+            return self._futures.pop(lowered, None)
 
     def collect(self, timeout: float | None = None) -> list[ProgramCompile]:
         """Wait for every program sent to the target's compiler (each at most ``timeout`` seconds
@@ -300,6 +316,13 @@ def value_needed(op: str, t: Any = None) -> DryRunValueError:
     if mode is None:
         return DryRunValueError(op, _tensor_text(t))  # a dry run's tensor read after it ended
     return mode._needs(op, _tensor_text(t), op=op)
+
+
+def target_future(lowered: Any) -> Future | None:
+    """The active dry run's target compile of ``lowered`` (a ``Future[TargetCompile]``), or None
+    when no dry run is active or it compiled no such lowering (see :meth:`DryMode.future_for`)."""
+    mode = active
+    return None if mode is None else mode.future_for(lowered)
 
 
 @contextlib.contextmanager

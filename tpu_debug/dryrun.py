@@ -5,22 +5,31 @@ and a dtype and no data, and sends every program to the target's compiler
 instead of running it; the memory tracer (``tracers/memory.py``) follows the
 live bytes. What comes back says whether the code fits one device of the
 target, with the peak, its holders and the compiler's refusals, on a machine
-that could not hold the model.
+that could not hold the model; the TPU target tracer (``tracers/target.py``)
+turns each program's target compile into the record a ``--target`` run keeps
+(memory, cost, roofline, padding), from the dry run's own compile.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tpu_debug.runtime import probes
-from tpu_debug.runtime.dryrun import DryRunValueError, ProgramCompile, dry_mode
-from tpu_debug.runtime.target import Target, parse_target
-from tpu_debug.tracers.events import MemoryFindingEvent, MemorySummaryEvent, SourceLocation
+from tpu_debug.runtime.dryrun import TARGET_LEVEL, DryRunValueError, ProgramCompile, dry_mode, target_future
+from tpu_debug.runtime.target import LibtpuMissingError, Target, parse_target
+from tpu_debug.tracers.events import (
+    MemoryFindingEvent,
+    MemorySummaryEvent,
+    SourceLocation,
+    TargetCompileEvent,
+)
 from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text, size
+from tpu_debug.tracers.target import DEFAULT_WAIT, TargetTracer
 
 __all__ = ["DryRunResult", "DryRunValueError", "dry_run", "value_reader"]
 
@@ -39,6 +48,9 @@ class DryRunResult:
         outputs: what ``fn`` returned (tensors that hold no data), None if it stopped.
         notes: what the dry run could not do (libtpu missing, say).
         seconds: the dry run, wall clock (the target compiles included).
+        compiles: each distinct program's target compile as a ``--target`` run records
+            it (memory, the compiler's cost, the roofline estimate, padding), at the dry
+            run's effort level (``optimization_level``); empty without libtpu.
     """
 
     target: Target
@@ -49,6 +61,7 @@ class DryRunResult:
     outputs: Any
     notes: tuple[str, ...]
     seconds: float
+    compiles: tuple[TargetCompileEvent, ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -85,6 +98,29 @@ class DryRunResult:
                 lines.append(f"  fix: {describe_fix(fix)}")
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+class _Kept:
+    """Where ``dry_run()``'s target tracer puts its events: kept here, no run is recorded."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self._ids = itertools.count(1)
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def put(self, event: Any) -> None:
+        self.events.append(event)
+
+
+def _target_tracer(target: Target) -> Any:
+    """A target tracer recording the dry run's own compiles (None without libtpu: the dry run
+    says so in its notes)."""
+    try:
+        return TargetTracer(_Kept(), target, hlo=False, reuse=target_future, optimization_level=TARGET_LEVEL)
+    except LibtpuMissingError:
+        return None
 
 
 def _where(location: SourceLocation | None) -> str | None:
@@ -142,7 +178,8 @@ def dry_run(fn: Callable[..., Any], *inputs: Any, target: str | Target = "v5e", 
     Returns:
         A :class:`DryRunResult`: ``fits``, the memory summary (peak, holders,
         temporaries, the need per chip), findings with estimated fixes, each
-        program's target compile, the stop if there was one.
+        program's target compile (``programs``; ``compiles``: as recorded, with the
+        roofline estimate), the stop if there was one.
 
     Raises:
         TargetSpecError: ``target`` names no known TPU.
@@ -163,8 +200,12 @@ def dry_run(fn: Callable[..., Any], *inputs: Any, target: str | Target = "v5e", 
     tracer = MemoryTracer(target=tgt, dry_run=True)
     tracer.start()
     probes.subscribe(tracer)
+    compiles = _target_tracer(tgt)
+    if compiles is not None:
+        probes.subscribe(compiles)
     stopped: DryRunValueError | None = None
     outputs = None
+    collected = False
     try:
         with dry_mode(tgt, describe=describe) as mode:
             try:
@@ -172,6 +213,7 @@ def dry_run(fn: Callable[..., Any], *inputs: Any, target: str | Target = "v5e", 
             except DryRunValueError as exc:
                 stopped = exc
             programs = mode.collect(compile_timeout)
+            collected = True
         tracer.add_target_programs(programs)
         if stopped is not None:
             tracer.stop_at(stopped.what, seen.get("location"))
@@ -179,5 +221,13 @@ def dry_run(fn: Callable[..., Any], *inputs: Any, target: str | Target = "v5e", 
     finally:
         probes.unsubscribe(tracer)
         tracer.close()
+        if compiles is not None:
+            probes.unsubscribe(compiles)
+            # once collected, the compiles are done and this records them; when fn raised, the
+            # error is not held up by compiles nobody will read
+            wait = (compile_timeout if compile_timeout is not None else DEFAULT_WAIT) if collected else 0.0
+            compiles.close(wait=wait)
+    kept = compiles.writer.events if compiles is not None else []
     return DryRunResult(tgt, summary, tuple(tracer.findings), tuple(programs), stopped, outputs,
-                        tuple(mode.notes), time.perf_counter() - started)
+                        tuple(mode.notes), time.perf_counter() - started,
+                        tuple(e for e in kept if isinstance(e, TargetCompileEvent)))

@@ -1416,6 +1416,15 @@ def _target_rows(d: dict) -> list[tuple[str, str]]:
                 "estimate for them; raise target_wait (--target-wait, TPU_DEBUG_TARGET_WAIT) to wait longer"),
             ))
         rows.append(("compile time", f"{format_seconds(summary['compile_seconds'])} of TPU compiles, beside the program"))
+    levels = d.get("optimization_levels") or []
+    if levels:
+        rows.append((
+            "effort",
+            (f"compiled at XLA's {', '.join(levels)}, the dry run's effort level (fast to compile; FLOP, "
+             "argument and output bytes as at the default level; temporaries and bytes accessed, and so "
+             "est. times, are those of the program at this level: trace with --target and no --dry-run "
+             "for the default's)"),
+        ))
     step = d["step"]
     if step is not None:
         what = "the whole run (no step marks)" if step["whole_run"] else f"{step['steps']} step(s), median"
@@ -1547,6 +1556,7 @@ def _target(session: Any) -> dict[str, Any] | None:
         "summary": _plain(summary, _EVENT_HEADER + ("location",)) if summary is not None else None,
         "step": step_summary(session.events("target_step")),
         "programs": [_target_compile_data(c, runs, ids) for c in sorted(compiles, key=weight)],
+        "optimization_levels": sorted({c.optimization_level for c in compiles if c.optimization_level}),
         "findings": [
             {"kind": f.kind, "subject": f.subject, "programs": list(f.programs), "fix": f.fix, "cost": f.cost,
              "text": f.render()}

@@ -740,13 +740,20 @@ class Trace(contextlib.ContextDecorator):
         from tpu_debug.runtime import probes
 
         target = self.config.target_spec()
-        if target is None or self.config.dry_run:
-            # a dry run compiles every program for the target itself (runtime/dryrun.py)
+        if target is None:
             return
         from tpu_debug.tracers.target import TargetTracer
 
+        reuse = level = None
+        if self.config.dry_run:
+            # a dry run compiles every program for the target itself (runtime/dryrun.py): the
+            # tracer records those compiles instead of making its own
+            from tpu_debug.runtime import dryrun
+
+            reuse, level = dryrun.target_future, dryrun.TARGET_LEVEL
         tracer = TargetTracer(self._writer, target, clock=self._recorder.clock,
-                              record_error=self._recorder.record_error, hlo=self.config.hlo)
+                              record_error=self._recorder.record_error, hlo=self.config.hlo, reuse=reuse,
+                              optimization_level=level)
         self._target = tracer
         # programs compiled before the trace are compiled for the target when they run in it
         probes.subscribe(tracer, replay=True)

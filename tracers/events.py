@@ -871,6 +871,13 @@ class TargetCompileEvent(Event):
     ``estimated_seconds`` place it on the target's roofline (a model estimate:
     max(flops / peak, bytes / HBM bandwidth)). ``padding_*`` add up the arrays
     of the entry computation, ``worst`` the ones the tiles pad most.
+
+    ``larger_targets`` (an HBM out-of-memory): the generations whose one device
+    offers more HBM than ``required_bytes``, with what their compiler offers
+    (``larger_hbm_bytes``) and their spec sheet's figure (``larger_spec_bytes``).
+    ``optimization_level``: XLA's effort level of the compile (None: the
+    compiler's default; a dry run compiles at ``"O0"``, whose temporaries and
+    bytes accessed can differ from the default level's; flops do not).
     """
 
     kind: ClassVar[str] = "target_compile"
@@ -909,6 +916,9 @@ class TargetCompileEvent(Event):
     available_bytes: int | None = None
     error_what: str | None = None
     larger_targets: tuple[str, ...] = ()
+    larger_hbm_bytes: tuple[int, ...] = ()
+    larger_spec_bytes: tuple[int, ...] = ()
+    optimization_level: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -1108,7 +1118,8 @@ class MemorySummaryEvent(Event):
 class MemoryFix:
     """One way a run that does not fit could, with the need estimated after it (per device).
 
-    ``remedy``: ``"bfloat16"`` (float32 tensors in bfloat16), ``"checkpointing"``
+    ``remedy``: ``"bfloat16"`` (float32 tensors in bfloat16: ``factor`` is what their
+    bytes become, as the target's tiles pad bfloat16 arrays of their shapes), ``"checkpointing"``
     (activation checkpointing), ``"batch"`` (a smaller batch: ``factor`` is the
     largest fraction of the current one that fits, 0 when none does),
     ``"chips"`` (``factor`` chips, parameters, gradients and optimizer state

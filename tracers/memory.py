@@ -123,6 +123,7 @@ class _Snapshot:
     sites: list[tuple[_Site, int, int, int]]  # site, bytes, tensors, logical bytes
     phases: dict[str, int]
     float32: int
+    float32_shapes: dict[tuple[int, ...], int] | None = None  # logical float32 bytes per shape (a target's)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,8 +166,11 @@ class MemoryTracer:
         self.target = target
         self.dry_run = dry_run
         self._record_error = record_error
-        # storage serial id -> [site, bytes charged (padded on a target), float32, logical bytes]
+        # storage serial id -> [site, bytes charged (padded on a target), float32, logical bytes,
+        # its shape (a float32 one, on a target)]
         self._storages: dict[int, list] = {}
+        # logical float32 bytes live per shape, on a target: what bfloat16 would pad them to
+        self._float32_shapes: dict[tuple[int, ...], int] = {}
         self._padding: dict[tuple, tuple[int, int] | None] = {}  # (shape, dtype) -> (padded, logical)
         self._sites: dict[tuple, _Site] = {}
         self._phases = dict.fromkeys(_PHASES, 0)
@@ -225,7 +229,9 @@ class MemoryTracer:
                 if site is None:
                     site = self._sites[key] = _Site(*key)
                 site.tensors += 1
-                record = [site, 0, info.dtype == "float32", 0]
+                float32 = info.dtype == "float32"
+                shape = tuple(info.shape) if float32 and self.target is not None else None
+                record = [site, 0, float32, 0, shape]
                 self._storages[info.storage] = record
             else:
                 record = self._storages.get(info.storage)
@@ -238,6 +244,8 @@ class MemoryTracer:
             site = record[0]
             record[3] += n
             site.logical += n
+            if record[4] is not None:
+                self._float32_shapes[record[4]] = self._float32_shapes.get(record[4], 0) + n
             n = self._padded(info, n)
             record[1] += n
             site.nbytes += n
@@ -266,6 +274,12 @@ class MemoryTracer:
             n = record[1] if info.nbytes >= record[3] else record[1] * info.nbytes // max(1, record[3])
             record[3] -= info.nbytes
             site.logical -= info.nbytes
+            if record[4] is not None:
+                left = self._float32_shapes.get(record[4], 0) - info.nbytes
+                if left > 0:
+                    self._float32_shapes[record[4]] = left
+                else:
+                    self._float32_shapes.pop(record[4], None)
             record[1] -= n
             site.nbytes -= n
             self.live -= n
@@ -364,6 +378,7 @@ class MemoryTracer:
             self.clock(), self.live,
             [(s, s.nbytes, s.tensors, s.logical) for s in self._sites.values() if s.nbytes > 0],
             dict(self._phases), self.float32,
+            dict(self._float32_shapes) if self.target is not None else None,
         )
 
     def end_step(self, index: int | None = None) -> None:
@@ -475,12 +490,26 @@ class MemoryTracer:
         holders = s.holders[:FINDING_HOLDERS]
         out = [MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
                                   ESTIMATE, s.target, s.required_bytes, s.capacity_bytes, None, holders,
-                                  plan_fixes(s, self.target))]
+                                  plan_fixes(s, self.target, float32_as_bf16=self._float32_as_bf16()))]
         for p in self._ooms():
             out.append(MemoryFindingEvent(self._new_id(), self.clock(), None, threading.get_native_id(), None,
                                           PROGRAM_OOM, s.target, p.required_bytes or s.required_bytes,
                                           p.available_bytes or s.capacity_bytes, p.name))
         return out
+
+    def _float32_as_bf16(self) -> int | None:
+        """The float32 tensors held at the peak, in bytes as bfloat16 on the target: the bytes the
+        TPU compiler gives a bfloat16 array of each shape (its tiles pad some shapes more than
+        float32's: a [n, 1] column takes as many bytes in either); None without a target."""
+        snap = self._peak_snapshot
+        if self.target is None or snap is None or snap.float32_shapes is None:
+            return None
+        total = 0
+        for shape, logical in snap.float32_shapes.items():
+            half = logical // 2
+            sizes = _padded_size(self.target, shape, "bfloat16")
+            total += half if sizes is None or not sizes[1] else half * sizes[0] // sizes[1]
+        return total
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -537,11 +566,14 @@ def _top(sites: list[tuple[_Site, int, int, int]], n: int) -> tuple[MemoryHolder
 # -- fixes ----------------------------------------------------------------------------------
 
 
-def plan_fixes(summary: MemorySummaryEvent, target: Any) -> tuple[MemoryFix, ...]:
+def plan_fixes(summary: MemorySummaryEvent, target: Any, *,
+               float32_as_bf16: int | None = None) -> tuple[MemoryFix, ...]:
     """What would make the run fit one device of ``target``, each with the need estimated after it.
 
     The estimates move the summary's parts, never measure: float32 tensors in
-    bfloat16 halve (the temporaries in proportion); activation checkpointing drops
+    bfloat16 take ``float32_as_bf16`` bytes (the float32 tensors at the peak as the
+    target pads bfloat16 arrays of their shapes; half their bytes when not given),
+    the temporaries shrinking in the same proportion; activation checkpointing drops
     the forward's tensors kept for backward (a lower bound: it keeps each
     checkpointed block's input); a smaller batch scales what is not persistent
     (activations and temporaries); more chips divide the whole (parameters,
@@ -552,11 +584,14 @@ def plan_fixes(summary: MemorySummaryEvent, target: Any) -> tuple[MemoryFix, ...
     peak, temp, required = summary.peak_bytes, summary.temp_bytes, summary.required_bytes
     trains = summary.trains
     fixes = []
-    if summary.float32_bytes:
-        share = summary.float32_bytes / peak if peak else 0.0
+    float32 = summary.float32_bytes
+    if float32:
+        share = float32 / peak if peak else 0.0
+        after = float32 / 2 if float32_as_bf16 is None else min(float32, float32_as_bf16)
+        ratio = after / float32
         # the temporaries shrink in proportion too, where they add to the need
-        est = int(required - summary.float32_bytes / 2 - (temp * share / 2 if required > peak else 0))
-        fixes.append(MemoryFix("bfloat16", est, 0.5, est <= capacity, trains=trains))
+        est = int(required - (float32 - after) - (temp * share * (1 - ratio) if required > peak else 0))
+        fixes.append(MemoryFix("bfloat16", est, round(ratio, 3), est <= capacity, trains=trains))
     if summary.activation_bytes and trains is not False:
         # without a backward pass nothing is kept for it: checkpointing has nothing to drop
         est = required - summary.activation_bytes

@@ -21,6 +21,10 @@ its MFU (:class:`~tpu_debug.tracers.events.TargetStepEvent`). At the end it
 waits a bounded time for compiles still running, and counts those that did not
 finish (:class:`~tpu_debug.tracers.events.TargetSummaryEvent`).
 
+In a dry run (``runtime/dryrun.py``) the runtime sends every program to the
+target's compiler itself; the tracer then compiles nothing and records the
+dry run's own compile of each lowering (``reuse``), at the dry run's effort level.
+
 :func:`findings` reads the recorded events back into :class:`TargetFinding`
 records (an HBM out-of-memory at compile time; padding that wastes a fifth of
 an array or more): the evidence the advisor's ``hbm_oom`` and ``tpu_padding``
@@ -193,6 +197,12 @@ class TargetTracer:
         clock: seconds since the run started.
         record_error: ``(where, message)`` keeps a tracer failure in the run.
         hlo: also store the TPU's optimized HLO (and refer to the local program).
+        reuse: ``reuse(lowered) -> Future[TargetCompile] | None``: the target compile
+            someone else started for a lowering (a dry run's, ``runtime.dryrun.target_future``).
+            When given, the tracer compiles nothing itself: a program with no such
+            compile is not recorded.
+        optimization_level: XLA's effort level of the compiles (``"O0"``...; None: the
+            compiler's default), recorded with each; with ``reuse``, the level they ran at.
 
     Raises:
         TargetSpecError: ``target`` names no TPU.
@@ -212,6 +222,8 @@ class TargetTracer:
         clock: Callable[[], float] | None = None,
         record_error: Callable[[str, str], None] | None = None,
         hlo: bool = True,
+        reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
+        optimization_level: str | None = None,
     ) -> None:
         from tpu_debug.runtime.target import _libtpu, parse_target
 
@@ -219,6 +231,8 @@ class TargetTracer:
         _libtpu.require_libtpu()
         self.writer = writer
         self.hlo = hlo
+        self._reuse = reuse
+        self.optimization_level = optimization_level
         self._clock = clock or (lambda: 0.0)
         self._record_error = record_error
         self._lock = threading.Lock()
@@ -343,7 +357,13 @@ class TargetTracer:
         info = program.info
         if info.lowered is None:
             return
-        future = compile_lowered_for_target_async(info.lowered, self.target)
+        if self._reuse is not None:
+            future = self._reuse(info.lowered)
+            if future is None:
+                return
+        else:
+            future = compile_lowered_for_target_async(info.lowered, self.target,
+                                                      optimization_level=self.optimization_level)
         self._track(future, program, relowered=False)
 
     def _track(self, future: concurrent.futures.Future, program: _Program, *, relowered: bool) -> None:
@@ -388,7 +408,8 @@ class TargetTracer:
         info = program.info
         args, kwargs = info.lowered.in_avals
         # the runtime lowers with 64-bit types on; so must the TPU lowering
-        future = compile_for_target_async(info.jitted, args, self.target, abstract_kwargs=kwargs, x64=True)
+        future = compile_for_target_async(info.jitted, args, self.target, abstract_kwargs=kwargs, x64=True,
+                                          optimization_level=self.optimization_level)
         with self._lock:
             if self._closed:
                 future.cancel()
@@ -427,7 +448,7 @@ class TargetTracer:
 
     def _event(self, program: _Program, result: Any, relowered: bool, stablehlo: str) -> TargetCompileEvent:
         """The recorded form of a target compile (runs on the worker: parsing TPU HLO costs)."""
-        from tpu_debug.runtime.target import GENERATIONS, roofline
+        from tpu_debug.runtime.target import roofline
 
         info = program.info
         args = tuple(a.recorded() for a in info.args)
@@ -464,10 +485,10 @@ class TargetTracer:
             fields.update(error_code=error.code, error_message=error.message, required_bytes=error.required_bytes,
                           available_bytes=error.available_bytes, error_what=error.what)
             if error.required_bytes is not None:
-                fields["larger_targets"] = tuple(
-                    g.name for g in GENERATIONS.values()
-                    if g.hbm_bytes // g.devices_per_chip > error.required_bytes
-                )
+                larger = _larger_targets(error.required_bytes)
+                fields.update(larger_targets=tuple(name for name, _, _ in larger),
+                              larger_hbm_bytes=tuple(usable for _, usable, _ in larger),
+                              larger_spec_bytes=tuple(spec for _, _, spec in larger))
         status = "ok" if error is None else error.kind
         seconds = float(result.seconds)
         ts = self._clock() - (0.0 if result.cached else seconds)
@@ -475,7 +496,7 @@ class TargetTracer:
             self.writer.new_id(), ts, info.mode, threading.get_native_id(), program.location,
             str(info.name), self.target.name, signature, args, seconds, status,
             identity=_identity(info), program=local, tpu_program=tpu, cached=bool(result.cached),
-            relowered=relowered, **fields,
+            relowered=relowered, optimization_level=self.optimization_level, **fields,
         )
 
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
@@ -599,6 +620,21 @@ def _described(name: str, described: dict[str, Any], entry: dict[str, _Instructi
     return None
 
 
+def _larger_targets(required: int) -> list[tuple[str, int, int]]:
+    """``(generation, usable, spec)`` for each generation one device of which offers ``required``
+    bytes: usable as its compiler counts it (what a program must fit in, below the spec sheet's),
+    the spec sheet's where libtpu cannot be asked."""
+    from tpu_debug.runtime.target import GENERATIONS, hbm_capacity, parse_target
+
+    out = []
+    for name in GENERATIONS:
+        target = parse_target(name)
+        usable, _source = hbm_capacity(target)
+        if usable >= required:
+            out.append((name, int(usable), int(target.spec_hbm_bytes_per_device)))
+    return out
+
+
 def _identity(info: Any) -> str:
     from tpu_debug.tracers.recompiles import _identity as identity_of
 
@@ -674,8 +710,20 @@ def _bytes(n: float | None) -> str:
     return f"{n} B"
 
 
+def _larger_text(event: TargetCompileEvent) -> str:
+    """``v6e: 31.25 GiB usable (spec 32.00 GiB), v5p: ...`` (names alone in runs recorded without
+    the figures)."""
+    if len(event.larger_hbm_bytes) != len(event.larger_targets):
+        return ", ".join(event.larger_targets)
+    figures = zip(event.larger_targets, event.larger_hbm_bytes, event.larger_spec_bytes)
+    return ", ".join(
+        f"{name}: {_bytes(usable)} usable (spec {_bytes(spec)})" if usable != spec else f"{name}: {_bytes(spec)}"
+        for name, usable, spec in figures
+    )
+
+
 def _oom_fix(event: TargetCompileEvent) -> str:
-    larger = ", ".join(event.larger_targets)
+    larger = _larger_text(event)
     bigger = f"compile for a target with more HBM per chip ({larger}), or " if larger else ""
     return (
         f"{bigger}shard the program over more chips (a bigger {event.target.split('-')[0]}-N slice), or "

@@ -194,12 +194,16 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
     view="memory",
 )
 def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
-    for f in findings(facts.target_compiles):
+    dry = [r for r in facts.memory.findings if r.finding == PROGRAM_OOM]
+    # a dry run's refusal is in both records (the target tracer records the dry run's compile):
+    # one finding, the dry run's, whose fix knows what the program makes
+    refused_dry = {r.program for r in dry}
+    compiles = [e for e in facts.target_compiles if not (e.status == "hbm_oom" and e.name in refused_dry)]
+    for f in findings(compiles):
         if f.kind == "hbm_oom":
             yield _oom_from_target(f)
-    for record in facts.memory.findings:
-        if record.finding == PROGRAM_OOM:
-            yield _oom_from_dry_run(record)
+    for record in dry:
+        yield _oom_from_dry_run(record)
 
 
 @rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more", view="ops")
