@@ -113,6 +113,15 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
         >>> outcome.from_cache
         False
     """
+    # not at the top: importing the distributed package imports the tensor module, which needs the runtime
+    from tpu_debug.runtime.distributed import xla_log
+
+    with xla_log.capture(enabled), _local_compile(enabled) as outcome:
+        yield outcome
+
+
+@contextlib.contextmanager
+def _local_compile(enabled: bool) -> Iterator[CacheOutcome]:
     outcome = CacheOutcome(start=time.perf_counter())
     root = cache_dir() if enabled else None
     if root is None or not _install():
