@@ -26,11 +26,12 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed import placement
 
-__all__ = ["RematWarning", "capture", "parse_line", "take"]
+__all__ = ["RematWarning", "capture", "parse_line", "remember", "take"]
 
 _MARK = b"Involuntary full rematerialization"
 # a sharding is {...}, possibly holding one nested {...} (its metadata)
@@ -217,3 +218,28 @@ def _finish() -> None:
     with contextlib.suppress(OSError):
         while rest:
             rest = rest[os.write(2, rest):]
+
+
+_KEPT = ".xla-log"  # beside a compile cache entry: the warnings its compile logged, one per line
+
+
+def remember(entry: Path | None, from_cache: bool) -> None:
+    """Keep this thread's warnings beside the compile cache's ``entry`` it just wrote, or, for an
+    executable read back from ``entry`` (XLA compiled nothing, so logged nothing), take back the
+    warnings its compile logged. A file that cannot be read or written costs the warnings only."""
+    if entry is None or not (placement.active and probes._probes):
+        return
+    kept = entry.with_name(entry.name + _KEPT)
+    try:
+        if from_cache:
+            if kept.exists():
+                found = (parse_line(line) for line in kept.read_text().splitlines())
+                _local.taken = tuple(w for w in found if w is not None)
+        elif getattr(_local, "taken", ()):
+            tmp = kept.with_name(f".tmp-{os.getpid()}-{threading.get_native_id()}{_KEPT}")
+            tmp.write_text("".join(w.text + "\n" for w in _local.taken))
+            os.replace(tmp, kept)
+        else:
+            kept.unlink(missing_ok=True)  # compiled again, cleanly
+    except (OSError, UnicodeDecodeError):
+        return

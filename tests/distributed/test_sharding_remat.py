@@ -11,7 +11,7 @@ import json
 import re
 import textwrap
 
-from dist_helpers import run_python
+from dist_helpers import REPO, run_python
 from tpu_debug.runtime.distributed.xla_log import parse_line
 
 _SCRIPT = '''
@@ -144,3 +144,23 @@ def test_parse_line_reads_both_wordings_of_the_warning():
                       "doing a full rematerialization of the tensor.")
     assert bare.to_sharding == "{devices=[1,64,4]<=[256] last_tile_dim_replicate}" and bare.instruction == ""
     assert parse_line("W1204 some other warning {devices=[2]}") is None
+
+
+def test_a_program_read_back_from_the_compile_cache_keeps_its_finding(tmp_path):
+    """XLA compiles nothing for an executable read back from the disk cache, so it logs nothing:
+    the second run must still have the finding, from the warnings kept beside the entry."""
+    import tpu_debug
+
+    pitfall = REPO / "examples" / "pitfalls" / "sharding_remat.py"
+    kinds = []
+    for name in ("first", "second"):
+        proc = run_python(["-m", "tpu_debug", "run", "--logdir", str(tmp_path / "runs"), "--name", name,
+                           "--devices", "8", str(pitfall), "--steps", "2"],
+                          TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Involuntary full rematerialization" not in proc.stderr
+        with tpu_debug.open_run(name, logdir=tmp_path / "runs") as session:
+            kinds.append([f.kind for f in session.findings()])
+            cached = sum(e.from_cache for e in session.compiles())
+    assert kinds == [["sharding_remat"], ["sharding_remat"]]
+    assert cached > 0, "the second run compiled its programs again: the cache was not used"
