@@ -223,6 +223,14 @@ def check_dry_run(env, ran):
     assert out.code == 0 and "v6e" in out.out, out
 
 
+def check_sharding_remat(env, ran):
+    out = _run_once("tpu-debug run --devices 8 examples/pitfalls/sharding_remat.py", env, ran)
+    # XLA's own line is the finding now, not a raw log line
+    assert out.code == 0 and "Involuntary full rematerialization" not in out.out, out
+    fixed = run("tpu-debug run --devices 8 examples/pitfalls/sharding_remat.py --fixed", env)
+    assert fixed.code == 0 and "\nFindings\nnothing to fix" in fixed.out, fixed
+
+
 def check_runs(env, ran):
     check_mlp(env, ran)
     out = run("tpu-debug runs", env)
@@ -307,6 +315,7 @@ RUN: dict[str, CheckFn] = {
     HIDDEN_SYNC: check_hidden_sync,
     "tpu-debug run --divergence --numerics tpu examples/pitfalls/bf16_drift.py": check_bf16_drift,
     "tpu-debug run --target v6e --dry-run examples/dry_run_llama.py": check_dry_run,
+    "tpu-debug run --devices 8 examples/pitfalls/sharding_remat.py": check_sharding_remat,
     "tpu-debug runs": check_runs,
     "tpu-debug report": check_report,
     "tpu-debug report [RUN]": check_report,
