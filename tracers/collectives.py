@@ -125,6 +125,10 @@ class CollectivesTracer:
 
             parse_target(target)  # a bad spec fails when the trace starts, not at the first compile
             self._compiler = TargetCompiler()
+        from tpu_debug.runtime.distributed import xla_log
+
+        xla_log.add_reader()  # XLA's warnings about shardings, caught around each compile, come here
+        self._reading = True
 
     # -- probe methods --------------------------------------------------------------------
 
@@ -258,6 +262,11 @@ class CollectivesTracer:
         """Wait up to ``timeout`` seconds for target compiles still running; returns how many did not finish."""
         with self._lock:
             self._stop_watching()
+            reading, self._reading = self._reading, False
+        if reading:
+            from tpu_debug.runtime.distributed import xla_log
+
+            xla_log.remove_reader()
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:

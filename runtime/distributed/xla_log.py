@@ -8,7 +8,7 @@ HLO operation %mul.1 = f32[8,16,4]{2,1,0} multiply(...)" means the program gathe
 whole tensor onto every device to re-split it, because two values meeting in one
 op were sharded differently.
 
-While a trace listens and a mesh exists, :func:`capture` redirects file descriptor 2
+While a tracer reads them and a mesh exists, :func:`capture` redirects file descriptor 2
 around the runtime's compile (the C++ logger writes there, below Python), keeps the
 lines it recognises as :class:`RematWarning` records for the tracers (:func:`take`),
 and writes every other byte back to the real stderr when the compile ends, so
@@ -28,10 +28,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed import placement
 
-__all__ = ["RematWarning", "capture", "parse_line", "remember", "take"]
+__all__ = ["RematWarning", "add_reader", "capture", "parse_line", "remember", "remove_reader", "take"]
 
 _MARK = b"Involuntary full rematerialization"
 # a sharding is {...}, possibly holding one nested {...} (its metadata)
@@ -104,6 +103,23 @@ _local = threading.local()  # .taken: the RematWarnings of this thread's last ca
 _lock = threading.Lock()
 _depth = 0  # captures in progress (threads compiling at once share one redirect)
 _shared: dict = {}  # while _depth > 0: "file", "saved" (the real stderr's fd), "overlap"
+
+
+_readers = 0  # tracers that take the warnings (a capture nobody reads would swallow them)
+
+
+def add_reader() -> None:
+    """A tracer will :func:`take` the warnings of each compile: capture them from now on."""
+    global _readers
+    with _lock:
+        _readers += 1
+
+
+def remove_reader() -> None:
+    """A tracer of :func:`add_reader` stopped: with no reader left, XLA's lines stay on stderr."""
+    global _readers
+    with _lock:
+        _readers = max(0, _readers - 1)
 
 
 def take() -> tuple[RematWarning, ...]:
@@ -179,8 +195,8 @@ def capture(enabled: bool = True) -> Iterator[None]:
     Args:
         enabled: False passes straight through (a compile for another target).
 
-    The redirect happens only while a mesh exists and a probe listens (nobody else
-    would read the records); otherwise the block runs untouched.
+    The redirect happens only while a mesh exists and a tracer reads the records
+    (:func:`add_reader`); otherwise the block runs untouched.
 
     Example:
         >>> with capture():
@@ -189,7 +205,7 @@ def capture(enabled: bool = True) -> Iterator[None]:
         (RematWarning(from_sharding='{devices=[2,1,4]<=[4,2]T(1,0)}', ...),)
     """
     _local.taken = ()
-    if not (enabled and placement.active and probes._probes):
+    if not (enabled and placement.active and _readers):
         yield
         return
     try:
@@ -227,7 +243,7 @@ def remember(entry: Path | None, from_cache: bool) -> None:
     """Keep this thread's warnings beside the compile cache's ``entry`` it just wrote, or, for an
     executable read back from ``entry`` (XLA compiled nothing, so logged nothing), take back the
     warnings its compile logged. A file that cannot be read or written costs the warnings only."""
-    if entry is None or not (placement.active and probes._probes):
+    if entry is None or not (placement.active and _readers):
         return
     kept = entry.with_name(entry.name + _KEPT)
     try:
