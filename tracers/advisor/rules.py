@@ -1191,6 +1191,26 @@ def _sharding_text(sharding: str) -> str:
     return ", ".join(split) if split else "replicated"
 
 
+_RESHAPES = {"view", "view.default", "_unsafe_view", "_unsafe_view.default", "reshape", "reshape.default",
+             "view_copy.default", "_reshape_alias.default", "flatten.using_ints", "unflatten.int"}
+
+
+def _remat_fix(op: str) -> str:
+    if op in _RESHAPES:
+        return (
+            "this reshape merges or splits a sharded dimension in a way XLA cannot keep sharded, so it gathers "
+            "the tensor first: reshape only dimensions that are not sharded, or keep the sharded dimension "
+            "outermost among those it merges (its size a multiple of the devices it is split over), or shard "
+            "the tensor on a dimension the reshape leaves alone"
+        )
+    return (
+        "the tensors this op combines are sharded differently and XLA cannot move between the two layouts "
+        "with one collective: shard them the same way (one mark_sharding spec, or the same distribute_tensor "
+        "placements, for every input the op meets), or, when the layout must change, reshard once outside "
+        "the step (distribute_tensor into the new placements) instead of in every call"
+    )
+
+
 @rule("sharding_remat", about="XLA gathers a whole tensor onto every device to split it again, because the values "
       "an op combines are sharded differently (XLA's involuntary full rematerialization)", view="collectives")
 def sharding_remat(facts: RunFacts) -> Iterable[Finding]:
@@ -1214,21 +1234,14 @@ def sharding_remat(facts: RunFacts) -> Iterable[Finding]:
                 + f" onto every device to go from {_sharding_text(first.from_sharding)} to "
                 f"{_sharding_text(first.to_sharding)}"
             ),
-            fix=(
-                "the tensors this op combines are sharded differently and XLA cannot move between the two "
-                "layouts with one collective: shard them the same way (one mark_sharding spec, or the same "
-                "distribute_tensor placements, for every input the op meets), or, when the layout must change, "
-                "reshard once outside the step (distribute_tensor into the new placements) instead of in every "
-                "call; a reshape that merges or splits a sharded dimension forces this too: shard a dimension the "
-                "reshape keeps"
-            ),
+            fix=_remat_fix(op),
             cost_seconds=0.0,
             evidence=Evidence(first.location, (Count("rematerializations", len(events)),), tuple(
                 f"HLO {e.instruction} = {e.shape} {e.opcode}" + (f" (FX node {e.node})" if e.node else "")
                 + f": from {e.from_sharding} to {e.to_sharding}" for e in events[:4]
             )),
             steps=(step, step) if step is not None else None,
-            cause="reshard",
+            cause="reshape" if op in _RESHAPES else "layouts",
             subject=f"{name}: {op} {_site(first.location)}",
             targets=(name,),
         )
