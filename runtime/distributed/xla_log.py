@@ -6,14 +6,17 @@ sees them: "[SPMD] Involuntary full rematerialization. The compiler cannot go fr
 sharding {devices=[2,1,4]<=[4,2]T(1,0)} to {devices=[1,8,1]<=[8]} efficiently for
 HLO operation %mul.1 = f32[8,16,4]{2,1,0} multiply(...)" means the program gathers a
 whole tensor onto every device to re-split it, because two values meeting in one
-op were sharded differently.
+op were sharded differently (or a reshape merged or split a sharded dimension).
 
 While a tracer reads them and a mesh exists, :func:`capture` redirects file descriptor 2
 around the runtime's compile (the C++ logger writes there, below Python), keeps the
 lines it recognises as :class:`RematWarning` records for the tracers (:func:`take`),
 and writes every other byte back to the real stderr when the compile ends, so
-nothing is lost. Anything going wrong in the capture leaves the compile and the
-program's output as they would have been.
+nothing is lost (what another thread writes to stderr meanwhile comes out then too).
+Lines of two compiles running at once cannot be told apart: all go back as they
+were. Anything going wrong in the capture leaves the compile and the program's
+output as they would have been. A compile read back from the disk cache logs
+nothing, so the warnings are kept beside its cache entry (:func:`remember`).
 """
 
 from __future__ import annotations
