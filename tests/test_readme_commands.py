@@ -104,11 +104,19 @@ def _excused(command: str) -> str | None:
     return next((why for start, why in EXCUSED.items() if command.startswith(start)), None)
 
 
+def _without_environment(command: str) -> list[str]:
+    """The command's words after its leading ``NAME=value`` assignments."""
+    words = command.split()
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+        words.pop(0)
+    return words
+
+
 def _form(command: str) -> bool:
     """A command to fill in rather than to run: a script the reader brings (``tpu-debug run
     --memory``, ``tpu-debug run --target v6e-8 script.py``, ``python script.py``). Its flags
     are checked (:func:`test_the_flags_readme_shows_exist`)."""
-    words = command.split()
+    words = _without_environment(command)
     if any(word in PLACEHOLDERS for word in words):
         return words[:2] in (["tpu-debug", "run"], ["python", "script.py"])
     return words[:2] == ["tpu-debug", "run"] and not any(w.endswith(".py") for w in words)
@@ -360,7 +368,7 @@ def test_the_flags_readme_shows_exist():
     """Every tpu-debug command, placeholders and all: its verb exists and its flags are in its --help."""
     helps: dict[str, str] = {}
     for command in readme_commands():
-        words = command.split()
+        words = _without_environment(command)
         if words[0] != "tpu-debug" or len(words) < 2:
             continue
         verb = words[1]
