@@ -1,8 +1,8 @@
 """Every command README.md shows is run, and the output it shows is what the command prints.
 
 Commands are read from the README itself: each line of a fenced ``bash``/``sh``/``console``
-block (``a && b`` is two commands) and each inline code span that is a ``tpu-debug`` or
-``python`` command. Every one is either run by this module (:data:`RUN`, keyed by the
+block (``a && b`` is two commands) and each inline code span that is a ``tpu-debug``,
+``python``, ``pip install`` or ``tlparse`` command. Every one is either run by this module (:data:`RUN`, keyed by the
 README's text), excused with its reason (:data:`EXCUSED`), or, for a ``tpu-debug`` command
 written with a placeholder (``script.py``, ``RUN``), checked for its verb and flags against
 that verb's ``--help``. A command the README gains without one of those fails
@@ -48,6 +48,8 @@ EXCUSED: dict[str, str] = {
                                     "tests/corpus checks the same findings",
     "python benchmarks/target_dryrun.py": "a benchmark (a 7B model compiled for a TPU, minutes); benchmarks are "
                                           "not run as tests",
+    "tlparse": "PyTorch's reader of a TORCH_TRACE log, not this package's; tests/cli/test_import_trace.py runs it "
+               "on a log as the independent reference",
     "python docs/tensorboard_screenshot.py": "needs headless Chromium and rewrites a committed image",
 }
 
@@ -90,7 +92,7 @@ def shell_commands(block: Block) -> list[str]:
 def inline_commands(text: str) -> list[str]:
     prose = re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
     spans = (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose))
-    command = re.compile(r"^(?:[A-Z_]+=\S*\s+)*(?:tpu-debug(?:\s|$)|python\s+(?:-m\s|\S+\.py\b))")
+    command = re.compile(r"^(?:[A-Z_]+=\S*\s+)*(?:tpu-debug(?:\s|$)|python\s+(?:-m\s|\S+\.py\b)|pip install\s|tlparse\s)")
     return list(dict.fromkeys(s for s in spans if command.match(s)))
 
 
