@@ -16,6 +16,8 @@ from run to run, the words and the layout do not). A fenced block after
 
 Python blocks are sketches around the reader's own model (``MyModel``, ``train_steps``):
 they are parsed, and every ``tpu_debug`` name and ``torch.tpu`` name they use must exist.
+A block after ``<!-- readme-test: run ... -->`` is a whole program: it is run, and the
+figures its comments promise are checked (:data:`PROGRAMS`).
 """
 
 from __future__ import annotations
@@ -478,3 +480,38 @@ def test_the_python_readme_shows_uses_names_that_exist():
             if not _resolve(full):
                 missing.append(f"README.md:{block.line}: {dotted}")
     assert not missing, missing
+
+
+def check_target_program(out: str) -> None:
+    """The TPU target example: 2*m*n*k flops, the roofline's verdict its comment shows, and no
+    padded array (8192 is a multiple of the (8,128) tile)."""
+    flops, roofline, worst = out.strip().splitlines()[-3:]
+    assert float(flops) == 2 * 8192**3
+    assert "compute-bound, ~5.58 ms" in roofline, roofline
+    assert worst == "[]", worst
+
+
+# the first line of a README program marked to run -> the check of what it printed
+PROGRAMS: dict[str, Callable[[str], None]] = {"import jax, jax.numpy as jnp": check_target_program}
+_PRINTS = {  # what each program's last lines print for its check (its own lines only show values)
+    "import jax, jax.numpy as jnp": "print(result.cost.flops)\nprint(roofline(result).render())\n"
+                                    "print(padding_report(result.hlo).worst(5))\n",
+}
+
+
+def test_the_python_programs_readme_shows_run(env, tmp_path):
+    marked = [b for b in blocks(README.read_text()) if b.lang == "python" and b.mark and b.mark.startswith("run")]
+    assert marked, "README marks no Python program to run"
+    for block in marked:
+        first = block.text.splitlines()[0]
+        assert first in PROGRAMS, f"README.md:{block.line}: a program this test has no check for: {first!r}"
+        if "libtpu" in block.mark:
+            from tpu_debug.runtime.target._libtpu import _find_libtpu
+
+            if not _find_libtpu():
+                pytest.skip('needs libtpu: pip install -e ".[tpu]"; CI installs it')
+        script = tmp_path / f"readme_{block.line}.py"
+        script.write_text(block.text + "\n" + _PRINTS[first])
+        out = run(f"python {script}", {**env, "TPU_DEBUG_TARGET_CACHE": "off"})
+        assert out.code == 0, out
+        PROGRAMS[first](out.out)
