@@ -70,6 +70,7 @@ class CacheOutcome:
     saved_seconds: float = 0.0
     start: float = 0.0
     original_seconds: float = 0.0
+    entry: Path | None = None  # the cache file read or written, if any
 
 
 def cache_dir() -> Path | None:
@@ -113,6 +114,17 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
         >>> outcome.from_cache
         False
     """
+    # not at the top: importing the distributed package imports the tensor module, which needs the runtime
+    from tpu_debug.runtime.distributed import xla_log
+
+    with xla_log.capture(enabled), _local_compile(enabled) as outcome:
+        yield outcome
+    # XLA logs nothing for an executable read back: its warnings are kept beside the entry
+    xla_log.remember(outcome.entry, outcome.from_cache)
+
+
+@contextlib.contextmanager
+def _local_compile(enabled: bool) -> Iterator[CacheOutcome]:
     outcome = CacheOutcome(start=time.perf_counter())
     root = cache_dir() if enabled else None
     if root is None or not _install():
@@ -217,7 +229,8 @@ class _Store(_get_cache_interface()):
             others = self._others()
             return others.get(key) if others is not None else None
         root, outcome = scope
-        return _read(_entry_path(root, key), key, outcome)
+        outcome.entry = _entry_path(root, key)
+        return _read(outcome.entry, key, outcome)
 
     def put(self, key: str, value: bytes) -> None:
         scope = getattr(_local, "scope", None)
@@ -227,6 +240,7 @@ class _Store(_get_cache_interface()):
                 others.put(key, value)
             return
         root, outcome = scope
+        outcome.entry = _entry_path(root, key)
         if outcome.from_cache:  # the entry read back did not load (JAX warned): compiled after all
             outcome.from_cache = False
             _note(f"entry {_entry_path(root, key).name} could not be loaded by XLA; compiled again and replaced")

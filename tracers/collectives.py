@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, SourceLocation
+from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, ShardingRematEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
@@ -125,18 +125,25 @@ class CollectivesTracer:
 
             parse_target(target)  # a bad spec fails when the trace starts, not at the first compile
             self._compiler = TargetCompiler()
+        from tpu_debug.runtime.distributed import xla_log
+
+        xla_log.add_reader()  # XLA's warnings about shardings, caught around each compile, come here
+        self._reading = True
 
     # -- probe methods --------------------------------------------------------------------
 
     def on_compile(self, info: Any) -> None:
+        from tpu_debug.runtime.distributed import xla_log
+
+        remats = xla_log.take()  # XLA's warnings of this compile, caught around it by the runtime
         if not sharded(info):
             return
         if info.replayed:  # compiled before the trace: recorded if it runs during the trace
             self._watch_replayed(info)
             return
-        self._record(info)
+        self._record(info, remats)
 
-    def _record(self, info: Any) -> None:
+    def _record(self, info: Any, remats: tuple = ()) -> None:
         hlo = info.hlo()
         devices = module_devices(hlo)
         if devices <= 1:
@@ -149,6 +156,8 @@ class CollectivesTracer:
             self._seen.add(seen)
         location = user_location(_PROBE_DEPTH)
         node_lines = _node_lines(info)
+        for remat in remats:
+            self._put_remat(info, program, remat, location, node_lines)
         collectives = parse_collectives(hlo, user_file=_user_file, node_lines=node_lines)
         if info.mode == "eager" and not collectives:
             return  # an eager op that runs shard by shard (x * 2): nothing to tell
@@ -213,6 +222,18 @@ class CollectivesTracer:
             )
         )
 
+    def _put_remat(self, info: Any, program: str | None, remat: Any, location: SourceLocation | None,
+                   node_lines: dict) -> None:
+        first = remat.node.split(",", 1)[0]
+        if first in node_lines:  # the user's line of the FX node whose value was resharded
+            file, line, function = node_lines[first]
+            location = SourceLocation(file, line, function)
+        self.writer.put(ShardingRematEvent(
+            self.writer.new_id(), self.clock(), info.mode, threading.get_native_id(), location, str(info.name),
+            program, remat.from_sharding, remat.to_sharding, remat.instruction, remat.shape, remat.opcode,
+            remat.aten_op, remat.node, remat.text,
+        ))
+
     def _target_done(self, future: Future, info: Any, location: Any, node_lines: dict) -> None:
         with self._lock:
             if future in self._pending:
@@ -241,6 +262,11 @@ class CollectivesTracer:
         """Wait up to ``timeout`` seconds for target compiles still running; returns how many did not finish."""
         with self._lock:
             self._stop_watching()
+            reading, self._reading = self._reading, False
+        if reading:
+            from tpu_debug.runtime.distributed import xla_log
+
+            xla_log.remove_reader()
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:

@@ -67,6 +67,7 @@ __all__ = [
     "DryRunSummaryEvent",
     "ProcessEvent",
     "CollectivesTargetEvent",
+    "ShardingRematEvent",
     "EVENT_TYPES",
     "event_type",
     "register_event",
@@ -1308,3 +1309,33 @@ class CollectivesTargetEvent(Event):
 
     target: str | None
     unfinished: int
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardingRematEvent(Event):
+    """XLA's SPMD partitioner could not turn a value's sharding into the one its user needs
+    and gathered the whole tensor onto every device to split it again (its "Involuntary
+    full rematerialization" warning, read from the compile's log instead of left on
+    stderr). ``name`` is the op or graph compiled (as in :class:`CompileEvent`),
+    ``program`` its HLO's content hash (None without HLO); ``from_sharding`` and
+    ``to_sharding`` are XLA's sharding strings (``{devices=[2,1,4]<=[4,2]T(1,0)}``),
+    ``instruction``, ``shape`` and ``opcode`` the HLO instruction resharded (its
+    per-device shape), ``aten_op`` and ``node`` the aten op and FX node its metadata
+    names ("" when none), ``message`` XLA's text. The location is the user's line of
+    that node (compiled mode) or of the call that compiled the program."""
+
+    kind: ClassVar[str] = "sharding_remat"
+    view: ClassVar[str | None] = "collectives"
+    stored: ClassVar[Stored] = Stored("sharding_remats", name="name", program="program")
+
+    name: str
+    program: str | None
+    from_sharding: str
+    to_sharding: str
+    instruction: str = ""
+    shape: str = ""
+    opcode: str = ""
+    aten_op: str = ""
+    node: str = ""
+    message: str = ""

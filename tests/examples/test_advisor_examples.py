@@ -33,6 +33,7 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "tiny_ops.py": ([], ["--steps", "3"], {"eager_tiny_ops"}, ["--fixed"]),
     "h2d_every_step.py": ([], ["--steps", "4"], {"h2d_every_step"}, ["--fixed"]),
     "bf16_drift.py": (["--divergence", "--numerics", "tpu"], [], {"divergence"}, ["--highest"]),
+    "sharding_remat.py": (["--devices", "8"], ["--steps", "3"], {"sharding_remat"}, ["--fixed"]),
     # compiled for a real TPU (needs libtpu, as the target tests do)
     "tpu_padding.py": (["--target", "v5e"], ["--steps", "3"], {"tpu_padding"}, ["--fixed"]),
     "over_hbm.py": (["--dry-run", "--target", "v5e"], [], {"memory_fit", "hbm_oom", "dry_run_stopped"}, ["--fixed"]),

@@ -1171,3 +1171,77 @@ def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
         cause="fused",
         subject=f"fused: {name}",
     )
+
+
+_TILES = re.compile(r"devices=\[([\d,]+)\]")
+
+
+def _sharding_text(sharding: str) -> str:
+    """XLA's sharding string in words: ``{devices=[2,1,4]<=[4,2]T(1,0)}`` is "dim 0 split 2
+    ways, dim 2 split 4 ways"; a trailing replicated tile dimension is left out."""
+    if "maximal" in sharding:
+        return "held by one device"
+    tiles = _TILES.search(sharding)
+    if tiles is None:
+        return "replicated" if "replicated" in sharding else sharding
+    ways = [int(n) for n in tiles.group(1).split(",")]
+    if "last_tile_dim_replicate" in sharding or "last_tile_dims" in sharding:
+        ways = ways[:-1]
+    split = [f"dim {d} split {n} ways" for d, n in enumerate(ways) if n > 1]
+    return ", ".join(split) if split else "replicated"
+
+
+_RESHAPES = {"view", "view.default", "_unsafe_view", "_unsafe_view.default", "reshape", "reshape.default",
+             "view_copy.default", "_reshape_alias.default", "flatten.using_ints", "unflatten.int"}
+
+
+def _remat_fix(op: str) -> str:
+    if op in _RESHAPES:
+        return (
+            "this reshape merges or splits a sharded dimension in a way XLA cannot keep sharded, so it gathers "
+            "the tensor first: reshape only dimensions that are not sharded, or keep the sharded dimension "
+            "outermost among those it merges (its size a multiple of the devices it is split over), or shard "
+            "the tensor on a dimension the reshape leaves alone"
+        )
+    return (
+        "the tensors this op combines are sharded differently and XLA cannot move between the two layouts "
+        "with one collective: shard them the same way (one mark_sharding spec, or the same distribute_tensor "
+        "placements, for every input the op meets), or, when the layout must change, reshard once outside "
+        "the step (distribute_tensor into the new placements) instead of in every call"
+    )
+
+
+@rule("sharding_remat", about="XLA gathers a whole tensor onto every device to split it again, because the values "
+      "an op combines are sharded differently (XLA's involuntary full rematerialization)", view="collectives")
+def sharding_remat(facts: RunFacts) -> Iterable[Finding]:
+    from tpu_debug.tracers.events import ShardingRematEvent
+
+    programs: dict[str, list[Any]] = collections.defaultdict(list)
+    for e in facts.query.events(ShardingRematEvent.kind):
+        if isinstance(e, ShardingRematEvent):
+            programs[e.name].append(e)
+    for name, events in programs.items():
+        # the one XLA names by its FX node is the user's op; a resharded parameter is its input
+        first = next((e for e in events if e.node), events[0])
+        op = first.aten_op.removeprefix("aten::") or first.opcode or "an op"
+        step = facts.step_of(first.ts)
+        yield Finding(
+            kind="sharding_remat",
+            severity="warning",
+            title=(
+                f"{op} in {name} at {_where(first.location)}: XLA gathers the whole tensor"
+                + (f" ({first.shape} per device)" if first.shape else "")
+                + f" onto every device to go from {_sharding_text(first.from_sharding)} to "
+                f"{_sharding_text(first.to_sharding)}"
+            ),
+            fix=_remat_fix(op),
+            cost_seconds=0.0,
+            evidence=Evidence(first.location, (Count("rematerializations", len(events)),), tuple(
+                f"HLO {e.instruction} = {e.shape} {e.opcode}" + (f" (FX node {e.node})" if e.node else "")
+                + f": from {e.from_sharding} to {e.to_sharding}" for e in events[:4]
+            )),
+            steps=(step, step) if step is not None else None,
+            cause="reshape" if op in _RESHAPES else "layouts",
+            subject=f"{name}: {op} {_site(first.location)}",
+            targets=(name,),
+        )
