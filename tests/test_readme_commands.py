@@ -46,13 +46,17 @@ EXCUSED: dict[str, str] = {
                    "the environment it runs in",
     "python -m pytest": "the test suite itself, which CI runs",
     "TPU_DEBUG_OPINFO_FULL=1 python -m pytest": "the full OpInfo sweep, about 40 minutes on 2 cores",
-    "python tests/corpus/score.py": "runs each of the corpus's 49 scripts in a process of its own (minutes); "
+    "python tests/corpus/score.py": "runs each of the corpus's scripts in a process of its own (minutes); "
                                     "tests/corpus checks the same findings",
     "python benchmarks/target_dryrun.py": "a benchmark (a 7B model compiled for a TPU, minutes); benchmarks are "
                                           "not run as tests",
     "tlparse": "PyTorch's reader of a TORCH_TRACE log, not this package's; tests/cli/test_import_trace.py runs it "
                "on a log as the independent reference",
     "python docs/tensorboard_screenshot.py": "needs headless Chromium and rewrites a committed image",
+    "python tests/tui/test_serve.py": "needs headless Chromium and rewrites a committed image",
+    "tpu-debug tui --serve": "serves until Ctrl+C; tests/tui/test_serve.py serves a run, reads the page in headless "
+                             "Chromium and stops it",
+    "ssh ": "a port forward from the reader's machine to a remote TPU VM",
 }
 
 # the names a command uses for what the reader brings: with one, the command is a form to fill in
