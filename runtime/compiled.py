@@ -883,7 +883,10 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     ``torch.autograd.grad`` compiles them into its graph when ``backward_in_graph``
     (dynamo's ``trace_autograd_ops``, set while the function runs): forward and
     backward become one XLA program and the gradients land in ``.grad`` as
-    ``backward()`` leaves them. Return ``loss.detach()``: a returned tensor whose
+    ``backward()`` leaves them. An ``opt.step()`` and ``opt.zero_grad()`` in the
+    function join the same graph (see :mod:`tpu_debug.runtime.fused_step`): a whole
+    training step is one XLA program, the parameters and optimizer state donated to it
+    and updated in place. Return ``loss.detach()``: a returned tensor whose
     backward the graph consumed graph-breaks (dynamo then falls back to tracing the
     backward separately). ``torch.compile(fn, backend="tpu_debug")`` does the same when
     ``torch._dynamo.config.trace_autograd_ops`` is set.
@@ -895,10 +898,20 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
         ...     loss.backward()
         ...     return loss.detach()
         >>> train_step = tpu_debug.compile(train_step)   # one program: forward + backward
+        >>> def full_step(x, y):
+        ...     opt.zero_grad()
+        ...     loss = F.cross_entropy(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        ...     return loss.detach()
+        >>> full_step = tpu_debug.compile(full_step)   # one program: the whole step
     """
     compiled = torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
     if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module):
         return compiled
+    from tpu_debug.runtime import fused_step
+
+    fused_step.install()  # an optimizer step and zero_grad in the function join its graph
     from torch._dynamo import config as dynamo_config
 
     @functools.wraps(fn_or_module)
