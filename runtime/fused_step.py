@@ -194,9 +194,31 @@ def _patch_init_group() -> None:
     cls.wrap_tensor = patched_wrap_tensor
 
 
+def _patch_grad_none() -> None:
+    """A traced ``p.grad`` that reads a traced ``p.grad = None`` gets a None of its own.
+
+    Dynamo returns the stored value, its shared None constant, and then sets that
+    object's ``source`` to ``p.grad``: every later use of None in any trace (a function
+    returning None) would name this parameter, gone with its optimizer."""
+    from torch._dynamo.variables import tensor as tensorvar
+    from torch._dynamo.variables.constant import ConstantVariable
+
+    cls = tensorvar.TensorVariable
+    method = cls.method_attr_grad
+
+    def method_attr_grad(self, tx):
+        result = method(self, tx)
+        if isinstance(result, ConstantVariable) and result.value is None and result.source is None:
+            return ConstantVariable(None)
+        return result
+
+    cls.method_attr_grad = method_attr_grad
+
+
 def _compatible() -> bool:
     """Whether the PyTorch pieces replaced here are the ones this module knows."""
     from torch._dynamo.variables import optimizer as optvar
+    from torch._dynamo.variables import tensor as tensorvar
     from torch.optim import optimizer as optim_mod
 
     factory = optim_mod._use_grad_for_differentiable
@@ -207,6 +229,7 @@ def _compatible() -> bool:
         and hasattr(torch.optim.Optimizer.zero_grad, "__wrapped__")
         and all(hasattr(optvar.OptimizerVariable, n) for n in names)
         and hasattr(torch._dynamo.config, "trace_autograd_ops")
+        and hasattr(tensorvar.TensorVariable, "method_attr_grad")
     )
 
 
@@ -226,5 +249,6 @@ def install() -> bool:
         _patch_zero_grad()
         _patch_static_marks()
         _patch_init_group()
+        _patch_grad_none()
     _state["installed"] = ok
     return ok
