@@ -308,6 +308,7 @@ class _Entry:
     # (compiled on first need)
     make_plain: Any = None
     plain: Any = None
+    undonated: int = 0  # calls that ran the plain variant
     has_views: bool = False
     # a program over devices of several processes: what the ranks compare before each call
     spmd: Any = None
@@ -484,6 +485,7 @@ class CompiledGraph:
             if entry.plain is None:
                 entry.plain = entry.make_plain()
             executable = entry.plain
+            entry.undonated += 1
         if entry.spmd is not None:  # every rank must be about to run this same program
             _rankcheck.agree(entry.spmd)
         if not probes._probes:
