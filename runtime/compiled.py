@@ -909,20 +909,25 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
         >>> full_step = tpu_debug.compile(full_step)   # one program: the whole step
     """
     compiled = torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
-    if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module):
+    # an optimizer's own step has no backward to trace: it stays the graph PyTorch makes
+    # of it (its grad-mode graph breaks keep it an inference graph, updated in place)
+    optimizer_step = isinstance(getattr(fn_or_module, "__self__", None), torch.optim.Optimizer)
+    if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module) or optimizer_step:
         return compiled
     from tpu_debug.runtime import fused_step
 
-    fused_step.install()  # an optimizer step and zero_grad in the function join its graph
+    # an optimizer step and zero_grad in the function join its graph; global step hooks
+    # run after it
+    call = fused_step.StepHooks().call if fused_step.install() else (lambda f, a, k: f(*a, **k))
     from torch._dynamo import config as dynamo_config
 
     @functools.wraps(fn_or_module)
     def run(*args, **kw):
         if dynamo_config.trace_autograd_ops:
-            return compiled(*args, **kw)
+            return call(compiled, args, kw)
         dynamo_config.trace_autograd_ops = True
         try:
-            return compiled(*args, **kw)
+            return call(compiled, args, kw)
         finally:
             dynamo_config.trace_autograd_ops = False
 

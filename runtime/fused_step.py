@@ -29,40 +29,49 @@ it is when they differ.
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from typing import Any
 
 import torch
 
-__all__ = ["install"]
+__all__ = ["install", "StepHooks"]
 
 _state: dict[str, Any] = {}
+_calling = threading.local()  # .hooks: the StepHooks of the compiled call running on this thread
 
 
 def _traced_autograd() -> bool:
     return bool(torch._dynamo.config.trace_autograd_ops)
 
 
-def _use_grad_template(func):
-    # the same as PyTorch's ``_use_grad`` closure, with its graph breaks only when the
-    # backward is not traced (the code object replaces that closure's: same free variable)
-    def _use_grad(*args, **kwargs):
-        import torch._dynamo
+_BREAK = "torch._dynamo.graph_break()"
 
-        self = args[0]
-        prev_grad = torch.is_grad_enabled()
-        fused = torch._dynamo.config.trace_autograd_ops
-        try:
-            torch.set_grad_enabled(self.defaults["differentiable"])
-            if not fused:
-                torch._dynamo.graph_break()
-            ret = func(*args, **kwargs)
-        finally:
-            if not fused:
-                torch._dynamo.graph_break()
-            torch.set_grad_enabled(prev_grad)
-        return ret
 
-    return _use_grad
+def _use_grad_factory():
+    """PyTorch's ``_use_grad_for_differentiable`` compiled again from its own source, each
+    ``graph_break()`` skipped under a traced backward (``trace_autograd_ops or
+    graph_break()``, on the same line): file and line numbers stay PyTorch's, so a graph
+    break it still makes reads as the optimizer's own. None when the source differs from
+    the one this edit expects (two breaks)."""
+    import inspect
+
+    from torch.optim import optimizer as optim_mod
+
+    try:
+        lines, start = inspect.getsourcelines(optim_mod._use_grad_for_differentiable)
+    except (OSError, TypeError):
+        return None
+    source = "".join(lines)
+    if source.count(_BREAK) != 2 or lines[0].startswith((" ", "\t")):
+        return None
+    source = source.replace(_BREAK, "torch._dynamo.config.trace_autograd_ops or " + _BREAK)
+    namespace = dict(vars(optim_mod))  # its globals; the module's own name stays PyTorch's
+    exec(compile("\n" * (start - 1) + source, optim_mod.__file__, "exec"), namespace)
+    factory = namespace["_use_grad_for_differentiable"]
+    if factory(lambda: None).__code__.co_freevars != ("func",):
+        return None
+    return factory
 
 
 def _optimizer_classes():
@@ -73,14 +82,14 @@ def _optimizer_classes():
         todo.extend(cls.__subclasses__())
 
 
-def patch_step_functions() -> int:
-    """Give every optimizer class's ``_use_grad`` closure the code without graph breaks
-    under a traced backward; classes defined later get it from the patched factory.
+def patch_step_functions(factory) -> int:
+    """Give every optimizer class's ``_use_grad`` closure the code of ``factory``'s (no
+    graph breaks under a traced backward); classes defined later get it from ``factory``.
     The number of closures patched."""
     from torch.optim import optimizer as optim_mod
 
-    original = _state["use_grad_code"]
-    replacement = _use_grad_template(None).__code__
+    original = optim_mod._use_grad_for_differentiable(lambda: None).__code__
+    replacement = factory(lambda: None).__code__
     count = 0
     for cls in list(_optimizer_classes()):
         fn = cls.__dict__.get("step")
@@ -89,16 +98,7 @@ def patch_step_functions() -> int:
                 fn.__code__ = replacement
                 count += 1
             fn = getattr(fn, "__wrapped__", None)
-    factory = _state["factory"]
-
-    @functools.wraps(factory)
-    def patched_factory(func):
-        wrapped = factory(func)
-        if wrapped.__code__ is original:
-            wrapped.__code__ = replacement
-        return wrapped
-
-    optim_mod._use_grad_for_differentiable = patched_factory
+    optim_mod._use_grad_for_differentiable = factory
     return count
 
 
@@ -165,6 +165,9 @@ def _patch_init_group() -> None:
     def patched_call_method(self, tx, name, args, kwargs):
         if name != "_init_group" or not _traced_autograd():
             return call_method(self, tx, name, args, kwargs)
+        hooks = getattr(_calling, "hooks", None)
+        if hooks is not None:  # this optimizer steps in the function being traced
+            hooks.optimizers.add(self.value)
         grads = grads_in_graph(self, tx)
         before = {p: p.grad for p in grads}
         try:
@@ -215,21 +218,50 @@ def _patch_grad_none() -> None:
     cls.method_attr_grad = method_attr_grad
 
 
+class StepHooks:
+    """The global optimizer-step post hooks (``register_optimizer_step_post_hook``: a
+    tracer's step counter, say) of one compiled function, run after its program.
+
+    Such a hook is Python dynamo does not trace: called inside the step's graph it would
+    break the graph there, after the backward, and split the step into several programs.
+    :meth:`call` takes the hooks away while the compiled function runs (dynamo traces an
+    optimizer step without them) and then calls them for each optimizer whose step was
+    traced into the function, as ``opt.step()`` would have at its end."""
+
+    def __init__(self):
+        self.optimizers: weakref.WeakSet = weakref.WeakSet()
+
+    def call(self, compiled, args, kwargs):
+        from torch.optim.optimizer import _global_optimizer_post_hooks as hooks
+
+        _calling.hooks = self
+        saved = dict(hooks)
+        hooks.clear()
+        try:
+            out = compiled(*args, **kwargs)
+        finally:
+            hooks.update(saved)
+            _calling.hooks = None
+        if saved:
+            for optimizer in list(self.optimizers):
+                for hook in saved.values():
+                    hook(optimizer, (), {})
+        return out
+
+
 def _compatible() -> bool:
     """Whether the PyTorch pieces replaced here are the ones this module knows."""
     from torch._dynamo.variables import optimizer as optvar
     from torch._dynamo.variables import tensor as tensorvar
     from torch.optim import optimizer as optim_mod
 
-    factory = optim_mod._use_grad_for_differentiable
-    code = factory(lambda: None).__code__
     names = ("call_method", "wrap_tensor", "graph_break_if_pending_mutation", "map_sources_and_install_guards")
     return (
-        code.co_freevars == ("func",)
-        and hasattr(torch.optim.Optimizer.zero_grad, "__wrapped__")
+        hasattr(torch.optim.Optimizer.zero_grad, "__wrapped__")
         and all(hasattr(optvar.OptimizerVariable, n) for n in names)
         and hasattr(torch._dynamo.config, "trace_autograd_ops")
         and hasattr(tensorvar.TensorVariable, "method_attr_grad")
+        and isinstance(getattr(optim_mod, "_global_optimizer_post_hooks", None), dict)
     )
 
 
@@ -239,13 +271,11 @@ def install() -> bool:
     ones replaced here: then the step stays split where PyTorch splits it."""
     if "installed" in _state:
         return _state["installed"]
-    from torch.optim import optimizer as optim_mod
 
-    ok = _compatible()
+    factory = _use_grad_factory()
+    ok = factory is not None and _compatible()
     if ok:
-        _state["factory"] = optim_mod._use_grad_for_differentiable
-        _state["use_grad_code"] = optim_mod._use_grad_for_differentiable(lambda: None).__code__
-        patch_step_functions()
+        patch_step_functions(factory)
         _patch_zero_grad()
         _patch_static_marks()
         _patch_init_group()

@@ -669,6 +669,7 @@ def test_whole_training_step_on_the_tiny_llama_matches_pytorch():
         return loss.detach()
 
     step = tpu_debug.compile(train_step)
+    earlier = {g["graph_id"] for g in compiled.graph_stats()}  # other tests' programs stay cached
     g = torch.Generator().manual_seed(7)
     fragile = _no_fragile_elements(cpu_model)
     for _ in range(3):
@@ -678,5 +679,42 @@ def test_whole_training_step_on_the_tiny_llama_matches_pytorch():
         torch.testing.assert_close(got.cpu(), want, **TOL)
         _note_near_zero_grads(fragile, cpu_model, dev_model)
     _assert_adam_params_close(cpu_model, dev_model, fragile, lr=1e-3, steps=3, rtol=1e-4, atol=1e-5)
-    kinds = {g["graph_id"].rsplit("/", 1)[-1] for g in compiled.graph_stats()}
-    assert kinds == {"train_step"}
+    kinds = {g["graph_id"].rsplit("/", 1)[-1] for g in compiled.graph_stats() if g["graph_id"] not in earlier}
+    assert kinds == {"train_step"}  # no separate forward, backward or optimizer program
+
+
+def test_global_optimizer_step_hooks_run_after_the_one_program():
+    """A global optimizer-step post hook dynamo does not trace (a tracer's step counter)
+    neither splits the compiled step nor goes unheard: it runs once per step, with the
+    optimizer, after the step's single program."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from tpu_debug.runtime import probes
+
+    model = _mlp().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    heard = []
+    handle = register_optimizer_step_post_hook(probes.hidden_from_dynamo(lambda o, args, kwargs: heard.append(o)))
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step = tpu_debug.compile(train_step)
+    x, y = torch.randn(16, 8, device="tpu"), torch.randint(0, 4, (16,), device="tpu")
+    try:
+        for _ in range(3):
+            step(x, y)
+        probe = _Executions()
+        probes.subscribe(probe)
+        try:
+            step(x, y)
+        finally:
+            probes.unsubscribe(probe)
+    finally:
+        handle.remove()
+    assert len(probe.runs) == 1 and "train_step" in probe.runs[0][1], probe.runs
+    assert len(heard) == 4 and all(o is opt for o in heard)
