@@ -309,6 +309,17 @@ class _Entry:
     make_plain: Any = None
     plain: Any = None
     undonated: int = 0  # calls that ran the plain variant
+    # the program returns the new values of mutated inputs first (see _Entry.restore);
+    # for each mutated input (in ``mutated_inputs`` order), its position among them
+    lead: tuple = ()
+
+    def restore(self, outs) -> tuple:
+        """The program's outputs in the order the runtime reads them: the graph's, then
+        each mutated input's new value, then the assertions' conditions."""
+        n = len(self.lead)
+        rest = outs[n:]
+        k = sum(1 for source, _, _ in self.outputs if source == _PROGRAM)
+        return (*rest[:k], *(outs[i] for i in self.lead), *rest[k:])
     has_views: bool = False
     # a program over devices of several processes: what the ranks compare before each call
     spmd: Any = None
@@ -489,13 +500,14 @@ class CompiledGraph:
         if entry.spmd is not None:  # every rank must be about to run this same program
             _rankcheck.agree(entry.spmd)
         if not probes._probes:
-            return executable(*[a for a in arrays if hasattr(a, "shape")])
+            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
+            return entry.restore(outs) if entry.lead else outs
         key = (self.graph_id, self.digest, sig)
         probes.executing("compiled", self.graph_id, key)
         start = time.perf_counter()
         outs = executable(*[a for a in arrays if hasattr(a, "shape")])
         probes.executed("compiled", self.graph_id, key, time.perf_counter() - start)
-        return outs
+        return entry.restore(outs) if entry.lead else outs
 
     @staticmethod
     def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
@@ -577,7 +589,7 @@ class CompiledGraph:
         """Trace, lower and compile the program for inputs ``arrays`` (signature ``sig``)."""
         out_nodes = list(self.gm.graph.output_node().args[0])
         views = _output_views(self.kind, out_nodes)
-        fn, kinds, scalars = self._traceable(arrays, out_nodes, views)
+        fn, kinds, scalars, lead = self._traceable(arrays, out_nodes, views)
         example = [a for a in arrays if hasattr(a, "shape")]
         if self.program.rng_nodes:
             example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
@@ -593,7 +605,18 @@ class CompiledGraph:
         else:
             specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
 
-        def jitted(donate: tuple):
+        def jitted(donate: tuple, order: tuple | None = None):
+            # JAX gives each donated buffer to the first output of its shape and dtype not
+            # yet given one, donated inputs taken in order: the mutated inputs' new values
+            # come first, the donated ones in input order, so each goes into its own input's
+            # buffer (else a gradient may take a parameter's, and XLA copies every
+            # parameter aside before the backward reads it)
+            # (``order``: the donated inputs whose layout to follow, the plain variant's
+            # those of the program it stands in for)
+            order = donate if order is None else order
+            mutated = self.program.mutated_inputs
+            first = sorted(i for i in mutated if i in order)
+            lead[:] = [mutated.index(i) for i in first] + [j for j, i in enumerate(mutated) if i not in order]
             return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate))
 
         def lower(donate: tuple):
@@ -614,16 +637,18 @@ class CompiledGraph:
         seconds = time.perf_counter() - start
         self.compiles += 1
         self.compile_seconds += seconds
-        outputs = _output_sources(kinds, out_nodes, views, lowered)
+        outputs = _output_sources(kinds, out_nodes, views, lowered, skip=len(lead))
+        # lead: where each mutated input's value is among the leading outputs
         entry = _Entry(compiled, outputs, scalars=dict(scalars), donated=donated,
-                       has_views=any(k == _VIEW for k, _, _ in outputs))
+                       has_views=any(k == _VIEW for k, _, _ in outputs),
+                       lead=tuple(lead.index(j) for j in range(len(lead))))
         if donated:
             def make_plain():
                 with jax.enable_x64(True):
                     if dry is not None:
                         return compiled  # shapes only: donation changes nothing
                     with local_compile():
-                        return lower(()).compile()
+                        return jitted((), donated).lower(*specs).compile()
 
             entry.make_plain = make_plain
         entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated),
@@ -634,7 +659,7 @@ class CompiledGraph:
             probes.compiled(entry.info)
         return entry
 
-    def _traceable(self, arrays: list, out_nodes: list, views: dict) -> tuple[Any, list, dict]:
+    def _traceable(self, arrays: list, out_nodes: list, views: dict) -> tuple[Any, list, dict, list]:
         """The function to jit for inputs ``arrays``, with what tracing it tells: where each
         output comes from (``kinds``: (source, where) per output) and the Python scalars
         among the outputs (``scalars``: {output index: value}).
@@ -651,6 +676,10 @@ class CompiledGraph:
         tensor_out = [isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in out_nodes]
         kinds: list[tuple[int, int | None]] = []
         scalars: dict[int, Any] = {}
+        # the mutated inputs' values come first, in this order (of ``mutated_inputs``
+        # positions; see _compile)
+        lead: list[int] = []
+        n_mut = len(program.mutated_inputs)
 
         def fn(*dyn):
             it = iter(dyn)
@@ -675,9 +704,11 @@ class CompiledGraph:
                 else:
                     first[id(o)] = i
                     kinds.append((_PROGRAM, None))
-            return tuple(o for (k, _), o in zip(kinds, outs) if k == _PROGRAM) + tuple(outs[len(out_nodes):])
+            rest = outs[len(out_nodes):]
+            muts, checks = rest[:n_mut], rest[n_mut:]
+            return (*(muts[j] for j in lead), *(o for (k, _), o in zip(kinds, outs) if k == _PROGRAM), *checks)
 
-        return fn, kinds, scalars
+        return fn, kinds, scalars, lead
 
     def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled,
                       jitted=None, cached: CacheOutcome | None = None) -> CompileInfo:
@@ -728,10 +759,11 @@ class CompiledGraph:
             return jax.jit(fn).lower(*[a for a in arrays if hasattr(a, "shape")]).compile()
 
 
-def _output_sources(kinds: list, out_nodes: list, views: dict, lowered) -> tuple:
-    """``_Entry.outputs``: each graph output's source with its dtype (or view geometry)."""
+def _output_sources(kinds: list, out_nodes: list, views: dict, lowered, skip: int = 0) -> tuple:
+    """``_Entry.outputs``: each graph output's source with its dtype (or view geometry);
+    the program's first ``skip`` outputs are mutated inputs' values."""
     outputs = []
-    leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
+    leaves = itertools.islice(jax.tree_util.tree_leaves(lowered.out_info), skip, None)
     for i, ((k, where), node) in enumerate(zip(kinds, out_nodes)):
         if k == _PROGRAM:
             outputs.append((k, None, to_torch_dtype(next(leaves).dtype)))
