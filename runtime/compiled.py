@@ -130,6 +130,7 @@ class _GraphProgram:
             for node in gm.graph.nodes
             if node.op == "call_function" and node.target is _COPY_ and node.args[0] in placeholders
         )
+        self.mutated_set = frozenset(self.mutated_inputs)  # membership, per input per call
         # each device assertion's message and source line, in graph order
         self.asserts: tuple[tuple[str, str | None], ...] = tuple(
             (node.args[1] if len(node.args) > 1 else "assertion failed", _last_line(node.meta.get("stack_trace")))
@@ -469,7 +470,7 @@ class CompiledGraph:
         and dtype, from the program) replaces that payload, nothing to check."""
         arrays = []
         stores: dict[int, Any] = {}
-        mutated = self.program.mutated_inputs
+        mutated = self.program.mutated_set
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 # the common case inline: a dense `tpu` tensor owning its whole payload
