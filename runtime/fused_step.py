@@ -21,9 +21,12 @@ gradients exist before the graph runs:
 ``torch.compile`` with any backend and no traced backward is unchanged): the graph
 breaks go, ``zero_grad`` is traced, ``_init_group`` sees the gradients the graph
 computed, and parameters stay graph inputs. Eager behaviour is the same in every case
-(``graph_break()`` does nothing outside dynamo). Tied to the PyTorch versions the
-constraints pin: :func:`install` checks the pieces it replaces and leaves everything as
-it is when they differ.
+(``graph_break()`` does nothing outside dynamo). One fix applies always: a traced
+``p.grad`` read after a traced ``p.grad = None`` no longer corrupts dynamo's shared
+None constant (:func:`_patch_grad_none`). Global optimizer-step hooks, which dynamo
+does not trace, run after the compiled call (:class:`StepHooks`). Tied to the PyTorch
+versions the constraints pin: :func:`install` checks the pieces it replaces and leaves
+everything as it is when they differ.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["install", "StepHooks"]
+__all__ = ["StepHooks", "install"]
 
 _state: dict[str, Any] = {}
 _calling = threading.local()  # .hooks: the StepHooks of the compiled call running on this thread
