@@ -8,7 +8,10 @@ Each row also runs the same computation written directly in JAX and jitted (the
 Training steps are compiled two ways: "model" (the model and loss compiled,
 ``loss.backward()`` outside: a forward and a backward program, autograd between
 them) and "step" (forward, loss and ``loss.backward()`` in one compiled function:
-one program); the AdamW step is compiled as its own program in both.
+one program); the AdamW step is compiled as its own program in both. A third,
+"one program", compiles the whole step (``zero_grad``, forward, loss, ``backward`` and
+``opt.step()`` in one function): a single XLA program, parameters and optimizer state
+donated to it.
 
 Tiny Llama: hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads,
 vocab 256; batch 1, seq 32. MLP: 256 -> 512 -> 512 -> 10, batch 64.
@@ -36,7 +39,10 @@ from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
 
 
 def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
-    """Median ms per call of each variant: ``{name: (fn, sync)}``.
+    """Median ms per call of each variant: ``{name: (fn, sync)}``, with the median
+    ratios of each to torch CPU eager ("CPU / name") and to the jax.jit floor ("name /
+    floor", also in process CPU time: "name / floor CPU", all threads' CPU time, less
+    moved by other jobs on the machine than the wall clock).
 
     Interleaved (one sample of every variant per round, the order rotating), so load
     from other jobs on the machine hits all of them alike. A sample is ``calls``
@@ -47,6 +53,7 @@ def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
         for _ in range(3):
             sync(fn())
     samples: dict[str, list[float]] = {n: [] for n in names}
+    cpu_samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeat):
         for name in names[r % len(names):] + names[: r % len(names)]:
             fn, sync = variants[name]
@@ -55,17 +62,21 @@ def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
             time.sleep(0.02)
             for _ in range(2):
                 sync(fn())
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(calls - 1):
                 fn()
             sync(fn())
             samples[name].append((time.perf_counter() - start) / calls)
+            cpu_samples[name].append((time.process_time() - cpu_start) / calls)
     result = {n: statistics.median(v) * 1e3 for n, v in samples.items()}
     # ratios to torch CPU eager per round (samples taken within ~0.1 s of each other),
     # then their median: steadier than a ratio of medians on a machine whose speed drifts
     base = samples["torch CPU eager"]
+    floor, cpu_floor = samples["jax.jit floor"], cpu_samples["jax.jit floor"]
     for n, v in samples.items():
         result["CPU / " + n] = statistics.median(b / x for b, x in zip(base, v))
+        result[n + " / floor"] = statistics.median(x / f for x, f in zip(v, floor))
+        result[n + " / floor CPU"] = statistics.median(x / f for x, f in zip(cpu_samples[n], cpu_floor))
     return result
 
 
@@ -239,6 +250,19 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
 
     fwd_bwd_c = tpu_debug.compile(fwd_bwd)
     step_s = tpu_debug.compile(opt_s.step)
+    # the whole step compiled: zero_grad, forward, loss, backward and the AdamW step in
+    # one function, one program; parameters and optimizer state donated to it
+    dev_f = copy.deepcopy(cpu).to("tpu")
+    opt_f = torch.optim.AdamW(dev_f.parameters(), lr=1e-3, capturable=True)
+
+    def full_step(x, y):
+        opt_f.zero_grad()
+        loss = loss_fn(dev_f(x), y)
+        loss.backward()
+        opt_f.step()
+        return loss.detach()
+
+    full_c = tpu_debug.compile(full_step)
     jx, jy = np.asarray(x.numpy()), np.asarray(y.numpy(), np.int32)
     if jx.dtype == np.int64:
         jx = jx.astype(np.int32)
@@ -270,7 +294,7 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3)
     reference = eager_step(ref_model, ref_opt, x, y).item()
     np.testing.assert_allclose(float(floor(jx, jy)), reference, rtol=1e-4)
-    for step, model in ((compiled_model_step, dev_c), (compiled_fn_step, dev_s)):
+    for step, model in ((compiled_model_step, dev_c), (compiled_fn_step, dev_s), (lambda: full_c(xd, yd), dev_f)):
         np.testing.assert_allclose(step().item(), reference, rtol=1e-4)
         for p, q in zip(model.parameters(), ref_model.parameters()):
             torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-4)  # AdamW: lr 1e-3 per step
@@ -279,8 +303,34 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
         "tpu eager": (lambda: eager_step(dev, opt_dev, xd, yd), _sync),
         "tpu compiled": (compiled_model_step, _sync),
         "tpu compiled step": (compiled_fn_step, _sync),
+        "tpu compiled one program": (lambda: full_c(xd, yd), _sync),
         "jax.jit floor": (lambda: floor(jx, jy), _block),
     }, repeat)
+
+
+def _print_tables(rows: dict) -> None:
+    columns = ("torch CPU eager", "tpu eager", "tpu compiled", "tpu compiled step", "tpu compiled one program",
+               "jax.jit floor")
+    heads = ("torch CPU eager", "tpu eager", "tpu compiled: model", "tpu compiled: step",
+             "tpu compiled: one program", "jax.jit floor")
+
+    def cell(r, key, fmt):
+        return fmt.format(r[key]) if key in r else "-"
+
+    print("| workload | " + " | ".join(f"{h} (ms)" for h in heads) + " |")
+    print("|---|" + "---:|" * len(heads))
+    for name, r in rows.items():
+        print(f"| {name} | " + " | ".join(cell(r, c, "{:.2f}") for c in columns) + " |")
+    print("\nms: median per call (wall clock)\n")
+    ratio_heads = ("CPU / compiled model", "CPU / compiled step", "CPU / one program", "CPU / floor",
+                   "one program / floor", "one program / floor, CPU time")
+    keys = ("CPU / tpu compiled", "CPU / tpu compiled step", "CPU / tpu compiled one program", "CPU / jax.jit floor",
+            "tpu compiled one program / floor", "tpu compiled one program / floor CPU")
+    print("| workload | " + " | ".join(ratio_heads) + " |")
+    print("|---|" + "---:|" * len(ratio_heads))
+    for name, r in rows.items():
+        print(f"| {name} | " + " | ".join(cell(r, k, "{:.2f}x") for k in keys) + " |")
+    print("\nratios: median over rounds of the ratio within a round; CPU time: the process's, all threads")
 
 
 def main(argv=None) -> None:
@@ -316,18 +366,7 @@ def main(argv=None) -> None:
         rows["tiny-Llama train step (fwd+bwd+AdamW)"] = train_steps(
             make_llama, jax_llama, (tokens[:, :-1], tokens[:, 1:]), llama_loss, args.repeat
         )
-    print("| workload | torch CPU eager (ms) | tpu eager (ms) | tpu compiled: model (ms) "
-          "| tpu compiled: step (ms) | jax.jit floor (ms) | CPU / compiled model | CPU / compiled step "
-          "| CPU / floor |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, r in rows.items():
-        step_ms = r.get("tpu compiled step")
-        step_col = f"{step_ms:.2f}" if step_ms else "-"
-        step_ratio = f"{r['CPU / tpu compiled step']:.2f}x" if step_ms else "-"
-        print(f"| {name} | {r['torch CPU eager']:.2f} | {r['tpu eager']:.2f} | {r['tpu compiled']:.2f} | {step_col} "
-              f"| {r['jax.jit floor']:.2f} | {r['CPU / tpu compiled']:.2f}x | {step_ratio} "
-              f"| {r['CPU / jax.jit floor']:.2f}x |")
-    print("\nms: median per call; ratios: median over rounds of torch CPU eager's time / the column's")
+    _print_tables(rows)
     print(f"\nload average {' '.join(f'{v:.1f}' for v in os.getloadavg())} (2 CPUs)")
 
 

@@ -130,6 +130,7 @@ class _GraphProgram:
             for node in gm.graph.nodes
             if node.op == "call_function" and node.target is _COPY_ and node.args[0] in placeholders
         )
+        self.mutated_set = frozenset(self.mutated_inputs)  # membership, per input per call
         # each device assertion's message and source line, in graph order
         self.asserts: tuple[tuple[str, str | None], ...] = tuple(
             (node.args[1] if len(node.args) > 1 else "assertion failed", _last_line(node.meta.get("stack_trace")))
@@ -308,6 +309,18 @@ class _Entry:
     # (compiled on first need)
     make_plain: Any = None
     plain: Any = None
+    undonated: int = 0  # calls that ran the plain variant
+    # the program returns the new values of mutated inputs first (see _Entry.restore);
+    # for each mutated input (in ``mutated_inputs`` order), its position among them
+    lead: tuple = ()
+
+    def restore(self, outs) -> tuple:
+        """The program's outputs in the order the runtime reads them: the graph's, then
+        each mutated input's new value, then the assertions' conditions."""
+        n = len(self.lead)
+        rest = outs[n:]
+        k = sum(1 for source, _, _ in self.outputs if source == _PROGRAM)
+        return (*rest[:k], *(outs[i] for i in self.lead), *rest[k:])
     has_views: bool = False
     # a program over devices of several processes: what the ranks compare before each call
     spmd: Any = None
@@ -457,7 +470,7 @@ class CompiledGraph:
         and dtype, from the program) replaces that payload, nothing to check."""
         arrays = []
         stores: dict[int, Any] = {}
-        mutated = self.program.mutated_inputs
+        mutated = self.program.mutated_set
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 # the common case inline: a dense `tpu` tensor owning its whole payload
@@ -484,16 +497,18 @@ class CompiledGraph:
             if entry.plain is None:
                 entry.plain = entry.make_plain()
             executable = entry.plain
+            entry.undonated += 1
         if entry.spmd is not None:  # every rank must be about to run this same program
             _rankcheck.agree(entry.spmd)
         if not probes._probes:
-            return executable(*[a for a in arrays if hasattr(a, "shape")])
+            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
+            return entry.restore(outs) if entry.lead else outs
         key = (self.graph_id, self.digest, sig)
         probes.executing("compiled", self.graph_id, key)
         start = time.perf_counter()
         outs = executable(*[a for a in arrays if hasattr(a, "shape")])
         probes.executed("compiled", self.graph_id, key, time.perf_counter() - start)
-        return outs
+        return entry.restore(outs) if entry.lead else outs
 
     @staticmethod
     def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
@@ -575,7 +590,7 @@ class CompiledGraph:
         """Trace, lower and compile the program for inputs ``arrays`` (signature ``sig``)."""
         out_nodes = list(self.gm.graph.output_node().args[0])
         views = _output_views(self.kind, out_nodes)
-        fn, kinds, scalars = self._traceable(arrays, out_nodes, views)
+        fn, kinds, scalars, lead = self._traceable(arrays, out_nodes, views)
         example = [a for a in arrays if hasattr(a, "shape")]
         if self.program.rng_nodes:
             example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
@@ -591,7 +606,18 @@ class CompiledGraph:
         else:
             specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in example]
 
-        def jitted(donate: tuple):
+        def jitted(donate: tuple, order: tuple | None = None):
+            # JAX gives each donated buffer to the first output of its shape and dtype not
+            # yet given one, donated inputs taken in order: the mutated inputs' new values
+            # come first, the donated ones in input order, so each goes into its own input's
+            # buffer (else a gradient may take a parameter's, and XLA copies every
+            # parameter aside before the backward reads it)
+            # (``order``: the donated inputs whose layout to follow, the plain variant's
+            # those of the program it stands in for)
+            order = donate if order is None else order
+            mutated = self.program.mutated_inputs
+            first = sorted(i for i in mutated if i in order)
+            lead[:] = [mutated.index(i) for i in first] + [j for j, i in enumerate(mutated) if i not in order]
             return jax.jit(fn, donate_argnums=tuple(positions[i] for i in donate))
 
         def lower(donate: tuple):
@@ -612,16 +638,18 @@ class CompiledGraph:
         seconds = time.perf_counter() - start
         self.compiles += 1
         self.compile_seconds += seconds
-        outputs = _output_sources(kinds, out_nodes, views, lowered)
+        outputs = _output_sources(kinds, out_nodes, views, lowered, skip=len(lead))
+        # lead: where each mutated input's value is among the leading outputs
         entry = _Entry(compiled, outputs, scalars=dict(scalars), donated=donated,
-                       has_views=any(k == _VIEW for k, _, _ in outputs))
+                       has_views=any(k == _VIEW for k, _, _ in outputs),
+                       lead=tuple(lead.index(j) for j in range(len(lead))))
         if donated:
             def make_plain():
                 with jax.enable_x64(True):
                     if dry is not None:
                         return compiled  # shapes only: donation changes nothing
                     with local_compile():
-                        return lower(()).compile()
+                        return jitted((), donated).lower(*specs).compile()
 
             entry.make_plain = make_plain
         entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated),
@@ -632,7 +660,7 @@ class CompiledGraph:
             probes.compiled(entry.info)
         return entry
 
-    def _traceable(self, arrays: list, out_nodes: list, views: dict) -> tuple[Any, list, dict]:
+    def _traceable(self, arrays: list, out_nodes: list, views: dict) -> tuple[Any, list, dict, list]:
         """The function to jit for inputs ``arrays``, with what tracing it tells: where each
         output comes from (``kinds``: (source, where) per output) and the Python scalars
         among the outputs (``scalars``: {output index: value}).
@@ -649,6 +677,10 @@ class CompiledGraph:
         tensor_out = [isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor) for o in out_nodes]
         kinds: list[tuple[int, int | None]] = []
         scalars: dict[int, Any] = {}
+        # the mutated inputs' values come first, in this order (of ``mutated_inputs``
+        # positions; see _compile)
+        lead: list[int] = []
+        n_mut = len(program.mutated_inputs)
 
         def fn(*dyn):
             it = iter(dyn)
@@ -673,9 +705,11 @@ class CompiledGraph:
                 else:
                     first[id(o)] = i
                     kinds.append((_PROGRAM, None))
-            return tuple(o for (k, _), o in zip(kinds, outs) if k == _PROGRAM) + tuple(outs[len(out_nodes):])
+            rest = outs[len(out_nodes):]
+            muts, checks = rest[:n_mut], rest[n_mut:]
+            return (*(muts[j] for j in lead), *(o for (k, _), o in zip(kinds, outs) if k == _PROGRAM), *checks)
 
-        return fn, kinds, scalars
+        return fn, kinds, scalars, lead
 
     def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled,
                       jitted=None, cached: CacheOutcome | None = None) -> CompileInfo:
@@ -726,10 +760,11 @@ class CompiledGraph:
             return jax.jit(fn).lower(*[a for a in arrays if hasattr(a, "shape")]).compile()
 
 
-def _output_sources(kinds: list, out_nodes: list, views: dict, lowered) -> tuple:
-    """``_Entry.outputs``: each graph output's source with its dtype (or view geometry)."""
+def _output_sources(kinds: list, out_nodes: list, views: dict, lowered, skip: int = 0) -> tuple:
+    """``_Entry.outputs``: each graph output's source with its dtype (or view geometry);
+    the program's first ``skip`` outputs are mutated inputs' values."""
     outputs = []
-    leaves = iter(jax.tree_util.tree_leaves(lowered.out_info))
+    leaves = itertools.islice(jax.tree_util.tree_leaves(lowered.out_info), skip, None)
     for i, ((k, where), node) in enumerate(zip(kinds, out_nodes)):
         if k == _PROGRAM:
             outputs.append((k, None, to_torch_dtype(next(leaves).dtype)))
@@ -883,7 +918,10 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     ``torch.autograd.grad`` compiles them into its graph when ``backward_in_graph``
     (dynamo's ``trace_autograd_ops``, set while the function runs): forward and
     backward become one XLA program and the gradients land in ``.grad`` as
-    ``backward()`` leaves them. Return ``loss.detach()``: a returned tensor whose
+    ``backward()`` leaves them. An ``opt.step()`` and ``opt.zero_grad()`` in the
+    function join the same graph (see :mod:`tpu_debug.runtime.fused_step`): a whole
+    training step is one XLA program, the parameters and optimizer state donated to it
+    and updated in place. Return ``loss.detach()``: a returned tensor whose
     backward the graph consumed graph-breaks (dynamo then falls back to tracing the
     backward separately). ``torch.compile(fn, backend="tpu_debug")`` does the same when
     ``torch._dynamo.config.trace_autograd_ops`` is set.
@@ -895,19 +933,34 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
         ...     loss.backward()
         ...     return loss.detach()
         >>> train_step = tpu_debug.compile(train_step)   # one program: forward + backward
+        >>> def full_step(x, y):
+        ...     opt.zero_grad()
+        ...     loss = F.cross_entropy(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        ...     return loss.detach()
+        >>> full_step = tpu_debug.compile(full_step)   # one program: the whole step
     """
     compiled = torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
-    if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module):
+    # an optimizer's own step has no backward to trace: it stays the graph PyTorch makes
+    # of it (its grad-mode graph breaks keep it an inference graph, updated in place)
+    optimizer_step = isinstance(getattr(fn_or_module, "__self__", None), torch.optim.Optimizer)
+    if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module) or optimizer_step:
         return compiled
+    from tpu_debug.runtime import fused_step
+
+    # an optimizer step and zero_grad in the function join its graph; global step hooks
+    # run after it
+    call = fused_step.StepHooks().call if fused_step.install() else (lambda f, a, k: f(*a, **k))
     from torch._dynamo import config as dynamo_config
 
     @functools.wraps(fn_or_module)
     def run(*args, **kw):
         if dynamo_config.trace_autograd_ops:
-            return compiled(*args, **kw)
+            return call(compiled, args, kw)
         dynamo_config.trace_autograd_ops = True
         try:
-            return compiled(*args, **kw)
+            return call(compiled, args, kw)
         finally:
             dynamo_config.trace_autograd_ops = False
 

@@ -549,3 +549,172 @@ def test_device_assertions_in_a_graph_are_checked():
         fn(torch.tensor([[0, 5], [2, 2], [1, 3]]).to("tpu"))
     with pytest.raises(DeviceAssertError, match=r"one_hot: Class values must be non-negative"):
         fn(torch.tensor([[0, -1], [2, 2], [1, 3]]).to("tpu"))
+
+
+class _Executions:
+    """A probe recording each executable run: (mode, name)."""
+
+    def __init__(self):
+        self.runs = []
+
+    def on_execute(self, mode, name, key, seconds):
+        self.runs.append((mode, name))
+
+
+def _make_optimizer(kind, params, device):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    # capturable on the device: the step counts stay there, in the program
+    return torch.optim.AdamW(params, lr=1e-2, **({"capturable": True} if device == "tpu" else {}))
+
+
+def _state_tensors(opt, params):
+    return [(key, opt.state[p][key]) for p in params for key in sorted(opt.state[p])]
+
+
+@pytest.mark.parametrize("zero_grad_inside", [True, False], ids=["zero_grad-inside", "zero_grad-outside"])
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_whole_training_step_is_one_program_with_params_and_state_donated(kind, zero_grad_inside):
+    """Forward, ``loss.backward()`` and ``opt.step()`` (and ``zero_grad``) in one compiled
+    function: each step runs one XLA program and nothing else, the program takes the
+    parameters' and optimizer state's buffers (donated) and updates them in place, and
+    parameters, gradients and optimizer state track PyTorch's on CPU."""
+    from tpu_debug.runtime import probes
+    from torch._dynamo.variables.constant import ConstantVariable
+
+    cpu_model = _mlp()
+    dev_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt = _make_optimizer(kind, cpu_model.parameters(), "cpu")
+    dev_opt = _make_optimizer(kind, dev_model.parameters(), "tpu")
+
+    def train_step(model, opt, x, y):
+        if zero_grad_inside:
+            opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step = tpu_debug.compile(train_step)
+    g = torch.Generator().manual_seed(6)
+    fragile = _no_fragile_elements(cpu_model)
+    runs = []
+    for i in range(6):
+        x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+        xd, yd = x.to("tpu"), y.to("tpu")
+        if not zero_grad_inside:
+            cpu_opt.zero_grad()
+            dev_opt.zero_grad()
+        want = train_step(cpu_model, cpu_opt, x, y)
+        probe = _Executions()
+        probes.subscribe(probe)
+        try:
+            got = step(dev_model, dev_opt, xd, yd)
+        finally:
+            probes.unsubscribe(probe)
+        runs.append(probe.runs)
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+        for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), dev_model.parameters()):
+            torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-6, msg=f"{name} step {i}")
+        _note_near_zero_grads(fragile, cpu_model, dev_model)
+    # the first two steps compile (optimizer state created, then .grad no longer None);
+    # from then on one program per step, nothing else
+    for i, r in enumerate(runs[2:], 2):
+        assert len(r) == 1 and r[0][0] == "compiled", f"step {i} ran {r}"
+    assert "train_step" in runs[-1][0][1]
+    params = list(dev_model.parameters())
+    if kind == "sgd":  # SGD's update has no division: rounding stays rounding
+        for (name, p_cpu), p_dev in zip(cpu_model.named_parameters(), params):
+            torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5, msg=name)
+    else:
+        _assert_adam_params_close(cpu_model, dev_model, fragile, lr=1e-2, steps=len(runs), rtol=1e-4, atol=1e-5)
+    cpu_state = _state_tensors(cpu_opt, list(cpu_model.parameters()))
+    dev_state = _state_tensors(dev_opt, params)
+    assert [k for k, _ in dev_state] == [k for k, _ in cpu_state]
+    for (key, s_cpu), (_, s_dev) in zip(cpu_state, dev_state):
+        assert s_dev.device.type == "tpu", key
+        # moments: the gradients' rounding (~1e-7 relative), averaged; step counts exact
+        torch.testing.assert_close(s_dev.cpu(), s_cpu.to(s_dev.dtype), rtol=1e-4, atol=1e-6, msg=key)
+    # the program donates every parameter and state tensor, and its calls do donate them
+    # (a buffer the previous step's outputs shared, SGD's first momentum, cannot be once)
+    graph = next(g for g in compiled._graphs if g.graph_id == runs[-1][0][1])
+    (entry,) = [e for e in graph.cache.values() if e.calls >= 4]
+    assert len(entry.donated) == len(params) + len(dev_state)
+    undonated = entry.undonated
+    for _ in range(2):
+        if not zero_grad_inside:
+            dev_opt.zero_grad()
+        step(dev_model, dev_opt, xd, yd)
+    assert entry.calls >= 6 and entry.undonated == undonated
+    # tracing a p.grad = None left dynamo's shared None constant as it was
+    assert ConstantVariable.create(None).source is None
+
+
+def test_whole_training_step_on_the_tiny_llama_matches_pytorch():
+    """The tiny Llama's step (embedding, RMSNorm, attention, AdamW) as one program: its
+    loss and parameters after three steps as PyTorch's on CPU."""
+    cfg = LlamaConfig()
+    torch.manual_seed(0)
+    cpu_model = TinyLlama(cfg)
+    dev_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-3)
+    dev_opt = torch.optim.AdamW(dev_model.parameters(), lr=1e-3, capturable=True)
+
+    def train_step(model, opt, tokens):
+        opt.zero_grad()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step = tpu_debug.compile(train_step)
+    earlier = {g["graph_id"] for g in compiled.graph_stats()}  # other tests' programs stay cached
+    g = torch.Generator().manual_seed(7)
+    fragile = _no_fragile_elements(cpu_model)
+    for _ in range(3):
+        tokens = torch.randint(0, cfg.vocab, (1, 17), generator=g)
+        want = train_step(cpu_model, cpu_opt, tokens)
+        got = step(dev_model, dev_opt, tokens.to("tpu"))
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+        _note_near_zero_grads(fragile, cpu_model, dev_model)
+    _assert_adam_params_close(cpu_model, dev_model, fragile, lr=1e-3, steps=3, rtol=1e-4, atol=1e-5)
+    kinds = {g["graph_id"].rsplit("/", 1)[-1] for g in compiled.graph_stats() if g["graph_id"] not in earlier}
+    assert kinds == {"train_step"}  # no separate forward, backward or optimizer program
+
+
+def test_global_optimizer_step_hooks_run_after_the_one_program():
+    """A global optimizer-step post hook dynamo does not trace (a tracer's step counter)
+    neither splits the compiled step nor goes unheard: it runs once per step, with the
+    optimizer, after the step's single program."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from tpu_debug.runtime import probes
+
+    model = _mlp().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    heard = []
+    handle = register_optimizer_step_post_hook(probes.hidden_from_dynamo(lambda o, args, kwargs: heard.append(o)))
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step = tpu_debug.compile(train_step)
+    x, y = torch.randn(16, 8, device="tpu"), torch.randint(0, 4, (16,), device="tpu")
+    try:
+        for _ in range(3):
+            step(x, y)
+        probe = _Executions()
+        probes.subscribe(probe)
+        try:
+            step(x, y)
+        finally:
+            probes.unsubscribe(probe)
+    finally:
+        handle.remove()
+    assert len(probe.runs) == 1 and "train_step" in probe.runs[0][1], probe.runs
+    assert len(heard) == 4 and all(o is opt for o in heard)
