@@ -389,6 +389,29 @@ def _lowered_kernel(op):
     return kernel
 
 
+_set_eval_frame = _eval_frame.set_eval_frame
+
+
+def _shielded_lowered_kernel(op):
+    """``_dynamo_disabled(_lowered_kernel(op))`` in one frame: the kernel of every lowered
+    op, where the two frames it saves are a tenth of a small op's host time."""
+    run_now = eager.run_now
+    defer = _lazy.dispatch
+
+    def shielded(*args, **kwargs):
+        prior = _set_eval_frame(None)
+        try:
+            if not _started:
+                start()
+            if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking
+                return defer(op, args, kwargs)
+            return run_now(op, args, kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    return probes.as_dynamo_disabled(shielded, _lowered_kernel(op))
+
+
 def _view_ops() -> list:
     """Every aten view op whose backend kernels are per-device (no composite
     kernel): those need a PrivateUse1 kernel, and PyTorch's meta kernel builds
@@ -488,12 +511,12 @@ def _register_kernels() -> list:
         for op, lowering in registered().items():
             if op in done or lowering.view or lowering.graph_only:
                 continue
-            lib.impl(op, shielded(_lowered_kernel(op)), "PrivateUse1")
+            lib.impl(op, _shielded_lowered_kernel(op), "PrivateUse1")
             done.add(op)
             # the in-place and out= variants go straight to our kernel too
             for variant in _variants(op):
                 if variant not in done:
-                    lib.impl(variant, shielded(_lowered_kernel(variant)), "PrivateUse1")
+                    lib.impl(variant, _shielded_lowered_kernel(variant), "PrivateUse1")
                     done.add(variant)
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(shielded(_boxed_fallback), "PrivateUse1", with_keyset=True)

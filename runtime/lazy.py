@@ -184,6 +184,7 @@ _templates: LruCache[Any, _Template] = LruCache(
     "lazy op templates",
     lambda: config.eager_cache_size,
     uses=lambda _key, tpl: tpl.calls,
+    on_evict=lambda _key, _tpl: _eager.forget_signatures(),
 )
 
 
@@ -386,7 +387,7 @@ def dispatch(op, args, kwargs):
         if mode == _BLOCKING:
             _block(out, args, kwargs)
         return out
-    plan = _eager._plans.get(op) or _eager.plan_for(op)
+    plan = _eager._plans_by_id.get(id(op)) or _eager.plan_for(op)
     lowering = plan.lowering
     if lowering is not None:
         eager_only = lowering.eager_only
@@ -402,6 +403,14 @@ def dispatch(op, args, kwargs):
 def _record(plan, args, kwargs):
     """Record one op call of a lowered op: the eager interpreter's key and output
     handling, with a graph step where eager mode would run an executable."""
+    sig = None
+    if plan.fast_ok:
+        fast_arrays: list = []
+        sig = _eager._signature(plan, args, kwargs, fast_arrays, _state.graph)
+        if sig is not None:
+            tpl = plan.lazy_fast.get(sig)
+            if tpl is not None:
+                return _append(plan, args, kwargs, tpl, fast_arrays)
     lowering = plan.lowering
     arrays: list = []
     key_data = None
@@ -424,6 +433,13 @@ def _record(plan, args, kwargs):
             plan.dynamic_scalars = False  # as eager mode does: bake the scalars in from now on
             return _record(plan, args, kwargs)
         _templates.put(key, tpl)
+    if sig is not None and len(arrays) == len(fast_arrays):  # (fewer: a float baked in)
+        plan.lazy_fast[sig] = tpl
+    return _append(plan, args, kwargs, tpl, arrays)
+
+
+def _append(plan, args, kwargs, tpl: _Template, arrays: list):
+    """Append a step of ``tpl`` reading ``arrays`` to the graph; the op's results, pending."""
     g = _state.graph
     if len(g.steps) >= config.lazy_graph_limit:
         _materialize(g, "size_limit")
