@@ -38,6 +38,7 @@ _lock = threading.Lock()
 _state: dict[str, object] = {"installed": False, "libs": []}
 # set by start(): read on every kernel call, so a plain module global
 _started = False
+_set_eval_frame = _eval_frame.set_eval_frame
 
 
 # ---------------------------------------------------------------------------
@@ -169,6 +170,23 @@ def _meta_view(op):
 
     kernel.__name__ = f"view_{op._schema.name.split('::')[1]}"
     return kernel
+
+
+def _shielded_meta_view(op, fn):
+    """``_dynamo_disabled(_meta_view(op))`` (``fn``) in one frame: a model's step runs
+    about as many views as ops."""
+    redispatch = op._handle.redispatch_boxed
+
+    def shielded(*args, **kwargs):
+        prior = _set_eval_frame(None)
+        try:
+            if not _started:
+                start()
+            return redispatch(_META, *args, **kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    return probes.as_dynamo_disabled(shielded, fn)
 
 
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -389,8 +407,6 @@ def _lowered_kernel(op):
     return kernel
 
 
-_set_eval_frame = _eval_frame.set_eval_frame
-
 
 def _shielded_lowered_kernel(op):
     """``_dynamo_disabled(_lowered_kernel(op))`` in one frame: the kernel of every lowered
@@ -491,6 +507,7 @@ def _register_kernels() -> list:
     }
     for op in _view_ops():
         special.setdefault(op, _meta_view(op))
+    views = {op for op, fn in special.items() if fn.__name__.startswith("view_")}
     for op in _inplace_view_ops():
         special.setdefault(op, _inplace_view(op))
     # Kernels run eagerly even inside a compiled region (after a graph break, in
@@ -500,7 +517,7 @@ def _register_kernels() -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # overriding composite kernels for PrivateUse1 is the point
         for op, fn in special.items():
-            lib.impl(op, shielded(fn), "PrivateUse1")
+            lib.impl(op, _shielded_meta_view(op, fn) if op in views else shielded(fn), "PrivateUse1")
         done = set(special)
         # composite kernels also take the autograd key: the aten ops they call record
         # autograd and views, as PyTorch's composite kernels' calls do
