@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 import zlib
@@ -824,7 +825,8 @@ def _signature(plan: _Plan, args, kwargs, arrays: list, graph=None):
         # a whole computed payload (most operands), inline: a call per tensor is a fifth of its cost
         if isinstance(a, _Tensor):
             arr = getattr(a.untyped_storage(), PAYLOAD_ATTR, None)
-            if type(arr) is _ArrayImpl:
+            # (or a value pending in lazy mode's recording graph)
+            if type(arr) is _ArrayImpl or (type(arr) is LazyArray and graph is not None and arr.graph is graph):
                 shape, dtype = a.shape, a.dtype
                 if arr.shape == shape and arr.dtype == _JAX_OF.get(dtype) and not a.storage_offset() and (
                     a.is_contiguous()
@@ -880,7 +882,7 @@ def _sign(a, dyn: bool, sig: list, arrays: list, graph) -> bool:
         return True
     t = type(a)
     if t is float:
-        if a != a:  # a NaN equals no other NaN: its signature would never be found again
+        if math.isnan(a):  # a NaN equals no other NaN: its signature would never be found again
             return False
         if dyn:
             arrays.append(np.float32(a))
@@ -900,6 +902,17 @@ def _sign(a, dyn: bool, sig: list, arrays: list, graph) -> bool:
                 sig.append(_DYN)
             return True
         for v in a:
+            if isinstance(v, _Tensor):  # a whole computed payload, inline (a foreach op's lists)
+                arr = getattr(v.untyped_storage(), PAYLOAD_ATTR, None)
+                if type(arr) is _ArrayImpl or (type(arr) is LazyArray and graph is not None and arr.graph is graph):
+                    shape, dtype = v.shape, v.dtype
+                    if arr.shape == shape and arr.dtype == _JAX_OF.get(dtype) and not v.storage_offset() and (
+                        v.is_contiguous()
+                    ):
+                        arrays.append(arr)
+                        sig.append(shape)
+                        sig.append(dtype)
+                        continue
             if not _sign(v, False, sig, arrays, graph):
                 return False
         return True
@@ -1007,8 +1020,8 @@ def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
         # the first call made JAX's C++ dispatch of the executable (jaxlib's PjitFunction):
         # later calls go to it directly, without ``jax.stages.Compiled.__call__``'s Python frame
         exe.fn = getattr(exe.fn, "_call", None) or exe.fn
-        if plan.kind is None and exe.out_struct[0] and len(exe.out_dtypes) == 1:
-            # one tensor out of a pure op: run_now wraps it without _finish
+        if exe.out_struct[0] and len(exe.out_dtypes) == 1:
+            # one tensor out: a pure op's run_now wraps it without _finish
             exe.out_shape = torch.Size(flat[0].shape)
     return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
 
@@ -1265,7 +1278,9 @@ def run_now(op: _OpOverload, args, kwargs):
             if exe is not None:
                 stats = exe.stats
                 stats.hits += 1
-                if exe.out_shape is None or probes._probes or exe.spmd is not None:
+                # (an executable is shared by the plans of one key: out= through its functional
+                # lowering writes its result, only a pure op's plan returns it)
+                if exe.out_shape is None or plan.kind is not None or probes._probes or exe.spmd is not None:
                     return _call(plan, args, kwargs, exe, stats.key, arrays)
                 stats.calls += 1
                 (arr,) = exe.fn(*arrays)
