@@ -40,6 +40,7 @@ from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
+from tpu_debug.runtime import tensor as _tensor_module
 from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -802,8 +803,10 @@ def _walk_specs(skel_args, skel_kw):
             yield from (x for x in s[1] if type(x) is _Spec)
 
 
-# _signature's marks: where the keyword arguments start, and a value it cannot describe
+# _signature's marks: where the keyword arguments start
 _KWARGS = object()
+_torch_precision = torch.get_float32_matmul_precision
+_kept_offset = _tensor_module._offsets.lookup
 _Generator = torch.Generator
 
 
@@ -818,7 +821,8 @@ def _signature(plan: _Plan, args, kwargs, arrays: list, graph=None):
     dtype (a view adds its storage's shape and how it is read), a float in a ``Scalar``
     argument is an input, any other value is itself. ``graph``: lazy mode's recording
     graph, whose pending values are read as they are."""
-    sig = [config.numerics, config.effective_precision()] if plan.precision else []
+    # what the effective precision is made of (config.effective_precision), read without its call
+    sig = [config.numerics, config.matmul_precision, _torch_precision()] if plan.precision else []
     dyn = plan.scalar_args if plan.dynamic_scalars else ()
     i = 0
     for a in args:
@@ -875,9 +879,13 @@ def _sign(a, dyn: bool, sig: list, arrays: list, graph) -> bool:
         if arr.shape == shape and not a.storage_offset() and a.is_contiguous():
             sig.append(dtype)
             return True
-        pattern = view_pattern(shape, a.stride(), arr.size)
+        numel = arr.size
+        pattern = view_pattern(shape, a.stride(), numel)
         if pattern[0] != "whole":
-            arrays.append(offset_operand(arr.size, a.storage_offset()))
+            offset = a.storage_offset()
+            # the kept operand, read without moving it to the recent end of its cache
+            operand = _kept_offset((offset, numel < 2**31))
+            arrays.append(offset_operand(numel, offset) if operand is None else operand)
         sig.append((dtype, arr.shape, pattern))
         return True
     t = type(a)

@@ -159,3 +159,27 @@ def test_lazy_mode_records_by_signature_and_matches_cpu(grad):
             torch.testing.assert_close(loss.cpu(), expected.detach())
             if grad:
                 torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+def test_a_precision_change_is_part_of_the_signature(monkeypatch):
+    # TPU numerics: "medium" is one bfloat16 pass (inputs rounded to bfloat16, float32
+    # accumulation), "high" three passes (float32 accuracy, as near as matters here).
+    # Alternating them, each call must run its own precision's program.
+    from tpu_debug.runtime.config import config
+
+    monkeypatch.setattr(config, "numerics", "tpu")
+    monkeypatch.setattr(config, "matmul_precision", None)
+    before = torch.get_float32_matmul_precision()
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64), torch.randn(64, 4)
+    exact = (x.double() @ w.double()).float()
+    one_pass = (x.bfloat16().double() @ w.bfloat16().double()).float()
+    assert not torch.allclose(one_pass, exact, atol=1e-3, rtol=0)  # the two are told apart
+    try:
+        for name in ("high", "medium", "high", "medium"):
+            torch.set_float32_matmul_precision(name)
+            got = (x.to("tpu") @ w.to("tpu")).cpu()
+            # float32 accumulation of 64 products of size ~1: within 1e-4 of the double sum
+            torch.testing.assert_close(got, exact if name == "high" else one_pass, atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_float32_matmul_precision(before)
