@@ -77,6 +77,28 @@ def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
     return result
 
 
+PHASES = ("forward+loss", "backward", "optimizer step", "sync")
+
+
+def _phases(parts, mode, repeat: int) -> dict[str, float]:
+    """Median thread CPU ms of each part of a step (``parts()`` yields at the end of each)
+    in eager ``mode``: what recording costs in the forward pass, in autograd's backward
+    pass, in the optimizer."""
+    samples: dict[str, list[float]] = {p: [] for p in PHASES}
+    with torch.tpu.set_eager_mode(mode):
+        for i in range(3 + 5 * repeat):
+            it = parts()
+            next(it)  # zero_grad
+            last = time.thread_time()
+            for phase in PHASES:
+                next(it)
+                now = time.thread_time()
+                if i >= 3:
+                    samples[phase].append((now - last) * 1e3)
+                last = now
+    return {p: statistics.median(v) for p, v in samples.items()}
+
+
 def train_steps(make, batch, loss_fn, repeat: int) -> dict[str, float]:
     cpu = make()
     x, y = batch
@@ -88,6 +110,18 @@ def train_steps(make, batch, loss_fn, repeat: int) -> dict[str, float]:
         loss.backward()
         opt.step()
         return loss
+
+    def eager_step_parts(model, opt, x, y):
+        # the step's parts, each ended by a mark: where its host time goes
+        yield opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        yield
+        loss.backward()
+        yield
+        opt.step()  # lazy mode: the graph runs at its end (the optimizer hook)
+        yield
+        _sync(loss)
+        yield
 
     def on_tpu():
         model = copy.deepcopy(cpu).to("tpu")
@@ -127,6 +161,8 @@ def train_steps(make, batch, loss_fn, repeat: int) -> dict[str, float]:
         for p, q in zip(model.parameters(), ref_model.parameters()):
             torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-4)  # AdamW: lr 1e-3 per step
     result = _time_all({BASE: op_by_op, "tpu eager fused": fused, "tpu compiled step": compiled}, repeat)
+    result["phases"] = {mode: _phases(lambda m=model, o=opt: eager_step_parts(m, o, xd, yd), mode, repeat)
+                        for mode, model, opt in ((NEVER, never_model, never_opt), (FUSE, fuse_model, fuse_opt))}
     # the timed fused steps after warm-up: how many programs their graphs needed
     before = {(e["name"], e["ops"]) for e in lazy.fused_stats()}
     heard = []
@@ -184,6 +220,10 @@ def main(argv=None) -> None:
               f"| {c_fused / c_comp:.2f}x | {r['ops per fused program']} |")
         if r["fused programs"]:
             print(f"  ! {name}: {r['fused programs']} fused programs compiled after warm-up")
+    for name, r in rows.items():
+        for mode, ph in r["phases"].items():
+            parts = ", ".join(f"{p} {v:.2f}" for p, v in ph.items())
+            print(f"  {name}, {mode.name}: thread CPU ms per part: {parts} (total {sum(ph.values()):.2f})")
     print("\nms: median per step; speed-ups: median over rounds of op-by-op time / the column's; "
           "fused / compiled: the fused step's time over the compiled step's")
     print(f"\nload average {' '.join(f'{v:.1f}' for v in os.getloadavg())} (2 CPUs)")

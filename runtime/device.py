@@ -39,6 +39,7 @@ _lock = threading.Lock()
 _state: dict[str, object] = {"installed": False, "libs": []}
 # set by start(): read on every kernel call, so a plain module global
 _started = False
+_set_eval_frame = _eval_frame.set_eval_frame
 
 
 # ---------------------------------------------------------------------------
@@ -170,6 +171,23 @@ def _meta_view(op):
 
     kernel.__name__ = f"view_{op._schema.name.split('::')[1]}"
     return kernel
+
+
+def _shielded_meta_view(op, fn):
+    """``_dynamo_disabled(_meta_view(op))`` (``fn``) in one frame: a model's step runs
+    about as many views as ops."""
+    redispatch = op._handle.redispatch_boxed
+
+    def shielded(*args, **kwargs):
+        prior = _set_eval_frame(None)
+        try:
+            if not _started:
+                start()
+            return redispatch(_META, *args, **kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    return probes.as_dynamo_disabled(shielded, fn)
 
 
 def _empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -390,6 +408,27 @@ def _lowered_kernel(op):
     return kernel
 
 
+
+def _shielded_lowered_kernel(op):
+    """``_dynamo_disabled(_lowered_kernel(op))`` in one frame: the kernel of every lowered
+    op, where the two frames it saves are a tenth of a small op's host time."""
+    run_now = eager.run_now
+    defer = _lazy.dispatch
+
+    def shielded(*args, **kwargs):
+        prior = _set_eval_frame(None)
+        try:
+            if not _started:
+                start()
+            if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking
+                return defer(op, args, kwargs)
+            return run_now(op, args, kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    return probes.as_dynamo_disabled(shielded, _lowered_kernel(op))
+
+
 def _view_ops() -> list:
     """Every aten view op whose backend kernels are per-device (no composite
     kernel): those need a PrivateUse1 kernel, and PyTorch's meta kernel builds
@@ -469,6 +508,7 @@ def _register_kernels() -> list:
     }
     for op in _view_ops():
         special.setdefault(op, _meta_view(op))
+    views = {op for op, fn in special.items() if fn.__name__.startswith("view_")}
     for op in _inplace_view_ops():
         special.setdefault(op, _inplace_view(op))
     # Kernels run eagerly even inside a compiled region (after a graph break, in
@@ -478,7 +518,7 @@ def _register_kernels() -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # overriding composite kernels for PrivateUse1 is the point
         for op, fn in special.items():
-            lib.impl(op, shielded(fn), "PrivateUse1")
+            lib.impl(op, _shielded_meta_view(op, fn) if op in views else shielded(fn), "PrivateUse1")
         done = set(special)
         # composite kernels also take the autograd key: the aten ops they call record
         # autograd and views, as PyTorch's composite kernels' calls do
@@ -489,12 +529,12 @@ def _register_kernels() -> list:
         for op, lowering in registered().items():
             if op in done or lowering.view or lowering.graph_only:
                 continue
-            lib.impl(op, shielded(_lowered_kernel(op)), "PrivateUse1")
+            lib.impl(op, _shielded_lowered_kernel(op), "PrivateUse1")
             done.add(op)
             # the in-place and out= variants go straight to our kernel too
             for variant in _variants(op):
                 if variant not in done:
-                    lib.impl(variant, shielded(_lowered_kernel(variant)), "PrivateUse1")
+                    lib.impl(variant, _shielded_lowered_kernel(variant), "PrivateUse1")
                     done.add(variant)
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(shielded(_boxed_fallback), "PrivateUse1", with_keyset=True)

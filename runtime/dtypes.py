@@ -8,7 +8,7 @@ import torch
 
 from tpu_debug_core.errors import UnsupportedDtypeError
 
-__all__ = ["to_jax_dtype", "to_torch_dtype"]
+__all__ = ["TORCH_TO_JAX", "to_jax_dtype", "to_torch_dtype"]
 
 _TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: jnp.dtype(jnp.float32),
@@ -28,6 +28,8 @@ _TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.complex128: jnp.dtype(jnp.complex128),
 }
 _JAX_TO_TORCH = {v: k for k, v in _TORCH_TO_JAX.items()}
+# the mapping itself, for the hot paths that look a dtype up without a call
+TORCH_TO_JAX = _TORCH_TO_JAX
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:

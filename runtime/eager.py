@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import threading
 import time
 import zlib
@@ -39,7 +40,21 @@ from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, from_jax, read_parts, to_jax, view_value, write
+from tpu_debug.runtime import tensor as _tensor_module
+from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF
+from tpu_debug.runtime.tensor import (
+    PAYLOAD_ATTR,
+    _create_empty,
+    LazyArray,
+    from_jax,
+    offset_operand,
+    read_parts,
+    set_payload,
+    to_jax,
+    view_pattern,
+    view_value,
+    write,
+)
 
 __all__ = ["cache_stats", "clear_cache", "float64_ops", "ExecutableStats", "to_cpu", "from_cpu", "plan_for"]
 
@@ -103,6 +118,8 @@ class _Executable:
     info: CompileInfo | None = None
     # an op over devices of several processes: what the ranks compare before each run
     spmd: Any = None
+    # the one output's shape, once the executable ran, when run_now may wrap it directly
+    out_shape: Any = None
 
 
 # ---------------------------------------------------------------------------
@@ -129,9 +146,43 @@ class _Plan:
     # the lowering reads the float32 matmul precision while tracing (Lowering.precision),
     # so the precision is part of its key: changing it recompiles
     precision: bool = False
+    # calls whose signature (see _signature) is known: signature -> executable (eager) and
+    # -> template (lazy), found without building the key; only for lowerings with no
+    # random key and no data-dependent shapes
+    fast_ok: bool = False
+    fast: dict = dataclasses.field(default_factory=dict)
+    lazy_fast: dict = dataclasses.field(default_factory=dict)
 
 
-_plans: dict[_OpOverload, _Plan] = {}
+class _PlanTable(dict):
+    """op -> plan, mirrored in ``by_id`` (id(op) -> plan) for the hot path: an OpOverload
+    hashes in Python, a tenth of a small op's host time. A plan holds its op, so an id
+    stays its op's while the plan is here; removing a plan (to plan its op again)
+    removes it from both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_id: dict[int, _Plan] = {}
+
+    def __setitem__(self, op, plan) -> None:
+        super().__setitem__(op, plan)
+        self.by_id[id(op)] = plan
+
+    def __delitem__(self, op) -> None:
+        super().__delitem__(op)
+        self.by_id.pop(id(op), None)
+
+    def pop(self, op, *default):
+        self.by_id.pop(id(op), None)
+        return super().pop(op, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_id.clear()
+
+
+_plans: dict[_OpOverload, _Plan] = _PlanTable()
+_plans_by_id = _plans.by_id
 _CPU_INDEX_OPS = frozenset(
     f"aten::{n}" for n in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
 )
@@ -226,6 +277,7 @@ def plan_for(op: _OpOverload) -> _Plan:
     plan.cpu_indices = schema.name in _CPU_INDEX_OPS
     plan.precision = lowering is not None and lowering.precision
     plan.dynamic_scalars = bool(plan_scalars) and lowering is not None and not lowering.static_scalars
+    plan.fast_ok = lowering is not None and not lowering.rng and not lowering.eager_only
     out_via_functional = kind == "out" and functional is not None and lowering is not own
     plan.meta_op = functional if out_via_functional else op
     if out_via_functional:
@@ -475,8 +527,17 @@ def announce_evicted(mode: str, name: str, key: Any) -> None:
         probes.evicted(mode, name, key)
 
 
+def forget_signatures() -> None:
+    """Drop every plan's signature -> executable and -> template entries (an executable or
+    template left its cache: the signature must not find it again)."""
+    for plan in list(_plans.values()):
+        plan.fast.clear()
+        plan.lazy_fast.clear()
+
+
 def _forget(key: Any, exe: _Executable) -> None:
     """An executable the cache's bound pushed out."""
+    forget_signatures()
     _keep_float64_count(exe)
     announce_evicted("eager", exe.stats.op, key)
 
@@ -515,6 +576,7 @@ def cache_stats() -> list[ExecutableStats]:
 def clear_cache() -> None:
     """Drop every eager executable (each compiles again on its next call). Unlike an
     eviction by the cache's bound, this is not reported to tracers or counted."""
+    forget_signatures()
     for _key, exe in _cache.clear():
         _keep_float64_count(exe)
 
@@ -741,6 +803,136 @@ def _walk_specs(skel_args, skel_kw):
             yield from (x for x in s[1] if type(x) is _Spec)
 
 
+# _signature's marks: where the keyword arguments start
+_KWARGS = object()
+_torch_precision = torch.get_float32_matmul_precision
+_kept_offset = _tensor_module._offsets.lookup
+_Generator = torch.Generator
+
+
+def _signature(plan: _Plan, args, kwargs, arrays: list, graph=None):
+    """A flat, hashable signature of one op call, its tensors' payloads appended to
+    ``arrays`` as ``_build_key`` appends them, or None for a call it does not describe
+    (a CPU tensor, a storage not written yet, a pending value of no recording graph,
+    a dtype-reinterpreting view, a generator): such calls build their key.
+
+    Calls of one plan with equal signatures have equal keys, so the signature finds the
+    executable (or lazy template) without building the key: a tensor is its shape and
+    dtype (a view adds its storage's shape and how it is read), a float in a ``Scalar``
+    argument is an input, any other value is itself. ``graph``: lazy mode's recording
+    graph, whose pending values are read as they are."""
+    # what the effective precision is made of (config.effective_precision), read without its call
+    sig = [config.numerics, config.matmul_precision, _torch_precision()] if plan.precision else []
+    dyn = plan.scalar_args if plan.dynamic_scalars else ()
+    i = 0
+    for a in args:
+        # a whole computed payload (most operands), inline: a call per tensor is a fifth of its cost
+        if isinstance(a, _Tensor):
+            arr = getattr(a.untyped_storage(), PAYLOAD_ATTR, None)
+            # (or a value pending in lazy mode's recording graph)
+            if type(arr) is _ArrayImpl or (type(arr) is LazyArray and graph is not None and arr.graph is graph):
+                shape, dtype = a.shape, a.dtype
+                if arr.shape == shape and arr.dtype == _JAX_OF.get(dtype) and not a.storage_offset() and (
+                    a.is_contiguous()
+                ):
+                    arrays.append(arr)
+                    sig.append(shape)
+                    sig.append(dtype)
+                    i += 1
+                    continue
+        if not _sign(a, i in dyn, sig, arrays, graph):
+            return None
+        i += 1
+    if kwargs:
+        sig.append(_KWARGS)
+        strip = plan.strip
+        for k, v in kwargs.items():
+            if k in strip:
+                continue
+            sig.append(k)
+            if not _sign(v, k in dyn, sig, arrays, graph):
+                return None
+    return tuple(sig)
+
+
+def _sign(a, dyn: bool, sig: list, arrays: list, graph) -> bool:
+    """Append ``a``'s part of a signature (see _signature); False if it has none.
+    The parts read unambiguously: a torch.Size starts a tensor (then its dtype, or a
+    tuple for a view), a list or tuple type starts a sequence (then its length), a
+    pair (type, value) is a static number, a _Dyn is a float input."""
+    if isinstance(a, _Tensor):
+        storage = a.untyped_storage()
+        arr = getattr(storage, PAYLOAD_ATTR, None)
+        if type(arr) is not _ArrayImpl:
+            if type(arr) is not LazyArray:
+                return False
+            if arr.array is not None:  # computed: its value stands for it from now on
+                arr = arr.array
+                set_payload(storage, arr)
+            elif arr.graph is not graph:
+                return False
+        shape, dtype = a.shape, a.dtype
+        if arr.dtype != _JAX_OF.get(dtype):
+            return False
+        arrays.append(arr)
+        sig.append(shape)
+        if arr.shape == shape and not a.storage_offset() and a.is_contiguous():
+            sig.append(dtype)
+            return True
+        numel = arr.size
+        pattern = view_pattern(shape, a.stride(), numel)
+        if pattern[0] != "whole":
+            offset = a.storage_offset()
+            # the kept operand, read without moving it to the recent end of its cache
+            operand = _kept_offset((offset, numel < 2**31))
+            arrays.append(offset_operand(numel, offset) if operand is None else operand)
+        sig.append((dtype, arr.shape, pattern))
+        return True
+    t = type(a)
+    if t is float:
+        if math.isnan(a):  # a NaN equals no other NaN: its signature would never be found again
+            return False
+        if dyn:
+            arrays.append(np.float32(a))
+            sig.append(_DYN)
+        else:
+            sig.append((float, a))
+        return True
+    if t is int or t is bool or t is complex:
+        sig.append((t, a))
+        return True
+    if t is list or t is tuple:
+        sig.append(t)
+        sig.append(len(a))
+        if dyn and a and all(type(v) is float for v in a):
+            for v in a:
+                arrays.append(np.float32(v))
+                sig.append(_DYN)
+            return True
+        for v in a:
+            if isinstance(v, _Tensor):  # a whole computed payload, inline (a foreach op's lists)
+                arr = getattr(v.untyped_storage(), PAYLOAD_ATTR, None)
+                if type(arr) is _ArrayImpl or (type(arr) is LazyArray and graph is not None and arr.graph is graph):
+                    shape, dtype = v.shape, v.dtype
+                    if arr.shape == shape and arr.dtype == _JAX_OF.get(dtype) and not v.storage_offset() and (
+                        v.is_contiguous()
+                    ):
+                        arrays.append(arr)
+                        sig.append(shape)
+                        sig.append(dtype)
+                        continue
+            if not _sign(v, False, sig, arrays, graph):
+                return False
+        return True
+    if a is None:
+        sig.append(None)
+        return True
+    if t is torch.dtype or t is torch.device or t is torch.memory_format or t is torch.layout or t is str:
+        sig.append((t, a))
+        return True
+    return False
+
+
 def op_key(plan: _Plan, skel_args, skel_kwargs) -> tuple:
     """The executable key of one op call: overload, argument skeletons, and the settings
     its lowering reads while it is traced."""
@@ -760,7 +952,9 @@ def _report_value_read(read: list, seconds: float) -> None:
                                     str(first.dtype), "shape", seconds))
 
 
-def _run_lowered(plan: _Plan, args, kwargs):
+def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
+    """``sig``: the call's signature (see _signature), whose arrays are ``fast_arrays``: the
+    executable found is kept under it."""
     lowering = plan.lowering
     arrays: list = []
     key_data = None
@@ -813,6 +1007,13 @@ def _run_lowered(plan: _Plan, args, kwargs):
         _cache.put(key, exe)
     else:
         exe.stats.hits += 1
+    if sig is not None and len(arrays) == len(fast_arrays):  # (fewer: a float baked in)
+        plan.fast[sig] = exe
+    return _call(plan, args, kwargs, exe, key, arrays)
+
+
+def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
+    """Run cached executable ``exe`` (of ``key``) on ``arrays``, the results as ``plan``'s op returns them."""
     exe.stats.calls += 1
     if exe.spmd is not None:  # every rank must be about to run this same op
         _rankcheck.agree(exe.spmd)
@@ -827,6 +1028,9 @@ def _run_lowered(plan: _Plan, args, kwargs):
         # the first call made JAX's C++ dispatch of the executable (jaxlib's PjitFunction):
         # later calls go to it directly, without ``jax.stages.Compiled.__call__``'s Python frame
         exe.fn = getattr(exe.fn, "_call", None) or exe.fn
+        if exe.out_struct[0] and len(exe.out_dtypes) == 1:
+            # one tensor out: a pure op's run_now wraps it without _finish
+            exe.out_shape = torch.Size(flat[0].shape)
     return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
 
 
@@ -1072,7 +1276,26 @@ def _missing(plan: _Plan) -> NoLoweringError:
 
 def run_now(op: _OpOverload, args, kwargs):
     """Run ``op`` op by op: its executable now, or its decomposition, or on CPU."""
-    plan = _plans.get(op) or plan_for(op)
+    plan = _plans_by_id.get(id(op)) or plan_for(op)
+    if plan.fast_ok and not probes._op_probes and _dryrun.active is None and not _placement.active:
+        # a call whose signature found its executable: no key, no generic result walk
+        arrays: list = []
+        sig = _signature(plan, args, kwargs, arrays)
+        if sig is not None:
+            exe = plan.fast.get(sig)
+            if exe is not None:
+                stats = exe.stats
+                stats.hits += 1
+                # (an executable is shared by the plans of one key: out= through its functional
+                # lowering writes its result, only a pure op's plan returns it)
+                if exe.out_shape is None or plan.kind is not None or probes._probes or exe.spmd is not None:
+                    return _call(plan, args, kwargs, exe, stats.key, arrays)
+                stats.calls += 1
+                (arr,) = exe.fn(*arrays)
+                t = _create_empty(exe.out_shape, exe.out_dtypes[0])
+                set_payload(t.untyped_storage(), arr)
+                return t
+        return _run_lowered(plan, args, kwargs, sig, arrays)
     if plan.lowering is not None:
         if probes._op_probes:  # divergence tracing sees each op's inputs and outputs
             return probes.observe_op(op, args, kwargs, lambda: _run_lowered(plan, args, kwargs))

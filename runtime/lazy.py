@@ -61,7 +61,17 @@ from tpu_debug.runtime.probes import (
     LoweredNode,
     MaterializeInfo,
 )
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _readable, _strided_write, set_payload, to_jax, view_pattern, view_value
+from tpu_debug.runtime.tensor import (
+    PAYLOAD_ATTR,
+    LazyArray,
+    _create_empty,
+    _readable,
+    _strided_write,
+    set_payload,
+    to_jax,
+    view_pattern,
+    view_value,
+)
 
 from tpu_debug_core.errors import LoweringBugError, TpuArgumentError
 
@@ -167,9 +177,12 @@ class set_eager_mode(contextlib.ContextDecorator):
 class _Template:
     """What a graph step computes: its traced function and its output avals."""
 
-    __slots__ = ("calls", "dtypes", "fn", "inputs", "name", "outs", "specs", "struct")
+    __slots__ = ("calls", "dtypes", "fn", "inputs", "name", "outs", "size", "specs", "struct")
 
     def __init__(self, name, fn, outs, struct, dtypes, specs, inputs) -> None:
+        # the one output's shape as a torch.Size when the op returns one tensor (its result
+        # is made without the eager interpreter's walk over output structures)
+        self.size = torch.Size(outs[0][0]) if struct is not None and struct[0] and len(outs) == 1 else None
         self.name = name  # "mm", "add.Tensor", "cast", "view", ...
         self.fn = fn  # flat JAX inputs -> tuple of flat outputs (traceable)
         self.outs = outs  # ((shape, numpy dtype), ...) per output
@@ -184,6 +197,7 @@ _templates: LruCache[Any, _Template] = LruCache(
     "lazy op templates",
     lambda: config.eager_cache_size,
     uses=lambda _key, tpl: tpl.calls,
+    on_evict=lambda _key, _tpl: _eager.forget_signatures(),
 )
 
 
@@ -265,6 +279,8 @@ def _reshape(x, shape):
 
 # what each slot of a graph holds: a graph input, a float scalar, an op's output
 _LEAF, _SCALAR, _OUT = 0, 1, 2
+_OUTS = bytes([_OUT]) * 64  # the kinds of a step's outputs, sliced
+_weakref = weakref.ref
 
 
 class _Graph:
@@ -317,12 +333,16 @@ class _Graph:
             refs.append(slot)
         self.steps.append((tpl, tuple(refs)))
         tpl.calls += 1
-        outs = []
-        for shape, dtype in tpl.outs:
-            value = LazyArray(shape, dtype, self, len(kinds))
-            self.outputs.append((len(kinds), weakref.ref(value)))
+        first = len(kinds)
+        if len(tpl.outs) == 1:  # most steps
+            ((shape, dtype),) = tpl.outs
+            value = LazyArray(shape, dtype, self, first)
             kinds.append(_OUT)
-            outs.append(value)
+            self.outputs.append((first, _weakref(value)))
+            return [value]
+        outs = [LazyArray(shape, dtype, self, first + i) for i, (shape, dtype) in enumerate(tpl.outs)]
+        kinds.extend(_OUTS[: len(outs)] if len(outs) <= len(_OUTS) else bytes([_OUT]) * len(outs))
+        self.outputs.extend([(v.slot, _weakref(v)) for v in outs])
         return outs
 
     def step(self, name: str, fn, statics: tuple, *inputs) -> LazyArray:
@@ -335,7 +355,13 @@ class _Graph:
     def write(self, t: torch.Tensor, storage, value, old) -> None:
         """``tensor.write`` with a pending value or payload: the same steps, recorded."""
         jdtype = to_jax_dtype(t.dtype)
-        shape = tuple(t.shape)
+        size = t.shape
+        if value.dtype == jdtype and value.shape == size and (
+            old is None or (old.shape == size and not t.storage_offset() and t.is_contiguous())
+        ):  # the whole storage, in its dtype and shape (an in-place op's usual write)
+            set_payload(storage, value)
+            return
+        shape = tuple(size)
         g = _state.graph
         if value.dtype != jdtype:
             value = g.step("cast", _cast, (jdtype,), value)
@@ -386,7 +412,10 @@ def dispatch(op, args, kwargs):
         if mode == _BLOCKING:
             _block(out, args, kwargs)
         return out
-    plan = _eager._plans.get(op) or _eager.plan_for(op)
+    plan = _eager._plans_by_id.get(id(op)) or _eager.plan_for(op)
+    if plan.fast_ok:  # a lowering whose output shapes do not depend on values
+        with _state.lock:
+            return _record(plan, args, kwargs)
     lowering = plan.lowering
     if lowering is not None:
         eager_only = lowering.eager_only
@@ -402,6 +431,14 @@ def dispatch(op, args, kwargs):
 def _record(plan, args, kwargs):
     """Record one op call of a lowered op: the eager interpreter's key and output
     handling, with a graph step where eager mode would run an executable."""
+    sig = None
+    if plan.fast_ok:
+        fast_arrays: list = []
+        sig = _eager._signature(plan, args, kwargs, fast_arrays, _state.graph)
+        if sig is not None:
+            tpl = plan.lazy_fast.get(sig)
+            if tpl is not None:
+                return _append(plan, args, kwargs, tpl, fast_arrays)
     lowering = plan.lowering
     arrays: list = []
     key_data = None
@@ -424,6 +461,13 @@ def _record(plan, args, kwargs):
             plan.dynamic_scalars = False  # as eager mode does: bake the scalars in from now on
             return _record(plan, args, kwargs)
         _templates.put(key, tpl)
+    if sig is not None and len(arrays) == len(fast_arrays):  # (fewer: a float baked in)
+        plan.lazy_fast[sig] = tpl
+    return _append(plan, args, kwargs, tpl, arrays)
+
+
+def _append(plan, args, kwargs, tpl: _Template, arrays: list):
+    """Append a step of ``tpl`` reading ``arrays`` to the graph; the op's results, pending."""
     g = _state.graph
     if len(g.steps) >= config.lazy_graph_limit:
         _materialize(g, "size_limit")
@@ -431,6 +475,10 @@ def _record(plan, args, kwargs):
     outs = g.add(tpl, arrays)
     if probes._probes:
         probes.deferred(plan.name, len(g.steps) - 1)
+    if tpl.size is not None and plan.kind is None:  # one tensor out of a pure op
+        t = _create_empty(tpl.size, tpl.dtypes[0])
+        set_payload(t.untyped_storage(), outs[0])
+        return t
     return _eager._finish(plan, args, kwargs, outs, tpl.struct, tpl.dtypes)
 
 
