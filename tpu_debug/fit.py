@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -345,19 +346,51 @@ def ici_rate(tgt: Target) -> float | None:
 
 
 def collective_costs(hlo: str, tgt: Target) -> tuple[CollectiveCost, ...]:
-    """The compiled step's collectives by kind, with an ICI time estimate for each."""
+    """The compiled step's collectives by kind, with an ICI time estimate for each.
+
+    A collective's bytes are the larger of what its result and its operands hold (an
+    all-gather's result is operand x group, a reduce-scatter's operand result x group):
+    the TPU compiler fuses converts into collectives, so an all-reduce may sum float32
+    operands into a bfloat16 result, and the operands are then what travels.
+    """
     from tpu_debug_core.collectives import parse_collectives
 
-    by_kind: dict[str, list] = {}
+    operands = _operand_bytes(hlo)
+    by_kind: dict[str, list[tuple[int, int]]] = {}
     for c in parse_collectives(hlo):
-        by_kind.setdefault(c.opcode, []).append(c)
+        n = max(c.group_size, 1)
+        given = operands.get(c.instruction, 0)
+        if c.opcode == "all-gather":
+            given *= n
+        data = max(c.nbytes, given)
+        wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
+        by_kind.setdefault(c.opcode, []).append((data, wire))
     rate = ici_rate(tgt)
-    costs = []
-    for kind, items in by_kind.items():
-        wire = sum(c.wire_bytes for c in items)
-        costs.append(CollectiveCost(kind, len(items), sum(c.nbytes for c in items), wire,
-                                    None if rate is None else wire / rate))
+    costs = [CollectiveCost(kind, len(items), sum(d for d, _ in items), sum(w for _, w in items),
+                            None if rate is None else sum(w for _, w in items) / rate)
+             for kind, items in by_kind.items()]
     return tuple(sorted(costs, key=lambda c: -c.wire_bytes))
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) ")
+_OPERANDS = re.compile(r"\s(?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+                       r"(?:-start)?\(([^)]*)\)")
+
+
+def _operand_bytes(hlo: str) -> dict[str, int]:
+    """Collective instruction name -> bytes of its operands (from their definitions' shapes)."""
+    from tpu_debug_core.collectives import shape_bytes
+
+    lines = hlo.splitlines()
+    shapes = {m.group(1): m.group(2) for m in map(_DEFINITION.match, lines) if m}
+    out = {}
+    for line in lines:
+        head, ops = _DEFINITION.match(line), _OPERANDS.search(line)
+        if head is None or ops is None:
+            continue
+        names = (o.strip().lstrip("%") for o in re.sub(r"/\*.*?\*/", "", ops.group(1)).split(","))
+        out[head.group(1)] = sum(sum(shape_bytes(shapes.get(n, ""))) for n in names if n)
+    return out
 
 
 def _estimate(c, tgt: Target, collectives, tokens: int, flops: float, flops_text: str) -> StepEstimate:
