@@ -131,7 +131,9 @@ class FitReport:
         estimate: step time, tokens/s, MFU (None when the compile failed).
         unsharded: parameters no plan axis could split.
         error: the compiler's message when it refused the step.
-        compile_seconds, seconds: the TPU compile and the whole answer, wall clock.
+        compile_seconds, seconds: the TPU compile(s) and the whole answer, wall clock.
+        extrapolation: how the figures were extended from fewer layers; None when the
+            whole model was compiled.
     """
 
     model: str
@@ -152,6 +154,7 @@ class FitReport:
     error: str | None
     compile_seconds: float
     seconds: float
+    extrapolation: str | None = None
 
     @property
     def headroom(self) -> int | None:
@@ -256,6 +259,7 @@ def fit(
     job: str = "train",
     dtype: str = "bfloat16",
     overrides: dict[str, Any] | None = None,
+    extrapolate: bool | None = None,
     optimization_level: str | None = None,
     cache: bool = True,
 ) -> FitReport:
@@ -271,6 +275,10 @@ def fit(
         job: ``"train"`` (forward, loss, backward, AdamW) or ``"forward"``.
         dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
         overrides: config fields to change (``{"num_hidden_layers": 2}``).
+        extrapolate: compile the step with 2 and 3 decoder layers and extend every per-chip
+            figure linearly to the model's layer count (identical layers add identical
+            buffers, collectives and flops); None does so for models of more than
+            ``EXTRAPOLATE_ABOVE`` layers. The report says when it was used.
         optimization_level: XLA's effort level (None: the compiler's default).
         cache: use the target compile cache.
 
@@ -288,8 +296,6 @@ def fit(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target.dryrun import trace_step
-
     started = time.perf_counter()
     if job not in JOBS:
         raise TargetError(f"job {job!r} is not one of {', '.join(JOBS)}")
@@ -299,6 +305,59 @@ def fit(
         raise TargetError(f"batch {batch} does not split over dp x fsdp = {chosen.batch_ways} chips: "
                           f"use a multiple of {chosen.batch_ways}")
     config = build_config(model_or_config, overrides)
+    layers = getattr(config, "num_hidden_layers", 0)
+    if extrapolate is None:
+        extrapolate = layers > EXTRAPOLATE_ABOVE
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    parameters = sum(p.numel() for p in model.parameters())
+    flops, flops_text = _model_flops(model, config, batch * seq, seq, job)
+    del model
+    args = (tgt, chosen, batch, seq, job, dtype, optimization_level, cache)
+    if extrapolate and layers > FIRST + 1:
+        one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
+        two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
+        measured = _extrapolate(one, two, FIRST, layers)
+        how = (f"compiled with {FIRST} and {FIRST + 1} of the {layers} decoder layers; every per-chip figure "
+               f"extended linearly to {layers} (identical layers add identical buffers, collectives and flops)")
+    else:
+        measured, how = _measure(config, *args), None
+    name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
+    return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
+                   time.perf_counter() - started, how)
+
+
+EXTRAPOLATE_ABOVE = 4
+# the layer counts compiled to extrapolate from: a one-layer step's temporaries are not on the
+# line the longer ones lie on (a Llama step's peak grows by one layer's activations from two
+# layers on; from one to two by less), so the line goes through 2 and 3
+FIRST = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Measure:
+    """One compiled step's per-chip figures (or the compiler's refusal)."""
+
+    plan: Plan
+    error: Any
+    memory: Any
+    cost: Any
+    collectives: tuple[CollectiveCost, ...]
+    param_bytes: int
+    state_bytes: int
+    batch_bytes: int
+    unsharded: tuple[str, ...]
+    compile_seconds: float
+    pass_flops: float  # the compiler's flops with each float32 dot counted once per bf16 pass
+
+
+def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
+             optimization_level: str | None, cache: bool) -> _Measure:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tpu_debug.runtime.target.dryrun import trace_step
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
@@ -307,35 +366,66 @@ def fit(
         traced = trace_step(model, (tokens,), train=train, loss_fn=_loss if train else None,
                             targets=(tokens,) if train else ())
     names = [n for n, _ in model.named_parameters()]
-    compiled = compile_sharded_step(traced, names, 2 if train else 1, tgt, chosen,
-                                    optimization_level=optimization_level, cache=cache)
-    flops, flops_text = _model_flops(model, config, batch * seq, seq, job)
-    name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
-    return _report(str(name), tgt, job, batch, seq, traced.parameters, compiled, flops, flops_text,
-                   time.perf_counter() - started)
-
-
-def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: FitCompile,
-            flops: float, flops_text: str, seconds: float) -> FitReport:
-    from tpu_debug.runtime.target.capacity import hbm_capacity
+    fc: FitCompile = compile_sharded_step(traced, names, 2 if train else 1, tgt, plan,
+                                          optimization_level=optimization_level, cache=cache)
+    from tpu_debug.runtime.target.roofline import roofline
 
     c = fc.compile
+    collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes, fc.batch_bytes,
+                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0)
+
+
+def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
+    """Figures of a ``layers``-layer step from the ``first``- and ``first + 1``-layer steps:
+    x(L) = x1 + (L - first)(x2 - x1)."""
+    from tpu_debug.runtime.target.compile import CostStats, MemoryStats
+
+    def ext(a, b):
+        return a + (layers - first) * (b - a)
+
+    if one.error is not None or two.error is not None:  # a refusal stands: a longer model needs more
+        return two if two.error is not None else one
+    m = MemoryStats(*(int(ext(getattr(one.memory, f.name), getattr(two.memory, f.name)))
+                      for f in dataclasses.fields(MemoryStats)))
+    cost = CostStats(ext(one.cost.flops, two.cost.flops), ext(one.cost.transcendentals, two.cost.transcendentals),
+                     ext(one.cost.bytes_accessed, two.cost.bytes_accessed), None)
+    kinds = dict.fromkeys([c.kind for c in two.collectives] + [c.kind for c in one.collectives])
+    zero = CollectiveCost("", 0, 0, 0, 0.0)
+    collectives = []
+    for kind in kinds:
+        a = next((c for c in one.collectives if c.kind == kind), zero)
+        b = next((c for c in two.collectives if c.kind == kind), zero)
+        seconds = None if b.seconds is None else max(ext(a.seconds or 0.0, b.seconds), 0.0)
+        collectives.append(CollectiveCost(kind, max(ext(a.count, b.count), 0), max(ext(a.bytes, b.bytes), 0),
+                                          max(ext(a.wire_bytes, b.wire_bytes), 0), seconds))
+    collectives.sort(key=lambda c: -c.wire_bytes)
+    return _Measure(two.plan, None, m, cost, tuple(collectives), ext(one.param_bytes, two.param_bytes),
+                    ext(one.state_bytes, two.state_bytes), two.batch_bytes, two.unsharded,
+                    one.compile_seconds + two.compile_seconds, ext(one.pass_flops, two.pass_flops))
+
+
+def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: _Measure,
+            flops: float, flops_text: str, seconds: float, extrapolation: str | None) -> FitReport:
+    from tpu_debug.runtime.target.capacity import hbm_capacity
+
     capacity, source = hbm_capacity(tgt)
     memory = estimate = None
-    collectives: tuple[CollectiveCost, ...] = ()
-    if c.ok:
-        m = c.memory
+    if fc.error is None:
+        m = fc.memory
         grads = fc.param_bytes if job == "train" else 0
         memory = MemoryBreakdown(m.argument_bytes, m.output_bytes, m.alias_bytes, m.temp_bytes,
                                  m.generated_code_bytes, m.total_bytes, fc.param_bytes, fc.state_bytes,
                                  fc.batch_bytes, grads, max(m.temp_bytes - grads, 0))
-        collectives = collective_costs(c.hlo or "", tgt)
-        estimate = _estimate(c, tgt, collectives, batch * seq, flops, flops_text)
+        estimate = _estimate(fc, tgt, batch * seq, flops, flops_text)
         required = m.total_bytes
+        fits = required <= capacity
     else:
-        required = c.error.required_bytes
-    return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, c.fits, capacity, source, required, memory,
-                     collectives, estimate, fc.unsharded, None if c.ok else c.error.message, c.seconds, seconds)
+        required = fc.error.required_bytes
+        fits = False if fc.error.kind == "hbm_oom" else None
+    return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required, memory,
+                     fc.collectives, estimate, fc.unsharded, None if fc.error is None else fc.error.message,
+                     fc.compile_seconds, seconds, extrapolation)
 
 
 def ici_rate(tgt: Target) -> float | None:
@@ -393,18 +483,19 @@ def _operand_bytes(hlo: str) -> dict[str, int]:
     return out
 
 
-def _estimate(c, tgt: Target, collectives, tokens: int, flops: float, flops_text: str) -> StepEstimate:
-    from tpu_debug.runtime.target.roofline import roofline
-
-    r = roofline(c)
+def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: str) -> StepEstimate:
+    collectives = fc.collectives
+    compute = fc.pass_flops / tgt.peak_bf16_flops_per_device
+    memory = fc.cost.bytes_accessed / tgt.hbm_bandwidth_per_device
     comm = None if ici_rate(tgt) is None else sum(x.seconds or 0.0 for x in collectives)
-    step = max(r.compute_seconds, r.memory_seconds) + (comm or 0.0)
-    overlapped = max(r.compute_seconds, r.memory_seconds, comm or 0.0)
+    step = max(compute, memory) + (comm or 0.0)
+    overlapped = max(compute, memory, comm or 0.0)
     peak = tgt.peak_bf16_flops_per_device * tgt.devices
     rate = ici_rate(tgt)
     assumptions = (
-        "compute: the TPU compiler's flops per chip at the published bf16 peak "
-        f"({tgt.generation.peak_bf16_flops / 1e12:.0f} TFLOP/s per chip), every flop at peak",
+        "compute: the TPU compiler's flops per chip (a float32 dot once per bf16 pass its precision "
+        f"takes) at the published bf16 peak ({tgt.generation.peak_bf16_flops / 1e12:.0f} TFLOP/s per chip), "
+        "every flop at peak",
         f"memory: the compiler's bytes accessed per chip at the published HBM bandwidth "
         f"({tgt.generation.hbm_bandwidth / 1e9:.0f} GB/s)",
         ("communication: ring wire bytes per chip at half the published bidirectional ICI bandwidth "
@@ -415,11 +506,10 @@ def _estimate(c, tgt: Target, collectives, tokens: int, flops: float, flops_text
         flops_text,
         f"source: {tgt.generation.source}",
     )
-    return StepEstimate(r.compute_seconds, r.memory_seconds, comm, step, overlapped,
+    return StepEstimate(compute, memory, comm, step, overlapped,
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
-
 
 
 def _size(n: int | None) -> str:
@@ -471,5 +561,7 @@ def _render(r: FitReport) -> str:
     if r.unsharded:
         more = " ..." if len(r.unsharded) > 6 else ""
         lines.append(f"  not split by the plan (whole on every chip): {', '.join(r.unsharded[:6])}{more}")
+    if r.extrapolation:
+        lines.append(f"  extrapolated: {r.extrapolation}")
     lines.append(f"  answered in {r.seconds:.1f} s (TPU compile {r.compile_seconds:.1f} s)")
     return "\n".join(lines)

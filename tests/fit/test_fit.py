@@ -44,15 +44,15 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
 
 
-def _config():
-    return transformers.LlamaConfig(**SIZES)
+def _config(**changes):
+    return transformers.LlamaConfig(**{**SIZES, **changes})
 
 
 def _loss(outputs, labels):
     return F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
 
 
-def _reference(mesh_shape: tuple[int, int]):
+def _reference(mesh_shape: tuple[int, int], **changes):
     """Compile the step directly: returns (compiled, parameter shapes)."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -60,7 +60,7 @@ def _reference(mesh_shape: tuple[int, int]):
     from tpu_debug.runtime.target import trace_step
 
     with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(_config()).to(torch.bfloat16)
+        model = transformers.LlamaForCausalLM(_config(**changes)).to(torch.bfloat16)
     tokens = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
     # transformers skips a value-dependent mask check only while it thinks it is traced
     with mock.patch.object(transformers.masking_utils, "is_tracing", lambda *a, **k: True):
@@ -189,3 +189,25 @@ def test_cli_prints_the_report_as_json(capsys):
     assert code == 0
     assert data["fits"] is True and data["plan"] == "fsdp=8" and data["target"] == "v5e-8"
     assert data["memory"]["total"] == data["required"]
+
+
+def test_extrapolated_layers_match_a_full_compile():
+    import tpu_debug
+
+    # six layers, extended from compiles of two and three: identical layers add identical
+    # buffers, so the figures land on the full program's within the 2% promised
+    report = tpu_debug.fit(_config(num_hidden_layers=6), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ,
+                           extrapolate=True)
+    compiled, _ = _reference((1, 8), num_hidden_layers=6)
+    ref = compiled.memory_analysis()
+
+    assert report.extrapolation.startswith("compiled with 2 and 3 of the 6 decoder layers")
+    m = report.memory
+    assert _close(m.arguments, ref.argument_size_in_bytes)
+    assert _close(m.outputs, ref.output_size_in_bytes)
+    assert _close(m.temporaries, ref.temp_size_in_bytes)
+    expected = _collectives(compiled.as_text(), 8)
+    got = {c.kind: (c.count, c.bytes) for c in report.collectives}
+    assert set(got) == set(expected)
+    for kind, (count, size) in expected.items():
+        assert _close(got[kind][0], count) and _close(got[kind][1], size), (kind, got[kind], (count, size))
