@@ -29,12 +29,12 @@ __all__ = ["fit", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimat
 
 #: Hugging Face configs by name (sizes from the models' published config.json files)
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama3-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                                rope_theta=500000.0)),
-    "llama3-70b": ("llama", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                                 num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192,
-                                 rope_theta=500000.0)),
+    "llama3-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                max_position_embeddings=8192, rope_theta=500000.0)),
+    "llama3-70b": ("llama", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                                 num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                 max_position_embeddings=8192, rope_theta=500000.0)),
     "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
@@ -196,8 +196,8 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
             raise TargetError(f"{model}: a Hugging Face config.json has a 'model_type'; this file has none")
         config = AutoConfig.for_model(data.pop("model_type"), **{**data, **overrides})
     else:
-        raise TargetError(f"model {model!r}: give a Hugging Face config (LlamaConfig(...)), a config.json path, "
-                          f"or a preset: {', '.join(PRESETS)}")
+        raise TargetError(f"model {model!r}: give a Hugging Face config (LlamaConfig(...)), a config.json "
+                          f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
     return config
 
@@ -244,8 +244,8 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
     forward = 2 * matmul + 4 * layers * seq * width  # weights' matmuls + QK^T and AV (no causal halving)
     per_token = 3 * forward if job == "train" else forward
     text = (f"model FLOPs per token {'6' if job == 'train' else '2'}N + {'12' if job == 'train' else '4'}"
-            f"·L·s·d (N = {matmul / 1e9:.3g} B non-embedding parameters, L = {layers}, s = {seq}, d = {width}; "
-            "attention not halved for causality)")
+            f"·L·s·d (N = {matmul / 1e9:.3g} B non-embedding parameters, L = {layers}, s = {seq}, "
+            f"d = {width}; attention not halved for causality)")
     return float(per_token * tokens), text
 
 
@@ -318,8 +318,9 @@ def fit(
         one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
         two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
         measured = _extrapolate(one, two, FIRST, layers)
-        how = (f"compiled with {FIRST} and {FIRST + 1} of the {layers} decoder layers; every per-chip figure "
-               f"extended linearly to {layers} (identical layers add identical buffers, collectives and flops)")
+        how = (f"compiled with {FIRST} and {FIRST + 1} of the {layers} decoder layers; every per-chip "
+               f"figure extended linearly to {layers} (identical layers add identical buffers, "
+               "collectives and flops)")
     else:
         measured, how = _measure(config, *args), None
     name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
@@ -372,8 +373,8 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
 
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
-    return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes, fc.batch_bytes,
-                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0)
+    return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
+                    fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0)
 
 
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
@@ -388,7 +389,8 @@ def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Meas
         return two if two.error is not None else one
     m = MemoryStats(*(int(ext(getattr(one.memory, f.name), getattr(two.memory, f.name)))
                       for f in dataclasses.fields(MemoryStats)))
-    cost = CostStats(ext(one.cost.flops, two.cost.flops), ext(one.cost.transcendentals, two.cost.transcendentals),
+    cost = CostStats(ext(one.cost.flops, two.cost.flops),
+                     ext(one.cost.transcendentals, two.cost.transcendentals),
                      ext(one.cost.bytes_accessed, two.cost.bytes_accessed), None)
     kinds = dict.fromkeys([c.kind for c in two.collectives] + [c.kind for c in one.collectives])
     zero = CollectiveCost("", 0, 0, 0, 0.0)
@@ -423,9 +425,10 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
     else:
         required = fc.error.required_bytes
         fits = False if fc.error.kind == "hbm_oom" else None
-    return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required, memory,
-                     fc.collectives, estimate, fc.unsharded, None if fc.error is None else fc.error.message,
-                     fc.compile_seconds, seconds, extrapolation)
+    return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
+                     memory, fc.collectives, estimate, fc.unsharded,
+                     None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
+                     extrapolation)
 
 
 def ici_rate(tgt: Target) -> float | None:
@@ -542,21 +545,23 @@ def _render(r: FitReport) -> str:
     m = r.memory
     if m is not None:
         lines.append(f"  compiler: arguments {_size(m.arguments)}, outputs {_size(m.outputs)} "
-                     f"(aliased {_size(m.aliased)}), temporaries {_size(m.temporaries)}, code {_size(m.code)}")
-        lines.append(f"  breakdown: parameters {_size(m.parameters)}, optimizer state {_size(m.optimizer_state)}, "
-                     f"batch {_size(m.batch)}, gradients ~{_size(m.gradients)}, activations and other "
-                     f"temporaries ~{_size(m.activations)}")
+                     f"(aliased {_size(m.aliased)}), temporaries {_size(m.temporaries)}, "
+                     f"code {_size(m.code)}")
+        lines.append(f"  breakdown: parameters {_size(m.parameters)}, optimizer state "
+                     f"{_size(m.optimizer_state)}, batch {_size(m.batch)}, gradients "
+                     f"~{_size(m.gradients)}, activations and other temporaries ~{_size(m.activations)}")
     if r.collectives:
         lines.append("  collectives per step (per chip):")
         for c in r.collectives:
-            lines.append(f"    {c.kind:<18} x{c.count:<4} {_size(c.bytes):>11} data, {_size(c.wire_bytes):>11} "
-                         f"on the wire, ~{_time(c.seconds)}")
+            lines.append(f"    {c.kind:<18} x{c.count:<4} {_size(c.bytes):>11} data, "
+                         f"{_size(c.wire_bytes):>11} on the wire, ~{_time(c.seconds)}")
     e = r.estimate
     if e is not None:
         lines.append(f"  estimate (not a measurement): step ~{_time(e.seconds)} (compute "
                      f"{_time(e.compute_seconds)}, memory {_time(e.memory_seconds)}, communication "
                      f"{_time(e.comm_seconds)}; {_time(e.overlapped_seconds)} if all overlapped), "
-                     f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} ({e.mfu_overlapped:.1%} overlapped)")
+                     f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} "
+                     f"({e.mfu_overlapped:.1%} overlapped)")
         lines.extend(f"    assumes {a}" for a in e.assumptions)
     if r.unsharded:
         more = " ..." if len(r.unsharded) > 6 else ""

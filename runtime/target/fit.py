@@ -211,7 +211,8 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     train = traced.mode == "training"
     n_b = len(specs) - n_p - (2 * n_p + 1 if train else 0) - n_batch
     placements = {name: param_placements(name, specs[i].shape, plan) for i, name in enumerate(names)}
-    param_sh = [NamedSharding(mesh, partition_spec(placements[n], len(specs[i].shape))) for i, n in enumerate(names)]
+    param_sh = [NamedSharding(mesh, partition_spec(placements[n], len(specs[i].shape)))
+                for i, n in enumerate(names)]
     replicated = NamedSharding(mesh, PartitionSpec())
     batch_axes = tuple(a for a, n in zip(AXES, plan.shape) if n > 1 and a != "tp")
     in_sh = [*param_sh, *[replicated] * n_b]
@@ -224,7 +225,8 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))
-    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level, cache=cache)
+    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
+                                cache=cache)
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
     param_bytes = sum(local[:n_p])
     state_bytes = sum(local[n_p + n_b:3 * n_p + n_b + 1]) if train else 0

@@ -25,14 +25,15 @@ import torch.nn.functional as F
 
 from tpu_debug.runtime.target._libtpu import _find_libtpu
 
-transformers = pytest.importorskip("transformers", reason="builds Hugging Face models: pip install -e '.[models]'")
+transformers = pytest.importorskip("transformers",
+                                   reason="builds Hugging Face models: pip install -e '.[models]'")
 pytestmark = pytest.mark.skipif(
     not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
 )
 
 # every dimension divides 8, so "split the first dimension" is the whole FSDP layout
-SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
+SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
 BATCH, SEQ = 8, 32
 # the tool and the reference compile one program with one compiler, so the figures agree
 # exactly in practice; 2% is the agreement the fit answer promises

@@ -1,4 +1,4 @@
-"""Will a model train on a TPU slice? One sharded step compiled for it: per-chip HBM, collectives, estimates."""
+"""Will a model train on a TPU slice? Its step compiled for it: per-chip HBM, collectives, estimates."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def _override(text: str) -> tuple[str, object]:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, tiny-llama) or a Hugging Face config.json "
-                        "path; nothing is downloaded and no weights are made")
-    parser.add_argument("--target", default="v5e-8", help="the TPU slice (v5e-8, v6e-256, v5p-128; default v5e-8)")
+    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, tiny-llama) or a Hugging Face "
+                        "config.json path; nothing is downloaded and no weights are made")
+    parser.add_argument("--target", default="v5e-8",
+                        help="the TPU slice (v5e-8, v6e-256, v5p-128; default v5e-8)")
     parser.add_argument("--plan", default="fsdp", help="mesh axes: fsdp, dp, tp, or sized as fsdp=4,tp=2 "
                         "(default: fsdp over every chip)")
     parser.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
@@ -32,9 +33,10 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                         help="the parameters' dtype (AdamW's state is kept in it)")
     parser.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
-                        metavar="FIELD=VALUE", help="change a config field (repeatable): --set num_hidden_layers=2")
+                        metavar="FIELD=VALUE",
+                        help="change a config field (repeatable): --set num_hidden_layers=2")
     parser.add_argument("--optimization-level", choices=("O0", "O1", "O2", "O3"), default=None,
-                        help="XLA's effort level (default: the compiler's; O0 compiles big steps much faster)")
+                        help="XLA's effort level (default: the compiler's; O0 compiles big steps faster)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
