@@ -25,7 +25,8 @@ from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
 
-__all__ = ["fit", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate", "PRESETS", "build_config"]
+__all__ = ["fit", "search", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
+           "PRESETS", "build_config"]
 
 #: Hugging Face configs by name (sizes from the models' published config.json files)
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -570,3 +571,73 @@ def _render(r: FitReport) -> str:
         lines.append(f"  extrapolated: {r.extrapolation}")
     lines.append(f"  answered in {r.seconds:.1f} s (TPU compile {r.compile_seconds:.1f} s)")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanSearch:
+    """A small plan search: each candidate compiled, and the one recommended.
+
+    Attributes:
+        question: ``"smallest slice"`` or ``"largest batch"``.
+        candidates: every candidate's report, in the order compiled.
+        best: the recommended candidate (None when none fits).
+    """
+
+    question: str
+    candidates: tuple[FitReport, ...]
+    best: FitReport | None
+
+    def render(self) -> str:
+        b = self.best
+        answer = f"{b.target.name}, plan {b.plan}, batch {b.batch}" if b else "no candidate fits"
+        lines = [f"{self.question}: {answer}"]
+        lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6}  {'fits':<5} {'needs/chip':>11} {'of':>10}  "
+                     f"{'step~':>9} {'MFU~':>6}")
+        for r in self.candidates:
+            e = r.estimate
+            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6}  {str(r.fits):<5} "
+                         f"{_size(r.required):>11} {_size(r.capacity):>10}  "
+                         f"{_time(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
+        return "\n".join(lines)
+
+
+def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", *, plan: str = "fsdp",
+           batch: int = 8, seq: int = 2048, max_batch: int = 4096, **options: Any) -> PlanSearch:
+    """Compile candidates to find the smallest slice that fits, or the largest batch.
+
+    Args:
+        question: ``"slice"``: the slices of ``target``'s generation from the smallest up,
+            each with ``plan``'s axis over all its chips and the global ``batch``
+            (slices whose chips do not divide it are skipped), until one fits;
+            ``"batch"``: on ``target``, the batch doubled from ``batch`` until a step
+            does not fit (or ``max_batch``).
+        plan: one axis name (``"fsdp"``, ``"dp"``) for ``"slice"``; any plan for ``"batch"``.
+        options: as ``fit`` (``job``, ``dtype``, ``overrides``, ``optimization_level``, ...).
+
+    Raises:
+        TargetError: an unknown question, or a sized plan for ``"slice"``.
+    """
+    tgt = parse_target(target)
+    reports: list[FitReport] = []
+    if question == "slice":
+        if plan not in ("fsdp", "dp", "tp"):
+            raise TargetError(f"search 'slice' takes one plan axis (fsdp, dp or tp), not {plan!r}")
+        gen = tgt.generation
+        for count in sorted(gen.slices):
+            candidate = parse_target(f"{gen.name}-{count}")
+            if plan != "tp" and batch % candidate.devices:
+                continue
+            reports.append(fit(model_or_config, candidate, plan=plan, batch=batch, seq=seq, **options))
+            if reports[-1].fits:
+                return PlanSearch("smallest slice", tuple(reports), reports[-1])
+        return PlanSearch("smallest slice", tuple(reports), None)
+    if question != "batch":
+        raise TargetError(f"search {question!r}: ask 'slice' (the smallest slice that fits) or 'batch' "
+                          "(the largest batch)")
+    size, best = batch, None
+    while size <= max_batch:
+        reports.append(fit(model_or_config, tgt, plan=plan, batch=size, seq=seq, **options))
+        if not reports[-1].fits:
+            break
+        best, size = reports[-1], size * 2
+    return PlanSearch("largest batch", tuple(reports), best)

@@ -212,3 +212,12 @@ def test_extrapolated_layers_match_a_full_compile():
     assert set(got) == set(expected)
     for kind, (count, size) in expected.items():
         assert _close(got[kind][0], count) and _close(got[kind][1], size), (kind, got[kind], (count, size))
+
+
+def test_search_names_the_questions_it_answers():
+    import tpu_debug
+    from tpu_debug.fit import search
+
+    with pytest.raises(tpu_debug.TpuDebugError, match=r"^search 'fastest': ask 'slice' \(the smallest slice "
+                       r"that fits\) or 'batch' \(the largest batch\)$"):
+        search(_config(), "fastest", "v5e-8")

@@ -37,15 +37,30 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="change a config field (repeatable): --set num_hidden_layers=2")
     parser.add_argument("--optimization-level", choices=("O0", "O1", "O2", "O3"), default=None,
                         help="XLA's effort level (default: the compiler's; O0 compiles big steps faster)")
+    parser.add_argument("--search", choices=("slice", "batch"), default=None,
+                        help="compile candidates: slice, the smallest slice of --target's generation "
+                        "that fits --batch; batch, the largest batch (doubling from --batch) that "
+                        "fits --target")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     import tpu_debug
+    from tpu_debug.fit import search
 
-    report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
-                           job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
-                           optimization_level=args.optimization_level)
+    options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
+                   optimization_level=args.optimization_level)
+    if args.search:
+        found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
+                       **options)
+        if args.json:
+            json.dump({"question": found.question, "best": found.best and found.best.to_dict(),
+                       "candidates": [r.to_dict() for r in found.candidates]}, sys.stdout, indent=1)
+            print()
+        else:
+            print(found.render())
+        return 0 if found.best else NOT_FIT
+    report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=1)
         print()
