@@ -261,6 +261,7 @@ def fit(
     dtype: str = "bfloat16",
     overrides: dict[str, Any] | None = None,
     extrapolate: bool | None = None,
+    shard_activations: bool = False,
     optimization_level: str | None = None,
     cache: bool = True,
 ) -> FitReport:
@@ -280,6 +281,10 @@ def fit(
             figure linearly to the model's layer count (identical layers add identical
             buffers, collectives and flops); None does so for models of more than
             ``EXTRAPOLATE_ABOVE`` layers. The report says when it was used.
+        shard_activations: constrain every activation to be split over the batch axes, as
+            FSDP runs it (``runtime.target.fit._batch_split``); off, XLA's sharding
+            propagation alone decides, and on large slices it may keep weights split and
+            split activations along the hidden dimension instead.
         optimization_level: XLA's effort level (None: the compiler's default).
         cache: use the target compile cache.
 
@@ -314,7 +319,7 @@ def fit(
     parameters = sum(p.numel() for p in model.parameters())
     flops, flops_text = _model_flops(model, config, batch * seq, seq, job)
     del model
-    args = (tgt, chosen, batch, seq, job, dtype, optimization_level, cache)
+    args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
     if extrapolate and layers > FIRST + 1:
         one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
         two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
@@ -354,7 +359,7 @@ class _Measure:
 
 
 def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
-             optimization_level: str | None, cache: bool) -> _Measure:
+             shard_activations: bool, optimization_level: str | None, cache: bool) -> _Measure:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -369,6 +374,7 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
                             targets=(tokens,) if train else ())
     names = [n for n, _ in model.named_parameters()]
     fc: FitCompile = compile_sharded_step(traced, names, 2 if train else 1, tgt, plan,
+                                          shard_activations=shard_activations,
                                           optimization_level=optimization_level, cache=cache)
     from tpu_debug.runtime.target.roofline import roofline
 

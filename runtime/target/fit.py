@@ -190,8 +190,34 @@ def _local_bytes(spec: jax.ShapeDtypeStruct, sharding) -> int:
     return math.prod(sharding.shard_shape(spec.shape)) * np.dtype(spec.dtype).itemsize
 
 
+def _batch_split(traced: TracedStep, mesh, axes: tuple[str, ...]) -> TracedStep:
+    """``traced`` with every intermediate whose first dimension is the batch (or batch x seq,
+    the tokens a matmul sees) constrained to be split over ``axes``.
+
+    Given only the inputs' shardings, XLA's sharding propagation may keep FSDP-split weights
+    split and split activations along the hidden dimension instead (seen at 64 ways), which
+    is not the FSDP a user runs; MaxText constrains its activations the same way.
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from tpu_debug.runtime.compiled import _GraphProgram
+
+    batch, seq = traced.specs[-1].shape[:2]
+    split = NamedSharding(mesh, PartitionSpec(axes))
+
+    class BatchSplit(_GraphProgram):
+        def _call(self, node, env, key, draws, mutations):
+            out = super()._call(node, env, key, draws, mutations)
+            if getattr(out, "ndim", 0) >= 2 and out.shape[0] in (batch, batch * seq):
+                out = jax.lax.with_sharding_constraint(out, split)
+            return out
+
+    return dataclasses.replace(traced, program=BatchSplit(traced.graph, "fit", traced.mode))
+
+
 def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, target: Target, plan: Plan, *,
-                         optimization_level: str | None = None, cache: bool = True) -> FitCompile:
+                         shard_activations: bool = False, optimization_level: str | None = None,
+                         cache: bool = True) -> FitCompile:
     """Compile ``traced`` (``trace_step``'s training or inference step) for ``target`` under ``plan``.
 
     Args:
@@ -199,6 +225,8 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
             [AdamW exp_avg, exp_avg_sq, step count,] inputs, targets.
         names: the parameters' names, in ``named_parameters()`` order.
         n_batch: how many of the last flat inputs are the batch (forward inputs and loss targets).
+        shard_activations: constrain the activations to be split over the batch axes
+            (see ``_batch_split``); off, XLA's propagation alone decides.
         target: the slice; plan.devices of its devices are used.
         plan: the mesh axes' sizes.
         optimization_level, cache: as ``compile_for_target``.
@@ -222,6 +250,8 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
         splits = batch_axes and spec.shape and spec.shape[0] % plan.batch_ways == 0
         in_sh.append(NamedSharding(mesh, PartitionSpec(batch_axes if splits else None)))
     out_sh = (replicated, *param_sh, *param_sh, *param_sh, replicated) if train else None
+    if shard_activations and batch_axes:
+        traced = _batch_split(traced, mesh, batch_axes)
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))

@@ -37,6 +37,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="change a config field (repeatable): --set num_hidden_layers=2")
     parser.add_argument("--optimization-level", choices=("O0", "O1", "O2", "O3"), default=None,
                         help="XLA's effort level (default: the compiler's; O0 compiles big steps faster)")
+    parser.add_argument("--shard-activations", action="store_true",
+                        help="constrain activations to be split over the batch axes, as FSDP runs them "
+                        "(off: XLA's sharding propagation alone decides)")
     parser.add_argument("--search", choices=("slice", "batch"), default=None,
                         help="compile candidates: slice, the smallest slice of --target's generation "
                         "that fits --batch; batch, the largest batch (doubling from --batch) that "
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from tpu_debug.fit import search
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
-                   optimization_level=args.optimization_level)
+                   shard_activations=args.shard_activations, optimization_level=args.optimization_level)
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
                        **options)
