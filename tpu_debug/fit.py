@@ -284,7 +284,7 @@ def fit(
         shard_activations: constrain every activation to be split over the batch axes, as
             FSDP runs it (``runtime.target.fit._batch_split``); off, XLA's sharding
             propagation alone decides, and on large slices it may keep weights split and
-            split activations along the hidden dimension instead.
+            all-reduce partial activations instead of gathering the weights.
         optimization_level: XLA's effort level (None: the compiler's default).
         cache: use the target compile cache.
 

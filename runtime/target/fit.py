@@ -195,8 +195,8 @@ def _batch_split(traced: TracedStep, mesh, axes: tuple[str, ...]) -> TracedStep:
     the tokens a matmul sees) constrained to be split over ``axes``.
 
     Given only the inputs' shardings, XLA's sharding propagation may keep FSDP-split weights
-    split and split activations along the hidden dimension instead (seen at 64 ways), which
-    is not the FSDP a user runs; MaxText constrains its activations the same way.
+    split and all-reduce partial activations instead of gathering the weights (seen at 64
+    ways), which is not the FSDP a user runs; MaxText constrains its activations likewise.
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
