@@ -324,9 +324,14 @@ def fit(
         one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
         two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
         measured = _extrapolate(one, two, FIRST, layers)
-        how = (f"compiled with {FIRST} and {FIRST + 1} of the {layers} decoder layers; every per-chip "
-               f"figure extended linearly to {layers} (identical layers add identical buffers, "
-               "collectives and flops)")
+        if measured.error is not None:
+            refused = FIRST + 1 if two.error is not None else FIRST
+            how = (f"the step with {refused} of the {layers} decoder layers was refused already; its figure "
+                   "is a lower bound for the whole model")
+        else:
+            how = (f"compiled with {FIRST} and {FIRST + 1} of the {layers} decoder layers; every per-chip "
+                   f"figure extended linearly to {layers} (identical layers add identical buffers, "
+                   "collectives and flops)")
     else:
         measured, how = _measure(config, *args), None
     name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
