@@ -21,6 +21,7 @@ __all__ = [
     "step",
     "compile",
     "dry_run",
+    "fit",
     "Trace",
     "Session",
     "open_run",
@@ -49,6 +50,7 @@ if not _read_only():
 
     from tpu_debug.config import TraceConfig
     from tpu_debug.dryrun import dry_run
+    from tpu_debug.fit import fit
     from tpu_debug_core.errors import RecompileError, TpuDebugError, TransferGuardError
     from tpu_debug.guards import expect_no_recompiles, transfer_guard
     from tpu_debug.report import print_report
@@ -73,6 +75,7 @@ else:
     _RECORDING = {
         "compile": "tpu_debug.runtime.compiled",
         "dry_run": "tpu_debug.dryrun",
+        "fit": "tpu_debug.fit",
         "Trace": "tpu_debug.tracing",
         "trace": "tpu_debug.tracing",
         "step": "tpu_debug.tracing",

@@ -41,6 +41,8 @@ class Generation:
         slices: accelerator-type suffix -> chip topology (``8 -> "2x4"``).
         source: the Cloud TPU page the figures and slices come from.
         chips_per_host: the chips one host (TPU VM) attaches, as x, y, z bounds.
+        ici_bandwidth: bidirectional inter-chip interconnect (ICI) bytes/s of one chip,
+            all its ports together; None where the generation's page publishes none.
     """
 
     name: str
@@ -54,6 +56,7 @@ class Generation:
     source: str
     chips_per_host: tuple[int, int, int] = (2, 2, 1)
     aliases: tuple[str, ...] = ()
+    ici_bandwidth: float | None = None
 
     @property
     def single_chip_topology(self) -> str:
@@ -79,6 +82,8 @@ GENERATIONS: dict[str, Generation] = {
                     512: "4x8x8", 1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16"},
             source="https://cloud.google.com/tpu/docs/v4",
             chips_per_host=(2, 2, 1),  # a v4-8 (2x2x1) is one host
+            # the v4 page gives pod-wide all-reduce (1.1 PB/s) and bisection bandwidth, no per-chip ICI
+            ici_bandwidth=None,
         ),
         Generation(
             "v5e",
@@ -96,6 +101,9 @@ GENERATIONS: dict[str, Generation] = {
             source="https://cloud.google.com/tpu/docs/v5e",
             chips_per_host=(2, 4, 1),  # same page: "Chips per host 8"
             aliases=("v5litepod",),
+            # same page: "Bidirectional inter-chip interconnect (ICI) bandwidth (per chip) 400 GBps"
+            # (older revisions: "Interchip Interconnect BW 1600 Gbps", the same figure)
+            ici_bandwidth=400e9,
         ),
         Generation(
             "v5p",
@@ -113,6 +121,8 @@ GENERATIONS: dict[str, Generation] = {
                     1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16"},
             source="https://cloud.google.com/tpu/docs/v5p",
             chips_per_host=(2, 2, 1),  # same page: 2x2x1 is one host
+            # same page: "Bidirectional inter-chip interconnect (ICI) bandwidth per chip (GBps) 1200"
+            ici_bandwidth=1200e9,
         ),
         Generation(
             "v6e",
@@ -130,6 +140,8 @@ GENERATIONS: dict[str, Generation] = {
             slices={1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
             source="https://cloud.google.com/tpu/docs/v6e",
             chips_per_host=(2, 4, 1),  # same page: "Chips per host 8"
+            # same page: "Bidirectional inter-chip interconnect (ICI) bandwidth (per chip) 800 GBps"
+            ici_bandwidth=800e9,
         ),
     )
 }

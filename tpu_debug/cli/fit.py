@@ -1,0 +1,73 @@
+"""Will a model train on a TPU slice? Its step compiled for it: per-chip HBM, collectives, estimates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NOT_FIT = 3  # the step does not fit (or the compiler refused it); 1 is a usage or model error
+
+
+def _override(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIELD=VALUE, e.g. num_hidden_layers=2")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, tiny-llama) or a Hugging Face "
+                        "config.json path; nothing is downloaded and no weights are made")
+    parser.add_argument("--target", default="v5e-8",
+                        help="the TPU slice (v5e-8, v6e-256, v5p-128; default v5e-8)")
+    parser.add_argument("--plan", default="fsdp", help="mesh axes: fsdp, dp, tp, or sized as fsdp=4,tp=2 "
+                        "(default: fsdp over every chip)")
+    parser.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
+    parser.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
+    parser.add_argument("--job", choices=("train", "forward"), default="train",
+                        help="train: forward, loss, backward, AdamW (default); forward: the forward only")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="the parameters' dtype (AdamW's state is kept in it)")
+    parser.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
+                        metavar="FIELD=VALUE",
+                        help="change a config field (repeatable): --set num_hidden_layers=2")
+    parser.add_argument("--optimization-level", choices=("O0", "O1", "O2", "O3"), default=None,
+                        help="XLA's effort level (default: the compiler's; O0 compiles big steps faster)")
+    parser.add_argument("--shard-activations", action="store_true",
+                        help="constrain activations to be split over the batch axes, as FSDP runs them "
+                        "(off: XLA's sharding propagation alone decides)")
+    parser.add_argument("--search", choices=("slice", "batch"), default=None,
+                        help="compile candidates: slice, the smallest slice of --target's generation "
+                        "that fits --batch; batch, the largest batch (doubling from --batch) that "
+                        "fits --target")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import tpu_debug
+    from tpu_debug.fit import search
+
+    options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
+                   shard_activations=args.shard_activations, optimization_level=args.optimization_level)
+    if args.search:
+        found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
+                       **options)
+        if args.json:
+            json.dump({"question": found.question, "best": found.best and found.best.to_dict(),
+                       "candidates": [r.to_dict() for r in found.candidates]}, sys.stdout, indent=1)
+            print()
+        else:
+            print(found.render())
+        return 0 if found.best else NOT_FIT
+    report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=1)
+        print()
+    else:
+        print(report.render())
+    # a step that does not fit is an answer, but a script asking "does it fit?" reads the status
+    return 0 if report.fits else NOT_FIT

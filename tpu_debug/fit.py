@@ -1,0 +1,654 @@
+"""``tpu_debug.fit``: does a model train (or run its forward) on a TPU slice, and how fast?
+
+The model is built from a Hugging Face config on ``meta`` tensors (no weights,
+nothing downloaded); one step (forward, loss, backward and AdamW for ``job="train"``)
+is traced into a JAX function (``runtime.target.trace_step``), placed on a
+``(dp, fsdp, tp)`` mesh of the slice's compile-only devices and compiled by XLA's
+TPU compiler as one SPMD program (``runtime.target.fit``). The answer, per chip:
+the HBM the compiler's buffer assignment needs against what the compiler offers,
+a breakdown, the collectives the partitioner inserted with their bytes and an ICI
+time estimate, and estimated step time, tokens per second and MFU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from tpu_debug.runtime.target import parse_target
+from tpu_debug.runtime.target.errors import TargetError
+from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
+from tpu_debug.runtime.target.hardware import Target
+
+__all__ = ["fit", "search", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
+           "PRESETS", "build_config"]
+
+#: Hugging Face configs by name (sizes from the models' published config.json files)
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama3-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                max_position_embeddings=8192, rope_theta=500000.0)),
+    "llama3-70b": ("llama", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                                 num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                 max_position_embeddings=8192, rope_theta=500000.0)),
+    "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
+}
+
+JOBS = ("train", "forward")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """One chip's HBM for the step (bytes).
+
+    The compiler's figures: ``arguments``, ``outputs``, ``aliased``, ``temporaries``,
+    ``code``, ``total``. Split from the shardings (logical sizes, before TPU tile
+    padding): ``parameters``, ``optimizer_state`` and ``batch`` are in the arguments;
+    ``gradients`` (one copy of the chip's parameter share, an estimate) is in the
+    temporaries; ``activations`` is the rest of the temporaries.
+    """
+
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    code: int
+    total: int
+    parameters: int
+    optimizer_state: int
+    batch: int
+    gradients: int
+    activations: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    """The collectives of one kind in the compiled step, per chip.
+
+    Attributes:
+        kind: ``"all-gather"``, ``"reduce-scatter"``, ``"all-reduce"``, ...
+        count: how many instructions.
+        bytes: the data each chip contributes or receives, summed.
+        wire_bytes: bytes each chip sends with ring algorithms, summed.
+        seconds: estimated time on the ICI (see ``StepEstimate.assumptions``).
+    """
+
+    kind: str
+    count: int
+    bytes: int
+    wire_bytes: int
+    seconds: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepEstimate:
+    """Estimated step time and throughput (model estimates, not measurements).
+
+    Attributes:
+        compute_seconds: the compiler's flops per chip (float32 dots at their bf16
+            passes) over the chip's published bf16 peak.
+        memory_seconds: the compiler's bytes accessed per chip over the HBM bandwidth.
+        comm_seconds: the collectives' wire bytes over the ICI rate (None: no ICI figure).
+        seconds: max(compute, memory) + communication, none of it overlapped.
+        overlapped_seconds: max(compute, memory, communication), all of it overlapped.
+        tokens_per_second: batch x seq / seconds.
+        model_flops: the step's model FLOPs (see ``assumptions``), all chips.
+        mfu: model_flops / (seconds x chips x peak); ``mfu_overlapped`` at the overlapped time.
+        assumptions: what the estimate assumes, in words.
+    """
+
+    compute_seconds: float
+    memory_seconds: float
+    comm_seconds: float | None
+    seconds: float
+    overlapped_seconds: float
+    tokens_per_second: float
+    model_flops: float
+    mfu: float
+    mfu_overlapped: float
+    assumptions: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FitReport:
+    """The answer of ``fit``: one chip's memory, the collectives, the estimates.
+
+    Attributes:
+        model: what was built (``"llama3-8b"``, the config class name).
+        target: the slice; plan: the mesh axes' sizes; job: ``"train"`` or ``"forward"``.
+        batch, seq: global batch (sequences) and sequence length.
+        parameters: parameter count.
+        fits: True, False (the compiler's HBM out-of-memory), None (another refusal).
+        capacity: HBM one chip offers a program; capacity_source: ``"compiler"`` or ``"spec"``.
+        required: HBM one chip needs (the compiler's total, or the figure of its OOM message).
+        memory: the breakdown (None when the compile failed).
+        collectives: per kind, in order of wire bytes.
+        estimate: step time, tokens/s, MFU (None when the compile failed).
+        unsharded: parameters no plan axis could split.
+        error: the compiler's message when it refused the step.
+        compile_seconds, seconds: the TPU compile(s) and the whole answer, wall clock.
+        extrapolation: how the figures were extended from fewer layers; None when the
+            whole model was compiled.
+    """
+
+    model: str
+    target: Target
+    plan: Plan
+    job: str
+    batch: int
+    seq: int
+    parameters: int
+    fits: bool | None
+    capacity: int
+    capacity_source: str
+    required: int | None
+    memory: MemoryBreakdown | None
+    collectives: tuple[CollectiveCost, ...]
+    estimate: StepEstimate | None
+    unsharded: tuple[str, ...]
+    error: str | None
+    compile_seconds: float
+    seconds: float
+    extrapolation: str | None = None
+
+    @property
+    def headroom(self) -> int | None:
+        """capacity - required: positive bytes to spare, negative bytes short."""
+        return None if self.required is None else self.capacity - self.required
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (``--json``)."""
+        data = dataclasses.asdict(self)
+        data["target"] = self.target.name
+        data["plan"] = str(self.plan)
+        data["headroom"] = self.headroom
+        return data
+
+    def render(self) -> str:
+        return _render(self)
+
+
+def build_config(model: Any, overrides: dict[str, Any] | None = None):
+    """A Hugging Face config from a preset name, a ``config.json`` path, a dict or a config.
+
+    Raises:
+        TargetError: an unknown preset or a file that is not a model config.
+    """
+    from transformers import AutoConfig, PretrainedConfig
+
+    overrides = dict(overrides or {})
+    if isinstance(model, PretrainedConfig):
+        config = model.__class__.from_dict({**model.to_dict(), **overrides})
+    elif isinstance(model, dict):
+        data = {**model, **overrides}
+        config = AutoConfig.for_model(data.pop("model_type", "llama"), **data)
+    elif isinstance(model, str) and model in PRESETS:
+        kind, sizes = PRESETS[model]
+        config = AutoConfig.for_model(kind, **{**sizes, **overrides})
+    elif isinstance(model, (str, Path)) and Path(model).is_file():
+        data = json.loads(Path(model).read_text())
+        if "model_type" not in data:
+            raise TargetError(f"{model}: a Hugging Face config.json has a 'model_type'; this file has none")
+        config = AutoConfig.for_model(data.pop("model_type"), **{**data, **overrides})
+    else:
+        raise TargetError(f"model {model!r}: give a Hugging Face config (LlamaConfig(...)), a config.json "
+                          f"path, or a preset: {', '.join(PRESETS)}")
+    config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
+    return config
+
+
+@contextlib.contextmanager
+def _hf_traceable():
+    """Let transformers build its attention mask from traced tensors.
+
+    Its mask code skips a packed-sequence check and the SDPA causal shortcut only while
+    it believes it is being traced (``is_tracing``: dynamo, jit, fx proxies); ``make_fx``
+    tensors are none of those, and the check reads a value a dry run does not have. The
+    mask it then builds is the one ``torch.compile`` of the model gets.
+    """
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:
+        yield
+        return
+    saved = masking.is_tracing
+    masking.is_tracing = lambda *args, **kwargs: True
+    try:
+        yield
+    finally:
+        masking.is_tracing = saved
+
+
+def _loss(outputs, labels):
+    import torch.nn.functional as F
+
+    logits = outputs.logits if hasattr(outputs, "logits") else outputs
+    # next-token prediction, as a causal LM's own loss computes it
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+
+
+def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float, str]:
+    import torch.nn as nn
+
+    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
+    matmul = sum(p.numel() for p in model.parameters()) - embedding
+    layers = getattr(config, "num_hidden_layers", 0)
+    head_dim = getattr(config, "head_dim", None)
+    heads = getattr(config, "num_attention_heads", 0)
+    width = heads * head_dim if head_dim else getattr(config, "hidden_size", 0)
+    forward = 2 * matmul + 4 * layers * seq * width  # weights' matmuls + QK^T and AV (no causal halving)
+    per_token = 3 * forward if job == "train" else forward
+    text = (f"model FLOPs per token {'6' if job == 'train' else '2'}N + {'12' if job == 'train' else '4'}"
+            f"·L·s·d (N = {matmul / 1e9:.3g} B non-embedding parameters, L = {layers}, s = {seq}, "
+            f"d = {width}; attention not halved for causality)")
+    return float(per_token * tokens), text
+
+
+def fit(
+    model_or_config: Any,
+    target: str | Target = "v5e-8",
+    *,
+    plan: str | Plan = "fsdp",
+    batch: int = 8,
+    seq: int = 2048,
+    job: str = "train",
+    dtype: str = "bfloat16",
+    overrides: dict[str, Any] | None = None,
+    extrapolate: bool | None = None,
+    shard_activations: bool = False,
+    optimization_level: str | None = None,
+    cache: bool = True,
+) -> FitReport:
+    """Compile one training (or forward) step of a model for a TPU slice as one sharded program.
+
+    Args:
+        model_or_config: a Hugging Face config (``LlamaConfig(...)``), a preset name
+            (``"llama3-8b"``), a ``config.json`` path or a dict with ``model_type``.
+        target: the slice (``"v5e-8"``, ``"v6e-256"``, ``"v5p-128"``).
+        plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``runtime.target.fit.parse_plan``).
+        batch: global batch, in sequences (split over dp x fsdp).
+        seq: sequence length.
+        job: ``"train"`` (forward, loss, backward, AdamW) or ``"forward"``.
+        dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
+        overrides: config fields to change (``{"num_hidden_layers": 2}``).
+        extrapolate: compile the step with 2 and 3 decoder layers and extend every per-chip
+            figure linearly to the model's layer count (identical layers add identical
+            buffers, collectives and flops); None does so for models of more than
+            ``EXTRAPOLATE_ABOVE`` layers. The report says when it was used.
+        shard_activations: constrain every activation to be split over the batch axes, as
+            FSDP runs it (``runtime.target.fit._batch_split``); off, XLA's sharding
+            propagation alone decides, and on large slices it may keep weights split and
+            all-reduce partial activations instead of gathering the weights.
+        optimization_level: XLA's effort level (None: the compiler's default).
+        cache: use the target compile cache.
+
+    Returns:
+        A ``FitReport``.
+
+    Raises:
+        TargetError: an unknown job, model, or a plan that does not match the slice.
+        TargetSpecError, LibtpuMissingError: as ``compile_for_target``.
+
+    Example:
+        >>> report = tpu_debug.fit(LlamaConfig(...), "v5e-8", plan="fsdp", batch=8, seq=2048)
+        >>> report.fits, report.headroom
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    started = time.perf_counter()
+    if job not in JOBS:
+        raise TargetError(f"job {job!r} is not one of {', '.join(JOBS)}")
+    tgt = parse_target(target)
+    chosen = parse_plan(plan, tgt.devices)
+    if batch % chosen.batch_ways:
+        raise TargetError(f"batch {batch} does not split over dp x fsdp = {chosen.batch_ways} chips: "
+                          f"use a multiple of {chosen.batch_ways}")
+    config = build_config(model_or_config, overrides)
+    layers = getattr(config, "num_hidden_layers", 0)
+    if extrapolate is None:
+        extrapolate = layers > EXTRAPOLATE_ABOVE
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    parameters = sum(p.numel() for p in model.parameters())
+    flops, flops_text = _model_flops(model, config, batch * seq, seq, job)
+    del model
+    args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
+    if extrapolate and layers > FIRST + 1:
+        one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
+        two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
+        measured = _extrapolate(one, two, FIRST, layers)
+        if measured.error is not None:
+            refused = FIRST + 1 if two.error is not None else FIRST
+            how = (f"the step with {refused} of the {layers} decoder layers was refused already; its figure "
+                   "is a lower bound for the whole model")
+        else:
+            how = (f"compiled with {FIRST} and {FIRST + 1} of the {layers} decoder layers; every per-chip "
+                   f"figure extended linearly to {layers} (identical layers add identical buffers, "
+                   "collectives and flops)")
+    else:
+        measured, how = _measure(config, *args), None
+    name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
+    return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
+                   time.perf_counter() - started, how)
+
+
+EXTRAPOLATE_ABOVE = 4
+# the layer counts compiled to extrapolate from: a one-layer step's temporaries are not on the
+# line the longer ones lie on (a Llama step's peak grows by one layer's activations from two
+# layers on; from one to two by less), so the line goes through 2 and 3
+FIRST = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Measure:
+    """One compiled step's per-chip figures (or the compiler's refusal)."""
+
+    plan: Plan
+    error: Any
+    memory: Any
+    cost: Any
+    collectives: tuple[CollectiveCost, ...]
+    param_bytes: int
+    state_bytes: int
+    batch_bytes: int
+    unsharded: tuple[str, ...]
+    compile_seconds: float
+    pass_flops: float  # the compiler's flops with each float32 dot counted once per bf16 pass
+
+
+def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
+             shard_activations: bool, optimization_level: str | None, cache: bool) -> _Measure:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tpu_debug.runtime.target.dryrun import trace_step
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
+    train = job == "train"
+    with _hf_traceable():
+        traced = trace_step(model, (tokens,), train=train, loss_fn=_loss if train else None,
+                            targets=(tokens,) if train else ())
+    names = [n for n, _ in model.named_parameters()]
+    fc: FitCompile = compile_sharded_step(traced, names, 2 if train else 1, tgt, plan,
+                                          shard_activations=shard_activations,
+                                          optimization_level=optimization_level, cache=cache)
+    from tpu_debug.runtime.target.roofline import roofline
+
+    c = fc.compile
+    collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
+                    fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0)
+
+
+def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
+    """Figures of a ``layers``-layer step from the ``first``- and ``first + 1``-layer steps:
+    x(L) = x1 + (L - first)(x2 - x1)."""
+    from tpu_debug.runtime.target.compile import CostStats, MemoryStats
+
+    def ext(a, b):
+        return a + (layers - first) * (b - a)
+
+    if one.error is not None or two.error is not None:  # a refusal stands: a longer model needs more
+        return two if two.error is not None else one
+    m = MemoryStats(*(int(ext(getattr(one.memory, f.name), getattr(two.memory, f.name)))
+                      for f in dataclasses.fields(MemoryStats)))
+    cost = CostStats(ext(one.cost.flops, two.cost.flops),
+                     ext(one.cost.transcendentals, two.cost.transcendentals),
+                     ext(one.cost.bytes_accessed, two.cost.bytes_accessed), None)
+    kinds = dict.fromkeys([c.kind for c in two.collectives] + [c.kind for c in one.collectives])
+    zero = CollectiveCost("", 0, 0, 0, 0.0)
+    collectives = []
+    for kind in kinds:
+        a = next((c for c in one.collectives if c.kind == kind), zero)
+        b = next((c for c in two.collectives if c.kind == kind), zero)
+        seconds = None if b.seconds is None else max(ext(a.seconds or 0.0, b.seconds), 0.0)
+        collectives.append(CollectiveCost(kind, max(ext(a.count, b.count), 0), max(ext(a.bytes, b.bytes), 0),
+                                          max(ext(a.wire_bytes, b.wire_bytes), 0), seconds))
+    collectives.sort(key=lambda c: -c.wire_bytes)
+    return _Measure(two.plan, None, m, cost, tuple(collectives), ext(one.param_bytes, two.param_bytes),
+                    ext(one.state_bytes, two.state_bytes), two.batch_bytes, two.unsharded,
+                    one.compile_seconds + two.compile_seconds, ext(one.pass_flops, two.pass_flops))
+
+
+def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: _Measure,
+            flops: float, flops_text: str, seconds: float, extrapolation: str | None) -> FitReport:
+    from tpu_debug.runtime.target.capacity import hbm_capacity
+
+    capacity, source = hbm_capacity(tgt)
+    memory = estimate = None
+    if fc.error is None:
+        m = fc.memory
+        grads = fc.param_bytes if job == "train" else 0
+        memory = MemoryBreakdown(m.argument_bytes, m.output_bytes, m.alias_bytes, m.temp_bytes,
+                                 m.generated_code_bytes, m.total_bytes, fc.param_bytes, fc.state_bytes,
+                                 fc.batch_bytes, grads, max(m.temp_bytes - grads, 0))
+        estimate = _estimate(fc, tgt, batch * seq, flops, flops_text)
+        required = m.total_bytes
+        fits = required <= capacity
+    else:
+        required = fc.error.required_bytes
+        fits = False if fc.error.kind == "hbm_oom" else None
+    return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
+                     memory, fc.collectives, estimate, fc.unsharded,
+                     None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
+                     extrapolation)
+
+
+def ici_rate(tgt: Target) -> float | None:
+    """Bytes/s one chip sends: half its published bidirectional ICI bandwidth (every port
+    busy, one direction sending); None where the generation publishes no figure."""
+    bw = tgt.generation.ici_bandwidth
+    return None if bw is None else bw / 2 / tgt.generation.devices_per_chip
+
+
+def collective_costs(hlo: str, tgt: Target) -> tuple[CollectiveCost, ...]:
+    """The compiled step's collectives by kind, with an ICI time estimate for each.
+
+    A collective's bytes are the larger of what its result and its operands hold (an
+    all-gather's result is operand x group, a reduce-scatter's operand result x group):
+    the TPU compiler fuses converts into collectives, so an all-reduce may sum float32
+    operands into a bfloat16 result, and the operands are then what travels.
+    """
+    from tpu_debug_core.collectives import parse_collectives
+
+    operands = _operand_bytes(hlo)
+    by_kind: dict[str, list[tuple[int, int]]] = {}
+    for c in parse_collectives(hlo):
+        n = max(c.group_size, 1)
+        given = operands.get(c.instruction, 0)
+        if c.opcode == "all-gather":
+            given *= n
+        data = max(c.nbytes, given)
+        wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
+        by_kind.setdefault(c.opcode, []).append((data, wire))
+    rate = ici_rate(tgt)
+    costs = [CollectiveCost(kind, len(items), sum(d for d, _ in items), sum(w for _, w in items),
+                            None if rate is None else sum(w for _, w in items) / rate)
+             for kind, items in by_kind.items()]
+    return tuple(sorted(costs, key=lambda c: -c.wire_bytes))
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) ")
+_OPERANDS = re.compile(r"\s(?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+                       r"(?:-start)?\(([^)]*)\)")
+
+
+def _operand_bytes(hlo: str) -> dict[str, int]:
+    """Collective instruction name -> bytes of its operands (from their definitions' shapes)."""
+    from tpu_debug_core.collectives import shape_bytes
+
+    lines = hlo.splitlines()
+    shapes = {m.group(1): m.group(2) for m in map(_DEFINITION.match, lines) if m}
+    out = {}
+    for line in lines:
+        head, ops = _DEFINITION.match(line), _OPERANDS.search(line)
+        if head is None or ops is None:
+            continue
+        names = (o.strip().lstrip("%") for o in re.sub(r"/\*.*?\*/", "", ops.group(1)).split(","))
+        out[head.group(1)] = sum(sum(shape_bytes(shapes.get(n, ""))) for n in names if n)
+    return out
+
+
+def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: str) -> StepEstimate:
+    collectives = fc.collectives
+    compute = fc.pass_flops / tgt.peak_bf16_flops_per_device
+    memory = fc.cost.bytes_accessed / tgt.hbm_bandwidth_per_device
+    comm = None if ici_rate(tgt) is None else sum(x.seconds or 0.0 for x in collectives)
+    step = max(compute, memory) + (comm or 0.0)
+    overlapped = max(compute, memory, comm or 0.0)
+    peak = tgt.peak_bf16_flops_per_device * tgt.devices
+    rate = ici_rate(tgt)
+    assumptions = (
+        "compute: the TPU compiler's flops per chip (a float32 dot once per bf16 pass its precision "
+        f"takes) at the published bf16 peak ({tgt.generation.peak_bf16_flops / 1e12:.0f} TFLOP/s per chip), "
+        "every flop at peak",
+        f"memory: the compiler's bytes accessed per chip at the published HBM bandwidth "
+        f"({tgt.generation.hbm_bandwidth / 1e9:.0f} GB/s)",
+        ("communication: ring wire bytes per chip at half the published bidirectional ICI bandwidth "
+         f"({rate / 1e9:.0f} GB/s sent per chip)") if rate else
+        f"communication: not estimated ({tgt.generation.name} publishes no per-chip ICI bandwidth)",
+        "step = max(compute, memory) + communication (nothing overlapped); the overlapped figure "
+        "assumes XLA hides every collective behind compute",
+        flops_text,
+        f"source: {tgt.generation.source}",
+    )
+    return StepEstimate(compute, memory, comm, step, overlapped,
+                        tokens / step if step > 0 else 0.0, flops,
+                        flops / (step * peak) if step > 0 else 0.0,
+                        flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{n} B"
+
+
+def _time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
+def _render(r: FitReport) -> str:
+    verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
+    source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
+    lines = [(f"{r.model} ({r.parameters / 1e9:.3g} B parameters), {r.job}, batch {r.batch} x seq {r.seq} on "
+              f"{r.target.name} ({r.target.devices} x {r.target.device_kind}), plan {r.plan}: {verdict}")]
+    if r.required is not None:
+        room = r.headroom
+        spare = f"{_size(room)} to spare" if room >= 0 else f"{_size(-room)} short"
+        lines.append(f"  per chip: needs {_size(r.required)} of {_size(r.capacity)} ({source}); {spare}")
+    if r.error and not r.fits:
+        lines.append(f"  compiler: {r.error}")
+    m = r.memory
+    if m is not None:
+        lines.append(f"  compiler: arguments {_size(m.arguments)}, outputs {_size(m.outputs)} "
+                     f"(aliased {_size(m.aliased)}), temporaries {_size(m.temporaries)}, "
+                     f"code {_size(m.code)}")
+        lines.append(f"  breakdown: parameters {_size(m.parameters)}, optimizer state "
+                     f"{_size(m.optimizer_state)}, batch {_size(m.batch)}, gradients "
+                     f"~{_size(m.gradients)}, activations and other temporaries ~{_size(m.activations)}")
+    if r.collectives:
+        lines.append("  collectives per step (per chip):")
+        for c in r.collectives:
+            lines.append(f"    {c.kind:<18} x{c.count:<4} {_size(c.bytes):>11} data, "
+                         f"{_size(c.wire_bytes):>11} on the wire, ~{_time(c.seconds)}")
+    e = r.estimate
+    if e is not None:
+        lines.append(f"  estimate (not a measurement): step ~{_time(e.seconds)} (compute "
+                     f"{_time(e.compute_seconds)}, memory {_time(e.memory_seconds)}, communication "
+                     f"{_time(e.comm_seconds)}; {_time(e.overlapped_seconds)} if all overlapped), "
+                     f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} "
+                     f"({e.mfu_overlapped:.1%} overlapped)")
+        lines.extend(f"    assumes {a}" for a in e.assumptions)
+    if r.unsharded:
+        more = " ..." if len(r.unsharded) > 6 else ""
+        lines.append(f"  not split by the plan (whole on every chip): {', '.join(r.unsharded[:6])}{more}")
+    if r.extrapolation:
+        lines.append(f"  extrapolated: {r.extrapolation}")
+    lines.append(f"  answered in {r.seconds:.1f} s (TPU compile {r.compile_seconds:.1f} s)")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanSearch:
+    """A small plan search: each candidate compiled, and the one recommended.
+
+    Attributes:
+        question: ``"smallest slice"`` or ``"largest batch"``.
+        candidates: every candidate's report, in the order compiled.
+        best: the recommended candidate (None when none fits).
+    """
+
+    question: str
+    candidates: tuple[FitReport, ...]
+    best: FitReport | None
+
+    def render(self) -> str:
+        b = self.best
+        answer = f"{b.target.name}, plan {b.plan}, batch {b.batch}" if b else "no candidate fits"
+        lines = [f"{self.question}: {answer}"]
+        lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6}  {'fits':<5} {'needs/chip':>11} {'of':>10}  "
+                     f"{'step~':>9} {'MFU~':>6}")
+        for r in self.candidates:
+            e = r.estimate
+            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6}  {str(r.fits):<5} "
+                         f"{_size(r.required):>11} {_size(r.capacity):>10}  "
+                         f"{_time(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
+        return "\n".join(lines)
+
+
+def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", *, plan: str = "fsdp",
+           batch: int = 8, seq: int = 2048, max_batch: int = 4096, **options: Any) -> PlanSearch:
+    """Compile candidates to find the smallest slice that fits, or the largest batch.
+
+    Args:
+        question: ``"slice"``: the slices of ``target``'s generation from the smallest up,
+            each with ``plan``'s axis over all its chips and the global ``batch``
+            (slices whose chips do not divide it are skipped), until one fits;
+            ``"batch"``: on ``target``, the batch doubled from ``batch`` until a step
+            does not fit (or ``max_batch``).
+        plan: one axis name (``"fsdp"``, ``"dp"``) for ``"slice"``; any plan for ``"batch"``.
+        options: as ``fit`` (``job``, ``dtype``, ``overrides``, ``optimization_level``, ...).
+
+    Raises:
+        TargetError: an unknown question, or a sized plan for ``"slice"``.
+    """
+    tgt = parse_target(target)
+    reports: list[FitReport] = []
+    if question == "slice":
+        if plan not in ("fsdp", "dp", "tp"):
+            raise TargetError(f"search 'slice' takes one plan axis (fsdp, dp or tp), not {plan!r}")
+        gen = tgt.generation
+        for count in sorted(gen.slices):
+            candidate = parse_target(f"{gen.name}-{count}")
+            if plan != "tp" and batch % candidate.devices:
+                continue
+            reports.append(fit(model_or_config, candidate, plan=plan, batch=batch, seq=seq, **options))
+            if reports[-1].fits:
+                return PlanSearch("smallest slice", tuple(reports), reports[-1])
+        return PlanSearch("smallest slice", tuple(reports), None)
+    if question != "batch":
+        raise TargetError(f"search {question!r}: ask 'slice' (the smallest slice that fits) or 'batch' "
+                          "(the largest batch)")
+    size, best = batch, None
+    while size <= max_batch:
+        reports.append(fit(model_or_config, tgt, plan=plan, batch=size, seq=seq, **options))
+        if not reports[-1].fits:
+            break
+        best, size = reports[-1], size * 2
+    return PlanSearch("largest batch", tuple(reports), best)
