@@ -56,6 +56,8 @@ EXCUSED: dict[str, str] = {
     "python tests/tui/test_serve.py": "needs headless Chromium and rewrites a committed image",
     "tpu-debug tui --serve": "serves until Ctrl+C; tests/tui/test_serve.py serves a run, reads the page in headless "
                              "Chromium and stops it",
+    "tpu-debug fit": "the example is two TPU compiles of an 8B model's decoder layers (minutes); tests/fit "
+                     "compares the answer for a tiny Llama with a direct sharded compile",
     "ssh ": "a port forward from the reader's machine to a remote TPU VM",
 }
 

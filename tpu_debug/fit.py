@@ -41,6 +41,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 JOBS = ("train", "forward")
+# the largest FSDP axis whose program tests/fit compares with a direct sharded compile and finds
+# gathering the weights, as FSDP does
+_FSDP_CHECKED = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -158,6 +161,16 @@ class FitReport:
     extrapolation: str | None = None
 
     @property
+    def caveats(self) -> tuple[str, ...]:
+        """What the answer cannot vouch for, said beside the verdict."""
+        if self.plan.fsdp <= _FSDP_CHECKED:
+            return ()
+        return (f"FSDP over {self.plan.fsdp} chips is checked against no direct compile: XLA's sharding "
+                "propagation can keep weights split and sum partial activations instead of gathering the "
+                "weights (docs/fit.md, 'Measured'), so these figures describe the program it made, which "
+                "may not be the FSDP step you would run",)
+
+    @property
     def headroom(self) -> int | None:
         """capacity - required: positive bytes to spare, negative bytes short."""
         return None if self.required is None else self.capacity - self.required
@@ -168,6 +181,7 @@ class FitReport:
         data["target"] = self.target.name
         data["plan"] = str(self.plan)
         data["headroom"] = self.headroom
+        data["caveats"] = list(self.caveats)
         return data
 
     def render(self) -> str:
@@ -548,6 +562,7 @@ def _render(r: FitReport) -> str:
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
     lines = [(f"{r.model} ({r.parameters / 1e9:.3g} B parameters), {r.job}, batch {r.batch} x seq {r.seq} on "
               f"{r.target.name} ({r.target.devices} x {r.target.device_kind}), plan {r.plan}: {verdict}")]
+    lines.extend(f"  caution: {c}" for c in r.caveats)
     if r.required is not None:
         room = r.headroom
         spare = f"{_size(room)} to spare" if room >= 0 else f"{_size(-room)} short"

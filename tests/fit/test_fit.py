@@ -173,6 +173,17 @@ def test_capacity_and_verdict_are_the_compilers():
     assert e.tokens_per_second == pytest.approx(BATCH * SEQ / e.seconds)
 
 
+def test_fsdp_beyond_what_is_checked_says_so_beside_the_verdict():
+    import tpu_debug
+
+    checked = tpu_debug.fit(_config(), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ)
+    assert checked.caveats == ()
+    wide = tpu_debug.fit(_config(), "v5e-16", plan="fsdp", batch=16, seq=SEQ)
+    assert wide.caveats and "FSDP over 16 chips" in wide.caveats[0]
+    assert "caution: FSDP over 16 chips" in wide.render()
+    assert wide.to_dict()["caveats"] == list(wide.caveats)
+
+
 def test_a_plan_that_does_not_span_the_slice_says_how_to_fix_it():
     import tpu_debug
 
