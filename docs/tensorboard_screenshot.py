@@ -29,6 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from devtools import DevTools  # scripts/ is no package: found by path
+
 DEMO = textwrap.dedent(
     """
     import torch
@@ -107,43 +110,11 @@ def _wait_http(url: str, deadline: float) -> bytes:
             time.sleep(0.5)
 
 
-class _DevTools:
-    """The few DevTools protocol calls this needs, over one page's websocket."""
-
-    def __init__(self, ws) -> None:
-        self.ws = ws
-        self.next_id = 0
-        self.pending: dict[int, asyncio.Future] = {}
-
-    async def read(self) -> None:
-        async for message in self.ws:
-            data = json.loads(message.data)
-            future = self.pending.pop(data.get("id"), None)
-            if future is not None:
-                future.set_result(data)
-
-    async def call(self, method: str, **params):
-        self.next_id += 1
-        future = asyncio.get_running_loop().create_future()
-        self.pending[self.next_id] = future
-        await self.ws.send_str(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        reply = await asyncio.wait_for(future, 60)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply["result"]
-
-    async def evaluate(self, expression: str):
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        if "exceptionDetails" in result:
-            raise RuntimeError(result["exceptionDetails"].get("exception", {}).get("description", result))
-        return result["result"].get("value")
-
-
 async def _drive(ws_url: str, url: str, out: Path, width: int, height: int) -> dict:
     import aiohttp
 
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as ws:
-        tools = _DevTools(ws)
+        tools = DevTools(ws)
         reader = asyncio.ensure_future(tools.read())
         await tools.call(
             "Emulation.setDeviceMetricsOverride",

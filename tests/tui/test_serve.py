@@ -26,6 +26,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from devtools import DevTools  # scripts/ is no package: found by path
+
 LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
@@ -111,37 +114,11 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
         raise
 
 
-class DevTools:
-    """The few DevTools protocol calls the test needs, over one page's websocket."""
-
-    def __init__(self, ws) -> None:
-        self.ws = ws
-        self.next_id = 0
-        self.pending: dict[int, asyncio.Future] = {}
-
-    async def read(self) -> None:
-        async for message in self.ws:
-            data = json.loads(message.data)
-            future = self.pending.pop(data.get("id"), None)
-            if future is not None:
-                future.set_result(data)
-
-    async def call(self, method: str, **params):
-        self.next_id += 1
-        future = asyncio.get_running_loop().create_future()
-        self.pending[self.next_id] = future
-        await self.ws.send_str(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        reply = await asyncio.wait_for(future, PATIENCE)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply["result"]
-
-
 async def _read_page(ws_url: str, url: str, wanted: list[str], shot: Path | None, then) -> str:
     import aiohttp
 
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as ws:
-        tools = DevTools(ws)
+        tools = DevTools(ws, PATIENCE)
         reader = asyncio.ensure_future(tools.read())
         try:
             await tools.call("Page.enable")  # without it, the script below is not run in new documents
