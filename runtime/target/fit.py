@@ -11,8 +11,11 @@ DTensor's vocabulary (``Shard(dim)`` / ``Replicate()`` per mesh dimension):
 - tp (tensor parallel, Megatron style): ``ColwiseParallel`` / ``RowwiseParallel``
   from ``runtime.distributed`` on the linears a name rule picks.
 
-The function is jitted with those in/out shardings (updated parameters and
-state keep their input's, and are donated) and compiled by XLA's TPU compiler
+With an FSDP axis the step is constrained to FSDP's layout inside the traced
+function (``_fsdp_program``: parameters gathered where read, gradients reduced
+to their shards), since XLA's propagation from the inputs alone may not gather
+the weights. The function is jitted with those in/out shardings (updated
+parameters and state keep their input's, and are donated) and compiled by XLA's TPU compiler
 for the topology: its SPMD partitioner inserts the collectives, its buffer
 assignment gives the memory one chip needs. ``FitCompile`` keeps the compile,
 the placements and the per-chip logical sizes the breakdown needs.
@@ -190,29 +193,105 @@ def _local_bytes(spec: jax.ShapeDtypeStruct, sharding) -> int:
     return math.prod(sharding.shard_shape(spec.shape)) * np.dtype(spec.dtype).itemsize
 
 
-def _batch_split(traced: TracedStep, mesh, axes: tuple[str, ...]) -> TracedStep:
-    """``traced`` with every intermediate whose first dimension is the batch (or batch x seq,
-    the tokens a matmul sees) constrained to be split over ``axes``.
+# ops that only re-view a tensor: a parameter's transpose or reshape the backward reads
+# is re-derived from a fresh gather instead of kept alive from the forward
+_VIEWS = frozenset({"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
+                    "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
+                    "aten.unsqueeze.default", "aten.squeeze.dim", "aten.alias.default"})
+
+
+def _ancestors(node) -> set:
+    seen, todo = set(), [node]
+    while todo:
+        for parent in todo.pop().all_input_nodes:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def _gradients(graph, n_p: int, n_b: int) -> dict:
+    """Gradient node -> parameter index, read off AdamW's ``m * b1 + g * (1 - b1)`` per parameter."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    outputs = next(iter(graph.find_nodes(op="output"))).args[0]
+    found = {}
+    for i in range(n_p):
+        exp_avg = placeholders[n_p + n_b + i]
+        for term in outputs[1 + n_p + i].all_input_nodes:
+            if exp_avg not in term.all_input_nodes and term.all_input_nodes:
+                found[term.all_input_nodes[0]] = i
+    return found
+
+
+def _fsdp_program(traced: TracedStep, n_p: int, n_b: int, gathered: list | None, split: list, batch,
+                  every: bool = False):
+    """``traced``'s program laid out as FSDP (ZeRO-3) runs it, whatever the width.
 
     Given only the inputs' shardings, XLA's sharding propagation may keep FSDP-split weights
-    split and all-reduce partial activations instead of gathering the weights (seen at 64
-    ways), which is not the FSDP a user runs; MaxText constrains its activations likewise.
+    split and all-reduce partial activations instead (seen at 64 ways). So, as MaxText does:
+    every forward or backward read of a parameter is constrained to its gathered layout
+    (``gathered``: the tp split only), a backward read of a parameter's view re-derives it
+    from a fresh gather (FSDP gathers again for the backward rather than keeping the whole
+    weights alive), each gradient is constrained to its parameter's layout (``split``: a
+    reduce-scatter, not an all-reduce) and the embeddings' output is split over the batch
+    axes (``batch``; None: not split). AdamW reads the split parameters (its ``detach``).
+    ``gathered`` None (no FSDP axis) constrains the activations only; ``every`` constrains
+    every intermediate whose first dimension is the batch or batch x seq, not only the
+    embeddings'.
     """
-    from jax.sharding import NamedSharding, PartitionSpec
+    from collections import ChainMap
 
     from tpu_debug.runtime.compiled import _GraphProgram
 
-    batch, seq = traced.specs[-1].shape[:2]
-    split = NamedSharding(mesh, PartitionSpec(axes))
+    graph = traced.graph.graph
+    params = {p: i for i, p in enumerate(list(graph.find_nodes(op="placeholder"))[:n_p])}
+    outputs = next(iter(graph.find_nodes(op="output"))).args[0]
+    forward = _ancestors(outputs[0]) | {outputs[0]} if traced.mode == "training" else None
+    grads = _gradients(graph, n_p, n_b) if traced.mode == "training" and gathered is not None else {}
+    rows = traced.specs[-1].shape[:2]
+    rows = (rows[0], math.prod(rows)) if every and batch is not None else ()
+    chains: dict = {}  # a parameter's view -> (parameter, the views from it in order)
+    for node in graph.nodes:
+        src = node.args[0] if node.op == "call_function" and node.args else None
+        if str(node.target) in _VIEWS and (src in params or src in chains):
+            p, chain = (src, ()) if src in params else chains[src]
+            chains[node] = (p, (*chain, node))
+    late: set = set()  # backward nodes: their gathers wait for the node's other inputs
+    uses: dict = {}  # node -> the parameters and views it reads that are (re)gathered for it
+    for node in graph.nodes if gathered is not None else ():
+        if node.op != "call_function" or str(node.target) == "aten.detach.default":
+            continue
+        backward = forward is not None and node not in forward and node not in chains
+        read = [a for a in node.all_input_nodes if a in params or (backward and a in chains)]
+        if read:
+            uses[node] = read
+            if backward:
+                late.add(node)
+    embeds = {n for n in graph.nodes if str(n.target) == "aten.embedding.default"} if batch else set()
 
-    class BatchSplit(_GraphProgram):
+    class Fsdp(_GraphProgram):
         def _call(self, node, env, key, draws, mutations):
-            out = super()._call(node, env, key, draws, mutations)
-            if getattr(out, "ndim", 0) >= 2 and out.shape[0] in (batch, batch * seq):
-                out = jax.lax.with_sharding_constraint(out, split)
+            if node in uses:
+                fresh: dict = {}
+                view = ChainMap(fresh, env)
+                after = [env[a] for a in node.all_input_nodes
+                         if a not in uses[node] and hasattr(env[a], "shape")] if node in late else []
+                for a in uses[node]:
+                    p, chain = (a, ()) if a in params else chains[a]
+                    value = jax.lax.optimization_barrier((env[p], *after))[0] if after else env[p]
+                    fresh[p] = jax.lax.with_sharding_constraint(value, gathered[params[p]])
+                    for link in chain:
+                        fresh[link] = super()._call(link, view, key, draws, mutations)
+                out = super()._call(node, view, key, draws, mutations)
+            else:
+                out = super()._call(node, env, key, draws, mutations)
+            if node in grads:
+                out = jax.lax.with_sharding_constraint(out, split[grads[node]])
+            elif node in embeds or (getattr(out, "ndim", 0) >= 2 and out.shape[0] in rows):
+                out = jax.lax.with_sharding_constraint(out, batch)
             return out
 
-    return dataclasses.replace(traced, program=BatchSplit(traced.graph, "fit", traced.mode))
+    return Fsdp(traced.graph, "fit", traced.mode)
 
 
 def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, target: Target, plan: Plan, *,
@@ -225,13 +304,16 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
             [AdamW exp_avg, exp_avg_sq, step count,] inputs, targets.
         names: the parameters' names, in ``named_parameters()`` order.
         n_batch: how many of the last flat inputs are the batch (forward inputs and loss targets).
-        shard_activations: constrain the activations to be split over the batch axes
-            (see ``_batch_split``); off, XLA's propagation alone decides.
+        shard_activations: constrain every activation whose first dimension is the batch
+            (or batch x seq) to be split over the batch axes; off, only the embeddings'
+            output is (see ``_fsdp_program``).
         target: the slice; plan.devices of its devices are used.
         plan: the mesh axes' sizes.
         optimization_level, cache: as ``compile_for_target``.
     """
     from jax.sharding import NamedSharding, PartitionSpec
+
+    from tpu_debug.runtime.distributed.sharding import Replicate
 
     mesh = _mesh(target, plan)
     specs = traced.specs
@@ -250,8 +332,13 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
         splits = batch_axes and spec.shape and spec.shape[0] % plan.batch_ways == 0
         in_sh.append(NamedSharding(mesh, PartitionSpec(batch_axes if splits else None)))
     out_sh = (replicated, *param_sh, *param_sh, *param_sh, replicated) if train else None
-    if shard_activations and batch_axes:
-        traced = _batch_split(traced, mesh, batch_axes)
+    if plan.fsdp > 1 or shard_activations:
+        gathered = [NamedSharding(mesh, partition_spec(placements[n][:1] + (Replicate(),) + placements[n][2:],
+                                                       len(specs[i].shape))) for i, n in enumerate(names)]
+        batch = NamedSharding(mesh, PartitionSpec(batch_axes)) if batch_axes else None
+        program = _fsdp_program(traced, n_p, n_b, gathered if plan.fsdp > 1 else None, param_sh, batch,
+                                every=shard_activations)
+        traced = dataclasses.replace(traced, program=program)
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))

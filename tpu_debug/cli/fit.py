@@ -38,8 +38,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimization-level", choices=("O0", "O1", "O2", "O3"), default=None,
                         help="XLA's effort level (default: the compiler's; O0 compiles big steps faster)")
     parser.add_argument("--shard-activations", action="store_true",
-                        help="constrain activations to be split over the batch axes, as FSDP runs them "
-                        "(off: XLA's sharding propagation alone decides)")
+                        help="constrain every activation whose first dimension is the batch to be split "
+                        "over the batch axes (off: only the embeddings' output is)")
     parser.add_argument("--search", choices=("slice", "batch"), default=None,
                         help="compile candidates: slice, the smallest slice of --target's generation "
                         "that fits --batch; batch, the largest batch (doubling from --batch) that "
