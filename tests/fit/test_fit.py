@@ -246,6 +246,9 @@ def test_fsdp_beyond_what_is_checked_says_so_beside_the_verdict():
     assert wide.caveats and "FSDP over 64 chips" in wide.caveats[0]
     assert "caution: FSDP over 64 chips" in wide.render()
     assert wide.to_dict()["caveats"] == list(wide.caveats)
+    extended = tpu_debug.fit(_config(num_hidden_layers=6), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ,
+                             extrapolate=True)
+    assert [c for c in extended.caveats if "extended from 2 and 3 layers" in c]
 
 
 def test_a_plan_that_does_not_span_the_slice_says_how_to_fix_it():
