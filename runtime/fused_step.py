@@ -44,10 +44,6 @@ _state: dict[str, Any] = {}
 _calling = threading.local()  # .hooks: the StepHooks of the compiled call running on this thread
 
 
-def _traced_autograd() -> bool:
-    return bool(torch._dynamo.config.trace_autograd_ops)
-
-
 _BREAK = "torch._dynamo.graph_break()"
 
 
@@ -106,16 +102,11 @@ def patch_step_functions(factory) -> int:
 
 
 def _patch_zero_grad() -> None:
+    """``zero_grad`` without its dynamo-disable while a compiled step runs (swapped in by
+    :meth:`StepHooks.call`): PyTorch's own function, so dynamo traces it into the graph
+    and no frame of ours is left for dynamo to meet."""
     disabled = torch.optim.Optimizer.zero_grad
-    plain = disabled.__wrapped__
-
-    @functools.wraps(plain)
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if _traced_autograd():  # traced into the step's graph (``p.grad = None``)
-            return plain(self, set_to_none)
-        return disabled(self, set_to_none)
-
-    torch.optim.Optimizer.zero_grad = zero_grad
+    _state["zero_grad"] = (disabled, disabled.__wrapped__)
 
 
 def _patch_static_marks() -> None:
@@ -128,7 +119,7 @@ def _patch_static_marks() -> None:
 
     @functools.wraps(mark)
     def mark_static_address(t, guard: bool = False) -> None:
-        if _traced_autograd() and isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
+        if torch._dynamo.config.trace_autograd_ops and isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
             guard = False  # as dynamo marks a module's parameters; it also undoes an earlier guarded mark
         mark(t, guard)
 
@@ -166,7 +157,7 @@ def _patch_init_group() -> None:
         return None
 
     def patched_call_method(self, tx, name, args, kwargs):
-        if name != "_init_group" or not _traced_autograd():
+        if name != "_init_group" or not torch._dynamo.config.trace_autograd_ops:
             return call_method(self, tx, name, args, kwargs)
         hooks = getattr(_calling, "hooks", None)
         if hooks is not None:  # this optimizer steps in the function being traced
@@ -237,12 +228,15 @@ class StepHooks:
     def call(self, compiled, args, kwargs):
         from torch.optim.optimizer import _global_optimizer_post_hooks as hooks
 
+        disabled, plain = _state["zero_grad"]
         _calling.hooks = self
         saved = dict(hooks)
         hooks.clear()
+        torch.optim.Optimizer.zero_grad = plain
         try:
             out = compiled(*args, **kwargs)
         finally:
+            torch.optim.Optimizer.zero_grad = disabled
             hooks.update(saved)
             _calling.hooks = None
         if saved:
