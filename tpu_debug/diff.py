@@ -145,15 +145,17 @@ def _fit_figures(session: Any) -> dict[str, float | int | None]:
     f = _last_fit(session)
     if f is None:
         return {"fit_memory_per_chip": None, "fit_step_seconds": None, "fit_wire_bytes_per_chip": None}
+    wire = sum(c.wire_bytes for c in f.collectives) if f.step_seconds is not None else None
     return {"fit_memory_per_chip": f.required_bytes, "fit_step_seconds": f.step_seconds,
-            "fit_wire_bytes_per_chip": sum(c.wire_bytes for c in f.collectives) if f.step_seconds is not None else None}
+            "fit_wire_bytes_per_chip": wire}
 
 
 def _fit_side(session: Any) -> dict[str, Any] | None:
     f = _last_fit(session)
     if f is None:
         return None
-    return {"model": f.model, "target": f.target, "plan": f.plan, "batch": f.batch, "seq": f.seq, "fits": f.fits,
+    return {"model": f.model, "target": f.target, "plan": f.plan, "batch": f.batch, "seq": f.seq,
+            "fits": f.fits,
             "required": f.required_bytes, "capacity": f.capacity_bytes, "headroom": f.headroom_bytes,
             "step_seconds": f.step_seconds, "tokens_per_second": f.tokens_per_second, "mfu": f.mfu}
 

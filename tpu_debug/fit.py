@@ -676,12 +676,14 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
     m, e = report.memory, report.estimate
     memory = {} if m is None else dict(
         argument_bytes=m.arguments, output_bytes=m.outputs, alias_bytes=m.aliased, temp_bytes=m.temporaries,
-        code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters, optimizer_bytes=m.optimizer_state,
-        batch_bytes=m.batch, gradient_bytes=m.gradients, activation_bytes=m.activations)
+        code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters,
+        optimizer_bytes=m.optimizer_state, batch_bytes=m.batch, gradient_bytes=m.gradients,
+        activation_bytes=m.activations)
     estimate = {} if e is None else dict(
         compute_seconds=e.compute_seconds, memory_seconds=e.memory_seconds, comm_seconds=e.comm_seconds,
-        step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds, tokens_per_second=e.tokens_per_second,
-        model_flops=e.model_flops, mfu=e.mfu, mfu_overlapped=e.mfu_overlapped, assumptions=tuple(e.assumptions))
+        step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds,
+        tokens_per_second=e.tokens_per_second, model_flops=e.model_flops, mfu=e.mfu,
+        mfu_overlapped=e.mfu_overlapped, assumptions=tuple(e.assumptions))
     return FitEvent(
         event_id, ts, None, 0, location,
         model=report.model, target=report.target.name, chips=report.target.devices,
@@ -728,15 +730,17 @@ def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str) -> Pat
     import datetime as _dt
     import sys
 
+    from tpu_debug_core.options import default_logdir
+
     from tpu_debug.runs import DB_NAME, new_run_dir
     from tpu_debug.tracers.store import RunWriter
-    from tpu_debug_core.options import default_logdir
 
     run_dir = new_run_dir(Path(logdir) if logdir is not None else default_logdir(), name)
     meta = {"name": name, "status": "running", "argv": list(sys.argv),
             "command": list(getattr(sys, "orig_argv", sys.argv)), "cwd": str(Path.cwd()),
             "start_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
-            "platform": "tpu", "device_kind": report.target.device_kind, "device_count": report.target.devices,
+            "platform": "tpu", "device_kind": report.target.device_kind,
+            "device_count": report.target.devices,
             "compile_only": True}
     writer = RunWriter(run_dir / DB_NAME, meta)
     writer.put(fit_event(report, event_id=writer.new_id()))

@@ -1645,7 +1645,8 @@ def _fit_data(e: Any) -> dict[str, Any]:
     }
     estimate = None if e.step_seconds is None else {
         k: getattr(e, k) for k in ("compute_seconds", "memory_seconds", "comm_seconds", "step_seconds",
-                                   "overlapped_seconds", "tokens_per_second", "model_flops", "mfu", "mfu_overlapped")
+                                   "overlapped_seconds", "tokens_per_second", "model_flops", "mfu",
+                                   "mfu_overlapped")
     }
     return {
         "model": e.model, "target": e.target, "chips": e.chips, "device_kind": e.device_kind, "plan": e.plan,
@@ -1701,7 +1702,8 @@ def _render_fit(d: list | None, terminal: bool) -> RenderableType | None:
     parts: list[RenderableType] = []
     for f in d:
         parts += _render_one_fit(f, terminal)
-    parts.append(_note("compiled for the slice, not run: estimates are the compiler's counts at published peaks"))
+    parts.append(_note("compiled for the slice, not run: the estimates are the compiler's counts at "
+                       "published peaks"))
     return Group(*parts)
 
 

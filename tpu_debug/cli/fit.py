@@ -46,7 +46,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         "fits --target")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--logdir", default=None,
-                        help="where the answer is kept as a run (default: TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
+                        help="where the answer is kept as a run "
+                        "(default: TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
     parser.add_argument("--name", default=None, help="the run's name (default: fit-MODEL-TARGET)")
     parser.add_argument("--no-record", dest="record", action="store_false",
                         help="print the answer only; keep no run (a --search keeps none either way)")
