@@ -1673,7 +1673,7 @@ def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
                                             else f"{format_bytes(-m['headroom'])} short"))]
     if m["breakdown"] is not None:
         rows.append(("breakdown", ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
-                                            for k, v in m["breakdown"].items())))
+                                            for k, v in m["breakdown"].items() if v is not None)))
     e = f["estimate"]
     if e is not None:
         rows.append(("estimate", f"step ~{format_seconds(e['step_seconds'])} (compute "
