@@ -65,6 +65,9 @@ FIGURES = (
     Figure("max_divergence", "max divergence (error / tolerance)"),
     Figure("max_abs_divergence", "max |device - cpu|"),
     Figure("findings", "findings"),
+    Figure("fit_memory_per_chip", "fit: HBM needed per chip", "B"),
+    Figure("fit_step_seconds", "fit: step estimate", "s"),
+    Figure("fit_wire_bytes_per_chip", "fit: collective bytes sent per chip", "B"),
 )
 
 
@@ -118,6 +121,7 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
         "max_divergence": None,
         "max_abs_divergence": None,
         "findings": len(advice.findings),
+        **_fit_figures(session),
     }
     checked = session.divergence_summary()
     if checked is not None:
@@ -129,6 +133,31 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
             figures["max_divergence"] = _finite(max(e.ratio for e in over))
             figures["max_abs_divergence"] = _finite(max(e.max_abs for e in over))
     return figures
+
+
+def _last_fit(session: Any) -> Any:
+    fits = session.events("fit")
+    return fits[-1] if fits else None
+
+
+def _fit_figures(session: Any) -> dict[str, float | int | None]:
+    """A fit answer's figures (its last, when the run holds several; None without one)."""
+    f = _last_fit(session)
+    if f is None:
+        return {"fit_memory_per_chip": None, "fit_step_seconds": None, "fit_wire_bytes_per_chip": None}
+    wire = sum(c.wire_bytes for c in f.collectives) if f.step_seconds is not None else None
+    return {"fit_memory_per_chip": f.required_bytes, "fit_step_seconds": f.step_seconds,
+            "fit_wire_bytes_per_chip": wire}
+
+
+def _fit_side(session: Any) -> dict[str, Any] | None:
+    f = _last_fit(session)
+    if f is None:
+        return None
+    return {"model": f.model, "target": f.target, "plan": f.plan, "batch": f.batch, "seq": f.seq,
+            "fits": f.fits,
+            "required": f.required_bytes, "capacity": f.capacity_bytes, "headroom": f.headroom_bytes,
+            "step_seconds": f.step_seconds, "tokens_per_second": f.tokens_per_second, "mfu": f.mfu}
 
 
 def _run_data(session: Any) -> dict[str, Any]:
@@ -162,6 +191,7 @@ def diff_data(a: Any, b: Any) -> dict[str, Any]:
         va, vb = fa[f.key], fb[f.key]
         change = vb - va if va is not None and vb is not None else None
         figures[f.key] = {"a": va, "b": vb, "change": change, "unit": f.unit}
+    fit_a, fit_b = _fit_side(a), _fit_side(b)
     found_a = {f.key: f for f in advice_of(a).findings}
     found_b = {f.key: f for f in advice_of(b).findings}
     return {
@@ -169,6 +199,7 @@ def diff_data(a: Any, b: Any) -> dict[str, Any]:
         "a": _run_data(a),
         "b": _run_data(b),
         "figures": figures,
+        "fit": None if fit_a is None and fit_b is None else {"a": fit_a, "b": fit_b},
         "findings_schema": FINDINGS_SCHEMA,
         "findings": {
             "fixed": [f.to_dict() for k, f in found_a.items() if k not in found_b],
@@ -220,6 +251,8 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
     introduced = [f for f in advice_of(b).findings if f.key in new_keys]
     cwd_a, cwd_b = a.metadata().cwd, b.metadata().cwd
     parts: list[tuple[str, RenderableType]] = [("Runs", runs), ("Figures", figures)]
+    if data["fit"] is not None:
+        parts.append(("Fit (A | B)", _fit_table(data["fit"], terminal)))
     parts.append((
         f"Findings fixed ({len(fixed)})",
         Group(*(finding_text(f, terminal=terminal, cwd=cwd_a) for f in fixed))
@@ -240,6 +273,40 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
             text.append(f"{pair['b']['title']} (cost {format_seconds(ca)} -> {format_seconds(cb)})")
         parts.append((f"Findings in both ({len(remaining)})", text))
     return parts
+
+
+def _fit_table(fit: dict[str, Any], terminal: bool) -> RenderableType:
+    """The two fit answers side by side: the slice and plan, per-chip memory, the estimates."""
+    a, b = fit["a"] or {}, fit["b"] or {}
+    verdict = {True: "fits", False: "DOES NOT FIT", None: "refused"}
+
+    def cell(side: dict, key: str) -> str:
+        if not side:
+            return "-"
+        value = side[key]
+        if key == "fits":
+            return verdict[value]
+        if key in ("required", "capacity"):
+            return "-" if value is None else format_bytes(value)
+        if key == "headroom":
+            return "-" if value is None else (f"{format_bytes(value)} to spare" if value >= 0
+                                              else f"{format_bytes(-value)} short")
+        if key == "step_seconds":
+            return format_seconds(value)
+        if key == "tokens_per_second":
+            return "-" if value is None else f"{value:,.0f}"
+        if key == "mfu":
+            return "-" if value is None else f"{value:.1%}"
+        return str(value)
+
+    table = _table(terminal, ("", "left"), ("A", "right"), ("B", "right"))
+    for key, label in (("model", "model"), ("target", "slice"), ("plan", "plan"), ("batch", "batch"),
+                       ("seq", "seq"), ("fits", "verdict"), ("required", "HBM needed per chip"),
+                       ("capacity", "usable per chip"), ("headroom", "headroom"),
+                       ("step_seconds", "step estimate"), ("tokens_per_second", "tokens/s estimate"),
+                       ("mfu", "MFU estimate")):
+        table.add_row(Text(label), cell(a, key), cell(b, key))
+    return Group(table, _note("estimates are the compiler's counts at published peaks, not measurements"))
 
 
 def print_diff(a: Any, b: Any, *, file: Any = None, terminal: bool | None = None, width: int | None = None) -> None:

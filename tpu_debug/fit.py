@@ -672,3 +672,82 @@ def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", 
             break
         best, size = reports[-1], size * 2
     return PlanSearch("largest batch", tuple(reports), best)
+
+
+def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None):
+    """The report as the run store keeps it (a ``FitEvent``)."""
+    from tpu_debug.tracers.events import FitCollective, FitEvent
+
+    m, e = report.memory, report.estimate
+    memory = {} if m is None else dict(
+        argument_bytes=m.arguments, output_bytes=m.outputs, alias_bytes=m.aliased, temp_bytes=m.temporaries,
+        code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters,
+        optimizer_bytes=m.optimizer_state, batch_bytes=m.batch, gradient_bytes=m.gradients,
+        activation_bytes=m.activations)
+    estimate = {} if e is None else dict(
+        compute_seconds=e.compute_seconds, memory_seconds=e.memory_seconds, comm_seconds=e.comm_seconds,
+        step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds,
+        tokens_per_second=e.tokens_per_second, model_flops=e.model_flops, mfu=e.mfu,
+        mfu_overlapped=e.mfu_overlapped, assumptions=tuple(e.assumptions))
+    return FitEvent(
+        event_id, ts, None, 0, location,
+        model=report.model, target=report.target.name, chips=report.target.devices,
+        device_kind=report.target.device_kind, plan=str(report.plan), job=report.job, batch=report.batch,
+        seq=report.seq, parameters=report.parameters, fits=report.fits, capacity_bytes=report.capacity,
+        capacity_source=report.capacity_source, required_bytes=report.required, seconds=report.seconds,
+        compile_seconds=report.compile_seconds,
+        collectives=tuple(FitCollective(c.kind, c.count, c.bytes, c.wire_bytes, c.seconds)
+                          for c in report.collectives),
+        unsharded=tuple(report.unsharded), caveats=tuple(report.caveats), error=report.error,
+        extrapolation=report.extrapolation, **memory, **estimate)
+
+
+def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str | None = None) -> Path:
+    """Keep a fit's answer as a run: ``tpu-debug report``, ``report --json``, the TUI's fit
+    view, the advisor and ``tpu-debug diff`` read it as they read any run.
+
+    Inside an active trace (``tpu_debug.trace()``, ``tpu-debug run``) with no ``logdir``
+    given, the answer joins that trace's run, at the user line that asked; otherwise a
+    new run is made under ``logdir`` (default ``TPU_DEBUG_LOGDIR`` or ``./tpu_debug_runs``).
+
+    Returns:
+        The run's directory.
+
+    Raises:
+        TpuDebugError: the run directory cannot be created; RunWriteError: nor its database.
+
+    Example:
+        >>> run_dir = record_fit(tpu_debug.fit("tiny-llama", "v5e-8", batch=8, seq=128))
+    """
+    from tpu_debug.tracers.location import user_location
+    from tpu_debug.tracing import active_trace
+
+    active = active_trace()
+    writer = getattr(active, "_writer", None)  # the trace's own run writer, while it records
+    if logdir is None and writer is not None:
+        clock = active._recorder.clock
+        writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=user_location()))
+        return active.session.run_dir
+    return _new_fit_run(report, logdir, name or f"fit-{report.model}-{report.target.name}")
+
+
+def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str) -> Path:
+    import datetime as _dt
+    import sys
+
+    from tpu_debug_core.options import default_logdir
+
+    from tpu_debug.runs import DB_NAME, new_run_dir
+    from tpu_debug.tracers.store import RunWriter
+
+    run_dir = new_run_dir(Path(logdir) if logdir is not None else default_logdir(), name)
+    meta = {"name": name, "status": "running", "argv": list(sys.argv),
+            "command": list(getattr(sys, "orig_argv", sys.argv)), "cwd": str(Path.cwd()),
+            "start_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
+            "platform": "tpu", "device_kind": report.target.device_kind,
+            "device_count": report.target.devices,
+            "compile_only": True}
+    writer = RunWriter(run_dir / DB_NAME, meta)
+    writer.put(fit_event(report, event_id=writer.new_id()))
+    writer.close({"status": "finished", "exit_status": 0, "duration": report.seconds})
+    return run_dir

@@ -68,6 +68,8 @@ __all__ = [
     "ProcessEvent",
     "CollectivesTargetEvent",
     "ShardingRematEvent",
+    "FitCollective",
+    "FitEvent",
     "EVENT_TYPES",
     "event_type",
     "register_event",
@@ -1339,3 +1341,100 @@ class ShardingRematEvent(Event):
     aten_op: str = ""
     node: str = ""
     message: str = ""
+
+
+# -- a fit answer (tpu_debug/fit.py) ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FitCollective:
+    """The collectives of one ``kind`` in a fit's compiled step, per chip (a row of
+    ``fit_collectives``): ``count`` instructions moving ``data_bytes`` (what each chip
+    contributes or receives) and ``wire_bytes`` (what it sends with ring algorithms), taking
+    ``seconds`` on the ICI (an estimate; None where the generation publishes no ICI figure)."""
+
+    kind: str
+    count: int
+    data_bytes: int
+    wire_bytes: int
+    seconds: float | None = None
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class FitEvent(Event):
+    """The answer of ``tpu_debug.fit`` (``tpu-debug fit``): one training (or forward) step of
+    ``model`` compiled for the slice ``target`` (``chips`` x ``device_kind``) under ``plan``
+    (``"fsdp=8"``), for ``job`` at global ``batch`` x ``seq``.
+
+    Per chip: ``fits`` (True, False for the compiler's HBM out-of-memory, None for another
+    refusal, whose text is ``error``), ``required_bytes`` of ``capacity_bytes`` (from
+    ``capacity_source``: ``"compiler"`` or ``"spec"``); the compiler's ``argument_bytes``,
+    ``output_bytes``, ``alias_bytes``, ``temp_bytes``, ``code_bytes``, ``total_bytes`` and
+    the breakdown read from the shardings (``parameter_bytes``, ``optimizer_bytes``,
+    ``batch_bytes``, ``gradient_bytes``, ``activation_bytes``); None when the compile
+    failed. ``collectives`` per kind. The estimates (model estimates, not measurements):
+    ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
+    ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
+    ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
+    split; ``caveats`` and ``extrapolation`` as the answer says them; ``seconds`` the
+    whole answer and ``compile_seconds`` its TPU compiles, wall clock. ``location`` is the
+    user line that asked (None from the command line)."""
+
+    kind: ClassVar[str] = "fit"
+    view: ClassVar[str | None] = "fit"
+    stored: ClassVar[Stored] = Stored("fits", name="model", seconds="seconds")
+
+    model: str
+    target: str
+    chips: int
+    device_kind: str
+    plan: str
+    job: str
+    batch: int
+    seq: int
+    parameters: int
+    fits: bool | None
+    capacity_bytes: int
+    capacity_source: str
+    required_bytes: int | None
+    seconds: float
+    compile_seconds: float
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    alias_bytes: int | None = None
+    temp_bytes: int | None = None
+    code_bytes: int | None = None
+    total_bytes: int | None = None
+    parameter_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    batch_bytes: int | None = None
+    gradient_bytes: int | None = None
+    activation_bytes: int | None = None
+    collectives: tuple[FitCollective, ...] = column(table="fit_collectives", default=())
+    compute_seconds: float | None = None
+    memory_seconds: float | None = None
+    comm_seconds: float | None = None
+    step_seconds: float | None = None
+    overlapped_seconds: float | None = None
+    tokens_per_second: float | None = None
+    model_flops: float | None = None
+    mfu: float | None = None
+    mfu_overlapped: float | None = None
+    assumptions: tuple[str, ...] = ()
+    unsharded: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
+    error: str | None = None
+    extrapolation: str | None = None
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """capacity - required: positive bytes to spare, negative bytes short."""
+        return None if self.required_bytes is None else self.capacity_bytes - self.required_bytes
+
+    def breakdown(self) -> dict[str, int]:
+        """The breakdown's parts by name (empty when the compile failed)."""
+        parts = {"parameters": self.parameter_bytes, "optimizer state": self.optimizer_bytes,
+                 "batch": self.batch_bytes, "gradients": self.gradient_bytes,
+                 "activations": self.activation_bytes}
+        return {k: v for k, v in parts.items() if v is not None}

@@ -36,6 +36,7 @@ from tpu_debug.tui.screens import (
     StepsScreen,
     TransfersScreen,
 )
+from tpu_debug.tui.screens.fit import FitScreen
 
 from tpu_debug_core.errors import TpuDebugError
 from tpu_debug.session import Session
@@ -67,6 +68,7 @@ VIEW_TABLE: tuple[View, ...] = (
     View("steps", "Steps", StepsScreen),
     View("memory", "Memory", MemoryScreen),
     View("collectives", "Collectives", CollectivesScreen),
+    View("fit", "Fit", FitScreen, in_footer=False),  # key 9; the footer keeps to 100 columns
 )
 
 _VIEW_KEYS = Binding.Group("Views", compact=True)

@@ -217,6 +217,13 @@ def _write_tracer_records(writer) -> None:
          args=(ev.ArgInfo("self", (8,), "float64"),), seconds=0.01, program=None, previous=None, diffs=())
     _put(writer, ev.TensorBoardSummaryEvent, status="finished", profile=("plugins/profile/run.xplane.pb",),
          spans=40, max_events=1000, steps=8, capped=False, notes=("a note",))
+    _put(writer, ev.FitEvent, model="LlamaConfig", target="v5e-8", chips=8, device_kind="TPU v5 lite", plan="fsdp=8",
+         job="train", batch=8, seq=32, parameters=106816, fits=True, capacity_bytes=16 * GiB,
+         capacity_source="compiler", required_bytes=4 << 20, seconds=2.5, compile_seconds=2.0, total_bytes=4 << 20,
+         parameter_bytes=26704, activation_bytes=0, step_seconds=3e-5, compute_seconds=1e-6, memory_seconds=2e-5,
+         comm_seconds=8e-6, overlapped_seconds=2e-5, tokens_per_second=9e6, model_flops=1.5e8, mfu=0.003,
+         mfu_overlapped=0.005, collectives=(ev.FitCollective("all-gather", 109, 1044480, 913920, 4.6e-6),),
+         location=_loc(60))
 
 
 @pytest.fixture(scope="module")

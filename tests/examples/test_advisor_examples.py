@@ -37,7 +37,11 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     # compiled for a real TPU (needs libtpu, as the target tests do)
     "tpu_padding.py": (["--target", "v5e"], ["--steps", "3"], {"tpu_padding"}, ["--fixed"]),
     "over_hbm.py": (["--dry-run", "--target", "v5e"], [], {"memory_fit", "hbm_oom", "dry_run_stopped"}, ["--fixed"]),
+    # tpu_debug.fit compiles for a slice inside the script
+    "fit_oom.py": ([], [], {"fit_oom"}, ["--fixed"]),
 }
+# pitfalls that compile for a TPU without a run option saying so
+COMPILE_FOR_TPU = {"fit_oom.py"}
 
 # examples written as ordinary, correct programs: the advisor must find nothing in them
 # the model examples (examples/models/) run traced in tests/examples/test_models.py, which
@@ -50,7 +54,8 @@ def _pitfalls() -> list:
     from tpu_debug.runtime.target._libtpu import _find_libtpu
 
     skip = pytest.mark.skipif(not _find_libtpu(), reason='needs libtpu: pip install -e ".[tpu]"; CI installs it')
-    return [pytest.param(s, marks=skip) if "--target" in PITFALLS[s][0] else s for s in sorted(PITFALLS)]
+    tpu = {s for s in PITFALLS if "--target" in PITFALLS[s][0]} | COMPILE_FOR_TPU
+    return [pytest.param(s, marks=skip) if s in tpu else s for s in sorted(PITFALLS)]
 
 
 def _findings(tmp_path, script: str, options: list[str], args: list[str]) -> list[dict]:

@@ -32,6 +32,7 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "process",
         "collectives_target",
         "sharding_remat",
+        "fit",
     }
     for kind, cls in ev.EVENT_TYPES.items():
         assert cls.kind == kind

@@ -17,6 +17,7 @@ SCREENS = {
     "steps": ("6",),
     "memory": ("7",),
     "collectives": ("8",),
+    "fit": ("9",),
     "hlo_node": ("5", "down", "enter"),
     "hlo_diff": ("2", "v"),
     "help": ("2", "question_mark"),

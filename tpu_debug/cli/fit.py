@@ -45,6 +45,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         "that fits --batch; batch, the largest batch (doubling from --batch) that "
                         "fits --target")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--logdir", default=None,
+                        help="where the answer is kept as a run "
+                        "(default: TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
+    parser.add_argument("--name", default=None, help="the run's name (default: fit-MODEL-TARGET)")
+    parser.add_argument("--no-record", dest="record", action="store_false",
+                        help="print the answer only; keep no run (a --search keeps none either way)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,5 +75,10 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(report.render())
+    if args.record:
+        from tpu_debug.fit import record_fit
+
+        run_dir = record_fit(report, logdir=args.logdir, name=args.name)
+        print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
     # a step that does not fit is an answer, but a script asking "does it fit?" reads the status
     return 0 if report.fits else NOT_FIT

@@ -14,12 +14,19 @@ none of this evidence and gets none of these findings.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
-from tpu_debug.tracers.events import MemoryFindingEvent, MemoryHolder, MemorySummaryEvent, SourceLocation
+from tpu_debug.tracers.events import (
+    FitEvent,
+    MemoryFindingEvent,
+    MemoryHolder,
+    MemorySummaryEvent,
+    SourceLocation,
+)
 from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text, size
 from tpu_debug.tracers.target import TargetFinding, findings
 
@@ -274,3 +281,76 @@ def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
         cause="value",
         subject=f"dry run: {summary.stopped}",
     )
+
+
+# the plan's axes that split parameters and optimizer state (dp replicates them)
+_SPLITTING = re.compile(r"\b(fsdp|tp)=(\d+)")
+
+
+def _state_floor(record: FitEvent) -> int:
+    """A lower bound of one chip's parameters and AdamW moments (the step's arguments): 2 bytes
+    a value (bfloat16, the smallest dtype fit takes), three values a parameter for training (the
+    parameter and AdamW's two moments), one for a forward, split over every fsdp and tp chip."""
+    ways = 1
+    for _, n in _SPLITTING.findall(record.plan):
+        ways *= int(n)
+    return record.parameters * 2 * (3 if record.job == "train" else 1) // ways
+
+
+def _fit_cause(record: FitEvent) -> tuple[str, str, int]:
+    """What is over in a fit that does not fit: ``"state"`` (parameters, optimizer state,
+    gradients, the batch) or ``"activations"`` (what the step keeps for backward and its
+    temporaries), with the largest part's name and bytes. A refused compile gives no
+    breakdown: its parameters and AdamW state at their smallest stand for the state, and the
+    state is the cause when that floor alone is half the need or more."""
+    parts = record.breakdown()
+    if parts:
+        name, nbytes = max(parts.items(), key=lambda kv: kv[1])
+        return ("activations" if name == "activations" else "state"), name, nbytes
+    floor = _state_floor(record)
+    if 2 * floor >= (record.required_bytes or 0):
+        return "state", "parameters and AdamW state (at least, at bfloat16)", floor
+    return "activations", "activations and other temporaries (at most: the need less the state's floor)", (
+        (record.required_bytes or 0) - floor)
+
+
+def _fit_fix(record: FitEvent, cause: str) -> str:
+    more = (f"more chips with the weights and the batch split over them (a slice larger than "
+            f"{record.target}, plan fsdp)")
+    if cause == "activations":
+        options = (f"a smaller batch than {record.batch}",
+                   "activation checkpointing (recompute in backward what the step keeps for it)", more)
+    else:
+        options = (more, "bfloat16 parameters and optimizer state, if they are float32",
+                   "an optimizer with less state than AdamW")
+    return ("try " + "; or ".join(options) + " (suggestions, not verified: ask tpu-debug fit again with the "
+            "change, e.g. --batch, --target or --search slice)")
+
+
+@rule("fit_oom", about="a step tpu_debug.fit compiled for a TPU slice needs more HBM per chip than it has",
+      view="fit")
+def fit_oom(facts: RunFacts) -> Iterable[Finding]:
+    for record in facts.query.events("fit"):
+        if record.fits is not False or record.required_bytes is None:
+            continue
+        cause, part, part_bytes = _fit_cause(record)
+        short = record.required_bytes - record.capacity_bytes
+        counts = [Count("needs per chip", record.required_bytes, "B"),
+                  Count("usable per chip", record.capacity_bytes, "B"), Count("short per chip", short, "B")]
+        counts.append(Count(f"largest part: {part}", part_bytes, "B"))
+        facts_text = [f"largest part: {part}, {size(part_bytes)} per chip"]
+        if record.error:
+            facts_text.append(f"compiler: {record.error}")
+        yield Finding(
+            kind="fit_oom",
+            severity="error",
+            title=(f"{record.model} ({record.job}, batch {record.batch} x seq {record.seq}) does not fit "
+                   f"{record.target} under plan {record.plan}: a chip needs {size(record.required_bytes)} "
+                   f"of {size(record.capacity_bytes)} usable, {size(short)} short"),
+            fix=_fit_fix(record, cause),
+            cost_seconds=0.0,
+            evidence=Evidence(record.location, tuple(counts), tuple(facts_text)),
+            cause=cause,
+            subject=(f"{record.model} on {record.target} ({record.plan}, batch {record.batch} x seq "
+                     f"{record.seq})"),
+        )
