@@ -1658,6 +1658,7 @@ def _fit_data(e: Any) -> dict[str, Any]:
         "collectives": [_plain(c) for c in e.collectives],
         "estimate": estimate, "assumptions": list(e.assumptions), "unsharded": list(e.unsharded),
         "caveats": list(e.caveats), "error": e.error, "extrapolation": e.extrapolation,
+        "method": e.method,
         "seconds": e.seconds, "compile_seconds": e.compile_seconds, "location": _location_data(e.location),
     }
 
@@ -1693,6 +1694,8 @@ def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
     parts.extend(_note(f"caution: {c}") for c in f["caveats"])
     if f["extrapolation"]:
         parts.append(_note(f"extrapolated: {f['extrapolation']}"))
+    if f.get("method"):
+        parts.append(_note(f"compiled as: {f['method']}"))
     return parts
 
 

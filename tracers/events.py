@@ -1377,7 +1377,7 @@ class FitEvent(Event):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
     ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
-    split; ``caveats`` and ``extrapolation`` as the answer says them; ``seconds`` the
+    split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them; ``seconds`` the
     whole answer and ``compile_seconds`` its TPU compiles, wall clock. ``location`` is the
     user line that asked (None from the command line)."""
 
@@ -1426,6 +1426,7 @@ class FitEvent(Event):
     caveats: tuple[str, ...] = ()
     error: str | None = None
     extrapolation: str | None = None
+    method: str | None = None
 
     @property
     def headroom_bytes(self) -> int | None:

@@ -40,6 +40,13 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-activations", action="store_true",
                         help="constrain every activation whose first dimension is the batch to be split "
                         "over the batch axes (off: only the embeddings' output is)")
+    parser.add_argument("--layers", choices=("loop", "unrolled"), default=None,
+                        help="a training step's decoder layers: loop, one loop over their stacked "
+                        "parameters (fast; the default above 4 identical layers); unrolled, every layer "
+                        "compiled in line, as torch.compile of the step does (slow for big models)")
+    parser.add_argument("--remat", action="store_true",
+                        help="activation checkpointing: each decoder layer keeps only its input for the "
+                        "backward and recomputes the rest")
     parser.add_argument("--search", choices=("slice", "batch"), default=None,
                         help="compile candidates: slice, the smallest slice of --target's generation "
                         "that fits --batch; batch, the largest batch (doubling from --batch) that "
@@ -59,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
                    shard_activations=args.shard_activations, optimization_level=args.optimization_level)
+    if args.layers or args.remat:
+        options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat)
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
                        **options)

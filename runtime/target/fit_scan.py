@@ -1,0 +1,357 @@
+"""A training step whose decoder layers run as one loop: every layer in the program, one compiled.
+
+A Hugging Face decoder model is a stack of identical layers between an embedding and
+a head. Compiled unrolled, a 32-layer step is 32 copies of the layer for the TPU
+compiler to schedule (a minute and 4.7 GB of host memory for Llama-3-8B here, more
+for 70B). Compiled as ``jax.lax.scan`` over the layers' stacked parameters, as
+MaxText and torch_xla's ``scan_layers`` compile big models, the compiler schedules
+one layer body, and the whole model is still in the program: its memory analysis
+counts every layer's saved activations (stacked), so no figure is extrapolated.
+
+The pieces are traced from the PyTorch model itself (``make_fx``, compiled mode's
+decompositions, the runtime's lowerings), each forward only:
+
+- ``pre``: the model's forward up to the first layer (embedding, rotary tables, the
+  mask), its outputs the first layer's inputs;
+- ``layer``: layer 0 as a function of its parameters, the hidden states and the
+  other inputs ``pre`` gave it (every layer gets the same ones);
+- ``post``: from the last layer's output to the loss (final norm, head,
+  next-token cross-entropy).
+
+The backward is JAX's: ``jax.value_and_grad`` of ``post(scan(layer, pre(...)))``.
+Under FSDP each layer's weights are gathered in the loop body and named, and the
+body is a ``jax.checkpoint`` that saves every activation except the gathered
+weights (gathered again in the backward, as FSDP does); with activation
+checkpointing it saves nothing but each layer's input. AdamW (``torch.optim.AdamW``'s
+defaults and formula) updates every parameter; parameters and state are donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpu_debug.runtime.target.errors import TargetError
+
+__all__ = ["ScanPieces", "trace_pieces", "layer_stack", "scan_step"]
+
+
+def layer_stack(model):
+    """``(owner, attribute)`` of the model's decoder-layer list, or None when it has none
+    whose layers all have the same parameter shapes."""
+    import torch.nn as nn
+
+    config = getattr(model, "config", None)
+    count = getattr(config, "num_hidden_layers", None)
+    for module in model.modules():
+        for attr, child in module.named_children():
+            if isinstance(child, nn.ModuleList) and len(child) == count and count > 1:
+                shapes = [[(n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters()] for layer in child]
+                kinds = {type(layer) for layer in child}
+                if len(kinds) == 1 and all(s == shapes[0] for s in shapes) and not _per_layer_kinds(config):
+                    return module, attr
+    return None
+
+
+def _per_layer_kinds(config) -> bool:
+    """True when the config gives layers different attention (Gemma 2's sliding and global
+    layers alternate): their inputs differ, so one loop body does not run them all."""
+    kinds = getattr(config, "layer_types", None)
+    return bool(kinds) and len(set(kinds)) > 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScanPieces:
+    """The traced pieces of a decoder model's training step (see the module's docstring).
+
+    Attributes:
+        pre, layer, post: the pieces' graph programs (``runtime.compiled._GraphProgram``).
+        outer: names of the parameters outside the layers (``named_parameters()`` order).
+        inner: names of one layer's parameters (relative to the layer).
+        buffers: names of the model's buffers (all inputs of ``pre`` and ``post``).
+        specs: name -> ``jax.ShapeDtypeStruct`` of every outer parameter, buffer, and of
+            each inner parameter stacked over the layers (leading dimension: layers).
+        side: how many of ``pre``'s outputs after the hidden states the layer reads.
+        layers: the number of decoder layers.
+        prefix: the layers' name prefix in ``named_parameters()`` (``"model.layers"``).
+    """
+
+    pre: Any
+    layer: Any
+    post: Any
+    outer: tuple[str, ...]
+    inner: tuple[str, ...]
+    buffers: tuple[str, ...]
+    specs: dict
+    side: int
+    layers: int
+    prefix: str
+
+
+class _Stand:
+    """Stands in for the whole layer stack during a trace: records the first layer's
+    inputs, and hands on either them (``pre``) or a given tensor (``post``)."""
+
+    def __init__(self):
+        self.seen = None
+        self.replace = None
+
+    def __call__(self, hidden, *args, **kwargs):
+        self.seen = (hidden, args, kwargs)
+        return hidden if self.replace is None else self.replace
+
+
+def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
+    """Trace ``model``'s pre, layer and post pieces with meta ``tokens`` (see ``ScanPieces``).
+
+    Raises:
+        TargetError: the model has no stack of identical decoder layers.
+    """
+    import torch
+    import torch.nn as nn
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
+    from tpu_debug.runtime.dtypes import to_jax_dtype
+
+    found = layer_stack(model)
+    if found is None:
+        raise TargetError(f"{type(model).__name__}: no stack of identical decoder layers to run as a loop")
+    owner, attr = found
+    stack = getattr(owner, attr)
+    prefix = next(n for n, m in model.named_modules() if m is stack)
+    layer0 = stack[0]
+    params = dict(model.named_parameters())
+    outer = tuple(n for n in params if not n.startswith(prefix + "."))
+    inner = tuple(n for n, _ in layer0.named_parameters())
+    buffers = tuple(n for n, _ in model.named_buffers() if not n.startswith(prefix + "."))
+    stand = _Stand()
+
+    class Stack(nn.Module):  # a one-entry ModuleList the model's loop calls instead of its layers
+        def forward(self, *args, **kwargs):
+            return stand(*args, **kwargs)
+
+    replacement = nn.ModuleList([Stack()])
+    meta = {n: torch.empty_like(params[n], device="meta") for n in outer}
+    meta_b = {n: torch.empty_like(b, device="meta") for n, b in model.named_buffers() if n in buffers}
+    tok = torch.empty_like(tokens, device="meta")
+
+    def run(p, b, x):
+        return torch.func.functional_call(model, {**p, **b}, (x,))
+
+    def fresh(t):  # a plain meta tensor (the pieces' metadata are another trace's fake tensors)
+        return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+
+    def decomp(fn, *args):
+        gm = make_fx(fn, decomposition_table=_decompositions())(*args)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        return gm
+
+    saved = getattr(owner, attr)
+    side_spec: list = []
+    try:
+        setattr(owner, attr, replacement)
+
+        def pre(*flat):
+            stand.replace = None
+            run(dict(zip(outer, flat[:len(outer)])), dict(zip(buffers, flat[len(outer):-1])), flat[-1])
+            hidden, args, kwargs = stand.seen
+            leaves, tree = tree_flatten((args, kwargs))
+            side_spec[:] = [tree, [isinstance(v, torch.Tensor) for v in leaves],
+                            [None if isinstance(v, torch.Tensor) else v for v in leaves]]
+            return (hidden, *(v for v in leaves if isinstance(v, torch.Tensor)))
+
+        with torch.no_grad(), hf_traceable():
+            pre_gm = decomp(pre, *meta.values(), *meta_b.values(), tok)
+        tree, is_tensor, constants = side_spec
+        hidden_meta = pre_gm.graph.find_nodes(op="output")[0].args[0][0].meta["val"]
+        side_meta = [n.meta["val"] for n in pre_gm.graph.find_nodes(op="output")[0].args[0][1:]]
+
+        def post(*flat):
+            stand.replace = flat[-2]
+            out = run(dict(zip(outer, flat[:len(outer)])), dict(zip(buffers, flat[len(outer):-3])), flat[-3])
+            stand.replace = None
+            return (loss_fn(out, flat[-1]),)
+
+        with torch.no_grad(), hf_traceable():
+            post_gm = decomp(post, *meta.values(), *meta_b.values(), tok,
+                             fresh(hidden_meta), tok)
+    finally:
+        setattr(owner, attr, saved)
+
+    layer_params = dict(layer0.named_parameters())
+
+    def layer(*flat):
+        p = dict(zip(inner, flat[:len(inner)]))
+        tensors = iter(flat[len(inner) + 1:])
+        leaves = [next(tensors) if t else c for t, c in zip(is_tensor, constants)]
+        args, kwargs = tree_unflatten(leaves, tree)
+        out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
+        return (out[0] if isinstance(out, tuple) else out,)
+
+    with torch.no_grad(), hf_traceable():
+        layer_gm = decomp(layer, *(fresh(layer_params[n]) for n in inner), fresh(hidden_meta),
+                          *(fresh(v) for v in side_meta))
+    layers = len(saved)
+    specs = {n: jax.ShapeDtypeStruct(tuple(params[n].shape), to_jax_dtype(params[n].dtype)) for n in outer}
+    specs.update({n: jax.ShapeDtypeStruct(tuple(b.shape), to_jax_dtype(b.dtype)) for n, b in meta_b.items()})
+    specs.update({n: jax.ShapeDtypeStruct((layers, *layer_params[n].shape), to_jax_dtype(layer_params[n].dtype))
+                  for n in inner})
+    return ScanPieces(_GraphProgram(pre_gm, "fit_pre", "inference"),
+                      _GraphProgram(layer_gm, "fit_layer", "inference"),
+                      _GraphProgram(post_gm, "fit_post", "inference"),
+                      outer, inner, buffers, specs, len(side_meta), layers, prefix)
+
+
+def _adamw(p, g, m, v, count, *, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):
+    """``torch.optim.AdamW``'s update with its defaults (``runtime.target.dryrun.AdamW``'s formula)."""
+    m = m * b1 + g.astype(m.dtype) * (1 - b1)
+    v = v * b2 + (g * g).astype(v.dtype) * (1 - b2)
+    p = p * (1 - lr * weight_decay)
+    p = p - (lr * (m / (1 - b1**count)) / (jnp.sqrt(v / (1 - b2**count)) + eps)).astype(p.dtype)
+    return p, m, v
+
+
+# what a layer keeps for its backward: the outputs of its matmuls (the elementwise ops between
+# them are recomputed, as XLA's fusions recompute them in the unrolled step); not the weights
+# FSDP gathered, which are gathered again. Measured against the unrolled step's compile, it
+# keeps somewhat more (docs/fit.md, "Layers as a loop"); the alternatives measured keep far
+# more (everything autodiff saves) or far less (no batched matmul: the attention scores).
+SAVE = jax.checkpoint_policies.dots_saveable
+# activation checkpointing: only each layer's input (the loop's carry) is kept
+REMAT = jax.checkpoint_policies.nothing_saveable
+
+
+def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, remat: bool = False):
+    """The training step as a JAX function of ``(params, buffers, exp_avg, exp_avg_sq, count,
+    tokens, labels)`` (dicts by name; inner parameters stacked) returning ``(loss, params,
+    exp_avg, exp_avg_sq, count)``.
+
+    Args:
+        gathered: inner parameter name -> the sharding a layer reads it in (FSDP: its tp split
+            only); None: read as stored.
+        split: every parameter name -> its stored sharding (gradients are constrained to it:
+            reduced to their shards).
+        batch: the sharding of the hidden states between layers (split over the batch
+            axes), or None.
+        remat: activation checkpointing: each layer keeps only its input for the backward.
+    """
+    def constrain(x, sharding):
+        return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+    def body(hidden, xs):
+        weights, side = xs
+        if gathered is not None:
+            weights = {n: constrain(w, gathered[n]) for n, w in weights.items()}
+        (out,) = pieces.layer(*(weights[n] for n in pieces.inner), hidden, *side)
+        return constrain(out, batch), None
+
+    body = jax.checkpoint(body, policy=REMAT if remat else SAVE)
+
+    def loss_of(outer, inner, buffers, tokens, labels):
+        o = [outer[n] for n in pieces.outer]
+        b = [buffers[n] for n in pieces.buffers]
+        hidden, *side = pieces.pre(*o, *b, tokens)
+        hidden = constrain(hidden, batch)
+
+        def looped(h, weights):
+            return body(h, (weights, side))
+
+        hidden, _ = jax.lax.scan(looped, hidden, inner)
+        (loss,) = pieces.post(*o, *b, tokens, hidden, labels)
+        return loss
+
+    def step(params, buffers, exp_avg, exp_avg_sq, count, tokens, labels):
+        outer = {n: params[n] for n in pieces.outer}
+        inner = {n: params[n] for n in pieces.inner}
+        loss, (g_outer, g_inner) = jax.value_and_grad(loss_of, argnums=(0, 1))(outer, inner, buffers, tokens,
+                                                                               labels)
+        grads = {**g_outer, **g_inner}
+        count = count + 1
+        new_p, new_m, new_v = {}, {}, {}
+        for n, p in params.items():
+            g = constrain(grads[n], split.get(n))
+            new_p[n], new_m[n], new_v[n] = _adamw(p, g, exp_avg[n], exp_avg_sq[n], count)
+        return loss, new_p, new_m, new_v, count
+
+    return step
+
+
+def stacked_spec(spec, ndim: int):
+    """A layer parameter's PartitionSpec (over its own dims) for the stacked array: the layer
+    dimension first, never split."""
+    from jax.sharding import PartitionSpec
+
+    parts = tuple(spec) + (None,) * (ndim - len(tuple(spec)))
+    return PartitionSpec(None, *parts)
+
+
+def local_bytes(spec: jax.ShapeDtypeStruct, sharding) -> int:
+    return math.prod(sharding.shard_shape(spec.shape)) * np.dtype(spec.dtype).itemsize
+
+
+def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, plan, *, remat: bool = False,
+                      optimization_level: str | None = None, cache: bool = True):
+    """Compile the looped training step (``scan_step``) for ``target`` under ``plan``.
+
+    Placements are ``runtime.target.fit``'s (by each parameter's own name and shape; a
+    stacked layer parameter keeps its layer's split, its layer dimension whole); the batch
+    (tokens, labels: ``batch_shape`` int64) is split over the batch axes.
+
+    Returns:
+        A ``runtime.target.fit.FitCompile``.
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from tpu_debug.runtime.distributed.sharding import Replicate
+    from tpu_debug.runtime.target.compile import compile_for_target
+    from tpu_debug.runtime.target.fit import AXES, FitCompile, _mesh, param_placements, partition_spec
+
+    mesh = _mesh(target, plan)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    names = (*pieces.outer, *pieces.inner)
+    placements, stored, gathered = {}, {}, {}
+    for n in names:
+        stacked = n in pieces.inner
+        shape = pieces.specs[n].shape[1:] if stacked else pieces.specs[n].shape
+        full = f"{pieces.prefix}.0.{n}" if stacked else n
+        placements[full] = param_placements(full, shape, plan)
+        spec = partition_spec(placements[full], len(shape))
+        stored[n] = NamedSharding(mesh, stacked_spec(spec, len(shape)) if stacked else spec)
+        if stacked and plan.fsdp > 1:
+            keep = placements[full][:1] + (Replicate(),) + placements[full][2:]
+            gathered[n] = NamedSharding(mesh, partition_spec(keep, len(shape)))
+    batch_axes = tuple(a for a, size in zip(AXES, plan.shape) if size > 1 and a != "tp")
+    data = NamedSharding(mesh, PartitionSpec(batch_axes if batch_axes else None))
+    hidden = NamedSharding(mesh, PartitionSpec(batch_axes)) if batch_axes else None
+    step = scan_step(pieces, gathered=gathered if plan.fsdp > 1 else None, split=stored, batch=hidden,
+                     remat=remat)
+    params = {n: stored[n] for n in names}
+    buffers = {n: replicated for n in pieces.buffers}
+    in_sh = (params, buffers, params, params, replicated, data, data)
+    out_sh = (replicated, params, params, params, replicated)
+
+    def spec(n, sharding):
+        s = pieces.specs[n]
+        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+
+    p_specs = {n: spec(n, stored[n]) for n in names}
+    tokens = jax.ShapeDtypeStruct(batch_shape, jnp.int64, sharding=data)
+    args = (p_specs, {n: spec(n, replicated) for n in pieces.buffers}, p_specs, p_specs,
+            jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated), tokens, tokens)
+    fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
+    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level, cache=cache)
+    param_bytes = sum(local_bytes(pieces.specs[n], stored[n]) for n in names)
+    unsharded = tuple(n for n in names if plan.devices > plan.dp
+                      and all(p.is_replicate() for p in placements[f"{pieces.prefix}.0.{n}" if n in pieces.inner
+                                                                   else n])
+                      and math.prod(pieces.specs[n].shape) > 1)
+    return FitCompile(result, plan, placements, param_bytes, 2 * param_bytes + 4,
+                      2 * local_bytes(tokens, data), unsharded)

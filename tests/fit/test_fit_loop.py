@@ -1,0 +1,243 @@
+"""A training step whose decoder layers run as one loop (``runtime.target.fit_scan``).
+
+Two references, neither the tool's own output:
+- PyTorch on CPU: the looped step run by JAX on the CPU with a tiny Llama's real random
+  weights gives the loss, the AdamW state and the updated parameters that
+  ``model(...)``, ``loss.backward()`` and ``torch.optim.AdamW.step()`` give;
+- a direct compile: the same looped FSDP step written in this file (its own scan,
+  checkpoint policy, gathers, gradient constraints and AdamW over the traced pieces) and
+  compiled with plain ``jax.jit(..., in_shardings, out_shardings).lower(...).compile()``
+  for the deviceless v5e topology; per-chip memory and collectives must agree.
+"""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpu_debug.runtime.target._libtpu import _find_libtpu
+
+transformers = pytest.importorskip("transformers",
+                                   reason="builds Hugging Face models: pip install -e '.[models]'")
+
+SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
+BATCH, SEQ = 8, 32
+# one program, one compiler on both sides: the figures agree exactly in practice; 2 % is
+# what the fit answer promises
+TOLERANCE = 0.02
+needs_libtpu = pytest.mark.skipif(
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+
+
+def _loss(outputs, labels):
+    return F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+
+
+def _traceable():
+    # transformers skips a value-dependent mask check only while it thinks it is traced
+    return mock.patch.object(transformers.masking_utils, "is_tracing", lambda *a, **k: True)
+
+
+def _pieces(model, batch=BATCH):
+    from tpu_debug.runtime.target.fit_scan import trace_pieces
+
+    tokens = torch.empty(batch, SEQ, dtype=torch.long, device="meta")
+    return trace_pieces(model, tokens, _loss, _traceable)
+
+
+def test_the_looped_step_computes_pytorchs_training_step():
+    from tpu_debug.runtime.target.fit_scan import scan_step
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).float()
+    tokens = torch.randint(0, SIZES["vocab_size"], (2, SEQ))
+    pieces = _pieces(model, batch=2)
+    layers = model.model.layers
+
+    def value(n):
+        if n in pieces.inner:
+            return jnp.asarray(np.stack([dict(l.named_parameters())[n].detach().numpy() for l in layers]))
+        return jnp.asarray(dict(model.named_parameters())[n].detach().numpy())
+
+    names = (*pieces.outer, *pieces.inner)
+    params = {n: value(n) for n in names}
+    buffers = {n: jnp.asarray(b.numpy()) for n, b in model.named_buffers() if n in pieces.buffers}
+    zeros = {n: jnp.zeros_like(p) for n, p in params.items()}
+    step = scan_step(pieces, gathered=None, split={}, batch=None)
+    with jax.enable_x64(True):
+        loss, new_p, new_m, _, count = jax.jit(step)(params, buffers, zeros, zeros, jnp.float32(0),
+                                                     jnp.asarray(tokens.numpy()), jnp.asarray(tokens.numpy()))
+
+    opt = torch.optim.AdamW(model.parameters())
+    expected_loss = _loss(model(tokens), tokens)
+    expected_loss.backward()
+    opt.step()
+    # float32 on both sides, the same math in a different order (XLA's fusions vs PyTorch's
+    # kernels) over ~100 ops: relative differences of 1e-6 per op stay well under 1e-4
+    assert float(loss) == pytest.approx(expected_loss.item(), rel=1e-5)
+    assert float(count) == 1.0
+    torch_params = dict(model.named_parameters())
+    for n in names:
+        if n in pieces.inner:
+            want_p = np.stack([dict(l.named_parameters())[n].detach().numpy() for l in layers])
+            want_m = np.stack([opt.state[dict(l.named_parameters())[n]]["exp_avg"].numpy() for l in layers])
+        else:
+            want_p = torch_params[n].detach().numpy()
+            want_m = opt.state[torch_params[n]]["exp_avg"].numpy()
+        # exp_avg after one step is 0.1 x the gradient: the gradients agree
+        np.testing.assert_allclose(np.asarray(new_m[n]), want_m, rtol=1e-4, atol=1e-7, err_msg=n)
+        # AdamW's first update is lr x g / (|g| + eps): where |g| is 100 eps or more it is
+        # lr x sign(g) within 1 %, so the parameters agree to that share of an lr-sized step
+        # (1e-5) plus float32 rounding; where |g| nears eps the update follows g's last bits,
+        # whose agreement the exp_avg check above already bounds
+        steady = np.abs(want_m / 0.1) >= 100 * 1e-8
+        np.testing.assert_allclose(np.asarray(new_p[n])[steady], want_p[steady], rtol=1e-5, atol=1.2e-5,
+                                   err_msg=n)
+
+
+def _reference(model, mesh_shape=(1, 8), remat=False):
+    """The looped FSDP step written here and compiled with plain JAX."""
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    pieces = _pieces(model)
+    devices = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu",
+                                           chips_per_host_bounds=[2, 4, 1]).devices
+    mesh = Mesh(np.array(devices).reshape(mesh_shape), ("dp", "fsdp"))
+    whole = NamedSharding(mesh, P())
+    batch = NamedSharding(mesh, P("fsdp"))
+    # every dimension of this config divides 8: FSDP splits each tensor's first dimension
+    # (a stacked layer tensor's first dimension after the layers')
+    sharding = {n: NamedSharding(mesh, P(None, "fsdp") if n in pieces.inner else P("fsdp"))
+                for n in (*pieces.outer, *pieces.inner)}
+    policy = jax.checkpoint_policies.nothing_saveable if remat else jax.checkpoint_policies.dots_saveable
+
+    def loss_of(outer, inner, buffers, tokens, labels):
+        o = [outer[n] for n in pieces.outer]
+        b = [buffers[n] for n in pieces.buffers]
+        hidden, *side = pieces.pre(*o, *b, tokens)
+
+        def one_layer(h, w):
+            w = [jax.lax.with_sharding_constraint(w[n], whole) for n in pieces.inner]
+            return jax.lax.with_sharding_constraint(pieces.layer(*w, h, *side)[0], batch), None
+
+        hidden, _ = jax.lax.scan(jax.checkpoint(one_layer, policy=policy), jax.lax.with_sharding_constraint(hidden, batch), inner)
+        return pieces.post(*o, *b, tokens, hidden, labels)[0]
+
+    def step(params, buffers, m, v, count, tokens, labels):
+        outer = {n: params[n] for n in pieces.outer}
+        inner = {n: params[n] for n in pieces.inner}
+        loss, grads = jax.value_and_grad(loss_of, argnums=(0, 1))(outer, inner, buffers, tokens, labels)
+        grads = {**grads[0], **grads[1]}
+        count = count + 1
+        new = ({}, {}, {})
+        for n, p in params.items():
+            g = jax.lax.with_sharding_constraint(grads[n], sharding[n])
+            m1 = m[n] * 0.9 + g * 0.1
+            v1 = v[n] * 0.999 + g * g * 0.001
+            p1 = p * (1 - 1e-3 * 1e-2) - 1e-3 * (m1 / (1 - 0.9**count)) / (jnp.sqrt(v1 / (1 - 0.999**count)) + 1e-8)
+            new[0][n], new[1][n], new[2][n] = p1.astype(p.dtype), m1, v1
+        return loss, *new, count
+
+    buffers = {n: whole for n in pieces.buffers}
+    in_sh = (sharding, buffers, sharding, sharding, whole, batch, batch)
+    out_sh = (whole, sharding, sharding, sharding, whole)
+    fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
+    specs = {n: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding[n])
+             for n, s in pieces.specs.items() if n in sharding}
+    args = (specs, {n: jax.ShapeDtypeStruct(pieces.specs[n].shape, pieces.specs[n].dtype, sharding=whole)
+                    for n in pieces.buffers},
+            specs, specs, jax.ShapeDtypeStruct((), jnp.float32, sharding=whole),
+            jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int64, sharding=batch),
+            jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int64, sharding=batch))
+    # at XLA's O0 level the step's temporaries stay in HBM (at the default level a step this
+    # small is placed in on-chip memory and its HBM temporaries read 0): both sides use it
+    saved = jax.config.jax_optimization_level
+    jax.config.update("jax_optimization_level", "O0")
+    try:
+        with jax.enable_x64(True):
+            return fn.lower(*args).compile()
+    finally:
+        jax.config.update("jax_optimization_level", saved)
+
+
+def _sibling(name: str):
+    """tests/fit/NAME.py as a module: its HLO collective parser is the reference's here too."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(f"_fit_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _close(a, b):
+    return abs(a - b) <= TOLERANCE * max(abs(b), 1)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("remat", [False, True])
+def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat):
+    import tpu_debug
+
+
+    config = transformers.LlamaConfig(**SIZES)
+    report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, remat=remat,
+                           optimization_level="O0")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    compiled = _reference(model, remat=remat)
+    ref = compiled.memory_analysis()
+
+    assert report.method and "one loop" in report.method
+    m = report.memory
+    assert _close(m.arguments, ref.argument_size_in_bytes)
+    assert _close(m.outputs, ref.output_size_in_bytes)
+    assert _close(m.aliased, ref.alias_size_in_bytes)
+    assert _close(m.temporaries, ref.temp_size_in_bytes)
+    assert m.temporaries > 0
+    assert m.parameters == sum(p.numel() * 2 for p in model.parameters()) // 8
+    expected = _sibling("test_fit")._collectives(compiled.as_text(), 8)
+    got = {c.kind: (c.count, c.bytes) for c in report.collectives}
+    assert set(got) == set(expected)
+    for kind, (count, size) in expected.items():
+        assert got[kind][0] == count and _close(got[kind][1], size), (kind, got[kind], (count, size))
+
+
+@needs_libtpu
+def test_activation_checkpointing_keeps_less_and_recomputes_the_forward():
+    import tpu_debug
+
+    config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
+    kept = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, optimization_level="O0")
+    remat = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, remat=True,
+                          optimization_level="O0")
+    # each layer's input [1 sequence x 32 x 64] bf16 per chip is all the loop keeps with remat;
+    # without, each layer keeps at least its q, k, v, attention, gate and up matmul outputs too
+    assert remat.memory.temporaries < kept.memory.temporaries
+    assert "only its input" in remat.method
+    # the backward runs each layer's forward again: more flops, less than one more whole step
+    assert kept.estimate.compute_seconds < remat.estimate.compute_seconds < 2 * kept.estimate.compute_seconds
+
+
+def test_a_training_step_is_never_extended_from_fewer_layers():
+    import tpu_debug
+
+    with pytest.raises(tpu_debug.TpuDebugError, match=r"a training step is not extended from fewer layers: .*"
+                       r"compiled as one loop \(loop=True"):
+        tpu_debug.fit(transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6}), "v5e-8", batch=BATCH,
+                      seq=SEQ, extrapolate=True)
