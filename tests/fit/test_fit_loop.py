@@ -108,21 +108,30 @@ def test_the_looped_step_computes_pytorchs_training_step():
                                    err_msg=n)
 
 
-def _reference(model, mesh_shape=(1, 8), remat=False):
+def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH):
     """The looped FSDP step written here and compiled with plain JAX."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    pieces = _pieces(model)
-    devices = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu",
+    pieces = _pieces(model, batch=batch_size)
+    devices = topologies.get_topology_desc(topology_name=f"v5e:{topology}", platform="tpu",
                                            chips_per_host_bounds=[2, 4, 1]).devices
     mesh = Mesh(np.array(devices).reshape(mesh_shape), ("dp", "fsdp"))
     whole = NamedSharding(mesh, P())
     batch = NamedSharding(mesh, P("fsdp"))
-    # every dimension of this config divides 8: FSDP splits each tensor's first dimension
-    # (a stacked layer tensor's first dimension after the layers')
-    sharding = {n: NamedSharding(mesh, P(None, "fsdp") if n in pieces.inner else P("fsdp"))
-                for n in (*pieces.outer, *pieces.inner)}
+    ways = mesh_shape[1]
+
+    def split(n):
+        # FSDP splits a tensor's first dimension the axis divides (a stacked layer tensor's
+        # first after the layers'); a tensor with none stays whole
+        shape = pieces.specs[n].shape[1:] if n in pieces.inner else pieces.specs[n].shape
+        dim = next((d for d, size in enumerate(shape) if size % ways == 0), None)
+        spec = [None] * len(shape)
+        if dim is not None:
+            spec[dim] = "fsdp"
+        return NamedSharding(mesh, P(None, *spec) if n in pieces.inner else P(*spec))
+
+    sharding = {n: split(n) for n in (*pieces.outer, *pieces.inner)}
     policy = jax.checkpoint_policies.nothing_saveable if remat else jax.checkpoint_policies.dots_saveable
 
     def loss_of(outer, inner, buffers, tokens, labels):
@@ -161,8 +170,8 @@ def _reference(model, mesh_shape=(1, 8), remat=False):
     args = (specs, {n: jax.ShapeDtypeStruct(pieces.specs[n].shape, pieces.specs[n].dtype, sharding=whole)
                     for n in pieces.buffers},
             specs, specs, jax.ShapeDtypeStruct((), jnp.float32, sharding=whole),
-            jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int64, sharding=batch),
-            jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int64, sharding=batch))
+            jax.ShapeDtypeStruct((batch_size, SEQ), jnp.int64, sharding=batch),
+            jax.ShapeDtypeStruct((batch_size, SEQ), jnp.int64, sharding=batch))
     # at XLA's O0 level the step's temporaries stay in HBM (at the default level a step this
     # small is placed in on-chip memory and its HBM temporaries read 0): both sides use it
     saved = jax.config.jax_optimization_level
@@ -190,17 +199,18 @@ def _close(a, b):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("remat", [False, True])
-def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat):
+@pytest.mark.parametrize(("remat", "chips", "topology"), [(False, 8, "2x4"), (True, 8, "2x4"), (False, 64, "8x8"), (False, 256, "16x16")])
+def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topology):
     import tpu_debug
 
 
     config = transformers.LlamaConfig(**SIZES)
-    report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, remat=remat,
+    # one sequence per chip
+    report = tpu_debug.fit(config, f"v5e-{chips}", plan="fsdp", batch=chips, seq=SEQ, loop=True, remat=remat,
                            optimization_level="O0")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    compiled = _reference(model, remat=remat)
+    compiled = _reference(model, (1, chips), remat=remat, topology=topology, batch_size=chips)
     ref = compiled.memory_analysis()
 
     assert report.method and "one loop" in report.method
@@ -210,8 +220,11 @@ def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat):
     assert _close(m.aliased, ref.alias_size_in_bytes)
     assert _close(m.temporaries, ref.temp_size_in_bytes)
     assert m.temporaries > 0
-    assert m.parameters == sum(p.numel() * 2 for p in model.parameters()) // 8
-    expected = _sibling("test_fit")._collectives(compiled.as_text(), 8)
+    # every tensor of this config has a dimension 8 divides; at 64 ways the 64-wide ones split
+    expected_params = sum(p.numel() * 2 // (chips if any(d % chips == 0 for d in p.shape) else 1)
+                          for p in model.parameters())
+    assert m.parameters == expected_params
+    expected = _sibling("test_fit")._collectives(compiled.as_text(), chips)
     got = {c.kind: (c.count, c.bytes) for c in report.collectives}
     assert set(got) == set(expected)
     for kind, (count, size) in expected.items():
