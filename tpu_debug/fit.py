@@ -290,6 +290,7 @@ def fit(
     cache: bool = True,
     loop: bool | None = None,
     remat: bool = False,
+    master_dtype: str | None = None,
 ) -> FitReport:
     """Compile one training (or forward) step of a model for a TPU slice as one sharded program.
 
@@ -320,6 +321,9 @@ def fit(
             ``torch.compile`` of the step makes; slow for big models).
         remat: activation checkpointing in the loop: each layer keeps only its input for
             the backward and recomputes the rest.
+        master_dtype: ``"float32"``: mixed precision in the loop: parameters and AdamW state
+            kept in float32, cast to ``dtype`` where the step reads them (as MaxText's
+            float32 weights with bfloat16 compute).
 
     Returns:
         A ``FitReport``.
@@ -361,10 +365,16 @@ def fit(
     args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
     if loop is None:
         loop = job == "train" and layers > EXTRAPOLATE_ABOVE and _has_layer_stack(config, dtype)
-    if loop or remat:
+    if master_dtype not in (None, "float32"):
+        raise TargetError(f"master_dtype {master_dtype!r}: give 'float32' (or None: the parameters' dtype)")
+    if loop or remat or master_dtype:
         if job != "train":
-            raise TargetError(f"loop=True and remat=True shape a training step; job {job!r} has no backward")
-        measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache)
+            raise TargetError(f"loop=True, remat=True and master_dtype shape a training step; job {job!r} has no "
+                              "backward")
+        if loop is False:
+            raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
+        measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
+                                      master_dtype)
         name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
         return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
                        time.perf_counter() - started, None, how)
@@ -399,7 +409,8 @@ def _has_layer_stack(config, dtype: str) -> bool:
 
 
 def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
-                  optimization_level: str | None, cache: bool) -> tuple[_Measure, str]:
+                  optimization_level: str | None, cache: bool,
+                  master_dtype: str | None = None) -> tuple[_Measure, str]:
     """The training step with its decoder layers as one loop (``runtime.target.fit_scan``)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -411,8 +422,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
     pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
-    fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, optimization_level=optimization_level,
-                           cache=cache)
+    fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
+                           optimization_level=optimization_level, cache=cache)
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
     keeps = ("only its input (activation checkpointing: the backward recomputes the layer)" if remat else
@@ -421,6 +432,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     how = (f"the {pieces.layers} decoder layers as one loop over their stacked parameters (jax.lax.scan, "
            f"every layer in the program, one compiled; backward by JAX's autodiff); each layer keeps {keeps} "
            f"for the backward{gathers}")
+    if master_dtype:
+        how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
     if optimization_level in ("O0", "O1"):
         how += (f"; compiled at {optimization_level}, whose buffers are not the default level's: Llama-3-8B's "
                 "looped step needed 33.1 GiB per chip at O0 and O1, 28.9 at the default level (v6e-64, fsdp)")

@@ -229,7 +229,8 @@ SAVE = jax.checkpoint_policies.dots_saveable
 REMAT = jax.checkpoint_policies.nothing_saveable
 
 
-def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, remat: bool = False):
+def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, remat: bool = False,
+              master: bool = False):
     """The training step as a JAX function of ``(params, buffers, exp_avg, exp_avg_sq, count,
     tokens, labels)`` (dicts by name; inner parameters stacked) returning ``(loss, params,
     exp_avg, exp_avg_sq, count)``.
@@ -242,12 +243,18 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         batch: the sharding of the hidden states between layers (split over the batch
             axes), or None.
         remat: activation checkpointing: each layer keeps only its input for the backward.
+        master: the parameters given are float32 master weights (AdamW's state too), cast to
+            the model's dtype where the step reads them (mixed precision).
     """
     def constrain(x, sharding):
         return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
+    def compute(n, w):
+        return w.astype(pieces.specs[n].dtype) if master else w
+
     def body(hidden, xs):
         weights, side = xs
+        weights = {n: compute(n, w) for n, w in weights.items()}
         if gathered is not None:
             weights = {n: constrain(w, gathered[n]) for n, w in weights.items()}
         (out,) = pieces.layer(*(weights[n] for n in pieces.inner), hidden, *side)
@@ -256,7 +263,7 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
     body = jax.checkpoint(body, policy=REMAT if remat else SAVE)
 
     def loss_of(outer, inner, buffers, tokens, labels):
-        o = [outer[n] for n in pieces.outer]
+        o = [compute(n, outer[n]) for n in pieces.outer]
         b = [buffers[n] for n in pieces.buffers]
         hidden, *side = pieces.pre(*o, *b, tokens)
         hidden = constrain(hidden, batch)
@@ -298,12 +305,15 @@ def local_bytes(spec: jax.ShapeDtypeStruct, sharding) -> int:
 
 
 def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, plan, *, remat: bool = False,
-                      optimization_level: str | None = None, cache: bool = True):
+                      master_dtype: str | None = None, optimization_level: str | None = None,
+                      cache: bool = True):
     """Compile the looped training step (``scan_step``) for ``target`` under ``plan``.
 
     Placements are ``runtime.target.fit``'s (by each parameter's own name and shape; a
     stacked layer parameter keeps its layer's split, its layer dimension whole); the batch
-    (tokens, labels: ``batch_shape`` int64) is split over the batch axes.
+    (tokens, labels: ``batch_shape`` int64) is split over the batch axes. ``master_dtype``
+    (``"float32"``): parameters and AdamW state are kept in it and cast to the model's dtype
+    where read.
 
     Returns:
         A ``runtime.target.fit.FitCompile``.
@@ -332,23 +342,23 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     data = NamedSharding(mesh, PartitionSpec(batch_axes if batch_axes else None))
     hidden = NamedSharding(mesh, PartitionSpec(batch_axes)) if batch_axes else None
     step = scan_step(pieces, gathered=gathered if plan.fsdp > 1 else None, split=stored, batch=hidden,
-                     remat=remat)
+                     remat=remat, master=master_dtype is not None)
     params = {n: stored[n] for n in names}
     buffers = {n: replicated for n in pieces.buffers}
     in_sh = (params, buffers, params, params, replicated, data, data)
     out_sh = (replicated, params, params, params, replicated)
 
-    def spec(n, sharding):
+    def spec(n, sharding, dtype=None):
         s = pieces.specs[n]
-        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=sharding)
 
-    p_specs = {n: spec(n, stored[n]) for n in names}
+    p_specs = {n: spec(n, stored[n], master_dtype) for n in names}
     tokens = jax.ShapeDtypeStruct(batch_shape, jnp.int64, sharding=data)
     args = (p_specs, {n: spec(n, replicated) for n in pieces.buffers}, p_specs, p_specs,
             jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated), tokens, tokens)
     fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
     result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level, cache=cache)
-    param_bytes = sum(local_bytes(pieces.specs[n], stored[n]) for n in names)
+    param_bytes = sum(local_bytes(p_specs[n], stored[n]) for n in names)
     unsharded = tuple(n for n in names if plan.devices > plan.dp
                       and all(p.is_replicate() for p in placements[f"{pieces.prefix}.0.{n}" if n in pieces.inner
                                                                    else n])

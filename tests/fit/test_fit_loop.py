@@ -254,3 +254,23 @@ def test_a_training_step_is_never_extended_from_fewer_layers():
                        r"compiled as one loop \(loop=True"):
         tpu_debug.fit(transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6}), "v5e-8", batch=BATCH,
                       seq=SEQ, extrapolate=True)
+
+
+@needs_libtpu
+def test_float32_master_weights_hold_parameters_and_state_in_float32():
+    import tpu_debug
+
+    config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
+    plain = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, optimization_level="O0")
+    master = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, master_dtype="float32",
+                           optimization_level="O0")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    # every tensor of this config splits 8 ways; float32 is 4 bytes, AdamW keeps two such per parameter
+    # and a float32 step count
+    assert master.memory.parameters == sum(p.numel() * 4 for p in model.parameters()) // 8
+    assert master.memory.optimizer_state == 2 * master.memory.parameters + 4
+    assert master.memory.parameters == 2 * plain.memory.parameters
+    # the donated float32 parameters and state are in the compiler's arguments
+    assert master.memory.arguments >= master.memory.parameters + master.memory.optimizer_state
+    assert "kept in float32, cast to bfloat16 where read" in master.method

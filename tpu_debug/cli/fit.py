@@ -47,6 +47,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remat", action="store_true",
                         help="activation checkpointing: each decoder layer keeps only its input for the "
                         "backward and recomputes the rest")
+    parser.add_argument("--master-dtype", choices=("float32",), default=None,
+                        help="mixed precision: parameters and AdamW state kept in float32, cast to --dtype "
+                        "where read (the looped step)")
     parser.add_argument("--search", choices=("slice", "batch"), default=None,
                         help="compile candidates: slice, the smallest slice of --target's generation "
                         "that fits --batch; batch, the largest batch (doubling from --batch) that "
@@ -66,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
                    shard_activations=args.shard_activations, optimization_level=args.optimization_level)
-    if args.layers or args.remat:
-        options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat)
+    if args.layers or args.remat or args.master_dtype:
+        options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat,
+                       master_dtype=args.master_dtype)
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
                        **options)
