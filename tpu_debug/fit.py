@@ -22,6 +22,7 @@ from typing import Any
 
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
+from tpu_debug.runtime.target import fit_moe
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
 
@@ -36,6 +37,17 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3-70b": ("llama", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                                  max_position_embeddings=8192, rope_theta=500000.0)),
+    # mistralai/Mixtral-8x7B-v0.1 config.json
+    "mixtral-8x7b": ("mixtral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                     num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
+                                     rope_theta=1000000.0, sliding_window=None)),
+    # google/gemma-2-9b config.json
+    "gemma2-9b": ("gemma2", dict(vocab_size=256000, hidden_size=3584, intermediate_size=14336,
+                                 num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+                                 max_position_embeddings=8192, sliding_window=4096, query_pre_attn_scalar=256,
+                                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                 hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0)),
     "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
@@ -261,7 +273,8 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
     import torch.nn as nn
 
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
-    matmul = sum(p.numel() for p in model.parameters()) - embedding
+    # an MoE layer's token runs through top_k of its experts: only those count
+    matmul = sum(p.numel() for p in model.parameters()) - embedding - fit_moe.idle_parameters(model, config)
     layers = getattr(config, "num_hidden_layers", 0)
     head_dim = getattr(config, "head_dim", None)
     heads = getattr(config, "num_attention_heads", 0)
@@ -348,6 +361,7 @@ def fit(
         raise TargetError(f"batch {batch} does not split over dp x fsdp = {chosen.batch_ways} chips: "
                           f"use a multiple of {chosen.batch_ways}")
     config = build_config(model_or_config, overrides)
+    fit_moe.prepare(config, seq)
     layers = getattr(config, "num_hidden_layers", 0)
     if extrapolate and job == "train":
         raise TargetError(

@@ -35,7 +35,20 @@ def convert_element_type(a, dtype):
     return a.astype(jdtype(dtype))
 
 
-_LOWERINGS = {"fma": fma, "convert_element_type": convert_element_type}
+def div(a, b):
+    """``prims.div``: true division of floats, division rounded toward zero of integers (the
+    decomposition of an in-place ``div_``, as a router's ``weights /= weights.sum(-1)``)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    a, b = promote(a, b)
+    if jnp.issubdtype(jnp.result_type(a), jnp.integer):
+        a, b = jnp.broadcast_arrays(a, b)
+        return lax.div(a, b)
+    return a / b
+
+
+_LOWERINGS = {"fma": fma, "convert_element_type": convert_element_type, "div": div}
 _lock = threading.Lock()
 
 
