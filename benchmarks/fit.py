@@ -74,7 +74,8 @@ def _row(name, case, level, report, wall, rss, load):
     mfu = f"{100 * est['mfu']:.1f} %" if est.get("mfu") is not None else "-"
     flags = " ".join((*extra, level if level != "default" else "default effort"))
     return (f"| {model} | {target} | {report.get('plan', plan)} ({flags}) | {batch // chips} x {seq} per chip "
-            f"| {mem} | {fits} | {mfu} | {wall:.0f} | {rss / 1e9:.2f} | {load:.1f} |")
+            f"| {mem} | {fits} | {mfu} | {wall:.0f} | {report.get('compile_seconds') or 0:.0f} | {rss / 1e9:.2f} "
+            f"| {load:.1f} |")
 
 
 def main() -> int:
@@ -84,8 +85,8 @@ def main() -> int:
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(CASES)
     print("| model | slice | plan | batch x seq | per chip: needs / usable | fits | MFU (estimate) "
-          "| wall s | peak RSS GB | load avg |")
-    print("|---|---|---|---|---|---|---:|---:|---:|---:|")
+          "| wall s | TPU compile s | peak RSS GB | load avg |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|")
     for name in names:
         case = CASES[name]
         report, wall, rss, load, code = _answer(*case, args.level)

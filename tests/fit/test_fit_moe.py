@@ -104,3 +104,16 @@ def test_tiny_mixtral_step_fits_with_its_parameters_split_over_the_chips(tmp_pat
     # model FLOPs count the two experts a token runs through, not the four
     expected = 6 * active + 12 * 2 * seq * 64
     assert math.isclose(report.estimate.model_flops, expected * batch * seq, rel_tol=1e-9)
+
+
+def test_prims_div_lowering_divides_as_torch_does():
+    import numpy as np
+
+    from tpu_debug.runtime.ops.prims import div
+
+    a = torch.tensor([7, -7, 9, -9], dtype=torch.int32)
+    b = torch.tensor([2, 2, -4, -4], dtype=torch.int32)
+    x, y = torch.tensor([1.0, -3.0, 2.5]), torch.tensor([4.0, 2.0, -0.5])
+    # integers round toward zero (C division); floats divide exactly
+    np.testing.assert_array_equal(np.asarray(div(a.numpy(), b.numpy())), torch.ops.prims.div(a, b).numpy())
+    np.testing.assert_array_equal(np.asarray(div(x.numpy(), y.numpy())), torch.ops.prims.div(x, y).numpy())
