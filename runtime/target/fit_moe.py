@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["IMPLEMENTATION", "CAPACITY_FACTOR", "prepare", "is_moe", "idle_parameters"]
+__all__ = ["CAPACITY_FACTOR", "IMPLEMENTATION", "idle_parameters", "is_moe", "prepare"]
 
 IMPLEMENTATION = "tpu_debug_capacity"
 #: MaxText's capacity factor for a dropping MoE: each expert takes its even share of the choices
