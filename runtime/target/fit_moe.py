@@ -17,7 +17,8 @@ one-hot dispatch mask ``(batch, seq, experts, capacity)`` gathers them into
 and the combine mask (the dispatch mask times the router weights) sums them back.
 The experts' matmuls cost ``top_k x factor`` experts per token, not all of them; the
 dispatch and combine einsums add ``4 x seq x top_k x factor x hidden`` flops per
-token each way, and their masks are activations of the step.
+token in the forward (2 each; the backward twice that), and their masks are
+activations of the step.
 """
 
 from __future__ import annotations
