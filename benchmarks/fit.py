@@ -49,7 +49,8 @@ def _answer(model, target, plan, batch, seq, extra, level):
         env = {**os.environ, "TPU_DEBUG_TARGET_CACHE": cache}
         load = os.getloadavg()[0]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+                                text=True)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         out, err = proc.stdout.read(), proc.stderr.read()
@@ -73,13 +74,15 @@ def _row(name, case, level, report, wall, rss, load):
     est = report.get("estimate") or {}
     mfu = f"{100 * est['mfu']:.1f} %" if est.get("mfu") is not None else "-"
     flags = " ".join((*extra, level if level != "default" else "default effort"))
-    return (f"| {model} | {target} | {report.get('plan', plan)} ({flags}) | {batch // chips} x {seq} per chip "
-            f"| {mem} | {fits} | {mfu} | {wall:.0f} | {report.get('compile_seconds') or 0:.0f} | {rss / 1e9:.2f} "
-            f"| {load:.1f} |")
+    compile_s = report.get("compile_seconds") or 0
+    return (f"| {model} | {target} | {report.get('plan', plan)} ({flags}) "
+            f"| {batch // chips} x {seq} per chip | {mem} | {fits} | {mfu} | {wall:.0f} | {compile_s:.0f} "
+            f"| {rss / 1e9:.2f} | {load:.1f} |")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated case names: " + ", ".join(CASES))
     parser.add_argument("--level", default="O0", help="optimization level (O0 ... O3, or 'default')")
     args = parser.parse_args()

@@ -38,16 +38,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                                  max_position_embeddings=8192, rope_theta=500000.0)),
     # mistralai/Mixtral-8x7B-v0.1 config.json
-    "mixtral-8x7b": ("mixtral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                     num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
-                                     rope_theta=1000000.0, sliding_window=None)),
+    "mixtral-8x7b": ("mixtral", dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=32768, rope_theta=1000000.0, sliding_window=None)),
     # google/gemma-2-9b config.json
-    "gemma2-9b": ("gemma2", dict(vocab_size=256000, hidden_size=3584, intermediate_size=14336,
-                                 num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
-                                 max_position_embeddings=8192, sliding_window=4096, query_pre_attn_scalar=256,
-                                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                                 hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0)),
+    "gemma2-9b": ("gemma2", dict(
+        vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, max_position_embeddings=8192,
+        sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0)),
     "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }

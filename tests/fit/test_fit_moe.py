@@ -20,9 +20,9 @@ from tpu_debug.runtime.target._libtpu import _find_libtpu
 transformers = pytest.importorskip("transformers",
                                    reason="builds Hugging Face models: pip install -e '.[models]'")
 
-SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
-             use_cache=False)
+SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+             max_position_embeddings=128, use_cache=False)
 
 
 def _experts(seq):
