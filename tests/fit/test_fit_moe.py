@@ -1,4 +1,4 @@
-"""Mixture-of-experts configs in ``fit``: the capacity dispatch and a tiny Mixtral's step.
+"""Mixture-of-experts and Gemma 2 configs in ``fit``: the capacity dispatch, tiny Mixtral and Gemma 2 steps.
 
 References: transformers' own eager experts (``MixtralExperts`` looping over the experts
 that were hit) on PyTorch CPU with random weights, when no choice is dropped; for the
@@ -117,3 +117,21 @@ def test_prims_div_lowering_divides_as_torch_does():
     # integers round toward zero (C division); floats divide exactly
     np.testing.assert_array_equal(np.asarray(div(a.numpy(), b.numpy())), torch.ops.prims.div(a, b).numpy())
     np.testing.assert_array_equal(np.asarray(div(x.numpy(), y.numpy())), torch.ops.prims.div(x, y).numpy())
+
+
+@pytest.mark.skipif(not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"')
+def test_tiny_gemma2_step_fits_with_its_parameters_split_over_the_chips(tmp_path, monkeypatch):
+    import tpu_debug
+
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+    hidden, inter, vocab, heads, kv, head_dim = 64, 128, 256, 4, 2, 32
+    sizes = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
+                 num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, sliding_window=16,
+                 max_position_embeddings=128)
+    report = tpu_debug.fit({"model_type": "gemma2", **sizes}, "v5e-8", plan="fsdp", batch=8, seq=32)
+    # tied embedding and head; q, k, v, o; gate, up, down; four norms a layer and the final one
+    layer = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inter + 4 * hidden
+    total = vocab * hidden + 2 * layer + hidden
+    assert report.parameters == total
+    assert report.fits is True
+    assert report.memory.parameters == total * 2 // 8
