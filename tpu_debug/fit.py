@@ -415,7 +415,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target.fit_scan import compile_scan_step, trace_pieces
+    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
@@ -425,7 +425,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
                            optimization_level=optimization_level, cache=cache)
     c = fc.compile
-    collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
     keeps = ("only its input (activation checkpointing: the backward recomputes the layer)" if remat else
              "its matmul outputs, recomputing the elementwise ops (jax.checkpoint's dots_saveable)")
     gathers = "; FSDP weights gathered inside the loop, again in the backward" if plan.fsdp > 1 else ""
@@ -437,8 +437,12 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     if optimization_level in ("O0", "O1"):
         how += (f"; compiled at {optimization_level}, whose buffers are not the default level's: Llama-3-8B's "
                 "looped step needed 33.1 GiB per chip at O0 and O1, 28.9 at the default level (v6e-64, fsdp)")
+    passes = 0.0
+    if c.ok:  # the f32 dots' extra bf16 passes are read from the HLO, where the loop body is once
+        r = roofline(c)
+        passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
-                    fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0), how
+                    fc.batch_bytes, fc.unsharded, c.seconds, passes), how
 
 
 EXTRAPOLATE_ABOVE = 4
@@ -553,8 +557,11 @@ def ici_rate(tgt: Target) -> float | None:
     return None if bw is None else bw / 2 / tgt.generation.devices_per_chip
 
 
-def collective_costs(hlo: str, tgt: Target) -> tuple[CollectiveCost, ...]:
+def collective_costs(hlo: str, tgt: Target, repeats: dict[str, int] | None = None) -> tuple[CollectiveCost, ...]:
     """The compiled step's collectives by kind, with an ICI time estimate for each.
+
+    ``repeats``: instruction name -> runs per step, for instructions in loops (the looped
+    step's layer loops); a collective there counts that many times.
 
     A collective's bytes are the larger of what its result and its operands hold (an
     all-gather's result is operand x group, a reduce-scatter's operand result x group):
@@ -572,7 +579,7 @@ def collective_costs(hlo: str, tgt: Target) -> tuple[CollectiveCost, ...]:
             given *= n
         data = max(c.nbytes, given)
         wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
-        by_kind.setdefault(c.opcode, []).append((data, wire))
+        by_kind.setdefault(c.opcode, []).extend([(data, wire)] * (repeats or {}).get(c.instruction, 1))
     rate = ici_rate(tgt)
     costs = [CollectiveCost(kind, len(items), sum(d for d, _ in items), sum(w for _, w in items),
                             None if rate is None else sum(w for _, w in items) / rate)

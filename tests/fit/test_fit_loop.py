@@ -108,7 +108,7 @@ def test_the_looped_step_computes_pytorchs_training_step():
                                    err_msg=n)
 
 
-def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH):
+def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH, unroll=1):
     """The looped FSDP step written here and compiled with plain JAX."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -143,7 +143,8 @@ def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size
             w = [jax.lax.with_sharding_constraint(w[n], whole) for n in pieces.inner]
             return jax.lax.with_sharding_constraint(pieces.layer(*w, h, *side)[0], batch), None
 
-        hidden, _ = jax.lax.scan(jax.checkpoint(one_layer, policy=policy), jax.lax.with_sharding_constraint(hidden, batch), inner)
+        hidden, _ = jax.lax.scan(jax.checkpoint(one_layer, policy=policy),
+                                 jax.lax.with_sharding_constraint(hidden, batch), inner, unroll=unroll)
         return pieces.post(*o, *b, tokens, hidden, labels)[0]
 
     def step(params, buffers, m, v, count, tokens, labels):
@@ -274,3 +275,38 @@ def test_float32_master_weights_hold_parameters_and_state_in_float32():
     # the donated float32 parameters and state are in the compiler's arguments
     assert master.memory.arguments >= master.memory.parameters + master.memory.optimizer_state
     assert "kept in float32, cast to bfloat16 where read" in master.method
+
+
+@needs_libtpu
+def test_every_layer_counts_in_the_looped_steps_flops_and_collectives():
+    from tpu_debug.fit import _hf_traceable, collective_costs
+    from tpu_debug.runtime.target.fit import parse_plan
+    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats
+    from tpu_debug.runtime.target.hardware import parse_target
+
+    config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    tokens = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
+    from tpu_debug.runtime.target.fit_scan import trace_pieces
+
+    pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
+    target = parse_target("v5e-8")
+    fc = compile_scan_step(pieces, (BATCH, SEQ), target, parse_plan("fsdp", 8), optimization_level="O0",
+                           cache=False)
+    # the reference: the same step with its loop unrolled, so XLA's cost analysis sees every
+    # layer (it counts a loop's body once)
+    unrolled = _reference(model, unroll=6)
+    want = unrolled.cost_analysis()
+    want = want[0] if isinstance(want, (list, tuple)) else want
+    # the scale comes from the unoptimized programs' share of one layer, applied to the
+    # optimized program: XLA's simplifications move a few percent of the flops
+    assert fc.compile.cost.flops == pytest.approx(want["flops"], rel=0.05)
+    assert fc.flops_scale > 3  # one of six layers was counted before scaling
+    got = {c.kind: (c.count, c.bytes) for c in collective_costs(fc.compile.hlo, target,
+                                                                loop_repeats(fc.compile.hlo, 6))}
+    expected = _sibling("test_fit")._collectives(unrolled.as_text(), 8)
+    # the looped and the unrolled program move the same data; XLA combines the unrolled
+    # program's all-reduces differently, so counts may differ where bytes agree
+    assert got["all-gather"][1] == pytest.approx(expected["all-gather"][1], rel=0.05)
+    assert got["all-reduce"][1] == pytest.approx(expected["all-reduce"][1], rel=0.05)
