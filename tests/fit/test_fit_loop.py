@@ -225,11 +225,16 @@ def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topolog
     expected_params = sum(p.numel() * 2 // (chips if any(d % chips == 0 for d in p.shape) else 1)
                           for p in model.parameters())
     assert m.parameters == expected_params
-    expected = _sibling("test_fit")._collectives(compiled.as_text(), chips)
+    # collectives per step: every layer's, so the reference is the same step with its loop
+    # unrolled (the HLO of a loop holds its body once); XLA combines the unrolled program's
+    # collectives differently, so bytes are compared, within the 5 % the combining moves
+    unrolled = _reference(model, (1, chips), remat=remat, topology=topology, batch_size=chips,
+                          unroll=SIZES["num_hidden_layers"])
+    expected = _sibling("test_fit")._collectives(unrolled.as_text(), chips)
     got = {c.kind: (c.count, c.bytes) for c in report.collectives}
     assert set(got) == set(expected)
     for kind, (count, size) in expected.items():
-        assert got[kind][0] == count and _close(got[kind][1], size), (kind, got[kind], (count, size))
+        assert got[kind][1] == pytest.approx(size, rel=0.05), (kind, got[kind], (count, size))
 
 
 @needs_libtpu
