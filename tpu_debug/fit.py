@@ -36,6 +36,14 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3-70b": ("llama", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                                  max_position_embeddings=8192, rope_theta=500000.0)),
+    # mistralai/Mixtral-8x7B-v0.1 config.json
+    "mixtral-8x7b": ("mixtral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                     num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
+                                     rope_theta=1e6, sliding_window=None)),
+    "llama2-70b": ("llama", dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672,
+                                 num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                 max_position_embeddings=4096, rms_norm_eps=1e-5)),
     "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
@@ -224,6 +232,11 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
         raise TargetError(f"model {model!r}: give a Hugging Face config (LlamaConfig(...)), a config.json "
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
+    if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
+        # experts as one grouped matmul over the tokens each expert was routed (lowered to
+        # lax.ragged_dot, dropless, as MaxText's MoE on TPU): transformers' default loops over
+        # the experts with data-dependent indexing, which a trace without data cannot follow
+        config._experts_implementation = "grouped_mm"
     return config
 
 
@@ -262,6 +275,11 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
 
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     matmul = sum(p.numel() for p in model.parameters()) - embedding
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if experts and getattr(config, "num_experts_per_tok", None):
+        # a token runs through num_experts_per_tok of the experts: only their weights count
+        routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+        matmul -= routed - routed * config.num_experts_per_tok // experts
     layers = getattr(config, "num_hidden_layers", 0)
     head_dim = getattr(config, "head_dim", None)
     heads = getattr(config, "num_attention_heads", 0)
@@ -270,7 +288,8 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
     per_token = 3 * forward if job == "train" else forward
     text = (f"model FLOPs per token {'6' if job == 'train' else '2'}N + {'12' if job == 'train' else '4'}"
             f"·L·s·d (N = {matmul / 1e9:.3g} B non-embedding parameters, L = {layers}, s = {seq}, "
-            f"d = {width}; attention not halved for causality)")
+            f"d = {width}; attention not halved for causality"
+            + ("; N counts the experts a token is routed to" if experts else "") + ")")
     return float(per_token * tokens), text
 
 

@@ -35,7 +35,17 @@ def convert_element_type(a, dtype):
     return a.astype(jdtype(dtype))
 
 
-_LOWERINGS = {"fma": fma, "convert_element_type": convert_element_type}
+def div(a, b):
+    """``prims.div``: true division of floating point operands, division truncated toward zero
+    of integer ones (C's, not Python's floor): what decompositions of ``div(rounding_mode=
+    "trunc")`` leave (Mixtral's expert routing through ``histc``)."""
+    import jax
+
+    a, b = promote(a, b)
+    return jax.lax.div(a, b)
+
+
+_LOWERINGS = {"fma": fma, "convert_element_type": convert_element_type, "div": div}
 _lock = threading.Lock()
 
 

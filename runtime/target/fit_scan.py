@@ -119,7 +119,9 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
 
     from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
     from tpu_debug.runtime.dtypes import to_jax_dtype
+    from tpu_debug.runtime.ops import prims
 
+    prims.register()  # the prims lowerings the decompositions' graphs may hold
     found = layer_stack(model)
     if found is None:
         raise TargetError(f"{type(model).__name__}: no stack of identical decoder layers to run as a loop")

@@ -315,3 +315,26 @@ def test_every_layer_counts_in_the_looped_steps_flops_and_collectives():
     # program's all-reduces differently, so counts may differ where bytes agree
     assert got["all-gather"][1] == pytest.approx(expected["all-gather"][1], rel=0.05)
     assert got["all-reduce"][1] == pytest.approx(expected["all-reduce"][1], rel=0.05)
+
+
+@needs_libtpu
+def test_a_mixture_of_experts_runs_its_experts_as_one_grouped_matmul():
+    import tpu_debug
+
+    config = transformers.MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=128)
+    report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, optimization_level="O0")
+    assert report.fits is True and "one loop" in report.method
+    # parameters by hand from the config, each split 8 ways (every tensor has a dimension 8 divides)
+    h, i, e, layers = 64, 128, 4, 6
+    attention = h * h * 2 + 2 * h * (2 * 16)  # q and o: h x h; k and v: h x (2 heads x 16)
+    experts = e * (2 * i * h + h * i)  # gate_up and down per expert
+    per_layer = attention + experts + e * h + 2 * h  # + router, two norms
+    total = layers * per_layer + 2 * 256 * h + h  # + embedding, head, final norm
+    assert report.parameters == total
+    assert report.memory.parameters == total * 2 // 8
+    # model FLOPs count the 2 experts of 4 a token is routed to
+    active = layers * (attention + experts // 2 + e * h + 2 * h) + h + 256 * h  # the head is a matmul
+    tokens = BATCH * SEQ
+    assert report.estimate.model_flops == 3 * (2 * active + 4 * layers * SEQ * h) * tokens
