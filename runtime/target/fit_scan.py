@@ -198,7 +198,7 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
         out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
         return (out[0] if isinstance(out, tuple) else out,)
 
-    with torch.no_grad(), hf_traceable():
+    with torch.no_grad(), hf_traceable(), _attention_as_one_op():
         layer_gm = decomp(layer, *(fresh(layer_params[n]) for n in inner), fresh(hidden_meta),
                           *(fresh(v) for v in side_meta))
     layers = len(saved)
@@ -210,6 +210,87 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
                       _GraphProgram(layer_gm, "fit_layer", "inference"),
                       _GraphProgram(post_gm, "fit_post", "inference"),
                       outer, inner, buffers, specs, len(side_meta), layers, prefix)
+
+
+# queries per block of the layer's attention: MaxText's splash attention blocks are 512
+ATTENTION_BLOCK = 512
+_ATTENTION_OP = None
+
+
+def _attention_op():
+    """``tpu_debug::fit_attention``: scaled dot-product attention kept as one node in the
+    layer's trace (the aten decomposition materializes every score at once)."""
+    global _ATTENTION_OP
+    if _ATTENTION_OP is None:
+        import torch
+
+        from tpu_debug.runtime.ops.registry import lower
+
+        @torch.library.custom_op("tpu_debug::fit_attention", mutates_args=(), schema=(
+            "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) -> Tensor"))
+        def fit_attention(q, k, v, mask, is_causal, scale, gqa):
+            raise NotImplementedError("tpu_debug::fit_attention runs only in a fit's compiled layer")
+
+        @fit_attention.register_fake
+        def _(q, k, v, mask, is_causal, scale, gqa):
+            return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+        _ATTENTION_OP = torch.ops.tpu_debug.fit_attention.default
+        lower(_ATTENTION_OP)(blocked_attention)
+    return _ATTENTION_OP
+
+
+class _attention_as_one_op:
+    """While tracing a layer, ``F.scaled_dot_product_attention`` records one node."""
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        op = _attention_op()
+        self.saved = F.scaled_dot_product_attention
+
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            return op(q, k, v, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+
+        F.scaled_dot_product_attention = sdpa
+        return self
+
+    def __exit__(self, *exc):
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self.saved
+
+
+def blocked_attention(q, k, v, mask, is_causal: bool, scale: float | None, gqa: bool, block: int = ATTENTION_BLOCK):
+    """Attention a block of queries at a time, each block's scores recomputed in the backward
+    (``jax.checkpoint``): only one block's scores [batch, heads, block, keys] are live, as in a
+    flash attention kernel, and every flop is the standard attention's. In float32, as
+    PyTorch's math attention computes a bfloat16 one."""
+    seq, width = q.shape[-2], q.shape[-1]
+    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: each key head serves several
+        k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    scale = 1.0 / math.sqrt(width) if scale is None else scale
+    keys = jnp.arange(k.shape[-2])
+
+    @jax.checkpoint
+    def one(qb, start, mb):
+        scores = jnp.einsum("...qd,...kd->...qk", qb, k, preferred_element_type=jnp.float32) * scale
+        if is_causal:
+            rows = start + jnp.arange(qb.shape[-2])
+            scores = jnp.where(rows[:, None] >= keys[None, :], scores, -jnp.inf)
+        if mb is not None:
+            scores = jnp.where(mb, scores, -jnp.inf) if mb.dtype == jnp.bool_ else scores + mb
+        probs = jax.nn.softmax(scores, axis=-1)
+        return jnp.einsum("...qk,...kd->...qd", probs, v.astype(jnp.float32)).astype(q.dtype)
+
+    size = block if seq % block == 0 else seq
+    outs = []
+    for start in range(0, seq, size):  # unrolled: XLA's cost analysis counts a loop body once
+        mb = None if mask is None else jax.lax.slice_in_dim(mask, start, start + size, axis=-2) \
+            if mask.shape[-2] == seq else mask
+        outs.append(one(jax.lax.slice_in_dim(q, start, start + size, axis=-2), start, mb))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-2)
 
 
 def _adamw(p, g, m, v, count, *, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):

@@ -338,3 +338,24 @@ def test_a_mixture_of_experts_runs_its_experts_as_one_grouped_matmul():
     active = layers * (attention + experts // 2 + e * h + 2 * h) + h + 256 * h  # the head is a matmul
     tokens = BATCH * SEQ
     assert report.estimate.model_flops == 3 * (2 * active + 4 * layers * SEQ * h) * tokens
+
+
+@pytest.mark.parametrize(("causal", "masked", "heads_kv"), [(True, False, 2), (False, True, 4), (True, False, 4)])
+def test_blocked_attention_computes_pytorchs_attention(causal, masked, heads_kv):
+    from tpu_debug.runtime.target.fit_scan import blocked_attention
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 32, 16, generator=g)
+    k = torch.randn(2, heads_kv, 32, 16, generator=g)
+    v = torch.randn(2, heads_kv, 32, 16, generator=g)
+    mask = torch.rand(2, 1, 32, 32, generator=g) > 0.3 if masked else None
+    if masked:
+        mask[..., 0] = True  # every query sees a key (a row of -inf has no softmax)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=0.2,
+                                          enable_gqa=heads_kv != 4)
+    # four blocks of 8 queries: each block's softmax runs over every key, so blocking changes
+    # no sum; float32 on both sides, sums of 32 terms
+    got = blocked_attention(jnp.asarray(q.numpy()), jnp.asarray(k.numpy()), jnp.asarray(v.numpy()),
+                            None if mask is None else jnp.asarray(mask.numpy()), causal, 0.2, heads_kv != 4,
+                            block=8)
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-6)
