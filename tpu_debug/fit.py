@@ -25,7 +25,7 @@ from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
 
-__all__ = ["fit", "search", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
+__all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
 
 #: Hugging Face configs by name (sizes from the models' published config.json files)
@@ -446,7 +446,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
     keeps = ("only its input (activation checkpointing: the backward recomputes the layer)" if remat else
-             "its matmul outputs, recomputing the elementwise ops (jax.checkpoint's dots_saveable)")
+             "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
+             "(jax.checkpoint's dots_with_no_batch_dims_saveable)")
     gathers = "; FSDP weights gathered inside the loop, again in the backward" if plan.fsdp > 1 else ""
     how = (f"the {pieces.layers} decoder layers as one loop over their stacked parameters (jax.lax.scan, "
            f"every layer in the program, one compiled; backward by JAX's autodiff); each layer keeps {keeps} "
@@ -734,18 +735,19 @@ class PlanSearch:
         b = self.best
         answer = f"{b.target.name}, plan {b.plan}, batch {b.batch}" if b else "no candidate fits"
         lines = [f"{self.question}: {answer}"]
-        lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6}  {'fits':<5} {'needs/chip':>11} {'of':>10}  "
-                     f"{'step~':>9} {'MFU~':>6}")
+        lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6} {'remat':<5}  {'fits':<5} {'needs/chip':>11} "
+                     f"{'of':>10}  {'step~':>9} {'MFU~':>6}")
         for r in self.candidates:
             e = r.estimate
-            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6}  {str(r.fits):<5} "
+            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {str(remat_of(r)):<5}  {str(r.fits):<5} "
                          f"{_size(r.required):>11} {_size(r.capacity):>10}  "
                          f"{_time(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
         return "\n".join(lines)
 
 
 def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", *, plan: str = "fsdp",
-           batch: int = 8, seq: int = 2048, max_batch: int = 4096, **options: Any) -> PlanSearch:
+           batch: int = 8, seq: int = 2048, max_batch: int = 4096, with_remat: bool = False,
+           **options: Any) -> PlanSearch:
     """Compile candidates to find the smallest slice that fits, or the largest batch.
 
     Args:
@@ -755,6 +757,9 @@ def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", 
             ``"batch"``: on ``target``, the batch doubled from ``batch`` until a step
             does not fit (or ``max_batch``).
         plan: one axis name (``"fsdp"``, ``"dp"``) for ``"slice"``; any plan for ``"batch"``.
+        with_remat: also compile each candidate with activation checkpointing (``remat=True``):
+            a slice that fits only with it is recommended with it; the largest batch is the
+            largest either way.
         options: as ``fit`` (``job``, ``dtype``, ``overrides``, ``optimization_level``, ...).
 
     Raises:
@@ -770,20 +775,88 @@ def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", 
             candidate = parse_target(f"{gen.name}-{count}")
             if plan != "tp" and batch % candidate.devices:
                 continue
-            reports.append(fit(model_or_config, candidate, plan=plan, batch=batch, seq=seq, **options))
-            if reports[-1].fits:
-                return PlanSearch("smallest slice", tuple(reports), reports[-1])
+            for remat in (False, True) if with_remat else (False,):
+                reports.append(fit(model_or_config, candidate, plan=plan, batch=batch, seq=seq,
+                                   **{**options, **({"remat": True} if remat else {})}))
+                if reports[-1].fits:
+                    return PlanSearch("smallest slice", tuple(reports), reports[-1])
         return PlanSearch("smallest slice", tuple(reports), None)
     if question != "batch":
         raise TargetError(f"search {question!r}: ask 'slice' (the smallest slice that fits) or 'batch' "
                           "(the largest batch)")
-    size, best = batch, None
-    while size <= max_batch:
-        reports.append(fit(model_or_config, tgt, plan=plan, batch=size, seq=seq, **options))
-        if not reports[-1].fits:
-            break
-        best, size = reports[-1], size * 2
+    best = None
+    for remat in (False, True) if with_remat else (False,):
+        size = batch
+        while size <= max_batch:
+            reports.append(fit(model_or_config, tgt, plan=plan, batch=size, seq=seq,
+                               **{**options, **({"remat": True} if remat else {})}))
+            if not reports[-1].fits:
+                break
+            if best is None or size > best.batch:
+                best = reports[-1]
+            size *= 2
     return PlanSearch("largest batch", tuple(reports), best)
+
+
+def remat_of(report: FitReport) -> bool:
+    """Whether the answer's step checkpointed its layers' activations."""
+    return bool(report.method and "activation checkpointing" in report.method)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fixes:
+    """What would make a step fit, each compiled: ``(what was changed, its answer)``, the
+    recommended first (the first that fits, in the order tried); ``best`` is it or None."""
+
+    original: FitReport
+    tried: tuple[tuple[str, FitReport], ...]
+
+    @property
+    def best(self) -> tuple[str, FitReport] | None:
+        return next(((what, r) for what, r in self.tried if r.fits), None)
+
+    def render(self) -> str:
+        lines = [f"fixes for {self.original.model} on {self.original.target.name} "
+                 f"(needs {_size(self.original.required)} of {_size(self.original.capacity)} per chip), "
+                 "each compiled:"]
+        for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
+            verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
+            lines.append(f"  {what:<52} needs {_size(r.required):>11} of {_size(r.capacity):>10}: {verdict}")
+        best = self.best
+        lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
+        return "\n".join(lines)
+
+
+def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "fsdp", batch: int = 8,
+          seq: int = 2048, **options: Any) -> Fixes:
+    """Compile the step with each change that could make it fit, cheapest first.
+
+    The changes, in this order (what each costs): activation checkpointing (about one more
+    forward of compute; a step of identical layers), float32 parameters to bfloat16 (when
+    float32), float32 master weights dropped (when kept), the next slice of the generation
+    with the plan's axes over it (more chips), half the global batch (fewer sequences a step).
+    Each is a ``fit`` with that change; the original is compiled first.
+    """
+    tgt = parse_target(target)
+    original = fit(model_or_config, tgt, plan=plan, batch=batch, seq=seq, **options)
+    changes: list[tuple[str, dict]] = []
+    if not options.get("remat"):
+        changes.append(("activation checkpointing (--remat)", {"remat": True}))
+    if options.get("dtype", "bfloat16") == "float32":
+        changes.append(("bfloat16 parameters (--dtype bfloat16)", {"dtype": "bfloat16"}))
+    if options.get("master_dtype"):
+        changes.append(("no float32 master weights", {"master_dtype": None}))
+    bigger = sorted(n for n in tgt.generation.slices if n > tgt.devices)
+    if bigger and "=" not in str(plan) and batch % bigger[0] == 0:
+        changes.append((f"{tgt.generation.name}-{bigger[0]} ({plan} over {bigger[0]} chips)",
+                        {"target": f"{tgt.generation.name}-{bigger[0]}"}))
+    if batch // 2 and (batch // 2) % parse_plan(plan, tgt.devices).batch_ways == 0:
+        changes.append((f"batch {batch // 2} (half)", {"batch": batch // 2}))
+    tried = []
+    for what, change in changes:
+        args = {"target": tgt, "plan": plan, "batch": batch, "seq": seq, **options, **change}
+        tried.append((what, fit(model_or_config, args.pop("target"), **args)))
+    return Fixes(original, tuple(tried))
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None):

@@ -302,12 +302,12 @@ def _adamw(p, g, m, v, count, *, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_dec
     return p, m, v
 
 
-# what a layer keeps for its backward: the outputs of its matmuls (the elementwise ops between
-# them are recomputed, as XLA's fusions recompute them in the unrolled step); not the weights
-# FSDP gathered, which are gathered again. Measured against the unrolled step's compile, it
-# keeps somewhat more (docs/fit.md, "Layers as a loop"); the alternatives measured keep far
-# more (everything autodiff saves) or far less (no batched matmul: the attention scores).
-SAVE = jax.checkpoint_policies.dots_saveable
+# what a layer keeps for its backward: the outputs of its weight matmuls (the elementwise
+# ops between them are recomputed, as XLA's fusions recompute them in the unrolled step);
+# not the attention's batched matmuls (scores, recomputed a block at a time by
+# blocked_attention, as a flash kernel does) and not the weights FSDP gathered (gathered
+# again)
+SAVE = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 # activation checkpointing: only each layer's input (the loop's carry) is kept
 REMAT = jax.checkpoint_policies.nothing_saveable
 

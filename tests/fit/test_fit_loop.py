@@ -132,7 +132,8 @@ def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size
         return NamedSharding(mesh, P(None, *spec) if n in pieces.inner else P(*spec))
 
     sharding = {n: split(n) for n in (*pieces.outer, *pieces.inner)}
-    policy = jax.checkpoint_policies.nothing_saveable if remat else jax.checkpoint_policies.dots_saveable
+    policy = (jax.checkpoint_policies.nothing_saveable if remat
+              else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
     def loss_of(outer, inner, buffers, tokens, labels):
         o = [outer[n] for n in pieces.outer]
