@@ -41,6 +41,12 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                                      num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
                                      rope_theta=1e6, sliding_window=None)),
+    # google/gemma-2-9b config.json
+    "gemma2-9b": ("gemma2", dict(
+        vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, max_position_embeddings=8192,
+        sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0)),
     "llama2-70b": ("llama", dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672,
                                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                                  max_position_embeddings=4096, rms_norm_eps=1e-5)),

@@ -360,3 +360,23 @@ def test_blocked_attention_computes_pytorchs_attention(causal, masked, heads_kv)
                             None if mask is None else jnp.asarray(mask.numpy()), causal, 0.2, heads_kv != 4,
                             block=8)
     np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_libtpu
+def test_gemma2_alternating_layers_compile_unrolled_with_their_parameters_split():
+    import tpu_debug
+
+    hidden, inter, vocab, heads, kv, head_dim = 64, 128, 256, 4, 2, 32
+    sizes = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=6,
+                 num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, sliding_window=16,
+                 max_position_embeddings=128)
+    report = tpu_debug.fit({"model_type": "gemma2", **sizes}, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ,
+                           optimization_level="O0")
+    # sliding-window and global layers alternate: no loop of identical layers, every layer in line
+    assert report.method is None and report.extrapolation is None
+    # tied embedding and head; q, k, v, o; gate, up, down; four norms a layer and the final one
+    layer = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inter + 4 * hidden
+    total = vocab * hidden + 6 * layer + hidden
+    assert report.parameters == total
+    assert report.fits is True
+    assert report.memory.parameters == total * 2 // 8

@@ -20,7 +20,8 @@ def _override(text: str) -> tuple[str, object]:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, tiny-llama) or a Hugging Face "
+    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, llama2-70b, mixtral-8x7b, gemma2-9b, "
+                        "tiny-llama) or a Hugging Face "
                         "config.json path; nothing is downloaded and no weights are made")
     parser.add_argument("--target", default="v5e-8",
                         help="the TPU slice (v5e-8, v6e-256, v5p-128; default v5e-8)")
