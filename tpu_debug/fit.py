@@ -22,11 +22,10 @@ from typing import Any
 
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.runtime.target import fit_moe
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
 
-__all__ = ["fit", "search", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
+__all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
 
 #: Hugging Face configs by name (sizes from the models' published config.json files)
@@ -38,16 +37,19 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                                  max_position_embeddings=8192, rope_theta=500000.0)),
     # mistralai/Mixtral-8x7B-v0.1 config.json
-    "mixtral-8x7b": ("mixtral", dict(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=32768, rope_theta=1000000.0, sliding_window=None)),
+    "mixtral-8x7b": ("mixtral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                     num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
+                                     rope_theta=1e6, sliding_window=None)),
     # google/gemma-2-9b config.json
     "gemma2-9b": ("gemma2", dict(
         vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
         num_attention_heads=16, num_key_value_heads=8, head_dim=256, max_position_embeddings=8192,
         sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0)),
+    "llama2-70b": ("llama", dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672,
+                                 num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                 max_position_embeddings=4096, rms_norm_eps=1e-5)),
     "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
@@ -236,6 +238,11 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
         raise TargetError(f"model {model!r}: give a Hugging Face config (LlamaConfig(...)), a config.json "
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
+    if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
+        # experts as one grouped matmul over the tokens each expert was routed (lowered to
+        # lax.ragged_dot, dropless, as MaxText's MoE on TPU): transformers' default loops over
+        # the experts with data-dependent indexing, which a trace without data cannot follow
+        config._experts_implementation = "grouped_mm"
     return config
 
 
@@ -273,8 +280,12 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
     import torch.nn as nn
 
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
-    # an MoE layer's token runs through top_k of its experts: only those count
-    matmul = sum(p.numel() for p in model.parameters()) - embedding - fit_moe.idle_parameters(model, config)
+    matmul = sum(p.numel() for p in model.parameters()) - embedding
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if experts and getattr(config, "num_experts_per_tok", None):
+        # a token runs through num_experts_per_tok of the experts: only their weights count
+        routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+        matmul -= routed - routed * config.num_experts_per_tok // experts
     layers = getattr(config, "num_hidden_layers", 0)
     head_dim = getattr(config, "head_dim", None)
     heads = getattr(config, "num_attention_heads", 0)
@@ -283,7 +294,8 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
     per_token = 3 * forward if job == "train" else forward
     text = (f"model FLOPs per token {'6' if job == 'train' else '2'}N + {'12' if job == 'train' else '4'}"
             f"·L·s·d (N = {matmul / 1e9:.3g} B non-embedding parameters, L = {layers}, s = {seq}, "
-            f"d = {width}; attention not halved for causality)")
+            f"d = {width}; attention not halved for causality"
+            + ("; N counts the experts a token is routed to" if experts else "") + ")")
     return float(per_token * tokens), text
 
 
@@ -361,7 +373,6 @@ def fit(
         raise TargetError(f"batch {batch} does not split over dp x fsdp = {chosen.batch_ways} chips: "
                           f"use a multiple of {chosen.batch_ways}")
     config = build_config(model_or_config, overrides)
-    fit_moe.prepare(config, seq)
     layers = getattr(config, "num_hidden_layers", 0)
     if extrapolate and job == "train":
         raise TargetError(
@@ -429,7 +440,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target.fit_scan import compile_scan_step, trace_pieces
+    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
@@ -439,9 +450,10 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
                            optimization_level=optimization_level, cache=cache)
     c = fc.compile
-    collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
     keeps = ("only its input (activation checkpointing: the backward recomputes the layer)" if remat else
-             "its matmul outputs, recomputing the elementwise ops (jax.checkpoint's dots_saveable)")
+             "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
+             "(jax.checkpoint's dots_with_no_batch_dims_saveable)")
     gathers = "; FSDP weights gathered inside the loop, again in the backward" if plan.fsdp > 1 else ""
     how = (f"the {pieces.layers} decoder layers as one loop over their stacked parameters (jax.lax.scan, "
            f"every layer in the program, one compiled; backward by JAX's autodiff); each layer keeps {keeps} "
@@ -450,9 +462,13 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
     if optimization_level in ("O0", "O1"):
         how += (f"; compiled at {optimization_level}, whose buffers are not the default level's: Llama-3-8B's "
-                "looped step needed 33.1 GiB per chip at O0 and O1, 28.9 at the default level (v6e-64, fsdp)")
+                "looped step needed 16.7 GiB per chip at O0, 11.8 at the default level (v6e-64, fsdp)")
+    passes = 0.0
+    if c.ok:  # the f32 dots' extra bf16 passes are read from the HLO, where the loop body is once
+        r = roofline(c)
+        passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
-                    fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0), how
+                    fc.batch_bytes, fc.unsharded, c.seconds, passes), how
 
 
 EXTRAPOLATE_ABOVE = 4
@@ -567,8 +583,11 @@ def ici_rate(tgt: Target) -> float | None:
     return None if bw is None else bw / 2 / tgt.generation.devices_per_chip
 
 
-def collective_costs(hlo: str, tgt: Target) -> tuple[CollectiveCost, ...]:
+def collective_costs(hlo: str, tgt: Target, repeats: dict[str, int] | None = None) -> tuple[CollectiveCost, ...]:
     """The compiled step's collectives by kind, with an ICI time estimate for each.
+
+    ``repeats``: instruction name -> runs per step, for instructions in loops (the looped
+    step's layer loops); a collective there counts that many times.
 
     A collective's bytes are the larger of what its result and its operands hold (an
     all-gather's result is operand x group, a reduce-scatter's operand result x group):
@@ -586,7 +605,7 @@ def collective_costs(hlo: str, tgt: Target) -> tuple[CollectiveCost, ...]:
             given *= n
         data = max(c.nbytes, given)
         wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
-        by_kind.setdefault(c.opcode, []).append((data, wire))
+        by_kind.setdefault(c.opcode, []).extend([(data, wire)] * (repeats or {}).get(c.instruction, 1))
     rate = ici_rate(tgt)
     costs = [CollectiveCost(kind, len(items), sum(d for d, _ in items), sum(w for _, w in items),
                             None if rate is None else sum(w for _, w in items) / rate)
@@ -722,18 +741,19 @@ class PlanSearch:
         b = self.best
         answer = f"{b.target.name}, plan {b.plan}, batch {b.batch}" if b else "no candidate fits"
         lines = [f"{self.question}: {answer}"]
-        lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6}  {'fits':<5} {'needs/chip':>11} {'of':>10}  "
-                     f"{'step~':>9} {'MFU~':>6}")
+        lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6} {'remat':<5}  {'fits':<5} {'needs/chip':>11} "
+                     f"{'of':>10}  {'step~':>9} {'MFU~':>6}")
         for r in self.candidates:
             e = r.estimate
-            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6}  {str(r.fits):<5} "
+            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {str(remat_of(r)):<5}  {str(r.fits):<5} "
                          f"{_size(r.required):>11} {_size(r.capacity):>10}  "
                          f"{_time(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
         return "\n".join(lines)
 
 
 def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", *, plan: str = "fsdp",
-           batch: int = 8, seq: int = 2048, max_batch: int = 4096, **options: Any) -> PlanSearch:
+           batch: int = 8, seq: int = 2048, max_batch: int = 4096, with_remat: bool = False,
+           **options: Any) -> PlanSearch:
     """Compile candidates to find the smallest slice that fits, or the largest batch.
 
     Args:
@@ -743,6 +763,9 @@ def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", 
             ``"batch"``: on ``target``, the batch doubled from ``batch`` until a step
             does not fit (or ``max_batch``).
         plan: one axis name (``"fsdp"``, ``"dp"``) for ``"slice"``; any plan for ``"batch"``.
+        with_remat: also compile each candidate with activation checkpointing (``remat=True``):
+            a slice that fits only with it is recommended with it; the largest batch is the
+            largest either way.
         options: as ``fit`` (``job``, ``dtype``, ``overrides``, ``optimization_level``, ...).
 
     Raises:
@@ -758,20 +781,88 @@ def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", 
             candidate = parse_target(f"{gen.name}-{count}")
             if plan != "tp" and batch % candidate.devices:
                 continue
-            reports.append(fit(model_or_config, candidate, plan=plan, batch=batch, seq=seq, **options))
-            if reports[-1].fits:
-                return PlanSearch("smallest slice", tuple(reports), reports[-1])
+            for remat in (False, True) if with_remat else (False,):
+                reports.append(fit(model_or_config, candidate, plan=plan, batch=batch, seq=seq,
+                                   **{**options, **({"remat": True} if remat else {})}))
+                if reports[-1].fits:
+                    return PlanSearch("smallest slice", tuple(reports), reports[-1])
         return PlanSearch("smallest slice", tuple(reports), None)
     if question != "batch":
         raise TargetError(f"search {question!r}: ask 'slice' (the smallest slice that fits) or 'batch' "
                           "(the largest batch)")
-    size, best = batch, None
-    while size <= max_batch:
-        reports.append(fit(model_or_config, tgt, plan=plan, batch=size, seq=seq, **options))
-        if not reports[-1].fits:
-            break
-        best, size = reports[-1], size * 2
+    best = None
+    for remat in (False, True) if with_remat else (False,):
+        size = batch
+        while size <= max_batch:
+            reports.append(fit(model_or_config, tgt, plan=plan, batch=size, seq=seq,
+                               **{**options, **({"remat": True} if remat else {})}))
+            if not reports[-1].fits:
+                break
+            if best is None or size > best.batch:
+                best = reports[-1]
+            size *= 2
     return PlanSearch("largest batch", tuple(reports), best)
+
+
+def remat_of(report: FitReport) -> bool:
+    """Whether the answer's step checkpointed its layers' activations."""
+    return bool(report.method and "activation checkpointing" in report.method)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fixes:
+    """What would make a step fit, each compiled: ``(what was changed, its answer)``, the
+    recommended first (the first that fits, in the order tried); ``best`` is it or None."""
+
+    original: FitReport
+    tried: tuple[tuple[str, FitReport], ...]
+
+    @property
+    def best(self) -> tuple[str, FitReport] | None:
+        return next(((what, r) for what, r in self.tried if r.fits), None)
+
+    def render(self) -> str:
+        lines = [f"fixes for {self.original.model} on {self.original.target.name} "
+                 f"(needs {_size(self.original.required)} of {_size(self.original.capacity)} per chip), "
+                 "each compiled:"]
+        for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
+            verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
+            lines.append(f"  {what:<52} needs {_size(r.required):>11} of {_size(r.capacity):>10}: {verdict}")
+        best = self.best
+        lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
+        return "\n".join(lines)
+
+
+def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "fsdp", batch: int = 8,
+          seq: int = 2048, **options: Any) -> Fixes:
+    """Compile the step with each change that could make it fit, cheapest first.
+
+    The changes, in this order (what each costs): activation checkpointing (about one more
+    forward of compute; a step of identical layers), float32 parameters to bfloat16 (when
+    float32), float32 master weights dropped (when kept), the next slice of the generation
+    with the plan's axes over it (more chips), half the global batch (fewer sequences a step).
+    Each is a ``fit`` with that change; the original is compiled first.
+    """
+    tgt = parse_target(target)
+    original = fit(model_or_config, tgt, plan=plan, batch=batch, seq=seq, **options)
+    changes: list[tuple[str, dict]] = []
+    if not options.get("remat"):
+        changes.append(("activation checkpointing (--remat)", {"remat": True}))
+    if options.get("dtype", "bfloat16") == "float32":
+        changes.append(("bfloat16 parameters (--dtype bfloat16)", {"dtype": "bfloat16"}))
+    if options.get("master_dtype"):
+        changes.append(("no float32 master weights", {"master_dtype": None}))
+    bigger = sorted(n for n in tgt.generation.slices if n > tgt.devices)
+    if bigger and "=" not in str(plan) and batch % bigger[0] == 0:
+        changes.append((f"{tgt.generation.name}-{bigger[0]} ({plan} over {bigger[0]} chips)",
+                        {"target": f"{tgt.generation.name}-{bigger[0]}"}))
+    if batch // 2 and (batch // 2) % parse_plan(plan, tgt.devices).batch_ways == 0:
+        changes.append((f"batch {batch // 2} (half)", {"batch": batch // 2}))
+    tried = []
+    for what, change in changes:
+        args = {"target": tgt, "plan": plan, "batch": batch, "seq": seq, **options, **change}
+        tried.append((what, fit(model_or_config, args.pop("target"), **args)))
+    return Fixes(original, tuple(tried))
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None):

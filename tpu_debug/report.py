@@ -220,7 +220,19 @@ def _render_run(d: dict, terminal: bool) -> RenderableType:
         ("mode", ", ".join(d["modes"]) if d["modes"] else "no device ops ran"),
         ("versions", f"tpu_debug {v['tpu_debug']}, torch {v['torch']}, jax {v['jax']}, jaxlib {v['jaxlib']}"),
     ]
+    if d.get("imported_from"):
+        versions = f"torch {v['torch']}" if v["torch"] else NOT_MEASURED
+        rows[5:] = [("imported from", d["imported_from"]),
+                    ("platform", NOT_MEASURED), ("mode", ", ".join(d["modes"]) or "-"), ("versions", versions)]
     return _kv(rows)
+
+
+# what an imported TORCH_TRACE log cannot say (it records compiles, guards and graph breaks)
+NOT_MEASURED = "not in an imported TORCH_TRACE log"
+
+
+def _imported(session: Any) -> bool:
+    return bool(getattr(session.metadata(), "imported_from", None))
 
 
 @section("Run", order=0, key="run", render=_render_run)
@@ -242,6 +254,7 @@ def _run(session: Any) -> dict[str, Any]:
         "device_kind": m.device_kind,
         "device_count": m.device_count,
         "modes": session.modes(),
+        "imported_from": m.imported_from,
         "versions": {
             "tpu_debug": m.tpu_debug_version,
             "torch": m.torch_version,
@@ -422,14 +435,15 @@ def _render_steps(d: dict, terminal: bool) -> RenderableType:
             str(s["index"]),
             s["phase"] if s["phase"] != STEADY or s["compiles"] == 0 else "steady (compiles)",
             format_seconds(s["seconds"]),
-            f"{s['eager_ops'] + s['graph_runs']:,}",
-            format_seconds(s["op_seconds"]),
+            "-" if s["eager_ops"] is None else f"{s['eager_ops'] + s['graph_runs']:,}",
+            "-" if s["op_seconds"] is None else format_seconds(s["op_seconds"]),
             str(s["compiles"]),
             format_seconds(s["compile_seconds"]),
-            str(s["transfers"]),
-            format_bytes(s["transfer_bytes"]),
+            "-" if s["transfers"] is None else str(s["transfers"]),
+            "-" if s["transfer_bytes"] is None else format_bytes(s["transfer_bytes"]),
         )
-    note = _note("time: from one step's end to the next; dispatch: host time running its ops (session.steps() has every step)")
+    note = _note("time: from one step's end to the next; dispatch: host time running its ops (session.steps() has every step)"
+                 + ("; -: " + NOT_MEASURED if d["per_step"][0]["eager_ops"] is None else ""))
     return Group(_kv(_steps_rows(d)), table, note)
 
 
@@ -452,7 +466,19 @@ def _phases(steps: list) -> list[str]:
     return step_phases(steps)
 
 
-def _step_data(s: Any, phase: str) -> dict[str, Any]:
+# a step's figures a TORCH_TRACE log does not record (None in an imported run's data)
+_UNLOGGED_STEP = ("eager_ops", "graph_runs", "op_seconds", "transfers", "transfer_bytes", "transfer_seconds",
+                  "fallbacks")
+
+
+def _step_data(s: Any, phase: str, imported: bool = False) -> dict[str, Any]:
+    data = _step_fields(s, phase)
+    if imported:
+        data.update(dict.fromkeys(_UNLOGGED_STEP))
+    return data
+
+
+def _step_fields(s: Any, phase: str) -> dict[str, Any]:
     return {
         "index": s.index,
         "detected": s.detected,
@@ -497,14 +523,14 @@ def _steps(session: Any) -> dict[str, Any]:
             "steady": totals(summary.steady_compiles),
             "outside": totals(summary.tail),
         },
-        "per_step": [_step_data(s, phase) for s, phase in zip(steps, phases)],
+        "per_step": [_step_data(s, phase, _imported(session)) for s, phase in zip(steps, phases)],
     }
 
 
 def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
     if not ops:
         return _note("no ops recorded")
-    total = sum(o["seconds"] for o in ops) or 1.0
+    total = sum(o["seconds"] or 0.0 for o in ops) or 1.0
     table = _table(
         terminal,
         ("op", "left"),
@@ -515,31 +541,35 @@ def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
         ("% time", "right"),
         ("compiles", "right"),
     )
+    unlogged = ops[0]["count"] is None
     for o in ops[:15]:
+        timed = o["count"] is not None
         table.add_row(
             Text(o["name"]),
             Text(o["mode"]),
-            str(o["count"]),
-            format_seconds(o["seconds"]),
-            format_seconds(o["seconds"] / o["count"] if o["count"] else 0.0),
-            f"{100 * o['seconds'] / total:.1f}",
+            str(o["count"]) if timed else "-",
+            format_seconds(o["seconds"]) if timed else "-",
+            (format_seconds(o["seconds"] / o["count"] if o["count"] else 0.0)) if timed else "-",
+            f"{100 * o['seconds'] / total:.1f}" if timed else "-",
             str(o["compiles"]),
         )
     parts: list[RenderableType] = [table]
     if len(ops) > 15:
         parts.append(_note(f"... and {len(ops) - 15} more ops"))
-    parts.append(_note("time is host time to dispatch each executable (device work runs asynchronously)"))
+    parts.append(_note(f"calls and time: {NOT_MEASURED} (it records compiles)" if unlogged else
+                       "time is host time to dispatch each executable (device work runs asynchronously)"))
     return Group(*parts)
 
 
 @section("Top ops by time", order=10, key="ops", render=_render_ops)
 def _ops(session: Any) -> list[dict[str, Any]]:
+    imported = _imported(session)
     return [
         {
             "name": o.name,
             "mode": o.mode,
-            "count": o.count,
-            "seconds": o.seconds,
+            "count": None if imported else o.count,
+            "seconds": None if imported else o.seconds,
             "compiles": o.compiles,
             "compile_seconds": o.compile_seconds,
             "programs": o.programs,
@@ -775,6 +805,8 @@ def _render_transfers(d: dict, terminal: bool) -> RenderableType:
     # the ledger by call site, implicit (syncs) first; which of them to fix is the Findings'
     from tpu_debug.tracers.transfers import CAUSE_TEXT
 
+    if d.get("imported"):
+        return _note(f"transfers: {NOT_MEASURED}")
     if not d["count"]:
         return _note("no host <-> device transfers recorded")
     head = (
@@ -811,6 +843,8 @@ def _render_transfers(d: dict, terminal: bool) -> RenderableType:
 
 @section("Transfers", order=50, key="transfers", render=_render_transfers)
 def _transfers(session: Any) -> dict[str, Any]:
+    if _imported(session):
+        return {"imported": True, "count": None, "bytes": None, "seconds": None, "implicit": None, "sites": []}
     transfers = session.transfers()
     return {
         "count": len(transfers),

@@ -96,6 +96,9 @@ class RunMetadata:
     # why recording stopped early (the disk filled, say), and events never written
     recording_error: str | None = None
     dropped_events: int = 0
+    # the log a run was imported from (``tpu-debug import-trace``): such a run holds what the
+    # log records (compiles, guards, graph breaks), no op executions, transfers or platform
+    imported_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -325,6 +328,7 @@ class RunQuery:
             options=dict(raw.get("options", {})),
             recording_error=raw.get(META_RECORDING_ERROR),
             dropped_events=int(raw.get(META_DROPPED) or 0),
+            imported_from=raw.get("imported_from"),
         )
 
     def capped_counts(self, kind: str) -> dict[str, int]:

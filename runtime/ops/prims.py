@@ -36,16 +36,13 @@ def convert_element_type(a, dtype):
 
 
 def div(a, b):
-    """``prims.div``: true division of floats, division rounded toward zero of integers (the
-    decomposition of an in-place ``div_``, as a router's ``weights /= weights.sum(-1)``)."""
-    import jax.numpy as jnp
-    from jax import lax
+    """``prims.div``: true division of floating point operands, division truncated toward zero
+    of integer ones (C's, not Python's floor): what decompositions of ``div(rounding_mode=
+    "trunc")`` leave (Mixtral's expert routing through ``histc``)."""
+    import jax
 
     a, b = promote(a, b)
-    if jnp.issubdtype(jnp.result_type(a), jnp.integer):
-        a, b = jnp.broadcast_arrays(a, b)
-        return lax.div(a, b)
-    return a / b
+    return jax.lax.div(a, b)
 
 
 _LOWERINGS = {"fma": fma, "convert_element_type": convert_element_type, "div": div}

@@ -164,6 +164,7 @@ class FitCompile:
         state_bytes: one chip's share of the optimizer state.
         batch_bytes: one chip's share of the step's inputs (tokens, labels).
         unsharded: parameters no axis could split (kept whole on every chip).
+        flops_scale: how much the compile's cost was scaled to count every loop iteration.
     """
 
     compile: TargetCompile
@@ -173,6 +174,7 @@ class FitCompile:
     state_bytes: int
     batch_bytes: int
     unsharded: tuple[str, ...]
+    flops_scale: float = 1.0  # the looped step: its flops with every layer / XLA's (one layer counted)
 
 
 def _mesh(target: Target, plan: Plan):

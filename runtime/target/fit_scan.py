@@ -119,7 +119,9 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
 
     from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
     from tpu_debug.runtime.dtypes import to_jax_dtype
+    from tpu_debug.runtime.ops import prims
 
+    prims.register()  # the prims lowerings the decompositions' graphs may hold
     found = layer_stack(model)
     if found is None:
         raise TargetError(f"{type(model).__name__}: no stack of identical decoder layers to run as a loop")
@@ -196,7 +198,7 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
         out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
         return (out[0] if isinstance(out, tuple) else out,)
 
-    with torch.no_grad(), hf_traceable():
+    with torch.no_grad(), hf_traceable(), _attention_as_one_op():
         layer_gm = decomp(layer, *(fresh(layer_params[n]) for n in inner), fresh(hidden_meta),
                           *(fresh(v) for v in side_meta))
     layers = len(saved)
@@ -210,6 +212,87 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
                       outer, inner, buffers, specs, len(side_meta), layers, prefix)
 
 
+# queries per block of the layer's attention: MaxText's splash attention blocks are 512
+ATTENTION_BLOCK = 512
+_ATTENTION_OP = None
+
+
+def _attention_op():
+    """``tpu_debug::fit_attention``: scaled dot-product attention kept as one node in the
+    layer's trace (the aten decomposition materializes every score at once)."""
+    global _ATTENTION_OP
+    if _ATTENTION_OP is None:
+        import torch
+
+        from tpu_debug.runtime.ops.registry import lower
+
+        @torch.library.custom_op("tpu_debug::fit_attention", mutates_args=(), schema=(
+            "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) -> Tensor"))
+        def fit_attention(q, k, v, mask, is_causal, scale, gqa):
+            raise NotImplementedError("tpu_debug::fit_attention runs only in a fit's compiled layer")
+
+        @fit_attention.register_fake
+        def _(q, k, v, mask, is_causal, scale, gqa):
+            return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+        _ATTENTION_OP = torch.ops.tpu_debug.fit_attention.default
+        lower(_ATTENTION_OP)(blocked_attention)
+    return _ATTENTION_OP
+
+
+class _attention_as_one_op:
+    """While tracing a layer, ``F.scaled_dot_product_attention`` records one node."""
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        op = _attention_op()
+        self.saved = F.scaled_dot_product_attention
+
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            return op(q, k, v, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+
+        F.scaled_dot_product_attention = sdpa
+        return self
+
+    def __exit__(self, *exc):
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self.saved
+
+
+def blocked_attention(q, k, v, mask, is_causal: bool, scale: float | None, gqa: bool, block: int = ATTENTION_BLOCK):
+    """Attention a block of queries at a time, each block's scores recomputed in the backward
+    (``jax.checkpoint``): only one block's scores [batch, heads, block, keys] are live, as in a
+    flash attention kernel, and every flop is the standard attention's. In float32, as
+    PyTorch's math attention computes a bfloat16 one."""
+    seq, width = q.shape[-2], q.shape[-1]
+    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: each key head serves several
+        k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    scale = 1.0 / math.sqrt(width) if scale is None else scale
+    keys = jnp.arange(k.shape[-2])
+
+    @jax.checkpoint
+    def one(qb, start, mb):
+        scores = jnp.einsum("...qd,...kd->...qk", qb, k, preferred_element_type=jnp.float32) * scale
+        if is_causal:
+            rows = start + jnp.arange(qb.shape[-2])
+            scores = jnp.where(rows[:, None] >= keys[None, :], scores, -jnp.inf)
+        if mb is not None:
+            scores = jnp.where(mb, scores, -jnp.inf) if mb.dtype == jnp.bool_ else scores + mb
+        probs = jax.nn.softmax(scores, axis=-1)
+        return jnp.einsum("...qk,...kd->...qd", probs, v.astype(jnp.float32)).astype(q.dtype)
+
+    size = block if seq % block == 0 else seq
+    outs = []
+    for start in range(0, seq, size):  # unrolled: XLA's cost analysis counts a loop body once
+        mb = None if mask is None else jax.lax.slice_in_dim(mask, start, start + size, axis=-2) \
+            if mask.shape[-2] == seq else mask
+        outs.append(one(jax.lax.slice_in_dim(q, start, start + size, axis=-2), start, mb))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-2)
+
+
 def _adamw(p, g, m, v, count, *, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):
     """``torch.optim.AdamW``'s update with its defaults (``runtime.target.dryrun.AdamW``'s formula)."""
     m = m * b1 + g.astype(m.dtype) * (1 - b1)
@@ -219,18 +302,18 @@ def _adamw(p, g, m, v, count, *, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_dec
     return p, m, v
 
 
-# what a layer keeps for its backward: the outputs of its matmuls (the elementwise ops between
-# them are recomputed, as XLA's fusions recompute them in the unrolled step); not the weights
-# FSDP gathered, which are gathered again. Measured against the unrolled step's compile, it
-# keeps somewhat more (docs/fit.md, "Layers as a loop"); the alternatives measured keep far
-# more (everything autodiff saves) or far less (no batched matmul: the attention scores).
-SAVE = jax.checkpoint_policies.dots_saveable
+# what a layer keeps for its backward: the outputs of its weight matmuls (the elementwise
+# ops between them are recomputed, as XLA's fusions recompute them in the unrolled step);
+# not the attention's batched matmuls (scores, recomputed a block at a time by
+# blocked_attention, as a flash kernel does) and not the weights FSDP gathered (gathered
+# again)
+SAVE = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 # activation checkpointing: only each layer's input (the loop's carry) is kept
 REMAT = jax.checkpoint_policies.nothing_saveable
 
 
 def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, remat: bool = False,
-              master: bool = False):
+              master: bool = False, unroll: int = 1):
     """The training step as a JAX function of ``(params, buffers, exp_avg, exp_avg_sq, count,
     tokens, labels)`` (dicts by name; inner parameters stacked) returning ``(loss, params,
     exp_avg, exp_avg_sq, count)``.
@@ -245,6 +328,7 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         remat: activation checkpointing: each layer keeps only its input for the backward.
         master: the parameters given are float32 master weights (AdamW's state too), cast to
             the model's dtype where the step reads them (mixed precision).
+        unroll: layers per loop iteration (``jax.lax.scan``'s ``unroll``).
     """
     def constrain(x, sharding):
         return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
@@ -271,7 +355,7 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         def looped(h, weights):
             return body(h, (weights, side))
 
-        hidden, _ = jax.lax.scan(looped, hidden, inner)
+        hidden, _ = jax.lax.scan(looped, hidden, inner, unroll=unroll)
         (loss,) = pieces.post(*o, *b, tokens, hidden, labels)
         return loss
 
@@ -341,8 +425,14 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     batch_axes = tuple(a for a, size in zip(AXES, plan.shape) if size > 1 and a != "tp")
     data = NamedSharding(mesh, PartitionSpec(batch_axes if batch_axes else None))
     hidden = NamedSharding(mesh, PartitionSpec(batch_axes)) if batch_axes else None
-    step = scan_step(pieces, gathered=gathered if plan.fsdp > 1 else None, split=stored, batch=hidden,
-                     remat=remat, master=master_dtype is not None)
+    def make_step(unroll=1, sharded=True):
+        if not sharded:
+            return scan_step(pieces, gathered=None, split={}, batch=None, remat=remat,
+                             master=master_dtype is not None, unroll=unroll)
+        return scan_step(pieces, gathered=gathered if plan.fsdp > 1 else None, split=stored, batch=hidden,
+                         remat=remat, master=master_dtype is not None, unroll=unroll)
+
+    step = make_step()
     params = {n: stored[n] for n in names}
     buffers = {n: replicated for n in pieces.buffers}
     in_sh = (params, buffers, params, params, replicated, data, data)
@@ -358,10 +448,100 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
             jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated), tokens, tokens)
     fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
     result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level, cache=cache)
+    scale = 1.0
+    if result.ok and pieces.layers > 1 and result.cost is not None:
+        every = _every_layer(result.cost, pieces, make_step, args)
+        scale = every.flops / result.cost.flops if result.cost.flops else 1.0
+        result = dataclasses.replace(result, cost=every)
     param_bytes = sum(local_bytes(p_specs[n], stored[n]) for n in names)
     unsharded = tuple(n for n in names if plan.devices > plan.dp
                       and all(p.is_replicate() for p in placements[f"{pieces.prefix}.0.{n}" if n in pieces.inner
                                                                    else n])
                       and math.prod(pieces.specs[n].shape) > 1)
     return FitCompile(result, plan, placements, param_bytes, 2 * param_bytes + 4,
-                      2 * local_bytes(tokens, data), unsharded)
+                      2 * local_bytes(tokens, data), unsharded, scale)
+
+
+def _every_layer(cost, pieces: ScanPieces, make_step, args):
+    """``cost`` (XLA's cost analysis of the looped step) with every layer counted.
+
+    XLA's cost analysis counts a loop's body once, whatever its trip count. The body's
+    share of the step is read from two programs lowered (not compiled) with two layers,
+    unsharded, for the host's backend (a program lowered for a deviceless TPU topology
+    has no cost analysis): one loop iteration per layer, and both layers in one
+    iteration; their difference is one layer's forward and backward. Sharding divides the
+    layers' work and the rest alike, so the share holds per chip. Flops and transcendentals
+    become ``cost x (1 + (layers - 1) x share)``: the share comes from the unoptimized
+    programs, applied to the compiler's figures of the optimized one; bytes accessed are
+    scaled as the flops are.
+    """
+    from tpu_debug.runtime.target.compile import CostStats
+
+    layers = pieces.layers
+
+    def plain(spec, count=None):  # unsharded; a stacked layer input with ``count`` layers
+        return jax.ShapeDtypeStruct((count, *spec.shape[1:]) if count else spec.shape, spec.dtype)
+
+    def stacked(specs):
+        return {n: plain(a, 2 if n in pieces.inner else None) for n, a in specs.items()}
+
+    two = (stacked(args[0]), {n: plain(a) for n, a in args[1].items()}, stacked(args[2]), stacked(args[3]),
+           *(plain(a) for a in args[4:]))
+    figures = []
+    with jax.enable_x64(True):
+        for unroll in (1, 2):
+            lowered = jax.jit(make_step(unroll, sharded=False)).lower(*two)
+            analysis = lowered.cost_analysis()
+            analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+            figures.append(analysis or {})
+
+    def every(value, key):
+        once, both = figures[0].get(key), figures[1].get(key)
+        if value is None or not once or both is None:
+            return value
+        return value * (1 + (layers - 1) * max(both - once, 0.0) / once)
+
+    # bytes accessed scale as the flops do: the unoptimized programs' bytes (every elementwise
+    # op reading and writing memory, nothing fused) overstate the layers' share of the
+    # optimized program's (Llama-3-8B: 18.5x against the flops' 12.1x)
+    flops = every(cost.flops, "flops")
+    scale = flops / cost.flops if cost.flops else 1.0
+    return CostStats(flops, every(cost.transcendentals, "transcendentals"),
+                     None if cost.bytes_accessed is None else cost.bytes_accessed * scale, None)
+
+
+def loop_repeats(hlo: str, trips: int) -> dict[str, int]:
+    """Instruction name -> how many times it runs per step, for the instructions of the
+    compiled step's loops (their bodies and what those call): ``trips`` each, since the
+    step's loops are its layer loops. Instructions outside are not listed (once)."""
+    import re
+
+    body: dict[str, list[str]] = {}
+    calls: dict[str, set[str]] = {}
+    loops: set[str] = set()
+    current = None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$", line)
+        if head:
+            current = head.group(1)
+            body[current], calls[current] = [], set()
+            continue
+        item = re.match(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = ", line)
+        if current is None or item is None:
+            continue
+        body[current].append(item.group(1))
+        called = re.findall(r"(?:calls|to_apply|body|condition|branch_computations|called_computations)="
+                            r"\{?([^,}\s]+(?:,\s*%[\w.\-]+)*)", line)
+        for group in called:
+            calls[current].update(name.strip().lstrip("%") for name in group.split(","))
+        loops.update(m.lstrip("%") for m in re.findall(r"body=(%[\w.\-]+)", line))
+    repeats: dict[str, int] = {}
+    todo, seen = list(loops), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in body:
+            continue
+        seen.add(name)
+        repeats.update(dict.fromkeys(body[name], trips))
+        todo.extend(calls.get(name, ()))
+    return repeats

@@ -87,6 +87,22 @@ def test_report_shows_recompile_guard_and_graph_break(backend: str, trace_dir: P
     assert "print" in text.split("graph breaks:", 1)[1]
 
 
+def test_what_the_log_does_not_record_is_not_shown_as_zero(trace_dir: Path, tmp_path: Path) -> None:
+    done = _tool("import-trace", str(trace_dir), "--logdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(_tool("report", "--logdir", str(tmp_path / "runs"), "--json").stdout)
+    # a TORCH_TRACE log records compiles, guards and graph breaks: executions and transfers
+    # are unknown (null), while the compiles it does record are counted
+    assert data["run"]["imported_from"].endswith(".log")
+    assert data["ops"] and all(o["count"] is None and o["seconds"] is None for o in data["ops"])
+    assert sum(o["compiles"] for o in data["ops"]) == 4  # f and its resume function, for sizes 3 and 4
+    assert data["transfers"]["count"] is None and data["transfers"]["imported"] is True
+    assert all(s["eager_ops"] is None and s["transfers"] is None for s in data["steps"]["per_step"])
+    text = _tool("report", "--logdir", str(tmp_path / "runs"), "--plain", "--width", "400").stdout
+    assert "transfers: not in an imported TORCH_TRACE log" in text
+    assert "no host <-> device transfers recorded" not in text
+
+
 def test_one_run_per_rank(trace_dir: Path, tmp_path: Path) -> None:
     # two ranks faked by copying one rank's log under the names torch.distributed gives
     ranks = tmp_path / "ranks"

@@ -108,7 +108,7 @@ def test_the_looped_step_computes_pytorchs_training_step():
                                    err_msg=n)
 
 
-def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH):
+def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH, unroll=1):
     """The looped FSDP step written here and compiled with plain JAX."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -132,7 +132,8 @@ def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size
         return NamedSharding(mesh, P(None, *spec) if n in pieces.inner else P(*spec))
 
     sharding = {n: split(n) for n in (*pieces.outer, *pieces.inner)}
-    policy = jax.checkpoint_policies.nothing_saveable if remat else jax.checkpoint_policies.dots_saveable
+    policy = (jax.checkpoint_policies.nothing_saveable if remat
+              else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
     def loss_of(outer, inner, buffers, tokens, labels):
         o = [outer[n] for n in pieces.outer]
@@ -143,7 +144,8 @@ def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size
             w = [jax.lax.with_sharding_constraint(w[n], whole) for n in pieces.inner]
             return jax.lax.with_sharding_constraint(pieces.layer(*w, h, *side)[0], batch), None
 
-        hidden, _ = jax.lax.scan(jax.checkpoint(one_layer, policy=policy), jax.lax.with_sharding_constraint(hidden, batch), inner)
+        hidden, _ = jax.lax.scan(jax.checkpoint(one_layer, policy=policy),
+                                 jax.lax.with_sharding_constraint(hidden, batch), inner, unroll=unroll)
         return pieces.post(*o, *b, tokens, hidden, labels)[0]
 
     def step(params, buffers, m, v, count, tokens, labels):
@@ -224,11 +226,16 @@ def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topolog
     expected_params = sum(p.numel() * 2 // (chips if any(d % chips == 0 for d in p.shape) else 1)
                           for p in model.parameters())
     assert m.parameters == expected_params
-    expected = _sibling("test_fit")._collectives(compiled.as_text(), chips)
+    # collectives per step: every layer's, so the reference is the same step with its loop
+    # unrolled (the HLO of a loop holds its body once); XLA combines the unrolled program's
+    # collectives differently, so bytes are compared, within the 5 % the combining moves
+    unrolled = _reference(model, (1, chips), remat=remat, topology=topology, batch_size=chips,
+                          unroll=SIZES["num_hidden_layers"])
+    expected = _sibling("test_fit")._collectives(unrolled.as_text(), chips)
     got = {c.kind: (c.count, c.bytes) for c in report.collectives}
     assert set(got) == set(expected)
     for kind, (count, size) in expected.items():
-        assert got[kind][0] == count and _close(got[kind][1], size), (kind, got[kind], (count, size))
+        assert got[kind][1] == pytest.approx(size, rel=0.05), (kind, got[kind], (count, size))
 
 
 @needs_libtpu
@@ -274,3 +281,102 @@ def test_float32_master_weights_hold_parameters_and_state_in_float32():
     # the donated float32 parameters and state are in the compiler's arguments
     assert master.memory.arguments >= master.memory.parameters + master.memory.optimizer_state
     assert "kept in float32, cast to bfloat16 where read" in master.method
+
+
+@needs_libtpu
+def test_every_layer_counts_in_the_looped_steps_flops_and_collectives():
+    from tpu_debug.fit import _hf_traceable, collective_costs
+    from tpu_debug.runtime.target.fit import parse_plan
+    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats
+    from tpu_debug.runtime.target.hardware import parse_target
+
+    config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    tokens = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
+    from tpu_debug.runtime.target.fit_scan import trace_pieces
+
+    pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
+    target = parse_target("v5e-8")
+    fc = compile_scan_step(pieces, (BATCH, SEQ), target, parse_plan("fsdp", 8), optimization_level="O0",
+                           cache=False)
+    # the reference: the same step with its loop unrolled, so XLA's cost analysis sees every
+    # layer (it counts a loop's body once)
+    unrolled = _reference(model, unroll=6)
+    want = unrolled.cost_analysis()
+    want = want[0] if isinstance(want, (list, tuple)) else want
+    # the scale comes from the unoptimized programs' share of one layer, applied to the
+    # optimized program: XLA's simplifications move a few percent of the flops
+    assert fc.compile.cost.flops == pytest.approx(want["flops"], rel=0.05)
+    assert fc.flops_scale > 3  # one of six layers was counted before scaling
+    got = {c.kind: (c.count, c.bytes) for c in collective_costs(fc.compile.hlo, target,
+                                                                loop_repeats(fc.compile.hlo, 6))}
+    expected = _sibling("test_fit")._collectives(unrolled.as_text(), 8)
+    # the looped and the unrolled program move the same data; XLA combines the unrolled
+    # program's all-reduces differently, so counts may differ where bytes agree
+    assert got["all-gather"][1] == pytest.approx(expected["all-gather"][1], rel=0.05)
+    assert got["all-reduce"][1] == pytest.approx(expected["all-reduce"][1], rel=0.05)
+
+
+@needs_libtpu
+def test_a_mixture_of_experts_runs_its_experts_as_one_grouped_matmul():
+    import tpu_debug
+
+    config = transformers.MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=128)
+    report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, optimization_level="O0")
+    assert report.fits is True and "one loop" in report.method
+    # parameters by hand from the config, each split 8 ways (every tensor has a dimension 8 divides)
+    h, i, e, layers = 64, 128, 4, 6
+    attention = h * h * 2 + 2 * h * (2 * 16)  # q and o: h x h; k and v: h x (2 heads x 16)
+    experts = e * (2 * i * h + h * i)  # gate_up and down per expert
+    per_layer = attention + experts + e * h + 2 * h  # + router, two norms
+    total = layers * per_layer + 2 * 256 * h + h  # + embedding, head, final norm
+    assert report.parameters == total
+    assert report.memory.parameters == total * 2 // 8
+    # model FLOPs count the 2 experts of 4 a token is routed to
+    active = layers * (attention + experts // 2 + e * h + 2 * h) + h + 256 * h  # the head is a matmul
+    tokens = BATCH * SEQ
+    assert report.estimate.model_flops == 3 * (2 * active + 4 * layers * SEQ * h) * tokens
+
+
+@pytest.mark.parametrize(("causal", "masked", "heads_kv"), [(True, False, 2), (False, True, 4), (True, False, 4)])
+def test_blocked_attention_computes_pytorchs_attention(causal, masked, heads_kv):
+    from tpu_debug.runtime.target.fit_scan import blocked_attention
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 32, 16, generator=g)
+    k = torch.randn(2, heads_kv, 32, 16, generator=g)
+    v = torch.randn(2, heads_kv, 32, 16, generator=g)
+    mask = torch.rand(2, 1, 32, 32, generator=g) > 0.3 if masked else None
+    if masked:
+        mask[..., 0] = True  # every query sees a key (a row of -inf has no softmax)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=0.2,
+                                          enable_gqa=heads_kv != 4)
+    # four blocks of 8 queries: each block's softmax runs over every key, so blocking changes
+    # no sum; float32 on both sides, sums of 32 terms
+    got = blocked_attention(jnp.asarray(q.numpy()), jnp.asarray(k.numpy()), jnp.asarray(v.numpy()),
+                            None if mask is None else jnp.asarray(mask.numpy()), causal, 0.2, heads_kv != 4,
+                            block=8)
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_libtpu
+def test_gemma2_alternating_layers_compile_unrolled_with_their_parameters_split():
+    import tpu_debug
+
+    hidden, inter, vocab, heads, kv, head_dim = 64, 128, 256, 4, 2, 32
+    sizes = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=6,
+                 num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, sliding_window=16,
+                 max_position_embeddings=128)
+    report = tpu_debug.fit({"model_type": "gemma2", **sizes}, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ,
+                           optimization_level="O0")
+    # sliding-window and global layers alternate: no loop of identical layers, every layer in line
+    assert report.method is None and report.extrapolation is None
+    # tied embedding and head; q, k, v, o; gate, up, down; four norms a layer and the final one
+    layer = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inter + 4 * hidden
+    total = vocab * hidden + 6 * layer + hidden
+    assert report.parameters == total
+    assert report.fits is True
+    assert report.memory.parameters == total * 2 // 8

@@ -524,6 +524,26 @@ def test_compiled_single_tensor_adam_step():
         torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_prims_div_truncates_integers_and_divides_floats(dtype):
+    """``prims.div`` (what decompositions of a truncating division leave, Mixtral's routing):
+    C's integer division, toward zero, for negative operands too; true division of floats.
+    The reference is ``torch.ops.prims.div`` on CPU."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tpu_debug.runtime.ops import prims
+    from tpu_debug.runtime.ops.registry import lookup
+
+    prims.register()
+    a = torch.tensor([7, -7, 7, -7, 0, 9], dtype=dtype)
+    b = torch.tensor([2, 2, -2, -2, 3, 4], dtype=dtype)
+    low = lookup(torch.ops.prims.div.default)
+    got = np.asarray(low.fn(jnp.asarray(a.numpy()), jnp.asarray(b.numpy())))
+    # integer results are exact; float32 division is correctly rounded on both sides
+    np.testing.assert_array_equal(got, torch.ops.prims.div.default(a, b).numpy())
+
+
 def test_python_float_argument_that_changes_is_a_graph_input():
     """A Python float that differs between calls becomes a float64 0-d graph input on dynamo's
     recompile, cast to the other operand's dtype by ``prims.convert_element_type`` (Hugging Face

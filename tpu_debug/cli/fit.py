@@ -20,8 +20,9 @@ def _override(text: str) -> tuple[str, object]:
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, mixtral-8x7b, gemma2-9b, tiny-llama) "
-                        "or a Hugging Face config.json path; nothing is downloaded and no weights are made")
+    parser.add_argument("model", help="a preset (llama3-8b, llama3-70b, llama2-70b, mixtral-8x7b, gemma2-9b, "
+                        "tiny-llama) or a Hugging Face "
+                        "config.json path; nothing is downloaded and no weights are made")
     parser.add_argument("--target", default="v5e-8",
                         help="the TPU slice (v5e-8, v6e-256, v5p-128; default v5e-8)")
     parser.add_argument("--plan", default="fsdp", help="mesh axes: fsdp, dp, tp, or sized as fsdp=4,tp=2 "
@@ -54,6 +55,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="compile candidates: slice, the smallest slice of --target's generation "
                         "that fits --batch; batch, the largest batch (doubling from --batch) that "
                         "fits --target")
+    parser.add_argument("--with-remat", action="store_true",
+                        help="with --search: also compile each candidate with activation checkpointing")
+    parser.add_argument("--fixes", action="store_true",
+                        help="when the step does not fit: compile it with each change that could make it "
+                        "fit (activation checkpointing, bfloat16, the next slice, half the batch) and "
+                        "recommend the first that fits")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--logdir", default=None,
                         help="where the answer is kept as a run "
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                        master_dtype=args.master_dtype)
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
-                       **options)
+                       with_remat=args.with_remat, **options)
         if args.json:
             json.dump({"question": found.question, "best": found.best and found.best.to_dict(),
                        "candidates": [r.to_dict() for r in found.candidates]}, sys.stdout, indent=1)
@@ -83,11 +90,21 @@ def run(args: argparse.Namespace) -> int:
             print(found.render())
         return 0 if found.best else NOT_FIT
     report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
+    found_fixes = None
+    if args.fixes and report.fits is False:
+        from tpu_debug.fit import fixes
+
+        found_fixes = fixes(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=1)
+        data = report.to_dict()
+        if found_fixes is not None:
+            data["fixes"] = [{"change": what, **r.to_dict()} for what, r in found_fixes.tried]
+        json.dump(data, sys.stdout, indent=1)
         print()
     else:
         print(report.render())
+        if found_fixes is not None:
+            print(found_fixes.render())
     if args.record:
         from tpu_debug.fit import record_fit
 

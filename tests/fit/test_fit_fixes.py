@@ -1,0 +1,74 @@
+"""What makes a step fit, and the plan search's activation-checkpointing axis.
+
+References: each fix's answer equals a plain ``fit`` with that change (the fit itself is
+checked against direct sharded compiles in test_fit.py and test_fit_loop.py), and each
+verdict is the compiler's need against the compiler's usable HBM.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_debug.runtime.target._libtpu import _find_libtpu
+
+transformers = pytest.importorskip("transformers",
+                                   reason="builds Hugging Face models: pip install -e '.[models]'")
+pytestmark = pytest.mark.skipif(
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+
+# six identical layers of a wide-ish Llama: 32 sequences of 4096 per chip keep far more
+# activations than a v5e chip holds; each layer's input alone (what checkpointing keeps) is
+# 256 MiB, so with it the step comes near the chip's HBM
+CONFIG = dict(vocab_size=256, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
+              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
+ARGS = dict(plan="fsdp", seq=4096, optimization_level="O0")
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(tmp_path_factory, monkeypatch):
+    # one cache for the module: a fix and the plain fit of the same change are one compile
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path_factory.getbasetemp() / "fit-fixes-cache"))
+
+
+def _config(**changes):
+    return transformers.LlamaConfig(**{**CONFIG, **changes})
+
+
+def test_each_fix_is_the_answer_of_a_fit_with_that_change():
+    import tpu_debug
+    from tpu_debug.fit import fixes
+
+    found = fixes(_config(), "v5e-4", batch=32, **ARGS)
+    assert found.original.fits is False
+    tried = dict(found.tried)
+    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)", "batch 16 (half)"}
+    direct = {
+        "activation checkpointing (--remat)": tpu_debug.fit(_config(), "v5e-4", batch=32, remat=True, **ARGS),
+        "v5e-8 (fsdp over 8 chips)": tpu_debug.fit(_config(), "v5e-8", batch=32, **ARGS),
+        "batch 16 (half)": tpu_debug.fit(_config(), "v5e-4", batch=16, **ARGS),
+    }
+    for what, report in tried.items():
+        assert report.required == direct[what].required, what
+        assert report.fits == (report.required <= report.capacity), what
+    best = found.best
+    # the recommendation is the first that fits in the order tried (cheapest first)
+    fitting = [what for what, r in found.tried if r.fits]
+    assert (best is None and not fitting) or best[0] == fitting[0]
+    assert "each compiled" in found.render()
+
+
+def test_a_slice_search_with_checkpointing_recommends_the_smallest_slice_that_fits():
+    import tpu_debug
+    from tpu_debug.fit import remat_of, search
+
+    found = search(_config(), "slice", "v5e-1", batch=32, with_remat=True, **ARGS)
+    assert found.best is not None and found.best.fits
+    # every smaller candidate, with and without checkpointing, was compiled and did not fit
+    for r in found.candidates[:-1]:
+        assert r.fits is False and r.target.devices <= found.best.target.devices
+        again = tpu_debug.fit(_config(), r.target, batch=32, remat=remat_of(r), **ARGS)
+        assert again.required == r.required
+    # the same slice without checkpointing was tried first
+    same = [r for r in found.candidates if r.target.devices == found.best.target.devices]
+    assert not remat_of(same[0])
+    assert "remat" in found.render()
