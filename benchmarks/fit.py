@@ -67,10 +67,12 @@ def answer(model: str, target: str, plan: str, batch: int, seq: int, options: tu
 
 def _row(spec: tuple, quick: bool) -> str:
     label, model, target, plan, batch, seq, options = spec
+    load = os.getloadavg()[0]
     got = answer(model, target, plan, batch, seq, options, quick)
+    load = max(load, os.getloadavg()[0])  # the machine may be shared: a load stretches the wall time
     d = got["data"]
     head = f"| {label} | {batch} x {seq} | {' '.join(options) or '-'} |"
-    tail = f"{got['wall']:.0f} s | {got['rss'] / 1e9:.1f} GB |"
+    tail = f"{got['wall']:.0f} s | {got['rss'] / 1e9:.1f} GB | {load:.1f} |"
     if "required" not in d:
         return f"{head} error: {d.get('error')} | - | {tail}"
     verdict = {True: "fits", False: "does NOT fit", None: "refused"}[d["fits"]]
@@ -89,8 +91,8 @@ def main(argv=None) -> None:
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
           f"effort: {'O0' if args.quick else 'default'}")
     print("| answer (model, slice, plan) | batch x seq | options | per chip: needs / usable | MFU (estimate) "
-          "| wall | peak RSS |")
-    print("|---|---|---|---|---:|---:|---:|")
+          "| wall | peak RSS | load avg |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
     for spec in rows:
         print(_row(spec, args.quick), flush=True)
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
