@@ -28,7 +28,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         "(default: fsdp over every chip)")
     parser.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
     parser.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
-    parser.add_argument("--job", choices=("train", "forward"), default="train",
+    parser.add_argument("--job", choices=("train", "forward", "prefill", "decode"), default="train",
                         help="train: forward, loss, backward, AdamW (default); forward: the forward only")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                         help="the parameters' dtype (AdamW's state is kept in it)")
