@@ -129,6 +129,50 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
                       trace_seconds=time.perf_counter() - started)
 
 
+_MERGES = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"})
+
+
+def _unmerged_bmm(node):
+    """``(a, b)``: the 4-D tensors a ``view(bmm(view(a), view(b)))`` multiplies, when the views only
+    merge and split the two leading (batch, heads) dimensions; else None."""
+    if str(node.target) not in _MERGES or not node.args or str(getattr(node.args[0], "target", "")) != \
+            "aten.bmm.default":
+        return None
+    shape = tuple(node.meta["val"].shape)
+    sources = []
+    for view in node.args[0].args[:2]:
+        src = view.args[0] if str(getattr(view, "target", "")) in _MERGES else None
+        if src is None or len(src.meta["val"].shape) != 4 or len(shape) != 4 \
+                or tuple(src.meta["val"].shape[:2]) != shape[:2]:
+            return None
+        sources.append(src)
+    return tuple(sources)
+
+
+def _heads_kept(program):
+    """``program`` with attention's batched matmuls done on ``[batch, heads, m, k]`` tensors.
+
+    The decomposed SDPA merges batch and heads into one dimension for ``bmm`` and splits them after;
+    a tp split of the heads (the minor factor of the merged dimension) cannot be carried through
+    that merge, and XLA gathered the KV cache and the scores in every layer (Llama-3-8B decode,
+    tp=8). Multiplying the unmerged tensors (the same products) keeps each chip on its heads.
+    """
+    import jax.numpy as jnp
+
+    base = type(program)
+
+    class HeadsKept(base):
+        def _call(self, node, env, key, draws, mutations):
+            pair = _unmerged_bmm(node)
+            if pair is not None:
+                out = jnp.matmul(env[pair[0]], env[pair[1]], preferred_element_type=env[pair[0]].dtype)
+                return out.astype(env[pair[0]].dtype)
+            return super()._call(node, env, key, draws, mutations)
+
+    program.__class__ = HeadsKept
+    return program
+
+
 def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Target, plan: Plan, *,
                   optimization_level: str | None = None, cache: bool = True) -> tuple[FitCompile, int]:
     """Compile ``trace_infer``'s step under ``plan``: (the compile, one chip's KV cache bytes)."""
@@ -155,6 +199,8 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
                                                        len(specs[i].shape))) for i, n in enumerate(names)]
         program = _fsdp_program(traced, n_p, n_b, gathered, param_sh, batch if batch_axes else None)
         traced = dataclasses.replace(traced, program=program)
+    if plan.tp > 1:
+        traced = dataclasses.replace(traced, program=_heads_kept(traced.program))
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))
