@@ -113,8 +113,8 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
         position = flat[-1] if decode else 0
         cache_obj = Cache(layers=[layer_cls(kv[i], kv[layers + i], position) for i in range(layers)])
         positions = (torch.arange(ids.shape[1], device=ids.device) + position).unsqueeze(0)
-        out = torch.func.functional_call(model, state, (ids,), dict(
-            cache=cache_obj, use_cache=True, position_ids=positions, logits_to_keep=1))
+        out = torch.func.functional_call(model, state, (ids,), {
+            "cache": cache_obj, "use_cache": True, "position_ids": positions, "logits_to_keep": 1})
         return (out.logits, *(l.keys for l in cache_obj.layers), *(l.values for l in cache_obj.layers))
 
     flat = [*params.values(), *buffers.values(), *cache, tokens, *extra]
