@@ -115,7 +115,7 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
         positions = (torch.arange(ids.shape[1], device=ids.device) + position).unsqueeze(0)
         out = torch.func.functional_call(model, state, (ids,), {
             "cache": cache_obj, "use_cache": True, "position_ids": positions, "logits_to_keep": 1})
-        return (out.logits, *(l.keys for l in cache_obj.layers), *(l.values for l in cache_obj.layers))
+        return (out.logits, *(c.keys for c in cache_obj.layers), *(c.values for c in cache_obj.layers))
 
     flat = [*params.values(), *buffers.values(), *cache, tokens, *extra]
     with torch.no_grad(), traceable():
@@ -204,12 +204,15 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))
-    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level, cache=cache)
+    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
+                                cache=cache)
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
-    unsharded = tuple(n for n in names if plan.devices > plan.dp and all(p.is_replicate() for p in placements[n])
+    unsharded = tuple(n for n in names
+                      if plan.devices > plan.dp and all(p.is_replicate() for p in placements[n])
                       and math.prod(specs[names.index(n)].shape) > 1)
     kv_bytes = sum(local[n_p + n_b:n_p + n_b + 2 * layers])
-    fc = FitCompile(result, plan, placements, sum(local[:n_p]), 0, sum(local[n_p + n_b + 2 * layers:]), unsharded)
+    fc = FitCompile(result, plan, placements, sum(local[:n_p]), 0, sum(local[n_p + n_b + 2 * layers:]),
+                    unsharded)
     return fc, kv_bytes
 
 

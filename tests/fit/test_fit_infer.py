@@ -4,9 +4,10 @@ Reference: the traced prefill/decode program sharded by hand in this file, for t
 parallelism over 8 chips and for fsdp=4 x tp=2 (q/k/v/gate/up/lm_head rows and the
 embedding's vocabulary split over tp, o/down columns; FSDP on the other dimension, each
 parameter gathered where read, the embeddings' output split over the batch; the cache
-``[batch, kv_heads, seq, head_dim]`` split on batch over fsdp and on kv heads over tp, donated) and compiled with plain ``jax.jit(..., in_shardings,
-out_shardings).lower(...).compile()`` on the deviceless v5e-8 topology. The KV cache's
-per-chip bytes are computed from the config by hand.
+``[batch, kv_heads, seq, head_dim]`` split on batch over fsdp and on kv heads over tp,
+donated) and compiled with plain ``jax.jit(..., in_shardings, out_shardings).lower(...).compile()``
+on the deviceless v5e-8 topology. The KV cache's per-chip bytes are computed from the config
+by hand.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ pytestmark = pytest.mark.skipif(
 
 # 8 kv heads so that tp=8 splits the cache on heads; 16 query heads (two per kv head: grouped-query
 # attention, as Llama-3's)
-SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=128)
+SIZES = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 16, "num_key_value_heads": 8, "max_position_embeddings": 128}
 BATCH, SEQ = 8, 32
 # the tool and the reference compile one program with one compiler, so the figures agree
 # exactly in practice; 2% is the agreement the fit answer promises
@@ -79,12 +80,14 @@ def _program(traced, mesh, n_p: int, gathered, batch):
                 ops = [v.args[0] for v in inner.args[:2] if str(getattr(v, "target", "")) in reshapes]
                 out_shape = tuple(node.meta["val"].shape)
                 if len(ops) == 2 and len(out_shape) == 4 and all(
-                        o.meta["val"].dim() == 4 and tuple(o.meta["val"].shape[:2]) == out_shape[:2] for o in ops):
+                        o.meta["val"].dim() == 4 and tuple(o.meta["val"].shape[:2]) == out_shape[:2]
+                        for o in ops):
                     a, b = env[ops[0]], env[ops[1]]
                     return jnp.matmul(a, b, preferred_element_type=a.dtype).astype(a.dtype)
             read = [a for a in node.all_input_nodes if a in params] if gathered else []
             if read:
-                env = ChainMap({a: jax.lax.with_sharding_constraint(env[a], gathered[params[a]]) for a in read}, env)
+                env = ChainMap({a: jax.lax.with_sharding_constraint(env[a], gathered[params[a]])
+                                for a in read}, env)
             out = super()._call(node, env, key, draws, mutations)
             if gathered and str(node.target) == "aten.embedding.default":
                 out = jax.lax.with_sharding_constraint(out, batch)
@@ -135,8 +138,8 @@ def _close(a: int, b: int) -> bool:
 def test_inference_program_matches_a_direct_sharded_compile(job, fsdp, tp):
     import tpu_debug
 
-    report = tpu_debug.fit(transformers.LlamaConfig(**SIZES), "v5e-8", plan=f"fsdp={fsdp},tp={tp}", batch=BATCH,
-                           seq=SEQ, job=job, cache=False)
+    report = tpu_debug.fit(transformers.LlamaConfig(**SIZES), "v5e-8", plan=f"fsdp={fsdp},tp={tp}",
+                           batch=BATCH, seq=SEQ, job=job, cache=False)
     ref = _reference(job, fsdp, tp)
     m = report.memory
     assert report.fits is True
@@ -144,7 +147,8 @@ def test_inference_program_matches_a_direct_sharded_compile(job, fsdp, tp):
                          (m.aliased, ref.alias_size_in_bytes), (m.temporaries, ref.temp_size_in_bytes)):
         assert _close(ours, theirs), (ours, theirs)
     head_dim = SIZES["hidden_size"] // SIZES["num_attention_heads"]
-    by_hand = (2 * SIZES["num_hidden_layers"] * BATCH * SIZES["num_key_value_heads"] * SEQ * head_dim * 2) // (fsdp * tp)
+    by_hand = (2 * SIZES["num_hidden_layers"] * BATCH * SIZES["num_key_value_heads"] * SEQ * head_dim * 2
+               // (fsdp * tp))
     assert m.kv_cache == by_hand
     # the cache is donated: the compiler aliases at least its bytes (tile padding makes it more)
     assert m.aliased >= by_hand
