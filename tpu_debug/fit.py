@@ -128,7 +128,8 @@ class FitReport:
 
     Attributes:
         model: what was built (``"llama3-8b"``, the config class name).
-        target: the slice; plan: the mesh axes' sizes; job: ``"train"`` or ``"forward"``.
+        target: the slice; plan: the mesh axes' sizes; job: ``"train"``, ``"forward"``,
+            ``"prefill"`` or ``"decode"``.
         batch, seq: global batch (sequences) and sequence length.
         parameters: parameter count.
         fits: True, False (the compiler's HBM out-of-memory), None (another refusal).
@@ -303,7 +304,10 @@ def fit(
         plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``runtime.target.fit.parse_plan``).
         batch: global batch, in sequences (split over dp x fsdp).
         seq: sequence length.
-        job: ``"train"`` (forward, loss, backward, AdamW) or ``"forward"``.
+        job: ``"train"`` (forward, loss, backward, AdamW), ``"forward"``, ``"prefill"`` (the
+            forward over ``seq`` tokens filling a static KV cache, the last position's logits) or
+            ``"decode"`` (one token per sequence attending to a KV cache of ``seq`` positions;
+            ``runtime.target.fit_infer``).
         dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
         overrides: config fields to change (``{"num_hidden_layers": 2}``).
         extrapolate: a forward step only: compile it with 2 and 3 decoder layers and extend
