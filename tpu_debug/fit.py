@@ -54,7 +54,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
 
-JOBS = ("train", "forward")
+JOBS = ("train", "forward", "prefill", "decode")
 # the largest FSDP axis whose program tests/fit compares with a direct sharded compile of the
 # same FSDP layout
 _FSDP_CHECKED = 32
@@ -84,6 +84,7 @@ class MemoryBreakdown:
     batch: int
     gradients: int
     activations: int
+    kv_cache: int = 0  # inference: one chip's share of the KV cache by its sharding (in the arguments)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +133,7 @@ class StepEstimate:
     mfu: float
     mfu_overlapped: float
     assumptions: tuple[str, ...]
+    memory_bound_seconds: float | None = None  # decode: the weights and the KV cache read once, at HBM bandwidth
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,7 +142,8 @@ class FitReport:
 
     Attributes:
         model: what was built (``"llama3-8b"``, the config class name).
-        target: the slice; plan: the mesh axes' sizes; job: ``"train"`` or ``"forward"``.
+        target: the slice; plan: the mesh axes' sizes; job: ``"train"``, ``"forward"``,
+            ``"prefill"`` or ``"decode"``.
         batch, seq: global batch (sequences) and sequence length.
         parameters: parameter count.
         fits: True, False (the compiler's HBM out-of-memory), None (another refusal).
@@ -326,7 +329,10 @@ def fit(
         plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``runtime.target.fit.parse_plan``).
         batch: global batch, in sequences (split over dp x fsdp).
         seq: sequence length.
-        job: ``"train"`` (forward, loss, backward, AdamW) or ``"forward"``.
+        job: ``"train"`` (forward, loss, backward, AdamW), ``"forward"``, ``"prefill"`` (the
+            forward over ``seq`` tokens filling a static KV cache, the last position's logits) or
+            ``"decode"`` (one token per sequence attending to a KV cache of ``seq`` positions;
+            ``runtime.target.fit_infer``).
         dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
         overrides: config fields to change (``{"num_hidden_layers": 2}``).
         extrapolate: a forward step only: compile it with 2 and 3 decoder layers and extend
@@ -385,7 +391,7 @@ def fit(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     parameters = sum(p.numel() for p in model.parameters())
-    flops, flops_text = _model_flops(model, config, batch * seq, seq, job)
+    flops, flops_text = _model_flops(model, config, batch if job == "decode" else batch * seq, seq, job)
     del model
     args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
     if loop is None:
@@ -493,6 +499,7 @@ class _Measure:
     unsharded: tuple[str, ...]
     compile_seconds: float
     pass_flops: float  # the compiler's flops with each float32 dot counted once per bf16 pass
+    kv_bytes: int = 0  # one chip's KV cache (prefill, decode)
 
 
 def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
@@ -504,6 +511,10 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    if job in ("prefill", "decode"):
+        from tpu_debug.runtime.target.fit_infer import measure_infer
+
+        return measure_infer(model, config, tgt, plan, batch, seq, job, optimization_level, cache)
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
     train = job == "train"
     with _hf_traceable():
@@ -548,7 +559,8 @@ def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Meas
     collectives.sort(key=lambda c: -c.wire_bytes)
     return _Measure(two.plan, None, m, cost, tuple(collectives), ext(one.param_bytes, two.param_bytes),
                     ext(one.state_bytes, two.state_bytes), two.batch_bytes, two.unsharded,
-                    one.compile_seconds + two.compile_seconds, ext(one.pass_flops, two.pass_flops))
+                    one.compile_seconds + two.compile_seconds, ext(one.pass_flops, two.pass_flops),
+                    ext(one.kv_bytes, two.kv_bytes))
 
 
 def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: _Measure,
@@ -563,8 +575,12 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
         grads = fc.param_bytes if job == "train" else 0
         memory = MemoryBreakdown(m.argument_bytes, m.output_bytes, m.alias_bytes, m.temp_bytes,
                                  m.generated_code_bytes, m.total_bytes, fc.param_bytes, fc.state_bytes,
-                                 fc.batch_bytes, grads, max(m.temp_bytes - grads, 0))
-        estimate = _estimate(fc, tgt, batch * seq, flops, flops_text)
+                                 fc.batch_bytes, grads, max(m.temp_bytes - grads, 0), fc.kv_bytes)
+        estimate = _estimate(fc, tgt, batch if job == "decode" else batch * seq, flops, flops_text)
+        if job == "decode":
+            from tpu_debug.runtime.target.fit_infer import decode_bound
+
+            estimate = decode_bound(estimate, fc, tgt)
         required = m.total_bytes
         fits = required <= capacity
     else:
@@ -699,6 +715,9 @@ def _render(r: FitReport) -> str:
         lines.append(f"  breakdown: parameters {_size(m.parameters)}, optimizer state "
                      f"{_size(m.optimizer_state)}, batch {_size(m.batch)}, gradients "
                      f"~{_size(m.gradients)}, activations and other temporaries ~{_size(m.activations)}")
+        if m.kv_cache:
+            lines.append(f"  KV cache: {_size(m.kv_cache)} per chip (its share by the cache's sharding; "
+                         "in the arguments, donated and written in place)")
     if r.collectives:
         lines.append("  collectives per step (per chip):")
         for c in r.collectives:
@@ -711,6 +730,9 @@ def _render(r: FitReport) -> str:
                      f"{_time(e.comm_seconds)}; {_time(e.overlapped_seconds)} if all overlapped), "
                      f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} "
                      f"({e.mfu_overlapped:.1%} overlapped)")
+        if e.memory_bound_seconds is not None:
+            lines.append(f"  decode, memory-bound (estimate): ~{_time(e.memory_bound_seconds)} per token step "
+                         "reading the chip's weights and KV cache once at HBM bandwidth")
         lines.extend(f"    assumes {a}" for a in e.assumptions)
     if r.unsharded:
         more = " ..." if len(r.unsharded) > 6 else ""

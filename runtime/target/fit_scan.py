@@ -106,6 +106,47 @@ class _Stand:
         return hidden if self.replace is None else self.replace
 
 
+def _fresh(t):
+    """A plain meta tensor like ``t`` (the pieces' metadata are another trace's fake tensors)."""
+    import torch
+
+    return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+
+
+def _decomposed(fn, *args):
+    """``fn`` traced to an aten graph with compiled mode's decompositions, dead code dropped."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tpu_debug.runtime.compiled import _decompositions
+
+    gm = make_fx(fn, decomposition_table=_decompositions())(*args)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _trace_layer(layer0, inner: tuple, hidden_meta, side_meta: list, side_spec: list, hf_traceable):
+    """Layer 0's forward as a graph of (its parameters, the hidden states, the side inputs
+    ``pre`` gave it; ``side_spec``: their pytree, which leaves are tensors, the others' values)."""
+    import torch
+    from torch.utils._pytree import tree_unflatten
+
+    tree, is_tensor, constants = side_spec
+    layer_params = dict(layer0.named_parameters())
+
+    def layer(*flat):
+        p = dict(zip(inner, flat[:len(inner)]))
+        tensors = iter(flat[len(inner) + 1:])
+        leaves = [next(tensors) if t else c for t, c in zip(is_tensor, constants)]
+        args, kwargs = tree_unflatten(leaves, tree)
+        out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
+        return (out[0] if isinstance(out, tuple) else out,)
+
+    with torch.no_grad(), hf_traceable(), _attention_as_one_op():
+        return _decomposed(layer, *(_fresh(layer_params[n]) for n in inner), _fresh(hidden_meta),
+                           *(_fresh(v) for v in side_meta))
+
+
 def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
     """Trace ``model``'s pre, layer and post pieces with meta ``tokens`` (see ``ScanPieces``).
 
@@ -114,10 +155,9 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
     """
     import torch
     import torch.nn as nn
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.utils._pytree import tree_flatten, tree_unflatten
+    from torch.utils._pytree import tree_flatten
 
-    from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
+    from tpu_debug.runtime.compiled import _GraphProgram
     from tpu_debug.runtime.dtypes import to_jax_dtype
     from tpu_debug.runtime.ops import prims
 
@@ -147,15 +187,7 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
     def run(p, b, x):
         return torch.func.functional_call(model, {**p, **b}, (x,))
 
-    def fresh(t):  # a plain meta tensor (the pieces' metadata are another trace's fake tensors)
-        return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
-
-    def decomp(fn, *args):
-        gm = make_fx(fn, decomposition_table=_decompositions())(*args)
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
-        return gm
-
+    fresh, decomp = _fresh, _decomposed
     saved = getattr(owner, attr)
     side_spec: list = []
     try:
@@ -172,7 +204,6 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
 
         with torch.no_grad(), hf_traceable():
             pre_gm = decomp(pre, *meta.values(), *meta_b.values(), tok)
-        tree, is_tensor, constants = side_spec
         hidden_meta = pre_gm.graph.find_nodes(op="output")[0].args[0][0].meta["val"]
         side_meta = [n.meta["val"] for n in pre_gm.graph.find_nodes(op="output")[0].args[0][1:]]
 
@@ -189,18 +220,7 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
         setattr(owner, attr, saved)
 
     layer_params = dict(layer0.named_parameters())
-
-    def layer(*flat):
-        p = dict(zip(inner, flat[:len(inner)]))
-        tensors = iter(flat[len(inner) + 1:])
-        leaves = [next(tensors) if t else c for t, c in zip(is_tensor, constants)]
-        args, kwargs = tree_unflatten(leaves, tree)
-        out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
-        return (out[0] if isinstance(out, tuple) else out,)
-
-    with torch.no_grad(), hf_traceable(), _attention_as_one_op():
-        layer_gm = decomp(layer, *(fresh(layer_params[n]) for n in inner), fresh(hidden_meta),
-                          *(fresh(v) for v in side_meta))
+    layer_gm = _trace_layer(layer0, inner, hidden_meta, side_meta, side_spec, hf_traceable)
     layers = len(saved)
     specs = {n: jax.ShapeDtypeStruct(tuple(params[n].shape), to_jax_dtype(params[n].dtype)) for n in outer}
     specs.update({n: jax.ShapeDtypeStruct(tuple(b.shape), to_jax_dtype(b.dtype)) for n, b in meta_b.items()})

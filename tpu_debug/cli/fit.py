@@ -29,8 +29,10 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         "(default: fsdp over every chip)")
     parser.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
     parser.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
-    parser.add_argument("--job", choices=("train", "forward"), default="train",
-                        help="train: forward, loss, backward, AdamW (default); forward: the forward only")
+    parser.add_argument("--job", choices=("train", "forward", "prefill", "decode"), default="train",
+                        help="train: forward, loss, backward, AdamW (default); forward: the forward only; "
+                             "prefill: the forward over seq tokens filling a static KV cache; decode: one "
+                             "token per sequence attending to a KV cache of seq positions")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                         help="the parameters' dtype (AdamW's state is kept in it)")
     parser.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
