@@ -394,6 +394,7 @@ def fit(
     flops, flops_text = _model_flops(model, config, batch if job == "decode" else batch * seq, seq, job)
     del model
     args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
+    unrolled = loop is False  # asked for: remat and master weights need the loop
     if loop is None:
         loop = job == "train" and layers > EXTRAPOLATE_ABOVE and _has_layer_stack(config, dtype)
     if master_dtype not in (None, "float32"):
@@ -402,7 +403,7 @@ def fit(
         if job != "train":
             raise TargetError(f"loop=True, remat=True and master_dtype shape a training step; job {job!r} has no "
                               "backward")
-        if loop is False:
+        if unrolled:
             raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
         measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
                                       master_dtype)
@@ -896,7 +897,7 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         argument_bytes=m.arguments, output_bytes=m.outputs, alias_bytes=m.aliased, temp_bytes=m.temporaries,
         code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters,
         optimizer_bytes=m.optimizer_state, batch_bytes=m.batch, gradient_bytes=m.gradients,
-        activation_bytes=m.activations)
+        activation_bytes=m.activations, kv_cache_bytes=m.kv_cache or None)
     estimate = {} if e is None else dict(
         compute_seconds=e.compute_seconds, memory_seconds=e.memory_seconds, comm_seconds=e.comm_seconds,
         step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds,

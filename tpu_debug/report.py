@@ -1675,7 +1675,7 @@ def _fit_data(e: Any) -> dict[str, Any]:
     }
     breakdown = None if e.total_bytes is None else {
         "parameters": e.parameter_bytes, "optimizer_state": e.optimizer_bytes, "batch": e.batch_bytes,
-        "gradients": e.gradient_bytes, "activations": e.activation_bytes,
+        "gradients": e.gradient_bytes, "activations": e.activation_bytes, "kv_cache": e.kv_cache_bytes,
     }
     estimate = None if e.step_seconds is None else {
         k: getattr(e, k) for k in ("compute_seconds", "memory_seconds", "comm_seconds", "step_seconds",

@@ -1372,8 +1372,8 @@ class FitEvent(Event):
     ``capacity_source``: ``"compiler"`` or ``"spec"``); the compiler's ``argument_bytes``,
     ``output_bytes``, ``alias_bytes``, ``temp_bytes``, ``code_bytes``, ``total_bytes`` and
     the breakdown read from the shardings (``parameter_bytes``, ``optimizer_bytes``,
-    ``batch_bytes``, ``gradient_bytes``, ``activation_bytes``); None when the compile
-    failed. ``collectives`` per kind. The estimates (model estimates, not measurements):
+    ``batch_bytes``, ``gradient_bytes``, ``activation_bytes``, ``kv_cache_bytes`` for
+    prefill and decode); None when the compile failed. ``collectives`` per kind. The estimates (model estimates, not measurements):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
     ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
@@ -1427,6 +1427,7 @@ class FitEvent(Event):
     error: str | None = None
     extrapolation: str | None = None
     method: str | None = None
+    kv_cache_bytes: int | None = None
 
     @property
     def headroom_bytes(self) -> int | None:

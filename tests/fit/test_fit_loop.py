@@ -380,3 +380,15 @@ def test_gemma2_alternating_layers_compile_unrolled_with_their_parameters_split(
     assert report.parameters == total
     assert report.fits is True
     assert report.memory.parameters == total * 2 // 8
+
+
+def test_checkpointing_a_short_model_compiles_its_loop_and_unrolled_refuses_it():
+    import tpu_debug
+
+    # two layers: unrolled by default, but activation checkpointing is the loop's
+    short = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 2})
+    if _find_libtpu():
+        report = tpu_debug.fit(short, "v5e-8", batch=BATCH, seq=SEQ, remat=True, optimization_level="O0")
+        assert "only its input" in report.method
+    with pytest.raises(tpu_debug.TpuDebugError, match=r"built into the looped step: drop loop=False"):
+        tpu_debug.fit(short, "v5e-8", batch=BATCH, seq=SEQ, remat=True, loop=False)

@@ -71,7 +71,8 @@ def _check_section(f: dict, report) -> None:
         assert chip["compiler"] == {"arguments": m.arguments, "outputs": m.outputs, "aliased": m.aliased,
                                     "temporaries": m.temporaries, "code": m.code, "total": m.total}
         assert chip["breakdown"] == {"parameters": m.parameters, "optimizer_state": m.optimizer_state,
-                                     "batch": m.batch, "gradients": m.gradients, "activations": m.activations}
+                                     "batch": m.batch, "gradients": m.gradients, "activations": m.activations,
+                                     "kv_cache": m.kv_cache or None}
     assert f["collectives"] == [{"kind": c.kind, "count": c.count, "data_bytes": c.bytes,
                                  "wire_bytes": c.wire_bytes, "seconds": c.seconds} for c in report.collectives]
     e = report.estimate
