@@ -191,6 +191,10 @@ class FitReport:
                        "direct compile: the step is constrained to FSDP's layout (weights gathered where read, "
                        "gradients reduced to their shards, docs/fit.md), but how XLA lowers it this wide is "
                        "not checked")
+        if self.method and _MOE_NOTE in self.method and self.plan.batch_ways > 1:
+            out.append("this mixture-of-experts step routes the whole batch's tokens on every chip, so its "
+                       "temporaries grow with the slice and overstate a run that routes each shard's own "
+                       "(docs/fit.md); its MFU estimate leaves the experts' grouped matmuls out")
         if self.extrapolation and self.plan.fsdp > 1:
             out.append("the per-chip figures are extended from 2 and 3 layers; with FSDP the layers' "
                        "temporaries do not grow by equal steps, and small models measured 8-10 % off their "
@@ -467,6 +471,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
            f"for the backward{gathers}")
     if master_dtype:
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
+    if getattr(config, "_experts_implementation", None) == "grouped_mm":
+        how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):
         how += (f"; compiled at {optimization_level}, whose buffers are not the default level's: Llama-3-8B's "
                 "looped step needed 16.7 GiB per chip at O0, 11.8 at the default level (v6e-64, fsdp)")
@@ -476,6 +482,11 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, passes), how
+
+
+# what the looped step's mixture-of-experts layers do that an FSDP run would not (docs/fit.md)
+_MOE_NOTE = ("experts as one grouped matmul over the whole batch's routed tokens, not split over the "
+             "batch axes")
 
 
 EXTRAPOLATE_ABOVE = 4
