@@ -16,12 +16,12 @@ transformers = pytest.importorskip("transformers",
 pytestmark = pytest.mark.skipif(
     not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
 
-# six identical layers of a wide-ish Llama: 32 sequences of 4096 per chip keep far more
-# activations than a v5e chip holds; each layer's input alone (what checkpointing keeps) is
-# 256 MiB, so with it the step comes near the chip's HBM
-CONFIG = dict(vocab_size=256, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
-              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
-ARGS = dict(plan="fsdp", seq=4096, optimization_level="O0")
+# six identical layers of a wide-ish Llama: 128 sequences of 512 per chip keep more
+# activations than a v5e chip holds (about 19 GiB); checkpointing keeps each layer's input
+# only (64 MiB), so with it, or with half as many sequences per chip, the step fits
+CONFIG = dict(vocab_size=256, hidden_size=512, intermediate_size=2048, num_hidden_layers=6,
+              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
+ARGS = dict(plan="fsdp", seq=512, optimization_level="O0")
 
 
 @pytest.fixture(autouse=True)
@@ -38,14 +38,14 @@ def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     import tpu_debug
     from tpu_debug.fit import fixes
 
-    found = fixes(_config(), "v5e-4", batch=32, **ARGS)
+    found = fixes(_config(), "v5e-4", batch=512, **ARGS)
     assert found.original.fits is False
     tried = dict(found.tried)
-    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)", "batch 16 (half)"}
+    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)", "batch 256 (half)"}
     direct = {
-        "activation checkpointing (--remat)": tpu_debug.fit(_config(), "v5e-4", batch=32, remat=True, **ARGS),
-        "v5e-8 (fsdp over 8 chips)": tpu_debug.fit(_config(), "v5e-8", batch=32, **ARGS),
-        "batch 16 (half)": tpu_debug.fit(_config(), "v5e-4", batch=16, **ARGS),
+        "activation checkpointing (--remat)": tpu_debug.fit(_config(), "v5e-4", batch=512, remat=True, **ARGS),
+        "v5e-8 (fsdp over 8 chips)": tpu_debug.fit(_config(), "v5e-8", batch=512, **ARGS),
+        "batch 256 (half)": tpu_debug.fit(_config(), "v5e-4", batch=256, **ARGS),
     }
     for what, report in tried.items():
         assert report.required == direct[what].required, what
@@ -61,12 +61,12 @@ def test_a_slice_search_with_checkpointing_recommends_the_smallest_slice_that_fi
     import tpu_debug
     from tpu_debug.fit import remat_of, search
 
-    found = search(_config(), "slice", "v5e-1", batch=32, with_remat=True, **ARGS)
+    found = search(_config(), "slice", "v5e-1", batch=512, with_remat=True, **ARGS)
     assert found.best is not None and found.best.fits
     # every smaller candidate, with and without checkpointing, was compiled and did not fit
     for r in found.candidates[:-1]:
         assert r.fits is False and r.target.devices <= found.best.target.devices
-        again = tpu_debug.fit(_config(), r.target, batch=32, remat=remat_of(r), **ARGS)
+        again = tpu_debug.fit(_config(), r.target, batch=512, remat=remat_of(r), **ARGS)
         assert again.required == r.required
     # the same slice without checkpointing was tried first
     same = [r for r in found.candidates if r.target.devices == found.best.target.devices]
