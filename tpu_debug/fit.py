@@ -855,6 +855,14 @@ class Fixes:
     def best(self) -> tuple[str, FitReport] | None:
         return next(((what, r) for what, r in self.tried if r.fits), None)
 
+    def lines(self) -> tuple[str, ...]:
+        """One line per change: what, the need per chip, the verdict; the recommended first."""
+        best = self.best
+        ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
+        verdicts = {True: "fits", False: "does not fit", None: "refused"}
+        return tuple(f"{what}: needs {_size(r.required)} of {_size(r.capacity)}, {verdicts[r.fits]}"
+                     for what, r in ordered)
+
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
                  f"(needs {_size(self.original.required)} of {_size(self.original.capacity)} per chip), "
@@ -899,8 +907,9 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
     return Fixes(original, tuple(tried))
 
 
-def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None):
-    """The report as the run store keeps it (a ``FitEvent``)."""
+def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None,
+              fixes: Fixes | None = None):
+    """The report as the run store keeps it (a ``FitEvent``), with ``fixes``' lines if given."""
     from tpu_debug.tracers.events import FitCollective, FitEvent
 
     m, e = report.memory, report.estimate
@@ -924,16 +933,21 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         collectives=tuple(FitCollective(c.kind, c.count, c.bytes, c.wire_bytes, c.seconds)
                           for c in report.collectives),
         unsharded=tuple(report.unsharded), caveats=tuple(report.caveats), error=report.error,
-        extrapolation=report.extrapolation, method=report.method, **memory, **estimate)
+        extrapolation=report.extrapolation, method=report.method,
+        verified_fixes=() if fixes is None else fixes.lines(), **memory, **estimate)
 
 
-def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str | None = None) -> Path:
+def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str | None = None,
+               fixes: Fixes | None = None) -> Path:
     """Keep a fit's answer as a run: ``tpu-debug report``, ``report --json``, the TUI's fit
     view, the advisor and ``tpu-debug diff`` read it as they read any run.
 
     Inside an active trace (``tpu_debug.trace()``, ``tpu-debug run``) with no ``logdir``
     given, the answer joins that trace's run, at the user line that asked; otherwise a
     new run is made under ``logdir`` (default ``TPU_DEBUG_LOGDIR`` or ``./tpu_debug_runs``).
+
+    ``fixes`` (``fixes(...)`` of the same step) are kept with it, and the advisor's finding
+    names them.
 
     Returns:
         The run's directory.
@@ -951,12 +965,13 @@ def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str
     writer = getattr(active, "_writer", None)  # the trace's own run writer, while it records
     if logdir is None and writer is not None:
         clock = active._recorder.clock
-        writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=user_location()))
+        writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=user_location(),
+                             fixes=fixes))
         return active.session.run_dir
-    return _new_fit_run(report, logdir, name or f"fit-{report.model}-{report.target.name}")
+    return _new_fit_run(report, logdir, name or f"fit-{report.model}-{report.target.name}", fixes)
 
 
-def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str) -> Path:
+def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str, fixes: Fixes | None = None) -> Path:
     import datetime as _dt
     import sys
 
@@ -973,6 +988,6 @@ def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str) -> Pat
             "device_count": report.target.devices,
             "compile_only": True}
     writer = RunWriter(run_dir / DB_NAME, meta)
-    writer.put(fit_event(report, event_id=writer.new_id()))
+    writer.put(fit_event(report, event_id=writer.new_id(), fixes=fixes))
     writer.close({"status": "finished", "exit_status": 0, "duration": report.seconds})
     return run_dir

@@ -1377,7 +1377,9 @@ class FitEvent(Event):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
     ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
-    split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them; ``seconds`` the
+    split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them;
+    ``verified_fixes``: each change ``fixes`` compiled, with its need and verdict, the
+    recommended first (empty when none was asked for); ``seconds`` the
     whole answer and ``compile_seconds`` its TPU compiles, wall clock. ``location`` is the
     user line that asked (None from the command line)."""
 
@@ -1428,6 +1430,7 @@ class FitEvent(Event):
     extrapolation: str | None = None
     method: str | None = None
     kv_cache_bytes: int | None = None
+    verified_fixes: tuple[str, ...] = ()
 
     @property
     def headroom_bytes(self) -> int | None:

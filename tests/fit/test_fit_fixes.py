@@ -72,3 +72,21 @@ def test_a_slice_search_with_checkpointing_recommends_the_smallest_slice_that_fi
     same = [r for r in found.candidates if r.target.devices == found.best.target.devices]
     assert not remat_of(same[0])
     assert "remat" in found.render()
+
+
+def test_the_advisor_names_the_fixes_a_compile_verified(tmp_path):
+    import tpu_debug
+    from tpu_debug.fit import fixes, record_fit
+
+    found = fixes(_config(), "v5e-4", batch=512, **ARGS)
+    run = tpu_debug.open_run(str(record_fit(found.original, logdir=tmp_path, name="fixes", fixes=found)))
+    (event,) = run.events("fit")
+    assert event.verified_fixes == found.lines()
+    (finding,) = [f for f in run.findings() if f.kind == "fit_oom"]
+    # every change compiled is in the finding's fix, with its figure; the first that fits leads
+    for what, report in found.tried:
+        assert what in finding.fix
+        assert f"{what}: needs" in finding.fix
+    best = found.best
+    assert finding.fix.startswith(f"use {best[0]}" if best else "none of the changes compiled fits alone")
+    assert "not verified" not in finding.fix

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record:
         from tpu_debug.fit import record_fit
 
-        run_dir = record_fit(report, logdir=args.logdir, name=args.name)
+        run_dir = record_fit(report, logdir=args.logdir, name=args.name, fixes=found_fixes)
         print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
     # a step that does not fit is an answer, but a script asking "does it fit?" reads the status
     return 0 if report.fits else NOT_FIT

@@ -315,6 +315,11 @@ def _fit_cause(record: FitEvent) -> tuple[str, str, int]:
 
 
 def _fit_fix(record: FitEvent, cause: str) -> str:
+    verified = tuple(getattr(record, "verified_fixes", ()) or ())
+    if verified:
+        fitting = [line for line in verified if line.endswith(", fits")]
+        head = f"use {fitting[0].split(':')[0]}" if fitting else "none of the changes compiled fits alone"
+        return f"{head} (each compiled by tpu-debug fit --fixes: " + "; ".join(verified) + ")"
     more = (f"more chips with the weights and the batch split over them (a slice larger than "
             f"{record.target}, plan fsdp)")
     if cause == "activations":
