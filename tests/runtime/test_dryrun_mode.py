@@ -90,8 +90,9 @@ BIG = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
-    # a wide Llama: ~3 GB of bfloat16 parameters
-    cfg = LlamaConfig(vocab=128000, hidden=4096, intermediate=14336, layers=2, heads=32, kv_heads=8, max_seq=64)
+    # a wide Llama: ~4.7 GB of bfloat16 parameters, well above what the process itself holds
+    # (torch, jax, libtpu and the compiles: about 3 GB), so a materialized copy would show
+    cfg = LlamaConfig(vocab=128000, hidden=4096, intermediate=14336, layers=6, heads=32, kv_heads=8, max_seq=64)
     with torch.device("meta"):
         model = TinyLlama(cfg).to(torch.bfloat16)
     model = model.to_empty(device="tpu")
@@ -119,7 +120,7 @@ def test_a_model_bigger_than_this_process_dry_runs_from_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     params = int(said["params"])
-    assert params > 2.5 * GiB
+    assert params > 4 * GiB
     assert said["logits"] == "(8, 64, 128000) torch.bfloat16" and "not reached" not in said
     # the whole process (torch, jax, libtpu and the compiles) stayed under the model's size
     assert int(said["maxrss"]) < params
