@@ -139,6 +139,19 @@ def param_placements(name: str, shape: tuple[int, ...], plan: Plan) -> tuple:
             Shard(tp_dim) if tp_dim is not None else Replicate())
 
 
+def gathered(placements: tuple) -> tuple:
+    """A parameter's placements as a layer reads it under FSDP: its fsdp split gathered, the rest kept."""
+    from tpu_debug.runtime.distributed.sharding import Replicate
+
+    return placements[:1] + (Replicate(),) + placements[2:]
+
+
+def unsplit(placements: tuple, shape: tuple, plan: Plan) -> bool:
+    """True for a parameter of more than one element that no axis but dp splits (whole on every
+    chip although the plan has sharding axes)."""
+    return plan.devices > plan.dp and all(p.is_replicate() for p in placements) and math.prod(shape) > 1
+
+
 def partition_spec(placements: tuple, ndim: int):
     """The JAX ``PartitionSpec`` of placements over the ``(dp, fsdp, tp)`` mesh."""
     from jax.sharding import PartitionSpec
@@ -315,7 +328,6 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_debug.runtime.distributed.sharding import Replicate
 
     mesh = _mesh(target, plan)
     specs = traced.specs
@@ -335,10 +347,10 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
         in_sh.append(NamedSharding(mesh, PartitionSpec(batch_axes if splits else None)))
     out_sh = (replicated, *param_sh, *param_sh, *param_sh, replicated) if train else None
     if plan.fsdp > 1 or shard_activations:
-        gathered = [NamedSharding(mesh, partition_spec(placements[n][:1] + (Replicate(),) + placements[n][2:],
-                                                       len(specs[i].shape))) for i, n in enumerate(names)]
+        reads = [NamedSharding(mesh, partition_spec(gathered(placements[n]), len(specs[i].shape)))
+                 for i, n in enumerate(names)]
         batch = NamedSharding(mesh, PartitionSpec(batch_axes)) if batch_axes else None
-        program = _fsdp_program(traced, n_p, n_b, gathered if plan.fsdp > 1 else None, param_sh, batch,
+        program = _fsdp_program(traced, n_p, n_b, reads if plan.fsdp > 1 else None, param_sh, batch,
                                 every=shard_activations)
         traced = dataclasses.replace(traced, program=program)
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
@@ -349,9 +361,7 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
     param_bytes = sum(local[:n_p])
     state_bytes = sum(local[n_p + n_b:3 * n_p + n_b + 1]) if train else 0
-    unsharded = tuple(n for n in names
-                      if plan.devices > plan.dp and all(p.is_replicate() for p in placements[n])
-                      and math.prod(specs[names.index(n)].shape) > 1)
+    unsharded = tuple(n for i, n in enumerate(names) if unsplit(placements[n], specs[i].shape, plan))
     return FitCompile(result, plan, placements, param_bytes, state_bytes, sum(local[len(local) - n_batch:]),
                       unsharded)
 

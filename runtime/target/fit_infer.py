@@ -31,8 +31,8 @@ import jax
 
 from tpu_debug.runtime.target.compile import compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep, _meta, _nbytes
-from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
-                                          param_placements, partition_spec)
+from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh, gathered,
+                                          param_placements, partition_spec, unsplit)
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["trace_infer", "compile_infer", "cache_shape", "cache_spec"]
@@ -178,7 +178,6 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
     """Compile ``trace_infer``'s step under ``plan``: (the compile, one chip's KV cache bytes)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_debug.runtime.distributed.sharding import Replicate
 
     mesh = _mesh(target, plan)
     specs = traced.specs
@@ -195,9 +194,9 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
     in_sh = [*param_sh, *[replicated] * n_b, *[cache_sh] * (2 * layers), *rest]
     out_sh = (batch, *[cache_sh] * (2 * layers))
     if plan.fsdp > 1:
-        gathered = [NamedSharding(mesh, partition_spec(placements[n][:1] + (Replicate(),) + placements[n][2:],
-                                                       len(specs[i].shape))) for i, n in enumerate(names)]
-        program = _fsdp_program(traced, n_p, n_b, gathered, param_sh, batch if batch_axes else None)
+        reads = [NamedSharding(mesh, partition_spec(gathered(placements[n]), len(specs[i].shape)))
+                 for i, n in enumerate(names)]
+        program = _fsdp_program(traced, n_p, n_b, reads, param_sh, batch if batch_axes else None)
         traced = dataclasses.replace(traced, program=program)
     if plan.tp > 1:
         traced = dataclasses.replace(traced, program=_heads_kept(traced.program))
@@ -207,9 +206,7 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
     result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
                                 cache=cache)
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
-    unsharded = tuple(n for n in names
-                      if plan.devices > plan.dp and all(p.is_replicate() for p in placements[n])
-                      and math.prod(specs[names.index(n)].shape) > 1)
+    unsharded = tuple(n for i, n in enumerate(names) if unsplit(placements[n], specs[i].shape, plan))
     kv_bytes = sum(local[n_p + n_b:n_p + n_b + 2 * layers])
     fc = FitCompile(result, plan, placements, sum(local[:n_p]), 0, sum(local[n_p + n_b + 2 * layers:]),
                     unsharded)

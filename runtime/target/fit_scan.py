@@ -424,9 +424,9 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_debug.runtime.distributed.sharding import Replicate
     from tpu_debug.runtime.target.compile import compile_for_target
-    from tpu_debug.runtime.target.fit import AXES, FitCompile, _mesh, param_placements, partition_spec
+    from tpu_debug.runtime.target.fit import AXES, FitCompile, _mesh, param_placements, partition_spec, unsplit
+    from tpu_debug.runtime.target.fit import gathered as read_whole
 
     mesh = _mesh(target, plan)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -440,8 +440,7 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
         spec = partition_spec(placements[full], len(shape))
         stored[n] = NamedSharding(mesh, stacked_spec(spec, len(shape)) if stacked else spec)
         if stacked and plan.fsdp > 1:
-            keep = placements[full][:1] + (Replicate(),) + placements[full][2:]
-            gathered[n] = NamedSharding(mesh, partition_spec(keep, len(shape)))
+            gathered[n] = NamedSharding(mesh, partition_spec(read_whole(placements[full]), len(shape)))
     batch_axes = tuple(a for a, size in zip(AXES, plan.shape) if size > 1 and a != "tp")
     data = NamedSharding(mesh, PartitionSpec(batch_axes if batch_axes else None))
     hidden = NamedSharding(mesh, PartitionSpec(batch_axes)) if batch_axes else None
@@ -474,10 +473,9 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
         scale = every.flops / result.cost.flops if result.cost.flops else 1.0
         result = dataclasses.replace(result, cost=every)
     param_bytes = sum(local_bytes(p_specs[n], stored[n]) for n in names)
-    unsharded = tuple(n for n in names if plan.devices > plan.dp
-                      and all(p.is_replicate() for p in placements[f"{pieces.prefix}.0.{n}" if n in pieces.inner
-                                                                   else n])
-                      and math.prod(pieces.specs[n].shape) > 1)
+    unsharded = tuple(n for n in names
+                      if unsplit(placements[f"{pieces.prefix}.0.{n}" if n in pieces.inner else n],
+                                 pieces.specs[n].shape, plan))
     return FitCompile(result, plan, placements, param_bytes, 2 * param_bytes + 4,
                       2 * local_bytes(tokens, data), unsharded, scale)
 
