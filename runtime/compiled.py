@@ -31,10 +31,12 @@ import numpy as np
 import torch
 import torch.fx
 
+from jax._src.array import ArrayImpl as _ArrayImpl  # a computed payload's type: a 10 ns check
 from tpu_debug_core.errors import DeviceAssertError, LoweringBugError, UnsupportedError
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime import tensor as _tensor
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile
 from tpu_debug.runtime.config import config
@@ -330,6 +332,17 @@ class _Entry:
 _PROGRAM, _INPUT, _SAME, _SCALAR, _VIEW = range(5)
 
 
+def _executable(entry: _Entry, donate: bool):
+    """``entry``'s program, or when its inputs may not give their buffers up (see
+    CompiledGraph._can_donate) the same program without donation, compiled on first need."""
+    if donate:
+        return entry.compiled
+    if entry.plain is None:
+        entry.plain = entry.make_plain()
+    entry.undonated += 1
+    return entry.plain
+
+
 def _forget_program(entry: _Entry, where: tuple[CompiledGraph, tuple]) -> None:
     graph, sig = where
     graph._forget(sig, entry)
@@ -417,6 +430,7 @@ class CompiledGraph:
         )
         self._static_sig: tuple | None = None
         self._static_entry: _Entry | None = None  # its executable (CPU numerics)
+        self._static_shapes: tuple = ()
 
     def _signature(self, arrays) -> tuple:
         if _placement.active:  # a program is compiled for its inputs' shardings
@@ -425,6 +439,11 @@ class CompiledGraph:
         return tuple((a.shape, a.dtype) if hasattr(a, "shape") else ("s", a) for a in arrays)
 
     def __call__(self, args):
+        if self._static_entry is not None and not probes._op_probes and config.numerics == "cpu" \
+                and not _placement.active and _dryrun.active is None:
+            out = self._call_static(self._static_entry, args)
+            if out is not None:
+                return out
         mutated = self.program.mutated_inputs
         arrays, stores = self._input_arrays(args)
         if _placement.active:
@@ -448,6 +467,48 @@ class CompiledGraph:
                 _write_input(t, value)
             else:  # the storage of a dense input (see _input_arrays)
                 set_payload(t, value)
+        if self.program.asserts:
+            self._check_asserts(it)
+        return result
+
+    def _call_static(self, entry: _Entry, args: list) -> list | None:
+        """The call of a graph whose inputs have static shapes, when every input is a
+        dense `tpu` tensor holding its storage's whole payload (a training step's
+        parameters and optimizer state, call after call): the general path's work with
+        what the static signature already settles left out (each input's shape is the
+        signature's: dynamo's guards checked it). None when an input is not such a
+        tensor; the general path then takes the call (``args`` untouched).
+
+        A training step passes ~90 inputs: every per-input operation here costs that
+        many times per step, about a tenth of a tiny model's whole program."""
+        shapes = self._static_shapes
+        arrays = []
+        storages = []
+        for a, shape in zip(args, shapes):
+            storage = a.untyped_storage()
+            arr = getattr(storage, PAYLOAD_ATTR, None)
+            # the tensor's shape and the whole payload's equal, and contiguous: offset 0
+            if type(arr) is not _ArrayImpl or arr.aval.shape != shape or not a.is_contiguous():
+                return None
+            arrays.append(arr)
+            storages.append(storage)
+        arr = None  # a donated array's references are counted below
+        args.clear()  # boxed calling convention: free inputs early
+        targets = [storages[i] for i in self.program.mutated_inputs]
+        entry.calls += 1
+        refs = sys.getrefcount  # (references: as _can_donate counts them)
+        executable = _executable(entry, not entry.donated or all(refs(arrays[i]) <= 3 for i in entry.donated))
+        if self.program.rng_nodes:
+            arrays.append(_random.next_key())
+        outs = self._run(executable, arrays, self._static_sig)
+        it = iter(entry.restore(outs) if entry.lead else outs)
+        result = self._results(entry, it, arrays)
+        if _tensor._track is None:
+            for storage, value in zip(targets, it):
+                setattr(storage, PAYLOAD_ATTR, value)
+        else:
+            for storage, value in zip(targets, it):
+                set_payload(storage, value)
         if self.program.asserts:
             self._check_asserts(it)
         return result
@@ -492,23 +553,22 @@ class CompiledGraph:
     def _execute(self, entry: _Entry, sig: tuple, arrays: list, stores: dict) -> Any:
         """Run ``entry``'s program on the array inputs, reporting to the probes."""
         entry.calls += 1
-        executable = entry.compiled
-        if entry.donated and not self._can_donate(entry.donated, arrays, stores):
-            if entry.plain is None:
-                entry.plain = entry.make_plain()
-            executable = entry.plain
-            entry.undonated += 1
+        executable = _executable(entry, not entry.donated or self._can_donate(entry.donated, arrays, stores))
         if entry.spmd is not None:  # every rank must be about to run this same program
             _rankcheck.agree(entry.spmd)
+        outs = self._run(executable, [a for a in arrays if hasattr(a, "shape")], sig)
+        return entry.restore(outs) if entry.lead else outs
+
+    def _run(self, executable, arrays: list, sig: tuple):
+        """``executable`` on ``arrays``, timed for the probes when any listen."""
         if not probes._probes:
-            outs = executable(*[a for a in arrays if hasattr(a, "shape")])
-            return entry.restore(outs) if entry.lead else outs
+            return executable(*arrays)
         key = (self.graph_id, self.digest, sig)
         probes.executing("compiled", self.graph_id, key)
         start = time.perf_counter()
-        outs = executable(*[a for a in arrays if hasattr(a, "shape")])
+        outs = executable(*arrays)
         probes.executed("compiled", self.graph_id, key, time.perf_counter() - start)
-        return entry.restore(outs) if entry.lead else outs
+        return outs
 
     @staticmethod
     def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
@@ -552,8 +612,9 @@ class CompiledGraph:
         if entry is None:
             entry = self._compile(sig, arrays)
             self._keep(sig, entry)
-        if self._static and cpu:  # reused without a lookup (see __call__)
+        if self._static and cpu and entry.spmd is None:  # reused without a lookup (see __call__)
             self._static_entry = entry
+            self._static_shapes = tuple(s[0] for s in sig[:len(arrays)])
         return entry, sig
 
     def _keep(self, sig: tuple, entry: _Entry) -> None:

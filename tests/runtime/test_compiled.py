@@ -494,6 +494,31 @@ def test_overwritten_inputs_donate_their_buffers_unless_shared():
     torch.testing.assert_close(p.cpu(), p_cpu)
 
 
+def test_a_graph_called_with_dense_inputs_then_rows_of_a_bigger_tensor_reads_and_writes_each():
+    """A graph whose inputs have static shapes takes its inputs straight from their
+    storages while each is a whole, dense payload; a row of a bigger tensor (its storage
+    holds the other rows too, which dynamo's guards do not look at) passes the same
+    guards and must be read and written through its view: each call against the same
+    arithmetic on CPU."""
+
+    def update(p, g):
+        p.add_(g * 2)
+        return p.sum()
+
+    step = tpu_debug.compile(update)
+    rows_cpu, g_cpu = torch.randn(3, 16), torch.randn(16)
+    rows, g = rows_cpu.to("tpu"), g_cpu.to("tpu")
+    dense_cpu = torch.randn(16)
+    dense = dense_cpu.to("tpu")
+    for target, target_cpu in ((dense, dense_cpu), (dense, dense_cpu), (rows[1], rows_cpu[1]),
+                               (dense, dense_cpu), (rows[2], rows_cpu[2])):
+        total = step(target, g)
+        expected = target_cpu.add_(g_cpu * 2).sum()
+        torch.testing.assert_close(total.cpu(), expected)
+    torch.testing.assert_close(rows.cpu(), rows_cpu)  # rows 0 untouched, 1 and 2 updated once
+    torch.testing.assert_close(dense.cpu(), dense_cpu)
+
+
 @pytest.mark.parametrize("op", ["addcmul_", "addcdiv_"])
 def test_compiled_inplace_addcmul_addcdiv(op):
     """In-place ``addcmul_``/``addcdiv_`` decompose to ``prims.fma`` in a graph (Adam's
