@@ -38,6 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
 
 
+# the floor carrying the state PyTorch's step keeps (see jax_train_step's torch_state)
+STATE_FLOOR = "jax.jit floor, PyTorch's state"
+
+
 def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
     """Median ms per call of each variant: ``{name: (fn, sync)}``, with the median
     ratios of each to torch CPU eager ("CPU / name") and to the jax.jit floor ("name /
@@ -77,6 +81,8 @@ def _time_all(variants: dict, repeat: int, calls: int = 5) -> dict[str, float]:
         result["CPU / " + n] = statistics.median(b / x for b, x in zip(base, v))
         result[n + " / floor"] = statistics.median(x / f for x, f in zip(v, floor))
         result[n + " / floor CPU"] = statistics.median(x / f for x, f in zip(cpu_samples[n], cpu_floor))
+        if STATE_FLOOR in samples:
+            result[n + " / state floor"] = statistics.median(x / f for x, f in zip(v, samples[STATE_FLOOR]))
     return result
 
 
@@ -166,32 +172,41 @@ def _jax_cross_entropy(logits, target):
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), target[:, None], axis=1))
 
 
-def jax_train_step(fwd, params: dict, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-    """One jitted program: loss, gradients and torch.optim.AdamW's update (its defaults)."""
+def jax_train_step(fwd, params: dict, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                   torch_state: bool = False):
+    """One jitted program: loss, gradients and torch.optim.AdamW's update (its defaults).
+
+    ``torch_state``: the state PyTorch's step keeps, which the one-program step carries:
+    a step count per parameter (AdamW's, ``capturable=True``) and the gradients returned
+    (they stay in ``.grad`` after the step). Without it, one step count and no gradients
+    out: the least a jitted AdamW step can be."""
     import jax
     import jax.numpy as jnp
 
+    count = {k: jnp.zeros((), jnp.float32) for k in params} if torch_state else jnp.zeros((), jnp.float32)
     state = {"p": params, "m": jax.tree.map(jnp.zeros_like, params), "v": jax.tree.map(jnp.zeros_like, params),
-             "t": jnp.zeros((), jnp.float32)}
+             "t": count}
 
     def step(state, x, y):
         loss, g = jax.value_and_grad(lambda p: _jax_cross_entropy(fwd(p, x), y))(state["p"])
-        t = state["t"] + 1
+        t = jax.tree.map(lambda t: t + 1, state["t"])
         m = jax.tree.map(lambda m, g: betas[0] * m + (1 - betas[0]) * g, state["m"], g)
         v = jax.tree.map(lambda v, g: betas[1] * v + (1 - betas[1]) * g * g, state["v"], g)
-        c1, c2 = 1 - betas[0] ** t, 1 - betas[1] ** t
 
-        def update(p, m, v):
+        def update(p, m, v, t):
+            c1, c2 = 1 - betas[0] ** t, 1 - betas[1] ** t
             p = p * (1 - lr * weight_decay)
             return p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps)
 
-        return {"p": jax.tree.map(update, state["p"], m, v), "m": m, "v": v, "t": t}, loss
+        ts = t if torch_state else jax.tree.map(lambda _: t, state["p"])
+        new = {"p": jax.tree.map(update, state["p"], m, v, ts), "m": m, "v": v, "t": t}
+        return (new, loss, g) if torch_state else (new, loss)
 
     jitted = jax.jit(step, donate_argnums=0)
     box = [state]
 
     def run(x, y):
-        box[0], loss = jitted(box[0], x, y)
+        box[0], loss, *grads = jitted(box[0], x, y)
         return loss
 
     return run
@@ -267,6 +282,7 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
     if jx.dtype == np.int64:
         jx = jx.astype(np.int32)
     floor = jax_train_step(jax_fwd(cpu), _jax_params(cpu))
+    state_floor = jax_train_step(jax_fwd(cpu), _jax_params(cpu), torch_state=True)
 
     def eager_step(model, opt, x, y):
         opt.zero_grad()
@@ -294,6 +310,7 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3)
     reference = eager_step(ref_model, ref_opt, x, y).item()
     np.testing.assert_allclose(float(floor(jx, jy)), reference, rtol=1e-4)
+    np.testing.assert_allclose(float(state_floor(jx, jy)), reference, rtol=1e-4)
     for step, model in ((compiled_model_step, dev_c), (compiled_fn_step, dev_s), (lambda: full_c(xd, yd), dev_f)):
         np.testing.assert_allclose(step().item(), reference, rtol=1e-4)
         for p, q in zip(model.parameters(), ref_model.parameters()):
@@ -305,14 +322,15 @@ def train_steps(make, jax_fwd, batch, loss_fn, repeat: int) -> dict[str, float]:
         "tpu compiled step": (compiled_fn_step, _sync),
         "tpu compiled one program": (lambda: full_c(xd, yd), _sync),
         "jax.jit floor": (lambda: floor(jx, jy), _block),
+        STATE_FLOOR: (lambda: state_floor(jx, jy), _block),
     }, repeat)
 
 
 def _print_tables(rows: dict) -> None:
     columns = ("torch CPU eager", "tpu eager", "tpu compiled", "tpu compiled step", "tpu compiled one program",
-               "jax.jit floor")
+               "jax.jit floor", STATE_FLOOR)
     heads = ("torch CPU eager", "tpu eager", "tpu compiled: model", "tpu compiled: step",
-             "tpu compiled: one program", "jax.jit floor")
+             "tpu compiled: one program", "jax.jit floor", STATE_FLOOR)
 
     def cell(r, key, fmt):
         return fmt.format(r[key]) if key in r else "-"
@@ -323,9 +341,10 @@ def _print_tables(rows: dict) -> None:
         print(f"| {name} | " + " | ".join(cell(r, c, "{:.2f}") for c in columns) + " |")
     print("\nms: median per call (wall clock)\n")
     ratio_heads = ("CPU / compiled model", "CPU / compiled step", "CPU / one program", "CPU / floor",
-                   "one program / floor", "one program / floor, CPU time")
+                   "one program / floor", "one program / floor, CPU time", "one program / floor with PyTorch's state")
     keys = ("CPU / tpu compiled", "CPU / tpu compiled step", "CPU / tpu compiled one program", "CPU / jax.jit floor",
-            "tpu compiled one program / floor", "tpu compiled one program / floor CPU")
+            "tpu compiled one program / floor", "tpu compiled one program / floor CPU",
+            "tpu compiled one program / state floor")
     print("| workload | " + " | ".join(ratio_heads) + " |")
     print("|---|" + "---:|" * len(ratio_heads))
     for name, r in rows.items():
