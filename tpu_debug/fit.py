@@ -195,10 +195,11 @@ class FitReport:
             out.append("this mixture-of-experts step routes the whole batch's tokens on every chip, so its "
                        "temporaries grow with the slice and overstate a run that routes each shard's own "
                        "(docs/fit.md); its MFU estimate leaves the experts' grouped matmuls out")
-        if self.extrapolation and self.plan.fsdp > 1:
-            out.append("the per-chip figures are extended from 2 and 3 layers; with FSDP the layers' "
-                       "temporaries do not grow by equal steps, and small models measured 8-10 % off their "
-                       "full compile (docs/fit.md): a verdict within that margin is not settled")
+        if self.extrapolation:
+            out.append("the per-chip figures are extended from 2 and 3 layers, asked for: the TPU compiler "
+                       "schedules a short program differently, and extended figures measured from 8 % under to "
+                       "2.3 times their full compile (docs/fit.md): compile the whole model (the default) to settle "
+                       "the verdict")
         return tuple(out)
 
     @property
@@ -339,10 +340,12 @@ def fit(
             ``runtime.target.fit_infer``).
         dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
         overrides: config fields to change (``{"num_hidden_layers": 2}``).
-        extrapolate: a forward step only: compile it with 2 and 3 decoder layers and extend
-            every per-chip figure linearly to the model's layer count; None does so for
-            forward steps of more than ``EXTRAPOLATE_ABOVE`` layers. The report says when it
-            was used. A training step is never extended (``loop`` instead).
+        extrapolate: a forward, prefill or decode step, asked for: compile it with 2 and 3
+            decoder layers and extend every per-chip figure linearly to the model's layer
+            count (quicker for a big model that fits; the report says it was used and that
+            the figures are not settled). Off by default (None, False): against full compiles
+            it missed by far (Llama-3-8B prefill on v5e-8, tp=8, 2 x 4096: 18.3 GiB extended,
+            7.9 compiled; docs/fit.md). A training step is never extended (``loop`` instead).
         shard_activations: constrain every activation whose first dimension is the batch
             (or batch x seq) to be split over the batch axes; off, only the embeddings'
             output is, and XLA's propagation carries the split on
@@ -352,7 +355,7 @@ def fit(
         loop: compile a training step's decoder layers as one loop over their stacked
             parameters (``runtime.target.fit_scan``: every layer in the program, one
             compiled, nothing extrapolated); None does so for models of more than
-            ``EXTRAPOLATE_ABOVE`` identical layers; False compiles them unrolled (the program
+            ``LOOP_ABOVE`` identical layers; False compiles them unrolled (the program
             ``torch.compile`` of the step makes; slow for big models).
         remat: activation checkpointing in the loop: each layer keeps only its input for
             the backward and recomputes the rest.
@@ -389,9 +392,7 @@ def fit(
             "a training step is not extended from fewer layers: the XLA TPU compiler schedules a short step "
             "differently (Llama-3-8B from 2 and 3 of 32 layers: 36 % under the full compile on v5e-64, 2.9x "
             "over on v6e-64); its layers are compiled as one loop (loop=True, the default above "
-            f"{EXTRAPOLATE_ABOVE} layers) or unrolled (loop=False)")
-    if extrapolate is None:
-        extrapolate = job != "train" and layers > EXTRAPOLATE_ABOVE
+            f"{LOOP_ABOVE} layers) or unrolled (loop=False)")
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     parameters = sum(p.numel() for p in model.parameters())
@@ -400,7 +401,7 @@ def fit(
     args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
     unrolled = loop is False  # asked for: remat and master weights need the loop
     if loop is None:
-        loop = job == "train" and layers > EXTRAPOLATE_ABOVE and _has_layer_stack(config, dtype)
+        loop = job == "train" and layers > LOOP_ABOVE and _has_layer_stack(config, dtype)
     if master_dtype not in (None, "float32"):
         raise TargetError(f"master_dtype {master_dtype!r}: give 'float32' (or None: the parameters' dtype)")
     if loop or remat or master_dtype:
@@ -489,7 +490,8 @@ _MOE_NOTE = ("experts as one grouped matmul over the whole batch's routed tokens
              "batch axes")
 
 
-EXTRAPOLATE_ABOVE = 4
+# a training step of more layers than this is compiled as a loop by default
+LOOP_ABOVE = 4
 # the layer counts compiled to extrapolate from: a one-layer step's temporaries are not on the
 # line the longer ones lie on (a Llama step's peak grows by one layer's activations from two
 # layers on; from one to two by less), so the line goes through 2 and 3
