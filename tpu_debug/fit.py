@@ -17,6 +17,7 @@ import dataclasses
 import json
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -963,17 +964,47 @@ def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str
     from tpu_debug.tracers.location import user_location
     from tpu_debug.tracing import active_trace
 
+    return _keep((report,), logdir, name or f"fit-{report.model}-{report.target.name}", fixes)
+
+
+def record_search(found: PlanSearch, *, logdir: str | Path | None = None, name: str | None = None) -> Path:
+    """Keep a plan search as one run: every candidate's answer, the recommended one last (the
+    TUI's fit view shows the last; ``tpu-debug report`` lists them all; ``tpu-debug diff`` of two
+    searches compares their recommendations). Where it goes: as ``record_fit``.
+
+    Returns:
+        The run's directory.
+
+    Raises:
+        TargetError: a search with no candidate; otherwise as ``record_fit``.
+    """
+    if not found.candidates:
+        raise TargetError(f"search for the {found.question}: no candidate was compiled, nothing to keep")
+    rest = [r for r in found.candidates if r is not found.best]
+    reports = (*rest, found.best) if found.best is not None else tuple(rest)
+    last = reports[-1]
+    return _keep(reports, logdir, name or f"fit-search-{last.model}-{last.target.name}")
+
+
+def _keep(reports: Sequence[FitReport], logdir: str | Path | None, name: str, fixes: Fixes | None = None) -> Path:
+    """Put ``reports`` (``fixes`` with the last) into the active trace's run when there is one
+    and no ``logdir``; into a new run otherwise."""
+    from tpu_debug.tracers.location import user_location
+    from tpu_debug.tracing import active_trace
+
     active = active_trace()
     writer = getattr(active, "_writer", None)  # the trace's own run writer, while it records
     if logdir is None and writer is not None:
-        clock = active._recorder.clock
-        writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=user_location(),
-                             fixes=fixes))
+        clock, where = active._recorder.clock, user_location()
+        for i, report in enumerate(reports):
+            writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=where,
+                                 fixes=fixes if i == len(reports) - 1 else None))
         return active.session.run_dir
-    return _new_fit_run(report, logdir, name or f"fit-{report.model}-{report.target.name}", fixes)
+    return _new_fit_run(reports, logdir, name, fixes)
 
 
-def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str, fixes: Fixes | None = None) -> Path:
+def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: str,
+                 fixes: Fixes | None = None) -> Path:
     import datetime as _dt
     import sys
 
@@ -986,10 +1017,11 @@ def _new_fit_run(report: FitReport, logdir: str | Path | None, name: str, fixes:
     meta = {"name": name, "status": "running", "argv": list(sys.argv),
             "command": list(getattr(sys, "orig_argv", sys.argv)), "cwd": str(Path.cwd()),
             "start_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
-            "platform": "tpu", "device_kind": report.target.device_kind,
-            "device_count": report.target.devices,
+            "platform": "tpu", "device_kind": reports[-1].target.device_kind,
+            "device_count": reports[-1].target.devices,
             "compile_only": True}
     writer = RunWriter(run_dir / DB_NAME, meta)
-    writer.put(fit_event(report, event_id=writer.new_id(), fixes=fixes))
-    writer.close({"status": "finished", "exit_status": 0, "duration": report.seconds})
+    for i, report in enumerate(reports):
+        writer.put(fit_event(report, event_id=writer.new_id(), fixes=fixes if i == len(reports) - 1 else None))
+    writer.close({"status": "finished", "exit_status": 0, "duration": sum(r.seconds for r in reports)})
     return run_dir

@@ -124,6 +124,38 @@ def test_no_record_keeps_no_run(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_search_is_kept_as_one_run_with_the_recommended_plan_last(reports, tmp_path, capsys):
+    """Every candidate a search compiled is kept, field for field, the recommended one last
+    (what the TUI's fit view shows); from the command line too."""
+    from tpu_debug.fit import PlanSearch, record_search
+
+    fsdp, dp, over = reports["fsdp"], reports["dp"], reports["over"]
+    found = PlanSearch("largest batch", (fsdp, over, dp), best=fsdp)
+    run_dir = record_search(found, logdir=tmp_path, name="search")
+    sections = _report_json(run_dir, capsys)["fit"]
+    assert len(sections) == 3
+    for section, report in zip(sections, (over, dp, fsdp)):
+        _check_section(section, report)
+    none_fits = PlanSearch("smallest slice", (over,), best=None)
+    (section,) = _report_json(record_search(none_fits, logdir=tmp_path, name="none"), capsys)["fit"]
+    _check_section(section, over)
+    with pytest.raises(tpu_debug.TpuDebugError, match=r"no candidate was compiled, nothing to keep"):
+        record_search(PlanSearch("largest batch", (), best=None), logdir=tmp_path)
+
+
+def test_the_cli_keeps_a_search_as_a_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TPU_DEBUG_LOGDIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+    assert main(["fit", "tiny-llama", "--target", "v5e-8", "--plan", "fsdp", "--batch", "8", "--seq", "32",
+                 "--search", "slice"]) == 0
+    out, err = capsys.readouterr()
+    saved = re.search(r"run saved in (\S+) \(tpu-debug report", err)
+    assert saved, err
+    (event,) = tpu_debug.open_run(saved.group(1)).events("fit")  # a v5e-1 holds the tiny model: one candidate
+    assert (event.target, event.fits) == ("v5e-1", True)
+    assert out.startswith("smallest slice: v5e-1, plan single, batch 8")  # one chip: nothing to split
+
+
 @pytest.mark.parametrize("which", ["fsdp", "over"])
 def test_report_json_and_text_show_the_answer(reports, which, tmp_path, capsys):
     from tpu_debug.fit import record_fit

@@ -69,7 +69,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         "(default: TPU_DEBUG_LOGDIR or ./tpu_debug_runs)")
     parser.add_argument("--name", default=None, help="the run's name (default: fit-MODEL-TARGET)")
     parser.add_argument("--no-record", dest="record", action="store_false",
-                        help="print the answer only; keep no run (a --search keeps none either way)")
+                        help="print the answer only; keep no run (a --search keeps every candidate, the recommended one "
+                        "last)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
             print()
         else:
             print(found.render())
+        if args.record and found.candidates:
+            from tpu_debug.fit import record_search
+
+            run_dir = record_search(found, logdir=args.logdir, name=args.name)
+            print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
         return 0 if found.best else NOT_FIT
     report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
     found_fixes = None
