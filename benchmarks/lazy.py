@@ -41,6 +41,8 @@ BASE = "tpu eager op by op"
 
 
 def _sync(out):
+    if out.device.type != "tpu":  # PyTorch's own CPU step: done when it returns
+        return out
     lazy.computed(out)
     to_jax(out).block_until_ready()
     return out
@@ -161,8 +163,18 @@ def train_steps(make, batch, loss_fn, repeat: int) -> dict[str, float]:
         for p, q in zip(model.parameters(), ref_model.parameters()):
             torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-4)  # AdamW: lr 1e-3 per step
     result = _time_all({BASE: op_by_op, "tpu eager fused": fused, "tpu compiled step": compiled}, repeat)
-    result["phases"] = {mode: _phases(lambda m=model, o=opt: eager_step_parts(m, o, xd, yd), mode, repeat)
+    result["phases"] = {mode.name: _phases(lambda m=model, o=opt: eager_step_parts(m, o, xd, yd), mode, repeat)
                         for mode, model, opt in ((NEVER, never_model, never_opt), (FUSE, fuse_model, fuse_opt))}
+    # the same parts in PyTorch's own CPU eager mode, on one thread (its compute included, tiny
+    # here): what PyTorch's dispatcher, autograd and the model's Python cost per step before
+    # any device records anything
+    cpu_opt = torch.optim.AdamW(cpu.parameters(), lr=1e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result["phases"]["torch CPU eager, one thread"] = _phases(lambda: eager_step_parts(cpu, cpu_opt, x, y), NEVER, repeat)
+    finally:
+        torch.set_num_threads(threads)
     # the timed fused steps after warm-up: how many programs their graphs needed
     before = {(e["name"], e["ops"]) for e in lazy.fused_stats()}
     heard = []
@@ -223,7 +235,7 @@ def main(argv=None) -> None:
     for name, r in rows.items():
         for mode, ph in r["phases"].items():
             parts = ", ".join(f"{p} {v:.2f}" for p, v in ph.items())
-            print(f"  {name}, {mode.name}: thread CPU ms per part: {parts} (total {sum(ph.values()):.2f})")
+            print(f"  {name}, {mode}: thread CPU ms per part: {parts} (total {sum(ph.values()):.2f})")
     print("\nms: median per step; speed-ups: median over rounds of op-by-op time / the column's; "
           "fused / compiled: the fused step's time over the compiled step's")
     print(f"\nload average {' '.join(f'{v:.1f}' for v in os.getloadavg())} (2 CPUs)")
