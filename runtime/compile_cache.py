@@ -365,12 +365,16 @@ def _count(root: Path) -> int:
 
 
 def _evict(root: Path, target: int) -> int:
+    from tpu_debug.runtime.distributed.xla_log import KEPT_SUFFIX
+
     entries = sorted(_entries(root))
     total = sum(size for _, size, _ in entries)
     for _, size, path in entries:
         if total <= target:
             break
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        # the entry and the warnings its compile logged (kept beside it by xla_log)
+        for gone in (path, path.with_name(path.name + KEPT_SUFFIX)):
+            with contextlib.suppress(FileNotFoundError):
+                gone.unlink()
         total -= size
     return total

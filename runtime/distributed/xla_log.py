@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tpu_debug.runtime.distributed import placement
 
-__all__ = ["RematWarning", "add_reader", "capture", "parse_line", "remember", "remove_reader", "take"]
+__all__ = ["KEPT_SUFFIX", "RematWarning", "add_reader", "capture", "parse_line", "remember", "remove_reader", "take"]
 
 _MARK = b"Involuntary full rematerialization"
 # a sharding is {...}, possibly holding one nested {...} (its metadata)
@@ -239,7 +239,7 @@ def _finish() -> None:
             rest = rest[os.write(2, rest):]
 
 
-_KEPT = ".xla-log"  # beside a compile cache entry: the warnings its compile logged, one per line
+KEPT_SUFFIX = ".xla-log"  # beside a compile cache entry: the warnings its compile logged, one per line
 
 
 def remember(entry: Path | None, from_cache: bool) -> None:
@@ -248,14 +248,14 @@ def remember(entry: Path | None, from_cache: bool) -> None:
     warnings its compile logged. A file that cannot be read or written costs the warnings only."""
     if entry is None or not (placement.active and _readers):
         return
-    kept = entry.with_name(entry.name + _KEPT)
+    kept = entry.with_name(entry.name + KEPT_SUFFIX)
     try:
         if from_cache:
             if kept.exists():
                 found = (parse_line(line) for line in kept.read_text().splitlines())
                 _local.taken = tuple(w for w in found if w is not None)
         elif getattr(_local, "taken", ()):
-            tmp = kept.with_name(f".tmp-{os.getpid()}-{threading.get_native_id()}{_KEPT}")
+            tmp = kept.with_name(f".tmp-{os.getpid()}-{threading.get_native_id()}{KEPT_SUFFIX}")
             tmp.write_text("".join(w.text + "\n" for w in _local.taken))
             os.replace(tmp, kept)
         else:

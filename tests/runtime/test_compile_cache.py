@@ -169,10 +169,16 @@ def test_size_bound_drops_least_recently_used(cache, monkeypatch):
     # room for about two programs of this size: the first ones go as the later ones arrive
     monkeypatch.setattr(config, "compile_cache_bytes", int(one * 2.5))
     monkeypatch.setattr(compile_cache, "_sizes", {})
+    # the warnings a sharded compile logged are kept beside its entry: they go with it
+    for path in cache.glob("*.xc"):
+        path.with_name(path.name + ".xla-log").write_text("")
+    first = set(cache.glob("*.xc"))
     for x in xs[1:]:
         _fresh_process_call(x)
     held = sum(p.stat().st_size for p in cache.glob("*.xc"))
     assert held <= config.compile_cache_bytes
+    gone = first - set(cache.glob("*.xc"))
+    assert gone and not any(p.with_name(p.name + ".xla-log").exists() for p in gone)
     with _listening() as log:  # the newest is still there, the oldest is not
         _fresh_process_call(xs[-1])
     assert all(i.from_cache for i in log.infos)
