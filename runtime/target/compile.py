@@ -220,11 +220,14 @@ def parse_compile_error(message: str) -> CompileError:
 # (each fusion emitted as LLO, VLIW-scheduled, registers allocated: 76 of 84 s for a
 # looped Llama-3-8B step), and a fusion's code grows with the VMEM windows its emitter
 # picks under the lowering's VMEM limit. libtpu's scaling factor of 64 on that limit
-# makes the emitters pick small windows (a 2048x4096 by 4096x14336 matmul fusion for v6e:
-# a loop of 8,624 iterations instead of 56, 0.16 MB of code instead of 2.6): far less
-# code, made in less than half the time, slower on a chip. Buffer assignment (HBM arguments, outputs, temporaries) is decided before code
-# generation and stays the same; the code's own bytes shrink (docs/fit.md has the check).
-# For answers that read memory, cost analysis and collectives, never for a program to run.
+# makes the emitters pick small windows (a 2048x4096 by 4096x14336 matmul fusion for
+# v6e: a loop of 8,624 iterations instead of 56, 0.16 MB of code instead of 2.6): far
+# less code, made in less than half the time, slower on a chip. Buffer assignment (HBM
+# arguments, outputs, temporaries) is decided before code generation and stays the
+# same; the code's own bytes shrink (docs/fit.md has the check). At 256 some fusions'
+# tiny-window code outgrows an overlay and is emitted again up to three times (slower
+# on Llama-3-70B). For answers that read memory, cost analysis and collectives, never
+# for a program to run.
 CODEGEN_OPTIONS: dict[str, Any] = {"xla_lowering_vmem_limit_scaling_factor": 64}
 
 

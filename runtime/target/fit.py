@@ -190,12 +190,14 @@ class FitCompile:
     flops_scale: float = 1.0  # the looped step: its flops with every layer / XLA's (one layer counted)
 
 
-def compile_fit(fn, args: tuple, target: Target, *, optimization_level: str | None, cache: bool) -> TargetCompile:
+def compile_fit(fn, args: tuple, target: Target, *, optimization_level: str | None,
+                cache: bool) -> TargetCompile:
     """Compile a fit program with small-window code generation (``CODEGEN_OPTIONS``).
 
-    The memory, cost analysis and collectives are the full code generation's; a program
-    the smaller windows cannot lower (a compile error, not an out-of-memory) is compiled
-    again without them, so the option never turns an answer into a refusal.
+    The HBM buffers, cost analysis and collectives are the full code generation's (only
+    the code's own bytes are smaller); a program the small windows cannot lower (a
+    compile error, not an out-of-memory) is compiled again without them, so the option
+    never turns an answer into a refusal.
     """
     result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
                                 compiler_options=CODEGEN_OPTIONS, cache=cache)

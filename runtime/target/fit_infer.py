@@ -30,8 +30,8 @@ import time
 import jax
 
 from tpu_debug.runtime.target.dryrun import TracedStep, _meta, _nbytes
-from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh, compile_fit,
-                                          gathered, param_placements, partition_spec, unsplit)
+from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
+                                          compile_fit, gathered, param_placements, partition_spec, unsplit)
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["trace_infer", "compile_infer", "cache_shape", "cache_spec"]
