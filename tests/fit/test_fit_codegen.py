@@ -47,3 +47,42 @@ def test_codegen_options_keep_the_buffers_and_shrink_the_code():
     assert direct.temp_size_in_bytes > 0  # the program's temporaries are in HBM, so the check bites
     # the option's purpose: smaller windows, less code (measured 0.16 MB against 2.6 MB)
     assert ours.generated_code_bytes < direct.generated_code_size_in_bytes / 4
+
+
+def test_a_program_the_small_windows_cannot_lower_is_compiled_again_without_them(monkeypatch):
+    from tpu_debug.runtime.target import fit as fit_module
+    from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, CompileError, MemoryStats, TargetCompile
+    from tpu_debug.runtime.target.hardware import parse_target
+
+    target = parse_target("v6e")
+    refused = TargetCompile(target, "jit_step", 1.0, error=CompileError("compile_error", "INTERNAL", "no window"))
+    done = TargetCompile(target, "jit_step", 2.0, memory=MemoryStats(1, 2, 0, 3, 4))
+    calls = []
+
+    def fake(fn, args, tgt, **options):
+        calls.append(options.get("compiler_options"))
+        return refused if options.get("compiler_options") else done
+
+    monkeypatch.setattr(fit_module, "compile_for_target", fake)
+    result = fit_module.compile_fit(None, (), target, optimization_level=None, cache=False)
+    assert calls == [CODEGEN_OPTIONS, None]
+    assert result is done
+
+
+def test_an_out_of_memory_is_an_answer_and_not_compiled_again(monkeypatch):
+    from tpu_debug.runtime.target import fit as fit_module
+    from tpu_debug.runtime.target.compile import CompileError, TargetCompile
+    from tpu_debug.runtime.target.hardware import parse_target
+
+    target = parse_target("v6e")
+    oom = TargetCompile(target, "jit_step", 1.0,
+                        error=CompileError("hbm_oom", "RESOURCE_EXHAUSTED", "Ran out of memory", None, 40, 31))
+    calls = []
+
+    def fake(fn, args, tgt, **options):
+        calls.append(options.get("compiler_options"))
+        return oom
+
+    monkeypatch.setattr(fit_module, "compile_for_target", fake)
+    assert fit_module.compile_fit(None, (), target, optimization_level=None, cache=False) is oom
+    assert len(calls) == 1
