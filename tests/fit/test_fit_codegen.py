@@ -49,13 +49,14 @@ def test_codegen_options_keep_the_buffers_and_shrink_the_code():
     assert ours.generated_code_bytes < direct.generated_code_size_in_bytes / 4
 
 
-def test_a_program_the_small_windows_cannot_lower_is_compiled_again_without_them(monkeypatch):
+def test_a_program_the_small_windows_cannot_lower_is_compiled_without_them(monkeypatch):
     from tpu_debug.runtime.target import fit as fit_module
     from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, CompileError, MemoryStats, TargetCompile
     from tpu_debug.runtime.target.hardware import parse_target
 
     target = parse_target("v6e")
-    refused = TargetCompile(target, "jit_step", 1.0, error=CompileError("compile_error", "INTERNAL", "no window"))
+    refused = TargetCompile(target, "jit_step", 1.0,
+                            error=CompileError("compile_error", "INTERNAL", "no window"))
     done = TargetCompile(target, "jit_step", 2.0, memory=MemoryStats(1, 2, 0, 3, 4))
     calls = []
 
