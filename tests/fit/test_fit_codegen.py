@@ -76,8 +76,8 @@ def test_an_out_of_memory_is_an_answer_and_not_compiled_again(monkeypatch):
     from tpu_debug.runtime.target.hardware import parse_target
 
     target = parse_target("v6e")
-    oom = TargetCompile(target, "jit_step", 1.0,
-                        error=CompileError("hbm_oom", "RESOURCE_EXHAUSTED", "Ran out of memory", None, 40, 31))
+    error = CompileError("hbm_oom", "RESOURCE_EXHAUSTED", "Ran out of memory", None, 40, 31)
+    oom = TargetCompile(target, "jit_step", 1.0, error=error)
     calls = []
 
     def fake(fn, args, tgt, **options):
