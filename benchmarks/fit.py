@@ -1,9 +1,10 @@
 """`tpu-debug fit` on real model sizes: the answer, its wall time and the host memory it took.
 
 Each answer is a fresh process (`python -m tpu_debug fit ... --json --no-record`) with
-its own empty TPU-target cache, so every program is compiled; its wall time and peak
-resident memory (`os.wait4`'s rusage of that child) are the figures. Prints a markdown
-table; paste it into benchmarks/README.md with the load average it prints.
+its own empty TPU-target cache, so every program is compiled; its wall time, CPU time
+(user + system) and peak resident memory (`os.wait4`'s rusage of that child) are the
+figures. Prints a markdown table; paste it into benchmarks/README.md with the load
+average it prints.
 
     python benchmarks/fit.py                 # the large configurations, XLA's default effort
     python benchmarks/fit.py --quick         # the same at O0 (faster, figures higher)
@@ -62,7 +63,7 @@ def answer(model: str, target: str, plan: str, batch: int, seq: int, options: tu
         data = json.loads(text)
     except json.JSONDecodeError:
         data = {"error": (errors.strip().splitlines() or ["no output"])[-1]}
-    return {"wall": wall, "rss": usage.ru_maxrss * 1024, "data": data}
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024, "data": data}
 
 
 def _row(spec: tuple, quick: bool) -> str:
@@ -72,7 +73,8 @@ def _row(spec: tuple, quick: bool) -> str:
     load = max(load, os.getloadavg()[0])  # the machine may be shared: a load stretches the wall time
     d = got["data"]
     head = f"| {label} | {batch} x {seq} | {' '.join(options) or '-'} |"
-    tail = f"{got['wall']:.0f} s | {got['rss'] / 1e9:.1f} GB | {load:.1f} |"
+    # CPU seconds beside the wall time: another job on the machine stretches the wall, not the CPU
+    tail = f"{got['wall']:.0f} s | {got['cpu']:.0f} s | {got['rss'] / 1e9:.1f} GB | {load:.1f} |"
     if "required" not in d:
         return f"{head} error: {d.get('error')} | - | {tail}"
     verdict = {True: "fits", False: "does NOT fit", None: "refused"}[d["fits"]]
@@ -91,8 +93,8 @@ def main(argv=None) -> None:
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
           f"effort: {'O0' if args.quick else 'default'}")
     print("| answer (model, slice, plan) | batch x seq | options | per chip: needs / usable | MFU (estimate) "
-          "| wall | peak RSS | load avg |")
-    print("|---|---|---|---|---:|---:|---:|---:|")
+          "| wall | CPU | peak RSS | load avg |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for spec in rows:
         print(_row(spec, args.quick), flush=True)
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")

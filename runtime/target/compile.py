@@ -44,6 +44,7 @@ from tpu_debug.runtime.target.errors import TargetError, TargetSpecError
 from tpu_debug.runtime.target.hardware import Target, parse_target
 
 __all__ = [
+    "CODEGEN_OPTIONS",
     "MemoryStats",
     "CostStats",
     "CompileError",
@@ -213,6 +214,23 @@ def parse_compile_error(message: str) -> CompileError:
     return CompileError("compile_error", status, first, code_text)
 
 
+# -- options ------------------------------------------------------------------------
+
+# Most of a big program's TPU compile at the default effort level is code generation
+# (each fusion emitted as LLO, VLIW-scheduled, registers allocated: 76 of 84 s for a
+# looped Llama-3-8B step), and a fusion's code grows with the VMEM windows its emitter
+# picks under the lowering's VMEM limit. libtpu's scaling factor of 64 on that limit
+# makes the emitters pick small windows (a 2048x4096 by 4096x14336 matmul fusion for
+# v6e: a loop of 8,624 iterations instead of 56, 0.16 MB of code instead of 2.6): far
+# less code, made in less than half the time, slower on a chip. Buffer assignment (HBM
+# arguments, outputs, temporaries) is decided before code generation and stays the
+# same; the code's own bytes shrink (docs/fit.md has the check). At 256 some fusions'
+# tiny-window code outgrows an overlay and is emitted again up to three times (slower
+# on Llama-3-70B). For answers that read memory, cost analysis and collectives, never
+# for a program to run.
+CODEGEN_OPTIONS: dict[str, Any] = {"xla_lowering_vmem_limit_scaling_factor": 64}
+
+
 # -- results from a compiled executable ---------------------------------------------
 
 
@@ -284,6 +302,7 @@ def compile_for_target(
     donate_argnums: tuple[int, ...] = (),
     x64: bool | None = None,
     optimization_level: str | None = None,
+    compiler_options: dict[str, Any] | None = None,
     cache: bool = True,
 ) -> TargetCompile:
     """Compile ``fn`` for a TPU target, with inputs that hold no data.
@@ -340,9 +359,9 @@ def compile_for_target(
     with _x64(x64):
         lowered = jitted.lower(*args, **kwargs)
         text = lowered.as_text()
-    key = _cache_key("jit", text, tgt, level)
+    key = _cache_key("jit", text, tgt, level, compiler_options)
     return _compile(tgt, _module_name(text), key, cache, lambda options: _compile_jit(lowered, options),
-                    level)
+                    level, compiler_options)
 
 
 def _compile_jit(lowered, options: dict[str, Any]):
@@ -442,12 +461,14 @@ def _level(level: str | None) -> str | None:
     return level
 
 
-def _cache_key(kind: str, text: str, target: Target, level: str | None) -> str:
+def _cache_key(kind: str, text: str, target: Target, level: str | None,
+               options: dict[str, Any] | None = None) -> str:
     import jaxlib
 
     h = hashlib.sha256()
+    extra = [repr(sorted(options.items()))] if options else []  # none: the key it always had
     for part in (kind, target.topology, str(level), jax.__version__, jaxlib.__version__,
-                 _libtpu.libtpu_version(), text):
+                 _libtpu.libtpu_version(), *extra, text):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -475,7 +496,7 @@ def _read_dump(directory: str) -> str | None:
 
 
 def _compile(target: Target, program: str, key: str, use_cache: bool, run,
-             level: str | None) -> TargetCompile:
+             level: str | None, options: dict[str, Any] | None = None) -> TargetCompile:
     from tpu_debug.runtime.target import cache
 
     if use_cache:
@@ -486,7 +507,7 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
     with tempfile.TemporaryDirectory(prefix="tpu_debug-target-") as dump:
         try:
             with _effort(level):
-                memory, cost, text = run(_dump_options(dump))
+                memory, cost, text = run({**_dump_options(dump), **(options or {})})
         except Exception as exc:  # noqa: BLE001 - only the compiler's own refusals become results
             if not _is_compile_failure(exc):
                 raise

@@ -30,7 +30,7 @@ import re
 import jax
 import numpy as np
 
-from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
+from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, TargetCompile, compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
@@ -188,6 +188,23 @@ class FitCompile:
     batch_bytes: int
     unsharded: tuple[str, ...]
     flops_scale: float = 1.0  # the looped step: its flops with every layer / XLA's (one layer counted)
+
+
+def compile_fit(fn, args: tuple, target: Target, *, optimization_level: str | None,
+                cache: bool) -> TargetCompile:
+    """Compile a fit program with small-window code generation (``CODEGEN_OPTIONS``).
+
+    The HBM buffers, cost analysis and collectives are the full code generation's (only
+    the code's own bytes are smaller); a program the small windows cannot lower (a
+    compile error, not an out-of-memory) is compiled again without them, so the option
+    never turns an answer into a refusal.
+    """
+    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
+                                compiler_options=CODEGEN_OPTIONS, cache=cache)
+    if result.error is not None and result.error.kind == "compile_error":
+        result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
+                                    cache=cache)
+    return result
 
 
 def _mesh(target: Target, plan: Plan):
@@ -356,8 +373,7 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))
-    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
-                                cache=cache)
+    result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
     param_bytes = sum(local[:n_p])
     state_bytes = sum(local[n_p + n_b:3 * n_p + n_b + 1]) if train else 0

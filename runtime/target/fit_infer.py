@@ -29,10 +29,9 @@ import time
 
 import jax
 
-from tpu_debug.runtime.target.compile import compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep, _meta, _nbytes
-from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh, gathered,
-                                          param_placements, partition_spec, unsplit)
+from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
+                                          compile_fit, gathered, param_placements, partition_spec, unsplit)
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["trace_infer", "compile_infer", "cache_shape", "cache_spec"]
@@ -203,8 +202,7 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))
-    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
-                                cache=cache)
+    result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
     unsharded = tuple(n for i, n in enumerate(names) if unsplit(placements[n], specs[i].shape, plan))
     kv_bytes = sum(local[n_p + n_b:n_p + n_b + 2 * layers])
