@@ -424,6 +424,7 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from tpu_debug.runtime.target import fit_moe
     from tpu_debug.runtime.target.compile import compile_for_target
     from tpu_debug.runtime.target.fit import AXES, FitCompile, _mesh, param_placements, partition_spec, unsplit
     from tpu_debug.runtime.target.fit import gathered as read_whole
@@ -466,7 +467,9 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     args = (p_specs, {n: spec(n, replicated) for n in pieces.buffers}, p_specs, p_specs,
             jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated), tokens, tokens)
     fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
-    result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level, cache=cache)
+    with fit_moe.sharded(mesh, batch_axes):  # experts layers multiply each batch shard's tokens on its chip
+        result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
+                                    cache=cache)
     scale = 1.0
     if result.ok and pieces.layers > 1 and result.cost is not None:
         every = _every_layer(result.cost, pieces, make_step, args)
