@@ -31,7 +31,15 @@ import threading
 import jax
 import jax.numpy as jnp
 
-__all__ = ["EXPERTS", "experts_forward", "grouped_matmul", "per_shard", "register", "sharded"]
+__all__ = [
+    "EXPERTS",
+    "counted",
+    "experts_forward",
+    "grouped_matmul",
+    "per_shard",
+    "register",
+    "sharded",
+]
 
 #: the experts implementation name ``register`` gives transformers
 EXPERTS = "tpu_debug_per_shard"
@@ -42,6 +50,7 @@ class _Routing:
     groups: int = 1  # token groups routed on their own (torch trace time)
     mesh: object = None  # the target mesh the step is compiled on (JAX trace time)
     axes: tuple[str, ...] = ()  # its batch axes
+    counted: bool = False  # lowered for its cost analysis only, never run
 
 
 _ROUTING = _Routing()
@@ -70,6 +79,20 @@ def sharded(mesh, axes: tuple[str, ...]):
         yield
     finally:
         _ROUTING.mesh, _ROUTING.axes = saved
+
+
+@contextlib.contextmanager
+def counted():
+    """While a step is lowered only for XLA's cost analysis on the host (never run): each
+    group's product is written as one dense matmul of its rows against one expert's matrix,
+    which has the grouped matmul's flops. JAX lowers a ragged dot for the host as a dense
+    product masked per expert, whose cost analysis counts every expert's matrix against every
+    row (the experts' count times the flops)."""
+    saved, _ROUTING.counted = _ROUTING.counted, True
+    try:
+        yield
+    finally:
+        _ROUTING.counted = saved
 
 
 def register() -> None:
@@ -248,6 +271,8 @@ def _multiply(a, b, offs, *, each: bool):
     def exact(kw):  # half products are exact at any precision, and the TPU's kernel refuses HIGHEST for them
         return {k: v for k, v in kw.items() if k != "precision"} if a.dtype in HALF else kw
 
+    if _ROUTING.counted:
+        return dot_general(lambda x, y, **kw: jnp.einsum("gmk,kn->gmn", x, y, **exact(kw)), a, b[0])
     sizes = _sizes(offs)
     if each or a.shape[0] == 1:
         return jnp.stack([dot_general(lambda x, y, s=s, **kw: jax.lax.ragged_dot(x, y, s, **exact(kw)), rows, b)

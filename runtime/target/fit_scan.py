@@ -496,6 +496,7 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     programs, applied to the compiler's figures of the optimized one; bytes accessed are
     scaled as the flops are.
     """
+    from tpu_debug.runtime.target import fit_moe
     from tpu_debug.runtime.target.compile import CostStats
 
     layers = pieces.layers
@@ -509,7 +510,7 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     two = (stacked(args[0]), {n: plain(a) for n, a in args[1].items()}, stacked(args[2]), stacked(args[3]),
            *(plain(a) for a in args[4:]))
     figures = []
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), fit_moe.counted():  # experts' grouped matmuls at their own flops
         for unroll in (1, 2):
             lowered = jax.jit(make_step(unroll, sharded=False)).lower(*two)
             analysis = lowered.cost_analysis()
