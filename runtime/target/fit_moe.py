@@ -12,13 +12,18 @@ Here the same, in two halves:
 - ``experts_forward`` (registered with transformers as the experts implementation
   ``EXPERTS``): the tokens ``[T, hidden]`` viewed as ``[G, T/G, hidden]``, ``G`` the
   batch shards (``per_shard``), and sorted, grouped and multiplied per group: the sort
-  is batched over the groups and the matmul is ``tpu_debug::fit_grouped_mm``, whose group
-  dimension is a batch dimension. With ``G = 1`` it computes what ``grouped_mm`` does.
+  is batched over the groups, the rows are picked by ``tpu_debug::fit_take_rows`` (JAX's
+  gather along the group dimension, which XLA splits by group, as it does the scatter of
+  its backward) and the matmul is ``tpu_debug::fit_grouped_mm``, whose group dimension is
+  a batch dimension. With ``G = 1`` it computes what ``grouped_mm`` does.
 - ``grouped_matmul``, that op's lowering: under ``sharded`` (set while a fit's step is
   compiled for a TPU slice) a ``shard_map`` over the batch axes whose body is one
   ``lax.ragged_dot`` on the chip's own routed tokens (the TPU compiler's ragged dot
   takes no batch dimension); otherwise one ``lax.ragged_dot_general`` with the groups
-  as its batch dimension.
+  as its batch dimension (or, under ``counted``, a dense product of the same flops).
+
+Each op also has a PyTorch kernel (``torch._grouped_mm`` per group), so a model built
+with ``EXPERTS`` runs on the CPU as well.
 """
 
 from __future__ import annotations
