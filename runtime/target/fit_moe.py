@@ -19,8 +19,9 @@ Here the same, in two halves:
 - ``grouped_matmul``, that op's lowering: under ``sharded`` (set while a fit's step is
   compiled for a TPU slice) a ``shard_map`` over the batch axes whose body is one
   ``lax.ragged_dot`` on the chip's own routed tokens (the TPU compiler's ragged dot
-  takes no batch dimension); otherwise one ``lax.ragged_dot_general`` with the groups
-  as its batch dimension (or, under ``counted``, a dense product of the same flops).
+  takes no batch dimension; the weights' gradient megablox's ``tgmm``, as MaxText's);
+  otherwise one ``lax.ragged_dot_general`` with the groups as its batch dimension (or,
+  under ``counted``, a dense product of the same flops).
 
 Each op also has a PyTorch kernel (``torch._grouped_mm`` per group), so a model built
 with ``EXPERTS`` runs on the CPU as well.
@@ -35,6 +36,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 __all__ = [
     "EXPERTS",
@@ -254,38 +256,80 @@ def grouped_matmul(a, b, offs):
     """``tpu_debug::fit_grouped_mm``: ``a`` ``[G, M, K]`` (each group's rows sorted by
     expert), ``b`` ``[E, K, N]``, ``offs`` ``[G, E]`` (each expert's end in its group's
     rows) -> ``[G, M, N]``; rows past a group's last end are zeros."""
+    from tpu_debug.runtime.ops.linalg import dot_general
+
     dtype = a.dtype
     a, b = _on_target(a, b)
     mesh, axes = _ROUTING.mesh, _ROUTING.axes
-    ways = 1 if mesh is None else math.prod(mesh.shape[x] for x in axes)
-    if ways == 1 or a.shape[0] % ways:
-        return _multiply(a, b, offs, each=mesh is not None).astype(dtype)
-    from jax.sharding import PartitionSpec
-
-    split = PartitionSpec(axes)
-    return jax.shard_map(lambda x, y, o: _multiply(x, y, o, each=True).astype(dtype), mesh=mesh,
-                         in_specs=(split, PartitionSpec(), split), out_specs=split)(a, b, offs)
-
-
-def _multiply(a, b, offs, *, each: bool):
-    """The groups' products: one ragged dot per group (``each``: a TPU's ragged dot takes no
-    batch dimension), or one with the groups as its batch dimension."""
-    from tpu_debug.runtime.ops._common import HALF
-    from tpu_debug.runtime.ops.linalg import dot_general
-
-    def exact(kw):  # half products are exact at any precision, and the TPU's kernel refuses HIGHEST for them
-        return {k: v for k, v in kw.items() if k != "precision"} if a.dtype in HALF else kw
-
     if _ROUTING.counted:
-        return dot_general(lambda x, y, **kw: jnp.einsum("gmk,kn->gmn", x, y, **exact(kw)), a, b[0])
-    sizes = _sizes(offs)
-    if each or a.shape[0] == 1:
-        return jnp.stack([dot_general(lambda x, y, s=s, **kw: jax.lax.ragged_dot(x, y, s, **exact(kw)), rows, b)
-                          for rows, s in zip(a, sizes)])
-    numbers = jax.lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(((2,), (2,)), ((0,), (1,))), lhs_ragged_dimensions=(1,), rhs_group_dimensions=(0,))
-    wide = jnp.broadcast_to(b[:, None], (b.shape[0], a.shape[0], *b.shape[1:]))
-    return dot_general(lambda x, y, **kw: jax.lax.ragged_dot_general(x, y, sizes, numbers, **exact(kw)), a, wide)
+        return dot_general(lambda x, y, **kw: jnp.einsum("gmk,kn->gmn", x, y, **kw), a, b[0]).astype(dtype)
+    if mesh is None:  # the host: one ragged dot with the groups as its batch dimension
+        numbers = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((2,), (2,)), ((0,), (1,))),
+                                                    lhs_ragged_dimensions=(1,), rhs_group_dimensions=(0,))
+        wide = jnp.broadcast_to(b[:, None], (b.shape[0], a.shape[0], *b.shape[1:]))
+        return dot_general(lambda x, y, **kw: jax.lax.ragged_dot_general(x, y, _sizes(offs), numbers, **kw),
+                           a, wide).astype(dtype)
+    ways = math.prod(mesh.shape[x] for x in axes)
+    split = PartitionSpec(axes) if ways > 1 and a.shape[0] % ways == 0 else None
+    return _on_chips(a, b, _sizes(offs), mesh, split).astype(dtype)
+
+
+def _on_chips(a, b, sizes, mesh, split):
+    """The groups' products on a TPU slice, as MaxText's megablox runs them: each group on
+    the chip holding it (a ``shard_map`` over ``split``, the batch axes; None: in place), its
+    forward and rows' gradient XLA's ragged dot (a grouped kernel, which takes no batch
+    dimension), its weights' gradient megablox's ``tgmm`` kernel, summed over the groups by
+    the partitioner. JAX's own transpose of a ragged dot contracts the rows as a dense
+    product per expert: the experts' count times the flops and an ``[E, M, N]`` temporary."""
+    def each(fn, grouped, whole=()):  # fn on every group's own arrays, whole ones beside
+        def body(*xs):
+            return jnp.stack([fn(*g, *xs[len(grouped):]) for g in zip(*xs[:len(grouped)])])
+
+        if split is None:
+            return body(*grouped, *whole)
+        specs = (split,) * len(grouped) + (PartitionSpec(),) * len(whole)
+        # megablox's kernel declares no varying mesh axes, hence no check
+        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*grouped, *whole)
+
+    @jax.custom_vjp
+    def product(x, w, s):
+        return each(lambda r, n, w: _ragged(r, w, n), (x, s), (w,))
+
+    def forward(x, w, s):
+        return product(x, w, s), (x, w, s)
+
+    def backward(residuals, grad):
+        x, w, s = residuals
+        grad = grad.astype(x.dtype)
+        d_x = each(lambda g, n, w: _ragged(g, jnp.swapaxes(w, 1, 2), n), (grad, s), (w,))
+        d_w = each(lambda r, g, n: _tgmm(r, g, n, w.dtype), (x, grad, s))
+        return d_x, d_w.sum(0), None
+
+    product.defvjp(forward, backward)
+    return product(a, b, sizes)
+
+
+def _ragged(x, w, sizes):
+    """XLA's ragged dot on a TPU, in ``x``'s dtype: half products accumulate in float32 (at
+    any precision they are exact, and the kernel refuses HIGHEST for them), float32 ones at
+    the precision in effect."""
+    from tpu_debug.runtime.ops._common import HALF
+    from tpu_debug.runtime.ops.linalg import matmul_precision
+
+    kw = {"preferred_element_type": jnp.float32} if x.dtype in HALF else {"precision": matmul_precision()}
+    return jax.lax.ragged_dot(x, w, sizes, **kw).astype(x.dtype)
+
+
+def _tgmm(x, grad, sizes, dtype):
+    """``x[rows of e].T @ grad[rows of e]`` for every expert ``e``: megablox's kernel, which
+    accumulates in float32 and writes ``dtype``."""
+    import importlib
+
+    megablox = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+    rows, k, n = x.shape[0], x.shape[1], grad.shape[1]
+    with jax.enable_x64(False):  # its group metadata must stay 32-bit (a fit lowers with 64-bit types on)
+        return megablox.tgmm(x.T, grad, sizes.astype(jnp.int32), preferred_element_type=dtype,
+                             tiling=(min(128, rows), min(128, k), min(128, n)))
 
 
 def grouped_matmul_backward(a, b, offs, grad):
