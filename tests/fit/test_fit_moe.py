@@ -127,3 +127,33 @@ def test_a_mixture_of_experts_steps_temporaries_per_chip_do_not_grow_with_the_sl
     # routed per shard, a chip's tokens and their routing are the same at 8 and 32 chips; XLA
     # may lay the wider step's buffers out a little differently (measured: 1 % apart)
     assert temps[32] == pytest.approx(temps[8], rel=0.1)
+
+
+@needs_libtpu
+def test_on_a_slice_the_grouped_matmul_and_its_gradients_cost_their_own_flops():
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from tpu_debug.runtime.target import fit_moe, parse_target
+    from tpu_debug.runtime.target.compile import compile_for_target
+    from tpu_debug.runtime.target.fit import Plan, _mesh
+
+    groups, rows, k, n, experts = 8, 512, 256, 512, 4
+    mesh = _mesh(parse_target("v5e-8"), Plan(fsdp=groups))
+    split, whole = NamedSharding(mesh, PartitionSpec("fsdp")), NamedSharding(mesh, PartitionSpec())
+
+    def loss(a, b, offs):
+        return fit_moe.grouped_matmul(a, b, offs).astype(jnp.float32).sum()
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), in_shardings=(split, whole, split),
+                 out_shardings=(whole, (split, whole)))
+    args = (jax.ShapeDtypeStruct((groups, rows, k), jnp.bfloat16, sharding=split),
+            jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16, sharding=whole),
+            jax.ShapeDtypeStruct((groups, experts), jnp.int32, sharding=split))
+    with fit_moe.sharded(mesh, ("fsdp",)):
+        result = compile_for_target(fn, args, "v5e-8", x64=True, optimization_level="O0")
+    # one group a chip: its rows by their experts' matrices, then the rows' and the weights'
+    # gradients, each 2 x rows x k x n multiply-adds whatever the experts' count (the
+    # elementwise sum and casts add under 1 %)
+    assert result.cost.flops == pytest.approx(3 * 2 * rows * k * n, rel=0.02)
+    # the weights' gradient runs per expert's rows: no [experts, rows, n] float32 product
+    assert result.memory.temp_bytes < experts * rows * n * 4
