@@ -132,7 +132,6 @@ def test_a_mixture_of_experts_steps_temporaries_per_chip_do_not_grow_with_the_sl
 @needs_libtpu
 def test_on_a_slice_the_grouped_matmul_and_its_gradients_cost_their_own_flops():
     from jax.sharding import NamedSharding, PartitionSpec
-
     from tpu_debug.runtime.target import fit_moe, parse_target
     from tpu_debug.runtime.target.compile import compile_for_target
     from tpu_debug.runtime.target.fit import Plan, _mesh
