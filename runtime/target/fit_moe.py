@@ -270,23 +270,23 @@ def grouped_matmul(a, b, offs):
         return dot_general(lambda x, y, **kw: jax.lax.ragged_dot_general(x, y, _sizes(offs), numbers, **kw),
                            a, wide).astype(dtype)
     ways = math.prod(mesh.shape[x] for x in axes)
-    split = PartitionSpec(axes) if ways > 1 and a.shape[0] % ways == 0 else None
+    # groups that do not split over the batch axes are multiplied whole on every chip
+    split = PartitionSpec(axes) if ways > 1 and a.shape[0] % ways == 0 else PartitionSpec()
     return _on_chips(a, b, _sizes(offs), mesh, split).astype(dtype)
 
 
 def _on_chips(a, b, sizes, mesh, split):
     """The groups' products on a TPU slice, as MaxText's megablox runs them: each group on
-    the chip holding it (a ``shard_map`` over ``split``, the batch axes; None: in place), its
-    forward and rows' gradient XLA's ragged dot (a grouped kernel, which takes no batch
-    dimension), its weights' gradient megablox's ``tgmm`` kernel, summed over the groups by
-    the partitioner. JAX's own transpose of a ragged dot contracts the rows as a dense
-    product per expert: the experts' count times the flops and an ``[E, M, N]`` temporary."""
+    the chip holding it (a ``shard_map``, the groups split as ``split`` says: a TPU kernel
+    is never partitioned automatically), its forward and rows' gradient XLA's ragged dot (a
+    grouped kernel, which takes no batch dimension), its weights' gradient megablox's
+    ``tgmm`` kernel, summed over the groups by the partitioner. JAX's own transpose of a
+    ragged dot contracts the rows as a dense product per expert: the experts' count times
+    the flops and an ``[E, M, N]`` temporary."""
     def each(fn, grouped, whole=()):  # fn on every group's own arrays, whole ones beside
         def body(*xs):
             return jnp.stack([fn(*g, *xs[len(grouped):]) for g in zip(*xs[:len(grouped)])])
 
-        if split is None:
-            return body(*grouped, *whole)
         specs = (split,) * len(grouped) + (PartitionSpec(),) * len(whole)
         # megablox's kernel declares no varying mesh axes, hence no check
         return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*grouped, *whole)
