@@ -192,10 +192,6 @@ class FitReport:
                        "direct compile: the step is constrained to FSDP's layout (weights gathered where read, "
                        "gradients reduced to their shards, docs/fit.md), but how XLA lowers it this wide is "
                        "not checked")
-        if self.method and _MOE_NOTE in self.method and self.plan.batch_ways > 1:
-            out.append("this mixture-of-experts step routes the whole batch's tokens on every chip, so its "
-                       "temporaries grow with the slice and overstate a run that routes each shard's own "
-                       "(docs/fit.md); its MFU estimate leaves the experts' grouped matmuls out")
         if self.extrapolation:
             out.append("the per-chip figures are extended from 2 and 3 layers, asked for: the TPU compiler "
                        "schedules a short program differently, and extended figures measured from 8 % under to "
@@ -248,10 +244,14 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
     if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
+        from tpu_debug.runtime.target import fit_moe
+
         # experts as one grouped matmul over the tokens each expert was routed (lowered to
-        # lax.ragged_dot, dropless, as MaxText's MoE on TPU): transformers' default loops over
-        # the experts with data-dependent indexing, which a trace without data cannot follow
-        config._experts_implementation = "grouped_mm"
+        # lax.ragged_dot, dropless, as MaxText's MoE on TPU), each batch shard's tokens routed
+        # on their own chip (runtime.target.fit_moe): transformers' default loops over the
+        # experts with data-dependent indexing, which a trace without data cannot follow
+        fit_moe.register()
+        config._experts_implementation = fit_moe.EXPERTS
     return config
 
 
@@ -453,13 +453,15 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tpu_debug.runtime.target import fit_moe
     from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
-    pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
+    with fit_moe.per_shard(plan.batch_ways):
+        pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
                            optimization_level=optimization_level, cache=cache)
     c = fc.compile
@@ -473,7 +475,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
            f"for the backward{gathers}")
     if master_dtype:
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
-    if getattr(config, "_experts_implementation", None) == "grouped_mm":
+    if getattr(config, "_experts_implementation", None) == fit_moe.EXPERTS:
         how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):
         how += (f"; compiled at {optimization_level}, whose buffers are not the default level's: Llama-3-8B's "
@@ -486,9 +488,9 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
                     fc.batch_bytes, fc.unsharded, c.seconds, passes), how
 
 
-# what the looped step's mixture-of-experts layers do that an FSDP run would not (docs/fit.md)
-_MOE_NOTE = ("experts as one grouped matmul over the whole batch's routed tokens, not split over the "
-             "batch axes")
+# how the looped step's mixture-of-experts layers run (docs/fit.md)
+_MOE_NOTE = ("each batch shard's tokens routed to the experts on its own chip, the experts as one grouped "
+             "matmul over them (a shard_map over the batch axes), their weights gathered as FSDP gathers")
 
 
 # a training step of more layers than this is compiled as a loop by default
@@ -522,17 +524,21 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tpu_debug.runtime.target import fit_moe
     from tpu_debug.runtime.target.dryrun import trace_step
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     if job in ("prefill", "decode"):
+        from tpu_debug.runtime.target.fit import AXES, _mesh
         from tpu_debug.runtime.target.fit_infer import measure_infer
 
-        return measure_infer(model, config, tgt, plan, batch, seq, job, optimization_level, cache)
+        axes = tuple(a for a, n in zip(AXES, plan.shape) if n > 1 and a != "tp")
+        with fit_moe.per_shard(plan.batch_ways), fit_moe.sharded(_mesh(tgt, plan), axes):
+            return measure_infer(model, config, tgt, plan, batch, seq, job, optimization_level, cache)
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
     train = job == "train"
-    with _hf_traceable():
+    with _hf_traceable(), fit_moe.per_shard(plan.batch_ways):
         traced = trace_step(model, (tokens,), train=train, loss_fn=_loss if train else None,
                             targets=(tokens,) if train else ())
     names = [n for n, _ in model.named_parameters()]

@@ -30,6 +30,7 @@ import re
 import jax
 import numpy as np
 
+from tpu_debug.runtime.target import fit_moe
 from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, TargetCompile, compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep
 from tpu_debug.runtime.target.errors import TargetError
@@ -373,7 +374,8 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     fn = jax.jit(traced.function(), in_shardings=tuple(in_sh), out_shardings=out_sh,
                  donate_argnums=traced.donate)
     args = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(specs, in_sh))
-    result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
+    with fit_moe.sharded(mesh, batch_axes):  # experts layers multiply each batch shard's tokens on its chip
+        result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
     local = [_local_bytes(s, sh) for s, sh in zip(specs, in_sh)]
     param_bytes = sum(local[:n_p])
     state_bytes = sum(local[n_p + n_b:3 * n_p + n_b + 1]) if train else 0

@@ -424,6 +424,7 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from tpu_debug.runtime.target import fit_moe
     from tpu_debug.runtime.target.fit import (AXES, FitCompile, _mesh, compile_fit, param_placements,
                                               partition_spec, unsplit)
     from tpu_debug.runtime.target.fit import gathered as read_whole
@@ -466,7 +467,8 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     args = (p_specs, {n: spec(n, replicated) for n in pieces.buffers}, p_specs, p_specs,
             jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated), tokens, tokens)
     fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
-    result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
+    with fit_moe.sharded(mesh, batch_axes):  # experts layers multiply each batch shard's tokens on its chip
+        result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
     scale = 1.0
     if result.ok and pieces.layers > 1 and result.cost is not None:
         every = _every_layer(result.cost, pieces, make_step, args)
@@ -493,6 +495,7 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     programs, applied to the compiler's figures of the optimized one; bytes accessed are
     scaled as the flops are.
     """
+    from tpu_debug.runtime.target import fit_moe
     from tpu_debug.runtime.target.compile import CostStats
 
     layers = pieces.layers
@@ -506,7 +509,7 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     two = (stacked(args[0]), {n: plain(a) for n, a in args[1].items()}, stacked(args[2]), stacked(args[3]),
            *(plain(a) for a in args[4:]))
     figures = []
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), fit_moe.counted():  # experts' grouped matmuls at their own flops
         for unroll in (1, 2):
             lowered = jax.jit(make_step(unroll, sharded=False)).lower(*two)
             analysis = lowered.cost_analysis()
