@@ -967,9 +967,6 @@ def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str
     Example:
         >>> run_dir = record_fit(tpu_debug.fit("tiny-llama", "v5e-8", batch=8, seq=128))
     """
-    from tpu_debug.tracers.location import user_location
-    from tpu_debug.tracing import active_trace
-
     return _keep((report,), logdir, name or f"fit-{report.model}-{report.target.name}", fixes)
 
 
