@@ -439,8 +439,10 @@ class CompiledGraph:
         return tuple((a.shape, a.dtype) if hasattr(a, "shape") else ("s", a) for a in arrays)
 
     def __call__(self, args):
-        if self._static_entry is not None and not probes._op_probes and config.numerics == "cpu" \
-                and not _placement.active and _dryrun.active is None:
+        # the signature computed once holds no placement: with meshes in use, every call has its own
+        static = (self._static_entry is not None and config.numerics == "cpu" and not _placement.active
+                  and _dryrun.active is None)
+        if static and not probes._op_probes:
             out = self._call_static(self._static_entry, args)
             if out is not None:
                 return out
@@ -450,8 +452,7 @@ class CompiledGraph:
             _onto_mesh(args, arrays)
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
-        # the signature computed once holds no placement: with meshes in use, every call has its own
-        if self._static_entry is not None and config.numerics == "cpu" and not _placement.active and _dryrun.active is None:
+        if static:
             entry, sig = self._static_entry, self._static_sig
         else:
             entry, sig = self._entry(arrays)

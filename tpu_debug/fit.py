@@ -917,8 +917,9 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None,
-              fixes: Fixes | None = None):
-    """The report as the run store keeps it (a ``FitEvent``), with ``fixes``' lines if given."""
+              fixes: Fixes | None = None, candidate_of: str | None = None):
+    """The report as the run store keeps it (a ``FitEvent``), with ``fixes``' lines if given;
+    ``candidate_of``: the question of the search it was an earlier candidate of."""
     from tpu_debug.tracers.events import FitCollective, FitEvent
 
     m, e = report.memory, report.estimate
@@ -943,7 +944,7 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
                           for c in report.collectives),
         unsharded=tuple(report.unsharded), caveats=tuple(report.caveats), error=report.error,
         extrapolation=report.extrapolation, method=report.method,
-        verified_fixes=() if fixes is None else fixes.lines(), **memory, **estimate)
+        verified_fixes=() if fixes is None else fixes.lines(), candidate_of=candidate_of, **memory, **estimate)
 
 
 def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str | None = None,
@@ -972,8 +973,9 @@ def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str
 
 def record_search(found: PlanSearch, *, logdir: str | Path | None = None, name: str | None = None) -> Path:
     """Keep a plan search as one run: every candidate's answer, the recommended one last (the
-    TUI's fit view shows the last; ``tpu-debug report`` lists them all; ``tpu-debug diff`` of two
-    searches compares their recommendations). Where it goes: as ``record_fit``.
+    TUI's fit view and ``tpu-debug diff`` read a run's last answer; ``tpu-debug report`` lists
+    them all). The earlier candidates are marked as such (``FitEvent.candidate_of``): the
+    advisor judges the search's answer only. Where it goes: as ``record_fit``.
 
     Returns:
         The run's directory.
@@ -986,28 +988,35 @@ def record_search(found: PlanSearch, *, logdir: str | Path | None = None, name: 
     rest = [r for r in found.candidates if r is not found.best]
     reports = (*rest, found.best) if found.best is not None else tuple(rest)
     last = reports[-1]
-    return _keep(reports, logdir, name or f"fit-search-{last.model}-{last.target.name}")
+    return _keep(reports, logdir, name or f"fit-search-{last.model}-{last.target.name}", question=found.question)
 
 
-def _keep(reports: Sequence[FitReport], logdir: str | Path | None, name: str, fixes: Fixes | None = None) -> Path:
-    """Put ``reports`` (``fixes`` with the last) into the active trace's run when there is one
-    and no ``logdir``; into a new run otherwise."""
+def _keep(reports: Sequence[FitReport], logdir: str | Path | None, name: str, fixes: Fixes | None = None,
+          question: str | None = None) -> Path:
+    """Put ``reports`` into the active trace's run when there is one and no ``logdir``; into a
+    new run otherwise. The last is the answer (``fixes`` go with it); the ones before it are
+    candidates of the search for ``question``."""
     from tpu_debug.tracers.location import user_location
     from tpu_debug.tracing import active_trace
 
     active = active_trace()
     writer = getattr(active, "_writer", None)  # the trace's own run writer, while it records
     if logdir is None and writer is not None:
-        clock, where = active._recorder.clock, user_location()
-        for i, report in enumerate(reports):
-            writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=where,
-                                 fixes=fixes if i == len(reports) - 1 else None))
+        _put(writer, reports, fixes, question, active._recorder.clock, user_location())
         return active.session.run_dir
-    return _new_fit_run(reports, logdir, name, fixes)
+    return _new_fit_run(reports, logdir, name, fixes, question)
+
+
+def _put(writer, reports: Sequence[FitReport], fixes: Fixes | None, question: str | None,
+         clock=lambda: 0.0, location: Any = None) -> None:
+    last = len(reports) - 1
+    for i, report in enumerate(reports):
+        writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=location,
+                             fixes=fixes if i == last else None, candidate_of=question if i < last else None))
 
 
 def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: str,
-                 fixes: Fixes | None = None) -> Path:
+                 fixes: Fixes | None = None, question: str | None = None) -> Path:
     import datetime as _dt
     import sys
 
@@ -1024,7 +1033,6 @@ def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: 
             "device_count": reports[-1].target.devices,
             "compile_only": True}
     writer = RunWriter(run_dir / DB_NAME, meta)
-    for i, report in enumerate(reports):
-        writer.put(fit_event(report, event_id=writer.new_id(), fixes=fixes if i == len(reports) - 1 else None))
+    _put(writer, reports, fixes, question)
     writer.close({"status": "finished", "exit_status": 0, "duration": sum(r.seconds for r in reports)})
     return run_dir

@@ -1692,7 +1692,7 @@ def _fit_data(e: Any) -> dict[str, Any]:
         "collectives": [_plain(c) for c in e.collectives],
         "estimate": estimate, "assumptions": list(e.assumptions), "unsharded": list(e.unsharded),
         "caveats": list(e.caveats), "error": e.error, "extrapolation": e.extrapolation,
-        "method": e.method,
+        "method": e.method, "candidate_of": getattr(e, "candidate_of", None),
         "seconds": e.seconds, "compile_seconds": e.compile_seconds, "location": _location_data(e.location),
     }
 
@@ -1702,6 +1702,8 @@ def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
     head = (f"{f['model']} ({f['parameters'] / 1e9:.3g} B parameters), {f['job']}, batch {f['batch']} x seq "
             f"{f['seq']} on {f['target']} ({f['chips']} x {f['device_kind']}), plan {f['plan']}: "
             f"{f['verdict'].upper()}")
+    if f.get("candidate_of"):
+        head = f"candidate of the search for the {f['candidate_of']}: {head}"
     rows = [("per chip", "-" if m["required"] is None else
              f"needs {format_bytes(m['required'])} of {format_bytes(m['capacity'])} usable "
              f"({m['capacity_source']}); " + (f"{format_bytes(m['headroom'])} to spare" if m["headroom"] >= 0

@@ -1379,7 +1379,9 @@ class FitEvent(Event):
     ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
     split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them;
     ``verified_fixes``: each change ``fixes`` compiled, with its need and verdict, the
-    recommended first (empty when none was asked for); ``seconds`` the
+    recommended first (empty when none was asked for); ``candidate_of``: the question of
+    the plan search this answer was a candidate of, set on every candidate but the last
+    (the search's answer), which alone the advisor judges; ``seconds`` the
     whole answer and ``compile_seconds`` its TPU compiles, wall clock. ``location`` is the
     user line that asked (None from the command line)."""
 
@@ -1431,6 +1433,7 @@ class FitEvent(Event):
     method: str | None = None
     kv_cache_bytes: int | None = None
     verified_fixes: tuple[str, ...] = ()
+    candidate_of: str | None = None
 
     @property
     def headroom_bytes(self) -> int | None:

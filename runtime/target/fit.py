@@ -346,7 +346,6 @@ def compile_sharded_step(traced: TracedStep, names: list[str], n_batch: int, tar
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-
     mesh = _mesh(target, plan)
     specs = traced.specs
     n_p = len(names)

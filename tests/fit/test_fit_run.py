@@ -136,9 +136,16 @@ def test_a_search_is_kept_as_one_run_with_the_recommended_plan_last(reports, tmp
     assert len(sections) == 3
     for section, report in zip(sections, (over, dp, fsdp)):
         _check_section(section, report)
+    # the candidates the search passed on the way are marked; a step that did not fit among
+    # them is not a finding (the search's answer fits)
+    assert [s["candidate_of"] for s in sections] == ["largest batch", "largest batch", None]
+    assert not [f for f in tpu_debug.open_run(str(run_dir)).findings() if f.kind == "fit_oom"]
     none_fits = PlanSearch("smallest slice", (over,), best=None)
-    (section,) = _report_json(record_search(none_fits, logdir=tmp_path, name="none"), capsys)["fit"]
+    none_dir = record_search(none_fits, logdir=tmp_path, name="none")
+    (section,) = _report_json(none_dir, capsys)["fit"]
     _check_section(section, over)
+    assert section["candidate_of"] is None  # the search's answer: judged
+    assert [f.kind for f in tpu_debug.open_run(str(none_dir)).findings() if f.kind == "fit_oom"] == ["fit_oom"]
     with pytest.raises(tpu_debug.TpuDebugError, match=r"no candidate was compiled, nothing to keep"):
         record_search(PlanSearch("largest batch", (), best=None), logdir=tmp_path)
 

@@ -336,7 +336,9 @@ def _fit_fix(record: FitEvent, cause: str) -> str:
       view="fit")
 def fit_oom(facts: RunFacts) -> Iterable[Finding]:
     for record in facts.query.events("fit"):
-        if record.fits is not False or record.required_bytes is None:
+        # a plan search's earlier candidates (a smaller slice, a bigger batch) are steps it
+        # tried on the way to its answer, not steps the user runs
+        if record.fits is not False or record.required_bytes is None or getattr(record, "candidate_of", None):
             continue
         cause, part, part_bytes = _fit_cause(record)
         short = record.required_bytes - record.capacity_bytes
