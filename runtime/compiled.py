@@ -47,7 +47,7 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _Uninit, from_jax, set_payload, to_jax, write
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
 
 __all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats"]
 
@@ -326,6 +326,10 @@ class _Entry:
     has_views: bool = False
     # a program over devices of several processes: what the ranks compare before each call
     spmd: Any = None
+    # the static call's tail, when every graph output is a program output (see
+    # CompiledGraph._static_tail): each output's (shape, torch dtype), where the graph's
+    # outputs start among the program's, and each mutated input's new value's position
+    tail: Any = None
 
 
 # output sources (see _Entry.outputs); _VIEW: (VIEW, base output index, (size, stride, offset))
@@ -502,6 +506,19 @@ class CompiledGraph:
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
         outs = self._run(executable, arrays, self._static_sig)
+        tail = entry.tail
+        if tail and _tensor._track is None:
+            # the outputs' shapes are the program's, fixed: new tensors made directly, and
+            # each mutated input's new value read where the program put it
+            shapes, first, writes = tail
+            result = []
+            for (shape, dtype), value in zip(shapes, outs[first:]):
+                t = _create_empty(shape, dtype)
+                setattr(t.untyped_storage(), PAYLOAD_ATTR, value)
+                result.append(t)
+            for storage, i in zip(targets, writes):
+                setattr(storage, PAYLOAD_ATTR, outs[i])
+            return result
         it = iter(entry.restore(outs) if entry.lead else outs)
         result = self._results(entry, it, arrays)
         if _tensor._track is None:
@@ -512,7 +529,22 @@ class CompiledGraph:
                 set_payload(storage, value)
         if self.program.asserts:
             self._check_asserts(it)
+        elif tail is None:
+            entry.tail = self._static_tail(entry, outs)
         return result
+
+    def _static_tail(self, entry: _Entry, outs) -> tuple | bool:
+        """What ``_call_static`` needs to finish a call of ``entry`` without the general
+        walk over its outputs: False when a graph output is anything but a program output
+        (an input passed through, a view, a scalar), which the walk handles."""
+        if any(source != _PROGRAM for source, _, _ in entry.outputs):
+            return False
+        n, k = len(entry.lead), len(entry.outputs)
+        shapes = tuple((tuple(value.shape), dtype or to_torch_dtype(value.dtype))
+                       for value, (_, _, dtype) in zip(outs[n:n + k], entry.outputs))
+        mutated = len(self.program.mutated_inputs)
+        writes = entry.lead if entry.lead else tuple(range(k, k + mutated))
+        return shapes, n, writes
 
     def _check_asserts(self, conditions: Iterator) -> None:
         """Raise for the first device assertion of this call that failed. Reading the

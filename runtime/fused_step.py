@@ -37,6 +37,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.optim import optimizer as _optimizer_module
 
 __all__ = ["StepHooks", "install"]
 
@@ -226,18 +227,20 @@ class StepHooks:
         self.optimizers: weakref.WeakSet = weakref.WeakSet()
 
     def call(self, compiled, args, kwargs):
-        from torch.optim.optimizer import _global_optimizer_post_hooks as hooks
-
+        hooks = _optimizer_module._global_optimizer_post_hooks
         disabled, plain = _state["zero_grad"]
         _calling.hooks = self
-        saved = dict(hooks)
-        hooks.clear()
+        saved = None
+        if hooks:
+            saved = dict(hooks)
+            hooks.clear()
         torch.optim.Optimizer.zero_grad = plain
         try:
             out = compiled(*args, **kwargs)
         finally:
             torch.optim.Optimizer.zero_grad = disabled
-            hooks.update(saved)
+            if saved:
+                hooks.update(saved)
             _calling.hooks = None
         if saved:
             for optimizer in list(self.optimizers):

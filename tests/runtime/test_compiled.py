@@ -685,6 +685,9 @@ def test_whole_training_step_is_one_program_with_params_and_state_donated(kind, 
     graph = next(g for g in compiled._graphs if g.graph_id == runs[-1][0][1])
     (entry,) = [e for e in graph.cache.values() if e.calls >= 4]
     assert len(entry.donated) == len(params) + len(dev_state)
+    # the last steps' outputs and new state came through the static call's direct tail
+    # (checked against PyTorch above)
+    assert entry.tail
     undonated = entry.undonated
     for _ in range(2):
         if not zero_grad_inside:
