@@ -326,9 +326,8 @@ class _Entry:
     has_views: bool = False
     # a program over devices of several processes: what the ranks compare before each call
     spmd: Any = None
-    # the static call's tail, when every graph output is a program output (see
-    # CompiledGraph._static_tail): each output's (shape, torch dtype), where the graph's
-    # outputs start among the program's, and each mutated input's new value's position
+    # the static call's tail (see CompiledGraph._static_tail): each graph output's (shape,
+    # torch dtype) when all are program outputs, False when one is not, None until known
     tail: Any = None
 
 
@@ -508,15 +507,15 @@ class CompiledGraph:
         outs = self._run(executable, arrays, self._static_sig)
         tail = entry.tail
         if tail and _tensor._track is None:
-            # the outputs' shapes are the program's, fixed: new tensors made directly, and
-            # each mutated input's new value read where the program put it
-            shapes, first, writes = tail
+            # the outputs' shapes are the program's, fixed: new tensors made directly; the
+            # mutated inputs' new values lead the program's outputs, where ``lead`` says
+            lead = entry.lead
             result = []
-            for (shape, dtype), value in zip(shapes, outs[first:]):
+            for (shape, dtype), value in zip(tail, outs[len(lead):]):
                 t = _create_empty(shape, dtype)
                 setattr(t.untyped_storage(), PAYLOAD_ATTR, value)
                 result.append(t)
-            for storage, i in zip(targets, writes):
+            for storage, i in zip(targets, lead):
                 setattr(storage, PAYLOAD_ATTR, outs[i])
             return result
         it = iter(entry.restore(outs) if entry.lead else outs)
@@ -533,18 +532,18 @@ class CompiledGraph:
             entry.tail = self._static_tail(entry, outs)
         return result
 
-    def _static_tail(self, entry: _Entry, outs) -> tuple | bool:
+    @staticmethod
+    def _static_tail(entry: _Entry, outs) -> tuple | bool:
         """What ``_call_static`` needs to finish a call of ``entry`` without the general
-        walk over its outputs: False when a graph output is anything but a program output
-        (an input passed through, a view, a scalar), which the walk handles."""
+        walk over its outputs: each graph output's shape and dtype; False when one is
+        anything but a program output (an input passed through, a view, a scalar), which
+        the walk handles. (Every mutated input's new value is among the leading outputs,
+        ``entry.lead``, whenever the graph mutates any.)"""
         if any(source != _PROGRAM for source, _, _ in entry.outputs):
             return False
-        n, k = len(entry.lead), len(entry.outputs)
-        shapes = tuple((tuple(value.shape), dtype or to_torch_dtype(value.dtype))
-                       for value, (_, _, dtype) in zip(outs[n:n + k], entry.outputs))
-        mutated = len(self.program.mutated_inputs)
-        writes = entry.lead if entry.lead else tuple(range(k, k + mutated))
-        return shapes, n, writes
+        n = len(entry.lead)
+        return tuple((tuple(value.shape), dtype or to_torch_dtype(value.dtype))
+                     for value, (_, _, dtype) in zip(outs[n:], entry.outputs))
 
     def _check_asserts(self, conditions: Iterator) -> None:
         """Raise for the first device assertion of this call that failed. Reading the
