@@ -15,12 +15,9 @@ One trace records at a time, so a recorded test that starts its own
 ``tpu_debug.trace()`` fails with ``TraceActiveError``: record it without the
 plugin.
 
-This module lives outside the ``tpu_debug`` package for the reason
-``tpu_debug_launcher`` does: ``import tpu_debug`` registers the ``tpu`` device,
-which imports torch and jax, and pytest loads an installed plugin in every run
-of every project. It imports nothing of tpu_debug; the recording and the checks
-(:mod:`tpu_debug.pytest_plugin`) are imported for the first test that is
-recorded.
+pytest loads an installed plugin in every run of every project, so this module imports
+nothing of tpu_debug; the recording and the checks (:mod:`tpu_debug.pytest_plugin`, which
+import torch and jax) are imported for the first test that is recorded.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""tpu_debug_core: what every layer of tpu_debug shares, with no dependencies of its own.
+"""tpu_debug.core: what every layer of tpu_debug shares, with no dependencies of its own.
 
-Errors a user can see (:mod:`~tpu_debug_core.errors`), the delivery of tracer hooks that
-never breaks the traced program (:mod:`~tpu_debug_core.hooks`), argument specs
-(:mod:`~tpu_debug_core.argspec`), collectives read from HLO text
-(:mod:`~tpu_debug_core.collectives`) and the one declaration of every option
-(:mod:`~tpu_debug_core.options`).
+Errors a user can see (:mod:`~tpu_debug.core.errors`), the delivery of tracer hooks that
+never breaks the traced program (:mod:`~tpu_debug.core.hooks`), argument specs
+(:mod:`~tpu_debug.core.argspec`), collectives read from HLO text
+(:mod:`~tpu_debug.core.collectives`) and the one declaration of every option
+(:mod:`~tpu_debug.core.options`).
 
 Standard library only (``tests/test_architecture.py`` checks it): the runtime, the
 tracers, the reading verbs and the package face all import it, and importing it

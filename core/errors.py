@@ -82,7 +82,7 @@ class ReportSectionError(TpuDebugError, ValueError):
 
 # -- guards ----------------------------------------------------------------------------
 # ``stops_program`` marks an error a guard raises on purpose from inside a probe:
-# ``tpu_debug_core.hooks.deliver`` lets it through instead of recording it as a tracer failure.
+# ``tpu_debug.core.hooks.deliver`` lets it through instead of recording it as a tracer failure.
 
 
 class RecompileError(TpuDebugError, RuntimeError):

@@ -8,14 +8,14 @@ here (plus the code that acts on it, and its test).
 
 Every variable follows one rule: surrounding blanks are ignored, a variable set to
 blanks only is an error (unset it to get the default), and a value the option does
-not accept raises :class:`~tpu_debug_core.errors.ConfigError` in one line naming the
+not accept raises :class:`~tpu_debug.core.errors.ConfigError` in one line naming the
 variable, the value and what is accepted. Precedence: argument > CLI flag (passed
 as an argument) > environment > default.
 
 This module imports neither torch nor jax (the reading verbs import it).
 
 Example:
-    >>> from tpu_debug_core.options import read_env
+    >>> from tpu_debug.core.options import read_env
     >>> read_env("trace", {"TPU_DEBUG_STORM_THRESHOLD": " 3 "})
     {'storm_threshold': 3}
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 
 __all__ = [
     "ENV_PREFIX",

@@ -12,8 +12,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpu_debug_core.errors import CommandError
-from tpu_debug_core.options import add_flags
+from tpu_debug.core.errors import CommandError
+from tpu_debug.core.options import add_flags
 
 __all__ = ["prepare_parser", "script_of", "early_error"]
 

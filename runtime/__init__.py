@@ -26,3 +26,9 @@ __all__ = [
     "float64_ops",
     "DeviceTakenError",
 ]
+
+# torch's backend autoload (tpu_debug._loader) registers the device at `import torch`; when
+# this package's own import brought torch in, that registration waited for it to finish
+from tpu_debug._loader import load_pending as _load_pending  # noqa: E402
+
+_load_pending()

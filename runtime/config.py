@@ -1,4 +1,4 @@
-"""The runtime's typed configuration: one field per ``"runtime"`` option of :mod:`tpu_debug_core.options`.
+"""The runtime's typed configuration: one field per ``"runtime"`` option of :mod:`tpu_debug.core.options`.
 
 ``config`` reads its ``TPU_DEBUG_*`` variables when a field is first read (the
 runtime's first use), never at import; a value assigned before that stands.
@@ -6,7 +6,7 @@ runtime's first use), never at import; a value assigned before that stands.
 
 from __future__ import annotations
 
-from tpu_debug_core.options import EAGER_MODES, NUMERICS, PRECISIONS, Settings
+from tpu_debug.core.options import EAGER_MODES, NUMERICS, PRECISIONS, Settings
 
 __all__ = [
     "RuntimeConfig",

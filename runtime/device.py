@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch._C._dynamo import eval_frame as _eval_frame
 
-from tpu_debug_core.errors import DeviceTakenError, TpuArgumentError
+from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.runtime import autocast as _autocast
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy

@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tpu_debug_core.errors import TpuDebugError
+from tpu_debug.core.errors import TpuDebugError
 
 __all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile",
            "active", "dry_mode", "target_future", "value_needed"]

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_debug_core.errors import UnsupportedDtypeError
+from tpu_debug.core.errors import UnsupportedDtypeError
 
 __all__ = ["TORCH_TO_JAX", "to_jax_dtype", "to_torch_dtype"]
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from jax._src import array as jax_array
 
-from tpu_debug_core.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
+from tpu_debug.core.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random

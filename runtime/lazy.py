@@ -73,7 +73,7 @@ from tpu_debug.runtime.tensor import (
     view_value,
 )
 
-from tpu_debug_core.errors import LoweringBugError, TpuArgumentError
+from tpu_debug.core.errors import LoweringBugError, TpuArgumentError
 
 __all__ = [
     "EagerMode",

@@ -201,7 +201,7 @@ class Ledger:
 
     def replay(self, route: Any) -> None:
         """Tell the probes of ``route`` every storage held now (``existing``), as if allocated."""
-        from tpu_debug_core.hooks import deliver
+        from tpu_debug.core.hooks import deliver
 
         with self._lock:
             if self._dead:

@@ -33,8 +33,8 @@ over the probes that listen to it. The runtime tests ``probes._probes``
 info record, so with no probe a notification costs one attribute test.
 
 A probe that raises never breaks the user's program
-(:func:`tpu_debug_core.hooks.deliver`): the error is counted in ``probe_errors``
-(a bounded :class:`~tpu_debug_core.hooks.ErrorLog`) and handed to the probe's
+(:func:`tpu_debug.core.hooks.deliver`): the error is counted in ``probe_errors``
+(a bounded :class:`~tpu_debug.core.hooks.ErrorLog`) and handed to the probe's
 ``on_internal_error``.
 """
 
@@ -46,8 +46,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from tpu_debug_core.argspec import ArgSpec
-from tpu_debug_core.hooks import ErrorLog, Route, deliver
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.hooks import ErrorLog, Route, deliver
 
 __all__ = [
     "AllocInfo",

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
-from tpu_debug_core.errors import TpuArgumentError, TraceActiveError
+from tpu_debug.core.errors import TpuArgumentError, TraceActiveError
 from tpu_debug.runtime import probes
 
 __all__ = ["ProfilerProbe", "TpuProfilerConfig", "install_profiler_hooks"]

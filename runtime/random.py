@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import torch
 
-from tpu_debug_core.errors import TpuArgumentError
+from tpu_debug.core.errors import TpuArgumentError
 
 __all__ = ["manual_seed", "seed", "initial_seed", "next_key", "key_from_generator", "get_rng_state", "set_rng_state"]
 

@@ -21,7 +21,7 @@ import numpy as np
 from jax import lax
 import torch
 
-from tpu_debug_core.errors import MissingPayloadError, UnsupportedError
+from tpu_debug.core.errors import MissingPayloadError, UnsupportedError
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config

@@ -28,13 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 IMPORT_ALL = """
 import importlib, pkgutil, sys
-import tpu_debug, tpu_debug_core
+import tpu_debug
 assert tpu_debug.__file__.startswith(sys.prefix), ("not the wheel's copy", tpu_debug.__file__)
 names = ["tpu_debug_launcher", "tpu_debug_pytest"]
 # a __main__ module runs the command line when imported: it is run by 'python -m', not imported
-names += ["tpu_debug_core"] + [m.name for package in (tpu_debug, tpu_debug_core)
-                               for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
-                               if not m.name.endswith(".__main__")]
+names += [m.name for m in pkgutil.walk_packages(tpu_debug.__path__, "tpu_debug.")
+          if not m.name.endswith(".__main__")]
 for name in names:
     importlib.import_module(name)
 print(len(names), "modules imported from", tpu_debug.__file__)

@@ -16,11 +16,11 @@ from tpu_debug.runtime.config import RuntimeConfig
 from tpu_debug.runtime.distributed.config import DistributedConfig
 
 import tpu_debug
-from tpu_debug_core import options
+from tpu_debug.core import options
 from tpu_debug.cli import main
 from tpu_debug.cli.run import prepare_parser
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 
 # Written out by hand, not read from the declarations: every TPU_DEBUG_* option variable
 # the documentation (README, docstrings) promises, with a value each one refuses.
@@ -148,9 +148,7 @@ def test_adding_an_option_is_one_declaration(tmp_path):
     a TPU_DEBUG_* variable and a 'tpu-debug run' flag (in a fresh interpreter: the
     derived objects are built when their modules are imported)."""
     code = """
-        import tpu_debug_launcher
-        tpu_debug_launcher.read_only = True  # import the package face without the device
-        from tpu_debug_core import options as o
+        from tpu_debug.core import options as o
         o.OPTIONS += (o.Option("sample_rate", o.COUNT, 7, "keep every N-th sample"),)
         import argparse, inspect, os
         from tpu_debug.config import TraceConfig

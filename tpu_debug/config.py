@@ -1,8 +1,8 @@
-"""Trace options: :class:`TraceConfig`, one field per ``"trace"`` option of :mod:`tpu_debug_core.options`.
+"""Trace options: :class:`TraceConfig`, one field per ``"trace"`` option of :mod:`tpu_debug.core.options`.
 
 Precedence: argument to ``trace()`` > CLI flag (the CLI passes it as an
 argument) > environment > default. Values are parsed strictly: junk raises
-:class:`~tpu_debug_core.errors.ConfigError` naming the variable and what it accepts.
+:class:`~tpu_debug.core.errors.ConfigError` naming the variable and what it accepts.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tpu_debug_core import options as _options
-from tpu_debug_core.errors import ConfigError
-from tpu_debug_core.options import ENV_PREFIX
+from tpu_debug.core import options as _options
+from tpu_debug.core.errors import ConfigError
+from tpu_debug.core.options import ENV_PREFIX
 
 __all__ = ["TraceConfig", "ENV_PREFIX"]
 

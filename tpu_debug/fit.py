@@ -631,7 +631,7 @@ def collective_costs(hlo: str, tgt: Target, repeats: dict[str, int] | None = Non
     the TPU compiler fuses converts into collectives, so an all-reduce may sum float32
     operands into a bfloat16 result, and the operands are then what travels.
     """
-    from tpu_debug_core.collectives import parse_collectives
+    from tpu_debug.core.collectives import parse_collectives
 
     operands = _operand_bytes(hlo)
     by_kind: dict[str, list[tuple[int, int]]] = {}
@@ -657,7 +657,7 @@ _OPERANDS = re.compile(r"\s(?:all-gather|all-reduce|reduce-scatter|all-to-all|co
 
 def _operand_bytes(hlo: str) -> dict[str, int]:
     """Collective instruction name -> bytes of its operands (from their definitions' shapes)."""
-    from tpu_debug_core.collectives import shape_bytes
+    from tpu_debug.core.collectives import shape_bytes
 
     lines = hlo.splitlines()
     shapes = {m.group(1): m.group(2) for m in map(_DEFINITION.match, lines) if m}
@@ -1020,7 +1020,7 @@ def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: 
     import datetime as _dt
     import sys
 
-    from tpu_debug_core.options import default_logdir
+    from tpu_debug.core.options import default_logdir
 
     from tpu_debug.runs import DB_NAME, new_run_dir
     from tpu_debug.tracers.store import RunWriter

@@ -1,6 +1,6 @@
 """Guards for CI and for finding hidden costs: no recompiles here, no (implicit) transfers here.
 
-- :func:`expect_no_recompiles` raises :class:`~tpu_debug_core.errors.RecompileError`
+- :func:`expect_no_recompiles` raises :class:`~tpu_debug.core.errors.RecompileError`
   on the first recompile inside it (an op or graph compiled again with a new
   key), with the diff against the closest earlier key in the message;
   ``trace(fail_on_recompile=True)`` and ``tpu-debug run --fail-on-recompile``
@@ -10,7 +10,7 @@
   phase until one compiles nothing new.
 - :func:`transfer_guard` logs or refuses host<->device transfers, like
   ``jax.transfer_guard``: ``"allow"``, ``"log"`` (a warning naming the line)
-  or ``"disallow"`` (:class:`~tpu_debug_core.errors.TransferGuardError` before the
+  or ``"disallow"`` (:class:`~tpu_debug.core.errors.TransferGuardError` before the
   copy happens). ``implicit_only=True`` applies the level to transfers nobody
   asked for (``.item()``, ``print``, ``if t:``, CPU fallbacks) and lets
   ``.cpu()``/``.to()`` through. ``trace(transfer_guard=...,
@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Self
 
-from tpu_debug_core.errors import RecompileError, TransferGuardError
+from tpu_debug.core.errors import RecompileError, TransferGuardError
 
 from tpu_debug.config import _guard_level as check_level
 from tpu_debug.runtime import probes

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tpu_debug
-from tpu_debug_core.options import default_logdir
+from tpu_debug.core.options import default_logdir
 from tpu_debug.report import advice_of
 from tpu_debug.tracers.recompiles import explain
 from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of, step_phases

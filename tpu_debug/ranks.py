@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tpu_debug_core.errors import RunDamagedError, RunNotFoundError, TpuDebugError
+from tpu_debug.core.errors import RunDamagedError, RunNotFoundError, TpuDebugError
 from tpu_debug.runs import DB_NAME, list_runs, new_run_dir, run_identity
 from tpu_debug.session import Session
 

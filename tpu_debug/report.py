@@ -32,7 +32,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tpu_debug_core.errors import ReportSectionError
+from tpu_debug.core.errors import ReportSectionError
 
 __all__ = [
     "PLAIN_WIDTH",

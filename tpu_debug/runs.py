@@ -10,7 +10,7 @@ import re
 import sqlite3
 from pathlib import Path
 
-from tpu_debug_core.errors import RunNotFoundError, TpuDebugError
+from tpu_debug.core.errors import RunNotFoundError, TpuDebugError
 from tpu_debug.tracers.store import DB_NAME, connect
 
 __all__ = ["new_run_dir", "list_runs", "resolve_run", "run_stamp", "run_identity", "RunIdentity", "DB_NAME"]

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tpu_debug_core.options import default_logdir
+from tpu_debug.core.options import default_logdir
 from tpu_debug.runs import resolve_run
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import RunWriter

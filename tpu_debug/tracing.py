@@ -22,10 +22,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tpu_debug_core import options as _options
+from tpu_debug.core import options as _options
 from tpu_debug._version import __version__
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError, TpuDebugError, TraceActiveError
+from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
 from tpu_debug.session import Session
 from tpu_debug.tracers.events import DryRunSummaryEvent, ProcessEvent, TensorBoardSummaryEvent
@@ -872,7 +872,7 @@ def trace(**options: Any) -> Trace:
     Use as ``with tpu_debug.trace() as session:`` (the session answers queries
     during and after the block) or as a decorator ``@tpu_debug.trace()`` (one
     run per call). Options are keyword-only, one per trace option of
-    :mod:`tpu_debug_core.options` (listed below); one left out or ``None`` comes from
+    :mod:`tpu_debug.core.options` (listed below); one left out or ``None`` comes from
     its ``TPU_DEBUG_*`` environment variable, then its default.
 
     While it records in the main thread, SIGTERM unwinds the program as Ctrl-C

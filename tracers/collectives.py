@@ -29,7 +29,7 @@ from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, S
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
-from tpu_debug_core.collectives import Collective, module_devices, parse_collectives
+from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
 
 __all__ = [
     "CollectivesTracer",

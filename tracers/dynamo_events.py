@@ -40,7 +40,7 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.location import split_frames, user_location
 
-from tpu_debug_core.hooks import ErrorLog, deliver, report_failure
+from tpu_debug.core.hooks import ErrorLog, deliver, report_failure
 
 __all__ = [
     "DynamoListener",

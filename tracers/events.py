@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 # One input of a compiled program, in its recorded form (static values as their repr text):
 # the class the runtime reports inputs with, shared so there is one definition
-from tpu_debug_core.argspec import ArgSpec as ArgInfo
+from tpu_debug.core.argspec import ArgSpec as ArgInfo
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -751,7 +751,7 @@ class StepEvent(Event):
 
 # one collective instruction, as core/collectives.py reads it from a program's HLO:
 # shared with the runtime (ranks compare collectives before running a program together)
-from tpu_debug_core.collectives import Collective  # noqa: E402
+from tpu_debug.core.collectives import Collective  # noqa: E402
 
 __all__ += ["Collective", "CollectivesEvent"]
 

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from tpu_debug_core.errors import RunBusyError
+from tpu_debug.core.errors import RunBusyError
 
 try:
     import fcntl

@@ -61,12 +61,12 @@ def own_dirs() -> tuple[str, ...]:
     the TUI once imported), each ending in ``os.sep``."""
     import tpu_debug.runtime
     import tpu_debug.tracers
-    import tpu_debug_core
+    import tpu_debug.core
 
     import tpu_debug
 
     dirs = {_package_dir("tpu_debug")}
-    for module in (tpu_debug_core, tpu_debug.runtime, tpu_debug.tracers):
+    for module in (tpu_debug.core, tpu_debug.runtime, tpu_debug.tracers):
         dirs.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
     tui = sys.modules.get("tpu_debug.tui")
     if tui is not None and getattr(tui, "__file__", None):

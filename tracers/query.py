@@ -2,7 +2,7 @@
 
 Every query is a plain SQL statement over indexed columns; results come back
 as the event dataclasses of :mod:`.events` or the summary records below.
-A damaged file surfaces as :class:`~tpu_debug_core.errors.RunDamagedError`, never
+A damaged file surfaces as :class:`~tpu_debug.core.errors.RunDamagedError`, never
 as an ``sqlite3`` traceback.
 """
 
@@ -48,7 +48,7 @@ from tpu_debug.tracers.store import (
     layout,
 )
 
-from tpu_debug_core.errors import NotRecordedError, RunDamagedError
+from tpu_debug.core.errors import NotRecordedError, RunDamagedError
 
 if TYPE_CHECKING:  # the advisor reads runs through this module: imported when findings are asked for
     from tpu_debug.tracers.advisor.findings import Finding

@@ -55,7 +55,7 @@ from tpu_debug.tracers.events import OLDEST_READABLE_SCHEMA, SCHEMA_VERSION, Arg
 from tpu_debug.tracers.hlo import Program
 from tpu_debug.tracers.liveness import WriterLock
 
-from tpu_debug_core.errors import (
+from tpu_debug.core.errors import (
     RunAccessError,
     RunBusyError,
     RunDamagedError,
@@ -593,7 +593,7 @@ class RunWriter:
     committed; ``close`` flushes, writes the final metadata and stops the thread,
     waiting at most ``timeout`` seconds. An error inside the writer never
     reaches the traced program: it is kept in ``error`` (a
-    :class:`~tpu_debug_core.errors.RunWriteError` saying what to do, when the disk or
+    :class:`~tpu_debug.core.errors.RunWriteError` saying what to do, when the disk or
     the file failed) and recording stops; everything committed before stays.
 
     Raises (from the constructor):

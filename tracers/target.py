@@ -43,11 +43,11 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tpu_debug_core.hlo_text import Instruction as _Instruction
-from tpu_debug_core.hlo_text import array as _array
-from tpu_debug_core.hlo_text import called as _called
-from tpu_debug_core.hlo_text import matmul_flops as _matmul_flops
-from tpu_debug_core.hlo_text import scan as _scan
+from tpu_debug.core.hlo_text import Instruction as _Instruction
+from tpu_debug.core.hlo_text import array as _array
+from tpu_debug.core.hlo_text import called as _called
+from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
+from tpu_debug.core.hlo_text import scan as _scan
 from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,

@@ -38,7 +38,7 @@ from tpu_debug.tui.screens import (
 )
 from tpu_debug.tui.screens.fit import FitScreen
 
-from tpu_debug_core.errors import TpuDebugError
+from tpu_debug.core.errors import TpuDebugError
 from tpu_debug.session import Session
 
 __all__ = ["VIEW_TABLE", "View", "TpuDebugApp", "run_app"]

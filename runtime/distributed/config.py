@@ -1,11 +1,11 @@
-"""Settings of multi-process runs: one field per ``"distributed"`` option of :mod:`tpu_debug_core.options`.
+"""Settings of multi-process runs: one field per ``"distributed"`` option of :mod:`tpu_debug.core.options`.
 
 ``config`` reads its ``TPU_DEBUG_*`` variables when a field is first read, never at import.
 """
 
 from __future__ import annotations
 
-from tpu_debug_core.options import Settings
+from tpu_debug.core.options import Settings
 
 __all__ = ["DistributedConfig", "config"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpu_debug_core.errors import TpuDebugError
+from tpu_debug.core.errors import TpuDebugError
 
 __all__ = ["MeshError", "ShardingError", "LaunchError", "RankDivergenceError", "RankTimeoutError"]
 

@@ -36,7 +36,7 @@ from tpu_debug.runtime.distributed import launch
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import RankDivergenceError, RankTimeoutError
 
-from tpu_debug_core.collectives import parse_collectives
+from tpu_debug.core.collectives import parse_collectives
 
 __all__ = ["ProgramCard", "agree", "reset"]
 
@@ -107,7 +107,7 @@ def _library_roots() -> tuple[str, ...]:
     global _roots
     if _roots is None:
         roots = set()
-        for name in ("torch", "jax", "jaxlib", "numpy", "tpu_debug", "tpu_debug_core", "tpu_debug.runtime",
+        for name in ("torch", "jax", "jaxlib", "numpy", "tpu_debug", "tpu_debug.core", "tpu_debug.runtime",
                      "tpu_debug.tracers"):
             module = sys.modules.get(name)
             if module is not None and getattr(module, "__file__", None):

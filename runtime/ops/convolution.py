@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import HALF, ntuple, opmath
 from tpu_debug.runtime.ops.linalg import matmul_precision, tpu_passes, tpu_product
 from tpu_debug.runtime.ops.registry import lower

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import opmath
 from tpu_debug.runtime.ops.registry import lower
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import canonical_dim, compute_dtype, is_array
 from tpu_debug.runtime.ops.registry import lower
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.ops._common import HALF, compute_dtype, is_array, promote, round_to
 from tpu_debug.runtime.ops.registry import lower

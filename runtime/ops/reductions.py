@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import HALF, canonical_dim, canonical_dims, jdtype, promote
 from tpu_debug.runtime.ops.registry import lower
 

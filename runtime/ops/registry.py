@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from tpu_debug_core.errors import LoweringError
+from tpu_debug.core.errors import LoweringError
 
 __all__ = ["Lowering", "LoweringError", "composite", "composites", "lookup", "lower", "registered"]
 

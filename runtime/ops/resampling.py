@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import HALF, opmath
 from tpu_debug.runtime.ops.registry import lower
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_debug_core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops._common import canonical_dim, jdtype
 from tpu_debug.runtime.ops.registry import lower
 

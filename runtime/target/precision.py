@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tpu_debug_core.hlo_text import array, matmul_flops, scan
+from tpu_debug.core.hlo_text import array, matmul_flops, scan
 
 __all__ = ["PASSES", "DotFlops", "dot_flops"]
 

@@ -23,7 +23,7 @@ from tpu_debug.tracers.advisor import Count, Evidence, Finding
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug_core.collectives import Collective
+from tpu_debug.core.collectives import Collective
 from tpu_debug.ranks import new_group
 from tpu_debug.report import SECTIONS
 

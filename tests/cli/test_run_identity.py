@@ -9,7 +9,7 @@ import shutil
 import pytest
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.store import DB_NAME, RunWriter
-from tpu_debug_core.errors import RunDamagedError, RunNotFoundError
+from tpu_debug.core.errors import RunDamagedError, RunNotFoundError
 
 from tpu_debug.ranks import GroupInfo, RankGroup, find_group, list_groups, new_group, open_group
 from tpu_debug.runs import RunIdentity, list_runs, resolve_run, run_identity

@@ -50,8 +50,9 @@ def test_reading_verbs_do_not_import_dynamo(tmp_path):
     out = _python(
         f"""
         import contextlib, io, sys
+        import torch
         import tpu_debug
-        assert tpu_debug.runtime.installed()
+        assert tpu_debug.runtime.installed()  # by import torch
         from tpu_debug.cli import main
         import tpu_debug.tui.app  # what 'tpu-debug tui' imports in a terminal
         for argv in (["tui", {str(run_dir)!r}], ["report", {str(run_dir)!r}],
@@ -190,40 +191,64 @@ def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
     ]
 
 
-def test_read_only_api_registers_the_device_when_it_needs_it(tmp_path):
-    """In the reading verbs' mode the API is there, imported on first use; what records
-    (trace, compile, ...) registers the device first, as ``import tpu_debug`` would have."""
-    out = _python(
-        f"""
-        import sys
-        import tpu_debug_launcher
-        tpu_debug_launcher.read_only = True  # what main() sets for a reading verb
-        import tpu_debug
-        from tpu_debug import TraceConfig, TpuDebugError, open_run, Session
-        print(tpu_debug.list_runs({str(tmp_path)!r}), TraceConfig.__name__)
-        {_TORCH_JAX}
-        assert set(tpu_debug.__all__) <= set(dir(tpu_debug))
-        tpu_debug.trace
-        import torch
-        print(torch.ones(2, device="tpu").sum().item(), tpu_debug.runtime.installed())
-        """,
-        tmp_path,
+@pytest.mark.parametrize("how", ["import tpu_debug", "python -m tpu_debug"])
+def test_the_api_imports_neither_torch_nor_jax_until_something_records(how, tmp_path):
+    """``import tpu_debug`` in any process (a notebook, ``python -m``) and the reading API
+    load neither torch nor jax; what records (trace, compile, ...) registers the device
+    first, also with PyTorch's autoload off."""
+    first = (
+        "import tpu_debug" if how == "import tpu_debug"
+        else "import runpy, contextlib, io\n"
+             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+             "    sys.argv = ['tpu_debug', '--version']; runpy.run_module('tpu_debug', run_name='__main__')\n"
+             "import tpu_debug"
     )
-    assert out.split("\n") == ["[] TraceConfig", "[]", "2.0 True", ""]
+    code = (
+        "import os, sys\n" + first + "\n"
+        f"from tpu_debug import TraceConfig, TpuDebugError, open_run, Session, print_report\n"
+        f"print(tpu_debug.list_runs({str(tmp_path)!r}), TraceConfig.__name__)\n"
+        + _TORCH_JAX + "\n"
+        "assert set(tpu_debug.__all__) <= set(dir(tpu_debug))\n"
+        "tpu_debug.trace\n"
+        "import torch\n"
+        "print(torch.ones(2, device='tpu').sum().item(), tpu_debug.runtime.installed())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300, env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ["[] TraceConfig", "[]", "2.0 True", ""]
 
 
-def test_import_tpu_debug_still_registers_the_device(tmp_path):
+def test_import_torch_registers_the_device(tmp_path):
+    """A TorchTPU script imports only torch: PyTorch's backend autoload registers ``tpu``,
+    and ``torch.compile`` with no backend compiles ``tpu`` inputs with ``tpu_debug``."""
     out = _python(
         """
         import sys
-        import tpu_debug
-        print("torch" in sys.modules, "jax" in sys.modules, tpu_debug.runtime.installed())
         import torch
-        print((torch.ones(3, device="tpu") * 2).sum().item(), tpu_debug.Session.__name__)
+        print((torch.ones(3, device="tpu") * 2).sum().item(), torch.tpu.get_device_name())
+        f = torch.compile(lambda x: (x * 2).sin())
+        x = torch.randn(4, 4)
+        print(torch.allclose(f(x.to("tpu")).cpu(), (x * 2).sin(), rtol=1.2e-6, atol=1.2e-6))
+        import tpu_debug
+        print(tpu_debug.runtime.installed())
         """,
         tmp_path,
     )
-    assert out.split() == ["True", "True", "True", "6.0", "Session"]
+    # inductor cannot compile a tpu tensor: a result on tpu equal to CPU's is tpu_debug's program
+    assert out.split("\n")[1:] == ["True", "True", ""], out
+    assert out.startswith("6.0 XLA CPU")
+
+
+def test_autoload_off_leaves_the_device_unregistered(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch, sys; print('tpu_debug.runtime' in sys.modules, "
+                               "torch._C._get_privateuse1_backend_name())"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "privateuseone"]
 
 
 def test_run_verb_registers_the_device(tmp_path):
@@ -234,11 +259,11 @@ def test_run_verb_registers_the_device(tmp_path):
         import sys
         import tpu_debug_launcher
         code = tpu_debug_launcher.main(["run", "--logdir", {str(tmp_path / "runs")!r}, {str(script)!r}])
-        print("exit", code, tpu_debug_launcher.read_only, "torch" in sys.modules)
+        print("exit", code, "torch" in sys.modules)
         """,
         tmp_path,
     )
-    assert "4.0" in out.split() and out.split()[-4:] == ["exit", "0", "False", "True"]
+    assert "4.0" in out.split() and out.split()[-3:] == ["exit", "0", "True"]
 
 
 def test_run_of_a_missing_script_says_so_before_importing_torch(tmp_path):

@@ -8,7 +8,7 @@ expected figures follow from the shapes and groups written in each instruction.
 
 from __future__ import annotations
 
-from tpu_debug_core.collectives import module_devices, parse_collectives, shape_bytes, stack_frames
+from tpu_debug.core.collectives import module_devices, parse_collectives, shape_bytes, stack_frames
 
 MODULE = """\
 HloModule jit_fn, is_scheduled=true, entry_computation_layout={(f32[4,16]{1,0})->f32[]}, num_partitions=8

@@ -16,7 +16,7 @@ from tpu_debug.tracers.liveness import WriterLock, lock_path, writer_alive
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import RunWriter
 
-from tpu_debug_core.errors import RunBusyError
+from tpu_debug.core.errors import RunBusyError
 
 pytestmark = pytest.mark.skipif(liveness.fcntl is None, reason="flock is POSIX")
 

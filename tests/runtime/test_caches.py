@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tpu_debug
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 from tpu_debug.runtime import cache_counts, compiled, eager, probes
 from tpu_debug.runtime import tensor as tpu_tensor
 from tpu_debug.runtime.caches import LruCache

@@ -204,7 +204,7 @@ def test_environment_variables():
          "TPU_DEBUG_COMPILE_CACHE_BYTES": "1_000"}
     )
     assert (cfg.compile_cache, cfg.compile_cache_dir, cfg.compile_cache_bytes) == (False, "/x/y", 1000)
-    from tpu_debug_core.errors import ConfigError
+    from tpu_debug.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"TPU_DEBUG_COMPILE_CACHE='maybe' is not a boolean"):
         RuntimeConfig.from_env({"TPU_DEBUG_COMPILE_CACHE": "maybe"})

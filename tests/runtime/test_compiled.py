@@ -585,7 +585,7 @@ def test_python_float_argument_that_changes_is_a_graph_input():
 def test_device_assertions_in_a_graph_are_checked():
     """``F.one_hot`` decomposes to ``_assert_async`` checks of its class values (Mixtral's
     router): in range the graph runs and matches CPU, out of range the call raises."""
-    from tpu_debug_core.errors import DeviceAssertError
+    from tpu_debug.core.errors import DeviceAssertError
 
     fn = tpu_debug.compile(lambda idx: F.one_hot(idx, num_classes=5).sum(0))
     idx = torch.tensor([[0, 4], [2, 2], [1, 3]])

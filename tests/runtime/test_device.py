@@ -264,7 +264,7 @@ def test_import_registers_the_device_and_changes_nothing_else_until_first_use():
 def test_a_bad_variable_fails_the_first_use_not_the_import():
     code = """
         import torch, tpu_debug
-        from tpu_debug_core.errors import ConfigError
+        from tpu_debug.core.errors import ConfigError
         print("imported")
         for _ in range(2):  # not marked as started: each use says it again
             try:

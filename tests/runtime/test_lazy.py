@@ -20,7 +20,7 @@ from tpu_debug.runtime import config, lazy, probes
 from tpu_debug.runtime.config import RuntimeConfig
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray
 
-from tpu_debug_core.errors import ConfigError, TpuArgumentError
+from tpu_debug.core.errors import ConfigError, TpuArgumentError
 
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE
 NEVER = torch.tpu.EagerMode.DEFER_NEVER

@@ -19,7 +19,7 @@ from tpu_debug.tracers.recompiles import RecompileTracker
 import tpu_debug
 from tpu_debug.cli.run import prepare_parser
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE
 

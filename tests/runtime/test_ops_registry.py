@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tpu_debug_core.errors import LoweringError, NoLoweringError, TpuDebugError
+from tpu_debug.core.errors import LoweringError, NoLoweringError, TpuDebugError
 from tpu_debug.runtime import eager, ops
 from tpu_debug.runtime.config import RuntimeConfig, config
 from tpu_debug.runtime.ops import registry

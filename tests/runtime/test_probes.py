@@ -12,7 +12,7 @@ import torch
 from tpu_debug.runtime import clear_cache, probes
 from tpu_debug.runtime.probes import CompileInfo, Probe, TransferInfo
 
-from tpu_debug_core.hooks import DEFAULT_LIMIT, ErrorLog
+from tpu_debug.core.hooks import DEFAULT_LIMIT, ErrorLog
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +157,7 @@ def test_a_probe_raising_on_every_event_keeps_a_bounded_log(fresh_errors):
 
 def test_an_error_that_stops_the_program_passes_through():
     class Forbidden(RuntimeError):
-        stops_program = True  # what a guard raises on purpose (tpu_debug_core.errors.RecompileError)
+        stops_program = True  # what a guard raises on purpose (tpu_debug.core.errors.RecompileError)
 
     class Guard:
         def on_transfer(self, info):

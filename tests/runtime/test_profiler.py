@@ -18,7 +18,7 @@ import torch
 from tpu_debug.runtime import clear_cache, probes
 from tpu_debug.runtime.profiler import ProfilerProbe
 
-from tpu_debug_core.errors import TpuArgumentError, TraceActiveError
+from tpu_debug.core.errors import TpuArgumentError, TraceActiveError
 
 NEVER = torch.tpu.EagerMode.DEFER_NEVER
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE

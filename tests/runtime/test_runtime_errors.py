@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_debug_core.errors import (
+from tpu_debug.core.errors import (
     DeviceMismatchError,
     DeviceTakenError,
     TpuArgumentError,

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from tpu_debug.runtime import eager, probes
-from tpu_debug_core.errors import UnsupportedError
+from tpu_debug.core.errors import UnsupportedError
 
 import tpu_debug  # noqa: F401
 

@@ -21,7 +21,7 @@ from tpu_debug.tracers.divergence import compare, format_tolerances, parse_toler
 
 import tpu_debug
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -13,7 +13,7 @@ from tpu_debug.tracers.events import KeyDiff
 from tpu_debug.tracers.recompiles import describe
 
 import tpu_debug
-from tpu_debug_core.errors import RecompileError
+from tpu_debug.core.errors import RecompileError
 
 
 @pytest.fixture(autouse=True)
@@ -169,7 +169,7 @@ def test_expect_no_recompiles_names_the_failed_guard():
 def test_a_raising_listener_does_not_break_the_compile(monkeypatch):
     """A listener that raises on a graph break: the function still compiles and runs, the
     failure is kept as text in the bounded log and handed to the listener."""
-    from tpu_debug_core.hooks import ErrorLog
+    from tpu_debug.core.hooks import ErrorLog
 
     log = ErrorLog()
     monkeypatch.setattr(dynamo_events, "internal_errors", log)

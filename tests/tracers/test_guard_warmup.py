@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from tpu_debug_core.errors import RecompileError
+from tpu_debug.core.errors import RecompileError
 
 import tpu_debug
 from tpu_debug.cli import main

@@ -14,7 +14,7 @@ from tpu_debug.tracers.hlo import (
 )
 
 import tpu_debug
-from tpu_debug_core.errors import NotRecordedError
+from tpu_debug.core.errors import NotRecordedError
 
 OPTIMIZED = """HloModule jit_fn, is_scheduled=true
 

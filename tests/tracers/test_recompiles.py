@@ -17,7 +17,7 @@ from tpu_debug.tracers.recompiles import Change, RecompileTracker, explain, summ
 import tpu_debug
 from tpu_debug.cli import main
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError, RecompileError
+from tpu_debug.core.errors import ConfigError, RecompileError
 from tpu_debug.guards import _RecompileGuard
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pitfalls"

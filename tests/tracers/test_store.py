@@ -12,7 +12,7 @@ from tpu_debug.tracers.hlo import make_program
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import APPLICATION_ID, RunWriter, layout
 
-from tpu_debug_core.errors import NotRecordedError, RunDamagedError, RunNotFoundError, SchemaVersionError
+from tpu_debug.core.errors import NotRecordedError, RunDamagedError, RunNotFoundError, SchemaVersionError
 
 LOC = ev.SourceLocation("/work/user/train.py", 12, "step")
 LOC2 = ev.SourceLocation("/work/user/train.py", 30, "main")

@@ -20,7 +20,7 @@ from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import DB_NAME, RunWriter
 
 from tpu_debug.cli import main
-from tpu_debug_core.errors import RunAccessError, RunDamagedError, RunWriteError
+from tpu_debug.core.errors import RunAccessError, RunDamagedError, RunWriteError
 
 LOC = ev.SourceLocation("/work/user/train.py", 12, "step")
 
@@ -178,7 +178,7 @@ _AS_USER = textwrap.dedent(
     """
     import json, os, sys
     from pathlib import Path
-    from tpu_debug_core.errors import TpuDebugError
+    from tpu_debug.core.errors import TpuDebugError
     from tpu_debug.tracers.query import RunQuery
     from tpu_debug.tracers.store import RunWriter
 

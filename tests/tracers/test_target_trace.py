@@ -26,7 +26,7 @@ from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
 import tpu_debug
 from tpu_debug.cli import main
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 from tpu_debug.session import open_run
 
 requires_libtpu = pytest.mark.skipif(

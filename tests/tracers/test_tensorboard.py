@@ -21,7 +21,7 @@ from tpu_debug.tracers.tensorboard import SCALAR_TAGS, TensorBoardExporter, prof
 import tpu_debug
 from tpu_debug.cli import main
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError
+from tpu_debug.core.errors import ConfigError
 
 THIS_FILE = Path(__file__).name
 

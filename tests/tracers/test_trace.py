@@ -10,7 +10,7 @@ from tpu_debug.runtime import probes
 
 import tpu_debug
 from tpu_debug.config import TraceConfig
-from tpu_debug_core.errors import ConfigError, RunNotFoundError, TraceActiveError
+from tpu_debug.core.errors import ConfigError, RunNotFoundError, TraceActiveError
 
 
 def _step(x, w):

@@ -1,6 +1,6 @@
 """The ``tpu-debug`` command line: one module per subcommand (``prepare_parser`` + ``run``).
 
-``main(argv)`` parses, dispatches and turns a :class:`~tpu_debug_core.errors.TpuDebugError`
+``main(argv)`` parses, dispatches and turns a :class:`~tpu_debug.core.errors.TpuDebugError`
 into one line on stderr and an exit code; it never prints a traceback of ours. Output
 whose reader went away (``tpu-debug report --json | head``) ends quietly with status 0,
 as a Unix tool's does.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from tpu_debug._version import __version__
 from tpu_debug.cli import diff, fit, import_trace, report, run, runs, tensorboard, tui
-from tpu_debug_core.errors import CommandError, TpuDebugError
+from tpu_debug.core.errors import CommandError, TpuDebugError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tpu_debug_core.errors import CommandError
+from tpu_debug.core.errors import CommandError
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:

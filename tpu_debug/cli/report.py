@@ -75,6 +75,6 @@ def _dump(data: dict) -> None:
 
 
 def _logdir(logdir: str | None):
-    from tpu_debug_core.options import default_logdir
+    from tpu_debug.core.options import default_logdir
 
     return logdir if logdir is not None else default_logdir()

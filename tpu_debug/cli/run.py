@@ -15,10 +15,10 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import tpu_debug
-from tpu_debug_core.errors import CommandError, TpuDebugError
-from tpu_debug_core.run_args import prepare_parser, script_of
-from tpu_debug_core.options import check_env, env_text, read_env
-from tpu_debug_core.options import options as trace_options
+from tpu_debug.core.errors import CommandError, TpuDebugError
+from tpu_debug.core.run_args import prepare_parser, script_of
+from tpu_debug.core.options import check_env, env_text, read_env
+from tpu_debug.core.options import options as trace_options
 from tpu_debug.tracing import Terminated
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}

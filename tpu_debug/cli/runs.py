@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 import tpu_debug
-from tpu_debug_core.options import default_logdir
-from tpu_debug_core.errors import RunDamagedError, SchemaVersionError, TpuDebugError
+from tpu_debug.core.options import default_logdir
+from tpu_debug.core.errors import RunDamagedError, SchemaVersionError, TpuDebugError
 from tpu_debug.report import _console, format_seconds
 
 _UNBOUNDED = 1_000_000  # the width of plain text: lines as long as what they hold

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import tpu_debug
-from tpu_debug_core.errors import CommandError
+from tpu_debug.core.errors import CommandError
 from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, profile_files
 
 HOST = "127.0.0.1"

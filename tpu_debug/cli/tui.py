@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from tpu_debug_core.errors import CommandError
+from tpu_debug.core.errors import CommandError
 
 import tpu_debug
 
@@ -57,7 +57,7 @@ def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0, **option
 
 def _serve(args: argparse.Namespace) -> int:
     """``tpu-debug tui --serve``: resolve the run here (its errors are said at once), then serve it."""
-    from tpu_debug_core.options import default_logdir
+    from tpu_debug.core.options import default_logdir
 
     from tpu_debug.cli.tui_serve import check_options, serve
     from tpu_debug.ranks import find_group
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host is not None or args.port is not None:
         given = "--host" if args.host is not None else "--port"
         raise CommandError(f"{given} is for --serve: add --serve to open the UI in a browser", exit_code=2)
-    from tpu_debug_core.options import default_logdir
+    from tpu_debug.core.options import default_logdir
 
     from tpu_debug.ranks import find_group
 

@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from tpu_debug_core.errors import CommandError
+from tpu_debug.core.errors import CommandError
 
 # a UI told to quit is given this long to end before it is killed
 _UI_QUIT_SECONDS = 10.0

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from tpu_debug_core.errors import TpuDebugError
+from tpu_debug.core.errors import TpuDebugError
 
 if TYPE_CHECKING:
     from tpu_debug.tui.app import TpuDebugApp

@@ -20,7 +20,7 @@ from tpu_debug.tracers.hlo import ProgramNode
 from tpu_debug.tracers.query import ProgramSummary, ProgramText
 from tpu_debug.tui.widgets import HloDiffView, HloView, diff_rows
 
-from tpu_debug_core.errors import TpuDebugError
+from tpu_debug.core.errors import TpuDebugError
 from tpu_debug.session import Session
 
 __all__ = ["HloDiffScreen", "HloScreen"]

@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from tpu_debug_core.errors import TpuDebugError
+from tpu_debug.core.errors import TpuDebugError
 from tpu_debug.session import Session
 
 __all__ = ["RanksScreen"]

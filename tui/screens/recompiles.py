@@ -33,7 +33,7 @@ from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
 from tpu_debug.tui.widgets import Col, FitTable, HloView, PagedTable, SourceExcerpt, SourceView, read_excerpt
 
-from tpu_debug_core.errors import NotRecordedError
+from tpu_debug.core.errors import NotRecordedError
 from tpu_debug.report import advice_of
 from tpu_debug.session import Session
 

@@ -1,0 +1,66 @@
+"""The ``torch.backends`` entry point: ``import torch`` registers the ``tpu`` device.
+
+PyTorch loads every ``torch.backends`` entry point at the end of ``import torch``
+(out-of-tree backend autoload; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off), and
+turns an exception raised here into a failed ``import torch`` for every program in the
+environment. So nothing escapes :func:`load`: a device that cannot be registered is said
+in one line on stderr, and torch imports as if tpu_debug were not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+__all__ = ["load", "load_pending"]
+
+# set when torch was first imported by tpu_debug.runtime's own import (see load)
+_pending = False
+
+
+def _real_tpu_owner() -> bool:
+    """True when TorchTPU is installed and a TPU chip is attached: that device is the real one."""
+    if importlib.util.find_spec("torch_tpu") is None:
+        return False
+    try:
+        from jax._src import hardware_utils
+
+        return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+    except (ImportError, AttributeError, OSError):
+        return False
+
+
+def load() -> None:
+    """Register the ``tpu`` device unless a real TorchTPU owns it here (see the module)."""
+    global _pending
+    runtime = sys.modules.get("tpu_debug.runtime")
+    if runtime is not None and getattr(getattr(runtime, "__spec__", None), "_initializing", False):
+        # `import tpu_debug.runtime` came first and its modules import torch: the runtime
+        # cannot register the device half-imported, so its __init__ ends with load_pending()
+        _pending = True
+        return
+    _register()
+
+
+def _register() -> None:
+    if _real_tpu_owner():
+        print(
+            "tpu_debug: torch_tpu is installed and a TPU is attached, so the 'tpu' device is "
+            "TorchTPU's; tpu_debug's runtime is not registered (its tracers and reading verbs still work)",
+            file=sys.stderr,
+        )
+        return
+    try:
+        from tpu_debug.runtime import install
+
+        install()
+    except Exception as error:  # noqa: BLE001 - must not fail `import torch` (see the module)
+        print(f"tpu_debug: the 'tpu' device is not registered: {error}", file=sys.stderr)
+
+
+def load_pending() -> None:
+    """Finish a :func:`load` that ran while ``tpu_debug.runtime`` was being imported."""
+    global _pending
+    if _pending:
+        _pending = False
+        _register()
