@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import os
 import subprocess
 import sys
 
@@ -288,16 +289,25 @@ def test_import_in_fresh_process_registers_once():
 
 
 def test_privateuse1_taken_is_refused():
+    """Another backend owns PrivateUse1: what records refuses it with DeviceTakenError, and
+    the torch.backends loader says so in one line instead of failing ``import torch``."""
     code = (
         "import torch\n"
         "torch.utils.rename_privateuse1_backend('npu')\n"
+        "from tpu_debug._loader import load\n"
+        "load()\n"
+        "import tpu_debug\n"
         "try:\n"
-        "    import tpu_debug\n"
+        "    tpu_debug.trace\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out.returncode == 0, out.stderr
     assert "DeviceTakenError PrivateUse1 is already registered as 'npu'" in out.stdout, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("tpu_debug: the 'tpu' device is not registered: PrivateUse1 is already registered")
 
 
 def test_version_is_the_installed_distributions():
