@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.errors import ConfigError
+from tpu_debug.core.tolerances import format_tolerances, parse_tolerances
 
 __all__ = [
     "ENV_PREFIX",
@@ -155,8 +156,6 @@ def _check_text(value: Any) -> str:
 
 def _check_tolerances(value: Any) -> str:
     """The canonical string of a tolerance spec (a string, a mapping or "off")."""
-    from tpu_debug.tracers.divergence.tolerances import format_tolerances, parse_tolerances
-
     try:
         return format_tolerances(parse_tolerances(value))
     except (ValueError, TypeError) as exc:

@@ -175,7 +175,7 @@ def _fingerprint() -> str:
         import jax
         import jaxlib
 
-        from tpu_debug._version import __version__
+        from tpu_debug.core.version import __version__
 
         try:
             libtpu = importlib.metadata.version("libtpu")

@@ -47,7 +47,7 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, Uninit, from_jax, set_payload, to_jax, write
 
 __all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats"]
 
@@ -569,7 +569,7 @@ class CompiledGraph:
                 # the common case inline: a dense `tpu` tensor owning its whole payload
                 storage = a.untyped_storage()
                 arr = getattr(storage, PAYLOAD_ATTR, None)
-                if (arr is not None and type(arr) is not _Uninit and type(arr) is not LazyArray
+                if (arr is not None and type(arr) is not Uninit and type(arr) is not LazyArray
                         and arr.shape == a.shape and not a.storage_offset() and a.is_contiguous()):
                     if mutated and i in mutated:
                         stores[i] = storage

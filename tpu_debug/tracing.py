@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from tpu_debug.core import options as _options
-from tpu_debug._version import __version__
+from tpu_debug.core.version import __version__
 from tpu_debug.config import TraceConfig
 from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
@@ -911,9 +911,9 @@ def trace(**options: Any) -> Trace:
         )
     if config.target_spec(source="target" if options.get("target") is not None else None) is not None:
         # before anything runs: a script traced with --target must not run first and fail after
-        from tpu_debug.runtime.target import _libtpu
+        from tpu_debug.runtime.target import require_libtpu
 
-        _libtpu.require_libtpu()
+        require_libtpu()
     from tpu_debug.runtime import start
 
     start()

@@ -225,10 +225,10 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import _libtpu, parse_target
+        from tpu_debug.runtime.target import parse_target, require_libtpu
 
         self.target = parse_target(target)
-        _libtpu.require_libtpu()
+        require_libtpu()
         self.writer = writer
         self.hlo = hlo
         self._reuse = reuse
@@ -580,7 +580,7 @@ class TargetTracer:
         return executions, estimated, seconds, flops, nbytes, memory
 
     def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
-        from tpu_debug.runtime.target._libtpu import libtpu_version
+        from tpu_debug.runtime.target import libtpu_version
 
         t = self.target
         stats = self.stats

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tpu_debug._version import __version__
+from tpu_debug.core.version import __version__
 from tpu_debug.cli import diff, fit, import_trace, report, run, runs, tensorboard, tui
 from tpu_debug.core.errors import CommandError, TpuDebugError
 
