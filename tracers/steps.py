@@ -37,6 +37,7 @@ from __future__ import annotations
 import array
 import bisect
 import dataclasses
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -424,7 +425,7 @@ def steps_between(
         [(0, 5.0, 2), (1, 1.0, 1)]
     """
     steps = []
-    for index, (start, end) in enumerate(zip(bounds, bounds[1:])):
+    for index, (start, end) in enumerate(itertools.pairwise(bounds)):
         counts = _Counts()
         for c in compiles:
             if start <= c.ts < end or c.ts == start == end:
