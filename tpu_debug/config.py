@@ -8,10 +8,9 @@ argument) > environment > default. Values are parsed strictly: junk raises
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tpu_debug.core import options as _options
 from tpu_debug.core.errors import ConfigError
@@ -20,8 +19,52 @@ from tpu_debug.core.options import ENV_PREFIX
 __all__ = ["TraceConfig", "ENV_PREFIX"]
 
 
-class _TraceConfigMethods:
-    __slots__ = ()
+_FIELDS = {o.name: o for o in _options.options("trace")}
+_C = TypeVar("_C", bound=type)
+
+
+def _default(name: str) -> Any:
+    """A field whose default is the option table's (``core/options.py`` declares it once)."""
+    return dataclasses.field(default=_FIELDS[name].default_in("trace"))
+
+
+def _with_undeclared_options(cls: _C) -> _C:
+    """``cls``, or a subclass adding a field for each trace option its body does not write out
+    yet: an option declared in the table alone is a ``trace()`` keyword and a field at once
+    (``tests/test_options.py`` then asks for it in the class body, where editors see it)."""
+    missing = [o for o in _FIELDS.values() if o.name not in cls.__dataclass_fields__]  # type: ignore[attr-defined]
+    if not missing:
+        return cls
+    fields = [(o.name, Any, dataclasses.field(default=o.default_in("trace"))) for o in missing]
+    extended = dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,), frozen=True, slots=True)
+    extended.__module__, extended.__qualname__ = cls.__module__, cls.__qualname__
+    return extended  # type: ignore[return-value]
+
+
+@_with_undeclared_options
+@dataclasses.dataclass(frozen=True, slots=True)
+class TraceConfig:
+    # one field per "trace" option of core/options.py, in its order, with its default from there
+    logdir: Path = _default("logdir")
+    name: str | None = _default("name")
+    hlo: bool = _default("hlo")
+    op_events: bool = _default("op_events")
+    tensorboard: bool = _default("tensorboard")
+    tensorboard_max_events: int = _default("tensorboard_max_events")
+    divergence: bool = _default("divergence")
+    numerics: str | None = _default("numerics")
+    tolerances: str | None = _default("tolerances")
+    divergence_sample: int = _default("divergence_sample")
+    storm_threshold: int = _default("storm_threshold")
+    fail_on_recompile: bool = _default("fail_on_recompile")
+    transfer_guard: str = _default("transfer_guard")
+    transfer_guard_implicit: str = _default("transfer_guard_implicit")
+    eager_mode: str | None = _default("eager_mode")
+    target: str | None = _default("target")
+    target_wait: float = _default("target_wait")
+    memory: bool = _default("memory")
+    dry_run: bool = _default("dry_run")
+    compile_cache: bool | None = _default("compile_cache")
 
     @staticmethod
     def env_var(field: str) -> str:
@@ -50,7 +93,7 @@ class _TraceConfigMethods:
                 raise TypeError(f"trace() got an unexpected keyword argument {name!r}")
             if value is not None:
                 checked[name] = _options.check_value(opt, value)
-        return dataclasses.replace(self, **checked)  # type: ignore[type-var]
+        return dataclasses.replace(self, **checked)
 
     def target_spec(self, *, source: str | None = None) -> Any:
         """The TPU target to compile for (a ``runtime.target.Target``), or None.
@@ -63,7 +106,7 @@ class _TraceConfigMethods:
             ConfigError: the spec names no TPU generation or slice; the message lists
                 what is accepted.
         """
-        target = self.target  # type: ignore[attr-defined]
+        target = self.target
         if target is None:
             return None
         from tpu_debug.runtime.target import TargetSpecError, parse_target
@@ -72,26 +115,16 @@ class _TraceConfigMethods:
             return parse_target(target)
         except TargetSpecError as exc:
             env = self.env_var("target")
-            where = source or (env if os.environ.get(env, "").strip().lower() == target else "target")
+            where = source or (env if _options.read_env([_FIELDS["target"]]).get("target") == target else "target")
             raise ConfigError(f"{where}={target!r}: {exc}") from None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v)
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            for f in dataclasses.fields(self)
         }
 
 
-_FIELDS = {o.name: o for o in _options.options("trace")}
-
-TraceConfig = dataclasses.make_dataclass(
-    "TraceConfig",
-    [(o.name, Any, dataclasses.field(default=o.default_in("trace"))) for o in _FIELDS.values()],
-    bases=(_TraceConfigMethods,),
-    frozen=True,
-    slots=True,
-)
-TraceConfig.__module__ = __name__
 TraceConfig.__doc__ = "What a trace records and where: one field per trace option.\n" + _options.attributes_doc("trace")
 
 

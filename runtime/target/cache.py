@@ -8,8 +8,8 @@ warm compile warns and compiles again. What a target compile produces is data
 zlib-compressed JSON file per (program text, topology, jax, jaxlib, libtpu)
 key. JSON, not pickle: a cache file is read, never executed.
 
-Where: ``$TPU_DEBUG_TARGET_CACHE`` if set (``0``/``off``/``false``/``no``/empty
-turns the cache off), else ``$XDG_CACHE_HOME/tpu_debug/target``, else
+Where: ``$TPU_DEBUG_TARGET_CACHE`` if set (``0``/``off``/``false``/``no`` turns the
+cache off; the option ``target_cache`` in ``core/options.py``), else ``$XDG_CACHE_HOME/tpu_debug/target``, else
 ``~/.cache/tpu_debug/target``.
 """
 
@@ -22,18 +22,19 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from tpu_debug.core.options import env_var, option, read_env
+
 __all__ = ["cache_dir", "load", "store", "load_value", "store_value", "ENV"]
 
-ENV = "TPU_DEBUG_TARGET_CACHE"
-_OFF = {"0", "off", "false", "no", ""}
+ENV = env_var("target_cache")
 _VERSION = 1
 
 
 def cache_dir() -> Path | None:
     """The cache directory, or None when the cache is off."""
-    raw = os.environ.get(ENV)
-    if raw is not None:
-        return None if raw.strip().lower() in _OFF else Path(raw).expanduser()
+    value = read_env([option("target_cache")]).get("target_cache")
+    if value is not None:
+        return None if value is False else Path(value).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tpu_debug" / "target"
 
