@@ -1019,20 +1019,21 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     backward separately). ``torch.compile(fn, backend="tpu_debug")`` does the same when
     ``torch._dynamo.config.trace_autograd_ops`` is set.
 
-    Example:
-        >>> model = tpu_debug.compile(model)
-        >>> def train_step(x, y):
-        ...     loss = F.cross_entropy(model(x), y)
-        ...     loss.backward()
-        ...     return loss.detach()
-        >>> train_step = tpu_debug.compile(train_step)   # one program: forward + backward
-        >>> def full_step(x, y):
-        ...     opt.zero_grad()
-        ...     loss = F.cross_entropy(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
-        ...     return loss.detach()
-        >>> full_step = tpu_debug.compile(full_step)   # one program: the whole step
+    Example::
+
+        model = tpu_debug.compile(model)
+        def train_step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss.detach()
+        train_step = tpu_debug.compile(train_step)   # one program: forward + backward
+        def full_step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        full_step = tpu_debug.compile(full_step)   # one program: the whole step
     """
     compiled = torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
     # an optimizer's own step has no backward to trace: it stays the graph PyTorch makes

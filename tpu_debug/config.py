@@ -20,12 +20,9 @@ __all__ = ["TraceConfig", "ENV_PREFIX"]
 
 
 _FIELDS = {o.name: o for o in _options.options("trace")}
+# each field's default is the option table's (core/options.py declares it once)
+_DEFAULT = {name: o.default_in("trace") for name, o in _FIELDS.items()}
 _C = TypeVar("_C", bound=type)
-
-
-def _default(name: str) -> Any:
-    """A field whose default is the option table's (``core/options.py`` declares it once)."""
-    return dataclasses.field(default=_FIELDS[name].default_in("trace"))
 
 
 def _with_undeclared_options(cls: _C) -> _C:
@@ -44,27 +41,27 @@ def _with_undeclared_options(cls: _C) -> _C:
 @_with_undeclared_options
 @dataclasses.dataclass(frozen=True, slots=True)
 class TraceConfig:
-    # one field per "trace" option of core/options.py, in its order, with its default from there
-    logdir: Path = _default("logdir")
-    name: str | None = _default("name")
-    hlo: bool = _default("hlo")
-    op_events: bool = _default("op_events")
-    tensorboard: bool = _default("tensorboard")
-    tensorboard_max_events: int = _default("tensorboard_max_events")
-    divergence: bool = _default("divergence")
-    numerics: str | None = _default("numerics")
-    tolerances: str | None = _default("tolerances")
-    divergence_sample: int = _default("divergence_sample")
-    storm_threshold: int = _default("storm_threshold")
-    fail_on_recompile: bool = _default("fail_on_recompile")
-    transfer_guard: str = _default("transfer_guard")
-    transfer_guard_implicit: str = _default("transfer_guard_implicit")
-    eager_mode: str | None = _default("eager_mode")
-    target: str | None = _default("target")
-    target_wait: float = _default("target_wait")
-    memory: bool = _default("memory")
-    dry_run: bool = _default("dry_run")
-    compile_cache: bool | None = _default("compile_cache")
+    # one field per "trace" option of core/options.py, in its order
+    logdir: Path = _DEFAULT["logdir"]
+    name: str | None = _DEFAULT["name"]
+    hlo: bool = _DEFAULT["hlo"]
+    op_events: bool = _DEFAULT["op_events"]
+    tensorboard: bool = _DEFAULT["tensorboard"]
+    tensorboard_max_events: int = _DEFAULT["tensorboard_max_events"]
+    divergence: bool = _DEFAULT["divergence"]
+    numerics: str | None = _DEFAULT["numerics"]
+    tolerances: str | None = _DEFAULT["tolerances"]
+    divergence_sample: int = _DEFAULT["divergence_sample"]
+    storm_threshold: int = _DEFAULT["storm_threshold"]
+    fail_on_recompile: bool = _DEFAULT["fail_on_recompile"]
+    transfer_guard: str = _DEFAULT["transfer_guard"]
+    transfer_guard_implicit: str = _DEFAULT["transfer_guard_implicit"]
+    eager_mode: str | None = _DEFAULT["eager_mode"]
+    target: str | None = _DEFAULT["target"]
+    target_wait: float = _DEFAULT["target_wait"]
+    memory: bool = _DEFAULT["memory"]
+    dry_run: bool = _DEFAULT["dry_run"]
+    compile_cache: bool | None = _DEFAULT["compile_cache"]
 
     @staticmethod
     def env_var(field: str) -> str:

@@ -156,11 +156,12 @@ class expect_no_recompiles(contextlib.ContextDecorator):
         RecompileError: (inside the block) something recompiled; the message
             says what changed, e.g. ``arg 0 'self': f32[8,128] -> f32[9,128]``.
 
-    Example:
-        >>> step(batch)                      # warm-up compiles
-        >>> with tpu_debug.expect_no_recompiles():
-        ...     for batch in loader:
-        ...         step(batch)
+    Example::
+
+        step(batch)                      # warm-up compiles
+        with tpu_debug.expect_no_recompiles():
+            for batch in loader:
+                step(batch)
     """
 
     def __init__(self) -> None:
@@ -237,10 +238,11 @@ def transfer_guard(level: str, *, implicit_only: bool = False):
         ConfigError: ``level`` is not a level.
         TransferGuardError: (inside the block) a disallowed transfer.
 
-    Example:
-        >>> with tpu_debug.transfer_guard("disallow", implicit_only=True):
-        ...     loss = step(batch)          # fine
-        ...     print(loss.item())          # TransferGuardError naming this line
+    Example::
+
+        with tpu_debug.transfer_guard("disallow", implicit_only=True):
+            loss = step(batch)          # fine
+            print(loss.item())          # TransferGuardError naming this line
     """
     check_level("transfer_guard", level)
     if implicit_only:

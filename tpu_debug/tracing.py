@@ -897,10 +897,11 @@ def trace(**options: Any) -> Trace:
         LibtpuMissingError: a target is asked for and libtpu is not installed.
         TraceActiveError: (on entry) another trace is recording.
 
-    Example:
-        >>> with tpu_debug.trace(name="demo") as session:
-        ...     y = torch.randn(8, 8, device="tpu") @ torch.randn(8, 8, device="tpu")
-        >>> print(session.summary())
+    Example::
+
+        with tpu_debug.trace(name="demo") as session:
+            y = torch.randn(8, 8, device="tpu") @ torch.randn(8, 8, device="tpu")
+        print(session.summary())
     """
     config = TraceConfig.from_env().override(**options)
     _options.check_env()  # the runtime's variables too: a bad one fails here, not mid-script
@@ -947,11 +948,12 @@ def step() -> None:
     automatically when ``optimizer.step()`` returns; once ``step()`` is called,
     only explicit marks count. Without an active trace it does nothing.
 
-    Example:
-        >>> with tpu_debug.trace(tensorboard=True):
-        ...     for batch in data:
-        ...         train_step(batch)
-        ...         tpu_debug.step()
+    Example::
+
+        with tpu_debug.trace(tensorboard=True):
+            for batch in data:
+                train_step(batch)
+                tpu_debug.step()
     """
     active = _active
     if active is not None:

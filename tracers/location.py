@@ -274,10 +274,11 @@ def split_frames(frames: Sequence[SourceLocation]) -> tuple[SourceLocation | Non
     and the innermost frame when that one is library code (its context; tpu_debug's own
     code included: a break inside the tool's runtime is not on the user's line either).
 
-    Example:
-        >>> split_frames([SourceLocation("train.py", 24, "<module>"),
-        ...               SourceLocation(".../torch/_dynamo/external_utils.py", 69, "inner")])
-        (SourceLocation('train.py', 24, '<module>'), SourceLocation('.../external_utils.py', 69, 'inner'))
+    Example::
+
+        split_frames([SourceLocation("train.py", 24, "<module>"),
+                      SourceLocation(".../torch/_dynamo/external_utils.py", 69, "inner")])
+        # (SourceLocation('train.py', 24, '<module>'), SourceLocation('.../external_utils.py', 69, 'inner'))
     """
     user = next((f for f in reversed(frames) if not is_library_file(f.file)), None)
     inner = frames[-1] if frames else None

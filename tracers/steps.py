@@ -151,11 +151,12 @@ class StepTracker:
         clock: seconds since the run started.
         record_error: ``(where, message)`` keeps a failure in the run.
 
-    Example:
-        >>> tracker = StepTracker(writer.put, writer.new_id, recorder.clock)
-        >>> tracker.start(); probes.subscribe(tracker)
-        >>> ...                        # optimizer.step() ends each step
-        >>> tracker.close()            # a run without steps: its loop's iterations
+    Example::
+
+        tracker = StepTracker(writer.put, writer.new_id, recorder.clock)
+        tracker.start(); probes.subscribe(tracker)
+        ...                        # optimizer.step() ends each step
+        tracker.close()            # a run without steps: its loop's iterations
     """
 
     def __init__(
@@ -541,10 +542,11 @@ def detect_loop(ops: Sequence[int], *, min_iterations: int = LOOP_MIN_ITERATIONS
 class StepIndex:
     """Finds the step an event belongs to by its timestamp.
 
-    Example:
-        >>> index = StepIndex(session.events("step"))
-        >>> index.step_of(compile_event.ts)     # its step's index, or None outside every step
-        3
+    Example::
+
+        index = StepIndex(session.events("step"))
+        index.step_of(compile_event.ts)     # its step's index, or None outside every step
+        # 3
     """
 
     def __init__(self, steps: Sequence[StepEvent]) -> None:
@@ -585,11 +587,12 @@ def step_phases(steps: Sequence[StepEvent], *, warmup_max: int = WARMUP_MAX) -> 
     whose shape changes again, an executable evicted and compiled again)
     cost time at every recurrence.
 
-    Example:
-        >>> [s.compiles for s in steps]
-        [37, 4, 0, 0, 0, 6, 0]
-        >>> step_phases(steps)
-        ['warm-up', 'warm-up', 'steady', 'steady', 'steady', 'steady', 'steady']
+    Example::
+
+        [s.compiles for s in steps]
+        # [37, 4, 0, 0, 0, 6, 0]
+        step_phases(steps)
+        # ['warm-up', 'warm-up', 'steady', 'steady', 'steady', 'steady', 'steady']
     """
     ordered = sorted(range(len(steps)), key=lambda i: steps[i].index)
     out = [STEADY] * len(steps)

@@ -599,10 +599,11 @@ class RunWriter:
     Raises (from the constructor):
         RunWriteError: the database cannot be created (no permission, no space).
 
-    Example:
-        >>> writer = RunWriter(Path("run.db"), {"name": "demo"})
-        >>> writer.put(event)
-        >>> writer.close({"exit_status": 0})
+    Example::
+
+        writer = RunWriter(Path("run.db"), {"name": "demo"})
+        writer.put(event)
+        writer.close({"exit_status": 0})
     """
 
     MAX_BATCH = 50_000

@@ -208,10 +208,11 @@ class TargetTracer:
         TargetSpecError: ``target`` names no TPU.
         LibtpuMissingError: libtpu is not installed.
 
-    Example:
-        >>> tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
-        >>> probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
-        >>> ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
+    Example::
+
+        tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
+        probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
+        ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
     """
 
     def __init__(
@@ -751,9 +752,10 @@ def findings(events: Iterable[TargetCompileEvent]) -> list[TargetFinding]:
         One finding per program refused for HBM, and one per padded array shape
         (the same shape and layout in several programs is one finding).
 
-    Example:
-        >>> for f in findings(session.events("target_compile")):
-        ...     print(f.render())
+    Example::
+
+        for f in findings(session.events("target_compile")):
+            print(f.render())
     """
     ooms: list[TargetFinding] = []
     padded: dict[tuple, list[tuple[TargetCompileEvent, PaddedBuffer]]] = {}

@@ -70,9 +70,10 @@ def initialize(
         ConfigError: a variable holds a value its option does not accept.
         LaunchError: the variables are incomplete, or JAX started before joining.
 
-    Example:
-        >>> from tpu_debug.runtime import distributed
-        >>> distributed.initialize()      # under tpu-debug run --nproc 2: True
+    Example::
+
+        from tpu_debug.runtime import distributed
+        distributed.initialize()      # under tpu-debug run --nproc 2: True
     """
     with _lock:
         if _state["initialized"]:

@@ -337,11 +337,12 @@ def compile_for_target(
         LibtpuMissingError: libtpu is not installed (the message says what to install).
         Exception: whatever tracing or lowering ``fn`` raises.
 
-    Example:
-        >>> x = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
-        >>> result = compile_for_target(lambda a: a @ a, (x,), "v5e")
-        >>> result.memory.argument_bytes, result.cost.flops
-        (134217728, 1099511627776.0)
+    Example::
+
+        x = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
+        result = compile_for_target(lambda a: a @ a, (x,), "v5e")
+        result.memory.argument_bytes, result.cost.flops
+        # (134217728, 1099511627776.0)
     """
     tgt = parse_target(target)
     level = _level(optimization_level)
@@ -401,10 +402,11 @@ def compile_lowered_for_target(lowered, target: str | Target = "v5e", *,
             program was lowered for.
         LibtpuMissingError: libtpu is not installed.
 
-    Example:
-        >>> lowered = jax.jit(jnp.sin).lower(jnp.ones((1000, 100)))   # on CPU
-        >>> compile_lowered_for_target(lowered, "v6e").hlo.count("T(8,128)") > 0
-        True
+    Example::
+
+        lowered = jax.jit(jnp.sin).lower(jnp.ones((1000, 100)))   # on CPU
+        compile_lowered_for_target(lowered, "v6e").hlo.count("T(8,128)") > 0
+        # True
     """
     tgt = parse_target(target)
     level = _level(optimization_level)
@@ -539,9 +541,10 @@ def target_mesh(target: str | Target, shape: tuple[int, ...], axis_names: tuple[
         TargetSpecError: the target has fewer devices than the mesh.
         LibtpuMissingError: libtpu is not installed.
 
-    Example:
-        >>> mesh = target_mesh("v5e-4", (4,), ("data",))
-        >>> x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    Example::
+
+        mesh = target_mesh("v5e-4", (4,), ("data",))
+        x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
     """
     import math
 

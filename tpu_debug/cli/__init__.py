@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tpu-debug`` command line; returns the exit code.
 
-    Example:
-        >>> main(["report", "--logdir", "tpu_debug_runs"])
-        0
+    Example::
+
+        main(["report", "--logdir", "tpu_debug_runs"])
+        # 0
     """
     try:
         return _dispatch(argv)
