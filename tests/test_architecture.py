@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Deferred imports inside the runtime that still close a loop: a module and the one that calls
 # back into it (the device and its dynamo backend, the dry run and the eager path, the probes and
-# memory tracking, a target's compile and its on-disk cache, the cache statistics of torch.tpu).
+# memory tracking, a target's spec and its measured capacity, the cache statistics of torch.tpu).
 # Taking these edges out leaves no loop, and no other edge may close one; each should go by
 # moving the shared part down or passing a callable in.
 KNOWN_LOOP_EDGES: frozenset[tuple[str, str]] = frozenset(
@@ -44,7 +44,6 @@ KNOWN_LOOP_EDGES: frozenset[tuple[str, str]] = frozenset(
         ("tpu_debug.runtime.distributed.launch", "tpu_debug.runtime.device"),
         ("tpu_debug.runtime.dryrun", "tpu_debug.runtime.eager"),
         ("tpu_debug.runtime.probes", "tpu_debug.runtime.memory"),
-        ("tpu_debug.runtime.target.compile", "tpu_debug.runtime.target.cache"),
         ("tpu_debug.runtime.target.dryrun", "tpu_debug.runtime.compiled"),
         ("tpu_debug.runtime.target.hardware", "tpu_debug.runtime.target.capacity"),
         ("tpu_debug.runtime.tpu_utils", "tpu_debug.runtime.compiled"),
