@@ -78,7 +78,8 @@ def _split_spec(text: str) -> dict[str, Any]:
         name, sep, value = part.partition("=")
         if not sep:
             raise ValueError(
-                f"tolerance {part!r} is not dtype=rtol[:atol]; e.g. 'float32=1e-4:1e-6,bfloat16=0.05' or 'off'"
+                f"tolerance {part!r} is not dtype=rtol[:atol]; "
+                "e.g. 'float32=1e-4:1e-6,bfloat16=0.05' or 'off'"
             )
         items[name.strip()] = tuple(value.split(":")) if ":" in value else value
     return items

@@ -47,7 +47,16 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, Uninit, from_jax, set_payload, to_jax, write
+from tpu_debug.runtime.tensor import (
+    PAYLOAD_ATTR,
+    LazyArray,
+    Uninit,
+    _create_empty,
+    from_jax,
+    set_payload,
+    to_jax,
+    write,
+)
 
 __all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats"]
 

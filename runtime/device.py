@@ -26,7 +26,16 @@ from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import composites, registered
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, Uninit, from_jax, set_payload, to_jax, write
+from tpu_debug.runtime.tensor import (
+    PAYLOAD_ATTR,
+    LazyArray,
+    Uninit,
+    _create_empty,
+    from_jax,
+    set_payload,
+    to_jax,
+    write,
+)
 from tpu_debug.runtime.tensor import empty as _empty
 
 __all__ = ["install", "installed", "start", "TpuModule", "DeviceTakenError"]

@@ -27,7 +27,10 @@ from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand", "set_payload", "LazyArray", "PAYLOAD_ATTR", "Uninit"]
+__all__ = [
+    "to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand",
+    "set_payload", "LazyArray", "PAYLOAD_ATTR", "Uninit",
+]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor

@@ -163,7 +163,8 @@ def upward_imports(imports: list[Import]) -> list[Import]:
 
 def package_of(module: str) -> str:
     """The distribution's package (a ``package-dir`` key) or top-level module holding ``module``."""
-    roots = [*_PYPROJECT["tool"]["setuptools"]["package-dir"], *_PYPROJECT["tool"]["setuptools"]["py-modules"]]
+    setup = _PYPROJECT["tool"]["setuptools"]
+    roots = [*setup["package-dir"], *setup["py-modules"]]
     return max((r for r in roots if module == r or module.startswith(r + ".")), key=len, default=module)
 
 
@@ -245,7 +246,10 @@ _PLANTED = {
     "tpu_debug.core.a": ("def f():\n    from tpu_debug.tracers.b import g\n", False),
     "tpu_debug.tracers.b": ("from tpu_debug.core.a import f\n\ndef g():\n    pass\n", False),
     "tpu_debug.tracers.c": ("def h():\n    from tpu_debug.runtime.d import _helper\n", False),
-    "tpu_debug.runtime.d": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tracers import c\n", False),
+    "tpu_debug.runtime.d": (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tracers import c\n",
+        False,
+    ),
     "tpu_debug.runtime.e": ("from tpu_debug.runtime.d import _helper\n", False),
     "tpu_debug.runtime": ("from tpu_debug.runtime import e\n", True),
 }
@@ -272,7 +276,8 @@ def test_checkers_find_planted_deferred_faults():
     ]
     assert loops(import_graph(imports, deferred=False)) == []
     # the runtime's own module may take the runtime's private name; a tracer may not
-    assert [(i.importer, i.names) for i in private_imports(imports)] == [("tpu_debug.tracers.c", ("_helper",))]
+    taken = [(i.importer, i.names) for i in private_imports(imports)]
+    assert taken == [("tpu_debug.tracers.c", ("_helper",))]
 
 
 def test_graph_covers_the_package():
@@ -297,14 +302,17 @@ def test_no_import_loops():
         "an edge of KNOWN_LOOP_EDGES is gone: take it out of the list"
     )
     found = loops(graph, KNOWN_LOOP_EDGES | FIT_EDGES)
-    assert not found, "import loops, deferred imports included (move the shared part into a module both import):\n" + (
-        "\n".join(" <-> ".join(component) for component in found)
+    assert not found, (
+        "import loops, deferred imports included (move the shared part into a module both import):\n"
+        + "\n".join(" <-> ".join(component) for component in found)
     )
 
 
 def test_no_private_names_across_packages():
     found = [i for i in private_imports(_project_imports()) if (i.importer, i.target) not in FIT_EDGES]
-    assert not found, "private names taken from another package (give them a public spelling):\n" + _show(found)
+    assert not found, "private names taken from another package (give them a public spelling):\n" + (
+        _show(found)
+    )
 
 
 def test_the_doc_quotes_the_layer_order():

@@ -151,7 +151,8 @@ def test_every_variable_the_package_names_is_declared():
     """No TPU_DEBUG_* variable lives outside the option table: each one the source names (to read,
     set or document) is an option's."""
     root = Path(__file__).resolve().parents[1]
-    sources = [p for folder in ("core", "runtime", "tracers", "tpu_debug", "tui") for p in (root / folder).rglob("*.py")]
+    folders = ("core", "runtime", "tracers", "tpu_debug", "tui")
+    sources = [p for folder in folders for p in (root / folder).rglob("*.py")]
     sources += [root / "tpu_debug_launcher.py", root / "tpu_debug_pytest.py"]
     named = {m for p in sources for m in re.findall(r"TPU_DEBUG_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
     assert named - {o.env for o in options.OPTIONS} == set()

@@ -29,7 +29,8 @@ def _with_undeclared_options(cls: _C) -> _C:
     """``cls``, or a subclass adding a field for each trace option its body does not write out
     yet: an option declared in the table alone is a ``trace()`` keyword and a field at once
     (``tests/test_options.py`` then asks for it in the class body, where editors see it)."""
-    missing = [o for o in _FIELDS.values() if o.name not in cls.__dataclass_fields__]  # type: ignore[attr-defined]
+    declared = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    missing = [o for o in _FIELDS.values() if o.name not in declared]
     if not missing:
         return cls
     fields = [(o.name, Any, dataclasses.field(default=o.default_in("trace"))) for o in missing]
@@ -112,7 +113,8 @@ class TraceConfig:
             return parse_target(target)
         except TargetSpecError as exc:
             env = self.env_var("target")
-            where = source or (env if _options.read_env([_FIELDS["target"]]).get("target") == target else "target")
+            from_env = _options.read_env([_FIELDS["target"]]).get("target") == target
+            where = source or (env if from_env else "target")
             raise ConfigError(f"{where}={target!r}: {exc}") from None
 
     def as_dict(self) -> dict[str, Any]:

@@ -420,7 +420,8 @@ def steps_between(
 
     Example:
         >>> from tpu_debug.tracers.events import CompileEvent
-        >>> compiles = [CompileEvent(i, ts, "compiled", 0, None, "f", "", (), 1.0) for i, ts in enumerate([0, 1, 5])]
+        >>> compiles = [CompileEvent(i, ts, "compiled", 0, None, "f", "", (), 1.0)
+        ...             for i, ts in enumerate([0, 1, 5])]
         >>> steps = steps_between([0.0, 5.0, 6.0], compiles, "log", iter(range(9)).__next__)
         >>> [(s.index, s.seconds, s.compiles) for s in steps]
         [(0, 5.0, 2), (1, 1.0, 1)]

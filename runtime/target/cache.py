@@ -9,7 +9,8 @@ zlib-compressed JSON file per (program text, topology, jax, jaxlib, libtpu)
 key. JSON, not pickle: a cache file is read, never executed.
 
 Where: ``$TPU_DEBUG_TARGET_CACHE`` if set (``0``/``off``/``false``/``no`` turns the
-cache off; the option ``target_cache`` in ``core/options.py``), else ``$XDG_CACHE_HOME/tpu_debug/target``, else
+cache off; the option ``target_cache`` in ``core/options.py``),
+else ``$XDG_CACHE_HOME/tpu_debug/target``, else
 ``~/.cache/tpu_debug/target``.
 """
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-
 from tpu_debug.core import tolerances as by_name
 from tpu_debug.core.tolerances import EXACT, OFF, format_tolerances
 
@@ -43,7 +42,7 @@ def parse_tolerances(spec: Any) -> dict[torch.dtype, tuple[float, float]] | None
     table = by_name.parse_tolerances(spec)
     if table is None:
         return None
-    return {None if name is None else getattr(torch, name): pair for name, pair in table.items()}  # type: ignore[misc]
+    return {None if n is None else getattr(torch, n): pair for n, pair in table.items()}  # type: ignore[misc]
 
 
 def tolerance_for(dtype: torch.dtype, table: Mapping | None) -> tuple[float, float]:
