@@ -292,9 +292,10 @@ def parse_collectives(
         node_lines: FX node name -> (file, line, function) of the user code that made it;
             a collective caused by a known node takes that line first.
 
-    Example:
-        >>> [c.describe() for c in parse_collectives(compiled.as_text())]
-        ['all-reduce f32[8,16] over 4 devices x2 groups']
+    Example::
+
+        [c.describe() for c in parse_collectives(compiled.as_text())]
+        # ['all-reduce f32[8,16] over 4 devices x2 groups']
     """
     devices = module_devices(hlo)
     frames: Callable[[int], list] | None = None

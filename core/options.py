@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.errors import ConfigError
+from tpu_debug.core.tolerances import format_tolerances, parse_tolerances
 
 __all__ = [
     "ENV_PREFIX",
@@ -155,8 +156,6 @@ def _check_text(value: Any) -> str:
 
 def _check_tolerances(value: Any) -> str:
     """The canonical string of a tolerance spec (a string, a mapping or "off")."""
-    from tpu_debug.tracers.divergence.tolerances import format_tolerances, parse_tolerances
-
     try:
         return format_tolerances(parse_tolerances(value))
     except (ValueError, TypeError) as exc:
@@ -178,6 +177,33 @@ CACHE_DIRECTORY = Kind("a cache directory", "a directory path", _check_text, _ch
 RUN_NAME = Kind("a short run name", "a short run name", _check_text, _check_text, "a non-empty string", {})
 TOLERANCES = Kind("a tolerance spec", "'float32=1e-4:1e-6,bfloat16=0.05' (rtol[:atol] per dtype) or 'off'",
                   _check_tolerances, _check_tolerances, "a tolerance spec", {"metavar": "SPEC"})
+def _check_rank(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Junk
+    return value
+
+
+def _check_address(value: Any) -> str:
+    host, sep, port = _check_text(value).rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise _Junk
+    return f"{host}:{port}"
+
+
+def _parse_cache(text: str) -> str | bool:
+    return False if text.lower() in _FALSE else text
+
+
+def _check_cache(value: Any) -> str | bool:
+    return False if value is False else _check_text(value)
+
+
+RANK = Kind("a rank", "an integer, 0 or more", lambda text: _check_rank(int(text)), _check_rank,
+            "an integer, 0 or more", {"type": int, "metavar": "N"})
+ADDRESS = Kind("a host:port address", "a value such as 127.0.0.1:29500", _check_address, _check_address,
+               "a 'host:port' string", {"metavar": "HOST:PORT"})
+CACHE_OR_OFF = Kind("a cache directory or off", "a directory path, or one of 0/false/no/off to turn it off",
+                    _parse_cache, _check_cache, "a directory path, or False", {})
 # the spec itself is checked against the hardware table by TraceConfig.target_spec() when a
 # trace starts: the table lives in the runtime, which the reading verbs never import
 TARGET = Kind("a TPU target", "a spec such as 'v5e', 'v6e-8' or 'v5e:2x4'", lambda text: text.lower(),
@@ -203,7 +229,9 @@ class Option:
         scopes: the config objects that hold it: ``"trace"`` (:class:`TraceConfig`,
             ``trace()``), ``"runtime"`` (``tpu_debug.runtime.config``),
             ``"distributed"`` (``tpu_debug.runtime.distributed.config``), ``"run"`` (the
-            ``tpu-debug run`` command itself: a flag and a variable only). An option in
+            ``tpu-debug run`` command itself: a flag and a variable only), ``"env"`` (a
+            variable only, read by :func:`read_env` where it is used, on every use: what a
+            launcher sets for a process, or what tests point elsewhere per test). An option in
             both ``"trace"`` and ``"runtime"`` sets the runtime's value while a trace
             records; its ``trace()`` default (None) leaves the runtime's value.
         flag: ``tpu-debug run`` has a flag for it.
@@ -235,6 +263,7 @@ class Option:
 
 _TRACE, _RUNTIME, _RANKS = frozenset({"trace"}), frozenset({"runtime"}), frozenset({"distributed"})
 _BOTH = frozenset({"trace", "runtime"})
+_ENV = frozenset({"env"})
 
 # The order is the order of trace()'s keywords, of TraceConfig's fields and of the flags.
 OPTIONS: tuple[Option, ...] = (
@@ -310,6 +339,15 @@ OPTIONS: tuple[Option, ...] = (
            "rank runs the same program (a rank running another raises RankDivergenceError)", _RANKS, flag=False),
     Option("rank_timeout", TIMEOUT, 60.0, "seconds a rank waits for the others at that check before it raises "
            "RankTimeoutError", _RANKS, flag=False),
+    # a process of a multi-process run (tpu-debug run --nproc sets these for each rank it starts)
+    Option("coordinator", ADDRESS, None, "the address of the multi-process run this process joins (rank 0's "
+           "JAX coordinator)", _ENV, flag=False),
+    Option("nproc", COUNT, None, "the number of processes of that run", _ENV, flag=False),
+    Option("rank", RANK, None, "this process's rank in that run (0 to nproc - 1)", _ENV, flag=False),
+    # runtime/target/cache.py
+    Option("target_cache", CACHE_OR_OFF, None, "where target compile results are kept (default: "
+           "$XDG_CACHE_HOME/tpu_debug/target, else ~/.cache/tpu_debug/target), or 0/off to keep none",
+           _ENV, flag=False, reading=True),
 )
 
 # set while ignore_recording_options() is in effect: this process only reads runs

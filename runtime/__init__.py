@@ -27,8 +27,8 @@ __all__ = [
     "DeviceTakenError",
 ]
 
-# torch's backend autoload (tpu_debug._loader) registers the device at `import torch`; when
-# this package's own import brought torch in, that registration waited for it to finish
-from tpu_debug._loader import load_pending as _load_pending  # noqa: E402
+# torch's backend autoload registers the device at `import torch`; when this package's own
+# import brought torch in, that registration waited for it to finish (tpu_debug.core.autoload)
+from tpu_debug.core.autoload import run_deferred as _run_deferred  # noqa: E402
 
-_load_pending()
+_run_deferred()

@@ -204,8 +204,9 @@ _registry: list[LruCache[Any, Any]] = []
 def cache_counts() -> tuple[CacheCounts, ...]:
     """Entries, weight, bound and evictions of every runtime cache.
 
-    Example:
-        >>> {c.name: c.evicted for c in tpu_debug.runtime.cache_counts()}
-        {'eager executables': 0, 'compiled programs': 0, ...}
+    Example::
+
+        {c.name: c.evicted for c in tpu_debug.runtime.cache_counts()}
+        # {'eager executables': 0, 'compiled programs': 0, ...}
     """
     return tuple(cache.counts() for cache in list(_registry))

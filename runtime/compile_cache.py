@@ -108,11 +108,12 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
 
     Yields the :class:`CacheOutcome`, filled when the block ends.
 
-    Example:
-        >>> with local_compile() as outcome:
-        ...     compiled = jax.jit(f).lower(x).compile()
-        >>> outcome.from_cache
-        False
+    Example::
+
+        with local_compile() as outcome:
+            compiled = jax.jit(f).lower(x).compile()
+        outcome.from_cache
+        # False
     """
     # not at the top: importing the distributed package imports the tensor module, which needs the runtime
     from tpu_debug.runtime.distributed import xla_log
@@ -175,7 +176,7 @@ def _fingerprint() -> str:
         import jax
         import jaxlib
 
-        from tpu_debug._version import __version__
+        from tpu_debug.core.version import __version__
 
         try:
             libtpu = importlib.metadata.version("libtpu")

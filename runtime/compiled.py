@@ -47,7 +47,16 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
+from tpu_debug.runtime.tensor import (
+    PAYLOAD_ATTR,
+    LazyArray,
+    Uninit,
+    _create_empty,
+    from_jax,
+    set_payload,
+    to_jax,
+    write,
+)
 
 __all__ = ["dynamo_backend", "compile", "CompiledGraph", "graph_stats"]
 
@@ -569,7 +578,7 @@ class CompiledGraph:
                 # the common case inline: a dense `tpu` tensor owning its whole payload
                 storage = a.untyped_storage()
                 arr = getattr(storage, PAYLOAD_ATTR, None)
-                if (arr is not None and type(arr) is not _Uninit and type(arr) is not LazyArray
+                if (arr is not None and type(arr) is not Uninit and type(arr) is not LazyArray
                         and arr.shape == a.shape and not a.storage_offset() and a.is_contiguous()):
                     if mutated and i in mutated:
                         stores[i] = storage
@@ -1019,20 +1028,21 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     backward separately). ``torch.compile(fn, backend="tpu_debug")`` does the same when
     ``torch._dynamo.config.trace_autograd_ops`` is set.
 
-    Example:
-        >>> model = tpu_debug.compile(model)
-        >>> def train_step(x, y):
-        ...     loss = F.cross_entropy(model(x), y)
-        ...     loss.backward()
-        ...     return loss.detach()
-        >>> train_step = tpu_debug.compile(train_step)   # one program: forward + backward
-        >>> def full_step(x, y):
-        ...     opt.zero_grad()
-        ...     loss = F.cross_entropy(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
-        ...     return loss.detach()
-        >>> full_step = tpu_debug.compile(full_step)   # one program: the whole step
+    Example::
+
+        model = tpu_debug.compile(model)
+        def train_step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss.detach()
+        train_step = tpu_debug.compile(train_step)   # one program: forward + backward
+        def full_step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        full_step = tpu_debug.compile(full_step)   # one program: the whole step
     """
     compiled = torch.compile(fn_or_module, backend=dynamo_backend, **kwargs)
     # an optimizer's own step has no backward to trace: it stays the graph PyTorch makes

@@ -26,7 +26,16 @@ from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import composites, registered
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray, _create_empty, _Uninit, from_jax, set_payload, to_jax, write
+from tpu_debug.runtime.tensor import (
+    PAYLOAD_ATTR,
+    LazyArray,
+    Uninit,
+    _create_empty,
+    from_jax,
+    set_payload,
+    to_jax,
+    write,
+)
 from tpu_debug.runtime.tensor import empty as _empty
 
 __all__ = ["install", "installed", "start", "TpuModule", "DeviceTakenError"]
@@ -214,7 +223,7 @@ def _resize(self, size, memory_format=None):
     if need > have:
         grown = _empty((need,), self.dtype)
         if old is not None and have:
-            kept = to_jax(torch.as_strided(self, (have,), (1,), 0)) if type(old) is not _Uninit else None
+            kept = to_jax(torch.as_strided(self, (have,), (1,), 0)) if type(old) is not Uninit else None
             if kept is not None:
                 write(torch.as_strided(grown, (have,), (1,), 0), kept)
         storage = grown.untyped_storage()
@@ -303,8 +312,8 @@ def _patch_storages() -> None:
             return original_clone(self)
         new = _create_empty((0,), torch.uint8).untyped_storage()
         payload = getattr(self, PAYLOAD_ATTR, None)
-        if type(payload) is _Uninit:
-            payload = _Uninit(payload.numel, payload.dtype, payload.logical)
+        if type(payload) is Uninit:
+            payload = Uninit(payload.numel, payload.dtype, payload.logical)
         if payload is not None:
             set_payload(new, payload)
         return new
@@ -320,7 +329,7 @@ def _patch_storages() -> None:
         payload = getattr(self, PAYLOAD_ATTR, None)
         if payload is None:
             return torch.UntypedStorage(0)
-        if type(payload) is _Uninit:
+        if type(payload) is Uninit:
             host = np.zeros(payload.numel, payload.dtype)
         elif type(payload) is LazyArray:  # lazy mode: the pending graph runs first
             host = np.asarray(jax.device_get(payload.value())).reshape(-1)

@@ -332,10 +332,11 @@ def dry_mode(target: Any = None, **options: Any) -> Iterator[DryMode]:
     Raises:
         DryRunError: a dry run is active already.
 
-    Example:
-        >>> with dry_mode("v6e") as mode:
-        ...     y = model(torch.empty(8, 2048, dtype=torch.long, device="tpu"))
-        >>> [p.result.memory.temp_bytes for p in mode.collect()]
+    Example::
+
+        with dry_mode("v6e") as mode:
+            y = model(torch.empty(8, 2048, dtype=torch.long, device="tpu"))
+        [p.result.memory.temp_bytes for p in mode.collect()]
     """
     global active
     mode = DryMode(target, **options)

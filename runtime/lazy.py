@@ -152,9 +152,10 @@ class set_eager_mode(contextlib.ContextDecorator):
     Raises:
         TpuArgumentError: ``mode`` is no EagerMode (raised by the call itself).
 
-    Example:
-        >>> with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-        ...     loss = model(x).sum(); loss.backward(); opt.step()
+    Example::
+
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            loss = model(x).sum(); loss.backward(); opt.step()
     """
 
     def __init__(self, mode: EagerMode | str) -> None:

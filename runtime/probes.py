@@ -408,10 +408,11 @@ def subscribe(probe: Any, *, replay: bool = False) -> None:
             before it subscribed (with ``replayed=True``), so it knows the keys
             an executable was compiled for.
 
-    Example:
-        >>> probes.subscribe(recorder, replay=True)
-        >>> try: run()
-        ... finally: probes.unsubscribe(recorder)
+    Example::
+
+        probes.subscribe(recorder, replay=True)
+        try: run()
+        finally: probes.unsubscribe(recorder)
     """
     global _probes
     with _lock:
@@ -590,9 +591,10 @@ def observed(op: Any, kernel: Any) -> Any:
 def quiet() -> Iterator[None]:
     """This thread's device work is not observed or reported to any probe meanwhile.
 
-    Example:
-        >>> with probes.quiet():
-        ...     reference = x.cpu()   # a tracer's own copy: no transfer event
+    Example::
+
+        with probes.quiet():
+            reference = x.cpu()   # a tracer's own copy: no transfer event
     """
     me = _get_ident()
     nested = me in _quiet
@@ -651,8 +653,9 @@ def hidden_from_dynamo(fn: Any) -> Any:
     dynamo calls it as it would a disabled function. Importing torch._dynamo
     (about a second) is not needed: this goes through dynamo's C module.
 
-    Example:
-        >>> register_optimizer_step_post_hook(hidden_from_dynamo(tracker.on_step))
+    Example::
+
+        register_optimizer_step_post_hook(hidden_from_dynamo(tracker.on_step))
     """
     from torch._C._dynamo import eval_frame
 

@@ -71,10 +71,11 @@ class TpuProfilerConfig(torch.profiler._ExperimentalConfig):
         TraceActiveError: (when the profiler starts) ``run_dir`` given while another
             JAX trace runs; the profiler then does not start.
 
-    Example:
-        >>> cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir="prof")
-        >>> with torch.profiler.profile(experimental_config=cfg) as prof:
-        ...     step()
+    Example::
+
+        cfg = torch.tpu.profiler.TpuProfilerConfig(run_dir="prof")
+        with torch.profiler.profile(experimental_config=cfg) as prof:
+            step()
     """
 
     def __init__(

@@ -27,7 +27,10 @@ from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 
-__all__ = ["to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand", "set_payload", "LazyArray", "PAYLOAD_ATTR"]
+__all__ = [
+    "to_jax", "from_jax", "write", "empty", "read_parts", "view_value", "view_pattern", "offset_operand",
+    "set_payload", "LazyArray", "PAYLOAD_ATTR", "Uninit",
+]
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
@@ -45,7 +48,7 @@ def set_payload(storage, payload) -> None:
         _track(storage, payload)
 
 
-class _Uninit:
+class Uninit:
     """Storage allocated but never written (``torch.empty``): zeros on read. ``logical`` is
     the shape of the tensor it was made for (what memory tracking shows; the payload is flat)."""
 
@@ -108,7 +111,7 @@ class LazyArray:
         return f"LazyArray({self.dtype}{list(self.shape)}, {state})"
 
 
-def _materialize(storage, payload: _Uninit) -> jax.Array:
+def _materialize(storage, payload: Uninit) -> jax.Array:
     # in the tensor's own shape where the storage holds exactly it: a flat payload is
     # reshaped inside every program that reads it, which on a TPU is a relayout copy
     # (tiles of the flat array are not the 2-D array's) a device tensor would not need
@@ -134,7 +137,7 @@ def _payload(t: torch.Tensor):
             "create it with a factory function or .to('tpu')"
         ) from None
     kind = type(arr)
-    if kind is _Uninit:
+    if kind is Uninit:
         arr = _materialize(storage, arr)
     elif kind is LazyArray:  # lazy mode: computed now if it was not yet
         arr = arr.value()
@@ -158,7 +161,7 @@ def _readable(t: torch.Tensor):
         elif not arr.graph.recording():
             arr = arr.value()
             set_payload(storage, arr)
-    elif kind is _Uninit:
+    elif kind is Uninit:
         arr = _materialize(storage, arr)
     return arr
 
@@ -363,7 +366,7 @@ def write(t: torch.Tensor, value: jax.Array) -> None:
         if _track is not None:
             _track(storage, value)
         return
-    if type(old) is _Uninit:
+    if type(old) is Uninit:
         old = _materialize(storage, old)
     if numel == 0:
         return
@@ -397,7 +400,7 @@ def _write_lazy(t: torch.Tensor, storage, value) -> None:
     if pending is None:
         write(t, value)
         return
-    if type(old) is _Uninit:
+    if type(old) is Uninit:
         old = _materialize(storage, old)
     pending.graph.write(t, storage, value, old)
 
@@ -423,8 +426,8 @@ def empty(size, dtype: torch.dtype, stride=None) -> torch.Tensor:
         # storage must span the furthest element of the requested layout
         extent = 1 + sum((n - 1) * s for n, s in zip(size, stride))
         numel = max(numel, extent)
-        set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype), size))
+        set_payload(t.untyped_storage(), Uninit(numel, to_jax_dtype(dtype), size))
         t.set_(t.untyped_storage(), 0, size, tuple(stride))
         return t
-    set_payload(t.untyped_storage(), _Uninit(numel, to_jax_dtype(dtype), size))
+    set_payload(t.untyped_storage(), Uninit(numel, to_jax_dtype(dtype), size))
     return t

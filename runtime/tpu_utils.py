@@ -83,9 +83,10 @@ def get_cache_stats() -> tuple[CacheStats, ...]:
         One :class:`CacheStats` per executable cache: eager ops, lazy mode's fused
         programs, and ``torch.compile`` graphs' programs.
 
-    Example:
-        >>> {c.name: (c.requests, c.hits) for c in torch.tpu._get_cache_stats()}
-        {'eager executables': (12, 9), 'fused programs': (3, 2), 'compiled programs': (0, 0)}
+    Example::
+
+        {c.name: (c.requests, c.hits) for c in torch.tpu._get_cache_stats()}
+        # {'eager executables': (12, 9), 'fused programs': (3, 2), 'compiled programs': (0, 0)}
     """
     from tpu_debug.runtime import compiled, eager, lazy
 
@@ -128,11 +129,12 @@ class OpTracer(TorchDispatchMode, contextlib.ContextDecorator):
     Attributes:
         ops_log: namespace (``"aten"``) -> op (``"aten.mm.default"``) -> calls.
 
-    Example:
-        >>> with torch.tpu.utils.OpTracer() as tracer:
-        ...     y = x @ w
-        >>> tracer.ops_log["aten"]["aten.mm.default"], tracer.num_atens()
-        (1, 1)
+    Example::
+
+        with torch.tpu.utils.OpTracer() as tracer:
+            y = x @ w
+        tracer.ops_log["aten"]["aten.mm.default"], tracer.num_atens()
+        # (1, 1)
     """
 
     def __init__(self) -> None:
@@ -228,8 +230,9 @@ def assert_close(
         AssertionError: the values differ beyond the tolerances (torch's message,
             then ``suggested tolerances: rtol=..., atol=...``).
 
-    Example:
-        >>> torch.tpu.utils.assert_close(model(x.to("tpu")), model(x))
+    Example::
+
+        torch.tpu.utils.assert_close(model(x.to("tpu")), model(x))
     """
     if isinstance(actual, torch.Tensor) and actual.device.type == "tpu":
         actual = actual.cpu()

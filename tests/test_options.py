@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import subprocess
 import sys
 import textwrap
@@ -56,8 +57,13 @@ JUNK = {
     "TPU_DEBUG_COMPILE_CACHE_DIR": " ",
     "TPU_DEBUG_COMPILE_CACHE_BYTES": "1GB",
     "TPU_DEBUG_TRACEBACK": "junk",
+    "TPU_DEBUG_COORDINATOR": "localhost",
+    "TPU_DEBUG_NPROC": "0",
+    "TPU_DEBUG_RANK": "-1",
+    "TPU_DEBUG_TARGET_CACHE": " ",
 }
-RECORDING = sorted(set(JUNK) - {"TPU_DEBUG_LOGDIR"})  # the reading verbs use the logdir too
+# the reading verbs use the logdir too, and a target's capacity comes from the target cache
+RECORDING = sorted(set(JUNK) - {"TPU_DEBUG_LOGDIR", "TPU_DEBUG_TARGET_CACHE"})
 
 
 def test_every_documented_variable_is_declared_once():
@@ -131,6 +137,25 @@ def test_trace_keywords_config_fields_and_flags_come_from_the_declarations():
     assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout"}
     with pytest.raises(TypeError, match=r"^trace\(\) got an unexpected keyword argument 'hlos'$"):
         tpu_debug.trace(hlos=True)
+
+
+def test_trace_config_writes_out_every_trace_option():
+    """Editors and type checkers see TraceConfig's fields: its class body declares each trace
+    option, in the table's order (a field the table lacks, or an option the body lacks, fails)."""
+    assert list(TraceConfig.__annotations__) == [o.name for o in options.options("trace")]
+    assert TraceConfig.__mro__[1:] == (object,)
+    assert TraceConfig() == TraceConfig(**{o.name: o.default_in("trace") for o in options.options("trace")})
+
+
+def test_every_variable_the_package_names_is_declared():
+    """No TPU_DEBUG_* variable lives outside the option table: each one the source names (to read,
+    set or document) is an option's."""
+    root = Path(__file__).resolve().parents[1]
+    folders = ("core", "runtime", "tracers", "tpu_debug", "tui")
+    sources = [p for folder in folders for p in (root / folder).rglob("*.py")]
+    sources += [root / "tpu_debug_launcher.py", root / "tpu_debug_pytest.py"]
+    named = {m for p in sources for m in re.findall(r"TPU_DEBUG_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    assert named - {o.env for o in options.OPTIONS} == set()
 
 
 def test_an_option_shared_by_trace_and_runtime_leaves_the_runtime_alone_by_default():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib as _importlib
 
-from tpu_debug._version import __version__
+from tpu_debug.core.version import __version__
 
 __all__ = [
     "__version__",

@@ -12,10 +12,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-__all__ = ["load", "load_pending"]
+from tpu_debug.core.autoload import defer
 
-# set when torch was first imported by tpu_debug.runtime's own import (see load)
-_pending = False
+__all__ = ["load"]
 
 
 def _real_tpu_owner() -> bool:
@@ -32,12 +31,11 @@ def _real_tpu_owner() -> bool:
 
 def load() -> None:
     """Register the ``tpu`` device unless a real TorchTPU owns it here (see the module)."""
-    global _pending
     runtime = sys.modules.get("tpu_debug.runtime")
     if runtime is not None and getattr(getattr(runtime, "__spec__", None), "_initializing", False):
         # `import tpu_debug.runtime` came first and its modules import torch: the runtime
-        # cannot register the device half-imported, so its __init__ ends with load_pending()
-        _pending = True
+        # cannot register the device half-imported, so its __init__ ends with run_deferred()
+        defer(_register)
         return
     _register()
 
@@ -57,10 +55,3 @@ def _register() -> None:
     except Exception as error:  # noqa: BLE001 - must not fail `import torch` (see the module)
         print(f"tpu_debug: the 'tpu' device is not registered: {error}", file=sys.stderr)
 
-
-def load_pending() -> None:
-    """Finish a :func:`load` that ran while ``tpu_debug.runtime`` was being imported."""
-    global _pending
-    if _pending:
-        _pending = False
-        _register()

@@ -186,13 +186,14 @@ def dry_run(fn: Callable[..., Any], *inputs: Any, target: str | Target = "v5e", 
         DryRunError: a dry run is active already.
         Exception: whatever ``fn`` raises other than a value read.
 
-    Example:
-        >>> def step():
-        ...     with torch.device("tpu"):
-        ...         model = TinyLlama(cfg).to(torch.bfloat16)
-        ...     model(torch.zeros(8, 2048, dtype=torch.long, device="tpu")).float().mean().backward()
-        >>> result = tpu_debug.dry_run(step, target="v6e")
-        >>> result.fits, result.memory.required_bytes
+    Example::
+
+        def step():
+            with torch.device("tpu"):
+                model = TinyLlama(cfg).to(torch.bfloat16)
+            model(torch.zeros(8, 2048, dtype=torch.long, device="tpu")).float().mean().backward()
+        result = tpu_debug.dry_run(step, target="v6e")
+        result.fits, result.memory.required_bytes
     """
     tgt = parse_target(target)
     started = time.perf_counter()

@@ -20,7 +20,9 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -31,6 +33,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker, explain
+from tpu_debug.tracers.steps import StepTracker, current_tracker
 from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
 
 __all__ = ["TRANSFER_GUARD_LEVELS", "TraceGuards", "expect_no_recompiles", "transfer_guard"]
@@ -47,37 +50,37 @@ _DIRECTIONS = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-
 
 
 class _StepCount:
-    """Counts the program's step ends for a recompile guard: the active trace's step tracker
-    when there is one (``optimizer.step()`` or ``tpu_debug.step()``, as the run counts
-    them), else every ``optimizer.step()``."""
+    """Counts the program's step ends for a recompile guard as the run's step tracker cuts
+    them: the active trace's (``optimizer.step()`` of an optimizer of ``tpu`` parameters, or
+    ``tpu_debug.step()``), else a tracker of the guard's own that records nothing."""
 
     def __init__(self, on_step: Callable[[], None]) -> None:
         self._on_step = on_step
-        self._tracker: Any = None
-        self._hook: Any = None
+        self._tracker: StepTracker | None = None
+        self._own: StepTracker | None = None
 
     def start(self) -> None:
-        from tpu_debug.tracing import active_trace
-
-        tracker = getattr(active_trace(), "_steps", None)
-        if tracker is not None:
-            self._tracker = tracker
-            tracker.add_listener(self._stepped)
-            return
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._hook = register_optimizer_step_post_hook(probes.hidden_from_dynamo(self._stepped))
+        tracker = current_tracker()
+        if tracker is None:
+            tracker = self._own = StepTracker(_discard, itertools.count().__next__, time.perf_counter)
+            tracker.start(current=False)
+        self._tracker = tracker
+        tracker.add_listener(self._stepped)
 
     def stop(self) -> None:
         if self._tracker is not None:
             self._tracker.remove_listener(self._stepped)
             self._tracker = None
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        if self._own is not None:
+            self._own.close()
+            self._own = None
 
-    def _stepped(self, *_args: Any) -> None:
+    def _stepped(self, _step: Any) -> None:
         self._on_step()
+
+
+def _discard(_event: Any) -> None:
+    """Where a guard's own step tracker writes its steps: the guard only counts them."""
 
 
 class _RecompileGuard:
@@ -153,11 +156,12 @@ class expect_no_recompiles(contextlib.ContextDecorator):
         RecompileError: (inside the block) something recompiled; the message
             says what changed, e.g. ``arg 0 'self': f32[8,128] -> f32[9,128]``.
 
-    Example:
-        >>> step(batch)                      # warm-up compiles
-        >>> with tpu_debug.expect_no_recompiles():
-        ...     for batch in loader:
-        ...         step(batch)
+    Example::
+
+        step(batch)                      # warm-up compiles
+        with tpu_debug.expect_no_recompiles():
+            for batch in loader:
+                step(batch)
     """
 
     def __init__(self) -> None:
@@ -234,10 +238,11 @@ def transfer_guard(level: str, *, implicit_only: bool = False):
         ConfigError: ``level`` is not a level.
         TransferGuardError: (inside the block) a disallowed transfer.
 
-    Example:
-        >>> with tpu_debug.transfer_guard("disallow", implicit_only=True):
-        ...     loss = step(batch)          # fine
-        ...     print(loss.item())          # TransferGuardError naming this line
+    Example::
+
+        with tpu_debug.transfer_guard("disallow", implicit_only=True):
+            loss = step(batch)          # fine
+            print(loss.item())          # TransferGuardError naming this line
     """
     check_level("transfer_guard", level)
     if implicit_only:

@@ -35,10 +35,10 @@ from tpu_debug.tracers.events import (
     GuardFailureEvent,
     KeyDiff,
     SourceLocation,
-    StepEvent,
 )
 from tpu_debug.tracers.location import split_frames
 from tpu_debug.tracers.recompiles import read_guard
+from tpu_debug.tracers.steps import steps_between
 from tpu_debug.tracers.store import DB_NAME, RunWriter
 
 __all__ = ["STEPS_DETECTED", "import_trace", "parse_log"]
@@ -233,7 +233,8 @@ def _graph_break(writer: RunWriter, clock: float, head: dict, payload: str, know
 
 def _steps(writer: RunWriter, written: list[tuple[str, CompileEvent]]) -> None:
     """One step per compile of the function compiled most often: the calls the log shows.
-    A step runs from that compile's first entry to the next one's (the last to the last compile)."""
+    A step runs from that compile's first entry to the next one's (the last to the last compile);
+    the step tracker counts what is in it."""
     frames: dict[str, list[CompileEvent]] = {}
     for frame, c in written:
         frames.setdefault(frame, []).append(c)
@@ -243,26 +244,8 @@ def _steps(writer: RunWriter, written: list[tuple[str, CompileEvent]]) -> None:
     anchor = max(frames.values(), key=len)  # the first frame on a tie: dicts keep their order
     starts = [c.ts for c in anchor]
     last = max(c.ts + c.seconds for c in compiles)
-    for index, start in enumerate(starts):
-        end = starts[index + 1] if index + 1 < len(starts) else max(last, start)
-        inside = [c for c in compiles if start <= c.ts < end or (c.ts == start == end)]
-        writer.put(
-            StepEvent(
-                writer.new_id(),
-                start,
-                None,
-                0,
-                None,
-                index,
-                STEPS_DETECTED,
-                end,
-                end - start,
-                compiles=len(inside),
-                recompiles=sum(1 for c in inside if c.diffs),
-                compile_seconds=sum(c.seconds for c in inside),
-                sequence=f"{0:016x}",
-            )
-        )
+    for step in steps_between([*starts, max(last, starts[-1])], compiles, STEPS_DETECTED, writer.new_id):
+        writer.put(step)
 
 
 def import_trace(trace_dir: Path, logdir: Path, name: str | None = None) -> list[Path]:

@@ -59,10 +59,11 @@ def is_group(path: Path | str) -> bool:
 class RankGroup:
     """The per-rank runs of one multi-process run.
 
-    Example:
-        >>> group = tpu_debug.ranks.open_group("tpu_debug_runs/20260131T235959.123Z-train")
-        >>> [(rank, s.metadata().status) for rank, s in group.sessions()]
-        [(0, 'finished'), (1, 'finished')]
+    Example::
+
+        group = tpu_debug.ranks.open_group("tpu_debug_runs/20260131T235959.123Z-train")
+        [(rank, s.metadata().status) for rank, s in group.sessions()]
+        # [(0, 'finished'), (1, 'finished')]
     """
 
     def __init__(self, path: Path) -> None:

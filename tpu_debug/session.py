@@ -22,12 +22,13 @@ class Session(RunQuery):
     each query, so it sees everything recorded so far. After the trace ends it
     reads the finished run.
 
-    Example:
-        >>> with tpu_debug.trace() as session:
-        ...     y = torch.ones(3, device="tpu") * 2
-        >>> session.ops()[0].name
-        'mul.Tensor'
-        >>> print(session.hlo("aten::mul.Tensor"))
+    Example::
+
+        with tpu_debug.trace() as session:
+            y = torch.ones(3, device="tpu") * 2
+        session.ops()[0].name
+        # 'mul.Tensor'
+        print(session.hlo("aten::mul.Tensor"))
     """
 
     def __init__(self, db_path: Path, *, writer: RunWriter | None = None) -> None:
@@ -99,10 +100,11 @@ def open_run(run: str | os.PathLike | None = None, *, logdir: str | os.PathLike 
         RunDamagedError: the database is damaged or not a run.
         SchemaVersionError: the run was written by a tpu_debug with another store layout.
 
-    Example:
-        >>> session = tpu_debug.open_run()          # the latest run
-        >>> session.metadata().platform
-        'cpu'
+    Example::
+
+        session = tpu_debug.open_run()          # the latest run
+        session.metadata().platform
+        # 'cpu'
     """
     root = Path(logdir) if logdir is not None else default_logdir()
     session = Session(resolve_run(run, root))

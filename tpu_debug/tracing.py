@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from tpu_debug.core import options as _options
-from tpu_debug._version import __version__
+from tpu_debug.core.version import __version__
 from tpu_debug.config import TraceConfig
 from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.runs import new_run_dir
@@ -897,10 +897,11 @@ def trace(**options: Any) -> Trace:
         LibtpuMissingError: a target is asked for and libtpu is not installed.
         TraceActiveError: (on entry) another trace is recording.
 
-    Example:
-        >>> with tpu_debug.trace(name="demo") as session:
-        ...     y = torch.randn(8, 8, device="tpu") @ torch.randn(8, 8, device="tpu")
-        >>> print(session.summary())
+    Example::
+
+        with tpu_debug.trace(name="demo") as session:
+            y = torch.randn(8, 8, device="tpu") @ torch.randn(8, 8, device="tpu")
+        print(session.summary())
     """
     config = TraceConfig.from_env().override(**options)
     _options.check_env()  # the runtime's variables too: a bad one fails here, not mid-script
@@ -911,9 +912,9 @@ def trace(**options: Any) -> Trace:
         )
     if config.target_spec(source="target" if options.get("target") is not None else None) is not None:
         # before anything runs: a script traced with --target must not run first and fail after
-        from tpu_debug.runtime.target import _libtpu
+        from tpu_debug.runtime.target import require_libtpu
 
-        _libtpu.require_libtpu()
+        require_libtpu()
     from tpu_debug.runtime import start
 
     start()
@@ -947,11 +948,12 @@ def step() -> None:
     automatically when ``optimizer.step()`` returns; once ``step()`` is called,
     only explicit marks count. Without an active trace it does nothing.
 
-    Example:
-        >>> with tpu_debug.trace(tensorboard=True):
-        ...     for batch in data:
-        ...         train_step(batch)
-        ...         tpu_debug.step()
+    Example::
+
+        with tpu_debug.trace(tensorboard=True):
+            for batch in data:
+                train_step(batch)
+                tpu_debug.step()
     """
     active = _active
     if active is not None:

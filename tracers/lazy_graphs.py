@@ -72,9 +72,10 @@ def cut_site(trigger: str, depth: int = 1) -> tuple[str, SourceLocation | None]:
     """(cause, user line) of a materialization the runtime reports with ``trigger``,
     read from the stack of the thread materializing (call it there).
 
-    Example:
-        >>> cut_site("read")        # under `loss.item()` in train.py
-        ('item', SourceLocation('train.py', 20, 'train'))
+    Example::
+
+        cut_site("read")        # under `loss.item()` in train.py
+        # ('item', SourceLocation('train.py', 20, 'train'))
     """
     if trigger in _OWN or trigger.startswith("fallback:"):
         return trigger, user_location(depth + 1)

@@ -49,10 +49,11 @@ def lock_path(db_path: Path | str) -> Path:
 class WriterLock:
     """The writer's claim on a run: held for the run's life, released by the OS at process death.
 
-    Example:
-        >>> lock = WriterLock(Path("run.db"))
-        >>> lock.acquire()     # before the database is created
-        >>> lock.release()     # after the final metadata is committed
+    Example::
+
+        lock = WriterLock(Path("run.db"))
+        lock.acquire()     # before the database is created
+        lock.release()     # after the final metadata is committed
     """
 
     def __init__(self, db_path: Path | str) -> None:

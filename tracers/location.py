@@ -18,6 +18,7 @@ cached, so a lookup is a short walk up the stack with dict hits.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -43,6 +44,8 @@ __all__ = [
 # installed packages live in directories of these names, whichever interpreter, virtual
 # environment or --target install put them there
 _INSTALLED = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
+# the distribution's packages (pyproject's package-dir): one folder each, wherever installed
+_OWN_PACKAGES = ("tpu_debug", "tpu_debug.core", "tpu_debug.runtime", "tpu_debug.tracers", "tpu_debug.tui")
 
 
 def _package_dir(module_name: str) -> str | None:
@@ -57,21 +60,17 @@ def _package_dir(module_name: str) -> str | None:
 
 
 def own_dirs() -> tuple[str, ...]:
-    """tpu_debug's own package directories (tpu_debug, its core, runtime and tracers, and
-    the TUI once imported), each ending in ``os.sep``."""
-    import tpu_debug.runtime
-    import tpu_debug.tracers
-    import tpu_debug.core
-
-    import tpu_debug
-
-    dirs = {_package_dir("tpu_debug")}
-    for module in (tpu_debug.core, tpu_debug.runtime, tpu_debug.tracers):
-        dirs.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
-    tui = sys.modules.get("tpu_debug.tui")
-    if tui is not None and getattr(tui, "__file__", None):
-        dirs.add(os.path.dirname(os.path.realpath(tui.__file__)) + os.sep)
-    return tuple(sorted(d for d in dirs if d))
+    """tpu_debug's own package directories (the face, core, runtime, tracers and TUI), each
+    ending in ``os.sep``. Found from the import system's specs, so none of them is imported."""
+    dirs = set()
+    for name in _OWN_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or ()) if spec is not None else ():
+            dirs.add(os.path.realpath(folder) + os.sep)
+    return tuple(sorted(dirs))
 
 
 def _site_packages() -> list[str]:
@@ -275,10 +274,11 @@ def split_frames(frames: Sequence[SourceLocation]) -> tuple[SourceLocation | Non
     and the innermost frame when that one is library code (its context; tpu_debug's own
     code included: a break inside the tool's runtime is not on the user's line either).
 
-    Example:
-        >>> split_frames([SourceLocation("train.py", 24, "<module>"),
-        ...               SourceLocation(".../torch/_dynamo/external_utils.py", 69, "inner")])
-        (SourceLocation('train.py', 24, '<module>'), SourceLocation('.../external_utils.py', 69, 'inner'))
+    Example::
+
+        split_frames([SourceLocation("train.py", 24, "<module>"),
+                      SourceLocation(".../torch/_dynamo/external_utils.py", 69, "inner")])
+        # (SourceLocation('train.py', 24, '<module>'), SourceLocation('.../external_utils.py', 69, 'inner'))
     """
     user = next((f for f in reversed(frames) if not is_library_file(f.file)), None)
     inner = frames[-1] if frames else None

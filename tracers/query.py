@@ -232,9 +232,10 @@ _DAMAGED = (
 class RunQuery:
     """Queries over one run's database (read-only).
 
-    Example:
-        >>> q = RunQuery(Path("tpu_debug_runs/20260101T000000.000Z-train/run.db"))
-        >>> [(o.name, o.count) for o in q.ops()][:3]
+    Example::
+
+        q = RunQuery(Path("tpu_debug_runs/20260101T000000.000Z-train/run.db"))
+        [(o.name, o.count) for o in q.ops()][:3]
     """
 
     def __init__(self, db_path: Path) -> None:

@@ -188,6 +188,7 @@ def arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> list[KeyDiff]:
     ``ArgSpec`` records): one :class:`KeyDiff` per differing input.
 
     Example:
+        >>> from tpu_debug.tracers.events import ArgInfo
         >>> arg_diffs([ArgInfo("self", (8,), "float32")], [ArgInfo("self", (9,), "float32")])[0].render()
         "arg 0 'self': f32[8] -> f32[9]"
     """
@@ -559,11 +560,12 @@ def _identity(info: Any) -> tuple[Any, str]:
 class RecompileTracker:
     """Remembers every key compiled per identity and explains each new one.
 
-    Example:
-        >>> tracker = RecompileTracker()
-        >>> seen = tracker.observe(info)      # a CompileInfo from the runtime
-        >>> seen.recompile, [d.render() for d in seen.diffs]
-        (True, ["arg 0 'self': f32[8,128] -> f32[9,128]"])
+    Example::
+
+        tracker = RecompileTracker()
+        seen = tracker.observe(info)      # a CompileInfo from the runtime
+        seen.recompile, [d.render() for d in seen.diffs]
+        # (True, ["arg 0 'self': f32[8,128] -> f32[9,128]"])
     """
 
     def __init__(self) -> None:

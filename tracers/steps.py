@@ -37,6 +37,7 @@ from __future__ import annotations
 import array
 import bisect
 import dataclasses
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -56,7 +57,9 @@ __all__ = [
     "StepIndex",
     "StepSummary",
     "StepTracker",
+    "current_tracker",
     "detect_loop",
+    "steps_between",
     "phase_of",
     "step_phases",
     "summarize_steps",
@@ -72,6 +75,15 @@ WARMUP_MAX = 3
 _MASK = (1 << 64) - 1
 _MUL = 0x100000001B3  # FNV-1a's 64-bit prime: a hash of the executables run, in order
 _SEED = 0xCBF29CE484222325
+
+# the tracker of the trace being recorded (one at a time): code that counts steps outside the
+# trace's own wiring (the recompile guards) listens to it rather than cutting steps itself
+_current: StepTracker | None = None
+
+
+def current_tracker() -> StepTracker | None:
+    """The active trace's tracker (see :meth:`StepTracker.start`), or None outside a trace."""
+    return _current
 
 
 class _Counts:
@@ -139,11 +151,12 @@ class StepTracker:
         clock: seconds since the run started.
         record_error: ``(where, message)`` keeps a failure in the run.
 
-    Example:
-        >>> tracker = StepTracker(writer.put, writer.new_id, recorder.clock)
-        >>> tracker.start(); probes.subscribe(tracker)
-        >>> ...                        # optimizer.step() ends each step
-        >>> tracker.close()            # a run without steps: its loop's iterations
+    Example::
+
+        tracker = StepTracker(writer.put, writer.new_id, recorder.clock)
+        tracker.start(); probes.subscribe(tracker)
+        ...                        # optimizer.step() ends each step
+        tracker.close()            # a run without steps: its loop's iterations
     """
 
     def __init__(
@@ -193,8 +206,12 @@ class StepTracker:
 
     # -- life cycle ---------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Hook ``optimizer.step()`` (every optimizer; those without ``tpu`` parameters are ignored)."""
+    def start(self, *, current: bool = True) -> None:
+        """Hook ``optimizer.step()`` (every optimizer; those without ``tpu`` parameters are ignored).
+        With ``current`` (a trace's tracker), :func:`current_tracker` returns this one until it closes."""
+        global _current
+        if current:
+            _current = self
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
             from tpu_debug.runtime.lazy import hook_optimizers
@@ -209,9 +226,12 @@ class StepTracker:
 
     def close(self) -> None:
         """Stop listening; a run that ended no step gets the iterations of its loop as steps."""
+        global _current
         if self._closed:
             return
         self._closed = True
+        if _current is self:
+            _current = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -391,14 +411,40 @@ def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: 
     counts.compile_seconds += seconds
 
 
+def steps_between(
+    bounds: Sequence[float], compiles: Sequence[Any], detected: str, new_id: Callable[[], int]
+) -> list[StepEvent]:
+    """Steps cut at known times, for a run read back from a record without step marks (an
+    imported trace log): step ``i`` runs from ``bounds[i]`` to ``bounds[i + 1]`` and counts the
+    compile events that start in it as the tracker counts a live step's.
+
+    Example:
+        >>> from tpu_debug.tracers.events import CompileEvent
+        >>> compiles = [CompileEvent(i, ts, "compiled", 0, None, "f", "", (), 1.0)
+        ...             for i, ts in enumerate([0, 1, 5])]
+        >>> steps = steps_between([0.0, 5.0, 6.0], compiles, "log", iter(range(9)).__next__)
+        >>> [(s.index, s.seconds, s.compiles) for s in steps]
+        [(0, 5.0, 2), (1, 1.0, 1)]
+    """
+    steps = []
+    for index, (start, end) in enumerate(itertools.pairwise(bounds)):
+        counts = _Counts()
+        for c in compiles:
+            if start <= c.ts < end or c.ts == start == end:
+                _count_compile(counts, float(c.seconds), bool(c.diffs), bool(getattr(c, "from_cache", False)))
+        steps.append(_event(new_id(), index, detected, start, end, counts, None, thread=0))
+    return steps
+
+
 def _event(
-    event_id: int, index: int, detected: str, start: float, end: float, c: _Counts, location: Any
+    event_id: int, index: int, detected: str, start: float, end: float, c: _Counts, location: Any,
+    *, thread: int | None = None,
 ) -> StepEvent:
     return StepEvent(
         event_id,
         start,
         None,
-        threading.get_native_id(),
+        threading.get_native_id() if thread is None else thread,
         location,
         index,
         detected,
@@ -497,10 +543,11 @@ def detect_loop(ops: Sequence[int], *, min_iterations: int = LOOP_MIN_ITERATIONS
 class StepIndex:
     """Finds the step an event belongs to by its timestamp.
 
-    Example:
-        >>> index = StepIndex(session.events("step"))
-        >>> index.step_of(compile_event.ts)     # its step's index, or None outside every step
-        3
+    Example::
+
+        index = StepIndex(session.events("step"))
+        index.step_of(compile_event.ts)     # its step's index, or None outside every step
+        # 3
     """
 
     def __init__(self, steps: Sequence[StepEvent]) -> None:
@@ -541,11 +588,12 @@ def step_phases(steps: Sequence[StepEvent], *, warmup_max: int = WARMUP_MAX) -> 
     whose shape changes again, an executable evicted and compiled again)
     cost time at every recurrence.
 
-    Example:
-        >>> [s.compiles for s in steps]
-        [37, 4, 0, 0, 0, 6, 0]
-        >>> step_phases(steps)
-        ['warm-up', 'warm-up', 'steady', 'steady', 'steady', 'steady', 'steady']
+    Example::
+
+        [s.compiles for s in steps]
+        # [37, 4, 0, 0, 0, 6, 0]
+        step_phases(steps)
+        # ['warm-up', 'warm-up', 'steady', 'steady', 'steady', 'steady', 'steady']
     """
     ordered = sorted(range(len(steps)), key=lambda i: steps[i].index)
     out = [STEADY] * len(steps)

@@ -599,10 +599,11 @@ class RunWriter:
     Raises (from the constructor):
         RunWriteError: the database cannot be created (no permission, no space).
 
-    Example:
-        >>> writer = RunWriter(Path("run.db"), {"name": "demo"})
-        >>> writer.put(event)
-        >>> writer.close({"exit_status": 0})
+    Example::
+
+        writer = RunWriter(Path("run.db"), {"name": "demo"})
+        writer.put(event)
+        writer.close({"exit_status": 0})
     """
 
     MAX_BATCH = 50_000
@@ -1194,7 +1195,7 @@ def connect(db_path: Path) -> sqlite3.Connection:
                 "Point at a run directory under tpu_debug_runs/, or re-record the run."
             )
         if not OLDEST_READABLE_SCHEMA <= version <= SCHEMA_VERSION:
-            from tpu_debug._version import __version__
+            from tpu_debug.core.version import __version__
 
             writer = _meta_value(conn, "tpu_debug_version")
             by = f" (written by tpu_debug {writer})" if writer else ""

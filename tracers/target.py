@@ -208,10 +208,11 @@ class TargetTracer:
         TargetSpecError: ``target`` names no TPU.
         LibtpuMissingError: libtpu is not installed.
 
-    Example:
-        >>> tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
-        >>> probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
-        >>> ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
+    Example::
+
+        tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
+        probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
+        ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
     """
 
     def __init__(
@@ -225,10 +226,10 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import _libtpu, parse_target
+        from tpu_debug.runtime.target import parse_target, require_libtpu
 
         self.target = parse_target(target)
-        _libtpu.require_libtpu()
+        require_libtpu()
         self.writer = writer
         self.hlo = hlo
         self._reuse = reuse
@@ -580,7 +581,7 @@ class TargetTracer:
         return executions, estimated, seconds, flops, nbytes, memory
 
     def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
-        from tpu_debug.runtime.target._libtpu import libtpu_version
+        from tpu_debug.runtime.target import libtpu_version
 
         t = self.target
         stats = self.stats
@@ -751,9 +752,10 @@ def findings(events: Iterable[TargetCompileEvent]) -> list[TargetFinding]:
         One finding per program refused for HBM, and one per padded array shape
         (the same shape and layout in several programs is one finding).
 
-    Example:
-        >>> for f in findings(session.events("target_compile")):
-        ...     print(f.render())
+    Example::
+
+        for f in findings(session.events("target_compile")):
+            print(f.render())
     """
     ooms: list[TargetFinding] = []
     padded: dict[tuple, list[tuple[TargetCompileEvent, PaddedBuffer]]] = {}

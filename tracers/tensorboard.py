@@ -225,9 +225,10 @@ class TensorBoardExporter:
         target: the TPU target the trace compiles for (its estimates join the
             timeline and a memory counter track is written), or None.
 
-    Example:
-        >>> exporter = TensorBoardExporter(run_dir / "tensorboard", max_events=10_000)
-        >>> exporter.start(); ...; summary = exporter.stop()
+    Example::
+
+        exporter = TensorBoardExporter(run_dir / "tensorboard", max_events=10_000)
+        exporter.start(); ...; summary = exporter.stop()
     """
 
     def __init__(

@@ -111,11 +111,12 @@ class TorchTraceEmitter:
     Args:
         record_error: keeps a failure in the run, ``(where, message)``.
 
-    Example:
-        >>> emitter = TorchTraceEmitter(recorder.record_error)
-        >>> emitter.start(); writer.add_listener(emitter.on_event); probes.subscribe(emitter)
-        >>> ...; probes.unsubscribe(emitter); writer.remove_listener(emitter.on_event)
-        >>> emitter.close(session.program)
+    Example::
+
+        emitter = TorchTraceEmitter(recorder.record_error)
+        emitter.start(); writer.add_listener(emitter.on_event); probes.subscribe(emitter)
+        ...; probes.unsubscribe(emitter); writer.remove_listener(emitter.on_event)
+        emitter.close(session.program)
     """
 
     def __init__(self, record_error: Callable[[str, str], None] | None = None) -> None:

@@ -240,9 +240,10 @@ def classify_site(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | 
         op: the runtime's ``TransferInfo.op``.
         depth: frames to skip above the caller before looking.
 
-    Example:
-        >>> classify("item")   # called under `loss.item()` in train.py
-        ('item', True, SourceLocation('train.py', 20, 'train'))
+    Example::
+
+        classify("item")   # called under `loss.item()` in train.py
+        # ('item', True, SourceLocation('train.py', 20, 'train'))
     """
     try:
         frame: FrameType | None = sys._getframe(depth + 1)

@@ -1,8 +1,9 @@
 """The terminal UI (``tpu-debug tui``): a Textual app that reads one run store.
 
-Example:
-    >>> from tpu_debug.tui import run_app
-    >>> run_app(tpu_debug.open_run())   # the latest run
+Example::
+
+    from tpu_debug.tui import run_app
+    run_app(tpu_debug.open_run())   # the latest run
 """
 
 from __future__ import annotations

@@ -79,9 +79,10 @@ VIEWS = {view.mode: view.title for view in VIEW_TABLE}
 class TpuDebugApp(App[None]):
     """``tpu-debug tui``: overview, recompiles, ops, transfers, divergence, steps, memory, collectives, HLO.
 
-    Example:
-        >>> app = TpuDebugApp(tpu_debug.open_run())
-        >>> app.run()
+    Example::
+
+        app = TpuDebugApp(tpu_debug.open_run())
+        app.run()
     """
 
     CSS_PATH = "app.tcss"

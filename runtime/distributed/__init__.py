@@ -8,14 +8,15 @@ input shardings from their inputs and XLA's sharding propagation inserts the
 collectives. Before each call of a program that spans processes, the ranks
 check they are all about to run it (``rankcheck``).
 
-Example:
-    >>> from tpu_debug.runtime import distributed as dist
-    >>> mesh = dist.init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
-    >>> dist.parallelize_module(model, mesh["tp"], {"mlp.up": dist.ColwiseParallel(),
-    ...                                             "mlp.down": dist.RowwiseParallel()})
-    >>> dist.distribute_module(model, mesh)           # everything else replicated
-    >>> dist.mark_sharding(batch, mesh, ("dp", None))  # data parallel
-    >>> loss = tpu_debug.compile(train_step)(batch)
+Example::
+
+    from tpu_debug.runtime import distributed as dist
+    mesh = dist.init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    dist.parallelize_module(model, mesh["tp"], {"mlp.up": dist.ColwiseParallel(),
+                                                "mlp.down": dist.RowwiseParallel()})
+    dist.distribute_module(model, mesh)           # everything else replicated
+    dist.mark_sharding(batch, mesh, ("dp", None))  # data parallel
+    loss = tpu_debug.compile(train_step)(batch)
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from tpu_debug.core.options import env_var, option, read_env
 from tpu_debug.runtime.distributed.errors import LaunchError
 
 __all__ = [
@@ -39,9 +40,9 @@ __all__ = [
     "launch_ranks",
 ]
 
-ENV_RANK = "TPU_DEBUG_RANK"
-ENV_NPROC = "TPU_DEBUG_NPROC"
-ENV_COORDINATOR = "TPU_DEBUG_COORDINATOR"
+ENV_RANK = env_var("rank")
+ENV_NPROC = env_var("nproc")
+ENV_COORDINATOR = env_var("coordinator")
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # how long a rank waits for the others to start. At exit a rank waits for the others to
 # end too (jax's shutdown barrier, 5 minutes by default): a rank that finished early must
@@ -66,27 +67,28 @@ def initialize(
         Whether this process is part of a multi-process run.
 
     Raises:
-        LaunchError: the variables are malformed, or JAX started before joining.
+        ConfigError: a variable holds a value its option does not accept.
+        LaunchError: the variables are incomplete, or JAX started before joining.
 
-    Example:
-        >>> from tpu_debug.runtime import distributed
-        >>> distributed.initialize()      # under tpu-debug run --nproc 2: True
+    Example::
+
+        from tpu_debug.runtime import distributed
+        distributed.initialize()      # under tpu-debug run --nproc 2: True
     """
     with _lock:
         if _state["initialized"]:
             return True
-        env = os.environ
-        coordinator = coordinator or env.get(ENV_COORDINATOR)
+        env = read_env([option("coordinator"), option("nproc"), option("rank")])
+        coordinator = coordinator or env.get("coordinator")
         if coordinator is None:
             return False
-        try:
-            num = int(num_processes if num_processes is not None else env.get(ENV_NPROC, ""))
-            rank = int(process_id if process_id is not None else env.get(ENV_RANK, ""))
-        except ValueError:
+        num = num_processes if num_processes is not None else env.get("nproc")
+        rank = process_id if process_id is not None else env.get("rank")
+        if num is None or rank is None:
             raise LaunchError(
-                f"{ENV_NPROC}={env.get(ENV_NPROC)!r} and {ENV_RANK}={env.get(ENV_RANK)!r} must be integers "
-                "(tpu-debug run --nproc N sets them)"
-            ) from None
+                f"{ENV_COORDINATOR} is set, so {ENV_NPROC} and {ENV_RANK} must be too "
+                "(tpu-debug run --nproc N sets all three)"
+            )
         if not 0 <= rank < num:
             raise LaunchError(f"rank {rank} is not below the number of processes {num}")
         import jax

@@ -32,10 +32,11 @@ class DeviceMesh:
     Build one with :func:`init_device_mesh`. ``jax_mesh`` is the JAX mesh under it;
     ``mesh_dim_names`` are the dimensions this mesh (or sub-mesh) spans.
 
-    Example:
-        >>> mesh = init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
-        >>> mesh.size(), mesh["tp"].size(), mesh.shape
-        (8, 4, (2, 4))
+    Example::
+
+        mesh = init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        mesh.size(), mesh["tp"].size(), mesh.shape
+        # (8, 4, (2, 4))
     """
 
     def __init__(self, device_type: str, jax_mesh: Any, dims: tuple[str, ...] | None = None) -> None:
@@ -123,8 +124,9 @@ def init_device_mesh(
         MeshError: another device type, a bad shape or names, or more devices asked
             for than there are (the message says how to get more on CPU).
 
-    Example:
-        >>> mesh = init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    Example::
+
+        mesh = init_device_mesh("tpu", (2, 4), mesh_dim_names=("dp", "tp"))
     """
     if str(device_type) != "tpu":
         raise MeshError(f"init_device_mesh({device_type!r}, ...): tpu_debug meshes are of 'tpu' devices")

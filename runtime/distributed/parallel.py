@@ -120,10 +120,11 @@ def parallelize_module(
         ShardingError: a plan entry matches no submodule, or a style does not fit
             the module it names.
 
-    Example:
-        >>> parallelize_module(model, mesh["tp"], {
-        ...     "blocks.*.mlp.gate": ColwiseParallel(), "blocks.*.mlp.up": ColwiseParallel(),
-        ...     "blocks.*.mlp.down": RowwiseParallel()})
+    Example::
+
+        parallelize_module(model, mesh["tp"], {
+            "blocks.*.mlp.gate": ColwiseParallel(), "blocks.*.mlp.up": ColwiseParallel(),
+            "blocks.*.mlp.down": RowwiseParallel()})
     """
     if isinstance(parallelize_plan, ParallelStyle):
         parallelize_plan.apply(module, device_mesh, type(module).__name__)

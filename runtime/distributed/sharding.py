@@ -170,9 +170,10 @@ def mark_sharding(t: torch.Tensor, mesh: DeviceMesh, partition_spec_: Sequence[A
         ShardingError: ``t`` is not a `tpu` tensor owning its storage, or the spec
             does not fit it (see :func:`partition_spec`).
 
-    Example:
-        >>> mark_sharding(batch, mesh, ("dp", None))        # data parallel
-        >>> mark_sharding(linear.weight, mesh, ("tp", None)) # column-wise
+    Example::
+
+        mark_sharding(batch, mesh, ("dp", None))        # data parallel
+        mark_sharding(linear.weight, mesh, ("tp", None)) # column-wise
     """
     arr = _owned_payload(t, "mark_sharding")
     spec = partition_spec(mesh, t.shape, partition_spec_)
@@ -205,8 +206,9 @@ def distribute_tensor(
     Raises:
         ShardingError: the placements do not fit the tensor or mesh.
 
-    Example:
-        >>> w = distribute_tensor(torch.randn(256, 64), mesh["tp"], [Shard(0)])
+    Example::
+
+        w = distribute_tensor(torch.randn(256, 64), mesh["tp"], [Shard(0)])
     """
     placements = tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
     spec = spec_from_placements(device_mesh, tensor.dim(), placements)

@@ -201,11 +201,12 @@ def capture(enabled: bool = True) -> Iterator[None]:
     The redirect happens only while a mesh exists and a tracer reads the records
     (:func:`add_reader`); otherwise the block runs untouched.
 
-    Example:
-        >>> with capture():
-        ...     compiled = lowered.compile()
-        >>> take()
-        (RematWarning(from_sharding='{devices=[2,1,4]<=[4,2]T(1,0)}', ...),)
+    Example::
+
+        with capture():
+            compiled = lowered.compile()
+        take()
+        # (RematWarning(from_sharding='{devices=[2,1,4]<=[4,2]T(1,0)}', ...),)
     """
     _local.taken = ()
     if not (enabled and placement.active and _readers):

@@ -90,10 +90,11 @@ def lower(*ops: _OpOverload | torch._ops.OpOverloadPacket, **flags) -> Callable:
         LoweringError: an overload is registered twice, or an argument is not an
             aten overload.
 
-    Example:
-        >>> @lower(aten.neg.default)
-        ... def neg(x):
-        ...     return -x
+    Example::
+
+        @lower(aten.neg.default)
+        def neg(x):
+            return -x
     """
     unknown = sorted(set(flags) - _FLAGS)
     if unknown:
@@ -142,10 +143,11 @@ def composite(*ops: _OpOverload) -> Callable:
     Raises:
         LoweringError: an overload already has a lowering or a composite kernel.
 
-    Example:
-        >>> @composite(aten.tensor_split.tensor_indices_or_sections)
-        ... def tensor_split(x, indices_or_sections, dim=0):
-        ...     ...
+    Example::
+
+        @composite(aten.tensor_split.tensor_indices_or_sections)
+        def tensor_split(x, indices_or_sections, dim=0):
+            ...
     """
 
     def register(fn: Callable) -> Callable:

@@ -8,32 +8,33 @@ warm compile warns and compiles again. What a target compile produces is data
 zlib-compressed JSON file per (program text, topology, jax, jaxlib, libtpu)
 key. JSON, not pickle: a cache file is read, never executed.
 
-Where: ``$TPU_DEBUG_TARGET_CACHE`` if set (``0``/``off``/``false``/``no``/empty
-turns the cache off), else ``$XDG_CACHE_HOME/tpu_debug/target``, else
+Where: ``$TPU_DEBUG_TARGET_CACHE`` if set (``0``/``off``/``false``/``no`` turns the
+cache off; the option ``target_cache`` in ``core/options.py``),
+else ``$XDG_CACHE_HOME/tpu_debug/target``, else
 ``~/.cache/tpu_debug/target``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
 import zlib
 from pathlib import Path
 
-__all__ = ["cache_dir", "load", "store", "load_value", "store_value", "ENV"]
+from tpu_debug.core.options import env_var, option, read_env
 
-ENV = "TPU_DEBUG_TARGET_CACHE"
-_OFF = {"0", "off", "false", "no", ""}
+__all__ = ["cache_dir", "load_record", "store_record", "load_value", "store_value", "ENV"]
+
+ENV = env_var("target_cache")
 _VERSION = 1
 
 
 def cache_dir() -> Path | None:
     """The cache directory, or None when the cache is off."""
-    raw = os.environ.get(ENV)
-    if raw is not None:
-        return None if raw.strip().lower() in _OFF else Path(raw).expanduser()
+    value = read_env([option("target_cache")]).get("target_cache")
+    if value is not None:
+        return None if value is False else Path(value).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tpu_debug" / "target"
 
@@ -43,39 +44,16 @@ def _path(key: str) -> Path | None:
     return None if root is None else root / f"{key}.json.z"
 
 
-def load(key: str, target):
-    """The cached result for ``key``, or None (a missing, unreadable or foreign file is a miss)."""
-    from tpu_debug.runtime.target.compile import CompileError, CostStats, MemoryStats, TargetCompile
-
-    data = _read(key)
-    if data is None:
-        return None
-    try:
-        return TargetCompile(
-            target=target,
-            program=data["program"],
-            seconds=float(data["seconds"]),
-            hlo=data["hlo"],
-            memory=MemoryStats(**data["memory"]) if data["memory"] else None,
-            cost=CostStats(**data["cost"]) if data["cost"] else None,
-            error=CompileError(**data["error"]) if data["error"] else None,
-            cached=True,
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
+def load_record(key: str) -> dict | None:
+    """The fields kept with :func:`store_record` under ``key``, or None (a missing, unreadable
+    or foreign file is a miss)."""
+    return _read(key)
 
 
-def store(key: str, result) -> None:
-    """Keep ``result`` under ``key``; a cache that cannot be written is skipped (the result stands)."""
-    _write(key, {
-        "target": result.target.topology,
-        "program": result.program,
-        "seconds": result.seconds,
-        "hlo": result.hlo,
-        "memory": dataclasses.asdict(result.memory) if result.memory else None,
-        "cost": dataclasses.asdict(result.cost) if result.cost else None,
-        "error": dataclasses.asdict(result.error) if result.error else None,
-    })
+def store_record(key: str, fields: dict) -> None:
+    """Keep ``fields`` (JSON data: a compile's result) under ``key``; a cache that cannot be
+    written is skipped (the result stands)."""
+    _write(key, fields)
 
 
 def load_value(key: str):

@@ -337,11 +337,12 @@ def compile_for_target(
         LibtpuMissingError: libtpu is not installed (the message says what to install).
         Exception: whatever tracing or lowering ``fn`` raises.
 
-    Example:
-        >>> x = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
-        >>> result = compile_for_target(lambda a: a @ a, (x,), "v5e")
-        >>> result.memory.argument_bytes, result.cost.flops
-        (134217728, 1099511627776.0)
+    Example::
+
+        x = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
+        result = compile_for_target(lambda a: a @ a, (x,), "v5e")
+        result.memory.argument_bytes, result.cost.flops
+        # (134217728, 1099511627776.0)
     """
     tgt = parse_target(target)
     level = _level(optimization_level)
@@ -401,10 +402,11 @@ def compile_lowered_for_target(lowered, target: str | Target = "v5e", *,
             program was lowered for.
         LibtpuMissingError: libtpu is not installed.
 
-    Example:
-        >>> lowered = jax.jit(jnp.sin).lower(jnp.ones((1000, 100)))   # on CPU
-        >>> compile_lowered_for_target(lowered, "v6e").hlo.count("T(8,128)") > 0
-        True
+    Example::
+
+        lowered = jax.jit(jnp.sin).lower(jnp.ones((1000, 100)))   # on CPU
+        compile_lowered_for_target(lowered, "v6e").hlo.count("T(8,128)") > 0
+        # True
     """
     tgt = parse_target(target)
     level = _level(optimization_level)
@@ -500,7 +502,7 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
     from tpu_debug.runtime.target import cache
 
     if use_cache:
-        hit = cache.load(key, target)
+        hit = _from_record(cache.load_record(key), target)
         if hit is not None:
             return hit
     start = time.perf_counter()
@@ -523,8 +525,40 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
     # a compile error other than an out-of-memory may come from this machine (libtpu's
     # lock, a plugin that failed to load) rather than the program: not kept
     if use_cache and (result.ok or result.error.kind == "hbm_oom"):
-        cache.store(key, result)
+        cache.store_record(key, _record(result))
     return result
+
+
+def _record(result: TargetCompile) -> dict[str, Any]:
+    """``result`` as the JSON data the on-disk cache keeps (``cache.py``)."""
+    return {
+        "target": result.target.topology,
+        "program": result.program,
+        "seconds": result.seconds,
+        "hlo": result.hlo,
+        "memory": dataclasses.asdict(result.memory) if result.memory else None,
+        "cost": dataclasses.asdict(result.cost) if result.cost else None,
+        "error": dataclasses.asdict(result.error) if result.error else None,
+    }
+
+
+def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
+    """The result a cache record holds, or None for a miss or a record of another shape."""
+    if data is None:
+        return None
+    try:
+        return TargetCompile(
+            target=target,
+            program=data["program"],
+            seconds=float(data["seconds"]),
+            hlo=data["hlo"],
+            memory=MemoryStats(**data["memory"]) if data["memory"] else None,
+            cost=CostStats(**data["cost"]) if data["cost"] else None,
+            error=CompileError(**data["error"]) if data["error"] else None,
+            cached=True,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def target_mesh(target: str | Target, shape: tuple[int, ...], axis_names: tuple[str, ...]) -> Any:
@@ -539,9 +573,10 @@ def target_mesh(target: str | Target, shape: tuple[int, ...], axis_names: tuple[
         TargetSpecError: the target has fewer devices than the mesh.
         LibtpuMissingError: libtpu is not installed.
 
-    Example:
-        >>> mesh = target_mesh("v5e-4", (4,), ("data",))
-        >>> x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    Example::
+
+        mesh = target_mesh("v5e-4", (4,), ("data",))
+        x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
     """
     import math
 

@@ -305,11 +305,12 @@ def dry_run(
         TargetSpecError, LibtpuMissingError: as ``compile_for_target``.
         UnsupportedGraphOp: the step uses an aten op the runtime has no lowering for.
 
-    Example:
-        >>> with torch.device("meta"):
-        ...     model = TinyLlama(LlamaConfig(...7B...)).to(torch.bfloat16)
-        >>> tokens = torch.empty(8, 2048, dtype=torch.long, device="meta")
-        >>> print(dry_run(model, (tokens,), "v6e").render())
+    Example::
+
+        with torch.device("meta"):
+            model = TinyLlama(LlamaConfig(...7B...)).to(torch.bfloat16)
+        tokens = torch.empty(8, 2048, dtype=torch.long, device="meta")
+        print(dry_run(model, (tokens,), "v6e").render())
     """
     tgt = parse_target(target)
     started = time.perf_counter()

@@ -37,11 +37,12 @@ class TargetCompiler:
     the calling thread (so a wrong spec fails where it was written), then return a
     ``Future[TargetCompile]``.
 
-    Example:
-        >>> compiler = TargetCompiler()
-        >>> future = compiler.submit(step, (params, batch), "v6e")
-        >>> ...                                   # the program goes on
-        >>> future.result().memory.temp_bytes
+    Example::
+
+        compiler = TargetCompiler()
+        future = compiler.submit(step, (params, batch), "v6e")
+        ...                                   # the program goes on
+        future.result().memory.temp_bytes
     """
 
     def __init__(self) -> None:

@@ -239,9 +239,10 @@ def padding_report(hlo_text: str, *, include_aliasing: bool = False) -> PaddingR
         HBM (memory space 0). Arrays inside fusions live in on-core memory and are
         not listed.
 
-    Example:
-        >>> report = padding_report(result.hlo)
-        >>> [(b.render(), round(b.waste, 2)) for b in report.worst(3)]
+    Example::
+
+        report = padding_report(result.hlo)
+        [(b.render(), round(b.waste, 2)) for b in report.worst(3)]
     """
     buffers: list[Buffer] = []
     in_entry = False

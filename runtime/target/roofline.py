@@ -130,9 +130,10 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
         TargetError: the compile failed, no target is given, the precision is
             unknown, or the generation publishes no int8 peak.
 
-    Example:
-        >>> roofline(compile_for_target(f, args, "v6e")).bound
-        'compute'
+    Example::
+
+        roofline(compile_for_target(f, args, "v6e")).bound
+        # 'compute'
     """
     if isinstance(result, TargetCompile):
         if result.cost is None:

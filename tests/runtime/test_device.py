@@ -311,7 +311,7 @@ def test_privateuse1_taken_is_refused():
 
 
 def test_version_is_the_installed_distributions():
-    # the distribution takes its version from tpu_debug._version when it is installed:
+    # the distribution takes its version from tpu_debug.core.version when it is installed:
     # a mismatch means the installed metadata is stale (reinstall with pip install -e .)
     assert tpu_debug.__version__ == importlib.metadata.version("tpu-debug")
 

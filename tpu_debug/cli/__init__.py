@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tpu_debug._version import __version__
+from tpu_debug.core.version import __version__
 from tpu_debug.cli import diff, fit, import_trace, report, run, runs, tensorboard, tui
 from tpu_debug.core.errors import CommandError, TpuDebugError
 
@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tpu-debug`` command line; returns the exit code.
 
-    Example:
-        >>> main(["report", "--logdir", "tpu_debug_runs"])
-        0
+    Example::
+
+        main(["report", "--logdir", "tpu_debug_runs"])
+        # 0
     """
     try:
         return _dispatch(argv)

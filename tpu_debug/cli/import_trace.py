@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from tpu_debug.core.errors import CommandError
+from tpu_debug.core.options import default_logdir
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tpu_debug.importtrace import import_trace
 
-    logdir = Path(args.logdir or os.environ.get("TPU_DEBUG_LOGDIR") or "tpu_debug_runs")
+    logdir = Path(args.logdir) if args.logdir else default_logdir()
     try:
         runs = import_trace(Path(args.trace_dir), logdir, args.name)
     except FileNotFoundError as exc:

@@ -16,9 +16,10 @@ tested in both directions (``tests/tracers/test_advisor.py``) and has a
 pitfall example that triggers it (``examples/pitfalls/``), while the clean
 examples give no finding at all (``tests/examples/test_advisor_examples.py``).
 
-Example:
-    >>> advice = advise(tpu_debug.open_run())
-    >>> [(f.kind, f.title) for f in advice.findings]
+Example::
+
+    advice = advise(tpu_debug.open_run())
+    [(f.kind, f.title) for f in advice.findings]
 """
 
 from __future__ import annotations

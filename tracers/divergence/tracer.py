@@ -30,10 +30,11 @@ class DivergenceTracer:
         max_per_site: events recorded per (op, line, measure); later ones are only counted.
         record_error: where a failure of this tracer is reported (the program goes on).
 
-    Example:
-        >>> with tpu_debug.trace(divergence=True) as session:
-        ...     loss = model(x).sum()
-        >>> session.first_divergence()
+    Example::
+
+        with tpu_debug.trace(divergence=True) as session:
+            loss = model(x).sum()
+        session.first_divergence()
     """
 
     def __init__(

@@ -14,7 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
-from tpu_debug.runtime.tensor import PAYLOAD_ATTR, _Uninit
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, Uninit
 
 __all__ = [
     "BF16",
@@ -89,7 +89,7 @@ def payload_of(t: torch.Tensor) -> Any:
 def host_copy(payload: Any, dtype: torch.dtype) -> torch.Tensor:
     """A CPU copy of a storage payload, in the payload's shape, contiguous (a fresh tensor:
     CPU ops may write it)."""
-    if payload is None or type(payload) is _Uninit:
+    if payload is None or type(payload) is Uninit:
         n = int(getattr(payload, "numel", 0) or 0)
         return torch.zeros(n, dtype=dtype)
     a = np.array(payload)  # a copy
@@ -127,7 +127,7 @@ def all_finite(payload: Any) -> bool:
     """No NaN/Inf in a jax payload (or a CPU tensor); non-float values are finite."""
     if isinstance(payload, torch.Tensor):
         return finite(payload)
-    if payload is None or not hasattr(payload, "dtype") or type(payload) is _Uninit:
+    if payload is None or not hasattr(payload, "dtype") or type(payload) is Uninit:
         return True
     a = np.asarray(payload)
     if a.dtype == BF16:

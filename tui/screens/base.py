@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from textual.app import ComposeResult
 from textual.screen import Screen
@@ -12,11 +12,26 @@ from textual.widgets import Footer, Header
 from tpu_debug.core.errors import TpuDebugError
 
 if TYPE_CHECKING:
-    from tpu_debug.tui.app import TpuDebugApp
+    from tpu_debug.session import Session
 
-__all__ = ["RunScreen"]
+__all__ = ["RunApp", "RunScreen"]
 
 T = TypeVar("T")
+
+
+class RunApp(Protocol):
+    """What a view asks of the app showing it (``tui/app.py``'s ``TpuDebugApp``): the app
+    imports the views, so the views know it by this."""
+
+    cwd: str | None
+    generation: int
+    session: Session
+
+    def rank_label(self) -> str: ...
+
+    def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
+
+    def show_error(self, message: str) -> None: ...
 
 
 class RunScreen(Screen):
@@ -28,7 +43,7 @@ class RunScreen(Screen):
         self._generation: int | None = None
 
     @property
-    def run_app(self) -> TpuDebugApp:
+    def run_app(self) -> RunApp:
         return self.app  # type: ignore[return-value]
 
     @property
