@@ -18,9 +18,10 @@ step: one program).
 
 A pair is one untraced sample and one traced sample (the order alternating, the collector
 paused); the traced one enters ``tpu_debug.trace(eager_mode=...)`` with its default
-tracers (no TPU target, no divergence), runs the sample and leaves, and only the sample is
-timed: entering and leaving (run directory, database, writer thread, final flush) is a
-fixed cost per trace, not per op. The figures are the medians over pairs of traced /
+tracers (no TPU target, no divergence), runs one untimed sample, then the timed one, and
+leaves: entering and leaving (run directory, database, writer thread, programs replayed to
+the tracers, final flush) is a fixed cost per trace, not per op. The untraced side runs the
+same two samples. The figures are the medians over pairs of traced /
 untraced wall time and process CPU time (every thread: the store's writer included).
 """
 
@@ -41,14 +42,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from tpu_debug.runtime import lazy
 from tpu_debug.runtime.tensor import to_jax
 
 import tpu_debug
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
 MODES = {"never": "defer_never", "fuse": "defer_and_fuse", "compiled": "defer_never"}
 SETS = {"never": torch.tpu.EagerMode.DEFER_NEVER, "fuse": torch.tpu.EagerMode.DEFER_AND_FUSE,
@@ -183,12 +183,17 @@ def overhead(sample, mode: str, logdir: str, repeat: int, **options) -> dict[str
     """Medians over ``repeat`` interleaved (untraced, traced) pairs of the traced / untraced
     wall and CPU time of ``sample``, and the untraced sample's median wall time."""
 
+    # each side runs one untimed sample before the timed one: in a trace, the first sample
+    # after entering also pays for the run's start (the writer thread storing the run's
+    # header and the programs replayed to the tracers), a fixed cost per trace
     def off():
         with torch.tpu.set_eager_mode(SETS[mode]):
+            sample()
             return _timed(sample)
 
     def on():
         with tpu_debug.trace(logdir=logdir, name="bench", eager_mode=MODES[mode], **options):
+            sample()
             return _timed(sample)
 
     for _ in range(2):
@@ -213,14 +218,22 @@ def overhead(sample, mode: str, logdir: str, repeat: int, **options) -> dict[str
 
 
 def profile(sample, mode: str, logdir: str, top: int) -> None:
-    """cProfile of one traced sample (after a warm one): the functions that cost most."""
+    """cProfile of one traced sample (after a warm one): the functions that cost most, then
+    each tracer's probe methods (time inside them, callees included) as a share of the
+    sample. cProfile inflates Python calls against C ones, so the shares are an upper bound."""
     with tpu_debug.trace(logdir=logdir, name="bench", eager_mode=MODES[mode]):
         sample()
         prof = cProfile.Profile()
         prof.enable()
         sample()
         prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(top)
+    total = stats.total_tt
+    print("probe method (tracers/, callees included) | calls | share of the traced sample")
+    for (file, _, func), (_, calls, _, cum, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][3]):
+        if f"{os.sep}tracers{os.sep}" in file and (func.startswith("on_") or func == "snapshot"):
+            print(f"{Path(file).stem}.{func} | {calls} | {cum / total:.1%}")
 
 
 def _load() -> str:
