@@ -134,7 +134,7 @@ def test_equal_keys_in_distinct_objects_count_as_one_executable():
     for _ in range(5):
         recorder.on_execute("compiled", "graph_0", first, 0.25)
     for _ in range(3):
-        recorder.on_execute("compiled", "graph_0", tuple(list(first)), 0.25)  # equal, not the same
+        recorder.on_execute("compiled", "graph_0", tuple(x for x in first), 0.25)  # equal, another object
     recorder.on_execute("compiled", "graph_1", ("graph_1", "digest", ()), 0.25)
     rows = {name: (count, seconds) for _, _, name, _, _, count, seconds in writer.stats_source()}
     assert rows == {"graph_0": (8, 2.0), "graph_1": (1, 0.25)}
