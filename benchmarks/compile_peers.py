@@ -132,44 +132,50 @@ class _Child:
 # -- ours, in this process ---------------------------------------------------------------------
 
 
-def our_variants():
-    """{(task, name): sample(calls) -> (wall, cpu)} for this process's variants, each checked
-    against PyTorch CPU first."""
-    import torch
-    import torch.nn.functional as F
+def _sampler(fn, stance=None):
+    """sample(calls) -> (wall, cpu) seconds of ``calls`` calls of ``fn`` and one sync, after
+    two untimed calls; inside ``stance()`` when given."""
     from tpu_debug.runtime import lazy
     from tpu_debug.runtime.tensor import to_jax
 
+    def sample(calls: int) -> tuple[float, float]:
+        with (stance() if stance is not None else contextlib.nullcontext()):
+            for _ in range(2):
+                r = fn()
+            w, c = time.perf_counter(), time.process_time()
+            for _ in range(calls - 1):
+                fn()
+            r = fn()
+            lazy.computed(r)
+            to_jax(r).block_until_ready()
+            return time.perf_counter() - w, time.process_time() - c
+    return sample
+
+
+def _skip_guards():
+    # dynamo runs only the guards that tell its cache entries apart (none, with one entry)
+    import torch
+
+    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+
+
+def _guard_filter() -> dict:
+    import torch
+
+    return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+
+
+def _inference_variants(model, xd, ref_logits) -> dict:
+    import torch
+
     import tpu_debug
 
-    cfg, model, x, y = _model_and_batch()
-    ref_logits, ref_loss, ref_grads = _cpu_reference()
-    xd, yd = x.to("tpu"), y.to("tpu")
     out = {}
-
-    def sampler(fn, stance=None):
-        def sample(calls: int) -> tuple[float, float]:
-            with (stance() if stance is not None else contextlib.nullcontext()):
-                for _ in range(2):
-                    r = fn()
-                w, c = time.perf_counter(), time.process_time()
-                for _ in range(calls - 1):
-                    fn()
-                r = fn()
-                lazy.computed(r)
-                to_jax(r).block_until_ready()
-                return time.perf_counter() - w, time.process_time() - c
-        return sample
-
-    # dynamo runs only the guards that tell its cache entries apart (none, with one entry)
-    def skip_guards():
-        return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
-
-    filt = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     for name, make in (
         ("torch.compile", lambda m: torch.compile(m, backend="tpu_debug")),
         ("tpu_debug.compile", tpu_debug.compile),
-        ("torch.compile, nn-module guards skipped", lambda m: torch.compile(m, backend="tpu_debug", options=filt)),
+        ("torch.compile, nn-module guards skipped",
+         lambda m: torch.compile(m, backend="tpu_debug", options=_guard_filter())),
     ):
         m = copy.deepcopy(model).to("tpu").eval()
         c = make(m)
@@ -180,13 +186,22 @@ def our_variants():
             with torch.no_grad():
                 return c(xd)
 
-        out[("inference", name)] = sampler(infer)
+        out[("inference", name)] = _sampler(infer)
         if name == "torch.compile":
-            out[("inference", "torch.compile, skip_guard_eval_unsafe")] = sampler(infer, skip_guards)
+            out[("inference", "torch.compile, skip_guard_eval_unsafe")] = _sampler(infer, _skip_guards)
+    return out
+
+
+def _training_variants(cfg, model, xd, yd, ref_loss, ref_grads) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import tpu_debug
 
     def loss_of(m, x, y):
         return F.cross_entropy(m(x).reshape(-1, cfg.vocab), y.reshape(-1))
 
+    out = {}
     for name in ("torch.compile", "tpu_debug.compile", "torch.compile, nn-module guards skipped"):
         m = copy.deepcopy(model).to("tpu").train()
         if name == "tpu_debug.compile":
@@ -198,7 +213,7 @@ def our_variants():
             fn = tpu_debug.compile(step)
             train = (lambda fn=fn: fn(xd, yd))
         else:
-            opts = {"options": filt} if "skipped" in name else {}
+            opts = {"options": _guard_filter()} if "skipped" in name else {}
             fwd_loss = torch.compile(lambda x, y, m=m: loss_of(m, x, y), backend="tpu_debug", **opts)
 
             def train(fwd_loss=fwd_loss):
@@ -211,10 +226,20 @@ def our_variants():
         for p, g in zip(m.parameters(), ref_grads):
             torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-3, atol=1e-5)
             p.grad = None
-        out[("training", name)] = sampler(train)
+        out[("training", name)] = _sampler(train)
         if name == "torch.compile":
-            out[("training", "torch.compile, skip_guard_eval_unsafe")] = sampler(train, skip_guards)
+            out[("training", "torch.compile, skip_guard_eval_unsafe")] = _sampler(train, _skip_guards)
     return out
+
+
+def our_variants() -> dict:
+    """{(task, name): sample(calls) -> (wall, cpu)} for this process's variants, each checked
+    against PyTorch CPU first."""
+    cfg, model, x, y = _model_and_batch()
+    ref_logits, ref_loss, ref_grads = _cpu_reference()
+    xd, yd = x.to("tpu"), y.to("tpu")
+    return {**_inference_variants(model, xd, ref_logits),
+            **_training_variants(cfg, model, xd, yd, ref_loss, ref_grads)}
 
 
 def main(argv=None) -> None:
