@@ -1012,13 +1012,25 @@ def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
     return _call(plan, args, kwargs, exe, key, arrays)
 
 
+def _timed_call(name: str, exe: _Executable, key, arrays: list):
+    """The one result of a pure op's cached executable, its run reported to the probes
+    (a begin only when a probe listens for it: the usual tracers count runs, not spans)."""
+    if probes._routes.on_execute_begin:
+        probes.executing("eager", name, key)
+    start = time.perf_counter()
+    (arr,) = exe.fn(*arrays)
+    probes.executed("eager", name, key, time.perf_counter() - start)
+    return arr
+
+
 def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
     """Run cached executable ``exe`` (of ``key``) on ``arrays``, the results as ``plan``'s op returns them."""
     exe.stats.calls += 1
     if exe.spmd is not None:  # every rank must be about to run this same op
         _rankcheck.agree(exe.spmd)
     if probes._probes:
-        probes.executing("eager", plan.name, key)
+        if probes._routes.on_execute_begin:
+            probes.executing("eager", plan.name, key)
         start = time.perf_counter()
         flat = exe.fn(*arrays)
         probes.executed("eager", plan.name, key, time.perf_counter() - start)
@@ -1288,10 +1300,13 @@ def run_now(op: _OpOverload, args, kwargs):
                 stats.hits += 1
                 # (an executable is shared by the plans of one key: out= through its functional
                 # lowering writes its result, only a pure op's plan returns it)
-                if exe.out_shape is None or plan.kind is not None or probes._probes or exe.spmd is not None:
+                if exe.out_shape is None or plan.kind is not None or exe.spmd is not None:
                     return _call(plan, args, kwargs, exe, stats.key, arrays)
                 stats.calls += 1
-                (arr,) = exe.fn(*arrays)
+                if probes._probes:
+                    arr = _timed_call(plan.name, exe, stats.key, arrays)
+                else:
+                    (arr,) = exe.fn(*arrays)
                 t = _create_empty(exe.out_shape, exe.out_dtypes[0])
                 set_payload(t.untyped_storage(), arr)
                 return t

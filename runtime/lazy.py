@@ -349,7 +349,7 @@ class _Graph:
     def step(self, name: str, fn, statics: tuple, *inputs) -> LazyArray:
         """A built-in step (a cast, a view read, a strided write) on pending or concrete inputs."""
         (out,) = self.add(_step_template(name, fn, statics, inputs), inputs)
-        if probes._probes:
+        if probes._routes.on_defer:
             probes.deferred(name, len(self.steps) - 1)
         return out
 
@@ -474,7 +474,7 @@ def _append(plan, args, kwargs, tpl: _Template, arrays: list):
         _materialize(g, "size_limit")
         g = _state.graph
     outs = g.add(tpl, arrays)
-    if probes._probes:
+    if probes._routes.on_defer:
         probes.deferred(plan.name, len(g.steps) - 1)
     if tpl.size is not None and plan.kind is None:  # one tensor out of a pure op
         t = _create_empty(tpl.size, tpl.dtypes[0])

@@ -256,9 +256,36 @@ def is_user_frame(frame: FrameType) -> bool:
     return caller is None or not _is_library(caller.f_code)
 
 
+# what a code object is to the stack walk, decided once per code object
+_LIBRARY, _USER, _STRING = 0, 1, 2
+_walk_kinds: dict[CodeType, int] = {}
+# the location of a user frame at (code, last instruction): one per call site, so the
+# line number (decoded from the code's line table) and the interned location are looked
+# up once. A frame in a compiled function's prologue is not kept: its location is its
+# caller's, which differs from call to call.
+_site_locations: dict[tuple[CodeType, int], SourceLocation] = {}
+
+
+def _walk_kind(code: CodeType) -> int:
+    kind = _walk_kinds.get(code)
+    if kind is None:
+        if _is_library(code):
+            kind = _LIBRARY
+        elif not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
+            kind = _USER
+        else:
+            kind = _STRING  # the user's unless a library called it (is_user_frame)
+        _walk_kinds[code] = kind
+    return kind
+
+
 def user_location(depth: int = 1) -> SourceLocation | None:
     """The first frame of user code above the caller, or None when there is none
     (the location half of :func:`user_site`).
+
+    This is the per-op lookup (lazy mode asks it for every op it records), so it walks
+    the stack without :func:`user_site`'s library context, with each code object's verdict
+    and each call site's location cached.
 
     Args:
         depth: frames to skip before looking (1 skips the caller itself).
@@ -266,7 +293,29 @@ def user_location(depth: int = 1) -> SourceLocation | None:
     Returns:
         The user line, e.g. ``SourceLocation("train.py", 42, "step")``.
     """
-    return user_site(depth + 1)[0]
+    try:
+        frame: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return None
+    kinds = _walk_kinds
+    while frame is not None:
+        code = frame.f_code
+        kind = kinds.get(code)
+        if kind is None:
+            kind = _walk_kind(code)
+        if kind == _LIBRARY or (
+            kind == _STRING and frame.f_back is not None and _is_library(frame.f_back.f_code)
+        ):
+            frame = frame.f_back
+            continue
+        site = (code, frame.f_lasti)
+        loc = _site_locations.get(site)
+        if loc is None:
+            if frame.f_back is not None and _in_compiled_prologue(frame):
+                return user_frame_location(frame)
+            loc = _site_locations.setdefault(site, location_of(frame))
+        return loc
+    return None
 
 
 def split_frames(frames: Sequence[SourceLocation]) -> tuple[SourceLocation | None, SourceLocation | None]:

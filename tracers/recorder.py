@@ -64,10 +64,11 @@ class _Count:
     """One thread's executions of one executable. Only that thread writes it, so no
     increment is lost; the writer thread reads it (``snapshot``)."""
 
-    __slots__ = ("count", "exe", "seconds")
+    __slots__ = ("count", "exe", "key", "seconds")
 
-    def __init__(self, exe: _Executable) -> None:
+    def __init__(self, exe: _Executable, key: Any) -> None:
         self.exe = exe
+        self.key = key
         self.count = 0
         self.seconds = 0.0
 
@@ -119,10 +120,16 @@ class Recorder:
     # -- probe methods ------------------------------------------------------------------
 
     def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
+        # Found by the key object's identity first: the runtime passes the same key object
+        # for every run of a cached executable, and a key (a tuple holding the op overload,
+        # whose hash is Python code, and the argument specs) is not cheap to hash per op.
+        # The count holds the first key it was found by, so that id is never reused.
         try:
-            count = self._local.counts[key]
-        except (AttributeError, KeyError):  # this thread's first run of the executable
-            count = self._new_count(mode, name, key)
+            count = self._local.by_id[id(key)]
+            if count.key is not key:
+                raise KeyError
+        except (AttributeError, KeyError):
+            count = self._count_of(mode, name, key)
         count.count += 1
         count.seconds += seconds
         if self.op_events:
@@ -284,10 +291,21 @@ class Recorder:
             )
         )
 
-    def _new_count(self, mode: str, name: str, key: Any) -> _Count:
-        counts = getattr(self._local, "counts", None)
+    def _count_of(self, mode: str, name: str, key: Any) -> _Count:
+        """This thread's count of ``key``'s executions, found by equality (an equal key in
+        another object: a compiled graph's call builds its key per call)."""
+        local = self._local
+        counts = getattr(local, "counts", None)
         if counts is None:
-            counts = self._local.counts = {}
+            counts = local.counts = {}
+            local.by_id = {}
+        count = counts.get(key)
+        if count is None:
+            count = self._new_count(mode, name, key, counts)
+            local.by_id[id(key)] = count
+        return count
+
+    def _new_count(self, mode: str, name: str, key: Any, counts: dict) -> _Count:
         with self._lock:
             exe = self._stats.get(key)
             if exe is None:
@@ -298,7 +316,7 @@ class Recorder:
                 self._stat_ids += 1
                 exe = _Executable(self._stat_ids, mode, str(name), signature, program)
                 self._stats[key] = exe
-            count = _Count(exe)
+            count = _Count(exe, key)
             exe.parts.append(count)
         counts[key] = count
         return count

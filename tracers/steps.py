@@ -177,6 +177,7 @@ class StepTracker:
         self._start = 0.0
         self._counts = _Counts()
         self._executables: dict[Any, tuple[int, int]] = {}  # key -> (executable id, op name id)
+        self._by_id: dict[int, tuple[Any, tuple[int, int]]] = {}  # id(key) -> (key, its ids)
         self._names: dict[tuple[str, Any], int] = {}
         self._compiled: set[tuple[str, str]] = set()  # (mode, name) compiled so far
         # a compiled graph's name changes when dynamo recompiles it: for finding the loop,
@@ -298,9 +299,16 @@ class StepTracker:
         else:
             counts.graph_runs += 1
         counts.op_seconds += seconds
-        ids = self._executables.get(key)
-        if ids is None:
-            ids = self._new_executable(mode, name, key)
+        # by the key object's identity first (see Recorder.on_execute): the runtime passes one
+        # key object per cached executable, and hashing it per op costs more than the rest
+        found = self._by_id.get(id(key))
+        if found is not None and found[0] is key:
+            ids = found[1]
+        else:
+            ids = self._executables.get(key)
+            if ids is None:
+                ids = self._new_executable(mode, name, key)
+                self._by_id[id(key)] = (key, ids)  # held: its id is not reused
         counts.sequence = ((counts.sequence ^ ids[0]) * _MUL) & _MASK
         window = self._window
         if window is not None and not window.full:

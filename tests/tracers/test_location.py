@@ -74,3 +74,30 @@ def test_no_user_frame_gives_none():
     thread.start()
     thread.join()
     assert found == [None]
+
+
+def _two_sites():
+    return user_location(), user_location()
+
+
+def test_each_call_site_of_one_function_has_its_own_line():
+    # locations are cached per call site: two calls in one function, two lines
+    first, second = _two_sites(), _two_sites()
+    assert first == second
+    a, b = first
+    assert a.file == b.file == __file__
+    assert (a.function, b.function) == ("_two_sites", "_two_sites")
+    assert a.line == b.line == _two_sites.__code__.co_firstlineno + 1
+
+
+def _site_in_loop():
+    lines = []
+    for _ in range(2):
+        lines.append(user_location().line)
+        lines.append(user_location().line)
+    return lines
+
+
+def test_call_sites_on_different_lines_are_told_apart():
+    first = _site_in_loop.__code__.co_firstlineno
+    assert _site_in_loop() == [first + 3, first + 4, first + 3, first + 4]

@@ -123,3 +123,18 @@ def test_events_of_a_worker_thread_carry_that_thread(logdir, cold_cache):
     assert len(ops) == 1 and len(compiles) == 1
     assert {e.thread for e in (*ops, *compiles, *session.transfers())} == {seen["thread"]}
     assert seen["thread"] != threading.get_native_id()
+
+
+def test_equal_keys_in_distinct_objects_count_as_one_executable():
+    """A compiled graph's call builds its key per call: equal key objects are one
+    executable's runs, however the recorder finds its counters first."""
+    writer = _Writer()
+    recorder = Recorder(writer, hlo=False)
+    first = ("graph_0", "digest", (("f32", (8,)),))
+    for _ in range(5):
+        recorder.on_execute("compiled", "graph_0", first, 0.25)
+    for _ in range(3):
+        recorder.on_execute("compiled", "graph_0", tuple(x for x in first), 0.25)  # equal, another object
+    recorder.on_execute("compiled", "graph_1", ("graph_1", "digest", ()), 0.25)
+    rows = {name: (count, seconds) for _, _, name, _, _, count, seconds in writer.stats_source()}
+    assert rows == {"graph_0": (8, 2.0), "graph_1": (1, 0.25)}

@@ -1,0 +1,295 @@
+"""The tiny Llama compiled three ways: ``torch.compile(backend="tpu_debug")``, ``tpu_debug.compile``
+and torchax's ``jax.jit`` of the same module, inference and training, side by side.
+
+    python benchmarks/compile_peers.py [--repeat 30] [--calls 20] [--torchax PYTHON]
+
+``--torchax PYTHON`` names an interpreter with torchax installed (benchmarks/README.md says
+how: ``/work/venv-torchax/bin/python``, say); without it the torchax rows are left out.
+torchax renames PyTorch's PrivateUse1 backend to ``jax`` on import, which the ``tpu`` device
+already holds, so it runs in a child process of its own (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)
+that this script drives round by round: every round times each variant once, the order
+rotating, torchax's sample taken in the child between this process's samples. A sample is
+``calls`` calls in a row and one sync. Ratios are medians over rounds of the ratio of two
+samples of the same round; CPU time is each process's own (``time.process_time``).
+
+- inference: the model in eval mode under ``torch.no_grad()``, tokens -> logits;
+- training: forward, cross entropy and backward (``torch.compile``: forward and loss
+  compiled, ``loss.backward()`` by autograd after it, a forward and a backward program;
+  ``tpu_debug.compile``: a function doing forward, loss and backward, one program; torchax:
+  ``jax.jit(jax.value_and_grad(loss))`` of the module's functional form).
+
+Also measured, beside the default guards: dynamo's guard filters (``torch.compile(...,
+options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})``) and
+``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (only the guards that tell cache
+entries apart run). Both are PyTorch's "unsafe" knobs: they trade dynamo's guarantee that a
+changed module or input recompiles for less work per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SEED, SEQ = 0, 32
+
+
+def _model_and_batch():
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.models.tiny_llama import LlamaConfig, TinyLlama
+
+    cfg = LlamaConfig()
+    torch.manual_seed(SEED)
+    model = TinyLlama(cfg)
+    torch.manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab, (1, SEQ + 1))
+    return cfg, model, tokens[:, :-1], tokens[:, 1:]
+
+
+def _cpu_reference():
+    import torch
+    import torch.nn.functional as F
+
+    cfg, model, x, y = _model_and_batch()
+    with torch.no_grad():
+        logits = model.eval()(x)
+    model.train()
+    loss = F.cross_entropy(model(x).reshape(-1, cfg.vocab), y.reshape(-1))
+    loss.backward()
+    return logits, loss.detach(), [p.grad for p in model.parameters()]
+
+
+# -- torchax, in a child process ---------------------------------------------------------------
+
+
+def torchax_child() -> None:
+    """Serve timing requests on stdin: ``infer N`` / ``train N`` -> ``wall cpu`` seconds."""
+    import jax
+    import numpy as np
+    import torchax
+
+    cfg, model, x, y = _model_and_batch()
+    ref_logits, ref_loss, ref_grads = _cpu_reference()
+    states, fwd = torchax.extract_jax(model.eval())
+    jx, jy = jax.numpy.asarray(x.numpy()), jax.numpy.asarray(y.numpy())
+    infer = jax.jit(lambda s, t: fwd(s, (t,)))
+    states_t, fwd_t = torchax.extract_jax(copy.deepcopy(model).train())
+
+    def loss_fn(s, t, target):
+        logits = fwd_t(s, (t,)).reshape(-1, cfg.vocab)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jax.numpy.take_along_axis(logp, target.reshape(-1, 1), axis=1).mean()
+
+    train = jax.jit(jax.value_and_grad(loss_fn))
+    np.testing.assert_allclose(np.asarray(infer(states, jx)), ref_logits.numpy(), rtol=1e-4, atol=1e-4)
+    loss, grads = train(states_t, jx, jy)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-4)
+    names = [n for n, _ in model.named_parameters()]
+    for n, g in zip(names, ref_grads):
+        np.testing.assert_allclose(np.asarray(grads[n]), g.numpy(), rtol=1e-3, atol=1e-5)
+    calls = {"infer": lambda: infer(states, jx), "train": lambda: train(states_t, jx, jy)}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        what, n = line.split()
+        fn = calls[what]
+        for _ in range(2):
+            jax.block_until_ready(fn())
+        w, c = time.perf_counter(), time.process_time()
+        for _ in range(int(n) - 1):
+            fn()
+        jax.block_until_ready(fn())
+        print(f"{time.perf_counter() - w} {time.process_time() - c}", flush=True)
+
+
+class _Child:
+    def __init__(self, python: str) -> None:
+        env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", JAX_PLATFORMS="cpu")
+        self.proc = subprocess.Popen([python, __file__, "--child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"the torchax child did not start (said {line!r}); see its stderr above")
+
+    def sample(self, what: str, calls: int) -> tuple[float, float]:
+        self.proc.stdin.write(f"{what} {calls}\n")
+        self.proc.stdin.flush()
+        wall, cpu = self.proc.stdout.readline().split()
+        return float(wall), float(cpu)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+# -- ours, in this process ---------------------------------------------------------------------
+
+
+def _sampler(fn, stance=None):
+    """sample(calls) -> (wall, cpu) seconds of ``calls`` calls of ``fn`` and one sync, after
+    two untimed calls; inside ``stance()`` when given."""
+    from tpu_debug.runtime import lazy
+    from tpu_debug.runtime.tensor import to_jax
+
+    def sample(calls: int) -> tuple[float, float]:
+        with (stance() if stance is not None else contextlib.nullcontext()):
+            for _ in range(2):
+                r = fn()
+            w, c = time.perf_counter(), time.process_time()
+            for _ in range(calls - 1):
+                fn()
+            r = fn()
+            lazy.computed(r)
+            to_jax(r).block_until_ready()
+            return time.perf_counter() - w, time.process_time() - c
+    return sample
+
+
+def _skip_guards():
+    # dynamo runs only the guards that tell its cache entries apart (none, with one entry)
+    import torch
+
+    return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+
+
+def _guard_filter() -> dict:
+    import torch
+
+    return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+
+
+def _inference_variants(model, xd, ref_logits) -> dict:
+    import torch
+
+    import tpu_debug
+
+    out = {}
+    for name, make in (
+        ("torch.compile", lambda m: torch.compile(m, backend="tpu_debug")),
+        ("tpu_debug.compile", tpu_debug.compile),
+        ("torch.compile, nn-module guards skipped",
+         lambda m: torch.compile(m, backend="tpu_debug", options=_guard_filter())),
+    ):
+        m = copy.deepcopy(model).to("tpu").eval()
+        c = make(m)
+        with torch.no_grad():
+            torch.testing.assert_close(c(xd).cpu(), ref_logits, rtol=1e-4, atol=1e-4)
+
+        def infer(c=c):
+            with torch.no_grad():
+                return c(xd)
+
+        out[("inference", name)] = _sampler(infer)
+        if name == "torch.compile":
+            out[("inference", "torch.compile, skip_guard_eval_unsafe")] = _sampler(infer, _skip_guards)
+    return out
+
+
+def _training_variants(cfg, model, xd, yd, ref_loss, ref_grads) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import tpu_debug
+
+    def loss_of(m, x, y):
+        return F.cross_entropy(m(x).reshape(-1, cfg.vocab), y.reshape(-1))
+
+    out = {}
+    for name in ("torch.compile", "tpu_debug.compile", "torch.compile, nn-module guards skipped"):
+        m = copy.deepcopy(model).to("tpu").train()
+        if name == "tpu_debug.compile":
+            def step(x, y, m=m):
+                loss = loss_of(m, x, y)
+                loss.backward()
+                return loss.detach()
+
+            fn = tpu_debug.compile(step)
+            train = (lambda fn=fn: fn(xd, yd))
+        else:
+            opts = {"options": _guard_filter()} if "skipped" in name else {}
+            fwd_loss = torch.compile(lambda x, y, m=m: loss_of(m, x, y), backend="tpu_debug", **opts)
+
+            def train(fwd_loss=fwd_loss):
+                loss = fwd_loss(xd, yd)
+                loss.backward()  # the compiled backward program, run by autograd
+                return loss.detach()
+
+        loss = train()
+        torch.testing.assert_close(loss.cpu(), ref_loss, rtol=1e-4, atol=1e-4)
+        for p, g in zip(m.parameters(), ref_grads):
+            torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-3, atol=1e-5)
+            p.grad = None
+        out[("training", name)] = _sampler(train)
+        if name == "torch.compile":
+            out[("training", "torch.compile, skip_guard_eval_unsafe")] = _sampler(train, _skip_guards)
+    return out
+
+
+def our_variants() -> dict:
+    """{(task, name): sample(calls) -> (wall, cpu)} for this process's variants, each checked
+    against PyTorch CPU first."""
+    cfg, model, x, y = _model_and_batch()
+    ref_logits, ref_loss, ref_grads = _cpu_reference()
+    xd, yd = x.to("tpu"), y.to("tpu")
+    return {**_inference_variants(model, xd, ref_logits),
+            **_training_variants(cfg, model, xd, yd, ref_loss, ref_grads)}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--torchax", metavar="PYTHON", help="an interpreter with torchax installed")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        torchax_child()
+        return
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    child = _Child(args.torchax) if args.torchax else None
+    ours = our_variants()
+    tasks = {}
+    for (task, name), fn in ours.items():
+        tasks.setdefault(task, {})[name] = fn
+    if child is not None:
+        for task, what in (("inference", "infer"), ("training", "train")):
+            tasks[task]["torchax jax.jit"] = lambda calls, what=what: child.sample(what, calls)
+    base = "tpu_debug.compile"
+    try:
+        for task, variants in tasks.items():
+            names = list(variants)
+            wall = {n: [] for n in names}
+            cpu = {n: [] for n in names}
+            for r in range(args.repeat):
+                for n in names[r % len(names):] + names[: r % len(names)]:
+                    time.sleep(0.01)
+                    w, c = variants[n](args.calls)
+                    wall[n].append(w / args.calls)
+                    cpu[n].append(c / args.calls)
+            print(f"\n{task} (tiny Llama, batch 1 x {SEQ}), ms per call; ratios: median over rounds")
+            print(f"| variant | wall ms | CPU ms | / {base}, wall | / {base}, CPU "
+                  "| / torchax, wall | / torchax, CPU |")
+            print("|---|---:|---:|---:|---:|---:|---:|")
+            for n in names:
+                def ratio(other, series, n=n):
+                    if other not in series:
+                        return "-"
+                    return f"{statistics.median(a / b for a, b in zip(series[n], series[other])):.2f}x"
+                print(f"| {n} | {statistics.median(wall[n]) * 1e3:.3f} | {statistics.median(cpu[n]) * 1e3:.3f} "
+                      f"| {ratio(base, wall)} | {ratio(base, cpu)} | {ratio('torchax jax.jit', wall)} "
+                      f"| {ratio('torchax jax.jit', cpu)} |", flush=True)
+    finally:
+        if child is not None:
+            child.close()
+    print(f"\nload average: {load} before, {' '.join(f'{v:.2f}' for v in os.getloadavg())} after (2 CPUs)")
+
+
+if __name__ == "__main__":
+    main()
