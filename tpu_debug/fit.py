@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
@@ -698,24 +699,6 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{n} B"
-
-
-def _time(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
-
-
 def _render(r: FitReport) -> str:
     verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
@@ -724,35 +707,35 @@ def _render(r: FitReport) -> str:
     lines.extend(f"  caution: {c}" for c in r.caveats)
     if r.required is not None:
         room = r.headroom
-        spare = f"{_size(room)} to spare" if room >= 0 else f"{_size(-room)} short"
-        lines.append(f"  per chip: needs {_size(r.required)} of {_size(r.capacity)} ({source}); {spare}")
+        spare = f"{format_bytes(room)} to spare" if room >= 0 else f"{format_bytes(-room)} short"
+        lines.append(f"  per chip: needs {format_bytes(r.required)} of {format_bytes(r.capacity)} ({source}); {spare}")
     if r.error and not r.fits:
         lines.append(f"  compiler: {r.error}")
     m = r.memory
     if m is not None:
-        lines.append(f"  compiler: arguments {_size(m.arguments)}, outputs {_size(m.outputs)} "
-                     f"(aliased {_size(m.aliased)}), temporaries {_size(m.temporaries)}, "
-                     f"code {_size(m.code)}")
-        lines.append(f"  breakdown: parameters {_size(m.parameters)}, optimizer state "
-                     f"{_size(m.optimizer_state)}, batch {_size(m.batch)}, gradients "
-                     f"~{_size(m.gradients)}, activations and other temporaries ~{_size(m.activations)}")
+        lines.append(f"  compiler: arguments {format_bytes(m.arguments)}, outputs {format_bytes(m.outputs)} "
+                     f"(aliased {format_bytes(m.aliased)}), temporaries {format_bytes(m.temporaries)}, "
+                     f"code {format_bytes(m.code)}")
+        lines.append(f"  breakdown: parameters {format_bytes(m.parameters)}, optimizer state "
+                     f"{format_bytes(m.optimizer_state)}, batch {format_bytes(m.batch)}, gradients "
+                     f"~{format_bytes(m.gradients)}, activations and other temporaries ~{format_bytes(m.activations)}")
         if m.kv_cache:
-            lines.append(f"  KV cache: {_size(m.kv_cache)} per chip (its share by the cache's sharding; "
+            lines.append(f"  KV cache: {format_bytes(m.kv_cache)} per chip (its share by the cache's sharding; "
                          "in the arguments, donated and written in place)")
     if r.collectives:
         lines.append("  collectives per step (per chip):")
         for c in r.collectives:
-            lines.append(f"    {c.kind:<18} x{c.count:<4} {_size(c.bytes):>11} data, "
-                         f"{_size(c.wire_bytes):>11} on the wire, ~{_time(c.seconds)}")
+            lines.append(f"    {c.kind:<18} x{c.count:<4} {format_bytes(c.bytes):>11} data, "
+                         f"{format_bytes(c.wire_bytes):>11} on the wire, ~{format_seconds(c.seconds)}")
     e = r.estimate
     if e is not None:
-        lines.append(f"  estimate (not a measurement): step ~{_time(e.seconds)} (compute "
-                     f"{_time(e.compute_seconds)}, memory {_time(e.memory_seconds)}, communication "
-                     f"{_time(e.comm_seconds)}; {_time(e.overlapped_seconds)} if all overlapped), "
+        lines.append(f"  estimate (not a measurement): step ~{format_seconds(e.seconds)} (compute "
+                     f"{format_seconds(e.compute_seconds)}, memory {format_seconds(e.memory_seconds)}, communication "
+                     f"{format_seconds(e.comm_seconds)}; {format_seconds(e.overlapped_seconds)} if all overlapped), "
                      f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} "
                      f"({e.mfu_overlapped:.1%} overlapped)")
         if e.memory_bound_seconds is not None:
-            lines.append(f"  decode, memory-bound (estimate): ~{_time(e.memory_bound_seconds)} per token step "
+            lines.append(f"  decode, memory-bound (estimate): ~{format_seconds(e.memory_bound_seconds)} per token step "
                          "reading the chip's weights and KV cache once at HBM bandwidth")
         lines.extend(f"    assumes {a}" for a in e.assumptions)
     if r.unsharded:
@@ -789,8 +772,8 @@ class PlanSearch:
         for r in self.candidates:
             e = r.estimate
             lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {str(remat_of(r)):<5}  {str(r.fits):<5} "
-                         f"{_size(r.required):>11} {_size(r.capacity):>10}  "
-                         f"{_time(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
+                         f"{format_bytes(r.required):>11} {format_bytes(r.capacity):>10}  "
+                         f"{format_seconds(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
         return "\n".join(lines)
 
 
@@ -869,16 +852,16 @@ class Fixes:
         best = self.best
         ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
-        return tuple(f"{what}: needs {_size(r.required)} of {_size(r.capacity)}, {verdicts[r.fits]}"
+        return tuple(f"{what}: needs {format_bytes(r.required)} of {format_bytes(r.capacity)}, {verdicts[r.fits]}"
                      for what, r in ordered)
 
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
-                 f"(needs {_size(self.original.required)} of {_size(self.original.capacity)} per chip), "
+                 f"(needs {format_bytes(self.original.required)} of {format_bytes(self.original.capacity)} per chip), "
                  "each compiled:"]
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
-            lines.append(f"  {what:<52} needs {_size(r.required):>11} of {_size(r.capacity):>10}: {verdict}")
+            lines.append(f"  {what:<52} needs {format_bytes(r.required):>11} of {format_bytes(r.capacity):>10}: {verdict}")
         best = self.best
         lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
         return "\n".join(lines)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import jax
 
+from tpu_debug.core.format import format_bytes
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
@@ -94,36 +95,28 @@ class DryRun:
     def render(self) -> str:
         c = self.compile
         head = (f"{self.mode} on {self.target.name}: {self.parameters / 1e9:.2f} B parameters "
-                f"({_size(self.parameter_bytes)})")
+                f"({format_bytes(self.parameter_bytes)})")
         if self.state_bytes:
-            head += f" + optimizer state {_size(self.state_bytes)}"
+            head += f" + optimizer state {format_bytes(self.state_bytes)}"
         if c.ok:
             m = c.memory
-            return (f"{head}: fits. Per device ({self.target.device_kind}): arguments {_size(m.argument_bytes)}, outputs "
-                    f"{_size(m.output_bytes)} (aliased {_size(m.alias_bytes)}), temporaries "
-                    f"{_size(m.temp_bytes)}; total {_size(m.total_bytes)} of {_capacity(self.target)}. "
+            return (f"{head}: fits. Per device ({self.target.device_kind}): arguments {format_bytes(m.argument_bytes)}, outputs "
+                    f"{format_bytes(m.output_bytes)} (aliased {format_bytes(m.alias_bytes)}), temporaries "
+                    f"{format_bytes(m.temp_bytes)}; total {format_bytes(m.total_bytes)} of {_capacity(self.target)}. "
                     f"Dry run {self.seconds:.1f} s (TPU compile {c.seconds:.1f} s).")
         e = c.error
         if e.kind == "hbm_oom" and e.required_bytes is not None:
-            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device "
+            return (f"{head}: does NOT fit: {e.what} need {format_bytes(e.required_bytes)}, one device "
                     f"({self.target.device_kind}) has "
-                    f"{_size(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
+                    f"{format_bytes(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
         return f"{head}: the TPU compiler refused the step: {e.message}"
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
 
 def _capacity(target: Target) -> str:
     usable = target.hbm_bytes_per_device
     spec = target.spec_hbm_bytes_per_device
     if target.hbm_source == "compiler":
-        return f"{_size(usable)} HBM the compiler offers one device (spec {_size(spec)})"
-    return f"{_size(spec)} HBM (spec; libtpu not installed to ask the compiler)"
+        return f"{format_bytes(usable)} HBM the compiler offers one device (spec {format_bytes(spec)})"
+    return f"{format_bytes(spec)} HBM (spec; libtpu not installed to ask the compiler)"
 
 
 def _meta(t):
