@@ -100,8 +100,8 @@ def _reference(job: str, fsdp: int, tp: int, layers: int):
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from tpu_debug.fit import _hf_traceable, build_config
-    from tpu_debug.runtime.target.fit_infer import trace_infer
+    from tpu_debug.fit.answer import _hf_traceable, build_config
+    from tpu_debug.fit.infer import trace_infer
 
     config = build_config(transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": layers}))
     with torch.device("meta"):

@@ -30,7 +30,7 @@ import re
 import jax
 import numpy as np
 
-from tpu_debug.runtime.target import fit_moe
+from tpu_debug.fit import moe as fit_moe
 from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, TargetCompile, compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep
 from tpu_debug.runtime.target.errors import TargetError

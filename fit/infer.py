@@ -30,7 +30,7 @@ import time
 import jax
 
 from tpu_debug.runtime.target.dryrun import TracedStep, _meta, _nbytes
-from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
+from tpu_debug.fit.sharded import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
                                           compile_fit, gathered, param_placements, partition_spec, unsplit)
 from tpu_debug.runtime.target.hardware import Target
 
@@ -214,7 +214,7 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
 def measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int, job: str,
                   optimization_level: str | None, cache: bool):
     """``fit``'s per-chip figures (its ``_Measure``) of a prefill or decode program."""
-    from tpu_debug.fit import _hf_traceable, _Measure, collective_costs
+    from tpu_debug.fit.answer import _hf_traceable, _Measure, collective_costs
     from tpu_debug.runtime.target.roofline import roofline
 
     traced = trace_infer(model, config, batch, seq, job, _hf_traceable)

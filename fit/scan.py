@@ -413,21 +413,21 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
                       cache: bool = True):
     """Compile the looped training step (``scan_step``) for ``target`` under ``plan``.
 
-    Placements are ``runtime.target.fit``'s (by each parameter's own name and shape; a
+    Placements are ``tpu_debug.fit.sharded``'s (by each parameter's own name and shape; a
     stacked layer parameter keeps its layer's split, its layer dimension whole); the batch
     (tokens, labels: ``batch_shape`` int64) is split over the batch axes. ``master_dtype``
     (``"float32"``): parameters and AdamW state are kept in it and cast to the model's dtype
     where read.
 
     Returns:
-        A ``runtime.target.fit.FitCompile``.
+        A ``tpu_debug.fit.sharded.FitCompile``.
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_debug.runtime.target import fit_moe
-    from tpu_debug.runtime.target.fit import (AXES, FitCompile, _mesh, compile_fit, param_placements,
+    from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit.sharded import (AXES, FitCompile, _mesh, compile_fit, param_placements,
                                               partition_spec, unsplit)
-    from tpu_debug.runtime.target.fit import gathered as read_whole
+    from tpu_debug.fit.sharded import gathered as read_whole
 
     mesh = _mesh(target, plan)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -495,7 +495,7 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     programs, applied to the compiler's figures of the optimized one; bytes accessed are
     scaled as the flops are.
     """
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.runtime.target.compile import CostStats
 
     layers = pieces.layers

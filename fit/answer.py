@@ -4,7 +4,7 @@ The model is built from a Hugging Face config on ``meta`` tensors (no weights,
 nothing downloaded); one step (forward, loss, backward and AdamW for ``job="train"``)
 is traced into a JAX function (``runtime.target.trace_step``), placed on a
 ``(dp, fsdp, tp)`` mesh of the slice's compile-only devices and compiled by XLA's
-TPU compiler as one SPMD program (``runtime.target.fit``). The answer, per chip:
+TPU compiler as one SPMD program (``tpu_debug.fit.sharded``). The answer, per chip:
 the HBM the compiler's buffer assignment needs against what the compiler offers,
 a breakdown, the collectives the partitioner inserted with their bytes and an ICI
 time estimate, and estimated step time, tokens per second and MFU.
@@ -24,7 +24,7 @@ from typing import Any
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
+from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
@@ -245,11 +245,11 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
     if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
-        from tpu_debug.runtime.target import fit_moe
+        from tpu_debug.fit import moe as fit_moe
 
         # experts as one grouped matmul over the tokens each expert was routed (lowered to
         # lax.ragged_dot, dropless, as MaxText's MoE on TPU), each batch shard's tokens routed
-        # on their own chip (runtime.target.fit_moe): transformers' default loops over the
+        # on their own chip (tpu_debug.fit.moe): transformers' default loops over the
         # experts with data-dependent indexing, which a trace without data cannot follow
         fit_moe.register()
         config._experts_implementation = fit_moe.EXPERTS
@@ -333,13 +333,13 @@ def fit(
         model_or_config: a Hugging Face config (``LlamaConfig(...)``), a preset name
             (``"llama3-8b"``), a ``config.json`` path or a dict with ``model_type``.
         target: the slice (``"v5e-8"``, ``"v6e-256"``, ``"v5p-128"``).
-        plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``runtime.target.fit.parse_plan``).
+        plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``tpu_debug.fit.sharded.parse_plan``).
         batch: global batch, in sequences (split over dp x fsdp).
         seq: sequence length.
         job: ``"train"`` (forward, loss, backward, AdamW), ``"forward"``, ``"prefill"`` (the
             forward over ``seq`` tokens filling a static KV cache, the last position's logits) or
             ``"decode"`` (one token per sequence attending to a KV cache of ``seq`` positions;
-            ``runtime.target.fit_infer``).
+            ``tpu_debug.fit.infer``).
         dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
         overrides: config fields to change (``{"num_hidden_layers": 2}``).
         extrapolate: a forward, prefill or decode step, asked for: compile it with 2 and 3
@@ -351,11 +351,11 @@ def fit(
         shard_activations: constrain every activation whose first dimension is the batch
             (or batch x seq) to be split over the batch axes; off, only the embeddings'
             output is, and XLA's propagation carries the split on
-            (``runtime.target.fit._fsdp_program``).
+            (``tpu_debug.fit.sharded._fsdp_program``).
         optimization_level: XLA's effort level (None: the compiler's default).
         cache: use the target compile cache.
         loop: compile a training step's decoder layers as one loop over their stacked
-            parameters (``runtime.target.fit_scan``: every layer in the program, one
+            parameters (``tpu_debug.fit.scan``: every layer in the program, one
             compiled, nothing extrapolated); None does so for models of more than
             ``LOOP_ABOVE`` identical layers; False compiles them unrolled (the program
             ``torch.compile`` of the step makes; slow for big models).
@@ -440,7 +440,7 @@ def _has_layer_stack(config, dtype: str) -> bool:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target.fit_scan import layer_stack
+    from tpu_debug.fit.scan import layer_stack
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -450,12 +450,12 @@ def _has_layer_stack(config, dtype: str) -> bool:
 def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
                   optimization_level: str | None, cache: bool,
                   master_dtype: str | None = None) -> tuple[_Measure, str]:
-    """The training step with its decoder layers as one loop (``runtime.target.fit_scan``)."""
+    """The training step with its decoder layers as one loop (``tpu_debug.fit.scan``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target import fit_moe
-    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats, trace_pieces
+    from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit.scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
@@ -525,14 +525,14 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.runtime.target.dryrun import trace_step
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     if job in ("prefill", "decode"):
-        from tpu_debug.runtime.target.fit import AXES, _mesh
-        from tpu_debug.runtime.target.fit_infer import measure_infer
+        from tpu_debug.fit.sharded import AXES, _mesh
+        from tpu_debug.fit.infer import measure_infer
 
         axes = tuple(a for a, n in zip(AXES, plan.shape) if n > 1 and a != "tp")
         with fit_moe.per_shard(plan.batch_ways), fit_moe.sharded(_mesh(tgt, plan), axes):
@@ -600,7 +600,7 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
                                  fc.batch_bytes, grads, max(m.temp_bytes - grads, 0), fc.kv_bytes)
         estimate = _estimate(fc, tgt, batch if job == "decode" else batch * seq, flops, flops_text)
         if job == "decode":
-            from tpu_debug.runtime.target.fit_infer import decode_bound
+            from tpu_debug.fit.infer import decode_bound
 
             estimate = decode_bound(estimate, fc, tgt)
         required = m.total_bytes
@@ -1005,8 +1005,8 @@ def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: 
 
     from tpu_debug.core.options import default_logdir
 
-    from tpu_debug.runs import DB_NAME, new_run_dir
-    from tpu_debug.tracers.store import RunWriter
+    from tpu_debug.runs import new_run_dir
+    from tpu_debug.tracers.store import DB_NAME, RunWriter
 
     run_dir = new_run_dir(Path(logdir) if logdir is not None else default_logdir(), name)
     meta = {"name": name, "status": "running", "argv": list(sys.argv),
