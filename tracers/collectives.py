@@ -23,13 +23,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, ShardingRematEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
 from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
+
+if TYPE_CHECKING:
+    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = [
     "CollectivesTracer",
@@ -97,7 +100,7 @@ class CollectivesTracer:
         clock: the run's clock (seconds since it started).
         record_error: where a failure of this tracer goes (the program goes on).
         hlo: HLO is recorded, so events may name their program by content hash.
-        target: a TPU target spec (``"v5e:2x4"``): also compile each program for it.
+        target: a TPU target (parsed when the trace starts): also compile each program for it.
     """
 
     def __init__(
@@ -107,7 +110,7 @@ class CollectivesTracer:
         clock: Callable[[], float],
         record_error: Callable[[str, str], None],
         hlo: bool = True,
-        target: str | None = None,
+        target: Target | None = None,
     ) -> None:
         self.writer = writer
         self.clock = clock
@@ -120,10 +123,8 @@ class CollectivesTracer:
         self._compiler: Any = None
         self._watcher: _ReplayWatcher | None = None
         if target is not None:
-            from tpu_debug.runtime.target import parse_target
             from tpu_debug.runtime.target.executor import TargetCompiler
 
-            parse_target(target)  # a bad spec fails when the trace starts, not at the first compile
             self._compiler = TargetCompiler()
         from tpu_debug.runtime.distributed import xla_log
 

@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_debug.core.format import format_bytes, format_location
 from tpu_debug.core.hlo_text import Instruction as _Instruction
@@ -59,6 +59,9 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
+
+if TYPE_CHECKING:
+    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = [
     "DEFAULT_WAIT",
@@ -194,7 +197,7 @@ class TargetTracer:
 
     Args:
         writer: the run writer (``put``, ``add_program``, ``has_program``, ``new_id``).
-        target: a target spec (``"v5e"``, ``"v6e-8"``) or ``runtime.target.Target``.
+        target: the ``runtime.target.Target`` (parsed when the trace starts).
         clock: seconds since the run started.
         record_error: ``(where, message)`` keeps a tracer failure in the run.
         hlo: also store the TPU's optimized HLO (and refer to the local program).
@@ -210,7 +213,7 @@ class TargetTracer:
         LibtpuMissingError: libtpu is not installed.
 
     Example:
-        >>> tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
+        >>> tracer = TargetTracer(writer, parse_target("v5e"), clock=recorder.clock)
         >>> probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
         >>> ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
     """
@@ -218,7 +221,7 @@ class TargetTracer:
     def __init__(
         self,
         writer: Any,
-        target: Any,
+        target: Target,
         *,
         clock: Callable[[], float] | None = None,
         record_error: Callable[[str, str], None] | None = None,
@@ -226,9 +229,9 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import _libtpu, parse_target
+        from tpu_debug.runtime.target import _libtpu
 
-        self.target = parse_target(target)
+        self.target = target
         _libtpu.require_libtpu()
         self.writer = writer
         self.hlo = hlo

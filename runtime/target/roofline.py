@@ -19,7 +19,7 @@ import dataclasses
 from tpu_debug.core.format import format_seconds
 from tpu_debug.runtime.target.compile import CostStats, TargetCompile
 from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.runtime.target.hardware import Target, parse_target
+from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.precision import PASSES, dot_flops
 
 __all__ = ["Roofline", "roofline", "MODEL_NOTE"]
@@ -102,7 +102,7 @@ class Roofline:
             f"~{format_seconds(self.seconds)} ({self.note}{xla})"
         )
 
-def roofline(result: TargetCompile | CostStats, target: str | Target | None = None, *,
+def roofline(result: TargetCompile | CostStats, target: Target | None = None, *,
              precision: str = "bf16", hlo: str | None = None) -> Roofline:
     """Place a compiled program on its target's roofline.
 
@@ -134,7 +134,7 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
     else:
         if target is None:
             raise TargetError("roofline(CostStats) needs the target it was compiled for")
-        cost, tgt = result, parse_target(target)
+        cost, tgt = result, target
     if precision == "bf16":
         peak = tgt.peak_bf16_flops_per_device
     elif precision == "int8":

@@ -227,10 +227,10 @@ def test_fsdp_step_matches_a_direct_sharded_compile(plan, mesh_shape, target, ba
 
 def test_capacity_and_verdict_are_the_compilers():
     import tpu_debug
-    from tpu_debug.runtime.target import usable_hbm_bytes
+    from tpu_debug.runtime.target import parse_target, usable_hbm_bytes
 
     report = tpu_debug.fit(_config(), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ)
-    assert report.capacity == usable_hbm_bytes("v5e-8")
+    assert report.capacity == usable_hbm_bytes(parse_target("v5e-8"))
     assert report.headroom == report.capacity - report.memory.total
     e = report.estimate
     assert e.seconds >= e.overlapped_seconds > 0
