@@ -18,6 +18,7 @@ cached, so a lookup is a short walk up the stack with dict hits.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -57,7 +58,7 @@ def _package_dir(module_name: str) -> str | None:
 
 
 def own_dirs() -> tuple[str, ...]:
-    """tpu_debug's own package directories (tpu_debug, its core, runtime and tracers, and
+    """tpu_debug's own package directories (tpu_debug, its core, runtime, tracers and fit, and
     the TUI once imported), each ending in ``os.sep``."""
     import tpu_debug.runtime
     import tpu_debug.tracers
@@ -68,6 +69,10 @@ def own_dirs() -> tuple[str, ...]:
     dirs = {_package_dir("tpu_debug")}
     for module in (tpu_debug.core, tpu_debug.runtime, tpu_debug.tracers):
         dirs.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
+    # found, not imported: importing fit would load jax and transformers' hooks
+    fit = importlib.util.find_spec("tpu_debug.fit")
+    if fit is not None and fit.origin:
+        dirs.add(os.path.dirname(os.path.realpath(fit.origin)) + os.sep)
     tui = sys.modules.get("tpu_debug.tui")
     if tui is not None and getattr(tui, "__file__", None):
         dirs.add(os.path.dirname(os.path.realpath(tui.__file__)) + os.sep)
