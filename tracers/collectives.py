@@ -245,7 +245,7 @@ class CollectivesTracer:
             try:
                 result = future.result()
             except TargetSpecError as exc:  # a target with fewer chips than the program's devices
-                self._put(info, location, None, 0, str(self.target), (), _memory(None), 0.0, str(exc))
+                self._put(info, location, None, 0, self.target.name, (), _memory(None), 0.0, str(exc))
                 return
             if result.ok:
                 collectives = parse_collectives(result.hlo or "", user_file=_user_file, node_lines=node_lines)
@@ -254,7 +254,7 @@ class CollectivesTracer:
             else:
                 collectives, devices = (), 0
                 error = f"{result.error.kind}: {result.error.message}"
-            self._put(info, location, None, devices, str(self.target), collectives, _memory(result.memory),
+            self._put(info, location, None, devices, self.target.name, collectives, _memory(result.memory),
                       result.seconds, error)
         except Exception as exc:  # noqa: BLE001 - this runs on the compiler's thread: recorded, never raised
             self.record_error("CollectivesTracer.target", f"{type(exc).__name__}: {exc}")
@@ -286,7 +286,7 @@ class CollectivesTracer:
         if self._compiler is not None:
             self._compiler.shutdown(wait=False, cancel_futures=True)
             self.writer.put(CollectivesTargetEvent(
-                self.writer.new_id(), self.clock(), None, threading.get_native_id(), None, self.target, unfinished,
+                self.writer.new_id(), self.clock(), None, threading.get_native_id(), None, self.target.name, unfinished,
             ))
         return unfinished
 
