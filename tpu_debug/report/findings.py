@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from tpu_debug.core.format import format_bytes, format_seconds, short_path
+from tpu_debug.core.format import format_bytes, format_location, format_seconds
 from tpu_debug.report.core import (
     dim_note,
     section,
@@ -55,7 +55,7 @@ def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> T
     loc = f.evidence.location
     details = []
     if loc is not None:
-        details.append(("at", f"{short_path(loc.file, cwd)}:{loc.line} in {loc.function}"))
+        details.append(("at", format_location(loc.file, loc.line, loc.function, cwd=cwd, full=True)))
     if f.steps is not None:
         first, last = f.steps
         details.append(("steps", f"{first}" if first == last else f"{first}-{last}"))
