@@ -359,7 +359,7 @@ def test_compiles_still_queued_at_exit_are_dropped(tmp_path):
     log = tmp_path / "traced.txt"
     code = (
         "import sys, time, jax, jax.numpy as jnp\n"
-        "from tpu_debug.runtime.target import TargetCompiler\n"
+        "from tpu_debug.runtime.target import TargetCompiler, parse_target\n"
         "compiler = TargetCompiler()\n"
         "def make(i):\n"
         "    def fn(a):\n"
