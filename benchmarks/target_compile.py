@@ -98,7 +98,7 @@ def cache() -> None:
 def overhead(steps: int, rounds: int) -> None:
     import torch
     import torch.nn.functional as F
-    from tpu_debug.runtime.target import TargetCompiler, trace_step
+    from tpu_debug.runtime.target import TargetCompiler, parse_target, trace_step
 
     import tpu_debug  # noqa: F401
 
@@ -130,7 +130,7 @@ def overhead(steps: int, rounds: int) -> None:
     import jax
 
     compiler = TargetCompiler()
-    compiler.submit(lambda a: a + 1, (torch.empty(8),), "v6e").result()  # libtpu loaded, worker started
+    compiler.submit(lambda a: a + 1, (torch.empty(8),), parse_target("v6e")).result()  # libtpu loaded, worker started
     with jax.enable_x64(True):  # the program lowered once, for CPU, as the runtime keeps its programs
         lowered = jax.jit(traced.function(), donate_argnums=traced.donate).lower(*traced.specs)
     train(10)  # the eager executables compiled
@@ -148,10 +148,10 @@ def overhead(steps: int, rounds: int) -> None:
     # alone and beside alternate, many samples each: other work on the machine comes and goes
     for _ in range(rounds):
         alone.extend(train(steps) for _ in range(50))
-        beside.extend(run_beside(lambda: compiler.submit(traced.function(), traced.specs, "v6e",
+        beside.extend(run_beside(lambda: compiler.submit(traced.function(), traced.specs, parse_target("v6e"),
                                                          donate_argnums=traced.donate, x64=True)))
         alone.extend(train(steps) for _ in range(50))
-        beside_lowered.extend(run_beside(lambda: compiler.submit_lowered(lowered, "v6e")))
+        beside_lowered.extend(run_beside(lambda: compiler.submit_lowered(lowered, parse_target("v6e"))))
     compiler.shutdown()
     a, b, c = statistics.median(alone), statistics.median(beside), statistics.median(beside_lowered)
     print(f"eager MLP training step, {steps} steps per sample, {rounds} rounds "

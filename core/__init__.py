@@ -3,8 +3,9 @@
 Errors a user can see (:mod:`~tpu_debug.core.errors`), the delivery of tracer hooks that
 never breaks the traced program (:mod:`~tpu_debug.core.hooks`), argument specs
 (:mod:`~tpu_debug.core.argspec`), collectives read from HLO text
-(:mod:`~tpu_debug.core.collectives`) and the one declaration of every option
-(:mod:`~tpu_debug.core.options`).
+(:mod:`~tpu_debug.core.collectives`), the one declaration of every option
+(:mod:`~tpu_debug.core.options`) and how sizes, times and source lines are written
+(:mod:`~tpu_debug.core.format`).
 
 Standard library only (``tests/test_architecture.py`` checks it): the runtime, the
 tracers, the reading verbs and the package face all import it, and importing it

@@ -78,7 +78,7 @@ class UnsupportedGraphOp(UnsupportedError):
     """A node of a compiled graph has no lowering."""
 
 
-def _decompositions() -> dict:
+def graph_decompositions() -> dict:
     """Core aten decompositions, minus the ops we lower directly."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
@@ -113,7 +113,7 @@ _ASSERTS = frozenset(
 )
 
 
-class _GraphProgram:
+class GraphProgram:
     """The JAX function of one FX graph (interpreting it node by node)."""
 
     def __init__(self, gm: torch.fx.GraphModule, graph_id: str, kind: str):
@@ -427,7 +427,7 @@ class CompiledGraph:
         self.digest = digest
         self.kind = kind
         self.gm = gm
-        self.program = _GraphProgram(gm, self.graph_id, kind)
+        self.program = GraphProgram(gm, self.graph_id, kind)
         self.cache: dict[tuple, _Entry] = {}
         self.compiles = 0
         self.compile_seconds = 0.0
@@ -1017,7 +1017,7 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=_decompositions(),
+        decompositions=graph_decompositions(),
         keep_inference_input_mutations=True,
     )
 

@@ -1,6 +1,6 @@
 """Dry runs: the `tpu` device with tensors that hold no data, every program compiled for a TPU target.
 
-While a :class:`DryMode` is active (``with dry_mode("v6e") as mode:``), a `tpu`
+While a :class:`DryMode` is active (``with dry_mode(parse_target("v6e")) as mode:``), a `tpu`
 tensor's payload is an :class:`Abstract`: a shape and a dtype. Nothing executes
 and nothing is copied:
 
@@ -35,12 +35,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from tpu_debug.core.errors import TpuDebugError
+
+if TYPE_CHECKING:
+    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile",
            "active", "dry_mode", "target_future", "value_needed"]
@@ -134,7 +137,7 @@ class DryMode:
     """The state of one dry run (see the module docstring).
 
     Args:
-        target: the TPU target to compile for (a spec or ``Target``); None compiles
+        target: the TPU target to compile for (parsed by the caller); None compiles
             nothing (shapes and memory only).
         describe: ``describe(op) -> (what, where)``: what a value read is and the user's
             line, called on the thread that reads (its stack is the read's).
@@ -144,11 +147,9 @@ class DryMode:
             2048x2048 @ 2048x32000 product: 0.08 CPU seconds at O0, 0.9 at the default).
     """
 
-    def __init__(self, target: Any = None, *, describe: Callable[[str], tuple[str, str | None]] | None = None,
+    def __init__(self, target: Target | None = None, *, describe: Callable[[str], tuple[str, str | None]] | None = None,
                  optimization_level: str | None = TARGET_LEVEL) -> None:
-        from tpu_debug.runtime.target import parse_target
-
-        self.target = parse_target(target) if target is not None else None
+        self.target = target
         self.describe = describe
         self.optimization_level = optimization_level
         self.key = ("dry run", id(self))  # marks a compiled graph's dry programs in its cache
@@ -326,7 +327,7 @@ def target_future(lowered: Any) -> Future | None:
 
 
 @contextlib.contextmanager
-def dry_mode(target: Any = None, **options: Any) -> Iterator[DryMode]:
+def dry_mode(target: Target | None = None, **options: Any) -> Iterator[DryMode]:
     """Run the block as a dry run (see :class:`DryMode` for ``options``).
 
     Raises:
@@ -334,7 +335,7 @@ def dry_mode(target: Any = None, **options: Any) -> Iterator[DryMode]:
 
     Example::
 
-        with dry_mode("v6e") as mode:
+        with dry_mode(parse_target("v6e")) as mode:
             y = model(torch.empty(8, 2048, dtype=torch.long, device="tpu"))
         [p.result.memory.temp_bytes for p in mode.collect()]
     """

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("tpu_debug.core",)),
     ("runtime", ("tpu_debug.runtime",)),
     ("tracers", ("tpu_debug.tracers",)),
-    ("face", ("tpu_debug",)),
+    ("face", ("tpu_debug", "tpu_debug.fit")),
     ("tui", ("tpu_debug.tui",)),
     ("entry points", ("tpu_debug.cli", "tpu_debug.__main__", "tpu_debug_launcher", "tpu_debug_pytest")),
 )
@@ -49,17 +49,6 @@ KNOWN_LOOP_EDGES: frozenset[tuple[str, str]] = frozenset(
         ("tpu_debug.runtime.tpu_utils", "tpu_debug.runtime.compiled"),
     }
 )
-
-# Imports that fit makes between the face's tpu_debug/fit.py and runtime/target/fit*.py; they
-# go when fit is one package.
-FIT_EDGES: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("tpu_debug.runtime.target.fit_infer", "tpu_debug.fit"),
-        ("tpu_debug.fit", "tpu_debug.runtime.target.fit_infer"),
-        ("tpu_debug.fit", "tpu_debug.runtime.target.fit"),
-    }
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class Import:
@@ -288,7 +277,7 @@ def test_graph_covers_the_package():
 
 
 def test_layers_import_downward():
-    found = [i for i in upward_imports(_project_imports()) if (i.importer, i.target) not in FIT_EDGES]
+    found = list(upward_imports(_project_imports()))
     order = " < ".join(name for name, _ in LAYERS)
     assert not found, (
         f"imports against the layer order {order} (move the shared part down a layer, or pass a "
@@ -301,7 +290,7 @@ def test_no_import_loops():
     assert all(target in graph[importer] for importer, target in KNOWN_LOOP_EDGES), (
         "an edge of KNOWN_LOOP_EDGES is gone: take it out of the list"
     )
-    found = loops(graph, KNOWN_LOOP_EDGES | FIT_EDGES)
+    found = loops(graph, KNOWN_LOOP_EDGES)
     assert not found, (
         "import loops, deferred imports included (move the shared part into a module both import):\n"
         + "\n".join(" <-> ".join(component) for component in found)
@@ -309,7 +298,7 @@ def test_no_import_loops():
 
 
 def test_no_private_names_across_packages():
-    found = [i for i in private_imports(_project_imports()) if (i.importer, i.target) not in FIT_EDGES]
+    found = list(private_imports(_project_imports()))
     assert not found, "private names taken from another package (give them a public spelling):\n" + (
         _show(found)
     )

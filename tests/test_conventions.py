@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_FOLDERS = ("tpu_debug", "runtime", "tracers", "tui", "tests", "scripts", "benchmarks", "examples", "docs")
+SOURCE_FOLDERS = ("tpu_debug", "fit", "runtime", "tracers", "tui", "tests", "scripts", "benchmarks", "examples", "docs")
 ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+\b")
 
 

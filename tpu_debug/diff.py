@@ -19,16 +19,9 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from tpu_debug.report import (
-    _console,
-    _kv,
-    _note,
-    _table,
-    advice_of,
-    finding_text,
-    format_bytes,
-    format_seconds,
-)
+from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.report import advice_of, finding_text
+from tpu_debug.report.core import dim_note, kv_text, make_console, report_table
 
 __all__ = ["DIFF_SCHEMA", "FIGURES", "Figure", "diff_data", "print_diff", "run_figures"]
 
@@ -232,18 +225,18 @@ def _change_text(a: float | None, b: float | None, unit: str, terminal: bool) ->
 
 
 def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> list[tuple[str, RenderableType]]:
-    runs = _kv([
+    runs = kv_text([
         ("A", f"{data['a']['name']} ({data['a']['status']})"),
         ("", data["a"]["dir"]),
         ("B", f"{data['b']['name']} ({data['b']['status']})"),
         ("", data["b"]["dir"]),
     ])
-    table = _table(terminal, ("figure", "left"), ("A", "right"), ("B", "right"), ("change", "right"))
+    table = report_table(terminal, ("figure", "left"), ("A", "right"), ("B", "right"), ("change", "right"))
     for f in FIGURES:
         fig = data["figures"][f.key]
         table.add_row(Text(f.label), _value_text(fig["a"], f.unit), _value_text(fig["b"], f.unit),
                       _change_text(fig["a"], fig["b"], f.unit, terminal))
-    figures = Group(table, _note("change is B - A; less is better for every figure; '-': not measured in that run"))
+    figures = Group(table, dim_note("change is B - A; less is better for every figure; '-': not measured in that run"))
 
     fixed_keys = {(f["kind"], f["subject"]) for f in data["findings"]["fixed"]}
     new_keys = {(f["kind"], f["subject"]) for f in data["findings"]["introduced"]}
@@ -256,12 +249,12 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
     parts.append((
         f"Findings fixed ({len(fixed)})",
         Group(*(finding_text(f, terminal=terminal, cwd=cwd_a) for f in fixed))
-        if fixed else _note("none: no finding of A is gone in B"),
+        if fixed else dim_note("none: no finding of A is gone in B"),
     ))
     parts.append((
         f"Findings introduced ({len(introduced)})",
         Group(*(finding_text(f, terminal=terminal, cwd=cwd_b) for f in introduced))
-        if introduced else _note("none: B has no finding A did not have"),
+        if introduced else dim_note("none: B has no finding A did not have"),
     ))
     remaining = data["findings"]["remaining"]
     if remaining:
@@ -299,14 +292,14 @@ def _fit_table(fit: dict[str, Any], terminal: bool) -> RenderableType:
             return "-" if value is None else f"{value:.1%}"
         return str(value)
 
-    table = _table(terminal, ("", "left"), ("A", "right"), ("B", "right"))
+    table = report_table(terminal, ("", "left"), ("A", "right"), ("B", "right"))
     for key, label in (("model", "model"), ("target", "slice"), ("plan", "plan"), ("batch", "batch"),
                        ("seq", "seq"), ("fits", "verdict"), ("required", "HBM needed per chip"),
                        ("capacity", "usable per chip"), ("headroom", "headroom"),
                        ("step_seconds", "step estimate"), ("tokens_per_second", "tokens/s estimate"),
                        ("mfu", "MFU estimate")):
         table.add_row(Text(label), cell(a, key), cell(b, key))
-    return Group(table, _note("estimates are the compiler's counts at published peaks, not measurements"))
+    return Group(table, dim_note("estimates are the compiler's counts at published peaks, not measurements"))
 
 
 def print_diff(a: Any, b: Any, *, file: Any = None, terminal: bool | None = None, width: int | None = None) -> None:
@@ -323,7 +316,7 @@ def print_diff(a: Any, b: Any, *, file: Any = None, terminal: bool | None = None
     Example:
         >>> print_diff(tpu_debug.open_run("before"), tpu_debug.open_run("after"))
     """
-    console = _console(file, terminal, width)
+    console = make_console(file, terminal, width)
     is_terminal = console.is_terminal
     data = diff_data(a, b)
     heading = f"tpu_debug diff: {data['a']['name']} -> {data['b']['name']}"

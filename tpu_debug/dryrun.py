@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpu_debug.core.format import format_bytes
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.dryrun import TARGET_LEVEL, DryRunValueError, ProgramCompile, dry_mode, target_future
 from tpu_debug.runtime.target import LibtpuMissingError, Target, parse_target
@@ -28,7 +29,7 @@ from tpu_debug.tracers.events import (
     SourceLocation,
     TargetCompileEvent,
 )
-from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text, size
+from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text
 from tpu_debug.tracers.target import DEFAULT_WAIT, TargetTracer
 
 __all__ = ["DryRunResult", "DryRunValueError", "dry_run", "value_reader"]
@@ -84,8 +85,8 @@ class DryRunResult:
         m = self.memory
         verdict = {True: "fits", False: "does NOT fit", None: "unknown"}[m.fits]
         lines = [
-            f"dry run for {self.target.name}: {verdict}: needs ~{size(m.required_bytes)} of "
-            f"{size(m.capacity_bytes)} per chip ({need_text(m)}, in step {m.peak_step})",
+            f"dry run for {self.target.name}: {verdict}: needs ~{format_bytes(m.required_bytes)} of "
+            f"{format_bytes(m.capacity_bytes)} per chip ({need_text(m)}, in step {m.peak_step})",
             f"{len(self.programs)} program(s) compiled for {self.target.name} in {self.seconds:.1f} s; "
             f"{len(self.ooms)} out of HBM, {len(self.refused)} refused",
         ]

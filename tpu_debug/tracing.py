@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from importlib import metadata as _metadata
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_debug.core import options as _options
 from tpu_debug.core.version import __version__
@@ -32,6 +32,9 @@ from tpu_debug.tracers.events import DryRunSummaryEvent, ProcessEvent, TensorBoa
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+if TYPE_CHECKING:
+    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["Terminated", "Trace", "active_trace", "step", "trace"]
 
@@ -352,8 +355,11 @@ def _default_name(origin: Any) -> str:
 class Trace(contextlib.ContextDecorator):
     """A recording: ``with trace() as session`` or ``@trace()``. Use :func:`trace` to make one."""
 
-    def __init__(self, config: TraceConfig) -> None:
+    def __init__(self, config: TraceConfig, *, target: Target | None = None) -> None:
         self.config = config
+        # the TPU target, parsed once here (or by trace(), which names the option in its error):
+        # the tracers and the runtime take the parsed Target
+        self.target = target if target is not None else config.target_spec()
         self.session: Session | None = None
         self.origin = None
         self._recorder: Recorder | None = None
@@ -378,7 +384,7 @@ class Trace(contextlib.ContextDecorator):
 
     def _recreate_cm(self) -> Trace:
         # as a decorator, each call is its own run
-        return Trace(self.config)
+        return Trace(self.config, target=self.target)
 
     def __enter__(self) -> Session:
         global _active, _saved_unraisablehook
@@ -603,7 +609,7 @@ class Trace(contextlib.ContextDecorator):
                 clock=recorder.clock,
                 record_error=recorder.record_error,
                 writer=writer,
-                target=getattr(self.config.target_spec(), "name", None),
+                target=getattr(self.target, "name", None),
             )
             exporter.start()
         except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard
@@ -688,7 +694,7 @@ class Trace(contextlib.ContextDecorator):
             clock=self._recorder.clock,
             record_error=self._recorder.record_error,
             hlo=self.config.hlo,
-            target=getattr(self.config, "target", None),
+            target=self.target,
         )
         self._collectives = tracer
         probes.subscribe(tracer, replay=True)
@@ -739,7 +745,7 @@ class Trace(contextlib.ContextDecorator):
     def _start_target(self) -> None:
         from tpu_debug.runtime import probes
 
-        target = self.config.target_spec()
+        target = self.target
         if target is None:
             return
         from tpu_debug.tracers.target import TargetTracer
@@ -809,11 +815,7 @@ class Trace(contextlib.ContextDecorator):
         from tpu_debug.runtime import probes
         from tpu_debug.tracers.memory import MemoryTracer
 
-        target = None
-        if config.target is not None:
-            from tpu_debug.runtime.target import parse_target
-
-            target = parse_target(config.target)
+        target = self.target
         tracer = MemoryTracer(self._writer, clock=self._recorder.clock, target=target, dry_run=config.dry_run,
                               record_error=self._recorder.record_error)
         tracer.start()
@@ -910,7 +912,8 @@ def trace(**options: Any) -> Trace:
             "dry_run=True needs a TPU target to compile for: trace(dry_run=True, target='v6e'), "
             "tpu-debug run --dry-run --target v6e, or TPU_DEBUG_TARGET=v6e"
         )
-    if config.target_spec(source="target" if options.get("target") is not None else None) is not None:
+    target = config.target_spec(source="target" if options.get("target") is not None else None)
+    if target is not None:
         # before anything runs: a script traced with --target must not run first and fail after
         from tpu_debug.runtime.target import require_libtpu
 
@@ -918,7 +921,7 @@ def trace(**options: Any) -> Trace:
     from tpu_debug.runtime import start
 
     start()
-    return Trace(config)
+    return Trace(config, target=target)
 
 
 trace.__doc__ = trace.__doc__.replace("{options}", _options.doc_entries("trace"))

@@ -23,13 +23,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, ShardingRematEvent, SourceLocation
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
 from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
+
+if TYPE_CHECKING:
+    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = [
     "CollectivesTracer",
@@ -97,7 +100,7 @@ class CollectivesTracer:
         clock: the run's clock (seconds since it started).
         record_error: where a failure of this tracer goes (the program goes on).
         hlo: HLO is recorded, so events may name their program by content hash.
-        target: a TPU target spec (``"v5e:2x4"``): also compile each program for it.
+        target: a TPU target (parsed when the trace starts): also compile each program for it.
     """
 
     def __init__(
@@ -107,7 +110,7 @@ class CollectivesTracer:
         clock: Callable[[], float],
         record_error: Callable[[str, str], None],
         hlo: bool = True,
-        target: str | None = None,
+        target: Target | None = None,
     ) -> None:
         self.writer = writer
         self.clock = clock
@@ -120,10 +123,8 @@ class CollectivesTracer:
         self._compiler: Any = None
         self._watcher: _ReplayWatcher | None = None
         if target is not None:
-            from tpu_debug.runtime.target import parse_target
             from tpu_debug.runtime.target.executor import TargetCompiler
 
-            parse_target(target)  # a bad spec fails when the trace starts, not at the first compile
             self._compiler = TargetCompiler()
         from tpu_debug.runtime.distributed import xla_log
 
@@ -244,7 +245,7 @@ class CollectivesTracer:
             try:
                 result = future.result()
             except TargetSpecError as exc:  # a target with fewer chips than the program's devices
-                self._put(info, location, None, 0, str(self.target), (), _memory(None), 0.0, str(exc))
+                self._put(info, location, None, 0, self.target.name, (), _memory(None), 0.0, str(exc))
                 return
             if result.ok:
                 collectives = parse_collectives(result.hlo or "", user_file=_user_file, node_lines=node_lines)
@@ -253,7 +254,7 @@ class CollectivesTracer:
             else:
                 collectives, devices = (), 0
                 error = f"{result.error.kind}: {result.error.message}"
-            self._put(info, location, None, devices, str(self.target), collectives, _memory(result.memory),
+            self._put(info, location, None, devices, self.target.name, collectives, _memory(result.memory),
                       result.seconds, error)
         except Exception as exc:  # noqa: BLE001 - this runs on the compiler's thread: recorded, never raised
             self.record_error("CollectivesTracer.target", f"{type(exc).__name__}: {exc}")
@@ -285,7 +286,7 @@ class CollectivesTracer:
         if self._compiler is not None:
             self._compiler.shutdown(wait=False, cancel_futures=True)
             self.writer.put(CollectivesTargetEvent(
-                self.writer.new_id(), self.clock(), None, threading.get_native_id(), None, self.target, unfinished,
+                self.writer.new_id(), self.clock(), None, threading.get_native_id(), None, self.target.name, unfinished,
             ))
         return unfinished
 

@@ -1343,7 +1343,7 @@ class ShardingRematEvent(Event):
     message: str = ""
 
 
-# -- a fit answer (tpu_debug/fit.py) ------------------------------------------------------
+# -- a fit answer (fit/answer.py) ------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -45,7 +45,8 @@ __all__ = [
 # environment or --target install put them there
 _INSTALLED = tuple(f"{os.sep}{name}{os.sep}" for name in ("site-packages", "dist-packages"))
 # the distribution's packages (pyproject's package-dir): one folder each, wherever installed
-_OWN_PACKAGES = ("tpu_debug", "tpu_debug.core", "tpu_debug.runtime", "tpu_debug.tracers", "tpu_debug.tui")
+_OWN_PACKAGES = ("tpu_debug", "tpu_debug.core", "tpu_debug.runtime", "tpu_debug.tracers", "tpu_debug.fit",
+                  "tpu_debug.tui")
 
 
 def _package_dir(module_name: str) -> str | None:
@@ -60,7 +61,7 @@ def _package_dir(module_name: str) -> str | None:
 
 
 def own_dirs() -> tuple[str, ...]:
-    """tpu_debug's own package directories (the face, core, runtime, tracers and TUI), each
+    """tpu_debug's own package directories (the face, core, runtime, tracers, fit and TUI), each
     ending in ``os.sep``. Found from the import system's specs, so none of them is imported."""
     dirs = set()
     for name in _OWN_PACKAGES:

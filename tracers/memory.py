@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpu_debug.core.format import format_bytes
 from tpu_debug.tracers.events import (
     MemoryFindingEvent,
     MemoryFix,
@@ -65,7 +66,6 @@ __all__ = [
     "memory_view",
     "PHASE_TEXT",
     "plan_fixes",
-    "size",
 ]
 
 # the records of a fit (MemoryFindingEvent.finding): the evidence the tracer writes, and the
@@ -80,18 +80,6 @@ BEFORE_TRACE = "before trace"
 _PHASES = ("forward", "backward", "optimizer", BEFORE_TRACE)
 PHASE_TEXT = {"forward": "forward/other", "backward": "backward", "optimizer": "optimizer",
               BEFORE_TRACE: "before trace"}
-
-
-def size(n: int | float | None) -> str:
-    """``1.50 GiB``, ``12.0 MiB``, ``512 B``."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{int(value)} B"
-
 
 class _Site:
     """Bytes live now from one (line, phase)."""
@@ -617,7 +605,7 @@ def plan_fixes(summary: MemorySummaryEvent, target: Any, *,
 
 def describe_fix(fix: MemoryFix) -> str:
     """One line for a fix (what to do, the estimated need after it)."""
-    est = f"~{size(fix.estimate_bytes)} per chip (estimated)"
+    est = f"~{format_bytes(fix.estimate_bytes)} per chip (estimated)"
     if fix.remedy == "bfloat16":
         if fix.trains is False:
             return f"bfloat16 instead of float32 (model.to(torch.bfloat16) for inference): {est}"
@@ -643,8 +631,8 @@ def describe_fix(fix: MemoryFix) -> str:
 def need_text(summary: MemorySummaryEvent, fmt: Callable[[int], str] | None = None) -> str:
     """How the need is made: ``peak 12.0 GiB of tensors + 2.0 GiB temporaries of addmm`` (the
     program whose temporaries, on top of what was held when it ran, reach highest), or the peak
-    alone when every program's temporaries fit under it. ``fmt`` formats bytes (:func:`size`)."""
-    fmt = fmt or size
+    alone when every program's temporaries fit under it. ``fmt`` formats bytes (:func:`~tpu_debug.core.format.format_bytes`)."""
+    fmt = fmt or format_bytes
     peak = fmt(summary.peak_bytes)
     if not summary.temp_bytes:
         return f"peak {peak} of tensors"
@@ -673,8 +661,8 @@ def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
         where = "allocated before the trace began"
     largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""
     phase = f" ({PHASE_TEXT.get(h.phase, h.phase)})" if h.file else ""
-    logical = f" ({size(h.logical_bytes)} logical)" if h.logical_bytes and h.logical_bytes != h.nbytes else ""
-    return f"{where}{phase}: {size(h.nbytes)}{logical} in {h.tensors} tensor(s){largest}"
+    logical = f" ({format_bytes(h.logical_bytes)} logical)" if h.logical_bytes and h.logical_bytes != h.nbytes else ""
+    return f"{where}{phase}: {format_bytes(h.nbytes)}{logical} in {h.tensors} tensor(s){largest}"
 
 
 # -- reading -----------------------------------------------------------------------------------

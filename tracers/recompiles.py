@@ -57,6 +57,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tpu_debug.core.format import format_location
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 
@@ -260,7 +261,7 @@ def _arg_diffs(before: Sequence[Any], now: Sequence[Any]) -> tuple[list[KeyDiff]
 
 def _at(locations: Sequence[Any], i: int) -> str:
     loc = locations[i] if 0 <= i < len(locations) else None
-    return f" at {os.path.basename(loc.file)}:{loc.line}" if loc is not None else ""
+    return f" at {format_location(loc.file, loc.line)}" if loc is not None else ""
 
 
 def _op_list(names: Sequence[str]) -> str:
@@ -527,7 +528,7 @@ def _lazy_identity(info: Any) -> tuple[Any, str]:
     if info.replayed:  # compiled before the trace: the stack is not the cut's
         return ("lazy", trigger, None), f"graph cut by {trigger_text(trigger)}"
     cause, loc = cut_site(trigger)
-    where = f" at {os.path.basename(loc.file)}:{loc.line}" if loc is not None else ""
+    where = f" at {format_location(loc.file, loc.line)}" if loc is not None else ""
     return ("lazy", cause, loc), f"graph cut by {trigger_text(cause)}{where}"
 
 

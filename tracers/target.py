@@ -41,8 +41,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tpu_debug.core.format import format_bytes, format_location
 from tpu_debug.core.hlo_text import Instruction as _Instruction
 from tpu_debug.core.hlo_text import array as _array
 from tpu_debug.core.hlo_text import called as _called
@@ -58,6 +59,9 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
+
+if TYPE_CHECKING:
+    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = [
     "DEFAULT_WAIT",
@@ -193,7 +197,7 @@ class TargetTracer:
 
     Args:
         writer: the run writer (``put``, ``add_program``, ``has_program``, ``new_id``).
-        target: a target spec (``"v5e"``, ``"v6e-8"``) or ``runtime.target.Target``.
+        target: the ``runtime.target.Target`` (parsed when the trace starts).
         clock: seconds since the run started.
         record_error: ``(where, message)`` keeps a tracer failure in the run.
         hlo: also store the TPU's optimized HLO (and refer to the local program).
@@ -210,7 +214,7 @@ class TargetTracer:
 
     Example::
 
-        tracer = TargetTracer(writer, "v5e", clock=recorder.clock)
+        tracer = TargetTracer(writer, parse_target("v5e"), clock=recorder.clock)
         probes.subscribe(tracer, replay=True); step_tracker.add_listener(tracer.on_step)
         ...; probes.unsubscribe(tracer); tracer.close(wait=60.0)
     """
@@ -218,7 +222,7 @@ class TargetTracer:
     def __init__(
         self,
         writer: Any,
-        target: Any,
+        target: Target,
         *,
         clock: Callable[[], float] | None = None,
         record_error: Callable[[str, str], None] | None = None,
@@ -226,9 +230,9 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import parse_target, require_libtpu
+        from tpu_debug.runtime.target import require_libtpu
 
-        self.target = parse_target(target)
+        self.target = target
         require_libtpu()
         self.writer = writer
         self.hlo = hlo
@@ -676,7 +680,7 @@ class TargetFinding:
         where = ", ".join(_where(loc) for loc in self.locations[:3] if loc is not None) or "-"
         if self.kind == "hbm_oom":
             required, available = self.figure("required_bytes"), self.figure("available_bytes")
-            need = f"needs {_bytes(required)} of {_bytes(available)}" if required is not None else "does not fit"
+            need = f"needs {format_bytes(required)} of {format_bytes(available)}" if required is not None else "does not fit"
             what = self.figure("what")
             return (
                 f"{self.subject} at {where} {need} of HBM on {self.target}"
@@ -685,7 +689,7 @@ class TargetFinding:
         ops = ", ".join(self.programs[:3]) + (", ..." if len(self.programs) > 3 else "")
         text = (
             f"{self.subject}, laid out {self.figure('layout')}, is {self.figure('waste', 0.0):.0%} padding "
-            f"({_bytes(self.figure('wasted_bytes'))} of {_bytes(self.figure('padded_bytes'))}) in "
+            f"({format_bytes(self.figure('wasted_bytes'))} of {format_bytes(self.figure('padded_bytes'))}) in "
             f"{self.figure('arrays')} array(s) of {ops} at {where}"
         )
         flops = self.figure("flops_wasted", 0.0)
@@ -695,21 +699,7 @@ class TargetFinding:
 
 
 def _where(loc: SourceLocation | None) -> str:
-    import os
-
-    return "-" if loc is None else f"{os.path.basename(loc.file)}:{loc.line}"
-
-
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
+    return "-" if loc is None else format_location(loc.file, loc.line)
 
 def _larger_text(event: TargetCompileEvent) -> str:
     """``v6e: 31.25 GiB usable (spec 32.00 GiB), v5p: ...`` (names alone in runs recorded without
@@ -718,7 +708,7 @@ def _larger_text(event: TargetCompileEvent) -> str:
         return ", ".join(event.larger_targets)
     figures = zip(event.larger_targets, event.larger_hbm_bytes, event.larger_spec_bytes)
     return ", ".join(
-        f"{name}: {_bytes(usable)} usable (spec {_bytes(spec)})" if usable != spec else f"{name}: {_bytes(spec)}"
+        f"{name}: {format_bytes(usable)} usable (spec {format_bytes(spec)})" if usable != spec else f"{name}: {format_bytes(spec)}"
         for name, usable, spec in figures
     )
 

@@ -12,10 +12,9 @@ import math
 from collections.abc import Sequence
 
 from rich.text import Text
+from tpu_debug.core.format import format_bytes, format_location, format_seconds, short_path
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.recompiles import arg_diffs
-
-from tpu_debug.report import format_bytes, format_seconds, short_path
 
 __all__ = [
     "changed_text",
@@ -47,7 +46,7 @@ def format_float(value: float | None) -> str:
 def location_text(location: SourceLocation | None, cwd: str | None, *, function: bool = True) -> Text:
     if location is None:
         return Text("-", style="dim")
-    text = Text(f"{short_path(location.file, cwd)}:{location.line}")
+    text = Text(format_location(location.file, location.line, cwd=cwd, full=True))
     if function and location.function:
         text.append(f" {location.function}", style="dim")
     return text

@@ -34,7 +34,7 @@ from tpu_debug.runtime.target.executor import (
     compile_lowered_for_target_async,
     default_compiler,
 )
-from tpu_debug.runtime.target._libtpu import libtpu_version, require_libtpu
+from tpu_debug.runtime.target._libtpu import libtpu_version, require_libtpu, topology
 from tpu_debug.runtime.target.hardware import GENERATIONS, Generation, Target, parse_target
 from tpu_debug.runtime.target.layout import (
     Buffer,
@@ -86,5 +86,6 @@ __all__ = [
     "TargetSpecError",
     "LibtpuMissingError",
     "require_libtpu",
+    "topology",
     "libtpu_version",
 ]

@@ -17,7 +17,7 @@ import hashlib
 import threading
 
 from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
-from tpu_debug.runtime.target.hardware import Target, parse_target
+from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["usable_hbm_bytes", "hbm_capacity"]
 
@@ -29,7 +29,7 @@ _memo: dict[str, int] = {}
 _lock = threading.Lock()
 
 
-def usable_hbm_bytes(target: str | Target) -> int:
+def usable_hbm_bytes(tgt: Target) -> int:
     """The most HBM bytes one device's program may need (arguments, outputs, temporaries, code).
 
     Raises:
@@ -38,7 +38,6 @@ def usable_hbm_bytes(target: str | Target) -> int:
     """
     from tpu_debug.runtime.target import cache
 
-    tgt = parse_target(target)
     with _lock:
         if tgt.topology in _memo:
             return _memo[tgt.topology]
@@ -51,10 +50,9 @@ def usable_hbm_bytes(target: str | Target) -> int:
         return value
 
 
-def hbm_capacity(target: str | Target) -> tuple[int, str]:
+def hbm_capacity(tgt: Target) -> tuple[int, str]:
     """``(bytes, source)``: the compiler's figure (``"compiler"``), or the spec sheet's
     (``"spec"``) where libtpu is not installed to ask or its compiler stated no limit."""
-    tgt = parse_target(target)
     try:
         return usable_hbm_bytes(tgt), "compiler"
     except TargetError:  # a limit that cannot be measured is not worth failing a report for

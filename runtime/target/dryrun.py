@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import jax
 
+from tpu_debug.core.format import format_bytes
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
@@ -94,45 +95,37 @@ class DryRun:
     def render(self) -> str:
         c = self.compile
         head = (f"{self.mode} on {self.target.name}: {self.parameters / 1e9:.2f} B parameters "
-                f"({_size(self.parameter_bytes)})")
+                f"({format_bytes(self.parameter_bytes)})")
         if self.state_bytes:
-            head += f" + optimizer state {_size(self.state_bytes)}"
+            head += f" + optimizer state {format_bytes(self.state_bytes)}"
         if c.ok:
             m = c.memory
-            return (f"{head}: fits. Per device ({self.target.device_kind}): arguments {_size(m.argument_bytes)}, outputs "
-                    f"{_size(m.output_bytes)} (aliased {_size(m.alias_bytes)}), temporaries "
-                    f"{_size(m.temp_bytes)}; total {_size(m.total_bytes)} of {_capacity(self.target)}. "
+            return (f"{head}: fits. Per device ({self.target.device_kind}): arguments {format_bytes(m.argument_bytes)}, outputs "
+                    f"{format_bytes(m.output_bytes)} (aliased {format_bytes(m.alias_bytes)}), temporaries "
+                    f"{format_bytes(m.temp_bytes)}; total {format_bytes(m.total_bytes)} of {_capacity(self.target)}. "
                     f"Dry run {self.seconds:.1f} s (TPU compile {c.seconds:.1f} s).")
         e = c.error
         if e.kind == "hbm_oom" and e.required_bytes is not None:
-            return (f"{head}: does NOT fit: {e.what} need {_size(e.required_bytes)}, one device "
+            return (f"{head}: does NOT fit: {e.what} need {format_bytes(e.required_bytes)}, one device "
                     f"({self.target.device_kind}) has "
-                    f"{_size(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
+                    f"{format_bytes(e.available_bytes)}. Dry run {self.seconds:.1f} s.")
         return f"{head}: the TPU compiler refused the step: {e.message}"
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
 
 def _capacity(target: Target) -> str:
     usable = target.hbm_bytes_per_device
     spec = target.spec_hbm_bytes_per_device
     if target.hbm_source == "compiler":
-        return f"{_size(usable)} HBM the compiler offers one device (spec {_size(spec)})"
-    return f"{_size(spec)} HBM (spec; libtpu not installed to ask the compiler)"
+        return f"{format_bytes(usable)} HBM the compiler offers one device (spec {format_bytes(spec)})"
+    return f"{format_bytes(spec)} HBM (spec; libtpu not installed to ask the compiler)"
 
 
-def _meta(t):
+def meta_of(t):
     import torch
 
     return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
 
 
-def _nbytes(tensors) -> int:
+def nbytes_of(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -196,7 +189,7 @@ def trace_step(
     """
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
-    from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
+    from tpu_debug.runtime.compiled import graph_decompositions, GraphProgram
     from tpu_debug.runtime.dtypes import to_jax_dtype
 
     if train and loss_fn is None:
@@ -205,10 +198,10 @@ def trace_step(
             "lambda logits, labels: F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())"
         )
     started = time.perf_counter()
-    params = {name: _meta(p) for name, p in model.named_parameters()}
-    buffers = {name: _meta(b) for name, b in model.named_buffers()}
-    inputs = tuple(_meta(t) for t in inputs)
-    targets = tuple(_meta(t) for t in targets)
+    params = {name: meta_of(p) for name, p in model.named_parameters()}
+    buffers = {name: meta_of(b) for name, b in model.named_buffers()}
+    inputs = tuple(meta_of(t) for t in inputs)
+    targets = tuple(meta_of(t) for t in targets)
     names, bnames = list(params), list(buffers)
     n_p, n_b, n_in = len(names), len(bnames), len(inputs)
     opt = optimizer or AdamW()
@@ -227,7 +220,7 @@ def trace_step(
         donate: tuple[int, ...] = ()
         state_bytes = 0
         with torch.no_grad():
-            gm = make_fx(step, decomposition_table=_decompositions())(*flat)
+            gm = make_fx(step, decomposition_table=graph_decompositions())(*flat)
     else:
         exp_avg = [torch.empty_like(p) for p in params.values()]
         exp_avg_sq = [torch.empty_like(p) for p in params.values()]
@@ -250,17 +243,17 @@ def trace_step(
 
         # the updated parameters and state overwrite the old (buffer donation)
         donate = (*range(n_p), *range(n_p + n_b, 3 * n_p + n_b + 1))
-        state_bytes = _nbytes(exp_avg) + _nbytes(exp_avg_sq)
-        gm = make_fx(step, decomposition_table=_decompositions())(*flat)
+        state_bytes = nbytes_of(exp_avg) + nbytes_of(exp_avg_sq)
+        gm = make_fx(step, decomposition_table=graph_decompositions())(*flat)
     mode = "training" if train else "inference"
-    program = _GraphProgram(gm, "dry_run", mode)
+    program = GraphProgram(gm, "dry_run", mode)
     specs = tuple(
         jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
         for n in gm.graph.find_nodes(op="placeholder")
     )
     return TracedStep(gm, program, specs, donate, mode,
                       parameters=sum(math.prod(p.shape) for p in params.values()),
-                      parameter_bytes=_nbytes(params.values()), state_bytes=state_bytes,
+                      parameter_bytes=nbytes_of(params.values()), state_bytes=state_bytes,
                       trace_seconds=time.perf_counter() - started)
 
 

@@ -56,22 +56,20 @@ class TargetCompiler:
     def _drop_pending(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def submit(self, fn, abstract_args=(), target: str | Target = "v5e", **options) -> Future[TargetCompile]:
-        """``compile_for_target(fn, abstract_args, target, **options)`` on the worker.
+    def submit(self, fn, abstract_args: tuple, tgt: Target, **options) -> Future[TargetCompile]:
+        """``compile_for_target(fn, abstract_args, tgt, **options)`` on the worker.
 
         The calling thread's 64-bit setting (``jax.enable_x64``, thread-local) is
         carried over unless ``x64=`` is given.
         """
         import jax
 
-        tgt = parse_target(target)
         _libtpu.require_libtpu()
         options.setdefault("x64", bool(jax.config.read("jax_enable_x64")))
         return self._pool.submit(compile_for_target, fn, tuple(abstract_args), tgt, **options)
 
-    def submit_lowered(self, lowered, target: str | Target = "v5e", **options) -> Future[TargetCompile]:
-        """``compile_lowered_for_target(lowered, target, **options)`` on the worker."""
-        tgt = parse_target(target)
+    def submit_lowered(self, lowered, tgt: Target, **options) -> Future[TargetCompile]:
+        """``compile_lowered_for_target(lowered, tgt, **options)`` on the worker."""
         _libtpu.require_libtpu()
         return self._pool.submit(compile_lowered_for_target, lowered, tgt, **options)
 
@@ -107,10 +105,10 @@ def default_compiler() -> TargetCompiler:
 def compile_for_target_async(fn, abstract_args=(), target: str | Target = "v5e",
                              **options) -> Future[TargetCompile]:
     """``compile_for_target`` on the shared worker thread; returns a future."""
-    return default_compiler().submit(fn, abstract_args, target, **options)
+    return default_compiler().submit(fn, abstract_args, parse_target(target), **options)
 
 
 def compile_lowered_for_target_async(lowered, target: str | Target = "v5e",
                                      **options) -> Future[TargetCompile]:
     """``compile_lowered_for_target`` on the shared worker thread; returns a future."""
-    return default_compiler().submit_lowered(lowered, target, **options)
+    return default_compiler().submit_lowered(lowered, parse_target(target), **options)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from tpu_debug.runtime.target.hardware import Target, parse_target
+from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["padded_bytes"]
 
@@ -22,17 +22,16 @@ _memo: dict[tuple[str, tuple[int, ...], str], int | None] = {}
 _lock = threading.Lock()
 
 
-def padded_bytes(target: str | Target, shape: tuple[int, ...], dtype: str) -> int | None:
+def padded_bytes(tgt: Target, shape: tuple[int, ...], dtype: str) -> int | None:
     """The bytes one ``dtype[shape]`` array takes in one device's HBM on ``target``, or None
     where the compiler gives no figure (libtpu missing, a dtype the TPU has not, an array
     larger than the device: the caller keeps the logical bytes).
 
     Args:
-        target: a spec (``"v5e"``) or a ``Target``.
+        tgt: the target.
         shape: the array's dimensions.
         dtype: a NumPy dtype name (``"float32"``, ``"bfloat16"``).
     """
-    tgt = parse_target(target)
     key = (tgt.topology, tuple(int(d) for d in shape), str(dtype))
     found = _memo.get(key, _memo)  # a dict read: the hot path takes no lock
     if found is not _memo:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from tpu_debug.core.format import format_seconds
 from tpu_debug.runtime.target.compile import CostStats, TargetCompile
 from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.runtime.target.hardware import Target, parse_target
+from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.precision import PASSES, dot_flops
 
 __all__ = ["Roofline", "roofline", "MODEL_NOTE"]
@@ -92,25 +93,16 @@ class Roofline:
         return "compute" if self.compute_seconds >= self.memory_seconds else "memory"
 
     def render(self) -> str:
-        xla = f"; the compiler's own estimate {_seconds(self.xla_seconds)}" if self.xla_seconds else ""
+        xla = f"; the compiler's own estimate {format_seconds(self.xla_seconds)}" if self.xla_seconds else ""
         dots = "".join(f", float32 dots {f:.3g} FLOP at {p} ({PASSES[p]} bf16 pass{'es' * (PASSES[p] > 1)})"
                        for p, f in self.dot_precisions)
         return (
             f"{self.target.name} per {self.target.device_kind}: {self.flops:.3g} FLOP{dots}, {self.bytes_accessed:.3g} B accessed, "
             f"{self.intensity:.1f} FLOP/B (ridge {self.ridge:.0f}): {self.bound}-bound, "
-            f"~{_seconds(self.seconds)} ({self.note}{xla})"
+            f"~{format_seconds(self.seconds)} ({self.note}{xla})"
         )
 
-
-def _seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-def roofline(result: TargetCompile | CostStats, target: str | Target | None = None, *,
+def roofline(result: TargetCompile | CostStats, target: Target | None = None, *,
              precision: str = "bf16", hlo: str | None = None) -> Roofline:
     """Place a compiled program on its target's roofline.
 
@@ -143,7 +135,7 @@ def roofline(result: TargetCompile | CostStats, target: str | Target | None = No
     else:
         if target is None:
             raise TargetError("roofline(CostStats) needs the target it was compiled for")
-        cost, tgt = result, parse_target(target)
+        cost, tgt = result, target
     if precision == "bf16":
         peak = tgt.peak_bf16_flops_per_device
     elif precision == "int8":

@@ -101,7 +101,7 @@ def test_report_of_the_group(group_dir, capsys):
     assert rows[""] == ["rank 0", "rank 1"]
     assert rows["status"] == ["finished", "failed (1)"]
     assert rows["multi-device programs"] == ["2", "2"]
-    assert rows["largest memory/device"] == ["19.5 KiB", "19.5 KiB"]
+    assert rows["largest memory/device"] == ["19.53 KiB", "19.53 KiB"]
     agreement = out[out.index("\nRank agreement\n"):]
     assert "rank 1 stopped: RankDivergenceError: ranks 1 and 0 are about to run different programs" in agreement
     assert "compiled programs: program #2 differs (collectives)" in agreement

@@ -123,7 +123,7 @@ def test_tui_at_100x30_keeps_counts_locations_and_every_key(tmp_path, tmux):
     assert any(line.split()[1:4] == ["mul.Tensor", "6", "5"] for line in lines if line.startswith("│")), pane
     assert "f32[8,128] →" in pane and "f32[9,128]" in pane
     tmux.keys("8")
-    pane = tmux.wait_for("Collectives of", "72.0 MiB")
+    pane = tmux.wait_for("Collectives of", "72.00 MiB")
     assert "train.py:11" in pane and "train.py:13" in pane
     tmux.keys("q")
     tmux.wait_for("EXIT=0", timeout=30)

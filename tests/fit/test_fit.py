@@ -60,7 +60,7 @@ def _loss(outputs, labels):
 
 def _fsdp(traced, n_p: int, n_b: int, whole, split, batch):
     """The traced step's program with FSDP's layout written in as sharding constraints."""
-    from tpu_debug.runtime.compiled import _GraphProgram
+    from tpu_debug.runtime.compiled import GraphProgram
 
     graph = traced.graph.graph
     nodes = list(graph.nodes)
@@ -86,7 +86,7 @@ def _fsdp(traced, n_p: int, n_b: int, whole, split, batch):
         elif n.op == "call_function" and str(n.target) == "aten.t.default" and n.args[0] in source:
             source[n] = (source[n.args[0]][0], (*source[n.args[0]][1], n))
 
-    class Reference(_GraphProgram):
+    class Reference(GraphProgram):
         def _call(self, node, env, key, draws, mutations):
             backward = node not in forward and node not in source
             reads = [a for a in node.all_input_nodes if a in params or (backward and a in source)]
@@ -227,10 +227,10 @@ def test_fsdp_step_matches_a_direct_sharded_compile(plan, mesh_shape, target, ba
 
 def test_capacity_and_verdict_are_the_compilers():
     import tpu_debug
-    from tpu_debug.runtime.target import usable_hbm_bytes
+    from tpu_debug.runtime.target import parse_target, usable_hbm_bytes
 
     report = tpu_debug.fit(_config(), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ)
-    assert report.capacity == usable_hbm_bytes("v5e-8")
+    assert report.capacity == usable_hbm_bytes(parse_target("v5e-8"))
     assert report.headroom == report.capacity - report.memory.total
     e = report.estimate
     assert e.seconds >= e.overlapped_seconds > 0

@@ -50,7 +50,7 @@ def test_codegen_options_keep_the_buffers_and_shrink_the_code():
 
 
 def test_a_program_the_small_windows_cannot_lower_is_compiled_without_them(monkeypatch):
-    from tpu_debug.runtime.target import fit as fit_module
+    from tpu_debug.fit import sharded as fit_module
     from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, CompileError, MemoryStats, TargetCompile
     from tpu_debug.runtime.target.hardware import parse_target
 
@@ -71,7 +71,7 @@ def test_a_program_the_small_windows_cannot_lower_is_compiled_without_them(monke
 
 
 def test_an_out_of_memory_is_an_answer_and_not_compiled_again(monkeypatch):
-    from tpu_debug.runtime.target import fit as fit_module
+    from tpu_debug.fit import sharded as fit_module
     from tpu_debug.runtime.target.compile import CompileError, TargetCompile
     from tpu_debug.runtime.target.hardware import parse_target
 

@@ -68,12 +68,12 @@ def _program(traced, mesh, n_p: int, gathered, batch):
 
     import jax.numpy as jnp
 
-    from tpu_debug.runtime.compiled import _GraphProgram
+    from tpu_debug.runtime.compiled import GraphProgram
 
     reshapes = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
     params = {p: i for i, p in enumerate(list(traced.graph.graph.find_nodes(op="placeholder"))[:n_p])}
 
-    class Reference(_GraphProgram):
+    class Reference(GraphProgram):
         def _call(self, node, env, key, draws, mutations):
             inner = node.args[0] if node.args else None
             if str(node.target) in reshapes and str(getattr(inner, "target", "")) == "aten.bmm.default":
@@ -100,8 +100,8 @@ def _reference(job: str, fsdp: int, tp: int, layers: int):
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from tpu_debug.fit import _hf_traceable, build_config
-    from tpu_debug.runtime.target.fit_infer import trace_infer
+    from tpu_debug.fit.answer import _hf_traceable, build_config
+    from tpu_debug.fit.infer import trace_infer
 
     config = build_config(transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": layers}))
     with torch.device("meta"):

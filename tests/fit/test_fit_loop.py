@@ -1,4 +1,4 @@
-"""A training step whose decoder layers run as one loop (``runtime.target.fit_scan``).
+"""A training step whose decoder layers run as one loop (``tpu_debug.fit.scan``).
 
 Two references, neither the tool's own output:
 - PyTorch on CPU: the looped step run by JAX on the CPU with a tiny Llama's real random
@@ -52,14 +52,14 @@ def _traceable():
 
 
 def _pieces(model, batch=BATCH):
-    from tpu_debug.runtime.target.fit_scan import trace_pieces
+    from tpu_debug.fit.scan import trace_pieces
 
     tokens = torch.empty(batch, SEQ, dtype=torch.long, device="meta")
     return trace_pieces(model, tokens, _loss, _traceable)
 
 
 def test_the_looped_step_computes_pytorchs_training_step():
-    from tpu_debug.runtime.target.fit_scan import scan_step
+    from tpu_debug.fit.scan import scan_step
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).float()
@@ -285,16 +285,16 @@ def test_float32_master_weights_hold_parameters_and_state_in_float32():
 
 @needs_libtpu
 def test_every_layer_counts_in_the_looped_steps_flops_and_collectives():
-    from tpu_debug.fit import _hf_traceable, collective_costs
-    from tpu_debug.runtime.target.fit import parse_plan
-    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats
+    from tpu_debug.fit.answer import _hf_traceable, collective_costs
+    from tpu_debug.fit.sharded import parse_plan
+    from tpu_debug.fit.scan import compile_scan_step, loop_repeats
     from tpu_debug.runtime.target.hardware import parse_target
 
     config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     tokens = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
-    from tpu_debug.runtime.target.fit_scan import trace_pieces
+    from tpu_debug.fit.scan import trace_pieces
 
     pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
     target = parse_target("v5e-8")
@@ -345,7 +345,7 @@ def test_a_mixture_of_experts_runs_its_experts_as_one_grouped_matmul():
 
 @pytest.mark.parametrize(("causal", "masked", "heads_kv"), [(True, False, 2), (False, True, 4), (True, False, 4)])
 def test_blocked_attention_computes_pytorchs_attention(causal, masked, heads_kv):
-    from tpu_debug.runtime.target.fit_scan import blocked_attention
+    from tpu_debug.fit.scan import blocked_attention
 
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, 32, 16, generator=g)

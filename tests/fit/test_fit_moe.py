@@ -1,4 +1,4 @@
-"""Mixture-of-experts layers routed per batch shard (``runtime.target.fit_moe``).
+"""Mixture-of-experts layers routed per batch shard (``tpu_debug.fit.moe``).
 
 References, neither the tool's own output:
 - PyTorch on CPU: transformers' own ``grouped_mm`` experts (the whole batch sorted at once)
@@ -51,7 +51,7 @@ def _models():
 
 @pytest.mark.parametrize("groups", [1, 4])
 def test_per_shard_routing_gives_transformers_grouped_mm_logits_and_gradients(groups):
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.runtime.target.dryrun import trace_step
 
     reference, ours = _models()
@@ -80,7 +80,7 @@ def test_per_shard_routing_gives_transformers_grouped_mm_logits_and_gradients(gr
 
 def test_the_backward_lowerings_give_pytorchs_gradients():
     """The ops an unrolled step's PyTorch backward records, lowered, against PyTorch's autograd."""
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.fit import moe as fit_moe
 
     fit_moe.register()
     g = torch.Generator().manual_seed(3)
@@ -132,9 +132,10 @@ def test_a_mixture_of_experts_steps_temporaries_per_chip_do_not_grow_with_the_sl
 @needs_libtpu
 def test_on_a_slice_the_grouped_matmul_and_its_gradients_cost_their_own_flops():
     from jax.sharding import NamedSharding, PartitionSpec
-    from tpu_debug.runtime.target import fit_moe, parse_target
+    from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.runtime.target import parse_target
     from tpu_debug.runtime.target.compile import compile_for_target
-    from tpu_debug.runtime.target.fit import Plan, _mesh
+    from tpu_debug.fit.sharded import Plan, _mesh
 
     groups, rows, k, n, experts = 8, 512, 256, 512, 4
     mesh = _mesh(parse_target("v5e-8"), Plan(fsdp=groups))

@@ -166,7 +166,7 @@ def test_the_cli_keeps_a_search_as_a_run(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("which", ["fsdp", "over"])
 def test_report_json_and_text_show_the_answer(reports, which, tmp_path, capsys):
     from tpu_debug.fit import record_fit
-    from tpu_debug.report import format_bytes
+    from tpu_debug.core.format import format_bytes
 
     report = reports[which]
     run_dir = record_fit(report, logdir=tmp_path, name=which)
@@ -254,7 +254,7 @@ def test_the_tui_fit_view_shows_memory_and_collectives(reports, tmp_path):
 def test_diff_shows_two_plans_side_by_side(reports, tmp_path, capsys):
     from tpu_debug.diff import diff_data
     from tpu_debug.fit import record_fit
-    from tpu_debug.report import format_bytes
+    from tpu_debug.core.format import format_bytes
 
     a, b = reports["fsdp"], reports["dp"]
     dir_a, dir_b = record_fit(a, logdir=tmp_path, name="fsdp"), record_fit(b, logdir=tmp_path, name="dp")

@@ -269,7 +269,7 @@ def test_without_libtpu_the_target_api_says_what_to_install(monkeypatch):
     with pytest.raises(LibtpuMissingError, match=r"pip install -e \"\.\[tpu\]\""):
         compile_lowered_for_target(jax.jit(jnp.sin).lower(np.ones(3, np.float32)), "v6e")
     with pytest.raises(LibtpuMissingError, match="needs libtpu"):  # on the calling thread, not in the future
-        TargetCompiler().submit(lambda a: a, (sds((4,)),), "v5e")
+        TargetCompiler().submit(lambda a: a, (sds((4,)),), parse_target("v5e"))
     with pytest.raises(LibtpuMissingError, match="needs libtpu"):
         target_mesh("v5e-4", (4,), ("d",))
 
@@ -317,12 +317,12 @@ def test_async_compile_carries_the_callers_x64_setting():
     compiler = TargetCompiler()
     try:
         with jax.enable_x64(True):
-            wide = compiler.submit(lambda t: t + 1, (sds((8,), jnp.int64),), "v5e", cache=False)
-        narrow = compiler.submit(lambda t: t + 1, (sds((8,), jnp.int64),), "v5e", cache=False)
+            wide = compiler.submit(lambda t: t + 1, (sds((8,), jnp.int64),), parse_target("v5e"), cache=False)
+        narrow = compiler.submit(lambda t: t + 1, (sds((8,), jnp.int64),), parse_target("v5e"), cache=False)
         assert "s64[8]" in wide.result(timeout=600).hlo
         assert "s64[8]" not in narrow.result(timeout=600).hlo
         lowered = jax.jit(jnp.sin).lower(np.ones((8, 128), np.float32))
-        assert compiler.submit_lowered(lowered, "v6e", cache=False).result(timeout=600).ok
+        assert compiler.submit_lowered(lowered, parse_target("v6e"), cache=False).result(timeout=600).ok
     finally:
         compiler.shutdown()
 
@@ -359,7 +359,7 @@ def test_compiles_still_queued_at_exit_are_dropped(tmp_path):
     log = tmp_path / "traced.txt"
     code = (
         "import sys, time, jax, jax.numpy as jnp\n"
-        "from tpu_debug.runtime.target import TargetCompiler\n"
+        "from tpu_debug.runtime.target import TargetCompiler, parse_target\n"
         "compiler = TargetCompiler()\n"
         "def make(i):\n"
         "    def fn(a):\n"
@@ -372,7 +372,7 @@ def test_compiles_still_queued_at_exit_are_dropped(tmp_path):
         "        return a * i\n"
         "    return fn\n"
         "x = jax.ShapeDtypeStruct((8,), jnp.float32)\n"
-        "futures = [compiler.submit(make(i), (x,), 'v5e', cache=False) for i in range(12)]\n"
+        "futures = [compiler.submit(make(i), (x,), parse_target('v5e'), cache=False) for i in range(12)]\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=600,
                          cwd=Path(__file__).resolve().parents[2])
@@ -391,7 +391,7 @@ def test_the_worker_yields_the_cpu_to_the_program():
 
     compiler = TargetCompiler()
     try:
-        assert compiler.submit(fn, (sds((8,)),), "v5e", cache=False).result(timeout=600).ok
+        assert compiler.submit(fn, (sds((8,)),), parse_target("v5e"), cache=False).result(timeout=600).ok
     finally:
         compiler.shutdown()
     assert seen and seen[0] >= min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)

@@ -22,16 +22,16 @@ def _private_cache(tmp_path, monkeypatch):
 def test_the_model_from_cost_figures():
     # 1 TFLOP over 1 GB on a v5e (197 TFLOP/s, 819 GB/s): intensity 1000 FLOP/B, over the
     # ridge of 240.5: compute-bound, 1e12 / 197e12 s
-    model = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), "v5e")
+    model = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), parse_target("v5e"))
     assert model.intensity == 1000
     assert model.ridge == pytest.approx(197e12 / 819e9)
     assert model.bound == "compute" and model.seconds == 1e12 / 197e12
-    memory = roofline(CostStats(flops=1e9, transcendentals=0, bytes_accessed=1e10), "v5e")
+    memory = roofline(CostStats(flops=1e9, transcendentals=0, bytes_accessed=1e10), parse_target("v5e"))
     assert memory.bound == "memory" and memory.seconds == 1e10 / 819e9
     # a v4 device is one of a chip's two TensorCores: half the chip's peak and bandwidth
-    v4 = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), "v4")
+    v4 = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), parse_target("v4"))
     assert v4.peak_flops == 137.5e12 and v4.bandwidth == 600e9
-    int8 = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), "v6e", precision="int8")
+    int8 = roofline(CostStats(flops=1e12, transcendentals=0, bytes_accessed=1e9), parse_target("v6e"), precision="int8")
     assert int8.peak_flops == 1836e12
     assert "model estimate" in model.render() and "compute-bound" in model.render()
 
@@ -39,12 +39,12 @@ def test_the_model_from_cost_figures():
 def test_the_model_refuses_what_it_cannot_compute():
     cost = CostStats(flops=1.0, transcendentals=0, bytes_accessed=1.0)
     with pytest.raises(TargetError, match=r"v5p publishes no int8 peak \(https://cloud.google.com/tpu/docs/v5p\)"):
-        roofline(cost, "v5p", precision="int8")
+        roofline(cost, parse_target("v5p"), precision="int8")
     with pytest.raises(TargetError, match="precision 'fp4' is not one of 'bf16', 'int8'"):
-        roofline(cost, "v5e", precision="fp4")
+        roofline(cost, parse_target("v5e"), precision="fp4")
     with pytest.raises(TargetError, match="needs the target"):
         roofline(cost)
-    assert roofline(CostStats(0.0, 0.0, 0.0), "v5e").intensity == float("inf")
+    assert roofline(CostStats(0.0, 0.0, 0.0), parse_target("v5e")).intensity == float("inf")
 
 
 @requires_libtpu

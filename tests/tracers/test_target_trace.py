@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.config import config as runtime_config
-from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler
+from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler, parse_target
 from tpu_debug.tracers.advisor.fit import PADDING_FINDING_BYTES
 from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.target import findings
@@ -251,7 +251,7 @@ def test_compiles_still_queued_at_the_end_are_counted_not_waited_for(logdir, col
         gate.wait(120)
         return x
 
-    blocker = default_compiler().submit(held, (jax.ShapeDtypeStruct((1,), jnp.float32),), "v5e", cache=False)
+    blocker = default_compiler().submit(held, (jax.ShapeDtypeStruct((1,), jnp.float32),), parse_target("v5e"), cache=False)
     try:
         with tpu_debug.trace(logdir=logdir, target="v5e", target_wait=0) as session:
             y = torch.ones(3, device="tpu") * 3

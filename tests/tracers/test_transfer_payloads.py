@@ -101,7 +101,7 @@ def test_the_same_numpy_mask_moved_at_every_step_is_found_at_its_line(logdir, up
     assert finding.evidence.count("bytes per step") == 256 * 256 * 4
     per_step = finding.evidence.count("time per step")
     assert per_step > 0 and per_step * copies == pytest.approx(finding.evidence.count("time"))
-    assert finding.title.startswith(f".to() at test_transfer_payloads.py:{line} uploads the same 256.0 KiB")
+    assert finding.title.startswith(f".to() at test_transfer_payloads.py:{line} uploads the same 256.00 KiB")
     assert "create it once on the device before the loop" in finding.fix
     # the random batch uploaded beside it changes every step: it is no finding
     assert all(f.evidence.location.line == line for f in session.findings() if f.kind == "h2d_every_step")
@@ -188,7 +188,7 @@ def test_a_large_upload_of_new_data_is_told_to_overlap_not_to_move_out_of_the_lo
     title, fix = rules._h2d_text(*args, "new")
     assert (
         title
-        == ".to() at an unknown line copies 1.0 MiB (float32[256,1024]) to the device in 3 steady steps, 40% of their time"
+        == ".to() at an unknown line copies 1.00 MiB (float32[256,1024]) to the device in 3 steady steps, 40% of their time"
     )
     assert fix.startswith("the data changes at every step (a batch): overlap the copy with the step")
     assert "before the loop" not in fix
@@ -200,6 +200,6 @@ def test_a_large_upload_of_new_data_is_told_to_overlap_not_to_move_out_of_the_lo
     title, fix = rules._h2d_text("to", None, "float32[4]", 16.0, 3e-5, steps, facts, "same")
     assert (
         title
-        == ".to() at an unknown line uploads the same 16 B (float32[4]) to the device in 3 of 3 steady steps, 10 µs per step"
+        == ".to() at an unknown line uploads the same 16 B (float32[4]) to the device in 3 of 3 steady steps, 10.0 µs per step"
     )
     assert fix.startswith("the data is identical at every step: create it once on the device before the loop")

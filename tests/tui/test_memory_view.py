@@ -57,7 +57,7 @@ def test_the_memory_view_shows_steps_holders_and_fixes(make_app, memory_run):
     async def scenario(pilot):
         await press(pilot, "7")
         text = screen_text(app)
-        assert "peak 18.1 GiB held by tpu tensors in step 2 of 4" in text, text
+        assert "peak 18.06 GiB held by tpu tensors in step 2 of 4" in text, text
         assert "does NOT fit" in text and "one v5e device" in text
         assert "4 step(s)" in text and "(step 2)" in text
         # the holders at the peak, biggest first, each by its line

@@ -95,7 +95,7 @@ def test_collectives_show_bytes_and_the_source_line(make_app, size):
         await press(pilot, "8")
         ops = app.screen.query_one("#cl-ops", DataTable)
         # the synthetic all-gather sends 75497472 bytes per device: 72 MiB
-        assert cells(column_lines(app, ops, "sent")) == ["768 B", "72.0 MiB"]
+        assert cells(column_lines(app, ops, "sent")) == ["768 B", "72.00 MiB"]
         assert cells(column_lines(app, ops, "at")) == ["train.py:13", "train.py:11"]
         collective = " ".join(cells(column_lines(app, ops, "collective")))
         assert "all-gather (f32[1024,4096], f32[4096,4096], f32[4096,1024])" in collective

@@ -10,9 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 import tpu_debug
-from tpu_debug.core.options import default_logdir
 from tpu_debug.core.errors import RunDamagedError, SchemaVersionError, TpuDebugError
-from tpu_debug.report import _console, format_seconds
+from tpu_debug.core.format import format_seconds
+from tpu_debug.core.options import default_logdir
+from tpu_debug.report.core import make_console
 
 _UNBOUNDED = 1_000_000  # the width of plain text: lines as long as what they hold
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     terminal = sys.stdout.isatty()
     # a file or a pipe gets one whole line per run, however long its command (grep finds it whole)
-    console = _console(sys.stdout, terminal, None if terminal else _UNBOUNDED)
+    console = make_console(sys.stdout, terminal, None if terminal else _UNBOUNDED)
     table = Table(box=None, pad_edge=False, header_style="bold" if terminal else "")
     for title in ("run", "status", "duration", "platform", "op calls", "events", "command"):
         table.add_column(title, no_wrap=True)

@@ -13,10 +13,10 @@ none of this evidence and gets none of these findings.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 
+from tpu_debug.core.format import format_bytes, format_location
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
@@ -27,7 +27,7 @@ from tpu_debug.tracers.events import (
     MemorySummaryEvent,
     SourceLocation,
 )
-from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text, size
+from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text
 from tpu_debug.tracers.target import TargetFinding, findings
 
 __all__ = ["PADDING_FINDING_BYTES"]
@@ -95,8 +95,8 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
         cause = _cause(summary, record)
         fix, others = _fix_text(record, cause)
         title = (
-            f"the run does not fit one {record.target} device: ~{size(record.required_bytes)} needed, "
-            f"{size(record.capacity_bytes)} there"
+            f"the run does not fit one {record.target} device: ~{format_bytes(record.required_bytes)} needed, "
+            f"{format_bytes(record.capacity_bytes)} there"
         )
         counts = [
             Count("need per device", record.required_bytes, "B"),
@@ -130,7 +130,7 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
 def _oom_from_target(f: TargetFinding) -> Finding:
     required, available = f.figure("required_bytes"), f.figure("available_bytes")
     need = (
-        f"needs {size(required)} of {size(available)} HBM" if required is not None else "does not fit its HBM"
+        f"needs {format_bytes(required)} of {format_bytes(available)} HBM" if required is not None else "does not fit its HBM"
     )
     what = f.figure("what")
     return Finding(
@@ -180,7 +180,7 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
         severity="error",
         title=(
             f"the TPU compiler refused {program} for {record.target}: it counted "
-            f"{size(record.required_bytes)} of {size(record.capacity_bytes)} HBM"
+            f"{format_bytes(record.required_bytes)} of {format_bytes(record.capacity_bytes)} HBM"
         ),
         fix=fix,
         cost_seconds=0.0,
@@ -240,7 +240,7 @@ def tpu_padding(facts: RunFacts) -> Iterable[Finding]:
                     Count("matrix FLOP on padding", flops),
                 ),
                 tuple(
-                    f"also at {os.path.basename(loc.file)}:{loc.line}"
+                    f"also at {format_location(loc.file, loc.line)}"
                     for loc in f.locations[1:4]
                     if loc is not None
                 ),
@@ -260,9 +260,8 @@ def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
     summary = facts.memory.summary
     if summary is None or not summary.dry_run or not summary.stopped:
         return
-    where = (
-        f" at {os.path.basename(summary.location.file)}:{summary.location.line}" if summary.location else ""
-    )
+    loc = summary.location
+    where = f" at {format_location(loc.file, loc.line)}" if loc else ""
     yield Finding(
         kind="dry_run_stopped",
         severity="warning",
@@ -345,15 +344,15 @@ def fit_oom(facts: RunFacts) -> Iterable[Finding]:
         counts = [Count("needs per chip", record.required_bytes, "B"),
                   Count("usable per chip", record.capacity_bytes, "B"), Count("short per chip", short, "B")]
         counts.append(Count(f"largest part: {part}", part_bytes, "B"))
-        facts_text = [f"largest part: {part}, {size(part_bytes)} per chip"]
+        facts_text = [f"largest part: {part}, {format_bytes(part_bytes)} per chip"]
         if record.error:
             facts_text.append(f"compiler: {record.error}")
         yield Finding(
             kind="fit_oom",
             severity="error",
             title=(f"{record.model} ({record.job}, batch {record.batch} x seq {record.seq}) does not fit "
-                   f"{record.target} under plan {record.plan}: a chip needs {size(record.required_bytes)} "
-                   f"of {size(record.capacity_bytes)} usable, {size(short)} short"),
+                   f"{record.target} under plan {record.plan}: a chip needs {format_bytes(record.required_bytes)} "
+                   f"of {format_bytes(record.capacity_bytes)} usable, {format_bytes(short)} short"),
             fix=_fit_fix(record, cause),
             cost_seconds=0.0,
             evidence=Evidence(record.location, tuple(counts), tuple(facts_text)),

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tpu_debug.core.format import format_bytes, format_location, format_seconds
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
@@ -54,29 +55,13 @@ UPLOAD_SHARE = 0.25
 # ---------------------------------------------------------------------------------
 
 
-def _secs(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
-    if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds:.2f} s"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _where(loc: SourceLocation | None) -> str:
-    return f"{os.path.basename(loc.file)}:{loc.line}" if loc is not None else "an unknown line"
+    return format_location(loc.file, loc.line) if loc is not None else "an unknown line"
 
 
 def _site(loc: SourceLocation | None) -> str:
     """A line as a stable subject: ``train.py:41 in step``."""
-    return f"{os.path.basename(loc.file)}:{loc.line} in {loc.function}" if loc is not None else "-"
+    return format_location(loc.file, loc.line, loc.function) if loc is not None else "-"
 
 
 def _most_common(locations: Iterable[SourceLocation | None]) -> SourceLocation | None:
@@ -316,7 +301,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             title=(
                 f"{change.what} of {identity} takes a new size in steady state "
                 f"({_listing([str(v) for v in values])}): {_plural(len(shaped), 'recompile')} of "
-                f"{_plural(len(ops), 'op')} in {_plural(len(steps), 'step')}, {_secs(seconds)} "
+                f"{_plural(len(ops), 'op')} in {_plural(len(steps), 'step')}, {format_seconds(seconds)} "
                 + ("reading them back from the compile cache" if all(getattr(c, "from_cache", False) for c in shaped)
                    else "compiling")
             ),
@@ -740,8 +725,8 @@ def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: flo
     if payload == "same" and seconds > 0:
         # the same bytes every step: the copy buys nothing, whatever its share of the step
         title = (
-            f"{what} at {_where(location)} uploads the same {_bytes(per_step)} ({aval}) to the device "
-            f"in {n} of {steady} steady steps, {_secs(seconds / n)} per step"
+            f"{what} at {_where(location)} uploads the same {format_bytes(per_step)} ({aval}) to the device "
+            f"in {n} of {steady} steady steps, {format_seconds(seconds / n)} per step"
         )
         fix = (
             "the data is identical at every step: create it once on the device before the loop "
@@ -759,7 +744,7 @@ def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: flo
     elif per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
         # new data each step (or too large to fingerprint): only its share of the step matters
         title = (
-            f"{what} at {_where(location)} copies {_bytes(per_step)} ({aval}) to the "
+            f"{what} at {_where(location)} copies {format_bytes(per_step)} ({aval}) to the "
             f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
         )
         overlap = (
@@ -970,8 +955,8 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
         kind="eager_tiny_ops",
         severity="warning",
         title=(
-            f"each steady step runs {ops:,} eager ops on small tensors, {_secs(per_op)} each; compiled, "
-            f"it would save about {_secs(saved)} of its {_secs(step)} (an estimate)"
+            f"each steady step runs {ops:,} eager ops on small tensors, {format_seconds(per_op)} each; compiled, "
+            f"it would save about {format_seconds(saved)} of its {format_seconds(step)} (an estimate)"
         ),
         fix=(
             "compile the step: step = tpu_debug.compile(step) (forward and backward become one program; "
@@ -992,8 +977,8 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
             (
                 f"{100 * share:.0f}% of the eager ops have inputs of at most {TINY_ELEMENTS:,} elements: "
                 "their time is dispatch, not device work",
-                f"estimate: the step spends {_secs(dispatch)} dispatching ops; compiled, that is one "
-                f"dispatch (about {_secs(floor)}, the run's 10th-percentile op time)",
+                f"estimate: the step spends {format_seconds(dispatch)} dispatching ops; compiled, that is one "
+                f"dispatch (about {format_seconds(floor)}, the run's 10th-percentile op time)",
             ),
         ),
         steps=_span([s.index for s in steady]),

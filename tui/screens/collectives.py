@@ -4,7 +4,6 @@ groups, the op and line that caused each) and what one device holds for each pro
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from rich.text import Text
 from textual import on, work
@@ -14,7 +13,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
 from tpu_debug.tracers.events import CollectivesEvent, SourceLocation
-from tpu_debug.tui.format import format_bytes
+from tpu_debug.tui.format import format_location, format_bytes
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable, SourceExcerpt, SourceView, read_excerpt
 
@@ -159,7 +158,7 @@ class CollectivesScreen(RunScreen):
                 Text(f"{c.groups}x{c.group_size}", justify="right"),
                 Text(format_bytes(c.wire_bytes), justify="right"),
                 Text(c.node or c.op or "-"),
-                Text(f"{os.path.basename(c.file)}:{c.line}" if c.file else "-"),
+                Text(format_location(c.file, c.line)),
             ]
             for c in p.collectives
         ]

@@ -12,8 +12,8 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.message import Message
 from textual.widgets import Static
+from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.tracers.events import FitEvent
-from tpu_debug.tui.format import format_bytes
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable
 
@@ -22,13 +22,6 @@ __all__ = ["FitScreen"]
 NO_FIT = "no fit answer in this run: tpu-debug fit MODEL --target SLICE --plan PLAN keeps one as a run"
 _VERDICT = {True: ("FITS", "bold green"), False: ("DOES NOT FIT", "bold red"),
             None: ("REFUSED", "bold yellow")}
-
-
-def _seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
-
 
 def _summary(e: FitEvent) -> Text:
     text = Text()
@@ -44,8 +37,8 @@ def _summary(e: FitEvent) -> Text:
     if parts:
         text.append("\nbreakdown: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items()))
     if e.step_seconds is not None:
-        text.append(f"\nestimate: step ~{_seconds(e.step_seconds)} (compute {_seconds(e.compute_seconds)}, "
-                    f"memory {_seconds(e.memory_seconds)}, communication {_seconds(e.comm_seconds)}), "
+        text.append(f"\nestimate: step ~{format_seconds(e.step_seconds)} (compute {format_seconds(e.compute_seconds)}, "
+                    f"memory {format_seconds(e.memory_seconds)}, communication {format_seconds(e.comm_seconds)}), "
                     f"~{e.tokens_per_second or 0:,.0f} tokens/s, MFU ~{e.mfu or 0:.1%}")
         text.append(" (not measured)", style="dim")
     if e.error and not e.fits:
@@ -101,7 +94,7 @@ class FitScreen(RunScreen):
         rows = [
             (Text(c.kind), Text(f"{c.count:,}", justify="right"),
              Text(format_bytes(c.data_bytes), justify="right"),
-             Text(format_bytes(c.wire_bytes), justify="right"), Text(_seconds(c.seconds), justify="right"))
+             Text(format_bytes(c.wire_bytes), justify="right"), Text(format_seconds(c.seconds), justify="right"))
             for c in last.collectives
         ]
         table.fill(rows, [str(i) for i in range(len(rows))])

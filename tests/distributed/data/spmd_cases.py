@@ -140,6 +140,7 @@ def target(results: dict, logdir: str) -> None:
     """A data-parallel step recorded for the run's devices and for a TPU target of the same
     shape (v5e:2x4), by a CollectivesTracer given that target."""
     from tpu_debug.runtime import probes
+    from tpu_debug.runtime.target import parse_target
     from tpu_debug.tracers.collectives import CollectivesTracer
 
     mesh = dist.init_device_mesh("tpu", (8,), mesh_dim_names=("dp",))
@@ -156,7 +157,7 @@ def target(results: dict, logdir: str) -> None:
     with tpu_debug.trace(logdir=logdir, name="target", hlo=False) as session:
         writer = session._writer
         tracer = CollectivesTracer(writer, clock=lambda: 0.0, record_error=lambda w, m: None, hlo=False,
-                                   target="v5e:2x4")
+                                   target=parse_target("v5e:2x4"))
         probes.subscribe(tracer)
         try:
             step(dist.mark_sharding(torch.randn(64, 128).to("tpu"), mesh, ("dp", None)))

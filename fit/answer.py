@@ -4,7 +4,7 @@ The model is built from a Hugging Face config on ``meta`` tensors (no weights,
 nothing downloaded); one step (forward, loss, backward and AdamW for ``job="train"``)
 is traced into a JAX function (``runtime.target.trace_step``), placed on a
 ``(dp, fsdp, tp)`` mesh of the slice's compile-only devices and compiled by XLA's
-TPU compiler as one SPMD program (``runtime.target.fit``). The answer, per chip:
+TPU compiler as one SPMD program (``tpu_debug.fit.sharded``). The answer, per chip:
 the HBM the compiler's buffer assignment needs against what the compiler offers,
 a breakdown, the collectives the partitioner inserted with their bytes and an ICI
 time estimate, and estimated step time, tokens per second and MFU.
@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
+from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
@@ -244,11 +245,11 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
     if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
-        from tpu_debug.runtime.target import fit_moe
+        from tpu_debug.fit import moe as fit_moe
 
         # experts as one grouped matmul over the tokens each expert was routed (lowered to
         # lax.ragged_dot, dropless, as MaxText's MoE on TPU), each batch shard's tokens routed
-        # on their own chip (runtime.target.fit_moe): transformers' default loops over the
+        # on their own chip (tpu_debug.fit.moe): transformers' default loops over the
         # experts with data-dependent indexing, which a trace without data cannot follow
         fit_moe.register()
         config._experts_implementation = fit_moe.EXPERTS
@@ -332,13 +333,13 @@ def fit(
         model_or_config: a Hugging Face config (``LlamaConfig(...)``), a preset name
             (``"llama3-8b"``), a ``config.json`` path or a dict with ``model_type``.
         target: the slice (``"v5e-8"``, ``"v6e-256"``, ``"v5p-128"``).
-        plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``runtime.target.fit.parse_plan``).
+        plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``tpu_debug.fit.sharded.parse_plan``).
         batch: global batch, in sequences (split over dp x fsdp).
         seq: sequence length.
         job: ``"train"`` (forward, loss, backward, AdamW), ``"forward"``, ``"prefill"`` (the
             forward over ``seq`` tokens filling a static KV cache, the last position's logits) or
             ``"decode"`` (one token per sequence attending to a KV cache of ``seq`` positions;
-            ``runtime.target.fit_infer``).
+            ``tpu_debug.fit.infer``).
         dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
         overrides: config fields to change (``{"num_hidden_layers": 2}``).
         extrapolate: a forward, prefill or decode step, asked for: compile it with 2 and 3
@@ -350,11 +351,11 @@ def fit(
         shard_activations: constrain every activation whose first dimension is the batch
             (or batch x seq) to be split over the batch axes; off, only the embeddings'
             output is, and XLA's propagation carries the split on
-            (``runtime.target.fit._fsdp_program``).
+            (``tpu_debug.fit.sharded._fsdp_program``).
         optimization_level: XLA's effort level (None: the compiler's default).
         cache: use the target compile cache.
         loop: compile a training step's decoder layers as one loop over their stacked
-            parameters (``runtime.target.fit_scan``: every layer in the program, one
+            parameters (``tpu_debug.fit.scan``: every layer in the program, one
             compiled, nothing extrapolated); None does so for models of more than
             ``LOOP_ABOVE`` identical layers; False compiles them unrolled (the program
             ``torch.compile`` of the step makes; slow for big models).
@@ -439,7 +440,7 @@ def _has_layer_stack(config, dtype: str) -> bool:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target.fit_scan import layer_stack
+    from tpu_debug.fit.scan import layer_stack
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -449,12 +450,12 @@ def _has_layer_stack(config, dtype: str) -> bool:
 def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
                   optimization_level: str | None, cache: bool,
                   master_dtype: str | None = None) -> tuple[_Measure, str]:
-    """The training step with its decoder layers as one loop (``runtime.target.fit_scan``)."""
+    """The training step with its decoder layers as one loop (``tpu_debug.fit.scan``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target import fit_moe
-    from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats, trace_pieces
+    from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit.scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
@@ -519,23 +520,38 @@ class _Measure:
     kv_bytes: int = 0  # one chip's KV cache (prefill, decode)
 
 
+def _measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int, job: str,
+                  optimization_level: str | None, cache: bool):
+    """``fit``'s per-chip figures of a prefill or decode program."""
+    from tpu_debug.fit.infer import compile_infer, trace_infer
+    from tpu_debug.runtime.target.roofline import roofline
+
+    traced = trace_infer(model, config, batch, seq, job, _hf_traceable)
+    names = [n for n, _ in model.named_parameters()]
+    fc, kv_bytes = compile_infer(traced, names, config.num_hidden_layers, tgt, plan,
+                                 optimization_level=optimization_level, cache=cache)
+    c = fc.compile
+    collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, 0, fc.batch_bytes,
+                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes)
+
+
 def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
              shard_activations: bool, optimization_level: str | None, cache: bool) -> _Measure:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.runtime.target.dryrun import trace_step
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     if job in ("prefill", "decode"):
-        from tpu_debug.runtime.target.fit import AXES, _mesh
-        from tpu_debug.runtime.target.fit_infer import measure_infer
+        from tpu_debug.fit.sharded import AXES, _mesh
 
         axes = tuple(a for a, n in zip(AXES, plan.shape) if n > 1 and a != "tp")
         with fit_moe.per_shard(plan.batch_ways), fit_moe.sharded(_mesh(tgt, plan), axes):
-            return measure_infer(model, config, tgt, plan, batch, seq, job, optimization_level, cache)
+            return _measure_infer(model, config, tgt, plan, batch, seq, job, optimization_level, cache)
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
     train = job == "train"
     with _hf_traceable(), fit_moe.per_shard(plan.batch_ways):
@@ -599,7 +615,7 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
                                  fc.batch_bytes, grads, max(m.temp_bytes - grads, 0), fc.kv_bytes)
         estimate = _estimate(fc, tgt, batch if job == "decode" else batch * seq, flops, flops_text)
         if job == "decode":
-            from tpu_debug.runtime.target.fit_infer import decode_bound
+            from tpu_debug.fit.infer import decode_bound
 
             estimate = decode_bound(estimate, fc, tgt)
         required = m.total_bytes
@@ -698,24 +714,6 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{n} B"
-
-
-def _time(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
-
-
 def _render(r: FitReport) -> str:
     verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
@@ -724,35 +722,35 @@ def _render(r: FitReport) -> str:
     lines.extend(f"  caution: {c}" for c in r.caveats)
     if r.required is not None:
         room = r.headroom
-        spare = f"{_size(room)} to spare" if room >= 0 else f"{_size(-room)} short"
-        lines.append(f"  per chip: needs {_size(r.required)} of {_size(r.capacity)} ({source}); {spare}")
+        spare = f"{format_bytes(room)} to spare" if room >= 0 else f"{format_bytes(-room)} short"
+        lines.append(f"  per chip: needs {format_bytes(r.required)} of {format_bytes(r.capacity)} ({source}); {spare}")
     if r.error and not r.fits:
         lines.append(f"  compiler: {r.error}")
     m = r.memory
     if m is not None:
-        lines.append(f"  compiler: arguments {_size(m.arguments)}, outputs {_size(m.outputs)} "
-                     f"(aliased {_size(m.aliased)}), temporaries {_size(m.temporaries)}, "
-                     f"code {_size(m.code)}")
-        lines.append(f"  breakdown: parameters {_size(m.parameters)}, optimizer state "
-                     f"{_size(m.optimizer_state)}, batch {_size(m.batch)}, gradients "
-                     f"~{_size(m.gradients)}, activations and other temporaries ~{_size(m.activations)}")
+        lines.append(f"  compiler: arguments {format_bytes(m.arguments)}, outputs {format_bytes(m.outputs)} "
+                     f"(aliased {format_bytes(m.aliased)}), temporaries {format_bytes(m.temporaries)}, "
+                     f"code {format_bytes(m.code)}")
+        lines.append(f"  breakdown: parameters {format_bytes(m.parameters)}, optimizer state "
+                     f"{format_bytes(m.optimizer_state)}, batch {format_bytes(m.batch)}, gradients "
+                     f"~{format_bytes(m.gradients)}, activations and other temporaries ~{format_bytes(m.activations)}")
         if m.kv_cache:
-            lines.append(f"  KV cache: {_size(m.kv_cache)} per chip (its share by the cache's sharding; "
+            lines.append(f"  KV cache: {format_bytes(m.kv_cache)} per chip (its share by the cache's sharding; "
                          "in the arguments, donated and written in place)")
     if r.collectives:
         lines.append("  collectives per step (per chip):")
         for c in r.collectives:
-            lines.append(f"    {c.kind:<18} x{c.count:<4} {_size(c.bytes):>11} data, "
-                         f"{_size(c.wire_bytes):>11} on the wire, ~{_time(c.seconds)}")
+            lines.append(f"    {c.kind:<18} x{c.count:<4} {format_bytes(c.bytes):>11} data, "
+                         f"{format_bytes(c.wire_bytes):>11} on the wire, ~{format_seconds(c.seconds)}")
     e = r.estimate
     if e is not None:
-        lines.append(f"  estimate (not a measurement): step ~{_time(e.seconds)} (compute "
-                     f"{_time(e.compute_seconds)}, memory {_time(e.memory_seconds)}, communication "
-                     f"{_time(e.comm_seconds)}; {_time(e.overlapped_seconds)} if all overlapped), "
+        lines.append(f"  estimate (not a measurement): step ~{format_seconds(e.seconds)} (compute "
+                     f"{format_seconds(e.compute_seconds)}, memory {format_seconds(e.memory_seconds)}, communication "
+                     f"{format_seconds(e.comm_seconds)}; {format_seconds(e.overlapped_seconds)} if all overlapped), "
                      f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} "
                      f"({e.mfu_overlapped:.1%} overlapped)")
         if e.memory_bound_seconds is not None:
-            lines.append(f"  decode, memory-bound (estimate): ~{_time(e.memory_bound_seconds)} per token step "
+            lines.append(f"  decode, memory-bound (estimate): ~{format_seconds(e.memory_bound_seconds)} per token step "
                          "reading the chip's weights and KV cache once at HBM bandwidth")
         lines.extend(f"    assumes {a}" for a in e.assumptions)
     if r.unsharded:
@@ -789,8 +787,8 @@ class PlanSearch:
         for r in self.candidates:
             e = r.estimate
             lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {str(remat_of(r)):<5}  {str(r.fits):<5} "
-                         f"{_size(r.required):>11} {_size(r.capacity):>10}  "
-                         f"{_time(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
+                         f"{format_bytes(r.required):>11} {format_bytes(r.capacity):>10}  "
+                         f"{format_seconds(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
         return "\n".join(lines)
 
 
@@ -869,16 +867,16 @@ class Fixes:
         best = self.best
         ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
-        return tuple(f"{what}: needs {_size(r.required)} of {_size(r.capacity)}, {verdicts[r.fits]}"
+        return tuple(f"{what}: needs {format_bytes(r.required)} of {format_bytes(r.capacity)}, {verdicts[r.fits]}"
                      for what, r in ordered)
 
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
-                 f"(needs {_size(self.original.required)} of {_size(self.original.capacity)} per chip), "
+                 f"(needs {format_bytes(self.original.required)} of {format_bytes(self.original.capacity)} per chip), "
                  "each compiled:"]
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
-            lines.append(f"  {what:<52} needs {_size(r.required):>11} of {_size(r.capacity):>10}: {verdict}")
+            lines.append(f"  {what:<52} needs {format_bytes(r.required):>11} of {format_bytes(r.capacity):>10}: {verdict}")
         best = self.best
         lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
         return "\n".join(lines)
@@ -1022,8 +1020,8 @@ def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: 
 
     from tpu_debug.core.options import default_logdir
 
-    from tpu_debug.runs import DB_NAME, new_run_dir
-    from tpu_debug.tracers.store import RunWriter
+    from tpu_debug.runs import new_run_dir
+    from tpu_debug.tracers.store import DB_NAME, RunWriter
 
     run_dir = new_run_dir(Path(logdir) if logdir is not None else default_logdir(), name)
     meta = {"name": name, "status": "running", "argv": list(sys.argv),

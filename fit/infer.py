@@ -29,8 +29,8 @@ import time
 
 import jax
 
-from tpu_debug.runtime.target.dryrun import TracedStep, _meta, _nbytes
-from tpu_debug.runtime.target.fit import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
+from tpu_debug.runtime.target.dryrun import TracedStep, meta_of, nbytes_of
+from tpu_debug.fit.sharded import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
                                           compile_fit, gathered, param_placements, partition_spec, unsplit)
 from tpu_debug.runtime.target.hardware import Target
 
@@ -89,12 +89,12 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
     from torch.fx.experimental.proxy_tensor import make_fx
     from transformers.cache_utils import Cache
 
-    from tpu_debug.runtime.compiled import _decompositions, _GraphProgram
+    from tpu_debug.runtime.compiled import graph_decompositions, GraphProgram
     from tpu_debug.runtime.dtypes import to_jax_dtype
 
     started = time.perf_counter()
-    params = {n: _meta(p) for n, p in model.named_parameters()}
-    buffers = {n: _meta(b) for n, b in model.named_buffers()}
+    params = {n: meta_of(p) for n, p in model.named_parameters()}
+    buffers = {n: meta_of(b) for n, b in model.named_buffers()}
     names, bnames = list(params), list(buffers)
     n_p, n_b, layers = len(names), len(bnames), config.num_hidden_layers
     dtype = next(iter(params.values())).dtype
@@ -118,13 +118,13 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
 
     flat = [*params.values(), *buffers.values(), *cache, tokens, *extra]
     with torch.no_grad(), traceable():
-        gm = make_fx(step, decomposition_table=_decompositions())(*flat)
+        gm = make_fx(step, decomposition_table=graph_decompositions())(*flat)
     specs = tuple(jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
                   for n in gm.graph.find_nodes(op="placeholder"))
-    return TracedStep(gm, _GraphProgram(gm, "fit", "inference"), specs,
+    return TracedStep(gm, GraphProgram(gm, "fit", "inference"), specs,
                       tuple(range(n_p + n_b, n_p + n_b + 2 * layers)), "inference",
                       parameters=sum(math.prod(p.shape) for p in params.values()),
-                      parameter_bytes=_nbytes(params.values()), state_bytes=0,
+                      parameter_bytes=nbytes_of(params.values()), state_bytes=0,
                       trace_seconds=time.perf_counter() - started)
 
 
@@ -209,22 +209,6 @@ def compile_infer(traced: TracedStep, names: list[str], layers: int, target: Tar
     fc = FitCompile(result, plan, placements, sum(local[:n_p]), 0, sum(local[n_p + n_b + 2 * layers:]),
                     unsharded)
     return fc, kv_bytes
-
-
-def measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int, job: str,
-                  optimization_level: str | None, cache: bool):
-    """``fit``'s per-chip figures (its ``_Measure``) of a prefill or decode program."""
-    from tpu_debug.fit import _hf_traceable, _Measure, collective_costs
-    from tpu_debug.runtime.target.roofline import roofline
-
-    traced = trace_infer(model, config, batch, seq, job, _hf_traceable)
-    names = [n for n, _ in model.named_parameters()]
-    fc, kv_bytes = compile_infer(traced, names, config.num_hidden_layers, tgt, plan,
-                                 optimization_level=optimization_level, cache=cache)
-    c = fc.compile
-    collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
-    return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, 0, fc.batch_bytes,
-                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes)
 
 
 def decode_bound(estimate, measured, tgt: Target):

@@ -30,7 +30,7 @@ import re
 import jax
 import numpy as np
 
-from tpu_debug.runtime.target import fit_moe
+from tpu_debug.fit import moe as fit_moe
 from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, TargetCompile, compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep
 from tpu_debug.runtime.target.errors import TargetError
@@ -212,9 +212,9 @@ def _mesh(target: Target, plan: Plan):
     from jax.experimental import mesh_utils
     from jax.sharding import Mesh
 
-    from tpu_debug.runtime.target import _libtpu
+    from tpu_debug.runtime.target import topology
 
-    devices = _libtpu.topology(target)[: plan.devices]
+    devices = topology(target)[: plan.devices]
     try:  # ICI neighbours on the fastest-varying axis (tp), as JAX lays meshes out on a TPU
         grid = mesh_utils.create_device_mesh(plan.shape, devices=list(devices))
     except (ValueError, NotImplementedError, AssertionError):
@@ -274,7 +274,7 @@ def _fsdp_program(traced: TracedStep, n_p: int, n_b: int, gathered: list | None,
     """
     from collections import ChainMap
 
-    from tpu_debug.runtime.compiled import _GraphProgram
+    from tpu_debug.runtime.compiled import GraphProgram
 
     graph = traced.graph.graph
     params = {p: i for i, p in enumerate(list(graph.find_nodes(op="placeholder"))[:n_p])}
@@ -302,7 +302,7 @@ def _fsdp_program(traced: TracedStep, n_p: int, n_b: int, gathered: list | None,
                 late.add(node)
     embeds = {n for n in graph.nodes if str(n.target) == "aten.embedding.default"} if batch else set()
 
-    class Fsdp(_GraphProgram):
+    class Fsdp(GraphProgram):
         def _call(self, node, env, key, draws, mutations):
             if node in uses:
                 fresh: dict = {}

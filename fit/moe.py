@@ -61,6 +61,8 @@ class _Routing:
 
 
 _ROUTING = _Routing()
+# bfloat16 and float16: the dtypes a TPU's MXU multiplies natively, accumulating in float32
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 _OPS: dict = {}
 _LOCK = threading.Lock()
 
@@ -245,9 +247,7 @@ def _on_target(a, b):
     """The operands a TPU's ragged dot takes: its bfloat16 kernel accumulates in float32;
     XLA's CPU backend has none, so a host program multiplies half inputs in float32 (their
     products are exact in float32)."""
-    from tpu_debug.runtime.ops._common import HALF
-
-    if _ROUTING.mesh is None and a.dtype in HALF:
+    if _ROUTING.mesh is None and a.dtype in _HALF:
         return a.astype(jnp.float32), b.astype(jnp.float32)
     return a, b
 
@@ -313,10 +313,9 @@ def _ragged(x, w, sizes):
     """XLA's ragged dot on a TPU, in ``x``'s dtype: half products accumulate in float32 (at
     any precision they are exact, and the kernel refuses HIGHEST for them), float32 ones at
     the precision in effect."""
-    from tpu_debug.runtime.ops._common import HALF
     from tpu_debug.runtime.ops.linalg import matmul_precision
 
-    kw = {"preferred_element_type": jnp.float32} if x.dtype in HALF else {"precision": matmul_precision()}
+    kw = {"preferred_element_type": jnp.float32} if x.dtype in _HALF else {"precision": matmul_precision()}
     return jax.lax.ragged_dot(x, w, sizes, **kw).astype(x.dtype)
 
 

@@ -70,7 +70,7 @@ class ScanPieces:
     """The traced pieces of a decoder model's training step (see the module's docstring).
 
     Attributes:
-        pre, layer, post: the pieces' graph programs (``runtime.compiled._GraphProgram``).
+        pre, layer, post: the pieces' graph programs (``runtime.compiled.GraphProgram``).
         outer: names of the parameters outside the layers (``named_parameters()`` order).
         inner: names of one layer's parameters (relative to the layer).
         buffers: names of the model's buffers (all inputs of ``pre`` and ``post``).
@@ -117,9 +117,9 @@ def _decomposed(fn, *args):
     """``fn`` traced to an aten graph with compiled mode's decompositions, dead code dropped."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from tpu_debug.runtime.compiled import _decompositions
+    from tpu_debug.runtime.compiled import graph_decompositions
 
-    gm = make_fx(fn, decomposition_table=_decompositions())(*args)
+    gm = make_fx(fn, decomposition_table=graph_decompositions())(*args)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
@@ -157,7 +157,7 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
     import torch.nn as nn
     from torch.utils._pytree import tree_flatten
 
-    from tpu_debug.runtime.compiled import _GraphProgram
+    from tpu_debug.runtime.compiled import GraphProgram
     from tpu_debug.runtime.dtypes import to_jax_dtype
     from tpu_debug.runtime.ops import prims
 
@@ -226,9 +226,9 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
     specs.update({n: jax.ShapeDtypeStruct(tuple(b.shape), to_jax_dtype(b.dtype)) for n, b in meta_b.items()})
     specs.update({n: jax.ShapeDtypeStruct((layers, *layer_params[n].shape), to_jax_dtype(layer_params[n].dtype))
                   for n in inner})
-    return ScanPieces(_GraphProgram(pre_gm, "fit_pre", "inference"),
-                      _GraphProgram(layer_gm, "fit_layer", "inference"),
-                      _GraphProgram(post_gm, "fit_post", "inference"),
+    return ScanPieces(GraphProgram(pre_gm, "fit_pre", "inference"),
+                      GraphProgram(layer_gm, "fit_layer", "inference"),
+                      GraphProgram(post_gm, "fit_post", "inference"),
                       outer, inner, buffers, specs, len(side_meta), layers, prefix)
 
 
@@ -413,21 +413,21 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
                       cache: bool = True):
     """Compile the looped training step (``scan_step``) for ``target`` under ``plan``.
 
-    Placements are ``runtime.target.fit``'s (by each parameter's own name and shape; a
+    Placements are ``tpu_debug.fit.sharded``'s (by each parameter's own name and shape; a
     stacked layer parameter keeps its layer's split, its layer dimension whole); the batch
     (tokens, labels: ``batch_shape`` int64) is split over the batch axes. ``master_dtype``
     (``"float32"``): parameters and AdamW state are kept in it and cast to the model's dtype
     where read.
 
     Returns:
-        A ``runtime.target.fit.FitCompile``.
+        A ``tpu_debug.fit.sharded.FitCompile``.
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_debug.runtime.target import fit_moe
-    from tpu_debug.runtime.target.fit import (AXES, FitCompile, _mesh, compile_fit, param_placements,
+    from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit.sharded import (AXES, FitCompile, _mesh, compile_fit, param_placements,
                                               partition_spec, unsplit)
-    from tpu_debug.runtime.target.fit import gathered as read_whole
+    from tpu_debug.fit.sharded import gathered as read_whole
 
     mesh = _mesh(target, plan)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -495,7 +495,7 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     programs, applied to the compiler's figures of the optimized one; bytes accessed are
     scaled as the flops are.
     """
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.runtime.target.compile import CostStats
 
     layers = pieces.layers

@@ -1,0 +1,80 @@
+"""``tpu_debug.fit``: does a model train (or serve) on a TPU slice, and how fast?
+
+Everything fit computes lives here, above the runtime and the tracers and below the face:
+
+- :mod:`~tpu_debug.fit.answer`: :func:`fit`, :func:`search`, :func:`fixes`, the answer
+  (:class:`FitReport`) and keeping it as a run (:func:`record_fit`, :func:`record_search`);
+- :mod:`~tpu_debug.fit.sharded`: the ``(dp, fsdp, tp)`` mesh of a slice's compile-only
+  devices, the parameters' placements and the one SPMD compile of the step;
+- :mod:`~tpu_debug.fit.scan`: a training step whose decoder layers run as one loop;
+- :mod:`~tpu_debug.fit.infer`: prefill and decode steps with a static KV cache;
+- :mod:`~tpu_debug.fit.moe`: mixture-of-experts layers routed per batch shard.
+
+What reads an answer back stays with its layer: the ``FitEvent`` record in
+``tracers/events.py``, the advisor's rules in ``tracers/advisor/fit.py``, the report's
+section in ``tpu_debug/report/fit.py``, the TUI's screen in ``tui/screens/fit.py`` and
+the ``tpu-debug fit`` verb in ``tpu_debug/cli/fit.py``.
+
+Example:
+    >>> import tpu_debug
+    >>> report = tpu_debug.fit("llama3-8b", "v5e-8", plan="fsdp", batch=8, seq=2048)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from tpu_debug.fit.answer import (
+    JOBS,
+    PRESETS,
+    CollectiveCost,
+    FitReport,
+    Fixes,
+    MemoryBreakdown,
+    PlanSearch,
+    StepEstimate,
+    build_config,
+    collective_costs,
+    fit,
+    fit_event,
+    fixes,
+    ici_rate,
+    record_fit,
+    record_search,
+    remat_of,
+    search,
+)
+
+__all__ = [
+    "JOBS",
+    "PRESETS",
+    "CollectiveCost",
+    "FitReport",
+    "Fixes",
+    "MemoryBreakdown",
+    "PlanSearch",
+    "StepEstimate",
+    "build_config",
+    "collective_costs",
+    "fit",
+    "fit_event",
+    "fixes",
+    "ici_rate",
+    "record_fit",
+    "record_search",
+    "remat_of",
+    "search",
+]
+
+
+class _CallablePackage(types.ModuleType):
+    """``tpu_debug.fit`` names both this package and the function: once any submodule is
+    imported, Python binds the package to ``tpu_debug``'s ``fit`` attribute, so the package
+    answers a call as the function does."""
+
+    def __call__(self, *args, **kwargs) -> FitReport:
+        return fit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
