@@ -372,9 +372,10 @@ def fit(
         TargetError: an unknown job, model, or a plan that does not match the slice.
         TargetSpecError, LibtpuMissingError: as ``compile_for_target``.
 
-    Example:
-        >>> report = tpu_debug.fit(LlamaConfig(...), "v5e-8", plan="fsdp", batch=8, seq=2048)
-        >>> report.fits, report.headroom
+    Example::
+
+        report = tpu_debug.fit(LlamaConfig(...), "v5e-8", plan="fsdp", batch=8, seq=2048)
+        report.fits, report.headroom
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -963,8 +964,9 @@ def record_fit(report: FitReport, *, logdir: str | Path | None = None, name: str
     Raises:
         TpuDebugError: the run directory cannot be created; RunWriteError: nor its database.
 
-    Example:
-        >>> run_dir = record_fit(tpu_debug.fit("tiny-llama", "v5e-8", batch=8, seq=128))
+    Example::
+
+        run_dir = record_fit(tpu_debug.fit("tiny-llama", "v5e-8", batch=8, seq=128))
     """
     return _keep((report,), logdir, name or f"fit-{report.model}-{report.target.name}", fixes)
 

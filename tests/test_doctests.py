@@ -16,19 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# modules not run: __main__ runs the CLI when imported; the report, diff and fit modules still
-# hold examples that need a recorded run or a TPU compile and are not yet written as code blocks
-SKIPPED = frozenset(
-    {
-        "tpu_debug.__main__",
-        "tpu_debug.report",
-        "tpu_debug.diff",
-        "tpu_debug.fit",
-        "tpu_debug.runtime.target.fit",
-        "tpu_debug.runtime.target.fit_infer",
-        "tpu_debug.runtime.target.fit_scan",
-    }
-)
+# not run: __main__ runs the CLI when imported
+SKIPPED = frozenset({"tpu_debug.__main__"})
 
 
 def _modules_with_examples() -> list[str]:

@@ -171,10 +171,11 @@ def diff_data(a: Any, b: Any) -> dict[str, Any]:
         being ``b - a``) and ``findings`` (``fixed``: in A, not in B; ``introduced``:
         in B, not in A; ``remaining``: in both, each ``{a, b}``).
 
-    Example:
-        >>> data = diff_data(tpu_debug.open_run("before"), tpu_debug.open_run("after"))
-        >>> data["figures"]["implicit_syncs_per_step"], [f["kind"] for f in data["findings"]["fixed"]]
-        ({'a': 1.0, 'b': 0.0, 'change': -1.0, 'unit': ''}, ['implicit_sync'])
+    Example::
+
+        data = diff_data(tpu_debug.open_run("before"), tpu_debug.open_run("after"))
+        data["figures"]["implicit_syncs_per_step"], [f["kind"] for f in data["findings"]["fixed"]]
+        # ({'a': 1.0, 'b': 0.0, 'change': -1.0, 'unit': ''}, ['implicit_sync'])
     """
     from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
 
@@ -313,8 +314,9 @@ def print_diff(a: Any, b: Any, *, file: Any = None, terminal: bool | None = None
         terminal: colors and box drawing (default: whether ``file`` is a terminal).
         width: the console width (default: the terminal's; plain text: ``$COLUMNS``, else 160).
 
-    Example:
-        >>> print_diff(tpu_debug.open_run("before"), tpu_debug.open_run("after"))
+    Example::
+
+        print_diff(tpu_debug.open_run("before"), tpu_debug.open_run("after"))
     """
     console = make_console(file, terminal, width)
     is_terminal = console.is_terminal

@@ -276,10 +276,10 @@ def test_without_libtpu_the_target_api_says_what_to_install(monkeypatch):
 
 def test_importing_the_target_api_sets_no_environment_and_loads_no_libtpu():
     # ``import jax`` sets TPU_LIBRARY_PATH and TPU_SKIP_MDS_QUERY itself when libtpu is
-    # installed: the baseline is the environment after ``import tpu_debug``
+    # installed: the baseline is the environment after ``import jax``
     code = (
         "import os\n"
-        "import tpu_debug\n"
+        "import jax\n"
         "before = dict(os.environ)\n"
         "import tpu_debug.runtime.target as t\n"
         "from jax._src.lib import xla_client\n"

@@ -227,10 +227,11 @@ def report_data(session: Any) -> dict[str, Any]:
     Returns:
         A dict of JSON values (``json.dumps`` takes it as it is).
 
-    Example:
-        >>> data = report_data(tpu_debug.open_run())
-        >>> data["schema"], [f["kind"] for f in data["findings"]]
-        ('tpu_debug.report/1', ['implicit_sync'])
+    Example::
+
+        data = report_data(tpu_debug.open_run())
+        data["schema"], [f["kind"] for f in data["findings"]]
+        # ('tpu_debug.report/1', ['implicit_sync'])
     """
     return assemble(section_data(session))
 
