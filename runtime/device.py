@@ -670,6 +670,11 @@ def install() -> bool:
     # (and `tpu-debug tui`) should not pay; torch.compile and torch._dynamo's backend
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
+    if torch.distributed.is_available():
+        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device
+        from tpu_debug.runtime.distributed.c10d import register_backends
+
+        register_backends()
     return True
 
 
