@@ -142,6 +142,10 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def __init__(self, host_group: dist.ProcessGroup, rank: int, size: int, name: str) -> None:
         super().__init__(rank, size)
+        # c10d keeps a group's name (and its sequence numbers) in its backends: the host
+        # group's gloo backend is this group's CPU backend too
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               host_group._get_backend(torch.device("cpu")))
         self._host = host_group
         self._rank = rank
         self._size = size
