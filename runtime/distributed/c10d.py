@@ -157,7 +157,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def size(self) -> int:
         return self._size
 
-    def getBackendName(self) -> str:  # noqa: N802 - c10d's trampoline calls this name
+    def getBackendName(self) -> str:
         return self._backend_name
 
     def __repr__(self) -> str:
@@ -220,7 +220,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         return self._run("allgather_coalesced", (output_lists, inputs, _options(opts, _c10d.AllgatherOptions)))
 
-    def all_gather_single(self, output, input, opts=None):  # noqa: A002 - c10d's argument name
+    def all_gather_single(self, output, input, opts=None):
         return self._run("all_gather_single", (output, input, _options(opts, _c10d.AllgatherOptions)))
 
     _allgather_base = all_gather_single
@@ -233,7 +233,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         return self._reduce_scatter("reduce_scatter", outputs, input_lists, opts)
 
-    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - c10d's argument name
+    def reduce_scatter_single(self, output, input, opts=None):
         return self._reduce_scatter("reduce_scatter_single", output, input, opts)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -248,7 +248,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._run(name, (outputs, inputs, _as_sum(opts, _c10d.ReduceScatterOptions)),
                          reduce_op=opts.reduceOp)
 
-    def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):  # noqa: A002
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
         return self._run("alltoall_base", (output, input, list(output_splits or []), list(input_splits or []),
                                            _options(opts, _c10d.AllToAllOptions)))
 

@@ -24,7 +24,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_helpers import DATA, REPO, python_env
-
 from tpu_debug.runtime.distributed import c10d
 
 CASES = DATA / "torch_dist_cases.py"
