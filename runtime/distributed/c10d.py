@@ -34,6 +34,8 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from tpu_debug.runtime import probes
+
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
 
 BACKEND_NAMES = ("tpu", "tpu_dist")
@@ -140,8 +142,11 @@ class TpuProcessGroup(dist.ProcessGroup):
     Made by ``torch.distributed`` for the backends ``tpu`` and ``tpu_dist``; not built by hand.
     """
 
-    def __init__(self, host_group: dist.ProcessGroup, rank: int, size: int, name: str) -> None:
+    def __init__(self, host_group: dist.ProcessGroup, rank: int, size: int, name: str,
+                 global_ranks: Sequence[int] = ()) -> None:
         super().__init__(rank, size)
+        self._global_ranks = tuple(int(r) for r in global_ranks) or tuple(range(size))
+        self._seq = 0
         # c10d keeps a group's name (and its sequence numbers) in its backends: the host
         # group's gloo backend is this group's CPU backend too
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
@@ -169,11 +174,17 @@ class TpuProcessGroup(dist.ProcessGroup):
         """Run host group method ``name`` on host copies of ``args``; write argument ``outputs``
         back into its device tensors."""
         kind, factor = _reduce_kind(reduce_op)
+        self._seq += 1
+        if probes._routes.on_collective:
+            probes.collective(self._info(name, args, kind))
         in_place = name.startswith("allreduce")
         if kind is not None:
             _check_reduce(kind, _flat(args[0 if in_place else 1]))
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        host_args = [_to_host(a, copies) for a in args]
+        # the host copies are the engine's, reported as the collective: no transfer events.
+        # The write-back below is reported (divergence tracing keeps its CPU shadow by it)
+        with probes.quiet():
+            host_args = [_to_host(a, copies) for a in args]
         if kind == _RedOp.PREMUL_SUM:
             if in_place:
                 for t in _flat(host_args[0]):
@@ -189,6 +200,30 @@ class TpuProcessGroup(dist.ProcessGroup):
         wanted = _flat(args[outputs])
         _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
         return _DoneWork(wanted)
+
+    def _info(self, name: str, args: tuple, kind: Any) -> probes.CollectiveInfo:
+        tensors = [t for a in args for t in _flat(a)]
+        peer = None
+        if name in ("send", "recv"):
+            peer = int(args[1])
+        elif hasattr(args[-1], "rootRank"):
+            peer = int(args[-1].rootRank)
+        try:
+            group = self.group_name
+        except RuntimeError:  # while c10d is still naming the group
+            group = "?"
+        return probes.CollectiveInfo(
+            op=name,
+            group=group,
+            ranks=self._global_ranks,
+            rank=self._rank,
+            seq=self._seq,
+            shapes=tuple(tuple(t.shape) for t in tensors),
+            dtype=",".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors})),
+            nbytes=sum(t.numel() * t.element_size() for t in tensors),
+            reduce_op=None if kind is None else kind.name,
+            peer=peer,
+        )
 
     def _host_call(self, name: str, host_args: list) -> None:
         work = getattr(self._host, name)(*host_args)
@@ -323,7 +358,7 @@ def _creator(name: str) -> Callable[[Any, Any], TpuProcessGroup]:
     def create(opts: Any, backend_options: Any = None) -> TpuProcessGroup:
         host = _host_group(opts.store, opts.group_rank, opts.group_size, opts.timeout, opts.group_id,
                            opts.global_ranks_in_group)
-        return TpuProcessGroup(host, opts.group_rank, opts.group_size, name)
+        return TpuProcessGroup(host, opts.group_rank, opts.group_size, name, opts.global_ranks_in_group)
 
     create.__name__ = f"create_{name}_process_group"
     return create
