@@ -236,7 +236,8 @@ class CollectiveInfo:
 
     ``op`` is the process group's method (``allreduce``, ``all_gather_single``, ``send``...),
     ``group`` c10d's name of the group, ``ranks`` its members' global ranks, ``rank`` this
-    process's rank in it, ``seq`` the group's collectives counted from 1 on this rank;
+    process's rank in it, ``seq`` the group's collectives counted from 1 on this rank (its
+    sends and receives are counted apart);
     ``shapes`` and ``dtype`` describe the tensors given (outputs, then inputs), ``nbytes``
     their total; ``reduce_op`` the reduction (None for none) and ``peer`` the other rank of
     a send, receive or broadcast root (None for none).

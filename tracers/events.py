@@ -407,6 +407,7 @@ class CollectiveCallEvent(Event):
     collectives: a different ``op``, ``shapes`` or ``dtype`` at one ``seq``, or a rank
     whose sequence ends early. ``shapes`` holds each tensor's shape (``"[4, 2]"``),
     outputs before inputs; ``peer`` is the other rank of a send or receive, or a root.
+    ``seq`` counts the group's collectives from 1 on this rank; sends and receives count apart.
     """
 
     kind: ClassVar[str] = "collective_call"

@@ -35,10 +35,12 @@ from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.runtime import probes
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "P2P_OPS", "TpuProcessGroup", "register_backends"]
 
 BACKEND_NAMES = ("tpu", "tpu_dist")
 DEFAULT_BACKEND = "tpu_dist"
+#: the point-to-point calls, whose sequence numbers count apart from the group's collectives
+P2P_OPS = ("send", "recv", "recv_anysource")
 _lock = threading.Lock()
 _registered = False
 
@@ -146,6 +148,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._global_ranks = tuple(int(r) for r in global_ranks) or tuple(range(size))
         self._seq = 0
+        self._p2p_seq = 0
         # c10d keeps a group's name (and its sequence numbers) in its backends: the host
         # group's gloo backend is this group's CPU backend too
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
@@ -173,7 +176,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         """Run host group method ``name`` on host copies of ``args``; write argument ``outputs``
         back into its device tensors."""
         kind, factor = _reduce_kind(reduce_op)
-        self._seq += 1
+        if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
+            self._p2p_seq += 1
+        else:
+            self._seq += 1
         if probes._routes.on_collective:
             probes.collective(self._info(name, args, kind))
         in_place = name.startswith("allreduce")
@@ -216,7 +222,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             group=group,
             ranks=self._global_ranks,
             rank=self._rank,
-            seq=self._seq,
+            seq=self._p2p_seq if name in P2P_OPS else self._seq,
             shapes=tuple(tuple(t.shape) for t in tensors),
             dtype=",".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors})),
             nbytes=sum(t.numel() * t.element_size() for t in tensors),
