@@ -176,15 +176,15 @@ class TpuProcessGroup(dist.ProcessGroup):
         """Run host group method ``name`` on host copies of ``args``; write argument ``outputs``
         back into its device tensors."""
         kind, factor = _reduce_kind(reduce_op)
+        in_place = name.startswith("allreduce")
+        if kind is not None:
+            _check_reduce(kind, _flat(args[0 if in_place else 1]))
         if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
             self._p2p_seq += 1
         else:
             self._seq += 1
         if probes._routes.on_collective:
             probes.collective(self._info(name, args, kind))
-        in_place = name.startswith("allreduce")
-        if kind is not None:
-            _check_reduce(kind, _flat(args[0 if in_place else 1]))
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         # the host copies are the engine's, reported as the collective: no transfer events.
         # The write-back below is reported (divergence tracing keeps its CPU shadow by it)
