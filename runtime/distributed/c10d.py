@@ -379,7 +379,7 @@ def register_backends() -> None:
         for name in BACKEND_NAMES:
             if name.upper() not in dist.Backend._plugins:
                 dist.Backend.register_backend(name, _creator(name), extended_api=True, devices=["tpu", "cpu"])
+        # register_backend gives a device to the first backend that claims it: CPU stays
+        # gloo's, and tpu gets TorchTPU's default even when "tpu" was registered first
         dist.Backend.default_device_backend_map["tpu"] = DEFAULT_BACKEND
-        # register_backend claims devices nobody has; CPU stays gloo's
-        dist.Backend.default_device_backend_map["cpu"] = "gloo"
         _registered = True

@@ -119,6 +119,29 @@ def test_one_rank_group(one_rank):
     assert work.get_future().value()[0] is t
 
 
+def test_collective_calls_are_recorded_at_the_users_line(one_rank, tmp_path):
+    import tpu_debug
+
+    with tpu_debug.trace(logdir=tmp_path, hlo=False) as session:
+        t = torch.ones(3, device="tpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out = torch.empty(3, device="tpu")
+        dist.all_gather_into_tensor(out, t)
+        dist.broadcast(t, src=0)
+    calls = session.events("collective_call")
+    assert [(c.op, c.seq, c.shapes, c.dtype, c.reduce_op, c.peer) for c in calls] == [
+        ("allreduce", 1, ("[3]",), "float32", "MAX", None),
+        ("all_gather_single", 2, ("[3]", "[3]"), "float32", None, None),
+        ("broadcast", 3, ("[3]",), "float32", None, 0),
+    ]
+    here = Path(__file__).read_text().splitlines()
+    assert [here[c.location.line - 1].strip().split("(")[0] for c in calls] == [
+        "dist.all_reduce", "dist.all_gather_into_tensor", "dist.broadcast"]
+    assert {(c.group_ranks, c.rank, c.nbytes > 0) for c in calls} == {((0,), 0, True)}
+    # the engine's host copies are the collective's, not transfers of the user's
+    assert [e.op for e in session.events("transfer") if e.direction == "d2h"] == []
+
+
 def test_average_of_integers_is_refused(one_rank):
     t = torch.arange(4, device="tpu")
     with pytest.raises(TypeError, match=re.escape(
