@@ -35,7 +35,7 @@ COLLECTIVES = [
       for op in ("sum", "product", "min", "max", "band", "bor", "bxor")),
     "all_reduce.avg.float32", "all_reduce.view", "async.wait",
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
-    "all_to_all_single", "all_to_all_single.uneven", "send_recv",
+    "all_to_all_single", "all_to_all_single.uneven", "send_recv", "reduce", "gather", "scatter", "all_to_all",
     "new_group.pair", "new_group.alone",
     "functional.all_reduce", "functional.all_gather_tensor", "functional.reduce_scatter_tensor",
     "dtensor.local", "dtensor.full", "dtensor.sum",
@@ -140,6 +140,17 @@ def test_collective_calls_are_recorded_at_the_users_line(one_rank, tmp_path):
     assert {(c.group_ranks, c.rank, c.nbytes > 0) for c in calls} == {((0,), 0, True)}
     # the engine's host copies are the collective's, not transfers of the user's
     assert [e.op for e in session.events("transfer") if e.direction == "d2h"] == []
+
+
+def test_premultiplied_sum(one_rank):
+    t = torch.arange(4.0, device="tpu")
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    assert t.cpu().tolist() == [0.0, 0.5, 1.0, 1.5]
+    out = torch.empty(4, device="tpu")
+    source = torch.arange(4.0, device="tpu")
+    dist.reduce_scatter_tensor(out, source, op=dist._make_nccl_premul_sum(2.0))
+    assert out.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert source.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]  # the input is left as it was
 
 
 def test_average_of_integers_is_refused(one_rank):

@@ -99,6 +99,23 @@ def _point_to_point(device: str, rank: int, out: dict) -> None:
     out["send_recv"] = got.cpu()
 
 
+def _rooted(device: str, rank: int, out: dict) -> None:
+    t = _values(torch.float32, rank).to(device)
+    dist.reduce(t, dst=1, op=R.MAX)
+    out["reduce"] = t.cpu()  # the root's is the reduction; the others' are left as gloo leaves them
+    x = _values(torch.int64, rank).to(device)
+    gathered = [torch.empty(6, dtype=torch.int64).to(device) for _ in range(WORLD)] if rank == 0 else None
+    dist.gather(x, gathered, dst=0)
+    out["gather"] = torch.stack([g.cpu() for g in gathered]) if rank == 0 else torch.zeros(0)
+    pieces = [(_values(torch.float32, 1) * (i + 1)).to(device) for i in range(WORLD)] if rank == 1 else None
+    mine = torch.empty(6).to(device)
+    dist.scatter(mine, pieces, src=1)
+    out["scatter"] = mine.cpu()
+    outs = [torch.empty(3).to(device) for _ in range(WORLD)]
+    dist.all_to_all(outs, [(torch.arange(3.0) + 10 * rank + i).to(device) for i in range(WORLD)])
+    out["all_to_all"] = torch.stack([o.cpu() for o in outs])
+
+
 def _groups(device: str, rank: int, out: dict) -> None:
     pair = dist.new_group([0, 1])
     alone = [dist.new_group([r]) for r in range(WORLD)][rank]
@@ -188,6 +205,7 @@ CASES = {
     "all_reduce": _all_reduce,
     "gathers": _gathers,
     "point_to_point": _point_to_point,
+    "rooted": _rooted,
     "groups": _groups,
     "ddp": _ddp,
     "fsdp": _fsdp,
