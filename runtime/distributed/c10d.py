@@ -319,6 +319,14 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._run("recv_anysource", (tensors, tag))
 
 
+# c10d's entry points run eagerly inside compiled code (DDP's forward broadcasts its buffers,
+# dist.* calls from a compiled function): dynamo must call them, not trace into them
+for _name, _fn in list(vars(TpuProcessGroup).items()):
+    if callable(_fn) and not _name.startswith("__") and _name not in ("_info", "_host_call"):
+        setattr(TpuProcessGroup, _name, probes.hidden_from_dynamo(_fn))
+del _name, _fn
+
+
 def _options(opts: Any, cls: type) -> Any:
     return cls() if opts is None else opts
 
