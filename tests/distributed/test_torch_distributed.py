@@ -40,7 +40,7 @@ COLLECTIVES = [
     "functional.all_reduce", "functional.all_gather_tensor", "functional.reduce_scatter_tensor",
     "dtensor.local", "dtensor.full", "dtensor.sum",
 ]
-TRAINING = ["ddp", "fsdp", "tp"]
+TRAINING = ["ddp", "ddp_compiled", "fsdp", "tp"]
 
 
 def _launch(device: str, out: Path) -> subprocess.Popen:

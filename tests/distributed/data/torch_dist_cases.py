@@ -171,6 +171,16 @@ def _ddp(device: str, rank: int, out: dict) -> None:
     out["ddp.params"] = [p.detach().cpu() for p in model.parameters()]
 
 
+def _ddp_compiled(device: str, rank: int, out: dict) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _mlp().to(device)
+    # the reference compiles with PyTorch's own AOTAutograd and eager kernels (no C++ toolchain)
+    step = torch.compile(DDP(model), backend="tpu_debug" if device == "tpu" else "aot_eager")
+    out["ddp_compiled.losses"] = torch.tensor(_train(step, model.parameters(), device, _batches(rank)))
+    out["ddp_compiled.params"] = [p.detach().cpu() for p in model.parameters()]
+
+
 def _fsdp(device: str, rank: int, out: dict) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -208,6 +218,7 @@ CASES = {
     "rooted": _rooted,
     "groups": _groups,
     "ddp": _ddp,
+    "ddp_compiled": _ddp_compiled,
     "fsdp": _fsdp,
     "tp": _tensor_parallel,
 }
