@@ -6,6 +6,7 @@ import functools
 import importlib.abc
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 
@@ -71,6 +72,98 @@ class _Precision:
         config.matmul_precision = value  # explicit, so it holds under TPU numerics too
 
 
+class Stream:
+    """``torch.tpu.Stream``: a stream handle for code written for CUDA-like devices (FSDP2 makes
+    several and orders them with events).
+
+    The runtime issues every `tpu` op from the calling thread in program order, JAX runs
+    each op after the ops whose results it reads, and a collective finishes on the host
+    before its call returns: there is one ordered queue, so waits between streams have
+    nothing to order and return at once; ``synchronize`` waits for all device work.
+    """
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device = torch.device("tpu", 0)
+        self.priority = priority
+
+    def wait_stream(self, stream: Stream) -> None:
+        return None
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        TpuModule.synchronize()
+
+    def __repr__(self) -> str:
+        return f"torch.tpu.Stream(device={self.device}, priority={self.priority})"
+
+
+class Event:
+    """``torch.tpu.Event``: a point in the one ordered queue (see :class:`Stream`); with
+    ``enable_timing`` it keeps the host time it was recorded at, after the work before it."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        if self.enable_timing:
+            TpuModule.synchronize()
+            self._time = time.perf_counter()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        TpuModule.synchronize()
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds from this event to ``end_event``, both recorded with ``enable_timing=True``."""
+        if self._time is None or end_event._time is None:
+            raise TpuArgumentError("elapsed_time needs two events recorded with Event(enable_timing=True)")
+        return (end_event._time - self._time) * 1000.0
+
+
+_streams: dict[str, Stream] = {}
+
+
+def _default_stream() -> Stream:
+    stream = _streams.get("default")
+    if stream is None:
+        stream = _streams.setdefault("default", Stream())
+    return stream
+
+
+class _StreamContext:
+    """``with torch.tpu.stream(s):`` makes ``s`` the current stream, and restores the one before."""
+
+    def __init__(self, stream: Stream | None) -> None:
+        self.stream = stream
+        self._prior: Stream | None = None
+
+    def __enter__(self) -> Stream | None:
+        self._prior = TpuModule.current_stream()
+        if self.stream is not None:
+            TpuModule.set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        if self.stream is not None:
+            TpuModule.set_stream(self._prior)
+
+
 class TpuModule:
     """What ``torch.tpu`` holds."""
 
@@ -82,6 +175,26 @@ class TpuModule:
     profiler = _profiler
     utils = _tpu_utils
     _get_cache_stats = staticmethod(_tpu_utils.get_cache_stats)
+
+    # streams and events, as FSDP2 and other CUDA-style code ask a device module for them
+    Stream = Stream
+    Event = Event
+
+    @staticmethod
+    def current_stream(device=None) -> Stream:
+        return _streams.get("current") or _default_stream()
+
+    @staticmethod
+    def default_stream(device=None) -> Stream:
+        return _default_stream()
+
+    @staticmethod
+    def set_stream(stream: Stream) -> None:
+        _streams["current"] = stream
+
+    @staticmethod
+    def stream(stream: Stream | None) -> _StreamContext:
+        return _StreamContext(stream)
 
     @property
     def eager_mode(self) -> _lazy.EagerMode:
@@ -339,10 +452,48 @@ def _patch_storages() -> None:
             host = np.asarray(jax.device_get(payload)).reshape(-1)
         return torch.from_numpy(host.copy().view(np.uint8)).untyped_storage()
 
-    for name, fn, original in (("clone", clone, original_clone), ("nbytes", nbytes, original_nbytes), ("cpu", cpu, original_cpu)):
+    original_resize = cls.resize_
+
+    def resize_(self, size):
+        if self.device.type != "tpu":
+            return original_resize(self, size)
+        _resize_storage(self, int(size))
+        return self
+
+    for name, fn, original in (("clone", clone, original_clone), ("nbytes", nbytes, original_nbytes),
+                               ("cpu", cpu, original_cpu), ("resize_", resize_, original_resize)):
         fn._tpu_debug = True
         fn.__doc__ = original.__doc__
         setattr(cls, name, fn)
+
+
+def _resize_storage(storage, nbytes: int) -> None:
+    """``UntypedStorage.resize_`` for a `tpu` storage, whose bytes are its payload's. FSDP2 frees
+    an unsharded parameter's memory with ``resize_(0)`` and allocates it again with
+    ``resize_(nbytes)`` before writing it whole; a resize keeps the data it had up to the new
+    size, as PyTorch's does, and new bytes read as zeros."""
+    payload = getattr(storage, PAYLOAD_ATTR, None)
+    dtype = np.dtype(payload.dtype) if payload is not None else np.dtype(np.uint8)
+    if nbytes % dtype.itemsize:
+        raise TpuArgumentError(
+            f"resize_({nbytes}) of a tpu storage of {dtype}: give a multiple of its {dtype.itemsize}-byte items"
+        )
+    numel = nbytes // dtype.itemsize
+    have = 0 if payload is None else int(payload.size)
+    if have == numel:
+        return
+    if have == 0 or type(payload) is _Uninit:
+        set_payload(storage, _Uninit(numel, dtype))
+        return
+    if numel == 0:
+        set_payload(storage, _Uninit(0, dtype))
+        return
+    value = payload.value() if type(payload) is LazyArray else payload
+    if type(value) is Abstract:
+        raise value_needed("storage.resize_()")
+    flat = jnp.reshape(value, (-1,))
+    kept = flat[:numel] if numel < have else jnp.concatenate([flat, jnp.zeros((numel - have,), flat.dtype)])
+    set_payload(storage, kept)
 
 
 def _local_scalar_dense(self):
@@ -679,6 +830,11 @@ def install() -> bool:
     # (and `tpu-debug tui`) should not pay; torch.compile and torch._dynamo's backend
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
+    if torch.distributed.is_available():
+        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device
+        from tpu_debug.runtime.distributed.c10d import register_backends
+
+        register_backends()
     return True
 
 

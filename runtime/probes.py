@@ -20,6 +20,7 @@ the runtime calls                      each probe hears
 ``materialized(info)``                 ``on_materialize(info: MaterializeInfo)``
 ``allocated(info)``                    ``on_alloc(info: AllocInfo)``
 ``freed(info)``                        ``on_free(info: FreeInfo)``
+``collective(info)``                   ``on_collective(info: CollectiveInfo)``
 =====================================  ======================================
 
 ``on_alloc``/``on_free`` are memory tracking (``runtime/memory.py``): while a
@@ -53,6 +54,7 @@ __all__ = [
     "AllocInfo",
     "ArgSpec",
     "as_dynamo_disabled",
+    "CollectiveInfo",
     "CompileInfo",
     "DynamoOrigin",
     "FallbackInfo",
@@ -68,6 +70,7 @@ __all__ = [
     "add_transfer_check",
     "allocated",
     "check_transfer",
+    "collective",
     "compiled",
     "compiling",
     "deferred",
@@ -226,6 +229,33 @@ class FallbackInfo:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveInfo:
+    """A c10d collective call of the `tpu` process group (runtime/distributed/c10d.py), told
+    when this rank enters it: a rank stuck in one has reported it, and the ranks' sequences
+    of these show where they stopped agreeing.
+
+    ``op`` is the process group's method (``allreduce``, ``all_gather_single``, ``send``...),
+    ``group`` c10d's name of the group, ``ranks`` its members' global ranks, ``rank`` this
+    process's rank in it, ``seq`` the group's collectives counted from 1 on this rank (its
+    sends and receives are counted apart);
+    ``shapes`` and ``dtype`` describe the tensors given (outputs, then inputs), ``nbytes``
+    their total; ``reduce_op`` the reduction (None for none) and ``peer`` the other rank of
+    a send, receive or broadcast root (None for none).
+    """
+
+    op: str
+    group: str
+    ranks: tuple[int, ...]
+    rank: int
+    seq: int
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    nbytes: int
+    reduce_op: str | None = None
+    peer: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class MaterializeInfo:
     """Lazy mode ran its pending graph, because a value was needed.
 
@@ -313,6 +343,9 @@ class Probe(Protocol):
 
     def on_free(self, info: FreeInfo) -> None: ...
 
+    def on_collective(self, info: CollectiveInfo) -> None:
+        """This rank is entering a c10d collective of the `tpu` process group."""
+
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
     # on_compile / on_transfer follows on that thread, unless the activity raised (a
@@ -356,6 +389,7 @@ class _Routes:
     on_materialize: Route = ()
     on_alloc: Route = ()
     on_free: Route = ()
+    on_collective: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -502,6 +536,12 @@ def fell_back(info: FallbackInfo) -> None:
     """An op with no lowering ran on CPU."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_fallback, (info,), probe_errors)
+
+
+def collective(info: CollectiveInfo) -> None:
+    """This rank is entering a c10d collective of the `tpu` process group."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_collective, (info,), probe_errors)
 
 
 def evicted(mode: str, name: str, key: Any) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "OpEvent",
     "CompileEvent",
     "TransferEvent",
+    "CollectiveCallEvent",
     "FallbackEvent",
     "GraphBreakEvent",
     "GuardFailureEvent",
@@ -393,6 +394,35 @@ class TransferEvent(Event):
     # the library frame that moved the data when it was not the user's own line ("file:line in
     # function": a sync inside transformers' generate(), reached from ``location``), else None
     context: str | None = None
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveCallEvent(Event):
+    """A rank entered a c10d collective of the `tpu` process group (``dist.all_reduce``, DDP's
+    bucket all-reduce, an FSDP2 all-gather...), at ``location``, the user's line.
+
+    Recorded on entry, so a rank stuck in a collective has recorded it. Comparing the ranks'
+    sequences per group (``group``, ``seq``) shows where they stopped calling the same
+    collectives: a different ``op``, ``shapes`` or ``dtype`` at one ``seq``, or a rank
+    whose sequence ends early. ``shapes`` holds each tensor's shape (``"[4, 2]"``),
+    outputs before inputs; ``peer`` is the other rank of a send or receive, or a root.
+    ``seq`` counts the group's collectives from 1 on this rank; sends and receives count apart.
+    """
+
+    kind: ClassVar[str] = "collective_call"
+    stored: ClassVar[Stored] = Stored("collective_calls", name="op")
+
+    op: str
+    group: str = column("group_name")  # GROUP is an SQL keyword
+    group_ranks: tuple[int, ...] = column()
+    rank: int
+    seq: int
+    shapes: tuple[str, ...]
+    dtype: str
+    nbytes: int
+    reduce_op: str | None = None
+    peer: int | None = None
 
 
 @register_event

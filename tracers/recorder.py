@@ -16,6 +16,7 @@ import traceback
 from typing import Any
 
 from tpu_debug.tracers.events import (
+    CollectiveCallEvent,
     CompileEvent,
     FallbackEvent,
     InternalErrorEvent,
@@ -274,6 +275,27 @@ class Recorder:
                 str(info.op),
                 tuple(a.recorded() for a in info.args),
                 float(info.seconds),
+            )
+        )
+
+    def on_collective(self, info: Any) -> None:
+        self.writer.put(
+            CollectiveCallEvent(
+                self.writer.new_id(),
+                self.clock(),
+                None,
+                threading.get_native_id(),
+                user_location(_PROBE_DEPTH),
+                str(info.op),
+                str(info.group),
+                tuple(int(r) for r in info.ranks),
+                int(info.rank),
+                int(info.seq),
+                tuple(str(list(s)) for s in info.shapes),
+                str(info.dtype),
+                int(info.nbytes),
+                info.reduce_op,
+                info.peer,
             )
         )
 

@@ -217,13 +217,17 @@ def launch_ranks(
     base = dict(os.environ if env is None else env)
     base[ENV_COORDINATOR] = f"127.0.0.1:{_free_port()}"
     base[ENV_NPROC] = str(nproc)
+    # torch.distributed's env:// rendezvous, as torchrun sets it: init_process_group() in the
+    # script joins the other ranks with no argument
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
+                LOCAL_WORLD_SIZE=str(nproc))
     if devices is not None:
         base["XLA_FLAGS"] = device_count_flag(base.get("XLA_FLAGS", ""), devices)
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
     try:
         for rank in range(nproc):
-            rank_env = dict(base, **{ENV_RANK: str(rank)})
+            rank_env = dict(base, **{ENV_RANK: str(rank), "RANK": str(rank), "LOCAL_RANK": str(rank)})
             try:
                 proc = subprocess.Popen(list(argv), env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             except OSError as exc:
