@@ -228,3 +228,43 @@ def test_only_the_lr_schedulers_skipped_wrapper_is_deliberate():
         why = f"Dynamo developers have intentionally marked that the function `step` in file `{path}` should not be"
         brk = _parse_graph_break(_payload("/home/me/train.py:40", title, why, frames), None)
         assert brk.deliberate is deliberate, path
+
+
+def test_a_library_read_the_users_argument_or_cadence_asks_for_is_a_warning_at_the_users_call(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(16, 1).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=2)
+    x, y = torch.randn(8, 16).to("tpu"), torch.randn(8, 1).to("tpu")
+
+    def loop():
+        for _ in range(8):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)  # the clip
+            opt.step()
+            plateau.step(loss)  # the plateau
+            tpu_debug.step()
+
+    with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
+        loop()
+    syncs = {f.evidence.location.line: f for f in session.findings() if f.kind == "implicit_sync"}
+    clip, plateau_line = line_of(loop, "# the clip"), line_of(loop, "# the plateau")
+    assert set(syncs) == {clip, plateau_line}, list(syncs)
+    assert syncs[clip].severity == syncs[plateau_line].severity == "warning"
+    assert (syncs[clip].cause, syncs[plateau_line].cause) == ("argument", "cadence")
+    assert syncs[clip].fix.startswith("drop error_if_nonfinite=True")
+    assert syncs[plateau_line].fix.startswith("call it once per epoch with a validation metric")
+    assert all(f.evidence.location.file == __file__ for f in syncs.values())
+
+
+def test_a_library_read_nobody_asked_for_stays_the_librarys():
+    from tpu_debug.tracers.transfers import user_caused
+
+    root = "/venv/lib/python3.11/site-packages/torch/"
+    assert user_caused(root + "nn/utils/clip_grad.py:109 in _get_total_norm").cause == "argument"
+    assert user_caused(root + "optim/lr_scheduler.py:1699 in ReduceLROnPlateau.step").cause == "cadence"
+    generate = "/venv/lib/python3.11/site-packages/transformers/generation/utils.py:2500 in _sample"
+    assert user_caused(generate) is None
+    assert user_caused(None) is None

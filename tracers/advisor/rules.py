@@ -31,7 +31,7 @@ from tpu_debug.tracers.recompiles import (
     storage_sizes,
     summarize,
 )
-from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for
+from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for, user_caused
 
 __all__ = [
     "DISPATCH_SHARE",
@@ -643,13 +643,23 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
         site = CallSite(location, direction, op, True, len(chosen), nbytes, seconds, ())
         what = CAUSE_TEXT.get(op, op)
         library = _library_frame(chosen)
+        caused = user_caused(library)
         title = f"{what} at {_where(location)} waits for the device {_how_often(facts, steps, chosen)}"
         fix = advice_for(site)
         notes = (f"{direction} copies made by {what}",)
-        if library is not None:
+        if caused is not None:
+            # the read is in library code, but the user's argument or cadence asks for it: the
+            # line to change and the fix are the user's
+            title = (f"{caused.what}: at {_where(location)} it waits for the device "
+                     f"{_how_often(facts, steps, chosen)}")
+            fix = caused.fix
+            notes += (f"library frame: {library}", f"caused by the call's {caused.cause}")
+            library = None
+        elif library is not None:
             # the sync is the library's own code (transformers' generate() checking its stopping
             # criteria, say): the user's line is what reached it, and the fix is not theirs to make
-            title = f"{what} inside library code ({library}), reached from {_where(location)}, waits for the device {_how_often(facts, steps, chosen)}"
+            title = (f"{what} inside library code ({library}), reached from {_where(location)}, "
+                     f"waits for the device {_how_often(facts, steps, chosen)}")
             fix = (f"the read is in {library}, not in this script: it syncs where the library needs "
                    "the value; call the library less often per step, or use an API of it that does not read")
             notes += (f"library frame: {library}",)
@@ -670,7 +680,7 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
                 notes,
             ),
             steps=_span(steps),
-            cause="library" if library is not None else op,
+            cause="library" if library is not None else (caused.cause if caused is not None else op),
             subject=f"{_site(location)} ({op})",
         )
 
