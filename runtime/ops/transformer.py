@@ -13,7 +13,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.ops.registry import composite
 

@@ -14,7 +14,6 @@ import contextlib
 import pytest
 import torch
 from torch import nn
-
 from tpu_debug.core.errors import NoLoweringError
 
 ATOL, RTOL = 2e-5, 1e-5
@@ -88,7 +87,7 @@ def test_multihead_attention_fast_path_equals_cpu(mode):
     pad = torch.zeros(2, 9, dtype=torch.bool)
     pad[1, 6:] = True
     tpu = _on_tpu(mha, mode)
-    t = lambda v: v.to("tpu")  # noqa: E731
+    t = lambda v: v.to("tpu")
     with torch.no_grad(), _mode(mode):
         out, w = tpu(t(q), t(q), t(q))  # self-attention: the packed in-projection
         ref, ref_w = mha(q, q, q)
