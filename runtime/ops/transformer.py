@@ -48,7 +48,9 @@ def nested_tensor_from_mask(t, mask, mask_check=True):
     raise NoLoweringError(_NESTED.format(op="aten::_nested_tensor_from_mask"))
 
 
-def _broadcast_mask(mask: torch.Tensor, mask_type: int | None, batch: int, queries: int, keys: int) -> torch.Tensor:
+def _broadcast_mask(
+    mask: torch.Tensor, mask_type: int | None, batch: int, queries: int, keys: int
+) -> torch.Tensor:
     """The mask as (batch, heads or 1, queries, keys), True or -inf where attention is masked out."""
     if mask_type == _KEY_PADDING or (mask_type is None and mask.dim() == 2 and mask.shape == (batch, keys)
                                      and (batch, keys) != (queries, keys)):

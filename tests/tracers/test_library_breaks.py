@@ -225,7 +225,7 @@ def test_only_the_lr_schedulers_skipped_wrapper_is_deliberate():
     title = "Attempted to call function marked as skipped"
     frames = [("/home/me/train.py", 40, "<module>")]
     for path, deliberate in ((scheduler, True), (other, False)):
-        why = f"Dynamo developers have intentionally marked that the function `step` in file `{path}` should not be"
+        why = f"Dynamo developers have intentionally marked that the function `step` in file `{path}` should"
         brk = _parse_graph_break(_payload("/home/me/train.py:40", title, why, frames), None)
         assert brk.deliberate is deliberate, path
 

@@ -975,8 +975,11 @@ def _tiny_share(facts: RunFacts) -> tuple[float, float] | None:
     return sum(n for _, n in small) / total, _dispatch_floor_of(small, 0.75)
 
 
-@rule("eager_tiny_ops", about="an eager step of hundreds of small ops whose time is mostly dispatch, which compiling "
-      "would fuse", view="steps")
+@rule(
+    "eager_tiny_ops",
+    about="an eager step of hundreds of small ops whose time is mostly dispatch, which compiling would fuse",
+    view="steps",
+)
 def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     steady = [s for s in facts.steady if s.eager_ops]
     if len(steady) < 2:
@@ -1040,8 +1043,8 @@ def _tiny_ops_finding(facts: RunFacts, steady: Sequence[Any], ops: int, share: f
             (
                 f"{100 * share:.0f}% of the eager ops have inputs of at most {TINY_ELEMENTS:,} elements: "
                 "their time is dispatch, not device work",
-                f"estimate: the step spends {_secs(dispatch)} of its {_secs(step)} on the host around its ops "
-                "(their dispatch, the Python, dispatcher and autograd work between them); compiled, "
+                f"estimate: the step spends {_secs(dispatch)} of its {_secs(step)} on the host around its "
+                "ops (their dispatch, the Python, dispatcher and autograd work between them); compiled, "
                 f"that is one dispatch (about {_secs(floor)}, the run's 10th-percentile op time)",
             ),
         ),

@@ -163,7 +163,8 @@ class EagerChecker:
         if local is None:
             return
         devices, refs = [c.device for c in compared], [c.local_ref for c in compared]
-        if local.over and not info.writes and as_close_as_cpu(op, run.local_args, run.local_kwargs, devices, refs):
+        args_kwargs = (run.local_args, run.local_kwargs)
+        if local.over and not info.writes and as_close_as_cpu(op, *args_kwargs, devices, refs):
             local.mismatched = 0  # float32 rounding of large values: within what float32 itself allows
         nan_origin = local.device_has_nonfinite and _made_nonfinite(before, args, kwargs)
         local_event = local.over or nan_origin or local.dtype_mismatch

@@ -14,6 +14,6 @@ for step in range(10):
     opt.zero_grad()
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0, error_if_nonfinite=True)  # EXPECT: implicit_sync
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)  # EXPECT: implicit_sync
     opt.step()
 print("done")
