@@ -63,15 +63,13 @@ def _broadcast_mask(
 
 
 def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """PyTorch's ``_masked_softmax``: masked positions get 0, and a row masked entirely is all 0
-    (not NaN); a floating-point mask is added to the scores."""
+    """PyTorch's ``_masked_softmax``: masked positions get 0, and a row masked entirely is NaN,
+    as PyTorch's CPU kernel makes it; a floating-point mask is added to the scores."""
     if mask is None:
         return torch.softmax(scores, dim=-1)
     if mask.dtype != torch.bool:
         return torch.softmax(scores + mask, dim=-1)
-    mask = mask.expand(scores.shape)
-    filled = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-    return torch.softmax(filled, dim=-1).masked_fill(mask, 0.0)
+    return torch.softmax(scores.masked_fill(mask.expand(scores.shape), -math.inf), dim=-1)
 
 
 def _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
@@ -134,3 +132,17 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
     if not norm_first:
         x = F.layer_norm(x, shape, norm_weight_2, norm_bias_2, eps)
     return x
+
+
+@composite(aten._masked_softmax.default)
+def masked_softmax(x, mask, dim=None, mask_type=None):
+    """The softmax the fused kernels use: True in ``mask`` masks a position out (to 0); a row
+    masked entirely is NaN, as on CPU. ``mask_type`` 0 is a (queries, keys) mask and 1 a (batch, keys)
+    padding mask of a (batch, heads, queries, keys) input; otherwise the mask has the input's
+    shape or broadcasts to it."""
+    if mask_type == _ATTN_MASK and x.dim() == 4:
+        mask = mask.reshape(1, 1, *mask.shape[-2:])
+    elif mask_type == _KEY_PADDING and x.dim() == 4:
+        mask = mask.reshape(mask.shape[0], 1, 1, mask.shape[-1])
+    dim = x.dim() - 1 if dim is None else dim
+    return torch.softmax(x.masked_fill(mask.to(torch.bool).expand(x.shape), -math.inf), dim=dim)

@@ -86,6 +86,8 @@ def test_multihead_attention_fast_path_equals_cpu(mode):
     q, kv = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
     pad = torch.zeros(2, 9, dtype=torch.bool)
     pad[1, 6:] = True
+    empty = torch.zeros(2, 9, dtype=torch.bool)
+    empty[0] = True  # a sequence with every key padded: NaN on CPU
     tpu = _on_tpu(mha, mode)
     t = lambda v: v.to("tpu")
     with torch.no_grad(), _mode(mode):
@@ -99,6 +101,9 @@ def test_multihead_attention_fast_path_equals_cpu(mode):
         _close(w, ref_w)
         out, _ = tpu(t(q), t(kv), t(kv), need_weights=False)
         _close(out, mha(q, kv, kv, need_weights=False)[0])
+        out, _ = tpu(t(q), t(kv), t(kv), key_padding_mask=t(empty), need_weights=False)
+        ref = mha(q, kv, kv, key_padding_mask=empty, need_weights=False)[0]
+        torch.testing.assert_close(out.cpu(), ref, atol=ATOL, rtol=RTOL, equal_nan=True)
 
 
 def test_the_nested_tensor_padding_path_is_refused_with_the_fix():
@@ -107,3 +112,15 @@ def test_the_nested_tensor_padding_path_is_refused_with_the_fix():
     pad[0, 3:] = True
     with torch.no_grad(), pytest.raises(NoLoweringError, match=r"enable_nested_tensor=False"):
         enc(torch.randn(2, 5, 32, device="tpu"), src_key_padding_mask=pad)
+
+
+@pytest.mark.parametrize("mask_type", [None, 0, 1])
+def test_masked_softmax_equals_cpu(mask_type):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5)
+    shape = {None: (2, 3, 5, 5), 0: (5, 5), 1: (2, 5)}[mask_type]
+    mask = torch.rand(shape) < 0.4
+    mask.view(-1, shape[-1])[0] = True  # a row masked entirely: NaN, as PyTorch's CPU kernel makes it
+    ref = torch._masked_softmax(x, mask, -1, mask_type)
+    out = torch._masked_softmax(x.to("tpu"), mask.to("tpu"), -1, mask_type).cpu()
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL, equal_nan=True)
