@@ -52,6 +52,7 @@ __all__ = [
     "frame_function",
     "guard_diffs",
     "guard_failure",
+    "guard_location",
     "installed",
     "subscribe",
     "unsubscribe",
@@ -76,6 +77,9 @@ class GuardFailure:
     function: str | None
     guards: tuple[tuple[str, str], ...]
     location: SourceLocation | None
+    # the user's line the most recent failed guard names (where the guarded value is read or
+    # changed inside the compiled function, as dynamo's "User stack trace" gives it)
+    at: SourceLocation | None = None
 
     def for_entry(self, compile_id: str | None) -> str | None:
         """The guard that failed for the cached entry ``compile_id`` (else the most recent one)."""
@@ -95,7 +99,8 @@ class GraphBreak:
     frame where the break is (None when it is in user code). ``deliberate`` marks a
     break PyTorch's optimizer makes on purpose around code that runs no tensor op
     (``torch._dynamo.graph_break()`` in its step decorator, the ``torch.compiler.disable``d
-    step counter an LR scheduler reads).
+    step counter an LR scheduler reads, the scheduler's counting wrapper of ``optimizer.step``,
+    which dynamo skips while the step it calls compiles as a frame of its own).
     """
 
     function: str
@@ -114,7 +119,7 @@ class RecompileLimit:
     limit_type: str
     limit: int
     reason: str
-    location: SourceLocation | None
+    location: SourceLocation | None  # the guarded line when dynamo names one, else the call
 
 
 class DynamoListener(Protocol):
@@ -222,6 +227,18 @@ def clean_guard(text: str) -> tuple[str | None, str]:
     return entry, first.strip()
 
 
+def guard_location(text: str) -> SourceLocation | None:
+    """The user's line a failed guard names: the innermost user frame of the "User stack trace"
+    dynamo appends to a guard on a value read in the compiled code (``self.calls == 3`` names
+    the ``self.calls += 1`` line); None for a guard without one (a tensor's size)."""
+    if "User stack trace:" not in text:
+        return None
+    stack = text.split("User stack trace:", 1)[1]
+    frames = [SourceLocation(f, int(ln), fn) for f, ln, fn in _FRAME_LINE.findall(stack)]
+    user, _ = split_frames(frames)
+    return user
+
+
 def _reasons(payload: str | None) -> list[str]:
     if not payload:
         return []
@@ -263,15 +280,29 @@ def _graph_break_reason(payload: str) -> str:
 # code (an optimizer's non-capturable math, say) does run ops, and stays a finding.
 _DELIBERATE = ("Call to `torch._dynamo.graph_break()`", "Skip inlining `torch.compiler.disable()`d function")
 _DELIBERATE_FILES = (os.path.join("optim", "optimizer.py"),)
+# An LR scheduler replaces optimizer.step with a wrapper (in lr_scheduler.py) that only sets
+# a flag before calling the real step, and dynamo skips every function of that file: the
+# break falls on the wrapper, and the optimizer's own step, called from it, is compiled as a
+# frame of its own. The step still runs as one program; the wrapper runs no tensor op.
+_SKIPPED = "Attempted to call function marked as skipped"
+_SKIPPED_FILE = re.compile(r"in file `([^`]+)`")
+_WRAPPER_FILES = (os.path.join("optim", "lr_scheduler.py"),)
 
 
-def _deliberate(reason: str, context: SourceLocation | None) -> bool:
-    if context is None or not reason.startswith(_DELIBERATE):
-        return False
+def _torch_file(path: str, names: tuple[str, ...]) -> bool:
     import torch  # dynamo is running: torch is imported
 
     root = os.path.dirname(os.path.realpath(torch.__file__))
-    return os.path.realpath(context.file) in {os.path.join(root, f) for f in _DELIBERATE_FILES}
+    return os.path.realpath(path) in {os.path.join(root, f) for f in names}
+
+
+def _deliberate(reason: str, context: SourceLocation | None) -> bool:
+    if reason.startswith(_SKIPPED):
+        m = _SKIPPED_FILE.search(reason)
+        return m is not None and _torch_file(m.group(1), _WRAPPER_FILES)
+    if context is None or not reason.startswith(_DELIBERATE):
+        return False
+    return _torch_file(context.file, _DELIBERATE_FILES)
 
 
 def _user_traceback(payload: str) -> list[SourceLocation]:
@@ -332,12 +363,14 @@ def _on_structured(md: dict, payload: str | None) -> None:
     if name == "recompile_reasons" and frame is not None:
         compile_id = f"{frame}/{md.get('frame_compile_id')}"
         guards = []
-        for text in _reasons(payload):
+        texts = _reasons(payload)
+        for text in texts:
             entry, guard = clean_guard(text)
             guards.append((entry or "?", guard))
         known = _frames.get(int(frame))
+        at = guard_location(texts[0]) if texts else None
         failure = GuardFailure(
-            compile_id, int(frame), known[0] if known else None, tuple(guards), user_location(1)
+            compile_id, int(frame), known[0] if known else None, tuple(guards), user_location(1), at
         )
         _failures[compile_id] = failure
         while len(_failures) > _MAX_FAILURES:
@@ -362,7 +395,8 @@ def _on_limit(record: logging.LogRecord) -> None:
     except (TypeError, ValueError):
         value = -1
     _, guard = clean_guard(str(reason))
-    _notify("on_recompile_limit", RecompileLimit(function, str(limit_type), value, guard, user_location(1)))
+    where = guard_location(str(reason)) or user_location(1)
+    _notify("on_recompile_limit", RecompileLimit(function, str(limit_type), value, guard, where))
 
 
 class _TraceHandler(logging.Handler):

@@ -15,6 +15,7 @@ import time
 import traceback
 from typing import Any
 
+from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
     CompileEvent,
@@ -40,6 +41,16 @@ IMPLICIT_TRANSFER_OPS = IMPLICIT
 # frames between the probe method and the runtime's call site: deliver() and the typed
 # notification (probes.compiled, ...); all of them library frames user_location skips
 _PROBE_DEPTH = 3
+
+
+def _guarded_line(info: Any, diffs: Any) -> Any:
+    """The user's line a compiled recompile's failed dynamo guard names (where the guarded
+    value is read or changed inside the compiled function: ``self.calls += 1``), which is
+    the line to change; None when the recompile has no such guard (then the call is)."""
+    if info.mode != "compiled" or info.graph is None or not any(d.source == "guard" for d in diffs):
+        return None
+    failure = dynamo_events.guard_failure(info.graph.origin.compile_id)
+    return failure.at if failure is not None else None
 
 
 def _where(loc: Any) -> str | None:
@@ -158,6 +169,7 @@ class Recorder:
         ops = self._lazy_ops if lazy else ()
         # a replayed compile only becomes history
         seen = self.recompiles.observe(info, op_locations=ops)
+        location = _guarded_line(info, seen.diffs) or location
         args = tuple(a.recorded() for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None

@@ -51,13 +51,65 @@ __all__ = [
     "CAUSE_TEXT",
     "IMPLICIT",
     "LOOP_MIN",
+    "USER_CAUSED",
     "CallSite",
+    "CausedRead",
     "advice_for",
     "call_sites",
     "classify",
     "classify_site",
     "is_implicit",
+    "user_caused",
 ]
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CausedRead:
+    """A read inside library code that the user's call decides: an argument that asks for it
+    (``cause="argument"``), or a call made more often than the value is needed
+    (``cause="cadence"``). ``file`` is the library file under the torch package, ``function``
+    the frame that reads (as a transfer's ``context`` names it)."""
+
+    file: str
+    function: str
+    cause: str
+    what: str
+    fix: str
+
+
+USER_CAUSED: tuple[CausedRead, ...] = (
+    CausedRead(
+        "nn/utils/clip_grad.py",
+        "_get_total_norm",
+        "argument",
+        "clip_grad_norm_(..., error_if_nonfinite=True) reads the total norm back to the host to test it",
+        "drop error_if_nonfinite=True (the default, False, reads nothing): clipping stays on the device; to "
+        "catch a non-finite norm, keep the norm clip_grad_norm_ returns and test it where the loss is "
+        "already read (every N steps), or with torch.isfinite(norm) on the device",
+    ),
+    CausedRead(
+        "optim/lr_scheduler.py",
+        "ReduceLROnPlateau.step",
+        "cadence",
+        "ReduceLROnPlateau.step(metric) reads the metric back to the host (float(metrics)) at each call",
+        "call it once per epoch with a validation metric, as ReduceLROnPlateau is meant to be used (its "
+        "patience counts calls, so calling it every step also shortens the patience to steps): each call "
+        "waits for the device",
+    ),
+)
+
+
+def user_caused(context: str | None) -> CausedRead | None:
+    """The :class:`CausedRead` a library frame (``"/.../torch/nn/utils/clip_grad.py:109 in
+    _get_total_norm"``) is, or None for a read that is the library's own business."""
+    if not context:
+        return None
+    where, _, function = context.rpartition(" in ")
+    file = where.rpartition(":")[0].replace(os.sep, "/")
+    for read in USER_CAUSED:
+        if function == read.function and file.endswith("/torch/" + read.file):
+            return read
+    return None
+
 
 IMPLICIT = frozenset({"item", "tolist", "print", "bool", "float", "int", "index", "scalar", "numpy", "shape"})
 

@@ -44,6 +44,7 @@ FAMILIES = (
     "random",
     "foreach",
     "views",
+    "transformer",
     "prims",
 )
 

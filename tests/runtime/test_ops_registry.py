@@ -93,10 +93,10 @@ def test_every_family_is_a_module_that_loads():
     ops.load()
     # `fit` registers lowerings of its own custom ops (runtime/target) when a fit has run in
     # this process: they are not op families
-    modules = {low.fn.__module__.rsplit(".", 1)[1] for low in ops.registered().values()
-               if low.fn.__module__.startswith(ops.__name__ + ".")}
-    # every lowering of aten's ops lives in a listed family, and every listed family but prims
-    # (registered when dynamo runs) holds lowerings
+    fns = [low.fn for low in ops.registered().values()] + list(ops.composites().values())
+    modules = {fn.__module__.rsplit(".", 1)[1] for fn in fns if fn.__module__.startswith(ops.__name__ + ".")}
+    # every lowering or composite kernel of aten's ops lives in a listed family, and every listed
+    # family but prims (registered when dynamo runs) holds some
     assert modules <= set(ops.FAMILIES)
     assert set(ops.FAMILIES) - modules <= {"prims"}
 

@@ -16,6 +16,7 @@ import inspect
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -206,3 +207,20 @@ def test_verdict_and_crossings_round_trip_through_the_store(tmp_path):
         "float32 noise: this op matches CPU on its own inputs; the difference starts where "
         "3 elements (of 8) cross relu's zero in `gate` (net.py:20)"
     )
+
+
+def test_float32_rounding_of_large_values_is_as_close_as_cpu_and_a_bfloat16_product_is_not():
+    from tpu_debug.tracers.divergence.triage import as_close_as_cpu
+
+    torch.manual_seed(0)
+    x = 1e5 + 10 * torch.randn(64, 256)
+    w = torch.randn(256, 16)
+    cpu = torch.mm(x, w)
+    # another float32 summation order (blocks of 16, then their sum): a float32 result as good as CPU's,
+    # yet over float32's default tolerance, whose rtol is set for values near 1 (max abs ~1e-1 here)
+    blocked = sum(torch.mm(x[:, i:i + 16], w[i:i + 16]) for i in range(0, 256, 16)).numpy()
+    assert not np.allclose(blocked, cpu.numpy(), rtol=1.3e-6, atol=1e-5)
+    assert as_close_as_cpu(torch.ops.aten.mm.default, (x, w), {}, [blocked], [cpu])
+    # bfloat16 inputs (a TPU's default matmul precision): hundreds off, far beyond rounding
+    bf16 = torch.mm(x.bfloat16().float(), w.bfloat16().float()).numpy()
+    assert not as_close_as_cpu(torch.ops.aten.mm.default, (x, w), {}, [bf16], [cpu])

@@ -204,3 +204,17 @@ def test_a_raising_listener_does_not_break_the_compile(monkeypatch):
         "no table for breaks",
     )
     assert log.count == 1
+
+
+def test_a_failed_guard_names_the_users_line_that_reads_the_value():
+    from tpu_debug.tracers.dynamo_events import clean_guard, guard_location
+
+    text = (
+        "0/3: self.calls == 3                     # self.calls += 1  # /home/me/train.py:14 in forward "
+        "(HINT: torch.compile considers integer attributes of the nn.Module to be static.)\n"
+        'User stack trace:\n  File "/home/me/train.py", line 14, in forward\n    self.calls += 1'
+    )
+    assert clean_guard(text) == ("0/3", "self.calls == 3")
+    loc = guard_location(text)
+    assert (loc.file, loc.line, loc.function) == ("/home/me/train.py", 14, "forward")
+    assert guard_location("0/1: tensor 'x' size mismatch at index 0. expected 8, actual 9") is None

@@ -32,18 +32,31 @@ from tpu_debug.tracers.recompiles import (
     storage_sizes,
     summarize,
 )
-from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for
+from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for, user_caused
 
-__all__ = ["REPEATS", "TINY_ELEMENTS", "TINY_OPS_MIN", "TINY_SHARE", "UPLOAD_MIN_BYTES", "UPLOAD_SHARE"]
+__all__ = [
+    "DISPATCH_SHARE",
+    "REPEATS",
+    "TINY_ELEMENTS",
+    "TINY_OPS_MIN",
+    "TINY_SHARE",
+    "UPLOAD_MIN_BYTES",
+    "UPLOAD_SHARE",
+]
 
 # a run without steps: a line that does something this many times sits in a loop
 REPEATS = 3
-# an eager step of at least this many ops, nearly all of them (this share of the
-# executions) on inputs of at most TINY_ELEMENTS elements each, is worth compiling: a
-# TPU does such an op's work in far less time than the host takes to dispatch it
-TINY_OPS_MIN = 1000
+# An eager step is dispatch-bound when nearly all of its ops (TINY_SHARE of the executions)
+# have inputs of at most TINY_ELEMENTS elements each, so a TPU does their work in far less time
+# than the host takes to dispatch them, and what compiling would save (their time, less the one
+# dispatch of the compiled program) is DISPATCH_SHARE of the step's time or more. TINY_OPS_MIN
+# keeps the finding to steps that issue hundreds of ops (a Python loop over time steps or
+# layers): a step of a few dozen small ops (a small model's layers) pays a few milliseconds of
+# dispatch at most, which is the price of eager mode, not a defect of the program.
+TINY_OPS_MIN = 400
 TINY_SHARE = 0.9
 TINY_ELEMENTS = 65536
+DISPATCH_SHARE = 0.5
 # a per-step upload of a new batch is worth overlapping when it is this big and takes
 # this share of the steady step's time
 UPLOAD_MIN_BYTES = 64 * 1024
@@ -615,13 +628,23 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
         site = CallSite(location, direction, op, True, len(chosen), nbytes, seconds, ())
         what = CAUSE_TEXT.get(op, op)
         library = _library_frame(chosen)
+        caused = user_caused(library)
         title = f"{what} at {_where(location)} waits for the device {_how_often(facts, steps, chosen)}"
         fix = advice_for(site)
         notes = (f"{direction} copies made by {what}",)
-        if library is not None:
+        if caused is not None:
+            # the read is in library code, but the user's argument or cadence asks for it: the
+            # line to change and the fix are the user's
+            title = (f"{caused.what}: at {_where(location)} it waits for the device "
+                     f"{_how_often(facts, steps, chosen)}")
+            fix = caused.fix
+            notes += (f"library frame: {library}", f"caused by the call's {caused.cause}")
+            library = None
+        elif library is not None:
             # the sync is the library's own code (transformers' generate() checking its stopping
             # criteria, say): the user's line is what reached it, and the fix is not theirs to make
-            title = f"{what} inside library code ({library}), reached from {_where(location)}, waits for the device {_how_often(facts, steps, chosen)}"
+            title = (f"{what} inside library code ({library}), reached from {_where(location)}, "
+                     f"waits for the device {_how_often(facts, steps, chosen)}")
             fix = (f"the read is in {library}, not in this script: it syncs where the library needs "
                    "the value; call the library less often per step, or use an API of it that does not read")
             notes += (f"library frame: {library}",)
@@ -642,7 +665,7 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
                 notes,
             ),
             steps=_span(steps),
-            cause="library" if library is not None else op,
+            cause="library" if library is not None else (caused.cause if caused is not None else op),
             subject=f"{_site(location)} ({op})",
         )
 
@@ -893,20 +916,28 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
 def _dispatch_floor(ops: Sequence[Any]) -> float:
     """What one eager op costs the host at the least: the 10th percentile of the run's
     per-execution times (the cheapest ops are almost all dispatch)."""
-    means = sorted((o.mean_seconds, o.count) for o in ops if o.count)
+    return _dispatch_floor_of([(o.mean_seconds, o.count) for o in ops if o.count], 0.1)
+
+
+def _dispatch_floor_of(means: Sequence[tuple[float, int]], quantile: float) -> float:
+    """The ``quantile`` of per-execution times, from (mean time, executions) pairs."""
+    means = sorted(means)
     total = sum(n for _, n in means)
     seen = 0
     for mean, n in means:
         seen += n
-        if seen >= 0.1 * total:
+        if seen >= quantile * total:
             return mean
     return means[-1][0] if means else 0.0
 
 
-def _tiny_share(facts: RunFacts) -> float | None:
+def _tiny_share(facts: RunFacts) -> tuple[float, float] | None:
     """Of the run's eager executions, the share whose inputs are all small (at most
-    :data:`TINY_ELEMENTS` elements each), read from the compiled programs' arguments
-    (per op when the run recorded no programs); None when no eager op ran."""
+    :data:`TINY_ELEMENTS` elements each), and the typical time of one of those executions (the
+    upper quartile), read from the compiled programs' arguments (per op when the run recorded
+    no programs); None when no eager op ran. A quartile, not the mean, because an op's measured
+    time also holds any wait for the device work queued before it (a small op after a large
+    matmul), which is not its own."""
     sizes: dict[str, int] = {}
     largest: dict[str, int] = {}  # per op: its largest input over every program it compiled
     for c in facts.compiles:
@@ -915,22 +946,25 @@ def _tiny_share(facts: RunFacts) -> float | None:
             largest[c.name] = max(largest.get(c.name, 0), size)
             if c.program is not None:
                 sizes[c.program] = size
-    tiny = total = 0
-    for p in facts.query.programs(mode="eager"):
-        if p.count:
-            total += p.count
-            tiny += p.count if sizes.get(p.hash, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
-    if not total:
+    programs = facts.query.programs(mode="eager")
+    runs = [(p.count, p.seconds, sizes.get(p.hash, TINY_ELEMENTS + 1)) for p in programs]
+    if not any(n for n, _, _ in runs):
         # a run without HLO records no programs: judge each op by the largest input it
         # compiled for (an op that ever ran on a large tensor counts as large)
-        for o in facts.ops:
-            if o.mode == "eager" and o.count:
-                total += o.count
-                tiny += o.count if largest.get(o.name, TINY_ELEMENTS + 1) <= TINY_ELEMENTS else 0
-    return tiny / total if total else None
+        ops = [o for o in facts.ops if o.mode == "eager"]
+        runs = [(o.count, o.seconds, largest.get(o.name, TINY_ELEMENTS + 1)) for o in ops]
+    small = [(t / n, n) for n, t, size in runs if n and size <= TINY_ELEMENTS]
+    total = sum(n for n, _, _ in runs)
+    if not total:
+        return None
+    return sum(n for _, n in small) / total, _dispatch_floor_of(small, 0.75)
 
 
-@rule("eager_tiny_ops", about="an eager step of thousands of small ops, each paying a dispatch, that compiling would fuse", view="steps")
+@rule(
+    "eager_tiny_ops",
+    about="an eager step of hundreds of small ops whose time is mostly dispatch, which compiling would fuse",
+    view="steps",
+)
 def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     steady = [s for s in facts.steady if s.eager_ops]
     if len(steady) < 2:
@@ -938,30 +972,46 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
     ops = sorted(s.eager_ops for s in steady)[len(steady) // 2]
     if ops < TINY_OPS_MIN:
         return
-    share = _tiny_share(facts)
-    if share is None or share < TINY_SHARE:
+    shares = _tiny_share(facts)
+    if shares is None or shares[0] < TINY_SHARE:
         return  # big ops: their time is the device's work, which compiling does not remove
+    share, typical = shares
     floor = _dispatch_floor([o for o in facts.ops if o.mode == "eager"])
     step = sorted(s.seconds for s in steady)[len(steady) // 2]
-    dispatch = sorted(s.op_seconds for s in steady)[len(steady) // 2]
-    # the small ops' time is the host's (their device work is next to nothing): compiled,
-    # it becomes one program's dispatch
-    saved = max(0.0, min(step, dispatch * share - floor))
-    per_op = sum(s.op_seconds for s in steady) / max(1, sum(s.eager_ops for s in steady))
+    measured = sorted(s.op_seconds for s in steady)[len(steady) // 2]
+    # What the step spends beyond dispatching its small ops is device work: the big ops' time, and
+    # the time small ops spend waiting behind them (beyond a typical small op's; with no big op
+    # there is nothing to wait behind, and a small op's device work is next to nothing). The rest
+    # of the step is the host's: the ops' dispatch and the Python, dispatcher and autograd work
+    # around each op, which compiling turns into one program's dispatch.
+    device = max(0.0, measured - ops * share * typical) if share < 1 else 0.0
+    dispatch = max(0.0, step - device)
+    saved = max(0.0, dispatch - floor)
+    if step <= 0 or saved < DISPATCH_SHARE * step:
+        return  # the step's time is elsewhere (device work, data, Python): dispatch is not its cost
+    yield _tiny_ops_finding(facts, steady, ops, share, floor, step, dispatch, saved)
+
+
+def _tiny_ops_finding(facts: RunFacts, steady: Sequence[Any], ops: int, share: float, floor: float,
+                      step: float, dispatch: float, saved: float) -> Finding:
+    per_op = dispatch / ops  # the host's time per op: its dispatch and the Python around it
     # the line that issues the most distinct eager ops (the unrolled loop's body, usually):
     # ops are not located one by one unless op events are recorded, their compiles are
     where = _most_common(c.location for c in facts.compiles if c.mode == "eager" and c.location is not None)
-    yield Finding(
+    return Finding(
         kind="eager_tiny_ops",
         severity="warning",
         title=(
-            f"each steady step runs {ops:,} eager ops on small tensors, {format_seconds(per_op)} each; compiled, "
-            f"it would save about {format_seconds(saved)} of its {format_seconds(step)} (an estimate)"
+            f"each steady step runs {ops:,} eager ops on small tensors, {format_seconds(per_op)} of host time each, "
+            f"{100 * dispatch / step:.0f}% of the step's time; compiled, it would save about "
+            f"{format_seconds(saved)} of its {format_seconds(step)} (an estimate)"
         ),
         fix=(
             "compile the step: step = tpu_debug.compile(step) (forward and backward become one program; "
             "the optimizer too with tpu_debug.compile(opt.step) and capturable=True), so the ops run as "
-            f"one dispatch instead of {ops:,}"
+            f"one dispatch instead of {ops:,}; or run the loop in lazy mode (with torch.tpu.set_eager_mode("
+            "torch.tpu.EagerMode.DEFER_AND_FUSE):), "
+            "which fuses the ops between reads into one program"
         ),
         cost_seconds=saved * len(steady),
         evidence=Evidence(
@@ -972,13 +1022,15 @@ def eager_tiny_ops(facts: RunFacts) -> Iterable[Finding]:
                 Count("time per op", per_op, "s"),
                 Count("dispatch time per step", dispatch, "s"),
                 Count("step time", step, "s"),
+                Count("saved per step", saved, "s"),
                 Count("steady steps", len(steady)),
             ),
             (
                 f"{100 * share:.0f}% of the eager ops have inputs of at most {TINY_ELEMENTS:,} elements: "
                 "their time is dispatch, not device work",
-                f"estimate: the step spends {format_seconds(dispatch)} dispatching ops; compiled, that is one "
-                f"dispatch (about {format_seconds(floor)}, the run's 10th-percentile op time)",
+                f"estimate: the step spends {format_seconds(dispatch)} of its {format_seconds(step)} on the host around its "
+                "ops (their dispatch, the Python, dispatcher and autograd work between them); compiled, "
+                f"that is one dispatch (about {format_seconds(floor)}, the run's 10th-percentile op time)",
             ),
         ),
         steps=_span([s.index for s in steady]),

@@ -38,6 +38,7 @@ from tpu_debug.tracers.divergence.triage import (
     Causes,
     Triaged,
     Verdict,
+    as_close_as_cpu,
     base_name,
     crossings_in,
     crossings_out,
@@ -90,6 +91,8 @@ class _CpuRun:
     drifted: bool  # some input had a shadow
     causes: frozenset
     crossed: tuple[str, int, int] | None
+    local_args: tuple = ()  # the CPU copies of the op's inputs the local results were made from
+    local_kwargs: dict = dataclasses.field(default_factory=dict)
 
 
 class EagerChecker:
@@ -159,6 +162,10 @@ class EagerChecker:
         local, drift, compared = self._measure(outputs, run.local_refs, run.drift_refs)
         if local is None:
             return
+        devices, refs = [c.device for c in compared], [c.local_ref for c in compared]
+        args_kwargs = (run.local_args, run.local_kwargs)
+        if local.over and not info.writes and as_close_as_cpu(op, *args_kwargs, devices, refs):
+            local.mismatched = 0  # float32 rounding of large values: within what float32 itself allows
         nan_origin = local.device_has_nonfinite and _made_nonfinite(before, args, kwargs)
         local_event = local.over or nan_origin or local.dtype_mismatch
         crossed = run.crossed or (_result_crossings(info, compared) if run.drifted else None)
@@ -220,13 +227,13 @@ class EagerChecker:
         if info.writes:  # the drift run may write the same CPU tensors
             local_refs = [r.clone() if r is not None else None for r in local_refs]
         if not inputs.drifted:
-            return _CpuRun(local_refs, local_refs, False, inputs.causes, None)
+            return _CpuRun(local_refs, local_refs, False, inputs.causes, None, l_args, l_kwargs)
         try:
             d_out = op(*d_args, **d_kwargs)
             drift_refs = _lined_up(d_out, returned, written, d_args, d_kwargs)
         except Exception:  # noqa: BLE001 - the shadow's values made the CPU op fail: restart from the device's
-            return _CpuRun(local_refs, local_refs, False, frozenset(), None)
-        return _CpuRun(local_refs, drift_refs, True, inputs.causes, crossed)
+            return _CpuRun(local_refs, local_refs, False, frozenset(), None, l_args, l_kwargs)
+        return _CpuRun(local_refs, drift_refs, True, inputs.causes, crossed, l_args, l_kwargs)
 
     def _verdict(
         self, subject: Subject, op: Any, args: tuple, kwargs: dict, before: dict, max_abs: float

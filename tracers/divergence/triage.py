@@ -56,6 +56,7 @@ __all__ = [
     "Causes",
     "Triaged",
     "Verdict",
+    "as_close_as_cpu",
     "base_name",
     "crossings_in",
     "crossings_out",
@@ -239,6 +240,46 @@ def _judge(device: list[torch.Tensor], cpu: list[torch.Tensor], f32_max_abs: flo
     # within float64's tolerance, or shrunk with the precision as rounding does
     noise = not over or worst <= f32_max_abs * _SHRINK
     return Verdict("noise" if noise else "wrong", worst, mismatched)
+
+
+# Two float32 implementations of one formula (another summation order, another polynomial)
+# have rounding errors of the same order, both bounded by the same multiple of float32's
+# epsilon times the magnitude of the values the op combines; either may be the luckier one
+# on a given input. An op whose device result is within this factor of CPU float32's own
+# distance from the float64 result is rounding, however large its inputs make that distance
+# (a sum or a normalization over values near 1e5 cancels digits a float32 holds at 2**-7).
+# A wrong lowering or a bfloat16 product is orders of magnitude further: bfloat16 keeps 8
+# bits of mantissa to float32's 24.
+ROUNDING_FACTOR = 4.0
+
+
+def as_close_as_cpu(op: Any, cpu_args: tuple, cpu_kwargs: dict, device: list, cpu: list) -> bool:
+    """Whether the device results ``device`` (numpy) are as close to the float64 result of
+    ``op`` on ``cpu_args`` (the CPU copies of the op's own inputs) as PyTorch's float32 results
+    ``cpu`` are, within :data:`ROUNDING_FACTOR`: then their difference is float32 rounding
+    (of inputs too large for the dtype's tolerance), not a divergence. False when the op does
+    not run in float64 on CPU, or has a result that is not floating point."""
+    try:
+        with torch.no_grad():
+            wide = op(*_map(cpu_args, _upcast, CPU), **_map(cpu_kwargs, _upcast, CPU))
+    except Exception:  # noqa: BLE001 - no float64 kernel: the dtype's tolerance decides
+        return False
+    truths = [wide] if isinstance(wide, torch.Tensor) else list(tensors(wide))
+    if len(truths) < len(device):
+        return False
+    for dev, ref, truth in zip(device, cpu, truths):
+        if ref is None:
+            continue
+        if not (ref.dtype.is_floating_point and truth.dtype == torch.float64 and truth.shape == ref.shape):
+            return False
+        t = truth.numpy()
+        dev_err = np.abs(np.asarray(dev, dtype=np.float64) - t)
+        cpu_err = np.abs(ref.to(torch.float64).numpy() - t)
+        if not (np.isfinite(dev_err).all() and np.isfinite(cpu_err).all()):
+            return False
+        if dev_err.size and dev_err.max() > ROUNDING_FACTOR * cpu_err.max():
+            return False
+    return True
 
 
 def eager_in_float64(
