@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 from importlib import metadata
@@ -295,3 +296,18 @@ def test_a_tpu_debug_error_ending_the_script_shows_the_users_frame_and_its_messa
     assert main(["run", "--logdir", str(logdir), "--no-report", "--traceback", str(script)]) == 1
     full = capsys.readouterr().err
     assert "Traceback (most recent call last):" in full and full.count('  File "') > 2
+
+
+
+@pytest.mark.parametrize("extra", [[], ["-h"], ["--logdir", "somewhere", "-h"], ["-h", "nosuch.py"]])
+def test_run_help_prints_no_script_given(extra, tmp_path):
+    # every verb's help, through the console script in a process that has not imported torch
+    # (`run` then checks its script before importing anything heavy: -h is not a script)
+    code = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main(sys.argv[1:]))"
+    for verb in COMMANDS:
+        argv = [verb, *(extra or ["--help"])]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, (argv, done.stderr)
+        assert f"usage: tpu-debug {verb}" in done.stdout, (argv, done.stdout)
