@@ -311,3 +311,23 @@ def test_run_help_prints_no_script_given(extra, tmp_path):
         )
         assert done.returncode == 0, (argv, done.stderr)
         assert f"usage: tpu-debug {verb}" in done.stdout, (argv, done.stdout)
+
+
+def test_syntax_error_script_gets_a_30_line_report(script, logdir, capsys):
+    # a script Python cannot compile never started: no report of an empty run, no run kept
+    bad = script("import torch\n\ndef f(:\n    pass\n", name="bad.py")
+    assert main(["run", "--logdir", str(logdir), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f'  File "{bad}", line 3',
+        "    def f(:",
+        "          ^",
+        "SyntaxError: invalid syntax",
+        "",
+        (
+            f"tpu-debug run: {bad} did not start: SyntaxError: invalid syntax (bad.py, line 3). "
+            "Nothing ran and no run was recorded; fix the script and run it again."
+        ),
+    ]
+    assert captured.out == ""
+    assert not logdir.exists() or not any(logdir.iterdir())
