@@ -331,3 +331,21 @@ def test_syntax_error_script_gets_a_30_line_report(script, logdir, capsys):
     ]
     assert captured.out == ""
     assert not logdir.exists() or not any(logdir.iterdir())
+
+
+def test_run_ctrl_c_traceback_ends_in_raise_interrupt(script, logdir, capsys):
+    import signal
+
+    prog = script("import signal\n\ndef loop():\n    signal.raise_signal(signal.SIGINT)\n\nloop()\n")
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["run", "--no-report", "--logdir", str(logdir), str(prog)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    err = capsys.readouterr().err
+    trace = err[err.index("Traceback (most recent call last):") : err.index("KeyboardInterrupt")]
+    assert "tpu_debug" not in trace, err
+    assert trace.rstrip().splitlines()[-2:] == [
+        f'  File "{prog}", line 4, in loop',
+        "    signal.raise_signal(signal.SIGINT)",
+    ]

@@ -19,7 +19,7 @@ from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.run_args import prepare_parser, script_of
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
-from tpu_debug.tracing import Terminated
+from tpu_debug.tracing import Terminated, without_handler_frame
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -35,7 +35,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _user_traceback(tb):
-    """Drop our own frames (this module, runpy) from the top of a traceback."""
+    """Drop our own frames (this module, runpy) from the top of a traceback, and the trace's
+    signal handler from its end."""
+    tb = without_handler_frame(tb)
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if not (filename.startswith("<frozen runpy") or os.path.realpath(filename) in _OWN_FILES):
