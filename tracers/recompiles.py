@@ -352,14 +352,15 @@ _SIZE_GUARD = re.compile(r"^(?P<tensor>\S+)\.size\(\)\[(?P<dim>\d+)\] == (?P<val
 _GUARD_NUMBER = re.compile(r"(?<![\w\[.'])-?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?(?![\w\]'])")
 
 
-def read_guard(diff: KeyDiff) -> KeyDiff:
+def read_guard(diff: KeyDiff, failure: Any = None) -> KeyDiff:
     """A failed dynamo guard kept as its text, read as what it tests when its form says so.
 
     A value guard on any source (``self.param_groups[0]['lr'] == 0.003``, where
     an optimizer's learning rate is read; ``G['cfg'].scale == 2``) is the Python
     scalar named by its source (the value is the one it was compiled for); a
-    size guard (``L['x'].size()[0] == 8``) is that dimension. Any other diff
-    comes back unchanged.
+    size guard (``L['x'].size()[0] == 8``) is that dimension. Its new value is the
+    one ``failure`` (the :class:`~.dynamo_events.GuardFailure` it came from) read
+    from the call, else ``"changed"``. Any other diff comes back unchanged.
 
     Example:
         >>> read_guard(KeyDiff("guard", "self.param_groups[0]['lr'] == 0.003", "failed", source="guard")).field
@@ -368,13 +369,19 @@ def read_guard(diff: KeyDiff) -> KeyDiff:
     if diff.aspect != "guard":
         return diff
     text = diff.before.strip()
+
+    def now(source: str) -> str:
+        value = failure.value_of(source) if failure is not None else None
+        return "changed" if value is None else value
+
     m = _SIZE_GUARD.match(text)
     if m:
         name = _pretty_source(m["tensor"])
-        return KeyDiff("shape", m["value"], "changed", arg_name=name, dims=(int(m["dim"]),), source="guard")
+        source = f"{m['tensor']}.size()[{m['dim']}]"
+        return KeyDiff("shape", m["value"], now(source), arg_name=name, dims=(int(m["dim"]),), source="guard")
     m = _VALUE_GUARD.match(text)
     if m:
-        return KeyDiff("scalar", m["value"], "changed", arg_name=_pretty_source(m["source"]), source="guard")
+        return KeyDiff("scalar", m["value"], now(m["source"]), arg_name=_pretty_source(m["source"]), source="guard")
     return diff
 
 
@@ -638,12 +645,12 @@ class RecompileTracker:
             failure = dynamo_events.guard_failure(entry.compile_id)
             guard = failure.for_entry(previous.compile_id) if failure is not None else None
             if guard:
-                for d in dynamo_events.guard_diffs(guard):
+                for d in dynamo_events.guard_diffs(guard, failure):
                     if d.detail == "global state" and any(
                         x.aspect == "grad" and x.detail in ("grad mode", "graph kind") for x in diffs
                     ):
                         continue  # the graph's own facts say it better
-                    out.append(read_guard(d))
+                    out.append(read_guard(d, failure))
         out.extend(diffs)
         if not out:
             if previous.key == entry.key:
@@ -671,9 +678,8 @@ def describe(diff: KeyDiff) -> str:
     if diff.source == "guard" and diff.detail == "global state":
         return f"dynamo guard failed: global state ({diff.before}) changed"
     if diff.source == "guard" and diff.aspect == "scalar":
-        return (
-            f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed another value"
-        )
+        passed = "another value" if diff.now == "changed" else diff.now
+        return f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed {passed}"
     return diff.render()
 
 
@@ -1018,8 +1024,10 @@ def summarize(
                         slot[1] += 1
                         slot[3][c.location] += 1
                         seen_here.add(change.what)
-                    # a failed guard knows the value it was compiled for, not the one that failed it
-                    for v in (before,) if d.source == "guard" and d.aspect == "scalar" else (before, now):
+                    # a failed guard knows the value it was compiled for; the one that failed it
+                    # only when it was read from the call
+                    unread = d.source == "guard" and d.aspect == "scalar" and now == "changed"
+                    for v in (before,) if unread else (before, now):
                         slot[2].setdefault(v, None)
         changes_list += [
             dataclasses.replace(
