@@ -387,7 +387,7 @@ def _values_now(guards: list[str]) -> tuple[tuple[str, str], ...]:
     for source in sources:
         try:
             value = _read_source(ast.parse(source, mode="eval").body, scope)
-        except Exception:  # noqa: BLE001 - a source not read is shown without its value
+        except Exception:  # noqa: BLE001, S112 - a source not read is shown without its value
             continue
         if isinstance(value, (bool, int, float, str, type(None))):
             out.append((source, repr(value)))
