@@ -749,7 +749,12 @@ class Change:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecompileGroup:
-    """The compiles of one op or graph (one identity) in a run."""
+    """The compiles of one op or graph (one identity) in a run.
+
+    Everything but ``read_backs`` is about what XLA compiled; ``read_backs`` counts the
+    executables read back from the persistent compile cache instead, which are neither
+    compiles nor recompiles.
+    """
 
     identity: str
     mode: str | None
@@ -761,6 +766,7 @@ class RecompileGroup:
     last_diffs: tuple[KeyDiff, ...]  # of the latest recompile the top change took part in
     storm: bool
     advice: tuple[str, ...]
+    read_backs: int = 0
 
     @property
     def changing(self) -> Change | None:
@@ -1005,8 +1011,13 @@ def summarize(
     precision, view layout). ``advice`` says what to do about the top one.
     """
     groups: dict[tuple[str | None, str], list[CompileEvent]] = {}
+    read_backs: collections.Counter[tuple[str | None, str]] = collections.Counter()
     for c in compiles:
-        groups.setdefault((c.mode, c.identity or c.name), []).append(c)
+        groups.setdefault((c.mode, c.identity or c.name), [])
+        if c.from_cache:  # XLA compiled nothing: counted apart, never a compile or a recompile
+            read_backs[(c.mode, c.identity or c.name)] += 1
+        else:
+            groups[(c.mode, c.identity or c.name)].append(c)
     out = []
     for (mode, identity), items in groups.items():
         re_items = [c for c in items if c.diffs]
@@ -1068,7 +1079,8 @@ def summarize(
                 example,
                 storm,
                 advice,
+                read_backs[(mode, identity)],
             )
         )
-    out.sort(key=lambda g: (-g.recompiles, -g.compiles, g.identity))
+    out.sort(key=lambda g: (-g.recompiles, -g.compiles, -g.read_backs, g.identity))
     return out
