@@ -377,3 +377,25 @@ def test_every_view_an_event_kind_or_a_rule_declares_is_a_view_of_the_app():
     assert all(r.view is not None for r in RULES.values())
     assert FINDING_VIEWS == {kind: r.view for kind, r in RULES.items()}
     assert KIND_VIEWS == {kind: cls.view for kind, cls in EVENT_TYPES.items() if cls.view is not None}
+
+
+def test_footer_says_12345678_views(make_app):
+    # the footer names the views' number keys as the range README gives, the Fit view's 9 included
+    from tpu_debug.tui.app import VIEW_TABLE
+    from tpu_debug.tui.screens.fit import FitScreen
+
+    app = make_app()
+
+    async def scenario(pilot):
+        footer = screen_text(app).splitlines()[-1]
+        assert f"1-{len(VIEW_TABLE)} Views" in footer and "12345678" not in footer, footer
+        await press(pilot, "9")
+        assert isinstance(app.screen, FitScreen)
+        await press(pilot, "1")
+        assert isinstance(app.screen, OverviewScreen)
+        await press(pilot, "question_mark")
+        help_text = screen_text(app)
+        for title in ("1-9", "Views", "Recompiles", "Collectives", "Fit"):
+            assert title in help_text, title
+
+    drive(app, scenario, size=(100, 30))
