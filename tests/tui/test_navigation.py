@@ -399,3 +399,31 @@ def test_footer_says_12345678_views(make_app):
             assert title in help_text, title
 
     drive(app, scenario, size=(100, 30))
+
+
+def test_overview_at_100x30_cuts_view_names(make_app, tmp_path):
+    # the events table is as wide as its longest kind and view name; the run's facts wrap instead
+    from tpu_debug.tracers import events as ev
+    from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+    run_dir = tmp_path / "20260131T120000.000Z-long"
+    run_dir.mkdir()
+    meta = {"name": "long", "platform": "cpu", "device_kind": "cpu", "device_count": 1,
+            "argv": ["train.py", "--steps", "8"], "cwd": str(tmp_path),
+            "start_time": "2026-01-31T12:00:00.000+00:00"}
+    writer = RunWriter(run_dir / DB_NAME, meta)
+    at = ev.SourceLocation(str(tmp_path / "train.py"), 12, "step")
+    writer.put(ev.GuardFailureEvent(writer.new_id(), 0.1, "compiled", 1, at, "step", "0/1", ("0/0: n == 2",)))
+    writer.put(ev.RecompileLimitEvent(writer.new_id(), 0.2, "compiled", 1, at, "step", "recompile_limit", 8,
+                                      "n == 9"))
+    writer.close({"status": "finished", "exit_status": 0, "duration": 1.0})
+    app = make_app(run_dir)
+
+    async def scenario(pilot):
+        import re
+
+        kinds = re.compile(r"(guard_failure|recompile_limit)\s+\d+\s")
+        rows = [line for line in screen_text(app).splitlines() if kinds.search(line)]
+        assert len(rows) == 2 and all(line.rstrip().endswith(" recompiles") for line in rows), rows
+
+    drive(app, scenario, size=(100, 30))
