@@ -427,3 +427,25 @@ def test_overview_at_100x30_cuts_view_names(make_app, tmp_path):
         assert len(rows) == 2 and all(line.rstrip().endswith(" recompiles") for line in rows), rows
 
     drive(app, scenario, size=(100, 30))
+
+
+def test_source_pane_cuts_lines_at_30_chars(make_app):
+    # at 100x30 the recompiles view's source pane is about 30 columns: a long line wraps, whole
+    app = make_app()
+
+    async def scenario(pilot):
+        import io
+
+        from rich.console import Console
+
+        await press(pilot, "2")
+        pane = app.screen.query_one("#source")
+        width = pane.content_size.width
+        assert width < 40, width
+        console = Console(width=width, color_system=None, file=io.StringIO())
+        with console.capture() as captured:
+            console.print(pane.content)
+        text = captured.get()
+        assert "".join(text.split()).count("loss=((hidden-target)**2).mean()") == 1, text
+
+    drive(app, scenario, size=(100, 30))
