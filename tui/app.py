@@ -87,13 +87,13 @@ class TpuDebugApp(App[None]):
     MODES: ClassVar[dict[str, Any]] = {view.mode: view.screen for view in VIEW_TABLE}
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
-        # the footer's one entry for every view's number key ("1-9 Views"), which is also key 1
-        # (a key's first binding is the one the footer and the help screen show)
-        Binding("1", f"switch_mode('{VIEW_TABLE[0].mode}')", "Views", key_display=f"1-{len(VIEW_TABLE)}"),
         *(
             Binding(str(number), f"switch_mode('{view.mode}')", view.title, show=False)
             for number, view in enumerate(VIEW_TABLE, 1)
         ),
+        # the footer's one entry for all the number keys ("1-9 Views"); "views" is no key a
+        # terminal sends, so the number keys above do the switching and the help names each
+        Binding("views", f"switch_mode('{VIEW_TABLE[0].mode}')", "Views", key_display=f"1-{len(VIEW_TABLE)}"),
         Binding("r", "ranks", "Ranks (multi-process run)", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),
