@@ -14,7 +14,7 @@ import torch
 from tpu_debug.runtime import eager, probes
 from tpu_debug.core.errors import UnsupportedError
 
-import tpu_debug  # noqa: F401
+import tpu_debug
 
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE
 
@@ -188,8 +188,6 @@ def test_a_precision_change_is_part_of_the_signature(monkeypatch):
 def test_runtime_scalars_shown_as_meta_placeholder_0_5(tmp_path):
     # SGD with momentum passes its Python floats (lr, momentum) to _foreach ops as inputs of
     # one executable: a signature shows no value for them, never shape inference's stand-in
-    import tpu_debug
-
     m = torch.nn.Linear(8, 4).to("tpu")
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     with tpu_debug.trace(logdir=tmp_path) as session:
