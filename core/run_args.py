@@ -15,7 +15,7 @@ from pathlib import Path
 from tpu_debug.core.errors import CommandError
 from tpu_debug.core.options import add_flags
 
-__all__ = ["prepare_parser", "script_of", "early_error"]
+__all__ = ["early_error", "prepare_parser", "script_of"]
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -79,12 +79,15 @@ def script_of(args: argparse.Namespace) -> tuple[str, list[str], str, str, str]:
 def early_error(argv: Sequence[str]) -> CommandError | None:
     """The error ``tpu-debug run`` would stop with before running anything (a missing
     script), found without importing torch or jax; None when the arguments look runnable
-    (anything argparse itself refuses is left to the full command line, which says it)."""
+    (anything argparse itself refuses is left to the full command line, which says it, and
+    so is ``-h`` before the script: the full command line prints the help)."""
     parser = argparse.ArgumentParser(prog="tpu-debug run", add_help=False, exit_on_error=False)
     prepare_parser(parser)
     try:
-        args, _ = parser.parse_known_args(list(argv))
+        args, unknown = parser.parse_known_args(list(argv))
     except (argparse.ArgumentError, SystemExit):
+        return None
+    if {"-h", "--help"} & set(unknown):
         return None
     try:
         script_of(args)

@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import math
 import operator
+import os
 import sys
 import threading
 import time
@@ -405,6 +406,15 @@ def _output_views(kind: str, out_nodes: list) -> dict[int, tuple[int, tuple]]:
     return views
 
 
+def _optimizer_step(origin: DynamoOrigin) -> bool:
+    """Whether the function dynamo compiled is a ``torch.optim`` optimizer's own code (its
+    ``step``, compiled alone: ``tpu_debug.compile(opt.step)``)."""
+    if origin.function is None:
+        return False
+    optim = os.path.dirname(os.path.realpath(torch.optim.__file__)) + os.sep
+    return os.path.realpath(origin.function[0]).startswith(optim)
+
+
 def _computes_gradients(gm: torch.fx.GraphModule) -> bool:
     """Whether a dynamo graph takes gradients itself (a training step whose ``loss.backward()``
     dynamo traced into the graph calls ``torch.autograd.grad`` there)."""
@@ -423,7 +433,10 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, kind: str, parent: str, label: str | None = None):
         digest = hashlib.sha1(gm.code.encode()).hexdigest()[:10]
-        self.graph_id = f"{parent}/{label or kind}"
+        # what the program is for a reader: AOTAutograd's kind, or train_step / optimizer_step
+        # for an "inference" graph that takes gradients or is an optimizer's step
+        self.label = label or kind
+        self.graph_id = f"{parent}/{self.label}"
         self.digest = digest
         self.kind = kind
         self.gm = gm
@@ -831,7 +844,8 @@ class CompiledGraph:
         )
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin), jitted=jitted,
+            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin, label=self.label),
+            jitted=jitted,
             from_cache=cached is not None and cached.from_cache,
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
         )
@@ -986,12 +1000,13 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     parent = f"g{next(_graph_ids)}"
     origin = _dynamo_origin(gm)
     # AOTAutograd calls a graph with no autograd around it "inference"; one that takes the
-    # gradients itself is a whole training step
+    # gradients itself is a whole training step, and an optimizer's code its step
     step = _computes_gradients(gm)
+    inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
-            label = "train_step" if kind == "inference" and step else kind
+            label = inference if kind == "inference" else kind
             program = CompiledGraph(graph, kind, parent, label)
             program.origin = origin
 

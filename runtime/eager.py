@@ -386,6 +386,29 @@ def _to_meta(skel):
     return skel
 
 
+class _RuntimeValue:
+    """What a spec shows for a Python float passed as an input of the executable (a _Dyn):
+    each call gives its own value, so the key holds none (``_to_meta``'s 0.5 is only a
+    stand-in for shape inference)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "runtime value"
+
+
+_RUNTIME_VALUE = _RuntimeValue()
+
+
+def _shown(skel):
+    """A non-tensor argument as a spec shows it: its value when baked into the key."""
+    if type(skel) is _Dyn:
+        return _RUNTIME_VALUE
+    if type(skel) is tuple and len(skel) == 2 and (skel[0] is list or skel[0] is tuple):
+        return skel[0](_shown(v) for v in skel[1])
+    return _to_meta(skel)
+
+
 def _pattern_text(pattern: tuple) -> str:
     """How a view is read, as a recompile diff shows it (see tensor.view_pattern)."""
     kind = pattern[0]
@@ -422,7 +445,7 @@ def _specs(schema, skel_args, skel_kwargs) -> tuple[ArgSpec, ...]:
                 one(f"{name}[{i}]", v)
         else:
             scalar = name in numbers and type(s) is tuple and len(s) == 2 and s[0] in _SCALARS
-            out.append(ArgSpec(name, static=_to_meta(s) if not isinstance(s, torch.Tensor) else None, scalar=scalar))
+            out.append(ArgSpec(name, static=_shown(s) if not isinstance(s, torch.Tensor) else None, scalar=scalar))
 
     for i, s in enumerate(skel_args):
         one(names[i] if i < len(names) else f"arg{i}", s)

@@ -156,7 +156,9 @@ class GraphInfo:
     """A graph compiled into one program: which graph (``kind``: ``"forward"``,
     ``"backward"`` or ``"inference"`` for compiled mode's AOT graphs, ``"lazy"`` for
     a lazy fused graph), its lowered nodes, its code, and where dynamo got it.
-    A lazy graph also lists its ``ops`` and the values it returns (``outputs``)."""
+    A lazy graph also lists its ``ops`` and the values it returns (``outputs``).
+    ``label`` says what a compiled graph is for a reader: its kind, or ``"train_step"``
+    / ``"optimizer_step"`` for an inference graph that is one (None: its kind)."""
 
     kind: str
     nodes: tuple[LoweredNode, ...]
@@ -164,6 +166,7 @@ class GraphInfo:
     origin: DynamoOrigin
     ops: tuple[LazyNode, ...] = ()
     outputs: tuple[str, ...] = ()
+    label: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -6,8 +6,11 @@ that the wheel leaves out, or a data file it forgets, shows up here and nowhere 
 Steps: build the wheel; make a fresh virtual environment that sees the already-installed
 dependencies (torch, jax, ...) but not this checkout; install the wheel there without
 dependencies; then, from a directory outside the checkout, import every module that
-``pkgutil.walk_packages`` finds in the installed package, run the main job
-(``tpu-debug run examples/mlp_train.py``) and every other CLI verb once.
+``pkgutil.walk_packages`` finds in the installed package, print every verb's ``--help``, run
+the main job (``tpu-debug run examples/mlp_train.py``, with ``examples/`` taken from the
+checkout, as README tells a wheel's user to take it from a clone) and every other CLI verb
+once; the second run reads its programs back from the compile cache and counts none of them
+as a compile or a recompile.
 
 Usage: ``python scripts/wheel_smoke.py`` (exit status 0 when every step passed).
 """
@@ -104,7 +107,7 @@ def main() -> int:
         bindir = make_env(tmp_path / "venv", wheel)
         work = tmp_path / "work"
         work.mkdir()
-        shutil.copy(ROOT / "examples" / "mlp_train.py", work / "mlp_train.py")
+        shutil.copytree(ROOT / "examples", work / "examples")  # not in the wheel: from a clone
         env = {key: value for key, value in os.environ.items() if not key.startswith("TPU_DEBUG_")}
         env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", PYTHONNOUSERSITE="1",
                    TPU_DEBUG_LOGDIR=str(work / "runs"))
@@ -112,9 +115,16 @@ def main() -> int:
         tool = str(bindir / "tpu-debug")
         print(step("import every module", [str(bindir / "python"), "-c", IMPORT_ALL], cwd=work, env=env).strip())
         step("--version", [tool, "--version"], cwd=work, env=env)
-        step("run (the main job)", [tool, "run", "--tensorboard", "--name", "first", "mlp_train.py"],
+        for verb in ("run", "report", "runs", "tui", "tensorboard", "diff", "import-trace", "fit"):
+            shown = step(f"{verb} --help", [tool, verb, "--help"], cwd=work, env=env)
+            assert f"usage: tpu-debug {verb}" in shown, shown
+        env["TPU_DEBUG_COMPILE_CACHE_DIR"] = str(tmp_path / "compile_cache")
+        step("run (the main job)", [tool, "run", "--tensorboard", "--name", "first", "examples/mlp_train.py"],
              cwd=work, env=env)
-        step("run again", [tool, "run", "--name", "second", "mlp_train.py"], cwd=work, env=env)
+        step("run again", [tool, "run", "--name", "second", "examples/mlp_train.py"], cwd=work, env=env)
+        second = json.loads(step("report --json second", [tool, "report", "--json", "second"], cwd=work, env=env))
+        # every program read back from the cache: no compile, and no recompile either
+        assert second["compiles"]["count"] == 0 and second["recompiles"]["count"] == 0, second["recompiles"]
         runs = step("runs", [tool, "runs"], cwd=work, env=env)
         assert "first" in runs and "second" in runs, runs
         step("report", [tool, "report", "first"], cwd=work, env=env)

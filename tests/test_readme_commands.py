@@ -291,7 +291,7 @@ def check_import_trace(env, ran, tmp_path):
 
 
 def check_tui(env, ran):
-    """README: keys 1-8 switch views and ``?`` lists the keys (driven headless; a terminal UI
+    """README: keys 1-9 switch views and ``?`` lists the keys (driven headless; a terminal UI
     needs a terminal, which a test has not)."""
     import asyncio
 
@@ -307,7 +307,7 @@ def check_tui(env, ran):
         seen = []
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.pause()
-            for key in "12345678":
+            for key in "123456789":
                 await pilot.press(key)
                 await pilot.pause()
                 seen.append(type(app.screen).__name__)
@@ -320,8 +320,8 @@ def check_tui(env, ran):
         seen = asyncio.run(drive())
     finally:
         session.close()
-    assert len(set(seen[:8])) == 8, f"keys 1-8 did not show eight views: {seen}"
-    assert seen[8] not in seen[:8], f"? showed no help: {seen}"
+    assert len(set(seen[:9])) == 9, f"keys 1-9 did not show nine views: {seen}"
+    assert seen[9] not in seen[:9], f"? showed no help: {seen}"
 
 
 CheckFn = Callable[..., None]

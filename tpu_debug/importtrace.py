@@ -139,7 +139,9 @@ class _Importer:
             for f in stack
         ]
         first = known.function is None  # a restarted compile may start again
-        known.function, known.call = frames[-1].function, (frames[-2] if len(frames) > 1 else None)
+        # the call is the user's line that reached the compiled function, past any wrapper a
+        # library put around it (tpu_debug.compile's), as a live run's location is
+        known.function, known.call = frames[-1].function, split_frames(frames[:-1])[0]
         if known.guards and first:  # the reasons come just before their compile's start
             self._guard_failure(_compile_id(head), known)
 

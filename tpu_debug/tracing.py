@@ -211,6 +211,22 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def without_handler_frame(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without the frame of the signal handler a trace installs (:func:`_raise_interrupt`,
+    :func:`_raise_terminated`): Python's own handlers are C and add none, so the program's
+    traceback ends at the user's line, as it does without a trace."""
+    handlers = {_raise_interrupt.__code__, _raise_terminated.__code__}
+    if tb is not None and tb.tb_frame.f_code in handlers:
+        return tb.tb_next
+    head = tb
+    while tb is not None and tb.tb_next is not None:
+        if tb.tb_next.tb_frame.f_code in handlers:
+            tb.tb_next = tb.tb_next.tb_next
+        else:
+            tb = tb.tb_next
+    return head
+
+
 def _unraisable_hook(unraisable: Any) -> None:
     """``sys.unraisablehook`` while a trace records: a KeyboardInterrupt or Terminated that
     Python dropped where :func:`_unraisable` could not tell (a weakref callback, a finalizer)
@@ -467,6 +483,8 @@ class Trace(contextlib.ContextDecorator):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         global _active
+        if exc is not None and isinstance(exc, (KeyboardInterrupt, Terminated)):
+            exc.with_traceback(without_handler_frame(tb))
         held = _HeldSignals().hold()
         try:
             self._finish(*self._ending(exc_type, exc), held)

@@ -22,12 +22,14 @@ it, and per frame id the function it compiles: the recompile tracer
 
 from __future__ import annotations
 
+import ast
 import collections
 import dataclasses
 import json
 import logging
 import os
 import re
+import sys
 import threading
 from typing import Any, Protocol
 
@@ -70,6 +72,9 @@ class GuardFailure:
 
     ``guards`` holds ``(entry compile id, guard text)`` pairs, most recent entry
     first (``("0/1", "tensor 'x' size mismatch at index 0. expected 8, actual 9")``).
+    ``values`` holds ``(source, value)`` pairs: what a value or size guard's source
+    (``L['clip']``, ``L['x'].size()[0]``) held in the call that failed it, the guard
+    itself giving only the value it was compiled for.
     """
 
     compile_id: str
@@ -80,6 +85,11 @@ class GuardFailure:
     # the user's line the most recent failed guard names (where the guarded value is read or
     # changed inside the compiled function, as dynamo's "User stack trace" gives it)
     at: SourceLocation | None = None
+    values: tuple[tuple[str, str], ...] = ()
+
+    def value_of(self, source: str) -> str | None:
+        """What ``source`` held in the call that failed the guards, if it was read."""
+        return next((value for src, value in self.values if src == source), None)
 
     def for_entry(self, compile_id: str | None) -> str | None:
         """The guard that failed for the cached entry ``compile_id`` (else the most recent one)."""
@@ -370,7 +380,13 @@ def _on_structured(md: dict, payload: str | None) -> None:
         known = _frames.get(int(frame))
         at = guard_location(texts[0]) if texts else None
         failure = GuardFailure(
-            compile_id, int(frame), known[0] if known else None, tuple(guards), user_location(1), at
+            compile_id,
+            int(frame),
+            known[0] if known else None,
+            tuple(guards),
+            user_location(1),
+            at,
+            _values_now([guard for _, guard in guards]),
         )
         _failures[compile_id] = failure
         while len(_failures) > _MAX_FAILURES:
@@ -378,6 +394,61 @@ def _on_structured(md: dict, payload: str | None) -> None:
         _notify("on_guard_failure", failure)
     elif name == "dynamo_graph_break_reason" and payload:
         _notify("on_graph_break", _parse_graph_break(payload, int(frame) if frame is not None else None))
+
+
+# a guard that compares one source with a literal: ``L['clip'] == 3.0``, ``L['x'].size()[0] == 8``
+_COMPARED = re.compile(r"^(?P<source>[A-Za-z_]\w*(?:\.\w+(?:\(\))?|\[[^\]]*\])*) == \S+$")
+# dynamo's function that logs the recompile reasons: its ``frame`` is the call being compiled
+_REASONS_FUNCTION = "get_and_maybe_log_recompilation_reasons"
+
+
+def _values_now(guards: list[str]) -> tuple[tuple[str, str], ...]:
+    """What each compared source holds in the call that failed the guards.
+
+    Read from the frame dynamo is compiling, which the function logging the reasons holds
+    (this handler runs inside it); nothing is read when it is not on the stack."""
+    sources = [m["source"] for m in map(_COMPARED.match, guards) if m]
+    if not sources:
+        return ()
+    caller = sys._getframe(1)
+    while caller is not None and caller.f_code.co_name != _REASONS_FUNCTION:
+        caller = caller.f_back
+    frame = caller.f_locals.get("frame") if caller is not None else None
+    if frame is None:
+        return ()
+    scope = {"L": frame.f_locals, "G": frame.f_globals}
+    out = []
+    for source in sources:
+        try:
+            value = _read_source(ast.parse(source, mode="eval").body, scope)
+        except Exception:  # noqa: BLE001, S112 - a source not read is shown without its value
+            continue
+        if isinstance(value, (bool, int, float, str, type(None))):
+            out.append((source, repr(value)))
+    return tuple(out)
+
+
+def _read_source(node: ast.AST, scope: dict[str, Any]) -> Any:
+    """A guard's source, read without evaluating code: ``L``/``G`` (the frame's locals and
+    globals), a bare name (a local, else a global: dynamo's short form), constant subscripts,
+    attributes and ``.size()``; anything else raises ``ValueError``."""
+    if isinstance(node, ast.Name):
+        if node.id in scope:
+            return scope[node.id]
+        local = scope["L"]
+        return local[node.id] if node.id in local else scope["G"][node.id]
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return _read_source(node.value, scope)[node.slice.value]
+    if isinstance(node, ast.Attribute):
+        return getattr(_read_source(node.value, scope), node.attr)
+    if (
+        isinstance(node, ast.Call)
+        and not node.args
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "size"
+    ):
+        return tuple(_read_source(node.func.value, scope).size())
+    raise ValueError(f"not a guard source: {ast.dump(node)}")
 
 
 _FUNC_INFO = re.compile(r"^'(.+)' \((.+):(\d+)\)$")
@@ -475,8 +546,11 @@ def _local_name(source: str) -> str:
     return m.group(1) + m.group(2) if m else source
 
 
-def guard_diffs(guard: str) -> list[KeyDiff]:
+def guard_diffs(guard: str, failure: GuardFailure | None = None) -> list[KeyDiff]:
     """Structured differences for one failed guard (``"dynamo guard"`` when its form is unknown).
+
+    A value guard gives the value it was compiled for; ``failure`` (the guard failure it
+    is part of) gives the value the call passed instead, when it was read.
 
     Example:
         >>> guard_diffs("tensor 'x' size mismatch at index 0. expected 8, actual 9")[0].field
@@ -485,7 +559,11 @@ def guard_diffs(guard: str) -> list[KeyDiff]:
     for pattern, make in _GUARD_FORMS:
         m = pattern.match(guard)
         if m:
-            return [make(m)]
+            diff = make(m)
+            if diff.aspect == "scalar" and failure is not None:
+                now = failure.value_of(m[1])
+                diff = dataclasses.replace(diff, now=now) if now is not None else diff
+            return [diff]
     return [_guarded("guard", guard, "failed")]
 
 

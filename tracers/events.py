@@ -344,8 +344,9 @@ class CompileEvent(Event):
     ``previous`` is None when the closest key was compiled before the trace.
     ``from_cache`` marks an executable read back from the persistent compile
     cache: nothing was compiled (``seconds`` is the read-back, ``saved_seconds``
-    the compile time it saved), so it is never a recompile (no ``previous``, no
-    ``diffs``) and compile counts leave it out.
+    the compile time it saved), so it is never a compile or a recompile: compile
+    and recompile counts leave it out and count it apart (its ``diffs`` still say
+    what is new about its key).
     """
 
     kind: ClassVar[str] = "compile"

@@ -155,6 +155,9 @@ class CompileGroup:
     ``identity`` is what was compiled again (the op, or the function dynamo
     compiled and its direction); ``names`` counts the distinct program names
     under it (a graph recompiled by dynamo gets a new name each time).
+    ``compiles``, ``recompiles`` and ``seconds`` count what XLA compiled;
+    ``read_backs`` the executables read back from the persistent compile cache
+    instead (none of them a compile or a recompile).
     """
 
     identity: str
@@ -163,6 +166,7 @@ class CompileGroup:
     recompiles: int
     seconds: float
     names: int
+    read_backs: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -490,8 +494,9 @@ class RunQuery:
     # -- recompiles and transfers -------------------------------------------------------
 
     def recompiles(self, *, mode: str | None = None, name: str | None = None) -> list[CompileEvent]:
-        """Compiles that were recompiles (they carry the diffs against the closest earlier key)."""
-        return [c for c in self.compiles(mode=mode, name=name) if c.diffs]
+        """Compiles that were recompiles (they carry the diffs against the closest earlier key).
+        An executable read back from the persistent compile cache is none: XLA compiled nothing."""
+        return [c for c in self.compiles(mode=mode, name=name) if c.diffs and not c.from_cache]
 
     def recompile_groups(self, *, storm_threshold: int | None = None) -> list[Any]:
         """The run's compiles grouped by op or graph, most recompiled first, with what kept
@@ -805,12 +810,14 @@ class RunQuery:
         """Compiles per op or graph (per identity, see :class:`CompileGroup`): most compiled
         first, then the most compile time."""
         rows = self._rows(
-            "SELECT e.mode, coalesce(c.identity, e.name), count(*), total(e.seconds), "
-            "total(EXISTS (SELECT 1 FROM key_diffs k WHERE k.event_id = e.id)), count(DISTINCT e.name) "
+            "SELECT e.mode, coalesce(c.identity, e.name), total(NOT c.from_cache), "
+            "total(CASE WHEN c.from_cache THEN 0 ELSE e.seconds END), "
+            "total(NOT c.from_cache AND EXISTS (SELECT 1 FROM key_diffs k WHERE k.event_id = e.id)), "
+            "count(DISTINCT e.name), total(c.from_cache) "
             "FROM events e JOIN compiles c ON c.event_id = e.id WHERE e.kind = 'compile' "
-            "GROUP BY 1, 2 ORDER BY 3 DESC, 4 DESC, 2"
+            "GROUP BY 1, 2 ORDER BY 3 DESC, 4 DESC, 7 DESC, 2"
         )
-        return [CompileGroup(i, m or "", n, int(r), s, k) for m, i, n, s, r, k in rows]
+        return [CompileGroup(i, m or "", int(n), int(r), s, k, int(b)) for m, i, n, s, r, k, b in rows]
 
     def compile_history(
         self, identity: str, *, mode: str | None = None, limit: int | None = None, offset: int = 0

@@ -354,14 +354,15 @@ _SIZE_GUARD = re.compile(r"^(?P<tensor>\S+)\.size\(\)\[(?P<dim>\d+)\] == (?P<val
 _GUARD_NUMBER = re.compile(r"(?<![\w\[.'])-?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?(?![\w\]'])")
 
 
-def read_guard(diff: KeyDiff) -> KeyDiff:
+def read_guard(diff: KeyDiff, failure: Any = None) -> KeyDiff:
     """A failed dynamo guard kept as its text, read as what it tests when its form says so.
 
     A value guard on any source (``self.param_groups[0]['lr'] == 0.003``, where
     an optimizer's learning rate is read; ``G['cfg'].scale == 2``) is the Python
     scalar named by its source (the value is the one it was compiled for); a
-    size guard (``L['x'].size()[0] == 8``) is that dimension. Any other diff
-    comes back unchanged.
+    size guard (``L['x'].size()[0] == 8``) is that dimension. Its new value is the
+    one ``failure`` (the :class:`~.dynamo_events.GuardFailure` it came from) read
+    from the call, else ``"changed"``. Any other diff comes back unchanged.
 
     Example:
         >>> read_guard(KeyDiff("guard", "self.param_groups[0]['lr'] == 0.003", "failed", source="guard")).field
@@ -370,13 +371,19 @@ def read_guard(diff: KeyDiff) -> KeyDiff:
     if diff.aspect != "guard":
         return diff
     text = diff.before.strip()
+
+    def now(source: str) -> str:
+        value = failure.value_of(source) if failure is not None else None
+        return "changed" if value is None else value
+
     m = _SIZE_GUARD.match(text)
     if m:
         name = _pretty_source(m["tensor"])
-        return KeyDiff("shape", m["value"], "changed", arg_name=name, dims=(int(m["dim"]),), source="guard")
+        source = f"{m['tensor']}.size()[{m['dim']}]"
+        return KeyDiff("shape", m["value"], now(source), arg_name=name, dims=(int(m["dim"]),), source="guard")
     m = _VALUE_GUARD.match(text)
     if m:
-        return KeyDiff("scalar", m["value"], "changed", arg_name=_pretty_source(m["source"]), source="guard")
+        return KeyDiff("scalar", m["value"], now(m["source"]), arg_name=_pretty_source(m["source"]), source="guard")
     return diff
 
 
@@ -641,12 +648,12 @@ class RecompileTracker:
             failure = dynamo_events.guard_failure(entry.compile_id)
             guard = failure.for_entry(previous.compile_id) if failure is not None else None
             if guard:
-                for d in dynamo_events.guard_diffs(guard):
+                for d in dynamo_events.guard_diffs(guard, failure):
                     if d.detail == "global state" and any(
                         x.aspect == "grad" and x.detail in ("grad mode", "graph kind") for x in diffs
                     ):
                         continue  # the graph's own facts say it better
-                    out.append(read_guard(d))
+                    out.append(read_guard(d, failure))
         out.extend(diffs)
         if not out:
             if previous.key == entry.key:
@@ -674,9 +681,8 @@ def describe(diff: KeyDiff) -> str:
     if diff.source == "guard" and diff.detail == "global state":
         return f"dynamo guard failed: global state ({diff.before}) changed"
     if diff.source == "guard" and diff.aspect == "scalar":
-        return (
-            f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed another value"
-        )
+        passed = "another value" if diff.now == "changed" else diff.now
+        return f"python scalar '{diff.arg_name}' was baked in as {diff.before}; this call passed {passed}"
     return diff.render()
 
 
@@ -746,7 +752,12 @@ class Change:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecompileGroup:
-    """The compiles of one op or graph (one identity) in a run."""
+    """The compiles of one op or graph (one identity) in a run.
+
+    Everything but ``read_backs`` is about what XLA compiled; ``read_backs`` counts the
+    executables read back from the persistent compile cache instead, which are neither
+    compiles nor recompiles.
+    """
 
     identity: str
     mode: str | None
@@ -758,6 +769,7 @@ class RecompileGroup:
     last_diffs: tuple[KeyDiff, ...]  # of the latest recompile the top change took part in
     storm: bool
     advice: tuple[str, ...]
+    read_backs: int = 0
 
     @property
     def changing(self) -> Change | None:
@@ -1002,8 +1014,13 @@ def summarize(
     precision, view layout). ``advice`` says what to do about the top one.
     """
     groups: dict[tuple[str | None, str], list[CompileEvent]] = {}
+    read_backs: collections.Counter[tuple[str | None, str]] = collections.Counter()
     for c in compiles:
-        groups.setdefault((c.mode, c.identity or c.name), []).append(c)
+        groups.setdefault((c.mode, c.identity or c.name), [])
+        if c.from_cache:  # XLA compiled nothing: counted apart, never a compile or a recompile
+            read_backs[(c.mode, c.identity or c.name)] += 1
+        else:
+            groups[(c.mode, c.identity or c.name)].append(c)
     out = []
     for (mode, identity), items in groups.items():
         re_items = [c for c in items if c.diffs]
@@ -1021,8 +1038,10 @@ def summarize(
                         slot[1] += 1
                         slot[3][c.location] += 1
                         seen_here.add(change.what)
-                    # a failed guard knows the value it was compiled for, not the one that failed it
-                    for v in (before,) if d.source == "guard" and d.aspect == "scalar" else (before, now):
+                    # a failed guard knows the value it was compiled for; the one that failed it
+                    # only when it was read from the call
+                    unread = d.source == "guard" and d.aspect == "scalar" and now == "changed"
+                    for v in (before,) if unread else (before, now):
                         slot[2].setdefault(v, None)
         changes_list += [
             dataclasses.replace(
@@ -1063,7 +1082,8 @@ def summarize(
                 example,
                 storm,
                 advice,
+                read_backs[(mode, identity)],
             )
         )
-    out.sort(key=lambda g: (-g.recompiles, -g.compiles, g.identity))
+    out.sort(key=lambda g: (-g.recompiles, -g.compiles, -g.read_backs, g.identity))
     return out

@@ -197,9 +197,9 @@ class Recorder:
         seen.bind(event_id)
         if info.mode == "lazy":
             self._lazy_compiles[info.key] = event_id
-        # A read-back compiled nothing, but it is a new program for this op all the same: it keeps
-        # its diff against the closest earlier key, so what the run's programs show (recompiles,
-        # shapes that keep changing) does not depend on what an earlier run left in the cache.
+        # A read-back compiled nothing, so no reader counts it as a compile or a recompile; it is a
+        # new program for this op all the same and keeps its diff against the closest earlier key,
+        # so the advisor's shapes that keep changing do not depend on what an earlier run cached.
         read_back = bool(getattr(info, "from_cache", False))
         self.writer.put(
             CompileEvent(

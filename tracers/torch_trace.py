@@ -11,7 +11,8 @@ that compile:
 artifact                        format  what
 ==============================  ======  ==============================================
 ``tpu_debug_hlo_<kind>``        string  the XLA program a graph became (optimized HLO),
-                                        ``<kind>``: forward, backward or inference
+                                        ``<kind>``: forward, backward, inference,
+                                        train_step or optimizer_step
 ``tpu_debug_recompile``         json    a recompile: the compile it replaces and its
                                         differences (:class:`~.events.KeyDiff` fields,
                                         and each rendered as the report renders it)
@@ -154,13 +155,14 @@ class TorchTraceEmitter:
         if event is not None and event.name != str(info.name):
             event = None  # not this compile's (it was written by another probe's compile)
         hlo = info.hlo()
-        _emit(f"{HLO_ARTIFACT}_{graph.kind}", "string", lambda: hlo, compile_id, attempt)
+        label = graph.label or graph.kind
+        _emit(f"{HLO_ARTIFACT}_{label}", "string", lambda: hlo, compile_id, attempt)
         if event is None or compile_id is None:
             return
         with self._lock:
             self._compile_ids[event.id] = compile_id
             if event.program is not None:
-                self._graphs[event.program] = (compile_id, attempt, graph.kind)
+                self._graphs[event.program] = (compile_id, attempt, label)
             previous = self._compile_ids.get(event.previous) if event.previous is not None else None
         if event.diffs:
             payload = json.dumps(self._recompile(event, previous))

@@ -47,18 +47,17 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class View:
-    """One view of the app: its Textual mode, its title, its screen, and whether the footer
-    shows its number key (the help screen, ``?``, lists every key)."""
+    """One view of the app: its Textual mode, its title and its screen (its number key is
+    its place in :data:`VIEW_TABLE`; the help screen, ``?``, lists every key)."""
 
     mode: str
     title: str
     screen: type
-    in_footer: bool = True
 
 
 # The one table of views: the number keys (1, 2, ...) follow its order; MODES, BINDINGS and
 # VIEWS come from it, so a new view is its screen plus one row here. The footer shows the
-# number keys as one group ("1-8 Views") so that it fits a 100-column terminal; `?` names each.
+# number keys as one range ("1-9 Views") so that it fits a 100-column terminal; `?` names each.
 VIEW_TABLE: tuple[View, ...] = (
     View("overview", "Overview", OverviewScreen),
     View("recompiles", "Recompiles", RecompilesScreen),
@@ -68,10 +67,8 @@ VIEW_TABLE: tuple[View, ...] = (
     View("steps", "Steps", StepsScreen),
     View("memory", "Memory", MemoryScreen),
     View("collectives", "Collectives", CollectivesScreen),
-    View("fit", "Fit", FitScreen, in_footer=False),  # key 9; the footer keeps to 100 columns
+    View("fit", "Fit", FitScreen),
 )
-
-_VIEW_KEYS = Binding.Group("Views", compact=True)
 
 VIEWS = {view.mode: view.title for view in VIEW_TABLE}
 
@@ -92,11 +89,12 @@ class TpuDebugApp(App[None]):
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
         *(
-            Binding(
-                str(number), f"switch_mode('{view.mode}')", view.title, show=view.in_footer, group=_VIEW_KEYS
-            )
+            Binding(str(number), f"switch_mode('{view.mode}')", view.title, show=False)
             for number, view in enumerate(VIEW_TABLE, 1)
         ),
+        # the footer's one entry for all the number keys ("1-9 Views"); "views" is no key a
+        # terminal sends, so the number keys above do the switching and the help names each
+        Binding("views", f"switch_mode('{VIEW_TABLE[0].mode}')", "Views", key_display=f"1-{len(VIEW_TABLE)}"),
         Binding("r", "ranks", "Ranks (multi-process run)", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 from importlib import metadata
@@ -295,3 +296,56 @@ def test_a_tpu_debug_error_ending_the_script_shows_the_users_frame_and_its_messa
     assert main(["run", "--logdir", str(logdir), "--no-report", "--traceback", str(script)]) == 1
     full = capsys.readouterr().err
     assert "Traceback (most recent call last):" in full and full.count('  File "') > 2
+
+
+
+@pytest.mark.parametrize("extra", [[], ["-h"], ["--logdir", "somewhere", "-h"], ["-h", "nosuch.py"]])
+def test_run_help_prints_no_script_given(extra, tmp_path):
+    # every verb's help, through the console script in a process that has not imported torch
+    # (`run` then checks its script before importing anything heavy: -h is not a script)
+    code = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main(sys.argv[1:]))"
+    for verb in COMMANDS:
+        argv = [verb, *(extra or ["--help"])]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, (argv, done.stderr)
+        assert f"usage: tpu-debug {verb}" in done.stdout, (argv, done.stdout)
+
+
+def test_syntax_error_script_gets_a_30_line_report(script, logdir, capsys):
+    # a script Python cannot compile never started: no report of an empty run, no run kept
+    bad = script("import torch\n\ndef f(:\n    pass\n", name="bad.py")
+    assert main(["run", "--logdir", str(logdir), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f'  File "{bad}", line 3',
+        "    def f(:",
+        "          ^",
+        "SyntaxError: invalid syntax",
+        "",
+        (
+            f"tpu-debug run: {bad} did not start: SyntaxError: invalid syntax (bad.py, line 3). "
+            "Nothing ran and no run was recorded; fix the script and run it again."
+        ),
+    ]
+    assert captured.out == ""
+    assert not logdir.exists() or not any(logdir.iterdir())
+
+
+def test_run_ctrl_c_traceback_ends_in_raise_interrupt(script, logdir, capsys):
+    import signal
+
+    prog = script("import signal\n\ndef loop():\n    signal.raise_signal(signal.SIGINT)\n\nloop()\n")
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["run", "--no-report", "--logdir", str(logdir), str(prog)]) == 130
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    err = capsys.readouterr().err
+    trace = err[err.index("Traceback (most recent call last):") : err.index("KeyboardInterrupt")]
+    assert "tpu_debug" not in trace, err
+    assert trace.rstrip().splitlines()[-2:] == [
+        f'  File "{prog}", line 4, in loop',
+        "    signal.raise_signal(signal.SIGINT)",
+    ]

@@ -243,3 +243,43 @@ def test_diff_between_imported_runs_shows_the_recompiles_fixed(constant_trace: P
     assert data["figures"]["steady_recompiles"]["b"] == 0
     assert [f["kind"] for f in data["findings"]["fixed"]] == ["recompile"]
     assert data["findings"]["introduced"] == []
+
+
+# a tpu_debug.compile program: dynamo's stack has tpu_debug's wrapper between the user's call
+# and the compiled function
+WRAPPED = textwrap.dedent(
+    """\
+    import torch
+    import tpu_debug
+
+
+    def f(x, n):
+        y = x * n
+        return y + 1
+
+
+    g = tpu_debug.compile(f, dynamic=False)
+    for step in range(6):
+        g(torch.ones(3 + step, device='tpu'), step)
+    """
+)
+
+
+def test_import_trace_finding_at_compiled_py_called_at_dash(tmp_path: Path) -> None:
+    from tpu_debug import open_run
+
+    trace = _make_trace(tmp_path / "wrapped", "eager", WRAPPED)
+    done = _tool("import-trace", str(trace), "--logdir", str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    call = WRAPPED.splitlines().index("    g(torch.ones(3 + step, device='tpu'), step)") + 1
+    with open_run(done.stdout.strip()) as run:
+        failures = run.guard_failures()
+        compiles = run.compiles()
+        findings = run.findings()
+    assert failures and compiles
+    for event in [*failures, *compiles]:
+        assert event.location is not None and Path(event.location.file).name == "script.py", event
+    assert {f.location.line for f in failures} == {call}
+    for finding in findings:
+        assert finding.evidence.location is not None, finding
+        assert Path(finding.evidence.location.file).name == "script.py", finding

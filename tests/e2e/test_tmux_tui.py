@@ -115,7 +115,7 @@ def test_tui_at_100x30_keeps_counts_locations_and_every_key(tmp_path, tmux):
     _synthetic().write_synthetic_run(run_dir)
     command = f"{shlex.quote(sys.executable)} -m tpu_debug tui {shlex.quote(str(run_dir))}"
     tmux.start(command, tmp_path, size=(100, 30))
-    tmux.wait_for("Findings", "12345678 Views", "? Keys", "q Quit")
+    tmux.wait_for("Findings", "1-9 Views", "? Keys", "q Quit")
     tmux.keys("2")
     pane = tmux.wait_for("Compile history: mul.Tensor", "compiles")
     lines = pane.splitlines()

@@ -14,7 +14,7 @@ import torch
 from tpu_debug.runtime import eager, probes
 from tpu_debug.core.errors import UnsupportedError
 
-import tpu_debug  # noqa: F401
+import tpu_debug
 
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE
 
@@ -183,3 +183,19 @@ def test_a_precision_change_is_part_of_the_signature(monkeypatch):
             torch.testing.assert_close(got, exact if name == "high" else one_pass, atol=1e-4, rtol=1e-5)
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_runtime_scalars_shown_as_meta_placeholder_0_5(tmp_path):
+    # SGD with momentum passes its Python floats (lr, momentum) to _foreach ops as inputs of
+    # one executable: a signature shows no value for them, never shape inference's stand-in
+    m = torch.nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    with tpu_debug.trace(logdir=tmp_path) as session:
+        for _ in range(2):
+            m(torch.randn(2, 8, device="tpu")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    signatures = {c.signature for c in session.compiles()}
+    foreach = sorted(s for s in signatures if s.startswith("_foreach_"))
+    assert "_foreach_mul_.Scalar(float32[4,8], float32[4], scalar=runtime value)" in foreach, foreach
+    assert not any("0.5" in s for s in signatures), sorted(signatures)

@@ -105,7 +105,7 @@ def test_scalar_grad_mode_and_requires_grad_guards(logdir):
     assert "GLOBAL_STATE changed: grad_mode" in reasons
     assert "tensor 'x' requires_grad mismatch. expected requires_grad=0" in reasons
     texts = [describe(d) for c in session.compiles(mode="compiled") for d in c.diffs]
-    assert "python scalar 'n' was baked in as 2; this call passed another value" in texts
+    assert "python scalar 'n' was baked in as 2; this call passed 3" in texts
     assert "grad mode: enabled -> disabled" in texts
     assert "tensor 'x' requires_grad: False -> True" in texts
 
@@ -218,3 +218,26 @@ def test_a_failed_guard_names_the_users_line_that_reads_the_value():
     loc = guard_location(text)
     assert (loc.file, loc.line, loc.function) == ("/home/me/train.py", 14, "forward")
     assert guard_location("0/1: tensor 'x' size mismatch at index 0. expected 8, actual 9") is None
+
+
+SETTINGS = {"scale": 2.0}
+
+
+def test_recompile_diff_says_clip_3_0_changed(logdir):
+    # a value guard gives the value a graph was compiled for; the diff also shows the one the call
+    # passed, read from the call dynamo compiles again (a local, and a global dict's entry)
+    def clipped(x, clip):
+        return (x * clip * SETTINGS["scale"]).sum()
+
+    fn = tpu_debug.compile(clipped)
+    x = torch.ones(4, device="tpu")
+    with tpu_debug.trace(logdir=logdir) as session:
+        fn(x, 3.0)
+        fn(x, 5.0)
+        SETTINGS["scale"] = 4.0
+        fn(x, 5.0)
+    SETTINGS["scale"] = 2.0
+    rendered = [d.render() for c in session.compiles(mode="compiled") for d in c.diffs if d.aspect == "scalar"]
+    assert "python scalar baked in 'clip': 3.0 -> 5.0" in rendered
+    assert any(r.endswith(": 2.0 -> 4.0") and "scale" in r for r in rendered), rendered
+    assert not any(r.endswith("-> changed") for r in rendered), rendered

@@ -133,6 +133,8 @@ def test_each_recompile_has_its_diff_read_from_the_guard_tlparse_shows(parsed: P
             assert [(d["aspect"], d["arg_name"], d["before"], d["source"]) for d in diff["diffs"]] == [
                 ("scalar", name, value, "guard")
             ]
+            # and the value the call passed instead
+            assert [d["now"] for d in diff["diffs"]] == [str(int(value) + 1)]
     assert not _files(compiles["0/0"], "tpu_debug_recompile_*.json")  # the first compile is none
 
 
@@ -164,3 +166,54 @@ def test_without_torch_trace_no_emitter_is_made(
         g(torch.ones(3, device="tpu"))
     assert made == []
     assert session.compiles(mode="compiled")
+
+
+TRAIN_SCRIPT = textwrap.dedent(
+    """\
+    import torch
+    import torch.nn.functional as F
+    import tpu_debug
+
+    model = torch.nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    train_step = tpu_debug.compile(train_step)
+    opt_step = tpu_debug.compile(opt.step)
+    x, y = torch.randn(16, 8, device="tpu"), torch.randint(0, 4, (16,), device="tpu")
+    for _ in range(2):
+        train_step(x, y)
+        opt_step()
+        opt.zero_grad()
+    """
+)
+
+
+def test_optimizer_step_and_train_step_labelled_inference(tmp_path: Path) -> None:
+    # AOTAutograd calls both graphs "inference" (no autograd around them); a reader is told
+    # what each program is: the step that takes the gradients, and the optimizer's step
+    tlparse = _tlparse_binary()
+    (tmp_path / "script.py").write_text(TRAIN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG")}
+    env["TORCH_TRACE"] = str(tmp_path / "trace")
+    argv = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--logdir", str(tmp_path / "runs"), "script.py"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = next((tmp_path / "trace").glob("dedicated_log_torch_trace*.log"))
+    out = tmp_path / "tlparse"
+    done = subprocess.run(
+        [tlparse, str(log), "-o", str(out), "--no-browser"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    hlo = sorted(p.name.rsplit("_", 1)[0] for p in out.rglob("tpu_debug_hlo_*.txt"))
+    assert hlo == ["tpu_debug_hlo_optimizer_step", "tpu_debug_hlo_train_step"], hlo
+
+    import tpu_debug
+
+    with tpu_debug.open_run(None, logdir=tmp_path / "runs") as session:
+        names = sorted({c.name for c in session.compiles(mode="compiled")})
+    assert names == ["g1/train_step", "g2/optimizer_step"], names

@@ -315,3 +315,23 @@ def test_ctrl_c_during_the_final_flush_is_held_until_the_run_is_closed():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, inherited)
+
+
+def test_ctrl_c_traceback_ends_in_raise_interrupt(logdir):
+    # the trace's SIGINT handler is Python code; Python's own is C and adds no frame: the
+    # traceback a user sees ends at the line Ctrl-C interrupted, as it does without a trace
+    import signal
+    import traceback
+
+    def users_loop():
+        signal.raise_signal(signal.SIGINT)
+        return "not interrupted"
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught, tpu_debug.trace(logdir=logdir):
+            users_loop()
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    last = traceback.extract_tb(caught.value.__traceback__)[-1]
+    assert (Path(last.filename).name, last.name) == ("test_trace.py", "users_loop")

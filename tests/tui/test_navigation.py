@@ -377,3 +377,75 @@ def test_every_view_an_event_kind_or_a_rule_declares_is_a_view_of_the_app():
     assert all(r.view is not None for r in RULES.values())
     assert FINDING_VIEWS == {kind: r.view for kind, r in RULES.items()}
     assert KIND_VIEWS == {kind: cls.view for kind, cls in EVENT_TYPES.items() if cls.view is not None}
+
+
+def test_footer_says_12345678_views(make_app):
+    # the footer names the views' number keys as the range README gives, the Fit view's 9 included
+    from tpu_debug.tui.app import VIEW_TABLE
+    from tpu_debug.tui.screens.fit import FitScreen
+
+    app = make_app()
+
+    async def scenario(pilot):
+        footer = screen_text(app).splitlines()[-1]
+        assert f"1-{len(VIEW_TABLE)} Views" in footer and "12345678" not in footer, footer
+        await press(pilot, "9")
+        assert isinstance(app.screen, FitScreen)
+        await press(pilot, "1")
+        assert isinstance(app.screen, OverviewScreen)
+        await press(pilot, "question_mark")
+        help_text = screen_text(app)
+        for title in ("1-9", "Views", "Recompiles", "Collectives", "Fit"):
+            assert title in help_text, title
+
+    drive(app, scenario, size=(100, 30))
+
+
+def test_overview_at_100x30_cuts_view_names(make_app, tmp_path):
+    # the events table is as wide as its longest kind and view name; the run's facts wrap instead
+    from tpu_debug.tracers import events as ev
+    from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+    run_dir = tmp_path / "20260131T120000.000Z-long"
+    run_dir.mkdir()
+    meta = {"name": "long", "platform": "cpu", "device_kind": "cpu", "device_count": 1,
+            "argv": ["train.py", "--steps", "8"], "cwd": str(tmp_path),
+            "start_time": "2026-01-31T12:00:00.000+00:00"}
+    writer = RunWriter(run_dir / DB_NAME, meta)
+    at = ev.SourceLocation(str(tmp_path / "train.py"), 12, "step")
+    writer.put(ev.GuardFailureEvent(writer.new_id(), 0.1, "compiled", 1, at, "step", "0/1", ("0/0: n == 2",)))
+    writer.put(ev.RecompileLimitEvent(writer.new_id(), 0.2, "compiled", 1, at, "step", "recompile_limit", 8,
+                                      "n == 9"))
+    writer.close({"status": "finished", "exit_status": 0, "duration": 1.0})
+    app = make_app(run_dir)
+
+    async def scenario(pilot):
+        import re
+
+        kinds = re.compile(r"(guard_failure|recompile_limit)\s+\d+\s")
+        rows = [line for line in screen_text(app).splitlines() if kinds.search(line)]
+        assert len(rows) == 2 and all(line.rstrip().endswith(" recompiles") for line in rows), rows
+
+    drive(app, scenario, size=(100, 30))
+
+
+def test_source_pane_cuts_lines_at_30_chars(make_app):
+    # at 100x30 the recompiles view's source pane is about 30 columns: a long line wraps, whole
+    app = make_app()
+
+    async def scenario(pilot):
+        import io
+
+        from rich.console import Console
+
+        await press(pilot, "2")
+        pane = app.screen.query_one("#source")
+        width = pane.content_size.width
+        assert width < 40, width
+        console = Console(width=width, color_system=None, file=io.StringIO())
+        with console.capture() as captured:
+            console.print(pane.content)
+        text = captured.get()
+        assert "".join(text.split()).count("loss=((hidden-target)**2).mean()") == 1, text
+
+    drive(app, scenario, size=(100, 30))

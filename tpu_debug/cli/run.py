@@ -19,7 +19,7 @@ from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.run_args import prepare_parser, script_of
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
-from tpu_debug.tracing import Terminated
+from tpu_debug.tracing import Terminated, without_handler_frame
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -35,7 +35,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _user_traceback(tb):
-    """Drop our own frames (this module, runpy) from the top of a traceback."""
+    """Drop our own frames (this module, runpy) from the top of a traceback, and the trace's
+    signal handler from its end."""
+    tb = without_handler_frame(tb)
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if not (filename.startswith("<frozen runpy") or os.path.realpath(filename) in _OWN_FILES):
@@ -73,16 +75,36 @@ def _print_short(exc: BaseException, tb) -> bool:
     return True
 
 
-def _run_path(target: str) -> None:
-    """Execute a script file as ``__main__`` the way ``python script.py`` does: ``__file__``
-    absolute, ``sys.argv[0]`` untouched (``runpy.run_path`` would rewrite it)."""
-    if not os.path.isfile(target):  # a directory or zip with __main__.py
-        runpy.run_path(target, run_name="__main__")
-        return
+def _compile_script(target: str) -> types.CodeType | None:
+    """The script file's code, compiled before anything starts, so that a script Python
+    cannot compile is said at once and records no run; None for a directory or zip."""
+    if not os.path.isfile(target):
+        return None
     path = os.path.abspath(target)
     with io.open_code(path) as f:
         source = f.read()
-    code = compile(source, path, "exec", dont_inherit=True)
+    return compile(source, path, "exec", dont_inherit=True)
+
+
+def _did_not_start(exc: SyntaxError, argv0: str) -> int:
+    """Say, as Python would, why the script cannot be compiled, and that nothing ran."""
+    sys.excepthook(type(exc), exc.with_traceback(None), None)
+    where = f" ({os.path.basename(exc.filename or argv0)}, line {exc.lineno})" if exc.lineno else ""
+    print(
+        f"\ntpu-debug run: {argv0} did not start: {type(exc).__name__}: {exc.msg}{where}. "
+        "Nothing ran and no run was recorded; fix the script and run it again.",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _run_path(target: str, code: types.CodeType | None) -> None:
+    """Execute a script file as ``__main__`` the way ``python script.py`` does: ``__file__``
+    absolute, ``sys.argv[0]`` untouched (``runpy.run_path`` would rewrite it)."""
+    if code is None:  # a directory or zip with __main__.py
+        runpy.run_path(target, run_name="__main__")
+        return
+    path = os.path.abspath(target)
     main = types.ModuleType("__main__")
     main.__dict__.update(
         __file__=path,
@@ -100,7 +122,7 @@ def _run_path(target: str) -> None:
             sys.modules["__main__"] = saved
 
 
-def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
+def _execute(target: str, is_module: bool, code: types.CodeType | None) -> tuple[int, str | None]:
     """Run the target as ``__main__``; returns (exit code, error text)."""
     from tpu_debug.runtime.dryrun import DryRunValueError  # a recording verb: the runtime is loaded
 
@@ -108,7 +130,7 @@ def _execute(target: str, is_module: bool) -> tuple[int, str | None]:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            _run_path(target)
+            _run_path(target, code)
     except Terminated:  # SIGTERM: no traceback, as when SIGTERM kills python
         return 128 + signal.SIGTERM, "SIGTERM"
     except DryRunValueError as exc:  # the dry run's answer ends here: one line, no traceback
@@ -130,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
     check_env()  # a bad TPU_DEBUG_* variable: one line, before anything starts
     _full_traceback = args.traceback if args.traceback is not None else read_env("run").get("traceback", False)
     target, script_args, argv0, sys_path0, name = script_of(args)
+    try:
+        code = None if args.module else _compile_script(target)
+    except SyntaxError as exc:
+        return _did_not_start(exc, argv0)
 
     if args.nproc is not None:
         return _run_ranks(args, name)
@@ -141,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     if distributed.initialize():  # a rank of `tpu-debug run --nproc`: join the others first
         name = args.name or f"rank{distributed.get_rank()}"
     recording = tpu_debug.trace(**_trace_options(args, name))
-    return _record(args, recording, target, script_args, argv0, sys_path0)
+    return _record(args, recording, (target, code), script_args, argv0, sys_path0)
 
 
 def _trace_options(args: argparse.Namespace, name: str) -> dict:
@@ -152,7 +178,14 @@ def _trace_options(args: argparse.Namespace, name: str) -> dict:
     return options
 
 
-def _record(args: argparse.Namespace, recording, target: str, script_args: list, argv0: str, sys_path0: str) -> int:
+def _record(
+    args: argparse.Namespace,
+    recording,
+    script: tuple[str, types.CodeType | None],  # the target and its compiled code
+    script_args: list,
+    argv0: str,
+    sys_path0: str,
+) -> int:
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
     if sys.path:
@@ -162,7 +195,7 @@ def _record(args: argparse.Namespace, recording, target: str, script_args: list,
     stopped = False  # by Ctrl-C or SIGTERM while the run was set up or closed
     try:
         with recording as session:
-            code, error = _execute(target, bool(args.module))
+            code, error = _execute(script[0], bool(args.module), script[1])
             session.mark_exit(code, error)
     except (KeyboardInterrupt, Terminated) as exc:
         # Ctrl-C or SIGTERM while the run was set up or closed: the trace held it until the run

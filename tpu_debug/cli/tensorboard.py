@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import tpu_debug
+from tpu_debug.core.children import ends_with_parent
 from tpu_debug.core.errors import CommandError
 from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, profile_files
 
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         f"tpu-debug tensorboard: serving {logdir} on {HOST}; the timeline is in the PROFILE tab, tool Trace Viewer",
         file=sys.stderr,
     )
-    process = subprocess.Popen(command)
+    # ended with this process however it ends (SIGTERM, SIGHUP, SIGKILL), not left serving the port
+    process = subprocess.Popen(command, preexec_fn=ends_with_parent())  # noqa: PLW1509 - prctl only
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import shlex
 import socket
 import sys
@@ -19,14 +20,19 @@ from tpu_debug.core.errors import CommandError
 
 # a UI told to quit is given this long to end before it is killed
 _UI_QUIT_SECONDS = 10.0
-# the launcher, not ``-m tpu_debug.cli``: it keeps the reading verbs free of torch and jax
-_LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
+# the launcher, not ``-m tpu_debug.cli``: it keeps the reading verbs free of torch and jax; each
+# UI ends with the server that started it (whose pid follows), however the server ends
+_LAUNCHER = (
+    "import sys, tpu_debug_launcher; from tpu_debug.core.children import end_with_parent; "
+    "end_with_parent(int(sys.argv.pop(1))); sys.exit(tpu_debug_launcher.main())"
+)
 
 
 def tui_command(tui_args: Sequence[str]) -> str:
     """The shell command each browser session runs: this Python's ``tpu-debug tui TUI_ARGS``."""
-    # textual-serve runs it through a shell: exec makes the UI the process it stops (or kills)
-    return "exec " + shlex.join([sys.executable, "-c", _LAUNCHER, "tui", *tui_args])
+    # textual-serve runs it through a shell: exec makes the UI the process it stops (or kills),
+    # and this process its parent
+    return "exec " + shlex.join([sys.executable, "-c", _LAUNCHER, str(os.getpid()), "tui", *tui_args])
 
 
 def url_of(host: str, port: int) -> str:

@@ -52,6 +52,7 @@ class OverviewData:
     compile_seconds: float
     steps: StepSummary
     notes: list[FindingLine]  # about the recording itself (tracer errors), not the program
+    read_backs: int = 0  # executables read back from the persistent compile cache: no compiles
 
 
 def overview_data(session: Session, cwd: str | None) -> OverviewData:
@@ -74,6 +75,7 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
         sum(g.seconds for g in groups),
         summarize_steps(session.steps(), session.compiles()),
         notes,
+        sum(g.read_backs for g in groups),
     )
 
 
@@ -292,7 +294,8 @@ class OverviewScreen(RunScreen):
             ("mode", Text(", ".join(data.modes) if data.modes else "no device ops ran")),
             (
                 "compiles",
-                Text(f"{data.compiles:,} ({format_seconds(data.compile_seconds)} compiling)"),
+                Text(f"{data.compiles:,} ({format_seconds(data.compile_seconds)} compiling)"
+                     + (f"; {data.read_backs:,} read back from the compile cache" if data.read_backs else "")),
             ),
             ("steps", _steps_text(data.steps)),
             (

@@ -186,6 +186,7 @@ class RecompilesScreen(RunScreen):
                 Col("mode", "mode", drop=1),
                 Col("compiles", "compiles"),
                 Col("re", "recompiles"),
+                Col("cached", "read_backs", drop=3),
                 Col("time", "time", drop=2),
             ]
         )
@@ -255,6 +256,7 @@ class RecompilesScreen(RunScreen):
                     Text(g.mode),
                     Text(str(g.compiles), justify="right", style=style),
                     Text(str(g.recompiles) if g.recompiles else "-", justify="right", style=style),
+                    Text(str(g.read_backs) if g.read_backs else "-", justify="right"),
                     Text(format_seconds(g.seconds), justify="right"),
                 ]
             )
@@ -357,7 +359,11 @@ class RecompilesScreen(RunScreen):
     def _history_cells(self, e: CompileEvent, number: int) -> list[Text]:
         marked = self._marked is not None and self._marked.id == e.id
         label = Text(("◆" if marked else " ") + str(number), justify="right")
-        if number == 1:
+        if e.from_cache:  # a new key all the same: its diff says what is new, but nothing compiled
+            changed = Text("read back from the compile cache", style="dim")
+            if e.diffs:
+                changed.append("; ").append_text(diff_summary(e.diffs))
+        elif number == 1:
             changed = Text("first compile", style="dim")
         elif e.diffs:
             changed = diff_summary(e.diffs)
@@ -415,6 +421,14 @@ class RecompilesScreen(RunScreen):
             head.append(f", program {e.name}")
         head.append(f" ({e.mode or '-'}), {format_seconds(e.seconds)}")
         parts: list[RenderableType] = [head]
+        if e.from_cache:
+            parts.append(
+                Text(
+                    "read back from the persistent compile cache: nothing was compiled, so it is no "
+                    f"recompile (it saved {format_seconds(e.saved_seconds)} of compiling)",
+                    style="dim",
+                )
+            )
         if d.number == 1 and d.previous is None and not d.diffs:
             parts.append(Text("first compile: nothing earlier to compare with", style="dim"))
         elif d.previous is None and not d.diffs:

@@ -85,7 +85,7 @@ class SourceView(Static):
                     line_numbers=True,
                     start_line=excerpt.first,
                     highlight_lines={excerpt.location.line},
-                    word_wrap=False,
+                    word_wrap=True,  # a narrow pane wraps a long line rather than cut it
                     background_color="default",
                 )
             )
