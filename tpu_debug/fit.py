@@ -25,6 +25,7 @@ from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target.techniques import LOSSES
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
@@ -325,6 +326,8 @@ def fit(
     loop: bool | None = None,
     remat: bool = False,
     master_dtype: str | None = None,
+    loss: str = "plain",
+    remat_policy: str | None = None,
 ) -> FitReport:
     """Compile one training (or forward) step of a model for a TPU slice as one sharded program.
 
@@ -363,6 +366,13 @@ def fit(
         master_dtype: ``"float32"``: mixed precision in the loop: parameters and AdamW state
             kept in float32, cast to ``dtype`` where the step reads them (as MaxText's
             float32 weights with bfloat16 compute).
+        loss: ``"plain"`` (the whole logits, then cross-entropy) or ``"chunked"`` (the looped
+            step's head and cross-entropy a chunk of positions at a time, each chunk recomputed
+            in the backward: ``runtime.target.techniques.chunked_cross_entropy``).
+        remat_policy: what each layer of the loop keeps for its backward, by name
+            (``runtime.target.techniques.POLICIES``: ``"matmuls"``, the default; ``"full"``,
+            as ``remat=True``; ``"all-matmuls"``; ``"offload"``, the matmul outputs in host
+            memory).
 
     Returns:
         A ``FitReport``.
@@ -405,14 +415,18 @@ def fit(
         loop = job == "train" and layers > LOOP_ABOVE and _has_layer_stack(config, dtype)
     if master_dtype not in (None, "float32"):
         raise TargetError(f"master_dtype {master_dtype!r}: give 'float32' (or None: the parameters' dtype)")
-    if loop or remat or master_dtype:
+    if loss not in LOSSES:
+        raise TargetError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
+    if remat and remat_policy not in (None, "full"):
+        raise TargetError(f"remat=True is remat_policy='full': drop remat=True or remat_policy={remat_policy!r}")
+    if loop or remat or master_dtype or loss != "plain" or remat_policy:
         if job != "train":
             raise TargetError(f"loop=True, remat=True and master_dtype shape a training step; job {job!r} has no "
                               "backward")
         if unrolled:
             raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
         measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
-                                      master_dtype)
+                                      master_dtype, loss=loss, policy_name=remat_policy)
         name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
         return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
                        time.perf_counter() - started, None, how)
@@ -448,33 +462,37 @@ def _has_layer_stack(config, dtype: str) -> bool:
 
 def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
                   optimization_level: str | None, cache: bool,
-                  master_dtype: str | None = None) -> tuple[_Measure, str]:
+                  master_dtype: str | None = None, *, loss: str = "plain",
+                  policy_name: str | None = None) -> tuple[_Measure, str]:
     """The training step with its decoder layers as one loop (``runtime.target.fit_scan``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.runtime.target import fit_moe
+    from tpu_debug.runtime.target import fit_moe, techniques
     from tpu_debug.runtime.target.fit_scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
-    with fit_moe.per_shard(plan.batch_ways):
-        pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
+    chunked = loss == "chunked"
+    with fit_moe.per_shard(plan.batch_ways), techniques.traced_loss(model, chunked) as head_loss:
+        pieces = trace_pieces(model, tokens, techniques.hidden_of if chunked else _loss, _hf_traceable)
+    chosen = techniques.policy(policy_name or ("full" if remat else "matmuls"))
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
-                           optimization_level=optimization_level, cache=cache)
+                           optimization_level=optimization_level, cache=cache, policy=chosen.make(),
+                           head_loss=head_loss)
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
-    keeps = ("only its input (activation checkpointing: the backward recomputes the layer)" if remat else
-             "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
-             "(jax.checkpoint's dots_with_no_batch_dims_saveable)")
+    keeps = chosen.keeps
     gathers = "; FSDP weights gathered inside the loop, again in the backward" if plan.fsdp > 1 else ""
     how = (f"the {pieces.layers} decoder layers as one loop over their stacked parameters (jax.lax.scan, "
            f"every layer in the program, one compiled; backward by JAX's autodiff); each layer keeps {keeps} "
            f"for the backward{gathers}")
     if master_dtype:
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
+    if chunked:
+        how += f"; {techniques.CHUNKED_NOTE}"
     if getattr(config, "_experts_implementation", None) == fit_moe.EXPERTS:
         how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):

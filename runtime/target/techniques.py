@@ -1,0 +1,191 @@
+"""Memory techniques of a strong TPU training step, as the looped fit step compiles them.
+
+Each is what a PyTorch user on TPU writes, modelled in the JAX program ``fit_scan`` builds:
+
+- chunked linear cross-entropy (torchtune's and Liger's chunked loss): the head's logits
+  are computed a chunk of positions at a time, each chunk's loss and gradient from its own
+  logits, recomputed in the backward, so the ``[batch, seq, vocab]`` logits are never whole;
+- selective activation checkpointing (``torch.utils.checkpoint`` with
+  ``create_selective_checkpoint_contexts``): which of a layer's values its backward keeps,
+  as a ``jax.checkpoint`` policy (``POLICIES``);
+- activation offload to host memory (``torch.autograd.graph.save_on_cpu``): the kept values
+  moved to XLA's host memory space (``pinned_host``) in the forward and back in the backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from tpu_debug.runtime.target.errors import TargetError
+
+__all__ = [
+    "CHUNKED_NOTE",
+    "LOSSES",
+    "LOSS_CHUNK",
+    "POLICIES",
+    "Policy",
+    "chunked_cross_entropy",
+    "chunked_head_loss",
+    "head_as_hidden",
+    "hidden_of",
+    "policy",
+    "traced_loss",
+]
+
+# positions of the sequence per chunk of the chunked loss: 4 sequences x 512 x a 128K
+# vocabulary are 1 GiB of float32 logits per chip, against 16 GiB whole at 4 x 8192
+LOSS_CHUNK = 512
+LOSSES = ("plain", "chunked")
+
+
+def chunked_cross_entropy(hidden, weight, labels, *, chunk: int = LOSS_CHUNK):
+    """Next-token cross-entropy of ``hidden @ weight.T`` without the whole logits.
+
+    ``F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())`` with
+    ``logits = hidden @ weight.T``: the mean over every position but the last of
+    ``logsumexp(logits) - logits[label]``. The sequence is cut into chunks of ``chunk``
+    positions; each chunk's logits are made in float32 (the matmul accumulates in float32),
+    reduced to a sum of losses, and recomputed in its backward (``jax.checkpoint`` saving
+    nothing), so one chunk's logits and their gradient are live at a time. The chunks are
+    unrolled: XLA's cost analysis counts a loop's body once.
+
+    Args:
+        hidden: ``[batch, seq, hidden]``, the final norm's output.
+        weight: the head's ``[vocab, hidden]`` weight.
+        labels: ``[batch, seq]`` token ids; position ``i`` predicts ``labels[:, i + 1]``.
+        chunk: positions per chunk.
+
+    Returns:
+        The mean loss, a float32 scalar.
+    """
+    batch, seq = labels.shape
+    targets = jnp.concatenate([labels[:, 1:], jnp.zeros_like(labels[:, :1])], axis=1)
+    counted = jnp.arange(seq) < seq - 1  # the last position predicts nothing
+
+    @jax.checkpoint
+    def one(h, w, t, keep):
+        logits = jnp.einsum("bsh,vh->bsv", h, w, preferred_element_type=jnp.float32)
+        picked = jnp.take_along_axis(logits, t[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        losses = jax.nn.logsumexp(logits, axis=-1) - picked
+        return jnp.sum(jnp.where(keep[None, :], losses, 0.0))
+
+    total = jnp.float32(0.0)
+    for start in range(0, seq, chunk):
+        stop = min(start + chunk, seq)
+        total = total + one(hidden[:, start:stop], weight, targets[:, start:stop], counted[start:stop])
+    return total / (batch * (seq - 1))
+
+
+@contextlib.contextmanager
+def head_as_hidden(model):
+    """While tracing, the model's output head hands on its input: the traced ``post`` piece
+    returns the final norm's output, and the loss is ``chunked_head_loss``'s. Yields the
+    head weight's name in ``model.named_parameters()`` (the embedding's when tied).
+
+    Raises:
+        TargetError: the head is not a linear map without bias (a chunked loss needs
+            ``hidden @ weight.T``), or the model scales or caps its logits.
+    """
+    from torch import nn
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    config = getattr(model, "config", None)
+    capped = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or capped:
+        raise TargetError(f"{type(model).__name__}: loss='chunked' needs a bias-free linear head whose logits "
+                          "the model does not scale or cap; use loss='plain'")
+    name = next(n for n, p in model.named_parameters() if p is head.weight)
+    head.forward = lambda x: x  # an instance attribute: nn.Module.__call__ finds it first
+    try:
+        yield name
+    finally:
+        del head.forward
+
+
+def hidden_of(outputs, labels):
+    """The traced ``post`` piece's output when the head hands on its input (``head_as_hidden``)."""
+    return outputs.logits if hasattr(outputs, "logits") else outputs
+
+
+@contextlib.contextmanager
+def traced_loss(model, chunked: bool):
+    """While tracing the looped step's pieces: with ``chunked``, the head hands on its input
+    (``head_as_hidden``) and this yields the loss of ``post``'s output
+    (``chunked_head_loss``); else it yields None (``post`` computes the loss)."""
+    if not chunked:
+        yield None
+        return
+    with head_as_hidden(model) as name:
+        yield chunked_head_loss(name)
+
+
+# the answer's "compiled as" for the chunked loss
+CHUNKED_NOTE = (f"the loss chunked: the head's logits and cross-entropy {LOSS_CHUNK} positions at a time, "
+                "each chunk's logits recomputed in its backward, the [batch, seq, vocab] logits never whole "
+                "(a chunked linear cross-entropy)")
+
+
+def chunked_head_loss(weight_name: str, *, chunk: int = LOSS_CHUNK) -> Callable:
+    """``(hidden, outer weights by name, labels) -> loss`` for ``fit_scan.scan_step``: the
+    chunked loss over the head weight ``weight_name``."""
+
+    def loss(hidden, outer: dict, labels):
+        return chunked_cross_entropy(hidden, outer[weight_name], labels, chunk=chunk)
+
+    return loss
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """A named activation-checkpointing policy of the looped step.
+
+    Attributes:
+        name: the option's value (``remat=...``, ``--remat-policy``).
+        keeps: what each layer keeps for its backward, for the answer's "compiled as".
+        torch: the PyTorch code that keeps the same values.
+        make: builds the ``jax.checkpoint`` policy.
+    """
+
+    name: str
+    keeps: str
+    torch: str
+    make: Callable[[], Any]
+
+
+def _offloaded():
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+
+POLICIES = {p.name: p for p in (
+    Policy("matmuls", "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
+           "(jax.checkpoint's dots_with_no_batch_dims_saveable)",
+           "no checkpointing: autograd keeps every activation (the elementwise ops are fused and recomputed by "
+           "XLA)", lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+    Policy("full", "only its input (activation checkpointing: the backward recomputes the layer)",
+           "torch.utils.checkpoint.checkpoint(layer, hidden, use_reentrant=False)",
+           lambda: jax.checkpoint_policies.nothing_saveable),
+    Policy("all-matmuls", "every matmul's output, the attention's scores and probabilities included "
+           "(jax.checkpoint's dots_saveable)",
+           "create_selective_checkpoint_contexts([torch.ops.aten.mm.default, torch.ops.aten.bmm.default])",
+           lambda: jax.checkpoint_policies.dots_saveable),
+    Policy("offload", "its weight matmuls' outputs moved to host memory (XLA's pinned_host memory space) in the "
+           "forward and back in the backward, recomputing the rest",
+           "with torch.autograd.graph.save_on_cpu(pin_memory=True): loss = model(tokens)...",
+           _offloaded),
+)}
+
+
+def policy(name: str) -> Policy:
+    """The named policy (``POLICIES``).
+
+    Raises:
+        TargetError: an unknown name, with the known ones.
+    """
+    if name not in POLICIES:
+        raise TargetError(f"remat policy {name!r} is not one of {', '.join(POLICIES)}")
+    return POLICIES[name]
