@@ -367,8 +367,8 @@ def fit(
             kept in float32, cast to ``dtype`` where the step reads them (as MaxText's
             float32 weights with bfloat16 compute).
         loss: ``"plain"`` (the whole logits, then cross-entropy) or ``"chunked"`` (the looped
-            step's head and cross-entropy a chunk of positions at a time, each chunk recomputed
-            in the backward: ``runtime.target.techniques.chunked_cross_entropy``).
+            step's head, cross-entropy and their gradients a chunk of positions at a time:
+            ``runtime.target.techniques.chunked_cross_entropy``).
         remat_policy: what each layer of the loop keeps for its backward, by name
             (``runtime.target.techniques.POLICIES``: ``"matmuls"``, the default; ``"full"``,
             as ``remat=True``; ``"all-matmuls"``; ``"offload"``, the matmul outputs in host
