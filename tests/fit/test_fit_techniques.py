@@ -255,3 +255,21 @@ def test_chunked_loss_step_matches_a_direct_compile_and_keeps_less_than_the_whol
     # live at a time. The step's peak then moves elsewhere (the attention's blocks in the
     # backward), so the peak drops by at least one chunk's logits, not by all of them
     assert chunked.memory.temporaries < plain.memory.temporaries - 8 * 2**20
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name", ["offload", "all-matmuls"])
+def test_a_named_checkpoint_policy_matches_a_direct_compile(name):
+    from tpu_debug.runtime.target.techniques import POLICIES
+
+    report = _fit(remat_policy=name)
+    policy = (jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host") if name == "offload"
+              else jax.checkpoint_policies.dots_saveable)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
+    compiled = _reference(model, chunked=False, policy=policy)
+    _assert_matches(report, compiled)
+    assert POLICIES[name].keeps in report.method
+    if name == "offload":
+        # what the layers keep went to XLA's host memory space: the compiler counts host temporaries
+        assert compiled.memory_analysis().host_temp_size_in_bytes > 0

@@ -50,6 +50,13 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remat", action="store_true",
                         help="activation checkpointing: each decoder layer keeps only its input for the "
                         "backward and recomputes the rest")
+    parser.add_argument("--chunked-loss", action="store_true",
+                        help="the head's logits, cross-entropy and their gradients a chunk of positions at a "
+                        "time (a fused linear cross-entropy: the logits never whole; the looped step)")
+    parser.add_argument("--remat-policy", choices=("matmuls", "full", "all-matmuls", "offload"), default=None,
+                        help="what each decoder layer keeps for the backward: matmuls, its weight matmuls' "
+                        "outputs (default); full, only its input (as --remat); all-matmuls, the attention's "
+                        "scores too; offload, its matmul outputs in host memory (the looped step)")
     parser.add_argument("--master-dtype", choices=("float32",), default=None,
                         help="mixed precision: parameters and AdamW state kept in float32, cast to --dtype "
                         "where read (the looped step)")
@@ -79,9 +86,13 @@ def run(args: argparse.Namespace) -> int:
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
                    shard_activations=args.shard_activations, optimization_level=args.optimization_level)
-    if args.layers or args.remat or args.master_dtype:
+    if args.layers or args.remat or args.master_dtype or args.chunked_loss or args.remat_policy:
         options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat,
                        master_dtype=args.master_dtype)
+    if args.chunked_loss:
+        options["loss"] = "chunked"
+    if args.remat_policy:
+        options["remat_policy"] = args.remat_policy
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
                        with_remat=args.with_remat, **options)
