@@ -25,6 +25,7 @@ from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.fit import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target import techniques
 from tpu_debug.runtime.target.techniques import LOSSES
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
@@ -877,6 +878,8 @@ class Fixes:
 
     original: FitReport
     tried: tuple[tuple[str, FitReport], ...]
+    # the PyTorch change each of ``tried`` means, in its order
+    code: tuple[str, ...] = ()
 
     @property
     def best(self) -> tuple[str, FitReport] | None:
@@ -894,9 +897,13 @@ class Fixes:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
                  f"(needs {_size(self.original.required)} of {_size(self.original.capacity)} per chip), "
                  "each compiled:"]
+        code = dict(zip((what for what, _ in self.tried), self.code))
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
-            lines.append(f"  {what:<52} needs {_size(r.required):>11} of {_size(r.capacity):>10}: {verdict}")
+            step = f", step ~{_time(r.estimate.seconds)}" if r.fits and r.estimate else ""
+            lines.append(f"  {what:<52} needs {_size(r.required):>11} of {_size(r.capacity):>10}: {verdict}{step}")
+            if what in code:
+                lines.append(f"      PyTorch: {code[what]}")
         best = self.best
         lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
         return "\n".join(lines)
@@ -910,7 +917,12 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
     forward of compute; a step of identical layers), float32 parameters to bfloat16 (when
     float32), float32 master weights dropped (when kept), the next slice of the generation
     with the plan's axes over it (more chips), half the global batch (fewer sequences a step).
-    Each is a ``fit`` with that change; the original is compiled first.
+    Before them, the memory techniques (``runtime.target.techniques.technique_fixes``): the
+    chunked loss when the logits are large, activations offloaded to host memory, both with
+    checkpointing. Each is a ``fit`` with that change; the original is compiled first. The
+    answer lists what fits first: the changes that keep the job (same slice and batch)
+    fastest first by the estimated step time, then more chips or fewer sequences; each with
+    the PyTorch change it means (``Fixes.code``).
     """
     tgt = parse_target(target)
     original = fit(model_or_config, tgt, plan=plan, batch=batch, seq=seq, **options)
@@ -927,11 +939,22 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
                         {"target": f"{tgt.generation.name}-{bigger[0]}"}))
     if batch // 2 and (batch // 2) % parse_plan(plan, tgt.devices).batch_ways == 0:
         changes.append((f"batch {batch // 2} (half)", {"batch": batch // 2}))
+    if options.get("job", "train") == "train":
+        vocab = getattr(build_config(model_or_config, options.get("overrides")), "vocab_size", 0) or 0
+        logits = vocab * batch * seq // parse_plan(plan, tgt.devices).batch_ways * 4
+        changes[:0] = techniques.technique_fixes(options, logits, original.capacity)
     tried = []
     for what, change in changes:
         args = {"target": tgt, "plan": plan, "batch": batch, "seq": seq, **options, **change}
-        tried.append((what, fit(model_or_config, args.pop("target"), **args)))
-    return Fixes(original, tuple(tried))
+        tried.append((what, fit(model_or_config, args.pop("target"), **args), techniques.torch_code(change),
+                      "target" in change or "batch" in change))
+
+    def rank(item):  # what fits first; of those, the same job before more chips or fewer sequences, fastest first
+        _, r, _, other = item
+        return (not r.fits, other, r.estimate.seconds if r.fits and r.estimate else 0.0)
+
+    tried.sort(key=rank)
+    return Fixes(original, tuple((what, r) for what, r, _, _ in tried), tuple(code for _, _, code, _ in tried))
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None,

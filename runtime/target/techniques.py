@@ -227,3 +227,43 @@ def policy(name: str) -> Policy:
     if name not in POLICIES:
         raise TargetError(f"remat policy {name!r} is not one of {', '.join(POLICIES)}")
     return POLICIES[name]
+
+
+# the PyTorch change each of ``fit``'s options means, for the fixes' answer (one line or a
+# short snippet a user on TorchTPU writes)
+TORCH_CODE = {
+    "remat": "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})  "
+             "# torch.utils.checkpoint around each decoder layer",
+    "loss": "loss = sum(F.cross_entropy((h[:, i:i + 512] @ model.lm_head.weight.T).float().flatten(0, 1), "
+            "y[:, i:i + 512].flatten(), reduction='sum') for i in range(0, seq, 512)) / n  "
+            "# or liger_kernel's LigerFusedLinearCrossEntropyLoss",
+    "dtype": "model.to(torch.bfloat16)",
+    "master_dtype": "keep the optimizer on the bfloat16 parameters (no float32 master copy)",
+    "batch": "halve the batch (gradient accumulation over 2 micro-batches keeps the global batch)",
+}
+
+
+def torch_code(change: dict) -> str:
+    """The PyTorch change a fix's options (``fit`` keywords) mean."""
+    if "remat_policy" in change:
+        return POLICIES[change["remat_policy"]].torch
+    if "target" in change:
+        return f"the same script on {change['target']} (fully_shard over every chip)"
+    return "; ".join(TORCH_CODE[k] for k in change if k in TORCH_CODE)
+
+
+def technique_fixes(options: dict, logits_bytes: int, capacity: int | None) -> list[tuple[str, dict]]:
+    """The memory techniques worth compiling as fixes of a step run with ``options``:
+    the chunked loss when the whole float32 logits of a chip (``logits_bytes``) are an
+    eighth of its HBM or more, activation offload to host memory, and the chunked loss with
+    activation checkpointing; each ``(what, fit keywords)``."""
+    found = []
+    chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
+    if chunk:
+        found.append(("chunked loss (--chunked-loss)", {"loss": "chunked"}))
+    if not options.get("remat") and not options.get("remat_policy"):
+        found.append(("activations offloaded to host memory (--remat-policy offload)", {"remat_policy": "offload"}))
+        if chunk:
+            found.append(("chunked loss and activation checkpointing (--chunked-loss --remat)",
+                          {"loss": "chunked", "remat": True}))
+    return found
