@@ -68,8 +68,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="with --search: also compile each candidate with activation checkpointing")
     parser.add_argument("--fixes", action="store_true",
                         help="when the step does not fit: compile it with each change that could make it "
-                        "fit (activation checkpointing, bfloat16, the next slice, half the batch) and "
-                        "recommend the first that fits")
+                        "fit (a chunked loss, activations offloaded to host memory, activation "
+                        "checkpointing, bfloat16, the next slice, half the batch) and list those that fit, "
+                        "the recommended first, each with the PyTorch change it means")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--logdir", default=None,
                         help="where the answer is kept as a run "
@@ -117,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data = report.to_dict()
         if found_fixes is not None:
-            data["fixes"] = [{"change": what, **r.to_dict()} for what, r in found_fixes.tried]
+            code = dict(zip((what for what, _ in found_fixes.tried), found_fixes.code))
+            data["fixes"] = [{"change": what, "pytorch": code.get(what), **r.to_dict()}
+                             for what, r in found_fixes.tried]
         json.dump(data, sys.stdout, indent=1)
         print()
     else:
