@@ -329,6 +329,7 @@ def fit(
     master_dtype: str | None = None,
     loss: str = "plain",
     remat_policy: str | None = None,
+    attention: str = "blocked",
 ) -> FitReport:
     """Compile one training (or forward) step of a model for a TPU slice as one sharded program.
 
@@ -374,6 +375,9 @@ def fit(
             (``runtime.target.techniques.POLICIES``: ``"matmuls"``, the default; ``"full"``,
             as ``remat=True``; ``"all-matmuls"``; ``"offload"``, the matmul outputs in host
             memory).
+        attention: the looped step's attention: ``"blocked"`` (a block of queries at a time,
+            each block recomputed in the backward) or ``"flash"`` (flash attention's backward,
+            blocks in order: ``runtime.target.techniques.flash_attention``).
 
     Returns:
         A ``FitReport``.
@@ -420,14 +424,14 @@ def fit(
         raise TargetError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
     if remat and remat_policy not in (None, "full"):
         raise TargetError(f"remat=True is remat_policy='full': drop remat=True or remat_policy={remat_policy!r}")
-    if loop or remat or master_dtype or loss != "plain" or remat_policy:
+    if loop or remat or master_dtype or loss != "plain" or remat_policy or attention != "blocked":
         if job != "train":
             raise TargetError(f"loop=True, remat=True and master_dtype shape a training step; job {job!r} has no "
                               "backward")
         if unrolled:
             raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
         measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
-                                      master_dtype, loss=loss, policy_name=remat_policy)
+                                      master_dtype, loss=loss, policy_name=remat_policy, attention=attention)
         name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
         return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
                        time.perf_counter() - started, None, how)
@@ -464,7 +468,7 @@ def _has_layer_stack(config, dtype: str) -> bool:
 def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
                   optimization_level: str | None, cache: bool,
                   master_dtype: str | None = None, *, loss: str = "plain",
-                  policy_name: str | None = None) -> tuple[_Measure, str]:
+                  policy_name: str | None = None, attention: str = "blocked") -> tuple[_Measure, str]:
     """The training step with its decoder layers as one loop (``runtime.target.fit_scan``)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -477,7 +481,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
     chunked = loss == "chunked"
-    with fit_moe.per_shard(plan.batch_ways), techniques.traced_loss(model, chunked) as head_loss:
+    with fit_moe.per_shard(plan.batch_ways), techniques.attention_as(attention), \
+            techniques.traced_loss(model, chunked) as head_loss:
         pieces = trace_pieces(model, tokens, techniques.hidden_of if chunked else _loss, _hf_traceable)
     chosen = techniques.policy(policy_name or ("full" if remat else "matmuls"))
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
@@ -494,6 +499,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
     if chunked:
         how += f"; {techniques.CHUNKED_NOTE}"
+    if attention == "flash":
+        how += f"; {techniques.FLASH_NOTE}"
     if getattr(config, "_experts_implementation", None) == fit_moe.EXPERTS:
         how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):

@@ -57,6 +57,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="what each decoder layer keeps for the backward: matmuls, its weight matmuls' "
                         "outputs (default); full, only its input (as --remat); all-matmuls, the attention's "
                         "scores too; offload, its matmul outputs in host memory (the looped step)")
+    parser.add_argument("--attention", choices=("blocked", "flash"), default=None,
+                        help="the looped step's attention: blocked (a block of queries at a time, the "
+                        "default) or flash (flash attention's backward, blocks in order)")
     parser.add_argument("--master-dtype", choices=("float32",), default=None,
                         help="mixed precision: parameters and AdamW state kept in float32, cast to --dtype "
                         "where read (the looped step)")
@@ -87,13 +90,16 @@ def run(args: argparse.Namespace) -> int:
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
                    shard_activations=args.shard_activations, optimization_level=args.optimization_level)
-    if args.layers or args.remat or args.master_dtype or args.chunked_loss or args.remat_policy:
+    if args.layers or args.remat or args.master_dtype or args.chunked_loss or args.remat_policy \
+            or args.attention:
         options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat,
                        master_dtype=args.master_dtype)
     if args.chunked_loss:
         options["loss"] = "chunked"
     if args.remat_policy:
         options["remat_policy"] = args.remat_policy
+    if args.attention:
+        options["attention"] = args.attention
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
                        with_remat=args.with_remat, **options)
