@@ -273,3 +273,34 @@ def test_a_named_checkpoint_policy_matches_a_direct_compile(name):
     if name == "offload":
         # what the layers keep went to XLA's host memory space: the compiler counts host temporaries
         assert compiled.memory_analysis().host_temp_size_in_bytes > 0
+
+
+@pytest.mark.parametrize(("causal", "masked", "heads_kv"), [(True, False, 2), (False, True, 4), (True, False, 4)])
+def test_flash_attention_computes_pytorchs_attention_and_its_gradients(causal, masked, heads_kv):
+    from tpu_debug.runtime.target.techniques import flash_attention
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 32, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, heads_kv, 32, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, heads_kv, 32, 16, generator=g, requires_grad=True)
+    mask = torch.rand(2, 1, 32, 32, generator=g) > 0.3 if masked else None
+    if masked:
+        mask[..., 0] = True  # every query sees a key (a row of -inf has no softmax)
+    weights = torch.randn(2, 4, 32, 16, generator=g)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=0.2,
+                                          enable_gqa=heads_kv != 4)
+    (want * weights).sum().backward()
+
+    def arr(t):
+        return jnp.asarray(t.detach().numpy())
+
+    def weighted(a, b, c):
+        out = flash_attention(a, b, c, None if mask is None else arr(mask), causal, 0.2, block=8)
+        return jnp.sum(out * arr(weights)), out
+
+    (_, got), grads = jax.value_and_grad(weighted, argnums=(0, 1, 2), has_aux=True)(arr(q), arr(k), arr(v))
+    # four blocks of 8 queries, each against every key: float32 on both sides, sums of 32
+    # terms in another order (the backward's through the kept log-sum-exp, as a flash kernel's)
+    np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for got_grad, t in zip(grads, (q, k, v)):
+        np.testing.assert_allclose(np.asarray(got_grad), t.grad.numpy(), rtol=1e-4, atol=1e-5)
