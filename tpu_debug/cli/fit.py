@@ -85,8 +85,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tpu_debug
-    from tpu_debug.fit import search
+    # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module
+    from tpu_debug.fit import fit, search
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
                    shard_activations=args.shard_activations, optimization_level=args.optimization_level)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             run_dir = record_search(found, logdir=args.logdir, name=args.name)
             print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
         return 0 if found.best else NOT_FIT
-    report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
+    report = fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
     found_fixes = None
     if args.fixes and report.fits is False:
         from tpu_debug.fit import fixes
