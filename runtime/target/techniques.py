@@ -241,6 +241,8 @@ TORCH_CODE = {
     "loss": "loss = sum(F.cross_entropy((h[:, i:i + 512] @ model.lm_head.weight.T).float().flatten(0, 1), "
             "y[:, i:i + 512].flatten(), reduction='sum') for i in range(0, seq, 512)) / n  "
             "# or liger_kernel's LigerFusedLinearCrossEntropyLoss",
+    "attention": "attention: torch.tpu.ops.splash_sdpa(q, k, v, ...) (TorchTPU's splash attention kernel) in place "
+                 "of F.scaled_dot_product_attention",
     "dtype": "model.to(torch.bfloat16)",
     "master_dtype": "keep the optimizer on the bfloat16 parameters (no float32 master copy)",
     "batch": "halve the batch (gradient accumulation over 2 micro-batches keeps the global batch)",
@@ -259,17 +261,21 @@ def torch_code(change: dict) -> str:
 def technique_fixes(options: dict, logits_bytes: int, capacity: int | None) -> list[tuple[str, dict]]:
     """The memory techniques worth compiling as fixes of a step run with ``options``:
     the chunked loss when the whole float32 logits of a chip (``logits_bytes``) are an
-    eighth of its HBM or more, activation offload to host memory, and the chunked loss with
-    activation checkpointing; each ``(what, fit keywords)``."""
+    eighth of its HBM or more, flash attention, activation offload to host memory, and the
+    chunked loss with flash attention and activation checkpointing; each ``(what, fit
+    keywords)``."""
     found = []
+    flash = options.get("attention", "blocked") != "flash"
+    if flash:
+        found.append(("flash attention (--attention flash)", {"attention": "flash"}))
     chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
     if chunk:
         found.append(("chunked loss (--chunked-loss)", {"loss": "chunked"}))
     if not options.get("remat") and not options.get("remat_policy"):
         found.append(("activations offloaded to host memory (--remat-policy offload)", {"remat_policy": "offload"}))
         if chunk:
-            found.append(("chunked loss and activation checkpointing (--chunked-loss --remat)",
-                          {"loss": "chunked", "remat": True}))
+            found.append(("chunked loss, flash attention and activation checkpointing",
+                          {"loss": "chunked", "remat": True, **({"attention": "flash"} if flash else {})}))
     return found
 
 
