@@ -411,5 +411,5 @@ def attention_as(kind: str):
 
 
 # the answer's "compiled as" for flash attention
-FLASH_NOTE = (f"attention as flash attention: {FLASH_BLOCK} queries at a time against every key, the output and its "
-              "log-sum-exp kept, the backward recomputing one block's scores at a time, blocks in order")
+FLASH_NOTE = (f"attention as flash attention: {FLASH_BLOCK} queries at a time against every key, the output "
+              "and its log-sum-exp kept, the backward recomputing one block's scores at a time, blocks in order")
