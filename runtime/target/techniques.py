@@ -98,8 +98,9 @@ def _fused(hidden, weight, labels, chunk: int):
         probs = jnp.exp(logits - lse[..., None])
         g = (probs - jax.nn.one_hot(t, weight.shape[0], dtype=jnp.float32)) * (keep[..., None] / count)
         g = g.astype(hidden.dtype)  # the logits' gradient in the matmuls' dtype, as autograd's
-        g_hidden.append(jnp.einsum("bsv,vh->bsh", g, weight, preferred_element_type=jnp.float32)
-                        .astype(hidden.dtype))
+        g_hidden.append(
+            jnp.einsum("bsv,vh->bsh", g, weight, preferred_element_type=jnp.float32).astype(hidden.dtype)
+        )
         g_weight = g_weight + jnp.einsum("bsv,bsh->vh", g, h, preferred_element_type=jnp.float32)
     return total / count, jnp.concatenate(g_hidden, axis=1), g_weight.astype(weight.dtype)
 
@@ -139,8 +140,10 @@ def head_as_hidden(model):
     config = getattr(model, "config", None)
     capped = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
     if not isinstance(head, nn.Linear) or head.bias is not None or capped:
-        raise TargetError(f"{type(model).__name__}: loss='chunked' needs a bias-free linear head whose logits "
-                          "the model does not scale or cap; use loss='plain'")
+        raise TargetError(
+            f"{type(model).__name__}: loss='chunked' needs a bias-free linear head whose logits "
+            "the model does not scale or cap; use loss='plain'"
+        )
     name = next(n for n, p in model.named_parameters() if p is head.weight)
     head.forward = lambda x: x  # an instance attribute: nn.Module.__call__ finds it first
     try:
@@ -167,9 +170,11 @@ def traced_loss(model, chunked: bool):
 
 
 # the answer's "compiled as" for the chunked loss
-CHUNKED_NOTE = (f"the loss chunked: the head's logits, cross-entropy and their gradients {LOSS_CHUNK} positions "
-                "at a time, one chunk after another, the [batch, seq, vocab] logits never whole (a fused linear "
-                "cross-entropy)")
+CHUNKED_NOTE = (
+    f"the loss chunked: the head's logits, cross-entropy and their gradients {LOSS_CHUNK} positions "
+    "at a time, one chunk after another, the [batch, seq, vocab] logits never whole (a fused linear "
+    "cross-entropy)"
+)
 
 
 def chunked_head_loss(weight_name: str, *, chunk: int = LOSS_CHUNK) -> Callable:
@@ -203,23 +208,40 @@ def _offloaded():
     return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
 
 
-POLICIES = {p.name: p for p in (
-    Policy("matmuls", "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
-           "(jax.checkpoint's dots_with_no_batch_dims_saveable)",
-           "no checkpointing: autograd keeps every activation (the elementwise ops are fused and recomputed by "
-           "XLA)", lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
-    Policy("full", "only its input (activation checkpointing: the backward recomputes the layer)",
-           "torch.utils.checkpoint.checkpoint(layer, hidden, use_reentrant=False)",
-           lambda: jax.checkpoint_policies.nothing_saveable),
-    Policy("all-matmuls", "every matmul's output, the attention's scores and probabilities included "
-           "(jax.checkpoint's dots_saveable)",
-           "create_selective_checkpoint_contexts([torch.ops.aten.mm.default, torch.ops.aten.bmm.default])",
-           lambda: jax.checkpoint_policies.dots_saveable),
-    Policy("offload", "its weight matmuls' outputs moved to host memory (XLA's pinned_host memory space) in the "
-           "forward and back in the backward, recomputing the rest",
-           "with torch.autograd.graph.save_on_cpu(pin_memory=True): loss = model(tokens)...",
-           _offloaded),
-)}
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy(
+            "matmuls",
+            "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
+            "(jax.checkpoint's dots_with_no_batch_dims_saveable)",
+            "no checkpointing: autograd keeps every activation (the elementwise ops are fused and "
+            "recomputed by "
+            "XLA)",
+            lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        ),
+        Policy(
+            "full",
+            "only its input (activation checkpointing: the backward recomputes the layer)",
+            "torch.utils.checkpoint.checkpoint(layer, hidden, use_reentrant=False)",
+            lambda: jax.checkpoint_policies.nothing_saveable,
+        ),
+        Policy(
+            "all-matmuls",
+            "every matmul's output, the attention's scores and probabilities included "
+            "(jax.checkpoint's dots_saveable)",
+            "create_selective_checkpoint_contexts([torch.ops.aten.mm.default, torch.ops.aten.bmm.default])",
+            lambda: jax.checkpoint_policies.dots_saveable,
+        ),
+        Policy(
+            "offload",
+            "its weight matmuls' outputs moved to host memory (XLA's pinned_host memory space) in the "
+            "forward and back in the backward, recomputing the rest",
+            "with torch.autograd.graph.save_on_cpu(pin_memory=True): loss = model(tokens)...",
+            _offloaded,
+        ),
+    )
+}
 
 
 def policy(name: str) -> Policy:
@@ -237,12 +259,13 @@ def policy(name: str) -> Policy:
 # short snippet a user on TorchTPU writes)
 TORCH_CODE = {
     "remat": "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})  "
-             "# torch.utils.checkpoint around each decoder layer",
+    "# torch.utils.checkpoint around each decoder layer",
     "loss": "loss = sum(F.cross_entropy((h[:, i:i + 512] @ model.lm_head.weight.T).float().flatten(0, 1), "
-            "y[:, i:i + 512].flatten(), reduction='sum') for i in range(0, seq, 512)) / n  "
-            "# or liger_kernel's LigerFusedLinearCrossEntropyLoss",
-    "attention": "attention: torch.tpu.ops.splash_sdpa(q, k, v, ...) (TorchTPU's splash attention kernel) in place "
-                 "of F.scaled_dot_product_attention",
+    "y[:, i:i + 512].flatten(), reduction='sum') for i in range(0, seq, 512)) / n  "
+    "# or liger_kernel's LigerFusedLinearCrossEntropyLoss",
+    "attention": "attention: torch.tpu.ops.splash_sdpa(q, k, v, ...) (TorchTPU's splash attention kernel) "
+    "in place "
+    "of F.scaled_dot_product_attention",
     "dtype": "model.to(torch.bfloat16)",
     "master_dtype": "keep the optimizer on the bfloat16 parameters (no float32 master copy)",
     "batch": "halve the batch (gradient accumulation over 2 micro-batches keeps the global batch)",
@@ -272,10 +295,16 @@ def technique_fixes(options: dict, logits_bytes: int, capacity: int | None) -> l
     if chunk:
         found.append(("chunked loss (--chunked-loss)", {"loss": "chunked"}))
     if not options.get("remat") and not options.get("remat_policy"):
-        found.append(("activations offloaded to host memory (--remat-policy offload)", {"remat_policy": "offload"}))
+        found.append(
+            ("activations offloaded to host memory (--remat-policy offload)", {"remat_policy": "offload"})
+        )
         if chunk:
-            found.append(("chunked loss, flash attention and activation checkpointing",
-                          {"loss": "chunked", "remat": True, **({"attention": "flash"} if flash else {})}))
+            found.append(
+                (
+                    "chunked loss, flash attention and activation checkpointing",
+                    {"loss": "chunked", "remat": True, **({"attention": "flash"} if flash else {})},
+                )
+            )
     return found
 
 
@@ -327,8 +356,12 @@ def _flash_forward(q, k, v, mask, static):
         qb, _ = jax.lax.optimization_barrier((jax.lax.slice_in_dim(q, start, start + size, axis=-2), prev))
         s = _scores(qb, k, mask, start, static)
         lse = jax.nn.logsumexp(s, axis=-1)
-        prev = jnp.einsum("...qk,...kd->...qd", jnp.exp(s - lse[..., None]).astype(v.dtype), v,
-                          preferred_element_type=jnp.float32).astype(q.dtype)
+        prev = jnp.einsum(
+            "...qk,...kd->...qd",
+            jnp.exp(s - lse[..., None]).astype(v.dtype),
+            v,
+            preferred_element_type=jnp.float32,
+        ).astype(q.dtype)
         outs.append(prev)
         stats.append(lse)
     out = jnp.concatenate(outs, axis=-2)
@@ -346,6 +379,7 @@ def _flash_backward(static, saved, d_out):
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     dk, dv, dq = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32), []
     for start in range(0, q.shape[-2], size):
+
         def part(x, start=start):
             return jax.lax.slice_in_dim(x, start, start + size, axis=x.ndim - 2 if x.ndim == q.ndim else -1)
 
@@ -374,8 +408,14 @@ def _flash_op():
         import torch
         from tpu_debug.runtime.ops.registry import lower
 
-        @torch.library.custom_op("tpu_debug::fit_flash_attention", mutates_args=(), schema=(
-            "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) -> Tensor"))
+        @torch.library.custom_op(
+            "tpu_debug::fit_flash_attention",
+            mutates_args=(),
+            schema=(
+                "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) "
+                "-> Tensor"
+            ),
+        )
         def fit_flash_attention(q, k, v, mask, is_causal, scale, gqa):
             raise NotImplementedError("tpu_debug::fit_flash_attention runs only in a fit's compiled layer")
 
@@ -384,6 +424,7 @@ def _flash_op():
             return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
         _FLASH_OP = torch.ops.tpu_debug.fit_flash_attention.default
+
         def flash(q, k, v, mask, is_causal, scale, gqa):
             return flash_attention(q, k, v, mask, is_causal, scale)
 
@@ -411,5 +452,7 @@ def attention_as(kind: str):
 
 
 # the answer's "compiled as" for flash attention
-FLASH_NOTE = (f"attention as flash attention: {FLASH_BLOCK} queries at a time against every key, the output "
-              "and its log-sum-exp kept, the backward recomputing one block's scores at a time, blocks in order")
+FLASH_NOTE = (
+    f"attention as flash attention: {FLASH_BLOCK} queries at a time against every key, the output "
+    "and its log-sum-exp kept, the backward recomputing one block's scores at a time, blocks in order"
+)

@@ -44,8 +44,8 @@ def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     assert found.original.fits is False
     tried = dict(found.tried)
     # a 256-entry vocabulary: the logits are small, the chunked loss is not offered
-    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)", "batch 256 (half)",
-                          "activations offloaded to host memory (--remat-policy offload)",
+    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)",
+                          "batch 256 (half)", "activations offloaded to host memory (--remat-policy offload)",
                           "flash attention (--attention flash)"}
     direct = {
         "activation checkpointing (--remat)": tpu_debug.fit(_config(), "v5e-4", batch=512, remat=True, **ARGS),
@@ -68,7 +68,8 @@ def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     code = dict(zip((what for what, _ in found.tried), found.code))
     assert "torch.utils.checkpoint" in code["activation checkpointing (--remat)"]
     assert "save_on_cpu" in code["activations offloaded to host memory (--remat-policy offload)"]
-    same = [r.estimate.seconds for what, r in found.tried if r.fits and "chips" not in what and "half" not in what]
+    same = [r.estimate.seconds for what, r in found.tried
+            if r.fits and "chips" not in what and "half" not in what]
     assert same == sorted(same)
 
 

@@ -20,19 +20,28 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from tpu_debug.runtime.target._libtpu import _find_libtpu
 
-transformers = pytest.importorskip("transformers",
-                                   reason="builds Hugging Face models: pip install -e '.[models]'")
+transformers = pytest.importorskip(
+    "transformers", reason="builds Hugging Face models: pip install -e '.[models]'"
+)
 
 # a vocabulary large beside the hidden size, so that the logits are the step's biggest buffer
-SIZES = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, use_cache=False)
+SIZES = dict(
+    vocab_size=4096,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    use_cache=False,
+)
 CHIPS, SEQ = 8, 1024
 TOLERANCE = 0.02  # one program, one compiler on both sides; 2 % is what the fit answer promises
 needs_libtpu = pytest.mark.skipif(
-    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+    not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'
+)
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +69,8 @@ def test_chunked_cross_entropy_computes_pytorchs_loss_and_gradients(chunk):
     want = F.cross_entropy((hidden @ weight.T)[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
     want.backward()
     got, (g_hidden, g_weight) = jax.value_and_grad(
-        lambda h, w: chunked_cross_entropy(h, w, jnp.asarray(labels.numpy()), chunk=chunk), argnums=(0, 1))(
-        jnp.asarray(hidden.detach().numpy()), jnp.asarray(weight.detach().numpy()))
+        lambda h, w: chunked_cross_entropy(h, w, jnp.asarray(labels.numpy()), chunk=chunk), argnums=(0, 1)
+    )(jnp.asarray(hidden.detach().numpy()), jnp.asarray(weight.detach().numpy()))
     # float32 on both sides, the same sums in another order: a logsumexp over 100 logits,
     # the mean over 117 positions (whole, or chunk by chunk), the weight's gradient a sum
     # over 120 positions; each a few ulps (1e-7 relative) per term, far under 1e-5
@@ -79,7 +88,9 @@ def test_the_looped_step_with_a_chunked_loss_computes_pytorchs_training_step():
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).float()
     tokens = torch.randint(0, sizes["vocab_size"], (2, 48))
     with traced_loss(model, True) as head_loss:
-        pieces = trace_pieces(model, torch.empty(2, 48, dtype=torch.long, device="meta"), hidden_of, _traceable)
+        pieces = trace_pieces(
+            model, torch.empty(2, 48, dtype=torch.long, device="meta"), hidden_of, _traceable
+        )
     layers = model.model.layers
 
     def value(n):
@@ -93,8 +104,15 @@ def test_the_looped_step_with_a_chunked_loss_computes_pytorchs_training_step():
     zeros = {n: jnp.zeros_like(p) for n, p in params.items()}
     step = scan_step(pieces, gathered=None, split={}, batch=None, head_loss=head_loss)
     with jax.enable_x64(True):
-        loss, _, new_m, _, _ = jax.jit(step)(params, buffers, zeros, zeros, jnp.float32(0),
-                                             jnp.asarray(tokens.numpy()), jnp.asarray(tokens.numpy()))
+        loss, _, new_m, _, _ = jax.jit(step)(
+            params,
+            buffers,
+            zeros,
+            zeros,
+            jnp.float32(0),
+            jnp.asarray(tokens.numpy()),
+            jnp.asarray(tokens.numpy()),
+        )
     opt = torch.optim.AdamW(model.parameters())
     expected = _loss(model(tokens), tokens)
     expected.backward()
@@ -121,10 +139,10 @@ def _chunked(hidden, weight, labels, chunk):
         nxt = jnp.pad(labels[:, 1:], ((0, 0), (0, 1))).astype(jnp.int32)
         total, gw, gh = 0.0, jnp.zeros(w.shape, jnp.float32), []
         for start in range(0, seq, chunk):
-            h, gw = jax.lax.optimization_barrier((h_all[:, start:start + chunk], gw))
+            h, gw = jax.lax.optimization_barrier((h_all[:, start : start + chunk], gw))
             logits = jnp.einsum("bsh,vh->bsv", h, w, preferred_element_type=jnp.float32)
             log_p = jax.nn.log_softmax(logits, axis=-1)
-            t = nxt[:, start:start + chunk]
+            t = nxt[:, start : start + chunk]
             valid = (start + jnp.arange(h.shape[1]) < seq - 1)[None, :, None]
             hot = jax.nn.one_hot(t, w.shape[0], dtype=jnp.float32)
             total = total - jnp.sum(jnp.where(valid, log_p * hot, 0.0))
@@ -137,8 +155,10 @@ def _chunked(hidden, weight, labels, chunk):
     def loss(h, w):
         return forward(h, w)[0]
 
-    loss.defvjp(forward, lambda grads, ct: (grads[0] * ct.astype(grads[0].dtype),
-                                            grads[1] * ct.astype(grads[1].dtype)))
+    loss.defvjp(
+        forward,
+        lambda grads, ct: (grads[0] * ct.astype(grads[0].dtype), grads[1] * ct.astype(grads[1].dtype)),
+    )
     return loss(hidden, weight)
 
 
@@ -147,7 +167,6 @@ def _reference(model, *, chunked: bool, policy):
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
-
     from tpu_debug.runtime.target.fit_scan import trace_pieces
 
     head = model.lm_head
@@ -155,11 +174,14 @@ def _reference(model, *, chunked: bool, policy):
     if chunked:
         head.forward = lambda x: x
     try:
-        pieces = trace_pieces(model, tokens, (lambda out, labels: out.logits) if chunked else _loss, _traceable)
+        pieces = trace_pieces(
+            model, tokens, (lambda out, labels: out.logits) if chunked else _loss, _traceable
+        )
     finally:
         head.__dict__.pop("forward", None)
-    devices = topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu",
-                                           chips_per_host_bounds=[2, 4, 1]).devices
+    devices = topologies.get_topology_desc(
+        topology_name="v5e:2x4", platform="tpu", chips_per_host_bounds=[2, 4, 1]
+    ).devices
     mesh = Mesh(np.array(devices).reshape(1, CHIPS), ("dp", "fsdp"))
     whole, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("fsdp"))
 
@@ -182,8 +204,9 @@ def _reference(model, *, chunked: bool, policy):
             w = [jax.lax.with_sharding_constraint(w[n], whole) for n in pieces.inner]
             return jax.lax.with_sharding_constraint(pieces.layer(*w, h, *side)[0], batch), None
 
-        hidden, _ = jax.lax.scan(jax.checkpoint(one_layer, policy=policy),
-                                 jax.lax.with_sharding_constraint(hidden, batch), inner)
+        hidden, _ = jax.lax.scan(
+            jax.checkpoint(one_layer, policy=policy), jax.lax.with_sharding_constraint(hidden, batch), inner
+        )
         out = pieces.post(*o, *b, tokens, hidden, labels)[0]
         return _chunked(out, outer["lm_head.weight"], labels, 512) if chunked else out
 
@@ -198,19 +221,37 @@ def _reference(model, *, chunked: bool, policy):
             g = jax.lax.with_sharding_constraint(grads[n], sharding[n])
             m1 = m[n] * 0.9 + g * 0.1
             v1 = v[n] * 0.999 + g * g * 0.001
-            p1 = p * (1 - 1e-3 * 1e-2) - 1e-3 * (m1 / (1 - 0.9**count)) / (jnp.sqrt(v1 / (1 - 0.999**count)) + 1e-8)
+            p1 = p * (1 - 1e-3 * 1e-2) - 1e-3 * (m1 / (1 - 0.9**count)) / (
+                jnp.sqrt(v1 / (1 - 0.999**count)) + 1e-8
+            )
             new[0][n], new[1][n], new[2][n] = p1.astype(p.dtype), m1, v1
         return loss, *new, count
 
     buffers = {n: whole for n in pieces.buffers}
-    fn = jax.jit(step, in_shardings=(sharding, buffers, sharding, sharding, whole, batch, batch),
-                 out_shardings=(whole, sharding, sharding, sharding, whole), donate_argnums=(0, 2, 3, 4))
-    specs = {n: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding[n])
-             for n, s in pieces.specs.items() if n in sharding}
+    fn = jax.jit(
+        step,
+        in_shardings=(sharding, buffers, sharding, sharding, whole, batch, batch),
+        out_shardings=(whole, sharding, sharding, sharding, whole),
+        donate_argnums=(0, 2, 3, 4),
+    )
+    specs = {
+        n: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding[n])
+        for n, s in pieces.specs.items()
+        if n in sharding
+    }
     ids = jax.ShapeDtypeStruct((CHIPS, SEQ), jnp.int64, sharding=batch)
-    args = (specs, {n: jax.ShapeDtypeStruct(pieces.specs[n].shape, pieces.specs[n].dtype, sharding=whole)
-                    for n in pieces.buffers},
-            specs, specs, jax.ShapeDtypeStruct((), jnp.float32, sharding=whole), ids, ids)
+    args = (
+        specs,
+        {
+            n: jax.ShapeDtypeStruct(pieces.specs[n].shape, pieces.specs[n].dtype, sharding=whole)
+            for n in pieces.buffers
+        },
+        specs,
+        specs,
+        jax.ShapeDtypeStruct((), jnp.float32, sharding=whole),
+        ids,
+        ids,
+    )
     # at O0 a small step's temporaries stay in HBM (the default level may put them on chip)
     saved = jax.config.jax_optimization_level
     jax.config.update("jax_optimization_level", "O0")
@@ -228,8 +269,16 @@ def _close(a, b):
 def _fit(**options):
     import tpu_debug
 
-    return tpu_debug.fit(transformers.LlamaConfig(**SIZES), f"v5e-{CHIPS}", plan="fsdp", batch=CHIPS, seq=SEQ,
-                         loop=True, optimization_level="O0", **options)
+    return tpu_debug.fit(
+        transformers.LlamaConfig(**SIZES),
+        f"v5e-{CHIPS}",
+        plan="fsdp",
+        batch=CHIPS,
+        seq=SEQ,
+        loop=True,
+        optimization_level="O0",
+        **options,
+    )
 
 
 def _assert_matches(report, compiled):
@@ -247,8 +296,10 @@ def test_chunked_loss_step_matches_a_direct_compile_and_keeps_less_than_the_whol
     plain = _fit()
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
-    _assert_matches(chunked, _reference(model, chunked=True,
-                                        policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable))
+    _assert_matches(
+        chunked,
+        _reference(model, chunked=True, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+    )
     assert "the loss chunked" in chunked.method and "never whole" in chunked.method
     # one sequence of 1024 per chip: the whole float32 logits are 1024 x 4096 x 4 B = 16 MiB,
     # and their gradient as much again; a chunk of 512 positions holds half of each, one chunk
@@ -263,8 +314,11 @@ def test_a_named_checkpoint_policy_matches_a_direct_compile(name):
     from tpu_debug.runtime.target.techniques import POLICIES
 
     report = _fit(remat_policy=name)
-    policy = (jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host") if name == "offload"
-              else jax.checkpoint_policies.dots_saveable)
+    policy = (
+        jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+        if name == "offload"
+        else jax.checkpoint_policies.dots_saveable
+    )
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
     compiled = _reference(model, chunked=False, policy=policy)
@@ -275,7 +329,9 @@ def test_a_named_checkpoint_policy_matches_a_direct_compile(name):
         assert compiled.memory_analysis().host_temp_size_in_bytes > 0
 
 
-@pytest.mark.parametrize(("causal", "masked", "heads_kv"), [(True, False, 2), (False, True, 4), (True, False, 4)])
+@pytest.mark.parametrize(
+    ("causal", "masked", "heads_kv"), [(True, False, 2), (False, True, 4), (True, False, 4)]
+)
 def test_flash_attention_computes_pytorchs_attention_and_its_gradients(causal, masked, heads_kv):
     from tpu_debug.runtime.target.techniques import flash_attention
 
@@ -287,8 +343,9 @@ def test_flash_attention_computes_pytorchs_attention_and_its_gradients(causal, m
     if masked:
         mask[..., 0] = True  # every query sees a key (a row of -inf has no softmax)
     weights = torch.randn(2, 4, 32, 16, generator=g)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=0.2,
-                                          enable_gqa=heads_kv != 4)
+    want = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=0.2, enable_gqa=heads_kv != 4
+    )
     (want * weights).sum().backward()
 
     def arr(t):
