@@ -361,3 +361,24 @@ def test_flash_attention_computes_pytorchs_attention_and_its_gradients(causal, m
     np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=1e-6)
     for got_grad, t in zip(grads, (q, k, v)):
         np.testing.assert_allclose(np.asarray(got_grad), t.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_chunked_loss_is_offered_as_a_fix_when_the_logits_are_large_and_each_fix_names_its_pytorch_code():
+    from tpu_debug.runtime.target.techniques import technique_fixes, torch_code
+
+    hbm = 16 * 2**30
+    small = dict(technique_fixes({}, hbm // 16, hbm))
+    large = dict(technique_fixes({}, hbm // 8, hbm))
+    assert "chunked loss (--chunked-loss)" not in small
+    assert large["chunked loss (--chunked-loss)"] == {"loss": "chunked"}
+    assert large["chunked loss, flash attention and activation checkpointing"] == {
+        "loss": "chunked",
+        "remat": True,
+        "attention": "flash",
+    }
+    # nothing offered twice: a step already chunked, checkpointed and flash gets none of these
+    assert technique_fixes({"loss": "chunked", "remat": True, "attention": "flash"}, hbm, hbm) == []
+    assert "save_on_cpu" in torch_code({"remat_policy": "offload"})
+    assert "splash_sdpa" in torch_code({"attention": "flash"})
+    assert "LigerFusedLinearCrossEntropyLoss" in torch_code({"loss": "chunked"})
+    assert "create_selective_checkpoint_contexts" in torch_code({"remat_policy": "all-matmuls"})
