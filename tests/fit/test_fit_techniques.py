@@ -162,21 +162,24 @@ def _chunked(hidden, weight, labels, chunk):
     return loss(hidden, weight)
 
 
-def _reference(model, *, chunked: bool, policy):
-    """The looped FSDP step over 8 v5e chips written here and compiled with plain JAX."""
+def _reference(model, *, chunked: bool, policy, attention: str = "blocked"):
+    """The looped FSDP step over 8 v5e chips written here and compiled with plain JAX
+    (``attention``: the layer traced with the tool's attention of that kind)."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
     from tpu_debug.runtime.target.fit_scan import trace_pieces
+    from tpu_debug.runtime.target.techniques import attention_as
 
     head = model.lm_head
     tokens = torch.empty(CHIPS, SEQ, dtype=torch.long, device="meta")
     if chunked:
         head.forward = lambda x: x
     try:
-        pieces = trace_pieces(
-            model, tokens, (lambda out, labels: out.logits) if chunked else _loss, _traceable
-        )
+        with attention_as(attention):
+            pieces = trace_pieces(
+                model, tokens, (lambda out, labels: out.logits) if chunked else _loss, _traceable
+            )
     finally:
         head.__dict__.pop("forward", None)
     devices = topologies.get_topology_desc(
@@ -382,3 +385,15 @@ def test_the_chunked_loss_is_offered_as_a_fix_when_the_logits_are_large_and_each
     assert "splash_sdpa" in torch_code({"attention": "flash"})
     assert "LigerFusedLinearCrossEntropyLoss" in torch_code({"loss": "chunked"})
     assert "create_selective_checkpoint_contexts" in torch_code({"remat_policy": "all-matmuls"})
+
+
+@needs_libtpu
+def test_the_flash_attention_step_matches_a_direct_compile():
+    # the reference's layer runs the tool's flash_attention (its numerics are checked against
+    # SDPA above); what this compares is the looped FSDP step fit builds around it
+    flash = _fit(attention="flash")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    _assert_matches(flash, _reference(model, chunked=False, policy=policy, attention="flash"))
+    assert "flash attention" in flash.method
