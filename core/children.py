@@ -48,8 +48,9 @@ def end_with_parent(parent: int, prctl: Callable[..., int] | None = None, sig: i
 def ends_with_parent() -> Callable[[], None]:
     """A ``preexec_fn`` for :class:`subprocess.Popen`: the child ends when this process does.
 
-    Example:
-        >>> subprocess.Popen(command, preexec_fn=ends_with_parent())
+    Example::
+
+        subprocess.Popen(command, preexec_fn=ends_with_parent())
     """
     parent, prctl = os.getpid(), _prctl()  # looked up here: between fork and exec, call only
 

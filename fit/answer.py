@@ -26,6 +26,8 @@ from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.fit import techniques
+from tpu_debug.fit.techniques import LOSSES
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
@@ -326,6 +328,9 @@ def fit(
     loop: bool | None = None,
     remat: bool = False,
     master_dtype: str | None = None,
+    loss: str = "plain",
+    remat_policy: str | None = None,
+    attention: str = "blocked",
 ) -> FitReport:
     """Compile one training (or forward) step of a model for a TPU slice as one sharded program.
 
@@ -364,6 +369,16 @@ def fit(
         master_dtype: ``"float32"``: mixed precision in the loop: parameters and AdamW state
             kept in float32, cast to ``dtype`` where the step reads them (as MaxText's
             float32 weights with bfloat16 compute).
+        loss: ``"plain"`` (the whole logits, then cross-entropy) or ``"chunked"`` (the looped
+            step's head, cross-entropy and their gradients a chunk of positions at a time:
+            ``tpu_debug.fit.techniques.chunked_cross_entropy``).
+        remat_policy: what each layer of the loop keeps for its backward, by name
+            (``tpu_debug.fit.techniques.POLICIES``: ``"matmuls"``, the default; ``"full"``,
+            as ``remat=True``; ``"all-matmuls"``; ``"offload"``, the matmul outputs in host
+            memory).
+        attention: the looped step's attention: ``"blocked"`` (a block of queries at a time,
+            each block recomputed in the backward) or ``"flash"`` (flash attention's backward,
+            blocks in order: ``tpu_debug.fit.techniques.flash_attention``).
 
     Returns:
         A ``FitReport``.
@@ -407,14 +422,18 @@ def fit(
         loop = job == "train" and layers > LOOP_ABOVE and _has_layer_stack(config, dtype)
     if master_dtype not in (None, "float32"):
         raise TargetError(f"master_dtype {master_dtype!r}: give 'float32' (or None: the parameters' dtype)")
-    if loop or remat or master_dtype:
+    if loss not in LOSSES:
+        raise TargetError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
+    if remat and remat_policy not in (None, "full"):
+        raise TargetError(f"remat=True is remat_policy='full': drop remat=True or remat_policy={remat_policy!r}")
+    if loop or remat or master_dtype or loss != "plain" or remat_policy or attention != "blocked":
         if job != "train":
             raise TargetError(f"loop=True, remat=True and master_dtype shape a training step; job {job!r} has no "
                               "backward")
         if unrolled:
             raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
         measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
-                                      master_dtype)
+                                      master_dtype, loss=loss, policy_name=remat_policy, attention=attention)
         name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
         return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
                        time.perf_counter() - started, None, how)
@@ -450,33 +469,41 @@ def _has_layer_stack(config, dtype: str) -> bool:
 
 def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
                   optimization_level: str | None, cache: bool,
-                  master_dtype: str | None = None) -> tuple[_Measure, str]:
+                  master_dtype: str | None = None, *, loss: str = "plain",
+                  policy_name: str | None = None, attention: str = "blocked") -> tuple[_Measure, str]:
     """The training step with its decoder layers as one loop (``tpu_debug.fit.scan``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit import techniques
     from tpu_debug.fit.scan import compile_scan_step, loop_repeats, trace_pieces
     from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
-    with fit_moe.per_shard(plan.batch_ways):
-        pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
+    chunked = loss == "chunked"
+    with fit_moe.per_shard(plan.batch_ways), techniques.attention_as(attention), \
+            techniques.traced_loss(model, chunked) as head_loss:
+        pieces = trace_pieces(model, tokens, techniques.hidden_of if chunked else _loss, _hf_traceable)
+    chosen = techniques.policy(policy_name or ("full" if remat else "matmuls"))
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
-                           optimization_level=optimization_level, cache=cache)
+                           optimization_level=optimization_level, cache=cache, policy=chosen.make(),
+                           head_loss=head_loss)
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
-    keeps = ("only its input (activation checkpointing: the backward recomputes the layer)" if remat else
-             "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
-             "(jax.checkpoint's dots_with_no_batch_dims_saveable)")
+    keeps = chosen.keeps
     gathers = "; FSDP weights gathered inside the loop, again in the backward" if plan.fsdp > 1 else ""
     how = (f"the {pieces.layers} decoder layers as one loop over their stacked parameters (jax.lax.scan, "
            f"every layer in the program, one compiled; backward by JAX's autodiff); each layer keeps {keeps} "
            f"for the backward{gathers}")
     if master_dtype:
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
+    if chunked:
+        how += f"; {techniques.CHUNKED_NOTE}"
+    if attention == "flash":
+        how += f"; {techniques.FLASH_NOTE}"
     if getattr(config, "_experts_implementation", None) == fit_moe.EXPERTS:
         how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):
@@ -858,6 +885,8 @@ class Fixes:
 
     original: FitReport
     tried: tuple[tuple[str, FitReport], ...]
+    # the PyTorch change each of ``tried`` means, in its order
+    code: tuple[str, ...] = ()
 
     @property
     def best(self) -> tuple[str, FitReport] | None:
@@ -875,9 +904,14 @@ class Fixes:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
                  f"(needs {format_bytes(self.original.required)} of {format_bytes(self.original.capacity)} per chip), "
                  "each compiled:"]
+        code = dict(zip((what for what, _ in self.tried), self.code))
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
-            lines.append(f"  {what:<52} needs {format_bytes(r.required):>11} of {format_bytes(r.capacity):>10}: {verdict}")
+            step = f", step ~{format_seconds(r.estimate.seconds)}" if r.fits and r.estimate else ""
+            lines.append(f"  {what:<52} needs {format_bytes(r.required):>11} of {format_bytes(r.capacity):>10}: "
+                         f"{verdict}{step}")
+            if what in code:
+                lines.append(f"      PyTorch: {code[what]}")
         best = self.best
         lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
         return "\n".join(lines)
@@ -891,7 +925,12 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
     forward of compute; a step of identical layers), float32 parameters to bfloat16 (when
     float32), float32 master weights dropped (when kept), the next slice of the generation
     with the plan's axes over it (more chips), half the global batch (fewer sequences a step).
-    Each is a ``fit`` with that change; the original is compiled first.
+    Before them, the memory techniques (``tpu_debug.fit.techniques.technique_fixes``): the
+    chunked loss when the logits are large, activations offloaded to host memory, both with
+    checkpointing. Each is a ``fit`` with that change; the original is compiled first. The
+    answer lists what fits first: the changes that keep the job (same slice and batch)
+    fastest first by the estimated step time, then more chips or fewer sequences; each with
+    the PyTorch change it means (``Fixes.code``).
     """
     tgt = parse_target(target)
     original = fit(model_or_config, tgt, plan=plan, batch=batch, seq=seq, **options)
@@ -908,11 +947,22 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
                         {"target": f"{tgt.generation.name}-{bigger[0]}"}))
     if batch // 2 and (batch // 2) % parse_plan(plan, tgt.devices).batch_ways == 0:
         changes.append((f"batch {batch // 2} (half)", {"batch": batch // 2}))
+    if options.get("job", "train") == "train":
+        vocab = getattr(build_config(model_or_config, options.get("overrides")), "vocab_size", 0) or 0
+        logits = vocab * batch * seq // parse_plan(plan, tgt.devices).batch_ways * 4
+        changes[:0] = techniques.technique_fixes(options, logits, original.capacity)
     tried = []
     for what, change in changes:
         args = {"target": tgt, "plan": plan, "batch": batch, "seq": seq, **options, **change}
-        tried.append((what, fit(model_or_config, args.pop("target"), **args)))
-    return Fixes(original, tuple(tried))
+        tried.append((what, fit(model_or_config, args.pop("target"), **args), techniques.torch_code(change),
+                      "target" in change or "batch" in change))
+
+    def rank(item):  # what fits first; of those, the same job before more chips or fewer sequences, fastest first
+        _, r, _, other = item
+        return (not r.fits, other, r.estimate.seconds if r.fits and r.estimate else 0.0)
+
+    tried.sort(key=rank)
+    return Fixes(original, tuple((what, r) for what, r, _, _ in tried), tuple(code for _, _, code, _ in tried))
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None,

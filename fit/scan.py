@@ -333,7 +333,7 @@ REMAT = jax.checkpoint_policies.nothing_saveable
 
 
 def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, remat: bool = False,
-              master: bool = False, unroll: int = 1):
+              master: bool = False, unroll: int = 1, policy=None, head_loss=None):
     """The training step as a JAX function of ``(params, buffers, exp_avg, exp_avg_sq, count,
     tokens, labels)`` (dicts by name; inner parameters stacked) returning ``(loss, params,
     exp_avg, exp_avg_sq, count)``.
@@ -349,6 +349,10 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         master: the parameters given are float32 master weights (AdamW's state too), cast to
             the model's dtype where the step reads them (mixed precision).
         unroll: layers per loop iteration (``jax.lax.scan``'s ``unroll``).
+        policy: the layers' ``jax.checkpoint`` policy, instead of the one ``remat`` picks
+            (``tpu_debug.fit.techniques.POLICIES``).
+        head_loss: ``(post's output, outer weights by name, labels) -> loss`` when ``post``
+            was traced to return the final hidden states (``techniques.chunked_head_loss``).
     """
     def constrain(x, sharding):
         return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
@@ -364,7 +368,7 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         (out,) = pieces.layer(*(weights[n] for n in pieces.inner), hidden, *side)
         return constrain(out, batch), None
 
-    body = jax.checkpoint(body, policy=REMAT if remat else SAVE)
+    body = jax.checkpoint(body, policy=policy or (REMAT if remat else SAVE))
 
     def loss_of(outer, inner, buffers, tokens, labels):
         o = [compute(n, outer[n]) for n in pieces.outer]
@@ -376,8 +380,8 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
             return body(h, (weights, side))
 
         hidden, _ = jax.lax.scan(looped, hidden, inner, unroll=unroll)
-        (loss,) = pieces.post(*o, *b, tokens, hidden, labels)
-        return loss
+        (out,) = pieces.post(*o, *b, tokens, hidden, labels)
+        return out if head_loss is None else head_loss(out, dict(zip(pieces.outer, o)), labels)
 
     def step(params, buffers, exp_avg, exp_avg_sq, count, tokens, labels):
         outer = {n: params[n] for n in pieces.outer}
@@ -410,14 +414,14 @@ def local_bytes(spec: jax.ShapeDtypeStruct, sharding) -> int:
 
 def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, plan, *, remat: bool = False,
                       master_dtype: str | None = None, optimization_level: str | None = None,
-                      cache: bool = True):
+                      cache: bool = True, policy=None, head_loss=None):
     """Compile the looped training step (``scan_step``) for ``target`` under ``plan``.
 
     Placements are ``tpu_debug.fit.sharded``'s (by each parameter's own name and shape; a
     stacked layer parameter keeps its layer's split, its layer dimension whole); the batch
     (tokens, labels: ``batch_shape`` int64) is split over the batch axes. ``master_dtype``
     (``"float32"``): parameters and AdamW state are kept in it and cast to the model's dtype
-    where read.
+    where read. ``policy``, ``head_loss``: as ``scan_step``'s.
 
     Returns:
         A ``tpu_debug.fit.sharded.FitCompile``.
@@ -448,9 +452,10 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     def make_step(unroll=1, sharded=True):
         if not sharded:
             return scan_step(pieces, gathered=None, split={}, batch=None, remat=remat,
-                             master=master_dtype is not None, unroll=unroll)
+                             master=master_dtype is not None, unroll=unroll, policy=policy, head_loss=head_loss)
         return scan_step(pieces, gathered=gathered if plan.fsdp > 1 else None, split=stored, batch=hidden,
-                         remat=remat, master=master_dtype is not None, unroll=unroll)
+                         remat=remat, master=master_dtype is not None, unroll=unroll, policy=policy,
+                         head_loss=head_loss)
 
     step = make_step()
     params = {n: stored[n] for n in names}

@@ -81,9 +81,10 @@ def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]]) ->
         One :class:`Desync` per group whose ranks differ; empty when every group's ranks
         called the same collectives, with the same sizes, the same number of times.
 
-    Example:
-        >>> first_desyncs({0: rank0_calls, 1: rank1_calls})[0].render()
-        'group 0, collective #3: the ranks differ (missing)\\n  rank 0: allreduce([4]; float32) at ...'
+    Example::
+
+        first_desyncs({0: rank0_calls, 1: rank1_calls})[0].render()
+        # 'group 0, collective #3: the ranks differ (missing)\\n  rank 0: allreduce([4]; float32) at ...'
     """
     groups: dict[str, dict[int, dict[int, CollectiveCallEvent]]] = {}
     members: dict[str, tuple[int, ...]] = {}

@@ -36,14 +36,22 @@ def _config(**changes):
 
 def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     import tpu_debug
+
     from tpu_debug.fit import fixes
 
     found = fixes(_config(), "v5e-4", batch=512, **ARGS)
     assert found.original.fits is False
     tried = dict(found.tried)
-    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)", "batch 256 (half)"}
+    # a 256-entry vocabulary: the logits are small, the chunked loss is not offered
+    assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)",
+                          "batch 256 (half)", "activations offloaded to host memory (--remat-policy offload)",
+                          "flash attention (--attention flash)"}
     direct = {
         "activation checkpointing (--remat)": tpu_debug.fit(_config(), "v5e-4", batch=512, remat=True, **ARGS),
+        "activations offloaded to host memory (--remat-policy offload)": tpu_debug.fit(
+            _config(), "v5e-4", batch=512, remat_policy="offload", **ARGS),
+        "flash attention (--attention flash)": tpu_debug.fit(_config(), "v5e-4", batch=512, attention="flash",
+                                                             **ARGS),
         "v5e-8 (fsdp over 8 chips)": tpu_debug.fit(_config(), "v5e-8", batch=512, **ARGS),
         "batch 256 (half)": tpu_debug.fit(_config(), "v5e-4", batch=256, **ARGS),
     }
@@ -55,6 +63,13 @@ def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     fitting = [what for what, r in found.tried if r.fits]
     assert (best is None and not fitting) or best[0] == fitting[0]
     assert "each compiled" in found.render()
+    # each change with its PyTorch code; the same-job changes that fit come first, fastest first
+    code = dict(zip((what for what, _ in found.tried), found.code))
+    assert "torch.utils.checkpoint" in code["activation checkpointing (--remat)"]
+    assert "save_on_cpu" in code["activations offloaded to host memory (--remat-policy offload)"]
+    same = [r.estimate.seconds for what, r in found.tried
+            if r.fits and "chips" not in what and "half" not in what]
+    assert same == sorted(same)
 
 
 def test_a_slice_search_with_checkpointing_recommends_the_smallest_slice_that_fits():

@@ -50,6 +50,16 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remat", action="store_true",
                         help="activation checkpointing: each decoder layer keeps only its input for the "
                         "backward and recomputes the rest")
+    parser.add_argument("--chunked-loss", action="store_true",
+                        help="the head's logits, cross-entropy and their gradients a chunk of positions at a "
+                        "time (a fused linear cross-entropy: the logits never whole; the looped step)")
+    parser.add_argument("--remat-policy", choices=("matmuls", "full", "all-matmuls", "offload"), default=None,
+                        help="what each decoder layer keeps for the backward: matmuls, its weight matmuls' "
+                        "outputs (default); full, only its input (as --remat); all-matmuls, the attention's "
+                        "scores too; offload, its matmul outputs in host memory (the looped step)")
+    parser.add_argument("--attention", choices=("blocked", "flash"), default=None,
+                        help="the looped step's attention: blocked (a block of queries at a time, the "
+                        "default) or flash (flash attention's backward, blocks in order)")
     parser.add_argument("--master-dtype", choices=("float32",), default=None,
                         help="mixed precision: parameters and AdamW state kept in float32, cast to --dtype "
                         "where read (the looped step)")
@@ -61,8 +71,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="with --search: also compile each candidate with activation checkpointing")
     parser.add_argument("--fixes", action="store_true",
                         help="when the step does not fit: compile it with each change that could make it "
-                        "fit (activation checkpointing, bfloat16, the next slice, half the batch) and "
-                        "recommend the first that fits")
+                        "fit (a chunked loss, activations offloaded to host memory, activation "
+                        "checkpointing, bfloat16, the next slice, half the batch) and list those that fit, "
+                        "the recommended first, each with the PyTorch change it means")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--logdir", default=None,
                         help="where the answer is kept as a run "
@@ -74,14 +85,21 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tpu_debug
-    from tpu_debug.fit import search
+    # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module
+    from tpu_debug.fit import fit, search
 
     options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
                    shard_activations=args.shard_activations, optimization_level=args.optimization_level)
-    if args.layers or args.remat or args.master_dtype:
+    if args.layers or args.remat or args.master_dtype or args.chunked_loss or args.remat_policy \
+            or args.attention:
         options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat,
                        master_dtype=args.master_dtype)
+    if args.chunked_loss:
+        options["loss"] = "chunked"
+    if args.remat_policy:
+        options["remat_policy"] = args.remat_policy
+    if args.attention:
+        options["attention"] = args.attention
     if args.search:
         found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
                        with_remat=args.with_remat, **options)
@@ -97,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             run_dir = record_search(found, logdir=args.logdir, name=args.name)
             print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
         return 0 if found.best else NOT_FIT
-    report = tpu_debug.fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
+    report = fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
     found_fixes = None
     if args.fixes and report.fits is False:
         from tpu_debug.fit import fixes
@@ -106,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data = report.to_dict()
         if found_fixes is not None:
-            data["fixes"] = [{"change": what, **r.to_dict()} for what, r in found_fixes.tried]
+            code = dict(zip((what for what, _ in found_fixes.tried), found_fixes.code))
+            data["fixes"] = [{"change": what, "pytorch": code.get(what), **r.to_dict()}
+                             for what, r in found_fixes.tried]
         json.dump(data, sys.stdout, indent=1)
         print()
     else:

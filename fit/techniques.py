@@ -1,0 +1,458 @@
+"""Memory techniques of a strong TPU training step, as the looped fit step compiles them.
+
+Each is what a PyTorch user on TPU writes, modelled in the JAX program ``fit_scan`` builds:
+
+- chunked linear cross-entropy (torchtune's and Liger's fused linear cross-entropy): the
+  head's logits are made a chunk of positions at a time, each chunk's loss and gradient
+  from its own logits, so the ``[batch, seq, vocab]`` logits are never whole;
+- selective activation checkpointing (``torch.utils.checkpoint`` with
+  ``create_selective_checkpoint_contexts``): which of a layer's values its backward keeps,
+  as a ``jax.checkpoint`` policy (``POLICIES``);
+- activation offload to host memory (``torch.autograd.graph.save_on_cpu``): the kept values
+  moved to XLA's host memory space (``pinned_host``) in the forward and back in the backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tpu_debug.runtime.target.errors import TargetError
+
+__all__ = [
+    "ATTENTIONS",
+    "CHUNKED_NOTE",
+    "FLASH_NOTE",
+    "LOSSES",
+    "LOSS_CHUNK",
+    "POLICIES",
+    "Policy",
+    "attention_as",
+    "chunked_cross_entropy",
+    "chunked_head_loss",
+    "flash_attention",
+    "head_as_hidden",
+    "hidden_of",
+    "policy",
+    "traced_loss",
+]
+
+# positions of the sequence per chunk of the chunked loss: 4 sequences x 512 x a 128K
+# vocabulary are 1 GiB of float32 logits per chip, against 16 GiB whole at 4 x 8192
+LOSS_CHUNK = 512
+LOSSES = ("plain", "chunked")
+
+
+def chunked_cross_entropy(hidden, weight, labels, *, chunk: int = LOSS_CHUNK):
+    """Next-token cross-entropy of ``hidden @ weight.T`` without the whole logits.
+
+    ``F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())`` with
+    ``logits = hidden @ weight.T``: the mean over every position but the last of
+    ``logsumexp(logits) - logits[label]``, as a fused linear cross-entropy computes it
+    (Liger's): the sequence is cut into chunks of ``chunk`` positions, and each chunk's
+    float32 logits give its loss and, at once, its share of the gradients (``softmax -
+    one_hot``, times the hidden states and the weight), so no logits outlive their chunk and
+    none are recomputed. The backward only scales the gradients made in the forward.
+
+    Each chunk waits for the previous one's weight gradient (an optimization barrier), so
+    XLA runs the chunks one after another: left free, it scheduled chunks side by side and
+    kept several chunks' logits live (a [1, 4096] sequence over 4096 entries: 20 MiB of
+    temporaries at chunks of 512, 80 MiB at chunks of 1024). The chunks are unrolled: XLA's
+    cost analysis counts a loop's body once.
+
+    Args:
+        hidden: ``[batch, seq, hidden]``, the final norm's output.
+        weight: the head's ``[vocab, hidden]`` weight.
+        labels: ``[batch, seq]`` token ids; position ``i`` predicts ``labels[:, i + 1]``.
+        chunk: positions per chunk.
+
+    Returns:
+        The mean loss, a float32 scalar.
+    """
+    return _fused_loss(hidden, weight, labels, chunk)
+
+
+def _fused(hidden, weight, labels, chunk: int):
+    """(loss, its gradient for ``hidden``, for ``weight``), a chunk of positions at a time."""
+    batch, seq = labels.shape
+    count = batch * (seq - 1)
+    targets = jnp.concatenate([labels[:, 1:], jnp.zeros_like(labels[:, :1])], axis=1).astype(jnp.int32)
+    total = jnp.float32(0.0)
+    g_weight = jnp.zeros(weight.shape, jnp.float32)  # summed over the chunks in float32
+    g_hidden = []
+    for start in range(0, seq, chunk):
+        stop = min(start + chunk, seq)
+        h, g_weight = jax.lax.optimization_barrier((hidden[:, start:stop], g_weight))
+        logits = jnp.einsum("bsh,vh->bsv", h, weight, preferred_element_type=jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        t = targets[:, start:stop]
+        keep = (jnp.arange(start, stop) < seq - 1)[None, :]
+        picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        total = total + jnp.sum(jnp.where(keep, lse - picked, 0.0))
+        probs = jnp.exp(logits - lse[..., None])
+        g = (probs - jax.nn.one_hot(t, weight.shape[0], dtype=jnp.float32)) * (keep[..., None] / count)
+        g = g.astype(hidden.dtype)  # the logits' gradient in the matmuls' dtype, as autograd's
+        g_hidden.append(
+            jnp.einsum("bsv,vh->bsh", g, weight, preferred_element_type=jnp.float32).astype(hidden.dtype)
+        )
+        g_weight = g_weight + jnp.einsum("bsv,bsh->vh", g, h, preferred_element_type=jnp.float32)
+    return total / count, jnp.concatenate(g_hidden, axis=1), g_weight.astype(weight.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fused_loss(hidden, weight, labels, chunk):
+    return _fused(hidden, weight, labels, chunk)[0]
+
+
+def _fused_forward(hidden, weight, labels, chunk):
+    loss, g_hidden, g_weight = _fused(hidden, weight, labels, chunk)
+    return loss, (g_hidden, g_weight, labels)
+
+
+def _fused_backward(chunk, saved, cotangent):
+    g_hidden, g_weight, labels = saved
+    zero = np.zeros(labels.shape, dtype=jax.dtypes.float0)  # token ids have no gradient
+    return (g_hidden * cotangent.astype(g_hidden.dtype), g_weight * cotangent.astype(g_weight.dtype), zero)
+
+
+_fused_loss.defvjp(_fused_forward, _fused_backward)
+
+
+@contextlib.contextmanager
+def head_as_hidden(model):
+    """While tracing, the model's output head hands on its input: the traced ``post`` piece
+    returns the final norm's output, and the loss is ``chunked_head_loss``'s. Yields the
+    head weight's name in ``model.named_parameters()`` (the embedding's when tied).
+
+    Raises:
+        TargetError: the head is not a linear map without bias (a chunked loss needs
+            ``hidden @ weight.T``), or the model scales or caps its logits.
+    """
+    from torch import nn
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    config = getattr(model, "config", None)
+    capped = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or capped:
+        raise TargetError(
+            f"{type(model).__name__}: loss='chunked' needs a bias-free linear head whose logits "
+            "the model does not scale or cap; use loss='plain'"
+        )
+    name = next(n for n, p in model.named_parameters() if p is head.weight)
+    head.forward = lambda x: x  # an instance attribute: nn.Module.__call__ finds it first
+    try:
+        yield name
+    finally:
+        del head.forward
+
+
+def hidden_of(outputs, labels):
+    """The traced ``post`` piece's output when the head hands on its input (``head_as_hidden``)."""
+    return outputs.logits if hasattr(outputs, "logits") else outputs
+
+
+@contextlib.contextmanager
+def traced_loss(model, chunked: bool):
+    """While tracing the looped step's pieces: with ``chunked``, the head hands on its input
+    (``head_as_hidden``) and this yields the loss of ``post``'s output
+    (``chunked_head_loss``); else it yields None (``post`` computes the loss)."""
+    if not chunked:
+        yield None
+        return
+    with head_as_hidden(model) as name:
+        yield chunked_head_loss(name)
+
+
+# the answer's "compiled as" for the chunked loss
+CHUNKED_NOTE = (
+    f"the loss chunked: the head's logits, cross-entropy and their gradients {LOSS_CHUNK} positions "
+    "at a time, one chunk after another, the [batch, seq, vocab] logits never whole (a fused linear "
+    "cross-entropy)"
+)
+
+
+def chunked_head_loss(weight_name: str, *, chunk: int = LOSS_CHUNK) -> Callable:
+    """``(hidden, outer weights by name, labels) -> loss`` for ``fit_scan.scan_step``: the
+    chunked loss over the head weight ``weight_name``."""
+
+    def loss(hidden, outer: dict, labels):
+        return chunked_cross_entropy(hidden, outer[weight_name], labels, chunk=chunk)
+
+    return loss
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """A named activation-checkpointing policy of the looped step.
+
+    Attributes:
+        name: the option's value (``remat=...``, ``--remat-policy``).
+        keeps: what each layer keeps for its backward, for the answer's "compiled as".
+        torch: the PyTorch code that keeps the same values.
+        make: builds the ``jax.checkpoint`` policy.
+    """
+
+    name: str
+    keeps: str
+    torch: str
+    make: Callable[[], Any]
+
+
+def _offloaded():
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy(
+            "matmuls",
+            "its weight matmuls' outputs, recomputing the elementwise ops and the attention scores "
+            "(jax.checkpoint's dots_with_no_batch_dims_saveable)",
+            "no checkpointing: autograd keeps every activation (the elementwise ops are fused and "
+            "recomputed by "
+            "XLA)",
+            lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        ),
+        Policy(
+            "full",
+            "only its input (activation checkpointing: the backward recomputes the layer)",
+            "torch.utils.checkpoint.checkpoint(layer, hidden, use_reentrant=False)",
+            lambda: jax.checkpoint_policies.nothing_saveable,
+        ),
+        Policy(
+            "all-matmuls",
+            "every matmul's output, the attention's scores and probabilities included "
+            "(jax.checkpoint's dots_saveable)",
+            "create_selective_checkpoint_contexts([torch.ops.aten.mm.default, torch.ops.aten.bmm.default])",
+            lambda: jax.checkpoint_policies.dots_saveable,
+        ),
+        Policy(
+            "offload",
+            "its weight matmuls' outputs moved to host memory (XLA's pinned_host memory space) in the "
+            "forward and back in the backward, recomputing the rest",
+            "with torch.autograd.graph.save_on_cpu(pin_memory=True): loss = model(tokens)...",
+            _offloaded,
+        ),
+    )
+}
+
+
+def policy(name: str) -> Policy:
+    """The named policy (``POLICIES``).
+
+    Raises:
+        TargetError: an unknown name, with the known ones.
+    """
+    if name not in POLICIES:
+        raise TargetError(f"remat policy {name!r} is not one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+# the PyTorch change each of ``fit``'s options means, for the fixes' answer (one line or a
+# short snippet a user on TorchTPU writes)
+TORCH_CODE = {
+    "remat": "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})  "
+    "# torch.utils.checkpoint around each decoder layer",
+    "loss": "loss = sum(F.cross_entropy((h[:, i:i + 512] @ model.lm_head.weight.T).float().flatten(0, 1), "
+    "y[:, i:i + 512].flatten(), reduction='sum') for i in range(0, seq, 512)) / n  "
+    "# or liger_kernel's LigerFusedLinearCrossEntropyLoss",
+    "attention": "attention: torch.tpu.ops.splash_sdpa(q, k, v, ...) (TorchTPU's splash attention kernel) "
+    "in place "
+    "of F.scaled_dot_product_attention",
+    "dtype": "model.to(torch.bfloat16)",
+    "master_dtype": "keep the optimizer on the bfloat16 parameters (no float32 master copy)",
+    "batch": "halve the batch (gradient accumulation over 2 micro-batches keeps the global batch)",
+}
+
+
+def torch_code(change: dict) -> str:
+    """The PyTorch change a fix's options (``fit`` keywords) mean."""
+    if "remat_policy" in change:
+        return POLICIES[change["remat_policy"]].torch
+    if "target" in change:
+        return f"the same script on {change['target']} (fully_shard over every chip)"
+    return "; ".join(TORCH_CODE[k] for k in change if k in TORCH_CODE)
+
+
+def technique_fixes(options: dict, logits_bytes: int, capacity: int | None) -> list[tuple[str, dict]]:
+    """The memory techniques worth compiling as fixes of a step run with ``options``:
+    the chunked loss when the whole float32 logits of a chip (``logits_bytes``) are an
+    eighth of its HBM or more, flash attention, activation offload to host memory, and the
+    chunked loss with flash attention and activation checkpointing; each ``(what, fit
+    keywords)``."""
+    found = []
+    flash = options.get("attention", "blocked") != "flash"
+    if flash:
+        found.append(("flash attention (--attention flash)", {"attention": "flash"}))
+    chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
+    if chunk:
+        found.append(("chunked loss (--chunked-loss)", {"loss": "chunked"}))
+    if not options.get("remat") and not options.get("remat_policy"):
+        found.append(
+            ("activations offloaded to host memory (--remat-policy offload)", {"remat_policy": "offload"})
+        )
+        if chunk:
+            found.append(
+                (
+                    "chunked loss, flash attention and activation checkpointing",
+                    {"loss": "chunked", "remat": True, **({"attention": "flash"} if flash else {})},
+                )
+            )
+    return found
+
+
+# queries per block of flash attention: every key is in a block's scores (keys are not
+# blocked), so a block of 256 holds what splash attention's 512 x 1024 blocks hold at 2048 keys;
+# at 4 sequences x 32 heads x 8192 keys a block's float32 scores are 1 GiB per chip
+FLASH_BLOCK = 256
+
+
+def flash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, block: int = FLASH_BLOCK):
+    """Attention a block of queries at a time with flash attention's backward, blocks in order.
+
+    ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=..., scale=...)`` for
+    ``[batch, heads, seq, dim]`` inputs (grouped-query keys and values repeated to the query
+    heads): each query block's float32 scores against every key give its output and its
+    log-sum-exp (kept, ``[batch, heads, seq]``); the backward recomputes one block's scores
+    from them and accumulates the keys' and values' gradients in float32, each block after
+    the previous one (an optimization barrier). Blocked with ``jax.checkpoint`` and left
+    unordered, XLA ran the blocks' backwards side by side: one layer's attention over
+    4 x 32 heads x 8192 positions on a v6e chip needed 18.8 GiB of temporaries.
+    """
+    if k.shape[-3] != q.shape[-3]:
+        k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    scale = float(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    seq = q.shape[-2]
+    size = block if seq % block == 0 else seq
+    mask = jnp.zeros((), jnp.float32) if mask is None else mask
+    return _flash(q, k, v, mask, (bool(is_causal), scale, size))
+
+
+def _scores(qb, k, mask, start: int, static):
+    is_causal, scale, size = static
+    s = jnp.einsum("...qd,...kd->...qk", qb, k, preferred_element_type=jnp.float32) * scale
+    if is_causal:
+        rows = start + jnp.arange(qb.shape[-2])
+        s = jnp.where(rows[:, None] >= jnp.arange(k.shape[-2])[None, :], s, -jnp.inf)
+    if mask.ndim:
+        whole = mask.shape[-2] == k.shape[-2]  # a row per query (training: as many queries as keys)
+        mb = jax.lax.slice_in_dim(mask, start, start + size, axis=-2) if whole else mask
+        s = jnp.where(mb, s, -jnp.inf) if mb.dtype == jnp.bool_ else s + mb
+    return s
+
+
+def _flash_forward(q, k, v, mask, static):
+    size = static[2]
+    outs, stats, prev = [], [], jnp.zeros((), q.dtype)
+    for start in range(0, q.shape[-2], size):
+        qb, _ = jax.lax.optimization_barrier((jax.lax.slice_in_dim(q, start, start + size, axis=-2), prev))
+        s = _scores(qb, k, mask, start, static)
+        lse = jax.nn.logsumexp(s, axis=-1)
+        prev = jnp.einsum(
+            "...qk,...kd->...qd",
+            jnp.exp(s - lse[..., None]).astype(v.dtype),
+            v,
+            preferred_element_type=jnp.float32,
+        ).astype(q.dtype)
+        outs.append(prev)
+        stats.append(lse)
+    out = jnp.concatenate(outs, axis=-2)
+    return out, (q, k, v, mask, out, jnp.concatenate(stats, axis=-1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, mask, static):
+    return _flash_forward(q, k, v, mask, static)[0]
+
+
+def _flash_backward(static, saved, d_out):
+    q, k, v, mask, out, lse = saved
+    scale, size = static[1], static[2]
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    dk, dv, dq = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32), []
+    for start in range(0, q.shape[-2], size):
+
+        def part(x, start=start):
+            return jax.lax.slice_in_dim(x, start, start + size, axis=x.ndim - 2 if x.ndim == q.ndim else -1)
+
+        (qb, dob), (dk, dv) = jax.lax.optimization_barrier(((part(q), part(d_out)), (dk, dv)))
+        p = jnp.exp(_scores(qb, k, mask, start, static) - part(lse)[..., None])
+        dv = dv + jnp.einsum("...qk,...qd->...kd", p.astype(v.dtype), dob, preferred_element_type=jnp.float32)
+        dp = jnp.einsum("...qd,...kd->...qk", dob, v, preferred_element_type=jnp.float32)
+        ds = (p * (dp - part(delta)[..., None]) * scale).astype(q.dtype)
+        dq.append(jnp.einsum("...qk,...kd->...qd", ds, k, preferred_element_type=jnp.float32).astype(q.dtype))
+        dk = dk + jnp.einsum("...qk,...qd->...kd", ds, qb, preferred_element_type=jnp.float32)
+    zero = np.zeros(mask.shape, jax.dtypes.float0) if mask.dtype == jnp.bool_ else jnp.zeros_like(mask)
+    return jnp.concatenate(dq, axis=-2), dk.astype(k.dtype), dv.astype(v.dtype), zero
+
+
+_flash.defvjp(_flash_forward, _flash_backward)
+
+
+ATTENTIONS = ("blocked", "flash")
+_FLASH_OP = None
+
+
+def _flash_op():
+    """``tpu_debug::fit_flash_attention``: the layer's SDPA as one node lowered to ``flash_attention``."""
+    global _FLASH_OP
+    if _FLASH_OP is None:
+        import torch
+        from tpu_debug.runtime.ops.registry import lower
+
+        @torch.library.custom_op(
+            "tpu_debug::fit_flash_attention",
+            mutates_args=(),
+            schema=(
+                "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) "
+                "-> Tensor"
+            ),
+        )
+        def fit_flash_attention(q, k, v, mask, is_causal, scale, gqa):
+            raise NotImplementedError("tpu_debug::fit_flash_attention runs only in a fit's compiled layer")
+
+        @fit_flash_attention.register_fake
+        def _(q, k, v, mask, is_causal, scale, gqa):
+            return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+        _FLASH_OP = torch.ops.tpu_debug.fit_flash_attention.default
+
+        def flash(q, k, v, mask, is_causal, scale, gqa):
+            return flash_attention(q, k, v, mask, is_causal, scale)
+
+        lower(_FLASH_OP)(flash)
+    return _FLASH_OP
+
+
+@contextlib.contextmanager
+def attention_as(kind: str):
+    """While tracing the looped step's layer, its SDPA node is ``kind``'s: ``"blocked"``
+    (``fit_scan.blocked_attention``) or ``"flash"`` (``flash_attention``)."""
+    from tpu_debug.fit import scan as fit_scan
+
+    if kind not in ATTENTIONS:
+        raise TargetError(f"attention {kind!r} is not one of {', '.join(ATTENTIONS)}")
+    if kind == "blocked":
+        yield
+        return
+    saved = fit_scan._attention_op
+    fit_scan._attention_op = _flash_op
+    try:
+        yield
+    finally:
+        fit_scan._attention_op = saved
+
+
+# the answer's "compiled as" for flash attention
+FLASH_NOTE = (
+    f"attention as flash attention: {FLASH_BLOCK} queries at a time against every key, the output "
+    "and its log-sum-exp kept, the backward recomputing one block's scores at a time, blocks in order"
+)
