@@ -482,11 +482,11 @@ def _resize_storage(storage, nbytes: int) -> None:
     have = 0 if payload is None else int(payload.size)
     if have == numel:
         return
-    if have == 0 or type(payload) is _Uninit:
-        set_payload(storage, _Uninit(numel, dtype))
+    if have == 0 or type(payload) is Uninit:
+        set_payload(storage, Uninit(numel, dtype))
         return
     if numel == 0:
-        set_payload(storage, _Uninit(0, dtype))
+        set_payload(storage, Uninit(0, dtype))
         return
     value = payload.value() if type(payload) is LazyArray else payload
     if type(value) is Abstract:
