@@ -384,3 +384,28 @@ def test_a_recorded_runs_plain_report_keeps_its_source_lines_whole(logdir, capsy
     source = pathlib.Path(__file__).read_text().splitlines()
     line = 1 + next(i for i, src in enumerate(source) if src.endswith("# a sync in every step"))
     assert f"test_report_json.py:{line}in_record" in "\n".join(_columns(text))
+
+
+@pytest.mark.parametrize("width", [60, 72, 80])
+def test_report_at_80_columns_drops_no_column_of_the_steps_table(every_section_run, capsys, monkeypatch, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    text = _text(capsys, str(every_section_run))
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    # every table row keeps its right border: no column was cropped
+    assert all(line.endswith(("|", "+")) for line in lines if line.startswith(("|", "+")))
+    steps = text[text.index("\nSteps\n"):text.index("\nTop ops by time\n")]
+    for header in ("step", "phase", "time", "dispatch", "compiles", "transfers", "bytes"):
+        assert re.search(rf"\| +{header} +\|", steps) or header in steps, header
+    cells = "\n".join(_columns(steps))
+    for cell in ("warm-up", "328.00ms", "8.00KiB", "11.00KiB"):
+        assert cell in cells, cell
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_a_location_is_never_split_across_lines(every_section_run, capsys, width):
+    text = _text(capsys, "--width", str(width), str(every_section_run))
+    for line in text.splitlines():
+        for cell in line.strip("|").split("|"):
+            # a cell that ends a line inside a location: "train.py" here, ":48" on the next
+            assert not re.search(r"\.py$|^:\d", cell.strip()), line
