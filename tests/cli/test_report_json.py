@@ -245,7 +245,8 @@ def _text(capsys, *args: str) -> str:
 def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_run, capsys):
     data = _report_json(str(every_section_run), capsys)
     for sec in SECTIONS:
-        if sec.key is not None:
+        # a healthy run has no damaged rows: test_one_damaged_row_costs_that_row_not_the_report fills it
+        if sec.key is not None and sec.key != "damaged_rows":
             assert data[sec.key] is not None and data[sec.key] != [], sec.title
     text = _text(capsys, str(every_section_run))
     headings = {line for line in text.splitlines()}
@@ -409,3 +410,25 @@ def test_a_location_is_never_split_across_lines(every_section_run, capsys, width
         for cell in line.strip("|").split("|"):
             # a cell that ends a line inside a location: "train.py" here, ":48" on the next
             assert not re.search(r"\.py$|^:\d", cell.strip()), line
+
+
+def test_one_damaged_row_costs_that_row_not_the_report(every_section_run, tmp_path, capsys):
+    import shutil
+    import sqlite3
+
+    run_dir = tmp_path / every_section_run.name
+    shutil.copytree(every_section_run, run_dir)
+    with sqlite3.connect(run_dir / "run.db") as db:
+        (event_id,) = db.execute("SELECT min(event_id) FROM compiles").fetchone()
+        db.execute("UPDATE compiles SET args = '{broken' WHERE event_id = ?", (event_id,))
+    db.close()
+    text = _text(capsys, "--width", "100", str(run_dir))
+    assert "not a readable tpu_debug run" not in text
+    for heading in ("Steps", "Findings", "Recompiles", "Memory", "TPU target (v5e)", "Damaged rows"):
+        assert heading in text.splitlines(), heading
+    assert re.search(rf"\| compiles +\| +{event_id} \| compile +\| JSONDecodeError", text)
+    data = _report_json(str(run_dir), capsys)
+    (damaged,) = data["damaged_rows"]
+    assert (damaged["kind"], damaged["table"], damaged["event_id"]) == ("compile", "compiles", event_id)
+    assert data["compiles"] and data["steps"]["per_step"]
+    assert not _undocumented(data, _documented())
