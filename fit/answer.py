@@ -1046,6 +1046,8 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters,
         optimizer_bytes=m.optimizer_state, batch_bytes=m.batch, gradient_bytes=m.gradients,
         activation_bytes=m.activations, kv_cache_bytes=m.kv_cache or None)
+    if report.at_least:  # a refusal: the compiler's out-of-memory figure, its temporaries when it stopped
+        memory = {"temp_bytes": report.at_least[0][1]}
     estimate = {} if e is None else dict(
         compute_seconds=e.compute_seconds, memory_seconds=e.memory_seconds, comm_seconds=e.comm_seconds,
         step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds,
