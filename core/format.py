@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["format_bytes", "format_location", "format_seconds", "short_path"]
+__all__ = ["format_bytes", "format_count", "format_location", "format_seconds", "short_path"]
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB")
 
@@ -35,6 +35,22 @@ def format_bytes(n: float | None) -> str:
         if value < 1024 or unit == _UNITS[-1]:
             break
     return f"{sign}{value:.2f} {unit}"
+
+
+def format_count(n: int | float) -> str:
+    """A count people read at a glance: ``950``, ``107K``, ``8.03B`` (decimal units, three
+    significant digits).
+
+    Example:
+        >>> format_count(106816), format_count(8_030_261_248), format_count(950)
+        ('107K', '8.03B', '950')
+    """
+    value = float(n)
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        # 999,999 is 1M rather than 1e+03K: a value that rounds up to the next unit takes it
+        if abs(value) >= size * 0.9995:
+            return f"{value / size:.3g}{unit}"
+    return f"{value:.0f}"
 
 
 def format_seconds(seconds: float | None) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.core.format import format_bytes, format_count, format_seconds
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
@@ -162,6 +162,12 @@ class FitReport:
         extrapolation: how the figures were extended from fewer layers; None when the
             whole model was compiled.
         method: how the decoder layers were compiled when not unrolled (as one loop).
+        compile_cached: the compile was read back from the target compile cache
+            (``compile_seconds`` is then what the first compile took).
+        at_least: the parts of ``required`` when the compiler stopped early (an out-of-memory
+            refusal): its message's figure (temporaries only) and the arguments known without
+            it, ``(what, bytes)``; ``required`` is then their sum, a lower bound. Empty when
+            ``required`` is the compiler's whole figure.
     """
 
     model: str
@@ -184,6 +190,8 @@ class FitReport:
     seconds: float
     extrapolation: str | None = None
     method: str | None = None
+    compile_cached: bool = False
+    at_least: tuple[tuple[str, int], ...] = ()
 
     @property
     def caveats(self) -> tuple[str, ...]:
@@ -216,8 +224,10 @@ class FitReport:
         data["caveats"] = list(self.caveats)
         return data
 
-    def render(self) -> str:
-        return _render(self)
+    def render(self, *, fixes_hint: bool = True) -> str:
+        """The answer as text; ``fixes_hint``: a step that does not fit says how to find the fixes
+        that do (off when the fixes are printed after it)."""
+        return _render(self, fixes_hint)
 
 
 def build_config(model: Any, overrides: dict[str, Any] | None = None):
@@ -514,7 +524,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         r = roofline(c)
         passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
-                    fc.batch_bytes, fc.unsharded, c.seconds, passes), how
+                    fc.batch_bytes, fc.unsharded, c.seconds, passes, cached=c.cached), how
 
 
 # how the looped step's mixture-of-experts layers run (docs/fit.md)
@@ -546,6 +556,7 @@ class _Measure:
     compile_seconds: float
     pass_flops: float  # the compiler's flops with each float32 dot counted once per bf16 pass
     kv_bytes: int = 0  # one chip's KV cache (prefill, decode)
+    cached: bool = False  # read back from the target compile cache: compile_seconds is the first compile's
 
 
 def _measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int, job: str,
@@ -561,7 +572,7 @@ def _measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int,
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, 0, fc.batch_bytes,
-                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes)
+                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes, c.cached)
 
 
 def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
@@ -594,7 +605,8 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
-                    fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0)
+                    fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0,
+                    cached=c.cached)
 
 
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
@@ -625,7 +637,7 @@ def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Meas
     return _Measure(two.plan, None, m, cost, tuple(collectives), ext(one.param_bytes, two.param_bytes),
                     ext(one.state_bytes, two.state_bytes), two.batch_bytes, two.unsharded,
                     one.compile_seconds + two.compile_seconds, ext(one.pass_flops, two.pass_flops),
-                    ext(one.kv_bytes, two.kv_bytes))
+                    ext(one.kv_bytes, two.kv_bytes), one.cached and two.cached)
 
 
 def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: _Measure,
@@ -635,6 +647,7 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
 
     capacity, source = hbm_capacity(tgt)
     memory = estimate = None
+    at_least: tuple[tuple[str, int], ...] = ()
     if fc.error is None:
         m = fc.memory
         grads = fc.param_bytes if job == "train" else 0
@@ -649,12 +662,35 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
         required = m.total_bytes
         fits = required <= capacity
     else:
-        required = fc.error.required_bytes
+        required, at_least = _lower_bound(fc, job)
         fits = False if fc.error.kind == "hbm_oom" else None
     return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
                      memory, fc.collectives, estimate, fc.unsharded,
                      None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
-                     extrapolation, method)
+                     extrapolation, method, fc.cached, at_least)
+
+
+def _lower_bound(fc: _Measure, job: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+    """What a refused step needs at least: the TPU compiler stops at its first allocation that
+    does not fit, and its out-of-memory figure counts the temporaries it had placed, not the
+    arguments; the parameters and optimizer state (one chip's shards) are known without it."""
+    figure = fc.error.required_bytes
+    if figure is None or fc.error.kind != "hbm_oom":
+        return figure, ()
+    parts = [("the compiler's temporaries when it stopped", figure), ("parameters", fc.param_bytes)]
+    if job == "train":
+        parts.append(("optimizer state", fc.state_bytes))
+    parts = [(what, n) for what, n in parts if n]
+    return sum(n for _, n in parts), tuple(parts)
+
+
+def needs_text(r: FitReport) -> str:
+    """``needs 12.00 GiB``, or ``needs at least 141.74 GiB`` when the compiler stopped early."""
+    return f"needs {'at least ' if r.at_least else ''}{format_bytes(r.required)}"
+
+
+FIXES_HINT = ("  to find what fits: add --fixes (tpu_debug.fit.fixes): it compiles each fix (bfloat16, activation "
+              "checkpointing, fewer sequences, a bigger slice) and prints the ones that fit")
 
 
 def ici_rate(tgt: Target) -> float | None:
@@ -742,16 +778,20 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
-def _render(r: FitReport) -> str:
+def _render(r: FitReport, fixes_hint: bool = True) -> str:
     verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
-    lines = [(f"{r.model} ({r.parameters / 1e9:.3g} B parameters), {r.job}, batch {r.batch} x seq {r.seq} on "
+    lines = [(f"{r.model} ({format_count(r.parameters)} parameters), {r.job}, batch {r.batch} x seq {r.seq} on "
               f"{r.target.name} ({r.target.devices} x {r.target.device_kind}), plan {r.plan}: {verdict}")]
     lines.extend(f"  caution: {c}" for c in r.caveats)
     if r.required is not None:
         room = r.headroom
         spare = f"{format_bytes(room)} to spare" if room >= 0 else f"{format_bytes(-room)} short"
-        lines.append(f"  per chip: needs {format_bytes(r.required)} of {format_bytes(r.capacity)} ({source}); {spare}")
+        spare = f"at least {spare}" if r.at_least and room < 0 else spare
+        lines.append(f"  per chip: {needs_text(r)} of {format_bytes(r.capacity)} ({source}); {spare}")
+        if r.at_least:
+            lines.append("    the compiler stopped at its first allocation that did not fit: "
+                         + " + ".join(f"{what} {format_bytes(n)}" for what, n in r.at_least))
     if r.error and not r.fits:
         lines.append(f"  compiler: {r.error}")
     m = r.memory
@@ -788,7 +828,11 @@ def _render(r: FitReport) -> str:
         lines.append(f"  extrapolated: {r.extrapolation}")
     if r.method:
         lines.append(f"  compiled as: {r.method}")
-    lines.append(f"  answered in {r.seconds:.1f} s (TPU compile {r.compile_seconds:.1f} s)")
+    compiled = (f"TPU compile read from the cache; it took {r.compile_seconds:.1f} s when compiled"
+                if r.compile_cached else f"TPU compile {r.compile_seconds:.1f} s")
+    lines.append(f"  answered in {r.seconds:.1f} s ({compiled})")
+    if fixes_hint and r.fits is False:
+        lines.append(FIXES_HINT)
     return "\n".join(lines)
 
 
@@ -807,17 +851,41 @@ class PlanSearch:
     best: FitReport | None
 
     def render(self) -> str:
-        b = self.best
-        answer = f"{b.target.name}, plan {b.plan}, batch {b.batch}" if b else "no candidate fits"
-        lines = [f"{self.question}: {answer}"]
+        lines = [f"{self.question}: {self.headline()}"]
         lines.append(f"  {'target':<9} {'plan':<14} {'batch':>6} {'remat':<5}  {'fits':<5} {'needs/chip':>11} "
                      f"{'of':>10}  {'step~':>9} {'MFU~':>6}")
         for r in self.candidates:
             e = r.estimate
-            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {str(remat_of(r)):<5}  {str(r.fits):<5} "
-                         f"{format_bytes(r.required):>11} {format_bytes(r.capacity):>10}  "
+            fits = {True: "yes", False: "no", None: "refused"}[r.fits]
+            needs = (">=" if r.at_least else "") + format_bytes(r.required)
+            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {_yes_no(remat_of(r)):<5}  {fits:<5} "
+                         f"{needs:>11} {format_bytes(r.capacity):>10}  "
                          f"{format_seconds(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
+        if self.best is None:
+            lines.append(self.next_step())
         return "\n".join(lines)
+
+    def headline(self) -> str:
+        """The answer and what it holds only under (``v5e-8, plan fsdp=8, batch 8, fits only
+        with activation checkpointing``)."""
+        b = self.best
+        if b is None:
+            last = self.candidates[-1] if self.candidates else None
+            tried = f" (the last tried, {last.target.name} batch {last.batch}, {needs_text(last)} of " \
+                    f"{format_bytes(last.capacity)} per chip)" if last is not None else ""
+            return f"no candidate fits{tried}"
+        answer = f"{b.target.name}, plan {b.plan}, batch {b.batch}"
+        return answer + (", fits only with activation checkpointing (remat)" if remat_of(b) else "")
+
+    def next_step(self) -> str:
+        """What to try when no candidate fits."""
+        if not any(remat_of(r) for r in self.candidates):
+            return "  next: --with-remat also compiles each candidate with activation checkpointing;\n" + FIXES_HINT
+        return FIXES_HINT
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def search(model_or_config: Any, question: str, target: str | Target = "v5e-8", *, plan: str = "fsdp",
@@ -897,18 +965,19 @@ class Fixes:
         best = self.best
         ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
-        return tuple(f"{what}: needs {format_bytes(r.required)} of {format_bytes(r.capacity)}, {verdicts[r.fits]}"
+        return tuple(f"{what}: {needs_text(r)} of {format_bytes(r.capacity)}, {verdicts[r.fits]}"
                      for what, r in ordered)
 
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
-                 f"(needs {format_bytes(self.original.required)} of {format_bytes(self.original.capacity)} per chip), "
+                 f"({needs_text(self.original)} of {format_bytes(self.original.capacity)} per chip), "
                  "each compiled:"]
         code = dict(zip((what for what, _ in self.tried), self.code))
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
             step = f", step ~{format_seconds(r.estimate.seconds)}" if r.fits and r.estimate else ""
-            lines.append(f"  {what:<52} needs {format_bytes(r.required):>11} of {format_bytes(r.capacity):>10}: "
+            needs = ("needs at least" if r.at_least else "needs") + f" {format_bytes(r.required):>11}"
+            lines.append(f"  {what:<52} {needs} of {format_bytes(r.capacity):>10}: "
                          f"{verdict}{step}")
             if what in code:
                 lines.append(f"      PyTorch: {code[what]}")
@@ -977,6 +1046,8 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters,
         optimizer_bytes=m.optimizer_state, batch_bytes=m.batch, gradient_bytes=m.gradients,
         activation_bytes=m.activations, kv_cache_bytes=m.kv_cache or None)
+    if report.at_least:  # a refusal: the compiler's out-of-memory figure, its temporaries when it stopped
+        memory = {"temp_bytes": report.at_least[0][1]}
     estimate = {} if e is None else dict(
         compute_seconds=e.compute_seconds, memory_seconds=e.memory_seconds, comm_seconds=e.comm_seconds,
         step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds,

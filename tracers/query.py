@@ -3,7 +3,8 @@
 Every query is a plain SQL statement over indexed columns; results come back
 as the event dataclasses of :mod:`.events` or the summary records below.
 A damaged file surfaces as :class:`~tpu_debug.core.errors.RunDamagedError`, never
-as an ``sqlite3`` traceback.
+as an ``sqlite3`` traceback; an event whose row does not decode is left out and named
+by :meth:`RunQuery.damaged_rows`, so one bad value costs that event, not the run.
 """
 
 from __future__ import annotations
@@ -61,8 +62,20 @@ __all__ = [
     "ProgramText",
     "TransferSite",
     "CompileGroup",
+    "DamagedRow",
     "op_name_of",
 ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DamagedRow:
+    """A recorded event whose row does not decode (a value cut or overwritten in run.db):
+    readers leave that event out and go on with the rest of the run."""
+
+    kind: str
+    table: str
+    event_id: int
+    detail: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -248,6 +261,7 @@ class RunQuery:
         self._tables: frozenset[str] | None = None
         self._version: int | None = None
         self._table_columns: dict[str, frozenset[str]] = {}
+        self._damaged_rows: dict[tuple[str, int], DamagedRow] = {}
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -668,15 +682,37 @@ class RunQuery:
                         found += self._rows(
                             f"{sql} WHERE event_id IN ({marks}) ORDER BY event_id, position", tuple(chunk)
                         )
-                try:
-                    for row in found:
+                for row in found:
+                    try:
                         by_event.setdefault(row[0], []).append(child.decode(row[1:]))
-                except (ValueError, TypeError) as exc:
-                    raise self._damaged(exc) from None
-        try:
-            return [lay.decode(row, self._location(*row[4:7]), children) for row in rows]
-        except (ValueError, TypeError) as exc:
-            raise self._damaged(exc) from None
+                    except (ValueError, TypeError) as exc:
+                        self._note_damage(lay, child.table, row[0], exc)
+        events = []
+        for row in rows:
+            if (lay.kind, row[0]) in self._damaged_rows:
+                continue
+            try:
+                events.append(lay.decode(row, self._location(*row[4:7]), children))
+            except (ValueError, TypeError) as exc:
+                self._note_damage(lay, lay.table or "events", row[0], exc)
+        return events
+
+    def _note_damage(self, lay: KindLayout, table: str, event_id: int, exc: Exception) -> None:
+        # one value that does not decode costs its event, not the run: the event is left out
+        # and named by damaged_rows(), so every reader shows the rest
+        key = (lay.kind, event_id)
+        if key not in self._damaged_rows:
+            self._damaged_rows[key] = DamagedRow(lay.kind, table, event_id, f"{type(exc).__name__}: {exc}")
+
+    def damaged_rows(self) -> list[DamagedRow]:
+        """The events read so far whose rows do not decode, and were left out, in id order.
+
+        Example::
+
+            q.events("compile"); [(d.table, d.event_id) for d in q.damaged_rows()]
+            # [('compiles', 12)]
+        """
+        return sorted(self._damaged_rows.values(), key=lambda d: (d.event_id, d.kind))
 
     def _location(self, file, line, function) -> SourceLocation | None:
         if file is None:

@@ -245,7 +245,8 @@ def _text(capsys, *args: str) -> str:
 def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_run, capsys):
     data = _report_json(str(every_section_run), capsys)
     for sec in SECTIONS:
-        if sec.key is not None:
+        # a healthy run has no damaged rows: test_one_damaged_row_costs_that_row_not_the_report fills it
+        if sec.key is not None and sec.key != "damaged_rows":
             assert data[sec.key] is not None and data[sec.key] != [], sec.title
     text = _text(capsys, str(every_section_run))
     headings = {line for line in text.splitlines()}
@@ -384,3 +385,50 @@ def test_a_recorded_runs_plain_report_keeps_its_source_lines_whole(logdir, capsy
     source = pathlib.Path(__file__).read_text().splitlines()
     line = 1 + next(i for i, src in enumerate(source) if src.endswith("# a sync in every step"))
     assert f"test_report_json.py:{line}in_record" in "\n".join(_columns(text))
+
+
+@pytest.mark.parametrize("width", [60, 72, 80])
+def test_report_at_80_columns_drops_no_column_of_the_steps_table(every_section_run, capsys, monkeypatch, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    text = _text(capsys, str(every_section_run))
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    # every table row keeps its right border: no column was cropped
+    assert all(line.endswith(("|", "+")) for line in lines if line.startswith(("|", "+")))
+    steps = text[text.index("\nSteps\n"):text.index("\nTop ops by time\n")]
+    for header in ("step", "phase", "time", "dispatch", "compiles", "transfers", "bytes"):
+        assert re.search(rf"\| +{header} +\|", steps) or header in steps, header
+    cells = "\n".join(_columns(steps))
+    for cell in ("warm-up", "328.00ms", "8.00KiB", "11.00KiB"):
+        assert cell in cells, cell
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_a_location_is_never_split_across_lines(every_section_run, capsys, width):
+    text = _text(capsys, "--width", str(width), str(every_section_run))
+    for line in text.splitlines():
+        for cell in line.strip("|").split("|"):
+            # a cell that ends a line inside a location: "train.py" here, ":48" on the next
+            assert not re.search(r"\.py$|^:\d", cell.strip()), line
+
+
+def test_one_damaged_row_costs_that_row_not_the_report(every_section_run, tmp_path, capsys):
+    import shutil
+    import sqlite3
+
+    run_dir = tmp_path / every_section_run.name
+    shutil.copytree(every_section_run, run_dir)
+    with sqlite3.connect(run_dir / "run.db") as db:
+        (event_id,) = db.execute("SELECT min(event_id) FROM compiles").fetchone()
+        db.execute("UPDATE compiles SET args = '{broken' WHERE event_id = ?", (event_id,))
+    db.close()
+    text = _text(capsys, "--width", "100", str(run_dir))
+    assert "not a readable tpu_debug run" not in text
+    for heading in ("Steps", "Findings", "Recompiles", "Memory", "TPU target (v5e)", "Damaged rows"):
+        assert heading in text.splitlines(), heading
+    assert re.search(rf"\| compiles +\| +{event_id} \| compile +\| JSONDecodeError", text)
+    data = _report_json(str(run_dir), capsys)
+    (damaged,) = data["damaged_rows"]
+    assert (damaged["kind"], damaged["table"], damaged["event_id"]) == ("compile", "compiles", event_id)
+    assert data["compiles"] and data["steps"]["per_step"]
+    assert not _undocumented(data, _documented())

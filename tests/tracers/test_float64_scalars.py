@@ -3,6 +3,8 @@ a float64 tensor of the user's still is a finding."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -11,11 +13,12 @@ from source_helpers import line_of
 from torch import nn
 
 import tpu_debug
+from tpu_debug.report import print_report, report_data
 
 pytestmark = pytest.mark.usefixtures("forget_graphs")
 
 
-def test_an_annealed_temperature_is_not_the_users_float64(tmp_path):
+def _annealed(tmp_path):
     torch.manual_seed(0)
     teacher = nn.Linear(16, 10).to("tpu")
     student = nn.Linear(16, 10).to("tpu")
@@ -37,12 +40,31 @@ def test_an_annealed_temperature_is_not_the_users_float64(tmp_path):
             opt.step()
             opt.zero_grad()
             T = max(1.0, T * 0.9)  # a Python float that changes: dynamo passes it as a tensor
+    return session
+
+
+def test_an_annealed_temperature_is_not_the_users_float64(tmp_path):
+    session = _annealed(tmp_path)
     # the premise: once T changed, dynamo passed it as a 0-d float64 and the backward got it
     wide = [c for c in session.compiles(mode="compiled") if "float64" in c.signature]
     assert wide and all(
         a.shape == () for c in wide for a in c.args if a.dtype == "float64"
     ), [c.signature for c in wide]
     assert [f for f in session.findings() if f.kind == "float64"] == []
+
+
+def test_the_float64_section_agrees_with_findings_on_a_scalar_pytorch_made(tmp_path):
+    session = _annealed(tmp_path)
+    assert [f for f in session.findings() if f.kind == "float64"] == []
+    ops = report_data(session)["float64"]
+    assert ops and {o["origin"] for o in ops} == {"python_float"}, ops
+    out = io.StringIO()
+    print_report(session, file=out, terminal=False, width=120)
+    text = out.getvalue()
+    section = text[text.index("\nfloat64\n"):]
+    assert "(see Findings)" not in section
+    assert f"{len(ops)} op(s) ran with float64 values that PyTorch made, not the program; not a finding" in section
+    assert "a 0-d scalar dynamo made from a Python float" in section
 
 
 def test_a_float64_scalar_of_the_users_is_still_a_finding(tmp_path):

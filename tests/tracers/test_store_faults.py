@@ -161,15 +161,21 @@ def test_bytes_overwritten_in_the_middle_one_line_no_traceback(tmp_path, capsys)
     q.close()
 
 
-def test_a_damaged_json_value_is_a_damaged_run(tmp_path):
+def test_a_damaged_json_value_costs_its_event_and_is_named(tmp_path):
     run = _recorded_run(tmp_path)
     db = run / DB_NAME
+    whole = RunQuery(db).events("transfer")
     conn = sqlite3.connect(db)
-    conn.execute("UPDATE transfers SET shape = '[3, ' WHERE event_id = (SELECT min(event_id) FROM transfers)")
+    (event_id,) = conn.execute("SELECT min(event_id) FROM transfers").fetchone()
+    conn.execute("UPDATE transfers SET shape = '[3, ' WHERE event_id = ?", (event_id,))
     conn.commit()
     conn.close()
-    with pytest.raises(RunDamagedError, match=r"\(JSONDecodeError: .*\)\. The file is damaged or truncated"):
-        RunQuery(db).transfers()
+    q = RunQuery(db)
+    # the damaged event is left out; every other one reads back as recorded
+    assert [e.id for e in q.events("transfer")] == [e.id for e in whole if e.id != event_id]
+    (damaged,) = q.damaged_rows()
+    assert (damaged.kind, damaged.table, damaged.event_id) == ("transfer", "transfers", event_id)
+    assert damaged.detail.startswith("JSONDecodeError: ")
 
 
 # -- permissions ------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(data, sys.stdout, indent=1)
         print()
     else:
-        print(report.render())
+        print(report.render(fixes_hint=found_fixes is None))
         if found_fixes is not None:
             print(found_fixes.render())
     if args.record:

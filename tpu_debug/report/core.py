@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rich import box
-from rich.console import Console, RenderableType
-from rich.table import Table
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.table import Column, Table
 from rich.text import Text
 
 from tpu_debug.core.errors import ReportSectionError
@@ -117,8 +117,84 @@ def section(
     return register
 
 
+class _PlainTable(Table):
+    """A plain-text table that fits its width without cutting a cell or splitting a word.
+
+    rich narrows columns that do not fit by cutting into them evenly, below their longest
+    word, and crops what still does not fit (a table's last columns and border). Here each
+    column keeps at least its longest word (a left cell: ``train.py:48`` stays whole) or its
+    longest cell (a right cell: ``328.00 ms``); when even that is too wide, the columns go
+    into several tables, each repeating the first column so that its rows read alone.
+    """
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        columns = list(range(len(self.columns)))
+        yield from self._fitted(columns, options.max_width)
+
+    def _fitted(self, indexes: list[int], width: int) -> RenderResult:
+        low = [_least_width(self.columns[i]) for i in indexes]
+        if sum(low) + _chrome(len(indexes)) <= width or len(indexes) <= 2:
+            yield _part(self, indexes, width)
+            return
+        groups: list[list[int]] = [[indexes[0]]]
+        for i, least in zip(indexes[1:], low[1:]):
+            wanted = sum(_least_width(self.columns[j]) for j in groups[-1]) + least
+            if len(groups[-1]) > 1 and wanted + _chrome(len(groups[-1]) + 1) > width:
+                groups.append([indexes[0]])
+            groups[-1].append(i)
+        for n, group in enumerate(groups):
+            if n:
+                yield Text("")
+            yield _part(self, group, width)
+
+
+def _chrome(columns: int) -> int:
+    # ASCII2 with its edge: a border before each column and after the last, one space each side
+    return columns + 1 + 2 * columns
+
+
+def _cell_text(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _least_width(column: Column) -> int:
+    words = _cell_text(column.header).split() or [""]
+    cells = [_cell_text(c) for c in column.cells]
+    if column.justify == "left":
+        words += [w for c in cells for w in c.split()]
+    else:
+        words += [line for c in cells for line in c.splitlines()]
+    return max(len(w) for w in words)
+
+
+def _most_width(column: Column) -> int:
+    lines = [line for c in [column.header, *column.cells] for line in _cell_text(c).splitlines()]
+    return max((len(line) for line in lines), default=0)
+
+
+def _part(table: Table, indexes: list[int], width: int) -> Table:
+    """The columns ``indexes`` of ``table`` as a table whose column widths fit ``width``."""
+    room = width - _chrome(len(indexes))
+    low = [_least_width(table.columns[i]) for i in indexes]
+    high = [max(lo, _most_width(table.columns[i])) for lo, i in zip(low, indexes)]
+    widths = list(low)
+    spare = room - sum(low)
+    # the spare room goes to the columns that wrap, in proportion to what wrapping costs them
+    wanting = sum(hi - lo for lo, hi in zip(low, high))
+    if spare > 0 and wanting:
+        for k, (lo, hi) in enumerate(zip(low, high)):
+            widths[k] = min(hi, lo + spare * (hi - lo) // wanting)
+    part = Table(box=table.box, show_edge=table.show_edge, header_style=table.header_style)
+    for i, w in zip(indexes, widths):
+        column = table.columns[i]
+        part.add_column(column.header, justify=column.justify, overflow="fold", width=max(w, 1))
+    for row in zip(*(list(table.columns[i].cells) for i in indexes)):
+        part.add_row(*row)
+    return part
+
+
 def report_table(terminal: bool, *columns: tuple[str, str], left_width: int = 40) -> Table:
-    table = Table(
+    table = (Table if terminal else _PlainTable)(
         box=box.SIMPLE_HEAD if terminal else box.ASCII2,
         show_edge=not terminal,
         header_style="bold" if terminal else "",

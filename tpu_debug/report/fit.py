@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.core.format import format_bytes, format_count, format_seconds
 from tpu_debug.report.core import (
     dim_note,
     kv_text,
@@ -52,7 +52,7 @@ def _fit_data(e: Any) -> dict[str, Any]:
 
 def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
     m = f["per_chip"]
-    head = (f"{f['model']} ({f['parameters'] / 1e9:.3g} B parameters), {f['job']}, batch {f['batch']} x seq "
+    head = (f"{f['model']} ({format_count(f['parameters'])} parameters), {f['job']}, batch {f['batch']} x seq "
             f"{f['seq']} on {f['target']} ({f['chips']} x {f['device_kind']}), plan {f['plan']}: "
             f"{f['verdict'].upper()}")
     if f.get("candidate_of"):

@@ -213,18 +213,35 @@ def _fallbacks(session: Any) -> list[dict[str, Any]]:
 
 def _render_float64(ops: list[dict], terminal: bool) -> RenderableType | None:
     # float64 runs on this backend; a TPU has none, so these ops would not run there
+    from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH
+
     if not ops:
         return None
-    table = report_table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"))
+    table = report_table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"),
+                         ("made by", "left"))
     for o in ops:
-        table.add_row(Text(o["name"]), str(o["programs"]), str(o["executions"]))
-    return Group(dim_note(f"{len(ops)} op(s) ran with float64/complex128 values (see Findings)"), table)
+        made_by = "the program" if o["origin"] == "program" else f"PyTorch: {FLOAT64_BY_PYTORCH[o['origin']]}"
+        table.add_row(Text(o["name"]), str(o["programs"]), str(o["executions"]), Text(made_by))
+    return Group(dim_note(_float64_note(ops)), table)
+
+
+def _float64_note(ops: list[dict]) -> str:
+    # the same split as the float64 finding's: only the program's own float64 is a finding
+    mine = sum(o["origin"] == "program" for o in ops)
+    theirs = len(ops) - mine
+    parts = [f"{mine} op(s) of the program ran with float64/complex128 values (see Findings)"] if mine else []
+    if theirs:
+        parts.append(f"{theirs} op(s) ran with float64 values that PyTorch made, not the program; not a finding")
+    return "; ".join(parts)
 
 
 @section("float64", order=75, key="float64", render=_render_float64)
 def _float64(session: Any) -> list[dict[str, Any]]:
+    from tpu_debug.tracers.advisor import RunFacts, float64_origins
+
     ops = session.float64_ops()
+    origins = float64_origins(RunFacts(session)) if ops else {}
     return [
-        {"name": name, "programs": programs, "executions": runs}
+        {"name": name, "programs": programs, "executions": runs, "origin": origins.get(name, "program")}
         for name, (programs, runs) in sorted(ops.items(), key=lambda kv: (-kv[1][1], kv[0]))
     ]

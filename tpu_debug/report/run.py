@@ -3,6 +3,7 @@ tracers could not do."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -140,3 +141,22 @@ def _errors(session: Any) -> dict[str, Any]:
         "count": sum(total.values()),
         "errors": [{"where": w, "count": total[w], "first": message} for w, message in first.items()],
     }
+
+
+def _render_damaged(d: list[dict], terminal: bool) -> RenderableType | None:
+    if not d:
+        return None
+    table = report_table(terminal, ("table", "left"), ("event", "right"), ("kind", "left"), ("why", "left"))
+    for row in d:
+        table.add_row(Text(row["table"]), str(row["event_id"]), Text(row["kind"]), Text(row["detail"]))
+    note = dim_note(
+        f"{len(d)} recorded event(s) could not be read from run.db and are left out of every section above; "
+        "the rest of the run is as recorded"
+    )
+    return Group(note, table)
+
+
+# the last section: it names the rows that the sections before it found damaged
+@section("Damaged rows", order=99, key="damaged_rows", render=_render_damaged)
+def _damaged(session: Any) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(d) for d in session.damaged_rows()]

@@ -34,10 +34,12 @@ from tpu_debug.tracers.advisor import rules as _rules  # noqa: F401
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
 from tpu_debug.tracers.advisor.registry import RULES, Rule, lookup, rule
+from tpu_debug.tracers.advisor.rules import FLOAT64_BY_PYTORCH, float64_origins
 from tpu_debug.tracers.steps import StepSummary
 
 __all__ = [
     "FINDINGS_SCHEMA",
+    "FLOAT64_BY_PYTORCH",
     "RULES",
     "SEVERITIES",
     "Advice",
@@ -47,6 +49,7 @@ __all__ = [
     "Rule",
     "RunFacts",
     "advise",
+    "float64_origins",
     "lookup",
     "rank",
     "rule",

@@ -307,7 +307,10 @@ def _fit_cause(record: FitEvent) -> tuple[str, str, int]:
         name, nbytes = max(parts.items(), key=lambda kv: kv[1])
         return ("activations" if name == "activations" else "state"), name, nbytes
     floor = _state_floor(record)
-    if 2 * floor >= (record.required_bytes or 0):
+    # the need of a refusal adds the state to the compiler's figure (its temporaries when it
+    # stopped): the state is weighed against those temporaries
+    stopped = record.temp_bytes if record.temp_bytes is not None else record.required_bytes
+    if 2 * floor >= (stopped or 0):
         return "state", "parameters and AdamW state (at least, at bfloat16)", floor
     return "activations", "activations and other temporaries (at most: the need less the state's floor)", (
         (record.required_bytes or 0) - floor)

@@ -1072,26 +1072,50 @@ def _from_python_floats(facts: RunFacts, compiles: dict[str, list[CompileEvent]]
     return made
 
 
-@rule("float64", about="float64 or complex128 values, which a TPU does not have", view="ops")
-def float64(facts: RunFacts) -> Iterable[Finding]:
+# why a float64 op or graph is PyTorch's rather than the program's (no finding for it)
+FLOAT64_BY_PYTORCH = {
+    "print": "PyTorch's tensor printing computes in float64",
+    "python_float": "a 0-d scalar dynamo made from a Python float",
+}
+
+
+def float64_origins(facts: RunFacts) -> dict[str, str]:
+    """Each op or graph that ran with float64/complex128 values, and whose it is: ``"program"``
+    (the float64 finding is about it) or a key of :data:`FLOAT64_BY_PYTORCH`.
+
+    The float64 finding and the report's float64 section both read this, so they agree.
+    """
     wide = facts.query.float64_ops()
-    if not wide:
-        return
+    origins = dict.fromkeys(wide, "program")
     # printing a tpu tensor runs PyTorch's formatting code on the device, and it computes in
     # float64 (it calls .double()): ops compiled only at lines that printed a tensor are the
     # formatter's, not the program's
     printing = {(t.location.file, t.location.line) for t in facts.transfers if t.op == "print" and t.location}
+    compiles = _float64_compiles(facts, wide)
+    for name, items in compiles.items():
+        if all(c.location is not None and (c.location.file, c.location.line) in printing for c in items):
+            origins[name] = "print"
+    for name in _from_python_floats(facts, compiles):
+        origins[name] = "python_float"
+    return origins
+
+
+def _float64_compiles(facts: RunFacts, wide: dict) -> dict[str, list[CompileEvent]]:
     compiles: dict[str, list[CompileEvent]] = {}
     for c in facts.compiles:
         if c.name in wide and ("float64" in c.signature or "complex128" in c.signature):
             compiles.setdefault(c.name, []).append(c)
-    for name, items in compiles.items():
-        if all(c.location is not None and (c.location.file, c.location.line) in printing for c in items):
-            del wide[name]
-    for name in _from_python_floats(facts, compiles):
-        wide.pop(name, None)
+    return compiles
+
+
+@rule("float64", about="float64 or complex128 values, which a TPU does not have", view="ops")
+def float64(facts: RunFacts) -> Iterable[Finding]:
+    origins = float64_origins(facts)
+    everything = facts.query.float64_ops()
+    wide = {name: everything[name] for name, origin in origins.items() if origin == "program"}
     if not wide:
         return
+    compiles = _float64_compiles(facts, wide)
     names = sorted(wide, key=lambda n: (-wide[n][1], n))
     first = min((c for n in names for c in compiles.get(n, ())), key=lambda c: c.id, default=None)
     runs = sum(r for _, r in wide.values())

@@ -12,7 +12,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.message import Message
 from textual.widgets import Static
-from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.core.format import format_bytes, format_count, format_seconds
 from tpu_debug.tracers.events import FitEvent
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable
@@ -25,7 +25,7 @@ _VERDICT = {True: ("FITS", "bold green"), False: ("DOES NOT FIT", "bold red"),
 
 def _summary(e: FitEvent) -> Text:
     text = Text()
-    text.append(f"{e.model} ({e.parameters / 1e9:.3g} B parameters), {e.job}, batch {e.batch} x seq "
+    text.append(f"{e.model} ({format_count(e.parameters)} parameters), {e.job}, batch {e.batch} x seq "
                 f"{e.seq} on {e.target} ({e.chips} x {e.device_kind}), plan {e.plan}: ")
     text.append(*_VERDICT[e.fits])
     if e.required_bytes is not None:
