@@ -91,13 +91,17 @@ def _check_section(f: dict, report) -> None:
 def test_the_cli_keeps_the_answer_as_a_run(reports, tmp_path, monkeypatch, capsys):
     """``tpu-debug fit`` saves a run under TPU_DEBUG_LOGDIR holding the answer it printed."""
     answered = []
-    fit = tpu_debug.fit
+    import tpu_debug.fit as fit_package
+
+    fit = fit_package.fit  # the function (the package's own attribute)
 
     def fit_and_keep(*args, **kwargs):
         answered.append(fit(*args, **kwargs))
         return answered[-1]
 
-    monkeypatch.setattr(tpu_debug, "fit", fit_and_keep)
+    # the verb takes the function from the package (importing a submodule binds the package's
+    # name on tpu_debug, so the package's own attribute is the one to replace)
+    monkeypatch.setattr(fit_package, "fit", fit_and_keep)
     monkeypatch.setenv("TPU_DEBUG_LOGDIR", str(tmp_path / "runs"))
     monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
     code = main(["fit", "tiny-llama", "--target", "v5e-8", "--plan", "fsdp", "--batch", "8", "--seq", "32"])
