@@ -1036,14 +1036,14 @@ def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
 
 
 def _timed_call(name: str, exe: _Executable, key, arrays: list):
-    """The one result of a pure op's cached executable, its run reported to the probes
-    (a begin only when a probe listens for it: the usual tracers count runs, not spans)."""
+    """Run a cached executable with its run reported to the probes (a begin only when a
+    probe listens for it: the usual tracers count runs, not spans)."""
     if probes._routes.on_execute_begin:
         probes.executing("eager", name, key)
     start = time.perf_counter()
-    (arr,) = exe.fn(*arrays)
+    out = exe.fn(*arrays)
     probes.executed("eager", name, key, time.perf_counter() - start)
-    return arr
+    return out
 
 
 def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
@@ -1051,14 +1051,7 @@ def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
     exe.stats.calls += 1
     if exe.spmd is not None:  # every rank must be about to run this same op
         _rankcheck.agree(exe.spmd)
-    if probes._probes:
-        if probes._routes.on_execute_begin:
-            probes.executing("eager", plan.name, key)
-        start = time.perf_counter()
-        flat = exe.fn(*arrays)
-        probes.executed("eager", plan.name, key, time.perf_counter() - start)
-    else:
-        flat = exe.fn(*arrays)
+    flat = _timed_call(plan.name, exe, key, arrays) if probes._probes else exe.fn(*arrays)
     if exe.stats.calls == 1:
         # the first call made JAX's C++ dispatch of the executable (jaxlib's PjitFunction):
         # later calls go to it directly, without ``jax.stages.Compiled.__call__``'s Python frame
@@ -1326,10 +1319,7 @@ def run_now(op: _OpOverload, args, kwargs):
                 if exe.out_shape is None or plan.kind is not None or exe.spmd is not None:
                     return _call(plan, args, kwargs, exe, stats.key, arrays)
                 stats.calls += 1
-                if probes._probes:
-                    arr = _timed_call(plan.name, exe, stats.key, arrays)
-                else:
-                    (arr,) = exe.fn(*arrays)
+                (arr,) = _timed_call(plan.name, exe, stats.key, arrays) if probes._probes else exe.fn(*arrays)
                 t = _create_empty(exe.out_shape, exe.out_dtypes[0])
                 set_payload(t.untyped_storage(), arr)
                 return t
