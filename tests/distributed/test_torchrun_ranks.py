@@ -97,6 +97,28 @@ def test_text_report_lists_collectives_in_order(same):
     assert "collective desync" not in out
 
 
+def test_tensorboard_shows_each_rank_as_a_process_row(same):
+    from xprof.convert import raw_to_tool_data
+
+    from tpu_debug.tracers.tensorboard import profile_files
+
+    proc = _cli("tensorboard", "--print", "--logdir", str(same))
+    assert proc.returncode == 0, proc.stderr
+    (path,) = list_groups(same)
+    assert proc.stdout.split("--logdir ")[1].split()[0] == str((path / "tensorboard").resolve())
+    (profile,) = profile_files(path / "tensorboard")
+    data, _ = raw_to_tool_data.xspace_to_tool_data([str(profile)], "trace_viewer", {})
+    events = json.loads(data)["traceEvents"]
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(rows.values()) == ["/device:CUSTOM:rank 0", "/device:CUSTOM:rank 1"]
+    for pid, name in rows.items():
+        spans = sorted((e for e in events if e.get("ph") == "X" and e["pid"] == pid), key=lambda e: e["ts"])
+        assert [(e["name"], e["args"]["seq"]) for e in spans] == [
+            ("allreduce", "1"), ("all_gather_single", "2"), ("allreduce", "3"), ("barrier", "4")], name
+        assert spans[0]["args"]["line"].startswith(f"{SCRIPT}:{_line('dist.all_reduce(x)')}")
+        assert all(e["dur"] > 0 for e in spans)
+
+
 def test_a_killed_rank_is_still_reported(tmp_path):
     logdir = tmp_path / "runs"
     proc = _torchrun(logdir, "kill")

@@ -121,6 +121,44 @@ def _wall_start(session: Any) -> float | None:
         return None
 
 
+def _entries(calls: dict[int, list], starts: dict[int, float | None]) -> dict[tuple[str, int], dict[int, float]]:
+    """(group, seq) -> rank -> when the rank entered that collective, on one clock; sends and
+    receives count apart and pair with no other rank's, so they are left out."""
+    entered: dict[tuple[str, int], dict[int, float]] = {}
+    for rank, events in calls.items():
+        start = starts.get(rank)
+        if start is None:
+            continue
+        for c in events:
+            if c.op not in _P2P:
+                entered.setdefault((c.group, c.seq), {})[rank] = start + c.ts
+    return entered
+
+
+def collective_spans(sessions: list) -> dict[int, list[Any]]:
+    """Each rank's c10d collectives as timeline spans (:class:`RankSpan`): from the rank's
+    entry to the last rank's entry (a sole rank's: 1 µs), one lane per group."""
+    from tpu_debug.tracers.tensorboard import RankSpan
+
+    calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
+    starts = {rank: _wall_start(s) for rank, s in sessions}
+    entered = _entries(calls, starts)
+    out: dict[int, list[Any]] = {}
+    for rank, events in calls.items():
+        if starts[rank] is None:
+            continue
+        spans = out.setdefault(rank, [])
+        for c in events:
+            begin = starts[rank] + c.ts
+            at = entered.get((c.group, c.seq), {})
+            spans.append(RankSpan(
+                begin, max(max(at.values()) - begin, 1e-6) if at else 1e-6, f"group {c.group}", c.op,
+                (("seq", str(c.seq)), ("shapes", ", ".join(c.shapes)), ("dtype", c.dtype),
+                 ("bytes", str(c.nbytes)), ("line", str(c.location) if c.location is not None else "")),
+            ))
+    return out
+
+
 def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     """The c10d collectives each rank entered, side by side, as data.
 
@@ -141,15 +179,7 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     from tpu_debug.tracers.collective_calls import first_desyncs
 
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
-    starts = {rank: _wall_start(s) for rank, s in sessions}
-    # (group, seq) -> rank -> entry time on the shared clock; p2p counts apart, so not paired
-    entered: dict[tuple[str, int], dict[int, float]] = {}
-    for rank, events in calls.items():
-        if starts[rank] is None:
-            continue
-        for c in events:
-            if c.op not in _P2P:
-                entered.setdefault((c.group, c.seq), {})[rank] = starts[rank] + c.ts
+    entered = _entries(calls, {rank: _wall_start(s) for rank, s in sessions})
     per_rank = []
     for rank, events in calls.items():
         groups: dict[str, dict[str, Any]] = {}
