@@ -37,6 +37,16 @@ def _torchrun(logdir: Path, mode: str) -> subprocess.CompletedProcess:
     )
 
 
+def _undocumented(data: dict) -> set[str]:
+    """The keys docs/report_schema.md does not name (the check tests/cli/test_report_json.py makes)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("report_json_checks", REPO / "tests" / "cli" / "test_report_json.py")
+    checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checks)
+    return checks._undocumented(data, checks._documented())
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tpu_debug", *args], env=python_env(), cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
@@ -75,11 +85,13 @@ def test_report_json_shows_each_ranks_collectives(same):
         assert (g["group"], g["ranks"], g["count"]) == ("0", [0, 1], 4)
         # 4x2 float32 all-reduced (32 B), gathered into 8x2 (64 + 32 B), 4 float32 (16 B)
         assert g["bytes"] == 32 + 96 + 16
-        assert g["ops"] == {"allreduce": {"count": 2, "bytes": 48}, "all_gather_single": {"count": 1, "bytes": 96},
-                            "barrier": {"count": 1, "bytes": 0}}
+        assert g["ops"] == [{"op": "allreduce", "count": 2, "bytes": 48},
+                            {"op": "all_gather_single", "count": 1, "bytes": 96},
+                            {"op": "barrier", "count": 1, "bytes": 0}]
         assert g["waited"] >= 0
     (seq,) = c10d["sequence"]
     assert (seq["total"], seq["first_difference"]) == (4, None)
+    assert not _undocumented(data)
     lines = [_line("dist.all_reduce(x)"), _line("dist.all_gather_into_tensor"), _line("dist.all_reduce(y)"),
              _line("dist.barrier()")]
     for row, line in zip(seq["rows"], lines, strict=True):

@@ -188,12 +188,14 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
                                             "waited": 0.0, "ops": {}})
             g["count"] += 1
             g["bytes"] += c.nbytes
-            op = g["ops"].setdefault(c.op, {"count": 0, "bytes": 0})
+            op = g["ops"].setdefault(c.op, {"op": c.op, "count": 0, "bytes": 0})
             op["count"] += 1
             op["bytes"] += c.nbytes
             at = entered.get((c.group, c.seq), {})
             if rank in at and len(at) > 1:
                 g["waited"] += max(at.values()) - at[rank]
+        for g in groups.values():
+            g["ops"] = list(g["ops"].values())
         per_rank.append({"rank": rank, "calls": len(events), "groups": list(groups.values())})
     desyncs = first_desyncs(calls)
     first_diff = {d.group: d.seq for d in desyncs}
@@ -297,10 +299,10 @@ def call_text(call: dict | None) -> str:
     return f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}){_where(call['location'])}"
 
 
-def ops_text(ops: dict[str, dict]) -> str:
+def ops_text(ops: list[dict]) -> str:
     """``allreduce 3 (48 B), barrier 1``: a group's collectives by op."""
     return ", ".join(
-        f"{op} {o['count']}" + (f" ({format_bytes(o['bytes'])})" if o["bytes"] else "") for op, o in ops.items()
+        f"{o['op']} {o['count']}" + (f" ({format_bytes(o['bytes'])})" if o["bytes"] else "") for o in ops
     )
 
 
