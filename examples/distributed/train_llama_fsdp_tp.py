@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
 # per block, relative to the block (torchtitan's plan for Llama, without sequence parallelism)
 BLOCK_PLAN = {

@@ -9,7 +9,6 @@ starts them.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
@@ -110,9 +109,8 @@ def test_text_report_lists_collectives_in_order(same):
 
 
 def test_tensorboard_shows_each_rank_as_a_process_row(same):
-    from xprof.convert import raw_to_tool_data
-
     from tpu_debug.tracers.tensorboard import profile_files
+    from xprof.convert import raw_to_tool_data
 
     proc = _cli("tensorboard", "--print", "--logdir", str(same))
     assert proc.returncode == 0, proc.stderr
@@ -159,25 +157,15 @@ def test_torchrun_key_tells_launches_apart(monkeypatch):
     assert key != torchrun_key(dict(TORCHRUN_ENV, MASTER_PORT="29501"))
 
 
-def _join(logdir: str, rank: int, out) -> None:
-    import os
-
-    os.environ.update(TORCHRUN_ENV, RANK=str(rank))
-    group, got = torchrun_group(Path(logdir), "train", ["train.py"])
-    out.put((got, str(group.path)))
-
-
-def test_ranks_arriving_together_share_one_directory(tmp_path, monkeypatch):
-    # forked children share this process as parent, as torchrun's workers share the agent
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_join, args=(str(tmp_path), r, out)) for r in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    got = sorted(out.get(timeout=10) for _ in procs)
-    assert [r for r, _ in got] == [0, 1, 2, 3]
+def test_ranks_arriving_together_share_one_directory(tmp_path):
+    # four processes started at once, children of this one, as torchrun's workers are the agent's
+    procs = [
+        subprocess.Popen([sys.executable, str(DATA / "join_group.py"), str(tmp_path)],
+                         env=python_env(**dict(TORCHRUN_ENV, RANK=str(r))), stdout=subprocess.PIPE, text=True)
+        for r in range(4)
+    ]
+    got = sorted(tuple(p.communicate(timeout=120)[0].split()) for p in procs)
+    assert [r for r, _ in got] == ["0", "1", "2", "3"]
     assert len({path for _, path in got}) == 1
     assert list_groups(tmp_path) == [Path(got[0][1])]
     assert json.loads((Path(got[0][1]) / "ranks.json").read_text())["nproc"] == 2

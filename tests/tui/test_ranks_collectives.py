@@ -40,9 +40,9 @@ def _write_rank(run_dir: Path, rank: int) -> None:
 
 
 def test_ranks_view_shows_collectives_side_by_side(tmp_path):
+    from textual.widgets import DataTable, Static
     from tpu_debug.tui import TpuDebugApp
     from tpu_debug.tui.screens import RanksScreen
-    from textual.widgets import DataTable, Static
 
     import tpu_debug
 

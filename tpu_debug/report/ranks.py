@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from tpu_debug.core.format import format_bytes, format_seconds
-from tpu_debug.report.transfers import render_collectives
 from tpu_debug.report.core import (
     RANKS_SCHEMA,
     assemble,
@@ -21,7 +22,7 @@ from tpu_debug.report.core import (
     report_table,
     section_data,
 )
-
+from tpu_debug.report.transfers import render_collectives
 
 
 def _rank_figure_data(session: Any) -> dict[str, Any]:
@@ -330,10 +331,13 @@ def _print_c10d(console: Console, c10d: dict) -> None:
     ))
     for seq in c10d["sequence"]:
         print_heading(console, f"c10d collectives in order, group {seq['group']}")
-        table = report_table(
-            console.is_terminal, ("#", "right"), ("", "left"), *[(f"rank {r}", "left") for r in seq["ranks"]],
-            left_width=60,
-        )
+        # each cell whole, wrapped: the line at its end is what a reader looks for
+        table = Table(box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII2, show_edge=not console.is_terminal,
+                      header_style="bold" if console.is_terminal else "")
+        table.add_column("#", justify="right", no_wrap=True, min_width=len(str(seq["total"])))
+        table.add_column("", no_wrap=True, min_width=1)
+        for r in seq["ranks"]:
+            table.add_column(f"rank {r}", overflow="fold")
         last = 0
         for row in seq["rows"]:
             if row["seq"] > last + 1:

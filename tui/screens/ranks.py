@@ -13,8 +13,8 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
-
 from tpu_debug.core.errors import TpuDebugError
+
 from tpu_debug.session import Session
 
 __all__ = ["RanksScreen"]
@@ -140,6 +140,7 @@ class RanksScreen(ModalScreen[int | None]):
     def _show_c10d(self, c10d: dict[str, Any]) -> None:
         """Each rank's c10d collectives per group, then their order and the first desync."""
         from tpu_debug.core.format import format_bytes, format_seconds
+
         from tpu_debug.report.ranks import ops_text
 
         if not any(r["calls"] for r in c10d["per_rank"]):
