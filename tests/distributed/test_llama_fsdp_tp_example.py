@@ -53,3 +53,32 @@ def test_fsdp_tp_llama_on_tpu_trains_as_cpu_gloo(tmp_path, nproc):
     for name, p in tpu["params"].items():
         # weights of order 1 after 3 SGD steps of lr 0.1: each differs by lr x (ulps of a gradient)
         torch.testing.assert_close(p, cpu["params"][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_every_rank_of_the_example_traced_under_torchrun(tmp_path):
+    import json
+
+    logdir = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "-m", "tpu_debug", "run",
+         "--logdir", str(logdir), str(EXAMPLE), "--steps", "2"],
+        env=python_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    report = subprocess.run([sys.executable, "-m", "tpu_debug", "report", "--json", "--logdir", str(logdir)],
+                            env=python_env(), capture_output=True, text=True, timeout=300, check=False)
+    data = json.loads(report.stdout)
+    assert (data["nproc"], data["launcher"], data["status"], data["missing"]) == (4, "torchrun", "finished", [])
+    c10d = data["c10d"]
+    assert c10d["desyncs"] == []  # a correct script: every group's ranks made the same calls
+    for rank in c10d["per_rank"]:
+        by_members = {tuple(g["ranks"]): {o["op"] for o in g["ops"]} for g in rank["groups"]}
+        r = rank["rank"]
+        dp_group = tuple(sorted({r % 2, r % 2 + 2}))  # the mesh is (dp, tp): dp peers are 2 apart
+        tp_group = tuple(sorted({r - r % 2, r - r % 2 + 1}))
+        # FSDP2 gathers the parameters and reduce-scatters the gradients over dp; the row-wise
+        # projections all-reduce their partial products over tp
+        assert {"all_gather_single", "reduce_scatter_single"} <= by_members[dp_group]
+        assert "allreduce" in by_members[tp_group]
+        assert by_members[(0, 1, 2, 3)] == {"allreduce"}  # the script's loss average
