@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from dist_helpers import DATA, REPO, python_env
 
-from tpu_debug.ranks import list_groups, open_group, torchrun_group, torchrun_key
+from tpu_debug.ranks import list_groups, open_group, torchrun_key
 
 SCRIPT = DATA / "ranks_script.py"
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "none", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
