@@ -232,16 +232,29 @@ def torchrun_group(logdir: Path, name: str, command: list[str]) -> tuple[RankGro
         if not link.is_symlink():
             group = new_group(Path(logdir), name, world, command, launcher="torchrun")
             try:
-                os.symlink(group.path.name, link)
+                # relative to the link's directory: the logdir can move with its runs
+                os.symlink(os.path.join(os.pardir, group.path.name), link)
+                _prune_links(links)
                 return group, rank
             except FileExistsError:  # another rank published its directory first
                 shutil.rmtree(group.path)
-        return RankGroup(Path(logdir) / os.readlink(link)), rank
+        return RankGroup(Path(logdir) / Path(os.readlink(link)).name), rank
     except OSError as exc:
         raise TpuDebugError(
             f"cannot create the torchrun run's directory under {logdir}: {exc.strerror or exc}. "
             "Choose another place with --logdir / TPU_DEBUG_LOGDIR."
         ) from None
+
+
+def _prune_links(links: Path) -> None:
+    """Remove the links of launches whose directory was deleted (a link is published only
+    once its directory is complete, so a dangling one is no launch's any more)."""
+    for link in links.iterdir():
+        if link.is_symlink() and not link.exists():
+            try:
+                link.unlink()
+            except FileNotFoundError:  # another launch pruned it first
+                pass
 
 
 def open_group(path: Path | str) -> RankGroup:

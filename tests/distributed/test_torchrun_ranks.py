@@ -9,6 +9,7 @@ starts them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,12 @@ def test_ranks_arriving_together_share_one_directory(tmp_path):
     assert len({path for _, path in got}) == 1
     assert list_groups(tmp_path) == [Path(got[0][1])]
     assert json.loads((Path(got[0][1]) / "ranks.json").read_text())["nproc"] == 2
+    # the launch's link is kept while its directory is; one whose directory was deleted goes
+    (link,) = (tmp_path / ".torchrun").iterdir()
+    os.symlink("../20260101T000000.000Z-gone", tmp_path / ".torchrun" / "0123456789abcdef")
+    proc = subprocess.run([sys.executable, str(DATA / "join_group.py"), str(tmp_path)],
+                          env=python_env(**dict(TORCHRUN_ENV, MASTER_PORT="29501")), capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert proc.stdout.split()[1] != got[0][1]
+    names = {p.name for p in (tmp_path / ".torchrun").iterdir()}
+    assert len(names) == 2 and link.name in names and "0123456789abcdef" not in names
