@@ -103,13 +103,13 @@ class RankGroup:
     def status(self) -> str:
         """``"running"``, ``"finished"`` or ``"failed"``: what ``ranks.json`` says, or for a
         torchrun launch (which no tpu_debug process outlives), what the ranks' runs say:
-        failed when one failed, finished when all ``nproc`` ended cleanly, else running
-        (a killed job stays so: its ranks' runs hold what they recorded)."""
+        failed when one failed or was killed (its process ended without closing its run),
+        finished when all ``nproc`` finished, else running."""
         info = self.info
         if info.launcher != "torchrun":
             return info.status
         states = [s.metadata().status for _, s in self.sessions()]
-        if any(state == "failed" for state in states):
+        if any(state in ("failed", "killed") for state in states):
             return "failed"
         if len(states) == info.nproc and all(state == "finished" for state in states):
             return "finished"

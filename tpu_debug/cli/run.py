@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     group = None
     if distributed.initialize():  # a rank of `tpu-debug run --nproc`: join the others first
         options["name"] = args.name or f"rank{distributed.get_rank()}"
-    elif (joined := _torchrun_group(args, options)) is not None:
+    elif (joined := _torchrun_group(options)) is not None:
         # a torchrun worker: each rank records its own run under the launch's one parent directory
         group, rank = joined
         options["name"] = args.name or f"rank{rank}"
@@ -177,11 +177,13 @@ def run(args: argparse.Namespace) -> int:
     return _record(args, recording, (target, code), script_args, argv0, sys_path0, group=group)
 
 
-def _torchrun_group(args: argparse.Namespace, options: dict):
+def _torchrun_group(options: dict):
     """(the launch's group, this rank) when torchrun started this process, else None."""
     from tpu_debug import ranks
     from tpu_debug.config import TraceConfig
 
+    if ranks.torchrun_key(os.environ) is None:
+        return None
     config = TraceConfig.from_env().override(**options)
     return ranks.torchrun_group(Path(config.logdir), options["name"], list(getattr(sys, "orig_argv", sys.argv)))
 
