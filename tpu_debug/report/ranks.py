@@ -34,6 +34,7 @@ def _rank_figure_data(session: Any) -> dict[str, Any]:
     programs = program_collectives(session)
     calls = program_calls(session, programs)
     totals = collective_totals(programs)
+    c10d = session.events("collective_call")
     return {
         "status": m.status,
         "exit_status": m.exit_status,
@@ -45,6 +46,8 @@ def _rank_figure_data(session: Any) -> dict[str, Any]:
         "collectives": totals.collectives,
         "sent_bytes": sum(e.collective_bytes * calls.get(e.id, 0) for e in programs),
         "peak_memory": totals.peak_memory,
+        "c10d_calls": len(c10d),
+        "c10d_bytes": sum(c.nbytes for c in c10d),
         "transfers": len(session.transfers()),
         "tracer_errors": len(session.internal_errors()),
     }
@@ -61,6 +64,7 @@ def _rank_figure_text(f: dict) -> dict[str, str]:
         "collectives (distinct)": str(f["collectives"]),
         "sent per device": format_bytes(f["sent_bytes"]),
         "largest memory/device": format_bytes(f["peak_memory"]) if f["peak_memory"] is not None else "-",
+        "c10d collectives": f"{f['c10d_calls']} ({format_bytes(f['c10d_bytes'])})",
         "transfers": str(f["transfers"]),
         "tracer errors": str(f["tracer_errors"]),
     }
