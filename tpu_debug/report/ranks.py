@@ -116,14 +116,22 @@ def _call_data(call: Any) -> dict[str, Any] | None:
     }
 
 
-def _wall_start(session: Any) -> float | None:
-    """The run's start as POSIX seconds (its ``ts`` values count from there), None if unknown."""
+def _starts(sessions: list) -> dict[int, float | None]:
+    """Each rank's time 0 on a clock the ranks share (None if unknown): the monotonic clock
+    when every rank ran on one machine and recorded where time 0 was on it (exact), else the
+    runs' start times (wall clocks, to a millisecond)."""
     import datetime as _dt
 
-    try:
-        return _dt.datetime.fromisoformat(session.metadata().start_time).timestamp()
-    except (TypeError, ValueError):
-        return None
+    metas = {rank: s.metadata() for rank, s in sessions}
+    if len({m.hostname for m in metas.values()}) == 1 and all(m.clock_origin is not None for m in metas.values()):
+        return {rank: float(m.clock_origin) for rank, m in metas.items()}
+    out: dict[int, float | None] = {}
+    for rank, m in metas.items():
+        try:
+            out[rank] = _dt.datetime.fromisoformat(m.start_time).timestamp()
+        except (TypeError, ValueError):
+            out[rank] = None
+    return out
 
 
 def _entries(calls: dict[int, list], starts: dict[int, float | None]) -> dict[tuple[str, int], dict[int, float]]:
@@ -146,7 +154,7 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
     from tpu_debug.tracers.tensorboard import RankSpan
 
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
-    starts = {rank: _wall_start(s) for rank, s in sessions}
+    starts = _starts(sessions)
     entered = _entries(calls, starts)
     out: dict[int, list[Any]] = {}
     for rank, events in calls.items():
@@ -170,11 +178,11 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     Read from each rank's ``collective_call`` events, so a rank whose process was killed
     counts up to the last collective it entered. ``per_rank``: per rank and group, the
     collectives' count, bytes and ``waited`` (seconds the rank waited at the group's
-    collectives for the last rank to enter them: entry times on one clock, each run's
-    start time aligning them to a millisecond; the collectives' own durations are not
-    recorded), by op. ``sequence``: per group, its collectives in order with each rank's
+    collectives for the last rank to enter them: entry times on the machine's monotonic
+    clock, or aligned by the runs' start times to a millisecond across machines; the
+    collectives' own durations are not recorded), by op. ``sequence``: per group, its collectives in order with each rank's
     call, the first ``rows`` and, when the ranks differ later, the rows from there on
-    (``shown`` of ``total``). ``desyncs``: :func:`first_desyncs`, each with the ranks'
+    (``rows`` of ``total``). ``desyncs``: :func:`first_desyncs`, each with the ranks'
     calls and its text.
 
     Args:
@@ -184,7 +192,7 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     from tpu_debug.tracers.collective_calls import first_desyncs
 
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
-    entered = _entries(calls, {rank: _wall_start(s) for rank, s in sessions})
+    entered = _entries(calls, _starts(sessions))
     per_rank = []
     for rank, events in calls.items():
         groups: dict[str, dict[str, Any]] = {}
@@ -330,8 +338,8 @@ def _print_c10d(console: Console, c10d: dict) -> None:
             )
     console.print(table)
     console.print(dim_note(
-        "waited: time at the group's collectives until the last rank entered them (entry times, aligned by "
-        "each run's start to a millisecond)"
+        "waited: time at the group's collectives until the last rank entered them (entry times; the "
+        "collectives' own durations are not recorded)"
     ))
     for seq in c10d["sequence"]:
         print_heading(console, f"c10d collectives in order, group {seq['group']}")
