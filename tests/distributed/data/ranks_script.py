@@ -1,10 +1,9 @@
 """A two-rank torch.distributed script for the multi-process run tests (torchrun or --nproc).
 
-    ranks_script.py [same | kill | size]
+    ranks_script.py [same | kill]
 
 ``same``: every rank calls the same collectives. ``kill``: rank 1 kills itself (SIGKILL)
-after its second collective, as the OOM killer or a preempted host would. ``size``: rank 1
-all-reduces a tensor of another size at the third collective.
+after its second collective, as the OOM killer or a preempted host would.
 """
 
 import os
@@ -25,7 +24,7 @@ dist.all_gather_into_tensor(out, x)
 if mode == "kill" and rank == 1:
     time.sleep(1.0)  # the run store commits every 0.25 s: what a rank recorded before then is kept
     os.kill(os.getpid(), signal.SIGKILL)
-y = torch.ones(3 if mode == "size" and rank == 1 else 4, device="tpu")
+y = torch.ones(4, device="tpu")
 dist.all_reduce(y)
 dist.barrier()
 print(f"rank {rank}: {x.sum().item()} {y.sum().item()}")
