@@ -42,9 +42,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import io_callback
 import numpy as np
 import torch
+from jax.experimental import io_callback
 
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime.dtypes import to_jax_dtype
