@@ -155,20 +155,49 @@ def lower(node: torch.fx.Node, args: Sequence, kwargs: dict) -> Any:
         return standins if spec.many else standins[0]
     frames = _parse_stack(node.meta.get("stack_trace"))
     dtypes = _input_dtypes(node, len(tensors))
+    wide_in = [(np.dtype(x.dtype), tuple(x.shape)) if _wide(x.dtype) else None for x in tensors]
+    wide_out = [(np.dtype(a.dtype), a.shape) if _wide(a.dtype) else None for a in avals]
     rest = tuple(args[1:])
 
     def host(*arrays: np.ndarray) -> list[np.ndarray]:
         try:
+            arrays = [_narrowed(a, w) for a, w in zip(arrays, wide_in)]
             inputs = [_to_torch(a, dt) for a, dt in zip(arrays, dtypes)]
             first = inputs if spec.many else inputs[0]
             results = _at(frames, lambda: _call_eagerly(spec, first, rest, kwargs))
-            return [_to_numpy(t) for t in results]
+            return [_widened(_to_numpy(t), w) for t, w in zip(results, wide_out)]
         except BaseException as exc:  # raised again by run(), as itself
             _failures.append(exc)
             raise
 
-    values = io_callback(host, avals, *tensors, ordered=True)
-    return list(values) if spec.many else values[0]
+    # 64-bit values cross as pairs of uint32: JAX checks a callback's results against the
+    # dtypes the thread running it allows, and the runtime enables 64-bit types only while
+    # it traces and compiles (an XLA thread runs the callback)
+    passed = [jax.lax.bitcast_convert_type(x, jnp.uint32) if w else x for x, w in zip(tensors, wide_in)]
+    declared = [jax.ShapeDtypeStruct((*a.shape, 2), jnp.uint32) if w else a for a, w in zip(avals, wide_out)]
+    values = io_callback(host, declared, *passed, ordered=True)
+    values = [jax.lax.bitcast_convert_type(v, a.dtype) if w else v for v, a, w in zip(values, avals, wide_out)]
+    return values if spec.many else values[0]
+
+
+def _wide(dtype: Any) -> bool:
+    return np.dtype(dtype).itemsize == 8
+
+
+def _narrowed(a: np.ndarray, wide: tuple | None) -> np.ndarray:
+    """A 64-bit array that crossed as uint32 pairs, as itself."""
+    if wide is None:
+        return a
+    dtype, shape = wide
+    return np.ascontiguousarray(a).view(dtype).reshape(shape)
+
+
+def _widened(a: np.ndarray, wide: tuple | None) -> np.ndarray:
+    """A 64-bit array as the uint32 pairs it crosses as."""
+    if wide is None:
+        return a
+    _, shape = wide
+    return np.ascontiguousarray(a).view(np.uint32).reshape(*shape, 2)
 
 
 def _standin(x, aval: jax.ShapeDtypeStruct):
