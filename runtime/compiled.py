@@ -158,7 +158,8 @@ class GraphProgram:
                 if _collectives(node.target) is not None:
                     self.collectives += 1
                     scope = f"{node.name}|{node.target}"
-                    self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace")))
+                    trace = node.meta.get("stack_trace")
+                    self.nodes.append(LoweredNode(node.name, str(node.target), scope, trace))
                     continue
                 low = lookup(node.target)
                 if low is None:
@@ -866,7 +867,10 @@ class CompiledGraph:
             for i, (is_tensor, o) in enumerate(zip(tensor_out, outs)):
                 if not is_tensor or o is None:
                     if o is not None:
-                        scalars[i] = o.value if type(o) is _Opaque else int(o) if not hasattr(o, "dtype") else o
+                        if type(o) is _Opaque:  # an opaque input passed through (a backward's)
+                            scalars[i] = o.value
+                        else:
+                            scalars[i] = int(o) if not hasattr(o, "dtype") else o
                     kinds.append((_SCALAR, None))
                 elif i in views:
                     kinds.append((_VIEW, views[i][0]))

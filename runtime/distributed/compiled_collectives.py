@@ -176,7 +176,8 @@ def lower(node: torch.fx.Node, args: Sequence, kwargs: dict) -> Any:
     passed = [jax.lax.bitcast_convert_type(x, jnp.uint32) if w else x for x, w in zip(tensors, wide_in)]
     declared = [jax.ShapeDtypeStruct((*a.shape, 2), jnp.uint32) if w else a for a, w in zip(avals, wide_out)]
     values = io_callback(host, declared, *passed, ordered=True)
-    values = [jax.lax.bitcast_convert_type(v, a.dtype) if w else v for v, a, w in zip(values, avals, wide_out)]
+    values = [jax.lax.bitcast_convert_type(v, a.dtype) if w else v
+              for v, a, w in zip(values, avals, wide_out)]
     return values if spec.many else values[0]
 
 

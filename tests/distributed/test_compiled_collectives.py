@@ -14,12 +14,16 @@ norm's products in different orders (measured: at most 2.4e-7 apart after 3 step
 
 from __future__ import annotations
 
+import datetime
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
 from dist_helpers import DATA, REPO, python_env
 
 CASES = DATA / "compiled_collectives_cases.py"
@@ -34,8 +38,8 @@ TRAINING = ["fsdp_compiled", "tp_sp_compiled"]
 def _torchrun(device: str, out: Path) -> subprocess.Popen:
     out.mkdir()
     # --standalone: a free port of its own, so the two runs (and other tests) do not meet
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(CASES), device, str(out)], env=python_env(), cwd=REPO,
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    return subprocess.Popen([*torchrun, str(CASES), device, str(out)], env=python_env(), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -77,10 +81,11 @@ def test_compiled_collectives_are_recorded_at_the_users_line(ranks):
     for rank in range(2):
         calls = ranks["tpu"][rank]["recorded"]
         # the eager all_reduce, then the compiled step's two collectives, called twice
+        all_reduce = ("allreduce", ("[8]",), "SUM", (0, 1))
+        # funcol's all-gather reaches the group as its coalesced all_gather_into_tensor
+        all_gather = ("all_gather_single_coalesced", ("[16]", "[8]"), None, (0, 1))
         assert [(op, shapes, reduce_op, group) for op, _, shapes, _, reduce_op, group, *_ in calls] == [
-            ("allreduce", ("[8]",), "SUM", (0, 1)),
-            *[("allreduce", ("[8]",), "SUM", (0, 1)), ("all_gather_single_coalesced", ("[16]", "[8]"), None, (0, 1))] * 2,
-        ]
+            all_reduce, *[all_reduce, all_gather] * 2]
         seqs = [seq for _, seq, *_ in calls]
         assert seqs == list(range(seqs[0], seqs[0] + 5))  # one sequence with the eager calls
         assert {call[3] for call in calls} == {"float32"}
@@ -91,3 +96,41 @@ def test_compiled_collectives_are_recorded_at_the_users_line(ranks):
             ("dist.all_reduce", "_recorded"),
             *[("fc.all_reduce", "step"), ("return fc.all_gather_tensor", "step")] * 2,
         ]
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A `tpu` process group of one rank in this process."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("tpu", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_collectives_error_is_raised_as_itself(one_rank):
+    # the process group refuses AVG of integers inside the host callback; the program's call
+    # raises that error, not XLA's report of a failed callback
+    step = torch.compile(lambda n: fc.all_reduce(n + 1, "avg", one_rank), backend="tpu_debug")
+    with pytest.raises(TypeError, match=re.escape(
+        "ReduceOp.AVG on a torch.int64 tensor: the tpu backend averages floating point tensors only; "
+        "reduce with ReduceOp.SUM and divide"
+    )):
+        step(torch.arange(4, device="tpu"))
+
+
+def test_dry_run_gives_the_collectives_shapes(one_rank):
+    from tpu_debug.runtime.dryrun import dry_mode
+    from tpu_debug.runtime.target import parse_target
+
+    def step(x):
+        y = fc.all_gather_tensor(x @ x, 0, one_rank)
+        return fc.all_reduce(y, "sum", one_rank) + 1
+
+    with dry_mode(parse_target("v5e")) as mode:
+        out = torch.compile(step, backend="tpu_debug")(torch.ones(8, 8, device="tpu"))
+        assert out.shape == (8, 8)  # a group of one gathers one piece
+        programs = mode.collect(timeout=240)
+    # the graph's program compiled for the TPU target with its collectives as stand-ins
+    assert [(p.error, p.result is not None) for p in programs if p.mode == "compiled"] == [(None, True)]

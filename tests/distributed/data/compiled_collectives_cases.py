@@ -35,7 +35,10 @@ def _values(dtype: torch.dtype, rank: int) -> torch.Tensor:
 def _collectives(x: torch.Tensor, n: torch.Tensor, rank: int) -> dict[str, torch.Tensor]:
     group = dist.group.WORLD
     out = {f"all_reduce.{op}": fc.all_reduce(x, op, group) for op in ("sum", "max", "min", "product")}
-    out["all_reduce.avg"] = fc.all_reduce(x, "avg", group) if x.device.type != "cpu" else fc.all_reduce(x, "sum", group) / WORLD
+    if x.device.type == "cpu":  # gloo has no AVG: the reference is its SUM over the group size
+        out["all_reduce.avg"] = fc.all_reduce(x, "sum", group) / WORLD
+    else:
+        out["all_reduce.avg"] = fc.all_reduce(x, "avg", group)
     out["all_reduce.int64.sum"] = fc.all_reduce(n, "sum", group)
     out["all_reduce.int64.bxor"] = fc.all_reduce(n, "bxor", group)
     out["all_gather_tensor"] = fc.all_gather_tensor(x.view(2, 4) * 2, 0, group)
@@ -46,7 +49,8 @@ def _collectives(x: torch.Tensor, n: torch.Tensor, rank: int) -> dict[str, torch
     out["all_to_all_single.uneven"] = fc.all_to_all_single(x, splits_out, splits_in, group)
     out["broadcast"] = fc.broadcast(x * 3, 1, group)
     # results used inside the graph, after the collectives (their waits are in the graph)
-    out["chained"] = fc.all_reduce(out["all_reduce.sum"] * out["broadcast"], "sum", group).sum(0, keepdim=True)
+    chained = fc.all_reduce(out["all_reduce.sum"] * out["broadcast"], "sum", group)
+    out["chained"] = chained.sum(0, keepdim=True)
     return out
 
 
@@ -103,7 +107,8 @@ def _mlp() -> nn.Module:
 
 def _batches(rank: int, n: int = 3, shape: tuple = (6, 8), classes: tuple = (6,)):
     gen = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(*shape, generator=gen), torch.randint(0, 4, classes, generator=gen)) for _ in range(n)]
+    return [(torch.randn(*shape, generator=gen), torch.randint(0, 4, classes, generator=gen))
+            for _ in range(n)]
 
 
 def _train(step, params, device: str, batches, inputs=lambda x: x) -> list[float]:
