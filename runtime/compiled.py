@@ -1049,11 +1049,19 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     install()
     single_threaded_backward()
     register_prims()
+    if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+        # a compiled-autograd graph takes its inputs boxed in lists (DDP's python_reducer
+        # puts its bucket all-reduces there): flattened first, as PyTorch's AOT backends do
+        from torch._dynamo.utils import flatten_graph_inputs
+
+        return flatten_graph_inputs(gm, example_inputs, dynamo_backend)
     parent = f"g{next(_graph_ids)}"
-    origin = _dynamo_origin(gm)
+    # the graph itself; a graph taking its inputs boxed comes wrapped (see above)
+    graph = gm if isinstance(gm, torch.fx.GraphModule) else gm.gm
+    origin = _dynamo_origin(graph)
     # AOTAutograd calls a graph with no autograd around it "inference"; one that takes the
     # gradients itself is a whole training step, and an optimizer's code its step
-    step = _computes_gradients(gm)
+    step = _computes_gradients(graph)
     inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
     def compiler(kind):

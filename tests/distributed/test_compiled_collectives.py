@@ -32,7 +32,7 @@ COLLECTIVES = [
     "all_reduce.int64.sum", "all_reduce.int64.bxor", "all_gather_tensor", "all_gather_tensor.int64",
     "reduce_scatter_tensor", "all_to_all_single", "all_to_all_single.uneven", "broadcast", "chained",
 ]
-TRAINING = ["fsdp_compiled", "tp_sp_compiled"]
+TRAINING = ["fsdp_compiled", "tp_sp_compiled", "ddp_compiled_autograd"]
 
 
 def _torchrun(device: str, out: Path) -> subprocess.Popen:

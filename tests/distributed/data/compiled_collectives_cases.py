@@ -170,11 +170,40 @@ def _tp_sp_compiled(device: str, rank: int, results: dict) -> None:
     results["tp_sp_compiled.params"] = [_full(p) for p in model.parameters()]
 
 
+def _ddp_compiled_autograd(device: str, rank: int, results: dict) -> None:
+    """DDP with its bucket all-reduces inside the compiled backward: compiled autograd and
+    dynamo's ``python_reducer``, whose graph holds them as functional collectives."""
+    from torch._dynamo import compiled_autograd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _mlp().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    losses = []
+    # DDP reads the reducer it uses from dynamo's config when it is built
+    with torch._dynamo.config.patch(optimize_ddp="python_reducer"), \
+            compiled_autograd._enable(torch.compile(backend=_backend(device))):
+        ddp = DDP(model)
+
+        def step(x, y):
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            return loss
+
+        compiled = torch.compile(step, backend=_backend(device))
+        for x, y in _batches(rank):
+            losses.append(compiled(x.to(device), y.to(device)).item())
+            opt.step()
+            opt.zero_grad()
+    results["ddp_compiled_autograd.losses"] = torch.tensor(losses)
+    results["ddp_compiled_autograd.params"] = [p.detach().cpu() for p in model.parameters()]
+
+
 CASES = {
     "funcol": _funcol,
     "recorded": _recorded,
     "fsdp_compiled": _fsdp_compiled,
     "tp_sp_compiled": _tp_sp_compiled,
+    "ddp_compiled_autograd": _ddp_compiled_autograd,
 }
 
 
