@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from jax.experimental import io_callback
 
+from tpu_debug.core.errors import LoweringError
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime.dtypes import to_jax_dtype
 
@@ -72,7 +73,7 @@ def _collective(*ops: torch._ops.OpOverload, many: bool = False) -> Callable:
     def register(shapes: Callable) -> Callable:
         for op in ops:
             if op in _COLLECTIVES:
-                raise RuntimeError(f"{op} registered twice as a compiled collective")
+                raise LoweringError(f"{op} registered twice as a compiled collective ({shapes.__name__})")
             _COLLECTIVES[op] = _Collective(op, shapes, many)
         return shapes
 
