@@ -181,7 +181,7 @@ def collective_sites(hlo: str) -> dict[str, tuple[str, str]]:
 
 def _pass_of(scope: str) -> str:
     if "rematted_computation" in scope:
-        return "recomputed forward"
+        return "recomputed in the backward (jax.checkpoint)"
     if "transpose(" in scope:
         return "backward"
     if "jvp(" in scope:
