@@ -165,6 +165,9 @@ class FitReport:
         method: how the decoder layers were compiled when not unrolled (as one loop).
         compile_cached: the compile was read back from the target compile cache
             (``compile_seconds`` is then what the first compile took).
+        communication: each collective kind per step beside the plan's bound, with where its
+            bytes come from (``tpu_debug.fit.communication.CollectiveBound``); empty when the
+            compile failed or for inference.
         at_least: the parts of ``required`` when the compiler stopped early (an out-of-memory
             refusal): its message's figure (temporaries only) and the arguments known without
             it, ``(what, bytes)``; ``required`` is then their sum, a lower bound. Empty when
@@ -224,6 +227,8 @@ class FitReport:
         data["plan"] = str(self.plan)
         data["headroom"] = self.headroom
         data["caveats"] = list(self.caveats)
+        data["communication"] = [{**dataclasses.asdict(b), "ratio": b.ratio, "over": b.over,
+                                  "reasons": list(b.reasons())} for b in self.communication]
         return data
 
     def render(self, *, fixes_hint: bool = True) -> str:
@@ -875,6 +880,10 @@ def _render(r: FitReport, fixes_hint: bool = True) -> str:
             if reasons:
                 lines.append(f"      over {OVER}x: measured in the compiled HLO, the bytes come from")
                 lines.extend(f"        {why}" for why in reasons)
+            elif b.ratio is not None and b.ratio < 1 and b.shares:
+                # under the plan's count: the compiler shared a gather between passes; the shares say which ran
+                lines.append("      under the bound: measured in the compiled HLO, " + "; ".join(
+                    f"{x.what} {format_bytes(x.bytes)}" for x in b.shares[:3]))
     e = r.estimate
     if e is not None:
         lines.append(f"  estimate (not a measurement): step ~{format_seconds(e.seconds)} (compute "

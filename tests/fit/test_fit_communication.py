@@ -148,6 +148,11 @@ def test_the_answers_gathers_equal_an_independent_parse_of_a_direct_compile(rema
     assert got["all-gather"] == expected
     row = next(b for b in report.communication if b.kind == "all-gather")
     assert row.compiled == expected
+    # --json carries each kind's figures and its ratio; the text names the bound beside them
+    data = next(b for b in report.to_dict()["communication"] if b["kind"] == "all-gather")
+    assert (data["compiled"], data["bound"]) == (row.compiled, row.bound)
+    assert data["ratio"] == pytest.approx(row.compiled / row.bound)
+    assert f"{row.ratio:.2f}x the bound" in report.render()
 
 
 @needs_libtpu
