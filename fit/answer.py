@@ -771,21 +771,22 @@ def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tu
 
     operands = _operand_bytes(hlo)
     sites = collective_sites(hlo)
-    seen: set[tuple[str, str]] = set()
+    holder: dict[tuple[str, str], str] = {}  # (running computation, channel) -> the computation counted
     out = []
     for c in parse_collectives(hlo):
+        times = 1
         site = sites.get(c.instruction)
         if site is not None:
-            if site in seen:
-                continue
-            seen.add(site)
+            root, channel, computation, times = site
+            if holder.setdefault((root, channel), computation) != computation:
+                continue  # a copy of a collective already counted, in another fusion
         n = max(c.group_size, 1)
         given = operands.get(c.instruction, 0)
         if c.opcode == "all-gather":
             given *= n
         data = max(c.nbytes, given)
         wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
-        out.append((c, data, wire, (repeats or {}).get(c.instruction, 1)))
+        out.append((c, data, wire, (repeats or {}).get(c.instruction, 1) * times))
     return out
 
 

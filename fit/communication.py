@@ -36,7 +36,7 @@ from collections.abc import Iterable
 
 from tpu_debug.core.format import format_bytes
 
-__all__ = ["Share", "CollectiveBound", "ParamInfo", "collective_sites", "classify", "bounds", "OVER", "GRADIENTS"]
+__all__ = ["GRADIENTS", "OVER", "CollectiveBound", "ParamInfo", "Share", "bounds", "classify", "collective_sites"]
 
 #: a kind whose compiled volume is above this multiple of its bound says where it comes from
 OVER = 1.5
@@ -139,18 +139,22 @@ _FUSION_CALL = re.compile(r"\bfusion\(.*?\bcalls=%([\w.\-]+)")
 _CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 
 
-def collective_sites(hlo: str) -> dict[str, tuple[str, str]]:
-    """Instruction name -> (the computation that runs it, its channel id) for every instruction
-    with a ``channel_id``.
+def collective_sites(hlo: str) -> dict[str, tuple[str, str, str, int]]:
+    """Instruction name -> (the computation that runs it, its channel id, the computation
+    holding it, how many times that computation runs per run of the first) for every
+    instruction with a ``channel_id``.
 
     The TPU compiler overlaps a collective with compute by threading it through several
     fusions (an ``AsyncCollectiveStart`` fusion, continuation fusions that compute while the
-    data moves, a done fusion): each fusion's computation holds a copy of the same collective
-    (the same ``channel_id``). A fusion's computation runs where the fusion instruction is,
-    so one collective is one (running computation, channel id), however many copies.
+    data moves, a done fusion): each fusion's own computation holds a copy of the same
+    collective (the same ``channel_id``), so one collective is one (running computation,
+    channel id), however many computations hold copies. A fused computation several fusion
+    instructions call (identical layers unrolled) runs once per call: its collective counts
+    that many times.
     """
     owner: dict[str, str] = {}
     caller: dict[str, str] = {}  # fused computation -> the computation holding the fusion
+    calls: dict[str, int] = {}  # fused computation -> fusion instructions calling it
     channels: dict[str, str] = {}
     current = None
     for line in hlo.splitlines():
@@ -165,18 +169,24 @@ def collective_sites(hlo: str) -> dict[str, tuple[str, str]]:
         fused = _FUSION_CALL.search(line)
         if fused:
             caller[fused.group(1)] = current
+            calls[fused.group(1)] = calls.get(fused.group(1), 0) + 1
         channel = _CHANNEL.search(line)
         if channel:
             owner[name], channels[name] = current, channel.group(1)
 
-    def running(computation: str) -> str:
-        seen = set()
+    def running(computation: str) -> tuple[str, int]:
+        seen, times = set(), 1
         while computation in caller and computation not in seen:
             seen.add(computation)
+            times *= calls.get(computation, 1)
             computation = caller[computation]
-        return computation
+        return computation, times
 
-    return {name: (running(owner[name]), channels[name]) for name in owner}
+    out = {}
+    for name, computation in owner.items():
+        root, times = running(computation)
+        out[name] = (root, channels[name], computation, times)
+    return out
 
 
 def _pass_of(scope: str) -> str:
@@ -264,8 +274,8 @@ def bounds(compiled: dict[str, int], shares: dict[str, tuple[Share, ...]], param
         basis = " + ".join(f"{n} x {format_bytes(b)} ({words[n]})" for n, b in sorted(passes.items(), reverse=True))
         out["all-gather"] = (total, f"{basis}: the split parameters, whole, in {dtype}")
         grads = sum(p.elements for p in split) * grad
-        out["reduce-scatter"] = (grads, f"1 x {format_bytes(grads)}: the split parameters' gradients, whole, in "
-                                        f"{grad_dtype}, reduced to their shards once")
+        out["reduce-scatter"] = (grads, (f"1 x {format_bytes(grads)}: the split parameters' gradients, whole, "
+                                         f"in {grad_dtype}, reduced to their shards once"))
     if fsdp * dp > 1:
         reduce = sum(p.elements for p in whole) * grad
         parts = [f"{format_bytes(reduce)}: the gradients of the parameters no axis splits"] if whole else []

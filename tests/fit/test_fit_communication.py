@@ -5,7 +5,8 @@ References, neither the tool's own output:
   plain ``jax.jit(...).lower(...).compile()`` at XLA's default effort (where the TPU compiler
   threads each gather through several fusions to overlap it with compute), its
   ``compiled.as_text()`` read by a parser written here: one collective per channel id and
-  computation, a loop body's collectives once per layer;
+  computation it runs in (once per fusion calling the computation that holds it), a loop
+  body's collectives once per layer;
 - the parameters' own sizes from PyTorch (``numel() x itemsize``) for the bound.
 """
 
@@ -16,7 +17,6 @@ import re
 import jax
 import pytest
 import torch
-
 from tpu_debug.runtime.target._libtpu import _find_libtpu
 
 transformers = pytest.importorskip("transformers",
@@ -61,7 +61,7 @@ def _gathered_per_step(hlo: str, layers: int) -> int:
     """All-gather bytes per step (each gathered result), read from ``hlo`` independently of the
     tool: one gather per (computation a fusion's body runs in, channel id); the gathers of the
     layer loop's body (and of what it calls) count ``layers`` times."""
-    body, calls, parent, loops = {}, {}, {}, set()
+    body, calls, parent, callers, loops = {}, {}, {}, {}, set()
     current = None
     for line in hlo.splitlines():
         head = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
@@ -76,6 +76,7 @@ def _gathered_per_step(hlo: str, layers: int) -> int:
             calls[current].add(callee)
             if " fusion(" in line:
                 parent[callee] = current
+                callers[callee] = callers.get(callee, 0) + 1
         loops.update(re.findall(r"body=%([\w.\-]+)", line))
     in_loop, todo = set(), list(loops)
     while todo:
@@ -84,25 +85,26 @@ def _gathered_per_step(hlo: str, layers: int) -> int:
             in_loop.add(name)
             todo.extend(calls.get(name, ()))
 
-    def runs_in(name):
+    def runs_in(name):  # (the computation it runs in, times per run of that computation)
+        times = 1
         while name in parent:
+            times *= callers[name]
             name = parent[name]
-        return name
+        return name, times
 
-    seen, total = set(), 0
+    seen, total = {}, 0
     for name, lines in body.items():
         for line in lines:
             m = re.match(r"^\s+(?:ROOT )?%\S+ = (.+?) all-gather(-start)?\(", line)
             channel = re.search(r"channel_id=(\d+)", line)
             if m is None:
                 continue
-            key = (runs_in(name), channel.group(1) if channel else line)
-            if key in seen:
-                continue
-            seen.add(key)
+            where, times = runs_in(name)
+            if seen.setdefault((where, channel.group(1) if channel else line), name) != name:
+                continue  # a copy in another fusion
             sizes = _arrays(m.group(1))
             size = sizes[1] if m.group(2) and len(sizes) > 1 else sum(sizes)
-            total += size * (layers if name in in_loop else 1)
+            total += size * times * (layers if name in in_loop else 1)
     return total
 
 
@@ -126,10 +128,11 @@ def _direct(model, remat: bool):
 @needs_libtpu
 @pytest.mark.parametrize("remat", [False, True])
 def test_the_answers_gathers_equal_an_independent_parse_of_a_direct_compile(remat):
-    import tpu_debug
     from tpu_debug.fit.answer import collective_costs
     from tpu_debug.fit.scan import loop_repeats
     from tpu_debug.runtime.target.hardware import parse_target
+
+    import tpu_debug
 
     config = transformers.LlamaConfig(**SIZES)
     report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, remat=remat)
@@ -168,7 +171,7 @@ def test_the_fsdp_bound_counts_each_layer_parameter_once_per_pass():
     layer_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if ".layers." in n)
     matrices = sum(p.numel() * 2 for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2)
     row = next(b for b in report.communication if b.kind == "all-gather")
-    assert f"2 x " in row.basis and "bfloat16" in row.basis
+    assert "2 x " in row.basis and "bfloat16" in row.basis
     looped = [s for s in row.shares if "in the layer loop" in s.what]
     forward = sum(s.bytes for s in looped if s.what.startswith("forward"))
     backward = sum(s.bytes for s in looped if not s.what.startswith("forward"))
