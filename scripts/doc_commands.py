@@ -22,8 +22,10 @@ form the reader completes: it is validated with the placeholders filled in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
+import shlex
 import subprocess
 import time
 import tomllib
@@ -254,8 +256,13 @@ def plan(command: Command | str) -> Plan | None:
 
 
 def environment(text: str) -> tuple[dict[str, str], list[str]]:
-    """A command's leading ``NAME=value`` assignments, and its words after them."""
-    words, env = text.split(), {}
+    """A command's leading ``NAME=value`` assignments, and its words after them (split as
+    the shell splits them)."""
+    try:
+        words = shlex.split(text)
+    except ValueError:  # an unbalanced quote: a sketch rather than a command
+        words = text.split()
+    env = {}
     while words and re.match(r"^[A-Z][A-Z0-9_]*=", words[0]):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
@@ -263,7 +270,7 @@ def environment(text: str) -> tuple[dict[str, str], list[str]]:
 
 
 def _words(text: str) -> list[str]:
-    return [w.strip('"') for w in environment(text)[1]]
+    return environment(text)[1]
 
 
 def filled(text: str) -> list[str]:
@@ -329,16 +336,31 @@ def _pyproject(root: Path) -> dict:
 
 
 def _variables_known(env: dict[str, str], root: Path) -> list[str]:
-    source = "\n".join(p.read_text(errors="replace") for p in root.rglob("*.py") if ".git" not in p.parts)
-    return [f"no {name} in the code" for name in env if name.startswith("TPU_DEBUG_") and name not in source]
+    """A ``TPU_DEBUG_*`` variable is an option's (``core/options.py`` derives the names) or is
+    read by name somewhere in the clone's code (a test's, a script's)."""
+    source = _code(root)
+    options = _option_names(root)
+    return [f"no {name} in the code" for name in env if name.startswith("TPU_DEBUG_")
+            and name not in source and name.removeprefix("TPU_DEBUG_").lower() not in options]
+
+
+@functools.cache
+def _code(root: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in root.rglob("*.py") if ".git" not in p.parts)
+
+
+@functools.cache
+def _option_names(root: Path) -> frozenset[str]:
+    options = root / "core" / "options.py"
+    return frozenset(re.findall(r'^\s*Option\("(\w+)"', options.read_text(), re.MULTILINE)) if options.exists() \
+        else frozenset()
 
 
 def _static_problems(command: Command, root: Path, work: Path) -> list[str]:
     """What can be checked of a command that is not tpu-debug's or torchrun's: the files
     it names, the flags its script declares, the extras, constraints and markers it uses."""
-    env, _ = environment(command.text)
     words = filled(command.text)
-    problems = _variables_known(env, root)
+    problems: list[str] = []
     if words[:2] == ["pip", "install"]:
         extras = _pyproject(root)["project"].get("optional-dependencies", {})
         for i, word in enumerate(words):
@@ -391,7 +413,6 @@ def validate(found: list[Command], python: Path, root: Path, work: Path) -> dict
             problems[command].append("in no table of scripts/doc_commands.py and not a form: say how it is checked")
             continue
         words = filled(command.text)
-        problems[command] += _variables_known(environment(command.text)[0], root)
         if words[:3] == ["python", "-m", "tpu_debug"]:
             words = ["tpu-debug", *words[3:]]
         if words[0] == "tpu-debug":
@@ -406,6 +427,8 @@ def validate(found: list[Command], python: Path, root: Path, work: Path) -> dict
             owners.append(command)
         else:
             problems[command] += _static_problems(command, root, work)
+    for command in found:
+        problems[command] += _variables_known(environment(command.text)[0], root)
     done = subprocess.run([str(python), "-c", PARSE], input=json.dumps(requests), cwd=work, capture_output=True,
                           text=True, timeout=300, check=False)
     if done.returncode != 0:
