@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import re
+import resource
 import shlex
 import subprocess
 import time
@@ -476,6 +477,7 @@ class Outcome:
     seconds: float
     ok: bool
     note: str
+    cpu: float = 0.0  # the command's processes' CPU seconds: its cost whatever else runs
 
 
 def argv_of(words: list[str], bindir: Path) -> list[str]:
@@ -495,18 +497,23 @@ def run_one(command: Command, words: list[str], code: int, bindir: Path, work: P
     if words[:2] == ["tpu-debug", "tui"] and "--serve" not in words:
         argv = [str(bindir / "python"), "-c", TUI_IN_PTY, *argv]
     cwd = base_of(words, root, work)
-    start = time.monotonic()
+    start, used = time.monotonic(), _children_cpu()
     try:
         done = subprocess.run(argv, cwd=cwd, env={**env, **extra}, capture_output=True, text=True,
                               timeout=3600, check=False)
     except subprocess.TimeoutExpired:
         return Outcome(command, "run", time.monotonic() - start, False, "did not end within an hour")
-    seconds = time.monotonic() - start
+    seconds, cpu = time.monotonic() - start, _children_cpu() - used
     ok = done.returncode == code
     if ok and words[-1] == "--help":
         ok = f"usage: {' '.join(words[:2])}" in done.stdout
     note = f"exit {done.returncode}" + ("" if ok else f" (expected {code}):\n{(done.stdout + done.stderr)[-3000:]}")
-    return Outcome(command, "run", seconds, ok, note)
+    return Outcome(command, "run", seconds, ok, note, cpu)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def check(bindir: Path, work: Path, env: dict[str, str], *, full: bool, root: Path = ROOT,
@@ -533,7 +540,7 @@ def check(bindir: Path, work: Path, env: dict[str, str], *, full: bool, root: Pa
             ran[command.text] = f"as {command.doc}:{command.line}"
             log(f"--- {command}", flush=True)
             outcome = run_one(command, filled(command.text), how.code, bindir, work, root, env)
-            log(f"    {outcome.seconds:.1f} s, {outcome.note.splitlines()[0]}", flush=True)
+            log(f"    {outcome.seconds:.1f} s ({outcome.cpu:.1f} s CPU), {outcome.note.splitlines()[0]}", flush=True)
             outcomes.append(outcome)
         else:
             outcomes.append(Outcome(command, f"validated ({how.how}: {how.reason})", 0.0, True, ""))
@@ -541,9 +548,9 @@ def check(bindir: Path, work: Path, env: dict[str, str], *, full: bool, root: Pa
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = ["| command | where | checked | s | ok |", "|---|---|---|---:|---|"]
+    rows = ["| command | where | checked | wall s | CPU s | ok |", "|---|---|---|---:|---:|---|"]
     for o in outcomes:
-        rows.append(f"| `{o.command.text}` | {o.command.doc}:{o.command.line} | {o.how} | {o.seconds:.1f} | "
+        rows.append(f"| `{o.command.text}` | {o.command.doc}:{o.command.line} | {o.how} | {o.seconds:.1f} | {o.cpu:.1f} | "
                     f"{'yes' if o.ok else 'NO: ' + o.note.splitlines()[0]} |")
     return "\n".join(rows)
 

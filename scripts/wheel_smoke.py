@@ -53,7 +53,7 @@ def step(title: str, argv: list[str], *, cwd: Path, env: dict[str, str], stderr:
     """Run one step; its stdout (and its stderr after it, with ``stderr``)."""
     shown = [arg if "\n" not in arg else "<code>" for arg in argv]
     print(f"--- {title}: {' '.join(shown)}", flush=True)
-    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
     if result.returncode != 0:
         sys.stdout.write(result.stdout[-4000:])
         sys.stderr.write(result.stderr[-4000:])
@@ -124,7 +124,8 @@ def main() -> int:
                                       done={" ".join(TENSORBOARD_RUN): "the main job", " ".join(MAIN_RUN): "run again"})
         failed = [o for o in outcomes if not o.ok]
         ran = [o for o in outcomes if o.how == "run"]
-        print(f"documented commands: {len(outcomes)}, {len(ran)} run ({sum(o.seconds for o in ran):.0f} s), "
+        print(f"documented commands: {len(outcomes)}, {len(ran)} run ({sum(o.seconds for o in ran):.0f} s, "
+              f"{sum(o.cpu for o in ran):.0f} s CPU), "
               f"{len(outcomes) - len(ran) - len(failed)} validated or run above, {len(failed)} broken")
         if failed:
             for o in failed:
