@@ -194,10 +194,28 @@ def run(args: argparse.Namespace) -> int:
     tpu_debug.runtime.start()  # before jax.distributed: it keeps JAX off an absent TPU
     from tpu_debug.runtime import distributed
 
+    options = _trace_options(args, name)
+    group = None
     if distributed.initialize():  # a rank of `tpu-debug run --nproc`: join the others first
-        name = args.name or f"rank{distributed.get_rank()}"
-    recording = tpu_debug.trace(**_trace_options(args, name))
-    return _record(args, recording, (target, code), script_args, argv0, sys_path0)
+        options["name"] = args.name or f"rank{distributed.get_rank()}"
+    elif (joined := _torchrun_group(options)) is not None:
+        # a torchrun worker: each rank records its own run under the launch's one parent directory
+        group, rank = joined
+        options["name"] = args.name or f"rank{rank}"
+        options["logdir"] = str(group.path)
+    recording = tpu_debug.trace(**options)
+    return _record(args, recording, (target, code), script_args, argv0, sys_path0, group=group)
+
+
+def _torchrun_group(options: dict):
+    """(the launch's group, this rank) when torchrun started this process, else None."""
+    from tpu_debug import ranks
+    from tpu_debug.config import TraceConfig
+
+    if ranks.torchrun_key(os.environ) is None:
+        return None
+    config = TraceConfig.from_env().override(**options)
+    return ranks.torchrun_group(Path(config.logdir), options["name"], list(getattr(sys, "orig_argv", sys.argv)))
 
 
 def _trace_options(args: argparse.Namespace, name: str) -> dict:
@@ -215,6 +233,8 @@ def _record(
     script_args: list,
     argv0: str,
     sys_path0: str,
+    *,
+    group=None,  # the torchrun launch's RankGroup this rank records in
 ) -> int:
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
@@ -244,6 +264,11 @@ def _record(
         tui = args.tui and not stopped and sys.stdout.isatty() and sys.stdin.isatty()
         if args.tui and not stopped and not tui:
             print("tpu-debug run --tui: not a terminal, so here is the report instead", file=sys.stderr)
+        if group is not None:
+            # every rank of the launch ends here at its own time: one line each, and the ranks
+            # are reported together (N reports interleaved on one terminal would be unreadable)
+            print(f"\nrun saved in {session.run_dir}; all ranks: tpu-debug report {group.path}", file=sys.stderr)
+            return code
         if args.report and not stopped and not tui:
             session.print_summary(file=sys.stderr)
         print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
