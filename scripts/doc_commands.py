@@ -168,6 +168,12 @@ SLOW: dict[str, tuple[str, int]] = {
         ("two TPU compiles of an 8B model's decoder layers: minutes and several GB of host memory", 3),
     "tpu-debug fit llama3-8b --target v5e-64 --plan fsdp --batch 64 --seq 2048 --optimization-level O0":
         ("TPU compiles of an 8B model on a 64-chip slice: minutes and several GB of host memory", 3),
+    "torchrun --nproc-per-node 4 examples/distributed/train_llama_fsdp_tp.py":
+        ("4 ranks of a Llama under FSDP2 and tensor parallelism on 2 cores (minutes)", 0),
+    "torchrun --nproc-per-node 4 $(which tpu-debug) run examples/distributed/train_llama_fsdp_tp.py":
+        ("4 ranks of a Llama under FSDP2 and tensor parallelism, each traced, on 2 cores (minutes)", 0),
+    "torchrun --nproc-per-node 4 -m tpu_debug run examples/distributed/train_llama_fsdp_tp.py":
+        ("4 ranks of a Llama under FSDP2 and tensor parallelism, each traced, on 2 cores (minutes)", 0),
     "python tests/corpus/score.py": ("runs each of the corpus's 49 scripts in a process of its own (minutes)", 0),
     "python scripts/op_coverage.py --check":
         ("compares docs/op_coverage.md with the sweep's results (a clone's tool, run from the clone)", 0),
@@ -261,6 +267,7 @@ def plan(command: Command | str) -> Plan | None:
 def environment(text: str) -> tuple[dict[str, str], list[str]]:
     """A command's leading ``NAME=value`` assignments, and its words after them (split as
     the shell splits them)."""
+    text = re.sub(r"\$\(which ([\w-]+)\)", r"@which:\1", text)  # the shell's $(which NAME)
     try:
         words = shlex.split(text)
     except ValueError:  # an unbalanced quote: a sketch rather than a command
@@ -316,7 +323,7 @@ def check(kind, argv):
             if kind == "torchrun":
                 from torch.distributed.run import get_args_parser
                 args = get_args_parser().parse_args(argv)
-                if not args.no_python and not os.path.exists(args.training_script):
+                if not args.no_python and not args.module and not os.path.exists(args.training_script):
                     return f"torchrun would run python {args.training_script}: no such file"
                 return None
             args = build_parser().parse_args(argv)
@@ -426,7 +433,8 @@ def validate(found: list[Command], python: Path, root: Path, work: Path) -> dict
         elif words[0] == "torchrun":
             if kind.how == "form" and "--no-python" not in words and "tpu-debug" in words:
                 problems[command].append("torchrun runs tpu-debug only with --no-python")
-            requests.append(("torchrun", [w for w in words[1:] if w != "..."], str(base_of(words, root, work))))
+            requests.append(("torchrun", _which([w for w in words[1:] if w != "..."], python.parent),
+                             str(base_of(words, root, work))))
             owners.append(command)
         else:
             problems[command] += _static_problems(command, root, work)
@@ -482,7 +490,13 @@ class Outcome:
     cpu: float = 0.0  # the command's processes' CPU seconds: its cost whatever else runs
 
 
+def _which(words: list[str], bindir: Path) -> list[str]:
+    """``$(which NAME)`` is the wheel's script NAME."""
+    return [str(bindir / w.removeprefix("@which:")) if w.startswith("@which:") else w for w in words]
+
+
 def argv_of(words: list[str], bindir: Path) -> list[str]:
+    words = _which(words, bindir)
     if words[0] == "tpu-debug":
         return [str(bindir / "tpu-debug"), *words[1:]]
     if words[0] == "torchrun":  # torchrun's console script is python -m torch.distributed.run
