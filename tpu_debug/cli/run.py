@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 import types
-from importlib.machinery import SourceFileLoader
+from importlib.machinery import PathFinder, SourceFileLoader
 from pathlib import Path
 
 import tpu_debug
@@ -86,6 +86,33 @@ def _compile_script(target: str) -> types.CodeType | None:
     return compile(source, path, "exec", dont_inherit=True)
 
 
+def _module_sources(name: str, search_path0: str) -> list[str]:
+    """The source files ``python -m name`` would compile: each parent package's
+    ``__init__.py``, then the module (or a package's ``__main__.py``). Found the way the
+    path finder finds them, without importing anything (importing a parent package would
+    run the user's code before the run is recorded); empty when a finder other than the
+    file system's would load one of them, which then says its own error when it runs."""
+    files, path, parts, depth = [], [search_path0, *sys.path[1:]], name.split("."), 0
+    while depth < len(parts):
+        depth += 1
+        spec = PathFinder.find_spec(".".join(parts[:depth]), path)
+        if spec is None or not isinstance(spec.loader, SourceFileLoader):
+            return []
+        files.append(spec.origin)
+        path = list(spec.submodule_search_locations or [])
+        if depth == len(parts) and path and parts[-1] != "__main__":
+            parts.append("__main__")  # a package runs as its __main__ module
+    return files
+
+
+def _compile_module(name: str, search_path0: str) -> None:
+    """Compile what ``-m name`` runs, so that a module Python cannot compile is said at
+    once and records no run, as a script is (:func:`_compile_script`)."""
+    for file in _module_sources(name, search_path0):
+        with io.open_code(file) as f:
+            compile(f.read(), file, "exec", dont_inherit=True)
+
+
 def _did_not_start(exc: SyntaxError, argv0: str) -> int:
     """Say, as Python would, why the script cannot be compiled, and that nothing ran."""
     sys.excepthook(type(exc), exc.with_traceback(None), None)
@@ -153,9 +180,12 @@ def run(args: argparse.Namespace) -> int:
     _full_traceback = args.traceback if args.traceback is not None else read_env("run").get("traceback", False)
     target, script_args, argv0, sys_path0, name = script_of(args)
     try:
-        code = None if args.module else _compile_script(target)
+        if args.module:
+            code = _compile_module(target, sys_path0)
+        else:
+            code = _compile_script(target)
     except SyntaxError as exc:
-        return _did_not_start(exc, argv0)
+        return _did_not_start(exc, argv0 if not args.module else f"-m {argv0}")
 
     if args.nproc is not None:
         return _run_ranks(args, name)
