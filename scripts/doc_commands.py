@@ -217,6 +217,8 @@ NEVER: dict[str, str] = {
     "python benchmarks/target_dryrun.py --target v6e --mode training": "a benchmark: a 7B model's training step "
                                                                        "compiled for a TPU (minutes, GBs)",
     "python benchmarks/fit.py --maxtext": "a benchmark: every MaxText configuration compiled for its slice (hours)",
+    'python benchmarks/fit.py --only "llama3-8b v5e-8"': "a benchmark: an 8B training step compiled for "
+                                                   "v5e-8 in a fresh process (minutes, GBs)",
     "tpu-debug tui --serve": "serves the UI until Ctrl+C and needs a browser to see it; tests/tui/test_serve.py "
                              "serves a run and reads the page in headless Chromium",
     "tpu-debug tensorboard": "serves TensorBoard until stopped; the wheel smoke runs tpu-debug tensorboard --print",
