@@ -15,6 +15,15 @@ runtime is the other engine at hand, but it makes every process see one global
 device set and needs its own coordinator before the first `tpu` tensor exists,
 which ``torchrun`` and ``mp.spawn`` scripts do not arrange.
 
+Before a collective enters gloo, each rank checks that the others of its group call
+the same one (see "Hangs and desyncs" in docs/distributed.md): it publishes what it is
+about to call (op, sizes, dtype, reduction, root, its user's line) in the group's c10d
+store and reads the others' entries for the same sequence number. Another collective,
+other sizes, a rank that ended or died, or one that does not arrive within
+``TPU_DEBUG_COLLECTIVE_TIMEOUT`` seconds raise :class:`CollectiveDesyncError` /
+:class:`CollectiveTimeoutError` on every rank that sees it, naming each rank's call and
+line and the fix by cause, instead of gloo's 30-minute wait.
+
 The process group is a Python subclass of ``torch.distributed.ProcessGroup``
 (c10d's C++ ``Backend`` has no Python constructor): c10d then uses it as the
 whole group, so ``dist.*``, DDP's reducer and the functional collectives all
@@ -24,16 +33,27 @@ returns; its work object is complete, and its future holds the output tensors.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import json
+import os
+import socket
+import sys
+import sysconfig
 import threading
+import time
 from collections.abc import Callable, Sequence
+from types import CodeType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
+from tpu_debug.core import desync
 from tpu_debug.runtime import probes
+from tpu_debug.runtime.distributed.config import config
+from tpu_debug.runtime.distributed.errors import CollectiveDesyncError, CollectiveDeviceError, CollectiveTimeoutError
 
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "P2P_OPS", "TpuProcessGroup", "register_backends"]
 
@@ -137,6 +157,225 @@ def _check_reduce(op: Any, tensors: Sequence[torch.Tensor]) -> None:
             )
 
 
+# -- the live check: ranks compare each collective before it enters gloo -------------------
+
+# the keys live in the group's own store (c10d prefixes it with the group's name); a rank's
+# entries take two slots, by the parity of the sequence number: when a rank checks
+# collective n, every other rank has published n - 1 (they all completed n - 1 together),
+# and none can have published n + 1 (that needs this rank in collective n), so the other
+# slot holds n - 1 and this one n - 2 or n. The store holds two entries per rank and group
+# however long the job runs.
+_KEY = "tpu_debug/collectives"
+# how often a rank that waits for others looks whether they ended or died
+_LOOK_SECONDS = 0.5
+_exit_marks: list[tuple[Any, str]] = []
+_exit_lock = threading.Lock()
+
+
+def _mark_exit() -> None:
+    """Tell the other ranks this process has left its groups (they stop waiting for it)."""
+    for store, key in _exit_marks:
+        try:
+            store.set(key, "1")
+        except Exception:  # noqa: BLE001 - the store's host may have gone first; nothing waits then
+            pass
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for name in ("torch", "jax", "jaxlib", "numpy", "tpu_debug", "tpu_debug.core", "tpu_debug.runtime",
+                 "tpu_debug.tracers", "tpu_debug.fit", "tpu_debug.tui"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path) + os.sep)
+    return tuple(sorted(roots))
+
+
+_roots: tuple[str, ...] = ()
+_verdicts: dict[CodeType, bool] = {}
+
+
+def _is_library(code: CodeType) -> bool:
+    """Whether ``code`` is library code (torch, jax, tpu_debug, the standard library, an
+    installed package, code a library generated): decided once per code object."""
+    global _roots
+    verdict = _verdicts.get(code)
+    if verdict is None:
+        file = code.co_filename
+        if file.startswith("<"):
+            verdict = not file.startswith(("<stdin>", "<ipython-input-"))
+        else:
+            if not _roots:
+                _roots = _library_roots()
+            real = os.path.realpath(file)
+            verdict = (any(real.startswith(r) for r in _roots)
+                       or f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real)
+        _verdicts[code] = verdict
+    return verdict
+
+
+def _user_site() -> tuple[str | None, int | None, str | None]:
+    """(file, line, function) of the innermost frame of the user's code calling in."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not _is_library(frame.f_code):
+            return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_qualname
+        frame = frame.f_back
+    return None, None, None
+
+
+def _process_space() -> str:
+    """Where this process's id means this process: the host and its pid namespace."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{namespace}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (of this pid namespace) still runs; a zombie does not."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+
+def _rank_call(rank: int, card: dict | None, state: str = "called") -> desync.RankCall:
+    if card is None:
+        return desync.RankCall(rank, state)
+    return desync.RankCall(rank, state, card["op"], card["seq"], tuple(card["shapes"]), card["dtype"],
+                           card["reduce_op"], card["peer"], card["file"], card["line"], card["function"])
+
+
+class _LiveCheck:
+    """One group's check, on one rank: publish this rank's call, read the others' for the same
+    sequence number, raise when they differ or do not come."""
+
+    def __init__(self, store: Any, me: int, ranks: Sequence[int], timeout: float) -> None:
+        self._store = store
+        self._me = me
+        self._others = [r for r in ranks if r != me]
+        self._timeout = timeout
+        self._space = _process_space()
+        self._pid = os.getpid()
+        self._primed = [False, False]  # every other rank has written the slot once (so reads never block)
+        self._agreed: set[tuple[str | None, int | None]] = set()  # lines whose calls the ranks agreed on
+        self._off = False
+        with _exit_lock:
+            if not _exit_marks:
+                atexit.register(_mark_exit)
+            _exit_marks.append((store, f"{_KEY}/{me}/end"))
+
+    def _key(self, rank: int, seq: int) -> str:
+        return f"{_KEY}/{rank}/{seq % 2}"
+
+    def check(self, info: probes.CollectiveInfo) -> None:
+        """Raise unless every rank of the group calls this collective, alike.
+
+        Raises:
+            CollectiveDesyncError: another rank calls another collective here, or ended or died.
+            CollectiveTimeoutError: a rank did not call it within the timeout.
+        """
+        if self._off:
+            return
+        file, line, function = _user_site()
+        seq = info.seq
+        mine = {"seq": seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
+                "reduce_op": info.reduce_op, "peer": info.peer, "file": file, "line": line, "function": function,
+                "pid": self._pid, "space": self._space}
+        try:
+            self._store.set(self._key(self._me, seq), json.dumps(mine))
+            cards, absent = self._read(seq)
+        except (RuntimeError, OSError) as exc:  # c10d's DistError is a RuntimeError
+            # without its store a group cannot be checked; gloo still tells a broken group
+            self._off = True
+            import warnings
+
+            warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
+                          f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
+            return
+        calls = [_rank_call(self._me, mine)]
+        calls += [_rank_call(r, cards[r]) for r in self._others if r in cards]
+        calls += [_rank_call(r, last, state) for r, (state, last) in absent.items()]
+        calls.sort(key=lambda c: c.rank)
+        reason = desync.differ(calls)
+        site = (file, line)
+        if reason is None:
+            if len(self._agreed) < 4096:
+                self._agreed.add(site)
+            return
+        cause = desync.cause_of(reason, calls, repeated=site in self._agreed)
+        waited = any(state == "missing" for state, _ in absent.values())
+        timeout = self._timeout if waited else None
+        message = desync.describe(info.group, seq, reason, cause, calls, timeout=timeout)
+        if probes._routes.on_collective_desync:
+            probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
+                                                       tuple(calls), timeout, message))
+        others = tuple(c.rank for c in calls if c.rank != self._me and (c.state != "called" or reason != "missing"))
+        error = CollectiveTimeoutError if waited else CollectiveDesyncError
+        raise error(message, group=info.group, seq=seq, reason=reason, cause=cause, ranks=others)
+
+    def _read(self, seq: int) -> tuple[dict[int, dict], dict[int, tuple[str, dict | None]]]:
+        """The others' entries for ``seq``, and for each rank that has none: its state
+        (``"ended"``, ``"died"`` or, after the timeout, ``"missing"``) and its last entry."""
+        store, slot = self._store, seq % 2
+        pending = list(self._others)
+        cards: dict[int, dict] = {}
+        start = time.monotonic()
+        look = start + _LOOK_SECONDS
+        delay = 0.0001
+        while True:
+            keys = [self._key(r, seq) for r in pending]
+            if self._primed[slot] or store.check(keys):
+                if len(pending) == len(self._others):
+                    self._primed[slot] = True
+                for r, raw in zip(pending, store.multi_get(keys), strict=True):
+                    card = json.loads(raw)
+                    if card["seq"] >= seq:
+                        cards[r] = card
+                pending = [r for r in pending if r not in cards]
+                if not pending:
+                    return cards, {}
+            now = time.monotonic()
+            if now >= look or now - start >= self._timeout:
+                absent = {r: self._whereabouts(r, seq) for r in pending}
+                if now - start >= self._timeout or any(state != "missing" for state, _ in absent.values()):
+                    return cards, absent
+                look = now + _LOOK_SECONDS
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def _whereabouts(self, rank: int, seq: int) -> tuple[str, dict | None]:
+        """A rank that has not published ``seq``: ``("ended" | "died" | "missing", its last entry)``."""
+        store = self._store
+        last = None
+        for s in (seq - 1, seq):  # the other slot holds seq - 1; this one seq - 2
+            key = self._key(rank, s)
+            if s >= 1 and store.check([key]):
+                card = json.loads(store.get(key))
+                if card["seq"] < seq and (last is None or card["seq"] > last["seq"]):
+                    last = card
+        if store.check([f"{_KEY}/{rank}/end"]):
+            return "ended", last
+        if last is not None and last.get("space") == self._space and not _alive(int(last["pid"])):
+            return "died", last
+        return "missing", last
+
+
 class TpuProcessGroup(dist.ProcessGroup):
     """A c10d process group for `tpu` tensors (and CPU ones) over a gloo group on the host.
 
@@ -144,9 +383,12 @@ class TpuProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, host_group: dist.ProcessGroup, rank: int, size: int, name: str,
-                 global_ranks: Sequence[int] = ()) -> None:
+                 global_ranks: Sequence[int] = (), store: Any = None) -> None:
         super().__init__(rank, size)
         self._global_ranks = tuple(int(r) for r in global_ranks) or tuple(range(size))
+        self._check = None
+        if store is not None and size > 1 and config.collective_check:
+            self._check = _LiveCheck(store, self._global_ranks[rank], self._global_ranks, config.collective_timeout)
         self._seq = 0
         self._p2p_seq = 0
         # c10d keeps a group's name (and its sequence numbers) in its backends: the host
@@ -183,7 +425,13 @@ class TpuProcessGroup(dist.ProcessGroup):
             self._p2p_seq += 1
         else:
             self._seq += 1
-        if probes._routes.on_collective:
+        if self._check is not None and name not in P2P_OPS:
+            # recorded first, so a rank that raises below has recorded the collective it stopped at
+            info = self._info(name, args, kind)
+            if probes._routes.on_collective:
+                probes.collective(info)
+            self._check.check(info)
+        elif probes._routes.on_collective:
             probes.collective(self._info(name, args, kind))
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         # the host copies are the engine's, reported as the collective: no transfer events.
@@ -371,7 +619,8 @@ def _creator(name: str) -> Callable[[Any, Any], TpuProcessGroup]:
     def create(opts: Any, backend_options: Any = None) -> TpuProcessGroup:
         host = _host_group(opts.store, opts.group_rank, opts.group_size, opts.timeout, opts.group_id,
                            opts.global_ranks_in_group)
-        return TpuProcessGroup(host, opts.group_rank, opts.group_size, name, opts.global_ranks_in_group)
+        return TpuProcessGroup(host, opts.group_rank, opts.group_size, name, opts.global_ranks_in_group,
+                               store=opts.store)
 
     create.__name__ = f"create_{name}_process_group"
     return create
