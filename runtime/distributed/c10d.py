@@ -159,26 +159,31 @@ def _check_reduce(op: Any, tensors: Sequence[torch.Tensor]) -> None:
 
 # -- the live check: ranks compare each collective before it enters gloo -------------------
 
-# the keys live in the group's own store (c10d prefixes it with the group's name); a rank's
-# entries take two slots, by the parity of the sequence number: when a rank checks
-# collective n, every other rank has published n - 1 (they all completed n - 1 together),
-# and none can have published n + 1 (that needs this rank in collective n), so the other
-# slot holds n - 1 and this one n - 2 or n. The store holds two entries per rank and group
-# however long the job runs.
+# The entries live in the group's own store (c10d prefixes it with the group's name), one
+# key per rank and sequence number. A rank publishes its entry (a store write without a
+# reply) and reads the others' with one multi_get, which the store answers once they all
+# exist: no polling. Its own entry of two collectives back is then of no further use: every
+# other rank has read it (each has published the previous collective, after reading this
+# rank's entries before it); the watcher thread below deletes such entries twice a second,
+# off the collective's path, so the store holds a few entries per rank and group however
+# long the job runs. A rank that does not come is written for, so the readers wake: a process
+# that leaves writes an "ended" entry for the collective after its last one (at exit), and a
+# watcher thread, looking every half second at the ranks a reader has waited for, writes
+# "died" for one whose process is gone and "missing" once the timeout has passed.
 _KEY = "tpu_debug/collectives"
-# how often a rank that waits for others looks whether they ended or died
+# how often the watcher looks at the ranks a reader waits for
 _LOOK_SECONDS = 0.5
-_exit_marks: list[tuple[Any, str]] = []
+_exit_marks: list[Any] = []  # the live checks of this process, told at exit
 _exit_lock = threading.Lock()
 
 
 def _mark_exit() -> None:
     """Tell the other ranks this process has left its groups (they stop waiting for it)."""
-    for store, key in _exit_marks:
-        try:
-            store.set(key, "1")
-        except Exception:  # noqa: BLE001 - the store's host may have gone first; nothing waits then
-            pass
+    # the watcher first: a daemon thread still inside a store call when the interpreter
+    # finalizes is unwound through C++ and aborts the process
+    _watcher.stop()
+    for check in _exit_marks:
+        check.leave()
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -261,27 +266,86 @@ def _rank_call(rank: int, card: dict | None, state: str = "called") -> desync.Ra
                            card["reduce_op"], card["peer"], card["file"], card["line"], card["function"])
 
 
+class _Watcher:
+    """One daemon thread per process: it writes, for the ranks a reader has waited for more
+    than :data:`_LOOK_SECONDS`, whether they died or are missing after the timeout, so the
+    reader's blocking read returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waits: dict[int, tuple[_LiveCheck, int, float]] = {}  # thread id -> (check, seq, start)
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def begin(self, check: _LiveCheck, seq: int) -> None:
+        with self._lock:
+            self._waits[threading.get_ident()] = (check, seq, time.monotonic())
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._run, name="tpu_debug-collective-watcher", daemon=True)
+                self._thread.start()
+
+    def end(self) -> None:
+        with self._lock:
+            self._waits.pop(threading.get_ident(), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(_LOOK_SECONDS)
+            if self._stopped:
+                return
+            with self._lock:
+                waits = list(self._waits.values())
+            now = time.monotonic()
+            for check, seq, start in waits:
+                if now - start >= _LOOK_SECONDS:
+                    try:
+                        check.look(seq, timed_out=now - start >= check.timeout)
+                    except Exception:  # noqa: BLE001 - a store gone: the reader's own read fails and says so
+                        pass
+            with _exit_lock:
+                checks = list(_exit_marks)
+            for check in checks:
+                try:
+                    check.sweep()
+                except Exception:  # noqa: BLE001 - entries left behind cost a few bytes in the store
+                    pass
+
+
+_watcher = _Watcher()
+
+
 class _LiveCheck:
     """One group's check, on one rank: publish this rank's call, read the others' for the same
     sequence number, raise when they differ or do not come."""
 
     def __init__(self, store: Any, me: int, ranks: Sequence[int], timeout: float) -> None:
         self._store = store
+        self._side: Any = None  # the watcher's own connection: a store client serves one request at a time
         self._me = me
         self._others = [r for r in ranks if r != me]
-        self._timeout = timeout
+        self.timeout = timeout
         self._space = _process_space()
         self._pid = os.getpid()
-        self._primed = [False, False]  # every other rank has written the slot once (so reads never block)
         self._agreed: set[tuple[str | None, int | None]] = set()  # lines whose calls the ranks agreed on
+        self._last = 0  # the last sequence number this rank published
+        self._spent: list[int] = []  # this rank's entries every other rank has read (the watcher deletes them)
         self._off = False
         with _exit_lock:
             if not _exit_marks:
                 atexit.register(_mark_exit)
-            _exit_marks.append((store, f"{_KEY}/{me}/end"))
+            _exit_marks.append(self)
 
     def _key(self, rank: int, seq: int) -> str:
-        return f"{_KEY}/{rank}/{seq % 2}"
+        return f"{_KEY}/{rank}/{seq}"
 
     def check(self, info: probes.CollectiveInfo) -> None:
         """Raise unless every rank of the group calls this collective, alike.
@@ -297,9 +361,17 @@ class _LiveCheck:
         mine = {"seq": seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
                 "reduce_op": info.reduce_op, "peer": info.peer, "file": file, "line": line, "function": function,
                 "pid": self._pid, "space": self._space}
+        store = self._store
         try:
-            self._store.set(self._key(self._me, seq), json.dumps(mine))
-            cards, absent = self._read(seq)
+            store.set(self._key(self._me, seq), json.dumps(mine))
+            self._last = seq
+            _watcher.begin(self, seq)
+            try:
+                raw = store.multi_get([self._key(r, seq) for r in self._others])
+            finally:
+                _watcher.end()
+            if seq > 2:
+                self._spent.append(seq - 2)
         except (RuntimeError, OSError) as exc:  # c10d's DistError is a RuntimeError
             # without its store a group cannot be checked; gloo still tells a broken group
             self._off = True
@@ -308,9 +380,11 @@ class _LiveCheck:
             warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
                           f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
             return
+        cards = dict(zip(self._others, (json.loads(v) for v in raw), strict=True))
         calls = [_rank_call(self._me, mine)]
-        calls += [_rank_call(r, cards[r]) for r in self._others if r in cards]
-        calls += [_rank_call(r, last, state) for r, (state, last) in absent.items()]
+        for r, card in cards.items():
+            state = card.get("state", "called")
+            calls.append(_rank_call(r, card) if state == "called" else _rank_call(r, self._previous(r, seq), state))
         calls.sort(key=lambda c: c.rank)
         reason = desync.differ(calls)
         site = (file, line)
@@ -319,8 +393,8 @@ class _LiveCheck:
                 self._agreed.add(site)
             return
         cause = desync.cause_of(reason, calls, repeated=site in self._agreed)
-        waited = any(state == "missing" for state, _ in absent.values())
-        timeout = self._timeout if waited else None
+        waited = any(c.state == "missing" for c in calls)
+        timeout = self.timeout if waited else None
         message = desync.describe(info.group, seq, reason, cause, calls, timeout=timeout)
         if probes._routes.on_collective_desync:
             probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
@@ -329,51 +403,54 @@ class _LiveCheck:
         error = CollectiveTimeoutError if waited else CollectiveDesyncError
         raise error(message, group=info.group, seq=seq, reason=reason, cause=cause, ranks=others)
 
-    def _read(self, seq: int) -> tuple[dict[int, dict], dict[int, tuple[str, dict | None]]]:
-        """The others' entries for ``seq``, and for each rank that has none: its state
-        (``"ended"``, ``"died"`` or, after the timeout, ``"missing"``) and its last entry."""
-        store, slot = self._store, seq % 2
-        pending = list(self._others)
-        cards: dict[int, dict] = {}
-        start = time.monotonic()
-        look = start + _LOOK_SECONDS
-        delay = 0.0001
-        while True:
-            keys = [self._key(r, seq) for r in pending]
-            if self._primed[slot] or store.check(keys):
-                if len(pending) == len(self._others):
-                    self._primed[slot] = True
-                for r, raw in zip(pending, store.multi_get(keys), strict=True):
-                    card = json.loads(raw)
-                    if card["seq"] >= seq:
-                        cards[r] = card
-                pending = [r for r in pending if r not in cards]
-                if not pending:
-                    return cards, {}
-            now = time.monotonic()
-            if now >= look or now - start >= self._timeout:
-                absent = {r: self._whereabouts(r, seq) for r in pending}
-                if now - start >= self._timeout or any(state != "missing" for state, _ in absent.values()):
-                    return cards, absent
-                look = now + _LOOK_SECONDS
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+    def _previous(self, rank: int, seq: int) -> dict | None:
+        """``rank``'s entry of collective ``seq - 1`` (its last one, when it has not called ``seq``)."""
+        key = self._key(rank, seq - 1)
+        if seq > 1 and self._store.check([key]):
+            card = json.loads(self._store.get(key))
+            return card if card.get("state", "called") == "called" else None
+        return None
 
-    def _whereabouts(self, rank: int, seq: int) -> tuple[str, dict | None]:
-        """A rank that has not published ``seq``: ``("ended" | "died" | "missing", its last entry)``."""
-        store = self._store
-        last = None
-        for s in (seq - 1, seq):  # the other slot holds seq - 1; this one seq - 2
-            key = self._key(rank, s)
-            if s >= 1 and store.check([key]):
-                card = json.loads(store.get(key))
-                if card["seq"] < seq and (last is None or card["seq"] > last["seq"]):
-                    last = card
-        if store.check([f"{_KEY}/{rank}/end"]):
-            return "ended", last
-        if last is not None and last.get("space") == self._space and not _alive(int(last["pid"])):
-            return "died", last
-        return "missing", last
+    # -- the watcher's side (its own thread and store connection) --------------------------
+
+    def look(self, seq: int, *, timed_out: bool) -> None:
+        """For each rank that has not published ``seq``: write "died" when its process is gone,
+        "missing" once the timeout has passed (the reader then wakes)."""
+        if self._side is None:
+            self._side = self._store.clone()
+        side = self._side
+        for rank in self._others:
+            key = self._key(rank, seq)
+            if side.check([key]):
+                continue
+            state = None
+            before = self._key(rank, seq - 1)
+            if seq > 1 and side.check([before]):
+                last = json.loads(side.get(before))
+                if last.get("space") == self._space and not _alive(int(last.get("pid", -1))):
+                    state = "died"
+            if state is None and timed_out:
+                state = "missing"
+            if state is not None:
+                side.compare_set(key, "", json.dumps({"seq": seq, "state": state}))
+
+    def sweep(self) -> None:
+        """Delete this rank's entries that every other rank has read."""
+        spent, self._spent = self._spent, []
+        if spent:
+            if self._side is None:
+                self._side = self._store.clone()
+            for seq in spent:
+                self._side.delete_key(self._key(self._me, seq))
+
+    def leave(self) -> None:
+        """At exit: tell ranks that wait for this one at its next collective that it ended."""
+        try:
+            side = self._side if self._side is not None else self._store
+            side.compare_set(self._key(self._me, self._last + 1), "",
+                             json.dumps({"seq": self._last + 1, "state": "ended"}))
+        except Exception:  # noqa: BLE001 - the store's host may have gone first; nothing waits then
+            pass
 
 
 class TpuProcessGroup(dist.ProcessGroup):

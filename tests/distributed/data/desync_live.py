@@ -5,12 +5,12 @@
 Each rank writes ``OUT_DIR/rank<r>.json``: per plant, the error it raised (its type, its
 text, its attributes), or None. The plants:
 
-``mismatches`` (2 ranks) runs three plants one after the other, each on a fresh group
+``mismatches`` (2 ranks) runs four plants one after the other, each on a fresh group
 (a group whose ranks disagreed is of no further use): ``shapes``, an uneven last batch
 (the last step's batch is smaller on rank 1); ``order``, the ranks call all_reduce and
 broadcast in opposite orders; ``stuck``, rank 1 does not call a collective rank 0 waits
-in, and stays alive (the check's timeout names it).
-``hang`` (2 ranks): a collective under ``if rank == 0``; rank 1 goes on and leaves.
+in, and stays alive (the check's timeout names it); ``hang``, a collective under
+``if rank == 0``, while rank 1 goes on and leaves.
 ``kill`` (2 ranks): rank 1 is killed (SIGKILL) after its second collective; rank 0's
 third names it.
 ``ok`` (4 ranks): a correct script with every kind of call the check must let through.
@@ -70,32 +70,38 @@ def opposite_order() -> None:
 def stuck() -> None:
     group = dist.new_group(list(range(world)))
     t = torch.ones(4, device="tpu")
-    dist.all_reduce(t, group=group)
+    dist.all_reduce(t, group=group)  # both ranks call this one
     if rank == 0:
         dist.all_reduce(t, group=group)  # rank 1 never calls this one
     else:
         time.sleep(float(os.environ["TPU_DEBUG_COLLECTIVE_TIMEOUT"]) + 1)  # alive, busy elsewhere
 
 
+def rank_zero_only() -> None:
+    group = dist.new_group(list(range(world)))
+    t = torch.ones(4, device="tpu")
+    dist.all_reduce(t, group=group)
+    dist.barrier(group=group)
+    if rank == 0:
+        dist.all_reduce(t, group=group)  # only rank 0 gets here
+
+
 if PLANT == "mismatches":
     caught("shapes", uneven_last_batch)
     caught("order", opposite_order)
     caught("stuck", stuck)
-    save()
-elif PLANT == "hang":
-    t = torch.ones(4, device="tpu")
-    dist.all_reduce(t)
-    dist.barrier()
-    if rank == 0:
-        caught("hang", lambda: dist.all_reduce(t))  # only rank 0 gets here
+    caught("hang", rank_zero_only)
     save()
 elif PLANT == "kill":
-    t = torch.ones(4, device="tpu")
-    dist.all_reduce(t)
-    dist.all_reduce(t)  # rank 1's last collective
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    caught("kill", lambda: dist.all_reduce(t))  # rank 0 waits for the dead rank here
+    def killed() -> None:
+        t = torch.ones(4, device="tpu")
+        dist.all_reduce(t)
+        dist.all_reduce(t)  # rank 1's last collective
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(t)  # rank 0 waits for the dead rank here
+
+    caught("kill", killed)
     save()
 elif PLANT == "ok":
     def correct() -> None:
