@@ -149,6 +149,8 @@ def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False) 
             return "late"
         ranks = sorted(c.rank for c in calls)
         return "rank_zero" if [c.rank for c in called] == ranks[:1] else "branch"
+    if len({(c.file, c.line) for c in called}) > 1:
+        return "branch"  # the ranks are at different lines: each took its own way there
     if reason == "shapes":
         return "uneven_batch" if repeated and len({c.where for c in calls}) == 1 else "sizes"
     if reason == "dtype":

@@ -23,7 +23,7 @@ __all__ = ["collective_desync"]
 
 
 @rule("collective_desync", about="ranks of a c10d group that called different collectives, or one that "
-      "did not arrive (a hang or mixed data), with each rank's line and the fix by cause")
+      "did not arrive (a hang or mixed data), with each rank's line and the fix by cause", view="collectives")
 def collective_desync(facts: RunFacts) -> Iterable[Finding]:
     """One finding per desync the live check recorded (one per run: the rank raised at it)."""
     events: list[CollectiveDesyncEvent] = facts.query.events("collective_desync")
