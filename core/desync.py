@@ -47,7 +47,7 @@ SAME_SHAPES = frozenset({
 _ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 
 #: why the ranks' calls differ, in the order they are tested
-REASONS = ("missing", "op", "shapes", "dtype", "reduce_op", "root")
+REASONS = ("missing", "op", "device", "shapes", "dtype", "reduce_op", "root")
 
 #: what made them differ: each cause's one-line name
 CAUSES = {
@@ -57,6 +57,7 @@ CAUSES = {
                     "step with other sizes",
     "sizes": "rank-dependent sizes: the ranks gave tensors of other sizes to one collective",
     "dtype": "rank-dependent dtypes: the ranks gave tensors of other dtypes to one collective",
+    "device": "tensors of other devices: the ranks gave one collective tensors on other devices",
     "died": "a rank died",
     "late": "a rank did not arrive: it is stuck elsewhere, or slow",
 }
@@ -87,6 +88,7 @@ class RankCall:
     file: str | None = None
     line: int | None = None
     function: str | None = None
+    device: str = ""  # the tensors' device type ("tpu", "cpu"; "" when not known)
 
     def __post_init__(self) -> None:
         if self.state not in _STATES:
@@ -104,7 +106,8 @@ class RankCall:
         if self.op in _ROOTED and self.peer is not None:
             extra += f", root {self.peer}"
         where = f" at {self.where}" if self.where else ""
-        return f"{self.op}({shapes}; {self.dtype or '-'}{extra}){where}"
+        on = f" on {self.device}" if self.device and self.device != "tpu" else ""
+        return f"{self.op}({shapes}; {self.dtype or '-'}{extra}){on}{where}"
 
 
 def differ(calls: Sequence[RankCall]) -> str | None:
@@ -117,6 +120,8 @@ def differ(calls: Sequence[RankCall]) -> str | None:
     first = calls[0]
     if any(c.op != first.op for c in calls):
         return "op"
+    if all(c.device for c in calls) and any(c.device != first.device for c in calls):
+        return "device"
     if first.op in SAME_SHAPES and any(c.shapes != first.shapes for c in calls):
         return "shapes"
     if any(c.dtype != first.dtype for c in calls):
@@ -149,12 +154,12 @@ def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False) 
             return "late"
         ranks = sorted(c.rank for c in calls)
         return "rank_zero" if [c.rank for c in called] == ranks[:1] else "branch"
+    if reason in ("dtype", "device"):
+        return reason
     if len({(c.file, c.line) for c in called}) > 1:
         return "branch"  # the ranks are at different lines: each took its own way there
     if reason == "shapes":
         return "uneven_batch" if repeated and len({c.where for c in calls}) == 1 else "sizes"
-    if reason == "dtype":
-        return "dtype"
     return "branch"
 
 
@@ -195,6 +200,10 @@ def fix_for(cause: str, calls: Sequence[RankCall], seq: int, *, timeout: float |
         )
     if cause == "dtype":
         return "Give the collective tensors of one dtype on every rank: cast before the call (.to(dtype))."
+    if cause == "device":
+        kinds = "; ".join(f"rank {c.rank}: {c.device}" for c in called)
+        return (f"Give the collective tensors on the tpu device on every rank ({kinds}): move them with "
+                ".to(\"tpu\") before the call.")
     if cause == "late":
         wait = f" within {timeout:g} s" if timeout is not None else ""
         return (

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from tpu_debug.core import desync as _desync
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent
 
-__all__ = ["Desync", "desync_text", "first_desyncs", "rank_call"]
+__all__ = ["Desync", "desync_text", "event_calls", "first_desyncs", "rank_call"]
 
 _P2P = _desync.P2P_OPS
 
@@ -95,14 +95,19 @@ def rank_call(rank: int, call: CollectiveCallEvent | None, state: str = "called"
     )
 
 
-def desync_text(event: CollectiveDesyncEvent) -> str:
-    """The text of a desync the live check recorded (what the rank raised)."""
-    calls = [
+def event_calls(event: CollectiveDesyncEvent) -> list[_desync.RankCall]:
+    """Each rank's part of a desync the live check recorded."""
+    return [
         _desync.RankCall(c.rank, c.state, c.op, c.seq, tuple(c.shapes.split("; ")) if c.shapes else (), c.dtype,
-                         c.reduce_op, c.peer, c.file, c.line, c.function)
+                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device)
         for c in event.calls
     ]
-    return _desync.describe(event.group, event.seq, event.reason, event.cause, calls, timeout=event.timeout)
+
+
+def desync_text(event: CollectiveDesyncEvent) -> str:
+    """The text of a desync the live check recorded (what the rank raised)."""
+    return _desync.describe(event.group, event.seq, event.reason, event.cause, event_calls(event),
+                            timeout=event.timeout)
 
 
 def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],

@@ -446,6 +446,7 @@ class DesyncCall:
     file: str | None
     line: int | None
     function: str | None
+    device: str = ""  # the tensors' device type, when known
 
 
 @register_event

@@ -330,7 +330,7 @@ class Recorder:
                 info.timeout,
                 tuple(
                     DesyncCall(c.rank, c.state, c.op, c.seq, "; ".join(c.shapes), c.dtype, c.reduce_op, c.peer,
-                               c.file, c.line, c.function)
+                               c.file, c.line, c.function, c.device)
                     for c in info.calls
                 ),
             )

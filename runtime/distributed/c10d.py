@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
 import json
+import math
 import os
 import socket
 import sys
@@ -53,7 +55,13 @@ from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed.config import config
-from tpu_debug.runtime.distributed.errors import CollectiveDesyncError, CollectiveDeviceError, CollectiveTimeoutError
+from tpu_debug.runtime.distributed.errors import (
+    CollectiveDesyncError,
+    CollectiveDeviceError,
+    CollectiveTimeoutError,
+    LaunchError,
+    MeshError,
+)
 
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "P2P_OPS", "TpuProcessGroup", "register_backends"]
 
@@ -263,7 +271,8 @@ def _rank_call(rank: int, card: dict | None, state: str = "called") -> desync.Ra
     if card is None:
         return desync.RankCall(rank, state)
     return desync.RankCall(rank, state, card["op"], card["seq"], tuple(card["shapes"]), card["dtype"],
-                           card["reduce_op"], card["peer"], card["file"], card["line"], card["function"])
+                           card["reduce_op"], card["peer"], card["file"], card["line"], card["function"],
+                           card.get("device", ""))
 
 
 class _Watcher:
@@ -347,8 +356,9 @@ class _LiveCheck:
     def _key(self, rank: int, seq: int) -> str:
         return f"{_KEY}/{rank}/{seq}"
 
-    def check(self, info: probes.CollectiveInfo) -> None:
-        """Raise unless every rank of the group calls this collective, alike.
+    def check(self, info: probes.CollectiveInfo, device: str = "") -> None:
+        """Raise unless every rank of the group calls this collective, alike (``device``: the
+        device type of its tensors).
 
         Raises:
             CollectiveDesyncError: another rank calls another collective here, or ended or died.
@@ -360,7 +370,7 @@ class _LiveCheck:
         seq = info.seq
         mine = {"seq": seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
                 "reduce_op": info.reduce_op, "peer": info.peer, "file": file, "line": line, "function": function,
-                "pid": self._pid, "space": self._space}
+                "pid": self._pid, "space": self._space, "device": device}
         store = self._store
         try:
             store.set(self._key(self._me, seq), json.dumps(mine))
@@ -496,6 +506,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         back into its device tensors."""
         kind, factor = _reduce_kind(reduce_op)
         in_place = name.startswith("allreduce")
+        device = self._device_of(name, args)
         if kind is not None:
             _check_reduce(kind, _flat(args[0 if in_place else 1]))
         if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
@@ -507,7 +518,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             info = self._info(name, args, kind)
             if probes._routes.on_collective:
                 probes.collective(info)
-            self._check.check(info)
+            self._check.check(info, device)
         elif probes._routes.on_collective:
             probes.collective(self._info(name, args, kind))
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -530,6 +541,26 @@ class TpuProcessGroup(dist.ProcessGroup):
         wanted = _flat(args[outputs])
         _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
         return _DoneWork(wanted)
+
+    def _device_of(self, name: str, args: tuple) -> str:
+        """The device type of the call's tensors (``"tpu"`` when any is, else ``"cpu"``).
+
+        Raises:
+            CollectiveDeviceError: a tensor is on a device the host engine cannot copy from.
+        """
+        device = ""
+        for t in (t for a in args for t in _flat(a)):
+            kind = t.device.type
+            if kind not in ("tpu", "cpu"):
+                hint = (" (a meta tensor has no data: create the module's parameters on tpu first, e.g. "
+                        "model.to_empty(device=\"tpu\"))" if kind == "meta" else "")
+                raise CollectiveDeviceError(
+                    f"rank {self._global_ranks[self._rank]}: {name} got a tensor on {t.device}: the tpu process "
+                    f"group runs collectives on tpu tensors (and CPU ones); move it with .to(\"tpu\"){hint}"
+                )
+            if device != "tpu":
+                device = kind
+        return device
 
     def _info(self, name: str, args: tuple, kind: Any) -> probes.CollectiveInfo:
         tensors = [t for a in args for t in _flat(a)]
@@ -703,6 +734,61 @@ def _creator(name: str) -> Callable[[Any, Any], TpuProcessGroup]:
     return create
 
 
+def _this_rank(explicit: Any = None) -> str:
+    rank = explicit if explicit not in (None, -1) else os.environ.get("RANK")
+    return f"rank {rank}" if rank is not None else "this process"
+
+
+def _guard_init(init: Callable) -> Callable:
+    """``init_process_group`` that names a backend the `tpu` device cannot use, and the fix,
+    in one line (torch says "Unknown backend type", or fails deep in NCCL)."""
+
+    @functools.wraps(init)
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return init(backend, *args, **kwargs)
+        except (AssertionError, RuntimeError, ValueError) as exc:
+            if "Unknown backend type" in str(exc):
+                why = "torch.distributed has no backend of that name"
+            elif str(backend).lower() == "nccl" and not torch.cuda.is_available():
+                why = "NCCL runs on CUDA GPUs, and this machine has none"
+            else:
+                raise
+            raise LaunchError(
+                f"{_this_rank(kwargs.get('rank'))}: init_process_group(backend={backend!r}): {why}. On the tpu "
+                "device give \"tpu_dist\" or \"tpu\" (TorchTPU's backends), or no backend: init_process_group() "
+                "picks tpu_dist; \"gloo\" is CPU's."
+            ) from None
+
+    init_process_group._tpu_debug_guard = True  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _guard_mesh() -> None:
+    """``init_device_mesh`` that says, for a mesh bigger than the job, what to launch."""
+    module = sys.modules["torch.distributed.device_mesh"]
+    init = getattr(module, "init_device_mesh", None)
+    if init is None or getattr(init, "_tpu_debug_guard", False):
+        return
+
+    @functools.wraps(init)
+    def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return init(device_type, mesh_shape, *args, **kwargs)
+        except RuntimeError as exc:
+            if "Mesh should not be bigger than default world size" not in str(exc):
+                raise
+            world, need = dist.get_world_size(), math.prod(mesh_shape)
+            raise MeshError(
+                f"{_this_rank(dist.get_rank())}: init_device_mesh({device_type!r}, {tuple(mesh_shape)}) needs "
+                f"{need} ranks, and the job has {world}: start {need} processes (torchrun --nproc-per-node "
+                f"{need}), or give a mesh shape whose sizes multiply to {world}"
+            ) from None
+
+    init_device_mesh._tpu_debug_guard = True  # type: ignore[attr-defined]
+    module.init_device_mesh = init_device_mesh
+
+
 def register_backends() -> None:
     """Register the c10d backends ``tpu`` and ``tpu_dist`` for the `tpu` device, once, and make
     ``tpu_dist`` its default (``init_process_group()`` with no backend on `tpu`)."""
@@ -716,4 +802,10 @@ def register_backends() -> None:
         # register_backend gives a device to the first backend that claims it: CPU stays
         # gloo's, and tpu gets TorchTPU's default even when "tpu" was registered first
         dist.Backend.default_device_backend_map["tpu"] = DEFAULT_BACKEND
+        for module in (dist, sys.modules["torch.distributed.distributed_c10d"]):
+            if not getattr(module.init_process_group, "_tpu_debug_guard", False):
+                module.init_process_group = _guard_init(module.init_process_group)
+        from tpu_debug.runtime.device import when_imported
+
+        when_imported("torch.distributed.device_mesh", _guard_mesh)
         _registered = True

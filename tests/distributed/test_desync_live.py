@@ -56,7 +56,7 @@ def _sessions(runs: list[Path]) -> dict[int | None, object]:
 
 @pytest.fixture(scope="module")
 def mismatches(tmp_path_factory) -> dict:
-    """Four plants on two ranks, one fresh group each: shapes, order, stuck, hang."""
+    """Five plants on two ranks, one fresh group each: shapes, order, stuck, device, hang."""
     return _torchrun(tmp_path_factory.mktemp("mismatches"), "mismatches", 2, 5)
 
 
@@ -116,7 +116,7 @@ def test_collective_under_rank_zero_is_named_when_the_other_rank_leaves(mismatch
     assert rank0["type"] == "CollectiveDesyncError"
     line = _line("only rank 0 gets here")
     assert rank0["text"] == (
-        "group 4, collective #3: the ranks differ (missing)\n"
+        "group 5, collective #3: the ranks differ (missing)\n"
         f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{line} in rank_zero_only\n"
         "  rank 1: ended (its process left the group); its last collective of the group was #2 "
         f"barrier(no tensors; -) at {NAME}:{line - 2} in rank_zero_only\n"
@@ -125,6 +125,19 @@ def test_collective_under_rank_zero_is_named_when_the_other_rank_leaves(mismatch
         "`if rank == 0:` (a metric, logging, saving) waits for ranks that never call it. Call it on every rank "
         "of the group and use its result on rank 0 only, or do rank 0's work without a collective."
     )
+
+
+def test_tensors_of_other_devices_on_the_ranks_are_named(mismatches):
+    line = _line('rank 0 forgot .to("tpu")')
+    for got in _both(mismatches, "device"):
+        assert (got["type"], got["seq"], got["reason"], got["cause"]) == ("CollectiveDesyncError", 1, "device", "device")
+        assert got["text"].splitlines()[1:] == [
+            f"  rank 0: allreduce([4]; float32, SUM) on cpu at {NAME}:{line} in mixed_devices",
+            f"  rank 1: allreduce([4]; float32, SUM) at {NAME}:{line} in mixed_devices",
+            "Cause: tensors of other devices: the ranks gave one collective tensors on other devices.",
+            'Fix: Give the collective tensors on the tpu device on every rank (rank 0: cpu; rank 1: tpu): move '
+            'them with .to("tpu") before the call.',
+        ]
 
 
 def test_runs_stay_readable_and_hold_the_findings(mismatches):
@@ -136,10 +149,10 @@ def test_runs_stay_readable_and_hold_the_findings(mismatches):
     for rank, session in sessions.items():
         # every collective the rank entered is recorded, the ones it stopped at included
         seqs = {(c.group, c.seq) for c in session.events("collective_call")}
-        assert {("1", 3), ("2", 1), ("3", 1 if rank else 2), ("4", 2 if rank else 3)} <= seqs
+        assert {("1", 3), ("2", 1), ("3", 1 if rank else 2), ("4", 1), ("5", 2 if rank else 3)} <= seqs
         raised = [r["text"] for r in mismatches["results"][rank].values() if r is not None]
         findings = [f for f in advise(session).findings if f.kind == "collective_desync"]
-        assert len(findings) == len(raised) == (4 if rank == 0 else 2)
+        assert len(findings) == len(raised) == (5 if rank == 0 else 3)
         for f in findings:
             (text,) = [t for t in raised if f.title.startswith(t.splitlines()[0] + ": ")]
             assert f.severity == "error" and f.evidence.location.file.endswith(NAME)
@@ -149,7 +162,7 @@ def test_runs_stay_readable_and_hold_the_findings(mismatches):
 
 def test_after_the_fact_reader_gives_the_live_text(mismatches):
     sessions = _sessions(mismatches["runs"])
-    calls = {rank: [c for c in s.events("collective_call") if c.group == "4"] for rank, s in sessions.items()}
+    calls = {rank: [c for c in s.events("collective_call") if c.group == "5"] for rank, s in sessions.items()}
     (found,) = first_desyncs(calls, states={1: "ended"})
     assert found.cause == "rank_zero"
     assert found.describe() == mismatches["results"][0]["hang"]["text"]
@@ -227,3 +240,60 @@ def test_a_reduction_or_root_that_differs_is_a_branch():
 def test_point_to_point_calls_are_not_compared():
     calls = {0: [_call(0, 1, op="send")], 1: [_call(1, 1, op="recv", shapes=("[9]",))]}
     assert first_desyncs(calls) == []
+
+
+# -- faults named in one line, in this process (a group of one rank) ----------------------
+
+
+@pytest.fixture
+def store(tmp_path):
+    import torch.distributed as dist
+
+    yield dist.FileStore(str(tmp_path / "store"), 1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_an_unknown_backend_name_is_named_with_the_fix(store):
+    import re
+
+    import torch.distributed as dist
+    from tpu_debug.runtime.distributed.errors import LaunchError
+
+    with pytest.raises(LaunchError, match=re.escape(
+        "rank 0: init_process_group(backend='tpu_dsit'): torch.distributed has no backend of that name. On the "
+        'tpu device give "tpu_dist" or "tpu" (TorchTPU\'s backends), or no backend: init_process_group() picks '
+        'tpu_dist; "gloo" is CPU\'s.'
+    )):
+        dist.init_process_group("tpu_dsit", store=store, rank=0, world_size=1)
+
+
+def test_a_mesh_bigger_than_the_job_says_what_to_launch(store):
+    import re
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from tpu_debug.runtime.distributed.errors import MeshError
+
+    dist.init_process_group(store=store, rank=0, world_size=1)
+    with pytest.raises(MeshError, match=re.escape(
+        "rank 0: init_device_mesh('tpu', (2, 2)) needs 4 ranks, and the job has 1: start 4 processes (torchrun "
+        "--nproc-per-node 4), or give a mesh shape whose sizes multiply to 1"
+    )):
+        init_device_mesh("tpu", (2, 2))
+
+
+def test_a_tensor_of_a_device_the_group_cannot_use_is_named(store):
+    import re
+
+    import torch
+    import torch.distributed as dist
+    from tpu_debug.runtime.distributed.errors import CollectiveDeviceError
+
+    dist.init_process_group(store=store, rank=0, world_size=1)
+    with pytest.raises(CollectiveDeviceError, match=re.escape(
+        'rank 0: allreduce got a tensor on meta: the tpu process group runs collectives on tpu tensors (and CPU '
+        'ones); move it with .to("tpu") (a meta tensor has no data: create the module\'s parameters on tpu '
+        'first, e.g. model.to_empty(device="tpu"))'
+    )):
+        dist.all_reduce(torch.ones(3, device="meta"))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tpu_debug.core.desync import CAUSES, RankCall, fix_for
+from tpu_debug.core.desync import CAUSES, fix_for
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
-from tpu_debug.tracers.collective_calls import desync_text
+from tpu_debug.tracers.collective_calls import desync_text, event_calls
 from tpu_debug.tracers.events import CollectiveDesyncEvent
 
 __all__ = ["collective_desync"]
@@ -25,14 +25,10 @@ __all__ = ["collective_desync"]
 @rule("collective_desync", about="ranks of a c10d group that called different collectives, or one that "
       "did not arrive (a hang or mixed data), with each rank's line and the fix by cause", view="collectives")
 def collective_desync(facts: RunFacts) -> Iterable[Finding]:
-    """One finding per desync the live check recorded (one per run: the rank raised at it)."""
+    """One finding per desync the live check recorded in this run."""
     events: list[CollectiveDesyncEvent] = facts.query.events("collective_desync")
     for e in events:
-        calls = [
-            RankCall(c.rank, c.state, c.op, c.seq, tuple(c.shapes.split("; ")) if c.shapes else (), c.dtype,
-                     c.reduce_op, c.peer, c.file, c.line, c.function)
-            for c in e.calls
-        ]
+        calls = event_calls(e)
         text = desync_text(e)
         header, _, rest = text.partition("\n")
         facts_lines = tuple(line.strip() for line in rest.splitlines() if line.startswith("  "))

@@ -10,7 +10,8 @@ text, its attributes), or None. The plants:
 (the last step's batch is smaller on rank 1); ``order``, the ranks call all_reduce and
 broadcast in opposite orders; ``stuck``, rank 1 does not call a collective rank 0 waits
 in, and stays alive (the check's timeout names it); ``hang``, a collective under
-``if rank == 0``, while rank 1 goes on and leaves.
+``if rank == 0``, while rank 1 goes on and leaves; ``device``, rank 0 all-reduces a CPU
+tensor, rank 1 a `tpu` one (it runs before ``hang``, which ends rank 1).
 ``kill`` (2 ranks): rank 1 is killed (SIGKILL) after its second collective; rank 0's
 third names it.
 ``ok`` (4 ranks): a correct script with every kind of call the check must let through.
@@ -86,10 +87,16 @@ def rank_zero_only() -> None:
         dist.all_reduce(t, group=group)  # only rank 0 gets here
 
 
+def mixed_devices() -> None:
+    group = dist.new_group(list(range(world)))
+    dist.all_reduce(torch.ones(4, device="cpu" if rank == 0 else "tpu"), group=group)  # rank 0 forgot .to("tpu")
+
+
 if PLANT == "mismatches":
     caught("shapes", uneven_last_batch)
     caught("order", opposite_order)
     caught("stuck", stuck)
+    caught("device", mixed_devices)
     caught("hang", rank_zero_only)
     save()
 elif PLANT == "kill":
