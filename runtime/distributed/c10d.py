@@ -348,13 +348,20 @@ class _LiveCheck:
         self._last = 0  # the last sequence number this rank published
         self._spent: list[int] = []  # this rank's entries every other rank has read (the watcher deletes them)
         self._off = False
+        # a group made again under the same name (destroy_process_group, then init_process_group
+        # on the same store) must not read the entries its previous life left: each rank counts
+        # the lives of this group's name in the store, and every rank makes the same groups
+        try:
+            self._life = int(store.add(f"{_KEY}/lives/{me}", 1))
+        except (RuntimeError, OSError):  # a store without counters: the group runs unchecked
+            self._life, self._off = 0, True
         with _exit_lock:
             if not _exit_marks:
                 atexit.register(_mark_exit)
             _exit_marks.append(self)
 
     def _key(self, rank: int, seq: int) -> str:
-        return f"{_KEY}/{rank}/{seq}"
+        return f"{_KEY}/{self._life}/{rank}/{seq}"
 
     def check(self, info: probes.CollectiveInfo, device: str = "") -> None:
         """Raise unless every rank of the group calls this collective, alike (``device``: the
