@@ -28,9 +28,10 @@ def _rank_main(rounds: int, calls: int) -> None:
     dist.init_process_group()
     group = dist.group.WORLD
     check = group._check
+    small, big = torch.ones(4, device="tpu"), torch.ones(262144, device="tpu")
     cases = {
-        "all_reduce f32[4]": lambda t=torch.ones(4, device="tpu"): dist.all_reduce(t),
-        "all_reduce f32[262144] (1 MiB)": lambda t=torch.ones(262144, device="tpu"): dist.all_reduce(t),
+        "all_reduce f32[4]": lambda: dist.all_reduce(small),
+        "all_reduce f32[262144] (1 MiB)": lambda: dist.all_reduce(big),
         "barrier": dist.barrier,
     }
     rows = []

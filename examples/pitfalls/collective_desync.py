@@ -26,9 +26,9 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
+from tpu_debug.runtime.distributed.errors import CollectiveDesyncError
 
 import tpu_debug  # noqa: F401 - registers the tpu device
-from tpu_debug.runtime.distributed.errors import CollectiveDesyncError
 
 
 def _free_port() -> int:

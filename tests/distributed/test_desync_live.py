@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dist_helpers import DATA, REPO, python_env
+from dist_helpers import DATA, python_env
 from tpu_debug.core import desync
 from tpu_debug.tracers.collective_calls import first_desyncs
 from tpu_debug.tracers.events import CollectiveCallEvent, SourceLocation
@@ -104,8 +104,8 @@ def test_a_rank_that_does_not_come_is_named_at_the_timeout_with_its_last_collect
         "CollectiveTimeoutError", 2, "missing", "late", [1])
     assert rank0["text"].splitlines()[1:3] == [
         f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{_line('rank 1 never calls this one')} in stuck",
-        f"  rank 1: did not call collective #2 within 5 s; its last collective of the group was #1 "
-        f"allreduce([4]; float32, SUM) at {NAME}:{_line('both ranks call this one')} in stuck",
+        (f"  rank 1: did not call collective #2 within 5 s; its last collective of the group was #1 "
+         f"allreduce([4]; float32, SUM) at {NAME}:{_line('both ranks call this one')} in stuck"),
     ]
     assert "raise TPU_DEBUG_COLLECTIVE_TIMEOUT" in rank0["text"]
 
@@ -135,8 +135,8 @@ def test_tensors_of_other_devices_on_the_ranks_are_named(mismatches):
             f"  rank 0: allreduce([4]; float32, SUM) on cpu at {NAME}:{line} in mixed_devices",
             f"  rank 1: allreduce([4]; float32, SUM) at {NAME}:{line} in mixed_devices",
             "Cause: tensors of other devices: the ranks gave one collective tensors on other devices.",
-            'Fix: Give the collective tensors on the tpu device on every rank (rank 0: cpu; rank 1: tpu): move '
-            'them with .to("tpu") before the call.',
+            ('Fix: Give the collective tensors on the tpu device on every rank (rank 0: cpu; rank 1: tpu): move '
+             'them with .to("tpu") before the call.'),
         ]
 
 
@@ -183,8 +183,8 @@ def test_a_killed_rank_is_named_with_its_last_collective(killed):
         "CollectiveDesyncError", 3, "missing", "died", [1])
     assert got["text"].splitlines()[1:4] == [
         f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{_line('waits for the dead rank here')} in killed",
-        "  rank 1: died (its process is gone); its last collective of the group was #2 "
-        f"allreduce([4]; float32, SUM) at {NAME}:{_line(chr(35) + ' rank 1' + chr(39) + 's last collective')} in killed",
+        ("  rank 1: died (its process is gone); its last collective of the group was #2 "
+         f"allreduce([4]; float32, SUM) at {NAME}:{_line(chr(35) + ' rank 1' + chr(39) + 's last collective')} in killed"),
         "Cause: a rank died.",
     ]
     sessions = _sessions(killed["runs"])
