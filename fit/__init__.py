@@ -8,7 +8,9 @@ Everything fit computes lives here, above the runtime and the tracers and below 
   devices, the parameters' placements and the one SPMD compile of the step;
 - :mod:`~tpu_debug.fit.scan`: a training step whose decoder layers run as one loop;
 - :mod:`~tpu_debug.fit.infer`: prefill and decode steps with a static KV cache;
-- :mod:`~tpu_debug.fit.moe`: mixture-of-experts layers routed per batch shard.
+- :mod:`~tpu_debug.fit.moe`: mixture-of-experts layers routed per batch shard;
+- :mod:`~tpu_debug.fit.communication`: each collective kind beside the plan's bound
+  (:class:`CollectiveBound`).
 
 What reads an answer back stays with its layer: the ``FitEvent`` record in
 ``tracers/events.py``, the advisor's rules in ``tracers/advisor/fit.py``, the report's
@@ -45,10 +47,12 @@ from tpu_debug.fit.answer import (
     remat_of,
     search,
 )
+from tpu_debug.fit.communication import CollectiveBound
 
 __all__ = [
     "JOBS",
     "PRESETS",
+    "CollectiveBound",
     "CollectiveCost",
     "FitReport",
     "Fixes",

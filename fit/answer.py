@@ -28,6 +28,7 @@ from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.fit import techniques
 from tpu_debug.fit.techniques import LOSSES
+from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
@@ -164,6 +165,9 @@ class FitReport:
         method: how the decoder layers were compiled when not unrolled (as one loop).
         compile_cached: the compile was read back from the target compile cache
             (``compile_seconds`` is then what the first compile took).
+        communication: each collective kind per step beside the plan's bound, with where its
+            bytes come from (``tpu_debug.fit.communication.CollectiveBound``); empty when the
+            compile failed or for inference.
         at_least: the parts of ``required`` when the compiler stopped early (an out-of-memory
             refusal): its message's figure (temporaries only) and the arguments known without
             it, ``(what, bytes)``; ``required`` is then their sum, a lower bound. Empty when
@@ -192,6 +196,7 @@ class FitReport:
     method: str | None = None
     compile_cached: bool = False
     at_least: tuple[tuple[str, int], ...] = ()
+    communication: tuple[CollectiveBound, ...] = ()
 
     @property
     def caveats(self) -> tuple[str, ...]:
@@ -222,6 +227,8 @@ class FitReport:
         data["plan"] = str(self.plan)
         data["headroom"] = self.headroom
         data["caveats"] = list(self.caveats)
+        data["communication"] = [{**dataclasses.asdict(b), "ratio": b.ratio, "over": b.over,
+                                  "reasons": list(b.reasons())} for b in self.communication]
         return data
 
     def render(self, *, fixes_hint: bool = True) -> str:
@@ -502,7 +509,16 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
                            optimization_level=optimization_level, cache=cache, policy=chosen.make(),
                            head_loss=head_loss)
     c = fc.compile
-    collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
+    repeats = loop_repeats(c.hlo or "", pieces.layers) if c.ok else {}
+    collectives = collective_costs(c.hlo or "", tgt, repeats) if c.ok else ()
+    communication = ()
+    if c.ok:
+        params = [ParamInfo(n, tuple(pieces.specs[n].shape[1:]), pieces.layers,
+                            _split(fc.placements[f"{pieces.prefix}.0.{n}"]), recomputed=chosen.name == "full")
+                  for n in pieces.inner]
+        params += [ParamInfo(n, tuple(pieces.specs[n].shape), 1, _split(fc.placements[n]),
+                             embedding=n.endswith("embed_tokens.weight")) for n in pieces.outer]
+        communication = _communication(c.hlo, repeats, collectives, params, plan, dtype, master_dtype or dtype)
     keeps = chosen.keeps
     gathers = "; FSDP weights gathered inside the loop, again in the backward" if plan.fsdp > 1 else ""
     how = (f"the {pieces.layers} decoder layers as one loop over their stacked parameters (jax.lax.scan, "
@@ -524,7 +540,24 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         r = roofline(c)
         passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
-                    fc.batch_bytes, fc.unsharded, c.seconds, passes, cached=c.cached), how
+                    fc.batch_bytes, fc.unsharded, c.seconds, passes, cached=c.cached,
+                    communication=communication), how
+
+
+def _split(placements: tuple) -> bool:
+    """The placements split the tensor over the fsdp axis (the mesh's second)."""
+    return not placements[1].is_replicate()
+
+
+def _communication(hlo: str, repeats: dict[str, int], collectives: Sequence[CollectiveCost],
+                   params: Sequence[ParamInfo], plan: Plan, dtype: str, grad_dtype: str):
+    """Each collective kind of the compiled step beside the plan's bound, with where its bytes
+    come from (``tpu_debug.fit.communication``)."""
+    from tpu_debug.fit.communication import bounds, classify
+
+    items = [(c, data, runs) for c, data, _, runs in collective_items(hlo, repeats)]
+    return bounds({c.kind: c.bytes for c in collectives}, classify(items, params), params, fsdp=plan.fsdp,
+                  dp=plan.dp, tp=plan.tp, dtype=dtype, grad_dtype=grad_dtype)
 
 
 # how the looped step's mixture-of-experts layers run (docs/fit.md)
@@ -557,6 +590,7 @@ class _Measure:
     pass_flops: float  # the compiler's flops with each float32 dot counted once per bf16 pass
     kv_bytes: int = 0  # one chip's KV cache (prefill, decode)
     cached: bool = False  # read back from the target compile cache: compile_seconds is the first compile's
+    communication: tuple = ()  # CollectiveBound per kind (tpu_debug.fit.communication)
 
 
 def _measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int, job: str,
@@ -604,9 +638,15 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
 
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    communication = ()
+    if c.ok and train:  # the bound counts a training step's passes
+        shapes = dict(model.named_parameters())
+        params = [ParamInfo(n, tuple(shapes[n].shape), 1, _split(fc.placements[n]),
+                            embedding=n.endswith("embed_tokens.weight")) for n in names]
+        communication = _communication(c.hlo, {}, collectives, params, plan, dtype, dtype)
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0,
-                    cached=c.cached)
+                    cached=c.cached, communication=communication)
 
 
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
@@ -667,7 +707,7 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
     return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
                      memory, fc.collectives, estimate, fc.unsharded,
                      None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
-                     extrapolation, method, fc.cached, at_least)
+                     extrapolation, method, fc.cached, at_least, fc.communication)
 
 
 def _lower_bound(fc: _Measure, job: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
@@ -709,25 +749,45 @@ def collective_costs(hlo: str, tgt: Target, repeats: dict[str, int] | None = Non
     A collective's bytes are the larger of what its result and its operands hold (an
     all-gather's result is operand x group, a reduce-scatter's operand result x group):
     the TPU compiler fuses converts into collectives, so an all-reduce may sum float32
-    operands into a bfloat16 result, and the operands are then what travels.
+    operands into a bfloat16 result, and the operands are then what travels. A collective
+    the compiler threads through several fusions to overlap it with compute is counted
+    once (``tpu_debug.fit.communication.collective_sites``).
     """
+    by_kind: dict[str, list[tuple[int, int]]] = {}
+    for c, data, wire, runs in collective_items(hlo, repeats):
+        by_kind.setdefault(c.opcode, []).extend([(data, wire)] * runs)
+    rate = ici_rate(tgt)
+    costs = [CollectiveCost(kind, len(items), sum(d for d, _ in items), sum(w for _, w in items),
+                            None if rate is None else sum(w for _, w in items) / rate)
+             for kind, items in by_kind.items()]
+    return tuple(sorted(costs, key=lambda c: -c.wire_bytes))
+
+
+def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tuple[Any, int, int, int]]:
+    """``(Collective, bytes, wire bytes, runs per step)`` for each collective the step runs
+    (see ``collective_costs``), each once however many fusions hold a copy of it."""
     from tpu_debug.core.collectives import parse_collectives
+    from tpu_debug.fit.communication import collective_sites
 
     operands = _operand_bytes(hlo)
-    by_kind: dict[str, list[tuple[int, int]]] = {}
+    sites = collective_sites(hlo)
+    holder: dict[tuple[str, str], str] = {}  # (running computation, channel) -> the computation counted
+    out = []
     for c in parse_collectives(hlo):
+        times = 1
+        site = sites.get(c.instruction)
+        if site is not None:
+            root, channel, computation, times = site
+            if holder.setdefault((root, channel), computation) != computation:
+                continue  # a copy of a collective already counted, in another fusion
         n = max(c.group_size, 1)
         given = operands.get(c.instruction, 0)
         if c.opcode == "all-gather":
             given *= n
         data = max(c.nbytes, given)
         wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
-        by_kind.setdefault(c.opcode, []).extend([(data, wire)] * (repeats or {}).get(c.instruction, 1))
-    rate = ici_rate(tgt)
-    costs = [CollectiveCost(kind, len(items), sum(d for d, _ in items), sum(w for _, w in items),
-                            None if rate is None else sum(w for _, w in items) / rate)
-             for kind, items in by_kind.items()]
-    return tuple(sorted(costs, key=lambda c: -c.wire_bytes))
+        out.append((c, data, wire, (repeats or {}).get(c.instruction, 1) * times))
+    return out
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) ")
@@ -810,6 +870,21 @@ def _render(r: FitReport, fixes_hint: bool = True) -> str:
         for c in r.collectives:
             lines.append(f"    {c.kind:<18} x{c.count:<4} {format_bytes(c.bytes):>11} data, "
                          f"{format_bytes(c.wire_bytes):>11} on the wire, ~{format_seconds(c.seconds)}")
+    if r.communication:
+        lines.append("  communication per step (per chip) beside the plan's bound:")
+        for b in r.communication:
+            ratio = f"{b.ratio:.2f}x the bound" if b.ratio is not None else "the plan needs none"
+            lines.append(f"    {b.kind:<18} {format_bytes(b.compiled):>11} compiled, bound {format_bytes(b.bound):>11}: "
+                         f"{ratio}")
+            lines.append(f"      bound: {b.basis}")
+            reasons = b.reasons()
+            if reasons:
+                lines.append(f"      over {OVER}x: measured in the compiled HLO, the bytes come from")
+                lines.extend(f"        {why}" for why in reasons)
+            elif b.ratio is not None and b.ratio < 1 and b.shares:
+                # under the plan's count: the compiler shared a gather between passes; the shares say which ran
+                lines.append("      under the bound: measured in the compiled HLO, " + "; ".join(
+                    f"{x.what} {format_bytes(x.bytes)}" for x in b.shares[:3]))
     e = r.estimate
     if e is not None:
         lines.append(f"  estimate (not a measurement): step ~{format_seconds(e.seconds)} (compute "

@@ -149,9 +149,17 @@ class GraphProgram:
             for node in gm.graph.nodes
             if node.op == "call_function" and node.target in _ASSERTS
         )
+        # functional collectives (DTensor, funcol calls): host callbacks in the program
+        self.collectives = 0
         for node in gm.graph.nodes:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
                 if node.target in _SHAPE_OPS or node.target is _COPY_ or node.target in _ASSERTS:
+                    continue
+                if _collectives(node.target) is not None:
+                    self.collectives += 1
+                    scope = f"{node.name}|{node.target}"
+                    trace = node.meta.get("stack_trace")
+                    self.nodes.append(LoweredNode(node.name, str(node.target), scope, trace))
                     continue
                 low = lookup(node.target)
                 if low is None:
@@ -214,6 +222,9 @@ class GraphProgram:
             return target(*args, **kwargs)
         if target in _SHAPE_OPS:
             return _SHAPE_OPS[target](*args)
+        if self.collectives and (collectives := _collectives(target)) is not None:
+            with jax.named_scope(f"{node.name}|{target}"):
+                return collectives.lower(node, args, kwargs)
         low = lookup(target)
         if low.rng:
             kwargs["key"] = jax.random.fold_in(key, next(draws))
@@ -250,6 +261,19 @@ class GraphProgram:
         return (token, *(out if isinstance(out, (tuple, list)) else (out,)))
 
 
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def _collectives(op: torch._ops.OpOverload):
+    """The module lowering functional collectives when ``op`` is one it lowers, else None
+    (imported on first need: it needs torch.distributed's ops)."""
+    if op.namespace not in _COLLECTIVE_NAMESPACES:
+        return None
+    from tpu_debug.runtime.distributed import compiled_collectives
+
+    return compiled_collectives if compiled_collectives.handles(op) else None
+
+
 def _value(a, env: dict):
     """An FX argument with its nodes replaced by their values in ``env``."""
     if isinstance(a, torch.fx.Node):
@@ -257,6 +281,27 @@ def _value(a, env: dict):
     if isinstance(a, (list, tuple)):
         return type(a)(_value(x, env) for x in a)
     return a
+
+
+class _Opaque:
+    """A graph input that is neither a tensor nor a number (the ``DeviceMesh`` of a DTensor
+    AOTAutograd passes through a graph), held as a static argument: the program never
+    reads it, a backward returns it as it came. Equal for the same object, so a program
+    is reused while the object is."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Opaque and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __repr__(self) -> str:
+        return type(self.value).__name__
 
 
 def _write_input(t: torch.Tensor, value) -> None:
@@ -602,7 +647,7 @@ class CompiledGraph:
                     arr = jnp.asarray(a.detach().numpy())
                 arrays.append(arr)
             else:
-                arrays.append(a)
+                arrays.append(_Opaque(a) if hasattr(a, "shape") else a)
         return arrays, stores
 
     def _execute(self, entry: _Entry, sig: tuple, arrays: list, stores: dict) -> Any:
@@ -616,6 +661,10 @@ class CompiledGraph:
 
     def _run(self, executable, arrays: list, sig: tuple):
         """``executable`` on ``arrays``, timed for the probes when any listen."""
+        if self.program.collectives:  # waited for, its collectives' lines known (see there)
+            from tpu_debug.runtime.distributed import compiled_collectives
+
+            executable = functools.partial(compiled_collectives.run, executable)
         if not probes._probes:
             return executable(*arrays)
         if sig is self._static_sig:
@@ -818,7 +867,10 @@ class CompiledGraph:
             for i, (is_tensor, o) in enumerate(zip(tensor_out, outs)):
                 if not is_tensor or o is None:
                     if o is not None:
-                        scalars[i] = int(o) if not hasattr(o, "dtype") else o
+                        if type(o) is _Opaque:  # an opaque input passed through (a backward's)
+                            scalars[i] = o.value
+                        else:
+                            scalars[i] = int(o) if not hasattr(o, "dtype") else o
                     kinds.append((_SCALAR, None))
                 elif i in views:
                     kinds.append((_VIEW, views[i][0]))
@@ -997,11 +1049,19 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     install()
     single_threaded_backward()
     register_prims()
+    if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+        # a compiled-autograd graph takes its inputs boxed in lists (DDP's python_reducer
+        # puts its bucket all-reduces there): flattened first, as PyTorch's AOT backends do
+        from torch._dynamo.utils import flatten_graph_inputs
+
+        return flatten_graph_inputs(gm, example_inputs, dynamo_backend)
     parent = f"g{next(_graph_ids)}"
-    origin = _dynamo_origin(gm)
+    # the graph itself; a graph taking its inputs boxed comes wrapped (see above)
+    graph = gm if isinstance(gm, torch.fx.GraphModule) else gm.gm
+    origin = _dynamo_origin(graph)
     # AOTAutograd calls a graph with no autograd around it "inference"; one that takes the
     # gradients itself is a whole training step, and an optimizer's code its step
-    step = _computes_gradients(gm)
+    step = _computes_gradients(graph)
     inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
     def compiler(kind):

@@ -10,7 +10,9 @@ dependencies; then, from a directory outside the checkout, import every module t
 the main job (``tpu-debug run examples/mlp_train.py``, with ``examples/`` taken from the
 checkout, as README tells a wheel's user to take it from a clone) and every other CLI verb
 once; the second run reads its programs back from the compile cache and counts none of them
-as a compile or a recompile.
+as a compile or a recompile. Last, every command README.md and docs/*.md show is validated
+by the wheel's own parsers and the quick ones are run (``scripts/doc_commands.py``; the
+slow test ``tests/test_docs_from_wheel.py`` runs the rest).
 
 Usage: ``python scripts/wheel_smoke.py`` (exit status 0 when every step passed).
 """
@@ -27,7 +29,12 @@ import tempfile
 import venv
 from pathlib import Path
 
+import doc_commands
+
 ROOT = Path(__file__).resolve().parents[1]
+# README's commands for the main job: with a TensorBoard profile, and the run a second run reads back
+TENSORBOARD_RUN = ["tpu-debug", "run", "--tensorboard", "examples/mlp_train.py"]
+MAIN_RUN = ["tpu-debug", "run", "examples/mlp_train.py"]
 
 IMPORT_ALL = """
 import importlib, pkgutil, sys
@@ -42,43 +49,16 @@ for name in names:
 print(len(names), "modules imported from", tpu_debug.__file__)
 """
 
-# the TUI needs a terminal: run it in a pseudo-terminal and quit it with 'q' once it has drawn
-TUI_IN_PTY = """
-import os, pty, select, sys, time
-pid, fd = pty.fork()
-if pid == 0:
-    os.environ.update(TERM="xterm-256color", COLUMNS="120", LINES="40")
-    os.execvp(sys.argv[1], sys.argv[1:])
-seen, deadline, quit_sent = b"", time.monotonic() + 120, False
-while time.monotonic() < deadline:
-    ready, _, _ = select.select([fd], [], [], 0.5)
-    if ready:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    if not quit_sent and b"Findings" in seen:
-        os.write(fd, b"q")
-        quit_sent = True
-_, status = os.waitpid(pid, 0)
-ok = quit_sent and os.waitstatus_to_exitcode(status) == 0
-print("tui drew its overview and quit" if ok else "tui failed: " + repr(seen[-500:]))
-sys.exit(0 if ok else 1)
-"""
-
-
-def step(title: str, argv: list[str], *, cwd: Path, env: dict[str, str]) -> str:
+def step(title: str, argv: list[str], *, cwd: Path, env: dict[str, str], stderr: bool = False) -> str:
+    """Run one step; its stdout (and its stderr after it, with ``stderr``)."""
     shown = [arg if "\n" not in arg else "<code>" for arg in argv]
     print(f"--- {title}: {' '.join(shown)}", flush=True)
-    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
     if result.returncode != 0:
         sys.stdout.write(result.stdout[-4000:])
         sys.stderr.write(result.stderr[-4000:])
         raise SystemExit(f"wheel smoke: '{title}' exited with {result.returncode}")
-    return result.stdout
+    return result.stdout + (result.stderr if stderr else "")
 
 
 def build_wheel(out: Path) -> Path:
@@ -119,21 +99,38 @@ def main() -> int:
             shown = step(f"{verb} --help", [tool, verb, "--help"], cwd=work, env=env)
             assert f"usage: tpu-debug {verb}" in shown, shown
         env["TPU_DEBUG_COMPILE_CACHE_DIR"] = str(tmp_path / "compile_cache")
-        step("run (the main job)", [tool, "run", "--tensorboard", "--name", "first", "examples/mlp_train.py"],
-             cwd=work, env=env)
-        step("run again", [tool, "run", "--name", "second", "examples/mlp_train.py"], cwd=work, env=env)
-        second = json.loads(step("report --json second", [tool, "report", "--json", "second"], cwd=work, env=env))
+        # README's own two runs of the main job, word for word (the documented-command check
+        # below counts them as run)
+        first_run = doc_commands.RUN_DIR.search(step("run (the main job)", [tool, *TENSORBOARD_RUN[1:]],
+                                                     cwd=work, env=env, stderr=True)).group(1)
+        second_run = doc_commands.RUN_DIR.search(step("run again", [tool, *MAIN_RUN[1:]],
+                                                      cwd=work, env=env, stderr=True)).group(1)
+        second = json.loads(step("report --json (the second)", [tool, "report", "--json", second_run],
+                                 cwd=work, env=env))
         # every program read back from the cache: no compile, and no recompile either
         assert second["compiles"]["count"] == 0 and second["recompiles"]["count"] == 0, second["recompiles"]
         runs = step("runs", [tool, "runs"], cwd=work, env=env)
-        assert "first" in runs and "second" in runs, runs
-        step("report", [tool, "report", "first"], cwd=work, env=env)
+        assert Path(first_run).name in runs and Path(second_run).name in runs, runs
+        step("report", [tool, "report", first_run], cwd=work, env=env)
         data = json.loads(step("report --json", [tool, "report", "--json"], cwd=work, env=env))
         assert data["schema"].startswith("tpu_debug.report/"), data.get("schema")
-        step("diff", [tool, "diff", "first", "second"], cwd=work, env=env)
-        step("tensorboard --print", [tool, "tensorboard", "--print", "first"], cwd=work, env=env)
-        print(step("tui", [str(bindir / "python"), "-c", TUI_IN_PTY, tool, "tui", "first"],
+        step("diff", [tool, "diff", first_run, second_run], cwd=work, env=env)
+        step("tensorboard --print", [tool, "tensorboard", "--print", first_run], cwd=work, env=env)
+        print(step("tui", [str(bindir / "python"), "-c", doc_commands.TUI_IN_PTY, tool, "tui", first_run],
                    cwd=work, env=env).strip())
+        # every command README.md and docs/ show: validated, and the quick ones run, in the
+        # same directory (the compile cache is shared: the examples' programs read back)
+        outcomes = doc_commands.check(bindir, work, env, full=False,
+                                      done={" ".join(TENSORBOARD_RUN): "the main job", " ".join(MAIN_RUN): "run again"})
+        failed = [o for o in outcomes if not o.ok]
+        ran = [o for o in outcomes if o.how == "run"]
+        print(f"documented commands: {len(outcomes)}, {len(ran)} run ({sum(o.seconds for o in ran):.0f} s, "
+              f"{sum(o.cpu for o in ran):.0f} s CPU), "
+              f"{len(outcomes) - len(ran) - len(failed)} validated or run above, {len(failed)} broken")
+        if failed:
+            for o in failed:
+                print(f"BROKEN {o.command}: {o.note}")
+            raise SystemExit(f"wheel smoke: {len(failed)} documented command(s) broken")
     print("wheel smoke: every step passed")
     return 0
 

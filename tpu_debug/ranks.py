@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import os
+import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,14 @@ from tpu_debug.core.errors import RunDamagedError, RunNotFoundError, TpuDebugErr
 from tpu_debug.runs import DB_NAME, list_runs, new_run_dir, run_identity
 from tpu_debug.session import Session
 
-__all__ = ["GROUP_FILE", "GroupInfo", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups"]
+__all__ = [
+    "GROUP_FILE", "GroupInfo", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups",
+    "torchrun_group", "torchrun_key",
+]
 
 GROUP_FILE = "ranks.json"
+# in a logdir: one symbolic link per torchrun launch, named by the launch's key, to its group
+_TORCHRUN_LINKS = ".torchrun"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +47,9 @@ class GroupInfo:
     status: str
     exit_status: tuple[int, ...] | None = None
     error: str | None = None
+    # who started the ranks: "tpu-debug" (``--nproc``, which writes the exit statuses) or
+    # "torchrun" (whose ranks each record their own end: the status is read from their runs)
+    launcher: str = "tpu-debug"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GroupInfo:
@@ -88,6 +99,21 @@ class RankGroup:
     @property
     def name(self) -> str:
         return self.info.name or self.path.name
+
+    def status(self) -> str:
+        """``"running"``, ``"finished"`` or ``"failed"``: what ``ranks.json`` says, or for a
+        torchrun launch (which no tpu_debug process outlives), what the ranks' runs say:
+        failed when one failed or was killed (its process ended without closing its run),
+        finished when all ``nproc`` finished, else running."""
+        info = self.info
+        if info.launcher != "torchrun":
+            return info.status
+        states = [s.metadata().status for _, s in self.sessions()]
+        if any(state in ("failed", "killed") for state in states):
+            return "failed"
+        if len(states) == info.nproc and all(state == "finished" for state in states):
+            return "finished"
+        return "running"
 
     def rank_dirs(self) -> dict[int, Path]:
         """Each rank's run directory (the ranks that started recording), by the rank each
@@ -140,7 +166,7 @@ def _recorded_rank(run: Path) -> int | None:
     return process.rank if process is not None else None
 
 
-def new_group(logdir: Path, name: str, nproc: int, command: list[str]) -> RankGroup:
+def new_group(logdir: Path, name: str, nproc: int, command: list[str], *, launcher: str = "tpu-debug") -> RankGroup:
     """Create the parent directory of a multi-process run (``ranks.json`` says "running")."""
     group = RankGroup(new_run_dir(logdir, name))
     group.write(
@@ -149,8 +175,86 @@ def new_group(logdir: Path, name: str, nproc: int, command: list[str]) -> RankGr
         command=tuple(command),
         start_time=_dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
         status="running",
+        launcher=launcher,
     )
     return group
+
+
+def torchrun_key(env: dict[str, str] | os._Environ) -> str | None:
+    """What every rank of one torchrun launch on this host shares, as a short hex key;
+    None when this process is no torchrun worker.
+
+    torchrun gives its workers no launch id of their own: ``TORCHELASTIC_RUN_ID`` is
+    ``"none"`` unless ``--rdzv-id`` or ``--standalone`` is given, and the master port is
+    29500 by default, so two launches one after the other can agree on both. The
+    elastic agent that started the workers (their parent process, on this host) and the
+    restart count tell launches and restarts apart.
+    """
+    if "TORCHELASTIC_RUN_ID" not in env or "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    parts = (
+        env["TORCHELASTIC_RUN_ID"], env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""),
+        env.get("TORCHELASTIC_RESTART_COUNT", "0"), socket.gethostname(), str(os.getppid()),
+    )
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def torchrun_group(logdir: Path, name: str, command: list[str]) -> tuple[RankGroup, int] | None:
+    """The multi-process run this torchrun worker records its run in, and its rank; None
+    when this process is no torchrun worker.
+
+    The ranks agree on one parent directory without talking: the first to arrive makes
+    the directory and its ``ranks.json``, then publishes it with a symbolic link named by
+    :func:`torchrun_key` (``os.symlink`` is atomic and fails when the link exists); a
+    rank that loses the race removes its own directory and joins the winner's. Workers
+    on other hosts have another agent, so each host of a multi-node launch makes its
+    own group (holding that host's ranks).
+
+    Raises:
+        TpuDebugError: ``RANK`` or ``WORLD_SIZE`` is no number, or the directory cannot
+            be created.
+    """
+    env = os.environ
+    key = torchrun_key(env)
+    if key is None:
+        return None
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except ValueError:
+        raise TpuDebugError(
+            f"torchrun set RANK={env['RANK']!r} WORLD_SIZE={env['WORLD_SIZE']!r}: not numbers; "
+            "start the script with torchrun, or unset TORCHELASTIC_RUN_ID"
+        ) from None
+    links = Path(logdir) / _TORCHRUN_LINKS
+    link = links / key
+    try:
+        links.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            group = new_group(Path(logdir), name, world, command, launcher="torchrun")
+            try:
+                # relative to the link's directory: the logdir can move with its runs
+                os.symlink(os.path.join(os.pardir, group.path.name), link)
+                _prune_links(links)
+                return group, rank
+            except FileExistsError:  # another rank published its directory first
+                shutil.rmtree(group.path)
+        return RankGroup(Path(logdir) / Path(os.readlink(link)).name), rank
+    except OSError as exc:
+        raise TpuDebugError(
+            f"cannot create the torchrun run's directory under {logdir}: {exc.strerror or exc}. "
+            "Choose another place with --logdir / TPU_DEBUG_LOGDIR."
+        ) from None
+
+
+def _prune_links(links: Path) -> None:
+    """Remove the links of launches whose directory was deleted (a link is published only
+    once its directory is complete, so a dangling one is no launch's any more)."""
+    for link in links.iterdir():
+        if link.is_symlink() and not link.exists():
+            try:
+                link.unlink()
+            except FileNotFoundError:  # another launch pruned it first
+                pass
 
 
 def open_group(path: Path | str) -> RankGroup:

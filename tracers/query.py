@@ -112,6 +112,9 @@ class RunMetadata:
     # the log a run was imported from (``tpu-debug import-trace``): such a run holds what the
     # log records (compiles, guards, graph breaks), no op executions, transfers or platform
     imported_from: str | None = None
+    # time.perf_counter() at the run's time 0: on one machine (CLOCK_MONOTONIC), it puts the
+    # ``ts`` of runs of several processes on one clock; None in runs recorded without it
+    clock_origin: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -348,6 +351,7 @@ class RunQuery:
             recording_error=raw.get(META_RECORDING_ERROR),
             dropped_events=int(raw.get(META_DROPPED) or 0),
             imported_from=raw.get("imported_from"),
+            clock_origin=raw.get("clock_origin"),
         )
 
     def capped_counts(self, kind: str) -> dict[str, int]:

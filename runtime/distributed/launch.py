@@ -137,7 +137,7 @@ def get_world_size() -> int:
 def process_info() -> dict[str, Any] | None:
     """This rank and its run, for a run's metadata; None outside a multi-process run."""
     if not _state["initialized"]:
-        return None
+        return _torchrun_info()
     import jax
 
     return {
@@ -146,6 +146,27 @@ def process_info() -> dict[str, Any] | None:
         "devices": jax.device_count(),
         "local_devices": jax.local_device_count(),
         "coordinator": _state["coordinator"],
+    }
+
+
+def _torchrun_info() -> dict[str, Any] | None:
+    """A torchrun worker's rank, from the variables torchrun sets (its processes join through
+    c10d, not JAX: each has its own devices)."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return None
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    import jax
+
+    return {
+        "rank": rank,
+        "world_size": world,
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "coordinator": f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}",
     }
 
 

@@ -333,6 +333,45 @@ def test_syntax_error_script_gets_a_30_line_report(script, logdir, capsys):
     assert not logdir.exists() or not any(logdir.iterdir())
 
 
+@pytest.mark.parametrize("broken", ["tool.py", "__init__.py", "__main__.py"])
+def test_syntax_error_module_gets_a_long_report(broken, tmp_path, logdir, monkeypatch, capsys):
+    # `-m` answers as a script does: the module (or a parent package, or a package's
+    # __main__) that Python cannot compile is named, and nothing runs or is recorded
+    pkg = tmp_path / "brokenpkg"
+    pkg.mkdir()
+    for name in ("__init__.py", "tool.py", "__main__.py"):
+        (pkg / name).write_text("print('ran', __name__)\n")
+    (pkg / broken).write_text("import sys\n\ndef f(:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    target = "brokenpkg" if broken == "__main__.py" else "brokenpkg.tool"
+    assert main(["run", "--logdir", str(logdir), "-m", target]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f'  File "{pkg / broken}", line 3',
+        "    def f(:",
+        "          ^",
+        "SyntaxError: invalid syntax",
+        "",
+        (
+            f"tpu-debug run: -m {target} did not start: SyntaxError: invalid syntax ({broken}, line 3). "
+            "Nothing ran and no run was recorded; fix the script and run it again."
+        ),
+    ]
+    assert captured.out == ""  # not even the parent package ran
+    assert not logdir.exists() or not any(logdir.iterdir())
+
+
+def test_run_package_module(tmp_path, logdir, monkeypatch, capsys):
+    # a package runs as its __main__ module, compiled first like any module
+    pkg = tmp_path / "mainpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("print('main of', __spec__.name)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--no-report", "--logdir", str(logdir), "-m", "mainpkg"]) == 0
+    assert capsys.readouterr().out == "main of mainpkg.__main__\n"
+
+
 def test_run_ctrl_c_traceback_ends_in_raise_interrupt(script, logdir, capsys):
     import signal
 

@@ -172,13 +172,44 @@ def _group_size(line: str, devices: int) -> int:
 
 def _collectives(hlo: str, devices: int) -> dict[str, tuple[int, int]]:
     """kind -> (count, bytes a chip moves), sized from each collective's operands (their
-    definitions' shapes): an all-gather receives operand x group, the others move their operand."""
+    definitions' shapes): an all-gather receives operand x group, the others move their operand.
+
+    The TPU compiler overlaps a collective with compute by putting copies of it (one
+    ``channel_id``) in several fusions that run one after another; a collective is one
+    (computation the fusions run in, channel id), run once per fusion calling the computation
+    that holds it."""
     shapes = {m.group(1): m.group(2) for m in map(_DEFINITION.match, hlo.splitlines()) if m}
     found: dict[str, tuple[int, int]] = {}
+    parent: dict[str, str] = {}  # fused computation -> the computation holding the fusion
+    callers: dict[str, int] = {}  # fused computation -> how many fusions call it (each runs it)
+    current, seen = None, {}
     for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+        if head:
+            current = head.group(1)
+            continue
+        if " fusion(" in line:
+            for callee in re.findall(r"calls=%([\w.\-]+)", line):
+                parent[callee] = current
+                callers[callee] = callers.get(callee, 0) + 1
+    current = None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+        if head:
+            current = head.group(1)
+            continue
         m = _COLLECTIVE.search(line)
         if m is None or not _DEFINITION.match(line):
             continue
+        channel = re.search(r"channel_id=(\d+)", line)
+        runs = 1
+        if channel:
+            runs_in = current
+            while parent.get(runs_in):
+                runs *= callers[runs_in]
+                runs_in = parent[runs_in]
+            if seen.setdefault((runs_in, channel.group(1)), current) != current:
+                continue  # a copy in another fusion of a collective already counted
         kind = m.group(1)
         operands = re.sub(r"/\*.*?\*/", "", m.group("operands"))  # XLA's /*index=5*/ markers
         names = [o.strip().lstrip("%") for o in operands.split(",") if o.strip()]
@@ -186,7 +217,7 @@ def _collectives(hlo: str, devices: int) -> dict[str, tuple[int, int]]:
         if kind == "all-gather":
             size *= _group_size(line, devices)
         count, total = found.get(kind, (0, 0))
-        found[kind] = (count + 1, total + size)
+        found[kind] = (count + runs, total + size * runs)
     return found
 
 

@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 import types
-from importlib.machinery import SourceFileLoader
+from importlib.machinery import PathFinder, SourceFileLoader
 from pathlib import Path
 
 import tpu_debug
@@ -86,6 +86,33 @@ def _compile_script(target: str) -> types.CodeType | None:
     return compile(source, path, "exec", dont_inherit=True)
 
 
+def _module_sources(name: str, search_path0: str) -> list[str]:
+    """The source files ``python -m name`` would compile: each parent package's
+    ``__init__.py``, then the module (or a package's ``__main__.py``). Found the way the
+    path finder finds them, without importing anything (importing a parent package would
+    run the user's code before the run is recorded); empty when a finder other than the
+    file system's would load one of them, which then says its own error when it runs."""
+    files, path, parts, depth = [], [search_path0, *sys.path[1:]], name.split("."), 0
+    while depth < len(parts):
+        depth += 1
+        spec = PathFinder.find_spec(".".join(parts[:depth]), path)
+        if spec is None or not isinstance(spec.loader, SourceFileLoader):
+            return []
+        files.append(spec.origin)
+        path = list(spec.submodule_search_locations or [])
+        if depth == len(parts) and path and parts[-1] != "__main__":
+            parts.append("__main__")  # a package runs as its __main__ module
+    return files
+
+
+def _compile_module(name: str, search_path0: str) -> None:
+    """Compile what ``-m name`` runs, so that a module Python cannot compile is said at
+    once and records no run, as a script is (:func:`_compile_script`)."""
+    for file in _module_sources(name, search_path0):
+        with io.open_code(file) as f:
+            compile(f.read(), file, "exec", dont_inherit=True)
+
+
 def _did_not_start(exc: SyntaxError, argv0: str) -> int:
     """Say, as Python would, why the script cannot be compiled, and that nothing ran."""
     sys.excepthook(type(exc), exc.with_traceback(None), None)
@@ -153,9 +180,12 @@ def run(args: argparse.Namespace) -> int:
     _full_traceback = args.traceback if args.traceback is not None else read_env("run").get("traceback", False)
     target, script_args, argv0, sys_path0, name = script_of(args)
     try:
-        code = None if args.module else _compile_script(target)
+        if args.module:
+            code = _compile_module(target, sys_path0)
+        else:
+            code = _compile_script(target)
     except SyntaxError as exc:
-        return _did_not_start(exc, argv0)
+        return _did_not_start(exc, argv0 if not args.module else f"-m {argv0}")
 
     if args.nproc is not None:
         return _run_ranks(args, name)
@@ -164,10 +194,28 @@ def run(args: argparse.Namespace) -> int:
     tpu_debug.runtime.start()  # before jax.distributed: it keeps JAX off an absent TPU
     from tpu_debug.runtime import distributed
 
+    options = _trace_options(args, name)
+    group = None
     if distributed.initialize():  # a rank of `tpu-debug run --nproc`: join the others first
-        name = args.name or f"rank{distributed.get_rank()}"
-    recording = tpu_debug.trace(**_trace_options(args, name))
-    return _record(args, recording, (target, code), script_args, argv0, sys_path0)
+        options["name"] = args.name or f"rank{distributed.get_rank()}"
+    elif (joined := _torchrun_group(options)) is not None:
+        # a torchrun worker: each rank records its own run under the launch's one parent directory
+        group, rank = joined
+        options["name"] = args.name or f"rank{rank}"
+        options["logdir"] = str(group.path)
+    recording = tpu_debug.trace(**options)
+    return _record(args, recording, (target, code), script_args, argv0, sys_path0, group=group)
+
+
+def _torchrun_group(options: dict):
+    """(the launch's group, this rank) when torchrun started this process, else None."""
+    from tpu_debug import ranks
+    from tpu_debug.config import TraceConfig
+
+    if ranks.torchrun_key(os.environ) is None:
+        return None
+    config = TraceConfig.from_env().override(**options)
+    return ranks.torchrun_group(Path(config.logdir), options["name"], list(getattr(sys, "orig_argv", sys.argv)))
 
 
 def _trace_options(args: argparse.Namespace, name: str) -> dict:
@@ -185,6 +233,8 @@ def _record(
     script_args: list,
     argv0: str,
     sys_path0: str,
+    *,
+    group=None,  # the torchrun launch's RankGroup this rank records in
 ) -> int:
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [argv0, *script_args]
@@ -214,6 +264,11 @@ def _record(
         tui = args.tui and not stopped and sys.stdout.isatty() and sys.stdin.isatty()
         if args.tui and not stopped and not tui:
             print("tpu-debug run --tui: not a terminal, so here is the report instead", file=sys.stderr)
+        if group is not None:
+            # every rank of the launch ends here at its own time: one line each, and the ranks
+            # are reported together (N reports interleaved on one terminal would be unreadable)
+            print(f"\nrun saved in {session.run_dir}; all ranks: tpu-debug report {group.path}", file=sys.stderr)
+            return code
         if args.report and not stopped and not tui:
             session.print_summary(file=sys.stderr)
         print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)

@@ -32,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"no runs in {logdir}: record one with 'tpu-debug run script.py'", file=sys.stderr)
         return 0
     for path in groups:  # a multi-process run: one run per rank inside
-        info = RankGroup(path).info
-        print(f"{path.name}  {info.status}  {info.nproc} ranks "
+        with RankGroup(path) as group:
+            info, status = group.info, group.status()
+        print(f"{path.name}  {status}  {info.nproc} ranks "
               f"(tpu-debug report {path.name})")
     if not paths:
         return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import tpu_debug
 from tpu_debug.core.children import ends_with_parent
 from tpu_debug.core.errors import CommandError
-from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, profile_files
+from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, profile_files, write_rank_spans
 
 HOST = "127.0.0.1"
 
@@ -42,7 +42,28 @@ def tensorboard_command(logdir: Path, *, port: int | None = None) -> list[str]:
     return command
 
 
+def group_profile(group) -> Path:
+    """Write the ranks' c10d collectives side by side as a profile in the group's directory
+    (one process row per rank); returns the TensorBoard logdir holding it."""
+    from tpu_debug.report.ranks import collective_spans
+
+    logdir = group.path / TENSORBOARD_DIR
+    write_rank_spans(logdir / "plugins" / "profile" / "ranks" / "c10d.xplane.pb",
+                     collective_spans(group.sessions()))
+    return logdir
+
+
 def run(args: argparse.Namespace) -> int:
+    from tpu_debug.cli.report import _logdir
+    from tpu_debug.ranks import find_group
+
+    group = find_group(args.run, _logdir(args.logdir))
+    if group is not None:  # a multi-process run: its ranks' collectives, one row per rank
+        with group:
+            logdir = group_profile(group)
+        print(f"tpu-debug tensorboard: {group.path.name}: each rank's c10d collectives, one row per rank",
+              file=sys.stderr)
+        return _serve(args, logdir)
     with tpu_debug.open_run(args.run, logdir=args.logdir) as session:
         run_dir = session.run_dir
     logdir = run_dir / TENSORBOARD_DIR
@@ -51,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
             f"{run_dir.name} has no TensorBoard data: it was recorded without it. Record the run with "
             "'tpu-debug run --tensorboard script.py', trace(tensorboard=True) or TPU_DEBUG_TENSORBOARD=1."
         )
+    return _serve(args, logdir)
+
+
+def _serve(args: argparse.Namespace, logdir: Path) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise CommandError(f"--port {args.port}: not a TCP port; pass a number from 1 to 65535", exit_code=2)
     command = tensorboard_command(logdir, port=args.port)

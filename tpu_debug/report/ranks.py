@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from tpu_debug.core.format import format_bytes, format_seconds
-from tpu_debug.report.transfers import render_collectives
 from tpu_debug.report.core import (
     RANKS_SCHEMA,
     assemble,
@@ -21,7 +22,7 @@ from tpu_debug.report.core import (
     report_table,
     section_data,
 )
-
+from tpu_debug.report.transfers import render_collectives
 
 
 def _rank_figure_data(session: Any) -> dict[str, Any]:
@@ -33,6 +34,7 @@ def _rank_figure_data(session: Any) -> dict[str, Any]:
     programs = program_collectives(session)
     calls = program_calls(session, programs)
     totals = collective_totals(programs)
+    c10d = session.events("collective_call")
     return {
         "status": m.status,
         "exit_status": m.exit_status,
@@ -44,6 +46,8 @@ def _rank_figure_data(session: Any) -> dict[str, Any]:
         "collectives": totals.collectives,
         "sent_bytes": sum(e.collective_bytes * calls.get(e.id, 0) for e in programs),
         "peak_memory": totals.peak_memory,
+        "c10d_calls": len(c10d),
+        "c10d_bytes": sum(c.nbytes for c in c10d),
         "transfers": len(session.transfers()),
         "tracer_errors": len(session.internal_errors()),
     }
@@ -60,6 +64,7 @@ def _rank_figure_text(f: dict) -> dict[str, str]:
         "collectives (distinct)": str(f["collectives"]),
         "sent per device": format_bytes(f["sent_bytes"]),
         "largest memory/device": format_bytes(f["peak_memory"]) if f["peak_memory"] is not None else "-",
+        "c10d collectives": f"{f['c10d_calls']} ({format_bytes(f['c10d_bytes'])})",
         "transfers": str(f["transfers"]),
         "tracer errors": str(f["tracer_errors"]),
     }
@@ -71,6 +76,8 @@ def rank_figures(session: Any) -> dict[str, str]:
 
 
 _RANK_STOPS = ("RankDivergenceError", "RankTimeoutError")
+# c10d's point-to-point calls: their sequence numbers count apart, and no two ranks make the same one
+_P2P = ("send", "recv", "recv_anysource")
 
 
 def _agreement_data(sessions: list) -> dict[str, Any]:
@@ -87,6 +94,162 @@ def _agreement_data(sessions: list) -> dict[str, Any]:
         "difference": diff.render() if diff is not None else None,
         "same_programs": same,
         "failed": [{"rank": r, "error": e} for r, e in errors if e and not e.startswith(_RANK_STOPS)],
+    }
+
+
+#: rows of the collectives-in-order table shown per group before the first place the ranks differ
+SEQUENCE_ROWS = 12
+
+
+def _call_data(call: Any) -> dict[str, Any] | None:
+    if call is None:
+        return None
+    loc = call.location
+    return {
+        "op": call.op,
+        "shapes": list(call.shapes),
+        "dtype": call.dtype,
+        "nbytes": call.nbytes,
+        "reduce_op": call.reduce_op,
+        "peer": call.peer,
+        "location": {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None,
+    }
+
+
+def _starts(sessions: list) -> dict[int, float | None]:
+    """Each rank's time 0 on a clock the ranks share (None if unknown): the monotonic clock
+    when every rank ran on one machine and recorded where time 0 was on it (exact), else the
+    runs' start times (wall clocks, to a millisecond)."""
+    import datetime as _dt
+
+    metas = {rank: s.metadata() for rank, s in sessions}
+    if len({m.hostname for m in metas.values()}) == 1 and all(m.clock_origin is not None for m in metas.values()):
+        return {rank: float(m.clock_origin) for rank, m in metas.items()}
+    out: dict[int, float | None] = {}
+    for rank, m in metas.items():
+        try:
+            out[rank] = _dt.datetime.fromisoformat(m.start_time).timestamp()
+        except (TypeError, ValueError):
+            out[rank] = None
+    return out
+
+
+def _entries(calls: dict[int, list], starts: dict[int, float | None]) -> dict[tuple[str, int], dict[int, float]]:
+    """(group, seq) -> rank -> when the rank entered that collective, on one clock; sends and
+    receives count apart and pair with no other rank's, so they are left out."""
+    entered: dict[tuple[str, int], dict[int, float]] = {}
+    for rank, events in calls.items():
+        start = starts.get(rank)
+        if start is None:
+            continue
+        for c in events:
+            if c.op not in _P2P:
+                entered.setdefault((c.group, c.seq), {})[rank] = start + c.ts
+    return entered
+
+
+def collective_spans(sessions: list) -> dict[int, list[Any]]:
+    """Each rank's c10d collectives as timeline spans (:class:`RankSpan`): from the rank's
+    entry to the last rank's entry (a sole rank's: 1 µs), one lane per group."""
+    from tpu_debug.tracers.tensorboard import RankSpan
+
+    calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
+    starts = _starts(sessions)
+    entered = _entries(calls, starts)
+    out: dict[int, list[Any]] = {}
+    for rank, events in calls.items():
+        if starts[rank] is None:
+            continue
+        spans = out.setdefault(rank, [])
+        for c in events:
+            begin = starts[rank] + c.ts
+            at = entered.get((c.group, c.seq), {})
+            spans.append(RankSpan(
+                begin, max(max(at.values()) - begin, 1e-6) if at else 1e-6, f"group {c.group}", c.op,
+                (("seq", str(c.seq)), ("shapes", ", ".join(c.shapes)), ("dtype", c.dtype),
+                 ("bytes", str(c.nbytes)), ("line", str(c.location) if c.location is not None else "")),
+            ))
+    return out
+
+
+def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
+    """The c10d collectives each rank entered, side by side, as data.
+
+    Read from each rank's ``collective_call`` events, so a rank whose process was killed
+    counts up to the last collective it entered. ``per_rank``: per rank and group, the
+    collectives' count, bytes and ``waited`` (seconds the rank waited at the group's
+    collectives for the last rank to enter them: entry times on the machine's monotonic
+    clock, or aligned by the runs' start times to a millisecond across machines; the
+    collectives' own durations are not recorded), by op. ``sequence``: per group, its collectives in order with each rank's
+    call, the first ``rows`` and, when the ranks differ later, the rows from there on
+    (``rows`` of ``total``). ``desyncs``: :func:`first_desyncs`, each with the ranks'
+    calls and its text.
+
+    Args:
+        sessions: (rank, session) pairs of a multi-process run.
+        rows: rows of each group's sequence shown before the first difference.
+    """
+    from tpu_debug.tracers.collective_calls import first_desyncs
+
+    calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
+    entered = _entries(calls, _starts(sessions))
+    per_rank = []
+    for rank, events in calls.items():
+        groups: dict[str, dict[str, Any]] = {}
+        for c in events:
+            g = groups.setdefault(c.group, {"group": c.group, "ranks": list(c.group_ranks), "count": 0, "bytes": 0,
+                                            "waited": 0.0, "ops": {}})
+            g["count"] += 1
+            g["bytes"] += c.nbytes
+            op = g["ops"].setdefault(c.op, {"op": c.op, "count": 0, "bytes": 0})
+            op["count"] += 1
+            op["bytes"] += c.nbytes
+            at = entered.get((c.group, c.seq), {})
+            if rank in at and len(at) > 1:
+                g["waited"] += max(at.values()) - at[rank]
+        for g in groups.values():
+            g["ops"] = list(g["ops"].values())
+        per_rank.append({"rank": rank, "calls": len(events), "groups": list(groups.values())})
+    desyncs = first_desyncs(calls)
+    first_diff = {d.group: d.seq for d in desyncs}
+    sequence = []
+    by_group: dict[str, dict[int, dict[int, Any]]] = {}
+    members: dict[str, list[int]] = {}
+    for rank, events in calls.items():
+        for c in events:
+            if c.op in _P2P:
+                continue
+            members.setdefault(c.group, list(c.group_ranks))
+            by_group.setdefault(c.group, {}).setdefault(c.seq, {})[rank] = c
+    for group in sorted(by_group, key=lambda g: (len(g), g)):
+        seqs = by_group[group]
+        ranks = [r for r in members[group] if r in calls]
+        total = max(seqs)
+        diff = first_diff.get(group)
+        shown = [n for n in range(1, total + 1) if n <= rows or (diff is not None and diff <= n < diff + rows)]
+        sequence.append({
+            "group": group,
+            "ranks": ranks,
+            "total": total,
+            "first_difference": diff,
+            "rows": [
+                {"seq": n, "calls": [{"rank": r, "call": _call_data(seqs.get(n, {}).get(r))} for r in ranks]}
+                for n in shown
+            ],
+        })
+    return {
+        "per_rank": per_rank,
+        "sequence": sequence,
+        "desyncs": [
+            {
+                "group": d.group,
+                "seq": d.seq,
+                "reason": d.reason,
+                "text": d.render(),
+                "calls": [{"rank": r, "call": _call_data(c)} for r, c in d.calls],
+            }
+            for d in desyncs
+        ],
     }
 
 
@@ -107,10 +270,12 @@ def rank_data(group: Any) -> dict[str, Any]:
         "dir": str(group.path),
         "nproc": nproc,
         "command": list(info.command),
-        "status": info.status,
+        "status": group.status(),
+        "launcher": info.launcher,
         "exit_status": list(info.exit_status) if info.exit_status else None,
         "missing": [r for r in range(nproc) if r not in dict(sessions)],
         "agreement": _agreement_data(sessions),
+        "c10d": c10d_data(sessions),
         "ranks": [
             {"rank": rank, "figures": _rank_figure_data(s), "report": assemble(parts)}
             for (rank, s), (_, parts) in zip(sessions, reports)
@@ -125,13 +290,82 @@ def _print_agreement(console: Console, agreement: dict) -> None:
         console.print(Text(f"rank {stop['rank']} stopped: {error}"))
     if agreement["difference"] is not None:
         console.print(Text(f"compiled programs: {agreement['difference']}"))
-    elif agreement["same_programs"] is not None:
+    elif agreement["same_programs"]:
         console.print(Text(
             f"every rank compiled the same {agreement['same_programs']} multi-device program(s), with the same "
             "collectives, in the same order" + ("" if not agreement["stopped"] else " (up to where they stopped)")
         ))
     for fail in agreement["failed"]:
         console.print(Text(f"rank {fail['rank']} failed: {fail['error'].splitlines()[0]}"))
+
+
+def _where(loc: dict | None) -> str:
+    if loc is None:
+        return ""
+    return f" at {loc['file'].rsplit('/', 1)[-1]}:{loc['line']}"
+
+
+def call_text(call: dict | None) -> str:
+    """One rank's call at one collective: ``allreduce([4]; float32) at train.py:12``, or ``-``."""
+    if call is None:
+        return "-"
+    return f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}){_where(call['location'])}"
+
+
+def ops_text(ops: list[dict]) -> str:
+    """``allreduce 3 (48 B), barrier 1``: a group's collectives by op."""
+    return ", ".join(
+        f"{o['op']} {o['count']}" + (f" ({format_bytes(o['bytes'])})" if o["bytes"] else "") for o in ops
+    )
+
+
+def _print_c10d(console: Console, c10d: dict) -> None:
+    if not any(r["calls"] for r in c10d["per_rank"]):
+        return
+    for d in c10d["desyncs"]:
+        console.print(Text(f"collective desync: {d['text']}", style="bold red" if console.is_terminal else ""))
+    print_heading(console, "c10d collectives by rank")
+    table = report_table(
+        console.is_terminal, ("rank", "right"), ("group (ranks)", "left"), ("calls", "right"), ("bytes", "right"),
+        ("waited", "right"), ("by op", "left"), left_width=60,
+    )
+    for r in c10d["per_rank"]:
+        for g in r["groups"]:
+            table.add_row(
+                Text(str(r["rank"])), Text(f"{g['group']} ({', '.join(map(str, g['ranks']))})"),
+                Text(str(g["count"])), Text(format_bytes(g["bytes"])), Text(format_seconds(g["waited"])),
+                Text(ops_text(g["ops"])),
+            )
+    console.print(table)
+    console.print(dim_note(
+        "waited: time at the group's collectives until the last rank entered them (entry times; the "
+        "collectives' own durations are not recorded)"
+    ))
+    for seq in c10d["sequence"]:
+        print_heading(console, f"c10d collectives in order, group {seq['group']}")
+        # each cell whole, wrapped: the line at its end is what a reader looks for
+        table = Table(box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII2, show_edge=not console.is_terminal,
+                      header_style="bold" if console.is_terminal else "")
+        table.add_column("#", justify="right", no_wrap=True, min_width=len(str(seq["total"])))
+        table.add_column("", no_wrap=True, min_width=1)
+        for r in seq["ranks"]:
+            table.add_column(f"rank {r}", overflow="fold")
+        last = 0
+        for row in seq["rows"]:
+            if row["seq"] > last + 1:
+                table.add_row(Text("…"), Text(""), *[Text("") for _ in seq["ranks"]])
+            last = row["seq"]
+            differ = row["seq"] == seq["first_difference"]
+            table.add_row(
+                Text(str(row["seq"])), Text("≠" if differ else "", style="bold red" if differ else ""),
+                *[Text(call_text(c["call"])) for c in row["calls"]],
+            )
+        console.print(table)
+        if len(seq["rows"]) < seq["total"]:
+            console.print(dim_note(
+                f"{len(seq['rows'])} of {seq['total']} collectives shown (the first ones"
+                + (", and from where the ranks differ)" if seq["first_difference"] else ")") + "; all: report --json"
+            ))
 
 
 def print_rank_report(
@@ -162,6 +396,7 @@ def print_rank_report(
         console.print(table)
     print_heading(console, "Rank agreement")
     _print_agreement(console, data["agreement"])
+    _print_c10d(console, data["c10d"])
     if ranks:
         body = render_collectives(ranks[0]["report"]["collectives"], console.is_terminal)
         if body is not None:

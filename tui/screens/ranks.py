@@ -9,38 +9,64 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
-
 from tpu_debug.core.errors import TpuDebugError
+
 from tpu_debug.session import Session
 
 __all__ = ["RanksScreen"]
 
 
-def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str]:
-    """Each rank's figures (the report's per-rank columns) and where the ranks first differ,
+def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[str, Any]]:
+    """Each rank's figures (the report's per-rank columns), where the ranks' programs first
+    differ, and their c10d collectives side by side (:func:`~tpu_debug.report.ranks.c10d_data`),
     read with sessions of this thread's own."""
     from tpu_debug.tracers.collectives import compare_ranks
 
     from tpu_debug.report import rank_figures
+    from tpu_debug.report.ranks import c10d_data
 
     out = []
     events = []
-    for rank, path in group.rank_dirs().items():
-        with Session(path / "run.db") as session:
+    sessions = [(rank, Session(path / "run.db")) for rank, path in group.rank_dirs().items()]
+    try:
+        for rank, session in sessions:
             figures = rank_figures(session)
             error = session.metadata().error
             figures["error"] = error.splitlines()[0] if error else ""
             out.append((rank, figures))
             events.append((rank, session.events("collectives")))
+        c10d = c10d_data(sessions)
+    finally:
+        for _, session in sessions:
+            session.close()
     diff = compare_ranks(events)
     agreement = diff.render() if diff is not None else (
-        "every rank compiled the same multi-device programs, with the same collectives" if len(out) > 1 else ""
+        "every rank compiled the same multi-device programs, with the same collectives"
+        if len(out) > 1 and any(e for _, e in events) else ""
     )
-    return out, agreement
+    return out, agreement, c10d
+
+
+def _sequence_text(c10d: dict[str, Any]) -> Text:
+    """The desyncs, then each group's collectives in order, one line per collective and rank."""
+    from tpu_debug.report.ranks import call_text
+
+    text = Text()
+    for d in c10d["desyncs"]:
+        text.append(f"collective desync: {d['text']}\n", style="bold red")
+    for seq in c10d["sequence"]:
+        text.append(f"group {seq['group']}: collectives in order ({len(seq['rows'])} of {seq['total']})\n",
+                    style="bold")
+        for row in seq["rows"]:
+            differ = row["seq"] == seq["first_difference"]
+            for i, c in enumerate(row["calls"]):
+                head = f"{row['seq']:>4} {'≠' if differ else ' '} " if i == 0 else " " * 7
+                text.append(f"{head}rank {c['rank']}: {call_text(c['call'])}\n", style="red" if differ else "")
+    return text
 
 
 class RanksScreen(ModalScreen[int | None]):
@@ -56,6 +82,7 @@ class RanksScreen(ModalScreen[int | None]):
     class Loaded(Message):
         figures: list[tuple[int, dict[str, str]]]
         agreement: str
+        c10d: dict[str, Any]
 
     def __init__(self, group: Any, current: int | None) -> None:
         super().__init__()
@@ -64,10 +91,13 @@ class RanksScreen(ModalScreen[int | None]):
         self.ranks: list[int] = []
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="ranks-box"):
+        with VerticalScroll(id="ranks-box"):
             yield Static(Text(f"Ranks of {self.group.name}", style="bold"), id="ranks-title", markup=False)
             yield DataTable(id="ranks-table", cursor_type="row", zebra_stripes=True)
             yield Static(Text("loading…", style="dim"), id="ranks-agreement", markup=False)
+            yield Static(Text(""), id="ranks-c10d-title", markup=False)
+            yield DataTable(id="ranks-c10d", cursor_type="none", zebra_stripes=True)
+            yield Static(Text(""), id="ranks-sequence", markup=False)
 
     def on_mount(self) -> None:
         self._load()
@@ -75,11 +105,11 @@ class RanksScreen(ModalScreen[int | None]):
     @work(thread=True, exclusive=True, group="ranks")
     def _load(self) -> None:
         try:
-            figures, agreement = load_ranks(self.group)
+            figures, agreement, c10d = load_ranks(self.group)
         except TpuDebugError as exc:
             self.app.call_from_thread(self.app.show_error, str(exc))  # type: ignore[attr-defined]
             return
-        self.post_message(self.Loaded(figures, agreement))
+        self.post_message(self.Loaded(figures, agreement, c10d))
 
     @on(Loaded)
     def _show(self, message: Loaded) -> None:
@@ -105,6 +135,28 @@ class RanksScreen(ModalScreen[int | None]):
             table.move_cursor(row=self.ranks.index(self.current))
         table.focus()
         self.query_one("#ranks-agreement", Static).update(Text(message.agreement))
+        self._show_c10d(message.c10d)
+
+    def _show_c10d(self, c10d: dict[str, Any]) -> None:
+        """Each rank's c10d collectives per group, then their order and the first desync."""
+        from tpu_debug.core.format import format_bytes, format_seconds
+
+        from tpu_debug.report.ranks import ops_text
+
+        if not any(r["calls"] for r in c10d["per_rank"]):
+            return
+        self.query_one("#ranks-c10d-title", Static).update(Text("c10d collectives by rank", style="bold"))
+        table = self.query_one("#ranks-c10d", DataTable)
+        table.clear(columns=True)
+        for column in ("rank", "group (ranks)", "calls", "bytes", "waited", "by op"):
+            table.add_column(column, key=column)
+        for r in c10d["per_rank"]:
+            for g in r["groups"]:
+                table.add_row(
+                    str(r["rank"]), f"{g['group']} ({', '.join(map(str, g['ranks']))})", str(g["count"]),
+                    format_bytes(g["bytes"]), format_seconds(g["waited"]), ops_text(g["ops"]),
+                )
+        self.query_one("#ranks-sequence", Static).update(_sequence_text(c10d))
 
     @on(DataTable.RowSelected, "#ranks-table")
     def _selected(self, event: DataTable.RowSelected) -> None:

@@ -1,0 +1,77 @@
+"""The ranks view (``r``) of a multi-process run shows each rank's c10d collectives side by side.
+
+Two ranks are written with the run store's writer (no devices, no processes): both
+all-reduce and all-gather, then rank 0 all-reduces once more while rank 1 had stopped
+(its run ended early, as a killed rank's does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpu_debug.tracers import events as ev
+from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tui_helpers import drive, press, screen_text, settle, widget_text
+
+from tpu_debug.ranks import new_group
+
+SCRIPT = "/work/project/train.py"
+META = {
+    "tpu_debug_version": "0.1.0", "torch_version": "2.13.0", "jax_version": "0.10.2", "jaxlib_version": "0.10.2",
+    "python_version": "3.11.7", "platform": "cpu", "device_kind": "cpu", "device_count": 1,
+    "argv": ["train.py"], "command": ["python", "train.py"], "start_time": "2026-01-31T12:00:00.000+00:00",
+    "options": {}, "cwd": "/work/project",
+}
+CALLS = [("allreduce", ("[4, 2]",), 32, 21), ("all_gather_single", ("[8, 2]", "[4, 2]"), 96, 23),
+         ("allreduce", ("[4]",), 16, 27)]
+
+
+def _write_rank(run_dir: Path, rank: int) -> None:
+    writer = RunWriter(run_dir / DB_NAME, dict(META, name=f"rank{rank}"))
+    writer.put(ev.ProcessEvent(writer.new_id(), 0.0, None, 1, None, rank=rank, world_size=2, devices=1,
+                               local_devices=1, coordinator="127.0.0.1:29500"))
+    for seq, (op, shapes, nbytes, line) in enumerate(CALLS[: 3 - rank], 1):
+        writer.put(ev.CollectiveCallEvent(
+            writer.new_id(), 0.1 * seq + 0.01 * rank, None, 1, ev.SourceLocation(SCRIPT, line, "<module>"),
+            op, "0", (0, 1), rank, seq, shapes, "float32", nbytes, "SUM" if op == "allreduce" else None, None,
+        ))
+    writer.close({"status": "finished" if rank == 0 else "failed", "exit_status": 0 if rank == 0 else 1,
+                  "end_time": "2026-01-31T12:00:01.000+00:00", "duration": 1.0})
+
+
+def test_ranks_view_shows_collectives_side_by_side(tmp_path):
+    from textual.widgets import DataTable, Static
+    from tpu_debug.tui import TpuDebugApp
+    from tpu_debug.tui.screens import RanksScreen
+
+    import tpu_debug
+
+    group = new_group(tmp_path / "runs", "train", 2, ["torchrun", "train.py"], launcher="torchrun")
+    for rank in (0, 1):
+        run = group.path / f"20260131T120000.00{rank}Z-rank{rank}"
+        run.mkdir()
+        _write_rank(run, rank)
+    session = tpu_debug.open_run(group.rank_dirs()[0])
+    app = TpuDebugApp(session, group=group, rank=0)
+
+    async def scenario(pilot):
+        await press(pilot, "r")
+        assert isinstance(app.screen, RanksScreen)
+        await settle(pilot)
+        table = app.screen.query_one("#ranks-c10d", DataTable)
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        assert [r[:4] for r in rows] == [["0", "0 (0, 1)", "3", "144 B"], ["1", "0 (0, 1)", "2", "128 B"]]
+        assert rows[0][5] == "allreduce 2 (48 B), all_gather_single 1 (96 B)"
+        sequence = widget_text(app.screen.query_one("#ranks-sequence", Static))
+        assert "collective desync: group 0, collective #3: the ranks differ (missing)" in sequence
+        assert "rank 1: no collective #3" in sequence
+        assert "   1   rank 0: allreduce([4, 2]; float32) at train.py:21" in sequence
+        assert "   3 ≠ rank 0: allreduce([4]; float32) at train.py:27" in sequence
+        assert "rank 1: -" in sequence
+        assert "c10d collectives by rank" in screen_text(app)
+
+    try:
+        drive(app, scenario, size=(160, 60))
+    finally:
+        session.close()
+        group.close()
