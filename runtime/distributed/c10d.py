@@ -172,15 +172,16 @@ def _check_reduce(op: Any, tensors: Sequence[torch.Tensor]) -> None:
 # reply) and reads the others' with one multi_get, which the store answers once they all
 # exist: no polling. Its own entry of two collectives back is then of no further use: every
 # other rank has read it (each has published the previous collective, after reading this
-# rank's entries before it); the watcher thread below deletes such entries twice a second,
+# rank's entries before it); the watcher thread below deletes such entries,
 # off the collective's path, so the store holds a few entries per rank and group however
 # long the job runs. A rank that does not come is written for, so the readers wake: a process
 # that leaves writes an "ended" entry for the collective after its last one (at exit), and a
-# watcher thread, looking every half second at the ranks a reader has waited for, writes
+# watcher thread, looking every tenth of a second at the ranks a reader has waited for, writes
 # "died" for one whose process is gone and "missing" once the timeout has passed.
 _KEY = "tpu_debug/collectives"
-# how often the watcher looks at the ranks a reader waits for
-_LOOK_SECONDS = 0.5
+# how often the watcher looks at the ranks a reader waits for: a dead rank is named before
+# a launcher that saw it die (torchrun polls its workers every 0.1 s) stops this one
+_LOOK_SECONDS = 0.1
 _exit_marks: list[Any] = []  # the live checks of this process, told at exit
 _exit_lock = threading.Lock()
 

@@ -39,7 +39,7 @@ def _torchrun(base: Path, plant: str, nproc: int, timeout: int, *extra: str) -> 
         timeout=300, check=False,
     )
     results = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    return {"proc": proc, "results": results, "runs": sorted(p for p in runs.iterdir() if p.is_dir())}
+    return {"proc": proc, "results": results, "runs": sorted(p.parent for p in runs.rglob("run.db"))}
 
 
 def _sessions(runs: list[Path]) -> dict[int | None, object]:
