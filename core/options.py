@@ -339,6 +339,15 @@ OPTIONS: tuple[Option, ...] = (
            "rank runs the same program (a rank running another raises RankDivergenceError)", _RANKS, flag=False),
     Option("rank_timeout", TIMEOUT, 60.0, "seconds a rank waits for the others at that check before it raises "
            "RankTimeoutError", _RANKS, flag=False),
+    # c10d collectives of the `tpu` process group: runtime/distributed/c10d.py. The timeout is well under
+    # gloo's 30 minutes, so a hang is named while the job is still watched, and long enough for work one
+    # rank does alone between collectives (evaluation, a checkpoint to slow storage)
+    Option("collective_check", BOOL, True, "before each c10d collective of the tpu process group, check that "
+           "every rank of the group calls the same one (CollectiveDesyncError names each rank's call and line)",
+           _RANKS, flag=False),
+    Option("collective_timeout", TIMEOUT, 300.0, "seconds a rank waits at that check for the others to reach "
+           "the same collective before it raises CollectiveTimeoutError (gloo itself waits 30 minutes)",
+           _RANKS, flag=False),
     # a process of a multi-process run (tpu-debug run --nproc sets these for each rank it starts)
     Option("coordinator", ADDRESS, None, "the address of the multi-process run this process joins (rank 0's "
            "JAX coordinator)", _ENV, flag=False),

@@ -21,6 +21,7 @@ the runtime calls                      each probe hears
 ``allocated(info)``                    ``on_alloc(info: AllocInfo)``
 ``freed(info)``                        ``on_free(info: FreeInfo)``
 ``collective(info)``                   ``on_collective(info: CollectiveInfo)``
+``collective_desync(info)``            ``on_collective_desync(info: DesyncInfo)``
 =====================================  ======================================
 
 ``on_alloc``/``on_free`` are memory tracking (``runtime/memory.py``): while a
@@ -55,6 +56,7 @@ __all__ = [
     "ArgSpec",
     "as_dynamo_disabled",
     "CollectiveInfo",
+    "DesyncInfo",
     "CompileInfo",
     "DynamoOrigin",
     "FallbackInfo",
@@ -71,6 +73,7 @@ __all__ = [
     "allocated",
     "check_transfer",
     "collective",
+    "collective_desync",
     "compiled",
     "compiling",
     "deferred",
@@ -259,6 +262,28 @@ class CollectiveInfo:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class DesyncInfo:
+    """The live check of a c10d group found its ranks calling different collectives, or a rank
+    not arriving (runtime/distributed/c10d.py), just before this rank raises.
+
+    ``group``, its members' global ``ranks``, this process's ``rank`` (global) and the
+    collective's ``seq``; ``reason`` and ``cause`` as :mod:`tpu_debug.core.desync` names
+    them, each rank's ``calls`` (:class:`tpu_debug.core.desync.RankCall`), the ``timeout``
+    waited (None for a difference seen at once) and the error's ``message``.
+    """
+
+    group: str
+    ranks: tuple[int, ...]
+    rank: int
+    seq: int
+    reason: str
+    cause: str
+    calls: tuple[Any, ...]
+    timeout: float | None
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class MaterializeInfo:
     """Lazy mode ran its pending graph, because a value was needed.
 
@@ -349,6 +374,9 @@ class Probe(Protocol):
     def on_collective(self, info: CollectiveInfo) -> None:
         """This rank is entering a c10d collective of the `tpu` process group."""
 
+    def on_collective_desync(self, info: DesyncInfo) -> None:
+        """The ranks of a c10d group stopped calling the same collectives; this rank raises next."""
+
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
     # on_compile / on_transfer follows on that thread, unless the activity raised (a
@@ -393,6 +421,7 @@ class _Routes:
     on_alloc: Route = ()
     on_free: Route = ()
     on_collective: Route = ()
+    on_collective_desync: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -545,6 +574,12 @@ def collective(info: CollectiveInfo) -> None:
     """This rank is entering a c10d collective of the `tpu` process group."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_collective, (info,), probe_errors)
+
+
+def collective_desync(info: DesyncInfo) -> None:
+    """The ranks of a c10d group stopped calling the same collectives; this rank raises next."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_collective_desync, (info,), probe_errors)
 
 
 def evicted(mode: str, name: str, key: Any) -> None:

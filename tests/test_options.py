@@ -53,6 +53,8 @@ JUNK = {
     "TPU_DEBUG_LAZY_GRAPH_LIMIT": "none",
     "TPU_DEBUG_RANK_CHECK": "junk",
     "TPU_DEBUG_RANK_TIMEOUT": "0",
+    "TPU_DEBUG_COLLECTIVE_CHECK": "junk",
+    "TPU_DEBUG_COLLECTIVE_TIMEOUT": "0",
     "TPU_DEBUG_COMPILE_CACHE": "junk",
     "TPU_DEBUG_COMPILE_CACHE_DIR": " ",
     "TPU_DEBUG_COMPILE_CACHE_BYTES": "1GB",
@@ -134,7 +136,7 @@ def test_trace_keywords_config_fields_and_flags_come_from_the_declarations():
     for name in trace_options:
         assert f"--{name.replace('_', '-')}" in flags[name]
     assert set(RuntimeConfig().as_dict()) == {o.name for o in options.OPTIONS if "runtime" in o.scopes}
-    assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout"}
+    assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout", "collective_check", "collective_timeout"}
     with pytest.raises(TypeError, match=r"^trace\(\) got an unexpected keyword argument 'hlos'$"):
         tpu_debug.trace(hlos=True)
 

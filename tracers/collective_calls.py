@@ -7,6 +7,10 @@ with other sizes or another dtype, or stops calling (a collective under
 data. Each rank's run records the collectives it entered, in order, at the user's
 line (``CollectiveCallEvent``); comparing the ranks' sequences, group by group, names
 the first sequence number where they differ and what each rank did there.
+
+The cause and the fix come from :mod:`tpu_debug.core.desync`, the same words the live
+check of the `tpu` process group raises and records (``CollectiveDesyncEvent``): a run
+killed while it hung reads here as a run whose check fired reads in its finding.
 """
 
 from __future__ import annotations
@@ -14,18 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from tpu_debug.tracers.events import CollectiveCallEvent
+from tpu_debug.core import desync as _desync
+from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent
 
-__all__ = ["Desync", "first_desyncs"]
+__all__ = ["Desync", "desync_text", "event_calls", "first_desyncs", "rank_call"]
 
-_P2P = ("send", "recv", "recv_anysource")
-# collectives whose tensors have the same shapes on every rank; all_to_all with splits,
-# gather and scatter differ by design (a root's lists, each rank's split sizes)
-_SAME_SHAPES = frozenset({
-    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
-    "all_gather_single", "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
-    "reduce_scatter_single_coalesced", "alltoall", "barrier",
-})
+_P2P = _desync.P2P_OPS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,13 +33,38 @@ class Desync:
     ``seq`` is that collective's sequence number in the group (from 1); ``calls`` holds,
     per global rank, what the rank called there (None: it called no collective of the
     group there, so it stopped, ended or hung before); ``reason`` is ``"missing"``,
-    ``"op"``, ``"shapes"`` or ``"dtype"``.
+    ``"op"``, ``"shapes"``, ``"dtype"``, ``"reduce_op"`` or ``"root"``. ``cause`` is the
+    likeliest cause (a key of :data:`tpu_debug.core.desync.CAUSES`: ``"rank_zero"``,
+    ``"branch"``, ``"uneven_batch"``, ``"sizes"``, ``"dtype"``, ``"died"``, ``"late"``),
+    ``last`` the last collective of the group of each rank that did not call this one,
+    ``states`` how such a rank stopped (``"missing"``, ``"ended"``, ``"died"``).
     """
 
     group: str
     seq: int
     reason: str
     calls: tuple[tuple[int, CollectiveCallEvent | None], ...]
+    cause: str = ""
+    last: tuple[tuple[int, CollectiveCallEvent | None], ...] = ()
+    states: tuple[tuple[int, str], ...] = ()
+
+    def rank_calls(self) -> list[_desync.RankCall]:
+        """Each rank's part as :class:`tpu_debug.core.desync.RankCall`."""
+        last, states = dict(self.last), dict(self.states)
+        return [
+            rank_call(rank, call) if call is not None else rank_call(rank, last.get(rank), states.get(rank, "missing"))
+            for rank, call in self.calls
+        ]
+
+    @property
+    def fix(self) -> str:
+        """What to do, for this cause, naming the ranks and lines."""
+        return _desync.fix_for(self.cause, self.rank_calls(), self.seq)
+
+    def describe(self) -> str:
+        """The whole text: the collective, each rank's call and line, the cause and the fix
+        (the words of the live check's error and finding)."""
+        return _desync.describe(self.group, self.seq, self.reason, self.cause, self.rank_calls())
 
     def render(self) -> str:
         """Text: the collective and, per rank, what it called there and where."""
@@ -60,22 +83,41 @@ def _global_rank(call: CollectiveCallEvent) -> int:
     return call.group_ranks[call.rank] if 0 <= call.rank < len(call.group_ranks) else call.rank
 
 
-def _differ(calls: list[CollectiveCallEvent]) -> str | None:
-    first = calls[0]
-    if any(c.op != first.op for c in calls):
-        return "op"
-    if first.op in _SAME_SHAPES and any(c.shapes != first.shapes for c in calls):
-        return "shapes"
-    if any(c.dtype != first.dtype for c in calls):
-        return "dtype"
-    return None
+def rank_call(rank: int, call: CollectiveCallEvent | None, state: str = "called") -> _desync.RankCall:
+    """A rank's call (or, with another ``state``, its last call) as :class:`~tpu_debug.core.desync.RankCall`."""
+    if call is None:
+        return _desync.RankCall(rank, state)
+    loc = call.location
+    return _desync.RankCall(
+        rank, state, call.op, call.seq, tuple(call.shapes), call.dtype, call.reduce_op, call.peer,
+        loc.file if loc is not None else None, loc.line if loc is not None else None,
+        loc.function if loc is not None else None,
+    )
 
 
-def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]]) -> list[Desync]:
+def event_calls(event: CollectiveDesyncEvent) -> list[_desync.RankCall]:
+    """Each rank's part of a desync the live check recorded."""
+    return [
+        _desync.RankCall(c.rank, c.state, c.op, c.seq, tuple(c.shapes.split("; ")) if c.shapes else (), c.dtype,
+                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device)
+        for c in event.calls
+    ]
+
+
+def desync_text(event: CollectiveDesyncEvent) -> str:
+    """The text of a desync the live check recorded (what the rank raised)."""
+    return _desync.describe(event.group, event.seq, event.reason, event.cause, event_calls(event),
+                            timeout=event.timeout)
+
+
+def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],
+                  states: Mapping[int, str] | None = None) -> list[Desync]:
     """The first differing collective of each group the ranks share, in group order.
 
     Args:
         calls_by_rank: each rank's ``collective_call`` events (any order), keyed by global rank.
+        states: how ranks whose calls stop early stopped, when the caller knows (``"ended"``:
+            the process exited; ``"died"``: killed); others are ``"missing"``.
 
     Returns:
         One :class:`Desync` per group whose ranks differ; empty when every group's ranks
@@ -99,11 +141,22 @@ def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]]) ->
         ranks = [r for r in members[group] if r in calls_by_rank]
         by_rank = groups[group]
         last = max(seq for seqs in by_rank.values() for seq in seqs)
+        agreed: set = set()
         for seq in range(1, last + 1):
             at = [(r, by_rank.get(r, {}).get(seq)) for r in ranks]
             present = [c for _, c in at if c is not None]
-            reason = "missing" if len(present) < len(at) else _differ(present)
-            if reason is not None:
-                found.append(Desync(group, seq, reason, tuple(at)))
-                break
+            reason = "missing" if len(present) < len(at) else _desync.differ([rank_call(r, c) for r, c in at])
+            if reason is None:
+                agreed.update(c.location for c in present)
+                continue
+            before = tuple(
+                (r, max((c for s, c in by_rank.get(r, {}).items() if s < seq), key=lambda c: c.seq, default=None))
+                for r, c in at if c is None
+            )
+            how = tuple((r, (states or {}).get(r, "missing")) for r, _ in before)
+            draft = Desync(group, seq, reason, tuple(at), "", before, how)
+            repeated = any(c.location in agreed for c in present)
+            cause = _desync.cause_of(reason, draft.rank_calls(), repeated=repeated)
+            found.append(dataclasses.replace(draft, cause=cause))
+            break
     return found

@@ -42,6 +42,8 @@ __all__ = [
     "CompileEvent",
     "TransferEvent",
     "CollectiveCallEvent",
+    "CollectiveDesyncEvent",
+    "DesyncCall",
     "FallbackEvent",
     "GraphBreakEvent",
     "GuardFailureEvent",
@@ -424,6 +426,52 @@ class CollectiveCallEvent(Event):
     nbytes: int
     reduce_op: str | None = None
     peer: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DesyncCall:
+    """One rank's part of a :class:`CollectiveDesyncEvent`: ``state`` ``"called"`` (it called
+    ``op`` there) or ``"missing"``/``"ended"``/``"died"`` (it did not; the other fields are
+    its last collective of the group, ``seq`` None when none is known). ``shapes`` is the
+    tensors' shapes joined by ``"; "``; ``file``/``line``/``function`` the user's line."""
+
+    rank: int
+    state: str
+    op: str | None
+    seq: int | None
+    shapes: str
+    dtype: str
+    reduce_op: str | None
+    peer: int | None
+    file: str | None
+    line: int | None
+    function: str | None
+    device: str = ""  # the tensors' device type, when known
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveDesyncEvent(Event):
+    """The live check of a c10d group (the `tpu` process group) found its ranks calling
+    different collectives at ``seq``, or a rank not arriving, and this rank raised.
+
+    ``reason`` is what differs and ``cause`` its likeliest cause (the names of
+    :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there; ``timeout`` the
+    seconds waited for a rank that did not arrive (None: the calls differed at once);
+    ``location`` this rank's line.
+    """
+
+    kind: ClassVar[str] = "collective_desync"
+    stored: ClassVar[Stored] = Stored("collective_desyncs", name="reason")
+
+    group: str = column("group_name")  # GROUP is an SQL keyword
+    group_ranks: tuple[int, ...] = column()
+    rank: int
+    seq: int
+    reason: str
+    cause: str
+    timeout: float | None = None
+    calls: tuple[DesyncCall, ...] = column(table="collective_desync_calls", default=())
 
 
 @register_event

@@ -18,7 +18,9 @@ from typing import Any
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
+    CollectiveDesyncEvent,
     CompileEvent,
+    DesyncCall,
     FallbackEvent,
     InternalErrorEvent,
     MaterializationEvent,
@@ -308,6 +310,29 @@ class Recorder:
                 int(info.nbytes),
                 info.reduce_op,
                 info.peer,
+            )
+        )
+
+    def on_collective_desync(self, info: Any) -> None:
+        self.writer.put(
+            CollectiveDesyncEvent(
+                self.writer.new_id(),
+                self.clock(),
+                None,
+                threading.get_native_id(),
+                user_location(_PROBE_DEPTH),
+                str(info.group),
+                tuple(int(r) for r in info.ranks),
+                int(info.rank),
+                int(info.seq),
+                str(info.reason),
+                str(info.cause),
+                info.timeout,
+                tuple(
+                    DesyncCall(c.rank, c.state, c.op, c.seq, "; ".join(c.shapes), c.dtype, c.reduce_op, c.peer,
+                               c.file, c.line, c.function, c.device)
+                    for c in info.calls
+                ),
             )
         )
 

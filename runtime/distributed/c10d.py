@@ -15,6 +15,15 @@ runtime is the other engine at hand, but it makes every process see one global
 device set and needs its own coordinator before the first `tpu` tensor exists,
 which ``torchrun`` and ``mp.spawn`` scripts do not arrange.
 
+Before a collective enters gloo, each rank checks that the others of its group call
+the same one (see "Hangs and desyncs" in docs/distributed.md): it publishes what it is
+about to call (op, sizes, dtype, reduction, root, its user's line) in the group's c10d
+store and reads the others' entries for the same sequence number. Another collective,
+other sizes, a rank that ended or died, or one that does not arrive within
+``TPU_DEBUG_COLLECTIVE_TIMEOUT`` seconds raise :class:`CollectiveDesyncError` /
+:class:`CollectiveTimeoutError` on every rank that sees it, naming each rank's call and
+line and the fix by cause, instead of gloo's 30-minute wait.
+
 The process group is a Python subclass of ``torch.distributed.ProcessGroup``
 (c10d's C++ ``Backend`` has no Python constructor): c10d then uses it as the
 whole group, so ``dist.*``, DDP's reducer and the functional collectives all
@@ -24,16 +33,35 @@ returns; its work object is complete, and its future holds the output tensors.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import functools
+import json
+import math
+import os
+import socket
+import sys
+import sysconfig
 import threading
+import time
 from collections.abc import Callable, Sequence
+from types import CodeType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
+from tpu_debug.core import desync
 from tpu_debug.runtime import probes
+from tpu_debug.runtime.distributed.config import config
+from tpu_debug.runtime.distributed.errors import (
+    CollectiveDesyncError,
+    CollectiveDeviceError,
+    CollectiveTimeoutError,
+    LaunchError,
+    MeshError,
+)
 
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "P2P_OPS", "TpuProcessGroup", "register_backends"]
 
@@ -137,6 +165,312 @@ def _check_reduce(op: Any, tensors: Sequence[torch.Tensor]) -> None:
             )
 
 
+# -- the live check: ranks compare each collective before it enters gloo -------------------
+
+# The entries live in the group's own store (c10d prefixes it with the group's name), one
+# key per rank and sequence number. A rank publishes its entry (a store write without a
+# reply) and reads the others' with one multi_get, which the store answers once they all
+# exist: no polling. Its own entry of two collectives back is then of no further use: every
+# other rank has read it (each has published the previous collective, after reading this
+# rank's entries before it); the watcher thread below deletes such entries,
+# off the collective's path, so the store holds a few entries per rank and group however
+# long the job runs. A rank that does not come is written for, so the readers wake: a process
+# that leaves writes an "ended" entry for the collective after its last one (at exit), and a
+# watcher thread, looking every tenth of a second at the ranks a reader has waited for, writes
+# "died" for one whose process is gone and "missing" once the timeout has passed.
+_KEY = "tpu_debug/collectives"
+# how often the watcher looks at the ranks a reader waits for: a dead rank is named before
+# a launcher that saw it die (torchrun polls its workers every 0.1 s) stops this one
+_LOOK_SECONDS = 0.1
+_exit_marks: list[Any] = []  # the live checks of this process, told at exit
+_exit_lock = threading.Lock()
+
+
+def _mark_exit() -> None:
+    """Tell the other ranks this process has left its groups (they stop waiting for it)."""
+    # the watcher first: a daemon thread still inside a store call when the interpreter
+    # finalizes is unwound through C++ and aborts the process
+    _watcher.stop()
+    for check in _exit_marks:
+        check.leave()
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for name in ("torch", "jax", "jaxlib", "numpy", "tpu_debug", "tpu_debug.core", "tpu_debug.runtime",
+                 "tpu_debug.tracers", "tpu_debug.fit", "tpu_debug.tui"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path) + os.sep)
+    return tuple(sorted(roots))
+
+
+_roots: tuple[str, ...] = ()
+_verdicts: dict[CodeType, bool] = {}
+
+
+def _is_library(code: CodeType) -> bool:
+    """Whether ``code`` is library code (torch, jax, tpu_debug, the standard library, an
+    installed package, code a library generated): decided once per code object."""
+    global _roots
+    verdict = _verdicts.get(code)
+    if verdict is None:
+        file = code.co_filename
+        if file.startswith("<"):
+            verdict = not file.startswith(("<stdin>", "<ipython-input-"))
+        else:
+            if not _roots:
+                _roots = _library_roots()
+            real = os.path.realpath(file)
+            verdict = (any(real.startswith(r) for r in _roots)
+                       or f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real)
+        _verdicts[code] = verdict
+    return verdict
+
+
+def _user_site() -> tuple[str | None, int | None, str | None]:
+    """(file, line, function) of the innermost frame of the user's code calling in."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not _is_library(frame.f_code):
+            return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_qualname
+        frame = frame.f_back
+    return None, None, None
+
+
+def _process_space() -> str:
+    """Where this process's id means this process: the host and its pid namespace."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{namespace}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (of this pid namespace) still runs; a zombie does not."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+
+def _rank_call(rank: int, card: dict | None, state: str = "called") -> desync.RankCall:
+    if card is None:
+        return desync.RankCall(rank, state)
+    return desync.RankCall(rank, state, card["op"], card["seq"], tuple(card["shapes"]), card["dtype"],
+                           card["reduce_op"], card["peer"], card["file"], card["line"], card["function"],
+                           card.get("device", ""))
+
+
+class _Watcher:
+    """One daemon thread per process: it writes, for the ranks a reader has waited for more
+    than :data:`_LOOK_SECONDS`, whether they died or are missing after the timeout, so the
+    reader's blocking read returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waits: dict[int, tuple[_LiveCheck, int, float]] = {}  # thread id -> (check, seq, start)
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def begin(self, check: _LiveCheck, seq: int) -> None:
+        with self._lock:
+            self._waits[threading.get_ident()] = (check, seq, time.monotonic())
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._run, name="tpu_debug-collective-watcher", daemon=True)
+                self._thread.start()
+
+    def end(self) -> None:
+        with self._lock:
+            self._waits.pop(threading.get_ident(), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(_LOOK_SECONDS)
+            if self._stopped:
+                return
+            with self._lock:
+                waits = list(self._waits.values())
+            now = time.monotonic()
+            for check, seq, start in waits:
+                if now - start >= _LOOK_SECONDS:
+                    try:
+                        check.look(seq, timed_out=now - start >= check.timeout)
+                    except Exception:  # noqa: BLE001 - a store gone: the reader's own read fails and says so
+                        pass
+            with _exit_lock:
+                checks = list(_exit_marks)
+            for check in checks:
+                try:
+                    check.sweep()
+                except Exception:  # noqa: BLE001 - entries left behind cost a few bytes in the store
+                    pass
+
+
+_watcher = _Watcher()
+
+
+class _LiveCheck:
+    """One group's check, on one rank: publish this rank's call, read the others' for the same
+    sequence number, raise when they differ or do not come."""
+
+    def __init__(self, store: Any, me: int, ranks: Sequence[int], timeout: float) -> None:
+        self._store = store
+        self._side: Any = None  # the watcher's own connection: a store client serves one request at a time
+        self._me = me
+        self._others = [r for r in ranks if r != me]
+        self.timeout = timeout
+        self._space = _process_space()
+        self._pid = os.getpid()
+        self._agreed: set[tuple[str | None, int | None]] = set()  # lines whose calls the ranks agreed on
+        self._last = 0  # the last sequence number this rank published
+        self._spent: list[int] = []  # this rank's entries every other rank has read (the watcher deletes them)
+        self._off = False
+        # a group made again under the same name (destroy_process_group, then init_process_group
+        # on the same store) must not read the entries its previous life left: each rank counts
+        # the lives of this group's name in the store, and every rank makes the same groups
+        try:
+            self._life = int(store.add(f"{_KEY}/lives/{me}", 1))
+        except (RuntimeError, OSError):  # a store without counters: the group runs unchecked
+            self._life, self._off = 0, True
+        with _exit_lock:
+            if not _exit_marks:
+                atexit.register(_mark_exit)
+            _exit_marks.append(self)
+
+    def _key(self, rank: int, seq: int) -> str:
+        return f"{_KEY}/{self._life}/{rank}/{seq}"
+
+    def check(self, info: probes.CollectiveInfo, device: str = "") -> None:
+        """Raise unless every rank of the group calls this collective, alike (``device``: the
+        device type of its tensors).
+
+        Raises:
+            CollectiveDesyncError: another rank calls another collective here, or ended or died.
+            CollectiveTimeoutError: a rank did not call it within the timeout.
+        """
+        if self._off:
+            return
+        file, line, function = _user_site()
+        seq = info.seq
+        mine = {"seq": seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
+                "reduce_op": info.reduce_op, "peer": info.peer, "file": file, "line": line, "function": function,
+                "pid": self._pid, "space": self._space, "device": device}
+        store = self._store
+        try:
+            store.set(self._key(self._me, seq), json.dumps(mine))
+            self._last = seq
+            _watcher.begin(self, seq)
+            try:
+                raw = store.multi_get([self._key(r, seq) for r in self._others])
+            finally:
+                _watcher.end()
+            if seq > 2:
+                self._spent.append(seq - 2)
+        except (RuntimeError, OSError) as exc:  # c10d's DistError is a RuntimeError
+            # without its store a group cannot be checked; gloo still tells a broken group
+            self._off = True
+            import warnings
+
+            warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
+                          f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
+            return
+        cards = dict(zip(self._others, (json.loads(v) for v in raw), strict=True))
+        calls = [_rank_call(self._me, mine)]
+        for r, card in cards.items():
+            state = card.get("state", "called")
+            calls.append(_rank_call(r, card) if state == "called" else _rank_call(r, self._previous(r, seq), state))
+        calls.sort(key=lambda c: c.rank)
+        reason = desync.differ(calls)
+        site = (file, line)
+        if reason is None:
+            if len(self._agreed) < 4096:
+                self._agreed.add(site)
+            return
+        cause = desync.cause_of(reason, calls, repeated=site in self._agreed)
+        waited = any(c.state == "missing" for c in calls)
+        timeout = self.timeout if waited else None
+        message = desync.describe(info.group, seq, reason, cause, calls, timeout=timeout)
+        if probes._routes.on_collective_desync:
+            probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
+                                                       tuple(calls), timeout, message))
+        others = tuple(c.rank for c in calls if c.rank != self._me and (c.state != "called" or reason != "missing"))
+        error = CollectiveTimeoutError if waited else CollectiveDesyncError
+        raise error(message, group=info.group, seq=seq, reason=reason, cause=cause, ranks=others)
+
+    def _previous(self, rank: int, seq: int) -> dict | None:
+        """``rank``'s entry of collective ``seq - 1`` (its last one, when it has not called ``seq``)."""
+        key = self._key(rank, seq - 1)
+        if seq > 1 and self._store.check([key]):
+            card = json.loads(self._store.get(key))
+            return card if card.get("state", "called") == "called" else None
+        return None
+
+    # -- the watcher's side (its own thread and store connection) --------------------------
+
+    def look(self, seq: int, *, timed_out: bool) -> None:
+        """For each rank that has not published ``seq``: write "died" when its process is gone,
+        "missing" once the timeout has passed (the reader then wakes)."""
+        if self._side is None:
+            self._side = self._store.clone()
+        side = self._side
+        for rank in self._others:
+            key = self._key(rank, seq)
+            if side.check([key]):
+                continue
+            state = None
+            before = self._key(rank, seq - 1)
+            if seq > 1 and side.check([before]):
+                last = json.loads(side.get(before))
+                if last.get("space") == self._space and not _alive(int(last.get("pid", -1))):
+                    state = "died"
+            if state is None and timed_out:
+                state = "missing"
+            if state is not None:
+                side.compare_set(key, "", json.dumps({"seq": seq, "state": state}))
+
+    def sweep(self) -> None:
+        """Delete this rank's entries that every other rank has read."""
+        spent, self._spent = self._spent, []
+        if spent:
+            if self._side is None:
+                self._side = self._store.clone()
+            for seq in spent:
+                self._side.delete_key(self._key(self._me, seq))
+
+    def leave(self) -> None:
+        """At exit: tell ranks that wait for this one at its next collective that it ended."""
+        try:
+            side = self._side if self._side is not None else self._store
+            side.compare_set(self._key(self._me, self._last + 1), "",
+                             json.dumps({"seq": self._last + 1, "state": "ended"}))
+        except Exception:  # noqa: BLE001 - the store's host may have gone first; nothing waits then
+            pass
+
+
 class TpuProcessGroup(dist.ProcessGroup):
     """A c10d process group for `tpu` tensors (and CPU ones) over a gloo group on the host.
 
@@ -144,9 +478,12 @@ class TpuProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, host_group: dist.ProcessGroup, rank: int, size: int, name: str,
-                 global_ranks: Sequence[int] = ()) -> None:
+                 global_ranks: Sequence[int] = (), store: Any = None) -> None:
         super().__init__(rank, size)
         self._global_ranks = tuple(int(r) for r in global_ranks) or tuple(range(size))
+        self._check = None
+        if store is not None and size > 1 and config.collective_check:
+            self._check = _LiveCheck(store, self._global_ranks[rank], self._global_ranks, config.collective_timeout)
         self._seq = 0
         self._p2p_seq = 0
         # c10d keeps a group's name (and its sequence numbers) in its backends: the host
@@ -177,13 +514,20 @@ class TpuProcessGroup(dist.ProcessGroup):
         back into its device tensors."""
         kind, factor = _reduce_kind(reduce_op)
         in_place = name.startswith("allreduce")
+        device = self._device_of(name, args)
         if kind is not None:
             _check_reduce(kind, _flat(args[0 if in_place else 1]))
         if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
             self._p2p_seq += 1
         else:
             self._seq += 1
-        if probes._routes.on_collective:
+        if self._check is not None and name not in P2P_OPS:
+            # recorded first, so a rank that raises below has recorded the collective it stopped at
+            info = self._info(name, args, kind)
+            if probes._routes.on_collective:
+                probes.collective(info)
+            self._check.check(info, device)
+        elif probes._routes.on_collective:
             probes.collective(self._info(name, args, kind))
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         # the host copies are the engine's, reported as the collective: no transfer events.
@@ -205,6 +549,26 @@ class TpuProcessGroup(dist.ProcessGroup):
         wanted = _flat(args[outputs])
         _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
         return _DoneWork(wanted)
+
+    def _device_of(self, name: str, args: tuple) -> str:
+        """The device type of the call's tensors (``"tpu"`` when any is, else ``"cpu"``).
+
+        Raises:
+            CollectiveDeviceError: a tensor is on a device the host engine cannot copy from.
+        """
+        device = ""
+        for t in (t for a in args for t in _flat(a)):
+            kind = t.device.type
+            if kind not in ("tpu", "cpu"):
+                hint = (" (a meta tensor has no data: create the module's parameters on tpu first, e.g. "
+                        "model.to_empty(device=\"tpu\"))" if kind == "meta" else "")
+                raise CollectiveDeviceError(
+                    f"rank {self._global_ranks[self._rank]}: {name} got a tensor on {t.device}: the tpu process "
+                    f"group runs collectives on tpu tensors (and CPU ones); move it with .to(\"tpu\"){hint}"
+                )
+            if device != "tpu":
+                device = kind
+        return device
 
     def _info(self, name: str, args: tuple, kind: Any) -> probes.CollectiveInfo:
         tensors = [t for a in args for t in _flat(a)]
@@ -371,10 +735,66 @@ def _creator(name: str) -> Callable[[Any, Any], TpuProcessGroup]:
     def create(opts: Any, backend_options: Any = None) -> TpuProcessGroup:
         host = _host_group(opts.store, opts.group_rank, opts.group_size, opts.timeout, opts.group_id,
                            opts.global_ranks_in_group)
-        return TpuProcessGroup(host, opts.group_rank, opts.group_size, name, opts.global_ranks_in_group)
+        return TpuProcessGroup(host, opts.group_rank, opts.group_size, name, opts.global_ranks_in_group,
+                               store=opts.store)
 
     create.__name__ = f"create_{name}_process_group"
     return create
+
+
+def _this_rank(explicit: Any = None) -> str:
+    rank = explicit if explicit not in (None, -1) else os.environ.get("RANK")
+    return f"rank {rank}" if rank is not None else "this process"
+
+
+def _guard_init(init: Callable) -> Callable:
+    """``init_process_group`` that names a backend the `tpu` device cannot use, and the fix,
+    in one line (torch says "Unknown backend type", or fails deep in NCCL)."""
+
+    @functools.wraps(init)
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return init(backend, *args, **kwargs)
+        except (AssertionError, RuntimeError, ValueError) as exc:
+            if "Unknown backend type" in str(exc):
+                why = "torch.distributed has no backend of that name"
+            elif str(backend).lower() == "nccl" and not torch.cuda.is_available():
+                why = "NCCL runs on CUDA GPUs, and this machine has none"
+            else:
+                raise
+            raise LaunchError(
+                f"{_this_rank(kwargs.get('rank'))}: init_process_group(backend={backend!r}): {why}. On the tpu "
+                "device give \"tpu_dist\" or \"tpu\" (TorchTPU's backends), or no backend: init_process_group() "
+                "picks tpu_dist; \"gloo\" is CPU's."
+            ) from None
+
+    init_process_group._tpu_debug_guard = True  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _guard_mesh() -> None:
+    """``init_device_mesh`` that says, for a mesh bigger than the job, what to launch."""
+    module = sys.modules["torch.distributed.device_mesh"]
+    init = getattr(module, "init_device_mesh", None)
+    if init is None or getattr(init, "_tpu_debug_guard", False):
+        return
+
+    @functools.wraps(init)
+    def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return init(device_type, mesh_shape, *args, **kwargs)
+        except RuntimeError as exc:
+            if "Mesh should not be bigger than default world size" not in str(exc):
+                raise
+            world, need = dist.get_world_size(), math.prod(mesh_shape)
+            raise MeshError(
+                f"{_this_rank(dist.get_rank())}: init_device_mesh({device_type!r}, {tuple(mesh_shape)}) needs "
+                f"{need} ranks, and the job has {world}: start {need} processes (torchrun --nproc-per-node "
+                f"{need}), or give a mesh shape whose sizes multiply to {world}"
+            ) from None
+
+    init_device_mesh._tpu_debug_guard = True  # type: ignore[attr-defined]
+    module.init_device_mesh = init_device_mesh
 
 
 def register_backends() -> None:
@@ -390,4 +810,10 @@ def register_backends() -> None:
         # register_backend gives a device to the first backend that claims it: CPU stays
         # gloo's, and tpu gets TorchTPU's default even when "tpu" was registered first
         dist.Backend.default_device_backend_map["tpu"] = DEFAULT_BACKEND
+        for module in (dist, sys.modules["torch.distributed.distributed_c10d"]):
+            if not getattr(module.init_process_group, "_tpu_debug_guard", False):
+                module.init_process_group = _guard_init(module.init_process_group)
+        from tpu_debug.runtime.device import when_imported
+
+        when_imported("torch.distributed.device_mesh", _guard_mesh)
         _registered = True

@@ -137,7 +137,10 @@ def test_a_killed_rank_is_still_reported(tmp_path):
     assert "SIGKILL" in proc.stderr
     data = json.loads(_cli("report", "--json", "--logdir", str(logdir)).stdout)
     assert data["status"] == "failed"
-    assert [r["figures"]["status"] for r in data["ranks"]] == ["failed", "killed"]
+    # rank 0 raises CollectiveDesyncError naming the dead rank at its third collective;
+    # torchrun's agent, which saw rank 1 die, may stop rank 0 while its run closes
+    status0, status1 = [r["figures"]["status"] for r in data["ranks"]]
+    assert status0 in ("failed", "terminated") and status1 == "killed"
     c10d = data["c10d"]
     assert [r["calls"] for r in c10d["per_rank"]] == [3, 2]
     (desync,) = c10d["desyncs"]

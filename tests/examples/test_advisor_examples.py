@@ -39,6 +39,8 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "over_hbm.py": (["--dry-run", "--target", "v5e"], [], {"memory_fit", "hbm_oom", "dry_run_stopped"}, ["--fixed"]),
     # tpu_debug.fit compiles for a slice inside the script
     "fit_oom.py": ([], [], {"fit_oom"}, ["--fixed"]),
+    # starts its second rank itself; rank 0 (traced) raises at the collective only it calls
+    "collective_desync.py": ([], ["--steps", "2"], {"collective_desync"}, ["--fixed"]),
 }
 # pitfalls that compile for a TPU without a run option saying so
 COMPILE_FOR_TPU = {"fit_oom.py"}

@@ -5,7 +5,8 @@ A rule is one function registered with :func:`rule` under its kind (and the
 TUI view that shows what its findings are about), in a rule module: :mod:`.rules`
 for the training loop (recompiles, syncs, uploads, dispatch, numerics),
 :mod:`.fit` for fitting a TPU (memory, the target compiler's refusals and
-padding, dry runs). Rule modules import :mod:`.registry`, never this package,
+padding, dry runs), :mod:`.collectives` for ranks that stopped calling the
+same c10d collectives. Rule modules import :mod:`.registry`, never this package,
 so adding a rule to one is one declaration plus its tests. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
 step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.steps`) and
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 # the rule modules register their rules when imported; they import the registry, never this package
+from tpu_debug.tracers.advisor import collectives as _collectives  # noqa: F401
 from tpu_debug.tracers.advisor import fit as _fit  # noqa: F401
 from tpu_debug.tracers.advisor import rules as _rules  # noqa: F401
 from tpu_debug.tracers.advisor.facts import RunFacts
