@@ -409,6 +409,9 @@ class _Places:
     __slots__ = ("count", "root", "routes")
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
         self.routes: Any = None
         self.root = _Place(-1)
         self.count = 0
@@ -763,6 +766,8 @@ def _materialize(g: _Graph, trigger: str) -> None:
     with _state.lock:
         if g is not _state.graph or not g.steps:
             return  # already run (by another thread, or a value of an older graph)
+        if _places.count and not probes._routes.on_defer:
+            _places.clear()  # nobody listens any more: the tree and the templates it holds go
         start = time.perf_counter()
         live = []
         for slot, ref in g.outputs:
