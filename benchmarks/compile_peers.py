@@ -18,6 +18,10 @@ samples of the same round; CPU time is each process's own (``time.process_time``
   ``tpu_debug.compile``: a function doing forward, loss and backward, one program; torchax:
   ``jax.jit(jax.value_and_grad(loss))`` of the module's functional form).
 
+Training's ``.grad`` accumulates from call to call, in every variant (torchax returns fresh
+gradients); the row "``.grad`` None before each step" is the user's loop after
+``optimizer.zero_grad()``, where autograd stores each gradient without an op.
+
 Also measured, beside the default guards: dynamo's guard filters (``torch.compile(...,
 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})``) and
 ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (only the guards that tell cache
@@ -229,6 +233,16 @@ def _training_variants(cfg, model, xd, yd, ref_loss, ref_grads) -> dict:
         out[("training", name)] = _sampler(train)
         if name == "torch.compile":
             out[("training", "torch.compile, skip_guard_eval_unsafe")] = _sampler(train, _skip_guards)
+            params = list(m.parameters())
+
+            def fresh(train=train, params=params):
+                # as after optimizer.zero_grad(): autograd hands each gradient to .grad with
+                # no op, where accumulating into an existing .grad is one eager add per parameter
+                for p in params:
+                    p.grad = None
+                return train()
+
+            out[("training", "torch.compile, .grad None before each step")] = _sampler(fresh)
     return out
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/tracing_modes.py [--repeat 15] [--rows chain,llama,hf] [--modes never,fuse,compiled]
     python benchmarks/tracing_modes.py --profile chain:fuse     # where the traced path spends its time
+    python benchmarks/tracing_modes.py --without steps,collectives  # each tracer's cost: the trace without it
 
 Workloads (each checked against PyTorch on CPU before it is timed):
 
@@ -21,8 +22,11 @@ paused); the traced one enters ``tpu_debug.trace(eager_mode=...)`` with its defa
 tracers (no TPU target, no divergence), runs one untimed sample, then the timed one, and
 leaves: entering and leaving (run directory, database, writer thread, programs replayed to
 the tracers, final flush) is a fixed cost per trace, not per op. The untraced side runs the
-same two samples. The figures are the medians over pairs of traced /
+same two samples. A workload's sample is repeated until one timing lasts ``--min-ms``
+(20 ms) untraced. The figures are the medians over pairs of traced /
 untraced wall time and process CPU time (every thread: the store's writer included).
+``--without TRACER`` adds rows whose traced side leaves one default tracer out: its cost is
+the difference from the full trace's row.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import argparse
 import copy
 import cProfile
 import gc
+import math
 import os
 import pstats
 import statistics
@@ -42,7 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tpu_debug.runtime import lazy
+from tpu_debug.runtime import lazy, probes
 from tpu_debug.runtime.tensor import to_jax
 
 import tpu_debug
@@ -50,6 +55,8 @@ import tpu_debug
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
+# the default tracers, by the Trace attribute holding each (--without leaves one out)
+TRACERS = {"recorder": "_recorder", "steps": "_steps", "collectives": "_collectives"}
 MODES = {"never": "defer_never", "fuse": "defer_and_fuse", "compiled": "defer_never"}
 SETS = {"never": torch.tpu.EagerMode.DEFER_NEVER, "fuse": torch.tpu.EagerMode.DEFER_AND_FUSE,
         "compiled": torch.tpu.EagerMode.DEFER_NEVER}
@@ -179,9 +186,30 @@ def _timed(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-def overhead(sample, mode: str, logdir: str, repeat: int, **options) -> dict[str, float]:
+def lengthened(sample, mode: str, min_ms: float) -> tuple[Callable[[], None], int]:
+    """``sample`` repeated often enough that one timing lasts at least ``min_ms`` untraced (a
+    compiled tiny-Llama step takes half a millisecond: five of them are too short a sample
+    for a stable ratio), and the repeat count."""
+    with torch.tpu.set_eager_mode(SETS[mode]):
+        sample()
+        took = min(_timed(sample)[0] for _ in range(3))
+    count = max(1, math.ceil(min_ms / 1e3 / max(took, 1e-9)))
+    if count == 1:
+        return sample, 1
+
+    def repeated():
+        for _ in range(count):
+            sample()
+
+    return repeated, count
+
+
+def overhead(sample, mode: str, logdir: str, repeat: int, without: str | None = None,
+             **options) -> dict[str, float]:
     """Medians over ``repeat`` interleaved (untraced, traced) pairs of the traced / untraced
-    wall and CPU time of ``sample``, and the untraced sample's median wall time."""
+    wall and CPU time of ``sample``, and the untraced sample's median wall time. ``without``
+    names a default tracer the traced side leaves out (unsubscribed once the trace began),
+    so the difference from the full trace is that tracer's cost."""
 
     # each side runs one untimed sample before the timed one: in a trace, the first sample
     # after entering also pays for the run's start (the writer thread storing the run's
@@ -192,7 +220,12 @@ def overhead(sample, mode: str, logdir: str, repeat: int, **options) -> dict[str
             return _timed(sample)
 
     def on():
-        with tpu_debug.trace(logdir=logdir, name="bench", eager_mode=MODES[mode], **options):
+        recording = tpu_debug.trace(logdir=logdir, name="bench", eager_mode=MODES[mode], **options)
+        with recording:
+            if without is not None:
+                tracer = getattr(recording, TRACERS[without])
+                if tracer is not None:
+                    probes.unsubscribe(tracer)
             sample()
             return _timed(sample)
 
@@ -247,6 +280,11 @@ def main(argv=None) -> None:
     parser.add_argument("--modes", default="never,fuse,compiled")
     parser.add_argument("--profile", metavar="ROW:MODE", help="profile one traced sample instead")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--min-ms", type=float, default=20.0,
+                        help="repeat a workload's sample until one timing lasts this long untraced")
+    parser.add_argument("--without", default="",
+                        help="also measure the trace with each of these default tracers left out "
+                             f"(comma-separated: {', '.join(TRACERS)}); the difference is its cost")
     args = parser.parse_args(argv)
     logdir = tempfile.mkdtemp(prefix="tracing_modes_")
     if args.profile:
@@ -255,13 +293,22 @@ def main(argv=None) -> None:
         return
     modes = args.modes.split(",")
     print(f"load average before: {_load()} (2 CPUs)\n")
-    print("| workload | mode | untraced (ms, median) | traced / untraced, wall | traced / untraced, CPU |")
-    print("|---|---|---:|---:|---:|")
+    left_out = [t for t in args.without.split(",") if t]
+    for t in left_out:
+        if t not in TRACERS:
+            parser.error(f"--without {t}: the default tracers are {', '.join(TRACERS)}")
+    print("| workload | mode | tracers | samples per timing | untraced (ms, median) "
+          "| traced / untraced, wall | traced / untraced, CPU |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for row in args.rows.split(","):
         title, make = WORKLOADS[row]
         for mode, sample in make(modes).items():
-            r = overhead(sample, mode, logdir, args.repeat)
-            print(f"| {title} | {mode} | {r['off ms']:.1f} | {r['wall']:.3f}x | {r['cpu']:.3f}x |", flush=True)
+            timed_sample, count = lengthened(sample, mode, args.min_ms)
+            for without in [None, *left_out]:
+                r = overhead(timed_sample, mode, logdir, args.repeat, without)
+                tracers = "all default" if without is None else f"without {without}"
+                print(f"| {title} | {mode} | {tracers} | {count} | {r['off ms']:.1f} | {r['wall']:.3f}x "
+                      f"| {r['cpu']:.3f}x |", flush=True)
     print(f"\nload average after: {_load()} (2 CPUs)")
 
 

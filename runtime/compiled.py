@@ -381,8 +381,8 @@ class _Entry:
     has_views: bool = False
     # a program over devices of several processes: what the ranks compare before each call
     spmd: Any = None
-    # the static call's tail (see CompiledGraph._static_tail): each graph output's (shape,
-    # torch dtype) when all are program outputs, False when one is not, None until known
+    # the static call's tail (see CompiledGraph._static_tail): per graph output, (source,
+    # where, shape, torch dtype) when none is a view, False when one is, None until known
     tail: Any = None
 
 
@@ -575,13 +575,26 @@ class CompiledGraph:
         outs = self._run(executable, arrays, self._static_sig)
         tail = entry.tail
         if tail and _tensor._track is None:
-            # the outputs' shapes are the program's, fixed: new tensors made directly; the
-            # mutated inputs' new values lead the program's outputs, where ``lead`` says
+            # the outputs' shapes are fixed: new tensors made directly (a forward's saved
+            # values: program outputs, inputs passed through, a value twice; a backward's
+            # None gradients); the mutated inputs' new values lead the program's outputs,
+            # where ``lead`` says
             lead = entry.lead
+            program = iter(outs[len(lead):])
             result = []
-            for (shape, dtype), value in zip(tail, outs[len(lead):]):
-                t = _create_empty(shape, dtype)
-                setattr(t.untyped_storage(), PAYLOAD_ATTR, value)
+            for source, where, shape, dtype in tail:
+                if source == _PROGRAM:
+                    t = _create_empty(shape, dtype)
+                    setattr(t.untyped_storage(), PAYLOAD_ATTR, next(program))
+                elif source == _INPUT:
+                    t = _create_empty(shape, dtype)
+                    setattr(t.untyped_storage(), PAYLOAD_ATTR, arrays[where])
+                elif source == _SAME:
+                    first = result[where]
+                    t = _create_empty(shape, dtype)
+                    setattr(t.untyped_storage(), PAYLOAD_ATTR, getattr(first.untyped_storage(), PAYLOAD_ATTR))
+                else:
+                    t = entry.scalars.get(where)
                 result.append(t)
             for storage, i in zip(targets, lead):
                 setattr(storage, PAYLOAD_ATTR, outs[i])
@@ -597,21 +610,33 @@ class CompiledGraph:
         if self.program.asserts:
             self._check_asserts(it)
         elif tail is None:
-            entry.tail = self._static_tail(entry, outs)
+            entry.tail = self._static_tail(entry, outs, arrays)
         return result
 
     @staticmethod
-    def _static_tail(entry: _Entry, outs) -> tuple | bool:
+    def _static_tail(entry: _Entry, outs, arrays: list) -> tuple | bool:
         """What ``_call_static`` needs to finish a call of ``entry`` without the general
-        walk over its outputs: each graph output's shape and dtype; False when one is
-        anything but a program output (an input passed through, a view, a scalar), which
-        the walk handles. (Every mutated input's new value is among the leading outputs,
-        ``entry.lead``, whenever the graph mutates any.)"""
-        if any(source != _PROGRAM for source, _, _ in entry.outputs):
+        walk over its outputs (``_results``): per graph output, its source, where it comes
+        from (an input's index, an earlier output's, a scalar's output index), and its shape
+        and torch dtype, all fixed by the static signature; False when an output is a view,
+        which the walk handles. (Every mutated input's new value is among the leading
+        outputs, ``entry.lead``, whenever the graph mutates any.)"""
+        if entry.has_views or any(source == _VIEW for source, _, _ in entry.outputs):
             return False
-        n = len(entry.lead)
-        return tuple((tuple(value.shape), dtype or to_torch_dtype(value.dtype))
-                     for value, (_, _, dtype) in zip(outs[n:], entry.outputs))
+        program = iter(outs[len(entry.lead):])
+        tail: list[tuple] = []
+        for i, (source, where, dtype) in enumerate(entry.outputs):
+            if source == _PROGRAM or source == _INPUT:
+                value = next(program) if source == _PROGRAM else arrays[where]
+                tail.append((source, where, tuple(value.shape), dtype or to_torch_dtype(value.dtype)))
+            elif source == _SAME:
+                shape, dtype = tail[where][2], tail[where][3]
+                if shape is None:  # a scalar output again: left to the walk
+                    return False
+                tail.append((source, where, shape, dtype))
+            else:
+                tail.append((source, i, None, None))
+        return tuple(tail)
 
     def _check_asserts(self, conditions: Iterator) -> None:
         """Raise for the first device assertion of this call that failed. Reading the

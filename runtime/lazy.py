@@ -301,6 +301,11 @@ class _Graph:
         self.leaf_slots: dict[int, int] = {}  # id(array) -> slot (the arrays are held in leaves)
         self.scalars: list[float] = []
         self.outputs: list[tuple[int, Any]] = []  # (slot, weakref to its LazyArray)
+        # while a probe listens to on_defer: where the steps so far lead in the tree of
+        # recorded sequences (_Places), and each step's site (None: recorded unheard)
+        self.place: _Place | None = None
+        self.root: _Place | None = None
+        self.sites: list[int | None] = []
 
     def recording(self) -> bool:
         """Whether values of this graph may stay pending when an op reads them."""
@@ -350,7 +355,7 @@ class _Graph:
         """A built-in step (a cast, a view read, a strided write) on pending or concrete inputs."""
         (out,) = self.add(_step_template(name, fn, statics, inputs), inputs)
         if probes._routes.on_defer:
-            probes.deferred(name, len(self.steps) - 1)
+            _place(self, name)
         return out
 
     def write(self, t: torch.Tensor, storage, value, old) -> None:
@@ -376,6 +381,90 @@ class _Graph:
             return
         new = g.step("write", _strided_write, (shape, view_pattern(shape, t.stride(), old.size), t.storage_offset()), old, value)
         set_payload(storage, new)
+
+
+class _Place:
+    """One step at one place of the step sequences recorded while a probe listens to
+    ``on_defer``: what follows it (step -> _Place), and its site (announced once)."""
+
+    __slots__ = ("next", "site")
+
+    def __init__(self, site: int) -> None:
+        self.next: dict[tuple, _Place] = {}
+        self.site = site
+
+
+class _Places:
+    """The tree of recorded step sequences, for the probes listening to ``on_defer``.
+
+    A probe that keeps each op's line (the recorder: a fused program's compile names
+    each op's line) needs it only for an op whose place in its graph's sequence is new:
+    a graph repeating a recorded sequence (a training loop's steps) either finds its
+    program cached, or compiles one whose ops share their sites, and lines, with the
+    sequence recorded first. So only a new place is announced, and the per-op cost of a
+    repeated graph is one dict lookup. The tree starts again when the listeners change
+    (a new probe has heard none of the sites) or when it holds ``_PLACES_KEPT`` places.
+    """
+
+    __slots__ = ("count", "root", "routes")
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.routes: Any = None
+        self.root = _Place(-1)
+        self.count = 0
+
+
+# places kept before the tree starts again (bounds its memory and the listeners' maps of
+# sites: every site a graph can reach is among the last _PLACES_KEPT + a graph announced)
+_PLACES_KEPT = 100_000
+_places = _Places()
+_site_ids = itertools.count()
+
+
+def _place(g: _Graph, name: str) -> None:
+    """Find the graph's newest step in the tree of sequences; announce it if it is new."""
+    tree = _places
+    if g.root is tree.root and tree.routes is probes._routes and not probes._quiet:
+        place = g.place.next.get(g.steps[-1])  # type: ignore[union-attr]
+        if place is not None:  # a recorded sequence, repeated
+            g.place = place
+            g.sites.append(place.site)
+            return
+    _new_place(g, name)
+
+
+def _new_place(g: _Graph, name: str) -> None:
+    if probes._quiet and probes._get_ident() in probes._quiet:
+        g.root = None  # a probe's own work is not announced: its place is not in the tree
+        g.sites.append(None)
+        return
+    tree = _places
+    if tree.routes is not probes._routes or tree.count >= _PLACES_KEPT:
+        tree.routes, tree.root, tree.count = probes._routes, _Place(-1), 0
+    index = len(g.steps) - 1
+    if g.root is tree.root:
+        parent = g.place
+    elif index == 0:
+        g.root = parent = tree.root
+    else:
+        # listening began in the middle of this graph, or the tree started again: its
+        # steps so far are not in the tree, so the rest is new (a branch of its own)
+        g.root, parent = tree.root, _Place(-1)
+        g.sites.extend([None] * (index - len(g.sites)))
+    step = g.steps[-1]
+    place = parent.next.get(step)  # type: ignore[union-attr]
+    if place is None:
+        place = parent.next[step] = _Place(next(_site_ids))  # type: ignore[union-attr]
+        tree.count += 1
+        g.place = place
+        g.sites.append(place.site)
+        probes.deferred(name, index, place.site)
+        return
+    g.place = place
+    g.sites.append(place.site)
 
 
 class _State:
@@ -475,7 +564,7 @@ def _append(plan, args, kwargs, tpl: _Template, arrays: list):
         g = _state.graph
     outs = g.add(tpl, arrays)
     if probes._routes.on_defer:
-        probes.deferred(plan.name, len(g.steps) - 1)
+        _place(g, plan.name)
     if tpl.size is not None and plan.kind is None:  # one tensor out of a pure op
         t = _create_empty(tpl.size, tpl.dtypes[0])
         set_payload(t.untyped_storage(), outs[0])
@@ -677,6 +766,8 @@ def _materialize(g: _Graph, trigger: str) -> None:
     with _state.lock:
         if g is not _state.graph or not g.steps:
             return  # already run (by another thread, or a value of an older graph)
+        if _places.count and not probes._routes.on_defer:
+            _places.clear()  # nobody listens any more: the tree and the templates it holds go
         start = time.perf_counter()
         live = []
         for slot, ref in g.outputs:
@@ -820,7 +911,8 @@ def _graph_info(g: _Graph, live_slots: tuple[int, ...]) -> GraphInfo:
         target = f"aten::{tpl.name}" if tpl.struct is not None else tpl.name
         nodes.append(LoweredNode(f"n{i}", target, f"n{i}", None))
         outs = tuple(_short(s, d) for s, d in tpl.outs)
-        ops.append(LazyNode(tpl.name, tuple(names[r] for r in refs), tpl.specs, outs))
+        ops.append(LazyNode(tpl.name, tuple(names[r] for r in refs), tpl.specs, outs,
+                            g.sites[i] if i < len(g.sites) else None))
         lines.append(f"n{i} = {tpl.name}({', '.join(names[r] for r in refs)})  # {', '.join(outs)}")
     outputs = tuple(names[s] for s in live_slots)
     lines.append(f"return ({', '.join(outputs)})")

@@ -16,7 +16,7 @@ the runtime calls                      each probe hears
 ``transferred(info)``                  ``on_transfer(info: TransferInfo)``
 ``fell_back(info)``                    ``on_fallback(info: FallbackInfo)``
 ``evicted(mode, name, key)``           ``on_evict(mode, name, key)``
-``deferred(name, index)``              ``on_defer(name, index)``
+``deferred(name, index, site)``        ``on_defer(name, index, site)``
 ``materialized(info)``                 ``on_materialize(info: MaterializeInfo)``
 ``allocated(info)``                    ``on_alloc(info: AllocInfo)``
 ``freed(info)``                        ``on_free(info: FreeInfo)``
@@ -145,13 +145,15 @@ class LazyNode:
     ``inputs`` where each input comes from (``"in3"``: a graph input, ``"s1"``: a
     float scalar, ``"n12"``: an earlier op's output); ``args`` the op's arguments as
     its eager key holds them (shapes, dtypes, static values); ``outputs`` its
-    outputs' avals (``"float32[8,64]"``).
+    outputs' avals (``"float32[8,64]"``); ``site`` the site ``on_defer`` announced for
+    the op's place in its graph (None when no probe listened as it was recorded).
     """
 
     name: str
     inputs: tuple[str, ...]
     args: tuple[ArgSpec, ...]
     outputs: tuple[str, ...]
+    site: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -358,8 +360,13 @@ class Probe(Protocol):
 
     # Lazy mode (runtime/lazy.py): each op recorded into the pending graph, and each run of it.
 
-    def on_defer(self, name: str, index: int) -> None:
-        """Op ``name`` was recorded as op ``index`` of the pending graph (0 starts a new graph)."""
+    def on_defer(self, name: str, index: int, site: int) -> None:
+        """Op ``name`` was recorded as op ``index`` of the pending graph at a place no graph
+        reached before while this probe listened: ``site`` names that place (the same op
+        after the same sequence of steps), and a fused graph's ``LazyNode.site`` says which
+        site each of its ops is. An op repeating a recorded sequence is not announced again
+        (a training loop's graphs are announced once): what a probe keeps per site (the
+        recorder: the user's line) holds for every op at that site."""
 
     def on_materialize(self, info: MaterializeInfo) -> None:
         """The pending graph ran (after its on_compile, if it compiled, and its on_execute)."""
@@ -588,10 +595,10 @@ def evicted(mode: str, name: str, key: Any) -> None:
         deliver(_routes.on_evict, (mode, name, key), probe_errors)
 
 
-def deferred(name: str, index: int) -> None:
-    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph."""
+def deferred(name: str, index: int, site: int) -> None:
+    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph, at a new ``site``."""
     if not _quiet or _get_ident() not in _quiet:
-        deliver(_routes.on_defer, (name, index), probe_errors)
+        deliver(_routes.on_defer, (name, index, site), probe_errors)
 
 
 def materialized(info: MaterializeInfo) -> None:

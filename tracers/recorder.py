@@ -10,6 +10,7 @@ content hash).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import traceback
@@ -43,6 +44,9 @@ IMPLICIT_TRANSFER_OPS = IMPLICIT
 # frames between the probe method and the runtime's call site: deliver() and the typed
 # notification (probes.compiled, ...); all of them library frames user_location skips
 _PROBE_DEPTH = 3
+# lazy mode's sites whose lines are kept: the runtime keeps 100,000 places before it starts
+# its tree again, so every site a graph can still reach is among the latest announced
+_SITES_KEPT = 400_000
 
 
 def _guarded_line(info: Any, diffs: Any) -> Any:
@@ -119,9 +123,10 @@ class Recorder:
         self._compile_lock = threading.Lock()  # one compile recorded at a time
         self._local = threading.local()  # .counts: this thread's {key: _Count}
         self.recompiles = RecompileTracker()  # first compile or recompile, and why
-        # lazy mode: the user's line of each op of the pending graph (on_defer), the
-        # compile event of each fused program compiled in this run, optimizer steps ended
-        self._lazy_ops: list[Any] = []
+        # lazy mode: the user's line of each site announced (on_defer; a fused graph's
+        # ops name their sites), the compile event of each fused program compiled in
+        # this run, optimizer steps ended
+        self._site_lines: dict[int, Any] = {}
         self._lazy_compiles: dict[Any, int] = {}
         self._lazy_step = 0
         self._step_frames = StepFrames()
@@ -168,7 +173,7 @@ class Recorder:
 
     def _record_compile(self, info: Any, ts: float, location: Any) -> None:
         lazy = info.mode == "lazy" and not info.replayed
-        ops = self._lazy_ops if lazy else ()
+        ops = self._op_lines(info) if lazy else ()
         # a replayed compile only becomes history
         seen = self.recompiles.observe(info, op_locations=ops)
         location = _guarded_line(info, seen.diffs) or location
@@ -245,10 +250,19 @@ class Recorder:
             )
         )
 
-    def on_defer(self, name: str, index: int) -> None:
-        if index == 0:  # a new pending graph
-            self._lazy_ops = []
-        self._lazy_ops.append(user_location(_PROBE_DEPTH))
+    def on_defer(self, name: str, index: int, site: int) -> None:
+        lines = self._site_lines
+        if len(lines) >= _SITES_KEPT:
+            # the oldest sites go: a graph's sites are among the runtime's latest
+            for old in list(itertools.islice(lines, len(lines) // 2)):
+                del lines[old]
+        lines[site] = user_location(_PROBE_DEPTH)
+
+    def _op_lines(self, info: Any) -> list[Any]:
+        """The user's line of each op of a lazy graph (None: recorded while nobody listened)."""
+        lines = self._site_lines
+        ops = info.graph.ops if info.graph is not None else ()
+        return [lines.get(op.site) if op.site is not None else None for op in ops]
 
     def on_materialize(self, info: Any) -> None:
         trigger, location = cut_site(str(info.trigger), _PROBE_DEPTH)
@@ -276,7 +290,6 @@ class Recorder:
         if trigger == "optimizer_step":
             self._lazy_step += 1
             self._step_frames.step_ended()
-        self._lazy_ops = []
 
     def on_fallback(self, info: Any) -> None:
         self.writer.put(

@@ -424,6 +424,32 @@ def test_outputs_that_are_inputs_or_repeats_are_not_copied_by_the_program():
     torch.testing.assert_close(xd.cpu(), x_cpu)
 
 
+def test_repeated_calls_of_a_training_graph_return_its_saved_values_and_gradients():
+    """From its second call a static graph makes its outputs from a plan kept from the first:
+    a forward's saved values (program outputs, inputs passed through, a value returned twice)
+    and a backward's gradients, None for an input that needs none, are what PyTorch has."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = copy.deepcopy(cpu).to("tpu")
+    x, target = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    xd, td = x.to("tpu"), target.to("tpu")
+    step = torch.compile(lambda x, t: F.cross_entropy(model(x), t), backend="tpu_debug")
+    for _ in range(3):
+        for p in (*model.parameters(), *cpu.parameters()):
+            p.grad = None
+        loss = step(xd, td)
+        loss.backward()
+        want = F.cross_entropy(cpu(x), target)
+        want.backward()
+        torch.testing.assert_close(loss.cpu(), want.detach(), **TOL)
+        for p, q in zip(model.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL)
+    forward = [g for g in compiled._graphs if g.graph_id.endswith("/forward") and g._static_entry is not None
+               and g._static_entry.tail]
+    # the forward saves weights it was given: outputs that are inputs, made without the walk
+    assert any(source == compiled._INPUT for g in forward for source, *_ in g._static_entry.tail)
+
+
 def test_outputs_viewing_another_output_share_its_storage():
     def f(x):
         h = x * 2

@@ -46,11 +46,13 @@ class Heard:
 
     def __init__(self) -> None:
         self.deferred: list[tuple[str, int]] = []
+        self.sites: list[int] = []
         self.runs: list = []
         self.compiles: list = []
 
-    def on_defer(self, name, index):
+    def on_defer(self, name, index, site):
         self.deferred.append((name, index))
+        self.sites.append(site)
 
     def on_materialize(self, info):
         self.runs.append(info)
@@ -130,6 +132,28 @@ def test_ops_wait_for_a_value_to_be_needed():
     # b and c are still referenced: both computed; the product only c needed is not. The
     # inputs are a and the storage offset of the view b.t() (an operand, not part of the key)
     assert (run.ops, run.outputs, run.inputs, run.compiled) == (4, 2, 2, True)
+
+
+def test_an_op_is_announced_once_per_place_in_a_recorded_sequence():
+    a = torch.randn(8, 8).to("tpu")
+
+    def graph(extra: bool):
+        b = torch.relu(a @ a) * 2
+        if extra:
+            b = b + 1
+        return b.sum().item()
+
+    with torch.tpu.set_eager_mode(FUSE), Heard() as heard:
+        graph(False)
+        first = list(heard.sites)
+        assert [n for n, _ in heard.deferred] == ["mm", "relu", "mul.Tensor", "sum"]
+        graph(False)  # the same sequence: nothing new to announce
+        assert heard.sites == first
+        graph(True)  # parts from the recorded sequence at op 3: announced from there on
+        assert heard.deferred[4:] == [("add.Tensor", 3), ("sum", 4)]
+    # the compiled graph's ops name their sites: the shared prefix's are the first graph's
+    sites = [[op.site for op in c.graph.ops] for c in heard.compiles]
+    assert sites == [first, first[:3] + heard.sites[4:]]
 
 
 def test_values_nobody_holds_are_not_computed():

@@ -124,6 +124,26 @@ def test_a_fused_graph_is_a_program_mapped_to_its_ops_and_lines(tmp_path):
     assert session.node_instructions(compile_event.program, "n3")
 
 
+def _scaled(a, extra):
+    b = torch.relu(a @ a)  # MARK-part-mm
+    if extra:
+        b = b * 3  # MARK-part-mul
+    return b.sum()  # MARK-part-sum
+
+
+def test_a_graph_parting_from_a_recorded_sequence_names_every_ops_line(tmp_path):
+    # ops repeating a recorded sequence are not announced again; a graph that parts from
+    # it after a shared prefix still names each op's line, the prefix's included
+    a = torch.randn(8, 8).to("tpu")
+    with tpu_debug.trace(logdir=tmp_path) as session, torch.tpu.set_eager_mode(FUSE):
+        for extra in (False, False, True):
+            _scaled(a, extra).item()
+    first, parted = session.compiles(mode="lazy")
+    mm, mul, total = _line("# MARK-part-mm"), _line("# MARK-part-mul"), _line("# MARK-part-sum")
+    assert [n.location.line for n in session.fx_nodes(first.program)] == [mm, mm, total]
+    assert [n.location.line for n in session.fx_nodes(parted.program)] == [mm, mm, mul, total]
+
+
 # -- recompiles of fused graphs, op by op ----------------------------------------------------
 
 
