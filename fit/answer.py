@@ -512,8 +512,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
     if chunked:
         how += f"; {techniques.CHUNKED_NOTE}"
-    if attention == "flash":
-        how += f"; {techniques.FLASH_NOTE}"
+    if attention in techniques.NOTES:
+        how += f"; {techniques.NOTES[attention]}"
     if getattr(config, "_experts_implementation", None) == fit_moe.EXPERTS:
         how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):

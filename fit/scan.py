@@ -354,6 +354,8 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         head_loss: ``(post's output, outer weights by name, labels) -> loss`` when ``post``
             was traced to return the final hidden states (``techniques.chunked_head_loss``).
     """
+    from jax.ad_checkpoint import checkpoint_name
+
     def constrain(x, sharding):
         return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
@@ -361,6 +363,9 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         return w.astype(pieces.specs[n].dtype) if master else w
 
     def body(hidden, xs):
+        # named for a policy that keeps it by name (techniques.OFFLOADED_NAMES); read only
+        # through the name, so such a policy's copy is what the backward gets
+        hidden = checkpoint_name(hidden, "decoder_layer_input")
         weights, side = xs
         weights = {n: compute(n, w) for n, w in weights.items()}
         if gathered is not None:
