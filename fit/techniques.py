@@ -316,24 +316,31 @@ TORCH_CODE = {
 
 def torch_code(change: dict) -> str:
     """The PyTorch change a fix's options (``fit`` keywords) mean."""
-    if "remat_policy" in change:
-        return POLICIES[change["remat_policy"]].torch
     if "target" in change:
         return f"the same script on {change['target']} (fully_shard over every chip)"
-    return "; ".join(TORCH_CODE[k] for k in change if k in TORCH_CODE)
+    parts = [POLICIES[change["remat_policy"]].torch] if "remat_policy" in change else []
+    return "; ".join([*parts, *(TORCH_CODE[k] for k in change if k in TORCH_CODE)])
 
 
 def technique_fixes(options: dict, logits_bytes: int, capacity: int | None) -> list[tuple[str, dict]]:
     """The memory techniques worth compiling as fixes of a step run with ``options``:
-    the chunked loss when the whole float32 logits of a chip (``logits_bytes``) are an
-    eighth of its HBM or more, flash attention, activation offload to host memory, and the
-    chunked loss with flash attention and activation checkpointing; each ``(what, fit
-    keywords)``."""
+    MaxText's way (splash attention with its offload policy, and the chunked loss when the
+    logits are large), the chunked loss when the whole float32 logits of a chip
+    (``logits_bytes``) are an eighth of its HBM or more, flash attention, activation offload
+    to host memory, and the chunked loss with flash attention and activation checkpointing;
+    each ``(what, fit keywords)``."""
     found = []
-    flash = options.get("attention", "blocked") != "flash"
+    chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
+    maxtext = {"attention": "splash", "remat_policy": "maxtext", **({"loss": "chunked"} if chunk else {})}
+    if any(options.get(k) != v for k, v in maxtext.items()):
+        # how MaxText trains Llama 3.1 on v6e (splash attention, each layer's input and q/k/v
+        # offloaded, the rest recomputed), with the logits chunked when they are large
+        found.append(("splash attention, MaxText's offload policy" + (" and the chunked loss" if chunk else "")
+                      + " (--attention splash --remat-policy maxtext" + (" --chunked-loss)" if chunk else ")"),
+                      maxtext))
+    flash = options.get("attention", "blocked") not in ("flash", "splash")
     if flash:
         found.append(("flash attention (--attention flash)", {"attention": "flash"}))
-    chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
     if chunk:
         found.append(("chunked loss (--chunked-loss)", {"loss": "chunked"}))
     if not options.get("remat") and not options.get("remat_policy"):

@@ -386,8 +386,23 @@ def test_the_chunked_loss_is_offered_as_a_fix_when_the_logits_are_large_and_each
         "remat": True,
         "attention": "flash",
     }
-    # nothing offered twice: a step already chunked, checkpointed and flash gets none of these
-    assert technique_fixes({"loss": "chunked", "remat": True, "attention": "flash"}, hbm, hbm) == []
+    # MaxText's way first: splash attention with its offload policy, chunked when the logits are large
+    first = technique_fixes({}, hbm // 8, hbm)[0]
+    assert first == (
+        "splash attention, MaxText's offload policy and the chunked loss "
+        "(--attention splash --remat-policy maxtext --chunked-loss)",
+        {"attention": "splash", "remat_policy": "maxtext", "loss": "chunked"},
+    )
+    assert technique_fixes({}, hbm // 16, hbm)[0][1] == {"attention": "splash", "remat_policy": "maxtext"}
+    # nothing offered twice: a step already chunked, checkpointed and flash gets only MaxText's
+    # way, and a step already trained MaxText's way gets none
+    assert [c for _, c in technique_fixes({"loss": "chunked", "remat": True, "attention": "flash"}, hbm, hbm)] == [
+        {"attention": "splash", "remat_policy": "maxtext"}
+    ]
+    assert technique_fixes({"loss": "chunked", "remat_policy": "maxtext", "attention": "splash"}, hbm, hbm) == []
+    code = torch_code(first[1])
+    assert "splash_sdpa" in code and "save_on_cpu" in code and "create_selective_checkpoint_contexts" in code
+    assert "LigerFusedLinearCrossEntropyLoss" in code
     assert "save_on_cpu" in torch_code({"remat_policy": "offload"})
     assert "splash_sdpa" in torch_code({"attention": "flash"})
     assert "LigerFusedLinearCrossEntropyLoss" in torch_code({"loss": "chunked"})
