@@ -500,7 +500,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     chosen = techniques.policy(policy_name or ("full" if remat else "matmuls"))
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
                            optimization_level=optimization_level, cache=cache, policy=chosen.make(),
-                           head_loss=head_loss)
+                           head_loss=head_loss, compiler_options=techniques.compiler_options(attention))
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt, loop_repeats(c.hlo or "", pieces.layers)) if c.ok else ()
     keeps = chosen.keeps

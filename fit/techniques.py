@@ -585,11 +585,23 @@ def _without_x64(fn):
     return run
 
 
+# MaxText's scoped VMEM limit for dense models (its xla_flags_library's DENSE_VMEM_LIMIT_FLAG,
+# set on these runs): the splash kernel's blocks of 2048 with the fused backward need more
+# VMEM per op than the compiler's default scope (CompileTimeScopedVmemOom on v6e without it)
+SPLASH_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 98304}
+
+
+def compiler_options(attention: str) -> dict | None:
+    """The TPU compiler options a step with ``attention`` is compiled with (None: the defaults)."""
+    return dict(SPLASH_OPTIONS) if attention == "splash" else None
+
+
 # the answer's "compiled as" for splash attention
 SPLASH_NOTE = (
     f"attention as splash attention (JAX's Pallas TPU kernel, the kernel TorchTPU's splash_sdpa runs): "
     f"blocks of {SPLASH_BLOCK} queries against blocks of {SPLASH_BLOCK} keys, the blocks above the causal "
-    "diagonal skipped, the fused backward kernel, each chip on its own sequences"
+    "diagonal skipped, the fused backward kernel, each chip on its own sequences, the compiler's scoped "
+    "VMEM limit at MaxText's 96 MiB (xla_tpu_scoped_vmem_limit_kib)"
 )
 
 

@@ -169,6 +169,7 @@ def _reference(model, *, chunked: bool, policy, attention: str = "blocked", name
     MaxText's layers name it)."""
     from jax.ad_checkpoint import checkpoint_name
     from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit.techniques import compiler_options
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -267,7 +268,8 @@ def _reference(model, *, chunked: bool, policy, attention: str = "blocked", name
         # the splash kernel runs per chip on its sequences: the tool's lowering reads the
         # mesh and the batch axes from here, as fit's compile sets them
         with jax.enable_x64(True), fit_moe.sharded(mesh, ("fsdp",)):
-            return fn.lower(*args).compile()
+            # the same compiler options as fit's (the splash kernel's VMEM scope)
+            return fn.lower(*args).compile(compiler_options=compiler_options(attention))
     finally:
         jax.config.update("jax_optimization_level", saved)
 
