@@ -35,11 +35,11 @@ __all__ = [
     "ATTENTIONS",
     "CHUNKED_NOTE",
     "FLASH_NOTE",
-    "NOTES",
-    "SPLASH_NOTE",
     "LOSSES",
     "LOSS_CHUNK",
+    "NOTES",
     "POLICIES",
+    "SPLASH_NOTE",
     "Policy",
     "attention_as",
     "chunked_cross_entropy",
@@ -530,7 +530,6 @@ def splash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, blo
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     from jax.sharding import PartitionSpec
-
     from tpu_debug.fit import moe as fit_moe
 
     if not is_causal and (mask is None or mask.shape[-2:] != (q.shape[-2], k.shape[-2])):

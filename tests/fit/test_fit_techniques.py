@@ -168,13 +168,12 @@ def _reference(model, *, chunked: bool, policy, attention: str = "blocked", name
     each layer's input read through ``checkpoint_name(..., "decoder_layer_input")``, as
     MaxText's layers name it)."""
     from jax.ad_checkpoint import checkpoint_name
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.fit.techniques import compiler_options
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.fit.scan import trace_pieces
-    from tpu_debug.fit.techniques import attention_as
+    from tpu_debug.fit.techniques import attention_as, compiler_options
 
     head = model.lm_head
     tokens = torch.empty(CHIPS, SEQ, dtype=torch.long, device="meta")
@@ -391,8 +390,10 @@ def test_the_chunked_loss_is_offered_as_a_fix_when_the_logits_are_large_and_each
     # MaxText's way first: splash attention with its offload policy, chunked when the logits are large
     first = technique_fixes({}, hbm // 8, hbm)[0]
     assert first == (
-        "splash attention, MaxText's offload policy and the chunked loss "
-        "(--attention splash --remat-policy maxtext --chunked-loss)",
+        (
+            "splash attention, MaxText's offload policy and the chunked loss "
+            "(--attention splash --remat-policy maxtext --chunked-loss)"
+        ),
         {"attention": "splash", "remat_policy": "maxtext", "loss": "chunked"},
     )
     assert technique_fixes({}, hbm // 16, hbm)[0][1] == {"attention": "splash", "remat_policy": "maxtext"}
