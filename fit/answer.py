@@ -507,7 +507,7 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
     chosen = techniques.policy(policy_name or ("full" if remat else "matmuls"))
     fc = compile_scan_step(pieces, (batch, seq), tgt, plan, remat=remat, master_dtype=master_dtype,
                            optimization_level=optimization_level, cache=cache, policy=chosen.make(),
-                           head_loss=head_loss)
+                           head_loss=head_loss, compiler_options=techniques.compiler_options(attention))
     c = fc.compile
     repeats = loop_repeats(c.hlo or "", pieces.layers) if c.ok else {}
     collectives = collective_costs(c.hlo or "", tgt, repeats) if c.ok else ()
@@ -528,8 +528,8 @@ def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: 
         how += f"; parameters and AdamW state kept in {master_dtype}, cast to {dtype} where read"
     if chunked:
         how += f"; {techniques.CHUNKED_NOTE}"
-    if attention == "flash":
-        how += f"; {techniques.FLASH_NOTE}"
+    if attention in techniques.NOTES:
+        how += f"; {techniques.NOTES[attention]}"
     if getattr(config, "_experts_implementation", None) == fit_moe.EXPERTS:
         how += f"; {_MOE_NOTE}"
     if optimization_level in ("O0", "O1"):

@@ -354,6 +354,8 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         head_loss: ``(post's output, outer weights by name, labels) -> loss`` when ``post``
             was traced to return the final hidden states (``techniques.chunked_head_loss``).
     """
+    from jax.ad_checkpoint import checkpoint_name
+
     def constrain(x, sharding):
         return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
@@ -361,6 +363,9 @@ def scan_step(pieces: ScanPieces, *, gathered: dict | None, split: dict, batch, 
         return w.astype(pieces.specs[n].dtype) if master else w
 
     def body(hidden, xs):
+        # named for a policy that keeps it by name (techniques.OFFLOADED_NAMES); read only
+        # through the name, so such a policy's copy is what the backward gets
+        hidden = checkpoint_name(hidden, "decoder_layer_input")
         weights, side = xs
         weights = {n: compute(n, w) for n, w in weights.items()}
         if gathered is not None:
@@ -414,14 +419,15 @@ def local_bytes(spec: jax.ShapeDtypeStruct, sharding) -> int:
 
 def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, plan, *, remat: bool = False,
                       master_dtype: str | None = None, optimization_level: str | None = None,
-                      cache: bool = True, policy=None, head_loss=None):
+                      cache: bool = True, policy=None, head_loss=None, compiler_options: dict | None = None):
     """Compile the looped training step (``scan_step``) for ``target`` under ``plan``.
 
     Placements are ``tpu_debug.fit.sharded``'s (by each parameter's own name and shape; a
     stacked layer parameter keeps its layer's split, its layer dimension whole); the batch
     (tokens, labels: ``batch_shape`` int64) is split over the batch axes. ``master_dtype``
     (``"float32"``): parameters and AdamW state are kept in it and cast to the model's dtype
-    where read. ``policy``, ``head_loss``: as ``scan_step``'s.
+    where read. ``policy``, ``head_loss``: as ``scan_step``'s. ``compiler_options``: more of the
+    TPU compiler's options (``techniques.compiler_options``).
 
     Returns:
         A ``tpu_debug.fit.sharded.FitCompile``.
@@ -473,7 +479,8 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
             jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated), tokens, tokens)
     fn = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(0, 2, 3, 4))
     with fit_moe.sharded(mesh, batch_axes):  # experts layers multiply each batch shard's tokens on its chip
-        result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache)
+        result = compile_fit(fn, args, target, optimization_level=optimization_level, cache=cache,
+                             compiler_options=compiler_options)
     scale = 1.0
     if result.ok and pieces.layers > 1 and result.cost is not None:
         every = _every_layer(result.cost, pieces, make_step, args)

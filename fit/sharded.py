@@ -192,19 +192,21 @@ class FitCompile:
 
 
 def compile_fit(fn, args: tuple, target: Target, *, optimization_level: str | None,
-                cache: bool) -> TargetCompile:
+                cache: bool, compiler_options: dict | None = None) -> TargetCompile:
     """Compile a fit program with small-window code generation (``CODEGEN_OPTIONS``).
 
     The HBM buffers, cost analysis and collectives are the full code generation's (only
     the code's own bytes are smaller); a program the small windows cannot lower (a
     compile error, not an out-of-memory) is compiled again without them, so the option
-    never turns an answer into a refusal.
+    never turns an answer into a refusal. ``compiler_options``: more of the compiler's
+    options, given to both (``techniques.compiler_options``).
     """
+    extra = dict(compiler_options or {})
     result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
-                                compiler_options=CODEGEN_OPTIONS, cache=cache)
+                                compiler_options={**CODEGEN_OPTIONS, **extra}, cache=cache)
     if result.error is not None and result.error.kind == "compile_error":
         result = compile_for_target(fn, args, target, x64=True, optimization_level=optimization_level,
-                                    cache=cache)
+                                    compiler_options=extra or None, cache=cache)
     return result
 
 

@@ -9,7 +9,13 @@ Each is what a PyTorch user on TPU writes, modelled in the JAX program ``fit_sca
   ``create_selective_checkpoint_contexts``): which of a layer's values its backward keeps,
   as a ``jax.checkpoint`` policy (``POLICIES``);
 - activation offload to host memory (``torch.autograd.graph.save_on_cpu``): the kept values
-  moved to XLA's host memory space (``pinned_host``) in the forward and back in the backward.
+  moved to XLA's host memory space (``pinned_host``) in the forward and back in the backward;
+- MaxText's named policy for Llama 3.1 on v6e (``remat_policy: custom``): each layer's input
+  and the attention's queries, keys and values offloaded to host memory by name
+  (``jax.ad_checkpoint.checkpoint_name``), everything else recomputed;
+- splash attention (TorchTPU's ``torch.tpu.ops.splash_sdpa``): JAX's Pallas TPU kernel
+  (``jax.experimental.pallas.ops.tpu.splash_attention``), blocked over queries and keys,
+  the blocks above the causal diagonal skipped.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ __all__ = [
     "FLASH_NOTE",
     "LOSSES",
     "LOSS_CHUNK",
+    "NOTES",
     "POLICIES",
+    "SPLASH_NOTE",
     "Policy",
     "attention_as",
     "chunked_cross_entropy",
@@ -40,6 +48,7 @@ __all__ = [
     "head_as_hidden",
     "hidden_of",
     "policy",
+    "splash_attention",
     "traced_loss",
 ]
 
@@ -208,6 +217,26 @@ def _offloaded():
     return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
 
 
+# the values MaxText's Llama 3.1 runs on v6e offload by name (its ``decoder_layer_input``,
+# ``query_proj``, ``key_proj``, ``value_proj``): the loop body tags its input, the attention
+# (``flash_attention``, ``splash_attention``) its queries, keys and values as SDPA gets them,
+# after the rotary embedding (the projections' outputs have the same shapes and bytes)
+OFFLOADED_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")
+
+
+def _maxtext():
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED_NAMES),
+        offload_src="device", offload_dst="pinned_host")
+
+
+def _named(q, k, v):
+    """The attention's inputs tagged for a policy that names them (``OFFLOADED_NAMES``)."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    return checkpoint_name(q, "query_proj"), checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
+
+
 POLICIES = {
     p.name: p
     for p in (
@@ -239,6 +268,19 @@ POLICIES = {
             "forward and back in the backward, recomputing the rest",
             "with torch.autograd.graph.save_on_cpu(pin_memory=True): loss = model(tokens)...",
             _offloaded,
+        ),
+        Policy(
+            "maxtext",
+            "its input and the attention's queries, keys and values, moved to host memory (XLA's "
+            "pinned_host memory space) in the forward and back in the backward, recomputing everything "
+            "else (MaxText's remat_policy custom with decoder_layer_input, query_proj, key_proj and "
+            "value_proj offloaded: jax.checkpoint's save_and_offload_only_these_names)",
+            "h = checkpoint(layer, h, use_reentrant=False, context_fn=lambda: "
+            "create_selective_checkpoint_contexts(keep_qkv))  # each decoder layer: keep_qkv returns "
+            "CheckpointPolicy.MUST_SAVE for the q/k/v projections' aten.mm, PREFER_RECOMPUTE for the rest; "
+            "the step under torch.autograd.graph.save_on_cpu(pin_memory=True), so what is kept (each "
+            "layer's input, q/k/v) waits in host memory",
+            _maxtext,
         ),
     )
 }
@@ -274,24 +316,31 @@ TORCH_CODE = {
 
 def torch_code(change: dict) -> str:
     """The PyTorch change a fix's options (``fit`` keywords) mean."""
-    if "remat_policy" in change:
-        return POLICIES[change["remat_policy"]].torch
     if "target" in change:
         return f"the same script on {change['target']} (fully_shard over every chip)"
-    return "; ".join(TORCH_CODE[k] for k in change if k in TORCH_CODE)
+    parts = [POLICIES[change["remat_policy"]].torch] if "remat_policy" in change else []
+    return "; ".join([*parts, *(TORCH_CODE[k] for k in change if k in TORCH_CODE)])
 
 
 def technique_fixes(options: dict, logits_bytes: int, capacity: int | None) -> list[tuple[str, dict]]:
     """The memory techniques worth compiling as fixes of a step run with ``options``:
-    the chunked loss when the whole float32 logits of a chip (``logits_bytes``) are an
-    eighth of its HBM or more, flash attention, activation offload to host memory, and the
-    chunked loss with flash attention and activation checkpointing; each ``(what, fit
-    keywords)``."""
+    MaxText's way (splash attention with its offload policy, and the chunked loss when the
+    logits are large), the chunked loss when the whole float32 logits of a chip
+    (``logits_bytes``) are an eighth of its HBM or more, flash attention, activation offload
+    to host memory, and the chunked loss with flash attention and activation checkpointing;
+    each ``(what, fit keywords)``."""
     found = []
-    flash = options.get("attention", "blocked") != "flash"
+    chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
+    maxtext = {"attention": "splash", "remat_policy": "maxtext", **({"loss": "chunked"} if chunk else {})}
+    if any(options.get(k) != v for k, v in maxtext.items()):
+        # how MaxText trains Llama 3.1 on v6e (splash attention, each layer's input and q/k/v
+        # offloaded, the rest recomputed), with the logits chunked when they are large
+        found.append(("splash attention, MaxText's offload policy" + (" and the chunked loss" if chunk else "")
+                      + " (--attention splash --remat-policy maxtext" + (" --chunked-loss)" if chunk else ")"),
+                      maxtext))
+    flash = options.get("attention", "blocked") not in ("flash", "splash")
     if flash:
         found.append(("flash attention (--attention flash)", {"attention": "flash"}))
-    chunk = options.get("loss", "plain") != "chunked" and capacity and logits_bytes * 8 >= capacity
     if chunk:
         found.append(("chunked loss (--chunked-loss)", {"loss": "chunked"}))
     if not options.get("remat") and not options.get("remat_policy"):
@@ -326,6 +375,7 @@ def flash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, bloc
     unordered, XLA ran the blocks' backwards side by side: one layer's attention over
     4 x 32 heads x 8192 positions on a v6e chip needed 18.8 GiB of temporaries.
     """
+    q, k, v = _named(q, k, v)
     if k.shape[-3] != q.shape[-3]:
         k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
         v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
@@ -397,45 +447,44 @@ def _flash_backward(static, saved, d_out):
 _flash.defvjp(_flash_forward, _flash_backward)
 
 
-ATTENTIONS = ("blocked", "flash")
-_FLASH_OP = None
+ATTENTIONS = ("blocked", "flash", "splash")
+_OPS: dict = {}
 
 
-def _flash_op():
-    """``tpu_debug::fit_flash_attention``: the layer's SDPA as one node lowered to ``flash_attention``."""
-    global _FLASH_OP
-    if _FLASH_OP is None:
+def _attention_op_of(kind: str):
+    """``tpu_debug::fit_<kind>_attention``: the layer's SDPA as one node lowered to ``kind``'s
+    attention (``flash_attention``, ``splash_attention``)."""
+    if kind not in _OPS:
         import torch
         from tpu_debug.runtime.ops.registry import lower
 
-        @torch.library.custom_op(
-            "tpu_debug::fit_flash_attention",
-            mutates_args=(),
-            schema=(
-                "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) "
-                "-> Tensor"
-            ),
-        )
-        def fit_flash_attention(q, k, v, mask, is_causal, scale, gqa):
-            raise NotImplementedError("tpu_debug::fit_flash_attention runs only in a fit's compiled layer")
+        name = f"fit_{kind}_attention"
+        schema = "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) -> Tensor"
 
-        @fit_flash_attention.register_fake
+        def never(q, k, v, mask, is_causal, scale, gqa):
+            raise NotImplementedError(f"tpu_debug::{name} runs only in a fit's compiled layer")
+
+        op = torch.library.custom_op(f"tpu_debug::{name}", never, mutates_args=(), schema=schema)
+
+        @op.register_fake
         def _(q, k, v, mask, is_causal, scale, gqa):
             return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
-        _FLASH_OP = torch.ops.tpu_debug.fit_flash_attention.default
+        attend = flash_attention if kind == "flash" else splash_attention
 
-        def flash(q, k, v, mask, is_causal, scale, gqa):
-            return flash_attention(q, k, v, mask, is_causal, scale)
+        def lowered(q, k, v, mask, is_causal, scale, gqa):
+            return attend(q, k, v, mask, is_causal, scale)
 
-        lower(_FLASH_OP)(flash)
-    return _FLASH_OP
+        _OPS[kind] = getattr(torch.ops.tpu_debug, name).default
+        lower(_OPS[kind])(lowered)
+    return _OPS[kind]
 
 
 @contextlib.contextmanager
 def attention_as(kind: str):
     """While tracing the looped step's layer, its SDPA node is ``kind``'s: ``"blocked"``
-    (``fit_scan.blocked_attention``) or ``"flash"`` (``flash_attention``)."""
+    (``fit_scan.blocked_attention``), ``"flash"`` (``flash_attention``) or ``"splash"``
+    (``splash_attention``)."""
     from tpu_debug.fit import scan as fit_scan
 
     if kind not in ATTENTIONS:
@@ -444,11 +493,115 @@ def attention_as(kind: str):
         yield
         return
     saved = fit_scan._attention_op
-    fit_scan._attention_op = _flash_op
+    fit_scan._attention_op = functools.partial(_attention_op_of, kind)
     try:
         yield
     finally:
         fit_scan._attention_op = saved
+
+
+# MaxText's splash attention blocks for Llama 3.1 at 8192 positions on v6e (every sa_block_*
+# 2048, the fused backward kernel); a shorter sequence is one block
+SPLASH_BLOCK = 2048
+
+
+def splash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, block: int = SPLASH_BLOCK,
+                     interpret: bool | None = None):
+    """Causal attention as JAX's Pallas TPU splash attention kernel.
+
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=...)`` for
+    ``[batch, heads, seq, dim]`` inputs (grouped-query keys and values as the kernel groups
+    them: query head ``i`` reads key head ``i // (heads // kv_heads)``, as PyTorch's
+    ``enable_gqa`` and Hugging Face's ``repeat_kv`` do): blocks of ``block`` queries against
+    blocks of ``block`` keys, the blocks above the diagonal skipped, the fused backward
+    kernel (``use_fused_bwd_kernel``). Compiled for a target mesh (``fit.moe.sharded``),
+    each chip runs the kernel on its batch shard (a ``shard_map``: the partitioner cannot
+    split a kernel's custom call). With no target mesh the kernel runs in Pallas's
+    interpreter (on the host), except when the step is lowered for XLA's cost analysis only,
+    where ``flash_attention`` stands in (a kernel's custom call has no cost analysis).
+
+    A mask given is taken for the causal mask: the looped step trains on whole sequences
+    (no padding), for which a causal LM's mask (Hugging Face's, made in the traced ``pre``
+    piece) is causal; its values are a traced input here, so they are not read.
+
+    Raises:
+        TargetError: neither causal nor masked, or a mask that is not ``[..., seq, seq]``.
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.sharding import PartitionSpec
+    from tpu_debug.fit import moe as fit_moe
+
+    if not is_causal and (mask is None or mask.shape[-2:] != (q.shape[-2], k.shape[-2])):
+        raise TargetError("attention='splash' models causal attention (is_causal, or a causal LM's "
+                          f"[seq, seq] mask); got {'no mask' if mask is None else tuple(mask.shape)}: "
+                          "use attention='flash'")
+    routing = fit_moe._ROUTING
+    if routing.counted:
+        return flash_attention(q, k, v, None, True, scale)
+    q, k, v = _named(q, k, v)
+    heads, seq = q.shape[-3], q.shape[-2]
+    size = min(block, seq)
+    if seq % size:
+        raise TargetError(f"attention='splash' needs the sequence ({seq}) a multiple of its blocks ({size})")
+    q = q * jnp.asarray(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale, q.dtype)
+    blocks = sk.BlockSizes(block_q=size, block_kv=size, block_kv_compute=size, block_q_dkv=size,
+                           block_kv_dkv=size, block_kv_dkv_compute=size, use_fused_bwd_kernel=True)
+    kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads), head_shards=1,
+                                q_seq_shards=1, block_sizes=blocks,
+                                interpret=routing.mesh is None if interpret is None else interpret)
+
+    per_chip = _without_x64(jax.vmap(kernel))
+
+    if routing.mesh is None or not routing.axes:
+        return per_chip(q, k, v)
+    split = PartitionSpec(routing.axes)
+    return jax.shard_map(per_chip, mesh=routing.mesh, in_specs=(split, split, split), out_specs=split,
+                         check_vma=False)(q, k, v)
+
+
+def _without_x64(fn):
+    """``fn`` (arrays in and out, differentiable) traced with 64-bit types off, its backward
+    too: the fit step is traced with them on (int64 tokens), and Pallas's TPU lowering of the
+    splash kernel then meets int64 grid indices it cannot multiply with its int32 ones. The
+    backward is ``jax.vjp``'s function of the forward, kept as the residuals (a pytree of
+    the kernel's own residuals)."""
+
+    @jax.custom_vjp
+    def run(*args):
+        with jax.enable_x64(False):
+            return fn(*args)
+
+    def forward(*args):
+        with jax.enable_x64(False):
+            return jax.vjp(fn, *args)
+
+    def backward(vjp, cotangent):
+        with jax.enable_x64(False):
+            return vjp(cotangent)
+
+    run.defvjp(forward, backward)
+    return run
+
+
+# MaxText's scoped VMEM limit for dense models (its xla_flags_library's DENSE_VMEM_LIMIT_FLAG,
+# set on these runs): the splash kernel's blocks of 2048 with the fused backward need more
+# VMEM per op than the compiler's default scope (CompileTimeScopedVmemOom on v6e without it)
+SPLASH_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 98304}
+
+
+def compiler_options(attention: str) -> dict | None:
+    """The TPU compiler options a step with ``attention`` is compiled with (None: the defaults)."""
+    return dict(SPLASH_OPTIONS) if attention == "splash" else None
+
+
+# the answer's "compiled as" for splash attention
+SPLASH_NOTE = (
+    f"attention as splash attention (JAX's Pallas TPU kernel, the kernel TorchTPU's splash_sdpa runs): "
+    f"blocks of {SPLASH_BLOCK} queries against blocks of {SPLASH_BLOCK} keys, the blocks above the causal "
+    "diagonal skipped, the fused backward kernel, each chip on its own sequences, the compiler's scoped "
+    "VMEM limit at MaxText's 96 MiB (xla_tpu_scoped_vmem_limit_kib)"
+)
 
 
 # the answer's "compiled as" for flash attention
@@ -456,3 +609,5 @@ FLASH_NOTE = (
     f"attention as flash attention: {FLASH_BLOCK} queries at a time against every key, the output "
     "and its log-sum-exp kept, the backward recomputing one block's scores at a time, blocks in order"
 )
+# the answer's "compiled as" for each attention but the default
+NOTES = {"flash": FLASH_NOTE, "splash": SPLASH_NOTE}

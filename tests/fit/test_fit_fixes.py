@@ -45,13 +45,16 @@ def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     # a 256-entry vocabulary: the logits are small, the chunked loss is not offered
     assert set(tried) == {"activation checkpointing (--remat)", "v5e-8 (fsdp over 8 chips)",
                           "batch 256 (half)", "activations offloaded to host memory (--remat-policy offload)",
-                          "flash attention (--attention flash)"}
+                          "flash attention (--attention flash)",
+                          "splash attention, MaxText's offload policy (--attention splash --remat-policy maxtext)"}
     direct = {
         "activation checkpointing (--remat)": tpu_debug.fit(_config(), "v5e-4", batch=512, remat=True, **ARGS),
         "activations offloaded to host memory (--remat-policy offload)": tpu_debug.fit(
             _config(), "v5e-4", batch=512, remat_policy="offload", **ARGS),
         "flash attention (--attention flash)": tpu_debug.fit(_config(), "v5e-4", batch=512, attention="flash",
                                                              **ARGS),
+        "splash attention, MaxText's offload policy (--attention splash --remat-policy maxtext)": tpu_debug.fit(
+            _config(), "v5e-4", batch=512, attention="splash", remat_policy="maxtext", **ARGS),
         "v5e-8 (fsdp over 8 chips)": tpu_debug.fit(_config(), "v5e-8", batch=512, **ARGS),
         "batch 256 (half)": tpu_debug.fit(_config(), "v5e-4", batch=256, **ARGS),
     }

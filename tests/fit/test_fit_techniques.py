@@ -162,14 +162,18 @@ def _chunked(hidden, weight, labels, chunk):
     return loss(hidden, weight)
 
 
-def _reference(model, *, chunked: bool, policy, attention: str = "blocked"):
+def _reference(model, *, chunked: bool, policy, attention: str = "blocked", named_input: bool = False):
     """The looped FSDP step over 8 v5e chips written here and compiled with plain JAX
-    (``attention``: the layer traced with the tool's attention of that kind)."""
+    (``attention``: the layer traced with the tool's attention of that kind; ``named_input``:
+    each layer's input read through ``checkpoint_name(..., "decoder_layer_input")``, as
+    MaxText's layers name it)."""
+    from jax.ad_checkpoint import checkpoint_name
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
+    from tpu_debug.fit import moe as fit_moe
     from tpu_debug.fit.scan import trace_pieces
-    from tpu_debug.fit.techniques import attention_as
+    from tpu_debug.fit.techniques import attention_as, compiler_options
 
     head = model.lm_head
     tokens = torch.empty(CHIPS, SEQ, dtype=torch.long, device="meta")
@@ -204,6 +208,7 @@ def _reference(model, *, chunked: bool, policy, attention: str = "blocked"):
         hidden, *side = pieces.pre(*o, *b, tokens)
 
         def one_layer(h, w):
+            h = checkpoint_name(h, "decoder_layer_input") if named_input else h
             w = [jax.lax.with_sharding_constraint(w[n], whole) for n in pieces.inner]
             return jax.lax.with_sharding_constraint(pieces.layer(*w, h, *side)[0], batch), None
 
@@ -259,8 +264,11 @@ def _reference(model, *, chunked: bool, policy, attention: str = "blocked"):
     saved = jax.config.jax_optimization_level
     jax.config.update("jax_optimization_level", "O0")
     try:
-        with jax.enable_x64(True):
-            return fn.lower(*args).compile()
+        # the splash kernel runs per chip on its sequences: the tool's lowering reads the
+        # mesh and the batch axes from here, as fit's compile sets them
+        with jax.enable_x64(True), fit_moe.sharded(mesh, ("fsdp",)):
+            # the same compiler options as fit's (the splash kernel's VMEM scope)
+            return fn.lower(*args).compile(compiler_options=compiler_options(attention))
     finally:
         jax.config.update("jax_optimization_level", saved)
 
@@ -379,8 +387,25 @@ def test_the_chunked_loss_is_offered_as_a_fix_when_the_logits_are_large_and_each
         "remat": True,
         "attention": "flash",
     }
-    # nothing offered twice: a step already chunked, checkpointed and flash gets none of these
-    assert technique_fixes({"loss": "chunked", "remat": True, "attention": "flash"}, hbm, hbm) == []
+    # MaxText's way first: splash attention with its offload policy, chunked when the logits are large
+    first = technique_fixes({}, hbm // 8, hbm)[0]
+    assert first == (
+        (
+            "splash attention, MaxText's offload policy and the chunked loss "
+            "(--attention splash --remat-policy maxtext --chunked-loss)"
+        ),
+        {"attention": "splash", "remat_policy": "maxtext", "loss": "chunked"},
+    )
+    assert technique_fixes({}, hbm // 16, hbm)[0][1] == {"attention": "splash", "remat_policy": "maxtext"}
+    # nothing offered twice: a step already chunked, checkpointed and flash gets only MaxText's
+    # way, and a step already trained MaxText's way gets none
+    assert [c for _, c in technique_fixes({"loss": "chunked", "remat": True, "attention": "flash"}, hbm, hbm)] == [
+        {"attention": "splash", "remat_policy": "maxtext"}
+    ]
+    assert technique_fixes({"loss": "chunked", "remat_policy": "maxtext", "attention": "splash"}, hbm, hbm) == []
+    code = torch_code(first[1])
+    assert "splash_sdpa" in code and "save_on_cpu" in code and "create_selective_checkpoint_contexts" in code
+    assert "LigerFusedLinearCrossEntropyLoss" in code
     assert "save_on_cpu" in torch_code({"remat_policy": "offload"})
     assert "splash_sdpa" in torch_code({"attention": "flash"})
     assert "LigerFusedLinearCrossEntropyLoss" in torch_code({"loss": "chunked"})
@@ -397,3 +422,67 @@ def test_the_flash_attention_step_matches_a_direct_compile():
     policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
     _assert_matches(flash, _reference(model, chunked=False, policy=policy, attention="flash"))
     assert "flash attention" in flash.method
+
+
+def test_splash_attention_computes_pytorchs_causal_attention_and_its_gradients():
+    from tpu_debug.fit.techniques import splash_attention
+
+    g = torch.Generator().manual_seed(3)
+    # grouped-query (4 query heads over 2 key heads), two blocks of 128 each way: the kernel
+    # skips the block of keys above the diagonal; Pallas's interpreter runs it on the CPU
+    q = torch.randn(2, 4, 256, 64, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 256, 64, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 256, 64, generator=g, requires_grad=True)
+    weights = torch.randn(2, 4, 256, 64, generator=g)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2, enable_gqa=True)
+    (want * weights).sum().backward()
+
+    def arr(t):
+        return jnp.asarray(t.detach().numpy())
+
+    def weighted(a, b, c):
+        out = splash_attention(a, b, c, None, True, 0.2, block=128)
+        return jnp.sum(out * arr(weights)), out
+
+    (_, got), grads = jax.value_and_grad(weighted, argnums=(0, 1, 2), has_aux=True)(arr(q), arr(k), arr(v))
+    # float32 on both sides; the kernel's softmax runs online over its key blocks and its
+    # backward goes through the kept log-sum-exp: sums of up to 256 terms of magnitude ~1-10
+    # in another order, so ~1e-6 relative of the largest values (measured 1.6e-6 absolute
+    # for the output, 6e-6 for the gradients, whose largest entries are ~4)
+    np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for got_grad, t in zip(grads, (q, k, v)):
+        np.testing.assert_allclose(np.asarray(got_grad), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_splash_attention_refuses_what_is_not_causal():
+    from tpu_debug.fit.techniques import splash_attention
+    from tpu_debug.runtime.target.errors import TargetError
+
+    x = jnp.zeros((1, 2, 128, 64), jnp.float32)
+    with pytest.raises(TargetError, match=r"attention='splash' models causal attention .*got no mask"):
+        splash_attention(x, x, x, None, False, None)
+
+
+@needs_libtpu
+def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
+    from tpu_debug.fit.techniques import OFFLOADED_NAMES, POLICIES
+
+    report = _fit(attention="splash", remat_policy="maxtext")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
+    # the reference names the layer input itself; the queries, keys and values are named by
+    # the tool's splash lowering the reference's layer runs (its numerics are checked above)
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(OFFLOADED_NAMES),
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+    compiled = _reference(model, chunked=False, policy=policy, attention="splash", named_input=True)
+    _assert_matches(report, compiled)
+    assert POLICIES["maxtext"].keeps in report.method and "splash attention" in report.method
+    hlo = compiled.as_text()
+    # the kernel is in the program (a Mosaic custom call), and what the layers keep went to
+    # XLA's host memory space
+    assert "tpu_custom_call" in hlo
+    assert compiled.memory_analysis().host_temp_size_in_bytes > 0

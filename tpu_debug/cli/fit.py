@@ -53,13 +53,16 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunked-loss", action="store_true",
                         help="the head's logits, cross-entropy and their gradients a chunk of positions at a "
                         "time (a fused linear cross-entropy: the logits never whole; the looped step)")
-    parser.add_argument("--remat-policy", choices=("matmuls", "full", "all-matmuls", "offload"), default=None,
+    parser.add_argument("--remat-policy", choices=("matmuls", "full", "all-matmuls", "offload", "maxtext"), default=None,
                         help="what each decoder layer keeps for the backward: matmuls, its weight matmuls' "
                         "outputs (default); full, only its input (as --remat); all-matmuls, the attention's "
-                        "scores too; offload, its matmul outputs in host memory (the looped step)")
-    parser.add_argument("--attention", choices=("blocked", "flash"), default=None,
+                        "scores too; offload, its matmul outputs in host memory; maxtext, its input and the attention's "
+                        "q/k/v in host memory, the rest recomputed, as MaxText trains Llama 3.1 on v6e (the "
+                        "looped step)")
+    parser.add_argument("--attention", choices=("blocked", "flash", "splash"), default=None,
                         help="the looped step's attention: blocked (a block of queries at a time, the "
-                        "default) or flash (flash attention's backward, blocks in order)")
+                        "default), flash (flash attention's backward, blocks in order) or splash (JAX's Pallas TPU "
+                        "splash attention kernel: queries and keys blocked, causal blocks skipped)")
     parser.add_argument("--master-dtype", choices=("float32",), default=None,
                         help="mixed precision: parameters and AdamW state kept in float32, cast to --dtype "
                         "where read (the looped step)")
