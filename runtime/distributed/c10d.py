@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
+from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import (
@@ -813,7 +814,5 @@ def register_backends() -> None:
         for module in (dist, sys.modules["torch.distributed.distributed_c10d"]):
             if not getattr(module.init_process_group, "_tpu_debug_guard", False):
                 module.init_process_group = _guard_init(module.init_process_group)
-        from tpu_debug.runtime.device import when_imported
-
         when_imported("torch.distributed.device_mesh", _guard_mesh)
         _registered = True
