@@ -41,7 +41,6 @@ import math
 import os
 import socket
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +53,7 @@ from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
 from tpu_debug.core.post_import import when_imported
+from tpu_debug.core.sources import library_roots
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import (
@@ -196,38 +196,20 @@ def _mark_exit() -> None:
         check.leave()
 
 
-def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    for name in ("torch", "jax", "jaxlib", "numpy", "tpu_debug", "tpu_debug.core", "tpu_debug.runtime",
-                 "tpu_debug.tracers", "tpu_debug.fit", "tpu_debug.tui"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            roots.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
-    for key in ("stdlib", "platstdlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.realpath(path) + os.sep)
-    return tuple(sorted(roots))
-
-
-_roots: tuple[str, ...] = ()
 _verdicts: dict[CodeType, bool] = {}
 
 
 def _is_library(code: CodeType) -> bool:
     """Whether ``code`` is library code (torch, jax, tpu_debug, the standard library, an
     installed package, code a library generated): decided once per code object."""
-    global _roots
     verdict = _verdicts.get(code)
     if verdict is None:
         file = code.co_filename
         if file.startswith("<"):
             verdict = not file.startswith(("<stdin>", "<ipython-input-"))
         else:
-            if not _roots:
-                _roots = _library_roots()
             real = os.path.realpath(file)
-            verdict = (any(real.startswith(r) for r in _roots)
+            verdict = (any(real.startswith(r) for r in library_roots())
                        or f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real)
         _verdicts[code] = verdict
     return verdict

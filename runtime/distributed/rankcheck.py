@@ -28,15 +28,14 @@ import json
 import os
 import re
 import sys
-import sysconfig
 import threading
 from typing import Any
 
+from tpu_debug.core.collectives import parse_collectives
+from tpu_debug.core.sources import library_roots
 from tpu_debug.runtime.distributed import launch
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import RankDivergenceError, RankTimeoutError
-
-from tpu_debug.core.collectives import parse_collectives
 
 __all__ = ["ProgramCard", "agree", "reset"]
 
@@ -100,31 +99,11 @@ def _short(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-_roots: tuple[str, ...] | None = None
-
-
-def _library_roots() -> tuple[str, ...]:
-    global _roots
-    if _roots is None:
-        roots = set()
-        for name in ("torch", "jax", "jaxlib", "numpy", "tpu_debug", "tpu_debug.core", "tpu_debug.runtime",
-                     "tpu_debug.tracers"):
-            module = sys.modules.get(name)
-            if module is not None and getattr(module, "__file__", None):
-                roots.add(os.path.dirname(os.path.realpath(module.__file__)) + os.sep)
-        for key in ("stdlib", "platstdlib"):
-            path = sysconfig.get_paths().get(key)
-            if path:
-                roots.add(os.path.realpath(path) + os.sep)
-        _roots = tuple(sorted(roots))
-    return _roots
-
-
 def _is_user(file: str) -> bool:
     if file.startswith("<"):
         return False
     real = os.path.realpath(file)
-    return not any(real.startswith(root) for root in _library_roots())
+    return not any(real.startswith(root) for root in library_roots())
 
 
 def _user_frame(stack_trace: str | None) -> tuple[str, int, str] | None:
@@ -191,7 +170,7 @@ def agree(card: ProgramCard) -> None:
             continue
         try:
             theirs = json.loads(client.blocking_key_value_get(f"{_PREFIX}/call/{call}/{other}", timeout_ms))
-        except Exception as exc:  # noqa: BLE001 - jaxlib's error for a deadline: DEADLINE_EXCEEDED
+        except Exception as exc:
             if "DEADLINE_EXCEEDED" not in str(exc):
                 raise
             raise _timeout(client, me, other, here, card) from None

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -27,3 +29,21 @@ def run_python(args: list[str], *, devices: int | None = None, timeout: float = 
         [sys.executable, *args], env=python_env(devices, **extra), cwd=cwd or REPO, capture_output=True,
         text=True, timeout=timeout, check=False,
     )
+
+
+def ranks_on_both_devices(launch: list[str], base: Path, *, timeout: float = 300) -> dict[str, list[dict]]:
+    """Run ``launch + [device, out]`` for the `tpu` device and for CPU with gloo at once, and
+    return each device's per-rank results (``rank<r>.pt`` in ``out``, two ranks), side by
+    side: the reference a distributed result is compared with is the same script on gloo."""
+    procs = {}
+    for device in ("tpu", "cpu"):
+        out = base / device
+        out.mkdir()
+        procs[device] = subprocess.Popen([*launch, device, str(out)], env=python_env(), cwd=REPO,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = {}
+    for device, proc in procs.items():
+        output, _ = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"{device} ranks failed:\n{output[-6000:]}"
+        results[device] = [torch.load(base / device / f"rank{r}.pt") for r in range(2)]
+    return results

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import datetime
 import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-from dist_helpers import DATA, REPO, python_env
+from dist_helpers import DATA, ranks_on_both_devices
 
 CASES = DATA / "compiled_collectives_cases.py"
 COLLECTIVES = [
@@ -35,25 +33,12 @@ COLLECTIVES = [
 TRAINING = ["fsdp_compiled", "tp_sp_compiled", "ddp_compiled_autograd"]
 
 
-def _torchrun(device: str, out: Path) -> subprocess.Popen:
-    out.mkdir()
-    # --standalone: a free port of its own, so the two runs (and other tests) do not meet
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    return subprocess.Popen([*torchrun, str(CASES), device, str(out)], env=python_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """Each device's results, per rank: the `tpu` run and the gloo reference run side by side."""
-    base = tmp_path_factory.mktemp("compiled_collectives")
-    procs = {device: _torchrun(device, base / device) for device in ("tpu", "cpu")}
-    results = {}
-    for device, proc in procs.items():
-        output, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"{device} ranks failed:\n{output[-6000:]}"
-        results[device] = [torch.load(base / device / f"rank{r}.pt") for r in range(2)]
-    return results
+    # --standalone: a free port of its own, so the two runs (and other tests) do not meet
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    return ranks_on_both_devices([*torchrun, str(CASES)], tmp_path_factory.mktemp("compiled_collectives"))
 
 
 @pytest.mark.parametrize("case", COLLECTIVES)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import DATA, REPO, python_env
+from dist_helpers import DATA, REPO, python_env, ranks_on_both_devices
 from tpu_debug.runtime.distributed import c10d
 
 CASES = DATA / "torch_dist_cases.py"
@@ -43,23 +43,10 @@ COLLECTIVES = [
 TRAINING = ["ddp", "ddp_compiled", "fsdp", "tp"]
 
 
-def _launch(device: str, out: Path) -> subprocess.Popen:
-    out.mkdir()
-    return subprocess.Popen([sys.executable, str(CASES), device, str(out)], env=python_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """Each device's results, per rank: the `tpu` run and the gloo reference run side by side."""
-    base = tmp_path_factory.mktemp("torch_dist")
-    procs = {device: _launch(device, base / device) for device in ("tpu", "cpu")}
-    results = {}
-    for device, proc in procs.items():
-        output, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"{device} ranks failed:\n{output[-6000:]}"
-        results[device] = [torch.load(base / device / f"rank{r}.pt") for r in range(2)]
-    return results
+    return ranks_on_both_devices([sys.executable, str(CASES)], tmp_path_factory.mktemp("torch_dist"))
 
 
 def test_init_process_group_with_no_backend_takes_tpu_dist(ranks):
