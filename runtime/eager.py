@@ -150,6 +150,10 @@ class _Plan:
     # -> template (lazy), found without building the key; only for lowerings with no
     # random key and no data-dependent shapes
     fast_ok: bool = False
+    # position of a backward's ``output_mask`` (bool[N]): the gradients it masks off are
+    # returned undefined (None), as PyTorch's kernels return them; DTensor's sharding rules
+    # read None there, and autograd does not ask for them
+    mask_pos: int = -1
     fast: dict = dataclasses.field(default_factory=dict)
     lazy_fast: dict = dataclasses.field(default_factory=dict)
 
@@ -278,6 +282,8 @@ def plan_for(op: _OpOverload) -> _Plan:
     plan.precision = lowering is not None and lowering.precision
     plan.dynamic_scalars = bool(plan_scalars) and lowering is not None and not lowering.static_scalars
     plan.fast_ok = lowering is not None and not lowering.rng and not lowering.eager_only
+    plan.mask_pos = next((i for i, a in enumerate(schema.arguments)
+                          if a.name == "output_mask" and str(a.type).startswith("List[bool]")), -1)
     out_via_functional = kind == "out" and functional is not None and lowering is not own
     plan.meta_op = functional if out_via_functional else op
     if out_via_functional:
@@ -1065,7 +1071,8 @@ def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
 def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
     kind = plan.kind
     if kind is None:
-        return _wrap(flat, struct, dtypes)
+        out = _wrap(flat, struct, dtypes)
+        return out if plan.mask_pos < 0 else _masked_off(plan, args, kwargs, out)
     targets = _written_targets(plan, args, kwargs)
     if kind == "mutates":
         n_ret = len(flat) - len(targets)
@@ -1092,6 +1099,15 @@ def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
             _resize_out(t, v.shape)
         write(t, v)
     return _return_written(plan, args, kwargs, targets)
+
+
+def _masked_off(plan: _Plan, args, kwargs, out):
+    """``out`` with the outputs ``output_mask`` leaves off as None."""
+    pos = plan.mask_pos
+    mask = args[pos] if pos < len(args) else kwargs.get("output_mask")
+    if mask is None or all(mask) or not isinstance(out, (list, tuple)) or len(out) != len(mask):
+        return out
+    return type(out)(o if keep else None for o, keep in zip(out, mask))
 
 
 def _aliased_returns(plan: _Plan, args, kwargs, flat, dtypes):

@@ -3,8 +3,8 @@
 Statistics are computed in float32 for half-precision inputs (PyTorch's
 ``opmath``). The backward ops use the saved mean and inverse standard deviation
 in the closed forms PyTorch's kernels use. Masked-off gradients
-(``output_mask`` False) are zeros: the eager interpreter has no undefined-tensor
-output, and autograd ignores gradients it did not ask for.
+(``output_mask`` False) are zeros in the program (an XLA program has no undefined
+output); the eager interpreter returns them as None, as PyTorch's kernels do.
 
 Batch norm's variants that update running statistics in place return the new
 statistics as extra outputs (``mutates_returns=True``). Their saved statistics are

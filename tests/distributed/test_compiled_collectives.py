@@ -30,7 +30,7 @@ COLLECTIVES = [
     "all_reduce.int64.sum", "all_reduce.int64.bxor", "all_gather_tensor", "all_gather_tensor.int64",
     "reduce_scatter_tensor", "all_to_all_single", "all_to_all_single.uneven", "broadcast", "chained",
 ]
-TRAINING = ["fsdp_compiled", "tp_sp_compiled", "ddp_compiled_autograd"]
+TRAINING = ["fsdp_compiled", "tp_sp_compiled", "tp_sp_eager", "ddp_compiled_autograd"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_compiled_functional_collective_equals_gloo(ranks, case):
 
 
 @pytest.mark.parametrize("what", TRAINING)
-def test_compiled_training_equals_gloo(ranks, what):
+def test_training_equals_gloo(ranks, what):
     for rank in range(2):
         mine, ref = ranks["tpu"][rank], ranks["cpu"][rank]
         torch.testing.assert_close(mine[f"{what}.losses"], ref[f"{what}.losses"], rtol=1e-5, atol=1e-6)
