@@ -143,11 +143,10 @@ def test_equal_keys_in_distinct_objects_count_as_one_executable():
 def test_a_collectives_return_is_recorded_with_its_seconds(tmp_path):
     """The probe path of a c10d collective without processes: its entry and its return go
     through the probes to a subscribed Recorder, and the return is stored and read back."""
+    from tpu_debug.runtime import probes
     from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDoneEvent
     from tpu_debug.tracers.query import RunQuery
     from tpu_debug.tracers.store import RunWriter
-
-    from tpu_debug.runtime import probes
 
     writer = _Writer()
     recorder = Recorder(writer, hlo=False)
