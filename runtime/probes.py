@@ -21,6 +21,7 @@ the runtime calls                      each probe hears
 ``allocated(info)``                    ``on_alloc(info: AllocInfo)``
 ``freed(info)``                        ``on_free(info: FreeInfo)``
 ``collective(info)``                   ``on_collective(info: CollectiveInfo)``
+``collective_done(info)``              ``on_collective_done(info: CollectiveDone)``
 ``collective_desync(info)``            ``on_collective_desync(info: DesyncInfo)``
 =====================================  ======================================
 
@@ -55,6 +56,7 @@ __all__ = [
     "AllocInfo",
     "ArgSpec",
     "as_dynamo_disabled",
+    "CollectiveDone",
     "CollectiveInfo",
     "DesyncInfo",
     "CompileInfo",
@@ -74,6 +76,7 @@ __all__ = [
     "check_transfer",
     "collective",
     "collective_desync",
+    "collective_done",
     "compiled",
     "compiling",
     "deferred",
@@ -264,6 +267,21 @@ class CollectiveInfo:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveDone:
+    """This rank returned from the c10d collective it entered as the :class:`CollectiveInfo`
+    with the same ``op``, ``group``, ``rank`` and ``seq``: ``seconds`` from its entry to the
+    results written back (the host copies, the engine's call and the write-back). An entry
+    with no such return means the rank never came back from it (stuck, raised or killed).
+    """
+
+    op: str
+    group: str
+    rank: int
+    seq: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class DesyncInfo:
     """The live check of a c10d group found its ranks calling different collectives, or a rank
     not arriving (runtime/distributed/c10d.py), just before this rank raises.
@@ -384,6 +402,9 @@ class Probe(Protocol):
     def on_collective_desync(self, info: DesyncInfo) -> None:
         """The ranks of a c10d group stopped calling the same collectives; this rank raises next."""
 
+    def on_collective_done(self, info: CollectiveDone) -> None:
+        """This rank returned from a c10d collective of the `tpu` process group."""
+
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
     # on_compile / on_transfer follows on that thread, unless the activity raised (a
@@ -429,6 +450,7 @@ class _Routes:
     on_free: Route = ()
     on_collective: Route = ()
     on_collective_desync: Route = ()
+    on_collective_done: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -581,6 +603,12 @@ def collective(info: CollectiveInfo) -> None:
     """This rank is entering a c10d collective of the `tpu` process group."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_collective, (info,), probe_errors)
+
+
+def collective_done(info: CollectiveDone) -> None:
+    """This rank returned from a c10d collective of the `tpu` process group."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_collective_done, (info,), probe_errors)
 
 
 def collective_desync(info: DesyncInfo) -> None:

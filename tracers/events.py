@@ -43,6 +43,7 @@ __all__ = [
     "TransferEvent",
     "CollectiveCallEvent",
     "CollectiveDesyncEvent",
+    "CollectiveDoneEvent",
     "DesyncCall",
     "FallbackEvent",
     "GraphBreakEvent",
@@ -426,6 +427,26 @@ class CollectiveCallEvent(Event):
     nbytes: int
     reduce_op: str | None = None
     peer: int | None = None
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectiveDoneEvent(Event):
+    """A rank returned from the c10d collective it entered as the :class:`CollectiveCallEvent`
+    with the same ``group``, ``rank`` and ``seq`` (``op`` tells a send or receive, counted
+    apart, from the group's other collectives). ``seconds``: from its entry to its results
+    written back, waiting for the other ranks included. A call with no done event is one the
+    rank never returned from: it was stuck there, raised or was killed.
+    """
+
+    kind: ClassVar[str] = "collective_done"
+    stored: ClassVar[Stored] = Stored("collective_dones", name="op", seconds="seconds")
+
+    op: str
+    group: str = column("group_name")  # GROUP is an SQL keyword
+    rank: int
+    seq: int
+    seconds: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
     CollectiveDesyncEvent,
+    CollectiveDoneEvent,
     CompileEvent,
     DesyncCall,
     FallbackEvent,
@@ -323,6 +324,22 @@ class Recorder:
                 int(info.nbytes),
                 info.reduce_op,
                 info.peer,
+            )
+        )
+
+    def on_collective_done(self, info: Any) -> None:
+        self.writer.put(
+            CollectiveDoneEvent(
+                self.writer.new_id(),
+                self.clock(),
+                None,
+                threading.get_native_id(),
+                None,  # the entry's event holds the user's line
+                str(info.op),
+                str(info.group),
+                int(info.rank),
+                int(info.seq),
+                float(info.seconds),
             )
         )
 

@@ -502,8 +502,12 @@ class TpuProcessGroup(dist.ProcessGroup):
             _check_reduce(kind, _flat(args[0 if in_place else 1]))
         if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
             self._p2p_seq += 1
+            seq = self._p2p_seq
         else:
             self._seq += 1
+            seq = self._seq
+        # read only while a probe listens: with none, a collective reads no clock
+        began = time.perf_counter() if probes._routes.on_collective_done else None
         if self._check is not None and name not in P2P_OPS:
             # recorded first, so a rank that raises below has recorded the collective it stopped at
             info = self._info(name, args, kind)
@@ -527,10 +531,13 @@ class TpuProcessGroup(dist.ProcessGroup):
         if kind == _RedOp.AVG:
             for t in _flat(host_args[0]):
                 t.div_(self._size)
-        if outputs is None:
-            return _DoneWork([])
-        wanted = _flat(args[outputs])
-        _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
+        wanted = [] if outputs is None else _flat(args[outputs])
+        if outputs is not None:
+            _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
+        if began is not None:
+            probes.collective_done(probes.CollectiveDone(
+                name, self._group_name(), self._rank, seq, time.perf_counter() - began,
+            ))
         return _DoneWork(wanted)
 
     def _device_of(self, name: str, args: tuple) -> str:
@@ -560,13 +567,9 @@ class TpuProcessGroup(dist.ProcessGroup):
             peer = int(args[1])
         elif hasattr(args[-1], "rootRank"):
             peer = int(args[-1].rootRank)
-        try:
-            group = self.group_name
-        except RuntimeError:  # while c10d is still naming the group
-            group = "?"
         return probes.CollectiveInfo(
             op=name,
-            group=group,
+            group=self._group_name(),
             ranks=self._global_ranks,
             rank=self._rank,
             seq=self._p2p_seq if name in P2P_OPS else self._seq,
@@ -576,6 +579,12 @@ class TpuProcessGroup(dist.ProcessGroup):
             reduce_op=None if kind is None else kind.name,
             peer=peer,
         )
+
+    def _group_name(self) -> str:
+        try:
+            return self.group_name
+        except RuntimeError:  # while c10d is still naming the group
+            return "?"
 
     def _host_call(self, name: str, host_args: list) -> None:
         work = getattr(self._host, name)(*host_args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,10 +86,14 @@ def test_report_json_shows_each_ranks_collectives(same):
         assert (g["group"], g["ranks"], g["count"]) == ("0", [0, 1], 4)
         # 4x2 float32 all-reduced (32 B), gathered into 8x2 (64 + 32 B), 4 float32 (16 B)
         assert g["bytes"] == 32 + 96 + 16
-        assert g["ops"] == [{"op": "allreduce", "count": 2, "bytes": 48},
-                            {"op": "all_gather_single", "count": 1, "bytes": 96},
-                            {"op": "barrier", "count": 1, "bytes": 0}]
+        assert [(o["op"], o["count"], o["bytes"]) for o in g["ops"]] == [
+            ("allreduce", 2, 48), ("all_gather_single", 1, 96), ("barrier", 1, 0)]
         assert g["waited"] >= 0
+        # every collective returned: its time is the sum of the four calls' own (no rounding
+        # but float addition's, so the sums agree to a few ulps)
+        assert g["not_returned"] == 0
+        assert g["seconds"] == pytest.approx(sum(o["seconds"] for o in g["ops"]), rel=1e-12)
+    walls = {r["rank"]: r["figures"]["duration"] for r in data["ranks"]}
     (seq,) = c10d["sequence"]
     assert (seq["total"], seq["first_difference"]) == (4, None)
     assert not _undocumented(data)
@@ -97,6 +102,14 @@ def test_report_json_shows_each_ranks_collectives(same):
     for row, line in zip(seq["rows"], lines, strict=True):
         assert [c["rank"] for c in row["calls"]] == [0, 1]
         assert {c["call"]["location"]["line"] for c in row["calls"]} == {line}
+        for c in row["calls"]:
+            # a call is timed inside the rank's run (perf_counter from entry to return), so
+            # it is positive and no longer than the run's wall time
+            assert 0 < c["call"]["seconds"] <= walls[c["rank"]]
+    per_rank = {r["rank"]: r["groups"][0] for r in c10d["per_rank"]}
+    for rank, row_calls in ((r, [c["call"] for row in seq["rows"] for c in row["calls"] if c["rank"] == r])
+                            for r in (0, 1)):
+        assert per_rank[rank]["seconds"] == pytest.approx(sum(c["seconds"] for c in row_calls), rel=1e-12)
 
 
 def test_text_report_lists_collectives_in_order(same):
@@ -104,7 +117,10 @@ def test_text_report_lists_collectives_in_order(same):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "c10d collectives by rank" in out and "c10d collectives in order, group 0" in out
-    assert f"allreduce([4, 2]; float32) at ranks_script.py:{_line('dist.all_reduce(x)')}" in out
+    # each call with its own time (format_seconds: a number and a unit)
+    assert re.search(rf"allreduce\(\[4, 2\]; float32\) [\d.]+ [mµn]?s at ranks_script.py:{_line('dist.all_reduce(x)')}",
+                     out), out
+    assert "in them" in out and "never returned" not in out
     assert "allreduce 2 (48 B), all_gather_single 1 (96 B), barrier 1" in out
     assert "collective desync" not in out
 
@@ -128,6 +144,7 @@ def test_tensorboard_shows_each_rank_as_a_process_row(same):
             ("allreduce", "1"), ("all_gather_single", "2"), ("allreduce", "3"), ("barrier", "4")], name
         assert spans[0]["args"]["line"].startswith(f"{SCRIPT}:{_line('dist.all_reduce(x)')}")
         assert all(e["dur"] > 0 for e in spans)
+        assert {e["args"]["returned"] for e in spans} == {"yes"}
 
 
 def test_a_killed_rank_is_still_reported(tmp_path):
@@ -148,6 +165,9 @@ def test_a_killed_rank_is_still_reported(tmp_path):
     (rank0, rank1) = desync["calls"]
     assert rank0["call"]["op"] == "allreduce" and rank0["call"]["location"]["line"] == _line("dist.all_reduce(y)")
     assert rank1 == {"rank": 1, "call": None}
+    # rank 0 raised in its third collective: it entered it and never returned
+    assert rank0["call"]["seconds"] is None
+    assert c10d["per_rank"][0]["groups"][0]["not_returned"] == 1
     assert desync["text"].startswith("group 0, collective #3: the ranks differ (missing)")
     text = _cli("report", "--logdir", str(logdir), "--width", "200").stdout
     assert "collective desync: group 0, collective #3" in text and "rank 1: no collective #3" in text

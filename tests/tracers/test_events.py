@@ -25,6 +25,7 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "collectives",
         "collective_call",
         "collective_desync",
+        "collective_done",
         "memory_step",
         "memory",
         "memory_finding",
@@ -63,7 +64,7 @@ def test_renderings():
 
 
 def test_unknown_kind_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collective_call, collective_desync, collectives, collectives_target, compile, divergence, "):
+    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collective_call, collective_desync, collective_done, collectives, collectives_target, compile, divergence, "):
         ev.event_type("nope")
 
 

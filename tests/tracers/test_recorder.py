@@ -138,3 +138,35 @@ def test_equal_keys_in_distinct_objects_count_as_one_executable():
     recorder.on_execute("compiled", "graph_1", ("graph_1", "digest", ()), 0.25)
     rows = {name: (count, seconds) for _, _, name, _, _, count, seconds in writer.stats_source()}
     assert rows == {"graph_0": (8, 2.0), "graph_1": (1, 0.25)}
+
+
+def test_a_collectives_return_is_recorded_with_its_seconds(tmp_path):
+    """The probe path of a c10d collective without processes: its entry and its return go
+    through the probes to a subscribed Recorder, and the return is stored and read back."""
+    from tpu_debug.runtime import probes
+    from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDoneEvent
+    from tpu_debug.tracers.query import RunQuery
+    from tpu_debug.tracers.store import RunWriter
+
+    writer = _Writer()
+    recorder = Recorder(writer, hlo=False)
+    probes.subscribe(recorder)
+    try:
+        probes.collective(probes.CollectiveInfo("allreduce", "0", (0, 1), 1, 7, ((4, 2),), "float32", 32, "SUM"))
+        probes.collective_done(probes.CollectiveDone("allreduce", "0", 1, 7, 0.25))
+    finally:
+        probes.unsubscribe(recorder)
+    call, done = writer.events
+    assert isinstance(call, CollectiveCallEvent) and isinstance(done, CollectiveDoneEvent)
+    assert (done.op, done.group, done.rank, done.seq, done.seconds) == ("allreduce", "0", 1, 7, 0.25)
+    assert (call.group, call.rank, call.seq) == (done.group, done.rank, done.seq)
+    assert done.ts >= call.ts
+
+    db = tmp_path / "run.db"
+    store = RunWriter(db, {"name": "demo"})
+    stored = CollectiveDoneEvent(store.new_id(), 0.5, None, 3, None, "send", "0", 1, 2, 0.125)
+    store.put(stored)
+    store.close({"status": "finished", "exit_status": 0})
+    q = RunQuery(db)
+    assert q.events("collective_done") == [stored]  # 0.125: exact in binary floating point
+    q.close()

@@ -1,8 +1,9 @@
 """The ranks view (``r``) of a multi-process run shows each rank's c10d collectives side by side.
 
 Two ranks are written with the run store's writer (no devices, no processes): both
-all-reduce and all-gather, then rank 0 all-reduces once more while rank 1 had stopped
-(its run ended early, as a killed rank's does).
+all-reduce and all-gather, each returning after 2 ms per sequence number, then rank 0
+all-reduces once more while rank 1 had stopped (its run ended early, as a killed rank's
+does), and never returns from it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def _write_rank(run_dir: Path, rank: int) -> None:
             writer.new_id(), 0.1 * seq + 0.01 * rank, None, 1, ev.SourceLocation(SCRIPT, line, "<module>"),
             op, "0", (0, 1), rank, seq, shapes, "float32", nbytes, "SUM" if op == "allreduce" else None, None,
         ))
+        if seq < 3:
+            writer.put(ev.CollectiveDoneEvent(writer.new_id(), 0.1 * seq + 0.01 * rank + 0.002 * seq, None, 1, None,
+                                              op, "0", rank, seq, 0.002 * seq))
     writer.close({"status": "finished" if rank == 0 else "failed", "exit_status": 0 if rank == 0 else 1,
                   "end_time": "2026-01-31T12:00:01.000+00:00", "duration": 1.0})
 
@@ -61,12 +65,14 @@ def test_ranks_view_shows_collectives_side_by_side(tmp_path):
         table = app.screen.query_one("#ranks-c10d", DataTable)
         rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
         assert [r[:4] for r in rows] == [["0", "0 (0, 1)", "3", "144 B"], ["1", "0 (0, 1)", "2", "128 B"]]
-        assert rows[0][5] == "allreduce 2 (48 B), all_gather_single 1 (96 B)"
+        # in them: 2 ms + 4 ms returned; rank 0's third call never did
+        assert [r[5] for r in rows] == ["6.00 ms +1 never returned", "6.00 ms"]
+        assert rows[0][6] == "allreduce 2 (48 B), all_gather_single 1 (96 B)"
         sequence = widget_text(app.screen.query_one("#ranks-sequence", Static))
         assert "collective desync: group 0, collective #3: the ranks differ (missing)" in sequence
         assert "rank 1: no collective #3" in sequence
-        assert "   1   rank 0: allreduce([4, 2]; float32) at train.py:21" in sequence
-        assert "   3 ≠ rank 0: allreduce([4]; float32) at train.py:27" in sequence
+        assert "   1   rank 0: allreduce([4, 2]; float32) 2.00 ms at train.py:21" in sequence
+        assert "   3 ≠ rank 0: allreduce([4]; float32) never returned at train.py:27" in sequence
         assert "rank 1: -" in sequence
         assert "c10d collectives by rank" in screen_text(app)
 

@@ -101,12 +101,23 @@ def _agreement_data(sessions: list) -> dict[str, Any]:
 SEQUENCE_ROWS = 12
 
 
-def _call_data(call: Any) -> dict[str, Any] | None:
+def _done_key(op: str, group: str, seq: int) -> tuple[str, bool, int]:
+    # a group's sends and receives count their own sequence, so one seq can name two calls
+    return group, op in _P2P, seq
+
+
+def _durations(session: Any) -> dict[tuple[str, bool, int], float]:
+    """The rank's returns from its c10d collectives: seconds in each, by :func:`_done_key`."""
+    return {_done_key(d.op, d.group, d.seq): d.seconds for d in session.events("collective_done")}
+
+
+def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float]) -> dict[str, Any] | None:
     if call is None:
         return None
     loc = call.location
     return {
         "op": call.op,
+        "seconds": seconds.get(_done_key(call.op, call.group, call.seq)),
         "shapes": list(call.shapes),
         "dtype": call.dtype,
         "nbytes": call.nbytes,
@@ -150,10 +161,12 @@ def _entries(calls: dict[int, list], starts: dict[int, float | None]) -> dict[tu
 
 def collective_spans(sessions: list) -> dict[int, list[Any]]:
     """Each rank's c10d collectives as timeline spans (:class:`RankSpan`): from the rank's
-    entry to the last rank's entry (a sole rank's: 1 µs), one lane per group."""
+    entry to its return, or, for a call it never returned from, to the last rank's entry
+    (a sole rank's: 1 µs), one lane per group."""
     from tpu_debug.tracers.tensorboard import RankSpan
 
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
+    durations = {rank: _durations(s) for rank, s in sessions}
     starts = _starts(sessions)
     entered = _entries(calls, starts)
     out: dict[int, list[Any]] = {}
@@ -163,11 +176,17 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
         spans = out.setdefault(rank, [])
         for c in events:
             begin = starts[rank] + c.ts
-            at = entered.get((c.group, c.seq), {})
+            seconds = durations[rank].get(_done_key(c.op, c.group, c.seq))
+            if seconds is None:
+                at = entered.get((c.group, c.seq), {})
+                length = max(max(at.values()) - begin, 1e-6) if at else 1e-6
+            else:
+                length = max(seconds, 1e-6)
             spans.append(RankSpan(
-                begin, max(max(at.values()) - begin, 1e-6) if at else 1e-6, f"group {c.group}", c.op,
+                begin, length, f"group {c.group}", c.op,
                 (("seq", str(c.seq)), ("shapes", ", ".join(c.shapes)), ("dtype", c.dtype),
-                 ("bytes", str(c.nbytes)), ("line", str(c.location) if c.location is not None else "")),
+                 ("bytes", str(c.nbytes)), ("line", str(c.location) if c.location is not None else ""),
+                 ("returned", "no (stuck, raised or killed in it)" if seconds is None else "yes")),
             ))
     return out
 
@@ -179,9 +198,11 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     counts up to the last collective it entered. ``per_rank``: per rank and group, the
     collectives' count, bytes and ``waited`` (seconds the rank waited at the group's
     collectives for the last rank to enter them: entry times on the machine's monotonic
-    clock, or aligned by the runs' start times to a millisecond across machines; the
-    collectives' own durations are not recorded), by op. ``sequence``: per group, its collectives in order with each rank's
-    call, the first ``rows`` and, when the ranks differ later, the rows from there on
+    clock, or aligned by the runs' start times to a millisecond across machines),
+    ``seconds`` (the rank's time in them, entry to return, from its ``collective_done``
+    events) and ``not_returned`` (calls it never returned from: stuck, raised or killed),
+    by op. ``sequence``: per group, its collectives in order with each rank's call (its
+    ``seconds``, None when it never returned), the first ``rows`` and, when the ranks differ later, the rows from there on
     (``rows`` of ``total``). ``desyncs``: :func:`first_desyncs`, each with the ranks'
     calls and its text.
 
@@ -192,18 +213,25 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     from tpu_debug.tracers.collective_calls import first_desyncs
 
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
+    durations = {rank: _durations(s) for rank, s in sessions}
     entered = _entries(calls, _starts(sessions))
     per_rank = []
     for rank, events in calls.items():
         groups: dict[str, dict[str, Any]] = {}
         for c in events:
             g = groups.setdefault(c.group, {"group": c.group, "ranks": list(c.group_ranks), "count": 0, "bytes": 0,
-                                            "waited": 0.0, "ops": {}})
+                                            "waited": 0.0, "seconds": 0.0, "not_returned": 0, "ops": {}})
             g["count"] += 1
             g["bytes"] += c.nbytes
-            op = g["ops"].setdefault(c.op, {"op": c.op, "count": 0, "bytes": 0})
+            op = g["ops"].setdefault(c.op, {"op": c.op, "count": 0, "bytes": 0, "seconds": 0.0})
             op["count"] += 1
             op["bytes"] += c.nbytes
+            seconds = durations[rank].get(_done_key(c.op, c.group, c.seq))
+            if seconds is None:
+                g["not_returned"] += 1
+            else:
+                g["seconds"] += seconds
+                op["seconds"] += seconds
             at = entered.get((c.group, c.seq), {})
             if rank in at and len(at) > 1:
                 g["waited"] += max(at.values()) - at[rank]
@@ -233,7 +261,8 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
             "total": total,
             "first_difference": diff,
             "rows": [
-                {"seq": n, "calls": [{"rank": r, "call": _call_data(seqs.get(n, {}).get(r))} for r in ranks]}
+                {"seq": n, "calls": [{"rank": r, "call": _call_data(seqs.get(n, {}).get(r), durations[r])}
+                           for r in ranks]}
                 for n in shown
             ],
         })
@@ -246,7 +275,7 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
                 "seq": d.seq,
                 "reason": d.reason,
                 "text": d.render(),
-                "calls": [{"rank": r, "call": _call_data(c)} for r, c in d.calls],
+                "calls": [{"rank": r, "call": _call_data(c, durations.get(r, {}))} for r, c in d.calls],
             }
             for d in desyncs
         ],
@@ -306,10 +335,20 @@ def _where(loc: dict | None) -> str:
 
 
 def call_text(call: dict | None) -> str:
-    """One rank's call at one collective: ``allreduce([4]; float32) at train.py:12``, or ``-``."""
+    """One rank's call at one collective: ``allreduce([4]; float32) 1.2 ms at train.py:12``
+    (``never returned`` in place of its time when the rank did not come back from it), or ``-``."""
     if call is None:
         return "-"
-    return f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}){_where(call['location'])}"
+    took = "never returned" if call["seconds"] is None else format_seconds(call["seconds"])
+    return (f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}) {took}"
+            f"{_where(call['location'])}")
+
+
+def in_collectives_text(group: dict) -> str:
+    """A rank's time in a group's collectives: ``4.1 ms``, with ``+1 never returned`` when
+    it entered some it did not come back from."""
+    text = format_seconds(group["seconds"])
+    return text + (f" +{group['not_returned']} never returned" if group["not_returned"] else "")
 
 
 def ops_text(ops: list[dict]) -> str:
@@ -327,19 +366,19 @@ def _print_c10d(console: Console, c10d: dict) -> None:
     print_heading(console, "c10d collectives by rank")
     table = report_table(
         console.is_terminal, ("rank", "right"), ("group (ranks)", "left"), ("calls", "right"), ("bytes", "right"),
-        ("waited", "right"), ("by op", "left"), left_width=60,
+        ("waited", "right"), ("in them", "right"), ("by op", "left"), left_width=60,
     )
     for r in c10d["per_rank"]:
         for g in r["groups"]:
             table.add_row(
                 Text(str(r["rank"])), Text(f"{g['group']} ({', '.join(map(str, g['ranks']))})"),
                 Text(str(g["count"])), Text(format_bytes(g["bytes"])), Text(format_seconds(g["waited"])),
-                Text(ops_text(g["ops"])),
+                Text(in_collectives_text(g)), Text(ops_text(g["ops"])),
             )
     console.print(table)
     console.print(dim_note(
-        "waited: time at the group's collectives until the last rank entered them (entry times; the "
-        "collectives' own durations are not recorded)"
+        "waited: time at the group's collectives until the last rank entered them (entry times); in them: "
+        "the rank's time from entering them to returning, waiting included"
     ))
     for seq in c10d["sequence"]:
         print_heading(console, f"c10d collectives in order, group {seq['group']}")

@@ -141,20 +141,20 @@ class RanksScreen(ModalScreen[int | None]):
         """Each rank's c10d collectives per group, then their order and the first desync."""
         from tpu_debug.core.format import format_bytes, format_seconds
 
-        from tpu_debug.report.ranks import ops_text
+        from tpu_debug.report.ranks import in_collectives_text, ops_text
 
         if not any(r["calls"] for r in c10d["per_rank"]):
             return
         self.query_one("#ranks-c10d-title", Static).update(Text("c10d collectives by rank", style="bold"))
         table = self.query_one("#ranks-c10d", DataTable)
         table.clear(columns=True)
-        for column in ("rank", "group (ranks)", "calls", "bytes", "waited", "by op"):
+        for column in ("rank", "group (ranks)", "calls", "bytes", "waited", "in them", "by op"):
             table.add_column(column, key=column)
         for r in c10d["per_rank"]:
             for g in r["groups"]:
                 table.add_row(
                     str(r["rank"]), f"{g['group']} ({', '.join(map(str, g['ranks']))})", str(g["count"]),
-                    format_bytes(g["bytes"]), format_seconds(g["waited"]), ops_text(g["ops"]),
+                    format_bytes(g["bytes"]), format_seconds(g["waited"]), in_collectives_text(g), ops_text(g["ops"]),
                 )
         self.query_one("#ranks-sequence", Static).update(_sequence_text(c10d))
 
