@@ -289,6 +289,13 @@ class RunQuery:
         """A value that does not decode (JSON cut in the middle, a wrong type): the file was damaged."""
         return RunDamagedError(_DAMAGED.format(path=self.db_path, detail=f"{type(exc).__name__}: {exc}"))
 
+    def records(self, kind: str) -> bool:
+        """Whether this run could record events of ``kind``: a run recorded by a version before
+        the kind existed has no place for them, so their absence there says nothing."""
+        cls = EVENT_TYPES.get(kind)
+        stored = getattr(cls, "stored", None)
+        return stored is not None and self._has_table(stored.table)
+
     def _has_table(self, name: str) -> bool:
         # a run lacks the tables of event kinds registered after it was recorded
         if self._tables is None:

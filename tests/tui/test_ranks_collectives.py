@@ -81,3 +81,33 @@ def test_ranks_view_shows_collectives_side_by_side(tmp_path):
     finally:
         session.close()
         group.close()
+
+
+def test_a_run_recorded_before_returns_were_is_not_said_to_have_never_returned(tmp_path):
+    # a run of a version that recorded entries only has no collective_dones table: its calls'
+    # times are unknown, which is not the same as stuck
+    import sqlite3
+
+    from tpu_debug.report.ranks import c10d_data, call_text, collective_spans, in_collectives_text
+
+    from tpu_debug.ranks import open_group
+
+    group = new_group(tmp_path / "runs", "train", 2, ["torchrun", "train.py"], launcher="torchrun")
+    for rank in (0, 1):
+        run = group.path / f"20260131T120000.00{rank}Z-rank{rank}"
+        run.mkdir()
+        _write_rank(run, rank)
+    old = group.rank_dirs()[1] / DB_NAME
+    with sqlite3.connect(old) as db:
+        db.execute("DROP TABLE collective_dones")
+    sessions = open_group(group.path).sessions()
+    data = c10d_data(sessions)
+    (g0,), (g1,) = (r["groups"] for r in data["per_rank"])
+    assert (g0["not_returned"], g1["not_returned"]) == (1, 0)
+    assert g1["seconds"] is None and in_collectives_text(g1) == "-"
+    call = data["sequence"][0]["rows"][0]["calls"][1]["call"]
+    assert call["timed"] is False and call["seconds"] is None
+    assert call_text(call) == "allreduce([4, 2]; float32) at train.py:21"
+    assert "never returned" not in call_text(call)
+    (span, *_) = collective_spans(sessions).get(1, [None])
+    assert span is None or dict(span.args)["returned"].startswith("not recorded")

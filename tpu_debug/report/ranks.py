@@ -106,18 +106,22 @@ def _done_key(op: str, group: str, seq: int) -> tuple[str, bool, int]:
     return group, op in _P2P, seq
 
 
-def _durations(session: Any) -> dict[tuple[str, bool, int], float]:
-    """The rank's returns from its c10d collectives: seconds in each, by :func:`_done_key`."""
+def _durations(session: Any) -> dict[tuple[str, bool, int], float] | None:
+    """The rank's returns from its c10d collectives: seconds in each, by :func:`_done_key`;
+    None for a run recorded before returns were (its calls' times are unknown, not missing)."""
+    if not session.records("collective_done"):
+        return None
     return {_done_key(d.op, d.group, d.seq): d.seconds for d in session.events("collective_done")}
 
 
-def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float]) -> dict[str, Any] | None:
+def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None) -> dict[str, Any] | None:
     if call is None:
         return None
     loc = call.location
     return {
         "op": call.op,
-        "seconds": seconds.get(_done_key(call.op, call.group, call.seq)),
+        "seconds": None if seconds is None else seconds.get(_done_key(call.op, call.group, call.seq)),
+        "timed": seconds is not None,
         "shapes": list(call.shapes),
         "dtype": call.dtype,
         "nbytes": call.nbytes,
@@ -176,7 +180,8 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
         spans = out.setdefault(rank, [])
         for c in events:
             begin = starts[rank] + c.ts
-            seconds = durations[rank].get(_done_key(c.op, c.group, c.seq))
+            timed = durations[rank] is not None
+            seconds = durations[rank].get(_done_key(c.op, c.group, c.seq)) if timed else None
             if seconds is None:
                 at = entered.get((c.group, c.seq), {})
                 length = max(max(at.values()) - begin, 1e-6) if at else 1e-6
@@ -186,7 +191,8 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
                 begin, length, f"group {c.group}", c.op,
                 (("seq", str(c.seq)), ("shapes", ", ".join(c.shapes)), ("dtype", c.dtype),
                  ("bytes", str(c.nbytes)), ("line", str(c.location) if c.location is not None else ""),
-                 ("returned", "no (stuck, raised or killed in it)" if seconds is None else "yes")),
+                 ("returned", "yes" if seconds is not None else "no (stuck, raised or killed in it)" if timed
+                  else "not recorded (a run of a version that did not record returns)")),
             ))
     return out
 
@@ -200,8 +206,8 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     collectives for the last rank to enter them: entry times on the machine's monotonic
     clock, or aligned by the runs' start times to a millisecond across machines),
     ``seconds`` (the rank's time in them, entry to return, from its ``collective_done``
-    events) and ``not_returned`` (calls it never returned from: stuck, raised or killed),
-    by op. ``sequence``: per group, its collectives in order with each rank's call (its
+    events; None for a run recorded before returns were) and ``not_returned`` (calls it
+    never returned from: stuck, raised or killed), by op. ``sequence``: per group, its collectives in order with each rank's call (its
     ``seconds``, None when it never returned), the first ``rows`` and, when the ranks differ later, the rows from there on
     (``rows`` of ``total``). ``desyncs``: :func:`first_desyncs`, each with the ranks'
     calls and its text.
@@ -226,8 +232,9 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
             op = g["ops"].setdefault(c.op, {"op": c.op, "count": 0, "bytes": 0, "seconds": 0.0})
             op["count"] += 1
             op["bytes"] += c.nbytes
-            seconds = durations[rank].get(_done_key(c.op, c.group, c.seq))
-            if seconds is None:
+            if durations[rank] is None:  # a run that did not record returns: times unknown
+                g["seconds"] = op["seconds"] = None
+            elif (seconds := durations[rank].get(_done_key(c.op, c.group, c.seq))) is None:
                 g["not_returned"] += 1
             else:
                 g["seconds"] += seconds
@@ -339,14 +346,19 @@ def call_text(call: dict | None) -> str:
     (``never returned`` in place of its time when the rank did not come back from it), or ``-``."""
     if call is None:
         return "-"
-    took = "never returned" if call["seconds"] is None else format_seconds(call["seconds"])
-    return (f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}) {took}"
+    if not call.get("timed", True):
+        took = ""
+    else:
+        took = " never returned" if call["seconds"] is None else " " + format_seconds(call["seconds"])
+    return (f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}){took}"
             f"{_where(call['location'])}")
 
 
 def in_collectives_text(group: dict) -> str:
     """A rank's time in a group's collectives: ``4.1 ms``, with ``+1 never returned`` when
     it entered some it did not come back from."""
+    if group["seconds"] is None:  # a run that did not record returns
+        return "-"
     text = format_seconds(group["seconds"])
     return text + (f" +{group['not_returned']} never returned" if group["not_returned"] else "")
 
