@@ -47,3 +47,25 @@ def ranks_on_both_devices(launch: list[str], base: Path, *, timeout: float = 300
         assert proc.returncode == 0, f"{device} ranks failed:\n{output[-6000:]}"
         results[device] = [torch.load(base / device / f"rank{r}.pt") for r in range(2)]
     return results
+
+
+def assert_exactly_gloos(ranks: dict[str, list[dict]], key: str) -> None:
+    """Result ``key`` of a collective is gloo's on every rank: same dtype, shape and values
+    (a collective moves or reduces the same numbers in the same order)."""
+    for rank in range(2):
+        got, want = ranks["tpu"][rank][key], ranks["cpu"][rank][key]
+        assert got.dtype == want.dtype and got.shape == want.shape, f"rank {rank}"
+        assert torch.equal(got, want), f"rank {rank}: {got} != {want}"
+
+
+def assert_trained_as_gloo(ranks: dict[str, list[dict]], what: str) -> None:
+    """Training ``what`` gave gloo's losses and parameters on every rank, and the ranks' full
+    parameters agree exactly. The tolerance is float32 rounding: XLA's CPU kernels sum in
+    another order than PyTorch's, a few ulps per step over a few steps."""
+    for rank in range(2):
+        mine, ref = ranks["tpu"][rank], ranks["cpu"][rank]
+        torch.testing.assert_close(mine[f"{what}.losses"], ref[f"{what}.losses"], rtol=1e-5, atol=1e-6)
+        for got, want in zip(mine[f"{what}.params"], ref[f"{what}.params"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(ranks["tpu"][0][f"{what}.params"], ranks["tpu"][1][f"{what}.params"], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

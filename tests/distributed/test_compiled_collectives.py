@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-from dist_helpers import DATA, ranks_on_both_devices
+from dist_helpers import DATA, assert_exactly_gloos, assert_trained_as_gloo, ranks_on_both_devices
 
 CASES = DATA / "compiled_collectives_cases.py"
 COLLECTIVES = [
@@ -43,22 +43,12 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("case", COLLECTIVES)
 def test_compiled_functional_collective_equals_gloo(ranks, case):
-    for rank in range(2):
-        got, want = ranks["tpu"][rank][f"funcol.{case}"], ranks["cpu"][rank][f"funcol.{case}"]
-        assert got.dtype == want.dtype and got.shape == want.shape, f"rank {rank}"
-        assert torch.equal(got, want), f"rank {rank}: {got} != {want}"
+    assert_exactly_gloos(ranks, f"funcol.{case}")
 
 
 @pytest.mark.parametrize("what", TRAINING)
 def test_training_equals_gloo(ranks, what):
-    for rank in range(2):
-        mine, ref = ranks["tpu"][rank], ranks["cpu"][rank]
-        torch.testing.assert_close(mine[f"{what}.losses"], ref[f"{what}.losses"], rtol=1e-5, atol=1e-6)
-        for got, want in zip(mine[f"{what}.params"], ref[f"{what}.params"], strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    # the gathered parameters agree across ranks
-    for got, want in zip(ranks["tpu"][0][f"{what}.params"], ranks["tpu"][1][f"{what}.params"], strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_trained_as_gloo(ranks, what)
 
 
 def test_compiled_collectives_are_recorded_at_the_users_line(ranks):

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tpu_debug.core.collectives import Collective
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.collectives import collective_totals, compare_ranks
 from tpu_debug.tracers.store import DB_NAME, RunWriter
 
-from tpu_debug.core.collectives import Collective
 from tpu_debug.ranks import find_group, new_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tui"))

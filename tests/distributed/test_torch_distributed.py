@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import DATA, REPO, python_env, ranks_on_both_devices
+from dist_helpers import (
+    DATA,
+    REPO,
+    assert_exactly_gloos,
+    assert_trained_as_gloo,
+    python_env,
+    ranks_on_both_devices,
+)
 from tpu_debug.runtime.distributed import c10d
 
 CASES = DATA / "torch_dist_cases.py"
@@ -58,22 +65,12 @@ def test_init_process_group_with_no_backend_takes_tpu_dist(ranks):
 
 @pytest.mark.parametrize("case", COLLECTIVES)
 def test_collective_equals_gloo(ranks, case):
-    for rank in range(2):
-        got, want = ranks["tpu"][rank][case], ranks["cpu"][rank][case]
-        assert got.dtype == want.dtype and got.shape == want.shape, f"rank {rank}"
-        assert torch.equal(got, want), f"rank {rank}: {got} != {want}"
+    assert_exactly_gloos(ranks, case)
 
 
 @pytest.mark.parametrize("what", TRAINING)
 def test_training_equals_gloo(ranks, what):
-    for rank in range(2):
-        mine, ref = ranks["tpu"][rank], ranks["cpu"][rank]
-        torch.testing.assert_close(mine[f"{what}.losses"], ref[f"{what}.losses"], rtol=1e-5, atol=1e-6)
-        for got, want in zip(mine[f"{what}.params"], ref[f"{what}.params"], strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    # the replicas (or the gathered shards) agree across ranks
-    for got, want in zip(ranks["tpu"][0][f"{what}.params"], ranks["tpu"][1][f"{what}.params"], strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_trained_as_gloo(ranks, what)
 
 
 def test_backends_registered_with_the_device():

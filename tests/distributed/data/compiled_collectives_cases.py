@@ -11,7 +11,6 @@ reference. Each rank writes ``OUT_DIR/rank<r>.pt``, a dict of CPU tensors keyed 
 from __future__ import annotations
 
 import functools
-
 import os
 import sys
 from pathlib import Path
