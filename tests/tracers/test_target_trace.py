@@ -273,6 +273,9 @@ def test_compiles_still_queued_at_the_end_are_counted_not_waited_for(logdir, col
 @requires_libtpu
 def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    # the section shows the programs whose TPU compile ended: on a machine other tests load,
+    # the default minute for the ones still compiling at the end may not be enough
+    monkeypatch.setenv("TPU_DEBUG_TARGET_WAIT", "600")
     script = EXAMPLES / "mlp_train.py"
     code = main(["run", "--logdir", str(tmp_path / "runs"), "--target", "v5e", str(script), "--steps", "3"])
     err = capsys.readouterr().err
