@@ -10,10 +10,12 @@ file lock), the multi-process runs through ``tpu-debug run --nproc``.
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from dist_helpers import DATA, run_python
 from filelock import FileLock
 
@@ -38,3 +40,14 @@ def spmd(tmp_path_factory, worker_id):
             return json.loads(results.read_text())
         shared.mkdir(exist_ok=True)
         return _spmd_results(shared)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A `tpu` process group of one rank in this process, by explicit backend name ``tpu``."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("tpu", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

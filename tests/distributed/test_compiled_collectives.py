@@ -14,13 +14,11 @@ norm's products in different orders (measured: at most 2.4e-7 apart after 3 step
 
 from __future__ import annotations
 
-import datetime
 import re
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from dist_helpers import DATA, assert_exactly_gloos, assert_trained_as_gloo, ranks_on_both_devices
 
@@ -71,17 +69,6 @@ def test_compiled_collectives_are_recorded_at_the_users_line(ranks):
             ("dist.all_reduce", "_recorded"),
             *[("fc.all_reduce", "step"), ("return fc.all_gather_tensor", "step")] * 2,
         ]
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    """A `tpu` process group of one rank in this process."""
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("tpu", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_collectives_error_is_raised_as_itself(one_rank):

@@ -14,7 +14,6 @@ reference, which sum the products of a matmul in different orders (a few ulps pe
 
 from __future__ import annotations
 
-import datetime
 import re
 import subprocess
 import sys
@@ -79,17 +78,6 @@ def test_backends_registered_with_the_device():
     for name in ("tpu", "tpu_dist"):
         assert name in dist.Backend.backend_list
         assert "tpu" in dist.Backend.backend_capability[name]
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    """A process group of one rank in this process, by explicit backend name ``tpu``."""
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("tpu", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_one_rank_group(one_rank):
