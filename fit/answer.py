@@ -1113,7 +1113,7 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
               fixes: Fixes | None = None, candidate_of: str | None = None):
     """The report as the run store keeps it (a ``FitEvent``), with ``fixes``' lines if given;
     ``candidate_of``: the question of the search it was an earlier candidate of."""
-    from tpu_debug.tracers.events import FitCollective, FitEvent
+    from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
 
     m, e = report.memory, report.estimate
     memory = {} if m is None else dict(
@@ -1137,6 +1137,8 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         compile_seconds=report.compile_seconds,
         collectives=tuple(FitCollective(c.kind, c.count, c.bytes, c.wire_bytes, c.seconds)
                           for c in report.collectives),
+        communication=tuple(FitBound(b.kind, b.compiled, b.bound, b.basis, b.reasons())
+                            for b in report.communication),
         unsharded=tuple(report.unsharded), caveats=tuple(report.caveats), error=report.error,
         extrapolation=report.extrapolation, method=report.method,
         verified_fixes=() if fixes is None else fixes.lines(), candidate_of=candidate_of, **memory, **estimate)

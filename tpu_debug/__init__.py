@@ -77,7 +77,10 @@ def __getattr__(name: str):
         module_name = _READING[name]
     else:
         raise AttributeError(f"module 'tpu_debug' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module_name), name)
+    module = _importlib.import_module(module_name)
+    # a package named as the function it holds (``fit``) is bound here by its own import:
+    # the attribute stays that callable package whichever way it was first reached
+    value = module if module_name == f"{__name__}.{name}" else getattr(module, name)
     globals()[name] = value
     return value
 

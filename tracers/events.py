@@ -1460,6 +1460,27 @@ class FitCollective:
     seconds: float | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FitBound:
+    """One collective kind of a fit's compiled step beside the plan's least bytes of it, per
+    chip and step (a row of ``fit_communication``): ``compiled_bytes`` against ``bound_bytes``
+    (0: the plan needs none), counted as ``basis`` says; ``reasons``: where the bytes well over
+    the bound come from, measured in the compiled HLO (empty when the kind is near its bound).
+    ``kind`` may be ``"gradient reduction"``: reduce-scatters and all-reduces bounded together,
+    when the compiler reduces gradients with all-reduces."""
+
+    kind: str
+    compiled_bytes: int
+    bound_bytes: int
+    basis: str
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float | None:
+        """compiled / bound (None when the plan needs none of this kind)."""
+        return self.compiled_bytes / self.bound_bytes if self.bound_bytes else None
+
+
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class FitEvent(Event):
@@ -1481,7 +1502,8 @@ class FitEvent(Event):
     ``verified_fixes``: each change ``fixes`` compiled, with its need and verdict, the
     recommended first (empty when none was asked for); ``candidate_of``: the question of
     the plan search this answer was a candidate of, set on every candidate but the last
-    (the search's answer), which alone the advisor judges; ``seconds`` the
+    (the search's answer), which alone the advisor judges; ``communication``: each collective
+    kind beside the plan's bound (empty in a run recorded without bounds); ``seconds`` the
     whole answer and ``compile_seconds`` its TPU compiles, wall clock. ``location`` is the
     user line that asked (None from the command line)."""
 
@@ -1534,6 +1556,7 @@ class FitEvent(Event):
     kv_cache_bytes: int | None = None
     verified_fixes: tuple[str, ...] = ()
     candidate_of: str | None = None
+    communication: tuple[FitBound, ...] = column(table="fit_communication", default=())
 
     @property
     def headroom_bytes(self) -> int | None:

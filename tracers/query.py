@@ -671,8 +671,9 @@ class RunQuery:
         return cols
 
     def _recorded(self, lay: KindLayout) -> bool:
-        """The run has the kind's tables (a kind registered after the run was recorded has none)."""
-        return all(self._has_table(t) for t in (lay.table, *(c.table for c in lay.children)) if t is not None)
+        """The run has the kind's detail table (a kind registered after the run was recorded has
+        none). A child table may be missing: a field added since reads as its default."""
+        return lay.table is None or self._has_table(lay.table)
 
     def _decode(self, lay: KindLayout, rows: list[tuple]) -> list[Event]:
         """Events from :meth:`KindLayout.select_sql` rows, with their child records."""
@@ -681,6 +682,8 @@ class RunQuery:
             ids = [r[0] for r in rows]
             for child in lay.children:
                 by_event: dict[int, list] = children.setdefault(child.field, {})
+                if not self._has_table(child.table):
+                    continue
                 sql = lay.child_select_sql(child, self._columns_of(child.table))
                 if len(ids) > 2000:  # most of the run's: one pass over the table beats many lookups
                     wanted = set(ids)

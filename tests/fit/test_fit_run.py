@@ -75,6 +75,9 @@ def _check_section(f: dict, report) -> None:
                                      "kv_cache": m.kv_cache or None}
     assert f["collectives"] == [{"kind": c.kind, "count": c.count, "data_bytes": c.bytes,
                                  "wire_bytes": c.wire_bytes, "seconds": c.seconds} for c in report.collectives]
+    assert f["communication"] == [{"kind": b.kind, "compiled_bytes": b.compiled, "bound_bytes": b.bound,
+                                   "basis": b.basis, "reasons": list(b.reasons()), "ratio": b.ratio}
+                                  for b in report.communication]
     e = report.estimate
     if e is None:
         assert f["estimate"] is None
@@ -184,6 +187,12 @@ def test_report_json_and_text_show_the_answer(reports, which, tmp_path, capsys):
     assert f"needs {format_bytes(report.required)} of {format_bytes(report.capacity)} usable" in text
     for c in report.collectives:
         assert re.search(rf"\| {c.kind}\s+\|\s+{c.count:,} \|", text), text
+    assert report.communication or which == "over"  # the refused step has no compiled collectives
+    for b in report.communication:  # each kind beside the plan's bound, and how the bound is counted
+        assert f"{b.kind} bound: {b.basis}" in " ".join(text.split()), text
+        assert re.search(rf"\| {re.escape(b.kind)}\s+\|\s+{re.escape(format_bytes(b.compiled))} \|\s+"
+                         rf"{re.escape(format_bytes(b.bound))} \|\s+"
+                         + (f"{b.ratio:.2f}x" if b.bound else "none needed") + " \|", text), text
 
 
 def test_the_advisor_finds_a_step_that_does_not_fit(reports, tmp_path):
@@ -256,6 +265,12 @@ def test_the_tui_fit_view_shows_memory_and_collectives(reports, tmp_path):
     assert f"activations {format_bytes(m.activations)}" in summary
     assert [(r[0], r[1], r[2], r[3]) for r in shown["rows"]] == [
         (c.kind, f"{c.count:,}", format_bytes(c.bytes), format_bytes(c.wire_bytes)) for c in report.collectives]
+    # each kind beside the plan's bound and the compiled bytes' multiple of it, as the answer computed them
+    assert report.communication, "an FSDP step has bounds"
+    for b in report.communication:
+        ratio = f"{b.ratio:.2f}x the bound" if b.bound else "the plan needs none"
+        assert (f"{b.kind}: {format_bytes(b.compiled)} compiled, bound {format_bytes(b.bound)}: {ratio} "
+                f"({b.basis})") in " ".join(summary.split()), summary
 
 
 def test_diff_shows_two_plans_side_by_side(reports, tmp_path, capsys):
@@ -283,3 +298,21 @@ def test_diff_shows_two_plans_side_by_side(reports, tmp_path, capsys):
     assert re.search(rf"\| plan\s+\|\s+{re.escape(str(a.plan))} \|\s+{re.escape(str(b.plan))} \|", out), out
     assert re.search(rf"\| HBM needed per chip\s+\|\s+{format_bytes(a.required)} \|\s+{format_bytes(b.required)} \|",
                      out), out
+
+
+def test_a_fit_kept_before_bounds_were_still_opens_without_them(reports, tmp_path, capsys):
+    """A run whose store has no ``fit_communication`` table (kept by a version without bounds)
+    shows its answer with no bounds, not no answer."""
+    import sqlite3
+
+    from tpu_debug.fit import record_fit
+
+    report = reports["fsdp"]
+    run_dir = record_fit(report, logdir=tmp_path, name="old")
+    with sqlite3.connect(run_dir / "run.db") as db:
+        db.execute("DROP TABLE fit_communication")
+    (event,) = tpu_debug.open_run(str(run_dir)).events("fit")
+    assert (event.required_bytes, event.communication) == (report.required, ())
+    assert len(event.collectives) == len(report.collectives)
+    (section,) = _report_json(run_dir, capsys)["fit"]
+    assert section["communication"] == [] and section["per_chip"]["required"] == report.required

@@ -43,6 +43,7 @@ def _fit_data(e: Any) -> dict[str, Any]:
                      "capacity_source": e.capacity_source, "headroom": e.headroom_bytes,
                      "compiler": compiler, "breakdown": breakdown},
         "collectives": [plain_record(c) for c in e.collectives],
+        "communication": [{**plain_record(b), "ratio": b.ratio} for b in e.communication],
         "estimate": estimate, "assumptions": list(e.assumptions), "unsharded": list(e.unsharded),
         "caveats": list(e.caveats), "error": e.error, "extrapolation": e.extrapolation,
         "method": e.method, "candidate_of": getattr(e, "candidate_of", None),
@@ -80,11 +81,30 @@ def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
             table.add_row(c["kind"], f"{c['count']:,}", format_bytes(c["data_bytes"]),
                           format_bytes(c["wire_bytes"]), format_seconds(c["seconds"]))
         parts.append(table)
+    if f["communication"]:
+        parts += _render_bounds(f["communication"], terminal)
     parts.extend(dim_note(f"caution: {c}") for c in f["caveats"])
     if f["extrapolation"]:
         parts.append(dim_note(f"extrapolated: {f['extrapolation']}"))
     if f.get("method"):
         parts.append(dim_note(f"compiled as: {f['method']}"))
+    return parts
+
+
+def _render_bounds(bounds: list[dict], terminal: bool) -> list[RenderableType]:
+    """Each collective kind beside the plan's least bytes of it, how that bound is counted,
+    and, for a kind well over it, where the bytes come from."""
+    table = report_table(terminal, ("communication", "left"), ("compiled/chip", "right"),
+                         ("plan's bound", "right"), ("x bound", "right"))
+    for b in bounds:
+        table.add_row(b["kind"], format_bytes(b["compiled_bytes"]), format_bytes(b["bound_bytes"]),
+                      "none needed" if b["ratio"] is None else f"{b['ratio']:.2f}x")
+    parts: list[RenderableType] = [table]
+    for b in bounds:
+        parts.append(dim_note(f"{b['kind']} bound: {b['basis']}"))
+        if b["reasons"]:
+            parts.append(dim_note(f"{b['kind']} well over its bound; measured in the compiled HLO, the bytes "
+                                  "come from: " + "; ".join(b["reasons"])))
     return parts
 
 

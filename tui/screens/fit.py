@@ -43,6 +43,15 @@ def _summary(e: FitEvent) -> Text:
         text.append(" (not measured)", style="dim")
     if e.error and not e.fits:
         text.append(f"\ncompiler: {e.error}", style="dim")
+    if e.communication:
+        text.append("\ncommunication per step beside the plan's bound:")
+    for b in e.communication:
+        ratio = "the plan needs none" if b.ratio is None else f"{b.ratio:.2f}x the bound"
+        text.append(f"\n  {b.kind}: {format_bytes(b.compiled_bytes)} compiled, bound {format_bytes(b.bound_bytes)}: ")
+        text.append(ratio, style="bold yellow" if b.reasons else "")
+        text.append(f" ({b.basis})", style="dim")
+        if b.reasons:
+            text.append("\n    the bytes come from: " + "; ".join(b.reasons), style="yellow")
     for c in e.caveats:
         text.append(f"\ncaution: {c}", style="yellow")
     return text
