@@ -449,11 +449,13 @@ def fit(
                               "backward")
         if unrolled:
             raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
+        _probe_capacity(tgt)
         measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
                                       master_dtype, loss=loss, policy_name=remat_policy, attention=attention)
         name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
         return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
                        time.perf_counter() - started, None, how)
+    _probe_capacity(tgt)
     if extrapolate and layers > FIRST + 1:
         one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
         two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
@@ -471,6 +473,24 @@ def fit(
     name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
     return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
                    time.perf_counter() - started, how)
+
+
+def _probe_capacity(tgt: Target) -> None:
+    """Find the target's usable HBM (``hbm_capacity``: a dozen tiny compiles, once per
+    topology and process) on a thread beside the step's tracing and compile, which need
+    seconds to minutes; ``_report`` reads it (waiting if the probes are still compiling).
+    Not a daemon: the interpreter waits for it, so no compile is cut off at exit."""
+    import threading
+
+    from tpu_debug.runtime.target.capacity import hbm_capacity
+
+    def probe():
+        try:
+            hbm_capacity(tgt)
+        except Exception:  # noqa: BLE001 - _report asks again and raises it there
+            pass
+
+    threading.Thread(target=probe, name="tpu_debug-fit-capacity").start()
 
 
 def _has_layer_stack(config, dtype: str) -> bool:

@@ -87,3 +87,23 @@ def test_an_out_of_memory_is_an_answer_and_not_compiled_again(monkeypatch):
     monkeypatch.setattr(fit_module, "compile_for_target", fake)
     assert fit_module.compile_fit(None, (), target, optimization_level=None, cache=False) is oom
     assert len(calls) == 1
+
+
+def test_the_capacity_probes_run_beside_the_step_and_their_failure_is_left_to_the_report(monkeypatch):
+    import threading
+
+    from tpu_debug.fit import answer
+    from tpu_debug.runtime.target.hardware import parse_target
+
+    seen = []
+
+    def probe(tgt):
+        seen.append((tgt.name, threading.current_thread() is threading.main_thread()))
+        raise RuntimeError("no compiler")  # _report asks again, where it raises
+
+    monkeypatch.setattr("tpu_debug.runtime.target.capacity.hbm_capacity", probe)
+    answer._probe_capacity(parse_target("v5e-8"))
+    for thread in threading.enumerate():
+        if thread.name == "tpu_debug-fit-capacity":
+            thread.join()
+    assert seen == [("v5e-8", False)]
