@@ -47,6 +47,7 @@ __all__ = [
     "flash_attention",
     "head_as_hidden",
     "hidden_of",
+    "kv_unrepeated",
     "policy",
     "splash_attention",
     "traced_loss",
@@ -478,6 +479,72 @@ def _attention_op_of(kind: str):
         _OPS[kind] = getattr(torch.ops.tpu_debug, name).default
         lower(_OPS[kind])(lowered)
     return _OPS[kind]
+
+
+def _unrepeated(node):
+    """The ``[batch, kv_heads, seq, dim]`` node whose heads ``node`` repeats, each ``n`` times
+    in place (head ``i`` of the result is head ``i // n``), and ``n``; else None.
+
+    Hugging Face's ``repeat_kv`` (``x[:, :, None].expand(b, kv, n, s, d).reshape(b, kv * n,
+    s, d)``) and ``torch.repeat_interleave(x, n, dim=1)`` both trace, decomposed, to
+    ``unsqueeze(x, 2)``, ``expand`` to ``[b, kv, n, s, d]``, a ``clone`` and a ``view`` (or
+    ``_unsafe_view``) to ``[b, kv * n, s, d]``; shapes are read from the nodes' metadata.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    view_ops = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+    def shape(n):
+        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        return tuple(val.shape) if val is not None else None
+
+    if not isinstance(node, torch.fx.Node) or node.target not in view_ops:
+        return None
+    source = node.args[0]
+    if isinstance(source, torch.fx.Node) and source.target is aten.clone.default:
+        source = source.args[0]
+    if not isinstance(source, torch.fx.Node) or source.target is not aten.expand.default:
+        return None
+    unsqueezed = source.args[0]
+    if not isinstance(unsqueezed, torch.fx.Node) or unsqueezed.target is not aten.unsqueeze.default:
+        return None
+    x = unsqueezed.args[0]
+    out, expanded, base = shape(node), shape(source), shape(x)
+    if out is None or expanded is None or base is None or len(base) != 4 or unsqueezed.args[1] not in (2, -3):
+        return None
+    b, kv, s, d = base
+    n = expanded[2]
+    if expanded != (b, kv, n, s, d) or out != (b, kv * n, s, d) or n <= 1:
+        return None
+    return x, n
+
+
+def kv_unrepeated(gm) -> int:
+    """Hand the flash and splash attention nodes of a traced layer its keys and values with
+    their own heads, where the layer repeats them to the query heads before SDPA (Hugging
+    Face's ``repeat_kv``, ``repeat_interleave``): the kernels group query heads over key
+    heads themselves (query head ``i`` reads key head ``i // (heads // kv_heads)``, the
+    repeat's order), so the values are the same, and what the attention names
+    (``key_proj``, ``value_proj``: kept or offloaded by a named policy) is the projections'
+    size, as MaxText's, not the repeated heads'. The blocked attention's graph is left as
+    traced. Returns the number of nodes rewritten; the repeats left unused are dropped."""
+    kernels = set(_OPS.values())
+    done = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in kernels:
+            continue
+        q, k, v, *rest = node.args
+        keys, values = _unrepeated(k), _unrepeated(v)
+        if keys is None or values is None or keys[1] != values[1]:
+            continue
+        mask, is_causal, scale, _ = rest
+        node.args = (q, keys[0], values[0], mask, is_causal, scale, True)
+        done += 1
+    if done:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return done
 
 
 @contextlib.contextmanager
