@@ -614,11 +614,17 @@ def splash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, blo
     q = q * jnp.asarray(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale, q.dtype)
     blocks = sk.BlockSizes(block_q=size, block_kv=size, block_kv_compute=size, block_q_dkv=size,
                            block_kv_dkv=size, block_kv_dkv_compute=size, use_fused_bwd_kernel=True)
-    kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads), head_shards=1,
-                                q_seq_shards=1, block_sizes=blocks,
-                                interpret=routing.mesh is None if interpret is None else interpret)
 
-    per_chip = _without_x64(jax.vmap(kernel))
+    def attend(q, k, v):
+        # the kernel (its mask's block tables, arrays) is made inside the function traced, so
+        # no array of an outer trace is closed over: a checkpointed layer traces it again,
+        # and a custom_vjp's backward may not close over an outer trace's values
+        kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads), head_shards=1,
+                                    q_seq_shards=1, block_sizes=blocks,
+                                    interpret=routing.mesh is None if interpret is None else interpret)
+        return jax.vmap(kernel)(q, k, v)
+
+    per_chip = _without_x64(attend)
 
     if routing.mesh is None or not routing.axes:
         return per_chip(q, k, v)
