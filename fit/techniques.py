@@ -221,7 +221,8 @@ def _offloaded():
 # the values MaxText's Llama 3.1 runs on v6e offload by name (its ``decoder_layer_input``,
 # ``query_proj``, ``key_proj``, ``value_proj``): the loop body tags its input, the attention
 # (``flash_attention``, ``splash_attention``) its queries, keys and values as SDPA gets them,
-# after the rotary embedding (the projections' outputs have the same shapes and bytes)
+# after the rotary embedding, the keys and values with their own heads (``kv_unrepeated``):
+# the projections' outputs have the same shapes and bytes
 OFFLOADED_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")
 
 
@@ -368,8 +369,8 @@ def flash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, bloc
     """Attention a block of queries at a time with flash attention's backward, blocks in order.
 
     ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=..., scale=...)`` for
-    ``[batch, heads, seq, dim]`` inputs (grouped-query keys and values repeated to the query
-    heads): each query block's float32 scores against every key give its output and its
+    ``[batch, heads, seq, dim]`` inputs (grouped-query keys and values with their own
+    heads, named so, then repeated to the query heads here): each query block's float32 scores against every key give its output and its
     log-sum-exp (kept, ``[batch, heads, seq]``); the backward recomputes one block's scores
     from them and accumulates the keys' and values' gradients in float32, each block after
     the previous one (an optimization barrier). Blocked with ``jax.checkpoint`` and left

@@ -545,3 +545,36 @@ def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_ste
     for n in pieces.inner:
         want = np.stack([0.1 * dict(l.named_parameters())[n].grad.numpy() for l in layers])
         np.testing.assert_allclose(np.asarray(new_m[n]), want, rtol=1e-4, atol=1e-7, err_msg=n)
+
+
+@needs_libtpu
+def test_the_splash_step_with_grouped_keys_and_values_matches_a_direct_compile(monkeypatch):
+    from tpu_debug.fit.techniques import OFFLOADED_NAMES
+
+    report = _fit(attention="splash", remat_policy="maxtext")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(OFFLOADED_NAMES),
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+    def reference(grouped: bool):
+        # the layer traced as it is, without the tool's rewrite of the repeat; ``grouped``:
+        # transformers' own switch makes its SDPA call take the 2 key/value heads with
+        # enable_gqa (no repeat to rewrite), else the repeat to 4 heads reaches the kernel
+        with monkeypatch.context() as m:
+            m.setattr("tpu_debug.fit.techniques.kv_unrepeated", lambda gm: 0)
+            m.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1" if grouped else "0")
+            return _reference(model, chunked=False, policy=policy, attention="splash", named_input=True)
+
+    grouped, repeated = reference(True), reference(False)
+    _assert_matches(report, grouped)
+    # the host memory holds each layer's input and its q, k and v (one sequence of 1024 per
+    # chip, bfloat16): the keys and values with their own 2 heads, not repeated to 4, are 2
+    # heads fewer each, in the TPU's tiled layout the head's 16 values padded to 128 lanes:
+    # 3 layers x (k, v) x 2 heads x 1024 positions x 128 x 2 bytes = 3 MiB less offloaded
+    saved = repeated.memory_analysis().host_temp_size_in_bytes - grouped.memory_analysis().host_temp_size_in_bytes
+    assert saved == SIZES["num_hidden_layers"] * 2 * 2 * 1024 * 128 * 2, saved
