@@ -489,7 +489,8 @@ def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
 
 
 def _attention_nodes(pieces):
-    return [n for n in pieces.layer.gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
+    nodes = pieces.layer.gm.graph.nodes
+    return [n for n in nodes if n.op == "call_function" and "attention" in str(n.target)]
 
 
 def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_step():
@@ -499,8 +500,8 @@ def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_ste
     torch.manual_seed(0)
     # head dim 64 (the kernel's lanes), 4 query heads over 2 key/value heads: Hugging Face's
     # Llama repeats the keys and values to 4 heads before SDPA; one block of 128 positions
-    sizes = dict(vocab_size=256, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
+    sizes = {**SIZES, "vocab_size": 256, "hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 2,
+             "max_position_embeddings": 128}
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).float()
     tokens = torch.randint(0, sizes["vocab_size"], (2, 128))
     meta = torch.empty(2, 128, dtype=torch.long, device="meta")
@@ -509,7 +510,8 @@ def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_ste
     # the kernel gets the keys and values with their own 2 heads (the repeat is gone from the
     # graph); the default blocked attention's graph keeps the repeat as traced
     (node,) = _attention_nodes(pieces)
-    assert [tuple(a.meta["val"].shape) for a in node.args[:3]] == [(2, 4, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)]
+    shapes = [tuple(a.meta["val"].shape) for a in node.args[:3]]
+    assert shapes == [(2, 4, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)]
     assert not any(n.target is torch.ops.aten.expand.default for n in pieces.layer.gm.graph.nodes)
     (blocked,) = _attention_nodes(trace_pieces(model, meta, _loss, _traceable))
     assert tuple(blocked.args[1].meta["val"].shape) == (2, 4, 128, 64)
@@ -576,5 +578,6 @@ def test_the_splash_step_with_grouped_keys_and_values_matches_a_direct_compile(m
     # chip, bfloat16): the keys and values with their own 2 heads, not repeated to 4, are 2
     # heads fewer each, in the TPU's tiled layout the head's 16 values padded to 128 lanes:
     # 3 layers x (k, v) x 2 heads x 1024 positions x 128 x 2 bytes = 3 MiB less offloaded
-    saved = repeated.memory_analysis().host_temp_size_in_bytes - grouped.memory_analysis().host_temp_size_in_bytes
+    host = [c.memory_analysis().host_temp_size_in_bytes for c in (repeated, grouped)]
+    saved = host[0] - host[1]
     assert saved == SIZES["num_hidden_layers"] * 2 * 2 * 1024 * 128 * 2, saved
