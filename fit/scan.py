@@ -142,9 +142,13 @@ def _trace_layer(layer0, inner: tuple, hidden_meta, side_meta: list, side_spec: 
         out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
         return (out[0] if isinstance(out, tuple) else out,)
 
+    from tpu_debug.fit.techniques import kv_unrepeated
+
     with torch.no_grad(), hf_traceable(), _attention_as_one_op():
-        return _decomposed(layer, *(_fresh(layer_params[n]) for n in inner), _fresh(hidden_meta),
-                           *(_fresh(v) for v in side_meta))
+        gm = _decomposed(layer, *(_fresh(layer_params[n]) for n in inner), _fresh(hidden_meta),
+                         *(_fresh(v) for v in side_meta))
+    kv_unrepeated(gm)  # the kernels' keys and values with their own heads (grouped-query)
+    return gm
 
 
 def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:

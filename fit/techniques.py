@@ -47,6 +47,7 @@ __all__ = [
     "flash_attention",
     "head_as_hidden",
     "hidden_of",
+    "kv_unrepeated",
     "policy",
     "splash_attention",
     "traced_loss",
@@ -220,7 +221,8 @@ def _offloaded():
 # the values MaxText's Llama 3.1 runs on v6e offload by name (its ``decoder_layer_input``,
 # ``query_proj``, ``key_proj``, ``value_proj``): the loop body tags its input, the attention
 # (``flash_attention``, ``splash_attention``) its queries, keys and values as SDPA gets them,
-# after the rotary embedding (the projections' outputs have the same shapes and bytes)
+# after the rotary embedding, the keys and values with their own heads (``kv_unrepeated``):
+# the projections' outputs have the same shapes and bytes
 OFFLOADED_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")
 
 
@@ -367,8 +369,8 @@ def flash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, bloc
     """Attention a block of queries at a time with flash attention's backward, blocks in order.
 
     ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=..., scale=...)`` for
-    ``[batch, heads, seq, dim]`` inputs (grouped-query keys and values repeated to the query
-    heads): each query block's float32 scores against every key give its output and its
+    ``[batch, heads, seq, dim]`` inputs (grouped-query keys and values with their own
+    heads, named so, then repeated to the query heads here): each query block's float32 scores against every key give its output and its
     log-sum-exp (kept, ``[batch, heads, seq]``); the backward recomputes one block's scores
     from them and accumulates the keys' and values' gradients in float32, each block after
     the previous one (an optimization barrier). Blocked with ``jax.checkpoint`` and left
@@ -480,6 +482,72 @@ def _attention_op_of(kind: str):
     return _OPS[kind]
 
 
+def _unrepeated(node):
+    """The ``[batch, kv_heads, seq, dim]`` node whose heads ``node`` repeats, each ``n`` times
+    in place (head ``i`` of the result is head ``i // n``), and ``n``; else None.
+
+    Hugging Face's ``repeat_kv`` (``x[:, :, None].expand(b, kv, n, s, d).reshape(b, kv * n,
+    s, d)``) and ``torch.repeat_interleave(x, n, dim=1)`` both trace, decomposed, to
+    ``unsqueeze(x, 2)``, ``expand`` to ``[b, kv, n, s, d]``, a ``clone`` and a ``view`` (or
+    ``_unsafe_view``) to ``[b, kv * n, s, d]``; shapes are read from the nodes' metadata.
+    """
+    import torch
+
+    aten = torch.ops.aten
+    view_ops = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+    def shape(n):
+        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        return tuple(val.shape) if val is not None else None
+
+    if not isinstance(node, torch.fx.Node) or node.target not in view_ops:
+        return None
+    source = node.args[0]
+    if isinstance(source, torch.fx.Node) and source.target is aten.clone.default:
+        source = source.args[0]
+    if not isinstance(source, torch.fx.Node) or source.target is not aten.expand.default:
+        return None
+    unsqueezed = source.args[0]
+    if not isinstance(unsqueezed, torch.fx.Node) or unsqueezed.target is not aten.unsqueeze.default:
+        return None
+    x = unsqueezed.args[0]
+    out, expanded, base = shape(node), shape(source), shape(x)
+    if out is None or expanded is None or base is None or len(base) != 4 or unsqueezed.args[1] not in (2, -3):
+        return None
+    b, kv, s, d = base
+    n = expanded[2]
+    if expanded != (b, kv, n, s, d) or out != (b, kv * n, s, d) or n <= 1:
+        return None
+    return x, n
+
+
+def kv_unrepeated(gm) -> int:
+    """Hand the flash and splash attention nodes of a traced layer its keys and values with
+    their own heads, where the layer repeats them to the query heads before SDPA (Hugging
+    Face's ``repeat_kv``, ``repeat_interleave``): the kernels group query heads over key
+    heads themselves (query head ``i`` reads key head ``i // (heads // kv_heads)``, the
+    repeat's order), so the values are the same, and what the attention names
+    (``key_proj``, ``value_proj``: kept or offloaded by a named policy) is the projections'
+    size, as MaxText's, not the repeated heads'. The blocked attention's graph is left as
+    traced. Returns the number of nodes rewritten; the repeats left unused are dropped."""
+    kernels = set(_OPS.values())
+    done = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in kernels:
+            continue
+        q, k, v, *rest = node.args
+        keys, values = _unrepeated(k), _unrepeated(v)
+        if keys is None or values is None or keys[1] != values[1]:
+            continue
+        mask, is_causal, scale, _ = rest
+        node.args = (q, keys[0], values[0], mask, is_causal, scale, True)
+        done += 1
+    if done:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return done
+
+
 @contextlib.contextmanager
 def attention_as(kind: str):
     """While tracing the looped step's layer, its SDPA node is ``kind``'s: ``"blocked"``
@@ -547,11 +615,17 @@ def splash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, blo
     q = q * jnp.asarray(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale, q.dtype)
     blocks = sk.BlockSizes(block_q=size, block_kv=size, block_kv_compute=size, block_q_dkv=size,
                            block_kv_dkv=size, block_kv_dkv_compute=size, use_fused_bwd_kernel=True)
-    kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads), head_shards=1,
-                                q_seq_shards=1, block_sizes=blocks,
-                                interpret=routing.mesh is None if interpret is None else interpret)
 
-    per_chip = _without_x64(jax.vmap(kernel))
+    def attend(q, k, v):
+        # the kernel (its mask's block tables, arrays) is made inside the function traced, so
+        # no array of an outer trace is closed over: a checkpointed layer traces it again,
+        # and a custom_vjp's backward may not close over an outer trace's values
+        kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((seq, seq))] * heads), head_shards=1,
+                                    q_seq_shards=1, block_sizes=blocks,
+                                    interpret=routing.mesh is None if interpret is None else interpret)
+        return jax.vmap(kernel)(q, k, v)
+
+    per_chip = _without_x64(attend)
 
     if routing.mesh is None or not routing.axes:
         return per_chip(q, k, v)

@@ -486,3 +486,98 @@ def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
     # XLA's host memory space
     assert "tpu_custom_call" in hlo
     assert compiled.memory_analysis().host_temp_size_in_bytes > 0
+
+
+def _attention_nodes(pieces):
+    nodes = pieces.layer.gm.graph.nodes
+    return [n for n in nodes if n.op == "call_function" and "attention" in str(n.target)]
+
+
+def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_step():
+    from tpu_debug.fit.scan import scan_step, trace_pieces
+    from tpu_debug.fit.techniques import attention_as
+
+    torch.manual_seed(0)
+    # head dim 64 (the kernel's lanes), 4 query heads over 2 key/value heads: Hugging Face's
+    # Llama repeats the keys and values to 4 heads before SDPA; one block of 128 positions
+    sizes = {**SIZES, "vocab_size": 256, "hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 2,
+             "max_position_embeddings": 128}
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).float()
+    tokens = torch.randint(0, sizes["vocab_size"], (2, 128))
+    meta = torch.empty(2, 128, dtype=torch.long, device="meta")
+    with attention_as("splash"):
+        pieces = trace_pieces(model, meta, _loss, _traceable)
+    # the kernel gets the keys and values with their own 2 heads (the repeat is gone from the
+    # graph); the default blocked attention's graph keeps the repeat as traced
+    (node,) = _attention_nodes(pieces)
+    shapes = [tuple(a.meta["val"].shape) for a in node.args[:3]]
+    assert shapes == [(2, 4, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)]
+    assert not any(n.target is torch.ops.aten.expand.default for n in pieces.layer.gm.graph.nodes)
+    (blocked,) = _attention_nodes(trace_pieces(model, meta, _loss, _traceable))
+    assert tuple(blocked.args[1].meta["val"].shape) == (2, 4, 128, 64)
+
+    layers = model.model.layers
+
+    def value(n):
+        if n in pieces.inner:
+            return jnp.asarray(np.stack([dict(l.named_parameters())[n].detach().numpy() for l in layers]))
+        return jnp.asarray(dict(model.named_parameters())[n].detach().numpy())
+
+    params = {n: value(n) for n in (*pieces.outer, *pieces.inner)}
+    buffers = {n: jnp.asarray(b.numpy()) for n, b in model.named_buffers() if n in pieces.buffers}
+    zeros = {n: jnp.zeros_like(p) for n, p in params.items()}
+    step = scan_step(pieces, gathered=None, split={}, batch=None)
+    ids = jnp.asarray(tokens.numpy())
+    with jax.enable_x64(True):  # as fit traces the step (int64 tokens); the kernel runs without
+        loss, _, new_m, _, _ = jax.jit(step)(params, buffers, zeros, zeros, jnp.float32(0), ids, ids)
+    expected = _loss(model(tokens), tokens)
+    expected.backward()
+    # float32 on both sides: the kernel's online softmax and its fused backward (through the
+    # kept log-sum-exp) sum the same terms as PyTorch's math attention in another order, and
+    # the layers around it are the same ops; a few ulps per op over ~100 ops, so 1e-5 relative
+    # for the loss. AdamW's first moment after one step from zero is 0.1 x the gradient, so
+    # this compares every gradient (the keys' and values' projections' through the grouped
+    # heads: the repeat's backward sums the query heads' shares, the kernel's does too).
+    # Measured: the loss equal to the last bit, each gradient within 1e-6 of its largest entry
+    assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+    torch_params = dict(model.named_parameters())
+    for n in pieces.outer:
+        np.testing.assert_allclose(np.asarray(new_m[n]), 0.1 * torch_params[n].grad.numpy(), rtol=1e-4,
+                                   atol=1e-7, err_msg=n)
+    for n in pieces.inner:
+        want = np.stack([0.1 * dict(l.named_parameters())[n].grad.numpy() for l in layers])
+        np.testing.assert_allclose(np.asarray(new_m[n]), want, rtol=1e-4, atol=1e-7, err_msg=n)
+
+
+@needs_libtpu
+def test_the_splash_step_with_grouped_keys_and_values_matches_a_direct_compile(monkeypatch):
+    from tpu_debug.fit.techniques import OFFLOADED_NAMES
+
+    report = _fit(attention="splash", remat_policy="maxtext")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(OFFLOADED_NAMES),
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+    def reference(grouped: bool):
+        # the layer traced as it is, without the tool's rewrite of the repeat; ``grouped``:
+        # transformers' own switch makes its SDPA call take the 2 key/value heads with
+        # enable_gqa (no repeat to rewrite), else the repeat to 4 heads reaches the kernel
+        with monkeypatch.context() as m:
+            m.setattr("tpu_debug.fit.techniques.kv_unrepeated", lambda gm: 0)
+            m.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1" if grouped else "0")
+            return _reference(model, chunked=False, policy=policy, attention="splash", named_input=True)
+
+    grouped, repeated = reference(True), reference(False)
+    _assert_matches(report, grouped)
+    # the host memory holds each layer's input and its q, k and v (one sequence of 1024 per
+    # chip, bfloat16): the keys and values with their own 2 heads, not repeated to 4, are 2
+    # heads fewer each, in the TPU's tiled layout the head's 16 values padded to 128 lanes:
+    # 3 layers x (k, v) x 2 heads x 1024 positions x 128 x 2 bytes = 3 MiB less offloaded
+    host = [c.memory_analysis().host_temp_size_in_bytes for c in (repeated, grouped)]
+    saved = host[0] - host[1]
+    assert saved == SIZES["num_hidden_layers"] * 2 * 2 * 1024 * 128 * 2, saved
