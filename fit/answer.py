@@ -75,7 +75,9 @@ class MemoryBreakdown:
     ``code``, ``total``. Split from the shardings (logical sizes, before TPU tile
     padding): ``parameters``, ``optimizer_state`` and ``batch`` are in the arguments;
     ``gradients`` (one copy of the chip's parameter share, an estimate) is in the
-    temporaries; ``activations`` is the rest of the temporaries.
+    temporaries; ``activations`` is the rest of the temporaries. ``host``: what the step
+    places in the host's memory space (activations offloaded by the checkpoint policy; the
+    compiler checks it against the host's space), outside ``total``; None when not known.
     """
 
     arguments: int
@@ -90,6 +92,7 @@ class MemoryBreakdown:
     gradients: int
     activations: int
     kv_cache: int = 0  # inference: one chip's share of the KV cache by its sharding (in the arguments)
+    host: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -679,7 +682,10 @@ def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Meas
 
     if one.error is not None or two.error is not None:  # a refusal stands: a longer model needs more
         return two if two.error is not None else one
-    m = MemoryStats(*(int(ext(getattr(one.memory, f.name), getattr(two.memory, f.name)))
+    def extended(a, b):
+        return None if a is None or b is None else int(ext(a, b))
+
+    m = MemoryStats(*(extended(getattr(one.memory, f.name), getattr(two.memory, f.name))
                       for f in dataclasses.fields(MemoryStats)))
     cost = CostStats(ext(one.cost.flops, two.cost.flops),
                      ext(one.cost.transcendentals, two.cost.transcendentals),
@@ -713,7 +719,8 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
         grads = fc.param_bytes if job == "train" else 0
         memory = MemoryBreakdown(m.argument_bytes, m.output_bytes, m.alias_bytes, m.temp_bytes,
                                  m.generated_code_bytes, m.total_bytes, fc.param_bytes, fc.state_bytes,
-                                 fc.batch_bytes, grads, max(m.temp_bytes - grads, 0), fc.kv_bytes)
+                                 fc.batch_bytes, grads, max(m.temp_bytes - grads, 0), fc.kv_bytes,
+                                 m.host_bytes)
         estimate = _estimate(fc, tgt, batch if job == "decode" else batch * seq, flops, flops_text)
         if job == "decode":
             from tpu_debug.fit.infer import decode_bound
@@ -882,6 +889,9 @@ def _render(r: FitReport, fixes_hint: bool = True) -> str:
         lines.append(f"  breakdown: parameters {format_bytes(m.parameters)}, optimizer state "
                      f"{format_bytes(m.optimizer_state)}, batch {format_bytes(m.batch)}, gradients "
                      f"~{format_bytes(m.gradients)}, activations and other temporaries ~{format_bytes(m.activations)}")
+        if m.host:
+            lines.append(f"  host memory: {format_bytes(m.host)} per chip offloaded by the checkpoint policy "
+                         "(the compiler's host temporaries; not in the HBM figures)")
         if m.kv_cache:
             lines.append(f"  KV cache: {format_bytes(m.kv_cache)} per chip (its share by the cache's sharding; "
                          "in the arguments, donated and written in place)")
@@ -1140,7 +1150,7 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         argument_bytes=m.arguments, output_bytes=m.outputs, alias_bytes=m.aliased, temp_bytes=m.temporaries,
         code_bytes=m.code, total_bytes=m.total, parameter_bytes=m.parameters,
         optimizer_bytes=m.optimizer_state, batch_bytes=m.batch, gradient_bytes=m.gradients,
-        activation_bytes=m.activations, kv_cache_bytes=m.kv_cache or None)
+        activation_bytes=m.activations, kv_cache_bytes=m.kv_cache or None, host_bytes=m.host)
     if report.at_least:  # a refusal: the compiler's out-of-memory figure, its temporaries when it stopped
         memory = {"temp_bytes": report.at_least[0][1]}
     estimate = {} if e is None else dict(

@@ -1494,7 +1494,9 @@ class FitEvent(Event):
     ``output_bytes``, ``alias_bytes``, ``temp_bytes``, ``code_bytes``, ``total_bytes`` and
     the breakdown read from the shardings (``parameter_bytes``, ``optimizer_bytes``,
     ``batch_bytes``, ``gradient_bytes``, ``activation_bytes``, ``kv_cache_bytes`` for
-    prefill and decode); None when the compile failed. ``collectives`` per kind. The estimates (model estimates, not measurements):
+    prefill and decode); None when the compile failed. ``host_bytes``: what the step places
+    in the host's memory space (offloaded activations), outside the HBM figures; None when
+    not known. ``collectives`` per kind. The estimates (model estimates, not measurements):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
     ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
@@ -1556,6 +1558,7 @@ class FitEvent(Event):
     kv_cache_bytes: int | None = None
     verified_fixes: tuple[str, ...] = ()
     candidate_of: str | None = None
+    host_bytes: int | None = None
     communication: tuple[FitBound, ...] = column(table="fit_communication", default=())
 
     @property

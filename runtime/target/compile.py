@@ -65,6 +65,10 @@ class MemoryStats:
         alias_bytes: outputs that reuse an input's buffer (donation).
         temp_bytes: intermediates live at once, at the peak of the schedule.
         generated_code_bytes: the program's code.
+        host_bytes: what the program places in the host's memory space per device (its host
+            arguments + outputs - aliased + temporaries: the activations a checkpoint policy
+            offloads), outside the HBM figures above; None when not read (a compile cached
+            by a version that did not keep it).
     """
 
     argument_bytes: int
@@ -72,6 +76,7 @@ class MemoryStats:
     alias_bytes: int
     temp_bytes: int
     generated_code_bytes: int
+    host_bytes: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -241,6 +246,8 @@ def _memory(stats) -> MemoryStats:
         alias_bytes=int(stats.alias_size_in_bytes),
         temp_bytes=int(stats.temp_size_in_bytes),
         generated_code_bytes=int(stats.generated_code_size_in_bytes),
+        host_bytes=sum(int(getattr(stats, f"host_{part}_size_in_bytes", 0) or 0) * sign
+                       for part, sign in (("argument", 1), ("output", 1), ("alias", -1), ("temp", 1))),
     )
 
 

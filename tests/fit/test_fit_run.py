@@ -69,7 +69,8 @@ def _check_section(f: dict, report) -> None:
         assert chip["compiler"] is None and chip["breakdown"] is None
     else:
         assert chip["compiler"] == {"arguments": m.arguments, "outputs": m.outputs, "aliased": m.aliased,
-                                    "temporaries": m.temporaries, "code": m.code, "total": m.total}
+                                    "temporaries": m.temporaries, "code": m.code, "total": m.total,
+                                    "host": m.host}
         assert chip["breakdown"] == {"parameters": m.parameters, "optimizer_state": m.optimizer_state,
                                      "batch": m.batch, "gradients": m.gradients, "activations": m.activations,
                                      "kv_cache": m.kv_cache or None}

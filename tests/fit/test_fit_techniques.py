@@ -299,6 +299,10 @@ def _assert_matches(report, compiled):
     assert _close(m.outputs, ref.output_size_in_bytes)
     assert _close(m.aliased, ref.alias_size_in_bytes)
     assert _close(m.temporaries, ref.temp_size_in_bytes), (m.temporaries, ref.temp_size_in_bytes)
+    # what the step places in host memory (offloaded activations), read from the same analysis
+    host = (ref.host_argument_size_in_bytes + ref.host_output_size_in_bytes - ref.host_alias_size_in_bytes
+            + ref.host_temp_size_in_bytes)
+    assert _close(m.host, host), (m.host, host)
 
 
 @needs_libtpu

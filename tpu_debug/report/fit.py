@@ -24,7 +24,7 @@ _VERDICTS = {True: "fits", False: "does not fit", None: "refused"}
 def _fit_data(e: Any) -> dict[str, Any]:
     compiler = None if e.total_bytes is None else {
         "arguments": e.argument_bytes, "outputs": e.output_bytes, "aliased": e.alias_bytes,
-        "temporaries": e.temp_bytes, "code": e.code_bytes, "total": e.total_bytes,
+        "temporaries": e.temp_bytes, "code": e.code_bytes, "total": e.total_bytes, "host": e.host_bytes,
     }
     breakdown = None if e.total_bytes is None else {
         "parameters": e.parameter_bytes, "optimizer_state": e.optimizer_bytes, "batch": e.batch_bytes,
@@ -65,6 +65,9 @@ def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
     if m["breakdown"] is not None:
         rows.append(("breakdown", ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}"
                                             for k, v in m["breakdown"].items() if v is not None)))
+    if m["compiler"] is not None and m["compiler"]["host"]:
+        rows.append(("host memory", f"{format_bytes(m['compiler']['host'])} per chip offloaded by the checkpoint "
+                     "policy (not in the HBM figures)"))
     e = f["estimate"]
     if e is not None:
         rows.append(("estimate", f"step ~{format_seconds(e['step_seconds'])} (compute "

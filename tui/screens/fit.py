@@ -36,6 +36,9 @@ def _summary(e: FitEvent) -> Text:
     parts = e.breakdown()
     if parts:
         text.append("\nbreakdown: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items()))
+    if e.host_bytes:
+        text.append(f"\nhost memory: {format_bytes(e.host_bytes)} per chip offloaded by the checkpoint policy "
+                    "(not in the HBM figures)")
     if e.step_seconds is not None:
         text.append(f"\nestimate: step ~{format_seconds(e.step_seconds)} (compute {format_seconds(e.compute_seconds)}, "
                     f"memory {format_seconds(e.memory_seconds)}, communication {format_seconds(e.comm_seconds)}), "
