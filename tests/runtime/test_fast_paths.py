@@ -166,3 +166,104 @@ def test_a_listening_tracer_sees_each_accumulation_as_an_op():
     finally:
         probes.unsubscribe(count)
     assert count.runs.count("add_.Tensor") == len(list(dev.parameters()))
+
+
+# -- inference graphs called without AOTAutograd's runtime wrapper -------------------------------
+
+
+@pytest.fixture
+def bare_calls(monkeypatch):
+    """Each inference graph's verdict: True where the program is called directly."""
+    from tpu_debug.runtime import compiled
+
+    torch._dynamo.reset()
+    verdicts = []
+    real = compiled._wrapper_does_nothing
+
+    def spy(*args):
+        verdicts.append(real(*args))
+        return verdicts[-1]
+
+    monkeypatch.setattr(compiled, "_wrapper_does_nothing", spy)
+    yield verdicts
+    torch._dynamo.reset()
+
+
+def _compiled_twice(fn, *args):
+    """fn compiled for `tpu`, called twice (the second call is the cached program's) under
+    no_grad on copies of ``args``; the CPU results, and the `tpu` inputs after the calls."""
+    dev_args = [a.clone().to("tpu") for a in args]
+    c = torch.compile(fn, backend="tpu_debug")
+    with torch.no_grad():
+        c(*dev_args)
+        out = c(*dev_args)
+    return out, dev_args
+
+
+def test_a_plain_inference_graph_is_called_directly_and_equals_cpu(bare_calls):
+    model = _model().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        ref = model(x)
+    dev = copy.deepcopy(model).to("tpu")
+    out, _ = _compiled_twice(dev, x)
+    assert bare_calls == [True]
+    torch.testing.assert_close(out.cpu(), ref, **TOL)
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("case, direct", [
+    ("input mutated", False),
+    ("output views an input", False),
+    ("input passed twice", True),  # dynamo passes it once (its guards check the two are one)
+    ("grad on", None),
+])
+def test_graphs_the_wrapper_works_for_keep_it_and_equal_cpu(bare_calls, case, direct):
+    x = torch.randn(3, 4)
+    if case == "input mutated":
+        def fn(a):
+            a.mul_(2)
+            return a.sin()
+        args = (x,)
+    elif case == "output views an input":
+        def fn(a):
+            return a.view(-1), a.cos()
+        args = (x,)
+    elif case == "input passed twice":
+        def fn(a, b):
+            return a * b + 1
+        args = (x, x)
+    if case == "input passed twice":
+        xd = x.to("tpu")
+        c = torch.compile(fn, backend="tpu_debug")
+        with torch.no_grad():
+            c(xd, xd)
+            out, dev_args = c(xd, xd), (xd, xd)
+        ref = fn(x, x)
+    elif case == "grad on":
+        w = nn.Parameter(torch.randn(4))
+        wd = nn.Parameter(w.detach().to("tpu"))
+        c = torch.compile(lambda a: (a * wd).tanh(), backend="tpu_debug")
+        out = c(x.to("tpu"))
+        out = c(x.to("tpu"))
+        ref = (x * w).tanh()
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(wd.grad.cpu(), w.grad, **TOL)
+        assert bare_calls == []  # a forward and a backward graph, no inference graph
+        torch.testing.assert_close(out.detach().cpu(), ref.detach(), **TOL)
+        return
+    else:
+        out, dev_args = _compiled_twice(fn, *args)
+        ref_args = [a.clone() for a in args]
+        fn(*ref_args)
+        ref = fn(*ref_args)
+        for d, r in zip(dev_args, ref_args):
+            torch.testing.assert_close(d.cpu(), r, **TOL)
+    assert bare_calls == [direct]
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.cpu(), r, **TOL)
+    if case == "output views an input":  # the view shares the input's storage, as on CPU
+        dev_args[0].add_(1)
+        torch.testing.assert_close(outs[0].cpu(), dev_args[0].reshape(-1).cpu(), **TOL)
