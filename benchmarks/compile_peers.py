@@ -272,7 +272,7 @@ def fast_paths(rounds: int, calls: int) -> None:
     from tpu_debug.runtime import compiled, eager
 
     cfg, model, x, y = _model_and_batch()
-    ref_logits, ref_loss, ref_grads = _cpu_reference()
+    ref_logits, _, ref_grads = _cpu_reference()
     xd, yd = x.to("tpu"), y.to("tpu")
     sums, bare = eager._defer_accumulation, compiled._wrapper_does_nothing
     variants = {}

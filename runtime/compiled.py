@@ -1144,10 +1144,11 @@ def _wrapper_does_nothing(graph: torch.fx.GraphModule, example_inputs, origin: D
     same call.
 
     The wrapper turns grad mode off around the call (dynamo captured this graph with it off
-    and guards on it), writes mutated inputs back or bumps their version counters, rebuilds outputs that alias inputs or
-    each other, marks dynamic output dimensions, threads effect tokens and functionalized
-    RNG state, dedupes inputs passed twice, prepends the module's own parameters and
-    unwraps tensor subclasses: a graph needing any of that keeps the wrapper."""
+    and guards on it), writes mutated inputs back or bumps their version counters, rebuilds
+    outputs that alias inputs or each other, marks dynamic output dimensions, threads effect
+    tokens and functionalized RNG state, dedupes inputs passed twice, prepends the module's
+    own parameters and unwraps tensor subclasses: a graph needing any of that keeps the
+    wrapper."""
     from torch._functorch._aot_autograd.schemas import OutputType
     from torch._guards import TracingContext
 

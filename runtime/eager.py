@@ -1370,7 +1370,6 @@ def run_now(op: _OpOverload, args, kwargs):
         active.discard(op)
 
 
-
 # ---------------------------------------------------------------------------
 # Gradient accumulation: autograd's adds into existing `.grad`s, one program a backward
 # ---------------------------------------------------------------------------
@@ -1394,7 +1393,7 @@ class _Accumulation:
     large share of a small model's step; here the call is a payload swap and the program
     has two inputs and one output a gradient."""
 
-    __slots__ = ("storages", "olds", "news", "values", "key", "nbytes")
+    __slots__ = ("key", "nbytes", "news", "olds", "storages", "values")
 
     def __init__(self) -> None:
         self.storages: list = []
