@@ -2,6 +2,7 @@
 and torchax's ``jax.jit`` of the same module, inference and training, side by side.
 
     python benchmarks/compile_peers.py [--repeat 30] [--calls 20] [--torchax PYTHON]
+    python benchmarks/compile_peers.py --fast-paths [--repeat 15] [--calls 40]
 
 ``--torchax PYTHON`` names an interpreter with torchax installed (benchmarks/README.md says
 how: ``/work/venv-torchax/bin/python``, say); without it the torchax rows are left out.
@@ -237,7 +238,8 @@ def _training_variants(cfg, model, xd, yd, ref_loss, ref_grads) -> dict:
 
             def fresh(train=train, params=params):
                 # as after optimizer.zero_grad(): autograd hands each gradient to .grad with
-                # no op, where accumulating into an existing .grad is one eager add per parameter
+                # no op, where accumulating into an existing .grad is a sum per parameter (the
+                # step's sums one program, run at the end of the backward)
                 for p in params:
                     p.grad = None
                 return train()
@@ -256,15 +258,93 @@ def our_variants() -> dict:
             **_training_variants(cfg, model, xd, yd, ref_loss, ref_grads)}
 
 
+def fast_paths(rounds: int, calls: int) -> None:
+    """``--fast-paths``: the runtime's two ``torch.compile`` fast paths against the path
+    they replace, in one process, rounds interleaved: the calling thread's CPU per call
+    (``time.thread_time``, steadier than wall time on a shared machine). Training: the
+    user-style step with ``.grad`` accumulating, its sums into ``.grad`` run as one
+    program against one eager add per parameter; inference: the program called directly
+    against through AOTAutograd's runtime wrapper. Each variant checked against PyTorch
+    CPU first."""
+    import torch
+    import torch.nn.functional as F
+
+    from tpu_debug.runtime import compiled, eager
+
+    cfg, model, x, y = _model_and_batch()
+    ref_logits, _, ref_grads = _cpu_reference()
+    xd, yd = x.to("tpu"), y.to("tpu")
+    sums, bare = eager._defer_accumulation, compiled._wrapper_does_nothing
+    variants = {}
+    for name, direct in (("called directly", bare), ("through AOTAutograd's wrapper", lambda *a: False)):
+        compiled._wrapper_does_nothing = direct
+        c = torch.compile(copy.deepcopy(model).to("tpu").eval(), backend="tpu_debug")
+        with torch.no_grad():
+            torch.testing.assert_close(c(xd).cpu(), ref_logits, rtol=1e-4, atol=1e-4)
+
+        def infer(c=c):
+            with torch.no_grad():
+                return c(xd)
+        variants[("inference", name)] = (infer, sums)
+    compiled._wrapper_does_nothing = bare
+    m = copy.deepcopy(model).to("tpu").train()
+    step = torch.compile(lambda a, b: F.cross_entropy(m(a).reshape(-1, cfg.vocab), b.reshape(-1)),
+                         backend="tpu_debug")
+
+    def train():
+        loss = step(xd, yd)
+        loss.backward()
+        return loss.detach()
+
+    train()
+    for p, g in zip(m.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad.cpu(), g, rtol=1e-3, atol=1e-5)
+    for name, defer in (("sums as one program", sums), ("one eager add per parameter", lambda *a: None)):
+        variants[("training, .grad accumulating", name)] = (train, defer)
+        train()  # its sums' program compiled
+        eager._defer_accumulation = defer
+        before = [p.grad.cpu() for p in m.parameters()]
+        train()  # each step adds the same gradients
+        for p, b, g in zip(m.parameters(), before, ref_grads):
+            torch.testing.assert_close(p.grad.cpu(), b + g, rtol=1e-3, atol=1e-5)
+    eager._defer_accumulation = sums
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    times = {k: [] for k in variants}
+    for r in range(rounds):
+        for k, (fn, defer) in variants.items():
+            eager._defer_accumulation = defer
+            n = calls * 10 if k[0] == "inference" else calls  # samples of similar length
+            for _ in range(3):
+                fn()
+            start = time.thread_time()
+            for _ in range(n):
+                fn()
+            times[k].append((time.thread_time() - start) / n)
+    eager._defer_accumulation = sums
+    print("| task | variant | calling thread's CPU per call, µs (median of rounds) | / the path it replaces |")
+    print("|---|---|---:|---:|")
+    for (task, name), series in times.items():
+        # the ratio of the two samples of one round, median over rounds: steadier than either
+        other = next(v for (t, n), v in times.items() if t == task and n != name)
+        ratio = statistics.median(a / b for a, b in zip(series, other))
+        print(f"| {task} | {name} | {statistics.median(series) * 1e6:.1f} | {ratio:.2f}x |")
+    print(f"\nload average: {load} before, {' '.join(f'{v:.2f}' for v in os.getloadavg())} after (2 CPUs)")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--torchax", metavar="PYTHON", help="an interpreter with torchax installed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fast-paths", action="store_true",
+                        help="the runtime's fast paths against the paths they replace (see fast_paths)")
     args = parser.parse_args(argv)
     if args.child:
         torchax_child()
+        return
+    if args.fast_paths:
+        fast_paths(args.repeat, args.calls)
         return
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     child = _Child(args.torchax) if args.torchax else None

@@ -1320,6 +1320,10 @@ def _missing(plan: _Plan) -> NoLoweringError:
 
 def run_now(op: _OpOverload, args, kwargs):
     """Run ``op`` op by op: its executable now, or its decomposition, or on CPU."""
+    if op is _ADD_ and not kwargs and type(_current_node()) is _ACCUMULATE_GRAD:
+        out = _defer_accumulation(*args)
+        if out is not None:
+            return out
     plan = _plans_by_id.get(id(op)) or plan_for(op)
     if plan.fast_ok and not probes._op_probes and _dryrun.active is None and not _placement.active:
         # a call whose signature found its executable: no key, no generic result walk
@@ -1365,3 +1369,135 @@ def run_now(op: _OpOverload, args, kwargs):
     finally:
         active.discard(op)
 
+
+# ---------------------------------------------------------------------------
+# Gradient accumulation: autograd's adds into existing `.grad`s, one program a backward
+# ---------------------------------------------------------------------------
+
+_ADD_ = torch.ops.aten.add_.Tensor
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+_current_node = torch._C._current_autograd_node
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+# beyond this many bytes of pending sums they run at once: each old gradient stays alive
+# until its sum is computed, so deferring holds at most this much more device memory
+ACCUMULATION_BYTES = 64 << 20
+
+
+class _Accumulation:
+    """The sums autograd's AccumulateGrad asked for (``grad += new``, one per parameter
+    whose ``.grad`` exists) since the last run, as the graph of their LazyArray payloads:
+    they run as one program at the end of the backward, or as soon as one is read or
+    written (LazyArray.value, tensor.write).
+
+    Each sum is an op call of its own in op-by-op mode, a program call and its Python, a
+    large share of a small model's step; here the call is a payload swap and the program
+    has two inputs and one output a gradient."""
+
+    __slots__ = ("key", "nbytes", "news", "olds", "storages", "values")
+
+    def __init__(self) -> None:
+        self.storages: list = []
+        self.olds: list = []
+        self.news: list = []
+        self.values: list[LazyArray] = []
+        self.key: list[tuple] = []  # per sum: the two payloads' shapes, the gradient's, the dtype
+        self.nbytes = 0
+
+    def recording(self) -> bool:
+        return False  # an op reading a pending sum needs its value (tensor._readable)
+
+    def materialize(self, trigger: str = "read") -> None:
+        with _accumulation_lock:
+            if _accumulating[0] is self:
+                _accumulating[0] = None
+            values = self.values
+            if not values or values[0].array is not None:
+                return  # already run
+            key = tuple(self.key)
+            fn = _accumulators.get(key)
+            if fn is not None:
+                outs = fn(*self.olds, *self.news)
+            else:
+                compiled = _compile_accumulator(key, self.olds, self.news)
+                outs = compiled(*self.olds, *self.news)
+                # the first call made JAX's C++ dispatch of the executable: later calls go to it
+                _accumulators[key] = getattr(compiled, "_call", None) or compiled
+            for storage, value, arr in zip(self.storages, values, outs):
+                value.array = arr
+                value.graph = None
+                if getattr(storage, PAYLOAD_ATTR, None) is value:
+                    set_payload(storage, arr)
+            self.storages = self.olds = self.news = []
+
+    def write(self, t: torch.Tensor, storage, value, old) -> None:
+        """``tensor.write`` into a storage whose payload is a pending sum: the sums run first."""
+        self.materialize("write")
+        write(t, value)
+
+
+_accumulation_lock = threading.RLock()
+_accumulating: list[_Accumulation | None] = [None]  # the sums not run yet
+_accumulators: dict[tuple, Any] = {}  # _Accumulation.key -> the summing executable
+
+
+def _compile_accumulator(key: tuple, olds: list, news: list):
+    n = len(olds)
+    shapes = [shape for _, _, shape, _ in key]
+
+    def sums(*arrays):
+        # jnp's + of two operands of one dtype: the add lowering's program for add_(grad, new);
+        # a payload of another shape (a bias's gradient, (1, n) for (n,)) is read as the
+        # tensor's shape, as tensor.to_jax reads a dense tensor
+        return [arrays[i].reshape(shapes[i]) + arrays[n + i].reshape(shapes[i]) for i in range(n)]
+
+    with jax.enable_x64(True), local_compile():
+        return jax.jit(sums).lower(*olds, *news).compile()
+
+
+def _run_accumulation(*_unused) -> None:
+    pending = _accumulating[0]
+    if pending is not None:
+        pending.materialize("backward")
+
+
+def _defer_accumulation(grad, new, *rest):
+    """``grad += new`` from autograd's AccumulateGrad as a pending sum, or None where the
+    add runs as any op does: another eager mode, a listening probe (tracers see every op
+    run), a dry run, a placement over devices, anything but two dense tensors of one
+    dtype a TPU has, each its storage's whole payload."""
+    if (rest or config.eager_mode != "defer_never" or probes._probes or _dryrun.active is not None
+            or _placement.active or not isinstance(grad, _Tensor) or not isinstance(new, _Tensor)):
+        return None
+    storage = grad.untyped_storage()
+    old = getattr(storage, PAYLOAD_ATTR, None)
+    arr = getattr(new.untyped_storage(), PAYLOAD_ATTR, None)
+    if type(old) is not _ArrayImpl or type(arr) is not _ArrayImpl or new.dtype is not grad.dtype:
+        return None
+    shape = grad.shape
+    dtype = old.dtype
+    numel = grad.numel()
+    if (dtype != _JAX_OF.get(grad.dtype) or arr.dtype != dtype or dtype in _F64_JAX or new.shape != shape
+            or old.size != numel or arr.size != numel or grad.storage_offset() or new.storage_offset()
+            or not grad.is_contiguous() or not new.is_contiguous()):
+        return None
+    try:
+        # every backward that deferred a sum runs them at its end (a second call finds none)
+        _queue_callback(_run_accumulation)
+    except RuntimeError:  # the node called outside a backward: nothing would run them
+        return None
+    shape = tuple(shape)
+    with _accumulation_lock:
+        pending = _accumulating[0]
+        if pending is None:
+            pending = _accumulating[0] = _Accumulation()
+        value = LazyArray(shape, dtype, pending, len(pending.values))
+        pending.storages.append(storage)
+        pending.olds.append(old)
+        pending.news.append(arr)
+        pending.values.append(value)
+        pending.key.append((old.shape, arr.shape, shape, dtype))
+        pending.nbytes += numel * grad.element_size()
+        set_payload(storage, value)
+        if pending.nbytes > ACCUMULATION_BYTES:
+            pending.materialize("memory")
+    return grad

@@ -323,9 +323,12 @@ class _Graph:
             kind = type(a)
             if kind is LazyArray:
                 if a.array is None:
-                    refs.append(a.slot)
-                    continue
-                a = a.array
+                    if a.graph is self:
+                        refs.append(a.slot)
+                        continue
+                    a = a.value()  # pending elsewhere (eager.py's gradient sums): run there
+                else:
+                    a = a.array
             elif kind is np.float32:
                 refs.append(len(kinds))
                 kinds.append(_SCALAR)

@@ -1,0 +1,269 @@
+"""The runtime's fast paths against PyTorch on CPU: what they skip must not change a value."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tpu_debug.runtime import eager, probes
+from tpu_debug.runtime.tensor import PAYLOAD_ATTR, LazyArray
+
+# Each accumulated gradient is the same float32 additions on both sides (one add per backward,
+# in the same order); the gradients themselves come from different matmul kernels on CPU and
+# XLA, which round differently: float32 tolerances.
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _batches(n=3):
+    torch.manual_seed(1)
+    return [(torch.randn(5, 8), torch.randint(0, 3, (5,))) for _ in range(n)]
+
+
+def _backward(model, x, y):
+    F.cross_entropy(model(x), y).backward()
+
+
+def _pair():
+    cpu = _model()
+    return cpu, copy.deepcopy(cpu).to("tpu")
+
+
+class _Count:
+    """A probe counting each kind of eager run (a tracer listening)."""
+
+    def __init__(self):
+        self.runs = []
+
+    def on_execute(self, mode, name, key, seconds):
+        self.runs.append(name)
+
+
+def test_gradients_accumulated_over_backwards_equal_cpu():
+    cpu, dev = _pair()
+    for x, y in _batches():
+        _backward(cpu, x, y)
+        _backward(dev, x.to("tpu"), y.to("tpu"))
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+
+
+def test_sums_run_by_the_end_of_the_backward():
+    _, dev = _pair()
+    (x, y), = _batches(1)
+    _backward(dev, x.to("tpu"), y.to("tpu"))
+    eager._accumulators.clear()
+    _backward(dev, x.to("tpu"), y.to("tpu"))  # each .grad exists: autograd adds into it
+    # one program summed all six gradients
+    (key,) = eager._accumulators
+    assert len(key) == len(list(dev.parameters()))
+    for q in dev.parameters():
+        payload = getattr(q.grad.untyped_storage(), PAYLOAD_ATTR)
+        assert type(payload) is not LazyArray or payload.array is not None
+    assert eager._accumulating[0] is None
+
+
+def test_a_gradient_read_during_the_backward_is_its_sum():
+    # a post-accumulate hook reads the parameter's .grad (optimizer-in-backward does), and a
+    # later parameter's hook reads an earlier one's: each sees the accumulated value
+    seen = {"cpu": [], "tpu": []}
+    cpu, dev = _pair()
+    for name, m in (("cpu", cpu), ("tpu", dev)):
+        params = list(m.parameters())
+        for p in params:
+            p.register_post_accumulate_grad_hook(
+                lambda p, out=seen[name], first=params[-1]: out.append((p.grad.sum().item(), first.grad.clone().cpu()))
+            )
+    for x, y in _batches(2):
+        _backward(cpu, x, y)
+        _backward(dev, x.to("tpu"), y.to("tpu"))
+    assert len(seen["tpu"]) == len(seen["cpu"]) == 2 * len(list(cpu.parameters()))
+    for (s_cpu, g_cpu), (s_tpu, g_tpu) in zip(seen["cpu"], seen["tpu"]):
+        assert s_tpu == pytest.approx(s_cpu, rel=1e-5, abs=1e-5)
+        torch.testing.assert_close(g_tpu, g_cpu, **TOL)
+
+
+def test_a_gradient_written_while_its_sum_is_pending():
+    # a post-accumulate hook that scales and clips its own .grad in place
+    def scale_and_clip(p):
+        p.grad.mul_(0.5).clamp_(-0.05, 0.05)
+
+    cpu, dev = _pair()
+    for m in (cpu, dev):
+        for p in m.parameters():
+            p.register_post_accumulate_grad_hook(scale_and_clip)
+    for x, y in _batches():
+        _backward(cpu, x, y)
+        _backward(dev, x.to("tpu"), y.to("tpu"))
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+
+
+def test_optimizer_steps_on_accumulated_gradients_equal_cpu():
+    cpu, dev = _pair()
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (cpu, dev)]
+    batches = _batches(4)
+    for i, (x, y) in enumerate(batches):
+        _backward(cpu, x, y)
+        _backward(dev, x.to("tpu"), y.to("tpu"))
+        if i % 2:  # two micro-batches a step: the second backward adds into .grad
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=False)  # .grad stays: every backward adds into it
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_views_gradient_and_half_precision_accumulate_as_cpu():
+    # bfloat16 parameters, and a parameter whose .grad is a view of a larger buffer (a
+    # flat gradient buffer): the first takes the deferred sum, the second the op's own path
+    torch.manual_seed(2)
+    w = torch.randn(4, 6, dtype=torch.bfloat16)
+    b = torch.randn(6)
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    flat = torch.zeros(12)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        wp = nn.Parameter(w.to(dev))
+        bp = nn.Parameter(b.to(dev))
+        buf = flat.clone().to(dev)  # (.to("cpu") of a CPU tensor is the tensor itself)
+        bp.grad = buf[6:]  # .grad a view into the buffer at an offset
+        for _ in range(2):
+            ((x.to(dev) @ wp).float() + bp).square().sum().backward()
+        grads[dev] = (wp.grad.cpu(), bp.grad.cpu(), buf.cpu())
+    for a, b_ in zip(grads["tpu"], grads["cpu"]):
+        # bfloat16: the product's rounding differs between the two matmul kernels by an ulp
+        torch.testing.assert_close(a, b_, rtol=1e-2, atol=1e-2)
+
+
+def test_a_small_bound_runs_sums_early_with_the_same_values(monkeypatch):
+    monkeypatch.setattr(eager, "ACCUMULATION_BYTES", 64)  # a sum of every 16 float32 values
+    cpu, dev = _pair()
+    for x, y in _batches():
+        _backward(cpu, x, y)
+        _backward(dev, x.to("tpu"), y.to("tpu"))
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+
+
+def test_a_listening_tracer_sees_each_accumulation_as_an_op():
+    _, dev = _pair()
+    (x, y), = _batches(1)
+    xd, yd = x.to("tpu"), y.to("tpu")
+    _backward(dev, xd, yd)
+    count = _Count()
+    probes.subscribe(count)
+    try:
+        _backward(dev, xd, yd)
+    finally:
+        probes.unsubscribe(count)
+    assert count.runs.count("add_.Tensor") == len(list(dev.parameters()))
+
+
+# -- inference graphs called without AOTAutograd's runtime wrapper -------------------------------
+
+
+@pytest.fixture
+def bare_calls(monkeypatch):
+    """Each inference graph's verdict: True where the program is called directly."""
+    from tpu_debug.runtime import compiled
+
+    torch._dynamo.reset()
+    verdicts = []
+    real = compiled._wrapper_does_nothing
+
+    def spy(*args):
+        verdicts.append(real(*args))
+        return verdicts[-1]
+
+    monkeypatch.setattr(compiled, "_wrapper_does_nothing", spy)
+    yield verdicts
+    torch._dynamo.reset()
+
+
+def _compiled_twice(fn, *args):
+    """fn compiled for `tpu`, called twice (the second call is the cached program's) under
+    no_grad on copies of ``args``; the CPU results, and the `tpu` inputs after the calls."""
+    dev_args = [a.clone().to("tpu") for a in args]
+    c = torch.compile(fn, backend="tpu_debug")
+    with torch.no_grad():
+        c(*dev_args)
+        out = c(*dev_args)
+    return out, dev_args
+
+
+def test_a_plain_inference_graph_is_called_directly_and_equals_cpu(bare_calls):
+    model = _model().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        ref = model(x)
+    dev = copy.deepcopy(model).to("tpu")
+    out, _ = _compiled_twice(dev, x)
+    assert bare_calls == [True]
+    torch.testing.assert_close(out.cpu(), ref, **TOL)
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("case, direct", [
+    ("input mutated", False),
+    ("output views an input", False),
+    ("input passed twice", True),  # dynamo passes it once (its guards check the two are one)
+    ("grad on", None),
+])
+def test_graphs_the_wrapper_works_for_keep_it_and_equal_cpu(bare_calls, case, direct):
+    x = torch.randn(3, 4)
+    if case == "input mutated":
+        def fn(a):
+            a.mul_(2)
+            return a.sin()
+        args = (x,)
+    elif case == "output views an input":
+        def fn(a):
+            return a.view(-1), a.cos()
+        args = (x,)
+    elif case == "input passed twice":
+        def fn(a, b):
+            return a * b + 1
+        args = (x, x)
+    if case == "input passed twice":
+        xd = x.to("tpu")
+        c = torch.compile(fn, backend="tpu_debug")
+        with torch.no_grad():
+            c(xd, xd)
+            out, dev_args = c(xd, xd), (xd, xd)
+        ref = fn(x, x)
+    elif case == "grad on":
+        w = nn.Parameter(torch.randn(4))
+        wd = nn.Parameter(w.detach().to("tpu"))
+        c = torch.compile(lambda a: (a * wd).tanh(), backend="tpu_debug")
+        out = c(x.to("tpu"))
+        out = c(x.to("tpu"))
+        ref = (x * w).tanh()
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(wd.grad.cpu(), w.grad, **TOL)
+        assert bare_calls == []  # a forward and a backward graph, no inference graph
+        torch.testing.assert_close(out.detach().cpu(), ref.detach(), **TOL)
+        return
+    else:
+        out, dev_args = _compiled_twice(fn, *args)
+        ref_args = [a.clone() for a in args]
+        fn(*ref_args)
+        ref = fn(*ref_args)
+        for d, r in zip(dev_args, ref_args):
+            torch.testing.assert_close(d.cpu(), r, **TOL)
+    assert bare_calls == [direct]
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.cpu(), r, **TOL)
+    if case == "output views an input":  # the view shares the input's storage, as on CPU
+        dev_args[0].add_(1)
+        torch.testing.assert_close(outs[0].cpu(), dev_args[0].reshape(-1).cpu(), **TOL)
