@@ -1089,8 +1089,6 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     step = _computes_gradients(graph)
     inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
-    bare: list = []  # the inference graph's run, when AOTAutograd's wrapper around it does nothing
-
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
             label = inference if kind == "inference" else kind
@@ -1105,8 +1103,6 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
             run = _dynamo_disabled(run)
             run._boxed_call = True
-            if kind == "inference" and _wrapper_does_nothing(graph, example_inputs, origin):
-                bare.append(run)
             return run
 
         # called lazily too (a backward's first call, from code dynamo is running): hidden as run is
@@ -1115,7 +1111,7 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     # The real `tpu` inputs go to AOTAutograd: it fakes them itself (FakeTensor
     # works on PrivateUse1 tensors), and sharing dynamo's shape environment keeps
     # every symbol tied to an input (CPU stand-ins break that for BatchNorm).
-    wrapped = aot_module_simplified(
+    return aot_module_simplified(
         gm,
         list(example_inputs),
         fw_compiler=compiler("forward"),
@@ -1124,54 +1120,6 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         decompositions=graph_decompositions(),
         keep_inference_input_mutations=True,
     )
-    if not bare:
-        return wrapped
-    (run,) = bare
-
-    def call(*args):
-        # AOTAutograd's forward(*args) and its runtime wrapper, minus what is a no-op here
-        return run(list(args))
-
-    for name in ("zero_grad", "named_parameters", "named_buffers"):  # as AOTAutograd's has them
-        setattr(call, name, getattr(wrapped, name))
-    return call
-
-
-def _wrapper_does_nothing(graph: torch.fx.GraphModule, example_inputs, origin: DynamoOrigin) -> bool:
-    """Whether AOTAutograd's runtime wrapper around inference graph ``graph`` (called from
-    its compiler, while AOTAutograd's tracing context holds the graph's metadata) only
-    hands the inputs over and the outputs back, so that calling the program directly is the
-    same call.
-
-    The wrapper turns grad mode off around the call (dynamo captured this graph with it off
-    and guards on it), writes mutated inputs back or bumps their version counters, rebuilds
-    outputs that alias inputs or each other, marks dynamic output dimensions, threads effect
-    tokens and functionalized RNG state, dedupes inputs passed twice, prepends the module's
-    own parameters and unwraps tensor subclasses: a graph needing any of that keeps the
-    wrapper."""
-    from torch._functorch._aot_autograd.schemas import OutputType
-    from torch._guards import TracingContext
-
-    ctx = TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None)
-    if meta is None or origin.grad_mode or torch._C._is_any_autocast_enabled():
-        return False
-    # (an input mutated in the graph: the wrapper bumps its version counter, which autograd
-    # checks for a tensor saved for a backward)
-    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
-        return False
-    if (meta.num_mutated_inp_runtime_indices or meta.num_outputs_aliased or meta.num_intermediate_bases
-            or meta.dynamic_outputs or meta.tokens or meta.is_rng_op_functionalized
-            or meta.num_graphsafe_rng_states or meta.grad_enabled_mutation is not None
-            or any(o.output_type != OutputType.non_alias for o in meta.output_info)):
-        return False
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors):
-        return False  # a subclass (DTensor, say): unwrapped by the wrapper
-    if len({id(t) for t in tensors}) != len(tensors):
-        return False  # an input passed twice: deduped by the wrapper
-    # one placeholder per dynamo input: no parameters of the module prepended, none dropped
-    return sum(1 for _ in graph.graph.find_nodes(op="placeholder")) == len(example_inputs)
 
 
 def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
