@@ -42,3 +42,24 @@ def _to_cpu(out):
     if isinstance(out, (list, tuple)):
         return type(out)(_to_cpu(o) for o in out)
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep each module whose tests share a fixture wider than a test on one xdist worker.
+
+    pytest-xdist's ``load`` scheduling hands a module's tests to both workers, and each worker
+    then builds the module's fixtures again: a torchrun launch, a wheel build, a traced run,
+    done twice. With ``--dist loadgroup`` (pyproject's addopts) a module that uses a module-,
+    class-, package- or session-scoped fixture of this suite (a plugin's, such as
+    ``tmp_path_factory``, does not count) is one work unit; the rest are scheduled test by test.
+    Without xdist the marks change nothing."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(
+            d.scope != "function" and d.baseid
+            for defs in info.name2fixturedefs.values() for d in defs
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
