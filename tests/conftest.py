@@ -44,6 +44,12 @@ def _to_cpu(out):
     return out
 
 
+# the tests that start first on xdist workers (pytest_collection_modifyitems)
+_FIRST = ("tests/distributed/",)
+
+
+# first: xdist's own hook reads the marks (it names each marked test after its group)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Keep each module whose tests share a fixture wider than a test on one xdist worker.
 
@@ -52,7 +58,15 @@ def pytest_collection_modifyitems(config, items):
     done twice. With ``--dist loadgroup`` (pyproject's addopts) a module that uses a module-,
     class-, package- or session-scoped fixture of this suite (a plugin's, such as
     ``tmp_path_factory``, does not count) is one work unit; the rest are scheduled test by test.
-    Without xdist the marks change nothing."""
+    Without xdist the marks change nothing.
+
+    On an xdist worker the tests that launch process groups (tests/distributed: torchrun and
+    ``--nproc`` jobs, tens of seconds each) also come first, so the last tests to start are
+    short ones and the two workers end together: xdist starts the grouped modules, most tests
+    first, then the other tests in collection order. Every worker sorts the same way, so their
+    collections agree."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: not item.nodeid.startswith(_FIRST))
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
