@@ -142,12 +142,11 @@ def _trace_layer(layer0, inner: tuple, hidden_meta, side_meta: list, side_spec: 
         out = torch.func.functional_call(layer0, p, (flat[len(inner)], *args), kwargs)
         return (out[0] if isinstance(out, tuple) else out,)
 
-    from tpu_debug.fit.techniques import kv_unrepeated
-
     with torch.no_grad(), hf_traceable(), _attention_as_one_op():
         gm = _decomposed(layer, *(_fresh(layer_params[n]) for n in inner), _fresh(hidden_meta),
                          *(_fresh(v) for v in side_meta))
-    kv_unrepeated(gm)  # the kernels' keys and values with their own heads (grouped-query)
+    if _layer_rewrite is not None:  # the attention in use (techniques.attention_as) rewrites its inputs
+        _layer_rewrite(gm)
     return gm
 
 
@@ -239,6 +238,11 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
 # queries per block of the layer's attention: MaxText's splash attention blocks are 512
 ATTENTION_BLOCK = 512
 _ATTENTION_OP = None
+
+
+# a rewrite of the traced layer graph that the attention in use asks for (set by
+# ``techniques.attention_as``: its kernels take grouped-query keys and values unrepeated)
+_layer_rewrite = None
 
 
 def _attention_op():

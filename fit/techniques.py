@@ -560,12 +560,15 @@ def attention_as(kind: str):
     if kind == "blocked":
         yield
         return
-    saved = fit_scan._attention_op
+    saved = fit_scan._attention_op, fit_scan._layer_rewrite
     fit_scan._attention_op = functools.partial(_attention_op_of, kind)
+    # the kernels' keys and values with their own heads (grouped-query): read at entry, so
+    # the rewrite in use is this module's name at that time
+    fit_scan._layer_rewrite = kv_unrepeated
     try:
         yield
     finally:
-        fit_scan._attention_op = saved
+        fit_scan._attention_op, fit_scan._layer_rewrite = saved
 
 
 # MaxText's splash attention blocks for Llama 3.1 at 8192 positions on v6e (every sa_block_*
