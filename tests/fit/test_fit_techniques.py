@@ -467,21 +467,25 @@ def test_splash_attention_refuses_what_is_not_causal():
         splash_attention(x, x, x, None, False, None)
 
 
+def _maxtext_policy():
+    """MaxText's offload policy written directly in JAX: the tool's names, nothing else saved."""
+    from tpu_debug.fit.techniques import OFFLOADED_NAMES
+
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED_NAMES),
+        offload_src="device", offload_dst="pinned_host")
+
+
 @needs_libtpu
 def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
-    from tpu_debug.fit.techniques import OFFLOADED_NAMES, POLICIES
+    from tpu_debug.fit.techniques import POLICIES
 
     report = _fit(attention="splash", remat_policy="maxtext")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
     # the reference names the layer input itself; the queries, keys and values are named by
     # the tool's splash lowering the reference's layer runs (its numerics are checked above)
-    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=list(OFFLOADED_NAMES),
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
+    policy = _maxtext_policy()
     compiled = _reference(model, chunked=False, policy=policy, attention="splash", named_input=True)
     _assert_matches(report, compiled)
     assert POLICIES["maxtext"].keeps in report.method and "splash attention" in report.method
@@ -555,17 +559,10 @@ def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_ste
 
 @needs_libtpu
 def test_the_splash_step_with_grouped_keys_and_values_matches_a_direct_compile(monkeypatch):
-    from tpu_debug.fit.techniques import OFFLOADED_NAMES
-
     report = _fit(attention="splash", remat_policy="maxtext")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
-    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=list(OFFLOADED_NAMES),
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
+    policy = _maxtext_policy()
 
     def reference(grouped: bool):
         # the layer traced as it is, without the tool's rewrite of the repeat; ``grouped``:

@@ -47,13 +47,18 @@ class _Count:
         self.runs.append(name)
 
 
-def test_gradients_accumulated_over_backwards_equal_cpu():
+def _accumulate_both_and_compare():
+    """Backward over several batches into existing ``.grad``s, on CPU and on ``tpu``: equal."""
     cpu, dev = _pair()
     for x, y in _batches():
         _backward(cpu, x, y)
         _backward(dev, x.to("tpu"), y.to("tpu"))
     for p, q in zip(cpu.parameters(), dev.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+
+
+def test_gradients_accumulated_over_backwards_equal_cpu():
+    _accumulate_both_and_compare()
 
 
 def test_sums_run_by_the_end_of_the_backward():
@@ -146,12 +151,7 @@ def test_a_views_gradient_and_half_precision_accumulate_as_cpu():
 
 def test_a_small_bound_runs_sums_early_with_the_same_values(monkeypatch):
     monkeypatch.setattr(eager, "ACCUMULATION_BYTES", 64)  # a sum of every 16 float32 values
-    cpu, dev = _pair()
-    for x, y in _batches():
-        _backward(cpu, x, y)
-        _backward(dev, x.to("tpu"), y.to("tpu"))
-    for p, q in zip(cpu.parameters(), dev.parameters()):
-        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+    _accumulate_both_and_compare()
 
 
 def test_a_listening_tracer_sees_each_accumulation_as_an_op():
