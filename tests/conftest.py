@@ -23,6 +23,18 @@ import torch  # noqa: E402
 import tpu_debug  # noqa: E402,F401 - registers the tpu device
 
 
+@pytest.fixture(autouse=True)
+def _excepthook_restored():
+    """``torch.distributed.init_process_group`` wraps ``sys.excepthook`` to prefix each line
+    with the rank, once per call, and leaves it so: a test that starts a process group in this
+    process must not change how a later test's ``tpu-debug run`` prints a traceback."""
+    import sys
+
+    hook = sys.excepthook
+    yield
+    sys.excepthook = hook
+
+
 @pytest.fixture
 def tpu():
     return torch.device("tpu")
