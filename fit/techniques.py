@@ -675,7 +675,8 @@ def compiler_options(attention: str) -> dict | None:
 # the answer's "compiled as" for splash attention
 SPLASH_NOTE = (
     f"attention as splash attention (JAX's Pallas TPU kernel, the kernel TorchTPU's splash_sdpa runs): "
-    f"blocks of {SPLASH_BLOCK} queries against blocks of {SPLASH_BLOCK} keys, the blocks above the causal "
+    f"blocks of {SPLASH_BLOCK} queries against blocks of {SPLASH_BLOCK} keys (a shorter sequence is one "
+    "block), the blocks above the causal "
     "diagonal skipped, the fused backward kernel, each chip on its own sequences, the compiler's scoped "
     "VMEM limit at MaxText's 96 MiB (xla_tpu_scoped_vmem_limit_kib)"
 )
