@@ -77,6 +77,13 @@ def _kill(pid: int | None) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _signals_as_a_terminal_leaves_them() -> None:
+    # a runner started under nohup (or any that ignores SIGHUP) passes the ignoring on through
+    # exec; the verb is then right to keep serving after SIGHUP, which is not the case tested here
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _child_running(parent: subprocess.Popen, marker: str) -> int:
     def found() -> int | None:
         assert parent.poll() is None, f"the parent exited with {parent.returncode}"
@@ -89,7 +96,9 @@ def _child_running(parent: subprocess.Popen, marker: str) -> int:
 def test_tensorboard_stopped_with_sigterm_leaves_its_child_serving(tmp_path, sig):
     run_dir = _tiny_run(tmp_path)
     argv = [sys.executable, "-c", LAUNCHER, "tensorboard", str(run_dir), "--port", str(_free_port())]
-    parent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_signals_as_a_terminal_leaves_them
+    )
     child = None
     try:
         child = _child_running(parent, "tensorboard.main")
@@ -118,7 +127,9 @@ def test_tui_serve_stopped_with_sigterm_leaves_its_ui_running(tmp_path):
         time.sleep(600)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", server], pass_fds=[read_end])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", server], pass_fds=[read_end], preexec_fn=_signals_as_a_terminal_leaves_them
+    )
     os.close(read_end)
     ui = None
     try:
