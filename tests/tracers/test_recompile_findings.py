@@ -397,3 +397,46 @@ def test_generate_with_a_static_cache_is_not_told_to_use_one(tmp_path, cold_cach
         assert (finding.kind, finding.cause) == ("dynamic_shape", "shape")
         assert "cache_implementation='static'" not in finding.fix and "contiguous" not in finding.fix
         assert "token ids" in finding.fix
+
+
+def _step_with_backward_inside(tmp_path, compile_step):
+    """The whole step compiled with ``loss.backward()`` inside it; returns the run's findings."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def forward_backward(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()  # where dynamo stops unless it traces autograd
+        return loss.detach()
+
+    step = compile_step(forward_backward)
+    with tpu_debug.trace(logdir=tmp_path, name="fwd_bwd", hlo=False) as session:
+        for _ in range(5):
+            opt.zero_grad()
+            step(torch.randn(8, 16).to("tpu"), torch.randint(0, 4, (8,)).to("tpu"))
+            opt.step()
+    torch._dynamo.reset()
+    return session.findings()
+
+
+def test_a_backward_inside_a_compiled_step_is_a_break_whose_fix_makes_one_program(tmp_path, cold_cache):
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# where dynamo stops" in text)
+    split = _step_with_backward_inside(tmp_path / "split", lambda f: torch.compile(f, backend="tpu_debug"))
+    (finding,) = [f for f in split if f.kind == "graph_break"]
+    assert finding.evidence.location.line == line and "the backward inside it" in finding.title
+    assert "tpu_debug.compile" in finding.fix and "trace_autograd_ops = True" in finding.fix
+    assert "loss.detach()" in finding.fix
+    # both fixes it names leave no break: dynamo traces the backward into the step's graph
+    assert not [f for f in _step_with_backward_inside(tmp_path / "ours", tpu_debug.compile) if f.kind == "graph_break"]
+
+    def flagged(f):
+        compiled = torch.compile(f, backend="tpu_debug")
+
+        def call(*args):
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return compiled(*args)
+        return call
+
+    assert not [f for f in _step_with_backward_inside(tmp_path / "flag", flagged) if f.kind == "graph_break"]

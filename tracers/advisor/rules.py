@@ -848,9 +848,38 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
 # ---------------------------------------------------------------------------------
 
 
-def _break_text(name: str, location: SourceLocation | None, context: str) -> tuple[str, str]:
+# dynamo's reasons for the two breaks a compiled training step hits at loss.backward(): without
+# trace_autograd_ops it does not trace backward; with it, a loss returned still attached would
+# need the graph backward consumed
+_BACKWARD_UNTRACED = "Tensor.backward()"
+_BACKWARD_CONSUMED = "consumed returned tensor's grad_fn"
+
+
+def _backward_fix(reason: str) -> str | None:
+    """The fix for a break at ``loss.backward()`` inside the compiled function, or None."""
+    if _BACKWARD_UNTRACED in reason and "trace_autograd_ops" in reason:
+        return (
+            "compile the function with tpu_debug.compile (or set torch._dynamo.config.trace_autograd_ops "
+            "= True before its first call) and return loss.detach() rather than the loss: dynamo then "
+            "traces the backward and the .grad sums into the same graph, forward and backward one "
+            "program per step"
+        )
+    if _BACKWARD_CONSUMED in reason:
+        return (
+            "return loss.detach() (or loss.item() outside the compiled function) rather than the loss "
+            "itself: the backward traced inside consumed the graph the returned loss would need"
+        )
+    return None
+
+
+def _break_text(name: str, location: SourceLocation | None, context: str, reason: str = "") -> tuple[str, str]:
     """(what splits where, the fix) for a graph break at the user's ``location``; ``context``
     is the library frame that holds the break, empty when the break is in user code."""
+    backward = _backward_fix(reason)
+    if backward is not None and not context:
+        return f"dynamo splits {name} at {_where(location)}, the backward inside it", (
+            f"{backward}; each break costs a program launch and a return to Python per call"
+        )
     if not context:
         return f"dynamo splits {name} at {_where(location)}", (
             "move the call dynamo cannot trace (named in the reason) out of the compiled function, or "
@@ -885,7 +914,7 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
     for b in breaks:
         sites.setdefault((b.name, b.location, b.reason, b.context), []).append(b)
     for (name, location, reason, context), items in sites.items():
-        what, fix = _break_text(name, location, context)
+        what, fix = _break_text(name, location, context, reason or "")
         where = (f"the break is in library code: {context}",) if context else ()
         yield Finding(
             kind="graph_break",
