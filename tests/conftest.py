@@ -16,6 +16,11 @@ os.environ.pop("COLUMNS", None)
 # tests/runtime/test_compile_cache.py turns it on, in a temporary directory. Helpers that give
 # a child process none of the test process's TPU_DEBUG_* variables keep this one.
 os.environ["TPU_DEBUG_COMPILE_CACHE"] = "0"
+# Every Python process the tests start ends without the interpreter's last garbage collection
+# (tests/_fast_exit/sitecustomize.py says why): about half a second of CPU each.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, (os.path.join(os.path.dirname(__file__), "_fast_exit"), os.environ.get("PYTHONPATH")))
+)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
