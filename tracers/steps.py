@@ -39,6 +39,7 @@ import bisect
 import dataclasses
 import itertools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -73,6 +74,7 @@ LOOP_MIN_ITERATIONS = 3
 WARMUP_MAX = 3
 
 _MASK = (1 << 64) - 1
+_perf_counter = time.perf_counter
 _MUL = 0x100000001B3  # FNV-1a's 64-bit prime: a hash of the executables run, in order
 _SEED = 0xCBF29CE484222325
 
@@ -148,7 +150,9 @@ class StepTracker:
     Args:
         put: where events go (``RunWriter.put``).
         new_id: the run's event ids (``RunWriter.new_id``).
-        clock: seconds since the run started.
+        clock: seconds since the run started, on ``time.perf_counter``'s timeline (the
+            window of ops keeps ``perf_counter()`` itself per op, a builtin call, and
+            moves it onto the clock's timeline when it reads the window).
         record_error: ``(where, message)`` keeps a failure in the run.
 
     Example::
@@ -318,7 +322,7 @@ class StepTracker:
             window.names.append(ids[1])
             window.kinds.append(ids[0])
             window.seconds.append(seconds)
-            window.ends.append(self._clock())
+            window.ends.append(_perf_counter())  # on the clock's timeline when read
 
     def on_compile(self, info: Any) -> None:
         graph = info.graph
@@ -376,7 +380,9 @@ class StepTracker:
         loop = detect_loop(window.names)
         if loop is None:
             return
-        ends, seconds = window.ends, window.seconds
+        shift = self._clock() - _perf_counter()
+        ends = [end + shift for end in window.ends]
+        seconds = window.seconds
         bounds = [loop.start + i * loop.period for i in range(loop.iterations + 1)]
         compile_at = [c[0] for c in window.compiles]
         transfer_at = [t[0] for t in window.transfers]

@@ -426,6 +426,7 @@ def test_a_backward_inside_a_compiled_step_is_a_break_whose_fix_makes_one_progra
     split = _step_with_backward_inside(tmp_path / "split", lambda f: torch.compile(f, backend="tpu_debug"))
     (finding,) = [f for f in split if f.kind == "graph_break"]
     assert finding.evidence.location.line == line and "the backward inside it" in finding.title
+    assert finding.cause == "backward"
     assert "tpu_debug.compile" in finding.fix and "trace_autograd_ops = True" in finding.fix
     assert "loss.detach()" in finding.fix
     # both fixes it names leave no break: dynamo traces the backward into the step's graph

@@ -936,7 +936,7 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
                 (f"reason: {reason}", *where),
             ),
             steps=_span([s.index for s in ran]),
-            cause="library" if context else "graph_break",
+            cause="library" if context else ("backward" if _backward_fix(reason or "") else "graph_break"),
             subject=f"{name}: {_site(location)}",
             estimated=True,
         )
