@@ -44,15 +44,23 @@ class Heard:
 
 
 @contextlib.contextmanager
-def tracking():
+def tracking(*, freeze: bool = True):
     """Memory tracked around the block, from a collected heap (another test's garbage
-    collected during the block would move the baseline)."""
+    collected during the block would move the baseline). With ``freeze``, what exists once
+    the probe has heard it is frozen out of the collector for the block: ``live()``'s
+    collections walk only what the block made, not the whole heap of a worker that ran
+    hundreds of tests before (about a second each). (A probe subscribing inside a frozen
+    block would not find the frozen tensors: ``gc.get_objects()`` leaves them out.)"""
     gc.collect()
     heard = Heard()
     probes.subscribe(heard)
+    if freeze:
+        gc.freeze()
     try:
         yield heard
     finally:
+        if freeze:
+            gc.unfreeze()
         probes.unsubscribe(heard)
 
 
@@ -109,7 +117,7 @@ def test_a_shared_payload_is_charged_once_until_a_write_splits_it():
 
 def test_a_probe_subscribing_late_hears_what_is_held_as_existing():
     x = torch.zeros(1000, device="tpu")
-    with tracking() as first:
+    with tracking(freeze=False) as first:
         second = Heard()
         probes.subscribe(second)
         try:
