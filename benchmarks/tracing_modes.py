@@ -213,7 +213,10 @@ def overhead(sample, mode: str, logdir: str, repeat: int, without: str | None = 
 
     # each side runs one untimed sample before the timed one: in a trace, the first sample
     # after entering also pays for the run's start (the writer thread storing the run's
-    # header and the programs replayed to the tracers), a fixed cost per trace
+    # header and the programs replayed to the tracers), a fixed cost per trace; the traced
+    # side then waits for the writer to commit that start, which it otherwise stores beside
+    # the timed sample on the other core (the replay grows with every program the process
+    # has compiled, so the spill grows with the process's age, not with what the sample does)
     def off():
         with torch.tpu.set_eager_mode(SETS[mode]):
             sample()
@@ -227,6 +230,7 @@ def overhead(sample, mode: str, logdir: str, repeat: int, without: str | None = 
                 if tracer is not None:
                     probes.unsubscribe(tracer)
             sample()
+            recording._writer.flush()
             return _timed(sample)
 
     for _ in range(2):
