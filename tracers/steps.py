@@ -74,9 +74,9 @@ LOOP_MIN_ITERATIONS = 3
 WARMUP_MAX = 3
 
 _MASK = (1 << 64) - 1
-_perf_counter = time.perf_counter
 _MUL = 0x100000001B3  # FNV-1a's 64-bit prime: a hash of the executables run, in order
 _SEED = 0xCBF29CE484222325
+_perf_counter = time.perf_counter
 
 # the tracker of the trace being recorded (one at a time): code that counts steps outside the
 # trace's own wiring (the recompile guards) listens to it rather than cutting steps itself

@@ -399,8 +399,9 @@ def test_generate_with_a_static_cache_is_not_told_to_use_one(tmp_path, cold_cach
         assert "token ids" in finding.fix
 
 
-def _step_with_backward_inside(tmp_path, compile_step):
-    """The whole step compiled with ``loss.backward()`` inside it; returns the run's findings."""
+def _step_with_backward_inside(tmp_path, compile_step, *, detached: bool = True):
+    """The whole step compiled with ``loss.backward()`` inside it, returning the loss detached
+    or not; returns the run's findings."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
@@ -409,7 +410,7 @@ def _step_with_backward_inside(tmp_path, compile_step):
     def forward_backward(x, y):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()  # where dynamo stops unless it traces autograd
-        return loss.detach()
+        return loss.detach() if detached else loss
 
     step = compile_step(forward_backward)
     with tpu_debug.trace(logdir=tmp_path, name="fwd_bwd", hlo=False) as session:
@@ -441,3 +442,7 @@ def test_a_backward_inside_a_compiled_step_is_a_break_whose_fix_makes_one_progra
         return call
 
     assert not [f for f in _step_with_backward_inside(tmp_path / "flag", flagged) if f.kind == "graph_break"]
+    # traced, but the loss returned attached: dynamo breaks again, and the fix is the detach alone
+    (attached,) = [f for f in _step_with_backward_inside(tmp_path / "attached", flagged, detached=False)
+                   if f.kind == "graph_break"]
+    assert attached.cause == "backward" and attached.fix.startswith("return loss.detach()")

@@ -866,17 +866,17 @@ def _backward_fix(reason: str) -> str | None:
         )
     if _BACKWARD_CONSUMED in reason:
         return (
-            "return loss.detach() (or loss.item() outside the compiled function) rather than the loss "
-            "itself: the backward traced inside consumed the graph the returned loss would need"
+            "return loss.detach() rather than the loss itself: the backward traced inside consumed the "
+            "graph the returned loss would need"
         )
     return None
 
 
-def _break_text(name: str, location: SourceLocation | None, context: str, reason: str = "") -> tuple[str, str]:
+def _break_text(name: str, location: SourceLocation | None, context: str, backward: str | None) -> tuple[str, str]:
     """(what splits where, the fix) for a graph break at the user's ``location``; ``context``
-    is the library frame that holds the break, empty when the break is in user code."""
-    backward = _backward_fix(reason)
-    if backward is not None and not context:
+    is the library frame that holds the break, empty when the break is in user code;
+    ``backward`` the fix of a break at ``loss.backward()`` in user code (:func:`_backward_fix`)."""
+    if backward is not None:
         return f"dynamo splits {name} at {_where(location)}, the backward inside it", (
             f"{backward}; each break costs a program launch and a return to Python per call"
         )
@@ -914,7 +914,8 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
     for b in breaks:
         sites.setdefault((b.name, b.location, b.reason, b.context), []).append(b)
     for (name, location, reason, context), items in sites.items():
-        what, fix = _break_text(name, location, context, reason or "")
+        backward = None if context else _backward_fix(reason or "")
+        what, fix = _break_text(name, location, context, backward)
         where = (f"the break is in library code: {context}",) if context else ()
         yield Finding(
             kind="graph_break",
@@ -936,7 +937,7 @@ def graph_break(facts: RunFacts) -> Iterable[Finding]:
                 (f"reason: {reason}", *where),
             ),
             steps=_span([s.index for s in ran]),
-            cause="library" if context else ("backward" if _backward_fix(reason or "") else "graph_break"),
+            cause="library" if context else ("backward" if backward else "graph_break"),
             subject=f"{name}: {_site(location)}",
             estimated=True,
         )
