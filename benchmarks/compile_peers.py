@@ -137,22 +137,30 @@ class _Child:
 # -- ours, in this process ---------------------------------------------------------------------
 
 
-def _sampler(fn, stance=None):
+def _sampler(fn, stance=None, also=()):
     """sample(calls) -> (wall, cpu) seconds of ``calls`` calls of ``fn`` and one sync, after
-    two untimed calls; inside ``stance()`` when given."""
+    two untimed calls and a sync (as the torchax child samples: XLA's CPU client dispatches
+    asynchronously, so an untimed call not waited for would run inside the timing); inside
+    ``stance()`` when given. The sync waits for the returned tensor and for the ``.grad`` of
+    each of ``also`` (a backward's program ends after the loss's)."""
     from tpu_debug.runtime import lazy
     from tpu_debug.runtime.tensor import to_jax
+
+    def wait(r) -> None:
+        for t in (r, *(p.grad for p in also)):
+            if t is not None:
+                lazy.computed(t)
+                to_jax(t).block_until_ready()
 
     def sample(calls: int) -> tuple[float, float]:
         with (stance() if stance is not None else contextlib.nullcontext()):
             for _ in range(2):
                 r = fn()
+            wait(r)
             w, c = time.perf_counter(), time.process_time()
             for _ in range(calls - 1):
                 fn()
-            r = fn()
-            lazy.computed(r)
-            to_jax(r).block_until_ready()
+            wait(fn())
             return time.perf_counter() - w, time.process_time() - c
     return sample
 
@@ -239,10 +247,10 @@ def _training_variants(cfg, model, xd, yd, ref_loss, ref_grads) -> dict:
         for p, g in zip(m.parameters(), ref_grads):
             torch.testing.assert_close(p.grad.cpu(), 2 * g, rtol=1e-3, atol=2e-5)
             p.grad = None
-        out[("training", name)] = _sampler(train)
+        params = list(m.parameters())
+        out[("training", name)] = _sampler(train, also=params)
         if name == "torch.compile":
-            out[("training", "torch.compile, skip_guard_eval_unsafe")] = _sampler(train, _skip_guards)
-            params = list(m.parameters())
+            out[("training", "torch.compile, skip_guard_eval_unsafe")] = _sampler(train, _skip_guards, params)
 
             def fresh(train=train, params=params):
                 # as after optimizer.zero_grad(): autograd hands each gradient to .grad with
@@ -252,7 +260,7 @@ def _training_variants(cfg, model, xd, yd, ref_loss, ref_grads) -> dict:
                     p.grad = None
                 return train()
 
-            out[("training", "torch.compile, .grad None before each step")] = _sampler(fresh)
+            out[("training", "torch.compile, .grad None before each step")] = _sampler(fresh, also=params)
     return out
 
 
