@@ -1,7 +1,7 @@
 """The tiny Llama compiled three ways: ``torch.compile(backend="tpu_debug")``, ``tpu_debug.compile``
 and torchax's ``jax.jit`` of the same module, inference and training, side by side.
 
-    python benchmarks/compile_peers.py [--repeat 30] [--calls 20] [--torchax PYTHON]
+    python benchmarks/compile_peers.py [--repeat 15] [--calls 200] [--torchax PYTHON]
     python benchmarks/compile_peers.py --fast-paths [--repeat 15] [--calls 40]
 
 ``--torchax PYTHON`` names an interpreter with torchax installed (benchmarks/README.md says
@@ -10,8 +10,14 @@ torchax renames PyTorch's PrivateUse1 backend to ``jax`` on import, which the ``
 already holds, so it runs in a child process of its own (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)
 that this script drives round by round: every round times each variant once, the order
 rotating, torchax's sample taken in the child between this process's samples. A sample is
-``calls`` calls in a row and one sync. Ratios are medians over rounds of the ratio of two
-samples of the same round; CPU time is each process's own (``time.process_time``).
+``calls`` calls in a row and one sync, as a loop makes them: XLA's CPU client runs a program
+on a thread of its own while the caller goes on, so the host's work per call hides under the
+program's as long as the two threads run on different cores. After the pause between samples
+the OS may put them on one core for a while (then host and program take turns); ``calls``
+200 (a sample of 15-150 ms) leaves that start-up to a small part of the sample, where 10-50
+calls measure mostly it (benchmarks/README.md has both). Ratios are medians over rounds of
+the ratio of two samples of the same round; CPU time is each process's own
+(``time.process_time``: XLA's threads included).
 
 - inference: the model in eval mode under ``torch.no_grad()``, tokens -> logits;
 - training: forward, cross entropy and backward (``torch.compile``: forward and loss
@@ -336,8 +342,8 @@ def fast_paths(rounds: int, calls: int) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--torchax", metavar="PYTHON", help="an interpreter with torchax installed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fast-paths", action="store_true",
