@@ -16,9 +16,11 @@ value donated (written in place). Three ways to hand that state to the program:
   exp_avg_sq), sliced and reshaped inside the program, the new values concatenated back.
 
 The packed variants keep the packed buffers across steps (what packing would need of the
-runtime: parameters living in a shared buffer), so a step pays no packing on the host. Each
-variant's first step is checked against the separate one's (the same float32 operations on
-the same values; XLA may fuse and so order a reduction differently, so a relative 1e-5).
+runtime: parameters living in a shared buffer), so a step pays no packing on the host. The
+separate layout's first step is checked against PyTorch on CPU (the loss, and every parameter
+after ``loss.backward()`` and ``torch.optim.AdamW``'s step), each packed one's against it (the
+same float32 operations on the same values; XLA may fuse and so order a reduction
+differently, so a relative 1e-5).
 
 On this machine (XLA's CPU client), per variant, rounds interleaved: the host's CPU for one
 call (the calling thread, the call waited for before the next so the queue never blocks it)
@@ -64,10 +66,16 @@ def traced_step():
     x, y = tokens[:, :-1], tokens[:, 1:]
     traced = trace_step(model, (x,), train=True, targets=(y,),
                         loss_fn=lambda logits, labels: F.cross_entropy(logits.flatten(0, -2), labels.flatten()))
-    values = [*(p.detach().numpy() for p in model.parameters()), *(b.numpy() for b in model.buffers())]
+    values = [*(p.detach().numpy().copy() for p in model.parameters()), *(b.numpy() for b in model.buffers())]
     n_p = sum(1 for _ in model.parameters())
     values += [np.zeros_like(v) for v in values[:n_p]] * 2 + [np.zeros((), np.float32), x.numpy(), y.numpy()]
-    return traced, values
+    # the oracle: the same step by PyTorch on CPU (loss.backward(), torch.optim.AdamW's defaults)
+    loss = F.cross_entropy(model(x).flatten(0, -2), y.flatten())
+    loss.backward()
+    torch.optim.AdamW(model.parameters()).step()
+    expected = {0: (loss.detach().numpy(), None),
+                **{1 + i: (p.detach().numpy(), p.grad.numpy()) for i, p in enumerate(model.parameters())}}
+    return traced, values, expected
 
 
 class Packing:
@@ -147,7 +155,23 @@ class Packing:
         return nxt
 
 
-def cpu_variants(traced, values, steps: int):
+def _against_cpu(got: dict, expected: dict) -> None:
+    """The step's loss and new parameters against PyTorch's on CPU. Gradients differ by about
+    1e-6 relative (float32 sums in another order); AdamW's first update is lr * g / (|g| + eps)
+    (lr 1e-3, eps 1e-8): where |g| is well above eps it is lr * sign(g) whatever that error,
+    so those elements match to float32 rounding, and where |g| is near eps the update moves
+    with it, bounded by lr either way."""
+    loss, _ = expected[0]
+    np.testing.assert_allclose(got[0], loss, rtol=1e-5)
+    for k, (param, grad) in expected.items():
+        if grad is None:
+            continue
+        sure = np.abs(grad) > 1e-5
+        np.testing.assert_allclose(got[k][sure], param[sure], rtol=1e-5, atol=1e-7)
+        assert np.all(np.abs(got[k] - param) <= 2e-3), k
+
+
+def cpu_variants(traced, values, expected: dict, steps: int):
     variants = {}
     reference = None
     for how in ("separate", "by shape", "flat"):
@@ -161,6 +185,7 @@ def cpu_variants(traced, values, steps: int):
             got = {**rest, **{packing.out_of[i]: v for i, v in packed.items()}}
             if reference is None:
                 reference = {k: np.asarray(v) for k, v in got.items()}
+                _against_cpu(reference, expected)
             for k, v in got.items():
                 np.testing.assert_allclose(np.asarray(v), reference[k], rtol=1e-5, atol=1e-7)
         state = {"args": packing.feed(args, outs)}
@@ -219,8 +244,8 @@ def main(argv=None) -> None:
     parser.add_argument("--targets", default="v5e,v6e", help="TPU targets to compile for ('' for none)")
     args = parser.parse_args(argv)
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    traced, values = traced_step()
-    variants = cpu_variants(traced, values, args.steps)
+    traced, values, expected = traced_step()
+    variants = cpu_variants(traced, values, expected, args.steps)
     hosts = {n: [] for n in variants}
     loops = {n: [] for n in variants}
     names = list(variants)
