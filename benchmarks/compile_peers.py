@@ -343,7 +343,7 @@ def fast_paths(rounds: int, calls: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, help="calls per sample (default 200; 40 with --fast-paths)")
     parser.add_argument("--torchax", metavar="PYTHON", help="an interpreter with torchax installed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fast-paths", action="store_true",
@@ -353,8 +353,9 @@ def main(argv=None) -> None:
         torchax_child()
         return
     if args.fast_paths:
-        fast_paths(args.repeat, args.calls)
+        fast_paths(args.repeat, args.calls or 40)
         return
+    args.calls = args.calls or 200
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     child = _Child(args.torchax) if args.torchax else None
     ours = our_variants()
