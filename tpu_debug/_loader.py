@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from tpu_debug.core.autoload import defer
+from tpu_debug.core.autoload import defer, runtime_importing
 
 __all__ = ["load"]
 
@@ -31,10 +31,10 @@ def _real_tpu_owner() -> bool:
 
 def load() -> None:
     """Register the ``tpu`` device unless a real TorchTPU owns it here (see the module)."""
-    runtime = sys.modules.get("tpu_debug.runtime")
-    if runtime is not None and getattr(getattr(runtime, "__spec__", None), "_initializing", False):
-        # `import tpu_debug.runtime` came first and its modules import torch: the runtime
-        # cannot register the device half-imported, so its __init__ ends with run_deferred()
+    if runtime_importing():
+        # a runtime module's import brought torch in: the device cannot be registered with that
+        # module half-imported, so the runtime's package registers it when it next hands out a
+        # name (tpu_debug.core.autoload)
         defer(_register)
         return
     _register()
