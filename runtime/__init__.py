@@ -36,7 +36,8 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     globals(),
     {
-        "tpu_debug.runtime.device": ("DeviceTakenError", "install", "installed", "start"),
+        "tpu_debug.runtime.device": ("DeviceTakenError", "install", "installed"),
+        "tpu_debug.runtime.startup": ("start",),
         "tpu_debug.runtime.eager": ("cache_stats", "clear_cache", "float64_ops"),
     },
 )

@@ -48,6 +48,7 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
     LazyArray,
@@ -1066,12 +1067,10 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
+    """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph (the
+    device registered: see ``tpu_debug._loader.dynamo_backend`` for dynamo's entry point)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from tpu_debug.runtime.device import _dynamo_disabled, install, single_threaded_backward
-
-    install()
     single_threaded_backward()
     register_prims()
     if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
@@ -1101,12 +1100,12 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             def run(args):
                 return program(args)
 
-            run = _dynamo_disabled(run)
+            run = dynamo_disabled(run)
             run._boxed_call = True
             return run
 
         # called lazily too (a backward's first call, from code dynamo is running): hidden as run is
-        return _dynamo_disabled(compile_graph)
+        return dynamo_disabled(compile_graph)
 
     # The real `tpu` inputs go to AOTAutograd: it fakes them itself (FakeTensor
     # works on PrivateUse1 tensors), and sharing dynamo's shape environment keeps
@@ -1227,7 +1226,7 @@ def install_backends() -> None:
     from torch._dynamo.backends import registry
 
     register_metas()
-    others = {ep.name for ep in entry_points(group="torch_dynamo_backends") if ep.value.split(":")[0] != __name__}
+    others = {ep.name for ep in entry_points(group="torch_dynamo_backends") if not ep.value.startswith("tpu_debug")}
     if "tpu_debug" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=dynamo_backend, name="tpu_debug")
     if "tpu" not in others and "tpu" not in registry._COMPILER_FNS:

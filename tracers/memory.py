@@ -463,7 +463,11 @@ class MemoryTracer:
             return None
         # the compiler's own figure for one device when it gave one (an out-of-memory says it)
         told = [p.available_bytes for p in self.programs.values() if p.oom and p.available_bytes]
-        return min(told) if told else int(self.target.hbm_bytes_per_device)
+        if told:
+            return min(told)
+        from tpu_debug.runtime.target.capacity import hbm_capacity
+
+        return hbm_capacity(self.target)[0]
 
     def _ooms(self) -> list[ProgramMemory]:
         return [p for p in self.programs.values() if p.oom]

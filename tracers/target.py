@@ -585,13 +585,13 @@ class TargetTracer:
         return executions, estimated, seconds, flops, nbytes, memory
 
     def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
-        from tpu_debug.runtime.target import libtpu_version
+        from tpu_debug.runtime.target import hbm_capacity, libtpu_version
 
         t = self.target
         stats = self.stats
         self.writer.put(TargetSummaryEvent(
             self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
-            t.name, t.topology, t.chips, t.hbm_bytes_per_device, t.peak_bf16_flops_per_device,
+            t.name, t.topology, t.chips, hbm_capacity(t)[0], t.peak_bf16_flops_per_device,
             t.hbm_bandwidth_per_device, libtpu_version(), stats["programs"], stats["compiled"],
             stats["cached"], stats["refused"], stats["failed"], unfinished, self.compile_seconds, waited, limit,
         ))

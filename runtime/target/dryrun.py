@@ -27,6 +27,7 @@ from collections.abc import Callable
 import jax
 
 from tpu_debug.core.format import format_bytes
+from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
@@ -112,9 +113,9 @@ class DryRun:
         return f"{head}: the TPU compiler refused the step: {e.message}"
 
 def _capacity(target: Target) -> str:
-    usable = target.hbm_bytes_per_device
+    usable, source = hbm_capacity(target)
     spec = target.spec_hbm_bytes_per_device
-    if target.hbm_source == "compiler":
+    if source == "compiler":
         return f"{format_bytes(usable)} HBM the compiler offers one device (spec {format_bytes(spec)})"
     return f"{format_bytes(spec)} HBM (spec; libtpu not installed to ask the compiler)"
 
