@@ -316,6 +316,59 @@ def test_core_imports_only_the_standard_library():
     assert not outside, "core/ imports outside the standard library:\n" + "\n".join(outside)
 
 
+def probe_records(probes_text: str) -> dict[str, str]:
+    """Each :class:`~tpu_debug.runtime.probes.Probe` method that takes an ``info`` record ->
+    the record's type, as ``runtime/probes.py`` declares it (``on_compile`` -> ``CompileInfo``)."""
+    probe = next(n for n in ast.parse(probes_text).body if isinstance(n, ast.ClassDef) and n.name == "Probe")
+    return {
+        method.name: ast.unparse(arg.annotation)
+        for method in probe.body
+        if isinstance(method, ast.FunctionDef)
+        for arg in method.args.args
+        if arg.arg == "info" and arg.annotation is not None
+    }
+
+
+def untyped_callbacks(sources: Mapping[str, tuple[str, bool]], records: Mapping[str, str]) -> list[str]:
+    """Methods named as a probe callback whose ``info`` is not annotated with that callback's
+    record (``Any``, another type, or nothing): the runtime-tracer boundary is typed."""
+    found = []
+    for name, (text, _) in sources.items():
+        for cls in (n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef)):
+            for method in cls.body:
+                if not isinstance(method, ast.FunctionDef) or method.name not in records:
+                    continue
+                for arg in method.args.args:
+                    annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                    if arg.arg == "info" and annotation.rsplit(".", 1)[-1] != records[method.name]:
+                        found.append(f"{name}:{method.lineno} {cls.name}.{method.name}(info: {annotation or '?'}), "
+                                     f"not {records[method.name]}")
+    return found
+
+
+def test_probe_callbacks_take_the_typed_records():
+    modules = _modules()
+    records = probe_records(modules["tpu_debug.runtime.probes"][0].read_text())
+    assert {"on_compile", "on_transfer", "on_alloc", "on_collective_desync"} <= set(records)
+    found = untyped_callbacks({name: (src.read_text(), pkg) for name, (src, pkg) in modules.items()}, records)
+    assert not found, "probe callbacks not taking their record from runtime/probes.py:\n" + "\n".join(found)
+
+
+def test_the_callback_check_finds_a_planted_any():
+    records = {"on_alloc": "AllocInfo", "on_free": "FreeInfo"}
+    planted = {
+        "tpu_debug.tracers.x": (
+            "from typing import Any\n"
+            "from tpu_debug.runtime import probes\n"
+            "class T:\n"
+            "    def on_alloc(self, info: Any) -> None: ...\n"
+            "    def on_free(self, info: probes.FreeInfo) -> None: ...\n",
+            False,
+        )
+    }
+    assert untyped_callbacks(planted, records) == ["tpu_debug.tracers.x:4 T.on_alloc(info: Any), not AllocInfo"]
+
+
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     body = node.body
     has_docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)

@@ -25,11 +25,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, ShardingRematEvent, SourceLocation
+from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
+from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.tracers.events import (
+    CollectivesEvent,
+    CollectivesTargetEvent,
+    ShardingRematEvent,
+    SourceLocation,
+)
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
-
-from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
 
 if TYPE_CHECKING:
     from tpu_debug.runtime.target.hardware import Target
@@ -133,7 +138,7 @@ class CollectivesTracer:
 
     # -- probe methods --------------------------------------------------------------------
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         from tpu_debug.runtime.distributed import xla_log
 
         remats = xla_log.take()  # XLA's warnings of this compile, caught around it by the runtime

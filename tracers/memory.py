@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_debug.core.format import format_bytes
+from tpu_debug.runtime.probes import AllocInfo, CompileInfo, FreeInfo
 from tpu_debug.tracers.events import (
     MemoryFindingEvent,
     MemoryFix,
@@ -206,7 +207,7 @@ class MemoryTracer:
 
     # -- probe methods -----------------------------------------------------------------
 
-    def on_alloc(self, info: Any) -> None:
+    def on_alloc(self, info: AllocInfo) -> None:
         with self._lock:
             if info.new:
                 if info.existing:
@@ -249,7 +250,7 @@ class MemoryTracer:
                 self._step_peak = self.live
                 self._rising = True
 
-    def on_free(self, info: Any) -> None:
+    def on_free(self, info: FreeInfo) -> None:
         with self._lock:
             record = self._storages.get(info.storage)
             if record is None:
@@ -299,7 +300,7 @@ class MemoryTracer:
         padded, logical = sizes
         return padded if n == logical else n * padded // logical
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         compiled = getattr(info, "compiled", None)
         if compiled is None:
             return
@@ -538,7 +539,6 @@ def _clock() -> Callable[[], float]:
 def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, int] | None:
     """``(padded, logical)`` bytes of one ``dtype[shape]`` array on ``target``, or None."""
     import numpy as np
-
     from tpu_debug.runtime.target.padding import padded_bytes
 
     try:

@@ -44,6 +44,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.location import user_location
 
@@ -324,7 +325,7 @@ class StepTracker:
             window.seconds.append(seconds)
             window.ends.append(_perf_counter())  # on the clock's timeline when read
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         graph = info.graph
         if graph is not None:
             origin = graph.origin.function or graph.origin.frame
@@ -342,7 +343,7 @@ class StepTracker:
         if window is not None and not window.full:
             window.compiles.append((len(window.names), float(info.seconds), recompile, read_back))
 
-    def on_transfer(self, info: Any) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         counts = self._counts
         counts.transfers += 1
         counts.transfer_bytes += int(info.nbytes)
@@ -351,7 +352,7 @@ class StepTracker:
         if window is not None and not window.full:
             window.transfers.append((len(window.names), int(info.nbytes), float(info.seconds)))
 
-    def on_fallback(self, info: Any) -> None:
+    def on_fallback(self, info: FallbackInfo) -> None:
         self._counts.fallbacks += 1
         window = self._window
         if window is not None and not window.full:

@@ -49,6 +49,7 @@ from tpu_debug.core.hlo_text import array as _array
 from tpu_debug.core.hlo_text import called as _called
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
 from tpu_debug.core.hlo_text import scan as _scan
+from tpu_debug.runtime.probes import CompileInfo
 from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,
@@ -329,7 +330,7 @@ class TargetTracer:
 
     # -- probe methods (the runtime calls these) ---------------------------------------
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         location = None if info.replayed else user_location(_PROBE_DEPTH)
         program = _Program(info, location)
         with self._lock:
