@@ -34,7 +34,7 @@ import torch.fx
 
 from jax._src.array import ArrayImpl as _ArrayImpl  # a computed payload's type: a 10 ns check
 from tpu_debug.core.errors import DeviceAssertError, LoweringBugError, UnsupportedError
-from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import dryrun as _dryrun, fused_step
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime import tensor as _tensor
@@ -46,7 +46,7 @@ from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
-from tpu_debug.runtime.ops.registry import lookup
+from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
@@ -688,7 +688,7 @@ class CompiledGraph:
     def _run(self, executable, arrays: list, sig: tuple):
         """``executable`` on ``arrays``, timed for the probes when any listen."""
         if self.program.collectives:  # waited for, its collectives' lines known (see there)
-            from tpu_debug.runtime.distributed import compiled_collectives
+            from tpu_debug.runtime.distributed import compiled_collectives  # see _collectives
 
             executable = functools.partial(compiled_collectives.run, executable)
         if not probes._probes:
@@ -1158,7 +1158,6 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     optimizer_step = isinstance(getattr(fn_or_module, "__self__", None), torch.optim.Optimizer)
     if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module) or optimizer_step:
         return compiled
-    from tpu_debug.runtime import fused_step
 
     # an optimizer step and zero_grad in the function join its graph; global step hooks
     # run after it
@@ -1200,8 +1199,6 @@ def register_metas() -> None:
     rule steps aside (``NotImplemented``) for any other device, so CPU and CUDA tracing
     keep PyTorch's meta kernels."""
     from torch._subclasses import fake_impls
-
-    from tpu_debug.runtime.ops.registry import registered
 
     metas = {op: low.meta for op, low in registered().items() if low.meta is not None}
     if not metas or _state.get("metas"):

@@ -17,7 +17,7 @@ from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
-from tpu_debug.runtime import autocast as _autocast
+from tpu_debug.runtime import autocast as _autocast, ops
 from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
@@ -714,8 +714,6 @@ def _variants(op) -> list:
 
 @functools.cache
 def _load_lowerings() -> None:
-    from tpu_debug.runtime import ops  # noqa: F401 - importing registers the lowerings
-
     ops.load()
 
 
@@ -771,7 +769,8 @@ def install() -> bool:
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
     if torch.distributed.is_available():
-        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device
+        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device (imported
+        # here: a torch built without distributed has no c10d for that module to import)
         from tpu_debug.runtime.distributed.c10d import register_backends
 
         register_backends()

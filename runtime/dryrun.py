@@ -34,15 +34,13 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
-
 from tpu_debug.core.errors import TpuDebugError
-
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target import LibtpuMissingError, default_compiler
+from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile",
            "active", "dry_mode", "target_future", "value_needed"]
@@ -183,7 +181,6 @@ class DryMode:
         """Send ``lowered`` to the target's compiler (nothing when compiling nothing)."""
         if not self._compiling:
             return
-        from tpu_debug.runtime.target import LibtpuMissingError, default_compiler
 
         try:
             future = default_compiler().submit_lowered(lowered, self.target, optimization_level=self.optimization_level)

@@ -23,10 +23,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
+from tpu_debug.runtime import probes
 from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.runtime.target.errors import TargetSpecError
+from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.tracers.events import (
     CollectivesEvent,
     CollectivesTargetEvent,
@@ -36,8 +39,8 @@ from tpu_debug.tracers.events import (
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+# The report and the TUI import this module to read runs back: what loads jax or torch (the target compiler, XLA's log reader)
+# is imported where a recording first uses it.
 
 __all__ = [
     "CollectivesTracer",
@@ -185,8 +188,6 @@ class CollectivesTracer:
     def _watch_replayed(self, info: Any) -> None:
         """Record ``info`` when its executable first runs. The watcher listens to executions
         only while such programs wait, so a trace without them pays nothing per op."""
-        from tpu_debug.runtime import probes
-
         with self._lock:
             if self._watcher is None:
                 self._watcher = _ReplayWatcher(self)
@@ -200,8 +201,6 @@ class CollectivesTracer:
                 self._stop_watching()
 
     def _stop_watching(self) -> None:
-        from tpu_debug.runtime import probes
-
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             probes.unsubscribe(watcher)
@@ -244,7 +243,6 @@ class CollectivesTracer:
         with self._lock:
             if future in self._pending:
                 self._pending.remove(future)
-        from tpu_debug.runtime.target.errors import TargetSpecError
 
         try:
             try:

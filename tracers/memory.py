@@ -56,6 +56,11 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.location import user_location
 
+# The report and the TUI import this module to read runs back: what loads jax or torch (the device's memory registry)
+# is imported where a recording first uses it.
+from tpu_debug.runtime.target.padding import padded_bytes
+from tpu_debug.runtime.target.capacity import hbm_capacity
+
 __all__ = [
     "MemoryTracer",
     "MemoryView",
@@ -466,7 +471,6 @@ class MemoryTracer:
         told = [p.available_bytes for p in self.programs.values() if p.oom and p.available_bytes]
         if told:
             return min(told)
-        from tpu_debug.runtime.target.capacity import hbm_capacity
 
         return hbm_capacity(self.target)[0]
 
@@ -539,7 +543,6 @@ def _clock() -> Callable[[], float]:
 def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, int] | None:
     """``(padded, logical)`` bytes of one ``dtype[shape]`` array on ``target``, or None."""
     import numpy as np
-    from tpu_debug.runtime.target.padding import padded_bytes
 
     try:
         itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize

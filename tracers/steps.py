@@ -44,9 +44,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo
+from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo, hidden_from_dynamo
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.location import user_location
+
+# The report and the TUI import this module to read runs back: what loads jax or torch (lazy mode's optimizer hooks)
+# is imported where a recording first uses it.
 
 __all__ = [
     "LOOP_MIN_ITERATIONS",
@@ -221,7 +224,6 @@ class StepTracker:
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
             from tpu_debug.runtime.lazy import hook_optimizers
-            from tpu_debug.runtime.probes import hidden_from_dynamo
 
             # post hooks run in the order they were registered: lazy mode's (which runs the
             # step's pending graph) first, so the graph is counted in the step it belongs to

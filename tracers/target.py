@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_location
 from tpu_debug.core.hlo_text import Instruction as _Instruction
@@ -50,6 +50,9 @@ from tpu_debug.core.hlo_text import called as _called
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
 from tpu_debug.core.hlo_text import scan as _scan
 from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.runtime.target import GENERATIONS, hbm_capacity, libtpu_version, parse_target, require_libtpu
+from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target.layout import padded_elements, padding_report, parse_layout
 from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,
@@ -61,8 +64,9 @@ from tpu_debug.tracers.events import (
 from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
 
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+# The report and the TUI import this module to read runs back: what loads jax or torch (the target compiler, the roofline)
+# is imported where a recording first uses it.
+from tpu_debug.tracers.recompiles import _identity as identity_of
 
 __all__ = [
     "DEFAULT_WAIT",
@@ -231,8 +235,6 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import require_libtpu
-
         self.target = target
         require_libtpu()
         self.writer = writer
@@ -508,8 +510,6 @@ class TargetTracer:
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
         """The entry computation's arrays in HBM: logical and padded bytes, the worst few
         with the op and line that made them and the matmul products spent on padding."""
-        from tpu_debug.runtime.target.layout import padded_elements, padding_report, parse_layout
-
         info = program.info
         report = padding_report(hlo)
         ranked = report.worst(WORST_KEPT)
@@ -586,8 +586,6 @@ class TargetTracer:
         return executions, estimated, seconds, flops, nbytes, memory
 
     def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
-        from tpu_debug.runtime.target import hbm_capacity, libtpu_version
-
         t = self.target
         stats = self.stats
         self.writer.put(TargetSummaryEvent(
@@ -630,8 +628,6 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
     """``(generation, usable, spec)`` for each generation one device of which offers ``required``
     bytes: usable as its compiler counts it (what a program must fit in, below the spec sheet's),
     the spec sheet's where libtpu cannot be asked."""
-    from tpu_debug.runtime.target import GENERATIONS, hbm_capacity, parse_target
-
     out = []
     for name in GENERATIONS:
         target = parse_target(name)
@@ -642,8 +638,6 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
 
 
 def _identity(info: Any) -> str:
-    from tpu_debug.tracers.recompiles import _identity as identity_of
-
     return identity_of(info)[1]
 
 

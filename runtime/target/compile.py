@@ -39,7 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tpu_debug.runtime.target import _libtpu
+from tpu_debug.runtime.target import _libtpu, cache
 from tpu_debug.runtime.target.errors import TargetError, TargetSpecError
 from tpu_debug.runtime.target.hardware import Target, parse_target
 
@@ -287,6 +287,7 @@ def _to_abstract(leaf, sharding):
             return leaf
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding, weak_type=leaf.weak_type)
     if type(leaf).__module__.startswith("torch") and hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
+        # the dtype table imports torch, which a JAX-only caller of the target compiler never loads
         from tpu_debug.runtime.dtypes import to_jax_dtype
 
         return jax.ShapeDtypeStruct(tuple(leaf.shape), to_jax_dtype(leaf.dtype), sharding=sharding)
@@ -506,8 +507,6 @@ def _read_dump(directory: str) -> str | None:
 
 def _compile(target: Target, program: str, key: str, use_cache: bool, run,
              level: str | None, options: dict[str, Any] | None = None) -> TargetCompile:
-    from tpu_debug.runtime.target import cache
-
     if use_cache:
         hit = _from_record(cache.load_record(key), target)
         if hit is not None:

@@ -31,6 +31,10 @@ from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from tpu_debug.runtime.compiled import GraphProgram, graph_decompositions
+from tpu_debug.runtime.dtypes import to_jax_dtype
 
 __all__ = ["DryRun", "dry_run", "TracedStep", "trace_step", "AdamW"]
 
@@ -188,11 +192,6 @@ def trace_step(
         TargetError: ``train`` without ``loss_fn``.
         UnsupportedGraphOp: the step uses an aten op the runtime has no lowering for.
     """
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from tpu_debug.runtime.compiled import graph_decompositions, GraphProgram
-    from tpu_debug.runtime.dtypes import to_jax_dtype
-
     if train and loss_fn is None:
         raise TargetError(
             "dry_run(train=True) needs loss_fn(outputs, *targets) -> scalar loss, e.g. "
