@@ -17,7 +17,8 @@ from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
-from tpu_debug.runtime import autocast as _autocast, ops
+from tpu_debug.runtime import autocast as _autocast
+from tpu_debug.runtime import ops as _ops
 from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
@@ -714,7 +715,7 @@ def _variants(op) -> list:
 
 @functools.cache
 def _load_lowerings() -> None:
-    ops.load()
+    _ops.load()  # each op family registers its lowerings as it is imported
 
 
 def installed() -> bool:
