@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
+from tpu_debug.core.collective_kinds import P2P_OPS
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.core.sources import library_roots
 from tpu_debug.runtime import probes
@@ -64,12 +65,10 @@ from tpu_debug.runtime.distributed.errors import (
     MeshError,
 )
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "P2P_OPS", "TpuProcessGroup", "register_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
 
 BACKEND_NAMES = ("tpu", "tpu_dist")
 DEFAULT_BACKEND = "tpu_dist"
-#: the point-to-point calls, whose sequence numbers count apart from the group's collectives
-P2P_OPS = ("send", "recv", "recv_anysource")
 _lock = threading.Lock()
 _registered = False
 
