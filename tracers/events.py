@@ -1077,7 +1077,7 @@ class TargetStepEvent(Event):
     stored: ClassVar[Stored] = Stored("target_steps", name="target", seconds="estimated_seconds")
 
     target: str
-    # runs recorded before steps were StepEvent indexes counted from 1, 0 being the whole run
+    # run files of an older layout keep a ``step`` column counted from 1, 0 being the whole run
     step: int = column("step_index", legacy="MAX({step} - 1, 0)")
     executions: int
     estimated: int

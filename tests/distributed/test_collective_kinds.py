@@ -36,7 +36,7 @@ def test_every_collective_the_tpu_process_group_runs_is_declared_once():
     assert runs == declared
     assert all(callable(getattr(TpuProcessGroup, m)) for m in declared)
     assert {of_c10d(m).name for m in ("send", "recv", "recv_anysource")} == {"point-to-point"}
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"^'all_reduce_twice'$"):
         of_c10d("all_reduce_twice")
 
 
