@@ -23,6 +23,8 @@ import math
 import re
 from collections.abc import Callable
 
+from tpu_debug.core.collective_kinds import HLO_OPCODES, of_opcode
+
 __all__ = [
     "COLLECTIVE_OPCODES",
     "Collective",
@@ -32,16 +34,9 @@ __all__ = [
     "module_devices",
 ]
 
-# the opcodes of collectives (an asynchronous pair counts once, at its "-start")
-COLLECTIVE_OPCODES = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
-    "collective-broadcast",
-    "ragged-all-to-all",
-)
+# the opcodes of collectives (an asynchronous pair counts once, at its "-start"), declared
+# with the rest of each kind in core/collective_kinds.py
+COLLECTIVE_OPCODES = HLO_OPCODES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,24 +252,18 @@ def _scope_parts(op_name: str) -> tuple[str, str]:
 
 def _sizes(opcode: str, asynchronous: bool, shape: str, group: int) -> tuple[int, int]:
     """(nbytes, wire bytes) of one collective from its result ``shape``."""
+    kind = of_opcode(opcode)
     sizes = shape_bytes(shape)
-    if not sizes:
+    if not sizes or kind is None:
         return 0, 0
-    if asynchronous and opcode in ("all-gather", "collective-permute") and len(sizes) > 1:
+    if asynchronous and kind.start_returns_operand and len(sizes) > 1:
         # a start's result is (operand, result, ...): the result is the second array
         data = sizes[1]
     else:
         data = sum(sizes)
-    if opcode == "reduce-scatter":
+    if kind.scatters:
         data *= group  # the result is one device's slice of the reduced input
-    n = max(group, 1)
-    if opcode == "all-reduce":
-        wire = 2 * (n - 1) * data // n
-    elif opcode in ("all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all"):
-        wire = (n - 1) * data // n
-    else:  # a permute or broadcast sends its buffer once
-        wire = data if n > 1 else 0
-    return data, wire
+    return data, kind.wire_bytes(data, group)
 
 
 def parse_collectives(

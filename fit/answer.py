@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.core.collective_kinds import DATA_OPERAND_OPCODES, of_opcode
 from tpu_debug.core.format import format_bytes, format_count, format_seconds
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
@@ -809,7 +810,7 @@ def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tu
                 continue  # a copy of a collective already counted, in another fusion
         n = max(c.group_size, 1)
         given = operands.get(c.instruction, 0)
-        if c.opcode == "all-gather":
+        if of_opcode(c.opcode).gathers:
             given *= n
         data = max(c.nbytes, given)
         wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
@@ -818,8 +819,7 @@ def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tu
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) ")
-_OPERANDS = re.compile(r"\s(?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
-                       r"(?:-start)?\(([^)]*)\)")
+_OPERANDS = re.compile(r"\s(?:" + "|".join(map(re.escape, DATA_OPERAND_OPCODES)) + r")(?:-start)?\(([^)]*)\)")
 
 
 def _operand_bytes(hlo: str) -> dict[str, int]:

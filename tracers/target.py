@@ -53,6 +53,7 @@ from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,
     SourceLocation,
+    StepEvent,
     TargetCompileEvent,
     TargetStepEvent,
     TargetSummaryEvent,
@@ -246,7 +247,7 @@ class TargetTracer:
         self._pending: set[concurrent.futures.Future] = set()
         self._closed = False
         self._counts: dict[Any, int] = {}  # executions per key in the current step
-        self._steps: list[dict[Any, int]] = []
+        self._steps: list[tuple[int, dict[Any, int]]] = []  # (StepEvent index, executions per key)
         self._patterns: dict[frozenset, dict[Any, int]] = {}
         self.stats = {"programs": 0, "compiled": 0, "cached": 0, "refused": 0, "failed": 0}
         self.compile_seconds = 0.0
@@ -310,21 +311,22 @@ class TargetTracer:
 
     # -- steps --------------------------------------------------------------------------
 
-    def on_step(self, step: Any) -> None:
-        """A step ended (a ``StepTracker`` listener, with its ``StepEvent``)."""
+    def on_step(self, step: StepEvent) -> None:
+        """A step ended (a ``StepTracker`` listener, with its ``StepEvent``): its estimate
+        is recorded under the step's index."""
         try:
-            self._end_step()
+            self._end_step(step.index)
         except Exception as exc:  # noqa: BLE001 - never break the program's step
             self._error("on_step", exc)
 
-    def _end_step(self) -> None:
+    def _end_step(self, index: int) -> None:
         with self._lock:
             if self._closed:
                 return
             counts, self._counts = self._counts, {}
         # steps of a training loop run the same programs: one dict per distinct pattern
         pattern = frozenset(counts.items())
-        self._steps.append(self._patterns.setdefault(pattern, counts))
+        self._steps.append((index, self._patterns.setdefault(pattern, counts)))
         self._submit_executed(counts)
 
     # -- probe methods (the runtime calls these) ---------------------------------------
@@ -545,11 +547,11 @@ class TargetTracer:
 
     def _record_steps(self, tail: dict[Any, int] | None) -> None:
         peak = self.target.peak_bf16_flops_per_device
-        steps = [(i + 1, counts, False) for i, counts in enumerate(self._steps)]
+        steps = [(index, counts, False) for index, counts in self._steps]
         if tail is not None:
-            # work after the last step mark is a step that did not finish; with no marks at
-            # all, step 0 is the whole run
-            steps.append((len(self._steps) + 1 if self._steps else 0, tail, bool(self._steps)))
+            # work after the last step end is a step that did not finish, numbered as the next
+            # one would have been; in a run that ended no step it is the whole run, step 0
+            steps.append((self._steps[-1][0] + 1 if self._steps else 0, tail, bool(self._steps)))
         if len(steps) > 1:
             # a step that ran no program here (an optimizer on CPU tensors) has nothing to estimate
             steps = [s for s in steps if s[1]]
@@ -563,7 +565,7 @@ class TargetTracer:
             self.writer.put(TargetStepEvent(
                 self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
                 self.target.name, number, executions, estimated, seconds, flops, nbytes, mfu, memory,
-                unfinished,
+                unfinished, whole_run=not self._steps,
             ))
 
     def _estimate(self, counts: dict[Any, int]) -> tuple[int, int, float, float, float, int | None]:
@@ -797,7 +799,7 @@ def step_summary(steps: Sequence[TargetStepEvent]) -> dict[str, Any] | None:
     mfus = sorted(s.mfu for s in done if s.mfu is not None)
     return {
         "steps": len(done),
-        "whole_run": len(done) == 1 and done[0].step == 0,
+        "whole_run": any(s.whole_run for s in done),
         "median_seconds": seconds[len(seconds) // 2],
         "min_seconds": seconds[0],
         "max_seconds": seconds[-1],

@@ -19,6 +19,7 @@ from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.run_args import prepare_parser, script_of
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
+from tpu_debug.core.rank_env import torchrun_env
 from tpu_debug.tracing import Terminated, without_handler_frame
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
@@ -212,7 +213,7 @@ def _torchrun_group(options: dict):
     from tpu_debug import ranks
     from tpu_debug.config import TraceConfig
 
-    if ranks.torchrun_key(os.environ) is None:
+    if torchrun_env() is None:
         return None
     config = TraceConfig.from_env().override(**options)
     return ranks.torchrun_group(Path(config.logdir), options["name"], list(getattr(sys, "orig_argv", sys.argv)))
