@@ -314,7 +314,8 @@ class ReplicaGroups:
     ``{{0,1,2,3},{4,5,6,7}}`` lists the groups; ``[2,4]<=[8]`` is an iota reshaped to
     2 groups of 4 (``[2,4]<=[4,2]T(1,0)``: the iota laid out as [4,2] and transposed first,
     so the groups are {0,2,4,6} and {1,3,5,7}); ``mesh['x'=2,'y'=4] {'y'}`` groups the devices
-    of a mesh that differ only along the named axes. ``{}`` is one group of every device.
+    of a mesh that differ only along the named axes (the mesh's devices in the order its
+    ``device_ids=`` gives, when printed). ``{}`` is one group of every device.
 
     Attributes:
         text: the groups as printed.
@@ -341,7 +342,8 @@ class ReplicaGroups:
 
 
 _IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-_MESH = re.compile(r"mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*)\))?\s*\{([^}]*)\}")
+_MESH = re.compile(r"mesh\[([^\]]*)\](?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}")
+_DEVICE_IOTA = re.compile(r"\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _AXIS = re.compile(r"'?([^'=,\s]+)'?=(\d+)")
 _AXIS_REF = re.compile(r"'?([^':,\s]+)'?(?::\((\d+)\)(\d+))?")
 
@@ -382,9 +384,19 @@ def _mesh_groups(m: re.Match) -> tuple[tuple[int, ...], ...]:
     reshape = tuple(s for sizes in parts for s in sizes)
     perm = tuple([i for i in range(len(reshape)) if i not in grouped] + grouped)
     order = _iota(reshape, perm)
-    ids = _ints(m.group(2)) if m.group(2) else None
+    ids = _device_ids(m.group(2)) if m.group(2) else None
     values = [ids[i] for i in order] if ids and len(ids) == len(order) else order
     return _chunks(values, math.prod(reshape[g] for g in grouped))
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    """A mesh's device order, row-major: listed, or an iota ``[2,2,2]T(0,2,1)`` (laid out as
+    [2,2,2], transposed, read in order)."""
+    m = _DEVICE_IOTA.fullmatch(text.strip())
+    if m is None:
+        return _ints(text)
+    reshape = _ints(m.group(1))
+    return tuple(_iota(reshape, _ints(m.group(2)) if m.group(2) else tuple(range(len(reshape)))))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -565,6 +577,8 @@ class Instruction:
         computation: the computation holding it (``""`` for one read on its own).
         is_root: it is its computation's ``ROOT``.
         line: its line in the module's text (0-based; -1 for one read on its own).
+        literal: what a ``parameter`` or ``constant`` holds between its parentheses
+            (``"0"`` for ``parameter(0)``).
     """
 
     name: str
@@ -575,6 +589,12 @@ class Instruction:
     computation: str = ""
     is_root: bool = False
     line: int = -1
+    literal: str = ""
+
+    @property
+    def parameter_number(self) -> int | None:
+        """A ``parameter``'s index among its computation's parameters."""
+        return int(self.literal) if self.opcode == "parameter" and self.literal.isdigit() else None
 
     def attr(self, key: str) -> str | None:
         """The value of attribute ``key`` as printed (None when absent)."""
@@ -654,11 +674,17 @@ def _attributes(text: str) -> tuple[tuple[str, str], ...]:
     pieces = _ATTRIBUTE_START.split(text)
     if not all(map(_balanced, pieces)):  # a cut inside a string or a bracket: cut exactly instead
         pieces = _split_top(text)
-    out = []
+    out: list[tuple[str, str]] = []
     for piece in pieces:
         key, eq, value = piece.strip().partition("=")
-        if eq and key.replace("_", "").replace(".", "").isalnum():
-            out.append((key, value.strip()))
+        if not eq or not key.replace("_", "").replace(".", "").isalnum():
+            continue
+        if key == "device_ids" and out and out[-1][1].startswith("mesh["):
+            # mesh replica groups print their device order after a comma of their own:
+            # replica_groups=mesh['a'=4,'b'=2], device_ids=([2,2,2]T(0,2,1)) {'a'}
+            out[-1] = (out[-1][0], f"{out[-1][1]}, {piece.strip()}")
+            continue
+        out.append((key, value.strip()))
     if out and out[-1][1].startswith("{") and not out[-1][1].endswith("}"):  # a log line's sentence after it
         out[-1] = (out[-1][0], braced(out[-1][1]))
     return tuple(out)
@@ -702,8 +728,9 @@ def parse_instruction(line: str, computation: str = "", number: int = -1) -> Ins
     if found is None:
         return None
     name, shape, opcode, operands, attributes, root = found
+    literal = operands.strip() if opcode in _LITERAL_OPERANDS else ""
     return Instruction(name, opcode, parse_shape(shape), _operand_names(opcode, operands), _attributes(attributes),
-                       computation, root, number)
+                       computation, root, number, literal)
 
 
 def instruction_name(line: str) -> str | None:
