@@ -646,6 +646,7 @@ class Instruction:
 _LITERAL_OPERANDS = ("constant", "parameter")
 _NAME = re.compile(r"[\w.\-]+")
 _OPCODE = re.compile(r"[a-z][\w\-]*")
+_COMMENT = re.compile(r"/\*.*?\*/")  # "/*index=5*/%x": XLA numbers the operands of long lists
 
 
 def _operand_names(opcode: str, text: str) -> tuple[str, ...]:
@@ -653,14 +654,14 @@ def _operand_names(opcode: str, text: str) -> tuple[str, ...]:
         return ()
     names = []
     for piece in _split_top(text):
-        piece = re.sub(r"/\*.*?\*/", "", piece).strip()  # "/*index=5*/%x" in long lists
+        piece = _COMMENT.sub("", piece).strip()
         last = piece.rsplit(" ", 1)[-1].lstrip("%")  # "f32[] %x" when shapes are printed
         if _NAME.fullmatch(last) and not last.lstrip("-").isdigit():
             names.append(last)
     return tuple(names)
 
 
-# where attributes part, as XLA prints them: ", key=" (a value holds no ", key=" outside a string)
+# where an attribute starts, as XLA prints them: ", key=" (no value holds one outside a string)
 _ATTRIBUTE_START = re.compile(r",\s*(?=[A-Za-z_][\w.]*=)")
 
 
@@ -907,12 +908,13 @@ def _read(text: str) -> Module:
                   MappingProxyType({c.name: c for c in computations}))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def parse_module(text: str) -> Module:
     """Read a module's text (``compiled.as_text()``): everything this reader knows, once.
 
-    The last few modules read are kept: the tracers, the roofline and ``fit`` read the same
-    program's text several times. A line that is not HLO is skipped.
+    The last four modules read are kept (about four times their text's size each): the
+    tracers, the roofline and ``fit`` read the same program's text several times in a row
+    (``fit`` eight times per compiled step). A line that is not HLO is skipped.
 
     Example:
         >>> m = parse_module("HloModule m, num_partitions=2\\n\\nENTRY %e (p: f32[2]) -> f32[2] {\\n"
