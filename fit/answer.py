@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from tpu_debug.core.collective_kinds import DATA_OPERAND_OPCODES, of_opcode
 from tpu_debug.core.format import format_bytes, format_count, format_seconds
+from tpu_debug.core.hlo_text import parse_module
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
@@ -818,24 +818,14 @@ def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tu
     return out
 
 
-_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) ")
-_OPERANDS = re.compile(r"\s(?:" + "|".join(map(re.escape, DATA_OPERAND_OPCODES)) + r")(?:-start)?\(([^)]*)\)")
 
 
 def _operand_bytes(hlo: str) -> dict[str, int]:
     """Collective instruction name -> bytes of its operands (from their definitions' shapes)."""
-    from tpu_debug.core.collectives import shape_bytes
-
-    lines = hlo.splitlines()
-    shapes = {m.group(1): m.group(2) for m in map(_DEFINITION.match, lines) if m}
-    out = {}
-    for line in lines:
-        head, ops = _DEFINITION.match(line), _OPERANDS.search(line)
-        if head is None or ops is None:
-            continue
-        names = (o.strip().lstrip("%") for o in re.sub(r"/\*.*?\*/", "", ops.group(1)).split(","))
-        out[head.group(1)] = sum(sum(shape_bytes(shapes.get(n, ""))) for n in names if n)
-    return out
+    module = parse_module(hlo)
+    shapes = {i.name: i.shape for i in module.instructions()}
+    return {i.name: sum(shapes[n].nbytes for n in i.operands if n in shapes) for i in module.instructions()
+            if i.opcode.removesuffix("-start") in DATA_OPERAND_OPCODES}
 
 
 def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: str) -> StepEstimate:

@@ -44,11 +44,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tpu_debug.core.format import format_bytes, format_location
+from tpu_debug.core.hlo_text import Computation as _Computation
 from tpu_debug.core.hlo_text import Instruction as _Instruction
-from tpu_debug.core.hlo_text import array as _array
-from tpu_debug.core.hlo_text import called as _called
+from tpu_debug.core.hlo_text import Module as _Module
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
-from tpu_debug.core.hlo_text import scan as _scan
+from tpu_debug.core.hlo_text import parse_module as _parse_module
 from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,
@@ -91,9 +91,8 @@ _PROBE_DEPTH = 3
 
 def _wasted_flops(
     ins: _Instruction,
-    computations: dict[str, dict[str, _Instruction]],
+    module: _Module,
     padded_elements: Callable[[tuple[int, ...], Any], int | None],
-    parse_layout: Callable[[str], Any],
     seen: set[str] | None = None,
 ) -> float:
     """Products computed on padding by the matrix multiplies and convolutions of ``ins``
@@ -101,29 +100,29 @@ def _wasted_flops(
     logical output elements, minus its flops. The matrix unit computes whole output tiles."""
     seen = set() if seen is None else seen
     total = 0.0
-    for name in _called(ins):
-        if name in seen or name not in computations:
+    for name in ins.called:
+        body = module.computation(name)
+        if name in seen or body is None:
             continue
         seen.add(name)
-        body = computations[name]
-        for inner in body.values():
-            total += _wasted_flops_of(inner, body, computations, padded_elements, parse_layout, seen)
+        for inner in body.instructions:
+            total += _wasted_flops_of(inner, body, module, padded_elements, seen)
     return total
 
 
-def _wasted_flops_of(ins, body, computations, padded_elements, parse_layout, seen) -> float:
+def _wasted_flops_of(ins: _Instruction, body: _Computation, module: _Module, padded_elements, seen) -> float:
     if ins.opcode in ("dot", "convolution"):
         flops = _matmul_flops(ins, body)
-        out = _array(ins.shape)
-        if flops is None or out is None or out[2] is None:
+        out = ins.shape.array
+        if flops is None or out is None or out.layout is None:
             return 0.0
-        padded = padded_elements(out[1], parse_layout(out[2]))
-        logical = math.prod(out[1])
+        padded = padded_elements(out.dims, out.layout)
+        logical = out.elements
         if not padded or not logical or padded <= logical:
             return 0.0
         return flops * (padded / logical - 1.0)
     if ins.opcode in ("fusion", "call", "async-start", "custom-call"):
-        return _wasted_flops(ins, computations, padded_elements, parse_layout, seen)
+        return _wasted_flops(ins, module, padded_elements, seen)
     return 0.0
 
 
@@ -509,16 +508,16 @@ class TargetTracer:
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
         """The entry computation's arrays in HBM: logical and padded bytes, the worst few
         with the op and line that made them and the matmul products spent on padding."""
-        from tpu_debug.runtime.target.layout import padded_elements, padding_report, parse_layout
+        from tpu_debug.runtime.target.layout import padded_elements, padding_report
 
         info = program.info
         report = padding_report(hlo)
         ranked = report.worst(WORST_KEPT)
         if not ranked:
             return report.logical_bytes, report.padded_bytes, ()
-        computations, entry = _scan(hlo)
-        entry_body = computations.get(entry or "", {})
-        op_names = {i.name: i for i in parse_instructions(hlo) if i.computation == entry}
+        module = _parse_module(hlo)
+        entry_body = module.entry or _Computation("", True, ())
+        op_names = {i.name: i for i in parse_instructions(hlo) if i.computation == entry_body.name}
         nodes = fx_nodes_from(info.graph.nodes) if info.graph is not None else ()
         node_by_name = {n.name: n for n in nodes}
         out = []
@@ -534,7 +533,7 @@ class TargetTracer:
             ins = entry_body.get(buf.name)
             wasted = 0.0
             if ins is not None and buf.output_index is None:
-                wasted = _wasted_flops_of(ins, entry_body, computations, padded_elements, parse_layout, set())
+                wasted = _wasted_flops_of(ins, entry_body, module, padded_elements, set())
             dims, multiples = _pad_dims(buf.shape, buf.layout)
             out.append(PaddedBuffer(
                 buf.name, buf.opcode, buf.dtype, tuple(buf.shape), str(buf.layout), int(buf.logical_bytes),
@@ -613,7 +612,7 @@ class TargetTracer:
 _MOVES = frozenset({"copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "reshape", "transpose"})
 
 
-def _described(name: str, described: dict[str, Any], entry: dict[str, _Instruction]) -> Any:
+def _described(name: str, described: dict[str, Any], entry: _Computation) -> Any:
     """The instruction whose metadata names the op that made ``name``: itself, or for a copy
     the compiler added (no metadata), the instruction it copies."""
     for _ in range(8):

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_location, format_seconds
+from tpu_debug.core.hlo_text import parse_sharding
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
@@ -1264,21 +1265,15 @@ def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
     )
 
 
-_TILES = re.compile(r"devices=\[([\d,]+)\]")
-
-
 def _sharding_text(sharding: str) -> str:
     """XLA's sharding string in words: ``{devices=[2,1,4]<=[4,2]T(1,0)}`` is "dim 0 split 2
-    ways, dim 2 split 4 ways"; a trailing replicated tile dimension is left out."""
-    if "maximal" in sharding:
+    ways, dim 2 split 4 ways"; trailing tile dimensions that split no data are left out."""
+    parsed = parse_sharding(sharding)
+    if parsed.kind == "maximal":
         return "held by one device"
-    tiles = _TILES.search(sharding)
-    if tiles is None:
-        return "replicated" if "replicated" in sharding else sharding
-    ways = [int(n) for n in tiles.group(1).split(",")]
-    if "last_tile_dim_replicate" in sharding or "last_tile_dims" in sharding:
-        ways = ways[:-1]
-    split = [f"dim {d} split {n} ways" for d, n in enumerate(ways) if n > 1]
+    if parsed.kind != "tiled":
+        return "replicated" if parsed.kind == "replicated" else sharding
+    split = [f"dim {d} split {n} ways" for d, n in enumerate(parsed.data_tiles) if n > 1]
     return ", ".join(split) if split else "replicated"
 
 
