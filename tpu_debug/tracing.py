@@ -822,7 +822,7 @@ class Trace(contextlib.ContextDecorator):
             return
         probes.unsubscribe(emitter)
         self._writer.remove_listener(emitter.on_event)
-        emitter.close(self.session.program)  # the live session flushes the writer first
+        emitter.close(self.session.programs.text)  # the live session flushes the writer first
 
     # -- device memory and dry runs ----------------------------------------------------------
 
