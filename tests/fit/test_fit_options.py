@@ -53,7 +53,7 @@ def test_options_that_agree_are_kept_as_given():
         "optimization_level": None, "cache": True, "loop": None, "remat": False, "master_dtype": "float32",
         "loss": "chunked", "remat_policy": "offload", "attention": "splash",
     }
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"cannot assign to field 'batch'"):
         options.batch = 32  # type: ignore[misc]
 
 

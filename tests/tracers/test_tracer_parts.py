@@ -68,11 +68,11 @@ def test_every_stop_runs_when_one_fails_and_an_interrupt_waits_for_them():
     parts = [
         TracerPart("first", _noop, stop("first"), "first.close"),
         TracerPart("broken", _noop, stop("broken", RuntimeError("planted")), "broken.close"),
-        TracerPart("interrupted", _noop, stop("interrupted", KeyboardInterrupt()), "interrupted.close"),
+        TracerPart("interrupted", _noop, stop("interrupted", KeyboardInterrupt("planted interrupt")), "interrupted.close"),
         TracerPart("last", _noop, stop("last"), "last.close"),
     ]
     run = Running(None, None, None, Recorder(), None, print)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match=r"^planted interrupt$"):
         stop_all(parts, run)
     assert stopped == ["last", "interrupted", "broken", "first"]
     assert errors == [("broken.close", "RuntimeError: planted")]
