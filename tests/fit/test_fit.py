@@ -291,8 +291,9 @@ def test_a_plan_that_does_not_span_the_slice_says_how_to_fix_it():
 
 
 def test_cli_prints_the_report_as_json(capsys):
-    from tpu_debug.cli import main
     from tpu_debug.fit import FitOptions
+
+    from tpu_debug.cli import main
 
     code = main(["fit", "tiny-llama", "--target", "v5e-8", "--plan", "fsdp", "--batch", "8", "--seq", "32",
                  "--json"])
