@@ -130,10 +130,10 @@ def test_matmul_flops_are_2mnk_and_a_step_adds_up_its_programs(logdir, cold_cach
     assert step.estimated_seconds == pytest.approx(2 * mm.estimated_seconds, rel=1e-12)
     assert step.mfu == pytest.approx(step.flops / (step.estimated_seconds * summary.peak_flops), rel=1e-12)
     # the TPU's HLO is stored once, beside the local program it was compiled from
-    tpu = session.program(mm.tpu_program)
+    tpu = session.programs.text(mm.tpu_program)
     assert tpu.mode == "target" and "T(8,128)" in tpu.hlo and "convolution" in tpu.hlo
     (local,) = [p for p in session.programs(name="mm") if p.mode == "eager"]
-    assert mm.program == local.hash and session.program(local.hash).hlo != tpu.hlo
+    assert mm.program == local.hash and session.programs.text(local.hash).hlo != tpu.hlo
     # a second run of the same program is answered by the target cache
     with tpu_debug.trace(logdir=logdir, target="v5e") as again:
         a @ b
@@ -148,9 +148,9 @@ def test_a_cpu_only_custom_call_is_lowered_again_for_the_tpu(logdir, cold_cache)
         inverse = torch.linalg.inv(x.to("tpu"))
     torch.testing.assert_close(inverse.cpu(), torch.linalg.inv(x))
     (inv,) = _compiles(session, "linalg_inv_ex")
-    local = session.program(inv.program)
+    local = session.programs.text(inv.program)
     assert "lapack" in local.stablehlo  # the CPU lowering calls LAPACK, which a TPU has not
-    assert inv.ok and inv.relowered and "lapack" not in session.program(inv.tpu_program).hlo
+    assert inv.ok and inv.relowered and "lapack" not in session.programs.text(inv.tpu_program).hlo
 
 
 @requires_libtpu
@@ -292,7 +292,7 @@ def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_pat
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5] in ("compute", "memory") and cells[7].endswith("%") and cells[2].endswith(("K", "M"))
     # the HLO column names the TPU program: its optimized HLO with TPU tile layouts
-    assert "T(8,128)" in session.hlo(int(cells[8])) and session.program(int(cells[8])).mode == "target"
+    assert "T(8,128)" in session.programs.hlo(int(cells[8])) and session.programs.text(int(cells[8])).mode == "target"
     assert all(e.ok and e.memory_bytes and e.estimated_seconds for e in events)
     (summary,) = session.events("target_summary")
     # every program that ran was compiled for the target

@@ -41,7 +41,7 @@ def _rank_figure_data(session: Any) -> dict[str, Any]:
         "exit_status": m.exit_status,
         "duration": m.duration,
         "devices": m.device_count,
-        "device_ops": sum(o.count for o in ops),
+        "device_ops": sum(o.executed().count for o in ops),
         "compiles": sum(o.compiles for o in ops),
         "multi_device_programs": totals.programs,
         "collectives": totals.collectives,

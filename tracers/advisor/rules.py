@@ -1116,7 +1116,7 @@ def float64_origins(facts: RunFacts) -> dict[str, str]:
 
     The float64 finding and the report's float64 section both read this, so they agree.
     """
-    wide = facts.query.float64_ops()
+    wide = facts.query.ops.float64()
     origins = dict.fromkeys(wide, "program")
     # printing a tpu tensor runs PyTorch's formatting code on the device, and it computes in
     # float64 (it calls .double()): ops compiled only at lines that printed a tensor are the
@@ -1142,7 +1142,7 @@ def _float64_compiles(facts: RunFacts, wide: dict) -> dict[str, list[CompileEven
 @rule("float64", about="float64 or complex128 values, which a TPU does not have", view="ops")
 def float64(facts: RunFacts) -> Iterable[Finding]:
     origins = float64_origins(facts)
-    everything = facts.query.float64_ops()
+    everything = facts.query.ops.float64()
     wide = {name: everything[name] for name, origin in origins.items() if origin == "program"}
     if not wide:
         return
@@ -1184,8 +1184,8 @@ def _g(value: float) -> str:
 
 @rule("divergence", about="an op whose result leaves tolerance against PyTorch on CPU, or makes NaN/Inf", view="divergence")
 def divergence(facts: RunFacts) -> Iterable[Finding]:
-    first = facts.query.first_divergence()
-    origin = facts.query.nan_origin()
+    first = facts.query.divergences.first()
+    origin = facts.query.divergences.nan_origin()
     for event, what in ((first, "first"), (origin, "nan")):
         if event is None or (what == "nan" and first is not None and origin.id == first.id):
             continue
@@ -1237,7 +1237,7 @@ def _divergence_evidence(event: Any, how: str) -> Evidence:
 def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
     """The first node that drifts in a real compiled program whose outputs leave tolerance,
     unless the node check explained it as noise or already named that node."""
-    event = facts.query.first_divergence("fused")
+    event = facts.query.divergences.first("fused")
     if event is None or event.verdict == "noise":
         return None
     if first is not None and (first.graph, first.name) == (event.graph, event.name):
