@@ -19,13 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from tpu_debug.core.collective_kinds import ROOTED, SAME_SHAPES
 from tpu_debug.core.format import format_location
 
 __all__ = [
     "CAUSES",
-    "P2P_OPS",
     "REASONS",
-    "SAME_SHAPES",
     "RankCall",
     "cause_of",
     "describe",
@@ -34,17 +33,6 @@ __all__ = [
     "rank_line",
 ]
 
-#: point-to-point calls: they pair two ranks, and their sequence numbers count apart
-P2P_OPS = ("send", "recv", "recv_anysource")
-# collectives whose tensors have the same shapes on every rank; all_to_all with splits,
-# gather and scatter differ by design (a root's lists, each rank's split sizes)
-SAME_SHAPES = frozenset({
-    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
-    "all_gather_single", "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
-    "reduce_scatter_single_coalesced", "alltoall", "barrier",
-})
-# collectives with a root every rank must name alike
-_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 
 #: why the ranks' calls differ, in the order they are tested
 REASONS = ("missing", "op", "device", "shapes", "dtype", "reduce_op", "root")
@@ -103,7 +91,7 @@ class RankCall:
         """``allreduce([4]; float32, SUM) at train.py:12 in step``."""
         shapes = ", ".join(self.shapes) or "no tensors"
         extra = f", {self.reduce_op}" if self.reduce_op else ""
-        if self.op in _ROOTED and self.peer is not None:
+        if self.op in ROOTED and self.peer is not None:
             extra += f", root {self.peer}"
         where = f" at {self.where}" if self.where else ""
         on = f" on {self.device}" if self.device and self.device != "tpu" else ""
@@ -128,7 +116,7 @@ def differ(calls: Sequence[RankCall]) -> str | None:
         return "dtype"
     if any(c.reduce_op != first.reduce_op for c in calls):
         return "reduce_op"
-    if first.op in _ROOTED and any(c.peer != first.peer for c in calls):
+    if first.op in ROOTED and any(c.peer != first.peer for c in calls):
         return "root"
     return None
 

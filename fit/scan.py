@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tpu_debug.core.hlo_text import parse_module
 from tpu_debug.runtime.target.errors import TargetError
 
 __all__ = ["ScanPieces", "trace_pieces", "layer_stack", "scan_step"]
@@ -555,27 +556,10 @@ def loop_repeats(hlo: str, trips: int) -> dict[str, int]:
     """Instruction name -> how many times it runs per step, for the instructions of the
     compiled step's loops (their bodies and what those call): ``trips`` each, since the
     step's loops are its layer loops. Instructions outside are not listed (once)."""
-    import re
-
-    body: dict[str, list[str]] = {}
-    calls: dict[str, set[str]] = {}
-    loops: set[str] = set()
-    current = None
-    for line in hlo.splitlines():
-        head = re.match(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$", line)
-        if head:
-            current = head.group(1)
-            body[current], calls[current] = [], set()
-            continue
-        item = re.match(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = ", line)
-        if current is None or item is None:
-            continue
-        body[current].append(item.group(1))
-        called = re.findall(r"(?:calls|to_apply|body|condition|branch_computations|called_computations)="
-                            r"\{?([^,}\s]+(?:,\s*%[\w.\-]+)*)", line)
-        for group in called:
-            calls[current].update(name.strip().lstrip("%") for name in group.split(","))
-        loops.update(m.lstrip("%") for m in re.findall(r"body=(%[\w.\-]+)", line))
+    module = parse_module(hlo)
+    body = {c.name: [i.name for i in c.instructions] for c in module.computations}
+    calls = {c.name: {n for i in c.instructions for n in i.called} for c in module.computations}
+    loops = {i.attr("body").lstrip("%") for i in module.instructions() if i.attr("body")}
     repeats: dict[str, int] = {}
     todo, seen = list(loops), set()
     while todo:

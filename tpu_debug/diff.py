@@ -116,7 +116,7 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
         "findings": len(advice.findings),
         **_fit_figures(session),
     }
-    checked = session.divergence_summary()
+    checked = session.divergences.summary()
     if checked is not None:
         # the local measure: each op against CPU on its own inputs, so an op is counted
         # once, not again for every op its error flows into

@@ -16,7 +16,16 @@ __all__ = ["Session", "open_run"]
 
 
 class Session(RunQuery):
-    """Queries over one run: ops, programs, compiles, transfers, events, HLO, summary.
+    """Queries over one run: ops, programs, compiles, recompiles, transfers, divergences,
+    steps, events, findings, and the report (``summary()``).
+
+    Each subject is a part (``tracers/query/``): calling it lists the subject's records
+    (``session.ops()``, ``session.compiles()``, ``session.recompiles()``,
+    ``session.transfers()``, ``session.divergences()``, ``session.programs()``,
+    ``session.steps()``), its methods answer the subject's other questions
+    (``session.recompiles.groups()``, ``session.divergences.first()``,
+    ``session.programs.hlo(op)``, ``session.transfers.call_sites()``). ``events(kind)``,
+    ``metadata()``, ``counts()`` and ``findings()`` are the run's own.
 
     A live session (the one ``trace()`` yields) flushes the recorder before
     each query, so it sees everything recorded so far. After the trace ends it
@@ -28,7 +37,7 @@ class Session(RunQuery):
             y = torch.ones(3, device="tpu") * 2
         session.ops()[0].name
         # 'mul.Tensor'
-        print(session.hlo("aten::mul.Tensor"))
+        print(session.programs.hlo("aten::mul.Tensor"))
     """
 
     def __init__(self, db_path: Path, *, writer: RunWriter | None = None) -> None:

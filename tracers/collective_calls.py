@@ -19,12 +19,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from tpu_debug.core import desync as _desync
+from tpu_debug.core.collective_kinds import P2P_OPS
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent
 
 __all__ = ["Desync", "desync_text", "event_calls", "first_desyncs", "rank_call"]
-
-_P2P = _desync.P2P_OPS
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Desync:
@@ -132,7 +130,7 @@ def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],
     members: dict[str, tuple[int, ...]] = {}
     for calls in calls_by_rank.values():
         for call in calls:
-            if call.op in _P2P:
+            if call.op in P2P_OPS:
                 continue
             members.setdefault(call.group, call.group_ranks)
             groups.setdefault(call.group, {}).setdefault(_global_rank(call), {})[call.seq] = call

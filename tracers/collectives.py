@@ -332,7 +332,7 @@ def program_calls(session: Any, events: Sequence[CollectivesEvent]) -> dict[int,
     by_name: dict[str, int] = {}
     if any(not e.program for e in events):
         for o in session.ops():
-            by_name[o.name] = by_name.get(o.name, 0) + o.count
+            by_name[o.name] = by_name.get(o.name, 0) + o.executed().count
     return {e.id: (by_hash.get(e.program, 0) if e.program else by_name.get(e.name, 0)) for e in events}
 
 

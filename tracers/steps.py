@@ -125,8 +125,8 @@ class _Counts:
         self.sequence = _SEED
 
     def ran(self) -> bool:
-        return bool(self.eager_ops or self.graph_runs or self.compiles or self.read_backs or self.transfers
-                    or self.fallbacks)
+        # a transfer alone (reading the last step's loss back) is no step's work
+        return bool(self.eager_ops or self.graph_runs or self.compiles or self.read_backs or self.fallbacks)
 
 
 class _Window:
@@ -195,6 +195,7 @@ class StepTracker:
         self._tpu_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hook: Any = None
         self._closed = False
+        self._closed_at: float | None = None
         self._listeners: tuple[Callable[[StepEvent], None], ...] = ()
 
     @property
@@ -238,6 +239,7 @@ class StepTracker:
         if self._closed:
             return
         self._closed = True
+        self._closed_at = self._clock()
         if _current is self:
             _current = None
         if self._hook is not None:
@@ -249,6 +251,21 @@ class StepTracker:
                 self._loop_steps(window)
             except Exception as exc:  # noqa: BLE001 - the run is closed without loop steps
                 self._error("close (loop detection)", exc)
+
+    def unfinished(self) -> StepEvent | None:
+        """What ran after the last step ended, counted as a step is, numbered as the next
+        step would have been (0 in a run that ended no step: the whole run), up to now or
+        to :meth:`close`; None when no op ran there, or when the run's steps are its
+        loop's iterations. Never recorded (the run's steps are those that ended): a reader
+        that shows every step's figures (TensorBoard) shows it after the last one, with
+        ``detected="unfinished"``."""
+        with self._lock:
+            counts, index, start = self._counts, self._index, self._start
+            end = self._closed_at if self._closed_at is not None else self._clock()
+        if not counts.ran():
+            return None
+        # not recorded, so it takes no id of the run's
+        return _event(0, index, "unfinished", start, end, counts, None)
 
     # -- step ends ------------------------------------------------------------------------
 
@@ -413,6 +430,8 @@ class StepTracker:
             start = ends[a - 1] if a > 0 else min(self._start, ends[0] - seconds[0])
             self._put(_event(self._new_id(), index, "loop", start, ends[b - 1], counts, None))
         self._index = loop.iterations
+        # the loop's steps hold what ran in it; what ran around the loop belongs to no step
+        self._counts = _Counts()
 
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:

@@ -118,7 +118,7 @@ class TorchTraceEmitter:
         emitter = TorchTraceEmitter(recorder.record_error)
         emitter.start(); writer.add_listener(emitter.on_event); probes.subscribe(emitter)
         ...; probes.unsubscribe(emitter); writer.remove_listener(emitter.on_event)
-        emitter.close(session.program)
+        emitter.close(session.programs.text)
     """
 
     def __init__(self, record_error: Callable[[str, str], None] | None = None) -> None:

@@ -52,7 +52,10 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
+from tpu_debug.core.collective_kinds import P2P_OPS
+from tpu_debug.core.errors import ConfigError
 from tpu_debug.core.post_import import when_imported
+from tpu_debug.core.rank_env import read_rank_env
 from tpu_debug.core.sources import library_roots
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed.config import config
@@ -64,12 +67,10 @@ from tpu_debug.runtime.distributed.errors import (
     MeshError,
 )
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "P2P_OPS", "TpuProcessGroup", "register_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
 
 BACKEND_NAMES = ("tpu", "tpu_dist")
 DEFAULT_BACKEND = "tpu_dist"
-#: the point-to-point calls, whose sequence numbers count apart from the group's collectives
-P2P_OPS = ("send", "recv", "recv_anysource")
 _lock = threading.Lock()
 _registered = False
 
@@ -735,8 +736,12 @@ def _creator(name: str) -> Callable[[Any, Any], TpuProcessGroup]:
 
 
 def _this_rank(explicit: Any = None) -> str:
-    rank = explicit if explicit not in (None, -1) else os.environ.get("RANK")
-    return f"rank {rank}" if rank is not None else "this process"
+    if explicit in (None, -1):
+        try:
+            explicit = read_rank_env().rank
+        except ConfigError:  # naming the rank in another error: a bad RANK is not that error
+            explicit = None
+    return f"rank {explicit}" if explicit is not None else "this process"
 
 
 def _guard_init(init: Callable) -> Callable:

@@ -21,6 +21,7 @@ from tpu_debug.config import TraceConfig
 from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
+from tpu_debug.core.rank_env import torchrun_env
 from tpu_debug.core.run_args import prepare_parser, script_of
 from tpu_debug.report import print_rank_report
 from tpu_debug.runtime import distributed
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _torchrun_group(options: dict):
     """(the launch's group, this rank) when torchrun started this process, else None."""
-    if ranks.torchrun_key(os.environ) is None:
+    if torchrun_env() is None:
         return None
     config = TraceConfig.from_env().override(**options)
     return ranks.torchrun_group(Path(config.logdir), options["name"], list(getattr(sys, "orig_argv", sys.argv)))

@@ -202,7 +202,7 @@ def _divergence_site_data(key: tuple, items: list, counts: dict) -> dict[str, An
 
 @section("Divergence", order=60, key="divergence", render=_render_divergence)
 def _divergence(session: Any) -> dict[str, Any] | None:
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     events = session.divergences()
     if summary is None and not events:
         return None

@@ -55,6 +55,10 @@ def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
     parts: list[RenderableType] = [table]
     if len(ops) > 15:
         parts.append(dim_note(f"... and {len(ops) - 15} more ops"))
+    fell_back = sum(o.get("fallbacks") or 0 for o in ops)
+    if fell_back:
+        parts.append(dim_note(f"calls include {fell_back} run on the CPU for lack of a lowering, with the CPU's time "
+                               "(see CPU fallbacks)"))
     parts.append(dim_note(f"calls and time: {NOT_MEASURED} (it records compiles)" if unlogged else
                        "time is host time to dispatch each executable (device work runs asynchronously)"))
     return Group(*parts)
@@ -72,6 +76,7 @@ def _ops(session: Any) -> list[dict[str, Any]]:
             "compiles": o.compiles,
             "compile_seconds": o.compile_seconds,
             "programs": o.programs,
+            "fallbacks": None if imported else o.fallbacks,
         }
         for o in session.ops()
     ]
@@ -103,7 +108,7 @@ def _render_programs(programs: list[dict], terminal: bool) -> RenderableType | N
             format_seconds(p["compile_seconds"]),
             str(p["instructions"]),
         )
-    return Group(table, dim_note("see a program's HLO with session.hlo(<op or program id>)"))
+    return Group(table, dim_note("see a program's HLO with session.programs.hlo(<op or program id>)"))
 
 
 @section("Heaviest programs", order=30, key="programs", render=_render_programs)
@@ -201,7 +206,7 @@ def _render_fallbacks(fallbacks: list[dict], terminal: bool) -> RenderableType |
 @section("CPU fallbacks", order=70, key="fallbacks", render=_render_fallbacks)
 def _fallbacks(session: Any) -> list[dict[str, Any]]:
     counts: dict[str, list] = {}
-    for f in session.fallbacks():
+    for f in session.ops.fallbacks():
         counts.setdefault(f.name, []).append(f)
     return [
         {"name": name, "count": len(items), "seconds": sum(f.seconds for f in items),
@@ -234,7 +239,7 @@ def _float64_note(ops: list[dict]) -> str:
 
 @section("float64", order=75, key="float64", render=_render_float64)
 def _float64(session: Any) -> list[dict[str, Any]]:
-    ops = session.float64_ops()
+    ops = session.ops.float64()
     origins = float64_origins(RunFacts(session)) if ops else {}
     return [
         {"name": name, "programs": programs, "executions": runs, "origin": origins.get(name, "program")}

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tpu_debug.core.collective_kinds import P2P_OPS
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.report.core import (
     RANKS_SCHEMA,
@@ -41,7 +42,7 @@ def _rank_figure_data(session: Any) -> dict[str, Any]:
         "exit_status": m.exit_status,
         "duration": m.duration,
         "devices": m.device_count,
-        "device_ops": sum(o.count for o in ops),
+        "device_ops": sum(o.executed().count for o in ops),
         "compiles": sum(o.compiles for o in ops),
         "multi_device_programs": totals.programs,
         "collectives": totals.collectives,
@@ -77,8 +78,6 @@ def rank_figures(session: Any) -> dict[str, str]:
 
 
 _RANK_STOPS = ("RankDivergenceError", "RankTimeoutError")
-# c10d's point-to-point calls: their sequence numbers count apart, and no two ranks make the same one
-_P2P = ("send", "recv", "recv_anysource")
 
 
 def _agreement_data(sessions: list) -> dict[str, Any]:
@@ -102,7 +101,7 @@ SEQUENCE_ROWS = 12
 
 def _done_key(op: str, group: str, seq: int) -> tuple[str, bool, int]:
     # a group's sends and receives count their own sequence, so one seq can name two calls
-    return group, op in _P2P, seq
+    return group, op in P2P_OPS, seq
 
 
 def _durations(session: Any) -> dict[tuple[str, bool, int], float] | None:
@@ -157,7 +156,7 @@ def _entries(calls: dict[int, list], starts: dict[int, float | None]) -> dict[tu
         if start is None:
             continue
         for c in events:
-            if c.op not in _P2P:
+            if c.op not in P2P_OPS:
                 entered.setdefault((c.group, c.seq), {})[rank] = start + c.ts
     return entered
 
@@ -247,7 +246,7 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
     members: dict[str, list[int]] = {}
     for rank, events in calls.items():
         for c in events:
-            if c.op in _P2P:
+            if c.op in P2P_OPS:
                 continue
             members.setdefault(c.group, list(c.group_ranks))
             by_group.setdefault(c.group, {}).setdefault(c.seq, {})[rank] = c

@@ -96,7 +96,7 @@ def _render_target(d: dict | None, terminal: bool) -> RenderableType | None:
     parts.append(dim_note(
         "est. = a model estimate, not a measurement: max(flops / peak, bytes / HBM bandwidth) per program, "
         "with the target's published peaks and the TPU compiler's counts, per device; a step adds its "
-        "programs back to back, without host dispatch. TPU HLO: session.hlo(<id>)"
+        "programs back to back, without host dispatch. TPU HLO: session.programs.hlo(<id>)"
     ))
     return Group(*parts)
 

@@ -82,7 +82,7 @@ def _transfers(session: Any) -> dict[str, Any]:
                 "bytes": c.nbytes,
                 "seconds": c.seconds,
             }
-            for c in session.transfer_call_sites()
+            for c in session.transfers.call_sites()
         ],
     }
 

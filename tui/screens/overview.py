@@ -61,7 +61,7 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
     after, see :func:`finding_lines`)."""
     meta = session.metadata()
     counts = session.counts()
-    groups = session.compile_groups()
+    groups = session.compiles.groups()
     notes: list[FindingLine] = []
     if counts.get("internal_error"):
         n = counts["internal_error"]
