@@ -369,6 +369,32 @@ def test_the_callback_check_finds_a_planted_any():
     assert untyped_callbacks(planted, records) == ["tpu_debug.tracers.x:4 T.on_alloc(info: Any), not AllocInfo"]
 
 
+def lazy_names(text: str) -> set[str]:
+    """The names a package's ``lazy_exports(globals(), {module: names})`` call hands out lazily."""
+    names = set()
+    for call in ast.walk(ast.parse(text)):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "lazy_exports":
+            for names_of_module in call.args[1].values:
+                names |= {element.value for element in names_of_module.elts}
+    return names
+
+
+def test_no_lazy_name_is_a_submodule():
+    """A package's lazily exported name that is also one of its submodules' names would become
+    the module once anything imports that submodule (Python binds a submodule on its package),
+    so such a name is imported eagerly instead."""
+    modules = _modules()
+    clashes = [
+        f"{name}.{attribute}"
+        for name, (source, is_package) in modules.items()
+        if is_package
+        for attribute in lazy_names(source.read_text())
+        if f"{name}.{attribute}" in modules
+    ]
+    assert any(lazy_names(source.read_text()) for source, _ in modules.values())
+    assert not clashes, "lazy names that are submodules too (import them eagerly):\n" + "\n".join(clashes)
+
+
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     body = node.body
     has_docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)

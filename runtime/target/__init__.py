@@ -16,9 +16,21 @@ compile loads libtpu (``pip install "tpu-debug[tpu]"``).
 
 from __future__ import annotations
 
+# ``roofline`` names the function and its module: imported here, the function is bound after
+# the module and stays the package's attribute (a lazy name would lose it to a later import of
+# the module)
 from tpu_debug.core.autoload import lazy_exports
 from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError, TargetSpecError
 from tpu_debug.runtime.target.hardware import GENERATIONS, Generation, Target, parse_target
+from tpu_debug.runtime.target.precision import PASSES, DotFlops, dot_flops
+from tpu_debug.runtime.target.results import (
+    CompileError,
+    CostStats,
+    MemoryStats,
+    TargetCompile,
+    parse_compile_error,
+)
+from tpu_debug.runtime.target.roofline import Roofline, roofline
 
 __all__ = [
     "GENERATIONS",
@@ -67,16 +79,7 @@ __getattr__, __dir__ = lazy_exports(
     globals(),
     {
         "tpu_debug.runtime.target.capacity": ("hbm_capacity", "usable_hbm_bytes"),
-        "tpu_debug.runtime.target.compile": (
-            "CompileError",
-            "CostStats",
-            "MemoryStats",
-            "TargetCompile",
-            "compile_for_target",
-            "compile_lowered_for_target",
-            "parse_compile_error",
-            "target_mesh",
-        ),
+        "tpu_debug.runtime.target.compile": ("compile_for_target", "compile_lowered_for_target", "target_mesh"),
         "tpu_debug.runtime.target.dryrun": ("AdamW", "DryRun", "TracedStep", "dry_run", "trace_step"),
         "tpu_debug.runtime.target.executor": (
             "TargetCompiler",
@@ -93,7 +96,5 @@ __getattr__, __dir__ = lazy_exports(
             "padding_report",
             "parse_layout",
         ),
-        "tpu_debug.runtime.target.precision": ("PASSES", "DotFlops", "dot_flops"),
-        "tpu_debug.runtime.target.roofline": ("Roofline", "roofline"),
     },
 )
