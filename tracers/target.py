@@ -50,7 +50,14 @@ from tpu_debug.core.hlo_text import Module as _Module
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
 from tpu_debug.core.hlo_text import parse_module as _parse_module
 from tpu_debug.runtime.probes import CompileInfo
-from tpu_debug.runtime.target import GENERATIONS, hbm_capacity, libtpu_version, parse_target, require_libtpu
+from tpu_debug.runtime.target import (
+    GENERATIONS,
+    hbm_capacity,
+    libtpu_version,
+    parse_target,
+    require_libtpu,
+    roofline,
+)
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.layout import padded_elements, padding_report
 from tpu_debug.tracers.events import (
@@ -67,7 +74,7 @@ from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import _identity as identity_of
 
 # The report and the TUI import this module to read runs back: what loads jax or torch (the target
-# compiler, the roofline) is imported where a recording first uses it.
+# compiler) is imported where a recording first uses it.
 
 __all__ = [
     "DEFAULT_WAIT",
@@ -457,8 +464,6 @@ class TargetTracer:
 
     def _event(self, program: _Program, result: Any, relowered: bool, stablehlo: str) -> TargetCompileEvent:
         """The recorded form of a target compile (runs on the worker: parsing TPU HLO costs)."""
-        from tpu_debug.runtime.target import roofline
-
         info = program.info
         args = tuple(a.recorded() for a in info.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
