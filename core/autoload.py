@@ -9,8 +9,8 @@ device's modules, which import it back. The entry point leaves its registration 
 runs when the runtime's packages next hand out a name (:func:`lazy_exports`) with none of the
 runtime's modules importing. (A program that imports a runtime module by its dotted path
 before torch, ``import tpu_debug.runtime.eager``, gets the device at its first use of a runtime
-name, ``tpu_debug.runtime.install()`` say.) The hand-off lives in core because the entry point sits above
-the runtime and the runtime may not import it.
+name, ``tpu_debug.runtime.install()`` say.) The hand-off lives in core because the entry point
+sits above the runtime and the runtime may not import it.
 """
 
 from __future__ import annotations
