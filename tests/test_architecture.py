@@ -358,11 +358,13 @@ def test_the_callback_check_finds_a_planted_any():
     records = {"on_alloc": "AllocInfo", "on_free": "FreeInfo"}
     planted = {
         "tpu_debug.tracers.x": (
-            "from typing import Any\n"
-            "from tpu_debug.runtime import probes\n"
-            "class T:\n"
-            "    def on_alloc(self, info: Any) -> None: ...\n"
-            "    def on_free(self, info: probes.FreeInfo) -> None: ...\n",
+            (
+                "from typing import Any\n"
+                "from tpu_debug.runtime import probes\n"
+                "class T:\n"
+                "    def on_alloc(self, info: Any) -> None: ...\n"
+                "    def on_free(self, info: probes.FreeInfo) -> None: ...\n"
+            ),
             False,
         )
     }
