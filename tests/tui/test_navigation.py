@@ -396,7 +396,7 @@ def test_footer_says_12345678_views(make_app):
         assert isinstance(app.screen, OverviewScreen)
         await press(pilot, "question_mark")
         help_text = screen_text(app)
-        for title in ("1-9", "Views", "Recompiles", "Collectives", "Fit"):
+        for title in (keys, "Views", "Recompiles", "Collectives", "Fit"):
             assert title in help_text, title
 
     drive(app, scenario, size=(100, 30))
