@@ -212,6 +212,7 @@ class TpuModule:
     # utilities (runtime/profiler.py, runtime/tpu_utils.py); ``__path__`` makes ``torch.tpu``
     # a package to ``import torch.tpu.<submodule>``
     __path__: tuple[str, ...] = ()
+    __spec__ = None
     profiler = _profiler
     utils = _tpu_utils
     _get_cache_stats = staticmethod(_tpu_utils.get_cache_stats)

@@ -7,7 +7,8 @@ comes from ``fn``'s annotations (``jax.Array`` arguments are tensors, ``int``/``
 and the result is a ``CustomOpDef`` (``register_autograd``, ``register_fake`` work on it).
 
 On ``tpu`` tensors the op is one more op of the runtime: the function is registered as the
-op's lowering (``runtime/ops/registry.py``), so eagerly it runs as one cached executable,
+op's lowering (``runtime/ops/registry.py``) and the device's fallback kernel runs it, so
+eagerly it runs as one cached executable,
 in DEFER_AND_FUSE mode it joins the fused program, and in a ``torch.compile`` graph the
 FX node calling it is lowered into the graph's one program.
 
@@ -99,8 +100,22 @@ def _return_type(annotation: Any, where: str) -> str:
     )
 
 
+def _signature(fn: Callable) -> inspect.Signature:
+    """``fn``'s signature with its annotations evaluated: in its module's names, and for a
+    function whose module imports jax only locally (string annotations under
+    ``from __future__ import annotations``), with jax, torch and typing's names too."""
+    fn = inspect.unwrap(fn)
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except NameError:
+        names = {"jax": jax, "torch": torch, "typing": typing, "Tuple": typing.Tuple, "List": typing.List,
+                 "Sequence": collections.abc.Sequence, "Optional": typing.Optional, "Array": jax.Array,
+                 **getattr(fn, "__globals__", {})}
+        return inspect.signature(fn, globals=names, eval_str=True)
+
+
 def _schema(fn: Callable, where: str) -> tuple[str, inspect.Signature]:
-    signature = inspect.signature(inspect.unwrap(fn), eval_str=True)
+    signature = _signature(fn)
     params = []
     for p in signature.parameters.values():
         if p.annotation is inspect.Parameter.empty:
@@ -256,22 +271,14 @@ def jax_op(name: str, fn: Callable | None = None, /, *, donate_argnums: Sequence
     def make(fn: Callable) -> CustomOpDef:
         where = f"jax_op({name!r}, {getattr(fn, '__name__', fn)!r})"
         schema, _signature = _schema(fn, where)
-        op = torch.library.custom_op(name, _cpu_kernel(fn), mutates_args=(), schema=schema)
-        op.register_kernel("tpu")(_tpu_kernel(op))
+        # the CPU kernel only: on `tpu` tensors the device's fallback kernel runs the op through
+        # its lowering, as it runs every aten op (runtime/device.py)
+        op = torch.library.custom_op(name, _cpu_kernel(fn), mutates_args=(), device_types="cpu", schema=schema)
         op.register_fake(_fake(fn))
         lower(op._opoverload, static_scalars=True)(_per_platform(fn))
         return op
 
     return make if fn is None else make(fn)
-
-
-def _tpu_kernel(op: CustomOpDef) -> Callable:
-    def kernel(*args, **kwargs):
-        from tpu_debug.runtime.device import dispatch
-
-        return dispatch(op._opoverload, args, kwargs)
-
-    return kernel
 
 
 def get_pallas_mesh(axis_names: Sequence[str] | str, mesh_shape: Sequence[int] | None = None,

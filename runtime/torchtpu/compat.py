@@ -45,7 +45,7 @@ def _libtpu_args() -> list[tuple[str, str | None]]:
     return found
 
 
-def declare_libtpu_flags() -> None:
+def declare_libtpu_flags(flag_values=None) -> None:
     """Declare to absl the libtpu flags a script put on its command line.
 
     TorchTPU's notebooks append libtpu's flags (``--xla_jf_dump_to=...``) to ``sys.argv``
@@ -56,14 +56,15 @@ def declare_libtpu_flags() -> None:
     import absl), or when the device registers if absl was imported before."""
     from absl import flags
 
+    values = flags.FLAGS if flag_values is None else flag_values
     for name, value in _libtpu_args():
-        if name in flags.FLAGS:
+        if name in values:
             continue
         help_text = "a libtpu flag: there is no libtpu under tpu_debug's runtime, so nothing reads it"
         if value is None or value.lower() in ("true", "false"):
-            flags.DEFINE_bool(name, None, help_text)
+            flags.DEFINE_bool(name, None, help_text, flag_values=values)
         else:
-            flags.DEFINE_string(name, None, help_text)
+            flags.DEFINE_string(name, None, help_text, flag_values=values)
 
 
 def _accelerator_synchronize(tpu_module: Any) -> None:

@@ -28,11 +28,9 @@ def _world_size(world_size: int | None) -> int:
         return int(world_size)
     if os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"])
-    import jax
-    from tpu_debug.runtime import start
+    import torch
 
-    start()
-    return jax.local_device_count()
+    return torch.tpu.device_count()
 
 
 def prepare_tpu_environment(world_size: int | None = None) -> dict[str, str]:

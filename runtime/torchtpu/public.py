@@ -16,6 +16,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from tpu_debug.core.errors import UnsupportedError
 
 __all__ = ["SUBMODULES", "install", "needs_a_tpu"]
@@ -165,7 +167,6 @@ _made: dict[str, Any] = {}
 
 def _barrier_op():
     if "barrier" not in _made:
-        import jax
         from tpu_debug.runtime.pallas import jax_op
 
         def barrier(inputs: list[jax.Array]) -> list[jax.Array]:
