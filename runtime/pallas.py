@@ -15,8 +15,10 @@ FX node calling it is lowered into the graph's one program.
 Where the kernel runs: ``fn`` is traced with ``jax.lax.platform_dependent``, whose CPU
 branch runs the Pallas kernels in Pallas' interpret mode (``interpret=True``: the kernel
 body becomes plain XLA ops, so a kernel written for a TPU runs on a laptop unchanged) and
-whose other branch is the kernel as written. A program lowered for a TPU (the TPU
-target's compile, ``tpu-debug run --target``) therefore holds the Mosaic kernel. The
+whose other branch is the kernel as written. A program lowered for a TPU therefore holds
+the Mosaic kernel: the TPU target's compile (``tpu-debug run --target``) lowers a program
+holding an interpreted kernel (a function named :data:`INTERPRETED_KERNEL`) again for the
+TPU, as it does a program with a CPU-only custom call. The
 function is traced with 64-bit types off, as JAX's defaults are (the runtime itself
 traces with them on), so a kernel sees the index types it was written for.
 """
@@ -38,7 +40,10 @@ from tpu_debug.core.errors import TpuArgumentError
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import lower
 
-__all__ = ["get_pallas_mesh", "jax_op"]
+__all__ = ["INTERPRETED_KERNEL", "get_pallas_mesh", "jax_op"]
+
+# the name of the function holding an interpreted kernel in a program lowered for CPU
+INTERPRETED_KERNEL = "tpu_debug_interpreted_kernel"
 
 _TENSOR = (jax.Array, torch.Tensor)
 _STATIC = {bool: "bool", int: "SymInt", float: "float", str: "str"}
@@ -164,7 +169,11 @@ def _per_platform(fn: Callable) -> Callable:
             return branch
 
         operands = [args[i] for i in arrays]
-        return jax.lax.platform_dependent(*operands, cpu=call(_interpreted(fn)), default=call(fn))
+        interpreted = call(_interpreted(fn))
+        interpreted.__name__ = INTERPRETED_KERNEL
+        # a function of its own in the CPU lowering, by that name: the TPU target tracer
+        # lowers such a program again for the TPU (tracers/target.py), which takes the other branch
+        return jax.lax.platform_dependent(*operands, cpu=jax.jit(interpreted, inline=False), default=call(fn))
 
     return lowering
 
