@@ -954,6 +954,11 @@ def start() -> None:
         if _started:
             return
         config.load_env()
+        from tpu_debug.runtime.torchtpu.compat import eager_mode_from_env
+
+        torchtpu_mode = eager_mode_from_env()  # TorchTPU's TPU_LAUNCH_BLOCKING, TORCH_TPU_DEFER_AND_FUSE
+        if torchtpu_mode is not None:
+            config.eager_mode = torchtpu_mode
         _xla_options.mark_started()  # XLA_FLAGS as XLA reads it when it starts
         _leave_out_an_absent_tpu()
         single_threaded_backward()

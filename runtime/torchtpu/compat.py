@@ -12,7 +12,7 @@ from typing import Any
 
 from tpu_debug.core.post_import import when_imported
 
-__all__ = ["declare_libtpu_flags", "install"]
+__all__ = ["declare_libtpu_flags", "eager_mode_from_env", "install"]
 
 
 def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType) -> None:
@@ -96,3 +96,15 @@ def _accelerator_synchronize(tpu_module: Any) -> None:
     synchronize.__doc__ = original.__doc__
     synchronize._tpu_debug = True  # type: ignore[attr-defined]
     accelerator.synchronize = synchronize
+
+
+def eager_mode_from_env() -> str | None:
+    """The eager mode TorchTPU's variables ask for, unless ``TPU_DEBUG_EAGER_MODE`` is set:
+    ``TPU_LAUNCH_BLOCKING=1`` (op by op, each waited for) or ``TORCH_TPU_DEFER_AND_FUSE=1``."""
+    if os.environ.get("TPU_DEBUG_EAGER_MODE"):
+        return None
+    if os.environ.get("TPU_LAUNCH_BLOCKING") == "1":
+        return "defer_never_and_launch_blocking"
+    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
+        return "defer_and_fuse"
+    return None

@@ -89,3 +89,17 @@ def test_libtpu_flags_on_the_command_line_pass_absl(monkeypatch):
     assert values(argv) == ["script.py"]
     assert values.xla_tpudebug_test_dump_to == "/tmp/x" and values.xla_tpudebug_test_llo is True
     assert "xla_tpudebug_test_env_only" in values
+
+
+def test_torchtpus_eager_mode_variables(monkeypatch):
+    from tpu_debug.runtime.torchtpu.compat import eager_mode_from_env
+
+    for name in ("TPU_DEBUG_EAGER_MODE", "TPU_LAUNCH_BLOCKING", "TORCH_TPU_DEFER_AND_FUSE"):
+        monkeypatch.delenv(name, raising=False)
+    assert eager_mode_from_env() is None
+    monkeypatch.setenv("TORCH_TPU_DEFER_AND_FUSE", "1")
+    assert eager_mode_from_env() == "defer_and_fuse"
+    monkeypatch.setenv("TPU_LAUNCH_BLOCKING", "1")
+    assert eager_mode_from_env() == "defer_never_and_launch_blocking"
+    monkeypatch.setenv("TPU_DEBUG_EAGER_MODE", "defer_never")  # tpu_debug's own variable wins
+    assert eager_mode_from_env() is None
