@@ -12,6 +12,7 @@ from jax.experimental import pallas as pl
 
 from tpu_debug.core.errors import TpuArgumentError
 from tpu_debug.runtime.pallas import _per_platform, jax_op
+from tpu_debug.runtime.target import _libtpu
 
 
 def _add_kernel(x_ref, y_ref, o_ref):
@@ -154,3 +155,20 @@ def test_jax_op_refuses_what_its_schema_cannot_say():
         jax_op("no_namespace", _add)
     with pytest.raises(TpuArgumentError, match=r"a kernel over several devices runs on a TPU slice"):
         jax_op("tpu_debug_test::bad2", _add, mesh=object())
+
+
+@pytest.mark.skipif(not _libtpu._find_libtpu(),
+                    reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+def test_under_a_tpu_target_the_kernel_is_compiled_as_written(ops, tmp_path, monkeypatch):
+    import tpu_debug
+
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
+    a, b = _pair(8, 128)
+    with tpu_debug.trace(logdir=tmp_path, target="v5e", hlo=True) as session:
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER):
+            out = ops["add"](a.to("tpu"), b.to("tpu"))
+    assert torch.equal(out.cpu(), a + b)
+    (kernel,) = [e for e in session.events("target_compile") if "pallas_add" in e.name]
+    # the CPU program interprets the kernel; the TPU's is lowered again and holds the Mosaic kernel
+    assert "tpu_debug_interpreted_kernel" in session.program(kernel.program).stablehlo
+    assert kernel.ok and kernel.relowered and "tpu_custom_call" in session.program(kernel.tpu_program).hlo
