@@ -113,7 +113,7 @@ def _signature(fn: Callable) -> inspect.Signature:
     try:
         return inspect.signature(fn, eval_str=True)
     except NameError:
-        names = {"jax": jax, "torch": torch, "typing": typing, "Tuple": typing.Tuple, "List": typing.List,
+        names = {"jax": jax, "torch": torch, "typing": typing, "Tuple": tuple, "List": list,
                  "Sequence": collections.abc.Sequence, "Optional": typing.Optional, "Array": jax.Array,
                  **getattr(fn, "__globals__", {})}
         return inspect.signature(fn, globals=names, eval_str=True)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-
 from tpu_debug.core.errors import UnsupportedError
 
 __all__ = ["SUBMODULES", "install", "needs_a_tpu"]

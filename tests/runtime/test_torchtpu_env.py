@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from jax._src import config as jax_config
-
 from tpu_debug.core.errors import ConfigError
 from tpu_debug.runtime import compile_cache, xla_options
 from tpu_debug.runtime.compile_cache import local_compile
@@ -76,7 +75,6 @@ def test_the_cache_tiers_name_the_compile_cache(monkeypatch, tmp_path):
 
 def test_libtpu_flags_on_the_command_line_pass_absl(monkeypatch):
     from absl import flags
-
     from tpu_debug.runtime.torchtpu.compat import declare_libtpu_flags
 
     argv = ["script.py", "--xla_tpudebug_test_dump_to=/tmp/x", "--xla_tpudebug_test_llo=true"]

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import pytest
 import torch
 from jax.experimental import pallas as pl
-
 from tpu_debug.core.errors import TpuArgumentError
 from tpu_debug.runtime.pallas import _per_platform, jax_op
 from tpu_debug.runtime.target import _libtpu
@@ -164,9 +163,9 @@ def test_under_a_tpu_target_the_kernel_is_compiled_as_written(ops, tmp_path, mon
 
     monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
     a, b = _pair(8, 128)
-    with tpu_debug.trace(logdir=tmp_path, target="v5e", hlo=True) as session:
-        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER):
-            out = ops["add"](a.to("tpu"), b.to("tpu"))
+    with (tpu_debug.trace(logdir=tmp_path, target="v5e", hlo=True) as session,
+          torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)):
+        out = ops["add"](a.to("tpu"), b.to("tpu"))
     assert torch.equal(out.cpu(), a + b)
     (kernel,) = [e for e in session.events("target_compile") if "pallas_add" in e.name]
     # the CPU program interprets the kernel; the TPU's is lowered again and holds the Mosaic kernel

@@ -11,7 +11,6 @@ import torch
 from torch_tpu._internal import execution_mode as em
 from torch_tpu._internal import profiler, sync
 from torch_tpu._internal.utils import utils
-
 from tpu_debug.runtime import lazy
 from tpu_debug.runtime.config import config
 
@@ -147,7 +146,6 @@ def test_excess_precision_flag_against_cpu_pytorch():
     explicitly), so the flag is checked on one, run as a runtime op."""
     import jax
     import jax.numpy as jnp
-
     from tpu_debug.runtime.pallas import jax_op
 
     def mul_add(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
