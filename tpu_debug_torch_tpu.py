@@ -15,6 +15,10 @@ The wheel's ``tpu_debug_torch_tpu.pth`` imports this module when Python starts, 
 name resolves before ``import torch`` too; the runtime installs it again (idempotent)
 when it registers the device. At start-up it costs one small module: it imports nothing
 but ``sys``, and builds modules only when a ``torch_tpu`` name is imported.
+
+PYTEST_DONT_REWRITE: pytest rewrites the asserts of a plugin distribution's modules when it
+loads the plugin (``tpu_debug_pytest``); this one was imported at start-up, before that, and
+has no asserts: the marker keeps pytest from warning that it cannot rewrite it.
 """
 
 from __future__ import annotations
@@ -80,13 +84,20 @@ class _Loader:
 
         return importlib.util.find_spec(self.impl) if self.impl else None
 
-    def get_code(self, fullname: str):
-        spec = self._impl_spec()
-        return None if spec is None else spec.loader.get_code(self.impl)
-
     def get_source(self, fullname: str):
         spec = self._impl_spec()
-        return None if spec is None else spec.loader.get_source(self.impl)
+        if spec is None or not spec.origin:
+            return None
+        import importlib.util
+
+        with open(spec.origin, "rb") as f:
+            return importlib.util.decode_source(f.read())
+
+    def get_code(self, fullname: str):
+        # compiled from the file, not asked of the implementation's loader: that may be another
+        # import hook's (pytest's assertion rewriter) without get_code
+        source = self.get_source(fullname)
+        return None if source is None else compile(source, self._impl_spec().origin, "exec", dont_inherit=True)
 
     def is_package(self, fullname: str) -> bool:
         return not self.impl
