@@ -30,17 +30,23 @@ def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType
     _accelerator_synchronize(tpu_module)
 
 
+# flag names only libtpu (XLA's TPU compiler and runtime) defines
+_LIBTPU_PREFIXES = ("xla_jf_", "xla_tpu_", "xla_sc_", "xla_mosaic_")
+
+
 def _libtpu_args() -> list[tuple[str, str | None]]:
-    """(name, value) of each ``--xla_*`` flag in ``sys.argv`` and of each flag in
-    ``LIBTPU_INIT_ARGS`` (value None for a bare ``--flag``)."""
+    """(name, value) of each flag in ``LIBTPU_INIT_ARGS``, and of each flag in ``sys.argv``
+    that one of them or a libtpu-only prefix names (value None for a bare ``--flag``): a
+    script's own absl flags are never declared here."""
     found = []
-    for arg in sys.argv[1:]:
-        if arg.startswith("--xla_"):
-            name, sep, value = arg[2:].partition("=")
-            found.append((name, value if sep else None))
     for arg in os.environ.get("LIBTPU_INIT_ARGS", "").split():
         name, sep, value = arg.lstrip("-").partition("=")
         if name:
+            found.append((name, value if sep else None))
+    libtpu = {name for name, _ in found}
+    for arg in sys.argv[1:]:
+        name, sep, value = arg[2:].partition("=")
+        if arg.startswith("--") and (name in libtpu or name.startswith(_LIBTPU_PREFIXES)):
             found.append((name, value if sep else None))
     return found
 

@@ -74,19 +74,24 @@ def test_the_cache_tiers_name_the_compile_cache(monkeypatch, tmp_path):
 
 
 def test_libtpu_flags_on_the_command_line_pass_absl(monkeypatch):
+    """The guide appends libtpu's flags to sys.argv and LIBTPU_INIT_ARGS, then runs
+    absl.app.run(main): the flags are declared so absl's parse goes on; a flag of the
+    script's own (not libtpu's) is left for the script to declare."""
     from absl import flags
     from tpu_debug.runtime.torchtpu.compat import declare_libtpu_flags
 
-    argv = ["script.py", "--xla_tpudebug_test_dump_to=/tmp/x", "--xla_tpudebug_test_llo=true"]
-    monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpudebug_test_env_only")
+    libtpu = ["--xla_jf_dump_to=/tmp/llo", "--xla_jf_dump_llo_text=true"]
+    monkeypatch.setattr(sys, "argv", ["script.py", *libtpu, "--xla_tpu_only_on_argv", "--xla_scripts_own=1"])
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", " ".join(libtpu))
     values = flags.FlagValues()  # absl's global FLAGS, as a fresh one
-    with pytest.raises(flags.UnrecognizedFlagError, match="Unknown command line flag 'xla_tpudebug_test_dump_to'"):
-        values(argv)
+    with pytest.raises(flags.UnrecognizedFlagError, match="Unknown command line flag 'xla_jf_dump_to'"):
+        values(sys.argv)
     declare_libtpu_flags(values)
-    assert values(argv) == ["script.py"]
-    assert values.xla_tpudebug_test_dump_to == "/tmp/x" and values.xla_tpudebug_test_llo is True
-    assert "xla_tpudebug_test_env_only" in values
+    assert "xla_scripts_own" not in values
+    flags.DEFINE_string("xla_scripts_own", None, "the script's", flag_values=values)
+    assert values(sys.argv) == ["script.py"]
+    assert values.xla_jf_dump_to == "/tmp/llo" and values.xla_jf_dump_llo_text is True
+    assert values.xla_tpu_only_on_argv is True and values.xla_scripts_own == "1"
 
 
 def test_torchtpus_eager_mode_variables(monkeypatch):
