@@ -1,11 +1,13 @@
-"""TorchTPU's debugging utilities on this runtime: cache statistics, an op tracer,
-and ``assert_close`` with tolerances fit for TPU numerics.
+"""TorchTPU's debugging utilities on this runtime: cache statistics, device memory, an op
+tracer, and ``assert_close`` with tolerances fit for TPU numerics.
 
-``torch.tpu._get_cache_stats()`` reads the runtime's executable caches;
+``torch.tpu._get_cache_stats()`` reads the runtime's executable caches (TorchTPU's fields and
+each cache's entries), ``torch.tpu._hbm_usage_summary()`` the live device buffers;
 ``torch.tpu.utils.OpTracer`` counts the ops a block dispatches, with TorchTPU's
-``ops_log`` / ``num_atens()`` and ``pformat_op_tracer``; ``torch.tpu.utils.assert_close``
-is ``torch.testing.assert_close`` with defaults that follow the float32 matmul
-precision in effect, and a failure that says which tolerances would pass.
+``ops_log`` / ``num_atens()`` / ``_pformat()``; ``torch.tpu.utils.assert_close`` is
+TorchTPU's (``CheckValueMode`` LOOSE, STRICT, SKIP; a preamble), with defaults that follow
+the float32 matmul precision in effect, and a failure that lists the largest mismatches and
+says which tolerances would pass.
 """
 
 from __future__ import annotations
