@@ -156,6 +156,9 @@ def test_jax_op_refuses_what_its_schema_cannot_say():
         jax_op("tpu_debug_test::bad2", _add, mesh=object())
 
 
+# slow: a libtpu compile; test_lowered_for_a_tpu_the_kernel_is_mosaic_and_for_cpu_interpreted
+# checks the same lowering in the default tier
+@pytest.mark.slow
 @pytest.mark.skipif(not _libtpu._find_libtpu(),
                     reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
 def test_under_a_tpu_target_the_kernel_is_compiled_as_written(ops, tmp_path, monkeypatch):
