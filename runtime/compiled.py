@@ -834,7 +834,8 @@ class CompiledGraph:
             dry = _dryrun.active
             # the target's compiler reads nothing from this machine's cache
             with local_compile(enabled=dry is None) as cached:
-                compiled = lowered.compile() if dry is None else dry.program(lowered, "compiled", self.graph_id)
+                compiled = (lowered.compile(cached.options) if dry is None
+                            else dry.program(lowered, "compiled", self.graph_id))
         seconds = time.perf_counter() - start
         self.compiles += 1
         self.compile_seconds += seconds
@@ -848,8 +849,8 @@ class CompiledGraph:
                 with jax.enable_x64(True):
                     if dry is not None:
                         return compiled  # shapes only: donation changes nothing
-                    with local_compile():
-                        return jitted((), donated).lower(*specs).compile()
+                    with local_compile() as again:
+                        return jitted((), donated).lower(*specs).compile(again.options)
 
             entry.make_plain = make_plain
         entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated),

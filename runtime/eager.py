@@ -743,7 +743,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     with jax.enable_x64(True):
         lowered = jitted.lower(*arrays)
         with local_compile() as cached:
-            compiled = lowered.compile()
+            compiled = lowered.compile(cached.options)
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
     stats = ExecutableStats(plan.name, key, seconds)

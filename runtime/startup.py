@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch._C._dynamo import eval_frame as _eval_frame
 from tpu_debug.runtime import lazy as _lazy
-from tpu_debug.runtime import probes
+from tpu_debug.runtime import probes, xla_options
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.platform import leave_out_an_absent_tpu
+from tpu_debug.runtime.torchtpu.compat import eager_mode_from_env
 
 __all__ = ["dynamo_disabled", "single_threaded_backward", "start"]
 
@@ -45,6 +46,10 @@ def start() -> None:
         if _started:
             return
         config.load_env()
+        torchtpu_mode = eager_mode_from_env()  # TorchTPU's TPU_LAUNCH_BLOCKING, TORCH_TPU_DEFER_AND_FUSE
+        if torchtpu_mode is not None:
+            config.eager_mode = torchtpu_mode
+        xla_options.mark_started()  # XLA_FLAGS as XLA reads it when it starts
         leave_out_an_absent_tpu()
         single_threaded_backward()
         _started = True
