@@ -172,5 +172,5 @@ def test_under_a_tpu_target_the_kernel_is_compiled_as_written(ops, tmp_path, mon
     assert torch.equal(out.cpu(), a + b)
     (kernel,) = [e for e in session.events("target_compile") if "pallas_add" in e.name]
     # the CPU program interprets the kernel; the TPU's is lowered again and holds the Mosaic kernel
-    assert "tpu_debug_interpreted_kernel" in session.program(kernel.program).stablehlo
-    assert kernel.ok and kernel.relowered and "tpu_custom_call" in session.program(kernel.tpu_program).hlo
+    assert "tpu_debug_interpreted_kernel" in session.programs.text(kernel.program).stablehlo
+    assert kernel.ok and kernel.relowered and "tpu_custom_call" in session.programs.text(kernel.tpu_program).hlo
