@@ -5,7 +5,8 @@ setuptools' own discovery cannot follow a mapping whose folder name differs from
 name (``tpu_debug.runtime`` lives in ``runtime/``), so the walk is done here.
 
 The wheel also carries ``tpu_debug_torch_tpu.pth`` at the top of site-packages: Python runs
-its one line (``import tpu_debug_torch_tpu``) at start-up, which installs the finder that
+its one line at start-up (``import tpu_debug_torch_tpu`` where that module can be found: an
+environment it was uninstalled from without the ``.pth`` prints no error), which installs the finder that
 answers ``import torch_tpu`` where TorchTPU is not installed. setuptools has no option for a
 ``.pth`` file, so ``build_py`` copies it into the build, and for an editable install into
 the folder that install writes as it is.
