@@ -17,6 +17,7 @@ from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
+from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime import autocast as _autocast
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
@@ -815,6 +816,8 @@ def install() -> bool:
             )
         _load_lowerings()
         setup(rename="tpu", backend_module=TpuModule())
+        # the rename makes PrivateUse1 PyTorch's accelerator: CPU stays it until the script uses tpu
+        _accelerator.install()
         _state["libs"] = _register_kernels()
         _patch_storages()
         _shield_rng_functions()
@@ -863,6 +866,7 @@ def start() -> None:
         config.load_env()
         _leave_out_an_absent_tpu()
         single_threaded_backward()
+        _accelerator.claim()
         _started = True
     # TPU_DEBUG_EAGER_MODE=defer_and_fuse: hook the optimizers as setting the mode does
     _lazy.set_mode(config.eager_mode)

@@ -279,6 +279,10 @@ class CollectiveDone:
     rank: int
     seq: int
     seconds: float
+    # the live check's view of the ranks' arrival: the global rank that entered last, and the
+    # seconds this rank waited for it (None when unchecked, or for a send or receive)
+    last_rank: int | None = None
+    waited: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

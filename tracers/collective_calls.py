@@ -97,7 +97,8 @@ def event_calls(event: CollectiveDesyncEvent) -> list[_desync.RankCall]:
     """Each rank's part of a desync the live check recorded."""
     return [
         _desync.RankCall(c.rank, c.state, c.op, c.seq, tuple(c.shapes.split("; ")) if c.shapes else (), c.dtype,
-                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device)
+                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device, c.error, tuple(c.stack),
+                         c.exit_status)
         for c in event.calls
     ]
 

@@ -340,6 +340,8 @@ class Recorder:
                 int(info.rank),
                 int(info.seq),
                 float(info.seconds),
+                info.last_rank,
+                info.waited,
             )
         )
 
@@ -360,7 +362,7 @@ class Recorder:
                 info.timeout,
                 tuple(
                     DesyncCall(c.rank, c.state, c.op, c.seq, "; ".join(c.shapes), c.dtype, c.reduce_op, c.peer,
-                               c.file, c.line, c.function, c.device)
+                               c.file, c.line, c.function, c.device, c.error, tuple(c.stack), c.exit_status)
                     for c in info.calls
                 ),
             )

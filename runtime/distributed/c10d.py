@@ -43,8 +43,8 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from types import CodeType
 from typing import Any
 
 import torch
@@ -52,12 +52,12 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
-from tpu_debug.core.collective_kinds import P2P_OPS
+from tpu_debug.core.collective_kinds import FLIGHT_RECORDER_NAMES, P2P_OPS
 from tpu_debug.core.errors import ConfigError
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.core.rank_env import read_rank_env
-from tpu_debug.core.sources import library_roots
-from tpu_debug.runtime import probes
+from tpu_debug.runtime import accelerator, probes
+from tpu_debug.runtime.distributed import flight_recorder
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import (
     CollectiveDesyncError,
@@ -66,6 +66,7 @@ from tpu_debug.runtime.distributed.errors import (
     LaunchError,
     MeshError,
 )
+from tpu_debug.runtime.distributed.rank_state import exit_status, leaving, thread_stack, user_site
 
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
 
@@ -184,6 +185,10 @@ _KEY = "tpu_debug/collectives"
 # how often the watcher looks at the ranks a reader waits for: a dead rank is named before
 # a launcher that saw it die (torchrun polls its workers every 0.1 s) stops this one
 _LOOK_SECONDS = 0.1
+# a rank waited for past the timeout is asked where it is: its watcher looks for the question
+# every _ANSWER_EVERY rounds, and the asker waits _ANSWER_SECONDS for the answer
+_ANSWER_EVERY = 3
+_ANSWER_SECONDS = 2.0
 _exit_marks: list[Any] = []  # the live checks of this process, told at exit
 _exit_lock = threading.Lock()
 
@@ -195,35 +200,18 @@ def _mark_exit() -> None:
     _watcher.stop()
     for check in _exit_marks:
         check.leave()
+    fr = flight_recorder.recorder
+    if fr is not None:
+        if config.flight_recorder_at_exit:
+            fr.dump()
+        elif leaving()["state"] == "raised":
+            fr.dump_on_error()
 
 
-_verdicts: dict[CodeType, bool] = {}
-
-
-def _is_library(code: CodeType) -> bool:
-    """Whether ``code`` is library code (torch, jax, tpu_debug, the standard library, an
-    installed package, code a library generated): decided once per code object."""
-    verdict = _verdicts.get(code)
-    if verdict is None:
-        file = code.co_filename
-        if file.startswith("<"):
-            verdict = not file.startswith(("<stdin>", "<ipython-input-"))
-        else:
-            real = os.path.realpath(file)
-            verdict = (any(real.startswith(r) for r in library_roots())
-                       or f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real)
-        _verdicts[code] = verdict
-    return verdict
-
-
-def _user_site() -> tuple[str | None, int | None, str | None]:
-    """(file, line, function) of the innermost frame of the user's code calling in."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if not _is_library(frame.f_code):
-            return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_qualname
-        frame = frame.f_back
-    return None, None, None
+def _dump_on_error(*, timeout: bool) -> None:
+    """A check raises: write the Flight Recorder's dump when it records and is asked to."""
+    if flight_recorder.recorder is not None:
+        flight_recorder.recorder.dump_on_error(timeout=timeout)
 
 
 def _process_space() -> str:
@@ -252,29 +240,37 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _rank_call(rank: int, card: dict | None, state: str = "called") -> desync.RankCall:
+def _rank_call(rank: int, card: dict | None, state: str = "called", details: dict | None = None) -> desync.RankCall:
+    """What ``rank`` did, from its store entry ``card`` (its call, or with another ``state`` its
+    last one); ``details`` is the state's own entry (the error, stack or exit status)."""
+    extra = {} if details is None else {
+        "error": str(details.get("error", "")), "stack": tuple(details.get("stack", ())),
+        "exit_status": details.get("exit_status"),
+    }
     if card is None:
-        return desync.RankCall(rank, state)
-    return desync.RankCall(rank, state, card["op"], card["seq"], tuple(card["shapes"]), card["dtype"],
+        return desync.RankCall(rank, state, **extra)
+    return desync.RankCall(rank, state, card["op"], card.get("seq"), tuple(card["shapes"]), card["dtype"],
                            card["reduce_op"], card["peer"], card["file"], card["line"], card["function"],
-                           card.get("device", ""))
+                           card.get("device", ""), **extra)
 
 
 class _Watcher:
-    """One daemon thread per process: it writes, for the ranks a reader has waited for more
-    than :data:`_LOOK_SECONDS`, whether they died or are missing after the timeout, so the
-    reader's blocking read returns."""
+    """One daemon thread per process. For the ranks a reader has waited for more than
+    :data:`_LOOK_SECONDS` it writes whether they left, died or are missing after the timeout,
+    so the reader's blocking read returns; for this process it answers the other ranks'
+    requests for where a thread of it is now (see :meth:`_LiveCheck.answer`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waits: dict[int, tuple[_LiveCheck, int, float]] = {}  # thread id -> (check, seq, start)
+        # thread id -> (check, targets: (rank, key, its last entry's key), start, what the thread waits in)
+        self._waits: dict[int, tuple[_LiveCheck, list[tuple[int, str, str | None]], float, dict]] = {}
         self._wake = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def begin(self, check: _LiveCheck, seq: int) -> None:
+    def begin(self, check: _LiveCheck, targets: list[tuple[int, str, str | None]], card: dict) -> None:
         with self._lock:
-            self._waits[threading.get_ident()] = (check, seq, time.monotonic())
+            self._waits[threading.get_ident()] = (check, targets, time.monotonic(), card)
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="tpu_debug-collective-watcher", daemon=True)
                 self._thread.start()
@@ -282,6 +278,12 @@ class _Watcher:
     def end(self) -> None:
         with self._lock:
             self._waits.pop(threading.get_ident(), None)
+
+    def waiting_in(self, ident: int | None) -> dict | None:
+        """The call thread ``ident`` waits in now, or None."""
+        with self._lock:
+            wait = self._waits.get(ident) if ident is not None else None
+        return None if wait is None else wait[3]
 
     def stop(self) -> None:
         with self._lock:
@@ -292,17 +294,19 @@ class _Watcher:
             thread.join(timeout=5)
 
     def _run(self) -> None:
+        rounds = 0
         while not self._stopped:
             self._wake.wait(_LOOK_SECONDS)
             if self._stopped:
                 return
+            rounds += 1
             with self._lock:
                 waits = list(self._waits.values())
             now = time.monotonic()
-            for check, seq, start in waits:
+            for check, targets, start, _ in waits:
                 if now - start >= _LOOK_SECONDS:
                     try:
-                        check.look(seq, timed_out=now - start >= check.timeout)
+                        check.look(targets, timed_out=now - start >= check.timeout)
                     except Exception:  # noqa: BLE001 - a store gone: the reader's own read fails and says so
                         pass
             with _exit_lock:
@@ -310,6 +314,8 @@ class _Watcher:
             for check in checks:
                 try:
                     check.sweep()
+                    if rounds % _ANSWER_EVERY == 0:
+                        check.answer()
                 except Exception:  # noqa: BLE001 - entries left behind cost a few bytes in the store
                     pass
 
@@ -319,7 +325,9 @@ _watcher = _Watcher()
 
 class _LiveCheck:
     """One group's check, on one rank: publish this rank's call, read the others' for the same
-    sequence number, raise when they differ or do not come."""
+    sequence number, raise when they differ or do not come. Sends and receives are compared
+    pair by pair: each side publishes its call when it posts it, and reads its peer's when it
+    waits for it."""
 
     def __init__(self, store: Any, me: int, ranks: Sequence[int], timeout: float) -> None:
         self._store = store
@@ -331,7 +339,9 @@ class _LiveCheck:
         self._pid = os.getpid()
         self._agreed: set[tuple[str | None, int | None]] = set()  # lines whose calls the ranks agreed on
         self._last = 0  # the last sequence number this rank published
-        self._spent: list[int] = []  # this rank's entries every other rank has read (the watcher deletes them)
+        self._spent: list[str] = []  # entries every rank that reads them has read (the watcher deletes them)
+        self._channels: dict[tuple[int, int, int], int] = {}  # (source, destination, tag) -> calls posted
+        self._thread: int | None = None  # the thread that called last: the one the others ask about
         self._off = False
         # a group made again under the same name (destroy_process_group, then init_process_group
         # on the same store) must not read the entries its previous life left: each rank counts
@@ -348,52 +358,73 @@ class _LiveCheck:
     def _key(self, rank: int, seq: int) -> str:
         return f"{_KEY}/{self._life}/{rank}/{seq}"
 
-    def check(self, info: probes.CollectiveInfo, device: str = "") -> None:
+    def _p2p_key(self, channel: tuple[int, int, int], n: int, send: bool) -> str:
+        source, destination, tag = channel
+        return f"{_KEY}/{self._life}/p2p/{source}/{destination}/{tag}/{n}/{'send' if send else 'recv'}"
+
+    def _state_key(self, kind: str, rank: int) -> str:
+        # "now": a rank's latest send or receive; "left": how it left; "ask"/"stack": where it is
+        return f"{_KEY}/{self._life}/{kind}/{rank}"
+
+    def _card(self, info: probes.CollectiveInfo, device: str, peer: int | None) -> dict:
+        file, line, function = user_site(3)
+        self._thread = threading.get_ident()
+        return {"seq": info.seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
+                "reduce_op": info.reduce_op, "peer": peer, "file": file, "line": line, "function": function,
+                "pid": self._pid, "space": self._space, "device": device, "t": time.time_ns()}
+
+    def _stop(self, exc: BaseException) -> None:
+        # without its store a group cannot be checked; gloo still tells a broken group
+        self._off = True
+        import warnings
+
+        warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
+                      f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=4)
+
+    def check(self, info: probes.CollectiveInfo, device: str = "") -> tuple[int, float] | None:
         """Raise unless every rank of the group calls this collective, alike (``device``: the
         device type of its tensors).
+
+        Returns:
+            (the rank that arrived last, seconds this rank waited for it), or None unchecked.
 
         Raises:
             CollectiveDesyncError: another rank calls another collective here, or ended or died.
             CollectiveTimeoutError: a rank did not call it within the timeout.
         """
         if self._off:
-            return
-        file, line, function = _user_site()
+            return None
+        mine = self._card(info, device, info.peer)
+        file, line = mine["file"], mine["line"]
         seq = info.seq
-        mine = {"seq": seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
-                "reduce_op": info.reduce_op, "peer": info.peer, "file": file, "line": line, "function": function,
-                "pid": self._pid, "space": self._space, "device": device}
         store = self._store
         try:
             store.set(self._key(self._me, seq), json.dumps(mine))
             self._last = seq
-            _watcher.begin(self, seq)
+            _watcher.begin(self, [(r, self._key(r, seq), self._key(r, seq - 1)) for r in self._others], mine)
             try:
                 raw = store.multi_get([self._key(r, seq) for r in self._others])
             finally:
                 _watcher.end()
             if seq > 2:
-                self._spent.append(seq - 2)
+                self._spent.append(self._key(self._me, seq - 2))
         except (RuntimeError, OSError) as exc:  # c10d's DistError is a RuntimeError
-            # without its store a group cannot be checked; gloo still tells a broken group
-            self._off = True
-            import warnings
-
-            warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
-                          f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
-            return
+            self._stop(exc)
+            return None
         cards = dict(zip(self._others, (json.loads(v) for v in raw), strict=True))
         calls = [_rank_call(self._me, mine)]
         for r, card in cards.items():
             state = card.get("state", "called")
-            calls.append(_rank_call(r, card) if state == "called" else _rank_call(r, self._previous(r, seq), state))
+            calls.append(_rank_call(r, card) if state == "called"
+                         else _rank_call(r, card.get("last") or self._previous(r, seq), state, card))
         calls.sort(key=lambda c: c.rank)
         reason = desync.differ(calls)
         site = (file, line)
         if reason is None:
             if len(self._agreed) < 4096:
                 self._agreed.add(site)
-            return
+            last = max(cards, key=lambda r: cards[r].get("t", 0))
+            return last, max(cards[last].get("t", 0) - mine["t"], 0) / 1e9
         cause = desync.cause_of(reason, calls, repeated=site in self._agreed)
         waited = any(c.state == "missing" for c in calls)
         timeout = self.timeout if waited else None
@@ -403,6 +434,7 @@ class _LiveCheck:
                                                        tuple(calls), timeout, message))
         others = tuple(c.rank for c in calls if c.rank != self._me and (c.state != "called" or reason != "missing"))
         error = CollectiveTimeoutError if waited else CollectiveDesyncError
+        _dump_on_error(timeout=waited)
         raise error(message, group=info.group, seq=seq, reason=reason, cause=cause, ranks=others)
 
     def _previous(self, rank: int, seq: int) -> dict | None:
@@ -413,46 +445,232 @@ class _LiveCheck:
             return card if card.get("state", "called") == "called" else None
         return None
 
+    # -- sends and receives: each compared with its peer's side ----------------------------
+
+    def post(self, info: probes.CollectiveInfo, device: str, peer: int, tag: int) -> dict | None:
+        """Publish this rank's send to, or receive from, global rank ``peer`` (no wait): the
+        ticket :meth:`match` reads the peer's side with, when the call is waited for."""
+        if self._off:
+            return None
+        send = info.op == "send"
+        channel = (self._me, peer, tag) if send else (peer, self._me, tag)
+        n = self._channels[channel] = self._channels.get(channel, 0) + 1
+        card = self._card(info, device, peer) | {"n": n}
+        try:
+            text = json.dumps(card)
+            self._store.set(self._p2p_key(channel, n, send), text)
+            self._store.set(self._state_key("now", self._me), text)
+        except (RuntimeError, OSError) as exc:
+            self._stop(exc)
+            return None
+        return {"info": info, "card": card, "channel": channel, "n": n, "peer": peer,
+                "theirs": self._p2p_key(channel, n, not send)}
+
+    def match(self, ticket: dict) -> None:
+        """Wait for the peer's side of a posted send or receive, and raise unless it matches.
+
+        Raises:
+            CollectiveDesyncError: the peer's side has other sizes or dtype, or it left or died.
+            CollectiveTimeoutError: the peer did not post its side within the timeout.
+        """
+        peer, theirs, mine = ticket["peer"], ticket["theirs"], ticket["card"]
+        try:
+            _watcher.begin(self, [(peer, theirs, self._state_key("now", peer))], mine)
+            try:
+                (raw,) = self._store.multi_get([theirs])
+            finally:
+                _watcher.end()
+        except (RuntimeError, OSError) as exc:
+            self._stop(exc)
+            return
+        self._spent.append(theirs)  # its one reader is this rank
+        card = json.loads(raw)
+        state = card.get("state", "called")
+        calls = [_rank_call(self._me, mine),
+                 _rank_call(peer, card) if state == "called" else _rank_call(peer, card.get("last"), state, card)]
+        calls.sort(key=lambda c: c.rank)
+        if state != "called":
+            reason = "missing"
+        elif card["shapes"] != mine["shapes"]:
+            reason = "shapes"
+        elif card["dtype"] != mine["dtype"]:
+            reason = "dtype"
+        else:
+            return
+        self._raise_p2p(ticket, reason, calls, cycle=bool(card.get("cycle")))
+
+    def _raise_p2p(self, ticket: dict, reason: str, calls: list[desync.RankCall], *, cycle: bool) -> None:
+        info, (source, destination, tag) = ticket["info"], ticket["channel"]
+        what = f"point-to-point #{ticket['n']} from rank {source} to rank {destination}" + (f" (tag {tag})" if tag else "")
+        cause = desync.cause_of(reason, calls, p2p=True, cycle=cycle)
+        waited = any(c.state == "missing" for c in calls)
+        timeout = self.timeout if waited else None
+        message = desync.describe(info.group, info.seq, reason, cause, calls, timeout=timeout, what=what)
+        if probes._routes.on_collective_desync:
+            probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, info.seq, reason,
+                                                       cause, tuple(calls), timeout, message))
+        error = CollectiveTimeoutError if waited else CollectiveDesyncError
+        _dump_on_error(timeout=waited)
+        raise error(message, group=info.group, seq=info.seq, reason=reason, cause=cause, ranks=(ticket["peer"],))
+
     # -- the watcher's side (its own thread and store connection) --------------------------
 
-    def look(self, seq: int, *, timed_out: bool) -> None:
-        """For each rank that has not published ``seq``: write "died" when its process is gone,
-        "missing" once the timeout has passed (the reader then wakes)."""
+    def _side_store(self) -> Any:
         if self._side is None:
             self._side = self._store.clone()
-        side = self._side
-        for rank in self._others:
-            key = self._key(rank, seq)
+        return self._side
+
+    def look(self, targets: list[tuple[int, str, str | None]], *, timed_out: bool) -> None:
+        """For each ``(rank, key, key of its last entry)`` whose key is not written yet: write
+        how the rank left when it did, "died" when its process is gone, "missing" once the
+        timeout has passed (with where it is now, when it answers); the reader then wakes."""
+        side = self._side_store()
+        for rank, key, before in targets:
             if side.check([key]):
                 continue
-            state = None
-            before = self._key(rank, seq - 1)
-            if seq > 1 and side.check([before]):
-                last = json.loads(side.get(before))
-                if last.get("space") == self._space and not _alive(int(last.get("pid", -1))):
-                    state = "died"
+            last = json.loads(side.get(before)) if before is not None and side.check([before]) else None
+            last = last if last is not None and last.get("state", "called") == "called" else None
+            left = self._state_key("left", rank)
+            state: dict | None = json.loads(side.get(left)) if side.check([left]) else None
+            if state is None and last is not None and last.get("space") == self._space:
+                pid = int(last.get("pid", -1))
+                if not _alive(pid):
+                    state = {"state": "died", "exit_status": exit_status(pid)}
             if state is None and timed_out:
-                state = "missing"
+                state = {"state": "missing", **self._ask(side, rank)}
             if state is not None:
-                side.compare_set(key, "", json.dumps({"seq": seq, "state": state}))
+                side.compare_set(key, "", json.dumps({"seq": None, **state, "last": last}))
+
+    def _ask(self, side: Any, rank: int) -> dict:
+        """Where ``rank`` is now, from its own watcher: ``{"stack": [...], "cycle": bool}``
+        (``cycle``: it waits to receive from this rank), or {} when it does not answer in time.
+        While it waits for the answer it answers this process's own questions: two ranks that
+        wait for each other ask each other at once."""
+        answer = self._state_key("stack", rank)
+        try:
+            side.delete_key(answer)
+            side.set(self._state_key("ask", rank), str(self._me))
+            deadline = time.monotonic() + _ANSWER_SECONDS
+            while not side.check([answer]):
+                if time.monotonic() > deadline:
+                    return {}  # no answer: a process stuck outside Python, or gone
+                with _exit_lock:
+                    checks = list(_exit_marks)
+                for check in checks:
+                    check.answer()
+                time.sleep(_LOOK_SECONDS / 2)
+            got = json.loads(side.get(answer))
+        except (RuntimeError, OSError, ValueError):
+            return {}
+        waiting = got.get("waiting") or {}
+        cycle = waiting.get("op") == "recv" and waiting.get("peer") == self._me
+        return {"stack": got.get("stack", []), "cycle": cycle}
+
+    def answer(self) -> None:
+        """Answer another rank's request for where this process's calling thread is now."""
+        side = self._side_store()
+        ask = self._state_key("ask", self._me)
+        if not side.check([ask]):
+            return
+        side.delete_key(ask)
+        ident = self._thread if self._thread is not None else threading.main_thread().ident
+        side.set(self._state_key("stack", self._me),
+                 json.dumps({"stack": thread_stack(ident), "waiting": _watcher.waiting_in(ident)}))
 
     def sweep(self) -> None:
-        """Delete this rank's entries that every other rank has read."""
+        """Delete the entries every rank that reads them has read."""
         spent, self._spent = self._spent, []
         if spent:
-            if self._side is None:
-                self._side = self._store.clone()
-            for seq in spent:
-                self._side.delete_key(self._key(self._me, seq))
+            side = self._side_store()
+            for key in spent:
+                side.delete_key(key)
 
     def leave(self) -> None:
-        """At exit: tell ranks that wait for this one at its next collective that it ended."""
+        """At exit: tell ranks that wait for this one at its next collective, or for a send or
+        receive of it, that it left, and how (with the exception that ended it, if one did)."""
         try:
             side = self._side if self._side is not None else self._store
-            side.compare_set(self._key(self._me, self._last + 1), "",
-                             json.dumps({"seq": self._last + 1, "state": "ended"}))
+            how = json.dumps({"seq": self._last + 1, **leaving()})
+            side.set(self._state_key("left", self._me), how)
+            side.compare_set(self._key(self._me, self._last + 1), "", how)
         except Exception:  # noqa: BLE001 - the store's host may have gone first; nothing waits then
             pass
+
+
+class _Finish:
+    """What a call does once it returned: its return reported (with the rank the others
+    waited for, and how long), its Flight Recorder entry completed."""
+
+    __slots__ = ("began", "entry", "group", "name", "seq")
+
+    def __init__(self, group: TpuProcessGroup, name: str, seq: int, began: float | None, entry: dict | None) -> None:
+        self.group, self.name, self.seq, self.began, self.entry = group, name, seq, began, entry
+
+    def __call__(self, arrival: tuple[int, float] | None = None) -> None:
+        if self.entry is not None and flight_recorder.recorder is not None:
+            flight_recorder.recorder.completed(self.entry)
+        if self.began is not None:
+            last, waited = arrival if arrival is not None else (None, None)
+            probes.collective_done(probes.CollectiveDone(
+                self.name, self.group._group_name(), self.group._rank, self.seq, time.perf_counter() - self.began,
+                last, waited,
+            ))
+
+
+class _PostedWork(dist.Work):
+    """A send or receive posted to gloo: like gloo's own, it finishes when waited for. The
+    wait first reads the peer's side from the live check (a peer that posts another size,
+    left or died, or does not post in time is named), then waits for gloo and writes a
+    received tensor back to its device."""
+
+    def __init__(self, host_work: Any, copies: list[tuple[torch.Tensor, torch.Tensor]], outputs: list[torch.Tensor],
+                 ticket: dict | None, check: _LiveCheck | None, finish: _Finish) -> None:
+        super().__init__()
+        self._host_work = host_work
+        self._copies = copies
+        self._outputs = outputs
+        self._ticket = ticket
+        self._check = check
+        self._finish = finish
+        self._done = False
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        with self._lock:
+            if self._done:
+                return True
+            if self._ticket is not None and self._check is not None:
+                self._check.match(self._ticket)
+            self._host_work.wait()
+            _write_back([(d, h) for d, h in self._copies if any(d is o for o in self._outputs)])
+            self._done = True
+            self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._host_work.is_completed():
+            self.wait()
+        return self._done
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        # a future of a posted call completes at its wait: waited for here
+        self.wait()
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._outputs)
+        return future
 
 
 class TpuProcessGroup(dist.ProcessGroup):
@@ -470,6 +688,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             self._check = _LiveCheck(store, self._global_ranks[rank], self._global_ranks, config.collective_timeout)
         self._seq = 0
         self._p2p_seq = 0
+        flight_recorder.configure(self._global_ranks[rank])
         # c10d keeps a group's name (and its sequence numbers) in its backends: the host
         # group's gloo backend is this group's CPU backend too
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
@@ -495,28 +714,37 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def _run(self, name: str, args: tuple, outputs: int | None = 0, reduce_op: Any = None) -> dist.Work:
         """Run host group method ``name`` on host copies of ``args``; write argument ``outputs``
-        back into its device tensors."""
+        back into its device tensors. A send or receive is posted and returns at once, as on
+        gloo: its work finishes it when waited for."""
         kind, factor = _reduce_kind(reduce_op)
         in_place = name.startswith("allreduce")
         device = self._device_of(name, args)
         if kind is not None:
             _check_reduce(kind, _flat(args[0 if in_place else 1]))
-        if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
+        p2p = name in P2P_OPS
+        if p2p:  # counted apart, as c10d does: the peers' sequences differ by design
             self._p2p_seq += 1
             seq = self._p2p_seq
         else:
             self._seq += 1
             seq = self._seq
+        entry = self._flight_record(name, args, p2p) if flight_recorder.recorder is not None else None
         # read only while a probe listens: with none, a collective reads no clock
         began = time.perf_counter() if probes._routes.on_collective_done else None
-        if self._check is not None and name not in P2P_OPS:
+        arrival = ticket = None
+        if self._check is not None and not p2p:
             # recorded first, so a rank that raises below has recorded the collective it stopped at
             info = self._info(name, args, kind)
             if probes._routes.on_collective:
                 probes.collective(info)
-            self._check.check(info, device)
+            arrival = self._check.check(info, device)
         elif probes._routes.on_collective:
             probes.collective(self._info(name, args, kind))
+        if self._check is not None and name in ("send", "recv"):
+            ticket = self._check.post(self._info(name, args, kind), device, self._global_ranks[int(args[1])],
+                                      int(args[2]))
+        if entry is not None:
+            flight_recorder.recorder.started(entry)
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         # the host copies are the engine's, reported as the collective: no transfer events.
         # The write-back below is reported (divergence tracing keeps its CPU shadow by it)
@@ -528,18 +756,45 @@ class TpuProcessGroup(dist.ProcessGroup):
                     t.mul_(factor)
             else:  # the inputs are the caller's (CPU ones are not copies): scale new tensors
                 host_args[1] = _scaled(host_args[1], factor)
+        wanted = [] if outputs is None else _flat(args[outputs])
+        done = _Finish(self, name, seq, began, entry)
+        if p2p:
+            return _PostedWork(getattr(self._host, name)(*host_args), copies, wanted, ticket, self._check, done)
         self._host_call(name, host_args)
         if kind == _RedOp.AVG:
             for t in _flat(host_args[0]):
                 t.div_(self._size)
-        wanted = [] if outputs is None else _flat(args[outputs])
         if outputs is not None:
             _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
-        if began is not None:
-            probes.collective_done(probes.CollectiveDone(
-                name, self._group_name(), self._rank, seq, time.perf_counter() - began,
-            ))
+        done(arrival)
         return _DoneWork(wanted)
+
+    def _flight_record(self, name: str, args: tuple, p2p: bool) -> dict:
+        """The Flight Recorder's entry of this call (scheduled)."""
+        if name.startswith(("allreduce", "broadcast", "reduce")) and not name.startswith("reduce_scatter"):
+            ins = outs = _flat(args[0])  # in place
+        elif name == "send":
+            ins, outs = _flat(args[0]), []
+        elif name.startswith("recv"):
+            ins, outs = [], _flat(args[0])
+        elif name == "barrier":
+            ins = outs = []
+        else:
+            outs, ins = _flat(args[0]), _flat(args[1])
+        op = FLIGHT_RECORDER_NAMES[name]
+        if name in ("send", "recv"):
+            op += f" {self._rank}->{int(args[1])}" if name == "send" else f" {self._rank}<-{int(args[1])}"
+        try:
+            desc = self.group_desc
+        except (AttributeError, RuntimeError):
+            desc = "undefined"
+        timeout_ms = int(self._check.timeout * 1000) if self._check is not None else 0
+        return flight_recorder.recorder.record(
+            (self._group_name(), desc or "undefined", self._global_ranks), op, (self._seq, self._p2p_seq, p2p),
+            ([list(t.shape) for t in ins], [list(t.shape) for t in outs]),
+            ([flight_recorder.dtype_name(t.dtype) for t in ins], [flight_recorder.dtype_name(t.dtype) for t in outs]),
+            timeout_ms,
+        )
 
     def _device_of(self, name: str, args: tuple) -> str:
         """The device type of the call's tensors (``"tpu"`` when any is, else ``"cpu"``).
@@ -751,6 +1006,14 @@ def _guard_init(init: Callable) -> Callable:
     @functools.wraps(init)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
+            if backend is None:
+                # PyTorch picks the accelerator's backend: the device's own, tpu_dist, which also
+                # runs CPU tensors (through gloo); PyTorch's accelerator stays CPU afterwards
+                # until the script uses the device
+                with accelerator.while_claimed():
+                    return init(backend, *args, **kwargs)
+            if any(name in str(backend).lower().replace(":", ",").split(",") for name in BACKEND_NAMES):
+                accelerator.claim()
             return init(backend, *args, **kwargs)
         except (AssertionError, RuntimeError, ValueError) as exc:
             if "Unknown backend type" in str(exc):
@@ -778,6 +1041,8 @@ def _guard_mesh() -> None:
 
     @functools.wraps(init)
     def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        if device_type == "tpu":
+            accelerator.claim()
         try:
             return init(device_type, mesh_shape, *args, **kwargs)
         except RuntimeError as exc:
@@ -811,4 +1076,41 @@ def register_backends() -> None:
             if not getattr(module.init_process_group, "_tpu_debug_guard", False):
                 module.init_process_group = _guard_init(module.init_process_group)
         when_imported("torch.distributed.device_mesh", _guard_mesh)
+        _name_tpu_tensors_on_other_groups()
         _registered = True
+
+
+def _name_tpu_tensors_on_other_groups() -> None:
+    """A `tpu` tensor given to a group of another backend (``init_process_group("gloo")``)
+    raises one line naming the fix, not c10d's "No backend type associated with device type
+    tpu". PyTorch's c10d ops reach their PrivateUse1 kernels only for such groups: the `tpu`
+    process group runs its collectives in its own methods."""
+    lib = torch.library.Library("c10d", "IMPL")
+    ops = [n.removeprefix("c10d::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("c10d::")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # replacing c10d's PrivateUse1 kernels is the point
+        for op in ops:
+            if "PrivateUse1: registered" in torch._C._dispatch_dump(f"c10d::{op}"):
+                lib.impl(op, _on_other_group(op.strip("_")), "PrivateUse1")
+    _libraries.append(lib)
+
+
+_libraries: list[Any] = []  # kept alive: a Library's kernels go with it
+
+
+def _on_other_group(name: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+        try:
+            backend = dist.ProcessGroup.unbox(group).name() if group is not None else "another"
+        except (RuntimeError, TypeError, AttributeError):
+            backend = "another"
+        raise CollectiveDeviceError(
+            f"{_this_rank()}: {name} got a tpu tensor on a process group of backend {backend!r}, which has none "
+            f"for the tpu device ({backend} runs CPU tensors): make the group for tpu tensors with "
+            "init_process_group() or init_process_group(\"tpu_dist\") (gloo runs underneath, on host copies), "
+            f"or move the tensors to the CPU (.cpu()) for this {backend} group"
+        )
+
+    refuse.__name__ = f"{name}_on_a_group_without_tpu"
+    return refuse
