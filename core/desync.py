@@ -35,6 +35,7 @@ __all__ = [
     "differ",
     "fix_for",
     "left_loop",
+    "p2p_subject",
     "rank_line",
 ]
 
@@ -399,6 +400,12 @@ def rank_line(call: RankCall, seq: int, *, timeout: float | None = None, what: s
     wait = f" within {timeout:g} s" if timeout is not None else ""
     now = f"; it is still running, now at {' <- '.join(reversed(call.stack))}" if call.stack else ""
     return f"rank {call.rank}: did not call {what}{wait}; {last}{now}"
+
+
+def p2p_subject(source: int, destination: int, tag: int, n: int) -> str:
+    """How the text names a send and its receive: the ``n``-th call from ``source`` to
+    ``destination`` with ``tag`` (global ranks)."""
+    return f"point-to-point #{n} from rank {source} to rank {destination}" + (f" (tag {tag})" if tag else "")
 
 
 def describe(group: str, seq: int, reason: str, cause: str, calls: Sequence[RankCall], *,

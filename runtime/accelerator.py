@@ -12,8 +12,8 @@ does: FSDP2's ``fully_shard(model)`` without a mesh builds its mesh on that devi
 The rename cannot wait (``torch.device("tpu")`` needs it), so the two functions PyTorch's
 Python code asks, ``torch._C._get_accelerator`` and ``torch._C._accelerator_getAccelerator``
 (behind ``torch.accelerator.current_accelerator``), answer as on a machine without an
-accelerator until the script uses the device: its first op or ``torch.tpu`` call (the
-runtime's ``start()``), a process group or device mesh it makes for `tpu`
+accelerator until the script uses the device: its first kernel (a `tpu` tensor made, moved
+or computed on), a process group or device mesh it makes for `tpu`
 (``init_process_group("tpu_dist")``, ``init_device_mesh("tpu", ...)``). From then on they
 answer PyTorch's own ``tpu``. A CPU job never claims it and runs as without the wheel.
 """

@@ -50,6 +50,7 @@ _lock = threading.Lock()
 _state: dict[str, object] = {"installed": False, "libs": []}
 # set by start(): read on every kernel call, so a plain module global
 _started = False
+_in_use = False  # a kernel of the device has run
 _set_eval_frame = _eval_frame.set_eval_frame
 
 
@@ -304,8 +305,8 @@ def _shielded_meta_view(op, fn):
     def shielded(*args, **kwargs):
         prior = _set_eval_frame(None)
         try:
-            if not _started:
-                start()
+            if not _in_use:
+                _first_use()
             return redispatch(_META, *args, **kwargs)
         finally:
             _set_eval_frame(prior)
@@ -579,8 +580,8 @@ def _shielded_lowered_kernel(op):
     def shielded(*args, **kwargs):
         prior = _set_eval_frame(None)
         try:
-            if not _started:
-                start()
+            if not _in_use:
+                _first_use()
             if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking
                 return defer(op, args, kwargs)
             return run_now(op, args, kwargs)
@@ -620,18 +621,29 @@ def _view_ops() -> list:
     return ops
 
 
-def _dynamo_disabled(fn):
+def _dynamo_disabled(fn, *, kernel: bool = True):
     """``torch._dynamo.disable(fn, recursive=True)`` without importing torch._dynamo,
     which costs about a second: the same two steps through dynamo's C
     module, which loads with torch. ``fn`` and all it calls run with dynamo's frame
-    callback unset, and dynamo runs the wrapper's own frame without looking at it."""
+    callback unset, and dynamo runs the wrapper's own frame without looking at it.
+    A ``kernel``'s first call is the device's first use; ``torch.tpu``'s RNG functions are
+    not (``torch.manual_seed`` seeds every registered device, in CPU jobs too)."""
+
+    if not kernel:
+        def shielded(*args, **kwargs):
+            prior = _eval_frame.set_eval_frame(None)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _eval_frame.set_eval_frame(prior)
+
+        return probes.as_dynamo_disabled(shielded, fn)
 
     def shielded(*args, **kwargs):
         prior = _eval_frame.set_eval_frame(None)
         try:
-            # every kernel and torch.tpu RNG function comes through here: the device's first use
-            if not _started:
-                start()
+            if not _in_use:
+                _first_use()
             return fn(*args, **kwargs)
         finally:
             _eval_frame.set_eval_frame(prior)
@@ -647,7 +659,7 @@ def _shield_rng_functions() -> None:
                  "get_rng_state", "set_rng_state"):
         fn = TpuModule.__dict__.get(name)
         if isinstance(fn, staticmethod) and not hasattr(fn.__func__, "_torchdynamo_disable"):
-            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__)))
+            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__, kernel=False)))
 
 
 def _register_kernels() -> list:
@@ -841,6 +853,15 @@ def install() -> bool:
     return True
 
 
+def _first_use() -> None:
+    """A kernel of the device ran (a `tpu` tensor made, moved or computed on): the runtime
+    starts, and PyTorch's accelerator is ``tpu`` from now on (see runtime/accelerator.py)."""
+    global _in_use
+    start()
+    _accelerator.claim()
+    _in_use = True
+
+
 def start() -> None:
     """Prepare the runtime for its first work, once: the device's first op (any kernel or
     ``torch.tpu`` function that reaches JAX) and the first ``tpu_debug.trace()`` call it.
@@ -866,7 +887,6 @@ def start() -> None:
         config.load_env()
         _leave_out_an_absent_tpu()
         single_threaded_backward()
-        _accelerator.claim()
         _started = True
     # TPU_DEBUG_EAGER_MODE=defer_and_fuse: hook the optimizers as setting the mode does
     _lazy.set_mode(config.eager_mode)

@@ -305,6 +305,9 @@ class DesyncInfo:
     calls: tuple[Any, ...]
     timeout: float | None
     message: str
+    # a send and its receive: (source, destination, tag, the n-th call of that channel), global
+    # ranks; empty for a collective of the group
+    p2p: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -489,7 +489,8 @@ class DesyncCall:
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveDesyncEvent(Event):
     """The live check of a c10d group (the `tpu` process group) found its ranks calling
-    different collectives at ``seq``, or a rank not arriving, and this rank raised.
+    different collectives at ``seq``, or a rank not arriving, and this rank raised (or a
+    send and its receive differ: ``p2p``, and ``seq`` is the group's count of sends and receives).
 
     ``reason`` is what differs and ``cause`` its likeliest cause (the names of
     :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there; ``timeout`` the
@@ -508,6 +509,9 @@ class CollectiveDesyncEvent(Event):
     cause: str
     timeout: float | None = None
     calls: tuple[DesyncCall, ...] = column(table="collective_desync_calls", default=())
+    # a send and its receive: (source, destination, tag, n), the n-th call of that channel
+    # (global ranks); empty for a collective of the group
+    p2p: tuple[int, ...] = ()
 
 
 @register_event

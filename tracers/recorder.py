@@ -14,9 +14,11 @@ import itertools
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.collective_journal import CollectiveJournal, call_record, done_record
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
     CollectiveDesyncEvent,
@@ -131,6 +133,7 @@ class Recorder:
         self._lazy_compiles: dict[Any, int] = {}
         self._lazy_step = 0
         self._step_frames = StepFrames()
+        self._collective_journal: CollectiveJournal | None = None
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -307,43 +310,50 @@ class Recorder:
         )
 
     def on_collective(self, info: Any) -> None:
-        self.writer.put(
-            CollectiveCallEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                user_location(_PROBE_DEPTH),
-                str(info.op),
-                str(info.group),
-                tuple(int(r) for r in info.ranks),
-                int(info.rank),
-                int(info.seq),
-                tuple(str(list(s)) for s in info.shapes),
-                str(info.dtype),
-                int(info.nbytes),
-                info.reduce_op,
-                info.peer,
-            )
+        event = CollectiveCallEvent(
+            self.writer.new_id(),
+            self.clock(),
+            None,
+            threading.get_native_id(),
+            user_location(_PROBE_DEPTH),
+            str(info.op),
+            str(info.group),
+            tuple(int(r) for r in info.ranks),
+            int(info.rank),
+            int(info.seq),
+            tuple(str(list(s)) for s in info.shapes),
+            str(info.dtype),
+            int(info.nbytes),
+            info.reduce_op,
+            info.peer,
         )
+        self.writer.put(event)
+        self._journal().write(call_record(event))
 
     def on_collective_done(self, info: Any) -> None:
-        self.writer.put(
-            CollectiveDoneEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                None,  # the entry's event holds the user's line
-                str(info.op),
-                str(info.group),
-                int(info.rank),
-                int(info.seq),
-                float(info.seconds),
-                info.last_rank,
-                info.waited,
-            )
+        event = CollectiveDoneEvent(
+            self.writer.new_id(),
+            self.clock(),
+            None,
+            threading.get_native_id(),
+            None,  # the entry's event holds the user's line
+            str(info.op),
+            str(info.group),
+            int(info.rank),
+            int(info.seq),
+            float(info.seconds),
+            info.last_rank,
+            info.waited,
         )
+        self.writer.put(event)
+        self._journal().write(done_record(event))
+
+    def _journal(self) -> CollectiveJournal:
+        """The run's journal of collective calls (see tracers/collective_journal.py)."""
+        journal = self._collective_journal
+        if journal is None:
+            journal = self._collective_journal = CollectiveJournal(Path(self.writer.path).parent)
+        return journal
 
     def on_collective_desync(self, info: Any) -> None:
         self.writer.put(
@@ -365,6 +375,7 @@ class Recorder:
                                c.file, c.line, c.function, c.device, c.error, tuple(c.stack), c.exit_status)
                     for c in info.calls
                 ),
+                tuple(info.p2p),
             )
         )
 

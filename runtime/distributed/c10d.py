@@ -501,14 +501,15 @@ class _LiveCheck:
 
     def _raise_p2p(self, ticket: dict, reason: str, calls: list[desync.RankCall], *, cycle: bool) -> None:
         info, (source, destination, tag) = ticket["info"], ticket["channel"]
-        what = f"point-to-point #{ticket['n']} from rank {source} to rank {destination}" + (f" (tag {tag})" if tag else "")
+        what = desync.p2p_subject(source, destination, tag, ticket["n"])
         cause = desync.cause_of(reason, calls, p2p=True, cycle=cycle)
         waited = any(c.state == "missing" for c in calls)
         timeout = self.timeout if waited else None
         message = desync.describe(info.group, info.seq, reason, cause, calls, timeout=timeout, what=what)
         if probes._routes.on_collective_desync:
             probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, info.seq, reason,
-                                                       cause, tuple(calls), timeout, message))
+                                                       cause, tuple(calls), timeout, message,
+                                                       (source, destination, tag, ticket["n"])))
         error = CollectiveTimeoutError if waited else CollectiveDesyncError
         _dump_on_error(timeout=waited)
         raise error(message, group=info.group, seq=info.seq, reason=reason, cause=cause, ranks=(ticket["peer"],))
