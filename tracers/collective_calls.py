@@ -218,15 +218,17 @@ def read_rank(rank: int, session: Any, *, exit_status: int | None = None) -> Ran
         session: its run.
         exit_status: its exit status, when the launcher recorded it (``tpu-debug run --nproc``).
     """
+    meta = session.metadata()
     calls = list(session.events("collective_call"))
     dones = list(session.events("collective_done")) if session.records("collective_done") else None
+    if not dones and meta.imported_from:
+        dones = None  # dumps whose entries carry no completion times (gloo's): returns unknown, not missing
     lost_calls, lost_dones = journal_events(session.run_dir)
     have = {_key(c.op, c.group, c.seq) for c in calls}
     calls += [c for c in lost_calls if _key(c.op, c.group, c.seq) not in have]
     if dones is not None or lost_dones:
         done = {_key(d.op, d.group, d.seq) for d in dones or ()}
         dones = list(dones or ()) + [d for d in lost_dones if _key(d.op, d.group, d.seq) not in done]
-    meta = session.metadata()
     error = meta.error or ""
     status = meta.exit_status if exit_status is None else exit_status
     if meta.status == "terminated":  # SIGTERM: a launcher stopping the rank, as torchrun does

@@ -423,8 +423,9 @@ class _LiveCheck:
         if reason is None:
             if len(self._agreed) < 4096:
                 self._agreed.add(site)
-            last = max(cards, key=lambda r: cards[r].get("t", 0))
-            return last, max(cards[last].get("t", 0) - mine["t"], 0) / 1e9
+            arrived = {r: card.get("t", 0) for r, card in cards.items()} | {self._me: mine["t"]}
+            last = max(arrived, key=lambda r: arrived[r])
+            return last, (arrived[last] - mine["t"]) / 1e9
         cause = desync.cause_of(reason, calls, repeated=site in self._agreed)
         waited = any(c.state == "missing" for c in calls)
         timeout = self.timeout if waited else None
