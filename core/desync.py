@@ -168,10 +168,14 @@ def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False, 
         return "late" if any(c.state == "missing" for c in others) else "unmatched"
     if reason == "missing":
         sites = {c.where for c in called}
-        if any(c.state == "ended" and c.where is not None and c.where in sites for c in others):
-            return "uneven_batch"  # its last call was this line: its loop ran once fewer, then it ended
-        if any(c.state == "missing" and _left_the_loop_of(called, c) for c in others):
-            return "uneven_batch"  # still running, past the end of the loop the others are in
+        for c in others:
+            if c.stack and c.state == "missing":
+                if _left_the_loop_of(called, c):
+                    return "uneven_batch"  # still running, past the end of the loop the others are in
+            elif c.where is not None and c.where in sites:
+                # its last call was this line: its loop ran once fewer, then it ended (or, read
+                # after the fact with nothing known of where it went, it stopped there)
+                return "uneven_batch"
         if any(c.state == "missing" for c in others) and not all(c.seq is None for c in others):
             return "late"
         ranks = sorted(c.rank for c in calls)

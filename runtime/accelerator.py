@@ -14,35 +14,34 @@ Python code asks, ``torch._C._get_accelerator`` and ``torch._C._accelerator_getA
 (behind ``torch.accelerator.current_accelerator``), answer as on a machine without an
 accelerator until the script uses the device: its first kernel (a `tpu` tensor made, moved
 or computed on), a process group or device mesh it makes for `tpu`
-(``init_process_group("tpu_dist")``, ``init_device_mesh("tpu", ...)``). From then on they
-answer PyTorch's own ``tpu``. A CPU job never claims it and runs as without the wheel.
+(``init_process_group("tpu_dist")``, ``init_process_group()`` with no backend, which asks
+for the accelerator's as on TorchTPU, ``init_device_mesh("tpu", ...)``). From then on they
+answer PyTorch's own ``tpu``. A CPU job (``init_process_group("gloo")``) never claims it
+and runs as without the wheel.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["claim", "claimed", "install", "while_claimed"]
+__all__ = ["claim", "claimed", "install"]
 
 _lock = threading.Lock()
 _claimed = False
-_borrowed = 0  # calls in progress that see the device as claimed (while_claimed)
 _originals: dict[str, Any] = {}
 
 
 def _get_accelerator(*args: Any, **kwargs: Any) -> Any:
-    if _claimed or _borrowed:
+    if _claimed:
         return _originals["_get_accelerator"](*args, **kwargs)
     return torch.device("cpu")  # what PyTorch answers with no accelerator
 
 
 def _accelerator_get_accelerator(*args: Any, **kwargs: Any) -> Any:
-    if _claimed or _borrowed:
+    if _claimed:
         return _originals["_accelerator_getAccelerator"](*args, **kwargs)
     return None  # no accelerator
 
@@ -75,17 +74,3 @@ def claim() -> None:
 def claimed() -> bool:
     """Whether the script has used the `tpu` device (PyTorch's accelerator is ``tpu``)."""
     return _claimed
-
-
-@contextlib.contextmanager
-def while_claimed() -> Iterator[None]:
-    """PyTorch's accelerator is ``tpu`` inside (``init_process_group()`` with no backend picks
-    the device's backend, tpu_dist, which serves CPU tensors too), and as before after."""
-    global _borrowed
-    with _lock:
-        _borrowed += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _borrowed -= 1

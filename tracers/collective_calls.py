@@ -30,6 +30,7 @@ __all__ = [
     "GroupDesync",
     "RankRecord",
     "Straggler",
+    "desync_subject",
     "desync_text",
     "event_calls",
     "first_desyncs",
@@ -124,11 +125,16 @@ def event_calls(event: CollectiveDesyncEvent) -> list[_desync.RankCall]:
     ]
 
 
+def desync_subject(event: CollectiveDesyncEvent) -> str | None:
+    """How the text names a recorded desync's call: a send and its receive, or None for the
+    group's collective ``#seq``."""
+    return _desync.p2p_subject(*event.p2p) if len(event.p2p) == 4 else None
+
+
 def desync_text(event: CollectiveDesyncEvent) -> str:
     """The text of a desync the live check recorded (what the rank raised)."""
-    what = _desync.p2p_subject(*event.p2p) if len(event.p2p) == 4 else None
     return _desync.describe(event.group, event.seq, event.reason, event.cause, event_calls(event),
-                            timeout=event.timeout, what=what)
+                            timeout=event.timeout, what=desync_subject(event))
 
 
 def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],
@@ -193,7 +199,8 @@ class RankRecord:
     recorded before returns were) from the run store and, for the last moments of a rank
     that was killed, its journal (``tracers/collective_journal.py``); ``desyncs`` the live
     check recorded; how its process ended: ``state`` (``"ended"``, ``"raised"`` with
-    ``error``, ``"died"`` with ``exit_status`` when known, ``"missing"`` while it runs)."""
+    ``error``, ``"died"`` with ``exit_status`` when known, ``"missing"`` while it runs, or
+    when a launcher stopped it while it still ran)."""
 
     rank: int
     calls: tuple[CollectiveCallEvent, ...]
@@ -231,9 +238,11 @@ def read_rank(rank: int, session: Any, *, exit_status: int | None = None) -> Ran
         dones = list(dones or ()) + [d for d in lost_dones if _key(d.op, d.group, d.seq) not in done]
     error = meta.error or ""
     status = meta.exit_status if exit_status is None else exit_status
-    if meta.status == "terminated":  # SIGTERM: a launcher stopping the rank, as torchrun does
-        state, status = "died", -signal.SIGTERM
-    elif meta.status == "killed" or (status is not None and status < 0):
+    if meta.status == "terminated":
+        # SIGTERM: stopped from outside while it still ran (torchrun stops the other ranks once
+        # one failed): it did not fail there itself
+        state = "missing"
+    elif meta.status == "killed" or (status is not None and status < 0 and status != -signal.SIGTERM):
         state = "died"
     elif meta.status == "failed" and error:
         state = "raised"

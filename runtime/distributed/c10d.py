@@ -271,6 +271,11 @@ class _Watcher:
     def begin(self, check: _LiveCheck, targets: list[tuple[int, str, str | None]], card: dict) -> None:
         with self._lock:
             self._waits[threading.get_ident()] = (check, targets, time.monotonic(), card)
+        self.ensure()
+
+    def ensure(self) -> None:
+        """Start the thread, once."""
+        with self._lock:
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="tpu_debug-collective-watcher", daemon=True)
                 self._thread.start()
@@ -314,6 +319,7 @@ class _Watcher:
             for check in checks:
                 try:
                     check.sweep()
+                    check.release()
                     if rounds % _ANSWER_EVERY == 0:
                         check.answer()
                 except Exception:  # noqa: BLE001 - entries left behind cost a few bytes in the store
@@ -341,6 +347,8 @@ class _LiveCheck:
         self._last = 0  # the last sequence number this rank published
         self._spent: list[str] = []  # entries every rank that reads them has read (the watcher deletes them)
         self._channels: dict[tuple[int, int, int], int] = {}  # (source, destination, tag) -> calls posted
+        self._held: list[_PostedWork] = []  # sends not given to gloo yet (see hold)
+        self._held_lock = threading.Lock()
         self._thread: int | None = None  # the thread that called last: the one the others ask about
         self._off = False
         # a group made again under the same name (destroy_process_group, then init_process_group
@@ -456,7 +464,7 @@ class _LiveCheck:
         send = info.op == "send"
         channel = (self._me, peer, tag) if send else (peer, self._me, tag)
         n = self._channels[channel] = self._channels.get(channel, 0) + 1
-        card = self._card(info, device, peer) | {"n": n}
+        card = self._card(info, device, peer) | {"n": n, "tag": tag}
         try:
             text = json.dumps(card)
             self._store.set(self._p2p_key(channel, n, send), text)
@@ -467,6 +475,31 @@ class _LiveCheck:
         return {"info": info, "card": card, "channel": channel, "n": n, "peer": peer,
                 "theirs": self._p2p_key(channel, n, not send)}
 
+    def peek(self, ticket: dict, store: Any = None) -> bool:
+        """Whether the peer has posted its side of a send or receive, alike (True: posting to
+        gloo is safe), without waiting: False while it has not.
+
+        Raises:
+            CollectiveDesyncError: the peer's side has other sizes or dtype.
+        """
+        store = self._store if store is None else store
+        if ticket.get("matched"):
+            return True
+        try:
+            if not store.check([ticket["theirs"]]):
+                return False
+            card = json.loads(store.get(ticket["theirs"]))
+        except (RuntimeError, OSError):
+            return False
+        if card.get("state", "called") != "called":
+            return False  # it left or died: the wait says so
+        error = self._compare(ticket, card)
+        if error is not None:
+            raise error
+        ticket["matched"] = True
+        self._spent.append(ticket["theirs"])  # its one reader is this rank
+        return True
+
     def match(self, ticket: dict) -> None:
         """Wait for the peer's side of a posted send or receive, and raise unless it matches.
 
@@ -474,6 +507,8 @@ class _LiveCheck:
             CollectiveDesyncError: the peer's side has other sizes or dtype, or it left or died.
             CollectiveTimeoutError: the peer did not post its side within the timeout.
         """
+        if ticket.get("matched"):
+            return
         peer, theirs, mine = ticket["peer"], ticket["theirs"], ticket["card"]
         try:
             _watcher.begin(self, [(peer, theirs, self._state_key("now", peer))], mine)
@@ -485,7 +520,15 @@ class _LiveCheck:
             self._stop(exc)
             return
         self._spent.append(theirs)  # its one reader is this rank
-        card = json.loads(raw)
+        error = self._compare(ticket, json.loads(raw))
+        if error is not None:
+            raise error
+        ticket["matched"] = True
+
+    def _compare(self, ticket: dict, card: dict) -> BaseException | None:
+        """The error for a peer's side ``card`` that does not match this rank's (recorded, and
+        the Flight Recorder's dump written), or None when it matches."""
+        peer, mine = ticket["peer"], ticket["card"]
         state = card.get("state", "called")
         calls = [_rank_call(self._me, mine),
                  _rank_call(peer, card) if state == "called" else _rank_call(peer, card.get("last"), state, card)]
@@ -497,10 +540,10 @@ class _LiveCheck:
         elif card["dtype"] != mine["dtype"]:
             reason = "dtype"
         else:
-            return
-        self._raise_p2p(ticket, reason, calls, cycle=bool(card.get("cycle")))
+            return None
+        return self._p2p_error(ticket, reason, calls, cycle=bool(card.get("cycle")))
 
-    def _raise_p2p(self, ticket: dict, reason: str, calls: list[desync.RankCall], *, cycle: bool) -> None:
+    def _p2p_error(self, ticket: dict, reason: str, calls: list[desync.RankCall], *, cycle: bool) -> BaseException:
         info, (source, destination, tag) = ticket["info"], ticket["channel"]
         what = desync.p2p_subject(source, destination, tag, ticket["n"])
         cause = desync.cause_of(reason, calls, p2p=True, cycle=cycle)
@@ -513,7 +556,35 @@ class _LiveCheck:
                                                        (source, destination, tag, ticket["n"])))
         error = CollectiveTimeoutError if waited else CollectiveDesyncError
         _dump_on_error(timeout=waited)
-        raise error(message, group=info.group, seq=info.seq, reason=reason, cause=cause, ranks=(ticket["peer"],))
+        return error(message, group=info.group, seq=info.seq, reason=reason, cause=cause, ranks=(ticket["peer"],))
+
+    def hold(self, work: _PostedWork) -> None:
+        """A send posted before its receiver's side was seen: gloo gets it once the receiver's
+        side is there and matches (a send of another size would abort the receiving process
+        inside gloo). The watcher posts it then, or its wait does."""
+        with self._held_lock:
+            self._held.append(work)
+        _watcher.ensure()
+
+    def release(self) -> None:
+        """(The watcher) post the held sends whose receivers' sides are there: matching ones to
+        gloo, the others failed with the error their wait raises."""
+        with self._held_lock:
+            held, self._held = self._held, []
+        waiting = []
+        side = self._side_store()
+        for work in held:
+            try:
+                ready = self.peek(work.ticket, side)
+            except (CollectiveDesyncError, CollectiveTimeoutError) as exc:
+                work.fail(exc)
+                continue
+            if ready:
+                work.start()
+            elif not work.done:
+                waiting.append(work)
+        with self._held_lock:
+            self._held = waiting + self._held
 
     # -- the watcher's side (its own thread and store connection) --------------------------
 
@@ -566,6 +637,14 @@ class _LiveCheck:
             return {}
         waiting = got.get("waiting") or {}
         cycle = waiting.get("op") == "recv" and waiting.get("peer") == self._me
+        if cycle:
+            # it waits for this rank's send, as this rank waits for its: say so on its side too
+            # (it may be past its own question by the time it would ask)
+            channel = (self._me, rank, int(waiting.get("tag", 0)))
+            ident = self._thread if self._thread is not None else threading.main_thread().ident
+            side.compare_set(self._p2p_key(channel, int(waiting.get("n", 1)), True), "", json.dumps(
+                {"seq": None, "state": "missing", "cycle": True, "stack": thread_stack(ident),
+                 "last": _watcher.waiting_in(ident)}))
         return {"stack": got.get("stack", []), "cycle": cycle}
 
     def answer(self) -> None:
@@ -623,42 +702,59 @@ class _PostedWork(dist.Work):
     """A send or receive posted to gloo: like gloo's own, it finishes when waited for. The
     wait first reads the peer's side from the live check (a peer that posts another size,
     left or died, or does not post in time is named), then waits for gloo and writes a
-    received tensor back to its device."""
+    received tensor back to its device. A send reaches gloo only once the receiver's side
+    matches it (:meth:`_LiveCheck.hold`): ``post`` gives it to gloo."""
 
-    def __init__(self, host_work: Any, copies: list[tuple[torch.Tensor, torch.Tensor]], outputs: list[torch.Tensor],
-                 ticket: dict | None, check: _LiveCheck | None, finish: _Finish) -> None:
+    def __init__(self, post: Callable[[], Any], copies: list[tuple[torch.Tensor, torch.Tensor]],
+                 outputs: list[torch.Tensor], ticket: dict | None, check: _LiveCheck | None, finish: _Finish) -> None:
         super().__init__()
-        self._host_work = host_work
+        self._post = post
+        self._host_work: Any = None
         self._copies = copies
         self._outputs = outputs
-        self._ticket = ticket
+        self.ticket = ticket
         self._check = check
         self._finish = finish
-        self._done = False
+        self._error: BaseException | None = None
+        self.done = False
         self._lock = threading.Lock()
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+    def start(self) -> None:
+        """Give the call to gloo (once)."""
         with self._lock:
-            if self._done:
-                return True
-            if self._ticket is not None and self._check is not None:
-                self._check.match(self._ticket)
-            self._host_work.wait()
-            _write_back([(d, h) for d, h in self._copies if any(d is o for o in self._outputs)])
-            self._done = True
-            self._finish()
+            if self._host_work is None:
+                self._host_work = self._post()
+
+    def fail(self, error: BaseException) -> None:
+        """The peer's side does not match: the wait raises ``error``."""
+        self._error = error
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self.done:
+            return True
+        if self._error is not None:
+            raise self._error
+        if self.ticket is not None and self._check is not None:
+            self._check.match(self.ticket)
+        self.start()
+        self._host_work.wait()
+        with self._lock:
+            if not self.done:
+                _write_back([(d, h) for d, h in self._copies if any(d is o for o in self._outputs)])
+                self.done = True
+                self._finish()
         return True
 
     def is_completed(self) -> bool:
-        if not self._done and self._host_work.is_completed():
+        if not self.done and self._host_work is not None and self._host_work.is_completed():
             self.wait()
-        return self._done
+        return self.done
 
     def is_success(self) -> bool:
-        return self.is_completed()
+        return self.is_completed() and self._error is None
 
-    def exception(self) -> None:
-        return None
+    def exception(self) -> BaseException | None:
+        return self._error
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
@@ -761,7 +857,15 @@ class TpuProcessGroup(dist.ProcessGroup):
         wanted = [] if outputs is None else _flat(args[outputs])
         done = _Finish(self, name, seq, began, entry)
         if p2p:
-            return _PostedWork(getattr(self._host, name)(*host_args), copies, wanted, ticket, self._check, done)
+            # a receive is given to gloo at once; a send once its receiver's side is seen to match
+            ready = ticket is None or self._check is None or self._check.peek(ticket) or name != "send"
+            work = _PostedWork(functools.partial(getattr(self._host, name), *host_args), copies, wanted, ticket,
+                               self._check, done)
+            if ready:
+                work.start()
+            else:
+                self._check.hold(work)
+            return work
         self._host_call(name, host_args)
         if kind == _RedOp.AVG:
             for t in _flat(host_args[0]):
@@ -1008,13 +1112,10 @@ def _guard_init(init: Callable) -> Callable:
     @functools.wraps(init)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
-            if backend is None:
-                # PyTorch picks the accelerator's backend: the device's own, tpu_dist, which also
-                # runs CPU tensors (through gloo); PyTorch's accelerator stays CPU afterwards
-                # until the script uses the device
-                with accelerator.while_claimed():
-                    return init(backend, *args, **kwargs)
-            if any(name in str(backend).lower().replace(":", ",").split(",") for name in BACKEND_NAMES):
+            # no backend asks for the accelerator's, as on TorchTPU: the device's tpu_dist (which
+            # runs CPU tensors too, through gloo), and its sub-groups the same; "gloo" keeps CPU's
+            if backend is None or any(name in str(backend).lower().replace(":", ",").split(",")
+                                      for name in BACKEND_NAMES):
                 accelerator.claim()
             return init(backend, *args, **kwargs)
         except (AssertionError, RuntimeError, ValueError) as exc:

@@ -60,7 +60,11 @@ def dtype_name(dtype: Any) -> str:
 
 
 def _frames() -> list[dict[str, Any]]:
-    frame = sys._getframe(3)
+    """The calling stack, innermost first, from the first frame outside tpu_debug (the c10d
+    function the user called), as PyTorch's process groups record it."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("tpu_debug"):
+        frame = frame.f_back
     out = []
     while frame is not None and len(out) < _FRAMES:
         out.append({"name": frame.f_code.co_name, "filename": frame.f_code.co_filename, "line": frame.f_lineno})

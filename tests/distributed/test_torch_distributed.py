@@ -41,7 +41,8 @@ COLLECTIVES = [
       for op in ("sum", "product", "min", "max", "band", "bor", "bxor")),
     "all_reduce.avg.float32", "all_reduce.view", "async.wait",
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
-    "all_to_all_single", "all_to_all_single.uneven", "send_recv", "reduce", "gather", "scatter", "all_to_all",
+    "all_to_all_single", "all_to_all_single.uneven", "send_recv", "ring.isend_irecv", "ring.batch_isend_irecv",
+    "reduce", "gather", "scatter", "all_to_all",
     "new_group.pair", "new_group.alone",
     "functional.all_reduce", "functional.all_gather_tensor", "functional.reduce_scatter_tensor",
     "dtensor.local", "dtensor.full", "dtensor.sum",
@@ -70,6 +71,17 @@ def test_collective_equals_gloo(ranks, case):
 @pytest.mark.parametrize("what", TRAINING)
 def test_training_equals_gloo(ranks, what):
     assert_trained_as_gloo(ranks, what)
+
+
+def test_a_pipeline_schedule_trains_as_on_gloo(ranks):
+    # each rank holds its own stage, so only each rank's against its gloo twin; the tolerance
+    # is float32 rounding, as for the other training (XLA's CPU matmuls sum in another order)
+    for rank in range(2):
+        mine, ref = ranks["tpu"][rank], ranks["cpu"][rank]
+        torch.testing.assert_close(mine["pipeline.losses"], ref["pipeline.losses"], rtol=1e-5, atol=1e-6)
+        for got, want in zip(mine["pipeline.params"], ref["pipeline.params"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert len(ranks["cpu"][1]["pipeline.losses"]) == 2 and len(ranks["cpu"][0]["pipeline.losses"]) == 0
 
 
 def test_backends_registered_with_the_device():

@@ -80,6 +80,10 @@ def test_ranks_view_shows_collectives_side_by_side(tmp_path):
         assert "   3 ≠ rank 0: allreduce([4]; float32, SUM) never returned at train.py:27" in sequence
         assert "rank 1: -" in sequence
         assert "c10d collectives by rank" in screen_text(app)
+        # q leaves the TUI from this view too, as from every other
+        assert app.return_code is None
+        await press(pilot, "q")
+        assert app.return_code == 0
 
     try:
         drive(app, scenario, size=(160, 60))

@@ -391,6 +391,16 @@ def call_text(call: dict | None) -> str:
             f"{_where(call['location'])}")
 
 
+def straggler_lines(c10d: dict) -> list[str]:
+    """One line per group whose collectives one rank entered last most often."""
+    return [
+        f"straggler: rank {st['rank']} entered last at {st['last']} of {st['of']} collectives of group "
+        f"{st['group']}, {format_seconds(st['late'])} after the rank before it on average "
+        f"({format_seconds(st['waited'])} the others waited for it in all)"
+        for st in c10d.get("stragglers", ())
+    ]
+
+
 def in_collectives_text(group: dict) -> str:
     """A rank's time in a group's collectives: ``4.1 ms``, with ``+1 never returned`` when
     it entered some it did not come back from."""
@@ -412,12 +422,8 @@ def _print_c10d(console: Console, c10d: dict) -> None:
         return
     for d in c10d["desyncs"]:
         console.print(Text(f"collective desync: {d['text']}", style="bold red" if console.is_terminal else ""))
-    for st in c10d.get("stragglers", ()):
-        console.print(Text(
-            f"straggler: rank {st['rank']} entered last at {st['last']} of {st['of']} collectives of group "
-            f"{st['group']}, {format_seconds(st['late'])} after the rank before it on average "
-            f"({format_seconds(st['waited'])} the others waited for it in all)"
-        ))
+    for line in straggler_lines(c10d):
+        console.print(Text(line))
     print_heading(console, "c10d collectives by rank")
     table = report_table(
         console.is_terminal, ("rank", "right"), ("group (ranks)", "left"), ("calls", "right"), ("bytes", "right"),

@@ -53,11 +53,13 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
 
 def _sequence_text(c10d: dict[str, Any]) -> Text:
     """The desyncs, then each group's collectives in order, one line per collective and rank."""
-    from tpu_debug.report.ranks import call_text
+    from tpu_debug.report.ranks import call_text, straggler_lines
 
     text = Text()
     for d in c10d["desyncs"]:
         text.append(f"collective desync: {d['text']}\n", style="bold red")
+    for line in straggler_lines(c10d):
+        text.append(line + "\n", style="bold yellow")
     for seq in c10d["sequence"]:
         text.append(f"group {seq['group']}: collectives in order ({len(seq['rows'])} of {seq['total']})\n",
                     style="bold")
@@ -75,7 +77,7 @@ class RanksScreen(ModalScreen[int | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Close"),
         Binding("r", "dismiss", "Close", show=False),
-        Binding("q", "dismiss", "Close", show=False),
+        Binding("q", "app.quit", "Quit"),  # as in every view: q leaves the TUI
     ]
 
     @dataclasses.dataclass

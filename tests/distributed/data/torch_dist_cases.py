@@ -97,6 +97,17 @@ def _point_to_point(device: str, rank: int, out: dict) -> None:
         dist.recv(got, src=0)
         dist.send(torch.tensor([8, 9]).to(device), dst=0)
     out["send_recv"] = got.cpu()
+    # a ring: each rank sends to the next and receives from the one before, both posted first
+    send = (torch.arange(4.0) + 10 * rank).to(device)
+    got = torch.empty(4).to(device)
+    for work in [dist.isend(send, (rank + 1) % WORLD), dist.irecv(got, (rank - 1) % WORLD)]:
+        work.wait()
+    out["ring.isend_irecv"] = got.cpu()
+    got = torch.empty(4).to(device)
+    ops = [dist.P2POp(dist.isend, send * 2, (rank + 1) % WORLD), dist.P2POp(dist.irecv, got, (rank - 1) % WORLD)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    out["ring.batch_isend_irecv"] = got.cpu()
 
 
 def _rooted(device: str, rank: int, out: dict) -> None:
@@ -211,6 +222,31 @@ def _tensor_parallel(device: str, rank: int, out: dict) -> None:
     out["tp.params"] = [_full(p) for p in model.parameters()]
 
 
+def _pipeline(device: str, rank: int, out: dict) -> None:
+    """A two-stage pipeline, PyTorch's GPipe schedule over two microbatches (its stages send
+    activations and gradients with batch_isend_irecv), trained two steps."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    stages = [nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Linear(16, 4)]
+    module = stages[rank].to(device)
+    schedule = ScheduleGPipe(PipelineStage(module, rank, WORLD, torch.device(device)), n_microbatches=2,
+                             loss_fn=F.cross_entropy)
+    opt = torch.optim.SGD(module.parameters(), lr=0.2)
+    losses = []
+    for x, y in _batches(0, n=2, per_rank=False):
+        opt.zero_grad()
+        if rank == 0:
+            schedule.step(x.to(device))
+        else:
+            step: list[torch.Tensor] = []
+            schedule.step(target=y.to(device), losses=step)
+            losses.append(sum(loss.item() for loss in step))
+        opt.step()
+    out["pipeline.losses"] = torch.tensor(losses)
+    out["pipeline.params"] = [p.detach().cpu() for p in module.parameters()]
+
+
 CASES = {
     "all_reduce": _all_reduce,
     "gathers": _gathers,
@@ -221,6 +257,7 @@ CASES = {
     "ddp_compiled": _ddp_compiled,
     "fsdp": _fsdp,
     "tp": _tensor_parallel,
+    "pipeline": _pipeline,
 }
 
 
