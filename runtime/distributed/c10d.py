@@ -34,6 +34,7 @@ returns; its work object is complete, and its future holds the output tensors.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import functools
 import json
@@ -44,7 +45,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ from tpu_debug.runtime.distributed.errors import (
 )
 from tpu_debug.runtime.distributed.rank_state import exit_status, leaving, thread_stack, user_site
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "for_program", "register_backends"]
 
 BACKEND_NAMES = ("tpu", "tpu_dist")
 DEFAULT_BACKEND = "tpu_dist"
@@ -678,6 +679,23 @@ class _LiveCheck:
             pass
 
 
+# set while a compiled program's collective runs (runtime/distributed/compiled_collectives.py):
+# its tensors are the host copies of the program's tpu arrays
+_program = threading.local()
+
+
+@contextlib.contextmanager
+def for_program(device: str) -> Iterator[None]:
+    """Collectives called inside run for a program on ``device``: the live check names that
+    device, not the host copies' CPU."""
+    prior = getattr(_program, "device", None)
+    _program.device = device
+    try:
+        yield
+    finally:
+        _program.device = prior
+
+
 class _Finish:
     """What a call does once it returned: its return reported (with the rank the others
     waited for, and how long), its Flight Recorder entry completed."""
@@ -920,7 +938,8 @@ class TpuProcessGroup(dist.ProcessGroup):
                 )
             if device != "tpu":
                 device = kind
-        return device
+        # a compiled program's collective runs on host copies of its tpu tensors
+        return "tpu" if device == "cpu" and getattr(_program, "device", None) == "tpu" else device
 
     def _info(self, name: str, args: tuple, kind: Any) -> probes.CollectiveInfo:
         tensors = [t for a in args for t in _flat(a)]
