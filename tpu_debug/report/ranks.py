@@ -81,17 +81,21 @@ _RANK_STOPS = ("RankDivergenceError", "RankTimeoutError")
 
 
 def _agreement_data(sessions: list) -> dict[str, Any]:
-    """Whether the ranks compiled the same multi-device programs, and which stopped or failed."""
+    """Whether the ranks compiled the same multi-device programs and the same graphs, and which
+    stopped or failed."""
     from tpu_debug.tracers.collectives import compare_ranks
+    from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
 
     errors = [(rank, s.metadata().error or "") for rank, s in sessions]
     diff = compare_ranks([(rank, s.events("collectives")) for rank, s in sessions])
     same = None
     if diff is None and len(sessions) > 1:
         same = len([e for e in sessions[0][1].events("collectives") if not e.target])
+    compiled = first_program_difference({rank: compiled_programs(s) for rank, s in sessions})
     return {
         "stopped": [{"rank": r, "error": e} for r, e in errors if e.startswith(_RANK_STOPS)],
         "difference": diff.render() if diff is not None else None,
+        "compiled_difference": compiled.render() if compiled is not None else None,
         "same_programs": same,
         "failed": [{"rank": r, "error": e} for r, e in errors if e and not e.startswith(_RANK_STOPS)],
     }
@@ -355,6 +359,8 @@ def _print_agreement(console: Console, agreement: dict) -> None:
         # the first rank that stopped in full; the others say the same from their side
         error = stop["error"] if i == 0 else stop["error"].splitlines()[0]
         console.print(Text(f"rank {stop['rank']} stopped: {error}"))
+    if agreement.get("compiled_difference") is not None:
+        console.print(Text(agreement["compiled_difference"]))
     if agreement["difference"] is not None:
         console.print(Text(f"compiled programs: {agreement['difference']}"))
     elif agreement["same_programs"]:

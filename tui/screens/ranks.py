@@ -25,6 +25,7 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
     differ, and their c10d collectives side by side (:func:`~tpu_debug.report.ranks.c10d_data`),
     read with sessions of this thread's own."""
     from tpu_debug.tracers.collectives import compare_ranks
+    from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
 
     from tpu_debug.report import rank_figures
     from tpu_debug.report.ranks import c10d_data
@@ -40,6 +41,7 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
             out.append((rank, figures))
             events.append((rank, session.events("collectives")))
         c10d = c10d_data(sessions)
+        graphs = first_program_difference({rank: compiled_programs(s) for rank, s in sessions})
     finally:
         for _, session in sessions:
             session.close()
@@ -48,6 +50,8 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
         "every rank compiled the same multi-device programs, with the same collectives"
         if len(out) > 1 and any(e for _, e in events) else ""
     )
+    if graphs is not None:
+        agreement = "\n".join(a for a in (graphs.render(), agreement) if a)
     return out, agreement, c10d
 
 
