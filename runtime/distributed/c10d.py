@@ -268,6 +268,7 @@ class _Watcher:
         self._wake = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._root: Any = None  # see root()
 
     def begin(self, check: _LiveCheck, targets: list[tuple[int, str, str | None]], card: dict) -> None:
         with self._lock:
@@ -321,13 +322,41 @@ class _Watcher:
                 try:
                     check.sweep()
                     check.release()
-                    if rounds % _ANSWER_EVERY == 0:
-                        check.answer()
                 except Exception:  # noqa: BLE001 - entries left behind cost a few bytes in the store
                     pass
+            if checks and rounds % _ANSWER_EVERY == 0:
+                with contextlib.suppress(Exception):  # the store's host gone: no one asks any more
+                    self.answer(checks[0])
+
+    def root(self, check: _LiveCheck) -> Any:
+        """This thread's connection to the store every group of the job shares (its root)."""
+        if self._root is None:
+            store = check.store
+            while (under := getattr(store, "underlying_store", None)) is not None:
+                store = under
+            self._root = store.clone()
+        return self._root
+
+    def answer(self, check: _LiveCheck) -> None:
+        """Answer another rank's question: where this process's calling thread is now, and what
+        it waits in (one key per process, in the job's root store)."""
+        root = self.root(check)
+        ask = _process_key("ask", check.me)
+        if not root.check([ask]):
+            return
+        root.delete_key(ask)
+        ident = _caller if _caller is not None else threading.main_thread().ident
+        root.set(_process_key("stack", check.me),
+                 json.dumps({"stack": thread_stack(ident), "waiting": self.waiting_in(ident)}))
 
 
 _watcher = _Watcher()
+_caller: int | None = None  # the thread that called a collective last: the one other ranks ask about
+
+
+def _process_key(kind: str, rank: int) -> str:
+    # "ask"/"stack": a question to a process and its answer, in the job's root store
+    return f"{_KEY}/{kind}/{rank}"
 
 
 class _LiveCheck:
@@ -337,7 +366,8 @@ class _LiveCheck:
     waits for it."""
 
     def __init__(self, store: Any, me: int, ranks: Sequence[int], timeout: float) -> None:
-        self._store = store
+        self.store = self._store = store
+        self.me = me
         self._side: Any = None  # the watcher's own connection: a store client serves one request at a time
         self._me = me
         self._others = [r for r in ranks if r != me]
@@ -372,12 +402,13 @@ class _LiveCheck:
         return f"{_KEY}/{self._life}/p2p/{source}/{destination}/{tag}/{n}/{'send' if send else 'recv'}"
 
     def _state_key(self, kind: str, rank: int) -> str:
-        # "now": a rank's latest send or receive; "left": how it left; "ask"/"stack": where it is
+        # "now": a rank's latest send or receive; "left": how it left
         return f"{_KEY}/{self._life}/{kind}/{rank}"
 
     def _card(self, info: probes.CollectiveInfo, device: str, peer: int | None) -> dict:
+        global _caller
         file, line, function = user_site(3)
-        self._thread = threading.get_ident()
+        _caller = self._thread = threading.get_ident()
         return {"seq": info.seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
                 "reduce_op": info.reduce_op, "peer": peer, "file": file, "line": line, "function": function,
                 "pid": self._pid, "space": self._space, "device": device, "t": time.time_ns()}
@@ -570,6 +601,8 @@ class _LiveCheck:
     def release(self) -> None:
         """(The watcher) post the held sends whose receivers' sides are there: matching ones to
         gloo, the others failed with the error their wait raises."""
+        if not self._held:
+            return
         with self._held_lock:
             held, self._held = self._held, []
         waiting = []
@@ -618,22 +651,20 @@ class _LiveCheck:
     def _ask(self, side: Any, rank: int) -> dict:
         """Where ``rank`` is now, from its own watcher: ``{"stack": [...], "cycle": bool}``
         (``cycle``: it waits to receive from this rank), or {} when it does not answer in time.
-        While it waits for the answer it answers this process's own questions: two ranks that
+        While it waits for the answer it answers this process's own question: two ranks that
         wait for each other ask each other at once."""
-        answer = self._state_key("stack", rank)
+        root = _watcher.root(self)
+        answer = _process_key("stack", rank)
         try:
-            side.delete_key(answer)
-            side.set(self._state_key("ask", rank), str(self._me))
+            root.delete_key(answer)
+            root.set(_process_key("ask", rank), str(self._me))
             deadline = time.monotonic() + _ANSWER_SECONDS
-            while not side.check([answer]):
+            while not root.check([answer]):
                 if time.monotonic() > deadline:
                     return {}  # no answer: a process stuck outside Python, or gone
-                with _exit_lock:
-                    checks = list(_exit_marks)
-                for check in checks:
-                    check.answer()
+                _watcher.answer(self)
                 time.sleep(_LOOK_SECONDS / 2)
-            got = json.loads(side.get(answer))
+            got = json.loads(root.get(answer))
         except (RuntimeError, OSError, ValueError):
             return {}
         waiting = got.get("waiting") or {}
@@ -647,17 +678,6 @@ class _LiveCheck:
                 {"seq": None, "state": "missing", "cycle": True, "stack": thread_stack(ident),
                  "last": _watcher.waiting_in(ident)}))
         return {"stack": got.get("stack", []), "cycle": cycle}
-
-    def answer(self) -> None:
-        """Answer another rank's request for where this process's calling thread is now."""
-        side = self._side_store()
-        ask = self._state_key("ask", self._me)
-        if not side.check([ask]):
-            return
-        side.delete_key(ask)
-        ident = self._thread if self._thread is not None else threading.main_thread().ident
-        side.set(self._state_key("stack", self._me),
-                 json.dumps({"stack": thread_stack(ident), "waiting": _watcher.waiting_in(ident)}))
 
     def sweep(self) -> None:
         """Delete the entries every rank that reads them has read."""
