@@ -51,9 +51,15 @@ TRAINING = ["ddp", "ddp_compiled", "fsdp", "tp"]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> dict[str, list[dict]]:
-    """Each device's results, per rank: the `tpu` run and the gloo reference run side by side."""
-    return ranks_on_both_devices([sys.executable, str(CASES)], tmp_path_factory.mktemp("torch_dist"))
+def ranks(tmp_path_factory) -> dict:
+    """Each device's results, per rank: the `tpu` run and the gloo reference run side by side
+    (and, under ``fr_dumps``, the gloo run's Flight Recorder dumps)."""
+    base = tmp_path_factory.mktemp("torch_dist")
+    (base / "fr").mkdir()
+    # the gloo run keeps PyTorch's Flight Recorder, whose dumps tpu-debug import-fr reads
+    fr = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(base / "fr" / "rank_")}
+    ranks = ranks_on_both_devices([sys.executable, str(CASES)], base, env={"cpu": fr})
+    return {**ranks, "fr_dumps": base / "fr"}
 
 
 def test_init_process_group_with_no_backend_takes_tpu_dist(ranks):
@@ -82,6 +88,27 @@ def test_a_pipeline_schedule_trains_as_on_gloo(ranks):
         for got, want in zip(mine["pipeline.params"], ref["pipeline.params"], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert len(ranks["cpu"][1]["pipeline.losses"]) == 2 and len(ranks["cpu"][0]["pipeline.losses"]) == 0
+
+
+def test_a_gloo_jobs_flight_recorder_dumps_are_read_into_a_run(ranks, tmp_path):
+    # the reference run's dumps: PyTorch's own gloo groups, read as tpu_debug reads its ranks
+    from tpu_debug.cli import main as cli
+    from tpu_debug.ranks import find_group
+    from tpu_debug.report.ranks import c10d_data
+
+    dumps = ranks["fr_dumps"]
+    assert sorted(p.name for p in dumps.iterdir()) == ["rank_0", "rank_1"]
+    assert cli(["import-fr", str(dumps), "--logdir", str(tmp_path / "runs")]) == 0
+    with find_group(None, tmp_path / "runs") as group:
+        assert sorted(group.rank_dirs()) == [0, 1]
+        data = c10d_data(group.sessions())
+    # gloo's dumps name no group members: the default group's are the ranks that dumped
+    (world,) = [s for s in data["sequence"] if s["group"] == "0"]
+    assert world["ranks"] == [0, 1] and world["first_difference"] is None and data["desyncs"] == []
+    first = [c["call"] for c in world["rows"][0]["calls"]]
+    lines = [i for i, src in enumerate(CASES.read_text().splitlines(), 1) if "dist.all_reduce(t, op=" in src]
+    assert [(c["op"], c["location"]["file"], c["location"]["line"] in lines) for c in first] == [
+        ("allreduce", str(CASES), True)] * 2
 
 
 def test_backends_registered_with_the_device():

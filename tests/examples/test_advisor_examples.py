@@ -46,6 +46,9 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
 }
 # pitfalls that compile for a TPU without a run option saying so
 COMPILE_FOR_TPU = {"fit_oom.py"}
+# pitfalls run in the slow tier: two processes each, for a rule the default tier checks
+# elsewhere (collective_straggler: test_desync_live.py's planted slow rank)
+SLOW = {"collective_straggler.py"}
 
 # examples written as ordinary, correct programs: the advisor must find nothing in them
 # the model examples (examples/models/) run traced in tests/examples/test_models.py, which
@@ -59,7 +62,8 @@ def _pitfalls() -> list:
 
     skip = pytest.mark.skipif(not _find_libtpu(), reason='needs libtpu: pip install -e ".[tpu]"; CI installs it')
     tpu = {s for s in PITFALLS if "--target" in PITFALLS[s][0]} | COMPILE_FOR_TPU
-    return [pytest.param(s, marks=skip) if s in tpu else s for s in sorted(PITFALLS)]
+    return [pytest.param(s, marks=skip) if s in tpu else pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s
+            for s in sorted(PITFALLS)]
 
 
 def _findings(tmp_path, script: str, options: list[str], args: list[str]) -> list[dict]:

@@ -274,6 +274,10 @@ def _rank(rank: int, port: int, device: str, out_dir: str, cases: list[str]) -> 
     for name in cases:
         CASES[name](device, rank, results)
     dist.barrier()
+    if os.environ.get("TORCH_FR_BUFFER_SIZE") and device == "cpu":
+        # gloo's Flight Recorder: each rank's dump, written as a job writes it on demand
+        with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as f:
+            f.write(torch._C._distributed_c10d._dump_fr_trace())
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
