@@ -170,9 +170,12 @@ FLIGHT_RECORDER_NAMES: dict[str, str] = {
     "recv": "recv",
     "recv_anysource": "recv",
 }
-#: and back: the c10d method of a Flight Recorder name (a dump of PyTorch's own groups, read in)
+#: and back: the c10d method of a Flight Recorder name (a dump of PyTorch's own groups, read in).
+#: gloo names its all_to_all_single "all_to_all" too, whose tensors differ between ranks with
+#: uneven splits: read as the ragged method, whose shapes are not compared
 C10D_OF_FLIGHT_RECORDER: dict[str, str] = {
     **{fr: m for m, fr in FLIGHT_RECORDER_NAMES.items() if m != "recv_anysource"},
+    "all_to_all": "alltoall_base",
     "all_gather_single": "all_gather_single", "_allgather_base": "all_gather_single",
     "reduce_scatter_single": "reduce_scatter_single", "all_to_all_v_single": "alltoall_base",
     "all_gather_v": "allgather", "reduce_scatter_v": "reduce_scatter", "_broadcast_oop": "broadcast",

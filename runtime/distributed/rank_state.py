@@ -76,7 +76,7 @@ def _traceback_stack(tb: TracebackType | None, limit: int = STACK_FRAMES) -> lis
     while tb is not None:
         codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    user = [format_location(file, line, name) for (file, line, name), code in zip(frames, codes, strict=True)
+    user = [format_location(file, line, code.co_qualname) for (file, line, _), code in zip(frames, codes, strict=True)
             if not is_library(code)]
     return user[-limit:]
 

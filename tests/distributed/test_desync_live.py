@@ -211,14 +211,25 @@ def test_a_planted_slow_rank_is_found_as_the_straggler(mismatches):
 
 
 def test_torchfrtrace_names_the_ranks_and_collective_the_report_names(mismatches):
+    import logging
+
+    from torch.distributed.flight_recorder import fr_trace
+
     from tpu_debug.ranks import open_group
     from tpu_debug.report.ranks import c10d_data
 
     assert sorted(p.name for p in mismatches["fr"].iterdir()) == ["rank_0", "rank_1"]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(mismatches["fr"])],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    blocks = (proc.stdout + proc.stderr).split("Collective sequence number: ")
+    # torchfrtrace's own analysis, in this process (it logs what it finds to "Flight Recorder")
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("Flight Recorder").addHandler(handler)
+    try:
+        fr_trace.main([str(mismatches["fr"])])
+    finally:
+        logging.getLogger("Flight Recorder").removeHandler(handler)
+    out = "\n".join(said)
+    blocks = out.split("Collective sequence number: ")
     # PyTorch's own analysis of the dumps: the uneven last batch of group 1 ...
     (first,) = [b for b in blocks if "group info: 1\n" in b]
     assert first.startswith("3 has errors")
@@ -235,9 +246,8 @@ def test_torchfrtrace_names_the_ranks_and_collective_the_report_names(mismatches
         f"  rank 1: allreduce([3]; float32, SUM) at {NAME}:{line} in uneven_last_batch",
     ]
     # the rank that did not come to group 3's second collective, named by both
-    missing = proc.stdout + proc.stderr
-    assert "Not all ranks joining collective, sequence number: 2\ninternal record id: " in missing
-    assert "group info: 3\ncollective: gloo:all_reduce\nmissing ranks: {1}" in missing
+    assert "Not all ranks joining collective, sequence number: 2\ninternal record id: " in out
+    assert "group info: 3\ncollective: gloo:all_reduce\nmissing ranks: {1}" in out
     assert (ours["3"]["seq"], ours["3"]["reason"], ours["3"]["cause"]) == (2, "missing", "late")
 
 
@@ -336,7 +346,41 @@ def test_the_flight_recorder_dumps_on_the_error(killed):
     assert user["line"] == _line("waits for the dead rank here")
 
 
+def test_how_a_rank_leaves_says_the_exception_and_its_line():
+    # what a leaving rank tells the others: the exception the interpreter kept for the exit
+    # handlers (sys.last_value, which tpu-debug run sets as the interpreter does)
+    import sys as _sys
+
+    from tpu_debug.runtime.distributed.rank_state import leaving
+
+    def bad_batch() -> None:
+        raise ValueError("a bad batch")
+
+    saved = getattr(_sys, "last_value", None)
+    try:
+        try:
+            bad_batch()
+        except ValueError as exc:
+            _sys.last_value = exc
+        got = leaving()
+    finally:
+        _sys.last_value = saved
+    here = Path(__file__).name
+    line = bad_batch.__code__.co_firstlineno + 1
+    assert (got["state"], got["error"]) == ("raised", "ValueError: a bad batch")
+    assert got["stack"][-1].endswith(f"{here}:{line} in {bad_batch.__qualname__}")
+    call = desync.RankCall(1, "raised", "allreduce", 2, ("[4]",), "float32", "SUM", None, "train.py", 20, "step",
+                           error=got["error"], stack=("train.py:31 in step",))
+    at = desync.RankCall(0, "called", "allreduce", 3, ("[4]",), "float32", "SUM", None, "train.py", 20, "step")
+    assert desync.cause_of("missing", [at, call]) == "raised"
+    assert desync.rank_line(call, 3) == (
+        "rank 1: raised ValueError: a bad batch at train.py:31 in step and left the group; its last collective of "
+        "the group was #2 allreduce([4]; float32, SUM) at train.py:20 in step")
+
+
+@pytest.mark.slow
 def test_a_rank_that_raised_is_named_with_its_exception_and_line(tmp_path):
+    # under torchrun, each rank under tpu-debug run: the cheap tier above checks the words
     ran = _torchrun(tmp_path, "raise", 2, 10, "--monitor-interval", "5")
     got = ran["results"][0]["raise"]
     assert 1 not in ran["results"]
