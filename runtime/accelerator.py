@@ -51,6 +51,14 @@ _WRAPPERS = {"_get_accelerator": _get_accelerator, "_accelerator_getAccelerator"
 
 def install() -> None:
     """Make PyTorch's accelerator CPU until :func:`claim` (once; the device registration calls it)."""
+    from torch._C._dynamo import eval_frame
+
+    # PyTorch's code calls these in eager frames that run with dynamo's frame callback set
+    # (after a graph break): dynamo runs their frames without looking at them, as it does the
+    # C functions they stand in for
+    skip = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.DEFAULT)
+    for wrapper in _WRAPPERS.values():
+        eval_frame.set_code_exec_strategy(wrapper.__code__, skip)
     with _lock:
         for name, wrapper in _WRAPPERS.items():
             current = getattr(torch._C, name, None)

@@ -42,14 +42,14 @@ SLOTS = 256
 
 
 class CollectiveJournal:
-    """The ring file of one run (created at the first record)."""
+    """The ring file of one run (created at the first record; ``run_dir`` None: none kept)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / JOURNAL_NAME
+    def __init__(self, run_dir: Path | None) -> None:
+        self.path = Path(run_dir) / JOURNAL_NAME if run_dir is not None else None
         self._fd: int | None = None
         self._n = 0
         self._lock = threading.Lock()
-        self.failed = False
+        self.failed = run_dir is None
 
     def write(self, record: dict[str, Any]) -> None:
         """Write ``record`` into the next slot (a no-op once writing failed: the run store

@@ -352,7 +352,8 @@ class Recorder:
         """The run's journal of collective calls (see tracers/collective_journal.py)."""
         journal = self._collective_journal
         if journal is None:
-            journal = self._collective_journal = CollectiveJournal(Path(self.writer.path).parent)
+            path = getattr(self.writer, "path", None)  # a writer of no file keeps no journal
+            journal = self._collective_journal = CollectiveJournal(Path(path).parent if path is not None else None)
         return journal
 
     def on_collective_desync(self, info: Any) -> None:
