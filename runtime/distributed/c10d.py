@@ -190,6 +190,9 @@ _LOOK_SECONDS = 0.1
 # every _ANSWER_EVERY rounds, and the asker waits _ANSWER_SECONDS for the answer
 _ANSWER_EVERY = 3
 _ANSWER_SECONDS = 2.0
+# a send or receive waited for this long: its peer is asked whether it waits to receive from
+# this rank too (two ranks that each receive first wait for each other for ever)
+_CYCLE_SECONDS = 1.0
 _exit_marks: list[Any] = []  # the live checks of this process, told at exit
 _exit_lock = threading.Lock()
 
@@ -313,7 +316,7 @@ class _Watcher:
             for check, targets, start, _ in waits:
                 if now - start >= _LOOK_SECONDS:
                     try:
-                        check.look(targets, timed_out=now - start >= check.timeout)
+                        check.look(targets, waited=now - start)
                     except Exception:  # noqa: BLE001 - a store gone: the reader's own read fails and says so
                         pass
             with _exit_lock:
@@ -379,6 +382,7 @@ class _LiveCheck:
         self._spent: list[str] = []  # entries every rank that reads them has read (the watcher deletes them)
         self._channels: dict[tuple[int, int, int], int] = {}  # (source, destination, tag) -> calls posted
         self._held: list[_PostedWork] = []  # sends not given to gloo yet (see hold)
+        self._asked: set[str] = set()  # the sends and receives waited for whose peer was asked if it waits too
         self._held_lock = threading.Lock()
         self._thread: int | None = None  # the thread that called last: the one the others ask about
         self._off = False
@@ -579,7 +583,8 @@ class _LiveCheck:
         info, (source, destination, tag) = ticket["info"], ticket["channel"]
         what = desync.p2p_subject(source, destination, tag, ticket["n"])
         cause = desync.cause_of(reason, calls, p2p=True, cycle=cycle)
-        waited = any(c.state == "missing" for c in calls)
+        # ranks that wait for each other are named as soon as they are seen to: no timeout passed
+        waited = any(c.state == "missing" for c in calls) and cause != "p2p_order"
         timeout = self.timeout if waited else None
         message = desync.describe(info.group, info.seq, reason, cause, calls, timeout=timeout, what=what)
         if probes._routes.on_collective_desync:
@@ -627,11 +632,14 @@ class _LiveCheck:
             self._side = self._store.clone()
         return self._side
 
-    def look(self, targets: list[tuple[int, str, str | None]], *, timed_out: bool) -> None:
+    def look(self, targets: list[tuple[int, str, str | None]], *, waited: float) -> None:
         """For each ``(rank, key, key of its last entry)`` whose key is not written yet: write
         how the rank left when it did, "died" when its process is gone, "missing" once the
-        timeout has passed (with where it is now, when it answers); the reader then wakes."""
+        timeout has passed (with where it is now, when it answers), or at once for a peer
+        that waits to receive from this rank while this rank waits to receive from it (that
+        never ends: after :data:`_CYCLE_SECONDS` it is asked); the reader then wakes."""
         side = self._side_store()
+        timed_out = waited >= self.timeout
         for rank, key, before in targets:
             if side.check([key]):
                 continue
@@ -645,6 +653,10 @@ class _LiveCheck:
                     state = {"state": "died", "exit_status": exit_status(pid)}
             if state is None and timed_out:
                 state = {"state": "missing", **self._ask(side, rank)}
+            elif state is None and waited >= _CYCLE_SECONDS and "/p2p/" in key and key not in self._asked:
+                self._asked.add(key)
+                answer = self._ask(side, rank)
+                state = {"state": "missing", **answer} if answer.get("cycle") else None
             if state is not None:
                 side.compare_set(key, "", json.dumps({"seq": None, **state, "last": last}))
 
@@ -668,13 +680,16 @@ class _LiveCheck:
         except (RuntimeError, OSError, ValueError):
             return {}
         waiting = got.get("waiting") or {}
-        cycle = waiting.get("op") == "recv" and waiting.get("peer") == self._me
+        cycle = False
+        if waiting.get("op") == "recv" and waiting.get("peer") == self._me:
+            # it waits for a send of this rank that this rank has not posted: neither goes on
+            mine = self._p2p_key((self._me, rank, int(waiting.get("tag", 0))), int(waiting.get("n", 1)), True)
+            cycle = not side.check([mine])
         if cycle:
             # it waits for this rank's send, as this rank waits for its: say so on its side too
             # (it may be past its own question by the time it would ask)
-            channel = (self._me, rank, int(waiting.get("tag", 0)))
             ident = self._thread if self._thread is not None else threading.main_thread().ident
-            side.compare_set(self._p2p_key(channel, int(waiting.get("n", 1)), True), "", json.dumps(
+            side.compare_set(mine, "", json.dumps(
                 {"seq": None, "state": "missing", "cycle": True, "stack": thread_stack(ident),
                  "last": _watcher.waiting_in(ident)}))
         return {"stack": got.get("stack", []), "cycle": cycle}

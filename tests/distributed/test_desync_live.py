@@ -183,8 +183,10 @@ def test_receives_that_wait_for_each_other_are_named_on_both_ranks(mismatches):
     line = _line("both ranks receive first")
     for rank, got in enumerate(_both(mismatches, "p2p_order")):
         peer = 1 - rank
-        assert (got["type"], got["reason"], got["cause"], got["ranks"]) == ("CollectiveTimeoutError", "missing",
+        # named as soon as each rank's question to the other says so, not at the timeout
+        assert (got["type"], got["reason"], got["cause"], got["ranks"]) == ("CollectiveDesyncError", "missing",
                                                                             "p2p_order", [peer])
+        assert "within" not in got["text"]
         lines = got["text"].splitlines()
         assert lines[0] == f"group 7, point-to-point #1 from rank {peer} to rank {rank}: the ranks differ (missing)"
         assert f"  rank {rank}: recv([4]; float32) from rank {peer} at {NAME}:{line} in p2p_order" in lines
