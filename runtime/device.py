@@ -19,6 +19,7 @@ from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
+from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime import autocast as _autocast
 from tpu_debug.runtime import ops as _ops
 from tpu_debug.runtime.compiled import install_backends
@@ -30,7 +31,7 @@ from tpu_debug.runtime import tpu_utils as _tpu_utils
 from tpu_debug.runtime import xla_options as _xla_options
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
-from tpu_debug.runtime.startup import start
+from tpu_debug.runtime.startup import first_use, start
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
@@ -55,7 +56,7 @@ _lock = threading.Lock()
 # "libs": the torch.library.Library objects holding our kernels (a Library unregisters
 # its kernels when it is garbage collected)
 _state: dict[str, object] = {"installed": False, "libs": []}
-# set at the device's first use (startup.start): read on every kernel call, so a plain module global
+# set at the device's first use (startup.first_use): read on every kernel call, so a plain module global
 _started = False
 _set_eval_frame = _eval_frame.set_eval_frame
 
@@ -717,9 +718,10 @@ def _view_ops() -> list:
 
 
 def _first_use() -> None:
-    """The device's first use (:func:`startup.start`, once), then the kernels' flag."""
+    """A kernel of the device ran (a `tpu` tensor made, moved or computed on): the runtime
+    starts (:func:`startup.first_use`), then the kernels' flag."""
     global _started
-    start()
+    first_use()
     _started = True
 
 
@@ -731,7 +733,7 @@ def _shield_rng_functions() -> None:
                  "get_rng_state", "set_rng_state"):
         fn = TpuModule.__dict__.get(name)
         if isinstance(fn, staticmethod) and not hasattr(fn.__func__, "_torchdynamo_disable"):
-            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__)))
+            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__, kernel=False)))
 
 
 def _register_kernels() -> list:
@@ -848,6 +850,8 @@ def install() -> bool:
             )
         _load_lowerings()
         setup(rename="tpu", backend_module=TpuModule())
+        # the rename makes PrivateUse1 PyTorch's accelerator: CPU stays it until the script uses tpu
+        _accelerator.install()
         _state["libs"] = _register_kernels()
         _patch_storages()
         _shield_rng_functions()

@@ -281,6 +281,10 @@ class CollectiveDone:
     rank: int
     seq: int
     seconds: float
+    # the live check's view of the ranks' arrival: the global rank that entered last, and the
+    # seconds this rank waited for it (None when unchecked, or for a send or receive)
+    last_rank: int | None = None
+    waited: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -303,6 +307,9 @@ class DesyncInfo:
     calls: tuple[Any, ...]
     timeout: float | None
     message: str
+    # a send and its receive: (source, destination, tag, the n-th call of that channel), global
+    # ranks; empty for a collective of the group
+    p2p: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

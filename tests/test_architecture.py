@@ -418,7 +418,7 @@ def test_no_library_function_over_80_lines():
 def test_the_doc_maps_every_module():
     """docs/architecture.md's module map names every module of the wheel by its path, so a new
     module is placed on the map when it is added."""
-    doc = (ROOT / "docs" / "architecture.md").read_text()
+    doc = (ROOT / "docs" / "architecture.md").read_text().split("## Module map", 1)[1].split("\n## ", 1)[0]
     missing = sorted(
         str(source.relative_to(ROOT))
         for name, (source, _) in _modules().items()
