@@ -312,7 +312,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("data_checks", BOOL, None, "check the argument values PyTorch checks and a TPU does not (an index "
            "in range, a probability distribution) and raise PyTorch's error at the op: on in eager mode unless "
            "set off; in lazy and compiled programs only when set on, since reading values there adds a "
-           "device-to-host sync", _RUNTIME, flag=False, alias="TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS"),
+           "device-to-host sync (TorchTPU's TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS sets it too)", _RUNTIME,
+           flag=False, alias="TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS"),
     Option("matmul_precision", choice("a matmul precision", PRECISIONS), None, "an explicit float32 product "
            "precision, as torch.tpu.precision.set sets it (default: follow "
            "torch.get_float32_matmul_precision())", _RUNTIME, flag=False),

@@ -869,6 +869,8 @@ def _check_out_memory(plan: _Plan, args, kwargs, targets, shapes) -> None:
     base = plan.op._schema.name.removeprefix("aten::")
     strict = _NO_OVERLAP_OUT.get(base, ())
     for t, shape in zip(targets, shapes):
+        if strict is None and any(a is t for a in inputs):
+            raise OpArgumentError(_OVERLAP)  # the same tensor, even an empty one
         out = _extent(t)
         if tuple(t.shape) != tuple(shape) and math.prod(shape):
             start = t.storage_offset()

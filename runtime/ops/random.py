@@ -205,7 +205,8 @@ def _test_distribution(xp, arrays, statics):
     if by_row:
         r = xp.argmax(row_bad | row_empty)  # the first row with a problem
         entry = rows[r, xp.argmax(bad[r])]
-        code = xp.where(row_bad[r], xp.where(entry < 0, 3, 4), xp.where(row_empty[r], 2, 0))
+        # CPU tests ``p >= 0`` first (false for nan too), then finiteness
+        code = xp.where(row_bad[r], xp.where(entry >= 0, 4, 3), xp.where(row_empty[r], 2, 0))
         return code, xp.where(row_bad[r], entry, sums[r])
     flat, sums_bad = bad.reshape(-1), xp.any(row_empty)
     entry = rows.reshape(-1)[xp.argmax(flat)]

@@ -54,11 +54,12 @@ def op_id(op) -> str:
 _made: dict[tuple[int, str], list] = {}
 
 
-def _error_inputs(op, mode: str) -> list:
-    """The op's error inputs made on CPU, from a fixed seed, once per mode (a call may write
-    its arguments). ``error_inputs_func`` directly: ``op.error_inputs`` looks for a unittest
-    test function on the stack for each input (``inspect.stack()``), seconds per op under pytest."""
-    key = (id(op), mode)
+def _error_inputs(op, use: str) -> list:
+    """The op's error inputs made on CPU, from a fixed seed, once per use (the CPU call and each
+    mode's tpu call get inputs of their own: a call may write its arguments). Through
+    ``error_inputs_func``: ``op.error_inputs`` looks for a unittest test function on the stack
+    for each input (``inspect.stack()``), seconds per op under pytest."""
+    key = (id(op), use)
     if key not in _made:
         with warnings.catch_warnings(), torch.random.fork_rng():
             warnings.simplefilter("ignore")
@@ -103,14 +104,21 @@ def _storage_key(t: torch.Tensor) -> int:
 def _on_tpu(call):
     """``call`` (input, args, kwargs) with its CPU tensors on tpu: a tensor alone in its
     storage moves as it is, tensors sharing one storage become views of one tpu copy of it
-    (same sizes, strides and offsets), ``meta`` tensors stay, a ``cpu`` device becomes tpu."""
+    (same sizes, strides and offsets), a tensor passed twice is one tpu tensor, ``meta``
+    tensors stay, a ``cpu`` device becomes tpu."""
     counts: dict[int, int] = {}
     for t in _tensors(call):
         if t.device.type == "cpu" and t.layout == torch.strided:
             counts[_storage_key(t)] = counts.get(_storage_key(t), 0) + 1
     bases: dict[int, torch.Tensor] = {}
+    moved_once: dict[int, torch.Tensor] = {}
 
     def move(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in moved_once:
+            moved_once[id(t)] = _moved(t)
+        return moved_once[id(t)]
+
+    def _moved(t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "cpu":
             return t
         if t.layout != torch.strided:
@@ -151,6 +159,25 @@ def _refused(exc: BaseException, error) -> bool:
     return isinstance(exc, error.error_type) and re.search(error.error_regex, str(exc)) is not None
 
 
+def cpu_refused() -> list[tuple[str, int]]:
+    """Every (op[.variant], index) whose error input CPU refuses as the ErrorInput says: the
+    cases of this harness (scripts/op_coverage.py counts them)."""
+    cases = []
+    for op in op_db:
+        if op.error_inputs_func is None:
+            continue
+        for index, error in enumerate(_error_inputs(op, "cpu")):
+            sample = error.sample_input
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    op(sample.input, *sample.args, **sample.kwargs)
+                except Exception as exc:  # noqa: BLE001 - what CPU raises decides the case
+                    if _refused(exc, error):
+                        cases.append((op_id(op), index))
+    return cases
+
+
 def _line(exc: BaseException | None) -> str:
     if exc is None:
         return "returns a value"
@@ -181,11 +208,12 @@ def _run(op, call, mode):
 
 @pytest.mark.parametrize(("op", "index", "mode"), _params())
 def test_error_input(op, index, mode):
-    error = _error_inputs(op, mode)[index]
+    error = _error_inputs(op, f"cpu-{mode}")[index]
     sample = error.sample_input
     cpu_call = (sample.input, sample.args, sample.kwargs)
+    same = _error_inputs(op, mode)[index].sample_input
     try:
-        tpu_call, moving = _on_tpu(cpu_call), None  # before CPU runs: a call may write its arguments
+        tpu_call, moving = _on_tpu((same.input, same.args, same.kwargs)), None
     except Exception as exc:  # noqa: BLE001 - a tensor the device cannot hold: the call cannot be made
         tpu_call, moving = None, exc
     with warnings.catch_warnings():
