@@ -541,7 +541,7 @@ class CompiledGraph:
     def __call__(self, args):
         # the signature computed once holds no placement: with meshes in use, every call has its own;
         # a program computing value checks is not the static one
-        checking = bool(self.program.value_nodes) and value_checks.wanted("compiled")
+        checking = bool(self.program.value_nodes) and _dryrun.active is None and value_checks.wanted("compiled")
         static = (self._static_entry is not None and config.numerics == "cpu" and not _placement.active
                   and _dryrun.active is None and not checking)
         if static and not probes._op_probes:

@@ -511,7 +511,7 @@ def dispatch(op, args, kwargs):
     if plan.check is not None:
         plan.check(*args, **kwargs)
     if plan.fast_ok:  # a lowering whose output shapes do not depend on values
-        if plan.values is not None and value_checks.wanted("lazy"):
+        if plan.values is not None and _eager._dryrun.active is None and value_checks.wanted("lazy"):
             return _checked(op, plan, args, kwargs)
         with _state.lock:
             return _record(plan, args, kwargs)
@@ -522,7 +522,7 @@ def dispatch(op, args, kwargs):
             # the output's shape depends on the values: they are needed now
             materialize(f"data_dependent:{plan.name}")
             return _eager.run_now(op, args, kwargs)
-        if plan.values is not None and value_checks.wanted("lazy"):
+        if plan.values is not None and _eager._dryrun.active is None and value_checks.wanted("lazy"):
             return _checked(op, plan, args, kwargs)
         with _state.lock:
             return _record(plan, args, kwargs)
@@ -555,7 +555,7 @@ def _checked(op, plan, args, kwargs):
             return _record(plan, args, kwargs)
     with _state.lock:
         out = _record(plan, args, kwargs)
-    value_checks.pending.append((report, plan.name, check, statics, site))
+        value_checks.pending.append((report, plan.name, check, statics, site))
     return out
 
 
@@ -845,8 +845,8 @@ def _materialize(g: _Graph, trigger: str) -> None:
         if probes._probes:
             probes.materialized(MaterializeInfo(trigger, entry.name, entry.key, len(g.steps), len(live),
                                                 len(g.leaves), compiled_now, time.perf_counter() - start))
-    if value_checks.pending:  # reports of checks a probe listens to, computed now
-        value_checks.read_pending()
+        if value_checks.pending:  # reports of checks a probe listens to, computed now
+            value_checks.read_pending()
 
 
 def _fused_function(g: _Graph, live_slots: tuple[int, ...]):

@@ -303,8 +303,8 @@ def _taken_error(value, _label, size):
     return f"out of range: tried to access index {value} on a tensor of {size} elements."
 
 
-_TAKEN = index_check(lambda x, index, **kw: [(index, x.numel(), None)], _taken_error, error=OpIndexError,
-                     negatives=True)
+_TAKEN = index_check(lambda x, index, **kw: [(index, math.prod(x.shape), None)], _taken_error,
+                     error=OpIndexError, negatives=True)
 
 
 @lower(aten.take.default, check=_check_take, values=_TAKEN)

@@ -240,7 +240,7 @@ def _check_extreme(name: str):
     return check
 
 
-def _check_aminmax(x, *, dim=None, keepdim=False, min=None, max=None):  # noqa: A002 - aten's names
+def _check_aminmax(x, *, dim=None, keepdim=False, min=None, max=None):
     if dim is None:
         require(x.numel() != 0, "aminmax(): cannot compute aminmax over an empty dimension as the operation "
                 "has no identity.")

@@ -8,6 +8,7 @@ test_opinfo_errors.py, from PyTorch's own error inputs.)"""
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -21,10 +22,13 @@ TPU = torch.device("tpu")
 MESSAGE = "index 5 is out of bounds for dimension 1 with size 3"
 
 
-def _cpu_error(fn, *args):
-    with pytest.raises(Exception) as caught:
+def _cpu_error(fn, *args) -> Exception:
+    """What PyTorch on CPU raises for the call (the reference every tpu error is held to)."""
+    try:
         fn(*args)
-    return caught.value
+    except Exception as exc:  # noqa: BLE001 - whatever CPU raises is the reference
+        return exc
+    raise AssertionError("CPU accepts the call")
 
 
 def _gather(x, idx):
@@ -134,7 +138,7 @@ def test_compiled_programs_raise_only_with_the_switch(checks):
 
 def test_a_probe_hears_an_eager_index_out_of_range(heard):
     x, idx = _bad_index()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=MESSAGE):
         _gather(x.to(TPU), idx.to(TPU))
     (info,) = heard.infos
     assert (info.op, info.argument, info.value, info.low, info.high) == ("gather", "index", 5, 0, 3)
@@ -185,3 +189,57 @@ def test_an_invalid_distribution_raises_what_cpu_raises(probs, replacement, hear
     (info,) = heard.infos
     assert (info.op, info.argument, info.silent, info.message) == ("multinomial", "self", "sampled", str(cpu))
 
+
+
+class Lines(Heard):
+    """Also keeps the test's line of each site on_defer announces (as the recorder does)."""
+
+    def on_defer(self, name, index, site):
+        super().on_defer(name, index, site)
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename != __file__:
+            frame = frame.f_back
+        self.sites[site] = frame.f_lineno if frame is not None else None
+
+
+def _step(model, opt, x, idx):
+    opt.zero_grad()
+    loss = torch.gather(model(x), 1, idx).sum()  # the planted index
+    loss.backward()
+    opt.step()
+    return loss
+
+
+PLANTED = next(i for i, line in enumerate(open(__file__), 1) if "# the planted index" in line)
+
+
+@pytest.mark.parametrize("mode", ["lazy", "compiled"])
+def test_a_planted_index_in_a_training_loop_is_heard_at_its_line(mode):
+    """The runtime side of an error finding at the user's line: every step's gather reports
+    the offending index, and where its line is (lazy: the check's site; compiled: the node's
+    stack trace); the program goes on (the checks do not raise there by default)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(TPU)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, idx = torch.randn(2, 4).to(TPU), torch.tensor([[0, 7], [1, 2]]).to(TPU)
+    probe = Lines()
+    probes.subscribe(probe)
+    try:
+        if mode == "lazy":
+            with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+                for _ in range(2):
+                    _step(model, opt, x, idx).item()
+        else:
+            torch._dynamo.reset()
+            step = torch.compile(_step, backend="tpu_debug", dynamic=False)
+            for _ in range(2):
+                step(model, opt, x, idx).item()
+    finally:
+        probes.unsubscribe(probe)
+        torch._dynamo.reset()
+    forward = [i for i in probe.infos if i.op == "gather"]
+    assert len(forward) == 2 and {(i.value, i.high, i.mode, i.raised) for i in forward} == {(7, 3, mode, False)}
+    if mode == "lazy":
+        assert {probe.sites[i.site] for i in forward} == {PLANTED}
+    else:
+        assert all(f"line {PLANTED}" in i.node.stack_trace for i in forward)
