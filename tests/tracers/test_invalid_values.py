@@ -95,7 +95,7 @@ def test_a_planted_index_is_one_error_at_its_line(tmp_path, mode):
     assert "TPU_DEBUG_DATA_CHECKS=1" in finding.fix and "TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS=1" in finding.fix
     assert finding.evidence.count("occurrences") == STEPS
     raised = mode == "eager"
-    assert (f"raised at the op in this run (RuntimeError)" in finding.evidence.facts) == raised
+    assert ("raised at the op in this run (RuntimeError)" in finding.evidence.facts) == raised
     # every step met it: one place per (line, op, argument) with its count, never one row a step
     places = session.invalid_values()
     assert {(p.event.location.line, p.event.raised, p.count) for p in places if p.event.phase == "forward"} == {
