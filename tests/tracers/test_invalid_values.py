@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 from tpu_debug.runtime.config import config
+from tpu_debug.tracers import events as ev
+from tpu_debug.tracers.advisor import RunFacts, lookup
 from tpu_debug.tracers.invalid_values import InvalidValueTracer
+from tpu_debug.tracers.query.invalid_values import InvalidValuePlace
 
 import tpu_debug
 
@@ -126,3 +129,43 @@ def test_a_tracer_failure_never_breaks_the_program(tmp_path, monkeypatch):
     assert not [f for f in session.findings() if f.kind == "invalid_value"]
     errors = [(e.where, e.message) for e in session.internal_errors()]
     assert ("InvalidValueTracer.on_invalid_value", "RuntimeError: tracer bug") in errors
+
+
+class _Run:
+    """A run holding only ``places`` (what the rule reads), with no steps."""
+
+    def __init__(self, places) -> None:
+        self._places = places
+
+    def invalid_values(self):
+        return self._places
+
+    def steps(self):
+        return []
+
+
+def _place(op, argument, value, low, high, *, phase="forward", node="", silent="clamped", line=9, count=2):
+    event = ev.InvalidValueEvent(line, 0.5, "lazy", 1, ev.SourceLocation(__file__, line, "f"), op, argument, value,
+                                 low, high, "message", "RuntimeError", silent, False, phase, node, count)
+    return InvalidValuePlace(event, 0.5)
+
+
+def test_a_backward_alone_is_its_own_finding_and_a_forward_takes_in_its_backward():
+    rule = lookup("invalid_value").check
+    forward = _place("gather", "index", 7.0, 0.0, 3.0, line=9)
+    folded = _place("scatter_add_", "index", 7.0, 0.0, 3.0, phase="backward", node="GatherBackward0", line=10)
+    alone = _place("embedding_dense_backward", "indices", 12.0, 0.0, 10.0, phase="backward",
+                   node="EmbeddingBackward0", line=11)
+    found = list(rule(RunFacts(_Run([forward, folded, alone]))))
+    assert [f.evidence.location.line for f in found] == [9, 11]
+    assert "its backward (GatherBackward0) met it again: scatter_add_ at" in " ".join(found[0].evidence.facts)
+    assert found[1].title.endswith("(in the backward of EmbeddingBackward0)")
+    assert "embedding_dense_backward indices 12 out of range [0, 10)" in found[1].title
+
+
+def test_an_invalid_distribution_is_named_as_one():
+    place = _place("multinomial", "self", -0.1, 0.0, None, silent="sampled")
+    (finding,) = lookup("invalid_value").check(RunFacts(_Run([place])))
+    assert finding.title.startswith("multinomial self is not a probability distribution (message) at ")
+    assert "a TPU samples from it anyway; CPU PyTorch raises" in finding.title
+    assert "probabilities" in finding.fix
