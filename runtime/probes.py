@@ -441,7 +441,10 @@ class Probe(Protocol):
         after the same sequence of steps), and a fused graph's ``LazyNode.site`` says which
         site each of its ops is. An op repeating a recorded sequence is not announced again
         (a training loop's graphs are announced once): what a probe keeps per site (the
-        recorder: the user's line) holds for every op at that site."""
+        recorder: the user's line) holds for every op at that site. A value check's step
+        (``check:<op>``) is the exception: while a probe listens for ``on_invalid_value`` it
+        is announced each time it is recorded, so the line kept for its site when the check
+        is told (:class:`InvalidValueInfo`) is the line that recorded it."""
 
     def on_materialize(self, info: MaterializeInfo) -> None:
         """The pending graph ran (after its on_compile, if it compiled, and its on_execute)."""
@@ -715,7 +718,8 @@ def evicted(mode: str, name: str, key: Any) -> None:
 
 
 def deferred(name: str, index: int, site: int) -> None:
-    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph, at a new ``site``."""
+    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph, at a new ``site`` (a
+    value check's step: at every record while a probe listens for ``on_invalid_value``)."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_defer, (name, index, site), probe_errors)
 

@@ -52,6 +52,7 @@ __all__ = [
     "Crossing",
     "DivergenceEvent",
     "InternalErrorEvent",
+    "InvalidValueEvent",
     "MaterializationEvent",
     "INTERNAL_ERRORS_KEPT",
     "StepEvent",
@@ -758,6 +759,47 @@ class InternalErrorEvent(Event):
 
     where: str
     message: str
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class InvalidValueEvent(Event):
+    """An op was called with argument values PyTorch on CPU refuses and XLA computes with
+    silently (``runtime/value_checks.py``): an index out of range, which a TPU clamps into
+    range and reads another row with; a probability distribution with a negative, ``nan``
+    or ``inf`` entry, which a TPU samples from (``tracers/invalid_values.py`` records it).
+
+    ``location`` is the user's line: the op's caller (eager), the line that recorded the
+    op (lazy), the line dynamo recorded for the graph node (compiled). ``op`` is the aten op
+    (``"gather"``, ``"index.Tensor"``, ``"scatter_add_"``), ``argument`` the argument whose
+    values are wrong (``"index"``, ``"indices[1]"``, ``"self"``), ``value`` the first
+    offending value seen, ``low``/``high`` the values accepted (``low <= v < high``; None:
+    no bound on that side); ``message`` and ``error`` PyTorch's error for the call and its
+    type; ``silent`` what XLA does instead (``"clamped"``, ``"sampled"``, ``"overrun"``);
+    ``raised``: the runtime raised ``message`` there (data checks on). ``phase`` is
+    ``"backward"`` for an op autograd ran (``autograd_node``: its node in eager and lazy
+    mode, ``"GatherBackward0"``), else ``"forward"``.
+
+    One place is recorded per (line, op, argument): its first occurrence at once, and,
+    when it came again, one more event as the trace ends whose ``count`` is how many
+    times it came in all (``session.invalid_values()`` keeps the last one of each place).
+    """
+
+    kind: ClassVar[str] = "invalid_value"
+    stored: ClassVar[Stored] = Stored("invalid_values", name="op")
+
+    op: str
+    argument: str
+    value: float
+    low: float | None
+    high: float | None
+    message: str
+    error: str
+    silent: str
+    raised: bool
+    phase: str = "forward"
+    autograd_node: str = ""
+    count: int = 1
 
 
 @register_event

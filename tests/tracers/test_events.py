@@ -17,6 +17,7 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "recompile_limit",
         "divergence",
         "internal_error",
+        "invalid_value",
         "target_compile",
         "target_step",
         "target_summary",
