@@ -23,6 +23,7 @@ the runtime calls                      each probe hears
 ``collective(info)``                   ``on_collective(info: CollectiveInfo)``
 ``collective_done(info)``              ``on_collective_done(info: CollectiveDone)``
 ``collective_desync(info)``            ``on_collective_desync(info: DesyncInfo)``
+``synchronized(seconds)``              ``on_synchronize(seconds)``
 =====================================  ======================================
 
 ``on_alloc``/``on_free`` are memory tracking (``runtime/memory.py``): while a
@@ -94,6 +95,7 @@ __all__ = [
     "quiet",
     "remove_transfer_check",
     "subscribe",
+    "synchronized",
     "transferred",
     "transferring",
     "unsubscribe",
@@ -405,6 +407,10 @@ class Probe(Protocol):
     def on_collective_done(self, info: CollectiveDone) -> None:
         """This rank returned from a c10d collective of the `tpu` process group."""
 
+    def on_synchronize(self, seconds: float) -> None:
+        """``torch.tpu.synchronize()`` (or a stream's or event's) waited ``seconds`` for the
+        device's queued work, after running what lazy mode had pending (reported apart)."""
+
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
     # on_compile / on_transfer follows on that thread, unless the activity raised (a
@@ -451,6 +457,7 @@ class _Routes:
     on_collective: Route = ()
     on_collective_desync: Route = ()
     on_collective_done: Route = ()
+    on_synchronize: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -623,6 +630,12 @@ def collective_desync(info: DesyncInfo) -> None:
     """The ranks of a c10d group stopped calling the same collectives; this rank raises next."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_collective_desync, (info,), probe_errors)
+
+
+def synchronized(seconds: float) -> None:
+    """The host waited ``seconds`` in ``torch.tpu.synchronize()`` for the device's queued work."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_synchronize, (seconds,), probe_errors)
 
 
 def evicted(mode: str, name: str, key: Any) -> None:
