@@ -77,12 +77,9 @@ def _time_rows(d: dict) -> list[tuple[str, str]]:
     split = d.get("split")
     if split is not None and split["steady_seconds"]:
         whole = split["steady_seconds"]
-        parts = sorted(split["parts"].items(), key=lambda kv: -kv[1])
-        rows.append((
-            "time split",
-            ("the steady steps' time: " + ", ".join(f"{k} {100 * v / whole:.0f}%" for k, v in parts)
-             + " (each step's wall time in parts that add up to it)"),
-        ))
+        # in the parts' order, so the line reads the same from run to run
+        parts = [(k, v / whole) for k, v in split["parts"].items() if v / whole >= 0.005]
+        rows.append(("time split", "steady steps: " + ", ".join(f"{k} {100 * share:.0f}%" for k, share in parts)))
     v = d.get("verdict")
     if v is not None:
         rows.append(("bound", v["text"]))
@@ -128,8 +125,9 @@ def _render_steps(d: dict, terminal: bool) -> RenderableType:
             "-" if s["transfer_bytes"] is None else format_bytes(s["transfer_bytes"]),
             *([_mfu_text(s)] if mfu else []),
         )
-    note = dim_note("time: from one step's end to the next; went to: its largest parts (session.steps.split() has "
-                    "each step's); dispatch: host time running its ops"
+    note = dim_note("time: from one step's end to the next, split into parts that add up to it (input, compile, sync, "
+                    "collective, checkpoint, dispatch, host: docs/report_schema.md); went to: its largest parts "
+                    "(session.steps.split() has each step's); dispatch: host time running its ops"
                     + ("; MFU: the target's flops over its estimated step time (a model estimate)" if mfu else "")
                     + ("; -: " + NOT_MEASURED if d["per_step"][0]["eager_ops"] is None else ""))
     return Group(kv_text(_steps_rows(d) + _time_rows(d)), table, note)
