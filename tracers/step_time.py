@@ -77,8 +77,7 @@ PART_TEXT = {
     "sync": "waiting on the device (reads such as .item(), .cpu(), print; synchronize)",
     "collective": "in collectives (the exchange, and waiting for the other ranks)",
     "checkpoint": "saving checkpoints (torch.save, DCP)",
-    "dispatch": "running programs (their launch, and the device's work: XLA CPU runs them on the host, a TPU "
-                "holds the launch when its queue is full)",
+    "dispatch": "running programs (their launch, and the device's work when its queue is full)",
     "host": "the rest: Python, autograd and the runtime's host work between ops",
 }
 

@@ -525,9 +525,10 @@ def _transfer_part(info: Any) -> str | None:
     """The part of the step a copy's time is: ``"sync"`` for a device-to-host read (it waits for
     the work queued before it), ``"input"`` for an upload of data, None for the copies a scalar
     operand or a CPU fallback makes (host work of the op, the rest of the step)."""
-    if info.direction == "d2h":
+    direction, op = getattr(info, "direction", None), str(getattr(info, "op", ""))
+    if direction == "d2h":
         return "sync"
-    if info.direction == "h2d" and info.op != "scalar" and not info.op.startswith("fallback"):
+    if direction == "h2d" and op != "scalar" and not op.startswith("fallback"):
         return "input"
     return None
 

@@ -125,7 +125,8 @@ def _input(facts: RunFacts, v: Verdict) -> Finding:
                    f"(N up to the host's {os.cpu_count() or 'available'} cores)"
                    + ("" if pinned else ", pin_memory=True")
                    + ", and copy the next batch to the device before the step needs it (.to('tpu', "
-                     "non_blocking=True) one batch ahead)")
+                     "non_blocking=True) one batch ahead); data read again every epoch can be read once and "
+                     "kept in memory")
         else:
             fix = (f"the loader's {workers} workers do not keep up: raise num_workers (the host has "
                    f"{os.cpu_count() or 'more'} cores), raise prefetch_factor ({prefetch} now), or make "
