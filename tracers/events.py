@@ -1558,7 +1558,8 @@ class FitEvent(Event):
     not known. ``collectives`` per kind. The estimates (model estimates, not measurements):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
-    ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
+    ``mfu_overlapped`` under ``assumptions``, and ``op_by_op_seconds``, ``mfu_op_by_op`` (the
+    step's ops one after another; None when not worked out). ``unsharded``: parameters no plan axis
     split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them;
     ``verified_fixes``: each change ``fixes`` compiled, with its need and verdict, the
     recommended first (empty when none was asked for); ``candidate_of``: the question of
@@ -1610,6 +1611,8 @@ class FitEvent(Event):
     mfu_overlapped: float | None = None
     assumptions: tuple[str, ...] = ()
     unsharded: tuple[str, ...] = ()
+    op_by_op_seconds: float | None = None
+    mfu_op_by_op: float | None = None
     caveats: tuple[str, ...] = ()
     error: str | None = None
     extrapolation: str | None = None

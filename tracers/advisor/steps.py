@@ -50,7 +50,9 @@ _RELATED_VIEWS = {
       "collectives or checkpoint saves rather than the device's work", view="steps")
 def step_bound(facts: RunFacts) -> Iterable[Finding]:
     v = verdict(facts.steps, [facts.phases[s.index] for s in facts.steps])
-    if v is None or v.warmup_only or v.part not in _RELATED_VIEWS or v.share < BOUND_SHARE or len(facts.steady) < 2:
+    if v is None or v.warmup_only or v.part not in _RELATED_VIEWS or v.share < BOUND_SHARE:
+        return
+    if len(facts.steady) < 2:
         return
     if _covered(facts, v):
         return
@@ -72,12 +74,12 @@ def _steady_events(facts: RunFacts, events: Iterable[Any]) -> list[Any]:
     return [e for e in events if facts.phase(e.ts) == "steady"]
 
 
-def _lines(events: Sequence[Any], seconds: Any = lambda e: e.seconds, limit: int = 3) -> list[tuple[Any, float, int]]:
+def _lines(events: Sequence[Any], limit: int = 3) -> list[tuple[Any, float, int]]:
     """The locations of ``events`` with their seconds and counts, most time first."""
     time: dict[Any, float] = collections.defaultdict(float)
     count: collections.Counter = collections.Counter()
     for e in events:
-        time[e.location] += seconds(e)
+        time[e.location] += e.seconds
         count[e.location] += 1
     return sorted(((loc, t, count[loc]) for loc, t in time.items()), key=lambda x: -x[1])[:limit]
 
@@ -121,7 +123,8 @@ def _input(facts: RunFacts, v: Verdict) -> Finding:
     if waits and loader >= copies:
         what = f"the DataLoader's next batch at {_where(loc)}"
         if not workers:
-            fix = ("load batches while the step runs: DataLoader(..., num_workers=N, persistent_workers=True) "
+            fix = ("load batches while the step runs: DataLoader(..., num_workers=N, "
+                   "persistent_workers=True) "
                    f"(N up to the host's {os.cpu_count() or 'available'} cores)"
                    + ("" if pinned else ", pin_memory=True")
                    + ", and copy the next batch to the device before the step needs it (.to('tpu', "
@@ -134,7 +137,8 @@ def _input(facts: RunFacts, v: Verdict) -> Finding:
         detail = (f"loader: num_workers={workers}, pin_memory={pinned}"
                   + (f", prefetch_factor={prefetch}" if prefetch else ""),)
     else:
-        uploads = [t for t in _steady_events(facts, facts.transfers) if t.direction == "h2d" and t.op != "scalar"]
+        uploads = [t for t in _steady_events(facts, facts.transfers)
+                   if t.direction == "h2d" and t.op != "scalar"]
         lines = _lines(uploads)
         loc = lines[0][0] if lines else loc
         what = f"copies of the batch to the device at {_where(loc)}"
@@ -150,7 +154,8 @@ def _input(facts: RunFacts, v: Verdict) -> Finding:
         evidence=Evidence(
             loc,
             (*_base_counts(v), Count("loader time", loader, "s"), Count("copy time", copies, "s")),
-            (_split_fact(v), *detail, *(f"{_where(line)}: {format_seconds(t)} in {n} waits" for line, t, n in lines)),
+            (_split_fact(v), *detail,
+             *(f"{_where(line)}: {format_seconds(t)} in {n} waits" for line, t, n in lines)),
         ),
         steps=_span(facts),
         cause="input",
@@ -209,8 +214,8 @@ def _compile(facts: RunFacts, v: Verdict) -> Finding:
         severity="warning",
         title=_head(v, f"is compiling: {len(compiles)} compiles of {', '.join(names[:3])}"
                     f"{', ...' if len(names) > 3 else ''}"),
-        fix=("remove what makes the steady steps compile: the Recompiles section gives each compile's difference "
-             "from the last (a shape to pad, a Python scalar to pass as a tensor); "
+        fix=("remove what makes the steady steps compile: the Recompiles section gives each compile's "
+             "difference from the last (a shape to pad, a Python scalar to pass as a tensor); "
              + (f"{again} compiled a key compiled before, an executable evicted from the cache: raise "
                 "TPU_DEBUG_EAGER_CACHE_SIZE or TPU_DEBUG_COMPILED_CACHE_SIZE" if again else
                 f"the compiles are at {', '.join(_where(line) for line, _, _ in lines)}")),
@@ -218,7 +223,8 @@ def _compile(facts: RunFacts, v: Verdict) -> Finding:
         evidence=Evidence(
             loc,
             (*_base_counts(v), Count("compiles", len(compiles))),
-            (_split_fact(v), *(f"{_where(line)}: {format_seconds(t)} in {n} compiles" for line, t, n in lines)),
+            (_split_fact(v),
+             *(f"{_where(line)}: {format_seconds(t)} in {n} compiles" for line, t, n in lines)),
         ),
         steps=_span(facts),
         cause="compile",
@@ -240,11 +246,11 @@ def _collective(facts: RunFacts, v: Verdict) -> Finding:
         kind="step_bound",
         severity="warning",
         title=_head(v, f"is in collectives, waiting for the other ranks: {op} at {_where(loc)}"),
-        fix=("this rank waits in the collective for the others: compare the ranks' step splits (tpu-debug report "
-             "of each rank's run): a slower rank's largest part is the one to fix (uneven batches, work only one "
-             "rank does such as logging, evaluation or saving on rank 0); when every rank is collective-bound "
-             "the exchange itself costs the time: fewer, larger collectives (DDP's bucket_cap_mb), overlapped "
-             "with the backward"),
+        fix=("this rank waits in the collective for the others: compare the ranks' step splits (tpu-debug "
+             "report of each rank's run): a slower rank's largest part is the one to fix (uneven batches, "
+             "work only one rank does such as logging, evaluation or saving on rank 0); when every rank is "
+             "collective-bound the exchange itself costs the time: fewer, larger collectives (DDP's "
+             "bucket_cap_mb), overlapped with the backward"),
         cost_seconds=v.seconds,
         evidence=Evidence(
             loc,
@@ -267,7 +273,8 @@ def _checkpoint(facts: RunFacts, v: Verdict) -> Finding:
         severity="warning",
         title=_head(v, f"is saving checkpoints: {', '.join(apis) or 'saves'} at {_where(loc)}"),
         fix=("save less often (every N steps), or save without blocking the step: "
-             "torch.distributed.checkpoint.async_save copies the state to the host and writes it in the background"),
+             "torch.distributed.checkpoint.async_save copies the state to the host and writes it in the "
+             "background"),
         cost_seconds=v.seconds,
         evidence=Evidence(
             loc,
