@@ -335,6 +335,8 @@ class StepTracker:
             self._index += 1
             self._window = None  # the program says where its steps are
             self._thread = threading.get_ident()
+            if self._wait == "collective":
+                self._wait = None  # a collective that raised (and was caught) never reported its end
         event = _event(self._new_id(), index, detected, start, now, counts, location)
         self._put(event)
         for listener in self._listeners:
