@@ -59,9 +59,19 @@ def uninstall() -> None:
     """Put every original back (a wrapper replaced since by someone else's stays theirs)."""
     global _tracker
     _tracker = None
+    originals = {id(wrapper): original for original, wrapper in _replaced.values()}
     for (owner, name), (original, wrapper) in list(_replaced.items()):
         if getattr(owner, name, None) is wrapper:
             setattr(owner, name, original)
+    # a package that imported a wrapped function while its module was first imported (DCP's
+    # __init__ takes save from state_dict_saver after the hook wrapped it) holds the wrapper too
+    import sys
+
+    package = sys.modules.get("torch.distributed.checkpoint")
+    for name in ("save", "async_save"):
+        held = getattr(package, name, None) if package is not None else None
+        if held is not None and id(held) in originals:
+            setattr(package, name, originals[id(held)])
     _replaced.clear()
 
 

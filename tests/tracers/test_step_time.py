@@ -200,6 +200,19 @@ def test_a_checkpoint_save_is_its_own_part_and_its_copies_are_not_syncs(logdir):
     _no_double_count(session)
 
 
+def test_a_dcp_save_is_a_checkpoint_wait_and_its_hook_goes_with_the_trace(logdir, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    original = dcp.save
+    with tpu_debug.trace(logdir=logdir) as session:
+        for i in range(2):
+            dcp.save({"w": torch.ones(8)}, checkpoint_id=str(tmp_path / f"ckpt{i}"))
+            tpu_debug.step()
+    assert [w.api for w in session.steps.waits("checkpoint")] == ["dcp.save"] * 2
+    assert all(s.checkpoint_seconds > 0 for s in session.steps())
+    assert dcp.save is original and dcp.state_dict_saver.save is original
+
+
 # -- goodput, on steps written by hand --------------------------------------------------------
 
 
