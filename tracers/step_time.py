@@ -25,8 +25,8 @@ thread (:class:`~tpu_debug.tracers.steps.StepTracker` counts them):
 A compile or a program run inside a wait (a dataset that builds device tensors, a
 collective's write-back) counts in that wait, once.
 
-**The verdict.** The part that holds the most of the steady-state steps' time bounds the
-run: input-, compile-, sync-, collective-, checkpoint- or host-bound, and device-bound
+**The verdict.** The part that holds the most of a typical steady step's time (the median
+share over the steady steps) bounds the run: input-, compile-, sync-, collective-, checkpoint- or host-bound, and device-bound
 when it is ``dispatch`` (the programs' launch and the device's work: what a correct loop
 spends its time on). The advisor's ``step_bound`` rule (``tracers/advisor/steps.py``)
 makes a finding of it.
@@ -146,10 +146,13 @@ def split_step(step: StepEvent) -> StepSplit | None:
 class Verdict:
     """What bounds the run's steady state.
 
-    ``part`` holds the largest share of the steady steps' time (``share``, ``seconds`` of
-    ``steady_seconds`` over ``steps`` steps); ``bound`` is its name as a bound (:data:`BOUNDS`);
-    ``shares`` every part's share, in :data:`PARTS` order. ``warmup_only``: the run had no
-    steady step, so the verdict is over its warm-up steps after the first.
+    ``part`` holds the largest share of a typical steady step's time: ``share`` is the
+    median over the steady steps of its share of each step (``shares`` every part's median
+    share, in :data:`PARTS` order), so one step that compiles for once (an evaluation's new
+    shape) does not make a run compile-bound. ``seconds`` is the part's time over the
+    ``steps`` steady steps, of their ``steady_seconds``; ``bound`` its name as a bound
+    (:data:`BOUNDS`). ``warmup_only``: the run had no steady step, so the verdict is over its
+    warm-up steps after the first.
     """
 
     part: str
@@ -165,8 +168,8 @@ class Verdict:
         return BOUNDS[self.part]
 
     def render(self) -> str:
-        where = "of the warm-up steps' time" if self.warmup_only else "of the steady steps' time"
-        return f"{self.bound}: {100 * self.share:.0f}% {where} is {PART_TEXT[self.part]}"
+        where = "a typical warm-up step" if self.warmup_only else "a typical steady step"
+        return f"{self.bound}: {100 * self.share:.0f}% of {where} is {PART_TEXT[self.part]}"
 
 
 def verdict(steps: Sequence[StepEvent], phases: Sequence[str]) -> Verdict | None:
@@ -179,21 +182,19 @@ def verdict(steps: Sequence[StepEvent], phases: Sequence[str]) -> Verdict | None
         v.bound, round(v.share, 2)      # ('input-bound', 0.83)
     """
     pairs = [(split_step(s), p) for s, p in zip(steps, phases)]
-    chosen = [sp for sp, p in pairs if sp is not None and p == STEADY]
+    chosen = [sp for sp, p in pairs if sp is not None and p == STEADY and sp.seconds > 0]
     warmup_only = not chosen
     if warmup_only:
         # no steady step: a run that compiles at every step is all warm-up but its first step
-        ordered = sorted((sp for sp, _ in pairs if sp is not None), key=lambda sp: sp.index)
+        ordered = sorted((sp for sp, _ in pairs if sp is not None and sp.seconds > 0), key=lambda sp: sp.index)
         chosen = ordered[1:]
     if not chosen:
         return None
+    medians = [statistics.median(sp.parts[i] / sp.seconds for sp in chosen) for i in range(len(PARTS))]
     totals = [sum(sp.parts[i] for sp in chosen) for i in range(len(PARTS))]
-    whole = sum(sp.seconds for sp in chosen)
-    if whole <= 0:
-        return None
-    top = max(range(len(PARTS)), key=lambda i: totals[i])
-    return Verdict(PARTS[top], totals[top] / whole, totals[top], whole, len(chosen),
-                   tuple(t / whole for t in totals), warmup_only)
+    top = max(range(len(PARTS)), key=lambda i: (medians[i], totals[i]))
+    return Verdict(PARTS[top], medians[top], totals[top], sum(sp.seconds for sp in chosen), len(chosen),
+                   tuple(medians), warmup_only)
 
 
 # -- goodput ---------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 than the device's work (``tracers/step_time.py`` splits each step's time and names the bound).
 
 A run is input-, sync-, compile-, collective- or checkpoint-bound when that part of the split
-holds at least :data:`BOUND_SHARE` of the steady steps' time; the finding names the bound,
+holds at least :data:`BOUND_SHARE` of a typical steady step's time (its median share over the
+steady steps: one step's one-off compile is no bound); the finding names the bound,
 its share and seconds, the lines behind it, and a fix chosen from what was measured there
 (the loader's settings, the reads' lines, the compiles' lines, the collective's line).
 
@@ -31,7 +32,7 @@ from tpu_debug.tracers.step_time import PARTS, Verdict, split_step, verdict
 
 __all__ = ["BOUND_SHARE", "COVERED_SHARE", "step_bound"]
 
-# a part holding at least half of the steady steps' time is what bounds them: removing any other
+# a part holding at least half of a typical step's time is what bounds it: removing any other
 # part cannot make the step more than twice as fast
 BOUND_SHARE = 0.5
 # other rules' findings about the same events explain the bound when they cost this share of it
@@ -98,7 +99,7 @@ def _subject(part: str, loc: SourceLocation | None) -> str:
 
 def _base_counts(v: Verdict) -> tuple[Count, ...]:
     return (
-        Count("share of steady time", round(100 * v.share)),
+        Count("share of a steady step", round(100 * v.share)),
         Count(f"{v.part} time", v.seconds, "s"),
         Count("steady time", v.steady_seconds, "s"),
         Count("steady steps", v.steps),
@@ -107,12 +108,12 @@ def _base_counts(v: Verdict) -> tuple[Count, ...]:
 
 def _split_fact(v: Verdict) -> str:
     shown = sorted(((s, p) for p, s in zip(PARTS, v.shares) if s >= 0.01), reverse=True)
-    return "steady steps' time: " + ", ".join(f"{p} {100 * s:.0f}%" for s, p in shown)
+    return "a typical steady step: " + ", ".join(f"{p} {100 * s:.0f}%" for s, p in shown)
 
 
 def _head(v: Verdict, what: str) -> str:
-    return (f"{v.bound}: {100 * v.share:.0f}% of the steady steps' time ({format_seconds(v.seconds)} of "
-            f"{format_seconds(v.steady_seconds)}) {what}")
+    return (f"{v.bound}: {100 * v.share:.0f}% of a typical steady step ({format_seconds(v.seconds)} of "
+            f"{format_seconds(v.steady_seconds)} over {v.steps} steps) {what}")
 
 
 def _input(facts: RunFacts, v: Verdict) -> Finding:
