@@ -20,10 +20,10 @@ from typing import Any
 
 from tpu_debug.core.format import format_seconds
 from tpu_debug.core.hlo_text import matmul_flops
-from tpu_debug.runtime.target.compile import CostStats, TargetCompile
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.precision import PASSES, dot_flops, dot_passes
+from tpu_debug.runtime.target.results import CostStats, TargetCompile
 
 __all__ = ["MODEL_NOTE", "OpByOp", "Roofline", "op_by_op", "roofline"]
 

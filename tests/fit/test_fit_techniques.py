@@ -13,7 +13,6 @@ References, neither the tool's own output:
 from __future__ import annotations
 
 import re
-
 from unittest import mock
 
 import jax
@@ -500,7 +499,7 @@ def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
     # every instruction of the program, the loop body's after the kernel too
     from tpu_debug.core.hlo_text import parse_module
 
-    printed = re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", hlo, re.M)
+    printed = re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", hlo, re.MULTILINE)
     assert sorted(i.name for i in parse_module(hlo).instructions()) == sorted(printed)
     # op by op, the kernels count at the flops they compute (no cost analysis counts a kernel's):
     # the forward's two products and the fused backward's five, over the causal blocks (SEQ is

@@ -23,6 +23,7 @@ import time
 
 import pytest
 import torch
+from tpu_debug.tracers.events import StepEvent, WaitEvent
 from tpu_debug.tracers.step_time import (
     Goodput,
     goodput,
@@ -30,7 +31,6 @@ from tpu_debug.tracers.step_time import (
     split_step,
     verdict,
 )
-from tpu_debug.tracers.events import StepEvent, WaitEvent
 from tpu_debug.tracers.steps import STEADY, WARMUP, step_phases
 
 import tpu_debug

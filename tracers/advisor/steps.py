@@ -19,6 +19,7 @@ here: on an eager step the host's time is the runtime's work per op, which the
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -67,10 +68,8 @@ def _covered(facts: RunFacts, v: Verdict) -> bool:
     for r in RULES.values():
         if r.kind == "step_bound" or r.view not in views:
             continue
-        try:
+        with contextlib.suppress(Exception):  # that rule's failure is reported as its own; it covers nothing
             cost += sum(f.cost_seconds for f in r.check(facts))
-        except Exception:  # noqa: BLE001 - that rule's failure is reported as its own; it covers nothing
-            continue
     return cost >= COVERED_SHARE * v.seconds
 
 
