@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 from dist_helpers import DATA, REPO, python_env
+from tpu_debug.tracers.advisor import advise
+from tpu_debug.tracers.advisor.registry import RULES
 from tpu_debug.tracers.step_time import split_step
 
 from tpu_debug.ranks import open_group
@@ -18,7 +20,7 @@ SCRIPT = DATA / "slow_rank.py"
 SLOW = 0.2  # slow_rank.py's sleep
 
 
-def test_the_rank_waiting_for_a_slow_one_is_collective_bound(tmp_path):
+def test_the_rank_waiting_for_a_slow_one_is_collective_bound(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
@@ -47,7 +49,14 @@ def test_the_rank_waiting_for_a_slow_one_is_collective_bound(tmp_path):
         v = fast.steps.verdict()
         assert (v.part, v.bound) == ("collective", "collective-bound")
         assert all(not split_step(s).overlapped for s in steps)
-        (finding,) = [f for f in fast.findings() if f.kind == "step_bound"]
+        # the straggler rule names the rank it waited for, with at least the steady steps' wait;
+        # it is the answer, so the step_bound rule does not say it a second time
+        (straggler,) = [f for f in fast.findings() if f.kind == "collective_straggler"]
+        assert "rank 1" in straggler.title and straggler.cost_seconds >= v.seconds
+        assert not [f for f in fast.findings() if f.kind == "step_bound"]
+        # where no straggler is known (a job whose arrivals were not recorded), step_bound names it
+        monkeypatch.delitem(RULES, "collective_straggler")
+        (finding,) = advise(fast, kinds=["step_bound"]).findings
         assert finding.cause == "collective" and "slower rank" in finding.fix
         assert finding.evidence.location.file.endswith("slow_rank.py")
         # the slow rank's own time is its Python (the sleep): host-bound, which is no finding
