@@ -44,7 +44,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo, hidden_from_dynamo
+from tpu_debug.runtime.probes import (
+    CollectiveDone,
+    CollectiveInfo,
+    CompileInfo,
+    FallbackInfo,
+    TransferInfo,
+    hidden_from_dynamo,
+)
 from tpu_debug.tracers.events import StepEvent, WaitEvent
 from tpu_debug.tracers.location import user_location
 
@@ -418,11 +425,11 @@ class StepTracker:
             self._put(WaitEvent(self._new_id(), self._clock() - seconds, None, threading.get_native_id(),
                                 user_location(2), "synchronize", seconds, "torch.tpu.synchronize"))
 
-    def on_collective(self, info: Any) -> None:
+    def on_collective(self, info: CollectiveInfo) -> None:
         if self._wait is None and threading.get_ident() == self._thread:
             self._wait = "collective"
 
-    def on_collective_done(self, info: Any) -> None:
+    def on_collective_done(self, info: CollectiveDone) -> None:
         if self._wait == "collective" and threading.get_ident() == self._thread:
             self._wait = None
             self._add("collective", float(info.seconds))
