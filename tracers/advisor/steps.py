@@ -7,6 +7,10 @@ steady steps: one step's one-off compile is no bound); the finding names the bou
 its share and seconds, the lines behind it, and a fix chosen from what was measured there
 (the loader's settings, the reads' lines, the compiles' lines, the collective's line).
 
+A collective-bound run is named only when the ranks waited for each other for that share
+(the live check's arrival times): a step whose collectives cost their own exchange, alike on
+every rank, is not a rank to fix.
+
 It is one finding about the run, and not a second one about a line another rule already
 named: when the findings of the rules that look at the same events (the views: transfers
 for input and syncs, recompiles for compiles, collectives for collectives) cost at least
@@ -56,9 +60,20 @@ def step_bound(facts: RunFacts) -> Iterable[Finding]:
         return
     if len(facts.steady) < 2:
         return
+    if v.part == "collective" and _ranks_waited(facts) < BOUND_SHARE * v.steady_seconds:
+        return
     if _covered(facts, v):
         return
     yield _BUILDERS[v.part](facts, v)
+
+
+def _ranks_waited(facts: RunFacts) -> float:
+    """The steady steps' time in collectives spent waiting for a later rank: the live check's
+    ``waited`` where it saw the ranks arrive, the whole call where it did not. The rest of a
+    call is the exchange itself (the host copies and the transport here, the interconnect on
+    a TPU), which every rank pays alike and the collectives' own views show."""
+    dones = _steady_events(facts, facts.query.events("collective_done"))
+    return sum(d.seconds if d.waited is None else min(d.waited, d.seconds) for d in dones)
 
 
 def _covered(facts: RunFacts, v: Verdict) -> bool:
