@@ -56,6 +56,7 @@ __all__ = [
     "MaterializationEvent",
     "INTERNAL_ERRORS_KEPT",
     "StepEvent",
+    "WaitEvent",
     "PaddedBuffer",
     "TargetCompileEvent",
     "TargetStepEvent",
@@ -842,6 +843,34 @@ class MaterializationEvent(Event):
     after_step: bool = False
 
 
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class WaitEvent(Event):
+    """The program's thread waited on something other than its own Python (recorded by
+    ``tracers/steps.py``'s hooks, one event per wait, at the user's line).
+
+    ``what``: ``"input"`` (a ``DataLoader`` iterator's ``__next__``: loading, collating
+    and pinning the next batch, or waiting for the workers that do), ``"checkpoint"``
+    (``torch.save``, ``torch.distributed.checkpoint``'s ``save``/``async_save``, its
+    blocking part) or ``"synchronize"`` (``torch.tpu.synchronize()`` waiting for the
+    device's queued work). ``api`` names the call (``"DataLoader"``, ``"torch.save"``,
+    ``"dcp.save"``, ``"dcp.async_save"``, ``"torch.tpu.synchronize"``). A loader's
+    ``workers``, ``pin_memory`` and ``prefetch_factor`` are its settings (None for
+    other waits), so a fix can name the one to change.
+    """
+
+    kind: ClassVar[str] = "wait"
+    view: ClassVar[str | None] = "steps"
+    stored: ClassVar[Stored] = Stored("waits", name="what", seconds="seconds")
+
+    what: str
+    seconds: float
+    api: str
+    workers: int | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+
+
 def event_type(kind: str) -> type[Event]:
     """The event class for ``kind``.
 
@@ -880,6 +909,17 @@ class StepEvent(Event):
     ``tracers.steps.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
     programs ready all the same (warm-up).
+
+    Where the step's time went, on the thread that ran it (``tracers.step_time``
+    splits ``seconds`` into parts from these): ``input_seconds`` waiting for
+    input (a ``DataLoader``'s ``__next__``, host-to-device copies), ``sync_seconds``
+    waiting on the device (device-to-host reads such as ``.item()``,
+    ``torch.tpu.synchronize()``), ``collective_seconds`` in c10d collectives,
+    ``checkpoint_seconds`` saving checkpoints (``torch.save``, DCP's ``save``).
+    Compiles and op runs inside one of those are its time: ``inner_op_seconds``
+    and ``inner_compile_seconds`` say how much of ``op_seconds`` and
+    ``compile_seconds`` that was. None in a run recorded before the split was
+    kept, and in an imported log's steps.
     """
 
     kind: ClassVar[str] = "step"
@@ -902,6 +942,12 @@ class StepEvent(Event):
     fallbacks: int = 0
     sequence: str = ""
     read_backs: int = 0
+    input_seconds: float | None = None
+    sync_seconds: float | None = None
+    collective_seconds: float | None = None
+    checkpoint_seconds: float | None = None
+    inner_op_seconds: float = 0.0
+    inner_compile_seconds: float = 0.0
 
     @property
     def ops(self) -> int:
@@ -1565,7 +1611,8 @@ class FitEvent(Event):
     not known. ``collectives`` per kind. The estimates (model estimates, not measurements):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
-    ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
+    ``mfu_overlapped`` under ``assumptions``, and ``op_by_op_seconds``, ``mfu_op_by_op`` (the
+    step's ops one after another; None when not worked out). ``unsharded``: parameters no plan axis
     split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them;
     ``verified_fixes``: each change ``fixes`` compiled, with its need and verdict, the
     recommended first (empty when none was asked for); ``candidate_of``: the question of
@@ -1617,6 +1664,8 @@ class FitEvent(Event):
     mfu_overlapped: float | None = None
     assumptions: tuple[str, ...] = ()
     unsharded: tuple[str, ...] = ()
+    op_by_op_seconds: float | None = None
+    mfu_op_by_op: float | None = None
     caveats: tuple[str, ...] = ()
     error: str | None = None
     extrapolation: str | None = None

@@ -406,7 +406,8 @@ def test_report_at_80_columns_drops_no_column_of_the_steps_table(every_section_r
     for header in ("step", "phase", "time", "dispatch", "compiles", "transfers", "bytes"):
         assert re.search(rf"\| +{header} +\|", steps) or header in steps, header
     cells = "\n".join(_columns(steps))
-    for cell in ("warm-up", "328.00ms", "8.00KiB", "11.00KiB"):
+    # step 0's split: its compiles a third of its second, its batch's wait a quarter
+    for cell in ("warm-up", "compile33%", "input25%", "8.00KiB", "11.00KiB"):
         assert cell in cells, cell
 
 
@@ -439,3 +440,17 @@ def test_one_damaged_row_costs_that_row_not_the_report(every_section_run, tmp_pa
     assert (damaged["kind"], damaged["table"], damaged["event_id"]) == ("compile", "compiles", event_id)
     assert data["compiles"] and data["steps"]["per_step"]
     assert not _undocumented(data, _documented())
+
+
+def test_each_steps_split_adds_up_and_its_mfu_is_the_targets_estimate(every_section_run, capsys):
+    data = _report_json(str(every_section_run), capsys)["steps"]
+    session = tpu_debug.open_run(every_section_run)
+    targets = {e.step: e.mfu for e in session.events("target_step") if not e.unfinished}
+    assert targets and data["per_step"]
+    for s in data["per_step"]:
+        assert sum(s["split"].values()) == pytest.approx(s["seconds"])
+        assert s["mfu"] == targets.get(s["index"])
+        assert s["mfu_measured"] is None  # the run's platform is XLA CPU: no measured MFU
+    assert data["verdict"]["part"] in data["split"]["parts"]
+    g = data["goodput"]
+    assert g["goodput_seconds"] + sum(b["seconds"] for b in g["badput"]) == pytest.approx(g["total_seconds"])

@@ -22,6 +22,7 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "target_step",
         "target_summary",
         "step",
+        "wait",
         "materialize",
         "collectives",
         "collective_call",
