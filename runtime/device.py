@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -212,6 +213,19 @@ class TpuModule:
     @staticmethod
     def is_initialized() -> bool:
         return _state["installed"] is True
+
+    @property
+    def _initialized(self) -> bool:
+        # torch.utils.checkpoint stashes a device's RNG state for the recomputation only when
+        # its module says it is initialized (it reads torch.cuda._initialized the same way)
+        return _state["installed"] is True
+
+    @staticmethod
+    def device(device) -> contextlib.AbstractContextManager:
+        """``with torch.tpu.device(i):`` (checkpointing and ``fork_rng`` select a device by
+        index around its RNG state); there is one eager device, tpu:0."""
+        TpuModule.set_device(device)
+        return contextlib.nullcontext()
 
     @staticmethod
     def _is_in_bad_fork() -> bool:
