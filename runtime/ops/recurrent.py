@@ -80,7 +80,20 @@ def thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_
     return grad_gates.astype(dtype), (gc * f).astype(dtype), grad_bias.astype(dtype)
 
 
-@lower(aten._thnn_fused_gru_cell.default)
+def _gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    # PyTorch has no meta kernel for the GRU cell (dynamo's fake tensors need one)
+    hy = torch.empty_like(hx, memory_format=torch.contiguous_format)
+    return hy, hx.new_empty((hx.shape[0], hx.shape[1] * 5))
+
+
+def _gru_cell_backward_meta(grad_hy, workspace, has_bias):
+    batch, hidden = grad_hy.shape
+    gates = grad_hy.new_empty((batch, 3 * hidden))
+    biases = grad_hy.new_empty((3 * hidden,))
+    return gates, torch.empty_like(gates), torch.empty_like(grad_hy), biases, torch.empty_like(biases)
+
+
+@lower(aten._thnn_fused_gru_cell.default, meta=_gru_cell_meta)
 def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
     ir, ii, in_ = jnp.split(opmath(input_gates), 3, axis=-1)
     hr, hi, hn = jnp.split(opmath(hidden_gates), 3, axis=-1)
@@ -100,7 +113,7 @@ def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_b
     return hy.astype(dtype), workspace.astype(dtype)
 
 
-@lower(aten._thnn_fused_gru_cell_backward.default)
+@lower(aten._thnn_fused_gru_cell_backward.default, meta=_gru_cell_backward_meta)
 def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
     dtype = workspace.dtype
     r, z, n, h, hn = jnp.split(opmath(workspace), 5, axis=-1)
