@@ -111,8 +111,15 @@ def test_checkpointed_layer_without_dropout_trains_as_on_cpu(mode, reentrant):
     _assert_same_training(got, want)
 
 
-@pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
-@pytest.mark.parametrize("mode", MODES)
+def _slow_beyond_eager(mode: str, reentrant: bool):
+    # compiling the layer twice (with and without checkpoint, forward and backward) costs
+    # seconds a case: the default tier runs it eagerly, and the cheap dropout-only check
+    # below in every mode
+    marks = () if (mode, reentrant) == ("eager", False) else (pytest.mark.slow,)
+    return pytest.param(mode, reentrant, marks=marks, id=f"{mode}-{'reentrant' if reentrant else 'nonreentrant'}")
+
+
+@pytest.mark.parametrize(("mode", "reentrant"), [_slow_beyond_eager(m, r) for m in MODES for r in (False, True)])
 def test_checkpoint_recomputes_the_forwards_dropout_masks(mode, reentrant):
     runs = []
     for checkpointed in (reentrant, None):
@@ -123,13 +130,14 @@ def test_checkpoint_recomputes_the_forwards_dropout_masks(mode, reentrant):
     _assert_same_training(*runs)
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
 @pytest.mark.parametrize("mode", MODES)
-def test_the_recomputed_mask_is_the_forwards(mode):
+def test_the_recomputed_mask_is_the_forwards(mode, reentrant):
     """Dropout alone: its input's gradient is the mask scaled, which is the output over the input."""
     drop = nn.Dropout(0.5).to("tpu")
 
     def fn(x):
-        return checkpoint(drop, x, use_reentrant=False)
+        return checkpoint(drop, x, use_reentrant=reentrant)
 
     call = torch.compile(fn, backend="tpu_debug") if mode == "compiled" else fn
     x = (torch.rand(16, 32) + 0.5).to("tpu").requires_grad_()

@@ -58,7 +58,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from moduleinfo_expectations import EXPECTATIONS, expectation
+from moduleinfo_expectations import EXPECTATIONS, TOLERANCES, expectation, tolerance
 from test_opinfo import _as_accurate_as_cpu, _close_summary, _first_line, _GraphCount, _upcast
 from torch.nn.utils.rnn import PackedSequence
 from torch.testing._internal.common_modules import module_db
@@ -270,7 +270,7 @@ class Mismatch(AssertionError):
     """The first line is the one-line reason; details follow."""
 
 
-def _compare_one(label, actual, expected, exact, *, random: bool):
+def _compare_one(label, actual, expected, exact, *, random: bool, tol: dict):
     if (actual is None) != (expected is None):
         raise Mismatch(f"{label}: {'None' if actual is None else 'a tensor'}, CPU gives "
                        f"{'None' if expected is None else 'a tensor'}")
@@ -288,10 +288,10 @@ def _compare_one(label, actual, expected, exact, *, random: bool):
             raise Mismatch(f"{label}: non-finite values where CPU has finite ones (a random forward)")
         return
     try:
-        torch.testing.assert_close(actual, expected, equal_nan=True)
+        torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
     except AssertionError as exc:
         ref = exact() if exact is not None else None
-        if ref is not None and ref.shape == expected.shape and _as_accurate_as_cpu(actual, expected, ref, None):
+        if ref is not None and ref.shape == expected.shape and _as_accurate_as_cpu(actual, expected, ref, tol or None):
             return
         raise Mismatch(f"{label}: {_close_summary(str(exc))}\n{exc}") from None
 
@@ -319,7 +319,7 @@ def check_input(info, module_input, training: bool, mode: str) -> None:
     if labels != [lbl for lbl, _ in actual.values]:
         raise Mismatch(f"results {[lbl for lbl, _ in actual.values]}, CPU gives {labels}")
     for i, ((label, a), (_, e)) in enumerate(zip(actual.values, expected.values)):
-        _compare_one(label, a, e, lambda i=i: exact(i), random=expected.drew_random)
+        _compare_one(label, a, e, lambda i=i: exact(i), random=expected.drew_random, tol=tolerance(info.name))
 
 
 # ---- results file ----------------------------------------------------------------------------
@@ -388,4 +388,5 @@ def test_expectation_keys_name_real_cases():
     names = {m.name for m in module_db if _float32(m)}
     stale = [key for key in EXPECTATIONS if key[0] not in names or key[1] not in ("train", "eval", "*")
              or key[2] not in (*MODES, "*")]
+    stale += [name for name in TOLERANCES if name not in names]
     assert not stale, f"expectations for cases the harness does not run: {stale}"
