@@ -49,6 +49,7 @@ Commands::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -236,7 +237,7 @@ def _run(info, module_input, training: bool, device: str, mode: str, *, double: 
     torch.manual_seed(SEED)
     state = torch.get_rng_state()
     try:
-        with _lazy_mode() if lazy else _nothing():
+        with _lazy_mode() if lazy else contextlib.nullcontext():
             out = call(*args, **kwargs)
             res.drew_random = device == "cpu" and not torch.equal(state, torch.get_rng_state())
             res.values += [(f"output {i}", t) for i, t in enumerate(_tensors(out))]
@@ -253,14 +254,6 @@ def _run(info, module_input, training: bool, device: str, mode: str, *, double: 
         res.values += [(f"grad of input {i}", t.grad) for i, t in enumerate(_tensors((args, kwargs)))
                        if t.requires_grad]
     return res
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ---- comparison ---------------------------------------------------------------------------------
