@@ -2,8 +2,8 @@
 
 Errors a user can see (:mod:`~tpu_debug.core.errors`), the delivery of tracer hooks that
 never breaks the traced program (:mod:`~tpu_debug.core.hooks`), argument specs
-(:mod:`~tpu_debug.core.argspec`), collectives read from HLO text
-(:mod:`~tpu_debug.core.collectives`), the one declaration of every option
+(:mod:`~tpu_debug.core.argspec`), the one reader of HLO text (:mod:`~tpu_debug.core.hlo_text`)
+and the collectives read with it (:mod:`~tpu_debug.core.collectives`), the one declaration of every option
 (:mod:`~tpu_debug.core.options`) and how sizes, times and source lines are written
 (:mod:`~tpu_debug.core.format`).
 

@@ -2,6 +2,8 @@
 
 Everything fit computes lives here, above the runtime and the tracers and below the face:
 
+- :mod:`~tpu_debug.fit.options`: :class:`FitOptions`, what to compile (the keywords of
+  :func:`fit`, the flags of ``tpu-debug fit``), checked when made;
 - :mod:`~tpu_debug.fit.answer`: :func:`fit`, :func:`search`, :func:`fixes`, the answer
   (:class:`FitReport`) and keeping it as a run (:func:`record_fit`, :func:`record_search`);
 - :mod:`~tpu_debug.fit.sharded`: the ``(dp, fsdp, tp)`` mesh of a slice's compile-only
@@ -24,11 +26,11 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 
 from tpu_debug.fit.answer import (
-    JOBS,
     PRESETS,
     CollectiveCost,
     FitReport,
@@ -48,12 +50,14 @@ from tpu_debug.fit.answer import (
     search,
 )
 from tpu_debug.fit.communication import CollectiveBound
+from tpu_debug.fit.options import JOBS, FitOptions
 
 __all__ = [
     "JOBS",
     "PRESETS",
     "CollectiveBound",
     "CollectiveCost",
+    "FitOptions",
     "FitReport",
     "Fixes",
     "MemoryBreakdown",
@@ -80,5 +84,17 @@ class _CallablePackage(types.ModuleType):
     def __call__(self, *args, **kwargs) -> FitReport:
         return fit(*args, **kwargs)
 
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # help() and editors show the function's keywords, not (*args, **kwargs)
+        return inspect.signature(fit)
 
+
+# Python binds a subpackage over its parent's attribute of the same name when it is imported,
+# so ``tpu_debug.fit`` is this package once anything imports ``tpu_debug.fit.*``. Both uses are
+# public (``tpu_debug.fit(...)`` and ``tpu_debug.fit.fixes(...)``, ``from tpu_debug.fit import
+# search``): renaming either breaks one, and a property on ``tpu_debug`` that hid the package
+# would make ``import tpu_debug.fit as m`` give the function. A module whose class answers the
+# call is the mechanism the language documents for module behaviour (the data model's
+# "Customizing module attribute access": assign a ``types.ModuleType`` subclass to ``__class__``).
 sys.modules[__name__].__class__ = _CallablePackage

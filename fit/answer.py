@@ -14,21 +14,38 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.core.collective_kinds import DATA_OPERAND_OPCODES, of_opcode
+from tpu_debug.core.collectives import parse_collectives
 from tpu_debug.core.format import format_bytes, format_count, format_seconds
-from tpu_debug.runtime.target import parse_target
-from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
-from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.core.hlo_text import parse_module
+from tpu_debug.core.options import default_logdir
+from tpu_debug.fit import moe as fit_moe
 from tpu_debug.fit import techniques
-from tpu_debug.fit.techniques import LOSSES
-from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo
+from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo, bounds, classify, collective_sites
+from tpu_debug.fit.infer import compile_infer, decode_bound, trace_infer
+from tpu_debug.fit.options import LOOP_ABOVE, FitOptions
+from tpu_debug.fit.scan import compile_scan_step, layer_stack, loop_repeats, trace_pieces
+from tpu_debug.fit.sharded import AXES, FitCompile, Plan, _mesh, compile_sharded_step, parse_plan
+from tpu_debug.runtime.target import parse_target
+from tpu_debug.runtime.target.capacity import hbm_capacity
+from tpu_debug.runtime.target.compile import CostStats, MemoryStats
+from tpu_debug.runtime.target.dryrun import trace_step
+from tpu_debug.runtime.target.errors import TargetError
+from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target.roofline import roofline
+from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
+from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+from tpu_debug.runs import new_run_dir
+from tpu_debug.tracing import active_trace
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
@@ -59,7 +76,6 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
 }
 
-JOBS = ("train", "forward", "prefill", "decode")
 # the largest FSDP axis whose program tests/fit compares with a direct sharded compile of the
 # same FSDP layout
 _FSDP_CHECKED = 32
@@ -267,7 +283,6 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
     if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
-        from tpu_debug.fit import moe as fit_moe
 
         # experts as one grouped matmul over the tokens each expert was routed (lowered to
         # lax.ragged_dot, dropless, as MaxText's MoE on TPU), each batch shard's tokens routed
@@ -331,80 +346,25 @@ def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float,
     return float(per_token * tokens), text
 
 
-def fit(
-    model_or_config: Any,
-    target: str | Target = "v5e-8",
-    *,
-    plan: str | Plan = "fsdp",
-    batch: int = 8,
-    seq: int = 2048,
-    job: str = "train",
-    dtype: str = "bfloat16",
-    overrides: dict[str, Any] | None = None,
-    extrapolate: bool | None = None,
-    shard_activations: bool = False,
-    optimization_level: str | None = None,
-    cache: bool = True,
-    loop: bool | None = None,
-    remat: bool = False,
-    master_dtype: str | None = None,
-    loss: str = "plain",
-    remat_policy: str | None = None,
-    attention: str = "blocked",
-) -> FitReport:
+def fit(model_or_config: Any, target: str | Target = "v5e-8", **options: Any) -> FitReport:
     """Compile one training (or forward) step of a model for a TPU slice as one sharded program.
 
     Args:
         model_or_config: a Hugging Face config (``LlamaConfig(...)``), a preset name
             (``"llama3-8b"``), a ``config.json`` path or a dict with ``model_type``.
         target: the slice (``"v5e-8"``, ``"v6e-256"``, ``"v5p-128"``).
-        plan: ``"fsdp"``, ``"dp"``, ``"fsdp=4,tp=2"``, ... (see ``tpu_debug.fit.sharded.parse_plan``).
-        batch: global batch, in sequences (split over dp x fsdp).
-        seq: sequence length.
-        job: ``"train"`` (forward, loss, backward, AdamW), ``"forward"``, ``"prefill"`` (the
-            forward over ``seq`` tokens filling a static KV cache, the last position's logits) or
-            ``"decode"`` (one token per sequence attending to a KV cache of ``seq`` positions;
-            ``tpu_debug.fit.infer``).
-        dtype: the parameters' dtype; AdamW's state is kept in it, as ``torch.optim.AdamW`` does.
-        overrides: config fields to change (``{"num_hidden_layers": 2}``).
-        extrapolate: a forward, prefill or decode step, asked for: compile it with 2 and 3
-            decoder layers and extend every per-chip figure linearly to the model's layer
-            count (quicker for a big model that fits; the report says it was used and that
-            the figures are not settled). Off by default (None, False): against full compiles
-            it missed by far (Llama-3-8B prefill on v5e-8, tp=8, 2 x 4096: 18.3 GiB extended,
-            7.9 compiled; docs/fit.md). A training step is never extended (``loop`` instead).
-        shard_activations: constrain every activation whose first dimension is the batch
-            (or batch x seq) to be split over the batch axes; off, only the embeddings'
-            output is, and XLA's propagation carries the split on
-            (``tpu_debug.fit.sharded._fsdp_program``).
-        optimization_level: XLA's effort level (None: the compiler's default).
-        cache: use the target compile cache.
-        loop: compile a training step's decoder layers as one loop over their stacked
-            parameters (``tpu_debug.fit.scan``: every layer in the program, one
-            compiled, nothing extrapolated); None does so for models of more than
-            ``LOOP_ABOVE`` identical layers; False compiles them unrolled (the program
-            ``torch.compile`` of the step makes; slow for big models).
-        remat: activation checkpointing in the loop: each layer keeps only its input for
-            the backward and recomputes the rest.
-        master_dtype: ``"float32"``: mixed precision in the loop: parameters and AdamW state
-            kept in float32, cast to ``dtype`` where the step reads them (as MaxText's
-            float32 weights with bfloat16 compute).
-        loss: ``"plain"`` (the whole logits, then cross-entropy) or ``"chunked"`` (the looped
-            step's head, cross-entropy and their gradients a chunk of positions at a time:
-            ``tpu_debug.fit.techniques.chunked_cross_entropy``).
-        remat_policy: what each layer of the loop keeps for its backward, by name
-            (``tpu_debug.fit.techniques.POLICIES``: ``"matmuls"``, the default; ``"full"``,
-            as ``remat=True``; ``"all-matmuls"``; ``"offload"``, the matmul outputs in host
-            memory).
-        attention: the looped step's attention: ``"blocked"`` (a block of queries at a time,
-            each block recomputed in the backward) or ``"flash"`` (flash attention's backward,
-            blocks in order: ``tpu_debug.fit.techniques.flash_attention``).
+        options: the other fields of :class:`~tpu_debug.fit.options.FitOptions`, as
+            keywords: ``plan``, ``batch``, ``seq``, ``job``, ``dtype``, ``overrides``,
+            ``extrapolate``, ``shard_activations``, ``optimization_level``, ``cache``,
+            ``loop``, ``remat``, ``master_dtype``, ``loss``, ``remat_policy``, ``attention``
+            (each described there).
 
     Returns:
         A ``FitReport``.
 
     Raises:
-        TargetError: an unknown job, model, or a plan that does not match the slice.
+        TargetError: an unknown job, model, or a plan that does not match the slice; options
+            that contradict each other (``FitOptions``).
         TargetSpecError, LibtpuMissingError: as ``compile_for_target``.
 
     Example::
@@ -412,56 +372,50 @@ def fit(
         report = tpu_debug.fit(LlamaConfig(...), "v5e-8", plan="fsdp", batch=8, seq=2048)
         report.fits, report.headroom
     """
+    return _fit(model_or_config, FitOptions(target=target, **options))
+
+
+fit.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("model_or_config", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     *(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name == "target"
+                         else inspect.Parameter.KEYWORD_ONLY, default=f.default)
+       for f in dataclasses.fields(FitOptions))],
+    return_annotation="FitReport",
+)
+
+
+def _fit(model_or_config: Any, options: FitOptions) -> FitReport:
+    """``fit`` with its options made (and so checked)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
-    if job not in JOBS:
-        raise TargetError(f"job {job!r} is not one of {', '.join(JOBS)}")
-    tgt = parse_target(target)
-    chosen = parse_plan(plan, tgt.devices)
-    if batch % chosen.batch_ways:
-        raise TargetError(f"batch {batch} does not split over dp x fsdp = {chosen.batch_ways} chips: "
+    o = options
+    tgt = parse_target(o.target)
+    chosen = parse_plan(o.plan, tgt.devices)
+    if o.batch % chosen.batch_ways:
+        raise TargetError(f"batch {o.batch} does not split over dp x fsdp = {chosen.batch_ways} chips: "
                           f"use a multiple of {chosen.batch_ways}")
-    config = build_config(model_or_config, overrides)
+    config = build_config(model_or_config, dict(o.overrides) if o.overrides is not None else None)
     layers = getattr(config, "num_hidden_layers", 0)
-    if extrapolate and job == "train":
-        raise TargetError(
-            "a training step is not extended from fewer layers: the XLA TPU compiler schedules a short step "
-            "differently (Llama-3-8B from 2 and 3 of 32 layers: 36 % under the full compile on v5e-64, 2.9x "
-            "over on v6e-64); its layers are compiled as one loop (loop=True, the default above "
-            f"{LOOP_ABOVE} layers) or unrolled (loop=False)")
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, o.dtype))
     parameters = sum(p.numel() for p in model.parameters())
-    flops, flops_text = _model_flops(model, config, batch if job == "decode" else batch * seq, seq, job)
+    tokens = o.batch if o.job == "decode" else o.batch * o.seq
+    flops, flops_text = _model_flops(model, config, tokens, o.seq, o.job)
     del model
-    args = (tgt, chosen, batch, seq, job, dtype, shard_activations, optimization_level, cache)
-    unrolled = loop is False  # asked for: remat and master weights need the loop
+    name = str(model_or_config if isinstance(model_or_config, str) else type(config).__name__)
+    loop = o.loop
     if loop is None:
-        loop = job == "train" and layers > LOOP_ABOVE and _has_layer_stack(config, dtype)
-    if master_dtype not in (None, "float32"):
-        raise TargetError(f"master_dtype {master_dtype!r}: give 'float32' (or None: the parameters' dtype)")
-    if loss not in LOSSES:
-        raise TargetError(f"loss {loss!r} is not one of {', '.join(LOSSES)}")
-    if remat and remat_policy not in (None, "full"):
-        raise TargetError(f"remat=True is remat_policy='full': drop remat=True or remat_policy={remat_policy!r}")
-    if loop or remat or master_dtype or loss != "plain" or remat_policy or attention != "blocked":
-        if job != "train":
-            raise TargetError(f"loop=True, remat=True and master_dtype shape a training step; job {job!r} has no "
-                              "backward")
-        if unrolled:
-            raise TargetError("remat=True and master_dtype are built into the looped step: drop loop=False")
-        _probe_capacity(tgt)
-        measured, how = _measure_loop(config, tgt, chosen, batch, seq, dtype, remat, optimization_level, cache,
-                                      master_dtype, loss=loss, policy_name=remat_policy, attention=attention)
-        name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
-        return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
-                       time.perf_counter() - started, None, how)
+        loop = o.job == "train" and layers > LOOP_ABOVE and _has_layer_stack(config, o.dtype)
     _probe_capacity(tgt)
-    if extrapolate and layers > FIRST + 1:
-        one = _measure(build_config(config, {"num_hidden_layers": FIRST}), *args)
-        two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), *args)
+    if loop or o.shapes_the_loop:
+        measured, how = _measure_loop(config, tgt, chosen, o)
+        return _report(name, tgt, o.job, o.batch, o.seq, parameters, measured, flops, flops_text,
+                       time.perf_counter() - started, None, how)
+    if o.extrapolate and layers > FIRST + 1:
+        one = _measure(build_config(config, {"num_hidden_layers": FIRST}), tgt, chosen, o)
+        two = _measure(build_config(config, {"num_hidden_layers": FIRST + 1}), tgt, chosen, o)
         measured = _extrapolate(one, two, FIRST, layers)
         if measured.error is not None:
             refused = FIRST + 1 if two.error is not None else FIRST
@@ -472,9 +426,8 @@ def fit(
                    f"figure extended linearly to {layers} (identical layers add identical buffers, "
                    "collectives and flops)")
     else:
-        measured, how = _measure(config, *args), None
-    name = model_or_config if isinstance(model_or_config, str) else type(config).__name__
-    return _report(str(name), tgt, job, batch, seq, parameters, measured, flops, flops_text,
+        measured, how = _measure(config, tgt, chosen, o), None
+    return _report(name, tgt, o.job, o.batch, o.seq, parameters, measured, flops, flops_text,
                    time.perf_counter() - started, how)
 
 
@@ -485,7 +438,6 @@ def _probe_capacity(tgt: Target) -> None:
     Not a daemon: the interpreter waits for it, so no compile is cut off at exit."""
     import threading
 
-    from tpu_debug.runtime.target.capacity import hbm_capacity
 
     def probe():
         try:
@@ -500,25 +452,19 @@ def _has_layer_stack(config, dtype: str) -> bool:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.fit.scan import layer_stack
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     return layer_stack(model) is not None
 
 
-def _measure_loop(config, tgt: Target, plan: Plan, batch: int, seq: int, dtype: str, remat: bool,
-                  optimization_level: str | None, cache: bool,
-                  master_dtype: str | None = None, *, loss: str = "plain",
-                  policy_name: str | None = None, attention: str = "blocked") -> tuple[_Measure, str]:
+def _measure_loop(config, tgt: Target, plan: Plan, o: FitOptions) -> tuple[_Measure, str]:
     """The training step with its decoder layers as one loop (``tpu_debug.fit.scan``)."""
+    batch, seq, dtype, remat, master_dtype, attention = o.batch, o.seq, o.dtype, o.remat, o.master_dtype, o.attention
+    optimization_level, cache, loss, policy_name = o.optimization_level, o.cache, o.loss, o.remat_policy
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.fit import techniques
-    from tpu_debug.fit.scan import compile_scan_step, loop_repeats, trace_pieces
-    from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -576,7 +522,6 @@ def _communication(hlo: str, repeats: dict[str, int], collectives: Sequence[Coll
                    params: Sequence[ParamInfo], plan: Plan, dtype: str, grad_dtype: str):
     """Each collective kind of the compiled step beside the plan's bound, with where its bytes
     come from (``tpu_debug.fit.communication``)."""
-    from tpu_debug.fit.communication import bounds, classify
 
     items = [(c, data, runs) for c, data, _, runs in collective_items(hlo, repeats)]
     return bounds({c.kind: c.bytes for c in collectives}, classify(items, params), params, fsdp=plan.fsdp,
@@ -588,8 +533,6 @@ _MOE_NOTE = ("each batch shard's tokens routed to the experts on its own chip, t
              "matmul over them (a shard_map over the batch axes), their weights gathered as FSDP gathers")
 
 
-# a training step of more layers than this is compiled as a loop by default
-LOOP_ABOVE = 4
 # the layer counts compiled to extrapolate from: a one-layer step's temporaries are not on the
 # line the longer ones lie on (a Llama step's peak grows by one layer's activations from two
 # layers on; from one to two by less), so the line goes through 2 and 3
@@ -616,11 +559,9 @@ class _Measure:
     communication: tuple = ()  # CollectiveBound per kind (tpu_debug.fit.communication)
 
 
-def _measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int, job: str,
-                  optimization_level: str | None, cache: bool):
+def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
     """``fit``'s per-chip figures of a prefill or decode program."""
-    from tpu_debug.fit.infer import compile_infer, trace_infer
-    from tpu_debug.runtime.target.roofline import roofline
+    batch, seq, job, optimization_level, cache = o.batch, o.seq, o.job, o.optimization_level, o.cache
 
     traced = trace_infer(model, config, batch, seq, job, _hf_traceable)
     names = [n for n, _ in model.named_parameters()]
@@ -632,22 +573,19 @@ def _measure_infer(model, config, tgt: Target, plan: Plan, batch: int, seq: int,
                     fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes, c.cached)
 
 
-def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dtype: str,
-             shard_activations: bool, optimization_level: str | None, cache: bool) -> _Measure:
+def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.runtime.target.dryrun import trace_step
 
+    batch, seq, job, dtype = o.batch, o.seq, o.job, o.dtype
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     if job in ("prefill", "decode"):
-        from tpu_debug.fit.sharded import AXES, _mesh
 
         axes = tuple(a for a, n in zip(AXES, plan.shape) if n > 1 and a != "tp")
         with fit_moe.per_shard(plan.batch_ways), fit_moe.sharded(_mesh(tgt, plan), axes):
-            return _measure_infer(model, config, tgt, plan, batch, seq, job, optimization_level, cache)
+            return _measure_infer(model, config, tgt, plan, o)
     tokens = torch.empty(batch, seq, dtype=torch.long, device="meta")
     train = job == "train"
     with _hf_traceable(), fit_moe.per_shard(plan.batch_ways):
@@ -655,9 +593,8 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
                             targets=(tokens,) if train else ())
     names = [n for n, _ in model.named_parameters()]
     fc: FitCompile = compile_sharded_step(traced, names, 2 if train else 1, tgt, plan,
-                                          shard_activations=shard_activations,
-                                          optimization_level=optimization_level, cache=cache)
-    from tpu_debug.runtime.target.roofline import roofline
+                                          shard_activations=o.shard_activations,
+                                          optimization_level=o.optimization_level, cache=o.cache)
 
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
@@ -675,7 +612,6 @@ def _measure(config, tgt: Target, plan: Plan, batch: int, seq: int, job: str, dt
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
     """Figures of a ``layers``-layer step from the ``first``- and ``first + 1``-layer steps:
     x(L) = x1 + (L - first)(x2 - x1)."""
-    from tpu_debug.runtime.target.compile import CostStats, MemoryStats
 
     def ext(a, b):
         return a + (layers - first) * (b - a)
@@ -709,7 +645,6 @@ def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Meas
 def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: _Measure,
             flops: float, flops_text: str, seconds: float, extrapolation: str | None,
             method: str | None = None) -> FitReport:
-    from tpu_debug.runtime.target.capacity import hbm_capacity
 
     capacity, source = hbm_capacity(tgt)
     memory = estimate = None
@@ -723,7 +658,6 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
                                  m.host_bytes)
         estimate = _estimate(fc, tgt, batch if job == "decode" else batch * seq, flops, flops_text)
         if job == "decode":
-            from tpu_debug.fit.infer import decode_bound
 
             estimate = decode_bound(estimate, fc, tgt)
         required = m.total_bytes
@@ -793,8 +727,6 @@ def collective_costs(hlo: str, tgt: Target, repeats: dict[str, int] | None = Non
 def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tuple[Any, int, int, int]]:
     """``(Collective, bytes, wire bytes, runs per step)`` for each collective the step runs
     (see ``collective_costs``), each once however many fusions hold a copy of it."""
-    from tpu_debug.core.collectives import parse_collectives
-    from tpu_debug.fit.communication import collective_sites
 
     operands = _operand_bytes(hlo)
     sites = collective_sites(hlo)
@@ -809,7 +741,7 @@ def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tu
                 continue  # a copy of a collective already counted, in another fusion
         n = max(c.group_size, 1)
         given = operands.get(c.instruction, 0)
-        if c.opcode == "all-gather":
+        if of_opcode(c.opcode).gathers:
             given *= n
         data = max(c.nbytes, given)
         wire = c.wire_bytes if data == c.nbytes or c.nbytes == 0 else c.wire_bytes * data // c.nbytes
@@ -817,25 +749,14 @@ def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tu
     return out
 
 
-_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = (\S+) ")
-_OPERANDS = re.compile(r"\s(?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
-                       r"(?:-start)?\(([^)]*)\)")
 
 
 def _operand_bytes(hlo: str) -> dict[str, int]:
     """Collective instruction name -> bytes of its operands (from their definitions' shapes)."""
-    from tpu_debug.core.collectives import shape_bytes
-
-    lines = hlo.splitlines()
-    shapes = {m.group(1): m.group(2) for m in map(_DEFINITION.match, lines) if m}
-    out = {}
-    for line in lines:
-        head, ops = _DEFINITION.match(line), _OPERANDS.search(line)
-        if head is None or ops is None:
-            continue
-        names = (o.strip().lstrip("%") for o in re.sub(r"/\*.*?\*/", "", ops.group(1)).split(","))
-        out[head.group(1)] = sum(sum(shape_bytes(shapes.get(n, ""))) for n in names if n)
-    return out
+    module = parse_module(hlo)
+    shapes = {i.name: i.shape for i in module.instructions()}
+    return {i.name: sum(shapes[n].nbytes for n in i.operands if n in shapes) for i in module.instructions()
+            if i.opcode.removesuffix("-start") in DATA_OPERAND_OPCODES}
 
 
 def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: str) -> StepEstimate:
@@ -1143,7 +1064,6 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
               fixes: Fixes | None = None, candidate_of: str | None = None):
     """The report as the run store keeps it (a ``FitEvent``), with ``fixes``' lines if given;
     ``candidate_of``: the question of the search it was an earlier candidate of."""
-    from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
 
     m, e = report.memory, report.estimate
     memory = {} if m is None else dict(
@@ -1224,8 +1144,6 @@ def _keep(reports: Sequence[FitReport], logdir: str | Path | None, name: str, fi
     """Put ``reports`` into the active trace's run when there is one and no ``logdir``; into a
     new run otherwise. The last is the answer (``fixes`` go with it); the ones before it are
     candidates of the search for ``question``."""
-    from tpu_debug.tracers.location import user_location
-    from tpu_debug.tracing import active_trace
 
     active = active_trace()
     writer = getattr(active, "_writer", None)  # the trace's own run writer, while it records
@@ -1248,10 +1166,7 @@ def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: 
     import datetime as _dt
     import sys
 
-    from tpu_debug.core.options import default_logdir
 
-    from tpu_debug.runs import new_run_dir
-    from tpu_debug.tracers.store import DB_NAME, RunWriter
 
     run_dir = new_run_dir(Path(logdir) if logdir is not None else default_logdir(), name)
     meta = {"name": name, "status": "running", "argv": list(sys.argv),

@@ -25,16 +25,16 @@ Where a kind's volume comes from is measured from the HLO, each collective class
 its metadata (JAX's name stack: ``jvp(...)`` the forward, ``transpose(...)`` the backward,
 ``rematted_computation`` the recomputed forward), its element type, whether its result has
 a parameter's shape, and how often it runs (a layer loop's body runs once per layer).
-Plain text processing over the HLO, as ``core/collectives.py``; no jax, no torch.
+Read through the one HLO reader (``core/hlo_text.py``), as ``core/collectives.py``; no jax, no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable
 
 from tpu_debug.core.format import format_bytes
+from tpu_debug.core.hlo_text import parse_module, parse_shape
 
 __all__ = ["GRADIENTS", "OVER", "CollectiveBound", "ParamInfo", "Share", "bounds", "classify", "collective_sites"]
 
@@ -133,12 +133,6 @@ class CollectiveBound:
         return tuple(out)
 
 
-_HEAD = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
-_ITEM = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = ")
-_FUSION_CALL = re.compile(r"\bfusion\(.*?\bcalls=%([\w.\-]+)")
-_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
-
-
 def collective_sites(hlo: str) -> dict[str, tuple[str, str, str, int]]:
     """Instruction name -> (the computation that runs it, its channel id, the computation
     holding it, how many times that computation runs per run of the first) for every
@@ -156,23 +150,15 @@ def collective_sites(hlo: str) -> dict[str, tuple[str, str, str, int]]:
     caller: dict[str, str] = {}  # fused computation -> the computation holding the fusion
     calls: dict[str, int] = {}  # fused computation -> fusion instructions calling it
     channels: dict[str, str] = {}
-    current = None
-    for line in hlo.splitlines():
-        head = _HEAD.match(line)
-        if head:
-            current = head.group(1)
-            continue
-        item = _ITEM.match(line)
-        if current is None or item is None:
-            continue
-        name = item.group(1)
-        fused = _FUSION_CALL.search(line)
-        if fused:
-            caller[fused.group(1)] = current
-            calls[fused.group(1)] = calls.get(fused.group(1), 0) + 1
-        channel = _CHANNEL.search(line)
-        if channel:
-            owner[name], channels[name] = current, channel.group(1)
+    for computation in parse_module(hlo).computations:
+        for ins in computation.instructions:
+            fused = ins.attr("calls") if ins.opcode == "fusion" else None
+            if fused:
+                fused = fused.lstrip("%")
+                caller[fused] = computation.name
+                calls[fused] = calls.get(fused, 0) + 1
+            if ins.channel_id is not None:
+                owner[ins.name], channels[ins.name] = computation.name, str(ins.channel_id)
 
     def running(computation: str) -> tuple[str, int]:
         seen, times = set(), 1
@@ -201,17 +187,14 @@ def _pass_of(scope: str) -> str:
     return "outside autodiff (optimizer update, loss)"
 
 
-_DIMS = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
-
-
 def _dims(shape: str) -> tuple[str, tuple[int, ...]]:
-    m = _DIMS.search(shape)
-    if m is None:
+    arrays = parse_shape(shape).arrays
+    if not arrays:
         return "", ()
-    dims = tuple(int(d) for d in m.group(2).split(",") if d)
+    dims = arrays[0].dims
     while dims and dims[0] == 1:  # a loop's slice of a stacked parameter is [1, ...]
         dims = dims[1:]
-    return _HLO_DTYPE.get(m.group(1), m.group(1)), dims
+    return _HLO_DTYPE.get(arrays[0].dtype, arrays[0].dtype), dims
 
 
 def _short(scope: str, limit: int = 70) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.errors import RunDamagedError, RunNotFoundError, TpuDebugError
+from tpu_debug.core.rank_env import RankEnv, torchrun_env
 from tpu_debug.runs import DB_NAME, list_runs, new_run_dir, run_identity
 from tpu_debug.session import Session
 
@@ -180,9 +181,9 @@ def new_group(logdir: Path, name: str, nproc: int, command: list[str], *, launch
     return group
 
 
-def torchrun_key(env: dict[str, str] | os._Environ) -> str | None:
+def torchrun_key(env: RankEnv | None) -> str | None:
     """What every rank of one torchrun launch on this host shares, as a short hex key;
-    None when this process is no torchrun worker.
+    None when this process is no torchrun worker (``env``: :func:`torchrun_env`'s).
 
     torchrun gives its workers no launch id of their own: ``TORCHELASTIC_RUN_ID`` is
     ``"none"`` unless ``--rdzv-id`` or ``--standalone`` is given, and the master port is
@@ -190,11 +191,11 @@ def torchrun_key(env: dict[str, str] | os._Environ) -> str | None:
     elastic agent that started the workers (their parent process, on this host) and the
     restart count tell launches and restarts apart.
     """
-    if "TORCHELASTIC_RUN_ID" not in env or "RANK" not in env or "WORLD_SIZE" not in env:
+    if env is None or not env.torchrun:
         return None
     parts = (
-        env["TORCHELASTIC_RUN_ID"], env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""),
-        env.get("TORCHELASTIC_RESTART_COUNT", "0"), socket.gethostname(), str(os.getppid()),
+        str(env.run_id), env.master_addr or "", "" if env.master_port is None else str(env.master_port),
+        str(env.restart_count or 0), socket.gethostname(), str(os.getppid()),
     )
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -211,20 +212,14 @@ def torchrun_group(logdir: Path, name: str, command: list[str]) -> tuple[RankGro
     own group (holding that host's ranks).
 
     Raises:
-        TpuDebugError: ``RANK`` or ``WORLD_SIZE`` is no number, or the directory cannot
-            be created.
+        ConfigError: a rank variable holds a value it does not accept.
+        TpuDebugError: the directory cannot be created.
     """
-    env = os.environ
+    env = torchrun_env()
     key = torchrun_key(env)
-    if key is None:
+    if env is None or key is None:
         return None
-    try:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-    except ValueError:
-        raise TpuDebugError(
-            f"torchrun set RANK={env['RANK']!r} WORLD_SIZE={env['WORLD_SIZE']!r}: not numbers; "
-            "start the script with torchrun, or unset TORCHELASTIC_RUN_ID"
-        ) from None
+    rank, world = env.rank, env.world_size
     links = Path(logdir) / _TORCHRUN_LINKS
     link = links / key
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.options import default_logdir
+from tpu_debug.report import print_report
 from tpu_debug.runs import resolve_run
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import RunWriter
@@ -16,7 +17,16 @@ __all__ = ["Session", "open_run"]
 
 
 class Session(RunQuery):
-    """Queries over one run: ops, programs, compiles, transfers, events, HLO, summary.
+    """Queries over one run: ops, programs, compiles, recompiles, transfers, divergences,
+    steps, events, findings, and the report (``summary()``).
+
+    Each subject is a part (``tracers/query/``): calling it lists the subject's records
+    (``session.ops()``, ``session.compiles()``, ``session.recompiles()``,
+    ``session.transfers()``, ``session.divergences()``, ``session.programs()``,
+    ``session.steps()``), its methods answer the subject's other questions
+    (``session.recompiles.groups()``, ``session.divergences.first()``,
+    ``session.programs.hlo(op)``, ``session.transfers.call_sites()``). ``events(kind)``,
+    ``metadata()``, ``counts()`` and ``findings()`` are the run's own.
 
     A live session (the one ``trace()`` yields) flushes the recorder before
     each query, so it sees everything recorded so far. After the trace ends it
@@ -28,7 +38,7 @@ class Session(RunQuery):
             y = torch.ones(3, device="tpu") * 2
         session.ops()[0].name
         # 'mul.Tensor'
-        print(session.hlo("aten::mul.Tensor"))
+        print(session.programs.hlo("aten::mul.Tensor"))
     """
 
     def __init__(self, db_path: Path, *, writer: RunWriter | None = None) -> None:
@@ -62,7 +72,6 @@ class Session(RunQuery):
 
     def summary(self, *, width: int = 100) -> str:
         """The run's report as plain text (what ``tpu-debug report`` prints)."""
-        from tpu_debug.report import print_report
 
         buf = io.StringIO()
         print_report(self, file=buf, width=width, terminal=False)
@@ -70,7 +79,6 @@ class Session(RunQuery):
 
     def print_summary(self, file: Any = None) -> None:
         """Print the report: rich when ``file`` (default stdout) is a terminal, plain text otherwise."""
-        from tpu_debug.report import print_report
 
         print_report(self, file=file)
 

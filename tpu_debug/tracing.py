@@ -20,21 +20,22 @@ from collections.abc import Mapping
 from importlib import metadata as _metadata
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpu_debug.core import options as _options
-from tpu_debug.core.version import __version__
 from tpu_debug.config import TraceConfig
+from tpu_debug.core import options as _options
 from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
+from tpu_debug.core.version import __version__
 from tpu_debug.runs import new_run_dir
+from tpu_debug.runtime.distributed.launch import process_info
+from tpu_debug.runtime.target import require_libtpu
+from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.session import Session
-from tpu_debug.tracers.events import DryRunSummaryEvent, ProcessEvent, TensorBoardSummaryEvent
+from tpu_debug.tracer_parts import PARTS, Running, TracerPart, start_order, stop_all
+from tpu_debug.tracers.events import ProcessEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
-
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["Terminated", "Trace", "active_trace", "step", "trace"]
 
@@ -381,21 +382,8 @@ class Trace(contextlib.ContextDecorator):
         self._recorder: Recorder | None = None
         self._writer: RunWriter | None = None
         self._start = 0.0
-        self._tensorboard: Any = None  # a TensorBoardExporter with tensorboard=True
-        self._steps: Any = None  # the StepTracker: where each step ends, what ran in it
-        self._divergence: Any = None  # a DivergenceTracer with divergence=True
-        self._collectives: Any = None  # the CollectivesTracer (programs over several devices)
-        self._saved_numerics: str | None = None
-        self._saved_eager_mode: str | None = None  # the runtime's mode before trace(eager_mode=...)
-        self._saved_compile_cache: bool | None = None  # the runtime's setting before trace(compile_cache=...)
-        self._guards: Any = None  # dynamo events, recompile and transfer guards
-        self._target: Any = None  # a TargetTracer with target= set
-        self._torch_trace: Any = None  # a TorchTraceEmitter when TORCH_TRACE is set
-        self._closing: tuple[str, Any] = ("finished", None)  # (status, held signals) while _finish runs
-        self._memory: Any = None  # a MemoryTracer with memory=True or dry_run=True
-        self._dry: Any = None  # the runtime's dry mode (its context manager) with dry_run=True
-        self._dry_mode: Any = None
-        self._dry_seen: dict[str, Any] = {}
+        self._running: Running | None = None  # what the started parts share (tracer_parts.py)
+        self._parts: list[TracerPart] = []  # the parts started (or starting), to be stopped
         self._saved_handlers: dict[int, Any] = {}  # signal handlers to put back when the trace ends
 
     def _recreate_cm(self) -> Trace:
@@ -451,8 +439,6 @@ class Trace(contextlib.ContextDecorator):
         return self.session
 
     def _start_all(self, origin: Any) -> None:
-        from tpu_debug.runtime import probes
-
         name = self.config.name or _default_name(origin)
         run_dir = new_run_dir(self.config.logdir, name)
         self._writer = RunWriter(run_dir / DB_NAME, run_metadata(name, self.config))
@@ -463,21 +449,10 @@ class Trace(contextlib.ContextDecorator):
         self._record_process()
         self.session = Session(run_dir / DB_NAME, writer=self._writer)
         self._start = time.perf_counter()
-        probes.subscribe(self._recorder, replay=True)
-        self._start_steps()
-        if self.config.tensorboard:
-            self._start_tensorboard(run_dir)
-        self._start_target()
-        self._start_torch_trace()
-        self._start_divergence()
-        self._start_collectives()
-        self._set_eager_mode()
-        self._set_compile_cache()
-        self._start_memory()
-        from tpu_debug.guards import TraceGuards
-
-        self._guards = TraceGuards(self.config, self._writer, self._recorder)
-        self._guards.start()
+        running = self._running = Running(self.config, self.target, self._writer, self._recorder, self.session, _say)
+        for part in start_order([p for p in PARTS if p.applies(running)]):
+            self._parts.append(part)  # stopped even when its start fails half-way
+            part.start(running)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -522,30 +497,12 @@ class Trace(contextlib.ContextDecorator):
 
     def _finish(self, status: str, exit_status: int | None, error: str | None, held: _HeldSignals) -> None:
         """Stop everything started, newest first, then write the run's end and close it."""
-        self._closing = (status, held)
-        for where, stop in (
-            # first: leaving lazy mode runs what is pending, which the tracers record
-            ("restoring the eager mode", self._restore_eager_mode),
-            ("restoring the compile cache setting", self._restore_compile_cache),
-            ("TraceGuards.stop", self._stop_guards),
-            ("MemoryTracer.close", self._stop_memory),
-            ("DivergenceTracer.close", self._stop_divergence),
-            ("CollectivesTracer.close", self._stop_collectives),
-            # before the exporter: a run without step marks gets its loop's steps here, and the
-            # exporter writes their scalars
-            ("StepTracker.close", self._stop_steps),
-            # before the exporter stops: the target's step estimates reach the timeline too
-            ("TargetTracer.close", self._stop_target),
-            # after the target: the TPU programs it compiled go into the structured trace too
-            ("TorchTraceEmitter.close", self._stop_torch_trace),
-            ("TensorBoardExporter.stop", self._stop_tensorboard),
-            ("Recorder.unsubscribe", self._stop_recorder),
-        ):
-            try:
-                stop()
-            except Exception as exc:  # noqa: BLE001 - the rest must still be stopped and the run closed
-                if self._recorder is not None:
-                    self._recorder.record_error(where, f"{type(exc).__name__}: {exc}")
+        parts, self._parts = self._parts, []
+        if self._running is not None:
+            self._running.closing = (status, held)
+            # newest first (tracer_parts.stop_order): leaving lazy mode runs what is pending, which
+            # the tracers record; each stop runs even when another failed
+            stop_all(parts, self._running)
         writer = self._writer
         if writer is not None:
             final = {
@@ -577,313 +534,20 @@ class Trace(contextlib.ContextDecorator):
         if self.session is not None:
             self.session._detach()
 
-    def _stop_guards(self) -> None:
-        guards, self._guards = self._guards, None
-        if guards is not None:
-            guards.stop()
-
-    def _stop_recorder(self) -> None:
-        from tpu_debug.runtime import probes
-
-        if self._recorder is not None:
-            probes.unsubscribe(self._recorder)
-
-    # -- steps ------------------------------------------------------------------------------
-
-    def _start_steps(self) -> None:
-        from tpu_debug.runtime import probes
-        from tpu_debug.tracers.steps import StepTracker
-
-        writer, recorder = self._writer, self._recorder
-        tracker = StepTracker(writer.put, writer.new_id, recorder.clock, record_error=recorder.record_error)
-        self._steps = tracker
-        tracker.start()
-        probes.subscribe(tracker, replay=True)
-
-    def _listen_to_steps(self, listener: Any) -> None:
-        # the StepTracker is the run's one step source: per-step tracers end their steps on its events
-        if self._steps is not None:
-            self._steps.add_listener(listener)
-
-    def _stop_steps(self) -> None:
-        from tpu_debug.runtime import probes
-
-        tracker, self._steps = self._steps, None
-        if tracker is not None:
-            probes.unsubscribe(tracker)
-            tracker.close()
-
-    # -- TensorBoard export -----------------------------------------------------------------
-
-    def _start_tensorboard(self, run_dir: Path) -> None:
-        from tpu_debug.runtime import probes
-        from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, TensorBoardExporter
-
-        recorder, writer = self._recorder, self._writer
-        try:
-            exporter = TensorBoardExporter(
-                run_dir / TENSORBOARD_DIR,
-                max_events=self.config.tensorboard_max_events,
-                clock=recorder.clock,
-                record_error=recorder.record_error,
-                writer=writer,
-                target=getattr(self.target, "name", None),
-            )
-            exporter.start()
-        except Exception as exc:  # noqa: BLE001 - the run goes on without TensorBoard
-            recorder.record_error("TensorBoardExporter.start", f"{type(exc).__name__}: {exc}")
-            writer.put(TensorBoardSummaryEvent(
-                writer.new_id(), recorder.clock(), None, threading.get_native_id(), None,
-                status="failed", notes=(f"{type(exc).__name__}: {exc}",),
-            ))
-            return
-        self._tensorboard = exporter  # from here on, stopping it undoes what follows too
-        writer.add_listener(exporter.on_event)
-        probes.subscribe(exporter, replay=True)
-
-    def _stop_tensorboard(self) -> None:
-        from tpu_debug.runtime import probes
-
-        exporter, self._tensorboard = self._tensorboard, None
-        if exporter is None:
-            return
-        probes.unsubscribe(exporter)
-        if self._writer is not None:
-            self._writer.remove_listener(exporter.on_event)
-        try:
-            exporter.stop()
-        except Exception as exc:  # noqa: BLE001 - the run itself must still be closed
-            self._recorder.record_error("TensorBoardExporter.stop", f"{type(exc).__name__}: {exc}")
-
-    # -- divergence against CPU and TPU numerics ---------------------------------------------
-
-    def _start_divergence(self) -> None:
-        from tpu_debug.runtime import probes
-        from tpu_debug.runtime.config import config as runtime_config
-
-        if self.config.divergence:
-            from tpu_debug.tracers.divergence import DivergenceTracer, parse_tolerances
-
-            tracer = DivergenceTracer(
-                self._writer,
-                clock=self._recorder.clock,
-                tolerances=parse_tolerances(self.config.tolerances),
-                sample=self.config.divergence_sample,
-                record_error=self._recorder.record_error,
-            )
-            self._divergence = tracer
-            probes.subscribe(tracer)
-        if self.config.numerics is not None:
-            self._saved_numerics = runtime_config.numerics
-            runtime_config.numerics = self.config.numerics
-
-    def _stop_divergence(self) -> None:
-        from tpu_debug.runtime import probes
-        from tpu_debug.runtime.config import config as runtime_config
-
-        tracer, self._divergence = self._divergence, None
-        if tracer is not None:
-            probes.unsubscribe(tracer)
-            try:
-                tracer.close()
-            except Exception as exc:  # noqa: BLE001 - the run itself must still be closed
-                self._recorder.record_error("DivergenceTracer.close", f"{type(exc).__name__}: {exc}")
-        if self._saved_numerics is not None:
-            runtime_config.numerics, self._saved_numerics = self._saved_numerics, None
-
     def _record_process(self) -> None:
         """In a multi-process run, this process's rank (the run's identity within its group)."""
-        from tpu_debug.runtime.distributed.launch import process_info
 
         info, writer = process_info(), self._writer
         if info is not None:
             writer.put(ProcessEvent(writer.new_id(), self._recorder.clock(), None, threading.get_native_id(),
                                     None, **info))
 
-    # -- collectives of programs over several devices -----------------------------------------
-
-    def _start_collectives(self) -> None:
-        from tpu_debug.runtime import probes
-        from tpu_debug.tracers.collectives import CollectivesTracer
-
-        # with a TPU target (trace(target=...)), each such program is also compiled for it
-        tracer = CollectivesTracer(
-            self._writer,
-            clock=self._recorder.clock,
-            record_error=self._recorder.record_error,
-            hlo=self.config.hlo,
-            target=self.target,
-        )
-        self._collectives = tracer
-        probes.subscribe(tracer, replay=True)
-
-    def _stop_collectives(self) -> None:
-        from tpu_debug.runtime import probes
-
-        tracer, self._collectives = self._collectives, None
-        if tracer is not None:
-            probes.unsubscribe(tracer)
-            tracer.close()
-
-    # -- eager mode ---------------------------------------------------------------------------
-
-    def _set_eager_mode(self) -> None:
-        if self.config.eager_mode is None:
-            return
-        from tpu_debug.runtime.config import config as runtime_config
-        from tpu_debug.runtime.lazy import set_mode
-
-        self._saved_eager_mode = runtime_config.eager_mode
-        set_mode(self.config.eager_mode)
-
-    def _restore_eager_mode(self) -> None:
-        saved, self._saved_eager_mode = self._saved_eager_mode, None
-        if saved is not None:
-            from tpu_debug.runtime.lazy import set_mode
-
-            set_mode(saved)
-
-    def _set_compile_cache(self) -> None:
-        if self.config.compile_cache is None:
-            return
-        from tpu_debug.runtime.config import config as runtime_config
-
-        self._saved_compile_cache = runtime_config.compile_cache
-        runtime_config.compile_cache = self.config.compile_cache
-
-    def _restore_compile_cache(self) -> None:
-        saved, self._saved_compile_cache = self._saved_compile_cache, None
-        if saved is not None:
-            from tpu_debug.runtime.config import config as runtime_config
-
-            runtime_config.compile_cache = saved
-
-    # -- TPU target ----------------------------------------------------------------------
-
-    def _start_target(self) -> None:
-        from tpu_debug.runtime import probes
-
-        target = self.target
-        if target is None:
-            return
-        from tpu_debug.tracers.target import TargetTracer
-
-        reuse = level = None
-        if self.config.dry_run:
-            # a dry run compiles every program for the target itself (runtime/dryrun.py): the
-            # tracer records those compiles instead of making its own
-            from tpu_debug.runtime import dryrun
-
-            reuse, level = dryrun.target_future, dryrun.TARGET_LEVEL
-        tracer = TargetTracer(self._writer, target, clock=self._recorder.clock,
-                              record_error=self._recorder.record_error, hlo=self.config.hlo, reuse=reuse,
-                              optimization_level=level)
-        self._target = tracer
-        # programs compiled before the trace are compiled for the target when they run in it
-        probes.subscribe(tracer, replay=True)
-        self._listen_to_steps(tracer.on_step)
-
-    def _stop_target(self) -> None:
-        from tpu_debug.runtime import probes
-
-        tracer, self._target = self._target, None
-        if tracer is None:
-            return
-        probes.unsubscribe(tracer)
-        if self._steps is not None:
-            self._steps.remove_listener(tracer.on_step)
-        status, held = self._closing
-        # a program stopped by Ctrl-C or SIGTERM does not wait for compiles; a signal held while
-        # the trace closes stops the wait too
-        wait = 0.0 if status in ("interrupted", "terminated") else self.config.target_wait
-        tracer.close(wait=wait, interrupted=(lambda: bool(held.received)) if held is not None else None,
-                     say=_say)
-
-    # -- PyTorch's structured trace (TORCH_TRACE, read by tlparse) ------------------------------
-
-    def _start_torch_trace(self) -> None:
-        from tpu_debug.tracers import torch_trace
-
-        if not torch_trace.enabled():
-            return
-        from tpu_debug.runtime import probes
-
-        emitter = torch_trace.TorchTraceEmitter(self._recorder.record_error)
-        self._torch_trace = emitter
-        emitter.start()
-        self._writer.add_listener(emitter.on_event)
-        probes.subscribe(emitter)  # after the recorder: it hears each compile's event first
-
-    def _stop_torch_trace(self) -> None:
-        from tpu_debug.runtime import probes
-
-        emitter, self._torch_trace = self._torch_trace, None
-        if emitter is None:
-            return
-        probes.unsubscribe(emitter)
-        self._writer.remove_listener(emitter.on_event)
-        emitter.close(self.session.program)  # the live session flushes the writer first
-
-    # -- device memory and dry runs ----------------------------------------------------------
-
-    def _start_memory(self) -> None:
-        config = self.config
-        if not (config.memory or config.dry_run):
-            return
-        from tpu_debug.runtime import probes
-        from tpu_debug.tracers.memory import MemoryTracer
-
-        target = self.target
-        tracer = MemoryTracer(self._writer, clock=self._recorder.clock, target=target, dry_run=config.dry_run,
-                              record_error=self._recorder.record_error)
-        tracer.start()
-        self._memory = tracer
-        probes.subscribe(tracer)
-        self._listen_to_steps(tracer.on_step)
-        if config.dry_run:
-            from tpu_debug.dryrun import value_reader
-            from tpu_debug.runtime.dryrun import dry_mode
-
-            describe, self._dry_seen = value_reader()
-            dry = dry_mode(target, describe=describe)
-            self._dry_mode = dry.__enter__()
-            self._dry = dry
-
-    def _stop_memory(self) -> None:
-        from tpu_debug.runtime import probes
-
-        tracer, self._memory = self._memory, None
-        dry, self._dry = self._dry, None
-        try:
-            if dry is not None:
-                dry.__exit__(None, None, None)
-                mode = self._dry_mode
-                programs = mode.collect()  # the target compiles still running
-                if tracer is not None:
-                    tracer.add_target_programs(programs)
-                    if mode.stop is not None:
-                        tracer.stop_at(mode.stop.what, self._dry_seen.get("location"))
-                writer, recorder = self._writer, self._recorder
-                if writer is not None:
-                    writer.put(DryRunSummaryEvent(
-                        writer.new_id(), recorder.clock() if recorder else 0.0, None,
-                        threading.get_native_id(), None,
-                        target=str(mode.target) if mode.target else None, programs=len(programs),
-                        notes=tuple(mode.notes),
-                    ))
-            if tracer is not None:
-                if self._steps is not None:
-                    self._steps.remove_listener(tracer.on_step)
-                tracer.close()
-        finally:
-            if tracer is not None:
-                probes.unsubscribe(tracer)
-
     def mark_step(self) -> None:
         """End the current step (see :func:`step`); the tracers that work per step hear it
         from the step tracker."""
-        if self._steps is not None:
-            self._steps.mark()
+        steps = self._running.steps if self._running is not None else None
+        if steps is not None:
+            steps.mark()
 
 
 def trace(**options: Any) -> Trace:
@@ -933,7 +597,6 @@ def trace(**options: Any) -> Trace:
     target = config.target_spec(source="target" if options.get("target") is not None else None)
     if target is not None:
         # before anything runs: a script traced with --target must not run first and fail after
-        from tpu_debug.runtime.target import require_libtpu
 
         require_libtpu()
     from tpu_debug.runtime import start

@@ -251,10 +251,18 @@ class Stored:
     cap: tuple[str, int] | None = None
 
 
-def column(name: str | None = None, *, table: str | None = None, default: Any = dataclasses.MISSING) -> Any:
+def column(
+    name: str | None = None, *, table: str | None = None, default: Any = dataclasses.MISSING,
+    legacy: str | None = None,
+) -> Any:
     """A field stored under another column ``name`` (a field named like an SQL
-    keyword), or a tuple of records stored in the child ``table``."""
-    return dataclasses.field(default=default, metadata={"column": name, "table": table})
+    keyword), or a tuple of records stored in the child ``table``.
+
+    ``legacy``: how a run recorded before the column existed reads it, an SQL expression
+    over that run's columns, each named in braces (``"MAX({step} - 1, 0)"``). A field
+    whose meaning changes gets a new column name and says here how to read the old one,
+    so runs of both layouts read alike (a field without it reads as its default)."""
+    return dataclasses.field(default=default, metadata={"column": name, "table": table, "legacy": legacy})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -436,7 +444,9 @@ class CollectiveDoneEvent(Event):
     with the same ``group``, ``rank`` and ``seq`` (``op`` tells a send or receive, counted
     apart, from the group's other collectives). ``seconds``: from its entry to its results
     written back, waiting for the other ranks included. A call with no done event is one the
-    rank never returned from: it was stuck there, raised or was killed.
+    rank never returned from: it was stuck there, raised or was killed. ``last_rank`` is the
+    global rank that entered the collective last, as the live check saw the ranks arrive, and
+    ``waited`` the seconds this rank waited for it (None: unchecked, or a send or receive).
     """
 
     kind: ClassVar[str] = "collective_done"
@@ -447,12 +457,14 @@ class CollectiveDoneEvent(Event):
     rank: int
     seq: int
     seconds: float
+    last_rank: int | None = None
+    waited: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DesyncCall:
     """One rank's part of a :class:`CollectiveDesyncEvent`: ``state`` ``"called"`` (it called
-    ``op`` there) or ``"missing"``/``"ended"``/``"died"`` (it did not; the other fields are
+    ``op`` there) or ``"missing"``/``"ended"``/``"raised"``/``"died"`` (it did not; the other fields are
     its last collective of the group, ``seq`` None when none is known). ``shapes`` is the
     tensors' shapes joined by ``"; "``; ``file``/``line``/``function`` the user's line."""
 
@@ -468,13 +480,17 @@ class DesyncCall:
     line: int | None
     function: str | None
     device: str = ""  # the tensors' device type, when known
+    error: str = ""  # state "raised": the exception
+    stack: tuple[str, ...] = ()  # "raised": its user frames to the line; "missing": where it is now
+    exit_status: int | None = None  # "died": the exit code, or minus the signal, when known
 
 
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveDesyncEvent(Event):
     """The live check of a c10d group (the `tpu` process group) found its ranks calling
-    different collectives at ``seq``, or a rank not arriving, and this rank raised.
+    different collectives at ``seq``, or a rank not arriving, and this rank raised (or a
+    send and its receive differ: ``p2p``, and ``seq`` is the group's count of sends and receives).
 
     ``reason`` is what differs and ``cause`` its likeliest cause (the names of
     :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there; ``timeout`` the
@@ -493,6 +509,9 @@ class CollectiveDesyncEvent(Event):
     cause: str
     timeout: float | None = None
     calls: tuple[DesyncCall, ...] = column(table="collective_desync_calls", default=())
+    # a send and its receive: (source, destination, tag, n), the n-th call of that channel
+    # (global ranks); empty for a collective of the group
+    p2p: tuple[int, ...] = ()
 
 
 @register_event
@@ -805,7 +824,8 @@ class StepEvent(Event):
     ``tpu_debug.step()`` (``"explicit"``; once used, only explicit marks count),
     or, for a run with neither, each iteration of the loop found in the
     sequence of ops the run executed (``"loop"``, recorded when the trace ends).
-    ``index`` counts from 0, as ``for step in range(n)`` and xprof's step
+    What ran after the last step end is no step of the run; ``StepTracker.unfinished``
+    describes it, unrecorded, with ``"unfinished"``. ``index`` counts from 0, as ``for step in range(n)`` and xprof's step
     numbers do; ``ts`` is when the step began and ``end`` when it ended
     (``seconds`` between them). Every other event belongs to the step whose
     [``ts``, ``end``) holds its ``ts`` (see ``tracers.steps.StepIndex``).
@@ -1050,10 +1070,12 @@ class TargetStepEvent(Event):
     """A training step as it would run on the TPU target, estimated from the target
     compiles of the programs it ran (recorded when the trace ends).
 
-    ``step`` counts steps from 1 (each ``optimizer.step()``, or explicit
-    ``tpu_debug.step()`` marks); 0 is the whole run when it had no step marks,
-    and ``unfinished`` marks work after the last one. A step that ran no program
-    (an optimizer stepping CPU tensors) is not recorded. ``executions`` are the
+    ``step`` is the :class:`StepEvent` index of the step (from 0: the tracer
+    listens to the run's steps, so every per-step figure of a run has one
+    numbering). Work after the last step end is one more record, ``unfinished``,
+    numbered as the next step would have been; in a run that ended no step it is
+    the whole run (``whole_run``, step 0). A step that ran no program (an
+    optimizer stepping CPU tensors) is not recorded. ``executions`` are the
     program runs of the step, ``estimated`` how many of them have an estimate
     (their program compiled for the target). ``estimated_seconds`` adds up the
     roofline time of each run, back to back, with no host dispatch or launch
@@ -1066,7 +1088,8 @@ class TargetStepEvent(Event):
     stored: ClassVar[Stored] = Stored("target_steps", name="target", seconds="estimated_seconds")
 
     target: str
-    step: int
+    # run files of an older layout keep a ``step`` column counted from 1, 0 being the whole run
+    step: int = column("step_index", legacy="MAX({step} - 1, 0)")
     executions: int
     estimated: int
     estimated_seconds: float
@@ -1075,6 +1098,7 @@ class TargetStepEvent(Event):
     mfu: float | None = None
     peak_memory_bytes: int | None = None
     unfinished: bool = False
+    whole_run: bool = column(default=False, legacy="{step} = 0")
 
 
 @register_event

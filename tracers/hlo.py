@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tpu_debug.core.hlo_text import parse_module
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.location import is_library_file
 
@@ -72,46 +73,21 @@ def program_hash(stablehlo: str, hlo: str) -> str:
     return h.hexdigest()
 
 
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
-_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
-
-
 def parse_instructions(hlo: str) -> list[HloInstruction]:
     """Instructions of an optimized HLO module's text, in order, with their scope paths."""
-    out: list[HloInstruction] = []
-    computation = ""
-    for line in hlo.splitlines():
-        if not line or line[0] not in " \t":
-            m = _COMPUTATION.match(line)
-            if m:
-                computation = m.group(1)
-            continue
-        m = _INSTRUCTION.match(line)
-        if m is None:
-            continue
-        op = _OP_NAME.search(line)
-        out.append(HloInstruction(computation, m.group(1), m.group(2), op.group(1) if op else ""))
-    return out
+    return [HloInstruction(i.computation, i.name, i.opcode, i.metadata.op_name)
+            for i in parse_module(hlo).instructions()]
 
 
 def instruction_lines(hlo: str, names: Iterable[str]) -> str:
     """The lines of ``hlo`` that define the named instructions (with their computation headers)."""
     wanted = set(names)
+    text = hlo.splitlines()
     lines: list[str] = []
-    header = ""
-    header_shown = False
-    for line in hlo.splitlines():
-        if line and line[0] not in " \t":
-            if _COMPUTATION.match(line):
-                header, header_shown = line, False
-            continue
-        m = _INSTRUCTION.match(line)
-        if m is not None and m.group(1) in wanted:
-            if not header_shown and header:
-                lines.append(header)
-                header_shown = True
-            lines.append(line)
+    for computation in parse_module(hlo).computations:
+        found = [text[i.line] for i in computation.instructions if i.name in wanted]
+        if found:
+            lines.extend(([text[computation.line]] if computation.line >= 0 else []) + found)
     return "\n".join(lines)
 
 

@@ -44,8 +44,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo, hidden_from_dynamo
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.location import user_location
+
+# The report and the TUI import this module to read runs back: what loads jax or torch (lazy mode's optimizer hooks)
+# is imported where a recording first uses it.
 
 __all__ = [
     "LOOP_MIN_ITERATIONS",
@@ -121,8 +125,8 @@ class _Counts:
         self.sequence = _SEED
 
     def ran(self) -> bool:
-        return bool(self.eager_ops or self.graph_runs or self.compiles or self.read_backs or self.transfers
-                    or self.fallbacks)
+        # a transfer alone (reading the last step's loss back) is no step's work
+        return bool(self.eager_ops or self.graph_runs or self.compiles or self.read_backs or self.fallbacks)
 
 
 class _Window:
@@ -191,6 +195,7 @@ class StepTracker:
         self._tpu_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hook: Any = None
         self._closed = False
+        self._closed_at: float | None = None
         self._listeners: tuple[Callable[[StepEvent], None], ...] = ()
 
     @property
@@ -220,7 +225,6 @@ class StepTracker:
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
             from tpu_debug.runtime.lazy import hook_optimizers
-            from tpu_debug.runtime.probes import hidden_from_dynamo
 
             # post hooks run in the order they were registered: lazy mode's (which runs the
             # step's pending graph) first, so the graph is counted in the step it belongs to
@@ -235,6 +239,7 @@ class StepTracker:
         if self._closed:
             return
         self._closed = True
+        self._closed_at = self._clock()
         if _current is self:
             _current = None
         if self._hook is not None:
@@ -246,6 +251,21 @@ class StepTracker:
                 self._loop_steps(window)
             except Exception as exc:  # noqa: BLE001 - the run is closed without loop steps
                 self._error("close (loop detection)", exc)
+
+    def unfinished(self) -> StepEvent | None:
+        """What ran after the last step ended, counted as a step is, numbered as the next
+        step would have been (0 in a run that ended no step: the whole run), up to now or
+        to :meth:`close`; None when no op ran there, or when the run's steps are its
+        loop's iterations. Never recorded (the run's steps are those that ended): a reader
+        that shows every step's figures (TensorBoard) shows it after the last one, with
+        ``detected="unfinished"``."""
+        with self._lock:
+            counts, index, start = self._counts, self._index, self._start
+            end = self._closed_at if self._closed_at is not None else self._clock()
+        if not counts.ran():
+            return None
+        # not recorded, so it takes no id of the run's
+        return _event(0, index, "unfinished", start, end, counts, None)
 
     # -- step ends ------------------------------------------------------------------------
 
@@ -324,7 +344,7 @@ class StepTracker:
             window.seconds.append(seconds)
             window.ends.append(_perf_counter())  # on the clock's timeline when read
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         graph = info.graph
         if graph is not None:
             origin = graph.origin.function or graph.origin.frame
@@ -342,7 +362,7 @@ class StepTracker:
         if window is not None and not window.full:
             window.compiles.append((len(window.names), float(info.seconds), recompile, read_back))
 
-    def on_transfer(self, info: Any) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         counts = self._counts
         counts.transfers += 1
         counts.transfer_bytes += int(info.nbytes)
@@ -351,7 +371,7 @@ class StepTracker:
         if window is not None and not window.full:
             window.transfers.append((len(window.names), int(info.nbytes), float(info.seconds)))
 
-    def on_fallback(self, info: Any) -> None:
+    def on_fallback(self, info: FallbackInfo) -> None:
         self._counts.fallbacks += 1
         window = self._window
         if window is not None and not window.full:
@@ -410,6 +430,8 @@ class StepTracker:
             start = ends[a - 1] if a > 0 else min(self._start, ends[0] - seconds[0])
             self._put(_event(self._new_id(), index, "loop", start, ends[b - 1], counts, None))
         self._index = loop.iterations
+        # the loop's steps hold what ran in it; what ran around the loop belongs to no step
+        self._counts = _Counts()
 
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:

@@ -41,6 +41,7 @@ import os
 import re
 import socket
 import sqlite3
+import string
 import sys
 import threading
 import time
@@ -63,6 +64,7 @@ from tpu_debug.core.errors import (
     RunWriteError,
     SchemaVersionError,
 )
+from tpu_debug.core.version import __version__
 
 __all__ = [
     "APPLICATION_ID",
@@ -282,10 +284,16 @@ def _column(owner: type, f: dataclasses.Field, hint: Any) -> Column | ChildTable
 
 def _column_or_default(column: Column, owner: type, present: frozenset[str] | None, prefix: str = "") -> str:
     """``column`` in a SELECT; a column the run's table lacks (a field added since the run was
-    recorded) reads as its field's default (a plain value; NULL for anything else)."""
+    recorded) reads as its field's ``legacy`` expression over the run's columns (see
+    :func:`~.events.column`), else as its default (a plain value; NULL for anything else)."""
     if present is None or column.name in present:
         return f"{prefix}{column.name}"
     field = next((f for f in dataclasses.fields(owner) if f.name == column.field), None)
+    legacy = field.metadata.get("legacy") if field is not None else None
+    if legacy is not None:
+        names = {name for _, name, _, _ in string.Formatter().parse(legacy) if name}
+        if names <= present:
+            return f"({legacy.format_map({n: prefix + n for n in names})}) AS {column.name}"
     default = field.default if field is not None else None
     if isinstance(default, bool):
         literal = str(int(default))
@@ -1195,8 +1203,6 @@ def connect(db_path: Path) -> sqlite3.Connection:
                 "Point at a run directory under tpu_debug_runs/, or re-record the run."
             )
         if not OLDEST_READABLE_SCHEMA <= version <= SCHEMA_VERSION:
-            from tpu_debug.core.version import __version__
-
             writer = _meta_value(conn, "tpu_debug_version")
             by = f" (written by tpu_debug {writer})" if writer else ""
             if version > SCHEMA_VERSION:

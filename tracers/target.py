@@ -6,7 +6,8 @@ and hands the lowering to XLA's TPU compiler on the target compiler's worker
 thread (``runtime.target.compile_lowered_for_target_async``): the user's thread
 only queues it. A lowering that holds a custom call only the CPU has (LAPACK's,
 for ``torch.linalg``) is refused by the TPU compiler; its function is then
-lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``).
+lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``), as is
+one holding a Pallas kernel interpreted for CPU (``torch.tpu.pallas.jax_op``).
 
 What comes back is recorded beside the local program, one
 :class:`~tpu_debug.tracers.events.TargetCompileEvent` per distinct program: the
@@ -41,27 +42,40 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_location
+from tpu_debug.core.hlo_text import Computation as _Computation
 from tpu_debug.core.hlo_text import Instruction as _Instruction
-from tpu_debug.core.hlo_text import array as _array
-from tpu_debug.core.hlo_text import called as _called
+from tpu_debug.core.hlo_text import Module as _Module
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
-from tpu_debug.core.hlo_text import scan as _scan
+from tpu_debug.core.hlo_text import parse_module as _parse_module
+from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.runtime.target import (
+    GENERATIONS,
+    hbm_capacity,
+    libtpu_version,
+    parse_target,
+    require_libtpu,
+    roofline,
+)
+from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target.layout import padded_elements, padding_report
 from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,
     SourceLocation,
+    StepEvent,
     TargetCompileEvent,
     TargetStepEvent,
     TargetSummaryEvent,
 )
 from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.recompiles import _identity as identity_of
 
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+# The report and the TUI import this module to read runs back: what loads jax or torch (the target
+# compiler) is imported where a recording first uses it.
 
 __all__ = [
     "DEFAULT_WAIT",
@@ -90,9 +104,8 @@ _PROBE_DEPTH = 3
 
 def _wasted_flops(
     ins: _Instruction,
-    computations: dict[str, dict[str, _Instruction]],
+    module: _Module,
     padded_elements: Callable[[tuple[int, ...], Any], int | None],
-    parse_layout: Callable[[str], Any],
     seen: set[str] | None = None,
 ) -> float:
     """Products computed on padding by the matrix multiplies and convolutions of ``ins``
@@ -100,29 +113,29 @@ def _wasted_flops(
     logical output elements, minus its flops. The matrix unit computes whole output tiles."""
     seen = set() if seen is None else seen
     total = 0.0
-    for name in _called(ins):
-        if name in seen or name not in computations:
+    for name in ins.called:
+        body = module.computation(name)
+        if name in seen or body is None:
             continue
         seen.add(name)
-        body = computations[name]
-        for inner in body.values():
-            total += _wasted_flops_of(inner, body, computations, padded_elements, parse_layout, seen)
+        for inner in body.instructions:
+            total += _wasted_flops_of(inner, body, module, padded_elements, seen)
     return total
 
 
-def _wasted_flops_of(ins, body, computations, padded_elements, parse_layout, seen) -> float:
+def _wasted_flops_of(ins: _Instruction, body: _Computation, module: _Module, padded_elements, seen) -> float:
     if ins.opcode in ("dot", "convolution"):
         flops = _matmul_flops(ins, body)
-        out = _array(ins.shape)
-        if flops is None or out is None or out[2] is None:
+        out = ins.shape.array
+        if flops is None or out is None or out.layout is None:
             return 0.0
-        padded = padded_elements(out[1], parse_layout(out[2]))
-        logical = math.prod(out[1])
+        padded = padded_elements(out.dims, out.layout)
+        logical = out.elements
         if not padded or not logical or padded <= logical:
             return 0.0
         return flops * (padded / logical - 1.0)
     if ins.opcode in ("fusion", "call", "async-start", "custom-call"):
-        return _wasted_flops(ins, computations, padded_elements, parse_layout, seen)
+        return _wasted_flops(ins, module, padded_elements, seen)
     return 0.0
 
 
@@ -230,8 +243,6 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import require_libtpu
-
         self.target = target
         require_libtpu()
         self.writer = writer
@@ -246,7 +257,7 @@ class TargetTracer:
         self._pending: set[concurrent.futures.Future] = set()
         self._closed = False
         self._counts: dict[Any, int] = {}  # executions per key in the current step
-        self._steps: list[dict[Any, int]] = []
+        self._steps: list[tuple[int, dict[Any, int]]] = []  # (StepEvent index, executions per key)
         self._patterns: dict[frozenset, dict[Any, int]] = {}
         self.stats = {"programs": 0, "compiled": 0, "cached": 0, "refused": 0, "failed": 0}
         self.compile_seconds = 0.0
@@ -310,26 +321,27 @@ class TargetTracer:
 
     # -- steps --------------------------------------------------------------------------
 
-    def on_step(self, step: Any) -> None:
-        """A step ended (a ``StepTracker`` listener, with its ``StepEvent``)."""
+    def on_step(self, step: StepEvent) -> None:
+        """A step ended (a ``StepTracker`` listener, with its ``StepEvent``): its estimate
+        is recorded under the step's index."""
         try:
-            self._end_step()
+            self._end_step(step.index)
         except Exception as exc:  # noqa: BLE001 - never break the program's step
             self._error("on_step", exc)
 
-    def _end_step(self) -> None:
+    def _end_step(self, index: int) -> None:
         with self._lock:
             if self._closed:
                 return
             counts, self._counts = self._counts, {}
         # steps of a training loop run the same programs: one dict per distinct pattern
         pattern = frozenset(counts.items())
-        self._steps.append(self._patterns.setdefault(pattern, counts))
+        self._steps.append((index, self._patterns.setdefault(pattern, counts)))
         self._submit_executed(counts)
 
     # -- probe methods (the runtime calls these) ---------------------------------------
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         location = None if info.replayed else user_location(_PROBE_DEPTH)
         program = _Program(info, location)
         with self._lock:
@@ -387,12 +399,10 @@ class TargetTracer:
                 self._failed(program, exc)
                 return
             result = future.result()
-            if (
-                not relowered
-                and result.error is not None
-                and result.error.kind == "compile_error"
-                and program.info.jitted is not None
-                and "custom_call" in program.info.stablehlo()
+            if not relowered and program.info.jitted is not None and (
+                (result.error is not None and result.error.kind == "compile_error"
+                 and "custom_call" in program.info.stablehlo())
+                or _holds_interpreted_kernel(program.info.stablehlo())
             ):
                 done = not self._relower(program)
                 return
@@ -453,8 +463,6 @@ class TargetTracer:
 
     def _event(self, program: _Program, result: Any, relowered: bool, stablehlo: str) -> TargetCompileEvent:
         """The recorded form of a target compile (runs on the worker: parsing TPU HLO costs)."""
-        from tpu_debug.runtime.target import roofline
-
         info = program.info
         args = tuple(a.recorded() for a in info.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
@@ -507,16 +515,14 @@ class TargetTracer:
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
         """The entry computation's arrays in HBM: logical and padded bytes, the worst few
         with the op and line that made them and the matmul products spent on padding."""
-        from tpu_debug.runtime.target.layout import padded_elements, padding_report, parse_layout
-
         info = program.info
         report = padding_report(hlo)
         ranked = report.worst(WORST_KEPT)
         if not ranked:
             return report.logical_bytes, report.padded_bytes, ()
-        computations, entry = _scan(hlo)
-        entry_body = computations.get(entry or "", {})
-        op_names = {i.name: i for i in parse_instructions(hlo) if i.computation == entry}
+        module = _parse_module(hlo)
+        entry_body = module.entry or _Computation("", True, ())
+        op_names = {i.name: i for i in parse_instructions(hlo) if i.computation == entry_body.name}
         nodes = fx_nodes_from(info.graph.nodes) if info.graph is not None else ()
         node_by_name = {n.name: n for n in nodes}
         out = []
@@ -532,7 +538,7 @@ class TargetTracer:
             ins = entry_body.get(buf.name)
             wasted = 0.0
             if ins is not None and buf.output_index is None:
-                wasted = _wasted_flops_of(ins, entry_body, computations, padded_elements, parse_layout, set())
+                wasted = _wasted_flops_of(ins, entry_body, module, padded_elements, set())
             dims, multiples = _pad_dims(buf.shape, buf.layout)
             out.append(PaddedBuffer(
                 buf.name, buf.opcode, buf.dtype, tuple(buf.shape), str(buf.layout), int(buf.logical_bytes),
@@ -545,11 +551,11 @@ class TargetTracer:
 
     def _record_steps(self, tail: dict[Any, int] | None) -> None:
         peak = self.target.peak_bf16_flops_per_device
-        steps = [(i + 1, counts, False) for i, counts in enumerate(self._steps)]
+        steps = [(index, counts, False) for index, counts in self._steps]
         if tail is not None:
-            # work after the last step mark is a step that did not finish; with no marks at
-            # all, step 0 is the whole run
-            steps.append((len(self._steps) + 1 if self._steps else 0, tail, bool(self._steps)))
+            # work after the last step end is a step that did not finish, numbered as the next
+            # one would have been; in a run that ended no step it is the whole run, step 0
+            steps.append((self._steps[-1][0] + 1 if self._steps else 0, tail, bool(self._steps)))
         if len(steps) > 1:
             # a step that ran no program here (an optimizer on CPU tensors) has nothing to estimate
             steps = [s for s in steps if s[1]]
@@ -563,7 +569,7 @@ class TargetTracer:
             self.writer.put(TargetStepEvent(
                 self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
                 self.target.name, number, executions, estimated, seconds, flops, nbytes, mfu, memory,
-                unfinished,
+                unfinished, whole_run=not self._steps,
             ))
 
     def _estimate(self, counts: dict[Any, int]) -> tuple[int, int, float, float, float, int | None]:
@@ -585,13 +591,11 @@ class TargetTracer:
         return executions, estimated, seconds, flops, nbytes, memory
 
     def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
-        from tpu_debug.runtime.target import libtpu_version
-
         t = self.target
         stats = self.stats
         self.writer.put(TargetSummaryEvent(
             self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
-            t.name, t.topology, t.chips, t.hbm_bytes_per_device, t.peak_bf16_flops_per_device,
+            t.name, t.topology, t.chips, hbm_capacity(t)[0], t.peak_bf16_flops_per_device,
             t.hbm_bandwidth_per_device, libtpu_version(), stats["programs"], stats["compiled"],
             stats["cached"], stats["refused"], stats["failed"], unfinished, self.compile_seconds, waited, limit,
         ))
@@ -611,7 +615,7 @@ class TargetTracer:
 _MOVES = frozenset({"copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "reshape", "transpose"})
 
 
-def _described(name: str, described: dict[str, Any], entry: dict[str, _Instruction]) -> Any:
+def _described(name: str, described: dict[str, Any], entry: _Computation) -> Any:
     """The instruction whose metadata names the op that made ``name``: itself, or for a copy
     the compiler added (no metadata), the instruction it copies."""
     for _ in range(8):
@@ -629,8 +633,6 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
     """``(generation, usable, spec)`` for each generation one device of which offers ``required``
     bytes: usable as its compiler counts it (what a program must fit in, below the spec sheet's),
     the spec sheet's where libtpu cannot be asked."""
-    from tpu_debug.runtime.target import GENERATIONS, hbm_capacity, parse_target
-
     out = []
     for name in GENERATIONS:
         target = parse_target(name)
@@ -641,8 +643,6 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
 
 
 def _identity(info: Any) -> str:
-    from tpu_debug.tracers.recompiles import _identity as identity_of
-
     return identity_of(info)[1]
 
 
@@ -797,7 +797,7 @@ def step_summary(steps: Sequence[TargetStepEvent]) -> dict[str, Any] | None:
     mfus = sorted(s.mfu for s in done if s.mfu is not None)
     return {
         "steps": len(done),
-        "whole_run": len(done) == 1 and done[0].step == 0,
+        "whole_run": any(s.whole_run for s in done),
         "median_seconds": seconds[len(seconds) // 2],
         "min_seconds": seconds[0],
         "max_seconds": seconds[-1],
@@ -806,3 +806,11 @@ def step_summary(steps: Sequence[TargetStepEvent]) -> dict[str, Any] | None:
         "estimated": done[len(done) // 2].estimated,
         "peak_memory_bytes": max((s.peak_memory_bytes or 0) for s in done) or None,
     }
+
+
+def _holds_interpreted_kernel(stablehlo: str) -> bool:
+    """A Pallas kernel of ``torch.tpu.pallas.jax_op`` runs interpreted in a CPU lowering; lowered
+    again for the TPU, the program holds the kernel itself (runtime/pallas.py)."""
+    from tpu_debug.runtime.pallas import INTERPRETED_KERNEL
+
+    return INTERPRETED_KERNEL in stablehlo

@@ -37,7 +37,13 @@ capture ends (a plane with xprof's counter line, ``_counters_``).
 Beside the profile, per-step scalars (compiles, recompiles, compile time,
 transfer bytes, eager op count, max divergence; with a target, its estimated
 step time, MFU and peak program memory) go to a TensorBoard event file
-through ``torch.utils.tensorboard`` (which needs no TensorFlow).
+through ``torch.utils.tensorboard`` (which needs no TensorFlow). Every scalar's
+step is the :class:`~tpu_debug.tracers.events.StepEvent` index of its step, and
+the counts are the step record's own (the run's ``StepTracker`` counts them, for
+the report and the TUI too); the exporter adds only what it measures itself
+(divergence, collective bytes), per step. What ran after the last step end is
+written one step later (``StepTracker.unfinished``); a run without step marks is
+one point, step 0.
 
 Spans come from two sources: the runtime's probe calls (``on_*_begin`` then
 ``on_*``, which bracket the activity) and the events the recorder writes to the
@@ -57,6 +63,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.runtime.probes import CompileInfo, TransferInfo
 from tpu_debug.tracers.events import (
     CollectivesEvent,
     CompileEvent,
@@ -70,6 +77,7 @@ from tpu_debug.tracers.events import (
     TensorBoardSummaryEvent,
     TransferEvent,
 )
+from tpu_debug.tracers.steps import StepTracker, current_tracker
 
 __all__ = [
     "DEFAULT_MAX_EVENTS",
@@ -135,41 +143,28 @@ class _Span:
         self.meta: dict[str, Any] = {}
 
 
-class _StepStats:
-    __slots__ = ("collective_bytes", "compile_seconds", "compiles", "eager_ops", "max_divergence", "recompiles",
-                 "transfer_bytes")
+# the scalars read from the step record (tag -> StepEvent field)
+_STEP_FIELDS = {
+    "tpu_debug/eager_ops": "eager_ops",
+    "tpu_debug/compiles": "compiles",
+    "tpu_debug/recompiles": "recompiles",
+    "tpu_debug/compile_seconds": "compile_seconds",
+    "tpu_debug/transfer_bytes": "transfer_bytes",
+}
+
+
+class _Measured:
+    """What the exporter itself measures in the current step (the step record has the rest)."""
+
+    __slots__ = ("collective_bytes", "max_divergence")
 
     def __init__(self) -> None:
-        self.eager_ops = 0
-        self.compiles = 0
-        self.recompiles = 0
-        self.compile_seconds = 0.0
-        self.transfer_bytes = 0
         self.max_divergence: float | None = None
         self.collective_bytes = 0
 
-    def ran(self) -> bool:
-        return bool(self.eager_ops or self.compiles)
-
-    @classmethod
-    def of(cls, step: StepEvent) -> _StepStats:
-        """The figures a recorded step carries (for steps found after the fact)."""
-        stats = cls()
-        stats.eager_ops = step.eager_ops
-        stats.compiles = step.compiles
-        stats.recompiles = step.recompiles
-        stats.compile_seconds = step.compile_seconds
-        stats.transfer_bytes = step.transfer_bytes
-        return stats
-
-    def scalars(self) -> dict[str, float]:
-        out = {
-            "tpu_debug/eager_ops": float(self.eager_ops),
-            "tpu_debug/compiles": float(self.compiles),
-            "tpu_debug/recompiles": float(self.recompiles),
-            "tpu_debug/compile_seconds": self.compile_seconds,
-            "tpu_debug/transfer_bytes": float(self.transfer_bytes),
-        }
+    def scalars(self, step: StepEvent | None) -> dict[str, float]:
+        """The step's scalars: ``step``'s counts (none without a record) and these."""
+        out = {tag: float(getattr(step, field)) for tag, field in _STEP_FIELDS.items()} if step else {}
         if self.max_divergence is not None:
             out["tpu_debug/max_divergence"] = self.max_divergence
         if self.collective_bytes:
@@ -227,6 +222,10 @@ class TensorBoardExporter:
             export's :class:`TensorBoardSummaryEvent`; None records none.
         target: the TPU target the trace compiles for (its estimates join the
             timeline and a memory counter track is written), or None.
+        steps: the run's ``StepTracker``, whose unfinished step (what ran after the
+            last step end) is written when the capture ends; None: the active trace's
+            (``current_tracker()`` when :meth:`start` runs). The steps that end reach
+            the exporter as the run's recorded step events (:meth:`on_event`).
 
     Example::
 
@@ -243,8 +242,10 @@ class TensorBoardExporter:
         record_error: Callable[[str, str], None] | None = None,
         writer: Any = None,
         target: str | None = None,
+        steps: StepTracker | None = None,
     ) -> None:
         self.logdir = Path(logdir)
+        self._tracker = steps
         self.target = target
         # with a target: each program's key by (mode, name, inputs), what its spans carry,
         # its target memory, and (time, key) of each execution span, for the counter track
@@ -276,10 +277,10 @@ class TensorBoardExporter:
         # (mode, op or graph) -> bytes each device sends in collectives per run (CollectivesEvent)
         self._collective_bytes: dict[tuple[str, str], int] = {}
         self._compiled: set[tuple[str, str]] = set()
-        self._step = 0
+        self._marked = 0  # steps the program ended (optimizer.step(), tpu_debug.step())
         self._found_steps: list[StepEvent] = []  # steps recorded after the fact (a loop's)
         self._region: _Span | None = None
-        self._stats = _StepStats()
+        self._measured = _Measured()
         self._scalar_writer: Any = None
         self._lock = threading.Lock()
 
@@ -290,6 +291,8 @@ class TensorBoardExporter:
         if self._started:
             return
         self._started = True
+        if self._tracker is None:
+            self._tracker = current_tracker()
         self.logdir.mkdir(parents=True, exist_ok=True)
         self._start_profile()
         try:
@@ -332,7 +335,7 @@ class TensorBoardExporter:
             return self.summary("finished" if self._stopped else "not started")
         self._stopped = True
         self._close_all()
-        self._close_region(final=True)
+        self._close_last_region()
         self._stop_profile()
         if self.target is not None:
             try:
@@ -377,7 +380,7 @@ class TensorBoardExporter:
             capped=self.capped_at is not None,
             capped_after_seconds=self.capped_at,
             dropped_spans=self.dropped,
-            steps=self._step or len(self._found_steps),
+            steps=self._marked or len(self._found_steps),
             notes=tuple(self.notes),
         )
 
@@ -389,16 +392,15 @@ class TensorBoardExporter:
 
     # -- steps ----------------------------------------------------------------------
 
-    def step(self) -> None:
-        """End the current step (the run's StepEvents call this through :meth:`on_event`)."""
-        self._end_step()
-
-    def _end_step(self) -> None:
+    def _end_step(self, step: StepEvent) -> None:
+        """The program ended a step (its recorded ``StepEvent``)."""
         with self._lock:
             if self._stopped:
                 return
-            self._close_region(final=False)
-            self._step += 1
+            self._marked += 1
+            measured, self._measured = self._measured, _Measured()
+            self._write_scalars(step.index, measured.scalars(step))
+            self._exit_region({"_r": 1, "step_num": step.index})
             self._open_region()
 
     def _open_region(self) -> None:
@@ -411,37 +413,38 @@ class TensorBoardExporter:
         else:
             self._region = None
 
-    def _close_region(self, *, final: bool) -> None:
-        stats, self._stats = self._stats, _StepStats()
+    def _exit_region(self, meta: dict[str, Any]) -> None:
         region, self._region = self._region, None
-        if final and self._step == 0 and self._found_steps:
-            # steps found when the run ended: their scalars, one point each
-            for step in self._found_steps:
-                self._write_scalars(step.index, _StepStats.of(step))
-            if region is not None:
-                region.traceme.set_metadata(note=f"{len(self._found_steps)} steps found in the run's loop")
-                region.traceme.__exit__(None, None, None)
-            return
-        if not final or (self._step > 0 and stats.ran()):
-            # a marked step, or work after the last mark (an unfinished step)
-            self._write_scalars(self._step, stats)
-            meta: dict[str, Any] = {"_r": 1, "step_num": self._step}
-        elif self._step == 0:
-            # no marks at all: the scalars describe the whole run as one point
-            self._write_scalars(0, stats)
-            meta = {"note": "no step marks: use torch.optim or call tpu_debug.step()"}
-        else:
-            meta = {"note": "after the last step"}
         if region is not None:
             region.traceme.set_metadata(**meta)
             region.traceme.__exit__(None, None, None)
 
-    def _write_scalars(self, step: int, stats: _StepStats) -> None:
+    def _close_last_region(self) -> None:
+        """Write what follows the last step end: the steps found in the run's loop, the
+        unfinished step, or (no step at all) the whole run as step 0."""
+        measured, self._measured = self._measured, _Measured()
+        if not self._marked and self._found_steps:
+            # steps found when the run ended: their scalars, one point each
+            for step in self._found_steps:
+                self._write_scalars(step.index, _Measured().scalars(step))
+            self._exit_region({"note": f"{len(self._found_steps)} steps found in the run's loop"})
+            return
+        tail = self._tracker.unfinished() if self._tracker is not None else None
+        if not self._marked:
+            self._write_scalars(0, measured.scalars(tail))
+            self._exit_region({"note": "no step marks: use torch.optim or call tpu_debug.step()"})
+        elif tail is not None:
+            self._write_scalars(tail.index, measured.scalars(tail))
+            self._exit_region({"_r": 1, "step_num": tail.index})
+        else:
+            self._exit_region({"note": "after the last step"})
+
+    def _write_scalars(self, step: int, scalars: dict[str, float]) -> None:
         writer = self._scalar_writer
         if writer is None:
             return
         try:
-            for tag, value in stats.scalars().items():
+            for tag, value in scalars.items():
                 writer.add_scalar(tag, value, global_step=step)
         except Exception as exc:  # noqa: BLE001
             self._error("scalars", exc)
@@ -566,11 +569,9 @@ class TensorBoardExporter:
             self._samples.append((time.time_ns(), key))
 
     def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
-        if mode == "eager":
-            self._stats.eager_ops += 1
         sent = self._collective_bytes.get((mode, name)) if self._collective_bytes else None
         if sent:
-            self._stats.collective_bytes += sent
+            self._measured.collective_bytes += sent
             self._close("execute", collective_bytes=sent)
             return
         self._close("execute")
@@ -579,25 +580,20 @@ class TensorBoardExporter:
         verb = "recompile" if (mode, str(name)) in self._compiled else "compile"
         self._open("compile", f"{verb} {self._label(mode, str(name))}")
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         name = str(info.name)
         self._inputs[info.key] = inputs = _safe(_inputs(a.recorded() for a in info.args))
         if self.target is not None:
             self._key_of[(info.mode, name, inputs)] = info.key
-        recompile = (info.mode, name) in self._compiled
         self._compiled.add((info.mode, name))
         if info.replayed:
             return
-        self._stats.compiles += 1
-        self._stats.recompiles += int(recompile)
-        self._stats.compile_seconds += float(info.seconds)
         self._close("compile", seconds=_fmt(float(info.seconds)), inputs=inputs)
 
     def on_transfer_begin(self, direction: str, op: str) -> None:
         self._open("transfer", f"transfer {direction}", op=op)
 
-    def on_transfer(self, info: Any) -> None:
-        self._stats.transfer_bytes += int(info.nbytes)
+    def on_transfer(self, info: TransferInfo) -> None:
         self._close(
             "transfer",
             bytes=int(info.nbytes),
@@ -623,7 +619,7 @@ class TensorBoardExporter:
             if event.detected == "loop":
                 self._found_steps.append(event)
             else:
-                self._end_step()
+                self._end_step(event)
             return
         line = str(event.location) if event.location is not None else None
         if isinstance(event, CompileEvent):
@@ -643,9 +639,9 @@ class TensorBoardExporter:
             elif self._capturing:
                 self._mark(f"transfer {event.direction}", bytes=event.nbytes, **meta)
         elif isinstance(event, DivergenceEvent):
-            stats = self._stats
-            if stats.max_divergence is None or event.max_abs > stats.max_divergence:
-                stats.max_divergence = float(event.max_abs)
+            measured = self._measured
+            if measured.max_divergence is None or event.max_abs > measured.max_divergence:
+                measured.max_divergence = float(event.max_abs)
             if _over_tolerance(event):
                 graph = getattr(event, "graph", None)
                 where = f"graph {graph} node {event.name}" if graph else f"aten::{event.name}"
@@ -739,6 +735,10 @@ class TensorBoardExporter:
     def _target_scalars(self, event: TargetStepEvent) -> None:
         writer = self._scalar_writer
         if writer is None or not event.executions:
+            return
+        if event.whole_run and self._found_steps:
+            # the measured scalars are the iterations of the run's loop, found when it ended
+            # (the target tracer hears only marked steps): the whole run's estimate is none of them
             return
         values = {"tpu_debug/target_step_seconds": event.estimated_seconds}
         if event.mfu is not None:

@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from tpu_debug.core.options import env_var, option, read_env
+from tpu_debug.core.rank_env import RankEnv, torchrun_env
 from tpu_debug.runtime.distributed.errors import LaunchError
+from tpu_debug.runtime.platform import leave_out_an_absent_tpu
 
 __all__ = [
     "ENV_RANK",
@@ -99,9 +101,7 @@ def initialize(
                 "JAX was already in use when this process joined the multi-process run; call "
                 "distributed.initialize() before any tpu tensor is made (tpu-debug run --nproc does)"
             )
-        from tpu_debug.runtime.device import start
-
-        start()  # the device's first use: before JAX's first backend probe
+        leave_out_an_absent_tpu()  # before JAX's first backend probe
         # collectives between processes on the CPU backend
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=num, process_id=rank,
@@ -152,21 +152,17 @@ def process_info() -> dict[str, Any] | None:
 def _torchrun_info() -> dict[str, Any] | None:
     """A torchrun worker's rank, from the variables torchrun sets (its processes join through
     c10d, not JAX: each has its own devices)."""
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" not in env:
-        return None
-    try:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-    except (KeyError, ValueError):
+    env = torchrun_env()
+    if env is None:
         return None
     import jax
 
     return {
-        "rank": rank,
-        "world_size": world,
+        "rank": env.rank,
+        "world_size": env.world_size,
         "devices": jax.device_count(),
         "local_devices": jax.local_device_count(),
-        "coordinator": f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}",
+        "coordinator": env.coordinator,
     }
 
 
@@ -238,17 +234,18 @@ def launch_ranks(
     base = dict(os.environ if env is None else env)
     base[ENV_COORDINATOR] = f"127.0.0.1:{_free_port()}"
     base[ENV_NPROC] = str(nproc)
-    # torch.distributed's env:// rendezvous, as torchrun sets it: init_process_group() in the
-    # script joins the other ranks with no argument
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
-                LOCAL_WORLD_SIZE=str(nproc))
+    port = _free_port()
     if devices is not None:
         base["XLA_FLAGS"] = device_count_flag(base.get("XLA_FLAGS", ""), devices)
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
     try:
         for rank in range(nproc):
-            rank_env = dict(base, **{ENV_RANK: str(rank), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            # torch.distributed's env:// rendezvous, as torchrun sets it: init_process_group() in
+            # the script joins the other ranks with no argument
+            torch_env = RankEnv(rank=rank, world_size=nproc, local_rank=rank, local_world_size=nproc,
+                                master_addr="127.0.0.1", master_port=port)
+            rank_env = dict(base, **torch_env.variables(), **{ENV_RANK: str(rank)})
             try:
                 proc = subprocess.Popen(list(argv), env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             except OSError as exc:

@@ -24,27 +24,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from tpu_debug.core.hlo_text import braced, parse_instruction, scope_parts
 from tpu_debug.runtime.distributed import placement
 
 __all__ = ["KEPT_SUFFIX", "RematWarning", "add_reader", "capture", "parse_line", "remember", "remove_reader", "take"]
 
 _MARK = b"Involuntary full rematerialization"
-# a sharding is {...}, possibly holding one nested {...} (its metadata)
-_SHARDING = r"(\{(?:[^{}]|\{[^{}]*\})*\})"
-_FROM_TO = re.compile(r"go from sharding " + _SHARDING + r" to " + _SHARDING)
-# "%mul.1 = f32[8,16,4]{2,1,0} multiply(" (newer XLA), "...: %pad = f64[96]{0} pad(" (older)
-_INSTRUCTION = re.compile(r"HLO operation:? (%[\w.\-]+) = ([a-z]\w*\[[\d,]*\])(?:\{[\d,:A-Z()]*\})? ([\w-]+)\(")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-# the runtime's named scopes: "<FX node>|aten::<op>" in compiled graphs, "aten::<op>" for eager ops
-_NODE_OP = re.compile(r"([\w.]+)\|(aten::[\w.]+)")
-_ATEN = re.compile(r"aten::[\w.]+")
+_FROM, _TO = "go from sharding ", " to "
+# the instruction follows: "HLO operation %mul.1 = f32[8,16,4]{2,1,0} multiply(...), ..." (newer XLA),
+# "HLO operation: %pad = f64[96]{0} pad(...), ..." (older); the reader reads it as any instruction
+_OPERATION = "HLO operation"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,16 +85,27 @@ def parse_line(line: str) -> RematWarning | None:
         return None
     start = line.rfind("[", 0, at)
     text = line[start if start >= 0 else at:].strip()
-    found = _FROM_TO.search(text)
-    if found is None:
+    shardings = _shardings(text)
+    if shardings is None:
         return None
-    op = _INSTRUCTION.search(text)
-    name = _OP_NAME.search(text[op.end():] if op else "")
-    op_name = name.group(1) if name else ""
-    nodes = _NODE_OP.findall(op_name)
-    aten = nodes[0][1] if nodes else (_ATEN.search(op_name) or [""])[0]
-    return RematWarning(found.group(1), found.group(2), op.group(1) if op else "", op.group(2) if op else "",
-                        op.group(3) if op else "", op_name, ",".join(dict.fromkeys(n for n, _ in nodes)), aten, text)
+    at = text.find(_OPERATION)
+    op = parse_instruction(text[text.find("%", at):]) if at >= 0 and "%" in text[at:] else None
+    op_name = op.metadata.op_name if op else ""
+    node, aten = scope_parts(op_name)
+    return RematWarning(shardings[0], shardings[1], f"%{op.name}" if op else "", op.shape.plain() if op else "",
+                        op.opcode if op else "", op_name, node, aten, text)
+
+
+def _shardings(text: str) -> tuple[str, str] | None:
+    """The (from, to) shardings of the warning's "go from sharding {...} to {...}"."""
+    at = text.find(_FROM)
+    if at < 0 or text[at + len(_FROM):at + len(_FROM) + 1] != "{":
+        return None
+    source = braced(text, at + len(_FROM))
+    to = at + len(_FROM) + len(source)
+    if not text.startswith(_TO + "{", to):
+        return None
+    return source, braced(text, to + len(_TO))
 
 
 _local = threading.local()  # .taken: the RematWarnings of this thread's last captured compile

@@ -20,82 +20,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
-__all__ = ["TiledLayout", "Buffer", "PaddingReport", "parse_layout", "padded_bytes", "padding_report",
-           "ELEMENT_BITS"]
+from tpu_debug.core.hlo_text import ELEMENT_BITS, TiledLayout, parse_layout, parse_module
 
-# bits per element of XLA's primitive types (pred takes a byte on TPU: int8 tiles)
-ELEMENT_BITS = {
-    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32,
-    "u32": 32,
-    "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
-    "f8e4m3fn": 8, "f8e5m2": 8, "f8e4m3": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8, "f8e5m2fnuz": 8,
-    "f8e3m4": 8,
-    "f8e8m0fnu": 8, "f4e2m1fn": 4,
-}
+__all__ = [
+    "ELEMENT_BITS",
+    "Buffer",
+    "PaddingReport",
+    "TiledLayout",
+    "padded_bytes",
+    "padding_report",
+    "parse_layout",
+]
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TiledLayout:
-    """One HLO layout: ``{1,0:T(8,128)(2,1)}``.
-
-    Attributes:
-        minor_to_major: dimensions from the most minor (fastest varying) out.
-        tiles: the tilings, outermost first (``((8, 128), (2, 1))``); a ``None``
-            entry is XLA's ``*`` (a dimension combined with its neighbour).
-        element_bits: the element size when the layout overrides it (``E(4)``).
-        memory_space: 0 for HBM, else ``S(n)``.
-    """
-
-    minor_to_major: tuple[int, ...]
-    tiles: tuple[tuple[int | None, ...], ...] = ()
-    element_bits: int | None = None
-    memory_space: int = 0
-
-    def __str__(self) -> str:
-        text = ",".join(map(str, self.minor_to_major))
-        extras = "".join(
-            "(" + ",".join("*" if t is None else str(t) for t in tile) + ")" for tile in self.tiles
-        )
-        if extras:
-            extras = "T" + extras
-        if self.element_bits is not None:
-            extras += f"E({self.element_bits})"
-        if self.memory_space:
-            extras += f"S({self.memory_space})"
-        return "{" + text + (":" + extras if extras else "") + "}"
-
-
-_ITEM = re.compile(r"([A-Z#]*)\(([^()]*)\)")
-
-
-def parse_layout(text: str) -> TiledLayout:
-    """Parse an HLO layout, with or without braces.
-
-    Example:
-        >>> parse_layout("{1,0:T(8,128)(2,1)}")
-        TiledLayout(minor_to_major=(1, 0), tiles=((8, 128), (2, 1)), element_bits=None, memory_space=0)
-    """
-    body = text.strip()
-    if body.startswith("{") and body.endswith("}"):
-        body = body[1:-1]
-    dims, _, rest = body.partition(":")
-    minor_to_major = tuple(int(d) for d in dims.split(",") if d.strip())
-    tiles: list[tuple[int | None, ...]] = []
-    element_bits = None
-    memory_space = 0
-    last = ""
-    for prefix, args in _ITEM.findall(rest):
-        kind = prefix or last  # "(2,1)" after "T(8,128)" is a further tile
-        if kind == "T":
-            tiles.append(tuple(None if a.strip() == "*" else int(a) for a in args.split(",") if a.strip()))
-        elif kind == "E":
-            element_bits = int(args)
-        elif kind == "S":
-            memory_space = int(args)
-        last = kind
-    return TiledLayout(minor_to_major, tuple(tiles), element_bits, memory_space)
+# a layout, its tiles and the element sizes are read by the one HLO reader (core/hlo_text.py);
+# this module adds what the tiles cost
 
 
 def padded_elements(shape: tuple[int, ...], layout: TiledLayout) -> int | None:
@@ -206,10 +145,6 @@ class PaddingReport:
         return ranked[:n]
 
 
-# "f32[64,100]{1,0:T(8,128)}": an element type, dimensions (dynamic ones as "<=8"), a layout
-_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([<=\d,]*)\](\{[^{}]*\})?")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\(")
-_ENTRY = re.compile(r"^ENTRY\s")
 # instructions whose result is another instruction's buffer, not a buffer of their own
 _ALIASING = {"bitcast", "get-tuple-element", "tuple", "constant"}
 
@@ -218,10 +153,6 @@ def _aliasing(opcode: str) -> bool:
     # an async "-start" returns (its operands, its destination, a context): the operands
     # are buffers already listed, the destination is what the matching "-done" returns
     return opcode in _ALIASING or opcode.endswith("-start")
-
-
-def _dims(text: str) -> tuple[int, ...]:
-    return tuple(int(d.lstrip("<=")) for d in text.split(",") if d)
 
 
 def padding_report(hlo_text: str, *, include_aliasing: bool = False) -> PaddingReport:
@@ -245,31 +176,16 @@ def padding_report(hlo_text: str, *, include_aliasing: bool = False) -> PaddingR
         [(b.render(), round(b.waste, 2)) for b in report.worst(3)]
     """
     buffers: list[Buffer] = []
-    in_entry = False
-    for line in hlo_text.splitlines():
-        if not in_entry:
-            in_entry = bool(_ENTRY.match(line))
+    entry = parse_module(hlo_text).entry
+    for ins in entry.instructions if entry is not None else ():
+        if _aliasing(ins.opcode) and not include_aliasing:
             continue
-        if line.startswith("}"):
-            in_entry = False
-            continue
-        m = _INSTRUCTION.match(line)
-        if m is None:
-            continue
-        name, shape_text, opcode = m.groups()
-        if _aliasing(opcode) and not include_aliasing:
-            continue
-        arrays = _ARRAY.findall(shape_text)
-        tuple_shaped = shape_text.lstrip().startswith("(")
-        for index, (dtype, dims, layout_text) in enumerate(arrays):
-            if dtype not in ELEMENT_BITS or not layout_text:
+        for index, array in enumerate(ins.shape.arrays):
+            layout = array.layout
+            if array.dtype not in ELEMENT_BITS or layout is None or layout.memory_space != 0 or array.elements is None:
                 continue
-            layout = parse_layout(layout_text)
-            if layout.memory_space != 0:
-                continue
-            shape = _dims(dims)
-            logical = math.ceil(math.prod(shape) * ELEMENT_BITS[dtype] / 8)
-            padded = padded_bytes(dtype, shape, layout)
-            buffers.append(Buffer(name, opcode, dtype, shape, layout, logical, padded,
-                                  index if tuple_shaped else None))
+            logical = math.ceil(math.prod(array.dims) * ELEMENT_BITS[array.dtype] / 8)
+            padded = padded_bytes(array.dtype, array.dims, layout)
+            buffers.append(Buffer(ins.name, ins.opcode, array.dtype, array.dims, layout, logical, padded,
+                                  index if ins.shape.is_tuple else None))
     return PaddingReport(tuple(buffers))

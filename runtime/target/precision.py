@@ -16,17 +16,14 @@ body is counted once, not once per iteration.
 from __future__ import annotations
 
 import dataclasses
-import re
 
-from tpu_debug.core.hlo_text import array, matmul_flops, scan
+from tpu_debug.core.hlo_text import Instruction, matmul_flops, parse_module
 
 __all__ = ["PASSES", "DotFlops", "dot_flops"]
 
 PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
 
-_PRECISION = re.compile(r"operand_precision=\{([a-z_,]+)\}")
 # a dot may name its algorithm instead of a precision: the bf16 ones say their passes
-_ALGORITHM = re.compile(r"algorithm=dot_(bf16_bf16_f32(?:_x\d)?)\b")
 _BY_ALGORITHM = {"bf16_bf16_f32": "DEFAULT", "bf16_bf16_f32_x3": "HIGH", "bf16_bf16_f32_x6": "HIGHEST"}
 
 
@@ -56,14 +53,13 @@ class DotFlops:
         return max(self.by_precision, key=lambda p: self.by_precision[p])
 
 
-def _precision(attrs: str) -> str:
-    m = _ALGORITHM.search(attrs)
-    if m is not None:
-        return _BY_ALGORITHM.get(m.group(1), "DEFAULT")
-    m = _PRECISION.search(attrs)
-    if m is None:
+def _precision(ins: Instruction) -> str:
+    algorithm = (ins.attr("algorithm") or "").removeprefix("dot_")
+    if algorithm in _BY_ALGORITHM:
+        return _BY_ALGORITHM[algorithm]
+    named = [q.strip().upper() for q in (ins.attr("operand_precision") or "").strip("{}").split(",") if q.strip()]
+    if not named:
         return "DEFAULT"
-    named = [q.upper() for q in m.group(1).split(",")]
     return max((q if q in PASSES else "DEFAULT" for q in named), key=PASSES.__getitem__)
 
 
@@ -71,18 +67,17 @@ def dot_flops(hlo: str) -> DotFlops:
     """The dots (``dot``, ``convolution``) of an optimized HLO module, by operand type and precision."""
     by_precision: dict[str, float] = {}
     other = 0.0
-    computations, _ = scan(hlo)
-    for body in computations.values():
-        for ins in body.values():
+    for body in parse_module(hlo).computations:
+        for ins in body.instructions:
             if ins.opcode not in ("dot", "convolution") or len(ins.operands) != 2:
                 continue
             operands = [body.get(name) for name in ins.operands]
-            types = [array(o.shape) if o is not None else None for o in operands]
+            types = [o.shape.array if o is not None else None for o in operands]
             flops = matmul_flops(ins, body)
             if flops is None or None in types:
                 continue
-            if "f32" in (types[0][0], types[1][0]):
-                precision = _precision(ins.attributes)
+            if "f32" in (types[0].dtype, types[1].dtype):
+                precision = _precision(ins)
                 by_precision[precision] = by_precision.get(precision, 0.0) + flops
             else:
                 other += flops

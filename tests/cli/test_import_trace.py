@@ -273,7 +273,7 @@ def test_import_trace_finding_at_compiled_py_called_at_dash(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     call = WRAPPED.splitlines().index("    g(torch.ones(3 + step, device='tpu'), step)") + 1
     with open_run(done.stdout.strip()) as run:
-        failures = run.guard_failures()
+        failures = run.recompiles.guard_failures()
         compiles = run.compiles()
         findings = run.findings()
     assert failures and compiles

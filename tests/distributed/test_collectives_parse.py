@@ -1,4 +1,4 @@
-"""Reading collectives from optimized HLO text (core/collectives.py), format by format.
+"""Reading collectives from optimized HLO text (core/collectives.py over core/hlo_text.py), format by format.
 
 The modules below are written in the forms XLA prints (jaxlib 0.10): replica groups
 as explicit lists, as iota reshapes and as mesh axes, asynchronous start/done pairs,
@@ -8,7 +8,8 @@ expected figures follow from the shapes and groups written in each instruction.
 
 from __future__ import annotations
 
-from tpu_debug.core.collectives import module_devices, parse_collectives, shape_bytes, stack_frames
+from tpu_debug.core.collectives import module_devices, parse_collectives
+from tpu_debug.core.hlo_text import parse_module, parse_shape
 
 MODULE = """\
 HloModule jit_fn, is_scheduled=true, entry_computation_layout={(f32[4,16]{1,0})->f32[]}, num_partitions=8
@@ -87,18 +88,18 @@ def test_every_collective_with_its_groups_bytes_and_origin():
 def test_module_devices_and_shape_sizes():
     assert module_devices(MODULE) == 8
     assert module_devices("HloModule jit_f, entry_computation_layout={()->f32[]}\n") == 1
-    assert shape_bytes("(f32[2,3]{1,0}, bf16[4]{0}, pred[], s4[3])") == [24, 8, 1, 2]
+    assert [a.nbytes for a in parse_shape("(f32[2,3]{1,0}, bf16[4]{0}, pred[], s4[3])").arrays] == [24, 8, 1, 2]
 
 
 def test_stack_frames_walk_to_the_root():
-    frames = stack_frames(MODULE)
+    module = parse_module(MODULE)
     # frame 3 (linalg.py mm) was called from frame 2 (train.py step), called from frame 1 (<module>)
-    assert frames(3) == [
+    assert module.stack(3) == (
         ("/site/tpu_debug/runtime/ops/linalg.py", 150, "mm"),
         ("/home/user/train.py", 12, "step"),
         ("/home/user/train.py", 40, "<module>"),
-    ]
-    assert frames(99) == []
+    )
+    assert module.stack(99) == ()
 
 
 def test_a_program_without_collectives():

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from dist_helpers import DATA, REPO, python_env
 
+from tpu_debug.core.rank_env import torchrun_env
 from tpu_debug.ranks import list_groups, open_group, torchrun_key
 
 SCRIPT = DATA / "ranks_script.py"
@@ -118,8 +119,9 @@ def test_text_report_lists_collectives_in_order(same):
     out = proc.stdout
     assert "c10d collectives by rank" in out and "c10d collectives in order, group 0" in out
     # each call with its own time (format_seconds: a number and a unit)
-    assert re.search(rf"allreduce\(\[4, 2\]; float32\) [\d.]+ [mµn]?s at ranks_script.py:{_line('dist.all_reduce(x)')}",
-                     out), out
+    # with the reduction, and when the rank entered after the first one, by how much
+    assert re.search(rf"allreduce\(\[4, 2\]; float32, SUM\) [\d.]+ [mµn]?s (\(entered \+[\d.]+ [mµn]?s\) )?"
+                     rf"at ranks_script.py:{_line('dist.all_reduce(x)')}", out), out
     assert "in them" in out and "never returned" not in out
     assert "allreduce 2 (48 B), all_gather_single 1 (96 B), barrier 1" in out
     assert "collective desync" not in out
@@ -169,30 +171,38 @@ def test_a_killed_rank_is_still_reported(tmp_path):
     assert rank0["call"]["seconds"] is None
     assert c10d["per_rank"][0]["groups"][0]["not_returned"] == 1
     assert desync["text"].startswith("group 0, collective #3: the ranks differ (missing)")
+    # the words of the live check: rank 1 died, with the collective it last called
+    assert "\n  rank 1: died (" in desync["text"] and "Cause: a rank died." in desync["text"]
+    assert desync["cause"] == "died"
     text = _cli("report", "--logdir", str(logdir), "--width", "200").stdout
-    assert "collective desync: group 0, collective #3" in text and "rank 1: no collective #3" in text
+    assert "collective desync: group 0, collective #3" in text and "  rank 1: died (" in text
 
 
 def test_torchrun_key_tells_launches_apart(monkeypatch):
-    assert torchrun_key({}) is None
-    key = torchrun_key(TORCHRUN_ENV)
-    assert key == torchrun_key(dict(TORCHRUN_ENV, RANK="1"))  # every rank of the launch agrees
-    assert key != torchrun_key(dict(TORCHRUN_ENV, TORCHELASTIC_RESTART_COUNT="1"))
-    assert key != torchrun_key(dict(TORCHRUN_ENV, MASTER_PORT="29501"))
+    def key_of(**env: str) -> str | None:
+        return torchrun_key(torchrun_env(env))
+
+    assert key_of() is None
+    assert key_of(RANK="0", WORLD_SIZE="2") is None  # another launcher's ranks: torchrun's id is unset
+    key = key_of(**TORCHRUN_ENV)
+    assert key == key_of(**dict(TORCHRUN_ENV, RANK="1"))  # every rank of the launch agrees
+    assert key != key_of(**dict(TORCHRUN_ENV, TORCHELASTIC_RESTART_COUNT="1"))
+    assert key != key_of(**dict(TORCHRUN_ENV, MASTER_PORT="29501"))
 
 
 def test_ranks_arriving_together_share_one_directory(tmp_path):
     # four processes started at once, children of this one, as torchrun's workers are the agent's
     procs = [
         subprocess.Popen([sys.executable, str(DATA / "join_group.py"), str(tmp_path)],
-                         env=python_env(**dict(TORCHRUN_ENV, RANK=str(r))), stdout=subprocess.PIPE, text=True)
+                         env=python_env(**dict(TORCHRUN_ENV, RANK=str(r), WORLD_SIZE="4")), stdout=subprocess.PIPE,
+                         text=True)
         for r in range(4)
     ]
     got = sorted(tuple(p.communicate(timeout=120)[0].split()) for p in procs)
     assert [r for r, _ in got] == ["0", "1", "2", "3"]
     assert len({path for _, path in got}) == 1
     assert list_groups(tmp_path) == [Path(got[0][1])]
-    assert json.loads((Path(got[0][1]) / "ranks.json").read_text())["nproc"] == 2
+    assert json.loads((Path(got[0][1]) / "ranks.json").read_text())["nproc"] == 4
     # the launch's link is kept while its directory is; one whose directory was deleted goes
     (link,) = (tmp_path / ".torchrun").iterdir()
     os.symlink("../20260101T000000.000Z-gone", tmp_path / ".torchrun" / "0123456789abcdef")

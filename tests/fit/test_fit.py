@@ -291,6 +291,8 @@ def test_a_plan_that_does_not_span_the_slice_says_how_to_fix_it():
 
 
 def test_cli_prints_the_report_as_json(capsys):
+    from tpu_debug.fit import FitOptions
+
     from tpu_debug.cli import main
 
     code = main(["fit", "tiny-llama", "--target", "v5e-8", "--plan", "fsdp", "--batch", "8", "--seq", "32",
@@ -299,6 +301,8 @@ def test_cli_prints_the_report_as_json(capsys):
     assert code == 0
     assert data["fits"] is True and data["plan"] == "fsdp=8" and data["target"] == "v5e-8"
     assert data["memory"]["total"] == data["required"]
+    # the options the flags made, echoed: the record tpu_debug.fit takes as keywords
+    assert data["options"] == FitOptions(target="v5e-8", plan="fsdp", batch=8, seq=32, overrides={}).to_dict()
 
 
 def test_search_names_the_questions_it_answers():

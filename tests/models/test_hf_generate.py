@@ -58,7 +58,7 @@ def test_generate_dynamic_eager_and_static_compiled_match_cpu(tmp_path):
     assert counter.counts[2] >= 1
     assert counter.counts[2:] == [counter.counts[2]] * (NEW_TOKENS - 1), counter.counts
 
-    groups = session.recompile_groups()
+    groups = session.recompiles.groups()
     compiled_groups = [g for g in groups if g.mode == "compiled"]
     assert compiled_groups and all(not g.storm for g in compiled_groups)
     # eagerly, attention's ops meet one key length per token: the report names that

@@ -232,7 +232,7 @@ _SCRIPT = textwrap.dedent(
             x = torch.arange(4.0 * n).reshape(n, 4)
             y = (torch.relu(x.to("tpu") - 5) * 2).sum(dim=1)
             torch.testing.assert_close(y.cpu(), (torch.relu(x - 5) * 2).sum(dim=1))
-    ops, groups, table = s.ops(), s.recompile_groups(), s.compile_groups()
+    ops, groups, table = s.ops(), s.recompiles.groups(), s.compiles.groups()
     print(sum(o.compiles for o in ops), sum(o.read_back for o in ops),
           sum(1 for c in s.compiles() if c.from_cache), len(s.recompiles()))
     print(sum(g.compiles for g in groups), sum(g.recompiles for g in groups), sum(g.read_backs for g in groups),

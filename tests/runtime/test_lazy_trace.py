@@ -114,14 +114,14 @@ def test_a_fused_graph_is_a_program_mapped_to_its_ops_and_lines(tmp_path):
         c.item()
     (compile_event,) = session.compiles(mode="lazy")
     assert compile_event.name == "lazy/read" and compile_event.program is not None
-    nodes = session.fx_nodes(compile_event.program)
+    nodes = session.programs.fx_nodes(compile_event.program)
     assert [(n.name, n.target) for n in nodes] == [
         ("n0", "aten::mm"), ("n1", "aten::relu"), ("n2", "aten::mul.Tensor"), ("n3", "aten::sum"),
     ]
     assert [n.location.line for n in nodes] == [_line("# MARK-mm")] * 2 + [_line("# MARK-sum")] * 2
     # XLA's optimized HLO keeps each op's scope: the product maps back to n0, the sum to n3
-    assert any("dot" in i or "fusion" in i for i in session.node_instructions(compile_event.program, "n0"))
-    assert session.node_instructions(compile_event.program, "n3")
+    assert any("dot" in i or "fusion" in i for i in session.programs.node_instructions(compile_event.program, "n0"))
+    assert session.programs.node_instructions(compile_event.program, "n3")
 
 
 def _scaled(a, extra):
@@ -140,8 +140,8 @@ def test_a_graph_parting_from_a_recorded_sequence_names_every_ops_line(tmp_path)
             _scaled(a, extra).item()
     first, parted = session.compiles(mode="lazy")
     mm, mul, total = _line("# MARK-part-mm"), _line("# MARK-part-mul"), _line("# MARK-part-sum")
-    assert [n.location.line for n in session.fx_nodes(first.program)] == [mm, mm, total]
-    assert [n.location.line for n in session.fx_nodes(parted.program)] == [mm, mm, mul, total]
+    assert [n.location.line for n in session.programs.fx_nodes(first.program)] == [mm, mm, total]
+    assert [n.location.line for n in session.programs.fx_nodes(parted.program)] == [mm, mm, mul, total]
 
 
 # -- recompiles of fused graphs, op by op ----------------------------------------------------
@@ -206,7 +206,7 @@ def test_a_recompiled_fused_graph_in_a_run(tmp_path):
     assert [bool(c.diffs) for c in lazy_compiles] == [False, True]
     (diff,) = lazy_compiles[1].diffs
     assert (diff.aspect, diff.before, diff.now) == ("shape", "f32[3,4]", "f32[5,4]")
-    (group,) = [g for g in session.recompile_groups() if g.mode == "lazy"]
+    (group,) = [g for g in session.recompiles.groups() if g.mode == "lazy"]
     assert group.identity == f"graph cut by .item() at {os.path.basename(__file__)}:{_line('# MARK-loop')}"
     # no optimizer step, no split step: the overview notes the graphs and their programs
     from tpu_debug.tui.screens.overview import finding_lines

@@ -168,7 +168,7 @@ def test_recompile_advice_does_not_blame_offsets(tmp_path):
             x[i] * 2  # one program
         for step in (1, 2, 3, 4):
             x[:2, ::step][:, :4] * 2  # another gather each time
-    groups = {g.identity: g for g in session.recompile_groups()}
+    groups = {g.identity: g for g in session.recompiles.groups()}
     mul = groups["mul.Tensor"]
     assert (mul.compiles, mul.storm) == (5, True)
     assert mul.changing.what == "arg 0 'self' view"

@@ -98,7 +98,7 @@ def test_one_op_compiled_for_several_shapes_while_warming_up_is_no_finding(tmp_p
             for x in inputs:
                 torch.zeros_like(x)
             tpu_debug.step()
-    groups = {g.identity: g for g in session.recompile_groups()}
+    groups = {g.identity: g for g in session.recompiles.groups()}
     assert groups["zeros_like"].recompiles == 2
     assert session.findings() == []
 

@@ -136,7 +136,7 @@ def test_wrong_lowering_is_named_first_eager(logdir):
         tpu_debug.trace(logdir=logdir, divergence=True) as session,
     ):
         _block_step(model)
-    first = session.first_divergence()
+    first = session.divergences.first()
     assert (first.name, first.measure, first.phase, first.mode) == ("silu", "local", "forward", "eager")
     assert first.location.file == tiny_llama.__file__ and first.location.line == SILU_LINE
     assert first.max_rel == pytest.approx(0.01, rel=1e-3) and first.mismatched > 0 and first.first
@@ -144,7 +144,7 @@ def test_wrong_lowering_is_named_first_eager(logdir):
     assert [e.name for e in local] == ["silu"]  # nothing else introduces error, forward or backward
     drift = session.divergences(measure="drift")
     assert drift and all(e.id >= first.id for e in drift)  # drift starts at silu and spreads
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     assert summary.ops_compared > 100 and summary.over_local == 1
     assert not session.internal_errors()
     report = session.summary()
@@ -158,7 +158,7 @@ def test_backward_op_carries_its_forward_line(logdir):
         tpu_debug.trace(logdir=logdir, divergence=True) as session,
     ):
         _block_step(model)
-    first = session.first_divergence()
+    first = session.divergences.first()
     assert (first.name, first.phase, first.autograd_node) == ("silu_backward", "backward", "SiluBackward0")
     assert first.location is not None and first.location.line == SILU_LINE
 
@@ -171,7 +171,7 @@ def test_random_and_loaded_values_are_copied_not_compared(logdir):
         y = (dropped + noise).exp().sum()
         loaded = torch.ones(3).to("tpu") * 2
     assert torch.isfinite(y.cpu()) and loaded.cpu().tolist() == [2.0, 2.0, 2.0]
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     assert summary.ops_copied >= 3  # randn, dropout, the host copy
     assert session.divergences(over=True) == []
 
@@ -203,10 +203,10 @@ def test_nan_origin_even_with_tolerances_off(logdir):
         y = torch.sqrt(x - 0.5)  # NaN made here, from finite inputs
         z = y * 2  # propagates NaN: not an origin
         mask = torch.full((2,), float("-inf"), device="tpu")  # -inf on purpose: not an origin
-    origin = session.nan_origin()
+    origin = session.divergences.nan_origin()
     assert (origin.name, origin.device_nonfinite, origin.nan_origin) == ("sqrt", 0, True)
     assert [e.name for e in session.divergences() if e.nan_origin] == ["sqrt"]
-    assert session.first_divergence() is None  # nothing is over tolerance with tolerances off
+    assert session.divergences.first() is None  # nothing is over tolerance with tolerances off
     assert z.shape == mask.shape[:0] + (3,)
 
 
@@ -216,7 +216,7 @@ def test_nan_origin_with_a_zero_result_is_recorded_with_tolerances_off(logdir):
         torch.log(x)  # NaN from log(-1), and log(1) == 0 exactly on both sides
     (origin,) = session.divergences()
     assert (origin.name, origin.nan_origin, origin.tolerance) == ("log", True, math.inf)
-    assert session.divergence_summary().nan_origins == 1  # the run's summary was written
+    assert session.divergences.summary().nan_origins == 1  # the run's summary was written
     assert not session.internal_errors()
 
 
@@ -248,7 +248,7 @@ def test_wrong_lowering_is_named_first_compiled(logdir):
     ):
         _block_step(model)
     torch._dynamo.reset()
-    first = session.first_divergence()
+    first = session.divergences.first()
     assert (first.mode, first.target, first.phase) == ("compiled", "silu", "forward")
     assert first.graph.endswith("/forward") and first.name.startswith("silu")
     assert first.location.file == tiny_llama.__file__ and first.location.line == SILU_LINE
@@ -258,7 +258,7 @@ def test_wrong_lowering_is_named_first_compiled(logdir):
         ("silu_backward", "backward", True),
     ]
     assert local[1].graph.endswith("/backward") and local[1].location.line == SILU_LINE
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     assert summary.graphs_compared == 2 and summary.nodes_compared > 100  # forward and backward
     assert not session.internal_errors()
 
@@ -320,9 +320,9 @@ def test_tpu_numerics_round_products_and_recompile(logdir):
         return float((t.double() - exact).abs().max())
 
     assert err(tpu) > 100 * err(three) > 0 and err(three) > err(before)
-    first = session.first_divergence()
+    first = session.divergences.first()
     assert (first.name, first.highest) == ("mm", True)  # vanishes at precision "highest"
-    assert session.divergence_summary().numerics == "tpu"
+    assert session.divergences.summary().numerics == "tpu"
 
 
 def test_tpu_numerics_convolution_backward_rounds_operands():
@@ -361,7 +361,7 @@ def test_bf16_drift_example_names_the_first_op_and_highest(tmp_path, capsys):
     assert f"first       addmm at {script}:{line} in Regressor.forward" in err
     assert ">> addmm" in err and "vanishes" in err
     with tpu_debug.open_run(logdir=tmp_path / "runs") as session:
-        first = session.first_divergence()
+        first = session.divergences.first()
         assert (first.name, first.location.line, first.highest) == ("addmm", line, True)
         assert session.metadata().options["numerics"] == "tpu"
     assert runtime_config.numerics == "cpu"

@@ -53,12 +53,12 @@ def test_drift_only_the_fused_program_has_is_found_at_its_line(logdir):
     (output,) = session.divergences(measure="output")
     assert (output.target, output.mode, output.first) == ("mul.Tensor", "compiled", True)
     assert output.mismatched == _over(before, cpu) and output.rtol == BF16_RTOL
-    first = session.first_divergence("fused")
+    first = session.divergences.first("fused")
     assert (first.name, first.target, first.dtype) == ("sub", "sub.Tensor", "float32")
     assert (first.location.file, first.location.line) == (__file__, SUB_LINE)
     assert first.verdict == ""  # nothing the node check saw explains it: it is the fused program's
     assert session.divergences(measure="local") == []
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     # one output; bisection over the cast up, add, sub, the cast back and mul: 3 programs (mul, add, sub)
     assert (summary.outputs_compared, summary.over_output, summary.fused_programs) == (1, 1, 3)
     (finding,) = [f for f in session.findings() if f.kind == "divergence"]
@@ -76,7 +76,7 @@ def test_the_advisor_keeps_one_finding_when_the_node_check_names_the_same_node(l
     with tpu_debug.trace(logdir=logdir, divergence=True) as session:
         compiled(x.to("tpu"), w.to("tpu"))
     torch._dynamo.reset()
-    local, fused = session.first_divergence(), session.first_divergence("fused")
+    local, fused = session.divergences.first(), session.divergences.first("fused")
     assert (local.name, fused.name) == ("sub", "sub")
     (finding,) = [f for f in session.findings() if f.kind == "divergence"]
     assert finding.cause == "local" and finding.evidence.location.line == SUB_LINE
@@ -99,7 +99,7 @@ def test_clean_compiled_float32_program_is_not_flagged(logdir):
     torch._dynamo.reset()
     assert not session.internal_errors()
     assert session.divergences(over=True) == []
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     assert summary.graphs_compared == 6  # forward and backward, three steps: every call checked
     assert summary.outputs_compared >= 6 and (summary.over_output, summary.fused_programs) == (0, 0)
 
@@ -137,8 +137,8 @@ def test_bisection_leaves_random_draws_and_results_as_they_were(logdir):
     out, after, session = run(True)
     torch._dynamo.reset()
     assert torch.equal(out, plain_out) and torch.equal(after, plain_after)
-    assert session.first_divergence("fused").name == "sub"
-    assert session.divergence_summary().fused_programs >= 2
+    assert session.divergences.first("fused").name == "sub"
+    assert session.divergences.summary().fused_programs >= 2
     assert not session.internal_errors()
 
 
@@ -158,5 +158,5 @@ def test_an_input_the_program_updates_is_compared_with_its_cpu_update(logdir):
     assert _over(p.cpu(), cpu) > 10  # the update the user receives leaves tolerance
     (output,) = session.divergences(measure="output")
     assert output.target == "mul.Tensor" and output.mismatched == _over(p.cpu(), cpu)
-    assert session.first_divergence("fused").name == "sub"
+    assert session.divergences.first("fused").name == "sub"
     assert not session.internal_errors()

@@ -139,7 +139,7 @@ def test_wrong_lowering_is_wrong_in_float64(logdir, mode):
     ):
         _step(model, img, h)
     torch._dynamo.reset()
-    first = session.first_divergence()
+    first = session.divergences.first()
     assert (first.target or first.name, first.measure, first.mode) == ("tanh", "local", mode)
     assert (first.verdict, first.basis, first.f64_mismatched) == ("wrong", "float64", 8)
     assert 1e-3 < first.f64_max_abs <= 0.01  # 1 % of tanh's values, |tanh| < 1

@@ -63,7 +63,7 @@ def test_size_guard_failure_and_dynamic_recompiles(logdir):
         for x in xs:
             fn(x)  # the call that recompiles
     assert not _ours("torch.__trace") and not _ours("torch._dynamo.convert_frame")  # removed after
-    (failure,) = session.guard_failures()
+    (failure,) = session.recompiles.guard_failures()
     assert failure.name == "scale" and failure.mode == "compiled"
     assert failure.guards[0].endswith(": tensor 'x' size mismatch at index 0. expected 4, actual 5")
     assert failure.location.file == __file__
@@ -77,7 +77,7 @@ def test_size_guard_failure_and_dynamic_recompiles(logdir):
         "static arg 'x.size()[0]': 5 -> 6",
         "arg 1 'x': f32[5,3] -> f32[6,3]",
     ]
-    (group,) = [g for g in session.recompile_groups() if g.mode == "compiled"]
+    (group,) = [g for g in session.recompiles.groups() if g.mode == "compiled"]
     assert (group.recompiles, group.changing.what, group.changing.values) == (
         2,
         "dim 0 of arg 0 'x'",
@@ -98,7 +98,7 @@ def test_scalar_grad_mode_and_requires_grad_guards(logdir):
         with torch.no_grad():
             fn(x, 3)
         fn(w, 3)
-    failures = session.guard_failures()
+    failures = session.recompiles.guard_failures()
     assert failures[0].guards[0].split(": ", 1)[1] == "n == 2"
     # each cached graph's failed guard, the most recent graph first
     reasons = {g.split(": ", 1)[1] for f in failures for g in f.guards}
@@ -121,7 +121,7 @@ def test_graph_break_recorded_with_reason_and_line(logdir):
     with tpu_debug.trace(logdir=logdir) as session:
         out = fn(x)
     assert out.cpu().tolist() == [4.0, 4.0]
-    (brk,) = session.graph_breaks()
+    (brk,) = session.recompiles.graph_breaks()
     assert brk.name == "noisy" and brk.mode == "compiled"
     assert brk.reason.startswith(
         "Failed to trace builtin operator: Dynamo does not know how to trace builtin operator `print`"
@@ -146,7 +146,7 @@ def test_recompile_limit_hit(logdir):
     with limits, tpu_debug.trace(logdir=logdir) as session:
         for x in xs:
             fn(x)
-    (hit,) = session.recompile_limits()
+    (hit,) = session.recompiles.limits()
     assert (hit.name, hit.limit_type, hit.limit) == ("limited", "recompile_limit", 2)
     assert hit.reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
     assert hit.location.file == __file__

@@ -17,7 +17,7 @@ def test_float64_ops_are_noted_in_store_report_and_overview(logdir, cold_cache):
         z = torch.ones(3, device="tpu") * 2  # float32: not noted
         assert y.item() == 43.5 and z.sum().item() == 6.0
     run = tpu_debug.open_run(session.run_dir)
-    wide = run.float64_ops()
+    wide = run.ops.float64()
     assert {"mul.Tensor", "add.Tensor", "sum"} <= set(wide), wide
     assert all(programs >= 1 and runs >= 1 for programs, runs in wide.values())
     assert not any("ones" in name for name in wide)
@@ -35,7 +35,7 @@ def test_float64_ops_are_noted_in_store_report_and_overview(logdir, cold_cache):
 def test_float32_run_has_no_float64_note(logdir):
     with tpu_debug.trace(logdir=logdir) as session:
         (torch.ones(4, device="tpu") + 1).sum().item()
-    assert tpu_debug.open_run(session.run_dir).float64_ops() == {}
+    assert tpu_debug.open_run(session.run_dir).ops.float64() == {}
 
 
 def test_runtime_notes_float64_ops_without_a_trace(cold_cache):

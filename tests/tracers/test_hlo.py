@@ -92,19 +92,19 @@ def test_hlo_recorded_for_eager_ops(logdir, cold_cache):
         out = torch.mul(a, b)
         out2 = torch.relu(out)
     torch.testing.assert_close(out2.cpu(), torch.relu(a_cpu * b_cpu))
-    hlo = session.hlo(torch.ops.aten.mul.Tensor)
+    hlo = session.programs.hlo(torch.ops.aten.mul.Tensor)
     assert hlo.startswith("HloModule ")
     assert re.search(r"multiply\(", hlo) and 'op_name="jit(traced)/aten::mul.Tensor/mul"' in hlo
-    assert "stablehlo.multiply" in session.hlo("aten::mul.Tensor", stage="stablehlo")
-    assert session.hlo("mul") == hlo  # a packet name picks among the overloads
-    assert "maximum" in session.hlo("relu")
+    assert "stablehlo.multiply" in session.programs.hlo("aten::mul.Tensor", stage="stablehlo")
+    assert session.programs.hlo("mul") == hlo  # a packet name picks among the overloads
+    assert "maximum" in session.programs.hlo("relu")
     (compile_ev,) = session.compiles(name="mul.Tensor")
     assert compile_ev.signature == "mul.Tensor(float32[4,8], float32[4,8])"
     assert compile_ev.location.file == __file__
     assert compile_ev.seconds > 0 and compile_ev.program is not None
     programs = {p.name: p for p in session.programs()}
     assert programs["mul.Tensor"].count == 1 and programs["mul.Tensor"].compiles == 1
-    assert session.hlo(programs["relu"].id) == session.hlo("relu")
+    assert session.programs.hlo(programs["relu"].id) == session.programs.hlo("relu")
 
 
 def test_hlo_off_records_compiles_without_text(logdir, cold_cache):
@@ -115,7 +115,7 @@ def test_hlo_off_records_compiles_without_text(logdir, cold_cache):
     assert [c.program for c in session.compiles()] == [None]
     assert session.programs() == []
     with pytest.raises(NotRecordedError, match="This run recorded no HLO"):
-        session.hlo("mul.Tensor")
+        session.programs.hlo("mul.Tensor")
 
 
 def test_each_signature_gets_its_own_program(logdir, cold_cache):
@@ -146,11 +146,11 @@ def test_compiled_graph_nodes_map_to_hlo(logdir):
     # programs compiled by earlier tests are known to the run (replayed), but only this one ran
     (program,) = [p for p in session.programs(mode="compiled") if p.count]
     assert program.count == 2 and program.compiles == 1
-    nodes = {n.name: n for n in session.fx_nodes(program.id)}
+    nodes = {n.name: n for n in session.programs.fx_nodes(program.id)}
     assert nodes["mm"].location.file == __file__
     assert nodes["mm"].location.line == f.__code__.co_firstlineno + 1
-    assert session.node_instructions(program.id, "mm")
-    text = session.hlo("mm", graph=program.name)
+    assert session.programs.node_instructions(program.id, "mm")
+    text = session.programs.hlo("mm", graph=program.name)
     assert "dot" in text and 'op_name="jit(fn)/mm|aten::mm.default' in text
     assert "maximum" not in text
-    assert session.hlo(program.name).startswith("HloModule ")
+    assert session.programs.hlo(program.name).startswith("HloModule ")

@@ -49,7 +49,7 @@ def test_a_break_in_an_installed_package_points_at_the_users_line(tmp_path):
             compiled(x)
             tpu_debug.step()
     user_line = line_of(step, "# reaches the library")
-    breaks = session.graph_breaks()
+    breaks = session.recompiles.graph_breaks()
     assert breaks, "dynamo broke the graph at the library's print"
     for brk in breaks:
         assert (brk.location.file, brk.location.line) == (__file__, user_line)
@@ -82,7 +82,7 @@ def test_the_optimizers_deliberate_break_is_no_finding(tmp_path):
 
     with tpu_debug.trace(logdir=tmp_path / "runs", hlo=False) as session:
         loop()
-    breaks = session.graph_breaks()
+    breaks = session.recompiles.graph_breaks()
     # torch/optim/optimizer.py calls torch._dynamo.graph_break() on purpose around the
     # grad-mode switch; that break is recorded, at the user's call, and is not a finding
     assert breaks and all(b.deliberate for b in breaks), [(b.context, b.reason) for b in breaks]
@@ -124,7 +124,7 @@ def test_a_scheduler_wrapped_compiled_optimizer_step_is_still_one_program_and_no
     # break falls on the wrapper, and the optimizer's own step compiles as a frame of its own
     session, call = _scheduled_run(tmp_path, scheduler=True)
     plain, _ = _scheduled_run(tmp_path, scheduler=False)
-    breaks = session.graph_breaks()
+    breaks = session.recompiles.graph_breaks()
     assert breaks and all(b.deliberate for b in breaks), [(b.context, b.reason) for b in breaks]
     assert any("lr_scheduler.py" in b.reason for b in breaks)
     assert {(b.location.file, b.location.line) for b in breaks} == {call}

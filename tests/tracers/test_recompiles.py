@@ -198,14 +198,14 @@ def test_storm_names_the_changing_dimension_with_advice(logdir, cold_cache):
     with tpu_debug.trace(logdir=logdir, storm_threshold=3) as session:
         for seq in (5, 7, 6, 9, 8):
             torch.relu(torch.ones(2, seq, 4, device="tpu"))
-    groups = {g.identity: g for g in session.recompile_groups()}
+    groups = {g.identity: g for g in session.recompiles.groups()}
     relu = groups["relu"]
     assert (relu.compiles, relu.recompiles, relu.storm) == (5, 4, True)
     assert relu.changing.what == "dim 1 of arg 0 'self'" and relu.changing.values == ("5", "7", "6", "9", "8")
     assert relu.advice[0].startswith("pad or bucket dim 1 of arg 0 'self' (it took 5 values)")
     assert relu.locations[0][0].file == __file__
     # the threshold is the run's: a stricter one read back later makes no storm
-    assert not {g.identity: g for g in session.recompile_groups(storm_threshold=4)}["relu"].storm
+    assert not {g.identity: g for g in session.recompiles.groups(storm_threshold=4)}["relu"].storm
     text = session.summary(width=200)
     assert "dim 1 of arg 0 'self': 5, 7, 6, 9, 8" in text
     # the loop's iterations are its steps; after the first, every one compiles again: the
@@ -356,7 +356,7 @@ def test_recompile_storm_example_names_the_sequence_length(tmp_path, cold_cache,
     ]
     assert main(argv) == 0
     run = tpu_debug.open_run(logdir=logdir)
-    groups = {g.identity: g for g in run.recompile_groups()}
+    groups = {g.identity: g for g in run.recompiles.groups()}
     lengths = ("12", "17", "9", "23")  # recompile_storm.LENGTHS[:4]
     embedding = groups["embedding"]
     assert embedding.storm and embedding.recompiles == 3
@@ -380,5 +380,5 @@ def test_recompile_storm_example_names_the_sequence_length(tmp_path, cold_cache,
     assert main(argv[:-2] + ["--steps", "4", "--bucket", "32"]) == 0
     bucketed = tpu_debug.open_run(logdir=logdir)
     assert bucketed.run_dir != run.run_dir
-    assert not [g for g in bucketed.recompile_groups() if g.identity == "embedding" and g.recompiles]
+    assert not [g for g in bucketed.recompiles.groups() if g.identity == "embedding" and g.recompiles]
     assert bucketed.findings() == []

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.memory import memory_view
-from tpu_debug.tracers.steps import STEADY, WARMUP, Loop, StepIndex, detect_loop, phase_of, step_phases
+from tpu_debug.tracers.steps import (
+    STEADY,
+    WARMUP,
+    Loop,
+    StepIndex,
+    StepTracker,
+    detect_loop,
+    phase_of,
+    step_phases,
+)
 
 import tpu_debug
 
@@ -151,3 +162,39 @@ def test_an_optimizer_of_cpu_tensors_ends_no_step_in_any_tracer(tmp_path):
     memory = memory_view(session)
     assert memory.summary.steps == iterations
     assert [m.step for m in memory.steps][:iterations] == list(range(iterations))
+
+
+def _tracker(recorded: list) -> StepTracker:
+    ids = iter(range(1, 1000))
+    return StepTracker(recorded.append, ids.__next__, clock=lambda: 1.0)
+
+
+def test_what_runs_after_the_last_step_end_is_numbered_as_the_next_step_and_never_recorded():
+    recorded: list[StepEvent] = []
+    tracker = _tracker(recorded)
+    for _ in range(2):
+        tracker.on_execute("eager", "add.Tensor", "add", 1e-3)
+    tracker.mark()
+    assert tracker.unfinished() is None  # nothing ran since
+    tracker.on_transfer(SimpleNamespace(nbytes=4, seconds=1e-6))  # reading the loss back: no step's work
+    assert tracker.unfinished() is None
+    tracker.on_execute("eager", "mul.Tensor", "mul", 1e-3)
+    tracker.close()
+    tail = tracker.unfinished()
+    assert (tail.index, tail.detected, tail.eager_ops, tail.transfer_bytes) == (1, "unfinished", 1, 4)
+    assert [(s.index, s.eager_ops) for s in recorded] == [(0, 2)]
+
+
+def test_a_run_without_step_ends_is_one_unfinished_step_0_unless_its_loop_made_steps():
+    recorded: list[StepEvent] = []
+    tracker = _tracker(recorded)
+    tracker.on_execute("eager", "add.Tensor", "add", 1e-3)
+    tracker.close()
+    assert (tracker.unfinished().index, tracker.unfinished().eager_ops, recorded) == (0, 1, [])
+    looped = _tracker(recorded)
+    for _ in range(3):
+        looped.on_execute("eager", "add.Tensor", "add", 1e-3)
+        looped.on_execute("eager", "mul.Tensor", "mul", 1e-3)
+    looped.close()
+    assert [(s.index, s.detected) for s in recorded] == [(0, "loop"), (1, "loop"), (2, "loop")]
+    assert looped.unfinished() is None  # the loop's steps hold what ran

@@ -121,9 +121,9 @@ def test_program_stored_once_per_content_hash(tmp_path):
     writer.close()
     q = RunQuery(db)
     assert q.connection.execute("SELECT count(*) FROM programs").fetchone()[0] == 1
-    text = q.program(h1)
+    text = q.programs.text(h1)
     assert (text.hlo, text.stablehlo, text.name) == (HLO, STABLEHLO, "mul.Tensor")
-    assert q.hlo(h1) == HLO and q.hlo("aten::mul.Tensor", stage="stablehlo") == STABLEHLO
+    assert q.programs.hlo(h1) == HLO and q.programs.hlo("aten::mul.Tensor", stage="stablehlo") == STABLEHLO
     q.close()
 
 
@@ -315,7 +315,7 @@ def test_hlo_of_something_not_recorded(tmp_path):
             "This run recorded no HLO (it was traced with hlo=False, or ran no ops)."
         ),
     ):
-        RunQuery(db).hlo("aten::conv2d")
+        RunQuery(db).programs.hlo("aten::conv2d")
 
 
 def test_application_id_marks_the_file(tmp_path):

@@ -34,7 +34,7 @@ PROCESS = {"rank": 1, "world_size": 2, "devices": 8, "local_devices": 4, "coordi
 COLLECTIVES_TARGET = {"target": "v5e", "unfinished": 3}
 
 SUMMARIES = [
-    (ev.DivergenceSummaryEvent, DIVERGENCE, RunQuery.divergence_summary),
+    (ev.DivergenceSummaryEvent, DIVERGENCE, lambda q: q.divergences.summary()),
     (ev.TensorBoardSummaryEvent, TENSORBOARD, RunQuery.tensorboard_summary),
     (ev.DryRunSummaryEvent, DRY_RUN, RunQuery.dry_run_summary),
     (ev.ProcessEvent, PROCESS, RunQuery.process),

@@ -125,15 +125,15 @@ def test_matmul_flops_are_2mnk_and_a_step_adds_up_its_programs(logdir, cold_cach
     assert mm.intensity == pytest.approx(mm.flops / mm.bytes_accessed, rel=1e-12)
     # no step marks: step 0 is the whole run, the two runs of the one program
     (step,) = session.events("target_step")
-    assert (step.step, step.executions, step.estimated, step.unfinished) == (0, 2, 2, False)
+    assert (step.step, step.whole_run, step.executions, step.estimated, step.unfinished) == (0, True, 2, 2, False)
     assert step.flops == 2 * mm.flops
     assert step.estimated_seconds == pytest.approx(2 * mm.estimated_seconds, rel=1e-12)
     assert step.mfu == pytest.approx(step.flops / (step.estimated_seconds * summary.peak_flops), rel=1e-12)
     # the TPU's HLO is stored once, beside the local program it was compiled from
-    tpu = session.program(mm.tpu_program)
+    tpu = session.programs.text(mm.tpu_program)
     assert tpu.mode == "target" and "T(8,128)" in tpu.hlo and "convolution" in tpu.hlo
     (local,) = [p for p in session.programs(name="mm") if p.mode == "eager"]
-    assert mm.program == local.hash and session.program(local.hash).hlo != tpu.hlo
+    assert mm.program == local.hash and session.programs.text(local.hash).hlo != tpu.hlo
     # a second run of the same program is answered by the target cache
     with tpu_debug.trace(logdir=logdir, target="v5e") as again:
         a @ b
@@ -148,9 +148,9 @@ def test_a_cpu_only_custom_call_is_lowered_again_for_the_tpu(logdir, cold_cache)
         inverse = torch.linalg.inv(x.to("tpu"))
     torch.testing.assert_close(inverse.cpu(), torch.linalg.inv(x))
     (inv,) = _compiles(session, "linalg_inv_ex")
-    local = session.program(inv.program)
+    local = session.programs.text(inv.program)
     assert "lapack" in local.stablehlo  # the CPU lowering calls LAPACK, which a TPU has not
-    assert inv.ok and inv.relowered and "lapack" not in session.program(inv.tpu_program).hlo
+    assert inv.ok and inv.relowered and "lapack" not in session.programs.text(inv.tpu_program).hlo
 
 
 @requires_libtpu
@@ -292,7 +292,7 @@ def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_pat
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5] in ("compute", "memory") and cells[7].endswith("%") and cells[2].endswith(("K", "M"))
     # the HLO column names the TPU program: its optimized HLO with TPU tile layouts
-    assert "T(8,128)" in session.hlo(int(cells[8])) and session.program(int(cells[8])).mode == "target"
+    assert "T(8,128)" in session.programs.hlo(int(cells[8])) and session.programs.text(int(cells[8])).mode == "target"
     assert all(e.ok and e.memory_bytes and e.estimated_seconds for e in events)
     (summary,) = session.events("target_summary")
     # every program that ran was compiled for the target
@@ -300,7 +300,7 @@ def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_pat
     assert ran <= {e.program for e in events} and summary.programs == len(events)
     assert summary.unfinished == 0 and summary.failed == 0
     steps = session.events("target_step")
-    assert [s.step for s in steps if not s.unfinished][:3] == [1, 2, 3]  # SGD's three steps
+    assert [s.step for s in steps if not s.unfinished][:3] == [0, 1, 2]  # SGD's three steps
     assert all(s.executions == s.estimated > 0 and 0 < s.mfu < 1 for s in steps)
     assert "step" in section and "MFU est." in section and "a model estimate, not a measurement" in section
 
@@ -322,8 +322,9 @@ def test_steps_memory_and_target_count_the_traced_devices_steps_only(tmp_path, m
     # one memory record per step, by the step's own index (and the work after the last step)
     assert [m.step for m in memory.steps][:tpu_steps] == list(range(tpu_steps))
     assert memory.summary.peak_step < len(memory.steps) <= tpu_steps + 1
+    # numbered as the run's steps are
     finished = [s.step for s in session.events("target_step") if not s.unfinished]
-    assert finished == list(range(1, tpu_steps + 1))
+    assert finished == list(range(tpu_steps))
     # a correct small program: its small padded arrays are target figures, not findings
     assert session.findings() == []
 
@@ -376,3 +377,6 @@ def test_compiled_graph_on_the_tensorboard_timeline_with_a_memory_track(logdir):
     assert [(s.step, s.value) for s in acc.Scalars("tpu_debug/target_step_seconds")] == [
         (n, pytest.approx(steps[n].estimated_seconds, rel=1e-6)) for n in sorted(steps)
     ]
+    # the estimate of a step is plotted at the measured step's number: both are its StepEvent index
+    assert sorted(steps) == [s.index for s in session.steps()] == [0, 1]
+    assert [s.step for s in acc.Scalars("tpu_debug/eager_ops")] == sorted(steps)

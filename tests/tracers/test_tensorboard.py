@@ -136,6 +136,10 @@ def test_scalars_per_step(recorded):
     # step 0: the model and the first batch in (the .item() of step 0 comes after its
     # optimizer step, so it counts in step 1)
     assert dict(scalars["tpu_debug/transfer_bytes"]) == {0: 128.0 + 16 + 64, 1: 4.0 + 64, 2: 4.0 + 96}
+    # one step record: the scalars are the recorded steps' counts, at their indexes
+    assert [(s.index, s.eager_ops, s.compiles, s.recompiles) for s in recorded.steps()] == [
+        (n, ops[n], compiles[n], dict(scalars["tpu_debug/recompiles"])[n]) for n in (0, 1, 2)
+    ]
 
 
 def test_run_metadata_and_report_describe_the_capture(recorded):
@@ -234,7 +238,8 @@ def test_recompile_reason_and_divergence_from_recorded_events(tmp_path):
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert [(s.step, s.value) for s in acc.Scalars("tpu_debug/max_divergence")] == [(0, 0.5)]
-    assert [(s.step, s.value) for s in acc.Scalars("tpu_debug/recompiles")] == [(0, 1.0)]
+    # the step counts are the step records' (a trace's StepTracker): this exporter has none
+    assert "tpu_debug/recompiles" not in acc.Tags()["scalars"]
 
 
 def test_divergence_over_tolerance_is_marked_where_it_happens(logdir):

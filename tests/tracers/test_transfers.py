@@ -97,7 +97,7 @@ def test_a_line_syncing_in_a_loop_is_found_with_its_count(logdir):
         print(x[:4])  # one call, one copy per element: not a loop
         torch.nn.Linear(3, 3).to("tpu")  # several explicit copies in one call: not a loop either
     assert total == 96.0 and final.shape == (8,)
-    sites = session.transfer_call_sites()
+    sites = session.transfers.call_sites()
     first = sites[0]
     assert (first.cause, first.direction, first.implicit, first.count, first.nbytes, first.loop) == (
         "item",
@@ -235,13 +235,13 @@ def test_hidden_sync_example_names_the_syncing_lines(tmp_path, capsys):
     item_line = next(i for i, s in enumerate(source, 1) if "total += loss.item()" in s)
     print_line = next(i for i, s in enumerate(source, 1) if 'print(f"step {step}: loss {loss}")' in s)
     sites = {
-        (s.location.line, s.cause): s for s in run.transfer_call_sites() if s.location.file == str(script)
+        (s.location.line, s.cause): s for s in run.transfers.call_sites() if s.location.file == str(script)
     }
     item = sites[(item_line, "item")]
     assert (item.count, item.implicit, item.loop, item.direction) == (5, True, True, "d2h")
     printed = sites[(print_line, "print")]
     assert printed.count >= 5 and printed.calls == 5 and printed.implicit and printed.loop
-    assert {(s.location.line, s.cause) for s in run.transfer_call_sites()[:2]} == {
+    assert {(s.location.line, s.cause) for s in run.transfers.call_sites()[:2]} == {
         (item_line, "item"),
         (print_line, "print"),
     }
@@ -254,5 +254,5 @@ def test_hidden_sync_example_names_the_syncing_lines(tmp_path, capsys):
     # the fixed loop syncs once, after the loop
     assert main(["run", "--no-hlo", "--logdir", str(logdir), str(script), "--steps", "5", "--fixed"]) == 0
     fixed = tpu_debug.open_run(logdir=logdir)
-    assert [(s.cause, s.count) for s in fixed.transfer_call_sites() if s.implicit] == [("item", 1)]
+    assert [(s.cause, s.count) for s in fixed.transfers.call_sites() if s.implicit] == [("item", 1)]
     assert fixed.findings() == []

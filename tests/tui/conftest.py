@@ -80,6 +80,29 @@ def recorded_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fallback_run(tmp_path_factory):
+    """A real run with an op that has no lowering, run by CPU fallback
+    (``runtime.config.cpu_fallback``), beside ops the device runs (mul, add)."""
+    import torch
+    from tpu_debug.runtime import config as runtime_config
+
+    lib = torch.library.Library("tpu_debug_tui_test", "DEF")
+    saved = runtime_config.cpu_fallback
+    try:
+        lib.define("squash(Tensor x) -> Tensor")
+        lib.impl("squash", lambda x: x / (1 + x.abs()), "CPU")
+        runtime_config.cpu_fallback = True
+        with tpu_debug.trace(logdir=tmp_path_factory.mktemp("fallback"), name="fallback") as session:
+            x = torch.linspace(-2, 2, 8, device="tpu")
+            for _ in range(3):
+                x = torch.ops.tpu_debug_tui_test.squash(x * 2 + 1)
+    finally:
+        runtime_config.cpu_fallback = saved
+        lib._destroy()
+    return session.run_dir
+
+
+@pytest.fixture(scope="session")
 def storm_run(tmp_path_factory):
     """One op compiled 450 times (more than two pages of compile history)."""
     run_dir = tmp_path_factory.mktemp("storm") / "20260131T120000.000Z-storm"

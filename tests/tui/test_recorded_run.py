@@ -10,6 +10,8 @@ from tpu_debug.tui.screens import HloDiffScreen, HloScreen, OpsScreen, Recompile
 from tpu_debug.tui.widgets import HloView, PagedTable, SourceView
 from tui_helpers import drive, press, screen_text, widget_text
 
+import tpu_debug
+
 
 def test_recorded_run_in_every_view(make_app, recorded_run):
     app = make_app(recorded_run)
@@ -64,3 +66,30 @@ def test_recorded_run_in_every_view(make_app, recorded_run):
         assert "no divergence was recorded" in screen_text(app)
 
     drive(app, scenario)
+
+
+def test_the_ops_view_shows_the_reports_ops_rows(make_app, fallback_run):
+    from tpu_debug.report import report_data
+
+    app = make_app(fallback_run)
+    with tpu_debug.open_run(fallback_run) as session:
+        report = {(o["name"], o["mode"]): o for o in report_data(session)["ops"]}
+
+    async def scenario(pilot):
+        await press(pilot, "3")
+        assert isinstance(app.screen, OpsScreen)
+        shown = {(r.name, r.mode): r for r in app.screen.rows}
+        assert shown.keys() == report.keys()
+        for key, r in shown.items():
+            o = report[key]
+            assert (r.count, r.seconds, r.compiles, r.fallbacks, r.programs) == (
+                o["count"], o["seconds"], o["compiles"], o["fallbacks"], o["programs"]), key
+
+    drive(app, scenario)
+    # the op with no lowering is one row of both: its three calls, each run on the CPU
+    squash = report[("squash", "eager")]
+    assert (squash["count"], squash["fallbacks"], squash["compiles"], squash["programs"]) == (3, 3, 0, 0)
+    assert squash["seconds"] > 0
+    # the device's ops are there too (x * 2 + 1 at each call), with no fallback calls
+    assert report[("mul.Tensor", "eager")]["count"] >= 3 and report[("add.Tensor", "eager")]["count"] >= 3
+    assert all(o["fallbacks"] == 0 for key, o in report.items() if key != ("squash", "eager"))

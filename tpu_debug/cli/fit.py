@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 NOT_FIT = 3  # the step does not fit (or the compiler refused it); 1 is a usage or model error
 
@@ -87,27 +88,33 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         "last)")
 
 
+def options_of(args: argparse.Namespace) -> Any:
+    """The ``FitOptions`` the flags ask for (checked as made; ``--search`` varies its target,
+    batch or remat; ``--json`` echoes them as ``"options"``)."""
+    from tpu_debug.fit import FitOptions
+
+    return FitOptions(
+        target=args.target, plan=args.plan, batch=args.batch, seq=args.seq, job=args.job, dtype=args.dtype,
+        overrides=dict(args.overrides), shard_activations=args.shard_activations,
+        optimization_level=args.optimization_level,
+        loop=None if args.layers is None else args.layers == "loop", remat=args.remat,
+        master_dtype=args.master_dtype, loss="chunked" if args.chunked_loss else "plain",
+        remat_policy=args.remat_policy, attention=args.attention or "blocked",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module
+    # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module.
+    # Imported here, as in each verb below: fit imports torch and jax, and every verb's CLI module is imported
     from tpu_debug.fit import fit, search
 
-    options = dict(job=args.job, dtype=args.dtype, overrides=dict(args.overrides),
-                   shard_activations=args.shard_activations, optimization_level=args.optimization_level)
-    if args.layers or args.remat or args.master_dtype or args.chunked_loss or args.remat_policy \
-            or args.attention:
-        options.update(loop=None if args.layers is None else args.layers == "loop", remat=args.remat,
-                       master_dtype=args.master_dtype)
-    if args.chunked_loss:
-        options["loss"] = "chunked"
-    if args.remat_policy:
-        options["remat_policy"] = args.remat_policy
-    if args.attention:
-        options["attention"] = args.attention
+    options = options_of(args)
     if args.search:
-        found = search(args.model, args.search, args.target, plan=args.plan, batch=args.batch, seq=args.seq,
-                       with_remat=args.with_remat, **options)
+        keywords = options.keywords()
+        found = search(args.model, args.search, keywords.pop("target"), with_remat=args.with_remat, **keywords)
         if args.json:
-            json.dump({"question": found.question, "best": found.best and found.best.to_dict(),
+            json.dump({"question": found.question, "options": options.to_dict(),
+                       "best": found.best and found.best.to_dict(),
                        "candidates": [r.to_dict() for r in found.candidates]}, sys.stdout, indent=1)
             print()
         else:
@@ -118,14 +125,15 @@ def run(args: argparse.Namespace) -> int:
             run_dir = record_search(found, logdir=args.logdir, name=args.name)
             print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
         return 0 if found.best else NOT_FIT
-    report = fit(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
+    keywords = options.keywords()
+    report = fit(args.model, keywords.pop("target"), **keywords)
     found_fixes = None
     if args.fixes and report.fits is False:
         from tpu_debug.fit import fixes
 
-        found_fixes = fixes(args.model, args.target, plan=args.plan, batch=args.batch, seq=args.seq, **options)
+        found_fixes = fixes(args.model, options.target, **keywords)
     if args.json:
-        data = report.to_dict()
+        data = {**report.to_dict(), "options": options.to_dict()}
         if found_fixes is not None:
             code = dict(zip((what for what, _ in found_fixes.tried), found_fixes.code))
             data["fixes"] = [{"change": what, "pytorch": code.get(what), **r.to_dict()}

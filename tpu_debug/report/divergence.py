@@ -17,6 +17,7 @@ from tpu_debug.report.core import (
     section,
     where_text,
 )
+from tpu_debug.tracers.events import DivergenceSummaryEvent
 
 
 
@@ -201,12 +202,11 @@ def _divergence_site_data(key: tuple, items: list, counts: dict) -> dict[str, An
 
 @section("Divergence", order=60, key="divergence", render=_render_divergence)
 def _divergence(session: Any) -> dict[str, Any] | None:
-    summary = session.divergence_summary()
+    summary = session.divergences.summary()
     events = session.divergences()
     if summary is None and not events:
         return None
     if summary is None:  # the trace ended before the tracer wrote its summary
-        from tpu_debug.tracers.events import DivergenceSummaryEvent
 
         summary = DivergenceSummaryEvent(
             0, 0.0, None, 0, None, numerics="cpu", precision="?", tolerances="default", sample=1,

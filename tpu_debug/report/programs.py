@@ -20,6 +20,9 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
+from tpu_debug.tracers.target import TARGET_MODE
+from tpu_debug.tracers.lazy_graphs import summarize
+from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH, RunFacts, float64_origins
 
 
 
@@ -52,6 +55,10 @@ def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
     parts: list[RenderableType] = [table]
     if len(ops) > 15:
         parts.append(dim_note(f"... and {len(ops) - 15} more ops"))
+    fell_back = sum(o.get("fallbacks") or 0 for o in ops)
+    if fell_back:
+        parts.append(dim_note(f"calls include {fell_back} run on the CPU for lack of a lowering, with the CPU's time "
+                               "(see CPU fallbacks)"))
     parts.append(dim_note(f"calls and time: {NOT_MEASURED} (it records compiles)" if unlogged else
                        "time is host time to dispatch each executable (device work runs asynchronously)"))
     return Group(*parts)
@@ -69,6 +76,7 @@ def _ops(session: Any) -> list[dict[str, Any]]:
             "compiles": o.compiles,
             "compile_seconds": o.compile_seconds,
             "programs": o.programs,
+            "fallbacks": None if imported else o.fallbacks,
         }
         for o in session.ops()
     ]
@@ -76,8 +84,6 @@ def _ops(session: Any) -> list[dict[str, Any]]:
 
 def local_programs(programs: list) -> list:
     """The programs that ran here (a run with a TPU target also stores the TPU's HLO as programs)."""
-    from tpu_debug.tracers.target import TARGET_MODE
-
     return [p for p in programs if p.mode != TARGET_MODE]
 
 
@@ -102,7 +108,7 @@ def _render_programs(programs: list[dict], terminal: bool) -> RenderableType | N
             format_seconds(p["compile_seconds"]),
             str(p["instructions"]),
         )
-    return Group(table, dim_note("see a program's HLO with session.hlo(<op or program id>)"))
+    return Group(table, dim_note("see a program's HLO with session.programs.hlo(<op or program id>)"))
 
 
 @section("Heaviest programs", order=30, key="programs", render=_render_programs)
@@ -169,8 +175,6 @@ def _render_lazy_graphs(d: dict | None, terminal: bool) -> RenderableType | None
 
 @section("Lazy graphs", order=57, key="lazy_graphs", render=_render_lazy_graphs)
 def _lazy_graphs(session: Any) -> dict[str, Any] | None:
-    from tpu_debug.tracers.lazy_graphs import summarize
-
     events = session.events("materialize")
     if not events:
         return None
@@ -202,7 +206,7 @@ def _render_fallbacks(fallbacks: list[dict], terminal: bool) -> RenderableType |
 @section("CPU fallbacks", order=70, key="fallbacks", render=_render_fallbacks)
 def _fallbacks(session: Any) -> list[dict[str, Any]]:
     counts: dict[str, list] = {}
-    for f in session.fallbacks():
+    for f in session.ops.fallbacks():
         counts.setdefault(f.name, []).append(f)
     return [
         {"name": name, "count": len(items), "seconds": sum(f.seconds for f in items),
@@ -213,8 +217,6 @@ def _fallbacks(session: Any) -> list[dict[str, Any]]:
 
 def _render_float64(ops: list[dict], terminal: bool) -> RenderableType | None:
     # float64 runs on this backend; a TPU has none, so these ops would not run there
-    from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH
-
     if not ops:
         return None
     table = report_table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"),
@@ -237,9 +239,7 @@ def _float64_note(ops: list[dict]) -> str:
 
 @section("float64", order=75, key="float64", render=_render_float64)
 def _float64(session: Any) -> list[dict[str, Any]]:
-    from tpu_debug.tracers.advisor import RunFacts, float64_origins
-
-    ops = session.float64_ops()
+    ops = session.ops.float64()
     origins = float64_origins(RunFacts(session)) if ops else {}
     return [
         {"name": name, "programs": programs, "executions": runs, "origin": origins.get(name, "program")}

@@ -19,6 +19,7 @@ from tpu_debug.report.core import (
 )
 
 from tpu_debug.report.programs import local_programs
+from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of, step_phases
 
 
 def _read_back_text(d: dict) -> str | None:
@@ -79,7 +80,7 @@ def _compiles(session: Any) -> dict[str, Any]:
         "saved_seconds": sum(o.saved_seconds for o in ops),
         "by_mode": by_mode,
         "programs": len(local_programs(session.programs())),
-        "groups": [_group_data(g, steady) for g in session.recompile_groups()],
+        "groups": [_group_data(g, steady) for g in session.recompiles.groups()],
     }
 
 
@@ -150,11 +151,7 @@ def _recompile_table(d: dict, terminal: bool) -> list[RenderableType]:
 
 
 def _steady_recompiles(session: Any) -> dict[tuple[str | None, str], int]:
-    from tpu_debug.tracers.steps import step_phases
-
     """Recompiles in steady-state steps, per (mode, identity)."""
-    from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of
-
     steps = session.steps()
     index = StepIndex(steps)
     phases = dict(zip((s.index for s in steps), step_phases(steps)))
@@ -192,7 +189,7 @@ def _graph_breaks_data(breaks: list) -> list[dict[str, Any]]:
 
 @section("Recompiles", order=40, key="recompiles", render=_render_recompiles)
 def _recompiles(session: Any) -> dict[str, Any]:
-    groups = [g for g in session.recompile_groups() if g.recompiles]
+    groups = [g for g in session.recompiles.groups() if g.recompiles]
     steady = _steady_recompiles(session) if groups else {}
     ranked = sorted(groups, key=lambda g: (-steady.get((g.mode, g.identity), 0), -g.recompiles, g.identity))
     return {
@@ -200,11 +197,11 @@ def _recompiles(session: Any) -> dict[str, Any]:
         "steady": sum(steady.values()),
         "seconds": sum(g.seconds for g in groups),
         "groups": [_group_data(g, steady) for g in ranked],
-        "guard_failures": _guard_failures_data(session.guard_failures()),
-        "graph_breaks": _graph_breaks_data(session.graph_breaks()),
+        "guard_failures": _guard_failures_data(session.recompiles.guard_failures()),
+        "graph_breaks": _graph_breaks_data(session.recompiles.graph_breaks()),
         "limits": [
             {"name": hit.name, "location": location_data(hit.location), "limit_type": hit.limit_type,
              "limit": hit.limit, "reason": hit.reason}
-            for hit in session.recompile_limits()
+            for hit in session.recompiles.limits()
         ],
     }

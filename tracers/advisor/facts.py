@@ -94,15 +94,15 @@ class RunFacts:
 
     @functools.cached_property
     def fallbacks(self) -> list[FallbackEvent]:
-        return self.query.fallbacks()
+        return self.query.ops.fallbacks()
 
     @functools.cached_property
     def graph_breaks(self) -> list[GraphBreakEvent]:
-        return self.query.graph_breaks()
+        return self.query.recompiles.graph_breaks()
 
     @functools.cached_property
     def recompile_limits(self) -> list[RecompileLimitEvent]:
-        return self.query.recompile_limits()
+        return self.query.recompiles.limits()
 
     @functools.cached_property
     def memory(self) -> MemoryView:
@@ -116,5 +116,6 @@ class RunFacts:
 
     @functools.cached_property
     def ops(self) -> list[Any]:
-        """Per op and mode: executions and time (``OpSummary``)."""
-        return self.query.ops()
+        """Per op and mode: the device's executions and time (``OpSummary.executed``): the
+        rules judge dispatch and device work, and read CPU fallbacks from ``fallbacks``."""
+        return [o.executed() for o in self.query.ops() if o.count > o.fallbacks or o.compiles]

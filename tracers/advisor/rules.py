@@ -18,10 +18,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_location, format_seconds
+from tpu_debug.core.hlo_text import parse_sharding
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
-from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
+from tpu_debug.tracers.events import CompileEvent, KeyDiff, ShardingRematEvent, SourceLocation
 from tpu_debug.tracers.recompiles import (
     Change,
     by_call_site,
@@ -1115,7 +1116,7 @@ def float64_origins(facts: RunFacts) -> dict[str, str]:
 
     The float64 finding and the report's float64 section both read this, so they agree.
     """
-    wide = facts.query.float64_ops()
+    wide = facts.query.ops.float64()
     origins = dict.fromkeys(wide, "program")
     # printing a tpu tensor runs PyTorch's formatting code on the device, and it computes in
     # float64 (it calls .double()): ops compiled only at lines that printed a tensor are the
@@ -1141,7 +1142,7 @@ def _float64_compiles(facts: RunFacts, wide: dict) -> dict[str, list[CompileEven
 @rule("float64", about="float64 or complex128 values, which a TPU does not have", view="ops")
 def float64(facts: RunFacts) -> Iterable[Finding]:
     origins = float64_origins(facts)
-    everything = facts.query.float64_ops()
+    everything = facts.query.ops.float64()
     wide = {name: everything[name] for name, origin in origins.items() if origin == "program"}
     if not wide:
         return
@@ -1183,8 +1184,8 @@ def _g(value: float) -> str:
 
 @rule("divergence", about="an op whose result leaves tolerance against PyTorch on CPU, or makes NaN/Inf", view="divergence")
 def divergence(facts: RunFacts) -> Iterable[Finding]:
-    first = facts.query.first_divergence()
-    origin = facts.query.nan_origin()
+    first = facts.query.divergences.first()
+    origin = facts.query.divergences.nan_origin()
     for event, what in ((first, "first"), (origin, "nan")):
         if event is None or (what == "nan" and first is not None and origin.id == first.id):
             continue
@@ -1236,7 +1237,7 @@ def _divergence_evidence(event: Any, how: str) -> Evidence:
 def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
     """The first node that drifts in a real compiled program whose outputs leave tolerance,
     unless the node check explained it as noise or already named that node."""
-    event = facts.query.first_divergence("fused")
+    event = facts.query.divergences.first("fused")
     if event is None or event.verdict == "noise":
         return None
     if first is not None and (first.graph, first.name) == (event.graph, event.name):
@@ -1264,21 +1265,15 @@ def _fused_divergence(facts: RunFacts, first: Any) -> Finding | None:
     )
 
 
-_TILES = re.compile(r"devices=\[([\d,]+)\]")
-
-
 def _sharding_text(sharding: str) -> str:
     """XLA's sharding string in words: ``{devices=[2,1,4]<=[4,2]T(1,0)}`` is "dim 0 split 2
-    ways, dim 2 split 4 ways"; a trailing replicated tile dimension is left out."""
-    if "maximal" in sharding:
+    ways, dim 2 split 4 ways"; trailing tile dimensions that split no data are left out."""
+    parsed = parse_sharding(sharding)
+    if parsed.kind == "maximal":
         return "held by one device"
-    tiles = _TILES.search(sharding)
-    if tiles is None:
-        return "replicated" if "replicated" in sharding else sharding
-    ways = [int(n) for n in tiles.group(1).split(",")]
-    if "last_tile_dim_replicate" in sharding or "last_tile_dims" in sharding:
-        ways = ways[:-1]
-    split = [f"dim {d} split {n} ways" for d, n in enumerate(ways) if n > 1]
+    if parsed.kind != "tiled":
+        return "replicated" if parsed.kind == "replicated" else sharding
+    split = [f"dim {d} split {n} ways" for d, n in enumerate(parsed.data_tiles) if n > 1]
     return ", ".join(split) if split else "replicated"
 
 
@@ -1305,8 +1300,6 @@ def _remat_fix(op: str) -> str:
 @rule("sharding_remat", about="XLA gathers a whole tensor onto every device to split it again, because the values "
       "an op combines are sharded differently (XLA's involuntary full rematerialization)", view="collectives")
 def sharding_remat(facts: RunFacts) -> Iterable[Finding]:
-    from tpu_debug.tracers.events import ShardingRematEvent
-
     programs: dict[str, list[Any]] = collections.defaultdict(list)
     for e in facts.query.events(ShardingRematEvent.kind):
         if isinstance(e, ShardingRematEvent):

@@ -34,7 +34,7 @@ class DivergenceTracer:
 
         with tpu_debug.trace(divergence=True) as session:
             loss = model(x).sum()
-        session.first_divergence()
+        session.divergences.first()
     """
 
     def __init__(

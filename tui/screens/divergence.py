@@ -36,8 +36,8 @@ class _Target:
 
 def _hlo_target(session: Session, d: DivergenceEvent) -> _Target:
     if d.mode == "compiled":
-        program = session.program_of_node(d.name, graph=d.graph) if d.graph else None
-        program = program if program is not None else session.program_of_node(d.name)
+        program = session.programs.of_node(d.name, graph=d.graph) if d.graph else None
+        program = program if program is not None else session.programs.of_node(d.name)
         if program is not None:
             return _Target(program, d.name)
     programs = session.programs(name=d.name)
@@ -184,7 +184,7 @@ class DivergenceScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="divergence")
     def _load(self, offset: int) -> None:
-        events = self.read(Session.ranked_divergences, limit=PAGE + 1, offset=offset)
+        events = self.read(lambda s: s.divergences.ranked(limit=PAGE + 1, offset=offset))
         if events is not None and not get_current_worker().is_cancelled:
             self.post_message(self.Loaded(offset, events[:PAGE], len(events) > PAGE))
 

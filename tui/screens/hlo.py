@@ -61,10 +61,10 @@ def _tpu_program(session: Session, program_hash: str) -> tuple[str, str] | None:
 def _load_program(
     session: Session, program: int | str, name: str | None, mode: str | None, node: str | None
 ) -> _Program:
-    text = session.program(program)
+    text = session.programs.text(program)
     siblings = session.programs(name=name, mode=mode) if name else []
-    nodes = session.fx_nodes(text.id) if text.mode == "compiled" else []
-    instructions = session.node_instructions(text.id, node) if node else []
+    nodes = session.programs.fx_nodes(text.id) if text.mode == "compiled" else []
+    instructions = session.programs.node_instructions(text.id, node) if node else []
     return _Program(text, siblings, nodes, node, instructions, _tpu_program(session, text.hash))
 
 
@@ -154,7 +154,7 @@ class HloScreen(_PushedScreen):
 
     @work(thread=True, exclusive=True, group="node")
     def _load_node(self, program: int, node: str) -> None:
-        instructions = self.read(Session.node_instructions, program, node)
+        instructions = self.read(lambda s: s.programs.node_instructions(program, node))
         if instructions is not None and not get_current_worker().is_cancelled:
             self.post_message(self.NodeLoaded(node, instructions))
 
@@ -306,7 +306,7 @@ class _Diff:
 
 
 def _load_diff(session: Session, left: int | str, right: int | str, stage: str) -> _Diff:
-    a, b = session.program(left), session.program(right)
+    a, b = session.programs.text(left), session.programs.text(right)
     la = (a.hlo if stage == "hlo" else a.stablehlo).splitlines()
     lb = (b.hlo if stage == "hlo" else b.stablehlo).splitlines()
     rows = diff_rows(la, lb)

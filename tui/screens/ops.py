@@ -25,7 +25,8 @@ __all__ = ["OpRow", "OpsScreen"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OpRow:
-    """One op (or graph) in one mode, fallbacks included."""
+    """One op (or graph) in one mode: a row of ``session.ops()`` (calls by CPU fallback
+    included, ``fallbacks`` of them), with the TPU target's estimate when there is one."""
 
     name: str
     mode: str
@@ -96,19 +97,11 @@ def _roofline(session: Session) -> dict[str, tuple[float, str | None]]:
 
 
 def _rows(session: Session) -> list[OpRow]:
+    # the report's ops table: one query, calls on the device and by CPU fallback alike
     rows = [
-        OpRow(o.name, o.mode, o.count, o.seconds, o.compiles, o.compile_seconds, 0, o.programs)
+        OpRow(o.name, o.mode, o.count, o.seconds, o.compiles, o.compile_seconds, o.fallbacks, o.programs)
         for o in session.ops()
     ]
-    fallbacks = session.counts_by_name("fallback")
-    by_name = {r.name: i for i, r in reversed(list(enumerate(rows)))}
-    for name, (n, seconds) in fallbacks.items():
-        if name in by_name:
-            i = by_name[name]
-            r = rows[i]
-            rows[i] = dataclasses.replace(r, fallbacks=n, count=r.count + n, seconds=r.seconds + seconds)
-        else:
-            rows.append(OpRow(name, "cpu fallback", n, seconds, 0, 0.0, n, 0))
     roofline = _roofline(session)
     if roofline:
         rows = [dataclasses.replace(r, tpu_seconds=roofline[r.name][0], bound=roofline[r.name][1])
@@ -207,7 +200,7 @@ class OpsScreen(RunScreen):
             keys.append(f"{r.mode}\0{r.name}")
             cells.append([
                 Text(r.name, style="bold" if r.fallbacks else ""),
-                Text(r.mode, style="red" if r.mode == "cpu fallback" else "dim"),
+                Text(r.mode, style="dim"),
                 Text(f"{r.count:,}", justify="right"),
                 Text(format_seconds(r.seconds), justify="right"),
                 Text(format_seconds(r.mean), justify="right"),
@@ -279,9 +272,7 @@ class OpsScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="ops-hlo")
     def _find_program(self, row: OpRow) -> None:
-        programs = self.read(
-            Session.programs, name=row.name, mode=row.mode if row.mode != "cpu fallback" else None
-        )
+        programs = self.read(lambda s: s.programs(name=row.name, mode=row.mode))
         if programs is None:
             return
         self.post_message(self.ProgramFound(row, programs[0].id if programs else None))
@@ -292,7 +283,7 @@ class OpsScreen(RunScreen):
         if message.program is None:
             why = (
                 "it ran on CPU (no lowering)"
-                if row.mode == "cpu fallback"
+                if row.fallbacks == row.count
                 else "no HLO was recorded for it (hlo off, or it compiled before the trace began)"
             )
             self.app.notify(f"{row.name}: {why}", severity="warning", markup=False)

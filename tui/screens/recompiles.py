@@ -36,6 +36,7 @@ from tpu_debug.tui.widgets import Col, FitTable, HloView, PagedTable, SourceExce
 from tpu_debug.core.errors import NotRecordedError
 from tpu_debug.report import advice_of
 from tpu_debug.session import Session
+from tpu_debug.tracers.recompiles import summarize
 
 __all__ = ["CompileDetail", "RecompilesScreen"]
 
@@ -63,7 +64,7 @@ def _detail(
     diffs = event.diffs
     recorded = True
     if event.previous is not None:
-        previous = next((e for e in earlier if e.id == event.previous), None) or session.compile_by_id(
+        previous = next((e for e in earlier if e.id == event.previous), None) or session.compiles.by_id(
             event.previous
         )
     elif not diffs and earlier:
@@ -75,7 +76,7 @@ def _detail(
         note = "no HLO recorded for this compile (the run was recorded with hlo off)"
     else:
         try:
-            hlo = session.program(event.program).hlo
+            hlo = session.programs.text(event.program).hlo
         except NotRecordedError as exc:
             note = str(exc)
     return CompileDetail(event, number, previous, tuple(diffs), recorded, excerpt, hlo, note)
@@ -213,7 +214,7 @@ class RecompilesScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="ranked")
     def _load_ranked(self) -> None:
-        groups = self.read(Session.compile_groups)
+        groups = self.read(lambda s: s.compiles.groups())
         if groups is not None:
             self.post_message(self.RankedLoaded(groups))
 
@@ -226,7 +227,7 @@ class RecompilesScreen(RunScreen):
     @work(thread=True, exclusive=True, group="history")
     def _load_history(self, name: str, mode: str, offset: int) -> None:
         page = PAGE
-        events = self.read(Session.compile_history, name, mode=mode, limit=page + 1, offset=offset)
+        events = self.read(lambda s: s.compiles.history(name, mode=mode, limit=page + 1, offset=offset))
         if events is None or get_current_worker().is_cancelled:
             return
         self.post_message(self.HistoryLoaded((name, mode), offset, events[:page], len(events) > page))
@@ -509,8 +510,6 @@ def _changing(history: list[CompileEvent], mode: str, partial: bool, finding: Fi
     """What changed across the loaded compiles (the recompile tracker's summary of a group,
     over the compiles loaded so far), and the advisor's fix when it found this op or graph
     worth fixing."""
-    from tpu_debug.tracers.recompiles import summarize
-
     groups = summarize(history)
     change = groups[0].changing if groups else None
     text = Text("")

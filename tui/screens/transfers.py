@@ -123,7 +123,7 @@ class TransfersScreen(RunScreen):
 
     @work(thread=True, exclusive=True, group="transfers")
     def _load(self) -> None:
-        sites = self.read(Session.transfer_sites, buckets=BUCKETS)
+        sites = self.read(lambda s: s.transfers.sites(buckets=BUCKETS))
         if sites is not None:
             self.post_message(self.Loaded(sites))
 

@@ -19,7 +19,8 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from tpu_debug.tui.widgets.hlo_highlight import INSTRUCTION_NAME, highlight_line
+from tpu_debug.core.hlo_text import instruction_name
+from tpu_debug.tui.widgets.hlo_highlight import highlight_line
 
 __all__ = ["HloView"]
 
@@ -101,8 +102,7 @@ class HloView(ScrollView, can_focus=True):
         self._marked = set()
         if wanted:
             for i, line in enumerate(self._lines):
-                m = INSTRUCTION_NAME.match(line)
-                if m is not None and m.group(1) in wanted:
+                if instruction_name(line) in wanted:
                     self._marked.add(i)
         self.refresh()
         return len(self._marked)
