@@ -28,7 +28,6 @@ __all__ = [
     "opmath",
     "promote",
     "round_to",
-    "scalar_type_name",
 ]
 
 HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -121,8 +120,3 @@ def canonical_dims(dims, ndim: int) -> tuple[int, ...]:
     if ndim == 0:
         return ()
     return tuple(sorted(canonical_dim(d, ndim) for d in dims))
-
-
-def scalar_type_name(dtype: torch.dtype) -> str:
-    """PyTorch's C++ name of a dtype (``Long``, ``Float``), as its kernels' messages write it."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_debug.runtime.ops._common import opmath, promote, scalar_type_name
+from tpu_debug.core.errors import OpArgumentError
+from tpu_debug.runtime.ops._checks import Refusal, ValueCheck, first_outside, require, scalar_type, sizes
+from tpu_debug.runtime.ops._common import opmath, promote
 from tpu_debug.runtime.ops.registry import lower
 
 aten = torch.ops.aten
@@ -285,34 +287,50 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, 
 
 def _margin_frames(x) -> tuple[int, int]:
     """(samples, classes) of a margin loss's input: a vector or a matrix with classes last."""
-    torch._check(
-        (x.ndim == 2 and x.shape[1] != 0) or (x.ndim == 1 and x.shape[0] != 0) or x.ndim == 0,
-        lambda: "Expected non-empty vector or matrix with optional 0-dim batch size, "
-        f"but got: {list(x.shape)}",
-    )
+    require((x.ndim == 2 and x.shape[1] != 0) or (x.ndim == 1 and x.shape[0] != 0) or x.ndim == 0,
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {sizes(x.shape)}")
     return (x.shape[0] if x.ndim == 2 else 1), (x.shape[-1] if x.ndim else 1)
 
 
 def _check_long_target(target) -> None:
-    torch._check(target.dtype == torch.long,
-                 lambda: f"expected scalar type Long but found {scalar_type_name(target.dtype)}")
+    # CPU's kernels read the target as int64 after their shape checks
+    require(target.dtype == torch.long, f"expected scalar type Long but found {scalar_type(target.dtype)}")
+
+
+def _check_multi_margin(x, target, p=1, margin=1, weight=None, reduction=_MEAN) -> None:
+    nframe, dim = _margin_frames(x)
+    require(p == 1 or p == 2, "only p == 1 and p == 2 supported")
+    require(target.ndim <= 1 and target.numel() == nframe,
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of input "
+            f"samples (batch size). Expected target size [{nframe}], but got {sizes(target.shape)}. "
+            f"Input has shape {sizes(x.shape)}.")
+    if weight is not None:
+        require(weight.ndim <= 1 and weight.numel() == dim,
+                f"inconsistent weight size, expected {dim} but got {sizes(weight.shape)}")
+    _check_long_target(target)
 
 
 def _multi_margin_meta(x, target, p=1, margin=1, weight=None, reduction=_MEAN):
-    nframe, dim = _margin_frames(x)
-    torch._check(p == 1 or p == 2, lambda: "only p == 1 and p == 2 supported")
-    torch._check(
-        target.ndim <= 1 and target.numel() == nframe,
-        lambda: "multi_margin_loss: target tensor should be 1-D with size equal to the number of input "
-        f"samples (batch size). Expected target size [{nframe}], but got {list(target.shape)}. "
-        f"Input has shape {list(x.shape)}.",
-    )
-    _check_long_target(target)
-    if weight is not None:
-        torch._check(weight.ndim <= 1 and weight.numel() == dim,
-                     lambda: f"inconsistent weight size, expected {dim} but got {list(weight.shape)}")
-    shape = (nframe,) if reduction == _NONE and target.ndim > 0 else ()
+    _check_multi_margin(x, target, p, margin, weight, reduction)  # fake tensors under torch.compile
+    shape = (x.shape[0] if x.ndim == 2 else 1,) if reduction == _NONE and target.ndim > 0 else ()
     return x.new_empty(shape)
+
+
+def _class_targets(low: int, message: str) -> ValueCheck:
+    """Class indices in ``[low, classes)``, ``classes`` the input's last dimension: CPU's kernels
+    refuse any other with ``message``; XLA reads another class's score (a clamped index)."""
+
+    def select(x, target, *args, **kwargs):  # the argument checks ran first: target is int64
+        return (target,), (x.shape[-1] if x.ndim else 1,)
+
+    def test(xp, arrays, statics):
+        bad, value = first_outside(xp, arrays[0].reshape(-1), low, statics[0])
+        return xp.where(bad, 1, 0), value
+
+    def refusal(code, value, statics):
+        return Refusal(OpArgumentError(message), "target", low, statics[0], "clamped")
+
+    return ValueCheck(select, test, refusal)
 
 
 def _multi_margin_terms(x, target, p, margin, weight):
@@ -326,7 +344,8 @@ def _multi_margin_terms(x, target, p, margin, weight):
     return z, active, w[:, None]
 
 
-@lower(aten.multi_margin_loss.default, static_scalars=True, meta=_multi_margin_meta)
+@lower(aten.multi_margin_loss.default, static_scalars=True, meta=_multi_margin_meta, check=_check_multi_margin,
+       values=_class_targets(0, "target out of range"))
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=_MEAN):
     z, active, w = _multi_margin_terms(x, target, p, margin, weight)
     h = jnp.where(active, (z if p == 1 else z * z) * w, 0)
@@ -349,14 +368,18 @@ def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reductio
     return out.reshape(x.shape).astype(x.dtype)
 
 
-def _multilabel_margin_meta(x, target, reduction):
-    torch._check(x.ndim <= 2, lambda: f"Expected non-empty vector or matrix with optional 0-dim batch size, "
-                 f"but got: {list(x.shape)}")
-    nframe, _dim = _margin_frames(x)
-    torch._check(target.shape == x.shape,
-                 lambda: f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}")
+def _check_multilabel_margin(x, target, reduction=_MEAN) -> None:
+    require(x.ndim <= 2,
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {sizes(x.shape)}")
+    _margin_frames(x)
+    require(target.shape == x.shape,
+            f"inconsistent target size: {sizes(target.shape)} for input of size: {sizes(x.shape)}")
     _check_long_target(target)
-    shape = (nframe,) if reduction == _NONE and target.ndim > 1 else ()
+
+
+def _multilabel_margin_meta(x, target, reduction):
+    _check_multilabel_margin(x, target, reduction)  # fake tensors under torch.compile
+    shape = (x.shape[0],) if reduction == _NONE and target.ndim > 1 else ()
     return x.new_empty(shape), x.new_empty(target.shape)
 
 
@@ -380,7 +403,9 @@ def _multilabel_terms(x, target, is_target=None):
     return z, active, is_target, labels
 
 
-@lower(aten.multilabel_margin_loss_forward.default, meta=_multilabel_margin_meta)
+# a target row lists its classes up to the first -1; CPU checks every entry, those after it too
+@lower(aten.multilabel_margin_loss_forward.default, meta=_multilabel_margin_meta, check=_check_multilabel_margin,
+       values=_class_targets(-1, "argument #2 'target' is out of range"))
 def multilabel_margin_loss_forward(x, target, reduction):
     z, active, is_target, _ = _multilabel_terms(x, target)
     per_sample = jnp.sum(jnp.where(active, z, 0), axis=(1, 2)) / z.shape[2]

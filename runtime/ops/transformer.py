@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from tpu_debug.core.errors import NoLoweringError
-from tpu_debug.runtime.ops._common import scalar_type_name
+from tpu_debug.runtime.ops._checks import scalar_type
 from tpu_debug.runtime.ops.registry import composite
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def nested_tensor_from_mask_left_aligned(t, mask):
     ``nn.TransformerEncoder`` asks this among the conditions of its nested fast path, before
     the one that declines the path when gradients are needed; it makes no nested tensor."""
     torch._check(mask.dtype == torch.bool, lambda: "Expected mask to be of ScalarType Bool, "
-                 f"but got {scalar_type_name(mask.dtype)} instead.")
+                 f"but got {scalar_type(mask.dtype)} instead.")
     torch._check(mask.dim() == 2, lambda: "Padding mask should be 2D")
     torch._check(t.dim() == 3, lambda: "Input should be a 3D tensor, N * L * D")
     torch._check(mask.shape == t.shape[:2], lambda: "Mask size should match input size")

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tpu_debug.core.errors import OpArgumentError
+from tpu_debug.runtime.config import config
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 EXACT = {"rtol": 0, "atol": 0}
@@ -492,7 +494,7 @@ def test_multi_margin_loss(reduction):
     t = torch.tensor([0, 3, 1, 1, 2])
     w = torch.rand(4) + 0.5
     for p in (1, 2):
-        check(lambda x: F.multi_margin_loss(x, _on(t, x), p=p, reduction=reduction), x)
+        check(lambda x, p=p: F.multi_margin_loss(x, _on(t, x), p=p, reduction=reduction), x)
     check(lambda x: F.multi_margin_loss(x, _on(t, x), margin=0.7, weight=_on(w, x), reduction=reduction), x)
     # unbatched: reduction "none" gives the target's shape, 0-d here
     check(lambda x: F.multi_margin_loss(x, torch.tensor(2, device=x.device), reduction=reduction), torch.randn(4))
@@ -509,18 +511,50 @@ def test_multilabel_margin_loss(reduction):
     check(lambda x: F.multilabel_margin_loss(x, _on(unbatched, x), reduction=reduction), torch.randn(5))
 
 
+def _weighted_multi_margin(x, target, weight):
+    return F.multi_margin_loss(x, target, weight=weight)
+
+
 @pytest.mark.parametrize(("fn", "args", "message"), [
     (F.multi_margin_loss, (torch.randn(5, 0), torch.zeros(5, dtype=torch.long)), "Expected non-empty vector"),
     (F.multi_margin_loss, (torch.randn(5, 4), torch.zeros(5, 4, dtype=torch.long)), "Expected target size \\[5\\]"),
     (F.multi_margin_loss, (torch.randn(5, 4), torch.zeros(5, dtype=torch.int32)), "expected scalar type Long but found Int"),
     (F.multilabel_margin_loss, (torch.randn(5, 4), torch.zeros(4, dtype=torch.long)), "inconsistent target size"),
     (F.multilabel_margin_loss, (torch.randn(3, 4, 5), torch.zeros(3, 4, 5, dtype=torch.long)), "Expected non-empty"),
-], ids=["empty_classes", "2d_target", "int32_target", "multilabel_target_shape", "multilabel_3d"])
+    # the weight's size is checked before the target's dtype, as CPU does
+    (_weighted_multi_margin, (torch.randn(5, 4), torch.zeros(5), torch.ones(5)), "inconsistent weight size"),
+    # class indices out of range: XLA would read another class's score
+    (F.multi_margin_loss, (torch.randn(3, 4), torch.tensor([0, 4, 1])), "target out of range"),
+    (F.multi_margin_loss, (torch.randn(3, 4), torch.tensor([0, -1, 1])), "target out of range"),
+    (F.multilabel_margin_loss, (torch.randn(2, 4), torch.tensor([[0, -2, 1, 0]] * 2)), "'target' is out of range"),
+    # entries after the first -1 are not labels, and CPU checks them all the same
+    (F.multilabel_margin_loss, (torch.randn(2, 4), torch.tensor([[0, -1, 7, 0]] * 2)), "'target' is out of range"),
+], ids=["empty_classes", "2d_target", "int32_target", "multilabel_target_shape", "multilabel_3d", "weight_size",
+        "target_above", "target_negative", "multilabel_below", "multilabel_after_end"])
 def test_margin_losses_refuse_what_cpu_refuses(fn, args, message):
     with pytest.raises(RuntimeError, match=message):
         fn(*args)
-    with pytest.raises(RuntimeError, match=message):
+    with pytest.raises(OpArgumentError, match=message):
         fn(*(a.to("tpu") for a in args))
+
+
+@pytest.mark.parametrize("mode", ["lazy", "compiled"])
+def test_margin_loss_targets_checked_in_programs(mode, monkeypatch):
+    """With the data-checks switch, a lazy or compiled margin loss refuses a class index out of
+    range: lazily as CPU does; compiled, the graph holds PyTorch's decomposition of the loss
+    (dynamo traces it), whose gather refuses the index in gather's words."""
+    monkeypatch.setattr(config, "data_checks", True)
+    x, t = torch.randn(3, 4).to("tpu"), torch.tensor([0, 4, 1]).to("tpu")
+    fn = F.multi_margin_loss
+    if mode == "compiled":
+        torch._dynamo.reset()
+        fn = torch.compile(F.multi_margin_loss, backend="tpu_debug", dynamic=False)
+    eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE if mode == "lazy" else torch.tpu.EagerMode.DEFER_NEVER
+    message = "target out of range" if mode == "lazy" else "index 4 is out of bounds for dimension 1 with size 4"
+    with torch.tpu.set_eager_mode(eager_mode), pytest.raises(OpArgumentError, match=message):
+        fn(x, t).cpu()
+    if mode == "compiled":
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("fn", [F.hardshrink, F.softshrink])
