@@ -189,8 +189,9 @@ def _errors_lines(counts: dict) -> list[str]:
         "### Checks that need the data: `config.data_checks`",
         "",
         "An index out of range (`gather`, `scatter`, `scatter_add`, `scatter_reduce`, `index_select`,",
-        "`take`, `embedding`, `x[i]`, `index_put`, `index_add`, `index_copy`, `index_fill`), a mask",
-        "asking `masked_scatter` for more elements than its source has, and a `multinomial`",
+        "`take`, `embedding`, `x[i]`, `index_put`, `index_add`, `index_copy`, `index_fill`), a class",
+        "target out of range (`multi_margin_loss`, `multilabel_margin_loss`), a mask asking",
+        "`masked_scatter` for more elements than its source has, and a `multinomial`",
         "distribution with a negative, `nan` or `inf` entry or a row summing to 0 raise on CPU. XLA",
         "computes them silently: a TPU clamps the index (another row is read or written) and samples",
         "from whatever the distribution is. Each op's lowering declares its check",
@@ -350,14 +351,15 @@ def _load_module_sweeps() -> dict:
     return json.loads(MODULE_SWEEP.read_text(encoding="utf-8")) if MODULE_SWEEP.exists() else {}
 
 
-def _module_tolerances() -> dict:
+def _module_expectations():
     sys.path.insert(0, str(HARNESS))
     import moduleinfo_expectations
 
-    return moduleinfo_expectations.TOLERANCES
+    return moduleinfo_expectations
 
 
-def _modules_section(sweeps: dict, tolerances: dict) -> list[str]:
+def _modules_section(sweeps: dict, expectations) -> list[str]:
+    tolerances = expectations.TOLERANCES
     out = [
         "## Modules (ModuleInfo)",
         "",
@@ -396,6 +398,11 @@ def _modules_section(sweeps: dict, tolerances: dict) -> list[str]:
             out.append(f"| `{f['module']}` | {mode} | {f['training']} | {f['failed_inputs']} of {f['inputs']} | {error} |")
     else:
         out.append("every module input of every recorded sweep passes.")
+    if expectations.EXPECTATIONS:
+        out += ["", "Expected failures and skips (`tests/runtime/moduleinfo_expectations.py`):", "",
+                "| module | train/eval | mode | kind | why |", "|---|---|---|---|---|"]
+        for (name, training, mode), (kind, reason) in sorted(expectations.EXPECTATIONS.items()):
+            out.append(f"| `{name}` | {training} | {mode} | {kind} | {reason} |")
     without = sweeps.get("compiled", {}).get("modules_without_graph")
     if without:
         out += ["", "Compiled, dynamo ran these modules without handing the backend a graph (each still",
@@ -409,6 +416,14 @@ def _modules_section(sweeps: dict, tolerances: dict) -> list[str]:
         for name, (rtol, atol, reason) in sorted(tolerances.items()):
             out.append(f"| `{name}` | {rtol:g} | {atol:g} | {reason} |")
     out += [
+        "",
+        "Beyond `module_db`'s inputs, in all three modes against CPU: `nn.LSTM` (no bias; bidirectional",
+        "with `batch_first` and `proj_size`; packed sequences with an initial state) and `nn.GRU`",
+        "(`tests/runtime/test_ops_recurrent.py`: outputs, final states, gradients of parameters and",
+        "input; compiled also through dynamo's RNN tracing), and `torch.utils.checkpoint` around a",
+        "layer with dropout, `use_reentrant` both ways (`tests/runtime/test_checkpoint_rng.py`: the",
+        "recomputed forward draws the first forward's masks; without dropout, the checkpointed layer",
+        "trains equal to CPU).",
         "",
         "Not covered by `module_db`'s inputs: `nn.TransformerEncoder` in evaluation mode without",
         "gradients and with a left-aligned `src_key_padding_mask` takes PyTorch's nested-tensor fast",
@@ -561,7 +576,7 @@ def generate() -> str:
 
     harness, table = _harness()
     core = [(_op_name(op), status(op)) for op in core_ops()]
-    modules = _modules_section(_load_module_sweeps(), _module_tolerances())
+    modules = _modules_section(_load_module_sweeps(), _module_expectations())
     return render(core, opinfo_counts(harness, table), missing_ops(harness, table), _load_sweeps(),
                   error_counts(table), modules)
 

@@ -17,7 +17,13 @@ TOLERANCES: module name -> (rtol, atol, reason), replacing assert_close's float3
 
 from __future__ import annotations
 
-EXPECTATIONS: dict[tuple[str, str, str], tuple[str, str]] = {}
+EXPECTATIONS: dict[tuple[str, str, str], tuple[str, str]] = {
+    ("nn.FractionalMaxPool3d", "*", "compiled"): (
+        "skip", "the process aborts (C++ terminate, no Python exception) while AOTAutograd traces the "
+        "module's joint forward and backward on tpu fake tensors; the same module compiles on CPU "
+        "(backend aot_eager), and runs eagerly and lazily on tpu: not yet found why, skipped so a sweep "
+        "keeps its process"),
+}
 
 TOLERANCES: dict[str, tuple[float, float, str]] = {
     "nn.GRU": (1.3e-6, 3e-5, "the gradient of a recurrent weight sums, over time steps and layers, products "
