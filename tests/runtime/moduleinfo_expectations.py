@@ -19,17 +19,17 @@ from __future__ import annotations
 
 EXPECTATIONS: dict[tuple[str, str, str], tuple[str, str]] = {
     ("nn.FractionalMaxPool3d", "*", "compiled"): (
-        "skip", "the process aborts (C++ terminate, no Python exception) while AOTAutograd traces the "
-        "module's joint forward and backward on tpu fake tensors; the same module compiles on CPU "
-        "(backend aot_eager), and runs eagerly and lazily on tpu: not yet found why, skipped so a sweep "
-        "keeps its process"),
+        "skip", ("the process aborts (C++ terminate, no Python exception) while AOTAutograd traces the "
+                 "module's joint forward and backward on tpu fake tensors; the same module compiles on CPU "
+                 "(backend aot_eager), and runs eagerly and lazily on tpu: not yet found why, skipped so a "
+                 "sweep keeps its process")),
 }
 
 TOLERANCES: dict[str, tuple[float, float, str]] = {
-    "nn.GRU": (1.3e-6, 3e-5, "the gradient of a recurrent weight sums, over time steps and layers, products "
+    "nn.GRU": (1.3e-6, 3e-5, ("the gradient of a recurrent weight sums, over time steps and layers, products "
                "of gate gradients and inputs of either sign: its float32 rounding is bounded by the terms, of the "
                "size of the largest gradient entry (about 40 in module_db's inputs, 5e-6 a rounding), a few "
-               "roundings per step over 3 steps and 2 layers; XLA and CPU order the sums differently"),
+               "roundings per step over 3 steps and 2 layers; XLA and CPU order the sums differently")),
 }
 
 
