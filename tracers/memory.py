@@ -65,6 +65,7 @@ __all__ = [
     "fit_verdicts",
     "memory_view",
     "PHASE_TEXT",
+    "current_phase",
     "plan_fixes",
 ]
 
@@ -349,13 +350,7 @@ class MemoryTracer:
     # -- steps -----------------------------------------------------------------------------
 
     def _phase(self) -> str:
-        # the optimizer's phase is read from the stack, not from optimizer step hooks: a
-        # pre-step hook, even hidden from dynamo, splits a compiled opt.step's graph
-        if _in_optimizer(sys._getframe(2)):
-            return "optimizer"
-        import torch
-
-        return "backward" if torch._C._current_autograd_node() is not None else "forward"
+        return current_phase(3)
 
     def _take_snapshot(self) -> None:
         self._rising = False
@@ -524,6 +519,19 @@ def _in_optimizer(frame: Any, limit: int = 64) -> bool:
         frame = frame.f_back
         limit -= 1
     return False
+
+
+def current_phase(depth: int = 1) -> str:
+    """The pass running now: ``"optimizer"`` (inside a torch optimizer's code, from the frame
+    ``depth`` above the caller outwards), ``"backward"`` (autograd is running a node) or
+    ``"forward"`` (everything else: the forward, the loss, building the model)."""
+    # the optimizer's phase is read from the stack, not from optimizer step hooks: a
+    # pre-step hook, even hidden from dynamo, splits a compiled opt.step's graph
+    if _in_optimizer(sys._getframe(depth)):
+        return "optimizer"
+    import torch
+
+    return "backward" if torch._C._current_autograd_node() is not None else "forward"
 
 
 def _clock() -> Callable[[], float]:

@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from tpu_debug.core.buffers import BufferAssignment, read_dump
 from tpu_debug.runtime.target import _libtpu
 from tpu_debug.runtime.target.errors import TargetError, TargetSpecError
 from tpu_debug.runtime.target.hardware import Target, parse_target
@@ -148,6 +149,10 @@ class TargetCompile:
         cost: the compiler's cost analysis (None when the compile failed).
         error: the compiler's refusal, None on success.
         cached: the result was read from the on-disk cache.
+        buffers: the compiler's buffer assignment (``core/buffers.py``): where every value of
+            the program lives and when, read from its own report. A refusal for HBM keeps
+            the assignment the compiler had made when it gave up, which is what its message
+            adds up. None when the compiler wrote none.
     """
 
     target: Target
@@ -158,6 +163,7 @@ class TargetCompile:
     cost: CostStats | None = None
     error: CompileError | None = None
     cached: bool = False
+    buffers: BufferAssignment | None = None
 
     @property
     def ok(self) -> bool:
@@ -520,15 +526,17 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
         except Exception as exc:  # noqa: BLE001 - only the compiler's own refusals become results
             if not _is_compile_failure(exc):
                 raise
+            # an HBM refusal still dumps the module and the buffer assignment it gave up on
             result = TargetCompile(target, program, time.perf_counter() - start,
-                                   error=parse_compile_error(str(exc)))
+                                   hlo=_read_dump(dump), error=parse_compile_error(str(exc)),
+                                   buffers=read_dump(dump))
         else:
             seconds = time.perf_counter() - start
             hlo = _read_dump(dump)
             if hlo is None:
                 hlo = text()
             result = TargetCompile(target, program, seconds, hlo=hlo, memory=_memory(memory),
-                                   cost=_cost(cost))
+                                   cost=_cost(cost), buffers=read_dump(dump))
     # a compile error other than an out-of-memory may come from this machine (libtpu's
     # lock, a plugin that failed to load) rather than the program: not kept
     if use_cache and (result.ok or result.error.kind == "hbm_oom"):
@@ -546,12 +554,14 @@ def _record(result: TargetCompile) -> dict[str, Any]:
         "memory": dataclasses.asdict(result.memory) if result.memory else None,
         "cost": dataclasses.asdict(result.cost) if result.cost else None,
         "error": dataclasses.asdict(result.error) if result.error else None,
+        "buffers": result.buffers.to_record() if result.buffers is not None else None,
     }
 
 
 def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
-    """The result a cache record holds, or None for a miss or a record of another shape."""
-    if data is None:
+    """The result a cache record holds, or None for a miss or a record of another shape (one
+    kept before results held their buffer assignment is a miss: compiled again, it gains one)."""
+    if data is None or "buffers" not in data:
         return None
     try:
         return TargetCompile(
@@ -563,6 +573,7 @@ def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
             cost=CostStats(**data["cost"]) if data["cost"] else None,
             error=CompileError(**data["error"]) if data["error"] else None,
             cached=True,
+            buffers=BufferAssignment.from_record(data["buffers"]) if data["buffers"] else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
