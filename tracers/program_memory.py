@@ -360,8 +360,8 @@ def _kind(reader: _Reader, buf: PeakBuffer, maker: Instruction | None, peak: int
 def _logical_bytes(shape_text: str) -> tuple[int, str, tuple[int, ...]]:
     shape = parse_shape(shape_text) if shape_text else None
     array = shape.array if shape is not None else None
-    if array is None:
-        return (shape.nbytes if shape is not None else 0), "tuple" if shape is not None else "", ()
+    if array is None:  # a tuple's value is its table of pointers: no logical size beside its own
+        return 0, "tuple" if shape is not None else "", ()
     bits = ELEMENT_BITS.get(array.dtype)
     elements = array.elements
     logical = (elements * bits + 7) // 8 if bits is not None and elements is not None else 0
@@ -381,7 +381,8 @@ def _row(reader: _Reader, buf: PeakBuffer, peak: int) -> ProgramBuffer:
     logical, dtype, dims = _logical_bytes(v.shape)
     name = v.instruction + (f"{{{','.join(map(str, v.index))}}}" if v.index else "")
     return ProgramBuffer(
-        _kind(reader, buf, maker, peak), int(buf.nbytes), int(min(logical, buf.nbytes) if logical else 0), dtype,
+        _kind(reader, buf, maker, peak), int(buf.nbytes), int(min(logical, buf.nbytes) if logical else buf.nbytes
+                                                              if dtype == "tuple" else 0), dtype,
         tuple(dims), name, maker.opcode if maker is not None else "", op, v.start, v.end,
         where.file if where else None, where.line if where else None, where.function if where else None,
         library,
