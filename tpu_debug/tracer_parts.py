@@ -506,8 +506,9 @@ PARTS: tuple[TracerPart, ...] = (
     TracerPart("tensorboard", _start_tensorboard, _stop_tensorboard, "TensorBoardExporter.stop",
                applies=lambda run: bool(run.config.tensorboard),
                # a run without step marks gets its loop's steps as the step tracker stops, and the
-               # exporter writes their scalars; the target's step estimates reach the timeline too
-               stop_after=("steps", "target")),
+               # exporter writes their scalars; the target's step estimates reach the timeline too,
+               # and its programs, for xprof's memory viewer
+               stop_after=("steps", "target", "program_memory")),
     TracerPart("target", _start_target, _stop_target, "TargetTracer.close",
                applies=lambda run: run.target is not None, after=("steps",),
                # the loop's steps the step tracker finds as it stops get their TPU estimates

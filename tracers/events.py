@@ -66,6 +66,7 @@ __all__ = [
     "MemoryFindingEvent",
     "ProgramBuffer",
     "ProgramMemoryEvent",
+    "ProgramProtoEvent",
     "DivergenceSite",
     "UncomparedOp",
     "DivergenceSummaryEvent",
@@ -1372,6 +1373,25 @@ class ProgramMemoryEvent(Event):
     def by_kind(self) -> dict[str, int]:
         """The peak's bytes per kind."""
         return dict(zip(self.kinds, self.kind_bytes))
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramProtoEvent(Event):
+    """A compiled program as XLA's ``HloProto``: its optimized module with its buffer assignment
+    and heap-simulator traces, serialized and base64-encoded in ``proto``. It is what xprof's
+    memory viewer reads: the TensorBoard export writes it into the run's profile, listed as
+    ``name`` (``program_id`` tells programs of one name apart). ``source`` and ``target`` as
+    :class:`ProgramMemoryEvent`'s."""
+
+    kind: ClassVar[str] = "program_proto"
+    stored: ClassVar[Stored] = Stored("program_protos", name="name")
+
+    name: str
+    program_id: int
+    source: str
+    proto: str
+    target: str | None = None
 
 
 # -- run summaries (one per run, written when the tracer that counts them stops) ----------

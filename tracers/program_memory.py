@@ -41,6 +41,7 @@ imports neither torch nor jax at module level.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import dataclasses
 import os
@@ -52,7 +53,7 @@ from typing import Any
 from tpu_debug.core.buffers import HOST_COLOR, BufferAssignment, PeakBuffer
 from tpu_debug.core.collective_kinds import of_opcode
 from tpu_debug.core.hlo_text import ELEMENT_BITS, Instruction, Module, parse_module, parse_shape, scope_parts
-from tpu_debug.tracers.events import ProgramBuffer, ProgramMemoryEvent, SourceLocation
+from tpu_debug.tracers.events import ProgramBuffer, ProgramMemoryEvent, ProgramProtoEvent, SourceLocation
 from tpu_debug.tracers.location import split_frames, user_location
 
 __all__ = [
@@ -487,6 +488,8 @@ class ProgramMemoryTracer:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: set[concurrent.futures.Future] = set()
         self._closed = False
+        # program ids of the protos written for xprof: far from those of JAX's own capture
+        self._program_ids = 1_000_000
 
     # -- probe methods ------------------------------------------------------------------
 
@@ -572,8 +575,17 @@ class ProgramMemoryTracer:
                               required_bytes=error.required_bytes if refused else None,
                               available_bytes=error.available_bytes if refused else None,
                               tpu_program=tpu_program))
+            if result.hlo_proto:
+                self._put(ProgramProtoEvent(0, 0.0, context.mode, threading.get_native_id(), context.location,
+                                            _viewer_name(context.name, result.target.name), self._next_id(), "target",
+                                            base64.b64encode(result.hlo_proto).decode(), result.target.name))
         except Exception as exc:  # noqa: BLE001
             self._error(f"target buffers of {info.name}", exc)
+
+    def _next_id(self) -> int:
+        with self._lock:
+            self._program_ids += 1
+            return self._program_ids
 
     # -- the end ------------------------------------------------------------------------
 
@@ -592,7 +604,7 @@ class ProgramMemoryTracer:
             pool.shutdown(wait=False, cancel_futures=True)
         return len(not_done)
 
-    def _put(self, event: ProgramMemoryEvent) -> None:
+    def _put(self, event: ProgramMemoryEvent | ProgramProtoEvent) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -601,6 +613,12 @@ class ProgramMemoryTracer:
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"ProgramMemoryTracer.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _viewer_name(program: str, target: str) -> str:
+    """How xprof lists a program: its name is a file name there (``g1/train_step`` -> ``g1.train_step.v5e``)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "." for c in program)
+    return f"{safe}.{target}"
 
 
 def _compiler_bytes(stats: Any) -> int | None:

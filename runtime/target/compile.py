@@ -27,6 +27,7 @@ target with the same jax/libtpu is compiled once.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -153,6 +154,8 @@ class TargetCompile:
             the program lives and when, read from its own report. A refusal for HBM keeps
             the assignment the compiler had made when it gave up, which is what its message
             adds up. None when the compiler wrote none.
+        hlo_proto: the optimized module and its buffer assignment as XLA's ``HloProto``
+            (serialized), the form xprof's memory viewer reads; None when not dumped.
     """
 
     target: Target
@@ -164,6 +167,7 @@ class TargetCompile:
     error: CompileError | None = None
     cached: bool = False
     buffers: BufferAssignment | None = None
+    hlo_proto: bytes | None = None
 
     @property
     def ok(self) -> bool:
@@ -495,7 +499,9 @@ def _dump_options(directory: str) -> dict[str, Any]:
     # ... async-update instruction should have 1 operands but sees 3" with libtpu 0.0.52,
     # whose async ops are newer than jaxlib 0.10.2's HLO reader); the dump reads the same
     # with any libtpu and is a few MB at most
-    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": False}
+    # (the proto of the optimized module, with its buffer assignment and heap-simulator traces,
+    # is what xprof's memory viewer reads: kept as ``TargetCompile.hlo_proto``)
+    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 
 
 def _effort(level: str | None):
@@ -508,6 +514,11 @@ def _effort(level: str | None):
 def _read_dump(directory: str) -> str | None:
     texts = [p.read_text() for p in sorted(Path(directory).glob("*.after_optimizations.txt"))]
     return "\n\n".join(texts) if texts else None
+
+
+def _read_proto(directory: str) -> bytes | None:
+    protos = sorted(Path(directory).glob("*.after_optimizations.hlo.pb"))
+    return protos[-1].read_bytes() if protos else None
 
 
 def _compile(target: Target, program: str, key: str, use_cache: bool, run,
@@ -529,14 +540,14 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
             # an HBM refusal still dumps the module and the buffer assignment it gave up on
             result = TargetCompile(target, program, time.perf_counter() - start,
                                    hlo=_read_dump(dump), error=parse_compile_error(str(exc)),
-                                   buffers=read_dump(dump))
+                                   buffers=read_dump(dump), hlo_proto=_read_proto(dump))
         else:
             seconds = time.perf_counter() - start
             hlo = _read_dump(dump)
             if hlo is None:
                 hlo = text()
             result = TargetCompile(target, program, seconds, hlo=hlo, memory=_memory(memory),
-                                   cost=_cost(cost), buffers=read_dump(dump))
+                                   cost=_cost(cost), buffers=read_dump(dump), hlo_proto=_read_proto(dump))
     # a compile error other than an out-of-memory may come from this machine (libtpu's
     # lock, a plugin that failed to load) rather than the program: not kept
     if use_cache and (result.ok or result.error.kind == "hbm_oom"):
@@ -555,6 +566,7 @@ def _record(result: TargetCompile) -> dict[str, Any]:
         "cost": dataclasses.asdict(result.cost) if result.cost else None,
         "error": dataclasses.asdict(result.error) if result.error else None,
         "buffers": result.buffers.to_record() if result.buffers is not None else None,
+        "hlo_proto": base64.b64encode(result.hlo_proto).decode() if result.hlo_proto else None,
     }
 
 
@@ -574,6 +586,7 @@ def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
             error=CompileError(**data["error"]) if data["error"] else None,
             cached=True,
             buffers=BufferAssignment.from_record(data["buffers"]) if data["buffers"] else None,
+            hlo_proto=base64.b64decode(data["hlo_proto"]) if data.get("hlo_proto") else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
