@@ -64,7 +64,11 @@ __all__ = [
     "ProgramMemoryTracer",
     "analyse",
     "context_of",
+    "made_where",
+    "peak_headline",
     "role_of",
+    "shape_text",
+    "sum_text",
 ]
 
 #: what a buffer at the peak is, in the order the report lists kinds
@@ -167,8 +171,9 @@ def _stack_location(stack: str | None) -> tuple[SourceLocation | None, bool]:
     return (library or (frames[-1] if frames else None)), True
 
 
-def _optimizer_code(location: SourceLocation | None) -> bool:
-    return location is not None and f"{os.sep}torch{os.sep}optim{os.sep}" in location.file
+def _optimizer_code(stack: str | None) -> bool:
+    """The node was traced inside a torch optimizer's code (its step)."""
+    return bool(stack) and f"{os.sep}torch{os.sep}optim{os.sep}" in stack
 
 
 def context_of(info: Any, sites: Mapping[int, tuple[str, SourceLocation | None]] | None = None,
@@ -191,8 +196,8 @@ def context_of(info: Any, sites: Mapping[int, tuple[str, SourceLocation | None]]
     elif graph is not None:
         for node in graph.nodes:
             where, library = _stack_location(node.stack_trace)
-            phase = ("backward" if node.backward else "optimizer" if _optimizer_code(where) or graph.label ==
-                     "optimizer_step" else "forward")
+            phase = ("backward" if node.backward else "optimizer" if _optimizer_code(node.stack_trace)
+                     or graph.label == "optimizer_step" else "forward")
             nodes[node.name] = NodeFacts(phase, where, library)
         sources = graph.inputs
         arrays = [a for a in info.args if a.shape is not None]
@@ -444,6 +449,66 @@ def analyse(assignment: BufferAssignment, hlo: str, context: ProgramContext, *, 
         assignment.total(HOST_COLOR), tuple(order), tuple(kinds[k] for k in order), _folded(rows, peak.unused),
         tuple(p for p, _ in timeline), tuple(b for _, b in timeline), context.program, tpu_program,
     )
+
+
+# -- how a peak is written (the report, the TUI, diff and the advisor read these) -----------------
+
+
+def shape_text(b: ProgramBuffer) -> str:
+    """``f32[512,256]`` (``-`` for a folded row, ``tuple`` for a tuple's table)."""
+    if b.count > 1 or b.kind == "unused":
+        return "-"
+    return f"{b.dtype}[{','.join(map(str, b.shape))}]" if b.dtype != "tuple" else "tuple"
+
+
+def made_where(b: ProgramBuffer, cwd: str | None = None) -> str:
+    """The PyTorch line that made a buffer (``train.py:12``; a library's line says so), what an
+    input is called, or what a folded row holds."""
+    from tpu_debug.core.format import format_location
+
+    if b.count > 1:
+        return f"{b.count} smaller buffers"
+    if b.kind == "unused":
+        return "between the buffers (the heap's layout)"
+    if b.file:
+        where = format_location(b.file, b.line, None, cwd=cwd)
+        return f"{where} (library)" if b.library else where
+    return _shortened(b.op) if b.op else "-"
+
+
+def _shortened(name: str, width: int = 56) -> str:
+    """A long name (dynamo's attribute for an optimizer's state) cut in its middle."""
+    return name if len(name) <= width else f"{name[:width // 2 - 1]}…{name[-(width // 2):]}"
+
+
+def peak_headline(e: ProgramMemoryEvent) -> str:
+    """``g1/train_step on v5e: 18.50 GiB at its peak, while mm|aten::mm runs (point 1 of 3)``."""
+    from tpu_debug.core.format import format_bytes
+
+    where = f" on {e.target}" if e.target else ""
+    at = f", while {e.peak_op} runs" if e.peak_op else ""
+    point = f" (point {e.peak_position} of {e.length})" if e.peak_position >= 0 else ""
+    text = f"{e.name}{where}: {format_bytes(e.total_bytes)} at its peak{at}{point}"
+    if e.status == "hbm_oom":
+        text += (f"; the TPU compiler refused it: {format_bytes(e.required_bytes)} needed, "
+                 f"{format_bytes(e.available_bytes)} there")
+    return text
+
+
+def sum_text(e: ProgramMemoryEvent) -> str:
+    """How the buffers add up, against the compiler's own figures."""
+    from tpu_debug.core.format import format_bytes
+
+    whose = "the TPU compiler's" if e.source == "target" else "this machine's compiler's"
+    text = f"the buffers add up to {format_bytes(e.total_bytes)}, {whose} buffer assignment"
+    if e.unused_bytes:
+        text += f" ({format_bytes(e.unused_bytes)} of it unused between them)"
+    if e.compiler_bytes is not None and e.compiler_bytes != e.total_bytes:
+        text += (f"; the executable counts {format_bytes(e.compiler_bytes)} (arguments + outputs - aliased + "
+                 "temporaries: no constants, its own rounding of the temporaries)")
+    if e.host_bytes:
+        text += f"; {format_bytes(e.host_bytes)} more in host memory (offloaded)"
+    return text
 
 
 # -- the tracer ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ decoding of stored events, damaged rows):
 ``q.transfers(...)``            host <-> device transfers, by line (:mod:`.transfers`)
 ``q.divergences(...)``          the check against CPU (:mod:`.divergences`)
 ``q.steps()``                   the training steps (:mod:`.steps`)
+``q.memory()``                  each program's memory at its peak, buffer by buffer (:mod:`.memory`)
 ``q.events(kind)``              any kind of event (:mod:`.reader`)
 ==============================  =====================================================
 

@@ -15,6 +15,7 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.query.compiles import CompilesQuery
 from tpu_debug.tracers.query.divergences import DivergencesQuery
+from tpu_debug.tracers.query.memory import MemoryQuery
 from tpu_debug.tracers.query.ops import OpsQuery
 from tpu_debug.tracers.query.programs import ProgramsQuery
 from tpu_debug.tracers.query.reader import RunReader
@@ -36,7 +37,7 @@ class RunQuery(RunReader):
 
     Each subject is a part: calling it lists the subject's records, its methods answer the
     subject's other questions. ``ops``, ``programs``, ``compiles``, ``recompiles``,
-    ``transfers``, ``divergences``, ``steps``; ``events(kind)``, ``metadata()``,
+    ``transfers``, ``divergences``, ``steps``, ``memory``; ``events(kind)``, ``metadata()``,
     ``findings()`` and the run's summaries are the run's own.
 
     Example::
@@ -56,6 +57,7 @@ class RunQuery(RunReader):
         self.transfers = TransfersQuery(self)
         self.divergences = DivergencesQuery(self)
         self.steps = StepsQuery(self)
+        self.memory = MemoryQuery(self)
 
     # -- what was recorded ----------------------------------------------------------
 
