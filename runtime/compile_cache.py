@@ -47,6 +47,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tpu_debug.runtime.config import config
+from tpu_debug.core.version import __version__
+from tpu_debug.runtime.distributed import xla_log
 
 __all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes"]
 
@@ -115,9 +117,6 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
         outcome.from_cache
         # False
     """
-    # not at the top: importing the distributed package imports the tensor module, which needs the runtime
-    from tpu_debug.runtime.distributed import xla_log
-
     with xla_log.capture(enabled), _local_compile(enabled) as outcome:
         yield outcome
     # XLA logs nothing for an executable read back: its warnings are kept beside the entry
@@ -175,8 +174,6 @@ def _fingerprint() -> str:
     if _print is None:
         import jax
         import jaxlib
-
-        from tpu_debug.core.version import __version__
 
         try:
             libtpu = importlib.metadata.version("libtpu")
@@ -366,15 +363,13 @@ def _count(root: Path) -> int:
 
 
 def _evict(root: Path, target: int) -> int:
-    from tpu_debug.runtime.distributed.xla_log import KEPT_SUFFIX
-
     entries = sorted(_entries(root))
     total = sum(size for _, size, _ in entries)
     for _, size, path in entries:
         if total <= target:
             break
         # the entry and the warnings its compile logged (kept beside it by xla_log)
-        for gone in (path, path.with_name(path.name + KEPT_SUFFIX)):
+        for gone in (path, path.with_name(path.name + xla_log.KEPT_SUFFIX)):
             with contextlib.suppress(FileNotFoundError):
                 gone.unlink()
         total -= size

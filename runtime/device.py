@@ -18,11 +18,16 @@ from torch._C._dynamo import eval_frame as _eval_frame
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime import autocast as _autocast
+from tpu_debug.runtime import ops as _ops
+from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
+from tpu_debug.runtime import memory as _memory  # noqa: F401 - hands memory tracking to the probes
 from tpu_debug.runtime import profiler as _profiler
 from tpu_debug.runtime import tpu_utils as _tpu_utils
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
+from tpu_debug.runtime.startup import start
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
@@ -39,7 +44,7 @@ from tpu_debug.runtime.tensor import (
 )
 from tpu_debug.runtime.tensor import empty as _empty
 
-__all__ = ["install", "installed", "start", "TpuModule", "DeviceTakenError"]
+__all__ = ["DeviceTakenError", "TpuModule", "install", "installed", "start"]
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -47,7 +52,7 @@ _lock = threading.Lock()
 # "libs": the torch.library.Library objects holding our kernels (a Library unregisters
 # its kernels when it is garbage collected)
 _state: dict[str, object] = {"installed": False, "libs": []}
-# set by start(): read on every kernel call, so a plain module global
+# set at the device's first use (startup.start): read on every kernel call, so a plain module global
 _started = False
 _set_eval_frame = _eval_frame.set_eval_frame
 
@@ -304,7 +309,7 @@ def _shielded_meta_view(op, fn):
         prior = _set_eval_frame(None)
         try:
             if not _started:
-                start()
+                _first_use()
             return redispatch(_META, *args, **kwargs)
         finally:
             _set_eval_frame(prior)
@@ -579,7 +584,7 @@ def _shielded_lowered_kernel(op):
         prior = _set_eval_frame(None)
         try:
             if not _started:
-                start()
+                _first_use()
             if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking
                 return defer(op, args, kwargs)
             return run_now(op, args, kwargs)
@@ -619,23 +624,11 @@ def _view_ops() -> list:
     return ops
 
 
-def _dynamo_disabled(fn):
-    """``torch._dynamo.disable(fn, recursive=True)`` without importing torch._dynamo,
-    which costs about a second: the same two steps through dynamo's C
-    module, which loads with torch. ``fn`` and all it calls run with dynamo's frame
-    callback unset, and dynamo runs the wrapper's own frame without looking at it."""
-
-    def shielded(*args, **kwargs):
-        prior = _eval_frame.set_eval_frame(None)
-        try:
-            # every kernel and torch.tpu RNG function comes through here: the device's first use
-            if not _started:
-                start()
-            return fn(*args, **kwargs)
-        finally:
-            _eval_frame.set_eval_frame(prior)
-
-    return probes.as_dynamo_disabled(shielded, fn)
+def _first_use() -> None:
+    """The device's first use (:func:`startup.start`, once), then the kernels' flag."""
+    global _started
+    start()
+    _started = True
 
 
 def _shield_rng_functions() -> None:
@@ -722,63 +715,11 @@ def _variants(op) -> list:
 
 @functools.cache
 def _load_lowerings() -> None:
-    from tpu_debug.runtime import ops  # noqa: F401 - importing registers the lowerings
-
-    ops.load()
-
-
-def single_threaded_backward() -> None:
-    """Run this thread's backward passes on this thread.
-
-    PyTorch's autograd engine runs the nodes of a device other than CPU on a worker
-    thread of that device: for `tpu`, one more thread, a hand-off per backward and the
-    GIL passed back and forth around every Python node (a compiled graph's backward
-    is one). That cost 0.5 ms of a 0.9 ms ``loss.backward()`` of the compiled MLP
-    (benchmarks/compiled.py). With the engine's multithreading off
-    (``torch.autograd.set_multithreading_enabled(False)``, per thread, as for CPU
-    tensors) the calling thread runs them, and device work stays asynchronous in XLA.
-    A tracer walking the stack also finds the user's ``backward()`` line. Set on the
-    thread of the device's first use (``start()``) and on each thread that compiles a graph.
-    """
-    if torch._C._is_multithreading_enabled():
-        torch._C._set_multithreading_enabled(False)
+    _ops.load()  # each op family registers its lowerings as it is imported
 
 
 def installed() -> bool:
     return _state["installed"] is True
-
-
-def _leave_out_an_absent_tpu() -> None:
-    """Keep JAX from loading libtpu on a machine with no TPU attached.
-
-    With the ``libtpu`` wheel installed (the ``tpu`` extra, to compile for a TPU target),
-    JAX's first backend probe loads it even where there is no TPU: libtpu prints start-up
-    errors, holds /tmp/libtpu_lockfile (another process then fails to load it), and its
-    failure handler can abort the process when a signal arrives. When the user chose no
-    platforms (``JAX_PLATFORMS``, ``jax_platforms``), no TPU chip is on the PCI bus and no
-    other accelerator plugin is installed, JAX would end up on its CPU backend anyway:
-    the runtime asks for it directly. Compiling for a TPU target does not go through the
-    local backends (``runtime/target`` builds its own deviceless topology).
-    """
-    import importlib.util
-    import os
-    import pkgutil
-
-    try:
-        from jax._src import hardware_utils, xla_bridge
-
-        if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or xla_bridge.backends_are_initialized():
-            return
-        if importlib.util.find_spec("libtpu") is None:
-            return
-        plugins = importlib.util.find_spec("jax_plugins")
-        if plugins is not None and any(True for _ in pkgutil.iter_modules(plugins.submodule_search_locations)):
-            return  # a GPU plugin, say: JAX's own choice stands
-        if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
-            return
-    except (ImportError, AttributeError, OSError):  # another jax layout: leave JAX's default
-        return
-    jax.config.update("jax_platforms", "cpu")
 
 
 def install() -> bool:
@@ -824,47 +765,14 @@ def install() -> bool:
         sys.modules.setdefault("torch.tpu.profiler", _profiler)
         sys.modules.setdefault("torch.tpu.utils", _tpu_utils)
         _state["installed"] = True
-    from tpu_debug.runtime.compiled import install_backends
-
     # importing torch._dynamo costs about a second, which `import tpu_debug`
     # (and `tpu-debug tui`) should not pay; torch.compile and torch._dynamo's backend
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
     if torch.distributed.is_available():
-        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device
+        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device (imported
+        # here: a torch built without distributed has no c10d for that module to import)
         from tpu_debug.runtime.distributed.c10d import register_backends
 
         register_backends()
     return True
-
-
-def start() -> None:
-    """Prepare the runtime for its first work, once: the device's first op (any kernel or
-    ``torch.tpu`` function that reaches JAX) and the first ``tpu_debug.trace()`` call it.
-
-    Registering the device (``import tpu_debug``) changes nothing else in the process;
-    this does, when the device is first used: it reads the runtime's ``TPU_DEBUG_*``
-    variables into ``runtime.config`` (a value assigned before stands), applies the eager
-    mode they ask for, keeps JAX off an absent TPU (see ``_leave_out_an_absent_tpu``:
-    before JAX's first backend probe) and runs this thread's backward passes on this
-    thread (see ``single_threaded_backward``).
-
-    Raises:
-        ConfigError: a ``TPU_DEBUG_*`` variable of the runtime holds a value it does
-            not accept (the one-line message names the variable, the value and what
-            is accepted); the next use tries again.
-    """
-    global _started
-    if _started:
-        return
-    with _lock:
-        if _started:
-            return
-        config.load_env()
-        _leave_out_an_absent_tpu()
-        single_threaded_backward()
-        _started = True
-    # TPU_DEBUG_EAGER_MODE=defer_and_fuse: hook the optimizers as setting the mode does
-    _lazy.set_mode(config.eager_mode)
-
-

@@ -62,8 +62,8 @@ from tpu_debug.runtime.probes import (
     MaterializeInfo,
 )
 from tpu_debug.runtime.tensor import (
-    PAYLOAD_ATTR,
     LazyArray,
+    PAYLOAD_ATTR,
     _create_empty,
     _readable,
     _strided_write,
@@ -71,6 +71,7 @@ from tpu_debug.runtime.tensor import (
     to_jax,
     view_pattern,
     view_value,
+    write,
 )
 
 from tpu_debug.core.errors import LoweringBugError, TpuArgumentError
@@ -619,7 +620,6 @@ def _functional_then_write(plan, args, kwargs):
     for t, v in zip(targets, values):
         if plan.kind == "out":
             _eager._resize_out(t, v.shape)
-        from tpu_debug.runtime.tensor import write
 
         write(t, v)
     return _eager._return_written(plan, args, kwargs, targets)

@@ -18,6 +18,8 @@ from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from tpu_debug.runtime import compiled, eager, lazy
+from tpu_debug.runtime.config import config
 
 __all__ = [
     "CacheEntryStats",
@@ -88,8 +90,6 @@ def get_cache_stats() -> tuple[CacheStats, ...]:
         {c.name: (c.requests, c.hits) for c in torch.tpu._get_cache_stats()}
         # {'eager executables': (12, 9), 'fused programs': (3, 2), 'compiled programs': (0, 0)}
     """
-    from tpu_debug.runtime import compiled, eager, lazy
-
     eager_entries = tuple(
         CacheEntryStats(s.op, s.calls, s.hits, s.compile_seconds) for s in eager.cache_stats()
     )
@@ -185,8 +185,6 @@ def suggested_tolerances(dtype: torch.dtype) -> tuple[float, float]:
     dtypes get ``torch.testing.assert_close``'s defaults; integers and bools 0.
     """
     if dtype in (torch.float32, torch.complex64):
-        from tpu_debug.runtime.config import config
-
         return _FLOAT32_BY_PRECISION[config.effective_precision()]
     # torch.testing.assert_close's own defaults, read from it rather than copied
     from torch.testing._comparison import default_tolerances

@@ -16,6 +16,15 @@ import time
 import traceback
 from typing import Any
 
+from tpu_debug.runtime.probes import (
+    CollectiveDone,
+    CollectiveInfo,
+    CompileInfo,
+    DesyncInfo,
+    FallbackInfo,
+    MaterializeInfo,
+    TransferInfo,
+)
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
@@ -166,7 +175,7 @@ class Recorder:
                 )
             )
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         ts = self.clock() - float(info.seconds)
         location = user_location(_PROBE_DEPTH)
         with self._compile_lock:
@@ -229,7 +238,7 @@ class Recorder:
             )
         )
 
-    def on_transfer(self, info: Any) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
         op, implicit, location, context = classify_site(str(info.op))
         self.writer.put(
@@ -265,7 +274,7 @@ class Recorder:
         ops = info.graph.ops if info.graph is not None else ()
         return [lines.get(op.site) if op.site is not None else None for op in ops]
 
-    def on_materialize(self, info: Any) -> None:
+    def on_materialize(self, info: MaterializeInfo) -> None:
         trigger, location = cut_site(str(info.trigger), _PROBE_DEPTH)
         known = self._keys.get(info.key) if info.key is not None else None
         self.writer.put(
@@ -292,7 +301,7 @@ class Recorder:
             self._lazy_step += 1
             self._step_frames.step_ended()
 
-    def on_fallback(self, info: Any) -> None:
+    def on_fallback(self, info: FallbackInfo) -> None:
         self.writer.put(
             FallbackEvent(
                 self.writer.new_id(),
@@ -306,7 +315,7 @@ class Recorder:
             )
         )
 
-    def on_collective(self, info: Any) -> None:
+    def on_collective(self, info: CollectiveInfo) -> None:
         self.writer.put(
             CollectiveCallEvent(
                 self.writer.new_id(),
@@ -327,7 +336,7 @@ class Recorder:
             )
         )
 
-    def on_collective_done(self, info: Any) -> None:
+    def on_collective_done(self, info: CollectiveDone) -> None:
         self.writer.put(
             CollectiveDoneEvent(
                 self.writer.new_id(),
@@ -343,7 +352,7 @@ class Recorder:
             )
         )
 
-    def on_collective_desync(self, info: Any) -> None:
+    def on_collective_desync(self, info: DesyncInfo) -> None:
         self.writer.put(
             CollectiveDesyncEvent(
                 self.writer.new_id(),

@@ -398,7 +398,7 @@ class _LiveCheck:
         waited = any(c.state == "missing" for c in calls)
         timeout = self.timeout if waited else None
         message = desync.describe(info.group, seq, reason, cause, calls, timeout=timeout)
-        if probes._routes.on_collective_desync:
+        if probes.listening("on_collective_desync"):
             probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
                                                        tuple(calls), timeout, message))
         others = tuple(c.rank for c in calls if c.rank != self._me and (c.state != "called" or reason != "missing"))
@@ -508,14 +508,14 @@ class TpuProcessGroup(dist.ProcessGroup):
             self._seq += 1
             seq = self._seq
         # read only while a probe listens: with none, a collective reads no clock
-        began = time.perf_counter() if probes._routes.on_collective_done else None
+        began = time.perf_counter() if probes.listening("on_collective_done") else None
         if self._check is not None and name not in P2P_OPS:
             # recorded first, so a rank that raises below has recorded the collective it stopped at
             info = self._info(name, args, kind)
-            if probes._routes.on_collective:
+            if probes.listening("on_collective"):
                 probes.collective(info)
             self._check.check(info, device)
-        elif probes._routes.on_collective:
+        elif probes.listening("on_collective"):
             probes.collective(self._info(name, args, kind))
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         # the host copies are the engine's, reported as the collective: no transfer events.

@@ -24,12 +24,13 @@ from tpu_debug.report.core import (
     section_data,
 )
 from tpu_debug.report.transfers import render_collectives
+from tpu_debug.tracers.collective_calls import first_desyncs
+from tpu_debug.tracers.collectives import collective_totals, compare_ranks, program_calls, program_collectives
+from tpu_debug.tracers.tensorboard import RankSpan
 
 
 def _rank_figure_data(session: Any) -> dict[str, Any]:
     """One rank's figures as data (one column of the per-rank table)."""
-    from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
-
     m = session.metadata()
     ops = session.ops()
     programs = program_collectives(session)
@@ -81,8 +82,6 @@ _RANK_STOPS = ("RankDivergenceError", "RankTimeoutError")
 
 def _agreement_data(sessions: list) -> dict[str, Any]:
     """Whether the ranks compiled the same multi-device programs, and which stopped or failed."""
-    from tpu_debug.tracers.collectives import compare_ranks
-
     errors = [(rank, s.metadata().error or "") for rank, s in sessions]
     diff = compare_ranks([(rank, s.events("collectives")) for rank, s in sessions])
     same = None
@@ -166,8 +165,6 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
     """Each rank's c10d collectives as timeline spans (:class:`RankSpan`): from the rank's
     entry to its return, or, for a call it never returned from, to the last rank's entry
     (a sole rank's: 1 µs), one lane per group."""
-    from tpu_debug.tracers.tensorboard import RankSpan
-
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
     durations = {rank: _durations(s) for rank, s in sessions}
     starts = _starts(sessions)
@@ -215,8 +212,6 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
         sessions: (rank, session) pairs of a multi-process run.
         rows: rows of each group's sequence shown before the first difference.
     """
-    from tpu_debug.tracers.collective_calls import first_desyncs
-
     calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
     durations = {rank: _durations(s) for rank, s in sessions}
     entered = _entries(calls, _starts(sessions))

@@ -14,7 +14,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 from tpu_debug.core.errors import TpuDebugError
+from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.tracers.collectives import compare_ranks
 
+from tpu_debug.report import rank_figures
+from tpu_debug.report.ranks import c10d_data, call_text, in_collectives_text, ops_text
 from tpu_debug.session import Session
 
 __all__ = ["RanksScreen"]
@@ -24,11 +28,6 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
     """Each rank's figures (the report's per-rank columns), where the ranks' programs first
     differ, and their c10d collectives side by side (:func:`~tpu_debug.report.ranks.c10d_data`),
     read with sessions of this thread's own."""
-    from tpu_debug.tracers.collectives import compare_ranks
-
-    from tpu_debug.report import rank_figures
-    from tpu_debug.report.ranks import c10d_data
-
     out = []
     events = []
     sessions = [(rank, Session(path / "run.db")) for rank, path in group.rank_dirs().items()]
@@ -53,8 +52,6 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
 
 def _sequence_text(c10d: dict[str, Any]) -> Text:
     """The desyncs, then each group's collectives in order, one line per collective and rank."""
-    from tpu_debug.report.ranks import call_text
-
     text = Text()
     for d in c10d["desyncs"]:
         text.append(f"collective desync: {d['text']}\n", style="bold red")
@@ -139,10 +136,6 @@ class RanksScreen(ModalScreen[int | None]):
 
     def _show_c10d(self, c10d: dict[str, Any]) -> None:
         """Each rank's c10d collectives per group, then their order and the first desync."""
-        from tpu_debug.core.format import format_bytes, format_seconds
-
-        from tpu_debug.report.ranks import in_collectives_text, ops_text
-
         if not any(r["calls"] for r in c10d["per_rank"]):
             return
         self.query_one("#ranks-c10d-title", Static).update(Text("c10d collectives by rank", style="bold"))
