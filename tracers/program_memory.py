@@ -62,10 +62,13 @@ __all__ = [
     "NodeFacts",
     "ProgramContext",
     "ProgramMemoryTracer",
+    "Remedy",
     "analyse",
     "context_of",
     "made_where",
     "peak_headline",
+    "remedies",
+    "remedy_text",
     "role_of",
     "shape_text",
     "sum_text",
@@ -509,6 +512,81 @@ def sum_text(e: ProgramMemoryEvent) -> str:
     if e.host_bytes:
         text += f"; {format_bytes(e.host_bytes)} more in host memory (offloaded)"
     return text
+
+
+# -- what to change, by kind ---------------------------------------------------------------------
+
+#: a buffer at least this wide in its last dimension, made by the forward or the loss, is taken
+#: for a vocabulary's logits (Llama 3: 128256; GPT-2: 50257)
+LOGITS_WIDTH = 32768
+#: a buffer whose padding is this fraction of its bytes or more is worth a shape that pads less
+PADDING_SHARE = 0.2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Remedy:
+    """What to change for one kind of the bytes at a program's peak.
+
+    ``kind``: ``"activation"``, ``"logits"``, ``"optimizer_state"``, ``"parameter"``,
+    ``"gradient"``, ``"temporary"`` or ``"padding"``; ``nbytes`` the peak's bytes of it;
+    ``estimate_bytes`` the program's need with them gone (a bound: what the change keeps
+    instead is not counted); ``change`` what to do in PyTorch; ``lines`` where they are made.
+    """
+
+    kind: str
+    nbytes: int
+    estimate_bytes: int
+    change: str
+    lines: tuple[str, ...] = ()
+
+
+_CHANGES = {
+    "activation": "activation checkpointing of the blocks that make them (torch.utils.checkpoint, or "
+                  "create_selective_checkpoint_contexts to keep only the matmuls): the backward recomputes them",
+    "logits": "a chunked (fused linear) cross-entropy, so that no whole [tokens, vocabulary] logits or their "
+              "gradient exist at once (torchtune's chunked loss, Liger's LigerFusedLinearCrossEntropyLoss)",
+    "optimizer_state": "shard the optimizer state over more chips (FSDP: fully_shard), or keep it in bfloat16 / "
+                       "use an optimizer with less state",
+    "parameter": "shard the parameters over more chips (FSDP: fully_shard), or keep them in bfloat16",
+    "gradient": "reduce the gradients to their shards (FSDP) instead of keeping each whole",
+    "temporary": "a smaller batch (the step's temporaries scale with it)",
+    "padding": "shapes that pad less: the dimensions the tiles pad to a multiple of 128 (8 for a batch)",
+}
+
+
+def _is_logits(b: ProgramBuffer) -> bool:
+    return b.kind in ("activation", "temporary") and len(b.shape) >= 2 and b.shape[-1] >= LOGITS_WIDTH
+
+
+def remedies(e: ProgramMemoryEvent, cwd: str | None = None) -> tuple[Remedy, ...]:
+    """What to change for each kind of the peak's bytes, the largest first, each with the need
+    it would leave (``Remedy.estimate_bytes``: the total less that kind's bytes)."""
+    parts: dict[str, list[ProgramBuffer]] = {}
+    for b in e.buffers:
+        kind = "logits" if _is_logits(b) else b.kind
+        if kind in _CHANGES:
+            parts.setdefault(kind, []).append(b)
+    padded = [b for b in e.buffers if b.count == 1 and b.logical_bytes
+              and b.nbytes - b.logical_bytes >= PADDING_SHARE * b.nbytes]
+    if padded:
+        parts["padding"] = padded
+    out = []
+    for kind, group in parts.items():
+        saved = sum(b.nbytes - b.logical_bytes for b in group) if kind == "padding" else sum(b.nbytes for b in group)
+        lines = tuple(dict.fromkeys(made_where(b, cwd) for b in group if b.file))[:4]
+        out.append(Remedy(kind, saved, e.total_bytes - saved, _CHANGES[kind], lines))
+    return tuple(sorted(out, key=lambda r: -r.nbytes))
+
+
+def remedy_text(r: Remedy) -> str:
+    """``activations kept for backward (8.00 GiB at model.py:12): <change>; the program would
+    need about 12.50 GiB``."""
+    from tpu_debug.core.format import format_bytes
+
+    what = KIND_TEXT.get(r.kind, "the vocabulary's logits" if r.kind == "logits" else r.kind)
+    at = f" at {', '.join(r.lines)}" if r.lines else ""
+    return (f"{what} ({format_bytes(r.nbytes)}{at}): {r.change}; the program would need at most "
+            f"{format_bytes(r.estimate_bytes)} (an estimate: what the change keeps instead is not counted)")
 
 
 # -- the tracer ----------------------------------------------------------------------------------
