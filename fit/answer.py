@@ -31,6 +31,7 @@ from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.fit import techniques
 from tpu_debug.fit.options import LOOP_ABOVE, FitOptions
 from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo
+from tpu_debug.fit.peak import looped_context, step_peak, unrolled_context
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
@@ -176,6 +177,9 @@ class FitReport:
             refusal): its message's figure (temporaries only) and the arguments known without
             it, ``(what, bytes)``; ``required`` is then their sum, a lower bound. Empty when
             ``required`` is the compiler's whole figure.
+        peak: the step at its peak, buffer by buffer, with each buffer's kind and model line
+            (``tracers.events.ProgramMemoryEvent``, from the compiler's buffer assignment, a
+            refused step's too); None when the compiler wrote none (an extended answer).
     """
 
     model: str
@@ -201,6 +205,7 @@ class FitReport:
     compile_cached: bool = False
     at_least: tuple[tuple[str, int], ...] = ()
     communication: tuple[CollectiveBound, ...] = ()
+    peak: Any = None
 
     @property
     def caveats(self) -> tuple[str, ...]:
@@ -500,9 +505,10 @@ def _measure_loop(config, tgt: Target, plan: Plan, o: FitOptions) -> tuple[_Meas
     if c.ok:  # the f32 dots' extra bf16 passes are read from the HLO, where the loop body is once
         r = roofline(c)
         passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
+    peak = step_peak(c, looped_context(f"{type(config).__name__} train step", pieces))
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, passes, cached=c.cached,
-                    communication=communication), how
+                    communication=communication, peak=peak), how
 
 
 def _split(placements: tuple) -> bool:
@@ -550,6 +556,7 @@ class _Measure:
     kv_bytes: int = 0  # one chip's KV cache (prefill, decode)
     cached: bool = False  # read back from the target compile cache: compile_seconds is the first compile's
     communication: tuple = ()  # CollectiveBound per kind (tpu_debug.fit.communication)
+    peak: Any = None  # the step at its peak, buffer by buffer (tracers.events.ProgramMemoryEvent)
 
 
 def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
@@ -564,8 +571,10 @@ def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
                                  optimization_level=optimization_level, cache=cache)
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    peak = step_peak(c, unrolled_context(f"{type(config).__name__} {job} step", traced, names, train=False))
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, 0, fc.batch_bytes,
-                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes, c.cached)
+                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes, c.cached,
+                    peak=peak)
 
 
 def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
@@ -603,9 +612,10 @@ def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
         params = [ParamInfo(n, tuple(shapes[n].shape), 1, _split(fc.placements[n]),
                             embedding=n.endswith("embed_tokens.weight")) for n in names]
         communication = _communication(c.hlo, {}, collectives, params, plan, dtype, dtype)
+    peak = step_peak(c, unrolled_context(f"{type(config).__name__} {job} step", traced, names, train=train))
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0,
-                    cached=c.cached, communication=communication)
+                    cached=c.cached, communication=communication, peak=peak)
 
 
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
@@ -670,7 +680,7 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
     return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
                      memory, fc.collectives, estimate, fc.unsharded,
                      None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
-                     extrapolation, method, fc.cached, at_least, fc.communication)
+                     extrapolation, method, fc.cached, at_least, fc.communication, fc.peak)
 
 
 def _lower_bound(fc: _Measure, job: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
@@ -790,6 +800,28 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
+# buffers of the step's peak an answer names
+PEAK_LINES = 5
+
+
+def _peak_lines(r: FitReport) -> list[str]:
+    """The step's peak by kind and its largest buffers, each with its model line."""
+    from tpu_debug.tracers.program_memory import KIND_TEXT, made_where, shape_text
+
+    p = r.peak
+    if p is None:
+        return []
+    kinds = ", ".join(f"{KIND_TEXT.get(k, k)} {format_bytes(v)}" for k, v in p.by_kind().items())
+    executable = (f"; the executable reports {format_bytes(p.compiler_bytes)} without its code"
+                  if p.compiler_bytes is not None and p.compiler_bytes != p.total_bytes else "")
+    lines = [f"  at its peak: {format_bytes(p.total_bytes)} in the compiler's buffer assignment{executable}, "
+             f"while {p.peak_op or '-'} runs: {kinds}"]
+    for b in [b for b in p.buffers if b.count == 1 and b.kind != "unused"][:PEAK_LINES]:
+        made = f"{b.op} at {made_where(b)}" if b.file else made_where(b)
+        lines.append(f"    {format_bytes(b.nbytes):>11} {KIND_TEXT.get(b.kind, b.kind)}, {shape_text(b)}, {made}")
+    return lines
+
+
 def _render(r: FitReport, fixes_hint: bool = True) -> str:
     verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
@@ -820,6 +852,7 @@ def _render(r: FitReport, fixes_hint: bool = True) -> str:
         if m.kv_cache:
             lines.append(f"  KV cache: {format_bytes(m.kv_cache)} per chip (its share by the cache's sharding; "
                          "in the arguments, donated and written in place)")
+    lines.extend(_peak_lines(r))
     if r.collectives:
         lines.append("  collectives per step (per chip):")
         for c in r.collectives:
@@ -1166,6 +1199,9 @@ def _put(writer, reports: Sequence[FitReport], fixes: Fixes | None, question: st
     for i, report in enumerate(reports):
         writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=location,
                              fixes=fixes if i == last else None, candidate_of=question if i < last else None))
+    peak = reports[-1].peak if reports else None
+    if peak is not None:  # the answer's step at its peak, buffer by buffer (the report's Peak buffers)
+        writer.put(dataclasses.replace(peak, id=writer.new_id(), ts=clock(), location=location))
 
 
 def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: str,

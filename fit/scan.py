@@ -120,7 +120,7 @@ def _decomposed(fn, *args):
 
     from tpu_debug.runtime.compiled import graph_decompositions
 
-    gm = make_fx(fn, decomposition_table=graph_decompositions())(*args)
+    gm = make_fx(fn, decomposition_table=graph_decompositions(), record_stack_traces=True)(*args)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm

@@ -66,6 +66,7 @@ __all__ = [
     "analyse",
     "context_of",
     "made_where",
+    "node_facts",
     "peak_headline",
     "remedies",
     "remedy_text",
@@ -126,6 +127,11 @@ class ProgramContext:
         graph: the graph's kind (``"forward"``, ``"backward"``, ``"inference"``, ``"lazy"``;
             ``""`` for an eager op).
         sources: what each array input is called (dynamo's source, a placeholder), in order.
+        named: for a JAX function of named arguments (``fit``'s step: ``params``, ``exp_avg``,
+            ``tokens``...), each argument's name and the kind of its leaves: an entry
+            parameter named ``params['w']`` is then that argument's.
+        loop_nodes: the nodes of a loop's body (``fit``'s layer), for instructions whose scope
+            is inside a ``while`` (their names may repeat the nodes outside it).
     """
 
     name: str
@@ -136,6 +142,8 @@ class ProgramContext:
     program: str | None = None
     graph: str = ""
     sources: tuple[str, ...] = ()
+    named: tuple[tuple[str, str], ...] = ()
+    loop_nodes: Mapping[str, NodeFacts] = dataclasses.field(default_factory=dict)
 
 
 # -- what a program's inputs are -----------------------------------------------------------
@@ -164,14 +172,31 @@ def role_of(source: str) -> str:
 
 
 def _stack_location(stack: str | None) -> tuple[SourceLocation | None, bool]:
-    """The user's line of an FX node's stack trace, else its innermost library line."""
+    """The user's line of an FX node's stack trace, else the innermost line of the model's
+    library (transformers' ``modeling_llama.py``: not torch, jax or tpu_debug)."""
     if not stack:
         return None, False
     frames = [SourceLocation(f, int(n), fn.strip()) for f, n, fn in _FRAME.findall(stack)]
-    user, library = split_frames(frames)
+    user, _ = split_frames(frames)
     if user is not None:
         return user, False
-    return (library or (frames[-1] if frames else None)), True
+    model = next((f for f in reversed(frames) if not _machinery(f.file)), None)
+    return (model or (frames[-1] if frames else None)), True
+
+
+def _machinery(file: str) -> bool:
+    """Code that runs a model rather than defines it: torch, jax, tpu_debug, the standard library."""
+    from tpu_debug.tracers.location import is_own_file
+
+    parts = file.replace("\\", "/").split("/")
+    return (is_own_file(file) or any(p in ("torch", "jax", "jaxlib", "functorch") for p in parts)
+            or not any(p in ("site-packages", "dist-packages") for p in parts))
+
+
+def node_facts(node: Any, phase: str) -> NodeFacts:
+    """The :class:`NodeFacts` of a lowered node (``name``, ``stack_trace``) in pass ``phase``."""
+    where, library = _stack_location(node.stack_trace)
+    return NodeFacts(phase, where, library)
 
 
 def _optimizer_code(stack: str | None) -> bool:
@@ -198,10 +223,9 @@ def context_of(info: Any, sites: Mapping[int, tuple[str, SourceLocation | None]]
             nodes[node.name] = NodeFacts(phase, where)
     elif graph is not None:
         for node in graph.nodes:
-            where, library = _stack_location(node.stack_trace)
             phase = ("backward" if node.backward else "optimizer" if _optimizer_code(node.stack_trace)
                      or graph.label == "optimizer_step" else "forward")
-            nodes[node.name] = NodeFacts(phase, where, library)
+            nodes[node.name] = node_facts(node, phase)
         sources = graph.inputs
         arrays = [a for a in info.args if a.shape is not None]
         if len(sources) == len(info.args):
@@ -250,17 +274,40 @@ class _Reader:
         ins = self.parameters.get(parameter)
         return _input_number(ins) if ins is not None else parameter
 
+    def _argument(self, parameter: int | None) -> tuple[str, str] | None:
+        """(its name, its argument's kind) of a parameter of a function of named arguments."""
+        ins = self.parameters.get(parameter)
+        if ins is None or not self.context.named:
+            return None
+        name = ins.metadata.op_name.replace("\\'", "'")
+        head = name.split("[", 1)[0]
+        return next(((name, role) for arg, role in self.context.named if arg == head), None)
+
     def role(self, parameter: int | None) -> str:
         """The kind of entry parameter ``parameter`` (what its input is)."""
+        named = self._argument(parameter)
+        if named is not None:
+            return named[1]
         number = self.input_number(parameter)
         roles = self.context.inputs
         return roles[number] if number is not None and number < len(roles) else "input"
 
     def source(self, parameter: int | None) -> str:
         """What entry parameter ``parameter``'s input is called."""
+        named = self._argument(parameter)
+        if named is not None:
+            return named[0]
         number = self.input_number(parameter)
         sources = self.context.sources
         return sources[number] if number is not None and number < len(sources) else f"input {number}"
+
+    def facts_of(self, node: str, op_name: str) -> NodeFacts | None:
+        """What the runtime told about ``node`` of an instruction whose scope is ``op_name``."""
+        if self.context.loop_nodes and "while" in op_name:
+            found = self.context.loop_nodes.get(node)
+            if found is not None:
+                return found
+        return self.context.nodes.get(node)
 
     def phase(self, ins: Instruction | None) -> str:
         if ins is None:
@@ -270,7 +317,7 @@ class _Reader:
             return "backward"
         nodes, _ = scope_parts(op_name)
         for node in nodes.split(",") if nodes else self._lazy_nodes(op_name):
-            facts = self.context.nodes.get(node)
+            facts = self.facts_of(node, op_name)
             if facts is not None and facts.phase:
                 return facts.phase
         return "forward" if "jvp(" in op_name else ""
@@ -308,7 +355,7 @@ class _Reader:
         op_name = ins.metadata.op_name
         nodes, aten = scope_parts(op_name)
         for node in (nodes.split(",") if nodes else self._lazy_nodes(op_name)):
-            facts = self.context.nodes.get(node)
+            facts = self.facts_of(node, op_name)
             if facts is not None:
                 label = f"{node}|{aten}" if aten else node
                 return label, facts.location, facts.library
