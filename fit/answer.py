@@ -680,7 +680,13 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
     return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
                      memory, fc.collectives, estimate, fc.unsharded,
                      None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
-                     extrapolation, method, fc.cached, at_least, fc.communication, fc.peak)
+                     extrapolation, method, fc.cached, at_least, fc.communication,
+                     dataclasses.replace(fc.peak, name=step_name(name, job)) if fc.peak is not None else None)
+
+
+def step_name(model: str, job: str) -> str:
+    """How a fit's step is named among a run's programs (its peak's ``ProgramMemoryEvent.name``)."""
+    return f"{model} {job} step"
 
 
 def _lower_bound(fc: _Measure, job: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
@@ -800,6 +806,8 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
+
+
 # buffers of the step's peak an answer names
 PEAK_LINES = 5
 
@@ -1018,6 +1026,9 @@ class Fixes:
     tried: tuple[tuple[str, FitReport], ...]
     # the PyTorch change each of ``tried`` means, in its order
     code: tuple[str, ...] = ()
+    # what of the original step's peak each of ``tried`` goes after ("activations kept for
+    # backward, 8.00 GiB at the peak"; "" when the peak is not known), in its order
+    addresses: tuple[str, ...] = ()
 
     @property
     def best(self) -> tuple[str, FitReport] | None:
@@ -1028,14 +1039,17 @@ class Fixes:
         best = self.best
         ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
-        return tuple(f"{what}: {needs_text(r)} of {format_bytes(r.capacity)}, {verdicts[r.fits]}"
-                     for what, r in ordered)
+        aim = dict(zip((what for what, _ in self.tried), self.addresses))
+        return tuple(f"{what}{f' [for {aim[what]}]' if aim.get(what) else ''}: {needs_text(r)} of "
+                     f"{format_bytes(r.capacity)}, {verdicts[r.fits]}" for what, r in ordered)
 
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
                  f"({needs_text(self.original)} of {format_bytes(self.original.capacity)} per chip), "
                  "each compiled:"]
         code = dict(zip((what for what, _ in self.tried), self.code))
+        aim = dict(zip((what for what, _ in self.tried), self.addresses))
+        lines.extend(_peak_lines(self.original))
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
             step = f", step ~{format_seconds(r.estimate.seconds)}" if r.fits and r.estimate else ""
@@ -1044,6 +1058,8 @@ class Fixes:
                          f"{verdict}{step}")
             if what in code:
                 lines.append(f"      PyTorch: {code[what]}")
+            if aim.get(what):
+                lines.append(f"      for: {aim[what]}")
         best = self.best
         lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
         return "\n".join(lines)
@@ -1094,7 +1110,29 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
         return (not r.fits, other, r.estimate.seconds if r.fits and r.estimate else 0.0)
 
     tried.sort(key=rank)
-    return Fixes(original, tuple((what, r) for what, r, _, _ in tried), tuple(code for _, _, code, _ in tried))
+    aims, change_of = _aims(original.peak), dict(changes)
+    return Fixes(original, tuple((what, r) for what, r, _, _ in tried), tuple(code for _, _, code, _ in tried),
+                 tuple(aims(change_of[what]) for what, *_ in tried))
+
+
+# what of a step's peak each change of ``fixes`` goes after (tracers.program_memory's kinds;
+# "logits": the vocabulary-wide activations a chunked loss never makes whole)
+_AIMS = {"remat": ("activation",), "remat_policy": ("activation",), "attention": ("activation",),
+         "loss": ("logits",), "dtype": ("parameter", "optimizer_state"), "master_dtype": ("optimizer_state",),
+         "target": ("parameter", "optimizer_state", "gradient"), "batch": ("activation", "temporary")}
+
+
+def _aims(peak: Any):
+    """``aims(change) -> text``: the kinds of ``peak`` a change goes after, with their bytes."""
+    from tpu_debug.tracers.program_memory import KIND_TEXT, remedies
+
+    found = {r.kind: r.nbytes for r in remedies(peak)} if peak is not None else {}
+
+    def aims(change: dict) -> str:
+        kinds = dict.fromkeys(k for key in change for k in _AIMS.get(key, ()) if found.get(k))
+        return ", ".join(f"{KIND_TEXT.get(k, 'the logits')} at the peak ({format_bytes(found[k])})" for k in kinds)
+
+    return aims
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None,

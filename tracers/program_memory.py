@@ -162,7 +162,9 @@ def role_of(source: str) -> str:
     s = source.lower()
     if s.endswith((".grad", "_grad")) or s.startswith("tangents_"):
         return "gradient"
-    if "state" in s and ("opt" in s or "exp_avg" in s or "momentum" in s):
+    # an optimizer's state: dynamo's source (``.state[p]['exp_avg']``) or the attribute it lifts
+    # the state into (``opt___state_..._0____1``, ``args___1_state_...``)
+    if "exp_avg" in s or "momentum" in s or "state[" in s or "___state" in s or "_state_list" in s:
         return "optimizer_state"
     if "_parameters" in s or "param_groups" in s or "parameters_" in s or "_buffers" in s:
         return "parameter"
