@@ -1144,7 +1144,9 @@ class MemoryHolder:
     ``tensors`` what that line's storages held then, ``shape``/``dtype`` its largest
     allocation's. With a TPU target ``nbytes`` are the bytes in HBM (padded to the
     target's tiles) and ``logical_bytes`` the same tensors' logical bytes; 0 where not
-    recorded.
+    recorded. ``kind``: what they are, from when they were made and whether they outlived
+    their step (``tracers.memory.holder_kind``: ``"parameter"``, ``"gradient"``,
+    ``"optimizer_state"``, ``"activation"``, ``"temporary"``); "" where not recorded.
     """
 
     file: str
@@ -1156,6 +1158,7 @@ class MemoryHolder:
     shape: tuple[int, ...] = ()
     dtype: str = ""
     logical_bytes: int = 0
+    kind: str = ""
 
 
 @register_event

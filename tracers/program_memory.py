@@ -65,6 +65,7 @@ __all__ = [
     "Remedy",
     "analyse",
     "context_of",
+    "holder_remedies",
     "made_where",
     "node_facts",
     "peak_headline",
@@ -627,14 +628,34 @@ def remedies(e: ProgramMemoryEvent, cwd: str | None = None) -> tuple[Remedy, ...
     return tuple(sorted(out, key=lambda r: -r.nbytes))
 
 
+def holder_remedies(holders: Any, required: int, cwd: str | None = None) -> tuple[Remedy, ...]:
+    """What to change for each kind of the tensors held at an eager run's peak
+    (``MemoryHolder`` records with their ``kind``), the largest first, each with the need it
+    would leave of ``required``."""
+    from tpu_debug.core.format import format_location
+
+    parts: dict[str, list[Any]] = {}
+    for h in holders:
+        wide = len(h.shape) >= 2 and h.shape[-1] >= LOGITS_WIDTH and h.kind in ("activation", "temporary")
+        kind = "logits" if wide else h.kind
+        if kind in _CHANGES:
+            parts.setdefault(kind, []).append(h)
+    out = []
+    for kind, group in parts.items():
+        saved = sum(h.nbytes for h in group)
+        lines = tuple(dict.fromkeys(format_location(h.file, h.line, None, cwd=cwd) for h in group if h.file))[:4]
+        out.append(Remedy(kind, saved, max(required - saved, 0), _CHANGES[kind], lines))
+    return tuple(sorted(out, key=lambda r: -r.nbytes))
+
+
 def remedy_text(r: Remedy) -> str:
-    """``activations kept for backward (8.00 GiB at model.py:12): <change>; the program would
-    need about 12.50 GiB``."""
+    """``activations kept for backward (8.00 GiB at model.py:12): <change>; that would leave at
+    most 12.50 GiB``."""
     from tpu_debug.core.format import format_bytes
 
     what = KIND_TEXT.get(r.kind, "the vocabulary's logits" if r.kind == "logits" else r.kind)
     at = f" at {', '.join(r.lines)}" if r.lines else ""
-    return (f"{what} ({format_bytes(r.nbytes)}{at}): {r.change}; the program would need at most "
+    return (f"{what} ({format_bytes(r.nbytes)}{at}): {r.change}; that would leave at most "
             f"{format_bytes(r.estimate_bytes)} (an estimate: what the change keeps instead is not counted)")
 
 

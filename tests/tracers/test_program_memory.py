@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.target import _libtpu
+from tpu_debug.tracers.memory import memory_view
 
 import tpu_debug
 
@@ -138,3 +139,23 @@ def jax_struct(shape):
     import jax.numpy as jnp
 
     return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def test_an_eager_steps_holders_have_their_kinds(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.Tanh(), torch.nn.Linear(4096, 8)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(1024, 256, device="tpu"), torch.randn(1024, 8, device="tpu")
+    with tpu_debug.trace(logdir=tmp_path, memory=True) as session:
+        for _ in range(2):
+            F.mse_loss(model(x), y).backward()  # EAGER STEP
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+    kinds = {(h.phase, h.kind) for h in memory_view(session).peak_holders()}
+    # made before the trace and kept: the weights; made by the optimizer and kept: its momentum;
+    # made by the backward and mostly gone by the step's end (the gradients of the activations
+    # outweigh the weights' gradients made on the same line): temporaries; made by the forward
+    # and gone by the step's end: what it kept for the backward (tanh's output, [1024, 4096])
+    assert {("before trace", "parameter"), ("optimizer", "optimizer_state"), ("backward", "temporary")} <= kinds
+    (kept,) = [h for h in memory_view(session).peak_holders() if h.kind == "activation" and h.shape == (1024, 4096)]
+    assert kept.line == _line("# EAGER STEP")

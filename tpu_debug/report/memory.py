@@ -80,10 +80,13 @@ def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
     if rows:
         parts.append(kv_text(rows))
     if d["holders"]:
-        table = report_table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("bytes", "right"),
-                       ("tensors", "right"), ("largest", "left"))
+        from tpu_debug.tracers.program_memory import KIND_TEXT
+
+        table = report_table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("kind", "left"),
+                             ("bytes", "right"), ("tensors", "right"), ("largest", "left"))
         for h in d["holders"]:
-            table.add_row(Text(_holder_where(h)), Text(PHASE_TEXT.get(h["phase"], h["phase"])), format_bytes(h["nbytes"]),
+            table.add_row(Text(_holder_where(h)), Text(PHASE_TEXT.get(h["phase"], h["phase"])),
+                          Text(KIND_TEXT.get(h.get("kind") or "", h.get("kind") or "-")), format_bytes(h["nbytes"]),
                           str(h["tensors"]), Text(f"{h['dtype']}{list(h['shape'])}" if h["shape"] else "-"))
         parts.append(table)
     parts += [_memory_finding(f, terminal) for f in d["findings"]]

@@ -32,6 +32,7 @@ from tpu_debug.tracers.events import (
 from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text
 from tpu_debug.tracers.program_memory import (
     KIND_TEXT,
+    holder_remedies,
     made_where,
     remedies,
     remedy_text,
@@ -104,6 +105,9 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
             continue
         cause = _cause(summary, record)
         fix, others = _fix_text(record, cause)
+        kinds = holder_remedies(record.holders, record.required_bytes)
+        if kinds:  # the change for the largest kind of what is held at the peak, then the estimates
+            fix = f"{remedy_text(kinds[0])}. Otherwise: {fix}"
         title = (
             f"the run does not fit one {record.target} device: ~{format_bytes(record.required_bytes)} needed, "
             f"{format_bytes(record.capacity_bytes)} there"

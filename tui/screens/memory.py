@@ -120,6 +120,7 @@ class MemoryScreen(RunScreen):
             [
                 Col("held at the peak by", "where", shrink=20),
                 Col("phase", "phase", drop=1),
+                Col("kind", "kind", drop=2),
                 Col("bytes", "bytes"),
                 Col("tensors", "tensors", drop=2),
                 Col("largest", "largest", drop=3),
@@ -223,6 +224,7 @@ class MemoryScreen(RunScreen):
         return (
             where,
             Text(PHASE_TEXT.get(h.phase, h.phase)),
+            Text(KIND_TEXT.get(h.kind, h.kind or "-")),
             Text(format_bytes(h.nbytes), justify="right"),
             Text(str(h.tensors), justify="right"),
             Text(f"{h.dtype}{list(h.shape)}" if h.shape else "-"),
