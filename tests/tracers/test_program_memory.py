@@ -159,3 +159,41 @@ def test_an_eager_steps_holders_have_their_kinds(tmp_path):
     assert {("before trace", "parameter"), ("optimizer", "optimizer_state"), ("backward", "temporary")} <= kinds
     (kept,) = [h for h in memory_view(session).peak_holders() if h.kind == "activation" and h.shape == (1024, 4096)]
     assert kept.line == _line("# EAGER STEP")
+
+
+@requires_libtpu
+def test_xprofs_memory_viewer_shows_the_same_peak(tmp_path):
+    """The profile the TensorBoard export writes for a target program is read by xprof's memory
+    viewer, whose figures are the peak's: its total allocation is the buffer assignment's
+    total, its peak heap that total less the heap's unused bytes (what the timeline tops at)."""
+    import base64
+    import json
+
+    import jax
+    import jax.numpy as jnp
+    from tpu_debug.runtime.target import compile_for_target
+    from tpu_debug.tracers.events import ProgramProtoEvent
+    from tpu_debug.tracers.program_memory import ProgramContext, analyse
+    from tpu_debug.tracers.tensorboard import write_programs
+    from xprof.convert import raw_to_tool_data
+
+    def loss(w1, w2, x):  # its gradient holds an 8 GiB product and two 4 GiB ones: not on a v5e device
+        return ((jnp.tanh(x @ w1) @ w2) ** 2).sum()
+
+    args = tuple(jax.ShapeDtypeStruct(s, jnp.float32) for s in ((8192, 8192), (8192, 32768), (131072, 8192)))
+    result = compile_for_target(jax.grad(loss, argnums=(0, 1)), args, "v5e", cache=False)
+    assert result.error is not None and result.hlo_proto
+    peak = analyse(result.buffers, result.hlo, ProgramContext("refused", "compiled"), source="target",
+                   target="v5e", status="hbm_oom")
+    proto = ProgramProtoEvent(0, 0.0, None, 0, None, "refused.v5e", 1_000_001, "target",
+                              base64.b64encode(result.hlo_proto).decode(), "v5e")
+    path = write_programs(tmp_path, [proto], session=tmp_path / "plugins" / "profile" / "run")
+    raw_to_tool_data.xspace_to_tool_names([str(path)])  # xprof's first read: it lists the programs
+    data, _ = raw_to_tool_data.xspace_to_tool_data([str(path)], "memory_viewer",
+                                                   {"module_name": "refused.v5e(1000001)"})
+    viewer = json.loads(data)
+    mib = 1024**2
+    assert viewer["moduleName"] == "refused.v5e"
+    assert viewer["totalBufferAllocationMib"] * mib == pytest.approx(peak.total_bytes, abs=1)
+    assert viewer["peakHeapMib"] * mib == pytest.approx(peak.total_bytes - peak.unused_bytes, abs=1)
+    assert max(peak.timeline_bytes) == peak.total_bytes - peak.unused_bytes
