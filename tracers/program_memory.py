@@ -53,6 +53,7 @@ from typing import Any
 from tpu_debug.core.buffers import HOST_COLOR, BufferAssignment, PeakBuffer
 from tpu_debug.core.collective_kinds import of_opcode
 from tpu_debug.core.hlo_text import ELEMENT_BITS, Instruction, Module, parse_module, parse_shape, scope_parts
+from tpu_debug.runtime.probes import CompileInfo
 from tpu_debug.tracers.events import ProgramBuffer, ProgramMemoryEvent, ProgramProtoEvent, SourceLocation
 from tpu_debug.tracers.location import split_frames, user_location
 
@@ -207,7 +208,7 @@ def _optimizer_code(stack: str | None) -> bool:
     return bool(stack) and f"{os.sep}torch{os.sep}optim{os.sep}" in stack
 
 
-def context_of(info: Any, sites: Mapping[int, tuple[str, SourceLocation | None]] | None = None,
+def context_of(info: CompileInfo, sites: Mapping[int, tuple[str, SourceLocation | None]] | None = None,
                location: SourceLocation | None = None, program: str | None = None) -> ProgramContext:
     """The :class:`ProgramContext` of a ``CompileInfo`` (cheap: read on the user's thread).
 
@@ -710,7 +711,7 @@ class ProgramMemoryTracer:
         phase = self._phase() if self._phase is not None else ""
         self._sites[site] = (phase, user_location(_PROBE_DEPTH))
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         if info.replayed:
             return
         location = user_location(_PROBE_DEPTH)
@@ -757,7 +758,7 @@ class ProgramMemoryTracer:
 
     # -- the target's compiler ----------------------------------------------------------
 
-    def on_target(self, info: Any, result: Any, program: str | None, tpu_program: str | None) -> None:
+    def on_target(self, info: CompileInfo, result: Any, program: str | None, tpu_program: str | None) -> None:
         """A target compile of ``info`` finished (the ``TargetTracer``'s result listener, on its
         worker; ``program`` and ``tpu_program`` the content hashes of the local and the target's
         HLO): record the target's assignment, of a graph, or of any program it refused."""
