@@ -1,7 +1,7 @@
 """A Llama training step too big for one TPU chip, for a dry run: what holds its peak, and what to change.
 
-The defaults are a float32 Llama (hidden 2048, 4 layers, a 128,000-token vocabulary: 1.9 B
-parameters) trained with AdamW on 4 sequences of 2048 tokens. Its step needs more than the
+The defaults are a float32 Llama (hidden 2048, 4 layers, a 128,000-token vocabulary: 0.74 B
+parameters) trained with AdamW on 8 sequences of 1024 tokens. Its step needs more than the
 15.75 GiB of a v5e chip: the parameters, their gradients and AdamW's two moments (four copies,
 float32), the logits over the vocabulary and their gradient, and what each layer keeps for the
 backward. A dry run compiles every program for the TPU and nothing executes, so it answers on
@@ -19,10 +19,9 @@ the optimizer's state in bfloat16, ``--batch`` and ``--seq`` change the tokens a
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +32,7 @@ import tpu_debug
 if __package__ in (None, ""):  # run as a script: make the repository's `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
+from examples.models.tiny_llama import LlamaConfig, TinyLlama
 
 
 def whole_loss(model, tokens):
@@ -72,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=128_000)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--bf16", action="store_true", help="parameters and optimizer state in bfloat16")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="the loss a chunk of positions at a time, no whole logits")

@@ -311,6 +311,8 @@ class _Opaque:
 def _write_input(t: torch.Tensor, value) -> None:
     """A graph's new value of input ``t``, written in place (every alias sees it)."""
     if t.device.type != "tpu":  # a host input (AdamW's step counts without capturable=True)
+        if isinstance(value, _dryrun.Abstract):  # a dry run computes no value: the host keeps its own
+            return
         with torch.no_grad():
             t.copy_(torch.from_numpy(np.array(value)).to(t.dtype))  # a device-to-host sync
         return

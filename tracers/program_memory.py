@@ -580,8 +580,9 @@ class Remedy:
 
     ``kind``: ``"activation"``, ``"logits"``, ``"optimizer_state"``, ``"parameter"``,
     ``"gradient"``, ``"temporary"`` or ``"padding"``; ``nbytes`` the peak's bytes of it;
-    ``estimate_bytes`` the program's need with them gone (a bound: what the change keeps
-    instead is not counted); ``change`` what to do in PyTorch; ``lines`` where they are made.
+    ``estimate_bytes`` the peak with them gone (an estimate, not a bound: what the change keeps
+    instead is not counted, and the peak may move to another point); ``change`` what to do in
+    PyTorch; ``lines`` where they are made.
     """
 
     kind: str
@@ -650,14 +651,15 @@ def holder_remedies(holders: Any, required: int, cwd: str | None = None) -> tupl
 
 
 def remedy_text(r: Remedy) -> str:
-    """``activations kept for backward (8.00 GiB at model.py:12): <change>; that would leave at
-    most 12.50 GiB``."""
+    """``activations kept for backward (8.00 GiB at model.py:12): <change>; without them the peak
+    would be about 12.50 GiB``."""
     from tpu_debug.core.format import format_bytes
 
     what = KIND_TEXT.get(r.kind, "the vocabulary's logits" if r.kind == "logits" else r.kind)
     at = f" at {', '.join(r.lines)}" if r.lines else ""
-    return (f"{what} ({format_bytes(r.nbytes)}{at}): {r.change}; that would leave at most "
-            f"{format_bytes(r.estimate_bytes)} (an estimate: what the change keeps instead is not counted)")
+    return (f"{what} ({format_bytes(r.nbytes)}{at}): {r.change}; without them the peak would be about "
+            f"{format_bytes(r.estimate_bytes)} (an estimate: what the change keeps instead, and a peak that moves "
+            "elsewhere, are not counted)")
 
 
 # -- the tracer ----------------------------------------------------------------------------------
