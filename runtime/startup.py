@@ -11,15 +11,18 @@ from typing import Any
 
 import torch
 from torch._C._dynamo import eval_frame as _eval_frame
+from tpu_debug.runtime import accelerator
 from tpu_debug.runtime import lazy as _lazy
-from tpu_debug.runtime import probes
+from tpu_debug.runtime import probes, xla_options
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.platform import leave_out_an_absent_tpu
+from tpu_debug.runtime.torchtpu.compat import eager_mode_from_env
 
-__all__ = ["dynamo_disabled", "single_threaded_backward", "start"]
+__all__ = ["dynamo_disabled", "first_use", "single_threaded_backward", "start"]
 
 _lock = threading.Lock()
 _started = False
+_in_use = False  # a kernel of the device ran (first_use): start() alone, from trace(), is not that
 
 
 def start() -> None:
@@ -45,6 +48,10 @@ def start() -> None:
         if _started:
             return
         config.load_env()
+        torchtpu_mode = eager_mode_from_env()  # TorchTPU's TPU_LAUNCH_BLOCKING, TORCH_TPU_DEFER_AND_FUSE
+        if torchtpu_mode is not None:
+            config.eager_mode = torchtpu_mode
+        xla_options.mark_started()  # XLA_FLAGS as XLA reads it when it starts
         leave_out_an_absent_tpu()
         single_threaded_backward()
         _started = True
@@ -69,18 +76,28 @@ def single_threaded_backward() -> None:
         torch._C._set_multithreading_enabled(False)
 
 
-def dynamo_disabled(fn: Any) -> Any:
+def first_use() -> None:
+    """A kernel of the device ran (a `tpu` tensor made, moved or computed on): the runtime
+    starts, and PyTorch's accelerator is ``tpu`` from now on (see runtime/accelerator.py)."""
+    global _in_use
+    start()
+    accelerator.claim()
+    _in_use = True
+
+
+def dynamo_disabled(fn: Any, *, kernel: bool = True) -> Any:
     """``torch._dynamo.disable(fn, recursive=True)`` without importing torch._dynamo,
     which costs about a second: the same two steps through dynamo's C
     module, which loads with torch. ``fn`` and all it calls run with dynamo's frame
-    callback unset, and dynamo runs the wrapper's own frame without looking at it."""
+    callback unset, and dynamo runs the wrapper's own frame without looking at it.
+    A ``kernel``'s first call is the device's first use; ``torch.tpu``'s RNG functions are
+    not (``torch.manual_seed`` seeds every registered device, in CPU jobs too)."""
 
     def shielded(*args, **kwargs):
         prior = _eval_frame.set_eval_frame(None)
         try:
-            # every kernel and torch.tpu RNG function comes through here: the device's first use
-            if not _started:
-                start()
+            if kernel and not _in_use:
+                first_use()
             return fn(*args, **kwargs)
         finally:
             _eval_frame.set_eval_frame(prior)

@@ -413,3 +413,15 @@ def test_no_library_function_over_80_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES:
                 long.append(f"{source.relative_to(ROOT)}:{node.lineno} {name} ({_body_lines(node)} lines)")
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
+
+
+def test_the_doc_maps_every_module():
+    """docs/architecture.md's module map names every module of the wheel by its path, so a new
+    module is placed on the map when it is added."""
+    doc = (ROOT / "docs" / "architecture.md").read_text().split("## Module map", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(
+        str(source.relative_to(ROOT))
+        for name, (source, _) in _modules().items()
+        if name.count(".") >= 1 and f"`{source.relative_to(ROOT)}`" not in doc
+    )
+    assert not missing, "modules missing from docs/architecture.md's module map:\n" + "\n".join(missing)

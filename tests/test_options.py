@@ -46,6 +46,7 @@ JUNK = {
     "TPU_DEBUG_MEMORY": "junk",
     "TPU_DEBUG_DRY_RUN": "junk",
     "TPU_DEBUG_CPU_FALLBACK": "junk",
+    "TPU_DEBUG_DATA_CHECKS": "junk",
     "TPU_DEBUG_MATMUL_PRECISION": "low",
     "TPU_DEBUG_EAGER_CACHE_SIZE": "0",
     "TPU_DEBUG_COMPILED_CACHE_SIZE": "lots",
@@ -55,6 +56,7 @@ JUNK = {
     "TPU_DEBUG_RANK_TIMEOUT": "0",
     "TPU_DEBUG_COLLECTIVE_CHECK": "junk",
     "TPU_DEBUG_COLLECTIVE_TIMEOUT": "0",
+    "TPU_DEBUG_FLIGHT_RECORDER_AT_EXIT": "junk",
     "TPU_DEBUG_COMPILE_CACHE": "junk",
     "TPU_DEBUG_COMPILE_CACHE_DIR": " ",
     "TPU_DEBUG_COMPILE_CACHE_BYTES": "1GB",
@@ -102,6 +104,17 @@ def test_every_boolean_reads_the_same_words(opt):
         options.read_env([opt], {opt.env: ""})
 
 
+def test_another_tools_variable_for_an_option_is_read_after_ours():
+    """TorchTPU's TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS sets data_checks, parsed by the same
+    rule and named in its error; TPU_DEBUG_DATA_CHECKS wins when both are set."""
+    env = {"TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS": "1"}
+    assert options.read_env("runtime", env)["data_checks"] is True
+    assert options.read_env("runtime", {**env, "TPU_DEBUG_DATA_CHECKS": "0"})["data_checks"] is False
+    assert RuntimeConfig.from_env(env).data_checks is True
+    with pytest.raises(ConfigError, match="^TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS='maybe' is not a boolean"):
+        options.read_env("runtime", {"TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS": "maybe"})
+
+
 def test_counts_and_seconds():
     count = options.option("storm_threshold")
     assert options.read_env([count], {count.env: " 1_000 "}) == {"storm_threshold": 1000}
@@ -136,7 +149,8 @@ def test_trace_keywords_config_fields_and_flags_come_from_the_declarations():
     for name in trace_options:
         assert f"--{name.replace('_', '-')}" in flags[name]
     assert set(RuntimeConfig().as_dict()) == {o.name for o in options.OPTIONS if "runtime" in o.scopes}
-    assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout", "collective_check", "collective_timeout"}
+    assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout", "collective_check", "collective_timeout",
+                                                  "flight_recorder_at_exit"}
     with pytest.raises(TypeError, match=r"^trace\(\) got an unexpected keyword argument 'hlos'$"):
         tpu_debug.trace(hlos=True)
 

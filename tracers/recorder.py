@@ -14,6 +14,7 @@ import itertools
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from tpu_debug.runtime.probes import (
@@ -26,6 +27,7 @@ from tpu_debug.runtime.probes import (
     TransferInfo,
 )
 from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.collective_journal import CollectiveJournal, call_record, done_record
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
     CollectiveDesyncEvent,
@@ -140,6 +142,7 @@ class Recorder:
         self._lazy_compiles: dict[Any, int] = {}
         self._lazy_step = 0
         self._step_frames = StepFrames()
+        self._collective_journal: CollectiveJournal | None = None
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -316,41 +319,51 @@ class Recorder:
         )
 
     def on_collective(self, info: CollectiveInfo) -> None:
-        self.writer.put(
-            CollectiveCallEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                user_location(_PROBE_DEPTH),
-                str(info.op),
-                str(info.group),
-                tuple(int(r) for r in info.ranks),
-                int(info.rank),
-                int(info.seq),
-                tuple(str(list(s)) for s in info.shapes),
-                str(info.dtype),
-                int(info.nbytes),
-                info.reduce_op,
-                info.peer,
-            )
+        event = CollectiveCallEvent(
+            self.writer.new_id(),
+            self.clock(),
+            None,
+            threading.get_native_id(),
+            user_location(_PROBE_DEPTH),
+            str(info.op),
+            str(info.group),
+            tuple(int(r) for r in info.ranks),
+            int(info.rank),
+            int(info.seq),
+            tuple(str(list(s)) for s in info.shapes),
+            str(info.dtype),
+            int(info.nbytes),
+            info.reduce_op,
+            info.peer,
         )
+        self.writer.put(event)
+        self._journal().write(call_record(event))
 
     def on_collective_done(self, info: CollectiveDone) -> None:
-        self.writer.put(
-            CollectiveDoneEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                None,  # the entry's event holds the user's line
-                str(info.op),
-                str(info.group),
-                int(info.rank),
-                int(info.seq),
-                float(info.seconds),
-            )
+        event = CollectiveDoneEvent(
+            self.writer.new_id(),
+            self.clock(),
+            None,
+            threading.get_native_id(),
+            None,  # the entry's event holds the user's line
+            str(info.op),
+            str(info.group),
+            int(info.rank),
+            int(info.seq),
+            float(info.seconds),
+            info.last_rank,
+            info.waited,
         )
+        self.writer.put(event)
+        self._journal().write(done_record(event))
+
+    def _journal(self) -> CollectiveJournal:
+        """The run's journal of collective calls (see tracers/collective_journal.py)."""
+        journal = self._collective_journal
+        if journal is None:
+            path = getattr(self.writer, "path", None)  # a writer of no file keeps no journal
+            journal = self._collective_journal = CollectiveJournal(Path(path).parent if path is not None else None)
+        return journal
 
     def on_collective_desync(self, info: DesyncInfo) -> None:
         self.writer.put(
@@ -369,9 +382,10 @@ class Recorder:
                 info.timeout,
                 tuple(
                     DesyncCall(c.rank, c.state, c.op, c.seq, "; ".join(c.shapes), c.dtype, c.reduce_op, c.peer,
-                               c.file, c.line, c.function, c.device)
+                               c.file, c.line, c.function, c.device, c.error, tuple(c.stack), c.exit_status)
                     for c in info.calls
                 ),
+                tuple(info.p2p),
             )
         )
 

@@ -6,7 +6,8 @@ and hands the lowering to XLA's TPU compiler on the target compiler's worker
 thread (``runtime.target.compile_lowered_for_target_async``): the user's thread
 only queues it. A lowering that holds a custom call only the CPU has (LAPACK's,
 for ``torch.linalg``) is refused by the TPU compiler; its function is then
-lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``).
+lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``), as is
+one holding a Pallas kernel interpreted for CPU (``torch.tpu.pallas.jax_op``).
 
 What comes back is recorded beside the local program, one
 :class:`~tpu_debug.tracers.events.TargetCompileEvent` per distinct program: the
@@ -405,12 +406,10 @@ class TargetTracer:
                 self._failed(program, exc)
                 return
             result = future.result()
-            if (
-                not relowered
-                and result.error is not None
-                and result.error.kind == "compile_error"
-                and program.info.jitted is not None
-                and "custom_call" in program.info.stablehlo()
+            if not relowered and program.info.jitted is not None and (
+                (result.error is not None and result.error.kind == "compile_error"
+                 and "custom_call" in program.info.stablehlo())
+                or _holds_interpreted_kernel(program.info.stablehlo())
             ):
                 done = not self._relower(program)
                 return
@@ -819,3 +818,11 @@ def step_summary(steps: Sequence[TargetStepEvent]) -> dict[str, Any] | None:
         "estimated": done[len(done) // 2].estimated,
         "peak_memory_bytes": max((s.peak_memory_bytes or 0) for s in done) or None,
     }
+
+
+def _holds_interpreted_kernel(stablehlo: str) -> bool:
+    """A Pallas kernel of ``torch.tpu.pallas.jax_op`` runs interpreted in a CPU lowering; lowered
+    again for the TPU, the program holds the kernel itself (runtime/pallas.py)."""
+    from tpu_debug.runtime.pallas import INTERPRETED_KERNEL
+
+    return INTERPRETED_KERNEL in stablehlo

@@ -178,6 +178,9 @@ def _execute(target: str, is_module: bool, code: types.CodeType | None) -> tuple
         return 130, "KeyboardInterrupt"
     except BaseException as exc:  # noqa: BLE001 - the script's error: print it as Python would, keep the run
         _print_exception(exc)
+        # as Python keeps an uncaught exception it printed, for exit handlers (the c10d live
+        # check tells the other ranks this one raised, and where)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         return 1, f"{type(exc).__name__}: {exc}"
     return 0, None
 
