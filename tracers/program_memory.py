@@ -23,7 +23,7 @@ memory there, largest first, each with
   * a temporary made by a collective is a ``"collective"`` buffer, one in the host's
     memory space ``"host"``;
   * in a program that holds a backward pass (a train step, a backward graph, a JAX
-    gradient), a value the forward made that is still live where the backward runs is an
+    gradient), a value the forward made that a backward instruction reads last is an
     ``"activation"`` kept for it, and a value the backward made that outlives the
     backward (it flows to the optimizer or out of the program) a ``"gradient"``;
   * the rest are ``"temporary"``; an output no input shares ``"output"``.
@@ -405,7 +405,11 @@ def _kind(reader: _Reader, buf: PeakBuffer, maker: Instruction | None, peak: int
     window = reader.backward
     if window is not None:
         first, last = window
-        if phase == "forward" and v.end >= first:
+        # kept for the backward: its last reader is a backward instruction (the scheduler may
+        # hoist a backward instruction among the forward's, so the window alone does not say);
+        # a last reader of no known pass leaves the window to decide
+        ender = reader.phases[v.end] if 0 <= v.end < len(reader.phases) else ""
+        if phase == "forward" and (ender == "backward" or (not ender and v.end >= first)):
             return "activation"
         if phase == "backward" and v.end > last:
             return "gradient"
