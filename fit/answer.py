@@ -1036,8 +1036,10 @@ class Fixes:
         ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
         aim = dict(zip((what for what, _ in self.tried), self.addresses))
-        return tuple(f"{what}{f' [for {aim[what]}]' if aim.get(what) else ''}: {needs_text(r)} of "
-                     f"{format_bytes(r.capacity)}, {verdicts[r.fits]}" for what, r in ordered)
+        # "<change>: <need> of <capacity>[ (for <kinds>)], <verdict>": the advisor reads the change
+        # before the first colon and the verdict after the last comma (tracers/advisor/fit.py)
+        return tuple(f"{what}: {needs_text(r)} of {format_bytes(r.capacity)}"
+                     f"{f' (for {aim[what]})' if aim.get(what) else ''}, {verdicts[r.fits]}" for what, r in ordered)
 
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
