@@ -31,6 +31,7 @@ from tpu_debug.fit import techniques
 from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo, bounds, classify, collective_sites
 from tpu_debug.fit.infer import compile_infer, decode_bound, trace_infer
 from tpu_debug.fit.options import LOOP_ABOVE, FitOptions
+from tpu_debug.fit.peak import looped_context, step_peak, unrolled_context
 from tpu_debug.fit.scan import compile_scan_step, layer_stack, loop_repeats, trace_pieces
 from tpu_debug.fit.sharded import AXES, FitCompile, Plan, _mesh, compile_sharded_step, parse_plan
 from tpu_debug.runtime.target import parse_target
@@ -197,6 +198,9 @@ class FitReport:
             refusal): its message's figure (temporaries only) and the arguments known without
             it, ``(what, bytes)``; ``required`` is then their sum, a lower bound. Empty when
             ``required`` is the compiler's whole figure.
+        peak: the step at its peak, buffer by buffer, with each buffer's kind and model line
+            (``tracers.events.ProgramMemoryEvent``, from the compiler's buffer assignment, a
+            refused step's too); None when the compiler wrote none (an extended answer).
     """
 
     model: str
@@ -222,6 +226,7 @@ class FitReport:
     compile_cached: bool = False
     at_least: tuple[tuple[str, int], ...] = ()
     communication: tuple[CollectiveBound, ...] = ()
+    peak: Any = None
 
     @property
     def caveats(self) -> tuple[str, ...]:
@@ -516,9 +521,10 @@ def _measure_loop(config, tgt: Target, plan: Plan, o: FitOptions) -> tuple[_Meas
         r = roofline(c)
         passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
         by_op = op_by_op(c.hlo or "", tgt, repeats, techniques.splash_kernel_flops).seconds
+    peak = step_peak(c, looped_context(f"{type(config).__name__} train step", pieces))
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, passes, cached=c.cached,
-                    communication=communication, op_by_op_seconds=by_op), how
+                    communication=communication, op_by_op_seconds=by_op, peak=peak), how
 
 
 def _split(placements: tuple) -> bool:
@@ -566,6 +572,7 @@ class _Measure:
     cached: bool = False  # read back from the target compile cache: compile_seconds is the first compile's
     communication: tuple = ()  # CollectiveBound per kind (tpu_debug.fit.communication)
     op_by_op_seconds: float | None = None  # the step's ops one after another (roofline.op_by_op), no collectives
+    peak: Any = None  # the step at its peak, buffer by buffer (tracers.events.ProgramMemoryEvent)
 
 
 def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
@@ -578,8 +585,10 @@ def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
                                  optimization_level=optimization_level, cache=cache)
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
+    peak = step_peak(c, unrolled_context(f"{type(config).__name__} {job} step", traced, names, train=False))
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, 0, fc.batch_bytes,
-                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes, c.cached)
+                    fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0, kv_bytes, c.cached,
+                    peak=peak)
 
 
 def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
@@ -613,9 +622,10 @@ def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
         params = [ParamInfo(n, tuple(shapes[n].shape), 1, _split(fc.placements[n]),
                             embedding=n.endswith("embed_tokens.weight")) for n in names]
         communication = _communication(c.hlo, {}, collectives, params, plan, dtype, dtype)
+    peak = step_peak(c, unrolled_context(f"{type(config).__name__} {job} step", traced, names, train=train))
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, roofline(c).pass_flops if c.ok else 0.0,
-                    cached=c.cached, communication=communication)
+                    cached=c.cached, communication=communication, peak=peak)
 
 
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
@@ -677,7 +687,13 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
     return FitReport(name, tgt, fc.plan, job, batch, seq, parameters, fits, capacity, source, required,
                      memory, fc.collectives, estimate, fc.unsharded,
                      None if fc.error is None else fc.error.message, fc.compile_seconds, seconds,
-                     extrapolation, method, fc.cached, at_least, fc.communication)
+                     extrapolation, method, fc.cached, at_least, fc.communication,
+                     dataclasses.replace(fc.peak, name=step_name(name, job)) if fc.peak is not None else None)
+
+
+def step_name(model: str, job: str) -> str:
+    """How a fit's step is named among a run's programs (its peak's ``ProgramMemoryEvent.name``)."""
+    return f"{model} {job} step"
 
 
 def _lower_bound(fc: _Measure, job: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
@@ -803,6 +819,30 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
                         flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions,
                         op_by_op_seconds=by_op,
                         mfu_op_by_op=flops / (by_op * peak) if by_op else None)
+
+
+# buffers of the step's peak an answer names
+PEAK_LINES = 5
+
+
+def _peak_lines(r: FitReport) -> list[str]:
+    """The step's peak by kind and its largest buffers, each with its model line."""
+    from tpu_debug.tracers.program_memory import KIND_TEXT, made_where, shape_text
+
+    p = r.peak
+    if p is None:
+        return []
+    kinds = ", ".join(f"{KIND_TEXT.get(k, k)} {format_bytes(v)}" for k, v in p.by_kind().items())
+    executable = (f"; the executable reports {format_bytes(p.compiler_bytes)} without its code"
+                  if p.compiler_bytes is not None and p.compiler_bytes != p.total_bytes else "")
+    lines = [f"  at its peak: {format_bytes(p.total_bytes)} in the compiler's buffer assignment{executable}, "
+             f"while {p.peak_op or '-'} runs: {kinds}"]
+    for b in [b for b in p.buffers if b.count == 1 and b.kind != "unused"][:PEAK_LINES]:
+        made = f"{b.op} at {made_where(b)}" if b.file else made_where(b)
+        lines.append(f"    {format_bytes(b.nbytes):>11} {KIND_TEXT.get(b.kind, b.kind)}, {shape_text(b)}, {made}")
+    return lines
+
+
 def _render(r: FitReport, fixes_hint: bool = True) -> str:
     verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
@@ -833,6 +873,7 @@ def _render(r: FitReport, fixes_hint: bool = True) -> str:
         if m.kv_cache:
             lines.append(f"  KV cache: {format_bytes(m.kv_cache)} per chip (its share by the cache's sharding; "
                          "in the arguments, donated and written in place)")
+    lines.extend(_peak_lines(r))
     if r.collectives:
         lines.append("  collectives per step (per chip):")
         for c in r.collectives:
@@ -1000,6 +1041,9 @@ class Fixes:
     tried: tuple[tuple[str, FitReport], ...]
     # the PyTorch change each of ``tried`` means, in its order
     code: tuple[str, ...] = ()
+    # what of the original step's peak each of ``tried`` goes after ("activations kept for
+    # backward, 8.00 GiB at the peak"; "" when the peak is not known), in its order
+    addresses: tuple[str, ...] = ()
 
     @property
     def best(self) -> tuple[str, FitReport] | None:
@@ -1010,14 +1054,19 @@ class Fixes:
         best = self.best
         ordered = ([best] if best else []) + [t for t in self.tried if t is not best]
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
-        return tuple(f"{what}: {needs_text(r)} of {format_bytes(r.capacity)}, {verdicts[r.fits]}"
-                     for what, r in ordered)
+        aim = dict(zip((what for what, _ in self.tried), self.addresses))
+        # "<change>: <need> of <capacity>[ (for <kinds>)], <verdict>": the advisor reads the change
+        # before the first colon and the verdict after the last comma (tracers/advisor/fit.py)
+        return tuple(f"{what}: {needs_text(r)} of {format_bytes(r.capacity)}"
+                     f"{f' (for {aim[what]})' if aim.get(what) else ''}, {verdicts[r.fits]}" for what, r in ordered)
 
     def render(self) -> str:
         lines = [f"fixes for {self.original.model} on {self.original.target.name} "
                  f"({needs_text(self.original)} of {format_bytes(self.original.capacity)} per chip), "
                  "each compiled:"]
         code = dict(zip((what for what, _ in self.tried), self.code))
+        aim = dict(zip((what for what, _ in self.tried), self.addresses))
+        lines.extend(_peak_lines(self.original))
         for what, r in sorted(self.tried, key=lambda t: not t[1].fits):
             verdict = {True: "fits", False: "does not fit", None: "refused"}[r.fits]
             step = f", step ~{format_seconds(r.estimate.seconds)}" if r.fits and r.estimate else ""
@@ -1026,6 +1075,8 @@ class Fixes:
                          f"{verdict}{step}")
             if what in code:
                 lines.append(f"      PyTorch: {code[what]}")
+            if aim.get(what):
+                lines.append(f"      for: {aim[what]}")
         best = self.best
         lines.append(f"  recommended: {best[0]}" if best else "  none of these fits")
         return "\n".join(lines)
@@ -1076,7 +1127,29 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
         return (not r.fits, other, r.estimate.seconds if r.fits and r.estimate else 0.0)
 
     tried.sort(key=rank)
-    return Fixes(original, tuple((what, r) for what, r, _, _ in tried), tuple(code for _, _, code, _ in tried))
+    aims, change_of = _aims(original.peak), dict(changes)
+    return Fixes(original, tuple((what, r) for what, r, _, _ in tried), tuple(code for _, _, code, _ in tried),
+                 tuple(aims(change_of[what]) for what, *_ in tried))
+
+
+# what of a step's peak each change of ``fixes`` goes after (tracers.program_memory's kinds;
+# "logits": the vocabulary-wide activations a chunked loss never makes whole)
+_AIMS = {"remat": ("activation",), "remat_policy": ("activation",), "attention": ("activation",),
+         "loss": ("logits",), "dtype": ("parameter", "optimizer_state"), "master_dtype": ("optimizer_state",),
+         "target": ("parameter", "optimizer_state", "gradient"), "batch": ("activation", "temporary")}
+
+
+def _aims(peak: Any):
+    """``aims(change) -> text``: the kinds of ``peak`` a change goes after, with their bytes."""
+    from tpu_debug.tracers.program_memory import KIND_TEXT, remedies
+
+    found = {r.kind: r.nbytes for r in remedies(peak)} if peak is not None else {}
+
+    def aims(change: dict) -> str:
+        kinds = dict.fromkeys(k for key in change for k in _AIMS.get(key, ()) if found.get(k))
+        return ", ".join(f"{KIND_TEXT.get(k, 'the logits')} at the peak ({format_bytes(found[k])})" for k in kinds)
+
+    return aims
 
 
 def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location: Any = None,
@@ -1179,6 +1252,9 @@ def _put(writer, reports: Sequence[FitReport], fixes: Fixes | None, question: st
     for i, report in enumerate(reports):
         writer.put(fit_event(report, event_id=writer.new_id(), ts=clock(), location=location,
                              fixes=fixes if i == last else None, candidate_of=question if i < last else None))
+    peak = reports[-1].peak if reports else None
+    if peak is not None:  # the answer's step at its peak, buffer by buffer (the report's Peak buffers)
+        writer.put(dataclasses.replace(peak, id=writer.new_id(), ts=clock(), location=location))
 
 
 def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: str,

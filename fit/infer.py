@@ -128,7 +128,7 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
 
     flat = [*params.values(), *buffers.values(), *cache, tokens, *extra]
     with torch.no_grad(), traceable():
-        gm = make_fx(step, decomposition_table=graph_decompositions())(*flat)
+        gm = make_fx(step, decomposition_table=graph_decompositions(), record_stack_traces=True)(*flat)
     specs = tuple(jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), to_jax_dtype(n.meta["val"].dtype))
                   for n in gm.graph.find_nodes(op="placeholder"))
     return TracedStep(gm, GraphProgram(gm, "fit", "inference"), specs,

@@ -134,7 +134,7 @@ def _decomposed(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
 
 
-    gm = make_fx(fn, decomposition_table=graph_decompositions())(*args)
+    gm = make_fx(fn, decomposition_table=graph_decompositions(), record_stack_traces=True)(*args)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm

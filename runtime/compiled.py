@@ -196,7 +196,9 @@ class GraphProgram:
                 if low.rng:
                     self.rng_nodes += 1
                 scope = f"{node.name}|aten::{str(node.target).removeprefix('aten.')}"
-                self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace")))
+                backward = kind == "backward" or bool(node.meta.get("autograd_backward"))
+                self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace"),
+                                              backward))
         # nodes whose ops check argument values (runtime/value_checks.py), with their LoweredNode
         lowered = {n.name: n for n in self.nodes}
         self.value_nodes = {node: lowered[node.name] for node in value_nodes}
@@ -386,6 +388,8 @@ class _Opaque:
 def _write_input(t: torch.Tensor, value) -> None:
     """A graph's new value of input ``t``, written in place (every alias sees it)."""
     if t.device.type != "tpu":  # a host input (AdamW's step counts without capturable=True)
+        if isinstance(value, _dryrun.Abstract):  # a dry run computes no value: the host keeps its own
+            return
         with torch.no_grad():
             t.copy_(torch.from_numpy(np.array(value)).to(t.dtype))  # a device-to-host sync
         return
@@ -571,8 +575,10 @@ class CompiledGraph:
         self.cache: dict[tuple, _Entry] = {}
         self.compiles = 0
         self.compile_seconds = 0.0
-        # what dynamo captured into this graph (dynamo_backend sets it)
+        # what dynamo captured into this graph (dynamo_backend sets it), and what each input of
+        # the program is (GraphInfo.inputs)
         self.origin = DynamoOrigin(torch.is_grad_enabled())
+        self.inputs: tuple[str, ...] = ()
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
         # its signature is computed on the first call and reused.
@@ -1013,7 +1019,8 @@ class CompiledGraph:
         )
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
-            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin, label=self.label),
+            graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin, label=self.label,
+                            inputs=self.inputs),
             jitted=jitted,
             from_cache=cached is not None and cached.from_cache,
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
@@ -1157,6 +1164,14 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
     )
 
 
+def _primal(name: str, forward_inputs: tuple[str, ...]) -> str:
+    """A backward placeholder's name, or for ``primals_<n>`` the forward's input ``n``'s."""
+    number = name.removeprefix("primals_")
+    if number != name and number.isdigit() and 0 < int(number) <= len(forward_inputs):
+        return forward_inputs[int(number) - 1]
+    return name
+
+
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph (the
     device registered: see ``tpu_debug._loader.dynamo_backend`` for dynamo's entry point)."""
@@ -1174,6 +1189,8 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     # the graph itself; a graph taking its inputs boxed comes wrapped (see above)
     graph = gm if isinstance(gm, torch.fx.GraphModule) else gm.gm
     origin = _dynamo_origin(graph)
+    lifted = tuple(n for n, _ in graph.named_parameters(remove_duplicate=False)) + tuple(
+        n for n, _ in graph.named_buffers(remove_duplicate=False))
     # AOTAutograd calls a graph with no autograd around it "inference"; one that takes the
     # gradients itself is a whole training step, and an optimizer's code its step
     step = _computes_gradients(graph)
@@ -1184,6 +1201,13 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             label = inference if kind == "inference" else kind
             program = CompiledGraph(graph, kind, parent, label)
             program.origin = origin
+            # AOTAutograd passes the graph module's own tensors (an optimizer's state dynamo
+            # lifted) before the graph's inputs; a backward's inputs are its placeholders, a
+            # forward input it saved (primals_<n>) named as the forward's input n
+            program.inputs = lifted + origin.inputs
+            if kind == "backward":
+                program.inputs = tuple(_primal(n.name, lifted + origin.inputs)
+                                       for n in graph.graph.find_nodes(op="placeholder"))
 
             # AOTAutograd calls this lazily: a backward is compiled on its first call, which
             # may come from user code dynamo is running (``loss.backward()`` after a graph

@@ -46,6 +46,7 @@ from typing import Any
 import jax
 import numpy as np
 import torch
+from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import eager as _eager
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
@@ -918,11 +919,15 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
     if probes._probes:
         probes.compiling("lazy", name)
     start = time.perf_counter()
+    # a dry run executes nothing: the graph goes to the target's compiler instead, and what
+    # runs in its place gives its outputs' shapes (as a compiled graph's does)
+    dry = _dryrun.active
     try:
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*specs)
-            with local_compile() as cached:
-                compiled = lowered.compile(cached.options)
+            with local_compile(enabled=dry is None) as cached:
+                compiled = (lowered.compile(cached.options) if dry is None
+                            else dry.program(lowered, "lazy", name))
     except Exception as exc:
         raise LoweringBugError(
             f"internal error: the fused graph of {len(g.steps)} ops ({name}) failed to compile: "
@@ -930,7 +935,7 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
             "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER) to find the op, and report it"
         ) from exc
     seconds = time.perf_counter() - start
-    info = CompileInfo("lazy", name, key, _leaf_specs(g), seconds, lowered, compiled,
+    info = CompileInfo("lazy", name, key, _leaf_specs(g), seconds, lowered, compiled if dry is None else None,
                        graph=_graph_info(g, live_slots), from_cache=cached.from_cache,
                        saved_seconds=cached.saved_seconds)
     if probes._probes:

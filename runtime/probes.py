@@ -125,13 +125,15 @@ class LoweredNode:
 
     ``scope`` is the named scope its HLO instructions carry in their metadata
     (``"mul_1|aten::mul.Tensor"``), ``stack_trace`` dynamo's record of the user
-    code that made the node.
+    code that made the node. ``backward``: the node computes gradients (a backward
+    graph's, or one AOTAutograd traced from a ``loss.backward()`` inside the graph).
     """
 
     name: str
     target: str
     scope: str
     stack_trace: str | None
+    backward: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,7 +182,12 @@ class GraphInfo:
     a lazy fused graph), its lowered nodes, its code, and where dynamo got it.
     A lazy graph also lists its ``ops`` and the values it returns (``outputs``).
     ``label`` says what a compiled graph is for a reader: its kind, or ``"train_step"``
-    / ``"optimizer_step"`` for an inference graph that is one (None: its kind)."""
+    / ``"optimizer_step"`` for an inference graph that is one (None: its kind).
+    ``inputs``: what each input of a compiled graph's program is, in order: for a forward
+    or inference graph the tensors AOTAutograd lifted from the graph module (an optimizer's
+    state, by attribute name) and then dynamo's sources (``"G['m']._parameters['weight']"``),
+    for a backward graph its placeholders (``"primals_1"``, a saved ``"addmm"``,
+    ``"tangents_1"``); empty when not known."""
 
     kind: str
     nodes: tuple[LoweredNode, ...]
@@ -189,6 +196,7 @@ class GraphInfo:
     ops: tuple[LazyNode, ...] = ()
     outputs: tuple[str, ...] = ()
     label: str | None = None
+    inputs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -63,7 +63,10 @@ FIGURES = (
     Figure("fit_memory_per_chip", "fit: HBM needed per chip", "B"),
     Figure("fit_step_seconds", "fit: step estimate", "s"),
     Figure("fit_wire_bytes_per_chip", "fit: collective bytes sent per chip", "B"),
+    Figure("peak_bytes", "peak program: bytes at its peak (its compiler's)", "B"),
 )
+# lines (or inputs) whose bytes at the peak changed most that the diff lists
+PEAK_CHANGES = 10
 
 
 def _finite(x: float | None) -> float | None:
@@ -115,7 +118,11 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
         "max_abs_divergence": None,
         "findings": len(advice.findings),
         **_fit_figures(session),
+        "peak_bytes": None,
     }
+    peak = session.memory.peak()
+    if peak is not None:
+        figures["peak_bytes"] = peak.total_bytes
     checked = session.divergences.summary()
     if checked is not None:
         # the local measure: each op against CPU on its own inputs, so an op is counted
@@ -151,6 +158,41 @@ def _fit_side(session: Any) -> dict[str, Any] | None:
             "fits": f.fits,
             "required": f.required_bytes, "capacity": f.capacity_bytes, "headroom": f.headroom_bytes,
             "step_seconds": f.step_seconds, "tokens_per_second": f.tokens_per_second, "mfu": f.mfu}
+
+
+def _peak_side(session: Any) -> dict[str, Any] | None:
+    """The program at the run's peak: its figures, its bytes by kind and by the line that made them."""
+    from tpu_debug.tracers.program_memory import made_where
+
+    e = session.memory.peak()
+    if e is None:
+        return None
+    lines: dict[str, int] = {}
+    for b in e.buffers:
+        where = made_where(b) if b.count == 1 else f"smaller {b.kind} buffers"
+        lines[where] = lines.get(where, 0) + b.nbytes
+    return {"name": e.name, "source": e.source, "target": e.target, "status": e.status,
+            "total_bytes": e.total_bytes, "by_kind": e.by_kind(), "by_line": lines}
+
+
+def _changes(a: dict[str, int], b: dict[str, int], limit: int | None = None) -> list[dict[str, Any]]:
+    """``{what, a, b, change}`` per key of either, the largest change first (0 for a key one lacks)."""
+    keys = list(dict.fromkeys([*a, *b]))
+    rows = [{"what": k, "a": a.get(k, 0), "b": b.get(k, 0), "change": b.get(k, 0) - a.get(k, 0)} for k in keys]
+    rows = [r for r in rows if r["change"]] if limit is not None else rows
+    rows.sort(key=lambda r: -abs(r["change"]))
+    return rows[:limit] if limit is not None else rows
+
+
+def _peak_data(a: Any, b: Any) -> dict[str, Any] | None:
+    pa, pb = _peak_side(a), _peak_side(b)
+    if pa is None and pb is None:
+        return None
+    return {
+        "a": pa, "b": pb,
+        "by_kind": _changes((pa or {}).get("by_kind", {}), (pb or {}).get("by_kind", {})),
+        "by_line": _changes((pa or {}).get("by_line", {}), (pb or {}).get("by_line", {}), PEAK_CHANGES),
+    }
 
 
 def _run_data(session: Any) -> dict[str, Any]:
@@ -192,6 +234,7 @@ def diff_data(a: Any, b: Any) -> dict[str, Any]:
         "b": _run_data(b),
         "figures": figures,
         "fit": None if fit_a is None and fit_b is None else {"a": fit_a, "b": fit_b},
+        "peak": _peak_data(a, b),
         "findings_schema": FINDINGS_SCHEMA,
         "findings": {
             "fixed": [f.to_dict() for k, f in found_a.items() if k not in found_b],
@@ -245,6 +288,8 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
     parts: list[tuple[str, RenderableType]] = [("Runs", runs), ("Figures", figures)]
     if data["fit"] is not None:
         parts.append(("Fit (A | B)", _fit_table(data["fit"], terminal)))
+    if data["peak"] is not None:
+        parts.append(("Peak memory (A | B)", _peak_table(data["peak"], terminal)))
     parts.append((
         f"Findings fixed ({len(fixed)})",
         Group(*(finding_text(f, terminal=terminal, cwd=cwd_a) for f in fixed))
@@ -265,6 +310,28 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
             text.append(f"{pair['b']['title']} (cost {format_seconds(ca)} -> {format_seconds(cb)})")
         parts.append((f"Findings in both ({len(remaining)})", text))
     return parts
+
+
+def _peak_table(peak: dict[str, Any], terminal: bool) -> RenderableType:
+    """The peak programs' bytes by kind, then by the lines whose bytes changed most."""
+    from tpu_debug.tracers.program_memory import KIND_TEXT
+
+    def side(p: dict | None) -> str:
+        if p is None:
+            return "-"
+        where = f" on {p['target']}" if p["target"] else ""
+        refused = ", refused" if p["status"] == "hbm_oom" else ""
+        return f"{p['name']}{where}: {format_bytes(p['total_bytes'])}{refused}"
+
+    head = kv_text([("A", side(peak["a"])), ("B", side(peak["b"]))])
+    table = report_table(terminal, ("at the peak", "left"), ("A", "right"), ("B", "right"), ("change", "right"))
+    for row in peak["by_kind"]:
+        table.add_row(Text(KIND_TEXT.get(row["what"], row["what"])), format_bytes(row["a"]), format_bytes(row["b"]),
+                      _change_text(row["a"], row["b"], "B", terminal))
+    for row in peak["by_line"]:
+        table.add_row(Text(row["what"]), format_bytes(row["a"]), format_bytes(row["b"]),
+                      _change_text(row["a"], row["b"], "B", terminal))
+    return Group(head, table, dim_note("by kind, then the lines (or inputs) whose bytes at the peak changed most"))
 
 
 def _fit_table(fit: dict[str, Any], terminal: bool) -> RenderableType:

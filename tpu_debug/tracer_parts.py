@@ -450,6 +450,37 @@ def _end_dry_run(run: Running, kept: _Memory) -> None:
     ))
 
 
+# -- each compiled program's memory at its peak, buffer by buffer -------------------------------
+
+
+def _start_program_memory(run: Running) -> None:
+    from tpu_debug.runtime import probes
+    from tpu_debug.tracers.memory import current_phase
+    from tpu_debug.tracers.program_memory import ProgramMemoryTracer
+
+    # with a target, the target's compiler's assignments (the target tracer hands them over);
+    # without one, this machine's (a dry run compiles nothing here)
+    local = run.target is None and not run.config.dry_run
+    tracer = ProgramMemoryTracer(run.writer, clock=run.recorder.clock, local=local,
+                                 record_error=run.recorder.record_error, phase=lambda: current_phase(2))
+    run.kept["program_memory"] = tracer
+    probes.subscribe(tracer)
+    target = run.kept.get("target")
+    if target is not None:
+        target.add_listener(tracer.on_target)
+
+
+def _stop_program_memory(run: Running) -> None:
+    from tpu_debug.runtime import probes
+
+    tracer = run.kept.pop("program_memory", None)
+    if tracer is None:
+        return
+    probes.unsubscribe(tracer)
+    status, _held = run.closing
+    tracer.close(wait=0.0 if status in ("interrupted", "terminated") else run.config.target_wait)
+
+
 # -- guards: dynamo events, recompile and transfer guards ------------------------------------
 
 
@@ -473,8 +504,9 @@ PARTS: tuple[TracerPart, ...] = (
     TracerPart("tensorboard", _start_tensorboard, _stop_tensorboard, "TensorBoardExporter.stop",
                applies=lambda run: bool(run.config.tensorboard),
                # a run without step marks gets its loop's steps as the step tracker stops, and the
-               # exporter writes their scalars; the target's step estimates reach the timeline too
-               stop_after=("steps", "target")),
+               # exporter writes their scalars; the target's step estimates reach the timeline too,
+               # and its programs, for xprof's memory viewer
+               stop_after=("steps", "target", "program_memory")),
     TracerPart("target", _start_target, _stop_target, "TargetTracer.close",
                applies=lambda run: run.target is not None, after=("steps",),
                # the loop's steps the step tracker finds as it stops get their TPU estimates
@@ -499,6 +531,11 @@ PARTS: tuple[TracerPart, ...] = (
                after=("steps", "eager_mode"),
                # restoring the eager mode runs what is pending, in the dry mode and recorded
                stop_after=("eager_mode",)),
+    TracerPart("program_memory", _start_program_memory, _stop_program_memory, "ProgramMemoryTracer.close",
+               applies=lambda run: bool(run.config.memory or run.config.dry_run) or run.target is not None,
+               after=("target", "memory"),
+               # the target's last compiles, and what leaving the eager or dry mode compiles, reach it
+               stop_after=("target", "eager_mode", "memory")),
     TracerPart("guards", _start_guards, _stop_guards, "TraceGuards.stop", after=("steps",),
                stop_after=("eager_mode",)),  # what is pending compiles under the recompile guard
     TracerPart("compile_cache", _set_compile_cache, _restore_compile_cache, "restoring the compile cache setting",

@@ -66,6 +66,9 @@ __all__ = [
     "MemorySummaryEvent",
     "MemoryFix",
     "MemoryFindingEvent",
+    "ProgramBuffer",
+    "ProgramMemoryEvent",
+    "ProgramProtoEvent",
     "DivergenceSite",
     "UncomparedOp",
     "DivergenceSummaryEvent",
@@ -1240,7 +1243,9 @@ class MemoryHolder:
     ``tensors`` what that line's storages held then, ``shape``/``dtype`` its largest
     allocation's. With a TPU target ``nbytes`` are the bytes in HBM (padded to the
     target's tiles) and ``logical_bytes`` the same tensors' logical bytes; 0 where not
-    recorded.
+    recorded. ``kind``: what they are, from when they were made and whether they outlived
+    their step (``tracers.memory.holder_kind``: ``"parameter"``, ``"gradient"``,
+    ``"optimizer_state"``, ``"activation"``, ``"temporary"``); "" where not recorded.
     """
 
     file: str
@@ -1252,6 +1257,7 @@ class MemoryHolder:
     shape: tuple[int, ...] = ()
     dtype: str = ""
     logical_bytes: int = 0
+    kind: str = ""
 
 
 @register_event
@@ -1379,6 +1385,115 @@ class MemoryFindingEvent(Event):
     program: str | None = None
     holders: tuple[MemoryHolder, ...] = column(table="memory_finding_holders", default=())
     fixes: tuple[MemoryFix, ...] = column(table="memory_fixes", default=())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramBuffer:
+    """One buffer holding memory at a program's peak (a row of ``program_memory_buffers``).
+
+    ``kind``: what it is (one of ``tracers.program_memory.KINDS``: ``"parameter"``,
+    ``"optimizer_state"``, ``"gradient"``, ``"activation"`` (a forward value kept for the
+    backward), ``"temporary"``, ``"collective"``, ``"host"``, ``"input"``, ``"output"``,
+    ``"other"``, or ``"unused"``: the heap's fragmentation there). ``nbytes``: the bytes it
+    is counted for at the peak (its size in the compiler's layout, padding included;
+    less, for a value sharing bytes with another); ``logical_bytes`` its elements times
+    their size. ``name`` the value (its instruction, ``{i}`` for a tuple element),
+    ``opcode`` the instruction that made it (copies and tuples followed), ``op`` what made
+    that (the FX node and aten op, ``mm_1|aten::mm``, or the JAX operation), ``start``
+    and ``end`` its live range in program order. ``file``/``line``/``function``: the
+    PyTorch line that made it (the user's; ``library`` when only library code, a model in
+    transformers say, is known). ``count`` > 1: a row folding that many smaller buffers of
+    its kind (``name`` empty).
+    """
+
+    kind: str
+    nbytes: int
+    logical_bytes: int = 0
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    name: str = ""
+    opcode: str = ""
+    op: str = ""
+    start: int = -1
+    end: int = -1
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+    library: bool = False
+    count: int = 1
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramMemoryEvent(Event):
+    """A compiled program's memory at its peak, buffer by buffer, from its compiler's buffer
+    assignment (``tracers/program_memory.py``).
+
+    ``name`` is the program as the run names it (a graph, a lazy graph, an op); ``source``
+    ``"local"`` (this machine's compiler) or ``"target"`` (the TPU compiler, for
+    ``target``). ``status``: ``"ok"`` or ``"hbm_oom"`` (the TPU compiler refused it: the
+    assignment is the one it gave up on, ``required_bytes`` of ``available_bytes`` its
+    message's figures). ``total_bytes``: the buffer assignment's bytes in the device's
+    memory (every allocation: parameters, outputs, constants, and the temporaries' heap of
+    ``heap_bytes``), which the buffers add up to with ``unused_bytes`` (the heap's
+    fragmentation at the peak). ``compiler_bytes``: the executable's own figure, arguments
+    + outputs - aliased + temporaries (None for a refusal). ``peak_position`` of
+    ``length`` program points, where ``peak_op`` runs. ``host_bytes``: what the program
+    keeps in the host's memory space (offloaded). ``kinds``/``kind_bytes``: the peak's bytes
+    by kind, every buffer counted. ``buffers``: the largest, then one row per kind for
+    the rest, so they too add up to ``total_bytes``. ``timeline_*``: bytes in use over
+    program order (the static allocations and the live temporaries). ``program``: the
+    local program's content hash, ``tpu_program`` the target's HLO.
+    """
+
+    kind: ClassVar[str] = "program_memory"
+    view: ClassVar[str | None] = "memory"
+    stored: ClassVar[Stored] = Stored("program_memories", name="name", program="program")
+
+    name: str
+    source: str
+    status: str
+    total_bytes: int
+    heap_bytes: int
+    unused_bytes: int
+    peak_position: int
+    length: int
+    peak_op: str = ""
+    target: str | None = None
+    compiler_bytes: int | None = None
+    required_bytes: int | None = None
+    available_bytes: int | None = None
+    host_bytes: int = 0
+    kinds: tuple[str, ...] = ()
+    kind_bytes: tuple[int, ...] = ()
+    buffers: tuple[ProgramBuffer, ...] = column(table="program_memory_buffers", default=())
+    timeline_positions: tuple[int, ...] = ()
+    timeline_bytes: tuple[int, ...] = ()
+    program: str | None = None
+    tpu_program: str | None = None
+
+    def by_kind(self) -> dict[str, int]:
+        """The peak's bytes per kind."""
+        return dict(zip(self.kinds, self.kind_bytes))
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramProtoEvent(Event):
+    """A compiled program as XLA's ``HloProto``: its optimized module with its buffer assignment
+    and heap-simulator traces, serialized and base64-encoded in ``proto``. It is what xprof's
+    memory viewer reads: the TensorBoard export writes it into the run's profile, listed as
+    ``name`` (``program_id`` tells programs of one name apart). ``source`` and ``target`` as
+    :class:`ProgramMemoryEvent`'s."""
+
+    kind: ClassVar[str] = "program_proto"
+    stored: ClassVar[Stored] = Stored("program_protos", name="name")
+
+    name: str
+    program_id: int
+    source: str
+    proto: str
+    target: str | None = None
 
 
 # -- run summaries (one per run, written when the tracer that counts them stops) ----------

@@ -22,6 +22,7 @@ __all__ = [
     "HloInstruction",
     "Program",
     "ProgramNode",
+    "elide_literals",
     "fx_nodes_from",
     "instruction_lines",
     "make_program",
@@ -173,9 +174,34 @@ def make_program(
     *,
     content_hash: str | None = None,
 ) -> Program:
-    """Build the stored form of one program, FX node mapping included when nodes are given."""
+    """Build the stored form of one program, FX node mapping included when nodes are given
+    (its StableHLO with large constants' elements elided: :func:`elide_literals`)."""
     instructions = parse_instructions(hlo)
     nodes = fx_nodes_from(fx_nodes) if fx_nodes else ()
     pairs = tuple(map_nodes(instructions, (n.name for n in nodes))) if nodes else ()
     content_hash = content_hash or program_hash(stablehlo, hlo)
-    return Program(content_hash, mode, name, stablehlo, hlo, len(instructions), nodes, pairs)
+    return Program(content_hash, mode, name, elide_literals(stablehlo), hlo, len(instructions), nodes, pairs)
+
+
+# MLIR prints every element of a constant, where XLA's HLO printer elides large ones: a program
+# holding an index array the size of an activation (a lazy graph's gathers) would be stored as
+# gigabytes of hex, past what one SQLite string holds
+_LARGE_LITERAL = re.compile(r'dense<"0x([0-9A-Fa-f]{64})[0-9A-Fa-f]{4096,}">')
+
+
+def elide_literals(text: str) -> str:
+    """StableHLO ``text`` with each constant of more than 2 KiB shown by its first 32 bytes.
+
+    Example::
+
+        elide_literals('%c = stablehlo.constant dense<"0x' + "00" * 4096 + '"> : tensor<1024xi32>')
+        # '%c = stablehlo.constant dense<"0x00…00…(8128 hex digits elided)"> : tensor<1024xi32>'
+        # (the first 64 hex digits kept)
+    """
+    if 'dense<"0x' not in text:
+        return text
+    def shown(m: re.Match) -> str:
+        elided = len(m.group(0)) - len('dense<"0x">') - len(m.group(1))
+        return f'dense<"0x{m.group(1)}…({elided} hex digits elided)">'
+
+    return _LARGE_LITERAL.sub(shown, text)

@@ -71,6 +71,8 @@ __all__ = [
     "fit_verdicts",
     "memory_view",
     "PHASE_TEXT",
+    "current_phase",
+    "holder_kind",
     "plan_fixes",
 ]
 
@@ -102,10 +104,10 @@ class _Site:
         self.shape: tuple[int, ...] = ()
         self.dtype = ""
 
-    def holder(self, nbytes: int, tensors: int, logical: int) -> MemoryHolder:
+    def holder(self, nbytes: int, tensors: int, logical: int, kind: str = "") -> MemoryHolder:
         loc = self.location
         return MemoryHolder(loc.file if loc else "", loc.line if loc else 0, loc.function if loc else "",
-                            self.phase, nbytes, tensors, self.shape, self.dtype, logical)
+                            self.phase, nbytes, tensors, self.shape, self.dtype, logical, kind)
 
 
 @dataclasses.dataclass(slots=True)
@@ -186,6 +188,7 @@ class MemoryTracer:
         self._peak_snapshot: _Snapshot | None = None
         self._peak_end_phases: dict[str, int] = {}
         self._peak_end_live = 0
+        self._peak_end_sites: dict[int, int] = {}  # id of a site -> its bytes at the peak step's end
         self.programs: dict[str, ProgramMemory] = {}
         self._live_at_run: dict[str, int] = {}  # program -> the most held when it began to run
         self.trained = False  # a backward pass or an optimizer step allocated
@@ -355,13 +358,7 @@ class MemoryTracer:
     # -- steps -----------------------------------------------------------------------------
 
     def _phase(self) -> str:
-        # the optimizer's phase is read from the stack, not from optimizer step hooks: a
-        # pre-step hook, even hidden from dynamo, splits a compiled opt.step's graph
-        if _in_optimizer(sys._getframe(2)):
-            return "optimizer"
-        import torch
-
-        return "backward" if torch._C._current_autograd_node() is not None else "forward"
+        return current_phase(3)
 
     def _take_snapshot(self) -> None:
         self._rising = False
@@ -395,7 +392,8 @@ class MemoryTracer:
                 self._peak_snapshot = snap
                 self._peak_end_phases = dict(self._phases)
                 self._peak_end_live = self.live
-                holders = _top(snap.sites, TOP_HOLDERS)
+                self._peak_end_sites = {id(s): s.nbytes for s in self._sites.values()}
+                holders = _top(snap.sites, TOP_HOLDERS, self._peak_end_sites, self.trained)
             event = MemoryStepEvent(self._new_id(), self._step_ts, None, threading.get_native_id(), None,
                                     self.step_index, self.live, self._step_peak, snap.ts, len(self._storages),
                                     holders)
@@ -460,7 +458,8 @@ class MemoryTracer:
             temp_program=biggest.name if biggest is not None and temp else None,
             temp_source=biggest.source if biggest is not None and temp else None,
             target=target.name if target is not None else None, capacity_bytes=capacity, fits=fits,
-            stopped=what, holders=_top(snap.sites, TOP_HOLDERS) if snap is not None else (),
+            stopped=what, holders=_top(snap.sites, TOP_HOLDERS, self._peak_end_sites, self.trained)
+            if snap is not None else (),
             temp_live_bytes=temp_live if biggest is not None and temp else None, trains=self.trained,
         )
 
@@ -535,6 +534,19 @@ def _in_optimizer(frame: Any, limit: int = 64) -> bool:
     return False
 
 
+def current_phase(depth: int = 1) -> str:
+    """The pass running now: ``"optimizer"`` (inside a torch optimizer's code, from the frame
+    ``depth`` above the caller outwards), ``"backward"`` (autograd is running a node) or
+    ``"forward"`` (everything else: the forward, the loss, building the model)."""
+    # the optimizer's phase is read from the stack, not from optimizer step hooks: a
+    # pre-step hook, even hidden from dynamo, splits a compiled opt.step's graph
+    if _in_optimizer(sys._getframe(depth)):
+        return "optimizer"
+    import torch
+
+    return "backward" if torch._C._current_autograd_node() is not None else "forward"
+
+
 def _clock() -> Callable[[], float]:
     t0 = time.perf_counter()
     return lambda: time.perf_counter() - t0
@@ -553,9 +565,27 @@ def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, 
     return None if padded is None else (padded, logical)
 
 
-def _top(sites: list[tuple[_Site, int, int, int]], n: int) -> tuple[MemoryHolder, ...]:
+def holder_kind(phase: str, kept: bool, trained: bool) -> str:
+    """What the tensors a line held at the peak are, from the pass that made them and whether
+    they were still held at the end of the step (``kept``): kept from the forward (or from
+    before the trace), parameters and inputs; kept from the backward, gradients; kept from the
+    optimizer, its state; gone by the step's end, what the forward kept for the backward (in
+    a run that trained) or temporaries. A line's tensors are one holder: the kind is that of
+    most of its bytes (a backward line making both gradients and larger temporaries is
+    temporaries)."""
+    if kept:
+        return {"backward": "gradient", "optimizer": "optimizer_state"}.get(phase, "parameter")
+    return "activation" if phase == "forward" and trained else "temporary"
+
+
+def _top(sites: list[tuple[_Site, int, int, int]], n: int, end: dict[int, int] | None = None,
+         trained: bool = False) -> tuple[MemoryHolder, ...]:
+    """The ``n`` largest holders; with ``end`` (each site's bytes when the step ended), their kinds."""
     ranked = sorted(sites, key=lambda s: -s[1])[:n]
-    return tuple(site.holder(nbytes, tensors, logical) for site, nbytes, tensors, logical in ranked)
+    return tuple(
+        site.holder(nbytes, tensors, logical,
+                    holder_kind(site.phase, 2 * end.get(id(site), 0) >= nbytes, trained) if end is not None else "")
+        for site, nbytes, tensors, logical in ranked)
 
 
 # -- fixes ----------------------------------------------------------------------------------
@@ -667,7 +697,10 @@ def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
     else:
         where = "allocated before the trace began"
     largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""
-    phase = f" ({PHASE_TEXT.get(h.phase, h.phase)})" if h.file else ""
+    from tpu_debug.tracers.program_memory import KIND_TEXT
+
+    kind = f"; {KIND_TEXT.get(h.kind, h.kind)}" if h.kind else ""
+    phase = f" ({PHASE_TEXT.get(h.phase, h.phase)}{kind})" if h.file else ""
     logical = f" ({format_bytes(h.logical_bytes)} logical)" if h.logical_bytes and h.logical_bytes != h.nbytes else ""
     return f"{where}{phase}: {format_bytes(h.nbytes)}{logical} in {h.tensors} tensor(s){largest}"
 

@@ -261,6 +261,13 @@ class TargetTracer:
         self._patterns: dict[frozenset, dict[Any, int]] = {}
         self.stats = {"programs": 0, "compiled": 0, "cached": 0, "refused": 0, "failed": 0}
         self.compile_seconds = 0.0
+        self._listeners: list[Callable[[Any, Any, str | None, str | None], None]] = []
+
+    def add_listener(self, listener: Callable[[Any, Any, str | None, str | None], None]) -> None:
+        """Call ``listener(info, result, program, tpu_program)`` with each target compile recorded
+        (on the compiler's worker thread): the runtime's ``CompileInfo``, the ``TargetCompile``,
+        and the content hashes of the local and the target's HLO (None when not stored)."""
+        self._listeners.append(listener)
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -460,6 +467,11 @@ class TargetTracer:
             else:
                 self.compile_seconds += float(result.seconds)
         self.writer.put(event)  # outside the lock: put may wait for a writer that fell behind
+        for listener in self._listeners:
+            try:
+                listener(info, result, event.program, event.tpu_program)
+            except Exception as exc:  # noqa: BLE001 - a listener's failure is a tracer error
+                self._error(f"listener of {info.name}", exc)
 
     def _event(self, program: _Program, result: Any, relowered: bool, stablehlo: str) -> TargetCompileEvent:
         """The recorded form of a target compile (runs on the worker: parsing TPU HLO costs)."""

@@ -72,6 +72,7 @@ from tpu_debug.tracers.events import (
     Event,
     FallbackEvent,
     GraphBreakEvent,
+    ProgramProtoEvent,
     StepEvent,
     TargetCompileEvent,
     TargetStepEvent,
@@ -83,6 +84,7 @@ from tpu_debug.tracers.steps import StepTracker, current_tracker
 
 __all__ = [
     "DEFAULT_MAX_EVENTS",
+    "PROGRAMS_FILE",
     "SCALAR_TAGS",
     "STEP_NAME",
     "TARGET_PLANE",
@@ -91,6 +93,7 @@ __all__ = [
     "RankSpan",
     "TensorBoardExporter",
     "profile_files",
+    "write_programs",
     "write_rank_spans",
 ]
 
@@ -290,6 +293,7 @@ class TensorBoardExporter:
         self._measured = _Measured()
         self._scalar_writer: Any = None
         self._lock = threading.Lock()
+        self._protos: list[ProgramProtoEvent] = []  # target programs, for xprof's memory viewer
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -349,6 +353,12 @@ class TensorBoardExporter:
                 self._write_target_counters()
             except Exception as exc:  # noqa: BLE001 - the profile and the run are kept
                 self._error("stop (target counters)", exc)
+        if self._protos:
+            try:
+                session = self._written.parent if self._written is not None else None
+                write_programs(self.logdir, self._protos, session=session)
+            except Exception as exc:  # noqa: BLE001
+                self._error("stop (programs for the memory viewer)", exc)
         if self._scalar_writer is not None:
             try:
                 self._scalar_writer.close()
@@ -697,6 +707,8 @@ class TensorBoardExporter:
             self._mark(f"recompile limit {event.name}", reason=event.reason, limit=event.limit, line=line)
         elif isinstance(event, TargetCompileEvent):
             self._on_target_compile(event, line)
+        elif isinstance(event, ProgramProtoEvent):
+            self._protos.append(event)
         elif isinstance(event, TargetStepEvent):
             self._target_scalars(event)
 
@@ -891,6 +903,84 @@ def _counter_plane(plane_id: int, name: str, counter: str, stat: str, samples: l
     event_meta = _message_field(4, _int_field(1, 1) + _message_field(2, _int_field(1, 1) + _message_field(2, counter.encode())))
     stat_meta = _message_field(5, _int_field(1, 1) + _message_field(2, _int_field(1, 1) + _message_field(2, stat.encode())))
     return _message_field(1, _int_field(1, plane_id) + _message_field(2, name.encode()) + line + event_meta + stat_meta)
+
+
+# -- programs for xprof's memory viewer ----------------------------------------------------
+
+#: the profile file holding the programs a run compiled for its target (in the session's directory)
+PROGRAMS_FILE = "tpu_debug_programs.xplane.pb"
+# how JAX's profiler keeps a program for xprof: an event metadata of the "/host:metadata" plane
+# named "<module>(<program id>)", with the stats "Hlo Proto" (the serialized HloProto) and
+# "program_id"; xprof's memory viewer lists the programs by that name
+_METADATA_PLANE = "/host:metadata"
+
+
+def _raw_fields(data: bytes):
+    """(field number, the field's bytes, key included) of each field of one message."""
+    i = 0
+    while i < len(data):
+        start = i
+        key, i = _read_varint(data, i)
+        wire = key & 7
+        if wire == 0:
+            _, i = _read_varint(data, i)
+        elif wire == 2:
+            n, i = _read_varint(data, i)
+            i += n
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not read here")
+        yield key >> 3, data[start:i]
+
+
+def _renamed(proto: bytes, name: str) -> bytes:
+    """An ``HloProto`` whose module (field 1) is named ``name`` (its field 1): xprof lists a
+    program by its module's name."""
+    out = b""
+    for number, raw in _raw_fields(proto):
+        if number == 1:
+            module = b"".join(r for n, r in _raw_fields(next(v for _, _, v in _fields(raw))) if n != 1)
+            raw = _message_field(1, _message_field(1, name.encode()) + module)
+        out += raw
+    return out
+
+
+def write_programs(logdir: Path | str, protos: list[Any], *, session: Path | None = None) -> Path:
+    """Write ``protos`` (:class:`~.events.ProgramProtoEvent`) as a profile xprof's memory viewer
+    reads: one plane ``/host:metadata`` holding each program's ``HloProto``.
+
+    Args:
+        logdir: the run's TensorBoard directory.
+        protos: the programs, each listed by its ``name`` and ``program_id``.
+        session: the profile session's directory to write into (the capture's); None makes one
+            under ``logdir/plugins/profile/``.
+
+    Returns:
+        The file written (``PROGRAMS_FILE`` in the session's directory).
+    """
+    import base64
+
+    if session is None:
+        session = Path(logdir) / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S_tpu_debug")
+    stats = {"Hlo Proto": 1, "program_id": 2}
+    body = _int_field(1, 1) + _message_field(2, _METADATA_PLANE.encode())
+    for meta_id, event in enumerate(protos, 1):
+        label = f"{event.name}({event.program_id})".encode()
+        proto = _renamed(base64.b64decode(event.proto), event.name)
+        meta = (_int_field(1, meta_id) + _message_field(2, label) + _message_field(4, label)
+                + _message_field(5, _int_field(1, stats["Hlo Proto"]) + _message_field(6, proto))
+                + _message_field(5, _int_field(1, stats["program_id"]) + _int_field(3, event.program_id)))
+        body += _message_field(4, _int_field(1, meta_id) + _message_field(2, meta))
+    for name, stat_id in stats.items():
+        body += _message_field(5, _int_field(1, stat_id) + _message_field(2, _int_field(1, stat_id)
+                                                                          + _message_field(2, name.encode())))
+    session.mkdir(parents=True, exist_ok=True)
+    path = session / PROGRAMS_FILE
+    path.write_bytes(_message_field(1, body))
+    return path
 
 
 # -- the ranks of a multi-process run, side by side ---------------------------------------

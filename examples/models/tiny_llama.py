@@ -103,10 +103,14 @@ class TinyLlama(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, tokens):
+    def hidden(self, tokens):
+        """The final norm's output, what the head turns into logits."""
         s = tokens.shape[1]
         x = self.embed(tokens)
         cos, sin = self.cos[:s], self.sin[:s]
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
+
+    def forward(self, tokens):
+        return self.lm_head(self.hidden(tokens))

@@ -27,6 +27,7 @@ target with the same jax/libtpu is compiled once.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -39,6 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from tpu_debug.core.buffers import BufferAssignment, read_dump
 from tpu_debug.runtime.target import _libtpu, cache
 from tpu_debug.runtime.target.errors import TargetError, TargetSpecError
 from tpu_debug.runtime.target.hardware import Target, parse_target
@@ -333,7 +335,9 @@ def _dump_options(directory: str) -> dict[str, Any]:
     # ... async-update instruction should have 1 operands but sees 3" with libtpu 0.0.52,
     # whose async ops are newer than jaxlib 0.10.2's HLO reader); the dump reads the same
     # with any libtpu and is a few MB at most
-    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": False}
+    # (the proto of the optimized module, with its buffer assignment and heap-simulator traces,
+    # is what xprof's memory viewer reads: kept as ``TargetCompile.hlo_proto``)
+    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 
 
 def _effort(level: str | None):
@@ -346,6 +350,11 @@ def _effort(level: str | None):
 def _read_dump(directory: str) -> str | None:
     texts = [p.read_text() for p in sorted(Path(directory).glob("*.after_optimizations.txt"))]
     return "\n\n".join(texts) if texts else None
+
+
+def _read_proto(directory: str) -> bytes | None:
+    protos = sorted(Path(directory).glob("*.after_optimizations.hlo.pb"))
+    return protos[-1].read_bytes() if protos else None
 
 
 def _compile(target: Target, program: str, key: str, use_cache: bool, run,
@@ -362,15 +371,17 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
         except Exception as exc:  # noqa: BLE001 - only the compiler's own refusals become results
             if not _is_compile_failure(exc):
                 raise
+            # an HBM refusal still dumps the module and the buffer assignment it gave up on
             result = TargetCompile(target, program, time.perf_counter() - start,
-                                   error=parse_compile_error(str(exc)))
+                                   hlo=_read_dump(dump), error=parse_compile_error(str(exc)),
+                                   buffers=read_dump(dump), hlo_proto=_read_proto(dump))
         else:
             seconds = time.perf_counter() - start
             hlo = _read_dump(dump)
             if hlo is None:
                 hlo = text()
             result = TargetCompile(target, program, seconds, hlo=hlo, memory=_memory(memory),
-                                   cost=_cost(cost))
+                                   cost=_cost(cost), buffers=read_dump(dump), hlo_proto=_read_proto(dump))
     # a compile error other than an out-of-memory may come from this machine (libtpu's
     # lock, a plugin that failed to load) rather than the program: not kept
     if use_cache and (result.ok or result.error.kind == "hbm_oom"):
@@ -388,12 +399,15 @@ def _record(result: TargetCompile) -> dict[str, Any]:
         "memory": dataclasses.asdict(result.memory) if result.memory else None,
         "cost": dataclasses.asdict(result.cost) if result.cost else None,
         "error": dataclasses.asdict(result.error) if result.error else None,
+        "buffers": result.buffers.to_record() if result.buffers is not None else None,
+        "hlo_proto": base64.b64encode(result.hlo_proto).decode() if result.hlo_proto else None,
     }
 
 
 def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
-    """The result a cache record holds, or None for a miss or a record of another shape."""
-    if data is None:
+    """The result a cache record holds, or None for a miss or a record of another shape (one
+    kept before results held their buffer assignment is a miss: compiled again, it gains one)."""
+    if data is None or "buffers" not in data:
         return None
     try:
         return TargetCompile(
@@ -405,6 +419,8 @@ def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
             cost=CostStats(**data["cost"]) if data["cost"] else None,
             error=CompileError(**data["error"]) if data["error"] else None,
             cached=True,
+            buffers=BufferAssignment.from_record(data["buffers"]) if data["buffers"] else None,
+            hlo_proto=base64.b64decode(data["hlo_proto"]) if data.get("hlo_proto") else None,
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -220,7 +220,7 @@ def trace_step(
         donate: tuple[int, ...] = ()
         state_bytes = 0
         with torch.no_grad():
-            gm = make_fx(step, decomposition_table=graph_decompositions())(*flat)
+            gm = make_fx(step, decomposition_table=graph_decompositions(), record_stack_traces=True)(*flat)
     else:
         exp_avg = [torch.empty_like(p) for p in params.values()]
         exp_avg_sq = [torch.empty_like(p) for p in params.values()]
@@ -244,7 +244,7 @@ def trace_step(
         # the updated parameters and state overwrite the old (buffer donation)
         donate = (*range(n_p), *range(n_p + n_b, 3 * n_p + n_b + 1))
         state_bytes = nbytes_of(exp_avg) + nbytes_of(exp_avg_sq)
-        gm = make_fx(step, decomposition_table=graph_decompositions())(*flat)
+        gm = make_fx(step, decomposition_table=graph_decompositions(), record_stack_traces=True)(*flat)
     mode = "training" if train else "inference"
     program = GraphProgram(gm, "dry_run", mode)
     specs = tuple(

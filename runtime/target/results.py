@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from tpu_debug.core.buffers import BufferAssignment
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["CompileError", "CostStats", "MemoryStats", "TargetCompile", "parse_compile_error"]
@@ -108,6 +109,12 @@ class TargetCompile:
         cost: the compiler's cost analysis (None when the compile failed).
         error: the compiler's refusal, None on success.
         cached: the result was read from the on-disk cache.
+        buffers: the compiler's buffer assignment (``core/buffers.py``): where every value of
+            the program lives and when, read from its own report. A refusal for HBM keeps
+            the assignment the compiler had made when it gave up, which is what its message
+            adds up. None when the compiler wrote none.
+        hlo_proto: the optimized module and its buffer assignment as XLA's ``HloProto``
+            (serialized), the form xprof's memory viewer reads; None when not dumped.
     """
 
     target: Target
@@ -118,6 +125,8 @@ class TargetCompile:
     cost: CostStats | None = None
     error: CompileError | None = None
     cached: bool = False
+    buffers: BufferAssignment | None = None
+    hlo_proto: bytes | None = None
 
     @property
     def ok(self) -> bool:

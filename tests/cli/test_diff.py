@@ -169,3 +169,35 @@ def test_diff_compares_divergence_against_cpu(logdir, capsys):
     fig = _diff_json(capsys, dirs[1], unchecked)["figures"]
     assert fig["divergences_over_tolerance"] == {"a": 0, "b": None, "change": None, "unit": ""}
     assert fig["max_abs_divergence"]["b"] is None
+
+
+def _wide(x, w):
+    h = x @ w  # WIDE: the product that grows with the batch
+    return h.tanh().sum() + (h * h).sum()
+
+
+def test_diff_shows_the_peaks_change_by_kind_and_by_line(logdir, capsys):
+    w = torch.randn(32, 2048, device="tpu")
+    dirs = []
+    for batch in (256, 512):  # two batch sizes: the product doubles, the weight stays
+        x = torch.randn(batch, 32, device="tpu")
+        with tpu_debug.trace(logdir=logdir, name=f"batch{batch}", memory=True) as session:
+            tpu_debug.compile(_wide)(x, w).item()
+        dirs.append(str(session.run_dir))
+    data = _diff_json(capsys, *dirs)
+    peak = data["peak"]
+    a, b = peak["a"], peak["b"]
+    assert data["figures"]["peak_bytes"]["change"] == b["total_bytes"] - a["total_bytes"] > 0
+    line = next(i for i, t in enumerate(pathlib.Path(__file__).read_text().splitlines(), 1) if "# WIDE" in t)
+    (grown,) = [r for r in peak["by_line"] if r["what"] == f"test_diff.py:{line}"]
+    # the product's bytes, float32 [batch, 2048], at the line that made it
+    assert (grown["a"], grown["b"]) == (256 * 2048 * 4, 512 * 2048 * 4)
+    kinds = {r["what"]: r for r in peak["by_kind"]}
+    assert kinds["temporary"]["change"] >= 256 * 2048 * 4
+    # the inputs: x doubled, the weight the same (an input's name stands for its line)
+    assert {r["what"] for r in peak["by_line"]} >= {"L['x']"}
+    assert sum(r["change"] for r in peak["by_kind"]) == b["total_bytes"] - a["total_bytes"]
+    capsys.readouterr()
+    assert main(["diff", *dirs]) == 0
+    text = capsys.readouterr().out
+    assert "Peak memory (A | B)" in text and f"test_diff.py:{line}" in text

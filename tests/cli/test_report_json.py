@@ -218,6 +218,7 @@ def _write_tracer_records(writer) -> None:
     _put(writer, ev.InvalidValueEvent, mode="lazy", location=_loc(44), op="gather", argument="index", value=7.0,
          low=0.0, high=3.0, message="index 7 is out of bounds for dimension 1 with size 3", error="RuntimeError",
          silent="clamped", raised=False)
+    writer.put(synthetic_run.peak_program(writer.new_id()))
     _put(writer, ev.TensorBoardSummaryEvent, status="finished", profile=("plugins/profile/run.xplane.pb",),
          spans=40, max_events=1000, steps=8, capped=False, notes=("a note",))
     _put(writer, ev.FitEvent, model="LlamaConfig", target="v5e-8", chips=8, device_kind="TPU v5 lite", plan="fsdp=8",
@@ -292,6 +293,12 @@ def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_
     assert "gather index 7 out of range [0, 3)" in text
     assert data["recompiles"]["graph_breaks"][0]["reason"] == "call to Tensor.item() inside the compiled region"
     assert data["divergence"]["first"]["name"] == "add.Tensor"
+
+    (peak,) = data["peak_buffers"]
+    assert (peak["name"], peak["status"], peak["total_bytes"]) == ("g3/forward", "hbm_oom", 20 * GiB)
+    assert sum(b["nbytes"] for b in peak["buffers"]) == peak["total_bytes"] == sum(peak["by_kind"].values())
+    assert peak["buffers"][0]["where"] == "train.py:12" and peak["buffers"][0]["kind"] == "activation"
+    assert "Peak buffers" in headings
 
 
 def test_every_field_of_every_section_is_documented(every_section_run, capsys):

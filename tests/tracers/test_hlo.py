@@ -6,11 +6,13 @@ import pytest
 import torch
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.hlo import (
+    elide_literals,
     fx_nodes_from,
     instruction_lines,
     make_program,
     map_nodes,
     parse_instructions,
+    program_hash,
 )
 
 import tpu_debug
@@ -51,6 +53,20 @@ def test_parse_instructions():
         ("main.1", "tuple.1", "tuple"),
     ]
     assert ins[6].op_name == "jit(fn)/mm|aten::mm.default/dot_general"
+
+
+def test_a_large_constant_is_stored_elided_and_hashed_whole():
+    small = '%c = stablehlo.constant dense<"0x0001"> : tensor<2xi8>'
+    big = '%c_0 = stablehlo.constant dense<"0x' + "0A" * 8192 + '"> : tensor<8192xi8>'
+    other = big.replace("0A", "0B", 8000)  # the same program but for the constant's values
+    text, changed = f"{small}\n{big}\n", f"{small}\n{other}\n"
+    stored = make_program("lazy", "g", text, "")
+    assert small in stored.stablehlo and "tensor<8192xi8>" in stored.stablehlo
+    assert f"0x{'0A' * 32}…({2 * 8192 - 64} hex digits elided)" in stored.stablehlo
+    assert len(stored.stablehlo) < 300
+    # the program's identity is its whole text: a different constant is a different program
+    assert stored.hash == program_hash(text, "") != make_program("lazy", "g", changed, "").hash
+    assert elide_literals(small) == small
 
 
 def test_fx_nodes_map_to_their_instructions():

@@ -495,3 +495,33 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True, collectives: bool 
         writer.close(FINAL)
         assert writer.error is None, writer.error
     return db, writer
+
+
+def peak_program(event_id: int, *, status: str = "hbm_oom") -> ev.ProgramMemoryEvent:
+    """A compiled step's peak as the TPU compiler assigned it (what ``tracers.program_memory``
+    records): 20 GiB, refused on a v5e, its buffers adding up to that total."""
+    gib, mib = 1 << 30, 1 << 20
+    buffers = (
+        ev.ProgramBuffer("activation", 8 * gib, 8 * gib, "f32", (64, 1024, 32768), "fusion.3", "fusion",
+                         "mm_1|aten::mm.default", 3, 9, str(SOURCE), 12, "main"),
+        ev.ProgramBuffer("temporary", 6 * gib, 6 * gib, "f32", (64, 1024, 24576), "fusion.7", "fusion",
+                         "mul_2|aten::mul.Tensor", 5, 8, str(SOURCE), 16, "step"),
+        ev.ProgramBuffer("parameter", 4 * gib, 4 * gib, "f32", (32768, 32768), "dyn_1_.1", "parameter",
+                         "G['model']._parameters['weight']", 0, 10),
+        ev.ProgramBuffer("optimizer_state", gib + 512 * mib, gib + 384 * mib, "f32", (16384, 24576), "dyn_3_.1",
+                         "parameter", "opt___state___exp_avg", 0, 10),
+        ev.ProgramBuffer("temporary", 512 * mib - 4096, 0, count=7),
+        ev.ProgramBuffer("unused", 4096),
+    )
+    kinds = {}
+    for b in buffers:
+        kinds[b.kind] = kinds.get(b.kind, 0) + b.nbytes
+    total = sum(kinds.values())
+    return ev.ProgramMemoryEvent(
+        event_id, 3.5, "compiled", 1, _loc(12, "main"), name="g3/forward", source="target", status=status,
+        total_bytes=total, heap_bytes=14 * gib + 512 * mib, unused_bytes=4096, peak_position=7, length=11,
+        peak_op="mul_2|aten::mul.Tensor", target="v5e", required_bytes=total, available_bytes=16 * gib - gib // 4,
+        kinds=tuple(kinds), kind_bytes=tuple(kinds.values()), buffers=buffers,
+        timeline_positions=tuple(range(11)),
+        timeline_bytes=tuple(v * gib for v in (4, 5, 9, 13, 14, 18, 19, 20, 14, 12, 6)),
+    )

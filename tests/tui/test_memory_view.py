@@ -3,6 +3,8 @@ fit against a TPU target with its fixes; and what it says for a run without memo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import synthetic_run
 from snapshot import check_snapshot
@@ -46,6 +48,12 @@ def memory_run(tmp_path_factory):
         holders=HOLDERS))
     writer.put(ev.MemoryFindingEvent(nid(), 4.0, None, 1, None, "does_not_fit", "v5e", STEP_PEAKS[2] + 512 * MiB,
                                      16 * GiB, None, HOLDERS[:3], FIXES))
+    writer.put(synthetic_run.peak_program(nid()))
+    gradient = ev.ProgramBuffer("gradient", 2 * GiB, 2 * GiB, "f32", (512, 1048576), "fusion.1", "fusion",
+                                "mm|aten::mm.default", 1, 4, SOURCE, 16, "step")
+    writer.put(dataclasses.replace(synthetic_run.peak_program(nid(), status="ok"), name="g1/backward",
+                                   total_bytes=2 * GiB, buffers=(gradient,), kinds=("gradient",),
+                                   kind_bytes=(2 * GiB,), unused_bytes=0))
     writer.close(synthetic_run.FINAL)
     assert writer.error is None, writer.error
     return run_dir
@@ -61,13 +69,36 @@ def test_the_memory_view_shows_steps_holders_and_fixes(make_app, memory_run):
         assert "does NOT fit" in text and "one v5e device" in text
         assert "4 step(s)" in text and "(step 2)" in text
         # the holders at the peak, biggest first, each by its line
-        rows = [line for line in text.splitlines() if "train.py:" in line or "before the trace" in line]
+        holders = app.screen.query_one("#holders", DataTable)
+        rows = [" ".join(str(c) for c in holders.get_row_at(i)) for i in range(holders.row_count)]
         assert [r.split("train.py:")[1].split()[0] if "train.py:" in r else "-" for r in rows] == ["12", "20", "16", "-"]
         assert "optimizer" in rows[1] and "float32[1024, 1048576]" in rows[1]
         assert "fix: 4 chips (v5e-4)" in text and "fix: bfloat16 instead of float32" in text
         check_snapshot(app.export_screenshot(), "memory")
 
     drive(app, scenario)
+
+
+def test_the_memory_view_shows_each_programs_buffers_at_its_peak(make_app, memory_run):
+    app = make_app(memory_run)
+
+    async def scenario(pilot):
+        await press(pilot, "7")
+        text = screen_text(app)
+        # the refused program first: its peak, then its buffers by kind with their lines
+        assert "g3/forward on v5e: 20.00 GiB at its peak" in text, text
+        assert "program 1 of 2" in text
+        buffers = app.screen.query_one("#peak-buffers", DataTable)
+        rows = [[str(c) for c in buffers.get_row_at(i)] for i in range(buffers.row_count)]
+        assert rows[0][:3] == ["activations kept for backward", "8.00 GiB", "train.py:12"]
+        assert rows[1][:3] == ["temporaries", "6.00 GiB", "train.py:16"]
+        assert rows[-1][0] == "heap fragmentation"
+        await press(pilot, "p")
+        assert "g1/backward on v5e: 2.00 GiB" in screen_text(app)
+        await press(pilot, "p")
+        assert "g3/forward on v5e" in screen_text(app)
+
+    drive(app, scenario, size=(160, 60))
 
 
 def test_a_run_without_memory_tracking_says_how_to_get_it(make_app):

@@ -80,10 +80,13 @@ def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
     if rows:
         parts.append(kv_text(rows))
     if d["holders"]:
-        table = report_table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("bytes", "right"),
-                       ("tensors", "right"), ("largest", "left"))
+        from tpu_debug.tracers.program_memory import KIND_TEXT
+
+        table = report_table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("kind", "left"),
+                             ("bytes", "right"), ("tensors", "right"), ("largest", "left"))
         for h in d["holders"]:
-            table.add_row(Text(_holder_where(h)), Text(PHASE_TEXT.get(h["phase"], h["phase"])), format_bytes(h["nbytes"]),
+            table.add_row(Text(_holder_where(h)), Text(PHASE_TEXT.get(h["phase"], h["phase"])),
+                          Text(KIND_TEXT.get(h.get("kind") or "", h.get("kind") or "-")), format_bytes(h["nbytes"]),
                           str(h["tensors"]), Text(f"{h['dtype']}{list(h['shape'])}" if h["shape"] else "-"))
         parts.append(table)
     parts += [_memory_finding(f, terminal) for f in d["findings"]]
@@ -111,3 +114,76 @@ def _memory(session: Any) -> dict[str, Any] | None:
         "holders": plain_record(list(view.peak_holders())),
         "findings": findings,
     }
+
+
+# -- each program at its peak, buffer by buffer ------------------------------------------------
+
+# programs the section shows (the one the run's answer is about first), and buffers per program
+_PEAK_PROGRAMS = 3
+_PEAK_ROWS = 10
+
+
+def _peak_program_data(e: Any) -> dict[str, Any]:
+    from tpu_debug.tracers.program_memory import made_where, peak_headline, shape_text, sum_text
+
+    data = plain_record(e, EVENT_HEADER + ("buffers", "timeline_positions", "timeline_bytes", "kinds",
+                                           "kind_bytes"))
+    data["by_kind"] = e.by_kind()
+    data["headline"] = peak_headline(e)
+    data["sum"] = sum_text(e)
+    data["timeline"] = [[p, b] for p, b in zip(e.timeline_positions, e.timeline_bytes)]
+    data["buffers"] = [dict(plain_record(b), shape_text=shape_text(b), where=made_where(b)) for b in e.buffers]
+    return data
+
+
+def _peak_rows(buffers: list[dict]) -> list[dict]:
+    """The largest buffers one by one, then the rest folded into one row per kind, then the
+    heap's unused bytes: the rows still add up to the program's total."""
+    single = [b for b in buffers if b["count"] == 1 and b["kind"] != "unused"]
+    rows = single[:_PEAK_ROWS]
+    folded: dict[str, dict] = {}
+    for b in single[_PEAK_ROWS:] + [b for b in buffers if b["count"] > 1]:
+        row = folded.setdefault(b["kind"], {"kind": b["kind"], "nbytes": 0, "logical_bytes": 0, "count": 0,
+                                            "shape_text": "-", "op": "", "file": None, "start": -1, "end": -1,
+                                            "folded": True})
+        row["nbytes"] += b["nbytes"]
+        row["logical_bytes"] += b["logical_bytes"]
+        row["count"] += b["count"]
+    for row in sorted(folded.values(), key=lambda r: -r["nbytes"]):
+        row["where"] = f"{row['count']} smaller buffer{'s' if row['count'] > 1 else ''}"
+        rows.append(row)
+    return rows + [b for b in buffers if b["kind"] == "unused"]
+
+
+def _render_peak_buffers(d: list | None, terminal: bool) -> RenderableType | None:
+    from tpu_debug.tracers.program_memory import KIND_TEXT
+
+    if not d:
+        return None
+    parts: list[RenderableType] = []
+    for p in d:
+        parts.append(Text(p["headline"], style="bold" if terminal else ""))
+        kinds = ", ".join(f"{KIND_TEXT.get(k, k)} {format_bytes(v)}" for k, v in p["by_kind"].items())
+        parts.append(kv_text([("by kind", kinds)]))
+        table = report_table(terminal, ("kind", "left"), ("bytes", "right"), ("logical", "right"),
+                             ("shape", "left"), ("made by", "left"), ("line", "left"), ("live", "left"))
+        for b in _peak_rows(p["buffers"]):
+            one = not b.get("folded") and b["count"] == 1 and b["kind"] != "unused"
+            live = (f"{b['start']}-{b['end']}" if b["start"] >= 0 else "whole program") if one else ""
+            logical = format_bytes(b["logical_bytes"]) if b["logical_bytes"] not in (0, b["nbytes"]) else ""
+            made = b["op"] if one and b["file"] else ""
+            table.add_row(Text(KIND_TEXT.get(b["kind"], b["kind"])), format_bytes(b["nbytes"]), logical,
+                          Text(b["shape_text"]), Text(made), Text(b["where"]), live)
+        parts.append(table)
+        parts.append(dim_note(p["sum"]))
+    return Group(*parts)
+
+
+@section("Peak buffers", order=66, key="peak_buffers", render=_render_peak_buffers)
+def _peak_buffers(session: Any) -> list[dict[str, Any]] | None:
+    programs = session.memory()
+    if not programs:
+        return None
+    first = session.memory.peak()
+    ordered = [first] + [e for e in programs if e.id != first.id]
+    return [_peak_program_data(e) for e in ordered[:_PEAK_PROGRAMS]]

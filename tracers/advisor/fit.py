@@ -13,6 +13,7 @@ none of this evidence and gets none of these findings.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 
@@ -25,12 +26,22 @@ from tpu_debug.tracers.events import (
     MemoryFindingEvent,
     MemoryHolder,
     MemorySummaryEvent,
+    ProgramMemoryEvent,
     SourceLocation,
 )
 from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text
+from tpu_debug.tracers.program_memory import (
+    KIND_TEXT,
+    holder_remedies,
+    made_where,
+    remedies,
+    remedy_text,
+    shape_text,
+    sum_text,
+)
 from tpu_debug.tracers.target import TargetFinding, findings
 
-__all__ = ["PADDING_FINDING_BYTES"]
+__all__ = ["PADDING_FINDING_BYTES", "with_peak"]
 
 # padding worth a finding wastes at least this much in one array: less takes under 1.3 µs of a
 # v5e chip's HBM bandwidth (819 GB/s) per pass over it, below a program's launch cost. The TPU
@@ -94,6 +105,9 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
             continue
         cause = _cause(summary, record)
         fix, others = _fix_text(record, cause)
+        kinds = holder_remedies(record.holders, record.required_bytes)
+        if kinds:  # the change for the largest kind of what is held at the peak, then the estimates
+            fix = f"{remedy_text(kinds[0])}. Otherwise: {fix}"
         title = (
             f"the run does not fit one {record.target} device: ~{format_bytes(record.required_bytes)} needed, "
             f"{format_bytes(record.capacity_bytes)} there"
@@ -195,6 +209,47 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
     )
 
 
+# buffers at a refused program's peak named in its finding's evidence
+_PEAK_FACTS = 5
+
+
+def _refused_peaks(facts: RunFacts) -> dict[str, ProgramMemoryEvent]:
+    """The refused programs' peaks (``tracers.program_memory``), by program name."""
+    memory = getattr(facts.query, "memory", None)
+    if memory is None:
+        return {}
+    return {e.name: e for e in reversed(memory(source="target")) if e.status == "hbm_oom"}
+
+
+def _peak_of(peaks: dict[str, ProgramMemoryEvent], *names: str) -> ProgramMemoryEvent | None:
+    """The peak of the program a finding names (by its name, or a signature ``name(...)``)."""
+    for name in names:
+        found = peaks.get(name) or peaks.get(name.split("(", 1)[0])
+        if found is not None:
+            return found
+    return None
+
+
+def with_peak(finding: Finding, peak: ProgramMemoryEvent) -> Finding:
+    """``finding`` about a program that does not fit, told by its compiler's peak: the largest
+    buffers there with their kinds and lines as evidence, the line of the largest one the user
+    made as its location, and the remedy for the largest kind first (the other kinds', then
+    the finding's own fix, after it)."""
+    found = remedies(peak)
+    buffers = [b for b in peak.buffers if b.count == 1 and b.kind != "unused"][:_PEAK_FACTS]
+    lines = tuple(f"at the peak: {KIND_TEXT.get(b.kind, b.kind)}, {format_bytes(b.nbytes)} {shape_text(b)}, "
+                  f"made at {made_where(b)}" for b in buffers)
+    made = next((b for b in peak.buffers if b.file and not b.library and b.count == 1), None)
+    location = SourceLocation(made.file, made.line or 0, made.function or "") if made is not None else None
+    counts = tuple(Count(f"at the peak: {KIND_TEXT.get(k, k)}", v, "B") for k, v in peak.by_kind().items())
+    fix = "; then ".join(remedy_text(r) for r in found[:2]) if found else finding.fix
+    if found:
+        fix += f". Otherwise: {finding.fix}"
+    return dataclasses.replace(finding, fix=fix, evidence=Evidence(
+        location or finding.evidence.location, (*finding.evidence.counts, *counts),
+        (*lines, sum_text(peak), *finding.evidence.facts)))
+
+
 @rule(
     "hbm_oom",
     about="a program the TPU target's compiler refuses: it needs more HBM than one device has",
@@ -202,15 +257,20 @@ def _oom_from_dry_run(record: MemoryFindingEvent) -> Finding:
 )
 def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
     dry = [r for r in facts.memory.findings if r.finding == PROGRAM_OOM]
+    peaks = _refused_peaks(facts)
     # a dry run's refusal is in both records (the target tracer records the dry run's compile):
     # one finding, the dry run's, whose fix knows what the program makes
     refused_dry = {r.program for r in dry}
     compiles = [e for e in facts.target_compiles if not (e.status == "hbm_oom" and e.name in refused_dry)]
     for f in findings(compiles):
         if f.kind == "hbm_oom":
-            yield _oom_from_target(f)
+            finding = _oom_from_target(f)
+            peak = _peak_of(peaks, f.subject, *f.programs)
+            yield with_peak(finding, peak) if peak is not None else finding
     for record in dry:
-        yield _oom_from_dry_run(record)
+        finding = _oom_from_dry_run(record)
+        peak = _peak_of(peaks, record.program or "")
+        yield with_peak(finding, peak) if peak is not None else finding
 
 
 @rule("tpu_padding", about="an array the TPU target's tiles pad by a fifth of its bytes or more", view="ops")

@@ -15,6 +15,7 @@ decoding of stored events, damaged rows):
 ``q.divergences(...)``          the check against CPU (:mod:`.divergences`)
 ``q.steps()``                   the training steps (:mod:`.steps`)
 ``q.invalid_values()``          values a TPU computes with silently (:mod:`.invalid_values`)
+``q.memory()``                  each program's memory at its peak, buffer by buffer (:mod:`.memory`)
 ``q.events(kind)``              any kind of event (:mod:`.reader`)
 ==============================  =====================================================
 

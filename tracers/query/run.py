@@ -18,6 +18,7 @@ from tpu_debug.tracers.events import (
 from tpu_debug.tracers.query.compiles import CompilesQuery
 from tpu_debug.tracers.query.divergences import DivergencesQuery
 from tpu_debug.tracers.query.invalid_values import InvalidValuesQuery
+from tpu_debug.tracers.query.memory import MemoryQuery
 from tpu_debug.tracers.query.ops import OpsQuery
 from tpu_debug.tracers.query.programs import ProgramsQuery
 from tpu_debug.tracers.query.reader import RunReader
@@ -38,7 +39,7 @@ class RunQuery(RunReader):
 
     Each subject is a part: calling it lists the subject's records, its methods answer the
     subject's other questions. ``ops``, ``programs``, ``compiles``, ``recompiles``,
-    ``transfers``, ``divergences``, ``steps``, ``invalid_values``; ``events(kind)``, ``metadata()``,
+    ``transfers``, ``divergences``, ``steps``, ``invalid_values``, ``memory``; ``events(kind)``, ``metadata()``,
     ``findings()`` and the run's summaries are the run's own.
 
     Example::
@@ -59,6 +60,7 @@ class RunQuery(RunReader):
         self.divergences = DivergencesQuery(self)
         self.steps = StepsQuery(self)
         self.invalid_values = InvalidValuesQuery(self)
+        self.memory = MemoryQuery(self)
 
     # -- what was recorded ----------------------------------------------------------
 
