@@ -34,7 +34,7 @@ from tpu_debug.tracers.lazy_graphs import StepFrames, cut_site
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker
 from tpu_debug.tracers.store import RunWriter, StatRow
-from tpu_debug.tracers.transfers import IMPLICIT, classify_site
+from tpu_debug.tracers.transfers import IMPLICIT, classify_site, classify_upload
 
 __all__ = ["IMPLICIT_TRANSFER_OPS", "Recorder"]
 
@@ -231,7 +231,11 @@ class Recorder:
 
     def on_transfer(self, info: Any) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
-        op, implicit, location, context = classify_site(str(info.op))
+        if info.direction == "h2d":
+            op, implicit, location, context, origin = classify_upload(str(info.op))
+        else:
+            op, implicit, location, context = classify_site(str(info.op))
+            origin = None
         self.writer.put(
             TransferEvent(
                 self.writer.new_id(),
@@ -248,6 +252,7 @@ class Recorder:
                 float(info.seconds),
                 getattr(info, "digest", None),
                 _where(context),
+                origin,
             )
         )
 
