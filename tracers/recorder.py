@@ -14,6 +14,7 @@ import itertools
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from tpu_debug.tracers import dynamo_events
@@ -58,6 +59,22 @@ def _guarded_line(info: Any, diffs: Any) -> Any:
         return None
     failure = dynamo_events.guard_failure(info.graph.origin.compile_id)
     return failure.at if failure is not None else None
+
+
+def _read_line(info: Any, diffs: Any, lines: Sequence[Any]) -> Any:
+    """For a lazy graph compiled again because one of its inputs took a new shape: the user's
+    line of the first op that reads that input (``lines``: each op's), which is where the
+    shape comes in; the line that cut the graph (an ``optimizer.step()``) is only where it
+    ran. None for any other compile."""
+    if info.mode != "lazy" or info.graph is None:
+        return None
+    for d in diffs:
+        if d.aspect == "shape" and d.arg_index is not None:
+            leaf = f"in{d.arg_index}"  # the graph's inputs as its ops name them (runtime/lazy.py)
+            j = next((j for j, op in enumerate(info.graph.ops) if leaf in op.inputs), None)
+            if j is not None and j < len(lines) and lines[j] is not None:
+                return lines[j]
+    return None
 
 
 def _where(loc: Any) -> str | None:
@@ -177,7 +194,7 @@ class Recorder:
         ops = self._op_lines(info) if lazy else ()
         # a replayed compile only becomes history
         seen = self.recompiles.observe(info, op_locations=ops)
-        location = _guarded_line(info, seen.diffs) or location
+        location = _guarded_line(info, seen.diffs) or (_read_line(info, seen.diffs, ops) if lazy else None) or location
         args = tuple(a.recorded() for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None

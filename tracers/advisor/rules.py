@@ -273,21 +273,23 @@ def _shape_member(facts_compiles: Sequence[CompileEvent], mode: str | None, iden
 
 def _growing_fix(change: Change, identity: str, values: list[int], members: Sequence[Any]) -> tuple[str, bool]:
     """The fix for a size that grows by one step at every call, chosen by what grows with it:
-    attention over a growing KV cache (floating-point tensors of rank 3 or more), or only
-    integer bookkeeping such as the token ids, which a static cache does not fix; and whether
-    it is only that bookkeeping (small ops of the decoding loop, compiled once per length and
-    reused by later calls with the same lengths: worth knowing, not a warning)."""
+    the model's own work (floating-point tensors: attention over a growing KV cache, a model
+    run again on the whole sequence), or only integer bookkeeping such as the token ids, which a
+    static cache does not fix; and whether it is only that bookkeeping (small ops of the decoding
+    loop, compiled once per length and reused by later calls with the same lengths: worth
+    knowing, not a warning)."""
     head = f"{change.what} of {identity} grows at every call ({values[0]}..{values[-1]}): a sequence extended one step at a time"
     grown = [(m[2], _grown_tensor(m[2], m[4])) for m in members]
-    if any(t is not None and t[1] >= 3 and "float" in t[0] for _, t in grown):
+    # a graph (compiled or lazy) that takes the growing input computes on it: the model's work
+    if any(m[1] != "eager" for m in members) or any(t is not None and "float" in t[0] for _, t in grown):
         return (
             f"{head}, such as a dynamic KV cache; allocate it once at its final length and write each step "
             "into it (Hugging Face: generate(..., cache_implementation='static')), so every step has the same shapes"
         ), False
     kinds = _listing(sorted({f"{short_dtype(t[0])} of rank {t[1]}" for _, t in grown if t is not None}), 3)
     return (
-        f"{head}; no floating-point tensor of rank 3 or more grows with it, so the KV cache, if there is one, "
-        f"keeps its size already and a static cache changes nothing: what grows are small tensors ({kinds}), such as the "
+        f"{head}; no floating-point tensor grows with it, so the model's work, and its KV cache if there is one, "
+        f"keep their size already and a static cache changes nothing: what grows are small tensors ({kinds}), such as the "
         "token ids and attention mask generate() extends with torch.cat at each new token. Keep them in buffers "
         "allocated once at prompt + max_new_tokens and write each token in place (ids[:, pos] = token), or keep "
         "prompt lengths and max_new_tokens to a few fixed values, so later calls reuse the programs the first compiled"
