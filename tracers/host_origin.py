@@ -140,13 +140,16 @@ def _made(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> str | None:
     if isinstance(expr, ast.Name) and depth > 0:
         value = _assigned(scope, expr.id, line)
         return _made(value[0], scope, value[1], depth - 1) if value is not None else None
+    if isinstance(expr, ast.Compare):
+        # a mask: a draw compared with thresholds, which may be names of numbers (a parameter p)
+        made = _made(expr.left, scope, line, depth)
+        known = [_made(c, scope, line, depth) for c in expr.comparators if _known(c, scope, line)]
+        return made if made is not None and all(k is not None for k in known) else None
     operands: list[ast.expr] = []
     if isinstance(expr, ast.BinOp):
         operands = [expr.left, expr.right]
     elif isinstance(expr, ast.UnaryOp):
         operands = [expr.operand]
-    elif isinstance(expr, ast.Compare):
-        operands = [expr.left, *expr.comparators]
     found = None
     for operand in operands:
         if isinstance(operand, ast.Constant):
@@ -156,6 +159,14 @@ def _made(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> str | None:
             return None  # host data mixed with data from elsewhere: not made here alone
         found = found or made
     return found
+
+
+def _known(expr: ast.expr, scope: ast.AST, line: int) -> bool:
+    """Whether ``expr`` is more than a constant or a name this function never assigns (a
+    parameter, a global): a value the code shows."""
+    if isinstance(expr, ast.Constant):
+        return False
+    return not isinstance(expr, ast.Name) or _assigned(scope, expr.id, line) is not None
 
 
 def _made_by_call(call: ast.Call, scope: ast.AST, line: int, depth: int) -> str | None:

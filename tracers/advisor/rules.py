@@ -857,7 +857,7 @@ def _host_made_text(u: _Upload, facts: RunFacts) -> tuple[str, str]:
 
 def _h2d_text(u: _Upload, facts: RunFacts, batches: bool) -> tuple[str, str] | None:
     """(title, fix) of a line that uploads at every steady step, or None when it is no finding.
-    ``batches``: another line uploads data no factory made (a batch) in the same steps."""
+    ``batches``: a line uploads data that changes and no factory made (a batch) in these steps."""
     n, steady = len(u.steps), len(facts.steady)
     what = CAUSE_TEXT.get(u.op, u.op)
     if u.payload == "same" and u.seconds > 0:
@@ -940,7 +940,9 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
     if len(facts.steady) < REPEATS:
         return
     sites = _h2d_sites(facts)
-    batches = any(all(getattr(t, "origin", None) is None for t in events) for events in sites.values())
+    # a batch: data that changes, made by no factory the user's line shows (a dataset's slice)
+    batches = any(all(getattr(t, "origin", None) is None for t in events) and _payload(events) != "same"
+                  for events in sites.values())
     for (location, op, shape, dtype), steady in sites.items():
         steps = facts.steady_steps_of(steady)
         origins = {getattr(t, "origin", None) for t in steady}
