@@ -32,6 +32,7 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "float64.py": ([], ["--steps", "3"], {"float64"}, ["--fixed"]),
     "tiny_ops.py": ([], ["--steps", "3"], {"eager_tiny_ops"}, ["--fixed"]),
     "h2d_every_step.py": ([], ["--steps", "4"], {"h2d_every_step"}, ["--fixed"]),
+    "d2h_every_step.py": ([], ["--steps", "4"], {"d2h_every_step"}, ["--fixed"]),
     "bf16_drift.py": (["--divergence", "--numerics", "tpu"], [], {"divergence"}, ["--highest"]),
     "sharding_remat.py": (["--devices", "8"], ["--steps", "3"], {"sharding_remat"}, ["--fixed"]),
     # compiled for a real TPU (needs libtpu, as the target tests do)

@@ -1243,7 +1243,7 @@ def _tiny_ops_finding(facts: RunFacts, steady: Sequence[Any], ops: int, share: f
         severity="warning",
         title=(
             f"each steady step runs {ops:,} eager ops on small tensors, {format_seconds(per_op)} of host time each, "
-            f"{100 * dispatch / step:.0f}% of the step's time; compiled, it would save about "
+            f"{100 * dispatch / step:.0f}% of the step's time on this machine; compiled, it would save about "
             f"{format_seconds(saved)} of its {format_seconds(step)} (an estimate)"
         ),
         fix=(
