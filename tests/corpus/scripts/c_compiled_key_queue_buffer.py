@@ -3,8 +3,8 @@ preallocated buffer written at a pointer that wraps around: the same shapes at e
 # corpus: correct
 """
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 torch.manual_seed(0)
 QUEUE, BATCH, DIM = 16, 8, 16

@@ -4,8 +4,8 @@ its length, so every step compiles the forward again until dynamo gives up compi
 Fix: keep the queue in a preallocated tensor buffer (register_buffer) written at an index that
 wraps around: one shape at every step."""
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 torch.manual_seed(0)
 QUEUE = 12
