@@ -14,6 +14,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from tpu_debug.core.options import ignore_recording_options
+from tpu_debug.core.run_args import early_error
+
+from tpu_debug.cli import main as cli_main
+
 __all__ = ["READING_VERBS", "main"]
 
 READING_VERBS = frozenset({"tui", "report", "runs", "tensorboard", "diff"})
@@ -30,18 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     verb = _verb(args)
     if verb == "run" and "torch" not in sys.modules:
         # a missing script is said at once, before torch and jax are imported (seconds)
-        from tpu_debug.core.run_args import early_error
-
         error = early_error(args[args.index("run") + 1:])
         if error is not None:
             print(f"tpu-debug run: {error}", file=sys.stderr)
             return error.exit_code
-    from tpu_debug.cli import main as cli_main
 
     if verb not in READING_VERBS:
         return cli_main(args)
     # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
-    from tpu_debug.core.options import ignore_recording_options
-
     with ignore_recording_options():
         return cli_main(args)

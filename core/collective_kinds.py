@@ -26,7 +26,9 @@ import dataclasses
 from collections.abc import Iterable
 
 __all__ = [
+    "C10D_OF_FLIGHT_RECORDER",
     "DATA_OPERAND_OPCODES",
+    "FLIGHT_RECORDER_NAMES",
     "HLO_OPCODES",
     "KINDS",
     "P2P_OPS",
@@ -143,6 +145,42 @@ P2P_OPS: frozenset[str] = frozenset(m for k in KINDS if k.point_to_point for m i
 SAME_SHAPES: frozenset[str] = frozenset(m for k in KINDS if k.same_shapes for m in k.c10d if m not in k.ragged)
 #: c10d calls with a root every rank must name alike
 ROOTED: frozenset[str] = frozenset(m for k in KINDS if k.rooted for m in k.c10d)
+
+
+#: each c10d method as PyTorch's Flight Recorder names its entries (``profiling_name`` after the
+#: backend's prefix), the names ``torchfrtrace`` matches ranks' entries by
+FLIGHT_RECORDER_NAMES: dict[str, str] = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "allreduce_coalesced",
+    "allgather": "all_gather",
+    "allgather_coalesced": "ALLGATHER_coalesced",
+    "all_gather_single": "_all_gather_base",
+    "all_gather_single_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced": "reduce_scatter_tensor_coalesced",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+    "recv_anysource": "recv",
+}
+#: and back: the c10d method of a Flight Recorder name (a dump of PyTorch's own groups, read in).
+#: gloo names its all_to_all_single "all_to_all" too, whose tensors differ between ranks with
+#: uneven splits: read as the ragged method, whose shapes are not compared
+C10D_OF_FLIGHT_RECORDER: dict[str, str] = {
+    **{fr: m for m, fr in FLIGHT_RECORDER_NAMES.items() if m != "recv_anysource"},
+    "all_to_all": "alltoall_base",
+    "all_gather_single": "all_gather_single", "_allgather_base": "all_gather_single",
+    "reduce_scatter_single": "reduce_scatter_single", "all_to_all_v_single": "alltoall_base",
+    "all_gather_v": "allgather", "reduce_scatter_v": "reduce_scatter", "_broadcast_oop": "broadcast",
+    "_reduce_oop": "reduce", "REDUCE_SCATTER_coalesced": "reduce_scatter_single_coalesced",
+}
 
 
 def of_c10d(method: str) -> CollectiveKind:

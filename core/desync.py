@@ -16,7 +16,10 @@ Plain data and text: this module imports neither torch nor jax.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import os
+import signal
 from collections.abc import Sequence
 
 from tpu_debug.core.collective_kinds import ROOTED, SAME_SHAPES
@@ -28,8 +31,11 @@ __all__ = [
     "RankCall",
     "cause_of",
     "describe",
+    "describe_exit",
     "differ",
     "fix_for",
+    "left_loop",
+    "p2p_subject",
     "rank_line",
 ]
 
@@ -47,11 +53,18 @@ CAUSES = {
     "dtype": "rank-dependent dtypes: the ranks gave tensors of other dtypes to one collective",
     "device": "tensors of other devices: the ranks gave one collective tensors on other devices",
     "died": "a rank died",
-    "late": "a rank did not arrive: it is stuck elsewhere, or slow",
+    "raised": "a rank raised an exception and left the group",
+    "late": "a rank did not arrive: it is still running elsewhere",
+    "p2p_sizes": "a send and its receive of other sizes or dtypes",
+    "p2p_order": "point-to-point calls that wait for each other: each rank receives before it sends",
+    "unmatched": "a send or receive its peer never posts: the peers' point-to-point calls differ in number or "
+                 "order",
 }
 
 # what a rank that did not call the collective was doing instead
-_STATES = ("called", "missing", "ended", "died")
+_STATES = ("called", "missing", "ended", "raised", "died")
+#: point-to-point calls: a rank's line names its peer, and the pair is compared, not the group
+_P2P_DIRECTION = {"send": "to", "recv": "from"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,9 +73,12 @@ class RankCall:
 
     With ``state == "called"`` the fields describe the collective it called there.
     Otherwise it did not call it: ``"missing"`` (it did not arrive: still alive, or its
-    calls simply end there), ``"ended"`` (its process left), ``"died"`` (its process is
-    gone without leaving); the fields then describe the last collective of the group it
-    did call (``seq`` None: none known).
+    calls simply end there), ``"ended"`` (its process left), ``"raised"`` (its process left
+    with an exception: ``error``, and ``stack`` ends at the line that raised), ``"died"``
+    (its process is gone without leaving: ``exit_status`` as ``subprocess`` gives it, the
+    exit code or minus the signal, when known); the fields then describe the last
+    collective of the group it did call (``seq`` None: none known). ``stack`` of a
+    ``"missing"`` rank is where it is now (``file:line in function``, innermost last).
     """
 
     rank: int
@@ -77,6 +93,9 @@ class RankCall:
     line: int | None = None
     function: str | None = None
     device: str = ""  # the tensors' device type ("tpu", "cpu"; "" when not known)
+    error: str = ""
+    stack: tuple[str, ...] = ()
+    exit_status: int | None = None
 
     def __post_init__(self) -> None:
         if self.state not in _STATES:
@@ -95,7 +114,8 @@ class RankCall:
             extra += f", root {self.peer}"
         where = f" at {self.where}" if self.where else ""
         on = f" on {self.device}" if self.device and self.device != "tpu" else ""
-        return f"{self.op}({shapes}; {self.dtype or '-'}{extra}){on}{where}"
+        peer = f" {_P2P_DIRECTION[self.op]} rank {self.peer}" if self.op in _P2P_DIRECTION and self.peer is not None else ""
+        return f"{self.op}({shapes}; {self.dtype or '-'}{extra}){peer}{on}{where}"
 
 
 def differ(calls: Sequence[RankCall]) -> str | None:
@@ -121,7 +141,8 @@ def differ(calls: Sequence[RankCall]) -> str | None:
     return None
 
 
-def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False) -> str:
+def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False, p2p: bool = False,
+             cycle: bool = False) -> str:
     """The likeliest cause (a key of :data:`CAUSES`) of a difference.
 
     Args:
@@ -129,15 +150,32 @@ def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False) 
         calls: each rank's call there.
         repeated: the line the calling ranks are at ran before with every rank agreeing
             (the collective sits in a loop).
+        p2p: the calls are a send and its receive.
+        cycle: (``p2p``) the peer that did not post its side waits itself to receive from
+            this rank.
     """
     called = [c for c in calls if c.state == "called"]
     others = [c for c in calls if c.state != "called"]
     if any(c.state == "died" for c in others):
         return "died"
+    if any(c.state == "raised" for c in others):
+        return "raised"
+    if p2p:
+        if reason != "missing":
+            return "p2p_sizes"
+        if cycle:
+            return "p2p_order"
+        return "late" if any(c.state == "missing" for c in others) else "unmatched"
     if reason == "missing":
         sites = {c.where for c in called}
-        if any(c.where is not None and c.where in sites for c in others):
-            return "uneven_batch"  # the others' last call was this line: one pass of the loop fewer
+        for c in others:
+            if c.stack and c.state == "missing":
+                if _left_the_loop_of(called, c):
+                    return "uneven_batch"  # still running, past the end of the loop the others are in
+            elif c.where is not None and c.where in sites:
+                # its last call was this line: its loop ran once fewer, then it ended (or, read
+                # after the fact with nothing known of where it went, it stopped there)
+                return "uneven_batch"
         if any(c.state == "missing" for c in others) and not all(c.seq is None for c in others):
             return "late"
         ranks = sorted(c.rank for c in calls)
@@ -145,10 +183,68 @@ def cause_of(reason: str, calls: Sequence[RankCall], *, repeated: bool = False) 
     if reason in ("dtype", "device"):
         return reason
     if len({(c.file, c.line) for c in called}) > 1:
-        return "branch"  # the ranks are at different lines: each took its own way there
+        # the ranks are at different lines: a rank whose loop ended early is past the loop
+        # the others are still in; otherwise each took its own way there
+        if any(_left_the_loop_of([a], b) for a in called for b in called if a is not b):
+            return "uneven_batch"
+        return "branch"
     if reason == "shapes":
         return "uneven_batch" if repeated and len({c.where for c in calls}) == 1 else "sizes"
     return "branch"
+
+
+def _site(text: str) -> tuple[str, int, str] | None:
+    """(file, line, function) of a ``file:line in function`` stack entry."""
+    where, _, function = text.partition(" in ")
+    file, _, line = where.rpartition(":")
+    return (file, int(line), function) if file and line.isdigit() else None
+
+
+def _left_the_loop_of(called: Sequence[RankCall], other: RankCall) -> bool:
+    """Whether ``other`` is past the end of the loop the ``called`` ranks' line is in: at its
+    call when it called one, else where its stack says it is now."""
+    if other.state == "called":
+        here = (other.file, other.line, other.function) if other.file and other.line else None
+    else:
+        here = _site(other.stack[-1]) if other.stack else None
+    if here is None:
+        return False
+    return any(c.file and c.line and left_loop(c.file, c.line, c.function or "", *here) for c in called)
+
+
+_loops: dict[tuple[str, float], list[tuple[int, int]]] = {}
+
+
+def _loop_spans(file: str) -> list[tuple[int, int]]:
+    """The (first, last) lines of every ``for``/``while`` loop of a source file (none when it
+    cannot be read or parsed)."""
+    try:
+        key = (file, os.path.getmtime(file))
+    except OSError:
+        return []
+    if key not in _loops:
+        try:
+            with open(file, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), file)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            tree = None
+        loops = (ast.For, ast.AsyncFor, ast.While)
+        _loops[key] = [] if tree is None else [
+            (n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree) if isinstance(n, loops)]
+    return _loops[key]
+
+
+def left_loop(file: str, line: int, function: str, other_file: str, other_line: int, other_function: str) -> bool:
+    """Whether ``other_line`` is after the end of the innermost loop around ``line`` in one
+    function of one file: a rank there ran that loop fewer times than a rank still at ``line``
+    (an uneven last batch), rather than taking another branch inside it."""
+    if other_file != file or other_function != function:
+        return False
+    around = [(first, last) for first, last in _loop_spans(file) if first <= line <= last]
+    if not around:
+        return False
+    _, last = min(around, key=lambda span: span[1] - span[0])
+    return other_line > last
 
 
 def _ranks(calls: Sequence[RankCall]) -> str:
@@ -156,21 +252,55 @@ def _ranks(calls: Sequence[RankCall]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(ranks)
 
 
-def fix_for(cause: str, calls: Sequence[RankCall], seq: int, *, timeout: float | None = None) -> str:
-    """What to do about a difference of ``cause`` at collective ``seq``, naming the ranks and lines."""
+def describe_exit(status: int | None) -> str:
+    """``killed by signal 9 (SIGKILL)``, ``exit status 3``, or ``exit status unknown``."""
+    if status is None:
+        return "exit status unknown"
+    if status < 0:
+        try:
+            return f"killed by signal {-status} ({signal.Signals(-status).name})"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+def _why_died(status: int | None) -> str:
+    if status == -signal.SIGKILL:
+        return ("SIGKILL is what the kernel's out-of-memory killer sends (`dmesg` names the process), and what a "
+                "scheduler or a `kill -9` sends")
+    if status is not None and status < 0:
+        return "a signal ended it: a crash in native code (its output holds the fault), or a signal sent to it"
+    if status is not None:
+        return ("it exited without running its exit handlers (os._exit, or an abort in native code): its output "
+                "says why")
+    return "its own output or the launcher's says why (out of memory, a signal, a crash)"
+
+
+def fix_for(cause: str, calls: Sequence[RankCall], seq: int, *, timeout: float | None = None,
+            what: str | None = None) -> str:
+    """What to do about a difference of ``cause`` at collective ``seq`` (or the call ``what``
+    names), naming the ranks and lines."""
     called = [c for c in calls if c.state == "called"]
     others = [c for c in calls if c.state != "called"]
+    what = what or f"collective #{seq}"
     if cause == "died":
         dead = [c for c in others if c.state == "died"]
         return (
-            f"{_ranks(dead)} died: its own output or the launcher's says why (out of memory, a signal, a "
-            "crash). The group cannot go on without it: restart the job from its last checkpoint "
-            "(torchrun --max-restarts restarts every rank)."
+            f"{_ranks(dead)} died ({describe_exit(dead[0].exit_status)}): {_why_died(dead[0].exit_status)}. The "
+            "group cannot go on without it: restart the job from its last checkpoint (torchrun --max-restarts "
+            "restarts every rank)."
+        )
+    if cause == "raised":
+        r = next(c for c in others if c.state == "raised")
+        at = f" at {r.stack[-1]}" if r.stack else ""
+        return (
+            f"rank {r.rank} raised {r.error or 'an exception'}{at} and left, while the other ranks waited for it "
+            f"at {what}: fix that error (rank {r.rank}'s output holds its traceback)."
         )
     if cause == "rank_zero":
         site = called[0].where or "its line"
         return (
-            f"{_ranks(called)} alone called collective #{seq} at {site}: a collective under `if rank == 0:` "
+            f"{_ranks(called)} alone called {what} at {site}: a collective under `if rank == 0:` "
             "(a metric, logging, saving) waits for ranks that never call it. Call it on every rank of the "
             "group and use its result on rank 0 only, or do rank 0's work without a collective."
         )
@@ -180,27 +310,8 @@ def fix_for(cause: str, calls: Sequence[RankCall], seq: int, *, timeout: float |
             "DistributedSampler(dataset, drop_last=True) or DataLoader(..., drop_last=True), or pad the last "
             "batch; DDP's `with model.join():` lets ranks with fewer batches finish."
         )
-    if cause == "sizes":
-        return (
-            "Give the collective tensors of the same size on every rank: the size depends on the rank there. "
-            "Pad to a common size, or use all_to_all_single with split sizes (or all_gather_object) for "
-            "uneven pieces."
-        )
-    if cause == "dtype":
-        return "Give the collective tensors of one dtype on every rank: cast before the call (.to(dtype))."
-    if cause == "device":
-        kinds = "; ".join(f"rank {c.rank}: {c.device}" for c in called)
-        return (f"Give the collective tensors on the tpu device on every rank ({kinds}): move them with "
-                ".to(\"tpu\") before the call.")
-    if cause == "late":
-        wait = f" within {timeout:g} s" if timeout is not None else ""
-        return (
-            f"{_ranks(others)} did not call collective #{seq}{wait}. It is either stuck elsewhere (a "
-            "branch on the rank sent it to another collective, of this group or of another group that "
-            "waits for this rank, or into a loop) or only slow (rank-0-only evaluation or checkpointing): "
-            "if it is only slow, raise TPU_DEBUG_COLLECTIVE_TIMEOUT; otherwise `py-spy dump --pid` on it "
-            "shows where it is."
-        )
+    if cause in _FIXES:
+        return _FIXES[cause](called, others, what, timeout)
     sites = "; ".join(f"rank {c.rank} called {c.call_text()}" for c in called)
     return (
         f"Every rank of a group must call the same collectives in the same order ({sites}): make the "
@@ -209,24 +320,102 @@ def fix_for(cause: str, calls: Sequence[RankCall], seq: int, *, timeout: float |
     )
 
 
-def rank_line(call: RankCall, seq: int, *, timeout: float | None = None) -> str:
-    """One rank's part of :func:`describe`: what it did at collective ``seq``, and where."""
+def _fix_sizes(called: Sequence[RankCall], others: Sequence[RankCall], what: str, timeout: float | None) -> str:
+    return (
+        "Give the collective tensors of the same size on every rank: the size depends on the rank there. "
+        "Pad to a common size, or use all_to_all_single with split sizes (or all_gather_object) for "
+        "uneven pieces."
+    )
+
+
+def _fix_dtype(called: Sequence[RankCall], others: Sequence[RankCall], what: str, timeout: float | None) -> str:
+    return "Give the collective tensors of one dtype on every rank: cast before the call (.to(dtype))."
+
+
+def _fix_device(called: Sequence[RankCall], others: Sequence[RankCall], what: str, timeout: float | None) -> str:
+    kinds = "; ".join(f"rank {c.rank}: {c.device}" for c in called)
+    return (f"Give the collective tensors on the tpu device on every rank ({kinds}): move them with "
+            ".to(\"tpu\") before the call.")
+
+
+def _fix_late(called: Sequence[RankCall], others: Sequence[RankCall], what: str, timeout: float | None) -> str:
+    wait = f" within {timeout:g} s" if timeout is not None else ""
+    late = [c for c in others if c.state == "missing"] or list(others)
+    where = f", at {late[0].stack[-1]}" if late and late[0].stack else ""
+    return (
+        f"{_ranks(late)} did not call {what}{wait} and is still running{where}. If it is only slow there "
+        "(evaluation, a checkpoint written on one rank), raise TPU_DEBUG_COLLECTIVE_TIMEOUT; if it waits in "
+        "another collective, the ranks call the collectives of their groups in other orders: make every rank "
+        "call them in the same order."
+    )
+
+
+def _fix_p2p_sizes(called: Sequence[RankCall], others: Sequence[RankCall], what: str,
+                   timeout: float | None) -> str:
+    sites = "; ".join(f"rank {c.rank} {c.call_text()}" for c in called)
+    return (f"Receive into a tensor of the sent tensor's shape and dtype ({sites}); for a shape that changes, "
+            "send the shape first (dist.send_object_list) or pad to a fixed one.")
+
+
+def _fix_p2p_order(called: Sequence[RankCall], others: Sequence[RankCall], what: str,
+                   timeout: float | None) -> str:
+    return (
+        "Each rank waits to receive before it sends, so neither sends: post the sends and receives together "
+        "(dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]), or isend and irecv, then "
+        "wait() on both), or have one side send first (even ranks send, odd ranks receive)."
+    )
+
+
+def _fix_unmatched(called: Sequence[RankCall], others: Sequence[RankCall], what: str,
+                   timeout: float | None) -> str:
+    return (f"{_ranks(others)} left without posting its side of {what}: every send needs the peer's recv with "
+            "the same tag, in the same order, and every recv a send.")
+
+
+_FIXES = {
+    "sizes": _fix_sizes,
+    "dtype": _fix_dtype,
+    "device": _fix_device,
+    "late": _fix_late,
+    "p2p_sizes": _fix_p2p_sizes,
+    "p2p_order": _fix_p2p_order,
+    "unmatched": _fix_unmatched,
+}
+
+
+def rank_line(call: RankCall, seq: int, *, timeout: float | None = None, what: str | None = None) -> str:
+    """One rank's part of :func:`describe`: what it did at collective ``seq`` (or the call
+    ``what`` names), and where."""
     if call.state == "called":
         return f"rank {call.rank}: {call.call_text()}"
-    last = (f"its last collective of the group was #{call.seq} {call.call_text()}"
-            if call.seq is not None else "it called no collective of the group")
+    what = what or f"collective #{seq}"
+    if what.startswith("collective"):
+        last = (f"its last collective of the group was #{call.seq} {call.call_text()}"
+                if call.seq is not None else "it called no collective of the group")
+    else:
+        last = f"its last call was {call.call_text()}" if call.op is not None else "it made no such call"
     if call.state == "died":
-        return f"rank {call.rank}: died (its process is gone); {last}"
+        return f"rank {call.rank}: died ({describe_exit(call.exit_status)}); {last}"
+    if call.state == "raised":
+        at = f" at {call.stack[-1]}" if call.stack else ""
+        return f"rank {call.rank}: raised {call.error or 'an exception'}{at} and left the group; {last}"
     if call.state == "ended":
         return f"rank {call.rank}: ended (its process left the group); {last}"
     wait = f" within {timeout:g} s" if timeout is not None else ""
-    return f"rank {call.rank}: did not call collective #{seq}{wait}; {last}"
+    now = f"; it is still running, now at {' <- '.join(reversed(call.stack))}" if call.stack else ""
+    return f"rank {call.rank}: did not call {what}{wait}; {last}{now}"
+
+
+def p2p_subject(source: int, destination: int, tag: int, n: int) -> str:
+    """How the text names a send and its receive: the ``n``-th call from ``source`` to
+    ``destination`` with ``tag`` (global ranks)."""
+    return f"point-to-point #{n} from rank {source} to rank {destination}" + (f" (tag {tag})" if tag else "")
 
 
 def describe(group: str, seq: int, reason: str, cause: str, calls: Sequence[RankCall], *,
-             timeout: float | None = None) -> str:
-    """The difference as text: which collective, what each rank did there and where, the
-    cause and the fix.
+             timeout: float | None = None, what: str | None = None) -> str:
+    """The difference as text: which collective (or the call ``what`` names: a send and its
+    receive), what each rank did there and where, the cause and the fix.
 
     Example::
 
@@ -236,8 +425,8 @@ def describe(group: str, seq: int, reason: str, cause: str, calls: Sequence[Rank
         Cause: a collective only rank 0 calls (under `if rank == 0:`).
         Fix: rank 0 alone called collective #3 at train.py:20 in main: ...
     """
-    lines = [f"group {group}, collective #{seq}: the ranks differ ({reason})"]
-    lines += [f"  {rank_line(c, seq, timeout=timeout)}" for c in calls]
+    lines = [f"group {group}, {what or f'collective #{seq}'}: the ranks differ ({reason})"]
+    lines += [f"  {rank_line(c, seq, timeout=timeout, what=what)}" for c in calls]
     lines.append(f"Cause: {CAUSES.get(cause, cause)}.")
-    lines.append(f"Fix: {fix_for(cause, calls, seq, timeout=timeout)}")
+    lines.append(f"Fix: {fix_for(cause, calls, seq, timeout=timeout, what=what)}")
     return "\n".join(lines)

@@ -348,6 +348,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("collective_timeout", TIMEOUT, 300.0, "seconds a rank waits at that check for the others to reach "
            "the same collective before it raises CollectiveTimeoutError (gloo itself waits 30 minutes)",
            _RANKS, flag=False),
+    # PyTorch's Flight Recorder variables (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE) say whether and
+    # where a rank's dump is written (runtime/distributed/flight_recorder.py); PyTorch has none for an exit
+    Option("flight_recorder_at_exit", BOOL, False, "when the Flight Recorder records (TORCH_FR_BUFFER_SIZE > 0), "
+           "write each rank's dump (TORCH_FR_DUMP_TEMP_FILE<rank>) when its process exits", _RANKS, flag=False),
     # a process of a multi-process run (tpu-debug run --nproc sets these for each rank it starts)
     Option("coordinator", ADDRESS, None, "the address of the multi-process run this process joins (rank 0's "
            "JAX coordinator)", _ENV, flag=False),

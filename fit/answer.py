@@ -22,15 +22,30 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.collective_kinds import DATA_OPERAND_OPCODES, of_opcode
+from tpu_debug.core.collectives import parse_collectives
 from tpu_debug.core.format import format_bytes, format_count, format_seconds
 from tpu_debug.core.hlo_text import parse_module
-from tpu_debug.runtime.target import parse_target
-from tpu_debug.runtime.target.errors import TargetError
-from tpu_debug.fit.sharded import FitCompile, Plan, compile_sharded_step, parse_plan
-from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.core.options import default_logdir
+from tpu_debug.fit import moe as fit_moe
 from tpu_debug.fit import techniques
+from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo, bounds, classify, collective_sites
+from tpu_debug.fit.infer import compile_infer, decode_bound, trace_infer
 from tpu_debug.fit.options import LOOP_ABOVE, FitOptions
-from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo
+from tpu_debug.fit.scan import compile_scan_step, layer_stack, loop_repeats, trace_pieces
+from tpu_debug.fit.sharded import AXES, FitCompile, Plan, _mesh, compile_sharded_step, parse_plan
+from tpu_debug.runtime.target import parse_target
+from tpu_debug.runtime.target.capacity import hbm_capacity
+from tpu_debug.runtime.target.compile import CostStats, MemoryStats
+from tpu_debug.runtime.target.dryrun import trace_step
+from tpu_debug.runtime.target.errors import TargetError
+from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target.roofline import roofline
+from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
+from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.store import DB_NAME, RunWriter
+
+from tpu_debug.runs import new_run_dir
+from tpu_debug.tracing import active_trace
 
 __all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
            "PRESETS", "build_config"]
@@ -268,7 +283,6 @@ def build_config(model: Any, overrides: dict[str, Any] | None = None):
                           f"path, or a preset: {', '.join(PRESETS)}")
     config.use_cache = False  # a training step keeps no KV cache (and its empty tensors are graph constants)
     if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
-        from tpu_debug.fit import moe as fit_moe
 
         # experts as one grouped matmul over the tokens each expert was routed (lowered to
         # lax.ragged_dot, dropless, as MaxText's MoE on TPU), each batch shard's tokens routed
@@ -424,7 +438,6 @@ def _probe_capacity(tgt: Target) -> None:
     Not a daemon: the interpreter waits for it, so no compile is cut off at exit."""
     import threading
 
-    from tpu_debug.runtime.target.capacity import hbm_capacity
 
     def probe():
         try:
@@ -439,7 +452,6 @@ def _has_layer_stack(config, dtype: str) -> bool:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.fit.scan import layer_stack
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -453,10 +465,6 @@ def _measure_loop(config, tgt: Target, plan: Plan, o: FitOptions) -> tuple[_Meas
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.fit import techniques
-    from tpu_debug.fit.scan import compile_scan_step, loop_repeats, trace_pieces
-    from tpu_debug.runtime.target.roofline import roofline
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -514,7 +522,6 @@ def _communication(hlo: str, repeats: dict[str, int], collectives: Sequence[Coll
                    params: Sequence[ParamInfo], plan: Plan, dtype: str, grad_dtype: str):
     """Each collective kind of the compiled step beside the plan's bound, with where its bytes
     come from (``tpu_debug.fit.communication``)."""
-    from tpu_debug.fit.communication import bounds, classify
 
     items = [(c, data, runs) for c, data, _, runs in collective_items(hlo, repeats)]
     return bounds({c.kind: c.bytes for c in collectives}, classify(items, params), params, fsdp=plan.fsdp,
@@ -555,8 +562,6 @@ class _Measure:
 def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
     """``fit``'s per-chip figures of a prefill or decode program."""
     batch, seq, job, optimization_level, cache = o.batch, o.seq, o.job, o.optimization_level, o.cache
-    from tpu_debug.fit.infer import compile_infer, trace_infer
-    from tpu_debug.runtime.target.roofline import roofline
 
     traced = trace_infer(model, config, batch, seq, job, _hf_traceable)
     names = [n for n, _ in model.named_parameters()]
@@ -572,14 +577,11 @@ def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.runtime.target.dryrun import trace_step
 
     batch, seq, job, dtype = o.batch, o.seq, o.job, o.dtype
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     if job in ("prefill", "decode"):
-        from tpu_debug.fit.sharded import AXES, _mesh
 
         axes = tuple(a for a, n in zip(AXES, plan.shape) if n > 1 and a != "tp")
         with fit_moe.per_shard(plan.batch_ways), fit_moe.sharded(_mesh(tgt, plan), axes):
@@ -593,7 +595,6 @@ def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
     fc: FitCompile = compile_sharded_step(traced, names, 2 if train else 1, tgt, plan,
                                           shard_activations=o.shard_activations,
                                           optimization_level=o.optimization_level, cache=o.cache)
-    from tpu_debug.runtime.target.roofline import roofline
 
     c = fc.compile
     collectives = collective_costs(c.hlo or "", tgt) if c.ok else ()
@@ -611,7 +612,6 @@ def _measure(config, tgt: Target, plan: Plan, o: FitOptions) -> _Measure:
 def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Measure:
     """Figures of a ``layers``-layer step from the ``first``- and ``first + 1``-layer steps:
     x(L) = x1 + (L - first)(x2 - x1)."""
-    from tpu_debug.runtime.target.compile import CostStats, MemoryStats
 
     def ext(a, b):
         return a + (layers - first) * (b - a)
@@ -645,7 +645,6 @@ def _extrapolate(one: _Measure, two: _Measure, first: int, layers: int) -> _Meas
 def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: int, fc: _Measure,
             flops: float, flops_text: str, seconds: float, extrapolation: str | None,
             method: str | None = None) -> FitReport:
-    from tpu_debug.runtime.target.capacity import hbm_capacity
 
     capacity, source = hbm_capacity(tgt)
     memory = estimate = None
@@ -659,7 +658,6 @@ def _report(name: str, tgt: Target, job: str, batch: int, seq: int, parameters: 
                                  m.host_bytes)
         estimate = _estimate(fc, tgt, batch if job == "decode" else batch * seq, flops, flops_text)
         if job == "decode":
-            from tpu_debug.fit.infer import decode_bound
 
             estimate = decode_bound(estimate, fc, tgt)
         required = m.total_bytes
@@ -729,8 +727,6 @@ def collective_costs(hlo: str, tgt: Target, repeats: dict[str, int] | None = Non
 def collective_items(hlo: str, repeats: dict[str, int] | None = None) -> list[tuple[Any, int, int, int]]:
     """``(Collective, bytes, wire bytes, runs per step)`` for each collective the step runs
     (see ``collective_costs``), each once however many fusions hold a copy of it."""
-    from tpu_debug.core.collectives import parse_collectives
-    from tpu_debug.fit.communication import collective_sites
 
     operands = _operand_bytes(hlo)
     sites = collective_sites(hlo)
@@ -1068,7 +1064,6 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
               fixes: Fixes | None = None, candidate_of: str | None = None):
     """The report as the run store keeps it (a ``FitEvent``), with ``fixes``' lines if given;
     ``candidate_of``: the question of the search it was an earlier candidate of."""
-    from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
 
     m, e = report.memory, report.estimate
     memory = {} if m is None else dict(
@@ -1149,8 +1144,6 @@ def _keep(reports: Sequence[FitReport], logdir: str | Path | None, name: str, fi
     """Put ``reports`` into the active trace's run when there is one and no ``logdir``; into a
     new run otherwise. The last is the answer (``fixes`` go with it); the ones before it are
     candidates of the search for ``question``."""
-    from tpu_debug.tracers.location import user_location
-    from tpu_debug.tracing import active_trace
 
     active = active_trace()
     writer = getattr(active, "_writer", None)  # the trace's own run writer, while it records
@@ -1173,10 +1166,7 @@ def _new_fit_run(reports: Sequence[FitReport], logdir: str | Path | None, name: 
     import datetime as _dt
     import sys
 
-    from tpu_debug.core.options import default_logdir
 
-    from tpu_debug.runs import new_run_dir
-    from tpu_debug.tracers.store import DB_NAME, RunWriter
 
     run_dir = new_run_dir(Path(logdir) if logdir is not None else default_logdir(), name)
     meta = {"name": name, "status": "running", "argv": list(sys.argv),

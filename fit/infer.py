@@ -28,10 +28,22 @@ import math
 import time
 
 import jax
-
+from tpu_debug.fit.sharded import (
+    AXES,
+    FitCompile,
+    Plan,
+    _fsdp_program,
+    _local_bytes,
+    _mesh,
+    compile_fit,
+    gathered,
+    param_placements,
+    partition_spec,
+    unsplit,
+)
+from tpu_debug.runtime.compiled import GraphProgram, graph_decompositions
+from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.target.dryrun import TracedStep, meta_of, nbytes_of
-from tpu_debug.fit.sharded import (AXES, FitCompile, Plan, _fsdp_program, _local_bytes, _mesh,
-                                          compile_fit, gathered, param_placements, partition_spec, unsplit)
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["trace_infer", "compile_infer", "cache_shape", "cache_spec"]
@@ -89,8 +101,6 @@ def trace_infer(model, config, batch: int, seq: int, job: str, traceable) -> Tra
     from torch.fx.experimental.proxy_tensor import make_fx
     from transformers.cache_utils import Cache
 
-    from tpu_debug.runtime.compiled import graph_decompositions, GraphProgram
-    from tpu_debug.runtime.dtypes import to_jax_dtype
 
     started = time.perf_counter()
     params = {n: meta_of(p) for n, p in model.named_parameters()}

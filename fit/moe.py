@@ -37,6 +37,9 @@ import threading
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
+from tpu_debug.runtime.ops import prims
+from tpu_debug.runtime.ops.linalg import dot_general, matmul_precision
+from tpu_debug.runtime.ops.registry import lower
 
 __all__ = [
     "EXPERTS",
@@ -107,8 +110,6 @@ def counted():
 def register() -> None:
     """Register ``EXPERTS`` with transformers and the ops it traces (``tpu_debug::fit_grouped_mm``,
     ``tpu_debug::fit_take_rows``) with the runtime (once; later calls do nothing)."""
-    from tpu_debug.runtime.ops import prims
-    from tpu_debug.runtime.ops.registry import lower
     from transformers.integrations.moe import ExpertsInterface
 
     with _LOCK:
@@ -256,7 +257,6 @@ def grouped_matmul(a, b, offs):
     """``tpu_debug::fit_grouped_mm``: ``a`` ``[G, M, K]`` (each group's rows sorted by
     expert), ``b`` ``[E, K, N]``, ``offs`` ``[G, E]`` (each expert's end in its group's
     rows) -> ``[G, M, N]``; rows past a group's last end are zeros."""
-    from tpu_debug.runtime.ops.linalg import dot_general
 
     dtype = a.dtype
     a, b = _on_target(a, b)
@@ -313,7 +313,6 @@ def _ragged(x, w, sizes):
     """XLA's ragged dot on a TPU, in ``x``'s dtype: half products accumulate in float32 (at
     any precision they are exact, and the kernel refuses HIGHEST for them), float32 ones at
     the precision in effect."""
-    from tpu_debug.runtime.ops.linalg import matmul_precision
 
     kw = {"preferred_element_type": jnp.float32} if x.dtype in _HALF else {"precision": matmul_precision()}
     return jax.lax.ragged_dot(x, w, sizes, **kw).astype(x.dtype)

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tpu_debug.fit.sharded import Plan
 from tpu_debug.fit.techniques import LOSSES
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
-
-if TYPE_CHECKING:
-    from tpu_debug.fit.sharded import Plan
 
 __all__ = ["JOBS", "LOOP_ABOVE", "FitOptions"]
 

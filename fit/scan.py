@@ -35,8 +35,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from tpu_debug.core.hlo_text import parse_module
+from tpu_debug.fit import moe as fit_moe
+from tpu_debug.fit.sharded import (
+    AXES,
+    FitCompile,
+    _mesh,
+    compile_fit,
+    param_placements,
+    partition_spec,
+    unsplit,
+)
+from tpu_debug.fit.sharded import gathered as read_whole
+from tpu_debug.runtime.compiled import GraphProgram, graph_decompositions
+from tpu_debug.runtime.dtypes import to_jax_dtype
+from tpu_debug.runtime.ops import prims
+from tpu_debug.runtime.ops.registry import lower
+from tpu_debug.runtime.target.compile import CostStats
 from tpu_debug.runtime.target.errors import TargetError
 
 __all__ = ["ScanPieces", "trace_pieces", "layer_stack", "scan_step"]
@@ -118,7 +133,6 @@ def _decomposed(fn, *args):
     """``fn`` traced to an aten graph with compiled mode's decompositions, dead code dropped."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from tpu_debug.runtime.compiled import graph_decompositions
 
     gm = make_fx(fn, decomposition_table=graph_decompositions())(*args)
     gm.graph.eliminate_dead_code()
@@ -161,9 +175,6 @@ def trace_pieces(model, tokens, loss_fn, hf_traceable) -> ScanPieces:
     import torch.nn as nn
     from torch.utils._pytree import tree_flatten
 
-    from tpu_debug.runtime.compiled import GraphProgram
-    from tpu_debug.runtime.dtypes import to_jax_dtype
-    from tpu_debug.runtime.ops import prims
 
     prims.register()  # the prims lowerings the decompositions' graphs may hold
     found = layer_stack(model)
@@ -253,7 +264,6 @@ def _attention_op():
     if _ATTENTION_OP is None:
         import torch
 
-        from tpu_debug.runtime.ops.registry import lower
 
         @torch.library.custom_op("tpu_debug::fit_attention", mutates_args=(), schema=(
             "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) -> Tensor"))
@@ -443,10 +453,6 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
     """
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.fit.sharded import (AXES, FitCompile, _mesh, compile_fit, param_placements,
-                                              partition_spec, unsplit)
-    from tpu_debug.fit.sharded import gathered as read_whole
 
     mesh = _mesh(target, plan)
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -516,8 +522,6 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
     programs, applied to the compiler's figures of the optimized one; bytes accessed are
     scaled as the flops are.
     """
-    from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.runtime.target.compile import CostStats
 
     layers = pieces.layers
 

@@ -29,8 +29,10 @@ import re
 
 import jax
 import numpy as np
-
 from tpu_debug.fit import moe as fit_moe
+from tpu_debug.runtime.compiled import GraphProgram
+from tpu_debug.runtime.distributed.sharding import Replicate, Shard
+from tpu_debug.runtime.target import topology
 from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, TargetCompile, compile_for_target
 from tpu_debug.runtime.target.dryrun import TracedStep
 from tpu_debug.runtime.target.errors import TargetError
@@ -120,7 +122,6 @@ def _tp_style(name: str) -> str | None:
 
 def param_placements(name: str, shape: tuple[int, ...], plan: Plan) -> tuple:
     """DTensor placements of one parameter over the ``(dp, fsdp, tp)`` mesh."""
-    from tpu_debug.runtime.distributed.sharding import Replicate, Shard
 
     tp_dim = None
     if plan.tp > 1 and len(shape) == 2:
@@ -142,7 +143,6 @@ def param_placements(name: str, shape: tuple[int, ...], plan: Plan) -> tuple:
 
 def gathered(placements: tuple) -> tuple:
     """A parameter's placements as a layer reads it under FSDP: its fsdp split gathered, the rest kept."""
-    from tpu_debug.runtime.distributed.sharding import Replicate
 
     return placements[:1] + (Replicate(),) + placements[2:]
 
@@ -157,7 +157,6 @@ def partition_spec(placements: tuple, ndim: int):
     """The JAX ``PartitionSpec`` of placements over the ``(dp, fsdp, tp)`` mesh."""
     from jax.sharding import PartitionSpec
 
-    from tpu_debug.runtime.distributed.sharding import Shard
 
     per_dim: list[list[str]] = [[] for _ in range(ndim)]
     for axis, p in zip(AXES, placements):
@@ -214,7 +213,6 @@ def _mesh(target: Target, plan: Plan):
     from jax.experimental import mesh_utils
     from jax.sharding import Mesh
 
-    from tpu_debug.runtime.target import topology
 
     devices = topology(target)[: plan.devices]
     try:  # ICI neighbours on the fastest-varying axis (tp), as JAX lays meshes out on a TPU
@@ -276,7 +274,6 @@ def _fsdp_program(traced: TracedStep, n_p: int, n_b: int, gathered: list | None,
     """
     from collections import ChainMap
 
-    from tpu_debug.runtime.compiled import GraphProgram
 
     graph = traced.graph.graph
     params = {p: i for i, p in enumerate(list(graph.find_nodes(op="placeholder"))[:n_p])}

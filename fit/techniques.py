@@ -29,6 +29,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tpu_debug.fit import moe as fit_moe
+from tpu_debug.fit import scan as fit_scan
+from tpu_debug.runtime.ops.registry import lower
 from tpu_debug.runtime.target.errors import TargetError
 
 __all__ = [
@@ -458,7 +461,6 @@ def _attention_op_of(kind: str):
     attention (``flash_attention``, ``splash_attention``)."""
     if kind not in _OPS:
         import torch
-        from tpu_debug.runtime.ops.registry import lower
 
         name = f"fit_{kind}_attention"
         schema = "(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale, bool gqa) -> Tensor"
@@ -553,7 +555,6 @@ def attention_as(kind: str):
     """While tracing the looped step's layer, its SDPA node is ``kind``'s: ``"blocked"``
     (``fit_scan.blocked_attention``), ``"flash"`` (``flash_attention``) or ``"splash"``
     (``splash_attention``)."""
-    from tpu_debug.fit import scan as fit_scan
 
     if kind not in ATTENTIONS:
         raise TargetError(f"attention {kind!r} is not one of {', '.join(ATTENTIONS)}")
@@ -601,7 +602,6 @@ def splash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, blo
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     from jax.sharding import PartitionSpec
-    from tpu_debug.fit import moe as fit_moe
 
     if not is_causal and (mask is None or mask.shape[-2:] != (q.shape[-2], k.shape[-2])):
         raise TargetError("attention='splash' models causal attention (is_causal, or a causal LM's "

@@ -24,7 +24,9 @@ cache backend, which:
 - remembers the compile time in seconds (a float) to report what a read-back saved;
 - holds at most ``config.compile_cache_bytes``, least recently used entries out first.
 
-Where: ``config.compile_cache_dir`` (``$TPU_DEBUG_COMPILE_CACHE_DIR``), else
+Where: ``config.compile_cache_dir`` (``$TPU_DEBUG_COMPILE_CACHE_DIR``), else the folder
+TorchTPU's cache variables name (``$TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``, else
+``$TORCH_TPU_TIER2_COMPILATION_CACHE`` under /dev/shm/torch_tpu_cache), else
 ``$XDG_CACHE_HOME/tpu_debug/compile``, else ``~/.cache/tpu_debug/compile``.
 ``config.compile_cache = False`` (``TPU_DEBUG_COMPILE_CACHE=0``,
 ``trace(compile_cache=False)``, ``tpu-debug run --no-compile-cache``) turns it off.
@@ -46,9 +48,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tpu_debug.runtime import xla_options
 from tpu_debug.runtime.config import config
+from tpu_debug.core.version import __version__
+from tpu_debug.runtime.distributed import xla_log
 
-__all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes"]
+__all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes", "torchtpu_cache_dir"]
 
 _log = logging.getLogger("tpu_debug.compile_cache")
 _MAGIC = b"TPUDBGXC"
@@ -71,6 +76,8 @@ class CacheOutcome:
     start: float = 0.0
     original_seconds: float = 0.0
     entry: Path | None = None  # the cache file read or written, if any
+    # the per-compile XLA options to pass to ``lowered.compile`` (runtime/xla_options.py)
+    options: dict | None = None
 
 
 def cache_dir() -> Path | None:
@@ -79,8 +86,46 @@ def cache_dir() -> Path | None:
         return None
     if config.compile_cache_dir:
         return Path(config.compile_cache_dir).expanduser()
+    tiered = torchtpu_cache_dir()
+    if tiered is not None:
+        return tiered
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tpu_debug" / "compile"
+
+
+# TorchTPU's cache tiers: tier 2 is a named folder in shared memory on the host, tier 3 a
+# root shared between hosts; this runtime has one persistent cache, kept in the tier named
+TIER2 = "TORCH_TPU_TIER2_COMPILATION_CACHE"
+TIER3 = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+_TIER2_BASE = "/dev/shm/torch_tpu_cache"
+
+
+def torchtpu_cache_dir() -> Path | None:
+    """The folder TorchTPU's cache variables name, when no ``TPU_DEBUG_COMPILE_CACHE_DIR`` is set.
+
+    ``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT`` (a local folder) wins over
+    ``TORCH_TPU_TIER2_COMPILATION_CACHE`` (a name under /dev/shm/torch_tpu_cache, as
+    TorchTPU places it, or an absolute path). Entries keep this cache's own format
+    (``*.xc`` files), not TorchTPU's.
+
+    Raises:
+        ConfigError: the tier-3 root is a cloud bucket (``gs://...``), which this cache
+            cannot write.
+    """
+    root = os.environ.get(TIER3)
+    if root:
+        if "://" in root:
+            from tpu_debug.core.errors import ConfigError
+
+            raise ConfigError(
+                f"{TIER3}={root}: tpu_debug's compile cache is a local folder and cannot write to a "
+                f"bucket; point {TIER3} (or TPU_DEBUG_COMPILE_CACHE_DIR) at a local folder, or unset it"
+            )
+        return Path(root).expanduser()
+    name = os.environ.get(TIER2)
+    if name:
+        return Path(name) if os.path.isabs(name) else Path(_TIER2_BASE) / name
+    return None
 
 
 _notes: collections.deque[str] = collections.deque(maxlen=100)
@@ -106,19 +151,20 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
     Args:
         enabled: False for a block that compiles for another target (nothing cached).
 
-    Yields the :class:`CacheOutcome`, filled when the block ends.
+    Yields the :class:`CacheOutcome`, filled when the block ends; its ``options`` are the
+    XLA options the compile takes (``lowered.compile(outcome.options)``), and the block
+    runs at the optimization level asked for (``runtime/xla_options.py``).
 
     Example::
 
         with local_compile() as outcome:
-            compiled = jax.jit(f).lower(x).compile()
+            compiled = jax.jit(f).lower(x).compile(outcome.options)
         outcome.from_cache
         # False
     """
-    # not at the top: importing the distributed package imports the tensor module, which needs the runtime
-    from tpu_debug.runtime.distributed import xla_log
-
-    with xla_log.capture(enabled), _local_compile(enabled) as outcome:
+    options = xla_options.compiler_options()  # before the cache's scope: checking a flag compiles
+    with xla_log.capture(enabled), _local_compile(enabled) as outcome, xla_options.compile_scope():
+        outcome.options = options
         yield outcome
     # XLA logs nothing for an executable read back: its warnings are kept beside the entry
     xla_log.remember(outcome.entry, outcome.from_cache)
@@ -175,8 +221,6 @@ def _fingerprint() -> str:
     if _print is None:
         import jax
         import jaxlib
-
-        from tpu_debug.core.version import __version__
 
         try:
             libtpu = importlib.metadata.version("libtpu")
@@ -366,15 +410,13 @@ def _count(root: Path) -> int:
 
 
 def _evict(root: Path, target: int) -> int:
-    from tpu_debug.runtime.distributed.xla_log import KEPT_SUFFIX
-
     entries = sorted(_entries(root))
     total = sum(size for _, size, _ in entries)
     for _, size, path in entries:
         if total <= target:
             break
         # the entry and the warnings its compile logged (kept beside it by xla_log)
-        for gone in (path, path.with_name(path.name + KEPT_SUFFIX)):
+        for gone in (path, path.with_name(path.name + xla_log.KEPT_SUFFIX)):
             with contextlib.suppress(FileNotFoundError):
                 gone.unlink()
         total -= size

@@ -35,6 +35,7 @@ import torch.fx
 from jax._src.array import ArrayImpl as _ArrayImpl  # a computed payload's type: a 10 ns check
 from tpu_debug.core.errors import DeviceAssertError, LoweringBugError, UnsupportedError
 from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import fused_step
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime import tensor as _tensor
@@ -46,8 +47,9 @@ from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
-from tpu_debug.runtime.ops.registry import lookup
+from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
     LazyArray,
@@ -687,7 +689,7 @@ class CompiledGraph:
     def _run(self, executable, arrays: list, sig: tuple):
         """``executable`` on ``arrays``, timed for the probes when any listen."""
         if self.program.collectives:  # waited for, its collectives' lines known (see there)
-            from tpu_debug.runtime.distributed import compiled_collectives
+            from tpu_debug.runtime.distributed import compiled_collectives  # see _collectives
 
             executable = functools.partial(compiled_collectives.run, executable)
         if not probes._probes:
@@ -832,7 +834,8 @@ class CompiledGraph:
             dry = _dryrun.active
             # the target's compiler reads nothing from this machine's cache
             with local_compile(enabled=dry is None) as cached:
-                compiled = lowered.compile() if dry is None else dry.program(lowered, "compiled", self.graph_id)
+                compiled = (lowered.compile(cached.options) if dry is None
+                            else dry.program(lowered, "compiled", self.graph_id))
         seconds = time.perf_counter() - start
         self.compiles += 1
         self.compile_seconds += seconds
@@ -846,8 +849,8 @@ class CompiledGraph:
                 with jax.enable_x64(True):
                     if dry is not None:
                         return compiled  # shapes only: donation changes nothing
-                    with local_compile():
-                        return jitted((), donated).lower(*specs).compile()
+                    with local_compile() as again:
+                        return jitted((), donated).lower(*specs).compile(again.options)
 
             entry.make_plain = make_plain
         entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated),
@@ -1066,12 +1069,10 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph."""
+    """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph (the
+    device registered: see ``tpu_debug._loader.dynamo_backend`` for dynamo's entry point)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from tpu_debug.runtime.device import _dynamo_disabled, install, single_threaded_backward
-
-    install()
     single_threaded_backward()
     register_prims()
     if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
@@ -1101,12 +1102,12 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             def run(args):
                 return program(args)
 
-            run = _dynamo_disabled(run)
+            run = dynamo_disabled(run)
             run._boxed_call = True
             return run
 
         # called lazily too (a backward's first call, from code dynamo is running): hidden as run is
-        return _dynamo_disabled(compile_graph)
+        return dynamo_disabled(compile_graph)
 
     # The real `tpu` inputs go to AOTAutograd: it fakes them itself (FakeTensor
     # works on PrivateUse1 tensors), and sharing dynamo's shape environment keeps
@@ -1159,7 +1160,6 @@ def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):
     optimizer_step = isinstance(getattr(fn_or_module, "__self__", None), torch.optim.Optimizer)
     if not backward_in_graph or isinstance(fn_or_module, torch.nn.Module) or optimizer_step:
         return compiled
-    from tpu_debug.runtime import fused_step
 
     # an optimizer step and zero_grad in the function join its graph; global step hooks
     # run after it
@@ -1202,8 +1202,6 @@ def register_metas() -> None:
     keep PyTorch's meta kernels."""
     from torch._subclasses import fake_impls
 
-    from tpu_debug.runtime.ops.registry import registered
-
     metas = {op: low.meta for op, low in registered().items() if low.meta is not None}
     if not metas or _state.get("metas"):
         return
@@ -1227,7 +1225,7 @@ def install_backends() -> None:
     from torch._dynamo.backends import registry
 
     register_metas()
-    others = {ep.name for ep in entry_points(group="torch_dynamo_backends") if ep.value.split(":")[0] != __name__}
+    others = {ep.name for ep in entry_points(group="torch_dynamo_backends") if not ep.value.startswith("tpu_debug")}
     if "tpu_debug" not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=dynamo_backend, name="tpu_debug")
     if "tpu" not in others and "tpu" not in registry._COMPILER_FNS:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import enum
 import functools
-import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +19,19 @@ from torch._C._dynamo import eval_frame as _eval_frame
 
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
+from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime import autocast as _autocast
+from tpu_debug.runtime import ops as _ops
+from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
+from tpu_debug.runtime import memory as _memory  # noqa: F401 - hands memory tracking to the probes
 from tpu_debug.runtime import profiler as _profiler
 from tpu_debug.runtime import tpu_utils as _tpu_utils
+from tpu_debug.runtime import xla_options as _xla_options
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
+from tpu_debug.runtime.startup import first_use, start
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dryrun import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
@@ -39,7 +48,7 @@ from tpu_debug.runtime.tensor import (
 )
 from tpu_debug.runtime.tensor import empty as _empty
 
-__all__ = ["install", "installed", "start", "TpuModule", "DeviceTakenError"]
+__all__ = ["DeviceTakenError", "TpuModule", "install", "installed", "start"]
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -47,7 +56,7 @@ _lock = threading.Lock()
 # "libs": the torch.library.Library objects holding our kernels (a Library unregisters
 # its kernels when it is garbage collected)
 _state: dict[str, object] = {"installed": False, "libs": []}
-# set by start(): read on every kernel call, so a plain module global
+# set at the device's first use (startup.first_use): read on every kernel call, so a plain module global
 _started = False
 _set_eval_frame = _eval_frame.set_eval_frame
 
@@ -57,19 +66,43 @@ _set_eval_frame = _eval_frame.set_eval_frame
 # ---------------------------------------------------------------------------
 
 
+class Precision(enum.Enum):
+    """``torch.tpu.Precision``: XLA's dot precisions, as TorchTPU names them (each value is
+    the ``torch.set_float32_matmul_precision`` name of the same product): ``DEFAULT`` one
+    bfloat16 pass, ``HIGH`` three, ``HIGHEST`` float32 accuracy."""
+
+    DEFAULT = "medium"
+    HIGH = "high"
+    HIGHEST = "highest"
+
+
 class _Precision:
-    """``torch.tpu.precision``: the default float32 matmul precision."""
+    """``torch.tpu.precision``: the default float32 matmul precision; called with a
+    :class:`Precision` (``with torch.tpu.precision(torch.tpu.Precision.HIGHEST):``), the
+    precision inside a block, as TorchTPU's context manager sets it."""
 
     _VALUES = ("highest", "high", "medium")
 
     def get(self) -> str:
         return config.effective_precision()  # what float32 products use now
 
-    def set(self, value: str) -> None:
+    def set(self, value: str | Precision) -> None:
+        value = value.value if isinstance(value, Precision) else value
         if value not in self._VALUES:
-            raise TpuArgumentError(f"precision {value!r} is not one of {', '.join(self._VALUES)}")
+            raise TpuArgumentError(
+                f"precision {value!r} is not one of {', '.join(self._VALUES)} (or a torch.tpu.Precision)")
         torch.set_float32_matmul_precision(value)
         config.matmul_precision = value  # explicit, so it holds under TPU numerics too
+
+    @contextlib.contextmanager
+    def __call__(self, mode: Precision | str) -> Iterator[None]:
+        before = (torch.get_float32_matmul_precision(), config.matmul_precision)
+        self.set(mode)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before[0])
+            config.matmul_precision = before[1]
 
 
 class Stream:
@@ -164,17 +197,82 @@ class _StreamContext:
             TpuModule.set_stream(self._prior)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _DeviceProperties:
+    """``torch.tpu.get_device_properties()``: the XLA device the runtime runs on."""
+
+    name: str
+    platform: str
+    total_memory: int | None  # bytes, where XLA reports a capacity (None on CPU)
+
+
 class TpuModule:
     """What ``torch.tpu`` holds."""
 
     EagerMode = _lazy.EagerMode
+    Precision = Precision
     precision = _Precision()
     # ``with torch.tpu.set_eager_mode(mode):`` (a context manager, as in TorchTPU)
     set_eager_mode = _lazy.set_eager_mode
-    # TorchTPU's submodules and debugging utilities (runtime/profiler.py, runtime/tpu_utils.py)
+    # TorchTPU's submodules (runtime/torchtpu/public.py adds the others) and debugging
+    # utilities (runtime/profiler.py, runtime/tpu_utils.py); ``__path__`` makes ``torch.tpu``
+    # a package to ``import torch.tpu.<submodule>``
+    __path__: tuple[str, ...] = ()
+    __spec__ = None
     profiler = _profiler
     utils = _tpu_utils
     _get_cache_stats = staticmethod(_tpu_utils.get_cache_stats)
+    _clear_cache = staticmethod(_tpu_utils.clear_caches)
+
+    @staticmethod
+    def _get_cache_requests() -> int:
+        return _tpu_utils.get_cache_stats().num_cache_reqs
+
+    @staticmethod
+    def _get_cache_hits() -> int:
+        return _tpu_utils.get_cache_stats().num_cache_hits
+
+    @staticmethod
+    def _get_cache_misses() -> int:
+        return _tpu_utils.get_cache_stats().num_compilations
+
+    @staticmethod
+    def _hbm_usage_summary() -> _tpu_utils.HbmUsage:
+        start()
+        return _tpu_utils.hbm_usage()
+
+    @property
+    def allow_excess_precision(self) -> bool:
+        """Whether XLA may keep more precision than a result's dtype; assigning sets it for
+        the programs compiled from then on (also ``torch.backends.tpu.allow_excess_precision``)."""
+        return _xla_options.excess_precision()
+
+    @allow_excess_precision.setter
+    def allow_excess_precision(self, allowed: bool) -> None:
+        _xla_options.set_excess_precision(allowed)
+
+    @staticmethod
+    def get_device_properties(device=None) -> _DeviceProperties:
+        start()
+        dev = jax.devices()[0]
+        return _DeviceProperties(TpuModule.get_device_name(), dev.platform,
+                                 (dev.memory_stats() or {}).get("bytes_limit"))
+
+    @staticmethod
+    def device(device) -> contextlib.AbstractContextManager:
+        """``with torch.tpu.device(0):``: the runtime has one eager device, tpu:0."""
+        TpuModule.set_device(device)
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def device_of(obj) -> contextlib.AbstractContextManager:
+        return TpuModule.device(obj.device if isinstance(obj, torch.Tensor) and obj.device.type == "tpu" else 0)
+
+    @staticmethod
+    def topology_aware_mesh(mesh_shape, **kwargs) -> torch.Tensor:
+        from tpu_debug.runtime.torchtpu.public import topology_aware_mesh
+
+        return topology_aware_mesh(mesh_shape, **kwargs)
 
     # streams and events, as FSDP2 and other CUDA-style code ask a device module for them
     Stream = Stream
@@ -304,7 +402,7 @@ def _shielded_meta_view(op, fn):
         prior = _set_eval_frame(None)
         try:
             if not _started:
-                start()
+                _first_use()
             return redispatch(_META, *args, **kwargs)
         finally:
             _set_eval_frame(prior)
@@ -579,7 +677,7 @@ def _shielded_lowered_kernel(op):
         prior = _set_eval_frame(None)
         try:
             if not _started:
-                start()
+                _first_use()
             if config.eager_mode != "defer_never":  # deferred and fused, or launch blocking
                 return defer(op, args, kwargs)
             return run_now(op, args, kwargs)
@@ -619,23 +717,12 @@ def _view_ops() -> list:
     return ops
 
 
-def _dynamo_disabled(fn):
-    """``torch._dynamo.disable(fn, recursive=True)`` without importing torch._dynamo,
-    which costs about a second: the same two steps through dynamo's C
-    module, which loads with torch. ``fn`` and all it calls run with dynamo's frame
-    callback unset, and dynamo runs the wrapper's own frame without looking at it."""
-
-    def shielded(*args, **kwargs):
-        prior = _eval_frame.set_eval_frame(None)
-        try:
-            # every kernel and torch.tpu RNG function comes through here: the device's first use
-            if not _started:
-                start()
-            return fn(*args, **kwargs)
-        finally:
-            _eval_frame.set_eval_frame(prior)
-
-    return probes.as_dynamo_disabled(shielded, fn)
+def _first_use() -> None:
+    """A kernel of the device ran (a `tpu` tensor made, moved or computed on): the runtime
+    starts (:func:`startup.first_use`), then the kernels' flag."""
+    global _started
+    first_use()
+    _started = True
 
 
 def _shield_rng_functions() -> None:
@@ -646,7 +733,7 @@ def _shield_rng_functions() -> None:
                  "get_rng_state", "set_rng_state"):
         fn = TpuModule.__dict__.get(name)
         if isinstance(fn, staticmethod) and not hasattr(fn.__func__, "_torchdynamo_disable"):
-            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__)))
+            setattr(TpuModule, name, staticmethod(_dynamo_disabled(fn.__func__, kernel=False)))
 
 
 def _register_kernels() -> list:
@@ -722,63 +809,11 @@ def _variants(op) -> list:
 
 @functools.cache
 def _load_lowerings() -> None:
-    from tpu_debug.runtime import ops  # noqa: F401 - importing registers the lowerings
-
-    ops.load()
-
-
-def single_threaded_backward() -> None:
-    """Run this thread's backward passes on this thread.
-
-    PyTorch's autograd engine runs the nodes of a device other than CPU on a worker
-    thread of that device: for `tpu`, one more thread, a hand-off per backward and the
-    GIL passed back and forth around every Python node (a compiled graph's backward
-    is one). That cost 0.5 ms of a 0.9 ms ``loss.backward()`` of the compiled MLP
-    (benchmarks/compiled.py). With the engine's multithreading off
-    (``torch.autograd.set_multithreading_enabled(False)``, per thread, as for CPU
-    tensors) the calling thread runs them, and device work stays asynchronous in XLA.
-    A tracer walking the stack also finds the user's ``backward()`` line. Set on the
-    thread of the device's first use (``start()``) and on each thread that compiles a graph.
-    """
-    if torch._C._is_multithreading_enabled():
-        torch._C._set_multithreading_enabled(False)
+    _ops.load()  # each op family registers its lowerings as it is imported
 
 
 def installed() -> bool:
     return _state["installed"] is True
-
-
-def _leave_out_an_absent_tpu() -> None:
-    """Keep JAX from loading libtpu on a machine with no TPU attached.
-
-    With the ``libtpu`` wheel installed (the ``tpu`` extra, to compile for a TPU target),
-    JAX's first backend probe loads it even where there is no TPU: libtpu prints start-up
-    errors, holds /tmp/libtpu_lockfile (another process then fails to load it), and its
-    failure handler can abort the process when a signal arrives. When the user chose no
-    platforms (``JAX_PLATFORMS``, ``jax_platforms``), no TPU chip is on the PCI bus and no
-    other accelerator plugin is installed, JAX would end up on its CPU backend anyway:
-    the runtime asks for it directly. Compiling for a TPU target does not go through the
-    local backends (``runtime/target`` builds its own deviceless topology).
-    """
-    import importlib.util
-    import os
-    import pkgutil
-
-    try:
-        from jax._src import hardware_utils, xla_bridge
-
-        if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or xla_bridge.backends_are_initialized():
-            return
-        if importlib.util.find_spec("libtpu") is None:
-            return
-        plugins = importlib.util.find_spec("jax_plugins")
-        if plugins is not None and any(True for _ in pkgutil.iter_modules(plugins.submodule_search_locations)):
-            return  # a GPU plugin, say: JAX's own choice stands
-        if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
-            return
-    except (ImportError, AttributeError, OSError):  # another jax layout: leave JAX's default
-        return
-    jax.config.update("jax_platforms", "cpu")
 
 
 def install() -> bool:
@@ -815,56 +850,26 @@ def install() -> bool:
             )
         _load_lowerings()
         setup(rename="tpu", backend_module=TpuModule())
+        # the rename makes PrivateUse1 PyTorch's accelerator: CPU stays it until the script uses tpu
+        _accelerator.install()
         _state["libs"] = _register_kernels()
         _patch_storages()
         _shield_rng_functions()
         _profiler.install_profiler_hooks()
-        # ``from torch.tpu.profiler import TpuProfilerConfig`` as TorchTPU scripts write it
-        # (``torch.tpu`` is a TpuModule, not a package, so its submodules are found here)
-        sys.modules.setdefault("torch.tpu.profiler", _profiler)
-        sys.modules.setdefault("torch.tpu.utils", _tpu_utils)
-        _state["installed"] = True
-    from tpu_debug.runtime.compiled import install_backends
+        # TorchTPU's torch.tpu submodules, torch.backends.tpu, `import torch_tpu`, libtpu's
+        # command-line flags, torch.accelerator.synchronize (runtime/torchtpu/compat.py)
+        from tpu_debug.runtime.torchtpu import compat
 
+        compat.install(torch.tpu, _profiler, _tpu_utils)
+        _state["installed"] = True
     # importing torch._dynamo costs about a second, which `import tpu_debug`
     # (and `tpu-debug tui`) should not pay; torch.compile and torch._dynamo's backend
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
     if torch.distributed.is_available():
-        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device
+        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device (imported
+        # here: a torch built without distributed has no c10d for that module to import)
         from tpu_debug.runtime.distributed.c10d import register_backends
 
         register_backends()
     return True
-
-
-def start() -> None:
-    """Prepare the runtime for its first work, once: the device's first op (any kernel or
-    ``torch.tpu`` function that reaches JAX) and the first ``tpu_debug.trace()`` call it.
-
-    Registering the device (``import tpu_debug``) changes nothing else in the process;
-    this does, when the device is first used: it reads the runtime's ``TPU_DEBUG_*``
-    variables into ``runtime.config`` (a value assigned before stands), applies the eager
-    mode they ask for, keeps JAX off an absent TPU (see ``_leave_out_an_absent_tpu``:
-    before JAX's first backend probe) and runs this thread's backward passes on this
-    thread (see ``single_threaded_backward``).
-
-    Raises:
-        ConfigError: a ``TPU_DEBUG_*`` variable of the runtime holds a value it does
-            not accept (the one-line message names the variable, the value and what
-            is accepted); the next use tries again.
-    """
-    global _started
-    if _started:
-        return
-    with _lock:
-        if _started:
-            return
-        config.load_env()
-        _leave_out_an_absent_tpu()
-        single_threaded_backward()
-        _started = True
-    # TPU_DEBUG_EAGER_MODE=defer_and_fuse: hook the optimizers as setting the mode does
-    _lazy.set_mode(config.eager_mode)
-
-

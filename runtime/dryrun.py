@@ -31,19 +31,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
-
 from tpu_debug.core.errors import TpuDebugError
-
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target import LibtpuMissingError, default_compiler
+from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["TARGET_LEVEL", "Abstract", "DryMode", "DryRunError", "DryRunValueError", "ProgramCompile",
            "active", "dry_mode", "target_future", "value_needed"]
@@ -156,7 +153,9 @@ class DryMode:
         self.programs: list[ProgramCompile] = []
         self.notes: list[str] = []
         self.stop: DryRunValueError | None = None
-        self._ops: dict[Any, tuple[tuple, Any, tuple]] = {}
+        # an eager op's key -> its outputs' (avals, structure, torch dtypes), lowered once
+        # (runtime/eager.py runs a dry run's ops)
+        self.op_outputs: dict[Any, tuple[tuple, Any, tuple]] = {}
         self._lock = threading.Lock()
         # lowering -> its target compile, until a tracer takes it (weak: nothing else keeps a
         # lowering alive once its program is compiled and its outputs' avals read)
@@ -164,89 +163,12 @@ class DryMode:
         self._compiling = self.target is not None
         self.ops = 0  # eager ops dispatched
 
-    # -- eager ops ---------------------------------------------------------------------
-
-    def run_op(self, plan: Any, args: Any, kwargs: Any, key: Any, skel_args: Any, skel_kwargs: Any,
-               arrays: list, rng: bool) -> Any:
-        """An eager op: its outputs' avals (lowered once per key), written as the eager path writes."""
-        from tpu_debug.runtime import eager, probes
-
-        entry = self._ops.get(key)
-        if entry is None:
-            try:
-                entry = self._lower_op(plan, key, skel_args, skel_kwargs, arrays, rng)
-            except eager._NEEDS_VALUES:
-                if not plan.dynamic_scalars:
-                    raise self._needs(f"aten::{plan.name} (its lowering needs input values)") from None
-                plan.dynamic_scalars = False  # as the eager path does: bake the scalars in
-                return eager._run_lowered(plan, args, kwargs)
-            self._ops[key] = entry
-        self.ops += 1
-        avals, struct, dtypes = entry
-        if probes._probes:
-            probes.executing("eager", plan.name, key)
-            start = time.perf_counter()
-            flat = [Abstract(shape, dtype) for shape, dtype in avals]
-            probes.executed("eager", plan.name, key, time.perf_counter() - start)
-        else:
-            flat = [Abstract(shape, dtype) for shape, dtype in avals]  # each output a payload of its own
-        return eager._finish(plan, args, kwargs, flat, struct, dtypes)
-
-    def _lower_op(self, plan: Any, key: Any, skel_args: Any, skel_kwargs: Any, arrays: list,
-                  rng: bool) -> tuple[tuple, Any, tuple]:
-        from tpu_debug.runtime import eager, probes
-        from tpu_debug.runtime.dtypes import to_torch_dtype
-        from tpu_debug.runtime.probes import CompileInfo
-
-        traced, struct_box = eager.traced_function(plan, skel_args, skel_kwargs, rng)
-        if probes._probes:
-            probes.compiling("eager", plan.name)
-        start = time.perf_counter()
-        with jax.enable_x64(True):
-            lowered = jax.jit(traced).lower(*arrays)
-        seconds = time.perf_counter() - start
-        leaves = jax.tree_util.tree_leaves(lowered.out_info)
-        avals = tuple((tuple(a.shape), a.dtype) for a in leaves)
-        dtypes = tuple(to_torch_dtype(a.dtype) for a in leaves)
-        settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
-        info = CompileInfo("eager", plan.name, key, eager._specs(plan.op._schema, skel_args, skel_kwargs),
-                           seconds, lowered, None, settings=settings)
-        self._submit(lowered, "eager", plan.name, self.optimization_level)
-        if probes._probes:
-            probes.compiled(info)
-        return avals, struct_box[0], dtypes
-
-    def eager_only(self, plan: Any, skel_args: Any, skel_kwargs: Any, arrays: list,
-                   rng: bool) -> tuple[list, Any, tuple]:
-        """An op whose output shape depends on values: its shapes if they can be had without them."""
-        from tpu_debug.runtime import eager
-        from tpu_debug.runtime.dtypes import to_torch_dtype
-
-        box: list = []
-
-        def fn(*flat):
-            it = iter(flat)
-            a = [eager._fill(s, it) for s in skel_args]
-            kw = {k: eager._fill(s, it) for k, s in skel_kwargs}
-            if rng:
-                kw["key"] = next(it)
-            out_flat, struct = eager._flatten_out(plan.lowering.fn(*a, **kw))
-            box.append(struct)
-            return out_flat
-
-        try:
-            with jax.enable_x64(True):
-                out = jax.eval_shape(fn, *arrays)
-        except (*eager._NEEDS_VALUES, TypeError, ValueError):
-            raise self._needs(f"aten::{plan.name} (its output shape depends on values)") from None
-        return ([Abstract(o.shape, o.dtype) for o in out], box[0], tuple(to_torch_dtype(o.dtype) for o in out))
-
     # -- compiled graphs -------------------------------------------------------------
 
     def program(self, lowered: Any, mode: str, name: str) -> Callable[..., tuple]:
         """What runs in place of a compiled graph's executable: its outputs' avals."""
         leaves = tuple((tuple(a.shape), a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
-        self._submit(lowered, mode, name, self.optimization_level)
+        self.submit(lowered, mode, name)
 
         def run(*_arrays: Any) -> tuple:
             return tuple(Abstract(shape, dtype) for shape, dtype in leaves)
@@ -255,13 +177,13 @@ class DryMode:
 
     # -- the target compiler ---------------------------------------------------------
 
-    def _submit(self, lowered: Any, mode: str, name: str, level: str | None) -> None:
+    def submit(self, lowered: Any, mode: str, name: str) -> None:
+        """Send ``lowered`` to the target's compiler (nothing when compiling nothing)."""
         if not self._compiling:
             return
-        from tpu_debug.runtime.target import LibtpuMissingError, default_compiler
 
         try:
-            future = default_compiler().submit_lowered(lowered, self.target, optimization_level=level)
+            future = default_compiler().submit_lowered(lowered, self.target, optimization_level=self.optimization_level)
         except LibtpuMissingError as exc:
             self._compiling = False
             self.notes.append(f"programs were not compiled for {self.target.name}: {exc}")
@@ -291,7 +213,8 @@ class DryMode:
 
     # -- values ------------------------------------------------------------------------
 
-    def _needs(self, what: str, tensor: str = "", op: str | None = None) -> DryRunValueError:
+    def needs(self, what: str, tensor: str = "", op: str | None = None) -> DryRunValueError:
+        """The error for reading a value this dry run does not have (the first is kept as ``stop``)."""
         where = None
         if self.describe is not None:
             try:
@@ -316,7 +239,7 @@ def value_needed(op: str, t: Any = None) -> DryRunValueError:
     mode = active
     if mode is None:
         return DryRunValueError(op, _tensor_text(t))  # a dry run's tensor read after it ended
-    return mode._needs(op, _tensor_text(t), op=op)
+    return mode.needs(op, _tensor_text(t), op=op)
 
 
 def target_future(lowered: Any) -> Future | None:

@@ -743,7 +743,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     with jax.enable_x64(True):
         lowered = jitted.lower(*arrays)
         with local_compile() as cached:
-            compiled = lowered.compile()
+            compiled = lowered.compile(cached.options)
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
     stats = ExecutableStats(plan.name, key, seconds)
@@ -998,7 +998,7 @@ def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
     eager_only = lowering.eager_only
     if eager_only is True or (eager_only and eager_only(args, kwargs)):
         if _dryrun.active is not None:  # shapes from values a dry run does not have, if it can
-            return _finish(plan, args, kwargs, *_dryrun.active.eager_only(plan, skel_args, skel_kwargs, arrays, rng))
+            return _finish(plan, args, kwargs, *_dry_shapes(_dryrun.active, plan, skel_args, skel_kwargs, arrays, rng))
         it = iter(arrays)
         a = [_fill(s, it) for s in skel_args]
         kw = {k: _fill(s, it) for k, s in skel_kwargs}
@@ -1019,7 +1019,7 @@ def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = op_key(plan, skel_args, skel_kwargs)
     if _dryrun.active is not None:  # a dry run: output shapes, the program to the target compiler
-        return _dryrun.active.run_op(plan, args, kwargs, key, skel_args, skel_kwargs, arrays, rng)
+        return _dry_run_op(_dryrun.active, plan, args, kwargs, key, (skel_args, skel_kwargs), arrays, rng)
     exe = _lookup(key)
     if exe is None:
         try:
@@ -1066,6 +1066,79 @@ def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
             # one tensor out: a pure op's run_now wraps it without _finish
             exe.out_shape = torch.Size(flat[0].shape)
     return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
+
+
+# -- a dry run's eager ops (runtime/dryrun.py): outputs' avals, programs to the target compiler --
+
+
+def _dry_run_op(mode: _dryrun.DryMode, plan: _Plan, args, kwargs, key, skels: tuple, arrays: list, rng: bool):
+    """An eager op in a dry run: its outputs' avals (lowered once per key), written as the eager
+    path writes; ``skels`` are its argument and keyword skeletons."""
+    entry = mode.op_outputs.get(key)
+    if entry is None:
+        try:
+            entry = _dry_lower(mode, plan, key, *skels, arrays, rng)
+        except _NEEDS_VALUES:
+            if not plan.dynamic_scalars:
+                raise mode.needs(f"aten::{plan.name} (its lowering needs input values)") from None
+            plan.dynamic_scalars = False  # as the eager path does: bake the scalars in
+            return _run_lowered(plan, args, kwargs)
+        mode.op_outputs[key] = entry
+    mode.ops += 1
+    avals, struct, dtypes = entry
+    if probes._probes:
+        probes.executing("eager", plan.name, key)
+        start = time.perf_counter()
+        flat = [_dryrun.Abstract(shape, dtype) for shape, dtype in avals]
+        probes.executed("eager", plan.name, key, time.perf_counter() - start)
+    else:
+        flat = [_dryrun.Abstract(shape, dtype) for shape, dtype in avals]  # each output a payload of its own
+    return _finish(plan, args, kwargs, flat, struct, dtypes)
+
+
+def _dry_lower(mode: _dryrun.DryMode, plan: _Plan, key, skel_args, skel_kwargs, arrays: list,
+               rng: bool) -> tuple[tuple, Any, tuple]:
+    traced, struct_box = traced_function(plan, skel_args, skel_kwargs, rng)
+    if probes._probes:
+        probes.compiling("eager", plan.name)
+    start = time.perf_counter()
+    with jax.enable_x64(True):
+        lowered = jax.jit(traced).lower(*arrays)
+    seconds = time.perf_counter() - start
+    leaves = jax.tree_util.tree_leaves(lowered.out_info)
+    avals = tuple((tuple(a.shape), a.dtype) for a in leaves)
+    dtypes = tuple(to_torch_dtype(a.dtype) for a in leaves)
+    settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
+    info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
+                       seconds, lowered, None, settings=settings)
+    mode.submit(lowered, "eager", plan.name)
+    if probes._probes:
+        probes.compiled(info)
+    return avals, struct_box[0], dtypes
+
+
+def _dry_shapes(mode: _dryrun.DryMode, plan: _Plan, skel_args, skel_kwargs, arrays: list,
+                rng: bool) -> tuple[list, Any, tuple]:
+    """An op whose output shape depends on values, in a dry run: its shapes if they can be had
+    without them."""
+    box: list = []
+
+    def fn(*flat):
+        it = iter(flat)
+        a = [_fill(s, it) for s in skel_args]
+        kw = {k: _fill(s, it) for k, s in skel_kwargs}
+        if rng:
+            kw["key"] = next(it)
+        out_flat, struct = _flatten_out(plan.lowering.fn(*a, **kw))
+        box.append(struct)
+        return out_flat
+
+    try:
+        with jax.enable_x64(True):
+            out = jax.eval_shape(fn, *arrays)
+    except (*_NEEDS_VALUES, TypeError, ValueError):
+        raise mode.needs(f"aten::{plan.name} (its output shape depends on values)") from None
+    return ([_dryrun.Abstract(o.shape, o.dtype) for o in out], box[0], tuple(to_torch_dtype(o.dtype) for o in out))
 
 
 def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):

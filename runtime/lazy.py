@@ -62,8 +62,8 @@ from tpu_debug.runtime.probes import (
     MaterializeInfo,
 )
 from tpu_debug.runtime.tensor import (
-    PAYLOAD_ATTR,
     LazyArray,
+    PAYLOAD_ATTR,
     _create_empty,
     _readable,
     _strided_write,
@@ -71,6 +71,7 @@ from tpu_debug.runtime.tensor import (
     to_jax,
     view_pattern,
     view_value,
+    write,
 )
 
 from tpu_debug.core.errors import LoweringBugError, TpuArgumentError
@@ -103,6 +104,11 @@ class EagerMode(enum.Enum):
     DEFER_AND_FUSE = "defer_and_fuse"
     DEFER_NEVER = "defer_never"
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"
+
+    def __call__(self, mode: EagerMode | str) -> set_eager_mode:
+        """``with torch.tpu.eager_mode(EagerMode.DEFER_NEVER):``, as TorchTPU's guide writes it:
+        the mode in effect, called with a mode, is ``set_eager_mode(mode)``."""
+        return set_eager_mode(mode)
 
 
 _FUSE = EagerMode.DEFER_AND_FUSE.value
@@ -619,7 +625,6 @@ def _functional_then_write(plan, args, kwargs):
     for t, v in zip(targets, values):
         if plan.kind == "out":
             _eager._resize_out(t, v.shape)
-        from tpu_debug.runtime.tensor import write
 
         write(t, v)
     return _eager._return_written(plan, args, kwargs, targets)
@@ -807,6 +812,19 @@ def _materialize(g: _Graph, trigger: str) -> None:
                                                 len(g.leaves), compiled_now, time.perf_counter() - start))
 
 
+def pending_stablehlo(values: list) -> str | None:
+    """The StableHLO of the fused program that would compute ``values`` (LazyArrays of the
+    pending graph) now, lowered but neither compiled nor run; None when none is pending."""
+    with _state.lock:
+        g = _state.graph
+        slots = tuple(v.slot for v in values if type(v) is LazyArray and v.graph is g and v.array is None)
+        if not slots or not g.steps:
+            return None
+        specs = [_aval(a) for a in g.leaves] + [jax.ShapeDtypeStruct((len(g.scalars),), np.float32)]
+        with jax.enable_x64(True):
+            return jax.jit(_fused_function(g, slots)).lower(*specs).as_text()
+
+
 def _fused_function(g: _Graph, live_slots: tuple[int, ...]):
     """The JAX function of a graph: its inputs and the float32 scalar vector in, the
     referenced values out; each step under the named scope ``n<i>`` so optimized HLO
@@ -850,7 +868,7 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*specs)
             with local_compile() as cached:
-                compiled = lowered.compile()
+                compiled = lowered.compile(cached.options)
     except Exception as exc:
         raise LoweringBugError(
             f"internal error: the fused graph of {len(g.steps)} ops ({name}) failed to compile: "

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tpu_debug.core.hooks import deliver
 from tpu_debug.runtime import probes, tensor
 from tpu_debug.runtime.probes import AllocInfo, FreeInfo
 
@@ -201,8 +202,6 @@ class Ledger:
 
     def replay(self, route: Any) -> None:
         """Tell the probes of ``route`` every storage held now (``existing``), as if allocated."""
-        from tpu_debug.core.hooks import deliver
-
         with self._lock:
             if self._dead:
                 self._drain()
@@ -287,3 +286,14 @@ def replay(route: Any) -> None:
     ledger = _ledger
     if ledger is not None:
         ledger.replay(route)
+
+
+def _joined(route: Any) -> None:
+    if _ledger is None:
+        listen(True)  # registers what exists now, telling every memory probe
+    else:
+        replay(route)
+
+
+# the probes start and stop tracking as memory probes come and go
+probes.track_memory(_joined, functools.partial(listen, False))

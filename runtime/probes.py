@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from tpu_debug.core.argspec import ArgSpec
@@ -86,6 +86,7 @@ __all__ = [
     "fell_back",
     "freed",
     "hidden_from_dynamo",
+    "listening",
     "materialized",
     "observe_graph",
     "observe_op",
@@ -94,6 +95,7 @@ __all__ = [
     "quiet",
     "remove_transfer_check",
     "subscribe",
+    "track_memory",
     "transferred",
     "transferring",
     "unsubscribe",
@@ -279,6 +281,10 @@ class CollectiveDone:
     rank: int
     seq: int
     seconds: float
+    # the live check's view of the ranks' arrival: the global rank that entered last, and the
+    # seconds this rank waited for it (None when unchecked, or for a send or receive)
+    last_rank: int | None = None
+    waited: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -301,6 +307,9 @@ class DesyncInfo:
     calls: tuple[Any, ...]
     timeout: float | None
     message: str
+    # a send and its receive: (source, destination, tag, the n-th call of that channel), global
+    # ranks; empty for a collective of the group
+    p2p: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -521,13 +530,8 @@ def subscribe(probe: Any, *, replay: bool = False) -> None:
             for info in source():
                 deliver(route, (dataclasses.replace(info, replayed=True),), probe_errors)
     memory_route = _route(probe, "on_alloc")
-    if memory_route or _route(probe, "on_free"):
-        from tpu_debug.runtime import memory
-
-        if memory.active() is None:
-            memory.listen(True)  # registers what exists now, telling every memory probe
-        else:
-            memory.replay(memory_route)
+    if _memory is not None and (memory_route or _route(probe, "on_free")):
+        _memory[0](memory_route)
 
 
 def unsubscribe(probe: Any) -> None:
@@ -537,15 +541,36 @@ def unsubscribe(probe: Any) -> None:
         _probes = tuple(p for p in _probes if p is not probe)
         _rebuild()
         tracking = bool(_routes.on_alloc or _routes.on_free)
-    if not tracking:
-        from tpu_debug.runtime import memory
-
-        memory.listen(False)
+    if not tracking and _memory is not None:
+        _memory[1]()
 
 
 def active() -> tuple[Any, ...]:
     """The subscribed probes."""
     return _probes
+
+
+def listening(method: str) -> bool:
+    """Whether a subscribed probe implements ``method`` (a :class:`Probe` method's name): a
+    caller that builds a costly record (a clock read, a collective's shapes) asks first."""
+    return bool(getattr(_routes, method))
+
+
+# Memory tracking (runtime/memory.py) hands itself in when it is imported (the device imports
+# it): ``joined(route)`` when a probe with on_alloc or on_free subscribes (``route``: its
+# on_alloc), ``left()`` when no such probe is left. Before, no `tpu` tensor exists to track.
+_memory: tuple[Callable[[Route], None], Callable[[], None]] | None = None
+
+
+def track_memory(joined: Callable[[Route], None], left: Callable[[], None]) -> None:
+    """Memory tracking's entry points (see above); ``joined(())`` is called at once when memory
+    probes subscribed before it was handed in."""
+    global _memory
+    with _lock:
+        _memory = (joined, left)
+        tracking = bool(_routes.on_alloc or _routes.on_free)
+    if tracking:
+        joined(())
 
 
 # ---------------------------------------------------------------------------

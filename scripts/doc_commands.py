@@ -145,6 +145,7 @@ def commands(root: Path = ROOT) -> list[Command]:
 # run from the wheel in CI, with the exit status the text around it gives
 RUN: dict[str, int] = {
     "tpu-debug run examples/mlp_train.py": 0,
+    "python -m torch_tpu._internal.distributed.launchers.singlehost_wrapper": 0,
     "tpu-debug run --tensorboard examples/mlp_train.py": 0,
     "tpu-debug runs": 0,
     "tpu-debug report": 0,

@@ -36,11 +36,21 @@ ROOT = Path(__file__).resolve().parents[1]
 TENSORBOARD_RUN = ["tpu-debug", "run", "--tensorboard", "examples/mlp_train.py"]
 MAIN_RUN = ["tpu-debug", "run", "examples/mlp_train.py"]
 
+# a TorchTPU script's first line, before torch: the wheel's .pth installed the finder at start-up
+TORCH_TPU_FIRST = """
+import sys
+import torch_tpu
+assert "torch" not in sys.modules
+from torch_tpu import api
+import torch
+print((torch.ones(2, device=api.tpu_device()) * 2).sum().item())
+"""
+
 IMPORT_ALL = """
 import importlib, pkgutil, sys
 import tpu_debug
 assert tpu_debug.__file__.startswith(sys.prefix), ("not the wheel's copy", tpu_debug.__file__)
-names = ["tpu_debug_launcher", "tpu_debug_pytest"]
+names = ["tpu_debug_launcher", "tpu_debug_pytest", "tpu_debug_torch_tpu"]
 # a __main__ module runs the command line when imported: it is run by 'python -m', not imported
 names += [m.name for m in pkgutil.walk_packages(tpu_debug.__path__, "tpu_debug.")
           if not m.name.endswith(".__main__")]
@@ -94,6 +104,9 @@ def main() -> int:
         env.pop("PYTHONPATH", None)
         tool = str(bindir / "tpu-debug")
         print(step("import every module", [str(bindir / "python"), "-c", IMPORT_ALL], cwd=work, env=env).strip())
+        shown = step("import torch_tpu first", [str(bindir / "python"), "-c", TORCH_TPU_FIRST], cwd=work, env=env)
+        if shown.strip() != "4.0":
+            raise SystemExit(f"wheel smoke: a TorchTPU script's first lines printed {shown.strip()!r}, not 4.0")
         step("--version", [tool, "--version"], cwd=work, env=env)
         for verb in ("run", "report", "runs", "tui", "tensorboard", "diff", "import-trace", "fit"):
             shown = step(f"{verb} --help", [tool, verb, "--help"], cwd=work, env=env)

@@ -55,6 +55,7 @@ JUNK = {
     "TPU_DEBUG_RANK_TIMEOUT": "0",
     "TPU_DEBUG_COLLECTIVE_CHECK": "junk",
     "TPU_DEBUG_COLLECTIVE_TIMEOUT": "0",
+    "TPU_DEBUG_FLIGHT_RECORDER_AT_EXIT": "junk",
     "TPU_DEBUG_COMPILE_CACHE": "junk",
     "TPU_DEBUG_COMPILE_CACHE_DIR": " ",
     "TPU_DEBUG_COMPILE_CACHE_BYTES": "1GB",
@@ -136,7 +137,8 @@ def test_trace_keywords_config_fields_and_flags_come_from_the_declarations():
     for name in trace_options:
         assert f"--{name.replace('_', '-')}" in flags[name]
     assert set(RuntimeConfig().as_dict()) == {o.name for o in options.OPTIONS if "runtime" in o.scopes}
-    assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout", "collective_check", "collective_timeout"}
+    assert set(DistributedConfig().as_dict()) == {"rank_check", "rank_timeout", "collective_check", "collective_timeout",
+                                                  "flight_recorder_at_exit"}
     with pytest.raises(TypeError, match=r"^trace\(\) got an unexpected keyword argument 'hlos'$"):
         tpu_debug.trace(hlos=True)
 

@@ -28,7 +28,8 @@ def test_wheel_installs_and_runs(tmp_path):
         for source in (ROOT / folder).rglob("*.py"):
             expected = "/".join((*package.split("."), *source.relative_to(ROOT / folder).parts))
             assert expected in names, f"{source.relative_to(ROOT)} is not in the wheel"
-    for expected in ("tpu_debug/py.typed", "tpu_debug/tui/app.tcss", "tpu_debug_launcher.py"):
+    for expected in ("tpu_debug/py.typed", "tpu_debug/tui/app.tcss", "tpu_debug_launcher.py",
+                     "tpu_debug_torch_tpu.py", "tpu_debug_torch_tpu.pth"):
         assert expected in names, expected
     target = tmp_path / "site"
     inst = subprocess.run(
@@ -45,7 +46,9 @@ def test_wheel_installs_and_runs(tmp_path):
         " for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.') if not m.name.endswith('.__main__')];"
         "[importlib.import_module(n) for n in names];"
         "print(len(names));"
-        "print((torch.ones(3, device='tpu') * 2).sum().item())"
+        "print((torch.ones(3, device='tpu') * 2).sum().item());"
+        # (a --target install processes no .pth: the device's registration installs the finder)
+        "from torch_tpu import api; assert api.tpu_device() == torch.device('tpu', 0)"
     )
     # run from tmp_path with only the wheel's copy on the path (not the editable checkout)
     run = subprocess.run(

@@ -293,6 +293,33 @@ def check_import_trace(env, ran, tmp_path):
     assert report.code == 0 and "Recompiles" in report.out, report
 
 
+def check_import_fr(env, ran, tmp_path):
+    """README: a folder of Flight Recorder dumps becomes a multi-process run (written here as
+    PyTorch's gloo group writes them: a pickled dict per rank)."""
+    import pickle
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for rank in (0, 1):
+        entries = [{"record_id": i, "process_group": ("0", "default_pg"), "collective_seq_id": i + 1,
+                    "p2p_seq_id": 0, "profiling_name": "gloo:all_reduce", "time_created_ns": 10**18 + i * 10**8,
+                    "input_sizes": [[4]], "output_sizes": [[4]], "input_dtypes": ["Float"],
+                    "output_dtypes": ["Float"], "state": "scheduled", "frames": []} for i in range(3)]
+        (dumps / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "entries": entries}))
+    # in this process, the verbs' own entry point (a process each would add seconds of start-up;
+    # tests/cli covers the console script itself)
+    import contextlib
+    import io
+
+    from tpu_debug.cli import main
+
+    assert main(["import-fr", str(dumps), "--logdir", str(tmp_path / "runs")]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["report", "--logdir", str(tmp_path / "runs")]) == 0
+    assert "c10d collectives in order, group 0" in out.getvalue(), out.getvalue()
+
+
 def check_tui(env, ran):
     """README: keys 1-9 switch views and ``?`` lists the keys (driven headless; a terminal UI
     needs a terminal, which a test has not)."""
@@ -344,6 +371,7 @@ RUN: dict[str, CheckFn] = {
     "tpu-debug diff RUN_A RUN_B": check_diff,
     "tpu-debug diff": check_diff,
     "tpu-debug import-trace DIR [--logdir L] [--name N]": check_import_trace,
+    "tpu-debug import-fr DIR [--prefix P] [--logdir L] [--name N]": check_import_fr,
     "tpu-debug tui [RUN]": check_tui,
     "tpu-debug tui": check_tui,
 }

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-VERBS = ("run", "report", "runs", "tui", "tensorboard", "diff", "import-trace", "fit")
+VERBS = ("run", "report", "runs", "tui", "tensorboard", "diff", "import-trace", "import-fr", "fit")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The ``torch.backends`` entry point: ``import torch`` registers the ``tpu`` device.
+"""The entry points PyTorch loads: ``import torch`` registers the ``tpu`` device
+(``torch.backends``), and dynamo finds the ``tpu_debug`` backend (``torch_dynamo_backends``).
 
 PyTorch loads every ``torch.backends`` entry point at the end of ``import torch``
 (out-of-tree backend autoload; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off), and
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from typing import Any
 
-from tpu_debug.core.autoload import defer
+from tpu_debug import runtime
+from tpu_debug.core.autoload import defer, runtime_importing
 
-__all__ = ["load"]
+__all__ = ["dynamo_backend", "load"]
 
 
 def _real_tpu_owner() -> bool:
@@ -31,10 +34,10 @@ def _real_tpu_owner() -> bool:
 
 def load() -> None:
     """Register the ``tpu`` device unless a real TorchTPU owns it here (see the module)."""
-    runtime = sys.modules.get("tpu_debug.runtime")
-    if runtime is not None and getattr(getattr(runtime, "__spec__", None), "_initializing", False):
-        # `import tpu_debug.runtime` came first and its modules import torch: the runtime
-        # cannot register the device half-imported, so its __init__ ends with run_deferred()
+    if runtime_importing():
+        # a runtime module's import brought torch in: the device cannot be registered with that
+        # module half-imported, so the runtime's package registers it when it next hands out a
+        # name (tpu_debug.core.autoload)
         defer(_register)
         return
     _register()
@@ -49,9 +52,19 @@ def _register() -> None:
         )
         return
     try:
-        from tpu_debug.runtime import install
-
-        install()
+        runtime.install()
     except Exception as error:  # noqa: BLE001 - must not fail `import torch` (see the module)
         print(f"tpu_debug: the 'tpu' device is not registered: {error}", file=sys.stderr)
 
+
+def dynamo_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """The ``torch_dynamo_backends`` entry point. Dynamo loads it only for a backend name the
+    runtime has not registered, which ``install()`` does: so the device was not registered
+    (PyTorch's backend autoload off), and this registers it before the graph compiles
+    (``DeviceTakenError`` when another backend owns PrivateUse1)."""
+    runtime.install()
+    # PyTorch may load this module in the middle of `import torch`, which the runtime's
+    # modules import: they are imported when called
+    from tpu_debug.runtime.compiled import dynamo_backend as compile_graph
+
+    return compile_graph(gm, example_inputs, **kwargs)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from tpu_debug.core import options as _options
 from tpu_debug.core.errors import ConfigError
 from tpu_debug.core.options import ENV_PREFIX
+from tpu_debug.runtime.target import TargetSpecError, parse_target
 
 __all__ = ["TraceConfig", "ENV_PREFIX"]
 
@@ -107,7 +108,6 @@ class TraceConfig:
         target = self.target
         if target is None:
             return None
-        from tpu_debug.runtime.target import TargetSpecError, parse_target
 
         try:
             return parse_target(target)

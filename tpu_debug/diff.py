@@ -22,6 +22,8 @@ from rich.text import Text
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.report import advice_of, finding_text
 from tpu_debug.report.core import dim_note, kv_text, make_console, report_table
+from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
+from tpu_debug.tracers.steps import STEADY, StepIndex, step_phases
 
 __all__ = ["DIFF_SCHEMA", "FIGURES", "Figure", "diff_data", "print_diff", "run_figures"]
 
@@ -78,8 +80,6 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
     over tolerance (the divergence tracer records those, not the error of an op
     within tolerance), so it is None too when every op was within tolerance.
     """
-    from tpu_debug.tracers.steps import STEADY, StepIndex, step_phases
-
     advice = advice_of(session)
     summary = advice.steps
     steps = session.steps()
@@ -177,8 +177,6 @@ def diff_data(a: Any, b: Any) -> dict[str, Any]:
         data["figures"]["implicit_syncs_per_step"], [f["kind"] for f in data["findings"]["fixed"]]
         # ({'a': 1.0, 'b': 0.0, 'change': -1.0, 'unit': ''}, ['implicit_sync'])
     """
-    from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
-
     fa, fb = run_figures(a), run_figures(b)
     figures = {}
     for f in FIGURES:

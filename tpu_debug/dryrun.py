@@ -31,6 +31,7 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text
 from tpu_debug.tracers.target import DEFAULT_WAIT, TargetTracer
+from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
 
 __all__ = ["DryRunResult", "DryRunValueError", "dry_run", "value_reader"]
 
@@ -140,8 +141,6 @@ def _where(location: SourceLocation | None) -> str | None:
 def value_reader() -> tuple[Callable[[str], tuple[str, str | None]], dict[str, Any]]:
     """``(describe, seen)``: the dry mode's ``describe`` (what a value read is and its line,
     from the stack at the read) and where it keeps the last read's ``SourceLocation``."""
-    from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
-
     seen: dict[str, Any] = {}
 
     def describe(op: str) -> tuple[str, str | None]:

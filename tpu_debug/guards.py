@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Self
 
-from tpu_debug.core.errors import RecompileError, TransferGuardError
-
 from tpu_debug.config import _guard_level as check_level
+from tpu_debug.core.errors import RecompileError, TransferGuardError
 from tpu_debug.runtime import probes
+from tpu_debug.runtime.probes import CompileInfo
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker, explain
@@ -121,7 +121,7 @@ class _RecompileGuard:
         self._opens = False
         self.step += 1
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         seen = self.tracker.observe(info)
         if info.replayed:  # compiled before the guard began
             self._first.setdefault(seen.identity, -1)

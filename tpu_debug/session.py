@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.options import default_logdir
+from tpu_debug.report import print_report
 from tpu_debug.runs import resolve_run
 from tpu_debug.tracers.query import RunQuery
 from tpu_debug.tracers.store import RunWriter
@@ -71,7 +72,6 @@ class Session(RunQuery):
 
     def summary(self, *, width: int = 100) -> str:
         """The run's report as plain text (what ``tpu-debug report`` prints)."""
-        from tpu_debug.report import print_report
 
         buf = io.StringIO()
         print_report(self, file=buf, width=width, terminal=False)
@@ -79,7 +79,6 @@ class Session(RunQuery):
 
     def print_summary(self, file: Any = None) -> None:
         """Print the report: rich when ``file`` (default stdout) is a terminal, plain text otherwise."""
-        from tpu_debug.report import print_report
 
         print_report(self, file=file)
 

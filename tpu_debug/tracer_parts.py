@@ -12,16 +12,23 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpu_debug.config import TraceConfig
+from tpu_debug.guards import TraceGuards
+from tpu_debug.runtime import probes
+from tpu_debug.runtime.config import config as runtime_config
+from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.session import Session
+from tpu_debug.tracers import torch_trace
+from tpu_debug.tracers.collectives import CollectivesTracer
 from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
+from tpu_debug.tracers.memory import MemoryTracer
 from tpu_debug.tracers.recorder import Recorder
+from tpu_debug.tracers.steps import StepTracker
 from tpu_debug.tracers.store import RunWriter
-
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.tracers.target import TargetTracer
+from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, TensorBoardExporter
 
 __all__ = ["PARTS", "Running", "TracerPart", "start_order", "stop_all", "stop_order"]
 
@@ -133,14 +140,12 @@ def stop_all(parts: Sequence[TracerPart], run: Running) -> None:
 
 
 def _start_recorder(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     run.kept["recorder"] = run.recorder
     probes.subscribe(run.recorder, replay=True)
 
 
 def _stop_recorder(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     if run.kept.pop("recorder", None) is not None:
         probes.unsubscribe(run.recorder)
@@ -150,8 +155,6 @@ def _stop_recorder(run: Running) -> None:
 
 
 def _start_steps(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers.steps import StepTracker
 
     writer, recorder = run.writer, run.recorder
     tracker = StepTracker(writer.put, writer.new_id, recorder.clock, record_error=recorder.record_error)
@@ -161,7 +164,6 @@ def _start_steps(run: Running) -> None:
 
 
 def _stop_steps(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     tracker = run.kept.pop("steps", None)
     if tracker is not None:
@@ -173,8 +175,6 @@ def _stop_steps(run: Running) -> None:
 
 
 def _start_tensorboard(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, TensorBoardExporter
 
     recorder, writer = run.recorder, run.writer
     try:
@@ -200,7 +200,6 @@ def _start_tensorboard(run: Running) -> None:
 
 
 def _stop_tensorboard(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     exporter = run.kept.pop("tensorboard", None)
     if exporter is None:
@@ -217,8 +216,6 @@ def _stop_tensorboard(run: Running) -> None:
 
 
 def _start_target(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers.target import TargetTracer
 
     reuse = level = None
     if run.config.dry_run:
@@ -237,7 +234,6 @@ def _start_target(run: Running) -> None:
 
 
 def _stop_target(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     tracer = run.kept.pop("target", None)
     if tracer is None:
@@ -257,14 +253,11 @@ def _stop_target(run: Running) -> None:
 
 
 def _torch_trace_on(_run: Running) -> bool:
-    from tpu_debug.tracers import torch_trace
 
     return torch_trace.enabled()
 
 
 def _start_torch_trace(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers import torch_trace
 
     emitter = torch_trace.TorchTraceEmitter(run.recorder.record_error)
     run.kept["torch_trace"] = emitter
@@ -274,7 +267,6 @@ def _start_torch_trace(run: Running) -> None:
 
 
 def _stop_torch_trace(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     emitter = run.kept.pop("torch_trace", None)
     if emitter is None:
@@ -288,8 +280,6 @@ def _stop_torch_trace(run: Running) -> None:
 
 
 def _start_collectives(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers.collectives import CollectivesTracer
 
     # with a TPU target (trace(target=...)), each such program is also compiled for it
     tracer = CollectivesTracer(run.writer, clock=run.recorder.clock, record_error=run.recorder.record_error,
@@ -299,7 +289,6 @@ def _start_collectives(run: Running) -> None:
 
 
 def _stop_collectives(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     tracer = run.kept.pop("collectives", None)
     if tracer is not None:
@@ -317,8 +306,6 @@ class _Divergence:
 
 
 def _start_divergence(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.runtime.config import config as runtime_config
 
     kept = run.kept["divergence"] = _Divergence()
     if run.config.divergence:
@@ -339,8 +326,6 @@ def _start_divergence(run: Running) -> None:
 
 
 def _stop_divergence(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.runtime.config import config as runtime_config
 
     kept = run.kept.pop("divergence", None) or _Divergence()
     if kept.tracer is not None:
@@ -357,7 +342,6 @@ def _stop_divergence(run: Running) -> None:
 
 
 def _set_eager_mode(run: Running) -> None:
-    from tpu_debug.runtime.config import config as runtime_config
     from tpu_debug.runtime.lazy import set_mode
 
     run.kept["eager_mode"] = runtime_config.eager_mode  # the runtime's mode before trace(eager_mode=...)
@@ -373,7 +357,6 @@ def _restore_eager_mode(run: Running) -> None:
 
 
 def _set_compile_cache(run: Running) -> None:
-    from tpu_debug.runtime.config import config as runtime_config
 
     run.kept["compile_cache"] = runtime_config.compile_cache  # the setting before trace(compile_cache=...)
     runtime_config.compile_cache = run.config.compile_cache
@@ -382,7 +365,6 @@ def _set_compile_cache(run: Running) -> None:
 def _restore_compile_cache(run: Running) -> None:
     saved = run.kept.pop("compile_cache", None)
     if saved is not None:
-        from tpu_debug.runtime.config import config as runtime_config
 
         runtime_config.compile_cache = saved
 
@@ -399,8 +381,6 @@ class _Memory:
 
 
 def _start_memory(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers.memory import MemoryTracer
 
     config = run.config
     tracer = MemoryTracer(run.writer, clock=run.recorder.clock, target=run.target, dry_run=config.dry_run,
@@ -420,7 +400,6 @@ def _start_memory(run: Running) -> None:
 
 
 def _stop_memory(run: Running) -> None:
-    from tpu_debug.runtime import probes
 
     kept = run.kept.pop("memory", None)
     if kept is None:
@@ -455,7 +434,6 @@ def _end_dry_run(run: Running, kept: _Memory) -> None:
 
 
 def _start_guards(run: Running) -> None:
-    from tpu_debug.guards import TraceGuards
 
     guards = TraceGuards(run.config, run.writer, run.recorder)
     run.kept["guards"] = guards

@@ -20,22 +20,22 @@ from collections.abc import Mapping
 from importlib import metadata as _metadata
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpu_debug.core import options as _options
-from tpu_debug.core.version import __version__
 from tpu_debug.config import TraceConfig
+from tpu_debug.core import options as _options
 from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
+from tpu_debug.core.version import __version__
 from tpu_debug.runs import new_run_dir
+from tpu_debug.runtime.distributed.launch import process_info
+from tpu_debug.runtime.target import require_libtpu
+from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.session import Session
 from tpu_debug.tracer_parts import PARTS, Running, TracerPart, start_order, stop_all
 from tpu_debug.tracers.events import ProcessEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.store import DB_NAME, RunWriter
-
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["Terminated", "Trace", "active_trace", "step", "trace"]
 
@@ -536,7 +536,6 @@ class Trace(contextlib.ContextDecorator):
 
     def _record_process(self) -> None:
         """In a multi-process run, this process's rank (the run's identity within its group)."""
-        from tpu_debug.runtime.distributed.launch import process_info
 
         info, writer = process_info(), self._writer
         if info is not None:
@@ -598,7 +597,6 @@ def trace(**options: Any) -> Trace:
     target = config.target_spec(source="target" if options.get("target") is not None else None)
     if target is not None:
         # before anything runs: a script traced with --target must not run first and fail after
-        from tpu_debug.runtime.target import require_libtpu
 
         require_libtpu()
     from tpu_debug.runtime import start

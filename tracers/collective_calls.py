@@ -16,13 +16,29 @@ killed while it hung reads here as a run whose check fired reads in its finding.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tpu_debug.core import desync as _desync
 from tpu_debug.core.collective_kinds import P2P_OPS
-from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent
+from tpu_debug.tracers.collective_journal import journal_events
+from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent, CollectiveDoneEvent
 
-__all__ = ["Desync", "desync_text", "event_calls", "first_desyncs", "rank_call"]
+__all__ = [
+    "Desync",
+    "GroupDesync",
+    "RankRecord",
+    "Straggler",
+    "desync_subject",
+    "desync_text",
+    "event_calls",
+    "first_desyncs",
+    "group_desyncs",
+    "rank_call",
+    "read_rank",
+    "stragglers",
+]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Desync:
@@ -45,14 +61,22 @@ class Desync:
     cause: str = ""
     last: tuple[tuple[int, CollectiveCallEvent | None], ...] = ()
     states: tuple[tuple[int, str], ...] = ()
+    # (rank, the exception it raised, its exit status), for ranks that did not call this one
+    details: tuple[tuple[int, str, int | None], ...] = ()
 
     def rank_calls(self) -> list[_desync.RankCall]:
         """Each rank's part as :class:`tpu_debug.core.desync.RankCall`."""
         last, states = dict(self.last), dict(self.states)
-        return [
-            rank_call(rank, call) if call is not None else rank_call(rank, last.get(rank), states.get(rank, "missing"))
-            for rank, call in self.calls
-        ]
+        details = {rank: (error, status) for rank, error, status in self.details}
+        out = []
+        for rank, call in self.calls:
+            if call is not None:
+                out.append(rank_call(rank, call))
+                continue
+            error, status = details.get(rank, ("", None))
+            out.append(dataclasses.replace(rank_call(rank, last.get(rank), states.get(rank, "missing")),
+                                           error=error, exit_status=status))
+        return out
 
     @property
     def fix(self) -> str:
@@ -71,9 +95,7 @@ class Desync:
             if call is None:
                 lines.append(f"  rank {rank}: no collective #{self.seq} (its calls in this group ended before)")
                 continue
-            where = f" at {call.location}" if call.location is not None else ""
-            shapes = ", ".join(call.shapes) or "no tensors"
-            lines.append(f"  rank {rank}: {call.op}({shapes}; {call.dtype or '-'}){where}")
+            lines.append(f"  rank {rank}: {rank_call(rank, call).call_text()}")
         return "\n".join(lines)
 
 
@@ -97,25 +119,35 @@ def event_calls(event: CollectiveDesyncEvent) -> list[_desync.RankCall]:
     """Each rank's part of a desync the live check recorded."""
     return [
         _desync.RankCall(c.rank, c.state, c.op, c.seq, tuple(c.shapes.split("; ")) if c.shapes else (), c.dtype,
-                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device)
+                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device, c.error, tuple(c.stack),
+                         c.exit_status)
         for c in event.calls
     ]
+
+
+def desync_subject(event: CollectiveDesyncEvent) -> str | None:
+    """How the text names a recorded desync's call: a send and its receive, or None for the
+    group's collective ``#seq``."""
+    return _desync.p2p_subject(*event.p2p) if len(event.p2p) == 4 else None
 
 
 def desync_text(event: CollectiveDesyncEvent) -> str:
     """The text of a desync the live check recorded (what the rank raised)."""
     return _desync.describe(event.group, event.seq, event.reason, event.cause, event_calls(event),
-                            timeout=event.timeout)
+                            timeout=event.timeout, what=desync_subject(event))
 
 
 def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],
-                  states: Mapping[int, str] | None = None) -> list[Desync]:
+                  states: Mapping[int, str] | None = None,
+                  details: Mapping[int, tuple[str, int | None]] | None = None) -> list[Desync]:
     """The first differing collective of each group the ranks share, in group order.
 
     Args:
         calls_by_rank: each rank's ``collective_call`` events (any order), keyed by global rank.
         states: how ranks whose calls stop early stopped, when the caller knows (``"ended"``:
-            the process exited; ``"died"``: killed); others are ``"missing"``.
+            the process exited; ``"raised"``: with an exception; ``"died"``: killed); others
+            are ``"missing"``.
+        details: for such ranks, (the exception it raised, its exit status), when known.
 
     Returns:
         One :class:`Desync` per group whose ranks differ; empty when every group's ranks
@@ -152,9 +184,159 @@ def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],
                 for r, c in at if c is None
             )
             how = tuple((r, (states or {}).get(r, "missing")) for r, _ in before)
-            draft = Desync(group, seq, reason, tuple(at), "", before, how)
+            known = tuple((r, *(details or {})[r]) for r, _ in before if r in (details or {}))
+            draft = Desync(group, seq, reason, tuple(at), "", before, how, known)
             repeated = any(c.location in agreed for c in present)
             cause = _desync.cause_of(reason, draft.rank_calls(), repeated=repeated)
             found.append(dataclasses.replace(draft, cause=cause))
             break
     return found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankRecord:
+    """One rank's collectives as its run holds them: ``calls`` and ``dones`` (None for a run
+    recorded before returns were) from the run store and, for the last moments of a rank
+    that was killed, its journal (``tracers/collective_journal.py``); ``desyncs`` the live
+    check recorded; how its process ended: ``state`` (``"ended"``, ``"raised"`` with
+    ``error``, ``"died"`` with ``exit_status`` when known, ``"missing"`` while it runs, or
+    when a launcher stopped it while it still ran)."""
+
+    rank: int
+    calls: tuple[CollectiveCallEvent, ...]
+    dones: tuple[CollectiveDoneEvent, ...] | None
+    desyncs: tuple[CollectiveDesyncEvent, ...] = ()
+    state: str = "missing"
+    error: str = ""
+    exit_status: int | None = None
+
+
+def _key(op: str, group: str, seq: int) -> tuple[str, bool, int]:
+    # a group's sends and receives count their own sequence: one seq can name two calls
+    return group, op in P2P_OPS, seq
+
+
+def read_rank(rank: int, session: Any, *, exit_status: int | None = None) -> RankRecord:
+    """Rank ``rank``'s collectives from its run (``session``), with the calls its journal
+    kept that the run store had not committed when the rank was killed.
+
+    Args:
+        rank: the rank's global rank.
+        session: its run.
+        exit_status: its exit status, when the launcher recorded it (``tpu-debug run --nproc``).
+    """
+    meta = session.metadata()
+    calls = list(session.events("collective_call"))
+    dones = list(session.events("collective_done")) if session.records("collective_done") else None
+    if not dones and meta.imported_from:
+        dones = None  # dumps whose entries carry no completion times (gloo's): returns unknown, not missing
+    lost_calls, lost_dones = journal_events(session.run_dir)
+    have = {_key(c.op, c.group, c.seq) for c in calls}
+    calls += [c for c in lost_calls if _key(c.op, c.group, c.seq) not in have]
+    if dones is not None or lost_dones:
+        done = {_key(d.op, d.group, d.seq) for d in dones or ()}
+        dones = list(dones or ()) + [d for d in lost_dones if _key(d.op, d.group, d.seq) not in done]
+    error = meta.error or ""
+    status = meta.exit_status if exit_status is None else exit_status
+    if meta.status == "terminated":
+        # SIGTERM: stopped from outside while it still ran (torchrun stops the other ranks once
+        # one failed): it did not fail there itself
+        state = "missing"
+    elif meta.status == "killed" or (status is not None and status < 0 and status != -signal.SIGTERM):
+        state = "died"
+    elif meta.status == "failed" and error:
+        state = "raised"
+    elif meta.status in ("finished", "failed", "interrupted"):
+        state = "ended"
+    else:
+        state = "missing"
+    return RankRecord(rank, tuple(sorted(calls, key=lambda c: c.ts)),
+                      None if dones is None else tuple(sorted(dones, key=lambda d: d.ts)),
+                      tuple(session.events("collective_desync")), state,
+                      error if state == "raised" else "", status if state == "died" else None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupDesync:
+    """Where a group's ranks first differ, read after the fact: ``desync`` from the ranks'
+    calls, and ``text``: the live check's own text when a rank recorded it (``live``),
+    else :meth:`Desync.describe` with what the runs say of the ranks that stopped."""
+
+    desync: Desync | None
+    text: str
+    group: str
+    seq: int
+    reason: str
+    cause: str
+    live: bool
+
+
+def group_desyncs(records: Mapping[int, RankRecord]) -> list[GroupDesync]:
+    """The first difference of each group whose ranks differ, in the words of the live error
+    when one was raised (the same text, live and after the fact)."""
+    calls = {r: list(rec.calls) for r, rec in records.items()}
+    states = {r: rec.state for r, rec in records.items()}
+    details = {r: (rec.error, rec.exit_status) for r, rec in records.items()}
+    found = {d.group: d for d in first_desyncs(calls, states, details)}
+    live: dict[str, CollectiveDesyncEvent] = {}
+    for rank in sorted(records):
+        for e in records[rank].desyncs:
+            if not e.p2p and (e.group not in live or e.seq < live[e.group].seq):
+                live[e.group] = e
+    out = []
+    for group in sorted(set(found) | set(live), key=lambda g: (len(g), g)):
+        d, e = found.get(group), live.get(group)
+        if e is not None:
+            out.append(GroupDesync(d, desync_text(e), group, e.seq, e.reason, e.cause, True))
+        elif d is not None:
+            out.append(GroupDesync(d, d.describe(), group, d.seq, d.reason, d.cause, False))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Straggler:
+    """The rank of ``group`` that entered its collectives last most often: last at ``last``
+    of the ``of`` collectives every rank entered, ``late`` seconds after the rank before it
+    on average there (what the others waited for it), ``waited`` in all."""
+
+    group: str
+    rank: int
+    last: int
+    of: int
+    late: float
+    waited: float
+
+
+#: a rank is named the straggler when it arrived last at least this share of at least
+#: STRAGGLER_MIN_CALLS collectives, STRAGGLER_MIN_LATE seconds late on average: with ranks
+#: alike, which one comes last is a coin toss, and a few microseconds are noise
+STRAGGLER_SHARE = 0.75
+STRAGGLER_MIN_CALLS = 4
+STRAGGLER_MIN_LATE = 0.001
+
+
+def stragglers(entered: Mapping[tuple[str, int], Mapping[int, float]],
+               members: Mapping[str, Sequence[int]]) -> list[Straggler]:
+    """Per group, the rank that arrived last most often, when it stands out.
+
+    Args:
+        entered: (group, seq) -> rank -> when it entered that collective, on one clock.
+        members: each group's global ranks.
+    """
+    tally: dict[str, dict[int, list[float]]] = {}
+    count: dict[str, int] = {}
+    for (group, _), at in entered.items():
+        ranks = members.get(group, ())
+        if len(ranks) < 2 or any(r not in at for r in ranks):
+            continue
+        order = sorted(ranks, key=lambda r: at[r])
+        count[group] = count.get(group, 0) + 1
+        tally.setdefault(group, {}).setdefault(order[-1], []).append(at[order[-1]] - at[order[-2]])
+    out = []
+    for group, by_rank in sorted(tally.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        rank, lates = max(by_rank.items(), key=lambda kv: (len(kv[1]), sum(kv[1])))
+        n = count[group]
+        mean = sum(lates) / len(lates)
+        if n >= STRAGGLER_MIN_CALLS and len(lates) >= STRAGGLER_SHARE * n and mean >= STRAGGLER_MIN_LATE:
+            out.append(Straggler(group, rank, len(lates), n, mean, sum(lates)))
+    return out

@@ -23,16 +23,24 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpu_debug.tracers.events import CollectivesEvent, CollectivesTargetEvent, ShardingRematEvent, SourceLocation
+from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
+from tpu_debug.runtime import probes
+from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.runtime.target.errors import TargetSpecError
+from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.tracers.events import (
+    CollectivesEvent,
+    CollectivesTargetEvent,
+    ShardingRematEvent,
+    SourceLocation,
+)
 from tpu_debug.tracers.hlo import fx_nodes_from, program_hash
 from tpu_debug.tracers.location import is_library_file, user_location
 
-from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
-
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+# The report and the TUI import this module to read runs back: what loads jax or torch (the target compiler, XLA's log reader)
+# is imported where a recording first uses it.
 
 __all__ = [
     "CollectivesTracer",
@@ -133,7 +141,7 @@ class CollectivesTracer:
 
     # -- probe methods --------------------------------------------------------------------
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         from tpu_debug.runtime.distributed import xla_log
 
         remats = xla_log.take()  # XLA's warnings of this compile, caught around it by the runtime
@@ -180,8 +188,6 @@ class CollectivesTracer:
     def _watch_replayed(self, info: Any) -> None:
         """Record ``info`` when its executable first runs. The watcher listens to executions
         only while such programs wait, so a trace without them pays nothing per op."""
-        from tpu_debug.runtime import probes
-
         with self._lock:
             if self._watcher is None:
                 self._watcher = _ReplayWatcher(self)
@@ -195,8 +201,6 @@ class CollectivesTracer:
                 self._stop_watching()
 
     def _stop_watching(self) -> None:
-        from tpu_debug.runtime import probes
-
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             probes.unsubscribe(watcher)
@@ -239,7 +243,6 @@ class CollectivesTracer:
         with self._lock:
             if future in self._pending:
                 self._pending.remove(future)
-        from tpu_debug.runtime.target.errors import TargetSpecError
 
         try:
             try:

@@ -447,7 +447,9 @@ class CollectiveDoneEvent(Event):
     with the same ``group``, ``rank`` and ``seq`` (``op`` tells a send or receive, counted
     apart, from the group's other collectives). ``seconds``: from its entry to its results
     written back, waiting for the other ranks included. A call with no done event is one the
-    rank never returned from: it was stuck there, raised or was killed.
+    rank never returned from: it was stuck there, raised or was killed. ``last_rank`` is the
+    global rank that entered the collective last, as the live check saw the ranks arrive, and
+    ``waited`` the seconds this rank waited for it (None: unchecked, or a send or receive).
     """
 
     kind: ClassVar[str] = "collective_done"
@@ -458,12 +460,14 @@ class CollectiveDoneEvent(Event):
     rank: int
     seq: int
     seconds: float
+    last_rank: int | None = None
+    waited: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DesyncCall:
     """One rank's part of a :class:`CollectiveDesyncEvent`: ``state`` ``"called"`` (it called
-    ``op`` there) or ``"missing"``/``"ended"``/``"died"`` (it did not; the other fields are
+    ``op`` there) or ``"missing"``/``"ended"``/``"raised"``/``"died"`` (it did not; the other fields are
     its last collective of the group, ``seq`` None when none is known). ``shapes`` is the
     tensors' shapes joined by ``"; "``; ``file``/``line``/``function`` the user's line."""
 
@@ -479,13 +483,17 @@ class DesyncCall:
     line: int | None
     function: str | None
     device: str = ""  # the tensors' device type, when known
+    error: str = ""  # state "raised": the exception
+    stack: tuple[str, ...] = ()  # "raised": its user frames to the line; "missing": where it is now
+    exit_status: int | None = None  # "died": the exit code, or minus the signal, when known
 
 
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveDesyncEvent(Event):
     """The live check of a c10d group (the `tpu` process group) found its ranks calling
-    different collectives at ``seq``, or a rank not arriving, and this rank raised.
+    different collectives at ``seq``, or a rank not arriving, and this rank raised (or a
+    send and its receive differ: ``p2p``, and ``seq`` is the group's count of sends and receives).
 
     ``reason`` is what differs and ``cause`` its likeliest cause (the names of
     :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there; ``timeout`` the
@@ -504,6 +512,9 @@ class CollectiveDesyncEvent(Event):
     cause: str
     timeout: float | None = None
     calls: tuple[DesyncCall, ...] = column(table="collective_desync_calls", default=())
+    # a send and its receive: (source, destination, tag, n), the n-th call of that channel
+    # (global ranks); empty for a collective of the group
+    p2p: tuple[int, ...] = ()
 
 
 @register_event

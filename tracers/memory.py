@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_debug.core.format import format_bytes
+from tpu_debug.runtime.probes import AllocInfo, CompileInfo, FreeInfo
 from tpu_debug.tracers.events import (
     MemoryFindingEvent,
     MemoryFix,
@@ -54,6 +55,11 @@ from tpu_debug.tracers.events import (
     StepEvent,
 )
 from tpu_debug.tracers.location import user_location
+
+# The report and the TUI import this module to read runs back: what loads jax or torch (the device's memory registry)
+# is imported where a recording first uses it.
+from tpu_debug.runtime.target.padding import padded_bytes
+from tpu_debug.runtime.target.capacity import hbm_capacity
 
 __all__ = [
     "MemoryTracer",
@@ -206,7 +212,7 @@ class MemoryTracer:
 
     # -- probe methods -----------------------------------------------------------------
 
-    def on_alloc(self, info: Any) -> None:
+    def on_alloc(self, info: AllocInfo) -> None:
         with self._lock:
             if info.new:
                 if info.existing:
@@ -249,7 +255,7 @@ class MemoryTracer:
                 self._step_peak = self.live
                 self._rising = True
 
-    def on_free(self, info: Any) -> None:
+    def on_free(self, info: FreeInfo) -> None:
         with self._lock:
             record = self._storages.get(info.storage)
             if record is None:
@@ -299,7 +305,7 @@ class MemoryTracer:
         padded, logical = sizes
         return padded if n == logical else n * padded // logical
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         compiled = getattr(info, "compiled", None)
         if compiled is None:
             return
@@ -463,7 +469,10 @@ class MemoryTracer:
             return None
         # the compiler's own figure for one device when it gave one (an out-of-memory says it)
         told = [p.available_bytes for p in self.programs.values() if p.oom and p.available_bytes]
-        return min(told) if told else int(self.target.hbm_bytes_per_device)
+        if told:
+            return min(told)
+
+        return hbm_capacity(self.target)[0]
 
     def _ooms(self) -> list[ProgramMemory]:
         return [p for p in self.programs.values() if p.oom]
@@ -534,8 +543,6 @@ def _clock() -> Callable[[], float]:
 def _padded_size(target: Any, shape: tuple[int, ...], dtype: str) -> tuple[int, int] | None:
     """``(padded, logical)`` bytes of one ``dtype[shape]`` array on ``target``, or None."""
     import numpy as np
-
-    from tpu_debug.runtime.target.padding import padded_bytes
 
     try:
         itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize

@@ -60,6 +60,7 @@ from typing import Any
 from tpu_debug.core.format import format_location
 from tpu_debug.tracers import dynamo_events
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
+from tpu_debug.tracers.lazy_graphs import cut_site, trigger_text
 
 __all__ = [
     "DEFAULT_STORM_THRESHOLD",
@@ -541,8 +542,6 @@ def _facts(info: Any) -> dict[tuple[str, str], str]:
 def _lazy_identity(info: Any) -> tuple[Any, str]:
     """A lazy graph is known by where it is cut: the trigger and the user's line (read off
     the stack: compiles of lazy graphs are observed while the graph materializes)."""
-    from tpu_debug.tracers.lazy_graphs import cut_site, trigger_text
-
     trigger = str(info.name).removeprefix("lazy/")
     if info.replayed:  # compiled before the trace: the stack is not the cut's
         return ("lazy", trigger, None), f"graph cut by {trigger_text(trigger)}"

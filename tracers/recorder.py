@@ -15,9 +15,20 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from tpu_debug.runtime.probes import (
+    CollectiveDone,
+    CollectiveInfo,
+    CompileInfo,
+    DesyncInfo,
+    FallbackInfo,
+    MaterializeInfo,
+    TransferInfo,
+)
 from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.collective_journal import CollectiveJournal, call_record, done_record
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
     CollectiveDesyncEvent,
@@ -148,6 +159,7 @@ class Recorder:
         self._lazy_compiles: dict[Any, int] = {}
         self._lazy_step = 0
         self._step_frames = StepFrames()
+        self._collective_journal: CollectiveJournal | None = None
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -183,7 +195,7 @@ class Recorder:
                 )
             )
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         ts = self.clock() - float(info.seconds)
         location = user_location(_PROBE_DEPTH)
         with self._compile_lock:
@@ -246,7 +258,7 @@ class Recorder:
             )
         )
 
-    def on_transfer(self, info: Any) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
         if info.direction == "h2d":
             op, implicit, location, context, origin = classify_upload(str(info.op))
@@ -287,7 +299,7 @@ class Recorder:
         ops = info.graph.ops if info.graph is not None else ()
         return [lines.get(op.site) if op.site is not None else None for op in ops]
 
-    def on_materialize(self, info: Any) -> None:
+    def on_materialize(self, info: MaterializeInfo) -> None:
         trigger, location = cut_site(str(info.trigger), _PROBE_DEPTH)
         known = self._keys.get(info.key) if info.key is not None else None
         self.writer.put(
@@ -314,7 +326,7 @@ class Recorder:
             self._lazy_step += 1
             self._step_frames.step_ended()
 
-    def on_fallback(self, info: Any) -> None:
+    def on_fallback(self, info: FallbackInfo) -> None:
         self.writer.put(
             FallbackEvent(
                 self.writer.new_id(),
@@ -328,44 +340,54 @@ class Recorder:
             )
         )
 
-    def on_collective(self, info: Any) -> None:
-        self.writer.put(
-            CollectiveCallEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                user_location(_PROBE_DEPTH),
-                str(info.op),
-                str(info.group),
-                tuple(int(r) for r in info.ranks),
-                int(info.rank),
-                int(info.seq),
-                tuple(str(list(s)) for s in info.shapes),
-                str(info.dtype),
-                int(info.nbytes),
-                info.reduce_op,
-                info.peer,
-            )
+    def on_collective(self, info: CollectiveInfo) -> None:
+        event = CollectiveCallEvent(
+            self.writer.new_id(),
+            self.clock(),
+            None,
+            threading.get_native_id(),
+            user_location(_PROBE_DEPTH),
+            str(info.op),
+            str(info.group),
+            tuple(int(r) for r in info.ranks),
+            int(info.rank),
+            int(info.seq),
+            tuple(str(list(s)) for s in info.shapes),
+            str(info.dtype),
+            int(info.nbytes),
+            info.reduce_op,
+            info.peer,
         )
+        self.writer.put(event)
+        self._journal().write(call_record(event))
 
-    def on_collective_done(self, info: Any) -> None:
-        self.writer.put(
-            CollectiveDoneEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                None,  # the entry's event holds the user's line
-                str(info.op),
-                str(info.group),
-                int(info.rank),
-                int(info.seq),
-                float(info.seconds),
-            )
+    def on_collective_done(self, info: CollectiveDone) -> None:
+        event = CollectiveDoneEvent(
+            self.writer.new_id(),
+            self.clock(),
+            None,
+            threading.get_native_id(),
+            None,  # the entry's event holds the user's line
+            str(info.op),
+            str(info.group),
+            int(info.rank),
+            int(info.seq),
+            float(info.seconds),
+            info.last_rank,
+            info.waited,
         )
+        self.writer.put(event)
+        self._journal().write(done_record(event))
 
-    def on_collective_desync(self, info: Any) -> None:
+    def _journal(self) -> CollectiveJournal:
+        """The run's journal of collective calls (see tracers/collective_journal.py)."""
+        journal = self._collective_journal
+        if journal is None:
+            path = getattr(self.writer, "path", None)  # a writer of no file keeps no journal
+            journal = self._collective_journal = CollectiveJournal(Path(path).parent if path is not None else None)
+        return journal
+
+    def on_collective_desync(self, info: DesyncInfo) -> None:
         self.writer.put(
             CollectiveDesyncEvent(
                 self.writer.new_id(),
@@ -382,9 +404,10 @@ class Recorder:
                 info.timeout,
                 tuple(
                     DesyncCall(c.rank, c.state, c.op, c.seq, "; ".join(c.shapes), c.dtype, c.reduce_op, c.peer,
-                               c.file, c.line, c.function, c.device)
+                               c.file, c.line, c.function, c.device, c.error, tuple(c.stack), c.exit_status)
                     for c in info.calls
                 ),
+                tuple(info.p2p),
             )
         )
 

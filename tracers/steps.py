@@ -44,8 +44,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo, hidden_from_dynamo
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.location import user_location
+
+# The report and the TUI import this module to read runs back: what loads jax or torch (lazy mode's optimizer hooks)
+# is imported where a recording first uses it.
 
 __all__ = [
     "LOOP_MIN_ITERATIONS",
@@ -221,7 +225,6 @@ class StepTracker:
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
             from tpu_debug.runtime.lazy import hook_optimizers
-            from tpu_debug.runtime.probes import hidden_from_dynamo
 
             # post hooks run in the order they were registered: lazy mode's (which runs the
             # step's pending graph) first, so the graph is counted in the step it belongs to
@@ -341,7 +344,7 @@ class StepTracker:
             window.seconds.append(seconds)
             window.ends.append(_perf_counter())  # on the clock's timeline when read
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         graph = info.graph
         if graph is not None:
             origin = graph.origin.function or graph.origin.frame
@@ -359,7 +362,7 @@ class StepTracker:
         if window is not None and not window.full:
             window.compiles.append((len(window.names), float(info.seconds), recompile, read_back))
 
-    def on_transfer(self, info: Any) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         counts = self._counts
         counts.transfers += 1
         counts.transfer_bytes += int(info.nbytes)
@@ -368,7 +371,7 @@ class StepTracker:
         if window is not None and not window.full:
             window.transfers.append((len(window.names), int(info.nbytes), float(info.seconds)))
 
-    def on_fallback(self, info: Any) -> None:
+    def on_fallback(self, info: FallbackInfo) -> None:
         self._counts.fallbacks += 1
         window = self._window
         if window is not None and not window.full:

@@ -64,6 +64,7 @@ from tpu_debug.core.errors import (
     RunWriteError,
     SchemaVersionError,
 )
+from tpu_debug.core.version import __version__
 
 __all__ = [
     "APPLICATION_ID",
@@ -1202,8 +1203,6 @@ def connect(db_path: Path) -> sqlite3.Connection:
                 "Point at a run directory under tpu_debug_runs/, or re-record the run."
             )
         if not OLDEST_READABLE_SCHEMA <= version <= SCHEMA_VERSION:
-            from tpu_debug.core.version import __version__
-
             writer = _meta_value(conn, "tpu_debug_version")
             by = f" (written by tpu_debug {writer})" if writer else ""
             if version > SCHEMA_VERSION:

@@ -6,7 +6,8 @@ and hands the lowering to XLA's TPU compiler on the target compiler's worker
 thread (``runtime.target.compile_lowered_for_target_async``): the user's thread
 only queues it. A lowering that holds a custom call only the CPU has (LAPACK's,
 for ``torch.linalg``) is refused by the TPU compiler; its function is then
-lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``).
+lowered again for the TPU (``compile_for_target_async`` on ``CompileInfo.jitted``), as is
+one holding a Pallas kernel interpreted for CPU (``torch.tpu.pallas.jax_op``).
 
 What comes back is recorded beside the local program, one
 :class:`~tpu_debug.tracers.events.TargetCompileEvent` per distinct program: the
@@ -41,7 +42,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_location
 from tpu_debug.core.hlo_text import Computation as _Computation
@@ -49,6 +50,17 @@ from tpu_debug.core.hlo_text import Instruction as _Instruction
 from tpu_debug.core.hlo_text import Module as _Module
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
 from tpu_debug.core.hlo_text import parse_module as _parse_module
+from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.runtime.target import (
+    GENERATIONS,
+    hbm_capacity,
+    libtpu_version,
+    parse_target,
+    require_libtpu,
+    roofline,
+)
+from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target.layout import padded_elements, padding_report
 from tpu_debug.tracers.events import (
     InternalErrorEvent,
     PaddedBuffer,
@@ -60,9 +72,10 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.recompiles import _identity as identity_of
 
-if TYPE_CHECKING:
-    from tpu_debug.runtime.target.hardware import Target
+# The report and the TUI import this module to read runs back: what loads jax or torch (the target
+# compiler) is imported where a recording first uses it.
 
 __all__ = [
     "DEFAULT_WAIT",
@@ -230,8 +243,6 @@ class TargetTracer:
         reuse: Callable[[Any], concurrent.futures.Future | None] | None = None,
         optimization_level: str | None = None,
     ) -> None:
-        from tpu_debug.runtime.target import require_libtpu
-
         self.target = target
         require_libtpu()
         self.writer = writer
@@ -330,7 +341,7 @@ class TargetTracer:
 
     # -- probe methods (the runtime calls these) ---------------------------------------
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         location = None if info.replayed else user_location(_PROBE_DEPTH)
         program = _Program(info, location)
         with self._lock:
@@ -388,12 +399,10 @@ class TargetTracer:
                 self._failed(program, exc)
                 return
             result = future.result()
-            if (
-                not relowered
-                and result.error is not None
-                and result.error.kind == "compile_error"
-                and program.info.jitted is not None
-                and "custom_call" in program.info.stablehlo()
+            if not relowered and program.info.jitted is not None and (
+                (result.error is not None and result.error.kind == "compile_error"
+                 and "custom_call" in program.info.stablehlo())
+                or _holds_interpreted_kernel(program.info.stablehlo())
             ):
                 done = not self._relower(program)
                 return
@@ -454,8 +463,6 @@ class TargetTracer:
 
     def _event(self, program: _Program, result: Any, relowered: bool, stablehlo: str) -> TargetCompileEvent:
         """The recorded form of a target compile (runs on the worker: parsing TPU HLO costs)."""
-        from tpu_debug.runtime.target import roofline
-
         info = program.info
         args = tuple(a.recorded() for a in info.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
@@ -508,8 +515,6 @@ class TargetTracer:
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
         """The entry computation's arrays in HBM: logical and padded bytes, the worst few
         with the op and line that made them and the matmul products spent on padding."""
-        from tpu_debug.runtime.target.layout import padded_elements, padding_report
-
         info = program.info
         report = padding_report(hlo)
         ranked = report.worst(WORST_KEPT)
@@ -586,13 +591,11 @@ class TargetTracer:
         return executions, estimated, seconds, flops, nbytes, memory
 
     def _record_summary(self, unfinished: int, waited: float, limit: float) -> None:
-        from tpu_debug.runtime.target import libtpu_version
-
         t = self.target
         stats = self.stats
         self.writer.put(TargetSummaryEvent(
             self.writer.new_id(), self._clock(), None, threading.get_native_id(), None,
-            t.name, t.topology, t.chips, t.hbm_bytes_per_device, t.peak_bf16_flops_per_device,
+            t.name, t.topology, t.chips, hbm_capacity(t)[0], t.peak_bf16_flops_per_device,
             t.hbm_bandwidth_per_device, libtpu_version(), stats["programs"], stats["compiled"],
             stats["cached"], stats["refused"], stats["failed"], unfinished, self.compile_seconds, waited, limit,
         ))
@@ -630,8 +633,6 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
     """``(generation, usable, spec)`` for each generation one device of which offers ``required``
     bytes: usable as its compiler counts it (what a program must fit in, below the spec sheet's),
     the spec sheet's where libtpu cannot be asked."""
-    from tpu_debug.runtime.target import GENERATIONS, hbm_capacity, parse_target
-
     out = []
     for name in GENERATIONS:
         target = parse_target(name)
@@ -642,8 +643,6 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
 
 
 def _identity(info: Any) -> str:
-    from tpu_debug.tracers.recompiles import _identity as identity_of
-
     return identity_of(info)[1]
 
 
@@ -807,3 +806,11 @@ def step_summary(steps: Sequence[TargetStepEvent]) -> dict[str, Any] | None:
         "estimated": done[len(done) // 2].estimated,
         "peak_memory_bytes": max((s.peak_memory_bytes or 0) for s in done) or None,
     }
+
+
+def _holds_interpreted_kernel(stablehlo: str) -> bool:
+    """A Pallas kernel of ``torch.tpu.pallas.jax_op`` runs interpreted in a CPU lowering; lowered
+    again for the TPU, the program holds the kernel itself (runtime/pallas.py)."""
+    from tpu_debug.runtime.pallas import INTERPRETED_KERNEL
+
+    return INTERPRETED_KERNEL in stablehlo

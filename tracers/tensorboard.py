@@ -63,6 +63,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.runtime.probes import CompileInfo, TransferInfo
 from tpu_debug.tracers.events import (
     CollectivesEvent,
     CompileEvent,
@@ -579,7 +580,7 @@ class TensorBoardExporter:
         verb = "recompile" if (mode, str(name)) in self._compiled else "compile"
         self._open("compile", f"{verb} {self._label(mode, str(name))}")
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         name = str(info.name)
         self._inputs[info.key] = inputs = _safe(_inputs(a.recorded() for a in info.args))
         if self.target is not None:
@@ -592,7 +593,7 @@ class TensorBoardExporter:
     def on_transfer_begin(self, direction: str, op: str) -> None:
         self._open("transfer", f"transfer {direction}", op=op)
 
-    def on_transfer(self, info: Any) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         self._close(
             "transfer",
             bytes=int(info.nbytes),

@@ -45,6 +45,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tpu_debug.runtime.probes import CompileInfo
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, TargetCompileEvent
 from tpu_debug.tracers.recompiles import describe, explain
 
@@ -144,7 +145,7 @@ class TorchTraceEmitter:
         except Exception as exc:  # noqa: BLE001 - a writer listener must not raise
             self.on_internal_error("on_event", exc)
 
-    def on_compile(self, info: Any) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         """Probe: a graph was compiled; write its program and, for a recompile, why."""
         event, self._local.event = getattr(self._local, "event", None), None
         graph = info.graph

@@ -71,6 +71,10 @@ VIEW_TABLE: tuple[View, ...] = (
 )
 
 VIEWS = {view.mode: view.title for view in VIEW_TABLE}
+if len(VIEW_TABLE) > 10:
+    raise ValueError(f"VIEW_TABLE has {len(VIEW_TABLE)} views; the number keys 1-9 and 0 reach ten")
+# the tenth view's key is 0, as on a keyboard's number row
+_NUMBER_KEYS = f"1-{len(VIEW_TABLE)}" if len(VIEW_TABLE) < 10 else "0-9"
 
 
 class TpuDebugApp(App[None]):
@@ -89,12 +93,12 @@ class TpuDebugApp(App[None]):
     DEFAULT_MODE = "overview"
     BINDINGS: ClassVar[list[BindingType]] = [
         *(
-            Binding(str(number), f"switch_mode('{view.mode}')", view.title, show=False)
+            Binding(str(number % 10), f"switch_mode('{view.mode}')", view.title, show=False)
             for number, view in enumerate(VIEW_TABLE, 1)
         ),
         # the footer's one entry for all the number keys ("1-9 Views"); "views" is no key a
         # terminal sends, so the number keys above do the switching and the help names each
-        Binding("views", f"switch_mode('{VIEW_TABLE[0].mode}')", "Views", key_display=f"1-{len(VIEW_TABLE)}"),
+        Binding("views", f"switch_mode('{VIEW_TABLE[0].mode}')", "Views", key_display=_NUMBER_KEYS),
         Binding("r", "ranks", "Ranks (multi-process run)", show=False),
         Binding("question_mark", "help", "Keys", key_display="?"),
         Binding("ctrl+r", "reload", "Reload", show=False),

@@ -17,10 +17,13 @@ Example::
     dist.distribute_module(model, mesh)           # everything else replicated
     dist.mark_sharding(batch, mesh, ("dp", None))  # data parallel
     loss = tpu_debug.compile(train_step)(batch)
+
+Importing this package imports neither torch nor jax: each name imports its module on first use.
 """
 
 from __future__ import annotations
 
+from tpu_debug.core.autoload import lazy_exports
 from tpu_debug.runtime.distributed.config import DistributedConfig
 from tpu_debug.runtime.distributed.config import config as distributed_config
 from tpu_debug.runtime.distributed.errors import (
@@ -30,62 +33,68 @@ from tpu_debug.runtime.distributed.errors import (
     RankTimeoutError,
     ShardingError,
 )
-from tpu_debug.runtime.distributed.launch import (
-    get_rank,
-    get_world_size,
-    initialize,
-    is_initialized,
-    launch_ranks,
-    process_info,
-)
-from tpu_debug.runtime.distributed.mesh import DeviceMesh, init_device_mesh
-from tpu_debug.runtime.distributed.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
-    distribute_module,
-    parallelize_module,
-)
-from tpu_debug.runtime.distributed.sharding import (
-    Placement,
-    Replicate,
-    Shard,
-    clear_sharding,
-    distribute_tensor,
-    is_sharded,
-    local_shape,
-    mark_sharding,
-    sharding_spec,
-)
 
 __all__ = [
-    "DeviceMesh",
-    "init_device_mesh",
-    "Placement",
-    "Shard",
-    "Replicate",
-    "mark_sharding",
-    "clear_sharding",
-    "distribute_tensor",
-    "sharding_spec",
-    "is_sharded",
-    "local_shape",
-    "ParallelStyle",
     "ColwiseParallel",
-    "RowwiseParallel",
-    "parallelize_module",
-    "distribute_module",
-    "initialize",
-    "is_initialized",
-    "get_rank",
-    "get_world_size",
-    "process_info",
-    "launch_ranks",
+    "DeviceMesh",
     "DistributedConfig",
-    "distributed_config",
-    "MeshError",
-    "ShardingError",
     "LaunchError",
+    "MeshError",
+    "ParallelStyle",
+    "Placement",
     "RankDivergenceError",
     "RankTimeoutError",
+    "Replicate",
+    "RowwiseParallel",
+    "Shard",
+    "ShardingError",
+    "clear_sharding",
+    "distribute_module",
+    "distribute_tensor",
+    "distributed_config",
+    "get_rank",
+    "get_world_size",
+    "init_device_mesh",
+    "initialize",
+    "is_initialized",
+    "is_sharded",
+    "launch_ranks",
+    "local_shape",
+    "mark_sharding",
+    "parallelize_module",
+    "process_info",
+    "sharding_spec",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "tpu_debug.runtime.distributed.launch": (
+            "get_rank",
+            "get_world_size",
+            "initialize",
+            "is_initialized",
+            "launch_ranks",
+            "process_info",
+        ),
+        "tpu_debug.runtime.distributed.mesh": ("DeviceMesh", "init_device_mesh"),
+        "tpu_debug.runtime.distributed.parallel": (
+            "ColwiseParallel",
+            "ParallelStyle",
+            "RowwiseParallel",
+            "distribute_module",
+            "parallelize_module",
+        ),
+        "tpu_debug.runtime.distributed.sharding": (
+            "Placement",
+            "Replicate",
+            "Shard",
+            "clear_sharding",
+            "distribute_tensor",
+            "is_sharded",
+            "local_shape",
+            "mark_sharding",
+            "sharding_spec",
+        ),
+    },
+)

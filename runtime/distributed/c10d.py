@@ -34,6 +34,7 @@ returns; its work object is complete, and its future holds the output tensors.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import functools
 import json
@@ -43,8 +44,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from types import CodeType
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -52,12 +53,12 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 from tpu_debug.core import desync
-from tpu_debug.core.collective_kinds import P2P_OPS
+from tpu_debug.core.collective_kinds import FLIGHT_RECORDER_NAMES, P2P_OPS
 from tpu_debug.core.errors import ConfigError
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.core.rank_env import read_rank_env
-from tpu_debug.core.sources import library_roots
-from tpu_debug.runtime import probes
+from tpu_debug.runtime import accelerator, probes
+from tpu_debug.runtime.distributed import flight_recorder
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import (
     CollectiveDesyncError,
@@ -66,8 +67,9 @@ from tpu_debug.runtime.distributed.errors import (
     LaunchError,
     MeshError,
 )
+from tpu_debug.runtime.distributed.rank_state import exit_status, leaving, thread_stack, user_site
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "register_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "TpuProcessGroup", "for_program", "register_backends"]
 
 BACKEND_NAMES = ("tpu", "tpu_dist")
 DEFAULT_BACKEND = "tpu_dist"
@@ -184,6 +186,13 @@ _KEY = "tpu_debug/collectives"
 # how often the watcher looks at the ranks a reader waits for: a dead rank is named before
 # a launcher that saw it die (torchrun polls its workers every 0.1 s) stops this one
 _LOOK_SECONDS = 0.1
+# a rank waited for past the timeout is asked where it is: its watcher looks for the question
+# every _ANSWER_EVERY rounds, and the asker waits _ANSWER_SECONDS for the answer
+_ANSWER_EVERY = 3
+_ANSWER_SECONDS = 2.0
+# a send or receive waited for this long: its peer is asked whether it waits to receive from
+# this rank too (two ranks that each receive first wait for each other for ever)
+_CYCLE_SECONDS = 1.0
 _exit_marks: list[Any] = []  # the live checks of this process, told at exit
 _exit_lock = threading.Lock()
 
@@ -195,35 +204,18 @@ def _mark_exit() -> None:
     _watcher.stop()
     for check in _exit_marks:
         check.leave()
+    fr = flight_recorder.recorder
+    if fr is not None:
+        if config.flight_recorder_at_exit:
+            fr.dump()
+        elif leaving()["state"] == "raised":
+            fr.dump_on_error()
 
 
-_verdicts: dict[CodeType, bool] = {}
-
-
-def _is_library(code: CodeType) -> bool:
-    """Whether ``code`` is library code (torch, jax, tpu_debug, the standard library, an
-    installed package, code a library generated): decided once per code object."""
-    verdict = _verdicts.get(code)
-    if verdict is None:
-        file = code.co_filename
-        if file.startswith("<"):
-            verdict = not file.startswith(("<stdin>", "<ipython-input-"))
-        else:
-            real = os.path.realpath(file)
-            verdict = (any(real.startswith(r) for r in library_roots())
-                       or f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real)
-        _verdicts[code] = verdict
-    return verdict
-
-
-def _user_site() -> tuple[str | None, int | None, str | None]:
-    """(file, line, function) of the innermost frame of the user's code calling in."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if not _is_library(frame.f_code):
-            return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_qualname
-        frame = frame.f_back
-    return None, None, None
+def _dump_on_error(*, timeout: bool) -> None:
+    """A check raises: write the Flight Recorder's dump when it records and is asked to."""
+    if flight_recorder.recorder is not None:
+        flight_recorder.recorder.dump_on_error(timeout=timeout)
 
 
 def _process_space() -> str:
@@ -252,29 +244,43 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _rank_call(rank: int, card: dict | None, state: str = "called") -> desync.RankCall:
+def _rank_call(rank: int, card: dict | None, state: str = "called", details: dict | None = None) -> desync.RankCall:
+    """What ``rank`` did, from its store entry ``card`` (its call, or with another ``state`` its
+    last one); ``details`` is the state's own entry (the error, stack or exit status)."""
+    extra = {} if details is None else {
+        "error": str(details.get("error", "")), "stack": tuple(details.get("stack", ())),
+        "exit_status": details.get("exit_status"),
+    }
     if card is None:
-        return desync.RankCall(rank, state)
-    return desync.RankCall(rank, state, card["op"], card["seq"], tuple(card["shapes"]), card["dtype"],
+        return desync.RankCall(rank, state, **extra)
+    return desync.RankCall(rank, state, card["op"], card.get("seq"), tuple(card["shapes"]), card["dtype"],
                            card["reduce_op"], card["peer"], card["file"], card["line"], card["function"],
-                           card.get("device", ""))
+                           card.get("device", ""), **extra)
 
 
 class _Watcher:
-    """One daemon thread per process: it writes, for the ranks a reader has waited for more
-    than :data:`_LOOK_SECONDS`, whether they died or are missing after the timeout, so the
-    reader's blocking read returns."""
+    """One daemon thread per process. For the ranks a reader has waited for more than
+    :data:`_LOOK_SECONDS` it writes whether they left, died or are missing after the timeout,
+    so the reader's blocking read returns; for this process it answers the other ranks'
+    requests for where a thread of it is now (see :meth:`_LiveCheck.answer`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waits: dict[int, tuple[_LiveCheck, int, float]] = {}  # thread id -> (check, seq, start)
+        # thread id -> (check, targets: (rank, key, its last entry's key), start, what the thread waits in)
+        self._waits: dict[int, tuple[_LiveCheck, list[tuple[int, str, str | None]], float, dict]] = {}
         self._wake = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._root: Any = None  # see root()
 
-    def begin(self, check: _LiveCheck, seq: int) -> None:
+    def begin(self, check: _LiveCheck, targets: list[tuple[int, str, str | None]], card: dict) -> None:
         with self._lock:
-            self._waits[threading.get_ident()] = (check, seq, time.monotonic())
+            self._waits[threading.get_ident()] = (check, targets, time.monotonic(), card)
+        self.ensure()
+
+    def ensure(self) -> None:
+        """Start the thread, once."""
+        with self._lock:
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="tpu_debug-collective-watcher", daemon=True)
                 self._thread.start()
@@ -282,6 +288,12 @@ class _Watcher:
     def end(self) -> None:
         with self._lock:
             self._waits.pop(threading.get_ident(), None)
+
+    def waiting_in(self, ident: int | None) -> dict | None:
+        """The call thread ``ident`` waits in now, or None."""
+        with self._lock:
+            wait = self._waits.get(ident) if ident is not None else None
+        return None if wait is None else wait[3]
 
     def stop(self) -> None:
         with self._lock:
@@ -292,17 +304,19 @@ class _Watcher:
             thread.join(timeout=5)
 
     def _run(self) -> None:
+        rounds = 0
         while not self._stopped:
             self._wake.wait(_LOOK_SECONDS)
             if self._stopped:
                 return
+            rounds += 1
             with self._lock:
                 waits = list(self._waits.values())
             now = time.monotonic()
-            for check, seq, start in waits:
+            for check, targets, start, _ in waits:
                 if now - start >= _LOOK_SECONDS:
                     try:
-                        check.look(seq, timed_out=now - start >= check.timeout)
+                        check.look(targets, waited=now - start)
                     except Exception:  # noqa: BLE001 - a store gone: the reader's own read fails and says so
                         pass
             with _exit_lock:
@@ -310,19 +324,53 @@ class _Watcher:
             for check in checks:
                 try:
                     check.sweep()
+                    check.release()
                 except Exception:  # noqa: BLE001 - entries left behind cost a few bytes in the store
                     pass
+            if checks and rounds % _ANSWER_EVERY == 0:
+                with contextlib.suppress(Exception):  # the store's host gone: no one asks any more
+                    self.answer(checks[0])
+
+    def root(self, check: _LiveCheck) -> Any:
+        """This thread's connection to the store every group of the job shares (its root)."""
+        if self._root is None:
+            store = check.store
+            while (under := getattr(store, "underlying_store", None)) is not None:
+                store = under
+            self._root = store.clone()
+        return self._root
+
+    def answer(self, check: _LiveCheck) -> None:
+        """Answer another rank's question: where this process's calling thread is now, and what
+        it waits in (one key per process, in the job's root store)."""
+        root = self.root(check)
+        ask = _process_key("ask", check.me)
+        if not root.check([ask]):
+            return
+        root.delete_key(ask)
+        ident = _caller if _caller is not None else threading.main_thread().ident
+        root.set(_process_key("stack", check.me),
+                 json.dumps({"stack": thread_stack(ident), "waiting": self.waiting_in(ident)}))
 
 
 _watcher = _Watcher()
+_caller: int | None = None  # the thread that called a collective last: the one other ranks ask about
+
+
+def _process_key(kind: str, rank: int) -> str:
+    # "ask"/"stack": a question to a process and its answer, in the job's root store
+    return f"{_KEY}/{kind}/{rank}"
 
 
 class _LiveCheck:
     """One group's check, on one rank: publish this rank's call, read the others' for the same
-    sequence number, raise when they differ or do not come."""
+    sequence number, raise when they differ or do not come. Sends and receives are compared
+    pair by pair: each side publishes its call when it posts it, and reads its peer's when it
+    waits for it."""
 
     def __init__(self, store: Any, me: int, ranks: Sequence[int], timeout: float) -> None:
-        self._store = store
+        self.store = self._store = store
+        self.me = me
         self._side: Any = None  # the watcher's own connection: a store client serves one request at a time
         self._me = me
         self._others = [r for r in ranks if r != me]
@@ -331,7 +379,12 @@ class _LiveCheck:
         self._pid = os.getpid()
         self._agreed: set[tuple[str | None, int | None]] = set()  # lines whose calls the ranks agreed on
         self._last = 0  # the last sequence number this rank published
-        self._spent: list[int] = []  # this rank's entries every other rank has read (the watcher deletes them)
+        self._spent: list[str] = []  # entries every rank that reads them has read (the watcher deletes them)
+        self._channels: dict[tuple[int, int, int], int] = {}  # (source, destination, tag) -> calls posted
+        self._held: list[_PostedWork] = []  # sends not given to gloo yet (see hold)
+        self._asked: set[str] = set()  # the sends and receives waited for whose peer was asked if it waits too
+        self._held_lock = threading.Lock()
+        self._thread: int | None = None  # the thread that called last: the one the others ask about
         self._off = False
         # a group made again under the same name (destroy_process_group, then init_process_group
         # on the same store) must not read the entries its previous life left: each rank counts
@@ -348,61 +401,85 @@ class _LiveCheck:
     def _key(self, rank: int, seq: int) -> str:
         return f"{_KEY}/{self._life}/{rank}/{seq}"
 
-    def check(self, info: probes.CollectiveInfo, device: str = "") -> None:
+    def _p2p_key(self, channel: tuple[int, int, int], n: int, send: bool) -> str:
+        source, destination, tag = channel
+        return f"{_KEY}/{self._life}/p2p/{source}/{destination}/{tag}/{n}/{'send' if send else 'recv'}"
+
+    def _state_key(self, kind: str, rank: int) -> str:
+        # "now": a rank's latest send or receive; "left": how it left
+        return f"{_KEY}/{self._life}/{kind}/{rank}"
+
+    def _card(self, info: probes.CollectiveInfo, device: str, peer: int | None) -> dict:
+        global _caller
+        file, line, function = user_site(3)
+        _caller = self._thread = threading.get_ident()
+        return {"seq": info.seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
+                "reduce_op": info.reduce_op, "peer": peer, "file": file, "line": line, "function": function,
+                "pid": self._pid, "space": self._space, "device": device, "t": time.time_ns()}
+
+    def _stop(self, exc: BaseException) -> None:
+        # without its store a group cannot be checked; gloo still tells a broken group
+        self._off = True
+        import warnings
+
+        warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
+                      f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=4)
+
+    def check(self, info: probes.CollectiveInfo, device: str = "") -> tuple[int, float] | None:
         """Raise unless every rank of the group calls this collective, alike (``device``: the
         device type of its tensors).
+
+        Returns:
+            (the rank that arrived last, seconds this rank waited for it), or None unchecked.
 
         Raises:
             CollectiveDesyncError: another rank calls another collective here, or ended or died.
             CollectiveTimeoutError: a rank did not call it within the timeout.
         """
         if self._off:
-            return
-        file, line, function = _user_site()
+            return None
+        mine = self._card(info, device, info.peer)
+        file, line = mine["file"], mine["line"]
         seq = info.seq
-        mine = {"seq": seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
-                "reduce_op": info.reduce_op, "peer": info.peer, "file": file, "line": line, "function": function,
-                "pid": self._pid, "space": self._space, "device": device}
         store = self._store
         try:
             store.set(self._key(self._me, seq), json.dumps(mine))
             self._last = seq
-            _watcher.begin(self, seq)
+            _watcher.begin(self, [(r, self._key(r, seq), self._key(r, seq - 1)) for r in self._others], mine)
             try:
                 raw = store.multi_get([self._key(r, seq) for r in self._others])
             finally:
                 _watcher.end()
             if seq > 2:
-                self._spent.append(seq - 2)
+                self._spent.append(self._key(self._me, seq - 2))
         except (RuntimeError, OSError) as exc:  # c10d's DistError is a RuntimeError
-            # without its store a group cannot be checked; gloo still tells a broken group
-            self._off = True
-            import warnings
-
-            warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
-                          f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
-            return
+            self._stop(exc)
+            return None
         cards = dict(zip(self._others, (json.loads(v) for v in raw), strict=True))
         calls = [_rank_call(self._me, mine)]
         for r, card in cards.items():
             state = card.get("state", "called")
-            calls.append(_rank_call(r, card) if state == "called" else _rank_call(r, self._previous(r, seq), state))
+            calls.append(_rank_call(r, card) if state == "called"
+                         else _rank_call(r, card.get("last") or self._previous(r, seq), state, card))
         calls.sort(key=lambda c: c.rank)
         reason = desync.differ(calls)
         site = (file, line)
         if reason is None:
             if len(self._agreed) < 4096:
                 self._agreed.add(site)
-            return
+            arrived = {r: card.get("t", 0) for r, card in cards.items()} | {self._me: mine["t"]}
+            last = max(arrived, key=lambda r: arrived[r])
+            return last, (arrived[last] - mine["t"]) / 1e9
         cause = desync.cause_of(reason, calls, repeated=site in self._agreed)
         waited = any(c.state == "missing" for c in calls)
         timeout = self.timeout if waited else None
         message = desync.describe(info.group, seq, reason, cause, calls, timeout=timeout)
-        if probes._routes.on_collective_desync:
+        if probes.listening("on_collective_desync"):
             probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
                                                        tuple(calls), timeout, message))
         others = tuple(c.rank for c in calls if c.rank != self._me and (c.state != "called" or reason != "missing"))
         error = CollectiveTimeoutError if waited else CollectiveDesyncError
+        _dump_on_error(timeout=waited)
         raise error(message, group=info.group, seq=seq, reason=reason, cause=cause, ranks=others)
 
     def _previous(self, rank: int, seq: int) -> dict | None:
@@ -413,46 +490,338 @@ class _LiveCheck:
             return card if card.get("state", "called") == "called" else None
         return None
 
+    # -- sends and receives: each compared with its peer's side ----------------------------
+
+    def post(self, info: probes.CollectiveInfo, device: str, peer: int, tag: int) -> dict | None:
+        """Publish this rank's send to, or receive from, global rank ``peer`` (no wait): the
+        ticket :meth:`match` reads the peer's side with, when the call is waited for."""
+        if self._off:
+            return None
+        send = info.op == "send"
+        channel = (self._me, peer, tag) if send else (peer, self._me, tag)
+        n = self._channels[channel] = self._channels.get(channel, 0) + 1
+        card = self._card(info, device, peer) | {"n": n, "tag": tag}
+        try:
+            text = json.dumps(card)
+            self._store.set(self._p2p_key(channel, n, send), text)
+            self._store.set(self._state_key("now", self._me), text)
+        except (RuntimeError, OSError) as exc:
+            self._stop(exc)
+            return None
+        return {"info": info, "card": card, "channel": channel, "n": n, "peer": peer,
+                "theirs": self._p2p_key(channel, n, not send)}
+
+    def peek(self, ticket: dict, store: Any = None) -> bool:
+        """Whether the peer has posted its side of a send or receive, alike (True: posting to
+        gloo is safe), without waiting: False while it has not.
+
+        Raises:
+            CollectiveDesyncError: the peer's side has other sizes or dtype.
+        """
+        store = self._store if store is None else store
+        if ticket.get("matched"):
+            return True
+        try:
+            if not store.check([ticket["theirs"]]):
+                return False
+            card = json.loads(store.get(ticket["theirs"]))
+        except (RuntimeError, OSError):
+            return False
+        if card.get("state", "called") != "called":
+            return False  # it left or died: the wait says so
+        error = self._compare(ticket, card)
+        if error is not None:
+            raise error
+        ticket["matched"] = True
+        self._spent.append(ticket["theirs"])  # its one reader is this rank
+        return True
+
+    def match(self, ticket: dict) -> None:
+        """Wait for the peer's side of a posted send or receive, and raise unless it matches.
+
+        Raises:
+            CollectiveDesyncError: the peer's side has other sizes or dtype, or it left or died.
+            CollectiveTimeoutError: the peer did not post its side within the timeout.
+        """
+        if ticket.get("matched"):
+            return
+        peer, theirs, mine = ticket["peer"], ticket["theirs"], ticket["card"]
+        try:
+            _watcher.begin(self, [(peer, theirs, self._state_key("now", peer))], mine)
+            try:
+                (raw,) = self._store.multi_get([theirs])
+            finally:
+                _watcher.end()
+        except (RuntimeError, OSError) as exc:
+            self._stop(exc)
+            return
+        self._spent.append(theirs)  # its one reader is this rank
+        error = self._compare(ticket, json.loads(raw))
+        if error is not None:
+            raise error
+        ticket["matched"] = True
+
+    def _compare(self, ticket: dict, card: dict) -> BaseException | None:
+        """The error for a peer's side ``card`` that does not match this rank's (recorded, and
+        the Flight Recorder's dump written), or None when it matches."""
+        peer, mine = ticket["peer"], ticket["card"]
+        state = card.get("state", "called")
+        calls = [_rank_call(self._me, mine),
+                 _rank_call(peer, card) if state == "called" else _rank_call(peer, card.get("last"), state, card)]
+        calls.sort(key=lambda c: c.rank)
+        if state != "called":
+            reason = "missing"
+        elif card["shapes"] != mine["shapes"]:
+            reason = "shapes"
+        elif card["dtype"] != mine["dtype"]:
+            reason = "dtype"
+        else:
+            return None
+        return self._p2p_error(ticket, reason, calls, cycle=bool(card.get("cycle")))
+
+    def _p2p_error(self, ticket: dict, reason: str, calls: list[desync.RankCall], *, cycle: bool) -> BaseException:
+        info, (source, destination, tag) = ticket["info"], ticket["channel"]
+        what = desync.p2p_subject(source, destination, tag, ticket["n"])
+        cause = desync.cause_of(reason, calls, p2p=True, cycle=cycle)
+        # ranks that wait for each other are named as soon as they are seen to: no timeout passed
+        waited = any(c.state == "missing" for c in calls) and cause != "p2p_order"
+        timeout = self.timeout if waited else None
+        message = desync.describe(info.group, info.seq, reason, cause, calls, timeout=timeout, what=what)
+        if probes.listening("on_collective_desync"):
+            probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, info.seq, reason,
+                                                       cause, tuple(calls), timeout, message,
+                                                       (source, destination, tag, ticket["n"])))
+        error = CollectiveTimeoutError if waited else CollectiveDesyncError
+        _dump_on_error(timeout=waited)
+        return error(message, group=info.group, seq=info.seq, reason=reason, cause=cause, ranks=(ticket["peer"],))
+
+    def hold(self, work: _PostedWork) -> None:
+        """A send posted before its receiver's side was seen: gloo gets it once the receiver's
+        side is there and matches (a send of another size would abort the receiving process
+        inside gloo). The watcher posts it then, or its wait does."""
+        with self._held_lock:
+            self._held.append(work)
+        _watcher.ensure()
+
+    def release(self) -> None:
+        """(The watcher) post the held sends whose receivers' sides are there: matching ones to
+        gloo, the others failed with the error their wait raises."""
+        if not self._held:
+            return
+        with self._held_lock:
+            held, self._held = self._held, []
+        waiting = []
+        side = self._side_store()
+        for work in held:
+            try:
+                ready = self.peek(work.ticket, side)
+            except (CollectiveDesyncError, CollectiveTimeoutError) as exc:
+                work.fail(exc)
+                continue
+            if ready:
+                work.start()
+            elif not work.done:
+                waiting.append(work)
+        with self._held_lock:
+            self._held = waiting + self._held
+
     # -- the watcher's side (its own thread and store connection) --------------------------
 
-    def look(self, seq: int, *, timed_out: bool) -> None:
-        """For each rank that has not published ``seq``: write "died" when its process is gone,
-        "missing" once the timeout has passed (the reader then wakes)."""
+    def _side_store(self) -> Any:
         if self._side is None:
             self._side = self._store.clone()
-        side = self._side
-        for rank in self._others:
-            key = self._key(rank, seq)
+        return self._side
+
+    def look(self, targets: list[tuple[int, str, str | None]], *, waited: float) -> None:
+        """For each ``(rank, key, key of its last entry)`` whose key is not written yet: write
+        how the rank left when it did, "died" when its process is gone, "missing" once the
+        timeout has passed (with where it is now, when it answers), or at once for a peer
+        that waits to receive from this rank while this rank waits to receive from it (that
+        never ends: after :data:`_CYCLE_SECONDS` it is asked); the reader then wakes."""
+        side = self._side_store()
+        timed_out = waited >= self.timeout
+        for rank, key, before in targets:
             if side.check([key]):
                 continue
-            state = None
-            before = self._key(rank, seq - 1)
-            if seq > 1 and side.check([before]):
-                last = json.loads(side.get(before))
-                if last.get("space") == self._space and not _alive(int(last.get("pid", -1))):
-                    state = "died"
+            last = json.loads(side.get(before)) if before is not None and side.check([before]) else None
+            last = last if last is not None and last.get("state", "called") == "called" else None
+            left = self._state_key("left", rank)
+            state: dict | None = json.loads(side.get(left)) if side.check([left]) else None
+            if state is None and last is not None and last.get("space") == self._space:
+                pid = int(last.get("pid", -1))
+                if not _alive(pid):
+                    state = {"state": "died", "exit_status": exit_status(pid)}
             if state is None and timed_out:
-                state = "missing"
+                state = {"state": "missing", **self._ask(side, rank)}
+            elif state is None and waited >= _CYCLE_SECONDS and "/p2p/" in key and key not in self._asked:
+                self._asked.add(key)
+                answer = self._ask(side, rank)
+                state = {"state": "missing", **answer} if answer.get("cycle") else None
             if state is not None:
-                side.compare_set(key, "", json.dumps({"seq": seq, "state": state}))
+                side.compare_set(key, "", json.dumps({"seq": None, **state, "last": last}))
+
+    def _ask(self, side: Any, rank: int) -> dict:
+        """Where ``rank`` is now, from its own watcher: ``{"stack": [...], "cycle": bool}``
+        (``cycle``: it waits to receive from this rank), or {} when it does not answer in time.
+        While it waits for the answer it answers this process's own question: two ranks that
+        wait for each other ask each other at once."""
+        root = _watcher.root(self)
+        answer = _process_key("stack", rank)
+        try:
+            root.delete_key(answer)
+            root.set(_process_key("ask", rank), str(self._me))
+            deadline = time.monotonic() + _ANSWER_SECONDS
+            while not root.check([answer]):
+                if time.monotonic() > deadline:
+                    return {}  # no answer: a process stuck outside Python, or gone
+                _watcher.answer(self)
+                time.sleep(_LOOK_SECONDS / 2)
+            got = json.loads(root.get(answer))
+        except (RuntimeError, OSError, ValueError):
+            return {}
+        waiting = got.get("waiting") or {}
+        cycle = False
+        if waiting.get("op") == "recv" and waiting.get("peer") == self._me:
+            # it waits for a send of this rank that this rank has not posted: neither goes on
+            mine = self._p2p_key((self._me, rank, int(waiting.get("tag", 0))), int(waiting.get("n", 1)), True)
+            cycle = not side.check([mine])
+        if cycle:
+            # it waits for this rank's send, as this rank waits for its: say so on its side too
+            # (it may be past its own question by the time it would ask)
+            ident = self._thread if self._thread is not None else threading.main_thread().ident
+            side.compare_set(mine, "", json.dumps(
+                {"seq": None, "state": "missing", "cycle": True, "stack": thread_stack(ident),
+                 "last": _watcher.waiting_in(ident)}))
+        return {"stack": got.get("stack", []), "cycle": cycle}
 
     def sweep(self) -> None:
-        """Delete this rank's entries that every other rank has read."""
+        """Delete the entries every rank that reads them has read."""
         spent, self._spent = self._spent, []
         if spent:
-            if self._side is None:
-                self._side = self._store.clone()
-            for seq in spent:
-                self._side.delete_key(self._key(self._me, seq))
+            side = self._side_store()
+            for key in spent:
+                side.delete_key(key)
 
     def leave(self) -> None:
-        """At exit: tell ranks that wait for this one at its next collective that it ended."""
+        """At exit: tell ranks that wait for this one at its next collective, or for a send or
+        receive of it, that it left, and how (with the exception that ended it, if one did)."""
         try:
             side = self._side if self._side is not None else self._store
-            side.compare_set(self._key(self._me, self._last + 1), "",
-                             json.dumps({"seq": self._last + 1, "state": "ended"}))
+            how = json.dumps({"seq": self._last + 1, **leaving()})
+            side.set(self._state_key("left", self._me), how)
+            side.compare_set(self._key(self._me, self._last + 1), "", how)
         except Exception:  # noqa: BLE001 - the store's host may have gone first; nothing waits then
             pass
+
+
+# set while a compiled program's collective runs (runtime/distributed/compiled_collectives.py):
+# its tensors are the host copies of the program's tpu arrays
+_program = threading.local()
+
+
+@contextlib.contextmanager
+def for_program(device: str) -> Iterator[None]:
+    """Collectives called inside run for a program on ``device``: the live check names that
+    device, not the host copies' CPU."""
+    prior = getattr(_program, "device", None)
+    _program.device = device
+    try:
+        yield
+    finally:
+        _program.device = prior
+
+
+class _Finish:
+    """What a call does once it returned: its return reported (with the rank the others
+    waited for, and how long), its Flight Recorder entry completed."""
+
+    __slots__ = ("began", "entry", "group", "name", "seq")
+
+    def __init__(self, group: TpuProcessGroup, name: str, seq: int, began: float | None, entry: dict | None) -> None:
+        self.group, self.name, self.seq, self.began, self.entry = group, name, seq, began, entry
+
+    def __call__(self, arrival: tuple[int, float] | None = None) -> None:
+        if self.entry is not None and flight_recorder.recorder is not None:
+            flight_recorder.recorder.completed(self.entry)
+        if self.began is not None:
+            last, waited = arrival if arrival is not None else (None, None)
+            probes.collective_done(probes.CollectiveDone(
+                self.name, self.group._group_name(), self.group._rank, self.seq, time.perf_counter() - self.began,
+                last, waited,
+            ))
+
+
+class _PostedWork(dist.Work):
+    """A send or receive posted to gloo: like gloo's own, it finishes when waited for. The
+    wait first reads the peer's side from the live check (a peer that posts another size,
+    left or died, or does not post in time is named), then waits for gloo and writes a
+    received tensor back to its device. A send reaches gloo only once the receiver's side
+    matches it (:meth:`_LiveCheck.hold`): ``post`` gives it to gloo."""
+
+    def __init__(self, post: Callable[[], Any], copies: list[tuple[torch.Tensor, torch.Tensor]],
+                 outputs: list[torch.Tensor], ticket: dict | None, check: _LiveCheck | None, finish: _Finish) -> None:
+        super().__init__()
+        self._post = post
+        self._host_work: Any = None
+        self._copies = copies
+        self._outputs = outputs
+        self.ticket = ticket
+        self._check = check
+        self._finish = finish
+        self._error: BaseException | None = None
+        self.done = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Give the call to gloo (once)."""
+        with self._lock:
+            if self._host_work is None:
+                self._host_work = self._post()
+
+    def fail(self, error: BaseException) -> None:
+        """The peer's side does not match: the wait raises ``error``."""
+        self._error = error
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        if self.done:
+            return True
+        if self._error is not None:
+            raise self._error
+        if self.ticket is not None and self._check is not None:
+            self._check.match(self.ticket)
+        self.start()
+        self._host_work.wait()
+        with self._lock:
+            if not self.done:
+                _write_back([(d, h) for d, h in self._copies if any(d is o for o in self._outputs)])
+                self.done = True
+                self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        if not self.done and self._host_work is not None and self._host_work.is_completed():
+            self.wait()
+        return self.done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        # a future of a posted call completes at its wait: waited for here
+        self.wait()
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._outputs)
+        return future
 
 
 class TpuProcessGroup(dist.ProcessGroup):
@@ -470,6 +839,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             self._check = _LiveCheck(store, self._global_ranks[rank], self._global_ranks, config.collective_timeout)
         self._seq = 0
         self._p2p_seq = 0
+        flight_recorder.configure(self._global_ranks[rank])
         # c10d keeps a group's name (and its sequence numbers) in its backends: the host
         # group's gloo backend is this group's CPU backend too
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
@@ -495,28 +865,37 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def _run(self, name: str, args: tuple, outputs: int | None = 0, reduce_op: Any = None) -> dist.Work:
         """Run host group method ``name`` on host copies of ``args``; write argument ``outputs``
-        back into its device tensors."""
+        back into its device tensors. A send or receive is posted and returns at once, as on
+        gloo: its work finishes it when waited for."""
         kind, factor = _reduce_kind(reduce_op)
         in_place = name.startswith("allreduce")
         device = self._device_of(name, args)
         if kind is not None:
             _check_reduce(kind, _flat(args[0 if in_place else 1]))
-        if name in P2P_OPS:  # counted apart, as c10d does: the peers' sequences differ by design
+        p2p = name in P2P_OPS
+        if p2p:  # counted apart, as c10d does: the peers' sequences differ by design
             self._p2p_seq += 1
             seq = self._p2p_seq
         else:
             self._seq += 1
             seq = self._seq
+        entry = self._flight_record(name, args, p2p) if flight_recorder.recorder is not None else None
         # read only while a probe listens: with none, a collective reads no clock
-        began = time.perf_counter() if probes._routes.on_collective_done else None
-        if self._check is not None and name not in P2P_OPS:
+        began = time.perf_counter() if probes.listening("on_collective_done") else None
+        arrival = ticket = None
+        if self._check is not None and not p2p:
             # recorded first, so a rank that raises below has recorded the collective it stopped at
             info = self._info(name, args, kind)
-            if probes._routes.on_collective:
+            if probes.listening("on_collective"):
                 probes.collective(info)
-            self._check.check(info, device)
-        elif probes._routes.on_collective:
+            arrival = self._check.check(info, device)
+        elif probes.listening("on_collective"):
             probes.collective(self._info(name, args, kind))
+        if self._check is not None and name in ("send", "recv"):
+            ticket = self._check.post(self._info(name, args, kind), device, self._global_ranks[int(args[1])],
+                                      int(args[2]))
+        if entry is not None:
+            flight_recorder.recorder.started(entry)
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         # the host copies are the engine's, reported as the collective: no transfer events.
         # The write-back below is reported (divergence tracing keeps its CPU shadow by it)
@@ -528,18 +907,53 @@ class TpuProcessGroup(dist.ProcessGroup):
                     t.mul_(factor)
             else:  # the inputs are the caller's (CPU ones are not copies): scale new tensors
                 host_args[1] = _scaled(host_args[1], factor)
+        wanted = [] if outputs is None else _flat(args[outputs])
+        done = _Finish(self, name, seq, began, entry)
+        if p2p:
+            # a receive is given to gloo at once; a send once its receiver's side is seen to match
+            ready = ticket is None or self._check is None or self._check.peek(ticket) or name != "send"
+            work = _PostedWork(functools.partial(getattr(self._host, name), *host_args), copies, wanted, ticket,
+                               self._check, done)
+            if ready:
+                work.start()
+            else:
+                self._check.hold(work)
+            return work
         self._host_call(name, host_args)
         if kind == _RedOp.AVG:
             for t in _flat(host_args[0]):
                 t.div_(self._size)
-        wanted = [] if outputs is None else _flat(args[outputs])
         if outputs is not None:
             _write_back([(d, h) for d, h in copies if any(d is o for o in wanted)])
-        if began is not None:
-            probes.collective_done(probes.CollectiveDone(
-                name, self._group_name(), self._rank, seq, time.perf_counter() - began,
-            ))
+        done(arrival)
         return _DoneWork(wanted)
+
+    def _flight_record(self, name: str, args: tuple, p2p: bool) -> dict:
+        """The Flight Recorder's entry of this call (scheduled)."""
+        if name.startswith(("allreduce", "broadcast", "reduce")) and not name.startswith("reduce_scatter"):
+            ins = outs = _flat(args[0])  # in place
+        elif name == "send":
+            ins, outs = _flat(args[0]), []
+        elif name.startswith("recv"):
+            ins, outs = [], _flat(args[0])
+        elif name == "barrier":
+            ins = outs = []
+        else:
+            outs, ins = _flat(args[0]), _flat(args[1])
+        op = FLIGHT_RECORDER_NAMES[name]
+        if name in ("send", "recv"):
+            op += f" {self._rank}->{int(args[1])}" if name == "send" else f" {self._rank}<-{int(args[1])}"
+        try:
+            desc = self.group_desc
+        except (AttributeError, RuntimeError):
+            desc = "undefined"
+        timeout_ms = int(self._check.timeout * 1000) if self._check is not None else 0
+        return flight_recorder.recorder.record(
+            (self._group_name(), desc or "undefined", self._global_ranks), op, (self._seq, self._p2p_seq, p2p),
+            ([list(t.shape) for t in ins], [list(t.shape) for t in outs]),
+            ([flight_recorder.dtype_name(t.dtype) for t in ins], [flight_recorder.dtype_name(t.dtype) for t in outs]),
+            timeout_ms,
+        )
 
     def _device_of(self, name: str, args: tuple) -> str:
         """The device type of the call's tensors (``"tpu"`` when any is, else ``"cpu"``).
@@ -559,7 +973,8 @@ class TpuProcessGroup(dist.ProcessGroup):
                 )
             if device != "tpu":
                 device = kind
-        return device
+        # a compiled program's collective runs on host copies of its tpu tensors
+        return "tpu" if device == "cpu" and getattr(_program, "device", None) == "tpu" else device
 
     def _info(self, name: str, args: tuple, kind: Any) -> probes.CollectiveInfo:
         tensors = [t for a in args for t in _flat(a)]
@@ -751,6 +1166,11 @@ def _guard_init(init: Callable) -> Callable:
     @functools.wraps(init)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
+            # no backend asks for the accelerator's, as on TorchTPU: the device's tpu_dist (which
+            # runs CPU tensors too, through gloo), and its sub-groups the same; "gloo" keeps CPU's
+            if backend is None or any(name in str(backend).lower().replace(":", ",").split(",")
+                                      for name in BACKEND_NAMES):
+                accelerator.claim()
             return init(backend, *args, **kwargs)
         except (AssertionError, RuntimeError, ValueError) as exc:
             if "Unknown backend type" in str(exc):
@@ -778,6 +1198,8 @@ def _guard_mesh() -> None:
 
     @functools.wraps(init)
     def init_device_mesh(device_type: str, mesh_shape: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        if device_type == "tpu":
+            accelerator.claim()
         try:
             return init(device_type, mesh_shape, *args, **kwargs)
         except RuntimeError as exc:
@@ -811,4 +1233,41 @@ def register_backends() -> None:
             if not getattr(module.init_process_group, "_tpu_debug_guard", False):
                 module.init_process_group = _guard_init(module.init_process_group)
         when_imported("torch.distributed.device_mesh", _guard_mesh)
+        _name_tpu_tensors_on_other_groups()
         _registered = True
+
+
+def _name_tpu_tensors_on_other_groups() -> None:
+    """A `tpu` tensor given to a group of another backend (``init_process_group("gloo")``)
+    raises one line naming the fix, not c10d's "No backend type associated with device type
+    tpu". PyTorch's c10d ops reach their PrivateUse1 kernels only for such groups: the `tpu`
+    process group runs its collectives in its own methods."""
+    lib = torch.library.Library("c10d", "IMPL")
+    ops = [n.removeprefix("c10d::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("c10d::")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # replacing c10d's PrivateUse1 kernels is the point
+        for op in ops:
+            if "PrivateUse1: registered" in torch._C._dispatch_dump(f"c10d::{op}"):
+                lib.impl(op, _on_other_group(op.strip("_")), "PrivateUse1")
+    _libraries.append(lib)
+
+
+_libraries: list[Any] = []  # kept alive: a Library's kernels go with it
+
+
+def _on_other_group(name: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+        try:
+            backend = dist.ProcessGroup.unbox(group).name() if group is not None else "another"
+        except (RuntimeError, TypeError, AttributeError):
+            backend = "another"
+        raise CollectiveDeviceError(
+            f"{_this_rank()}: {name} got a tpu tensor on a process group of backend {backend!r}, which has none "
+            f"for the tpu device ({backend} runs CPU tensors): make the group for tpu tensors with "
+            "init_process_group() or init_process_group(\"tpu_dist\") (gloo runs underneath, on host copies), "
+            f"or move the tensors to the CPU (.cpu()) for this {backend} group"
+        )
+
+    refuse.__name__ = f"{name}_on_a_group_without_tpu"
+    return refuse

@@ -33,6 +33,7 @@ outputs are part of, not their values.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import sys
 import threading
@@ -209,8 +210,12 @@ def _standin(x, aval: jax.ShapeDtypeStruct):
 
 
 def _call_eagerly(spec: _Collective, first: Any, rest: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The functional op on host tensors, waited for: the group's own collective."""
-    out = spec.op(first, *rest, **kwargs)
+    """The functional op on host tensors, waited for: the group's own collective (for a
+    program of the tpu device, whose arrays these tensors copy)."""
+    from tpu_debug.runtime.distributed.c10d import for_program
+
+    with for_program("tpu"):
+        out = spec.op(first, *rest, **kwargs)
     outs = list(out) if spec.many else [out]
     return [_ops.wait_tensor.default(t) for t in outs]
 
@@ -309,6 +314,24 @@ _run_lock = threading.Lock()
 _failures: list[BaseException] = []
 
 
+class _RaisedAgain(logging.Filter):
+    """Drops JAX's log of a failed callback whose error :func:`run` raises again as itself:
+    the user sees that error once, not after its traceback through XLA's callback first."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not any(exc is f for f in _failures)
+
+
+_filter = _RaisedAgain()
+
+
+def _quiet_callback_failures() -> None:
+    logger = logging.getLogger("jax._src.callback")
+    if _filter not in logger.filters:
+        logger.addFilter(_filter)
+
+
 def run(executable: Callable, *arrays: Any) -> Any:
     """``executable(*arrays)`` for a program holding collectives, waited for.
 
@@ -317,6 +340,7 @@ def run(executable: Callable, *arrays: Any) -> Any:
     raised again as itself (XLA reports it as a failed callback).
     """
     global _caller
+    _quiet_callback_failures()
     with _run_lock:
         _caller = _stack(sys._getframe(2))
         _failures.clear()

@@ -26,6 +26,7 @@ from typing import IO, Any
 from tpu_debug.core.options import env_var, option, read_env
 from tpu_debug.core.rank_env import RankEnv, torchrun_env
 from tpu_debug.runtime.distributed.errors import LaunchError
+from tpu_debug.runtime.platform import leave_out_an_absent_tpu
 
 __all__ = [
     "ENV_RANK",
@@ -100,9 +101,7 @@ def initialize(
                 "JAX was already in use when this process joined the multi-process run; call "
                 "distributed.initialize() before any tpu tensor is made (tpu-debug run --nproc does)"
             )
-        from tpu_debug.runtime.device import start
-
-        start()  # the device's first use: before JAX's first backend probe
+        leave_out_an_absent_tpu()  # before JAX's first backend probe
         # collectives between processes on the CPU backend
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=num, process_id=rank,

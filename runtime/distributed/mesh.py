@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from tpu_debug.runtime.distributed import placement
 from tpu_debug.runtime.distributed.errors import MeshError
+from tpu_debug.runtime.startup import start
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -138,8 +139,6 @@ def init_device_mesh(
         raise MeshError(
             f"mesh_dim_names={mesh_dim_names!r}: give one distinct name per mesh dimension ({len(shape)})"
         )
-    from tpu_debug.runtime.device import start
-
     start()  # the device's first use: before JAX's first backend probe
     devices = jax.devices()
     n = math.prod(shape)

@@ -9,83 +9,92 @@ its target's roofline (float32 dots at their bf16 passes, ``dot_flops``),
 ``usable_hbm_bytes`` is the HBM the compiler offers one device, ``dry_run`` compiles a PyTorch model's inference or
 training step with tensors that hold no data.
 
-Importing this package loads nothing from libtpu and sets no environment
-variable; the first target compile does both (``pip install "tpu-debug[tpu]"``).
+Importing this package loads nothing from libtpu, sets no environment variable and imports
+neither torch nor jax: each name imports its module on first use, and the first target
+compile loads libtpu (``pip install "tpu-debug[tpu]"``).
 """
 
 from __future__ import annotations
 
-from tpu_debug.runtime.target.capacity import hbm_capacity, usable_hbm_bytes
-from tpu_debug.runtime.target.compile import (
+# ``roofline`` names the function and its module: imported here, the function is bound after
+# the module and stays the package's attribute (a lazy name would lose it to a later import of
+# the module)
+from tpu_debug.core.autoload import lazy_exports
+from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError, TargetSpecError
+from tpu_debug.runtime.target.hardware import GENERATIONS, Generation, Target, parse_target
+from tpu_debug.runtime.target.precision import PASSES, DotFlops, dot_flops
+from tpu_debug.runtime.target.results import (
     CompileError,
     CostStats,
     MemoryStats,
     TargetCompile,
-    compile_for_target,
-    compile_lowered_for_target,
     parse_compile_error,
-    target_mesh,
 )
-from tpu_debug.runtime.target.dryrun import AdamW, DryRun, TracedStep, dry_run, trace_step
-from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError, TargetSpecError
-from tpu_debug.runtime.target.executor import (
-    TargetCompiler,
-    compile_for_target_async,
-    compile_lowered_for_target_async,
-    default_compiler,
-)
-from tpu_debug.runtime.target._libtpu import libtpu_version, require_libtpu, topology
-from tpu_debug.runtime.target.hardware import GENERATIONS, Generation, Target, parse_target
-from tpu_debug.runtime.target.layout import (
-    Buffer,
-    PaddingReport,
-    TiledLayout,
-    padded_bytes,
-    padding_report,
-    parse_layout,
-)
-from tpu_debug.runtime.target.precision import PASSES, DotFlops, dot_flops
 from tpu_debug.runtime.target.roofline import Roofline, roofline
 
 __all__ = [
-    "Target",
-    "Generation",
     "GENERATIONS",
-    "parse_target",
-    "compile_for_target",
-    "compile_lowered_for_target",
-    "compile_for_target_async",
-    "compile_lowered_for_target_async",
-    "target_mesh",
-    "TargetCompiler",
-    "default_compiler",
-    "TargetCompile",
-    "MemoryStats",
-    "CostStats",
-    "CompileError",
-    "parse_compile_error",
-    "TiledLayout",
-    "Buffer",
-    "PaddingReport",
-    "parse_layout",
-    "padded_bytes",
-    "padding_report",
-    "Roofline",
-    "roofline",
     "PASSES",
-    "DotFlops",
-    "dot_flops",
-    "usable_hbm_bytes",
-    "hbm_capacity",
-    "DryRun",
-    "dry_run",
-    "TracedStep",
-    "trace_step",
     "AdamW",
+    "Buffer",
+    "CompileError",
+    "CostStats",
+    "DotFlops",
+    "DryRun",
+    "Generation",
+    "LibtpuMissingError",
+    "MemoryStats",
+    "PaddingReport",
+    "Roofline",
+    "Target",
+    "TargetCompile",
+    "TargetCompiler",
     "TargetError",
     "TargetSpecError",
-    "LibtpuMissingError",
-    "require_libtpu",
-    "topology",
+    "TiledLayout",
+    "TracedStep",
+    "compile_for_target",
+    "compile_for_target_async",
+    "compile_lowered_for_target",
+    "compile_lowered_for_target_async",
+    "default_compiler",
+    "dot_flops",
+    "dry_run",
+    "hbm_capacity",
     "libtpu_version",
+    "padded_bytes",
+    "padding_report",
+    "parse_compile_error",
+    "parse_layout",
+    "parse_target",
+    "require_libtpu",
+    "roofline",
+    "target_mesh",
+    "topology",
+    "trace_step",
+    "usable_hbm_bytes",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "tpu_debug.runtime.target.capacity": ("hbm_capacity", "usable_hbm_bytes"),
+        "tpu_debug.runtime.target.compile": ("compile_for_target", "compile_lowered_for_target", "target_mesh"),
+        "tpu_debug.runtime.target.dryrun": ("AdamW", "DryRun", "TracedStep", "dry_run", "trace_step"),
+        "tpu_debug.runtime.target.executor": (
+            "TargetCompiler",
+            "compile_for_target_async",
+            "compile_lowered_for_target_async",
+            "default_compiler",
+        ),
+        "tpu_debug.runtime.target._libtpu": ("libtpu_version", "require_libtpu", "topology"),
+        "tpu_debug.runtime.target.layout": (
+            "Buffer",
+            "PaddingReport",
+            "TiledLayout",
+            "padded_bytes",
+            "padding_report",
+            "parse_layout",
+        ),
+    },
+)

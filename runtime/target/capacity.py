@@ -18,6 +18,11 @@ import threading
 
 from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
 from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target import cache
+from tpu_debug.runtime.target._libtpu import libtpu_version
+
+# The tracers the report imports read capacities through this module: the compiler (jax) is
+# imported by the measurement.
 
 __all__ = ["usable_hbm_bytes", "hbm_capacity"]
 
@@ -36,8 +41,6 @@ def usable_hbm_bytes(tgt: Target) -> int:
         LibtpuMissingError: libtpu is not installed.
         TargetError: the compiler stated no limit, or accepted or refused against it.
     """
-    from tpu_debug.runtime.target import cache
-
     with _lock:
         if tgt.topology in _memo:
             return _memo[tgt.topology]
@@ -64,8 +67,6 @@ def hbm_capacity(tgt: Target) -> tuple[int, str]:
 def _key(tgt: Target) -> str:
     import jax
     import jaxlib
-
-    from tpu_debug.runtime.target._libtpu import libtpu_version
 
     h = hashlib.sha256()
     for part in ("capacity", tgt.topology, jax.__version__, jaxlib.__version__, libtpu_version()):

@@ -27,9 +27,14 @@ from collections.abc import Callable
 import jax
 
 from tpu_debug.core.format import format_bytes
+from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.compile import TargetCompile, compile_for_target
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target, parse_target
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from tpu_debug.runtime.compiled import GraphProgram, graph_decompositions
+from tpu_debug.runtime.dtypes import to_jax_dtype
 
 __all__ = ["DryRun", "dry_run", "TracedStep", "trace_step", "AdamW"]
 
@@ -112,9 +117,9 @@ class DryRun:
         return f"{head}: the TPU compiler refused the step: {e.message}"
 
 def _capacity(target: Target) -> str:
-    usable = target.hbm_bytes_per_device
+    usable, source = hbm_capacity(target)
     spec = target.spec_hbm_bytes_per_device
-    if target.hbm_source == "compiler":
+    if source == "compiler":
         return f"{format_bytes(usable)} HBM the compiler offers one device (spec {format_bytes(spec)})"
     return f"{format_bytes(spec)} HBM (spec; libtpu not installed to ask the compiler)"
 
@@ -187,11 +192,6 @@ def trace_step(
         TargetError: ``train`` without ``loss_fn``.
         UnsupportedGraphOp: the step uses an aten op the runtime has no lowering for.
     """
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from tpu_debug.runtime.compiled import graph_decompositions, GraphProgram
-    from tpu_debug.runtime.dtypes import to_jax_dtype
-
     if train and loss_fn is None:
         raise TargetError(
             "dry_run(train=True) needs loss_fn(outputs, *targets) -> scalar loss, e.g. "

@@ -205,22 +205,6 @@ class Target:
         return self.generation.hbm_bytes // self.generation.devices_per_chip
 
     @property
-    def hbm_bytes_per_device(self) -> int:
-        """HBM one device offers a program, as the TPU compiler counts it: what one program's
-        buffers must fit in (a little under the spec sheet's; asked of the compiler once and
-        cached, see ``capacity``). The spec sheet's where libtpu is not installed."""
-        from tpu_debug.runtime.target.capacity import hbm_capacity
-
-        return hbm_capacity(self)[0]
-
-    @property
-    def hbm_source(self) -> str:
-        """Where ``hbm_bytes_per_device`` comes from: ``"compiler"`` or ``"spec"``."""
-        from tpu_debug.runtime.target.capacity import hbm_capacity
-
-        return hbm_capacity(self)[1]
-
-    @property
     def peak_bf16_flops_per_device(self) -> float:
         return self.generation.peak_bf16_flops / self.generation.devices_per_chip
 

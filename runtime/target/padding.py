@@ -15,6 +15,12 @@ import hashlib
 import threading
 
 from tpu_debug.runtime.target.hardware import Target
+from tpu_debug.runtime.target import cache
+from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
+from tpu_debug.runtime.target._libtpu import libtpu_version
+
+# The tracers the report imports read paddings through this module: the compiler (jax) is
+# imported by the measurement.
 
 __all__ = ["padded_bytes"]
 
@@ -45,9 +51,6 @@ def padded_bytes(tgt: Target, shape: tuple[int, ...], dtype: str) -> int | None:
 
 
 def _cached_or_measured(tgt: Target, shape: tuple[int, ...], dtype: str) -> int | None:
-    from tpu_debug.runtime.target import cache
-    from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
-
     try:
         disk_key = _key(tgt, shape, dtype)
     except LibtpuMissingError:
@@ -67,8 +70,6 @@ def _cached_or_measured(tgt: Target, shape: tuple[int, ...], dtype: str) -> int 
 def _key(tgt: Target, shape: tuple[int, ...], dtype: str) -> str:
     import jax
     import jaxlib
-
-    from tpu_debug.runtime.target._libtpu import libtpu_version
 
     h = hashlib.sha256()
     for part in ("padded", tgt.topology, repr(shape), dtype, jax.__version__, jaxlib.__version__,

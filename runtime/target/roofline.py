@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 
 from tpu_debug.core.format import format_seconds
-from tpu_debug.runtime.target.compile import CostStats, TargetCompile
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.precision import PASSES, dot_flops
+from tpu_debug.runtime.target.results import CostStats, TargetCompile
 
 __all__ = ["Roofline", "roofline", "MODEL_NOTE"]
 

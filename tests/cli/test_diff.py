@@ -132,7 +132,7 @@ def test_diff_reads_runs_without_torch_or_jax(runs, tmp_path):
         with contextlib.redirect_stdout(out):
             code = tpu_debug_launcher.main(["diff", "--json", {before!r}, {after!r}])
         print(code, json.loads(out.getvalue())["figures"]["implicit_syncs"]["change"])
-        print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime") if m in sys.modules))
+        print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime.device") if m in sys.modules))
     """
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=300, check=False)

@@ -314,7 +314,8 @@ def test_a_multi_process_run_gives_each_ranks_report_as_json(tmp_path, capsys):
     data = _report_json(str(path), capsys)
     assert (data["schema"], data["nproc"], data["status"], data["missing"]) == ("tpu_debug.ranks/1", 2, "finished", [])
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
-    assert data["agreement"] == {"stopped": [], "difference": None, "same_programs": 1, "failed": []}
+    assert data["agreement"] == {"stopped": [], "difference": None, "compiled_difference": None, "same_programs": 1,
+                                 "failed": []}
     for r in data["ranks"]:
         assert r["report"]["schema"] == "tpu_debug.report/1"
         assert r["report"]["collectives"]["local"]["programs"][0]["name"] == "g3/forward"

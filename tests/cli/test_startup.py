@@ -80,7 +80,8 @@ def test_backends_are_registered_when_dynamo_is_imported(tmp_path):
         print(registry.get_default_backend() is compiled._auto_backend)
         print(registry.lookup_backend("tpu") is compiled.dynamo_backend)
         print(registry.lookup_backend("tpu_debug") is compiled.dynamo_backend)
-        print(not [f for f in sys.meta_path if type(f).__name__ == "_PostImportHook"])
+        # the hook waiting for dynamo is gone (absl's, for libtpu's flags, waits for absl)
+        print(not [f for f in sys.meta_path if type(f).__name__ == "_PostImportHook" and f.name == "torch._dynamo"])
         """,
         tmp_path,
     )
@@ -129,9 +130,28 @@ def test_kernels_stay_out_of_dynamos_reach(tmp_path):
     assert out.split() == ["2", "True"]
 
 
+def test_the_probes_and_the_options_import_without_torch_or_jax(tmp_path):
+    """The runtime's contract with the tracers and readers (the probe records, ``Probe``,
+    ``subscribe``; the runtime's options; a target's spec) is light: a fresh process imports
+    it and neither torch nor jax, and the device is not registered."""
+    out = _python(
+        """
+        import sys
+        import tpu_debug.runtime.probes, tpu_debug.runtime.config
+        from tpu_debug.runtime.probes import CompileInfo, Probe, subscribe
+        from tpu_debug.runtime.target import Target, parse_target
+        print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime.device") if m in sys.modules))
+        """,
+        tmp_path,
+    )
+    assert out.split("\n") == ["[]", ""]
+
+
 # -- the reading verbs without torch and jax -------------------------------------------
 
-_TORCH_JAX = 'print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime") if m in sys.modules))'
+# the runtime's light modules (the probe records, the options, the target specs) may load on the
+# reading side; its device, which imports torch and jax, may not
+_TORCH_JAX = 'print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime.device") if m in sys.modules))'
 
 
 def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
@@ -299,4 +319,4 @@ def test_console_script_imports_neither_torch_nor_jax(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "tpu_debug.cli" in imported and "tiny" in done.stdout
-    assert not imported & {"torch", "jax", "jaxlib", "tpu_debug.runtime"}
+    assert not imported & {"torch", "jax", "jaxlib", "tpu_debug.runtime.device"}

@@ -31,16 +31,18 @@ def run_python(args: list[str], *, devices: int | None = None, timeout: float = 
     )
 
 
-def ranks_on_both_devices(launch: list[str], base: Path, *, timeout: float = 300) -> dict[str, list[dict]]:
+def ranks_on_both_devices(launch: list[str], base: Path, *, timeout: float = 300,
+                          env: dict[str, dict[str, str]] | None = None) -> dict[str, list[dict]]:
     """Run ``launch + [device, out]`` for the `tpu` device and for CPU with gloo at once, and
     return each device's per-rank results (``rank<r>.pt`` in ``out``, two ranks), side by
-    side: the reference a distributed result is compared with is the same script on gloo."""
+    side: the reference a distributed result is compared with is the same script on gloo.
+    ``env``: more variables for one device's run."""
     procs = {}
     for device in ("tpu", "cpu"):
         out = base / device
         out.mkdir()
-        procs[device] = subprocess.Popen([*launch, device, str(out)], env=python_env(), cwd=REPO,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs[device] = subprocess.Popen([*launch, device, str(out)], env=python_env(**(env or {}).get(device, {})),
+                                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     results = {}
     for device, proc in procs.items():
         output, _ = proc.communicate(timeout=timeout)

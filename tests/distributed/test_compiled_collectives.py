@@ -96,3 +96,16 @@ def test_dry_run_gives_the_collectives_shapes(one_rank):
         programs = mode.collect(timeout=240)
     # the graph's program compiled for the TPU target with its collectives as stand-ins
     assert [(p.error, p.result is not None) for p in programs if p.mode == "compiled"] == [(None, True)]
+
+
+def test_a_desync_in_a_compiled_graph_is_said_once_on_the_tpu_device(ranks):
+    # raised as itself from the program's call, without JAX's log of the failed callback
+    # first, and naming the device the graph runs on, not the host copies' CPU
+    (line,) = [i for i, src in enumerate(CASES.read_text().splitlines(), 1) if "lambda x: fc.all_reduce(x * 2" in src]
+    for rank in range(2):
+        got = ranks["tpu"][rank]["desync_compiled"]
+        assert (got["type"], got["logged"]) == ("CollectiveDesyncError", 0)
+        header, *calls = got["text"].splitlines()[:3]
+        assert header.startswith("group 0, collective #") and header.endswith(": the ranks differ (shapes)")
+        assert calls == [f"  rank 0: allreduce([4]; float32, SUM) at {CASES.name}:{line} in <lambda>",
+                         f"  rank 1: allreduce([3]; float32, SUM) at {CASES.name}:{line} in <lambda>"]

@@ -28,18 +28,21 @@ def _line(text: str) -> int:
     return line
 
 
-def _torchrun(base: Path, plant: str, nproc: int, timeout: int, *extra: str) -> dict:
-    """Run ``plant`` on ``nproc`` ranks; each rank's results, runs and the launcher's output."""
-    out, runs = base / "out", base / "runs"
+def _torchrun(base: Path, plant: str, nproc: int, timeout: int, *extra: str, **env: str) -> dict:
+    """Run ``plant`` on ``nproc`` ranks; each rank's results, runs and the launcher's output.
+    Each rank's Flight Recorder dumps go to ``base / "fr"`` (``fr``) when it writes any."""
+    out, runs, fr = base / "out", base / "runs", base / "fr"
     out.mkdir(parents=True)
+    fr.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *extra, "-m", "tpu_debug",
          "run", "--no-report", "--logdir", str(runs), str(SCRIPT), plant, str(out)],
-        env=python_env(TPU_DEBUG_COLLECTIVE_TIMEOUT=str(timeout)), cwd=base, capture_output=True, text=True,
-        timeout=300, check=False,
+        env=python_env(TPU_DEBUG_COLLECTIVE_TIMEOUT=str(timeout), TORCH_FR_DUMP_TEMP_FILE=str(fr / "rank_"), **env),
+        cwd=base, capture_output=True, text=True, timeout=300, check=False,
     )
     results = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    return {"proc": proc, "results": results, "runs": sorted(p.parent for p in runs.rglob("run.db"))}
+    return {"proc": proc, "results": results, "runs": sorted(p.parent for p in runs.rglob("run.db")), "fr": fr,
+            "group": next(runs.glob("*/ranks.json")).parent if list(runs.glob("*/ranks.json")) else None}
 
 
 def _sessions(runs: list[Path]) -> dict[int | None, object]:
@@ -56,8 +59,10 @@ def _sessions(runs: list[Path]) -> dict[int | None, object]:
 
 @pytest.fixture(scope="module")
 def mismatches(tmp_path_factory) -> dict:
-    """Five plants on two ranks, one fresh group each: shapes, order, stuck, device, hang."""
-    return _torchrun(tmp_path_factory.mktemp("mismatches"), "mismatches", 2, 5)
+    """The plants of ``mismatches`` on two ranks, one fresh group each (see desync_live.py), with
+    each rank's Flight Recorder on and its dump written at exit."""
+    return _torchrun(tmp_path_factory.mktemp("mismatches"), "mismatches", 2, 5, TORCH_FR_BUFFER_SIZE="500",
+                     TPU_DEBUG_FLIGHT_RECORDER_AT_EXIT="1")
 
 
 def _both(mismatches: dict, plant: str) -> list[dict]:
@@ -102,11 +107,16 @@ def test_a_rank_that_does_not_come_is_named_at_the_timeout_with_its_last_collect
     assert rank1 is None  # it slept through, then went on
     assert (rank0["type"], rank0["seq"], rank0["reason"], rank0["cause"], rank0["ranks"]) == (
         "CollectiveTimeoutError", 2, "missing", "late", [1])
+    # where rank 1 is now, from rank 1 itself: asleep in stuck(), called by caught()
+    now = (f"{NAME}:{_line('alive, busy elsewhere')} in stuck <- {NAME}:{_line('fn()')} in caught <- "
+           f"{NAME}:{_line('caught(' + chr(34) + 'stuck' + chr(34))} in <module>")
     assert rank0["text"].splitlines()[1:3] == [
         f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{_line('rank 1 never calls this one')} in stuck",
         (f"  rank 1: did not call collective #2 within 5 s; its last collective of the group was #1 "
-         f"allreduce([4]; float32, SUM) at {NAME}:{_line('both ranks call this one')} in stuck"),
+         f"allreduce([4]; float32, SUM) at {NAME}:{_line('both ranks call this one')} in stuck; it is still "
+         f"running, now at {now}"),
     ]
+    assert "Cause: a rank did not arrive: it is still running elsewhere." in rank0["text"]
     assert "raise TPU_DEBUG_COLLECTIVE_TIMEOUT" in rank0["text"]
 
 
@@ -116,7 +126,7 @@ def test_collective_under_rank_zero_is_named_when_the_other_rank_leaves(mismatch
     assert rank0["type"] == "CollectiveDesyncError"
     line = _line("only rank 0 gets here")
     assert rank0["text"] == (
-        "group 5, collective #3: the ranks differ (missing)\n"
+        "group 9, collective #3: the ranks differ (missing)\n"
         f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{line} in rank_zero_only\n"
         "  rank 1: ended (its process left the group); its last collective of the group was #2 "
         f"barrier(no tensors; -) at {NAME}:{line - 2} in rank_zero_only\n"
@@ -140,6 +150,109 @@ def test_tensors_of_other_devices_on_the_ranks_are_named(mismatches):
         ]
 
 
+def test_an_uneven_last_batch_before_a_metric_is_an_uneven_batch_not_a_branch(mismatches):
+    # rank 1's loop ended a batch early: it all-reduces the epoch's metric, past the loop, while
+    # rank 0 all-reduces its last batch inside it
+    for got in _both(mismatches, "uneven_metric"):
+        assert (got["type"], got["seq"], got["reason"], got["cause"]) == ("CollectiveDesyncError", 3, "shapes",
+                                                                          "uneven_batch")
+        assert got["text"].splitlines()[1:4] == [
+            (f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{_line('a batch' + chr(39) + 's gradients')} in "
+             "uneven_then_metric"),
+            (f"  rank 1: allreduce([2]; float32, SUM) at {NAME}:{_line('the epoch' + chr(39) + 's metric, after')} "
+             "in uneven_then_metric"),
+            ("Cause: an uneven last batch: the ranks ran the loop a different number of times, or its last step "
+             "with other sizes."),
+        ]
+
+
+def test_a_send_and_its_receive_of_other_sizes_are_named_on_both_ranks(mismatches):
+    # named before gloo sees them: gloo itself aborts the receiving process on such a pair
+    for got in _both(mismatches, "p2p_sizes"):
+        assert (got["type"], got["seq"], got["reason"], got["cause"]) == ("CollectiveDesyncError", 1, "shapes",
+                                                                          "p2p_sizes")
+        assert got["text"].splitlines()[:4] == [
+            "group 6, point-to-point #1 from rank 0 to rank 1: the ranks differ (shapes)",
+            f"  rank 0: send([4]; float32) to rank 1 at {NAME}:{_line('rank 0 sends 4')} in p2p_sizes",
+            f"  rank 1: recv([3]; float32) from rank 0 at {NAME}:{_line('rank 1 receives 3')} in p2p_sizes",
+            "Cause: a send and its receive of other sizes or dtypes.",
+        ]
+
+
+def test_receives_that_wait_for_each_other_are_named_on_both_ranks(mismatches):
+    line = _line("both ranks receive first")
+    for rank, got in enumerate(_both(mismatches, "p2p_order")):
+        peer = 1 - rank
+        # named as soon as each rank's question to the other says so, not at the timeout
+        assert (got["type"], got["reason"], got["cause"], got["ranks"]) == ("CollectiveDesyncError", "missing",
+                                                                            "p2p_order", [peer])
+        assert "within" not in got["text"]
+        lines = got["text"].splitlines()
+        assert lines[0] == f"group 7, point-to-point #1 from rank {peer} to rank {rank}: the ranks differ (missing)"
+        assert f"  rank {rank}: recv([4]; float32) from rank {peer} at {NAME}:{line} in p2p_order" in lines
+        assert lines[3] == "Cause: point-to-point calls that wait for each other: each rank receives before it sends."
+        assert "dist.batch_isend_irecv" in lines[4]
+
+
+def test_a_planted_slow_rank_is_found_as_the_straggler(mismatches):
+    from tpu_debug.tracers.advisor import advise
+
+    from tpu_debug.report.ranks import c10d_data
+
+    assert _both(mismatches, "straggler") == [None, None]  # slow, not wrong: nothing raised
+    sessions = _sessions(mismatches["runs"])
+    (found,) = [f for f in advise(sessions[0]).findings if f.kind == "collective_straggler"]
+    assert found.title.startswith("rank 1 entered last at ") and " collectives of group 8: this rank waited " in found.title
+    assert (found.evidence.location.file.endswith(NAME), found.evidence.location.line) == (
+        True, _line("rank 0 waits here"))
+    assert found.fix.startswith("Rank 1 reaches the group's collectives later than the others every time")
+    # the ranks report reads the same from both ranks' entry times
+    (straggler,) = [st for st in c10d_data(sorted(sessions.items()))["stragglers"] if st["group"] == "8"]
+    assert straggler["rank"] == 1 and straggler["of"] == 6 and straggler["last"] >= 5
+    assert [f.kind for f in advise(sessions[1]).findings if f.kind == "collective_straggler"] == []
+
+
+def test_torchfrtrace_names_the_ranks_and_collective_the_report_names(mismatches):
+    import logging
+
+    from torch.distributed.flight_recorder import fr_trace
+
+    from tpu_debug.ranks import open_group
+    from tpu_debug.report.ranks import c10d_data
+
+    assert sorted(p.name for p in mismatches["fr"].iterdir()) == ["rank_0", "rank_1"]
+    # torchfrtrace's own analysis, in this process (it logs what it finds to "Flight Recorder")
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("Flight Recorder").addHandler(handler)
+    try:
+        fr_trace.main([str(mismatches["fr"])])
+    finally:
+        logging.getLogger("Flight Recorder").removeHandler(handler)
+    out = "\n".join(said)
+    blocks = out.split("Collective sequence number: ")
+    # PyTorch's own analysis of the dumps: the uneven last batch of group 1 ...
+    (first,) = [b for b in blocks if "group info: 1\n" in b]
+    assert first.startswith("3 has errors")
+    assert "collective: gloo:all_reduce" in first and "expected ranks: {0, 1}" in first
+    assert ("Culprit rank 1; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes: '[[4]]' does not match "
+            "found input sizes: '[[3]]'") in first
+    # ... and ours, read from the same ranks' runs: the same group, collective, ranks and sizes
+    with open_group(mismatches["group"]) as group:
+        ours = {d["group"]: d for d in c10d_data(group.sessions())["desyncs"]}
+    assert (ours["1"]["seq"], ours["1"]["reason"]) == (3, "shapes")
+    line = _line("the batch" + chr(39) + "s gradients")
+    assert ours["1"]["text"].splitlines()[1:3] == [
+        f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{line} in uneven_last_batch",
+        f"  rank 1: allreduce([3]; float32, SUM) at {NAME}:{line} in uneven_last_batch",
+    ]
+    # the rank that did not come to group 3's second collective, named by both
+    assert "Not all ranks joining collective, sequence number: 2\ninternal record id: " in out
+    assert "group info: 3\ncollective: gloo:all_reduce\nmissing ranks: {1}" in out
+    assert (ours["3"]["seq"], ours["3"]["reason"], ours["3"]["cause"]) == (2, "missing", "late")
+
+
 def test_runs_stay_readable_and_hold_the_findings(mismatches):
     from tpu_debug.tracers.advisor import advise
 
@@ -149,10 +262,10 @@ def test_runs_stay_readable_and_hold_the_findings(mismatches):
     for rank, session in sessions.items():
         # every collective the rank entered is recorded, the ones it stopped at included
         seqs = {(c.group, c.seq) for c in session.events("collective_call")}
-        assert {("1", 3), ("2", 1), ("3", 1 if rank else 2), ("4", 1), ("5", 2 if rank else 3)} <= seqs
+        assert {("1", 3), ("2", 1), ("3", 1 if rank else 2), ("4", 1), ("5", 3), ("9", 2 if rank else 3)} <= seqs
         raised = [r["text"] for r in mismatches["results"][rank].values() if r is not None]
         findings = [f for f in advise(session).findings if f.kind == "collective_desync"]
-        assert len(findings) == len(raised) == (5 if rank == 0 else 3)
+        assert len(findings) == len(raised) == (8 if rank == 0 else 6)
         for f in findings:
             (text,) = [t for t in raised if f.title.startswith(t.splitlines()[0] + ": ")]
             assert f.severity == "error" and f.evidence.location.file.endswith(NAME)
@@ -162,7 +275,7 @@ def test_runs_stay_readable_and_hold_the_findings(mismatches):
 
 def test_after_the_fact_reader_gives_the_live_text(mismatches):
     sessions = _sessions(mismatches["runs"])
-    calls = {rank: [c for c in s.events("collective_call") if c.group == "5"] for rank, s in sessions.items()}
+    calls = {rank: [c for c in s.events("collective_call") if c.group == "9"] for rank, s in sessions.items()}
     (found,) = first_desyncs(calls, states={1: "ended"})
     assert found.cause == "rank_zero"
     assert found.describe() == mismatches["results"][0]["hang"]["text"]
@@ -173,22 +286,117 @@ def killed(tmp_path_factory) -> dict:
     # torchrun's agent stops the other ranks of its host 0.1 s after one dies (they end then,
     # named by torchrun); a longer monitor interval stands for what the check is for: ranks
     # no agent stops, on other hosts, which would otherwise wait in gloo for 30 minutes
-    return _torchrun(tmp_path_factory.mktemp("killed"), "kill", 2, 10, "--monitor-interval", "5")
+    return _torchrun(tmp_path_factory.mktemp("killed"), "kill", 2, 10, "--monitor-interval", "5",
+                     TORCH_FR_BUFFER_SIZE="50")
 
 
-def test_a_killed_rank_is_named_with_its_last_collective(killed):
+def test_a_killed_rank_is_named_with_its_signal_and_last_collective(killed):
     got = killed["results"][0]["kill"]
     assert 1 not in killed["results"]  # killed before it could write anything
     assert (got["type"], got["seq"], got["reason"], got["cause"], got["ranks"]) == (
         "CollectiveDesyncError", 3, "missing", "died", [1])
-    assert got["text"].splitlines()[1:4] == [
+    last = _line(chr(35) + " rank 1" + chr(39) + "s last collective")
+    assert got["text"].splitlines()[1:5] == [
         f"  rank 0: allreduce([4]; float32, SUM) at {NAME}:{_line('waits for the dead rank here')} in killed",
-        ("  rank 1: died (its process is gone); its last collective of the group was #2 "
-         f"allreduce([4]; float32, SUM) at {NAME}:{_line(chr(35) + ' rank 1' + chr(39) + 's last collective')} in killed"),
+        ("  rank 1: died (killed by signal 9 (SIGKILL)); its last collective of the group was #2 "
+         f"allreduce([4]; float32, SUM) at {NAME}:{last} in killed"),
         "Cause: a rank died.",
+        ("Fix: rank 1 died (killed by signal 9 (SIGKILL)): SIGKILL is what the kernel's out-of-memory killer sends "
+         "(`dmesg` names the process), and what a scheduler or a `kill -9` sends. The group cannot go on without "
+         "it: restart the job from its last checkpoint (torchrun --max-restarts restarts every rank)."),
     ]
     sessions = _sessions(killed["runs"])
     assert [e.cause for e in sessions[0].events("collective_desync")] == ["died"]
+
+
+def test_a_killed_ranks_last_collectives_outlive_it(killed):
+    import dataclasses
+
+    from tpu_debug.tracers.collective_calls import group_desyncs, read_rank
+    from tpu_debug.tracers.collective_journal import read_journal
+
+    from tpu_debug.ranks import open_group
+
+    sessions = dict(open_group(killed["group"]).sessions())
+    # written before each call went on: the killed rank's journal holds both its collectives,
+    # whatever the run store had committed when the kill came
+    assert [(r["kind"], r["seq"]) for r in read_journal(sessions[1].run_dir)] == [
+        ("call", 1), ("done", 1), ("call", 2), ("done", 2)]
+    records = {rank: read_rank(rank, s) for rank, s in sessions.items()}
+    assert [c.seq for c in records[1].calls] == [1, 2] and records[1].state == "died"
+    # read after the fact without the live error: the same collective, the same cause
+    quiet = {rank: dataclasses.replace(r, desyncs=()) for rank, r in records.items()}
+    (found,) = group_desyncs(quiet)
+    assert (found.seq, found.reason, found.cause, found.live) == (3, "missing", "died", False)
+    # and with it, the live error's own text
+    (live,) = group_desyncs(records)
+    assert live.live and live.text == killed["results"][0]["kill"]["text"]
+
+
+def test_the_flight_recorder_dumps_on_the_error(killed):
+    from tpu_debug.tracers.flight_recorder import read_dump
+
+    # rank 0 raised: its dump names the collective it stopped at, not completed; rank 1 was killed
+    assert [p.name for p in killed["fr"].iterdir()] == ["rank_0"]
+    dump = read_dump(killed["fr"] / "rank_0", 0)
+    assert dump.version == "2.10" and dump.groups["0"] == ("default_pg", (0, 1))
+    entries = [(e["profiling_name"], e["collective_seq_id"], e["state"]) for e in dump.entries]
+    assert entries == [("gloo:all_reduce", 1, "completed"), ("gloo:all_reduce", 2, "completed"),
+                       ("gloo:all_reduce", 3, "scheduled")]
+    assert dump.entries[2]["input_sizes"] == [[4]] and dump.entries[2]["input_dtypes"] == ["Float"]
+    (user,) = [f for f in dump.entries[2]["frames"] if f["filename"].endswith(NAME) and f["name"] == "killed"]
+    assert user["line"] == _line("waits for the dead rank here")
+
+
+def test_how_a_rank_leaves_says_the_exception_and_its_line():
+    # what a leaving rank tells the others: the exception the interpreter kept for the exit
+    # handlers (sys.last_value, which tpu-debug run sets as the interpreter does)
+    import sys as _sys
+
+    from tpu_debug.runtime.distributed.rank_state import leaving
+
+    def bad_batch() -> None:
+        raise ValueError("a bad batch")
+
+    saved = getattr(_sys, "last_value", None)
+    try:
+        try:
+            bad_batch()
+        except ValueError as exc:
+            _sys.last_value = exc
+        got = leaving()
+    finally:
+        _sys.last_value = saved
+    here = Path(__file__).name
+    line = bad_batch.__code__.co_firstlineno + 1
+    assert (got["state"], got["error"]) == ("raised", "ValueError: a bad batch")
+    assert got["stack"][-1].endswith(f"{here}:{line} in {bad_batch.__qualname__}")
+    call = desync.RankCall(1, "raised", "allreduce", 2, ("[4]",), "float32", "SUM", None, "train.py", 20, "step",
+                           error=got["error"], stack=("train.py:31 in step",))
+    at = desync.RankCall(0, "called", "allreduce", 3, ("[4]",), "float32", "SUM", None, "train.py", 20, "step")
+    assert desync.cause_of("missing", [at, call]) == "raised"
+    assert desync.rank_line(call, 3) == (
+        "rank 1: raised ValueError: a bad batch at train.py:31 in step and left the group; its last collective of "
+        "the group was #2 allreduce([4]; float32, SUM) at train.py:20 in step")
+
+
+@pytest.mark.slow
+def test_a_rank_that_raised_is_named_with_its_exception_and_line(tmp_path):
+    # under torchrun, each rank under tpu-debug run: the cheap tier above checks the words
+    ran = _torchrun(tmp_path, "raise", 2, 10, "--monitor-interval", "5")
+    got = ran["results"][0]["raise"]
+    assert 1 not in ran["results"]
+    assert (got["type"], got["seq"], got["reason"], got["cause"], got["ranks"]) == (
+        "CollectiveDesyncError", 3, "missing", "raised", [1])
+    at = f"{NAME}:{_line('rank 1 raises here')} in raised"
+    assert got["text"].splitlines()[2:5] == [
+        (f"  rank 1: raised ValueError: a bad batch at {at} and left the group; its last collective of the group "
+         f"was #2 allreduce([4]; float32, SUM) at {NAME}:{_line('the last collective rank 1 calls before')} "
+         "in raised"),
+        "Cause: a rank raised an exception and left the group.",
+        (f"Fix: rank 1 raised ValueError: a bad batch at {at} and left, while the other ranks waited for it at "
+         "collective #3: fix that error (rank 1's output holds its traceback)."),
+    ]
 
 
 def test_a_correct_four_rank_script_gets_no_error_and_no_finding(tmp_path):

@@ -41,7 +41,8 @@ COLLECTIVES = [
       for op in ("sum", "product", "min", "max", "band", "bor", "bxor")),
     "all_reduce.avg.float32", "all_reduce.view", "async.wait",
     "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
-    "all_to_all_single", "all_to_all_single.uneven", "send_recv", "reduce", "gather", "scatter", "all_to_all",
+    "all_to_all_single", "all_to_all_single.uneven", "send_recv", "ring.isend_irecv", "ring.batch_isend_irecv",
+    "reduce", "gather", "scatter", "all_to_all",
     "new_group.pair", "new_group.alone",
     "functional.all_reduce", "functional.all_gather_tensor", "functional.reduce_scatter_tensor",
     "dtensor.local", "dtensor.full", "dtensor.sum",
@@ -50,9 +51,15 @@ TRAINING = ["ddp", "ddp_compiled", "fsdp", "tp"]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> dict[str, list[dict]]:
-    """Each device's results, per rank: the `tpu` run and the gloo reference run side by side."""
-    return ranks_on_both_devices([sys.executable, str(CASES)], tmp_path_factory.mktemp("torch_dist"))
+def ranks(tmp_path_factory) -> dict:
+    """Each device's results, per rank: the `tpu` run and the gloo reference run side by side
+    (and, under ``fr_dumps``, the gloo run's Flight Recorder dumps)."""
+    base = tmp_path_factory.mktemp("torch_dist")
+    (base / "fr").mkdir()
+    # the gloo run keeps PyTorch's Flight Recorder, whose dumps tpu-debug import-fr reads
+    fr = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(base / "fr" / "rank_")}
+    ranks = ranks_on_both_devices([sys.executable, str(CASES)], base, env={"cpu": fr})
+    return {**ranks, "fr_dumps": base / "fr"}
 
 
 def test_init_process_group_with_no_backend_takes_tpu_dist(ranks):
@@ -70,6 +77,38 @@ def test_collective_equals_gloo(ranks, case):
 @pytest.mark.parametrize("what", TRAINING)
 def test_training_equals_gloo(ranks, what):
     assert_trained_as_gloo(ranks, what)
+
+
+def test_a_pipeline_schedule_trains_as_on_gloo(ranks):
+    # each rank holds its own stage, so only each rank's against its gloo twin; the tolerance
+    # is float32 rounding, as for the other training (XLA's CPU matmuls sum in another order)
+    for rank in range(2):
+        mine, ref = ranks["tpu"][rank], ranks["cpu"][rank]
+        torch.testing.assert_close(mine["pipeline.losses"], ref["pipeline.losses"], rtol=1e-5, atol=1e-6)
+        for got, want in zip(mine["pipeline.params"], ref["pipeline.params"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert len(ranks["cpu"][1]["pipeline.losses"]) == 2 and len(ranks["cpu"][0]["pipeline.losses"]) == 0
+
+
+def test_a_gloo_jobs_flight_recorder_dumps_are_read_into_a_run(ranks, tmp_path):
+    # the reference run's dumps: PyTorch's own gloo groups, read as tpu_debug reads its ranks
+    from tpu_debug.cli import main as cli
+    from tpu_debug.ranks import find_group
+    from tpu_debug.report.ranks import c10d_data
+
+    dumps = ranks["fr_dumps"]
+    assert sorted(p.name for p in dumps.iterdir()) == ["rank_0", "rank_1"]
+    assert cli(["import-fr", str(dumps), "--logdir", str(tmp_path / "runs")]) == 0
+    with find_group(None, tmp_path / "runs") as group:
+        assert sorted(group.rank_dirs()) == [0, 1]
+        data = c10d_data(group.sessions())
+    # gloo's dumps name no group members: the default group's are the ranks that dumped
+    (world,) = [s for s in data["sequence"] if s["group"] == "0"]
+    assert world["ranks"] == [0, 1] and world["first_difference"] is None and data["desyncs"] == []
+    first = [c["call"] for c in world["rows"][0]["calls"]]
+    lines = [i for i, src in enumerate(CASES.read_text().splitlines(), 1) if "dist.all_reduce(t, op=" in src]
+    assert [(c["op"], c["location"]["file"], c["location"]["line"] in lines) for c in first] == [
+        ("allreduce", str(CASES), True)] * 2
 
 
 def test_backends_registered_with_the_device():

@@ -119,8 +119,9 @@ def test_text_report_lists_collectives_in_order(same):
     out = proc.stdout
     assert "c10d collectives by rank" in out and "c10d collectives in order, group 0" in out
     # each call with its own time (format_seconds: a number and a unit)
-    assert re.search(rf"allreduce\(\[4, 2\]; float32\) [\d.]+ [mµn]?s at ranks_script.py:{_line('dist.all_reduce(x)')}",
-                     out), out
+    # with the reduction, and when the rank entered after the first one, by how much
+    assert re.search(rf"allreduce\(\[4, 2\]; float32, SUM\) [\d.]+ [mµn]?s (\(entered \+[\d.]+ [mµn]?s\) )?"
+                     rf"at ranks_script.py:{_line('dist.all_reduce(x)')}", out), out
     assert "in them" in out and "never returned" not in out
     assert "allreduce 2 (48 B), all_gather_single 1 (96 B), barrier 1" in out
     assert "collective desync" not in out
@@ -170,8 +171,11 @@ def test_a_killed_rank_is_still_reported(tmp_path):
     assert rank0["call"]["seconds"] is None
     assert c10d["per_rank"][0]["groups"][0]["not_returned"] == 1
     assert desync["text"].startswith("group 0, collective #3: the ranks differ (missing)")
+    # the words of the live check: rank 1 died, with the collective it last called
+    assert "\n  rank 1: died (" in desync["text"] and "Cause: a rank died." in desync["text"]
+    assert desync["cause"] == "died"
     text = _cli("report", "--logdir", str(logdir), "--width", "200").stdout
-    assert "collective desync: group 0, collective #3" in text and "rank 1: no collective #3" in text
+    assert "collective desync: group 0, collective #3" in text and "  rank 1: died (" in text
 
 
 def test_torchrun_key_tells_launches_apart(monkeypatch):

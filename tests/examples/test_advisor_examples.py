@@ -42,9 +42,14 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "fit_oom.py": ([], [], {"fit_oom"}, ["--fixed"]),
     # starts its second rank itself; rank 0 (traced) raises at the collective only it calls
     "collective_desync.py": ([], ["--steps", "2"], {"collective_desync"}, ["--fixed"]),
+    # rank 1 sleeps before each step's all-reduces; rank 0 (traced) waits for it there
+    "collective_straggler.py": ([], ["--steps", "3"], {"collective_straggler"}, ["--fixed"]),
 }
 # pitfalls that compile for a TPU without a run option saying so
 COMPILE_FOR_TPU = {"fit_oom.py"}
+# pitfalls run in the slow tier: two processes each, for a rule the default tier checks
+# elsewhere (collective_straggler: test_desync_live.py's planted slow rank)
+SLOW = {"collective_straggler.py"}
 
 # examples written as ordinary, correct programs: the advisor must find nothing in them
 # the model examples (examples/models/) run traced in tests/examples/test_models.py, which
@@ -58,7 +63,8 @@ def _pitfalls() -> list:
 
     skip = pytest.mark.skipif(not _find_libtpu(), reason='needs libtpu: pip install -e ".[tpu]"; CI installs it')
     tpu = {s for s in PITFALLS if "--target" in PITFALLS[s][0]} | COMPILE_FOR_TPU
-    return [pytest.param(s, marks=skip) if s in tpu else s for s in sorted(PITFALLS)]
+    return [pytest.param(s, marks=skip) if s in tpu else pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s
+            for s in sorted(PITFALLS)]
 
 
 def _findings(tmp_path, script: str, options: list[str], args: list[str]) -> list[dict]:

@@ -236,7 +236,7 @@ def test_compiled_graph_programs_are_ranges_and_cache_stats_count_their_calls(tm
     programs = [name for name in heard if name.startswith("tpu::") and not name.startswith("tpu::compile::")]
     assert programs and all(averages[name] == heard[name] for name in programs)
     assert sum(n for name, n in heard.items() if name.startswith("tpu::compile::")) >= 1
-    stats = next(c for c in torch.tpu._get_cache_stats() if c.name == "compiled programs")
+    stats = next(c for c in torch.tpu._get_cache_stats().caches if c.name == "compiled programs")
     called = [e for e in stats.entries if f"tpu::{e.name}" in heard]
     assert sum(e.requests for e in called) == 3 and sum(e.hits for e in called) == 2
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tpu_debug
-from tpu_debug.runtime.target import parse_target
+from tpu_debug.runtime.target import hbm_capacity, parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
 
 GiB = 1024**3
@@ -45,8 +45,8 @@ def _compiler_accepts(spec: str, shapes: list[tuple[tuple[int, ...], jnp.dtype]]
 @pytest.mark.parametrize("spec", ["v5e", "v6e", "v4"])
 def test_the_capacity_is_where_the_compiler_starts_refusing(spec):
     target = parse_target(spec)
-    usable = target.hbm_bytes_per_device
-    assert target.hbm_source == "compiler"
+    usable, source = hbm_capacity(target)
+    assert source == "compiler"
     # one float32 array of (n, 128), n a multiple of 8: no tile padding. 64 KiB either side
     # of the figure covers the program's code (~40 KB) and the figure's 4 KiB step
     below, above = (usable - 64 * 1024) // 512 // 8 * 8, (usable + 64 * 1024) // 512 // 8 * 8

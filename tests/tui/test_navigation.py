@@ -388,14 +388,15 @@ def test_footer_says_12345678_views(make_app):
 
     async def scenario(pilot):
         footer = screen_text(app).splitlines()[-1]
-        assert f"1-{len(VIEW_TABLE)} Views" in footer and "12345678" not in footer, footer
+        keys = f"1-{len(VIEW_TABLE)}" if len(VIEW_TABLE) < 10 else "0-9"  # a tenth view's key is 0
+        assert f"{keys} Views" in footer and "12345678" not in footer, footer
         await press(pilot, "9")
         assert isinstance(app.screen, FitScreen)
         await press(pilot, "1")
         assert isinstance(app.screen, OverviewScreen)
         await press(pilot, "question_mark")
         help_text = screen_text(app)
-        for title in ("1-9", "Views", "Recompiles", "Collectives", "Fit"):
+        for title in (keys, "Views", "Recompiles", "Collectives", "Fit"):
             assert title in help_text, title
 
     drive(app, scenario, size=(100, 30))

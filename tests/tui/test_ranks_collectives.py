@@ -70,11 +70,20 @@ def test_ranks_view_shows_collectives_side_by_side(tmp_path):
         assert rows[0][6] == "allreduce 2 (48 B), all_gather_single 1 (96 B)"
         sequence = widget_text(app.screen.query_one("#ranks-sequence", Static))
         assert "collective desync: group 0, collective #3: the ranks differ (missing)" in sequence
-        assert "rank 1: no collective #3" in sequence
-        assert "   1   rank 0: allreduce([4, 2]; float32) 2.00 ms at train.py:21" in sequence
-        assert "   3 ≠ rank 0: allreduce([4]; float32) never returned at train.py:27" in sequence
+        # rank 1's run ended (status failed, no exception): the desync says so, in the live check's words
+        assert ("  rank 1: ended (its process left the group); its last collective of the group was #2 "
+                "all_gather_single([8, 2], [4, 2]; float32) at train.py:23 in <module>") in sequence
+        assert "Cause: a collective only rank 0 calls (under `if rank == 0:`)." in sequence
+        assert "   1   rank 0: allreduce([4, 2]; float32, SUM) 2.00 ms at train.py:21" in sequence
+        # each rank's entry after the first rank's, on the runs' shared clock
+        assert "       rank 1: allreduce([4, 2]; float32, SUM) 2.00 ms (entered +10.00 ms) at train.py:21" in sequence
+        assert "   3 ≠ rank 0: allreduce([4]; float32, SUM) never returned at train.py:27" in sequence
         assert "rank 1: -" in sequence
         assert "c10d collectives by rank" in screen_text(app)
+        # q leaves the TUI from this view too, as from every other
+        assert app.return_code is None
+        await press(pilot, "q")
+        assert app.return_code == 0
 
     try:
         drive(app, scenario, size=(160, 60))
@@ -107,7 +116,7 @@ def test_a_run_recorded_before_returns_were_is_not_said_to_have_never_returned(t
     assert g1["seconds"] is None and in_collectives_text(g1) == "-"
     call = data["sequence"][0]["rows"][0]["calls"][1]["call"]
     assert call["timed"] is False and call["seconds"] is None
-    assert call_text(call) == "allreduce([4, 2]; float32) at train.py:21"
+    assert call_text(call) == "allreduce([4, 2]; float32, SUM) (entered +10.00 ms) at train.py:21"
     assert "never returned" not in call_text(call)
     (span, *_) = collective_spans(sessions).get(1, [None])
     assert span is None or dict(span.args)["returned"].startswith("not recorded")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from tpu_debug.core.version import __version__
-from tpu_debug.cli import diff, fit, import_trace, report, run, runs, tensorboard, tui
+from tpu_debug.cli import diff, fit, import_fr, import_trace, report, run, runs, tensorboard, tui
 from tpu_debug.core.errors import CommandError, TpuDebugError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -27,6 +27,7 @@ COMMANDS = {
     "tensorboard": tensorboard,
     "diff": diff,
     "import-trace": import_trace,
+    "import-fr": import_fr,
     "fit": fit,
 }
 

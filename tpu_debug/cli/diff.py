@@ -8,6 +8,7 @@ import sys
 
 import tpu_debug
 from tpu_debug.cli.report import width_argument
+from tpu_debug.diff import diff_data, print_diff
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +31,6 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpu_debug.diff import diff_data, print_diff
-
     with tpu_debug.open_run(args.run_a, logdir=args.logdir) as a, tpu_debug.open_run(args.run_b, logdir=args.logdir) as b:
         if args.json:
             json.dump(diff_data(a, b), sys.stdout, indent=2)

@@ -104,7 +104,8 @@ def options_of(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module
+    # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module.
+    # Imported here, as in each verb below: fit imports torch and jax, and every verb's CLI module is imported
     from tpu_debug.fit import fit, search
 
     options = options_of(args)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tpu_debug.core.errors import CommandError
 from tpu_debug.core.options import default_logdir
+from tpu_debug.importtrace import import_trace
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +17,6 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpu_debug.importtrace import import_trace
-
     logdir = Path(args.logdir) if args.logdir else default_logdir()
     try:
         runs = import_trace(Path(args.trace_dir), logdir, args.name)

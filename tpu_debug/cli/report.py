@@ -7,6 +7,9 @@ import json
 import sys
 
 import tpu_debug
+from tpu_debug.core.options import default_logdir
+from tpu_debug.ranks import find_group
+from tpu_debug.report import print_rank_report, rank_data, report_data
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +49,6 @@ def width_argument(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpu_debug.ranks import find_group
-    from tpu_debug.report import print_rank_report, rank_data, report_data
-
     terminal = False if args.plain else None
     group = find_group(args.run, _logdir(args.logdir))
     if group is not None:  # a multi-process run: its ranks side by side
@@ -75,6 +75,4 @@ def _dump(data: dict) -> None:
 
 
 def _logdir(logdir: str | None):
-    from tpu_debug.core.options import default_logdir
-
     return logdir if logdir is not None else default_logdir()

@@ -15,11 +15,19 @@ from importlib.machinery import PathFinder, SourceFileLoader
 from pathlib import Path
 
 import tpu_debug
+from tpu_debug import ranks
+from tpu_debug.cli.tui import open_tui
+from tpu_debug.config import TraceConfig
 from tpu_debug.core.errors import CommandError, TpuDebugError
-from tpu_debug.core.run_args import prepare_parser, script_of
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
 from tpu_debug.core.rank_env import torchrun_env
+from tpu_debug.core.run_args import prepare_parser, script_of
+from tpu_debug.report import print_rank_report
+from tpu_debug.runtime import distributed
+from tpu_debug.runtime.distributed import LaunchError, launch_ranks
+from tpu_debug.runtime.distributed.launch import device_count_flag
+from tpu_debug.tracers.location import is_library_file
 from tpu_debug.tracing import Terminated, without_handler_frame
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
@@ -64,8 +72,6 @@ def _print_short(exc: BaseException, tb) -> bool:
     """A tpu_debug error (a guard, a rank check) says what and where in its message: print
     the user's innermost frame and the message, not the dozens of runtime and PyTorch frames
     between them. False when no frame of the traceback is the user's."""
-    from tpu_debug.tracers.location import is_library_file
-
     frames = [f for f in traceback.extract_tb(tb) if not is_library_file(f.filename)]
     if not frames:
         return False
@@ -152,7 +158,8 @@ def _run_path(target: str, code: types.CodeType | None) -> None:
 
 def _execute(target: str, is_module: bool, code: types.CodeType | None) -> tuple[int, str | None]:
     """Run the target as ``__main__``; returns (exit code, error text)."""
-    from tpu_debug.runtime.dryrun import DryRunValueError  # a recording verb: the runtime is loaded
+    # here: the dry run imports jax, and the CLI imports this module for every verb
+    from tpu_debug.runtime.dryrun import DryRunValueError
 
     try:
         if is_module:
@@ -171,6 +178,9 @@ def _execute(target: str, is_module: bool, code: types.CodeType | None) -> tuple
         return 130, "KeyboardInterrupt"
     except BaseException as exc:  # noqa: BLE001 - the script's error: print it as Python would, keep the run
         _print_exception(exc)
+        # as Python keeps an uncaught exception it printed, for exit handlers (the c10d live
+        # check tells the other ranks this one raised, and where)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         return 1, f"{type(exc).__name__}: {exc}"
     return 0, None
 
@@ -193,7 +203,6 @@ def run(args: argparse.Namespace) -> int:
     if args.devices is not None:
         _simulate_devices(args.devices)
     tpu_debug.runtime.start()  # before jax.distributed: it keeps JAX off an absent TPU
-    from tpu_debug.runtime import distributed
 
     options = _trace_options(args, name)
     group = None
@@ -210,9 +219,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _torchrun_group(options: dict):
     """(the launch's group, this rank) when torchrun started this process, else None."""
-    from tpu_debug import ranks
-    from tpu_debug.config import TraceConfig
-
     if torchrun_env() is None:
         return None
     config = TraceConfig.from_env().override(**options)
@@ -274,8 +280,6 @@ def _record(
             session.print_summary(file=sys.stderr)
         print(f"\nrun saved in {session.run_dir} (tpu-debug report {session.run_dir})", file=sys.stderr)
         if tui:
-            from tpu_debug.cli.tui import open_tui
-
             open_tui(session)
     except KeyboardInterrupt:  # Ctrl-C on the report: the run is saved, stop here
         print(f"\nrun saved in {session.run_dir}", file=sys.stderr)
@@ -289,8 +293,6 @@ def _simulate_devices(n: int) -> None:
     """Give the CPU backend ``n`` devices (it reads XLA_FLAGS when JAX first uses it)."""
     from jax._src import xla_bridge
 
-    from tpu_debug.runtime.distributed.launch import device_count_flag
-
     if n < 1:
         raise CommandError(f"--devices {n}: give at least 1 device", exit_code=2)
     if xla_bridge.backends_are_initialized():
@@ -301,11 +303,6 @@ def _simulate_devices(n: int) -> None:
 def _run_ranks(args: argparse.Namespace, name: str) -> int:
     """``--nproc N``: start N ranks, each a ``tpu-debug run`` of the script recording its own run
     under one parent directory; then report them together."""
-    from tpu_debug import ranks
-    from tpu_debug.config import TraceConfig
-    from tpu_debug.report import print_rank_report
-    from tpu_debug.runtime.distributed import LaunchError, launch_ranks
-
     if args.nproc < 1:
         raise CommandError(f"--nproc {args.nproc}: give at least 1 process", exit_code=2)
     options = _trace_options(args, name)

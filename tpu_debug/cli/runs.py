@@ -13,6 +13,7 @@ import tpu_debug
 from tpu_debug.core.errors import RunDamagedError, SchemaVersionError, TpuDebugError
 from tpu_debug.core.format import format_seconds
 from tpu_debug.core.options import default_logdir
+from tpu_debug.ranks import RankGroup, list_groups
 from tpu_debug.report.core import make_console
 
 _UNBOUNDED = 1_000_000  # the width of plain text: lines as long as what they hold
@@ -24,7 +25,6 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logdir = Path(args.logdir) if args.logdir else default_logdir()
-    from tpu_debug.ranks import RankGroup, list_groups
 
     paths = tpu_debug.list_runs(logdir)
     groups = list_groups(logdir)

@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 import tpu_debug
+from tpu_debug.cli.report import _logdir
 from tpu_debug.core.children import ends_with_parent
 from tpu_debug.core.errors import CommandError
+from tpu_debug.ranks import find_group
+from tpu_debug.report.ranks import collective_spans
 from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, profile_files, write_rank_spans
 
 HOST = "127.0.0.1"
@@ -45,8 +48,6 @@ def tensorboard_command(logdir: Path, *, port: int | None = None) -> list[str]:
 def group_profile(group) -> Path:
     """Write the ranks' c10d collectives side by side as a profile in the group's directory
     (one process row per rank); returns the TensorBoard logdir holding it."""
-    from tpu_debug.report.ranks import collective_spans
-
     logdir = group.path / TENSORBOARD_DIR
     write_rank_spans(logdir / "plugins" / "profile" / "ranks" / "c10d.xplane.pb",
                      collective_spans(group.sessions()))
@@ -54,9 +55,6 @@ def group_profile(group) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpu_debug.cli.report import _logdir
-    from tpu_debug.ranks import find_group
-
     group = find_group(args.run, _logdir(args.logdir))
     if group is not None:  # a multi-process run: its ranks' collectives, one row per rank
         with group:

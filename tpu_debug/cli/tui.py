@@ -6,9 +6,11 @@ import argparse
 import os
 import sys
 
-from tpu_debug.core.errors import CommandError
-
 import tpu_debug
+from tpu_debug.cli.tui_serve import check_options, serve
+from tpu_debug.core.errors import CommandError
+from tpu_debug.core.options import default_logdir
+from tpu_debug.ranks import find_group
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -50,18 +52,13 @@ def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0, **option
             f"print the report instead: tpu-debug report {session.run_dir}",
             exit_code=2,
         )
-    from tpu_debug.tui import run_app
+    from tpu_debug.tui import run_app  # textual, for this verb only
 
     run_app(session, poll_interval=poll_interval, **options)
 
 
 def _serve(args: argparse.Namespace) -> int:
     """``tpu-debug tui --serve``: resolve the run here (its errors are said at once), then serve it."""
-    from tpu_debug.core.options import default_logdir
-
-    from tpu_debug.cli.tui_serve import check_options, serve
-    from tpu_debug.ranks import find_group
-
     host = args.host if args.host is not None else "127.0.0.1"
     port = args.port if args.port is not None else 8000
     check_options(host, port)
@@ -89,9 +86,6 @@ def run(args: argparse.Namespace) -> int:
     if args.host is not None or args.port is not None:
         given = "--host" if args.host is not None else "--port"
         raise CommandError(f"{given} is for --serve: add --serve to open the UI in a browser", exit_code=2)
-    from tpu_debug.core.options import default_logdir
-
-    from tpu_debug.ranks import find_group
 
     logdir = args.logdir if args.logdir is not None else default_logdir()
     group = find_group(args.run, logdir)

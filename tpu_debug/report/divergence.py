@@ -17,6 +17,7 @@ from tpu_debug.report.core import (
     section,
     where_text,
 )
+from tpu_debug.tracers.events import DivergenceSummaryEvent
 
 
 
@@ -206,7 +207,6 @@ def _divergence(session: Any) -> dict[str, Any] | None:
     if summary is None and not events:
         return None
     if summary is None:  # the trace ended before the tracer wrote its summary
-        from tpu_debug.tracers.events import DivergenceSummaryEvent
 
         summary = DivergenceSummaryEvent(
             0, 0.0, None, 0, None, numerics="cpu", precision="?", tolerances="default", sample=1,

@@ -13,6 +13,7 @@ from tpu_debug.report.core import (
     dim_note,
     section,
 )
+from tpu_debug.tracers.advisor import FINDINGS_SCHEMA, Finding, advise
 
 
 # the advice of each session, with the run's watermark it was worked out at
@@ -22,8 +23,6 @@ _ADVICE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def advice_of(session: Any) -> Any:
     """The advisor's :class:`~tpu_debug.tracers.advisor.Advice` for ``session``'s run, worked
     out once per state of the run (a live run that grew is advised again)."""
-    from tpu_debug.tracers.advisor import advise
-
     mark = session.watermark()
     known = _ADVICE.get(session)
     if known is not None and known[0] == mark:
@@ -75,8 +74,6 @@ def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> T
 
 def _render_findings(d: dict, terminal: bool) -> RenderableType:
     # the advisor's records, most serious and most costly first; no prose is made here
-    from tpu_debug.tracers.advisor import Finding
-
     parts: list[RenderableType] = []
     if not d["findings"]:
         parts.append(dim_note(
@@ -90,8 +87,6 @@ def _render_findings(d: dict, terminal: bool) -> RenderableType:
 
 @section("Findings", order=1, key=None, render=_render_findings)
 def _findings(session: Any) -> dict[str, Any]:
-    from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
-
     advice = advice_of(session)
     return {
         "findings_schema": FINDINGS_SCHEMA,

@@ -18,6 +18,7 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
+from tpu_debug.tracers.memory import PHASE_TEXT, describe_fix, memory_view, need_text
 
 
 
@@ -65,8 +66,6 @@ def _memory_finding(f: dict, terminal: bool) -> Group:
 
 def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
     # device bytes over the run, the peak's holders, and the fit against the TPU target
-    from tpu_debug.tracers.memory import PHASE_TEXT
-
     if d is None:
         return None
     parts: list[RenderableType] = []
@@ -95,8 +94,6 @@ def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
 
 @section("Memory", order=65, key="memory", render=_render_memory)
 def _memory(session: Any) -> dict[str, Any] | None:
-    from tpu_debug.tracers.memory import describe_fix, memory_view, need_text
-
     view = memory_view(session)
     if not view.recorded:
         return None

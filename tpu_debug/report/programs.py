@@ -20,6 +20,9 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
+from tpu_debug.tracers.target import TARGET_MODE
+from tpu_debug.tracers.lazy_graphs import summarize
+from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH, RunFacts, float64_origins
 
 
 
@@ -81,8 +84,6 @@ def _ops(session: Any) -> list[dict[str, Any]]:
 
 def local_programs(programs: list) -> list:
     """The programs that ran here (a run with a TPU target also stores the TPU's HLO as programs)."""
-    from tpu_debug.tracers.target import TARGET_MODE
-
     return [p for p in programs if p.mode != TARGET_MODE]
 
 
@@ -174,8 +175,6 @@ def _render_lazy_graphs(d: dict | None, terminal: bool) -> RenderableType | None
 
 @section("Lazy graphs", order=57, key="lazy_graphs", render=_render_lazy_graphs)
 def _lazy_graphs(session: Any) -> dict[str, Any] | None:
-    from tpu_debug.tracers.lazy_graphs import summarize
-
     events = session.events("materialize")
     if not events:
         return None
@@ -218,8 +217,6 @@ def _fallbacks(session: Any) -> list[dict[str, Any]]:
 
 def _render_float64(ops: list[dict], terminal: bool) -> RenderableType | None:
     # float64 runs on this backend; a TPU has none, so these ops would not run there
-    from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH
-
     if not ops:
         return None
     table = report_table(terminal, ("op or graph", "left"), ("programs", "right"), ("executions", "right"),
@@ -242,8 +239,6 @@ def _float64_note(ops: list[dict]) -> str:
 
 @section("float64", order=75, key="float64", render=_render_float64)
 def _float64(session: Any) -> list[dict[str, Any]]:
-    from tpu_debug.tracers.advisor import RunFacts, float64_origins
-
     ops = session.ops.float64()
     origins = float64_origins(RunFacts(session)) if ops else {}
     return [

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tpu_debug.core.collective_kinds import P2P_OPS
+from tpu_debug.core.collective_kinds import P2P_OPS, ROOTED
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.report.core import (
     RANKS_SCHEMA,
@@ -24,18 +24,21 @@ from tpu_debug.report.core import (
     section_data,
 )
 from tpu_debug.report.transfers import render_collectives
+from tpu_debug.tracers.collective_calls import group_desyncs, read_rank, stragglers
+from tpu_debug.tracers.collectives import collective_totals, compare_ranks, program_calls, program_collectives
+from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
+from tpu_debug.tracers.tensorboard import RankSpan
 
 
 def _rank_figure_data(session: Any) -> dict[str, Any]:
     """One rank's figures as data (one column of the per-rank table)."""
-    from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
 
     m = session.metadata()
     ops = session.ops()
     programs = program_collectives(session)
     calls = program_calls(session, programs)
     totals = collective_totals(programs)
-    c10d = session.events("collective_call")
+    c10d = read_rank(0, session).calls
     return {
         "status": m.status,
         "exit_status": m.exit_status,
@@ -80,17 +83,19 @@ _RANK_STOPS = ("RankDivergenceError", "RankTimeoutError")
 
 
 def _agreement_data(sessions: list) -> dict[str, Any]:
-    """Whether the ranks compiled the same multi-device programs, and which stopped or failed."""
-    from tpu_debug.tracers.collectives import compare_ranks
+    """Whether the ranks compiled the same multi-device programs and the same graphs, and which
+    stopped or failed."""
 
     errors = [(rank, s.metadata().error or "") for rank, s in sessions]
     diff = compare_ranks([(rank, s.events("collectives")) for rank, s in sessions])
     same = None
     if diff is None and len(sessions) > 1:
         same = len([e for e in sessions[0][1].events("collectives") if not e.target])
+    compiled = first_program_difference({rank: compiled_programs(s) for rank, s in sessions})
     return {
         "stopped": [{"rank": r, "error": e} for r, e in errors if e.startswith(_RANK_STOPS)],
         "difference": diff.render() if diff is not None else None,
+        "compiled_difference": compiled.render() if compiled is not None else None,
         "same_programs": same,
         "failed": [{"rank": r, "error": e} for r, e in errors if e and not e.startswith(_RANK_STOPS)],
     }
@@ -105,15 +110,16 @@ def _done_key(op: str, group: str, seq: int) -> tuple[str, bool, int]:
     return group, op in P2P_OPS, seq
 
 
-def _durations(session: Any) -> dict[tuple[str, bool, int], float] | None:
+def _durations(record: Any) -> dict[tuple[str, bool, int], float] | None:
     """The rank's returns from its c10d collectives: seconds in each, by :func:`_done_key`;
     None for a run recorded before returns were (its calls' times are unknown, not missing)."""
-    if not session.records("collective_done"):
+    if record.dones is None:
         return None
-    return {_done_key(d.op, d.group, d.seq): d.seconds for d in session.events("collective_done")}
+    return {_done_key(d.op, d.group, d.seq): d.seconds for d in record.dones}
 
 
-def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None) -> dict[str, Any] | None:
+def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None,
+               arrived: float | None = None) -> dict[str, Any] | None:
     if call is None:
         return None
     loc = call.location
@@ -121,6 +127,7 @@ def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None) ->
         "op": call.op,
         "seconds": None if seconds is None else seconds.get(_done_key(call.op, call.group, call.seq)),
         "timed": seconds is not None,
+        "arrived": arrived,
         "shapes": list(call.shapes),
         "dtype": call.dtype,
         "nbytes": call.nbytes,
@@ -128,6 +135,13 @@ def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None) ->
         "peer": call.peer,
         "location": {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None,
     }
+
+
+def _records(sessions: list, exit_status: dict[int, int] | None = None) -> dict[int, Any]:
+    """Each rank's collectives (:class:`~tpu_debug.tracers.collective_calls.RankRecord`), with the
+    calls its journal kept past the run store's last commit."""
+
+    return {rank: read_rank(rank, s, exit_status=(exit_status or {}).get(rank)) for rank, s in sessions}
 
 
 def _starts(sessions: list) -> dict[int, float | None]:
@@ -166,10 +180,10 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
     """Each rank's c10d collectives as timeline spans (:class:`RankSpan`): from the rank's
     entry to its return, or, for a call it never returned from, to the last rank's entry
     (a sole rank's: 1 µs), one lane per group."""
-    from tpu_debug.tracers.tensorboard import RankSpan
 
-    calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
-    durations = {rank: _durations(s) for rank, s in sessions}
+    records = _records(sessions)
+    calls = {rank: list(r.calls) for rank, r in records.items()}
+    durations = {rank: _durations(r) for rank, r in records.items()}
     starts = _starts(sessions)
     entered = _entries(calls, starts)
     out: dict[int, list[Any]] = {}
@@ -196,30 +210,7 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
     return out
 
 
-def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
-    """The c10d collectives each rank entered, side by side, as data.
-
-    Read from each rank's ``collective_call`` events, so a rank whose process was killed
-    counts up to the last collective it entered. ``per_rank``: per rank and group, the
-    collectives' count, bytes and ``waited`` (seconds the rank waited at the group's
-    collectives for the last rank to enter them: entry times on the machine's monotonic
-    clock, or aligned by the runs' start times to a millisecond across machines),
-    ``seconds`` (the rank's time in them, entry to return, from its ``collective_done``
-    events; None for a run recorded before returns were) and ``not_returned`` (calls it
-    never returned from: stuck, raised or killed), by op. ``sequence``: per group, its collectives in order with each rank's call (its
-    ``seconds``, None when it never returned), the first ``rows`` and, when the ranks differ later, the rows from there on
-    (``rows`` of ``total``). ``desyncs``: :func:`first_desyncs`, each with the ranks'
-    calls and its text.
-
-    Args:
-        sessions: (rank, session) pairs of a multi-process run.
-        rows: rows of each group's sequence shown before the first difference.
-    """
-    from tpu_debug.tracers.collective_calls import first_desyncs
-
-    calls = {rank: list(s.events("collective_call")) for rank, s in sessions}
-    durations = {rank: _durations(s) for rank, s in sessions}
-    entered = _entries(calls, _starts(sessions))
+def _per_rank(calls: dict[int, list], durations: dict, entered: dict) -> list[dict[str, Any]]:
     per_rank = []
     for rank, events in calls.items():
         groups: dict[str, dict[str, Any]] = {}
@@ -244,9 +235,11 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
         for g in groups.values():
             g["ops"] = list(g["ops"].values())
         per_rank.append({"rank": rank, "calls": len(events), "groups": list(groups.values())})
-    desyncs = first_desyncs(calls)
-    first_diff = {d.group: d.seq for d in desyncs}
-    sequence = []
+    return per_rank
+
+
+def _sequence(calls: dict[int, list], durations: dict, entered: dict, first_diff: dict[str, int],
+              rows: int) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     by_group: dict[str, dict[int, dict[int, Any]]] = {}
     members: dict[str, list[int]] = {}
     for rank, events in calls.items():
@@ -255,35 +248,75 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS) -> dict[str, Any]:
                 continue
             members.setdefault(c.group, list(c.group_ranks))
             by_group.setdefault(c.group, {}).setdefault(c.seq, {})[rank] = c
+    sequence = []
     for group in sorted(by_group, key=lambda g: (len(g), g)):
         seqs = by_group[group]
         ranks = [r for r in members[group] if r in calls]
         total = max(seqs)
         diff = first_diff.get(group)
         shown = [n for n in range(1, total + 1) if n <= rows or (diff is not None and diff <= n < diff + rows)]
-        sequence.append({
-            "group": group,
-            "ranks": ranks,
-            "total": total,
-            "first_difference": diff,
-            "rows": [
-                {"seq": n, "calls": [{"rank": r, "call": _call_data(seqs.get(n, {}).get(r), durations[r])}
-                           for r in ranks]}
-                for n in shown
-            ],
-        })
+        rows_data = []
+        for n in shown:
+            at = entered.get((group, n), {})
+            first = min(at.values()) if len(at) > 1 else None
+            rows_data.append({"seq": n, "calls": [
+                {"rank": r, "call": _call_data(seqs.get(n, {}).get(r), durations[r],
+                                               None if first is None or r not in at else at[r] - first)}
+                for r in ranks]})
+        sequence.append({"group": group, "ranks": ranks, "total": total, "first_difference": diff, "rows": rows_data})
+    return sequence, members
+
+
+def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS, exit_status: dict[int, int] | None = None) -> dict[str, Any]:
+    """The c10d collectives each rank entered, side by side, as data.
+
+    Read from each rank's ``collective_call`` events and, for a rank whose process was
+    killed, the calls its journal kept past the run store's last commit. ``per_rank``: per
+    rank and group, the collectives' count, bytes and ``waited`` (seconds the rank waited
+    at the group's collectives for the last rank to enter them: entry times on the
+    machine's monotonic clock, or aligned by the runs' start times to a millisecond across
+    machines), ``seconds`` (the rank's time in them, entry to return, from its
+    ``collective_done`` events; None for a run recorded before returns were) and
+    ``not_returned`` (calls it never returned from: stuck, raised or killed), by op.
+    ``sequence``: per group, its collectives in order with each rank's call (its
+    ``seconds``, None when it never returned, and ``arrived``: seconds after the first rank
+    entered), the first ``rows`` and, when the ranks differ later, the rows from there on
+    (``rows`` of ``total``). ``desyncs``: per group, where its ranks first differ, with the
+    live error's text when a rank raised one. ``stragglers``: per group, the rank that
+    entered last most often, when it stands out.
+
+    Args:
+        sessions: (rank, session) pairs of a multi-process run.
+        rows: rows of each group's sequence shown before the first difference.
+        exit_status: each rank's exit status, when the launcher recorded them.
+    """
+
+    records = _records(sessions, exit_status)
+    calls = {rank: list(r.calls) for rank, r in records.items()}
+    durations = {rank: _durations(r) for rank, r in records.items()}
+    entered = _entries(calls, _starts(sessions))
+    desyncs = group_desyncs(records)
+    sequence, members = _sequence(calls, durations, entered,
+                                  {d.group: d.desync.seq for d in desyncs if d.desync is not None}, rows)
     return {
-        "per_rank": per_rank,
+        "per_rank": _per_rank(calls, durations, entered),
         "sequence": sequence,
         "desyncs": [
             {
                 "group": d.group,
                 "seq": d.seq,
                 "reason": d.reason,
-                "text": d.render(),
-                "calls": [{"rank": r, "call": _call_data(c, durations.get(r, {}))} for r, c in d.calls],
+                "cause": d.cause,
+                "live": d.live,
+                "text": d.text,
+                "calls": [] if d.desync is None else [
+                    {"rank": r, "call": _call_data(c, durations.get(r))} for r, c in d.desync.calls],
             }
             for d in desyncs
+        ],
+        "stragglers": [
+            {"group": st.group, "rank": st.rank, "last": st.last, "of": st.of, "late": st.late, "waited": st.waited}
+            for st in stragglers(entered, members)
         ],
     }
 
@@ -310,7 +343,7 @@ def rank_data(group: Any) -> dict[str, Any]:
         "exit_status": list(info.exit_status) if info.exit_status else None,
         "missing": [r for r in range(nproc) if r not in dict(sessions)],
         "agreement": _agreement_data(sessions),
-        "c10d": c10d_data(sessions),
+        "c10d": c10d_data(sessions, exit_status=dict(enumerate(info.exit_status)) if info.exit_status else None),
         "ranks": [
             {"rank": rank, "figures": _rank_figure_data(s), "report": assemble(parts)}
             for (rank, s), (_, parts) in zip(sessions, reports)
@@ -323,6 +356,8 @@ def _print_agreement(console: Console, agreement: dict) -> None:
         # the first rank that stopped in full; the others say the same from their side
         error = stop["error"] if i == 0 else stop["error"].splitlines()[0]
         console.print(Text(f"rank {stop['rank']} stopped: {error}"))
+    if agreement.get("compiled_difference") is not None:
+        console.print(Text(agreement["compiled_difference"]))
     if agreement["difference"] is not None:
         console.print(Text(f"compiled programs: {agreement['difference']}"))
     elif agreement["same_programs"]:
@@ -341,16 +376,32 @@ def _where(loc: dict | None) -> str:
 
 
 def call_text(call: dict | None) -> str:
-    """One rank's call at one collective: ``allreduce([4]; float32) 1.2 ms at train.py:12``
-    (``never returned`` in place of its time when the rank did not come back from it), or ``-``."""
+    """One rank's call at one collective: ``allreduce([4]; float32, AVG) 1.2 ms at train.py:12``
+    (``never returned`` in place of its time when the rank did not come back from it; ``+52 ms``
+    when it entered that much after the first rank), or ``-``."""
     if call is None:
         return "-"
     if not call.get("timed", True):
         took = ""
     else:
         took = " never returned" if call["seconds"] is None else " " + format_seconds(call["seconds"])
-    return (f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}){took}"
+    arrived = call.get("arrived")
+    late = f" (entered +{format_seconds(arrived)})" if arrived is not None and arrived >= 0.0005 else ""
+    extra = f", {call['reduce_op']}" if call.get("reduce_op") else ""
+    if call["op"] in ROOTED and call.get("peer") is not None:
+        extra += f", root {call['peer']}"
+    return (f"{call['op']}({', '.join(call['shapes']) or 'no tensors'}; {call['dtype'] or '-'}{extra}){took}{late}"
             f"{_where(call['location'])}")
+
+
+def straggler_lines(c10d: dict) -> list[str]:
+    """One line per group whose collectives one rank entered last most often."""
+    return [
+        f"straggler: rank {st['rank']} entered last at {st['last']} of {st['of']} collectives of group "
+        f"{st['group']}, {format_seconds(st['late'])} after the rank before it on average "
+        f"({format_seconds(st['waited'])} the others waited for it in all)"
+        for st in c10d.get("stragglers", ())
+    ]
 
 
 def in_collectives_text(group: dict) -> str:
@@ -374,6 +425,8 @@ def _print_c10d(console: Console, c10d: dict) -> None:
         return
     for d in c10d["desyncs"]:
         console.print(Text(f"collective desync: {d['text']}", style="bold red" if console.is_terminal else ""))
+    for line in straggler_lines(c10d):
+        console.print(Text(line))
     print_heading(console, "c10d collectives by rank")
     table = report_table(
         console.is_terminal, ("rank", "right"), ("group (ranks)", "left"), ("calls", "right"), ("bytes", "right"),

@@ -19,6 +19,7 @@ from tpu_debug.report.core import (
 )
 
 from tpu_debug.report.programs import local_programs
+from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of, step_phases
 
 
 def _read_back_text(d: dict) -> str | None:
@@ -150,11 +151,7 @@ def _recompile_table(d: dict, terminal: bool) -> list[RenderableType]:
 
 
 def _steady_recompiles(session: Any) -> dict[tuple[str | None, str], int]:
-    from tpu_debug.tracers.steps import step_phases
-
     """Recompiles in steady-state steps, per (mode, identity)."""
-    from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of
-
     steps = session.steps()
     index = StepIndex(steps)
     phases = dict(zip((s.index for s in steps), step_phases(steps)))

@@ -16,6 +16,7 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
+from tpu_debug.tracers.steps import STEADY, step_phases
 
 
 
@@ -63,8 +64,6 @@ def _steps_rows(d: dict) -> list[tuple[str, str]]:
 
 def _render_steps(d: dict, terminal: bool) -> RenderableType:
     # warm-up against steady state, then the figures of a few steps
-    from tpu_debug.tracers.steps import STEADY
-
     if not d["per_step"]:
         return dim_note(
             "no steps: the run called neither optimizer.step() (with tpu parameters) nor tpu_debug.step(), "
@@ -106,8 +105,6 @@ def _render_steps(d: dict, terminal: bool) -> RenderableType:
 def _steps_shown(steps: list[dict], limit: int = 12) -> list[dict]:
     """The steps worth a row: warm-up ones, steady ones that compiled, the first and last
     steady ones; at most ``limit``."""
-    from tpu_debug.tracers.steps import STEADY
-
     steady = [s for s in steps if s["phase"] == STEADY]
     keep = {s["index"] for s in steps if s["phase"] != STEADY}
     keep |= {s["index"] for s in steady[:2]} | {s["index"] for s in steady[-1:]}
@@ -117,8 +114,6 @@ def _steps_shown(steps: list[dict], limit: int = 12) -> list[dict]:
 
 
 def _phases(steps: list) -> list[str]:
-    from tpu_debug.tracers.steps import step_phases
-
     return step_phases(steps)
 
 

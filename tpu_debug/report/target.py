@@ -18,6 +18,7 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
+from tpu_debug.tracers.target import findings, step_summary
 
 
 
@@ -169,8 +170,6 @@ def _target_compile_data(c: Any, runs: dict, ids: dict) -> dict[str, Any]:
 
 @section("TPU target", order=67, key="target", render=_render_target, heading=_target_heading)
 def _target(session: Any) -> dict[str, Any] | None:
-    from tpu_debug.tracers.target import findings, step_summary
-
     summaries = session.events("target_summary")
     compiles = session.events("target_compile")
     if not summaries and not compiles:

@@ -19,13 +19,13 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
+from tpu_debug.tracers.transfers import CAUSE_TEXT
+from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
 
 
 
 def _render_transfers(d: dict, terminal: bool) -> RenderableType:
     # the ledger by call site, implicit (syncs) first; which of them to fix is the Findings'
-    from tpu_debug.tracers.transfers import CAUSE_TEXT
-
     if d.get("imported"):
         return dim_note(f"transfers: {NOT_MEASURED}")
     if not d["count"]:
@@ -155,8 +155,6 @@ def _collective_programs(block: dict, terminal: bool) -> list[RenderableType]:
 
 
 def _collectives_block(session: Any, events: list, target: str | None) -> dict[str, Any]:
-    from tpu_debug.tracers.collectives import collective_totals, program_calls
-
     totals = collective_totals(events)
     calls = program_calls(session, events) if not target else {}
     return {
@@ -184,8 +182,6 @@ def _collectives_block(session: Any, events: list, target: str | None) -> dict[s
 
 @section("Collectives", order=55, key="collectives", render=render_collectives)
 def _collectives(session: Any) -> dict[str, Any] | None:
-    from tpu_debug.tracers.collectives import program_collectives
-
     local = program_collectives(session)
     targets = [e for e in program_collectives(session, target=None) if e.target]
     if not local and not targets:

@@ -22,7 +22,7 @@ from tpu_debug.core.hlo_text import parse_sharding
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
-from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
+from tpu_debug.tracers.events import CompileEvent, KeyDiff, ShardingRematEvent, SourceLocation
 from tpu_debug.tracers.recompiles import (
     Change,
     by_call_site,
@@ -1552,8 +1552,6 @@ def _remat_fix(op: str) -> str:
 @rule("sharding_remat", about="XLA gathers a whole tensor onto every device to split it again, because the values "
       "an op combines are sharded differently (XLA's involuntary full rematerialization)", view="collectives")
 def sharding_remat(facts: RunFacts) -> Iterable[Finding]:
-    from tpu_debug.tracers.events import ShardingRematEvent
-
     programs: dict[str, list[Any]] = collections.defaultdict(list)
     for e in facts.query.events(ShardingRematEvent.kind):
         if isinstance(e, ShardingRematEvent):

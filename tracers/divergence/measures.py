@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tpu_debug.runtime.dtypes import to_torch_dtype
 from tpu_debug.tracers.divergence.values import BF16
 
 __all__ = ["Measures", "compare", "measure"]
@@ -227,6 +228,5 @@ def _dtype_name(dtype: Any) -> str:
 def _dtype_name_of(dtype: Any) -> str:
     if isinstance(dtype, torch.dtype):
         return str(dtype).removeprefix("torch.")
-    from tpu_debug.runtime.dtypes import to_torch_dtype
 
     return str(to_torch_dtype(dtype)).removeprefix("torch.")

@@ -8,6 +8,7 @@ from typing import Any
 from tpu_debug.tracers.events import CompileEvent, GraphBreakEvent, GuardFailureEvent, RecompileLimitEvent
 from tpu_debug.tracers.query.compiles import compile_events
 from tpu_debug.tracers.query.reader import Part
+from tpu_debug.tracers.recompiles import DEFAULT_STORM_THRESHOLD, summarize
 
 __all__ = ["RecompilesQuery"]
 
@@ -35,7 +36,6 @@ class RecompilesQuery(Part):
 
             [(g.identity, g.recompiles, g.storm) for g in session.recompiles.groups()]
         """
-        from tpu_debug.tracers.recompiles import DEFAULT_STORM_THRESHOLD, summarize
 
         run = self._run
         if storm_threshold is None:

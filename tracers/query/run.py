@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from tpu_debug.tracers.advisor import advise
+from tpu_debug.tracers.advisor.findings import Finding
 from tpu_debug.tracers.events import (
     CollectivesTargetEvent,
     DryRunSummaryEvent,
@@ -26,7 +28,6 @@ from tpu_debug.tracers.store import META_CAPPED
 if TYPE_CHECKING:  # the advisor reads runs through this module: imported when findings are asked for
     from pathlib import Path
 
-    from tpu_debug.tracers.advisor.findings import Finding
 
 __all__ = ["RunQuery"]
 
@@ -109,7 +110,6 @@ class RunQuery(RunReader):
     def findings(self) -> list[Finding]:
         """What the advisor finds in the run (``tracers.advisor.Finding``), the most costly
         first; an empty list is a run with nothing to fix."""
-        from tpu_debug.tracers.advisor import advise
 
         return list(advise(self).findings)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from tpu_debug.tracers.events import SourceLocation, TransferEvent
 from tpu_debug.tracers.query.reader import Part
+from tpu_debug.tracers.transfers import call_sites
 
 __all__ = ["TransferSite", "TransfersQuery"]
 
@@ -53,7 +54,6 @@ class TransfersQuery(Part):
     def call_sites(self) -> list[Any]:
         """Transfers by source line, direction and cause: implicit first, then loops, then the
         most frequent (``tracers.transfers.CallSite``; ``loop`` marks a line that synced often)."""
-        from tpu_debug.tracers.transfers import call_sites
 
         return call_sites(self())
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header
-
 from tpu_debug.core.errors import TpuDebugError
 
-if TYPE_CHECKING:
-    from tpu_debug.session import Session
+from tpu_debug.session import Session
 
 __all__ = ["RunApp", "RunScreen"]
 

@@ -18,13 +18,12 @@ from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.session import Session
+from tpu_debug.tracers.collectives import program_calls, program_collectives
 
 __all__ = ["CollectivesScreen"]
 
 
 def _programs(session: Session) -> tuple[list[CollectivesEvent], dict[int, int]]:
-    from tpu_debug.tracers.collectives import program_calls, program_collectives
-
     events = program_collectives(session, target=None)
     return events, program_calls(session, [e for e in events if not e.target])
 

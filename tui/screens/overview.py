@@ -16,6 +16,7 @@ from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 from tpu_debug.tracers.advisor import RULES
 from tpu_debug.tracers.events import EVENT_TYPES
+from tpu_debug.tracers.lazy_graphs import summarize
 from tpu_debug.tracers.query import RunMetadata
 from tpu_debug.tracers.steps import StepSummary, summarize_steps
 from tpu_debug.tui.format import format_seconds, location_text
@@ -81,8 +82,6 @@ def overview_data(session: Session, cwd: str | None) -> OverviewData:
 
 def _lazy_graphs(session: Session, cwd: str | None) -> list[FindingLine]:
     # lazy mode (DEFER_AND_FUSE): a step run as several graphs, and the line that cut it
-    from tpu_debug.tracers.lazy_graphs import summarize
-
     lazy = summarize(session.events("materialize"))
     if not lazy.graphs:
         return []

@@ -14,7 +14,12 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 from tpu_debug.core.errors import TpuDebugError
+from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.tracers.collectives import compare_ranks
+from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
 
+from tpu_debug.report import rank_figures
+from tpu_debug.report.ranks import c10d_data, call_text, in_collectives_text, ops_text, straggler_lines
 from tpu_debug.session import Session
 
 __all__ = ["RanksScreen"]
@@ -24,10 +29,7 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
     """Each rank's figures (the report's per-rank columns), where the ranks' programs first
     differ, and their c10d collectives side by side (:func:`~tpu_debug.report.ranks.c10d_data`),
     read with sessions of this thread's own."""
-    from tpu_debug.tracers.collectives import compare_ranks
 
-    from tpu_debug.report import rank_figures
-    from tpu_debug.report.ranks import c10d_data
 
     out = []
     events = []
@@ -40,6 +42,7 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
             out.append((rank, figures))
             events.append((rank, session.events("collectives")))
         c10d = c10d_data(sessions)
+        graphs = first_program_difference({rank: compiled_programs(s) for rank, s in sessions})
     finally:
         for _, session in sessions:
             session.close()
@@ -48,16 +51,19 @@ def load_ranks(group: Any) -> tuple[list[tuple[int, dict[str, str]]], str, dict[
         "every rank compiled the same multi-device programs, with the same collectives"
         if len(out) > 1 and any(e for _, e in events) else ""
     )
+    if graphs is not None:
+        agreement = "\n".join(a for a in (graphs.render(), agreement) if a)
     return out, agreement, c10d
 
 
 def _sequence_text(c10d: dict[str, Any]) -> Text:
     """The desyncs, then each group's collectives in order, one line per collective and rank."""
-    from tpu_debug.report.ranks import call_text
 
     text = Text()
     for d in c10d["desyncs"]:
         text.append(f"collective desync: {d['text']}\n", style="bold red")
+    for line in straggler_lines(c10d):
+        text.append(line + "\n", style="bold yellow")
     for seq in c10d["sequence"]:
         text.append(f"group {seq['group']}: collectives in order ({len(seq['rows'])} of {seq['total']})\n",
                     style="bold")
@@ -75,7 +81,7 @@ class RanksScreen(ModalScreen[int | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Close"),
         Binding("r", "dismiss", "Close", show=False),
-        Binding("q", "dismiss", "Close", show=False),
+        Binding("q", "app.quit", "Quit"),  # as in every view: q leaves the TUI
     ]
 
     @dataclasses.dataclass
@@ -139,9 +145,7 @@ class RanksScreen(ModalScreen[int | None]):
 
     def _show_c10d(self, c10d: dict[str, Any]) -> None:
         """Each rank's c10d collectives per group, then their order and the first desync."""
-        from tpu_debug.core.format import format_bytes, format_seconds
 
-        from tpu_debug.report.ranks import in_collectives_text, ops_text
 
         if not any(r["calls"] for r in c10d["per_rank"]):
             return

@@ -36,6 +36,7 @@ from tpu_debug.tui.widgets import Col, FitTable, HloView, PagedTable, SourceExce
 from tpu_debug.core.errors import NotRecordedError
 from tpu_debug.report import advice_of
 from tpu_debug.session import Session
+from tpu_debug.tracers.recompiles import summarize
 
 __all__ = ["CompileDetail", "RecompilesScreen"]
 
@@ -509,8 +510,6 @@ def _changing(history: list[CompileEvent], mode: str, partial: bool, finding: Fi
     """What changed across the loaded compiles (the recompile tracker's summary of a group,
     over the compiles loaded so far), and the advisor's fix when it found this op or graph
     worth fixing."""
-    from tpu_debug.tracers.recompiles import summarize
-
     groups = summarize(history)
     change = groups[0].changing if groups else None
     text = Text("")

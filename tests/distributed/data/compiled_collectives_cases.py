@@ -200,6 +200,26 @@ def _ddp_compiled_autograd(device: str, rank: int, results: dict) -> None:
     results["ddp_compiled_autograd.params"] = [p.detach().cpu() for p in model.parameters()]
 
 
+def _desync_compiled(device: str, rank: int, results: dict) -> None:
+    """Ranks all-reducing tensors of other sizes inside a compiled graph (`tpu` only: gloo
+    itself would abort on it): the error, as raised, and the failed-callback logs JAX wrote."""
+    if device != "tpu":
+        return
+    import logging
+
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append  # type: ignore[method-assign]
+    logging.getLogger("jax._src.callback").addHandler(handler)
+    step = torch.compile(lambda x: fc.all_reduce(x * 2, "sum", dist.group.WORLD) + 1, backend="tpu_debug")
+    try:
+        step(torch.ones(4 if rank == 0 else 3, device="tpu")).cpu()  # the sizes differ by rank
+    except Exception as exc:  # noqa: BLE001 - the test reads what was raised
+        results["desync_compiled"] = {"type": type(exc).__name__, "text": str(exc), "logged": len(logged)}
+    finally:
+        logging.getLogger("jax._src.callback").removeHandler(handler)
+
+
 CASES = {
     "funcol": _funcol,
     "recorded": _recorded,
@@ -208,6 +228,7 @@ CASES = {
     # eager too: sequence parallel's layer norm backward returns its masked-off gradients as None
     "tp_sp_eager": functools.partial(_tp_sp, compiled=False),
     "ddp_compiled_autograd": _ddp_compiled_autograd,
+    "desync_compiled": _desync_compiled,
 }
 
 

@@ -12,8 +12,14 @@ broadcast in opposite orders; ``stuck``, rank 1 does not call a collective rank 
 in, and stays alive (the check's timeout names it); ``hang``, a collective under
 ``if rank == 0``, while rank 1 goes on and leaves; ``device``, rank 0 all-reduces a CPU
 tensor, rank 1 a `tpu` one (it runs before ``hang``, which ends rank 1).
+After those, on fresh groups too: ``uneven_metric``, rank 1's loop runs once fewer and it
+all-reduces the epoch's metric while rank 0 all-reduces its last batch; ``p2p_sizes``, a
+send of 4 floats into a receive of 3; ``p2p_order``, both ranks receive before they
+send; ``straggler``, rank 1 sleeps before each of 6 all-reduces.
 ``kill`` (2 ranks): rank 1 is killed (SIGKILL) after its second collective; rank 0's
 third names it.
+``raise`` (2 ranks): rank 1 raises after its second collective; rank 0's third names the
+exception and its line.
 ``ok`` (4 ranks): a correct script with every kind of call the check must let through.
 """
 
@@ -92,11 +98,45 @@ def mixed_devices() -> None:
     dist.all_reduce(torch.ones(4, device="cpu" if rank == 0 else "tpu"), group=group)  # rank 0 forgot .to("tpu")
 
 
+def uneven_then_metric() -> None:
+    group = dist.new_group(list(range(world)))
+    for _ in range(3 if rank == 0 else 2):
+        dist.all_reduce(torch.ones(4, device="tpu"), group=group)  # a batch's gradients
+    dist.all_reduce(torch.ones(2, device="tpu"), group=group)  # the epoch's metric, after the loop
+
+
+def p2p_sizes() -> None:
+    group = dist.new_group(list(range(world)))
+    if rank == 0:
+        dist.send(torch.ones(4, device="tpu"), 1, group=group)  # rank 0 sends 4
+    else:
+        dist.recv(torch.zeros(3, device="tpu"), 0, group=group)  # rank 1 receives 3
+
+
+def p2p_order() -> None:
+    group = dist.new_group(list(range(world)))
+    got = torch.zeros(4, device="tpu")
+    dist.recv(got, 1 - rank, group=group)  # both ranks receive first
+    dist.send(torch.ones(4, device="tpu"), 1 - rank, group=group)
+
+
+def straggler() -> None:
+    group = dist.new_group(list(range(world)))
+    for _ in range(6):
+        if rank == 1:
+            time.sleep(0.2)  # rank 1 alone does more before each collective
+        dist.all_reduce(torch.ones(2, device="tpu"), group=group)  # rank 0 waits here
+
+
 if PLANT == "mismatches":
     caught("shapes", uneven_last_batch)
     caught("order", opposite_order)
     caught("stuck", stuck)
     caught("device", mixed_devices)
+    caught("uneven_metric", uneven_then_metric)
+    caught("p2p_sizes", p2p_sizes)
+    caught("p2p_order", p2p_order)
+    caught("straggler", straggler)
     caught("hang", rank_zero_only)
     save()
 elif PLANT == "kill":
@@ -109,6 +149,19 @@ elif PLANT == "kill":
         dist.all_reduce(t)  # rank 0 waits for the dead rank here
 
     caught("kill", killed)
+    save()
+elif PLANT == "raise":
+    def raised() -> None:
+        t = torch.ones(4, device="tpu")
+        dist.all_reduce(t)
+        dist.all_reduce(t)  # the last collective rank 1 calls before it raises
+        if rank == 1:
+            raise ValueError("a bad batch")  # rank 1 raises here
+        dist.all_reduce(t)  # rank 0 waits for the rank that raised here
+
+    if rank == 1:
+        raised()  # uncaught: the process ends with it, as a script's error does
+    caught("raise", raised)
     save()
 elif PLANT == "ok":
     def correct() -> None:
@@ -131,6 +184,14 @@ elif PLANT == "ok":
         dist.recv(got, src=(rank - 1) % world)
         if rank % 2 == 1:
             dist.send(torch.full((3,), float(rank), device="tpu"), dst=(rank + 1) % world)
+        # asynchronous point to point: a ring of isend/irecv, and of batch_isend_irecv
+        ring = [dist.isend(x, (rank + 1) % world), dist.irecv(torch.empty(4, device="tpu"), (rank - 1) % world)]
+        for work in ring:
+            work.wait()
+        ops = [dist.P2POp(dist.isend, x, (rank + 1) % world),
+               dist.P2POp(dist.irecv, torch.empty(4, device="tpu"), (rank - 1) % world)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
         # sub-groups whose members differ, each with its own sequence
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         mine = pairs[rank // 2]

@@ -97,6 +97,17 @@ def _point_to_point(device: str, rank: int, out: dict) -> None:
         dist.recv(got, src=0)
         dist.send(torch.tensor([8, 9]).to(device), dst=0)
     out["send_recv"] = got.cpu()
+    # a ring: each rank sends to the next and receives from the one before, both posted first
+    send = (torch.arange(4.0) + 10 * rank).to(device)
+    got = torch.empty(4).to(device)
+    for work in [dist.isend(send, (rank + 1) % WORLD), dist.irecv(got, (rank - 1) % WORLD)]:
+        work.wait()
+    out["ring.isend_irecv"] = got.cpu()
+    got = torch.empty(4).to(device)
+    ops = [dist.P2POp(dist.isend, send * 2, (rank + 1) % WORLD), dist.P2POp(dist.irecv, got, (rank - 1) % WORLD)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    out["ring.batch_isend_irecv"] = got.cpu()
 
 
 def _rooted(device: str, rank: int, out: dict) -> None:
@@ -175,8 +186,11 @@ def _ddp_compiled(device: str, rank: int, out: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = _mlp().to(device)
-    # the reference compiles with PyTorch's own AOTAutograd and eager kernels (no C++ toolchain)
-    step = torch.compile(DDP(model), backend="tpu_debug" if device == "tpu" else "aot_eager")
+    # the form that compiles: dynamo does not trace DDP's own forward in this PyTorch (it breaks
+    # the graph on DDP's logger and compiles nothing of torch.compile(DDP(model))), so the module
+    # is compiled inside DDP. The reference compiles with PyTorch's own AOTAutograd and eager
+    # kernels (no C++ toolchain)
+    step = DDP(torch.compile(model, backend="tpu_debug" if device == "tpu" else "aot_eager"))
     out["ddp_compiled.losses"] = torch.tensor(_train(step, model.parameters(), device, _batches(rank)))
     out["ddp_compiled.params"] = [p.detach().cpu() for p in model.parameters()]
 
@@ -211,6 +225,32 @@ def _tensor_parallel(device: str, rank: int, out: dict) -> None:
     out["tp.params"] = [_full(p) for p in model.parameters()]
 
 
+def _pipeline(device: str, rank: int, out: dict) -> None:
+    """A two-stage pipeline, PyTorch's GPipe schedule over two microbatches (its stages send
+    activations and gradients with batch_isend_irecv), trained two steps."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    stages = [nn.Linear(8, 8), nn.Linear(8, 4)]  # few ops: each eager op compiles once on tpu
+    module = stages[rank].to(device)
+    schedule = ScheduleGPipe(PipelineStage(module, rank, WORLD, torch.device(device)), n_microbatches=2,
+                             loss_fn=F.mse_loss)
+    opt = torch.optim.SGD(module.parameters(), lr=0.2)
+    losses = []
+    gen = torch.Generator().manual_seed(7)
+    for x, y in [(torch.randn(4, 8, generator=gen), torch.randn(4, 4, generator=gen)) for _ in range(2)]:
+        opt.zero_grad()
+        if rank == 0:
+            schedule.step(x.to(device))
+        else:
+            step: list[torch.Tensor] = []
+            schedule.step(target=y.to(device), losses=step)
+            losses.append(sum(loss.item() for loss in step))
+        opt.step()
+    out["pipeline.losses"] = torch.tensor(losses)
+    out["pipeline.params"] = [p.detach().cpu() for p in module.parameters()]
+
+
 CASES = {
     "all_reduce": _all_reduce,
     "gathers": _gathers,
@@ -221,6 +261,7 @@ CASES = {
     "ddp_compiled": _ddp_compiled,
     "fsdp": _fsdp,
     "tp": _tensor_parallel,
+    "pipeline": _pipeline,
 }
 
 
@@ -234,6 +275,10 @@ def _rank(rank: int, port: int, device: str, out_dir: str, cases: list[str]) -> 
     for name in cases:
         CASES[name](device, rank, results)
     dist.barrier()
+    if os.environ.get("TORCH_FR_BUFFER_SIZE") and device == "cpu":
+        # gloo's Flight Recorder: each rank's dump, written as a job writes it on demand
+        with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as f:
+            f.write(torch._C._distributed_c10d._dump_fr_trace())
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 

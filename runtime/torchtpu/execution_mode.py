@@ -1,0 +1,66 @@
+"""``torch_tpu._internal.execution_mode``: the eager mode and the CPU fallback, as properties
+and context managers.
+
+``em.eager_mode`` reads the mode in effect and ``em.eager_mode = mode`` sets it (a module
+property, as in TorchTPU); ``with em.set_eager_mode(mode):`` and the guide's
+``with em.eager_mode(mode):`` run a block in ``mode``; ``with em.cpu_fallback_mode(True):``
+runs ops that have no lowering on CPU inside the block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
+
+from tpu_debug.runtime import lazy
+from tpu_debug.runtime.config import config
+
+__all__ = ["EagerMode", "cpu_fallback_mode", "get_eager_mode", "set_eager_mode"]
+
+EagerMode = lazy.EagerMode
+set_eager_mode = lazy.set_eager_mode
+
+
+def get_eager_mode() -> lazy.EagerMode:
+    """The eager mode in effect."""
+    return lazy.eager_mode()
+
+
+@contextlib.contextmanager
+def cpu_fallback_mode(enabled: bool) -> Iterator[None]:
+    """Inside the block, an op with no lowering runs on CPU (``enabled=True``) or raises
+    ``NotImplementedError`` (``False``); the setting before comes back after it."""
+    before = config.cpu_fallback
+    config.cpu_fallback = bool(enabled)
+    try:
+        yield
+    finally:
+        config.cpu_fallback = before
+
+
+class _ExecutionModeModule(types.ModuleType):
+    """This module, with TorchTPU's settable module properties."""
+
+    @property
+    def eager_mode(self) -> lazy.EagerMode:
+        """The eager mode in effect; assigning sets it. Called with a mode it is a context
+        manager (``with em.eager_mode(EagerMode.DEFER_NEVER):``)."""
+        return lazy.eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode: lazy.EagerMode | str) -> None:
+        lazy.set_mode(mode)
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        """Whether ops with no lowering run on CPU; assigning sets it."""
+        return bool(config.cpu_fallback)
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, enabled: bool) -> None:
+        config.cpu_fallback = bool(enabled)
+
+
+sys.modules[__name__].__class__ = _ExecutionModeModule
