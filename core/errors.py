@@ -30,6 +30,8 @@ __all__ = [
     "MissingPayloadError",
     "LoweringBugError",
     "DeviceAssertError",
+    "OpArgumentError",
+    "OpIndexError",
 ]
 
 
@@ -137,6 +139,17 @@ class MissingPayloadError(TpuDebugError, RuntimeError):
 class DeviceAssertError(TpuDebugError, RuntimeError):
     """A device-side assertion in a compiled graph (``torch._assert_async``, as PyTorch's
     ``one_hot`` makes one) found its condition false."""
+
+
+class OpArgumentError(TpuDebugError, RuntimeError):
+    """An op call PyTorch's CPU kernel refuses (a negative convolution padding, an index out
+    of range, a probability below zero), refused with the message CPU gives: the text a
+    script or a test written against PyTorch matches, which names the fact and the value."""
+
+
+class OpIndexError(TpuDebugError, IndexError):
+    """An index PyTorch refuses with an IndexError (``x[i]``, ``embedding``, ``take`` out of
+    range), with the message CPU gives."""
 
 
 class LoweringBugError(TpuDebugError, RuntimeError):

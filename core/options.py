@@ -236,6 +236,9 @@ class Option:
             records; its ``trace()`` default (None) leaves the runtime's value.
         flag: ``tpu-debug run`` has a flag for it.
         reading: the reading verbs use it too (all others are recording options).
+        alias: another tool's variable for the same setting (TorchTPU's name), read, with the
+            same parsing, when ``TPU_DEBUG_<NAME>`` is not set: a script written for TorchTPU
+            keeps its meaning here.
     """
 
     name: str
@@ -245,6 +248,7 @@ class Option:
     scopes: frozenset[str] = frozenset({"trace"})
     flag: bool = True
     reading: bool = False
+    alias: str | None = None
 
     @property
     def env(self) -> str:
@@ -305,6 +309,11 @@ OPTIONS: tuple[Option, ...] = (
     # the runtime's own settings: tpu_debug.runtime.config
     Option("cpu_fallback", BOOL, False, "run ops that have no lowering on CPU (moving data both ways) instead "
            "of raising NotImplementedError", _RUNTIME, flag=False),
+    Option("data_checks", BOOL, None, "check the argument values PyTorch checks and a TPU does not (an index "
+           "in range, a probability distribution) and raise PyTorch's error at the op: on in eager mode unless "
+           "set off; in lazy and compiled programs only when set on, since reading values there adds a "
+           "device-to-host sync (TorchTPU's TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS sets it too)", _RUNTIME,
+           flag=False, alias="TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS"),
     Option("matmul_precision", choice("a matmul precision", PRECISIONS), None, "an explicit float32 product "
            "precision, as torch.tpu.precision.set sets it (default: follow "
            "torch.get_float32_matmul_precision())", _RUNTIME, flag=False),
@@ -404,24 +413,25 @@ def env_var(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-def parse_env(opt: Option, raw: str) -> Any:
-    """The value of ``opt``'s variable holding ``raw``.
+def parse_env(opt: Option, raw: str, var: str | None = None) -> Any:
+    """The value of ``opt``'s variable (``var``: its alias) holding ``raw``.
 
     Raises:
         ConfigError: blank, or a value the option does not accept (one line: the
             variable, the value, what is accepted).
     """
+    var = var or opt.env
     text = raw.strip()
     if not text:
-        raise ConfigError(f"{opt.env} is set but empty; set it to {opt.kind.noun}, or unset it")
+        raise ConfigError(f"{var} is set but empty; set it to {opt.kind.noun}, or unset it")
     try:
         return opt.kind.parse(text)
     except _Junk as exc:
         if exc.detail:
-            raise ConfigError(f"{opt.env}={raw!r}: {exc.detail}") from None
+            raise ConfigError(f"{var}={raw!r}: {exc.detail}") from None
     except ValueError:
         pass
-    raise ConfigError(f"{opt.env}={raw!r} is not {opt.kind.noun}; use {opt.kind.accepted}")
+    raise ConfigError(f"{var}={raw!r} is not {opt.kind.noun}; use {opt.kind.accepted}")
 
 
 def check_value(opt: Option, value: Any) -> Any:
@@ -448,9 +458,14 @@ def read_env(scope: str | Iterable[Option] | None = None, environ: Mapping[str, 
     """
     env = os.environ if environ is None else environ
     chosen = options(scope) if scope is None or isinstance(scope, str) else tuple(scope)
-    return {
-        o.name: parse_env(o, env[o.env]) for o in chosen if o.env in env and (o.reading or not _reading_only)
-    }
+    values = {}
+    for o in chosen:
+        if not o.reading and _reading_only:
+            continue
+        var = o.env if o.env in env else o.alias if o.alias is not None and o.alias in env else None
+        if var is not None:
+            values[o.name] = parse_env(o, env[var], var)
+    return values
 
 
 def check_env(environ: Mapping[str, str] | None = None) -> None:

@@ -39,6 +39,7 @@ from tpu_debug.runtime import fused_step
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
 from tpu_debug.runtime import tensor as _tensor
+from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile
 from tpu_debug.runtime.config import config
@@ -153,6 +154,7 @@ class GraphProgram:
         )
         # functional collectives (DTensor, funcol calls): host callbacks in the program
         self.collectives = 0
+        value_nodes: list[torch.fx.Node] = []
         for node in gm.graph.nodes:
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
                 if node.target in _SHAPE_OPS or node.target is _COPY_ or node.target in _ASSERTS:
@@ -164,6 +166,8 @@ class GraphProgram:
                     self.nodes.append(LoweredNode(node.name, str(node.target), scope, trace))
                     continue
                 low = lookup(node.target)
+                if low is not None and low.values is not None:
+                    value_nodes.append(node)
                 if low is None:
                     raise UnsupportedGraphOp(
                         f"graph {graph_id} ({kind}) node {node.name}: aten::"
@@ -174,17 +178,25 @@ class GraphProgram:
                     self.rng_nodes += 1
                 scope = f"{node.name}|aten::{str(node.target).removeprefix('aten.')}"
                 self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace")))
+        # nodes whose ops check argument values (runtime/value_checks.py), with their LoweredNode
+        lowered = {n.name: n for n in self.nodes}
+        self.value_nodes = {node: lowered[node.name] for node in value_nodes}
+        # what the last trace with checks made: per report output, (op, check, statics, node)
+        self.traced_checks: list[tuple] = []
 
-    def __call__(self, *flat, debug: frozenset | None = None):
+    def __call__(self, *flat, debug: frozenset | None = None, checking: bool = False):
         """The graph's outputs (then each mutated input's new value) for inputs ``flat``
         (the random key last when the graph draws random numbers). With ``debug`` (FX node
-        names), also a dict of those nodes' values: the divergence tracer's variant."""
+        names), also a dict of those nodes' values: the divergence tracer's variant. With
+        ``checking``, the value checks' reports follow the assertions' conditions."""
         env: dict[torch.fx.Node, Any] = {}
         key = flat[-1] if self.rng_nodes else None
         inputs = iter(flat[:-1] if self.rng_nodes else flat)
         draws = itertools.count()  # the n-th random node folds n into the key
         mutations: dict[torch.fx.Node, Any] = {}
         checks: list[Any] = []  # the device assertions' conditions
+        if checking:
+            self.traced_checks = []
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(inputs)
@@ -195,15 +207,29 @@ class GraphProgram:
                     checks.append(jnp.all(_value(node.args[0], env)))
                     env[node] = None
                 else:
+                    if checking and node in self.value_nodes:
+                        self._check_values(node, env)
                     env[node] = self._call(node, env, key, draws, mutations)
             elif node.op == "output":
-                result = self._outputs(node, env, mutations) + tuple(checks)
+                reports = tuple(r for r, _info in self.traced_checks) if checking else ()
+                result = self._outputs(node, env, mutations) + tuple(checks) + reports
                 if debug is not None:
                     return result, {n.name: v for n, v in env.items() if n.name in debug}
                 return result
             else:
                 raise UnsupportedGraphOp(f"graph {self.graph_id}: FX node kind {node.op!r} is not supported")
         raise LoweringBugError(f"graph {self.graph_id} has no output node; please report it with this message")
+
+    def _check_values(self, node: torch.fx.Node, env: dict) -> None:
+        """Trace the report of ``node``'s value check (runtime/value_checks.py)."""
+        check = lookup(node.target).values
+        args = [_value(a, env) for a in node.args]
+        kwargs = {k: _value(v, env) for k, v in node.kwargs.items()}
+        arrays, statics = check.select(*args, **kwargs)
+        if arrays:
+            name = str(node.target).removeprefix("aten.").removesuffix(".default")
+            report = value_checks.report(check, *arrays, statics)
+            self.traced_checks.append((report, (name, check, statics, self.value_nodes[node])))
 
     def _call(self, node: torch.fx.Node, env: dict, key, draws: Iterator[int], mutations: dict) -> Any:
         """The value of one ``call_function`` node."""
@@ -386,6 +412,9 @@ class _Entry:
     # the static call's tail (see CompiledGraph._static_tail): per graph output, (source,
     # where, shape, torch dtype) when none is a view, False when one is, None until known
     tail: Any = None
+    # the value checks the program computes after its assertions (runtime/value_checks.py):
+    # per report output, (op, check, statics, LoweredNode); empty for a program without them
+    checks: tuple = ()
 
 
 # output sources (see _Entry.outputs); _VIEW: (VIEW, base output index, (size, stride, offset))
@@ -512,9 +541,11 @@ class CompiledGraph:
         return tuple((a.shape, a.dtype) if hasattr(a, "shape") else ("s", a) for a in arrays)
 
     def __call__(self, args):
-        # the signature computed once holds no placement: with meshes in use, every call has its own
+        # the signature computed once holds no placement: with meshes in use, every call has its own;
+        # a program computing value checks is not the static one
+        checking = bool(self.program.value_nodes) and _dryrun.active is None and value_checks.wanted("compiled")
         static = (self._static_entry is not None and config.numerics == "cpu" and not _placement.active
-                  and _dryrun.active is None)
+                  and _dryrun.active is None and not checking)
         if static and not probes._op_probes:
             out = self._call_static(self._static_entry, args)
             if out is not None:
@@ -528,7 +559,7 @@ class CompiledGraph:
         if static:
             entry, sig = self._static_entry, self._static_sig
         else:
-            entry, sig = self._entry(arrays)
+            entry, sig = self._entry(arrays, checking)
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
         outs = self._execute(entry, sig, arrays, stores)
@@ -543,6 +574,8 @@ class CompiledGraph:
                 set_payload(t, value)
         if self.program.asserts:
             self._check_asserts(it)
+        if entry.checks:
+            value_checks.read_compiled(list(it), entry.checks)
         return result
 
     def _call_static(self, entry: _Entry, args: list) -> list | None:
@@ -733,8 +766,9 @@ class CompiledGraph:
                     result[i] = result[where].as_strided(*geometry)
         return result
 
-    def _entry(self, arrays) -> tuple[_Entry, tuple]:
-        """The executable for these inputs and its signature, compiled on a miss."""
+    def _entry(self, arrays, checking: bool = False) -> tuple[_Entry, tuple]:
+        """The executable for these inputs and its signature, compiled on a miss (with
+        ``checking``, the variant computing the graph's value checks)."""
         if self._static and not _placement.active:
             if self._static_sig is None:
                 self._static_sig = self._signature(arrays)
@@ -747,11 +781,13 @@ class CompiledGraph:
         if _dryrun.active is not None:  # a dry run's program computes shapes only
             sig += (_dryrun.active.key,)
             cpu = False
+        if checking:
+            sig += (("value checks",),)
         entry = self.cache.get(sig)
         if entry is None:
-            entry = self._compile(sig, arrays)
+            entry = self._compile(sig, arrays, checking)
             self._keep(sig, entry)
-        if self._static and cpu and entry.spmd is None:  # reused without a lookup (see __call__)
+        if self._static and cpu and entry.spmd is None and not checking:  # reused without a lookup (see __call__)
             self._static_entry = entry
             self._static_shapes = tuple(s[0] for s in sig[:len(arrays)])
         return entry, sig
@@ -786,11 +822,11 @@ class CompiledGraph:
         # references: the storage's payload attribute, ``arrays``, getrefcount's argument
         return all(i in stores and sys.getrefcount(arrays[i]) <= 3 for i in donated)
 
-    def _compile(self, sig, arrays) -> _Entry:
+    def _compile(self, sig, arrays, checking: bool = False) -> _Entry:
         """Trace, lower and compile the program for inputs ``arrays`` (signature ``sig``)."""
         out_nodes = list(self.gm.graph.output_node().args[0])
         views = _output_views(self.kind, out_nodes)
-        fn, kinds, scalars, lead = self._traceable(arrays, out_nodes, views)
+        fn, kinds, scalars, lead = self._traceable(arrays, out_nodes, views, checking)
         example = [a for a in arrays if hasattr(a, "shape")]
         if self.program.rng_nodes:
             example.append(np.zeros(2, np.uint32))  # an aval only: drawing a real key would shift the stream
@@ -843,7 +879,8 @@ class CompiledGraph:
         # lead: where each mutated input's value is among the leading outputs
         entry = _Entry(compiled, outputs, scalars=dict(scalars), donated=donated,
                        has_views=any(k == _VIEW for k, _, _ in outputs),
-                       lead=tuple(lead.index(j) for j in range(len(lead))))
+                       lead=tuple(lead.index(j) for j in range(len(lead))),
+                       checks=tuple(info for _r, info in self.program.traced_checks) if checking else ())
         if donated:
             def make_plain():
                 with jax.enable_x64(True):
@@ -861,7 +898,8 @@ class CompiledGraph:
             probes.compiled(entry.info)
         return entry
 
-    def _traceable(self, arrays: list, out_nodes: list, views: dict) -> tuple[Any, list, dict, list]:
+    def _traceable(self, arrays: list, out_nodes: list, views: dict,
+                   checking: bool = False) -> tuple[Any, list, dict, list]:
         """The function to jit for inputs ``arrays``, with what tracing it tells: where each
         output comes from (``kinds``: (source, where) per output) and the Python scalars
         among the outputs (``scalars``: {output index: value}).
@@ -888,7 +926,7 @@ class CompiledGraph:
             full = [statics[i] if i in statics else next(it) for i in range(n)]
             if program.rng_nodes:
                 full.append(next(it))
-            outs = program(*full)
+            outs = program(*full, checking=checking)
             inputs = {id(v): i for i, v in enumerate(full[:n]) if hasattr(v, "shape")}
             first: dict[int, int] = {}
             kinds.clear()

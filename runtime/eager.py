@@ -28,7 +28,14 @@ import numpy as np
 import torch
 from jax._src import array as jax_array
 
-from tpu_debug.core.errors import DeviceMismatchError, LoweringBugError, NoLoweringError, OutputMismatchError, UnsupportedError
+from tpu_debug.core.errors import (
+    DeviceMismatchError,
+    LoweringBugError,
+    NoLoweringError,
+    OpArgumentError,
+    OutputMismatchError,
+    UnsupportedError,
+)
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
@@ -41,6 +48,7 @@ from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
 from tpu_debug.runtime import tensor as _tensor_module
+from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -154,6 +162,10 @@ class _Plan:
     # returned undefined (None), as PyTorch's kernels return them; DTensor's sharding rules
     # read None there, and autograd does not ask for them
     mask_pos: int = -1
+    # the lowering's argument checks (Lowering.check), run before every call, and its
+    # checks of argument values (Lowering.values, runtime/value_checks.py)
+    check: Any = None
+    values: Any = None
     fast: dict = dataclasses.field(default_factory=dict)
     lazy_fast: dict = dataclasses.field(default_factory=dict)
 
@@ -282,6 +294,8 @@ def plan_for(op: _OpOverload) -> _Plan:
     plan.precision = lowering is not None and lowering.precision
     plan.dynamic_scalars = bool(plan_scalars) and lowering is not None and not lowering.static_scalars
     plan.fast_ok = lowering is not None and not lowering.rng and not lowering.eager_only
+    plan.check = lowering.check if lowering is not None else None
+    plan.values = lowering.values if lowering is not None else None
     plan.mask_pos = next((i for i, a in enumerate(schema.arguments)
                           if a.name == "output_mask" and str(a.type).startswith("List[bool]")), -1)
     out_via_functional = kind == "out" and functional is not None and lowering is not own
@@ -469,6 +483,11 @@ def _cpu_to_jax(t: torch.Tensor, *, implicit: bool = False, op: str | None = Non
     if _dryrun.active is not None:  # a dry run moves no data: the device copy is its shape
         return _dryrun.Abstract(tuple(t.shape), to_jax_dtype(t.dtype))
     op = op or ("scalar" if implicit else "copy")  # callers name what moved the data
+    if t.dim() > 64:
+        raise UnsupportedError(
+            f"a {t.dim()}-dimensional tensor cannot move to the tpu device: NumPy and XLA arrays have "
+            "at most 64 dimensions; reshape it to 64 or fewer before moving it"
+        )
     if probes._transfer_checks:  # a transfer guard may refuse the copy (raises)
         probes.check_transfer("h2d", op, tuple(t.shape),
                               str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
@@ -659,6 +678,8 @@ def _meta_outputs(plan: _Plan, skel_args, skel_kwargs):
             return None
         if "data-dependent" in msg or "DataDependentOutputException" in msg:
             return None
+        if msg.startswith("Attempting to broadcast a dimension"):
+            _check_broadcast([a for a in margs if isinstance(a, _Tensor)])
         raise
     except Exception as exc:  # noqa: BLE001 - meta kernels raise assorted types for data-dependent ops
         if type(exc).__name__ in ("DynamicOutputShapeException", "DataDependentOutputException"):
@@ -673,6 +694,22 @@ def _meta_outputs(plan: _Plan, skel_args, skel_kwargs):
             tensors.extend(v if is_list else [v])
         return [(tuple(t.shape), t.dtype) for t in tensors]
     return [(tuple(t.shape), t.dtype) for t in _iter_tensors(out)]
+
+
+def _check_broadcast(tensors: list) -> None:
+    """Raise PyTorch's CPU error for inputs whose shapes do not broadcast (TensorIterator's
+    ``infer_size``, pair by pair: the shape so far is tensor a): PyTorch's meta kernels word it
+    otherwise."""
+    shape: tuple = ()
+    for t in tensors:
+        other = tuple(t.shape)
+        n = max(len(shape), len(other))
+        a, b = (1,) * (n - len(shape)) + shape, (1,) * (n - len(other)) + other
+        for i in range(n - 1, -1, -1):
+            if a[i] != b[i] and a[i] != 1 and b[i] != 1:
+                raise OpArgumentError(f"The size of tensor a ({a[i]}) must match the size of tensor b ({b[i]}) "
+                                      f"at non-singleton dimension {i}")
+        shape = tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def _check_inplace_result(plan: _Plan, margs, mkwargs) -> None:
@@ -698,6 +735,9 @@ def _iter_tensors(out):
             yield from _iter_tensors(o)
 
 
+_TOO_MANY_DIMS = "number of dimensions must be within [0, 64]"
+
+
 def traced_function(plan: _Plan, skel_args, skel_kwargs, rng: bool):
     """The JAX function of one op call (its tensors, float scalars and random key in, the
     flat outputs out), and a list its output structure is put in when it is traced.
@@ -714,7 +754,12 @@ def traced_function(plan: _Plan, skel_args, skel_kwargs, rng: bool):
         if rng:
             kwargs["key"] = next(it)
         with jax.named_scope(scope):
-            out = lowering.fn(*args, **kwargs)
+            try:
+                out = lowering.fn(*args, **kwargs)
+            except ValueError as exc:
+                if _TOO_MANY_DIMS in str(exc):  # XLA's limit is PyTorch's TensorIterator's
+                    raise OpArgumentError("only tensors with up to 64 dims are supported") from None
+                raise
             flat_out, struct = _flatten_out(out)
             if meta is not None and len(meta) == len(flat_out):
                 flat_out = [
@@ -786,6 +831,61 @@ def _written_targets(plan: _Plan, args, kwargs) -> list[torch.Tensor]:
             continue
         targets.extend(v if is_list else [v])
     return targets
+
+
+# out= ops whose CPU kernel refuses an output sharing any memory with an input, the same
+# tensor included (at::assert_no_overlap): op -> the input positions it checks (None: all);
+# other out= ops refuse a partial overlap only
+_NO_OVERLAP_OUT: dict[str, tuple[int, ...] | None] = {
+    "gather": (0,), "take": None, "index_select": None, "masked_select": None, "kthvalue": None, "cat": None,
+}
+_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
+                     "memory location. Please clone() the tensor before performing the operation.")
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """(storage, first element, one past the last element) of the memory ``t`` spans."""
+    if not t.numel():
+        return None
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.untyped_storage()._cdata, t.storage_offset(), t.storage_offset() + last + 1
+
+
+def _check_out_memory(plan: _Plan, args, kwargs, targets, shapes) -> None:
+    """PyTorch's memory checks on ``out=`` tensors, made before anything is written: an
+    output whose elements share memory (an expanded tensor), and an output overlapping an
+    input, as given or as resized to its result's shape (``shapes``), contiguous from its
+    offset: some kernels check before resizing, others after."""
+    for t in targets:
+        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+            raise OpArgumentError(_INTERNAL_OVERLAP)
+    written = {name for _pos, name, _l in plan.writes}
+    inputs = [a for a in (*args, *(v for k, v in kwargs.items() if k not in written)) if isinstance(a, _Tensor)]
+    for a in (x for v in args if isinstance(v, (list, tuple)) for x in v):
+        if isinstance(a, _Tensor):  # a list of inputs (cat)
+            inputs.append(a)
+    base = plan.op._schema.name.removeprefix("aten::")
+    strict = _NO_OVERLAP_OUT.get(base, ())
+    for t, shape in zip(targets, shapes):
+        if strict is None and any(a is t for a in inputs):
+            raise OpArgumentError(_OVERLAP)  # the same tensor, even an empty one
+        out = _extent(t)
+        if tuple(t.shape) != tuple(shape) and math.prod(shape):
+            start = t.storage_offset()
+            end = start + math.prod(shape)
+            out = (t.untyped_storage()._cdata, start, end if out is None else max(end, out[2]))
+        if out is None:
+            continue
+        for i, a in enumerate(inputs):
+            span = _extent(a) if a.device.type == "tpu" else None
+            if span is None or span[0] != out[0] or span[2] <= out[1] or out[2] <= span[1]:
+                continue
+            # the same memory as the output, as given (a resize of it is the shape check's)
+            same = a is t or (span == _extent(t) and a.shape == t.shape and a.stride() == t.stride())
+            if not same or strict is None or i in strict:
+                raise OpArgumentError(_OVERLAP)
 
 
 def _resize_out(t: torch.Tensor, shape) -> None:
@@ -1162,6 +1262,8 @@ def _finish(plan: _Plan, args, kwargs, flat, struct, dtypes):
             return from_jax(ret_flat[0], dtypes[0])
         return _wrap(ret_flat, (single, _trim(parts, n_ret)), dtypes[:n_ret])
     # inplace / out: results go into the written arguments, which are returned
+    if kind == "out":
+        _check_out_memory(plan, args, kwargs, targets, [v.shape for v in flat])
     if plan.strip or kind == "inplace":
         # out= run through the functional lowering skipped PyTorch's out= checks; an in-place
         # meta kernel may accept a self it would broadcast (addr_ on a 0-d self)
@@ -1294,6 +1396,8 @@ def _run_functional_then_write(plan: _Plan, args, kwargs, run=None):
     else:
         out = _call_by_schema(run, plan.functional._schema, call_kwargs)
     results = list(_iter_tensors(out))
+    if plan.kind == "out":
+        _check_out_memory(plan, args, kwargs, targets, [o.shape for o in results])
     for t, o in zip(targets, results):
         _check_writable(plan, t, o.dtype, o.shape, args, kwargs)
     flat = [to_jax(o) for o in results]
@@ -1398,6 +1502,10 @@ def run_now(op: _OpOverload, args, kwargs):
         if out is not None:
             return out
     plan = _plans_by_id.get(id(op)) or plan_for(op)
+    if plan.check is not None:
+        plan.check(*args, **kwargs)
+    if plan.values is not None and _dryrun.active is None and value_checks.wanted("eager"):
+        value_checks.eager(op, plan.name, plan.values, args, kwargs)
     if plan.fast_ok and not probes._op_probes and _dryrun.active is None and not _placement.active:
         # a call whose signature found its executable: no key, no generic result walk
         arrays: list = []

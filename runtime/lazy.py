@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import itertools
 import math
 import threading
@@ -48,6 +49,7 @@ import torch
 from tpu_debug.runtime import eager as _eager
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import random as _random
+from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.compile_cache import local_compile
 from tpu_debug.runtime.config import EAGER_MODES, config
@@ -512,7 +514,11 @@ def dispatch(op, args, kwargs):
             _block(out, args, kwargs)
         return out
     plan = _eager._plans_by_id.get(id(op)) or _eager.plan_for(op)
+    if plan.check is not None:
+        plan.check(*args, **kwargs)
     if plan.fast_ok:  # a lowering whose output shapes do not depend on values
+        if plan.values is not None and _eager._dryrun.active is None and value_checks.wanted("lazy"):
+            return _checked(op, plan, args, kwargs)
         with _state.lock:
             return _record(plan, args, kwargs)
     lowering = plan.lowering
@@ -522,9 +528,41 @@ def dispatch(op, args, kwargs):
             # the output's shape depends on the values: they are needed now
             materialize(f"data_dependent:{plan.name}")
             return _eager.run_now(op, args, kwargs)
+        if plan.values is not None and _eager._dryrun.active is None and value_checks.wanted("lazy"):
+            return _checked(op, plan, args, kwargs)
         with _state.lock:
             return _record(plan, args, kwargs)
     return _no_lowering(op, plan, args, kwargs)
+
+
+def _checked(op, plan, args, kwargs):
+    """Record an op whose lowering checks argument values (runtime/value_checks.py): the
+    check is a step of the pending graph just before the op's. With the checks raising, the
+    graph runs now and a failure raises at the op, before it is recorded; else the report is
+    read when the graph runs (kept once the op is recorded: a call PyTorch refuses for its
+    arguments is not reported for its values)."""
+    check = plan.values
+    arrays, statics = check.select(*args, **kwargs)
+    if not arrays:
+        with _state.lock:
+            return _record(plan, args, kwargs)
+    values = [value_of(t) if t.device.type == "tpu" else t.numpy() for t in arrays]
+    with _state.lock:
+        g = _state.graph
+        report = g.step(f"check:{plan.name}", functools.partial(value_checks.report, check), (statics,), *values)
+        site = g.sites[-1] if probes._routes.on_defer and g.sites else None
+    if value_checks.raising("lazy"):
+        materialize(f"check:{plan.name}")
+        code, _value = np.asarray(report.value())
+        if code:
+            value_checks.arguments_first(op, args, kwargs)
+        value_checks.read(report.value(), plan.name, check, statics, "lazy", raises=True, site=site)
+        with _state.lock:
+            return _record(plan, args, kwargs)
+    with _state.lock:
+        out = _record(plan, args, kwargs)
+        value_checks.pending.append((report, plan.name, check, statics, site))
+    return out
 
 
 def _record(plan, args, kwargs):
@@ -619,6 +657,8 @@ def _functional_then_write(plan, args, kwargs):
     fnames = {a.name for a in plan.functional._schema.arguments}
     out = plan.functional(**{k: v for k, v in call_kwargs.items() if k in fnames})
     results = list(_eager._iter_tensors(out))
+    if plan.kind == "out":
+        _eager._check_out_memory(plan, args, kwargs, targets, [o.shape for o in results])
     for t, o in zip(targets, results):
         _eager._check_writable(plan, t, o.dtype, o.shape, args, kwargs)
     values = [value_of(o) for o in results]
@@ -810,6 +850,8 @@ def _materialize(g: _Graph, trigger: str) -> None:
         if probes._probes:
             probes.materialized(MaterializeInfo(trigger, entry.name, entry.key, len(g.steps), len(live),
                                                 len(g.leaves), compiled_now, time.perf_counter() - start))
+        if value_checks.pending:  # reports of checks a probe listens to, computed now
+            value_checks.read_pending()
 
 
 def pending_stablehlo(values: list) -> str | None:

@@ -23,7 +23,15 @@ the runtime calls                      each probe hears
 ``collective(info)``                   ``on_collective(info: CollectiveInfo)``
 ``collective_done(info)``              ``on_collective_done(info: CollectiveDone)``
 ``collective_desync(info)``            ``on_collective_desync(info: DesyncInfo)``
+``invalid_value(info)``                ``on_invalid_value(info: InvalidValueInfo)``
 =====================================  ======================================
+
+``on_invalid_value`` is an op's argument values that PyTorch's CPU kernel refuses and XLA
+computes with silently (an index out of range, which a TPU clamps; a probability
+distribution with a negative, ``nan`` or ``inf`` entry or no mass): heard whether or not
+the runtime raises PyTorch's error for it (``config.data_checks``). Eager ops are checked
+before they run; lazy and compiled programs compute the check in the same program only
+while a probe listens for it (or the checks raise), and it is told after the program ran.
 
 ``on_alloc``/``on_free`` are memory tracking (``runtime/memory.py``): while a
 probe with either is subscribed, the runtime keeps a weak registry of the
@@ -64,6 +72,7 @@ __all__ = [
     "FallbackInfo",
     "FreeInfo",
     "GraphInfo",
+    "InvalidValueInfo",
     "LazyNode",
     "LoweredNode",
     "MaterializeInfo",
@@ -86,6 +95,7 @@ __all__ = [
     "fell_back",
     "freed",
     "hidden_from_dynamo",
+    "invalid_value",
     "listening",
     "materialized",
     "observe_graph",
@@ -368,6 +378,44 @@ class FreeInfo:
     dead: bool = True
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class InvalidValueInfo:
+    """An op was called with argument values PyTorch's CPU kernel refuses and XLA does not
+    (runtime/value_checks.py): what a TPU would compute silently.
+
+    ``op`` is the aten op (``"gather"``, ``"index.Tensor"``, ``"multinomial"``), ``argument``
+    the argument whose values are wrong (``"index"``, ``"indices[1]"``, ``"self"``),
+    ``value`` the first offending value (an index, a probability, a row's sum, a count of
+    mask elements), ``low``/``high`` the values accepted, ``low <= v < high`` (None: no
+    bound on that side; a distribution's entries are accepted in ``[0, inf)``, finite),
+    ``message`` PyTorch's error for the call and ``error`` its type (``"RuntimeError"``,
+    ``"IndexError"``), ``silent`` what XLA does instead (``"clamped"``: the index is moved
+    into range, or the row read is another one; ``"sampled"``: categories drawn from a
+    distribution that is not one; ``"overrun"``: the source read past its end).
+
+    ``mode`` is ``"eager"``, ``"lazy"`` or ``"compiled"``; ``raised``: the runtime raises
+    ``message`` right after this notification (data checks on), else the program goes on
+    with XLA's result. Where the user's line is: eager, the caller's stack (the op is being
+    called); lazy, ``site``, the site ``on_defer`` announced for the check's step of the
+    pending graph (``check:<op>``, recorded just before the op; None when no probe listened
+    to ``on_defer``); compiled, ``node``, the graph node the op was lowered from (its
+    ``stack_trace`` is dynamo's record of the user's code).
+    """
+
+    op: str
+    argument: str
+    value: float | int
+    low: float | int | None
+    high: float | int | None
+    message: str
+    error: str
+    silent: str
+    mode: str
+    raised: bool
+    site: int | None = None
+    node: LoweredNode | None = None
+
+
 @runtime_checkable
 class Probe(Protocol):
     """What a tracer implements to hear from the runtime. Every method is optional:
@@ -413,6 +461,9 @@ class Probe(Protocol):
 
     def on_collective_done(self, info: CollectiveDone) -> None:
         """This rank returned from a c10d collective of the `tpu` process group."""
+
+    def on_invalid_value(self, info: InvalidValueInfo) -> None:
+        """An op got argument values PyTorch refuses and XLA computes with (see InvalidValueInfo)."""
 
     # Begin notifications, for host-side spans on a profiler timeline. Each is called
     # just before the activity, on the thread that runs it; the matching on_execute /
@@ -460,6 +511,7 @@ class _Routes:
     on_collective: Route = ()
     on_collective_desync: Route = ()
     on_collective_done: Route = ()
+    on_invalid_value: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
     on_transfer_begin: Route = ()
@@ -648,6 +700,12 @@ def collective_desync(info: DesyncInfo) -> None:
     """The ranks of a c10d group stopped calling the same collectives; this rank raises next."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_collective_desync, (info,), probe_errors)
+
+
+def invalid_value(info: InvalidValueInfo) -> None:
+    """An op got argument values PyTorch refuses and XLA computes with."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_invalid_value, (info,), probe_errors)
 
 
 def evicted(mode: str, name: str, key: Any) -> None:

@@ -8,6 +8,8 @@ import os
 _HARNESS_VARIABLES = ("TPU_DEBUG_OPINFO_", "TPU_DEBUG_FAULTS_")
 for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.startswith(_HARNESS_VARIABLES)]:
     del os.environ[_name]
+# nor TorchTPU's name for one of them (core/options.py: an option's alias)
+os.environ.pop("TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS", None)
 # Plain-text reports take their width from $COLUMNS, which pytest-xdist's workers set to 80 and a
 # developer's shell to anything: tests that read a report see its default width unless they set one.
 os.environ.pop("COLUMNS", None)

@@ -46,6 +46,7 @@ JUNK = {
     "TPU_DEBUG_MEMORY": "junk",
     "TPU_DEBUG_DRY_RUN": "junk",
     "TPU_DEBUG_CPU_FALLBACK": "junk",
+    "TPU_DEBUG_DATA_CHECKS": "junk",
     "TPU_DEBUG_MATMUL_PRECISION": "low",
     "TPU_DEBUG_EAGER_CACHE_SIZE": "0",
     "TPU_DEBUG_COMPILED_CACHE_SIZE": "lots",
@@ -101,6 +102,17 @@ def test_every_boolean_reads_the_same_words(opt):
     # blank is refused for a boolean as for any other option (unset it to get the default)
     with pytest.raises(ConfigError, match=rf"^{opt.env} is set but empty; set it to a boolean, or unset it$"):
         options.read_env([opt], {opt.env: ""})
+
+
+def test_another_tools_variable_for_an_option_is_read_after_ours():
+    """TorchTPU's TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS sets data_checks, parsed by the same
+    rule and named in its error; TPU_DEBUG_DATA_CHECKS wins when both are set."""
+    env = {"TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS": "1"}
+    assert options.read_env("runtime", env)["data_checks"] is True
+    assert options.read_env("runtime", {**env, "TPU_DEBUG_DATA_CHECKS": "0"})["data_checks"] is False
+    assert RuntimeConfig.from_env(env).data_checks is True
+    with pytest.raises(ConfigError, match="^TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS='maybe' is not a boolean"):
+        options.read_env("runtime", {"TORCH_TPU_INTERNAL_ENABLE_DEBUG_CHECKS": "maybe"})
 
 
 def test_counts_and_seconds():

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from tpu_debug.runtime.ops._checks import require, scalar_type
 from tpu_debug.runtime.ops._common import HALF, Kind, compute_dtype, opmath, round_to
 from tpu_debug.runtime.ops.registry import lower
 
@@ -130,7 +131,14 @@ def hardshrink(x, lambd=0.5):
     return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), x.dtype), x)
 
 
-@lower(aten.softshrink.default)
+def _check_softshrink(x, lambd=0.5, **_out):
+    """CPU refuses a negative lambda (the shrink would grow values): XLA would compute it."""
+    top = torch.finfo(x.dtype).max if x.is_floating_point() else float("inf")
+    require(0 <= lambd <= top, f"lambda must be in range [0, {top:g}] for input dtype {scalar_type(x.dtype)}, "
+            f"but found {lambd:g}")
+
+
+@lower(aten.softshrink.default, check=_check_softshrink)
 def softshrink(x, lambd=0.5):
     zero = jnp.zeros((), x.dtype)
     return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, zero))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tpu_debug.core.errors import NoLoweringError
+from tpu_debug.core.errors import NoLoweringError, OpArgumentError
 from tpu_debug.runtime.ops._common import HALF, ntuple, opmath
 from tpu_debug.runtime.ops.linalg import matmul_precision, tpu_passes, tpu_product
 from tpu_debug.runtime.ops.registry import lower
@@ -76,7 +76,99 @@ def _conv_exact(x, w, stride, padding, dilation, transposed, output_padding, gro
     )
 
 
-@lower(aten.convolution.default, precision=True)
+def _sizes(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _expanded(values, name: str, dim: int) -> list[int]:
+    values = list(values)
+    if len(values) == 1:
+        return values * dim
+    if len(values) != dim:
+        raise OpArgumentError(
+            f"expected {name} to be a single integer value or a list of {dim} values to match the "
+            f"convolution dimensions, but got {name}={_sizes(values)}"
+        )
+    return values
+
+
+def _check_convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups, **_out):
+    """The checks of PyTorch's ``_convolution`` (aten/src/ATen/native/Convolution.cpp), with its
+    messages: its meta kernel checks less, in other words, and XLA would pad with a negative
+    padding (cropping) where CPU refuses."""
+    dim = w.dim() - 2
+    if dim <= 0:
+        raise OpArgumentError("weight should have at least three dimensions")
+    if groups <= 0:
+        raise OpArgumentError("non-positive groups is not supported")
+    stride, padding = _expanded(stride, "stride", dim), _expanded(padding, "padding", dim)
+    dilation = _expanded(dilation, "dilation", dim)
+    output_padding = _expanded(output_padding, "output_padding", dim)
+    if any(p < 0 for p in padding):
+        raise OpArgumentError("negative padding is not supported")
+    if any(p < 0 for p in output_padding):
+        raise OpArgumentError("negative output_padding is not supported")
+    if any(s <= 0 for s in stride):
+        raise OpArgumentError("non-positive stride is not supported")
+    if any(d <= 0 for d in dilation):
+        raise OpArgumentError(f"dilation should be greater than zero, but got {_sizes(dilation)}")
+    ws, k = tuple(w.shape), x.dim()
+    if w.dim() != k:
+        raise OpArgumentError(
+            f"Expected {w.dim()}-dimensional input for {w.dim()}-dimensional weight {_sizes(ws)}, but got "
+            f"{k}-dimensional input of size {_sizes(x.shape)} instead"
+        )
+    if ws[0] < groups:
+        raise OpArgumentError(
+            f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but got weight "
+            f"of size {_sizes(ws)} instead"
+        )
+    if ws[0] % groups:
+        raise OpArgumentError(
+            f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but got "
+            f"weight of size [{_sizes(ws)}] instead"
+        )
+    _check_channels(x, ws, bias, padding, dilation, transposed, groups)
+    if x.shape[0] and x.shape[1] and not x.numel():
+        raise OpArgumentError(
+            f"Only zero batch or zero channel inputs are supported, but got input shape: {_sizes(x.shape)}"
+        )
+
+
+def _check_channels(x, ws, bias, padding, dilation, transposed, groups) -> None:
+    bias_size = None if bias is None else _sizes(bias.shape)
+    if transposed:
+        if x.shape[1] != ws[0]:
+            raise OpArgumentError(
+                f"Given transposed=1, weight of size {_sizes(ws)}, expected input{_sizes(x.shape)} to have "
+                f"{ws[0]} channels, but got {x.shape[1]} channels instead"
+            )
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != ws[1] * groups):
+            raise OpArgumentError(
+                f"Given transposed=1, weight of size {_sizes(ws)}, expected bias to be 1-dimensional with "
+                f"{ws[1] * groups} elements, but got bias of size {bias_size} instead"
+            )
+        return
+    if x.shape[1] != ws[1] * groups:
+        raise OpArgumentError(
+            f"Given groups={groups}, weight of size {_sizes(ws)}, expected input{_sizes(x.shape)} to have "
+            f"{ws[1] * groups} channels, but got {x.shape[1]} channels instead"
+        )
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != ws[0]):
+        raise OpArgumentError(
+            f"Given weight of size {_sizes(ws)}, expected bias to be 1-dimensional with {ws[0]} elements, "
+            f"but got bias of size {bias_size} instead"
+        )
+    padded = [x.shape[i + 2] + 2 * p for i, p in enumerate(padding)]
+    kernel = [d * (ws[i + 2] - 1) + 1 for i, d in enumerate(dilation)]
+    if any(n < kk for n, kk in zip(padded, kernel)):
+        raise OpArgumentError(
+            f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel size: "
+            f"({' x '.join(map(str, kernel))}). Kernel size can't be greater than actual input size"
+        )
+
+
+@lower(aten.convolution.default, precision=True, check=_check_convolution)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     unbatched = x.ndim == w.ndim - 1
     if unbatched:

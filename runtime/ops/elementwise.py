@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tpu_debug.runtime.ops._checks import require, scalar_type
 from tpu_debug.runtime.ops._common import Kind, compute_dtype, float_opmath, is_array, promote
 from tpu_debug.runtime.ops.registry import lower
 
@@ -481,7 +482,21 @@ def lcm(a, b):
 # ---- complex numbers ----------------------------------------------------------------------
 
 
-@lower(aten.complex.default)
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def _check_complex(real, imag, *, out=None):
+    require(real.dtype in _COMPLEX_OF and imag.dtype in _COMPLEX_OF, "Expected both inputs to be Half, "
+            f"Float or Double tensors but got {scalar_type(real.dtype)} and {scalar_type(imag.dtype)}")
+    require(real.dtype == imag.dtype, f"Expected object of scalar type {scalar_type(real.dtype)} but got scalar "
+            f"type {scalar_type(imag.dtype)} for second argument")
+    want = _COMPLEX_OF[real.dtype]
+    if out is not None:
+        require(out.dtype == want, f"Expected object of scalar type {scalar_type(want)} but got scalar "
+                f"type {scalar_type(out.dtype)} for argument 'out'")
+
+
+@lower(aten.complex.default, check=_check_complex)
 def complex_(real, imag):
     real, imag = jnp.broadcast_arrays(real, imag)
     return lax.complex(real, imag)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_debug.core.errors import NoLoweringError
+from tpu_debug.runtime.ops._checks import OpIndexError, index_check, require
 from tpu_debug.runtime.ops._common import opmath
 from tpu_debug.runtime.ops.registry import lower
 
@@ -20,7 +21,13 @@ aten = torch.ops.aten
 # ---- embedding ----------------------------------------------------------------------------
 
 
-@lower(aten.embedding.default)
+def _check_embedding(weight, indices, *args, **_out):
+    require(weight.dim() == 2, "'weight' must be 2-D")
+
+
+@lower(aten.embedding.default, check=_check_embedding, values=index_check(
+    lambda weight, indices, *a, **kw: [(indices, weight.shape[0], 0)],
+    lambda value, dim, size: "index out of range in self", error=OpIndexError))
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
 

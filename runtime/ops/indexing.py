@@ -27,6 +27,18 @@ import torch
 from jax import lax
 
 from tpu_debug.core.errors import NoLoweringError
+from tpu_debug.runtime.ops._checks import (
+    OpArgumentError,
+    OpIndexError,
+    Refusal,
+    ValueCheck,
+    cpp_type,
+    index_check,
+    is_mask,
+    require,
+    scalar_type,
+    sizes,
+)
 from tpu_debug.runtime.ops._common import canonical_dim, compute_dtype, is_array
 from tpu_debug.runtime.ops.registry import lower
 
@@ -91,12 +103,47 @@ def _concrete_masks(indices):
     return out
 
 
+# ---- index ranges PyTorch's CPU kernels check (value checks: runtime/value_checks.py) --------
+
+
+def _along_dim(x, dim: int, index):
+    """``[(index, size of x along dim, dim)]`` for an op indexing ``x`` along ``dim``."""
+    ndim = len(x.shape)
+    d = dim + max(ndim, 1) if dim < 0 else dim
+    return [(index, x.shape[d] if ndim else 1, d)]
+
+
+def _out_of_bounds(value, dim, size) -> str:
+    return f"index {value} is out of bounds for dimension {dim} with size {size}"
+
+
+def _indexed(x, indices):
+    """``x[indices]``: each index tensor with the size of the dimension it indexes, labelled
+    as PyTorch's message counts it (among the index tensors, a mask counting its dims)."""
+    entries, dim, k = [], 0, 0
+    for i in indices:
+        if i is None:
+            dim += 1
+        elif is_mask(i):
+            dim, k = dim + len(i.shape), k + len(i.shape)
+        else:
+            if dim < len(x.shape):
+                entries.append((i, x.shape[dim], k))
+            dim, k = dim + 1, k + 1
+    return entries
+
+
+_INDEXED = index_check(lambda x, indices, *a, **kw: _indexed(x, indices), _out_of_bounds, error=OpIndexError,
+                       negatives=True)
+_GATHERED = index_check(lambda x, dim, index, *a, **kw: _along_dim(x, dim, index), _out_of_bounds)
+
+
 def _has_mask(args, kwargs) -> bool:
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
     return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
-@lower(aten.index.Tensor, eager_only=_has_mask)
+@lower(aten.index.Tensor, eager_only=_has_mask, values=_INDEXED)
 def index(x, indices):
     # a mask's result shape depends on its values: those calls run outside jit
     if any(_is_mask(i) for i in indices):
@@ -176,12 +223,12 @@ def _index_put(x, indices, values, accumulate):
     return x.at[_key(indices)].set(values, mode="drop")
 
 
-@lower(aten.index_put.default)
+@lower(aten.index_put.default, values=_INDEXED)
 def index_put(x, indices, values, accumulate=False):
     return _index_put(x, indices, values, accumulate)
 
 
-@lower(aten._index_put_impl.default)
+@lower(aten._index_put_impl.default, values=_INDEXED)
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return _index_put(x, indices, values, accumulate)
 
@@ -210,7 +257,19 @@ def put(x, index, source, accumulate=False):
 # ---- index_select / gather / take ------------------------------------------------------
 
 
-@lower(aten.index_select.default)
+def _selected(x, dim, index, *a, **kw):
+    # CPU's kernel for the columns of a matrix raises an error of its own
+    columns = len(x.shape) == 2 and dim in (1, -1)
+    return [(index, x.shape[1], "columns")] if columns else _along_dim(x, dim, index)
+
+
+def _selection_error(value, label, size):
+    if label == "columns":
+        return OpArgumentError(f"INDICES element is out of DATA bounds, id={value} axis_dim={size}")
+    return OpIndexError("index out of range in self")
+
+
+@lower(aten.index_select.default, values=index_check(_selected, _selection_error))
 def index_select(x, dim, index):
     if x.ndim == 0:
         return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
@@ -218,7 +277,13 @@ def index_select(x, dim, index):
     return jnp.take(x, index.reshape(-1), axis=axis)
 
 
-@lower(aten.gather.default)
+def _check_gather(x, dim, index, *, sparse_grad=False, out=None):
+    if out is not None:
+        require(out.dtype == x.dtype, f"Expected out tensor to have dtype {cpp_type(x.dtype)}, but got "
+                f"{cpp_type(out.dtype)} instead")
+
+
+@lower(aten.gather.default, check=_check_gather, values=_GATHERED)
 def gather(x, dim, index, *, sparse_grad=False):
     if index.size == 0:
         return jnp.zeros(index.shape, x.dtype)
@@ -230,7 +295,19 @@ def gather(x, dim, index, *, sparse_grad=False):
     return jnp.take_along_axis(x, index, axis)
 
 
-@lower(aten.take.default)
+def _check_take(x, index, **_out):
+    require(x.numel() != 0 or index.numel() == 0, "take(): tried to take from an empty tensor", OpIndexError)
+
+
+def _taken_error(value, _label, size):
+    return f"out of range: tried to access index {value} on a tensor of {size} elements."
+
+
+_TAKEN = index_check(lambda x, index, **kw: [(index, math.prod(x.shape), None)], _taken_error,
+                     error=OpIndexError, negatives=True)
+
+
+@lower(aten.take.default, check=_check_take, values=_TAKEN)
 def take(x, index):
     n = x.size
     idx = jnp.where(index < 0, index + n, index)
@@ -308,26 +385,26 @@ def _reduce_into(x, coords, src, reduce, include_self):
     return out
 
 
-@lower(aten.scatter.src, aten.scatter.value)
+@lower(aten.scatter.src, aten.scatter.value, values=_GATHERED)
 def scatter(x, dim, index, src):
     x, coords, src, restore = _scatter_setup(x, dim, index, src)
     return restore(x.at[coords].set(src))
 
 
-@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+@lower(aten.scatter.reduce, aten.scatter.value_reduce, values=_GATHERED)
 def scatter_reduce_legacy(x, dim, index, src, *, reduce):
     x, coords, src, restore = _scatter_setup(x, dim, index, src)
     name = {"add": "sum", "multiply": "prod"}[reduce]
     return restore(_reduce_into(x, coords, src, name, True))
 
 
-@lower(aten.scatter_add.default)
+@lower(aten.scatter_add.default, values=_GATHERED)
 def scatter_add(x, dim, index, src):
     x, coords, src, restore = _scatter_setup(x, dim, index, src)
     return restore(_add_at(x, coords, src))
 
 
-@lower(aten.scatter_reduce.two)
+@lower(aten.scatter_reduce.two, values=_GATHERED)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     x, coords, src, restore = _scatter_setup(x, dim, index, src)
     return restore(_reduce_into(x, coords, src, reduce, include_self))
@@ -352,7 +429,16 @@ def _source_for(x, axis, index, source):
     return source.astype(x.dtype).reshape(shape)
 
 
-@lower(aten.index_add.default)
+def _check_index_add(x, dim, index, source, *, alpha=1, out=None):
+    if x.dim() == 0 or source.dim() == 0:
+        return
+    d = dim + x.dim() if dim < 0 else dim
+    same = source.dim() == x.dim() and all(i == d or source.shape[i] == x.shape[i] for i in range(x.dim()))
+    require(same, "source tensor shape must match self tensor shape, excluding the specified dimension. Got "
+            f"self.shape = {sizes(x.shape)} source.shape = {sizes(source.shape)}")
+
+
+@lower(aten.index_add.default, check=_check_index_add, values=_GATHERED)
 def index_add(x, dim, index, source, *, alpha=1):
     x, axis, index, where, restore = _along(x, dim, index)
     src = _source_for(x, axis, index, source)
@@ -361,13 +447,17 @@ def index_add(x, dim, index, source, *, alpha=1):
     return restore(_add_at(x, where, src))
 
 
-@lower(aten.index_copy.default)
+@lower(aten.index_copy.default, values=index_check(
+    lambda x, dim, index, *a, **kw: _along_dim(x, dim, index),
+    lambda value, dim, size: f"index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}",
+    error=OpIndexError))
 def index_copy(x, dim, index, source):
     x, axis, index, where, restore = _along(x, dim, index)
     return restore(x.at[where].set(_source_for(x, axis, index, source)))
 
 
-@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, values=index_check(
+    lambda x, dim, index, *a, **kw: _along_dim(x, dim, index), _out_of_bounds, error=OpIndexError, negatives=True))
 def index_fill(x, dim, index, value):
     x, _axis, _index, where, restore = _along(x, dim, index)
     return restore(x.at[where].set(jnp.asarray(value).astype(x.dtype)))
@@ -393,7 +483,30 @@ def masked_select(x, mask):
     return _gather_jit(jnp.broadcast_to(x, shape).reshape(-1), (idx,))
 
 
-@lower(aten.masked_scatter.default)
+def _check_masked_scatter(x, mask, source, **_out):
+    require(mask.dtype == torch.bool, "masked_scatter_ only supports boolean masks, but got mask with dtype "
+            f"{scalar_type(mask.dtype)}")
+
+
+def _scattered(x, mask, source, **_out):
+    """The mask (its ones broadcast to the result) must not ask for more than the source holds."""
+    shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
+    return (mask,), (tuple(shape), math.prod(source.shape))
+
+
+def _count_ones(xp, arrays, statics):
+    shape, available = statics
+    ones = xp.sum(xp.broadcast_to(arrays[0], shape).astype(xp.int64))
+    return xp.where(ones > available, 1, 0), ones
+
+
+def _overrun(code, value, statics):
+    return Refusal(OpArgumentError("Number of elements of source < number of ones in mask"), "mask", 0,
+                   statics[1] + 1, "clamped")
+
+
+@lower(aten.masked_scatter.default, check=_check_masked_scatter,
+       values=ValueCheck(_scattered, _count_ones, _overrun))
 def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     m = jnp.broadcast_to(mask, shape).reshape(-1)
@@ -453,7 +566,11 @@ def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=
     return _searchsorted(sorted_sequence, values, right, sorter, out_int32)
 
 
-@lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _check_bucketize(values, boundaries, **_kwargs):
+    require(boundaries.dim() == 1, f"boundaries tensor must be 1 dimension, but got dim({boundaries.dim()})")
+
+
+@lower(aten.bucketize.Tensor, aten.bucketize.Scalar, check=_check_bucketize)
 def bucketize(values, boundaries, *, out_int32=False, right=False):
     return _searchsorted(boundaries, values, right, None, out_int32)
 
@@ -661,8 +778,14 @@ def _histogramdd_bin_tensors_meta(x, bins, *, weight=None, density=False):
     return x.new_empty(tuple(b.shape[0] - 1 for b in bins))
 
 
+def _check_histogramdd(x, bins, **_kwargs):
+    if isinstance(bins, (list, tuple)):
+        require(len(bins) == x.shape[-1], "histogramdd: The size of bins must be equal to the innermost "
+                "dimension of the input.")
+
+
 # PyTorch has no meta kernels for these (its fake tensors would run the real kernel on no data)
-@lower(aten._histogramdd_bin_edges.default, meta=_histogramdd_edges_meta)
+@lower(aten._histogramdd_bin_edges.default, meta=_histogramdd_edges_meta, check=_check_histogramdd)
 def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
     return _histogramdd_edges(x, bins, range)
 

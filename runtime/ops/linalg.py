@@ -30,6 +30,7 @@ from jax import lax
 
 from tpu_debug.core.errors import NoLoweringError
 from tpu_debug.runtime.config import config
+from tpu_debug.runtime.ops._checks import cpp_type, require, scalar_type
 from tpu_debug.runtime.ops._common import HALF, compute_dtype, is_array, promote, round_to
 from tpu_debug.runtime.ops.registry import lower
 
@@ -145,7 +146,50 @@ def _scaled(product, self, *, beta, alpha):
 # ---- products ------------------------------------------------------------------
 
 
-@lower(aten.mm.default, aten.bmm.default, precision=True)
+# PyTorch's CPU kernels refuse products of two dtypes (float32 by int64) where XLA's dot
+# would promote; each family words it its own way
+
+
+def _check_mm(x, y, **_out):
+    require(x.dtype == y.dtype, "expected m1 and m2 to have the same dtype, but got: "
+            f"{cpp_type(x.dtype)} != {cpp_type(y.dtype)}")
+
+
+def _check_batched(first, *others, **_kwargs):
+    """bmm, baddbmm: every tensor of the first's dtype."""
+    for t in others:
+        if isinstance(t, torch.Tensor):
+            require(t.dtype == first.dtype, f"expected scalar type {scalar_type(first.dtype)} but found "
+                    f"{scalar_type(t.dtype)}")
+
+
+def _check_addmm(self, a, b, **_kwargs):
+    require(a.dtype == b.dtype, f"mat1 and mat2 must have the same dtype, but got {scalar_type(a.dtype)} and "
+            f"{scalar_type(b.dtype)}")
+    require(self.dtype == b.dtype, f"self and mat2 must have the same dtype, but got {scalar_type(self.dtype)} "
+            f"and {scalar_type(b.dtype)}")
+
+
+def _addmv_message(self_dtype, mat, vec) -> None:
+    require(self_dtype == mat.dtype == vec.dtype, "addmv input tensors must have the same dtype, but got "
+            f"{scalar_type(self_dtype)}, {scalar_type(mat.dtype)}, and {scalar_type(vec.dtype)}")
+
+
+def _check_addmv(self, mat, vec, **_kwargs):
+    _addmv_message(self.dtype, mat, vec)
+
+
+def _check_mv(mat, vec, **_out):
+    _addmv_message(vec.dtype, mat, vec)  # mv is addmv into a buffer of vec's dtype
+
+
+def _check_dot(x, y, **_out):
+    require(x.dtype == y.dtype, f"dot : expected both vectors to have same dtype, but found "
+            f"{scalar_type(x.dtype)} and {scalar_type(y.dtype)}")
+
+
+@lower(aten.bmm.default, precision=True, check=_check_batched)
+@lower(aten.mm.default, precision=True, check=_check_mm)
 def mm(x, y):
     return dot_general(jnp.matmul, x, y)
 
@@ -233,7 +277,9 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     return out.astype(dtype)
 
 
-@lower(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, precision=True)
+@lower(aten.addmv.default, precision=True, check=_check_addmv)
+@lower(aten.baddbmm.default, precision=True, check=_check_batched)
+@lower(aten.addmm.default, precision=True, check=_check_addmm)
 def addmm(self, a, b, *, beta=1, alpha=1):
     return _scaled(dot_general(jnp.matmul, a, b), self, beta=beta, alpha=alpha)
 
@@ -286,7 +332,8 @@ def addbmm(self, b1, b2, *, beta=1, alpha=1):
     return lax.fori_loop(1, b1.shape[0], step, first)
 
 
-@lower(aten.mv.default, aten.dot.default, precision=True)
+@lower(aten.dot.default, precision=True, check=_check_dot)
+@lower(aten.mv.default, precision=True, check=_check_mv)
 def mv(x, y):
     return dot_general(jnp.matmul, x, y)
 
@@ -866,7 +913,16 @@ def geqrf(a):
     return _batched(_geqrf_one, a)
 
 
-@lower(aten.ormqr.default)
+def _check_ormqr(a, tau, c, left=True, transpose=False, **_out):
+    require(a.dim() >= 2, "torch.ormqr: input must have at least 2 dimensions.")
+    require(c.dim() >= 2, "torch.ormqr: other must have at least 2 dimensions.")
+    side = -2 if left else -1
+    require(tau.shape[-1] == min(c.shape[side], a.shape[-1]),
+            "torch.ormqr: tau.shape[-1] must be equal to min(other.shape[-2], input.shape[-1])")
+    require(c.shape[side] == a.shape[-2], f"torch.ormqr: other.shape[{side}] must be equal to input.shape[-2]")
+
+
+@lower(aten.ormqr.default, check=_check_ormqr)
 def ormqr(a, tau, c, left=True, transpose=False):
     """C times Q (or Q^T) from the left or right, Q = H_1 ... H_k as geqrf stores it (real)."""
     if jnp.iscomplexobj(a):
@@ -917,7 +973,12 @@ def _lstsq_eager(args, kwargs):
     return driver in ("gelsd", "gelss") and a.shape[-2] > a.shape[-1]
 
 
-@lower(aten.linalg_lstsq.default, eager_only=_lstsq_eager)
+def _check_lstsq(a, b, *args, **_kwargs):
+    require(a.dim() >= 2, "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    require(b.dim() >= 1, "torch.linalg.lstsq: other must have at least 1 dimension.")
+
+
+@lower(aten.linalg_lstsq.default, eager_only=_lstsq_eager, check=_check_lstsq)
 def linalg_lstsq(a, b, rcond=None, *, driver=None):
     driver = driver or "gelsy"  # PyTorch's CPU default
     a, b = _to_result_dtype(a, b)

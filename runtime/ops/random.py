@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_debug.runtime.dtypes import to_torch_dtype
+from tpu_debug.runtime.ops._checks import OpArgumentError, Refusal, ValueCheck, require, scalar_type
 from tpu_debug.runtime.ops._common import jdtype
 from tpu_debug.runtime.ops.registry import lower
 
@@ -47,7 +48,13 @@ def normal_(x, mean=0.0, std=1.0, *, generator=None, key):
     return value, value
 
 
-@lower(aten.uniform_.default, rng=True, mutates_returns=True)
+def _check_uniform(x, *args, **kwargs):
+    lo = args[0] if args else kwargs.get("from", 0.0)
+    hi = args[1] if len(args) > 1 else kwargs.get("to", 1.0)
+    require(lo <= hi, f"uniform_ expects to return a [from, to) range, but found from={lo:g} > to={hi:g}")
+
+
+@lower(aten.uniform_.default, rng=True, mutates_returns=True, check=_check_uniform)
 def uniform_(x, from_=0.0, to=1.0, *, generator=None, key, **kw):
     lo = kw.pop("from", from_)
     value = jax.random.uniform(key, x.shape, _float_dtype(x), minval=lo, maxval=to)
@@ -129,7 +136,7 @@ def _value(inplace):
     return functional
 
 
-lower(aten.uniform.default, rng=True)(_value(uniform_))
+lower(aten.uniform.default, rng=True, check=_check_uniform)(_value(uniform_))
 lower(aten.normal_functional.default, rng=True)(_value(normal_))
 lower(aten.exponential.default, rng=True)(_value(exponential_))
 lower(aten.cauchy.default, rng=True)(_value(cauchy_))
@@ -169,7 +176,60 @@ def randperm(n, *, dtype=torch.int64, layout=None, device=None, pin_memory=None,
     return jax.random.permutation(key, n).astype(jdtype(dtype or torch.int64))
 
 
-@lower(aten.multinomial.default, rng=True)
+def _check_multinomial(probs, num_samples, replacement=False, *, generator=None, out=None):
+    """CPU's argument checks (``multinomial_out``); the distribution's values are a data check."""
+    require(0 < probs.dim() <= 2, "prob_dist must be 1 or 2 dim")
+    require(probs.is_floating_point(), "multinomial only supports floating-point dtypes for input, got: "
+            f"{scalar_type(probs.dtype)}")
+    if out is not None:
+        require(out.dtype == torch.int64, f"multinomial expects Long tensor out, got: {scalar_type(out.dtype)}")
+    require(num_samples > 0, "cannot sample n_sample <= 0 samples")
+    require(replacement or num_samples <= probs.shape[-1],
+            "cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    # float32 represents every integer up to 2^24 exactly, the categories CPU can tell apart
+    require(probs.shape[-1] <= 1 << 24, "number of categories cannot exceed 2^24")
+
+
+def _distribution(probs, num_samples, replacement=False, **_kwargs):
+    # CPU checks a draw of one sample, or without replacement, on the whole tensor at once,
+    # and a draw of several with replacement row by row, each entry before the row's sum
+    return (probs,), (bool(replacement and num_samples > 1),)
+
+
+def _test_distribution(xp, arrays, statics):
+    rows = arrays[0].reshape(-1, arrays[0].shape[-1]) if arrays[0].ndim else arrays[0].reshape(1, 1)
+    bad = ~xp.isfinite(rows) | (rows < 0)
+    sums = xp.sum(rows, axis=1)
+    (by_row,) = statics
+    row_bad, row_empty = xp.any(bad, axis=1), sums <= 0
+    if by_row:
+        r = xp.argmax(row_bad | row_empty)  # the first row with a problem
+        entry = rows[r, xp.argmax(bad[r])]
+        # CPU tests ``p >= 0`` first (false for nan too), then finiteness
+        code = xp.where(row_bad[r], xp.where(entry >= 0, 4, 3), xp.where(row_empty[r], 2, 0))
+        return code, xp.where(row_bad[r], entry, sums[r])
+    flat, sums_bad = bad.reshape(-1), xp.any(row_empty)
+    entry = rows.reshape(-1)[xp.argmax(flat)]
+    code = xp.where(xp.any(flat), 1, xp.where(sums_bad, 2, 0))
+    return code, xp.where(xp.any(flat), entry, sums[xp.argmax(row_empty)])
+
+
+_DISTRIBUTION_ERRORS = {
+    1: "probability tensor contains either `inf`, `nan` or element < 0",
+    2: "invalid multinomial distribution (sum of probabilities <= 0)",
+    3: "invalid multinomial distribution (encountering probability entry < 0)",
+    4: "invalid multinomial distribution (encountering probability entry = infinity or NaN)",
+}
+
+
+def _bad_distribution(code, value, statics):
+    code = int(code)
+    # entries are accepted in [0, inf), a row's sum above 0
+    return Refusal(OpArgumentError(_DISTRIBUTION_ERRORS[code]), "self", 0, None, "sampled")
+
+
+@lower(aten.multinomial.default, rng=True, check=_check_multinomial,
+       values=ValueCheck(_distribution, _test_distribution, _bad_distribution))
 def multinomial(probs, num_samples, replacement=False, *, generator=None, key):
     logits = jnp.log(probs.astype(jnp.float32))
     if replacement:

@@ -23,6 +23,7 @@ import torch
 from jax import lax
 
 from tpu_debug.core.errors import NoLoweringError
+from tpu_debug.runtime.ops._checks import OpIndexError, cpp_type, require, scalar_type
 from tpu_debug.runtime.ops._common import HALF, canonical_dim, canonical_dims, jdtype, promote
 from tpu_debug.runtime.ops.registry import lower
 
@@ -168,12 +169,21 @@ def _mean(x, axes, keepdim, out_dtype):
     return (total / jnp.asarray(_count(x.shape, axes), acc)).astype(out_dtype)
 
 
-@lower(aten.mean.default)
+def _check_mean(x, *args, dtype=None, **_out):
+    if dtype is None:
+        require(x.is_floating_point() or x.is_complex(), "mean(): could not infer output dtype. Input dtype "
+                f"must be either a floating point or complex dtype. Got: {scalar_type(x.dtype)}")
+    else:
+        require(dtype.is_floating_point or dtype.is_complex, "mean(): could not infer output dtype. Optional "
+                f"dtype must be either a floating point or complex dtype. Got: {scalar_type(dtype)}")
+
+
+@lower(aten.mean.default, check=_check_mean)
 def mean(x, *, dtype=None):
     return _mean(x, tuple(range(x.ndim)), False, _float_result(x, dtype))
 
 
-@lower(aten.mean.dim)
+@lower(aten.mean.dim, check=_check_mean)
 def mean_dim(x, dim, keepdim=False, *, dtype=None):
     return _mean(x, _axes(dim, x.ndim), keepdim, _float_result(x, dtype))
 
@@ -207,12 +217,47 @@ def count_nonzero(x, dim=None):
 # ---- max, min and friends --------------------------------------------------------
 
 
-@lower(aten.amax.default)
+def _check_nonempty(name: str, x, dims) -> None:
+    """CPU refuses a max/min over an empty dimension: it has no identity. (A dimension out
+    of range is left to the meta kernel, which names it.)"""
+    for d in dims:
+        d = d + x.dim() if d < 0 else d
+        if 0 <= d < x.dim():
+            require(x.shape[d] != 0, f"{name}: Expected reduction dim {d} to have non-zero size.", OpIndexError)
+
+
+def _check_extreme(name: str):
+    def check(x, dim=(), keepdim=False, *, out=None):
+        if dim:
+            _check_nonempty(f"{name}()", x, [dim] if isinstance(dim, int) else dim)
+        else:
+            require(x.numel() != 0, f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                    "Specify the reduction dim with the 'dim' argument.")
+        if out is not None:
+            require(out.dtype == x.dtype, f"Expected the dtype for input and out to match, but got "
+                    f"{scalar_type(x.dtype)} for input's dtype and {scalar_type(out.dtype)} for out's dtype.")
+
+    return check
+
+
+def _check_aminmax(x, *, dim=None, keepdim=False, min=None, max=None):
+    if dim is None:
+        require(x.numel() != 0, "aminmax(): cannot compute aminmax over an empty dimension as the operation "
+                "has no identity.")
+    else:
+        _check_nonempty("aminmax", x, (dim,))
+    for out in (min, max):
+        if out is not None:
+            require(out.dtype == x.dtype, f"Expected out tensor to have dtype {cpp_type(x.dtype)}, but got "
+                    f"{cpp_type(out.dtype)} instead")
+
+
+@lower(aten.amax.default, check=_check_extreme("amax"))
 def amax(x, dim=(), keepdim=False):
     return _extreme(x, _axes(dim, x.ndim), keepdim, largest=True)
 
 
-@lower(aten.amin.default)
+@lower(aten.amin.default, check=_check_extreme("amin"))
 def amin(x, dim=(), keepdim=False):
     return _extreme(x, _axes(dim, x.ndim), keepdim, largest=False)
 
@@ -269,7 +314,7 @@ def argmin(x, dim=None, keepdim=False):
     return _arg(x, dim, keepdim, largest=False)
 
 
-@lower(aten.aminmax.default)
+@lower(aten.aminmax.default, check=_check_aminmax)
 def aminmax(x, *, dim=None, keepdim=False):
     axes = _axes(dim, x.ndim)
     return (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -51,6 +52,18 @@ class Lowering:
             takes output shapes and dtypes from it, and dynamo and
             AOTAutograd use it for `tpu` inputs (``compiled.register_metas``),
             so both modes accept what the lowering does.
+        check: PyTorch's checks of the call's arguments that its meta kernel does not make
+            and its CPU kernel does (a negative convolution padding, a ``uniform_`` range
+            whose ends are swapped), raising what CPU raises. Called with the op's
+            arguments as given (`tpu` tensors, Python scalars, an ``out=`` tensor for an
+            ``out=`` overload) before each eager or lazy call of the lowering or of its
+            in-place and ``out=`` forms: a scalar that is an executable input (not part of
+            the key) is checked at every call. It reads shapes, dtypes and Python values,
+            never a tensor's data.
+        values: PyTorch's checks of the call's argument values (an index in range, a
+            probability distribution): a :class:`~tpu_debug.runtime.ops._checks.ValueCheck`,
+            run by runtime/value_checks.py where the mode allows (``config.data_checks``)
+            and whenever a probe listens for ``on_invalid_value``.
     """
 
     op: _OpOverload
@@ -64,6 +77,8 @@ class Lowering:
     graph_only: bool = False
     precision: bool = False
     meta: Callable | None = None
+    check: Callable | None = None
+    values: Any = None
 
 
 _LOWERINGS: dict[_OpOverload, Lowering] = {}

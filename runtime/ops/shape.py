@@ -18,6 +18,7 @@ from jax import lax
 
 from tpu_debug.runtime import eager
 from tpu_debug.runtime import lazy as _lazy
+from tpu_debug.runtime.ops._checks import OpIndexError, c_type, require, sizes
 from tpu_debug.runtime.ops._common import canonical_dim, canonical_dims, compute_dtype
 from tpu_debug.runtime.ops.registry import composite, lower
 
@@ -32,7 +33,27 @@ def _result_dtype(arrays):
 # ---- concatenation ---------------------------------------------------------------
 
 
-@lower(aten.cat.default)
+def _check_cat(tensors, dim=0, **_out):
+    """CPU's cat checks (``cat_meta``), with its messages: PyTorch's meta kernel words them otherwise."""
+    for i, t in enumerate(tensors):
+        require(t.dim() > 0, f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    # 1-D empty tensors are skipped whatever the others' shape (legacy behaviour)
+    kept = [(i, t) for i, t in enumerate(tensors) if not (t.dim() == 1 and t.numel() == 0)]
+    if not kept:
+        return
+    ref = kept[0][1]
+    d = dim + ref.dim() if dim < 0 else dim
+    if not 0 <= d < ref.dim():
+        return  # the meta kernel names a dimension out of range
+    for i, t in kept[1:]:
+        require(t.dim() == ref.dim(), f"Tensors must have same number of dimensions: got {ref.dim()} and {t.dim()}")
+        for k in range(ref.dim()):
+            require(k == d or t.shape[k] == ref.shape[k],
+                    f"Sizes of tensors must match except in dimension {d}. Expected size {ref.shape[k]} but got "
+                    f"size {t.shape[k]} for tensor number {i} in the list.")
+
+
+@lower(aten.cat.default, check=_check_cat)
 def cat(tensors, dim=0):
     dtype = _result_dtype(tensors)
     # PyTorch skips 1-D empty tensors whatever the others' shape (legacy behaviour);
@@ -130,7 +151,21 @@ def permute_copy(x, dims):
     return jnp.transpose(x, tuple(canonical_dim(d, x.ndim) for d in dims))
 
 
-@lower(aten.narrow_copy.default)
+def _check_narrow_copy(x, dim, start, length, **_out):
+    require(x.dim() > 0, "narrow() cannot be applied to a 0-dim tensor.")
+    require(dim < x.dim(), "Expected dim < static_cast<int64_t>(self_sizes.size()) to be true, but got false.  "
+            "(Could this error message be improved?  If so, please report an enhancement request to PyTorch.)")
+    require(dim >= -x.dim(), f"Dimension out of range (expected to be in range of [{-x.dim()}, {x.dim() - 1}], "
+            f"but got {dim})", OpIndexError)
+    size = x.shape[dim]
+    require(-size <= start <= size, f"start out of range (expected to be in range of [{-size}, {size}], but got "
+            f"{start})", OpIndexError)
+    start = start + size if start < 0 else start
+    require(length >= 0 and start + length <= size,
+            f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+
+
+@lower(aten.narrow_copy.default, check=_check_narrow_copy)
 def narrow_copy(x, dim, start, length):
     axis = canonical_dim(dim, x.ndim)
     if start < 0:
@@ -259,7 +294,18 @@ def select_scatter(x, src, dim, index):
     return x.at[(slice(None),) * axis + (index,)].set(src.astype(x.dtype))
 
 
-@lower(aten.as_strided_scatter.default)
+def _check_as_strided_scatter(x, src, size, stride, storage_offset=None, **_out):
+    """The view ``as_strided`` makes of the input must lie within its storage."""
+    offset = storage_offset or 0
+    span = 0 if any(n == 0 for n in size) else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    need = x.element_size() * (offset + span) if span else 0
+    have = x.numel() * x.element_size()
+    require(need <= have, f"setStorage: sizes {sizes(size)}, strides {sizes(stride)}, storage offset {offset}, "
+            f"and itemsize {x.element_size()} requiring a storage size of {need} are out of bounds for storage "
+            f"of size {have}")
+
+
+@lower(aten.as_strided_scatter.default, check=_check_as_strided_scatter)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     idx = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
     for d, (n, s) in enumerate(zip(size, stride)):
@@ -273,7 +319,25 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
 # ---- masked fill ------------------------------------------------------------------------------
 
 
-@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _check_masked_fill(x, mask, value, **_out):
+    """CPU converts the fill value to the input's type and refuses a conversion that overflows:
+    a complex value into a real tensor (a complex tensor whatever its value: its type decides
+    here, nothing is read from the device), an integer outside the integer type's range."""
+    if x.is_complex():
+        return
+    if isinstance(value, torch.Tensor):
+        overflow = value.is_complex()
+    elif isinstance(value, complex):
+        overflow = value.imag != 0
+    elif isinstance(value, int) and not isinstance(value, bool) and not x.is_floating_point() and x.dtype != torch.bool:
+        info = torch.iinfo(x.dtype)
+        overflow = not info.min <= value <= info.max
+    else:
+        overflow = False
+    require(not overflow, f"value cannot be converted to type {c_type(x.dtype)} without overflow")
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, check=_check_masked_fill)
 def masked_fill(x, mask, value):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     fill = jnp.asarray(value).astype(x.dtype)
