@@ -875,12 +875,51 @@ def _computation(head: tuple[str, bool, int], body: list[Instruction]) -> Comput
     return Computation(head[0], head[1], tuple(body), head[2], MappingProxyType({i.name: i for i in body}))
 
 
+def _open_braces(line: str) -> int:
+    """Braces ``line`` opens and does not close, outside quoted strings."""
+    if line.count("{") == line.count("}"):
+        return 0  # the usual line: balanced whatever its strings hold
+    depth, quoted, escaped = 0, False, False
+    for ch in line:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = quoted
+        elif ch == '"':
+            quoted = not quoted
+        elif not quoted:
+            depth += (ch == "{") - (ch == "}")
+    return depth
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line, an instruction printed over several lines joined into one:
+    a Pallas kernel's custom call prints its kernel metadata as a JSON object with newlines,
+    whose continuation lines start at column 0 (one of them with ``}``, as a computation's end)."""
+    pending: list[str] = []
+    start = depth = 0
+    for number, line in enumerate(text.splitlines()):
+        if pending:
+            pending.append(line)
+            depth += _open_braces(line)
+            if depth <= 0:
+                yield start, "".join(pending)
+                pending = []
+            continue
+        if line[:1] in (" ", "\t") and (opened := _open_braces(line)) > 0:
+            pending, start, depth = [line], number, opened
+            continue
+        yield number, line
+    if pending:
+        yield start, "".join(pending)
+
+
 def _read(text: str) -> Module:
     name, attributes, computations = "", (), []
     rows: dict[str, dict[int, str]] = {}
     table = head = None
     body: list[Instruction] = []
-    for number, line in enumerate(text.splitlines()):
+    for number, line in _logical_lines(text):
         if not line.strip():
             table = None
             continue

@@ -39,7 +39,7 @@ from tpu_debug.runtime.target.compile import CostStats, MemoryStats
 from tpu_debug.runtime.target.dryrun import trace_step
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
-from tpu_debug.runtime.target.roofline import roofline
+from tpu_debug.runtime.target.roofline import op_by_op, roofline
 from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.store import DB_NAME, RunWriter
@@ -145,6 +145,10 @@ class StepEstimate:
         model_flops: the step's model FLOPs (see ``assumptions``), all chips.
         mfu: model_flops / (seconds x chips x peak); ``mfu_overlapped`` at the overlapped time.
         assumptions: what the estimate assumes, in words.
+        op_by_op_seconds: the compiled step's ops one after another, each at the longer of
+            its flops at peak and its HBM bytes (``runtime.target.roofline.op_by_op``; Pallas
+            kernels at their own flops), plus communication; ``mfu_op_by_op`` at that time
+            (None: not worked out for this kind of step).
     """
 
     compute_seconds: float
@@ -158,6 +162,8 @@ class StepEstimate:
     mfu_overlapped: float
     assumptions: tuple[str, ...]
     memory_bound_seconds: float | None = None  # decode: the weights and the KV cache read once, at HBM bandwidth
+    op_by_op_seconds: float | None = None
+    mfu_op_by_op: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -505,12 +511,14 @@ def _measure_loop(config, tgt: Target, plan: Plan, o: FitOptions) -> tuple[_Meas
         how += (f"; compiled at {optimization_level}, whose buffers are not the default level's: Llama-3-8B's "
                 "looped step needed 16.7 GiB per chip at O0, 11.8 at the default level (v6e-64, fsdp)")
     passes = 0.0
+    by_op = None
     if c.ok:  # the f32 dots' extra bf16 passes are read from the HLO, where the loop body is once
         r = roofline(c)
         passes = r.flops + (r.pass_flops - r.flops) * fc.flops_scale
+        by_op = op_by_op(c.hlo or "", tgt, repeats, techniques.splash_kernel_flops).seconds
     return _Measure(plan, c.error, c.memory, c.cost, collectives, fc.param_bytes, fc.state_bytes,
                     fc.batch_bytes, fc.unsharded, c.seconds, passes, cached=c.cached,
-                    communication=communication), how
+                    communication=communication, op_by_op_seconds=by_op), how
 
 
 def _split(placements: tuple) -> bool:
@@ -557,6 +565,7 @@ class _Measure:
     kv_bytes: int = 0  # one chip's KV cache (prefill, decode)
     cached: bool = False  # read back from the target compile cache: compile_seconds is the first compile's
     communication: tuple = ()  # CollectiveBound per kind (tpu_debug.fit.communication)
+    op_by_op_seconds: float | None = None  # the step's ops one after another (roofline.op_by_op), no collectives
 
 
 def _measure_infer(model, config, tgt: Target, plan: Plan, o: FitOptions):
@@ -779,13 +788,21 @@ def _estimate(fc: _Measure, tgt: Target, tokens: int, flops: float, flops_text: 
         f"communication: not estimated ({tgt.generation.name} publishes no per-chip ICI bandwidth)",
         "step = max(compute, memory) + communication (nothing overlapped); the overlapped figure "
         "assumes XLA hides every collective behind compute",
+        *(() if fc.op_by_op_seconds is None else (
+            ("op by op: each op of the compiled step (a loop body's once per trip) at the longer of its flops "
+             "at peak and its HBM bytes at the bandwidth, one after another, plus communication; Pallas "
+             "kernels at the flops they compute (splash: the causal blocks only); copies to and from host "
+             "memory not timed (the link's rate is not published)"),)),
         flops_text,
         f"source: {tgt.generation.source}",
     )
+    by_op = None if fc.op_by_op_seconds is None else fc.op_by_op_seconds + (comm or 0.0)
     return StepEstimate(compute, memory, comm, step, overlapped,
                         tokens / step if step > 0 else 0.0, flops,
                         flops / (step * peak) if step > 0 else 0.0,
-                        flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions)
+                        flops / (overlapped * peak) if overlapped > 0 else 0.0, assumptions,
+                        op_by_op_seconds=by_op,
+                        mfu_op_by_op=flops / (by_op * peak) if by_op else None)
 def _render(r: FitReport, fixes_hint: bool = True) -> str:
     verdict = {True: "FITS", False: "DOES NOT FIT", None: "REFUSED by the compiler"}[r.fits]
     source = "the compiler's usable HBM" if r.capacity_source == "compiler" else "spec sheet"
@@ -843,6 +860,8 @@ def _render(r: FitReport, fixes_hint: bool = True) -> str:
                      f"{format_seconds(e.comm_seconds)}; {format_seconds(e.overlapped_seconds)} if all overlapped), "
                      f"~{e.tokens_per_second:,.0f} tokens/s, MFU ~{e.mfu:.1%} "
                      f"({e.mfu_overlapped:.1%} overlapped)")
+        if e.op_by_op_seconds is not None:
+            lines.append(f"  op by op (estimate): step ~{format_seconds(e.op_by_op_seconds)}, MFU ~{e.mfu_op_by_op:.1%}")
         if e.memory_bound_seconds is not None:
             lines.append(f"  decode, memory-bound (estimate): ~{format_seconds(e.memory_bound_seconds)} per token step "
                          "reading the chip's weights and KV cache once at HBM bandwidth")
@@ -1077,7 +1096,8 @@ def fit_event(report: FitReport, *, event_id: int = 0, ts: float = 0.0, location
         compute_seconds=e.compute_seconds, memory_seconds=e.memory_seconds, comm_seconds=e.comm_seconds,
         step_seconds=e.seconds, overlapped_seconds=e.overlapped_seconds,
         tokens_per_second=e.tokens_per_second, model_flops=e.model_flops, mfu=e.mfu,
-        mfu_overlapped=e.mfu_overlapped, assumptions=tuple(e.assumptions))
+        mfu_overlapped=e.mfu_overlapped, assumptions=tuple(e.assumptions),
+        op_by_op_seconds=e.op_by_op_seconds, mfu_op_by_op=e.mfu_op_by_op)
     return FitEvent(
         event_id, ts, None, 0, location,
         model=report.model, target=report.target.name, chips=report.target.devices,

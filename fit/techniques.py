@@ -53,6 +53,7 @@ __all__ = [
     "kv_unrepeated",
     "policy",
     "splash_attention",
+    "splash_kernel_flops",
     "traced_loss",
 ]
 
@@ -635,6 +636,33 @@ def splash_attention(q, k, v, mask, is_causal: bool, scale: float | None, *, blo
     split = PartitionSpec(routing.axes)
     return jax.shard_map(per_chip, mesh=routing.mesh, in_specs=(split, split, split), out_specs=split,
                          check_vma=False)(q, k, v)
+
+
+def splash_kernel_flops(ins: Any, computation: Any) -> float | None:
+    """The flops a splash attention kernel's custom call computes (no cost analysis counts a
+    Pallas kernel's): its query blocks against the key blocks on and below the causal diagonal
+    (blocks of :data:`SPLASH_BLOCK`), two products per block pair forward
+    (``splash_mha_fwd*``: q k^T and p v), five for the fused backward (``splash_mha_dkv*``:
+    the scores again, then dp, dv, dk and dq); None for another custom call.
+
+    Example::
+
+        op_by_op(hlo, target, repeats, splash_kernel_flops)
+    """
+    name = str(ins.name)
+    products = 2 if name.startswith("splash_mha_fwd") else 5 if name.startswith("splash_mha_dkv") else 0
+    if not products:
+        return None
+    # the queries: the largest [batch, heads, seq, dim] operand ([heads, seq, dim] for one sequence)
+    queries = max((o.shape.array for o in map(computation.get, ins.operands)
+                   if o is not None and o.shape.array is not None and len(o.shape.array.dims) in (3, 4)),
+                  key=lambda a: a.elements or 0, default=None)
+    if queries is None:
+        return None
+    batch, heads, seq, dim = (1, *queries.dims) if len(queries.dims) == 3 else queries.dims
+    blocks = max(1, seq // min(SPLASH_BLOCK, seq))
+    causal = blocks * (blocks + 1) / 2 / blocks**2  # the block pairs the kernel computes
+    return products * 2.0 * batch * heads * seq * seq * dim * causal
 
 
 def _without_x64(fn):

@@ -48,9 +48,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tpu_debug.core.version import __version__
 from tpu_debug.runtime import xla_options
 from tpu_debug.runtime.config import config
-from tpu_debug.core.version import __version__
 from tpu_debug.runtime.distributed import xla_log
 
 __all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes", "torchtpu_cache_dir"]
@@ -166,6 +166,7 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
     with xla_log.capture(enabled), _local_compile(enabled) as outcome, xla_options.compile_scope():
         outcome.options = options
         yield outcome
+    xla_options.tidy_dump(options)
     # XLA logs nothing for an executable read back: its warnings are kept beside the entry
     xla_log.remember(outcome.entry, outcome.from_cache)
 

@@ -337,9 +337,12 @@ class TpuModule:
     def synchronize(device=None) -> None:
         start()
         _lazy.materialize("synchronize")  # lazy mode: what is pending runs now
+        began = time.perf_counter() if probes._routes.on_synchronize else None
         jax.effects_barrier()
         for arr in jax.live_arrays():
             arr.block_until_ready()
+        if began is not None:
+            probes.synchronized(time.perf_counter() - began)
 
     @staticmethod
     def get_device_name(device=None) -> str:

@@ -551,6 +551,11 @@ def _checked(op, plan, args, kwargs):
         g = _state.graph
         report = g.step(f"check:{plan.name}", functools.partial(value_checks.report, check), (statics,), *values)
         site = g.sites[-1] if probes._routes.on_defer and g.sites else None
+        if site is not None and probes._routes.on_invalid_value:
+            # a check's site is announced at every record, not only when its place is new: a
+            # failed check is told at the line that recorded it, and two graphs of the same
+            # ops (a training and an evaluation loop) share their places but not their lines
+            probes.deferred(f"check:{plan.name}", len(g.steps) - 1, site)
     if value_checks.raising("lazy"):
         materialize(f"check:{plan.name}")
         code, _value = np.asarray(report.value())

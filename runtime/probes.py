@@ -23,6 +23,7 @@ the runtime calls                      each probe hears
 ``collective(info)``                   ``on_collective(info: CollectiveInfo)``
 ``collective_done(info)``              ``on_collective_done(info: CollectiveDone)``
 ``collective_desync(info)``            ``on_collective_desync(info: DesyncInfo)``
+``synchronized(seconds)``              ``on_synchronize(seconds)``
 ``invalid_value(info)``                ``on_invalid_value(info: InvalidValueInfo)``
 =====================================  ======================================
 
@@ -105,6 +106,7 @@ __all__ = [
     "quiet",
     "remove_transfer_check",
     "subscribe",
+    "synchronized",
     "track_memory",
     "transferred",
     "transferring",
@@ -441,7 +443,10 @@ class Probe(Protocol):
         after the same sequence of steps), and a fused graph's ``LazyNode.site`` says which
         site each of its ops is. An op repeating a recorded sequence is not announced again
         (a training loop's graphs are announced once): what a probe keeps per site (the
-        recorder: the user's line) holds for every op at that site."""
+        recorder: the user's line) holds for every op at that site. A value check's step
+        (``check:<op>``) is the exception: while a probe listens for ``on_invalid_value`` it
+        is announced each time it is recorded, so the line kept for its site when the check
+        is told (:class:`InvalidValueInfo`) is the line that recorded it."""
 
     def on_materialize(self, info: MaterializeInfo) -> None:
         """The pending graph ran (after its on_compile, if it compiled, and its on_execute)."""
@@ -462,6 +467,9 @@ class Probe(Protocol):
     def on_collective_done(self, info: CollectiveDone) -> None:
         """This rank returned from a c10d collective of the `tpu` process group."""
 
+    def on_synchronize(self, seconds: float) -> None:
+        """``torch.tpu.synchronize()`` (or a stream's or event's) waited ``seconds`` for the
+        device's queued work, after running what lazy mode had pending (reported apart)."""
     def on_invalid_value(self, info: InvalidValueInfo) -> None:
         """An op got argument values PyTorch refuses and XLA computes with (see InvalidValueInfo)."""
 
@@ -511,6 +519,7 @@ class _Routes:
     on_collective: Route = ()
     on_collective_desync: Route = ()
     on_collective_done: Route = ()
+    on_synchronize: Route = ()
     on_invalid_value: Route = ()
     on_execute_begin: Route = ()
     on_compile_begin: Route = ()
@@ -702,6 +711,10 @@ def collective_desync(info: DesyncInfo) -> None:
         deliver(_routes.on_collective_desync, (info,), probe_errors)
 
 
+def synchronized(seconds: float) -> None:
+    """The host waited ``seconds`` in ``torch.tpu.synchronize()`` for the device's queued work."""
+    if not _quiet or _get_ident() not in _quiet:
+        deliver(_routes.on_synchronize, (seconds,), probe_errors)
 def invalid_value(info: InvalidValueInfo) -> None:
     """An op got argument values PyTorch refuses and XLA computes with."""
     if not _quiet or _get_ident() not in _quiet:
@@ -715,7 +728,8 @@ def evicted(mode: str, name: str, key: Any) -> None:
 
 
 def deferred(name: str, index: int, site: int) -> None:
-    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph, at a new ``site``."""
+    """Lazy mode recorded op ``name`` as op ``index`` of its pending graph, at a new ``site`` (a
+    value check's step: at every record while a probe listens for ``on_invalid_value``)."""
     if not _quiet or _get_ident() not in _quiet:
         deliver(_routes.on_defer, (name, index, site), probe_errors)
 

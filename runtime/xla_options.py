@@ -15,6 +15,11 @@ Three sources, all of them read when a program is compiled (not at import):
   before the script) would see no effect. A value that differs from the one at the
   runtime's start is passed to each compile as per-compile options (dumps, pass
   switches); a flag XLA does not take per compile is named once and left out.
+
+A dump folder (``--xla_dump_to``) is kept as a TPU's would be: XLA's CPU backend also writes
+each kernel's machine code there (``*.obj-file.*.o``), which a TPU's dump does not have and a
+script that reads its dump as text (TorchTPU's examples print every file of it) cannot read;
+after each compile those object files are moved into the folder's ``cpu_object_files/``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "excess_precision",
     "mark_started",
     "set_excess_precision",
+    "tidy_dump",
 ]
 
 _LEVELS = ("O0", "O1", "O2", "O3")
@@ -147,6 +153,36 @@ def compiler_options() -> dict | None:
     for scoped in getattr(_scoped, "stack", ()):
         options.update({k: v for k, v in scoped.items() if k != "xla_optimization_level"})
     return options or None
+
+
+def _dump_folder(options: dict | None) -> str | None:
+    """The folder XLA dumps this compile into (None: no dump)."""
+    folder = (options or {}).get("xla_dump_to")
+    if folder is None:
+        for name, value in _split(_state["flags_at_start"] or ""):
+            if name == "xla_dump_to":
+                folder = value
+    if not isinstance(folder, str) or folder in ("", "-", "sponge", "test_undeclared_outputs_dir"):
+        return None
+    return folder
+
+
+CPU_OBJECTS = "cpu_object_files"
+
+
+def tidy_dump(options: dict | None) -> None:
+    """After a compile: the CPU backend's object files out of the dump folder's top level
+    (see the module docstring); nothing to do when no dump is asked for."""
+    folder = _dump_folder(options)
+    if folder is None or not os.path.isdir(folder):
+        return
+    objects = [name for name in os.listdir(folder) if ".obj-file." in name and name.endswith(".o")]
+    if not objects:
+        return
+    os.makedirs(os.path.join(folder, CPU_OBJECTS), exist_ok=True)
+    for name in objects:
+        with contextlib.suppress(FileNotFoundError):  # another process of the job moved it first
+            os.replace(os.path.join(folder, name), os.path.join(folder, CPU_OBJECTS, name))
 
 
 def optimization_level() -> str | None:

@@ -23,6 +23,7 @@ from tpu_debug.session import Session
 from tpu_debug.tracers import torch_trace
 from tpu_debug.tracers.collectives import CollectivesTracer
 from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
+from tpu_debug.tracers.invalid_values import InvalidValueTracer
 from tpu_debug.tracers.memory import MemoryTracer
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.steps import StepTracker
@@ -296,6 +297,25 @@ def _stop_collectives(run: Running) -> None:
         tracer.close()
 
 
+# -- argument values a TPU computes with silently (an index out of range) --------------------
+
+
+def _start_invalid_values(run: Running) -> None:
+
+    tracer = InvalidValueTracer(run.writer, clock=run.recorder.clock, record_error=run.recorder.record_error)
+    run.kept["invalid_values"] = tracer
+    # replayed compiles name the backward graphs compiled before the trace
+    probes.subscribe(tracer, replay=True)
+
+
+def _stop_invalid_values(run: Running) -> None:
+
+    tracer = run.kept.pop("invalid_values", None)
+    if tracer is not None:
+        probes.unsubscribe(tracer)
+        tracer.close()
+
+
 # -- divergence against CPU and TPU numerics ---------------------------------------------
 
 
@@ -464,6 +484,10 @@ PARTS: tuple[TracerPart, ...] = (
                # the TPU programs the target compiled go into the structured trace too
                stop_after=("target",)),
     TracerPart("collectives", _start_collectives, _stop_collectives, "CollectivesTracer.close"),
+    TracerPart("invalid_values", _start_invalid_values, _stop_invalid_values, "InvalidValueTracer.close",
+               after=("recorder",),
+               # what is pending when the eager mode is restored runs, and its checks are read
+               stop_after=("eager_mode",)),
     TracerPart("divergence", _start_divergence, _stop_divergence, "DivergenceTracer.close",
                applies=lambda run: bool(run.config.divergence) or run.config.numerics is not None),
     TracerPart("eager_mode", _set_eager_mode, _restore_eager_mode, "restoring the eager mode",

@@ -52,9 +52,11 @@ __all__ = [
     "Crossing",
     "DivergenceEvent",
     "InternalErrorEvent",
+    "InvalidValueEvent",
     "MaterializationEvent",
     "INTERNAL_ERRORS_KEPT",
     "StepEvent",
+    "WaitEvent",
     "PaddedBuffer",
     "TargetCompileEvent",
     "TargetStepEvent",
@@ -765,6 +767,47 @@ class InternalErrorEvent(Event):
 
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
+class InvalidValueEvent(Event):
+    """An op was called with argument values PyTorch on CPU refuses and XLA computes with
+    silently (``runtime/value_checks.py``): an index out of range, which a TPU clamps into
+    range and reads another row with; a probability distribution with a negative, ``nan``
+    or ``inf`` entry, which a TPU samples from (``tracers/invalid_values.py`` records it).
+
+    ``location`` is the user's line: the op's caller (eager), the line that recorded the
+    op (lazy), the line dynamo recorded for the graph node (compiled). ``op`` is the aten op
+    (``"gather"``, ``"index.Tensor"``, ``"scatter_add_"``), ``argument`` the argument whose
+    values are wrong (``"index"``, ``"indices[1]"``, ``"self"``), ``value`` the first
+    offending value seen, ``low``/``high`` the values accepted (``low <= v < high``; None:
+    no bound on that side); ``message`` and ``error`` PyTorch's error for the call and its
+    type; ``silent`` what XLA does instead (``"clamped"``, ``"sampled"``, ``"overrun"``);
+    ``raised``: the runtime raised ``message`` there (data checks on). ``phase`` is
+    ``"backward"`` for an op autograd ran (``autograd_node``: its node in eager and lazy
+    mode, ``"GatherBackward0"``), else ``"forward"``.
+
+    One place is recorded per (line, op, argument): its first occurrence at once, and,
+    when it came again, one more event as the trace ends whose ``count`` is how many
+    times it came in all (``session.invalid_values()`` keeps the last one of each place).
+    """
+
+    kind: ClassVar[str] = "invalid_value"
+    stored: ClassVar[Stored] = Stored("invalid_values", name="op")
+
+    op: str
+    argument: str
+    value: float
+    low: float | None
+    high: float | None
+    message: str
+    error: str
+    silent: str
+    raised: bool
+    phase: str = "forward"
+    autograd_node: str = ""
+    count: int = 1
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
 class MaterializationEvent(Event):
     """Lazy mode ran its pending graph because a value was needed (runtime/lazy.py).
 
@@ -801,6 +844,34 @@ class MaterializationEvent(Event):
     # a read written after the optimizer.step() that ended the last step (a metric after the
     # step, a read after an inner loop): it runs what came after the step, not part of one
     after_step: bool = False
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class WaitEvent(Event):
+    """The program's thread waited on something other than its own Python (recorded by
+    ``tracers/steps.py``'s hooks, one event per wait, at the user's line).
+
+    ``what``: ``"input"`` (a ``DataLoader`` iterator's ``__next__``: loading, collating
+    and pinning the next batch, or waiting for the workers that do), ``"checkpoint"``
+    (``torch.save``, ``torch.distributed.checkpoint``'s ``save``/``async_save``, its
+    blocking part) or ``"synchronize"`` (``torch.tpu.synchronize()`` waiting for the
+    device's queued work). ``api`` names the call (``"DataLoader"``, ``"torch.save"``,
+    ``"dcp.save"``, ``"dcp.async_save"``, ``"torch.tpu.synchronize"``). A loader's
+    ``workers``, ``pin_memory`` and ``prefetch_factor`` are its settings (None for
+    other waits), so a fix can name the one to change.
+    """
+
+    kind: ClassVar[str] = "wait"
+    view: ClassVar[str | None] = "steps"
+    stored: ClassVar[Stored] = Stored("waits", name="what", seconds="seconds")
+
+    what: str
+    seconds: float
+    api: str
+    workers: int | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
 
 
 def event_type(kind: str) -> type[Event]:
@@ -841,6 +912,17 @@ class StepEvent(Event):
     ``tracers.steps.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
     programs ready all the same (warm-up).
+
+    Where the step's time went, on the thread that ran it (``tracers.step_time``
+    splits ``seconds`` into parts from these): ``input_seconds`` waiting for
+    input (a ``DataLoader``'s ``__next__``, host-to-device copies), ``sync_seconds``
+    waiting on the device (device-to-host reads such as ``.item()``,
+    ``torch.tpu.synchronize()``), ``collective_seconds`` in c10d collectives,
+    ``checkpoint_seconds`` saving checkpoints (``torch.save``, DCP's ``save``).
+    Compiles and op runs inside one of those are its time: ``inner_op_seconds``
+    and ``inner_compile_seconds`` say how much of ``op_seconds`` and
+    ``compile_seconds`` that was. None in a run recorded before the split was
+    kept, and in an imported log's steps.
     """
 
     kind: ClassVar[str] = "step"
@@ -863,6 +945,12 @@ class StepEvent(Event):
     fallbacks: int = 0
     sequence: str = ""
     read_backs: int = 0
+    input_seconds: float | None = None
+    sync_seconds: float | None = None
+    collective_seconds: float | None = None
+    checkpoint_seconds: float | None = None
+    inner_op_seconds: float = 0.0
+    inner_compile_seconds: float = 0.0
 
     @property
     def ops(self) -> int:
@@ -1526,7 +1614,8 @@ class FitEvent(Event):
     not known. ``collectives`` per kind. The estimates (model estimates, not measurements):
     ``compute_seconds``, ``memory_seconds``, ``comm_seconds``, ``step_seconds``,
     ``overlapped_seconds``, ``tokens_per_second``, ``model_flops``, ``mfu``,
-    ``mfu_overlapped`` under ``assumptions``. ``unsharded``: parameters no plan axis
+    ``mfu_overlapped`` under ``assumptions``, and ``op_by_op_seconds``, ``mfu_op_by_op`` (the
+    step's ops one after another; None when not worked out). ``unsharded``: parameters no plan axis
     split; ``caveats``, ``extrapolation`` and ``method`` as the answer says them;
     ``verified_fixes``: each change ``fixes`` compiled, with its need and verdict, the
     recommended first (empty when none was asked for); ``candidate_of``: the question of
@@ -1578,6 +1667,8 @@ class FitEvent(Event):
     mfu_overlapped: float | None = None
     assumptions: tuple[str, ...] = ()
     unsharded: tuple[str, ...] = ()
+    op_by_op_seconds: float | None = None
+    mfu_op_by_op: float | None = None
     caveats: tuple[str, ...] = ()
     error: str | None = None
     extrapolation: str | None = None

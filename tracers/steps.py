@@ -44,8 +44,15 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tpu_debug.runtime.probes import CompileInfo, FallbackInfo, TransferInfo, hidden_from_dynamo
-from tpu_debug.tracers.events import StepEvent
+from tpu_debug.runtime.probes import (
+    CollectiveDone,
+    CollectiveInfo,
+    CompileInfo,
+    FallbackInfo,
+    TransferInfo,
+    hidden_from_dynamo,
+)
+from tpu_debug.tracers.events import StepEvent, WaitEvent
 from tpu_debug.tracers.location import user_location
 
 # The report and the TUI import this module to read runs back: what loads jax or torch (lazy mode's optimizer hooks)
@@ -62,6 +69,7 @@ __all__ = [
     "StepIndex",
     "StepSummary",
     "StepTracker",
+    "WAIT_PARTS",
     "current_tracker",
     "detect_loop",
     "steps_between",
@@ -92,6 +100,12 @@ def current_tracker() -> StepTracker | None:
     return _current
 
 
+# the parts of a step's time the tracker adds up beside its counts (see StepEvent): the waits,
+# and the op and compile time spent inside one of them
+WAIT_PARTS = ("input", "sync", "collective", "checkpoint")
+_INNER = ("inner_op", "inner_compile")
+
+
 class _Counts:
     """What ran in the current step (the tracker swaps in a fresh one at each step end)."""
 
@@ -102,6 +116,7 @@ class _Counts:
         "fallbacks",
         "graph_runs",
         "op_seconds",
+        "parts",
         "read_backs",
         "recompiles",
         "sequence",
@@ -123,6 +138,8 @@ class _Counts:
         self.fallbacks = 0
         self.read_backs = 0
         self.sequence = _SEED
+        # seconds per part of WAIT_PARTS and _INNER
+        self.parts = dict.fromkeys(WAIT_PARTS + _INNER, 0.0)
 
     def ran(self) -> bool:
         # a transfer alone (reading the last step's loss back) is no step's work
@@ -132,7 +149,7 @@ class _Counts:
 class _Window:
     """The run's first ops, for finding its loop: which op, which executable, when each ended."""
 
-    __slots__ = ("compiles", "ends", "fallbacks", "full", "graphs", "kinds", "names", "seconds", "transfers")
+    __slots__ = ("compiles", "ends", "fallbacks", "full", "graphs", "kinds", "names", "parts", "seconds", "transfers")
 
     def __init__(self) -> None:
         self.names = array.array("I")
@@ -145,6 +162,8 @@ class _Window:
         self.compiles: list[tuple[int, float, bool, bool]] = []
         self.transfers: list[tuple[int, int, float]] = []
         self.fallbacks: list[int] = []
+        # (ops executed before it, part, seconds): the waits and the time inside them
+        self.parts: list[tuple[int, str, float]] = []
         self.full = False
 
 
@@ -197,6 +216,12 @@ class StepTracker:
         self._closed = False
         self._closed_at: float | None = None
         self._listeners: tuple[Callable[[StepEvent], None], ...] = ()
+        # the program's thread (the one ending steps): waits on other threads (a loader
+        # prefetching in the background) overlap the step and are no part of its time
+        self._thread: int | None = threading.get_ident()
+        # the wait the program's thread is in ("input", "collective", "checkpoint"), if any:
+        # what runs inside it is its time
+        self._wait: str | None = None
 
     @property
     def steps(self) -> int:
@@ -232,6 +257,13 @@ class StepTracker:
             self._hook = register_optimizer_step_post_hook(hidden_from_dynamo(self._optimizer_stepped))
         except Exception as exc:  # noqa: BLE001 - explicit marks and loop detection still work
             self._error("start", exc)
+        self._thread = threading.get_ident()
+        try:
+            from tpu_debug.tracers import step_hooks
+
+            step_hooks.install(self)
+        except Exception as exc:  # noqa: BLE001 - steps are counted without the input and checkpoint waits
+            self._error("start (input and checkpoint hooks)", exc)
 
     def close(self) -> None:
         """Stop listening; a run that ended no step gets the iterations of its loop as steps."""
@@ -245,6 +277,12 @@ class StepTracker:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        try:
+            from tpu_debug.tracers import step_hooks
+
+            step_hooks.uninstall()
+        except Exception as exc:  # noqa: BLE001 - the run is closed all the same
+            self._error("close (input and checkpoint hooks)", exc)
         window, self._window = self._window, None
         if self._index == 0 and window is not None and len(window.names):
             try:
@@ -306,6 +344,9 @@ class StepTracker:
             index = self._index
             self._index += 1
             self._window = None  # the program says where its steps are
+            self._thread = threading.get_ident()
+            if self._wait == "collective":
+                self._wait = None  # a collective that raised (and was caught) never reported its end
         event = _event(self._new_id(), index, detected, start, now, counts, location)
         self._put(event)
         for listener in self._listeners:
@@ -323,6 +364,8 @@ class StepTracker:
         else:
             counts.graph_runs += 1
         counts.op_seconds += seconds
+        if self._wait is not None:
+            self._add("inner_op", seconds)
         # by the key object's identity first (see Recorder.on_execute): the runtime passes one
         # key object per cached executable, and hashing it per op costs more than the rest
         found = self._by_id.get(id(key))
@@ -358,6 +401,8 @@ class StepTracker:
         counts = self._counts
         read_back = bool(getattr(info, "from_cache", False))
         _count_compile(counts, float(info.seconds), recompile, read_back)
+        if self._wait is not None and not read_back:
+            self._add("inner_compile", float(info.seconds))
         window = self._window
         if window is not None and not window.full:
             window.compiles.append((len(window.names), float(info.seconds), recompile, read_back))
@@ -370,6 +415,53 @@ class StepTracker:
         window = self._window
         if window is not None and not window.full:
             window.transfers.append((len(window.names), int(info.nbytes), float(info.seconds)))
+        part = _transfer_part(info)
+        if part is not None and self._wait is None and threading.get_ident() == self._thread:
+            self._add(part, float(info.seconds))
+
+    def on_synchronize(self, seconds: float) -> None:
+        if self._wait is None and threading.get_ident() == self._thread:
+            self._add("sync", seconds)
+            self._put(WaitEvent(self._new_id(), self._clock() - seconds, None, threading.get_native_id(),
+                                user_location(2), "synchronize", seconds, "torch.tpu.synchronize"))
+
+    def on_collective(self, info: CollectiveInfo) -> None:
+        if self._wait is None and threading.get_ident() == self._thread:
+            self._wait = "collective"
+
+    def on_collective_done(self, info: CollectiveDone) -> None:
+        if self._wait == "collective" and threading.get_ident() == self._thread:
+            self._wait = None
+            self._add("collective", float(info.seconds))
+
+    # -- waits outside the runtime (tracers/step_hooks.py) -------------------------------
+
+    def begin_wait(self, what: str) -> tuple[str, float] | None:
+        """The program's thread starts waiting for ``what`` (``"input"``, ``"checkpoint"``);
+        a token for :meth:`end_wait`, or None when the wait is not the step's (another thread,
+        inside another wait, a closed tracker): then nothing is to be reported."""
+        if self._closed or self._wait is not None or threading.get_ident() != self._thread:
+            return None
+        self._wait = what
+        return (what, self._clock())
+
+    def end_wait(self, token: tuple[str, float], seconds: float, api: str, **settings: Any) -> None:
+        """The wait of ``token`` took ``seconds``: count it in the step and record it."""
+        what, began = token
+        if self._wait == what:
+            self._wait = None
+        self._add(what, seconds)
+        try:
+            self._put(WaitEvent(self._new_id(), began, None, threading.get_native_id(), user_location(3),
+                                what, seconds, api, **settings))
+        except Exception as exc:  # noqa: BLE001 - the program's call returns all the same
+            self._error("end_wait", exc)
+
+    def _add(self, part: str, seconds: float) -> None:
+        self._counts.parts[part] += seconds
+        window = self._window
+        if window is not None and not window.full:
+            window.parts.append((len(window.names), part, seconds))
 
     def on_fallback(self, info: FallbackInfo) -> None:
         self._counts.fallbacks += 1
@@ -406,6 +498,7 @@ class StepTracker:
         bounds = [loop.start + i * loop.period for i in range(loop.iterations + 1)]
         compile_at = [c[0] for c in window.compiles]
         transfer_at = [t[0] for t in window.transfers]
+        part_at = [p[0] for p in window.parts]
         for index, (a, b) in enumerate(zip(bounds, bounds[1:])):
             counts = _Counts()
             for i in range(a, b):
@@ -425,6 +518,8 @@ class StepTracker:
                 counts.transfer_bytes += nbytes
                 counts.transfer_seconds += secs
             counts.fallbacks = bisect.bisect_left(window.fallbacks, b) - bisect.bisect_left(window.fallbacks, a)
+            for _, part, secs in window.parts[bisect.bisect_left(part_at, a) : bisect.bisect_left(part_at, b)]:
+                counts.parts[part] += secs
             # a step begins when the op before its first one ended; a loop that opens the run
             # begins with it, so the compiles and uploads its counts hold are inside it
             start = ends[a - 1] if a > 0 else min(self._start, ends[0] - seconds[0])
@@ -436,6 +531,18 @@ class StepTracker:
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"StepTracker.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _transfer_part(info: Any) -> str | None:
+    """The part of the step a copy's time is: ``"sync"`` for a device-to-host read (it waits for
+    the work queued before it), ``"input"`` for an upload of data, None for the copies a scalar
+    operand or a CPU fallback makes (host work of the op, the rest of the step)."""
+    direction, op = getattr(info, "direction", None), str(getattr(info, "op", ""))
+    if direction == "d2h":
+        return "sync"
+    if direction == "h2d" and op != "scalar" and not op.startswith("fallback"):
+        return "input"
+    return None
 
 
 def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: bool) -> None:
@@ -468,13 +575,13 @@ def steps_between(
         for c in compiles:
             if start <= c.ts < end or c.ts == start == end:
                 _count_compile(counts, float(c.seconds), bool(c.diffs), bool(getattr(c, "from_cache", False)))
-        steps.append(_event(new_id(), index, detected, start, end, counts, None, thread=0))
+        steps.append(_event(new_id(), index, detected, start, end, counts, None, thread=0, measured=False))
     return steps
 
 
 def _event(
     event_id: int, index: int, detected: str, start: float, end: float, c: _Counts, location: Any,
-    *, thread: int | None = None,
+    *, thread: int | None = None, measured: bool = True,
 ) -> StepEvent:
     return StepEvent(
         event_id,
@@ -498,6 +605,9 @@ def _event(
         c.fallbacks,
         f"{c.sequence:016x}",
         c.read_backs,
+        *(c.parts[p] if measured else None for p in WAIT_PARTS),
+        c.parts["inner_op"],
+        c.parts["inner_compile"],
     )
 
 

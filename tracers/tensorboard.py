@@ -34,7 +34,8 @@ refusal), the op and graph spans of programs with a result carry its estimate
 trace viewer draws it as a counter; it is added to the profile when the
 capture ends (a plane with xprof's counter line, ``_counters_``).
 
-Beside the profile, per-step scalars (compiles, recompiles, compile time,
+Beside the profile, per-step scalars (the step's time split into parts,
+``tpu_debug/step_time/<part>``, compiles, recompiles, compile time,
 transfer bytes, eager op count, max divergence; with a target, its estimated
 step time, MFU and peak program memory) go to a TensorBoard event file
 through ``torch.utils.tensorboard`` (which needs no TensorFlow). Every scalar's
@@ -77,6 +78,7 @@ from tpu_debug.tracers.events import (
     TensorBoardSummaryEvent,
     TransferEvent,
 )
+from tpu_debug.tracers.step_time import PART_TEXT, split_step
 from tpu_debug.tracers.steps import StepTracker, current_tracker
 
 __all__ = [
@@ -105,6 +107,8 @@ SCALAR_TAGS = {
     "tpu_debug/max_divergence": "largest absolute error against CPU (only steps that compared)",
     "tpu_debug/collective_bytes": "bytes each device sent in collectives, ring estimate (only steps that ran "
     "programs over several devices)",
+    # the step's wall time in parts that add up to it (tracers/step_time.py), one tag per part
+    **{f"tpu_debug/step_time/{part}": f"seconds of the step {text}" for part, text in PART_TEXT.items()},
 }
 # with a TPU target, per step that ran programs (written when the trace ends)
 TARGET_SCALAR_TAGS = {
@@ -165,6 +169,9 @@ class _Measured:
     def scalars(self, step: StepEvent | None) -> dict[str, float]:
         """The step's scalars: ``step``'s counts (none without a record) and these."""
         out = {tag: float(getattr(step, field)) for tag, field in _STEP_FIELDS.items()} if step else {}
+        split = split_step(step) if step is not None else None
+        if split is not None:
+            out.update({f"tpu_debug/step_time/{part}": seconds for part, seconds in split.as_dict().items()})
         if self.max_divergence is not None:
             out["tpu_debug/max_divergence"] = self.max_divergence
         if self.collective_bytes:

@@ -16,10 +16,11 @@ body is counted once, not once per iteration.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from tpu_debug.core.hlo_text import Instruction, matmul_flops, parse_module
 
-__all__ = ["PASSES", "DotFlops", "dot_flops"]
+__all__ = ["PASSES", "DotFlops", "dot_flops", "dot_passes"]
 
 PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
 
@@ -61,6 +62,14 @@ def _precision(ins: Instruction) -> str:
     if not named:
         return "DEFAULT"
     return max((q if q in PASSES else "DEFAULT" for q in named), key=PASSES.__getitem__)
+
+
+def dot_passes(ins: Instruction, computation: Any) -> int:
+    """The bf16 passes a ``dot`` or ``convolution`` of ``computation`` takes: by its precision
+    when an operand is float32, else one."""
+    operands = [computation.get(name) for name in ins.operands[:2]]
+    types = [o.shape.array.dtype if o is not None and o.shape.array is not None else "" for o in operands]
+    return PASSES[_precision(ins)] if "f32" in types else 1
 
 
 def dot_flops(hlo: str) -> DotFlops:

@@ -15,14 +15,17 @@ TPU cost model) is carried beside it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tpu_debug.core.format import format_seconds
+from tpu_debug.core.hlo_text import matmul_flops
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
-from tpu_debug.runtime.target.precision import PASSES, dot_flops
+from tpu_debug.runtime.target.precision import PASSES, dot_flops, dot_passes
 from tpu_debug.runtime.target.results import CostStats, TargetCompile
 
-__all__ = ["Roofline", "roofline", "MODEL_NOTE"]
+__all__ = ["MODEL_NOTE", "OpByOp", "Roofline", "op_by_op", "roofline"]
 
 MODEL_NOTE = ("model estimate: max(flops x bf16 passes / peak, bytes / HBM bandwidth), published peaks, "
               "TPU compiler's cost analysis; not a measurement")
@@ -149,3 +152,119 @@ def roofline(result: TargetCompile | CostStats, target: Target | None = None, *,
     dots = tuple(sorted(dot_flops(hlo).by_precision.items())) if hlo and precision == "bf16" else ()
     return Roofline(tgt, cost.flops, cost.bytes_accessed, peak, tgt.hbm_bandwidth_per_device, precision,
                     cost.optimal_seconds, dot_precisions=dots)
+
+
+# what occupies no time of its own on the roofline (views, tuples, the halves of async pairs
+# whose start is counted) and the collectives (timed on the ICI by the caller)
+_FREE = frozenset({
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+    "replica-id", "opt-barrier", "copy-done", "async-done", "send-done", "recv-done",
+})
+_COLLECTIVE = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send", "recv")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpByOp:
+    """A program's ops on the roofline one after another (per device): each op takes the longer
+    of its flops at the peak and its HBM bytes at the bandwidth, and the next starts when it
+    ends. ``compute_seconds`` adds up the ops bound by their flops, ``memory_seconds`` those
+    bound by their bytes, ``kernel_seconds`` the custom calls (Pallas kernels), ``ops`` counts
+    the op runs (a loop body's once per trip)."""
+
+    compute_seconds: float
+    memory_seconds: float
+    kernel_seconds: float
+    ops: int
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_seconds + self.memory_seconds + self.kernel_seconds
+
+
+def _hbm_bytes(shape: Any) -> int:
+    # HBM is a TPU layout's default memory space; S(1) is on-chip memory the compiler stages
+    # arrays in (its copy-start reads them from HBM), S(5) pinned host memory
+    return sum(a.nbytes or 0 for a in shape.arrays if a.layout is None or a.layout.memory_space == 0)
+
+
+def _fused_flops(module: Any, name: str) -> float:
+    """The matrix units' flops of computation ``name`` and the fusions it calls: each dot's
+    2*m*n*k once per bf16 pass of its precision."""
+    body = module.computation(name)
+    if body is None:
+        return 0.0
+    flops = 0.0
+    for ins in body.instructions:
+        if ins.opcode in ("dot", "convolution"):
+            flops += (matmul_flops(ins, body) or 0.0) * dot_passes(ins, body)
+        elif ins.opcode == "fusion":
+            flops += sum(_fused_flops(module, called) for called in ins.called)
+    return flops
+
+
+def op_by_op(hlo: str, target: Target, repeats: Mapping[str, int] | None = None,
+             kernel_flops: Callable[[Any, Any], float | None] | None = None) -> OpByOp:
+    """The ops of an optimized TPU program one after another on the target's roofline.
+
+    A tighter model than :func:`roofline`'s, which lets all of a program's bytes overlap all
+    of its flops: an op whose bytes bound it cannot lend its matrix units to the next op. Still
+    a model: every flop at the peak, every byte at the HBM bandwidth, no launch gaps.
+    Flops are the dots' (2*m*n*k, once per bf16 pass of a float32 dot's precision), bytes each
+    op's operands and results in HBM, both read from the program's text. Collectives are left
+    out (time them on the ICI), and so are copies to and from host memory (the link's rate is
+    not published).
+
+    Args:
+        hlo: the optimized HLO text.
+        target: the target it was compiled for (per-device peak and bandwidth).
+        repeats: instruction name -> runs per program run, for loop bodies (the compiler's cost
+            analysis and this text count a body once); others run once.
+        kernel_flops: ``(instruction, computation) -> flops`` of a custom call (a Pallas kernel,
+            whose flops no cost analysis counts); None or a None result: its bytes only.
+
+    Returns:
+        The :class:`OpByOp` sums.
+
+    Example::
+
+        op_by_op(result.hlo, result.target).seconds
+    """
+    from tpu_debug.core.hlo_text import parse_module
+
+    module = parse_module(hlo)
+    entry = module.entry
+    if entry is None:
+        return OpByOp(0.0, 0.0, 0.0, 0)
+    peak, bandwidth = target.peak_bf16_flops_per_device, target.hbm_bandwidth_per_device
+    sums = {"compute": 0.0, "memory": 0.0, "kernel": 0.0}
+    runs = 0
+    todo, seen = [entry.name], set()
+    while todo:  # the program's own computations: the entry, loop bodies, called computations
+        name = todo.pop()
+        body = module.computation(name)
+        if body is None or name in seen:
+            continue
+        seen.add(name)
+        for ins in body.instructions:
+            if ins.opcode in ("while", "call", "conditional", "async-start"):
+                todo.extend(ins.called)
+                continue
+            if ins.opcode in _FREE or ins.opcode.removesuffix("-start").removesuffix("-done") in _COLLECTIVE:
+                continue
+            if ins.opcode == "fusion":
+                flops = sum(_fused_flops(module, called) for called in ins.called)
+            elif ins.opcode in ("dot", "convolution"):
+                flops = (matmul_flops(ins, body) or 0.0) * dot_passes(ins, body)
+            elif ins.opcode == "custom-call" and kernel_flops is not None:
+                flops = kernel_flops(ins, body) or 0.0
+            else:
+                flops = 0.0
+            # an async copy's result holds its source again: it reads what it copies
+            own = 0 if ins.opcode == "copy-start" else _hbm_bytes(ins.shape)
+            nbytes = own + sum(_hbm_bytes(o.shape) for o in map(body.get, ins.operands) if o is not None)
+            times = (repeats or {}).get(ins.name, 1)
+            runs += times
+            compute, memory = flops / peak, nbytes / bandwidth
+            kind = "kernel" if ins.opcode == "custom-call" else ("compute" if compute >= memory else "memory")
+            sums[kind] += max(compute, memory) * times
+    return OpByOp(sums["compute"], sums["memory"], sums["kernel"], runs)

@@ -215,6 +215,9 @@ def _write_tracer_records(writer) -> None:
              graph=f"lazy{step}", ops=20, outputs=1, inputs=2, compiled=step == 0, seconds=0.01, step=1)
     _put(writer, ev.CompileEvent, mode="eager", location=_loc(30), name="sum", signature="sum(float64[8])",
          args=(ev.ArgInfo("self", (8,), "float64"),), seconds=0.01, program=None, previous=None, diffs=())
+    _put(writer, ev.InvalidValueEvent, mode="lazy", location=_loc(44), op="gather", argument="index", value=7.0,
+         low=0.0, high=3.0, message="index 7 is out of bounds for dimension 1 with size 3", error="RuntimeError",
+         silent="clamped", raised=False)
     _put(writer, ev.TensorBoardSummaryEvent, status="finished", profile=("plugins/profile/run.xplane.pb",),
          spans=40, max_events=1000, steps=8, capped=False, notes=("a note",))
     _put(writer, ev.FitEvent, model="LlamaConfig", target="v5e-8", chips=8, device_kind="TPU v5 lite", plan="fsdp=8",
@@ -250,7 +253,7 @@ def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_
             assert data[sec.key] is not None and data[sec.key] != [], sec.title
     text = _text(capsys, str(every_section_run))
     headings = {line for line in text.splitlines()}
-    assert {"Memory", "TPU target (v5e)", "Collectives", "Lazy graphs", "TensorBoard"} <= headings
+    assert {"Memory", "TPU target (v5e)", "Collectives", "Lazy graphs", "TensorBoard", "Invalid values"} <= headings
 
     memory = data["memory"]
     assert (memory["summary"]["peak_bytes"], memory["summary"]["fits"]) == (12 * GiB, True)
@@ -284,6 +287,9 @@ def test_every_section_is_in_the_json_and_the_text_shows_the_same(every_section_
 
     assert data["tensorboard"]["spans"] == 40 and data["tensorboard"]["profile"] == ["plugins/profile/run.xplane.pb"]
     assert data["fallbacks"][0]["name"] == "nonzero"
+    (invalid,) = data["invalid_values"]
+    assert (invalid["op"], invalid["value"], invalid["high"], invalid["count"]) == ("gather", 7.0, 3.0, 1)
+    assert "gather index 7 out of range [0, 3)" in text
     assert data["recompiles"]["graph_breaks"][0]["reason"] == "call to Tensor.item() inside the compiled region"
     assert data["divergence"]["first"]["name"] == "add.Tensor"
 
@@ -400,7 +406,8 @@ def test_report_at_80_columns_drops_no_column_of_the_steps_table(every_section_r
     for header in ("step", "phase", "time", "dispatch", "compiles", "transfers", "bytes"):
         assert re.search(rf"\| +{header} +\|", steps) or header in steps, header
     cells = "\n".join(_columns(steps))
-    for cell in ("warm-up", "328.00ms", "8.00KiB", "11.00KiB"):
+    # step 0's split: its compiles a third of its second, its batch's wait a quarter
+    for cell in ("warm-up", "compile33%", "input25%", "8.00KiB", "11.00KiB"):
         assert cell in cells, cell
 
 
@@ -433,3 +440,17 @@ def test_one_damaged_row_costs_that_row_not_the_report(every_section_run, tmp_pa
     assert (damaged["kind"], damaged["table"], damaged["event_id"]) == ("compile", "compiles", event_id)
     assert data["compiles"] and data["steps"]["per_step"]
     assert not _undocumented(data, _documented())
+
+
+def test_each_steps_split_adds_up_and_its_mfu_is_the_targets_estimate(every_section_run, capsys):
+    data = _report_json(str(every_section_run), capsys)["steps"]
+    session = tpu_debug.open_run(every_section_run)
+    targets = {e.step: e.mfu for e in session.events("target_step") if not e.unfinished}
+    assert targets and data["per_step"]
+    for s in data["per_step"]:
+        assert sum(s["split"].values()) == pytest.approx(s["seconds"])
+        assert s["mfu"] == targets.get(s["index"])
+        assert s["mfu_measured"] is None  # the run's platform is XLA CPU: no measured MFU
+    assert data["verdict"]["part"] in data["split"]["parts"]
+    g = data["goodput"]
+    assert g["goodput_seconds"] + sum(b["seconds"] for b in g["badput"]) == pytest.approx(g["total_seconds"])

@@ -249,3 +249,29 @@ def test_explicit_groups_pairs_and_padded_parameters_of_a_shard_map(_private_cac
     padded = sum(padded_bytes(a.dtype, a.dims, a.layout) for p in params for a in p.shape.arrays)
     assert padded == result.memory.argument_bytes
     assert padded > sum(p.shape.nbytes for p in params)
+
+
+@requires_libtpu
+def test_a_pallas_kernels_custom_call_printed_over_several_lines_is_one_instruction(_private_cache):
+    # a splash attention kernel prints its kernel metadata as a JSON object with newlines; the
+    # lines after the first start at column 0, one of them with "}}", as a computation's end
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from tpu_debug.runtime.target import compile_for_target
+
+    def attend(q, k, v):
+        kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((512, 512))] * 2), head_shards=1,
+                                    q_seq_shards=1)
+        return kernel(q, k, v).sum()
+
+    x = jax.ShapeDtypeStruct((2, 512, 128), jnp.bfloat16)
+    hlo = compile_for_target(attend, (x, x, x), "v5e").hlo
+    assert any(line.startswith("}}") for line in hlo.splitlines())
+    module = parse_module(hlo)
+    # every instruction the compiler printed, the sum after the kernel too, in its computation
+    printed = [line.split("=", 1)[0].split("%", 1)[1].strip() for line in hlo.splitlines()
+               if line.startswith("  ") and " = " in line and "%" in line.split("=", 1)[0]]
+    assert sorted(i.name for i in module.instructions()) == sorted(printed)
+    (kernel,) = [i for i in module.instructions() if i.opcode == "custom-call" and "splash" in i.name]
+    assert kernel.attr("custom_call_target") == '"tpu_custom_call"'
+    assert module.entry.root is not None and module.entry.root.opcode != "custom-call"

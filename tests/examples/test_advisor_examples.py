@@ -33,6 +33,10 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "tiny_ops.py": ([], ["--steps", "3"], {"eager_tiny_ops"}, ["--fixed"]),
     "h2d_every_step.py": ([], ["--steps", "4"], {"h2d_every_step"}, ["--fixed"]),
     "d2h_every_step.py": ([], ["--steps", "4"], {"d2h_every_step"}, ["--fixed"]),
+    # lazy by default: eager mode raises PyTorch's error at the gather (the run would fail)
+    "out_of_range_index.py": ([], ["--steps", "3"], {"invalid_value"}, ["--fixed"]),
+    # its loader's workers read the next batches while the step runs in the fixed variant
+    "slow_input.py": ([], ["--steps", "8"], {"step_bound"}, ["--fixed"]),
     "bf16_drift.py": (["--divergence", "--numerics", "tpu"], [], {"divergence"}, ["--highest"]),
     "sharding_remat.py": (["--devices", "8"], ["--steps", "3"], {"sharding_remat"}, ["--fixed"]),
     # compiled for a real TPU (needs libtpu, as the target tests do)

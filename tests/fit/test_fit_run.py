@@ -87,7 +87,8 @@ def _check_section(f: dict, report) -> None:
             "compute_seconds": e.compute_seconds, "memory_seconds": e.memory_seconds,
             "comm_seconds": e.comm_seconds, "step_seconds": e.seconds, "overlapped_seconds": e.overlapped_seconds,
             "tokens_per_second": e.tokens_per_second, "model_flops": e.model_flops, "mfu": e.mfu,
-            "mfu_overlapped": e.mfu_overlapped}
+            "mfu_overlapped": e.mfu_overlapped, "op_by_op_seconds": e.op_by_op_seconds,
+            "mfu_op_by_op": e.mfu_op_by_op}
         assert f["assumptions"] == list(e.assumptions)
     assert (f["error"], f["unsharded"], f["caveats"]) == (report.error, list(report.unsharded), list(report.caveats))
 

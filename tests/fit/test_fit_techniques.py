@@ -12,6 +12,7 @@ References, neither the tool's own output:
 
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import jax
@@ -494,6 +495,24 @@ def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
     # XLA's host memory space
     assert "tpu_custom_call" in hlo
     assert compiled.memory_analysis().host_temp_size_in_bytes > 0
+    # the kernel's custom call prints its metadata over several lines: the reader still reads
+    # every instruction of the program, the loop body's after the kernel too
+    from tpu_debug.core.hlo_text import parse_module
+
+    printed = re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = ", hlo, re.MULTILINE)
+    assert sorted(i.name for i in parse_module(hlo).instructions()) == sorted(printed)
+    # op by op, the kernels count at the flops they compute (no cost analysis counts a kernel's):
+    # the forward's two products and the fused backward's five, over the causal blocks (SEQ is
+    # one block here, computed whole)
+    from tpu_debug.fit.techniques import splash_kernel_flops
+
+    assert report.estimate.op_by_op_seconds > 0
+    heads, dim = SIZES["num_attention_heads"], SIZES["hidden_size"] // SIZES["num_attention_heads"]
+    square = 2.0 * heads * SEQ * SEQ * dim  # one chip's one sequence
+    module = parse_module(hlo)
+    kernels = {i.name.split(".")[0]: splash_kernel_flops(i, module.computation(i.computation))
+               for i in module.instructions() if i.opcode == "custom-call" and i.name.startswith("splash")}
+    assert kernels == {"splash_mha_fwd_residuals": 2 * square, "splash_mha_dkv_no_residuals": 5 * square}
 
 
 def _attention_nodes(pieces):

@@ -147,3 +147,27 @@ def test_a_torch_float32_matmul_on_the_target_is_timed_at_six_passes():
     model = roofline(program.result)
     assert model.dot_precisions == (("HIGHEST", pytest.approx(cost["flops"], rel=0.02)),)
     assert model.seconds == pytest.approx(6 * cost["flops"] / 197e12, rel=0.02)
+
+
+@requires_libtpu
+def test_op_by_op_adds_each_ops_own_bound_where_the_roofline_lets_them_overlap():
+    from tpu_debug.runtime.target.roofline import op_by_op
+
+    n = 4096
+    a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((64 * 1024 * 1024,), jnp.float32)  # too big to stage on chip
+    mm = compile_for_target(lambda x, y: x @ y, (a, a), "v5e")
+    add = compile_for_target(lambda p, q: p + q, (v, v), "v5e")
+    # each alone: the matmul's flops and the sum's bytes are the compiler's cost analysis's
+    assert op_by_op(mm.hlo, mm.target).compute_seconds == pytest.approx(roofline(mm).compute_seconds, rel=1e-6)
+    assert op_by_op(add.hlo, add.target).memory_seconds == pytest.approx(roofline(add).memory_seconds, rel=1e-6)
+
+    # together, independent of each other: the roofline lets the sum's bytes hide under the
+    # matmul's flops; one after another, each takes its own bound
+    both = compile_for_target(lambda x, y, p, q: (x @ y, p + q), (a, a, v, v), "v5e")
+    each = op_by_op(both.hlo, both.target)
+    alone = roofline(mm).compute_seconds + roofline(add).memory_seconds
+    # within the matmul's own operands and result (48 MiB of the 816 MiB moved), which the
+    # compiler may stage on chip differently once the sum is beside it
+    assert each.seconds == pytest.approx(alone, rel=0.07)
+    assert each.seconds > roofline(both).seconds

@@ -52,6 +52,12 @@ def test_xla_flags_set_after_xla_started_still_dump(monkeypatch, tmp_path, capsy
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER):  # a program no other test compiles
         assert torch.equal((x * 2.5 - 1.0).cpu(), torch.arange(11.0) * 2.5 - 1.0)
     assert list(tmp_path.glob("*after_optimizations.txt"))
+    # TorchTPU's examples print every file of the dump as text: the CPU backend's machine code
+    # is kept apart (a TPU's dump has none), nothing deleted
+    for path in tmp_path.iterdir():
+        if path.is_file():
+            path.read_text(encoding="utf-8")
+    assert list((tmp_path / xla_options.CPU_OBJECTS).glob("*.obj-file.*.o"))
     # a flag XLA does not take per compile is named, and the others still apply
     assert xla_options._late_flags("--xla_dump_hlo_as_text --xla_no_such_flag=1") == {"xla_dump_hlo_as_text": True}
     assert "XLA_FLAGS --xla_no_such_flag: XLA read XLA_FLAGS when it started" in capsys.readouterr().err

@@ -373,6 +373,11 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True, collectives: bool 
                 transfer_seconds=sum(e.seconds for e in moved),
                 fallbacks=sum(1 for e in mine if isinstance(e, ev.FallbackEvent)),
                 sequence=f"{zlib.crc32(f'mul {n} add {scalar_now} graph'.encode()):016x}",
+                # the split: a quarter of each step waits for its batch, the reads wait on the device
+                input_seconds=0.25,
+                sync_seconds=sum(e.seconds for e in moved if e.direction == "d2h"),
+                collective_seconds=0.0,
+                checkpoint_seconds=0.0,
             )
         )
 

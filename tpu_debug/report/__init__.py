@@ -15,6 +15,7 @@ from tpu_debug.report import (  # noqa: F401  (each module registers its section
     divergence,
     findings,
     fit,
+    invalid_values,
     memory,
     programs,
     recompiles,

@@ -33,7 +33,7 @@ def _fit_data(e: Any) -> dict[str, Any]:
     estimate = None if e.step_seconds is None else {
         k: getattr(e, k) for k in ("compute_seconds", "memory_seconds", "comm_seconds", "step_seconds",
                                    "overlapped_seconds", "tokens_per_second", "model_flops", "mfu",
-                                   "mfu_overlapped")
+                                   "mfu_overlapped", "op_by_op_seconds", "mfu_op_by_op")
     }
     return {
         "model": e.model, "target": e.target, "chips": e.chips, "device_kind": e.device_kind, "plan": e.plan,
@@ -73,7 +73,9 @@ def _render_one_fit(f: dict, terminal: bool) -> list[RenderableType]:
         rows.append(("estimate", f"step ~{format_seconds(e['step_seconds'])} (compute "
                      f"{format_seconds(e['compute_seconds'])}, memory {format_seconds(e['memory_seconds'])}, "
                      f"communication {format_seconds(e['comm_seconds'])}), ~{e['tokens_per_second']:,.0f} "
-                     f"tokens/s, MFU ~{e['mfu']:.1%} (not measured)"))
+                     f"tokens/s, MFU ~{e['mfu']:.1%} (not measured)"
+                     + ("" if e.get("op_by_op_seconds") is None else
+                        f"; op by op ~{format_seconds(e['op_by_op_seconds'])}, MFU ~{e['mfu_op_by_op']:.1%}")))
     if f["error"] and not f["fits"]:
         rows.append(("compiler", f["error"]))
     parts: list[RenderableType] = [Text(head, style="bold" if terminal else ""), kv_text(rows)]

@@ -62,6 +62,40 @@ def _steps_rows(d: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _split_text(parts: dict[str, float] | None, seconds: float, *, least: float = 0.1) -> str:
+    """A step's largest parts as shares of its time: ``input 83%, host 12%`` (parts under
+    ``least`` of it left out; ``-`` for a step without a split)."""
+    if parts is None:
+        return "-"
+    if seconds <= 0:
+        return ""
+    shown = sorted(((v / seconds, k) for k, v in parts.items() if v / seconds >= least), reverse=True)
+    return ", ".join(f"{k} {100 * share:.0f}%" for share, k in shown[:3])
+
+
+def _time_rows(d: dict) -> list[tuple[str, str]]:
+    rows = []
+    split = d.get("split")
+    if split is not None and split["steady_seconds"]:
+        whole = split["steady_seconds"]
+        # in the parts' order, so the line reads the same from run to run
+        parts = [(k, v / whole) for k, v in split["parts"].items() if v / whole >= 0.005]
+        rows.append(("time split", "steady steps: " + ", ".join(f"{k} {100 * share:.0f}%" for k, share in parts)))
+    v = d.get("verdict")
+    if v is not None:
+        rows.append(("bound", v["text"]))
+    g = d.get("goodput")
+    if g is not None and g["total_seconds"] > 0:
+        bad = [b for b in g["badput"] if b["seconds"] > 0]
+        rows.append((
+            "goodput",
+            (f"{100 * g['share']:.0f}% of {format_seconds(g['total_seconds'])} in productive steps; badput: "
+             + (", ".join(f"{b['cause']} {format_seconds(b['seconds'])}" + (" (est.)" if b["estimated"] else "")
+                          for b in bad) or "none")),
+        ))
+    return rows
+
+
 def _render_steps(d: dict, terminal: bool) -> RenderableType:
     # warm-up against steady state, then the figures of a few steps
     if not d["per_step"]:
@@ -69,37 +103,40 @@ def _render_steps(d: dict, terminal: bool) -> RenderableType:
             "no steps: the run called neither optimizer.step() (with tpu parameters) nor tpu_debug.step(), "
             "and repeated no loop of ops; every compile counts as warm-up"
         )
-    table = report_table(
-        terminal,
-        ("step", "right"),
-        ("phase", "left"),
-        ("time", "right"),
-        ("ops", "right"),
-        ("dispatch", "right"),
-        ("compiles", "right"),
-        ("compile time", "right"),
-        ("transfers", "right"),
-        ("bytes", "right"),
-    )
+    mfu = any(s.get("mfu") is not None for s in d["per_step"])
+    columns = [("step", "right"), ("phase", "left"), ("time", "right"), ("went to", "left"), ("ops", "right"),
+               ("dispatch", "right"), ("compiles", "right"), ("transfers", "right"), ("bytes", "right")]
+    table = report_table(terminal, *columns, *([("MFU", "right")] if mfu else []))
     previous = None
     for s in _steps_shown(d["per_step"]):
         if previous is not None and s["index"] != previous + 1:
-            table.add_row("...", "", "", "", "", "", "", "", "")
+            table.add_row("...", *[""] * (len(columns) - 1 + mfu))
         previous = s["index"]
         table.add_row(
             str(s["index"]),
             s["phase"] if s["phase"] != STEADY or s["compiles"] == 0 else "steady (compiles)",
             format_seconds(s["seconds"]),
+            _split_text(s["split"], s["seconds"]),
             "-" if s["eager_ops"] is None else f"{s['eager_ops'] + s['graph_runs']:,}",
             "-" if s["op_seconds"] is None else format_seconds(s["op_seconds"]),
             str(s["compiles"]),
-            format_seconds(s["compile_seconds"]),
             "-" if s["transfers"] is None else str(s["transfers"]),
             "-" if s["transfer_bytes"] is None else format_bytes(s["transfer_bytes"]),
+            *([_mfu_text(s)] if mfu else []),
         )
-    note = dim_note("time: from one step's end to the next; dispatch: host time running its ops (session.steps() has every step)"
-                 + ("; -: " + NOT_MEASURED if d["per_step"][0]["eager_ops"] is None else ""))
-    return Group(kv_text(_steps_rows(d)), table, note)
+    note = dim_note("time: from one step's end to the next, split into parts that add up to it (input, compile, sync, "
+                    "collective, checkpoint, dispatch, host: docs/report_schema.md); went to: its largest parts "
+                    "(session.steps.split() has each step's); dispatch: host time running its ops"
+                    + ("; MFU: the target's flops over its estimated step time (a model estimate)" if mfu else "")
+                    + ("; -: " + NOT_MEASURED if d["per_step"][0]["eager_ops"] is None else ""))
+    return Group(kv_text(_steps_rows(d) + _time_rows(d)), table, note)
+
+
+def _mfu_text(s: dict) -> str:
+    if s.get("mfu") is None:
+        return "-"
+    text = f"{100 * s['mfu']:.2g}%"
+    return text if s.get("mfu_measured") is None else f"{text} ({100 * s['mfu_measured']:.2g}% measured)"
 
 
 def _steps_shown(steps: list[dict], limit: int = 12) -> list[dict]:
@@ -123,10 +160,56 @@ _UNLOGGED_STEP = ("eager_ops", "graph_runs", "op_seconds", "transfers", "transfe
 
 
 def _step_data(s: Any, phase: str, imported: bool = False) -> dict[str, Any]:
+    from tpu_debug.tracers.step_time import split_step
+
     data = _step_fields(s, phase)
     if imported:
         data.update(dict.fromkeys(_UNLOGGED_STEP))
+    split = split_step(s)
+    data["split"] = split.as_dict() if split is not None else None
     return data
+
+
+def _add_mfu(session: Any, per_step: list[dict[str, Any]]) -> None:
+    """Each step's MFU on the run's TPU target: the target compiler's flops over the estimated
+    step time (``mfu``), and on a TPU over the measured time too (``mfu_measured``)."""
+    from tpu_debug.tracers.events import TargetStepEvent, TargetSummaryEvent
+
+    targets = {e.step: e for e in session.events(TargetStepEvent.kind) if not e.unfinished}
+    summary = next(iter(session.events(TargetSummaryEvent.kind)), None)
+    on_tpu = session.metadata().platform == "tpu"
+    for s in per_step:
+        t = targets.get(s["index"])
+        s["mfu"] = t.mfu if t is not None else None
+        s["mfu_measured"] = None
+        if on_tpu and t is not None and summary is not None and s["seconds"] > 0:
+            s["mfu_measured"] = t.flops / (s["seconds"] * summary.peak_flops)
+
+
+def _time_data(session: Any, steps: list, phases: list[str]) -> dict[str, Any]:
+    """The split of the steady steps, the run's bound and its goodput (``tracers.step_time``)."""
+    from tpu_debug.tracers.step_time import PARTS, goodput, split_step, verdict
+
+    steady = [sp for sp, p in ((split_step(s), p) for s, p in zip(steps, phases)) if sp is not None and p == "steady"]
+    v = verdict(steps, phases)
+    g = goodput(steps, phases, session.metadata().duration, session.steps.waits("checkpoint")) if steps else None
+    return {
+        "split": None if not steady else {
+            "steady_seconds": sum(sp.seconds for sp in steady),
+            "parts": {name: sum(sp.part(name) for sp in steady) for name in PARTS},
+        },
+        "verdict": None if v is None else {
+            "bound": v.bound, "part": v.part, "share": v.share, "seconds": v.seconds,
+            "steady_seconds": v.steady_seconds, "steps": v.steps, "warmup_only": v.warmup_only,
+            "shares": dict(zip(PARTS, v.shares)), "text": v.render(),
+        },
+        "goodput": None if g is None else {
+            "total_seconds": g.total_seconds, "goodput_seconds": g.goodput_seconds, "share": g.share,
+            "ideal_step_seconds": g.ideal_step_seconds,
+            "badput": [{"cause": b.cause, "seconds": b.seconds, "estimated": b.estimated, "text": b.text,
+                        "share": b.seconds / g.total_seconds if g.total_seconds else 0.0} for b in g.badput],
+        },
+    }
 
 
 def _step_fields(s: Any, phase: str) -> dict[str, Any]:
@@ -157,6 +240,9 @@ def _steps(session: Any) -> dict[str, Any]:
     steps = session.steps()
     phases = _phases(steps)
 
+    per_step = [_step_data(s, phase, is_imported(session)) for s, phase in zip(steps, phases)]
+    _add_mfu(session, per_step)
+
     def totals(t: Any) -> dict[str, Any]:
         return {"compiles": t.compiles, "recompiles": t.recompiles, "seconds": t.seconds}
 
@@ -174,5 +260,6 @@ def _steps(session: Any) -> dict[str, Any]:
             "steady": totals(summary.steady_compiles),
             "outside": totals(summary.tail),
         },
-        "per_step": [_step_data(s, phase, is_imported(session)) for s, phase in zip(steps, phases)],
+        "per_step": per_step,
+        **_time_data(session, steps, phases),
     }

@@ -4,9 +4,11 @@ assembled by a view), ranked by what they cost.
 A rule is one function registered with :func:`rule` under its kind (and the
 TUI view that shows what its findings are about), in a rule module: :mod:`.rules`
 for the training loop (recompiles, syncs, uploads, dispatch, numerics),
-:mod:`.fit` for fitting a TPU (memory, the target compiler's refusals and
+:mod:`.steps` for what bounds the steps' time (input, syncs, compiles, collectives,
+checkpoints), :mod:`.fit` for fitting a TPU (memory, the target compiler's refusals and
 padding, dry runs), :mod:`.collectives` for ranks that stopped calling the
-same c10d collectives. Rule modules import :mod:`.registry`, never this package,
+same c10d collectives, :mod:`.invalid_values` for argument values a TPU computes
+with silently (an index out of range). Rule modules import :mod:`.registry`, never this package,
 so adding a rule to one is one declaration plus its tests. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
 step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.steps`) and
@@ -32,7 +34,9 @@ from typing import Any
 # the rule modules register their rules when imported; they import the registry, never this package
 from tpu_debug.tracers.advisor import collectives as _collectives  # noqa: F401
 from tpu_debug.tracers.advisor import fit as _fit  # noqa: F401
+from tpu_debug.tracers.advisor import invalid_values as _invalid_values  # noqa: F401
 from tpu_debug.tracers.advisor import rules as _rules  # noqa: F401
+from tpu_debug.tracers.advisor import steps as _steps  # noqa: F401
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
 from tpu_debug.tracers.advisor.registry import RULES, Rule, lookup, rule

@@ -14,6 +14,7 @@ decoding of stored events, damaged rows):
 ``q.transfers(...)``            host <-> device transfers, by line (:mod:`.transfers`)
 ``q.divergences(...)``          the check against CPU (:mod:`.divergences`)
 ``q.steps()``                   the training steps (:mod:`.steps`)
+``q.invalid_values()``          values a TPU computes with silently (:mod:`.invalid_values`)
 ``q.events(kind)``              any kind of event (:mod:`.reader`)
 ==============================  =====================================================
 

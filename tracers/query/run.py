@@ -17,6 +17,7 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.query.compiles import CompilesQuery
 from tpu_debug.tracers.query.divergences import DivergencesQuery
+from tpu_debug.tracers.query.invalid_values import InvalidValuesQuery
 from tpu_debug.tracers.query.ops import OpsQuery
 from tpu_debug.tracers.query.programs import ProgramsQuery
 from tpu_debug.tracers.query.reader import RunReader
@@ -37,7 +38,7 @@ class RunQuery(RunReader):
 
     Each subject is a part: calling it lists the subject's records, its methods answer the
     subject's other questions. ``ops``, ``programs``, ``compiles``, ``recompiles``,
-    ``transfers``, ``divergences``, ``steps``; ``events(kind)``, ``metadata()``,
+    ``transfers``, ``divergences``, ``steps``, ``invalid_values``; ``events(kind)``, ``metadata()``,
     ``findings()`` and the run's summaries are the run's own.
 
     Example::
@@ -57,6 +58,7 @@ class RunQuery(RunReader):
         self.transfers = TransfersQuery(self)
         self.divergences = DivergencesQuery(self)
         self.steps = StepsQuery(self)
+        self.invalid_values = InvalidValuesQuery(self)
 
     # -- what was recorded ----------------------------------------------------------
 

@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.message import Message
 from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import StepEvent
+from tpu_debug.tracers.step_time import PARTS, Goodput, StepSplit, Verdict, goodput, split_step, verdict
 from tpu_debug.tracers.steps import STEADY, StepSummary, step_phases, summarize_steps
 from tpu_debug.tui.format import format_bytes, format_seconds
 from tpu_debug.tui.screens.base import RunScreen
@@ -25,17 +26,63 @@ POINTS = 120  # points of the step-time sparkline
 _HOW = {"optimizer": "optimizer.step()", "explicit": "tpu_debug.step()", "loop": "loop", "torch_trace": "compile (TORCH_TRACE)"}
 
 
+BAR = 16  # cells of a step's stacked bar
+# each part's colour in the stacked bars and their legend (tracers/step_time.py's PARTS)
+PART_STYLE = {
+    "input": "magenta",
+    "compile": "yellow",
+    "sync": "red",
+    "collective": "blue",
+    "checkpoint": "cyan",
+    "dispatch": "green",
+    "host": "grey62",
+}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepsData:
     steps: list[StepEvent]
     phases: list[str]
     summary: StepSummary
+    splits: list[StepSplit | None] = dataclasses.field(default_factory=list)
+    verdict: Verdict | None = None
+    goodput: Goodput | None = None
 
 
 def steps_data(session: Session) -> StepsData:
-    """The run's steps, each one's phase, and their summary."""
+    """The run's steps, each one's phase and split, their summary, the run's bound and goodput."""
     steps = session.steps()
-    return StepsData(steps, step_phases(steps), summarize_steps(steps, session.compiles()))
+    phases = step_phases(steps)
+    good = goodput(steps, phases, session.metadata().duration, session.steps.waits("checkpoint")) if steps else None
+    return StepsData(steps, phases, summarize_steps(steps, session.compiles()), [split_step(s) for s in steps],
+                     verdict(steps, phases), good)
+
+
+def split_bar(split: StepSplit | None, width: int = BAR) -> Text:
+    """A step's split as a stacked bar of ``width`` cells, one colour per part, each part's
+    cells in proportion to its share (largest remainders get the odd cells)."""
+    if split is None:
+        return Text("-", style="dim")
+    if split.seconds <= 0:
+        return Text(" " * width)
+    exact = [width * p / split.seconds for p in split.parts]
+    cells = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: cells[i] - exact[i])[: width - sum(cells)]:
+        cells[i] += 1
+    bar = Text()
+    for name, n in zip(PARTS, cells):
+        if n:
+            bar.append("█" * n, style=PART_STYLE[name])
+    return bar
+
+
+def legend() -> Text:
+    """What each colour of the stacked bars is."""
+    text = Text("went to: ", style="dim")
+    for name in PARTS:
+        text.append("█", style=PART_STYLE[name])
+        text.append(f" {name}  ")
+    return text
 
 
 def _sparkline(values: list[float], points: int = POINTS) -> list[float]:
@@ -61,6 +108,7 @@ class StepsScreen(RunScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(Text("loading…", style="dim"), id="st-summary", markup=False)
+        yield Static(legend(), id="st-legend", markup=False)
         yield Static(Text("time per step", style="dim"), id="st-time-label", markup=False)
         yield Sparkline([], id="st-time")
         yield PagedTable(id="steps", page_size=PAGE, zebra_stripes=True)
@@ -73,6 +121,7 @@ class StepsScreen(RunScreen):
                 Col("phase", "phase"),
                 Col("ended by", "how", drop=1),
                 Col("time", "time"),
+                Col("went to", "split"),
                 Col("eager ops", "ops", drop=3),
                 Col("graphs", "graphs", drop=4),
                 Col("dispatch", "dispatch", drop=2),
@@ -97,7 +146,7 @@ class StepsScreen(RunScreen):
     @on(Loaded)
     def _show(self, message: Loaded) -> None:
         data = self._data = message.data
-        self.query_one("#st-summary", Static).update(_summary_text(data.summary))
+        self.query_one("#st-summary", Static).update(_summary_text(data.summary, data.verdict, data.goodput))
         table = self.query_one("#steps", PagedTable)
         row = table.cursor_row
         table.reset()
@@ -122,7 +171,8 @@ class StepsScreen(RunScreen):
         table = self.query_one("#steps", PagedTable)
         end = min(len(data.steps), offset + PAGE)
         rows, keys = [], []
-        for s, phase in zip(data.steps[offset:end], data.phases[offset:end]):
+        splits = data.splits[offset:end] or [None] * (end - offset)
+        for s, phase, split in zip(data.steps[offset:end], data.phases[offset:end], splits):
             compiling = phase == STEADY and s.compiles > 0
             style = "bold yellow" if compiling else ("dim" if phase != STEADY else "")
             keys.append(str(s.index))
@@ -131,6 +181,7 @@ class StepsScreen(RunScreen):
                 Text("steady, compiles" if compiling else phase, style=style),
                 Text(_HOW.get(s.detected, s.detected), style="dim"),
                 Text(format_seconds(s.seconds), justify="right"),
+                split_bar(split),
                 Text(f"{s.eager_ops:,}", justify="right"),
                 Text(f"{s.graph_runs:,}", justify="right"),
                 Text(format_seconds(s.op_seconds), justify="right"),
@@ -149,7 +200,22 @@ class StepsScreen(RunScreen):
         self._add_rows(message.offset)
 
 
-def _summary_text(summary: StepSummary) -> Text:
+def _summary_text(summary: StepSummary, bound: Verdict | None = None, good: Goodput | None = None) -> Text:
+    text = _steps_text(summary)
+    if bound is not None:
+        text.append("\n")
+        text.append(bound.bound, style="bold" if bound.part == "dispatch" else "bold yellow")
+        text.append(bound.render().removeprefix(bound.bound))
+    if good is not None and good.total_seconds > 0:
+        text.append("\ngoodput ")
+        text.append(f"{100 * good.share:.0f}%", style="bold")
+        text.append(f" of {format_seconds(good.total_seconds)}; badput: ")
+        bad = [b for b in good.badput if b.seconds > 0]
+        text.append(", ".join(f"{b.cause} {format_seconds(b.seconds)}" for b in bad) or "none", style="dim")
+    return text
+
+
+def _steps_text(summary: StepSummary) -> Text:
     text = Text()
     if not summary.steps:
         text.append(
