@@ -105,6 +105,23 @@ def _get_attr(gm: torch.fx.GraphModule, target: str):
 
 
 _WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
+
+
+def _rng_wrappers() -> tuple:
+    """PyTorch's RNG-state wrappers (torch/_prims/rng_prims.py), which AOTAutograd's
+    partitioner puts around a random op that a backward recomputes (activation
+    checkpointing): ``run_and_save_rng_state(op, *args)`` in the forward returns the state
+    the draw used and the op's result; ``run_with_rng_state(state, op, *args)`` in the
+    backward draws again from that state. Their kernels pick a device's generator by the
+    type of the first tensor argument and know CPU, CUDA, HPU and XPU; in a tpu program
+    the state is the draw's PRNG key (runtime/random.py), so the recomputed draw is the
+    forward's."""
+    from torch._prims import rng_prims
+
+    return rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state
+
+
+_RUN_AND_SAVE_RNG_STATE, _RUN_WITH_RNG_STATE = _rng_wrappers()
 _COPY_ = torch.ops.aten.copy_.default
 # device-side assertions (PyTorch's decompositions of one_hot, index bounds checks): XLA has
 # no assert instruction, so each condition becomes a program output checked after the call
@@ -156,7 +173,9 @@ class GraphProgram:
         self.collectives = 0
         value_nodes: list[torch.fx.Node] = []
         for node in gm.graph.nodes:
-            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            if node.op == "call_function" and node.target in (_RUN_AND_SAVE_RNG_STATE, _RUN_WITH_RNG_STATE):
+                self._add_rng_wrapper(node)
+            elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
                 if node.target in _SHAPE_OPS or node.target is _COPY_ or node.target in _ASSERTS:
                     continue
                 if _collectives(node.target) is not None:
@@ -183,6 +202,36 @@ class GraphProgram:
         self.value_nodes = {node: lowered[node.name] for node in value_nodes}
         # what the last trace with checks made: per report output, (op, check, statics, node)
         self.traced_checks: list[tuple] = []
+
+    def _add_rng_wrapper(self, node: torch.fx.Node) -> None:
+        """A random op inside ``run_and_save_rng_state`` (a fresh key, as any random node) or
+        ``run_with_rng_state`` (the key it is given)."""
+        saves = node.target is _RUN_AND_SAVE_RNG_STATE
+        op = node.args[0] if saves else node.args[1]
+        low = lookup(op) if isinstance(op, torch._ops.OpOverload) else None
+        if low is None or not low.rng:
+            raise UnsupportedGraphOp(
+                f"graph {self.graph_id} ({self.kind}) node {node.name}: {node.target.name()} wraps {op}, "
+                "which has no random tpu lowering; add one under runtime/ops/ (rng=True)"
+            )
+        self.rng_nodes += saves
+        scope = f"{node.name}|aten::{str(op).removeprefix('aten.')}"
+        self.nodes.append(LoweredNode(node.name, str(op), scope, node.meta.get("stack_trace")))
+
+    def _rng_wrapped(self, node: torch.fx.Node, args: list, kwargs: dict, key, draws: Iterator[int]):
+        """``run_and_save_rng_state``: (the key, the op's result); ``run_with_rng_state``: the
+        op's result drawn with the key it was given."""
+        if node.target is _RUN_AND_SAVE_RNG_STATE:
+            state, (op, *args) = jax.random.fold_in(key, next(draws)), args
+        else:
+            state, op, *args = args
+        low = lookup(op)
+        kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        with jax.named_scope(f"{node.name}|aten::{str(op).removeprefix('aten.')}"):
+            out = low.fn(*args, **kwargs, key=state)
+        if node.target is _RUN_AND_SAVE_RNG_STATE:
+            return state, out
+        return _cast_like(out, node)
 
     def __call__(self, *flat, debug: frozenset | None = None, checking: bool = False):
         """The graph's outputs (then each mutated input's new value) for inputs ``flat``
@@ -240,6 +289,8 @@ class GraphProgram:
             return args[0][args[1]]
         if target is _WITH_EFFECTS:
             return self._with_effects(node, *args, **kwargs)
+        if target is _RUN_AND_SAVE_RNG_STATE or target is _RUN_WITH_RNG_STATE:
+            return self._rng_wrapped(node, args, kwargs, key, draws)
         if target is _COPY_:
             dst, src = args[0], args[1]
             value = jnp.broadcast_to(src, dst.shape).astype(dst.dtype)

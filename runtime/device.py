@@ -260,7 +260,8 @@ class TpuModule:
 
     @staticmethod
     def device(device) -> contextlib.AbstractContextManager:
-        """``with torch.tpu.device(0):``: the runtime has one eager device, tpu:0."""
+        """``with torch.tpu.device(0):`` (also checkpointing and ``fork_rng``, around the RNG
+        state): the runtime has one eager device, tpu:0."""
         TpuModule.set_device(device)
         return contextlib.nullcontext()
 
@@ -309,6 +310,12 @@ class TpuModule:
 
     @staticmethod
     def is_initialized() -> bool:
+        return _state["installed"] is True
+
+    @property
+    def _initialized(self) -> bool:
+        # torch.utils.checkpoint stashes a device's RNG state for the recomputation only when
+        # its module says it is initialized (it reads torch.cuda._initialized the same way)
         return _state["installed"] is True
 
     @staticmethod

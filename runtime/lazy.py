@@ -660,7 +660,14 @@ def _functional_then_write(plan, args, kwargs):
     call_kwargs = dict(zip(names, args))
     call_kwargs.update({k: v for k, v in kwargs.items() if not any(k == n for _, n, _ in plan.writes)})
     fnames = {a.name for a in plan.functional._schema.arguments}
-    out = plan.functional(**{k: v for k, v in call_kwargs.items() if k in fnames})
+    call_kwargs = {k: v for k, v in call_kwargs.items() if k in fnames}
+    # a structured op's functional kernel would call this out= overload again: its
+    # decomposition runs instead, as in eager mode (eager._structured_decomposition)
+    decomp = _eager._structured_decomposition(plan)
+    if decomp is None:
+        out = plan.functional(**call_kwargs)
+    else:
+        out = _eager._call_by_schema(decomp, plan.functional._schema, call_kwargs)
     results = list(_eager._iter_tensors(out))
     if plan.kind == "out":
         _eager._check_out_memory(plan, args, kwargs, targets, [o.shape for o in results])

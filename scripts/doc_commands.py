@@ -187,10 +187,16 @@ NEVER: dict[str, str] = {
     'pip install -q -c constraints.txt -e ".[tpu]"': "installs libtpu into the environment: .ci/run does",
     'pip install -q -c constraints.txt -e ".[dev,models]"': "installs the clone into the environment: .ci/run does",
     "pip install tlparse": "installs PyTorch's tlparse into the environment: the dev extra does",
-    'python -m pytest -n 2 -q -p no:cacheprovider -m "not slow" --ignore=tests/runtime/test_opinfo.py':
+    'python -m pytest -n 2 -q -p no:cacheprovider -m "not slow" --ignore=tests/runtime/test_opinfo.py '
+    '--ignore=tests/runtime/test_moduleinfo.py': "the test suite itself, which .ci/run runs",
+    "python -m pytest -n 2 -q -p no:cacheprovider tests/runtime/test_opinfo.py tests/runtime/test_moduleinfo.py":
         "the test suite itself, which .ci/run runs",
-    "python -m pytest -n 2 -q -p no:cacheprovider tests/runtime/test_opinfo.py": "the test suite itself, which "
-                                                                                 ".ci/run runs",
+    "TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_moduleinfo.py -n 2 -q":
+        "the full ModuleInfo sweep, every module input in three modes (hours on 2 cores)",
+    "TPU_DEBUG_OPINFO_FULL=1 python -m pytest -n 2 -q -p no:cacheprovider tests/runtime/test_moduleinfo.py":
+        "the full ModuleInfo sweep, every module input in three modes (hours on 2 cores)",
+    "python scripts/op_coverage.py --module-results RESULTS.jsonl": "records a ModuleInfo sweep's results in "
+                                                                    "docs/moduleinfo_sweep.json",
     "python -m pytest -n 2 -q -p no:cacheprovider -m slow": "the slow tier of the test suite (hours on 2 cores)",
     "TPU_DEBUG_OPINFO_FULL=1 python -m pytest -n 2 -q -p no:cacheprovider tests/runtime/test_opinfo.py":
         "the full OpInfo sweep, about 40 minutes on 2 cores",

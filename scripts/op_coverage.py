@@ -7,6 +7,7 @@ Usage::
     python scripts/op_coverage.py --sweep full     # run the full OpInfo sweep (-n 2), record
                                                    # its counts and wall time, rewrite the doc
     python scripts/op_coverage.py --results FILE   # record a finished sweep's results instead
+    python scripts/op_coverage.py --module-results FILE   # record a ModuleInfo sweep's results
 
 The doc is a function of committed inputs only, so ``--check`` is exact:
 
@@ -21,7 +22,11 @@ The doc is a function of committed inputs only, so ``--check`` is exact:
 * the last recorded sweep (docs/opinfo_sweep.json, written by ``--sweep`` or
   ``--results`` from the JSON lines the harness writes when
   ``TPU_DEBUG_OPINFO_RESULTS=path`` is set): measured counts per dtype and wall
-  time.
+  time;
+* the last recorded ModuleInfo sweep per mode (docs/moduleinfo_sweep.json, written by
+  ``--module-results`` from the JSON lines tests/runtime/test_moduleinfo.py writes when
+  ``TPU_DEBUG_MODULEINFO_RESULTS=path`` is set), with the tolerance entries of
+  tests/runtime/moduleinfo_expectations.py.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "op_coverage.md"
 SWEEP = ROOT / "docs" / "opinfo_sweep.json"
+MODULE_SWEEP = ROOT / "docs" / "moduleinfo_sweep.json"
 HARNESS = ROOT / "tests" / "runtime"
 TARGET_F32 = 93.0
 TOP_MISSING = 30
@@ -183,8 +189,9 @@ def _errors_lines(counts: dict) -> list[str]:
         "### Checks that need the data: `config.data_checks`",
         "",
         "An index out of range (`gather`, `scatter`, `scatter_add`, `scatter_reduce`, `index_select`,",
-        "`take`, `embedding`, `x[i]`, `index_put`, `index_add`, `index_copy`, `index_fill`), a mask",
-        "asking `masked_scatter` for more elements than its source has, and a `multinomial`",
+        "`take`, `embedding`, `x[i]`, `index_put`, `index_add`, `index_copy`, `index_fill`), a class",
+        "target out of range (`multi_margin_loss`, `multilabel_margin_loss`), a mask asking",
+        "`masked_scatter` for more elements than its source has, and a `multinomial`",
         "distribution with a negative, `nan` or `inf` entry or a row summing to 0 raise on CPU. XLA",
         "computes them silently: a TPU clamps the index (another row is read or written) and samples",
         "from whatever the distribution is. Each op's lowering declares its check",
@@ -298,6 +305,141 @@ def run_sweep(tier: str) -> tuple[Path, float]:
     return Path(path), time.monotonic() - start
 
 
+# ---- ModuleInfo ----------------------------------------------------------------------------
+
+MODULE_FULL_COMMAND = "TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_moduleinfo.py -n 2 -q"
+
+
+def summarize_modules(results: Path, wall_seconds: float | None) -> dict:
+    """Measured counts per mode from test_moduleinfo.py's JSON lines: {mode: summary}."""
+    rows = {}
+    for line in results.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows[(r["module"], r["training"], r["mode"])] = r
+    import jax
+    import torch
+
+    out = {}
+    for mode in sorted({r["mode"] for r in rows.values()}):
+        mine = [r for r in rows.values() if r["mode"] == mode]
+        failing = {r["module"] for r in mine if r["failed_inputs"]}
+        modules = {r["module"] for r in mine}
+        out[mode] = {
+            "tier": "full" if all(r["tier"] == "full" for r in mine) else "ci",
+            "wall_seconds": None if wall_seconds is None else round(wall_seconds),
+            "cpu_seconds": round(sum(r.get("cpu_seconds", 0.0) for r in mine)),
+            "torch": torch.__version__, "jax": jax.__version__, "platform": jax.devices()[0].platform,
+            "inputs": sum(r["inputs"] for r in mine),
+            "inputs_passed": sum(r["inputs"] - r["failed_inputs"] for r in mine),
+            "modules": len(modules), "modules_passed": len(modules - failing),
+            "failures": [
+                {"module": r["module"], "training": "train" if r["training"] else "eval",
+                 "failed_inputs": r["failed_inputs"], "inputs": r["inputs"], "error": r["error"]}
+                for r in sorted(mine, key=lambda r: (r["module"], not r["training"])) if r["failed_inputs"]
+            ],
+        }
+        if mode == "compiled":  # modules dynamo ran eagerly in every case (no graph for the backend)
+            graphs: dict = defaultdict(int)
+            for r in mine:
+                graphs[r["module"]] += r.get("graphs", 0)
+            out[mode]["modules_without_graph"] = sorted(m for m, n in graphs.items() if n == 0)
+    return out
+
+
+def _load_module_sweeps() -> dict:
+    return json.loads(MODULE_SWEEP.read_text(encoding="utf-8")) if MODULE_SWEEP.exists() else {}
+
+
+def _module_expectations():
+    sys.path.insert(0, str(HARNESS))
+    import moduleinfo_expectations
+
+    return moduleinfo_expectations
+
+
+def _modules_section(sweeps: dict, expectations) -> list[str]:
+    tolerances = expectations.TOLERANCES
+    out = [
+        "## Modules (ModuleInfo)",
+        "",
+        "`tests/runtime/test_moduleinfo.py` runs PyTorch's `module_db` (every `torch.nn` module",
+        "with its constructor and forward inputs) on `tpu` against CPU, in float32, in training and",
+        "in evaluation mode: the module built on CPU from a fixed seed and again for `tpu` with the",
+        "same weights, the forward, then the backward of the outputs' sum; outputs, buffers",
+        "(running statistics) and the gradients of every parameter and input must equal CPU's",
+        "(float32 tolerances, or as close to a float64 CPU run as CPU is), and an error CPU",
+        "raises must be raised. The CI tier runs each module's first input eagerly (and lazily",
+        "and compiled for every sixth module); the full sweep every input in every mode.",
+        "",
+        "| mode | module inputs | pass | modules | pass | sweep wall time (`-n 2`) | sweep CPU time |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode in ("eager", "lazy", "compiled"):
+        sw = sweeps.get(mode)
+        if sw is None:
+            out.append(f"| {mode} | not recorded | | | | | |")
+            continue
+        wall = sw.get("wall_seconds")
+        wall_text = "not measured" if wall is None else f"{wall // 60} min {wall % 60:02d} s"
+        out.append(f"| {mode} ({sw['tier']} tier) | {sw['inputs']} | {sw['inputs_passed']} | {sw['modules']} | "
+                   f"{sw['modules_passed']} | {wall_text} | {sw['cpu_seconds']} s |")
+    any_sweep = next(iter(sweeps.values()), None)
+    if any_sweep is not None:
+        out += ["", (f"Recorded with torch {any_sweep['torch']}, jax {any_sweep['jax']}, XLA platform "
+                     f"`{any_sweep['platform']}`. The wall time is the machine's share; the CPU time is the "
+                     "tests' own (XLA's compile threads included).")]
+    failures = [(mode, f) for mode in ("eager", "lazy", "compiled") for f in sweeps.get(mode, {}).get("failures", ())]
+    out += ["", "What does not pass:", ""]
+    if failures:
+        out += ["| module | mode | train/eval | inputs failing | first failure |", "|---|---|---|---:|---|"]
+        for mode, f in failures:
+            error = (f["error"] or "").replace("|", "\\|")
+            out.append(f"| `{f['module']}` | {mode} | {f['training']} | {f['failed_inputs']} of {f['inputs']} | {error} |")
+    else:
+        out.append("every module input of every recorded sweep passes.")
+    if expectations.EXPECTATIONS:
+        out += ["", "Expected failures and skips (`tests/runtime/moduleinfo_expectations.py`):", "",
+                "| module | train/eval | mode | kind | why |", "|---|---|---|---|---|"]
+        for (name, training, mode), (kind, reason) in sorted(expectations.EXPECTATIONS.items()):
+            out.append(f"| `{name}` | {training} | {mode} | {kind} | {reason} |")
+    without = sweeps.get("compiled", {}).get("modules_without_graph")
+    if without:
+        out += ["", "Compiled, dynamo ran these modules without handing the backend a graph (each still",
+                ("checked against CPU): " + ", ".join(f"`{m}`" for m in without) + ". The recurrent modules are"),
+                "among them by dynamo's design (`torch._dynamo.config.allow_rnn` is off by default); with it",
+                "on, PyTorch's decomposition of `aten::lstm`/`aten::gru` traces them into one graph",
+                "(`tests/runtime/test_ops_recurrent.py`)."]
+    if tolerances:
+        out += ["", "Tolerances wider than float32's defaults (`tests/runtime/moduleinfo_expectations.py`):", "",
+                "| module | rtol | atol | why |", "|---|---:|---:|---|"]
+        for name, (rtol, atol, reason) in sorted(tolerances.items()):
+            out.append(f"| `{name}` | {rtol:g} | {atol:g} | {reason} |")
+    out += [
+        "",
+        "Beyond `module_db`'s inputs, in all three modes against CPU: `nn.LSTM` (no bias; bidirectional",
+        "with `batch_first` and `proj_size`; packed sequences with an initial state) and `nn.GRU`",
+        "(`tests/runtime/test_ops_recurrent.py`: outputs, final states, gradients of parameters and",
+        "input; compiled also through dynamo's RNN tracing), and `torch.utils.checkpoint` around a",
+        "layer with dropout, `use_reentrant` both ways (`tests/runtime/test_checkpoint_rng.py`: the",
+        "recomputed forward draws the first forward's masks; without dropout, the checkpointed layer",
+        "trains equal to CPU).",
+        "",
+        "Not covered by `module_db`'s inputs: `nn.TransformerEncoder` in evaluation mode without",
+        "gradients and with a left-aligned `src_key_padding_mask` takes PyTorch's nested-tensor fast",
+        "path; the `tpu` device has no nested tensors, so `aten::_nested_tensor_from_mask` raises",
+        "`NoLoweringError` naming the fix (`enable_nested_tensor=False`). With gradients (training, or",
+        "evaluation under autograd, as `module_db` runs it) the encoder declines that path and runs.",
+        "",
+        "```",
+        f"{MODULE_FULL_COMMAND}    # full sweep: every input, every mode",
+        "python scripts/op_coverage.py --module-results RESULTS.jsonl    # record a sweep here",
+        "```",
+        "",
+    ]
+    return out
+
+
 # ---- the document --------------------------------------------------------------------------
 
 
@@ -334,7 +476,8 @@ def _sweep_lines(mode: str, sweep: dict) -> list[str]:
     return out + [""]
 
 
-def render(core: list[tuple[str, str]], counts: dict, missing: list, sweeps: dict, errors: dict) -> str:
+def render(core: list[tuple[str, str]], counts: dict, missing: list, sweeps: dict, errors: dict,
+           modules: list[str] | None = None) -> str:
     out = [
         "# Op coverage on `tpu`",
         "",
@@ -397,6 +540,7 @@ def render(core: list[tuple[str, str]], counts: dict, missing: list, sweeps: dic
         "```",
         "",
     ]
+    out += modules or []
     out += _errors_lines(errors)
     out += [
         f"## Missing lowerings blocking the most OpInfo cases (top {TOP_MISSING})",
@@ -432,8 +576,9 @@ def generate() -> str:
 
     harness, table = _harness()
     core = [(_op_name(op), status(op)) for op in core_ops()]
+    modules = _modules_section(_load_module_sweeps(), _module_expectations())
     return render(core, opinfo_counts(harness, table), missing_ops(harness, table), _load_sweeps(),
-                  error_counts(table))
+                  error_counts(table), modules)
 
 
 def main(argv=None) -> int:
@@ -442,11 +587,22 @@ def main(argv=None) -> int:
     group.add_argument("--check", action="store_true", help="exit 1 if docs/op_coverage.md is stale")
     group.add_argument("--sweep", choices=("ci", "full"), help="run the OpInfo harness and record it")
     group.add_argument("--results", type=Path, help="record a finished sweep's JSON lines")
-    parser.add_argument("--wall-time", type=float, help="with --results: the sweep's wall time, seconds")
+    group.add_argument("--module-results", type=Path, nargs="+",
+                       help="record finished ModuleInfo sweeps' JSON lines (a mode's newest replaces its old one)")
+    parser.add_argument("--wall-time", type=float, nargs="+",
+                        help="with --results or --module-results: each sweep's wall time, seconds")
     args = parser.parse_args(argv)
 
+    if args.module_results:
+        walls = args.wall_time or [None] * len(args.module_results)
+        summary = _load_module_sweeps()
+        for path, wall in zip(args.module_results, walls, strict=True):
+            summary.update(summarize_modules(path, wall))
+        MODULE_SWEEP.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {MODULE_SWEEP.relative_to(ROOT)}", file=sys.stderr)
+
     if args.sweep or args.results:
-        results, wall = (run_sweep(args.sweep) if args.sweep else (args.results, args.wall_time))
+        results, wall = (run_sweep(args.sweep) if args.sweep else (args.results, (args.wall_time or [None])[0]))
         summary = {**_load_sweeps(), **summarize(results, wall)}  # a mode's newest sweep replaces its old one
         SWEEP.parent.mkdir(parents=True, exist_ok=True)
         SWEEP.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")

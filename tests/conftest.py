@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import os
 
-# Tests never pick up a user's TPU_DEBUG_* settings by accident. TPU_DEBUG_OPINFO_* (the OpInfo
-# harness tier and results file) and TPU_DEBUG_FAULTS_* (where the fault-injection suite writes
-# its figures) steer test harnesses, not runtime behaviour.
-_HARNESS_VARIABLES = ("TPU_DEBUG_OPINFO_", "TPU_DEBUG_FAULTS_")
+# Tests never pick up a user's TPU_DEBUG_* settings by accident. TPU_DEBUG_OPINFO_* and
+# TPU_DEBUG_MODULEINFO_* (the OpInfo and ModuleInfo harnesses' tier and results files) and
+# TPU_DEBUG_FAULTS_* (where the fault-injection suite writes its figures) steer test harnesses,
+# not runtime behaviour.
+_HARNESS_VARIABLES = ("TPU_DEBUG_OPINFO_", "TPU_DEBUG_MODULEINFO_", "TPU_DEBUG_FAULTS_")
 for _name in [n for n in os.environ if n.startswith("TPU_DEBUG_") and not n.startswith(_HARNESS_VARIABLES)]:
     del os.environ[_name]
 # nor TorchTPU's name for one of them (core/options.py: an option's alias)

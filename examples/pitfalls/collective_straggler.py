@@ -43,7 +43,7 @@ def slow_log(step: int) -> None:
 def train(steps: int, fixed: bool) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = nn.Linear(8, 1).to("tpu")
+    model = nn.Linear(8, 1, bias=False).to("tpu")  # one gradient: one all-reduce per step, after the sleep
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
         x = torch.randn(16, 8).to("tpu")

@@ -45,6 +45,7 @@ FAMILIES = (
     "foreach",
     "views",
     "transformer",
+    "recurrent",
     "prims",
 )
 

@@ -144,6 +144,12 @@ def softshrink(x, lambd=0.5):
     return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, zero))
 
 
+@lower(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def shrink_backward(grad, x, lambd):
+    # both shrinkages have slope 1 outside [-lambd, lambd] and 0 inside, bounds included
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), grad.dtype), grad)
+
+
 @lower(aten.glu.default)
 def glu(x, dim=-1):
     a, b = (opmath(half) for half in jnp.split(x, 2, axis=dim))

@@ -291,8 +291,10 @@ def _shift_bits(dtype) -> int:
     return jnp.iinfo(dtype).bits
 
 
+# Python's `<<` / `>>` on tensors reach the backend as aten::__lshift__ / __rshift__: unlike `&` or `|`
+# they are not composite, and CPU runs them on the same kernel as bitwise_*_shift.
 @lower(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
-       aten.bitwise_left_shift.Scalar_Tensor)
+       aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
 def bitwise_left_shift(a, b):
     # PyTorch: a shift by a negative amount or by the bit width or more gives 0
     a, b = promote(a, b)
@@ -303,7 +305,7 @@ def bitwise_left_shift(a, b):
 
 
 @lower(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
-       aten.bitwise_right_shift.Scalar_Tensor)
+       aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
 def bitwise_right_shift(a, b):
     # PyTorch: an out-of-range shift of a signed value fills with its sign, of an unsigned one gives 0
     a, b = promote(a, b)

@@ -150,7 +150,17 @@ def _scaled(product, self, *, beta, alpha):
 # would promote; each family words it its own way
 
 
+def _shapes_multiply(a, b) -> None:
+    if a.shape[1] != b.shape[0]:  # the message is made only when it is raised: mm is on every step's path
+        require(False, f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+                f"{b.shape[0]}x{b.shape[1]})")
+
+
 def _check_mm(x, y, **_out):
+    # CPU's order: each a matrix, their shapes, then their dtypes
+    require(x.dim() == 2, "self must be a matrix")
+    require(y.dim() == 2, "mat2 must be a matrix")
+    _shapes_multiply(x, y)
     require(x.dtype == y.dtype, "expected m1 and m2 to have the same dtype, but got: "
             f"{cpp_type(x.dtype)} != {cpp_type(y.dtype)}")
 
@@ -168,6 +178,9 @@ def _check_addmm(self, a, b, **_kwargs):
             f"{scalar_type(b.dtype)}")
     require(self.dtype == b.dtype, f"self and mat2 must have the same dtype, but got {scalar_type(self.dtype)} "
             f"and {scalar_type(b.dtype)}")
+    require(a.dim() == 2, f"mat1 must be a matrix, got {a.dim()}-D tensor")
+    require(b.dim() == 2, f"mat2 must be a matrix, got {b.dim()}-D tensor")
+    _shapes_multiply(a, b)
 
 
 def _addmv_message(self_dtype, mat, vec) -> None:

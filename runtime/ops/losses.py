@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from tpu_debug.core.errors import OpArgumentError
+from tpu_debug.runtime.ops._checks import Refusal, ValueCheck, first_outside, require, scalar_type, sizes
 from tpu_debug.runtime.ops._common import opmath, promote
 from tpu_debug.runtime.ops.registry import lower
 
@@ -274,3 +276,155 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, 
     if zero_infinity:
         g = jnp.where(finite[None, :, None], g, jnp.zeros((), g.dtype))
     return g
+
+
+# ---- multi-class margin losses --------------------------------------------------------------
+# PyTorch's CPU kernels (LossMultiMargin.cpp, LossMultiLabelMargin.cpp) sum each sample's
+# hinge terms and divide by the class count; a margin exactly met (z == 0) adds nothing and
+# has no gradient. The reduction-"none" result has the target's batch shape: 0-d for an
+# unbatched target, where PyTorch's Python decomposition gives shape (1,).
+
+
+def _margin_frames(x) -> tuple[int, int]:
+    """(samples, classes) of a margin loss's input: a vector or a matrix with classes last."""
+    require((x.ndim == 2 and x.shape[1] != 0) or (x.ndim == 1 and x.shape[0] != 0) or x.ndim == 0,
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {sizes(x.shape)}")
+    return (x.shape[0] if x.ndim == 2 else 1), (x.shape[-1] if x.ndim else 1)
+
+
+def _check_long_target(target) -> None:
+    # CPU's kernels read the target as int64 after their shape checks
+    require(target.dtype == torch.long, f"expected scalar type Long but found {scalar_type(target.dtype)}")
+
+
+def _check_multi_margin(x, target, p=1, margin=1, weight=None, reduction=_MEAN) -> None:
+    nframe, dim = _margin_frames(x)
+    require(p == 1 or p == 2, "only p == 1 and p == 2 supported")
+    require(target.ndim <= 1 and target.numel() == nframe,
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of input "
+            f"samples (batch size). Expected target size [{nframe}], but got {sizes(target.shape)}. "
+            f"Input has shape {sizes(x.shape)}.")
+    if weight is not None:
+        require(weight.ndim <= 1 and weight.numel() == dim,
+                f"inconsistent weight size, expected {dim} but got {sizes(weight.shape)}")
+    _check_long_target(target)
+
+
+def _multi_margin_meta(x, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    _check_multi_margin(x, target, p, margin, weight, reduction)  # fake tensors under torch.compile
+    shape = (x.shape[0] if x.ndim == 2 else 1,) if reduction == _NONE and target.ndim > 0 else ()
+    return x.new_empty(shape)
+
+
+def _class_targets(low: int, message: str) -> ValueCheck:
+    """Class indices in ``[low, classes)``, ``classes`` the input's last dimension: CPU's kernels
+    refuse any other with ``message``; XLA reads another class's score (a clamped index)."""
+
+    def select(x, target, *args, **kwargs):  # the argument checks ran first: target is int64
+        return (target,), (x.shape[-1] if x.ndim else 1,)
+
+    def test(xp, arrays, statics):
+        bad, value = first_outside(xp, arrays[0].reshape(-1), low, statics[0])
+        return xp.where(bad, 1, 0), value
+
+    def refusal(code, value, statics):
+        return Refusal(OpArgumentError(message), "target", low, statics[0], "clamped")
+
+    return ValueCheck(select, test, refusal)
+
+
+def _multi_margin_terms(x, target, p, margin, weight):
+    """Per (sample, class): the hinge ``margin - x[y] + x[c]``, whether it counts (positive,
+    and not the target class), and the weight of the sample's target class."""
+    x2 = opmath(x).reshape(-1, x.shape[-1] if x.ndim else 1)
+    t = target.reshape(-1)
+    z = margin - jnp.take_along_axis(x2, t[:, None], axis=1) + x2
+    active = (z > 0) & (lax.broadcasted_iota(t.dtype, x2.shape, 1) != t[:, None])
+    w = jnp.ones(t.shape, x2.dtype) if weight is None else jnp.take(opmath(weight).reshape(-1), t)
+    return z, active, w[:, None]
+
+
+@lower(aten.multi_margin_loss.default, static_scalars=True, meta=_multi_margin_meta, check=_check_multi_margin,
+       values=_class_targets(0, "target out of range"))
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    z, active, w = _multi_margin_terms(x, target, p, margin, weight)
+    h = jnp.where(active, (z if p == 1 else z * z) * w, 0)
+    per_sample = jnp.sum(h, axis=1) / z.shape[1]
+    if reduction == _NONE:
+        return per_sample.reshape(target.shape).astype(x.dtype)
+    return _reduce(per_sample, reduction).astype(x.dtype)
+
+
+@lower(aten.multi_margin_loss_backward.default, static_scalars=True)
+def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=_MEAN):
+    z, active, w = _multi_margin_terms(x, target, p, margin, weight)
+    nframe, dim = z.shape
+    g = 1 / (nframe * dim) if reduction == _MEAN else 1 / dim
+    h = jnp.where(active, (g if p == 1 else 2 * g * z) * w, 0)
+    is_target = lax.broadcasted_iota(target.dtype, z.shape, 1) == target.reshape(-1, 1)
+    out = jnp.where(is_target, -jnp.sum(h, axis=1, keepdims=True), h)
+    go = opmath(grad)
+    out = out * (go.reshape(-1, 1) if reduction == _NONE and go.ndim else go)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def _check_multilabel_margin(x, target, reduction=_MEAN) -> None:
+    require(x.ndim <= 2,
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {sizes(x.shape)}")
+    _margin_frames(x)
+    require(target.shape == x.shape,
+            f"inconsistent target size: {sizes(target.shape)} for input of size: {sizes(x.shape)}")
+    _check_long_target(target)
+
+
+def _multilabel_margin_meta(x, target, reduction):
+    _check_multilabel_margin(x, target, reduction)  # fake tensors under torch.compile
+    shape = (x.shape[0],) if reduction == _NONE and target.ndim > 1 else ()
+    return x.new_empty(shape), x.new_empty(target.shape)
+
+
+def _multilabel_terms(x, target, is_target=None):
+    """Per (sample, target position j, class c): the hinge ``1 - x[y_j] + x[c]`` and whether it
+    counts (j before the sample's first -1, c not a target class, hinge positive); the
+    target classes, and each position's class (0 past the end)."""
+    dim = x.shape[-1] if x.ndim else 1
+    x2, t2 = opmath(x).reshape(-1, dim), target.reshape(-1, dim)
+    pos = lax.broadcasted_iota(t2.dtype, t2.shape, 1)
+    end = jnp.min(jnp.where(t2 == -1, pos, dim), axis=1, keepdims=True)
+    valid = pos < end
+    labels = jnp.where(valid, t2, 0)
+    if is_target is None:
+        hit = (labels[:, :, None] == pos[:, None, :]) & valid[:, :, None]
+        is_target = jnp.any(hit, axis=1)
+    else:
+        is_target = is_target.reshape(-1, dim) != 0
+    z = 1 - jnp.take_along_axis(x2, labels, axis=1)[:, :, None] + x2[:, None, :]
+    active = (z > 0) & valid[:, :, None] & ~is_target[:, None, :]
+    return z, active, is_target, labels
+
+
+# a target row lists its classes up to the first -1; CPU checks every entry, those after it too
+@lower(aten.multilabel_margin_loss_forward.default, meta=_multilabel_margin_meta, check=_check_multilabel_margin,
+       values=_class_targets(-1, "argument #2 'target' is out of range"))
+def multilabel_margin_loss_forward(x, target, reduction):
+    z, active, is_target, _ = _multilabel_terms(x, target)
+    per_sample = jnp.sum(jnp.where(active, z, 0), axis=(1, 2)) / z.shape[2]
+    if reduction == _NONE:
+        out = per_sample if target.ndim > 1 else per_sample.reshape(())
+    else:
+        out = _reduce(per_sample, reduction)
+    return out.astype(x.dtype), is_target.reshape(target.shape).astype(x.dtype)
+
+
+@lower(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    z, active, _, labels = _multilabel_terms(x, target, is_target)
+    nframe, _, dim = z.shape
+    g = 1 / (nframe * dim) if reduction == _MEAN else 1 / dim
+    counts = jnp.sum(active, axis=2).astype(z.dtype)  # hinges each target position takes part in
+    classes = lax.broadcasted_iota(labels.dtype, (1, 1, dim), 2)
+    out = g * jnp.sum(active, axis=1).astype(z.dtype)
+    out = out - g * jnp.sum(jnp.where(labels[:, :, None] == classes, counts[:, :, None], 0), axis=1)
+    go = opmath(grad)
+    out = out * (go.reshape(-1, 1) if reduction == _NONE and go.ndim else go)
+    return out.reshape(x.shape).astype(x.dtype)

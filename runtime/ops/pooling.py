@@ -178,6 +178,10 @@ def _fractional_max_pool(x, nd, kernel_size, output_size, samples):
         x = x[None]
     k, out = ntuple(kernel_size, nd), ntuple(output_size, nd)
     spatial = x.shape[2:]
+    # PyTorch's kernels read the samples of (batch, plane) at that row: rows beyond the input's
+    # batch and planes are never read (nn.FractionalMaxPool3d's samples stay (N, C, 3) for an
+    # unbatched input)
+    samples = samples[: x.shape[0], : x.shape[1]]
     # samples[..., 0] drives the last spatial dim (width), then height (, depth)
     order = list(range(nd))[::-1] if nd == 2 else list(range(nd))
     flat = jnp.zeros(x.shape[:2] + (1,) * (2 * nd), jnp.int64)
@@ -204,6 +208,8 @@ def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
 
 @lower(aten.fractional_max_pool3d.default)
 def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    # PyTorch's CPU and CUDA kernels make this check; its meta kernel does not
+    torch._check(random_samples.dtype == x.dtype, lambda: "Expect _random_samples to have the same dtype as input")
     return _fractional_max_pool(x, 3, kernel_size, output_size, random_samples)
 
 

@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from tpu_debug.core.errors import NoLoweringError
+from tpu_debug.runtime.ops._checks import scalar_type
 from tpu_debug.runtime.ops.registry import composite
 
 aten = torch.ops.aten
@@ -38,13 +39,23 @@ def _nested(*ts: torch.Tensor | None) -> None:
 
 @composite(aten._nested_tensor_from_mask_left_aligned.default)
 def nested_tensor_from_mask_left_aligned(t, mask):
-    """Refused with the fix: a nested tensor has no tpu layout (the encoder asks this first)."""
-    raise NoLoweringError(_NESTED.format(op="aten::_nested_tensor_from_mask_left_aligned"))
+    """Whether each row of ``mask`` (True: a token kept) is a run of True then only False.
+
+    ``nn.TransformerEncoder`` asks this among the conditions of its nested fast path, before
+    the one that declines the path when gradients are needed; it makes no nested tensor."""
+    torch._check(mask.dtype == torch.bool, lambda: "Expected mask to be of ScalarType Bool, "
+                 f"but got {scalar_type(mask.dtype)} instead.")
+    torch._check(mask.dim() == 2, lambda: "Padding mask should be 2D")
+    torch._check(t.dim() == 3, lambda: "Input should be a 3D tensor, N * L * D")
+    torch._check(mask.shape == t.shape[:2], lambda: "Mask size should match input size")
+    kept = mask.sum(dim=1, keepdim=True)
+    return bool(torch.equal(mask, torch.arange(mask.shape[1], device=mask.device) < kept))
 
 
 @composite(aten._nested_tensor_from_mask.default)
 def nested_tensor_from_mask(t, mask, mask_check=True):
-    """Refused with the fix (the encoder's call with mask_check=False)."""
+    """Refused with the fix: a nested tensor has no tpu layout. The encoder makes one in
+    evaluation mode without gradients, for a padding mask whose rows are left-aligned."""
     raise NoLoweringError(_NESTED.format(op="aten::_nested_tensor_from_mask"))
 
 

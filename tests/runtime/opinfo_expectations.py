@@ -137,8 +137,6 @@ def tolerance(name: str, variant: str, dtype: str) -> dict[str, float] | None:
 # (op name[.variant], index of the error input, mode or "*") -> reason. Strict xfails.
 _TOO_MANY_DIMS = ("a 65-dimensional input cannot be on tpu (NumPy and XLA arrays have at most 64 dimensions): "
                   "moving it raises UnsupportedError, before the op, where CPU's op raises")
-_DECOMPOSED = ("the op runs through PyTorch's Python decomposition (torch/_decomp), whose checks print sizes as "
-               "torch.Size([5, 0]) where CPU's kernel prints [5, 0]; a lowering of its own would carry CPU's checks")
 ERROR_INPUTS: dict[tuple[str, int, str], str] = {
     ("amax", 1, "*"): _TOO_MANY_DIMS,
     ("amax", 2, "*"): _TOO_MANY_DIMS,
@@ -146,14 +144,4 @@ ERROR_INPUTS: dict[tuple[str, int, str], str] = {
     ("amin", 2, "*"): _TOO_MANY_DIMS,
     ("aminmax", 1, "*"): _TOO_MANY_DIMS,
     ("aminmax", 2, "*"): _TOO_MANY_DIMS,
-    ("nn.functional.multi_margin_loss", 1, "*"): _DECOMPOSED,
-    ("nn.functional.multi_margin_loss", 2, "*"): _DECOMPOSED,
-    ("nn.functional.multi_margin_loss", 3, "*"): _DECOMPOSED,
-    ("nn.functional.multi_margin_loss", 4, "*"): _DECOMPOSED + " (a float target reaches gather, whose meta kernel "
-                                                               "refuses the index dtype in its own words)",
-    ("nn.functional.multi_margin_loss", 7, "*"): _DECOMPOSED,
-    ("nn.functional.multilabel_margin_loss", 1, "*"): _DECOMPOSED,
-    ("nn.functional.multilabel_margin_loss", 2, "*"): _DECOMPOSED,
-    ("nn.functional.multilabel_margin_loss", 3, "*"): _DECOMPOSED,
-    ("nn.functional.multilabel_margin_loss", 4, "*"): _DECOMPOSED,
 }

@@ -192,3 +192,18 @@ def test_gelu_and_logit_half_precision_like_cpu():
     check(torch.logit, p)  # bfloat16 rounding after every step, as CPU's kernel
     check(torch.logit, p, eps=0.2)
     _raises_like_cpu(lambda t: t.logit_(), torch.tensor([0, 1]))
+
+
+def test_shift_operators():
+    # `>>` / `<<` dispatch to aten::__rshift__ / __lshift__ (not composite), as the guide's unpack32 writes
+    # them; out-of-range and negative shift amounts exercise the sign fill and the zero result.
+    a = torch.tensor([5, -5, 7, 1 << 30], dtype=torch.int32)
+    b = torch.tensor([1, 40, -1, 3], dtype=torch.int32)
+    check(lambda a, b: a >> b, a, b)
+    check(lambda a, b: a << b, a, b)
+    check(lambda a: a >> 2, a)
+    check(lambda a: a << 2, a)
+    check(lambda p: (p.to(torch.int64) >> torch.arange(32, dtype=torch.int32, device=p.device)) & 1,
+          torch.tensor([3095918765], dtype=torch.int64))  # int64 by int32: promoted
+    check(lambda u: u >> torch.tensor([9], dtype=torch.uint8, device=u.device), torch.tensor([5], dtype=torch.uint8))
+    check(lambda a, b: torch.ops.aten.__rshift__.Tensor_out(a, b, out=torch.empty_like(a)), a, b)

@@ -596,3 +596,21 @@ def test_ldl_factor_singular_reports_info():
     ld_c, piv_c, info_c = torch.linalg.ldl_factor_ex(a)
     assert info.item() == info_c.item() == 1
     assert torch.equal(piv.cpu(), piv_c)
+
+
+@pytest.mark.parametrize("call", [
+    lambda a, b, bias: a @ b,
+    lambda a, b, bias: torch.mm(a, b),
+    lambda a, b, bias: torch.matmul(a[None], b),
+    lambda a, b, bias: torch.addmm(bias, a, b),
+    lambda a, b, bias: torch.mm(a[0], b),
+    lambda a, b, bias: torch.addmm(bias, a, b[0]),
+])
+def test_a_product_refused_as_on_cpu(call):
+    """The shapes' refusal is PyTorch's CPU message (not its meta kernel's wording)."""
+    a, b, bias = torch.randn(4, 8), torch.randn(5, 3), torch.randn(3)
+    with pytest.raises(RuntimeError) as cpu:
+        call(a, b, bias)
+    with pytest.raises(RuntimeError) as tpu:
+        call(a.to("tpu"), b.to("tpu"), bias.to("tpu"))
+    assert str(tpu.value) == str(cpu.value)

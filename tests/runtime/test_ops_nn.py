@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tpu_debug.core.errors import OpArgumentError
+from tpu_debug.runtime.config import config
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 EXACT = {"rtol": 0, "atol": 0}
@@ -234,6 +236,18 @@ def test_fractional_max_pool(nd):
     out = (4, 5) if nd == 2 else (3, 4, 5)
     check(lambda x: pool(x, 2, output_size=out, return_indices=True, _random_samples=_on(samples, x)), x)
     check(lambda x: pool(x, 3, output_size=(1,) * nd, _random_samples=_on(samples, x)), x)
+
+
+def test_fractional_max_pool3d_reads_the_samples_of_its_batch():
+    """PyTorch's kernels read the samples of (batch, plane) at that row, so extra rows go unread
+    (nn.FractionalMaxPool3d keeps (N, C, 3) samples for an unbatched input); samples of
+    another dtype than the input's are refused, as on CPU."""
+    samples = torch.rand(2, 4, 3)
+    check(lambda x: F.fractional_max_pool3d(x, 2, output_size=3, _random_samples=_on(samples, x),
+                                            return_indices=True), torch.randn(4, 7, 7, 7))
+    x = torch.randn(2, 4, 5, 5, 5)
+    with pytest.raises(RuntimeError, match="Expect _random_samples to have the same dtype as input"):
+        F.fractional_max_pool3d(x.to("tpu"), 2, output_ratio=0.5, _random_samples=samples.double().to("tpu"))
 
 
 def test_fractional_max_pool_module_runs():
@@ -473,6 +487,83 @@ def test_binary_cross_entropy_with_logits(reduction):
     )
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multi_margin_loss(reduction):
+    x = torch.randn(5, 4)
+    x[0] = torch.tensor([2.0, 1.0, -3.0, 0.5])  # class 1's margin met exactly (z = 0): no loss, no gradient
+    t = torch.tensor([0, 3, 1, 1, 2])
+    w = torch.rand(4) + 0.5
+    for p in (1, 2):
+        check(lambda x, p=p: F.multi_margin_loss(x, _on(t, x), p=p, reduction=reduction), x)
+    check(lambda x: F.multi_margin_loss(x, _on(t, x), margin=0.7, weight=_on(w, x), reduction=reduction), x)
+    # unbatched: reduction "none" gives the target's shape, 0-d here
+    check(lambda x: F.multi_margin_loss(x, torch.tensor(2, device=x.device), reduction=reduction), torch.randn(4))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss(reduction):
+    x = torch.randn(4, 5)
+    x[3] = torch.tensor([0.0, 1.0, 2.0, 0.0, -1.0])  # label 2 against class 1: z = 0 exactly
+    # labels run up to the first -1; a repeated label counts twice, as in PyTorch's loop
+    t = torch.tensor([[3, 0, -1, 1, 2], [0, 1, 2, 3, 4], [1, 1, -1, 0, 0], [2, -1, 0, 0, 0]])
+    check(lambda x: F.multilabel_margin_loss(x, _on(t, x), reduction=reduction), x)
+    unbatched = torch.tensor([3, 0, -1, 1, 2])
+    check(lambda x: F.multilabel_margin_loss(x, _on(unbatched, x), reduction=reduction), torch.randn(5))
+
+
+def _weighted_multi_margin(x, target, weight):
+    return F.multi_margin_loss(x, target, weight=weight)
+
+
+@pytest.mark.parametrize(("fn", "args", "message"), [
+    (F.multi_margin_loss, (torch.randn(5, 0), torch.zeros(5, dtype=torch.long)), "Expected non-empty vector"),
+    (F.multi_margin_loss, (torch.randn(5, 4), torch.zeros(5, 4, dtype=torch.long)), "Expected target size \\[5\\]"),
+    (F.multi_margin_loss, (torch.randn(5, 4), torch.zeros(5, dtype=torch.int32)), "expected scalar type Long but found Int"),
+    (F.multilabel_margin_loss, (torch.randn(5, 4), torch.zeros(4, dtype=torch.long)), "inconsistent target size"),
+    (F.multilabel_margin_loss, (torch.randn(3, 4, 5), torch.zeros(3, 4, 5, dtype=torch.long)), "Expected non-empty"),
+    # the weight's size is checked before the target's dtype, as CPU does
+    (_weighted_multi_margin, (torch.randn(5, 4), torch.zeros(5), torch.ones(5)), "inconsistent weight size"),
+    # class indices out of range: XLA would read another class's score
+    (F.multi_margin_loss, (torch.randn(3, 4), torch.tensor([0, 4, 1])), "target out of range"),
+    (F.multi_margin_loss, (torch.randn(3, 4), torch.tensor([0, -1, 1])), "target out of range"),
+    (F.multilabel_margin_loss, (torch.randn(2, 4), torch.tensor([[0, -2, 1, 0]] * 2)), "'target' is out of range"),
+    # entries after the first -1 are not labels, and CPU checks them all the same
+    (F.multilabel_margin_loss, (torch.randn(2, 4), torch.tensor([[0, -1, 7, 0]] * 2)), "'target' is out of range"),
+], ids=["empty_classes", "2d_target", "int32_target", "multilabel_target_shape", "multilabel_3d", "weight_size",
+        "target_above", "target_negative", "multilabel_below", "multilabel_after_end"])
+def test_margin_losses_refuse_what_cpu_refuses(fn, args, message):
+    with pytest.raises(RuntimeError, match=message):
+        fn(*args)
+    with pytest.raises(OpArgumentError, match=message):
+        fn(*(a.to("tpu") for a in args))
+
+
+@pytest.mark.parametrize("mode", ["lazy", "compiled"])
+def test_margin_loss_targets_checked_in_programs(mode, monkeypatch):
+    """With the data-checks switch, a lazy or compiled margin loss refuses a class index out of
+    range: lazily as CPU does; compiled, the graph holds PyTorch's decomposition of the loss
+    (dynamo traces it), whose gather refuses the index in gather's words."""
+    monkeypatch.setattr(config, "data_checks", True)
+    x, t = torch.randn(3, 4).to("tpu"), torch.tensor([0, 4, 1]).to("tpu")
+    fn = F.multi_margin_loss
+    if mode == "compiled":
+        torch._dynamo.reset()
+        fn = torch.compile(F.multi_margin_loss, backend="tpu_debug", dynamic=False)
+    eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE if mode == "lazy" else torch.tpu.EagerMode.DEFER_NEVER
+    message = "target out of range" if mode == "lazy" else "index 4 is out of bounds for dimension 1 with size 4"
+    with torch.tpu.set_eager_mode(eager_mode), pytest.raises(OpArgumentError, match=message):
+        fn(x, t).cpu()
+    if mode == "compiled":
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fn", [F.hardshrink, F.softshrink])
+def test_shrink_backward(fn):
+    # both bounds exactly: the gradient is 0 on [-lambd, lambd], bounds included
+    check(lambda x: fn(x, 0.5), torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.3, 0.5, 0.7, 2.0]))
+    check(lambda x: fn(x), torch.randn(3, 4))
+
+
 # ---- resampling ------------------------------------------------------------------------------
 
 
@@ -595,11 +686,12 @@ _aten = torch.ops.aten
     ],
     ids=["hardsigmoid", "elu", "softplus", "logit"],
 )
-def test_structured_backward_ops_decompose(op, extra):
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_structured_backward_ops_decompose(op, extra, lazy):
     """A structured op's functional kernel on a backend without one allocates and calls
     its out= overload, which the tpu fallback receives; running the functional op from
     there would loop back to it. These ops have no lowering: their decompositions run,
-    called directly, through out= and under autograd."""
+    called directly, through out= and under autograd, eagerly and recorded lazily."""
     g, x = torch.randn(4, 6), torch.rand(4, 6) * 0.8 + 0.1
 
     def call(g, x):
@@ -607,14 +699,16 @@ def test_structured_backward_ops_decompose(op, extra):
             return op(g, *extra, x)
         return op(g, x, *extra)
 
-    check(call, g, x, grad=False)
-    out = torch.empty(4, 6).to("tpu")
-    overload = op.grad_input
-    ref = call(g, x)
-    if op is _aten.elu_backward:
-        overload(g.to("tpu"), *extra, x.to("tpu"), grad_input=out)
-    else:
-        overload(g.to("tpu"), x.to("tpu"), *extra, grad_input=out)
+    mode = torch.tpu.EagerMode.DEFER_AND_FUSE if lazy else torch.tpu.EagerMode.DEFER_NEVER
+    with torch.tpu.set_eager_mode(mode):
+        check(call, g, x, grad=False)
+        out = torch.empty(4, 6).to("tpu")
+        overload = op.grad_input
+        ref = call(g, x)
+        if op is _aten.elu_backward:
+            overload(g.to("tpu"), *extra, x.to("tpu"), grad_input=out)
+        else:
+            overload(g.to("tpu"), x.to("tpu"), *extra, grad_input=out)
     torch.testing.assert_close(out.cpu(), ref, **TOL)
 
 

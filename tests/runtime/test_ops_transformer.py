@@ -106,6 +106,39 @@ def test_multihead_attention_fast_path_equals_cpu(mode):
         torch.testing.assert_close(out.cpu(), ref, atol=ATOL, rtol=RTOL, equal_nan=True)
 
 
+def test_the_encoder_asks_whether_a_padding_mask_is_left_aligned():
+    """nn.TransformerEncoder calls aten::_nested_tensor_from_mask_left_aligned among the
+    conditions of its nested fast path: a question about the mask, answered as on CPU."""
+    t = torch.randn(2, 3, 4)
+    for keep in ([[1, 1, 0], [1, 0, 0]], [[1, 0, 1], [1, 1, 1]], [[0, 0, 0], [1, 1, 1]]):
+        mask = torch.tensor(keep, dtype=torch.bool)
+        want = torch._nested_tensor_from_mask_left_aligned(t, mask)
+        assert torch._nested_tensor_from_mask_left_aligned(t.to("tpu"), mask.to("tpu")) is want
+    for mask, message in ((torch.ones(2, 3), "Expected mask to be of ScalarType Bool, but got Float"),
+                          (torch.ones(3, 3, dtype=torch.bool), "Mask size should match input size")):
+        with pytest.raises(RuntimeError, match=message):
+            torch._nested_tensor_from_mask_left_aligned(t.to("tpu"), mask.to("tpu"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_transformer_in_eval_mode_with_gradients_and_a_padding_mask_equals_cpu(mode):
+    """Gradients needed: the encoder declines its nested path (after asking about the mask)."""
+    torch.manual_seed(0)
+    model = nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True).eval()
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    ref = model(src, tgt, src_key_padding_mask=pad)
+    ref.sum().backward()
+    tpu = _on_tpu(model, mode)
+    with _mode(mode):
+        out = tpu(src.to("tpu"), tgt.to("tpu"), src_key_padding_mask=pad.to("tpu"))
+        out.sum().backward()
+    _close(out.detach(), ref.detach())
+    moved = tpu._orig_mod if mode == "compiled" else tpu
+    for (name, p), q in zip(model.named_parameters(), moved.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=ATOL, rtol=RTOL, msg=name)
+
+
 def test_the_nested_tensor_padding_path_is_refused_with_the_fix():
     enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2).eval().to("tpu")
     pad = torch.zeros(2, 5, dtype=torch.bool, device="tpu")
