@@ -411,6 +411,9 @@ class TransferEvent(Event):
     # the library frame that moved the data when it was not the user's own line ("file:line in
     # function": a sync inside transformers' generate(), reached from ``location``), else None
     context: str | None = None
+    # host->device only: the factory that made the data on the host, as the user's line shows
+    # it ("torch.randn": data that could be made on the device; tracers/host_origin.py), else None
+    origin: str | None = None
 
 
 @register_event

@@ -74,6 +74,7 @@ __all__ = [
     "describe",
     "explain",
     "guard_subject",
+    "length_guard",
     "read_guard",
     "storage_sizes",
     "summarize",
@@ -386,6 +387,17 @@ def read_guard(diff: KeyDiff, failure: Any = None) -> KeyDiff:
     if m:
         return KeyDiff("scalar", m["value"], now(m["source"]), arg_name=_pretty_source(m["source"]), source="guard")
     return diff
+
+
+_LENGTH_GUARD = re.compile(r"^len\((?P<source>[^()]+)\) == (?P<value>\d+)$")
+
+
+def length_guard(text: str) -> tuple[str, int] | None:
+    """(the container, its length) of a guard on a Python container's length, which dynamo
+    adds when a compiled function reads a list, tuple or dict it iterates or measures
+    (``len(self.queue) == 7`` -> ``("self.queue", 7)``); None for any other guard."""
+    m = _LENGTH_GUARD.match(text.strip())
+    return (_pretty_source(m["source"]), int(m["value"])) if m else None
 
 
 def guard_subject(text: str) -> str:
@@ -1001,9 +1013,13 @@ def _shows(change: Change, diff: KeyDiff) -> bool:
 
 
 def summarize(
-    compiles: Iterable[CompileEvent], *, storm_threshold: int = DEFAULT_STORM_THRESHOLD
+    compiles: Iterable[CompileEvent], *, storm_threshold: int = DEFAULT_STORM_THRESHOLD, read_backs_apart: bool = True
 ) -> list[RecompileGroup]:
     """Group a run's compiles by identity; most recompiled first.
+
+    ``read_backs_apart=False`` counts executables read back from the persistent compile cache
+    among the group's programs: what the programs are (the shapes they took), not what XLA
+    compiled in this run, which is what the advisor judges a program by.
 
     A group recompiled more than ``storm_threshold`` times at one line is a storm (an
     eager op meets one shape per layer of a model, once each: that is no storm). Its
@@ -1016,7 +1032,7 @@ def summarize(
     read_backs: collections.Counter[tuple[str | None, str]] = collections.Counter()
     for c in compiles:
         groups.setdefault((c.mode, c.identity or c.name), [])
-        if c.from_cache:  # XLA compiled nothing: counted apart, never a compile or a recompile
+        if c.from_cache and read_backs_apart:  # XLA compiled nothing: counted apart, never a compile or a recompile
             read_backs[(c.mode, c.identity or c.name)] += 1
         else:
             groups[(c.mode, c.identity or c.name)].append(c)

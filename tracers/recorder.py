@@ -14,6 +14,7 @@ import itertools
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from tpu_debug.tracers.lazy_graphs import StepFrames, cut_site
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recompiles import RecompileTracker
 from tpu_debug.tracers.store import RunWriter, StatRow
-from tpu_debug.tracers.transfers import IMPLICIT, classify_site
+from tpu_debug.tracers.transfers import IMPLICIT, classify_site, classify_upload
 
 __all__ = ["IMPLICIT_TRANSFER_OPS", "Recorder"]
 
@@ -69,6 +70,22 @@ def _guarded_line(info: Any, diffs: Any) -> Any:
         return None
     failure = dynamo_events.guard_failure(info.graph.origin.compile_id)
     return failure.at if failure is not None else None
+
+
+def _read_line(info: Any, diffs: Any, lines: Sequence[Any]) -> Any:
+    """For a lazy graph compiled again because one of its inputs took a new shape: the user's
+    line of the first op that reads that input (``lines``: each op's), which is where the
+    shape comes in; the line that cut the graph (an ``optimizer.step()``) is only where it
+    ran. None for any other compile."""
+    if info.mode != "lazy" or info.graph is None:
+        return None
+    for d in diffs:
+        if d.aspect == "shape" and d.arg_index is not None:
+            leaf = f"in{d.arg_index}"  # the graph's inputs as its ops name them (runtime/lazy.py)
+            j = next((j for j, op in enumerate(info.graph.ops) if leaf in op.inputs), None)
+            if j is not None and j < len(lines) and lines[j] is not None:
+                return lines[j]
+    return None
 
 
 def _where(loc: Any) -> str | None:
@@ -189,7 +206,7 @@ class Recorder:
         ops = self._op_lines(info) if lazy else ()
         # a replayed compile only becomes history
         seen = self.recompiles.observe(info, op_locations=ops)
-        location = _guarded_line(info, seen.diffs) or location
+        location = _guarded_line(info, seen.diffs) or (_read_line(info, seen.diffs, ops) if lazy else None) or location
         args = tuple(a.recorded() for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None
@@ -243,7 +260,11 @@ class Recorder:
 
     def on_transfer(self, info: TransferInfo) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
-        op, implicit, location, context = classify_site(str(info.op))
+        if info.direction == "h2d":
+            op, implicit, location, context, origin = classify_upload(str(info.op))
+        else:
+            op, implicit, location, context = classify_site(str(info.op))
+            origin = None
         self.writer.put(
             TransferEvent(
                 self.writer.new_id(),
@@ -260,6 +281,7 @@ class Recorder:
                 float(info.seconds),
                 getattr(info, "digest", None),
                 _where(context),
+                origin,
             )
         )
 

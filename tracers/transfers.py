@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from types import CodeType, FrameType
 
 from tpu_debug.tracers.events import SourceLocation, TransferEvent
+from tpu_debug.tracers.host_origin import upload_origin
 from tpu_debug.tracers.location import _is_library, is_own_file, is_user_frame, location_of, user_frame_location
 
 __all__ = [
@@ -58,6 +59,8 @@ __all__ = [
     "call_sites",
     "classify",
     "classify_site",
+    "classify_upload",
+    "instruction_at",
     "is_implicit",
     "user_caused",
 ]
@@ -65,8 +68,9 @@ __all__ = [
 @dataclasses.dataclass(frozen=True, slots=True)
 class CausedRead:
     """A read inside library code that the user's call decides: an argument that asks for it
-    (``cause="argument"``), or a call made more often than the value is needed
-    (``cause="cadence"``). ``file`` is the library file under the torch package, ``function``
+    (``cause="argument"``), a call made more often than the value is needed
+    (``cause="cadence"``), or a check the library makes by default and has a switch for
+    (``cause="validation"``). ``file`` is the library file under the torch package, ``function``
     the frame that reads (as a transfer's ``context`` names it)."""
 
     file: str
@@ -94,6 +98,29 @@ USER_CAUSED: tuple[CausedRead, ...] = (
         "call it once per epoch with a validation metric, as ReduceLROnPlateau is meant to be used (its "
         "patience counts calls, so calling it every step also shortens the patience to steps): each call "
         "waits for the device",
+    ),
+    # torch.distributions checks its arguments by default (Distribution._validate_args is
+    # __debug__): the constraint check of each parameter at construction, and of the value given
+    # to log_prob, ends in `if not valid.all():`, a read of a device value
+    CausedRead(
+        "distributions/distribution.py",
+        "Distribution.__init__",
+        "validation",
+        "torch.distributions checks the distribution's parameters against their constraints when it is "
+        "built, which reads the check's result back to the host",
+        "build it with validate_args=False (Categorical(logits=..., validate_args=False)), or switch the "
+        "checks off once at start-up with torch.distributions.Distribution.set_default_validate_args(False): "
+        "the checks only test that the parameters are valid, and each one waits for the device",
+    ),
+    CausedRead(
+        "distributions/distribution.py",
+        "Distribution._validate_sample",
+        "validation",
+        "torch.distributions checks the value given to log_prob() against the distribution's support, "
+        "which reads the check's result back to the host",
+        "build the distribution with validate_args=False, or switch the checks off once at start-up with "
+        "torch.distributions.Distribution.set_default_validate_args(False): the check only tests that the "
+        "value is in the support, and each one waits for the device",
     ),
 )
 
@@ -184,6 +211,13 @@ def _code_instructions(code: CodeType) -> tuple[list[dis.Instruction], dict[int,
         found = (instrs, {ins.offset: i for i, ins in enumerate(instrs)})
         _instructions[code] = found
     return found
+
+
+def instruction_at(code: CodeType, lasti: int) -> dis.Instruction | None:
+    """The instruction of ``code`` at offset ``lasti`` (a frame's ``f_lasti``), or None."""
+    instrs, index = _code_instructions(code)
+    i = index.get(lasti)
+    return instrs[i] if i is not None else None
 
 
 def _instruction_cause(code: CodeType, lasti: int) -> str | None:
@@ -297,10 +331,29 @@ def classify_site(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | 
         classify("item")   # called under `loss.item()` in train.py
         # ('item', True, SourceLocation('train.py', 20, 'train'))
     """
+    cause, implicit, location, context, _frame = _walk(op, depth + 1)
+    return cause, implicit, location, context
+
+
+def classify_upload(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None, SourceLocation | None, str | None]:
+    """:func:`classify_site`'s verdict on a host-to-device copy, and the factory that made the
+    data on the host when the user's line shows one (``"torch.randn"``; see
+    :mod:`tpu_debug.tracers.host_origin`), else None."""
+    cause, implicit, location, context, frame = _walk(op, depth + 1)
+    origin = None
+    if frame is not None and not implicit and context is None:
+        ins = instruction_at(frame.f_code, frame.f_lasti)
+        origin = upload_origin(frame.f_code, frame.f_lasti, ins.positions if ins is not None else None)
+    return cause, implicit, location, context, origin
+
+
+def _walk(op: str, depth: int) -> tuple[str, bool, SourceLocation | None, SourceLocation | None, FrameType | None]:
+    """The stack walk of :func:`classify_site`, which also gives the user frame it stopped at."""
     try:
         frame: FrameType | None = sys._getframe(depth + 1)
     except ValueError:
         frame = None
+    user_frame = None
     cause: str | None = op if op.startswith("fallback:") or op == "scalar" else None
     # a value read for a data-dependent shape: the formatting of a printed tensor (print wins),
     # else whatever the user's instruction was (a boolean mask as an index) reads for its size
@@ -321,11 +374,12 @@ def classify_site(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | 
                     context = location_of(frame)  # library code moved the data, not the user's line
             if user:
                 location = user_frame_location(frame)
+                user_frame = frame
                 break
         frame = frame.f_back
     if cause is None:
         cause = {"copy": "copy", "to": "to", "item": "item"}.get(op, op)
-    return cause, is_implicit(cause), location, context if location is not None else None
+    return cause, is_implicit(cause), location, context if location is not None else None, user_frame
 
 
 # ---------------------------------------------------------------------------------

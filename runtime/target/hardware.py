@@ -43,6 +43,8 @@ class Generation:
         chips_per_host: the chips one host (TPU VM) attaches, as x, y, z bounds.
         ici_bandwidth: bidirectional inter-chip interconnect (ICI) bytes/s of one chip,
             all its ports together; None where the generation's page publishes none.
+        host_bandwidth: bytes/s between the host's memory and one chip over its PCIe link, one
+            way: what a host-to-device or device-to-host copy of the chip moves at the most.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Generation:
     chips_per_host: tuple[int, int, int] = (2, 2, 1)
     aliases: tuple[str, ...] = ()
     ici_bandwidth: float | None = None
+    host_bandwidth: float = 0.0
 
     @property
     def single_chip_topology(self) -> str:
@@ -84,6 +87,10 @@ GENERATIONS: dict[str, Generation] = {
             chips_per_host=(2, 2, 1),  # a v4-8 (2x2x1) is one host
             # the v4 page gives pod-wide all-reduce (1.1 PB/s) and bisection bandwidth, no per-chip ICI
             ici_bandwidth=None,
+            # https://jax-ml.github.io/scaling-book/tpus/ ("How to Scale Your Model", part 2):
+            # "PCIe bandwidth is typically around 1.5e10 bytes / second per chip"; the Cloud TPU
+            # pages publish no host-link figure
+            host_bandwidth=1.5e10,
         ),
         Generation(
             "v5e",
@@ -104,6 +111,10 @@ GENERATIONS: dict[str, Generation] = {
             # same page: "Bidirectional inter-chip interconnect (ICI) bandwidth (per chip) 400 GBps"
             # (older revisions: "Interchip Interconnect BW 1600 Gbps", the same figure)
             ici_bandwidth=400e9,
+            # https://jax-ml.github.io/scaling-book/tpus/ ("How to Scale Your Model", part 2):
+            # "PCIe bandwidth is typically around 1.5e10 bytes / second per chip"; the Cloud TPU
+            # pages publish no host-link figure
+            host_bandwidth=1.5e10,
         ),
         Generation(
             "v5p",
@@ -123,6 +134,10 @@ GENERATIONS: dict[str, Generation] = {
             chips_per_host=(2, 2, 1),  # same page: 2x2x1 is one host
             # same page: "Bidirectional inter-chip interconnect (ICI) bandwidth per chip (GBps) 1200"
             ici_bandwidth=1200e9,
+            # https://jax-ml.github.io/scaling-book/tpus/ ("How to Scale Your Model", part 2):
+            # "PCIe bandwidth is typically around 1.5e10 bytes / second per chip"; the Cloud TPU
+            # pages publish no host-link figure
+            host_bandwidth=1.5e10,
         ),
         Generation(
             "v6e",
@@ -142,6 +157,9 @@ GENERATIONS: dict[str, Generation] = {
             chips_per_host=(2, 4, 1),  # same page: "Chips per host 8"
             # same page: "Bidirectional inter-chip interconnect (ICI) bandwidth (per chip) 800 GBps"
             ici_bandwidth=800e9,
+            # https://jax-ml.github.io/scaling-book/tpus/: "Trillium (TPU v6e) has 32GB/s, about 2x
+            # higher than v5" (the page's footnote to its PCIe figure)
+            host_bandwidth=32e9,
         ),
     )
 }
@@ -198,6 +216,12 @@ class Target:
     @property
     def hbm_bandwidth_per_device(self) -> float:
         return self.generation.hbm_bandwidth / self.generation.devices_per_chip
+
+    @property
+    def host_bandwidth_per_device(self) -> float:
+        """Bytes/s one device's copies to or from the host move at the most (a chip's PCIe
+        link, shared by the chip's devices on v4)."""
+        return self.generation.host_bandwidth / self.generation.devices_per_chip
 
     @property
     def chips_per_host_bounds(self) -> tuple[int, int, int]:

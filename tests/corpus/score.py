@@ -5,10 +5,10 @@ process) and its findings are compared with what the script says it should get:
 
 - ``# corpus: correct`` in its header: a correct program; any warning or error is a false
   positive.
-- ``# EXPECT: kind[, kind]`` at the end of a line: a planted problem, found when a finding
-  of that kind is located at that line (several lines marked with one kind are
-  alternatives: the finding may point at any of them). Any other warning or error is a
-  false positive.
+- ``# EXPECT: kind[, kind]`` at the end of a line: a planted problem, found when a warning
+  or an error of that kind is located at that line (several lines marked with one kind are
+  alternatives: the finding may point at any of them; an ``info`` finding is not counted,
+  either way). Any other warning or error is a false positive.
 - ``# corpus-options: ...``: options for ``tpu-debug run`` (``--divergence``, ...).
 
 The expectations were written from what a TPU engineer would flag in each script, never
@@ -75,11 +75,15 @@ def expected(path: Path) -> Expected:
     return Expected(correct, kinds, options)
 
 
-def run(path: Path, logdir: Path, timeout: float = 240.0) -> tuple[list, str | None]:
-    """The script's findings under ``tpu-debug run`` (and the run's error, if it failed)."""
+def run(path: Path, logdir: Path, timeout: float = 240.0, cache: Path | None = None) -> tuple[list, str | None]:
+    """The script's findings under ``tpu-debug run`` (and the run's error, if it failed);
+    ``cache``: run with the persistent compile cache in that directory (else as the
+    environment says; the test suite turns the cache off)."""
     exp = expected(path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_COMPILE_CACHE"}
     env.setdefault("JAX_PLATFORMS", "cpu")
+    if cache is not None:
+        env.update(TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(cache))
     cmd = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--logdir", str(logdir), *exp.options, str(path.resolve())]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=path.resolve().parent)
     runs = sorted(logdir.glob("*/run.db"))
@@ -99,7 +103,8 @@ def score(path: Path, findings: list, error: str | None = None) -> Result:
     result = Result(path.name, exp.correct, [], [], [], error)
     used: set[int] = set()
     for kind, lines in sorted(exp.kinds.items()):
-        hit = next((i for i, f in enumerate(findings) if f.kind == kind and _line(f, path) in lines), None)
+        hit = next((i for i, f in enumerate(findings)
+                    if f.kind == kind and f.severity in _SERIOUS and _line(f, path) in lines), None)
         if hit is None:
             result.missed.append(f"{kind}@{','.join(map(str, sorted(lines)))}")
         else:
@@ -127,6 +132,12 @@ def _elsewhere(finding) -> str:
     return "nowhere" if loc is None else f"{os.path.basename(loc.file)}:{loc.line}"
 
 
+def identity(path: Path, findings: list) -> list[tuple]:
+    """What two runs of a script must agree on: each finding's kind, severity, line and subject
+    (not its figures: a compile read back from the cache takes another time than one compiled)."""
+    return sorted((f.kind, f.severity, _line(f, path) or _elsewhere(f), f.subject) for f in findings)
+
+
 def scripts() -> list[Path]:
     return sorted(SCRIPTS.glob("*.py"))
 
@@ -150,10 +161,20 @@ def totals(results: list[Result]) -> dict[str, float]:
 
 
 def main() -> int:
-    results = []
+    """``score.py``: every script's result and the totals. ``score.py --cache``: each script run
+    twice with one new persistent compile cache, cold then warm; a script whose findings differ
+    between the two is listed (and the totals are the cold run's)."""
+    cached = "--cache" in sys.argv[1:]
+    results, changed = [], []
     for path in scripts():
         with tempfile.TemporaryDirectory() as tmp:
-            findings, error = run(path, Path(tmp))
+            findings, error = run(path, Path(tmp) / "cold", cache=Path(tmp) / "cache" if cached else None)
+            if cached and error is None:
+                warm, warm_error = run(path, Path(tmp) / "warm", cache=Path(tmp) / "cache")
+                if warm_error is not None or identity(path, warm) != identity(path, findings):
+                    changed.append(path.name)
+                    print(f"CACHE {path.name}: cold {identity(path, findings)} warm "
+                          f"{identity(path, warm) if warm_error is None else warm_error[-300:]}", flush=True)
         r = score(path, findings, error)
         results.append(r)
         mark = "ok " if r.ok else "BAD"
@@ -161,6 +182,8 @@ def main() -> int:
               + (f" ERROR {r.error[-300:]}" if r.error else ""), flush=True)
     for name, value in totals(results).items():
         print(f"{name:34} {value:.3f}" if isinstance(value, float) else f"{name:34} {value}")
+    if cached:
+        print(f"{'findings changed by a warm cache':34} {len(changed)} {changed}")
     return 0
 
 

@@ -32,6 +32,7 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "float64.py": ([], ["--steps", "3"], {"float64"}, ["--fixed"]),
     "tiny_ops.py": ([], ["--steps", "3"], {"eager_tiny_ops"}, ["--fixed"]),
     "h2d_every_step.py": ([], ["--steps", "4"], {"h2d_every_step"}, ["--fixed"]),
+    "d2h_every_step.py": ([], ["--steps", "4"], {"d2h_every_step"}, ["--fixed"]),
     # lazy by default: eager mode raises PyTorch's error at the gather (the run would fail)
     "out_of_range_index.py": ([], ["--steps", "3"], {"invalid_value"}, ["--fixed"]),
     # its loader's workers read the next batches while the step runs in the fixed variant

@@ -310,6 +310,8 @@ def test_tpu_numerics_round_products_and_recompile(logdir):
         runtime_config.matmul_precision = "high"
         three = (da @ db).cpu()
         runtime_config.matmul_precision = None
+        # a product of values at an offset 1000 times their variation: bfloat16 keeps none of it
+        ((da + 1000) @ db).cpu()
     assert runtime_config.numerics == "cpu"  # restored when the trace ends
     after = (da @ db).cpu()
     torch.testing.assert_close(before.double(), exact, rtol=1e-5, atol=1e-5)
@@ -320,8 +322,10 @@ def test_tpu_numerics_round_products_and_recompile(logdir):
         return float((t.double() - exact).abs().max())
 
     assert err(tpu) > 100 * err(three) > 0 and err(three) > err(before)
-    first = session.divergences.first()
-    assert (first.name, first.highest) == ("mm", True)  # vanishes at precision "highest"
+    # the first two products differ from CPU as the precision they emulate does: no divergence;
+    # the third lost its rows' variation to bfloat16, which precision "highest" keeps
+    (first,) = session.divergences(measure="local", over=True)
+    assert (first.name, first.first, first.highest) == ("mm", True, True)
     assert session.divergences.summary().numerics == "tpu"
 
 

@@ -224,3 +224,47 @@ def test_float32_rounding_of_large_values_is_as_close_as_cpu_and_a_bfloat16_prod
     # bfloat16 inputs (a TPU's default matmul precision): hundreds off, far beyond rounding
     bf16 = torch.mm(x.bfloat16().float(), w.bfloat16().float()).numpy()
     assert not as_close_as_cpu(torch.ops.aten.mm.default, (x, w), {}, [bf16], [cpu])
+
+
+# -- TPU numerics: products held to the emulated precision, decisions it changes ------------------------
+
+
+def test_a_product_is_held_to_the_precision_it_emulates_not_to_float32():
+    from tpu_debug.tracers.divergence.precision import measure_product
+
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 128), torch.randn(128, 32)
+    cpu = a @ b
+    bf16 = (a.bfloat16().double() @ b.bfloat16().double()).float().numpy()  # one pass: a TPU's default
+    assert not np.allclose(bf16, cpu.numpy(), rtol=1.3e-6, atol=1e-5)  # far over float32's tolerance
+    assert not measure_product(bf16, cpu, False).over
+    # the same operands at an offset 1000 times their variation: the rows' variation is lost
+    shifted = a + 1000
+    cpu = shifted @ b
+    lost = (shifted.bfloat16().double() @ b.bfloat16().double()).float().numpy()
+    m = measure_product(lost, cpu, True)
+    assert m.over and m.ratio > 1
+    # one value (a dot product) is held to its magnitude: there is no variation to keep
+    dot = torch.dot(a[0], b[:, 0])
+    assert not measure_product(np.asarray(a[0].bfloat16().double() @ b[:, 0].bfloat16().double(), dtype=np.float32),
+                               dot, False).over
+
+
+def test_a_decision_the_emulated_precision_changes_is_its_verdict_when_a_share_changed():
+    from tpu_debug.tracers.divergence.precision import DECISION_SHARE, PRECISION, changed_decision
+
+    causes = triage.Causes()
+    product = causes.new(PRECISION, where="mm at kmeans.py:15")
+    crossing = Crossing("argmin", 300, 512, "tie", "", "/x/kmeans.py", 16)
+    verdict = changed_decision("argmin", ("tie", 300, 512), [product], crossing)
+    assert (verdict.verdict, verdict.basis, verdict.upstream, verdict.crossings) == (
+        "precision", "upstream", "mm at kmeans.py:15", (crossing,))
+    # a few near-ties: any precision breaks some
+    few = int(DECISION_SHARE * 10_000) - 1
+    assert changed_decision("argmax", ("tie", few, 10_000), [product], crossing) is None
+    # no product at the emulated precision before it, or a wrong op: not the precision's doing
+    assert changed_decision("argmin", ("tie", 300, 512), [causes.new("noise", where="sum at x.py:3")], crossing) is None
+    assert changed_decision("argmin", ("tie", 300, 512), [product, causes.new("wrong", where="exp")], crossing) is None
+    # max over a dimension returns a value first: which index holds it is no decision seen here
+    assert changed_decision("max.dim", ("tie", 300, 512), [product], crossing) is None
+    assert changed_decision("gt.Scalar", ("comparison", 300, 512), [product], crossing).verdict == "precision"

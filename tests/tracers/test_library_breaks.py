@@ -265,6 +265,12 @@ def test_a_library_read_nobody_asked_for_stays_the_librarys():
     root = "/venv/lib/python3.11/site-packages/torch/"
     assert user_caused(root + "nn/utils/clip_grad.py:109 in _get_total_norm").cause == "argument"
     assert user_caused(root + "optim/lr_scheduler.py:1699 in ReduceLROnPlateau.step").cause == "cadence"
+    # torch.distributions' argument checks: on by default, switched off by validate_args=False
+    for frame in ("distributions/distribution.py:76 in Distribution.__init__",
+                  "distributions/distribution.py:323 in Distribution._validate_sample"):
+        read = user_caused(root + frame)
+        assert read.cause == "validation" and "validate_args=False" in read.fix
+        assert "Distribution.set_default_validate_args(False)" in read.fix
     generate = "/venv/lib/python3.11/site-packages/transformers/generation/utils.py:2500 in _sample"
     assert user_caused(generate) is None
     assert user_caused(None) is None

@@ -9,6 +9,7 @@ lines of a script, the dtype and rank of a KV cache), not from the tool's output
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,6 +35,7 @@ class _Run:
 
     def __init__(self, steps, compiles, limits=()) -> None:
         self._steps, self._compiles, self._limits = list(steps), list(compiles), list(limits)
+        self.recompiles = SimpleNamespace(limits=self.recompile_limits)  # session.recompiles.limits()
 
     def steps(self):
         return self._steps
@@ -446,3 +448,82 @@ def test_a_backward_inside_a_compiled_step_is_a_break_whose_fix_makes_one_progra
     (attached,) = [f for f in _step_with_backward_inside(tmp_path / "attached", flagged, detached=False)
                    if f.kind == "graph_break"]
     assert attached.cause == "backward" and attached.fix.startswith("return loss.detach()")
+
+
+# -- a Python container that grows inside a compiled function ----------------------------------------
+
+QUEUE_LINE, CALL_LINE = 25, 41  # self.queue.append(k) in forward; loss = model(x) in the loop
+FORWARD_ID = "forward in train.py (forward)"
+
+
+def _growing_queue_run(*, hits_limit: bool) -> RunFacts:
+    """A compiled forward that appends to ``self.queue`` at every call: each call fails the guard
+    on the list's length and compiles forward and backward again, the backward's inputs one key
+    longer. With ``hits_limit``, dynamo gives up at step 7 and the forward runs eagerly, its
+    ``mm`` over the concatenated queue taking a new size at each step after that."""
+    rec = _Recorder()
+    rec.compile(0, "graph_0", [_t("x", 8, 32)], QUEUE_LINE, mode="compiled", identity=FORWARD_ID)
+    rec.compile(0, "graph_1", [_t("g", 8, 8)], QUEUE_LINE, mode="compiled", identity="forward in train.py (backward)")
+    last = 7 if hits_limit else 10
+    for step in range(1, last):
+        guard = [KeyDiff("guard", f"len(self.queue) == {step}", "failed", source="guard")]
+        rec.compile(step, "graph_0", [_t("x", 8, 32)], QUEUE_LINE, mode="compiled", identity=FORWARD_ID, diffs=guard)
+        rec.compile(step, "graph_1", [_t("g", 8, 8 * (step + 1))], QUEUE_LINE, mode="compiled",
+                    identity="forward in train.py (backward)", diffs=[*guard, KeyDiff(
+                        "shape", f"f32[8,{8 * step}]", f"f32[8,{8 * (step + 1)}]", arg_index=0, arg_name="g", dims=(1,))])
+    limits = []
+    if hits_limit:
+        limits.append(RecompileLimitEvent(999, 7.005, "compiled", 0, _at(QUEUE_LINE, "forward"), "forward",
+                                          "recompile_limit", 8, "len(self.queue) == 7"))
+        for step in range(7, 12):
+            rec.compile(step, "mm", [_t("self", 8, 16), _t("mat2", 16, 8 * step)], CALL_LINE, diffs=[KeyDiff(
+                "shape", f"f32[16,{8 * (step - 1)}]", f"f32[16,{8 * step}]", arg_index=1, arg_name="mat2", dims=(1,))])
+    return rec.run(12, limits)
+
+
+def test_a_guard_on_a_growing_container_names_it_and_a_fixed_size_buffer():
+    facts = _growing_queue_run(hits_limit=False)
+    (finding,) = list(rules.recompile(facts))
+    assert (finding.cause, finding.evidence.location.line) == ("guard", QUEUE_LINE)
+    assert finding.title.startswith("self.queue, a Python container the compiled function reads, grows between calls")
+    assert "fixed-size tensor buffer allocated once" in finding.fix and "wraps around" in finding.fix
+    assert "pass a changing value in as a tensor" not in finding.fix
+    # the backward graph recompiled because the guard failed: its longer input is no size to pad
+    assert list(rules.dynamic_shape(facts)) == []
+    assert set(finding.targets) == {FORWARD_ID, "forward in train.py (backward)"}
+
+
+def test_a_container_that_made_the_function_run_uncompiled_gets_no_padding_advice():
+    facts = _growing_queue_run(hits_limit=True)
+    (limit,) = list(rules.recompile_limit(facts))
+    assert "on the length of self.queue, a Python container it reads" in limit.title
+    assert limit.fix.startswith("keep what self.queue holds in a fixed-size tensor buffer allocated once")
+    # the eager mm the uncompiled forward runs on the ever longer queue: the same cause, no padding
+    assert list(rules.dynamic_shape(facts)) == []
+    assert all(f.cause == "guard" for f in rules.recompile(facts))
+
+
+# -- the persistent compile cache ---------------------------------------------------------------------
+
+
+def test_shapes_read_back_from_the_compile_cache_are_the_same_findings_as_shapes_compiled():
+    import dataclasses
+
+    def run(from_cache: bool) -> RunFacts:
+        rec = _Recorder()
+        last = None
+        for step, n in enumerate([5, 9, 7, 12, 6, 10, 11]):
+            diffs = [] if last is None else [
+                KeyDiff("shape", f"f32[{last},6]", f"f32[{n},6]", arg_index=0, arg_name="self", dims=(0,))]
+            rec.compile(step, "exp", [_t("self", n, 6)], 12, diffs=diffs)
+            last = n
+        rec.compiles[:] = [dataclasses.replace(c, from_cache=from_cache) for c in rec.compiles]
+        return rec.run(7)
+
+    compiled, read_back = list(rules.dynamic_shape(run(False))), list(rules.dynamic_shape(run(True)))
+    assert [f.key for f in read_back] == [f.key for f in compiled] and len(compiled) == 1
+    assert (read_back[0].evidence.location, read_back[0].fix) == (compiled[0].evidence.location, compiled[0].fix)
+    assert "reading them back from the compile cache" in read_back[0].title and "compiling" in compiled[0].title
+    # what XLA compiled in this run is what summarize counts by default
+    assert summarize(run(True).compiles)[0].recompiles == 0
+    assert summarize(run(True).compiles, read_backs_apart=False)[0].recompiles == 6

@@ -177,29 +177,128 @@ def test_a_python_list_that_changes_every_step_is_new_data_not_a_finding(logdir)
     assert _of_kind(session.findings(), "h2d_every_step") == []
 
 
-def _steady(*seconds: float) -> SimpleNamespace:
-    return SimpleNamespace(steady=[SimpleNamespace(seconds=s) for s in seconds])
+def _steady(*seconds: float, target=None, on_target: dict | None = None) -> SimpleNamespace:
+    """The facts the upload rule weighs: steady steps of ``seconds``, and a TPU target with the
+    steps' estimated time on it (``on_target``, by step index)."""
+    return SimpleNamespace(steady=[SimpleNamespace(seconds=s) for s in seconds], target=target,
+                           target_seconds=on_target or {})
+
+
+def _upload(per_step: float, seconds: float, steps: list, payload: str, aval: str = "float32[256,1024]",
+            origin: str | None = None) -> rules._Upload:
+    return rules._Upload("to", None, aval, per_step, seconds, tuple(steps), payload, origin)
 
 
 def test_a_large_upload_of_new_data_is_told_to_overlap_not_to_move_out_of_the_loop():
-    # 3 steps of 10 ms, 4 ms of each copying a 1 MiB batch: 40 % of the step
+    # 3 steps of 10 ms, 4 ms of each copying a 1 MiB batch: 40 % of the step, on this machine
     facts, steps = _steady(0.01, 0.01, 0.01), [1, 2, 3]
-    args = ("to", None, "float32[256,1024]", float(1 << 20), 0.012, steps, facts)
-    title, fix = rules._h2d_text(*args, "new")
-    assert (
-        title
-        == ".to() at an unknown line copies 1.00 MiB (float32[256,1024]) to the device in 3 steady steps, 40% of their time"
+    title, fix = rules._h2d_text(_upload(float(1 << 20), 0.012, steps, "new"), facts, True)
+    assert title == (
+        ".to() at an unknown line copies 1.00 MiB (float32[256,1024]) to the device in 3 steady steps, 40% of their "
+        "time on this machine (no TPU target: run with --target to weigh it on a TPU)"
     )
     assert fix.startswith("the data changes at every step (a batch): overlap the copy with the step")
     assert "before the loop" not in fix
     # without fingerprints (too large to take) both causes stay possible, and the fix names both
-    _title, fix = rules._h2d_text(*args, "unknown")
+    _title, fix = rules._h2d_text(_upload(float(1 << 20), 0.012, steps, "unknown"), facts, True)
     assert fix.startswith("if the data is the same every step, move it to the device once, before the loop")
     assert "pin_memory=True" in fix
     # the same data: hoisting is the fix, whatever the share
-    title, fix = rules._h2d_text("to", None, "float32[4]", 16.0, 3e-5, steps, facts, "same")
+    title, fix = rules._h2d_text(_upload(16.0, 3e-5, steps, "same", "float32[4]"), facts, True)
     assert (
         title
         == ".to() at an unknown line uploads the same 16 B (float32[4]) to the device in 3 of 3 steady steps, 10.0 µs per step"
     )
     assert fix.startswith("the data is identical at every step: create it once on the device before the loop")
+
+
+def test_a_batch_upload_is_weighed_on_the_tpu_target_when_the_run_has_one():
+    from tpu_debug.runtime.target.hardware import parse_target
+
+    v5e, steps = parse_target("v5e"), [1, 2, 3]
+    batch = _upload(float(1 << 20), 0.001, steps, "new")  # 1 ms of a 10 ms step here: 10 %
+    # on a v5e the 1 MiB crosses its 1.5e10 B/s host link in 70 us, and the step's programs take
+    # 100 us: the copy is 70 % of the TPU's step, a finding this machine's 10 % would not make
+    fast = _steady(0.01, 0.01, 0.01, target=v5e, on_target={1: 1e-4, 2: 1e-4, 3: 1e-4})
+    title, _fix = rules._h2d_text(batch, fast, True)
+    share = 100 * 3 * (1 << 20) / v5e.host_bandwidth_per_device / 3e-4
+    assert f", {share:.0f}% of their time on a v5e (estimated: its host link" in title
+    assert rules._h2d_text(batch, _steady(0.01, 0.01, 0.01), True) is None
+    # a TPU step of 10 ms takes the copy in stride
+    slow = _steady(0.01, 0.01, 0.01, target=v5e, on_target={1: 0.01, 2: 0.01, 3: 0.01})
+    assert rules._h2d_text(batch, slow, True) is None
+    # a step the target has no estimate for is weighed here, and says so
+    unknown = _steady(0.0012, 0.0012, 0.0012, target=v5e, on_target={1: 1e-4})
+    assert "on this machine" in rules._h2d_text(batch, unknown, True)[0]
+
+
+def test_every_generation_knows_its_host_link():
+    from tpu_debug.runtime.target.hardware import GENERATIONS, parse_target
+
+    assert all(g.host_bandwidth > 0 for g in GENERATIONS.values())
+    # a v4 chip's two TensorCores are two devices sharing its link
+    assert parse_target("v4-8").host_bandwidth_per_device == GENERATIONS["v4"].host_bandwidth / 2
+
+
+def _host_noise(logdir, with_batch: bool) -> tuple[list, int, list]:
+    model, opt = _model()
+    data, mask = torch.randn(STEPS, 8, 256), torch.from_numpy(MASK).to("tpu")
+    with tpu_debug.trace(logdir=logdir, hlo=False) as session:
+        for step in range(STEPS):
+            x = data[step].to("tpu") if with_batch else torch.randn(8, 256).to("tpu")
+            noise = torch.randn(8, 256)
+            noisy = x + 0.1 * noise.to("tpu")
+            line = _line(-1)
+            _train_step(model, opt, noisy, mask)
+    return session.findings(), line, [t for t in session.events("transfer") if t.direction == "h2d"]
+
+
+def test_noise_drawn_on_the_host_beside_a_batch_is_found_with_make_it_on_the_device(logdir):
+    findings, line, uploads = _host_noise(logdir, with_batch=True)
+    (finding,) = _of_kind(findings, "h2d_every_step")
+    assert (finding.cause, finding.evidence.location.line) == ("host_made", line)
+    assert finding.title.startswith(f"torch.randn(...) at test_transfer_payloads.py:{line} draws float32[8,256] on the host")
+    assert finding.fix.startswith("make it on the device, where it is used: torch.randn(..., device=x.device)")
+    assert "made on the host by torch.randn" in finding.evidence.facts[0]
+    assert {t.origin for t in uploads} == {None, "torch.randn"}  # the batch is a slice of data
+
+
+def test_a_step_whose_every_upload_a_factory_made_is_a_stand_in_for_data_not_a_finding(logdir):
+    # synthetic batches (x drawn on the host at every step): the program's data source, not
+    # noise beside its data
+    findings, _, uploads = _host_noise(logdir, with_batch=False)
+    assert _of_kind(findings, "h2d_every_step") == []
+    assert {t.origin for t in uploads} == {"torch.randn"}  # both lines read as made on the host
+
+
+# -- copies to the host ------------------------------------------------------------------
+
+
+def _copied_back_every(logdir, every: int) -> tuple[list, int]:
+    model, opt = _model()
+    x = torch.randn(8, 256).to("tpu")
+    mask = torch.from_numpy(MASK).to("tpu")
+    seen = []
+    with tpu_debug.trace(logdir=logdir, hlo=False) as session:
+        for step in range(12):
+            loss = _train_step(model, opt, x, mask)
+            if step % every == 0:
+                seen.append(loss.detach().cpu())
+                line = _line(-1)
+    return session.findings(), line
+
+
+def test_a_copy_to_the_host_at_every_step_is_a_finding_with_a_fix_that_stays_on_the_device(logdir):
+    findings, line = _copied_back_every(logdir, 1)
+    (finding,) = _of_kind(findings, "d2h_every_step")
+    assert (finding.severity, finding.cause, finding.evidence.location.line) == ("warning", "cpu", line)
+    assert finding.title.startswith(f".cpu() at test_transfer_payloads.py:{line} copies 4 B (float32[]) to the host in ")
+    assert "each copy waits for the device to finish the work queued before it" in finding.title
+    assert finding.fix.startswith("keep the work on the device: accumulate what the host reads in a device tensor")
+    assert finding.evidence.count("copies") == finding.evidence.count("steady steps") >= 2
+    assert finding.cost_seconds == pytest.approx(finding.evidence.count("time"))
+
+
+def test_a_copy_to_the_host_every_n_steps_is_what_the_fix_asks_for(logdir):
+    findings, _ = _copied_back_every(logdir, 3)
+    assert _of_kind(findings, "d2h_every_step") == []

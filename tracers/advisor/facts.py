@@ -6,6 +6,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from tpu_debug.runtime.target.hardware import Target, TargetSpecError, parse_target
 from tpu_debug.tracers.events import (
     CompileEvent,
     FallbackEvent,
@@ -13,6 +14,8 @@ from tpu_debug.tracers.events import (
     RecompileLimitEvent,
     StepEvent,
     TargetCompileEvent,
+    TargetStepEvent,
+    TargetSummaryEvent,
     TransferEvent,
 )
 from tpu_debug.tracers.memory import MemoryView, memory_view
@@ -113,6 +116,28 @@ class RunFacts:
     def target_compiles(self) -> list[TargetCompileEvent]:
         """The run's programs compiled again for its TPU target."""
         return [e for e in self.query.events(TargetCompileEvent.kind) if isinstance(e, TargetCompileEvent)]
+
+    @functools.cached_property
+    def target(self) -> Target | None:
+        """The TPU the run's programs were also compiled for (``--target``), or None."""
+        summaries = [e for e in self.query.events(TargetSummaryEvent.kind) if isinstance(e, TargetSummaryEvent)]
+        if not summaries:
+            return None
+        try:
+            return parse_target(summaries[-1].target)
+        except TargetSpecError:
+            return None  # a run recorded with a target this version does not know
+
+    @functools.cached_property
+    def target_seconds(self) -> dict[int, float]:
+        """Per step index, the step's time on the target as its compiles estimate it (the
+        programs' roofline time, back to back: see ``TargetStepEvent``); steps whose programs
+        were not all estimated are left out."""
+        out = {}
+        for e in self.query.events(TargetStepEvent.kind):
+            if isinstance(e, TargetStepEvent) and not e.unfinished and e.executions and e.estimated == e.executions:
+                out[e.step] = e.estimated_seconds
+        return out
 
     @functools.cached_property
     def ops(self) -> list[Any]:

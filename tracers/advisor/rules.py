@@ -28,6 +28,7 @@ from tpu_debug.tracers.recompiles import (
     by_call_site,
     describe,
     guard_subject,
+    length_guard,
     read_guard,
     short_dtype,
     storage_sizes,
@@ -133,6 +134,10 @@ def _diff_cause(d: KeyDiff) -> str:
 
 
 def _cause(diffs: Sequence[KeyDiff]) -> tuple[str, KeyDiff | None]:
+    # dynamo compiles a function again because one of its guards failed: the shapes of the new
+    # graph are what that change made (a list that grew adds an input), so the guard is the cause
+    guards = [d for d in diffs if d.source == "guard"]
+    diffs = guards or diffs
     found = [(_CAUSES.index(_diff_cause(d)), i, d) for i, d in enumerate(diffs)]
     if not found:
         return "other", None
@@ -160,17 +165,32 @@ def _first_repeat(facts: RunFacts, compiles: Sequence[CompileEvent]) -> int | No
 
 
 def _steady_recompiles(facts: RunFacts) -> dict[tuple[str | None, str], list[CompileEvent]]:
-    """Recompiles in steady steps from the first repeated step on, per (mode, identity)."""
+    """Recompiles in steady steps from the first repeated step on, per (mode, identity), but
+    for the eager ops of a function run uncompiled after a growing container made it hit
+    dynamo's recompile limit (see :func:`_container_storm`)."""
     compiles = _read_compiles(facts)
     first = _first_repeat(facts, compiles)
     out: dict[tuple[str | None, str], list[CompileEvent]] = {}
     if first is None:
         return out
+    storm = _container_storm(facts)
     for c in compiles:
         step = facts.step_of(c.ts)
+        if storm is not None and c.mode == "eager" and step is not None and step >= storm:
+            continue
         if c.diffs and step is not None and step >= first and facts.phase(c.ts) == "steady":
             out.setdefault((c.mode, c.identity or c.name), []).append(c)
     return out
+
+
+def _container_storm(facts: RunFacts) -> int | None:
+    """The first step in which a compiled function hit dynamo's recompile limit on a guard of a
+    Python container's length, or None. From then on the function runs uncompiled on the
+    container's contents, and the eager ops' new shapes are what the container's growth makes:
+    padding them fixes nothing; the recompile_limit finding gives the fix."""
+    steps = [facts.step_of(h.ts) for h in facts.recompile_limits if length_guard(h.reason) is not None]
+    steps = [s for s in steps if s is not None]
+    return min(steps) if steps else None
 
 
 def _numeric(values: Iterable[str]) -> list[int] | None:
@@ -240,7 +260,10 @@ def _shape_member(facts_compiles: Sequence[CompileEvent], mode: str | None, iden
     """What size changed for one op or graph, and its values: a dimension of an input, or of
     the tensor an input is a view of; None when fewer than three sizes."""
     history = [c for c in facts_compiles if c.mode == mode and (c.identity or c.name) == identity]
-    changes = [ch for ch in summarize(history)[0].changes if ch.kind == "shape" and ch.dim is not None]
+    # the sizes the op's programs took, whether XLA compiled them in this run or the persistent
+    # compile cache held them from an earlier one: the cache changes what a size costs, not the sizes
+    group = summarize(history, read_backs_apart=False)[0]
+    changes = [ch for ch in group.changes if ch.kind == "shape" and ch.dim is not None]
     change = changes[0] if changes else _storage_change(shaped)
     values = _numeric(change.values) if change is not None else None
     if change is None or values is None or len(values) < 3:
@@ -250,21 +273,23 @@ def _shape_member(facts_compiles: Sequence[CompileEvent], mode: str | None, iden
 
 def _growing_fix(change: Change, identity: str, values: list[int], members: Sequence[Any]) -> tuple[str, bool]:
     """The fix for a size that grows by one step at every call, chosen by what grows with it:
-    attention over a growing KV cache (floating-point tensors of rank 3 or more), or only
-    integer bookkeeping such as the token ids, which a static cache does not fix; and whether
-    it is only that bookkeeping (small ops of the decoding loop, compiled once per length and
-    reused by later calls with the same lengths: worth knowing, not a warning)."""
+    the model's own work (floating-point tensors: attention over a growing KV cache, a model
+    run again on the whole sequence), or only integer bookkeeping such as the token ids, which a
+    static cache does not fix; and whether it is only that bookkeeping (small ops of the decoding
+    loop, compiled once per length and reused by later calls with the same lengths: worth
+    knowing, not a warning)."""
     head = f"{change.what} of {identity} grows at every call ({values[0]}..{values[-1]}): a sequence extended one step at a time"
     grown = [(m[2], _grown_tensor(m[2], m[4])) for m in members]
-    if any(t is not None and t[1] >= 3 and "float" in t[0] for _, t in grown):
+    # a graph (compiled or lazy) that takes the growing input computes on it: the model's work
+    if any(m[1] != "eager" for m in members) or any(t is not None and "float" in t[0] for _, t in grown):
         return (
             f"{head}, such as a dynamic KV cache; allocate it once at its final length and write each step "
             "into it (Hugging Face: generate(..., cache_implementation='static')), so every step has the same shapes"
         ), False
     kinds = _listing(sorted({f"{short_dtype(t[0])} of rank {t[1]}" for _, t in grown if t is not None}), 3)
     return (
-        f"{head}; no floating-point tensor of rank 3 or more grows with it, so the KV cache, if there is one, "
-        f"keeps its size already and a static cache changes nothing: what grows are small tensors ({kinds}), such as the "
+        f"{head}; no floating-point tensor grows with it, so the model's work, and its KV cache if there is one, "
+        f"keep their size already and a static cache changes nothing: what grows are small tensors ({kinds}), such as the "
         "token ids and attention mask generate() extends with torch.cat at each new token. Keep them in buffers "
         "allocated once at prompt + max_new_tokens and write each token in place (ids[:, pos] = token), or keep "
         "prompt lengths and max_new_tokens to a few fixed values, so later calls reuse the programs the first compiled"
@@ -309,15 +334,15 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
                 "one program per size"
             )
         others = [f"changes with it: {m[2].what} of {m[0]} ({m[3][0]}..{m[3][-1]})" for m in members[1:4]]
+        read_back = all(getattr(c, "from_cache", False) for c in shaped)
         yield Finding(
             kind="dynamic_shape",
             severity="info" if bookkeeping else "warning",
             title=(
                 f"{change.what} of {identity} takes a new size in steady state "
-                f"({_listing([str(v) for v in values])}): {_plural(len(shaped), 'recompile')} of "
+                f"({_listing([str(v) for v in values])}): {_plural(len(shaped), 'new program' if read_back else 'recompile')} of "
                 f"{_plural(len(ops), 'op')} in {_plural(len(steps), 'step')}, {format_seconds(seconds)} "
-                + ("reading them back from the compile cache" if all(getattr(c, "from_cache", False) for c in shaped)
-                   else "compiling")
+                + ("reading them back from the compile cache" if read_back else "compiling")
             ),
             fix=fix,
             cost_seconds=seconds,
@@ -416,6 +441,8 @@ def _recompile_fix(cause: str, diff: KeyDiff | None, values: list[str], mode: st
         )
     if cause == "layout":
         return _layout_fix(diff, subject)
+    if cause == "guard" and diff is not None and length_guard(diff.before) is not None:
+        return _container_fix(length_guard(diff.before)[0])  # type: ignore[index]
     if cause == "guard":
         guard = diff.before if diff is not None else "?"
         return (
@@ -431,6 +458,25 @@ def _recompile_fix(cause: str, diff: KeyDiff | None, values: list[str], mode: st
     if cause == "inputs":
         return "call it with the same inputs at every step (their number or kind changes: see the diffs)"
     return "keep the program's inputs and settings the same at every step (see the diffs)"
+
+
+def _container_fix(container: str) -> str:
+    return (
+        f"keep what {container} holds in a fixed-size tensor buffer allocated once (in a module, "
+        "self.register_buffer('queue', torch.zeros(N, ...))) and write each new entry at an index that "
+        "wraps around (buffer[ptr] = item, or index_copy_ for a batch of rows; ptr = (ptr + 1) % N, kept "
+        f"as a tensor): the compiled function then reads one shape at every call. As a Python container, "
+        f"{container} is traced element by element, so each new length is a new graph"
+    )
+
+
+def _container_title(container: str, lengths: list[int], what: str) -> str:
+    grows = len(lengths) > 1 and lengths == sorted(lengths)
+    shown = f"{lengths[0]}..{lengths[-1]}" if grows else _listing([str(n) for n in lengths], 4)
+    return (
+        f"{container}, a Python container the compiled function reads, {'grows' if grows else 'changes length'} "
+        f"between calls (length {shown}) and dynamo guards on its length: {what}"
+    )
 
 
 def _layout_fix(diff: KeyDiff | None, subject: str) -> str:
@@ -464,9 +510,17 @@ def _recompile_title(cause: str, diff: KeyDiff | None, ops: list[str], n: int, s
         return f"the matmul precision changes between steps ({shown}): {what}"
     if cause == "cache":
         return f"executables are evicted and compiled again: {what}"
+    if cause == "guard" and diff is not None and length_guard(diff.before) is not None:
+        return _container_title(length_guard(diff.before)[0], _lengths(values), what)  # type: ignore[index]
     if cause == "guard":
         return f"a dynamo guard fails again in steady state ({guard_subject(diff.before) if diff else '?'}): {what}"
     return f"{what}: {describe(diff) if diff is not None else 'the key changed'}"
+
+
+def _lengths(guards: Sequence[str]) -> list[int]:
+    """The lengths a container's failed length guards were compiled for, in order, once each."""
+    found = (length_guard(g) for g in guards)
+    return list(dict.fromkeys(g[1] for g in found if g is not None))
 
 
 def _number(text: str) -> str:
@@ -552,7 +606,10 @@ def recompile_limit(facts: RunFacts) -> Iterable[Finding]:
             "raising torch._dynamo.config.recompile_limit only delays this"
         )
         guard = read_guard(KeyDiff("guard", hit.reason, "failed", source="guard"))
-        if guard.aspect == "scalar":  # the value the last failed guard checks is what keeps changing
+        container = length_guard(hit.reason)
+        if container is not None:
+            fix = _container_fix(container[0]) + "; raising torch._dynamo.config.recompile_limit only delays this"
+        elif guard.aspect == "scalar":  # the value the last failed guard checks is what keeps changing
             values = [
                 d.before for c in _read_compiles(facts) if c.identity in targets
                 for d in c.diffs if d.aspect == "scalar" and d.arg_name == guard.arg_name
@@ -565,7 +622,9 @@ def recompile_limit(facts: RunFacts) -> Iterable[Finding]:
             kind="recompile_limit",
             severity="error",
             title=(
-                f"{hit.name} hit dynamo's {hit.limit_type} ({hit.limit}) and runs uncompiled from then on"
+                f"{hit.name} hit dynamo's {hit.limit_type} ({hit.limit})"
+                + (f" on the length of {container[0]}, a Python container it reads," if container else "")
+                + " and runs uncompiled from then on"
             ),
             fix=fix,
             cost_seconds=0.0,
@@ -740,108 +799,258 @@ def _payload(events: Sequence[Any]) -> str:
     return "same" if len(digests) == 1 else "new"
 
 
-def _h2d_text(op: str, location: SourceLocation | None, aval: str, per_step: float, seconds: float,
-              steps: Sequence[int], facts: RunFacts, payload: str) -> tuple[str, str] | None:
-    """(title, fix) of a line that uploads at every steady step, or None when it is no finding."""
-    n, steady = len(steps), len(facts.steady)
-    step_seconds = sum(s.seconds for s in facts.steady)
-    what = CAUSE_TEXT.get(op, op)
-    if payload == "same" and seconds > 0:
+# factories whose result is a random draw (the others make the same values from the same arguments)
+_RANDOM = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "bernoulli",
+    "multinomial", "poisson", "uniform", "choice", "permutation", "random", "integers", "standard_normal",
+})
+# factory -> its _like form's arguments beside the tensor it takes the shape of
+_LIKE = {"rand": "x", "randn": "x", "randint": "x, low, high", "ones": "x", "zeros": "x", "full": "x, value"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Upload:
+    """One line's uploads in steady state, as the h2d rule weighs them."""
+
+    op: str
+    location: SourceLocation | None
+    aval: str
+    per_step: float  # bytes
+    seconds: float  # the copies' measured time, on this machine
+    steps: tuple[int, ...]
+    payload: str  # "same", "new" or "unknown" (see _payload)
+    origin: str | None  # the host factory that made the data, when the line shows one
+
+
+def _on_tpu(facts: RunFacts, nbytes: float, steps: Sequence[int]) -> tuple[float, float] | None:
+    """(the copies' time, the steps' time) on the run's TPU target, estimated: ``nbytes`` over
+    its host link, and the steps' programs as its compiles estimate them; None without a
+    target, or when a step has no estimate."""
+    target = facts.target
+    if target is None or not target.host_bandwidth_per_device:
+        return None
+    step_seconds = [facts.target_seconds.get(i) for i in steps]
+    if not steps or any(t is None for t in step_seconds):
+        return None
+    return nbytes / target.host_bandwidth_per_device, sum(step_seconds)  # type: ignore[arg-type]
+
+
+def _host_made_text(u: _Upload, facts: RunFacts) -> tuple[str, str]:
+    made = u.origin or "a factory"
+    name = made.rpartition(".")[2]
+    title = (
+        f"{made}(...) at {_where(u.location)} {'draws' if name in _RANDOM else 'makes'} {u.aval} on the host, "
+        f"copied to the device in {len(u.steps)} of {len(facts.steady)} steady steps"
+    )
+    if made.startswith("torch."):
+        like = f", or torch.{name}_like({_LIKE[name]}) for a tensor shaped like x" if name in _LIKE else ""
+        instead = f"torch.{name}(..., device=x.device){like}"
+    else:
+        instead = "torch's own function (torch.rand, torch.randn, torch.randint, torch.arange) with device=x.device"
+    fix = (
+        f"make it on the device, where it is used: {instead}; nothing is then made on the host or copied. "
+        "The copy waits on the host at every step: on a TPU, whose step is far shorter than this "
+        "machine's, that is a larger share of the step than here"
+    )
+    return title, fix
+
+
+def _h2d_text(u: _Upload, facts: RunFacts, batches: bool) -> tuple[str, str] | None:
+    """(title, fix) of a line that uploads at every steady step, or None when it is no finding.
+    ``batches``: a line uploads data that changes and no factory made (a batch) in these steps."""
+    n, steady = len(u.steps), len(facts.steady)
+    what = CAUSE_TEXT.get(u.op, u.op)
+    if u.payload == "same" and u.seconds > 0:
         # the same bytes every step: the copy buys nothing, whatever its share of the step
         title = (
-            f"{what} at {_where(location)} uploads the same {format_bytes(per_step)} ({aval}) to the device "
-            f"in {n} of {steady} steady steps, {format_seconds(seconds / n)} per step"
+            f"{what} at {_where(u.location)} uploads the same {format_bytes(u.per_step)} ({u.aval}) to the device "
+            f"in {n} of {steady} steady steps, {format_seconds(u.seconds / n)} per step"
         )
         fix = (
             "the data is identical at every step: create it once on the device before the loop "
             "(the same expression, hoisted above the loop) and reuse that tensor"
         )
-    elif op == "tensor" and payload != "new":
+        return title, fix
+    if u.op == "tensor" and u.payload != "new":
         title = (
-            f"torch.tensor(...) at {_where(location)} builds a {aval} from Python data on the device "
+            f"torch.tensor(...) at {_where(u.location)} builds a {u.aval} from Python data on the device "
             f"in {n} of {steady} steady steps"
         )
         fix = (
             "build it once, before the loop, when its values do not change; otherwise make it on the "
             "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
         )
-    elif per_step >= UPLOAD_MIN_BYTES and step_seconds > 0 and seconds >= UPLOAD_SHARE * step_seconds:
-        # new data each step (or too large to fingerprint): only its share of the step matters
-        title = (
-            f"{what} at {_where(location)} copies {format_bytes(per_step)} ({aval}) to the "
-            f"device in {n} steady steps, {100 * seconds / step_seconds:.0f}% of their time"
-        )
-        overlap = (
-            "overlap the copy with the step: DataLoader(..., pin_memory=True) with "
-            ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
-        )
-        if payload == "new":  # the fingerprints differ: hoisting it out of the loop is no fix
-            fix = f"the data changes at every step (a batch): {overlap}"
-        else:
-            fix = (
-                "if the data is the same every step, move it to the device once, before the loop; "
-                f"if it is a new batch, {overlap}"
-            )
-    else:
+        return title, fix
+    if u.origin is not None and batches:
+        # data the step makes beside its batch (noise, timesteps, a mask): whatever its share of
+        # this machine's step, it could be made on the device and copy nothing. A step whose
+        # every upload is made by a factory is a program's stand-in for loading data: not judged.
+        return _host_made_text(u, facts)
+    return _batch_text(u, facts, what)
+
+
+def _batch_text(u: _Upload, facts: RunFacts, what: str) -> tuple[str, str] | None:
+    """A new batch copied synchronously: a finding when it is large and takes UPLOAD_SHARE of
+    the steps' time, on the run's TPU target when there is one (estimated), else on this machine."""
+    if u.per_step < UPLOAD_MIN_BYTES:
         return None
-    return title, fix
+    tpu = _on_tpu(facts, u.per_step * len(u.steps), u.steps)
+    if tpu is not None:
+        seconds, step_seconds = tpu
+        where = f"of their time on a {facts.target} (estimated: its host link and the steps' programs compiled for it)"
+    else:
+        seconds, step_seconds = u.seconds, sum(s.seconds for s in facts.steady)
+        where = "of their time on this machine (no TPU target: run with --target to weigh it on a TPU)"
+    if step_seconds <= 0 or seconds < UPLOAD_SHARE * step_seconds:
+        return None
+    title = (
+        f"{what} at {_where(u.location)} copies {format_bytes(u.per_step)} ({u.aval}) to the "
+        f"device in {len(u.steps)} steady steps, {100 * seconds / step_seconds:.0f}% {where}"
+    )
+    overlap = (
+        "overlap the copy with the step: DataLoader(..., pin_memory=True) with "
+        ".to('tpu', non_blocking=True), or prefetch the next batch while this one runs"
+    )
+    if u.payload == "new":  # the fingerprints differ: hoisting it out of the loop is no fix
+        return title, f"the data changes at every step (a batch): {overlap}"
+    return title, (
+        "if the data is the same every step, move it to the device once, before the loop; "
+        f"if it is a new batch, {overlap}"
+    )
 
 
-@rule("h2d_every_step", about="the same host-to-device copy at every step (identical data uploaded again, a tensor rebuilt from Python data, a batch copied synchronously)", view="transfers")
-def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
-    if len(facts.steady) < REPEATS:
-        return
+def _h2d_sites(facts: RunFacts) -> dict[tuple, list[Any]]:
+    """The explicit uploads of steady steps by (line, op, shape, dtype), of the lines that
+    upload in every steady step."""
     sites: dict[tuple, list[Any]] = {}
     for t in facts.transfers:
         if t.direction == "h2d" and not t.implicit:
             sites.setdefault((t.location, t.op, t.shape, t.dtype), []).append(t)
-    for (location, op, shape, dtype), events in sites.items():
+    out = {}
+    for key, events in sites.items():
         steady = facts.in_steady(events)
         steps = facts.steady_steps_of(steady)
-        if len(steps) < max(REPEATS, len(facts.steady) - 1):
-            continue  # not in every steady step
-        seconds = sum(t.seconds for t in steady)
-        per_step = sum(t.nbytes for t in steady) / len(steps)
-        if per_step == 0:
-            continue  # an empty tensor moves nothing
-        aval = f"{dtype}[{','.join(map(str, shape))}]"
-        payload = _payload(steady)
-        same = payload == "same"
-        text = _h2d_text(op, location, aval, per_step, seconds, steps, facts, payload)
+        if len(steps) >= max(REPEATS, len(facts.steady) - 1) and sum(t.nbytes for t in steady):
+            out[key] = steady
+    return out
+
+
+@rule("h2d_every_step", about="the same host-to-device copy at every step (identical data uploaded again, a tensor rebuilt from Python data, data made on the host that could be made on the device, a batch copied synchronously)", view="transfers")
+def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
+    if len(facts.steady) < REPEATS:
+        return
+    sites = _h2d_sites(facts)
+    # a batch: data that changes, made by no factory the user's line shows (a dataset's slice)
+    batches = any(all(getattr(t, "origin", None) is None for t in events) and _payload(events) != "same"
+                  for events in sites.values())
+    for (location, op, shape, dtype), steady in sites.items():
+        steps = facts.steady_steps_of(steady)
+        origins = {getattr(t, "origin", None) for t in steady}
+        u = _Upload(op, location, f"{dtype}[{','.join(map(str, shape))}]", sum(t.nbytes for t in steady) / len(steps),
+                    sum(t.seconds for t in steady), tuple(steps), _payload(steady),
+                    origins.pop() if len(origins) == 1 else None)
+        text = _h2d_text(u, facts, batches)
         if text is None:
             continue
-        facts_text = f"{aval} by {CAUSE_TEXT.get(op, op)}"
-        if same:
-            facts_text += f", identical bytes in all {len(steady)} steady copies"
-        title, fix = text
-        library = _library_frame(steady)
-        if library is not None:
-            # the library builds and uploads it (transformers making position ids, say): the fix
-            # is not the user's to make, and the user's line is what reached it
-            title = f"inside library code ({library}): {title}"
-            fix = f"the copy is made in {library}, not in this script; {fix}"
-            facts_text += f"; library frame: {library}"
-        yield Finding(
-            kind="h2d_every_step",
-            severity="info" if library is not None else "warning",
-            title=title,
-            fix=fix,
-            cost_seconds=seconds,
-            evidence=Evidence(
-                location,
-                (
-                    Count("copies", len(steady)),
-                    Count("steady steps", len(steps)),
-                    Count("bytes per step", per_step, "B"),
-                    Count("time per step", seconds / len(steps), "s"),
-                    Count("time", seconds, "s"),
-                ),
-                (facts_text,),
-            ),
-            steps=_span(steps),
-            cause="same_data" if same else op,
-            subject=f"{_site(location)} ({op})",
-        )
+        yield _h2d_finding(u, steady, text, facts)
+
+
+def _h2d_finding(u: _Upload, steady: Sequence[Any], text: tuple[str, str], facts: RunFacts) -> Finding:
+    same = u.payload == "same"
+    host_made = u.origin is not None and not same
+    facts_text = f"{u.aval} by {CAUSE_TEXT.get(u.op, u.op)}"
+    if same:
+        facts_text += f", identical bytes in all {len(steady)} steady copies"
+    if host_made:
+        facts_text += f", made on the host by {u.origin}"
+    title, fix = text
+    library = _library_frame(steady)
+    if library is not None:
+        # the library builds and uploads it (transformers making position ids, say): the fix
+        # is not the user's to make, and the user's line is what reached it
+        title = f"inside library code ({library}): {title}"
+        fix = f"the copy is made in {library}, not in this script; {fix}"
+        facts_text += f"; library frame: {library}"
+    n = len(u.steps)
+    counts = [
+        Count("copies", len(steady)),
+        Count("steady steps", n),
+        Count("bytes per step", u.per_step, "B"),
+        Count("time per step", u.seconds / n, "s"),
+        Count("time", u.seconds, "s"),
+    ]
+    tpu = _on_tpu(facts, u.per_step * n, u.steps)
+    if tpu is not None:
+        counts.append(Count(f"copy time per step on {facts.target} (estimated)", tpu[0] / n, "s"))
+        counts.append(Count(f"step time on {facts.target} (estimated)", tpu[1] / n, "s"))
+    return Finding(
+        kind="h2d_every_step",
+        severity="info" if library is not None else "warning",
+        title=title,
+        fix=fix,
+        cost_seconds=u.seconds,
+        evidence=Evidence(u.location, tuple(counts), (facts_text,)),
+        steps=_span(u.steps),
+        cause="same_data" if same else ("host_made" if host_made else u.op),
+        subject=f"{_site(u.location)} ({u.op})",
+    )
+
+
+@rule("d2h_every_step", about="a copy to the host at every step (.cpu(), .to('cpu')), which waits for the device each time", view="transfers")
+def d2h_every_step(facts: RunFacts) -> Iterable[Finding]:
+    sites: dict[tuple, list[Any]] = {}
+    for t in facts.transfers:
+        if t.direction == "d2h" and not t.implicit and not t.op.startswith("fallback:"):
+            sites.setdefault((t.location, t.op), []).append(t)
+    for (location, op), events in sites.items():
+        found = _repeated(facts, events)
+        if found is None:
+            continue
+        chosen, steps = found
+        if _every_nth(steps) is not None:
+            continue  # a copy every N steps is what this rule's fix asks for
+        yield _d2h_finding(facts, location, op, chosen, steps)
+
+
+def _d2h_finding(facts: RunFacts, location: SourceLocation | None, op: str, chosen: Sequence[Any],
+                 steps: Sequence[int]) -> Finding:
+    seconds = sum(t.seconds for t in chosen)
+    nbytes = sum(t.nbytes for t in chosen)
+    per = len(steps) or len(chosen)
+    avals = _listing(list(dict.fromkeys(f"{t.dtype}[{','.join(map(str, t.shape))}]" for t in chosen)), 3)
+    what = CAUSE_TEXT.get(op, op)
+    library = _library_frame(chosen)
+    title = (
+        f"{what} at {_where(location)} copies {format_bytes(nbytes / per)} ({avals}) to the host "
+        f"{_how_often(facts, steps, chosen)}: each copy waits for the device to finish the work queued before it"
+    )
+    fix = (
+        "keep the work on the device: accumulate what the host reads in a device tensor (correct += "
+        "(pred == y).sum(), total += loss.detach()) and copy it every N steps or once after the loop; "
+        "a copy at every step makes the host wait for the device at every step, so it cannot queue the "
+        "next step while the device runs this one"
+    )
+    notes = [f"{avals} by {what}, measured on this machine: {format_seconds(seconds)} in all"]
+    if library is not None:
+        title = f"inside library code ({library}): {title}"
+        fix = f"the copy is made in {library}, not in this script; {fix}"
+        notes.append(f"library frame: {library}")
+    counts = [Count("copies", len(chosen)), Count("steady steps", len(steps)), Count("bytes", nbytes, "B"),
+              Count("time", seconds, "s")]
+    target = facts.target
+    if target is not None and target.host_bandwidth_per_device:
+        counts.append(Count(f"copy time on {target} (estimated)", nbytes / target.host_bandwidth_per_device, "s"))
+    return Finding(
+        kind="d2h_every_step",
+        severity="info" if library is not None else "warning",
+        title=title,
+        fix=fix,
+        cost_seconds=seconds,
+        evidence=Evidence(location, tuple(counts), tuple(notes)),
+        steps=_span(steps),
+        cause=op,
+        subject=f"{_site(location)} ({op})",
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -1034,7 +1243,7 @@ def _tiny_ops_finding(facts: RunFacts, steady: Sequence[Any], ops: int, share: f
         severity="warning",
         title=(
             f"each steady step runs {ops:,} eager ops on small tensors, {format_seconds(per_op)} of host time each, "
-            f"{100 * dispatch / step:.0f}% of the step's time; compiled, it would save about "
+            f"{100 * dispatch / step:.0f}% of the step's time on this machine; compiled, it would save about "
             f"{format_seconds(saved)} of its {format_seconds(step)} (an estimate)"
         ),
         fix=(
@@ -1223,6 +1432,49 @@ def divergence(facts: RunFacts) -> Iterable[Finding]:
     fused = _fused_divergence(facts, first)
     if fused is not None:
         yield fused
+    yield from _changed_decisions(facts)
+
+
+def _changed_decisions(facts: RunFacts) -> Iterable[Finding]:
+    """Decisions (argmax, argmin, topk, sort, comparisons) that the emulated TPU precision made
+    otherwise than CPU float32 for a share of their results (verdict ``"precision"``, see
+    ``tracers/divergence/precision.py``): one finding per op and line, from its first event."""
+    seen: set[tuple] = set()
+    for event in facts.query.divergences(measure="drift"):
+        if event.verdict != "precision" or (event.name, event.location) in seen:
+            continue
+        seen.add((event.name, event.location))
+        crossing = event.crossings[0] if event.crossings else None
+        changed = (f"{crossing.elements} of its {crossing.numel} results ({100 * crossing.elements / crossing.numel:.0f}%)"
+                   if crossing is not None and crossing.numel else "some of its results")
+        name = f"{event.name} ({event.target}, {event.graph})" if event.mode == "compiled" else event.name
+        source = event.upstream or "a float32 product"
+        step = facts.step_of(event.ts)
+        yield Finding(
+            kind="divergence",
+            severity="error",
+            title=(
+                f"{name} at {_where(event.location)} decides otherwise at the TPU's precision: {changed} differ "
+                f"from CPU float32, because the values it compares come from {source}, computed in bfloat16 passes"
+            ),
+            fix=(
+                f"compute what this decision compares at full precision: torch.tpu.precision.set('highest') (or "
+                f"torch.set_float32_matmul_precision('highest')) for the product ({source}), six bfloat16 passes on a "
+                "TPU, slower; or make the differences it decides on larger than bfloat16 keeps: centre the data "
+                "(subtract its mean) before the product, so the products carry the differences and not an offset"
+            ),
+            cost_seconds=0.0,
+            evidence=Evidence(
+                event.location,
+                (Count("results changed", crossing.elements if crossing else 0),
+                 Count("results", crossing.numel if crossing else event.numel)),
+                ((f"drift measure, {event.mode} mode: the op matches CPU on its own inputs, which differ from "
+                  f"the CPU run's; they come from {source}"),),
+            ),
+            steps=(step, step) if step is not None else None,
+            cause="decision",
+            subject=f"decision: {name} {_site(event.location)}",
+        )
 
 
 def _divergence_evidence(event: Any, how: str) -> Evidence:

@@ -25,6 +25,12 @@ from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.tracers.divergence.fused import CallSchedule, FusedChecker
 from tpu_debug.tracers.divergence.measures import Measures, measure
 from tpu_debug.tracers.divergence.ops import op_info
+from tpu_debug.tracers.divergence.precision import (
+    PRECISION,
+    changed_decision,
+    emulated,
+    measure_product,
+)
 from tpu_debug.tracers.divergence.recording import EventLog, Subject
 from tpu_debug.tracers.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.divergence.tpu_numerics import graph_at_highest
@@ -64,6 +70,7 @@ class _NodeResult:
     rtol: float
     atol: float
     crossed: tuple[str, int, int] | None = None  # a non-smooth op's elements on another branch
+    precision: bool = False  # a product whose difference from CPU is the emulated precision's
 
 
 class GraphChecker:
@@ -120,20 +127,26 @@ class GraphChecker:
                 continue
             subject = _subject(node, graph.graph_id, phase)
             new = []
+            decided = None
             if result.crossed:
                 branch, elements, numel = result.crossed
                 loc = subject.location
                 op = _target_name(node.args[0]) if node.target is operator.getitem else subject.target
-                new.append(self.causes.new("crossing", crossing=Crossing(
-                    op, elements, numel, branch, graph_module(node),
-                    loc.file if loc else "", loc.line if loc else 0, phase,
-                )))
+                crossing = Crossing(op, elements, numel, branch, graph_module(node),
+                                    loc.file if loc else "", loc.line if loc else 0, phase)
+                new.append(self.causes.new("crossing", crossing=crossing))
+                decided = changed_decision(op, result.crossed, inherited, crossing)
             verdict = None
+            where = op_where(subject.target, subject.location)
             if result.local is not None and result.local.over:
                 verdict = self._verdict(subject, result, run)
-                new.append(self.causes.new(Causes.of_op(verdict), where=op_where(subject.target, subject.location)))
+                kind = Causes.of_op(verdict)
+                product = kind == "noise" and emulated(_node_op(node))
+                new.append(self.causes.new(PRECISION if product else kind, where=where))
+            elif result.precision:
+                new.append(self.causes.new(PRECISION, where=where))
             causes[node] = Causes.merge(inherited, new) if new else inherited
-            self._record(result, subject, run, highest, causes[node], verdict)
+            self._record(result, subject, run, highest, causes[node], verdict, decided)
         if outputs is not None:
             self.fused.check(graph, arrays, outputs, run, lambda n: _triage_seen(by_node.get(n), causes.get(n, _NONE)))
 
@@ -175,11 +188,12 @@ class GraphChecker:
 
     def _record(
         self, r: _NodeResult, subject: Subject, run: _GraphRun, highest: dict[str, bool],
-        causes: frozenset, verdict: Verdict | None,
+        causes: frozenset, verdict: Verdict | None, decided: Triaged | None = None,
     ) -> None:
         """Events for one node: local (over tolerance, dtype mismatch, NaN/Inf origin) and drift,
         with their triage (``causes``: why the node's value differs; ``verdict``: its own
-        float64 verdict when it is over tolerance on its own inputs)."""
+        float64 verdict when it is over tolerance on its own inputs; ``decided``: a decision
+        the emulated precision changed, see :mod:`.precision`)."""
         node, lm, dm = r.node, r.local, r.drift
         nan_origin = dm.device_has_nonfinite and _node_made_nonfinite(node, run.xla, run.inputs_by_node)
         local_event = lm is not None and (lm.over or nan_origin or lm.dtype_mismatch)
@@ -197,13 +211,16 @@ class GraphChecker:
             self.log.record(subject, "local", dm, nan_origin=True, detail=detail)
         if dm.over:
             self.log.record(subject, "drift", dm, detail=_detail(r.device, r.cpu_value, r.rtol, r.atol),
-                            triage=own or (lambda: Causes.triage(causes)))
+                            triage=own or ((lambda: decided) if decided else (lambda: Causes.triage(causes))))
 
 
 def _triage_seen(result: _NodeResult | None, causes: frozenset) -> Triaged:
     """What the node check says about a node's drift, when its debug variant drifted there
-    too; otherwise nothing: the drift is the real fused program's own."""
-    if result is None or not result.drift.over:
+    too (or differed within the emulated TPU precision's tolerance, which the fused program's
+    float32 tolerance does not allow); otherwise nothing: the drift is the real fused program's own."""
+    if result is None:
+        return NOT_TRIAGED
+    if not result.drift.over and not any(c.kind == PRECISION for c in causes):
         return NOT_TRIAGED
     return Causes.triage(causes)
 
@@ -264,8 +281,14 @@ class _GraphRun:
                 self.exact.add(node)  # a size or other Python value: the same on both sides
             return
         dev = np.asarray(self.xla[node.name])
-        rtol, atol = tolerance_for(cpu_value.dtype, self.tolerances)
-        drift = measure(dev, cpu_value, rtol, atol, False)
+        # a product at the emulated TPU precision: held to that precision (precision.py)
+        product = cpu_value.dtype.is_floating_point and emulated(_node_op(node))
+        if product:
+            drift = measure_product(dev, cpu_value, False)
+            rtol, atol = drift.rtol, drift.atol
+        else:
+            rtol, atol = tolerance_for(cpu_value.dtype, self.tolerances)
+            drift = measure(dev, cpu_value, rtol, atol, False)
         local, ref = None, None
         if node.name in self.forced:
             pass
@@ -277,13 +300,15 @@ class _GraphRun:
             except Exception:  # noqa: BLE001 - no CPU kernel for this node's op: drift only
                 ref = None
             if isinstance(ref, torch.Tensor):
-                local = measure(dev, ref, rtol, atol, False)
+                local = measure_product(dev, ref, False) if product else measure(dev, ref, rtol, atol, False)
+        # a product that differs from CPU at all: the emulated precision's difference
+        precision = product and not drift.exact
         if drift.exact:
             self.exact.add(node)
         crossed = None
         if not drift.exact:
             crossed = self._crossed(node, dev, cpu_value, local, interp)
-        self.results.append(_NodeResult(node, local, drift, dev, ref, cpu_value, rtol, atol, crossed))
+        self.results.append(_NodeResult(node, local, drift, dev, ref, cpu_value, rtol, atol, crossed, precision))
 
     def _crossed(
         self, node: torch.fx.Node, dev: np.ndarray, cpu_value: torch.Tensor, local: Measures | None, interp: _CpuGraph
@@ -438,6 +463,14 @@ def _is_random_node(node: torch.fx.Node) -> bool:
         and isinstance(target, torch._ops.OpOverload)
         and op_info(target).skip is not None
     )
+
+
+def _node_op(node: torch.fx.Node) -> Any:
+    """The aten overload a node runs (for a ``getitem``, the op whose result it takes an item of)."""
+    target = node.target
+    if target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        target = node.args[0].target
+    return target
 
 
 def _subject(node: torch.fx.Node, graph_id: str, phase: str) -> Subject:

@@ -28,6 +28,12 @@ from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, to_jax
 from tpu_debug.tracers.divergence.measures import Measures, measure
 from tpu_debug.tracers.divergence.ops import OpInfo, device_outputs, op_info, tpu_tensors
+from tpu_debug.tracers.divergence.precision import (
+    PRECISION,
+    changed_decision,
+    emulated,
+    measure_product,
+)
 from tpu_debug.tracers.divergence.recording import EventLog, Subject
 from tpu_debug.tracers.divergence.shadows import Shadows
 from tpu_debug.tracers.divergence.tolerances import tolerance_for
@@ -159,31 +165,43 @@ class EagerChecker:
             self._adopt_device(outputs, before)
             return
         self.ops_compared += 1
-        local, drift, compared = self._measure(outputs, run.local_refs, run.drift_refs)
+        product = emulated(op)  # a product at the emulated TPU precision: held to that precision
+        local, drift, compared = self._measure(outputs, run.local_refs, run.drift_refs, product)
         if local is None:
             return
         devices, refs = [c.device for c in compared], [c.local_ref for c in compared]
         args_kwargs = (run.local_args, run.local_kwargs)
         if local.over and not info.writes and as_close_as_cpu(op, *args_kwargs, devices, refs):
             local.mismatched = 0  # float32 rounding of large values: within what float32 itself allows
+        # a product that differs from CPU at all: the emulated precision's difference, a cause of
+        # what differs after it
+        precision = product and not local.exact
         nan_origin = local.device_has_nonfinite and _made_nonfinite(before, args, kwargs)
         local_event = local.over or nan_origin or local.dtype_mismatch
         crossed = run.crossed or (_result_crossings(info, compared) if run.drifted else None)
-        subject = _subject(info, self._forward_lines) if (local_event or drift.over or crossed) else None
+        subject = _subject(info, self._forward_lines) if (local_event or drift.over or crossed or precision) else None
         # why the outputs differ from the CPU run: their inputs' causes, a crossing here, and
-        # this op itself when it is over tolerance on its own inputs (its float64 verdict)
+        # this op itself when it is over tolerance on its own inputs (its float64 verdict) or is
+        # a product whose difference is the emulated precision's
         new = []
+        crossing = None
         if crossed:
             branch, elements, numel = crossed
             loc = subject.location
-            new.append(self.causes.new("crossing", crossing=Crossing(
+            crossing = Crossing(
                 info.name, elements, numel, branch, eager_module() if subject.phase == "forward" else "",
                 loc.file if loc else "", loc.line if loc else 0, subject.phase,
-            )))
+            )
+            new.append(self.causes.new("crossing", crossing=crossing))
         verdict = None
         if local.over:
             verdict = self._verdict(subject, op, args, kwargs, before, local.max_abs)
-            new.append(self.causes.new(Causes.of_op(verdict), where=op_where(info.name, subject.location)))
+            kind = Causes.of_op(verdict)
+            new.append(self.causes.new(PRECISION if product and kind == "noise" else kind,
+                                       where=op_where(info.name, subject.location)))
+        elif precision:
+            new.append(self.causes.new(PRECISION, where=op_where(info.name, subject.location)))
+        decided = changed_decision(info.name, crossed, run.causes, crossing) if crossing is not None else None
         causes = Causes.merge(run.causes, new) if new else run.causes
         for c in compared:
             self.shadows.update(c.tensor, c.drift_ref, c.drift_exact, before, causes)
@@ -193,13 +211,14 @@ class EagerChecker:
         if local_event:
             highest = None
             if local.over:
-                highest = self._highest(subject, op, args, kwargs, before, outputs, run.local_refs)
+                rounding = None if info.writes else (lambda devs: as_close_as_cpu(op, *args_kwargs, devs, run.local_refs))
+                highest = self._highest(subject, op, args, kwargs, before, outputs, run.local_refs, rounding)
             detail = _detail(compared, "local")
             self.log.record(subject, "local", local, nan_origin=nan_origin, highest=highest, detail=detail,
                             triage=own)
         if drift.over:
             self.log.record(subject, "drift", drift, detail=_detail(compared, "drift"),
-                            triage=own or (lambda: Causes.triage(causes)))
+                            triage=own or ((lambda: decided) if decided else (lambda: Causes.triage(causes))))
 
     def _adopt_device(self, outputs: list[torch.Tensor], before: dict) -> None:
         for t in outputs:
@@ -246,31 +265,39 @@ class EagerChecker:
         return site.verdict
 
     def _measure(
-        self, outputs: list[torch.Tensor], local_refs: list, drift_refs: list
+        self, outputs: list[torch.Tensor], local_refs: list, drift_refs: list, product: bool = False
     ) -> tuple[Measures | None, Measures | None, list[_Compared]]:
-        """The op's worst local and drift measures over its outputs (cheap tier)."""
+        """The op's worst local and drift measures over its outputs (cheap tier); ``product``: a
+        product at the emulated TPU precision, measured at that precision (see :mod:`.precision`)."""
         local = drift = None
         compared = []
         for t, l_ref, d_ref in zip(outputs, local_refs, drift_refs):
             if l_ref is None:
                 continue
             dev = np.asarray(to_jax(t))
-            rtol, atol = tolerance_for(l_ref.dtype, self.tolerances)
-            lm = measure(dev, l_ref, rtol, atol, False)
-            dm = lm if d_ref is l_ref else measure(dev, d_ref, rtol, atol, False)
+            if product and l_ref.dtype.is_floating_point:
+                lm = measure_product(dev, l_ref, False)
+                dm = lm if d_ref is l_ref else measure_product(dev, d_ref, False)
+                rtol, atol = lm.rtol, lm.atol
+            else:
+                rtol, atol = tolerance_for(l_ref.dtype, self.tolerances)
+                lm = measure(dev, l_ref, rtol, atol, False)
+                dm = lm if d_ref is l_ref else measure(dev, d_ref, rtol, atol, False)
             local = lm if local is None else local.merge(lm)
             drift = dm if drift is None else drift.merge(dm)
             compared.append(_Compared(t, dev, l_ref, d_ref, dm.exact, rtol, atol))
         return local, drift, compared
 
     def _highest(
-        self, subject: Subject, op: Any, args: tuple, kwargs: dict, before: dict, outputs: list, refs: list
+        self, subject: Subject, op: Any, args: tuple, kwargs: dict, before: dict, outputs: list, refs: list,
+        rounding: Callable[[list], bool] | None = None,
     ) -> bool | None:
-        """With TPU numerics, the op's verdict at precision "highest" (re-run once per site)."""
+        """With TPU numerics, the op's verdict at precision "highest" (re-run once per site);
+        ``rounding``: whether device results are as close to CPU as float32 rounding allows."""
         site = self.log.site(subject, "local")
         if not site.checked_highest and runtime_config.product_passes():
             site.checked_highest = True
-            site.highest = op_at_highest(op, args, kwargs, before, outputs, refs, self.tolerances)
+            site.highest = op_at_highest(op, args, kwargs, before, outputs, refs, self.tolerances, rounding)
         return site.highest
 
     def _note_forward_line(self, args: tuple, kwargs: dict) -> None:

@@ -116,7 +116,9 @@ NOT_TRIAGED = Triaged()
 class Cause:
     """Why a value differs from the CPU run: an op over tolerance on its own inputs
     (``kind`` its verdict, ``"noise"``/``"wrong"``, or ``"unknown"`` when it could not
-    be re-run) or a ``"crossing"``. ``seq`` orders causes by when they happened."""
+    be re-run), a product whose difference is the emulated TPU precision's
+    (``"precision"``, see :mod:`.precision`) or a ``"crossing"``. ``seq`` orders causes
+    by when they happened."""
 
     seq: int
     kind: str
@@ -172,7 +174,8 @@ class Causes:
         if any(c.kind == "unknown" for c in ordered):
             return NOT_TRIAGED  # an op before it was over tolerance and could not be judged
         crossings = tuple(c.crossing for c in ordered if c.kind == "crossing" and c.crossing is not None)
-        noisy = next((c for c in ordered if c.kind == "noise"), None)
+        # the emulated TPU precision's own rounding is noise as float32's is (precision.py)
+        noisy = next((c for c in ordered if c.kind in ("noise", "precision")), None)
         return Triaged("noise", "upstream", upstream=noisy.where if noisy else "", crossings=crossings)
 
 
