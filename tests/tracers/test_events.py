@@ -18,6 +18,8 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
         "divergence",
         "internal_error",
         "invalid_value",
+        "program_memory",
+        "program_proto",
         "target_compile",
         "target_step",
         "target_summary",
