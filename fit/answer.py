@@ -48,8 +48,19 @@ from tpu_debug.tracers.store import DB_NAME, RunWriter
 from tpu_debug.runs import new_run_dir
 from tpu_debug.tracing import active_trace
 
-__all__ = ["fit", "search", "fixes", "Fixes", "PlanSearch", "FitReport", "MemoryBreakdown", "CollectiveCost", "StepEstimate",
-           "PRESETS", "build_config"]
+__all__ = [
+    "PRESETS",
+    "CollectiveCost",
+    "FitReport",
+    "Fixes",
+    "MemoryBreakdown",
+    "PlanSearch",
+    "StepEstimate",
+    "build_config",
+    "fit",
+    "fixes",
+    "search",
+]
 
 #: Hugging Face configs by name (sizes from the models' published config.json files)
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -335,7 +346,7 @@ def _loss(outputs, labels):
 
 
 def _model_flops(model, config, tokens: int, seq: int, job: str) -> tuple[float, str]:
-    import torch.nn as nn
+    from torch import nn
 
     embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
     matmul = sum(p.numel() for p in model.parameters()) - embedding
@@ -697,11 +708,13 @@ def step_name(model: str, job: str) -> str:
 
 
 def _lower_bound(fc: _Measure, job: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
-    """What a refused step needs at least: the TPU compiler stops at its first allocation that
-    does not fit, and its out-of-memory figure counts the temporaries it had placed, not the
-    arguments; the parameters and optimizer state (one chip's shards) are known without it."""
+    """What a refused step needs. The compiler's "total memory required for HLO temporaries"
+    is its whole buffer assignment, the parameters and optimizer state included (the refused
+    program's assignment adds up to it, to the byte: core/buffers.py): that is the need. The
+    older "Used X of Y hbm" counts what it had placed when it stopped, not the arguments: the
+    need is at least that plus the parameters and optimizer state (one chip's shards)."""
     figure = fc.error.required_bytes
-    if figure is None or fc.error.kind != "hbm_oom":
+    if figure is None or fc.error.kind != "hbm_oom" or getattr(fc.error, "what", None) == "HLO temporaries":
         return figure, ()
     parts = [("the compiler's temporaries when it stopped", figure), ("parameters", fc.param_bytes)]
     if job == "train":
@@ -944,7 +957,7 @@ class PlanSearch:
             e = r.estimate
             fits = {True: "yes", False: "no", None: "refused"}[r.fits]
             needs = (">=" if r.at_least else "") + format_bytes(r.required)
-            lines.append(f"  {r.target.name:<9} {str(r.plan):<14} {r.batch:>6} {_yes_no(remat_of(r)):<5}  {fits:<5} "
+            lines.append(f"  {r.target.name:<9} {r.plan!s:<14} {r.batch:>6} {_yes_no(remat_of(r)):<5}  {fits:<5} "
                          f"{needs:>11} {format_bytes(r.capacity):>10}  "
                          f"{format_seconds(e.seconds) if e else '-':>9} {f'{e.mfu:.1%}' if e else '-':>6}")
         if self.best is None:
