@@ -35,13 +35,18 @@ from tpu_debug.tracers.advisor.registry import RULES, rule
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.step_time import PARTS, Verdict, split_step, verdict
 
-__all__ = ["BOUND_SHARE", "COVERED_SHARE", "step_bound"]
+__all__ = ["BOUND_SHARE", "COVERED_SHARE", "INPUT_FLOOR_SECONDS", "step_bound"]
 
 # a part holding at least half of a typical step's time is what bounds it: removing any other
 # part cannot make the step more than twice as fast
 BOUND_SHARE = 0.5
 # other rules' findings about the same events explain the bound when they cost this share of it
 COVERED_SHARE = 0.5
+# a typical steady step's wait for its batch under this is no input bound worth a finding: the
+# fixes it names (loader workers, pinned memory, prefetch) cost about a millisecond per batch
+# themselves (a process hand-off, the batch's pickling or shared-memory set-up), so a few
+# milliseconds of loading is not shown to be won back by them
+INPUT_FLOOR_SECONDS = 0.01
 # the TUI views whose rules' findings are about each part's events
 _RELATED_VIEWS = {
     "input": ("transfers",),
@@ -59,6 +64,8 @@ def step_bound(facts: RunFacts) -> Iterable[Finding]:
     if v is None or v.warmup_only or v.part not in _RELATED_VIEWS or v.share < BOUND_SHARE:
         return
     if len(facts.steady) < 2:
+        return
+    if v.part == "input" and v.seconds < INPUT_FLOOR_SECONDS * max(v.steps, 1):
         return
     if v.part == "collective" and _ranks_waited(facts) < BOUND_SHARE * v.steady_seconds:
         return
