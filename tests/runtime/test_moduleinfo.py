@@ -60,10 +60,17 @@ from collections.abc import Callable
 import pytest
 import torch
 from moduleinfo_expectations import EXPECTATIONS, TOLERANCES, expectation, tolerance
-from test_opinfo import _as_accurate_as_cpu, _close_summary, _first_line, _GraphCount, _upcast
+from test_opinfo import (
+    _as_accurate_as_cpu,
+    _bound_executable_cache,
+    _close_summary,
+    _first_line,
+    _GraphCount,
+    _tensors,
+    _upcast,
+)
 from torch.nn.utils.rnn import PackedSequence
 from torch.testing._internal.common_modules import module_db
-from tpu_debug.runtime import eager
 
 import tpu_debug  # noqa: F401 - registers the tpu device
 
@@ -142,17 +149,6 @@ def _move(v, device: str):
     if isinstance(v, dict):
         return {k: _move(x, device) for k, x in v.items()}
     return v
-
-
-def _tensors(v):
-    if isinstance(v, torch.Tensor):
-        yield v
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _tensors(x)
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _tensors(x)
 
 
 def _to_double(v):
@@ -334,17 +330,6 @@ def _record(info, training, mode, *, start, cpu_start, inputs, failures):
         row["graphs"] = _GraphCount.graphs
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(json.dumps(row, sort_keys=True) + "\n")
-
-
-_MAX_CACHED_EXECUTABLES = 2000
-
-
-def _bound_executable_cache():
-    if len(eager.cache_stats()) > _MAX_CACHED_EXECUTABLES:
-        import jax
-
-        eager.clear_cache()
-        jax.clear_caches()
 
 
 # ---- the test --------------------------------------------------------------------------------

@@ -37,10 +37,11 @@ import warnings
 import pytest
 import torch
 from opinfo_expectations import ERROR_INPUTS
+from test_opinfo import _tensors
 from torch.testing._internal.common_methods_invocations import op_db
+from tpu_debug.runtime.config import config
 
 import tpu_debug  # noqa: F401 - registers the tpu device
-from tpu_debug.runtime.config import config
 
 RESULTS = os.environ.get("TPU_DEBUG_OPINFO_RESULTS") or None
 
@@ -84,17 +85,6 @@ def _params():
 
 
 # ---- moving a call to tpu, sharing preserved ----------------------------------------
-
-
-def _tensors(v):
-    if isinstance(v, torch.Tensor):
-        yield v
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _tensors(x)
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _tensors(x)
 
 
 def _storage_key(t: torch.Tensor) -> int:
