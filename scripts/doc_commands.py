@@ -175,7 +175,14 @@ SLOW: dict[str, tuple[str, int]] = {
         ("4 ranks of a Llama under FSDP2 and tensor parallelism, each traced, on 2 cores (minutes)", 0),
     "torchrun --nproc-per-node 4 -m tpu_debug run examples/distributed/train_llama_fsdp_tp.py":
         ("4 ranks of a Llama under FSDP2 and tensor parallelism, each traced, on 2 cores (minutes)", 0),
-    "python tests/corpus/score.py": ("runs each of the corpus's 49 scripts in a process of its own (minutes)", 0),
+    "python tests/corpus/score.py": ("runs each of the corpus's scripts in a process of its own (minutes)", 0),
+    "python tests/corpus/score.py --cache": ("runs each of the corpus's scripts twice, cold then warm in one compile "
+                                             "cache, each in a process of its own (tens of minutes)", 0),
+    "tpu-debug run --dry-run --target v5e-8 examples/peak_memory_llama.py --mode compiled":
+        ("a dry run of a 0.74 B-parameter training step: minutes of TPU compiles (the refused program is a "
+         "finding, not the run's failure)", 0),
+    "tpu-debug run --dry-run --target v5e-8 examples/peak_memory_llama.py --mode compiled --chunked-loss":
+        ("a dry run of a 0.74 B-parameter training step: minutes of TPU compiles", 0),
     "python scripts/op_coverage.py --check":
         ("compares docs/op_coverage.md with the sweep's results (a clone's tool, run from the clone)", 0),
 }
