@@ -167,4 +167,4 @@ def test_plain(request):
 def test_plugin_is_declared_as_a_pytest11_entry_point():
     text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert '[project.entry-points.pytest11]\ntpu_debug_pytest = "tpu_debug_pytest"' in text
-    assert '"tpu_debug_pytest"]' in text.split("py-modules = ", 1)[1].splitlines()[0]
+    assert '"tpu_debug_pytest"' in text.split("py-modules = ", 1)[1].splitlines()[0]

@@ -485,5 +485,5 @@ def test_the_declarations_give_the_layout_readers_rely_on(tmp_path):
             "detail",
             "source",
         ],
-        "transfers": ["event_id", "direction", "nbytes", "shape", "dtype", "implicit", "digest", "context"],
+        "transfers": ["event_id", "direction", "nbytes", "shape", "dtype", "implicit", "digest", "context", "origin"],
     }
