@@ -34,6 +34,9 @@ def _config(**changes):
     return transformers.LlamaConfig(**{**CONFIG, **changes})
 
 
+# a fit per fix (a minute of TPU compiles): the default tier keeps the advisor's compile-verified
+# fixes below, the same answers through the finding
+@pytest.mark.slow
 def test_each_fix_is_the_answer_of_a_fit_with_that_change():
     import tpu_debug
 

@@ -201,7 +201,10 @@ def _close(a, b):
 
 
 @needs_libtpu
-@pytest.mark.parametrize(("remat", "chips", "topology"), [(False, 8, "2x4"), (True, 8, "2x4"), (False, 64, "8x8"), (False, 256, "16x16")])
+@pytest.mark.parametrize(("remat", "chips", "topology"), [
+    (False, 8, "2x4"), (True, 8, "2x4"), (False, 64, "8x8"),
+    pytest.param(False, 256, "16x16", marks=pytest.mark.slow),  # the 64-chip slice checks the same loop sharding
+])
 def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topology):
     import tpu_debug
 

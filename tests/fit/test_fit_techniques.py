@@ -478,6 +478,7 @@ def _maxtext_policy():
 
 
 @needs_libtpu
+@pytest.mark.slow  # the named policies' direct compiles (offload, all-matmuls) stay in the default tier
 def test_the_maxtext_policy_with_splash_attention_matches_a_direct_compile():
     from tpu_debug.fit.techniques import POLICIES
 
@@ -577,6 +578,7 @@ def test_the_splash_step_of_a_grouped_query_llama_computes_pytorchs_training_ste
 
 
 @needs_libtpu
+@pytest.mark.slow  # half a minute of compiles; the flash and chunked-loss steps' direct compiles stay in the default tier
 def test_the_splash_step_with_grouped_keys_and_values_matches_a_direct_compile(monkeypatch):
     report = _fit(attention="splash", remat_policy="maxtext")
     with torch.device("meta"):
