@@ -21,7 +21,7 @@ from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compil
 from tpu_debug.tracers.advisor.fit import PADDING_FINDING_BYTES
 from tpu_debug.tracers.memory import memory_view
 from tpu_debug.tracers.target import findings
-from tpu_debug.tracers.tensorboard import TARGET_SCALAR_TAGS, profile_files
+from tpu_debug.tracers.tensorboard import PROGRAMS_FILE, TARGET_SCALAR_TAGS, profile_files
 
 import tpu_debug
 from tpu_debug.cli import main
@@ -358,7 +358,17 @@ def test_compiled_graph_on_the_tensorboard_timeline_with_a_memory_track(logdir):
     (pad,) = [f for f in findings([graph]) if f.subject == "f32[64,100]"]
     assert pad.programs == ("addmm_1|aten.addmm.default",)
     assert pad.locations[0].line == _line("# the compiled forward")
-    (profile,) = profile_files(session.run_dir / "tensorboard")
+    # the session holds the captured profile and, beside it, the programs for the memory viewer
+    files = profile_files(session.run_dir / "tensorboard")
+    (profile,) = [p for p in files if p.name != PROGRAMS_FILE]
+    (programs,) = [p for p in files if p.name == PROGRAMS_FILE]
+    assert programs.parent == profile.parent
+    listed = raw_to_tool_data.xspace_to_tool_names([str(profile), str(programs)])
+    protos = {f"{e.name}({e.program_id})" for e in session.events("program_proto")}
+    assert protos and "memory_viewer" in listed
+    data, _ = raw_to_tool_data.xspace_to_tool_data([str(programs)], "memory_viewer",
+                                                   {"module_name": min(protos)})
+    assert json.loads(data)["moduleName"] == min(protos).rsplit("(", 1)[0]
     data, _ = raw_to_tool_data.xspace_to_tool_data([str(profile)], "trace_viewer@", {})
     (track,) = [e for e in json.loads(data)["traceEvents"] if e.get("ph") == "C"]
     memory = {e.memory_bytes for e in session.events("target_compile")}
