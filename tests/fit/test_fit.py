@@ -159,7 +159,9 @@ def _array_bytes(text: str) -> int:
 
 
 def _group_size(line: str, devices: int) -> int:
-    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    # the TPU compiler prints a mesh's device order between the mesh and its axes:
+    # mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*?\{([^}]*)\}", line)
     if mesh:
         axes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))}
         return math.prod(axes[a] for a in re.findall(r"'([^']+)'", mesh.group(2)))

@@ -101,7 +101,8 @@ def test_the_capacity_probes_run_beside_the_step_and_their_failure_is_left_to_th
         seen.append((tgt.name, threading.current_thread() is threading.main_thread()))
         raise RuntimeError("no compiler")  # _report asks again, where it raises
 
-    monkeypatch.setattr("tpu_debug.runtime.target.capacity.hbm_capacity", probe)
+    # answer imports hbm_capacity at module level: its name there is the one the thread calls
+    monkeypatch.setattr(answer, "hbm_capacity", probe)
     answer._probe_capacity(parse_target("v5e-8"))
     for thread in threading.enumerate():
         if thread.name == "tpu_debug-fit-capacity":

@@ -106,7 +106,12 @@ def memory_fit(facts: RunFacts) -> Iterable[Finding]:
         cause = _cause(summary, record)
         fix, others = _fix_text(record, cause)
         kinds = holder_remedies(record.holders, record.required_bytes)
-        if kinds:  # the change for the largest kind of what is held at the peak, then the estimates
+        # a remedy checked to fit alone for the cause comes first: the largest kind's change is
+        # an unchecked estimate (its bytes gone entirely, which neither bfloat16 nor sharding
+        # gives), so it leads only when no checked remedy fits alone
+        if kinds and any(f.fits for f in record.fixes):
+            fix = f"{fix}. Also, for the largest kind held at the peak: {remedy_text(kinds[0])}"
+        elif kinds:
             fix = f"{remedy_text(kinds[0])}. Otherwise: {fix}"
         title = (
             f"the run does not fit one {record.target} device: ~{format_bytes(record.required_bytes)} needed, "
