@@ -24,7 +24,8 @@ from tpu_debug.tracers import torch_trace
 from tpu_debug.tracers.collectives import CollectivesTracer
 from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
 from tpu_debug.tracers.invalid_values import InvalidValueTracer
-from tpu_debug.tracers.memory import MemoryTracer
+from tpu_debug.tracers.memory import MemoryTracer, current_phase
+from tpu_debug.tracers.program_memory import ProgramMemoryTracer
 from tpu_debug.tracers.recorder import Recorder
 from tpu_debug.tracers.steps import StepTracker
 from tpu_debug.tracers.store import RunWriter
@@ -155,6 +156,18 @@ def _stop_recorder(run: Running) -> None:
 # -- steps ------------------------------------------------------------------------------
 
 
+def _release(name: str) -> Callable[[Running], None]:
+    """The stop of a part that is one probe listener: unsubscribe it, then close it."""
+
+    def stop(run: Running) -> None:
+        listener = run.kept.pop(name, None)
+        if listener is not None:
+            probes.unsubscribe(listener)
+            listener.close()
+
+    return stop
+
+
 def _start_steps(run: Running) -> None:
 
     writer, recorder = run.writer, run.recorder
@@ -162,14 +175,6 @@ def _start_steps(run: Running) -> None:
     run.kept["steps"] = tracker
     tracker.start()
     probes.subscribe(tracker, replay=True)
-
-
-def _stop_steps(run: Running) -> None:
-
-    tracker = run.kept.pop("steps", None)
-    if tracker is not None:
-        probes.unsubscribe(tracker)
-        tracker.close()
 
 
 # -- TensorBoard export -----------------------------------------------------------------
@@ -289,14 +294,6 @@ def _start_collectives(run: Running) -> None:
     probes.subscribe(tracer, replay=True)
 
 
-def _stop_collectives(run: Running) -> None:
-
-    tracer = run.kept.pop("collectives", None)
-    if tracer is not None:
-        probes.unsubscribe(tracer)
-        tracer.close()
-
-
 # -- argument values a TPU computes with silently (an index out of range) --------------------
 
 
@@ -306,14 +303,6 @@ def _start_invalid_values(run: Running) -> None:
     run.kept["invalid_values"] = tracer
     # replayed compiles name the backward graphs compiled before the trace
     probes.subscribe(tracer, replay=True)
-
-
-def _stop_invalid_values(run: Running) -> None:
-
-    tracer = run.kept.pop("invalid_values", None)
-    if tracer is not None:
-        probes.unsubscribe(tracer)
-        tracer.close()
 
 
 # -- divergence against CPU and TPU numerics ---------------------------------------------
@@ -454,9 +443,6 @@ def _end_dry_run(run: Running, kept: _Memory) -> None:
 
 
 def _start_program_memory(run: Running) -> None:
-    from tpu_debug.runtime import probes
-    from tpu_debug.tracers.memory import current_phase
-    from tpu_debug.tracers.program_memory import ProgramMemoryTracer
 
     # with a target, the target's compiler's assignments (the target tracer hands them over);
     # without one, this machine's (a dry run compiles nothing here)
@@ -471,8 +457,6 @@ def _start_program_memory(run: Running) -> None:
 
 
 def _stop_program_memory(run: Running) -> None:
-    from tpu_debug.runtime import probes
-
     tracer = run.kept.pop("program_memory", None)
     if tracer is None:
         return
@@ -500,7 +484,7 @@ def _stop_guards(run: Running) -> None:
 #: Every part of a recording, in the order a trace starts them.
 PARTS: tuple[TracerPart, ...] = (
     TracerPart("recorder", _start_recorder, _stop_recorder, "Recorder.unsubscribe"),
-    TracerPart("steps", _start_steps, _stop_steps, "StepTracker.close", after=("recorder",)),
+    TracerPart("steps", _start_steps, _release("steps"), "StepTracker.close", after=("recorder",)),
     TracerPart("tensorboard", _start_tensorboard, _stop_tensorboard, "TensorBoardExporter.stop",
                applies=lambda run: bool(run.config.tensorboard),
                # a run without step marks gets its loop's steps as the step tracker stops, and the
@@ -515,8 +499,8 @@ PARTS: tuple[TracerPart, ...] = (
                applies=_torch_trace_on, after=("recorder",),
                # the TPU programs the target compiled go into the structured trace too
                stop_after=("target",)),
-    TracerPart("collectives", _start_collectives, _stop_collectives, "CollectivesTracer.close"),
-    TracerPart("invalid_values", _start_invalid_values, _stop_invalid_values, "InvalidValueTracer.close",
+    TracerPart("collectives", _start_collectives, _release("collectives"), "CollectivesTracer.close"),
+    TracerPart("invalid_values", _start_invalid_values, _release("invalid_values"), "InvalidValueTracer.close",
                after=("recorder",),
                # what is pending when the eager mode is restored runs, and its checks are read
                stop_after=("eager_mode",)),
