@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -73,6 +74,9 @@ class Abstract(jax.ShapeDtypeStruct):
     @property
     def nbytes(self) -> int:
         return int(self.size) * np.dtype(self.dtype).itemsize
+
+
+_dry_runs = itertools.count()
 
 
 class DryRunError(TpuDebugError, RuntimeError):
@@ -149,7 +153,9 @@ class DryMode:
         self.target = target
         self.describe = describe
         self.optimization_level = optimization_level
-        self.key = ("dry run", id(self))  # marks a compiled graph's dry programs in its cache
+        # marks a compiled graph's dry programs in its cache; numbered, never id(self): a later
+        # dry run may get an ended one's id, and with it that run's programs for another target
+        self.key = ("dry run", next(_dry_runs))
         self.programs: list[ProgramCompile] = []
         self.notes: list[str] = []
         self.stop: DryRunValueError | None = None

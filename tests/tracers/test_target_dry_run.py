@@ -20,6 +20,7 @@ import torch
 
 import tpu_debug
 from tpu_debug.cli import main
+from tpu_debug.runtime.dryrun import DryMode
 from tpu_debug.runtime.target import GENERATIONS, executor, parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
 from tpu_debug.tracers.target import findings
@@ -67,6 +68,14 @@ def _opmath(fn):
 def _dot(dtype: torch.dtype):
     precision = jax.lax.Precision.HIGHEST if dtype == torch.float32 else None
     return lambda a, b: jnp.dot(a, b, precision=precision)
+
+
+def test_each_dry_run_marks_its_programs_apart_from_every_ended_ones():
+    # a compiled graph outlives a trace (dynamo keeps it for its code): the programs a dry run
+    # made for one target must not be taken as another's. An ended dry run's memory is
+    # reused at once, so anything derived from its address would repeat
+    keys = [DryMode().key for _ in range(5)]
+    assert len(set(keys)) == len(keys), keys
 
 
 @pytest.mark.parametrize("spec", ["v5e", "v6e"])
