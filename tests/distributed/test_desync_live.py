@@ -285,8 +285,9 @@ def test_after_the_fact_reader_gives_the_live_text(mismatches):
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory) -> dict:
     # torchrun's agent stops the other ranks of its host 0.1 s after one dies (they end then,
-    # named by torchrun); a longer monitor interval stands for what the check is for: ranks
-    # no agent stops, on other hosts, which would otherwise wait in gloo for 30 minutes
+    # named by torchrun); what the check is for is ranks no agent stops, on other hosts, which
+    # would otherwise wait in gloo for 30 minutes: rank 0 ignores the agent's SIGTERM, and the
+    # longer monitor interval leaves the dead rank a zombie whose signal can be read
     return _torchrun(tmp_path_factory.mktemp("killed"), "kill", 2, 10, "--monitor-interval", "5",
                      TORCH_FR_BUFFER_SIZE="50")
 

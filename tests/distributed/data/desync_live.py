@@ -140,6 +140,12 @@ if PLANT == "mismatches":
     caught("hang", rank_zero_only)
     save()
 elif PLANT == "kill":
+    if rank == 0:
+        # rank 0 stands for a rank on another host, which no agent stops: torchrun's agent
+        # here sends SIGTERM to the ranks left once it sees rank 1 gone, at any moment of
+        # its monitor interval, possibly before rank 0's check has named the dead rank
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
     def killed() -> None:
         t = torch.ones(4, device="tpu")
         dist.all_reduce(t)
