@@ -240,10 +240,16 @@ class CollectivesTracer:
         ))
 
     def _target_done(self, future: Future, info: Any, location: Any, node_lines: dict) -> None:
-        with self._lock:
-            if future in self._pending:
-                self._pending.remove(future)
+        # pending until its record is written: close() waits for the record, not the compile
+        # (a future is done before its callbacks run)
+        try:
+            self._write_target(future, info, location, node_lines)
+        finally:
+            with self._lock:
+                if future in self._pending:
+                    self._pending.remove(future)
 
+    def _write_target(self, future: Future, info: Any, location: Any, node_lines: dict) -> None:
         try:
             try:
                 result = future.result()
