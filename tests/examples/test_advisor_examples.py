@@ -53,8 +53,11 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
 # pitfalls that compile for a TPU without a run option saying so
 COMPILE_FOR_TPU = {"fit_oom.py"}
 # pitfalls run in the slow tier: two processes each, for a rule the default tier checks
-# elsewhere (collective_straggler: test_desync_live.py's planted slow rank)
-SLOW = {"collective_straggler.py"}
+# elsewhere: collective_straggler in test_desync_live.py's planted slow rank; the others in the
+# findings corpus's default tier, where scripts written apart from the rules plant each of
+# their kinds (test_a_slow_pitfalls_rule_is_planted_by_the_default_corpus holds that)
+SLOW = {"collective_straggler.py", "recompile_storm.py", "python_scalar.py", "hidden_sync.py", "graph_break.py",
+        "cpu_fallback.py", "float64.py", "tiny_ops.py", "h2d_every_step.py", "d2h_every_step.py", "bf16_drift.py"}
 
 # examples written as ordinary, correct programs: the advisor must find nothing in them
 # the model examples (examples/models/) run traced in tests/examples/test_models.py, which
@@ -96,6 +99,16 @@ def test_every_rule_has_a_pitfall():
     assert covered == set(RULES), f"rules without a pitfall: {sorted(set(RULES) - covered)}"
     # rank_divergence.py is the runtime's error, not a finding (tests/distributed runs it)
     assert {p.name for p in (EXAMPLES / "pitfalls").glob("*.py")} == set(PITFALLS) | {"rank_divergence.py"}
+
+
+def test_a_slow_pitfalls_rule_is_planted_by_the_default_corpus():
+    sys.path.insert(0, str(ROOT / "tests" / "corpus"))
+    import score
+    from test_corpus import SLOW_TIER
+
+    planted = {k for p in score.scripts() if p.name not in SLOW_TIER for k in score.expected(p).kinds}
+    unplanted = {s: PITFALLS[s][2] - planted for s in SLOW - {"collective_straggler.py"}}
+    assert {s: kinds for s, kinds in unplanted.items() if kinds} == {}
 
 
 @pytest.mark.parametrize("script", _pitfalls())
