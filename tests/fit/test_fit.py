@@ -45,10 +45,6 @@ _TOPOLOGIES = {8: "2x4", 16: "4x4", 32: "4x8"}
 TOLERANCE = 0.02
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
-
 
 def _config(**changes):
     return transformers.LlamaConfig(**{**SIZES, **changes})

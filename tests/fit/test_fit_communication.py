@@ -29,10 +29,6 @@ SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_l
 BATCH, SEQ = 8, 32
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
-
 
 def _sibling(name: str):
     import importlib.util

@@ -24,11 +24,6 @@ CONFIG = dict(vocab_size=256, hidden_size=512, intermediate_size=2048, num_hidde
 ARGS = dict(plan="fsdp", seq=512, optimization_level="O0")
 
 
-@pytest.fixture(autouse=True)
-def _shared_cache(tmp_path_factory, monkeypatch):
-    # one cache for the module: a fix and the plain fit of the same change are one compile
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path_factory.getbasetemp() / "fit-fixes-cache"))
-
 
 def _config(**changes):
     return transformers.LlamaConfig(**{**CONFIG, **changes})

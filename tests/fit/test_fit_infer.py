@@ -37,10 +37,6 @@ BATCH, SEQ = 8, 32
 TOLERANCE = 0.02
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
-
 
 def _specs(name: str, shape: tuple, fsdp: bool):
     """(split, gathered) PartitionSpecs of one parameter: tp by Megatron's rule, then FSDP on the

@@ -31,10 +31,6 @@ needs_libtpu = pytest.mark.skipif(
     not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
-
 
 def _models():
     """A tiny Mixtral with random float32 weights, as transformers' grouped_mm runs it and as a fit does."""
