@@ -384,6 +384,9 @@ class _LiveCheck:
         self._held: list[_PostedWork] = []  # sends not given to gloo yet (see hold)
         self._asked: set[str] = set()  # the sends and receives waited for whose peer was asked if it waits too
         self._held_lock = threading.Lock()
+        # a held send's receiver side is compared by the watcher (release) and by the send's
+        # wait (match), possibly at once: one comparison per ticket, one recorded desync
+        self._compare_lock = threading.Lock()
         self._thread: int | None = None  # the thread that called last: the one the others ask about
         self._off = False
         # a group made again under the same name (destroy_process_group, then init_process_group
@@ -564,6 +567,12 @@ class _LiveCheck:
     def _compare(self, ticket: dict, card: dict) -> BaseException | None:
         """The error for a peer's side ``card`` that does not match this rank's (recorded, and
         the Flight Recorder's dump written), or None when it matches."""
+        with self._compare_lock:
+            if "error" not in ticket:
+                ticket["error"] = self._first_compare(ticket, card)
+            return ticket["error"]
+
+    def _first_compare(self, ticket: dict, card: dict) -> BaseException | None:
         peer, mine = ticket["peer"], ticket["card"]
         state = card.get("state", "called")
         calls = [_rank_call(self._me, mine),
