@@ -137,7 +137,7 @@ def main(argv=None) -> None:
 def _tracked(fn, repeat: int) -> float:
     """``_time(fn)`` with a memory tracer listening, as ``trace(memory=True)`` runs it."""
     from tpu_debug.runtime import probes
-    from tpu_debug.tracers.memory import MemoryTracer
+    from tpu_debug.tracers.recording.memory_tracker import MemoryTracer
 
     tracer = MemoryTracer()
     tracer.start()

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from tpu_debug.tracers.events import ArgInfo, CompileEvent, OpEvent, SourceLocation
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 
 def _op_events(writer: RunWriter, n: int, locs: list[SourceLocation], tid: int) -> list:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import OpEvent, SourceLocation, TransferEvent
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 import tpu_debug
 
@@ -151,7 +151,7 @@ def _probe_cost(logdir: Path, calls: int = 100_000, repeat: int = 7) -> float:
     """Seconds the recorder adds to one op execution: the runtime's ``on_execute``
     report (two clock reads and ``probes.executed``) with a trace's recorder subscribed."""
     from tpu_debug.runtime import probes
-    from tpu_debug.tracers.recorder import Recorder
+    from tpu_debug.tracers.recording.recorder import Recorder
 
     key = (torch.ops.aten.add.Tensor, ((torch.Size([64, 64]), torch.float32, False),) * 2, ())
     writer = RunWriter(logdir / "probe_bench.db", {"name": "probe-bench"})

@@ -51,7 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 from tpu_debug.tui import TpuDebugApp
 
 import tpu_debug

@@ -4,7 +4,7 @@ and what the code reading either needs to know about it.
 A collective reaches tpu_debug two ways. As a call of a c10d process group method
 (``allreduce``, ``send``, ...): the `tpu` process group (``runtime/distributed/c10d.py``)
 reports each one, and the ranks' sequences of them are compared (:mod:`.desync`,
-``tracers/collective_calls.py``, the report's ranks section). And as an instruction of a
+``tracers/reading/collective_calls.py``, the report's ranks section). And as an instruction of a
 compiled XLA program (``all-reduce``, ``collective-permute``, ...): :mod:`.collectives`
 reads those from HLO text, with the bytes each device sends, for the tracers and ``fit``.
 :data:`KINDS` holds each kind once; the sets and lookups below are derived from it, so a

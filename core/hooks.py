@@ -1,7 +1,7 @@
 """Calling tracer hooks so that a tracer never breaks the traced program.
 
 The runtime's probes (:mod:`tpu_debug.runtime.probes`) and dynamo's listeners
-(:mod:`tpu_debug.tracers.dynamo_events`) call tracer methods from inside the
+(:mod:`tpu_debug.tracers.recording.dynamo_events`) call tracer methods from inside the
 user's program. :func:`deliver` is the one loop that does it: a hook that
 raises is recorded in an :class:`ErrorLog` and handed to its owner's
 ``on_internal_error(method, exc)``; the program goes on. An error marked

@@ -1,6 +1,6 @@
 """Tolerance specs read and written without torch: dtypes by name.
 
-``tpu_debug.tracers.divergence.tolerances`` turns these tables into ``torch.dtype`` keyed
+``tpu_debug.tracers.recording.divergence.tolerances`` turns these tables into ``torch.dtype`` keyed
 ones; the option table checks a ``tolerances`` value here, so reading options loads no torch.
 A key may be a dtype's name (``"float32"``) or anything whose ``str`` is ``"torch.<name>"``
 (a ``torch.dtype``). A table maps a name to ``(rtol, atol)``; the table of ``"off"`` holds

@@ -43,7 +43,8 @@ from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.roofline import op_by_op, roofline
 from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 from tpu_debug.runs import new_run_dir
 from tpu_debug.tracing import active_trace
@@ -840,7 +841,7 @@ PEAK_LINES = 5
 
 def _peak_lines(r: FitReport) -> list[str]:
     """The step's peak by kind and its largest buffers, each with its model line."""
-    from tpu_debug.tracers.program_memory import KIND_TEXT, made_where, shape_text
+    from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, shape_text
 
     p = r.peak
     if p is None:
@@ -1145,7 +1146,7 @@ def fixes(model_or_config: Any, target: str | Target = "v5e-8", *, plan: str = "
                  tuple(aims(change_of[what]) for what, *_ in tried))
 
 
-# what of a step's peak each change of ``fixes`` goes after (tracers.program_memory's kinds;
+# what of a step's peak each change of ``fixes`` goes after (tracers.reading.peak_buffers's kinds;
 # "logits": the vocabulary-wide activations a chunked loss never makes whole)
 _AIMS = {"remat": ("activation",), "remat_policy": ("activation",), "attention": ("activation",),
          "loss": ("logits",), "dtype": ("parameter", "optimizer_state"), "master_dtype": ("optimizer_state",),
@@ -1154,7 +1155,7 @@ _AIMS = {"remat": ("activation",), "remat_policy": ("activation",), "attention":
 
 def _aims(peak: Any):
     """``aims(change) -> text``: the kinds of ``peak`` a change goes after, with their bytes."""
-    from tpu_debug.tracers.program_memory import KIND_TEXT, remedies
+    from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, remedies
 
     found = {r.kind: r.nbytes for r in remedies(peak)} if peak is not None else {}
 

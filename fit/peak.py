@@ -2,7 +2,7 @@
 
 ``fit`` compiles one step; the compile keeps the compiler's buffer assignment
 (``TargetCompile.buffers``) whether it fits or is refused. :func:`step_peak` reads it with
-``tracers.program_memory.analyse``, told what the step's inputs are and where its nodes come
+``tracers.recording.program_buffers.analyse``, told what the step's inputs are and where its nodes come
 from:
 
 - the unrolled step (``runtime.target.trace_step``) is one aten graph whose flat inputs are the
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_debug.tracers.events import ProgramMemoryEvent
-from tpu_debug.tracers.program_memory import NodeFacts, ProgramContext, analyse, node_facts
+from tpu_debug.tracers.recording.program_buffers import NodeFacts, ProgramContext, analyse, node_facts
 
 __all__ = ["LOOP_ARGUMENTS", "looped_context", "step_peak", "unrolled_context"]
 

@@ -172,7 +172,7 @@ def _per_platform(fn: Callable) -> Callable:
         interpreted = call(_interpreted(fn))
         interpreted.__name__ = INTERPRETED_KERNEL
         # a function of its own in the CPU lowering, by that name: the TPU target tracer
-        # lowers such a program again for the TPU (tracers/target.py), which takes the other branch
+        # lowers such a program again for the TPU (tracers/reading/target_findings.py), which takes the other branch
         return jax.lax.platform_dependent(*operands, cpu=jax.jit(interpreted, inline=False), default=call(fn))
 
     return lowering

@@ -236,7 +236,8 @@ def _process(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Comp
 
 
 def _recorded_run(tmp_path: Path) -> Path:
-    from tpu_debug.tracers.store import DB_NAME, RunWriter
+    from tpu_debug.tracers.store import DB_NAME
+    from tpu_debug.tracers.recording.run_writer import RunWriter
 
     run_dir = tmp_path / "runs" / "20260131T120000.000Z-fine"
     run_dir.mkdir(parents=True)

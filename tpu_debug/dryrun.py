@@ -2,10 +2,10 @@
 
 The runtime's dry mode (``runtime/dryrun.py``) gives every `tpu` tensor a shape
 and a dtype and no data, and sends every program to the target's compiler
-instead of running it; the memory tracer (``tracers/memory.py``) follows the
+instead of running it; the memory tracer (``tracers/reading/memory_view.py``) follows the
 live bytes. What comes back says whether the code fits one device of the
 target, with the peak, its holders and the compiler's refusals, on a machine
-that could not hold the model; the TPU target tracer (``tracers/target.py``)
+that could not hold the model; the TPU target tracer (``tracers/reading/target_findings.py``)
 turns each program's target compile into the record a ``--target`` run keeps
 (memory, cost, roofline, padding), from the dry run's own compile.
 """
@@ -29,9 +29,11 @@ from tpu_debug.tracers.events import (
     SourceLocation,
     TargetCompileEvent,
 )
-from tpu_debug.tracers.memory import MemoryTracer, describe_fix, describe_holder, need_text
-from tpu_debug.tracers.target import DEFAULT_WAIT, TargetTracer
-from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
+from tpu_debug.tracers.recording.memory_tracker import MemoryTracer
+from tpu_debug.tracers.reading.memory_view import describe_fix, describe_holder, need_text
+from tpu_debug.tracers.recording.target_tracer import DEFAULT_WAIT, TargetTracer
+from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT
+from tpu_debug.tracers.recording.transfer_sites import classify
 
 __all__ = ["DryRunResult", "DryRunValueError", "dry_run", "value_reader"]
 

@@ -30,11 +30,13 @@ from tpu_debug.config import _guard_level as check_level
 from tpu_debug.core.errors import RecompileError, TransferGuardError
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.probes import CompileInfo
-from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.recording import dynamo_events
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.recompiles import RecompileTracker, explain
-from tpu_debug.tracers.steps import StepTracker, current_tracker
-from tpu_debug.tracers.transfers import CAUSE_TEXT, classify
+from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker
+from tpu_debug.tracers.reading.recompile_analysis import explain
+from tpu_debug.tracers.recording.step_tracker import StepTracker, current_tracker
+from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT
+from tpu_debug.tracers.recording.transfer_sites import classify
 
 __all__ = ["TRANSFER_GUARD_LEVELS", "TraceGuards", "expect_no_recompiles", "transfer_guard"]
 

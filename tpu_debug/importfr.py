@@ -5,7 +5,7 @@ group's) become one run per rank under one parent directory, the layout ``tpu-de
 --nproc`` and torchrun workers under ``tpu-debug run`` make: ``tpu-debug report``,
 ``tui``, ``tensorboard`` show the ranks' collectives side by side, where they first
 differ with each rank's line, each rank's arrival at each collective and the rank that
-comes last most often. ``tracers/flight_recorder.py`` reads the dumps.
+comes last most often. ``tracers/recording/flight_recorder_import.py`` reads the dumps.
 """
 
 from __future__ import annotations
@@ -16,8 +16,15 @@ from pathlib import Path
 from tpu_debug.ranks import RankGroup, new_group
 from tpu_debug.runs import new_run_dir
 from tpu_debug.tracers.events import ProcessEvent
-from tpu_debug.tracers.flight_recorder import Dump, DumpError, dump_events, find_dumps, read_dump
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.recording.flight_recorder_import import (
+    Dump,
+    DumpError,
+    dump_events,
+    find_dumps,
+    read_dump,
+)
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 __all__ = ["import_dumps"]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_debug.runs import new_run_dir
-from tpu_debug.tracers.dynamo_events import clean_guard, guard_diffs, pretty_function
+from tpu_debug.tracers.recording.dynamo_events import clean_guard, guard_diffs, pretty_function
 from tpu_debug.tracers.events import (
     CompileEvent,
     GraphBreakEvent,
@@ -37,9 +37,10 @@ from tpu_debug.tracers.events import (
     SourceLocation,
 )
 from tpu_debug.tracers.location import split_frames
-from tpu_debug.tracers.recompiles import read_guard
-from tpu_debug.tracers.steps import steps_between
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.reading.recompile_analysis import read_guard
+from tpu_debug.tracers.recording.step_tracker import steps_between
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 __all__ = ["STEPS_DETECTED", "import_trace", "parse_log"]
 

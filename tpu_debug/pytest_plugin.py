@@ -18,9 +18,9 @@ import pytest
 import tpu_debug
 from tpu_debug.core.options import default_logdir
 from tpu_debug.report import advice_of
-from tpu_debug.tracers.recompiles import explain
-from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of, step_phases
-from tpu_debug.tracers.transfers import CAUSE_TEXT, call_sites
+from tpu_debug.tracers.reading.recompile_analysis import explain
+from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, phase_of, step_phases
+from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT, call_sites
 
 __all__ = ["SHOWN", "implicit_sync_failures", "record_call", "steady_compile_failures"]
 

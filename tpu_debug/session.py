@@ -10,8 +10,8 @@ from typing import Any
 from tpu_debug.core.options import default_logdir
 from tpu_debug.report import print_report
 from tpu_debug.runs import resolve_run
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 __all__ = ["Session", "open_run"]
 
@@ -20,7 +20,7 @@ class Session(RunQuery):
     """Queries over one run: ops, programs, compiles, recompiles, transfers, divergences,
     steps, events, findings, and the report (``summary()``).
 
-    Each subject is a part (``tracers/query/``): calling it lists the subject's records
+    Each subject is a part (``tracers/reading/``): calling it lists the subject's records
     (``session.ops()``, ``session.compiles()``, ``session.recompiles()``,
     ``session.transfers()``, ``session.divergences()``, ``session.programs()``,
     ``session.steps()``), its methods answer the subject's other questions

@@ -20,17 +20,18 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.session import Session
-from tpu_debug.tracers import torch_trace
-from tpu_debug.tracers.collectives import CollectivesTracer
+from tpu_debug.tracers.recording import torch_trace
+from tpu_debug.tracers.recording.collectives_tracer import CollectivesTracer
 from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
-from tpu_debug.tracers.invalid_values import InvalidValueTracer
-from tpu_debug.tracers.memory import MemoryTracer, current_phase
-from tpu_debug.tracers.program_memory import ProgramMemoryTracer
-from tpu_debug.tracers.recorder import Recorder
-from tpu_debug.tracers.steps import StepTracker
-from tpu_debug.tracers.store import RunWriter
-from tpu_debug.tracers.target import TargetTracer
-from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, TensorBoardExporter
+from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
+from tpu_debug.tracers.recording.memory_tracker import MemoryTracer, current_phase
+from tpu_debug.tracers.recording.program_memory_tracer import ProgramMemoryTracer
+from tpu_debug.tracers.recording.recorder import Recorder
+from tpu_debug.tracers.recording.step_tracker import StepTracker
+from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.recording.target_tracer import TargetTracer
+from tpu_debug.tracers.xplane import TENSORBOARD_DIR
+from tpu_debug.tracers.recording.tensorboard_exporter import TensorBoardExporter
 
 __all__ = ["PARTS", "Running", "TracerPart", "start_order", "stop_all", "stop_order"]
 
@@ -318,7 +319,7 @@ def _start_divergence(run: Running) -> None:
 
     kept = run.kept["divergence"] = _Divergence()
     if run.config.divergence:
-        from tpu_debug.tracers.divergence import DivergenceTracer, parse_tolerances
+        from tpu_debug.tracers.recording.divergence import DivergenceTracer, parse_tolerances
 
         tracer = DivergenceTracer(
             run.writer,

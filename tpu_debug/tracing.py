@@ -34,8 +34,9 @@ from tpu_debug.session import Session
 from tpu_debug.tracer_parts import PARTS, Running, TracerPart, start_order, stop_all
 from tpu_debug.tracers.events import ProcessEvent
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.recorder import Recorder
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.recording.recorder import Recorder
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 __all__ = ["Terminated", "Trace", "active_trace", "step", "trace"]
 

@@ -1,85 +1,54 @@
-"""What is recorded: event types, the recorder probe, per-op HLO, the run store and its queries.
+"""What is recorded, and how a run is read back: two directions over one store.
 
-The runtime reports through ``tpu_debug.runtime.probes``; :class:`Recorder`
-turns those reports into :mod:`events <tpu_debug.tracers.events>` and hands
-them to a :class:`RunWriter`; :class:`RunQuery` reads a run back.
+``tracers/`` holds what both directions share: the event kinds
+(:mod:`~tpu_debug.tracers.events`), the run store's layout
+(:mod:`~tpu_debug.tracers.store`), per-program HLO (:mod:`~tpu_debug.tracers.hlo`),
+where the user's line is (:mod:`~tpu_debug.tracers.location`). Then:
+
+- ``recording/``: what records, inside the user's process: the probes that turn the
+  runtime's reports into events (the recorder, the step tracker, the memory, target,
+  collectives and divergence tracers), the run writer, the TensorBoard exporter.
+- ``reading/``: what reads, a function of a recorded run: the queries (one part per
+  subject over one reader) and every analysis of recorded events; it never imports the
+  recording side, so a reader (the report, the TUI, ``diff``) never pays for a probe.
+- ``advisor/``: the findings, rules over the reading side.
+
+The names below are imported on first use, so importing one side never loads the other.
 """
 
 from __future__ import annotations
 
-from tpu_debug.tracers.events import (
-    EVENT_TYPES,
-    SCHEMA_VERSION,
-    ArgInfo,
-    CompileEvent,
-    DivergenceEvent,
-    Event,
-    FallbackEvent,
-    GraphBreakEvent,
-    GuardFailureEvent,
-    InternalErrorEvent,
-    KeyDiff,
-    OpEvent,
-    RecompileLimitEvent,
-    SourceLocation,
-    StepEvent,
-    Stored,
-    TransferEvent,
-    column,
-    register_event,
-)
-from tpu_debug.tracers.hlo import Program, ProgramNode, make_program, parse_instructions, program_hash
-from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.query import OpSummary, ProgramSummary, ProgramText, RunMetadata, RunQuery
-from tpu_debug.tracers.recorder import Recorder
-from tpu_debug.tracers.store import DB_NAME, RunWriter, connect
-from tpu_debug.tracers.tensorboard import TensorBoardExporter
+from tpu_debug.core.autoload import lazy_exports
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "EVENT_TYPES",
-    "Event",
-    "OpEvent",
-    "CompileEvent",
-    "TransferEvent",
-    "FallbackEvent",
-    "GraphBreakEvent",
-    "GuardFailureEvent",
-    "RecompileLimitEvent",
-    "DivergenceEvent",
-    "InternalErrorEvent",
-    "StepEvent",
-    "Stored",
-    "column",
-    "register_event",
-    "ArgInfo",
-    "KeyDiff",
-    "SourceLocation",
-    "ProgramNode",
-    "Program",
-    "make_program",
-    "parse_instructions",
-    "program_hash",
-    "user_location",
-    "Recorder",
-    "RunWriter",
-    "RunQuery",
-    "RunMetadata",
-    "OpSummary",
-    "ProgramSummary",
-    "ProgramText",
     "DB_NAME",
-    "connect",
-    "TensorBoardExporter",
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "ArgInfo",
     "DivergenceTracer",
+    "Event",
+    "KeyDiff",
+    "Recorder",
+    "RunQuery",
+    "RunView",
+    "RunWriter",
+    "SourceLocation",
+    "Stored",
+    "TensorBoardExporter",
+    "column",
+    "connect",
+    "register_event",
 ]
 
-
-def __getattr__(name: str):
-    # DivergenceTracer needs torch and the runtime; importing it on first use keeps
-    # ``tpu_debug.tracers`` free of both, so the reading verbs and the TUI start fast
-    if name == "DivergenceTracer":
-        from tpu_debug.tracers.divergence import DivergenceTracer
-
-        return DivergenceTracer
-    raise AttributeError(f"module 'tpu_debug.tracers' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "tpu_debug.tracers.events": (
+            "EVENT_TYPES", "SCHEMA_VERSION", "ArgInfo", "Event", "KeyDiff", "SourceLocation", "Stored", "column",
+            "register_event",
+        ),
+        "tpu_debug.tracers.store": ("DB_NAME", "connect"),
+        "tpu_debug.tracers.reading": ("RunQuery", "RunView"),
+        "tpu_debug.tracers.recording": ("DivergenceTracer", "Recorder", "RunWriter", "TensorBoardExporter"),
+    },
+)

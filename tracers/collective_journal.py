@@ -8,7 +8,7 @@ to a small file beside the run's database, ``collectives.journal``, on the calli
 before the call proceeds: one ``pwrite`` into a ring of fixed-size slots, which the kernel
 keeps once the call returns, whatever happens to the process next. The reader
 (:func:`read_journal`) gives back the records the database does not hold;
-``tracers/collective_calls.py`` merges them into the rank's calls.
+``tracers/reading/collective_calls.py`` merges them into the rank's calls.
 
 Each slot holds one JSON object padded with spaces to :data:`SLOT` bytes and a newline;
 the ring holds the last :data:`SLOTS` records (a record too long for a slot keeps its first

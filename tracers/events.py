@@ -356,7 +356,7 @@ class CompileEvent(Event):
     from it: both are empty for a first compile.
     ``identity`` is what was compiled again: the op, or for a graph the
     function dynamo compiled and the direction (``"step in train.py (forward)"``,
-    see ``tracers/recompiles.py``). A compile with diffs is a recompile; its
+    see ``tracers/reading/recompile_analysis.py``). A compile with diffs is a recompile; its
     ``previous`` is None when the closest key was compiled before the trace.
     ``from_cache`` marks an executable read back from the persistent compile
     cache: nothing was compiled (``seconds`` is the read-back, ``saved_seconds``
@@ -386,7 +386,7 @@ class CompileEvent(Event):
 class TransferEvent(Event):
     """Data crossed between host and device.
 
-    ``op`` is what the user did that moved it (``tracers/transfers.py``):
+    ``op`` is what the user did that moved it (``tracers/reading/transfer_causes.py``):
     ``"item"``, ``"tolist"``, ``"print"``, ``"bool"``, ``"float"``, ``"int"``,
     ``"index"``, ``"scalar"`` (a CPU scalar operand), ``"fallback:<aten op>"``,
     ``"cpu"``, ``"to"``, ``"tensor"``, ``"copy"``; ``implicit`` is true when the
@@ -412,7 +412,7 @@ class TransferEvent(Event):
     # function": a sync inside transformers' generate(), reached from ``location``), else None
     context: str | None = None
     # host->device only: the factory that made the data on the host, as the user's line shows
-    # it ("torch.randn": data that could be made on the device; tracers/host_origin.py), else None
+    # it ("torch.randn": data that could be made on the device; tracers/recording/host_origin.py), else None
     origin: str | None = None
 
 
@@ -644,7 +644,7 @@ class Crossing:
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class DivergenceEvent(Event):
-    """An op or graph node's result compared with PyTorch on CPU (``tracers/divergence.py``).
+    """An op or graph node's result compared with PyTorch on CPU (``tracers/recording/divergence/``).
 
     ``measure`` is ``"local"`` (CPU op on the device op's inputs) or
     ``"drift"`` (against a CPU shadow of the whole computation). ``name`` is the
@@ -658,7 +658,7 @@ class DivergenceEvent(Event):
     ``highest``: with TPU numerics, whether the op is within tolerance when re-run
     at precision "highest" (None: not checked).
 
-    Triage (``tracers/divergence/triage.py``): ``verdict`` is ``"noise"`` (rounding
+    Triage (``tracers/recording/divergence/triage.py``): ``verdict`` is ``"noise"`` (rounding
     differences of the dtype, no op is wrong), ``"wrong"`` (an op computes something
     else than PyTorch) or ``""`` (not triaged). ``basis`` says how it was reached:
     ``"float64"``, the op re-run in float64 on both sides on the same inputs upcast
@@ -774,7 +774,7 @@ class InvalidValueEvent(Event):
     """An op was called with argument values PyTorch on CPU refuses and XLA computes with
     silently (``runtime/value_checks.py``): an index out of range, which a TPU clamps into
     range and reads another row with; a probability distribution with a negative, ``nan``
-    or ``inf`` entry, which a TPU samples from (``tracers/invalid_values.py`` records it).
+    or ``inf`` entry, which a TPU samples from (``tracers/recording/invalid_value_tracer.py`` records it).
 
     ``location`` is the user's line: the op's caller (eager), the line that recorded the
     op (lazy), the line dynamo recorded for the graph node (compiled). ``op`` is the aten op
@@ -853,7 +853,7 @@ class MaterializationEvent(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class WaitEvent(Event):
     """The program's thread waited on something other than its own Python (recorded by
-    ``tracers/steps.py``'s hooks, one event per wait, at the user's line).
+    ``tracers/recording/step_hooks.py``, one event per wait, at the user's line).
 
     ``what``: ``"input"`` (a ``DataLoader`` iterator's ``__next__``: loading, collating
     and pinning the next batch, or waiting for the workers that do), ``"checkpoint"``
@@ -894,7 +894,7 @@ def event_type(kind: str) -> type[Event]:
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepEvent(Event):
-    """One training step, with what ran in it (``tracers/steps.py`` records these).
+    """One training step, with what ran in it (``tracers/recording/step_tracker.py`` records these).
 
     A step is the work between two step ends: each ``optimizer.step()`` that
     updates ``tpu`` parameters (``detected="optimizer"``), each explicit
@@ -905,18 +905,18 @@ class StepEvent(Event):
     describes it, unrecorded, with ``"unfinished"``. ``index`` counts from 0, as ``for step in range(n)`` and xprof's step
     numbers do; ``ts`` is when the step began and ``end`` when it ended
     (``seconds`` between them). Every other event belongs to the step whose
-    [``ts``, ``end``) holds its ``ts`` (see ``tracers.steps.StepIndex``).
+    [``ts``, ``end``) holds its ``ts`` (see ``tracers.reading.step_phases.StepIndex``).
 
     The counts are what ran in the step: eager op executions, compiled-graph
     runs and their dispatch time, compiles (and how many compiled an op or
     graph compiled before), transfers, CPU fallbacks. ``sequence`` is a hash of
     the executables run, in order: two steps with the same ``sequence`` ran
     the same programs (the warm-up ends when it repeats; see
-    ``tracers.steps.step_phases``). ``read_backs`` counts executables read back
+    ``tracers.reading.step_phases.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
     programs ready all the same (warm-up).
 
-    Where the step's time went, on the thread that ran it (``tracers.step_time``
+    Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for
     input (a ``DataLoader``'s ``__next__``, host-to-device copies), ``sync_seconds``
     waiting on the device (device-to-host reads such as ``.item()``,
@@ -961,7 +961,7 @@ class StepEvent(Event):
         return self.eager_ops + self.graph_runs
 
 
-# -- collectives (tracers/collectives.py) --------------------------------------------------
+# -- collectives (tracers/reading/program_collectives.py) --------------------------------------------------
 
 # one collective instruction, as core/collectives.py reads it from a program's HLO:
 # shared with the runtime (ranks compare collectives before running a program together)
@@ -1018,7 +1018,7 @@ class CollectivesEvent(Event):
         return sum(c.wire_bytes for c in self.collectives)
 
 
-# -- TPU target (tracers/target.py) ------------------------------------------------------
+# -- TPU target (tracers/reading/target_findings.py) ------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1233,7 +1233,7 @@ class TargetSummaryEvent(Event):
     wait_limit: float
 
 
-# -- device memory (tracers/memory.py) ----------------------------------------------------
+# -- device memory (tracers/reading/memory_view.py) ----------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1247,7 +1247,7 @@ class MemoryHolder:
     allocation's. With a TPU target ``nbytes`` are the bytes in HBM (padded to the
     target's tiles) and ``logical_bytes`` the same tensors' logical bytes; 0 where not
     recorded. ``kind``: what they are, from when they were made and whether they outlived
-    their step (``tracers.memory.holder_kind``: ``"parameter"``, ``"gradient"``,
+    their step (``tracers.recording.memory_tracker.holder_kind``: ``"parameter"``, ``"gradient"``,
     ``"optimizer_state"``, ``"activation"``, ``"temporary"``); "" where not recorded.
     """
 
@@ -1394,7 +1394,7 @@ class MemoryFindingEvent(Event):
 class ProgramBuffer:
     """One buffer holding memory at a program's peak (a row of ``program_memory_buffers``).
 
-    ``kind``: what it is (one of ``tracers.program_memory.KINDS``: ``"parameter"``,
+    ``kind``: what it is (one of ``tracers.reading.peak_buffers.KINDS``: ``"parameter"``,
     ``"optimizer_state"``, ``"gradient"``, ``"activation"`` (a forward value kept for the
     backward), ``"temporary"``, ``"collective"``, ``"host"``, ``"input"``, ``"output"``,
     ``"other"``, or ``"unused"``: the heap's fragmentation there). ``nbytes``: the bytes it
@@ -1430,7 +1430,7 @@ class ProgramBuffer:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProgramMemoryEvent(Event):
     """A compiled program's memory at its peak, buffer by buffer, from its compiler's buffer
-    assignment (``tracers/program_memory.py``).
+    assignment (``tracers/reading/peak_buffers.py``).
 
     ``name`` is the program as the run names it (a graph, a lazy graph, an op); ``source``
     ``"local"`` (this machine's compiler) or ``"target"`` (the TPU compiler, for

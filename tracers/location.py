@@ -29,6 +29,7 @@ from types import CodeType, FrameType
 from tpu_debug.tracers.events import SourceLocation
 
 __all__ = [
+    "is_library_code",
     "is_library_file",
     "is_own_file",
     "is_user_frame",
@@ -145,7 +146,7 @@ def is_library_file(filename: str) -> bool:
     return path.startswith(stdlib)
 
 
-def _is_library(code: CodeType) -> bool:
+def is_library_code(code: CodeType) -> bool:
     verdict = _verdicts.get(code)
     if verdict is None:
         verdict = is_library_file(code.co_filename)
@@ -249,12 +250,12 @@ def is_user_frame(frame: FrameType) -> bool:
     library compiled from a string (``"<string>"`` called by torch, say) is the library's.
     """
     code = frame.f_code
-    if _is_library(code):
+    if is_library_code(code):
         return False
     if not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
         return True
     caller = frame.f_back
-    return caller is None or not _is_library(caller.f_code)
+    return caller is None or not is_library_code(caller.f_code)
 
 
 # what a code object is to the stack walk, decided once per code object
@@ -270,7 +271,7 @@ _site_locations: dict[tuple[CodeType, int], SourceLocation] = {}
 def _walk_kind(code: CodeType) -> int:
     kind = _walk_kinds.get(code)
     if kind is None:
-        if _is_library(code):
+        if is_library_code(code):
             kind = _LIBRARY
         elif not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
             kind = _USER
@@ -305,7 +306,7 @@ def user_location(depth: int = 1) -> SourceLocation | None:
         if kind is None:
             kind = _walk_kind(code)
         if kind == _LIBRARY or (
-            kind == _STRING and frame.f_back is not None and _is_library(frame.f_back.f_code)
+            kind == _STRING and frame.f_back is not None and is_library_code(frame.f_back.f_code)
         ):
             frame = frame.f_back
             continue

@@ -22,7 +22,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.timer import Timer
-from tpu_debug.tracers.query import RunMetadata
+from tpu_debug.tracers.reading import RunMetadata
 from tpu_debug.tui.screens import (
     CollectivesScreen,
     DivergenceScreen,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from tpu_debug.core.format import format_bytes, format_location, format_seconds, short_path
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, SourceLocation
-from tpu_debug.tracers.recompiles import arg_diffs
+from tpu_debug.tracers.reading.recompile_analysis import arg_diffs
 
 __all__ = [
     "changed_text",

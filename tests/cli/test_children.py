@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 from tpu_debug.core.errors import RunDamagedError, RunNotFoundError
 
 from tpu_debug.ranks import GroupInfo, RankGroup, find_group, list_groups, new_group, open_group

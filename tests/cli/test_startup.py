@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 
 def _python(code: str, cwd) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from dist_helpers import DATA, REPO, python_env
-from tpu_debug.tracers.collective_calls import first_desyncs
+from tpu_debug.tracers.reading.collective_calls import first_desyncs
 from tpu_debug.tracers.events import CollectiveCallEvent, SourceLocation
 
 from tpu_debug.ranks import open_group

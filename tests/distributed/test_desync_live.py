@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from dist_helpers import DATA, python_env
 from tpu_debug.core import desync
-from tpu_debug.tracers.collective_calls import first_desyncs
+from tpu_debug.tracers.reading.collective_calls import first_desyncs
 from tpu_debug.tracers.events import CollectiveCallEvent, SourceLocation
 
 SCRIPT = DATA / "desync_live.py"
@@ -321,7 +321,7 @@ def test_a_killed_rank_is_named_with_its_signal_and_last_collective(killed):
 def test_a_killed_ranks_last_collectives_outlive_it(killed):
     import dataclasses
 
-    from tpu_debug.tracers.collective_calls import group_desyncs, read_rank
+    from tpu_debug.tracers.reading.collective_calls import group_desyncs, read_rank
     from tpu_debug.tracers.collective_journal import read_journal
 
     from tpu_debug.ranks import open_group
@@ -343,7 +343,7 @@ def test_a_killed_ranks_last_collectives_outlive_it(killed):
 
 
 def test_the_flight_recorder_dumps_on_the_error(killed):
-    from tpu_debug.tracers.flight_recorder import read_dump
+    from tpu_debug.tracers.recording.flight_recorder_import import read_dump
 
     # rank 0 raised: its dump names the collective it stopped at, not completed; rank 1 was killed
     assert [p.name for p in killed["fr"].iterdir()] == ["rank_0"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dist_helpers import REPO, run_python
-from tpu_debug.tracers.collectives import program_collectives
+from tpu_debug.tracers.reading.program_collectives import program_collectives
 
 import tpu_debug
 

@@ -76,7 +76,7 @@ def test_dumps_are_read_into_a_run_with_each_ranks_arrival_and_the_straggler(tmp
 
 
 def test_a_dump_holding_objects_is_refused(tmp_path):
-    from tpu_debug.tracers.flight_recorder import DumpError, read_dump
+    from tpu_debug.tracers.recording.flight_recorder_import import DumpError, read_dump
 
     path = tmp_path / "rank_0"
     path.write_bytes(pickle.dumps({"version": "2.10", "entries": [], "pg_config": {}, "extra": threading.Lock}))
@@ -87,7 +87,7 @@ def test_a_dump_holding_objects_is_refused(tmp_path):
 
 def test_the_flight_recorder_dumps_on_sigusr1_and_on_its_pipe(tmp_path, monkeypatch):
     from tpu_debug.runtime.distributed import flight_recorder as fr
-    from tpu_debug.tracers.flight_recorder import read_dump
+    from tpu_debug.tracers.recording.flight_recorder_import import read_dump
 
     monkeypatch.setattr(fr, "_configured", False)
     monkeypatch.setattr(fr, "recorder", None)

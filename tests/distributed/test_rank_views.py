@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from tpu_debug.core.collectives import Collective
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.collectives import collective_totals, compare_ranks
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.reading.program_collectives import collective_totals, compare_ranks
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 from tpu_debug.ranks import find_group, new_group
 
@@ -154,7 +155,7 @@ def test_tui_collectives_view_and_rank_switch(group_dir):
 
 
 def test_tensorboard_marks_collectives_and_counts_their_bytes(tmp_path):
-    from tpu_debug.tracers.tensorboard import TensorBoardExporter
+    from tpu_debug.tracers.recording.tensorboard_exporter import TensorBoardExporter
 
     errors: list = []
     exporter = TensorBoardExporter(tmp_path, record_error=lambda where, msg: errors.append((where, msg)))
@@ -169,7 +170,7 @@ def test_tensorboard_marks_collectives_and_counts_their_bytes(tmp_path):
     assert errors == []
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tpu_debug.tracers.tensorboard import profile_files
+    from tpu_debug.tracers.xplane import profile_files
     from xprof.convert import raw_to_tool_data
 
     (profile,) = profile_files(tmp_path)

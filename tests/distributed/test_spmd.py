@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tpu_debug.tracers.collectives import program_collectives
+from tpu_debug.tracers.reading.program_collectives import program_collectives
 
 import tpu_debug
 

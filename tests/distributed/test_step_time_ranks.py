@@ -12,7 +12,7 @@ import sys
 from dist_helpers import DATA, REPO, python_env
 from tpu_debug.tracers.advisor import advise
 from tpu_debug.tracers.advisor.registry import RULES
-from tpu_debug.tracers.step_time import split_step
+from tpu_debug.tracers.reading.step_time import split_step
 
 from tpu_debug.ranks import open_group
 

@@ -128,7 +128,7 @@ def test_text_report_lists_collectives_in_order(same):
 
 
 def test_tensorboard_shows_each_rank_as_a_process_row(same):
-    from tpu_debug.tracers.tensorboard import profile_files
+    from tpu_debug.tracers.xplane import profile_files
     from xprof.convert import raw_to_tool_data
 
     proc = _cli("tensorboard", "--print", "--logdir", str(same))

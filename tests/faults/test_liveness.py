@@ -13,8 +13,8 @@ import textwrap
 import pytest
 from tpu_debug.tracers import liveness
 from tpu_debug.tracers.liveness import WriterLock, lock_path, writer_alive
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 from tpu_debug.core.errors import RunBusyError
 

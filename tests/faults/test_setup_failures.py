@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tpu_debug.runtime import probes
-from tpu_debug.tracers import dynamo_events
+from tpu_debug.tracers.recording import dynamo_events
 from tpu_debug.tracers.liveness import writer_alive
 
 import tpu_debug
@@ -69,7 +69,7 @@ def _raise_when_subscribing(monkeypatch, kind: type, message: str) -> None:
 
 
 def test_divergence_set_up_fails(monkeypatch, logdir, tmp_path):
-    from tpu_debug.tracers.divergence import DivergenceTracer
+    from tpu_debug.tracers.recording.divergence import DivergenceTracer
 
     closed = []
     monkeypatch.setattr(DivergenceTracer, "close", lambda self: closed.append(self))
@@ -104,7 +104,8 @@ def test_guards_set_up_fails(monkeypatch, logdir, tmp_path):
 
 
 def test_tensorboard_set_up_fails(monkeypatch, logdir, tmp_path):
-    from tpu_debug.tracers.tensorboard import TensorBoardExporter, profile_files
+    from tpu_debug.tracers.recording.tensorboard_exporter import TensorBoardExporter
+    from tpu_debug.tracers.xplane import profile_files
 
     # the exporter has started the JAX profiler and hears the writer's events when this fails
     _raise_when_subscribing(monkeypatch, TensorBoardExporter, "no tensorboard today")

@@ -20,7 +20,7 @@ import torch
 import tpu_debug
 from tpu_debug.runtime import dryrun
 from tpu_debug.runtime.target._libtpu import _find_libtpu
-from tpu_debug.tracers.memory import memory_view
+from tpu_debug.tracers.reading.memory_view import memory_view
 
 ROOT = Path(__file__).resolve().parents[2]
 requires_libtpu = pytest.mark.skipif(

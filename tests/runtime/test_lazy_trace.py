@@ -13,8 +13,8 @@ from torch import nn
 from tpu_debug.runtime import lazy
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LazyNode
 from tpu_debug.tracers.events import KeyDiff, MaterializationEvent
-from tpu_debug.tracers.lazy_graphs import summarize
-from tpu_debug.tracers.recompiles import RecompileTracker
+from tpu_debug.tracers.reading.lazy_graphs import summarize
+from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker
 
 import tpu_debug
 from tpu_debug.cli.run import prepare_parser

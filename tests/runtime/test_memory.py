@@ -172,7 +172,7 @@ def test_a_training_step_holds_what_pytorch_on_cpu_holds():
 
 @pytest.mark.parametrize("phase", ["backward", "optimizer"])
 def test_the_memory_tracer_tells_phases_and_lines(phase):
-    from tpu_debug.tracers.memory import MemoryTracer
+    from tpu_debug.tracers.recording.memory_tracker import MemoryTracer
 
     gc.collect()
     tracer = MemoryTracer()

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from tpu_debug.tracers.divergence import triage
+from tpu_debug.tracers.recording.divergence import triage
 from tpu_debug.tracers.events import Crossing, DivergenceEvent
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 import tpu_debug
 
@@ -210,7 +210,7 @@ def test_verdict_and_crossings_round_trip_through_the_store(tmp_path):
 
 
 def test_float32_rounding_of_large_values_is_as_close_as_cpu_and_a_bfloat16_product_is_not():
-    from tpu_debug.tracers.divergence.triage import as_close_as_cpu
+    from tpu_debug.tracers.recording.divergence.triage import as_close_as_cpu
 
     torch.manual_seed(0)
     x = 1e5 + 10 * torch.randn(64, 256)
@@ -230,7 +230,7 @@ def test_float32_rounding_of_large_values_is_as_close_as_cpu_and_a_bfloat16_prod
 
 
 def test_a_product_is_held_to_the_precision_it_emulates_not_to_float32():
-    from tpu_debug.tracers.divergence.precision import measure_product
+    from tpu_debug.tracers.recording.divergence.precision import measure_product
 
     torch.manual_seed(0)
     a, b = torch.randn(64, 128), torch.randn(128, 32)
@@ -251,7 +251,7 @@ def test_a_product_is_held_to_the_precision_it_emulates_not_to_float32():
 
 
 def test_a_decision_the_emulated_precision_changes_is_its_verdict_when_a_share_changed():
-    from tpu_debug.tracers.divergence.precision import DECISION_SHARE, PRECISION, changed_decision
+    from tpu_debug.tracers.recording.divergence.precision import DECISION_SHARE, PRECISION, changed_decision
 
     causes = triage.Causes()
     product = causes.new(PRECISION, where="mm at kmeans.py:15")

@@ -7,10 +7,10 @@ import logging
 
 import pytest
 import torch
-from tpu_debug.tracers import dynamo_events
-from tpu_debug.tracers.dynamo_events import clean_guard, guard_diffs
+from tpu_debug.tracers.recording import dynamo_events
+from tpu_debug.tracers.recording.dynamo_events import clean_guard, guard_diffs
 from tpu_debug.tracers.events import KeyDiff
-from tpu_debug.tracers.recompiles import describe
+from tpu_debug.tracers.reading.recompile_analysis import describe
 
 import tpu_debug
 from tpu_debug.core.errors import RecompileError
@@ -207,7 +207,7 @@ def test_a_raising_listener_does_not_break_the_compile(monkeypatch):
 
 
 def test_a_failed_guard_names_the_users_line_that_reads_the_value():
-    from tpu_debug.tracers.dynamo_events import clean_guard, guard_location
+    from tpu_debug.tracers.recording.dynamo_events import clean_guard, guard_location
 
     text = (
         "0/3: self.calls == 3                     # self.calls += 1  # /home/me/train.py:14 in forward "

@@ -1,5 +1,5 @@
 """Reading from the user's code whether an uploaded tensor was made on the host by a factory
-(tracers/host_origin.py): what it reads as host-made, and what it leaves alone."""
+(tracers/recording/host_origin.py): what it reads as host-made, and what it leaves alone."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import linecache
 import textwrap
 
 import pytest
-from tpu_debug.tracers.host_origin import upload_origin
+from tpu_debug.tracers.recording.host_origin import upload_origin
 
 SOURCE = textwrap.dedent(
     """

@@ -1,4 +1,4 @@
-"""What a TPU would compute silently, named under a trace (tracers/invalid_values.py and the
+"""What a TPU would compute silently, named under a trace (tracers/recording/invalid_value_tracer.py and the
 advisor's ``invalid_value`` rule): a planted out-of-range ``gather`` index in a training loop
 is one error finding at its line in eager, lazy and compiled runs, raised or not, and a correct
 loop beside it gives none. (The runtime's checks themselves, and their messages against CPU's,
@@ -11,8 +11,8 @@ import torch
 from tpu_debug.runtime.config import config
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.advisor import RunFacts, lookup
-from tpu_debug.tracers.invalid_values import InvalidValueTracer
-from tpu_debug.tracers.query.invalid_values import InvalidValuePlace
+from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
+from tpu_debug.tracers.reading.invalid_values import InvalidValuePlace
 
 import tpu_debug
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 from torch import nn
-from tpu_debug.tracers.lazy_graphs import summarize
+from tpu_debug.tracers.reading.lazy_graphs import summarize
 
 import tpu_debug
 

@@ -177,7 +177,7 @@ def _payload(where: str, title: str, explanation: str, frames: list[tuple[str, i
 
 
 def test_dynamos_traceback_gives_the_user_line_and_the_library_frame(tmp_path):
-    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+    from tpu_debug.tracers.recording.dynamo_events import _parse_graph_break
 
     deprecation = str(tmp_path / "venv/lib/python3.11/site-packages/transformers/utils/deprecation.py")
     user = "/home/me/train.py"
@@ -208,7 +208,7 @@ def test_dynamos_traceback_gives_the_user_line_and_the_library_frame(tmp_path):
 
 def test_disabled_torch_code_that_runs_ops_is_not_deliberate():
     # an optimizer's math disabled for dynamo (not capturable) runs eagerly: a real cost
-    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+    from tpu_debug.tracers.recording.dynamo_events import _parse_graph_break
 
     adam = inspect.getfile(torch.optim.Adam)  # torch/optim/adam.py
     frames = [("/home/me/train.py", 40, "<module>"), (adam, 247, "step")]
@@ -218,7 +218,7 @@ def test_disabled_torch_code_that_runs_ops_is_not_deliberate():
 
 
 def test_only_the_lr_schedulers_skipped_wrapper_is_deliberate():
-    from tpu_debug.tracers.dynamo_events import _parse_graph_break
+    from tpu_debug.tracers.recording.dynamo_events import _parse_graph_break
 
     scheduler = inspect.getfile(torch.optim.lr_scheduler)
     other = "/home/me/venv/lib/python3.11/site-packages/somelib/hooks.py"
@@ -260,7 +260,7 @@ def test_a_library_read_the_users_argument_or_cadence_asks_for_is_a_warning_at_t
 
 
 def test_a_library_read_nobody_asked_for_stays_the_librarys():
-    from tpu_debug.tracers.transfers import user_caused
+    from tpu_debug.tracers.reading.transfer_causes import user_caused
 
     root = "/venv/lib/python3.11/site-packages/torch/"
     assert user_caused(root + "nn/utils/clip_grad.py:109 in _get_total_norm").cause == "argument"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import tpu_debug
-from tpu_debug.tracers.memory import describe_fix, memory_view
+from tpu_debug.tracers.reading.memory_view import describe_fix, memory_view
 
 
 def _inference(layers: int, width: int):

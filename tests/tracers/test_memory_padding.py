@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tpu_debug
-from tpu_debug.tracers.memory import memory_view
+from tpu_debug.tracers.reading.memory_view import memory_view
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
 

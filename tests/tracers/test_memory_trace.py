@@ -13,7 +13,7 @@ import io
 import torch
 
 import tpu_debug
-from tpu_debug.tracers.memory import memory_view
+from tpu_debug.tracers.reading.memory_view import memory_view
 
 
 def test_a_traced_training_loop_records_bytes_per_step(logdir):

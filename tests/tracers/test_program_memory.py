@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.target import _libtpu
-from tpu_debug.tracers.memory import memory_view
+from tpu_debug.tracers.reading.memory_view import memory_view
 
 import tpu_debug
 
@@ -96,7 +96,7 @@ def test_a_training_steps_buffers_have_their_kinds(tmp_path):
 def test_the_targets_assignment_is_recorded_and_a_refusal_adds_up_to_its_figure(tmp_path, monkeypatch):
     from tpu_debug.runtime import probes
     from tpu_debug.runtime.target import compile_for_target
-    from tpu_debug.tracers.program_memory import analyse, context_of
+    from tpu_debug.tracers.recording.program_buffers import analyse, context_of
 
     monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "cache"))
     compiled = []
@@ -173,8 +173,8 @@ def test_xprofs_memory_viewer_shows_the_same_peak(tmp_path):
     import jax.numpy as jnp
     from tpu_debug.runtime.target import compile_for_target
     from tpu_debug.tracers.events import ProgramProtoEvent
-    from tpu_debug.tracers.program_memory import ProgramContext, analyse
-    from tpu_debug.tracers.tensorboard import write_programs
+    from tpu_debug.tracers.recording.program_buffers import ProgramContext, analyse
+    from tpu_debug.tracers.xplane import write_programs
     from xprof.convert import raw_to_tool_data
 
     def loss(w1, w2, x):  # its gradient holds an 8 GiB product and two 4 GiB ones: not on a v5e device

@@ -1,5 +1,5 @@
 """Ranks whose compiled programs differ, named with the first difference
-(``tracers/rank_programs.py``), on two ranks' runs written event by event: both compile
+(``tracers/reading/rank_programs.py``), on two ranks' runs written event by event: both compile
 a training step's forward and backward; rank 1's third batch is smaller, so it alone
 compiles the forward again (a recompile, with its shape difference) at step 2.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.reading.rank_programs import compiled_programs, first_program_difference
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 import tpu_debug
 

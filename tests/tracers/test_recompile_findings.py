@@ -23,7 +23,7 @@ from tpu_debug.tracers.events import (
     SourceLocation,
     StepEvent,
 )
-from tpu_debug.tracers.recompiles import by_call_site, guard_subject, read_guard, summarize
+from tpu_debug.tracers.reading.recompile_analysis import by_call_site, guard_subject, read_guard, summarize
 
 import tpu_debug
 

@@ -12,7 +12,8 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime.eager import clear_cache
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo
 from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, SourceLocation
-from tpu_debug.tracers.recompiles import Change, RecompileTracker, explain, summarize
+from tpu_debug.tracers.reading.recompile_analysis import Change, explain, summarize
+from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker
 
 import tpu_debug
 from tpu_debug.cli import main

@@ -7,7 +7,7 @@ import sys
 import threading
 
 import torch
-from tpu_debug.tracers.recorder import Recorder
+from tpu_debug.tracers.recording.recorder import Recorder
 
 import tpu_debug
 
@@ -145,8 +145,8 @@ def test_a_collectives_return_is_recorded_with_its_seconds(tmp_path):
     through the probes to a subscribed Recorder, and the return is stored and read back."""
     from tpu_debug.runtime import probes
     from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDoneEvent
-    from tpu_debug.tracers.query import RunQuery
-    from tpu_debug.tracers.store import RunWriter
+    from tpu_debug.tracers.reading import RunQuery
+    from tpu_debug.tracers.recording.run_writer import RunWriter
 
     writer = _Writer()
     recorder = Recorder(writer, hlo=False)

@@ -24,14 +24,8 @@ import time
 import pytest
 import torch
 from tpu_debug.tracers.events import StepEvent, WaitEvent
-from tpu_debug.tracers.step_time import (
-    Goodput,
-    goodput,
-    ideal_step_seconds,
-    split_step,
-    verdict,
-)
-from tpu_debug.tracers.steps import STEADY, WARMUP, step_phases
+from tpu_debug.tracers.reading.step_time import Goodput, goodput, ideal_step_seconds, split_step, verdict
+from tpu_debug.tracers.reading.step_phases import STEADY, WARMUP, step_phases
 
 import tpu_debug
 

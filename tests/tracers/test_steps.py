@@ -8,17 +8,9 @@ import pytest
 import torch
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import StepEvent
-from tpu_debug.tracers.memory import memory_view
-from tpu_debug.tracers.steps import (
-    STEADY,
-    WARMUP,
-    Loop,
-    StepIndex,
-    StepTracker,
-    detect_loop,
-    phase_of,
-    step_phases,
-)
+from tpu_debug.tracers.reading.memory_view import memory_view
+from tpu_debug.tracers.reading.step_phases import STEADY, WARMUP, StepIndex, phase_of, step_phases
+from tpu_debug.tracers.recording.step_tracker import Loop, StepTracker, detect_loop
 
 import tpu_debug
 

@@ -9,8 +9,9 @@ from typing import ClassVar
 import pytest
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.hlo import make_program
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import APPLICATION_ID, RunWriter, layout
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.store import APPLICATION_ID, layout
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 from tpu_debug.core.errors import NotRecordedError, RunDamagedError, RunNotFoundError, SchemaVersionError
 

@@ -9,9 +9,9 @@ import torch
 
 import tpu_debug
 from tpu_debug.tracers.events import MemorySummaryEvent, TargetStepEvent
-from tpu_debug.tracers.memory import memory_view
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.reading.memory_view import memory_view
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 
 def test_a_column_missing_from_an_older_run_reads_as_the_fields_default(tmp_path):

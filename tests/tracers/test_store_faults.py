@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 from tpu_debug.cli import main
 from tpu_debug.core.errors import RunAccessError, RunDamagedError, RunWriteError
@@ -185,8 +186,8 @@ _AS_USER = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from tpu_debug.core.errors import TpuDebugError
-    from tpu_debug.tracers.query import RunQuery
-    from tpu_debug.tracers.store import RunWriter
+    from tpu_debug.tracers.reading import RunQuery
+    from tpu_debug.tracers.recording.run_writer import RunWriter
 
     what, run = sys.argv[1], Path(sys.argv[2])
     if os.access(run, os.W_OK if what == "write" else os.R_OK):
@@ -275,7 +276,7 @@ def test_internal_errors_are_kept_bounded_per_where_with_a_count(tmp_path):
 
 def test_a_recorder_failing_on_every_op_the_program_runs_to_the_end(tmp_path, monkeypatch):
     import torch
-    from tpu_debug.tracers.recorder import Recorder
+    from tpu_debug.tracers.recording.recorder import Recorder
 
     import tpu_debug
 
@@ -404,7 +405,7 @@ _SHUTDOWN = textwrap.dedent(
     import atexit, sys, threading
     from pathlib import Path
     from tpu_debug.tracers import events as ev
-    from tpu_debug.tracers.store import RunWriter
+    from tpu_debug.tracers.recording.run_writer import RunWriter
 
     release = threading.Event()
     real = RunWriter._write

@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.query import RunQuery
-from tpu_debug.tracers.store import RunWriter
+from tpu_debug.tracers.reading import RunQuery
+from tpu_debug.tracers.recording.run_writer import RunWriter
 from tpu_debug.core.errors import RunDamagedError
 
 LOC = ev.SourceLocation("/work/user/train.py", 12, "step")

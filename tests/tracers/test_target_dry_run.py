@@ -23,7 +23,7 @@ from tpu_debug.cli import main
 from tpu_debug.runtime.dryrun import DryMode
 from tpu_debug.runtime.target import GENERATIONS, executor, parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
-from tpu_debug.tracers.target import findings
+from tpu_debug.tracers.reading.target_findings import findings
 
 pytestmark = pytest.mark.skipif(
     not _find_libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it'

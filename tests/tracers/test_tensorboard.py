@@ -16,7 +16,8 @@ import torch
 from tpu_debug.runtime import clear_cache
 from tpu_debug.runtime.probes import ArgSpec, CompileInfo
 from tpu_debug.tracers.events import CompileEvent, DivergenceEvent, KeyDiff, SourceLocation
-from tpu_debug.tracers.tensorboard import SCALAR_TAGS, TensorBoardExporter, profile_files
+from tpu_debug.tracers.recording.tensorboard_exporter import SCALAR_TAGS, TensorBoardExporter
+from tpu_debug.tracers.xplane import profile_files
 
 import tpu_debug
 from tpu_debug.cli import main

@@ -154,7 +154,7 @@ def test_without_torch_trace_no_emitter_is_made(
     monkeypatch: pytest.MonkeyPatch, logdir: Path, forget_graphs: None
 ) -> None:
     import torch
-    from tpu_debug.tracers import torch_trace
+    from tpu_debug.tracers.recording import torch_trace
 
     import tpu_debug
 

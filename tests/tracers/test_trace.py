@@ -60,7 +60,7 @@ def test_transfers_are_recorded_with_their_line(logdir):
     h2d = session.transfers(direction="h2d")
     d2h = session.transfers(direction="d2h")
     assert [(t.op, t.nbytes, t.shape, t.dtype, t.implicit) for t in h2d] == [
-        ("to", 24, (2, 3), "float32", False)  # op: what the user did (tracers/transfers.py)
+        ("to", 24, (2, 3), "float32", False)  # op: what the user did (tracers/reading/transfer_causes.py)
     ]
     assert [(t.op, t.nbytes, t.shape, t.implicit) for t in d2h] == [("item", 4, (), True)]
     assert d2h[0].location.file == __file__

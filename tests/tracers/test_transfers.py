@@ -9,7 +9,7 @@ import pytest
 import torch
 from tpu_debug.runtime import config as runtime_config
 from tpu_debug.runtime import probes
-from tpu_debug.tracers.transfers import CallSite, advice_for
+from tpu_debug.tracers.reading.transfer_causes import CallSite, advice_for
 
 import tpu_debug
 from tpu_debug.cli import main

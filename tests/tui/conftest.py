@@ -6,7 +6,8 @@ import textwrap
 import pytest
 from synthetic_run import write_synthetic_run
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 from tpu_debug.tui import TpuDebugApp
 
 import tpu_debug

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.hlo import make_program
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 
 DATA = Path(__file__).resolve().parent / "data"
 SOURCE = DATA / "train.py"
@@ -498,7 +499,7 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True, collectives: bool 
 
 
 def peak_program(event_id: int, *, status: str = "hbm_oom") -> ev.ProgramMemoryEvent:
-    """A compiled step's peak as the TPU compiler assigned it (what ``tracers.program_memory``
+    """A compiled step's peak as the TPU compiler assigned it (what ``tracers.reading.peak_buffers``
     records): 20 GiB, refused on a v5e, its buffers adding up to that total."""
     gib, mib = 1 << 30, 1 << 20
     buffers = (

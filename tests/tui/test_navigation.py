@@ -405,7 +405,8 @@ def test_footer_says_12345678_views(make_app):
 def test_overview_at_100x30_cuts_view_names(make_app, tmp_path):
     # the events table is as wide as its longest kind and view name; the run's facts wrap instead
     from tpu_debug.tracers import events as ev
-    from tpu_debug.tracers.store import DB_NAME, RunWriter
+    from tpu_debug.tracers.store import DB_NAME
+    from tpu_debug.tracers.recording.run_writer import RunWriter
 
     run_dir = tmp_path / "20260131T120000.000Z-long"
     run_dir.mkdir()

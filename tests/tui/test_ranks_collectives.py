@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.store import DB_NAME, RunWriter
+from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.recording.run_writer import RunWriter
 from tui_helpers import drive, press, screen_text, settle, widget_text
 
 from tpu_debug.ranks import new_group

@@ -16,7 +16,7 @@ from tpu_debug.core.children import ends_with_parent
 from tpu_debug.core.errors import CommandError
 from tpu_debug.ranks import find_group
 from tpu_debug.report.ranks import collective_spans
-from tpu_debug.tracers.tensorboard import TENSORBOARD_DIR, profile_files, write_rank_spans
+from tpu_debug.tracers.xplane import TENSORBOARD_DIR, profile_files, write_rank_spans
 
 HOST = "127.0.0.1"
 

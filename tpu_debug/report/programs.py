@@ -20,8 +20,8 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
-from tpu_debug.tracers.target import TARGET_MODE
-from tpu_debug.tracers.lazy_graphs import summarize
+from tpu_debug.tracers.reading.target_findings import TARGET_MODE
+from tpu_debug.tracers.reading.lazy_graphs import summarize
 from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH, RunFacts, float64_origins
 
 

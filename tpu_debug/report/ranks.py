@@ -24,10 +24,15 @@ from tpu_debug.report.core import (
     section_data,
 )
 from tpu_debug.report.transfers import render_collectives
-from tpu_debug.tracers.collective_calls import group_desyncs, read_rank, stragglers
-from tpu_debug.tracers.collectives import collective_totals, compare_ranks, program_calls, program_collectives
-from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
-from tpu_debug.tracers.tensorboard import RankSpan
+from tpu_debug.tracers.reading.collective_calls import group_desyncs, read_rank, stragglers
+from tpu_debug.tracers.reading.program_collectives import (
+    collective_totals,
+    compare_ranks,
+    program_calls,
+    program_collectives,
+)
+from tpu_debug.tracers.reading.rank_programs import compiled_programs, first_program_difference
+from tpu_debug.tracers.xplane import RankSpan
 
 
 def _rank_figure_data(session: Any) -> dict[str, Any]:
@@ -138,7 +143,7 @@ def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None,
 
 
 def _records(sessions: list, exit_status: dict[int, int] | None = None) -> dict[int, Any]:
-    """Each rank's collectives (:class:`~tpu_debug.tracers.collective_calls.RankRecord`), with the
+    """Each rank's collectives (:class:`~tpu_debug.tracers.reading.collective_calls.RankRecord`), with the
     calls its journal kept past the run store's last commit."""
 
     return {rank: read_rank(rank, s, exit_status=(exit_status or {}).get(rank)) for rank, s in sessions}

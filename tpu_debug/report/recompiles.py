@@ -19,7 +19,7 @@ from tpu_debug.report.core import (
 )
 
 from tpu_debug.report.programs import local_programs
-from tpu_debug.tracers.steps import STEADY, StepIndex, phase_of, step_phases
+from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, phase_of, step_phases
 
 
 def _read_back_text(d: dict) -> str | None:

@@ -16,7 +16,7 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
-from tpu_debug.tracers.steps import STEADY, step_phases
+from tpu_debug.tracers.reading.step_phases import STEADY, step_phases
 
 
 
@@ -160,7 +160,7 @@ _UNLOGGED_STEP = ("eager_ops", "graph_runs", "op_seconds", "transfers", "transfe
 
 
 def _step_data(s: Any, phase: str, imported: bool = False) -> dict[str, Any]:
-    from tpu_debug.tracers.step_time import split_step
+    from tpu_debug.tracers.reading.step_time import split_step
 
     data = _step_fields(s, phase)
     if imported:
@@ -187,8 +187,8 @@ def _add_mfu(session: Any, per_step: list[dict[str, Any]]) -> None:
 
 
 def _time_data(session: Any, steps: list, phases: list[str]) -> dict[str, Any]:
-    """The split of the steady steps, the run's bound and its goodput (``tracers.step_time``)."""
-    from tpu_debug.tracers.step_time import PARTS, goodput, split_step, verdict
+    """The split of the steady steps, the run's bound and its goodput (``tracers.reading.step_time``)."""
+    from tpu_debug.tracers.reading.step_time import PARTS, goodput, split_step, verdict
 
     steady = [sp for sp, p in ((split_step(s), p) for s, p in zip(steps, phases)) if sp is not None and p == "steady"]
     v = verdict(steps, phases)

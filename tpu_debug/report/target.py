@@ -18,7 +18,7 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
-from tpu_debug.tracers.target import findings, step_summary
+from tpu_debug.tracers.reading.target_findings import findings, step_summary
 
 
 

@@ -19,8 +19,12 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
-from tpu_debug.tracers.transfers import CAUSE_TEXT
-from tpu_debug.tracers.collectives import collective_totals, program_calls, program_collectives
+from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT
+from tpu_debug.tracers.reading.program_collectives import (
+    collective_totals,
+    program_calls,
+    program_collectives,
+)
 
 
 

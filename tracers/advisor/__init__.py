@@ -11,7 +11,7 @@ same c10d collectives, :mod:`.invalid_values` for argument values a TPU computes
 with silently (an index out of range). Rule modules import :mod:`.registry`, never this package,
 so adding a rule to one is one declaration plus its tests. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
-step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.steps`) and
+step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.reading.step_phases`) and
 yields findings. A finding is only made for what is true of this run and
 worth changing: compiles while a program warms up, an upload before the
 loop, a graph break in a function called once are not findings. Each rule is
@@ -41,7 +41,7 @@ from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
 from tpu_debug.tracers.advisor.registry import RULES, Rule, lookup, rule
 from tpu_debug.tracers.advisor.rules import FLOAT64_BY_PYTORCH, float64_origins
-from tpu_debug.tracers.steps import StepSummary
+from tpu_debug.tracers.reading.step_phases import StepSummary
 
 __all__ = [
     "FINDINGS_SCHEMA",

@@ -19,7 +19,7 @@ from tpu_debug.core.format import format_seconds
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
-from tpu_debug.tracers.collective_calls import (
+from tpu_debug.tracers.reading.collective_calls import (
     STRAGGLER_MIN_CALLS,
     STRAGGLER_MIN_LATE,
     STRAGGLER_SHARE,

@@ -18,8 +18,15 @@ from tpu_debug.tracers.events import (
     TargetSummaryEvent,
     TransferEvent,
 )
-from tpu_debug.tracers.memory import MemoryView, memory_view
-from tpu_debug.tracers.steps import STEADY, StepIndex, StepSummary, phase_of, step_phases, summarize_steps
+from tpu_debug.tracers.reading.memory_view import MemoryView, memory_view
+from tpu_debug.tracers.reading.step_phases import (
+    STEADY,
+    StepIndex,
+    StepSummary,
+    phase_of,
+    step_phases,
+    summarize_steps,
+)
 
 __all__ = ["RunFacts"]
 
@@ -28,7 +35,7 @@ class RunFacts:
     """One run as the rules see it. Everything is read from the run on first use and kept.
 
     Args:
-        query: the run (a :class:`~tpu_debug.tracers.query.RunQuery` or a Session).
+        query: the run (a :class:`~tpu_debug.tracers.reading.RunQuery` or a Session).
     """
 
     def __init__(self, query: Any) -> None:

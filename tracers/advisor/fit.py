@@ -1,7 +1,7 @@
 """The advisor's rules about fitting a TPU: memory, the target's compiler, the dry run.
 
 They read the evidence the memory tracer and the TPU target tracer recorded
-(``tracers/memory.py``, ``tracers/target.py``) and decide, like every other
+(``tracers/reading/memory_view.py``, ``tracers/reading/target_findings.py``) and decide, like every other
 rule, what is worth a :class:`~.findings.Finding`: a run whose tensors and
 temporaries need more HBM than one device of its target has, a program the
 TPU compiler refused for want of HBM, an array the TPU's tiles pad by a
@@ -29,8 +29,14 @@ from tpu_debug.tracers.events import (
     ProgramMemoryEvent,
     SourceLocation,
 )
-from tpu_debug.tracers.memory import DOES_NOT_FIT, PROGRAM_OOM, describe_fix, describe_holder, need_text
-from tpu_debug.tracers.program_memory import (
+from tpu_debug.tracers.reading.memory_view import (
+    DOES_NOT_FIT,
+    PROGRAM_OOM,
+    describe_fix,
+    describe_holder,
+    need_text,
+)
+from tpu_debug.tracers.reading.peak_buffers import (
     KIND_TEXT,
     holder_remedies,
     made_where,
@@ -39,7 +45,7 @@ from tpu_debug.tracers.program_memory import (
     shape_text,
     sum_text,
 )
-from tpu_debug.tracers.target import TargetFinding, findings
+from tpu_debug.tracers.reading.target_findings import TargetFinding, findings
 
 __all__ = ["PADDING_FINDING_BYTES", "with_peak"]
 
@@ -219,7 +225,7 @@ _PEAK_FACTS = 5
 
 
 def _refused_peaks(facts: RunFacts) -> dict[str, ProgramMemoryEvent]:
-    """The refused programs' peaks (``tracers.program_memory``), by program name."""
+    """The refused programs' peaks (``tracers.reading.peak_buffers``), by program name."""
     memory = getattr(facts.query, "memory", None)
     if memory is None:
         return {}

@@ -23,7 +23,7 @@ from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import rule
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, ShardingRematEvent, SourceLocation
-from tpu_debug.tracers.recompiles import (
+from tpu_debug.tracers.reading.recompile_analysis import (
     Change,
     by_call_site,
     describe,
@@ -34,7 +34,7 @@ from tpu_debug.tracers.recompiles import (
     storage_sizes,
     summarize,
 )
-from tpu_debug.tracers.transfers import CAUSE_TEXT, CallSite, advice_for, user_caused
+from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT, CallSite, advice_for, user_caused
 
 __all__ = [
     "DISPATCH_SHARE",
@@ -1438,7 +1438,7 @@ def divergence(facts: RunFacts) -> Iterable[Finding]:
 def _changed_decisions(facts: RunFacts) -> Iterable[Finding]:
     """Decisions (argmax, argmin, topk, sort, comparisons) that the emulated TPU precision made
     otherwise than CPU float32 for a share of their results (verdict ``"precision"``, see
-    ``tracers/divergence/precision.py``): one finding per op and line, from its first event."""
+    ``tracers/recording/divergence/precision.py``): one finding per op and line, from its first event."""
     seen: set[tuple] = set()
     for event in facts.query.divergences(measure="drift"):
         if event.verdict != "precision" or (event.name, event.location) in seen:

@@ -1,5 +1,5 @@
 """The advisor's rule for where the steps' time goes: a steady state bound by something other
-than the device's work (``tracers/step_time.py`` splits each step's time and names the bound).
+than the device's work (``tracers/reading/step_time.py`` splits each step's time and names the bound).
 
 A run is input-, sync-, compile-, collective- or checkpoint-bound when that part of the split
 holds at least :data:`BOUND_SHARE` of a typical steady step's time (its median share over the
@@ -33,7 +33,7 @@ from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.registry import RULES, rule
 from tpu_debug.tracers.events import SourceLocation
-from tpu_debug.tracers.step_time import PARTS, Verdict, split_step, verdict
+from tpu_debug.tracers.reading.step_time import PARTS, Verdict, split_step, verdict
 
 __all__ = ["BOUND_SHARE", "COVERED_SHARE", "INPUT_FLOOR_SECONDS", "step_bound"]
 

@@ -18,7 +18,7 @@ from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable, SourceExcerpt, SourceView, read_excerpt
 
 from tpu_debug.session import Session
-from tpu_debug.tracers.collectives import program_calls, program_collectives
+from tpu_debug.tracers.reading.program_collectives import program_calls, program_collectives
 
 __all__ = ["CollectivesScreen"]
 

@@ -17,7 +17,7 @@ from textual.widgets import Footer, Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 from tpu_debug.tracers.hlo import ProgramNode
-from tpu_debug.tracers.query import ProgramSummary, ProgramText
+from tpu_debug.tracers.reading import ProgramSummary, ProgramText
 from tpu_debug.tui.widgets import HloDiffView, HloView, diff_rows
 
 from tpu_debug.core.errors import TpuDebugError
@@ -45,7 +45,7 @@ class _Program:
 
 def _tpu_program(session: Session, program_hash: str) -> tuple[str, str] | None:
     """The TPU compile of this program, when the run compiled its programs for a target: the
-    ``target_compile`` events (tracers/target.py), read by field name so a run recorded
+    ``target_compile`` events (tracers/reading/target_findings.py), read by field name so a run recorded
     without them (or a build that does not declare the kind) shows nothing."""
     try:
         events = session.events("target_compile")

@@ -15,8 +15,8 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import MemoryHolder, ProgramBuffer, ProgramMemoryEvent, SourceLocation
-from tpu_debug.tracers.memory import PHASE_TEXT, MemoryView, describe_fix, memory_view, need_text
-from tpu_debug.tracers.program_memory import KIND_TEXT, made_where, peak_headline, shape_text, sum_text
+from tpu_debug.tracers.reading.memory_view import PHASE_TEXT, MemoryView, describe_fix, memory_view, need_text
+from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, peak_headline, shape_text, sum_text
 from tpu_debug.tui.format import format_bytes, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable

@@ -58,7 +58,7 @@ COLUMNS = {
     "fallbacks": ("fallbacks", lambda r: r.fallbacks, True),
     "programs": ("programs", lambda r: r.programs, True),
 }
-# shown when the run has target compiles (tracers/target.py's ``target_compile`` events)
+# shown when the run has target compiles (tracers/reading/target_findings.py's ``target_compile`` events)
 ROOFLINE_COLUMNS = {
     "tpu_est": ("TPU est./call", lambda r: r.tpu_seconds if r.tpu_seconds is not None else -1.0, True),
     "bound": ("TPU bound", lambda r: (r.bound or "", r.name), False),

@@ -16,9 +16,9 @@ from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 from tpu_debug.tracers.advisor import RULES
 from tpu_debug.tracers.events import EVENT_TYPES
-from tpu_debug.tracers.lazy_graphs import summarize
-from tpu_debug.tracers.query import RunMetadata
-from tpu_debug.tracers.steps import StepSummary, summarize_steps
+from tpu_debug.tracers.reading.lazy_graphs import summarize
+from tpu_debug.tracers.reading import RunMetadata
+from tpu_debug.tracers.reading.step_phases import StepSummary, summarize_steps
 from tpu_debug.tui.format import format_seconds, location_text
 from tpu_debug.tui.screens.base import RunScreen
 

@@ -15,8 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 from tpu_debug.core.errors import TpuDebugError
 from tpu_debug.core.format import format_bytes, format_seconds
-from tpu_debug.tracers.collectives import compare_ranks
-from tpu_debug.tracers.rank_programs import compiled_programs, first_program_difference
+from tpu_debug.tracers.reading.program_collectives import compare_ranks
+from tpu_debug.tracers.reading.rank_programs import compiled_programs, first_program_difference
 
 from tpu_debug.report import rank_figures
 from tpu_debug.report.ranks import c10d_data, call_text, in_collectives_text, ops_text, straggler_lines

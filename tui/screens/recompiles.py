@@ -26,8 +26,8 @@ from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
 from tpu_debug.tracers.advisor import Finding
 from tpu_debug.tracers.events import CompileEvent, KeyDiff
-from tpu_debug.tracers.query import CompileGroup
-from tpu_debug.tracers.steps import STEADY, StepIndex, step_phases
+from tpu_debug.tracers.reading import CompileGroup
+from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, step_phases
 from tpu_debug.tui.format import changed_text, diff_summary, fallback_diffs, format_seconds, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.screens.hlo import HloDiffScreen, HloScreen
@@ -36,7 +36,7 @@ from tpu_debug.tui.widgets import Col, FitTable, HloView, PagedTable, SourceExce
 from tpu_debug.core.errors import NotRecordedError
 from tpu_debug.report import advice_of
 from tpu_debug.session import Session
-from tpu_debug.tracers.recompiles import summarize
+from tpu_debug.tracers.reading.recompile_analysis import summarize
 
 __all__ = ["CompileDetail", "RecompilesScreen"]
 

@@ -10,8 +10,16 @@ from textual.app import ComposeResult
 from textual.message import Message
 from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import StepEvent
-from tpu_debug.tracers.step_time import PARTS, Goodput, StepSplit, Verdict, goodput, split_step, verdict
-from tpu_debug.tracers.steps import STEADY, StepSummary, step_phases, summarize_steps
+from tpu_debug.tracers.reading.step_time import (
+    PARTS,
+    Goodput,
+    StepSplit,
+    Verdict,
+    goodput,
+    split_step,
+    verdict,
+)
+from tpu_debug.tracers.reading.step_phases import STEADY, StepSummary, step_phases, summarize_steps
 from tpu_debug.tui.format import format_bytes, format_seconds
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, PagedTable
@@ -27,7 +35,7 @@ _HOW = {"optimizer": "optimizer.step()", "explicit": "tpu_debug.step()", "loop":
 
 
 BAR = 16  # cells of a step's stacked bar
-# each part's colour in the stacked bars and their legend (tracers/step_time.py's PARTS)
+# each part's colour in the stacked bars and their legend (tracers/reading/step_time.py's PARTS)
 PART_STYLE = {
     "input": "magenta",
     "compile": "yellow",

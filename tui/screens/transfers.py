@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Sparkline, Static
 from textual.worker import get_current_worker
 from tpu_debug.tracers.advisor import Finding
 from tpu_debug.tracers.events import SourceLocation
-from tpu_debug.tracers.query import TransferSite
+from tpu_debug.tracers.reading import TransferSite
 from tpu_debug.tui.format import format_bytes, format_seconds, location_text, sparkline
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable, SourceExcerpt, SourceView, read_excerpt

@@ -141,7 +141,7 @@ def target(results: dict, logdir: str) -> None:
     shape (v5e:2x4), by a CollectivesTracer given that target."""
     from tpu_debug.runtime import probes
     from tpu_debug.runtime.target import parse_target
-    from tpu_debug.tracers.collectives import CollectivesTracer
+    from tpu_debug.tracers.recording.collectives_tracer import CollectivesTracer
 
     mesh = dist.init_device_mesh("tpu", (8,), mesh_dim_names=("dp",))
     torch.manual_seed(0)
