@@ -15,7 +15,7 @@ Everything fit computes lives here, above the runtime and the tracers and below 
   (:class:`CollectiveBound`).
 
 What reads an answer back stays with its layer: the ``FitEvent`` record in
-``tracers/events.py``, the advisor's rules in ``tracers/advisor/fit.py``, the report's
+``tracers/events.py``, the advisor's rules in ``tracers/advisor/fit_rules.py``, the report's
 section in ``tpu_debug/report/fit.py``, the TUI's screen in ``tui/screens/fit.py`` and
 the ``tpu-debug fit`` verb in ``tpu_debug/cli/fit.py``.
 

@@ -1070,7 +1070,7 @@ class Fixes:
         verdicts = {True: "fits", False: "does not fit", None: "refused"}
         aim = dict(zip((what for what, _ in self.tried), self.addresses))
         # "<change>: <need> of <capacity>[ (for <kinds>)], <verdict>": the advisor reads the change
-        # before the first colon and the verdict after the last comma (tracers/advisor/fit.py)
+        # before the first colon and the verdict after the last comma (tracers/advisor/fit_rules.py)
         return tuple(f"{what}: {needs_text(r)} of {format_bytes(r.capacity)}"
                      f"{f' (for {aim[what]})' if aim.get(what) else ''}, {verdicts[r.fits]}" for what, r in ordered)
 

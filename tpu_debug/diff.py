@@ -24,6 +24,7 @@ from tpu_debug.report import advice_of, finding_text
 from tpu_debug.report.core import dim_note, kv_text, make_console, report_table
 from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
 from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, step_phases
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = ["DIFF_SCHEMA", "FIGURES", "Figure", "diff_data", "print_diff", "run_figures"]
 
@@ -73,7 +74,7 @@ def _finite(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
 
 
-def run_figures(session: Any) -> dict[str, float | int | None]:
+def run_figures(session: RunView) -> dict[str, float | int | None]:
     """The figures :func:`diff_data` compares, of one run (keys: :data:`FIGURES`).
 
     Per-step figures are over the steady-state steps (None when the run has none);
@@ -135,12 +136,12 @@ def run_figures(session: Any) -> dict[str, float | int | None]:
     return figures
 
 
-def _last_fit(session: Any) -> Any:
+def _last_fit(session: RunView) -> Any:
     fits = session.events("fit")
     return fits[-1] if fits else None
 
 
-def _fit_figures(session: Any) -> dict[str, float | int | None]:
+def _fit_figures(session: RunView) -> dict[str, float | int | None]:
     """A fit answer's figures (its last, when the run holds several; None without one)."""
     f = _last_fit(session)
     if f is None:
@@ -150,7 +151,7 @@ def _fit_figures(session: Any) -> dict[str, float | int | None]:
             "fit_wire_bytes_per_chip": wire}
 
 
-def _fit_side(session: Any) -> dict[str, Any] | None:
+def _fit_side(session: RunView) -> dict[str, Any] | None:
     f = _last_fit(session)
     if f is None:
         return None
@@ -160,7 +161,7 @@ def _fit_side(session: Any) -> dict[str, Any] | None:
             "step_seconds": f.step_seconds, "tokens_per_second": f.tokens_per_second, "mfu": f.mfu}
 
 
-def _peak_side(session: Any) -> dict[str, Any] | None:
+def _peak_side(session: RunView) -> dict[str, Any] | None:
     """The program at the run's peak: its figures, its bytes by kind and by the line that made them."""
     from tpu_debug.tracers.reading.peak_buffers import made_where
 
@@ -195,7 +196,7 @@ def _peak_data(a: Any, b: Any) -> dict[str, Any] | None:
     }
 
 
-def _run_data(session: Any) -> dict[str, Any]:
+def _run_data(session: RunView) -> dict[str, Any]:
     m = session.metadata()
     return {"name": m.name, "dir": str(session.run_dir), "status": m.status, "argv": list(m.argv)}
 

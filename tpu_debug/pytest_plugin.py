@@ -21,6 +21,7 @@ from tpu_debug.report import advice_of
 from tpu_debug.tracers.reading.recompile_analysis import explain
 from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, phase_of, step_phases
 from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT, call_sites
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = ["SHOWN", "implicit_sync_failures", "record_call", "steady_compile_failures"]
 
@@ -66,7 +67,7 @@ def record_call(item: pytest.Item, checks: Sequence[str]) -> Generator[None, Any
     return result
 
 
-def steady_compile_failures(session: Any, item: pytest.Item | None = None) -> list[str]:
+def steady_compile_failures(session: RunView, item: pytest.Item | None = None) -> list[str]:
     """The failure of ``tpu_debug_no_recompiles`` (empty: none): the compiles of steady-state
     steps, each with its line and key diff, and the advisor's fix.
 
@@ -106,7 +107,7 @@ def steady_compile_failures(session: Any, item: pytest.Item | None = None) -> li
     return ["\n".join(lines)]
 
 
-def implicit_sync_failures(session: Any) -> list[str]:
+def implicit_sync_failures(session: RunView) -> list[str]:
     """The failure of ``tpu_debug_no_implicit_syncs`` (empty: none): each line that made the
     host wait for the device without asking for a copy, with its cause and count."""
     syncs = [t for t in session.transfers(direction="d2h") if t.implicit]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tpu_debug.core.options import default_logdir
 from tpu_debug.report import print_report
+from tpu_debug.report.findings import advice_of
 from tpu_debug.runs import resolve_run
+from tpu_debug.tracers.advisor import Finding
 from tpu_debug.tracers.reading import RunQuery
-from tpu_debug.tracers.recording.run_writer import RunWriter
 
 __all__ = ["Session", "open_run"]
 
@@ -29,8 +31,10 @@ class Session(RunQuery):
     ``metadata()``, ``counts()`` and ``findings()`` are the run's own.
 
     A live session (the one ``trace()`` yields) flushes the recorder before
-    each query, so it sees everything recorded so far. After the trace ends it
-    reads the finished run.
+    each query (``flush``: the trace hands its writer's), so it sees everything recorded so
+    far. After the trace ends it reads the finished run. A session only reads: the report
+    renders it (``summary()`` is ``tpu_debug.report``'s text of it) and the advisor judges it
+    (``findings()``).
 
     Example::
 
@@ -41,34 +45,34 @@ class Session(RunQuery):
         print(session.programs.hlo("aten::mul.Tensor"))
     """
 
-    def __init__(self, db_path: Path, *, writer: RunWriter | None = None) -> None:
+    def __init__(self, db_path: Path, *, flush: Callable[[], object] | None = None) -> None:
         super().__init__(db_path)
-        self._writer = writer
+        self._flush = flush
         self._exit_status: int | None = None
         self._exit_error: str | None = None
 
     @property
-    def run_dir(self) -> Path:
-        """The run's directory."""
-        return self.db_path.parent
-
-    @property
     def live(self) -> bool:
         """True while the trace that owns this session is recording."""
-        return self._writer is not None
+        return self._flush is not None
 
     def _sync(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        if self._flush is not None:
+            self._flush()
 
     def _detach(self) -> None:
-        self._writer = None
+        self._flush = None
 
     def mark_exit(self, status: int, error: str | None = None) -> None:
         """Record the traced program's exit status and the error that ended it, if any
         (``tpu-debug run`` does this; the run's metadata keeps both)."""
         self._exit_status = int(status)
         self._exit_error = error
+
+    def findings(self) -> list[Finding]:
+        """What the advisor finds in the run (``tracers.advisor.Finding``), the most costly
+        first; an empty list is a run with nothing to fix."""
+        return list(advice_of(self).findings)
 
     def summary(self, *, width: int = 100) -> str:
         """The run's report as plain text (what ``tpu-debug report`` prints)."""

@@ -448,7 +448,7 @@ class Trace(contextlib.ContextDecorator):
         # process of the machine): lines the run's timestamps up with other clocks
         self._writer.set_meta(clock_origin=time.perf_counter() - self._recorder.clock())
         self._record_process()
-        self.session = Session(run_dir / DB_NAME, writer=self._writer)
+        self.session = Session(run_dir / DB_NAME, flush=self._writer.flush)
         self._start = time.perf_counter()
         running = self._running = Running(self.config, self.target, self._writer, self._recorder, self.session, _say)
         for part in start_order([p for p in PARTS if p.applies(running)]):

@@ -1365,7 +1365,7 @@ class MemoryFix:
 class MemoryFindingEvent(Event):
     """The evidence of a run's fit in its TPU target's memory, as data (the memory
     tracer writes it; whether it is a finding is the advisor's rule,
-    ``tracers/advisor/fit.py``).
+    ``tracers/advisor/fit_rules.py``).
 
     ``finding`` says which record it is: ``"estimate"`` (written for every run with
     a target: the need, ``required_bytes``, against one device's

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tpu_debug.tracers.advisor import rules
+from tpu_debug.tracers.advisor import recompile_rules as rules
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.events import (
     ArgInfo,

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.target import LibtpuMissingError, _libtpu, default_compiler, parse_target
-from tpu_debug.tracers.advisor.fit import PADDING_FINDING_BYTES
+from tpu_debug.tracers.advisor.fit_rules import PADDING_FINDING_BYTES
 from tpu_debug.tracers.reading.memory_view import memory_view
 from tpu_debug.tracers.reading.target_findings import findings
 from tpu_debug.tracers.xplane import PROGRAMS_FILE, profile_files

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from tpu_debug.runtime import eager
-from tpu_debug.tracers.advisor import rules
+from tpu_debug.tracers.advisor import transfer_rules as rules
 
 import tpu_debug
 

@@ -30,6 +30,7 @@ from rich.text import Text
 
 from tpu_debug.core.errors import ReportSectionError
 from tpu_debug.core.format import format_location
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = [
     "EVENT_HEADER",
@@ -74,9 +75,9 @@ class Section:
     title: str
     order: int
     key: str | None
-    data: Callable[[Any], Any]
+    data: Callable[[RunView], Any]
     render: Callable[[Any, bool], RenderableType | None]
-    heading: Callable[[Any], str] | None = None
+    heading: Callable[[RunView], str] | None = None
 
 
 SECTIONS: list[Section] = []
@@ -88,7 +89,7 @@ def section(
     order: int,
     key: str | None,
     render: Callable[[Any, bool], RenderableType | None],
-    heading: Callable[[Any], str] | None = None,
+    heading: Callable[[RunView], str] | None = None,
 ) -> Callable:
     """Register a report section on its data function ``fn(session) -> JSON value``.
 
@@ -104,7 +105,7 @@ def section(
         ReportSectionError: a section with this title or key is already registered.
     """
 
-    def register(fn: Callable[[Any], Any]) -> Callable:
+    def register(fn: Callable[[RunView], Any]) -> Callable:
         if any(s.title == title or (key is not None and s.key == key) for s in SECTIONS):
             raise ReportSectionError(
                 f"report section {title!r} (key {key!r}) is registered twice; give the new section "
@@ -267,7 +268,7 @@ EVENT_HEADER = ("id", "ts", "mode", "thread")
 NOT_MEASURED = "not in an imported TORCH_TRACE log"
 
 
-def is_imported(session: Any) -> bool:
+def is_imported(session: RunView) -> bool:
     return bool(getattr(session.metadata(), "imported_from", None))
 
 
@@ -282,7 +283,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def section_data(session: Any) -> list[tuple[Section, Any]]:
+def section_data(session: RunView) -> list[tuple[Section, Any]]:
     return [(sec, sec.data(session)) for sec in SECTIONS]
 
 
@@ -296,7 +297,7 @@ def assemble(parts: list[tuple[Section, Any]]) -> dict[str, Any]:
     return json_safe(data)
 
 
-def report_data(session: Any) -> dict[str, Any]:
+def report_data(session: RunView) -> dict[str, Any]:
     """The report of ``session``'s run as data, every section of it, under :data:`REPORT_SCHEMA`
     (docs/report_schema.md describes every field): the data the text report is printed from.
 
@@ -356,7 +357,7 @@ def print_heading(console: Console, text: str) -> None:
 
 
 def print_report(
-    session: Any, *, file: Any = None, terminal: bool | None = None, width: int | None = None
+    session: RunView, *, file: Any = None, terminal: bool | None = None, width: int | None = None
 ) -> None:
     """Print the report of ``session``'s run to ``file`` (default stdout).
 

@@ -18,7 +18,7 @@ from tpu_debug.report.core import (
     where_text,
 )
 from tpu_debug.tracers.events import DivergenceSummaryEvent
-
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _divergence_rows(d: dict) -> list[tuple[str, str]]:
@@ -201,7 +201,7 @@ def _divergence_site_data(key: tuple, items: list, counts: dict) -> dict[str, An
 
 
 @section("Divergence", order=60, key="divergence", render=_render_divergence)
-def _divergence(session: Any) -> dict[str, Any] | None:
+def _divergence(session: RunView) -> dict[str, Any] | None:
     summary = session.divergences.summary()
     events = session.divergences()
     if summary is None and not events:

@@ -13,14 +13,14 @@ from tpu_debug.report.core import (
     dim_note,
     section,
 )
-from tpu_debug.tracers.advisor import FINDINGS_SCHEMA, Finding, advise
-
+from tpu_debug.tracers.advisor import FINDINGS_SCHEMA, Advice, Finding, advise
+from tpu_debug.tracers.reading.view import RunView
 
 # the advice of each session, with the run's watermark it was worked out at
 _ADVICE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def advice_of(session: Any) -> Any:
+def advice_of(session: RunView) -> Advice:
     """The advisor's :class:`~tpu_debug.tracers.advisor.Advice` for ``session``'s run, worked
     out once per state of the run (a live run that grew is advised again)."""
     mark = session.watermark()
@@ -86,7 +86,7 @@ def _render_findings(d: dict, terminal: bool) -> RenderableType:
 
 
 @section("Findings", order=1, key=None, render=_render_findings)
-def _findings(session: Any) -> dict[str, Any]:
+def _findings(session: RunView) -> dict[str, Any]:
     advice = advice_of(session)
     return {
         "findings_schema": FINDINGS_SCHEMA,

@@ -16,7 +16,7 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
-
+from tpu_debug.tracers.reading.view import RunView
 
 _VERDICTS = {True: "fits", False: "does not fit", None: "refused"}
 
@@ -125,7 +125,7 @@ def _render_fit(d: list | None, terminal: bool) -> RenderableType | None:
 
 
 @section("Fit on a TPU slice", order=68, key="fit", render=_render_fit)
-def _fit(session: Any) -> list[dict[str, Any]] | None:
+def _fit(session: RunView) -> list[dict[str, Any]] | None:
     events = session.events("fit")
     return [_fit_data(e) for e in events] if events else None
 

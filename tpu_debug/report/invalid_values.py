@@ -11,6 +11,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from tpu_debug.report.core import dim_note, full_where, location_data, report_table, section
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _number(value: float | None) -> str:
@@ -40,7 +41,7 @@ def _render_invalid_values(places: list[dict], terminal: bool) -> RenderableType
 
 
 @section("Invalid values", order=72, key="invalid_values", render=_render_invalid_values)
-def _invalid_values(session: Any) -> list[dict[str, Any]]:
+def _invalid_values(session: RunView) -> list[dict[str, Any]]:
     out = []
     for place in session.invalid_values():
         e = place.event

@@ -19,7 +19,7 @@ from tpu_debug.report.core import (
     site_text,
 )
 from tpu_debug.tracers.reading.memory_view import PHASE_TEXT, describe_fix, memory_view, need_text
-
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _memory_rows(m: dict) -> list[tuple[str, str]]:
@@ -96,7 +96,7 @@ def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
 
 
 @section("Memory", order=65, key="memory", render=_render_memory)
-def _memory(session: Any) -> dict[str, Any] | None:
+def _memory(session: RunView) -> dict[str, Any] | None:
     view = memory_view(session)
     if not view.recorded:
         return None
@@ -180,7 +180,7 @@ def _render_peak_buffers(d: list | None, terminal: bool) -> RenderableType | Non
 
 
 @section("Peak buffers", order=66, key="peak_buffers", render=_render_peak_buffers)
-def _peak_buffers(session: Any) -> list[dict[str, Any]] | None:
+def _peak_buffers(session: RunView) -> list[dict[str, Any]] | None:
     programs = session.memory()
     if not programs:
         return None

@@ -20,10 +20,10 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
-from tpu_debug.tracers.reading.target_findings import TARGET_MODE
-from tpu_debug.tracers.reading.lazy_graphs import summarize
 from tpu_debug.tracers.advisor import FLOAT64_BY_PYTORCH, RunFacts, float64_origins
-
+from tpu_debug.tracers.reading.lazy_graphs import summarize
+from tpu_debug.tracers.reading.target_findings import TARGET_MODE
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
@@ -65,7 +65,7 @@ def _render_ops(ops: list[dict], terminal: bool) -> RenderableType:
 
 
 @section("Top ops by time", order=10, key="ops", render=_render_ops)
-def _ops(session: Any) -> list[dict[str, Any]]:
+def _ops(session: RunView) -> list[dict[str, Any]]:
     imported = is_imported(session)
     return [
         {
@@ -112,7 +112,7 @@ def _render_programs(programs: list[dict], terminal: bool) -> RenderableType | N
 
 
 @section("Heaviest programs", order=30, key="programs", render=_render_programs)
-def _programs(session: Any) -> list[dict[str, Any]]:
+def _programs(session: RunView) -> list[dict[str, Any]]:
     return [plain_record(p) for p in local_programs(session.programs())]
 
 
@@ -174,7 +174,7 @@ def _render_lazy_graphs(d: dict | None, terminal: bool) -> RenderableType | None
 
 
 @section("Lazy graphs", order=57, key="lazy_graphs", render=_render_lazy_graphs)
-def _lazy_graphs(session: Any) -> dict[str, Any] | None:
+def _lazy_graphs(session: RunView) -> dict[str, Any] | None:
     events = session.events("materialize")
     if not events:
         return None
@@ -204,7 +204,7 @@ def _render_fallbacks(fallbacks: list[dict], terminal: bool) -> RenderableType |
 
 
 @section("CPU fallbacks", order=70, key="fallbacks", render=_render_fallbacks)
-def _fallbacks(session: Any) -> list[dict[str, Any]]:
+def _fallbacks(session: RunView) -> list[dict[str, Any]]:
     counts: dict[str, list] = {}
     for f in session.ops.fallbacks():
         counts.setdefault(f.name, []).append(f)
@@ -238,7 +238,7 @@ def _float64_note(ops: list[dict]) -> str:
 
 
 @section("float64", order=75, key="float64", render=_render_float64)
-def _float64(session: Any) -> list[dict[str, Any]]:
+def _float64(session: RunView) -> list[dict[str, Any]]:
     ops = session.ops.float64()
     origins = float64_origins(RunFacts(session)) if ops else {}
     return [

@@ -32,10 +32,11 @@ from tpu_debug.tracers.reading.program_collectives import (
     program_collectives,
 )
 from tpu_debug.tracers.reading.rank_programs import compiled_programs, first_program_difference
+from tpu_debug.tracers.reading.view import RunView
 from tpu_debug.tracers.xplane import RankSpan
 
 
-def _rank_figure_data(session: Any) -> dict[str, Any]:
+def _rank_figure_data(session: RunView) -> dict[str, Any]:
     """One rank's figures as data (one column of the per-rank table)."""
 
     m = session.metadata()
@@ -79,7 +80,7 @@ def _rank_figure_text(f: dict) -> dict[str, str]:
     }
 
 
-def rank_figures(session: Any) -> dict[str, str]:
+def rank_figures(session: RunView) -> dict[str, str]:
     """One column of the per-rank table."""
     return _rank_figure_text(_rank_figure_data(session))
 

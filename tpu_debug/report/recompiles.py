@@ -17,9 +17,9 @@ from tpu_debug.report.core import (
     section,
     where_text,
 )
-
 from tpu_debug.report.programs import local_programs
 from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, phase_of, step_phases
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _read_back_text(d: dict) -> str | None:
@@ -64,7 +64,7 @@ def _group_data(g: Any, steady: dict) -> dict[str, Any]:
 
 
 @section("Programs compiled", order=20, key="compiles", render=_render_compiles)
-def _compiles(session: Any) -> dict[str, Any]:
+def _compiles(session: RunView) -> dict[str, Any]:
     ops = session.ops()
     by_mode: dict[str, dict[str, Any]] = {}
     for o in ops:
@@ -150,7 +150,7 @@ def _recompile_table(d: dict, terminal: bool) -> list[RenderableType]:
     return parts
 
 
-def _steady_recompiles(session: Any) -> dict[tuple[str | None, str], int]:
+def _steady_recompiles(session: RunView) -> dict[tuple[str | None, str], int]:
     """Recompiles in steady-state steps, per (mode, identity)."""
     steps = session.steps()
     index = StepIndex(steps)
@@ -188,7 +188,7 @@ def _graph_breaks_data(breaks: list) -> list[dict[str, Any]]:
 
 
 @section("Recompiles", order=40, key="recompiles", render=_render_recompiles)
-def _recompiles(session: Any) -> dict[str, Any]:
+def _recompiles(session: RunView) -> dict[str, Any]:
     groups = [g for g in session.recompiles.groups() if g.recompiles]
     steady = _steady_recompiles(session) if groups else {}
     ranked = sorted(groups, key=lambda g: (-steady.get((g.mode, g.identity), 0), -g.recompiles, g.identity))

@@ -17,7 +17,7 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
-
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _render_run(d: dict, terminal: bool) -> RenderableType:
@@ -47,7 +47,7 @@ def _render_run(d: dict, terminal: bool) -> RenderableType:
 
 
 @section("Run", order=0, key="run", render=_render_run)
-def _run(session: Any) -> dict[str, Any]:
+def _run(session: RunView) -> dict[str, Any]:
     m = session.metadata()
     return {
         "name": m.name,
@@ -93,7 +93,7 @@ def _render_tensorboard(tb: dict | None, terminal: bool) -> RenderableType | Non
 
 
 @section("TensorBoard", order=85, key="tensorboard", render=_render_tensorboard)
-def _tensorboard(session: Any) -> dict[str, Any] | None:
+def _tensorboard(session: RunView) -> dict[str, Any] | None:
     tb = session.tensorboard_summary()
     if tb is None:
         return None
@@ -126,7 +126,7 @@ def _render_errors(d: dict, terminal: bool) -> RenderableType | None:
 
 
 @section("Tracer errors", order=90, key="tracer_errors", render=_render_errors)
-def _errors(session: Any) -> dict[str, Any]:
+def _errors(session: RunView) -> dict[str, Any]:
     meta = session.metadata()
     # the run keeps the first errors of each kind; the meta counts them all
     capped = session.capped_counts("internal_error")
@@ -158,5 +158,5 @@ def _render_damaged(d: list[dict], terminal: bool) -> RenderableType | None:
 
 # the last section: it names the rows that the sections before it found damaged
 @section("Damaged rows", order=99, key="damaged_rows", render=_render_damaged)
-def _damaged(session: Any) -> list[dict[str, Any]]:
+def _damaged(session: RunView) -> list[dict[str, Any]]:
     return [dataclasses.asdict(d) for d in session.damaged_rows()]

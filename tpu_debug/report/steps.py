@@ -7,7 +7,6 @@ from typing import Any
 from rich.console import Group, RenderableType
 
 from tpu_debug.core.format import format_bytes, format_seconds
-from tpu_debug.report.findings import advice_of
 from tpu_debug.report.core import (
     NOT_MEASURED,
     dim_note,
@@ -16,8 +15,9 @@ from tpu_debug.report.core import (
     report_table,
     section,
 )
+from tpu_debug.report.findings import advice_of
 from tpu_debug.tracers.reading.step_phases import STEADY, step_phases
-
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _steps_range_text(indexes: list[int]) -> str:
@@ -170,7 +170,7 @@ def _step_data(s: Any, phase: str, imported: bool = False) -> dict[str, Any]:
     return data
 
 
-def _add_mfu(session: Any, per_step: list[dict[str, Any]]) -> None:
+def _add_mfu(session: RunView, per_step: list[dict[str, Any]]) -> None:
     """Each step's MFU on the run's TPU target: the target compiler's flops over the estimated
     step time (``mfu``), and on a TPU over the measured time too (``mfu_measured``)."""
     from tpu_debug.tracers.events import TargetStepEvent, TargetSummaryEvent
@@ -186,7 +186,7 @@ def _add_mfu(session: Any, per_step: list[dict[str, Any]]) -> None:
             s["mfu_measured"] = t.flops / (s["seconds"] * summary.peak_flops)
 
 
-def _time_data(session: Any, steps: list, phases: list[str]) -> dict[str, Any]:
+def _time_data(session: RunView, steps: list, phases: list[str]) -> dict[str, Any]:
     """The split of the steady steps, the run's bound and its goodput (``tracers.reading.step_time``)."""
     from tpu_debug.tracers.reading.step_time import PARTS, goodput, split_step, verdict
 
@@ -235,7 +235,7 @@ def _step_fields(s: Any, phase: str) -> dict[str, Any]:
 
 
 @section("Steps", order=5, key="steps", render=_render_steps)
-def _steps(session: Any) -> dict[str, Any]:
+def _steps(session: RunView) -> dict[str, Any]:
     summary = advice_of(session).steps
     steps = session.steps()
     phases = _phases(steps)

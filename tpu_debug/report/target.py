@@ -19,7 +19,7 @@ from tpu_debug.report.core import (
     section,
 )
 from tpu_debug.tracers.reading.target_findings import findings, step_summary
-
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _target_heading(d: dict) -> str:
@@ -169,7 +169,7 @@ def _target_compile_data(c: Any, runs: dict, ids: dict) -> dict[str, Any]:
 
 
 @section("TPU target", order=67, key="target", render=_render_target, heading=_target_heading)
-def _target(session: Any) -> dict[str, Any] | None:
+def _target(session: RunView) -> dict[str, Any] | None:
     summaries = session.events("target_summary")
     compiles = session.events("target_compile")
     if not summaries and not compiles:

@@ -19,13 +19,13 @@ from tpu_debug.report.core import (
     section,
     site_text,
 )
-from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT
 from tpu_debug.tracers.reading.program_collectives import (
     collective_totals,
     program_calls,
     program_collectives,
 )
-
+from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT
+from tpu_debug.tracers.reading.view import RunView
 
 
 def _render_transfers(d: dict, terminal: bool) -> RenderableType:
@@ -67,7 +67,7 @@ def _render_transfers(d: dict, terminal: bool) -> RenderableType:
 
 
 @section("Transfers", order=50, key="transfers", render=_render_transfers)
-def _transfers(session: Any) -> dict[str, Any]:
+def _transfers(session: RunView) -> dict[str, Any]:
     if is_imported(session):
         return {"imported": True, "count": None, "bytes": None, "seconds": None, "implicit": None, "sites": []}
     transfers = session.transfers()
@@ -158,7 +158,7 @@ def _collective_programs(block: dict, terminal: bool) -> list[RenderableType]:
     return parts
 
 
-def _collectives_block(session: Any, events: list, target: str | None) -> dict[str, Any]:
+def _collectives_block(session: RunView, events: list, target: str | None) -> dict[str, Any]:
     totals = collective_totals(events)
     calls = program_calls(session, events) if not target else {}
     return {
@@ -185,7 +185,7 @@ def _collectives_block(session: Any, events: list, target: str | None) -> dict[s
 
 
 @section("Collectives", order=55, key="collectives", render=render_collectives)
-def _collectives(session: Any) -> dict[str, Any] | None:
+def _collectives(session: RunView) -> dict[str, Any] | None:
     local = program_collectives(session)
     targets = [e for e in program_collectives(session, target=None) if e.target]
     if not local and not targets:

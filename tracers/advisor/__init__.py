@@ -2,14 +2,16 @@
 assembled by a view), ranked by what they cost.
 
 A rule is one function registered with :func:`rule` under its kind (and the
-TUI view that shows what its findings are about), in a rule module: :mod:`.rules`
-for the training loop (recompiles, syncs, uploads, dispatch, numerics),
-:mod:`.steps` for what bounds the steps' time (input, syncs, compiles, collectives,
-checkpoints), :mod:`.fit` for fitting a TPU (memory, the target compiler's refusals and
-padding, dry runs), :mod:`.collectives` for ranks that stopped calling the
-same c10d collectives, :mod:`.invalid_values` for argument values a TPU computes
-with silently (an index out of range). Rule modules import :mod:`.registry`, never this package,
-so adding a rule to one is one declaration plus its tests. A rule reads
+TUI view that shows what its findings are about), in the rule module of its subject:
+:mod:`.recompile_rules` (shapes that keep changing, recompiles, dynamo's limit),
+:mod:`.transfer_rules` (syncs, uploads, copies to the host, CPU fallbacks),
+:mod:`.execution_rules` (graph breaks, tiny eager ops, float64, divergence, sharding
+rematerialization), :mod:`.step_rules` (what bounds the steps' time: input, syncs,
+compiles, collectives, checkpoints), :mod:`.fit_rules` (fitting a TPU: memory, the target
+compiler's refusals and padding, dry runs), :mod:`.collective_rules` (ranks that stopped
+calling the same c10d collectives), :mod:`.invalid_value_rules` (argument values a TPU
+computes with silently). Rule modules import :mod:`.registry` and :mod:`.prose`, never
+this package, so adding a rule to one is one declaration plus its tests. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
 step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.reading.step_phases`) and
 yields findings. A finding is only made for what is true of this run and
@@ -29,19 +31,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
 
 # the rule modules register their rules when imported; they import the registry, never this package
-from tpu_debug.tracers.advisor import collectives as _collectives  # noqa: F401
-from tpu_debug.tracers.advisor import fit as _fit  # noqa: F401
-from tpu_debug.tracers.advisor import invalid_values as _invalid_values  # noqa: F401
-from tpu_debug.tracers.advisor import rules as _rules  # noqa: F401
-from tpu_debug.tracers.advisor import steps as _steps  # noqa: F401
+from tpu_debug.tracers.advisor import collective_rules as _collective_rules  # noqa: F401
+from tpu_debug.tracers.advisor import execution_rules as _execution_rules  # noqa: F401
+from tpu_debug.tracers.advisor import fit_rules as _fit_rules  # noqa: F401
+from tpu_debug.tracers.advisor import invalid_value_rules as _invalid_value_rules  # noqa: F401
+from tpu_debug.tracers.advisor import recompile_rules as _recompile_rules  # noqa: F401
+from tpu_debug.tracers.advisor import step_rules as _step_rules  # noqa: F401
+from tpu_debug.tracers.advisor import transfer_rules as _transfer_rules  # noqa: F401
+from tpu_debug.tracers.advisor.execution_rules import FLOAT64_BY_PYTORCH, float64_origins
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
 from tpu_debug.tracers.advisor.registry import RULES, Rule, lookup, rule
-from tpu_debug.tracers.advisor.rules import FLOAT64_BY_PYTORCH, float64_origins
 from tpu_debug.tracers.reading.step_phases import StepSummary
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = [
     "FINDINGS_SCHEMA",
@@ -72,7 +76,7 @@ class Advice:
     errors: tuple[str, ...] = ()
 
 
-def advise(query: Any, *, kinds: Iterable[str] | None = None) -> Advice:
+def advise(query: RunView, *, kinds: Iterable[str] | None = None) -> Advice:
     """Run the rules over a run.
 
     A rule that raises does not stop the others: its error is kept in

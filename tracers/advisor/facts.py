@@ -27,6 +27,7 @@ from tpu_debug.tracers.reading.step_phases import (
     step_phases,
     summarize_steps,
 )
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = ["RunFacts"]
 
@@ -38,7 +39,7 @@ class RunFacts:
         query: the run (a :class:`~tpu_debug.tracers.reading.RunQuery` or a Session).
     """
 
-    def __init__(self, query: Any) -> None:
+    def __init__(self, query: RunView) -> None:
         self.query = query
 
     # -- steps ----------------------------------------------------------------------------

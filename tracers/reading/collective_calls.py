@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tpu_debug.core import desync as _desync
 from tpu_debug.core.collective_kinds import P2P_OPS
 from tpu_debug.tracers.collective_journal import journal_events
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent, CollectiveDoneEvent
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = [
     "Desync",
@@ -216,7 +216,7 @@ def _key(op: str, group: str, seq: int) -> tuple[str, bool, int]:
     return group, op in P2P_OPS, seq
 
 
-def read_rank(rank: int, session: Any, *, exit_status: int | None = None) -> RankRecord:
+def read_rank(rank: int, session: RunView, *, exit_status: int | None = None) -> RankRecord:
     """Rank ``rank``'s collectives from its run (``session``), with the calls its journal
     kept that the run store had not committed when the rank was killed.
 

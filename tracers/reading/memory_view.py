@@ -129,7 +129,7 @@ def fit_verdicts(records: list[MemoryFindingEvent]) -> list[MemoryFindingEvent]:
     """What does not fit, from a run's fit evidence: the estimate when it is over capacity
     (as a ``"does_not_fit"`` record), then each program the compiler refused for HBM, with
     the estimate's holders and fixes. The advisor's fit rules and the views read this one
-    decision (``tracers/advisor/fit.py``).
+    decision (``tracers/advisor/fit_rules.py``).
 
     Args:
         records: the run's :class:`~.events.MemoryFindingEvent` records, in order.

@@ -19,9 +19,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tpu_debug.tracers.events import CompileEvent
+from tpu_debug.tracers.reading.view import RunView
 
 __all__ = ["ProgramDifference", "ProgramSide", "compiled_programs", "first_program_difference"]
 
@@ -66,7 +66,7 @@ class ProgramDifference:
         return f"the ranks' compiled programs differ at compile #{self.index}: " + "; ".join(parts)
 
 
-def compiled_programs(session: Any) -> list[ProgramSide]:
+def compiled_programs(session: RunView) -> list[ProgramSide]:
     """The graphs a rank's run compiled (compiled mode, the program read back from the
     persistent cache included), in order, each with its step."""
     steps = sorted(session.events("step"), key=lambda s: s.ts)

@@ -28,7 +28,7 @@ collective's write-back) counts in that wait, once.
 **The verdict.** The part that holds the most of a typical steady step's time (the median
 share over the steady steps) bounds the run: input-, compile-, sync-, collective-, checkpoint- or host-bound, and device-bound
 when it is ``dispatch`` (the programs' launch and the device's work: what a correct loop
-spends its time on). The advisor's ``step_bound`` rule (``tracers/advisor/steps.py``)
+spends its time on). The advisor's ``step_bound`` rule (``tracers/advisor/step_rules.py``)
 makes a finding of it.
 
 **Goodput** follows Google's ml-goodput-measurement: goodput is the share of the run's

@@ -45,12 +45,12 @@ _PROBE_DEPTH = 3
 TARGET_WAIT_SECONDS = 120.0
 
 
-def sharded(info: Any) -> bool:
+def sharded(info: CompileInfo) -> bool:
     """Whether a compiled program's inputs lie on a mesh (the runtime names their sharding)."""
     return any(k == "sharding" for a in info.args for k, _ in (a.layout or ()))
 
 
-def _node_lines(info: Any) -> dict[str, tuple[str, int, str]]:
+def _node_lines(info: CompileInfo) -> dict[str, tuple[str, int, str]]:
     graph = getattr(info, "graph", None)
     if graph is None:
         return {}
@@ -132,7 +132,7 @@ class CollectivesTracer:
             return
         self._record(info, remats)
 
-    def _record(self, info: Any, remats: tuple = ()) -> None:
+    def _record(self, info: CompileInfo, remats: tuple = ()) -> None:
         hlo = info.hlo()
         devices = module_devices(hlo)
         if devices <= 1:
@@ -165,7 +165,7 @@ class CollectivesTracer:
     def on_internal_error(self, method: str, exc: BaseException) -> None:
         self.record_error(f"CollectivesTracer.{method}", f"{type(exc).__name__}: {exc}")
 
-    def _watch_replayed(self, info: Any) -> None:
+    def _watch_replayed(self, info: CompileInfo) -> None:
         """Record ``info`` when its executable first runs. The watcher listens to executions
         only while such programs wait, so a trace without them pays nothing per op."""
         with self._lock:
@@ -174,7 +174,7 @@ class CollectivesTracer:
                 probes.subscribe(self._watcher)
             self._watcher.waiting[info.key] = info
 
-    def _replayed_ran(self, info: Any) -> None:
+    def _replayed_ran(self, info: CompileInfo) -> None:
         self._record(info)
         with self._lock:
             if self._watcher is not None and not self._watcher.waiting:
@@ -187,7 +187,7 @@ class CollectivesTracer:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _put(self, info: Any, location: SourceLocation | None, program: str | None, devices: int, target: str,
+    def _put(self, info: CompileInfo, location: SourceLocation | None, program: str | None, devices: int, target: str,
              collectives: tuple[Collective, ...], memory: dict, seconds: float, error: str | None) -> None:
         self.writer.put(
             CollectivesEvent(
@@ -207,7 +207,7 @@ class CollectivesTracer:
             )
         )
 
-    def _put_remat(self, info: Any, program: str | None, remat: Any, location: SourceLocation | None,
+    def _put_remat(self, info: CompileInfo, program: str | None, remat: Any, location: SourceLocation | None,
                    node_lines: dict) -> None:
         first = remat.node.split(",", 1)[0]
         if first in node_lines:  # the user's line of the FX node whose value was resharded
@@ -219,7 +219,7 @@ class CollectivesTracer:
             remat.aten_op, remat.node, remat.text,
         ))
 
-    def _target_done(self, future: Future, info: Any, location: Any, node_lines: dict) -> None:
+    def _target_done(self, future: Future, info: CompileInfo, location: SourceLocation | None, node_lines: dict) -> None:
         # pending until its record is written: close() waits for the record, not the compile
         # (a future is done before its callbacks run)
         try:
@@ -229,7 +229,7 @@ class CollectivesTracer:
                 if future in self._pending:
                     self._pending.remove(future)
 
-    def _write_target(self, future: Future, info: Any, location: Any, node_lines: dict) -> None:
+    def _write_target(self, future: Future, info: CompileInfo, location: SourceLocation | None, node_lines: dict) -> None:
         try:
             try:
                 result = future.result()

@@ -273,7 +273,7 @@ class MemoryTracer:
                 site.tensors -= 1
                 del self._storages[info.storage]
 
-    def _padded(self, info: Any, n: int) -> int:
+    def _padded(self, info: AllocInfo, n: int) -> int:
         """``n`` logical bytes of ``info``'s payload as the target lays them out.
 
         Padded here, when the bytes arrive, not when figures are summed up: the step

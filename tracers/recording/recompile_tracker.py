@@ -143,7 +143,7 @@ def _graph_diffs(
     return out, score
 
 
-def _named_args(info: Any) -> tuple:
+def _named_args(info: CompileInfo) -> tuple:
     """A forward graph's arguments named after dynamo's sources for them, when they line up."""
     args = tuple(info.args)
     graph = info.graph
@@ -154,7 +154,7 @@ def _named_args(info: Any) -> tuple:
 
 
 
-def _facts(info: Any) -> dict[tuple[str, str], str]:
+def _facts(info: CompileInfo) -> dict[tuple[str, str], str]:
     """What the key holds beyond the arguments, per (aspect, detail) of a :class:`KeyDiff`."""
     facts = {
         ("precision" if str(k) == "matmul precision" else "config", str(k)): str(v)
@@ -168,7 +168,7 @@ def _facts(info: Any) -> dict[tuple[str, str], str]:
     return facts
 
 
-def _lazyidentity_of(info: Any) -> tuple[Any, str]:
+def _lazy_identity(info: CompileInfo) -> tuple[Any, str]:
     """A lazy graph is known by where it is cut: the trigger and the user's line (read off
     the stack: compiles of lazy graphs are observed while the graph materializes)."""
     trigger = str(info.name).removeprefix("lazy/")
@@ -181,7 +181,7 @@ def _lazyidentity_of(info: Any) -> tuple[Any, str]:
 
 def identity_of(info: CompileInfo) -> tuple[Any, str]:
     if info.mode == "lazy":
-        return _lazyidentity_of(info)
+        return _lazy_identity(info)
     if info.mode != "compiled":
         return ("eager", str(info.name)), str(info.name)
     graph = info.graph
@@ -220,7 +220,7 @@ class RecompileTracker:
         self._seen: dict[Any, list[_Seen]] = {}
         self._labels: dict[Any, str] = {}
 
-    def observe(self, info: Any, *, op_locations: Sequence[SourceLocation | None] = ()) -> Observation:
+    def observe(self, info: CompileInfo, *, op_locations: Sequence[SourceLocation | None] = ()) -> Observation:
         """Record compile ``info`` (a replayed one only becomes history) and say what it is.
 
         ``op_locations``: for a lazy graph, the user's line of each of its ops (the
@@ -278,7 +278,7 @@ class RecompileTracker:
         return best
 
     @staticmethod
-    def _with_dynamo(diffs: list[KeyDiff], previous: _Seen, entry: _Seen, info: Any) -> list[KeyDiff]:
+    def _with_dynamo(diffs: list[KeyDiff], previous: _Seen, entry: _Seen, info: CompileInfo) -> list[KeyDiff]:
         out: list[KeyDiff] = []
         if (
             info.mode == "compiled"

@@ -37,8 +37,10 @@ from tpu_debug.tracers.events import (
     DesyncCall,
     FallbackEvent,
     InternalErrorEvent,
+    KeyDiff,
     MaterializationEvent,
     OpEvent,
+    SourceLocation,
     TransferEvent,
 )
 from tpu_debug.tracers.hlo import make_program, program_hash
@@ -63,7 +65,7 @@ _PROBE_DEPTH = 3
 _SITES_KEPT = 400_000
 
 
-def _guarded_line(info: Any, diffs: Any) -> Any:
+def _guarded_line(info: CompileInfo, diffs: Sequence[KeyDiff]) -> SourceLocation | None:
     """The user's line a compiled recompile's failed dynamo guard names (where the guarded
     value is read or changed inside the compiled function: ``self.calls += 1``), which is
     the line to change; None when the recompile has no such guard (then the call is)."""
@@ -73,7 +75,7 @@ def _guarded_line(info: Any, diffs: Any) -> Any:
     return failure.at if failure is not None else None
 
 
-def _read_line(info: Any, diffs: Any, lines: Sequence[Any]) -> Any:
+def _read_line(info: CompileInfo, diffs: Sequence[KeyDiff], lines: Sequence[SourceLocation | None]) -> SourceLocation | None:
     """For a lazy graph compiled again because one of its inputs took a new shape: the user's
     line of the first op that reads that input (``lines``: each op's), which is where the
     shape comes in; the line that cut the graph (an ``optimizer.step()``) is only where it
@@ -202,7 +204,7 @@ class Recorder:
         with self._compile_lock:
             self._record_compile(info, ts, location)
 
-    def _record_compile(self, info: Any, ts: float, location: Any) -> None:
+    def _record_compile(self, info: CompileInfo, ts: float, location: SourceLocation | None) -> None:
         lazy = info.mode == "lazy" and not info.replayed
         ops = self._op_lines(info) if lazy else ()
         # a replayed compile only becomes history
@@ -294,7 +296,7 @@ class Recorder:
                 del lines[old]
         lines[site] = user_location(_PROBE_DEPTH)
 
-    def _op_lines(self, info: Any) -> list[Any]:
+    def _op_lines(self, info: CompileInfo) -> list[SourceLocation | None]:
         """The user's line of each op of a lazy graph (None: recorded while nobody listened)."""
         lines = self._site_lines
         ops = info.graph.ops if info.graph is not None else ()

@@ -506,11 +506,11 @@ class StepTracker:
             self._record_error(f"StepTracker.{where}", f"{type(exc).__name__}: {exc}")
 
 
-def _transfer_part(info: Any) -> str | None:
+def _transfer_part(info: TransferInfo) -> str | None:
     """The part of the step a copy's time is: ``"sync"`` for a device-to-host read (it waits for
     the work queued before it), ``"input"`` for an upload of data, None for the copies a scalar
     operand or a CPU fallback makes (host work of the op, the rest of the step)."""
-    direction, op = getattr(info, "direction", None), str(getattr(info, "op", ""))
+    direction, op = info.direction, info.op
     if direction == "d2h":
         return "sync"
     if direction == "h2d" and op != "scalar" and not op.startswith("fallback"):

@@ -71,7 +71,7 @@ from tpu_debug.tracers.events import (
 from tpu_debug.tracers.hlo import fx_nodes_from, make_program, map_nodes, parse_instructions, program_hash
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.reading.target_findings import TARGET_MODE
-from tpu_debug.tracers.recording.recompile_tracker import identity_of as identity_of
+from tpu_debug.tracers.recording.recompile_tracker import identity_of
 
 __all__ = ["DEFAULT_WAIT", "TargetTracer"]
 
@@ -166,7 +166,7 @@ class _Done:
     __slots__ = ("mode", "name")
     lowered = jitted = None
 
-    def __init__(self, info: Any) -> None:
+    def __init__(self, info: CompileInfo) -> None:
         self.name, self.mode = info.name, info.mode
 
 
@@ -175,7 +175,7 @@ class _Program:
 
     __slots__ = ("info", "location", "result", "submitted")
 
-    def __init__(self, info: Any, location: SourceLocation | None) -> None:
+    def __init__(self, info: CompileInfo, location: SourceLocation | None) -> None:
         self.info = info
         self.location = location
         self.submitted = False
@@ -633,7 +633,7 @@ def _larger_targets(required: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def _identity(info: Any) -> str:
+def _identity(info: CompileInfo) -> str:
     return identity_of(info)[1]
 
 
