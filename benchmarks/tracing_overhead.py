@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tpu_debug.core.records import TransferInfo
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import OpEvent, SourceLocation, TransferEvent
 from tpu_debug.tracers.recording.run_writer import RunWriter
@@ -187,9 +188,7 @@ def _store_rate(n: int, logdir: Path, *, transfers_every: int = 5) -> tuple[floa
         nid = writer.new_id()
         if transfers_every and i % transfers_every == transfers_every - 1:
             events.append(
-                TransferEvent(
-                    nid, i * 1e-6, None, tid, locs[i % 16], "d2h", 4, (), "float32", "item", True, 1e-5
-                )
+                TransferEvent(nid, i * 1e-6, None, tid, locs[i % 16], TransferInfo("d2h", 4, (), "float32", "item", 1e-5), op="item", implicit=True)
             )
         else:
             events.append(OpEvent(nid, i * 1e-6, "eager", tid, locs[i % 16], "mul.Tensor", 2e-5, None))

@@ -20,7 +20,7 @@ import ast
 import dataclasses
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from tpu_debug.core.collective_kinds import ROOTED, SAME_SHAPES
 from tpu_debug.core.format import format_location
@@ -37,6 +37,7 @@ __all__ = [
     "left_loop",
     "p2p_subject",
     "rank_line",
+    "shape_texts",
 ]
 
 
@@ -65,6 +66,11 @@ CAUSES = {
 _STATES = ("called", "missing", "ended", "raised", "died")
 #: point-to-point calls: a rank's line names its peer, and the pair is compared, not the group
 _P2P_DIRECTION = {"send": "to", "recv": "from"}
+
+
+def shape_texts(shapes: Iterable[Iterable[int]]) -> tuple[str, ...]:
+    """How a call's tensor shapes are written and compared across ranks: ``("[4, 2]", "[3]")``."""
+    return tuple(str(list(s)) for s in shapes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

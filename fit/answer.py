@@ -43,8 +43,9 @@ from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.roofline import op_by_op, roofline
 from tpu_debug.tracers.events import FitBound, FitCollective, FitEvent
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.store import DB_NAME
+from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, remedies, shape_text
 from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.store import DB_NAME
 
 from tpu_debug.runs import new_run_dir
 from tpu_debug.tracing import active_trace
@@ -841,8 +842,6 @@ PEAK_LINES = 5
 
 def _peak_lines(r: FitReport) -> list[str]:
     """The step's peak by kind and its largest buffers, each with its model line."""
-    from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, shape_text
-
     p = r.peak
     if p is None:
         return []
@@ -1155,8 +1154,6 @@ _AIMS = {"remat": ("activation",), "remat_policy": ("activation",), "attention":
 
 def _aims(peak: Any):
     """``aims(change) -> text``: the kinds of ``peak`` a change goes after, with their bytes."""
-    from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, remedies
-
     found = {r.kind: r.nbytes for r in remedies(peak)} if peak is not None else {}
 
     def aims(change: dict) -> str:

@@ -48,6 +48,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tpu_debug.core.errors import ConfigError
 from tpu_debug.core.version import __version__
 from tpu_debug.runtime import xla_options
 from tpu_debug.runtime.config import config
@@ -115,8 +116,6 @@ def torchtpu_cache_dir() -> Path | None:
     root = os.environ.get(TIER3)
     if root:
         if "://" in root:
-            from tpu_debug.core.errors import ConfigError
-
             raise ConfigError(
                 f"{TIER3}={root}: tpu_debug's compile cache is a local folder and cannot write to a "
                 f"bucket; point {TIER3} (or TPU_DEBUG_COMPILE_CACHE_DIR) at a local folder, or unset it"

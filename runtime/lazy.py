@@ -772,7 +772,7 @@ class _Fused:
 
     __slots__ = ("calls", "compiled", "info", "key", "name", "seconds")
 
-    def __init__(self, key, name, compiled, info, seconds) -> None:
+    def __init__(self, key: _GraphKey, name: str, compiled: Any, info: CompileInfo | None, seconds: float) -> None:
         self.key = key
         self.name = name
         self.compiled = compiled

@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from tpu_debug.core.format import format_bytes
 from tpu_debug.runtime import compiled, eager, lazy
 from tpu_debug.runtime.config import config
 
@@ -211,8 +212,6 @@ class HbmUsage:
     bytes_limit: int | None
 
     def __str__(self) -> str:
-        from tpu_debug.core.format import format_bytes
-
         limit = "" if self.bytes_limit is None else f" of {format_bytes(self.bytes_limit)}"
         return f"{self.device}: {format_bytes(self.live_bytes)}{limit} in {self.live_buffers} live buffers"
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import sys
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -425,3 +426,243 @@ def test_the_doc_maps_every_module():
         if name.count(".") >= 1 and f"`{source.relative_to(ROOT)}`" not in doc
     )
     assert not missing, "modules missing from docs/architecture.md's module map:\n" + "\n".join(missing)
+
+
+# -- recording and reading ----------------------------------------------------------------------
+
+# What reads a recorded run (queries, analyses, the advisor, the report, the TUI, diff, the
+# session and the run listings) and what both directions share: none of them may reach the
+# recording side, by any import (deferred ones too), directly or through another module, so a
+# reader never pays for a probe and a probe's imports never hide behind a function.
+READERS = (
+    "tpu_debug.tracers.reading",
+    "tpu_debug.tracers.advisor",
+    "tpu_debug.report",
+    "tpu_debug.tui",
+    "tpu_debug.diff",
+    "tpu_debug.session",
+    "tpu_debug.runs",
+    "tpu_debug.ranks",
+)
+SHARED = tuple(
+    f"tpu_debug.tracers.{name}"
+    for name in ("events", "store", "hlo", "location", "liveness", "xplane", "collective_journal")
+)
+RECORDING = "tpu_debug.tracers.recording"
+
+
+def _under(module: str, prefixes: Iterable[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def recording_reached(graph: Mapping[str, set[str]]) -> list[str]:
+    """For each reader or shared module that reaches a recording module, the chain of imports
+    that gets there (``reader -> ... -> recording module``)."""
+    found = []
+    for start in sorted(m for m in graph if _under(m, READERS + SHARED)):
+        came_from: dict[str, str | None] = {start: None}
+        queue = [start]
+        while queue:
+            module = queue.pop(0)
+            if _under(module, (RECORDING,)):
+                chain = [module]
+                while came_from[chain[-1]] is not None:
+                    chain.append(came_from[chain[-1]])  # type: ignore[arg-type]
+                found.append(" -> ".join(reversed(chain)))
+                break
+            for target in sorted(graph.get(module, ())):
+                if target not in came_from:
+                    came_from[target] = module
+                    queue.append(target)
+    return found
+
+
+def test_readers_never_reach_the_recording_side():
+    found = recording_reached(import_graph())
+    assert not found, (
+        "readers (or what both sides share) that reach the recording side: move what they need to "
+        "tracers/reading/ (an analysis of recorded events) or to a shared module:\n" + "\n".join(found)
+    )
+
+
+def test_the_direction_check_fails_on_a_planted_reader():
+    """A report section that imports the recorder inside a function, and an analysis that reaches
+    the step tracker through a shared module, are both found."""
+    planted = {
+        "tpu_debug.report.planted": ("def data(run):\n    from tpu_debug.tracers.recording.recorder import Recorder\n", False),
+        "tpu_debug.tracers.recording.recorder": ("class Recorder: ...\n", False),
+        "tpu_debug.tracers.reading.planted": ("from tpu_debug.tracers.events import X\n", False),
+        "tpu_debug.tracers.events": ("from tpu_debug.tracers.recording.step_tracker import StepTracker\nX = 1\n", False),
+        "tpu_debug.tracers.recording.step_tracker": ("class StepTracker: ...\n", False),
+    }
+    assert recording_reached(import_graph(scan(planted))) == [
+        "tpu_debug.report.planted -> tpu_debug.tracers.recording.recorder",
+        "tpu_debug.tracers.events -> tpu_debug.tracers.recording.step_tracker",
+        "tpu_debug.tracers.reading.planted -> tpu_debug.tracers.events -> tpu_debug.tracers.recording.step_tracker",
+    ]
+
+
+# -- typed records and runs -----------------------------------------------------------------------
+
+# a parameter of one of these names is a runtime record (``info``) or a recorded run: it carries
+# its type (the record, ``RunView``, ``Session``), never ``Any`` and never nothing
+TYPED_PARAMETERS = ("info", "session")
+
+
+def untyped_parameters(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
+    """Parameters named in :data:`TYPED_PARAMETERS` that are annotated ``Any`` or not at all
+    (``self`` and ``cls`` aside), as ``module:line function(name: annotation)``."""
+    found = []
+    for name, (text, _) in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = node.args
+            for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+                if arg.arg not in TYPED_PARAMETERS:
+                    continue
+                annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                if annotation in ("", "Any", "typing.Any", "'Any'"):
+                    found.append(f"{name}:{node.lineno} {node.name}({arg.arg}: {annotation or '?'})")
+    return found
+
+
+def test_records_and_runs_are_typed_parameters():
+    sources = {name: (src.read_text(), pkg) for name, (src, pkg) in _modules().items()}
+    found = untyped_parameters(sources)
+    assert not found, (
+        "parameters that take a runtime record or a run as Any (name the record, or RunView):\n" + "\n".join(found)
+    )
+
+
+def test_the_typed_parameter_check_finds_a_planted_any():
+    planted = {
+        "tpu_debug.tracers.recording.x": (
+            "from typing import Any\n"
+            "from tpu_debug.core.records import TransferInfo\n"
+            "def _site(info: Any) -> None: ...\n"
+            "def _kept(info: TransferInfo) -> None: ...\n"
+            "def rows(session, *, limit: int = 3): ...\n",
+            False,
+        )
+    }
+    assert untyped_parameters(planted) == [
+        "tpu_debug.tracers.recording.x:3 _site(info: Any)",
+        "tpu_debug.tracers.recording.x:5 rows(session: ?)",
+    ]
+
+
+# -- deferred imports ---------------------------------------------------------------------------
+
+#: the most imports between our modules that may run inside a function (or under TYPE_CHECKING)
+DEFERRED_MAX = 40
+#: why an import may wait for the function that uses it; the comment ``# deferred: <reason>: <why>``
+#: on the import's first line (or the line above it) names one of these
+DEFERRED_REASONS = {
+    "heavy": "the target loads torch or jax and the importer must not (the reading side, "
+    "`import tpu_debug`, the light part of the runtime, a command that may not need it)",
+    "optional": "the target needs what torch or the machine may lack (torch.distributed, libtpu)",
+    "autoload": "it runs while torch's backend autoload is importing torch",
+    "entry": "an entry point imports its command's module only when that command runs",
+}
+_REASON = re.compile(r"#\s*deferred:\s*(\w+)")
+_HEAVY_LIBRARIES = ("torch", "jax", "jaxlib", "libtpu")
+
+
+def lazy_targets(text: str) -> dict[str, str]:
+    """A package's lazily exported names -> the module that holds each (``lazy_exports``)."""
+    out = {}
+    for call in ast.walk(ast.parse(text)):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "lazy_exports":
+            for module, names in zip(call.args[1].keys, call.args[1].values):
+                out.update({element.value: module.value for element in names.elts})
+    return out
+
+
+def heavy_modules(sources: Mapping[str, tuple[str, bool]]) -> set[str]:
+    """Our modules whose import loads torch, jax or libtpu, itself or through a module it imports
+    at module level."""
+    direct, edges = set(), {}
+    for name, (text, is_package) in sources.items():
+        tree = ast.parse(text)
+        for node in _module_level_imports(tree):
+            roots = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if not getattr(node, "level", 0) and any(r.split(".")[0] in _HEAVY_LIBRARIES for r in roots):
+                direct.add(name)
+        edges[name] = {i.target for i in scan({name: (text, is_package)} | {k: ("", p) for k, (_, p) in sources.items() if k != name}) if not i.deferred}
+    heavy = set(direct)
+    changed = True
+    while changed:
+        changed = False
+        for name, targets in edges.items():
+            if name not in heavy and targets & heavy:
+                heavy.add(name)
+                changed = True
+    return heavy
+
+
+def deferred_imports(sources: Mapping[str, tuple[str, bool]]) -> list[tuple[Import, str | None]]:
+    """Every deferred import between our modules with the reason its comment names (None: none)."""
+    out = []
+    for imp in (i for i in scan(sources) if i.deferred):
+        lines = sources[imp.importer][0].splitlines()
+        here = lines[imp.line - 1] if imp.line <= len(lines) else ""
+        above = lines[imp.line - 2] if imp.line >= 2 else ""
+        found = _REASON.search(here) or (_REASON.search(above) if above.lstrip().startswith("#") else None)
+        out.append((imp, found.group(1) if found else None))
+    return out
+
+
+def unjustified_deferred(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
+    """Deferred imports with no reason, an unknown reason, or "heavy" for a module whose import
+    loads neither torch nor jax (a package's lazily exported name counts as the module holding it)."""
+    heavy = heavy_modules(sources)
+    lazy = {name: lazy_targets(text) for name, (text, is_package) in sources.items() if is_package}
+    found = []
+    for imp, reason in deferred_imports(sources):
+        where = f"{imp.importer}:{imp.line} -> {imp.target}"
+        if reason is None:
+            found.append(f"{where}: no '# deferred: <reason>' comment")
+        elif reason not in DEFERRED_REASONS:
+            found.append(f"{where}: unknown reason {reason!r} (one of {', '.join(DEFERRED_REASONS)})")
+        elif reason == "heavy":
+            held = {lazy.get(imp.target, {}).get(n, imp.target) for n in imp.names} or {imp.target}
+            if not held & heavy:
+                found.append(f"{where}: deferred as heavy, but it loads neither torch nor jax (import it at module level)")
+    return found
+
+
+def test_deferred_imports_are_few_and_each_has_its_reason():
+    sources = {name: (src.read_text(), pkg) for name, (src, pkg) in _modules().items()}
+    found = unjustified_deferred(sources)
+    assert not found, "deferred imports without a reason that holds:\n" + "\n".join(found)
+    count = len(deferred_imports(sources))
+    assert count <= DEFERRED_MAX, f"{count} deferred imports (at most {DEFERRED_MAX}): import at module level instead"
+
+
+def test_the_deferred_check_finds_planted_faults():
+    planted = {
+        "tpu_debug.report.a": (
+            "def f():\n"
+            "    from tpu_debug.tracers.reading import b\n"  # no reason
+            "def g():\n"
+            "    from tpu_debug.tracers.reading import b  # deferred: heavy: it is not\n"
+            "def h():\n"
+            "    # deferred: heavy: the device loads torch\n"
+            "    from tpu_debug.runtime import device\n"
+            "def k():\n"
+            "    from tpu_debug.runtime import device  # deferred: because\n",
+            False,
+        ),
+        "tpu_debug.tracers.reading.b": ("import json\n", False),
+        "tpu_debug.runtime.device": ("import torch\n", False),
+        "tpu_debug.runtime": ("", True),
+        "tpu_debug.tracers.reading": ("", True),
+    }
+    assert unjustified_deferred(planted) == [
+        "tpu_debug.report.a:2 -> tpu_debug.tracers.reading.b: no '# deferred: <reason>' comment",
+        "tpu_debug.report.a:4 -> tpu_debug.tracers.reading.b: deferred as heavy, but it loads neither torch nor "
+        "jax (import it at module level)",
+        "tpu_debug.report.a:9 -> tpu_debug.runtime.device: unknown reason 'because' (one of heavy, optional, "
+        "autoload, entry)",
+    ]

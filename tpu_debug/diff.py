@@ -23,6 +23,7 @@ from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.report import advice_of, finding_text
 from tpu_debug.report.core import dim_note, kv_text, make_console, report_table
 from tpu_debug.tracers.advisor import FINDINGS_SCHEMA
+from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where
 from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, step_phases
 from tpu_debug.tracers.reading.view import RunView
 
@@ -163,8 +164,6 @@ def _fit_side(session: RunView) -> dict[str, Any] | None:
 
 def _peak_side(session: RunView) -> dict[str, Any] | None:
     """The program at the run's peak: its figures, its bytes by kind and by the line that made them."""
-    from tpu_debug.tracers.reading.peak_buffers import made_where
-
     e = session.memory.peak()
     if e is None:
         return None
@@ -315,8 +314,6 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
 
 def _peak_table(peak: dict[str, Any], terminal: bool) -> RenderableType:
     """The peak programs' bytes by kind, then by the lines whose bytes changed most."""
-    from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT
-
     def side(p: dict | None) -> str:
         if p is None:
             return "-"

@@ -17,12 +17,14 @@ tensor shapes only).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
+from tpu_debug.core.records import CollectiveDone, CollectiveInfo
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDoneEvent, SourceLocation
 
 __all__ = [
@@ -105,16 +107,13 @@ def read_journal(run_dir: Path) -> list[dict[str, Any]]:
 def call_record(e: CollectiveCallEvent) -> dict[str, Any]:
     """A ``collective_call`` event as a journal record."""
     loc = e.location
-    return {"kind": "call", "ts": e.ts, "thread": e.thread, "op": e.op, "group": e.group,
-            "ranks": list(e.group_ranks), "rank": e.rank, "seq": e.seq, "shapes": list(e.shapes), "dtype": e.dtype,
-            "nbytes": e.nbytes, "reduce_op": e.reduce_op, "peer": e.peer,
+    return {"kind": "call", "ts": e.ts, "thread": e.thread, **dataclasses.asdict(e.call),
             "where": [loc.file, loc.line, loc.function] if loc is not None else None}
 
 
 def done_record(e: CollectiveDoneEvent) -> dict[str, Any]:
     """A ``collective_done`` event as a journal record."""
-    return {"kind": "done", "ts": e.ts, "thread": e.thread, "op": e.op, "group": e.group, "rank": e.rank,
-            "seq": e.seq, "seconds": e.seconds, "last_rank": e.last_rank, "waited": e.waited}
+    return {"kind": "done", "ts": e.ts, "thread": e.thread, **dataclasses.asdict(e.done)}
 
 
 def journal_events(run_dir: Path) -> tuple[list[CollectiveCallEvent], list[CollectiveDoneEvent]]:
@@ -129,13 +128,15 @@ def journal_events(run_dir: Path) -> tuple[list[CollectiveCallEvent], list[Colle
                 calls.append(CollectiveCallEvent(
                     -1 - r["n"], float(r["ts"]), None, int(r["thread"]),
                     SourceLocation(where[0], int(where[1]), where[2]) if where else None,
-                    r["op"], r["group"], tuple(r["ranks"]), int(r["rank"]), int(r["seq"]), tuple(r["shapes"]),
-                    r["dtype"], int(r["nbytes"]), r.get("reduce_op"), r.get("peer"),
+                    CollectiveInfo(r["op"], r["group"], tuple(r["ranks"]), int(r["rank"]), int(r["seq"]),
+                                   tuple(tuple(s) for s in r["shapes"]), r["dtype"], int(r["nbytes"]),
+                                   r.get("reduce_op"), r.get("peer")),
                 ))
             elif r.get("kind") == "done":
                 dones.append(CollectiveDoneEvent(
-                    -1 - r["n"], float(r["ts"]), None, int(r["thread"]), None, r["op"], r["group"], int(r["rank"]),
-                    int(r["seq"]), float(r["seconds"]), r.get("last_rank"), r.get("waited"),
+                    -1 - r["n"], float(r["ts"]), None, int(r["thread"]), None,
+                    CollectiveDone(r["op"], r["group"], int(r["rank"]), int(r["seq"]), float(r["seconds"]),
+                                   r.get("last_rank"), r.get("waited")),
                 ))
         except (KeyError, TypeError, ValueError, IndexError):  # a record of another layout
             continue

@@ -22,11 +22,22 @@ still read.
 from __future__ import annotations
 
 import dataclasses
+import operator
+import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 # One input of a compiled program, in its recorded form (static values as their repr text):
 # the class the runtime reports inputs with, shared so there is one definition
 from tpu_debug.core.argspec import ArgSpec as ArgInfo
+from tpu_debug.core.records import (
+    CollectiveDone,
+    CollectiveInfo,
+    DesyncInfo,
+    FallbackInfo,
+    InvalidValueInfo,
+    TransferInfo,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -36,6 +47,8 @@ __all__ = [
     "DIFF_ASPECTS",
     "KeyDiff",
     "Stored",
+    "carried",
+    "carried_fields",
     "column",
     "Event",
     "OpEvent",
@@ -44,7 +57,6 @@ __all__ = [
     "CollectiveCallEvent",
     "CollectiveDesyncEvent",
     "CollectiveDoneEvent",
-    "DesyncCall",
     "FallbackEvent",
     "GraphBreakEvent",
     "GuardFailureEvent",
@@ -88,9 +100,12 @@ __all__ = [
 # 5: divergences carry a triage verdict (noise or a wrong op) and the zero crossings behind it
 # 6: a compile says whether it was read back from the persistent compile cache, and what that saved
 # 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
-SCHEMA_VERSION = 7
+# 8: an event about a runtime record keeps the whole record: a transfer's runtime op, a collective
+#    call's shapes as dimensions, a desync's message and each rank's shapes as a list
+SCHEMA_VERSION = 8
 # the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
-# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries)
+# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), and 7 from 8 in
+# columns each carried record declares how to read (``carried(legacy=...)``)
 OLDEST_READABLE_SCHEMA = 6
 
 
@@ -270,6 +285,39 @@ def column(
     return dataclasses.field(default=default, metadata={"column": name, "table": table, "legacy": legacy})
 
 
+def carried(
+    *, columns: Mapping[str, str] | None = None, legacy: Mapping[str, str] | None = None, skip: tuple[str, ...] = ()
+) -> Any:
+    """A record of the runtime's (``tpu_debug.core.records``) that the event carries as it was
+    reported: its fields are the event's columns, and the event answers for each of them
+    (``event.nbytes`` is ``event.transfer.nbytes``) unless it declares a field of that name itself.
+
+    ``columns`` stores some fields under another column (a field named like an SQL keyword, a
+    field whose meaning a column of earlier runs had otherwise); a key ``"calls.shapes"`` reaches
+    into a tuple of records the record holds (its child table). ``legacy``: how a run recorded
+    before a column existed reads it, by the same keys (see :func:`column`). ``skip``: fields the
+    recording side reads while the run goes on (a lowered node, a lazy site), each with a
+    default, which the run does not keep."""
+    return dataclasses.field(
+        metadata={"carried": True, "columns": dict(columns or {}), "legacy": dict(legacy or {}), "skip": tuple(skip)}
+    )
+
+
+def carried_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of an event class that carry a runtime record (see :func:`carried`)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("carried")]
+
+
+def _answer_for(cls: type, field: dataclasses.Field, record: type) -> None:
+    """Give ``cls`` a read-only attribute per field of its carried ``record`` it does not declare."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    for g in dataclasses.fields(record):
+        if g.name in own or hasattr(cls, g.name):
+            continue
+        getter = operator.attrgetter(f"{field.name}.{g.name}")
+        setattr(cls, g.name, property(getter, doc=f"``{field.name}.{g.name}``"))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:
     """The header every event carries."""
@@ -324,6 +372,16 @@ def register_event(cls: type[Event]) -> type[Event]:
             f"event kind {cls.kind!r} is registered twice: {known.__module__}.{known.__qualname__} "
             f"and {cls.__module__}.{cls.__qualname__}"
         )
+    hints = typing.get_type_hints(cls)
+    for f in carried_fields(cls):
+        record = hints[f.name]
+        if not dataclasses.is_dataclass(record):
+            raise TypeError(f"{cls.__name__}.{f.name}: a carried field holds a record (a dataclass), not {record!r}")
+        missing = [s for s in f.metadata["skip"] if next(
+            (g for g in dataclasses.fields(record) if g.name == s and g.default is not dataclasses.MISSING), None) is None]
+        if missing:
+            raise TypeError(f"{cls.__name__}.{f.name}: skipped fields {missing} have no default to read back")
+        _answer_for(cls, f, record)
     EVENT_TYPES[cls.kind] = cls
     return cls
 
@@ -384,35 +442,32 @@ class CompileEvent(Event):
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransferEvent(Event):
-    """Data crossed between host and device.
+    """Data crossed between host and device: the runtime's record of the copy (``transfer``:
+    direction, bytes, shape, dtype, its time, the upload's fingerprint, and ``transfer.op``, how
+    the runtime was asked: ``"item"``, ``"to"``, ``"copy"``, ``"scalar"``, ...), and what the
+    user did that moved it.
 
-    ``op`` is what the user did that moved it (``tracers/reading/transfer_causes.py``):
+    ``op`` is that cause, read from the user's stack (``tracers/recording/transfer_sites.py``):
     ``"item"``, ``"tolist"``, ``"print"``, ``"bool"``, ``"float"``, ``"int"``,
     ``"index"``, ``"scalar"`` (a CPU scalar operand), ``"fallback:<aten op>"``,
     ``"cpu"``, ``"to"``, ``"tensor"``, ``"copy"``; ``implicit`` is true when the
     user did not ask for a copy (a sync forced by ``.item()``, ``print``,
-    ``if t:``, a scalar operand, a CPU fallback).
+    ``if t:``, a scalar operand, a CPU fallback). ``context`` is the library frame that moved
+    the data when it was not the user's own line (``"file:line in function"``: a sync inside
+    transformers' ``generate()``, reached from ``location``), else None; ``origin``, for an
+    upload, the factory that made the data on the host as the user's line shows it
+    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``).
     """
 
     kind: ClassVar[str] = "transfer"
     view: ClassVar[str | None] = "transfers"
-    stored: ClassVar[Stored] = Stored("transfers", name="op", seconds="seconds")
+    stored: ClassVar[Stored] = Stored("transfers", name="op", seconds="transfer.seconds")
 
-    direction: str  # "h2d" | "d2h" | "d2d"
-    nbytes: int
-    shape: tuple[int, ...]
-    dtype: str
+    # the column "op" holds the cause, as it always has; the runtime's own word is "runtime_op"
+    transfer: TransferInfo = carried(columns={"op": "runtime_op"}, legacy={"op": "{op}"})
     op: str
     implicit: bool
-    seconds: float
-    # host->device only: a fingerprint of the bytes uploaded (equal at one line: the same data
-    # uploaded again); None for other directions and for payloads too large to fingerprint
-    digest: str | None = None
-    # the library frame that moved the data when it was not the user's own line ("file:line in
-    # function": a sync inside transformers' generate(), reached from ``location``), else None
     context: str | None = None
-    # host->device only: the factory that made the data on the host, as the user's line shows
-    # it ("torch.randn": data that could be made on the device; tracers/recording/host_origin.py), else None
     origin: str | None = None
 
 
@@ -420,77 +475,50 @@ class TransferEvent(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveCallEvent(Event):
     """A rank entered a c10d collective of the `tpu` process group (``dist.all_reduce``, DDP's
-    bucket all-reduce, an FSDP2 all-gather...), at ``location``, the user's line.
+    bucket all-reduce, an FSDP2 all-gather...), at ``location``, the user's line: the runtime's
+    :class:`~tpu_debug.core.records.CollectiveInfo` (``call``: the op, the group and its
+    ranks, this rank, ``seq``, the tensors' shapes (outputs before inputs) and dtype, the
+    reduction and the peer of a send, a receive or a root).
 
     Recorded on entry, so a rank stuck in a collective has recorded it. Comparing the ranks'
     sequences per group (``group``, ``seq``) shows where they stopped calling the same
     collectives: a different ``op``, ``shapes`` or ``dtype`` at one ``seq``, or a rank
-    whose sequence ends early. ``shapes`` holds each tensor's shape (``"[4, 2]"``),
-    outputs before inputs; ``peer`` is the other rank of a send or receive, or a root.
-    ``seq`` counts the group's collectives from 1 on this rank; sends and receives count apart.
+    whose sequence ends early. ``seq`` counts the group's collectives from 1 on this rank;
+    sends and receives count apart.
     """
 
     kind: ClassVar[str] = "collective_call"
-    stored: ClassVar[Stored] = Stored("collective_calls", name="op")
+    stored: ClassVar[Stored] = Stored("collective_calls", name="call.op")
 
-    op: str
-    group: str = column("group_name")  # GROUP is an SQL keyword
-    group_ranks: tuple[int, ...] = column()
-    rank: int
-    seq: int
-    shapes: tuple[str, ...]
-    dtype: str
-    nbytes: int
-    reduce_op: str | None = None
-    peer: int | None = None
+    # GROUP is an SQL keyword; the shapes were once kept as text ("[4, 2]")
+    call: CollectiveInfo = carried(
+        columns={"group": "group_name", "ranks": "group_ranks", "shapes": "shape_dims"},
+        legacy={"shapes": "REPLACE({shapes}, '\"', '')"},
+    )
 
 
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveDoneEvent(Event):
     """A rank returned from the c10d collective it entered as the :class:`CollectiveCallEvent`
-    with the same ``group``, ``rank`` and ``seq`` (``op`` tells a send or receive, counted
-    apart, from the group's other collectives). ``seconds``: from its entry to its results
-    written back, waiting for the other ranks included. A call with no done event is one the
-    rank never returned from: it was stuck there, raised or was killed. ``last_rank`` is the
-    global rank that entered the collective last, as the live check saw the ranks arrive, and
-    ``waited`` the seconds this rank waited for it (None: unchecked, or a send or receive).
+    with the same ``group``, ``rank`` and ``seq``: the runtime's
+    :class:`~tpu_debug.core.records.CollectiveDone` (``done``; ``op`` tells a send or receive,
+    counted apart, from the group's other collectives; ``seconds`` from its entry to its results
+    written back, waiting for the other ranks included; ``last_rank`` the global rank that
+    entered last, as the live check saw the ranks arrive, and ``waited`` the seconds this rank
+    waited for it, None when unchecked or for a send or receive). A call with no done event is
+    one the rank never returned from: it was stuck there, raised or was killed.
     """
 
     kind: ClassVar[str] = "collective_done"
-    stored: ClassVar[Stored] = Stored("collective_dones", name="op", seconds="seconds")
+    stored: ClassVar[Stored] = Stored("collective_dones", name="done.op", seconds="done.seconds")
 
-    op: str
-    group: str = column("group_name")  # GROUP is an SQL keyword
-    rank: int
-    seq: int
-    seconds: float
-    last_rank: int | None = None
-    waited: float | None = None
+    done: CollectiveDone = carried(columns={"group": "group_name"})  # GROUP is an SQL keyword
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class DesyncCall:
-    """One rank's part of a :class:`CollectiveDesyncEvent`: ``state`` ``"called"`` (it called
-    ``op`` there) or ``"missing"``/``"ended"``/``"raised"``/``"died"`` (it did not; the other fields are
-    its last collective of the group, ``seq`` None when none is known). ``shapes`` is the
-    tensors' shapes joined by ``"; "``; ``file``/``line``/``function`` the user's line."""
 
-    rank: int
-    state: str
-    op: str | None
-    seq: int | None
-    shapes: str
-    dtype: str
-    reduce_op: str | None
-    peer: int | None
-    file: str | None
-    line: int | None
-    function: str | None
-    device: str = ""  # the tensors' device type, when known
-    error: str = ""  # state "raised": the exception
-    stack: tuple[str, ...] = ()  # "raised": its user frames to the line; "missing": where it is now
-    exit_status: int | None = None  # "died": the exit code, or minus the signal, when known
+# a rank's shapes as runs recorded them before they were a list: "[4]; [2, 3]" -> ["[4]", "[2, 3]"]
+_JOINED_SHAPES = "CASE WHEN {shapes} = '' THEN '[]' ELSE '[\"' || REPLACE({shapes}, '; ', '\", \"') || '\"]' END"
 
 
 @register_event
@@ -499,41 +527,43 @@ class CollectiveDesyncEvent(Event):
     """The live check of a c10d group (the `tpu` process group) found its ranks calling
     different collectives at ``seq``, or a rank not arriving, and this rank raised (or a
     send and its receive differ: ``p2p``, and ``seq`` is the group's count of sends and receives).
+    It carries the runtime's :class:`~tpu_debug.core.records.DesyncInfo` (``desync``).
 
     ``reason`` is what differs and ``cause`` its likeliest cause (the names of
-    :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there; ``timeout`` the
-    seconds waited for a rank that did not arrive (None: the calls differed at once);
+    :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there
+    (:class:`~tpu_debug.core.desync.RankCall`); ``timeout`` the seconds waited for a rank that
+    did not arrive (None: the calls differed at once); ``message`` the error this rank raised;
     ``location`` this rank's line.
     """
 
     kind: ClassVar[str] = "collective_desync"
-    stored: ClassVar[Stored] = Stored("collective_desyncs", name="reason")
+    stored: ClassVar[Stored] = Stored("collective_desyncs", name="desync.reason")
 
-    group: str = column("group_name")  # GROUP is an SQL keyword
-    group_ranks: tuple[int, ...] = column()
-    rank: int
-    seq: int
-    reason: str
-    cause: str
-    timeout: float | None = None
-    calls: tuple[DesyncCall, ...] = column(table="collective_desync_calls", default=())
-    # a send and its receive: (source, destination, tag, n), the n-th call of that channel
-    # (global ranks); empty for a collective of the group
-    p2p: tuple[int, ...] = ()
+    # GROUP is an SQL keyword; each rank's shapes were once kept joined by "; "
+    desync: DesyncInfo = carried(
+        columns={"group": "group_name", "ranks": "group_ranks", "calls": "collective_desync_calls",
+                 "calls.shapes": "shape_list"},
+        legacy={"message": "''", "calls.shapes": _JOINED_SHAPES},
+    )
 
 
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class FallbackEvent(Event):
-    """An op ran on CPU because it has no lowering."""
+    """An op ran on CPU because it has no lowering: the runtime's
+    :class:`~tpu_debug.core.records.FallbackInfo` (``fallback``: the op, its arguments in their
+    recorded form, the seconds it took)."""
 
     kind: ClassVar[str] = "fallback"
     view: ClassVar[str | None] = "ops"
-    stored: ClassVar[Stored] = Stored("fallbacks", name="name", seconds="seconds")
+    stored: ClassVar[Stored] = Stored("fallbacks", name="fallback.op", seconds="fallback.seconds")
 
-    name: str
-    args: tuple[ArgInfo, ...]
-    seconds: float
+    fallback: FallbackInfo = carried()
+
+    @property
+    def name(self) -> str:
+        """The op, as the ops table names rows."""
+        return self.fallback.op
 
 
 @register_event
@@ -774,16 +804,14 @@ class InvalidValueEvent(Event):
     """An op was called with argument values PyTorch on CPU refuses and XLA computes with
     silently (``runtime/value_checks.py``): an index out of range, which a TPU clamps into
     range and reads another row with; a probability distribution with a negative, ``nan``
-    or ``inf`` entry, which a TPU samples from (``tracers/recording/invalid_value_tracer.py`` records it).
+    or ``inf`` entry, which a TPU samples from (``tracers/recording/invalid_value_tracer.py``
+    records it). It carries the runtime's :class:`~tpu_debug.core.records.InvalidValueInfo`
+    (``check``: the op, the argument, the first offending value and the values accepted,
+    PyTorch's error and its type, what XLA does instead, whether it was raised).
 
     ``location`` is the user's line: the op's caller (eager), the line that recorded the
-    op (lazy), the line dynamo recorded for the graph node (compiled). ``op`` is the aten op
-    (``"gather"``, ``"index.Tensor"``, ``"scatter_add_"``), ``argument`` the argument whose
-    values are wrong (``"index"``, ``"indices[1]"``, ``"self"``), ``value`` the first
-    offending value seen, ``low``/``high`` the values accepted (``low <= v < high``; None:
-    no bound on that side); ``message`` and ``error`` PyTorch's error for the call and its
-    type; ``silent`` what XLA does instead (``"clamped"``, ``"sampled"``, ``"overrun"``);
-    ``raised``: the runtime raised ``message`` there (data checks on). ``phase`` is
+    op (lazy), the line dynamo recorded for the graph node (compiled); the record's ``site``
+    and ``node``, which lead there while recording, are not kept. ``phase`` is
     ``"backward"`` for an op autograd ran (``autograd_node``: its node in eager and lazy
     mode, ``"GatherBackward0"``), else ``"forward"``.
 
@@ -793,17 +821,9 @@ class InvalidValueEvent(Event):
     """
 
     kind: ClassVar[str] = "invalid_value"
-    stored: ClassVar[Stored] = Stored("invalid_values", name="op")
+    stored: ClassVar[Stored] = Stored("invalid_values", name="check.op")
 
-    op: str
-    argument: str
-    value: float
-    low: float | None
-    high: float | None
-    message: str
-    error: str
-    silent: str
-    raised: bool
+    check: InvalidValueInfo = carried(skip=("site", "node"), legacy={"mode": "NULL"})
     phase: str = "forward"
     autograd_node: str = ""
     count: int = 1

@@ -40,7 +40,7 @@ import sqlite3
 import string
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,18 +165,25 @@ def args_from_json(text: str) -> tuple[ArgInfo, ...]:
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER = ("id", "ts", "mode", "thread", "location")
-_LOCATION, _CHILDREN = -1, -2  # decode sources that are not a column of the row
+# decode sources that are not a column of the row
+_LOCATION, _CHILDREN, _CONSTANT, _RECORD = -1, -2, -3, -4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Column:
-    """One field of an event (or of a record in a child table) as a column."""
+    """One field of an event (or of a record in a child table) as a column.
+
+    ``field`` is the attribute path that holds its value (``"nbytes"``, or ``"transfer.nbytes"``
+    for a field of a record the event carries); ``legacy`` and ``default`` are how a run
+    recorded before the column existed reads it (see :func:`~.events.column`)."""
 
     field: str
     name: str
     sql: str  # type and constraint: "TEXT NOT NULL"
     encode: Callable[[Any], Any] | None  # None: stored as it is
     decode: Callable[[Any], Any] | None
+    legacy: str | None = None
+    default: Any = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,6 +194,9 @@ class ChildTable:
     table: str
     record: type
     columns: tuple[Column, ...]
+
+    def records(self, event: Any) -> tuple:
+        return operator.attrgetter(self.field)(event)
 
     def row(self, record: Any) -> tuple:
         return tuple(_encoded(getattr(record, c.field), c.encode) for c in self.columns)
@@ -211,6 +221,10 @@ def _tuple_from_json(text: str) -> tuple:
     return tuple(json.loads(text))
 
 
+def _tuples_from_json(text: str) -> tuple:
+    return tuple(tuple(item) for item in json.loads(text))
+
+
 def _memo(encode: Callable[[Any], str], size: int = 4096) -> Callable[[Any], str]:
     """``encode`` remembering its last results (the same shapes come back at every step)."""
     cache: dict[Any, str] = {}
@@ -226,62 +240,109 @@ def _memo(encode: Callable[[Any], str], size: int = 4096) -> Callable[[Any], str
     return encoded
 
 
-def _column(owner: type, f: dataclasses.Field, hint: Any) -> Column | ChildTable:
-    """The column for field ``f`` of ``owner``, from its type."""
-    name = f.metadata.get("column") or f.name
-    if not _IDENTIFIER.match(name):
-        raise TypeError(f"{owner.__name__}.{f.name}: column name {name!r} is not an SQL identifier")
-    tp, nullable = hint, False
-    if typing.get_origin(tp) in (types.UnionType, typing.Union) and type(None) in typing.get_args(tp):
-        rest = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(rest) == 1:
-            tp, nullable = rest[0], True
-    null = "" if nullable else " NOT NULL"
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Place:
+    """Where one field is kept: its column (and child table) names, and how an older run reads it."""
+
+    column: str
+    table: str | None = None
+    legacy: str | None = None
+    children: Mapping[str, str] = dataclasses.field(default_factory=dict)  # a child record's renames
+    children_legacy: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _scalar(path: str, name: str, tp: Any, null: str, place: _Place, default: Any) -> Column | None:
+    """The column of a field of a plain type (None for another type)."""
+    legacy = place.legacy
     if tp is bool:
-        return Column(f.name, name, "INTEGER" + null, int, bool)
+        return Column(path, name, "INTEGER" + null, int, bool, legacy, default)
     if tp in (int, float, str):
-        return Column(f.name, name, {int: "INTEGER", float: "REAL", str: "TEXT"}[tp] + null, None, None)
+        return Column(path, name, {int: "INTEGER", float: "REAL", str: "TEXT"}[tp] + null, None, None, legacy, default)
+    if set(typing.get_args(tp)) == {int, float}:  # no type affinity: an int stays an int, a float a float
+        return Column(path, name, "BLOB" + null, None, None, legacy, default)
     args = typing.get_args(tp)
     if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = args[0]
         if item in (int, float, str):
             # ints only: 1 == 1.0 == True as dict keys, and a float tuple must keep its floats
             encode = _memo(_json_tuple) if item is int else _json_tuple
-            return Column(f.name, name, "TEXT" + null, encode, _tuple_from_json)
+            return Column(path, name, "TEXT" + null, encode, _tuple_from_json, legacy, default)
         if item is ArgInfo:
-            return Column(f.name, name, "TEXT" + null, args_to_json, args_from_json)
-        if dataclasses.is_dataclass(item) and f.metadata.get("table"):
-            table = f.metadata["table"]
-            if not _IDENTIFIER.match(table):
-                raise TypeError(f"{owner.__name__}.{f.name}: table name {table!r} is not an SQL identifier")
-            hints = typing.get_type_hints(item)
-            columns = []
-            for g in dataclasses.fields(item):
-                col = _column(item, g, hints[g.name])
-                if isinstance(col, ChildTable):
-                    raise TypeError(f"{item.__name__}.{g.name}: a child table's records cannot have children")
-                columns.append(col)
-            return ChildTable(f.name, table, item, tuple(columns))
+            return Column(path, name, "TEXT" + null, args_to_json, args_from_json, legacy, default)
+        inner = typing.get_args(item)
+        if typing.get_origin(item) is tuple and len(inner) == 2 and inner[1] is Ellipsis and inner[0] is int:
+            return Column(path, name, "TEXT" + null, _memo(json.dumps), _tuples_from_json, legacy, default)
+    return None
+
+
+def _column(owner: type, f: dataclasses.Field, hint: Any, path: str, place: _Place) -> Column | ChildTable:
+    """The column for field ``f`` of ``owner`` (kept at attribute ``path`` of its event), from its type."""
+    name = place.column
+    if not _IDENTIFIER.match(name):
+        raise TypeError(f"{owner.__name__}.{f.name}: column name {name!r} is not an SQL identifier")
+    tp, nullable = hint, False
+    if typing.get_origin(tp) in (types.UnionType, typing.Union) and type(None) in typing.get_args(tp):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp, nullable = (rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]), True
+    default = f.default if f.default is not dataclasses.MISSING else None
+    found = _scalar(path, name, tp, "" if nullable else " NOT NULL", place, default)
+    if found is not None:
+        return found
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
+        if place.table is not None:
+            return _child_table(owner, f, args[0], path, place)
     raise TypeError(
         f"{owner.__name__}.{f.name}: the run store cannot keep a field of type {hint!r}; use str, int, "
-        "float, bool, a tuple of those, tuple[ArgInfo, ...], a tuple of records with column(table=...), "
-        "or X | None of one of these"
+        "float, int | float, bool, a tuple of those, tuple[ArgInfo, ...], a tuple of records with "
+        "column(table=...), or X | None of one of these"
     )
 
 
-def _column_or_default(column: Column, owner: type, present: frozenset[str] | None, prefix: str = "") -> str:
+def _child_table(owner: type, f: dataclasses.Field, item: type, path: str, place: _Place) -> ChildTable:
+    table = place.table or ""
+    if not _IDENTIFIER.match(table):
+        raise TypeError(f"{owner.__name__}.{f.name}: table name {table!r} is not an SQL identifier")
+    hints = typing.get_type_hints(item)
+    columns = []
+    for g in dataclasses.fields(item):
+        col = _column(item, g, hints[g.name], g.name, _Place(
+            place.children.get(g.name, g.metadata.get("column") or g.name),
+            legacy=place.children_legacy.get(g.name, g.metadata.get("legacy"))))
+        if isinstance(col, ChildTable):
+            raise TypeError(f"{item.__name__}.{g.name}: a child table's records cannot have children")
+        columns.append(col)
+    return ChildTable(path, table, item, tuple(columns))
+
+
+def _place_of(f: dataclasses.Field) -> _Place:
+    """Where an event's own field is kept (``column()``'s declaration, or its name)."""
+    return _Place(f.metadata.get("column") or f.name, table=f.metadata.get("table"), legacy=f.metadata.get("legacy"))
+
+
+def _carried_places(f: dataclasses.Field, g: dataclasses.Field) -> _Place:
+    """Where field ``g`` of the record an event carries in ``f`` is kept (``carried()``'s renames)."""
+    columns, legacy = f.metadata["columns"], f.metadata["legacy"]
+    prefix = g.name + "."
+    return _Place(
+        columns.get(g.name, g.name), table=columns.get(g.name), legacy=legacy.get(g.name),
+        children={k[len(prefix):]: v for k, v in columns.items() if k.startswith(prefix)},
+        children_legacy={k[len(prefix):]: v for k, v in legacy.items() if k.startswith(prefix)},
+    )
+
+
+def _column_or_default(column: Column, present: frozenset[str] | None, prefix: str = "") -> str:
     """``column`` in a SELECT; a column the run's table lacks (a field added since the run was
-    recorded) reads as its field's ``legacy`` expression over the run's columns (see
+    recorded) reads as its ``legacy`` expression over the run's columns (see
     :func:`~.events.column`), else as its default (a plain value; NULL for anything else)."""
     if present is None or column.name in present:
         return f"{prefix}{column.name}"
-    field = next((f for f in dataclasses.fields(owner) if f.name == column.field), None)
-    legacy = field.metadata.get("legacy") if field is not None else None
+    legacy = column.legacy
     if legacy is not None:
         names = {name for _, name, _, _ in string.Formatter().parse(legacy) if name}
         if names <= present:
             return f"({legacy.format_map({n: prefix + n for n in names})}) AS {column.name}"
-    default = field.default if field is not None else None
+    default = column.default
     if isinstance(default, bool):
         literal = str(int(default))
     elif isinstance(default, int | float):
@@ -328,8 +389,10 @@ class KindLayout:
             raise TypeError(f"{cls.__name__}: kind {cls.kind!r} is not an identifier (letters, digits, _)")
         if tuple(names[:5]) != _HEADER:
             raise TypeError(f"{cls.__name__}: an event's first fields are {', '.join(_HEADER)}")
+        paths = set(names) | {f"{f.name}.{g.name}" for f in _events.carried_fields(cls)
+                              for g in dataclasses.fields(typing.get_type_hints(cls)[f.name])}
         for role, field in zip(("name", "seconds", "program"), head):
-            if field is not None and field not in names:
+            if field is not None and field not in paths:
                 raise TypeError(f"{cls.__name__}: stored {role}={field!r} names no field of it")
         hints = typing.get_type_hints(cls)
         columns: list[Column] = []
@@ -337,7 +400,17 @@ class KindLayout:
         for f in dataclasses.fields(cls)[5:]:
             if f.name in head:
                 continue
-            col = _column(cls, f, hints[f.name])
+            if f.metadata.get("carried"):
+                record = hints[f.name]
+                record_hints = typing.get_type_hints(record)
+                for g in dataclasses.fields(record):
+                    path = f"{f.name}.{g.name}"
+                    if path in head or g.name in f.metadata["skip"]:
+                        continue
+                    col = _column(record, g, record_hints[g.name], path, _carried_places(f, g))
+                    (children if isinstance(col, ChildTable) else columns).append(col)
+                continue
+            col = _column(cls, f, hints[f.name], f.name, _place_of(f))
             (children if isinstance(col, ChildTable) else columns).append(col)
         if columns and self.table is None:
             raise TypeError(
@@ -392,7 +465,8 @@ class KindLayout:
         )
 
     def _plan_reading(self, head: tuple, names: list[str]) -> None:
-        """The reader's side: each field of the class from a position of the selected row."""
+        """The reader's side: each field of the class from a position of the selected row (a
+        carried record's fields each from theirs, the record rebuilt from them)."""
         position = {"id": 0, "ts": 1, "mode": 2, "thread": 3}
         for i, h in enumerate(head):
             if h is not None:
@@ -401,14 +475,26 @@ class KindLayout:
             position[c.field] = 10 + i
         decoders = {c.field: c.decode for c in self.columns}
         children = {c.field: c for c in self.children}
+
+        def source(path: str, default: Any = dataclasses.MISSING) -> tuple:
+            if path in children:
+                return (_CHILDREN, children[path])
+            if path not in position:  # a field the run does not keep (a carried record's skipped one)
+                return (_CONSTANT, default)
+            return (position[path], decoders.get(path))
+
+        carried = {f.name: f for f in _events.carried_fields(self.cls)}
+        hints = typing.get_type_hints(self.cls)
         plan = []
         for name in names:
             if name == "location":
                 plan.append((_LOCATION, None))
-            elif name in children:
-                plan.append((_CHILDREN, children[name]))
+            elif name in carried:
+                record = hints[name]
+                parts = tuple(source(f"{name}.{g.name}", g.default) for g in dataclasses.fields(record))
+                plan.append((_RECORD, (record, parts)))
             else:
-                plan.append((position[name], decoders.get(name)))
+                plan.append(source(name))
         self._plan = tuple(plan)
 
     def create_statements(self) -> list[str]:
@@ -441,7 +527,7 @@ class KindLayout:
                 "FROM executions e LEFT JOIN locations l ON l.id = e.location_id "
                 "LEFT JOIN programs p ON p.id = e.program_id WHERE 1"
             )
-        extra = "".join(f", {_column_or_default(c, self.cls, present, 'd.')}" for c in self.columns)
+        extra = "".join(f", {_column_or_default(c, present, 'd.')}" for c in self.columns)
         join = f"JOIN {self.table} d ON d.event_id = e.id " if self.table is not None else ""
         return (
             "SELECT e.id, e.ts, e.mode, e.thread, l.file, l.line, l.function, e.name, e.seconds, "
@@ -452,23 +538,30 @@ class KindLayout:
     def child_select_sql(self, child: ChildTable, present: frozenset[str] | None = None) -> str:
         """SELECT of a child table's rows: event_id, then the record's columns (``present``:
         as for :meth:`select_sql`)."""
-        cols = ", ".join(_column_or_default(c, child.record, present) for c in child.columns)
+        cols = ", ".join(_column_or_default(c, present) for c in child.columns)
         return f"SELECT event_id, {cols} FROM {child.table}"
 
     def decode(
         self, row: tuple, location: SourceLocation | None, children: dict[str, dict[int, list]]
     ) -> Event:
         """The event of one :meth:`select_sql` row (``children``: per child field, records by event id)."""
-        values = []
-        for source, how in self._plan:
-            if source == _LOCATION:
-                values.append(location)
-            elif source == _CHILDREN:
-                values.append(tuple(children.get(how.field, {}).get(row[0], ())))
-            else:
-                value = row[source]
-                values.append(value if how is None or value is None else how(value))
-        return self.cls(*values)
+        return self.cls(*(_value(row, location, children, source, how) for source, how in self._plan))
+
+
+def _value(row: tuple, location: SourceLocation | None, children: dict[str, dict[int, list]], source: int,
+           how: Any) -> Any:
+    """One field's value in a selected row, as :meth:`KindLayout._plan_reading` placed it."""
+    if source == _LOCATION:
+        return location
+    if source == _CHILDREN:
+        return tuple(children.get(how.field, {}).get(row[0], ()))
+    if source == _CONSTANT:
+        return how
+    if source == _RECORD:
+        record, parts = how
+        return record(*(_value(row, location, children, s, h) for s, h in parts))
+    value = row[source]
+    return value if how is None or value is None else how(value)
 
 
 _layouts: dict[type, KindLayout] = {}

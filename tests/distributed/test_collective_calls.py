@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from dist_helpers import DATA, REPO, python_env
-from tpu_debug.tracers.reading.collective_calls import first_desyncs
+from tpu_debug.core.records import CollectiveInfo
 from tpu_debug.tracers.events import CollectiveCallEvent, SourceLocation
+from tpu_debug.tracers.reading.collective_calls import first_desyncs
 
 from tpu_debug.ranks import open_group
 
 SCRIPT = DATA / "collective_desync.py"
 
 
+def _dims(text: str) -> tuple[int, ...]:
+    """A shape as the ranks write it (``"[4, 2]"``) as the record keeps it."""
+    return tuple(json.loads(text))
+
+
 def _call(rank: int, seq: int, op: str = "allreduce", shapes=("[4]",), line: int = 10, **kw) -> CollectiveCallEvent:
-    return CollectiveCallEvent(
-        id=seq, ts=float(seq), mode=None, thread=1, location=SourceLocation("train.py", line, "main"),
-        op=op, group="0", group_ranks=(0, 1), rank=rank, seq=seq, shapes=tuple(shapes), dtype="float32",
-        nbytes=16, **kw,
-    )
+    return CollectiveCallEvent(seq, float(seq), None, 1, SourceLocation("train.py", line, "main"), CollectiveInfo(op, "0", (0, 1), rank, seq, tuple(_dims(s) for s in tuple(shapes)), "float32", 16, **kw))
 
 
 def test_same_sequences_agree():

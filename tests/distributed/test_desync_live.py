@@ -17,11 +17,17 @@ from pathlib import Path
 import pytest
 from dist_helpers import DATA, python_env
 from tpu_debug.core import desync
-from tpu_debug.tracers.reading.collective_calls import first_desyncs
+from tpu_debug.core.records import CollectiveInfo
 from tpu_debug.tracers.events import CollectiveCallEvent, SourceLocation
+from tpu_debug.tracers.reading.collective_calls import first_desyncs
 
 SCRIPT = DATA / "desync_live.py"
 NAME = SCRIPT.name
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    """A shape as the ranks write it (``"[4, 2]"``) as the record keeps it."""
+    return tuple(json.loads(text))
 
 
 def _line(text: str) -> int:
@@ -321,8 +327,8 @@ def test_a_killed_rank_is_named_with_its_signal_and_last_collective(killed):
 def test_a_killed_ranks_last_collectives_outlive_it(killed):
     import dataclasses
 
-    from tpu_debug.tracers.reading.collective_calls import group_desyncs, read_rank
     from tpu_debug.tracers.collective_journal import read_journal
+    from tpu_debug.tracers.reading.collective_calls import group_desyncs, read_rank
 
     from tpu_debug.ranks import open_group
 
@@ -425,10 +431,7 @@ def test_a_correct_four_rank_script_gets_no_error_and_no_finding(tmp_path):
 
 
 def _call(rank: int, seq: int, op: str = "allreduce", shapes=("[4]",), line: int = 10) -> CollectiveCallEvent:
-    return CollectiveCallEvent(
-        id=seq, ts=float(seq), mode=None, thread=1, location=SourceLocation("train.py", line, "main"), op=op,
-        group="0", group_ranks=(0, 1), rank=rank, seq=seq, shapes=tuple(shapes), dtype="float32", nbytes=16,
-    )
+    return CollectiveCallEvent(seq, float(seq), None, 1, SourceLocation("train.py", line, "main"), CollectiveInfo(op, "0", (0, 1), rank, seq, tuple(_dims(s) for s in tuple(shapes)), "float32", 16))
 
 
 def test_a_loop_that_runs_once_more_on_one_rank_is_an_uneven_last_batch():

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tpu_debug.core.records import InvalidValueInfo
 from tpu_debug.runtime.config import config
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.advisor import RunFacts, lookup
-from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
 from tpu_debug.tracers.reading.invalid_values import InvalidValuePlace
+from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
 
 import tpu_debug
 
@@ -145,8 +146,7 @@ class _Run:
 
 
 def _place(op, argument, value, low, high, *, phase="forward", node="", silent="clamped", line=9, count=2):
-    event = ev.InvalidValueEvent(line, 0.5, "lazy", 1, ev.SourceLocation(__file__, line, "f"), op, argument, value,
-                                 low, high, "message", "RuntimeError", silent, False, phase, node, count)
+    event = ev.InvalidValueEvent(line, 0.5, "lazy", 1, ev.SourceLocation(__file__, line, "f"), InvalidValueInfo(op, argument, value, low, high, "message", "RuntimeError", silent, "lazy", False), phase=phase, autograd_node=node, count=count)
     return InvalidValuePlace(event, 0.5)
 
 

@@ -7,6 +7,7 @@ import sys
 import threading
 
 import torch
+from tpu_debug.core.records import CollectiveDone
 from tpu_debug.tracers.recording.recorder import Recorder
 
 import tpu_debug
@@ -164,7 +165,7 @@ def test_a_collectives_return_is_recorded_with_its_seconds(tmp_path):
 
     db = tmp_path / "run.db"
     store = RunWriter(db, {"name": "demo"})
-    stored = CollectiveDoneEvent(store.new_id(), 0.5, None, 3, None, "send", "0", 1, 2, 0.125)
+    stored = CollectiveDoneEvent(store.new_id(), 0.5, None, 3, None, CollectiveDone("send", "0", 1, 2, 0.125))
     store.put(stored)
     store.close({"status": "finished", "exit_status": 0})
     q = RunQuery(db)

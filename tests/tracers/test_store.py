@@ -7,13 +7,13 @@ import sqlite3
 from typing import ClassVar
 
 import pytest
+from tpu_debug.core.errors import NotRecordedError, RunDamagedError, RunNotFoundError, SchemaVersionError
+from tpu_debug.core.records import FallbackInfo, TransferInfo
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.hlo import make_program
 from tpu_debug.tracers.reading import RunQuery
-from tpu_debug.tracers.store import APPLICATION_ID, layout
 from tpu_debug.tracers.recording.run_writer import RunWriter
-
-from tpu_debug.core.errors import NotRecordedError, RunDamagedError, RunNotFoundError, SchemaVersionError
+from tpu_debug.tracers.store import APPLICATION_ID, layout
 
 LOC = ev.SourceLocation("/work/user/train.py", 12, "step")
 LOC2 = ev.SourceLocation("/work/user/train.py", 30, "main")
@@ -61,9 +61,9 @@ def _write_all_kinds(writer: RunWriter) -> list[ev.Event]:
             diffs=(ev.KeyDiff("shape", "float32[4]", "float32[5]", arg_index=0, arg_name="self", dims=(0,)),),
         ),
         ev.OpEvent(nid(), 0.3, "eager", 11, LOC, "mul.Tensor", 2e-5, program),
-        ev.TransferEvent(nid(), 0.4, None, 11, LOC2, "d2h", 4, (), "float32", "item", True, 1e-4),
-        ev.TransferEvent(nid(), 0.5, None, 12, None, "h2d", 64, (4, 4), "float32", "copy", False, 2e-4),
-        ev.FallbackEvent(nid(), 0.6, "eager", 11, LOC, "nonzero", (ev.ArgInfo("self", (4,), "bool"),), 1e-3),
+        ev.TransferEvent(nid(), 0.4, None, 11, LOC2, TransferInfo("d2h", 4, (), "float32", "item", 1e-4), op="item", implicit=True),
+        ev.TransferEvent(nid(), 0.5, None, 12, None, TransferInfo("h2d", 64, (4, 4), "float32", "copy", 2e-4), op="copy", implicit=False),
+        ev.FallbackEvent(nid(), 0.6, "eager", 11, LOC, FallbackInfo("nonzero", (ev.ArgInfo("self", (4,), "bool"),), 1e-3)),
         ev.GraphBreakEvent(nid(), 0.7, "compiled", 11, LOC2, "forward", "call to .item()"),
         ev.DivergenceEvent(
             nid(), 0.8, "eager", 11, LOC, "mul.Tensor", "local", 1e-3, 2e-4, 12.0, 3, False, 1e-5, True

@@ -15,13 +15,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from tpu_debug.core.errors import RunAccessError, RunDamagedError, RunWriteError
+from tpu_debug.core.records import TransferInfo
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.reading import RunQuery
-from tpu_debug.tracers.store import DB_NAME
 from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.store import DB_NAME
 
 from tpu_debug.cli import main
-from tpu_debug.core.errors import RunAccessError, RunDamagedError, RunWriteError
 
 LOC = ev.SourceLocation("/work/user/train.py", 12, "step")
 
@@ -113,9 +114,7 @@ def _recorded_run(tmp_path: Path) -> Path:
     writer = RunWriter(run / DB_NAME, {"name": "demo"})
     for i in range(4000):
         writer.put(
-            ev.TransferEvent(
-                writer.new_id(), i * 1e-3, None, 1, LOC, "d2h", 4, (i % 7, 3), "float32", "item", True, 1e-5
-            )
+            ev.TransferEvent(writer.new_id(), i * 1e-3, None, 1, LOC, TransferInfo("d2h", 4, (i % 7, 3), "float32", "item", 1e-5), op="item", implicit=True)
         )
         if i % 10 == 0:
             writer.put(_error(writer, f"site {i % 50}", "y" * 200))

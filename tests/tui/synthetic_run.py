@@ -20,10 +20,11 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+from tpu_debug.core.records import FallbackInfo, TransferInfo
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.hlo import make_program
-from tpu_debug.tracers.store import DB_NAME
 from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.store import DB_NAME
 
 DATA = Path(__file__).resolve().parent / "data"
 SOURCE = DATA / "train.py"
@@ -208,20 +209,7 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True, collectives: bool 
         t = float(step)
         first = len(written)
         put(
-            ev.TransferEvent(
-                nid(),
-                t + 0.05,
-                None,
-                1,
-                _loc(19, "main"),
-                "h2d",
-                n * 128 * 4,
-                (n, 128),
-                "float32",
-                "copy",
-                False,
-                2e-4,
-            )
+            ev.TransferEvent(nid(), t + 0.05, None, 1, _loc(19, "main"), TransferInfo("h2d", n * 128 * 4, (n, 128), "float32", "copy", 2e-4), op="copy", implicit=False)
         )
         if n not in mul_compiles:
             program = writer.add_program(make_program("eager", "mul.Tensor", *mul_hlo(n)))
@@ -308,43 +296,17 @@ def write_synthetic_run(run_dir: Path, *, close: bool = True, collectives: bool 
             graph_compiles[n] = (eid, program, graph)
             last_graph = (eid, n)
         put(
-            ev.TransferEvent(
-                nid(), t + 0.8, None, 1, _loc(22, "main"), "d2h", 4, (), "float32", "item", True, 6e-5
-            )
+            ev.TransferEvent(nid(), t + 0.8, None, 1, _loc(22, "main"), TransferInfo("d2h", 4, (), "float32", "item", 6e-5), op="item", implicit=True)
         )
         put(
-            ev.TransferEvent(
-                nid(), t + 0.85, None, 1, _loc(23, "main"), "d2h", 1, (), "bool", "bool", True, 5e-5
-            )
+            ev.TransferEvent(nid(), t + 0.85, None, 1, _loc(23, "main"), TransferInfo("d2h", 1, (), "bool", "bool", 5e-5), op="bool", implicit=True)
         )
         if step % 3 == 0:
             put(
-                ev.FallbackEvent(
-                    nid(),
-                    t + 0.9,
-                    "eager",
-                    1,
-                    _loc(25, "main"),
-                    "nonzero",
-                    (ev.ArgInfo("self", (n, 128), "float32"),),
-                    1e-3,
-                )
+                ev.FallbackEvent(nid(), t + 0.9, "eager", 1, _loc(25, "main"), FallbackInfo("nonzero", (ev.ArgInfo("self", (n, 128), "float32"),), 1e-3))
             )
             put(
-                ev.TransferEvent(
-                    nid(),
-                    t + 0.9,
-                    None,
-                    1,
-                    _loc(25, "main"),
-                    "d2h",
-                    n * 512,
-                    (n, 128),
-                    "float32",
-                    "fallback:nonzero",
-                    True,
-                    1e-4,
-                )
+                ev.TransferEvent(nid(), t + 0.9, None, 1, _loc(25, "main"), TransferInfo("d2h", n * 512, (n, 128), "float32", "fallback:nonzero", 1e-4), op="fallback:nonzero", implicit=True)
             )
 
         # the step, marked with tpu_debug.step() at its end: mul and add, and the graph

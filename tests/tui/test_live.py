@@ -6,6 +6,7 @@ import time
 
 from synthetic_run import FINAL, SOURCE, write_synthetic_run
 from textual.widgets import DataTable
+from tpu_debug.core.records import TransferInfo
 from tpu_debug.tracers import events as ev
 from tui_helpers import drive, press, settle
 
@@ -37,16 +38,14 @@ def test_follows_a_running_run_until_it_ends(tmp_path, make_app):
         loc = ev.SourceLocation(str(SOURCE), 22, "main")
         for i in range(5):
             writer.put(
-                ev.TransferEvent(
-                    writer.new_id(), 9.0 + i, None, 1, loc, "d2h", 4, (), "float32", "item", True, 1e-4
-                )
+                ev.TransferEvent(writer.new_id(), 9.0 + i, None, 1, loc, TransferInfo("d2h", 4, (), "float32", "item", 1e-4), op="item", implicit=True)
             )
         writer.flush()
         await _until(pilot, lambda: _count(app, "transfer") == 32)
         await press(pilot, "4")  # a view opened later loads the current state
         assert sum(s.count for s in app.screen.sites) == 32
         writer.put(
-            ev.TransferEvent(writer.new_id(), 20.0, None, 1, loc, "d2h", 4, (), "float32", "item", True, 1e-4)
+            ev.TransferEvent(writer.new_id(), 20.0, None, 1, loc, TransferInfo("d2h", 4, (), "float32", "item", 1e-4), op="item", implicit=True)
         )
         writer.close(FINAL)
         await _until(pilot, lambda: not app.follow)

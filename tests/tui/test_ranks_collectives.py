@@ -8,11 +8,13 @@ does), and never returns from it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from tpu_debug.core.records import CollectiveDone, CollectiveInfo
 from tpu_debug.tracers import events as ev
-from tpu_debug.tracers.store import DB_NAME
 from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.store import DB_NAME
 from tui_helpers import drive, press, screen_text, settle, widget_text
 
 from tpu_debug.ranks import new_group
@@ -28,18 +30,19 @@ CALLS = [("allreduce", ("[4, 2]",), 32, 21), ("all_gather_single", ("[8, 2]", "[
          ("allreduce", ("[4]",), 16, 27)]
 
 
+def _dims(text: str) -> tuple[int, ...]:
+    """A shape as the ranks write it (``"[4, 2]"``) as the record keeps it."""
+    return tuple(json.loads(text))
+
+
 def _write_rank(run_dir: Path, rank: int) -> None:
     writer = RunWriter(run_dir / DB_NAME, dict(META, name=f"rank{rank}"))
     writer.put(ev.ProcessEvent(writer.new_id(), 0.0, None, 1, None, rank=rank, world_size=2, devices=1,
                                local_devices=1, coordinator="127.0.0.1:29500"))
     for seq, (op, shapes, nbytes, line) in enumerate(CALLS[: 3 - rank], 1):
-        writer.put(ev.CollectiveCallEvent(
-            writer.new_id(), 0.1 * seq + 0.01 * rank, None, 1, ev.SourceLocation(SCRIPT, line, "<module>"),
-            op, "0", (0, 1), rank, seq, shapes, "float32", nbytes, "SUM" if op == "allreduce" else None, None,
-        ))
+        writer.put(ev.CollectiveCallEvent(writer.new_id(), 0.1 * seq + 0.01 * rank, None, 1, ev.SourceLocation(SCRIPT, line, "<module>"), CollectiveInfo(op, "0", (0, 1), rank, seq, tuple(_dims(s) for s in shapes), "float32", nbytes, "SUM" if op == "allreduce" else None, None)))
         if seq < 3:
-            writer.put(ev.CollectiveDoneEvent(writer.new_id(), 0.1 * seq + 0.01 * rank + 0.002 * seq, None, 1, None,
-                                              op, "0", rank, seq, 0.002 * seq))
+            writer.put(ev.CollectiveDoneEvent(writer.new_id(), 0.1 * seq + 0.01 * rank + 0.002 * seq, None, 1, None, CollectiveDone(op, "0", rank, seq, 0.002 * seq)))
     writer.close({"status": "finished" if rank == 0 else "failed", "exit_status": 0 if rank == 0 else 1,
                   "end_time": "2026-01-31T12:00:01.000+00:00", "duration": 1.0})
 
@@ -98,9 +101,8 @@ def test_a_run_recorded_before_returns_were_is_not_said_to_have_never_returned(t
     # times are unknown, which is not the same as stuck
     import sqlite3
 
-    from tpu_debug.report.ranks import c10d_data, call_text, collective_spans, in_collectives_text
-
     from tpu_debug.ranks import open_group
+    from tpu_debug.report.ranks import c10d_data, call_text, collective_spans, in_collectives_text
 
     group = new_group(tmp_path / "runs", "train", 2, ["torchrun", "train.py"], launcher="torchrun")
     for rank in (0, 1):

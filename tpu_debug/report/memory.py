@@ -19,6 +19,7 @@ from tpu_debug.report.core import (
     site_text,
 )
 from tpu_debug.tracers.reading.memory_view import PHASE_TEXT, describe_fix, memory_view, need_text
+from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, peak_headline, shape_text, sum_text
 from tpu_debug.tracers.reading.view import RunView
 
 
@@ -80,8 +81,6 @@ def _render_memory(d: dict | None, terminal: bool) -> RenderableType | None:
     if rows:
         parts.append(kv_text(rows))
     if d["holders"]:
-        from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT
-
         table = report_table(terminal, ("held at the peak by", "left"), ("phase", "left"), ("kind", "left"),
                              ("bytes", "right"), ("tensors", "right"), ("largest", "left"))
         for h in d["holders"]:
@@ -124,8 +123,6 @@ _PEAK_ROWS = 10
 
 
 def _peak_program_data(e: Any) -> dict[str, Any]:
-    from tpu_debug.tracers.reading.peak_buffers import made_where, peak_headline, shape_text, sum_text
-
     data = plain_record(e, EVENT_HEADER + ("buffers", "timeline_positions", "timeline_bytes", "kinds",
                                            "kind_bytes"))
     data["by_kind"] = e.by_kind()
@@ -156,8 +153,6 @@ def _peak_rows(buffers: list[dict]) -> list[dict]:
 
 
 def _render_peak_buffers(d: list | None, terminal: bool) -> RenderableType | None:
-    from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT
-
     if not d:
         return None
     parts: list[RenderableType] = []

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpu_debug.core.collective_kinds import P2P_OPS, ROOTED
+from tpu_debug.core.desync import shape_texts
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.report.core import (
     RANKS_SCHEMA,
@@ -134,7 +135,7 @@ def _call_data(call: Any, seconds: dict[tuple[str, bool, int], float] | None,
         "seconds": None if seconds is None else seconds.get(_done_key(call.op, call.group, call.seq)),
         "timed": seconds is not None,
         "arrived": arrived,
-        "shapes": list(call.shapes),
+        "shapes": list(shape_texts(call.shapes)),
         "dtype": call.dtype,
         "nbytes": call.nbytes,
         "reduce_op": call.reduce_op,
@@ -208,7 +209,7 @@ def collective_spans(sessions: list) -> dict[int, list[Any]]:
                 length = max(seconds, 1e-6)
             spans.append(RankSpan(
                 begin, length, f"group {c.group}", c.op,
-                (("seq", str(c.seq)), ("shapes", ", ".join(c.shapes)), ("dtype", c.dtype),
+                (("seq", str(c.seq)), ("shapes", ", ".join(shape_texts(c.shapes))), ("dtype", c.dtype),
                  ("bytes", str(c.nbytes)), ("line", str(c.location) if c.location is not None else ""),
                  ("returned", "yes" if seconds is not None else "no (stuck, raised or killed in it)" if timed
                   else "not recorded (a run of a version that did not record returns)")),
@@ -221,7 +222,7 @@ def _per_rank(calls: dict[int, list], durations: dict, entered: dict) -> list[di
     for rank, events in calls.items():
         groups: dict[str, dict[str, Any]] = {}
         for c in events:
-            g = groups.setdefault(c.group, {"group": c.group, "ranks": list(c.group_ranks), "count": 0, "bytes": 0,
+            g = groups.setdefault(c.group, {"group": c.group, "ranks": list(c.ranks), "count": 0, "bytes": 0,
                                             "waited": 0.0, "seconds": 0.0, "not_returned": 0, "ops": {}})
             g["count"] += 1
             g["bytes"] += c.nbytes
@@ -252,7 +253,7 @@ def _sequence(calls: dict[int, list], durations: dict, entered: dict, first_diff
         for c in events:
             if c.op in P2P_OPS:
                 continue
-            members.setdefault(c.group, list(c.group_ranks))
+            members.setdefault(c.group, list(c.ranks))
             by_group.setdefault(c.group, {}).setdefault(c.seq, {})[rank] = c
     sequence = []
     for group in sorted(by_group, key=lambda g: (len(g), g)):

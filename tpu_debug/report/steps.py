@@ -16,7 +16,9 @@ from tpu_debug.report.core import (
     section,
 )
 from tpu_debug.report.findings import advice_of
+from tpu_debug.tracers.events import TargetStepEvent, TargetSummaryEvent
 from tpu_debug.tracers.reading.step_phases import STEADY, step_phases
+from tpu_debug.tracers.reading.step_time import PARTS, goodput, split_step, verdict
 from tpu_debug.tracers.reading.view import RunView
 
 
@@ -160,8 +162,6 @@ _UNLOGGED_STEP = ("eager_ops", "graph_runs", "op_seconds", "transfers", "transfe
 
 
 def _step_data(s: Any, phase: str, imported: bool = False) -> dict[str, Any]:
-    from tpu_debug.tracers.reading.step_time import split_step
-
     data = _step_fields(s, phase)
     if imported:
         data.update(dict.fromkeys(_UNLOGGED_STEP))
@@ -173,8 +173,6 @@ def _step_data(s: Any, phase: str, imported: bool = False) -> dict[str, Any]:
 def _add_mfu(session: RunView, per_step: list[dict[str, Any]]) -> None:
     """Each step's MFU on the run's TPU target: the target compiler's flops over the estimated
     step time (``mfu``), and on a TPU over the measured time too (``mfu_measured``)."""
-    from tpu_debug.tracers.events import TargetStepEvent, TargetSummaryEvent
-
     targets = {e.step: e for e in session.events(TargetStepEvent.kind) if not e.unfinished}
     summary = next(iter(session.events(TargetSummaryEvent.kind)), None)
     on_tpu = session.metadata().platform == "tpu"
@@ -188,8 +186,6 @@ def _add_mfu(session: RunView, per_step: list[dict[str, Any]]) -> None:
 
 def _time_data(session: RunView, steps: list, phases: list[str]) -> dict[str, Any]:
     """The split of the steady steps, the run's bound and its goodput (``tracers.reading.step_time``)."""
-    from tpu_debug.tracers.reading.step_time import PARTS, goodput, split_step, verdict
-
     steady = [sp for sp, p in ((split_step(s), p) for s, p in zip(steps, phases)) if sp is not None and p == "steady"]
     v = verdict(steps, phases)
     g = goodput(steps, phases, session.metadata().duration, session.steps.waits("checkpoint")) if steps else None

@@ -70,7 +70,7 @@ def collective_straggler(facts: RunFacts) -> Iterable[Finding]:
     if not dones:
         return
     calls: list[CollectiveCallEvent] = facts.query.events("collective_call")
-    me = {c.group: c.group_ranks[c.rank] for c in calls if 0 <= c.rank < len(c.group_ranks)}
+    me = {c.group: c.ranks[c.rank] for c in calls if 0 <= c.rank < len(c.ranks)}
     where = {(c.group, c.seq): c.location for c in calls}
     by_group: dict[str, list[CollectiveDoneEvent]] = {}
     for d in dones:

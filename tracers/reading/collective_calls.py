@@ -100,7 +100,7 @@ class Desync:
 
 
 def _global_rank(call: CollectiveCallEvent) -> int:
-    return call.group_ranks[call.rank] if 0 <= call.rank < len(call.group_ranks) else call.rank
+    return call.ranks[call.rank] if 0 <= call.rank < len(call.ranks) else call.rank
 
 
 def rank_call(rank: int, call: CollectiveCallEvent | None, state: str = "called") -> _desync.RankCall:
@@ -109,7 +109,7 @@ def rank_call(rank: int, call: CollectiveCallEvent | None, state: str = "called"
         return _desync.RankCall(rank, state)
     loc = call.location
     return _desync.RankCall(
-        rank, state, call.op, call.seq, tuple(call.shapes), call.dtype, call.reduce_op, call.peer,
+        rank, state, call.op, call.seq, _desync.shape_texts(call.shapes), call.dtype, call.reduce_op, call.peer,
         loc.file if loc is not None else None, loc.line if loc is not None else None,
         loc.function if loc is not None else None,
     )
@@ -117,12 +117,7 @@ def rank_call(rank: int, call: CollectiveCallEvent | None, state: str = "called"
 
 def event_calls(event: CollectiveDesyncEvent) -> list[_desync.RankCall]:
     """Each rank's part of a desync the live check recorded."""
-    return [
-        _desync.RankCall(c.rank, c.state, c.op, c.seq, tuple(c.shapes.split("; ")) if c.shapes else (), c.dtype,
-                         c.reduce_op, c.peer, c.file, c.line, c.function, c.device, c.error, tuple(c.stack),
-                         c.exit_status)
-        for c in event.calls
-    ]
+    return list(event.calls)
 
 
 def desync_subject(event: CollectiveDesyncEvent) -> str | None:
@@ -164,7 +159,7 @@ def first_desyncs(calls_by_rank: Mapping[int, Sequence[CollectiveCallEvent]],
         for call in calls:
             if call.op in P2P_OPS:
                 continue
-            members.setdefault(call.group, call.group_ranks)
+            members.setdefault(call.group, call.ranks)
             groups.setdefault(call.group, {}).setdefault(_global_rank(call), {})[call.seq] = call
     found = []
     for group in sorted(groups, key=lambda g: (len(g), g)):

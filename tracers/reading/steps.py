@@ -4,13 +4,10 @@ detected, what ran in it and where its time went (``tracers.recording.step_track
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tpu_debug.tracers.events import StepEvent, WaitEvent
 from tpu_debug.tracers.reading.reader import Part
-
-if TYPE_CHECKING:
-    from tpu_debug.tracers.reading.step_time import Goodput, StepSplit, Verdict
+from tpu_debug.tracers.reading.step_phases import step_phases
+from tpu_debug.tracers.reading.step_time import Goodput, StepSplit, Verdict, goodput, split_step, verdict
 
 __all__ = ["StepsQuery"]
 
@@ -34,8 +31,6 @@ class StepsQuery(Part):
 
     def phases(self) -> list[str]:
         """Each step's phase, ``"warm-up"`` or ``"steady"``, in the order of :meth:`__call__`."""
-        from tpu_debug.tracers.reading.step_phases import step_phases
-
         return step_phases(self())
 
     def split(self) -> list[StepSplit]:
@@ -47,14 +42,10 @@ class StepsQuery(Part):
 
             [round(s.share("input"), 2) for s in session.steps.split()]
         """
-        from tpu_debug.tracers.reading.step_time import split_step
-
         return [sp for sp in map(split_step, self()) if sp is not None]
 
     def verdict(self) -> Verdict | None:
         """What bounds the run's steady state (``tracers.reading.step_time.Verdict``), or None."""
-        from tpu_debug.tracers.reading.step_time import verdict
-
         steps = self()
         return verdict(steps, self.phases() if steps else [])
 
@@ -67,8 +58,6 @@ class StepsQuery(Part):
     def goodput(self) -> Goodput | None:
         """The run's goodput and badput by cause (``tracers.reading.step_time.Goodput``), or None
         without split steps."""
-        from tpu_debug.tracers.reading.step_time import goodput
-
         steps = self()
         if not steps:
             return None

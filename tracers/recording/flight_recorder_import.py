@@ -32,6 +32,7 @@ from typing import Any
 
 from tpu_debug.core.collective_kinds import C10D_OF_FLIGHT_RECORDER
 from tpu_debug.core.errors import TpuDebugError
+from tpu_debug.core.records import CollectiveDone, CollectiveInfo
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDoneEvent, SourceLocation
 from tpu_debug.tracers.location import is_library_file
 
@@ -158,13 +159,13 @@ def dump_events(dump: Dump, members: dict[str, tuple[int, ...]], t0_ns: int,
         seq = int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id") or 0)
         peer = int(p2p.group(4)) if p2p else None
         call = CollectiveCallEvent(
-            new_id(), (created - t0_ns) / 1e9, None, 0, _user_frame(e.get("frames") or []), op, group, ranks,
-            ranks.index(dump.rank), seq, tuple(str(s) for s in shapes), ",".join(dtypes),
-            sum(math.prod(s) for s in shapes) * size, None, peer,
+            new_id(), (created - t0_ns) / 1e9, None, 0, _user_frame(e.get("frames") or []),
+            CollectiveInfo(op, group, ranks, ranks.index(dump.rank), seq, tuple(tuple(s) for s in shapes),
+                           ",".join(dtypes), sum(math.prod(s) for s in shapes) * size, None, peer),
         )
         calls.append(call)
         completed = e.get("time_discovered_completed_ns")
         if e.get("state") == "completed" and completed:
-            dones.append(CollectiveDoneEvent(new_id(), (int(completed) - t0_ns) / 1e9, None, 0, None, op, group,
-                                             call.rank, seq, (int(completed) - created) / 1e9))
+            dones.append(CollectiveDoneEvent(new_id(), (int(completed) - t0_ns) / 1e9, None, 0, None, CollectiveDone(
+                op, group, call.rank, seq, (int(completed) - created) / 1e9)))
     return calls, dones

@@ -133,9 +133,7 @@ class InvalidValueTracer:
                 place.last_ts = now
                 return
             event = InvalidValueEvent(
-                self._writer.new_id(), now, str(info.mode), threading.get_native_id(), location,
-                str(info.op), str(info.argument), float(info.value), _bound(info.low), _bound(info.high),
-                str(info.message), str(info.error), str(info.silent), bool(info.raised), phase, node,
+                self._writer.new_id(), now, info.mode, threading.get_native_id(), location, info, phase, node,
             )
             self._places[key] = _Place(event, 1, now)
         self._writer.put(event)
@@ -149,7 +147,3 @@ class InvalidValueTracer:
                 self._writer.put(dataclasses.replace(
                     place.first, id=self._writer.new_id(), ts=place.last_ts, count=place.count,
                 ))
-
-
-def _bound(value: float | None) -> float | None:
-    return None if value is None else float(value)

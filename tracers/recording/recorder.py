@@ -10,6 +10,7 @@ content hash).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -34,7 +35,6 @@ from tpu_debug.tracers.events import (
     CollectiveDesyncEvent,
     CollectiveDoneEvent,
     CompileEvent,
-    DesyncCall,
     FallbackEvent,
     InternalErrorEvent,
     KeyDiff,
@@ -199,7 +199,7 @@ class Recorder:
             )
 
     def on_compile(self, info: CompileInfo) -> None:
-        ts = self.clock() - float(info.seconds)
+        ts = self.clock() - info.seconds
         location = user_location(_PROBE_DEPTH)
         with self._compile_lock:
             self._record_compile(info, ts, location)
@@ -225,9 +225,9 @@ class Recorder:
                         for i, n in enumerate(nodes)
                     ]
                 self.writer.add_program(
-                    make_program(info.mode, str(info.name), stablehlo, hlo, nodes, content_hash=program)
+                    make_program(info.mode, info.name, stablehlo, hlo, nodes, content_hash=program)
                 )
-        self._keys[info.key] = self._latest[(info.mode, str(info.name))] = (signature, program)
+        self._keys[info.key] = self._latest[(info.mode, info.name)] = (signature, program)
         exe = self._stats.get(info.key)
         if exe is not None:  # executed before its compile was seen (a recompile of the same key)
             exe.signature, exe.program = signature, program
@@ -240,51 +240,25 @@ class Recorder:
         # A read-back compiled nothing, so no reader counts it as a compile or a recompile; it is a
         # new program for this op all the same and keeps its diff against the closest earlier key,
         # so the advisor's shapes that keep changing do not depend on what an earlier run cached.
-        read_back = bool(getattr(info, "from_cache", False))
         self.writer.put(
             CompileEvent(
-                event_id,
-                ts,
-                info.mode,
-                threading.get_native_id(),
-                location,
-                str(info.name),
-                signature,
-                args,
-                float(info.seconds),
-                program,
-                seen.previous_event,
-                seen.diffs,
-                seen.identity,
-                read_back,
-                float(getattr(info, "saved_seconds", 0.0)),
+                event_id, ts, info.mode, threading.get_native_id(), location, info.name, signature, args,
+                info.seconds, program, seen.previous_event, seen.diffs, seen.identity, info.from_cache,
+                info.saved_seconds,
             )
         )
 
     def on_transfer(self, info: TransferInfo) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
         if info.direction == "h2d":
-            op, implicit, location, context, origin = classify_upload(str(info.op))
+            op, implicit, location, context, origin = classify_upload(info.op)
         else:
-            op, implicit, location, context = classify_site(str(info.op))
+            op, implicit, location, context = classify_site(info.op)
             origin = None
         self.writer.put(
             TransferEvent(
-                self.writer.new_id(),
-                self.clock() - float(info.seconds),
-                None,
-                threading.get_native_id(),
-                location,
-                str(info.direction),
-                int(info.nbytes),
-                tuple(int(d) for d in info.shape),
-                str(info.dtype),
-                op,
-                implicit,
-                float(info.seconds),
-                getattr(info, "digest", None),
-                _where(context),
-                origin,
+                self.writer.new_id(), self.clock() - info.seconds, None, threading.get_native_id(), location,
+                info, op, implicit, _where(context), origin,
             )
         )
 
@@ -303,22 +277,22 @@ class Recorder:
         return [lines.get(op.site) if op.site is not None else None for op in ops]
 
     def on_materialize(self, info: MaterializeInfo) -> None:
-        trigger, location = cut_site(str(info.trigger), _PROBE_DEPTH)
+        trigger, location = cut_site(info.trigger, _PROBE_DEPTH)
         known = self._keys.get(info.key) if info.key is not None else None
         self.writer.put(
             MaterializationEvent(
                 self.writer.new_id(),
-                self.clock() - float(info.seconds),
+                self.clock() - info.seconds,
                 "lazy",
                 threading.get_native_id(),
                 location,
                 trigger,
-                str(info.name),
-                int(info.ops),
-                int(info.outputs),
-                int(info.inputs),
-                bool(info.compiled),
-                float(info.seconds),
+                info.name,
+                info.ops,
+                info.outputs,
+                info.inputs,
+                info.compiled,
+                info.seconds,
                 self._lazy_step,
                 known[1] if known is not None else None,
                 self._lazy_compiles.get(info.key) if info.compiled else None,
@@ -330,55 +304,25 @@ class Recorder:
             self._step_frames.step_ended()
 
     def on_fallback(self, info: FallbackInfo) -> None:
+        # the arguments in their recorded form: a static value as its text
+        recorded = dataclasses.replace(info, args=tuple(a.recorded() for a in info.args))
         self.writer.put(
             FallbackEvent(
-                self.writer.new_id(),
-                self.clock() - float(info.seconds),
-                "eager",
-                threading.get_native_id(),
-                user_location(_PROBE_DEPTH),
-                str(info.op),
-                tuple(a.recorded() for a in info.args),
-                float(info.seconds),
+                self.writer.new_id(), self.clock() - info.seconds, "eager", threading.get_native_id(),
+                user_location(_PROBE_DEPTH), recorded,
             )
         )
 
     def on_collective(self, info: CollectiveInfo) -> None:
         event = CollectiveCallEvent(
-            self.writer.new_id(),
-            self.clock(),
-            None,
-            threading.get_native_id(),
-            user_location(_PROBE_DEPTH),
-            str(info.op),
-            str(info.group),
-            tuple(int(r) for r in info.ranks),
-            int(info.rank),
-            int(info.seq),
-            tuple(str(list(s)) for s in info.shapes),
-            str(info.dtype),
-            int(info.nbytes),
-            info.reduce_op,
-            info.peer,
+            self.writer.new_id(), self.clock(), None, threading.get_native_id(), user_location(_PROBE_DEPTH), info,
         )
         self.writer.put(event)
         self._journal().write(call_record(event))
 
     def on_collective_done(self, info: CollectiveDone) -> None:
-        event = CollectiveDoneEvent(
-            self.writer.new_id(),
-            self.clock(),
-            None,
-            threading.get_native_id(),
-            None,  # the entry's event holds the user's line
-            str(info.op),
-            str(info.group),
-            int(info.rank),
-            int(info.seq),
-            float(info.seconds),
-            info.last_rank,
-            info.waited,
-        )
+        # the entry's event holds the user's line
+        event = CollectiveDoneEvent(self.writer.new_id(), self.clock(), None, threading.get_native_id(), None, info)
         self.writer.put(event)
         self._journal().write(done_record(event))
 
@@ -393,24 +337,7 @@ class Recorder:
     def on_collective_desync(self, info: DesyncInfo) -> None:
         self.writer.put(
             CollectiveDesyncEvent(
-                self.writer.new_id(),
-                self.clock(),
-                None,
-                threading.get_native_id(),
-                user_location(_PROBE_DEPTH),
-                str(info.group),
-                tuple(int(r) for r in info.ranks),
-                int(info.rank),
-                int(info.seq),
-                str(info.reason),
-                str(info.cause),
-                info.timeout,
-                tuple(
-                    DesyncCall(c.rank, c.state, c.op, c.seq, "; ".join(c.shapes), c.dtype, c.reduce_op, c.peer,
-                               c.file, c.line, c.function, c.device, c.error, tuple(c.stack), c.exit_status)
-                    for c in info.calls
-                ),
-                tuple(info.p2p),
+                self.writer.new_id(), self.clock(), None, threading.get_native_id(), user_location(_PROBE_DEPTH), info,
             )
         )
 
@@ -448,10 +375,10 @@ class Recorder:
             if exe is None:
                 # compiled mode passes on_execute a shorter key than on_compile (input
                 # signature only): fall back to the latest compile of the same graph
-                known = self._keys.get(key) or self._latest.get((mode, str(name)))
+                known = self._keys.get(key) or self._latest.get((mode, name))
                 signature, program = known if known is not None else (f"{name}(...)", None)
                 self._stat_ids += 1
-                exe = _Executable(self._stat_ids, mode, str(name), signature, program)
+                exe = _Executable(self._stat_ids, mode, name, signature, program)
                 self._stats[key] = exe
             count = _Count(exe, key)
             exe.parts.append(count)

@@ -485,7 +485,7 @@ class RunWriter:
         if kind.table is not None:
             batch.details.setdefault(kind.insert_sql, []).append(kind.row(item))
         for child, sql in zip(kind.children, kind.child_insert_sql):
-            records = getattr(item, child.field)
+            records = child.records(item)
             if records:
                 batch.details.setdefault(sql, []).extend((item.id, i, *child.row(r)) for i, r in enumerate(records))
 

@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpu_debug.core.post_import import when_imported
+from tpu_debug.runtime.probes import as_dynamo_disabled
+
 __all__ = ["install", "uninstall"]
 
 # the tracker the wrappers report to (None outside a trace); per (owner, attribute name),
@@ -42,8 +45,6 @@ def install(tracker: Any) -> None:
     """
     global _tracker
     from torch.utils.data import dataloader
-    from tpu_debug.core.post_import import when_imported
-
     _tracker = tracker
     _wrap(dataloader._BaseDataLoaderIter, "__next__", "input", "DataLoader", _loader_settings)
     import torch
@@ -102,8 +103,6 @@ def _wrap(owner: Any, name: str, what: str, api: str,
         return None
     if (owner, name) in _replaced:
         return _replaced[(owner, name)]
-    from tpu_debug.runtime.probes import as_dynamo_disabled
-
     perf_counter = time.perf_counter
 
     def timed(*args: Any, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import MemoryHolder, ProgramBuffer, ProgramMemoryEvent, SourceLocation
 from tpu_debug.tracers.reading.memory_view import PHASE_TEXT, MemoryView, describe_fix, memory_view, need_text
 from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, peak_headline, shape_text, sum_text
+from tpu_debug.tracers.reading.view import RunView
 from tpu_debug.tui.format import format_bytes, location_text
 from tpu_debug.tui.screens.base import RunScreen
 from tpu_debug.tui.widgets import Col, FitTable
@@ -30,7 +31,7 @@ NOT_TRACKED = (
 NO_PROGRAMS = "no compiled program's buffers were recorded (a graph's, with memory=True or a target)"
 
 
-def _programs(session) -> list[ProgramMemoryEvent]:
+def _programs(session: RunView) -> list[ProgramMemoryEvent]:
     """The programs' peaks, the one the run's answer is about first."""
     programs = session.memory()
     first = session.memory.peak()
