@@ -279,7 +279,8 @@ def column(
     keyword), or a tuple of records stored in the child ``table``.
 
     ``legacy``: how a run recorded before the column existed reads it, an SQL expression
-    over that run's columns, each named in braces (``"MAX({step} - 1, 0)"``). A field
+    over that run's columns, each named in braces (``"MAX({step} - 1, 0)"``; ``{name}`` is the
+    header's name column when the detail table has none of that name). A field
     whose meaning changes gets a new column name and says here how to read the old one,
     so runs of both layouts read alike (a field without it reads as its default)."""
     return dataclasses.field(default=default, metadata={"column": name, "table": table, "legacy": legacy})
@@ -463,8 +464,9 @@ class TransferEvent(Event):
     view: ClassVar[str | None] = "transfers"
     stored: ClassVar[Stored] = Stored("transfers", name="op", seconds="transfer.seconds")
 
-    # the column "op" holds the cause, as it always has; the runtime's own word is "runtime_op"
-    transfer: TransferInfo = carried(columns={"op": "runtime_op"}, legacy={"op": "{op}"})
+    # the header's name holds the cause, as it always has; the runtime's own word is "runtime_op"
+    # (a run recorded before it was kept reads the cause there too)
+    transfer: TransferInfo = carried(columns={"op": "runtime_op"}, legacy={"op": "{name}"})
     op: str
     implicit: bool
     context: str | None = None

@@ -1,5 +1,6 @@
 """A run recorded before a field was added to its event still opens: the field reads as its
-declared default (a reader of a newer version must not refuse older runs of the same schema)."""
+declared default, or as the older columns it is declared to be read from (a reader of a newer
+version must not refuse the older runs it says it reads)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import sqlite3
 import torch
 
 import tpu_debug
-from tpu_debug.tracers.events import MemorySummaryEvent, TargetStepEvent
+from tpu_debug.core.desync import RankCall
+from tpu_debug.core.records import CollectiveInfo, DesyncInfo, TransferInfo
+from tpu_debug.tracers.events import (
+    CollectiveCallEvent,
+    CollectiveDesyncEvent,
+    MemorySummaryEvent,
+    SourceLocation,
+    TargetStepEvent,
+    TransferEvent,
+)
 from tpu_debug.tracers.reading.memory_view import memory_view
 from tpu_debug.tracers.reading import RunQuery
 from tpu_debug.tracers.recording.run_writer import RunWriter
@@ -60,3 +70,44 @@ def test_target_steps_of_an_older_run_read_in_the_step_numbering(tmp_path):
     assert [(s.step, s.unfinished, s.whole_run) for s in steps] == [
         (0, False, False), (1, False, False), (2, True, False), (0, False, True)
     ]
+
+
+def test_events_that_carry_a_runtime_record_read_from_runs_of_the_layout_before(tmp_path):
+    """A transfer, a collective call and a desync recorded before events kept the whole runtime
+    record (schema 7: a transfer kept only its cause under ``op``, a call its shapes as text, a
+    desync no message and each rank's shapes joined by "; ") read back with the record filled in
+    as the old columns allow."""
+    db = tmp_path / "run.db"
+    writer = RunWriter(db, {"name": "demo"})
+    loc = SourceLocation("train.py", 3, "main")
+    writer.put(TransferEvent(writer.new_id(), 1.0, None, 1, loc, TransferInfo("d2h", 4, (), "float32", "item", 1e-4),
+                             "item", True))
+    writer.put(CollectiveCallEvent(writer.new_id(), 1.1, None, 1, loc, CollectiveInfo(
+        "allreduce", "0", (0, 1), 0, 1, ((4, 2), (3,)), "float32", 44, "SUM")))
+    writer.put(CollectiveDesyncEvent(writer.new_id(), 1.2, None, 1, loc, DesyncInfo(
+        "0", (0, 1), 0, 1, "shapes", "cause", (RankCall(0, shapes=("[4]", "[2, 3]")), RankCall(1, shapes=())),
+        None, "the ranks differ")))
+    writer.close()
+    conn = sqlite3.connect(db)
+    try:  # schema 7's columns
+        conn.execute("ALTER TABLE transfers DROP COLUMN runtime_op")
+        conn.execute("ALTER TABLE collective_calls ADD COLUMN shapes TEXT NOT NULL DEFAULT ''")
+        conn.execute("""UPDATE collective_calls SET shapes = '["[4, 2]", "[3]"]'""")
+        conn.execute("ALTER TABLE collective_calls DROP COLUMN shape_dims")
+        conn.execute("ALTER TABLE collective_desyncs DROP COLUMN message")
+        conn.execute("ALTER TABLE collective_desync_calls ADD COLUMN shapes TEXT NOT NULL DEFAULT ''")
+        conn.execute("UPDATE collective_desync_calls SET shapes = '[4]; [2, 3]' WHERE rank = 0")
+        conn.execute("ALTER TABLE collective_desync_calls DROP COLUMN shape_list")
+        conn.execute("PRAGMA user_version = 7")
+        conn.commit()
+    finally:
+        conn.close()
+    q = RunQuery(db)
+    (transfer,) = q.events("transfer")
+    assert (transfer.op, transfer.transfer.op, transfer.nbytes) == ("item", "item", 4)  # the cause stands in
+    (call,) = q.events("collective_call")
+    assert (call.shapes, call.ranks, call.group) == (((4, 2), (3,)), (0, 1), "0")
+    (desync,) = q.events("collective_desync")
+    assert [c.shapes for c in desync.calls] == [("[4]", "[2, 3]"), ()]
+    assert desync.message == "" and desync.reason == "shapes"
+    q.close()
