@@ -278,7 +278,7 @@ class MaterializeInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AllocInfo:
-    """Device bytes were charged to a storage (see ``runtime/memory.py``).
+    """Device bytes were charged to a storage (see ``runtime/memory_ledger.py``).
 
     ``storage`` is the storage's serial id (a probe keys its records by it),
     ``nbytes`` the bytes charged now (0 for a new storage sharing a payload another

@@ -25,7 +25,7 @@ from tpu_debug.runtime import ops as _ops
 from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
-from tpu_debug.runtime import memory as _memory  # noqa: F401 - hands memory tracking to the probes
+from tpu_debug.runtime import memory_ledger as _memory_ledger  # noqa: F401 - hands memory tracking to the probes
 from tpu_debug.runtime import profiler as _profiler
 from tpu_debug.runtime import tpu_utils as _tpu_utils
 from tpu_debug.runtime import xla_options as _xla_options

@@ -34,7 +34,7 @@ the runtime raises PyTorch's error for it (``config.data_checks``). Eager ops ar
 before they run; lazy and compiled programs compute the check in the same program only
 while a probe listens for it (or the checks raise), and it is told after the program ran.
 
-``on_alloc``/``on_free`` are memory tracking (``runtime/memory.py``): while a
+``on_alloc``/``on_free`` are memory tracking (``runtime/memory_ledger.py``): while a
 probe with either is subscribed, the runtime keeps a weak registry of the
 storages holding device payloads; with none, it keeps nothing.
 
@@ -334,7 +334,7 @@ def listening(method: str) -> bool:
     return bool(getattr(_routes, method))
 
 
-# Memory tracking (runtime/memory.py) hands itself in when it is imported (the device imports
+# Memory tracking (runtime/memory_ledger.py) hands itself in when it is imported (the device imports
 # it): ``joined(route)`` when a probe with on_alloc or on_free subscribes (``route``: its
 # on_alloc), ``left()`` when no such probe is left. Before, no `tpu` tensor exists to track.
 _memory: tuple[Callable[[Route], None], Callable[[], None]] | None = None

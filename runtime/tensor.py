@@ -37,7 +37,7 @@ _create_empty = torch._C._acc.create_empty_tensor
 # a dry run's payload: shape and dtype, no data (runtime/dryrun.py)
 Abstract = _dryrun.Abstract
 # memory tracking's hook, ``Ledger.note(storage, payload)``, called after every payload is
-# set while a probe listens for allocations (runtime/memory.py); None otherwise
+# set while a probe listens for allocations (runtime/memory_ledger.py); None otherwise
 _track = None
 
 

@@ -282,9 +282,9 @@ def test_the_loop_check_fails_on_a_planted_loop():
     sources = {name: (source.read_text(), is_package) for name, (source, is_package) in _modules().items()}
     probes_text, _ = sources["tpu_debug.runtime.probes"]
     sources["tpu_debug.runtime.probes"] = (
-        probes_text + "\n\ndef _planted():\n    from tpu_debug.runtime import memory\n", False
+        probes_text + "\n\ndef _planted():\n    from tpu_debug.runtime import memory_ledger\n", False
     )
-    assert _import_loops(import_graph(scan(sources))) == ["tpu_debug.runtime.memory <-> tpu_debug.runtime.probes"]
+    assert _import_loops(import_graph(scan(sources))) == ["tpu_debug.runtime.memory_ledger <-> tpu_debug.runtime.probes"]
 
 
 def test_no_private_names_across_packages():

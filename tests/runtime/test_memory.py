@@ -1,4 +1,4 @@
-"""Memory tracking (runtime/memory.py): the bytes `tpu` tensors hold, each payload once.
+"""Memory tracking (runtime/memory_ledger.py): the bytes `tpu` tensors hold, each payload once.
 
 The oracle is PyTorch on CPU: the same program run on CPU tensors holds storages whose
 ``nbytes()`` add up to what the ledger says the `tpu` tensors hold.
@@ -13,7 +13,8 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
-from tpu_debug.runtime import memory, probes, tensor
+from tpu_debug.runtime import memory_ledger as memory
+from tpu_debug.runtime import probes, tensor
 
 
 class Heard:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
+from tpu_debug.core.records import TransferInfo
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import StepEvent
 from tpu_debug.tracers.reading.memory_view import memory_view
@@ -168,7 +168,7 @@ def test_what_runs_after_the_last_step_end_is_numbered_as_the_next_step_and_neve
         tracker.on_execute("eager", "add.Tensor", "add", 1e-3)
     tracker.mark()
     assert tracker.unfinished() is None  # nothing ran since
-    tracker.on_transfer(SimpleNamespace(nbytes=4, seconds=1e-6))  # reading the loss back: no step's work
+    tracker.on_transfer(TransferInfo("d2h", 4, (), "float32", "item", 1e-6))  # reading the loss back: no step's work
     assert tracker.unfinished() is None
     tracker.on_execute("eager", "mul.Tensor", "mul", 1e-3)
     tracker.close()

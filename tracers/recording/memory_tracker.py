@@ -1,7 +1,7 @@
 """The memory tracker: live device bytes per step, the peak and who held it, and whether it fits.
 
 :class:`MemoryTracer` is the probe (``on_alloc``/``on_free``, see
-``runtime/memory.py``): it charges each storage's bytes to the user line that
+``runtime/memory_ledger.py``): it charges each storage's bytes to the user line that
 allocated it and the phase it ran in (forward, backward, optimizer), keeps live
 bytes and the peak of each step, and at the end writes one
 :class:`~.events.MemoryStepEvent` per step, a :class:`~.events.MemorySummaryEvent`
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tpu_debug.runtime import memory
+from tpu_debug.runtime import memory_ledger
 from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.padding import padded_bytes
 from tpu_debug.runtime.probes import AllocInfo, CompileInfo, FreeInfo
@@ -361,7 +361,7 @@ class MemoryTracer:
     def end_step(self, index: int | None = None) -> None:
         """End the current step (number ``index``, by default the one after the last):
         apply pending frees, record its live and peak bytes."""
-        memory.drain()
+        memory_ledger.drain()
         with self._lock:
             if index is not None:
                 self.step_index = index
