@@ -1,7 +1,7 @@
 """Every option of tpu_debug, declared once: type, default, environment variable, CLI flag, help.
 
 :data:`OPTIONS` is the one table. The environment parsing (``TPU_DEBUG_<NAME>``), the
-keywords of ``tpu_debug.trace()`` and its :class:`~tpu_debug.config.TraceConfig`, the
+keywords of ``tpu_debug.trace()`` and its :class:`~tpu_debug.trace_config.TraceConfig`, the
 runtime's and the distributed runtime's config objects, and the flags of
 ``tpu-debug run`` are all derived from it, so adding an option is one :class:`Option`
 here (plus the code that acts on it, and its test).

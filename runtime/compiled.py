@@ -37,7 +37,7 @@ from tpu_debug.core.errors import DeviceAssertError, LoweringBugError, Unsupport
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import fused_step
 from tpu_debug.runtime import probes
-from tpu_debug.runtime import random as _random
+from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import tensor as _tensor
 from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.caches import LruCache
@@ -114,7 +114,7 @@ def _rng_wrappers() -> tuple:
     the draw used and the op's result; ``run_with_rng_state(state, op, *args)`` in the
     backward draws again from that state. Their kernels pick a device's generator by the
     type of the first tensor argument and know CPU, CUDA, HPU and XPU; in a tpu program
-    the state is the draw's PRNG key (runtime/random.py), so the recomputed draw is the
+    the state is the draw's PRNG key (runtime/rng_state.py), so the recomputed draw is the
     forward's."""
     from torch._prims import rng_prims
 

@@ -29,7 +29,7 @@ from tpu_debug.runtime import memory_ledger as _memory_ledger  # noqa: F401 - ha
 from tpu_debug.runtime import profiler as _profiler
 from tpu_debug.runtime import tpu_utils as _tpu_utils
 from tpu_debug.runtime import xla_options as _xla_options
-from tpu_debug.runtime import random as _random
+from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
 from tpu_debug.runtime.startup import first_use, start
 from tpu_debug.runtime.config import config

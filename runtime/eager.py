@@ -38,7 +38,7 @@ from tpu_debug.core.errors import (
 )
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import probes
-from tpu_debug.runtime import random as _random
+from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.compile_cache import local_compile
 from tpu_debug.runtime.config import config

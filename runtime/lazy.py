@@ -49,7 +49,7 @@ import torch
 from tpu_debug.runtime import dryrun as _dryrun
 from tpu_debug.runtime import eager as _eager
 from tpu_debug.runtime import probes
-from tpu_debug.runtime import random as _random
+from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.compile_cache import local_compile

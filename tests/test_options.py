@@ -20,7 +20,7 @@ import tpu_debug
 from tpu_debug.core import options
 from tpu_debug.cli import main
 from tpu_debug.cli.run import prepare_parser
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError
 
 # Written out by hand, not read from the declarations: every TPU_DEBUG_* option variable
@@ -192,7 +192,7 @@ def test_adding_an_option_is_one_declaration(tmp_path):
         from tpu_debug.core import options as o
         o.OPTIONS += (o.Option("sample_rate", o.COUNT, 7, "keep every N-th sample"),)
         import argparse, inspect, os
-        from tpu_debug.config import TraceConfig
+        from tpu_debug.trace_config import TraceConfig
         from tpu_debug.cli.run import prepare_parser
         import tpu_debug.tracing
         parser = argparse.ArgumentParser()

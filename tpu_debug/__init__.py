@@ -42,7 +42,7 @@ __all__ = [
 
 # names that read a run store or configure: no torch, no jax
 _READING = {
-    "TraceConfig": "tpu_debug.config",
+    "TraceConfig": "tpu_debug.trace_config",
     "TpuDebugError": "tpu_debug.core.errors",
     "RecompileError": "tpu_debug.core.errors",
     "TransferGuardError": "tpu_debug.core.errors",

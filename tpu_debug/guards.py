@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Self
 
-from tpu_debug.config import _guard_level as check_level
+from tpu_debug.trace_config import _guard_level as check_level
 from tpu_debug.core.errors import RecompileError, TransferGuardError
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.probes import CompileInfo

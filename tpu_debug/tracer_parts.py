@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.guards import TraceGuards
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config as runtime_config

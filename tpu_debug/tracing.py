@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core import options as _options
 from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.core.version import __version__

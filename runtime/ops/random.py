@@ -2,7 +2,7 @@
 dropout, permutations and sampling, and the functional forms compiled graphs hold.
 
 Every lowering here takes ``key=``, a fresh PRNG key the runtime draws from the
-``tpu`` generator (``runtime/random.py``) for each call, so random values are
+``tpu`` generator (``runtime/rng_state.py``) for each call, so random values are
 never baked into an executable. An in-place fill returns its value twice: as
 the op's result and as the new value of the tensor it writes
 (``mutates_returns=True``).

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from tpu_debug.core.buffers import parse_buffer_assignment, read_dump
-from tpu_debug.runtime.buffers import local_buffer_assignment
+from tpu_debug.runtime.local_buffers import local_buffer_assignment
 from tpu_debug.runtime.target import _libtpu
 
 requires_libtpu = pytest.mark.skipif(

@@ -18,7 +18,7 @@ from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker
 
 import tpu_debug
 from tpu_debug.cli.run import prepare_parser
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError
 
 FUSE = torch.tpu.EagerMode.DEFER_AND_FUSE

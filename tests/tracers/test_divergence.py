@@ -20,7 +20,7 @@ from tpu_debug.runtime.ops import registry
 from tpu_debug.tracers.recording.divergence import compare, format_tolerances, parse_tolerances
 
 import tpu_debug
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,7 +221,7 @@ def test_nan_origin_with_a_zero_result_is_recorded_with_tolerances_off(logdir):
 
 
 def test_a_tracer_failure_does_not_break_the_program(logdir, monkeypatch):
-    from tpu_debug.tracers.recording.divergence import eager
+    from tpu_debug.tracers.recording.divergence import op_checker as eager
 
     def broken(*args, **kwargs):
         raise RuntimeError("comparison exploded")

@@ -6,7 +6,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
-from tpu_debug.tracers.recording.divergence.fused import CallSchedule
+from tpu_debug.tracers.recording.divergence.fused_checker import CallSchedule
 
 import tpu_debug
 

@@ -230,7 +230,7 @@ def test_float32_rounding_of_large_values_is_as_close_as_cpu_and_a_bfloat16_prod
 
 
 def test_a_product_is_held_to_the_precision_it_emulates_not_to_float32():
-    from tpu_debug.tracers.recording.divergence.precision import measure_product
+    from tpu_debug.tracers.recording.divergence.emulated_precision import measure_product
 
     torch.manual_seed(0)
     a, b = torch.randn(64, 128), torch.randn(128, 32)
@@ -251,7 +251,11 @@ def test_a_product_is_held_to_the_precision_it_emulates_not_to_float32():
 
 
 def test_a_decision_the_emulated_precision_changes_is_its_verdict_when_a_share_changed():
-    from tpu_debug.tracers.recording.divergence.precision import DECISION_SHARE, PRECISION, changed_decision
+    from tpu_debug.tracers.recording.divergence.emulated_precision import (
+        DECISION_SHARE,
+        PRECISION,
+        changed_decision,
+    )
 
     causes = triage.Causes()
     product = causes.new(PRECISION, where="mm at kmeans.py:15")

@@ -12,7 +12,7 @@ from tpu_debug.core.records import InvalidValueInfo
 from tpu_debug.runtime.config import config
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.advisor import RunFacts, lookup
-from tpu_debug.tracers.reading.invalid_values import InvalidValuePlace
+from tpu_debug.tracers.reading.invalid_values_query import InvalidValuePlace
 from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
 
 import tpu_debug

@@ -17,7 +17,7 @@ from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError, RecompileError
 from tpu_debug.guards import _RecompileGuard
 

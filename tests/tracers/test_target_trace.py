@@ -26,7 +26,7 @@ from tpu_debug.tracers.recording.tensorboard_exporter import TARGET_SCALAR_TAGS
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError
 from tpu_debug.session import open_run
 

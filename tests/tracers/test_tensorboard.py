@@ -21,7 +21,7 @@ from tpu_debug.tracers.xplane import profile_files
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError
 
 THIS_FILE = Path(__file__).name

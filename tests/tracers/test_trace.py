@@ -9,7 +9,7 @@ import torch
 from tpu_debug.runtime import probes
 
 import tpu_debug
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError, RunNotFoundError, TraceActiveError
 
 

@@ -13,7 +13,7 @@ from tpu_debug.tracers.reading.transfer_causes import CallSite, advice_for
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import ConfigError, TransferGuardError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pitfalls"

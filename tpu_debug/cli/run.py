@@ -17,7 +17,7 @@ from pathlib import Path
 import tpu_debug
 from tpu_debug import ranks
 from tpu_debug.cli.tui import open_tui
-from tpu_debug.config import TraceConfig
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options

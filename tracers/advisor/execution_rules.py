@@ -421,7 +421,7 @@ def divergence(facts: RunFacts) -> Iterable[Finding]:
 def _changed_decisions(facts: RunFacts) -> Iterable[Finding]:
     """Decisions (argmax, argmin, topk, sort, comparisons) that the emulated TPU precision made
     otherwise than CPU float32 for a share of their results (verdict ``"precision"``, see
-    ``tracers/recording/divergence/precision.py``): one finding per op and line, from its first event."""
+    ``tracers/recording/divergence/emulated_precision.py``): one finding per op and line, from its first event."""
     seen: set[tuple] = set()
     for event in facts.query.divergences(measure="drift"):
         if event.verdict != "precision" or (event.name, event.location) in seen:

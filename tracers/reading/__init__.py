@@ -36,12 +36,12 @@ Example::
 
 from __future__ import annotations
 
-from tpu_debug.tracers.reading.compiles import CompileGroup
-from tpu_debug.tracers.reading.ops import OpSummary
-from tpu_debug.tracers.reading.programs import ProgramSummary, ProgramText
+from tpu_debug.tracers.reading.compiles_query import CompileGroup
+from tpu_debug.tracers.reading.ops_query import OpSummary
+from tpu_debug.tracers.reading.programs_query import ProgramSummary, ProgramText
 from tpu_debug.tracers.reading.reader import DamagedRow, RunMetadata, op_name_of
-from tpu_debug.tracers.reading.run import RunQuery
-from tpu_debug.tracers.reading.transfers import TransferSite
+from tpu_debug.tracers.reading.run_query import RunQuery
+from tpu_debug.tracers.reading.transfers_query import TransferSite
 from tpu_debug.tracers.reading.view import RunView
 
 __all__ = [

@@ -3,7 +3,7 @@
 The report's sections, the TUI's views, ``diff``, the advisor's rules and the analyses of
 this package take a run through this protocol, never ``Any``: the queries by subject
 (one part each, :mod:`tpu_debug.tracers.reading`), the events by kind, the run's metadata
-and its summaries. :class:`~tpu_debug.tracers.reading.run.RunQuery` is one (and so is
+and its summaries. :class:`~tpu_debug.tracers.reading.run_query.RunQuery` is one (and so is
 :class:`~tpu_debug.Session`, a ``RunQuery`` of a run that may still be recording); a test
 may hand a reader anything else that has these members. It sits below the readers and
 the run objects alike, so neither imports the other to name the type.
@@ -22,16 +22,16 @@ from tpu_debug.tracers.events import (
     ProcessEvent,
     TensorBoardSummaryEvent,
 )
-from tpu_debug.tracers.reading.compiles import CompilesQuery
-from tpu_debug.tracers.reading.divergences import DivergencesQuery
-from tpu_debug.tracers.reading.invalid_values import InvalidValuesQuery
-from tpu_debug.tracers.reading.memory import MemoryQuery
-from tpu_debug.tracers.reading.ops import OpsQuery
-from tpu_debug.tracers.reading.programs import ProgramsQuery
+from tpu_debug.tracers.reading.compiles_query import CompilesQuery
+from tpu_debug.tracers.reading.divergences_query import DivergencesQuery
+from tpu_debug.tracers.reading.invalid_values_query import InvalidValuesQuery
+from tpu_debug.tracers.reading.memory_query import MemoryQuery
+from tpu_debug.tracers.reading.ops_query import OpsQuery
+from tpu_debug.tracers.reading.programs_query import ProgramsQuery
 from tpu_debug.tracers.reading.reader import DamagedRow, RunMetadata
-from tpu_debug.tracers.reading.recompiles import RecompilesQuery
-from tpu_debug.tracers.reading.steps import StepsQuery
-from tpu_debug.tracers.reading.transfers import TransfersQuery
+from tpu_debug.tracers.reading.recompiles_query import RecompilesQuery
+from tpu_debug.tracers.reading.steps_query import StepsQuery
+from tpu_debug.tracers.reading.transfers_query import TransfersQuery
 
 __all__ = ["RunView"]
 

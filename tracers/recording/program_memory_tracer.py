@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tpu_debug.runtime.buffers import local_buffer_assignment
+from tpu_debug.runtime.local_buffers import local_buffer_assignment
 from tpu_debug.runtime.probes import CompileInfo
 from tpu_debug.tracers.events import ProgramMemoryEvent, ProgramProtoEvent, SourceLocation
 from tpu_debug.tracers.hlo import program_hash
@@ -37,7 +37,7 @@ class ProgramMemoryTracer:
 
     A probe: ``on_compile`` takes what the kinds and lines need (:func:`context_of`) and
     queues this machine's buffer assignment of a graph's program (compiled again with a dump,
-    ``runtime.buffers``) on one worker thread; ``on_defer`` keeps each lazy site's phase and
+    ``runtime.local_buffers``) on one worker thread; ``on_defer`` keeps each lazy site's phase and
     line. With a TPU target, :meth:`on_target` (given to the ``TargetTracer``) records what the
     target's compiler assigned, for every program it compiled or refused for HBM.
 

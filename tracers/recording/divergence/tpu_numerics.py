@@ -22,7 +22,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.tensor import from_jax, to_jax
 from tpu_debug.tracers.recording.divergence.measures import measure
-from tpu_debug.tracers.recording.divergence.ops import device_outputs, op_info, tpu_tensors
+from tpu_debug.tracers.recording.divergence.op_facts import device_outputs, op_info, tpu_tensors
 from tpu_debug.tracers.recording.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.recording.divergence.values import CPU, payload_of
 

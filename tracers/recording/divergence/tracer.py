@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_debug.runtime.config import config as runtime_config
-from tpu_debug.tracers.recording.divergence.compiled import GraphChecker
-from tpu_debug.tracers.recording.divergence.eager import EagerChecker
-from tpu_debug.tracers.recording.divergence.recording import EventLog
+from tpu_debug.tracers.recording.divergence.graph_checker import GraphChecker
+from tpu_debug.tracers.recording.divergence.op_checker import EagerChecker
+from tpu_debug.tracers.recording.divergence.event_log import EventLog
 from tpu_debug.tracers.recording.divergence.tolerances import format_tolerances
 from tpu_debug.tracers.recording.divergence.values import single_threaded
 from tpu_debug.tracers.events import DivergenceSummaryEvent, UncomparedOp

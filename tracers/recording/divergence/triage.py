@@ -43,7 +43,7 @@ import torch.fx
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.tensor import from_jax, to_jax
 from tpu_debug.tracers.recording.divergence.measures import measure
-from tpu_debug.tracers.recording.divergence.ops import op_info
+from tpu_debug.tracers.recording.divergence.op_facts import op_info
 from tpu_debug.tracers.recording.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.recording.divergence.values import (
     CPU,

@@ -22,16 +22,16 @@ import numpy as np
 import torch
 import torch.fx
 from tpu_debug.runtime.config import config as runtime_config
-from tpu_debug.tracers.recording.divergence.fused import CallSchedule, FusedChecker
+from tpu_debug.tracers.recording.divergence.fused_checker import CallSchedule, FusedChecker
 from tpu_debug.tracers.recording.divergence.measures import Measures, measure
-from tpu_debug.tracers.recording.divergence.ops import op_info
-from tpu_debug.tracers.recording.divergence.precision import (
+from tpu_debug.tracers.recording.divergence.op_facts import op_info
+from tpu_debug.tracers.recording.divergence.emulated_precision import (
     PRECISION,
     changed_decision,
     emulated,
     measure_product,
 )
-from tpu_debug.tracers.recording.divergence.recording import EventLog, Subject
+from tpu_debug.tracers.recording.divergence.event_log import EventLog, Subject
 from tpu_debug.tracers.recording.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.recording.divergence.tpu_numerics import graph_at_highest
 from tpu_debug.tracers.recording.divergence.triage import (

@@ -27,14 +27,14 @@ import torch
 from tpu_debug.runtime.config import config as runtime_config
 from tpu_debug.runtime.tensor import PAYLOAD_ATTR, to_jax
 from tpu_debug.tracers.recording.divergence.measures import Measures, measure
-from tpu_debug.tracers.recording.divergence.ops import OpInfo, device_outputs, op_info, tpu_tensors
-from tpu_debug.tracers.recording.divergence.precision import (
+from tpu_debug.tracers.recording.divergence.op_facts import OpInfo, device_outputs, op_info, tpu_tensors
+from tpu_debug.tracers.recording.divergence.emulated_precision import (
     PRECISION,
     changed_decision,
     emulated,
     measure_product,
 )
-from tpu_debug.tracers.recording.divergence.recording import EventLog, Subject
+from tpu_debug.tracers.recording.divergence.event_log import EventLog, Subject
 from tpu_debug.tracers.recording.divergence.shadows import Shadows
 from tpu_debug.tracers.recording.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.recording.divergence.tpu_numerics import op_at_highest

@@ -13,16 +13,16 @@ from tpu_debug.tracers.events import (
     TensorBoardSummaryEvent,
     event_type,
 )
-from tpu_debug.tracers.reading.compiles import CompilesQuery
-from tpu_debug.tracers.reading.divergences import DivergencesQuery
-from tpu_debug.tracers.reading.invalid_values import InvalidValuesQuery
-from tpu_debug.tracers.reading.memory import MemoryQuery
-from tpu_debug.tracers.reading.ops import OpsQuery
-from tpu_debug.tracers.reading.programs import ProgramsQuery
+from tpu_debug.tracers.reading.compiles_query import CompilesQuery
+from tpu_debug.tracers.reading.divergences_query import DivergencesQuery
+from tpu_debug.tracers.reading.invalid_values_query import InvalidValuesQuery
+from tpu_debug.tracers.reading.memory_query import MemoryQuery
+from tpu_debug.tracers.reading.ops_query import OpsQuery
+from tpu_debug.tracers.reading.programs_query import ProgramsQuery
 from tpu_debug.tracers.reading.reader import RunReader
-from tpu_debug.tracers.reading.recompiles import RecompilesQuery
-from tpu_debug.tracers.reading.steps import StepsQuery
-from tpu_debug.tracers.reading.transfers import TransfersQuery
+from tpu_debug.tracers.reading.recompiles_query import RecompilesQuery
+from tpu_debug.tracers.reading.steps_query import StepsQuery
+from tpu_debug.tracers.reading.transfers_query import TransfersQuery
 from tpu_debug.tracers.store import META_CAPPED
 
 __all__ = ["RunQuery"]

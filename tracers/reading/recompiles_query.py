@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpu_debug.tracers.events import CompileEvent, GraphBreakEvent, GuardFailureEvent, RecompileLimitEvent
-from tpu_debug.tracers.reading.compiles import compile_events
+from tpu_debug.tracers.reading.compiles_query import compile_events
 from tpu_debug.tracers.reading.reader import Part
 from tpu_debug.tracers.reading.recompile_analysis import DEFAULT_STORM_THRESHOLD, summarize
 

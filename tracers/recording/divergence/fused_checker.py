@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.fx
 from tpu_debug.tracers.recording.divergence.measures import Measures, measure
-from tpu_debug.tracers.recording.divergence.ops import op_info
-from tpu_debug.tracers.recording.divergence.recording import EventLog, Subject
+from tpu_debug.tracers.recording.divergence.op_facts import op_info
+from tpu_debug.tracers.recording.divergence.event_log import EventLog, Subject
 from tpu_debug.tracers.recording.divergence.tolerances import tolerance_for
 from tpu_debug.tracers.recording.divergence.triage import NOT_TRIAGED, Triaged
 from tpu_debug.tracers.hlo import _location_from_stack_trace
