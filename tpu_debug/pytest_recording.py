@@ -2,9 +2,9 @@
 of the ``tpu_debug_no_recompiles`` and ``tpu_debug_no_implicit_syncs`` fixtures, read from the
 run once it is written.
 
-The plugin's hooks and fixtures are in the top-level module ``tpu_debug_pytest``
-(the ``pytest11`` entry point), which imports this module only for a test that is
-recorded: importing it registers the ``tpu`` device, as ``import tpu_debug`` does.
+The plugin's hooks and fixtures are in :mod:`tpu_debug.pytest_plugin` (the ``pytest11``
+entry point), which imports this module only for a test that is recorded: importing it
+registers the ``tpu`` device, as ``import tpu_debug`` does.
 """
 
 from __future__ import annotations
