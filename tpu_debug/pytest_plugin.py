@@ -16,8 +16,9 @@ One trace records at a time, so a recorded test that starts its own
 plugin.
 
 pytest loads an installed plugin in every run of every project, so this module imports
-nothing of tpu_debug; the recording and the checks (:mod:`tpu_debug.pytest_recording`, which
-import torch and jax) are imported for the first test that is recorded.
+neither torch nor jax (nor does ``import tpu_debug``); the recording and the checks
+(:mod:`tpu_debug.pytest_recording`, which import torch and jax) are imported for the first
+test that is recorded.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     checks = tuple(name for name in CHECKS if name in getattr(item, "fixturenames", ()))
     if item.config.getoption("tpu_debug") is None and not checks:
         return (yield)
-    from tpu_debug.pytest_recording import record_call
+    from tpu_debug.pytest_recording import record_call  # deferred: it imports torch and jax
 
     return (yield from record_call(item, checks))
 
