@@ -59,7 +59,7 @@ _READING = {
 # names that record or run on the device: the device is registered before they are used
 _RECORDING = {
     "compile": "tpu_debug.runtime.compiled",
-    "dry_run": "tpu_debug.dryrun",
+    "dry_run": "tpu_debug.dry_runner",
     "fit": "tpu_debug.fit",
     "Trace": "tpu_debug.tracing",
     "trace": "tpu_debug.tracing",
