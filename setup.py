@@ -1,42 +1,27 @@
-"""Packages are found, not listed: every folder with an ``__init__.py`` under a root that
-``pyproject.toml`` maps in ``[tool.setuptools.package-dir]`` (all other metadata lives there).
+"""The one job ``pyproject.toml`` cannot do: put ``tpu_debug_torch_tpu.pth`` at the top of
+site-packages (setuptools has no option for a ``.pth`` file; all else is in ``pyproject.toml``).
 
-setuptools' own discovery cannot follow a mapping whose folder name differs from the package
-name (``tpu_debug.runtime`` lives in ``runtime/``), so the walk is done here.
-
-The wheel also carries ``tpu_debug_torch_tpu.pth`` at the top of site-packages: Python runs
-its one line at start-up (``import tpu_debug_torch_tpu`` where that module can be found: an
-environment it was uninstalled from without the ``.pth`` prints no error), which installs the finder that
-answers ``import torch_tpu`` where TorchTPU is not installed. setuptools has no option for a
-``.pth`` file, so ``build_py`` copies it into the build, and for an editable install into
-the folder that install writes as it is.
+Python runs the file's one line at start-up: it imports :mod:`tpu_debug.core.torch_tpu_finder`,
+which installs the finder that answers ``import torch_tpu`` where TorchTPU is not installed;
+in an environment tpu_debug was uninstalled from without the ``.pth``, the line does nothing.
+``build_py`` writes the file into the build, and for an editable install into the folder
+that install writes as it is.
 """
 
 from __future__ import annotations
 
-import shutil
-import tomllib
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-HERE = Path(__file__).resolve().parent
 PTH = "tpu_debug_torch_tpu.pth"
-
-
-def find_packages(package_dir: dict[str, str]) -> list[str]:
-    packages = []
-    for root, folder in package_dir.items():
-        base = HERE / folder
-        for init in sorted(base.rglob("__init__.py")):
-            relative = init.parent.relative_to(base)
-            packages.append(".".join((root, *relative.parts)))
-    return sorted(set(packages))
+# Python runs a .pth line that starts with "import"; exec gives that one line its guard
+PTH_LINE = 'import sys; exec("try:\\n    import tpu_debug.core.torch_tpu_finder\\nexcept ImportError:\\n    pass")\n'
 
 
 class BuildWithPth(build_py):
-    """``build_py`` that also puts the ``.pth`` file at the top of the build."""
+    """``build_py`` that also writes the ``.pth`` file at the top of the build."""
 
     def run(self) -> None:
         super().run()
@@ -47,14 +32,10 @@ class BuildWithPth(build_py):
             folders.append(Path(self.distribution.get_command_obj("install").install_lib))
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(HERE / PTH, folder / PTH)
+            (folder / PTH).write_text(PTH_LINE)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH)]
 
-    def get_output_mapping(self) -> dict[str, str]:
-        return {**super().get_output_mapping(), str(Path(self.build_lib) / PTH): str(HERE / PTH)}
 
-
-package_dir = tomllib.loads((HERE / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-setup(packages=find_packages(package_dir), cmdclass={"build_py": BuildWithPth})
+setup(cmdclass={"build_py": BuildWithPth})

@@ -3,7 +3,7 @@
     python benchmarks/packed_buffers.py [--repeat 15] [--steps 40] [--targets v5e,v6e]
 
 The tiny Llama's step (forward, cross entropy, backward, AdamW; batch 1 x 32) as the runtime
-lowers it (``tpu_debug.runtime.target.trace_step``): 21 parameters, 2 buffers, their 42 AdamW
+lowers it (``tpu_debug.fit.trace_step``): 21 parameters, 2 buffers, their 42 AdamW
 moments, the step count, tokens and labels in, the loss and the 64 new values out, each updated
 value donated (written in place). Three ways to hand that state to the program:
 
@@ -55,7 +55,7 @@ SEQ = 32
 def traced_step():
     import torch
     import torch.nn.functional as F
-    from tpu_debug.runtime.target import trace_step
+    from tpu_debug.fit import trace_step
 
     from examples.models.tiny_llama import LlamaConfig, TinyLlama
 

@@ -40,7 +40,8 @@ else:
     os.environ["TPU_DEBUG_TARGET_CACHE"] = sys.argv[2]
 import torch, torch.nn.functional as F
 import tpu_debug
-from tpu_debug.runtime.target import compile_for_target, trace_step
+from tpu_debug.fit import trace_step
+from tpu_debug.runtime.target import compile_for_target
 from examples.models.tiny_llama import LlamaConfig, TinyLlama
 with torch.device("meta"):
     model = TinyLlama(LlamaConfig()).to(torch.bfloat16)
@@ -98,7 +99,8 @@ def cache() -> None:
 def overhead(steps: int, rounds: int) -> None:
     import torch
     import torch.nn.functional as F
-    from tpu_debug.runtime.target import TargetCompiler, parse_target, trace_step
+    from tpu_debug.fit import trace_step
+    from tpu_debug.runtime.target import TargetCompiler, parse_target
 
     import tpu_debug  # noqa: F401
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import tpu_debug  # noqa: F401 - the runtime (its lowerings) is what the dry run compiles through
-from tpu_debug.runtime.target import dry_run
+from tpu_debug.fit import compile_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.models.tiny_llama import LlamaConfig, TinyLlama  # noqa: E402
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
 
     level = None if args.optimization_level == "default" else args.optimization_level
-    result = dry_run(model, (tokens,), args.target, train=train, loss_fn=loss if train else None,
+    result = compile_step(model, (tokens,), args.target, train=train, loss_fn=loss if train else None,
                      targets=(tokens,) if train else (), cache=not args.no_cache,
                      optimization_level=level)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

@@ -284,7 +284,7 @@ def measure(run_dir: Path) -> dict[str, tuple[float, float]]:
 def import_seconds(module: str = "tpu_debug.tui", repeat: int = 3, *, read_only: bool = False) -> float:
     """Best of ``repeat`` times to ``import module`` in a fresh interpreter (torch and jax included;
     with ``read_only``, as the ``tpu-debug`` script's reading verbs import it: neither)."""
-    launcher = "import tpu_debug_launcher; tpu_debug_launcher.read_only = True; " if read_only else ""
+    launcher = "import tpu_debug.cli; " if read_only else ""
     code = f"import time; t = time.perf_counter(); {launcher}import {module}; print(time.perf_counter() - t)"
     return min(
         float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)

@@ -381,7 +381,7 @@ def ignore_recording_options() -> Iterator[None]:
     """Inside the block, only the reading options' variables (``logdir``) are read.
 
     The reading verbs (``report``, ``runs``, ``tui``, ``diff``, ``tensorboard``) record
-    nothing, so a bad recording variable must not stop them: ``tpu_debug_launcher``
+    nothing, so a bad recording variable must not stop them: :func:`tpu_debug.cli.main`
     runs them inside this block.
     """
     global _reading_only

@@ -2,7 +2,7 @@
 
 Here, not in ``tpu_debug/cli/run.py``, because the ``tpu-debug`` script reads them before
 it imports anything heavy: ``tpu-debug run nosuch.py`` says the file is missing at once,
-without importing torch and jax first (see ``tpu_debug_launcher``).
+without importing torch and jax first (see :func:`tpu_debug.cli.main`).
 """
 
 from __future__ import annotations

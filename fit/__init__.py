@@ -6,6 +6,9 @@ Everything fit computes lives here, above the runtime and the tracers and below 
   :func:`fit`, the flags of ``tpu-debug fit``), checked when made;
 - :mod:`~tpu_debug.fit.answer`: :func:`fit`, :func:`search`, :func:`fixes`, the answer
   (:class:`FitReport`) and keeping it as a run (:func:`record_fit`, :func:`record_search`);
+- :mod:`~tpu_debug.fit.model_step`: a model's step traced into one JAX function
+  (:func:`trace_step`), and compiled for one device of a target without data
+  (:func:`compile_step`: does the model serve, or train, there?);
 - :mod:`~tpu_debug.fit.sharded`: the ``(dp, fsdp, tp)`` mesh of a slice's compile-only
   devices, the parameters' placements and the one SPMD compile of the step;
 - :mod:`~tpu_debug.fit.scan`: a training step whose decoder layers run as one loop;
@@ -50,11 +53,13 @@ from tpu_debug.fit.answer import (
     search,
 )
 from tpu_debug.fit.communication import CollectiveBound
+from tpu_debug.fit.model_step import AdamW, StepCompile, TracedStep, compile_step, trace_step
 from tpu_debug.fit.options import JOBS, FitOptions
 
 __all__ = [
     "JOBS",
     "PRESETS",
+    "AdamW",
     "CollectiveBound",
     "CollectiveCost",
     "FitOptions",
@@ -62,9 +67,12 @@ __all__ = [
     "Fixes",
     "MemoryBreakdown",
     "PlanSearch",
+    "StepCompile",
     "StepEstimate",
+    "TracedStep",
     "build_config",
     "collective_costs",
+    "compile_step",
     "fit",
     "fit_event",
     "fixes",
@@ -73,6 +81,7 @@ __all__ = [
     "record_search",
     "remat_of",
     "search",
+    "trace_step",
 ]
 
 

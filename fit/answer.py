@@ -2,7 +2,7 @@
 
 The model is built from a Hugging Face config on ``meta`` tensors (no weights,
 nothing downloaded); one step (forward, loss, backward and AdamW for ``job="train"``)
-is traced into a JAX function (``runtime.target.trace_step``), placed on a
+is traced into a JAX function (``tpu_debug.fit.model_step.trace_step``), placed on a
 ``(dp, fsdp, tp)`` mesh of the slice's compile-only devices and compiled by XLA's
 TPU compiler as one SPMD program (``tpu_debug.fit.sharded``). The answer, per chip:
 the HBM the compiler's buffer assignment needs against what the compiler offers,
@@ -30,6 +30,7 @@ from tpu_debug.fit import moe as fit_moe
 from tpu_debug.fit import techniques
 from tpu_debug.fit.communication import OVER, CollectiveBound, ParamInfo, bounds, classify, collective_sites
 from tpu_debug.fit.infer import compile_infer, decode_bound, trace_infer
+from tpu_debug.fit.model_step import trace_step
 from tpu_debug.fit.options import LOOP_ABOVE, FitOptions
 from tpu_debug.fit.peak import looped_context, step_peak, unrolled_context
 from tpu_debug.fit.scan import compile_scan_step, layer_stack, loop_repeats, trace_pieces
@@ -37,7 +38,6 @@ from tpu_debug.fit.sharded import AXES, FitCompile, Plan, _mesh, compile_sharded
 from tpu_debug.runtime.target import parse_target
 from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.compile import CostStats, MemoryStats
-from tpu_debug.runtime.target.dryrun import trace_step
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.roofline import op_by_op, roofline

@@ -28,6 +28,7 @@ import math
 import time
 
 import jax
+from tpu_debug.fit.model_step import TracedStep, meta_of, nbytes_of
 from tpu_debug.fit.sharded import (
     AXES,
     FitCompile,
@@ -43,7 +44,6 @@ from tpu_debug.fit.sharded import (
 )
 from tpu_debug.runtime.compiled import GraphProgram, graph_decompositions
 from tpu_debug.runtime.dtypes import to_jax_dtype
-from tpu_debug.runtime.target.dryrun import TracedStep, meta_of, nbytes_of
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["trace_infer", "compile_infer", "cache_shape", "cache_spec"]

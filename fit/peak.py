@@ -5,7 +5,7 @@
 ``tracers.recording.program_buffers.analyse``, told what the step's inputs are and where its nodes come
 from:
 
-- the unrolled step (``runtime.target.trace_step``) is one aten graph whose flat inputs are the
+- the unrolled step (``fit.model_step.trace_step``) is one aten graph whose flat inputs are the
   parameters, the buffers, AdamW's ``exp_avg``, ``exp_avg_sq`` and step count, then the batch;
   its nodes up to the loss are the forward, those after it the backward and the update;
 - the looped step (``fit.scan``) is a JAX function of named arguments (``params``,

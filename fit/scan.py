@@ -333,7 +333,7 @@ def blocked_attention(q, k, v, mask, is_causal: bool, scale: float | None, gqa: 
 
 
 def _adamw(p, g, m, v, count, *, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):
-    """``torch.optim.AdamW``'s update with its defaults (``runtime.target.dryrun.AdamW``'s formula)."""
+    """``torch.optim.AdamW``'s update with its defaults (``fit.model_step.AdamW``'s formula)."""
     m = m * b1 + g.astype(m.dtype) * (1 - b1)
     v = v * b2 + (g * g).astype(v.dtype) * (1 - b2)
     p = p * (1 - lr * weight_decay)

@@ -1,6 +1,6 @@
 """Pod-scale fit: one training (or forward) step as ONE sharded SPMD program for a TPU slice.
 
-``trace_step`` (``dryrun``) turns a PyTorch model's step into a JAX function of
+``trace_step`` (``model_step``) turns a PyTorch model's step into a JAX function of
 flat inputs (parameters, buffers, AdamW state, batch). Here each input gets a
 placement on a ``(dp, fsdp, tp)`` mesh of the target's compile-only devices, in
 DTensor's vocabulary (``Shard(dim)`` / ``Replicate()`` per mesh dimension):
@@ -30,11 +30,11 @@ import re
 import jax
 import numpy as np
 from tpu_debug.fit import moe as fit_moe
+from tpu_debug.fit.model_step import TracedStep
 from tpu_debug.runtime.compiled import GraphProgram
 from tpu_debug.runtime.distributed.sharding import Replicate, Shard
 from tpu_debug.runtime.target import topology
 from tpu_debug.runtime.target.compile import CODEGEN_OPTIONS, TargetCompile, compile_for_target
-from tpu_debug.runtime.target.dryrun import TracedStep
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
 

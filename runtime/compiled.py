@@ -34,7 +34,7 @@ import torch.fx
 
 from jax._src.array import ArrayImpl as _ArrayImpl  # a computed payload's type: a 10 ns check
 from tpu_debug.core.errors import DeviceAssertError, LoweringBugError, UnsupportedError
-from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import dry_mode as _dryrun
 from tpu_debug.runtime import fused_step
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import rng_state as _random

@@ -33,7 +33,7 @@ from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
 from tpu_debug.runtime.startup import first_use, start
 from tpu_debug.runtime.config import config
-from tpu_debug.runtime.dryrun import Abstract, value_needed
+from tpu_debug.runtime.dry_mode import Abstract, value_needed
 from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import composites, registered
 from tpu_debug.runtime.tensor import (

@@ -36,7 +36,7 @@ from tpu_debug.core.errors import (
     OutputMismatchError,
     UnsupportedError,
 )
-from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import dry_mode as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime.caches import LruCache
@@ -1168,7 +1168,7 @@ def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
     return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
 
 
-# -- a dry run's eager ops (runtime/dryrun.py): outputs' avals, programs to the target compiler --
+# -- a dry run's eager ops (runtime/dry_mode.py): outputs' avals, programs to the target compiler --
 
 
 def _dry_run_op(mode: _dryrun.DryMode, plan: _Plan, args, kwargs, key, skels: tuple, arrays: list, rng: bool):

@@ -46,7 +46,7 @@ from typing import Any
 import jax
 import numpy as np
 import torch
-from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import dry_mode as _dryrun
 from tpu_debug.runtime import eager as _eager
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import rng_state as _random

@@ -22,7 +22,7 @@ from jax import lax
 import torch
 
 from tpu_debug.core.errors import MissingPayloadError, UnsupportedError
-from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import dry_mode as _dryrun
 from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
@@ -34,7 +34,7 @@ __all__ = [
 
 PAYLOAD_ATTR = "_tpu_debug_payload"
 _create_empty = torch._C._acc.create_empty_tensor
-# a dry run's payload: shape and dtype, no data (runtime/dryrun.py)
+# a dry run's payload: shape and dtype, no data (runtime/dry_mode.py)
 Abstract = _dryrun.Abstract
 # memory tracking's hook, ``Ledger.note(storage, payload)``, called after every payload is
 # set while a probe listens for allocations (runtime/memory_ledger.py); None otherwise

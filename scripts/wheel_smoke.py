@@ -8,8 +8,8 @@ dependencies (torch, jax, ...) but not this checkout; install the wheel there wi
 dependencies; then, from a directory outside the checkout, import every module that
 ``pkgutil.walk_packages`` finds in the installed package, print every verb's ``--help``, run
 the main job (``tpu-debug run examples/mlp_train.py``, with ``examples/`` taken from the
-checkout, as README tells a wheel's user to take it from a clone) and every other CLI verb
-once; the second run reads its programs back from the compile cache and counts none of them
+checkout, as README tells a wheel's user to take it from a clone), a test through the pytest
+plugin, and every other CLI verb once; the second run reads its programs back from the compile cache and counts none of them
 as a compile or a recompile. Last, every command README.md and docs/*.md show is validated
 by the wheel's own parsers and the quick ones are run (``scripts/doc_commands.py``; the
 slow test ``tests/test_docs_from_wheel.py`` runs the rest).
@@ -50,13 +50,21 @@ IMPORT_ALL = """
 import importlib, pkgutil, sys
 import tpu_debug
 assert tpu_debug.__file__.startswith(sys.prefix), ("not the wheel's copy", tpu_debug.__file__)
-names = ["tpu_debug_launcher", "tpu_debug_pytest", "tpu_debug_torch_tpu"]
 # a __main__ module runs the command line when imported: it is run by 'python -m', not imported
-names += [m.name for m in pkgutil.walk_packages(tpu_debug.__path__, "tpu_debug.")
-          if not m.name.endswith(".__main__")]
+names = [m.name for m in pkgutil.walk_packages(tpu_debug.__path__, "tpu_debug.")
+         if not m.name.endswith(".__main__")]
 for name in names:
     importlib.import_module(name)
 print(len(names), "modules imported from", tpu_debug.__file__)
+"""
+
+# the pytest plugin, loaded by its entry point: its fixture records the test and checks its syncs
+PLUGIN_TEST = """
+import torch
+
+def test_through_the_plugin(request, tpu_debug_no_implicit_syncs):
+    assert request.config.pluginmanager.has_plugin("tpu_debug_pytest")
+    assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2.0, 2.0, 2.0]
 """
 
 def step(title: str, argv: list[str], *, cwd: Path, env: dict[str, str], stderr: bool = False) -> str:
@@ -107,6 +115,12 @@ def main() -> int:
         shown = step("import torch_tpu first", [str(bindir / "python"), "-c", TORCH_TPU_FIRST], cwd=work, env=env)
         if shown.strip() != "4.0":
             raise SystemExit(f"wheel smoke: a TorchTPU script's first lines printed {shown.strip()!r}, not 4.0")
+        (work / "test_plugin_smoke.py").write_text(PLUGIN_TEST)
+        # the .pth imported tpu_debug before pytest could rewrite it: an error if pytest warns
+        pytest_argv = ["-m", "pytest", "-p", "no:cacheprovider", "-W", "error::pytest.PytestAssertRewriteWarning"]
+        shown = step("pytest plugin", [str(bindir / "python"), *pytest_argv, "test_plugin_smoke.py"], cwd=work, env=env)
+        if "1 passed" not in shown:
+            raise SystemExit(f"wheel smoke: the test through the pytest plugin did not pass:\n{shown}")
         step("--version", [tool, "--version"], cwd=work, env=env)
         for verb in ("run", "report", "runs", "tui", "tensorboard", "diff", "import-trace", "fit"):
             shown = step(f"{verb} --help", [tool, verb, "--help"], cwd=work, env=env)

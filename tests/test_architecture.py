@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tracers", ("tpu_debug.tracers",)),
     ("face", ("tpu_debug", "tpu_debug.fit")),
     ("tui", ("tpu_debug.tui",)),
-    ("entry points", ("tpu_debug.cli", "tpu_debug.__main__", "tpu_debug_launcher", "tpu_debug_pytest")),
+    ("entry points", ("tpu_debug.cli", "tpu_debug.__main__", "tpu_debug.pytest_plugin")),
 )
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +53,6 @@ def _modules() -> dict[str, tuple[Path, bool]]:
             parts = [*package.split("."), *source.relative_to(ROOT / folder).with_suffix("").parts]
             is_package = parts[-1] == "__init__"
             found[".".join(parts[:-1] if is_package else parts)] = (source, is_package)
-    for name in _PYPROJECT["tool"]["setuptools"]["py-modules"]:
-        found[name] = (ROOT / f"{name}.py", False)
     return found
 
 
@@ -135,9 +133,8 @@ def upward_imports(imports: list[Import]) -> list[Import]:
 
 
 def package_of(module: str) -> str:
-    """The distribution's package (a ``package-dir`` key) or top-level module holding ``module``."""
-    setup = _PYPROJECT["tool"]["setuptools"]
-    roots = [*setup["package-dir"], *setup["py-modules"]]
+    """The distribution's package (a ``package-dir`` key) holding ``module``."""
+    roots = _PYPROJECT["tool"]["setuptools"]["package-dir"]
     return max((r for r in roots if module == r or module.startswith(r + ".")), key=len, default=module)
 
 

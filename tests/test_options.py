@@ -169,7 +169,6 @@ def test_every_variable_the_package_names_is_declared():
     root = Path(__file__).resolve().parents[1]
     folders = ("core", "runtime", "tracers", "tpu_debug", "tui")
     sources = [p for folder in folders for p in (root / folder).rglob("*.py")]
-    sources += [root / "tpu_debug_launcher.py", root / "tpu_debug_pytest.py"]
     named = {m for p in sources for m in re.findall(r"TPU_DEBUG_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
     assert named - {o.env for o in options.OPTIONS} == set()
 
@@ -225,7 +224,7 @@ def test_run_with_a_bad_recording_variable_says_so_in_one_line(var, tmp_path, mo
 # -- in fresh processes: import parses nothing, the reading verbs ignore recording options ----
 
 # what the installed ``tpu-debug`` console script runs
-_CONSOLE = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
+_CONSOLE = "import sys; from tpu_debug.cli import main; sys.exit(main())"
 
 
 def _process(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

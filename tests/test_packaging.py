@@ -11,6 +11,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_package_folder_is_listed():
+    """pyproject.toml lists the packages (setuptools cannot find them under remapped folders):
+    every folder with an ``__init__.py`` under a package-dir root, and nothing else."""
+    folders = {".".join((package, *init.parent.relative_to(ROOT / folder).parts))
+               for package, folder in SETUPTOOLS["package-dir"].items()
+               for init in (ROOT / folder).rglob("__init__.py")}
+    assert sorted(folders) == SETUPTOOLS["packages"], "list each package in pyproject.toml's packages, sorted"
 
 
 def test_wheel_installs_and_runs(tmp_path):
@@ -23,14 +33,15 @@ def test_wheel_installs_and_runs(tmp_path):
     (wheel,) = wheels.glob("tpu_debug-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     # every source file of the checkout is in the wheel, at the path its package-dir root gives
-    roots = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in roots.items():
+    for package, folder in SETUPTOOLS["package-dir"].items():
         for source in (ROOT / folder).rglob("*.py"):
             expected = "/".join((*package.split("."), *source.relative_to(ROOT / folder).parts))
             assert expected in names, f"{source.relative_to(ROOT)} is not in the wheel"
-    for expected in ("tpu_debug/py.typed", "tpu_debug/tui/app.tcss", "tpu_debug_launcher.py",
-                     "tpu_debug_torch_tpu.py", "tpu_debug_torch_tpu.pth"):
+    for expected in ("tpu_debug/py.typed", "tpu_debug/tui/app.tcss", "tpu_debug_torch_tpu.pth"):
         assert expected in names, expected
+    # the package and the .pth are all the wheel puts at the top of site-packages
+    assert {name.split("/")[0] for name in names if not name.startswith("tpu_debug-")} == {
+        "tpu_debug", "tpu_debug_torch_tpu.pth"}
     target = tmp_path / "site"
     inst = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],

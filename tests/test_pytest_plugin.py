@@ -1,37 +1,28 @@
-"""The pytest plugin (``tpu_debug_pytest``, a ``pytest11`` entry point), end to end with
+"""The pytest plugin (``tpu_debug.pytest_plugin``, a ``pytest11`` entry point), end to end with
 ``pytester``: ``--tpu-debug[=DIR]`` records a run per test, the two fixtures fail a test with
 the line and the cause, and loading the plugin imports neither torch nor jax."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import tpu_debug
-import tpu_debug_pytest
 
 pytest_plugins = ["pytester"]
 
-# the inner sessions load the plugin by name: an installed entry point registers it under the
-# same name, so the two ways do not clash
+# each inner session is a new interpreter (runpytest_subprocess: as a user runs pytest, and an
+# in-process run would forget the modules torch imports lazily, some of which register torch
+# libraries that cannot be registered twice); it loads the plugin by its entry point's name,
+# under which the installed entry point registers it too, so the two ways do not clash
 PLUGIN = ("-p", "tpu_debug_pytest", "-p", "no:cacheprovider")
 
 HEADER = """
 import torch
 import tpu_debug
 """
-
-
-@pytest.fixture(autouse=True)
-def _plugin_on_path(monkeypatch):
-    """Each inner session is a new interpreter (runpytest_subprocess: as a user runs pytest, and
-    an in-process run would forget the modules torch imports lazily, some of which register torch
-    libraries that cannot be registered twice); it finds tpu_debug_pytest where this one does."""
-    root = str(Path(tpu_debug_pytest.__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
 
 
 SHAPES = HEADER + """
@@ -126,7 +117,7 @@ def test_fixtures_fail_tests_with_the_line_and_the_cause_and_each_test_is_record
 
 
 def test_where_the_runs_go(tmp_path, monkeypatch):
-    from tpu_debug.pytest_plugin import _logdir
+    from tpu_debug.pytest_recording import _logdir
 
     def item(option, **funcargs):
         options = {"tpu_debug": option}
@@ -153,7 +144,7 @@ import sys
 def test_plain(request):
     assert request.config.pluginmanager.has_plugin("tpu_debug_pytest")
     assert request.config.getoption("tpu_debug") is None
-    assert not {"torch", "jax", "tpu_debug"} & set(sys.modules), sorted(sys.modules)
+    assert not {"torch", "jax"} & set(sys.modules), sorted(sys.modules)
 """)
     result = pytester.runpytest_subprocess(*PLUGIN)
     result.assert_outcomes(passed=1)
@@ -166,5 +157,4 @@ def test_plain(request):
 
 def test_plugin_is_declared_as_a_pytest11_entry_point():
     text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
-    assert '[project.entry-points.pytest11]\ntpu_debug_pytest = "tpu_debug_pytest"' in text
-    assert '"tpu_debug_pytest"' in text.split("py-modules = ", 1)[1].splitlines()[0]
+    assert '[project.entry-points.pytest11]\ntpu_debug_pytest = "tpu_debug.pytest_plugin"' in text

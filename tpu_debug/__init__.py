@@ -12,6 +12,11 @@ What the runtime needs besides happens at the device's first use (first op or fi
 switching autograd's device worker thread off for that thread, and keeping JAX off libtpu
 where no TPU is attached. Recording is explicit: ``with tpu_debug.trace() as session:``
 or ``tpu-debug run script.py``. Options: :mod:`tpu_debug.core.options`.
+
+PYTEST_DONT_REWRITE: pytest rewrites the asserts of a plugin distribution's packages when it
+loads the plugin (:mod:`tpu_debug.pytest_plugin`); the wheel's ``.pth`` imported this package
+at start-up, before that (for :mod:`tpu_debug.core.torch_tpu_finder`), and it has no asserts:
+the marker keeps pytest from warning that it cannot rewrite it.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ _READING = {
 # names that record or run on the device: the device is registered before they are used
 _RECORDING = {
     "compile": "tpu_debug.runtime.compiled",
-    "dry_run": "tpu_debug.dryrun",
+    "dry_run": "tpu_debug.dry_runner",
     "fit": "tpu_debug.fit",
     "Trace": "tpu_debug.tracing",
     "trace": "tpu_debug.tracing",

@@ -1,5 +1,5 @@
 import sys
 
-from tpu_debug_launcher import main
+from tpu_debug.cli import main
 
 sys.exit(main())

@@ -226,11 +226,11 @@ def _start_target(run: Running) -> None:
 
     reuse = level = None
     if run.config.dry_run:
-        # a dry run compiles every program for the target itself (runtime/dryrun.py): the
+        # a dry run compiles every program for the target itself (runtime/dry_mode.py): the
         # tracer records those compiles instead of making its own
-        from tpu_debug.runtime import dryrun
+        from tpu_debug.runtime import dry_mode
 
-        reuse, level = dryrun.target_future, dryrun.TARGET_LEVEL
+        reuse, level = dry_mode.target_future, dry_mode.TARGET_LEVEL
     tracer = TargetTracer(run.writer, run.target, clock=run.recorder.clock,
                           record_error=run.recorder.record_error, hlo=run.config.hlo, reuse=reuse,
                           optimization_level=level)
@@ -400,8 +400,8 @@ def _start_memory(run: Running) -> None:
     probes.subscribe(tracer)
     run.listen_to_steps(tracer.on_step)
     if config.dry_run:
-        from tpu_debug.dryrun import value_reader
-        from tpu_debug.runtime.dryrun import dry_mode
+        from tpu_debug.dry_runner import value_reader
+        from tpu_debug.runtime.dry_mode import dry_mode
 
         describe, kept.seen = value_reader()
         dry = dry_mode(run.target, describe=describe)

@@ -22,7 +22,7 @@ import sys
 
 import torch
 from torch import nn
-from tpu_debug.runtime import dryrun
+from tpu_debug.runtime import dry_mode
 
 import tpu_debug
 
@@ -37,7 +37,7 @@ def predict(fixed: bool) -> None:
     hidden = torch.randn(8, HIDDEN, dtype=dtype, device="tpu")
     with torch.no_grad():
         logits = head(hidden)
-    if not (fixed and dryrun.active is not None):
+    if not (fixed and dry_mode.active is not None):
         print("next tokens:", logits.argmax(-1).tolist())  # a value: a dry run has none
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fixed", action="store_true", help="bfloat16 weights, and no value read in a dry run"
     )
     args = parser.parse_args(argv)
-    if dryrun.active is not None:  # under tpu-debug run --dry-run
+    if dry_mode.active is not None:  # under tpu-debug run --dry-run
         predict(args.fixed)
         return 0
     # run as a script: the same code as a dry run (16 GiB of weights are never allocated)

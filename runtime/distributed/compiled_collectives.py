@@ -48,7 +48,7 @@ import torch
 from jax.experimental import io_callback
 
 from tpu_debug.core.errors import LoweringError
-from tpu_debug.runtime import dryrun as _dryrun
+from tpu_debug.runtime import dry_mode as _dryrun
 from tpu_debug.runtime.dtypes import to_jax_dtype
 
 __all__ = ["handles", "lower", "run"]

@@ -27,7 +27,6 @@ from tpu_debug.core.sources import library_roots
 __all__ = ["exit_status", "is_library", "leaving", "thread_stack", "user_site", "user_stack"]
 
 _verdicts: dict[CodeType, bool] = {}
-_OWN_TOP_LEVEL = ("tpu_debug_launcher.py", "tpu_debug_pytest.py")
 #: frames of a stack kept for the other ranks: the innermost ones, which say where the rank is
 STACK_FRAMES = 6
 
@@ -42,8 +41,7 @@ def is_library(code: CodeType) -> bool:
             verdict = not file.startswith(("<stdin>", "<ipython-input-"))
         else:
             real = os.path.realpath(file)
-            # the tpu-debug script and the pytest plugin are tpu_debug's, outside its package
-            verdict = (os.path.basename(real) in _OWN_TOP_LEVEL or any(real.startswith(r) for r in library_roots())
+            verdict = (any(real.startswith(r) for r in library_roots())
                        or f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real)
         _verdicts[code] = verdict
     return verdict

@@ -6,8 +6,8 @@ as data); ``compile_lowered_for_target`` does the same for an existing
 lowering; ``compile_for_target_async`` runs either on a worker thread.
 ``padding_report`` reads what TPU tiles pad, ``roofline`` places a program on
 its target's roofline (float32 dots at their bf16 passes, ``dot_flops``),
-``usable_hbm_bytes`` is the HBM the compiler offers one device, ``dry_run`` compiles a PyTorch model's inference or
-training step with tensors that hold no data.
+``usable_hbm_bytes`` is the HBM the compiler offers one device. A PyTorch model's step,
+compiled for a target with tensors that hold no data, is ``tpu_debug.fit.compile_step``.
 
 Importing this package loads nothing from libtpu, sets no environment variable and imports
 neither torch nor jax: each name imports its module on first use, and the first target
@@ -35,12 +35,10 @@ from tpu_debug.runtime.target.roofline import Roofline, roofline
 __all__ = [
     "GENERATIONS",
     "PASSES",
-    "AdamW",
     "Buffer",
     "CompileError",
     "CostStats",
     "DotFlops",
-    "DryRun",
     "Generation",
     "LibtpuMissingError",
     "MemoryStats",
@@ -52,14 +50,12 @@ __all__ = [
     "TargetError",
     "TargetSpecError",
     "TiledLayout",
-    "TracedStep",
     "compile_for_target",
     "compile_for_target_async",
     "compile_lowered_for_target",
     "compile_lowered_for_target_async",
     "default_compiler",
     "dot_flops",
-    "dry_run",
     "hbm_capacity",
     "libtpu_version",
     "padded_bytes",
@@ -71,7 +67,6 @@ __all__ = [
     "roofline",
     "target_mesh",
     "topology",
-    "trace_step",
     "usable_hbm_bytes",
 ]
 
@@ -80,7 +75,6 @@ __getattr__, __dir__ = lazy_exports(
     {
         "tpu_debug.runtime.target.capacity": ("hbm_capacity", "usable_hbm_bytes"),
         "tpu_debug.runtime.target.compile": ("compile_for_target", "compile_lowered_for_target", "target_mesh"),
-        "tpu_debug.runtime.target.dryrun": ("AdamW", "DryRun", "TracedStep", "dry_run", "trace_step"),
         "tpu_debug.runtime.target.executor": (
             "TargetCompiler",
             "compile_for_target_async",

@@ -10,6 +10,7 @@ import sys
 import types
 from typing import Any
 
+from tpu_debug.core import torch_tpu_finder
 from tpu_debug.core.post_import import when_imported
 
 __all__ = ["declare_libtpu_flags", "eager_mode_from_env", "install"]
@@ -20,12 +21,7 @@ def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType
     from tpu_debug.runtime.torchtpu import public
 
     public.install(tpu_module, profiler, utils)
-    try:
-        import tpu_debug_torch_tpu
-    except ImportError:  # the distribution's top-level module is missing: no torch_tpu names
-        pass
-    else:
-        tpu_debug_torch_tpu.install()
+    torch_tpu_finder.install()
     when_imported("absl.flags", declare_libtpu_flags)
     _accelerator_synchronize(tpu_module)
 

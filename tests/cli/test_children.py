@@ -15,7 +15,7 @@ import pytest
 from tpu_debug.tracers.store import DB_NAME
 from tpu_debug.tracers.recording.run_writer import RunWriter
 
-LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
+LAUNCHER = "import sys; from tpu_debug.cli import main; sys.exit(main())"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
 
@@ -134,7 +134,7 @@ def test_tui_serve_stopped_with_sigterm_leaves_its_ui_running(tmp_path):
     os.close(read_end)
     ui = None
     try:
-        ui = _child_running(parent, "tpu_debug_launcher")
+        ui = _child_running(parent, "tpu_debug.cli")
         parent.send_signal(signal.SIGTERM)
         parent.wait(timeout=60)
         _wait(lambda: _ended(ui), f"the UI (pid {ui}) to end with its server")

@@ -230,8 +230,7 @@ def test_version(capsys):
 
 def test_console_script_points_at_main():
     (ep,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "tpu-debug"]
-    # the launcher imports tpu_debug read-only for the reading verbs, then runs cli.main
-    assert ep.value == "tpu_debug_launcher:main"
+    assert ep.value == "tpu_debug.cli:main"
     assert callable(ep.load())
 
 
@@ -303,7 +302,7 @@ def test_a_tpu_debug_error_ending_the_script_shows_the_users_frame_and_its_messa
 def test_run_help_prints_no_script_given(extra, tmp_path):
     # every verb's help, through the console script in a process that has not imported torch
     # (`run` then checks its script before importing anything heavy: -h is not a script)
-    code = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main(sys.argv[1:]))"
+    code = "import sys; from tpu_debug.cli import main; sys.exit(main(sys.argv[1:]))"
     for verb in COMMANDS:
         argv = [verb, *(extra or ["--help"])]
         done = subprocess.run(

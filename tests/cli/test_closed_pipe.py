@@ -20,7 +20,7 @@ _spec = importlib.util.spec_from_file_location("synthetic_run", TESTS / "tui" / 
 synthetic_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synthetic_run)
 
-LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
+LAUNCHER = "import sys; from tpu_debug.cli import main; sys.exit(main())"
 
 
 @pytest.fixture(scope="module")

@@ -127,10 +127,10 @@ def test_diff_reads_runs_without_torch_or_jax(runs, tmp_path):
     before, after = runs
     code = f"""
         import contextlib, io, json, sys
-        import tpu_debug_launcher
+        from tpu_debug.cli import main
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = tpu_debug_launcher.main(["diff", "--json", {before!r}, {after!r}])
+            code = main(["diff", "--json", {before!r}, {after!r}])
         print(code, json.loads(out.getvalue())["figures"]["implicit_syncs"]["change"])
         print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime.device") if m in sys.modules))
     """

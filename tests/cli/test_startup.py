@@ -1,7 +1,7 @@
 """What starting tpu_debug costs: ``import tpu_debug`` and the reading verbs of the
 CLI do not import ``torch._dynamo`` (about a second); dynamo is imported by ``torch.compile``,
 and our backends and kernel shields are in place when it is. The ``tpu-debug`` console
-script (``tpu_debug_launcher``) runs the reading verbs without torch and jax at all.
+script (``tpu_debug.cli.main``) runs the reading verbs without torch and jax at all.
 
 Each check runs in a fresh interpreter: this one has imported dynamo long ago."""
 
@@ -54,13 +54,13 @@ def test_reading_verbs_do_not_import_dynamo(tmp_path):
         import torch
         import tpu_debug
         assert tpu_debug.runtime.installed()  # by import torch
-        from tpu_debug.cli import main
+        from tpu_debug import cli
         import tpu_debug.tui.app  # what 'tpu-debug tui' imports in a terminal
         for argv in (["tui", {str(run_dir)!r}], ["report", {str(run_dir)!r}],
                      ["runs", "--logdir", {str(run_dir.parent)!r}],
                      ["tensorboard", {str(run_dir)!r}, "--print"]):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                print(argv[0], main(argv), file=sys.__stdout__)
+                print(argv[0], cli.main(argv), file=sys.__stdout__)
         print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
         """,
         tmp_path,
@@ -156,7 +156,7 @@ _TORCH_JAX = 'print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runt
 
 
 def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
-    """The ``tpu-debug`` console script (``tpu_debug_launcher``) runs the reading verbs, and
+    """The ``tpu-debug`` console script (``tpu_debug.cli.main``) runs the reading verbs, and
     the TUI through every view, without importing torch or jax: the device is not registered."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "tui"))
     from synthetic_run import write_synthetic_run
@@ -166,12 +166,12 @@ def test_reading_verbs_import_neither_torch_nor_jax(tmp_path, monkeypatch):
     out = _python(
         f"""
         import asyncio, contextlib, io, sys
-        import tpu_debug_launcher
+        from tpu_debug import cli
         for argv in (["report", {str(run_dir)!r}], ["tui", {str(run_dir)!r}],
                      ["runs", "--logdir", {str(run_dir.parent)!r}],
                      ["tensorboard", {str(run_dir)!r}, "--print"], ["diff", {str(run_dir)!r}, {str(run_dir)!r}]):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                print(argv[0], tpu_debug_launcher.main(argv), file=sys.__stdout__)
+                print(argv[0], cli.main(argv), file=sys.__stdout__)
         {_TORCH_JAX}
 
         # what 'tpu-debug tui' runs in a terminal: the app, through every view and the HLO viewer
@@ -278,8 +278,8 @@ def test_run_verb_registers_the_device(tmp_path):
     out = _python(
         f"""
         import sys
-        import tpu_debug_launcher
-        code = tpu_debug_launcher.main(["run", "--logdir", {str(tmp_path / "runs")!r}, {str(script)!r}])
+        from tpu_debug import cli
+        code = cli.main(["run", "--logdir", {str(tmp_path / "runs")!r}, {str(script)!r}])
         print("exit", code, "torch" in sys.modules)
         """,
         tmp_path,
@@ -292,8 +292,8 @@ def test_run_of_a_missing_script_says_so_before_importing_torch(tmp_path):
     out = _python(
         f"""
         import sys
-        import tpu_debug_launcher
-        code = tpu_debug_launcher.main(["run", "--target", "v5e", {str(missing)!r}, "--steps", "3"])
+        from tpu_debug import cli
+        code = cli.main(["run", "--target", "v5e", {str(missing)!r}, "--steps", "3"])
         print("exit", code, "torch" in sys.modules, "jax" in sys.modules, file=sys.__stdout__)
         """,
         tmp_path,

@@ -127,8 +127,6 @@ def _library_modules() -> dict[str, Path]:
         for source in (ROOT / folder).rglob("*.py"):
             parts = [*package.split("."), *source.relative_to(ROOT / folder).with_suffix("").parts]
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = source
-    for name in setuptools["py-modules"]:
-        found[name] = ROOT / f"{name}.py"
     return found
 
 

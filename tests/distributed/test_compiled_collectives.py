@@ -83,7 +83,7 @@ def test_a_collectives_error_is_raised_as_itself(one_rank):
 
 
 def test_dry_run_gives_the_collectives_shapes(one_rank):
-    from tpu_debug.runtime.dryrun import dry_mode
+    from tpu_debug.runtime.dry_mode import dry_mode
     from tpu_debug.runtime.target import parse_target
 
     def step(x):

@@ -112,7 +112,7 @@ def _reference(mesh_shape: tuple[int, int], batch: int = BATCH, **changes):
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from tpu_debug.runtime.target import trace_step
+    from tpu_debug.fit.model_step import trace_step
 
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(_config(**changes)).to(torch.bfloat16)

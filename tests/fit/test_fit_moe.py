@@ -48,7 +48,7 @@ def _models():
 @pytest.mark.parametrize("groups", [1, 4])
 def test_per_shard_routing_gives_transformers_grouped_mm_logits_and_gradients(groups):
     from tpu_debug.fit import moe as fit_moe
-    from tpu_debug.runtime.target.dryrun import trace_step
+    from tpu_debug.fit.model_step import trace_step
 
     reference, ours = _models()
     assert ours.config._experts_implementation == fit_moe.EXPERTS

@@ -1,4 +1,4 @@
-"""Dry runs of whole programs (runtime/dryrun.py, tpu_debug.dry_run, tpu-debug run --dry-run):
+"""Dry runs of whole programs (runtime/dry_mode.py, tpu_debug.dry_run, tpu-debug run --dry-run):
 tensors that hold no data, every program compiled for a TPU target, nothing executed.
 
 The sizes checked are exact: a dry run's payload of a float32[n] tensor holds 4n bytes on
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tpu_debug
-from tpu_debug.runtime import dryrun
+from tpu_debug.runtime import dry_mode
 from tpu_debug.runtime.target._libtpu import _find_libtpu
 from tpu_debug.tracers.reading.memory_view import memory_view
 
@@ -52,7 +52,7 @@ def test_a_value_read_stops_the_dry_run_at_its_line():
     result = tpu_debug.dry_run(step, target="v5e")
     assert result.stopped is not None and result.stopped.where.endswith(f"test_dryrun_mode.py:{read_line}")
     assert ".item()" in str(result.stopped) and result.outputs is None
-    assert dryrun.active is None  # the mode ended with the run
+    assert dry_mode.active is None  # the mode ended with the run
     # what ran before the read was measured: parameters and input were live at the peak
     assert result.memory.peak_bytes >= held
     assert result.memory.stopped and result.fits is True and result.memory.target == "v5e"
@@ -143,7 +143,7 @@ def test_a_traced_dry_run_over_one_chip_is_one_of_the_runs_findings(tmp_path, ca
     from tpu_debug.cli import main
 
     n = 5 * GiB  # float32: 20 GiB, over a v5e chip's 16 GiB HBM
-    stops = pytest.raises(dryrun.DryRunValueError, match=r"the dry run needs a value .*\(\.item\(\)\)")
+    stops = pytest.raises(dry_mode.DryRunValueError, match=r"the dry run needs a value .*\(\.item\(\)\)")
     with stops, tpu_debug.trace(logdir=tmp_path / "runs", dry_run=True, target="v5e") as session:
         x = torch.empty(n, device="tpu")  # the big tensor
         x.mul_(2)

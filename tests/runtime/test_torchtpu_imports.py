@@ -1,4 +1,4 @@
-"""``import torch_tpu`` where TorchTPU is not installed (tpu_debug_torch_tpu.py, runtime/torchtpu/),
+"""``import torch_tpu`` where TorchTPU is not installed (core/torch_tpu_finder.py, runtime/torchtpu/),
 never over a real one; TorchTPU's ``torch.tpu`` submodules; its launcher."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import textwrap
 
 import pytest
 import torch
+from tpu_debug.core import torch_tpu_finder
 from tpu_debug.core.errors import UnsupportedError
-
-import tpu_debug_torch_tpu
 
 
 def _python(code: str, *, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -32,7 +31,7 @@ def test_torchtpu_modules_are_the_runtimes():
     from tpu_debug.runtime import tpu_utils
     from tpu_debug.runtime.torchtpu import sync as runtime_sync
 
-    assert getattr(torch_tpu, tpu_debug_torch_tpu.MARKER) is True
+    assert getattr(torch_tpu, torch_tpu_finder.MARKER) is True
     assert api.tpu_device() == torch.device("tpu", 0)
     assert sync is runtime_sync and utils is test_utils
     assert utils.assert_close is tpu_utils.assert_close and utils.OpTracer is tpu_utils.OpTracer

@@ -20,7 +20,7 @@ import torch
 
 import tpu_debug
 from tpu_debug.cli import main
-from tpu_debug.runtime.dryrun import DryMode
+from tpu_debug.runtime.dry_mode import DryMode
 from tpu_debug.runtime.target import GENERATIONS, executor, parse_target
 from tpu_debug.runtime.target._libtpu import _find_libtpu, topology
 from tpu_debug.tracers.reading.target_findings import findings

@@ -29,7 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from devtools import DevTools  # scripts/ is no package: found by path
 
-LAUNCHER = "import sys, tpu_debug_launcher; sys.exit(tpu_debug_launcher.main())"
+LAUNCHER = "import sys; from tpu_debug.cli import main; sys.exit(main())"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -233,7 +233,7 @@ def test_browser_shows_the_overview(synthetic_run, tmp_path):
         def look_at_the_processes() -> None:
             for pid in [server.pid, *_descendants(server.pid)]:
                 command = _cmdline(pid)
-                if command.startswith(sys.executable) and "tpu_debug_launcher" in command:
+                if command.startswith(sys.executable) and "tpu_debug.cli" in command:
                     processes[pid] = (command, _loaded_libraries(pid))
 
         text = browse(

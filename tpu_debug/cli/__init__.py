@@ -1,9 +1,16 @@
-"""The ``tpu-debug`` command line: one module per subcommand (``prepare_parser`` + ``run``).
+"""The ``tpu-debug`` command line (the console script, and ``python -m tpu_debug``): one
+module per subcommand (``prepare_parser`` + ``run``).
 
 ``main(argv)`` parses, dispatches and turns a :class:`~tpu_debug.core.errors.TpuDebugError`
 into one line on stderr and an exit code; it never prints a traceback of ours. Output
 whose reader went away (``tpu-debug report --json | head``) ends quietly with status 0,
 as a Unix tool's does.
+
+Neither ``import tpu_debug`` nor this package imports torch (~1.0 s) or jax (~0.45 s), so
+the reading verbs (``tui``, ``report``, ``runs``, ``tensorboard``, ``diff``), ``--help``
+and ``--version`` start without them. ``run`` with a missing script says so before torch
+is imported, and the reading verbs ignore the recording options' ``TPU_DEBUG_*`` variables
+(:func:`tpu_debug.core.options.ignore_recording_options`), since they record nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from collections.abc import Sequence
 from tpu_debug.core.version import __version__
 from tpu_debug.cli import diff, fit, import_fr, import_trace, report, run, runs, tensorboard, tui
 from tpu_debug.core.errors import CommandError, TpuDebugError
+from tpu_debug.core.options import ignore_recording_options
+from tpu_debug.core.run_args import early_error
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["main", "build_parser", "COMMANDS", "READING_VERBS"]
 
 COMMANDS = {
     "run": run,
@@ -30,6 +39,7 @@ COMMANDS = {
     "import-fr": import_fr,
     "fit": fit,
 }
+READING_VERBS = frozenset({"tui", "report", "runs", "tensorboard", "diff"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,14 +66,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         main(["report", "--logdir", "tpu_debug_runs"])
         # 0
     """
+    args = list(sys.argv[1:] if argv is None else argv)
+    verb = _verb(args)
+    if verb == "run" and "torch" not in sys.modules:
+        # a missing script is said at once, before torch and jax are imported (seconds)
+        error = early_error(args[args.index("run") + 1:])
+        if error is not None:
+            print(f"tpu-debug run: {error}", file=sys.stderr)
+            return error.exit_code
     try:
-        return _dispatch(argv)
+        if verb not in READING_VERBS:
+            return _dispatch(args)
+        # they record nothing: a bad recording variable (TPU_DEBUG_HLO=junk) must not stop them
+        with ignore_recording_options():
+            return _dispatch(args)
     except BrokenPipeError:
         _discard_stdout()
         return 0
 
 
-def _dispatch(argv: Sequence[str] | None) -> int:
+def _verb(argv: Sequence[str]) -> str | None:
+    # the top-level parser has options (--help, --version) but none that takes a value
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _dispatch(argv: Sequence[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

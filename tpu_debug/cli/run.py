@@ -159,7 +159,7 @@ def _run_path(target: str, code: types.CodeType | None) -> None:
 def _execute(target: str, is_module: bool, code: types.CodeType | None) -> tuple[int, str | None]:
     """Run the target as ``__main__``; returns (exit code, error text)."""
     # here: the dry run imports jax, and the CLI imports this module for every verb
-    from tpu_debug.runtime.dryrun import DryRunValueError
+    from tpu_debug.runtime.dry_mode import DryRunValueError
 
     try:
         if is_module:

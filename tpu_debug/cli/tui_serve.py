@@ -20,11 +20,10 @@ from tpu_debug.core.errors import CommandError
 
 # a UI told to quit is given this long to end before it is killed
 _UI_QUIT_SECONDS = 10.0
-# the launcher, not ``-m tpu_debug.cli``: it keeps the reading verbs free of torch and jax; each
-# UI ends with the server that started it (whose pid follows), however the server ends
+# each UI ends with the server that started it (whose pid follows), however the server ends
 _LAUNCHER = (
-    "import sys, tpu_debug_launcher; from tpu_debug.core.children import end_with_parent; "
-    "end_with_parent(int(sys.argv.pop(1))); sys.exit(tpu_debug_launcher.main())"
+    "import sys; from tpu_debug.cli import main; from tpu_debug.core.children import end_with_parent; "
+    "end_with_parent(int(sys.argv.pop(1))); sys.exit(main())"
 )
 
 

@@ -342,7 +342,7 @@ def dry_run_stopped(facts: RunFacts) -> Iterable[Finding]:
         ),
         fix=(
             "move the read after the step being measured, or skip it in dry runs "
-            "(if tpu_debug.runtime.dryrun.active is None: ...), so the whole step is measured"
+            "(if tpu_debug.runtime.dry_mode.active is None: ...), so the whole step is measured"
         ),
         cost_seconds=0.0,
         evidence=Evidence(

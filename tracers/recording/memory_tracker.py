@@ -318,7 +318,7 @@ class MemoryTracer:
     # -- what the dry run adds -----------------------------------------------------------
 
     def add_target_programs(self, programs: list) -> None:
-        """The dry run's target compiles (``runtime.dryrun.ProgramCompile``): their temporaries
+        """The dry run's target compiles (``runtime.dry_mode.ProgramCompile``): their temporaries
         replace this machine's figure for the same program, and out-of-memory refusals are kept."""
         for p in programs:
             result = p.result

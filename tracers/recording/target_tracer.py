@@ -22,7 +22,7 @@ its MFU (:class:`~tpu_debug.tracers.events.TargetStepEvent`). At the end it
 waits a bounded time for compiles still running, and counts those that did not
 finish (:class:`~tpu_debug.tracers.events.TargetSummaryEvent`).
 
-In a dry run (``runtime/dryrun.py``) the runtime sends every program to the
+In a dry run (``runtime/dry_mode.py``) the runtime sends every program to the
 target's compiler itself; the tracer then compiles nothing and records the
 dry run's own compile of each lowering (``reuse``), at the dry run's effort level.
 
@@ -197,7 +197,7 @@ class TargetTracer:
         record_error: ``(where, message)`` keeps a tracer failure in the run.
         hlo: also store the TPU's optimized HLO (and refer to the local program).
         reuse: ``reuse(lowered) -> Future[TargetCompile] | None``: the target compile
-            someone else started for a lowering (a dry run's, ``runtime.dryrun.target_future``).
+            someone else started for a lowering (a dry run's, ``runtime.dry_mode.target_future``).
             When given, the tracer compiles nothing itself: a program with no such
             compile is not recorded.
         optimization_level: XLA's effort level of the compiles (``"O0"``...; None: the

@@ -104,7 +104,7 @@ class DryRunValueError(TpuDebugError, RuntimeError):
             f"the dry run needs a value{at} ({what}): tensors in a dry run hold no data, so "
             f"nothing{of} can be read; what ran before this line is what the dry run measured. "
             "Move the read after the step being measured, or skip it in dry runs "
-            "(tpu_debug.runtime.dryrun.active is not None)"
+            "(tpu_debug.runtime.dry_mode.active is not None)"
         )
 
 

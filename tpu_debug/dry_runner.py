@@ -1,6 +1,6 @@
 """``tpu_debug.dry_run``: run PyTorch code with tensors that hold no data, for a TPU target.
 
-The runtime's dry mode (``runtime/dryrun.py``) gives every `tpu` tensor a shape
+The runtime's dry mode (``runtime/dry_mode.py``) gives every `tpu` tensor a shape
 and a dtype and no data, and sends every program to the target's compiler
 instead of running it; the memory tracer (``tracers/reading/memory_view.py``) follows the
 live bytes. What comes back says whether the code fits one device of the
@@ -21,7 +21,7 @@ from typing import Any
 
 from tpu_debug.core.format import format_bytes
 from tpu_debug.runtime import probes
-from tpu_debug.runtime.dryrun import TARGET_LEVEL, DryRunValueError, ProgramCompile, dry_mode, target_future
+from tpu_debug.runtime.dry_mode import TARGET_LEVEL, DryRunValueError, ProgramCompile, dry_mode, target_future
 from tpu_debug.runtime.target import LibtpuMissingError, Target, parse_target
 from tpu_debug.tracers.events import (
     MemoryFindingEvent,

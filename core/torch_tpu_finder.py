@@ -13,12 +13,11 @@ is never given a submodule of ours.
 
 The wheel's ``tpu_debug_torch_tpu.pth`` imports this module when Python starts, so the
 name resolves before ``import torch`` too; the runtime installs it again (idempotent)
-when it registers the device. At start-up it costs one small module: it imports nothing
-but ``sys``, and builds modules only when a ``torch_tpu`` name is imported.
-
-PYTEST_DONT_REWRITE: pytest rewrites the asserts of a plugin distribution's modules when it
-loads the plugin (``tpu_debug_pytest``); this one was imported at start-up, before that, and
-has no asserts: the marker keeps pytest from warning that it cannot rewrite it.
+when it registers the device. Here in core, not beside the modules it serves in
+``runtime/torchtpu/``, because importing ``tpu_debug.runtime`` reads the options (tens of
+milliseconds at every start of Python); at start-up this costs ``tpu_debug`` and
+``tpu_debug.core`` (a version string) and this module, which imports nothing but ``sys``
+and builds modules only when a ``torch_tpu`` name is imported.
 """
 
 from __future__ import annotations

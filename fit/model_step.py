@@ -1,4 +1,6 @@
-"""Dry run: does a PyTorch model serve, or train, on a TPU target? Answered without data.
+"""One step of a PyTorch model, traced into one JAX function (``trace_step``: what fit compiles
+for a slice) and compiled for a TPU target (``compile_step``: does the model serve, or train,
+on one device of it? Answered without data).
 
 The model's parameters and inputs become ``meta`` tensors (shapes and dtypes,
 no storage), so a 7B-parameter model costs nothing to hold. ``make_fx`` traces
@@ -36,7 +38,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tpu_debug.runtime.compiled import GraphProgram, graph_decompositions
 from tpu_debug.runtime.dtypes import to_jax_dtype
 
-__all__ = ["DryRun", "dry_run", "TracedStep", "trace_step", "AdamW"]
+__all__ = ["StepCompile", "compile_step", "TracedStep", "trace_step", "AdamW"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,7 +69,7 @@ class AdamW:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class DryRun:
+class StepCompile:
     """A model step compiled for a TPU target without data.
 
     Attributes:
@@ -185,7 +187,7 @@ def trace_step(
 ) -> TracedStep:
     """Trace one inference or training step of ``model`` into the runtime's JAX function.
 
-    Args: as ``dry_run``. Tensors may hold data or not: only their shapes and
+    Args: as ``compile_step``. Tensors may hold data or not: only their shapes and
     dtypes are used (every one is replaced by a meta tensor).
 
     Raises:
@@ -194,7 +196,7 @@ def trace_step(
     """
     if train and loss_fn is None:
         raise TargetError(
-            "dry_run(train=True) needs loss_fn(outputs, *targets) -> scalar loss, e.g. "
+            "compile_step(train=True) needs loss_fn(outputs, *targets) -> scalar loss, e.g. "
             "lambda logits, labels: F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())"
         )
     started = time.perf_counter()
@@ -257,7 +259,7 @@ def trace_step(
                       trace_seconds=time.perf_counter() - started)
 
 
-def dry_run(
+def compile_step(
     model,
     inputs: tuple,
     target: str | Target = "v5e",
@@ -268,7 +270,7 @@ def dry_run(
     optimizer: AdamW | None = None,
     optimization_level: str | None = "O0",
     cache: bool = True,
-) -> DryRun:
+) -> StepCompile:
     """Compile one inference or training step of ``model`` for a TPU target, with no data.
 
     Args:
@@ -290,7 +292,7 @@ def dry_run(
         cache: use the target compile cache.
 
     Returns:
-        A ``DryRun``: ``fits``, the per-device memory (or the out-of-memory
+        A ``StepCompile``: ``fits``, the per-device memory (or the out-of-memory
         figures), the compiler's cost analysis, timings.
 
     Raises:
@@ -303,14 +305,14 @@ def dry_run(
         with torch.device("meta"):
             model = TinyLlama(LlamaConfig(...7B...)).to(torch.bfloat16)
         tokens = torch.empty(8, 2048, dtype=torch.long, device="meta")
-        print(dry_run(model, (tokens,), "v6e").render())
+        print(compile_step(model, (tokens,), "v6e").render())
     """
     tgt = parse_target(target)
     started = time.perf_counter()
     traced = trace_step(model, inputs, train=train, loss_fn=loss_fn, targets=targets, optimizer=optimizer)
     result = compile_for_target(traced.function(), traced.specs, tgt, donate_argnums=traced.donate,
                                 x64=True, optimization_level=optimization_level, cache=cache)
-    return DryRun(
+    return StepCompile(
         target=tgt,
         mode=traced.mode,
         compile=result,

@@ -1,4 +1,4 @@
-"""Dry runs: a PyTorch model's step compiled for a TPU with tensors that hold no data.
+"""A PyTorch model's step (``tpu_debug.fit.model_step``) compiled for a TPU with tensors that hold no data.
 
 The traced step is first checked where it can be: run on this machine's CPU with real
 weights, it must give what PyTorch gives (forward, and a training step with AdamW).
@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_debug.runtime.target import TargetError, dry_run, trace_step
+from tpu_debug.fit.model_step import compile_step, trace_step
+from tpu_debug.runtime.target import TargetError
 from tpu_debug.runtime.target._libtpu import _find_libtpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -93,8 +94,8 @@ def test_the_traced_training_step_is_pytorchs_adamw_step():
 
 
 def test_training_needs_a_loss():
-    with pytest.raises(TargetError, match=r"dry_run\(train=True\) needs loss_fn\(outputs, \*targets\)"):
-        dry_run(nn.Linear(4, 4), (torch.empty(2, 4, device="meta"),), "v5e", train=True)
+    with pytest.raises(TargetError, match=r"compile_step\(train=True\) needs loss_fn\(outputs, \*targets\)"):
+        compile_step(nn.Linear(4, 4), (torch.empty(2, 4, device="meta"),), "v5e", train=True)
 
 
 @requires_libtpu
@@ -102,7 +103,7 @@ def test_a_small_llama_serves_and_trains_on_one_chip():
     with torch.device("meta"):
         model = TinyLlama(SMALL).to(torch.bfloat16)
     tokens = torch.empty(8, 16, dtype=torch.long, device="meta")
-    served = dry_run(model, (tokens,), "v6e")
+    served = compile_step(model, (tokens,), "v6e")
     assert served.fits and served.mode == "inference"
     m = served.compile.memory
     inputs_bytes = served.parameter_bytes + 8 * 16 * 8  # tokens are int64
@@ -110,7 +111,7 @@ def test_a_small_llama_serves_and_trains_on_one_chip():
     assert m.output_bytes >= 8 * 16 * SMALL.vocab * 2  # bf16 logits
     assert "fits" in served.render()
 
-    trained = dry_run(model, (tokens,), "v6e", train=True, loss_fn=_loss, targets=(tokens,))
+    trained = compile_step(model, (tokens,), "v6e", train=True, loss_fn=_loss, targets=(tokens,))
     assert trained.fits and trained.mode == "training"
     assert trained.state_bytes == 2 * trained.parameter_bytes  # exp_avg, exp_avg_sq in bf16
     # parameters and AdamW state are updated in place: their outputs alias their inputs
@@ -123,12 +124,12 @@ def test_a_model_too_big_for_the_chip_does_not_fit_and_is_never_allocated():
     with torch.device("meta"):
         model = nn.Linear(100_000, 100_000, bias=False).to(torch.bfloat16)  # 18.6 GiB of weights
     x = torch.empty(8, 100_000, dtype=torch.bfloat16, device="meta")
-    result = dry_run(model, (x,), "v5e")
+    result = compile_step(model, (x,), "v5e")
     assert result.fits is False
     e = result.compile.error
     assert e.required_bytes > result.parameter_bytes > e.available_bytes
     assert "does NOT fit" in result.render()
-    assert dry_run(model, (x,), "v5p").fits  # 95 GiB
+    assert compile_step(model, (x,), "v5p").fits  # 95 GiB
     # nothing held the weights: this process never came near their size
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     assert peak < result.parameter_bytes / 3
