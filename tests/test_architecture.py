@@ -663,3 +663,18 @@ def test_the_deferred_check_finds_planted_faults():
         "tpu_debug.report.a:9 -> tpu_debug.runtime.device: unknown reason 'because' (one of heavy, optional, "
         "autoload, entry)",
     ]
+
+
+# What must import without torch and jax: the package, the CLI (every verb's module: the reading
+# verbs start without them), the reading side and what it shares, the runtime's light face, the
+# pytest plugin (pytest loads it in every project). tests/cli/test_startup.py checks the same in a
+# fresh process; this finds the module that pulls them in.
+LIGHT = ("tpu_debug.cli", "tpu_debug.core", "tpu_debug.trace_config", "tpu_debug.trace_signals",
+         "tpu_debug.pytest_plugin", "tpu_debug.runtime.probes", "tpu_debug.runtime.config") + READERS + SHARED
+
+
+def test_the_light_side_loads_neither_torch_nor_jax():
+    sources = {name: (src.read_text(), pkg) for name, (src, pkg) in _modules().items()}
+    heavy = heavy_modules(sources)
+    found = sorted(m for m in heavy if m == "tpu_debug" or _under(m, LIGHT))
+    assert not found, "modules that must stay light but load torch or jax at import:\n" + "\n".join(found)

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from tpu_debug.tracing import _unraisable
+from tpu_debug.trace_signals import _unraisable
 
 
 def _frame_in(filename: str, probe_at: str) -> object:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tpu_debug
-from tpu_debug.tracing import Terminated, _raise_terminated
+from tpu_debug.trace_signals import Terminated, _raise_terminated
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM handlers are POSIX")
 

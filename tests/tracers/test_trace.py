@@ -297,7 +297,7 @@ def test_summary_sections(logdir):
 def test_ctrl_c_during_the_final_flush_is_held_until_the_run_is_closed():
     import signal
 
-    from tpu_debug.tracing import _HeldSignals
+    from tpu_debug.trace_signals import HeldSignals as _HeldSignals
 
     reached_end = False
     # Python's own Ctrl-C handler, whatever this process inherited (a job started in the

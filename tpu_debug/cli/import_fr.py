@@ -18,7 +18,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpu_debug.importfr import import_dumps
+    from tpu_debug.importfr import import_dumps  # deferred: entry: it writes runs
 
     logdir = Path(args.logdir) if args.logdir else default_logdir()
     if not Path(args.dump_dir).is_dir():

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from tpu_debug.core.errors import CommandError
 from tpu_debug.core.options import default_logdir
-from tpu_debug.importtrace import import_trace
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +16,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tpu_debug.importtrace import import_trace  # deferred: entry: it records, with torch and jax
+
     logdir = Path(args.logdir) if args.logdir else default_logdir()
     try:
         runs = import_trace(Path(args.trace_dir), logdir, args.name)

@@ -28,7 +28,7 @@ from tpu_debug.runtime import distributed
 from tpu_debug.runtime.distributed import LaunchError, launch_ranks
 from tpu_debug.runtime.distributed.launch import device_count_flag
 from tpu_debug.tracers.location import is_library_file
-from tpu_debug.tracing import Terminated, without_handler_frame
+from tpu_debug.trace_signals import Terminated, without_handler_frame
 
 _OWN_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
