@@ -162,7 +162,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             # a receive is given to gloo at once; a send once its receiver's side is seen to match
             ready = ticket is None or self._check is None or self._check.peek(ticket) or name not in collective.sends
             work = PostedWork(functools.partial(getattr(self._host, name), *host_args), copies, wanted, ticket,
-                               self._check, done)
+                              self._check, done)
             if ready:
                 work.start()
             else:

@@ -183,11 +183,11 @@ class _Watcher:
                     self.answer(checks[0])
 
     def look(self, check: Watched, targets: list[tuple[int, str, str | None]], *, waited: float) -> None:
-        """For each ``(rank, key, key of its last entry)`` of ``check`` whose key is not written yet: write
-        how the rank left when it did, "died" when its process is gone, "missing" once the
-        timeout has passed (with where it is now, when it answers), or at once for a peer
-        that waits to receive from this rank while this rank waits to receive from it (that
-        never ends: after :data:`_CYCLE_SECONDS` it is asked); the reader then wakes."""
+        """For each ``(rank, key, key of its last entry)`` of ``check`` whose key is not written
+        yet: write how the rank left when it did, "died" when its process is gone, "missing"
+        once the timeout has passed (with where it is now, when it answers), or at once for a
+        peer that waits to receive from this rank while this rank waits to receive from it
+        (that never ends: after :data:`_CYCLE_SECONDS` it is asked); the reader then wakes."""
         side = check.side_store()
         timed_out = waited >= check.timeout
         for rank, key, before in targets:
