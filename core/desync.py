@@ -5,7 +5,7 @@ c10d pairs a group's collectives by their order: the n-th collective of one rank
 with the n-th of every other. A rank that calls another collective there, with other
 sizes, another dtype or reduction, or none at all, makes the group hang or mix data.
 Two readers see it: the live check of the `tpu` process group
-(``runtime/distributed/c10d.py``, before a collective enters gloo) and the reader of
+(``runtime/distributed/c10d/live_check.py``, before a collective enters gloo) and the reader of
 recorded ``collective_call`` events (``tracers/reading/collective_calls.py``, after a job was
 killed). Both describe what each rank did with :class:`RankCall` and tell it through
 :func:`describe`, so the error a rank raises, the finding in its run and the

@@ -348,7 +348,7 @@ OPTIONS: tuple[Option, ...] = (
            "rank runs the same program (a rank running another raises RankDivergenceError)", _RANKS, flag=False),
     Option("rank_timeout", TIMEOUT, 60.0, "seconds a rank waits for the others at that check before it raises "
            "RankTimeoutError", _RANKS, flag=False),
-    # c10d collectives of the `tpu` process group: runtime/distributed/c10d.py. The timeout is well under
+    # c10d collectives of the `tpu` process group: runtime/distributed/c10d/. The timeout is well under
     # gloo's 30 minutes, so a hang is named while the job is still watched, and long enough for work one
     # rank does alone between collectives (evaluation, a checkpoint to slow storage)
     Option("collective_check", BOOL, True, "before each c10d collective of the tpu process group, check that "

@@ -181,7 +181,7 @@ class FallbackInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveInfo:
-    """A c10d collective call of the `tpu` process group (runtime/distributed/c10d.py), told
+    """A c10d collective call of the `tpu` process group (runtime/distributed/c10d/), told
     when this rank enters it: a rank stuck in one has reported it, and the ranks' sequences
     of these show where they stopped agreeing.
 
@@ -228,7 +228,7 @@ class CollectiveDone:
 @dataclasses.dataclass(frozen=True, slots=True)
 class DesyncInfo:
     """The live check of a c10d group found its ranks calling different collectives, or a rank
-    not arriving (runtime/distributed/c10d.py), just before this rank raises.
+    not arriving (runtime/distributed/c10d/live_check.py), just before this rank raises.
 
     ``group``, its members' global ``ranks``, this process's ``rank`` (global) and the
     collective's ``seq``; ``reason`` and ``cause`` as :mod:`tpu_debug.core.desync` names

@@ -1,5 +1,5 @@
 """What a rank's process is doing, or how it stopped: the facts the live collective check
-tells the other ranks of a group (``runtime/distributed/c10d.py``).
+tells the other ranks of a group (``runtime/distributed/c10d/live_check.py``).
 
 - how this process leaves its groups (:func:`leaving`): with an exception the interpreter
   printed (``sys.last_value``, which Python sets for an uncaught exception before the exit

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tpu_debug.core.collective_kinds import LINK_OPCODES
 from tpu_debug.core.format import format_seconds
 from tpu_debug.core.hlo_text import matmul_flops
 from tpu_debug.runtime.target.errors import TargetError
@@ -155,12 +156,12 @@ def roofline(result: TargetCompile | CostStats, target: Target | None = None, *,
 
 
 # what occupies no time of its own on the roofline (views, tuples, the halves of async pairs
-# whose start is counted) and the collectives (timed on the ICI by the caller)
+# whose start is counted); the collectives and transfers (LINK_OPCODES) are timed on the ICI
+# by the caller
 _FREE = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
     "replica-id", "opt-barrier", "copy-done", "async-done", "send-done", "recv-done",
 })
-_COLLECTIVE = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send", "recv")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -249,7 +250,7 @@ def op_by_op(hlo: str, target: Target, repeats: Mapping[str, int] | None = None,
             if ins.opcode in ("while", "call", "conditional", "async-start"):
                 todo.extend(ins.called)
                 continue
-            if ins.opcode in _FREE or ins.opcode.removesuffix("-start").removesuffix("-done") in _COLLECTIVE:
+            if ins.opcode in _FREE or ins.opcode.removesuffix("-start").removesuffix("-done") in LINK_OPCODES:
                 continue
             if ins.opcode == "fusion":
                 flops = sum(_fused_flops(module, called) for called in ins.called)

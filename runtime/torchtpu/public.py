@@ -141,7 +141,7 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
 def spmd_safe(func: Callable) -> Callable:
     """TorchTPU runs each eager collective in a program of its own unless a function is
     marked SPMD-safe; here a collective is never fused with other ops (it runs on the host,
-    runtime/distributed/c10d.py), so there is nothing to relax: ``func`` is returned as is."""
+    runtime/distributed/c10d/), so there is nothing to relax: ``func`` is returned as is."""
     return func
 
 

@@ -10,7 +10,7 @@ import types
 import torch.distributed as dist
 
 from tpu_debug.runtime import probes
-from tpu_debug.runtime.distributed.c10d import _LiveCheck
+from tpu_debug.runtime.distributed.c10d.live_check import LiveCheck
 
 
 class _Desyncs:
@@ -28,7 +28,7 @@ def _side(op: str, shape: str, peer: int) -> dict:
 
 
 def test_a_send_whose_receiver_differs_is_one_desync_whoever_compares():
-    check = _LiveCheck(dist.HashStore(), 0, [0, 1], 5.0)
+    check = LiveCheck(dist.HashStore(), 0, [0, 1], 5.0)
     info = types.SimpleNamespace(group="6", ranks=(0, 1), seq=1)
     ticket = {"info": info, "card": _side("send", "[4]", 1), "channel": (0, 1, 0), "n": 1, "peer": 1,
               "theirs": "unused"}

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.core.collective_kinds import C10D_OF_FLIGHT_RECORDER
+from tpu_debug.core.collective_kinds import C10D_OF_FLIGHT_RECORDER, FLIGHT_RECORDER_NAMES, KINDS, of_c10d
 from tpu_debug.core.errors import TpuDebugError
 from tpu_debug.core.records import CollectiveDone, CollectiveInfo
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDoneEvent, SourceLocation
@@ -44,8 +44,9 @@ _DTYPES = {
     "Long": ("int64", 8), "Int": ("int32", 4), "Short": ("int16", 2), "Char": ("int8", 1), "Byte": ("uint8", 1),
     "Bool": ("bool", 1), "ComplexFloat": ("complex64", 8), "ComplexDouble": ("complex128", 16),
 }
-_IN_PLACE = ("allreduce", "allreduce_coalesced", "broadcast", "reduce")
-_P2P = re.compile(r"^(send|recv) (\d+)(->|<-)(\d+)$")
+# a send's or receive's profiling name: its Flight Recorder name, "<rank>-><peer>" or "<rank><-<peer>"
+_P2P_NAMES = sorted({FLIGHT_RECORDER_NAMES[m] for k in KINDS for m in k.peer_argument})
+_P2P = re.compile(rf"^({'|'.join(_P2P_NAMES)}) (\d+)(->|<-)(\d+)$")
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d+)$")
 
 
@@ -151,7 +152,10 @@ def dump_events(dump: Dump, members: dict[str, tuple[int, ...]], t0_ns: int,
         if op is None or not ranks or dump.rank not in ranks:
             continue
         ins, outs = _sizes(e, "input_sizes"), _sizes(e, "output_sizes")
-        shapes = ins if op in _IN_PLACE else (outs + ins if op != "send" else ins)
+        # the call's tensors in the order of its arguments: the inputs alone when they are all of
+        # them (in place, or a send), else the outputs (the first argument) then the inputs
+        ins_at, outs_at = of_c10d(op).flight_recorder_arguments(op)
+        shapes = ins if ins_at and set(outs_at) <= set(ins_at) else outs + ins
         dtype_names = list(e.get("input_dtypes") or e.get("output_dtypes") or [])
         dtypes = sorted({_DTYPES.get(d, (str(d).lower(), 0))[0] for d in dtype_names})
         size = _DTYPES.get(dtype_names[0], ("", 0))[1] if dtype_names else 0
