@@ -49,7 +49,8 @@ from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup, registered
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -350,7 +351,7 @@ def _collectives(op: torch._ops.OpOverload):
     (imported on first need: it needs torch.distributed's ops)."""
     if op.namespace not in _COLLECTIVE_NAMESPACES:
         return None
-    from tpu_debug.runtime.distributed import compiled_collectives
+    from tpu_debug.runtime.distributed import compiled_collectives  # deferred: optional: its ops are torch.distributed's
 
     return compiled_collectives if compiled_collectives.handles(op) else None
 
@@ -779,7 +780,7 @@ class CompiledGraph:
     def _run(self, executable, arrays: list, sig: tuple):
         """``executable`` on ``arrays``, timed for the probes when any listen."""
         if self.program.collectives:  # waited for, its collectives' lines known (see there)
-            from tpu_debug.runtime.distributed import compiled_collectives  # see _collectives
+            from tpu_debug.runtime.distributed import compiled_collectives  # deferred: optional: its ops are torch.distributed's
 
             executable = functools.partial(compiled_collectives.run, executable)
         if not probes._probes:

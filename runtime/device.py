@@ -9,33 +9,31 @@ import functools
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from torch._C._dynamo import eval_frame as _eval_frame
-
 from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime import autocast as _autocast
-from tpu_debug.runtime import ops as _ops
-from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime import eager, probes
 from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import memory_ledger as _memory_ledger  # noqa: F401 - hands memory tracking to the probes
+from tpu_debug.runtime import ops as _ops
 from tpu_debug.runtime import profiler as _profiler
+from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import tpu_utils as _tpu_utils
 from tpu_debug.runtime import xla_options as _xla_options
-from tpu_debug.runtime import rng_state as _random
-from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
-from tpu_debug.runtime.startup import first_use, start
+from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.dry_mode import Abstract, value_needed
-from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.ops.registry import composites, registered
+from tpu_debug.runtime.startup import dynamo_disabled as _dynamo_disabled
+from tpu_debug.runtime.startup import first_use, start
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
     LazyArray,
@@ -47,6 +45,8 @@ from tpu_debug.runtime.tensor import (
     write,
 )
 from tpu_debug.runtime.tensor import empty as _empty
+from tpu_debug.runtime.torchtpu import compat
+from tpu_debug.runtime.torchtpu.public import topology_aware_mesh
 
 __all__ = ["DeviceTakenError", "TpuModule", "install", "installed", "start"]
 
@@ -271,8 +271,6 @@ class TpuModule:
 
     @staticmethod
     def topology_aware_mesh(mesh_shape, **kwargs) -> torch.Tensor:
-        from tpu_debug.runtime.torchtpu.public import topology_aware_mesh
-
         return topology_aware_mesh(mesh_shape, **kwargs)
 
     # streams and events, as FSDP2 and other CUDA-style code ask a device module for them
@@ -868,8 +866,6 @@ def install() -> bool:
         _profiler.install_profiler_hooks()
         # TorchTPU's torch.tpu submodules, torch.backends.tpu, `import torch_tpu`, libtpu's
         # command-line flags, torch.accelerator.synchronize (runtime/torchtpu/compat.py)
-        from tpu_debug.runtime.torchtpu import compat
-
         compat.install(torch.tpu, _profiler, _tpu_utils)
         _state["installed"] = True
     # importing torch._dynamo costs about a second, which `import tpu_debug`
@@ -877,8 +873,8 @@ def install() -> bool:
     # registry import it first, so registering the backends then is in time
     when_imported("torch._dynamo", install_backends)
     if torch.distributed.is_available():
-        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device (imported
-        # here: a torch built without distributed has no c10d for that module to import)
+        # the c10d backends tpu and tpu_dist, as TorchTPU registers them with its device
+        # deferred: optional: a torch built without distributed has no c10d for it to import
         from tpu_debug.runtime.distributed.c10d import register_backends
 
         register_backends()

@@ -46,7 +46,8 @@ from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import Lowering, lookup
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo, FallbackInfo, TransferInfo
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.records import CompileInfo, FallbackInfo, TransferInfo
 from tpu_debug.runtime import tensor as _tensor_module
 from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF

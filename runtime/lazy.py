@@ -55,8 +55,8 @@ from tpu_debug.runtime.caches import LruCache
 from tpu_debug.runtime.compile_cache import local_compile
 from tpu_debug.runtime.config import EAGER_MODES, config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_debug.runtime.probes import (
-    ArgSpec,
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.records import (
     CompileInfo,
     DynamoOrigin,
     GraphInfo,

@@ -35,7 +35,7 @@ import numpy as np
 
 from tpu_debug.core.hooks import deliver
 from tpu_debug.runtime import probes, tensor
-from tpu_debug.runtime.probes import AllocInfo, FreeInfo
+from tpu_debug.core.records import AllocInfo, FreeInfo
 
 __all__ = ["Ledger", "active", "drain", "listen", "live_bytes", "replay"]
 

@@ -58,7 +58,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from tpu_debug.core.argspec import ArgSpec
 from tpu_debug.core.hooks import ErrorLog, Route, deliver, report_failure
 from tpu_debug.core.records import (
     AllocInfo,
@@ -66,35 +65,16 @@ from tpu_debug.core.records import (
     CollectiveInfo,
     CompileInfo,
     DesyncInfo,
-    DynamoOrigin,
     FallbackInfo,
     FreeInfo,
-    GraphInfo,
     InvalidValueInfo,
-    LazyNode,
-    LoweredNode,
     MaterializeInfo,
     TransferInfo,
 )
 
 __all__ = [
-    "AllocInfo",
-    "ArgSpec",
     "as_dynamo_disabled",
-    "CollectiveDone",
-    "CollectiveInfo",
-    "DesyncInfo",
-    "CompileInfo",
-    "DynamoOrigin",
-    "FallbackInfo",
-    "FreeInfo",
-    "GraphInfo",
-    "InvalidValueInfo",
-    "LazyNode",
-    "LoweredNode",
-    "MaterializeInfo",
     "Probe",
-    "TransferInfo",
     "active",
     "add_replay_source",
     "add_transfer_check",

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
+from tpu_debug.core.records import CompileInfo, TransferInfo
 from tpu_debug.core.errors import TpuArgumentError, TraceActiveError
 from tpu_debug.runtime import probes
 
@@ -167,14 +168,14 @@ class ProfilerProbe:
     def on_compile_begin(self, mode: str, name: str) -> None:
         self._open("compile", f"tpu::compile::{name}")
 
-    def on_compile(self, info: probes.CompileInfo) -> None:
+    def on_compile(self, info: CompileInfo) -> None:
         if not info.replayed:
             self._close("compile")
 
     def on_transfer_begin(self, direction: str, op: str) -> None:
         self._open("transfer", f"tpu::{direction}::{op}")
 
-    def on_transfer(self, info: probes.TransferInfo) -> None:
+    def on_transfer(self, info: TransferInfo) -> None:
         self._close("transfer")
 
 

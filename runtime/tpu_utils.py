@@ -183,8 +183,6 @@ def clear_caches() -> None:
     """Drop every compiled executable the runtime holds (``torch.tpu._clear_cache()``): eager
     ops', fused programs' and compiled graphs' programs; each compiles again on next use.
     A graph dynamo already compiled keeps the program it holds until ``torch.compiler.reset()``."""
-    from tpu_debug.runtime import compiled, eager, lazy
-
     eager.clear_cache()
     lazy._fused.clear()
     compiled._programs.clear()

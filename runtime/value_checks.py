@@ -36,7 +36,7 @@ import torch
 
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config
-from tpu_debug.runtime.probes import InvalidValueInfo
+from tpu_debug.core.records import InvalidValueInfo
 from tpu_debug.runtime.tensor import to_jax
 
 __all__ = [

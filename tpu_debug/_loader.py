@@ -65,6 +65,7 @@ def dynamo_backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
     runtime.install()
     # PyTorch may load this module in the middle of `import torch`, which the runtime's
     # modules import: they are imported when called
+    # deferred: autoload: torch is still importing when its entry points are read
     from tpu_debug.runtime.compiled import dynamo_backend as compile_graph
 
     return compile_graph(gm, example_inputs, **kwargs)

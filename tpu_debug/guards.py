@@ -29,7 +29,7 @@ from typing import Any, Self
 from tpu_debug.trace_config import _guard_level as check_level
 from tpu_debug.core.errors import RecompileError, TransferGuardError
 from tpu_debug.runtime import probes
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.recording import dynamo_events
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker

@@ -71,7 +71,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     checks = tuple(name for name in CHECKS if name in getattr(item, "fixturenames", ()))
     if item.config.getoption("tpu_debug") is None and not checks:
         return (yield)
-    from tpu_debug.pytest_recording import record_call  # deferred: it imports torch and jax
+    from tpu_debug.pytest_recording import record_call  # deferred: entry: a test records only when asked
 
     return (yield from record_call(item, checks))
 

@@ -14,24 +14,28 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tpu_debug.trace_config import TraceConfig
+from tpu_debug.dry_runner import value_reader
 from tpu_debug.guards import TraceGuards
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.config import config as runtime_config
+from tpu_debug.runtime.dry_mode import TARGET_LEVEL, dry_mode, target_future
+from tpu_debug.runtime.lazy import set_mode
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.session import Session
+from tpu_debug.trace_config import TraceConfig
+from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
 from tpu_debug.tracers.recording import torch_trace
 from tpu_debug.tracers.recording.collectives_tracer import CollectivesTracer
-from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
+from tpu_debug.tracers.recording.divergence import DivergenceTracer, parse_tolerances
 from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
 from tpu_debug.tracers.recording.memory_tracker import MemoryTracer, current_phase
 from tpu_debug.tracers.recording.program_memory_tracer import ProgramMemoryTracer
 from tpu_debug.tracers.recording.recorder import Recorder
-from tpu_debug.tracers.recording.step_tracker import StepTracker
 from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.recording.step_tracker import StepTracker
 from tpu_debug.tracers.recording.target_tracer import TargetTracer
-from tpu_debug.tracers.xplane import TENSORBOARD_DIR
 from tpu_debug.tracers.recording.tensorboard_exporter import TensorBoardExporter
+from tpu_debug.tracers.xplane import TENSORBOARD_DIR
 
 __all__ = ["PARTS", "Running", "TracerPart", "start_order", "stop_all", "stop_order"]
 
@@ -228,9 +232,7 @@ def _start_target(run: Running) -> None:
     if run.config.dry_run:
         # a dry run compiles every program for the target itself (runtime/dry_mode.py): the
         # tracer records those compiles instead of making its own
-        from tpu_debug.runtime import dry_mode
-
-        reuse, level = dry_mode.target_future, dry_mode.TARGET_LEVEL
+        reuse, level = target_future, TARGET_LEVEL
     tracer = TargetTracer(run.writer, run.target, clock=run.recorder.clock,
                           record_error=run.recorder.record_error, hlo=run.config.hlo, reuse=reuse,
                           optimization_level=level)
@@ -319,8 +321,6 @@ def _start_divergence(run: Running) -> None:
 
     kept = run.kept["divergence"] = _Divergence()
     if run.config.divergence:
-        from tpu_debug.tracers.recording.divergence import DivergenceTracer, parse_tolerances
-
         tracer = DivergenceTracer(
             run.writer,
             clock=run.recorder.clock,
@@ -352,8 +352,6 @@ def _stop_divergence(run: Running) -> None:
 
 
 def _set_eager_mode(run: Running) -> None:
-    from tpu_debug.runtime.lazy import set_mode
-
     run.kept["eager_mode"] = runtime_config.eager_mode  # the runtime's mode before trace(eager_mode=...)
     set_mode(run.config.eager_mode)
 
@@ -361,8 +359,6 @@ def _set_eager_mode(run: Running) -> None:
 def _restore_eager_mode(run: Running) -> None:
     saved = run.kept.pop("eager_mode", None)
     if saved is not None:
-        from tpu_debug.runtime.lazy import set_mode
-
         set_mode(saved)
 
 
@@ -400,9 +396,6 @@ def _start_memory(run: Running) -> None:
     probes.subscribe(tracer)
     run.listen_to_steps(tracer.on_step)
     if config.dry_run:
-        from tpu_debug.dry_runner import value_reader
-        from tpu_debug.runtime.dry_mode import dry_mode
-
         describe, kept.seen = value_reader()
         dry = dry_mode(run.target, describe=describe)
         kept.mode = dry.__enter__()

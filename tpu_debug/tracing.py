@@ -18,15 +18,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tpu_debug.trace_config import TraceConfig
 from tpu_debug.core import options as _options
 from tpu_debug.core.errors import ConfigError, TpuDebugError, TraceActiveError
 from tpu_debug.core.version import __version__
 from tpu_debug.runs import new_run_dir
+from tpu_debug.runtime import start
 from tpu_debug.runtime.distributed.launch import process_info
 from tpu_debug.runtime.target import require_libtpu
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.session import Session
+from tpu_debug.trace_config import TraceConfig
 from tpu_debug.trace_signals import (
     HANDLERS,
     GiveUp,
@@ -42,8 +43,8 @@ from tpu_debug.tracer_parts import PARTS, Running, TracerPart, start_order, stop
 from tpu_debug.tracers.events import ProcessEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recording.recorder import Recorder
-from tpu_debug.tracers.store import DB_NAME
 from tpu_debug.tracers.recording.run_writer import RunWriter
+from tpu_debug.tracers.store import DB_NAME
 
 __all__ = ["Terminated", "Trace", "active_trace", "step", "trace"]
 
@@ -347,8 +348,6 @@ def trace(**options: Any) -> Trace:
         # before anything runs: a script traced with --target must not run first and fail after
 
         require_libtpu()
-    from tpu_debug.runtime import start
-
     start()
     return Trace(config, target=target)
 

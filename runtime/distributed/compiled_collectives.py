@@ -212,7 +212,7 @@ def _standin(x, aval: jax.ShapeDtypeStruct):
 def _call_eagerly(spec: _Collective, first: Any, rest: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The functional op on host tensors, waited for: the group's own collective (for a
     program of the tpu device, whose arrays these tensors copy)."""
-    from tpu_debug.runtime.distributed.c10d import for_program
+    from tpu_debug.runtime.distributed.c10d import for_program  # deferred: optional: c10d needs torch.distributed
 
     with for_program("tpu"):
         out = spec.op(first, *rest, **kwargs)

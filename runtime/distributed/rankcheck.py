@@ -34,6 +34,7 @@ from typing import Any
 from tpu_debug.core.collectives import parse_collectives
 from tpu_debug.core.sources import library_roots
 from tpu_debug.runtime.distributed import launch
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.runtime.distributed.config import config
 from tpu_debug.runtime.distributed.errors import RankDivergenceError, RankTimeoutError
 
@@ -62,7 +63,7 @@ class ProgramCard:
     code: tuple[str, int, str] | None = None
 
     @classmethod
-    def of(cls, info: Any) -> ProgramCard:
+    def of(cls, info: CompileInfo) -> ProgramCard:
         """The card of a compiled program (its ``CompileInfo``)."""
         fingerprint = hashlib.sha256(info.stablehlo().encode()).hexdigest()[:16]
         graph = info.graph

@@ -86,7 +86,7 @@ def require(ok: bool, message: str, error: type[Exception] = OpArgumentError) ->
 class Refusal:
     """What PyTorch says about a failed value check: the error, the values accepted
     (``low <= v < high``, None for no bound), and what XLA does instead (see
-    ``probes.InvalidValueInfo.silent``)."""
+    ``InvalidValueInfo.silent``)."""
 
     error: Exception
     argument: str

@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
-from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target import cache
 from tpu_debug.runtime.target._libtpu import libtpu_version
+from tpu_debug.runtime.target.compile import compile_for_target
+from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
+from tpu_debug.runtime.target.hardware import Target
 
 # The tracers the report imports read capacities through this module: the compiler (jax) is
 # imported by the measurement.
@@ -80,8 +81,6 @@ def _probe(tgt: Target, tiles: int):
     import jax
     import jax.numpy as jnp
 
-    from tpu_debug.runtime.target.compile import compile_for_target
-
     x = jax.ShapeDtypeStruct((8 * tiles, 128), jnp.float32)
     return compile_for_target(lambda a: a[:8], (x,), tgt, cache=False)
 
@@ -89,8 +88,6 @@ def _probe(tgt: Target, tiles: int):
 def _measure(tgt: Target) -> int:
     import jax
     import jax.numpy as jnp
-
-    from tpu_debug.runtime.target.compile import compile_for_target
 
     refused = compile_for_target(lambda a: a + 1, (jax.ShapeDtypeStruct(_FAR_TOO_BIG, jnp.float32),), tgt,
                                  cache=False)

@@ -39,8 +39,8 @@ from typing import Any
 
 import jax
 import numpy as np
-
 from tpu_debug.core.buffers import BufferAssignment, read_dump
+from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.target import _libtpu, cache
 from tpu_debug.runtime.target.errors import TargetError, TargetSpecError
 from tpu_debug.runtime.target.hardware import Target, parse_target
@@ -133,8 +133,6 @@ def _to_abstract(leaf, sharding):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding, weak_type=leaf.weak_type)
     if type(leaf).__module__.startswith("torch") and hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
         # the dtype table imports torch, which a JAX-only caller of the target compiler never loads
-        from tpu_debug.runtime.dtypes import to_jax_dtype
-
         return jax.ShapeDtypeStruct(tuple(leaf.shape), to_jax_dtype(leaf.dtype), sharding=sharding)
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
         return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)

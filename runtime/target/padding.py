@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target import cache
-from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
 from tpu_debug.runtime.target._libtpu import libtpu_version
+from tpu_debug.runtime.target.compile import compile_for_target
+from tpu_debug.runtime.target.errors import LibtpuMissingError, TargetError
+from tpu_debug.runtime.target.hardware import Target
 
 # The tracers the report imports read paddings through this module: the compiler (jax) is
 # imported by the measurement.
@@ -82,8 +83,6 @@ def _key(tgt: Target, shape: tuple[int, ...], dtype: str) -> str:
 def _measure(tgt: Target, shape: tuple[int, ...], dtype: str) -> int | None:
     import jax
     import jax.numpy as jnp
-
-    from tpu_debug.runtime.target.compile import compile_for_target
 
     x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
     # one element out: the output is tiny, so an array near the device's size still compiles

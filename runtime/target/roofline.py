@@ -20,7 +20,7 @@ from typing import Any
 
 from tpu_debug.core.collective_kinds import LINK_OPCODES
 from tpu_debug.core.format import format_seconds
-from tpu_debug.core.hlo_text import matmul_flops
+from tpu_debug.core.hlo_text import matmul_flops, parse_module
 from tpu_debug.runtime.target.errors import TargetError
 from tpu_debug.runtime.target.hardware import Target
 from tpu_debug.runtime.target.precision import PASSES, dot_flops, dot_passes
@@ -230,8 +230,6 @@ def op_by_op(hlo: str, target: Target, repeats: Mapping[str, int] | None = None,
 
         op_by_op(result.hlo, result.target).seconds
     """
-    from tpu_debug.core.hlo_text import parse_module
-
     module = parse_module(hlo)
     entry = module.entry
     if entry is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from tpu_debug.runtime import install, start
 
 __all__ = ["tpu_device"]
 
@@ -24,8 +25,6 @@ def tpu_device() -> torch.device:
         device = torch_tpu.api.tpu_device()
         torch.ones(2, device=device)
     """
-    from tpu_debug.runtime import install, start
-
     install()  # autoload off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): the script asked for the device
     start()
     return torch.device("tpu", 0)

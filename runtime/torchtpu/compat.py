@@ -12,14 +12,13 @@ from typing import Any
 
 from tpu_debug.core import torch_tpu_finder
 from tpu_debug.core.post_import import when_imported
+from tpu_debug.runtime.torchtpu import public
 
 __all__ = ["declare_libtpu_flags", "eager_mode_from_env", "install"]
 
 
 def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType) -> None:
     """Everything the module docstring lists; idempotent."""
-    from tpu_debug.runtime.torchtpu import public
-
     public.install(tpu_module, profiler, utils)
     torch_tpu_finder.install()
     when_imported("absl.flags", declare_libtpu_flags)

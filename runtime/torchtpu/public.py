@@ -18,6 +18,9 @@ from typing import Any
 
 import jax
 from tpu_debug.core.errors import UnsupportedError
+from tpu_debug.runtime import xla_options
+from tpu_debug.runtime.pallas import jax_op
+from tpu_debug.runtime.torchtpu.launcher import prepare_tpu_environment
 
 __all__ = ["SUBMODULES", "install", "needs_a_tpu"]
 
@@ -104,14 +107,10 @@ class _BackendsTpu(types.ModuleType):
     @property
     def allow_excess_precision(self) -> bool:
         """Whether XLA may keep more precision than a result's dtype (see runtime/xla_options.py)."""
-        from tpu_debug.runtime import xla_options
-
         return xla_options.excess_precision()
 
     @allow_excess_precision.setter
     def allow_excess_precision(self, allowed: bool) -> None:
-        from tpu_debug.runtime import xla_options
-
         xla_options.set_excess_precision(allowed)
 
 
@@ -132,8 +131,6 @@ def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType
 def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None = None) -> None:
     """Set the variables a launch's ranks read, before they are spawned (TorchTPU's
     ``torch.tpu.distributed.set_tpu_launch_env``): ``WORLD_SIZE`` and the topology."""
-    from tpu_debug.runtime.torchtpu.launcher import prepare_tpu_environment
-
     world = None if nproc_per_node is None else nproc_per_node * (nnodes or 1)
     prepare_tpu_environment(world)
 
@@ -166,8 +163,6 @@ _made: dict[str, Any] = {}
 
 def _barrier_op():
     if "barrier" not in _made:
-        from tpu_debug.runtime.pallas import jax_op
-
         def barrier(inputs: list[jax.Array]) -> list[jax.Array]:
             return list(jax.lax.optimization_barrier(tuple(inputs)))
 

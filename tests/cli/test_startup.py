@@ -139,7 +139,8 @@ def test_the_probes_and_the_options_import_without_torch_or_jax(tmp_path):
         """
         import sys
         import tpu_debug.runtime.probes, tpu_debug.runtime.config
-        from tpu_debug.runtime.probes import CompileInfo, Probe, subscribe
+        from tpu_debug.core.records import CompileInfo
+        from tpu_debug.runtime.probes import Probe, subscribe
         from tpu_debug.runtime.target import Target, parse_target
         print(sorted(m for m in ("torch", "jax", "jaxlib", "tpu_debug.runtime.device") if m in sys.modules))
         """,

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from tpu_debug.runtime import lazy
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo, LazyNode
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, LazyNode
 from tpu_debug.tracers.events import KeyDiff, MaterializationEvent
 from tpu_debug.tracers.reading.lazy_graphs import summarize
 from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker

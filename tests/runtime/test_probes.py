@@ -10,7 +10,8 @@ import weakref
 import pytest
 import torch
 from tpu_debug.runtime import clear_cache, probes
-from tpu_debug.runtime.probes import CompileInfo, Probe, TransferInfo
+from tpu_debug.core.records import CompileInfo, TransferInfo
+from tpu_debug.runtime.probes import Probe
 
 from tpu_debug.core.hooks import DEFAULT_LIMIT, ErrorLog
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tpu_debug.runtime import lazy, probes
 from tpu_debug.runtime.config import config
-from tpu_debug.runtime.probes import InvalidValueInfo
+from tpu_debug.core.records import InvalidValueInfo
 
 from tpu_debug.core.errors import OpArgumentError
 

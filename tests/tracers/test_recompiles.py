@@ -10,7 +10,8 @@ import pytest
 import torch
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.eager import clear_cache
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo, DynamoOrigin, GraphInfo
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo
 from tpu_debug.tracers.events import ArgInfo, CompileEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.reading.recompile_analysis import Change, explain, summarize
 from tpu_debug.tracers.recording.recompile_tracker import RecompileTracker

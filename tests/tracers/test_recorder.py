@@ -7,7 +7,7 @@ import sys
 import threading
 
 import torch
-from tpu_debug.core.records import CollectiveDone
+from tpu_debug.core.records import CollectiveDone, CollectiveInfo
 from tpu_debug.tracers.recording.recorder import Recorder
 
 import tpu_debug
@@ -153,8 +153,8 @@ def test_a_collectives_return_is_recorded_with_its_seconds(tmp_path):
     recorder = Recorder(writer, hlo=False)
     probes.subscribe(recorder)
     try:
-        probes.collective(probes.CollectiveInfo("allreduce", "0", (0, 1), 1, 7, ((4, 2),), "float32", 32, "SUM"))
-        probes.collective_done(probes.CollectiveDone("allreduce", "0", 1, 7, 0.25))
+        probes.collective(CollectiveInfo("allreduce", "0", (0, 1), 1, 7, ((4, 2),), "float32", 32, "SUM"))
+        probes.collective_done(CollectiveDone("allreduce", "0", 1, 7, 0.25))
     finally:
         probes.unsubscribe(recorder)
     call, done = writer.events

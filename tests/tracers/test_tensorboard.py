@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from tpu_debug.runtime import clear_cache
-from tpu_debug.runtime.probes import ArgSpec, CompileInfo
+from tpu_debug.core.argspec import ArgSpec
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import CompileEvent, DivergenceEvent, KeyDiff, SourceLocation
 from tpu_debug.tracers.recording.tensorboard_exporter import SCALAR_TAGS, TensorBoardExporter
 from tpu_debug.tracers.xplane import profile_files

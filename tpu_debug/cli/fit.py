@@ -91,7 +91,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 def options_of(args: argparse.Namespace) -> Any:
     """The ``FitOptions`` the flags ask for (checked as made; ``--search`` varies its target,
     batch or remat; ``--json`` echoes them as ``"options"``)."""
-    from tpu_debug.fit import FitOptions
+    from tpu_debug.fit import FitOptions  # deferred: entry: fit compiles with torch and jax
 
     return FitOptions(
         target=args.target, plan=args.plan, batch=args.batch, seq=args.seq, job=args.job, dtype=args.dtype,
@@ -106,7 +106,7 @@ def options_of(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     # the function by its module: importing tpu_debug.fit binds the package's ``fit`` to the module.
     # Imported here, as in each verb below: fit imports torch and jax, and every verb's CLI module is imported
-    from tpu_debug.fit import fit, search
+    from tpu_debug.fit import fit, search  # deferred: entry: fit compiles with torch and jax
 
     options = options_of(args)
     if args.search:
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(found.render())
         if args.record and found.candidates:
-            from tpu_debug.fit import record_search
+            from tpu_debug.fit import record_search  # deferred: entry: fit compiles with torch and jax
 
             run_dir = record_search(found, logdir=args.logdir, name=args.name)
             print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     report = fit(args.model, keywords.pop("target"), **keywords)
     found_fixes = None
     if args.fixes and report.fits is False:
-        from tpu_debug.fit import fixes
+        from tpu_debug.fit import fixes  # deferred: entry: fit compiles with torch and jax
 
         found_fixes = fixes(args.model, options.target, **keywords)
     if args.json:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         if found_fixes is not None:
             print(found_fixes.render())
     if args.record:
-        from tpu_debug.fit import record_fit
+        from tpu_debug.fit import record_fit  # deferred: entry: fit compiles with torch and jax
 
         run_dir = record_fit(report, logdir=args.logdir, name=args.name, fixes=found_fixes)
         print(f"\nrun saved in {run_dir} (tpu-debug report {run_dir})", file=sys.stderr)

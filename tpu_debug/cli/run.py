@@ -22,7 +22,7 @@ from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
 from tpu_debug.core.rank_env import torchrun_env
-from tpu_debug.core.run_args import prepare_parser, script_of
+from tpu_debug.core.run_args import script_of
 from tpu_debug.report import print_rank_report
 from tpu_debug.runtime import distributed
 from tpu_debug.runtime.distributed import LaunchError, launch_ranks
@@ -159,7 +159,7 @@ def _run_path(target: str, code: types.CodeType | None) -> None:
 def _execute(target: str, is_module: bool, code: types.CodeType | None) -> tuple[int, str | None]:
     """Run the target as ``__main__``; returns (exit code, error text)."""
     # here: the dry run imports jax, and the CLI imports this module for every verb
-    from tpu_debug.runtime.dry_mode import DryRunValueError
+    from tpu_debug.runtime.dry_mode import DryRunValueError  # deferred: entry: the runtime loads torch and jax
 
     try:
         if is_module:

@@ -52,7 +52,7 @@ def open_tui(session: tpu_debug.Session, *, poll_interval: float = 1.0, **option
             f"print the report instead: tpu-debug report {session.run_dir}",
             exit_code=2,
         )
-    from tpu_debug.tui import run_app  # textual, for this verb only
+    from tpu_debug.tui import run_app  # deferred: entry: Textual loads only for the TUI
 
     run_app(session, poll_interval=poll_interval, **options)
 

@@ -24,7 +24,7 @@ from typing import Any
 from tpu_debug.core.collectives import Collective, module_devices, parse_collectives
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed import xla_log
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.runtime.target.errors import TargetSpecError
 from tpu_debug.runtime.target.executor import TargetCompiler
 from tpu_debug.runtime.target.hardware import Target

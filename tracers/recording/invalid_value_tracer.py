@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tpu_debug.runtime.probes import CompileInfo, InvalidValueInfo, LoweredNode
+from tpu_debug.core.records import CompileInfo, InvalidValueInfo, LoweredNode
 from tpu_debug.tracers.events import InvalidValueEvent, SourceLocation
 from tpu_debug.tracers.hlo import _location_from_stack_trace
 from tpu_debug.tracers.location import user_location

@@ -47,7 +47,7 @@ import torch
 from tpu_debug.runtime import memory_ledger
 from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.padding import padded_bytes
-from tpu_debug.runtime.probes import AllocInfo, CompileInfo, FreeInfo
+from tpu_debug.core.records import AllocInfo, CompileInfo, FreeInfo
 from tpu_debug.tracers.events import (
     MemoryFindingEvent,
     MemoryFix,

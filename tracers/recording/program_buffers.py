@@ -49,7 +49,7 @@ from typing import Any
 from tpu_debug.core.buffers import HOST_COLOR, BufferAssignment, PeakBuffer
 from tpu_debug.core.collective_kinds import of_opcode
 from tpu_debug.core.hlo_text import ELEMENT_BITS, Instruction, Module, parse_module, parse_shape, scope_parts
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import ProgramBuffer, ProgramMemoryEvent, SourceLocation
 from tpu_debug.tracers.location import is_own_file, split_frames
 from tpu_debug.tracers.reading.peak_buffers import KINDS

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_debug.runtime.local_buffers import local_buffer_assignment
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import ProgramMemoryEvent, ProgramProtoEvent, SourceLocation
 from tpu_debug.tracers.hlo import program_hash
 from tpu_debug.tracers.location import user_location

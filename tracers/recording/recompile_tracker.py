@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_debug.core.format import format_location
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import KeyDiff, SourceLocation
 from tpu_debug.tracers.reading.recompile_analysis import compare_args, pretty_source, read_guard
 from tpu_debug.tracers.recording import dynamo_events

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.runtime.probes import (
+from tpu_debug.core.records import (
     CollectiveDone,
     CollectiveInfo,
     CompileInfo,

@@ -38,14 +38,8 @@ import numpy as np
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tpu_debug.runtime.lazy import hook_optimizers
-from tpu_debug.runtime.probes import (
-    CollectiveDone,
-    CollectiveInfo,
-    CompileInfo,
-    FallbackInfo,
-    TransferInfo,
-    hidden_from_dynamo,
-)
+from tpu_debug.core.records import CollectiveDone, CollectiveInfo, CompileInfo, FallbackInfo, TransferInfo
+from tpu_debug.runtime.probes import hidden_from_dynamo
 from tpu_debug.tracers.events import StepEvent, WaitEvent
 from tpu_debug.tracers.location import user_location
 from tpu_debug.tracers.recording import step_hooks

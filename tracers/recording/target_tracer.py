@@ -45,7 +45,7 @@ from tpu_debug.core.hlo_text import Instruction as _Instruction
 from tpu_debug.core.hlo_text import Module as _Module
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
 from tpu_debug.core.hlo_text import parse_module as _parse_module
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.runtime.pallas import INTERPRETED_KERNEL
 from tpu_debug.runtime.target import (
     GENERATIONS,

@@ -62,7 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tpu_debug.runtime.probes import CompileInfo, TransferInfo
+from tpu_debug.core.records import CompileInfo, TransferInfo
 from tpu_debug.tracers.events import (
     CollectivesEvent,
     CompileEvent,

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tpu_debug.runtime.probes import CompileInfo
+from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import CompileEvent, KeyDiff, TargetCompileEvent
 from tpu_debug.tracers.reading.recompile_analysis import describe, explain
 

@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from tpu_debug.core.records import CollectiveInfo, DesyncInfo
 from tpu_debug.core import desync
 from tpu_debug.core.collective_kinds import SENDS
 from tpu_debug.runtime import probes
@@ -117,7 +118,7 @@ class LiveCheck:
         # "now": a rank's latest send or receive; "left": how it left
         return f"{KEY}/{self._life}/{kind}/{rank}"
 
-    def _card(self, info: probes.CollectiveInfo, device: str, peer: int | None) -> dict:
+    def _card(self, info: CollectiveInfo, device: str, peer: int | None) -> dict:
         file, line, function = user_site(3)
         watcher.caller = self.thread = threading.get_ident()
         return {"seq": info.seq, "op": info.op, "shapes": [str(list(s)) for s in info.shapes], "dtype": info.dtype,
@@ -130,7 +131,7 @@ class LiveCheck:
         warnings.warn(f"tpu_debug: the live collective check of this process group stopped: its store "
                       f"failed ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=4)
 
-    def check(self, info: probes.CollectiveInfo, device: str = "") -> tuple[int, float] | None:
+    def check(self, info: CollectiveInfo, device: str = "") -> tuple[int, float] | None:
         """Raise unless every rank of the group calls this collective, alike (``device``: the
         device type of its tensors).
 
@@ -180,7 +181,7 @@ class LiveCheck:
         timeout = self.timeout if waited else None
         message = desync.describe(info.group, seq, reason, cause, calls, timeout=timeout)
         if probes.listening("on_collective_desync"):
-            probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
+            probes.collective_desync(DesyncInfo(info.group, tuple(info.ranks), self._me, seq, reason, cause,
                                                        tuple(calls), timeout, message))
         others = tuple(c.rank for c in calls if c.rank != self._me and (c.state != "called" or reason != "missing"))
         error = CollectiveTimeoutError if waited else CollectiveDesyncError
@@ -197,7 +198,7 @@ class LiveCheck:
 
     # -- sends and receives: each compared with its peer's side ----------------------------
 
-    def post(self, info: probes.CollectiveInfo, device: str, peer: int, tag: int) -> dict | None:
+    def post(self, info: CollectiveInfo, device: str, peer: int, tag: int) -> dict | None:
         """Publish this rank's send to, or receive from, global rank ``peer`` (no wait): the
         ticket :meth:`match` reads the peer's side with, when the call is waited for."""
         if self._off:
@@ -299,7 +300,7 @@ class LiveCheck:
         timeout = self.timeout if waited else None
         message = desync.describe(info.group, info.seq, reason, cause, calls, timeout=timeout, what=what)
         if probes.listening("on_collective_desync"):
-            probes.collective_desync(probes.DesyncInfo(info.group, tuple(info.ranks), self._me, info.seq, reason,
+            probes.collective_desync(DesyncInfo(info.group, tuple(info.ranks), self._me, info.seq, reason,
                                                        cause, tuple(calls), timeout, message,
                                                        (source, destination, tag, ticket["n"])))
         error = CollectiveTimeoutError if waited else CollectiveDesyncError

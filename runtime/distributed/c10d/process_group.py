@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
+from tpu_debug.core.records import CollectiveDone, CollectiveInfo
 from tpu_debug.core.collective_kinds import FLIGHT_RECORDER_NAMES, of_c10d
 from tpu_debug.runtime import probes
 from tpu_debug.runtime.distributed import flight_recorder
@@ -66,7 +67,7 @@ class _Finish:
             flight_recorder.recorder.completed(self.entry)
         if self.began is not None:
             last, waited = arrival if arrival is not None else (None, None)
-            probes.collective_done(probes.CollectiveDone(
+            probes.collective_done(CollectiveDone(
                 self.name, self.group._group_name(), self.group._rank, self.seq, time.perf_counter() - self.began,
                 last, waited,
             ))
@@ -217,7 +218,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         # a compiled program's collective runs on host copies of its tpu tensors
         return "tpu" if device == "cpu" and getattr(_program, "device", None) == "tpu" else device
 
-    def _info(self, name: str, args: tuple, kind: Any) -> probes.CollectiveInfo:
+    def _info(self, name: str, args: tuple, kind: Any) -> CollectiveInfo:
         tensors = [t for a in args for t in flat(a)]
         collective = of_c10d(name)
         peer = None
@@ -225,7 +226,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             peer = int(args[1])
         elif hasattr(args[-1], "rootRank"):
             peer = int(args[-1].rootRank)
-        return probes.CollectiveInfo(
+        return CollectiveInfo(
             op=name,
             group=self._group_name(),
             ranks=self._global_ranks,
