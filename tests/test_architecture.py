@@ -678,3 +678,10 @@ def test_the_light_side_loads_neither_torch_nor_jax():
     heavy = heavy_modules(sources)
     found = sorted(m for m in heavy if m == "tpu_debug" or _under(m, LIGHT))
     assert not found, "modules that must stay light but load torch or jax at import:\n" + "\n".join(found)
+
+
+def test_the_doc_quotes_the_deferred_reasons():
+    rows = "\n".join(f"| {name} | {why} |" for name, why in DEFERRED_REASONS.items())
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert rows in doc, f"docs/architecture.md should hold the reasons for a deferred import:\n{rows}"
+    assert f"`DEFERRED_MAX` ({DEFERRED_MAX})" in doc
