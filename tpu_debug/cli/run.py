@@ -22,7 +22,7 @@ from tpu_debug.core.errors import CommandError, TpuDebugError
 from tpu_debug.core.options import check_env, env_text, read_env
 from tpu_debug.core.options import options as trace_options
 from tpu_debug.core.rank_env import torchrun_env
-from tpu_debug.core.run_args import script_of
+from tpu_debug.core.run_args import prepare_parser, script_of  # noqa: F401 - the verb's parser is run_args'
 from tpu_debug.report import print_rank_report
 from tpu_debug.runtime import distributed
 from tpu_debug.runtime.distributed import LaunchError, launch_ranks
