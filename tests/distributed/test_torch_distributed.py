@@ -141,9 +141,9 @@ def test_collective_calls_are_recorded_at_the_users_line(one_rank, tmp_path):
         dist.broadcast(t, src=0)
     calls = session.events("collective_call")
     assert [(c.op, c.seq, c.shapes, c.dtype, c.reduce_op, c.peer) for c in calls] == [
-        ("allreduce", 1, ("[3]",), "float32", "MAX", None),
-        ("all_gather_single", 2, ("[3]", "[3]"), "float32", None, None),
-        ("broadcast", 3, ("[3]",), "float32", None, 0),
+        ("allreduce", 1, ((3,),), "float32", "MAX", None),
+        ("all_gather_single", 2, ((3,), (3,)), "float32", None, None),
+        ("broadcast", 3, ((3,),), "float32", None, 0),
     ]
     here = Path(__file__).read_text().splitlines()
     assert [here[c.location.line - 1].strip().split("(")[0] for c in calls] == [
