@@ -478,15 +478,9 @@ class TransferEvent(Event):
 class CollectiveCallEvent(Event):
     """A rank entered a c10d collective of the `tpu` process group (``dist.all_reduce``, DDP's
     bucket all-reduce, an FSDP2 all-gather...), at ``location``, the user's line: the runtime's
-    :class:`~tpu_debug.core.records.CollectiveInfo` (``call``: the op, the group and its
-    ranks, this rank, ``seq``, the tensors' shapes (outputs before inputs) and dtype, the
-    reduction and the peer of a send, a receive or a root).
-
-    Recorded on entry, so a rank stuck in a collective has recorded it. Comparing the ranks'
-    sequences per group (``group``, ``seq``) shows where they stopped calling the same
-    collectives: a different ``op``, ``shapes`` or ``dtype`` at one ``seq``, or a rank
-    whose sequence ends early. ``seq`` counts the group's collectives from 1 on this rank;
-    sends and receives count apart.
+    :class:`~tpu_debug.core.records.CollectiveInfo`, carried as ``call``. Recorded on entry, so
+    a rank stuck in a collective has recorded it; comparing the ranks' sequences per group
+    (``group``, ``seq``) shows where they stopped calling the same collectives.
     """
 
     kind: ClassVar[str] = "collective_call"
@@ -504,12 +498,8 @@ class CollectiveCallEvent(Event):
 class CollectiveDoneEvent(Event):
     """A rank returned from the c10d collective it entered as the :class:`CollectiveCallEvent`
     with the same ``group``, ``rank`` and ``seq``: the runtime's
-    :class:`~tpu_debug.core.records.CollectiveDone` (``done``; ``op`` tells a send or receive,
-    counted apart, from the group's other collectives; ``seconds`` from its entry to its results
-    written back, waiting for the other ranks included; ``last_rank`` the global rank that
-    entered last, as the live check saw the ranks arrive, and ``waited`` the seconds this rank
-    waited for it, None when unchecked or for a send or receive). A call with no done event is
-    one the rank never returned from: it was stuck there, raised or was killed.
+    :class:`~tpu_debug.core.records.CollectiveDone`, carried as ``done``. A call with no done
+    event is one the rank never returned from: it was stuck there, raised or was killed.
     """
 
     kind: ClassVar[str] = "collective_done"
@@ -526,16 +516,10 @@ _JOINED_SHAPES = "CASE WHEN {shapes} = '' THEN '[]' ELSE '[\"' || REPLACE({shape
 @register_event
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveDesyncEvent(Event):
-    """The live check of a c10d group (the `tpu` process group) found its ranks calling
-    different collectives at ``seq``, or a rank not arriving, and this rank raised (or a
-    send and its receive differ: ``p2p``, and ``seq`` is the group's count of sends and receives).
-    It carries the runtime's :class:`~tpu_debug.core.records.DesyncInfo` (``desync``).
-
-    ``reason`` is what differs and ``cause`` its likeliest cause (the names of
-    :mod:`tpu_debug.core.desync`); ``calls`` what each rank did there
-    (:class:`~tpu_debug.core.desync.RankCall`); ``timeout`` the seconds waited for a rank that
-    did not arrive (None: the calls differed at once); ``message`` the error this rank raised;
-    ``location`` this rank's line.
+    """The live check of a c10d group found its ranks calling different collectives, or a rank
+    not arriving, and this rank raised: the runtime's :class:`~tpu_debug.core.records.DesyncInfo`
+    (each rank's :class:`~tpu_debug.core.desync.RankCall` among it), carried as ``desync``;
+    ``location`` is this rank's line.
     """
 
     kind: ClassVar[str] = "collective_desync"
@@ -553,8 +537,8 @@ class CollectiveDesyncEvent(Event):
 @dataclasses.dataclass(frozen=True, slots=True)
 class FallbackEvent(Event):
     """An op ran on CPU because it has no lowering: the runtime's
-    :class:`~tpu_debug.core.records.FallbackInfo` (``fallback``: the op, its arguments in their
-    recorded form, the seconds it took)."""
+    :class:`~tpu_debug.core.records.FallbackInfo`, carried as ``fallback`` (its arguments in
+    their recorded form)."""
 
     kind: ClassVar[str] = "fallback"
     view: ClassVar[str | None] = "ops"

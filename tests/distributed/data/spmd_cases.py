@@ -142,6 +142,7 @@ def target(results: dict, logdir: str) -> None:
     from tpu_debug.runtime import probes
     from tpu_debug.runtime.target import parse_target
     from tpu_debug.tracers.recording.collectives_tracer import CollectivesTracer
+    from tpu_debug.tracing import active_trace
 
     mesh = dist.init_device_mesh("tpu", (8,), mesh_dim_names=("dp",))
     torch.manual_seed(0)
@@ -155,7 +156,7 @@ def target(results: dict, logdir: str) -> None:
 
     step = tpu_debug.compile(train_step)
     with tpu_debug.trace(logdir=logdir, name="target", hlo=False) as session:
-        writer = session._writer
+        writer = active_trace()._writer  # the trace's own writer: the session only reads
         tracer = CollectivesTracer(writer, clock=lambda: 0.0, record_error=lambda w, m: None, hlo=False,
                                    target=parse_target("v5e:2x4"))
         probes.subscribe(tracer)
