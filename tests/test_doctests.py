@@ -64,4 +64,4 @@ def test_docstring_examples_run(name, registries, tmp_path, monkeypatch):
 
 
 def test_the_examples_are_found():
-    assert {"tpu_debug.tracers.reading.step_phases", "tpu_debug.core.options"} <= set(_modules_with_examples())
+    assert {"tpu_debug.tracers.recording.step_tracker", "tpu_debug.core.options"} <= set(_modules_with_examples())

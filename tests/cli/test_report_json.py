@@ -18,6 +18,7 @@ import re
 import pytest
 import torch
 from tpu_debug.runtime import clear_cache
+from tpu_debug.core.records import InvalidValueInfo
 from tpu_debug.tracers import events as ev
 from tpu_debug.tracers.advisor import Count, Evidence, Finding
 
@@ -215,9 +216,9 @@ def _write_tracer_records(writer) -> None:
              graph=f"lazy{step}", ops=20, outputs=1, inputs=2, compiled=step == 0, seconds=0.01, step=1)
     _put(writer, ev.CompileEvent, mode="eager", location=_loc(30), name="sum", signature="sum(float64[8])",
          args=(ev.ArgInfo("self", (8,), "float64"),), seconds=0.01, program=None, previous=None, diffs=())
-    _put(writer, ev.InvalidValueEvent, mode="lazy", location=_loc(44), op="gather", argument="index", value=7.0,
-         low=0.0, high=3.0, message="index 7 is out of bounds for dimension 1 with size 3", error="RuntimeError",
-         silent="clamped", raised=False)
+    _put(writer, ev.InvalidValueEvent, mode="lazy", location=_loc(44), check=InvalidValueInfo(
+        "gather", "index", 7.0, 0.0, 3.0, "index 7 is out of bounds for dimension 1 with size 3", "RuntimeError",
+        "clamped", "lazy", False))
     writer.put(synthetic_run.peak_program(writer.new_id()))
     _put(writer, ev.TensorBoardSummaryEvent, status="finished", profile=("plugins/profile/run.xplane.pb",),
          spans=40, max_events=1000, steps=8, capped=False, notes=("a note",))

@@ -180,7 +180,7 @@ STUCK_CLOSE = textwrap.dedent(
     """
     import threading
     import torch
-    from tpu_debug.tracers import store
+    from tpu_debug.tracers.recording import run_writer as store
     from tpu_debug.tracing import active_trace
 
     # the run's final write never ends (a disk that stopped answering), and close() would wait

@@ -1,4 +1,4 @@
-"""The ``tpu-debug`` command line (the console script, and ``python -m tpu_debug``): one
+"""The ``tpu-debug`` command line (the console script, and ``-m tpu_debug``): one
 module per subcommand (``prepare_parser`` + ``run``).
 
 ``main(argv)`` parses, dispatches and turns a :class:`~tpu_debug.core.errors.TpuDebugError`
