@@ -22,7 +22,7 @@ import os
 import signal
 from collections.abc import Iterable, Sequence
 
-from tpu_debug.core.collective_kinds import ROOTED, SAME_SHAPES
+from tpu_debug.core.collective_kinds import RECEIVES, ROOTED, SAME_SHAPES, SENDS
 from tpu_debug.core.format import format_location
 
 __all__ = [
@@ -64,8 +64,6 @@ CAUSES = {
 
 # what a rank that did not call the collective was doing instead
 _STATES = ("called", "missing", "ended", "raised", "died")
-#: point-to-point calls: a rank's line names its peer, and the pair is compared, not the group
-_P2P_DIRECTION = {"send": "to", "recv": "from"}
 
 
 def shape_texts(shapes: Iterable[Iterable[int]]) -> tuple[str, ...]:
@@ -120,7 +118,9 @@ class RankCall:
             extra += f", root {self.peer}"
         where = f" at {self.where}" if self.where else ""
         on = f" on {self.device}" if self.device and self.device != "tpu" else ""
-        peer = f" {_P2P_DIRECTION[self.op]} rank {self.peer}" if self.op in _P2P_DIRECTION and self.peer is not None else ""
+        # a point-to-point call's line names its peer: the pair is compared, not the group
+        toward = "to" if self.op in SENDS else "from" if self.op in RECEIVES else None
+        peer = f" {toward} rank {self.peer}" if toward is not None and self.peer is not None else ""
         return f"{self.op}({shapes}; {self.dtype or '-'}{extra}){peer}{on}{where}"
 
 

@@ -14,7 +14,13 @@ from tpu_debug.core import collective_kinds
 from tpu_debug.core.collective_kinds import FLIGHT_RECORDER_NAMES, KINDS, CollectiveKind, of_c10d, of_opcode
 
 # the modules that run c10d calls or write and read their Flight Recorder entries
-_C10D_READERS = ("tpu_debug.runtime.distributed.flight_recorder", "tpu_debug.tracers.recording.flight_recorder_import")
+# every other module that reads c10d calls: Flight Recorder's writer and reader, the desync texts,
+# the reading side's and the report's, the advisor's and the TUI's views of the ranks' calls
+_C10D_READERS = (
+    "tpu_debug.runtime.distributed.flight_recorder", "tpu_debug.tracers.recording.flight_recorder_import",
+    "tpu_debug.core.desync", "tpu_debug.tracers.reading.collective_calls", "tpu_debug.report.ranks",
+    "tpu_debug.tracers.advisor.collective_rules", "tpu_debug.tui.screens.ranks",
+)
 
 
 def _c10d_calls() -> set[str]:
