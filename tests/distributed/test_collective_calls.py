@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -24,8 +23,10 @@ def _dims(text: str) -> tuple[int, ...]:
     return tuple(json.loads(text))
 
 
-def _call(rank: int, seq: int, op: str = "allreduce", shapes=("[4]",), line: int = 10, **kw) -> CollectiveCallEvent:
-    return CollectiveCallEvent(seq, float(seq), None, 1, SourceLocation("train.py", line, "main"), CollectiveInfo(op, "0", (0, 1), rank, seq, tuple(_dims(s) for s in tuple(shapes)), "float32", 16, **kw))
+def _call(rank: int, seq: int, op: str = "allreduce", shapes=("[4]",), line: int = 10, dtype: str = "float32",
+          **kw) -> CollectiveCallEvent:
+    return CollectiveCallEvent(seq, float(seq), None, 1, SourceLocation("train.py", line, "main"), CollectiveInfo(
+        op, "0", (0, 1), rank, seq, tuple(_dims(s) for s in shapes), dtype, 16, **kw))
 
 
 def test_same_sequences_agree():
@@ -48,7 +49,7 @@ def test_a_rank_that_stops_is_named_with_the_others_line():
     ({"op": "broadcast"}, "op"), ({"shapes": ("[2]",)}, "shapes"), ({"dtype": "bfloat16"}, "dtype"),
 ])
 def test_first_difference_names_its_reason(change, reason):
-    rank1 = [_call(1, 1), dataclasses.replace(_call(1, 2), **change), _call(1, 3)]
+    rank1 = [_call(1, 1), _call(1, 2, **change), _call(1, 3)]
     (desync,) = first_desyncs({0: [_call(0, 1), _call(0, 2), _call(0, 3)], 1: rank1})
     assert (desync.seq, desync.reason) == (2, reason)
 

@@ -60,7 +60,7 @@ def _sessions(runs: list[Path]) -> dict[int | None, object]:
     for path in runs:
         session = tpu_debug.open_run(path)
         calls = session.events("collective_call")
-        by_rank[calls[0].group_ranks[calls[0].rank] if calls else None] = session
+        by_rank[calls[0].ranks[calls[0].rank] if calls else None] = session
     return by_rank
 
 

@@ -148,7 +148,7 @@ def test_collective_calls_are_recorded_at_the_users_line(one_rank, tmp_path):
     here = Path(__file__).read_text().splitlines()
     assert [here[c.location.line - 1].strip().split("(")[0] for c in calls] == [
         "dist.all_reduce", "dist.all_gather_into_tensor", "dist.broadcast"]
-    assert {(c.group_ranks, c.rank, c.nbytes > 0) for c in calls} == {((0,), 0, True)}
+    assert {(c.ranks, c.rank, c.nbytes > 0) for c in calls} == {((0,), 0, True)}
     # the engine's host copies are the collective's, not transfers of the user's
     assert [e.op for e in session.events("transfer") if e.direction == "d2h"] == []
 
