@@ -95,5 +95,5 @@ def test_planted_size_mismatch_is_named_in_the_runs(tmp_path):
     calls, _ = _run_ranks(tmp_path, "shapes")
     (desync,) = first_desyncs(calls)
     assert (desync.seq, desync.reason) == (3, "shapes")
-    assert [c.shapes for _, c in desync.calls] == [("[4]", "[2]"), ("[4]", "[3]")]
+    assert [c.shapes for _, c in desync.calls] == [((4,), (2,)), ((4,), (3,))]
     assert {c.location.line for _, c in desync.calls} == {_line("all_gather_into_tensor")}

@@ -79,8 +79,8 @@ def _recorded(device: str, rank: int, results: dict) -> None:
         dist.all_reduce(x)  # an eager one first: the compiled ones continue its sequence
         compiled(x).cpu()
         compiled(x).cpu()
-    results["recorded"] = [(c.op, c.seq, [str(list(s)) for s in c.shapes], c.dtype, c.reduce_op, c.ranks, c.location.file
-                            if c.location else None, c.location.line if c.location else None,
+    results["recorded"] = [(c.op, c.seq, tuple(str(list(s)) for s in c.shapes), c.dtype, c.reduce_op, c.ranks,
+                            c.location.file if c.location else None, c.location.line if c.location else None,
                             c.location.function if c.location else None)
                            for c in session.events("collective_call")]
 
