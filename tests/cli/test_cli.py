@@ -46,6 +46,7 @@ def _seen(script_path):
     return json.loads((script_path.parent / "seen.json").read_text())
 
 
+@pytest.mark.quick
 def test_run_gives_the_script_what_python_would(script, logdir, capsys):
     prog = script(PROBE)
     saved_argv, saved_path0, saved_main = list(sys.argv), sys.path[0], sys.modules["__main__"]
@@ -74,6 +75,7 @@ def test_run_gives_the_script_what_python_would(script, logdir, capsys):
     assert {o.name for o in session.ops()} >= {"mul.Tensor", "add.Tensor", "relu"}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "body, code, stderr_line, status",
     [

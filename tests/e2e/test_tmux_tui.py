@@ -91,6 +91,7 @@ def tmux(tmp_path):
     session.close()
 
 
+@pytest.mark.quick
 def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
     run_dir = tmp_path / "runs" / "20260131T120000.000Z-synthetic"
     _synthetic().write_synthetic_run(run_dir)
