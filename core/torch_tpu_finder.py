@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["MODULES", "install"]
+__all__ = ["MODULES", "install", "installed_elsewhere"]
 
 _IMPL = "tpu_debug.runtime.torchtpu."
 
@@ -127,14 +127,14 @@ class _TorchTpuModule(type(sys)):
 
     def __init__(self, name: str, impl: str) -> None:
         super().__init__(name, f"TorchTPU's {name}, served by tpu_debug's runtime (TorchTPU is not installed).")
-        object.__setattr__(self, "_impl_name", impl)
+        object.__setattr__(self, "_tpu_debug_impl_name", impl)
         if _children(name):
             object.__setattr__(self, "__path__", [])
         if name == _ROOT:
             object.__setattr__(self, MARKER, True)
 
-    def _impl(self):
-        name = object.__getattribute__(self, "_impl_name")
+    def _tpu_debug_impl(self):
+        name = object.__getattribute__(self, "_tpu_debug_impl_name")
         if not name:
             return None
         import importlib
@@ -147,7 +147,7 @@ class _TorchTpuModule(type(sys)):
             import importlib
 
             return importlib.import_module(child)
-        impl = self._impl()
+        impl = self._tpu_debug_impl()
         if impl is not None and not (attr.startswith("__") and attr.endswith("__")):
             try:
                 return getattr(impl, attr)
@@ -156,14 +156,14 @@ class _TorchTpuModule(type(sys)):
         raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
 
     def __setattr__(self, attr: str, value) -> None:
-        impl = self._impl() if not attr.startswith("__") else None
+        impl = self._tpu_debug_impl() if not attr.startswith("__") else None
         if impl is not None and hasattr(type(impl), attr) and hasattr(getattr(type(impl), attr), "__set__"):
             setattr(impl, attr, value)
             return
         super().__setattr__(attr, value)
 
     def __dir__(self):
-        impl = self._impl()
+        impl = self._tpu_debug_impl()
         names = set(super().__dir__()) | set(_children(self.__name__))
         if impl is not None:
             names |= set(getattr(impl, "__all__", ())) or {n for n in dir(impl) if not n.startswith("_")}
@@ -181,7 +181,7 @@ class _Loader:
         return _TorchTpuModule(self.name, self.impl)
 
     def exec_module(self, module) -> None:
-        impl = module._impl()
+        impl = module._tpu_debug_impl()
         if impl is not None:
             # the names a star import and a reader of ``__all__`` see, and the file a caller
             # looking beside the module finds (``Path(torch_tpu.__file__).parent``)
@@ -231,6 +231,15 @@ class _Finder:
 
 
 _FINDER = _Finder()
+
+
+def installed_elsewhere() -> bool:
+    """Whether a ``torch_tpu`` other than the modules served here is installed (found on
+    ``sys.path``, as a real TorchTPU is): ``importlib.util.find_spec("torch_tpu")`` cannot tell,
+    since this finder answers it too."""
+    import importlib.machinery
+
+    return importlib.machinery.PathFinder.find_spec(_ROOT) is not None
 
 
 def install() -> None:

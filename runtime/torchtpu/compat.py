@@ -18,7 +18,32 @@ from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime.torchtpu import public
 from tpu_debug.runtime.torchtpu.profiler import xprof_trace_handler
 
-__all__ = ["AUTOCAST", "declare_libtpu_flags", "eager_mode_from_env", "install"]
+__all__ = ["AUTOCAST", "declare_libtpu_flags", "eager_mode_from_env", "install", "take_the_torch_tpu_name"]
+
+
+def take_the_torch_tpu_name() -> types.ModuleType | None:
+    """Make room for the device module where PyTorch ships a ``torch/tpu`` module of its own.
+
+    Upstream PyTorch's ``torch.tpu`` is a thin module that defers to TorchTPU
+    (``torch_tpu.api._device_module._DeviceModule``, ``torch_tpu.api.streams``), and
+    ``torch._register_device_module("tpu", ...)`` refuses a name ``torch`` already has. When
+    that module was imported before the device registers, it gives up the name (the
+    ``torch.tpu`` attribute and its ``sys.modules`` entry) so the device module takes it; a
+    reference kept to PyTorch's module still works, through ``torch_tpu.api`` to this
+    runtime. Returns the module that gave way, or None.
+    """
+    shipped = torch.__dict__.get("tpu")
+    if not isinstance(shipped, types.ModuleType) or shipped.__name__ != "torch.tpu":
+        return None
+    # a module of torch's package: its folder is one of torch's (torch/tpu/__init__.py)
+    folders = {os.path.realpath(p) for p in torch.__path__}
+    where = os.path.realpath(getattr(shipped, "__file__", None) or "")
+    if os.path.dirname(os.path.dirname(where)) not in folders:
+        return None
+    del torch.tpu
+    if sys.modules.get("torch.tpu") is shipped:
+        del sys.modules["torch.tpu"]
+    return shipped
 
 
 def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType) -> None:

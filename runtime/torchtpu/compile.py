@@ -217,7 +217,15 @@ class Compiler:
         self._debug = debug
 
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        return compiled.dynamo_backend(graph_module, example_inputs)
+        """The callable running ``graph_module``'s program (its outputs as the graph returns
+        them: a graph returning one tensor returns it, not a one-tuple)."""
+        output = graph_module.graph.output_node()
+        single = not isinstance(output.args[0], (tuple, list))
+        if single:  # AOTAutograd compiles graphs that return a tuple
+            output.args = ((output.args[0],),)
+            graph_module.recompile()
+        run = compiled.dynamo_backend(graph_module, example_inputs)
+        return (lambda *args: run(*args)[0]) if single else run
 
 
 class StaticCompiler(Compiler):

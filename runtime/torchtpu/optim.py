@@ -15,6 +15,7 @@ patch here, so it and ``unpatch_optimizer_graph_breaks()`` change nothing.
 from __future__ import annotations
 
 import torch
+from torch.optim import optimizer as _optimizer
 
 __all__ = ["AdamW", "patch_optimizer_graph_breaks", "unpatch_optimizer_graph_breaks"]
 
@@ -41,9 +42,9 @@ class AdamW(torch.optim.AdamW):
                     continue
                 state = self.state[p]
                 on_device = group["capturable"] or group["fused"]
-                scalar = torch.optim.optimizer._get_scalar_dtype(is_fused=group["fused"])
+                scalar = _optimizer._get_scalar_dtype(is_fused=group["fused"])
                 state["step"] = (torch.zeros((), dtype=scalar, device=p.device) if on_device
-                                 else torch.tensor(0.0, dtype=torch.optim.optimizer._get_scalar_dtype()))
+                                 else torch.tensor(0.0, dtype=_optimizer._get_scalar_dtype()))
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group["amsgrad"]:

@@ -38,7 +38,7 @@ def needs_a_tpu(qualname: str, instead: str) -> Callable[..., Any]:
 
 
 _SPARSE = "use PyTorch's nn.EmbeddingBag / torch.sparse ops, which run here"
-_RAGGED = "write the grouped or ragged computation with PyTorch ops (a loop over groups, torch._grouped_mm)"
+_RAGGED = "use PyTorch ops for the grouped or ragged computation (a loop over groups, torch._grouped_mm)"
 _COLLECTIVE = "use torch.distributed's collectives (all_gather_into_tensor, reduce_scatter_tensor, send, recv)"
 _OPTIM = "use torch.optim's optimizer of the same name (DEFER_AND_FUSE mode fuses its step here)"
 
