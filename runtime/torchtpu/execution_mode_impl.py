@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import os
 
+from tpu_debug.core.errors import TpuArgumentError
 from tpu_debug.core.options import OPTIONS
 from tpu_debug.runtime import lazy
 from tpu_debug.runtime.config import config
@@ -48,8 +49,6 @@ _set: list[DeferMode] = []
 def set_defer_mode(defer_mode: DeferMode) -> None:
     """Make ``defer_mode``'s eager mode the one in effect (see the module)."""
     if not isinstance(defer_mode, DeferMode):
-        from tpu_debug.core.errors import TpuArgumentError
-
         raise TpuArgumentError(f"defer mode {defer_mode!r} is not one of DeferMode.DEFAULT, ALL, NEVER")
     mode = {DeferMode.ALL: EagerMode.DEFER_AND_FUSE.value, DeferMode.NEVER: EagerMode.DEFER_NEVER.value}.get(
         defer_mode) or default_mode()
