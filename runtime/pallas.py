@@ -193,17 +193,58 @@ def _schema(fn: Callable, where: str) -> tuple[str, inspect.Signature]:
     return f"({', '.join(params)}) -> {returns}", signature
 
 
+# function -> whether Pallas' interpreter lowers it (see _interpreted): asked once per function,
+# at its first arguments, since what the interpreter cannot lower is how a kernel copies
+_plain_interpretable: dict[Callable, bool] = {}
+
+
+def _spec(a: Any) -> Any:
+    return jax.ShapeDtypeStruct(a.shape, a.dtype) if isinstance(a, jax.Array | jax.core.Tracer) else a
+
+
+def _interpretable(fn: Callable, args: tuple, kwargs: dict) -> bool:
+    """Whether Pallas' interpreter (``interpret=True``) lowers ``fn`` (it makes kernels XLA ops
+    when the program is lowered, so it is asked to lower one)."""
+    from jax._src import config as jax_config
+
+    if fn in _plain_interpretable:
+        return _plain_interpretable[fn]
+    specs = [_spec(a) for a in args]
+    statics = tuple(i for i, a in enumerate(specs) if not isinstance(a, jax.ShapeDtypeStruct))
+    mode = jax_config.pallas_tpu_interpret_mode_context_manager
+    prior = mode.swap_local(True)
+    try:
+        jax.jit(lambda *a: fn(*a, **kwargs), static_argnums=statics).lower(*specs)
+        ok = True
+    except (TypeError, ValueError, NotImplementedError):
+        ok = False
+    finally:
+        mode.set_local(prior)
+    _plain_interpretable[fn] = ok
+    return ok
+
+
 def _interpreted(fn: Callable) -> Callable:
-    """``fn`` with every ``pallas_call`` it makes in Pallas' interpret mode."""
+    """``fn`` with every ``pallas_call`` it makes interpreted on the host.
+
+    Pallas' interpreter (``interpret=True``) makes a kernel plain XLA ops; it needs every
+    slice a kernel copies to have a static size. A kernel that copies slices of a size it
+    computes (tokamax's backward kernels pad their last block so) is run by JAX's TPU
+    interpreter instead (``pltpu.InterpretParams``: HBM, VMEM, DMAs and semaphores simulated
+    through host callbacks), which the first one cannot lower. Those host callbacks cannot sit
+    beside a Mosaic kernel in a program lowered for several platforms, so such a kernel runs
+    here but has no ``--target`` compile."""
 
     def run(*args, **kwargs):
         from jax._src import config as jax_config
+        from jax.experimental.pallas import tpu as pltpu
 
-        prior = jax_config.pallas_tpu_interpret_mode_context_manager.swap_local(True)
+        mode = jax_config.pallas_tpu_interpret_mode_context_manager
+        prior = mode.swap_local(True if _interpretable(fn, args, kwargs) else pltpu.InterpretParams())
         try:
             return fn(*args, **kwargs)
         finally:
-            jax_config.pallas_tpu_interpret_mode_context_manager.set_local(prior)
+            mode.set_local(prior)
 
     return run
 

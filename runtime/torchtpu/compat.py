@@ -55,6 +55,9 @@ def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType
     for name, fn in AUTOCAST.items():
         if not hasattr(type(tpu_module), name):
             setattr(type(tpu_module), name, staticmethod(fn))
+    # TorchTPU's autocast computes in bfloat16 unless told otherwise (PyTorch's default for a
+    # new backend is float16); the TPU's matrix units take bfloat16
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
     if not hasattr(torch.profiler, "xprof_trace_handler"):
         # TorchTPU adds its handler to torch.profiler (its profiling notebook calls it there)
         torch.profiler.xprof_trace_handler = xprof_trace_handler

@@ -79,6 +79,8 @@ def test_the_notebook_helper_resets_and_starts_the_runtime_again(device_module):
 def test_autocast_accessors_are_pytorchs_autocast_state(device_module):
     dm = device_module
     before = torch.get_autocast_dtype("tpu")
+    # TorchTPU's autocast prefers bfloat16
+    assert before == torch.bfloat16 == torch.tpu._get_autocast_dtype() and torch.amp.is_autocast_available("tpu")
     try:
         # TorchTPU's tests reset the class attributes, then read them through the methods
         dm._autocast_enabled = False
