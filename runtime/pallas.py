@@ -123,7 +123,7 @@ def _torch_annotation(annotation: Any) -> Any:
     base, optional = _unwrap(annotation)
     if base in _TENSOR:
         out: Any = torch.Tensor
-    elif (elem := _sequence_of(base)) in _TENSOR:
+    elif _sequence_of(base) in _TENSOR:
         origin, args = typing.get_origin(base), typing.get_args(base)
         out = tuple[tuple(torch.Tensor for _ in args)] if origin is tuple and Ellipsis not in args else list[torch.Tensor]
     else:

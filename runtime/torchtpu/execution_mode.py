@@ -20,8 +20,8 @@ from tpu_debug.runtime import lazy
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.torchtpu.execution_mode_impl import DeferMode, get_defer_mode, set_defer_mode
 
-__all__ = ["DeferMode", "EagerMode", "cpu_fallback_mode", "defer_mode", "disable_inplace_buffer_donation",
-           "get_defer_mode", "get_eager_mode", "set_defer_mode", "set_eager_mode"]
+__all__ = ["DeferMode", "EagerMode", "cpu_fallback_mode", "defer_mode", "get_defer_mode", "get_eager_mode",
+           "set_defer_mode", "set_eager_mode"]
 
 EagerMode = lazy.EagerMode
 set_eager_mode = lazy.set_eager_mode

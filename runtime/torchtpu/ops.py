@@ -17,7 +17,7 @@ __all__ = ["align_jagged_to_multiple", "strip_jagged_padding"]
 
 
 def align_jagged_to_multiple(nt: torch.Tensor, multiple: int = 128,
-                             padding_value: float | int | bool = 0.0) -> torch.Tensor:
+                             padding_value: float | bool = 0.0) -> torch.Tensor:
     """``nt`` with its values padded by ``padding_value`` rows to a multiple of ``multiple``
     (``nt`` itself when they already are); the offsets are shared."""
     values = nt.values()

@@ -7,7 +7,7 @@ in TensorBoard) and a ``torch.profiler`` range of the same name.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["TraceMe"]
 
@@ -20,7 +20,7 @@ class TraceMe:
         self.kwargs = kwargs
         self._open: list[Any] = []
 
-    def __enter__(self) -> TraceMe:
+    def __enter__(self) -> Self:
         import jax
         import torch
 
@@ -29,6 +29,6 @@ class TraceMe:
             self._open.append(span)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         while self._open:
             self._open.pop().__exit__(*exc)

@@ -135,10 +135,10 @@ def test_profile_writes_an_xplane_for_each_activity(tmp_path):
     assert profiler_api._get_profile_options([profiler.ProfilerActivity.TPU]) == profiler.ProfileOptions(0, 1, 0)
     assert profiler_api._get_profile_options([profiler.ProfilerActivity.CPU]) == profiler.ProfileOptions(2, 0, 1)
     assert profiler_api._get_profile_options([]) == profiler.ProfileOptions(0, 0, 0)
-    with pytest.raises(TpuArgumentError, match=r"^GPU profiling is not supported\."):
-        with profiler.profile(activities=[profiler.ProfilerActivity.GPU],
-                              on_trace_ready=profiler.xprof_trace_handler(dir_name=tmp_path / "gpu")):
-            pass
+    gpu = profiler.profile(activities=[profiler.ProfilerActivity.GPU],
+                           on_trace_ready=profiler.xprof_trace_handler(dir_name=tmp_path / "gpu"))
+    with pytest.raises(TpuArgumentError, match=r"^GPU profiling is not supported\."), gpu:
+        pass
 
 
 def test_the_profiler_server_starts_and_stops():
@@ -162,9 +162,9 @@ def test_the_profiler_server_starts_and_stops():
 def test_traceme_spans_reach_the_profilers(tmp_path):
     from torch_tpu._internal.shims.xprof import traceme
 
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        with traceme.TraceMe("decode step 3"):
-            (torch.ones(4, device="tpu") + 1).cpu()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, \
+            traceme.TraceMe("decode step 3"):
+        (torch.ones(4, device="tpu") + 1).cpu()
     prof.export_chrome_trace(str(tmp_path / "trace.json"))
     names = {e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
     assert "decode step 3" in names

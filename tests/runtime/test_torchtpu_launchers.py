@@ -58,7 +58,7 @@ def test_handle_main_is_absls_run(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["launch.py", "--torchtpu_test_steps=3", "extra"])
     seen = []
     try:
-        with pytest.raises(SystemExit) as done:  # absl's run exits with main's return
+        with pytest.raises(SystemExit, match=r"^$") as done:  # absl's run exits with main's return
             multiprocessing.handle_main(lambda argv: seen.append((argv, flags.FLAGS.torchtpu_test_steps)))
     finally:
         flags.FLAGS.unparse_flags()

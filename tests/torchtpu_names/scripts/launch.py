@@ -4,13 +4,12 @@ tpu_env_wrapper and started on each rank by PyTorch's elastic launcher (torchrun
 
 import os
 
+import rank_worker
 import torch.multiprocessing as mp
 from absl import flags
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from torch_tpu._internal.distributed.launchers import singlehost_wrapper
 from torch_tpu.shims.g3_multiprocessing import g3_multiprocessing
-
-import rank_worker
 
 _OUT = flags.DEFINE_string("out", None, "where each rank writes what it saw")
 _RANKS = flags.DEFINE_integer("ranks", 2, "ranks to start")
