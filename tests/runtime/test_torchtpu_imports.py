@@ -146,3 +146,15 @@ def test_accelerator_synchronize_waits_for_the_device():
         torch.accelerator.synchronize()  # PyTorch's own raises for a Python backend
         assert lazy.pending_ops() == 0
     assert torch.equal(y.cpu(), torch.full((5,), 3.0))
+
+
+def test_a_real_torchtpu_is_told_from_the_served_modules(tmp_path, monkeypatch):
+    import importlib.util
+
+    # find_spec answers for the served modules too; the autoload asks whether a real one is there
+    assert importlib.util.find_spec("torch_tpu") is not None
+    assert not torch_tpu_finder.installed_elsewhere()
+    (tmp_path / "torch_tpu").mkdir()
+    (tmp_path / "torch_tpu" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert torch_tpu_finder.installed_elsewhere()
