@@ -200,3 +200,30 @@ def test_vllm_worker_profiles_with_torchtpus_config(tmp_path):
     (torch.randn(8, 8, device="tpu") @ torch.randn(8, 8, device="tpu")).cpu()
     context.__exit__(None, None, None)
     assert list((tmp_path / "capture").rglob("*.xplane.pb")) and list((tmp_path / "capture").glob("*.pt.trace.json.gz"))
+
+
+def test_vllm_runner_compiles_in_place_programs_with_the_tpu_backend():
+    # vLLM-TorchTPU's runner compiles small programs that write into their inputs
+    # (torch.compile(backend="tpu", fullgraph=True, dynamic=False)), as its async token
+    # substitution and its mamba read-offset resets do
+    compile_tpu = torch.compile(backend="tpu", fullgraph=True, dynamic=False)
+
+    def substitute(input_ids, destinations, sources, next_tokens):
+        keep = sources > -1
+        new = next_tokens[torch.clamp_min(sources, 0)].to(input_ids.dtype)
+        input_ids.scatter_(0, destinations, torch.where(keep, new, input_ids[destinations]))
+        return input_ids
+
+    def reset(offsets, rows):
+        offsets.index_put_((rows,), torch.zeros((), dtype=offsets.dtype, device=offsets.device))
+
+    ids = torch.arange(8)
+    destinations, sources = torch.tensor([2, 5, 0, 1, 3, 4, 6, 7]), torch.tensor([1, 0, -1, -1, -1, -1, -1, -1])
+    tokens = torch.tensor([70, 71])
+    expected = substitute(ids.clone(), destinations, sources, tokens)
+    on_tpu = ids.to("tpu")
+    out = compile_tpu(substitute)(on_tpu, destinations.to("tpu"), sources.to("tpu"), tokens.to("tpu"))
+    assert torch.equal(out.cpu(), expected) and torch.equal(on_tpu.cpu(), expected)
+    offsets = torch.arange(1, 7, device="tpu")
+    compile_tpu(reset)(offsets, torch.tensor([0, 3], device="tpu"))
+    assert offsets.cpu().tolist() == [0, 2, 3, 0, 5, 6]
