@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import tpu_debug_launcher
+
+from tpu_debug.cli import main as tpu_debug_main
 
 SCRIPT = textwrap.dedent(
     """\
@@ -56,7 +57,7 @@ def _tool(*args: str) -> subprocess.CompletedProcess:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = tpu_debug_launcher.main(list(args))
+            code = tpu_debug_main(list(args))
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
