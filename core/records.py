@@ -20,6 +20,7 @@ from tpu_debug.core.argspec import ArgSpec
 from tpu_debug.core.desync import RankCall
 
 __all__ = [
+    "PARTITION_SPAN",
     "AllocInfo",
     "CollectiveDone",
     "CollectiveInfo",
@@ -37,14 +38,20 @@ __all__ = [
 ]
 
 
+# the span the runtime times AOTAutograd's partition of a joint graph under, among dynamo's
+# own compile events (``dynamo_timed``), where a compile's phases are read from
+PARTITION_SPAN = "tpu_debug_partition"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoweredNode:
     """An FX node lowered into a compiled graph's program.
 
     ``scope`` is the named scope its HLO instructions carry in their metadata
     (``"mul_1|aten::mul.Tensor"``), ``stack_trace`` dynamo's record of the user
-    code that made the node. ``backward``: the node computes gradients (a backward
-    graph's, or one AOTAutograd traced from a ``loss.backward()`` inside the graph).
+    code that made the node, ``modules`` the modules it was traced in. ``backward``: the
+    node computes gradients (a backward graph's, or one AOTAutograd traced from a
+    ``loss.backward()`` inside the graph).
     """
 
     name: str
@@ -52,6 +59,10 @@ class LoweredNode:
     scope: str
     stack_trace: str | None
     backward: bool = False
+    # the modules the node was traced in, outermost first (dynamo's ``nn_module_stack``):
+    # (path, class name, the file defining the class); a loop over layers shows as one
+    # line traced in several instances of one class
+    modules: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +143,12 @@ class CompileInfo:
     CPU has (LAPACK's, say). ``from_cache`` marks an executable read back from the
     persistent compile cache (nothing compiled; ``seconds`` is the read-back), and
     ``saved_seconds`` the compile time that saved (``runtime/compile_cache.py``).
+
+    ``seconds`` is measured from the start of the lowering to the executable in hand;
+    ``lower_seconds`` is its first part, tracing the program to a jaxpr and lowering that
+    to StableHLO (the rest is XLA's compile, or the read-back), and ``wall_seconds`` the
+    runtime's whole compile of the program (building the function to trace and the
+    executable's record too), which holds ``seconds``. Both 0.0: not measured.
     """
 
     mode: str
@@ -147,6 +164,8 @@ class CompileInfo:
     jitted: Any = None
     from_cache: bool = False
     saved_seconds: float = 0.0
+    lower_seconds: float = 0.0
+    wall_seconds: float = 0.0
 
     def stablehlo(self) -> str:
         return self.lowered.as_text() if self.lowered is not None else ""

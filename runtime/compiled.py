@@ -50,7 +50,7 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.core.argspec import ArgSpec
-from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.core.records import PARTITION_SPAN, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -199,7 +199,7 @@ class GraphProgram:
                 scope = f"{node.name}|aten::{str(node.target).removeprefix('aten.')}"
                 backward = kind == "backward" or bool(node.meta.get("autograd_backward"))
                 self.nodes.append(LoweredNode(node.name, str(node.target), scope, node.meta.get("stack_trace"),
-                                              backward))
+                                              backward, _module_stack(node)))
         # nodes whose ops check argument values (runtime/value_checks.py), with their LoweredNode
         lowered = {n.name: n for n in self.nodes}
         self.value_nodes = {node: lowered[node.name] for node in value_nodes}
@@ -354,6 +354,21 @@ def _collectives(op: torch._ops.OpOverload):
     from tpu_debug.runtime.distributed import compiled_collectives  # deferred: optional: its ops are torch.distributed's
 
     return compiled_collectives if compiled_collectives.handles(op) else None
+
+
+def _module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
+    """The modules dynamo traced ``node`` in, outermost first: (path, class name, class file)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ()
+    out = []
+    for path, cls in stack.values():
+        if isinstance(cls, type):
+            name, file = cls.__qualname__, getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+        else:  # a class named by its qualified name (a graph dynamo read back from a cache)
+            name, file = str(cls).rpartition(".")[2], ""
+        out.append((str(path), name, file))
+    return tuple(out)
 
 
 def _value(a, env: dict):
@@ -882,6 +897,7 @@ class CompiledGraph:
 
     def _compile(self, sig, arrays, checking: bool = False) -> _Entry:
         """Trace, lower and compile the program for inputs ``arrays`` (signature ``sig``)."""
+        began = time.perf_counter()
         out_nodes = list(self.gm.graph.output_node().args[0])
         views = _output_views(self.kind, out_nodes)
         fn, kinds, scalars, lead = self._traceable(arrays, out_nodes, views, checking)
@@ -924,6 +940,7 @@ class CompiledGraph:
             if passed_through & set(donated):  # an overwritten input also returned as it was
                 donated = tuple(i for i in donated if i not in passed_through)
                 lowered = lower(donated)
+            lower_seconds = time.perf_counter() - start
             # a dry run executes nothing: the program goes to the target's compiler instead
             dry = _dryrun.active
             # the target's compiler reads nothing from this machine's cache
@@ -949,7 +966,7 @@ class CompiledGraph:
 
             entry.make_plain = make_plain
         entry.info = self._compile_info(sig, arrays, seconds, lowered, compiled if dry is None else None, jitted(donated),
-                                        cached)
+                                        cached, lower_seconds, time.perf_counter() - began)
         if _placement.active and _placement.spans_processes(example):
             entry.spmd = _rankcheck.ProgramCard.of(entry.info)
         if probes._probes:
@@ -1012,7 +1029,8 @@ class CompiledGraph:
         return fn, kinds, scalars, lead
 
     def _compile_info(self, sig: tuple, arrays: list, seconds: float, lowered, compiled,
-                      jitted=None, cached: CacheOutcome | None = None) -> CompileInfo:
+                      jitted=None, cached: CacheOutcome | None = None, lower_seconds: float = 0.0,
+                      wall_seconds: float = 0.0) -> CompileInfo:
         specs = tuple(
             ArgSpec(f"arg{i}", tuple(a.shape), str(a.dtype), layout=_placement.layout(a) if _placement.active else ())
             if hasattr(a, "shape") else ArgSpec(f"arg{i}", static=a)
@@ -1025,6 +1043,8 @@ class CompiledGraph:
             jitted=jitted,
             from_cache=cached is not None and cached.from_cache,
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
+            lower_seconds=lower_seconds,
+            wall_seconds=wall_seconds,
         )
 
     # -- debug variant (divergence against CPU) ---------------------------------------
@@ -1234,7 +1254,20 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         inference_compiler=compiler("inference"),
         decompositions=graph_decompositions(),
         keep_inference_input_mutations=True,
+        partition_fn=_partition,
     )
+
+
+def _partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """AOTAutograd's default partitioner, timed among dynamo's own compile events
+    (``PARTITION_SPAN``): AOTAutograd times its joint graph's tracing but not its
+    split into forward and backward, and a compile's phases are read from those events
+    (``torch._dynamo.utils.compile_times()`` lists it too)."""
+    from torch._dynamo.utils import dynamo_timed
+    from torch._functorch.partitioners import default_partition
+
+    with dynamo_timed(PARTITION_SPAN, log_pt2_compile_event=True):
+        return default_partition(joint_module, joint_inputs, **kwargs)
 
 
 def compile(fn_or_module, *, backward_in_graph: bool = True, **kwargs):

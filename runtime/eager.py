@@ -781,6 +781,7 @@ def traced_function(plan: _Plan, skel_args, skel_kwargs, rng: bool):
 
 
 def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Executable:
+    began = time.perf_counter()
     traced, struct_box = traced_function(plan, skel_args, skel_kwargs, rng)
     if probes._probes:
         probes.compiling("eager", plan.name)
@@ -788,6 +789,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     jitted = jax.jit(traced)
     with jax.enable_x64(True):
         lowered = jitted.lower(*arrays)
+        lower_seconds = time.perf_counter() - start
         with local_compile() as cached:
             compiled = lowered.compile(cached.options)
     seconds = time.perf_counter() - start
@@ -797,7 +799,8 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
                        seconds, lowered, compiled, settings=settings, jitted=jitted,
-                       from_cache=cached.from_cache, saved_seconds=cached.saved_seconds)
+                       from_cache=cached.from_cache, saved_seconds=cached.saved_seconds,
+                       lower_seconds=lower_seconds, wall_seconds=time.perf_counter() - began)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if _placement.active and _placement.spans_processes(arrays):
         exe.spmd = _rankcheck.ProgramCard.of(info)
@@ -1211,7 +1214,7 @@ def _dry_lower(mode: _dryrun.DryMode, plan: _Plan, key, skel_args, skel_kwargs, 
     dtypes = tuple(to_torch_dtype(a.dtype) for a in leaves)
     settings = tuple(k for k in key[3:] if type(k) is tuple and len(k) == 2)
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
-                       seconds, lowered, None, settings=settings)
+                       seconds, lowered, None, settings=settings, lower_seconds=seconds, wall_seconds=seconds)
     mode.submit(lowered, "eager", plan.name)
     if probes._probes:
         probes.compiled(info)

@@ -914,6 +914,7 @@ def _fused_function(g: _Graph, live_slots: tuple[int, ...]):
 
 
 def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
+    began = time.perf_counter()
     name = f"lazy/{trigger}"
     live_slots = tuple(v.slot for v in live)
     fn = _fused_function(g, live_slots)
@@ -927,6 +928,7 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
     try:
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*specs)
+            lower_seconds = time.perf_counter() - start
             with local_compile(enabled=dry is None) as cached:
                 compiled = (lowered.compile(cached.options) if dry is None
                             else dry.program(lowered, "lazy", name))
@@ -939,7 +941,8 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
     seconds = time.perf_counter() - start
     info = CompileInfo("lazy", name, key, _leaf_specs(g), seconds, lowered, compiled if dry is None else None,
                        graph=_graph_info(g, live_slots), from_cache=cached.from_cache,
-                       saved_seconds=cached.saved_seconds)
+                       saved_seconds=cached.saved_seconds, lower_seconds=lower_seconds,
+                       wall_seconds=time.perf_counter() - began)
     if probes._probes:
         probes.compiled(info)
     return _Fused(key, name, compiled, info, seconds)

@@ -26,6 +26,7 @@ from tpu_debug.trace_config import TraceConfig
 from tpu_debug.tracers.events import DryRunSummaryEvent, TensorBoardSummaryEvent
 from tpu_debug.tracers.recording import torch_trace
 from tpu_debug.tracers.recording.collectives_tracer import CollectivesTracer
+from tpu_debug.tracers.recording.compile_phase_tracer import CompilePhaseTracer
 from tpu_debug.tracers.recording.divergence import DivergenceTracer, parse_tolerances
 from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
 from tpu_debug.tracers.recording.memory_tracker import MemoryTracer, current_phase
@@ -462,6 +463,18 @@ def _stop_program_memory(run: Running) -> None:
 # -- guards: dynamo events, recompile and transfer guards ------------------------------------
 
 
+def _start_compile_phases(run: Running) -> None:
+    tracer = CompilePhaseTracer(run.writer, run.recorder.clock, run.recorder.record_error)
+    run.kept["compile_phases"] = tracer
+    tracer.start()
+
+
+def _stop_compile_phases(run: Running) -> None:
+    tracer = run.kept.pop("compile_phases", None)
+    if tracer is not None:
+        tracer.stop()
+
+
 def _start_guards(run: Running) -> None:
 
     guards = TraceGuards(run.config, run.writer, run.recorder)
@@ -514,6 +527,8 @@ PARTS: tuple[TracerPart, ...] = (
                after=("target", "memory"),
                # the target's last compiles, and what leaving the eager or dry mode compiles, reach it
                stop_after=("target", "eager_mode", "memory")),
+    TracerPart("compile_phases", _start_compile_phases, _stop_compile_phases, "CompilePhaseTracer.stop",
+               after=("recorder",)),
     TracerPart("guards", _start_guards, _stop_guards, "TraceGuards.stop", after=("steps",),
                stop_after=("eager_mode",)),  # what is pending compiles under the recompile guard
     TracerPart("compile_cache", _set_compile_cache, _restore_compile_cache, "restoring the compile cache setting",

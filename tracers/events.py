@@ -53,6 +53,10 @@ __all__ = [
     "Event",
     "OpEvent",
     "CompileEvent",
+    "COMPILE_PHASES",
+    "CompilePhaseEvent",
+    "CompileLinesEvent",
+    "LineCost",
     "TransferEvent",
     "CollectiveCallEvent",
     "CollectiveDesyncEvent",
@@ -102,7 +106,9 @@ __all__ = [
 # 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
 # 8: an event about a runtime record keeps the whole record: a transfer's runtime op, a collective
 #    call's shapes as dimensions, a desync's message and each rank's shapes as a list
-SCHEMA_VERSION = 8
+# 9: a compile splits its time into measured phases (lowering, XLA's compile, the read-back, its
+#    wall time), names its dynamo compile and counts its HLO instructions before and after XLA
+SCHEMA_VERSION = 9
 # the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
 # summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), and 7 from 8 in
 # columns each carried record declares how to read (``carried(legacy=...)``)
@@ -422,6 +428,16 @@ class CompileEvent(Event):
     the compile time it saved), so it is never a compile or a recompile: compile
     and recompile counts leave it out and count it apart (its ``diffs`` still say
     what is new about its key).
+
+    Where its time went, as the runtime measured it: ``wall_seconds`` is the runtime's whole
+    compile of the program, of which ``lower_seconds`` traced it to a jaxpr and lowered it to
+    StableHLO, ``xla_seconds`` is XLA's compile for this machine and ``read_seconds`` the
+    read-back from the persistent compile cache (see ``tracers/reading/compile_time.py``;
+    a run recorded before they were measured reads its ``seconds`` as XLA's compile or the
+    read-back, and as the wall time). ``frame`` is dynamo's compile id (``"0/1"``) of a
+    compiled graph's capture. ``hlo_before`` counts the operations of the StableHLO module
+    XLA was handed, ``hlo_after`` the instructions of its optimized HLO (None: HLO not
+    recorded).
     """
 
     kind: ClassVar[str] = "compile"
@@ -438,6 +454,93 @@ class CompileEvent(Event):
     identity: str | None = None
     from_cache: bool = False
     saved_seconds: float = 0.0
+    wall_seconds: float = column(default=0.0, legacy="{seconds}")
+    lower_seconds: float = 0.0
+    xla_seconds: float = column(default=0.0, legacy="CASE WHEN {from_cache} THEN 0 ELSE {seconds} END")
+    read_seconds: float = column(default=0.0, legacy="CASE WHEN {from_cache} THEN {seconds} ELSE 0 END")
+    frame: str | None = None
+    hlo_before: int | None = None
+    hlo_after: int | None = None
+
+
+# the phases a compile's time is split into (tracers/reading/compile_time.py), in the order a
+# compile goes through them; "other" is what no measured phase holds
+COMPILE_PHASES = (
+    "dynamo_trace",
+    "dynamo_guards",
+    "aot_graph",
+    "aot_partition",
+    "lowering",
+    "xla_compile",
+    "target_compile",
+    "cache_read",
+    "other",
+)
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompilePhaseEvent(Event):
+    """A span of dynamo's compile of a function, as dynamo timed it (its compile events, what
+    ``torch._dynamo.utils.compile_times()`` and tlparse read): ``seconds`` from ``ts``.
+
+    ``unit`` is ``"frame"`` for dynamo's whole compile of one frame (``entire_frame_compile``)
+    and ``"backward"`` for AOTAutograd's deferred compile of its backward
+    (``entire_backward_compile``): the spans a compile's wall time is read from, their time
+    that no phase inside them holds being ``"other"``. Otherwise ``unit`` is None and
+    ``phase`` names one of :data:`COMPILE_PHASES` (``"dynamo_trace"``: bytecode tracing,
+    ``"dynamo_guards"``: building the guards, ``"aot_graph"``: AOTAutograd's metadata pass and
+    joint graph, ``"aot_partition"``: its split into forward and backward). ``source`` is
+    dynamo's name of the span, ``compile_id`` its compile (``"0/1"``), ``function`` the
+    function compiled, when dynamo said.
+    """
+
+    kind: ClassVar[str] = "compile_phase"
+    view: ClassVar[str | None] = "recompiles"
+    stored: ClassVar[Stored] = Stored("compile_phases", name="phase", seconds="seconds")
+
+    phase: str
+    seconds: float
+    source: str
+    unit: str | None = None
+    compile_id: str | None = None
+    function: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LineCost:
+    """What one source line of the user's code put into a compiled program: its graph nodes
+    (``nodes``), the StableHLO operations lowered from them (``hlo_before``) and the optimized
+    HLO instructions that carry their names (``hlo_after``). ``file`` None: what no node's line
+    is known for (a program's parameters and outputs, what XLA adds). ``instances``: the
+    distinct instances of one class of the user's modules the line was traced in, ``module``
+    that class (a loop over 12 layers traces a layer's line in 12 instances of its class)."""
+
+    file: str | None
+    line: int | None
+    function: str | None
+    nodes: int
+    hlo_before: int
+    hlo_after: int
+    instances: int = 0
+    module: str | None = None
+
+
+@register_event
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompileLinesEvent(Event):
+    """The source lines a compiled graph's program came from (compiled mode's graphs, lazy
+    mode's fused graphs), each with its share of the program (:class:`LineCost`): the
+    compile ``compile_event`` (a :class:`CompileEvent`'s id) of program ``name``. Their
+    ``hlo_before`` and ``hlo_after`` add up to the compile's."""
+
+    kind: ClassVar[str] = "compile_lines"
+    view: ClassVar[str | None] = "recompiles"
+    stored: ClassVar[Stored] = Stored("compile_lines", name="name")
+
+    name: str
+    compile_event: int
+    lines: tuple[LineCost, ...] = column(table="compile_line_costs", default=())
 
 
 @register_event

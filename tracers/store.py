@@ -340,8 +340,9 @@ def _column_or_default(column: Column, present: frozenset[str] | None, prefix: s
     legacy = column.legacy
     if legacy is not None:
         names = {name for _, name, _, _ in string.Formatter().parse(legacy) if name}
-        # a detail table's SELECT (prefix "d.") also sees the header's name column ("{name}")
-        header = {"name": "e.name"} if prefix == "d." else {}
+        # a detail table's SELECT (prefix "d.") also sees the header's name and seconds columns
+        # ("{name}", "{seconds}")
+        header = {"name": "e.name", "seconds": "e.seconds"} if prefix == "d." else {}
         if names <= present | header.keys():
             return f"({legacy.format_map({n: prefix + n if n in present else header[n] for n in names})}) AS {column.name}"
     default = column.default

@@ -7,7 +7,10 @@ Read through PyTorch's logging, never by scraping stderr:
   (``dynamo_start``), why the cached graphs did not serve the call
   (``recompile_reasons``) and each graph break (``dynamo_graph_break_reason``);
 - the ``torch._dynamo.convert_frame`` logger's warning when a function hits
-  ``recompile_limit``, whose record arguments carry the limit and last reason.
+  ``recompile_limit``, whose record arguments carry the limit and last reason;
+- the same structured trace's ``chromium_event`` records: the begin and end of each span
+  dynamo times in a compile (bytecode tracing, guards, AOTAutograd's joint graph), which
+  the compile phase tracer (:mod:`.compile_phase_tracer`) records.
 
 The handlers are attached while at least one listener is subscribed (a trace,
 :func:`tpu_debug.expect_no_recompiles`) and removed with the last one. PyTorch
@@ -31,6 +34,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any, Protocol
 
 from tpu_debug.tracers.events import (
@@ -47,6 +51,7 @@ from tpu_debug.core.hooks import ErrorLog, deliver, report_failure
 __all__ = [
     "DynamoListener",
     "DynamoRecorder",
+    "DynamoSpan",
     "GraphBreak",
     "GuardFailure",
     "RecompileLimit",
@@ -140,6 +145,8 @@ class DynamoListener(Protocol):
     def on_graph_break(self, brk: GraphBreak) -> None: ...
 
     def on_recompile_limit(self, hit: RecompileLimit) -> None: ...
+
+    def on_dynamo_span(self, span: DynamoSpan) -> None: ...
 
     def on_internal_error(self, method: str, exc: BaseException) -> None: ...
 
@@ -351,7 +358,34 @@ def pretty_function(name: str) -> str:
     return f"{m.group(1)} (after the graph break at line {m.group(2)})" if m else name
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DynamoSpan:
+    """One end of a span dynamo timed in its compile events (``dynamo_timed``: what
+    ``torch._dynamo.utils.compile_times()`` and tlparse read): ``name``, ``phase`` ``"B"``
+    (began) or ``"E"`` (ended), the dynamo compile id it belongs to, and ``at``, this
+    process's ``time.perf_counter()`` when it was told (the compiling thread's)."""
+
+    name: str
+    phase: str
+    compile_id: str | None
+    at: float
+
+
+def _on_span(payload: str | None) -> None:
+    if not payload or not any(getattr(listener, "on_dynamo_span", None) for listener in _listeners):
+        return
+    at = time.perf_counter()
+    event = json.loads(payload)
+    if event.get("ph") in ("B", "E"):
+        compile_id = (event.get("args") or {}).get("compile_id")
+        compile_id = str(compile_id) if compile_id not in (None, "None") else None
+        _notify("on_dynamo_span", DynamoSpan(str(event.get("name")), event["ph"], compile_id, at))
+
+
 def _on_structured(md: dict, payload: str | None) -> None:
+    if "chromium_event" in md:
+        _on_span(payload)
+        return
     if "str" in md:
         value = md["str"]
         if isinstance(value, (list, tuple)) and len(value) == 2:

@@ -29,12 +29,14 @@ from tpu_debug.core.records import (
     TransferInfo,
 )
 from tpu_debug.tracers.recording import dynamo_events
+from tpu_debug.tracers.recording.compile_lines import ProgramCost, program_cost
 from tpu_debug.tracers.collective_journal import CollectiveJournal, call_record, done_record
 from tpu_debug.tracers.events import (
     CollectiveCallEvent,
     CollectiveDesyncEvent,
     CollectiveDoneEvent,
     CompileEvent,
+    CompileLinesEvent,
     FallbackEvent,
     InternalErrorEvent,
     KeyDiff,
@@ -163,6 +165,7 @@ class Recorder:
         self._lazy_step = 0
         self._step_frames = StepFrames()
         self._collective_journal: CollectiveJournal | None = None
+        self._costs: dict[str, ProgramCost] = {}  # an eager program's counts, by content hash
         writer.set_stats_source(self.snapshot)
 
     def clock(self) -> float:
@@ -213,9 +216,12 @@ class Recorder:
         args = tuple(a.recorded() for a in seen.args)
         signature = f"{info.name}({', '.join(a.render() for a in args)})"
         program = None
+        cost = None
         if self.hlo:
             stablehlo, hlo = info.stablehlo(), info.hlo()
             program = program_hash(stablehlo, hlo)
+            if not info.replayed:
+                cost = self._cost(info, program, hlo, ops)
             if not self.writer.has_program(program):
                 nodes = info.graph.nodes if info.graph is not None else ()
                 if lazy:  # a lazy graph's ops, each with the line that recorded it
@@ -240,13 +246,37 @@ class Recorder:
         # A read-back compiled nothing, so no reader counts it as a compile or a recompile; it is a
         # new program for this op all the same and keeps its diff against the closest earlier key,
         # so the advisor's shapes that keep changing do not depend on what an earlier run cached.
+        backend = max(0.0, info.seconds - info.lower_seconds)  # after the lowering: XLA, or the read-back
+        compiled = info.compiled is not None and not info.from_cache  # a dry run's went to the target
+        thread = threading.get_native_id()
         self.writer.put(
             CompileEvent(
-                event_id, ts, info.mode, threading.get_native_id(), location, info.name, signature, args,
+                event_id, ts, info.mode, thread, location, info.name, signature, args,
                 info.seconds, program, seen.previous_event, seen.diffs, seen.identity, info.from_cache,
-                info.saved_seconds,
+                info.saved_seconds, info.wall_seconds or info.seconds, info.lower_seconds,
+                backend if compiled else 0.0, backend if info.from_cache else 0.0,
+                info.graph.origin.compile_id if info.graph is not None else None,
+                cost.hlo_before if cost is not None else None, cost.hlo_after if cost is not None else None,
             )
         )
+        if cost is not None and cost.lines:
+            self.writer.put(CompileLinesEvent(self.writer.new_id(), ts, info.mode, thread, location, info.name,
+                                              event_id, cost.lines))
+
+    def _cost(self, info: CompileInfo, program: str, hlo: str, ops: Sequence[SourceLocation | None]) -> ProgramCost | None:
+        """``info``'s program counted before and after XLA, per line for a graph (an eager op's
+        counts kept per program: the same op compiles again for each key)."""
+        known = self._costs.get(program) if info.graph is None else None
+        if known is not None:
+            return known
+        try:
+            cost = program_cost(info, hlo, ops)
+        except Exception as exc:  # noqa: BLE001 - a program the counting cannot read is recorded without counts
+            self.record_error("Recorder.program_cost", f"{info.name}: {type(exc).__name__}: {exc}")
+            return None
+        if info.graph is None:
+            self._costs[program] = cost
+        return cost
 
     def on_transfer(self, info: TransferInfo) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
