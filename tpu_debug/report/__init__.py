@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tpu_debug.core.format import format_bytes, format_location, format_seconds, short_path
 from tpu_debug.report import (  # noqa: F401  (each module registers its sections)
+    compile_time,
     divergence,
     findings,
     fit,

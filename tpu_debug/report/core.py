@@ -78,6 +78,7 @@ class Section:
     data: Callable[[RunView], Any]
     render: Callable[[Any, bool], RenderableType | None]
     heading: Callable[[RunView], str] | None = None
+    into: str | None = None
 
 
 SECTIONS: list[Section] = []
@@ -90,6 +91,7 @@ def section(
     key: str | None,
     render: Callable[[Any, bool], RenderableType | None],
     heading: Callable[[RunView], str] | None = None,
+    into: str | None = None,
 ) -> Callable:
     """Register a report section on its data function ``fn(session) -> JSON value``.
 
@@ -100,6 +102,9 @@ def section(
             the data is a dict whose fields are top-level fields of the report.
         render: ``render(data, terminal)`` gives the text from the data (``None``: left out).
         heading: ``heading(data)`` gives the printed heading (``"TPU target (v5e)"``).
+        into: with ``key=None``, the key of another section whose data (a dict) this one's
+            fields join in the JSON (``"compiles"``: ``compiles.phases``), where a subject's
+            data is read in one place though its text is a section of its own.
 
     Raises:
         ReportSectionError: a section with this title or key is already registered.
@@ -111,7 +116,7 @@ def section(
                 f"report section {title!r} (key {key!r}) is registered twice; give the new section "
                 "another title and key"
             )
-        SECTIONS.append(Section(title, order, key, fn, render, heading))
+        SECTIONS.append(Section(title, order, key, fn, render, heading, into))
         SECTIONS.sort(key=lambda s: s.order)
         return fn
 
@@ -290,10 +295,13 @@ def section_data(session: RunView) -> list[tuple[Section, Any]]:
 def assemble(parts: list[tuple[Section, Any]]) -> dict[str, Any]:
     data: dict[str, Any] = {"schema": REPORT_SCHEMA}
     for sec, part in parts:
-        if sec.key is None:
-            data.update(part)
-        else:
+        if sec.key is not None:
             data[sec.key] = part
+        elif sec.into is None:
+            data.update(part)
+    for sec, part in parts:  # after every section's own data, whatever their order
+        if sec.key is None and sec.into is not None and isinstance(data.get(sec.into), dict):
+            data[sec.into].update(part)
     return json_safe(data)
 
 
