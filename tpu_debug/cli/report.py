@@ -10,6 +10,7 @@ import tpu_debug
 from tpu_debug.core.options import default_logdir
 from tpu_debug.ranks import find_group
 from tpu_debug.report import print_rank_report, rank_data, report_data
+from tpu_debug.tracers.reading.compile_profile import write_compile_profile
 
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,12 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="line width of the text (default: the terminal's; in a file or a pipe $COLUMNS, else 160; "
         "there, table cells wrap rather than lose text)",
+    )
+    parser.add_argument(
+        "--compile-profile",
+        metavar="PATH",
+        help="also write the run's compile time by source line as a pprof profile (gzipped protobuf) to PATH, "
+        "for pprof -top PATH or pprof -http=: PATH; its samples add up to compiles.lines of the JSON",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--plain", action="store_true", help="plain text even on a terminal")
@@ -60,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     session = tpu_debug.open_run(args.run, logdir=args.logdir)
     try:
+        if args.compile_profile:
+            written = write_compile_profile(session, args.compile_profile)
+            print(f"compile profile written to {written}", file=sys.stderr)
         if args.json:
             _dump(report_data(session))
         else:
