@@ -166,6 +166,9 @@ class CompileInfo:
     saved_seconds: float = 0.0
     lower_seconds: float = 0.0
     wall_seconds: float = 0.0
+    # the persistent compile cache's file for this program (read back, or written or looked up
+    # in vain); None when the cache was off or not asked
+    cache_entry: str | None = None
 
     def stablehlo(self) -> str:
         return self.lowered.as_text() if self.lowered is not None else ""

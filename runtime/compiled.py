@@ -1045,6 +1045,7 @@ class CompiledGraph:
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
             lower_seconds=lower_seconds,
             wall_seconds=wall_seconds,
+            cache_entry=str(cached.entry) if cached is not None and cached.entry is not None else None,
         )
 
     # -- debug variant (divergence against CPU) ---------------------------------------

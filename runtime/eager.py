@@ -800,7 +800,8 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     info = CompileInfo("eager", plan.name, key, _specs(plan.op._schema, skel_args, skel_kwargs),
                        seconds, lowered, compiled, settings=settings, jitted=jitted,
                        from_cache=cached.from_cache, saved_seconds=cached.saved_seconds,
-                       lower_seconds=lower_seconds, wall_seconds=time.perf_counter() - began)
+                       lower_seconds=lower_seconds, wall_seconds=time.perf_counter() - began,
+                       cache_entry=str(cached.entry) if cached.entry is not None else None)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if _placement.active and _placement.spans_processes(arrays):
         exe.spmd = _rankcheck.ProgramCard.of(info)

@@ -942,7 +942,8 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
     info = CompileInfo("lazy", name, key, _leaf_specs(g), seconds, lowered, compiled if dry is None else None,
                        graph=_graph_info(g, live_slots), from_cache=cached.from_cache,
                        saved_seconds=cached.saved_seconds, lower_seconds=lower_seconds,
-                       wall_seconds=time.perf_counter() - began)
+                       wall_seconds=time.perf_counter() - began,
+                       cache_entry=str(cached.entry) if cached.entry is not None else None)
     if probes._probes:
         probes.compiled(info)
     return _Fused(key, name, compiled, info, seconds)

@@ -437,7 +437,8 @@ class CompileEvent(Event):
     read-back, and as the wall time). ``frame`` is dynamo's compile id (``"0/1"``) of a
     compiled graph's capture. ``hlo_before`` counts the operations of the StableHLO module
     XLA was handed, ``hlo_after`` the instructions of its optimized HLO (None: HLO not
-    recorded).
+    recorded). ``cache_entry`` is the persistent compile cache's file the program was looked
+    up at (None: the cache was off).
     """
 
     kind: ClassVar[str] = "compile"
@@ -461,6 +462,7 @@ class CompileEvent(Event):
     frame: str | None = None
     hlo_before: int | None = None
     hlo_after: int | None = None
+    cache_entry: str | None = None
 
 
 # the phases a compile's time is split into (tracers/reading/compile_time.py), in the order a
@@ -514,7 +516,9 @@ class LineCost:
     HLO instructions that carry their names (``hlo_after``). ``file`` None: what no node's line
     is known for (a program's parameters and outputs, what XLA adds). ``instances``: the
     distinct instances of one class of the user's modules the line was traced in, ``module``
-    that class (a loop over 12 layers traces a layer's line in 12 instances of its class)."""
+    that class (a loop over 12 layers traces a layer's line in 12 instances of its class);
+    ``caller_*``: the user's line that called the line's function (the loop's line), when the
+    graph's stack traces show one."""
 
     file: str | None
     line: int | None
@@ -524,6 +528,9 @@ class LineCost:
     hlo_after: int
     instances: int = 0
     module: str | None = None
+    caller_file: str | None = None
+    caller_line: int | None = None
+    caller_function: str | None = None
 
 
 @register_event

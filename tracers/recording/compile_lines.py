@@ -94,6 +94,18 @@ def _node_of(path: str, scopes: dict[str, int]) -> int | None:
     return None
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (.+)')
+
+
+def _caller(stack_trace: str | None) -> SourceLocation | None:
+    """The user's frame that called the innermost user frame of an FX node's stack trace."""
+    if not stack_trace:
+        return None
+    frames = [SourceLocation(m.group(1), int(m.group(2)), m.group(3).strip()) for m in _FRAME.finditer(stack_trace)]
+    users = [f for f in frames if not is_library_file(f.file)]
+    return users[-2] if len(users) > 1 else None
+
+
 def _user_module(node: LoweredNode) -> tuple[str, str] | None:
     """The innermost module of the user's own code the node was traced in: (path, class)."""
     for path, name, file in reversed(node.modules):
@@ -118,16 +130,21 @@ def program_cost(info: CompileInfo, hlo: str, op_lines: Sequence[SourceLocation 
     nodes = graph.nodes
     if graph.kind == "lazy":
         lines = [op_lines[i] if i < len(op_lines) else None for i in range(len(nodes))]
+        callers: list[SourceLocation | None] = [None] * len(nodes)
     else:
         lines = [n.location for n in fx_nodes_from(nodes)]
+        callers = [_caller(n.stack_trace) for n in nodes]
     scopes = {n.scope: i for i, n in enumerate(nodes)}
     per_node_before = collections.Counter(_node_of(p, scopes) for p in before)
     per_node_after = collections.Counter(_node_of(p, scopes) for p in after)
     rows: dict[tuple | None, list[int]] = {}
     modules: dict[tuple | None, collections.Counter] = collections.defaultdict(collections.Counter)
     paths: dict[tuple | None, set] = collections.defaultdict(set)
+    called_from: dict[tuple | None, collections.Counter] = collections.defaultdict(collections.Counter)
     for i, (node, loc) in enumerate(zip(nodes, lines)):
         key = (loc.file, loc.line, loc.function) if loc is not None else None
+        if callers[i] is not None:
+            called_from[key][callers[i]] += 1
         row = rows.setdefault(key, [0, 0, 0])
         row[0] += 1
         row[1] += per_node_before.get(i, 0)
@@ -146,5 +163,7 @@ def program_cost(info: CompileInfo, hlo: str, op_lines: Sequence[SourceLocation 
         module = modules[key].most_common(1)[0][0] if modules.get(key) else None
         instances = len(paths[(key, module)]) if module is not None else 0
         file, line, function = key if key is not None else (None, None, None)
-        costs.append(LineCost(file, line, function, n, b, a, instances, module))
+        caller = called_from[key].most_common(1)[0][0] if called_from.get(key) else None
+        costs.append(LineCost(file, line, function, n, b, a, instances, module,
+                              *((caller.file, caller.line, caller.function) if caller is not None else ())))
     return ProgramCost(len(before), len(after), tuple(costs))

@@ -257,6 +257,7 @@ class Recorder:
                 backend if compiled else 0.0, backend if info.from_cache else 0.0,
                 info.graph.origin.compile_id if info.graph is not None else None,
                 cost.hlo_before if cost is not None else None, cost.hlo_after if cost is not None else None,
+                info.cache_entry,
             )
         )
         if cost is not None and cost.lines:
