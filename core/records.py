@@ -169,6 +169,9 @@ class CompileInfo:
     # the persistent compile cache's file for this program (read back, or written or looked up
     # in vain); None when the cache was off or not asked
     cache_entry: str | None = None
+    # why the cache did not serve a program an earlier run had compiled: (cause, detail), the
+    # cause "flag", "version", "path" or "program" (runtime/compile_cache.py's why_missed)
+    cache_miss: tuple[str, str] | None = None
 
     def stablehlo(self) -> str:
         return self.lowered.as_text() if self.lowered is not None else ""

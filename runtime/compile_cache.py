@@ -22,7 +22,11 @@ cache backend, which:
   SHA-256): a damaged or foreign entry is ignored with a note (logged, and kept by
   :func:`notes`), and the program is compiled again, which replaces it;
 - remembers the compile time in seconds (a float) to report what a read-back saved;
-- holds at most ``config.compile_cache_bytes``, least recently used entries out first.
+- holds at most ``config.compile_cache_bytes``, least recently used entries out first;
+- says why a program an earlier run compiled was not read back (:func:`why_missed`): each
+  entry's header names the program (the runtime's name for it and its inputs' shapes) and
+  what JAX's key hashed beside the program (XLA flags, the compile's options, the versions),
+  so a miss is compared with the entries earlier runs wrote for the same program.
 
 Where: ``config.compile_cache_dir`` (``$TPU_DEBUG_COMPILE_CACHE_DIR``), else the folder
 TorchTPU's cache variables name (``$TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``, else
@@ -45,6 +49,7 @@ import os
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +59,7 @@ from tpu_debug.runtime import xla_options
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import xla_log
 
-__all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes", "torchtpu_cache_dir"]
+__all__ = ["CacheOutcome", "cache_dir", "local_compile", "notes", "program_identity", "torchtpu_cache_dir", "why_missed"]
 
 _log = logging.getLogger("tpu_debug.compile_cache")
 _MAGIC = b"TPUDBGXC"
@@ -77,6 +82,11 @@ class CacheOutcome:
     start: float = 0.0
     original_seconds: float = 0.0
     entry: Path | None = None  # the cache file read or written, if any
+    # why the cache did not serve a program an earlier run had compiled: (cause, detail), the
+    # cause "flag", "version", "path" or "program" (see ``why_missed``); None: no earlier entry
+    # of the program was found, or it was served
+    miss: tuple[str, str] | None = None
+    program: str | None = None  # the program's identity (``program_identity``)
     # the per-compile XLA options to pass to ``lowered.compile`` (runtime/xla_options.py)
     options: dict | None = None
 
@@ -143,12 +153,23 @@ def _note(text: str) -> None:
 _local = threading.local()  # .scope: (root, CacheOutcome) of this thread's compile in progress
 
 
+def program_identity(mode: str, name: str, arrays) -> str:
+    """What names one program across runs: the runtime's mode and name for it and its inputs'
+    shapes and dtypes (``"eager add.Tensor float32[4, 8] float32[4, 8]"``). Two runs that
+    compile the same program give it the same identity; its key in the cache also hashes the
+    program's text, flags and versions, which may differ."""
+    shapes = " ".join(f"{a.dtype}{list(a.shape)}" for a in arrays if hasattr(a, "shape") and hasattr(a, "dtype"))
+    return f"{mode} {name} {shapes}".strip()
+
+
 @contextlib.contextmanager
-def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
+def local_compile(*, enabled: bool = True, program: str | None = None) -> Iterator[CacheOutcome]:
     """Around the runtime's ``lowered.compile()`` of a local program: the cache may serve it.
 
     Args:
         enabled: False for a block that compiles for another target (nothing cached).
+        program: the program's identity (:func:`program_identity`), written in its entry's
+            header; a miss is compared with what earlier runs wrote under it (``outcome.miss``).
 
     Yields the :class:`CacheOutcome`, filled when the block ends; its ``options`` are the
     XLA options the compile takes (``lowered.compile(outcome.options)``), and the block
@@ -164,6 +185,7 @@ def local_compile(*, enabled: bool = True) -> Iterator[CacheOutcome]:
     options = xla_options.compiler_options()  # before the cache's scope: checking a flag compiles
     with xla_log.capture(enabled), _local_compile(enabled) as outcome, xla_options.compile_scope():
         outcome.options = options
+        outcome.program = program
         yield outcome
     xla_options.tidy_dump(options)
     # XLA logs nothing for an executable read back: its warnings are kept beside the entry
@@ -275,7 +297,13 @@ class _Store(_get_cache_interface()):
             return others.get(key) if others is not None else None
         root, outcome = scope
         outcome.entry = _entry_path(root, key)
-        return _read(outcome.entry, key, outcome)
+        payload = _read(outcome.entry, key, outcome)
+        if payload is None and not outcome.entry.exists():
+            try:
+                outcome.miss = why_missed(root, outcome.entry.name, outcome.program, outcome.options)
+            except Exception as exc:  # noqa: BLE001 - explaining a miss never fails the compile
+                _log.debug("tpu_debug compile cache: a miss not explained: %s", exc)
+        return payload
 
     def put(self, key: str, value: bytes) -> None:
         scope = getattr(_local, "scope", None)
@@ -289,7 +317,8 @@ class _Store(_get_cache_interface()):
         if outcome.from_cache:  # the entry read back did not load (JAX warned): compiled after all
             outcome.from_cache = False
             _note(f"entry {_entry_path(root, key).name} could not be loaded by XLA; compiled again and replaced")
-        _write(root, _entry_path(root, key), key, value, time.perf_counter() - outcome.start)
+        _write(root, _entry_path(root, key), key, value, time.perf_counter() - outcome.start,
+               outcome.program, outcome.options)
 
     def clear(self) -> None:
         if self._inner is not None and hasattr(self._inner, "clear"):
@@ -342,12 +371,16 @@ def _parse(data: bytes, key: str) -> tuple[str | None, dict, bytes]:
     return None, header, payload
 
 
-def _write(root: Path, path: Path, key: str, payload: bytes, seconds: float) -> None:
+def _write(root: Path, path: Path, key: str, payload: bytes, seconds: float, program: str | None = None,
+           options: dict | None = None) -> None:
     """Write the entry whole (a temporary file renamed over it), then keep the cache within its bound."""
-    header = json.dumps({
+    made = {
         "format": _FORMAT, "key": key, "by": _fingerprint(), "length": len(payload),
         "sha256": hashlib.sha256(payload).hexdigest(), "seconds": seconds,
-    }).encode()
+        # what a later run's miss is compared with (why_missed)
+        "program": program, "flags": _hashed_flags(), "options": _options_text(options), "run": _RUN,
+    }
+    header = json.dumps(made).encode()
     data = _MAGIC + len(header).to_bytes(4, "big") + header + payload
     if len(data) > config.compile_cache_bytes:
         return  # larger than the whole bound: not kept
@@ -365,6 +398,7 @@ def _write(root: Path, path: Path, key: str, payload: bytes, seconds: float) -> 
     except OSError as exc:
         _note(f"could not write to {root} ({exc.strerror}); the program runs, uncached")
         return
+    _remember(root, path.name, made)
     _bound(root, len(data))
 
 
@@ -421,3 +455,148 @@ def _evict(root: Path, target: int) -> int:
                 gone.unlink()
         total -= size
     return total
+
+
+# -- why a program was not read back ----------------------------------------------------------
+
+# this process's entries are told apart from those of earlier runs (a program compiled twice in
+# one run under one identity is two programs, not a miss)
+_RUN = uuid.uuid4().hex
+# the flags JAX's key leaves out (jax._src.cache_key): a dump folder changing per run misses nothing
+_UNHASHED_FLAGS = ("--xla_dump", "--xla_force_host_platform_device_count", "--xla_tpu_sdc_checker",
+                   "--xla_gpu_cuda_data_dir", "--xla_gpu_experimental_autotune_cache_mode")
+# entries whose headers are read to explain misses, at most (a header is a few hundred bytes)
+_INDEX_MAX = 20_000
+# sibling folders looked in for an entry a run kept elsewhere, at most, and the misses after
+# which a process that found no entry anywhere stops looking (a first run in a new cache)
+_SIBLINGS_MAX = 200
+_PATH_LOOKS = 32
+
+
+def _hashed_flags() -> list[str]:
+    """The XLA flags JAX's cache key hashes (XLA_FLAGS and LIBTPU_INIT_ARGS, less the ones it
+    leaves out), sorted."""
+    flags = (os.environ.get("XLA_FLAGS", "") + " " + os.environ.get("LIBTPU_INIT_ARGS", "")).split()
+    return sorted(f for f in flags if not f.split("=")[0].startswith(_UNHASHED_FLAGS))
+
+
+def _options_text(options: dict | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
+
+
+@dataclasses.dataclass(slots=True)
+class _Index:
+    """What earlier runs wrote to one cache directory: per program identity, their headers."""
+
+    programs: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
+    names: set[str] = dataclasses.field(default_factory=set)
+    looks: int = 0  # misses looked up in other folders with nothing found
+
+
+_index_lock = threading.Lock()
+_indexes: dict[Path, _Index] = {}
+_siblings: dict[Path, list[Path]] = {}
+
+
+def _header(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_MAGIC) + 4)
+            if not head.startswith(_MAGIC) or len(head) < len(_MAGIC) + 4:
+                return None
+            size = int.from_bytes(head[len(_MAGIC):], "big")
+            if size > _HEADER_MAX:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _index(root: Path) -> _Index:
+    """The entries of ``root`` by program identity, read once per process (its own writes added)."""
+    with _index_lock:
+        index = _indexes.get(root)
+        if index is None:
+            index = _indexes[root] = _Index()
+            for _, _, path in sorted(_entries(root), reverse=True)[:_INDEX_MAX]:
+                header = _header(path)
+                if header is not None:
+                    index.names.add(path.name)
+                    if header.get("program"):
+                        index.programs.setdefault(str(header["program"]), []).append(header)
+        return index
+
+
+def _remember(root: Path, name: str, header: dict) -> None:
+    index = _indexes.get(root)
+    if index is not None:
+        with _index_lock:
+            index.names.add(name)
+            if header.get("program"):
+                index.programs.setdefault(str(header["program"]), []).append(header)
+
+
+def _flag_change(before: list[str], now: list[str]) -> str:
+    gone = sorted(set(before) - set(now))
+    new = sorted(set(now) - set(before))
+    parts = ([f"now {' '.join(new)}"] if new else []) + ([f"before {' '.join(gone)}"] if gone else [])
+    return "; ".join(parts)
+
+
+def why_missed(root: Path, name: str, program: str | None, options: dict | None) -> tuple[str, str] | None:
+    """Why the cache in ``root`` holds no entry ``name`` for ``program``, when an earlier run
+    compiled it: (cause, detail), or None when no earlier run's entry for it was found.
+
+    The causes, from the entries earlier runs wrote: ``"version"`` (an entry for the program
+    written by other versions of tpu_debug, jax, jaxlib or libtpu, or for another XLA
+    platform), ``"flag"`` (written under other XLA flags, or other compile options),
+    ``"program"`` (the same flags and versions: the program's text itself differs, a value
+    baked into it changed), ``"path"`` (this very entry is in another folder: the cache
+    directory differs between runs).
+    """
+    if program:
+        earlier = [h for h in _index(root).programs.get(program, ()) if h.get("run") != _RUN]
+        if earlier:
+            h = earlier[-1]
+            if h.get("by") != _fingerprint():
+                return "version", f"an earlier run's entry was written by {h.get('by')}; this run is {_fingerprint()}"
+            flags = _hashed_flags()
+            if list(h.get("flags") or []) != flags:
+                return "flag", f"XLA flags differ from an earlier run's: {_flag_change(list(h.get('flags') or []), flags)}"
+            if h.get("options", "") != _options_text(options):
+                return "flag", (f"compile options differ from an earlier run's: now {_options_text(options) or 'none'}, "
+                                f"before {h.get('options') or 'none'}")
+            return "program", "the program's text differs from the one an earlier run compiled for the same inputs"
+    index = _index(root)
+    if index.looks >= _PATH_LOOKS:
+        return None
+    for other in _other_folders(root):
+        if (other / name).exists():
+            return "path", f"{other} holds this program's entry from an earlier run; this run's cache is {root}"
+    index.looks += 1
+    return None
+
+
+def _other_folders(root: Path) -> list[Path]:
+    """Folders an earlier run may have kept its cache in: the default one, TorchTPU's, and the
+    siblings of ``root`` (a folder made anew for each run, such as ``mktemp -d``'s)."""
+    with _index_lock:
+        found = _siblings.get(root)
+        if found is None:
+            candidates: list[Path] = []
+            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            candidates.append(Path(base) / "tpu_debug" / "compile")
+            with contextlib.suppress(ConfigError):
+                tier = torchtpu_cache_dir()
+                if tier is not None:
+                    candidates.append(tier)
+            with contextlib.suppress(OSError), os.scandir(root.parent) as it:
+                for n, e in enumerate(it):
+                    if n >= _SIBLINGS_MAX:
+                        break
+                    with contextlib.suppress(OSError):
+                        if e.is_dir():
+                            candidates.append(Path(e.path))
+            found = _siblings[root] = [c for c in dict.fromkeys(candidates) if c != root]
+        return found

@@ -41,7 +41,7 @@ from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import tensor as _tensor
 from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.caches import LruCache
-from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile
+from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile, program_identity
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
@@ -944,7 +944,7 @@ class CompiledGraph:
             # a dry run executes nothing: the program goes to the target's compiler instead
             dry = _dryrun.active
             # the target's compiler reads nothing from this machine's cache
-            with local_compile(enabled=dry is None) as cached:
+            with local_compile(enabled=dry is None, program=program_identity("compiled", self.graph_id, arrays)) as cached:
                 compiled = (lowered.compile(cached.options) if dry is None
                             else dry.program(lowered, "compiled", self.graph_id))
         seconds = time.perf_counter() - start
@@ -1046,6 +1046,7 @@ class CompiledGraph:
             lower_seconds=lower_seconds,
             wall_seconds=wall_seconds,
             cache_entry=str(cached.entry) if cached is not None and cached.entry is not None else None,
+            cache_miss=cached.miss if cached is not None else None,
         )
 
     # -- debug variant (divergence against CPU) ---------------------------------------

@@ -40,7 +40,7 @@ from tpu_debug.runtime import dry_mode as _dryrun
 from tpu_debug.runtime import probes
 from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime.caches import LruCache
-from tpu_debug.runtime.compile_cache import local_compile
+from tpu_debug.runtime.compile_cache import local_compile, program_identity
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
@@ -790,7 +790,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
     with jax.enable_x64(True):
         lowered = jitted.lower(*arrays)
         lower_seconds = time.perf_counter() - start
-        with local_compile() as cached:
+        with local_compile(program=program_identity("eager", plan.name, arrays)) as cached:
             compiled = lowered.compile(cached.options)
     seconds = time.perf_counter() - start
     out_dtypes = tuple(to_torch_dtype(a.dtype) for a in jax.tree_util.tree_leaves(lowered.out_info))
@@ -801,7 +801,7 @@ def _compile(plan: _Plan, key, skel_args, skel_kwargs, arrays, rng: bool) -> _Ex
                        seconds, lowered, compiled, settings=settings, jitted=jitted,
                        from_cache=cached.from_cache, saved_seconds=cached.saved_seconds,
                        lower_seconds=lower_seconds, wall_seconds=time.perf_counter() - began,
-                       cache_entry=str(cached.entry) if cached.entry is not None else None)
+                       cache_entry=str(cached.entry) if cached.entry is not None else None, cache_miss=cached.miss)
     exe = _Executable(compiled, struct_box[0], out_dtypes, stats, info)
     if _placement.active and _placement.spans_processes(arrays):
         exe.spmd = _rankcheck.ProgramCard.of(info)

@@ -52,7 +52,7 @@ from tpu_debug.runtime import probes
 from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import value_checks
 from tpu_debug.runtime.caches import LruCache
-from tpu_debug.runtime.compile_cache import local_compile
+from tpu_debug.runtime.compile_cache import local_compile, program_identity
 from tpu_debug.runtime.config import EAGER_MODES, config
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.core.argspec import ArgSpec
@@ -929,7 +929,7 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
         with jax.enable_x64(True):
             lowered = jax.jit(fn).lower(*specs)
             lower_seconds = time.perf_counter() - start
-            with local_compile(enabled=dry is None) as cached:
+            with local_compile(enabled=dry is None, program=program_identity("lazy", name, specs)) as cached:
                 compiled = (lowered.compile(cached.options) if dry is None
                             else dry.program(lowered, "lazy", name))
     except Exception as exc:
@@ -943,7 +943,7 @@ def _compile(g: _Graph, key: _GraphKey, live: list, trigger: str) -> _Fused:
                        graph=_graph_info(g, live_slots), from_cache=cached.from_cache,
                        saved_seconds=cached.saved_seconds, lower_seconds=lower_seconds,
                        wall_seconds=time.perf_counter() - began,
-                       cache_entry=str(cached.entry) if cached.entry is not None else None)
+                       cache_entry=str(cached.entry) if cached.entry is not None else None, cache_miss=cached.miss)
     if probes._probes:
         probes.compiled(info)
     return _Fused(key, name, compiled, info, seconds)

@@ -438,7 +438,9 @@ class CompileEvent(Event):
     compiled graph's capture. ``hlo_before`` counts the operations of the StableHLO module
     XLA was handed, ``hlo_after`` the instructions of its optimized HLO (None: HLO not
     recorded). ``cache_entry`` is the persistent compile cache's file the program was looked
-    up at (None: the cache was off).
+    up at (None: the cache was off); ``cache_miss`` why an earlier run's compile of the same
+    program was not read back (``"flag"``, ``"version"``, ``"path"``, ``"program"``: see
+    ``runtime/compile_cache.py``'s ``why_missed``), with ``cache_miss_detail`` saying which.
     """
 
     kind: ClassVar[str] = "compile"
@@ -463,6 +465,8 @@ class CompileEvent(Event):
     hlo_before: int | None = None
     hlo_after: int | None = None
     cache_entry: str | None = None
+    cache_miss: str | None = None
+    cache_miss_detail: str | None = None
 
 
 # the phases a compile's time is split into (tracers/reading/compile_time.py), in the order a

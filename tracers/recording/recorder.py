@@ -222,17 +222,20 @@ class Recorder:
             program = program_hash(stablehlo, hlo)
             if not info.replayed:
                 cost = self._cost(info, program, hlo, ops)
-            if not self.writer.has_program(program):
-                nodes = info.graph.nodes if info.graph is not None else ()
-                if lazy:  # a lazy graph's ops, each with the line that recorded it
-                    nodes = [
-                        {"name": n.name, "target": n.target,
-                         "location": _loc_tuple(ops[i] if i < len(ops) else None)}
-                        for i, n in enumerate(nodes)
-                    ]
-                self.writer.add_program(
-                    make_program(info.mode, info.name, stablehlo, hlo, nodes, content_hash=program)
-                )
+        elif info.graph is not None and not info.replayed:
+            # a graph's lines are counted from its StableHLO alone (the optimized HLO is not read)
+            cost = self._cost(info, None, None, ops)
+        if self.hlo and not self.writer.has_program(program):
+            nodes = info.graph.nodes if info.graph is not None else ()
+            if lazy:  # a lazy graph's ops, each with the line that recorded it
+                nodes = [
+                    {"name": n.name, "target": n.target,
+                     "location": _loc_tuple(ops[i] if i < len(ops) else None)}
+                    for i, n in enumerate(nodes)
+                ]
+            self.writer.add_program(
+                make_program(info.mode, info.name, stablehlo, hlo, nodes, content_hash=program)
+            )
         self._keys[info.key] = self._latest[(info.mode, info.name)] = (signature, program)
         exe = self._stats.get(info.key)
         if exe is not None:  # executed before its compile was seen (a recompile of the same key)
@@ -256,26 +259,27 @@ class Recorder:
                 info.saved_seconds, info.wall_seconds or info.seconds, info.lower_seconds,
                 backend if compiled else 0.0, backend if info.from_cache else 0.0,
                 info.graph.origin.compile_id if info.graph is not None else None,
-                cost.hlo_before if cost is not None else None, cost.hlo_after if cost is not None else None,
-                info.cache_entry,
+                cost.hlo_before if cost is not None else None, cost.hlo_after if cost is not None and self.hlo else None,
+                info.cache_entry, *(info.cache_miss or (None, None)),
             )
         )
         if cost is not None and cost.lines:
             self.writer.put(CompileLinesEvent(self.writer.new_id(), ts, info.mode, thread, location, info.name,
                                               event_id, cost.lines))
 
-    def _cost(self, info: CompileInfo, program: str, hlo: str, ops: Sequence[SourceLocation | None]) -> ProgramCost | None:
-        """``info``'s program counted before and after XLA, per line for a graph (an eager op's
-        counts kept per program: the same op compiles again for each key)."""
-        known = self._costs.get(program) if info.graph is None else None
+    def _cost(self, info: CompileInfo, program: str | None, hlo: str | None,
+              ops: Sequence[SourceLocation | None]) -> ProgramCost | None:
+        """``info``'s program counted before and after XLA (``hlo`` None: before only), per line
+        for a graph (an eager op's counts kept per program: the same op compiles again for each key)."""
+        known = self._costs.get(program) if info.graph is None and program is not None else None
         if known is not None:
             return known
         try:
-            cost = program_cost(info, hlo, ops)
+            cost = program_cost(info, hlo or "", ops)
         except Exception as exc:  # noqa: BLE001 - a program the counting cannot read is recorded without counts
             self.record_error("Recorder.program_cost", f"{info.name}: {type(exc).__name__}: {exc}")
             return None
-        if info.graph is None:
+        if info.graph is None and program is not None:
             self._costs[program] = cost
         return cost
 

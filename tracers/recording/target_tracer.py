@@ -46,6 +46,7 @@ from tpu_debug.core.hlo_text import Module as _Module
 from tpu_debug.core.hlo_text import matmul_flops as _matmul_flops
 from tpu_debug.core.hlo_text import parse_module as _parse_module
 from tpu_debug.core.records import CompileInfo
+from tpu_debug.runtime import xla_options
 from tpu_debug.runtime.pallas import INTERPRETED_KERNEL
 from tpu_debug.runtime.target import (
     GENERATIONS,
@@ -173,11 +174,13 @@ class _Done:
 class _Program:
     """One executable the runtime compiled (by key), and its target compile."""
 
-    __slots__ = ("info", "location", "result", "submitted")
+    __slots__ = ("info", "level", "location", "result", "submitted")
 
-    def __init__(self, info: CompileInfo, location: SourceLocation | None) -> None:
+    def __init__(self, info: CompileInfo, location: SourceLocation | None, level: str | None = None) -> None:
         self.info = info
         self.location = location
+        # XLA's effort level of its target compile, as asked for when the runtime compiled it
+        self.level = level
         self.submitted = False
         self.result: _Result | None = None
 
@@ -332,7 +335,12 @@ class TargetTracer:
 
     def on_compile(self, info: CompileInfo) -> None:
         location = None if info.replayed else user_location(_PROBE_DEPTH)
-        program = _Program(info, location)
+        # the level the local compile was asked for (TorchTPU's TORCH_TPU_INTERNAL_XLA_OPTIONS, a
+        # custom_compiler_options block) is the level a TPU would compile the program at: read on
+        # the compiling thread, where a block's level is set
+        level = self.optimization_level if self._reuse is not None else (
+            self.optimization_level or xla_options.optimization_level())
+        program = _Program(info, location, level)
         with self._lock:
             if self._closed:
                 return
@@ -366,8 +374,7 @@ class TargetTracer:
             if future is None:
                 return
         else:
-            future = compile_lowered_for_target_async(info.lowered, self.target,
-                                                      optimization_level=self.optimization_level)
+            future = compile_lowered_for_target_async(info.lowered, self.target, optimization_level=program.level)
         self._track(future, program, relowered=False)
 
     def _track(self, future: concurrent.futures.Future, program: _Program, *, relowered: bool) -> None:
@@ -410,7 +417,7 @@ class TargetTracer:
         args, kwargs = info.lowered.in_avals
         # the runtime lowers with 64-bit types on; so must the TPU lowering
         future = compile_for_target_async(info.jitted, args, self.target, abstract_kwargs=kwargs, x64=True,
-                                          optimization_level=self.optimization_level)
+                                          optimization_level=program.level)
         with self._lock:
             if self._closed:
                 future.cancel()
@@ -500,7 +507,7 @@ class TargetTracer:
             self.writer.new_id(), ts, info.mode, threading.get_native_id(), program.location,
             str(info.name), self.target.name, signature, args, seconds, status,
             identity=_identity(info), program=local, tpu_program=tpu, cached=bool(result.cached),
-            relowered=relowered, optimization_level=self.optimization_level, **fields,
+            relowered=relowered, optimization_level=program.level, **fields,
         )
 
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
