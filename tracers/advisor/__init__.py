@@ -5,7 +5,9 @@ A rule is one function registered with :func:`rule` under its kind (and the
 TUI view that shows what its findings are about), in the rule module of its subject:
 :mod:`.recompile_rules` (shapes that keep changing, recompiles, dynamo's limit),
 :mod:`.transfer_rules` (syncs, uploads, copies to the host, CPU fallbacks),
-:mod:`.execution_rules` (graph breaks, tiny eager ops, float64, divergence, sharding
+:mod:`.compile_rules` (where compile time goes: a loop over layers unrolled into one
+graph, a function compiled again for every layer, a persistent cache that misses, a TPU
+target compile that dominates), :mod:`.execution_rules` (graph breaks, tiny eager ops, float64, divergence, sharding
 rematerialization), :mod:`.step_rules` (what bounds the steps' time: input, syncs,
 compiles, collectives, checkpoints), :mod:`.fit_rules` (fitting a TPU: memory, the target
 compiler's refusals and padding, dry runs), :mod:`.collective_rules` (ranks that stopped
@@ -34,6 +36,7 @@ from collections.abc import Iterable
 
 # the rule modules register their rules when imported; they import the registry, never this package
 from tpu_debug.tracers.advisor import collective_rules as _collective_rules  # noqa: F401
+from tpu_debug.tracers.advisor import compile_rules as _compile_rules  # noqa: F401
 from tpu_debug.tracers.advisor import execution_rules as _execution_rules  # noqa: F401
 from tpu_debug.tracers.advisor import fit_rules as _fit_rules  # noqa: F401
 from tpu_debug.tracers.advisor import invalid_value_rules as _invalid_value_rules  # noqa: F401

@@ -18,6 +18,7 @@ from tpu_debug.tracers.events import (
     TargetSummaryEvent,
     TransferEvent,
 )
+from tpu_debug.tracers.reading.compile_time import CompileTime, compile_time
 from tpu_debug.tracers.reading.memory_view import MemoryView, memory_view
 from tpu_debug.tracers.reading.step_phases import (
     STEADY,
@@ -98,6 +99,11 @@ class RunFacts:
     @functools.cached_property
     def compiles(self) -> list[CompileEvent]:
         return self.query.compiles()
+
+    @functools.cached_property
+    def compile_time(self) -> CompileTime:
+        """The run's compiles split into their measured phases, and the lines they came from."""
+        return compile_time(self.query)
 
     @functools.cached_property
     def transfers(self) -> list[TransferEvent]:
