@@ -23,6 +23,7 @@ __all__ = [
     "counter_plane",
     "profile_files",
     "profile_start",
+    "span_plane",
     "write_programs",
     "write_rank_spans",
 ]
@@ -235,6 +236,37 @@ class RankSpan:
     args: tuple[tuple[str, str], ...] = ()
 
 
+def span_plane(plane_id: int, name: str, spans: list[RankSpan], t0: float) -> bytes:
+    """An XSpace ``planes`` field named ``name`` holding ``spans`` (their ``start`` in seconds
+    on the clock of ``t0``, the plane's time 0), one line per lane, in the lanes' first order.
+    The trace viewer shows a ``/device:CUSTOM:...`` plane as a process row, a line as a
+    thread row, and spans of one line that nest as a stack."""
+    names: dict[str, int] = {}
+    stat_names: dict[str, int] = {}
+    lines: dict[str, list[bytes]] = {}
+    for span in spans:
+        meta_id = names.setdefault(span.name, len(names) + 1)
+        stats = b"".join(
+            _message_field(4, _int_field(1, stat_names.setdefault(k, len(stat_names) + 1))
+                           + _message_field(5, v.encode()))
+            for k, v in span.args
+        )
+        event = (_int_field(1, meta_id) + _int_field(2, max(int((span.start - t0) * 1e12), 0))
+                 + _int_field(3, max(int(span.seconds * 1e12), 1)) + stats)
+        lines.setdefault(span.lane, []).append(_message_field(4, event))
+    body = _int_field(1, plane_id) + _message_field(2, name.encode())
+    for line_id, (lane, events) in enumerate(lines.items(), 1):
+        body += _message_field(3, _int_field(1, line_id) + _int_field(10, line_id) + _message_field(2, lane.encode())
+                               + b"".join(events))
+    for meta_name, meta_id in names.items():
+        body += _message_field(4, _int_field(1, meta_id) + _message_field(2, _int_field(1, meta_id)
+                                                                          + _message_field(2, meta_name.encode())))
+    for stat, stat_id in stat_names.items():
+        body += _message_field(5, _int_field(1, stat_id) + _message_field(2, _int_field(1, stat_id)
+                                                                          + _message_field(2, stat.encode())))
+    return _message_field(1, body)
+
+
 def write_rank_spans(path: Path, spans: dict[int, list[RankSpan]]) -> Path:
     """Write a profile (``.xplane.pb``) holding one plane per rank, named ``/device:CUSTOM:rank
     <r>`` (the trace viewer shows each plane as a process row), with each rank's spans on one
@@ -246,32 +278,8 @@ def write_rank_spans(path: Path, spans: dict[int, list[RankSpan]]) -> Path:
     starts = [span.start for rank_spans in spans.values() for span in rank_spans]
     # offsets from the first span: a POSIX time in picoseconds would not fit xprof's int64
     t0 = min(starts) if starts else 0.0
-    planes = b""
-    for plane_id, (rank, rank_spans) in enumerate(sorted(spans.items()), 1):
-        names: dict[str, int] = {}
-        stat_names: dict[str, int] = {}
-        lines: dict[str, list[bytes]] = {}
-        for span in rank_spans:
-            meta_id = names.setdefault(span.name, len(names) + 1)
-            stats = b"".join(
-                _message_field(4, _int_field(1, stat_names.setdefault(k, len(stat_names) + 1))
-                               + _message_field(5, v.encode()))
-                for k, v in span.args
-            )
-            event = (_int_field(1, meta_id) + _int_field(2, max(int((span.start - t0) * 1e12), 0))
-                     + _int_field(3, max(int(span.seconds * 1e12), 1)) + stats)
-            lines.setdefault(span.lane, []).append(_message_field(4, event))
-        body = _int_field(1, plane_id) + _message_field(2, RANK_PLANE.format(rank=rank).encode())
-        for line_id, (lane, events) in enumerate(lines.items(), 1):
-            body += _message_field(3, _int_field(1, line_id) + _int_field(10, line_id) + _message_field(2, lane.encode())
-                                   + b"".join(events))
-        for name, meta_id in names.items():
-            body += _message_field(4, _int_field(1, meta_id) + _message_field(2, _int_field(1, meta_id)
-                                                                              + _message_field(2, name.encode())))
-        for name, stat_id in stat_names.items():
-            body += _message_field(5, _int_field(1, stat_id) + _message_field(2, _int_field(1, stat_id)
-                                                                              + _message_field(2, name.encode())))
-        planes += _message_field(1, body)
+    planes = b"".join(span_plane(plane_id, RANK_PLANE.format(rank=rank), rank_spans, t0)
+                      for plane_id, (rank, rank_spans) in enumerate(sorted(spans.items()), 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(planes)
     return path

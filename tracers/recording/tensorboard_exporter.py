@@ -25,6 +25,14 @@ and marks on the same host timeline as XLA's own activity, as
   A run whose steps are only found when it ends (the iterations of its loop)
   gets their scalars, not their spans: the timeline is written by then.
 
+Each compile's measured phases (``tracers/reading/compile_time.py``) are drawn on a plane of
+their own, ``/device:CUSTOM:tpu_debug compile phases``, added to the profile when the capture
+ends (the times are the run's, which TraceMe spans cannot be given afterwards): a line
+``compiles`` holds each compile (dynamo's compile of a frame, AOTAutograd's backward, each
+program the runtime compiled, each TPU target compile), a line ``phases`` what was measured
+inside them (dynamo's tracing and guards, AOTAutograd's joint graph and partition, the
+lowering, XLA's compile, the read-back from the compile cache).
+
 With a TPU target (``trace(target="v5e")``, the target tracer), each program's
 target compile is marked when its result is recorded (``tpu target aten::<op>``:
 HBM, flops, bytes, FLOP/B, bound, estimated time, padding, or the compiler's
@@ -56,6 +64,7 @@ metadata (``tensorboard`` key) and the report say so; scalars go on to the end.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +75,7 @@ from tpu_debug.core.records import CompileInfo, TransferInfo
 from tpu_debug.tracers.events import (
     CollectivesEvent,
     CompileEvent,
+    CompilePhaseEvent,
     DivergenceEvent,
     Event,
     FallbackEvent,
@@ -79,7 +89,14 @@ from tpu_debug.tracers.events import (
 )
 from tpu_debug.tracers.reading.step_time import PART_TEXT, split_step
 from tpu_debug.tracers.recording.step_tracker import StepTracker, current_tracker
-from tpu_debug.tracers.xplane import counter_plane, profile_files, profile_start, write_programs
+from tpu_debug.tracers.xplane import (
+    RankSpan,
+    counter_plane,
+    profile_files,
+    profile_start,
+    span_plane,
+    write_programs,
+)
 
 __all__ = [
     "DEFAULT_MAX_EVENTS",
@@ -114,6 +131,14 @@ TARGET_SCALAR_TAGS = {
 # the counter track of the target's memory, in a plane of its own (xprof reads a line named
 # "_counters_" as counters; "/device:CUSTOM:" planes are shown beside the host's)
 TARGET_PLANE = "/device:CUSTOM:tpu_debug TPU target"
+# the compiles and their measured phases, in a plane of their own
+PHASES_PLANE = "/device:CUSTOM:tpu_debug compile phases"
+# how a phase is named on the timeline
+_PHASE_SPANS = {
+    "dynamo_trace": "dynamo trace", "dynamo_guards": "dynamo guards", "aot_graph": "AOTAutograd joint graph",
+    "aot_partition": "AOTAutograd partition", "lowering": "lowering to XLA", "xla_compile": "XLA compile",
+    "cache_read": "compile cache read-back",
+}
 
 
 def _traceme() -> Any:
@@ -277,6 +302,9 @@ class TensorBoardExporter:
         self._scalar_writer: Any = None
         self._lock = threading.Lock()
         self._protos: list[ProgramProtoEvent] = []  # target programs, for xprof's memory viewer
+        # compiles and their phases (run clock), and the run clock's reading at a wall-clock time
+        self._compile_spans: list[RankSpan] = []
+        self._wall_at: tuple[float, int] | None = None
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -285,6 +313,7 @@ class TensorBoardExporter:
         if self._started:
             return
         self._started = True
+        self._wall_at = (self._clock(), time.time_ns())
         if self._tracker is None:
             self._tracker = current_tracker()
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -336,6 +365,10 @@ class TensorBoardExporter:
                 self._write_target_counters()
             except Exception as exc:  # noqa: BLE001 - the profile and the run are kept
                 self._error("stop (target counters)", exc)
+        try:
+            self._write_compile_phases()
+        except Exception as exc:  # noqa: BLE001 - the profile and the run are kept
+            self._error("stop (compile phases)", exc)
         if self._protos:
             try:
                 session = self._written.parent if self._written is not None else None
@@ -622,6 +655,7 @@ class TensorBoardExporter:
                 self._end_step(event)
             return
         line = str(event.location) if event.location is not None else None
+        self._compile_phase_spans(event, line)
         if isinstance(event, CompileEvent):
             meta = {"signature": event.signature, "line": line}
             if event.diffs:
@@ -694,6 +728,56 @@ class TensorBoardExporter:
             self._protos.append(event)
         elif isinstance(event, TargetStepEvent):
             self._target_scalars(event)
+
+    # -- compile phases -------------------------------------------------------------------
+
+    def _compile_phase_spans(self, event: Event, line: str | None) -> None:
+        """Keep the compile spans ``event`` measured (run clock), for the phases plane."""
+        spans = self._compile_spans
+        args = (("line", line),) if line else ()
+        if isinstance(event, CompileEvent):
+            end = event.ts + event.seconds
+            wall = max(event.wall_seconds or event.seconds, event.seconds)
+            label = self._label(event.mode or "eager", event.name)
+            what = "read back" if event.from_cache else "compile"
+            spans.append(RankSpan(end - wall, wall, "compiles", f"{what} {label}",
+                                  (*args, ("signature", event.signature), ("seconds", _fmt(wall)))))
+            lowered = event.ts + event.lower_seconds
+            if event.lower_seconds > 0:
+                spans.append(RankSpan(event.ts, event.lower_seconds, "phases", _PHASE_SPANS["lowering"], args))
+            for phase, seconds in (("xla_compile", event.xla_seconds), ("cache_read", event.read_seconds)):
+                if seconds > 0:
+                    spans.append(RankSpan(lowered, seconds, "phases", _PHASE_SPANS[phase], args))
+        elif isinstance(event, CompilePhaseEvent):
+            if event.unit is not None:
+                unit = "dynamo compile" if event.unit == "frame" else "AOTAutograd backward compile"
+                name = f"{unit} {event.function or event.compile_id or ''}".strip()
+                spans.append(RankSpan(event.ts, event.seconds, "compiles", name,
+                                      (*args, ("compile_id", event.compile_id or ""))))
+            elif event.phase in _PHASE_SPANS:
+                spans.append(RankSpan(event.ts, event.seconds, "phases", _PHASE_SPANS[event.phase],
+                                      (("compile_id", event.compile_id or ""),)))
+        elif isinstance(event, TargetCompileEvent) and not event.cached:
+            spans.append(RankSpan(event.ts, event.seconds, "TPU target compiles",
+                                  f"tpu target compile {self._label(event.mode or 'eager', event.name)}",
+                                  (*args, ("target", event.target))))
+
+    def _write_compile_phases(self) -> None:
+        """Append the compile phases plane to the profile this capture wrote."""
+        path = self._written
+        if path is None or not self._compile_spans or self._wall_at is None:
+            return
+        data = path.read_bytes()
+        start, plane_ids = profile_start(data)
+        if start is None:
+            self.notes.append("the profile holds no start time: the compile phases were not added")
+            return
+        clock0, wall0 = self._wall_at
+        # the run clock as wall-clock seconds, measured from the profile's start
+        spans = [dataclasses.replace(s, start=(wall0 - start) / 1e9 + (s.start - clock0))
+                 for s in sorted(self._compile_spans, key=lambda s: (s.lane, s.start, -s.seconds))]
+        with open(path, "ab") as f:  # a serialized message's repeated field grows by appending
+            f.write(span_plane(max(plane_ids, default=0) + 1, PHASES_PLANE, spans, 0.0))
 
     # -- TPU target ---------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """``RecompilesScreen``: which ops and graphs compiled most, each one's compile history,
-and for a selected recompile why it happened, where, and what it compiled to.
+and for a selected recompile why it happened, where, what it compiled to and where its
+time went.
 
 Master-detail, left to right and top to bottom: ops/graphs ranked by compile
 count and time -> the chosen one's compiles, oldest first (paged), each with the
 step it happened in (warm-up or steady state) -> for the highlighted compile,
 the structured key diff against the closest previous key, the source line with
-context, and its HLO. ``m`` marks a compile, ``v`` shows the HLO of the marked
+context, its HLO, and its compile time by phase and by source line (the run's
+phases when nothing is selected; ``tracers/reading/compile_time.py``). ``m`` marks a compile, ``v`` shows the HLO of the marked
 one (or the closest previous one) beside the highlighted one. What to do about
 an op's recompiles is the advisor's finding about it, shown as it is.
 """
@@ -20,12 +22,19 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
 from tpu_debug.tracers.advisor import Finding
-from tpu_debug.tracers.events import CompileEvent, KeyDiff
+from tpu_debug.tracers.events import (
+    COMPILE_PHASES,
+    CompileEvent,
+    CompileLinesEvent,
+    KeyDiff,
+    LineCost,
+    SourceLocation,
+)
 from tpu_debug.tracers.reading import CompileGroup
 from tpu_debug.tracers.reading.step_phases import STEADY, StepIndex, step_phases
 from tpu_debug.tui.format import changed_text, diff_summary, fallback_diffs, format_seconds, location_text
@@ -36,9 +45,10 @@ from tpu_debug.tui.widgets import Col, FitTable, HloView, PagedTable, SourceExce
 from tpu_debug.core.errors import NotRecordedError
 from tpu_debug.report import advice_of
 from tpu_debug.session import Session
+from tpu_debug.tracers.reading.compile_time import CompileTime, CompileUnit, Phases, compile_time
 from tpu_debug.tracers.reading.recompile_analysis import summarize
 
-__all__ = ["CompileDetail", "RecompilesScreen"]
+__all__ = ["PHASE_NAMES", "CompileDetail", "CompileTimes", "RecompilesScreen", "compile_times", "time_text"]
 
 PAGE = 100  # compiles loaded at a time (a recompile storm can have thousands)
 
@@ -96,6 +106,90 @@ class StepsKnown:
         return (step, self.phases[step]) if step is not None else None
 
 
+# short names of the phases, for a narrow pane
+PHASE_NAMES = {
+    "dynamo_trace": "dynamo trace",
+    "dynamo_guards": "dynamo guards",
+    "aot_graph": "AOT joint graph",
+    "aot_partition": "AOT partition",
+    "lowering": "lowering",
+    "xla_compile": "XLA compile",
+    "target_compile": "TPU target",
+    "cache_read": "cache read-back",
+    "other": "other",
+}
+assert set(PHASE_NAMES) == set(COMPILE_PHASES)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompileTimes:
+    """The run's compile time (phases, lines), with each program compile's unit and lines by
+    its event id, and dynamo's compiles by their compile id."""
+
+    run: CompileTime
+    programs: dict[int, CompileUnit]
+    frames: dict[str, list[CompileUnit]]
+    lines: dict[int, tuple[LineCost, ...]]
+
+
+def compile_times(session: Session) -> CompileTimes:
+    ct = compile_time(session)
+    programs = {u.event: u for u in ct.units if u.kind == "program"}
+    frames: dict[str, list[CompileUnit]] = {}
+    for u in ct.units:
+        if u.kind in ("frame", "backward") and u.compile_id:
+            frames.setdefault(u.compile_id, []).append(u)
+    lines = {}
+    if session.records(CompileLinesEvent.kind):
+        lines = {e.compile_event: e.lines for e in session.events(CompileLinesEvent.kind)
+                 if isinstance(e, CompileLinesEvent)}
+    return CompileTimes(ct, programs, frames, lines)
+
+
+def _phase_rows(phases: Phases, text: Text) -> None:
+    total = phases.total
+    for name, seconds in phases.items():
+        if seconds > 0 and total > 0:
+            text.append(f"\n  {PHASE_NAMES[name]:<16}", style="")
+            text.append(f"{format_seconds(seconds):>10}")
+            text.append(f" {100 * seconds / total:5.1f}%", style="dim")
+
+
+def time_text(times: CompileTimes | None, event: CompileEvent | None, cwd: str | None = None) -> Text:
+    """The compile time pane: ``event``'s phases (and its dynamo compile's), its lines by their
+    share of the program; the run's phases when no compile is selected."""
+    text = Text()
+    if times is None:
+        return Text("reading the compile times...", style="dim")
+    unit = times.programs.get(event.id) if event is not None else None
+    if unit is not None:
+        text.append(f"{unit.name}: {format_seconds(unit.phases.total)}", style="bold")
+        _phase_rows(unit.phases, text)
+        for frame in times.frames.get(unit.compile_id or "", ()):
+            label = "dynamo" if frame.kind == "frame" else "AOT backward"
+            text.append(f"\n{label} {frame.compile_id} ({frame.name}): {format_seconds(frame.phases.total)}",
+                        style="bold")
+            _phase_rows(frame.phases, text)
+        lines = sorted(times.lines.get(unit.event, ()), key=lambda x: -x.hlo_before)
+        total = sum(x.hlo_before for x in lines)
+        if lines and total:
+            text.append("\nlines by StableHLO operations (est. share of the time):", style="bold")
+            for x in lines[:5]:
+                where = Text("(no source line)", style="dim") if x.file is None else location_text(
+                    SourceLocation(x.file, x.line or 0, x.function or ""), cwd)
+                text.append("\n  ").append_text(where)
+                text.append(f"  {x.hlo_before} ops {100 * x.hlo_before / total:.0f}%", style="dim")
+                if x.instances > 1:
+                    text.append(f" x{x.instances} {x.module}", style="yellow")
+        return text
+    run = times.run
+    text.append(f"run: {format_seconds(run.total)} in {len(run.units)} compiles", style="bold")
+    _phase_rows(run.phases, text)
+    if event is not None:
+        text.append("\n(no measured phases for this compile)", style="dim")
+    return text
+
+
 def steps_known(session: Session) -> StepsKnown:
     steps = session.steps()
     findings: dict[str, Finding] = {}
@@ -135,6 +229,10 @@ class RecompilesScreen(RunScreen):
     class StepsLoaded(Message):
         known: StepsKnown
 
+    @dataclasses.dataclass
+    class TimesLoaded(Message):
+        times: CompileTimes
+
     def __init__(self) -> None:
         super().__init__()
         self._ops: dict[str, CompileGroup] = {}
@@ -145,6 +243,7 @@ class RecompilesScreen(RunScreen):
         self._want_event: int | None = None
         self._wanted: int | None = None  # the compile whose detail was asked for last
         self._steps: StepsKnown | None = None
+        self._times: CompileTimes | None = None
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="rc-top"):
@@ -177,6 +276,9 @@ class RecompilesScreen(RunScreen):
                     markup=False,
                 )
                 yield HloView(id="hlo-preview")
+            with VerticalScroll(id="rc-time-box", classes="pane"):
+                yield Static(Text("Compile time", style="bold"), classes="pane-title", markup=False)
+                yield Static(Text("reading the compile times...", style="dim"), id="compile-time", markup=False)
 
     def on_mount(self) -> None:
         # the counts matter most: the name wraps, then mode and time are left out; in the history,
@@ -208,6 +310,7 @@ class RecompilesScreen(RunScreen):
     def load(self) -> None:
         self._load_ranked()
         self._load_steps()
+        self._load_times()
         if self._op is not None:  # a reload (the run grew): keep the selected compile
             self._want_event = self._wanted
             self._load_history(*self._op, 0)
@@ -223,6 +326,12 @@ class RecompilesScreen(RunScreen):
         known = self.read(steps_known)
         if known is not None:
             self.post_message(self.StepsLoaded(known))
+
+    @work(thread=True, exclusive=True, group="times")
+    def _load_times(self) -> None:
+        times = self.read(compile_times)
+        if times is not None:
+            self.post_message(self.TimesLoaded(times))
 
     @work(thread=True, exclusive=True, group="history")
     def _load_history(self, name: str, mode: str, offset: int) -> None:
@@ -285,6 +394,15 @@ class RecompilesScreen(RunScreen):
                 table.set_cell(str(e.id), "step", self._step_cell(e))
         if self._op is not None:
             self._show_changing()
+
+    @on(TimesLoaded)
+    def _show_times(self, message: TimesLoaded) -> None:
+        self._times = message.times
+        self._show_time()
+
+    def _show_time(self) -> None:
+        event = self._detail.event if self._detail is not None else None
+        self.query_one("#compile-time", Static).update(time_text(self._times, event, self.cwd))
 
     def _show_changing(self) -> None:
         if self._op is None:
@@ -411,6 +529,7 @@ class RecompilesScreen(RunScreen):
         self.query_one("#source", SourceView).show(d.excerpt, self.cwd)
         preview = self.query_one("#hlo-preview", HloView)
         preview.set_text(d.hlo if d.hlo is not None else d.hlo_note)
+        self._show_time()
 
     def _why(self, d: CompileDetail) -> RenderableType:
         e = d.event
