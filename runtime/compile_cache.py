@@ -481,7 +481,11 @@ def _hashed_flags() -> list[str]:
 
 
 def _options_text(options: dict | None) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
+    """The compile's options as its entry's header keeps them, its optimization level with them
+    (JAX's key hashes the compile options, which carry the level)."""
+    level = xla_options.optimization_level()
+    items = sorted({**(options or {}), **({"xla_optimization_level": level} if level else {})}.items())
+    return ", ".join(f"{k}={v}" for k, v in items)
 
 
 @dataclasses.dataclass(slots=True)

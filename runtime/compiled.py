@@ -364,7 +364,11 @@ def _module_stack(node: torch.fx.Node) -> tuple[tuple[str, str, str], ...]:
     out = []
     for path, cls in stack.values():
         if isinstance(cls, type):
-            name, file = cls.__qualname__, getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+            # the module's file, else the file its forward is written in (a class loaded from a
+            # path without a sys.modules entry)
+            code = getattr(getattr(cls, "forward", None), "__code__", None)
+            name = cls.__qualname__
+            file = getattr(sys.modules.get(cls.__module__), "__file__", None) or getattr(code, "co_filename", "")
         else:  # a class named by its qualified name (a graph dynamo read back from a cache)
             name, file = str(cls).rpartition(".")[2], ""
         out.append((str(path), name, file))

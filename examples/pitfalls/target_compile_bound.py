@@ -23,7 +23,7 @@ import sys
 import torch
 from torch import nn
 
-WIDTH, DEPTH, BATCH = 2048, 8, 8
+WIDTH, DEPTH, BATCH = 2048, 12, 8
 
 
 def main(argv: list[str] | None = None) -> int:

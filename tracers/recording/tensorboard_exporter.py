@@ -29,7 +29,8 @@ Each compile's measured phases (``tracers/reading/compile_time.py``) are drawn o
 their own, ``/device:CUSTOM:tpu_debug compile phases``, added to the profile when the capture
 ends (the times are the run's, which TraceMe spans cannot be given afterwards): a line
 ``compiles`` holds each compile (dynamo's compile of a frame, AOTAutograd's backward, each
-program the runtime compiled, each TPU target compile), a line ``phases`` what was measured
+program the runtime compiled: ``graph g1/forward (compiled)``), a line ``TPU target compiles``
+each TPU target compile, a line ``phases`` what was measured
 inside them (dynamo's tracing and guards, AOTAutograd's joint graph and partition, the
 lowering, XLA's compile, the read-back from the compile cache).
 
@@ -739,8 +740,8 @@ class TensorBoardExporter:
             end = event.ts + event.seconds
             wall = max(event.wall_seconds or event.seconds, event.seconds)
             label = self._label(event.mode or "eager", event.name)
-            what = "read back" if event.from_cache else "compile"
-            spans.append(RankSpan(end - wall, wall, "compiles", f"{what} {label}",
+            what = "read back" if event.from_cache else "compiled"
+            spans.append(RankSpan(end - wall, wall, "compiles", f"{label} ({what})",
                                   (*args, ("signature", event.signature), ("seconds", _fmt(wall)))))
             lowered = event.ts + event.lower_seconds
             if event.lower_seconds > 0:
