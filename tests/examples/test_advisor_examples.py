@@ -44,6 +44,13 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "over_hbm.py": (["--dry-run", "--target", "v5e"], [], {"memory_fit", "hbm_oom", "dry_run_stopped"}, ["--fixed"]),
     # tpu_debug.fit compiles for a slice inside the script
     "fit_oom.py": ([], [], {"fit_oom"}, ["--fixed"]),
+    # compile time: a transformer's layers unrolled into one graph (six tiny layers), a compiled step
+    # called with the layer's index, a cache folder made for each run (the script starts the
+    # job's previous run itself), a TPU compile of wide layers (needs libtpu)
+    "unrolled_layers.py": ([], ["--layers", "6", "--steps", "1"], {"unrolled_loop"}, ["--fixed"]),
+    "compile_per_layer.py": ([], ["--steps", "1"], {"compile_per_layer"}, ["--fixed"]),
+    "compile_cache_per_run.py": (["--compile-cache"], ["--steps", "2"], {"compile_cache_miss"}, ["--fixed"]),
+    "target_compile_bound.py": (["--target", "v5e"], ["--steps", "1"], {"target_compile_bound"}, ["--fixed"]),
     # starts its second rank itself; rank 0 (traced) raises at the collective only it calls
     "collective_desync.py": ([], ["--steps", "2"], {"collective_desync"}, ["--fixed"]),
     # rank 1 sleeps before each step's all-reduce; rank 0 (traced) waits for it there, except in the

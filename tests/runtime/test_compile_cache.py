@@ -322,3 +322,101 @@ def test_entry_xla_cannot_load_is_compiled_again_with_a_note(cache):
     notes = compile_cache.notes()[before:]
     assert len(notes) == len(first.infos) and all("could not be loaded by XLA" in n for n in notes)
     torch.testing.assert_close(out, _op(x))
+
+
+# -- why a program an earlier run compiled was not read back ------------------------------------
+
+
+def _compile_program(program: str, scale: float = 3.0) -> compile_cache.CacheOutcome:
+    """One program compiled under ``program``'s identity (a new function each call: JAX keeps no
+    executable of it in memory)."""
+    import jax
+    import jax.numpy as jnp
+
+    def fn(x):
+        return jnp.tanh(x) * scale
+
+    with compile_cache.local_compile(program=program) as outcome:
+        jax.jit(fn).lower(jnp.ones((4,), jnp.float32)).compile(outcome.options)
+    return outcome
+
+
+def _another_run(monkeypatch) -> None:
+    """What a new process starts with: its own run token, no index of the cache read yet."""
+    import uuid
+
+    monkeypatch.setattr(compile_cache, "_RUN", uuid.uuid4().hex)
+    compile_cache._indexes.clear()
+    compile_cache._siblings.clear()
+
+
+def test_a_program_read_back_or_compiled_first_has_no_miss_to_explain(cache, monkeypatch):
+    assert _compile_program("test tanh float32[4]").miss is None  # nothing earlier: no cause
+    _another_run(monkeypatch)
+    again = _compile_program("test tanh float32[4]")
+    assert again.from_cache and again.miss is None
+
+
+def test_a_miss_under_other_xla_flags_names_the_flag(cache, monkeypatch):
+    # JAX's key hashes LIBTPU_INIT_ARGS beside XLA_FLAGS; XLA's CPU client reads neither here
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_run_id=1")
+    _compile_program("test tanh float32[4]")
+    _another_run(monkeypatch)
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_run_id=2")
+    outcome = _compile_program("test tanh float32[4]")
+    assert not outcome.from_cache
+    cause, detail = outcome.miss
+    assert cause == "flag" and "now --xla_tpu_run_id=2" in detail and "before --xla_tpu_run_id=1" in detail
+
+
+def test_a_miss_at_another_optimization_level_names_the_compile_options(cache, monkeypatch):
+    _compile_program("test tanh float32[4]")
+    _another_run(monkeypatch)
+    monkeypatch.setenv("TORCH_TPU_INTERNAL_XLA_OPTIONS", "xla_optimization_level=O1")
+    cause, detail = _compile_program("test tanh float32[4]").miss
+    assert cause == "flag" and "xla_optimization_level=O1" in detail
+
+
+def test_a_miss_of_an_entry_written_by_another_version_names_both(cache, monkeypatch):
+    monkeypatch.setattr(compile_cache, "_print", "tpu_debug 0.0.1; jax 0.0.1")
+    _compile_program("test tanh float32[4]")
+    _another_run(monkeypatch)
+    monkeypatch.setattr(compile_cache, "_print", None)
+    cause, detail = _compile_program("test tanh float32[4]").miss
+    assert cause == "version" and "tpu_debug 0.0.1; jax 0.0.1" in detail and compile_cache._fingerprint() in detail
+
+
+def test_a_miss_of_a_program_whose_text_changed_says_so(cache, monkeypatch):
+    _compile_program("test tanh float32[4]", scale=3.0)
+    _another_run(monkeypatch)
+    assert _compile_program("test tanh float32[4]", scale=4.0).miss[0] == "program"
+    # within one run, two programs of one identity are two programs, not a miss to explain
+    assert _compile_program("test tanh float32[4]", scale=5.0).miss[0] == "program"  # the earlier run's still
+
+
+def test_a_miss_in_a_new_folder_names_the_folder_that_holds_the_entry(cache, monkeypatch):
+    first = cache.parent / "job-1"
+    monkeypatch.setattr(config, "compile_cache_dir", str(first))
+    _compile_program("test tanh float32[4]")
+    _another_run(monkeypatch)
+    monkeypatch.setattr(config, "compile_cache_dir", str(cache.parent / "job-2"))
+    outcome = _compile_program("test tanh float32[4]")
+    cause, detail = outcome.miss
+    assert cause == "path" and str(first) in detail and str(cache.parent / "job-2") in detail
+
+
+def test_a_miss_is_recorded_with_its_compile(cache, monkeypatch, tmp_path):
+    import tpu_debug
+
+    x = torch.randn(4, 8)
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_run_id=1")
+    _fresh_process_call(x)
+    _another_run(monkeypatch)
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_run_id=2")
+    eager.clear_cache()
+    with tpu_debug.trace(logdir=tmp_path / "runs", compile_cache=True) as session:
+        _op(x.to("tpu")).cpu()
+    missed = [c for c in session.compiles() if c.cache_miss is not None]
+    assert missed and {c.cache_miss for c in missed} == {"flag"}
+    assert all("--xla_tpu_run_id=2" in c.cache_miss_detail for c in missed)
+    assert all(c.cache_entry and c.cache_entry.startswith(str(cache)) for c in missed)
