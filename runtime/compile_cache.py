@@ -556,8 +556,8 @@ def why_missed(root: Path, name: str, program: str | None, options: dict | None)
     written by other versions of tpu_debug, jax, jaxlib or libtpu, or for another XLA
     platform), ``"flag"`` (written under other XLA flags, or other compile options),
     ``"program"`` (the same flags and versions: the program's text itself differs, a value
-    baked into it changed), ``"path"`` (this very entry is in another folder: the cache
-    directory differs between runs).
+    baked into it changed), ``"path"`` (this very entry is in a sibling folder: the cache
+    directory is made anew for each run).
     """
     if program:
         earlier = [h for h in _index(root).programs.get(program, ()) if h.get("run") != _RUN]
@@ -583,18 +583,14 @@ def why_missed(root: Path, name: str, program: str | None, options: dict | None)
 
 
 def _other_folders(root: Path) -> list[Path]:
-    """Folders an earlier run may have kept its cache in: the default one, TorchTPU's, and the
-    siblings of ``root`` (a folder made anew for each run, such as ``mktemp -d``'s)."""
+    """Folders an earlier run of the same job may have kept its cache in: the siblings of
+    ``root`` (a folder made anew for each run: ``mktemp -d``'s, a job id under TorchTPU's tier-2
+    folder). Not the default folder: a cache set elsewhere on purpose is no mistake, and the
+    entries a run kept there before are missed once, not at every run."""
     with _index_lock:
         found = _siblings.get(root)
         if found is None:
             candidates: list[Path] = []
-            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-            candidates.append(Path(base) / "tpu_debug" / "compile")
-            with contextlib.suppress(ConfigError):
-                tier = torchtpu_cache_dir()
-                if tier is not None:
-                    candidates.append(tier)
             with contextlib.suppress(OSError), os.scandir(root.parent) as it:
                 for n, e in enumerate(it):
                     if n >= _SIBLINGS_MAX:

@@ -111,7 +111,8 @@ def _line_table(d: dict, terminal: bool) -> list[RenderableType]:
         traced = f"{line['instances']} {line['module']}" if line["instances"] > 1 else ""
         table.add_row(Text(where), str(line["nodes"]), str(line["hlo_before"]), str(line["hlo_after"]),
                       format_seconds(line["seconds"]), _share(line["seconds"], total), Text(traced))
-    parts: list[RenderableType] = [table, dim_note(f"time per line is an estimate ({d['lines_method']}); "
+    method = d["lines_method"].removeprefix("estimated: ")
+    parts: list[RenderableType] = [table, dim_note(f"time per line is an estimate ({method}); "
                                                   "HLO before: StableHLO operations XLA was handed, after: "
                                                   "optimized HLO instructions")]
     if len(d["lines"]) > _LINES_SHOWN:
