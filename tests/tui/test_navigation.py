@@ -144,6 +144,27 @@ def test_recompiles_master_detail(make_app):
     drive(app, scenario)
 
 
+def test_recompiles_compile_time_pane(make_app):
+    app = make_app()
+
+    async def scenario(pilot):
+        await press(pilot, "2")
+        screen = app.screen
+        assert not screen.query_one("#rc-time-box").display
+        await press(pilot, "t")
+        assert screen.query_one("#rc-time-box").display and not screen.query_one("#rc-hlo-box").display
+        await settle(pilot)
+        # compile 2 of mul.Tensor (a 9-row input): its wall time split into its measured phases
+        text = widget_text(screen.query_one("#compile-time", Static))
+        assert text.startswith("mul.Tensor: 54.00 ms")
+        assert "lowering          10.00 ms  18.5%" in text and "XLA compile       39.00 ms  72.2%" in text
+        assert "other              5.00 ms   9.3%" in text
+        await press(pilot, "t")
+        assert screen.query_one("#rc-hlo-box").display and not screen.query_one("#rc-time-box").display
+
+    drive(app, scenario)
+
+
 def test_recompiles_hlo_viewer_and_side_by_side_diff(make_app):
     app = make_app()
 

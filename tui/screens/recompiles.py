@@ -6,7 +6,7 @@ Master-detail, left to right and top to bottom: ops/graphs ranked by compile
 count and time -> the chosen one's compiles, oldest first (paged), each with the
 step it happened in (warm-up or steady state) -> for the highlighted compile,
 the structured key diff against the closest previous key, the source line with
-context, its HLO, and its compile time by phase and by source line (the run's
+context, and its HLO or (``t``) its compile time by phase and by source line (the run's
 phases when nothing is selected; ``tracers/reading/compile_time.py``). ``m`` marks a compile, ``v`` shows the HLO of the marked
 one (or the closest previous one) beside the highlighted one. What to do about
 an op's recompiles is the advisor's finding about it, shown as it is.
@@ -208,6 +208,7 @@ class RecompilesScreen(RunScreen):
         Binding("h", "open_hlo", "HLO"),
         Binding("m", "mark", "Mark"),
         Binding("v", "compare", "Diff HLO"),
+        Binding("t", "toggle_time", "Compile time"),
     ]
 
     @dataclasses.dataclass
@@ -277,7 +278,7 @@ class RecompilesScreen(RunScreen):
                 )
                 yield HloView(id="hlo-preview")
             with VerticalScroll(id="rc-time-box", classes="pane"):
-                yield Static(Text("Compile time", style="bold"), classes="pane-title", markup=False)
+                yield Static(Text("Compile time (t: HLO)", style="bold"), classes="pane-title", markup=False)
                 yield Static(Text("reading the compile times...", style="dim"), id="compile-time", markup=False)
 
     def on_mount(self) -> None:
@@ -587,6 +588,13 @@ class RecompilesScreen(RunScreen):
             self.app.notify(d.hlo_note, severity="warning", markup=False)
             return
         self.app.push_screen(HloScreen(d.event.program, name=d.event.name, mode=d.event.mode))
+
+    def action_toggle_time(self) -> None:
+        """Show the compile time pane in the HLO pane's place, or the HLO again."""
+        time_box = self.query_one("#rc-time-box")
+        showing = not time_box.display
+        time_box.display = showing
+        self.query_one("#rc-hlo-box").display = not showing
 
     def action_mark(self) -> None:
         d = self._detail
