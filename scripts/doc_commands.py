@@ -156,6 +156,9 @@ RUN: dict[str, int] = {
     "tpu-debug run --fail-on-recompile --transfer-guard-implicit disallow examples/pitfalls/hidden_sync.py": 1,
     "tpu-debug run --divergence --numerics tpu examples/pitfalls/bf16_drift.py": 0,
     "tpu-debug run --devices 8 examples/pitfalls/sharding_remat.py": 0,
+    # docs/compile_time.md: a tiny 12-layer transformer compiled whole, then its compile profile
+    "tpu-debug run examples/pitfalls/unrolled_layers.py": 0,
+    "tpu-debug report --compile-profile compile.pb.gz": 0,
     "tpu-debug run --target v6e --dry-run examples/dry_run_llama.py": 0,
     "torchrun --nproc-per-node 2 examples/distributed/ddp_train.py": 0,
     "tpu-debug run --nproc 2 examples/distributed/ddp_train.py": 0,
