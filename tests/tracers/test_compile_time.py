@@ -371,3 +371,36 @@ def test_tensorboard_draws_each_compile_and_its_phases(tmp_path):
     (stored,) = [c for c in session.compiles() if c.name == "g1/forward"]
     assert isinstance(stored, CompileEvent)
     assert graph["dur"] == pytest.approx(stored.wall_seconds * 1e6, rel=1e-3, abs=1)
+
+
+# -- the TPU target's compile ------------------------------------------------------------------
+
+
+def _libtpu() -> bool:
+    from tpu_debug.runtime.target import _libtpu as libtpu
+
+    return bool(libtpu._find_libtpu())
+
+
+@pytest.mark.skipif(not _libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+@pytest.mark.parametrize("level", [None, "O0"])
+def test_the_targets_compile_is_a_phase_of_its_own_at_the_level_asked_for(tmp_path, monkeypatch, level):
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", "off")  # each compile made here, none read back
+    if level is not None:  # TorchTPU's variable: the TPU compile's level, here the target's too
+        monkeypatch.setenv("TORCH_TPU_INTERNAL_XLA_OPTIONS", f"xla_optimization_level={level}")
+    clear_cache()
+    torch._dynamo.reset()
+    with tpu_debug.trace(logdir=tmp_path / "runs", target="v5e") as session:
+        f = tpu_debug.compile(lambda x: (x @ x.T).relu().sum(dim=0))
+        f(torch.randn(64, 128).to("tpu")).cpu()
+    torch._dynamo.reset()
+    ct = compile_time(session)
+    targets = [u for u in ct.units if u.kind == "target"]
+    (graph,) = [u for u in targets if u.mode == "compiled"]  # the graph's program (no grad: inference)
+    assert graph.phases.target_compile > 0 and graph.phases.total == pytest.approx(graph.wall, abs=EPS)
+    assert ct.phases.target_compile == pytest.approx(sum(u.phases.total for u in targets), abs=EPS)
+    assert ct.total == pytest.approx(sum(u.phases.total for u in ct.units), abs=EPS)
+    (event,) = [e for e in session.events("target_compile") if e.name == graph.name]
+    assert event.optimization_level == level
+    # the target's compile was timed on the target compiler's thread: its span is its own
+    assert event.seconds == pytest.approx(graph.wall, abs=EPS)
