@@ -11,7 +11,7 @@ with the setting that cuts it for a memory check: XLA's lowest effort level, whi
 reads from ``TORCH_TPU_INTERNAL_XLA_OPTIONS`` (and the target compile follows). ``--fixed``
 sets it before the first compile.
 
-    tpu-debug run --target v5e examples/pitfalls/target_compile_bound.py [--fixed]
+    tpu-debug run --target v5e --target-wait 900 examples/pitfalls/target_compile_bound.py [--fixed]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import torch
 from torch import nn
 
-WIDTH, DEPTH, BATCH = 2048, 12, 8
+WIDTH, DEPTH, BATCH = 2048, 8, 8
 
 
 def main(argv: list[str] | None = None) -> int:
