@@ -10,6 +10,8 @@ def test_every_event_is_frozen_slotted_and_has_a_kind():
     assert set(ev.EVENT_TYPES) == {
         "op",
         "compile",
+        "compile_phase",
+        "compile_lines",
         "transfer",
         "fallback",
         "graph_break",
@@ -68,7 +70,7 @@ def test_renderings():
 
 
 def test_unknown_kind_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collective_call, collective_desync, collective_done, collectives, collectives_target, compile, divergence, "):
+    with pytest.raises(ValueError, match=r"^unknown event kind 'nope'; known kinds: collective_call, collective_desync, collective_done, collectives, collectives_target, compile, compile_lines, compile_phase, divergence, "):
         ev.event_type("nope")
 
 

@@ -475,7 +475,10 @@ def test_the_declarations_give_the_layout_readers_rely_on(tmp_path):
     }
     conn.close()
     assert cols == {
-        "compiles": ["event_id", "signature", "args", "previous_id", "identity", "from_cache", "saved_seconds"],
+        # then how its time was spent (measured phases), its dynamo compile, its HLO counts, its cache entry
+        "compiles": ["event_id", "signature", "args", "previous_id", "identity", "from_cache", "saved_seconds",
+                     "wall_seconds", "lower_seconds", "xla_seconds", "read_seconds", "frame", "hlo_before", "hlo_after",
+                     "cache_entry", "cache_miss", "cache_miss_detail"],
         "key_diffs": [
             "event_id",
             "position",
