@@ -48,7 +48,8 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     # called with the layer's index, a cache folder made for each run (the script starts the
     # job's previous run itself), a TPU compile of wide layers (needs libtpu)
     "unrolled_layers.py": ([], ["--layers", "6", "--steps", "1"], {"unrolled_loop"}, ["--fixed"]),
-    "compile_per_layer.py": ([], ["--steps", "1"], {"compile_per_layer"}, ["--fixed"]),
+    # (a repeated program is told by its HLO: recorded here, as it is by default)
+    "compile_per_layer.py": (["--hlo"], ["--steps", "1"], {"compile_per_layer"}, ["--fixed"]),
     "compile_cache_per_run.py": (["--compile-cache"], ["--steps", "2"], {"compile_cache_miss"}, ["--fixed"]),
     # (its TPU compiles take a minute on a busy machine: waited for, not left unfinished)
     "target_compile_bound.py": (["--target", "v5e", "--target-wait", "900"], ["--steps", "1"], {"target_compile_bound"},

@@ -158,13 +158,11 @@ def unrolled_loop(facts: RunFacts) -> Iterable[Finding]:
 # -- one function compiled again for every layer ------------------------------------------------
 
 
-def _program_of(c: CompileEvent) -> tuple:
-    """What one compile made, the same across graphs: its program's content hash, else its
-    signature without the graph's id and its operation count."""
-    if c.program is not None:
-        return ("program", c.program)
-    signature = c.signature.split("/", 1)[-1] if c.signature.startswith("g") else c.signature
-    return ("signature", signature, c.hlo_before)
+def _program_of(c: CompileEvent) -> str | None:
+    """What one compile made, the same across graphs: its program's content hash (None without
+    HLO recording: two programs that differ only in a constant baked into them, a Python
+    number's value, have the same signature and size, so nothing else tells them apart)."""
+    return c.program
 
 
 def _frame_number(compile_id: str | None) -> str | None:
@@ -179,13 +177,17 @@ def compile_per_layer(facts: RunFacts) -> Iterable[Finding]:
     by_frame: dict[str, dict[str, list[CompileEvent]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for c in facts.compiles:
         frame = _frame_number(c.frame)
-        if c.mode == "compiled" and frame is not None:
+        # compiles again in steady state are recompiles, the recompile rules' subject: a loop
+        # over layers compiles its function while the program warms up
+        if c.mode == "compiled" and frame is not None and facts.phase(c.ts) != "steady":
             by_frame[frame][c.frame].append(c)
     units = facts.compile_time.units
     for frame, ids in sorted(by_frame.items()):
         order = sorted(ids, key=lambda cid: int(cid.rsplit("/", 1)[1]) if cid.rsplit("/", 1)[1].isdigit() else 0)
         seen: set[frozenset] = set()
         repeated: list[str] = []
+        if any(_program_of(c) is None for cid in order for c in ids[cid]):
+            continue  # programs not recorded: no telling a repeat from a new constant
         for cid in order:
             made = frozenset(_program_of(c) for c in ids[cid])
             if made in seen:
