@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import tpu_debug
 from tpu_debug.core.hlo_text import parse_module
-from tpu_debug.report import print_report, report_data
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import COMPILE_PHASES, CompileEvent, CompileLinesEvent
 from tpu_debug.tracers.reading.compile_profile import SAMPLE_TYPES, compile_profile, nanoseconds
 from tpu_debug.tracers.reading.compile_time import compile_time
+
+import tpu_debug
+from tpu_debug.report import print_report, report_data
 
 ROOT = Path(__file__).parents[2]
 PITFALL = ROOT / "examples" / "pitfalls" / "unrolled_layers.py"
@@ -312,7 +312,7 @@ def _run(tmp_path: Path, cache: Path, name: str) -> dict:
     logdir = tmp_path / "runs"
     cmd = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--name", name, "--logdir", str(logdir),
            str(PITFALL), "--layers", "3", "--steps", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     session = tpu_debug.open_run(name, logdir=logdir)
     return report_data(session)["compiles"]["phases"]
@@ -383,11 +383,11 @@ def _libtpu() -> bool:
 
 
 @pytest.mark.skipif(not _libtpu(), reason='needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
-@pytest.mark.parametrize("level", [None, "O0"])
-def test_the_targets_compile_is_a_phase_of_its_own_at_the_level_asked_for(tmp_path, monkeypatch, level):
+def test_the_targets_compile_is_a_phase_of_its_own_at_the_level_asked_for(tmp_path, monkeypatch):
+    level = "O0"
     monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", "off")  # each compile made here, none read back
-    if level is not None:  # TorchTPU's variable: the TPU compile's level, here the target's too
-        monkeypatch.setenv("TORCH_TPU_INTERNAL_XLA_OPTIONS", f"xla_optimization_level={level}")
+    # TorchTPU's variable: the TPU compile's level on a TPU, here the target compile's too
+    monkeypatch.setenv("TORCH_TPU_INTERNAL_XLA_OPTIONS", f"xla_optimization_level={level}")
     clear_cache()
     torch._dynamo.reset()
     with tpu_debug.trace(logdir=tmp_path / "runs", target="v5e") as session:
