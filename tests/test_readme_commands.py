@@ -59,6 +59,9 @@ EXCUSED: dict[str, str] = {
     "tpu-debug fit": "the example is two TPU compiles of an 8B model's decoder layers (minutes); tests/fit "
                      "compares the answer for a tiny Llama with a direct sharded compile",
     "ssh ": "a port forward from the reader's machine to a remote TPU VM",
+    "tpu-debug report --compile-profile": "writes the last run's compile profile; tests/tracers/test_compile_time.py "
+                                          "writes one and parses it as pprof's protobuf, and the wheel smoke runs "
+                                          "docs/compile_time.md's",
     "torchrun --nproc-per-node 4": "four ranks training a Llama (over a minute on 2 cores); "
                                    "tests/distributed/test_llama_fsdp_tp_example.py runs the script under torchrun "
                                    "against CPU/gloo, test_torchrun_ranks.py runs tpu-debug run under torchrun",
