@@ -462,11 +462,9 @@ def _evict(root: Path, target: int) -> int:
 # this process's entries are told apart from those of earlier runs (a program compiled twice in
 # one run under one identity is two programs, not a miss)
 _RUN = uuid.uuid4().hex
-# the flags JAX's key leaves out (jax._src.cache_key): a dump folder changing per run misses nothing
-_UNHASHED_FLAGS = ("--xla_dump", "--xla_force_host_platform_device_count", "--xla_tpu_sdc_checker",
-                   "--xla_gpu_cuda_data_dir", "--xla_gpu_experimental_autotune_cache_mode")
-# entries whose headers are read to explain misses, at most (a header is a few hundred bytes)
-_INDEX_MAX = 20_000
+# entries whose headers are read to explain misses, at most, the most recent first (read once per
+# process, at its first miss: a header is a few hundred bytes)
+_INDEX_MAX = 5_000
 # sibling folders looked in for an entry a run kept elsewhere, at most, and the misses after
 # which a process that found no entry anywhere stops looking (a first run in a new cache)
 _SIBLINGS_MAX = 200
@@ -475,9 +473,12 @@ _PATH_LOOKS = 32
 
 def _hashed_flags() -> list[str]:
     """The XLA flags JAX's cache key hashes (XLA_FLAGS and LIBTPU_INIT_ARGS, less the ones it
-    leaves out), sorted."""
+    leaves out: a dump folder that changes per run misses nothing), sorted."""
+    from jax._src import cache_key
+
+    unhashed = set(getattr(cache_key, "xla_flags_to_exclude_from_cache_key", ()))
     flags = (os.environ.get("XLA_FLAGS", "") + " " + os.environ.get("LIBTPU_INIT_ARGS", "")).split()
-    return sorted(f for f in flags if not f.split("=")[0].startswith(_UNHASHED_FLAGS))
+    return sorted(f for f in flags if f.split("=")[0] not in unhashed)
 
 
 def _options_text(options: dict | None) -> str:
