@@ -83,19 +83,32 @@ class UnsupportedGraphOp(UnsupportedError):
     """A node of a compiled graph has no lowering."""
 
 
+# the table graph_decompositions built, by the sizes of the two registries it reads
+_decompositions: dict[tuple[int, int], dict] = {}
+
+
 def graph_decompositions() -> dict:
-    """Core aten decompositions, minus the ops we lower directly."""
+    """Core aten decompositions, minus the ops we lower directly.
+
+    Built once for each state of the registries it reads (ours only grows, PyTorch's grows
+    when a program registers a decomposition): PyTorch builds its core table from every
+    composite op's registrations, a third of a second of CPU that each graph compile paid.
+    Each caller gets its own copy."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
-    table = dict(core_aten_decompositions())
-    # beyond the core set: any PyTorch decomposition of an op we have no lowering for
-    for op, fn in decomposition_table.items():
-        if op not in table and lookup(op) is None:
-            table[op] = fn
-    for op in list(table):
-        if lookup(op) is not None:
-            del table[op]
-    return table
+    key = (len(registered()), len(decomposition_table))
+    if key not in _decompositions:
+        table = dict(core_aten_decompositions())
+        # beyond the core set: any PyTorch decomposition of an op we have no lowering for
+        for op, fn in decomposition_table.items():
+            if op not in table and lookup(op) is None:
+                table[op] = fn
+        for op in list(table):
+            if lookup(op) is not None:
+                del table[op]
+        _decompositions.clear()
+        _decompositions[key] = table
+    return dict(_decompositions[key])
 
 
 def _get_attr(gm: torch.fx.GraphModule, target: str):
