@@ -50,7 +50,8 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.core.argspec import ArgSpec
-from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, InputOrigin, LoweredNode
+from tpu_debug.runtime.graph_inputs import backward_inputs, forward_origins
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -580,6 +581,7 @@ class CompiledGraph:
         # the program is (GraphInfo.inputs)
         self.origin = DynamoOrigin(torch.is_grad_enabled())
         self.inputs: tuple[str, ...] = ()
+        self.origins: tuple[InputOrigin, ...] = ()
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
         # its signature is computed on the first call and reused.
@@ -1021,7 +1023,7 @@ class CompiledGraph:
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
             graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin, label=self.label,
-                            inputs=self.inputs),
+                            inputs=self.inputs, origins=self.origins),
             jitted=jitted,
             from_cache=cached is not None and cached.from_cache,
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
@@ -1165,14 +1167,6 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
     )
 
 
-def _primal(name: str, forward_inputs: tuple[str, ...]) -> str:
-    """A backward placeholder's name, or for ``primals_<n>`` the forward's input ``n``'s."""
-    number = name.removeprefix("primals_")
-    if number != name and number.isdigit() and 0 < int(number) <= len(forward_inputs):
-        return forward_inputs[int(number) - 1]
-    return name
-
-
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph (the
     device registered: see ``tpu_debug._loader.dynamo_backend`` for dynamo's entry point)."""
@@ -1197,6 +1191,11 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     step = _computes_gradients(graph)
     inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
+    # what each program input is to the user (runtime/graph_inputs.py): the forward's, which its
+    # backward's saved inputs are read against
+    origins = forward_origins(graph, lifted, origin.inputs, example_inputs)
+    forward_graph: list[torch.fx.GraphModule] = []
+
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
             label = inference if kind == "inference" else kind
@@ -1204,11 +1203,14 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             program.origin = origin
             # AOTAutograd passes the graph module's own tensors (an optimizer's state dynamo
             # lifted) before the graph's inputs; a backward's inputs are its placeholders, a
-            # forward input it saved (primals_<n>) named as the forward's input n
+            # forward input it saved (primals_<n>, or a view of it) named as that forward input
             program.inputs = lifted + origin.inputs
+            program.origins = origins
+            if kind == "forward":
+                forward_graph[:] = [graph]
             if kind == "backward":
-                program.inputs = tuple(_primal(n.name, lifted + origin.inputs)
-                                       for n in graph.graph.find_nodes(op="placeholder"))
+                program.inputs, program.origins = backward_inputs(
+                    graph, forward_graph[0] if forward_graph else None, lifted + origin.inputs, origins)
 
             # AOTAutograd calls this lazily: a backward is compiled on its first call, which
             # may come from user code dynamo is running (``loss.backward()`` after a graph

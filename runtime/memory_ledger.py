@@ -200,6 +200,13 @@ class Ledger:
                 self._drain()
             return self.live_bytes
 
+    def serial(self, storage: Any) -> int | None:
+        """The serial id probes know ``storage`` by (``AllocInfo.storage``), None when it holds
+        no payload the ledger registered."""
+        with self._lock:
+            holder = self._by_id.get(id(storage))
+            return holder.sid if holder is not None and holder.ref() is storage else None
+
     def replay(self, route: Any) -> None:
         """Tell the probes of ``route`` every storage held now (``existing``), as if allocated."""
         with self._lock:

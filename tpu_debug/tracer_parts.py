@@ -441,8 +441,10 @@ def _start_program_memory(run: Running) -> None:
     # with a target, the target's compiler's assignments (the target tracer hands them over);
     # without one, this machine's (a dry run compiles nothing here)
     local = run.target is None and not run.config.dry_run
+    memory = run.kept.get("memory")  # where each storage was allocated, when memory is tracked
     tracer = ProgramMemoryTracer(run.writer, clock=run.recorder.clock, local=local,
-                                 record_error=run.recorder.record_error, phase=lambda: current_phase(2))
+                                 record_error=run.recorder.record_error, phase=lambda: current_phase(2),
+                                 lines=memory.tracer.line_of if memory is not None else None)
     run.kept["program_memory"] = tracer
     probes.subscribe(tracer)
     target = run.kept.get("target")

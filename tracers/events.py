@@ -1404,15 +1404,21 @@ class ProgramBuffer:
     ``"optimizer_state"``, ``"gradient"``, ``"activation"`` (a forward value kept for the
     backward), ``"temporary"``, ``"collective"``, ``"host"``, ``"input"``, ``"output"``,
     ``"other"``, or ``"unused"``: the heap's fragmentation there). ``nbytes``: the bytes it
-    is counted for at the peak (its size in the compiler's layout, padding included;
+    is counted for at the peak (its own size in the compiler's layout, padding included;
     less, for a value sharing bytes with another); ``logical_bytes`` its elements times
-    their size. ``name`` the value (its instruction, ``{i}`` for a tuple element),
-    ``opcode`` the instruction that made it (copies and tuples followed), ``op`` what made
-    that (the FX node and aten op, ``mm_1|aten::mm``, or the JAX operation), ``start``
-    and ``end`` its live range in program order. ``file``/``line``/``function``: the
-    PyTorch line that made it (the user's; ``library`` when only library code, a model in
-    transformers say, is known). ``count`` > 1: a row folding that many smaller buffers of
-    its kind (``name`` empty).
+    their size; ``padding_bytes`` what the layout's tiles add to it (its size less its
+    logical bytes, where the compiler's layout is tiled; 0 elsewhere). ``name`` the value
+    (its instruction, ``{i}`` for a tuple element), ``opcode`` the instruction that made it
+    (copies and tuples followed), ``op`` what made that (the FX node and aten op,
+    ``mm_1|aten::mm``, or the JAX operation) or, for a program's input, the user's name for
+    it (``qkv.weight``, ``exp_avg of 0.weight``, ``x``), ``start`` and ``end`` its live
+    range in program order. ``file``/``line``/``function``: the PyTorch line that made it
+    (the user's; ``library`` when only library code, a model in transformers say, is
+    known); ``note`` what it is in words where the line does not say it (an input made
+    before the trace, the incoming gradient). ``reserved``: the bytes are not in use at the
+    peak but held for this value, written at another point in the allocation it shares over
+    time with other values (``allocation_bytes``: that allocation's size, when shared).
+    ``count`` > 1: a row folding that many smaller buffers of its kind (``name`` empty).
     """
 
     kind: str
@@ -1430,6 +1436,10 @@ class ProgramBuffer:
     function: str | None = None
     library: bool = False
     count: int = 1
+    note: str = ""
+    reserved: bool = False
+    allocation_bytes: int = 0
+    padding_bytes: int = 0
 
 
 @register_event

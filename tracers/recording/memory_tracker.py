@@ -315,6 +315,16 @@ class MemoryTracer:
     def on_internal_error(self, method: str, exc: BaseException) -> None:
         self._error(method, exc)
 
+    def line_of(self, storage: int) -> tuple[SourceLocation | None, bool] | None:
+        """(the user line that allocated storage ``storage``, whether it was allocated before the
+        trace began), None for a storage not tracked."""
+        with self._lock:
+            record = self._storages.get(storage)
+            if record is None:
+                return None
+            site = record[0]
+            return site.location, site.phase == BEFORE_TRACE
+
     # -- what the dry run adds -----------------------------------------------------------
 
     def add_target_programs(self, programs: list) -> None:

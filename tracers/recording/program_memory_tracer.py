@@ -21,7 +21,7 @@ from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import ProgramMemoryEvent, ProgramProtoEvent, SourceLocation
 from tpu_debug.tracers.hlo import program_hash
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.recording.program_buffers import ProgramContext, analyse, context_of
+from tpu_debug.tracers.recording.program_buffers import ProgramContext, StorageLines, analyse, context_of
 
 __all__ = ["DEFAULT_WAIT", "ProgramMemoryTracer"]
 
@@ -49,12 +49,15 @@ class ProgramMemoryTracer:
         record_error: ``(where, message)`` keeps a tracer failure in the run.
         phase: the pass running now (``"forward"``, ``"backward"``, ``"optimizer"``), for
             lazy sites; None leaves them unknown.
+        lines: where each storage was allocated (the memory tracker's ``line_of``), so a
+            program's input is shown at the line that made it; None leaves that unknown.
     """
 
     def __init__(self, writer: Any, *, clock: Callable[[], float] | None = None, local: bool = True,
                  record_error: Callable[[str, str], None] | None = None,
-                 phase: Callable[[], str] | None = None) -> None:
+                 phase: Callable[[], str] | None = None, lines: StorageLines | None = None) -> None:
         self.writer = writer
+        self._lines = lines
         self.local = local
         self._clock = clock or (lambda: 0.0)
         self._record_error = record_error
@@ -80,7 +83,7 @@ class ProgramMemoryTracer:
             return
         location = user_location(_PROBE_DEPTH)
         graph = info.graph is not None
-        context = context_of(info, self._sites, location, _program_hash(info) if graph else None)
+        context = context_of(info, self._sites, location, _program_hash(info) if graph else None, self._lines)
         with self._lock:
             if self._closed:
                 return
