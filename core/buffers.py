@@ -143,6 +143,7 @@ class PeakBuffer:
     allocation: Allocation
     nbytes: int
     reserved: bool = False
+    offset: int = 0  # the first of its counted bytes in the allocation
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -304,7 +305,8 @@ def _static_buffers(a: Allocation, values: list[Value], position: int) -> list[P
     rest = a.size - sum(b.nbytes for b in out)
     if rest > 0:
         others = [v for v in values if not v.live_at(position)] or values
-        out.append(PeakBuffer(max(others, key=lambda v: (v.size, v.start)), a, rest, reserved=True))
+        out.append(PeakBuffer(max(others, key=lambda v: (v.size, v.start)), a, rest, reserved=True,
+                              offset=a.size - rest))
     return out
 
 
@@ -340,9 +342,10 @@ def _counted(live: list[tuple[Value, Allocation]]) -> list[PeakBuffer]:
         for v, a in group:
             lo, hi = v.offset, v.offset + v.size
             new = hi - lo - max(0, min(hi, reach) - lo)
+            first = max(lo, reach)
             reach = max(reach, hi)
             if new > 0:
-                out.append(PeakBuffer(v, a, new))
+                out.append(PeakBuffer(v, a, new, offset=first))
     return out
 
 

@@ -309,6 +309,8 @@ class AllocInfo:
     was first seen now, so the line allocating it is on the stack (unless
     ``existing``: it was allocated before tracking began); otherwise the bytes came
     to a storage known already (a payload's other holder went, or the payload grew).
+    ``node``: for a compiled graph's output, the graph node that computed it (its stack
+    trace holds the line inside the model; the stack holds only the call); else None.
     """
 
     storage: int
@@ -317,6 +319,7 @@ class AllocInfo:
     dtype: str
     new: bool = True
     existing: bool = False
+    node: LoweredNode | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

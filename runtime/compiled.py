@@ -51,7 +51,8 @@ from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.core.argspec import ArgSpec
 from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, InputOrigin, LoweredNode
-from tpu_debug.runtime.graph_inputs import backward_inputs, forward_origins
+from tpu_debug.runtime import memory_ledger
+from tpu_debug.runtime.graph_inputs import backward_inputs, forward_origins, output_nodes
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -581,6 +582,7 @@ class CompiledGraph:
         # the program is (GraphInfo.inputs)
         self.origin = DynamoOrigin(torch.is_grad_enabled())
         self.inputs: tuple[str, ...] = ()
+        self._outputs_made_by: tuple[LoweredNode | None, ...] | None = None
         self.origins: tuple[InputOrigin, ...] = ()
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
@@ -593,6 +595,12 @@ class CompiledGraph:
         self._static_key: tuple | None = None  # (graph id, digest, the static signature)
         self._static_entry: _Entry | None = None  # its executable (CPU numerics)
         self._static_shapes: tuple = ()
+
+    def _output_nodes(self) -> tuple[LoweredNode | None, ...]:
+        """The node that computed each output of the graph (views followed back), read once."""
+        if self._outputs_made_by is None:
+            self._outputs_made_by = output_nodes(self.gm)
+        return self._outputs_made_by
 
     def _signature(self, arrays) -> tuple:
         if _placement.active:  # a program is compiled for its inputs' shardings
@@ -626,7 +634,7 @@ class CompiledGraph:
         if probes._op_probes:  # divergence tracing compares this call with CPU
             probes.observe_graph(self, arrays, _output_arrays(entry, outs, arrays, len(mutated)))
         it = iter(outs)
-        result = self._results(entry, it, arrays)
+        result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
         for t, value in zip(targets, it):  # input mutations: the new value into the input
             if isinstance(t, torch.Tensor):
                 _write_input(t, value)
@@ -695,7 +703,7 @@ class CompiledGraph:
                 setattr(storage, PAYLOAD_ATTR, outs[i])
             return result
         it = iter(entry.restore(outs) if entry.lead else outs)
-        result = self._results(entry, it, arrays)
+        result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
         if _tensor._track is None:
             for storage, value in zip(targets, it):
                 setattr(storage, PAYLOAD_ATTR, value)
@@ -803,14 +811,19 @@ class CompiledGraph:
         return outs
 
     @staticmethod
-    def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
+    def _results(entry: _Entry, it: Iterator, arrays: list, nodes: Sequence[LoweredNode | None] | None = None) -> list:
         """The graph's outputs as tensors, from the program's outputs (``it``, advanced
-        past them) and where ``entry`` says each output comes from."""
+        past them) and where ``entry`` says each output comes from; with ``nodes`` (memory
+        tracked), each new tensor is told to the memory probes as made by its graph node."""
         result = []
         scalars = entry.scalars
         for i, (source, where, dt) in enumerate(entry.outputs):
             if source == _PROGRAM:
+                if nodes is not None:
+                    memory_ledger.made_by(nodes[i] if i < len(nodes) else None)
                 result.append(from_jax(next(it), dt))
+                if nodes is not None:
+                    memory_ledger.made_by(None)
             elif source == _INPUT:  # an input passed through (saved for backward): no copy
                 result.append(from_jax(arrays[where], dt))
             elif source == _SAME:  # the same value again: its own tensor, the same buffer

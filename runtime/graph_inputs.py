@@ -26,7 +26,7 @@ import torch.fx
 from tpu_debug.core.records import InputOrigin, LoweredNode
 from tpu_debug.runtime import memory_ledger
 
-__all__ = ["backward_inputs", "forward_origins"]
+__all__ = ["backward_inputs", "forward_origins", "output_nodes"]
 
 # ops whose result is another name for (part of) their first input's bytes: followed back to
 # what computed them. ``_unsafe_view`` is a view in all but its schema (a reshape's result)
@@ -144,6 +144,23 @@ def _computed_by(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _lowered(node: torch.fx.Node) -> LoweredNode:
+    target = node.target
+    op = str(target).removeprefix("aten.") if isinstance(target, torch._ops.OpOverload) else str(target)
+    return LoweredNode(node.name, str(target), f"{node.name}|aten::{op}", node.meta.get("stack_trace"))
+
+
+def output_nodes(graph: torch.fx.GraphModule) -> tuple[LoweredNode | None, ...]:
+    """The node that computed each output of ``graph`` (views and detaches followed back),
+    None for an output that is an input or no tensor: the memory a graph's output holds is
+    charged to the line inside the model that made it."""
+    out = []
+    for arg in graph.graph.output_node().args[0]:
+        node = _computed_by(arg) if isinstance(arg, torch.fx.Node) else None
+        out.append(_lowered(node) if node is not None and node.op == "call_function" else None)
+    return tuple(out)
+
+
 def _primal(name: str, sources: Sequence[str]) -> str:
     """A backward placeholder's name, or for ``primals_<n>`` the forward's input ``n``'s source."""
     number = name.removeprefix("primals_")
@@ -176,9 +193,6 @@ def backward_inputs(backward: torch.fx.GraphModule, forward: torch.fx.GraphModul
             names.append(sources[i] if i < len(sources) else placeholder.name)
             out.append(origins[i] if i < len(origins) else InputOrigin())
             continue
-        target = node.target
-        op = str(target).removeprefix("aten.") if isinstance(target, torch._ops.OpOverload) else str(target)
         names.append(placeholder.name)
-        out.append(InputOrigin("", LoweredNode(node.name, str(target), f"{node.name}|aten::{op}",
-                                               node.meta.get("stack_trace"))))
+        out.append(InputOrigin("", _lowered(node)))
     return tuple(names), tuple(out)

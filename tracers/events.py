@@ -1255,6 +1255,8 @@ class MemoryHolder:
     recorded. ``kind``: what they are, from when they were made and whether they outlived
     their step (``tracers.recording.memory_tracker.holder_kind``: ``"parameter"``, ``"gradient"``,
     ``"optimizer_state"``, ``"activation"``, ``"temporary"``); "" where not recorded.
+    ``call_file``/``call_line``: for the outputs of a compiled graph, whose line is the
+    graph node's inside the model, the user's line that called the graph ("" and 0 otherwise).
     """
 
     file: str
@@ -1267,6 +1269,8 @@ class MemoryHolder:
     dtype: str = ""
     logical_bytes: int = 0
     kind: str = ""
+    call_file: str = ""
+    call_line: int = 0
 
 
 @register_event

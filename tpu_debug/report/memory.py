@@ -53,7 +53,12 @@ def _memory_rows(m: dict) -> list[tuple[str, str]]:
 
 
 def _holder_where(h: dict) -> str:
-    return format_location(h["file"], h["line"], h["function"]) if h["file"] else "before the trace"
+    if not h["file"]:
+        return "before the trace"
+    where = format_location(h["file"], h["line"], h["function"])
+    if h.get("call_file"):
+        where += f" (called at {format_location(h['call_file'], h['call_line'], None)})"
+    return where
 
 
 def _memory_finding(f: dict, terminal: bool) -> Group:

@@ -65,6 +65,7 @@ __all__ = [
     "context_of",
     "node_facts",
     "role_of",
+    "value_frames",
 ]
 
 #: buffers an event keeps one by one: the largest, and beyond them every buffer of at least
@@ -608,3 +609,33 @@ def analyse(assignment: BufferAssignment, hlo: str, context: ProgramContext, *, 
         assignment.total(HOST_COLOR), tuple(order), tuple(kinds[k] for k in order), _folded(rows, peak.unused),
         tuple(p for p, _ in timeline), tuple(b for _, b in timeline), context.program, tpu_program,
     )
+
+
+def value_frames(assignment: BufferAssignment, hlo: str, context: ProgramContext
+                 ) -> Callable[[int], tuple[list[dict[str, Any]], int]]:
+    """For a memory snapshot of the program (``tracers/recording/memory_snapshot.py``): each
+    value's frames, innermost first (the PyTorch line that made it, then the program and the op
+    or the input's name, or what it is in words), and its logical bytes, by value id."""
+    reader = _Reader(parse_module(hlo), context, assignment.sequence)
+    allocations = {a.index: a for a in assignment.allocations}
+    values = {v.id: v for v in assignment.values}
+    cache: dict[int, tuple[list[dict[str, Any]], int]] = {}
+
+    def describe(value_id: int) -> tuple[list[dict[str, Any]], int]:
+        found = cache.get(value_id)
+        if found is not None:
+            return found
+        v = values.get(value_id)
+        if v is None:
+            return [], 0
+        row = _row(reader, PeakBuffer(v, allocations[v.allocation], v.size))
+        frames = []
+        if row.file:
+            frames.append({"filename": row.file, "line": row.line or 0, "name": row.function or ""})
+        what = row.op if row.file or row.opcode == "parameter" else ""
+        frames.append({"filename": f"<{context.name}>", "line": max(v.start, 0),
+                       "name": " ".join(p for p in (what, f"({row.note})" if row.note else "") if p) or v.instruction})
+        found = cache[value_id] = (frames, row.logical_bytes or v.size)
+        return found
+
+    return describe

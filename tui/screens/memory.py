@@ -221,6 +221,10 @@ class MemoryScreen(RunScreen):
     def _row(self, h: MemoryHolder) -> tuple[Text, ...]:
         if h.file:
             where = location_text(SourceLocation(h.file, h.line, h.function), self.cwd)
+            if h.call_file:
+                where.append(" (called at ", style="dim")
+                where.append_text(location_text(SourceLocation(h.call_file, h.call_line, ""), self.cwd, function=False))
+                where.append(")", style="dim")
         else:
             where = Text("before the trace", style="dim")
         return (
