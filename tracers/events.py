@@ -1083,7 +1083,13 @@ class TargetCompileEvent(Event):
 
     ``status``: ``"ok"``, ``"hbm_oom"`` (the program does not fit one device's
     HBM: ``required_bytes`` of ``available_bytes``, for ``error_what``) or
-    ``"compile_error"``. ``seconds`` is the TPU compile time (of the compile that
+    ``"compile_error"``; ``error_code`` XLA's code of the refusal (``"E1001:
+    CompileTimeScopedVmemOom"``: ``runtime/target/error_codes.py`` says what it means and
+    what to change), printed by the compiler (``error_code_printed``) or recognised from its
+    message; ``error_instruction`` the HLO instruction the message is about, with the op
+    (``error_op``) and the PyTorch line (``error_file``/``error_line``/``error_function``)
+    that made it; ``error_source_file``/``error_source_line``/``error_source_function`` the
+    line of a Pallas kernel whose operation Mosaic refused (E2001-E2003). ``seconds`` is the TPU compile time (of the compile that
     produced the result when it came from the on-disk cache: ``cached``);
     ``relowered``: the local lowering held a CPU-only custom call, so the function
     was lowered again for the TPU.
@@ -1138,6 +1144,15 @@ class TargetCompileEvent(Event):
     required_bytes: int | None = None
     available_bytes: int | None = None
     error_what: str | None = None
+    error_code_printed: bool = False
+    error_instruction: str | None = None
+    error_op: str | None = None
+    error_file: str | None = None
+    error_line: int | None = None
+    error_function: str | None = None
+    error_source_file: str | None = None
+    error_source_line: int | None = None
+    error_source_function: str | None = None
     larger_targets: tuple[str, ...] = ()
     larger_hbm_bytes: tuple[int, ...] = ()
     larger_spec_bytes: tuple[int, ...] = ()
