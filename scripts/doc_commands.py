@@ -205,6 +205,8 @@ NEVER: dict[str, str] = {
     "python scripts/op_coverage.py --module-results RESULTS.jsonl": "records a ModuleInfo sweep's results in "
                                                                     "docs/moduleinfo_sweep.json",
     "python -m pytest -n 2 -q -p no:cacheprovider -m slow": "the slow tier of the test suite (hours on 2 cores)",
+    "python -m pytest -n 2 -q -p no:cacheprovider -m quick": "the quick tier of the test suite, tests the command "
+                                                              "after it (.ci/run's) runs too",
     "TPU_DEBUG_OPINFO_FULL=1 python -m pytest -n 2 -q -p no:cacheprovider tests/runtime/test_opinfo.py":
         "the full OpInfo sweep, about 40 minutes on 2 cores",
     "TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_opinfo.py -n 2 -q":
