@@ -294,6 +294,7 @@ class _Reader:
         self.module = module
         self.context = context
         self.by_name: dict[str, Instruction] = {}
+        self._users: dict[tuple[str, str], list[Instruction]] | None = None
         for ins in module.instructions():
             self.by_name.setdefault(ins.name, ins)
         entry = module.entry
@@ -444,6 +445,24 @@ class _Reader:
             library = True
         return op_name.rsplit("/", 1)[-1] if op_name else ins.opcode, where, library
 
+    def handed_on(self, ins: Instruction) -> tuple[str, SourceLocation | None, bool, Instruction] | None:
+        """For a value an instruction of the compiler's own makes (a kernel it wrote in place of
+        the ops, as ``online-softmax`` for a softmax and the matmul after it), whose scope names
+        no PyTorch op: the op and line of the view that reads it unchanged (a bitcast or
+        reshape whose scope is the op whose output the value is), else None."""
+        if self._users is None:
+            users: dict[tuple[str, str], list[Instruction]] = {}
+            for other in self.module.instructions():
+                for operand in other.operands:
+                    users.setdefault((other.computation, operand), []).append(other)
+            self._users = users
+        for user in self._users.get((ins.computation, ins.name), ()):
+            if user.opcode in ("bitcast", "reshape", "copy") and user.metadata.op_name:
+                op, where, library = self.op_of(user)
+                if where is not None:
+                    return op, where, library, user
+        return None
+
     def collective(self, ins: Instruction | None) -> bool:
         if ins is None:
             return False
@@ -532,6 +551,11 @@ def _row(reader: _Reader, buf: PeakBuffer, held: int = 0) -> ProgramBuffer:
         if maker is not None and maker.opcode == "parameter" and buf.allocation.kind != "parameter":
             note = "a copy the program makes of an input" + (f" ({note})" if note else "")
         maker = reader.parameters.get(parameter, maker)
+    elif where is None and maker is not None and (read := reader.handed_on(maker)) is not None:
+        made_as = maker.metadata.op_name or maker.opcode
+        op, where, library, _user = read
+        note = (f"the TPU compiler's own kernel {made_as!r} computes it in place of the ops; "
+                f"{op.split('|', 1)[0]} at this line reads it as its output")
     elif where is None:
         note = _XLA_TEXT.get(buf.allocation.kind, "made by XLA, not by a PyTorch op")
     logical, dtype, dims, tiled = _logical_bytes(v.shape)
