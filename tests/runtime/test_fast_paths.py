@@ -166,3 +166,54 @@ def test_a_listening_tracer_sees_each_accumulation_as_an_op():
     finally:
         probes.unsubscribe(count)
     assert count.runs.count("add_.Tensor") == len(list(dev.parameters()))
+
+
+# -- in-place ops donating the buffers they write ---------------------------------------------
+
+
+def _donors(op):
+    return [d for d in eager.plan_for(op).donors.values() if d is not False]
+
+
+def test_optimizer_steps_with_donated_buffers_equal_cpu():
+    """SGD with momentum and AdamW rewrite every parameter and state tensor each step: from an
+    executable's third call on, in place in the old buffers; four steps equal CPU's."""
+    for make in (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                 lambda ps: torch.optim.AdamW(ps, lr=1e-2)):
+        cpu, dev = _pair()
+        opts = make(cpu.parameters()), make(dev.parameters())
+        for x, y in _batches(4):
+            for model, opt, (a, b) in ((cpu, opts[0], (x, y)), (dev, opts[1], (x.to("tpu"), y.to("tpu")))):
+                opt.zero_grad()
+                _backward(model, a, b)
+                opt.step()
+        for p, q in zip(cpu.parameters(), dev.parameters()):
+            torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+    assert _donors(torch.ops.aten._foreach_add_.List)
+
+
+def test_a_payload_another_tensor_holds_is_not_donated():
+    """A compiled graph's output may hold an input's buffer (an input passed through): an
+    in-place op on the input must leave that tensor's value alone."""
+    from tpu_debug.runtime.tensor import from_jax, to_jax
+
+    x = torch.arange(6.0).to("tpu")
+    for _ in range(3):  # the signature's donor exists from the third call on
+        x.mul_(2.0)
+    alias = from_jax(to_jax(x), x.dtype)  # a second storage holding the same array
+    x.mul_(2.0)
+    x.add_(1.0)
+    torch.testing.assert_close(alias.cpu(), torch.arange(6.0) * 8)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0) * 16 + 1)
+    assert _donors(torch.ops.aten.mul_.Tensor)  # (a Python number: a wrapped 0-d tensor)
+
+
+def test_a_view_written_in_place_is_not_donated():
+    """A view reads and writes part of its storage's payload: the old buffer stays."""
+    base = torch.arange(8.0).to("tpu")
+    view = base[2:6]
+    for _ in range(4):
+        view.mul_(2.0)
+    expected = torch.arange(8.0)
+    expected[2:6] *= 16
+    torch.testing.assert_close(base.cpu(), expected)
