@@ -27,6 +27,7 @@ from tpu_debug.runtime import ops as _ops
 from tpu_debug.runtime import profiler as _profiler
 from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import tpu_utils as _tpu_utils
+from tpu_debug.runtime import value_checks
 from tpu_debug.runtime import xla_options as _xla_options
 from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime.config import config
@@ -348,6 +349,7 @@ class TpuModule:
             arr.block_until_ready()
         if began is not None:
             probes.synchronized(time.perf_counter() - began)
+        value_checks.flush()  # every program has run: their value-check reports are read
 
     @staticmethod
     def get_device_name(device=None) -> str:

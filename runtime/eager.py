@@ -555,6 +555,8 @@ def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
         probes.transferring("d2h", op)
     start = time.perf_counter()
     host = np.array(arr) if not _placement.active else _placement.host_value(arr)
+    # the program was waited for: value-check reports of programs run by now are read here
+    value_checks.poll()
     if t.dtype == torch.bfloat16:
         out = torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
     else:
