@@ -2,6 +2,7 @@
 
     python benchmarks/split_step.py --torchax PYTHON [--repeat 7] [--calls 40] [--rows mlp-sgd,...]
     python benchmarks/split_step.py --profile mlp-sgd [--calls 300]
+    python benchmarks/split_step.py --traced llama-sgd,llama-adamw [--repeat 7] [--calls 30]
 
 The split step on the `tpu` device, as a ``torch.compile`` user writes it::
 
@@ -14,7 +15,7 @@ The split step on the `tpu` device, as a ``torch.compile`` user writes it::
 against torchax 0.0.13's one ``jax.jit`` of value-and-grad and the optimizer's update (the
 module's functional form from ``torchax.extract_jax``, the update written in JAX, the
 parameters and optimizer state donated), and against the same step in plain PyTorch on
-CPU. Workloads: benchmarks/compiled.py's MLP (256 -> 512 -> 512 -> 10, batch 64) and tiny
+CPU (one intra-op thread, see ``compare``). Workloads: benchmarks/compiled.py's MLP (256 -> 512 -> 512 -> 10, batch 64) and tiny
 Llama (batch 1 x 32); optimizers SGD (lr 0.01) and AdamW (PyTorch's defaults, lr 1e-3);
 our step with ``zero_grad(set_to_none=True)`` (PyTorch's default: autograd stores each
 gradient) and ``set_to_none=False`` (the gradients zeroed in place and summed into).
@@ -31,6 +32,12 @@ parameter), after two untimed steps and a wait, as a training loop runs them. Ra
 medians over rounds of the ratio of two samples of the same round; CPU is each process's
 own (``time.process_time``: XLA's threads included). See benchmarks/README.md for
 installing torchax beside the dev environment.
+
+``--traced ROWS``: our split step (set_to_none=True) untraced and inside ``tpu_debug.trace()``
+(default tracers, the invalid-values tracer among them: the tiny Llama's embedding and its
+backward are checked ops), samples alternating, the order rotating; traced / untraced per
+round, the median. The trace is entered and left around each traced sample (and its two
+untimed steps): entering and leaving is tracing_overhead.py's fixed cost, not a step's.
 
 ``--profile ROW``: cProfile of ``calls`` of our split steps (set_to_none=True), the top
 functions by own time, and the calling thread's CPU per part of the step (forward call,
@@ -260,6 +267,12 @@ def _load() -> str:
 
 
 def compare(rows: list[str], python: str | None, repeat: int, calls: int) -> None:
+    import torch
+
+    # PyTorch on CPU with one intra-op thread: with two, its OpenMP workers spin against XLA's
+    # threads (this process's and the torchax child's) on a 2-core machine, and a step that
+    # takes 1-2 ms alone took 60-300 ms under load
+    torch.set_num_threads(1)
     variants: dict = {}
     for row in rows:
         variants[(row, "CPU PyTorch eager")] = _sampler(*_split_step(row, "cpu", True, compiled=False))
@@ -300,6 +313,36 @@ def compare(rows: list[str], python: str | None, repeat: int, calls: int) -> Non
         print(f"| {row} | {name} | {statistics.median(wall[k]) * 1e3:.3f} | {statistics.median(cpu[k]) * 1e3:.3f} "
               f"| {ratio(wall, row, 'torchax one jax.jit')} | {ratio(cpu, row, 'torchax one jax.jit')} "
               f"| {ratio(wall, row, 'CPU PyTorch eager')} |", flush=True)
+
+
+def traced(rows: list[str], repeat: int, calls: int) -> None:
+    import tempfile
+
+    import tpu_debug
+
+    logdir = tempfile.mkdtemp(prefix="split_step_traces_")
+    samples = {row: _sampler(*_split_step(row, "tpu", True)) for row in rows}
+    load_before, start = _load(), time.strftime("%H:%M:%S", time.gmtime())
+    times: dict = {(row, side): [] for row in rows for side in ("untraced", "traced")}
+    keys = list(times)
+    for r in range(repeat):
+        for row, side in keys[r % len(keys):] + keys[: r % len(keys)]:
+            time.sleep(0.02)
+            if side == "traced":
+                with tpu_debug.trace(logdir=logdir):
+                    times[(row, side)].append(samples[row](calls))
+            else:
+                samples[row](2)  # as the traced side: two more untimed steps
+                times[(row, side)].append(samples[row](calls))
+    print(f"measured {start}-{time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
+          f"{load_before} before, {_load()} after (2 CPUs); {repeat} rounds of {calls} steps a sample\n")
+    print("| workload | untraced wall ms/step | traced / untraced, wall | traced / untraced, CPU |")
+    print("|---|---:|---:|---:|")
+    for row in rows:
+        on, off = times[(row, "traced")], times[(row, "untraced")]
+        wall = statistics.median(a[0] / b[0] for a, b in zip(on, off))
+        cpu = statistics.median(a[1] / b[1] for a, b in zip(on, off))
+        print(f"| {row} | {statistics.median(b[0] for b in off) / calls * 1e3:.3f} | {wall:.3f}x | {cpu:.3f}x |")
 
 
 def profile(row: str, calls: int) -> None:
@@ -365,16 +408,19 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of: " + ", ".join(ROWS))
     parser.add_argument("--torchax", metavar="PYTHON", help="an interpreter with torchax installed")
     parser.add_argument("--profile", metavar="ROW")
+    parser.add_argument("--traced", metavar="ROWS", help="traced / untraced of our split step on these rows")
     parser.add_argument("--child", metavar="ROWS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return torchax_child(args.child.split(","))
     if args.profile:
         return profile(args.profile, args.calls)
-    rows = args.rows.split(",")
+    rows = (args.traced or args.rows).split(",")
     unknown = set(rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROWS)}")
+    if args.traced:
+        return traced(rows, args.repeat, args.calls)
     compare(rows, args.torchax, args.repeat, args.calls)
 
 

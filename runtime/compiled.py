@@ -45,6 +45,7 @@ from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
+from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
@@ -654,12 +655,20 @@ class CompiledGraph:
         shapes = self._static_shapes
         arrays = []
         storages = []
-        for a, shape in zip(args, shapes):
+        for i, (a, shape) in enumerate(zip(args, shapes)):
             storage = a.untyped_storage()
             arr = getattr(storage, PAYLOAD_ATTR, None)
             # the tensor's shape and the whole payload's equal, and contiguous: offset 0
-            if type(arr) is not _ArrayImpl or arr.aval.shape != shape or not a.is_contiguous():
+            if type(arr) is not _ArrayImpl or not a.is_contiguous():
                 return None
+            if arr.aval.shape != shape:
+                # a whole payload read in another shape: a backward's incoming gradient through
+                # the loss's ``logits.reshape(-1, vocab)`` is the reshaped gradient's storage.
+                # Its reshape is one small dispatch; the general path would walk every input
+                if (a.storage_offset() or arr.size != a.numel() or i in self.program.mutated_set
+                        or arr.dtype != _JAX_OF.get(a.dtype)):
+                    return None
+                arr = arr.reshape(shape)
             arrays.append(arr)
             storages.append(storage)
         arr = None  # a donated array's references are counted below

@@ -217,3 +217,39 @@ def test_a_view_written_in_place_is_not_donated():
     expected = torch.arange(8.0)
     expected[2:6] *= 16
     torch.testing.assert_close(base.cpu(), expected)
+
+
+def test_a_backward_fed_a_reshaped_gradient_takes_the_static_call(monkeypatch):
+    """A language model's loss reads its logits reshaped (``logits.reshape(-1, vocab)``): the
+    compiled backward's incoming gradient is then a whole payload of another shape. The
+    static call reads it reshaped; the gradients equal CPU's."""
+    from tpu_debug.runtime import compiled
+
+    torch._dynamo.reset()
+    results = []
+    static = compiled.CompiledGraph._call_static
+
+    def counted(self, *args):
+        out = static(self, *args)
+        results.append((self.kind, out is not None))
+        return out
+
+    monkeypatch.setattr(compiled.CompiledGraph, "_call_static", counted)
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 11))
+    dev = copy.deepcopy(cpu).to("tpu")
+    fwd = torch.compile(dev, backend="tpu_debug")
+    tokens = torch.randint(0, 11, (2, 5))
+
+    def loss(logits):
+        return F.cross_entropy(logits.reshape(-1, 11), tokens.reshape(-1).to(logits.device))
+
+    loss(cpu(tokens)).backward()
+    for _ in range(3):
+        for p in dev.parameters():
+            p.grad = None
+        loss(fwd(tokens.to("tpu"))).backward()
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+    assert ("backward", True) in results and ("backward", False) not in results
+    torch._dynamo.reset()
