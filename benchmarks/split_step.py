@@ -36,12 +36,13 @@ installing torchax beside the dev environment.
 ``--traced ROWS``: our split step (set_to_none=True) untraced and inside ``tpu_debug.trace()``
 (default tracers, the invalid-values tracer among them: the tiny Llama's embedding and its
 backward are checked ops), samples alternating, the order rotating; traced / untraced per
-round, the median. The trace is entered and left around each traced sample (and its two
-untimed steps): entering and leaving is tracing_overhead.py's fixed cost, not a step's.
+round, the median. The trace is entered and left around each traced sample, after two
+untimed steps and the writer's commit of the run's start: entering and leaving is
+tracing_overhead.py's fixed cost, not a step's.
 
-``--profile ROW``: cProfile of ``calls`` of our split steps (set_to_none=True), the top
-functions by own time, and the calling thread's CPU per part of the step (forward call,
-loss, backward, optimizer step, zero_grad).
+``--profile ROW``: the calling thread's CPU per part of our split step (set_to_none=True:
+zero_grad, forward call, loss, backward, optimizer step), our compiled graphs' calls and
+JAX's calls within them, over ``calls`` steps; then cProfile's top functions by own time.
 """
 
 from __future__ import annotations
@@ -329,10 +330,17 @@ def traced(rows: list[str], repeat: int, calls: int) -> None:
         for row, side in keys[r % len(keys):] + keys[: r % len(keys)]:
             time.sleep(0.02)
             if side == "traced":
-                with tpu_debug.trace(logdir=logdir):
+                recording = tpu_debug.trace(logdir=logdir)
+                with recording:
+                    samples[row](2)
+                    # the writer stores the run's start (its header, the programs replayed to the
+                    # new trace's tracers, more with every program the process compiled) on the
+                    # other core: a cost of entering the trace, left out of the timed sample, as
+                    # tracing_modes.py does
+                    recording._writer.flush()
                     times[(row, side)].append(samples[row](calls))
             else:
-                samples[row](2)  # as the traced side: two more untimed steps
+                samples[row](2)  # as the traced side
                 times[(row, side)].append(samples[row](calls))
     print(f"measured {start}-{time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
           f"{load_before} before, {_load()} after (2 CPUs); {repeat} rounds of {calls} steps a sample\n")
@@ -346,24 +354,41 @@ def traced(rows: list[str], repeat: int, calls: int) -> None:
 
 
 def profile(row: str, calls: int) -> None:
-    """Where our split step's host time goes: per part (thread CPU) and cProfile's top."""
+    """Where our split step's host time goes: the calling thread's CPU per part of the step,
+    and within them our compiled graphs' calls (JAX's call of the program included) and the
+    JAX calls themselves, and the in-place eager ops' JAX calls; then cProfile's top."""
     import cProfile
     import pstats
 
     import torch
+
+    from tpu_debug.runtime import compiled, eager
 
     model, x, y, loss_fn, make_opt = _setup(row)
     model = model.to("tpu")
     x, y = x.to("tpu"), y.to("tpu")
     opt = make_opt(model.parameters())
     fwd = torch.compile(model)
-    params = list(model.parameters())
-    parts = {"zero_grad": 0, "forward (compiled call)": 0, "loss (eager)": 0, "backward": 0, "optimizer step": 0,
-             "wait": 0}
-    from tpu_debug.runtime.tensor import to_jax
+    clock = time.thread_time_ns
+    inner = {"compiled graphs' calls (ours + JAX)": 0, "  of which JAX's call": 0,
+             "in-place eager ops' JAX calls": 0}
 
-    def step(timed: bool):
-        clock = time.perf_counter_ns
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inner[name] += clock() - start
+        return call
+
+    patched = ((compiled.CompiledGraph, "__call__", "compiled graphs' calls (ours + JAX)"),
+               (compiled.CompiledGraph, "_run", "  of which JAX's call"),
+               (eager._Donor, "run", "in-place eager ops' JAX calls"))
+    saved = [(cls, attr, getattr(cls, attr)) for cls, attr, _ in patched]
+    parts = dict.fromkeys(("zero_grad", "forward (compiled call)", "loss (eager)", "backward", "optimizer step"), 0)
+
+    def step(timed_parts: bool):
         t0 = clock()
         opt.zero_grad()
         t1 = clock()
@@ -375,30 +400,30 @@ def profile(row: str, calls: int) -> None:
         t4 = clock()
         opt.step()
         t5 = clock()
-        if timed:
+        if timed_parts:
             for name, a, b in zip(parts, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
                 parts[name] += b - a
         return loss
 
-    for _ in range(5):
+    for _ in range(10):
         step(False)
-    for _ in range(calls):
-        loss = step(True)
-    t = time.perf_counter_ns()
-    for p in (loss, *params):
-        to_jax(p).block_until_ready()
-    parts["wait"] += time.perf_counter_ns() - t
-    print(f"load average {_load()}; wall time per part of the step (µs), {calls} steps:")
-    for name, ns in parts.items():
-        print(f"  {name:26s} {ns / calls / 1e3:8.1f}")
-    print(f"  {'total':26s} {sum(parts.values()) / calls / 1e3:8.1f}")
+    try:
+        for cls, attr, name in patched:
+            setattr(cls, attr, timed(name, getattr(cls, attr)))
+        for _ in range(calls):
+            step(True)
+    finally:
+        for cls, attr, fn in saved:
+            setattr(cls, attr, fn)
+    print(f"load average {_load()}; the calling thread's CPU per step (µs), {calls} steps:")
+    for name, ns in (*parts.items(), ("total", sum(parts.values())), *inner.items()):
+        print(f"  {name:38s} {ns / calls / 1e3:8.1f}")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         step(False)
     prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 def main(argv=None) -> None:
