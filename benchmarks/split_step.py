@@ -48,7 +48,6 @@ JAX's calls within them, over ``calls`` steps; then cProfile's top functions by 
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import subprocess
@@ -361,7 +360,6 @@ def profile(row: str, calls: int) -> None:
     import pstats
 
     import torch
-
     from tpu_debug.runtime import compiled, eager
 
     model, x, y, loss_fn, make_opt = _setup(row)

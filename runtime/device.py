@@ -20,14 +20,13 @@ from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime import autocast as _autocast
-from tpu_debug.runtime import eager, probes
+from tpu_debug.runtime import eager, probes, value_checks
 from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import memory_ledger as _memory_ledger  # noqa: F401 - hands memory tracking to the probes
 from tpu_debug.runtime import ops as _ops
 from tpu_debug.runtime import profiler as _profiler
 from tpu_debug.runtime import rng_state as _random
 from tpu_debug.runtime import tpu_utils as _tpu_utils
-from tpu_debug.runtime import value_checks
 from tpu_debug.runtime import xla_options as _xla_options
 from tpu_debug.runtime.compiled import install_backends
 from tpu_debug.runtime.config import config

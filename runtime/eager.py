@@ -1599,7 +1599,7 @@ class _Donor:
     output and freeing every input (an optimizer step rewrites all parameters and their
     state each step). Its inputs ``0..n-1`` are the written tensors' payloads."""
 
-    __slots__ = ("fn", "n", "calls")
+    __slots__ = ("calls", "fn", "n")
 
     def __init__(self, fn, n: int) -> None:
         self.fn, self.n, self.calls = fn, n, 0
