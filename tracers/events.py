@@ -456,8 +456,11 @@ class TransferEvent(Event):
     ``if t:``, a scalar operand, a CPU fallback). ``context`` is the library frame that moved
     the data when it was not the user's own line (``"file:line in function"``: a sync inside
     transformers' ``generate()``, reached from ``location``), else None; ``origin``, for an
-    upload, the factory that made the data on the host as the user's line shows it
-    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``).
+    upload, the factory that made the data on the host in the step as the user's line shows it
+    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``), and
+    what it goes with: ``follows``, the tensor whose shape or device the code reads for it
+    (``"x_start"`` of ``torch.randn(x_start.shape).to(x_start.device)``), ``module``, the
+    ``nn.Module`` class whose method uploads it (``"GaussianDiffusion"``).
     """
 
     kind: ClassVar[str] = "transfer"
@@ -471,6 +474,8 @@ class TransferEvent(Event):
     implicit: bool
     context: str | None = None
     origin: str | None = None
+    follows: str | None = None
+    module: str | None = None
 
 
 @register_event

@@ -213,7 +213,9 @@ class _Upload:
     seconds: float  # the copies' measured time, on this machine
     steps: tuple[int, ...]
     payload: str  # "same", "new" or "unknown" (see _payload)
-    origin: str | None  # the host factory that made the data, when the line shows one
+    origin: str | None  # the host factory that made the data in the step, when the line shows one
+    follows: str | None = None  # the device tensor whose shape or device the code reads for it
+    module: str | None = None  # the nn.Module class whose method makes it
 
 
 def _on_tpu(facts: RunFacts, nbytes: float, steps: Sequence[int]) -> tuple[float, float] | None:
@@ -232,15 +234,18 @@ def _on_tpu(facts: RunFacts, nbytes: float, steps: Sequence[int]) -> tuple[float
 def _host_made_text(u: _Upload, facts: RunFacts) -> tuple[str, str]:
     made = u.origin or "a factory"
     name = made.rpartition(".")[2]
+    inside = f" inside {u.module}" if u.module else ""
     title = (
-        f"{made}(...) at {where_text(u.location)} {'draws' if name in _RANDOM else 'makes'} {u.aval} on the host, "
-        f"copied to the device in {len(u.steps)} of {len(facts.steady)} steady steps"
+        f"{made}(...) at {where_text(u.location)}{inside} {'draws' if name in _RANDOM else 'makes'} {u.aval} on the "
+        f"host, copied to the device in {len(u.steps)} of {len(facts.steady)} steady steps"
     )
+    x = u.follows or "x"
     if made.startswith("torch."):
-        like = f", or torch.{name}_like({_LIKE[name]}) for a tensor shaped like x" if name in _LIKE else ""
-        instead = f"torch.{name}(..., device=x.device){like}"
+        shaped = f" for a tensor shaped like {x}" if u.follows is None else ""
+        like = f", or torch.{name}_like({_LIKE[name].replace('x', x, 1)}){shaped}" if name in _LIKE else ""
+        instead = f"torch.{name}(..., device={x}.device){like}"
     else:
-        instead = "torch's own function (torch.rand, torch.randn, torch.randint, torch.arange) with device=x.device"
+        instead = f"torch's own function (torch.rand, torch.randn, torch.randint, torch.arange) with device={x}.device"
     fix = (
         f"make it on the device, where it is used: {instead}; nothing is then made on the host or copied. "
         "The copy waits on the host at every step: on a TPU, whose step is far shorter than this "
@@ -275,10 +280,12 @@ def _h2d_text(u: _Upload, facts: RunFacts, batches: bool) -> tuple[str, str] | N
             "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
         )
         return title, fix
-    if u.origin is not None and batches:
-        # data the step makes beside its batch (noise, timesteps, a mask): whatever its share of
-        # this machine's step, it could be made on the device and copy nothing. A step whose
-        # every upload is made by a factory is a program's stand-in for loading data: not judged.
+    if u.origin is not None and (batches or u.follows is not None or u.module is not None):
+        # data the step makes for its tensors (noise, timesteps, a mask): beside a batch, shaped
+        # like or moved to a tensor already on the device, or made inside a model's method.
+        # Whatever its size and share of this machine's step, it could be made on the device and
+        # copy nothing. A step whose every upload is a factory's draw with sizes of its own is a
+        # program's stand-in for loading data: data, not judged.
         return _host_made_text(u, facts)
     return _batch_text(u, facts, what)
 
@@ -339,10 +346,10 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
                   for events in sites.values())
     for (location, op, shape, dtype), steady in sites.items():
         steps = facts.steady_steps_of(steady)
-        origins = {getattr(t, "origin", None) for t in steady}
+        made = {(getattr(t, "origin", None), getattr(t, "follows", None), getattr(t, "module", None)) for t in steady}
+        origin, follows, module = made.pop() if len(made) == 1 else (None, None, None)
         u = _Upload(op, location, f"{dtype}[{','.join(map(str, shape))}]", sum(t.nbytes for t in steady) / len(steps),
-                    sum(t.seconds for t in steady), tuple(steps), _payload(steady),
-                    origins.pop() if len(origins) == 1 else None)
+                    sum(t.seconds for t in steady), tuple(steps), _payload(steady), origin, follows, module)
         text = _h2d_text(u, facts, batches)
         if text is None:
             continue
@@ -357,6 +364,10 @@ def _h2d_finding(u: _Upload, steady: Sequence[Any], text: tuple[str, str], facts
         facts_text += f", identical bytes in all {len(steady)} steady copies"
     if host_made:
         facts_text += f", made on the host by {u.origin}"
+        if u.follows:
+            facts_text += f" for {u.follows} (its shape or device is read from it)"
+        if u.module:
+            facts_text += f" in a method of {u.module}"
     title, fix = text
     library = _library_frame(steady)
     if library is not None:
