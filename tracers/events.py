@@ -102,10 +102,13 @@ __all__ = [
 # 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
 # 8: an event about a runtime record keeps the whole record: a transfer's runtime op, a collective
 #    call's shapes as dimensions, a desync's message and each rank's shapes as a list
-SCHEMA_VERSION = 8
+# 9: a step keeps the time of the programs it read back from the compile cache, an upload what
+#    its data follows (a tensor, a module), a recompile-limit hit the identity of what it compiled
+SCHEMA_VERSION = 9
 # the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
-# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), and 7 from 8 in
-# columns each carried record declares how to read (``carried(legacy=...)``)
+# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), 7 from 8 in
+# columns each carried record declares how to read (``carried(legacy=...)``), and 8 from 9 in
+# columns that read as their defaults
 OLDEST_READABLE_SCHEMA = 6
 
 
@@ -925,7 +928,8 @@ class StepEvent(Event):
     the same programs (the warm-up ends when it repeats; see
     ``tracers.reading.step_phases.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
-    programs ready all the same (warm-up).
+    programs ready all the same (warm-up); ``read_back_seconds`` the time that took, which is
+    the compile side of the step (what a cold cache would have spent compiling).
 
     Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for
@@ -934,8 +938,8 @@ class StepEvent(Event):
     ``torch.tpu.synchronize()``), ``collective_seconds`` in c10d collectives,
     ``checkpoint_seconds`` saving checkpoints (``torch.save``, DCP's ``save``).
     Compiles and op runs inside one of those are its time: ``inner_op_seconds``
-    and ``inner_compile_seconds`` say how much of ``op_seconds`` and
-    ``compile_seconds`` that was. None in a run recorded before the split was
+    and ``inner_compile_seconds`` say how much of ``op_seconds`` and of
+    ``compile_seconds`` with ``read_back_seconds`` that was. None in a run recorded before the split was
     kept, and in an imported log's steps.
     """
 
@@ -965,6 +969,7 @@ class StepEvent(Event):
     checkpoint_seconds: float | None = None
     inner_op_seconds: float = 0.0
     inner_compile_seconds: float = 0.0
+    read_back_seconds: float = 0.0
 
     @property
     def ops(self) -> int:

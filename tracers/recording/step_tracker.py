@@ -91,6 +91,7 @@ class _Counts:
         "graph_runs",
         "op_seconds",
         "parts",
+        "read_back_seconds",
         "read_backs",
         "recompiles",
         "sequence",
@@ -111,6 +112,7 @@ class _Counts:
         self.transfer_seconds = 0.0
         self.fallbacks = 0
         self.read_backs = 0
+        self.read_back_seconds = 0.0
         self.sequence = _SEED
         # seconds per part of WAIT_PARTS and _INNER
         self.parts = dict.fromkeys(WAIT_PARTS + _INNER, 0.0)
@@ -368,7 +370,7 @@ class StepTracker:
         counts = self._counts
         read_back = bool(getattr(info, "from_cache", False))
         _count_compile(counts, float(info.seconds), recompile, read_back)
-        if self._wait is not None and not read_back:
+        if self._wait is not None:  # a compile or a read-back inside a wait is the wait's time
             self._add("inner_compile", float(info.seconds))
         window = self._window
         if window is not None and not window.full:
@@ -513,8 +515,11 @@ def _transfer_part(info: TransferInfo) -> str | None:
 
 
 def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: bool) -> None:
-    if read_back:  # read back from the persistent compile cache: nothing compiled, never a recompile
+    if read_back:
+        # read back from the persistent compile cache: nothing compiled, never a recompile, but
+        # the time is the compile side's (a cold cache would have compiled it there)
         counts.read_backs += 1
+        counts.read_back_seconds += seconds
         return
     counts.compiles += 1
     counts.recompiles += int(recompile)
@@ -575,6 +580,7 @@ def _event(
         *(c.parts[p] if measured else None for p in WAIT_PARTS),
         c.parts["inner_op"],
         c.parts["inner_compile"],
+        c.read_back_seconds,
     )
 
 
