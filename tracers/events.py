@@ -608,8 +608,10 @@ class GuardFailureEvent(Event):
 class RecompileLimitEvent(Event):
     """A function hit dynamo's recompile limit: from then on it runs without compiling.
 
-    ``limit_type`` names the limit (``"recompile_limit"``), ``limit`` its
-    value, ``reason`` the last failed guard.
+    ``name`` is the function in the user's names (a module's class, the name it is called by
+    and the line that compiled it; a function's name and line), ``limit_type`` names the limit
+    (``"recompile_limit"``), ``limit`` its value, ``reason`` the last failed guard, ``identity``
+    the identity its compiles carry (their forward graph's; None when not known).
     """
 
     kind: ClassVar[str] = "recompile_limit"
@@ -620,6 +622,7 @@ class RecompileLimitEvent(Event):
     limit_type: str
     limit: int = column("limit_value")  # LIMIT is an SQL keyword
     reason: str
+    identity: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
