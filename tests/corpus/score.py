@@ -8,7 +8,9 @@ process) and its findings are compared with what the script says it should get:
 - ``# EXPECT: kind[, kind]`` at the end of a line: a planted problem, found when a warning
   or an error of that kind is located at that line (several lines marked with one kind are
   alternatives: the finding may point at any of them; an ``info`` finding is not counted,
-  either way). Any other warning or error is a false positive.
+  either way). Any other warning or error is a false positive. One planted problem is one
+  cause, so it must be found once: a second warning or error of its kind at its lines is a
+  cause split into several findings, and fails the script.
 - ``# corpus-options: ...``: options for ``tpu-debug run`` (``--divergence``, ...).
 
 The expectations were written from what a TPU engineer would flag in each script, never
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _EXPECT = re.compile(r"#\s*EXPECT:\s*([\w, ]+)")
@@ -50,10 +53,11 @@ class Result:
     missed: list[str]  # "kind@lines", expected and not found
     false: list[str]  # "kind@line: title", serious findings nobody expected
     error: str | None = None  # the run itself failed
+    split: list[str] = dataclasses.field(default_factory=list)  # "kind@lines: n findings", one cause found n times
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.missed and not self.false
+        return self.error is None and not self.missed and not self.false and not self.split
 
 
 def expected(path: Path) -> Expected:
@@ -75,10 +79,19 @@ def expected(path: Path) -> Expected:
     return Expected(correct, kinds, options)
 
 
-def run(path: Path, logdir: Path, timeout: float = 240.0, cache: Path | None = None) -> tuple[list, str | None]:
-    """The script's findings under ``tpu-debug run`` (and the run's error, if it failed);
-    ``cache``: run with the persistent compile cache in that directory (else as the
-    environment says; the test suite turns the cache off)."""
+class Recorded(NamedTuple):
+    """A script's run: its findings, the run's error (None when it ran), and its step verdict
+    (the bound of its steady steps, ``"host-bound"``...; None without one)."""
+
+    findings: list
+    error: str | None
+    bound: str | None = None
+
+
+def run(path: Path, logdir: Path, timeout: float = 240.0, cache: Path | None = None) -> Recorded:
+    """The script's findings under ``tpu-debug run``, the run's error if it failed, and its
+    step verdict; ``cache``: run with the persistent compile cache in that directory (else as
+    the environment says; the test suite turns the cache off)."""
     exp = expected(path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k == "TPU_DEBUG_COMPILE_CACHE"}
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -88,12 +101,16 @@ def run(path: Path, logdir: Path, timeout: float = 240.0, cache: Path | None = N
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=path.resolve().parent)
     runs = sorted(logdir.glob("*/run.db"))
     if proc.returncode != 0 or not runs:
-        return [], f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+        return Recorded([], f"exit {proc.returncode}: {proc.stderr[-1500:]}")
     import tpu_debug
+    from tpu_debug.tracers.reading.step_phases import step_phases
+    from tpu_debug.tracers.reading.step_time import verdict
 
     run_ = tpu_debug.open_run(runs[-1].parent)
     try:
-        return list(run_.findings()), None
+        steps = run_.steps()
+        v = verdict(steps, step_phases(steps))
+        return Recorded(list(run_.findings()), None, v.bound if v is not None else None)
     finally:
         getattr(run_, "close", lambda: None)()
 
@@ -110,6 +127,10 @@ def score(path: Path, findings: list, error: str | None = None) -> Result:
         else:
             used.add(hit)
             result.found.append(f"{kind}@{_line(findings[hit], path)}")
+        # one planted problem is one cause: found once, not split into findings of its kind
+        same = [f for f in findings if f.kind == kind and f.severity in _SERIOUS and _line(f, path) in lines]
+        if len(same) > 1:
+            result.split.append(f"{kind}@{','.join(map(str, sorted(lines)))}: {len(same)} findings")
     for i, f in enumerate(findings):
         if i in used or f.severity not in _SERIOUS:
             continue
@@ -132,10 +153,12 @@ def _elsewhere(finding) -> str:
     return "nowhere" if loc is None else f"{os.path.basename(loc.file)}:{loc.line}"
 
 
-def identity(path: Path, findings: list) -> list[tuple]:
+def identity(path: Path, findings: list, bound: str | None = None) -> list[tuple]:
     """What two runs of a script must agree on: each finding's kind, severity, line and subject
-    (not its figures: a compile read back from the cache takes another time than one compiled)."""
-    return sorted((f.kind, f.severity, _line(f, path) or _elsewhere(f), f.subject) for f in findings)
+    (not its figures: a compile read back from the cache takes another time than one compiled),
+    and the step verdict's bound when given."""
+    out = sorted((f.kind, f.severity, _line(f, path) or _elsewhere(f), f.subject) for f in findings)
+    return out + ([("verdict", bound)] if bound is not None else [])
 
 
 def scripts() -> list[Path]:
@@ -154,6 +177,7 @@ def totals(results: list[Result]) -> dict[str, float]:
         "planted problems": tp + fn,
         "found at the user's line": tp,
         "false positives": fp,
+        "causes split into several findings": sum(len(r.split) for r in results),
         "precision": tp / (tp + fp) if tp + fp else 1.0,
         "recall": tp / (tp + fn) if tp + fn else 1.0,
         "failed runs": sum(1 for r in results if r.error is not None),
@@ -162,23 +186,30 @@ def totals(results: list[Result]) -> dict[str, float]:
 
 def main() -> int:
     """``score.py``: every script's result and the totals. ``score.py --cache``: each script run
-    twice with one new persistent compile cache, cold then warm; a script whose findings differ
-    between the two is listed (and the totals are the cold run's)."""
+    twice with one new persistent compile cache, cold then warm; a script whose findings or step
+    verdict differ between the two is listed (and the totals are the cold run's).
+    ``score.py NAME...``: only the scripts whose file name holds one of the NAMEs."""
     cached = "--cache" in sys.argv[1:]
     results, changed = [], []
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
     for path in scripts():
+        if only and not any(name in path.name for name in only):
+            continue
         with tempfile.TemporaryDirectory() as tmp:
-            findings, error = run(path, Path(tmp) / "cold", cache=Path(tmp) / "cache" if cached else None)
+            cold = run(path, Path(tmp) / "cold", cache=Path(tmp) / "cache" if cached else None)
+            findings, error = cold.findings, cold.error
             if cached and error is None:
-                warm, warm_error = run(path, Path(tmp) / "warm", cache=Path(tmp) / "cache")
-                if warm_error is not None or identity(path, warm) != identity(path, findings):
+                warm = run(path, Path(tmp) / "warm", cache=Path(tmp) / "cache")
+                was, now = identity(path, findings, cold.bound), identity(path, warm.findings, warm.bound)
+                if warm.error is not None or now != was:
                     changed.append(path.name)
-                    print(f"CACHE {path.name}: cold {identity(path, findings)} warm "
-                          f"{identity(path, warm) if warm_error is None else warm_error[-300:]}", flush=True)
+                    print(f"CACHE {path.name}: cold {was} warm "
+                          f"{now if warm.error is None else warm.error[-300:]}", flush=True)
         r = score(path, findings, error)
         results.append(r)
         mark = "ok " if r.ok else "BAD"
         print(f"{mark} {r.script:34} found {r.found} missed {r.missed} false {r.false}"
+              + (f" split {r.split}" if r.split else "")
               + (f" ERROR {r.error[-300:]}" if r.error else ""), flush=True)
     for name, value in totals(results).items():
         print(f"{name:34} {value:.3f}" if isinstance(value, float) else f"{name:34} {value}")
