@@ -857,6 +857,7 @@ def install() -> bool:
                 "install the torch version in constraints.txt"
             )
         _load_lowerings()
+        compat.take_the_torch_tpu_name()  # a PyTorch that ships torch/tpu (runtime/torchtpu/compat.py)
         setup(rename="tpu", backend_module=TpuModule())
         # the rename makes PrivateUse1 PyTorch's accelerator: CPU stays it until the script uses tpu
         _accelerator.install()

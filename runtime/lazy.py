@@ -107,6 +107,8 @@ class EagerMode(enum.Enum):
     DEFER_AND_FUSE = "defer_and_fuse"
     DEFER_NEVER = "defer_never"
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"
+    # TorchTPU's internal mode deferring every op, which DEFER_AND_FUSE does here (an alias)
+    INTERNAL_DEFER_ALL = "defer_and_fuse"  # noqa: PIE796 (an alias, on purpose)
 
     def __call__(self, mode: EagerMode | str) -> set_eager_mode:
         """``with torch.tpu.eager_mode(EagerMode.DEFER_NEVER):``, as TorchTPU's guide writes it:

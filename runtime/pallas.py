@@ -40,12 +40,29 @@ from tpu_debug.core.errors import TpuArgumentError
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.ops.registry import lower
 
-__all__ = ["INTERPRETED_KERNEL", "get_pallas_mesh", "jax_op"]
+__all__ = ["INTERPRETED_KERNEL", "JAX_TO_TORCH_DTYPE_MAP", "JaxCallable", "get_pallas_mesh", "jax_op",
+           "torch_signature"]
 
 # the name of the function holding an interpreted kernel in a program lowered for CPU
 INTERPRETED_KERNEL = "tpu_debug_interpreted_kernel"
 
 _TENSOR = (jax.Array, torch.Tensor)
+
+
+def _dtype_map() -> dict[Any, torch.dtype]:
+    out = {}
+    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                 "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"):
+        dtype = jax.numpy.dtype(name)
+        try:
+            out[dtype] = to_torch_dtype(dtype)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+#: a JAX array's dtype -> the tensor dtype the op gives it (TorchTPU's name)
+JAX_TO_TORCH_DTYPE_MAP = _dtype_map()
 _STATIC = {bool: "bool", int: "SymInt", float: "float", str: "str"}
 
 
@@ -70,7 +87,8 @@ def _sequence_of(annotation: Any) -> Any | None:
     return None
 
 
-def _arg_type(name: str, annotation: Any, where: str) -> str:
+def _arg_type(annotation: Any) -> str | None:
+    """The schema type of an argument annotated ``annotation`` (None: one jax_op cannot take)."""
     base, optional = _unwrap(annotation)
     if base in _TENSOR:
         kind = "Tensor"
@@ -81,14 +99,12 @@ def _arg_type(name: str, annotation: Any, where: str) -> str:
     elif elem in (int, float, bool):
         kind = f"{_STATIC[elem]}[]"
     else:
-        raise TpuArgumentError(
-            f"{where}: argument {name!r} is annotated {annotation!r}; jax_op takes jax.Array (a tensor), "
-            "a sequence of them, or int, float, bool, str (static): annotate it with one of those"
-        )
+        return None
     return f"{kind}?" if optional else kind
 
 
-def _return_type(annotation: Any, where: str) -> str:
+def _return_type(annotation: Any) -> str | None:
+    """The schema return type of ``annotation`` (None: one jax_op cannot return)."""
     if annotation is None or annotation is type(None):
         return "()"
     base, _ = _unwrap(annotation)
@@ -99,10 +115,20 @@ def _return_type(annotation: Any, where: str) -> str:
         return "(" + ", ".join("Tensor" for _ in args) + ")"
     if _sequence_of(base) in _TENSOR:
         return "Tensor[]"
-    raise TpuArgumentError(
-        f"{where}: the return annotation {annotation!r} is not jax.Array, a tuple of them or a list of them: "
-        "annotate what the function returns"
-    )
+    return None
+
+
+def _torch_annotation(annotation: Any) -> Any:
+    """``annotation`` with JAX arrays spelled as PyTorch tensors (what the op takes)."""
+    base, optional = _unwrap(annotation)
+    if base in _TENSOR:
+        out: Any = torch.Tensor
+    elif _sequence_of(base) in _TENSOR:
+        origin, args = typing.get_origin(base), typing.get_args(base)
+        out = tuple[tuple(torch.Tensor for _ in args)] if origin is tuple and Ellipsis not in args else list[torch.Tensor]
+    else:
+        out = base
+    return out | types.NoneType if optional else out
 
 
 def _signature(fn: Callable) -> inspect.Signature:
@@ -119,34 +145,106 @@ def _signature(fn: Callable) -> inspect.Signature:
         return inspect.signature(fn, globals=names, eval_str=True)
 
 
+def torch_signature(signature: inspect.Signature) -> inspect.Signature:
+    """The op's signature: ``signature`` with PyTorch tensors where it has JAX arrays."""
+    params = [p.replace(annotation=_torch_annotation(p.annotation)) for p in signature.parameters.values()]
+    returns = signature.return_annotation
+    base, _ = _unwrap(returns)
+    if base in _TENSOR:
+        returns = torch.Tensor
+    elif typing.get_origin(base) is tuple:
+        returns = tuple[tuple(torch.Tensor if a in _TENSOR else a for a in typing.get_args(base))]
+    return signature.replace(parameters=params, return_annotation=returns)
+
+
 def _schema(fn: Callable, where: str) -> tuple[str, inspect.Signature]:
+    """The op's schema and ``fn``'s signature; the errors use TorchTPU's words, so a check
+    written against TorchTPU's messages holds here."""
     signature = _signature(fn)
-    params = []
-    for p in signature.parameters.values():
-        if p.annotation is inspect.Parameter.empty:
-            raise TpuArgumentError(f"{where}: argument {p.name!r} has no annotation; jax_op builds the op's "
-                                   "schema from them: annotate it (jax.Array for a tensor)")
-        text = f"{_arg_type(p.name, p.annotation, where)} {p.name}"
+    missing = [p.name for p in signature.parameters.values() if p.annotation is inspect.Parameter.empty]
+    if missing:
+        raise TpuArgumentError(f"Missing argument type annotation for JAX function {where}: argument(s) "
+                               f"{', '.join(map(repr, missing))}; jax_op builds the op's schema from the "
+                               "annotations: annotate each (jax.Array for a tensor)")
+    params, bad = [], []
+    for i, p in enumerate(signature.parameters.values()):
+        kind = _arg_type(p.annotation)
+        if kind is None:
+            bad.append((i, p))
+            continue
+        text = f"{kind} {p.name}"
         if p.default is not inspect.Parameter.empty:
             text += f"={p.default!r}" if p.default is not None else "=None"
         params.append(("*, " if p.kind is inspect.Parameter.KEYWORD_ONLY and not any(
             x.startswith("*") for x in params) else "") + text)
+    if bad:
+        listed = ", ".join(f"{p.name!r} annotated {p.annotation!r}" for _, p in bad)
+        raise TpuArgumentError(
+            f"Arguments at indices {[i for i, _ in bad]} are invalid in {where}: {listed}; jax_op takes jax.Array "
+            "(a tensor), a sequence of them, or int, float, bool, str (static): annotate them with one of those")
     if signature.return_annotation is inspect.Signature.empty:
-        raise TpuArgumentError(f"{where}: the function has no return annotation (jax.Array, tuple[jax.Array, ...])")
-    return f"({', '.join(params)}) -> {_return_type(signature.return_annotation, where)}", signature
+        raise TpuArgumentError(f"The return annotation is invalid in {where}: there is none; annotate what the "
+                               "function returns (jax.Array, tuple[jax.Array, ...])")
+    returns = _return_type(signature.return_annotation)
+    if returns is None:
+        raise TpuArgumentError(
+            f"The return annotation is invalid in {where}: {signature.return_annotation!r} is not jax.Array, a "
+            "tuple of them or a list of them: annotate what the function returns")
+    return f"({', '.join(params)}) -> {returns}", signature
+
+
+# function -> whether Pallas' interpreter lowers it (see _interpreted): asked once per function,
+# at its first arguments, since what the interpreter cannot lower is how a kernel copies
+_plain_interpretable: dict[Callable, bool] = {}
+
+
+def _spec(a: Any) -> Any:
+    return jax.ShapeDtypeStruct(a.shape, a.dtype) if isinstance(a, jax.Array | jax.core.Tracer) else a
+
+
+def _interpretable(fn: Callable, args: tuple, kwargs: dict) -> bool:
+    """Whether Pallas' interpreter (``interpret=True``) lowers ``fn`` (it makes kernels XLA ops
+    when the program is lowered, so it is asked to lower one)."""
+    from jax._src import config as jax_config
+
+    if fn in _plain_interpretable:
+        return _plain_interpretable[fn]
+    specs = [_spec(a) for a in args]
+    statics = tuple(i for i, a in enumerate(specs) if not isinstance(a, jax.ShapeDtypeStruct))
+    mode = jax_config.pallas_tpu_interpret_mode_context_manager
+    prior = mode.swap_local(True)
+    try:
+        jax.jit(lambda *a: fn(*a, **kwargs), static_argnums=statics).lower(*specs)
+        ok = True
+    except (TypeError, ValueError, NotImplementedError):
+        ok = False
+    finally:
+        mode.set_local(prior)
+    _plain_interpretable[fn] = ok
+    return ok
 
 
 def _interpreted(fn: Callable) -> Callable:
-    """``fn`` with every ``pallas_call`` it makes in Pallas' interpret mode."""
+    """``fn`` with every ``pallas_call`` it makes interpreted on the host.
+
+    Pallas' interpreter (``interpret=True``) makes a kernel plain XLA ops; it needs every
+    slice a kernel copies to have a static size. A kernel that copies slices of a size it
+    computes (tokamax's backward kernels pad their last block so) is run by JAX's TPU
+    interpreter instead (``pltpu.InterpretParams``: HBM, VMEM, DMAs and semaphores simulated
+    through host callbacks), which the first one cannot lower. Those host callbacks cannot sit
+    beside a Mosaic kernel in a program lowered for several platforms, so such a kernel runs
+    here but has no ``--target`` compile."""
 
     def run(*args, **kwargs):
         from jax._src import config as jax_config
+        from jax.experimental.pallas import tpu as pltpu
 
-        prior = jax_config.pallas_tpu_interpret_mode_context_manager.swap_local(True)
+        mode = jax_config.pallas_tpu_interpret_mode_context_manager
+        prior = mode.swap_local(True if _interpretable(fn, args, kwargs) else pltpu.InterpretParams())
         try:
             return fn(*args, **kwargs)
         finally:
-            jax_config.pallas_tpu_interpret_mode_context_manager.set_local(prior)
+            mode.set_local(prior)
 
     return run
 
@@ -218,24 +316,40 @@ def _fake(fn: Callable) -> Callable:
     return fake
 
 
-def _cpu_kernel(fn: Callable) -> Callable:
-    """The op on CPU tensors: ``fn`` run by JAX on the host (Pallas kernels interpreted)."""
-    jitted = {}
+class JaxCallable:
+    """A JAX function as the op's kernel on CPU tensors (TorchTPU's name for the callable a
+    ``jax_op`` wraps): the tensors become JAX arrays on the host, the function runs there
+    (its Pallas kernels interpreted), and its results come back as tensors.
+    ``__signature__`` is the function's, with PyTorch tensors where it takes JAX arrays.
 
-    def kernel(*args, **kwargs):
+    Args:
+        name: the op's name.
+        jit_fn: the function (or ``jax.jit`` of it).
+        trace_key: accepted as TorchTPU takes it (a key of its kernel cache).
+        mesh, input_partition_specs, static_argnums, donate_argnums: accepted as TorchTPU
+            takes them; a kernel runs on one device here (see :func:`jax_op`).
+    """
+
+    def __init__(self, name: str, jit_fn: Callable, trace_key: Any = None, mesh: Any = None,
+                 input_partition_specs: Any = None, static_argnums: Any = None, donate_argnums: Any = None) -> None:
+        self.name = name
+        self.fn = inspect.unwrap(jit_fn)
+        self.trace_key = trace_key
+        self.__signature__ = torch_signature(_signature(self.fn))
+        self._jitted: dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         def to_jax(a):
             return jax.numpy.asarray(a.detach().numpy()) if isinstance(a, torch.Tensor) else a
 
         jargs = [[to_jax(x) for x in a] if isinstance(a, list) else to_jax(a) for a in args]
         statics = tuple(i for i, a in enumerate(jargs) if not isinstance(a, jax.Array | list))
         key = (statics, tuple(jargs[i] for i in statics), tuple(sorted(kwargs.items())))
-        if key not in jitted:
-            jitted[key] = jax.jit(lambda *a: _interpreted(fn)(*a, **kwargs), static_argnums=statics)
+        if key not in self._jitted:
+            self._jitted[key] = jax.jit(lambda *a: _interpreted(self.fn)(*a, **kwargs), static_argnums=statics)
         with jax.enable_x64(False):
-            out = jitted[key](*jargs)
+            out = self._jitted[key](*jargs)
         return _as_tuple(jax.tree_util.tree_map(lambda x: torch.from_numpy(np.array(x)), out))
-
-    return kernel
 
 
 def jax_op(name: str, fn: Callable | None = None, /, *, donate_argnums: Sequence[int] | None = None,
@@ -282,7 +396,8 @@ def jax_op(name: str, fn: Callable | None = None, /, *, donate_argnums: Sequence
         schema, _signature = _schema(fn, where)
         # the CPU kernel only: on `tpu` tensors the device's fallback kernel runs the op through
         # its lowering, as it runs every aten op (runtime/device.py)
-        op = torch.library.custom_op(name, _cpu_kernel(fn), mutates_args=(), device_types="cpu", schema=schema)
+        kernel = JaxCallable(name, fn)
+        op = torch.library.custom_op(name, kernel, mutates_args=(), device_types="cpu", schema=schema)
         op.register_fake(_fake(fn))
         lower(op._opoverload, static_scalars=True)(_per_platform(fn))
         return op

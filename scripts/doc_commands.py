@@ -189,6 +189,10 @@ SLOW: dict[str, tuple[str, int]] = {
 
 # never run by the check, and why (each is still validated)
 NEVER: dict[str, str] = {
+    "torchrun --nproc-per-node 2": "names what a TorchTPU launch script matches, not a command to run: "
+                                   "tests/runtime/test_torchtpu_launchers.py starts both and compares the ranks",
+    "python notebook.py": "how a marimo notebook of TorchTPU's repository runs: tests/runtime/test_torchtpu_upstream.py "
+                          "runs each from that repository, which the machine may not have",
     "pip install -q -c constraints.txt -e .": "installs the clone into the environment: .ci/run does",
     'pip install -q -c constraints.txt -e ".[dev,tpu,models]"': "installs the clone into the environment: .ci/run does",
     'pip install -q -c constraints.txt -e ".[tpu]"': "installs libtpu into the environment: .ci/run does",
@@ -205,6 +209,8 @@ NEVER: dict[str, str] = {
     "python scripts/op_coverage.py --module-results RESULTS.jsonl": "records a ModuleInfo sweep's results in "
                                                                     "docs/moduleinfo_sweep.json",
     "python -m pytest -n 2 -q -p no:cacheprovider -m slow": "the slow tier of the test suite (hours on 2 cores)",
+    "python -m pytest -n 2 -q -p no:cacheprovider -m quick": "the quick tier of the test suite, tests the command "
+                                                              "after it (.ci/run's) runs too",
     "TPU_DEBUG_OPINFO_FULL=1 python -m pytest -n 2 -q -p no:cacheprovider tests/runtime/test_opinfo.py":
         "the full OpInfo sweep, about 40 minutes on 2 cores",
     "TPU_DEBUG_OPINFO_FULL=1 python -m pytest tests/runtime/test_opinfo.py -n 2 -q":

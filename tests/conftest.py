@@ -88,6 +88,10 @@ def pytest_collection_modifyitems(config, items):
     the tests that launch process groups (tests/distributed: torchrun and ``--nproc`` jobs,
     tens of seconds each) come first, so the last units to start are short and the two
     workers end together. Every worker sorts the same way, so their collections agree."""
+    both = [item.nodeid for item in items if item.get_closest_marker("quick") and item.get_closest_marker("slow")]
+    if both:
+        # `-m quick` would run them: the quick tier is a few minutes of the default tier
+        raise pytest.UsageError(f"tests marked both quick and slow: {both}")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: not item.nodeid.startswith(_FIRST))
     counts: dict[str, int] = {}

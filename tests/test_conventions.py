@@ -11,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_FOLDERS = ("tpu_debug", "fit", "runtime", "tracers", "tui", "tests", "scripts", "benchmarks", "examples", "docs")
 ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+\b")
@@ -40,6 +42,7 @@ def test_the_checks_see_what_they_look_for():
     assert not ISSUE_NUMBER.search("an issue with 3 ranks")
 
 
+@pytest.mark.quick
 def test_every_pytest_raises_names_its_message():
     missing = [
         f"{path.relative_to(ROOT)}:{line}"

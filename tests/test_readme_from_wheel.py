@@ -73,11 +73,37 @@ def test_examples_not_in_the_wheel_while_readme_uses_them(wheel_site, tmp_path):
 
 @pytest.mark.parametrize("verb", VERBS)
 def test_every_verbs_help_from_the_wheel(wheel_site, tmp_path, verb):
-    # README sends users to `tpu-debug run --help` for the run flags
+    # README sends users to `tpu-debug run --help` for the run flags. The three forms run in one
+    # process per verb, each as `python -m tpu_debug` runs the wheel's __main__ (runpy), the one
+    # that names a script first, as in a fresh process
     site, _ = wheel_site
-    for args in (["--help"], ["-h"], ["-h", "nosuch"]):
-        done = _tool(site, tmp_path, verb, *args)
-        assert done.returncode == 0 and f"usage: tpu-debug {verb}" in done.stdout, (verb, args, done.stderr)
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") and k != "PYTHONPATH"}
+    forms = [[verb, *args] for args in (["-h", "nosuch"], ["-h"], ["--help"])]
+    proc = subprocess.run(
+        [sys.executable, "-c", _HELP_FORMS, json.dumps(forms)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=600, check=False, env={**keep, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for argv, code, out, err, where in json.loads(proc.stdout):
+        assert where.startswith(str(site)), where  # the wheel's copy, not the checkout's
+        assert code in (0, None) and f"usage: tpu-debug {verb}" in out, (argv, code, err)
+
+
+_HELP_FORMS = """
+import contextlib, io, json, runpy, sys
+done = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = ["tpu_debug", *argv]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("tpu_debug", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+    done.append((argv, code, out.getvalue(), err.getvalue(), sys.modules["tpu_debug"].__file__))
+print(json.dumps(done))
+"""
 
 
 def test_second_run_from_the_wheel_counts_read_backs_apart(wheel_site, tmp_path):

@@ -10,11 +10,11 @@ in one line on stderr, and torch imports as if tpu_debug were not installed.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import Any
 
 from tpu_debug import runtime
+from tpu_debug.core import torch_tpu_finder
 from tpu_debug.core.autoload import defer, runtime_importing
 
 __all__ = ["dynamo_backend", "load"]
@@ -22,7 +22,7 @@ __all__ = ["dynamo_backend", "load"]
 
 def _real_tpu_owner() -> bool:
     """True when TorchTPU is installed and a TPU chip is attached: that device is the real one."""
-    if importlib.util.find_spec("torch_tpu") is None:
+    if not torch_tpu_finder.installed_elsewhere():  # find_spec would find the modules served here
         return False
     try:
         from jax._src import hardware_utils

@@ -1,7 +1,8 @@
 """What registering the device adds for scripts written for TorchTPU (called by
 ``runtime.device.install``): the ``torch.tpu`` submodules and ``torch.backends.tpu``
 (:mod:`.public`), the ``import torch_tpu`` finder, libtpu's command-line flags accepted by
-absl, and ``torch.accelerator.synchronize()`` on the device."""
+absl, ``torch.accelerator.synchronize()`` on the device, ``torch.tpu``'s autocast accessors
+and ``torch.profiler.xprof_trace_handler``."""
 
 from __future__ import annotations
 
@@ -10,11 +11,39 @@ import sys
 import types
 from typing import Any
 
+import torch
+import torch.profiler
 from tpu_debug.core import torch_tpu_finder
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime.torchtpu import public
+from tpu_debug.runtime.torchtpu.profiler import xprof_trace_handler
 
-__all__ = ["declare_libtpu_flags", "eager_mode_from_env", "install"]
+__all__ = ["AUTOCAST", "declare_libtpu_flags", "eager_mode_from_env", "install", "take_the_torch_tpu_name"]
+
+
+def take_the_torch_tpu_name() -> types.ModuleType | None:
+    """Make room for the device module where PyTorch ships a ``torch/tpu`` module of its own.
+
+    Upstream PyTorch's ``torch.tpu`` is a thin module that defers to TorchTPU
+    (``torch_tpu.api._device_module._DeviceModule``, ``torch_tpu.api.streams``), and
+    ``torch._register_device_module("tpu", ...)`` refuses a name ``torch`` already has. When
+    that module was imported before the device registers, it gives up the name (the
+    ``torch.tpu`` attribute and its ``sys.modules`` entry) so the device module takes it; a
+    reference kept to PyTorch's module still works, through ``torch_tpu.api`` to this
+    runtime. Returns the module that gave way, or None.
+    """
+    shipped = torch.__dict__.get("tpu")
+    if not isinstance(shipped, types.ModuleType) or shipped.__name__ != "torch.tpu":
+        return None
+    # a module of torch's package: its folder is one of torch's (torch/tpu/__init__.py)
+    folders = {os.path.realpath(p) for p in torch.__path__}
+    where = os.path.realpath(getattr(shipped, "__file__", None) or "")
+    if os.path.dirname(os.path.dirname(where)) not in folders:
+        return None
+    del torch.tpu
+    if sys.modules.get("torch.tpu") is shipped:
+        del sys.modules["torch.tpu"]
+    return shipped
 
 
 def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType) -> None:
@@ -23,6 +52,41 @@ def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType
     torch_tpu_finder.install()
     when_imported("absl.flags", declare_libtpu_flags)
     _accelerator_synchronize(tpu_module)
+    for name, fn in AUTOCAST.items():
+        if not hasattr(type(tpu_module), name):
+            setattr(type(tpu_module), name, staticmethod(fn))
+    # TorchTPU's autocast computes in bfloat16 unless told otherwise (PyTorch's default for a
+    # new backend is float16); the TPU's matrix units take bfloat16
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
+    if not hasattr(torch.profiler, "xprof_trace_handler"):
+        # TorchTPU adds its handler to torch.profiler (its profiling notebook calls it there)
+        torch.profiler.xprof_trace_handler = xprof_trace_handler
+
+
+def _is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("tpu")
+
+
+def _set_autocast_enabled(enabled: bool) -> None:
+    torch.set_autocast_enabled("tpu", bool(enabled))
+
+
+def _get_autocast_dtype():
+    return torch.get_autocast_dtype("tpu")
+
+
+def _set_autocast_dtype(dtype) -> None:
+    """Raises ValueError for a dtype ``torch.tpu.get_amp_supported_dtype()`` does not list."""
+    supported = torch.tpu.get_amp_supported_dtype()
+    if dtype not in supported:
+        raise ValueError(f"Unsupported dtype {dtype} for AMP. Supported dtypes are: {supported}")
+    torch.set_autocast_dtype("tpu", dtype)
+
+
+#: ``torch.tpu``'s autocast accessors (TorchTPU's device module has them): PyTorch's own
+#: autocast state for ``tpu``, so a dtype set here is the one ``torch.autocast("tpu")`` uses
+AUTOCAST = {"_is_autocast_enabled": _is_autocast_enabled, "_set_autocast_enabled": _set_autocast_enabled,
+            "_get_autocast_dtype": _get_autocast_dtype, "_set_autocast_dtype": _set_autocast_dtype}
 
 
 # flag names only libtpu (XLA's TPU compiler and runtime) defines

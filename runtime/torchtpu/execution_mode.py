@@ -4,7 +4,9 @@ and context managers.
 ``em.eager_mode`` reads the mode in effect and ``em.eager_mode = mode`` sets it (a module
 property, as in TorchTPU); ``with em.set_eager_mode(mode):`` and the guide's
 ``with em.eager_mode(mode):`` run a block in ``mode``; ``with em.cpu_fallback_mode(True):``
-runs ops that have no lowering on CPU inside the block.
+runs ops that have no lowering on CPU inside the block. TorchTPU's first layout named the
+modes ``DeferMode`` (``set_defer_mode``, ``with defer_mode(mode):``): those are here too
+(:mod:`.execution_mode_impl` says which mode each is).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from collections.abc import Iterator
 
 from tpu_debug.runtime import lazy
 from tpu_debug.runtime.config import config
+from tpu_debug.runtime.torchtpu.execution_mode_impl import DeferMode, get_defer_mode, set_defer_mode
 
-__all__ = ["EagerMode", "cpu_fallback_mode", "get_eager_mode", "set_eager_mode"]
+__all__ = ["DeferMode", "EagerMode", "cpu_fallback_mode", "defer_mode", "get_defer_mode", "get_eager_mode",
+           "set_defer_mode", "set_eager_mode"]
 
 EagerMode = lazy.EagerMode
 set_eager_mode = lazy.set_eager_mode
@@ -38,6 +42,20 @@ def cpu_fallback_mode(enabled: bool) -> Iterator[None]:
         yield
     finally:
         config.cpu_fallback = before
+
+
+@contextlib.contextmanager
+def defer_mode(mode: DeferMode) -> Iterator[None]:
+    """Run the block in defer mode ``mode``; the mode before comes back after it."""
+    before = lazy.eager_mode()
+    set_defer_mode(mode)
+    try:
+        yield
+    finally:
+        lazy.set_mode(before)
+
+
+_donation = {"disabled": False}
 
 
 class _ExecutionModeModule(types.ModuleType):
@@ -61,6 +79,18 @@ class _ExecutionModeModule(types.ModuleType):
     @enable_cpu_fallback.setter
     def enable_cpu_fallback(self, enabled: bool) -> None:
         config.cpu_fallback = bool(enabled)
+
+    @property
+    def disable_inplace_buffer_donation(self) -> bool:
+        """TorchTPU's switch for an in-place op giving its input's buffer to its output. Eager
+        ops here never donate (a JAX array is immutable and each op's result is a new buffer;
+        only compiled graphs donate the buffers they overwrite), so the value is kept and
+        changes nothing."""
+        return _donation["disabled"]
+
+    @disable_inplace_buffer_donation.setter
+    def disable_inplace_buffer_donation(self, disabled: bool) -> None:
+        _donation["disabled"] = bool(disabled)
 
 
 sys.modules[__name__].__class__ = _ExecutionModeModule

@@ -38,7 +38,7 @@ def needs_a_tpu(qualname: str, instead: str) -> Callable[..., Any]:
 
 
 _SPARSE = "use PyTorch's nn.EmbeddingBag / torch.sparse ops, which run here"
-_RAGGED = "write the grouped or ragged computation with PyTorch ops (a loop over groups, torch._grouped_mm)"
+_RAGGED = "use PyTorch ops for the grouped or ragged computation (a loop over groups, torch._grouped_mm)"
 _COLLECTIVE = "use torch.distributed's collectives (all_gather_into_tensor, reduce_scatter_tensor, send, recv)"
 _OPTIM = "use torch.optim's optimizer of the same name (DEFER_AND_FUSE mode fuses its step here)"
 
@@ -62,13 +62,14 @@ SUBMODULES: dict[str, dict[str, Any]] = {
             "sparse_dense_matmul_grad_with_adam", "sparse_dense_matmul_grad_with_sgd",
             "sparse_dense_matmul_gradient_stack", "sparse_gather", "sparse_gather_backward", "sparse_iota",
             "sparse_map_row")},
+        "align_jagged_to_multiple": "tpu_debug.runtime.torchtpu.ops:align_jagged_to_multiple",
+        "strip_jagged_padding": "tpu_debug.runtime.torchtpu.ops:strip_jagged_padding",
         **{name: ("refuse", _RAGGED) for name in (
-            "ragged_dot", "ragged_dot_weight_grad", "align_jagged_to_multiple", "strip_jagged_padding",
-            "max_pool1d_backward", "max_pool2d_backward", "max_pool3d_backward")},
+            "ragged_dot", "ragged_dot_weight_grad", "max_pool1d_backward", "max_pool2d_backward",
+            "max_pool3d_backward")},
         **{name: ("refuse", _COLLECTIVE) for name in (
             "all_gather_dim", "reduce_scatter_dim", "ragged_all_to_all", "send", "recv")},
-        "splash_sdpa": ("refuse", ("use torch.nn.functional.scaled_dot_product_attention; `tpu-debug fit "
-                                  "--attention splash` sizes the splash kernel for a TPU target")),
+        "splash_sdpa": "tpu_debug.runtime.torchtpu.splash_attention:splash_sdpa",
     },
     "torch.tpu.optimizers": {name: ("refuse", _OPTIM) for name in
                              ("AdamW", "Muon", "Optimizer", "Sgd", "SingleTraceTrainer")},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -12,6 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from tpu_debug.cli import main as tpu_debug_main
 
 SCRIPT = textwrap.dedent(
     """\
@@ -47,9 +51,16 @@ CONSTANT = textwrap.dedent(
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tpu_debug", *args], capture_output=True, text=True, timeout=120, check=False
-    )
+    """``tpu-debug ARGS`` in this process, through the console script's entry (what ``python -m
+    tpu_debug`` calls): the verbs here read a log or a run, and a process of their own would only
+    add the start-up (tests/cli/test_startup.py checks that start-up)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = tpu_debug_main(list(args))
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def _make_trace(root: Path, backend: str, source: str | None = None) -> Path:

@@ -87,6 +87,7 @@ def _report_json(run_dir, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.quick
 def test_report_json_has_the_schema_steps_and_the_advisors_findings(logdir, capsys):
     run_dir = _record(logdir, sync=True)
     data = _report_json(run_dir, capsys)

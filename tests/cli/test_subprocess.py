@@ -93,6 +93,7 @@ class _Lines:
         self._thread.join(timeout=30)
 
 
+@pytest.mark.quick
 def test_same_output_and_traceback_as_python(tmp_path):
     script = tmp_path / "steps.py"
     script.write_text(STEPS)

@@ -54,6 +54,7 @@ def cpu():
     return compiled, parse_module(compiled.as_text())
 
 
+@pytest.mark.quick
 def test_parameters_and_results_are_the_arrays_jax_passed_and_got(cpu):
     compiled, module = cpu
     entry = module.entry
@@ -123,6 +124,7 @@ def test_iota_replica_groups_are_xlas_tile_assignments():
         assert (groups.size(0), groups.count(0)) == (dims[-1], dims[0]), text
 
 
+@pytest.mark.quick
 def test_shardings_are_read_as_xla_reads_them():
     texts = [f"{{devices={_iota_text(d, r, p)}}}" for d, r, p in _IOTAS[::5]] + [
         "{devices=[2,2]0,3,1,2}", "{replicated}", "{maximal device=3}", "{manual}",

@@ -38,8 +38,13 @@ SLOW_TIER = frozenset({
 })
 
 
+# the quick tier's scripts: a correct program and a planted sync
+QUICK = ("c_log_every_n.py", "h_p02_item_every_step.py")
+
+
 def _tiered(paths):
-    return [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_TIER else p for p in paths]
+    return [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_TIER
+            else pytest.param(p, marks=pytest.mark.quick) if p.name in QUICK else p for p in paths]
 
 
 def _check(path, findings, error) -> None:
@@ -75,6 +80,7 @@ def test_the_cache_changes_no_finding(path, tmp_path):
     assert score.identity(path, warm.findings, warm.bound) == score.identity(path, cold.findings, cold.bound)
 
 
+@pytest.mark.quick
 def test_the_corpus_is_as_large_as_promised():
     expected = [score.expected(p) for p in score.scripts()]
     assert len(expected) >= 30

@@ -8,6 +8,7 @@ expected figures follow from the shapes and groups written in each instruction.
 
 from __future__ import annotations
 
+import pytest
 from tpu_debug.core.collectives import module_devices, parse_collectives
 from tpu_debug.core.hlo_text import parse_module, parse_shape
 
@@ -55,6 +56,7 @@ ENTRY %main.0_spmd (param: f32[4,16]) -> f32[] {
 """
 
 
+@pytest.mark.quick
 def test_every_collective_with_its_groups_bytes_and_origin():
     found = parse_collectives(MODULE, user_file=lambda f: f.startswith("/home/user/"),
                               node_lines={"mul_2": ("/home/user/model.py", 21, "forward")})

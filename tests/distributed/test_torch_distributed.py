@@ -119,6 +119,7 @@ def test_backends_registered_with_the_device():
         assert "tpu" in dist.Backend.backend_capability[name]
 
 
+@pytest.mark.quick
 def test_one_rank_group(one_rank):
     assert dist.get_backend() == "tpu"
     assert isinstance(one_rank, c10d.TpuProcessGroup)
@@ -130,6 +131,7 @@ def test_one_rank_group(one_rank):
     assert work.get_future().value()[0] is t
 
 
+@pytest.mark.quick
 def test_collective_calls_are_recorded_at_the_users_line(one_rank, tmp_path):
     import tpu_debug
 

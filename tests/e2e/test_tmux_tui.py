@@ -91,6 +91,7 @@ def tmux(tmp_path):
     session.close()
 
 
+@pytest.mark.quick
 def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
     run_dir = tmp_path / "runs" / "20260131T120000.000Z-synthetic"
     _synthetic().write_synthetic_run(run_dir)
@@ -101,7 +102,8 @@ def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
     # the diff panel wraps at narrow widths: check its parts
     assert "arg 0 'self'" in pane and "f32[8,128] →" in pane and "f32[9,128]" in pane
     tmux.keys("Down")  # the next op by compiles: the compiled graph, a dynamo guard
-    pane = tmux.wait_for("Compile history: main (train.py) forward")
+    # the detail pane fills in after the history's title: wait for the guard's line too
+    pane = tmux.wait_for("Compile history: main (train.py) forward", "L['batch'].size()[0] == 8 → failed")
     assert "tensor 'batch' dim 0: 8 → 9" in pane
     assert "L['batch'].size()[0] == 8 → failed" in pane
     tmux.keys("q")

@@ -55,6 +55,7 @@ def test_model_matches_cpu_in_lazy_mode(name, kwargs):
     assert not bad, f"{name} (lazy) off tolerance (ratio to it): {bad}"
 
 
+@pytest.mark.quick
 def test_harness_catches_a_wrong_result():
     """A device result off by 1e-3 relative (ten times the tolerance) fails the comparison."""
     from examples.models import dlrm

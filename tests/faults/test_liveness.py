@@ -94,6 +94,7 @@ def test_without_a_lock_file_the_pid_decides(tmp_path):
     assert not writer_alive(db, pid=dead.pid, hostname=here)
 
 
+@pytest.mark.quick
 def test_a_second_writer_of_the_same_run_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(liveness, "_ACQUIRE_WAIT", 0.05)
     db = tmp_path / "run.db"

@@ -30,6 +30,7 @@ def logdir(tmp_path):
     return tmp_path / "runs"
 
 
+@pytest.mark.quick
 def test_sigterm_ends_the_run_as_terminated(logdir, default_sigterm):
     x = torch.ones(4).to("tpu")
     steps = 0

@@ -288,6 +288,7 @@ def test_a_plan_that_does_not_span_the_slice_says_how_to_fix_it():
         tpu_debug.fit(_config(), "v5e-8", plan="fsdp=4", batch=BATCH, seq=SEQ)
 
 
+@pytest.mark.quick
 def test_cli_prints_the_report_as_json(capsys):
     from tpu_debug.fit import FitOptions
 

@@ -32,6 +32,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(("options", "message"), REFUSED, ids=["-".join(o) for o, _ in REFUSED])
 def test_contradicting_options_are_refused_when_made(options, message):
     with pytest.raises(TargetError, match=message):

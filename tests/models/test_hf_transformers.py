@@ -28,6 +28,8 @@ def _cases():
             marks = []
             if name in SLOW:
                 marks.append(pytest.mark.slow)
+            if (name, mode) == (FAST[0], "eager"):
+                marks.append(pytest.mark.quick)
             yield pytest.param(name, mode, marks=marks, id=f"{name}-{mode}")
 
 

@@ -132,6 +132,7 @@ def _train_compare(make_model, make_batch, loss_fn, steps=5, opt="adamw", **comp
     return cpu_model, dev_model
 
 
+@pytest.mark.quick
 def test_mlp_forward_backward_and_adamw_steps():
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(5)]

@@ -20,6 +20,7 @@ def test_install_is_idempotent():
     assert runtime.install() is False
 
 
+@pytest.mark.quick
 def test_device_basics(tpu):
     t = torch.ones(2, 3, device="tpu")
     assert t.device == torch.device("tpu", 0)
@@ -71,6 +72,7 @@ def test_empty_has_right_metadata():
     torch.testing.assert_close(s.cpu(), torch.arange(6.0).reshape(2, 3))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "dtype",
     [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -185,6 +187,7 @@ def _without_lowering(monkeypatch, op):
     monkeypatch.delitem(eager._plans, op, raising=False)
 
 
+@pytest.mark.quick
 def test_missing_lowering_names_the_overload(monkeypatch):
     from tpu_debug.runtime import device
 

@@ -279,6 +279,7 @@ def _train(model, opt_cls, steps, x, y, **kw):
     return [float(v) for v in torch.stack(losses).cpu()]
 
 
+@pytest.mark.quick
 def test_training_matches_cpu_and_reuses_one_program():
     torch.manual_seed(0)
     cpu = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))

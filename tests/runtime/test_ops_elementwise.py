@@ -106,6 +106,7 @@ def test_out_still_resizes_and_casts_safely():
     check(lambda x: torch.add(x, 1, out=torch.empty(3, device=x.device)), torch.arange(3))  # int64 into float32
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
 def test_addr(dtype):
     torch.manual_seed(0)

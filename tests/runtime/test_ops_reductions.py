@@ -53,6 +53,7 @@ ALL = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 # ---- sum / mean / prod --------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", ALL + [torch.uint8])
 def test_sum(dtype):
     x = rand(3, 4, 5, dtype=dtype)
@@ -187,6 +188,7 @@ def test_any_all(dtype):
 # ---- var / std -------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("fn", [torch.var, torch.std, torch.var_mean, torch.std_mean])
 def test_var_std(fn):
     x = rand(4, 5, 3)

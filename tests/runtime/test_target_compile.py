@@ -53,6 +53,7 @@ def sds(shape, dtype=jnp.float32):
 # -- results ---------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @requires_libtpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_matmul_flops_are_2mnk_from_the_tpu_cost_analysis(dtype):

@@ -3,6 +3,7 @@ never over a real one; TorchTPU's ``torch.tpu`` submodules; its launcher."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import subprocess
@@ -33,8 +34,10 @@ def test_torchtpu_modules_are_the_runtimes():
 
     assert getattr(torch_tpu, torch_tpu_finder.MARKER) is True
     assert api.tpu_device() == torch.device("tpu", 0)
-    assert sync is runtime_sync and utils is test_utils
-    assert utils.assert_close is tpu_utils.assert_close and utils.OpTracer is tpu_utils.OpTracer
+    # each TorchTPU module holds the runtime's names under its own name
+    assert sync.__name__ == "torch_tpu._internal.sync" and sync.synchronize is runtime_sync.synchronize
+    assert utils.assert_close is test_utils.assert_close is tpu_utils.assert_close
+    assert utils.OpTracer is tpu_utils.OpTracer
     assert pallas.jax_op is runtime_pallas.jax_op
     assert execution_mode.EagerMode is torch.tpu.EagerMode
     assert _device_module.DeviceModule.is_initialized()
@@ -43,6 +46,32 @@ def test_torchtpu_modules_are_the_runtimes():
     assert torch_tpu._internal.compile.clear_cache is tpu_utils.clear_caches
     with pytest.raises(ModuleNotFoundError, match="No module named 'torch_tpu._internal.no_such_module'"):
         import torch_tpu._internal.no_such_module
+    with pytest.raises(AttributeError, match="module 'torch_tpu._internal.sync' has no attribute 'nothing'"):
+        sync.nothing  # noqa: B018
+
+
+def test_a_module_that_became_a_package_keeps_both_spellings():
+    # TorchTPU's layouts: torch_tpu.api a package (upstream torch.tpu imports its submodules)
+    # and a module; _internal.{sync,pallas,compile} modules that became packages of a module
+    # of the same name; _device_module and streams under api, then under _internal
+    import torch_tpu._internal.compile._backend
+    import torch_tpu._internal.pallas.pallas
+    import torch_tpu._internal.sync.sync
+    from torch_tpu._internal.device._device_module import DeviceModule
+    from torch_tpu._internal.stream.streams import TpuStream
+    from torch_tpu.api import _device_module, streams, tpu_device
+    from tpu_debug.runtime.pallas import jax_op
+
+    assert torch_tpu._internal.pallas.pallas.jax_op is torch_tpu._internal.pallas.jax_op is jax_op
+    assert torch_tpu._internal.sync.sync.computation_mlir is torch_tpu._internal.sync.computation_mlir
+    assert torch_tpu._internal.compile._backend.TpuBackend is torch_tpu._internal.compile.TpuBackend
+    assert _device_module._DeviceModule is _device_module.DeviceModule is DeviceModule
+    assert streams.TpuStream is TpuStream is torch.tpu.Stream
+    assert tpu_device() == torch.device("tpu", 0)
+    for package in ("torch_tpu.api", "torch_tpu._internal.sync", "torch_tpu._internal.pallas",
+                    "torch_tpu._internal.compile", "torch_tpu.shims.g3_multiprocessing"):
+        assert importlib.import_module(package).__path__ == [], package
+    assert not hasattr(sys.modules["torch_tpu._internal.sync.sync"], "__path__")
 
 
 def test_import_before_torch_and_a_real_torchtpu_wins(tmp_path):
@@ -117,3 +146,15 @@ def test_accelerator_synchronize_waits_for_the_device():
         torch.accelerator.synchronize()  # PyTorch's own raises for a Python backend
         assert lazy.pending_ops() == 0
     assert torch.equal(y.cpu(), torch.full((5,), 3.0))
+
+
+def test_a_real_torchtpu_is_told_from_the_served_modules(tmp_path, monkeypatch):
+    import importlib.util
+
+    # find_spec answers for the served modules too; the autoload asks whether a real one is there
+    assert importlib.util.find_spec("torch_tpu") is not None
+    assert not torch_tpu_finder.installed_elsewhere()
+    (tmp_path / "torch_tpu").mkdir()
+    (tmp_path / "torch_tpu" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert torch_tpu_finder.installed_elsewhere()

@@ -145,11 +145,22 @@ def test_lowered_for_a_tpu_the_kernel_is_mosaic_and_for_cpu_interpreted():
 
 
 def test_jax_op_refuses_what_its_schema_cannot_say():
+    # the messages start with TorchTPU's words (its tests match them), then say what to do
     def unannotated(x):
         return x
 
-    with pytest.raises(TpuArgumentError, match=r"argument 'x' has no annotation"):
+    def takes_a_dict(x: jax.Array, y: dict[str, int]) -> jax.Array:
+        return x
+
+    def returns_a_string(x: jax.Array) -> str:
+        return "x"
+
+    with pytest.raises(TpuArgumentError, match=r"^Missing argument type annotation for JAX function .*'x'.*annotate"):
         jax_op("tpu_debug_test::bad1", unannotated)
+    with pytest.raises(TpuArgumentError, match=r"^Arguments at indices \[1\] are invalid .*'y' annotated"):
+        jax_op("tpu_debug_test::bad3", takes_a_dict)
+    with pytest.raises(TpuArgumentError, match=r"^The return annotation is invalid .*<class 'str'>"):
+        jax_op("tpu_debug_test::bad4", returns_a_string)
     with pytest.raises(TpuArgumentError, match=r"must be 'namespace::op'"):
         jax_op("no_namespace", _add)
     with pytest.raises(TpuArgumentError, match=r"a kernel over several devices runs on a TPU slice"):

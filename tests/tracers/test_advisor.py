@@ -18,6 +18,7 @@ def _finding(kind="recompile", severity="warning", cost=1.0, subject="s") -> Fin
     return Finding(kind=kind, severity=severity, title="t", fix="f", cost_seconds=cost, subject=subject)
 
 
+@pytest.mark.quick
 def test_findings_rank_errors_first_then_by_the_time_they_cost():
     cheap, dear = _finding(cost=0.5, subject="a"), _finding(cost=9.0, subject="b")
     wrong = _finding("divergence", "error", cost=0.0)
@@ -67,6 +68,7 @@ def _steps_each_recompiling(tmp_path, make) -> list[Finding]:
     return session.findings()
 
 
+@pytest.mark.quick
 def test_a_rank_that_changes_every_step_is_a_recompile_padding_cannot_fix(tmp_path):
     findings = _steps_each_recompiling(tmp_path, lambda i: torch.ones((2,) * (i + 1)).to("tpu"))
     (finding,) = findings

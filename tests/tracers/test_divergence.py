@@ -129,6 +129,7 @@ def test_tolerances_parse_and_errors():
 # -- eager ------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_wrong_lowering_is_named_first_eager(logdir):
     model = _model()
     with (

@@ -141,6 +141,7 @@ def test_explain_is_jax_style_prose():
 # -- the real runtime, recorded in a run ------------------------------------------------
 
 
+@pytest.mark.quick
 def test_eager_recompiles_recorded_with_diffs_and_lines(logdir, cold_cache):
     with tpu_debug.trace(logdir=logdir) as session:
         for n in (8, 9):

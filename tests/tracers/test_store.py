@@ -75,6 +75,7 @@ def _write_all_kinds(writer: RunWriter) -> list[ev.Event]:
     return out
 
 
+@pytest.mark.quick
 def test_round_trip_every_event_kind(tmp_path):
     db = tmp_path / "run.db"
     writer = RunWriter(db, {"name": "demo", "argv": ["train.py", "--lr", "0.1"]})
@@ -254,6 +255,7 @@ def _with_schema(db, version: int) -> None:
     conn.close()
 
 
+@pytest.mark.quick
 def test_run_from_a_newer_schema_names_both_versions_and_the_upgrade(tmp_path):
     db = tmp_path / "run.db"
     RunWriter(db, {"name": "demo", "tpu_debug_version": "9.0"}).close()

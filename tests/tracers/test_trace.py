@@ -17,6 +17,7 @@ def _step(x, w):
     return torch.relu(x * w + 1.0)
 
 
+@pytest.mark.quick
 def test_trace_records_ops_counts_and_matches_cpu(logdir, cold_cache):
     x_cpu, w_cpu = torch.randn(16, 16), torch.randn(16, 16)
     x, w = x_cpu.to("tpu"), w_cpu.to("tpu")
@@ -51,6 +52,7 @@ def test_trace_records_ops_counts_and_matches_cpu(logdir, cold_cache):
     assert session.modes() == ["eager"]
 
 
+@pytest.mark.quick
 def test_transfers_are_recorded_with_their_line(logdir):
     host = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     with tpu_debug.trace(logdir=logdir) as session:

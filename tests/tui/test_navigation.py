@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from synthetic_run import GRAPH, ODD_OP
 from textual.widgets import DataTable, Input, OptionList, Static
 from tpu_debug.tui.screens import (
@@ -18,6 +19,7 @@ from tpu_debug.tui.widgets import HloDiffView, HloView, PagedTable, SourceView
 from tui_helpers import drive, press, screen_text, settle, widget_text
 
 
+@pytest.mark.quick
 def test_overview_shows_the_run_and_its_findings(make_app):
     app = make_app()
 
@@ -57,6 +59,7 @@ def test_overview_shows_the_run_and_its_findings(make_app):
     drive(app, scenario)
 
 
+@pytest.mark.quick
 def test_number_keys_reach_every_view_and_back(make_app):
     app = make_app()
 
