@@ -932,7 +932,9 @@ class StepEvent(Event):
     ``tracers.reading.step_phases.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
     programs ready all the same (warm-up); ``read_back_seconds`` the time that took, which is
-    the compile side of the step (what a cold cache would have spent compiling).
+    the compile side of the step (what a cold cache would have spent compiling);
+    ``trace_seconds`` dynamo's own work compiling frames (tracing a graph, AOTAutograd), beside
+    the XLA compiles it asks for, which is the compile side too.
 
     Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for
@@ -942,7 +944,7 @@ class StepEvent(Event):
     ``checkpoint_seconds`` saving checkpoints (``torch.save``, DCP's ``save``).
     Compiles and op runs inside one of those are its time: ``inner_op_seconds``
     and ``inner_compile_seconds`` say how much of ``op_seconds`` and of
-    ``compile_seconds`` with ``read_back_seconds`` that was. None in a run recorded before the split was
+    ``compile_seconds`` with ``read_back_seconds`` and ``trace_seconds`` that was. None in a run recorded before the split was
     kept, and in an imported log's steps.
     """
 
@@ -973,6 +975,7 @@ class StepEvent(Event):
     inner_op_seconds: float = 0.0
     inner_compile_seconds: float = 0.0
     read_back_seconds: float = 0.0
+    trace_seconds: float = 0.0
 
     @property
     def ops(self) -> int:
