@@ -504,10 +504,13 @@ def _size_fix(facts: RunFacts, primary: _Track, cause: _SizeCause, values: list[
         "; torch._dynamo.mark_dynamic(t, dim) (or torch.compile(..., dynamic=True)) stops dynamo from tracing "
         "again, but XLA still compiles one program per size" if compiled else ""
     )
+    # padding is offered where the run's sizes show it helps: fewer programs than sizes
     bucket = (
         f"pad it up to a multiple of {multiple} where the data is made: its {len(values)} sizes "
         f"({values[0]}..{values[-1]}) become {len(padded)} ({', '.join(map(str, padded))}), so each program "
         f"compiles {len(padded)} times instead of {len(values)}"
+    ) if len(padded) < len(values) else (
+        f"pad it to one size where the data is made ({max(values)} covers every size seen) and mask the padding out"
     )
     rows = change.dim == 0 and change.detail is None
     if grows:
@@ -523,7 +526,7 @@ def _size_fix(facts: RunFacts, primary: _Track, cause: _SizeCause, values: list[
             f"loss, an attention mask){mark}"), False
 
 
-def _consequences(facts: RunFacts, cause: _SizeCause, primary: _Track) -> tuple[Consequence, ...]:
+def _consequences(facts: RunFacts, cause: _SizeCause, primary: _Track | None) -> tuple[Consequence, ...]:
     """What the size led to beside the primary's own recompiles: the other graphs and ops it
     recompiled (by line), the factory that made the input at each size, the recompile limit
     it made a function hit."""
@@ -575,6 +578,22 @@ def _cause_sizes(facts: RunFacts, cause: _SizeCause, primary: _Track) -> list[in
     return list(out)
 
 
+def _entered_by_hit(cause: _SizeCause, primary: _Track) -> tuple[str, str, SourceLocation] | None:
+    """Where the size enters the step when the compiled function it reached recompiled only
+    before the steady steps and then hit dynamo's limit: its size guard names the input and the
+    dimension, and the hit is at the line that calls the function (the eager ops that recompile
+    after it are what running it uncompiled makes). None when a compiled graph is the primary."""
+    if primary.mode == "compiled" or not cause.hits:
+        return None
+    hit = cause.hits[0]
+    guard = _size_guard(hit)
+    if guard is None or hit.location is None:
+        return None
+    tensor, dim, _ = guard
+    name = tensor[3:-2] if tensor.startswith("L['") and tensor.endswith("']") else tensor
+    return f"dim {dim} of input '{name}'", hit.name, hit.location
+
+
 def _size_text(track: _Track) -> str:
     """The size in the user's words: a compiled graph's input by its name (``dim 0 of input 'x'``),
     never by its place among the parameters AOTAutograd lifted before it."""
@@ -598,18 +617,30 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
         steps = facts.steady_steps_of(shaped)
         seconds = sum(c.seconds for c in events)
         ops = list(dict.fromkeys([primary.identity, *(t.identity for t in cause.tracks)]))
-        compiled = any(t.mode == "compiled" for t in cause.tracks)
-        fix, bookkeeping = _size_fix(facts, dataclasses.replace(primary, change=change), cause, sorted(values), compiled)
-        example = next((describe(d) for c in reversed(primary.events) for d in c.diffs if _diff_cause(d) == "shape"), None)
+        compiled = any(t.mode == "compiled" for t in cause.tracks) or bool(cause.hits)
+        who, location = primary.identity, most_common_line(c.location for c in primary.events)
+        consequences = _consequences(facts, cause, primary)
+        entered = _entered_by_hit(cause, primary)
+        if entered is not None:
+            # the finding is the compiled function's input; the eager op it was read from is one
+            # of the ops running it uncompiled recompiled
+            what, who, location = entered
+            change = dataclasses.replace(change, what=what)
+            consequences = _consequences(facts, cause, None)
+            m = _SIZE_MISMATCH.match(cause.hits[0].reason.strip())
+            example = f"input '{m['tensor']}' dim {m['dim']}: {m['expected']} -> {m['actual']}" if m else None
+        fix, bookkeeping = _size_fix(facts, dataclasses.replace(primary, change=change, identity=who), cause,
+                                     sorted(values), compiled)
+        if entered is None:
+            example = next((describe(d) for c in reversed(primary.events) for d in c.diffs if _diff_cause(d) == "shape"),
+                           None)
         read_back = all(getattr(c, "from_cache", False) for c in events)
         severity = "error" if cause.hits else ("info" if bookkeeping else "warning")
-        consequences = _consequences(facts, cause, primary)
-        location = most_common_line(c.location for c in primary.events)
         yield Finding(
             kind="dynamic_shape",
             severity=severity,
             title=(
-                f"{change.what} of {primary.identity} takes a new size in steady state "
+                f"{change.what} of {who} takes a new size in steady state "
                 f"({listing([str(v) for v in values])}): {plural(len(events), 'new program' if read_back else 'recompile')} "
                 f"of {plural(len(ops), 'op')} in {plural(len(steps), 'step')}, {format_seconds(seconds)} "
                 + ("reading them back from the compile cache" if read_back else "compiling")
@@ -630,7 +661,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             ),
             steps=index_span(steps),
             cause="shape",
-            subject=f"{primary.identity}: {change.what}",
+            subject=f"{who}: {change.what}",
             targets=tuple(ops),
             consequences=consequences,
         )
