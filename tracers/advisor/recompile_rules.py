@@ -578,6 +578,30 @@ def _cause_sizes(facts: RunFacts, cause: _SizeCause, primary: _Track) -> list[in
     return list(out)
 
 
+def _limited_compiles(facts: RunFacts, cause: _SizeCause, seen: set[int]) -> list[CompileEvent]:
+    """The steady recompiles of the functions ``cause`` made hit dynamo's limit, not in ``seen``."""
+    targets = {t for h in cause.hits for t in _hit_targets(facts, h)}
+    return [c for c in facts.compiles
+            if c.identity in targets and c.diffs and c.id not in seen and facts.phase(c.ts) == "steady"]
+
+
+def _compiled_sizes(facts: RunFacts, cause: _SizeCause, what: str) -> list[int]:
+    """The sizes, in compile order, that the functions ``cause`` made hit dynamo's limit were
+    compiled for, of the input dimension ``what`` (``dim 0 of input 'x'``) names."""
+    m = re.match(r"dim (\d+) of input '(.+)'$", what)
+    if m is None:
+        return []
+    dim, name = int(m[1]), m[2]
+    targets = {t for h in cause.hits for t in _hit_targets(facts, h)}
+    out: dict[int, None] = {}
+    for c in facts.compiles:
+        if c.identity in targets:
+            for a in c.args:
+                if a.name == name and a.shape is not None and dim < len(a.shape):
+                    out.setdefault(int(a.shape[dim]), None)
+    return list(out)
+
+
 def _entered_by_hit(cause: _SizeCause, primary: _Track) -> tuple[str, str, SourceLocation] | None:
     """Where the size enters the step when the compiled function it reached recompiled only
     before the steady steps and then hit dynamo's limit: its size guard names the input and the
@@ -614,7 +638,12 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
         change = dataclasses.replace(change, what=_size_text(primary))
         events = list({c.id: c for t in cause.tracks for c in t.events}.values())
         shaped = [c for t in cause.tracks if t.shape for c in t.events]
-        steps = facts.steady_steps_of(shaped)
+        # the function that hit the limit recompiled for the size before it stopped, in steady
+        # steps too few to be a track of their own: those compiles are this cause's
+        limited = _limited_compiles(facts, cause, {c.id for c in events})
+        events += limited
+        shaped += limited
+        steps = sorted({*facts.steady_steps_of(shaped), *facts.steady_steps_of(cause.hits)})
         seconds = sum(c.seconds for c in events)
         ops = list(dict.fromkeys([primary.identity, *(t.identity for t in cause.tracks)]))
         compiled = any(t.mode == "compiled" for t in cause.tracks) or bool(cause.hits)
@@ -629,6 +658,10 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             consequences = _consequences(facts, cause, None)
             m = _SIZE_MISMATCH.match(cause.hits[0].reason.strip())
             example = f"input '{m['tensor']}' dim {m['dim']}: {m['expected']} -> {m['actual']}" if m else None
+            # the sizes the function was compiled for before it stopped are the cause's first ones
+            earlier = _compiled_sizes(facts, cause, what)
+            values = [*(v for v in earlier if v not in values), *values]
+            ops = list(dict.fromkeys([who, *ops]))
         fix, bookkeeping = _size_fix(facts, dataclasses.replace(primary, change=change, identity=who), cause,
                                      sorted(values), compiled)
         if entered is None:
