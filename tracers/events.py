@@ -463,7 +463,9 @@ class TransferEvent(Event):
     (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``), and
     what it goes with: ``follows``, the tensor whose shape or device the code reads for it
     (``"x_start"`` of ``torch.randn(x_start.shape).to(x_start.device)``), ``module``, the
-    ``nn.Module`` class whose method uploads it (``"GaussianDiffusion"``).
+    ``nn.Module`` class whose method uploads it (``"GaussianDiffusion"``), and ``made_line``, the
+    line of the upload's file and function that made it when that is another line than the
+    upload's (``noise = torch.randn(...)`` two lines above ``noise.to("tpu")``), else None.
     """
 
     kind: ClassVar[str] = "transfer"
@@ -479,6 +481,7 @@ class TransferEvent(Event):
     origin: str | None = None
     follows: str | None = None
     module: str | None = None
+    made_line: int | None = None
 
 
 @register_event

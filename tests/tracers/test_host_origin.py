@@ -96,16 +96,16 @@ LOOPS = textwrap.dedent(
             h = y.to(dev)
     """
 )
-# line (in LOOPS) -> (factory, the tensor it follows)
+# line (in LOOPS) -> (factory, the tensor it follows, the line that made it)
 LOOP_EXPECTED = {
     8: None,  # rebound by the loop: a DataLoader's batch, not the dataset drawn before it
     9: None,
     12: None,  # made once before the loop: the same data each step, not made in the step
-    14: ("torch.randn", None),  # made in the step
+    14: ("torch.randn", None, 13),  # made in the step, on the line above the upload
     15: None,  # a comprehension's own variable
-    16: ("torch.randn", "a"),  # noise shaped like a device tensor, moved to its device
-    18: ("torch.randint", "a"),  # timesteps, one per row of a
-    19: ("torch.rand", None),
+    16: ("torch.randn", "a", 16),  # noise shaped like a device tensor, moved to its device
+    18: ("torch.randint", "a", 17),  # timesteps, one per row of a
+    19: ("torch.rand", None, 19),
     21: None,  # unpacked from a call the code does not show
 }
 

@@ -457,7 +457,16 @@ def _primary(facts: RunFacts, cause: _SizeCause) -> _Track:
     line = max(lines, key=lambda k: lines[k]) if lines else None
     here = [t for t in shaped if any(_line_of(c.location) == line for c in t.events)] or shaped
     sizes = _majority(cause)
-    return max(here, key=lambda t: (sum(1 for s, v in t.by_step.items() if sizes.get(s) in v),
+    # the ops after the user's tensor may see a multiple of its size (a batch x length flattened
+    # for a matmul), and there can be more of them: a size that is a multiple of another of the
+    # line's in a step is not the size as the user's tensor has it
+
+    def multiples(t: _Track) -> int:
+        return sum(1 for s, vs in t.by_step.items()
+                   if any(v % w == 0 and v // w >= 2 for v in vs for o in here if o is not t
+                          for w in o.by_step.get(s, ()) if w > 0))
+
+    return max(here, key=lambda t: (-multiples(t), sum(1 for s, v in t.by_step.items() if sizes.get(s) in v),
                                     -max(t.values), -min(c.id for c in t.events)))
 
 
@@ -522,8 +531,8 @@ def _size_fix(facts: RunFacts, primary: _Track, cause: _SizeCause, values: list[
         what = f"{change.what} of {primary.identity}, the rows of each call, takes {len(values)} sizes"
         return (f"{what}: give every call the same number of rows (batch the data to one size: fill a short "
                 f"batch with rows the loss ignores, or drop it), or {bucket}{mark}"), False
-    return (f"{bucket}, where the data is batched; mask the padding out of the result (ignore_index in the "
-            f"loss, an attention mask){mark}"), False
+    return (f"{change.what} of {primary.identity} takes {len(values)} sizes: {bucket}, where the data is batched; "
+            f"mask the padding out of the result (ignore_index in the loss, an attention mask){mark}"), False
 
 
 def _consequences(facts: RunFacts, cause: _SizeCause, primary: _Track | None) -> tuple[Consequence, ...]:
@@ -674,7 +683,7 @@ def dynamic_shape(facts: RunFacts) -> Iterable[Finding]:
             severity=severity,
             title=(
                 f"{change.what} of {who} takes a new size in steady state "
-                f"({listing([str(v) for v in values])}): {plural(len(events), 'new program' if read_back else 'recompile')} "
+                f"({listing([str(v) for v in sorted(values)])}): {plural(len(events), 'new program' if read_back else 'recompile')} "
                 f"of {plural(len(ops), 'op')} in {plural(len(steps), 'step')}, {format_seconds(seconds)} "
                 + ("reading them back from the compile cache" if read_back else "compiling")
                 + ("; dynamo stopped compiling it" if cause.hits else "")

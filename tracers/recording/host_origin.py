@@ -51,11 +51,13 @@ __all__ = ["FACTORIES", "HostOrigin", "upload_origin"]
 
 
 class HostOrigin(NamedTuple):
-    """What made an uploaded tensor on the host: the ``factory`` (``"torch.randn"``), and the
-    tensor it ``follows`` when its shape or device is read from one (``"x_start"``), else None."""
+    """What made an uploaded tensor on the host: the ``factory`` (``"torch.randn"``), the
+    tensor it ``follows`` when its shape or device is read from one (``"x_start"``), else None,
+    and the ``line`` that made it (the upload's own, or the assignment its name was followed to)."""
 
     factory: str
     follows: str | None = None
+    line: int | None = None
 
 
 # functions that make a tensor or an array from nothing but their arguments, by the last
@@ -111,7 +113,18 @@ def _origin(filename: str, pos: Any) -> HostOrigin | None:
     if made is None:
         return None
     follows = _device_of(call) or _shape_source(moved, scope, pos.lineno, _DEPTH)  # type: ignore[arg-type]
-    return HostOrigin(made, follows)
+    return HostOrigin(made, follows, _made_at(moved, scope, pos.lineno, _DEPTH))
+
+
+def _made_at(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> int | None:
+    """The line that made ``expr``'s value: a name followed to the assignment it was made by,
+    as :func:`_made` follows it; the expression's own line otherwise."""
+    while isinstance(expr, ast.Name) and depth > 0:
+        value = _assigned(scope, expr.id, line)
+        if value is None or value[0] is _OPAQUE:
+            return None
+        expr, line, depth = value[0], value[1], depth - 1
+    return getattr(expr, "lineno", line)
 
 
 def _tree(filename: str) -> tuple[ast.Module, dict[tuple, ast.Call]] | None:

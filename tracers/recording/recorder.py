@@ -253,10 +253,10 @@ class Recorder:
         if info.direction == "h2d":
             up = classify_upload(info.op)
             op, implicit, location, context = up.cause, up.implicit, up.location, up.context
-            made = (up.origin, up.follows, up.module)
+            made = (up.origin, up.follows, up.module, up.made_line)
         else:
             op, implicit, location, context = classify_site(info.op)
-            made = (None, None, None)
+            made = (None, None, None, None)
         self.writer.put(
             TransferEvent(
                 self.writer.new_id(), self.clock() - info.seconds, None, threading.get_native_id(), location,

@@ -232,6 +232,7 @@ class Upload(NamedTuple):
     origin: str | None = None
     follows: str | None = None
     module: str | None = None
+    made_line: int | None = None  # the line of the user's file that made it, when not the upload's
 
 
 def classify_upload(op: str, depth: int = 1) -> Upload:
@@ -243,7 +244,8 @@ def classify_upload(op: str, depth: int = 1) -> Upload:
     made = upload_origin(frame.f_code, frame.f_lasti, ins.positions if ins is not None else None)
     if made is None:
         return Upload(cause, implicit, location, context)
-    return Upload(cause, implicit, location, context, made.factory, made.follows, _module_of(frame))
+    made_line = made.line if location is not None and made.line != location.line else None
+    return Upload(cause, implicit, location, context, made.factory, made.follows, _module_of(frame), made_line)
 
 
 def _module_of(frame: FrameType) -> str | None:
