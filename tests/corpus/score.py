@@ -8,7 +8,8 @@ process) and its findings are compared with what the script says it should get:
 - ``# EXPECT: kind[, kind]`` at the end of a line: a planted problem, found when a warning
   or an error of that kind is located at that line (several lines marked with one kind are
   alternatives: the finding may point at any of them; an ``info`` finding is not counted,
-  either way). Any other warning or error is a false positive. One planted problem is one
+  either way). Two causes of one kind in a script are told apart by a name after the kind
+  (``# EXPECT: h2d_every_step/noise``): each is a planted problem of its own. Any other warning or error is a false positive. One planted problem is one
   cause, so it must be found once: a second warning or error of its kind at its lines is a
   cause split into several findings, and fails the script.
 - ``# corpus-options: ...``: options for ``tpu-debug run`` (``--divergence``, ...).
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SCRIPTS = Path(__file__).parent / "scripts"
-_EXPECT = re.compile(r"#\s*EXPECT:\s*([\w, ]+)")
+_EXPECT = re.compile(r"#\s*EXPECT:\s*([\w,/ ]+)")
 _OPTIONS = re.compile(r"#\s*corpus-options:\s*(.+)")
 _SERIOUS = ("warning", "error")
 
@@ -120,7 +121,8 @@ def score(path: Path, findings: list, error: str | None = None) -> Result:
     exp = expected(path)
     result = Result(path.name, exp.correct, [], [], [], error)
     used: set[int] = set()
-    for kind, lines in sorted(exp.kinds.items()):
+    for planted, lines in sorted(exp.kinds.items()):
+        kind = planted.split("/")[0]
         hit = next((i for i, f in enumerate(findings)
                     if f.kind == kind and f.severity in _SERIOUS and _line(f, path) in lines), None)
         if hit is None:
@@ -135,7 +137,7 @@ def score(path: Path, findings: list, error: str | None = None) -> Result:
     for i, f in enumerate(findings):
         if i in used or f.severity not in _SERIOUS:
             continue
-        if f.kind in exp.kinds and _line(f, path) in exp.kinds[f.kind]:
+        if any(p.split("/")[0] == f.kind and _line(f, path) in lines for p, lines in exp.kinds.items()):
             continue  # a second finding of an expected kind at an expected line
         where = _line(f, path) if _line(f, path) is not None else _elsewhere(f)
         result.false.append(f"{f.kind}@{where}: {f.title[:120]}")
