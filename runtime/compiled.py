@@ -45,12 +45,15 @@ from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile, program
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
+from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.core.argspec import ArgSpec
-from tpu_debug.core.records import PARTITION_SPAN, CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.core.records import PARTITION_SPAN, CompileInfo, DynamoOrigin, GraphInfo, InputOrigin, LoweredNode
+from tpu_debug.runtime import memory_ledger
+from tpu_debug.runtime.graph_inputs import backward_inputs, forward_origins, output_nodes
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -83,19 +86,32 @@ class UnsupportedGraphOp(UnsupportedError):
     """A node of a compiled graph has no lowering."""
 
 
+# the table graph_decompositions built, by the sizes of the two registries it reads
+_decompositions: dict[tuple[int, int], dict] = {}
+
+
 def graph_decompositions() -> dict:
-    """Core aten decompositions, minus the ops we lower directly."""
+    """Core aten decompositions, minus the ops we lower directly.
+
+    Built once for each state of the registries it reads (ours only grows, PyTorch's grows
+    when a program registers a decomposition): PyTorch builds its core table from every
+    composite op's registrations, a third of a second of CPU that each graph compile paid.
+    Each caller gets its own copy."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
-    table = dict(core_aten_decompositions())
-    # beyond the core set: any PyTorch decomposition of an op we have no lowering for
-    for op, fn in decomposition_table.items():
-        if op not in table and lookup(op) is None:
-            table[op] = fn
-    for op in list(table):
-        if lookup(op) is not None:
-            del table[op]
-    return table
+    key = (len(registered()), len(decomposition_table))
+    if key not in _decompositions:
+        table = dict(core_aten_decompositions())
+        # beyond the core set: any PyTorch decomposition of an op we have no lowering for
+        for op, fn in decomposition_table.items():
+            if op not in table and lookup(op) is None:
+                table[op] = fn
+        for op in list(table):
+            if lookup(op) is not None:
+                del table[op]
+        _decompositions.clear()
+        _decompositions[key] = table
+    return dict(_decompositions[key])
 
 
 def _get_attr(gm: torch.fx.GraphModule, target: str):
@@ -599,6 +615,8 @@ class CompiledGraph:
         # the program is (GraphInfo.inputs)
         self.origin = DynamoOrigin(torch.is_grad_enabled())
         self.inputs: tuple[str, ...] = ()
+        self._outputs_made_by: tuple[LoweredNode | None, ...] | None = None
+        self.origins: tuple[InputOrigin, ...] = ()
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
         # its signature is computed on the first call and reused.
@@ -609,7 +627,17 @@ class CompiledGraph:
         self._static_sig: tuple | None = None
         self._static_key: tuple | None = None  # (graph id, digest, the static signature)
         self._static_entry: _Entry | None = None  # its executable (CPU numerics)
+        # the same for the variant computing the graph's value checks (a probe listens)
+        self._checking_sig: tuple | None = None
+        self._checking_key: tuple | None = None
+        self._checking_entry: _Entry | None = None
         self._static_shapes: tuple = ()
+
+    def _output_nodes(self) -> tuple[LoweredNode | None, ...]:
+        """The node that computed each output of the graph (views followed back), read once."""
+        if self._outputs_made_by is None:
+            self._outputs_made_by = output_nodes(self.gm)
+        return self._outputs_made_by
 
     def _signature(self, arrays) -> tuple:
         if _placement.active:  # a program is compiled for its inputs' shardings
@@ -619,12 +647,13 @@ class CompiledGraph:
 
     def __call__(self, args):
         # the signature computed once holds no placement: with meshes in use, every call has its own;
-        # a program computing value checks is not the static one
+        # a program computing value checks has a static entry of its own
         checking = bool(self.program.value_nodes) and _dryrun.active is None and value_checks.wanted("compiled")
-        static = (self._static_entry is not None and config.numerics == "cpu" and not _placement.active
-                  and _dryrun.active is None and not checking)
+        static_entry = self._checking_entry if checking else self._static_entry
+        static = (static_entry is not None and config.numerics == "cpu" and not _placement.active
+                  and _dryrun.active is None)
         if static and not probes._op_probes:
-            out = self._call_static(self._static_entry, args)
+            out = self._call_static(static_entry, args, self._checking_sig if checking else self._static_sig)
             if out is not None:
                 return out
         mutated = self.program.mutated_inputs
@@ -634,7 +663,7 @@ class CompiledGraph:
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
         if static:
-            entry, sig = self._static_entry, self._static_sig
+            entry, sig = static_entry, self._checking_sig if checking else self._static_sig
         else:
             entry, sig = self._entry(arrays, checking)
         if self.program.rng_nodes:
@@ -643,7 +672,7 @@ class CompiledGraph:
         if probes._op_probes:  # divergence tracing compares this call with CPU
             probes.observe_graph(self, arrays, _output_arrays(entry, outs, arrays, len(mutated)))
         it = iter(outs)
-        result = self._results(entry, it, arrays)
+        result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
         for t, value in zip(targets, it):  # input mutations: the new value into the input
             if isinstance(t, torch.Tensor):
                 _write_input(t, value)
@@ -652,10 +681,10 @@ class CompiledGraph:
         if self.program.asserts:
             self._check_asserts(it)
         if entry.checks:
-            value_checks.read_compiled(list(it), entry.checks)
+            value_checks.compiled(list(it), entry.checks)
         return result
 
-    def _call_static(self, entry: _Entry, args: list) -> list | None:
+    def _call_static(self, entry: _Entry, args: list, sig: tuple) -> list | None:
         """The call of a graph whose inputs have static shapes, when every input is a
         dense `tpu` tensor holding its storage's whole payload (a training step's
         parameters and optimizer state, call after call): the general path's work with
@@ -668,12 +697,20 @@ class CompiledGraph:
         shapes = self._static_shapes
         arrays = []
         storages = []
-        for a, shape in zip(args, shapes):
+        for i, (a, shape) in enumerate(zip(args, shapes)):
             storage = a.untyped_storage()
             arr = getattr(storage, PAYLOAD_ATTR, None)
             # the tensor's shape and the whole payload's equal, and contiguous: offset 0
-            if type(arr) is not _ArrayImpl or arr.aval.shape != shape or not a.is_contiguous():
+            if type(arr) is not _ArrayImpl or not a.is_contiguous():
                 return None
+            if arr.aval.shape != shape:
+                # a whole payload read in another shape: a backward's incoming gradient through
+                # the loss's ``logits.reshape(-1, vocab)`` is the reshaped gradient's storage.
+                # Its reshape is one small dispatch; the general path would walk every input
+                if (a.storage_offset() or arr.size != a.numel() or i in self.program.mutated_set
+                        or arr.dtype != _JAX_OF.get(a.dtype)):
+                    return None
+                arr = arr.reshape(shape)
             arrays.append(arr)
             storages.append(storage)
         arr = None  # a donated array's references are counted below
@@ -684,7 +721,7 @@ class CompiledGraph:
         executable = _executable(entry, not entry.donated or all(refs(arrays[i]) <= 3 for i in entry.donated))
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
-        outs = self._run(executable, arrays, self._static_sig)
+        outs = self._run(executable, arrays, sig)
         tail = entry.tail
         if tail and _tensor._track is None:
             # the outputs' shapes are fixed: new tensors made directly (a forward's saved
@@ -710,9 +747,11 @@ class CompiledGraph:
                 result.append(t)
             for storage, i in zip(targets, lead):
                 setattr(storage, PAYLOAD_ATTR, outs[i])
+            if entry.checks:  # the value checks' reports follow the outputs (no assertions here)
+                value_checks.compiled(list(program), entry.checks)
             return result
         it = iter(entry.restore(outs) if entry.lead else outs)
-        result = self._results(entry, it, arrays)
+        result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
         if _tensor._track is None:
             for storage, value in zip(targets, it):
                 setattr(storage, PAYLOAD_ATTR, value)
@@ -723,6 +762,8 @@ class CompiledGraph:
             self._check_asserts(it)
         elif tail is None:
             entry.tail = self._static_tail(entry, outs, arrays)
+        if entry.checks:
+            value_checks.compiled(list(it), entry.checks)
         return result
 
     @staticmethod
@@ -810,6 +851,10 @@ class CompiledGraph:
             key = self._static_key
             if key is None:
                 key = self._static_key = (self.graph_id, self.digest, sig)
+        elif sig is self._checking_sig:
+            key = self._checking_key
+            if key is None:
+                key = self._checking_key = (self.graph_id, self.digest, sig)
         else:
             key = (self.graph_id, self.digest, sig)
         if probes._routes.on_execute_begin:
@@ -820,14 +865,19 @@ class CompiledGraph:
         return outs
 
     @staticmethod
-    def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
+    def _results(entry: _Entry, it: Iterator, arrays: list, nodes: Sequence[LoweredNode | None] | None = None) -> list:
         """The graph's outputs as tensors, from the program's outputs (``it``, advanced
-        past them) and where ``entry`` says each output comes from."""
+        past them) and where ``entry`` says each output comes from; with ``nodes`` (memory
+        tracked), each new tensor is told to the memory probes as made by its graph node."""
         result = []
         scalars = entry.scalars
         for i, (source, where, dt) in enumerate(entry.outputs):
             if source == _PROGRAM:
+                if nodes is not None:
+                    memory_ledger.made_by(nodes[i] if i < len(nodes) else None)
                 result.append(from_jax(next(it), dt))
+                if nodes is not None:
+                    memory_ledger.made_by(None)
             elif source == _INPUT:  # an input passed through (saved for backward): no copy
                 result.append(from_jax(arrays[where], dt))
             elif source == _SAME:  # the same value again: its own tensor, the same buffer
@@ -864,8 +914,11 @@ class CompiledGraph:
         if entry is None:
             entry = self._compile(sig, arrays, checking)
             self._keep(sig, entry)
-        if self._static and cpu and entry.spmd is None and not checking:  # reused without a lookup (see __call__)
-            self._static_entry = entry
+        if self._static and cpu and entry.spmd is None:  # reused without a lookup (see __call__)
+            if checking:
+                self._checking_entry, self._checking_sig = entry, sig
+            else:
+                self._static_entry = entry
             self._static_shapes = tuple(s[0] for s in sig[:len(arrays)])
         return entry, sig
 
@@ -883,6 +936,8 @@ class CompiledGraph:
             del self.cache[sig]
         if self._static_entry is entry:
             self._static_entry = None
+        if self._checking_entry is entry:
+            self._checking_entry = None
         if not self.cache:
             with _lock:
                 _graphs[:] = [g for g in _graphs if g is not self]
@@ -1043,7 +1098,7 @@ class CompiledGraph:
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
             graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin, label=self.label,
-                            inputs=self.inputs),
+                            inputs=self.inputs, origins=self.origins),
             jitted=jitted,
             from_cache=cached is not None and cached.from_cache,
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
@@ -1191,14 +1246,6 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
     )
 
 
-def _primal(name: str, forward_inputs: tuple[str, ...]) -> str:
-    """A backward placeholder's name, or for ``primals_<n>`` the forward's input ``n``'s."""
-    number = name.removeprefix("primals_")
-    if number != name and number.isdigit() and 0 < int(number) <= len(forward_inputs):
-        return forward_inputs[int(number) - 1]
-    return name
-
-
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph (the
     device registered: see ``tpu_debug._loader.dynamo_backend`` for dynamo's entry point)."""
@@ -1223,6 +1270,11 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     step = _computes_gradients(graph)
     inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
+    # what each program input is to the user (runtime/graph_inputs.py): the forward's, which its
+    # backward's saved inputs are read against
+    origins = forward_origins(graph, lifted, origin.inputs, example_inputs)
+    forward_graph: list[torch.fx.GraphModule] = []
+
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
             label = inference if kind == "inference" else kind
@@ -1230,11 +1282,14 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             program.origin = origin
             # AOTAutograd passes the graph module's own tensors (an optimizer's state dynamo
             # lifted) before the graph's inputs; a backward's inputs are its placeholders, a
-            # forward input it saved (primals_<n>) named as the forward's input n
+            # forward input it saved (primals_<n>, or a view of it) named as that forward input
             program.inputs = lifted + origin.inputs
+            program.origins = origins
+            if kind == "forward":
+                forward_graph[:] = [graph]
             if kind == "backward":
-                program.inputs = tuple(_primal(n.name, lifted + origin.inputs)
-                                       for n in graph.graph.find_nodes(op="placeholder"))
+                program.inputs, program.origins = backward_inputs(
+                    graph, forward_graph[0] if forward_graph else None, lifted + origin.inputs, origins)
 
             # AOTAutograd calls this lazily: a backward is compiled on its first call, which
             # may come from user code dynamo is running (``loss.backward()`` after a graph

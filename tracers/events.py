@@ -106,12 +106,16 @@ __all__ = [
 # 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
 # 8: an event about a runtime record keeps the whole record: a transfer's runtime op, a collective
 #    call's shapes as dimensions, a desync's message and each rank's shapes as a list
-# 9: a compile splits its time into measured phases (lowering, XLA's compile, the read-back, its
-#    wall time), names its dynamo compile and counts its HLO instructions before and after XLA
-SCHEMA_VERSION = 9
+# 9: a step keeps the time of the programs it read back from the compile cache, an upload what
+#    its data follows (a tensor, a module), a recompile-limit hit the identity of what it compiled
+# 10: a compile splits its time into measured phases (lowering, XLA's compile, the read-back, its
+#    wall time), names its dynamo compile, counts its HLO before and after XLA and keeps its cache
+#    entry and why the cache missed
+SCHEMA_VERSION = 10
 # the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
-# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), and 7 from 8 in
-# columns each carried record declares how to read (``carried(legacy=...)``)
+# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), 7 from 8 in
+# columns each carried record declares how to read (``carried(legacy=...)``), and 8 from 9 and 9
+# from 10 in columns that read as their defaults or from older columns (``column(legacy=...)``)
 OLDEST_READABLE_SCHEMA = 6
 
 
@@ -570,8 +574,13 @@ class TransferEvent(Event):
     ``if t:``, a scalar operand, a CPU fallback). ``context`` is the library frame that moved
     the data when it was not the user's own line (``"file:line in function"``: a sync inside
     transformers' ``generate()``, reached from ``location``), else None; ``origin``, for an
-    upload, the factory that made the data on the host as the user's line shows it
-    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``).
+    upload, the factory that made the data on the host in the step as the user's line shows it
+    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``), and
+    what it goes with: ``follows``, the tensor whose shape or device the code reads for it
+    (``"x_start"`` of ``torch.randn(x_start.shape).to(x_start.device)``), ``module``, the
+    ``nn.Module`` class whose method uploads it (``"GaussianDiffusion"``), and ``made_line``, the
+    line of the upload's file and function that made it when that is another line than the
+    upload's (``noise = torch.randn(...)`` two lines above ``noise.to("tpu")``), else None.
     """
 
     kind: ClassVar[str] = "transfer"
@@ -585,6 +594,9 @@ class TransferEvent(Event):
     implicit: bool
     context: str | None = None
     origin: str | None = None
+    follows: str | None = None
+    module: str | None = None
+    made_line: int | None = None
 
 
 @register_event
@@ -714,8 +726,10 @@ class GuardFailureEvent(Event):
 class RecompileLimitEvent(Event):
     """A function hit dynamo's recompile limit: from then on it runs without compiling.
 
-    ``limit_type`` names the limit (``"recompile_limit"``), ``limit`` its
-    value, ``reason`` the last failed guard.
+    ``name`` is the function in the user's names (a module's class, the name it is called by
+    and the line that compiled it; a function's name and line), ``limit_type`` names the limit
+    (``"recompile_limit"``), ``limit`` its value, ``reason`` the last failed guard, ``identity``
+    the identity its compiles carry (their forward graph's; None when not known).
     """
 
     kind: ClassVar[str] = "recompile_limit"
@@ -726,6 +740,7 @@ class RecompileLimitEvent(Event):
     limit_type: str
     limit: int = column("limit_value")  # LIMIT is an SQL keyword
     reason: str
+    identity: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1034,7 +1049,10 @@ class StepEvent(Event):
     the same programs (the warm-up ends when it repeats; see
     ``tracers.reading.step_phases.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
-    programs ready all the same (warm-up).
+    programs ready all the same (warm-up); ``read_back_seconds`` the time that took, which is
+    the compile side of the step (what a cold cache would have spent compiling);
+    ``trace_seconds`` dynamo's own work compiling frames (tracing a graph, AOTAutograd), beside
+    the XLA compiles it asks for, which is the compile side too.
 
     Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for
@@ -1043,8 +1061,8 @@ class StepEvent(Event):
     ``torch.tpu.synchronize()``), ``collective_seconds`` in c10d collectives,
     ``checkpoint_seconds`` saving checkpoints (``torch.save``, DCP's ``save``).
     Compiles and op runs inside one of those are its time: ``inner_op_seconds``
-    and ``inner_compile_seconds`` say how much of ``op_seconds`` and
-    ``compile_seconds`` that was. None in a run recorded before the split was
+    and ``inner_compile_seconds`` say how much of ``op_seconds`` and of
+    ``compile_seconds`` with ``read_back_seconds`` and ``trace_seconds`` that was. None in a run recorded before the split was
     kept, and in an imported log's steps.
     """
 
@@ -1074,6 +1092,8 @@ class StepEvent(Event):
     checkpoint_seconds: float | None = None
     inner_op_seconds: float = 0.0
     inner_compile_seconds: float = 0.0
+    read_back_seconds: float = 0.0
+    trace_seconds: float = 0.0
 
     @property
     def ops(self) -> int:
@@ -1197,7 +1217,13 @@ class TargetCompileEvent(Event):
 
     ``status``: ``"ok"``, ``"hbm_oom"`` (the program does not fit one device's
     HBM: ``required_bytes`` of ``available_bytes``, for ``error_what``) or
-    ``"compile_error"``. ``seconds`` is the TPU compile time (of the compile that
+    ``"compile_error"``; ``error_code`` XLA's code of the refusal (``"E1001:
+    CompileTimeScopedVmemOom"``: ``runtime/target/error_codes.py`` says what it means and
+    what to change), printed by the compiler (``error_code_printed``) or recognised from its
+    message; ``error_instruction`` the HLO instruction the message is about, with the op
+    (``error_op``) and the PyTorch line (``error_file``/``error_line``/``error_function``)
+    that made it; ``error_source_file``/``error_source_line``/``error_source_function`` the
+    line of a Pallas kernel whose operation Mosaic refused (E2001-E2003). ``seconds`` is the TPU compile time (of the compile that
     produced the result when it came from the on-disk cache: ``cached``);
     ``relowered``: the local lowering held a CPU-only custom call, so the function
     was lowered again for the TPU.
@@ -1252,6 +1278,15 @@ class TargetCompileEvent(Event):
     required_bytes: int | None = None
     available_bytes: int | None = None
     error_what: str | None = None
+    error_code_printed: bool = False
+    error_instruction: str | None = None
+    error_op: str | None = None
+    error_file: str | None = None
+    error_line: int | None = None
+    error_function: str | None = None
+    error_source_file: str | None = None
+    error_source_line: int | None = None
+    error_source_function: str | None = None
     larger_targets: tuple[str, ...] = ()
     larger_hbm_bytes: tuple[int, ...] = ()
     larger_spec_bytes: tuple[int, ...] = ()
@@ -1369,6 +1404,8 @@ class MemoryHolder:
     recorded. ``kind``: what they are, from when they were made and whether they outlived
     their step (``tracers.recording.memory_tracker.holder_kind``: ``"parameter"``, ``"gradient"``,
     ``"optimizer_state"``, ``"activation"``, ``"temporary"``); "" where not recorded.
+    ``call_file``/``call_line``: for the outputs of a compiled graph, whose line is the
+    graph node's inside the model, the user's line that called the graph ("" and 0 otherwise).
     """
 
     file: str
@@ -1381,6 +1418,8 @@ class MemoryHolder:
     dtype: str = ""
     logical_bytes: int = 0
     kind: str = ""
+    call_file: str = ""
+    call_line: int = 0
 
 
 @register_event
@@ -1518,15 +1557,21 @@ class ProgramBuffer:
     ``"optimizer_state"``, ``"gradient"``, ``"activation"`` (a forward value kept for the
     backward), ``"temporary"``, ``"collective"``, ``"host"``, ``"input"``, ``"output"``,
     ``"other"``, or ``"unused"``: the heap's fragmentation there). ``nbytes``: the bytes it
-    is counted for at the peak (its size in the compiler's layout, padding included;
+    is counted for at the peak (its own size in the compiler's layout, padding included;
     less, for a value sharing bytes with another); ``logical_bytes`` its elements times
-    their size. ``name`` the value (its instruction, ``{i}`` for a tuple element),
-    ``opcode`` the instruction that made it (copies and tuples followed), ``op`` what made
-    that (the FX node and aten op, ``mm_1|aten::mm``, or the JAX operation), ``start``
-    and ``end`` its live range in program order. ``file``/``line``/``function``: the
-    PyTorch line that made it (the user's; ``library`` when only library code, a model in
-    transformers say, is known). ``count`` > 1: a row folding that many smaller buffers of
-    its kind (``name`` empty).
+    their size; ``padding_bytes`` what the layout's tiles add to it (its size less its
+    logical bytes, where the compiler's layout is tiled; 0 elsewhere). ``name`` the value
+    (its instruction, ``{i}`` for a tuple element), ``opcode`` the instruction that made it
+    (copies and tuples followed), ``op`` what made that (the FX node and aten op,
+    ``mm_1|aten::mm``, or the JAX operation) or, for a program's input, the user's name for
+    it (``qkv.weight``, ``exp_avg of 0.weight``, ``x``), ``start`` and ``end`` its live
+    range in program order. ``file``/``line``/``function``: the PyTorch line that made it
+    (the user's; ``library`` when only library code, a model in transformers say, is
+    known); ``note`` what it is in words where the line does not say it (an input made
+    before the trace, the incoming gradient). ``reserved``: the bytes are not in use at the
+    peak but held for this value, written at another point in the allocation it shares over
+    time with other values (``allocation_bytes``: that allocation's size, when shared).
+    ``count`` > 1: a row folding that many smaller buffers of its kind (``name`` empty).
     """
 
     kind: str
@@ -1544,6 +1589,10 @@ class ProgramBuffer:
     function: str | None = None
     library: bool = False
     count: int = 1
+    note: str = ""
+    reserved: bool = False
+    allocation_bytes: int = 0
+    padding_bytes: int = 0
 
 
 @register_event
