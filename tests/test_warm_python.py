@@ -72,7 +72,7 @@ def test_a_module_and_code_run_as_python_runs_them(tmp_path):
 
 def test_a_timeout_kills_the_program_and_keeps_its_output(tmp_path):
     code = "import time; print('started', flush=True); time.sleep(600)"
-    with pytest.raises(subprocess.TimeoutExpired) as raised:
+    with pytest.raises(subprocess.TimeoutExpired, match="timed out after 5 seconds") as raised:
         warm_python.run([sys.executable, "-c", code], cwd=tmp_path, timeout=5)
     assert raised.value.output == "started\n"
     # the warm interpreter serves the next program
