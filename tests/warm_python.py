@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -44,8 +45,8 @@ __all__ = ["run"]
 RUN_TIME = ("TPU_DEBUG_", "XLA_FLAGS", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST")
 # interpreter options a fork can take: -u (unbuffered streams), -B (no bytecode written)
 OPTIONS = ("-u", "-B")
-# warm interpreters kept per test process, the least recently used closed first: a test module
-# keeps one environment, and a warm interpreter holds about half a GiB
+# idle warm interpreters kept per test process, the least recently used closed first: a test
+# module keeps one environment, and a warm interpreter holds about half a GiB
 MAX_WARM = 2
 
 # The warm interpreter. It imports the libraries, then serves one request at a time on its own
@@ -179,7 +180,11 @@ class _Warm:
                 pipe.close()
 
 
-_warm: dict[tuple, _Warm] = {}
+# idle warm interpreters by environment, the least recently used first; a program running
+# holds its interpreter, so threads running programs at once (the corpus scorer's --jobs) each
+# get one
+_idle: dict[tuple, list[_Warm]] = {}
+_lock = threading.Lock()
 
 
 def _key(env: Mapping[str, str]) -> tuple:
@@ -187,7 +192,10 @@ def _key(env: Mapping[str, str]) -> tuple:
 
 
 def _close_all() -> None:
-    for warm in _warm.values():
+    with _lock:
+        warms = [w for pool in _idle.values() for w in pool]
+        _idle.clear()
+    for warm in warms:
         warm.close()
 
 
@@ -211,15 +219,34 @@ def _parse(cmd: Sequence[str]) -> tuple[list[str], str, str, list[str]] | None:
     return options, "file", cmd[i], list(cmd[i + 1:])
 
 
-def _warm_for(env: dict[str, str]) -> _Warm | None:
-    key = _key(env)
-    warm = _warm.pop(key, None)
+def _take(env: dict[str, str]) -> _Warm | None:
+    """An idle warm interpreter for ``env`` (a new one if none is idle), or None if it cannot start."""
+    with _lock:
+        pool = _idle.get(_key(env))
+        warm = pool.pop() if pool else None
     if warm is None:
-        while len(_warm) >= MAX_WARM:
-            _warm.pop(next(iter(_warm))).close()
         warm = _Warm({k: v for k, v in env.items() if not k.startswith(RUN_TIME)})
-    _warm[key] = warm  # the most recently used last
-    return warm if warm.ready and warm.process.poll() is None else None
+    if warm.ready and warm.process.poll() is None:
+        return warm
+    warm.close()
+    return None
+
+
+def _give_back(env: dict[str, str], warm: _Warm) -> None:
+    """Keep ``warm`` idle for the next program with ``env``; close the least recently used beyond
+    MAX_WARM."""
+    key, closing = _key(env), []
+    with _lock:
+        pool = _idle.pop(key, [])
+        pool.append(warm)
+        _idle[key] = pool  # the most recently used last
+        while sum(map(len, _idle.values())) > MAX_WARM:
+            oldest = next(iter(_idle))
+            closing.append(_idle[oldest].pop(0))
+            if not _idle[oldest]:
+                del _idle[oldest]
+    for old in closing:
+        old.close()
 
 
 def run(cmd: Sequence[str], *, cwd: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
@@ -231,7 +258,7 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike | None = None, env: Mappin
     kwargs.pop("text", None)
     parsed = _parse(cmd)
     environ = dict(os.environ if env is None else env)
-    warm = _warm_for(environ) if parsed is not None and not kwargs else None
+    warm = _take(environ) if parsed is not None and not kwargs else None
     if warm is None:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout, check=check,
                               **kwargs)
@@ -248,6 +275,8 @@ def run(cmd: Sequence[str], *, cwd: str | os.PathLike | None = None, env: Mappin
         except TimeoutError:
             raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(errors="replace"),
                                             err.read_text(errors="replace")) from None
+        finally:
+            _give_back(environ, warm)
         done = subprocess.CompletedProcess(cmd, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
     if check:
         done.check_returncode()
