@@ -85,7 +85,7 @@ def test_fixtures_fail_tests_with_the_line_and_the_cause_and_each_test_is_record
         r"tpu_debug_no_recompiles: 15 compile\(s\) in steady state, in step\(s\) 1-5 of 6 \(warm-up: 0\):$",
         r"  mul\.Tensor recompiled at .*test_shapes\.py:6 in test_grows: the closest earlier key has 1 mismatch:$",
         r"    arg 0 'self': f32\[101\] -> f32\[102\]$",
-        r"fix: dim 0 of arg 0 'self' of mul\.Tensor grows at every call \(101\.\.106\)",
+        r"fix: dim 0 of arg 0 'self' of mul\.Tensor grows at every step \(101\.\.106\) and nothing in the step concatenates onto it",
         r"\(the run: .*/runs/[^/]*-test_shapes\.py_test_grows\)$",
     ])
     result.stdout.fnmatch_lines([

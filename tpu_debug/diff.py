@@ -308,6 +308,8 @@ def _diff_renderables(data: dict[str, Any], a: Any, b: Any, terminal: bool) -> l
                 text.append("\n")
             ca, cb = pair["a"]["cost_seconds"], pair["b"]["cost_seconds"]
             text.append(f"{pair['b']['title']} (cost {format_seconds(ca)} -> {format_seconds(cb)})")
+            for c in pair["b"].get("consequences", ()):  # what the one cause led to, under it
+                text.append(f"\n  led to: {c['text']}")
         parts.append((f"Findings in both ({len(remaining)})", text))
     return parts
 

@@ -102,10 +102,13 @@ __all__ = [
 # 7: the divergence, TensorBoard, dry-run, process and collectives-target summaries are event kinds
 # 8: an event about a runtime record keeps the whole record: a transfer's runtime op, a collective
 #    call's shapes as dimensions, a desync's message and each rank's shapes as a list
-SCHEMA_VERSION = 8
+# 9: a step keeps the time of the programs it read back from the compile cache, an upload what
+#    its data follows (a tensor, a module), a recompile-limit hit the identity of what it compiled
+SCHEMA_VERSION = 9
 # the oldest layout a reader still reads: schema 6 differs from 7 only in keeping the run
-# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), and 7 from 8 in
-# columns each carried record declares how to read (``carried(legacy=...)``)
+# summaries as JSON objects in the ``meta`` table (see ``RunQuery``'s summaries), 7 from 8 in
+# columns each carried record declares how to read (``carried(legacy=...)``), and 8 from 9 in
+# columns that read as their defaults
 OLDEST_READABLE_SCHEMA = 6
 
 
@@ -456,8 +459,13 @@ class TransferEvent(Event):
     ``if t:``, a scalar operand, a CPU fallback). ``context`` is the library frame that moved
     the data when it was not the user's own line (``"file:line in function"``: a sync inside
     transformers' ``generate()``, reached from ``location``), else None; ``origin``, for an
-    upload, the factory that made the data on the host as the user's line shows it
-    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``).
+    upload, the factory that made the data on the host in the step as the user's line shows it
+    (``"torch.randn"``: data that could be made on the device; ``recording/host_origin.py``), and
+    what it goes with: ``follows``, the tensor whose shape or device the code reads for it
+    (``"x_start"`` of ``torch.randn(x_start.shape).to(x_start.device)``), ``module``, the
+    ``nn.Module`` class whose method uploads it (``"GaussianDiffusion"``), and ``made_line``, the
+    line of the upload's file and function that made it when that is another line than the
+    upload's (``noise = torch.randn(...)`` two lines above ``noise.to("tpu")``), else None.
     """
 
     kind: ClassVar[str] = "transfer"
@@ -471,6 +479,9 @@ class TransferEvent(Event):
     implicit: bool
     context: str | None = None
     origin: str | None = None
+    follows: str | None = None
+    module: str | None = None
+    made_line: int | None = None
 
 
 @register_event
@@ -600,8 +611,10 @@ class GuardFailureEvent(Event):
 class RecompileLimitEvent(Event):
     """A function hit dynamo's recompile limit: from then on it runs without compiling.
 
-    ``limit_type`` names the limit (``"recompile_limit"``), ``limit`` its
-    value, ``reason`` the last failed guard.
+    ``name`` is the function in the user's names (a module's class, the name it is called by
+    and the line that compiled it; a function's name and line), ``limit_type`` names the limit
+    (``"recompile_limit"``), ``limit`` its value, ``reason`` the last failed guard, ``identity``
+    the identity its compiles carry (their forward graph's; None when not known).
     """
 
     kind: ClassVar[str] = "recompile_limit"
@@ -612,6 +625,7 @@ class RecompileLimitEvent(Event):
     limit_type: str
     limit: int = column("limit_value")  # LIMIT is an SQL keyword
     reason: str
+    identity: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -920,7 +934,10 @@ class StepEvent(Event):
     the same programs (the warm-up ends when it repeats; see
     ``tracers.reading.step_phases.step_phases``). ``read_backs`` counts executables read back
     from the persistent compile cache: not compiles, but a step that makes
-    programs ready all the same (warm-up).
+    programs ready all the same (warm-up); ``read_back_seconds`` the time that took, which is
+    the compile side of the step (what a cold cache would have spent compiling);
+    ``trace_seconds`` dynamo's own work compiling frames (tracing a graph, AOTAutograd), beside
+    the XLA compiles it asks for, which is the compile side too.
 
     Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for
@@ -929,8 +946,8 @@ class StepEvent(Event):
     ``torch.tpu.synchronize()``), ``collective_seconds`` in c10d collectives,
     ``checkpoint_seconds`` saving checkpoints (``torch.save``, DCP's ``save``).
     Compiles and op runs inside one of those are its time: ``inner_op_seconds``
-    and ``inner_compile_seconds`` say how much of ``op_seconds`` and
-    ``compile_seconds`` that was. None in a run recorded before the split was
+    and ``inner_compile_seconds`` say how much of ``op_seconds`` and of
+    ``compile_seconds`` with ``read_back_seconds`` and ``trace_seconds`` that was. None in a run recorded before the split was
     kept, and in an imported log's steps.
     """
 
@@ -960,6 +977,8 @@ class StepEvent(Event):
     checkpoint_seconds: float | None = None
     inner_op_seconds: float = 0.0
     inner_compile_seconds: float = 0.0
+    read_back_seconds: float = 0.0
+    trace_seconds: float = 0.0
 
     @property
     def ops(self) -> int:

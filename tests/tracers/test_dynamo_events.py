@@ -68,7 +68,9 @@ def test_size_guard_failure_and_dynamic_recompiles(logdir):
     assert failure.guards[0].endswith(": tensor 'x' size mismatch at index 0. expected 4, actual 5")
     assert failure.location.file == __file__
     compiles = session.compiles(mode="compiled")
-    assert [c.identity for c in compiles] == ["scale in test_dynamo_events.py (forward)"] * 3
+    # a compiled function is named by its name and the line it starts at
+    line = scale.__code__.co_firstlineno
+    assert [c.identity for c in compiles] == [f"scale in test_dynamo_events.py:{line} (forward)"] * 3
     first, dynamo_recompile, xla_recompile = compiles
     assert first.diffs == () and dynamo_recompile.previous == first.id
     assert dynamo_recompile.diffs[0] == KeyDiff("shape", "4", "5", arg_name="x", dims=(0,), source="guard")
@@ -130,8 +132,8 @@ def test_graph_break_recorded_with_reason_and_line(logdir):
     assert brk.location.line == noisy.__code__.co_firstlineno + 2 and brk.location.function == "noisy"
     identities = {c.identity for c in session.compiles(mode="compiled")}
     assert identities == {
-        "noisy in test_dynamo_events.py (forward)",
-        f"noisy (after the graph break at line {brk.location.line}) in test_dynamo_events.py (forward)",
+        f"noisy in test_dynamo_events.py:{noisy.__code__.co_firstlineno} (forward)",
+        f"noisy (after the graph break at line {brk.location.line}) in test_dynamo_events.py:{brk.location.line} (forward)",
     }
     assert "graph breaks:" in session.summary(width=300)
 
@@ -147,7 +149,9 @@ def test_recompile_limit_hit(logdir):
         for x in xs:
             fn(x)
     (hit,) = session.recompiles.limits()
-    assert (hit.name, hit.limit_type, hit.limit) == ("limited", "recompile_limit", 2)
+    name = f"limited in test_dynamo_events.py:{limited.__code__.co_firstlineno}"
+    assert (hit.name, hit.limit_type, hit.limit, hit.identity) == (name, "recompile_limit", 2, f"{name} (forward)")
+    assert {c.identity for c in session.compiles(mode="compiled")} == {hit.identity}
     assert hit.reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
     assert hit.location.file == __file__
     assert "hit dynamo's recompile_limit (2)" in session.summary(width=300)
@@ -160,7 +164,8 @@ def test_expect_no_recompiles_names_the_failed_guard():
     fn = tpu_debug.compile(double)
     a, b = torch.ones(2, device="tpu"), torch.ones(7, device="tpu")
     fn(a)
-    pattern = r"(?s)^double in test_dynamo_events.py \(forward\) recompiled at .*tensor 'x' dim 0: 2 -> 7"
+    line = double.__code__.co_firstlineno
+    pattern = rf"(?s)^double in test_dynamo_events.py:{line} \(forward\) recompiled at .*tensor 'x' dim 0: 2 -> 7"
     with pytest.raises(RecompileError, match=pattern), tpu_debug.expect_no_recompiles():
         fn(b)
     assert not _ours("torch.__trace")

@@ -68,7 +68,69 @@ def _upload_call(code, line: int) -> dis.Instruction:
 @pytest.mark.parametrize("line", sorted(EXPECTED))
 def test_the_origin_of_an_upload_is_read_from_the_users_line(code, line):
     ins = _upload_call(code, line)
-    assert upload_origin(code, ins.offset, ins.positions) == EXPECTED[line]
+    made = upload_origin(code, ins.offset, ins.positions)
+    assert (made.factory if made is not None else None) == EXPECTED[line]
+
+
+LOOPS = textwrap.dedent(
+    """
+    import torch
+
+    def train(loader, model, dev, T):
+        ids = torch.randint(0, 1000, (512, 16))
+        labels = torch.randint(0, 4, (512,))
+        for ids, labels in loader:
+            a = ids.to(dev)
+            b = labels.to(dev)
+        table = torch.randn(64, 8)
+        for step in range(10):
+            c = table.to(dev)
+            noise = torch.randn(16, 8)
+            d = noise.to(dev)
+            batch = {k: v.to(dev) for k, v in {"x": table}.items()}
+            e = torch.randn(a.shape).to(a.device)
+            t = torch.randint(0, T, (a.shape[0],))
+            f = t.to(dev)
+            g = torch.rand(16, 8).to(dev)
+            x, y = model(a)
+            h = y.to(dev)
+    """
+)
+# line (in LOOPS) -> (factory, the tensor it follows, the line that made it)
+LOOP_EXPECTED = {
+    8: None,  # rebound by the loop: a DataLoader's batch, not the dataset drawn before it
+    9: None,
+    12: None,  # made once before the loop: the same data each step, not made in the step
+    14: ("torch.randn", None, 13),  # made in the step, on the line above the upload
+    15: None,  # a comprehension's own variable
+    16: ("torch.randn", "a", 16),  # noise shaped like a device tensor, moved to its device
+    18: ("torch.randint", "a", 17),  # timesteps, one per row of a
+    19: ("torch.rand", None, 19),
+    21: None,  # unpacked from a call the code does not show
+}
+
+
+@pytest.fixture(scope="module")
+def loops(tmp_path_factory):
+    path = tmp_path_factory.mktemp("origin") / "user_loop.py"
+    path.write_text(LOOPS)
+    linecache.checkcache(str(path))
+    module = compile(LOOPS, str(path), "exec")
+    return next(c for c in module.co_consts if getattr(c, "co_name", "") == "train")
+
+
+@pytest.mark.parametrize("line", sorted(LOOP_EXPECTED))
+def test_only_what_the_step_makes_is_host_made_and_what_it_follows_is_read(loops, line):
+    calls = [i for i in dis.get_instructions(loops) if i.opname.startswith("CALL") and i.positions.lineno == line]
+    if line == 15:  # the upload is inside the comprehension's own code
+        inner = next(c for c in loops.co_consts if getattr(c, "co_name", "") == "<dictcomp>")
+        calls = [i for i in dis.get_instructions(inner) if i.opname.startswith("CALL") and i.positions.lineno == line]
+        code = inner
+    else:
+        code = loops
+    ins = max(calls, key=lambda i: (i.positions.end_col_offset - i.positions.col_offset))
+    made = upload_origin(code, ins.offset, ins.positions)
+    assert (tuple(made) if made is not None else None) == LOOP_EXPECTED[line]
 
 
 def test_a_file_whose_source_cannot_be_read_gives_no_verdict():

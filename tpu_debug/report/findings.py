@@ -45,9 +45,18 @@ def _count_text(c: Any) -> str:
     return f"{c.name} {value}"
 
 
+def consequence_text(c: Any, cwd: str | None = None) -> str:
+    """One consequence of a finding's cause: what happened, and its own line when it has one."""
+    loc = c.location
+    where = f" (at {format_location(loc.file, loc.line, loc.function, cwd=cwd, full=True)})" if loc is not None else ""
+    cost = f", {format_seconds(c.cost_seconds)}" if c.cost_seconds else ""
+    return f"{c.text}{cost}{where}"
+
+
 def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> Text:
     """One finding as the report shows it: severity and title, then where, what it cost,
-    the evidence and the fix (every word of it from the finding)."""
+    the evidence, what its cause led to (the consequences, under the cause) and the fix
+    (every word of it from the finding)."""
     text = Text()
     text.append(f"{_SEVERITY_MARK[f.severity]} ", style=_SEVERITY_STYLE[f.severity] if terminal else "")
     text.append(f.title, style="bold" if terminal else "")
@@ -63,6 +72,7 @@ def finding_text(f: Any, *, terminal: bool = False, cwd: str | None = None) -> T
     if f.evidence.counts:
         details.append(("evidence", ", ".join(_count_text(c) for c in f.evidence.counts)))
     details += [("", fact) for fact in f.evidence.facts]
+    details += [("led to", consequence_text(c, cwd)) for c in f.consequences]
     details.append(("fix", f.fix))
     for key, value in details:
         text.append("\n  ")

@@ -11,7 +11,9 @@ compiles, collectives, checkpoints), :mod:`.fit_rules` (fitting a TPU: memory, t
 compiler's refusals and padding, dry runs), :mod:`.collective_rules` (ranks that stopped
 calling the same c10d collectives), :mod:`.invalid_value_rules` (argument values a TPU
 computes with silently). Rule modules import :mod:`.registry` and :mod:`.prose`, never
-this package, so adding a rule to one is one declaration plus its tests. A rule reads
+this package, so adding a rule to one is one declaration plus its tests. Findings one cause
+made are folded into its finding (:mod:`.causes`): the reader sees the cause, and what it led
+to under it. A rule reads
 the run through :class:`RunFacts` (every event placed in its step, and each
 step labelled warm-up or steady state, see :mod:`tpu_debug.tracers.reading.step_phases`) and
 yields findings. A finding is only made for what is true of this run and
@@ -40,9 +42,18 @@ from tpu_debug.tracers.advisor import invalid_value_rules as _invalid_value_rule
 from tpu_debug.tracers.advisor import recompile_rules as _recompile_rules  # noqa: F401
 from tpu_debug.tracers.advisor import step_rules as _step_rules  # noqa: F401
 from tpu_debug.tracers.advisor import transfer_rules as _transfer_rules  # noqa: F401
+from tpu_debug.tracers.advisor.causes import one_per_cause
 from tpu_debug.tracers.advisor.execution_rules import FLOAT64_BY_PYTORCH, float64_origins
 from tpu_debug.tracers.advisor.facts import RunFacts
-from tpu_debug.tracers.advisor.findings import FINDINGS_SCHEMA, SEVERITIES, Count, Evidence, Finding, rank
+from tpu_debug.tracers.advisor.findings import (
+    FINDINGS_SCHEMA,
+    SEVERITIES,
+    Consequence,
+    Count,
+    Evidence,
+    Finding,
+    rank,
+)
 from tpu_debug.tracers.advisor.registry import RULES, Rule, lookup, rule
 from tpu_debug.tracers.reading.step_phases import StepSummary
 from tpu_debug.tracers.reading.view import RunView
@@ -53,6 +64,7 @@ __all__ = [
     "RULES",
     "SEVERITIES",
     "Advice",
+    "Consequence",
     "Count",
     "Evidence",
     "Finding",
@@ -101,4 +113,4 @@ def advise(query: RunView, *, kinds: Iterable[str] | None = None) -> Advice:
             findings.extend(r.check(facts))
         except Exception as exc:  # noqa: BLE001 - one rule's failure must not hide the others' findings
             errors.append(f"advisor rule {r.kind!r} failed: {type(exc).__name__}: {exc}")
-    return Advice(tuple(rank(findings)), facts.summary, tuple(errors))
+    return Advice(tuple(rank(one_per_cause(findings))), facts.summary, tuple(errors))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from tpu_debug.runtime.target.hardware import Target, TargetSpecError, parse_target
 from tpu_debug.tracers.events import (
@@ -31,6 +31,8 @@ from tpu_debug.tracers.reading.view import RunView
 
 __all__ = ["RunFacts"]
 
+T = TypeVar("T")
+
 
 class RunFacts:
     """One run as the rules see it. Everything is read from the run on first use and kept.
@@ -41,6 +43,15 @@ class RunFacts:
 
     def __init__(self, query: RunView) -> None:
         self.query = query
+        self._memo: dict[str, Any] = {}
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """What ``make()`` reads from the run, worked out once: rules that judge one analysis
+        (the sizes that change, which the dynamic_shape rule makes findings of and the recompile
+        rules leave to it) ask for it by one ``key``."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     # -- steps ----------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tpu_debug.tracers.events import SourceLocation
 
-__all__ = ["FINDINGS_SCHEMA", "SEVERITIES", "Count", "Evidence", "Finding", "rank"]
+__all__ = ["FINDINGS_SCHEMA", "SEVERITIES", "Consequence", "Count", "Evidence", "Finding", "rank"]
 
 FINDINGS_SCHEMA = "tpu_debug.findings/1"
 
@@ -54,6 +54,52 @@ class Evidence:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Consequence:
+    """What a finding's cause led to, shown under the cause rather than as a finding of its own:
+    the recompile limit a changing size made a function hit, the eager ops it then recompiled,
+    the read a print inside a compiled function makes.
+
+    ``kind`` is the rule that names such a thing when it stands alone (``"recompile_limit"``,
+    ``"recompile"``, ``"implicit_sync"``, ...), ``text`` what happened, in one line,
+    ``location`` its user line (None when it has none of its own), ``cost_seconds`` what it
+    cost (part of the finding's cost), ``targets`` the ops and graphs it is about.
+    """
+
+    kind: str
+    text: str
+    location: SourceLocation | None = None
+    cost_seconds: float = 0.0
+    targets: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "location": _location_dict(self.location),
+            "cost_seconds": self.cost_seconds,
+            "targets": list(self.targets),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Consequence:
+        return cls(
+            str(data["kind"]),
+            str(data["text"]),
+            _location_of(data.get("location")),
+            float(data.get("cost_seconds") or 0.0),
+            tuple(str(t) for t in data.get("targets", ())),
+        )
+
+
+def _location_dict(loc: SourceLocation | None) -> dict[str, Any] | None:
+    return {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
+
+
+def _location_of(data: dict[str, Any] | None) -> SourceLocation | None:
+    return SourceLocation(str(data["file"]), int(data["line"]), str(data["function"])) if data else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Finding:
     """Something in the run worth fixing.
 
@@ -78,6 +124,9 @@ class Finding:
         estimated: ``cost_seconds`` is an estimate, not a measurement.
         targets: the ops and graphs it is about, as the run names them (a
             compile's ``identity``, a fallback's op), for views that link to them.
+        consequences: what the cause led to that would otherwise be findings of their own (one
+            cause, one finding: a size that changes is one finding, and the recompile limit it
+            made a function hit is one of its consequences), each with its own line and cost.
     """
 
     kind: str
@@ -91,6 +140,7 @@ class Finding:
     subject: str = ""
     estimated: bool = False
     targets: tuple[str, ...] = ()
+    consequences: tuple[Consequence, ...] = ()
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -115,10 +165,9 @@ class Finding:
             "cause": self.cause,
             "subject": self.subject,
             "targets": list(self.targets),
+            "consequences": [c.to_dict() for c in self.consequences],
             "evidence": {
-                "location": (
-                    {"file": loc.file, "line": loc.line, "function": loc.function} if loc is not None else None
-                ),
+                "location": _location_dict(loc),
                 "counts": [
                     {"name": c.name, "value": c.value if math.isfinite(c.value) else None, "unit": c.unit}
                     for c in self.evidence.counts
@@ -145,7 +194,7 @@ class Finding:
                 fix=str(data["fix"]),
                 cost_seconds=float(data["cost_seconds"]),
                 evidence=Evidence(
-                    SourceLocation(str(loc["file"]), int(loc["line"]), str(loc["function"])) if loc else None,
+                    _location_of(loc),
                     tuple(
                         Count(str(c["name"]), float("nan") if c["value"] is None else c["value"], str(c.get("unit", "")))
                         for c in ev.get("counts", ())
@@ -157,6 +206,7 @@ class Finding:
                 subject=str(data.get("subject", "")),
                 estimated=bool(data.get("estimated", False)),
                 targets=tuple(str(t) for t in data.get("targets", ())),
+                consequences=tuple(Consequence.from_dict(c) for c in data.get("consequences", ())),
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"not a finding ({type(exc).__name__}: {exc}): {data!r:.200}") from None

@@ -11,7 +11,7 @@ from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.tracers.advisor.facts import RunFacts
-from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
+from tpu_debug.tracers.advisor.findings import Consequence, Count, Evidence, Finding
 from tpu_debug.tracers.advisor.prose import (
     REPEATS,
     every_step,
@@ -213,7 +213,17 @@ class _Upload:
     seconds: float  # the copies' measured time, on this machine
     steps: tuple[int, ...]
     payload: str  # "same", "new" or "unknown" (see _payload)
-    origin: str | None  # the host factory that made the data, when the line shows one
+    origin: str | None  # the host factory that made the data in the step, when the line shows one
+    follows: str | None = None  # the device tensor whose shape or device the code reads for it
+    module: str | None = None  # the nn.Module class whose method makes it
+    made_line: int | None = None  # the line that made it, when not the upload's
+
+    @property
+    def made_at(self) -> SourceLocation | None:
+        """The user's line that made the data: the upload's, or the one its name was made on."""
+        if self.location is None or self.made_line is None:
+            return self.location
+        return dataclasses.replace(self.location, line=self.made_line)
 
 
 def _on_tpu(facts: RunFacts, nbytes: float, steps: Sequence[int]) -> tuple[float, float] | None:
@@ -232,15 +242,19 @@ def _on_tpu(facts: RunFacts, nbytes: float, steps: Sequence[int]) -> tuple[float
 def _host_made_text(u: _Upload, facts: RunFacts) -> tuple[str, str]:
     made = u.origin or "a factory"
     name = made.rpartition(".")[2]
+    inside = f" inside {u.module}" if u.module else ""
+    copied = f" at line {u.location.line}" if u.made_line is not None and u.location is not None else ""
     title = (
-        f"{made}(...) at {where_text(u.location)} {'draws' if name in _RANDOM else 'makes'} {u.aval} on the host, "
-        f"copied to the device in {len(u.steps)} of {len(facts.steady)} steady steps"
+        f"{made}(...) at {where_text(u.made_at)}{inside} {'draws' if name in _RANDOM else 'makes'} {u.aval} on the "
+        f"host, copied to the device{copied} in {len(u.steps)} of {len(facts.steady)} steady steps"
     )
+    x = u.follows or "x"
     if made.startswith("torch."):
-        like = f", or torch.{name}_like({_LIKE[name]}) for a tensor shaped like x" if name in _LIKE else ""
-        instead = f"torch.{name}(..., device=x.device){like}"
+        shaped = f" for a tensor shaped like {x}" if u.follows is None else ""
+        like = f", or torch.{name}_like({_LIKE[name].replace('x', x, 1)}){shaped}" if name in _LIKE else ""
+        instead = f"torch.{name}(..., device={x}.device){like}"
     else:
-        instead = "torch's own function (torch.rand, torch.randn, torch.randint, torch.arange) with device=x.device"
+        instead = f"torch's own function (torch.rand, torch.randn, torch.randint, torch.arange) with device={x}.device"
     fix = (
         f"make it on the device, where it is used: {instead}; nothing is then made on the host or copied. "
         "The copy waits on the host at every step: on a TPU, whose step is far shorter than this "
@@ -275,10 +289,12 @@ def _h2d_text(u: _Upload, facts: RunFacts, batches: bool) -> tuple[str, str] | N
             "device (torch.arange, torch.full, indexing a tensor made once) instead of from a Python list"
         )
         return title, fix
-    if u.origin is not None and batches:
-        # data the step makes beside its batch (noise, timesteps, a mask): whatever its share of
-        # this machine's step, it could be made on the device and copy nothing. A step whose
-        # every upload is made by a factory is a program's stand-in for loading data: not judged.
+    if u.origin is not None and (batches or u.follows is not None or u.module is not None):
+        # data the step makes for its tensors (noise, timesteps, a mask): beside a batch, shaped
+        # like or moved to a tensor already on the device, or made inside a model's method.
+        # Whatever its size and share of this machine's step, it could be made on the device and
+        # copy nothing. A step whose every upload is a factory's draw with sizes of its own is a
+        # program's stand-in for loading data: data, not judged.
         return _host_made_text(u, facts)
     return _batch_text(u, facts, what)
 
@@ -334,19 +350,49 @@ def h2d_every_step(facts: RunFacts) -> Iterable[Finding]:
     if len(facts.steady) < REPEATS:
         return
     sites = _h2d_sites(facts)
+    found: list[Finding] = []
     # a batch: data that changes, made by no factory the user's line shows (a dataset's slice)
     batches = any(all(getattr(t, "origin", None) is None for t in events) and _payload(events) != "same"
                   for events in sites.values())
     for (location, op, shape, dtype), steady in sites.items():
         steps = facts.steady_steps_of(steady)
-        origins = {getattr(t, "origin", None) for t in steady}
+        made = {(getattr(t, "origin", None), getattr(t, "follows", None), getattr(t, "module", None),
+                 getattr(t, "made_line", None)) for t in steady}
+        origin, follows, module, made_line = made.pop() if len(made) == 1 else (None, None, None, None)
         u = _Upload(op, location, f"{dtype}[{','.join(map(str, shape))}]", sum(t.nbytes for t in steady) / len(steps),
-                    sum(t.seconds for t in steady), tuple(steps), _payload(steady),
-                    origins.pop() if len(origins) == 1 else None)
+                    sum(t.seconds for t in steady), tuple(steps), _payload(steady), origin, follows, module, made_line)
         text = _h2d_text(u, facts, batches)
         if text is None:
             continue
-        yield _h2d_finding(u, steady, text, facts)
+        found.append(_h2d_finding(u, steady, text, facts))
+    yield from _one_per_made_line(found)
+
+
+def _one_per_made_line(found: list[Finding]) -> list[Finding]:
+    """One host-made tensor uploaded at several lines (``noise.to(dev)`` here, a library's copy
+    of it there) is one cause: the costliest upload is the finding, the others its consequences."""
+    groups: dict[tuple, list[Finding]] = {}
+    out: list[Finding] = []
+    for f in found:
+        loc = f.evidence.location
+        if f.cause == "host_made" and loc is not None:
+            groups.setdefault((loc.file, loc.line), []).append(f)
+        else:
+            out.append(f)
+    for same in groups.values():
+        same.sort(key=lambda f: -f.cost_seconds)
+        head, rest = same[0], same[1:]
+        if rest:
+            spans = [f.steps for f in same if f.steps is not None]
+            head = dataclasses.replace(
+                head,
+                cost_seconds=sum(f.cost_seconds for f in same),
+                steps=(min(a for a, _ in spans), max(b for _, b in spans)) if spans else head.steps,
+                consequences=head.consequences + tuple(
+                    Consequence(f.kind, f.title, f.evidence.location, f.cost_seconds, f.targets) for f in rest),
+            )
+        out.append(head)
+    return out
 
 
 def _h2d_finding(u: _Upload, steady: Sequence[Any], text: tuple[str, str], facts: RunFacts) -> Finding:
@@ -357,6 +403,10 @@ def _h2d_finding(u: _Upload, steady: Sequence[Any], text: tuple[str, str], facts
         facts_text += f", identical bytes in all {len(steady)} steady copies"
     if host_made:
         facts_text += f", made on the host by {u.origin}"
+        if u.follows:
+            facts_text += f" for {u.follows} (its shape or device is read from it)"
+        if u.module:
+            facts_text += f" in a method of {u.module}"
     title, fix = text
     library = _library_frame(steady)
     if library is not None:
@@ -383,7 +433,8 @@ def _h2d_finding(u: _Upload, steady: Sequence[Any], text: tuple[str, str], facts
         title=title,
         fix=fix,
         cost_seconds=u.seconds,
-        evidence=Evidence(u.location, tuple(counts), (facts_text,)),
+        evidence=Evidence(u.made_at if host_made else u.location, tuple(counts),
+                          (facts_text, *([f"copied at {site_text(u.location)}"] if host_made and u.made_line else []))),
         steps=index_span(u.steps),
         cause="same_data" if same else ("host_made" if host_made else u.op),
         subject=f"{site_text(u.location)} ({u.op})",

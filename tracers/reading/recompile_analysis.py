@@ -523,18 +523,29 @@ def _diff_changes(diff: KeyDiff) -> list[tuple[Change, str, str]]:
     return [(change, diff.before, diff.now)]
 
 
-def _advice(change: Change, mode: str | None) -> str:
+def _advice(change: Change, mode: str | None, concatenated: bool = False) -> str:
+    """What to do about ``change``; ``concatenated``: the run recompiled a ``torch.cat`` too, the
+    mark of a sequence extended one step at a time (generated tokens, a KV cache), which is
+    only then named."""
     what = change.what
     if change.kind == "shape" and change.detail == "rank":
         return (
             f"{what} changes at this line (it took {len(change.values)} values): each rank is a "
             "program of its own; keep the input's rank fixed"
         )
-    if change.grows:
+    if change.grows and concatenated:
         return (
             f"{what} grows at every call ({change.values[0]} -> {change.values[-1]}): a sequence "
             "extended one step at a time (a KV cache, the generated tokens) compiles once per "
             "length; allocate it at its final length once (for a KV cache: a static cache) or grow it in buckets"
+        )
+    if change.grows:
+        return (
+            f"{what} grows at every call ({change.values[0]} -> {change.values[-1]}), and each size is a "
+            "program of its own: give it one size at every call (make it at its final size once), or round "
+            "it up to a few fixed sizes"
+            + ("; torch._dynamo.mark_dynamic(t, dim) stops dynamo from retracing, but XLA still compiles one "
+               "program per distinct size" if mode == "compiled" else "")
         )
     if change.kind == "shape":
         text = (
@@ -608,9 +619,9 @@ def _layout_advice(change: Change) -> str:
             len(a) == len(b) and a != b and all(x <= y for x, y in zip(a, b)) for a, b in itertools.pairwise(tail)
         ):
             return (
-                f"{subject} is a view of a tensor that grows at every call ({tail[0]} .. {tail[-1]}): a "
-                "sequence extended one step at a time (generated token ids, a dynamic KV "
-                "cache) compiles once per length; allocate it once at its final length, or grow it in buckets"
+                f"{subject} is a view of a tensor that grows at every call ({tail[0]} .. {tail[-1]}): each "
+                "length of it is a program of its own; allocate it once at its final length and slice from "
+                "it, or grow it in buckets"
             )
         # a copy (.contiguous()) would only move the recompile to the copy, which reads the same view
         return (
@@ -750,6 +761,9 @@ def summarize(
             read_backs[(c.mode, c.identity or c.name)] += 1
         else:
             groups[(c.mode, c.identity or c.name)].append(c)
+    # a torch.cat recompiled for new sizes: something in the run is extended by concatenation
+    concatenated = any((c.identity or c.name).split(".")[0] in ("cat", "concat", "concatenate") and c.diffs
+                       for c in compiles)
     out = []
     for (mode, identity), items in groups.items():
         re_items = [c for c in items if c.diffs]
@@ -788,12 +802,12 @@ def summarize(
         example: tuple[KeyDiff, ...] = re_items[-1].diffs if re_items else ()
         if changes:
             top = changes[0]
-            advice = (_advice(top, mode),)
+            advice = (_advice(top, mode, concatenated),)
             second = next(
                 (ch for ch in changes[1:] if ch.kind not in (top.kind, "inputs", "config", "key")), None
             )
             if second is not None and 2 * second.count >= top.count:
-                advice += (_advice(second, mode),)
+                advice += (_advice(second, mode, concatenated),)
             # the latest recompile the top change shows in, at its line if one there does
             shown = [c for c in re_items if any(_shows(top, d) for d in c.diffs)]
             there = [c for c in shown if top.location is None or c.location == top.location]

@@ -7,7 +7,10 @@ thread (:class:`~tpu_debug.tracers.recording.step_tracker.StepTracker` counts th
 ============  ============================================================================
 ``input``     waiting for the next batch (a ``DataLoader`` iterator's ``__next__``) and
               copying data to the device
-``compile``   compiling programs (XLA compiles of eager ops, compiled graphs, lazy graphs)
+``compile``   compiling programs (XLA compiles of eager ops, compiled graphs, lazy graphs,
+              and dynamo's own work tracing the graphs it hands them), and reading programs
+              back from the persistent compile cache: a warm cache makes this part shorter,
+              never another part's
 ``sync``      waiting on the device: a read of a device value on the host (``.item()``,
               ``.cpu()``, ``print(t)``, ``if t:``) waits for the work queued before it, and
               so does ``torch.tpu.synchronize()``
@@ -73,7 +76,7 @@ PARTS = ("input", "compile", "sync", "collective", "checkpoint", "dispatch", "ho
 # what each part is, for a reader
 PART_TEXT = {
     "input": "waiting for input (the DataLoader's next batch, copies to the device)",
-    "compile": "compiling",
+    "compile": "compiling (dynamo's tracing, XLA's compiles, or reading programs back from the compile cache)",
     "sync": "waiting on the device (reads such as .item(), .cpu(), print; synchronize)",
     "collective": "in collectives (the exchange, and waiting for the other ranks)",
     "checkpoint": "saving checkpoints (torch.save, DCP)",
@@ -129,7 +132,8 @@ def split_step(step: StepEvent) -> StepSplit | None:
     if any(w is None for w in waits):
         return None
     data, sync, collective, checkpoint = (float(w) for w in waits)  # type: ignore[arg-type]
-    compile_ = max(0.0, step.compile_seconds - step.inner_compile_seconds)
+    compile_ = max(0.0, step.compile_seconds + step.read_back_seconds + step.trace_seconds
+                   - step.inner_compile_seconds)
     dispatch = max(0.0, step.op_seconds - step.inner_op_seconds)
     measured = [data, compile_, sync, collective, checkpoint, dispatch]
     total = sum(measured)

@@ -41,6 +41,7 @@ from tpu_debug.tracers.events import (
     SourceLocation,
 )
 from tpu_debug.tracers.location import split_frames, user_location
+from tpu_debug.tracers.recording.compiled_names import compiled_name, function_label
 
 from tpu_debug.core.hooks import ErrorLog, deliver, report_failure
 
@@ -130,6 +131,8 @@ class RecompileLimit:
     limit: int
     reason: str
     location: SourceLocation | None  # the guarded line when dynamo names one, else the call
+    # what its compiles are known by (their forward graph's identity, see recompile_tracker)
+    identity: str | None = None
 
 
 class DynamoListener(Protocol):
@@ -339,7 +342,11 @@ def _parse_graph_break(payload: str, frame: int | None) -> GraphBreak:
             frames.append(at)
     user, context = split_frames(frames)
     deliberate = _deliberate(reason, context)
-    return GraphBreak(pretty_function(function), reason, user or call_site, call_site, context, deliberate)
+    shown = pretty_function(function)
+    if function == "inner":  # OptimizedModule's wrapper around a torch.nn module: the module's name
+        named = compiled_name(None)
+        shown = named.label() if named is not None else shown
+    return GraphBreak(shown, reason, user or call_site, call_site, context, deliberate)
 
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+)_at_(\d+)$")
@@ -461,13 +468,19 @@ def _on_limit(record: logging.LogRecord) -> None:
     limit_type, limit, func, reason = args[:4]
     m = _FUNC_INFO.match(str(func))
     function = pretty_function(m.group(1)) if m else str(func)
+    identity = None
+    if m:  # the user's name for it: the module being called, else the function and its line
+        code = (m.group(2), int(m.group(3)), m.group(1))
+        named = compiled_name(code)
+        function = named.label() if named is not None else function_label(code[2], code[0], code[1])
+        identity = f"{function} (forward)"
     try:
         value = int(limit)
     except (TypeError, ValueError):
         value = -1
     _, guard = clean_guard(str(reason))
     where = guard_location(str(reason)) or user_location(1)
-    _notify("on_recompile_limit", RecompileLimit(function, str(limit_type), value, guard, where))
+    _notify("on_recompile_limit", RecompileLimit(function, str(limit_type), value, guard, where, identity))
 
 
 class _TraceHandler(logging.Handler):
@@ -605,7 +618,7 @@ class DynamoRecorder:
     def on_recompile_limit(self, hit: RecompileLimit) -> None:
         self.writer.put(
             RecompileLimitEvent(
-                *self._head(hit.location), hit.function, hit.limit_type, hit.limit, hit.reason
+                *self._head(hit.location), hit.function, hit.limit_type, hit.limit, hit.reason, hit.identity
             )
         )
 

@@ -18,6 +18,19 @@ factory of :data:`FACTORIES` (PyTorch's or NumPy's random draws, ``arange``,
 tensor operands are all host-made (``torch.rand(n) < p``, a mask;
 ``0.1 * torch.randn(n)``).
 
+Only what the step makes counts: a name is followed to the binding that reaches
+the upload, which is the latest one above it of any kind (an assignment, a ``for``
+target, a ``with ... as``, a parameter), and when the upload sits in a loop that
+binding must be inside the same loop. A tensor made once before the loop (a
+synthetic dataset drawn with ``torch.randint`` at start-up) and a name rebound by
+the loop (``for ids, labels in loader:``) are data, never made here.
+
+:class:`HostOrigin` also says what the host-made tensor goes with when the code
+shows it: ``follows`` is the tensor whose shape or device it takes
+(``torch.randn(x.shape).to(x.device)`` follows ``x``), the mark of noise, masks and
+timesteps made for a tensor already on the device, as opposed to a stand-in for a
+batch of data.
+
 Limits: it is a reading of the source, not of the program's values. A tensor
 made in another function (a helper that returns ``torch.randn(...)``), kept in
 an attribute or a container, or assigned in a branch the program did not take
@@ -32,9 +45,20 @@ from __future__ import annotations
 import ast
 import linecache
 from types import CodeType
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["FACTORIES", "upload_origin"]
+__all__ = ["FACTORIES", "HostOrigin", "upload_origin"]
+
+
+class HostOrigin(NamedTuple):
+    """What made an uploaded tensor on the host: the ``factory`` (``"torch.randn"``), the
+    tensor it ``follows`` when its shape or device is read from one (``"x_start"``), else None,
+    and the ``line`` that made it (the upload's own, or the assignment its name was followed to)."""
+
+    factory: str
+    follows: str | None = None
+    line: int | None = None
+
 
 # functions that make a tensor or an array from nothing but their arguments, by the last
 # part of their name, under the modules that hold them
@@ -52,14 +76,17 @@ _MOVES = {"to": "receiver", "cuda": "receiver", "tpu": "receiver", "copy_": "arg
 _DEPTH = 4  # names followed back through assignments
 
 _trees: dict[str, tuple[ast.Module, dict[tuple, ast.Call]] | None] = {}
-_verdicts: dict[tuple[CodeType, int], str | None] = {}
+_verdicts: dict[tuple[CodeType, int], HostOrigin | None] = {}
+# a binding of a name that gives no value the code shows (a loop target, a parameter, an
+# unpacked call's result): the name is rebound there, and what it holds is not read
+_OPAQUE = ast.Constant(value=None)
 
 
-def upload_origin(code: CodeType, lasti: int, positions: Any) -> str | None:
-    """The factory that made the tensor the user's code ``code`` is uploading at instruction
-    ``lasti`` (a frame's ``f_lasti``; ``positions``: that instruction's source span, from
-    ``dis``), e.g. ``"torch.randn"``; None when the code does not show one (see the module
-    docstring)."""
+def upload_origin(code: CodeType, lasti: int, positions: Any) -> HostOrigin | None:
+    """What made the tensor the user's code ``code`` is uploading at instruction ``lasti`` (a
+    frame's ``f_lasti``; ``positions``: that instruction's source span, from ``dis``), e.g.
+    ``HostOrigin("torch.randn", "x")``; None when the code does not show a factory in the step
+    (see the module docstring)."""
     key = (code, lasti)
     if key not in _verdicts:
         try:
@@ -69,7 +96,7 @@ def upload_origin(code: CodeType, lasti: int, positions: Any) -> str | None:
     return _verdicts[key]
 
 
-def _origin(filename: str, pos: Any) -> str | None:
+def _origin(filename: str, pos: Any) -> HostOrigin | None:
     if pos is None or None in (pos.lineno, pos.end_lineno, pos.col_offset, pos.end_col_offset):
         return None
     parsed = _tree(filename)
@@ -80,7 +107,24 @@ def _origin(filename: str, pos: Any) -> str | None:
     moved = _moved(call) if call is not None else None
     if moved is None:
         return None
-    return _made(moved, _scope(tree, pos.lineno), pos.lineno, _DEPTH)
+    scope = _scope(tree, pos.lineno)
+    loop = _loop(scope, pos.lineno)
+    made = _made(moved, scope, pos.lineno, _DEPTH, loop)
+    if made is None:
+        return None
+    follows = _device_of(call) or _shape_source(moved, scope, pos.lineno, _DEPTH)  # type: ignore[arg-type]
+    return HostOrigin(made, follows, _made_at(moved, scope, pos.lineno, _DEPTH))
+
+
+def _made_at(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> int | None:
+    """The line that made ``expr``'s value: a name followed to the assignment it was made by,
+    as :func:`_made` follows it; the expression's own line otherwise."""
+    while isinstance(expr, ast.Name) and depth > 0:
+        value = _assigned(scope, expr.id, line)
+        if value is None or value[0] is _OPAQUE:
+            return None
+        expr, line, depth = value[0], value[1], depth - 1
+    return getattr(expr, "lineno", line)
 
 
 def _tree(filename: str) -> tuple[ast.Module, dict[tuple, ast.Call]] | None:
@@ -133,17 +177,39 @@ def _dotted(expr: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
-def _made(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> str | None:
-    """The factory that made ``expr``'s value on the host, or None."""
+def _loop(scope: ast.AST, line: int) -> ast.AST | None:
+    """The innermost ``for`` or ``while`` loop of ``scope`` whose body holds ``line``."""
+    found = None
+    for node in _walk_scope(scope):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.body:
+            if node.body[0].lineno <= line <= (node.end_lineno or 0):
+                if found is None or node.lineno >= found.lineno:  # type: ignore[attr-defined]
+                    found = node
+    return found
+
+
+def _within(node: ast.AST, loop: ast.AST | None) -> bool:
+    """``node`` (a binding) runs at every iteration of ``loop`` (None: no loop to be in)."""
+    if loop is None:
+        return True
+    first = loop.body[0].lineno  # type: ignore[attr-defined]
+    return first <= node.lineno <= (loop.end_lineno or 0)  # type: ignore[attr-defined]
+
+
+def _made(expr: ast.expr, scope: ast.AST, line: int, depth: int, loop: ast.AST | None = None) -> str | None:
+    """The factory that made ``expr``'s value on the host, or None. ``loop``: the loop the upload
+    runs in, which the first binding followed must be inside (made at every step, not before)."""
     if isinstance(expr, ast.Call):
         return _made_by_call(expr, scope, line, depth)
     if isinstance(expr, ast.Name) and depth > 0:
         value = _assigned(scope, expr.id, line)
-        return _made(value[0], scope, value[1], depth - 1) if value is not None else None
+        if value is None or value[0] is _OPAQUE or not _within(value[2], loop):
+            return None
+        return _made(value[0], scope, value[1], depth - 1)
     if isinstance(expr, ast.Compare):
         # a mask: a draw compared with thresholds, which may be names of numbers (a parameter p)
-        made = _made(expr.left, scope, line, depth)
-        known = [_made(c, scope, line, depth) for c in expr.comparators if _known(c, scope, line)]
+        made = _made(expr.left, scope, line, depth, loop)
+        known = [_made(c, scope, line, depth, loop) for c in expr.comparators if _known(c, scope, line)]
         return made if made is not None and all(k is not None for k in known) else None
     operands: list[ast.expr] = []
     if isinstance(expr, ast.BinOp):
@@ -154,7 +220,7 @@ def _made(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> str | None:
     for operand in operands:
         if isinstance(operand, ast.Constant):
             continue
-        made = _made(operand, scope, line, depth)
+        made = _made(operand, scope, line, depth, loop)
         if made is None:
             return None  # host data mixed with data from elsewhere: not made here alone
         found = found or made
@@ -166,7 +232,10 @@ def _known(expr: ast.expr, scope: ast.AST, line: int) -> bool:
     parameter, a global): a value the code shows."""
     if isinstance(expr, ast.Constant):
         return False
-    return not isinstance(expr, ast.Name) or _assigned(scope, expr.id, line) is not None
+    if not isinstance(expr, ast.Name):
+        return True
+    value = _assigned(scope, expr.id, line)
+    return value is not None and value[0] is not _OPAQUE
 
 
 def _made_by_call(call: ast.Call, scope: ast.AST, line: int, depth: int) -> str | None:
@@ -193,24 +262,119 @@ def _on_device(call: ast.Call) -> bool:
     return False
 
 
-def _assigned(scope: ast.AST, name: str, line: int) -> tuple[ast.expr, int] | None:
-    """The value last assigned to ``name`` above ``line`` in ``scope`` (and its line)."""
-    best: tuple[ast.expr, int] | None = None
-    for node in ast.walk(scope):
-        if not isinstance(node, ast.Assign) or node.lineno >= line:
+def _walk_scope(scope: ast.AST):
+    """The nodes of ``scope``, not those of the functions and classes defined inside it (their
+    names are their own)."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _assigned(scope: ast.AST, name: str, line: int) -> tuple[ast.expr, int, ast.AST] | None:
+    """The value of the binding of ``name`` that reaches ``line`` in ``scope``: the latest above
+    it (its value, its line and the binding statement). A binding whose value the code does
+    not show (a loop target, a parameter, an unpacked call) gives :data:`_OPAQUE`."""
+    best: tuple[ast.expr, int, ast.AST] | None = None
+    for node in _walk_scope(scope):
+        # a comprehension's own variable (``{k: v.to(dev) for k, v in batch.items()}``)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            if node.lineno <= line <= (node.end_lineno or 0) and any(_binds(g.target, name) for g in node.generators):
+                return (_OPAQUE, line, node)
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = scope.args
+        params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+        if any(a is not None and a.arg == name for a in params):
+            best = (_OPAQUE, scope.lineno, scope)
+    for node in _walk_scope(scope):
+        lineno = getattr(node, "lineno", None)
+        if lineno is None or lineno >= line or (best is not None and lineno < best[1]):
             continue
+        value = _binding(node, name)
+        if value is not None:
+            best = (value, lineno, node)
+    return best
+
+
+def _binding(node: ast.AST, name: str) -> ast.expr | None:
+    """What ``node`` binds ``name`` to: its value, :data:`_OPAQUE` for a value the code does
+    not show, None when it does not bind ``name``."""
+    if isinstance(node, ast.Assign):
         for target in node.targets:
             value = _value_for(target, node.value, name)
-            if value is not None and (best is None or node.lineno >= best[1]):
-                best = (value, node.lineno)
-    return best
+            if value is not None:
+                return value
+        return None
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        if isinstance(node.target, ast.Name) and node.target.id == name:
+            return node.value if isinstance(node, ast.AnnAssign) and node.value is not None else _OPAQUE
+        return None
+    if isinstance(node, ast.NamedExpr):
+        return node.value if node.target.id == name else None
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return _OPAQUE if _binds(node.target, name) else None
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return _OPAQUE if any(i.optional_vars is not None and _binds(i.optional_vars, name) for i in node.items) else None
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return _OPAQUE if any((a.asname or a.name).split(".")[0] == name for a in node.names) else None
+    return None
+
+
+def _binds(target: ast.expr, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
 
 
 def _value_for(target: ast.expr, value: ast.expr, name: str) -> ast.expr | None:
     if isinstance(target, ast.Name):
         return value if target.id == name else None
-    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
-        for t, v in zip(target.elts, value.elts):
-            if isinstance(t, ast.Name) and t.id == name:
-                return v
+    if isinstance(target, (ast.Tuple, ast.List)):
+        if isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
+            for t, v in zip(target.elts, value.elts):
+                found = _value_for(t, v, name)
+                if found is not None:
+                    return found
+            return None
+        return _OPAQUE if _binds(target, name) else None  # unpacked from a value the code does not show
+    return None
+
+
+def _device_of(call: ast.Call) -> str | None:
+    """The tensor whose device a move names: ``x`` of ``.to(x.device)``, ``.to(device=x.device)``."""
+    for arg in [*call.args[:1], *(k.value for k in call.keywords if k.arg == "device")]:
+        if isinstance(arg, ast.Attribute) and arg.attr == "device":
+            return _dotted(arg.value)
+    return None
+
+
+def _shape_source(expr: ast.expr, scope: ast.AST, line: int, depth: int) -> str | None:
+    """The tensor whose shape the factory making ``expr`` reads (``x`` of ``torch.randn(x.shape)``,
+    ``torch.randint(0, T, (x.shape[0],))``, ``torch.rand(x.size(0))``), following names as
+    :func:`_made` does; None when its sizes come from elsewhere."""
+    if isinstance(expr, ast.Name) and depth > 0:
+        value = _assigned(scope, expr.id, line)
+        if value is None or value[0] is _OPAQUE:
+            return None
+        return _shape_source(value[0], scope, value[1], depth - 1)
+    if isinstance(expr, ast.Call):
+        name = _dotted(expr.func) or ""
+        head, _, last = name.rpartition(".")
+        if head and head.split(".")[0] in _MODULES and last in FACTORIES:
+            for arg in [*expr.args, *(k.value for k in expr.keywords if k.arg in ("size", "shape"))]:
+                for node in ast.walk(arg):
+                    if isinstance(node, ast.Attribute) and node.attr == "shape":
+                        return _dotted(node.value)
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                            and node.func.attr == "size"):
+                        return _dotted(node.func.value)
+            return None
+        if isinstance(expr.func, ast.Attribute):
+            return _shape_source(expr.func.value, scope, line, depth)
+    if isinstance(expr, ast.BinOp):
+        return _shape_source(expr.left, scope, line, depth) or _shape_source(expr.right, scope, line, depth)
+    if isinstance(expr, ast.UnaryOp):
+        return _shape_source(expr.operand, scope, line, depth)
+    if isinstance(expr, ast.Compare):
+        return _shape_source(expr.left, scope, line, depth)
     return None

@@ -1,8 +1,9 @@
 """The recompile tracker: is a compile the first of its op or graph, or a recompile, and what changed.
 
 Every compile has an *identity* (:func:`identity_of`): the eager op overload
-(``mul.Tensor``), for a compiled graph the function dynamo compiled and the graph's
-direction (``"step in train.py (forward)"``; forward and inference graphs share one),
+(``mul.Tensor``), for a compiled graph the module or function dynamo compiled, in the
+user's names (``"MLP 'f' compiled at train.py:18 (forward)"``, ``"step in train.py:30
+(forward)"``; forward and inference graphs share one),
 for a lazy fused graph where it was cut (``"graph cut by .item() at train.py:40"``).
 A lazy graph's key is compared op by op (:func:`_graph_diffs`). A compile whose
 identity was compiled before is a recompile. :class:`RecompileTracker` compares it
@@ -25,6 +26,7 @@ from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import KeyDiff, SourceLocation
 from tpu_debug.tracers.reading.recompile_analysis import compare_args, pretty_source, read_guard
 from tpu_debug.tracers.recording import dynamo_events
+from tpu_debug.tracers.recording.compiled_names import CompiledName, compiled_name, function_label
 from tpu_debug.tracers.reading.lazy_graphs import trigger_text
 from tpu_debug.tracers.recording.lazy_cuts import cut_site
 
@@ -179,7 +181,11 @@ def _lazy_identity(info: CompileInfo) -> tuple[Any, str]:
     return ("lazy", cause, loc), f"graph cut by {trigger_text(cause)}{where}"
 
 
-def identity_of(info: CompileInfo) -> tuple[Any, str]:
+def identity_of(info: CompileInfo, named: CompiledName | None = None) -> tuple[Any, str]:
+    """What ``info`` compiled, as a key and a label: an eager op, a lazy graph by its cut, a
+    compiled graph by the module it is (``named``: its class, the name the user calls it by and
+    the line that compiled it; see :mod:`.compiled_names`) or the function dynamo compiled, and
+    its direction."""
     if info.mode == "lazy":
         return _lazy_identity(info)
     if info.mode != "compiled":
@@ -190,10 +196,13 @@ def identity_of(info: CompileInfo) -> tuple[Any, str]:
     direction = "backward" if graph.kind == "backward" else "forward"
     frame = graph.origin.frame
     code = graph.origin.function
+    if named is not None:
+        # one module compiled once is one identity, whichever line calls it and by which name
+        where = (named.compiled_at.file, named.compiled_at.line) if named.compiled_at is not None else named.callee
+        return ("module", named.cls, where, code, direction), f"{named.label()} ({direction})"
     if code is not None:  # (file, first line, name) of the function dynamo compiled
         file, line, name = code
-        label = f"{dynamo_events.pretty_function(name)} in {os.path.basename(file)} ({direction})"
-        return ("code", file, line, name, direction), label
+        return ("code", file, line, name, direction), f"{function_label(name, file, line)} ({direction})"
     if frame is None:
         return ("graph", str(info.name)), str(info.name)
     # keyed by dynamo's frame id (one per code object), so graphs compiled before
@@ -219,6 +228,22 @@ class RecompileTracker:
     def __init__(self) -> None:
         self._seen: dict[Any, list[_Seen]] = {}
         self._labels: dict[Any, str] = {}
+        # the module each dynamo compile (its compile id) and each compiled code is, as named
+        # while its forward compiled: AOTAutograd compiles the backward later, from loss.backward()
+        self._named: dict[Any, CompiledName | None] = {}
+
+    def _name_of(self, info: CompileInfo) -> CompiledName | None:
+        graph = info.graph
+        if info.mode != "compiled" or graph is None or info.replayed:
+            return None
+        origin = graph.origin
+        if graph.kind != "backward":
+            named = compiled_name(origin.function, depth=3)
+            self._named[origin.compile_id] = self._named[origin.function] = named
+            return named
+        if origin.compile_id in self._named:
+            return self._named[origin.compile_id]
+        return self._named.get(origin.function)
 
     def observe(self, info: CompileInfo, *, op_locations: Sequence[SourceLocation | None] = ()) -> Observation:
         """Record compile ``info`` (a replayed one only becomes history) and say what it is.
@@ -226,7 +251,7 @@ class RecompileTracker:
         ``op_locations``: for a lazy graph, the user's line of each of its ops (the
         recorder's, from ``on_defer``), so a diff can say where the op that changed is.
         """
-        ident, label = identity_of(info)
+        ident, label = identity_of(info, self._name_of(info))
         known = self._labels.get(ident)
         if known is None or (known.startswith("frame ") and not label.startswith("frame ")):
             self._labels[ident] = label

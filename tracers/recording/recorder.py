@@ -251,14 +251,16 @@ class Recorder:
     def on_transfer(self, info: TransferInfo) -> None:
         # what the user did that moved data (.item(), print, if t:, ...), and where
         if info.direction == "h2d":
-            op, implicit, location, context, origin = classify_upload(info.op)
+            up = classify_upload(info.op)
+            op, implicit, location, context = up.cause, up.implicit, up.location, up.context
+            made = (up.origin, up.follows, up.module, up.made_line)
         else:
             op, implicit, location, context = classify_site(info.op)
-            origin = None
+            made = (None, None, None, None)
         self.writer.put(
             TransferEvent(
                 self.writer.new_id(), self.clock() - info.seconds, None, threading.get_native_id(), location,
-                info, op, implicit, _where(context), origin,
+                info, op, implicit, _where(context), *made,
             )
         )
 

@@ -28,6 +28,7 @@ import array
 import bisect
 import dataclasses
 import itertools
+import sys
 import threading
 import time
 import weakref
@@ -77,7 +78,9 @@ def current_tracker() -> StepTracker | None:
 # the parts of a step's time the tracker adds up beside its counts (see StepEvent): the waits,
 # and the op and compile time spent inside one of them
 WAIT_PARTS = ("input", "sync", "collective", "checkpoint")
-_INNER = ("inner_op", "inner_compile")
+# "trace": dynamo's own work compiling a frame (tracing the graph, AOTAutograd), beside the
+# XLA compiles it asks for, which count as compiles
+_INNER = ("inner_op", "inner_compile", "trace")
 
 
 class _Counts:
@@ -91,6 +94,7 @@ class _Counts:
         "graph_runs",
         "op_seconds",
         "parts",
+        "read_back_seconds",
         "read_backs",
         "recompiles",
         "sequence",
@@ -111,6 +115,7 @@ class _Counts:
         self.transfer_seconds = 0.0
         self.fallbacks = 0
         self.read_backs = 0
+        self.read_back_seconds = 0.0
         self.sequence = _SEED
         # seconds per part of WAIT_PARTS and _INNER
         self.parts = dict.fromkeys(WAIT_PARTS + _INNER, 0.0)
@@ -196,6 +201,10 @@ class StepTracker:
         # the wait the program's thread is in ("input", "collective", "checkpoint"), if any:
         # what runs inside it is its time
         self._wait: str | None = None
+        # dynamo compiling a frame on the program's thread: since when, how deep, and the XLA
+        # compile and read-back seconds inside it (counted as compiles already)
+        self._tracing: list[float] = []  # [start, compiles inside] per nesting level
+        self._dynamo_hooks: tuple[Any, Any] | None = None
 
     @property
     def steps(self) -> int:
@@ -233,6 +242,41 @@ class StepTracker:
             step_hooks.install(self)
         except Exception as exc:  # noqa: BLE001 - steps are counted without the input and checkpoint waits
             self._error("start (input and checkpoint hooks)", exc)
+        try:
+            self._listen_to_dynamo()
+        except Exception as exc:  # noqa: BLE001 - dynamo's tracing then counts as host time
+            self._error("start (dynamo compile callbacks)", exc)
+
+    def _listen_to_dynamo(self) -> None:
+        """Hear dynamo start and end compiling a frame (``torch._dynamo.callback``), so its own
+        work (tracing, AOTAutograd) is the compile side of the step, as its XLA compiles are: with
+        a warm compile cache those shrink to read-backs and dynamo's work is most of what is left."""
+        callback = sys.modules.get("torch._dynamo.callback")
+        handler = getattr(callback, "callback_handler", None)
+        if handler is None:
+            return  # dynamo not loaded: nothing compiled through it yet (it loads itself first)
+        start, end = self._dynamo_started, self._dynamo_ended
+        handler.register_start_callback(start)
+        handler.register_end_callback(end)
+        self._dynamo_hooks = (start, end)
+
+    def _dynamo_started(self, args: Any) -> None:
+        if threading.get_ident() == self._thread:
+            self._tracing.append(_perf_counter())
+            self._tracing.append(0.0)
+
+    def _dynamo_ended(self, args: Any) -> None:
+        if threading.get_ident() != self._thread or not self._tracing:
+            return
+        inside = self._tracing.pop()
+        began = self._tracing.pop()
+        seconds = max(0.0, _perf_counter() - began - inside)
+        if self._tracing:  # a compile inside another one: the outer one holds its time
+            self._tracing[-1] += seconds + inside
+            return
+        self._add("trace", seconds)
+        if self._wait is not None:
+            self._add("inner_compile", seconds)
 
     def close(self) -> None:
         """Stop listening; a run that ended no step gets the iterations of its loop as steps."""
@@ -246,6 +290,11 @@ class StepTracker:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._dynamo_hooks is not None:
+            handler = sys.modules["torch._dynamo.callback"].callback_handler
+            handler.remove_start_callback(self._dynamo_hooks[0])
+            handler.remove_end_callback(self._dynamo_hooks[1])
+            self._dynamo_hooks = None
         try:
             step_hooks.uninstall()
         except Exception as exc:  # noqa: BLE001 - the run is closed all the same
@@ -355,6 +404,11 @@ class StepTracker:
             window.ends.append(_perf_counter())  # on the clock's timeline when read
 
     def on_compile(self, info: CompileInfo) -> None:
+        if self._dynamo_hooks is None and info.mode == "compiled" and not self._closed:
+            try:  # dynamo loads itself at the first torch.compile call, after the trace began
+                self._listen_to_dynamo()
+            except Exception as exc:  # noqa: BLE001 - dynamo's tracing then counts as host time
+                self._error("on_compile (dynamo compile callbacks)", exc)
         graph = info.graph
         if graph is not None:
             origin = graph.origin.function or graph.origin.frame
@@ -368,8 +422,10 @@ class StepTracker:
         counts = self._counts
         read_back = bool(getattr(info, "from_cache", False))
         _count_compile(counts, float(info.seconds), recompile, read_back)
-        if self._wait is not None and not read_back:
+        if self._wait is not None:  # a compile or a read-back inside a wait is the wait's time
             self._add("inner_compile", float(info.seconds))
+        if self._tracing and threading.get_ident() == self._thread:
+            self._tracing[-1] += float(info.seconds)  # inside dynamo's compile: not its own work
         window = self._window
         if window is not None and not window.full:
             window.compiles.append((len(window.names), float(info.seconds), recompile, read_back))
@@ -513,8 +569,11 @@ def _transfer_part(info: TransferInfo) -> str | None:
 
 
 def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: bool) -> None:
-    if read_back:  # read back from the persistent compile cache: nothing compiled, never a recompile
+    if read_back:
+        # read back from the persistent compile cache: nothing compiled, never a recompile, but
+        # the time is the compile side's (a cold cache would have compiled it there)
         counts.read_backs += 1
+        counts.read_back_seconds += seconds
         return
     counts.compiles += 1
     counts.recompiles += int(recompile)
@@ -575,6 +634,8 @@ def _event(
         *(c.parts[p] if measured else None for p in WAIT_PARTS),
         c.parts["inner_op"],
         c.parts["inner_compile"],
+        c.read_back_seconds,
+        c.parts["trace"],
     )
 
 

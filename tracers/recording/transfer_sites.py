@@ -41,13 +41,14 @@ import os
 import re
 import sys
 from types import CodeType, FrameType
+from typing import NamedTuple
 
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.location import is_library_code, is_own_file, is_user_frame, location_of, user_frame_location
 from tpu_debug.tracers.reading.transfer_causes import is_implicit
 from tpu_debug.tracers.recording.host_origin import upload_origin
 
-__all__ = ["classify", "classify_site", "classify_upload", "frame_kind", "instruction_at"]
+__all__ = ["Upload", "classify", "classify_site", "classify_upload", "frame_kind", "instruction_at"]
 
 
 _CALLEES = {
@@ -217,16 +218,46 @@ def classify_site(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | 
     return cause, implicit, location, context
 
 
-def classify_upload(op: str, depth: int = 1) -> tuple[str, bool, SourceLocation | None, SourceLocation | None, str | None]:
-    """:func:`classify_site`'s verdict on a host-to-device copy, and the factory that made the
-    data on the host when the user's line shows one (``"torch.randn"``; see
-    :mod:`tpu_debug.tracers.recording.host_origin`), else None."""
+class Upload(NamedTuple):
+    """:func:`classify_site`'s verdict on a host-to-device copy (``cause``, ``implicit``,
+    ``location``, ``context``), and what the user's line shows made the data: ``origin``, the
+    factory that made it on the host in the step (``"torch.randn"``), ``follows``, the tensor
+    whose shape or device it takes, and ``module``, the ``nn.Module`` class whose method
+    uploads it (see :mod:`tpu_debug.tracers.recording.host_origin`); None when not shown."""
+
+    cause: str
+    implicit: bool
+    location: SourceLocation | None
+    context: SourceLocation | None
+    origin: str | None = None
+    follows: str | None = None
+    module: str | None = None
+    made_line: int | None = None  # the line of the user's file that made it, when not the upload's
+
+
+def classify_upload(op: str, depth: int = 1) -> Upload:
+    """:func:`classify_site`'s verdict on a host-to-device copy, with what made its data (:class:`Upload`)."""
     cause, implicit, location, context, frame = _walk(op, depth + 1)
-    origin = None
-    if frame is not None and not implicit and context is None:
-        ins = instruction_at(frame.f_code, frame.f_lasti)
-        origin = upload_origin(frame.f_code, frame.f_lasti, ins.positions if ins is not None else None)
-    return cause, implicit, location, context, origin
+    if frame is None or implicit or context is not None:
+        return Upload(cause, implicit, location, context)
+    ins = instruction_at(frame.f_code, frame.f_lasti)
+    made = upload_origin(frame.f_code, frame.f_lasti, ins.positions if ins is not None else None)
+    if made is None:
+        return Upload(cause, implicit, location, context)
+    made_line = made.line if location is not None and made.line != location.line else None
+    return Upload(cause, implicit, location, context, made.factory, made.follows, _module_of(frame), made_line)
+
+
+def _module_of(frame: FrameType) -> str | None:
+    """The class of the ``nn.Module`` whose method ``frame`` runs (its ``self``), else None: data
+    made inside a model's forward is the model's work, never a stand-in for a batch."""
+    if "self" not in frame.f_code.co_varnames[: frame.f_code.co_argcount]:
+        return None
+    module = sys.modules.get("torch.nn")
+    owner = frame.f_locals.get("self")
+    if module is None or not isinstance(owner, module.Module):
+        return None
+    return type(owner).__qualname__
 
 
 def _walk(op: str, depth: int) -> tuple[str, bool, SourceLocation | None, SourceLocation | None, FrameType | None]:

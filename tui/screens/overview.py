@@ -108,6 +108,8 @@ def finding_lines(session: Session, cwd: str | None) -> list[FindingLine]:
     out = []
     for f in advice.findings:
         text = Text(f.title)
+        if f.consequences:  # one cause: what it led to is in the detail pane, under it
+            text.append(f"  (+{len(f.consequences)} consequence{'s' if len(f.consequences) > 1 else ''})", style="dim")
         out.append(FindingLine(text, f.severity, FINDING_VIEWS.get(f.kind), finding_text(f, terminal=True, cwd=cwd)))
     if session.counts().get("materialize"):
         out += _lazy_graphs(session, cwd)

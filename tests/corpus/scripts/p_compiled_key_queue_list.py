@@ -22,8 +22,8 @@ class Contrast(nn.Module):
         with torch.no_grad():
             k = F.normalize(self.encoder(k_in), dim=1)
         pos = (q * k).sum(1, keepdim=True)
-        self.queue.append(k)  # EXPECT: recompile, recompile_limit
-        if len(self.queue) > QUEUE:  # EXPECT: recompile, recompile_limit
+        self.queue.append(k)  # EXPECT: recompile
+        if len(self.queue) > QUEUE:  # EXPECT: recompile
             self.queue.pop(0)
         neg = q @ torch.cat(self.queue).T
         logits = torch.cat([pos, neg], dim=1) / 0.07

@@ -25,8 +25,8 @@ opt = torch.optim.AdamW(model.parameters(), lr=2e-4)
 data = torch.randn(256, 32)
 for step in range(10):
     x0 = data[(step * 16) % 256:(step * 16) % 256 + 16].to("tpu")
-    t = torch.randint(0, T, (16,)).to("tpu")  # EXPECT: h2d_every_step
-    noise = torch.randn(16, 32).to("tpu")  # EXPECT: h2d_every_step
+    t = torch.randint(0, T, (16,)).to("tpu")  # EXPECT: h2d_every_step/timesteps
+    noise = torch.randn(16, 32).to("tpu")  # EXPECT: h2d_every_step/noise
     a = alphas_bar[t].unsqueeze(1)
     xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
     loss = nn.functional.mse_loss(model(xt, t), noise)
