@@ -45,6 +45,7 @@ __all__ = [
     "TiledLayout",
     "braced",
     "instruction_name",
+    "kernel_calls",
     "matmul_flops",
     "module_devices",
     "parse_instruction",
@@ -54,6 +55,7 @@ __all__ = [
     "parse_shape",
     "parse_sharding",
     "scope_parts",
+    "stack_allocation",
     "tokens",
 ]
 
@@ -740,6 +742,13 @@ def instruction_name(line: str) -> str | None:
     return found[0] if found else None
 
 
+def stack_allocation(message: str) -> str | None:
+    """The instruction a scoped-VMEM refusal names (``allocating on stack for %kernel.3 = ...``),
+    None when ``message`` names none that way."""
+    _, found, rest = message.partition("allocating on stack for ")
+    return instruction_name(rest) if found else None
+
+
 # -- computations and modules --------------------------------------------------------------------
 
 
@@ -1017,3 +1026,18 @@ def tokens(line: str) -> Iterator[tuple[str, int, int]]:
     for kind, pattern in _TOKEN_RULES:
         for m in pattern.finditer(line):
             yield kind, m.start(), m.end()
+
+
+# the serialized MLIR of a Pallas kernel, in its custom call's backend config
+_KERNEL_BODY = re.compile(r'"body":"([A-Za-z0-9+/=]+)"')
+
+
+def kernel_calls(text: str) -> list[tuple[str, str]]:
+    """(name, base64 of its serialized MLIR, "" when the config holds none) of each Pallas
+    kernel's custom call (``custom_call_target="tpu_custom_call"``) of a module's text."""
+    out = []
+    for inst in parse_module(text).instructions():
+        if inst.opcode == "custom-call" and inst.attr("custom_call_target") == '"tpu_custom_call"':
+            body = _KERNEL_BODY.search(inst.attr("backend_config") or "")
+            out.append((inst.name, body.group(1) if body else ""))
+    return out

@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from tpu_debug.core.hlo_text import kernel_calls
 from tpu_debug.core.buffers import BufferAssignment, read_dump
 from tpu_debug.runtime.dtypes import to_jax_dtype
 from tpu_debug.runtime.target import _libtpu, cache
@@ -146,7 +147,7 @@ def _kernel_call(hlo: str | None, error: CompileError, text: str) -> CompileErro
     file; None when that leaves more than one."""
     if error.instruction is not None or hlo is None or not (error.code or "").startswith("E2"):
         return error
-    calls = [(m.group(1), m.group(2) or "") for m in _KERNEL_CALL.finditer(hlo)]
+    calls = kernel_calls(hlo)
     if len(calls) > 1:
         op = _LOC_OP.search(text)
         wanted = [w.encode() for w in (error.source_file, error.source_function, op and op.group(1)) if w]
@@ -154,9 +155,6 @@ def _kernel_call(hlo: str | None, error: CompileError, text: str) -> CompileErro
     return dataclasses.replace(error, instruction=calls[0][0]) if len(calls) == 1 else error
 
 
-# a kernel's custom call, and its serialized MLIR ("body" of its backend config)
-_KERNEL_CALL = re.compile(r'%([\w.\-]+) = [^\n]*?custom_call_target="tpu_custom_call"'
-                          r'(?:[^\n]*?"body":"([A-Za-z0-9+/=]+)")?')
 # the operation a Mosaic location names: 'at location: loc("dot_general:"("dot_general/dot_general"'
 _LOC_OP = re.compile(r'at location: loc\("[^"]*"\("([^"]+)"')
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from tpu_debug.core.hlo_text import stack_allocation
+
 __all__ = ["CODES", "XlaErrorCode", "by_code", "classify", "doc_url", "pointed_instruction", "pointed_source"]
 
 
@@ -145,10 +147,10 @@ CODES: tuple[XlaErrorCode, ...] = (
 _BY_CODE = {c.code: c for c in CODES}
 _PRINTED = re.compile(r"\b(E\d{4}): (\w+)")
 # where a message names the instruction it is about: "... :: big.1" at its end (an allocation
-# of an instruction), "allocating on stack for %kernel.3 = ..." (a scoped VMEM refusal),
-# "Hlo-Op: result.1:" (a SparseCore op), "(starting from tuple.64)"
-_INSTRUCTION = (re.compile(r"::\s*([\w.\-]+)\s*$"), re.compile(r"allocating on stack for %([\w.\-]+) ="),
-                re.compile(r"Hlo-Op: ([\w.\-]+):"), re.compile(r"\(starting from ([\w.\-]+)\)"))
+# of an instruction), "Hlo-Op: result.1:" (a SparseCore op), "(starting from tuple.64)"; a
+# scoped VMEM refusal quotes the instruction's line (``stack_allocation`` reads it)
+_INSTRUCTION = (re.compile(r"::\s*([\w.\-]+)\s*$"), re.compile(r"Hlo-Op: ([\w.\-]+):"),
+                re.compile(r"\(starting from ([\w.\-]+)\)"))
 # a Mosaic refusal's MLIR location: 'at location: loc("get:"("get/get"(callsite("k3"("/x.py":15:17
 # to :38) at ...' - the innermost frame is the kernel's line the refused operation came from
 _LOCATION = re.compile(r"at location: loc\((.*)")
@@ -188,7 +190,7 @@ def pointed_instruction(message: str) -> str | None:
         m = pattern.search(first)
         if m:
             return m.group(1)
-    return None
+    return stack_allocation(first)
 
 
 def pointed_source(message: str) -> tuple[str, int, str] | None:

@@ -23,6 +23,7 @@ DRIVER = pathlib.Path(__file__).parent / "advise_example.py"
 # pitfall -> (run options, script arguments, the findings' kinds it makes, the arguments that fix it)
 PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "recompile_storm.py": ([], ["--steps", "4"], {"dynamic_shape"}, ["--bucket", "32"]),
+    # the recompile limit it hits is a consequence under the recompile finding
     "python_scalar.py": ([], ["--steps", "12"], {"recompile", "recompile_limit"}, ["--fixed"]),
     "hidden_sync.py": ([], ["--steps", "5"], {"implicit_sync"}, ["--fixed"]),
     # the .item() that splits the graph is also a sync in every step: both are true
@@ -114,6 +115,9 @@ def test_a_slow_pitfalls_rule_is_planted_by_the_default_corpus():
     from test_corpus import SLOW_TIER
 
     planted = {k for p in score.scripts() if p.name not in SLOW_TIER for k in score.expected(p).kinds}
+    # a recompile limit is a consequence under its cause's finding, which the corpus scores; the
+    # default tier's p_compiled_module_growing_batch.py holds one (tests/cli/test_cause_first.py)
+    planted |= {"recompile_limit"}
     unplanted = {s: PITFALLS[s][2] - planted for s in SLOW - {"collective_straggler.py"}}
     assert {s: kinds for s, kinds in unplanted.items() if kinds} == {}
 
@@ -122,7 +126,10 @@ def test_a_slow_pitfalls_rule_is_planted_by_the_default_corpus():
 def test_a_pitfall_makes_its_findings(tmp_path, script):
     options, args, kinds, _ = PITFALLS[script]
     findings = _findings(tmp_path, f"pitfalls/{script}", options, args)
-    assert {f["kind"] for f in findings} == kinds, _brief(findings)
+    # a rule's finding, or a consequence under the finding of its cause (a recompile limit hit
+    # because a Python value changed is under that value's recompile finding)
+    made = {f["kind"] for f in findings} | {c["kind"] for f in findings for c in f.get("consequences") or []}
+    assert made == kinds, _brief(findings)
     for f in findings:
         # each says what to do and names a line of the script (a whole-step finding, like a
         # step of tiny ops, the line in the step that issues the most distinct ops)

@@ -256,8 +256,11 @@ def _host_noise(logdir, with_batch: bool) -> tuple[list, int, list]:
 def test_noise_drawn_on_the_host_beside_a_batch_is_found_with_make_it_on_the_device(logdir):
     findings, line, uploads = _host_noise(logdir, with_batch=True)
     (finding,) = _of_kind(findings, "h2d_every_step")
-    assert (finding.cause, finding.evidence.location.line) == ("host_made", line)
-    assert finding.title.startswith(f"torch.randn(...) at test_transfer_payloads.py:{line} draws float32[8,256] on the host")
+    # the finding stands at the line that drew the noise, the line above its upload
+    made = line - 1
+    assert (finding.cause, finding.evidence.location.line) == ("host_made", made)
+    assert finding.title.startswith(f"torch.randn(...) at test_transfer_payloads.py:{made} draws float32[8,256] on the host")
+    assert f"copied at test_transfer_payloads.py:{line}" in " ".join(finding.evidence.facts), finding.evidence.facts
     assert finding.fix.startswith("make it on the device, where it is used: torch.randn(..., device=x.device)")
     assert "made on the host by torch.randn" in finding.evidence.facts[0]
     assert {t.origin for t in uploads} == {None, "torch.randn"}  # the batch is a slice of data
