@@ -542,7 +542,9 @@ PARTS: tuple[TracerPart, ...] = (
                # the target's last compiles, and what leaving the eager or dry mode compiles, reach it
                stop_after=("target", "eager_mode", "memory")),
     TracerPart("compile_phases", _start_compile_phases, _stop_compile_phases, "CompilePhaseTracer.stop",
-               after=("recorder",)),
+               after=("recorder",),
+               # what is pending when the eager mode is restored compiles while its phases are heard
+               stop_after=("eager_mode",)),
     TracerPart("guards", _start_guards, _stop_guards, "TraceGuards.stop", after=("steps",),
                stop_after=("eager_mode",)),  # what is pending compiles under the recompile guard
     TracerPart("compile_cache", _set_compile_cache, _restore_compile_cache, "restoring the compile cache setting",
