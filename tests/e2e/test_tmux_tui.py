@@ -96,7 +96,8 @@ def test_tui_shows_the_recompile_diff_in_a_terminal(tmp_path, tmux):
     run_dir = tmp_path / "runs" / "20260131T120000.000Z-synthetic"
     _synthetic().write_synthetic_run(run_dir)
     tmux.start(f"{shlex.quote(sys.executable)} -m tpu_debug tui {shlex.quote(str(run_dir))}", tmp_path)
-    tmux.wait_for("Findings", "of mul.Tensor takes a new size in steady state")
+    # the batch's size is one finding, at the compiled graph it recompiled
+    tmux.wait_for("Findings", "of main (train.py) forward takes a new size in steady state")
     tmux.keys("2")
     pane = tmux.wait_for("Compile history: mul.Tensor", "closest key: compile 1", "(1 mismatch)")
     # the diff panel wraps at narrow widths: check its parts
