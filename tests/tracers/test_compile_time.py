@@ -60,6 +60,13 @@ def compiled_run(tmp_path_factory):
     return session
 
 
+def _graph(session) -> str:
+    """The compiled graph's name (``gN``): its number counts the graphs this process compiled
+    before (other tests')."""
+    (graph,) = {c.name.split("/")[0] for c in session.compiles() if c.name.endswith("/forward")}
+    return graph
+
+
 def _nested(units, outer):
     """The compiles that ran inside ``outer`` (a dynamo compile of a frame holds its graphs')."""
     end = outer.start + outer.wall
@@ -88,7 +95,8 @@ def test_each_compiles_phases_add_up_to_its_wall_time(compiled_run):
         assert getattr(frame.phases, phase) > 0, phase
     assert frame.name == "forward" and frame.compile_id == "0/0"
     graphs = [u for u in ct.units if u.kind == "program" and u.mode == "compiled"]
-    assert {u.name for u in graphs} == {"g1/forward", "g1/backward"}
+    g = _graph(compiled_run)
+    assert {u.name for u in graphs} == {f"{g}/forward", f"{g}/backward"}
     for u in graphs:
         assert u.phases.lowering > 0 and u.phases.xla_compile > 0 and u.phases.cache_read == 0
         assert u.compile_id == "0/0"
@@ -153,7 +161,7 @@ def test_the_layers_lines_take_the_largest_share(compiled_run):
     # the lines' estimates share out the whole compile time
     assert sum(x.seconds for x in ct.lines) == pytest.approx(ct.total, rel=1e-9)
     # the graph's nodes name the loop that called the layer's lines
-    forward = next(c for c in compiled_run.compiles() if c.name == "g1/forward")
+    forward = next(c for c in compiled_run.compiles() if c.name == f"{_graph(compiled_run)}/forward")
     (event,) = [e for e in compiled_run.events(CompileLinesEvent.kind) if e.compile_event == forward.id]
     called = {(x.caller_file, x.caller_line) for x in event.lines if x.line in block}
     assert called == {(str(PITFALL), loop)}
@@ -163,7 +171,7 @@ def test_the_unrolled_loop_finding_offers_one_compiled_layer(compiled_run):
     (finding,) = [f for f in compiled_run.findings() if f.kind == "unrolled_loop"]
     (loop,) = _lines_of(PITFALL, "x = layer(x)")
     assert finding.evidence.location.line == loop and finding.estimated
-    assert f"{LAYERS} Block layers" in finding.title and "g1/forward" in finding.title
+    assert f"{LAYERS} Block layers" in finding.title and f"{_graph(compiled_run)}/forward" in finding.title
     assert "compile one Block and reuse it" in finding.fix and "scan" in finding.fix
     assert finding.evidence.count("layers") == LAYERS
 
@@ -174,7 +182,8 @@ def test_the_report_and_json_hold_the_phases_and_the_lines(compiled_run):
     ct = compile_time(compiled_run)
     assert phases["total"] == pytest.approx(ct.total) and list(phases["run"]) == list(COMPILE_PHASES)
     assert sum(phases["run"].values()) == pytest.approx(phases["total"])
-    assert {p["name"] for p in phases["programs"]} >= {"forward", "g1/forward", "g1/backward"}
+    g = _graph(compiled_run)
+    assert {p["name"] for p in phases["programs"]} >= {"forward", f"{g}/forward", f"{g}/backward"}
     for p in phases["programs"]:
         assert sum(p["phases"].values()) == pytest.approx(p["seconds"])
     assert sum(x["seconds"] for x in lines) == pytest.approx(phases["total"])
@@ -360,7 +369,8 @@ def test_tensorboard_draws_each_compile_and_its_phases(tmp_path):
     for e in events:
         by_name[e["name"]].append(e)
     assert by_name["dynamo compile forward"], sorted(by_name)[:40]
-    (graph,) = by_name["graph g1/forward (compiled)"]
+    g = _graph(session)
+    (graph,) = by_name[f"graph {g}/forward (compiled)"]
     for phase in ("dynamo trace", "dynamo guards", "AOTAutograd joint graph", "AOTAutograd partition",
                   "lowering to XLA", "XLA compile"):
         assert by_name[phase], phase
@@ -368,7 +378,7 @@ def test_tensorboard_draws_each_compile_and_its_phases(tmp_path):
     inside = [e for e in by_name["lowering to XLA"] + by_name["XLA compile"]
               if graph["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= graph["ts"] + graph["dur"] + 1]
     assert len(inside) == 2
-    (stored,) = [c for c in session.compiles() if c.name == "g1/forward"]
+    (stored,) = [c for c in session.compiles() if c.name == f"{g}/forward"]
     assert isinstance(stored, CompileEvent)
     assert graph["dur"] == pytest.approx(stored.wall_seconds * 1e6, rel=1e-3, abs=1)
 
