@@ -734,6 +734,8 @@ class TensorBoardExporter:
 
     def _compile_phase_spans(self, event: Event, line: str | None) -> None:
         """Keep the compile spans ``event`` measured (run clock), for the phases plane."""
+        if self.capped_at is not None and event.ts > self.capped_at:
+            return  # a capped profile covers the run up to the cap, this plane too
         spans = self._compile_spans
         args = (("line", line),) if line else ()
         if isinstance(event, CompileEvent):
