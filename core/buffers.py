@@ -132,11 +132,18 @@ class Value:
 @dataclasses.dataclass(frozen=True, slots=True)
 class PeakBuffer:
     """A value holding memory at the peak, and the bytes it is counted for there: its size, less
-    what it shares with a buffer already counted (an in-place result over its operand)."""
+    what it shares with a buffer already counted (an in-place result over its operand).
+
+    ``reserved``: the bytes are not ``value``'s at the peak but held for it: an output's
+    allocation is reserved for the whole program, so where ``value`` is written before or after
+    the peak (or is larger than the value the allocation holds there), its bytes are counted
+    as this reserved row."""
 
     value: Value
     allocation: Allocation
     nbytes: int
+    reserved: bool = False
+    offset: int = 0  # the first of its counted bytes in the allocation
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -221,10 +228,8 @@ class BufferAssignment:
                 temps.append((v, a))
         heap = sum(a.size for a in allocations if not a.static)
         position, counted = _busiest(temps, len(self.sequence))
-        buffers = [
-            PeakBuffer(_holder(static.get(a.index, ()), position), a, a.size)
-            for a in allocations if a.static and static.get(a.index)
-        ]
+        buffers = [b for a in allocations if a.static and static.get(a.index)
+                   for b in _static_buffers(a, static[a.index], position)]
         # a static allocation no value names (an emptied output table): its bytes, unnamed
         orphans = [a for a in allocations if a.static and not static.get(a.index)]
         buffers += [PeakBuffer(Value(-1, "", (), a.index, 0, a.size, ""), a, a.size) for a in orphans]
@@ -282,6 +287,29 @@ def _holder(values: Iterable[Value], position: int) -> Value:
     return max(pool, key=lambda v: (v.size, v.start))
 
 
+def _static_buffers(a: Allocation, values: list[Value], position: int) -> list[PeakBuffer]:
+    """What a static allocation holds at ``position``, adding up to its size.
+
+    A parameter, a constant or a thread-local scalar is its value for the whole program. An
+    output's allocation is shared over time: XLA places in it values whose live ranges do not
+    meet (a temporary early on, the output later), so at the peak it holds the value live there,
+    and the rest of it (all of it, when no value is live there) is reserved for the largest
+    value that takes it at another point."""
+    if a.kind != "output":
+        return [PeakBuffer(_holder(values, position), a, a.size)]
+    live = [v for v in values if v.live_at(position)]
+    out = []
+    if live:
+        held = max(live, key=lambda v: (v.size, v.start))
+        out.append(PeakBuffer(held, a, min(held.size, a.size)))
+    rest = a.size - sum(b.nbytes for b in out)
+    if rest > 0:
+        others = [v for v in values if not v.live_at(position)] or values
+        out.append(PeakBuffer(max(others, key=lambda v: (v.size, v.start)), a, rest, reserved=True,
+                              offset=a.size - rest))
+    return out
+
+
 def _live_sums(temps: list[tuple[Value, Allocation]], length: int) -> list[int]:
     """Sum of the live temporaries' sizes at each program point (an upper bound of the bytes in
     use: values sharing bytes are counted twice where their ranges meet)."""
@@ -314,9 +342,10 @@ def _counted(live: list[tuple[Value, Allocation]]) -> list[PeakBuffer]:
         for v, a in group:
             lo, hi = v.offset, v.offset + v.size
             new = hi - lo - max(0, min(hi, reach) - lo)
+            first = max(lo, reach)
             reach = max(reach, hi)
             if new > 0:
-                out.append(PeakBuffer(v, a, new))
+                out.append(PeakBuffer(v, a, new, offset=first))
     return out
 
 

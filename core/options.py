@@ -173,6 +173,8 @@ TIMEOUT = Kind("a number of seconds above 0", "a value such as 60", *_seconds(ze
                "a number of seconds above 0", {"type": float, "metavar": "SECONDS"})
 DIRECTORY = Kind("a directory for runs", "a directory path", lambda text: Path(text), _check_path,
                  "a directory path", {"metavar": "DIR"})
+FILE = Kind("a file path", "a file path such as memory.pickle", lambda text: Path(text), _check_path,
+            "a file path", {"metavar": "FILE"})
 CACHE_DIRECTORY = Kind("a cache directory", "a directory path", _check_text, _check_text, "a directory path", {})
 RUN_NAME = Kind("a short run name", "a short run name", _check_text, _check_text, "a non-empty string", {})
 TOLERANCES = Kind("a tolerance spec", "'float32=1e-4:1e-6,bfloat16=0.05' (rtol[:atol] per dtype) or 'off'",
@@ -304,6 +306,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("target_wait", SECONDS, 60.0, "at the end, wait at most this long for target compiles still running"),
     Option("memory", BOOL, False, "record the device bytes tensors hold per step, the peak and the lines "
            "holding it (tpu-debug run: on with --target or --dry-run)"),
+    Option("memory_snapshot", FILE, None, "write PyTorch's memory snapshot (the pickle "
+           "torch.cuda.memory._snapshot() writes) of the run's tpu tensors at their peak to FILE, and of each "
+           "compiled program at its peak beside it (FILE's name.<program>.pickle); open one at "
+           "pytorch.org/memory_viz or with python -m torch.cuda._memory_viz (turns --memory on)"),
     Option("dry_run", BOOL, False, "run with tensors that hold no data: compile every program for the target, "
            "execute nothing, and record the memory (a value read such as .item() stops the script there)"),
     # the runtime's own settings: tpu_debug.runtime.config

@@ -29,6 +29,7 @@ __all__ = [
     "FallbackInfo",
     "FreeInfo",
     "GraphInfo",
+    "InputOrigin",
     "InvalidValueInfo",
     "LazyNode",
     "LoweredNode",
@@ -52,6 +53,26 @@ class LoweredNode:
     scope: str
     stack_trace: str | None
     backward: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputOrigin:
+    """What one input of a compiled graph's program is to the user, as the runtime knows it.
+
+    ``name`` is the user's name for it ("" when the runtime knows none): a parameter or buffer
+    by its module path (``"layers.0.attn.qkv.weight"``), an optimizer's state by its key and
+    its parameter's path (``"exp_avg of layers.0.attn.qkv.weight"``), an argument of the
+    compiled function by its name (``"x"``). ``saved``: for a backward graph's input that the
+    forward saved, the forward's node that computed it (views and detaches of it followed
+    back, so a saved ``view_5`` of the softmax's result is the ``_softmax`` node); None for
+    any other input. ``storage``: the memory ledger's serial id of the tensor's storage when
+    memory was tracked as it compiled (``AllocInfo.storage``: a probe that knows where each
+    storage was allocated knows where the input was made), else None.
+    """
+
+    name: str = ""
+    saved: LoweredNode | None = None
+    storage: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,7 +126,8 @@ class GraphInfo:
     or inference graph the tensors AOTAutograd lifted from the graph module (an optimizer's
     state, by attribute name) and then dynamo's sources (``"G['m']._parameters['weight']"``),
     for a backward graph its placeholders (``"primals_1"``, a saved ``"addmm"``,
-    ``"tangents_1"``); empty when not known."""
+    ``"tangents_1"``); empty when not known. ``origins``: what each of those inputs is to
+    the user (:class:`InputOrigin`, in the same order; empty when not known)."""
 
     kind: str
     nodes: tuple[LoweredNode, ...]
@@ -115,6 +137,7 @@ class GraphInfo:
     outputs: tuple[str, ...] = ()
     label: str | None = None
     inputs: tuple[str, ...] = ()
+    origins: tuple[InputOrigin, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -286,6 +309,8 @@ class AllocInfo:
     was first seen now, so the line allocating it is on the stack (unless
     ``existing``: it was allocated before tracking began); otherwise the bytes came
     to a storage known already (a payload's other holder went, or the payload grew).
+    ``node``: for a compiled graph's output, the graph node that computed it (its stack
+    trace holds the line inside the model; the stack holds only the call); else None.
     """
 
     storage: int
@@ -294,6 +319,7 @@ class AllocInfo:
     dtype: str
     new: bool = True
     existing: bool = False
+    node: LoweredNode | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -51,7 +51,9 @@ from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
 from tpu_debug.runtime.ops.registry import lookup, registered
 from tpu_debug.core.argspec import ArgSpec
-from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, LoweredNode
+from tpu_debug.core.records import CompileInfo, DynamoOrigin, GraphInfo, InputOrigin, LoweredNode
+from tpu_debug.runtime import memory_ledger
+from tpu_debug.runtime.graph_inputs import backward_inputs, forward_origins, output_nodes
 from tpu_debug.runtime.startup import dynamo_disabled, single_threaded_backward
 from tpu_debug.runtime.tensor import (
     PAYLOAD_ATTR,
@@ -84,19 +86,32 @@ class UnsupportedGraphOp(UnsupportedError):
     """A node of a compiled graph has no lowering."""
 
 
+# the table graph_decompositions built, by the sizes of the two registries it reads
+_decompositions: dict[tuple[int, int], dict] = {}
+
+
 def graph_decompositions() -> dict:
-    """Core aten decompositions, minus the ops we lower directly."""
+    """Core aten decompositions, minus the ops we lower directly.
+
+    Built once for each state of the registries it reads (ours only grows, PyTorch's grows
+    when a program registers a decomposition): PyTorch builds its core table from every
+    composite op's registrations, a third of a second of CPU that each graph compile paid.
+    Each caller gets its own copy."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
-    table = dict(core_aten_decompositions())
-    # beyond the core set: any PyTorch decomposition of an op we have no lowering for
-    for op, fn in decomposition_table.items():
-        if op not in table and lookup(op) is None:
-            table[op] = fn
-    for op in list(table):
-        if lookup(op) is not None:
-            del table[op]
-    return table
+    key = (len(registered()), len(decomposition_table))
+    if key not in _decompositions:
+        table = dict(core_aten_decompositions())
+        # beyond the core set: any PyTorch decomposition of an op we have no lowering for
+        for op, fn in decomposition_table.items():
+            if op not in table and lookup(op) is None:
+                table[op] = fn
+        for op in list(table):
+            if lookup(op) is not None:
+                del table[op]
+        _decompositions.clear()
+        _decompositions[key] = table
+    return dict(_decompositions[key])
 
 
 def _get_attr(gm: torch.fx.GraphModule, target: str):
@@ -581,6 +596,8 @@ class CompiledGraph:
         # the program is (GraphInfo.inputs)
         self.origin = DynamoOrigin(torch.is_grad_enabled())
         self.inputs: tuple[str, ...] = ()
+        self._outputs_made_by: tuple[LoweredNode | None, ...] | None = None
+        self.origins: tuple[InputOrigin, ...] = ()
         # A graph whose inputs all have static shapes is only ever called with those
         # shapes and dtypes (dynamo's guards check them before AOTAutograd calls us):
         # its signature is computed on the first call and reused.
@@ -596,6 +613,12 @@ class CompiledGraph:
         self._checking_key: tuple | None = None
         self._checking_entry: _Entry | None = None
         self._static_shapes: tuple = ()
+
+    def _output_nodes(self) -> tuple[LoweredNode | None, ...]:
+        """The node that computed each output of the graph (views followed back), read once."""
+        if self._outputs_made_by is None:
+            self._outputs_made_by = output_nodes(self.gm)
+        return self._outputs_made_by
 
     def _signature(self, arrays) -> tuple:
         if _placement.active:  # a program is compiled for its inputs' shardings
@@ -630,7 +653,7 @@ class CompiledGraph:
         if probes._op_probes:  # divergence tracing compares this call with CPU
             probes.observe_graph(self, arrays, _output_arrays(entry, outs, arrays, len(mutated)))
         it = iter(outs)
-        result = self._results(entry, it, arrays)
+        result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
         for t, value in zip(targets, it):  # input mutations: the new value into the input
             if isinstance(t, torch.Tensor):
                 _write_input(t, value)
@@ -709,7 +732,7 @@ class CompiledGraph:
                 value_checks.compiled(list(program), entry.checks)
             return result
         it = iter(entry.restore(outs) if entry.lead else outs)
-        result = self._results(entry, it, arrays)
+        result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
         if _tensor._track is None:
             for storage, value in zip(targets, it):
                 setattr(storage, PAYLOAD_ATTR, value)
@@ -823,14 +846,19 @@ class CompiledGraph:
         return outs
 
     @staticmethod
-    def _results(entry: _Entry, it: Iterator, arrays: list) -> list:
+    def _results(entry: _Entry, it: Iterator, arrays: list, nodes: Sequence[LoweredNode | None] | None = None) -> list:
         """The graph's outputs as tensors, from the program's outputs (``it``, advanced
-        past them) and where ``entry`` says each output comes from."""
+        past them) and where ``entry`` says each output comes from; with ``nodes`` (memory
+        tracked), each new tensor is told to the memory probes as made by its graph node."""
         result = []
         scalars = entry.scalars
         for i, (source, where, dt) in enumerate(entry.outputs):
             if source == _PROGRAM:
+                if nodes is not None:
+                    memory_ledger.made_by(nodes[i] if i < len(nodes) else None)
                 result.append(from_jax(next(it), dt))
+                if nodes is not None:
+                    memory_ledger.made_by(None)
             elif source == _INPUT:  # an input passed through (saved for backward): no copy
                 result.append(from_jax(arrays[where], dt))
             elif source == _SAME:  # the same value again: its own tensor, the same buffer
@@ -1048,7 +1076,7 @@ class CompiledGraph:
         return CompileInfo(
             "compiled", self.graph_id, (self.graph_id, self.digest, sig), specs, seconds, lowered, compiled,
             graph=GraphInfo(self.kind, tuple(self.program.nodes), self.gm.code, self.origin, label=self.label,
-                            inputs=self.inputs),
+                            inputs=self.inputs, origins=self.origins),
             jitted=jitted,
             from_cache=cached is not None and cached.from_cache,
             saved_seconds=cached.saved_seconds if cached is not None else 0.0,
@@ -1192,14 +1220,6 @@ def _dynamo_origin(gm: torch.fx.GraphModule) -> DynamoOrigin:
     )
 
 
-def _primal(name: str, forward_inputs: tuple[str, ...]) -> str:
-    """A backward placeholder's name, or for ``primals_<n>`` the forward's input ``n``'s."""
-    number = name.removeprefix("primals_")
-    if number != name and number.isdigit() and 0 < int(number) <= len(forward_inputs):
-        return forward_inputs[int(number) - 1]
-    return name
-
-
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"tpu_debug"`` dynamo backend: AOTAutograd + one jitted program per graph (the
     device registered: see ``tpu_debug._loader.dynamo_backend`` for dynamo's entry point)."""
@@ -1224,6 +1244,11 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     step = _computes_gradients(graph)
     inference = "train_step" if step else "optimizer_step" if _optimizer_step(origin) else "inference"
 
+    # what each program input is to the user (runtime/graph_inputs.py): the forward's, which its
+    # backward's saved inputs are read against
+    origins = forward_origins(graph, lifted, origin.inputs, example_inputs)
+    forward_graph: list[torch.fx.GraphModule] = []
+
     def compiler(kind):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
             label = inference if kind == "inference" else kind
@@ -1231,11 +1256,14 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             program.origin = origin
             # AOTAutograd passes the graph module's own tensors (an optimizer's state dynamo
             # lifted) before the graph's inputs; a backward's inputs are its placeholders, a
-            # forward input it saved (primals_<n>) named as the forward's input n
+            # forward input it saved (primals_<n>, or a view of it) named as that forward input
             program.inputs = lifted + origin.inputs
+            program.origins = origins
+            if kind == "forward":
+                forward_graph[:] = [graph]
             if kind == "backward":
-                program.inputs = tuple(_primal(n.name, lifted + origin.inputs)
-                                       for n in graph.graph.find_nodes(op="placeholder"))
+                program.inputs, program.origins = backward_inputs(
+                    graph, forward_graph[0] if forward_graph else None, lifted + origin.inputs, origins)
 
             # AOTAutograd calls this lazily: a backward is compiled on its first call, which
             # may come from user code dynamo is running (``loss.backward()`` after a graph

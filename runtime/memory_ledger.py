@@ -35,9 +35,9 @@ import numpy as np
 
 from tpu_debug.core.hooks import deliver
 from tpu_debug.runtime import probes, tensor
-from tpu_debug.core.records import AllocInfo, FreeInfo
+from tpu_debug.core.records import AllocInfo, FreeInfo, LoweredNode
 
-__all__ = ["Ledger", "active", "drain", "listen", "live_bytes", "replay"]
+__all__ = ["Ledger", "active", "drain", "listen", "live_bytes", "made_by", "replay"]
 
 
 class _Buffer:
@@ -144,7 +144,8 @@ class Ledger:
         holder.buffer = buffer
         if charged or new:
             shape, dtype = _describe(payload)
-            probes.allocated(AllocInfo(holder.sid, charged, shape, dtype, new=new, existing=existing))
+            node = getattr(_made, "node", None) if new else None
+            probes.allocated(AllocInfo(holder.sid, charged, shape, dtype, new=new, existing=existing, node=node))
 
     def _rekey(self, holder: _Holder, buffer: _Buffer, payload: Any) -> None:
         if self._buffers.get(buffer.key) is buffer:
@@ -200,6 +201,13 @@ class Ledger:
                 self._drain()
             return self.live_bytes
 
+    def serial(self, storage: Any) -> int | None:
+        """The serial id probes know ``storage`` by (``AllocInfo.storage``), None when it holds
+        no payload the ledger registered."""
+        with self._lock:
+            holder = self._by_id.get(id(storage))
+            return holder.sid if holder is not None and holder.ref() is storage else None
+
     def replay(self, route: Any) -> None:
         """Tell the probes of ``route`` every storage held now (``existing``), as if allocated."""
         with self._lock:
@@ -237,6 +245,15 @@ class Ledger:
                 continue
             seen.add(id(storage))
             self.note(storage, payload, existing=True)
+
+
+_made = threading.local()
+
+
+def made_by(node: LoweredNode | None) -> None:
+    """The storages given payloads on this thread from now on hold values ``node`` computed
+    (a compiled graph's output), until ``made_by(None)``: probes hear it in ``AllocInfo.node``."""
+    _made.node = node
 
 
 def _queue(dead: collections.deque, sid: int, _ref: Any) -> None:

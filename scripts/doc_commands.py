@@ -189,10 +189,10 @@ SLOW: dict[str, tuple[str, int]] = {
 
 # never run by the check, and why (each is still validated)
 NEVER: dict[str, str] = {
-    "torchrun --nproc-per-node 2": "names what a TorchTPU launch script matches, not a command to run: "
-                                   "tests/runtime/test_torchtpu_launchers.py starts both and compares the ranks",
-    "python notebook.py": "how a marimo notebook of TorchTPU's repository runs: tests/runtime/test_torchtpu_upstream.py "
-                          "runs each from that repository, which the machine may not have",
+    "python -m torch.cuda._memory_viz stats snap.g1.backward.v5e-1.pickle":
+        "reads the snapshot the command before writes (tests/tracers/test_memory_snapshot.py runs it on others)",
+    "python -m torch.cuda._memory_viz trace_plot snap.g1.backward.v5e-1.pickle -o backward.html":
+        "reads the snapshot the command before writes (tests/tracers/test_memory_snapshot.py runs it on others)",
     "pip install -q -c constraints.txt -e .": "installs the clone into the environment: .ci/run does",
     'pip install -q -c constraints.txt -e ".[dev,tpu,models]"': "installs the clone into the environment: .ci/run does",
     'pip install -q -c constraints.txt -e ".[tpu]"': "installs libtpu into the environment: .ci/run does",

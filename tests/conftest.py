@@ -32,6 +32,21 @@ import tpu_debug  # noqa: E402,F401 - registers the tpu device
 
 
 @pytest.fixture(autouse=True)
+def _compile_debug_collector_stopped():
+    """TorchTPU's compile-debug collector (``TpuBackend(debug=True)``) listens to the runtime
+    for the rest of the process once started, as in a user's script; a test that started it
+    stops it, so that the next test sees only the probes it subscribed itself."""
+    yield
+    import sys
+
+    compile_debug = sys.modules.get("tpu_debug.runtime.torchtpu.compile")
+    if compile_debug is not None and compile_debug._collector:
+        from tpu_debug.runtime import probes
+
+        probes.unsubscribe(compile_debug._collector.pop())
+
+
+@pytest.fixture(autouse=True)
 def _excepthook_restored():
     """``torch.distributed.init_process_group`` wraps ``sys.excepthook`` to prefix each line
     with the rank, once per call, and leaves it so: a test that starts a process group in this

@@ -44,6 +44,7 @@ JUNK = {
     "TPU_DEBUG_TARGET": " ",
     "TPU_DEBUG_TARGET_WAIT": "soon",
     "TPU_DEBUG_MEMORY": "junk",
+    "TPU_DEBUG_MEMORY_SNAPSHOT": " ",
     "TPU_DEBUG_DRY_RUN": "junk",
     "TPU_DEBUG_CPU_FALLBACK": "junk",
     "TPU_DEBUG_DATA_CHECKS": "junk",

@@ -28,12 +28,12 @@ import importlib
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -162,8 +162,7 @@ def run(command: str, env: dict[str, str], timeout: float = 300) -> Ran:
         words = [sys.executable, "-m", "tpu_debug", *words[1:]]
     elif words[0] == "python":
         words = [sys.executable, *words[1:]]
-    proc = subprocess.run(words, cwd=ROOT, env={**env, **assignments}, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = warm_python.run(words, cwd=ROOT, env={**env, **assignments}, timeout=timeout)
     return Ran(proc.returncode, proc.stdout + proc.stderr)
 
 

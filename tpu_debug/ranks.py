@@ -23,6 +23,7 @@ from tpu_debug.core.errors import RunDamagedError, RunNotFoundError, TpuDebugErr
 from tpu_debug.core.rank_env import RankEnv, torchrun_env
 from tpu_debug.runs import DB_NAME, list_runs, new_run_dir, run_identity
 from tpu_debug.session import Session
+from tpu_debug.tracers.collective_journal import read_journal
 
 __all__ = [
     "GROUP_FILE", "GroupInfo", "RankGroup", "new_group", "is_group", "find_group", "open_group", "list_groups",
@@ -159,12 +160,21 @@ class RankGroup:
 
 
 def _recorded_rank(run: Path) -> int | None:
+    """The rank a run recorded; a rank killed before the store committed its identity
+    (the writer commits every quarter of a second) is named by its collective journal,
+    which it wrote before entering each collective."""
     try:
         with Session(run / DB_NAME) as session:
             process = session.process()
     except TpuDebugError:
-        return None
-    return process.rank if process is not None else None
+        process = None
+    if process is not None:
+        return process.rank
+    for record in read_journal(run):
+        ranks, rank = record.get("ranks"), record.get("rank")
+        if record.get("kind") == "call" and isinstance(ranks, list) and isinstance(rank, int) and 0 <= rank < len(ranks):
+            return int(ranks[rank])
+    return None
 
 
 def new_group(logdir: Path, name: str, nproc: int, command: list[str], *, launcher: str = "tpu-debug") -> RankGroup:

@@ -62,6 +62,7 @@ class TraceConfig:
     target: str | None = _DEFAULT["target"]
     target_wait: float = _DEFAULT["target_wait"]
     memory: bool = _DEFAULT["memory"]
+    memory_snapshot: Path | None = _DEFAULT["memory_snapshot"]
     dry_run: bool = _DEFAULT["dry_run"]
     compile_cache: bool | None = _DEFAULT["compile_cache"]
 

@@ -28,6 +28,7 @@ from tpu_debug.tracers.recording import torch_trace
 from tpu_debug.tracers.recording.collectives_tracer import CollectivesTracer
 from tpu_debug.tracers.recording.divergence import DivergenceTracer, parse_tolerances
 from tpu_debug.tracers.recording.invalid_value_tracer import InvalidValueTracer
+from tpu_debug.tracers.recording.memory_snapshot import MemorySnapshot
 from tpu_debug.tracers.recording.memory_tracker import MemoryTracer, current_phase
 from tpu_debug.tracers.recording.program_memory_tracer import ProgramMemoryTracer
 from tpu_debug.tracers.recording.recorder import Recorder
@@ -389,8 +390,11 @@ class _Memory:
 def _start_memory(run: Running) -> None:
 
     config = run.config
+    snapshot = None
+    if config.memory_snapshot is not None:
+        snapshot = run.kept["memory_snapshot"] = MemorySnapshot(config.memory_snapshot, clock=run.recorder.clock)
     tracer = MemoryTracer(run.writer, clock=run.recorder.clock, target=run.target, dry_run=config.dry_run,
-                          record_error=run.recorder.record_error)
+                          record_error=run.recorder.record_error, snapshot=snapshot)
     tracer.start()
     kept = run.kept["memory"] = _Memory(tracer)
     probes.subscribe(tracer)
@@ -441,8 +445,11 @@ def _start_program_memory(run: Running) -> None:
     # with a target, the target's compiler's assignments (the target tracer hands them over);
     # without one, this machine's (a dry run compiles nothing here)
     local = run.target is None and not run.config.dry_run
+    memory = run.kept.get("memory")  # where each storage was allocated, when memory is tracked
     tracer = ProgramMemoryTracer(run.writer, clock=run.recorder.clock, local=local,
-                                 record_error=run.recorder.record_error, phase=lambda: current_phase(2))
+                                 record_error=run.recorder.record_error, phase=lambda: current_phase(2),
+                                 lines=memory.tracer.line_of if memory is not None else None,
+                                 snapshot=run.kept.get("memory_snapshot"))
     run.kept["program_memory"] = tracer
     probes.subscribe(tracer)
     target = run.kept.get("target")
@@ -457,6 +464,12 @@ def _stop_program_memory(run: Running) -> None:
     probes.unsubscribe(tracer)
     status, _held = run.closing
     tracer.close(wait=0.0 if status in ("interrupted", "terminated") else run.config.target_wait)
+    snapshot = run.kept.pop("memory_snapshot", None)
+    if snapshot is not None:
+        try:
+            snapshot.write()
+        except OSError as exc:  # a snapshot that cannot be written is the run's error, not the program's
+            run.recorder.record_error("MemorySnapshot.write", f"{type(exc).__name__}: {exc}")
 
 
 # -- guards: dynamo events, recompile and transfer guards ------------------------------------
@@ -503,14 +516,15 @@ PARTS: tuple[TracerPart, ...] = (
     TracerPart("eager_mode", _set_eager_mode, _restore_eager_mode, "restoring the eager mode",
                applies=lambda run: run.config.eager_mode is not None),
     TracerPart("memory", _start_memory, _stop_memory, "MemoryTracer.close",
-               applies=lambda run: bool(run.config.memory or run.config.dry_run),
+               applies=lambda run: bool(run.config.memory or run.config.dry_run or run.config.memory_snapshot),
                # the dry mode comes after the eager mode: leaving lazy mode then runs what was
                # pending before the trace for real
                after=("steps", "eager_mode"),
                # restoring the eager mode runs what is pending, in the dry mode and recorded
                stop_after=("eager_mode",)),
     TracerPart("program_memory", _start_program_memory, _stop_program_memory, "ProgramMemoryTracer.close",
-               applies=lambda run: bool(run.config.memory or run.config.dry_run) or run.target is not None,
+               applies=lambda run: bool(run.config.memory or run.config.dry_run or run.config.memory_snapshot)
+               or run.target is not None,
                after=("target", "memory"),
                # the target's last compiles, and what leaving the eager or dry mode compiles, reach it
                stop_after=("target", "eager_mode", "memory")),

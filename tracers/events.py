@@ -1083,7 +1083,13 @@ class TargetCompileEvent(Event):
 
     ``status``: ``"ok"``, ``"hbm_oom"`` (the program does not fit one device's
     HBM: ``required_bytes`` of ``available_bytes``, for ``error_what``) or
-    ``"compile_error"``. ``seconds`` is the TPU compile time (of the compile that
+    ``"compile_error"``; ``error_code`` XLA's code of the refusal (``"E1001:
+    CompileTimeScopedVmemOom"``: ``runtime/target/error_codes.py`` says what it means and
+    what to change), printed by the compiler (``error_code_printed``) or recognised from its
+    message; ``error_instruction`` the HLO instruction the message is about, with the op
+    (``error_op``) and the PyTorch line (``error_file``/``error_line``/``error_function``)
+    that made it; ``error_source_file``/``error_source_line``/``error_source_function`` the
+    line of a Pallas kernel whose operation Mosaic refused (E2001-E2003). ``seconds`` is the TPU compile time (of the compile that
     produced the result when it came from the on-disk cache: ``cached``);
     ``relowered``: the local lowering held a CPU-only custom call, so the function
     was lowered again for the TPU.
@@ -1138,6 +1144,15 @@ class TargetCompileEvent(Event):
     required_bytes: int | None = None
     available_bytes: int | None = None
     error_what: str | None = None
+    error_code_printed: bool = False
+    error_instruction: str | None = None
+    error_op: str | None = None
+    error_file: str | None = None
+    error_line: int | None = None
+    error_function: str | None = None
+    error_source_file: str | None = None
+    error_source_line: int | None = None
+    error_source_function: str | None = None
     larger_targets: tuple[str, ...] = ()
     larger_hbm_bytes: tuple[int, ...] = ()
     larger_spec_bytes: tuple[int, ...] = ()
@@ -1255,6 +1270,8 @@ class MemoryHolder:
     recorded. ``kind``: what they are, from when they were made and whether they outlived
     their step (``tracers.recording.memory_tracker.holder_kind``: ``"parameter"``, ``"gradient"``,
     ``"optimizer_state"``, ``"activation"``, ``"temporary"``); "" where not recorded.
+    ``call_file``/``call_line``: for the outputs of a compiled graph, whose line is the
+    graph node's inside the model, the user's line that called the graph ("" and 0 otherwise).
     """
 
     file: str
@@ -1267,6 +1284,8 @@ class MemoryHolder:
     dtype: str = ""
     logical_bytes: int = 0
     kind: str = ""
+    call_file: str = ""
+    call_line: int = 0
 
 
 @register_event
@@ -1404,15 +1423,21 @@ class ProgramBuffer:
     ``"optimizer_state"``, ``"gradient"``, ``"activation"`` (a forward value kept for the
     backward), ``"temporary"``, ``"collective"``, ``"host"``, ``"input"``, ``"output"``,
     ``"other"``, or ``"unused"``: the heap's fragmentation there). ``nbytes``: the bytes it
-    is counted for at the peak (its size in the compiler's layout, padding included;
+    is counted for at the peak (its own size in the compiler's layout, padding included;
     less, for a value sharing bytes with another); ``logical_bytes`` its elements times
-    their size. ``name`` the value (its instruction, ``{i}`` for a tuple element),
-    ``opcode`` the instruction that made it (copies and tuples followed), ``op`` what made
-    that (the FX node and aten op, ``mm_1|aten::mm``, or the JAX operation), ``start``
-    and ``end`` its live range in program order. ``file``/``line``/``function``: the
-    PyTorch line that made it (the user's; ``library`` when only library code, a model in
-    transformers say, is known). ``count`` > 1: a row folding that many smaller buffers of
-    its kind (``name`` empty).
+    their size; ``padding_bytes`` what the layout's tiles add to it (its size less its
+    logical bytes, where the compiler's layout is tiled; 0 elsewhere). ``name`` the value
+    (its instruction, ``{i}`` for a tuple element), ``opcode`` the instruction that made it
+    (copies and tuples followed), ``op`` what made that (the FX node and aten op,
+    ``mm_1|aten::mm``, or the JAX operation) or, for a program's input, the user's name for
+    it (``qkv.weight``, ``exp_avg of 0.weight``, ``x``), ``start`` and ``end`` its live
+    range in program order. ``file``/``line``/``function``: the PyTorch line that made it
+    (the user's; ``library`` when only library code, a model in transformers say, is
+    known); ``note`` what it is in words where the line does not say it (an input made
+    before the trace, the incoming gradient). ``reserved``: the bytes are not in use at the
+    peak but held for this value, written at another point in the allocation it shares over
+    time with other values (``allocation_bytes``: that allocation's size, when shared).
+    ``count`` > 1: a row folding that many smaller buffers of its kind (``name`` empty).
     """
 
     kind: str
@@ -1430,6 +1455,10 @@ class ProgramBuffer:
     function: str | None = None
     library: bool = False
     count: int = 1
+    note: str = ""
+    reserved: bool = False
+    allocation_bytes: int = 0
+    padding_bytes: int = 0
 
 
 @register_event

@@ -46,7 +46,7 @@ def train(steps: int, fixed: bool) -> None:
     model = nn.Linear(8, 1, bias=False).to("tpu")  # one gradient: one all-reduce per step, after the sleep
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
-        x = torch.randn(16, 8).to("tpu")
+        x = torch.randn(16, 8, device="tpu")
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()

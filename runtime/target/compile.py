@@ -118,8 +118,56 @@ def _module_name(stablehlo: str) -> str:
 
 
 def _is_compile_failure(exc: BaseException) -> bool:
-    """An error raised by the XLA compiler itself (as opposed to tracing or lowering)."""
-    return isinstance(exc, jax.errors.JaxRuntimeError)
+    """An error raised by the XLA compiler itself (as opposed to tracing or lowering): jax raises
+    a Pallas kernel's refusal by the Mosaic compiler again as a ``MosaicError`` whose traceback
+    is the kernel's lines."""
+    if isinstance(exc, jax.errors.JaxRuntimeError):
+        return True
+    try:
+        from jax._src.pallas.mosaic.error_handling import MosaicError
+    except ImportError:  # a jax without Pallas' TPU lowering raises none
+        return False
+    return isinstance(exc, MosaicError)
+
+
+def _compiler_text(exc: BaseException) -> str:
+    """The compiler's own message: a ``MosaicError``'s has its MLIR location taken out (the kernel's
+    line), which the compiler's error it was raised from still holds."""
+    for cause in (exc.__cause__, exc.__context__):
+        if isinstance(cause, jax.errors.JaxRuntimeError) and "at location: loc(" in str(cause):
+            return str(cause)
+    return str(exc)
+
+
+def _kernel_call(hlo: str | None, error: CompileError, text: str) -> CompileError:
+    """A Mosaic refusal (E2xxx) points at an operation inside a Pallas kernel: the instruction it
+    is about is that kernel's custom call, the only one in the module or the one whose kernel
+    (its serialized MLIR, with its locations) names the refused operation, its function and its
+    file; None when that leaves more than one."""
+    if error.instruction is not None or hlo is None or not (error.code or "").startswith("E2"):
+        return error
+    calls = [(m.group(1), m.group(2) or "") for m in _KERNEL_CALL.finditer(hlo)]
+    if len(calls) > 1:
+        op = _LOC_OP.search(text)
+        wanted = [w.encode() for w in (error.source_file, error.source_function, op and op.group(1)) if w]
+        calls = [(name, body) for name, body in calls if _names(body, wanted)]
+    return dataclasses.replace(error, instruction=calls[0][0]) if len(calls) == 1 else error
+
+
+# a kernel's custom call, and its serialized MLIR ("body" of its backend config)
+_KERNEL_CALL = re.compile(r'%([\w.\-]+) = [^\n]*?custom_call_target="tpu_custom_call"'
+                          r'(?:[^\n]*?"body":"([A-Za-z0-9+/=]+)")?')
+# the operation a Mosaic location names: 'at location: loc("dot_general:"("dot_general/dot_general"'
+_LOC_OP = re.compile(r'at location: loc\("[^"]*"\("([^"]+)"')
+
+
+def _names(body: str, wanted: list[bytes]) -> bool:
+    """The kernel's serialized MLIR holds each of ``wanted`` as one of its strings."""
+    try:
+        raw = base64.b64decode(body)
+    except ValueError:
+        return False
+    return all(b"\0" + w + b"\0" in raw for w in wanted)
 
 
 # -- the two entry points ------------------------------------------------------------
@@ -345,8 +393,8 @@ def _effort(level: str | None):
     return contextlib.nullcontext() if level is None else jax_config.optimization_level(level)
 
 
-def _read_dump(directory: str) -> str | None:
-    texts = [p.read_text() for p in sorted(Path(directory).glob("*.after_optimizations.txt"))]
+def _read_dump(directory: str, stage: str = "after_optimizations") -> str | None:
+    texts = [p.read_text() for p in sorted(Path(directory).glob(f"*.{stage}.txt"))]
     return "\n\n".join(texts) if texts else None
 
 
@@ -369,9 +417,11 @@ def _compile(target: Target, program: str, key: str, use_cache: bool, run,
         except Exception as exc:  # noqa: BLE001 - only the compiler's own refusals become results
             if not _is_compile_failure(exc):
                 raise
-            # an HBM refusal still dumps the module and the buffer assignment it gave up on
-            result = TargetCompile(target, program, time.perf_counter() - start,
-                                   hlo=_read_dump(dump), error=parse_compile_error(str(exc)),
+            # an HBM refusal still dumps the module and the buffer assignment it gave up on; a
+            # refusal before optimization ends (a kernel's, by Mosaic) the module it was given
+            hlo = _read_dump(dump) or _read_dump(dump, "before_optimizations")
+            result = TargetCompile(target, program, time.perf_counter() - start, hlo=hlo,
+                                   error=_kernel_call(hlo, parse_compile_error(text := _compiler_text(exc)), text),
                                    buffers=read_dump(dump), hlo_proto=_read_proto(dump))
         else:
             seconds = time.perf_counter() - start
@@ -404,8 +454,9 @@ def _record(result: TargetCompile) -> dict[str, Any]:
 
 def _from_record(data: dict | None, target: Target) -> TargetCompile | None:
     """The result a cache record holds, or None for a miss or a record of another shape (one
-    kept before results held their buffer assignment is a miss: compiled again, it gains one)."""
-    if data is None or "buffers" not in data:
+    kept before results held their buffer assignment is a miss: compiled again, it gains one;
+    a refusal kept before refusals carried their XLA error code is a miss too)."""
+    if data is None or "buffers" not in data or (data.get("error") and "instruction" not in data["error"]):
         return None
     try:
         return TargetCompile(

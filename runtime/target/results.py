@@ -11,6 +11,7 @@ import dataclasses
 import re
 
 from tpu_debug.core.buffers import BufferAssignment
+from tpu_debug.runtime.target.error_codes import classify, pointed_instruction, pointed_source
 from tpu_debug.runtime.target.hardware import Target
 
 __all__ = ["CompileError", "CostStats", "MemoryStats", "TargetCompile", "parse_compile_error"]
@@ -78,6 +79,14 @@ class CompileError:
             compiler prints it: to 10 MiB or so).
         available_bytes: for an HBM out-of-memory, what one device offers.
         what: what the requirement covers (``"HLO temporaries"``).
+        code_printed: the compiler printed ``code``; False when the code was recognised from
+            the message (``runtime/target/error_codes.py``: this libtpu prints its HBM and
+            scoped-VMEM refusals without their codes).
+        instruction: the HLO instruction the message is about, when it names one (a kernel
+            whose scoped VMEM does not fit), or the Pallas kernel's custom call a Mosaic refusal
+            is about.
+        source_file, source_line, source_function: the Python line the message's location
+            names: the line of a Pallas kernel whose operation Mosaic refused.
     """
 
     kind: str
@@ -87,6 +96,11 @@ class CompileError:
     required_bytes: int | None = None
     available_bytes: int | None = None
     what: str | None = None
+    code_printed: bool = False
+    instruction: str | None = None
+    source_file: str | None = None
+    source_line: int | None = None
+    source_function: str | None = None
 
     @property
     def excess_bytes(self) -> int | None:
@@ -104,7 +118,9 @@ class TargetCompile:
         program: the module's name (``jit_train_step``).
         seconds: time the TPU compiler took (of the compile that produced this
             result, when it comes from the cache).
-        hlo: the TPU's optimized HLO text (after all passes, with TPU layouts).
+        hlo: the TPU's optimized HLO text (after all passes, with TPU layouts); for a refusal
+            before the passes ended (a Pallas kernel's, by Mosaic), the module as the compiler
+            was given it.
         memory: per-device memory (None when the compile failed).
         cost: the compiler's cost analysis (None when the compile failed).
         error: the compiler's refusal, None on success.
@@ -152,6 +168,7 @@ _OOM = re.compile(
 # older libtpu: "Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm."
 _OOM_USED = re.compile(r"Used " + _SIZE + r" of " + _SIZE + r" hbm")
 _CODE = re.compile(r"\b(E\d{3,5}): (\w+)")
+_CODE_ENDS = re.compile(r"\bE\d{4}: \w+:\s*$")
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -169,20 +186,33 @@ def parse_compile_error(message: str) -> CompileError:
         ('hbm_oom', 16911433728)
     """
     text = message.strip()
-    first = text.splitlines()[0] if text else ""
+    lines = text.splitlines()
+    first = lines[0] if text else ""
+    if _CODE_ENDS.search(first):  # "...: E2002: CompileTimeMosaicMisalignedBlockAndTiling:" then the words
+        detail = next((line.strip() for line in lines[1:] if line.strip()), "")
+        if detail and not detail.startswith("See http"):
+            first = f"{first} {detail}"
     status = first.split(":", 1)[0].strip() if ":" in first else ""
     if not re.fullmatch(r"[A-Z_]+", status):
         status = "UNKNOWN"
     code = _CODE.search(first)
-    code_text = f"{code.group(1)}: {code.group(2)}" if code else None
+    known, printed = classify(text)
+    if code:
+        code_text: str | None = f"{code.group(1)}: {code.group(2)}"
+    else:
+        code_text = f"{known.code}: {known.name}" if known is not None else None
+    source = pointed_source(text)
+    extra = {"code_printed": bool(code) or printed, "instruction": pointed_instruction(text),
+             "source_file": source[0] if source else None, "source_line": source[1] if source else None,
+             "source_function": source[2] if source else None}
     m = _OOM.search(text)
     if m:
         return CompileError("hbm_oom", status, first, code_text, _bytes(m.group(2), m.group(3)),
-                            _bytes(m.group(4), m.group(5)), m.group("what"))
+                            _bytes(m.group(4), m.group(5)), m.group("what"), **extra)
     m = _OOM_USED.search(text)
     if m:
         return CompileError("hbm_oom", status, first, code_text, _bytes(m.group(1), m.group(2)),
-                            _bytes(m.group(3), m.group(4)), "program")
-    if status == "RESOURCE_EXHAUSTED" and "HBM" in text.upper():
-        return CompileError("hbm_oom", status, first, code_text)
-    return CompileError("compile_error", status, first, code_text)
+                            _bytes(m.group(3), m.group(4)), "program", **extra)
+    if status == "RESOURCE_EXHAUSTED" and "HBM" in text.upper() and "VMEM" not in text.upper():
+        return CompileError("hbm_oom", status, first, code_text, **extra)
+    return CompileError("compile_error", status, first, code_text, **extra)

@@ -22,10 +22,12 @@ import dataclasses
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: warm_python
+import warm_python
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _EXPECT = re.compile(r"#\s*EXPECT:\s*([\w, ]+)")
@@ -85,7 +87,7 @@ def run(path: Path, logdir: Path, timeout: float = 240.0, cache: Path | None = N
     if cache is not None:
         env.update(TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(cache))
     cmd = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--logdir", str(logdir), *exp.options, str(path.resolve())]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=path.resolve().parent)
+    proc = warm_python.run(cmd, timeout=timeout, env=env, cwd=path.resolve().parent)
     runs = sorted(logdir.glob("*/run.db"))
     if proc.returncode != 0 or not runs:
         return [], f"exit {proc.returncode}: {proc.stderr[-1500:]}"

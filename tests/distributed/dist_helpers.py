@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+import warm_python
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
@@ -25,10 +26,7 @@ def python_env(devices: int | None = None, **extra: str) -> dict[str, str]:
 
 def run_python(args: list[str], *, devices: int | None = None, timeout: float = 600, cwd: Path | None = None,
                **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], env=python_env(devices, **extra), cwd=cwd or REPO, capture_output=True,
-        text=True, timeout=timeout, check=False,
-    )
+    return warm_python.run([sys.executable, *args], env=python_env(devices, **extra), cwd=cwd or REPO, timeout=timeout)
 
 
 def ranks_on_both_devices(launch: list[str], base: Path, *, timeout: float = 300,

@@ -49,10 +49,11 @@ def test_the_rank_waiting_for_a_slow_one_is_collective_bound(tmp_path, monkeypat
         v = fast.steps.verdict()
         assert (v.part, v.bound) == ("collective", "collective-bound")
         assert all(not split_step(s).overlapped for s in steps)
-        # the straggler rule names the rank it waited for, with at least the steady steps' wait;
-        # it is the answer, so the step_bound rule does not say it a second time
+        # the straggler rule names the rank it waited for, with about its sleep at each steady step
+        # (the rule leaves out the first call at each line, warm-up); it is the answer, so the
+        # step_bound rule does not say it a second time
         (straggler,) = [f for f in fast.findings() if f.kind == "collective_straggler"]
-        assert "rank 1" in straggler.title and straggler.cost_seconds >= v.seconds
+        assert "rank 1" in straggler.title and straggler.cost_seconds >= 0.8 * SLOW * len(steady)
         assert not [f for f in fast.findings() if f.kind == "step_bound"]
         # where no straggler is known (a job whose arrivals were not recorded), step_bound names it
         monkeypatch.delitem(RULES, "collective_straggler")

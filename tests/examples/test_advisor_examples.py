@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
-
+import warm_python
 from tpu_debug.tracers.advisor import RULES
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -76,10 +75,8 @@ def _pitfalls() -> list:
 
 
 def _findings(tmp_path, script: str, options: list[str], args: list[str]) -> list[dict]:
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, str(DRIVER), str(tmp_path / "runs"), *options, "--", str(EXAMPLES / script), *args],
-        capture_output=True,
-        text=True,
         timeout=600,
         cwd=tmp_path,
     )

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+import warm_python
 
 from tpu_debug.runtime import compile_cache, eager, probes
 from tpu_debug.runtime.config import RuntimeConfig, config
@@ -245,10 +245,7 @@ def _traced_run(tmp_path, root, mode: str, line: int = -2) -> list[int]:
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(root))
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "runs"), mode],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )
+    done = warm_python.run([sys.executable, str(script), str(tmp_path / "runs"), mode], env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     return [int(v) for v in done.stdout.splitlines()[line].split()]
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 
 import tpu_debug
 from tpu_debug.runtime import dry_mode
@@ -114,10 +114,10 @@ def test_a_model_bigger_than_this_process_dry_runs_from_the_cli(tmp_path):
     script = tmp_path / "serve.py"
     script.write_text(BIG.format(root=str(ROOT)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") or k in ("TPU_DEBUG_TARGET_CACHE", "TPU_DEBUG_COMPILE_CACHE")}
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, "-m", "tpu_debug", "run", "--logdir", str(tmp_path / "runs"), "--target", "v6e",
          "--dry-run", str(script)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
@@ -186,7 +186,6 @@ def test_a_matmul_of_empty_tensors_needs_what_the_same_jax_program_does(spec, dt
     # through JAX for the same target
     import jax
     import jax.numpy as jnp
-
     from tpu_debug.runtime.target import parse_target
     from tpu_debug.runtime.target._libtpu import topology
 

@@ -82,12 +82,17 @@ def _folder_for(root: Path, relative: str, tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("relative", RUN_AS_WRITTEN)
-def test_torchtpus_test_runs_as_written(repo, relative, tmp_path):
+def _present(repo, relative: str, tmp_path: Path) -> Path:
+    """The folder ``relative`` runs in, or a skip when this version of the repository lacks it."""
     root, _git_dir = repo
     if not (root / relative).exists():
         pytest.skip(f"{relative} is not in this version of TorchTPU's repository")
-    folder = _folder_for(root, relative, tmp_path)
+    return _folder_for(root, relative, tmp_path)
+
+
+@pytest.mark.parametrize("relative", RUN_AS_WRITTEN)
+def test_torchtpus_test_runs_as_written(repo, relative, tmp_path):
+    folder = _present(repo, relative, tmp_path)
     done = subprocess.run([sys.executable, Path(relative).name], cwd=folder, env=_env(folder), capture_output=True,
                           text=True, timeout=900, check=False)
     assert done.returncode == 0 and "\nOK" in done.stderr, done.stderr[-4000:]
@@ -95,10 +100,7 @@ def test_torchtpus_test_runs_as_written(repo, relative, tmp_path):
 
 @pytest.mark.parametrize("relative", NOTEBOOK_TESTS)
 def test_the_notebooks_tests_run_as_written(repo, relative, tmp_path):
-    root, _git_dir = repo
-    if not (root / relative).exists():
-        pytest.skip(f"{relative} is not in this version of TorchTPU's repository")
-    folder = _folder_for(root, relative, tmp_path)
+    folder = _present(repo, relative, tmp_path)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
                            Path(relative).name], cwd=folder, env=_env(folder), capture_output=True, text=True,
                           timeout=900, check=False)

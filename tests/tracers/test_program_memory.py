@@ -83,10 +83,15 @@ def test_a_training_steps_buffers_have_their_kinds(tmp_path):
     weights = sum(p.numel() * 4 for p in model.parameters())
     assert kinds["optimizer_state"] >= 2 * weights
     assert {"parameter", "activation", "input"} <= set(kinds)
-    (inputs,) = [b for b in event.buffers if b.op == "L['x']"]
+    # an input by its argument's name, a parameter by its module path, AdamW's moments by their
+    # parameter's: the tensors were made before the trace, and the rows say so in words
+    (inputs,) = [b for b in event.buffers if b.op == "x"]
     assert inputs.kind == "input" and inputs.nbytes == 512 * 64 * 4
+    assert inputs.file is None and inputs.note == "made before the trace began"
     (weight,) = [b for b in event.buffers if b.kind == "parameter" and b.shape == (256, 64)]
-    assert "_parameters['weight']" in weight.op
+    assert weight.op == "0.weight"
+    states = {b.op for b in event.buffers if b.kind == "optimizer_state" and b.count == 1}
+    assert {"exp_avg of 0.weight", "exp_avg_sq of 0.weight"} <= states
     # tanh's output is what the backward of the first layer reads: kept, made on the forward's line
     (kept,) = [b for b in event.buffers if b.kind == "activation" and b.shape == (512, 256)]
     assert "tanh" in kept.op and kept.line == _line("# FORWARD")
@@ -117,7 +122,7 @@ def test_the_targets_assignment_is_recorded_and_a_refusal_adds_up_to_its_figure(
     _adds_up(event)
     # at this size the TPU keeps the product in its on-chip VMEM: the device's memory holds the inputs
     assert event.target == "v5e" and event.tpu_program is not None
-    assert {b.op for b in event.buffers if b.kind == "input"} >= {"L['x']", "L['w']", "L['v']"}
+    assert {b.op for b in event.buffers if b.kind == "input"} >= {"x", "w", "v"}
     # the same graph at sizes one v5e device cannot hold: (131072 x 4096) @ (4096 x 32768) is a
     # 16 GiB product, refused; the assignment the compiler gave up on adds up to its figure
     info = [i for i in compiled if str(i.name) == event.name][-1]

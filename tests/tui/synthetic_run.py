@@ -470,9 +470,9 @@ def peak_program(event_id: int, *, status: str = "hbm_oom") -> ev.ProgramMemoryE
         ev.ProgramBuffer("temporary", 6 * gib, 6 * gib, "f32", (64, 1024, 24576), "fusion.7", "fusion",
                          "mul_2|aten::mul.Tensor", 5, 8, str(SOURCE), 16, "step"),
         ev.ProgramBuffer("parameter", 4 * gib, 4 * gib, "f32", (32768, 32768), "dyn_1_.1", "parameter",
-                         "G['model']._parameters['weight']", 0, 10),
+                         "model.weight", 0, 10, note="made before the trace began"),
         ev.ProgramBuffer("optimizer_state", gib + 512 * mib, gib + 384 * mib, "f32", (16384, 24576), "dyn_3_.1",
-                         "parameter", "opt___state___exp_avg", 0, 10),
+                         "parameter", "exp_avg of model.weight", 0, 10, note="made before the trace began"),
         ev.ProgramBuffer("temporary", 512 * mib - 4096, 0, count=7),
         ev.ProgramBuffer("unused", 4096),
     )

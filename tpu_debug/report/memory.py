@@ -19,7 +19,15 @@ from tpu_debug.report.core import (
     site_text,
 )
 from tpu_debug.tracers.reading.memory_view import PHASE_TEXT, describe_fix, memory_view, need_text
-from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, peak_headline, shape_text, sum_text
+from tpu_debug.tracers.reading.peak_buffers import (
+    KIND_TEXT,
+    made_by,
+    made_where,
+    peak_headline,
+    shape_text,
+    sharing_text,
+    sum_text,
+)
 from tpu_debug.tracers.reading.view import RunView
 
 
@@ -45,7 +53,12 @@ def _memory_rows(m: dict) -> list[tuple[str, str]]:
 
 
 def _holder_where(h: dict) -> str:
-    return format_location(h["file"], h["line"], h["function"]) if h["file"] else "before the trace"
+    if not h["file"]:
+        return "before the trace"
+    where = format_location(h["file"], h["line"], h["function"])
+    if h.get("call_file"):
+        where += f" (called at {format_location(h['call_file'], h['call_line'], None)})"
+    return where
 
 
 def _memory_finding(f: dict, terminal: bool) -> Group:
@@ -129,23 +142,44 @@ def _peak_program_data(e: Any) -> dict[str, Any]:
     data["headline"] = peak_headline(e)
     data["sum"] = sum_text(e)
     data["timeline"] = [[p, b] for p, b in zip(e.timeline_positions, e.timeline_bytes)]
-    data["buffers"] = [dict(plain_record(b), shape_text=shape_text(b), where=made_where(b)) for b in e.buffers]
+    data["buffers"] = [dict(plain_record(b), shape_text=shape_text(b), where=made_where(b), made_by=made_by(b),
+                            sharing=sharing_text(b)) for b in e.buffers]
     return data
 
 
+# a buffer this large gets a row of its own in the text whatever its rank (rows of one kind, line
+# and shape together): each is a line to look at
+_LARGE = 16 << 20
+
+
 def _peak_rows(buffers: list[dict]) -> list[dict]:
-    """The largest buffers one by one, then the rest folded into one row per kind, then the
-    heap's unused bytes: the rows still add up to the program's total."""
+    """The largest buffers one by one, then the other large ones by (kind, line, shape), then the
+    rest folded into one row per kind, then the heap's unused bytes: the rows still add up to
+    the program's total."""
     single = [b for b in buffers if b["count"] == 1 and b["kind"] != "unused"]
     rows = single[:_PEAK_ROWS]
+    grouped: dict[tuple, dict] = {}
     folded: dict[str, dict] = {}
     for b in single[_PEAK_ROWS:] + [b for b in buffers if b["count"] > 1]:
-        row = folded.setdefault(b["kind"], {"kind": b["kind"], "nbytes": 0, "logical_bytes": 0, "count": 0,
-                                            "shape_text": "-", "op": "", "file": None, "start": -1, "end": -1,
-                                            "folded": True})
+        if b["count"] == 1 and b["nbytes"] >= _LARGE:
+            key = (b["kind"], b["where"], b["shape_text"], b["made_by"])
+            row = grouped.get(key)
+            if row is None:
+                grouped[key] = dict(b, sharing="")
+            else:
+                row.update(nbytes=row["nbytes"] + b["nbytes"], padding_bytes=row["padding_bytes"] + b["padding_bytes"],
+                           count=row["count"] + 1, grouped=True)
+            continue
+        row = folded.setdefault(b["kind"], {"kind": b["kind"], "nbytes": 0, "padding_bytes": 0, "count": 0,
+                                            "shape_text": "-", "made_by": "", "file": None, "start": -1,
+                                            "end": -1, "folded": True, "reserved": False, "sharing": ""})
         row["nbytes"] += b["nbytes"]
-        row["logical_bytes"] += b["logical_bytes"]
+        row["padding_bytes"] += b["padding_bytes"]
         row["count"] += b["count"]
+    for row in grouped.values():
+        if row["count"] > 1:
+            row["where"] = f"{row['where']} ({row['count']} buffers)"
+        rows.append(row)
     for row in sorted(folded.values(), key=lambda r: -r["nbytes"]):
         row["where"] = f"{row['count']} smaller buffer{'s' if row['count'] > 1 else ''}"
         rows.append(row)
@@ -160,16 +194,20 @@ def _render_peak_buffers(d: list | None, terminal: bool) -> RenderableType | Non
         parts.append(Text(p["headline"], style="bold" if terminal else ""))
         kinds = ", ".join(f"{KIND_TEXT.get(k, k)} {format_bytes(v)}" for k, v in p["by_kind"].items())
         parts.append(kv_text([("by kind", kinds)]))
-        table = report_table(terminal, ("kind", "left"), ("bytes", "right"), ("logical", "right"),
+        table = report_table(terminal, ("kind", "left"), ("bytes", "right"), ("padding", "right"),
                              ("shape", "left"), ("made by", "left"), ("line", "left"), ("live", "left"))
+        notes = []
         for b in _peak_rows(p["buffers"]):
-            one = not b.get("folded") and b["count"] == 1 and b["kind"] != "unused"
+            one = not b.get("folded") and not b.get("grouped") and b["count"] == 1 and b["kind"] != "unused"
             live = (f"{b['start']}-{b['end']}" if b["start"] >= 0 else "whole program") if one else ""
-            logical = format_bytes(b["logical_bytes"]) if b["logical_bytes"] not in (0, b["nbytes"]) else ""
-            made = b["op"] if one and b["file"] else ""
-            table.add_row(Text(KIND_TEXT.get(b["kind"], b["kind"])), format_bytes(b["nbytes"]), logical,
-                          Text(b["shape_text"]), Text(made), Text(b["where"]), live)
+            padding = format_bytes(b["padding_bytes"]) if b["padding_bytes"] else ""
+            if b["sharing"]:
+                notes.append(b["sharing"])
+                live = f"{live} [{len(notes)}]"
+            table.add_row(Text(KIND_TEXT.get(b["kind"], b["kind"])), format_bytes(b["nbytes"]), padding, Text(b["shape_text"]),
+                          Text(b["made_by"]), Text(b["where"]), live)
         parts.append(table)
+        parts += [dim_note(f"[{i}] {n}") for i, n in enumerate(notes, 1)]
         parts.append(dim_note(p["sum"]))
     return Group(*parts)
 

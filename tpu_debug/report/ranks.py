@@ -25,7 +25,7 @@ from tpu_debug.report.core import (
     section_data,
 )
 from tpu_debug.report.transfers import render_collectives
-from tpu_debug.tracers.reading.collective_calls import group_desyncs, read_rank, stragglers
+from tpu_debug.tracers.reading.collective_calls import group_desyncs, read_rank, stragglers, warm_up_calls
 from tpu_debug.tracers.reading.program_collectives import (
     collective_totals,
     compare_ranks,
@@ -183,6 +183,11 @@ def _entries(calls: dict[int, list], starts: dict[int, float | None]) -> dict[tu
     return entered
 
 
+def _warm_up(calls: dict[int, list]) -> set[tuple[str, int]]:
+    """Each call site's first collective per group, on any rank (see :func:`warm_up_calls`)."""
+    return warm_up_calls(((c.group, c.seq), (rank, c.location)) for rank, events in calls.items() for c in events)
+
+
 def collective_spans(sessions: list) -> dict[int, list[Any]]:
     """Each rank's c10d collectives as timeline spans (:class:`RankSpan`): from the rank's
     entry to its return, or, for a call it never returned from, to the last rank's entry
@@ -323,7 +328,7 @@ def c10d_data(sessions: list, *, rows: int = SEQUENCE_ROWS, exit_status: dict[in
         ],
         "stragglers": [
             {"group": st.group, "rank": st.rank, "last": st.last, "of": st.of, "late": st.late, "waited": st.waited}
-            for st in stragglers(entered, members)
+            for st in stragglers(entered, members, _warm_up(calls))
         ],
     }
 

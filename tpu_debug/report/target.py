@@ -130,8 +130,10 @@ def _target_programs(ranked: list[dict], terminal: bool) -> list[RenderableType]
         hlo = str(c["hlo"]) if c["hlo"] is not None else "-"
         if not c["ok"]:
             need = f"needs {format_bytes(c['required_bytes'])}" if c["required_bytes"] is not None else "-"
+            refused = "OOM" if c["status"] == "hbm_oom" else "refused"
+            code = (c.get("error_code") or "").split(":", 1)[0]
             table.add_row(Text(c["signature"]), Text(need), "-", "-", "-",
-                          Text("OOM" if c["status"] == "hbm_oom" else "refused"), "-", "-", hlo)
+                          Text(f"{refused} {code}" if code else refused), "-", "-", hlo)
             continue
         padding = "-"
         if c["padding_padded_bytes"]:

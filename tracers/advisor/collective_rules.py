@@ -26,6 +26,7 @@ from tpu_debug.tracers.reading.collective_calls import (
     desync_subject,
     desync_text,
     event_calls,
+    warm_up_calls,
 )
 from tpu_debug.tracers.events import CollectiveCallEvent, CollectiveDesyncEvent, CollectiveDoneEvent
 
@@ -65,15 +66,19 @@ def collective_desync(facts: RunFacts) -> Iterable[Finding]:
       "this rank waits for it (the live check's view of the ranks' arrival)", view="collectives")
 def collective_straggler(facts: RunFacts) -> Iterable[Finding]:
     """One finding per group whose collectives one other rank entered last at least
-    :data:`STRAGGLER_SHARE` of the time, this rank waiting for it."""
+    :data:`STRAGGLER_SHARE` of the time, this rank waiting for it; each call site's first
+    collective is warm-up and left out (:func:`warm_up_calls`)."""
     dones: list[CollectiveDoneEvent] = [d for d in facts.query.events("collective_done") if d.last_rank is not None]
     if not dones:
         return
     calls: list[CollectiveCallEvent] = facts.query.events("collective_call")
     me = {c.group: c.ranks[c.rank] for c in calls if 0 <= c.rank < len(c.ranks)}
     where = {(c.group, c.seq): c.location for c in calls}
+    warm_up = warm_up_calls(where.items())
     by_group: dict[str, list[CollectiveDoneEvent]] = {}
     for d in dones:
+        if (d.group, d.seq) in warm_up:
+            continue
         by_group.setdefault(d.group, []).append(d)
     for group, done in sorted(by_group.items(), key=lambda kv: (len(kv[0]), kv[0])):
         last = Counter(d.last_rank for d in done if d.last_rank != me.get(group))

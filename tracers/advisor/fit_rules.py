@@ -45,7 +45,7 @@ from tpu_debug.tracers.reading.peak_buffers import (
     shape_text,
     sum_text,
 )
-from tpu_debug.tracers.reading.target_findings import TargetFinding, findings
+from tpu_debug.tracers.reading.target_findings import TargetFinding, code_text, findings
 
 __all__ = ["PADDING_FINDING_BYTES", "with_peak"]
 
@@ -172,7 +172,7 @@ def _oom_from_target(f: TargetFinding) -> Finding:
                 for name, v in (("required", required), ("available", available))
                 if v is not None
             ),
-            tuple(f"program: {p}" for p in f.programs),
+            (*(f"program: {p}" for p in f.programs), *((f.figure("code_text"),) if f.figure("code_text") else ())),
         ),
         cause="hbm",
         subject=f"{f.target}: {f.subject}",
@@ -278,8 +278,13 @@ def hbm_oom(facts: RunFacts) -> Iterable[Finding]:
             finding = _oom_from_target(f)
             peak = _peak_of(peaks, f.subject, *f.programs)
             yield with_peak(finding, peak) if peak is not None else finding
+    codes = {e.name: code_text(e) for e in facts.target_compiles if e.status == "hbm_oom"}
     for record in dry:
         finding = _oom_from_dry_run(record)
+        code = codes.get(record.program or "")
+        if code:  # XLA's code of the refusal, what it means and its page
+            finding = dataclasses.replace(finding, evidence=dataclasses.replace(
+                finding.evidence, facts=(code, *finding.evidence.facts)))
         peak = _peak_of(peaks, record.program or "")
         yield with_peak(finding, peak) if peak is not None else finding
 

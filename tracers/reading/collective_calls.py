@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 
 from tpu_debug.core import desync as _desync
 from tpu_debug.core.collective_kinds import P2P_OPS
@@ -38,6 +38,7 @@ __all__ = [
     "rank_call",
     "read_rank",
     "stragglers",
+    "warm_up_calls",
 ]
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -310,17 +311,38 @@ STRAGGLER_MIN_CALLS = 4
 STRAGGLER_MIN_LATE = 0.001
 
 
+def warm_up_calls(sites: Iterable[tuple[tuple[str, int], Hashable]]) -> set[tuple[str, int]]:
+    """The (group, seq) of each call site's first collective in its group: the ranks reach
+    it after work they do once (imports, first compiles, a compile cache one rank has and
+    another lacks), so who arrives last there says nothing about the steady state a
+    straggler costs.
+
+    Args:
+        sites: ((group, seq), where it was called) pairs, in any order.
+    """
+    first: dict[tuple[str, Hashable], tuple[str, int]] = {}
+    for (group, seq), site in sites:
+        key = (group, site)
+        if key not in first or seq < first[key][1]:
+            first[key] = (group, seq)
+    return set(first.values())
+
+
 def stragglers(entered: Mapping[tuple[str, int], Mapping[int, float]],
-               members: Mapping[str, Sequence[int]]) -> list[Straggler]:
+               members: Mapping[str, Sequence[int]],
+               warm_up: Container[tuple[str, int]] = ()) -> list[Straggler]:
     """Per group, the rank that arrived last most often, when it stands out.
 
     Args:
         entered: (group, seq) -> rank -> when it entered that collective, on one clock.
         members: each group's global ranks.
+        warm_up: collectives left out (:func:`warm_up_calls`).
     """
     tally: dict[str, dict[int, list[float]]] = {}
     count: dict[str, int] = {}
-    for (group, _), at in entered.items():
+    for (group, seq), at in entered.items():
+        if (group, seq) in warm_up:
+            continue
         ranks = members.get(group, ())
         if len(ranks) < 2 or any(r not in at for r in ranks):
             continue

@@ -96,6 +96,8 @@ def describe_holder(h: MemoryHolder, cwd: str | None = None) -> str:
             rel = os.path.relpath(file, cwd)
             file = rel if not rel.startswith("..") else file
         where = f"{file}:{h.line} in {h.function}"
+        if h.call_file:
+            where += f" (called at {os.path.basename(h.call_file)}:{h.call_line})"
     else:
         where = "allocated before the trace began"
     largest = f", largest {h.dtype}{list(h.shape)}" if h.shape else ""

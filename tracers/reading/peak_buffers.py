@@ -22,11 +22,13 @@ __all__ = [
     "PADDING_SHARE",
     "Remedy",
     "holder_remedies",
+    "made_by",
     "made_where",
     "peak_headline",
     "remedies",
     "remedy_text",
     "shape_text",
+    "sharing_text",
     "sum_text",
 ]
 
@@ -55,8 +57,9 @@ def shape_text(b: ProgramBuffer) -> str:
 
 
 def made_where(b: ProgramBuffer, cwd: str | None = None) -> str:
-    """The PyTorch line that made a buffer (``train.py:12``; a library's line says so), what an
-    input is called, or what a folded row holds."""
+    """The PyTorch line that made a buffer (``train.py:12``; a library's line says so), else
+    what it is in words (an input made before the trace, XLA's own scalar), or what a folded
+    row holds; never a graph node's name."""
     if b.count > 1:
         return f"{b.count} smaller buffers"
     if b.kind == "unused":
@@ -64,7 +67,26 @@ def made_where(b: ProgramBuffer, cwd: str | None = None) -> str:
     if b.file:
         where = format_location(b.file, b.line, None, cwd=cwd)
         return f"{where} (library)" if b.library else where
-    return _shortened(b.op) if b.op else "-"
+    return b.note or "no line: not made by a PyTorch op"
+
+
+def made_by(b: ProgramBuffer) -> str:
+    """What made a buffer, for a table's column: the op (``_softmax|aten::_softmax.default``) or
+    an input's name (``qkv.weight``); "" for a folded row and for what no PyTorch op made."""
+    if b.count > 1 or not b.op or not (b.file or b.opcode == "parameter"):
+        return ""
+    return _shortened(b.op)
+
+
+def sharing_text(b: ProgramBuffer) -> str:
+    """How a buffer's bytes are held where that is not plain: reserved for a value written at
+    another point, or in an allocation shared over time; "" otherwise."""
+    if b.reserved:
+        return b.note
+    if b.allocation_bytes:
+        return (f"in a {format_bytes(b.allocation_bytes)} output allocation shared over time with a larger value "
+                "written at another point")
+    return ""
 
 
 def _shortened(name: str, width: int = 56) -> str:
@@ -151,13 +173,12 @@ def remedies(e: ProgramMemoryEvent, cwd: str | None = None) -> tuple[Remedy, ...
         kind = "logits" if _is_logits(b) else b.kind
         if kind in _CHANGES:
             parts.setdefault(kind, []).append(b)
-    padded = [b for b in e.buffers if b.count == 1 and b.logical_bytes
-              and b.nbytes - b.logical_bytes >= PADDING_SHARE * b.nbytes]
+    padded = [b for b in e.buffers if b.count == 1 and b.padding_bytes >= PADDING_SHARE * b.nbytes > 0]
     if padded:
         parts["padding"] = padded
     out = []
     for kind, group in parts.items():
-        saved = sum(b.nbytes - b.logical_bytes for b in group) if kind == "padding" else sum(b.nbytes for b in group)
+        saved = sum(b.padding_bytes for b in group) if kind == "padding" else sum(b.nbytes for b in group)
         lines = tuple(dict.fromkeys(made_where(b, cwd) for b in group if b.file))[:4]
         out.append(Remedy(kind, saved, e.total_bytes - saved, _CHANGES[kind], lines))
     return tuple(sorted(out, key=lambda r: -r.nbytes))

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_location
+from tpu_debug.runtime.target.error_codes import by_code
 from tpu_debug.tracers.events import PaddedBuffer, SourceLocation, TargetCompileEvent, TargetStepEvent
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "PADDING_WASTE",
     "TARGET_MODE",
     "TargetFinding",
+    "code_text",
     "findings",
     "step_summary",
 ]
@@ -39,7 +41,8 @@ class TargetFinding:
     """Something the target compiles show that the user should change.
 
     ``kind`` is ``"hbm_oom"`` (a program does not fit one device's HBM at compile
-    time; the run went on locally) or ``"padding"`` (TPU tiles pad an array by
+    time; the run went on locally), ``"compile_error"`` (the compiler refused it for
+    another reason XLA has a code for: the evidence's ``code``) or ``"padding"`` (TPU tiles pad an array by
     ``PADDING_WASTE`` of its bytes or more). ``evidence`` holds the figures, by
     name (bytes, flops, the arrays and programs); ``programs`` the programs and
     ``locations`` their user lines; ``fix`` what to do; ``cost`` what it costs
@@ -61,14 +64,21 @@ class TargetFinding:
 
     def render(self) -> str:
         where = ", ".join(_where(loc) for loc in self.locations[:3] if loc is not None) or "-"
+        code = self.figure("code_text")
         if self.kind == "hbm_oom":
             required, available = self.figure("required_bytes"), self.figure("available_bytes")
             need = f"needs {format_bytes(required)} of {format_bytes(available)}" if required is not None else "does not fit"
             what = self.figure("what")
             return (
                 f"{self.subject} at {where} {need} of HBM on {self.target}"
-                f"{f' ({what})' if what else ''} at compile time; the run went on locally. Fix: {self.fix}"
+                f"{f' ({what})' if what else ''} at compile time; the run went on locally"
+                f"{f'. {code}' if code else ''}. Fix: {self.fix}"
             )
+        if self.kind == "compile_error":
+            at = _where(self.locations[0]) if self.locations and self.locations[0] is not None else "-"
+            said = _words(self.figure("message") or "", self.figure("code") or "")
+            return (f"the TPU compiler refused {self.subject} at {at} on {self.target}: {code}"
+                    f"{f'. The compiler said: {said}' if said else ''}. Fix: {self.fix}")
         ops = ", ".join(self.programs[:3]) + (", ..." if len(self.programs) > 3 else "")
         text = (
             f"{self.subject}, laid out {self.figure('layout')}, is {self.figure('waste', 0.0):.0%} padding "
@@ -79,6 +89,43 @@ class TargetFinding:
         if flops:
             text += f"; {flops:.3g} FLOP of matrix products on padding per run of those programs"
         return f"{text}. Fix: {self.fix}"
+
+
+def code_text(event: TargetCompileEvent) -> str | None:
+    """``XLA error E1001 CompileTimeScopedVmemOom: <what it means> (<its page>)``, for a refusal
+    XLA has a code for; None otherwise."""
+    code = by_code(event.error_code) if event.error_code else None
+    if code is None:
+        return None
+    how = "" if event.error_code_printed else " (recognised from the compiler's message, which this libtpu prints without its code)"
+    at = f", at {event.error_instruction}" if event.error_instruction else ""
+    if event.error_source_file and event.error_source_line:
+        kernel = f" {event.error_source_function}" if event.error_source_function else ""
+        at += f", in kernel{kernel} at {format_location(event.error_source_file, event.error_source_line)}"
+    return f"XLA error {code.code} {code.name}{how}{at}: {code.meaning} ({code.url})"
+
+
+def _refusal_location(e: TargetCompileEvent) -> SourceLocation | None:
+    """The PyTorch line that made the instruction a refusal points at, else the compile's line."""
+    if e.error_file and e.error_line:
+        return SourceLocation(e.error_file, e.error_line, e.error_function or "")
+    return e.location
+
+
+def _words(message: str, code: str) -> str:
+    """The compiler's own words of a refusal, after its status and code
+    ("cannot statically prove that index in dimension 0 is a multiple of 8")."""
+    name = code.split(":", 1)[-1].strip()
+    if name and f"{name}:" in message:
+        return message.split(f"{name}:", 1)[1].strip()
+    return message.split(": ", 1)[-1].strip()
+
+
+def _kernel_location(e: TargetCompileEvent) -> SourceLocation | None:
+    """The line of the Pallas kernel whose operation Mosaic refused, when the refusal names one."""
+    if e.error_source_file and e.error_source_line:
+        return SourceLocation(e.error_source_file, e.error_source_line, e.error_source_function or "")
+    return None
 
 
 def _where(loc: SourceLocation | None) -> str:
@@ -137,9 +184,19 @@ def findings(events: Iterable[TargetCompileEvent]) -> list[TargetFinding]:
             ooms.append(TargetFinding(
                 "hbm_oom", e.target, e.identity or e.name,
                 (("required_bytes", e.required_bytes), ("available_bytes", e.available_bytes),
-                 ("what", e.error_what), ("message", e.error_message), ("signature", e.signature)),
+                 ("what", e.error_what), ("message", e.error_message), ("signature", e.signature),
+                 ("code", e.error_code), ("code_text", code_text(e))),
                 (e.signature,), (e.location,), _oom_fix(e),
                 float((e.required_bytes or 0) - (e.available_bytes or 0)),
+            ))
+            continue
+        code = by_code(e.error_code) if e.status == "compile_error" and e.error_code else None
+        if code is not None:
+            ooms.append(TargetFinding(
+                "compile_error", e.target, e.identity or e.name,
+                (("code", e.error_code), ("code_text", code_text(e)), ("message", e.error_message),
+                 ("instruction", e.error_instruction), ("op", e.error_op), ("signature", e.signature)),
+                (e.signature,), (_refusal_location(e), _kernel_location(e)), code.fix, 0.0,
             ))
             continue
         for b in e.worst:

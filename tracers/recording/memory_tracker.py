@@ -47,7 +47,7 @@ import torch
 from tpu_debug.runtime import memory_ledger
 from tpu_debug.runtime.target.capacity import hbm_capacity
 from tpu_debug.runtime.target.padding import padded_bytes
-from tpu_debug.core.records import AllocInfo, CompileInfo, FreeInfo
+from tpu_debug.core.records import AllocInfo, CompileInfo, FreeInfo, LoweredNode
 from tpu_debug.tracers.events import (
     MemoryFindingEvent,
     MemoryFix,
@@ -58,6 +58,8 @@ from tpu_debug.tracers.events import (
     StepEvent,
 )
 from tpu_debug.tracers.location import user_location
+from tpu_debug.tracers.recording.memory_snapshot import MemorySnapshot, frames_here, node_frames
+from tpu_debug.tracers.recording.program_buffers import node_facts
 from tpu_debug.tracers.reading.memory_view import BEFORE_TRACE, ESTIMATE, PROGRAM_OOM, fit_verdicts
 
 __all__ = [
@@ -78,11 +80,12 @@ _PHASES = ("forward", "backward", "optimizer", BEFORE_TRACE)
 class _Site:
     """Bytes live now from one (line, phase)."""
 
-    __slots__ = ("location", "phase", "nbytes", "logical", "tensors", "largest", "shape", "dtype")
+    __slots__ = ("location", "phase", "call", "nbytes", "logical", "tensors", "largest", "shape", "dtype")
 
-    def __init__(self, location: SourceLocation | None, phase: str) -> None:
+    def __init__(self, location: SourceLocation | None, phase: str, call: SourceLocation | None = None) -> None:
         self.location = location
         self.phase = phase
+        self.call = call  # for a compiled graph's output (made at ``location``): the line that called it
         self.nbytes = 0
         self.logical = 0  # nbytes at the tensors' logical size (nbytes are padded on a target)
         self.tensors = 0
@@ -91,9 +94,10 @@ class _Site:
         self.dtype = ""
 
     def holder(self, nbytes: int, tensors: int, logical: int, kind: str = "") -> MemoryHolder:
-        loc = self.location
+        loc, call = self.location, self.call
         return MemoryHolder(loc.file if loc else "", loc.line if loc else 0, loc.function if loc else "",
-                            self.phase, nbytes, tensors, self.shape, self.dtype, logical, kind)
+                            self.phase, nbytes, tensors, self.shape, self.dtype, logical, kind,
+                            call.file if call else "", call.line if call else 0)
 
 
 @dataclasses.dataclass(slots=True)
@@ -139,11 +143,15 @@ class MemoryTracer:
         target: a ``runtime.target.Target`` to compare the need with, or None.
         dry_run: the run is a dry run (recorded in the summary).
         record_error: ``record_error(where, message)`` for the tracer's own failures.
+        snapshot: a :class:`~.memory_snapshot.MemorySnapshot` told every charge and release,
+            with the frames that allocated each storage, or None.
     """
 
     def __init__(self, writer: Any = None, *, clock: Callable[[], float] | None = None, target: Any = None,
-                 dry_run: bool = False, record_error: Callable[[str, str], None] | None = None) -> None:
+                 dry_run: bool = False, record_error: Callable[[str, str], None] | None = None,
+                 snapshot: MemorySnapshot | None = None) -> None:
         self.writer = writer
+        self.snapshot = snapshot
         self.clock = clock or _clock()
         self.target = target
         self.dry_run = dry_run
@@ -155,6 +163,7 @@ class MemoryTracer:
         self._float32_shapes: dict[tuple[int, ...], int] = {}
         self._padding: dict[tuple, tuple[int, int] | None] = {}  # (shape, dtype) -> (padded, logical)
         self._sites: dict[tuple, _Site] = {}
+        self._node_lines: dict[tuple, SourceLocation | None] = {}
         self._phases = dict.fromkeys(_PHASES, 0)
         self.live = 0
         self.float32 = 0
@@ -206,6 +215,8 @@ class MemoryTracer:
             if info.new:
                 if info.existing:
                     key: tuple = (None, BEFORE_TRACE)
+                elif info.node is not None:  # a compiled graph's output: the model's line, then the call's
+                    key = (self._node_line(info.node), self._phase(), user_location(3))
                 else:
                     key = (user_location(3), self._phase())
                 site = self._sites.get(key)
@@ -229,9 +240,15 @@ class MemoryTracer:
             site.logical += n
             if record[4] is not None:
                 self._float32_shapes[record[4]] = self._float32_shapes.get(record[4], 0) + n
+            logical = n
             n = self._padded(info, n)
             record[1] += n
             site.nbytes += n
+            if self.snapshot is not None:
+                frames = frames_here(3) if info.new and not info.existing else []
+                if info.node is not None:
+                    frames = node_frames(info.node.stack_trace) + frames
+                self.snapshot.alloc(info.storage, n, logical, frames)
             if n > site.largest:
                 site.largest, site.shape, site.dtype = n, tuple(info.shape), info.dtype
             self.live += n
@@ -266,6 +283,8 @@ class MemoryTracer:
             record[1] -= n
             site.nbytes -= n
             self.live -= n
+            if self.snapshot is not None:
+                self.snapshot.free(info.storage, n, info.nbytes)
             self._phases[site.phase] -= n
             if record[2]:
                 self.float32 -= n
@@ -314,6 +333,24 @@ class MemoryTracer:
 
     def on_internal_error(self, method: str, exc: BaseException) -> None:
         self._error(method, exc)
+
+    def _node_line(self, node: LoweredNode) -> SourceLocation | None:
+        """The line inside the model that made a graph node (dynamo's stack trace of it)."""
+        key = (node.name, node.stack_trace)
+        found = self._node_lines.get(key, ())
+        if found == ():
+            found = self._node_lines[key] = node_facts(node, "").location
+        return found
+
+    def line_of(self, storage: int) -> tuple[SourceLocation | None, bool] | None:
+        """(the user line that allocated storage ``storage``, whether it was allocated before the
+        trace began), None for a storage not tracked."""
+        with self._lock:
+            record = self._storages.get(storage)
+            if record is None:
+                return None
+            site = record[0]
+            return site.location, site.phase == BEFORE_TRACE
 
     # -- what the dry run adds -----------------------------------------------------------
 

@@ -43,39 +43,36 @@ import dataclasses
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpu_debug.core.buffers import HOST_COLOR, BufferAssignment, PeakBuffer
 from tpu_debug.core.collective_kinds import of_opcode
+from tpu_debug.core.format import format_bytes
 from tpu_debug.core.hlo_text import ELEMENT_BITS, Instruction, Module, parse_module, parse_shape, scope_parts
-from tpu_debug.core.records import CompileInfo
+from tpu_debug.core.records import CompileInfo, InputOrigin
 from tpu_debug.tracers.events import ProgramBuffer, ProgramMemoryEvent, SourceLocation
 from tpu_debug.tracers.location import is_own_file, split_frames
-from tpu_debug.tracers.reading.peak_buffers import KINDS
+from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, KINDS
 
 __all__ = [
     "KINDS",
-    "KIND_TEXT",
+    "InputFacts",
     "NodeFacts",
     "ProgramContext",
-    "ProgramMemoryTracer",
-    "Remedy",
+    "StorageLines",
     "analyse",
     "context_of",
-    "holder_remedies",
-    "made_where",
     "node_facts",
-    "peak_headline",
-    "remedies",
-    "remedy_text",
     "role_of",
-    "shape_text",
-    "sum_text",
+    "value_frames",
 ]
 
-#: buffers an event keeps one by one (the rest are folded into one row per kind)
+#: buffers an event keeps one by one: the largest, and beyond them every buffer of at least
+#: KEPT_LARGE bytes up to KEPT_MOST in all (the rest are folded into one row per kind)
 KEPT_BUFFERS = 24
+KEPT_LARGE = 16 << 20
+KEPT_MOST = 256
 #: timeline points an event keeps
 TIMELINE_POINTS = 200
 
@@ -97,6 +94,24 @@ class NodeFacts:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class InputFacts:
+    """What one array input of a program is to the user, taken when it compiled.
+
+    ``name``: the user's name for it (``"qkv.weight"``, ``"exp_avg of 0.weight"``, ``"x"``;
+    "" when none is known); ``op``: for a tensor the forward saved for the backward, the
+    forward's op that computed it (``"_softmax|aten::_softmax.default"``); ``location`` the
+    line that made it (that op's line, the line that allocated the tensor, or for the
+    incoming gradient the ``backward()`` call's), the library's when ``library``; ``note``:
+    what it is in words, where its line does not say it."""
+
+    name: str = ""
+    op: str = ""
+    location: SourceLocation | None = None
+    library: bool = False
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProgramContext:
     """What the buffers' kinds and lines need of a compiled program, taken when it compiled.
 
@@ -115,6 +130,7 @@ class ProgramContext:
             parameter named ``params['w']`` is then that argument's.
         loop_nodes: the nodes of a loop's body (``fit``'s layer), for instructions whose scope
             is inside a ``while`` (their names may repeat the nodes outside it).
+        facts: what each array input is to the user (:class:`InputFacts`), in order.
     """
 
     name: str
@@ -127,6 +143,7 @@ class ProgramContext:
     sources: tuple[str, ...] = ()
     named: tuple[tuple[str, str], ...] = ()
     loop_nodes: Mapping[str, NodeFacts] = dataclasses.field(default_factory=dict)
+    facts: tuple[InputFacts, ...] = ()
 
 
 # -- what a program's inputs are -----------------------------------------------------------
@@ -188,8 +205,34 @@ def _optimizer_code(stack: str | None) -> bool:
     return bool(stack) and f"{os.sep}torch{os.sep}optim{os.sep}" in stack
 
 
+#: (the line that allocated a storage, whether that was before the trace began), by the
+#: storage's serial id (``AllocInfo.storage``): the memory tracker's ``line_of``
+StorageLines = Callable[[int], tuple[SourceLocation | None, bool] | None]
+
+
+def _input_facts(source: str, origin: InputOrigin | None, location: SourceLocation | None,
+                 lines: StorageLines | None) -> InputFacts:
+    """What one input is to the user, from the runtime's :class:`InputOrigin` of it."""
+    if origin is not None and origin.saved is not None:
+        made = node_facts(origin.saved, "forward")
+        return InputFacts("", origin.saved.scope, made.location, made.library, "kept by the forward for the backward")
+    if source.startswith("tangents_"):
+        # the backward runs (and compiles) inside the call that asked for the gradients
+        return InputFacts("the incoming gradient", "", location, False,
+                          "the gradient of the compiled graph's output, from the call that ran the backward")
+    name = origin.name if origin is not None else ""
+    known = lines(origin.storage) if lines is not None and origin is not None and origin.storage is not None else None
+    if known is not None and known[0] is not None:
+        return InputFacts(name, "", known[0], False, "")
+    if known is not None and known[1]:
+        return InputFacts(name, "", None, False, "made before the trace began")
+    return InputFacts(name, "", None, False, "an input of the program: where it was made is recorded when memory is "
+                      "tracked (trace(memory=True))")
+
+
 def context_of(info: CompileInfo, sites: Mapping[int, tuple[str, SourceLocation | None]] | None = None,
-               location: SourceLocation | None = None, program: str | None = None) -> ProgramContext:
+               location: SourceLocation | None = None, program: str | None = None,
+               lines: StorageLines | None = None) -> ProgramContext:
     """The :class:`ProgramContext` of a ``CompileInfo`` (cheap: read on the user's thread).
 
     Args:
@@ -197,10 +240,12 @@ def context_of(info: CompileInfo, sites: Mapping[int, tuple[str, SourceLocation 
         sites: for a lazy graph, each site's (phase, line) as its ops were recorded.
         location: the user line that compiled it.
         program: the local program's content hash.
+        lines: where each storage was allocated (:data:`StorageLines`), when memory is tracked.
     """
     graph = info.graph
     nodes: dict[str, NodeFacts] = {}
     names: tuple[str, ...] = ()
+    facts: tuple[InputFacts, ...] = ()
     if graph is not None and graph.kind == "lazy":
         for node, op in zip(graph.nodes, graph.ops):
             phase, where = (sites or {}).get(op.site, ("", None)) if op.site is not None else ("", None)
@@ -211,14 +256,20 @@ def context_of(info: CompileInfo, sites: Mapping[int, tuple[str, SourceLocation 
                      or graph.label == "optimizer_step" else "forward")
             nodes[node.name] = node_facts(node, phase)
         sources = graph.inputs
+        origins: tuple[InputOrigin | None, ...] = graph.origins if len(graph.origins) == len(sources) else (
+            (None,) * len(sources))
         arrays = [a for a in info.args if a.shape is not None]
         if len(sources) == len(info.args):
-            names = tuple(sources[i] for i, a in enumerate(info.args) if a.shape is not None)
+            kept = [i for i, a in enumerate(info.args) if a.shape is not None]
         elif len(sources) == len(arrays):
-            names = tuple(sources)
+            kept = list(range(len(sources)))
+        else:
+            kept = []
+        names = tuple(sources[i] for i in kept)
+        facts = tuple(_input_facts(sources[i], origins[i], location, lines) for i in kept)
     kind = graph.kind if graph is not None else ""
-    return ProgramContext(str(info.name), str(info.mode), location, nodes, tuple(role_of(n) for n in names),
-                          program, kind, names)
+    roles = tuple("activation" if f.op else role_of(n) for n, f in zip(names, facts or ((InputFacts(),) * len(names))))
+    return ProgramContext(str(info.name), str(info.mode), location, nodes, roles, program, kind, names, facts=facts)
 
 
 # -- reading the program -----------------------------------------------------------------------
@@ -243,6 +294,7 @@ class _Reader:
         self.module = module
         self.context = context
         self.by_name: dict[str, Instruction] = {}
+        self._users: dict[tuple[str, str], list[Instruction]] | None = None
         for ins in module.instructions():
             self.by_name.setdefault(ins.name, ins)
         entry = module.entry
@@ -285,6 +337,20 @@ class _Reader:
         sources = self.context.sources
         return sources[number] if number is not None and number < len(sources) else f"input {number}"
 
+    def input_facts(self, parameter: int | None) -> InputFacts:
+        """What entry parameter ``parameter``'s input is to the user: the runtime's account of
+        it, else its argument's name (a function of named arguments), else words."""
+        named = self._argument(parameter)
+        if named is not None:
+            return InputFacts(named[0], "", None, False, f"an input of the program ({KIND_TEXT.get(named[1], named[1])})")
+        number = self.input_number(parameter)
+        facts = self.context.facts
+        if number is not None and number < len(facts):
+            return facts[number]
+        if self.context.graph == "lazy":
+            return InputFacts("", "", None, False, "a tensor the lazy graph reads: made before the graph began")
+        return InputFacts("", "", None, False, "an input of the program")
+
     def facts_of(self, node: str, op_name: str) -> NodeFacts | None:
         """What the runtime told about ``node`` of an instruction whose scope is ``op_name``."""
         if self.context.loop_nodes and "while" in op_name:
@@ -313,10 +379,14 @@ class _Reader:
     def maker(self, name: str, index: tuple[int, ...]) -> Instruction | None:
         """The instruction that computed value ``name{index}``: copies, tuples, loop states and
         tuple reads followed back to it (a loop's state to the value that entered the loop)."""
+        return self.made(name, index)[0]
+
+    def made(self, name: str, index: tuple[int, ...]) -> tuple[Instruction | None, tuple[int, ...]]:
+        """:meth:`maker`, with the element of its result the value is (a multi-output fusion's)."""
         ins = self.by_name.get(name)
         for _ in range(16):
             if ins is None or ins.opcode not in _MOVES or not ins.operands:
-                return ins
+                return ins, index
             if ins.opcode == "tuple" and index:
                 name, index = ins.operands[index[0]] if index[0] < len(ins.operands) else ins.operands[0], index[1:]
             elif ins.opcode == "get-tuple-element":
@@ -328,9 +398,28 @@ class _Reader:
                 name, index = ins.operands[0], ()
             nxt = self.by_name.get(name)
             if nxt is None:
-                return ins
+                return ins, index
             ins = nxt
-        return ins
+        return ins, index
+
+    def element(self, ins: Instruction | None, index: tuple[int, ...]) -> Instruction | None:
+        """The instruction inside a multi-output fusion that computes element ``index`` of its
+        result (each element has its own op and line: a fused split's three slices), else ``ins``."""
+        if ins is None or ins.opcode != "fusion" or not index or not ins.called:
+            return ins
+        body = self.module.computation(ins.called[0])
+        root = body.root if body is not None else None
+        if root is None or root.opcode != "tuple" or index[0] >= len(root.operands):
+            return ins
+        inner = body.get(root.operands[index[0]])
+        # a bitcast or copy inside the fusion hands on what its operand computed
+        for _ in range(8):
+            if inner is None or inner.opcode not in ("bitcast", "copy", "reshape") or not inner.operands:
+                break
+            if inner.metadata.op_name:
+                break
+            inner = body.get(inner.operands[0])
+        return inner if inner is not None and inner.metadata.op_name else ins
 
     def op_of(self, ins: Instruction | None) -> tuple[str, SourceLocation | None, bool]:
         """(the op that made ``ins``, its PyTorch line, whether that line is library code)."""
@@ -356,6 +445,24 @@ class _Reader:
             library = True
         return op_name.rsplit("/", 1)[-1] if op_name else ins.opcode, where, library
 
+    def handed_on(self, ins: Instruction) -> tuple[str, SourceLocation | None, bool, Instruction] | None:
+        """For a value an instruction of the compiler's own makes (a kernel it wrote in place of
+        the ops, as ``online-softmax`` for a softmax and the matmul after it), whose scope names
+        no PyTorch op: the op and line of the view that reads it unchanged (a bitcast or
+        reshape whose scope is the op whose output the value is), else None."""
+        if self._users is None:
+            users: dict[tuple[str, str], list[Instruction]] = {}
+            for other in self.module.instructions():
+                for operand in other.operands:
+                    users.setdefault((other.computation, operand), []).append(other)
+            self._users = users
+        for user in self._users.get((ins.computation, ins.name), ()):
+            if user.opcode in ("bitcast", "reshape", "copy") and user.metadata.op_name:
+                op, where, library = self.op_of(user)
+                if where is not None:
+                    return op, where, library, user
+        return None
+
     def collective(self, ins: Instruction | None) -> bool:
         if ins is None:
             return False
@@ -369,7 +476,7 @@ class _Reader:
         return False
 
 
-def _kind(reader: _Reader, buf: PeakBuffer, maker: Instruction | None, peak: int) -> str:
+def _kind(reader: _Reader, buf: PeakBuffer, maker: Instruction | None) -> str:
     a, v = buf.allocation, buf.value
     shape = v.parsed_shape.array if v.shape else None
     if a.color == HOST_COLOR or (shape is not None and shape.layout is not None
@@ -401,48 +508,82 @@ def _kind(reader: _Reader, buf: PeakBuffer, maker: Instruction | None, peak: int
     return "temporary"
 
 
-def _logical_bytes(shape_text: str) -> tuple[int, str, tuple[int, ...]]:
+def _logical_bytes(shape_text: str) -> tuple[int, str, tuple[int, ...], bool]:
+    """(logical bytes, dtype, dims, whether the layout is tiled) of a value's shape."""
     shape = parse_shape(shape_text) if shape_text else None
     array = shape.array if shape is not None else None
     if array is None:  # a tuple's value is its table of pointers: no logical size beside its own
-        return 0, "tuple" if shape is not None else "", ()
+        return 0, "tuple" if shape is not None else "", (), False
     bits = ELEMENT_BITS.get(array.dtype)
     elements = array.elements
     logical = (elements * bits + 7) // 8 if bits is not None and elements is not None else 0
-    return logical, array.dtype, array.dims
+    return logical, array.dtype, array.dims, bool(array.layout is not None and array.layout.tiles)
 
 
-def _row(reader: _Reader, buf: PeakBuffer, peak: int) -> ProgramBuffer:
+# what a value no PyTorch op made is, in words (XLA's own buffers)
+_XLA_TEXT = {
+    "constant": "a constant of the program (XLA's)",
+    "thread_local": "a scalar XLA keeps for a reduction or a loop",
+    "output": "the program's table of outputs (XLA's)",
+}
+
+
+def _reserved_note(buf: PeakBuffer, held: int) -> str:
     v = buf.value
-    maker = reader.maker(v.instruction, v.index) if v.instruction else None
-    op, where, library = reader.op_of(maker)
+    what = f"written at point {v.start}" if v.start >= 0 else "written at another point"
+    if held:
+        return (f"the rest of a {format_bytes(buf.allocation.size)} allocation shared over time: the buffer live at "
+                f"the peak uses {format_bytes(held)} of it, this one takes it all when {what}")
+    return f"not in use at the peak: its allocation is reserved for the whole program, and it is {what}"
+
+
+def _row(reader: _Reader, buf: PeakBuffer, held: int = 0) -> ProgramBuffer:
+    v = buf.value
+    maker, index = reader.made(v.instruction, v.index) if v.instruction else (None, ())
+    op, where, library = reader.op_of(reader.element(maker, index))
+    note = ""
     parameter = buf.allocation.parameter if buf.allocation.kind == "parameter" else (
         maker.parameter_number if maker is not None and maker.opcode == "parameter"
         and maker.computation == reader.entry else None)
-    if parameter is not None:  # an input (or its copy): named by what it is, made by no line here
-        op, where, library = reader.source(parameter), None, False
+    if parameter is not None:  # an input (or its copy): named by what it is, with the line that made it
+        facts = reader.input_facts(parameter)
+        op, where, library, note = facts.op or facts.name, facts.location, facts.library, facts.note
+        if maker is not None and maker.opcode == "parameter" and buf.allocation.kind != "parameter":
+            note = "a copy the program makes of an input" + (f" ({note})" if note else "")
         maker = reader.parameters.get(parameter, maker)
-    logical, dtype, dims = _logical_bytes(v.shape)
+    elif where is None and maker is not None and (read := reader.handed_on(maker)) is not None:
+        made_as = maker.metadata.op_name or maker.opcode
+        op, where, library, _user = read
+        note = (f"the TPU compiler's own kernel {made_as!r} computes it in place of the ops; "
+                f"{op.split('|', 1)[0]} at this line reads it as its output")
+    elif where is None:
+        note = _XLA_TEXT.get(buf.allocation.kind, "made by XLA, not by a PyTorch op")
+    logical, dtype, dims, tiled = _logical_bytes(v.shape)
+    if buf.reserved:
+        note = _reserved_note(buf, held)
+    padding = v.size - logical if tiled and logical and not buf.reserved and v.size > logical else 0
     name = v.instruction + (f"{{{','.join(map(str, v.index))}}}" if v.index else "")
+    shared = buf.allocation.size if buf.allocation.kind == "output" and (buf.reserved or held) else 0
     return ProgramBuffer(
-        _kind(reader, buf, maker, peak), int(buf.nbytes), int(min(logical, buf.nbytes) if logical else buf.nbytes
-                                                              if dtype == "tuple" else 0), dtype,
+        _kind(reader, buf, maker), int(buf.nbytes), int(min(logical, buf.nbytes) if logical else buf.nbytes
+                                                        if dtype == "tuple" else 0), dtype,
         tuple(dims), name, maker.opcode if maker is not None else "", op, v.start, v.end,
         where.file if where else None, where.line if where else None, where.function if where else None,
-        library,
+        library, note=note, reserved=buf.reserved, allocation_bytes=shared, padding_bytes=min(padding, buf.nbytes),
     )
 
 
 def _folded(rows: list[ProgramBuffer], unused: int) -> tuple[ProgramBuffer, ...]:
     """The largest rows one by one, the rest one row per kind (``count`` of them), then the
     heap's unused bytes: the rows still add up to the total."""
-    kept = rows[:KEPT_BUFFERS]
+    # the largest, and every large one up to a bound (each a line to look at)
+    kept = [r for i, r in enumerate(rows) if i < KEPT_BUFFERS or (r.nbytes >= KEPT_LARGE and i < KEPT_MOST)]
     rest: dict[str, list[ProgramBuffer]] = {}
-    for r in rows[KEPT_BUFFERS:]:
+    for r in rows[len(kept):]:
         rest.setdefault(r.kind, []).append(r)
     for kind, group in sorted(rest.items(), key=lambda kv: -sum(r.nbytes for r in kv[1])):
         kept.append(ProgramBuffer(kind, sum(r.nbytes for r in group), sum(r.logical_bytes for r in group),
-                                  count=len(group)))
+                                  count=len(group), padding_bytes=sum(r.padding_bytes for r in group)))
     if unused:
         kept.append(ProgramBuffer("unused", unused))
     return tuple(kept)
@@ -470,7 +611,12 @@ def analyse(assignment: BufferAssignment, hlo: str, context: ProgramContext, *, 
     """
     peak = assignment.peak(0)
     reader = _Reader(parse_module(hlo), context, assignment.sequence)
-    rows = sorted((_row(reader, b, peak.position) for b in peak.buffers), key=lambda r: -r.nbytes)
+    # an output allocation shared over time: the bytes its live value holds, beside its reserved rest
+    held = {b.allocation.index: b.nbytes for b in peak.buffers if b.allocation.kind == "output" and not b.reserved}
+    rows = sorted((_row(reader, b, held.get(b.allocation.index, 0) if b.reserved else
+                        (b.nbytes if any(o.reserved and o.allocation.index == b.allocation.index for o in peak.buffers)
+                         else 0))
+                   for b in peak.buffers), key=lambda r: -r.nbytes)
     kinds: dict[str, int] = {}
     for r in rows:
         kinds[r.kind] = kinds.get(r.kind, 0) + r.nbytes
@@ -487,3 +633,33 @@ def analyse(assignment: BufferAssignment, hlo: str, context: ProgramContext, *, 
         assignment.total(HOST_COLOR), tuple(order), tuple(kinds[k] for k in order), _folded(rows, peak.unused),
         tuple(p for p, _ in timeline), tuple(b for _, b in timeline), context.program, tpu_program,
     )
+
+
+def value_frames(assignment: BufferAssignment, hlo: str, context: ProgramContext
+                 ) -> Callable[[int], tuple[list[dict[str, Any]], int]]:
+    """For a memory snapshot of the program (``tracers/recording/memory_snapshot.py``): each
+    value's frames, innermost first (the PyTorch line that made it, then the program and the op
+    or the input's name, or what it is in words), and its logical bytes, by value id."""
+    reader = _Reader(parse_module(hlo), context, assignment.sequence)
+    allocations = {a.index: a for a in assignment.allocations}
+    values = {v.id: v for v in assignment.values}
+    cache: dict[int, tuple[list[dict[str, Any]], int]] = {}
+
+    def describe(value_id: int) -> tuple[list[dict[str, Any]], int]:
+        found = cache.get(value_id)
+        if found is not None:
+            return found
+        v = values.get(value_id)
+        if v is None:
+            return [], 0
+        row = _row(reader, PeakBuffer(v, allocations[v.allocation], v.size))
+        frames = []
+        if row.file:
+            frames.append({"filename": row.file, "line": row.line or 0, "name": row.function or ""})
+        what = row.op if row.file or row.opcode == "parameter" else ""
+        frames.append({"filename": f"<{context.name}>", "line": max(v.start, 0),
+                       "name": " ".join(p for p in (what, f"({row.note})" if row.note else "") if p) or v.instruction})
+        found = cache[value_id] = (frames, row.logical_bytes or v.size)
+        return found
+
+    return describe

@@ -21,7 +21,15 @@ from tpu_debug.core.records import CompileInfo
 from tpu_debug.tracers.events import ProgramMemoryEvent, ProgramProtoEvent, SourceLocation
 from tpu_debug.tracers.hlo import program_hash
 from tpu_debug.tracers.location import user_location
-from tpu_debug.tracers.recording.program_buffers import ProgramContext, analyse, context_of
+from tpu_debug.core.buffers import BufferAssignment
+from tpu_debug.tracers.recording.memory_snapshot import MemorySnapshot, program_snapshot
+from tpu_debug.tracers.recording.program_buffers import (
+    ProgramContext,
+    StorageLines,
+    analyse,
+    context_of,
+    value_frames,
+)
 
 __all__ = ["DEFAULT_WAIT", "ProgramMemoryTracer"]
 
@@ -49,12 +57,19 @@ class ProgramMemoryTracer:
         record_error: ``(where, message)`` keeps a tracer failure in the run.
         phase: the pass running now (``"forward"``, ``"backward"``, ``"optimizer"``), for
             lazy sites; None leaves them unknown.
+        lines: where each storage was allocated (the memory tracker's ``line_of``), so a
+            program's input is shown at the line that made it; None leaves that unknown.
+        snapshot: a :class:`~.memory_snapshot.MemorySnapshot` given each program's own
+            snapshot, or None.
     """
 
     def __init__(self, writer: Any, *, clock: Callable[[], float] | None = None, local: bool = True,
                  record_error: Callable[[str, str], None] | None = None,
-                 phase: Callable[[], str] | None = None) -> None:
+                 phase: Callable[[], str] | None = None, lines: StorageLines | None = None,
+                 snapshot: MemorySnapshot | None = None) -> None:
         self.writer = writer
+        self._lines = lines
+        self._snapshot = snapshot
         self.local = local
         self._clock = clock or (lambda: 0.0)
         self._record_error = record_error
@@ -80,7 +95,7 @@ class ProgramMemoryTracer:
             return
         location = user_location(_PROBE_DEPTH)
         graph = info.graph is not None
-        context = context_of(info, self._sites, location, _program_hash(info) if graph else None)
+        context = context_of(info, self._sites, location, _program_hash(info) if graph else None, self._lines)
         with self._lock:
             if self._closed:
                 return
@@ -111,6 +126,7 @@ class ProgramMemoryTracer:
             if assignment is None or hlo is None:
                 return
             self._put(analyse(assignment, hlo, context, source="local", compiler_bytes=compiler))
+            self._add_snapshot(assignment, hlo, context, None)
         except Exception as exc:  # noqa: BLE001 - a tracer error never reaches the program
             self._error(f"local buffers of {context.name}", exc)
 
@@ -151,12 +167,19 @@ class ProgramMemoryTracer:
                               required_bytes=error.required_bytes if refused else None,
                               available_bytes=error.available_bytes if refused else None,
                               tpu_program=tpu_program))
+            self._add_snapshot(buffers, hlo, context, result.target.name)
             if result.hlo_proto:
                 self._put(ProgramProtoEvent(0, 0.0, context.mode, threading.get_native_id(), context.location,
                                             _viewer_name(context.name, result.target.name), self._next_id(), "target",
                                             base64.b64encode(result.hlo_proto).decode(), result.target.name))
         except Exception as exc:  # noqa: BLE001
             self._error(f"target buffers of {info.name}", exc)
+
+    def _add_snapshot(self, assignment: BufferAssignment, hlo: str, context: ProgramContext,
+                      target: str | None) -> None:
+        if self._snapshot is not None:
+            name = f"{context.name}.{target}" if target else context.name
+            self._snapshot.add_program(name, program_snapshot(assignment, value_frames(assignment, hlo, context)))
 
     def _next_id(self) -> int:
         with self._lock:

@@ -487,7 +487,15 @@ class TargetTracer:
         error = result.error
         if error is not None:
             fields.update(error_code=error.code, error_message=error.message, required_bytes=error.required_bytes,
-                          available_bytes=error.available_bytes, error_what=error.what)
+                          available_bytes=error.available_bytes, error_what=error.what,
+                          error_code_printed=error.code_printed, error_instruction=error.instruction,
+                          error_source_file=error.source_file, error_source_line=error.source_line,
+                          error_source_function=error.source_function)
+            if error.instruction and result.hlo:
+                op, where = self._made_where(program, result.hlo, error.instruction)
+                fields.update(error_op=op, error_file=where.file if where else None,
+                              error_line=where.line if where else None,
+                              error_function=where.function if where else None)
             if error.required_bytes is not None:
                 larger = _larger_targets(error.required_bytes)
                 fields.update(larger_targets=tuple(name for name, _, _ in larger),
@@ -502,6 +510,23 @@ class TargetTracer:
             identity=_identity(info), program=local, tpu_program=tpu, cached=bool(result.cached),
             relowered=relowered, optimization_level=self.optimization_level, **fields,
         )
+
+    def _made_where(self, program: _Program, hlo: str, name: str) -> tuple[str | None, SourceLocation | None]:
+        """The op (graph node) and PyTorch line that made HLO instruction ``name`` of the TPU
+        program (its metadata's scope read back to the graph's node), else the line that
+        compiled the program."""
+        info = program.info
+        entry_body = _parse_module(hlo).entry or _Computation("", True, ())
+        op_names = {i.name: i for i in parse_instructions(hlo) if i.computation == entry_body.name}
+        described = _described(name, op_names, entry_body)
+        nodes = fx_nodes_from(info.graph.nodes) if info.graph is not None else ()
+        node_by_name = {n.name: n for n in nodes}
+        if nodes and described is not None:
+            pairs = map_nodes([described], node_by_name)
+            if pairs:
+                node = node_by_name[pairs[0][0]]
+                return (f"{node.name}|{node.target}" if node.target else node.name), node.location or program.location
+        return (described.op_name if described is not None else None), program.location
 
     def _padding(self, program: _Program, hlo: str) -> tuple[int, int, tuple[PaddedBuffer, ...]]:
         """The entry computation's arrays in HBM: logical and padded bytes, the worst few

@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.widgets import Sparkline, Static
 from tpu_debug.tracers.events import MemoryHolder, ProgramBuffer, ProgramMemoryEvent, SourceLocation
 from tpu_debug.tracers.reading.memory_view import PHASE_TEXT, MemoryView, describe_fix, memory_view, need_text
-from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_where, peak_headline, shape_text, sum_text
+from tpu_debug.tracers.reading.peak_buffers import KIND_TEXT, made_by, made_where, peak_headline, shape_text, sum_text
 from tpu_debug.tracers.reading.view import RunView
 from tpu_debug.tui.format import format_bytes, location_text
 from tpu_debug.tui.screens.base import RunScreen
@@ -133,7 +133,7 @@ class MemoryScreen(RunScreen):
                 Col("bytes", "bytes"),
                 Col("made at", "where", shrink=16),
                 Col("shape", "shape", drop=1),
-                Col("op", "op", drop=2, shrink=16),
+                Col("made by", "op", drop=2, shrink=16),
                 Col("live", "live", drop=3),
             ]
         )
@@ -178,12 +178,13 @@ class MemoryScreen(RunScreen):
     def _buffer_row(self, b: ProgramBuffer) -> tuple[Text, ...]:
         one = b.count == 1 and b.kind != "unused"
         live = (f"{b.start}-{b.end}" if b.start >= 0 else "whole program") if one else ""
+        kind = KIND_TEXT.get(b.kind, b.kind) + (" (reserved)" if b.reserved else "")
         return (
-            Text(KIND_TEXT.get(b.kind, b.kind)),
+            Text(kind),
             Text(format_bytes(b.nbytes), justify="right"),
             Text(made_where(b, self.cwd)),
             Text(shape_text(b)),
-            Text(b.op if one and b.file else ""),
+            Text(made_by(b)),
             Text(live),
         )
 
@@ -220,6 +221,10 @@ class MemoryScreen(RunScreen):
     def _row(self, h: MemoryHolder) -> tuple[Text, ...]:
         if h.file:
             where = location_text(SourceLocation(h.file, h.line, h.function), self.cwd)
+            if h.call_file:
+                where.append(" (called at ", style="dim")
+                where.append_text(location_text(SourceLocation(h.call_file, h.call_line, ""), self.cwd, function=False))
+                where.append(")", style="dim")
         else:
             where = Text("before the trace", style="dim")
         return (
