@@ -45,6 +45,7 @@ from tpu_debug.runtime.compile_cache import CacheOutcome, local_compile
 from tpu_debug.runtime.config import config
 from tpu_debug.runtime.distributed import placement as _placement
 from tpu_debug.runtime.distributed import rankcheck as _rankcheck
+from tpu_debug.runtime.dtypes import TORCH_TO_JAX as _JAX_OF
 from tpu_debug.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_debug.runtime.eager import announce_evicted
 from tpu_debug.runtime.ops.prims import register as register_prims
@@ -607,6 +608,10 @@ class CompiledGraph:
         self._static_sig: tuple | None = None
         self._static_key: tuple | None = None  # (graph id, digest, the static signature)
         self._static_entry: _Entry | None = None  # its executable (CPU numerics)
+        # the same for the variant computing the graph's value checks (a probe listens)
+        self._checking_sig: tuple | None = None
+        self._checking_key: tuple | None = None
+        self._checking_entry: _Entry | None = None
         self._static_shapes: tuple = ()
 
     def _output_nodes(self) -> tuple[LoweredNode | None, ...]:
@@ -623,12 +628,13 @@ class CompiledGraph:
 
     def __call__(self, args):
         # the signature computed once holds no placement: with meshes in use, every call has its own;
-        # a program computing value checks is not the static one
+        # a program computing value checks has a static entry of its own
         checking = bool(self.program.value_nodes) and _dryrun.active is None and value_checks.wanted("compiled")
-        static = (self._static_entry is not None and config.numerics == "cpu" and not _placement.active
-                  and _dryrun.active is None and not checking)
+        static_entry = self._checking_entry if checking else self._static_entry
+        static = (static_entry is not None and config.numerics == "cpu" and not _placement.active
+                  and _dryrun.active is None)
         if static and not probes._op_probes:
-            out = self._call_static(self._static_entry, args)
+            out = self._call_static(static_entry, args, self._checking_sig if checking else self._static_sig)
             if out is not None:
                 return out
         mutated = self.program.mutated_inputs
@@ -638,7 +644,7 @@ class CompiledGraph:
         targets = [stores.get(i, args[i]) for i in mutated] if mutated else ()
         args.clear()  # boxed calling convention: free inputs early
         if static:
-            entry, sig = self._static_entry, self._static_sig
+            entry, sig = static_entry, self._checking_sig if checking else self._static_sig
         else:
             entry, sig = self._entry(arrays, checking)
         if self.program.rng_nodes:
@@ -656,10 +662,10 @@ class CompiledGraph:
         if self.program.asserts:
             self._check_asserts(it)
         if entry.checks:
-            value_checks.read_compiled(list(it), entry.checks)
+            value_checks.compiled(list(it), entry.checks)
         return result
 
-    def _call_static(self, entry: _Entry, args: list) -> list | None:
+    def _call_static(self, entry: _Entry, args: list, sig: tuple) -> list | None:
         """The call of a graph whose inputs have static shapes, when every input is a
         dense `tpu` tensor holding its storage's whole payload (a training step's
         parameters and optimizer state, call after call): the general path's work with
@@ -672,12 +678,20 @@ class CompiledGraph:
         shapes = self._static_shapes
         arrays = []
         storages = []
-        for a, shape in zip(args, shapes):
+        for i, (a, shape) in enumerate(zip(args, shapes)):
             storage = a.untyped_storage()
             arr = getattr(storage, PAYLOAD_ATTR, None)
             # the tensor's shape and the whole payload's equal, and contiguous: offset 0
-            if type(arr) is not _ArrayImpl or arr.aval.shape != shape or not a.is_contiguous():
+            if type(arr) is not _ArrayImpl or not a.is_contiguous():
                 return None
+            if arr.aval.shape != shape:
+                # a whole payload read in another shape: a backward's incoming gradient through
+                # the loss's ``logits.reshape(-1, vocab)`` is the reshaped gradient's storage.
+                # Its reshape is one small dispatch; the general path would walk every input
+                if (a.storage_offset() or arr.size != a.numel() or i in self.program.mutated_set
+                        or arr.dtype != _JAX_OF.get(a.dtype)):
+                    return None
+                arr = arr.reshape(shape)
             arrays.append(arr)
             storages.append(storage)
         arr = None  # a donated array's references are counted below
@@ -688,7 +702,7 @@ class CompiledGraph:
         executable = _executable(entry, not entry.donated or all(refs(arrays[i]) <= 3 for i in entry.donated))
         if self.program.rng_nodes:
             arrays.append(_random.next_key())
-        outs = self._run(executable, arrays, self._static_sig)
+        outs = self._run(executable, arrays, sig)
         tail = entry.tail
         if tail and _tensor._track is None:
             # the outputs' shapes are fixed: new tensors made directly (a forward's saved
@@ -714,6 +728,8 @@ class CompiledGraph:
                 result.append(t)
             for storage, i in zip(targets, lead):
                 setattr(storage, PAYLOAD_ATTR, outs[i])
+            if entry.checks:  # the value checks' reports follow the outputs (no assertions here)
+                value_checks.compiled(list(program), entry.checks)
             return result
         it = iter(entry.restore(outs) if entry.lead else outs)
         result = self._results(entry, it, arrays, self._output_nodes() if _tensor._track is not None else None)
@@ -727,6 +743,8 @@ class CompiledGraph:
             self._check_asserts(it)
         elif tail is None:
             entry.tail = self._static_tail(entry, outs, arrays)
+        if entry.checks:
+            value_checks.compiled(list(it), entry.checks)
         return result
 
     @staticmethod
@@ -814,6 +832,8 @@ class CompiledGraph:
             key = self._static_key
             if key is None:
                 key = self._static_key = (self.graph_id, self.digest, sig)
+        elif sig is self._checking_sig:
+            key = self._checking_key
         else:
             key = (self.graph_id, self.digest, sig)
         if probes._routes.on_execute_begin:
@@ -855,7 +875,8 @@ class CompiledGraph:
     def _entry(self, arrays, checking: bool = False) -> tuple[_Entry, tuple]:
         """The executable for these inputs and its signature, compiled on a miss (with
         ``checking``, the variant computing the graph's value checks)."""
-        if self._static and not _placement.active:
+        static = self._static and not _placement.active
+        if static:
             if self._static_sig is None:
                 self._static_sig = self._signature(arrays)
             sig = self._static_sig
@@ -873,8 +894,18 @@ class CompiledGraph:
         if entry is None:
             entry = self._compile(sig, arrays, checking)
             self._keep(sig, entry)
-        if self._static and cpu and entry.spmd is None and not checking:  # reused without a lookup (see __call__)
-            self._static_entry = entry
+        # reused without a lookup (see __call__): only a signature without placements, the one
+        # every call of this graph has; a sharded signature is one mesh's and layout's program
+        if static and cpu and entry.spmd is None:
+            if checking:
+                # the probes' key is made with its signature: a key kept from another
+                # signature would report this program's runs as that program's
+                if self._checking_sig != sig:
+                    self._checking_sig, self._checking_key = sig, (self.graph_id, self.digest, sig)
+                sig = self._checking_sig  # the same signature, the object _run knows its key by
+                self._checking_entry = entry
+            else:
+                self._static_entry = entry
             self._static_shapes = tuple(s[0] for s in sig[:len(arrays)])
         return entry, sig
 
@@ -892,6 +923,8 @@ class CompiledGraph:
             del self.cache[sig]
         if self._static_entry is entry:
             self._static_entry = None
+        if self._checking_entry is entry:
+            self._checking_entry = None
         if not self.cache:
             with _lock:
                 _graphs[:] = [g for g in _graphs if g is not self]

@@ -20,7 +20,7 @@ from tpu_debug.core.errors import DeviceTakenError, TpuArgumentError
 from tpu_debug.core.post_import import when_imported
 from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime import autocast as _autocast
-from tpu_debug.runtime import eager, probes
+from tpu_debug.runtime import eager, probes, value_checks
 from tpu_debug.runtime import lazy as _lazy
 from tpu_debug.runtime import memory_ledger as _memory_ledger  # noqa: F401 - hands memory tracking to the probes
 from tpu_debug.runtime import ops as _ops
@@ -348,6 +348,7 @@ class TpuModule:
             arr.block_until_ready()
         if began is not None:
             probes.synchronized(time.perf_counter() - began)
+        value_checks.flush()  # every program has run: their value-check reports are read
 
     @staticmethod
     def get_device_name(device=None) -> str:

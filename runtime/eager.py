@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import sys
 import threading
 import time
 import zlib
@@ -169,6 +170,9 @@ class _Plan:
     values: Any = None
     fast: dict = dataclasses.field(default_factory=dict)
     lazy_fast: dict = dataclasses.field(default_factory=dict)
+    # an in-place op's signature -> its program donating the written tensors' buffers
+    # (False: that signature cannot donate); see _donor
+    donors: dict = dataclasses.field(default_factory=dict)
 
 
 class _PlanTable(dict):
@@ -551,6 +555,8 @@ def to_cpu(t: torch.Tensor, *, op: str = "copy") -> torch.Tensor:
         probes.transferring("d2h", op)
     start = time.perf_counter()
     host = np.array(arr) if not _placement.active else _placement.host_value(arr)
+    # the program was waited for: value-check reports of programs run by now are read here
+    value_checks.poll()
     if t.dtype == torch.bfloat16:
         out = torch.from_numpy(host.view(np.uint16)).view(torch.bfloat16)
     else:
@@ -582,6 +588,7 @@ def forget_signatures() -> None:
     for plan in list(_plans.values()):
         plan.fast.clear()
         plan.lazy_fast.clear()
+        plan.donors.clear()
 
 
 def _forget(key: Any, exe: _Executable) -> None:
@@ -1184,11 +1191,28 @@ def _timed_call(name: str, exe: _Executable, key, arrays: list):
     return out
 
 
-def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list):
-    """Run cached executable ``exe`` (of ``key``) on ``arrays``, the results as ``plan``'s op returns them."""
+def _call(plan: _Plan, args, kwargs, exe: _Executable, key, arrays: list, donor=None):
+    """Run cached executable ``exe`` (of ``key``) on ``arrays``, the results as ``plan``'s op
+    returns them; ``donor`` (see _donor), when given, runs instead and takes the written
+    tensors' buffers."""
     exe.stats.calls += 1
     if exe.spmd is not None:  # every rank must be about to run this same op
         _rankcheck.agree(exe.spmd)
+    if donor is not None:
+        flat = donor.run(plan.name, exe, key, arrays)
+        if plan.kind != "inplace":
+            return _finish(plan, args, kwargs, flat, exe.out_struct, exe.out_dtypes)
+        # each new value has its tensor's shape and dtype and the tensor is its storage's whole
+        # payload (_donor checked both for this signature): PyTorch's write checks pass, and the
+        # value replaces the payload
+        targets = args[0] if plan.writes[0][2] else [args[0]]
+        if _tensor_module._track is None:
+            for t, v in zip(targets, flat):
+                setattr(t.untyped_storage(), PAYLOAD_ATTR, v)
+        else:
+            for t, v in zip(targets, flat):
+                set_payload(t.untyped_storage(), v)
+        return _return_written(plan, args, kwargs, targets)
     flat = _timed_call(plan.name, exe, key, arrays) if probes._probes else exe.fn(*arrays)
     if exe.stats.calls == 1:
         # the first call made JAX's C++ dispatch of the executable (jaxlib's PjitFunction):
@@ -1550,7 +1574,14 @@ def run_now(op: _OpOverload, args, kwargs):
                 # (an executable is shared by the plans of one key: out= through its functional
                 # lowering writes its result, only a pure op's plan returns it)
                 if exe.out_shape is None or plan.kind is not None or exe.spmd is not None:
-                    return _call(plan, args, kwargs, exe, stats.key, arrays)
+                    donor = None
+                    if plan.kind is not None and stats.calls >= _DONATE_AFTER:
+                        donor = plan.donors.get(sig)
+                        if donor is None:
+                            donor = plan.donors[sig] = _donor(plan, exe, args, arrays)
+                        if donor is False or not donor.free(arrays):
+                            donor = None
+                    return _call(plan, args, kwargs, exe, stats.key, arrays, donor)
                 stats.calls += 1
                 (arr,) = _timed_call(plan.name, exe, stats.key, arrays) if probes._probes else exe.fn(*arrays)
                 t = _create_empty(exe.out_shape, exe.out_dtypes[0])
@@ -1581,6 +1612,78 @@ def run_now(op: _OpOverload, args, kwargs):
         raise _missing(plan)
     finally:
         active.discard(op)
+
+
+# ---------------------------------------------------------------------------
+# In-place ops writing into the buffers they read (an optimizer's foreach updates)
+# ---------------------------------------------------------------------------
+
+# an in-place signature donates from this many calls of its executable on: a one-off
+# in-place op does not pay a second compile
+_DONATE_AFTER = 2
+_refs = sys.getrefcount
+
+
+class _Donor:
+    """The program of an in-place op's signature with its written tensors' buffers donated:
+    XLA writes their new values where the old ones were, instead of allocating every
+    output and freeing every input (an optimizer step rewrites all parameters and their
+    state each step). Its inputs ``0..n-1`` are the written tensors' payloads."""
+
+    __slots__ = ("calls", "fn", "n")
+
+    def __init__(self, fn, n: int) -> None:
+        self.fn, self.n, self.calls = fn, n, 0
+
+    def free(self, arrays: list) -> bool:
+        """Whether nothing but the written storage holds each donated payload: no other
+        tensor's storage (an alias made by a compiled graph, a saved tensor), no other input
+        of this call. References: the storage's attribute, ``arrays``, getrefcount's argument."""
+        for i in range(self.n):
+            if _refs(arrays[i]) > 3:
+                return False
+        return True
+
+    def run(self, name: str, exe: _Executable, key, arrays: list):
+        fn = self.fn
+        flat = _timed_call(name, _Executable(fn, (), (), exe.stats), key, arrays) if probes._probes else fn(*arrays)
+        if not self.calls:  # JAX's C++ dispatch exists after the first call (as in _call)
+            self.fn = getattr(fn, "_call", None) or fn
+        self.calls += 1
+        return flat
+
+
+def _donor(plan: _Plan, exe: _Executable, args, arrays: list) -> _Donor | bool:
+    """A donating program for this call's signature, or False where none applies: the op
+    writes its first argument only (a tensor or a list of them), each written tensor is
+    its storage's whole payload (which the signature keeps for every later call) and the
+    program's new value for it has its shape and dtype, so XLA can write it in place."""
+    info = exe.info
+    if exe.spmd is not None or info is None or info.jitted is None or plan.kind not in ("inplace", "mutates"):
+        return False
+    if len(plan.writes) != 1 or plan.writes[0][0] != 0 or not args:
+        return False
+    targets = args[0] if plan.writes[0][2] else [args[0]]
+    n = len(targets)
+    if not n or len(arrays) < n:
+        return False
+    for t, arr in zip(targets, arrays):
+        if (not isinstance(t, _Tensor) or getattr(t.untyped_storage(), PAYLOAD_ATTR, None) is not arr
+                or type(arr) is not _ArrayImpl or arr.shape != t.shape or t.storage_offset()
+                or not t.is_contiguous()):
+            return False
+    outs = jax.tree_util.tree_leaves(info.lowered.out_info)
+    written = outs[:n] if plan.kind == "inplace" else outs[len(outs) - n:]
+    if len(written) != n or any((tuple(o.shape), o.dtype) != (tuple(a.shape), a.dtype)
+                                for o, a in zip(written, arrays)):
+        return False
+    fn = getattr(info.jitted, "__wrapped__", None)
+    if fn is None:
+        return False
+    with jax.enable_x64(True):
+        lowered = jax.jit(fn, donate_argnums=tuple(range(n))).lower(*arrays)
+        with local_compile() as cached:
+            return _Donor(lowered.compile(cached.options), n)
 
 
 # ---------------------------------------------------------------------------

@@ -293,8 +293,11 @@ def subscribe(probe: Any, *, replay: bool = False) -> None:
 
 
 def unsubscribe(probe: Any) -> None:
-    """Stop calling ``probe`` (a probe not subscribed is ignored)."""
+    """Stop calling ``probe`` (a probe not subscribed is ignored). A probe hearing failed
+    value checks first hears those of every program dispatched so far."""
     global _probes
+    if _report_flush is not None and probe in _probes and _route(probe, "on_invalid_value"):
+        _report_flush()
     with _lock:
         _probes = tuple(p for p in _probes if p is not probe)
         _rebuild()
@@ -318,6 +321,9 @@ def listening(method: str) -> bool:
 # it): ``joined(route)`` when a probe with on_alloc or on_free subscribes (``route``: its
 # on_alloc), ``left()`` when no such probe is left. Before, no `tpu` tensor exists to track.
 _memory: tuple[Callable[[Route], None], Callable[[], None]] | None = None
+# runtime/value_checks.py hands in its ``flush`` when imported: it reads the value-check
+# reports of programs dispatched so far (kept until their programs ran)
+_report_flush: Callable[[], None] | None = None
 
 
 def track_memory(joined: Callable[[Route], None], left: Callable[[], None]) -> None:

@@ -24,8 +24,13 @@ compiled check computes one small report (a code and the offending value) in the
 
 Whatever the setting, a probe listening for ``on_invalid_value`` hears every failed check
 (:class:`~tpu_debug.runtime.probes.InvalidValueInfo`), raised or not: lazy and compiled
-programs then compute the checks in the same program and the runtime reads the reports
-after the program ran, so a run no probe listens to pays nothing.
+programs then compute the checks in the same program, so a run no probe listens to pays
+nothing. When nothing raises, a report is read once its program has run, never by waiting
+for it: reading a report just after its program was dispatched would wait for the whole
+program, a wait per program the unchecked run does not make. The reports already computed
+are read at the next program computing checks, after a copy to the host (the program was
+waited for then anyway), and all of them at ``torch.tpu.synchronize()`` and when the last
+listening probe leaves (the end of a trace); :data:`PENDING_BOUND` bounds how many wait.
 """
 
 from __future__ import annotations
@@ -40,10 +45,14 @@ from tpu_debug.core.records import InvalidValueInfo
 from tpu_debug.runtime.tensor import to_jax
 
 __all__ = [
+    "PENDING_BOUND",
     "arguments_first",
+    "compiled",
     "eager",
+    "flush",
     "found",
     "pending",
+    "poll",
     "raising",
     "read",
     "read_compiled",
@@ -143,14 +152,80 @@ def read(report_value, name: str, check, statics, mode: str, *, raises: bool, si
 # lazy mode: reports recorded while a probe listens and nothing raises, read once their graph ran
 # (report LazyArray, op name, check, statics, site)
 pending: list[tuple] = []
+# compiled mode: reports of programs dispatched while a probe listens and nothing raises
+# (report array, op name, check, statics, the node's LoweredNode)
+_computed: list[tuple] = []
+# beyond this many reports waiting, the oldest half is read (waiting if need be): a loop that
+# never reads a value on the host must not keep every step's reports alive
+PENDING_BOUND = 256
 
 
-def read_pending() -> None:
-    """After a lazy graph ran: read the reports it computed and tell the probes."""
-    ready = [p for p in pending if p[0].array is not None]
-    pending[:] = [p for p in pending if p[0].array is None]
-    for value, name, check, statics, site in ready:
-        read(value.array, name, check, statics, "lazy", raises=False, site=site)
+def _ready(value) -> bool:
+    ready = getattr(value, "is_ready", None)
+    return ready is None or ready()
+
+
+def read_pending(wait: bool = False) -> None:
+    """Read the lazy graphs' reports whose program has run (``wait``: waiting for it)."""
+    if not pending:
+        return
+    keep = []
+    for p in pending:
+        value = p[0].array
+        if value is not None and (wait or _ready(value)):
+            read(value, p[1], p[2], p[3], "lazy", raises=False, site=p[4])
+        else:
+            keep.append(p)
+    pending[:] = keep
+
+
+def _read_computed(wait: bool) -> None:
+    keep = []
+    for entry in _computed:
+        if wait or _ready(entry[0]):
+            read(entry[0], entry[1], entry[2], entry[3], "compiled", raises=False, node=entry[4])
+        else:
+            keep.append(entry)
+    _computed[:] = keep
+
+
+def poll() -> None:
+    """Read the reports whose programs have run, without waiting for any."""
+    if pending:
+        read_pending()
+    if _computed:
+        _read_computed(False)
+
+
+def flush() -> None:
+    """Read every report of a program dispatched so far, waiting for the programs (a lazy
+    graph not run yet keeps its reports)."""
+    if pending:
+        read_pending(wait=True)
+    if _computed:
+        _read_computed(True)
+
+
+def _bound() -> None:
+    if len(_computed) > PENDING_BOUND:
+        old, _computed[:] = _computed[: PENDING_BOUND // 2], _computed[PENDING_BOUND // 2:]
+        for entry in old:
+            read(entry[0], entry[1], entry[2], entry[3], "compiled", raises=False, node=entry[4])
+    if len(pending) > PENDING_BOUND:
+        read_pending(wait=True)
+
+
+def compiled(reports, checks) -> None:
+    """A compiled program's reports (``checks``: per report, the op's name, its check, its
+    statics and the graph node's LoweredNode): read now when a failed check raises (the
+    caller must see the error at this call), else kept until computed (see the module
+    docstring)."""
+    if raising("compiled"):
+        read_compiled(reports, checks)
+        return
+    poll()
+    _computed.extend((value, *info) for value, info in zip(reports, checks))
+    _bound()
 
 
 def read_compiled(reports, checks) -> None:
@@ -166,3 +241,6 @@ def read_compiled(reports, checks) -> None:
             first = first or exc
     if first is not None:
         raise first
+
+
+probes._report_flush = flush

@@ -166,3 +166,90 @@ def test_a_listening_tracer_sees_each_accumulation_as_an_op():
     finally:
         probes.unsubscribe(count)
     assert count.runs.count("add_.Tensor") == len(list(dev.parameters()))
+
+
+# -- in-place ops donating the buffers they write ---------------------------------------------
+
+
+def _donors(op):
+    return [d for d in eager.plan_for(op).donors.values() if d is not False]
+
+
+def test_optimizer_steps_with_donated_buffers_equal_cpu():
+    """SGD with momentum and AdamW rewrite every parameter and state tensor each step: from an
+    executable's third call on, in place in the old buffers; four steps equal CPU's."""
+    for make in (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                 lambda ps: torch.optim.AdamW(ps, lr=1e-2)):
+        cpu, dev = _pair()
+        opts = make(cpu.parameters()), make(dev.parameters())
+        for x, y in _batches(4):
+            for model, opt, (a, b) in ((cpu, opts[0], (x, y)), (dev, opts[1], (x.to("tpu"), y.to("tpu")))):
+                opt.zero_grad()
+                _backward(model, a, b)
+                opt.step()
+        for p, q in zip(cpu.parameters(), dev.parameters()):
+            torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+    assert _donors(torch.ops.aten._foreach_add_.List)
+
+
+def test_a_payload_another_tensor_holds_is_not_donated():
+    """A compiled graph's output may hold an input's buffer (an input passed through): an
+    in-place op on the input must leave that tensor's value alone."""
+    from tpu_debug.runtime.tensor import from_jax, to_jax
+
+    x = torch.arange(6.0).to("tpu")
+    for _ in range(3):  # the signature's donor exists from the third call on
+        x.mul_(2.0)
+    alias = from_jax(to_jax(x), x.dtype)  # a second storage holding the same array
+    x.mul_(2.0)
+    x.add_(1.0)
+    torch.testing.assert_close(alias.cpu(), torch.arange(6.0) * 8)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0) * 16 + 1)
+    assert _donors(torch.ops.aten.mul_.Tensor)  # (a Python number: a wrapped 0-d tensor)
+
+
+def test_a_view_written_in_place_is_not_donated():
+    """A view reads and writes part of its storage's payload: the old buffer stays."""
+    base = torch.arange(8.0).to("tpu")
+    view = base[2:6]
+    for _ in range(4):
+        view.mul_(2.0)
+    expected = torch.arange(8.0)
+    expected[2:6] *= 16
+    torch.testing.assert_close(base.cpu(), expected)
+
+
+def test_a_backward_fed_a_reshaped_gradient_takes_the_static_call(monkeypatch):
+    """A language model's loss reads its logits reshaped (``logits.reshape(-1, vocab)``): the
+    compiled backward's incoming gradient is then a whole payload of another shape. The
+    static call reads it reshaped; the gradients equal CPU's."""
+    from tpu_debug.runtime import compiled
+
+    torch._dynamo.reset()
+    results = []
+    static = compiled.CompiledGraph._call_static
+
+    def counted(self, *args):
+        out = static(self, *args)
+        results.append((self.kind, out is not None))
+        return out
+
+    monkeypatch.setattr(compiled.CompiledGraph, "_call_static", counted)
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 11))
+    dev = copy.deepcopy(cpu).to("tpu")
+    fwd = torch.compile(dev, backend="tpu_debug")
+    tokens = torch.randint(0, 11, (2, 5))
+
+    def loss(logits):
+        return F.cross_entropy(logits.reshape(-1, 11), tokens.reshape(-1).to(logits.device))
+
+    loss(cpu(tokens)).backward()
+    for _ in range(3):
+        for p in dev.parameters():
+            p.grad = None
+        loss(fwd(tokens.to("tpu"))).backward()
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+    assert ("backward", True) in results and ("backward", False) not in results
+    torch._dynamo.reset()

@@ -158,12 +158,64 @@ def test_a_probe_hears_a_lazy_index_after_the_graph_ran(heard):
 
 
 def test_a_probe_hears_a_compiled_index_with_its_node(heard):
+    """The report is read where the program is waited for anyway (here the result's copy
+    to the host), never by waiting for the program just dispatched."""
     torch._dynamo.reset()
     x, idx = _bad_index()
-    _compiled_gather()(x.to(TPU), idx.to(TPU))
+    out = _compiled_gather()(x.to(TPU), idx.to(TPU))
+    assert not heard.infos  # dispatched, not waited for
+    out.cpu()
     (info,) = heard.infos
     assert (info.op, info.value, info.mode, info.raised) == ("gather", 5, "compiled", False)
     assert "test_value_checks.py" in info.node.stack_trace and "_gather" in info.node.stack_trace
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("end", ["synchronize", "unsubscribe"])
+def test_compiled_reports_never_read_by_the_user_are_heard_at_a_sync_or_the_end(end):
+    """A loop that never reads a value on the host: its reports reach the probe at
+    ``torch.tpu.synchronize()``, or before the probe leaves (the end of a trace)."""
+    torch._dynamo.reset()
+    x, idx = _bad_index()
+    fn = _compiled_gather()
+    probe = Heard()
+    probes.subscribe(probe)
+    try:
+        for _ in range(3):
+            fn(x.to(TPU), idx.to(TPU))
+        if end == "synchronize":
+            torch.tpu.synchronize()
+            assert len(probe.infos) == 3
+    finally:
+        probes.unsubscribe(probe)
+        torch._dynamo.reset()
+    assert [i.value for i in probe.infos] == [5, 5, 5]
+
+
+def test_a_checked_graph_keeps_the_static_call(heard, monkeypatch):
+    """A graph holding a checked op, called while a probe listens, takes the static call (a
+    training step's inputs read without the general walk), its reports still heard."""
+    from tpu_debug.runtime import compiled
+
+    torch._dynamo.reset()
+    calls = []
+    static = compiled.CompiledGraph._call_static
+
+    def counted(self, *args):
+        out = static(self, *args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(compiled.CompiledGraph, "_call_static", counted)
+    x, idx = _bad_index()
+    fn = _compiled_gather()
+    outs = [fn(x.to(TPU), idx.to(TPU)) for _ in range(3)]
+    got = outs[-1].cpu()
+    assert got[0, 0] == 0 and torch.equal(got[1], x[1, 1:])  # the indices in range, as CPU reads them
+    for out in outs[:-1]:  # the static call computes what the general one did
+        torch.testing.assert_close(out.cpu(), got, equal_nan=True)
+    assert calls and all(calls)
+    assert [i.value for i in heard.infos] == [5, 5, 5]
     torch._dynamo.reset()
 
 
