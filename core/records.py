@@ -216,6 +216,9 @@ class TransferInfo:
     # a host->device payload's fingerprint (see eager.payload_digest): equal digests at one
     # call site mean the same bytes were uploaded again; None when not taken
     digest: str | None = None
+    # time spent compiling beside the copy, not in ``seconds``: an op that reads its inputs
+    # on the host to run (a boolean mask) has JAX compile what it dispatches for new shapes
+    compile_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

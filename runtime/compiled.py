@@ -853,8 +853,6 @@ class CompiledGraph:
                 key = self._static_key = (self.graph_id, self.digest, sig)
         elif sig is self._checking_sig:
             key = self._checking_key
-            if key is None:
-                key = self._checking_key = (self.graph_id, self.digest, sig)
         else:
             key = (self.graph_id, self.digest, sig)
         if probes._routes.on_execute_begin:
@@ -896,7 +894,8 @@ class CompiledGraph:
     def _entry(self, arrays, checking: bool = False) -> tuple[_Entry, tuple]:
         """The executable for these inputs and its signature, compiled on a miss (with
         ``checking``, the variant computing the graph's value checks)."""
-        if self._static and not _placement.active:
+        static = self._static and not _placement.active
+        if static:
             if self._static_sig is None:
                 self._static_sig = self._signature(arrays)
             sig = self._static_sig
@@ -914,9 +913,16 @@ class CompiledGraph:
         if entry is None:
             entry = self._compile(sig, arrays, checking)
             self._keep(sig, entry)
-        if self._static and cpu and entry.spmd is None:  # reused without a lookup (see __call__)
+        # reused without a lookup (see __call__): only a signature without placements, the one
+        # every call of this graph has; a sharded signature is one mesh's and layout's program
+        if static and cpu and entry.spmd is None:
             if checking:
-                self._checking_entry, self._checking_sig = entry, sig
+                # the probes' key is made with its signature: a key kept from another
+                # signature would report this program's runs as that program's
+                if self._checking_sig != sig:
+                    self._checking_sig, self._checking_key = sig, (self.graph_id, self.digest, sig)
+                sig = self._checking_sig  # the same signature, the object _run knows its key by
+                self._checking_entry = entry
             else:
                 self._static_entry = entry
             self._static_shapes = tuple(s[0] for s in sig[:len(arrays)])

@@ -1085,12 +1085,38 @@ def op_key(plan: _Plan, skel_args, skel_kwargs) -> tuple:
     return key
 
 
-def _report_value_read(read: list, seconds: float) -> None:
+class _JaxCompiles(threading.local):
+    """JAX's own compile time on this thread while ``counting``: an eager-only op runs its
+    lowering outside any program of ours, and JAX traces, lowers and compiles the primitives
+    it dispatches (a gather for each new shape), time that is compiling, not waiting."""
+
+    counting = False
+    seconds = 0.0
+
+
+_jax_compiles = _JaxCompiles()
+# JAX's compile phases, each timed apart (none inside another)
+_JAX_COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
+                                 "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                                 "/jax/core/compile/backend_compile_duration"})
+
+
+def _heard_jax_duration(event: str, duration: float, **_: Any) -> None:
+    if _jax_compiles.counting and event in _JAX_COMPILE_EVENTS:
+        _jax_compiles.seconds += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_heard_jax_duration)
+
+
+def _report_value_read(read: list, seconds: float, compile_seconds: float) -> None:
     """An eager-only op (its output's shape depends on the data: nonzero, a boolean mask) read
-    its device inputs on the host to run: a device-to-host sync the program did not ask for."""
+    its device inputs on the host to run: a device-to-host sync the program did not ask for.
+    ``compile_seconds`` of its ``seconds`` JAX spent compiling the op's own primitives."""
     first = max(read, key=lambda a: a.nbytes)
     probes.transferred(TransferInfo("d2h", int(sum(a.nbytes for a in read)), tuple(first.shape),
-                                    str(first.dtype), "shape", seconds))
+                                    str(first.dtype), "shape", max(0.0, seconds - compile_seconds),
+                                    compile_seconds=compile_seconds))
 
 
 def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
@@ -1123,10 +1149,15 @@ def _run_lowered(plan: _Plan, args, kwargs, sig=None, fast_arrays=()):
             probes.check_transfer("d2h", "shape", tuple(first.shape), str(first.dtype),
                                   int(sum(x.nbytes for x in read)))
         start = time.perf_counter()
-        with jax.enable_x64(True), jax.named_scope(f"aten::{plan.name}"):
-            out = lowering.fn(*a, **kw)
+        clock = _jax_compiles
+        clock.counting, clock.seconds = True, 0.0
+        try:
+            with jax.enable_x64(True), jax.named_scope(f"aten::{plan.name}"):
+                out = lowering.fn(*a, **kw)
+        finally:
+            clock.counting = False
         if probes._probes and read:
-            _report_value_read(read, time.perf_counter() - start)
+            _report_value_read(read, time.perf_counter() - start, clock.seconds)
         flat, struct = _flatten_out(out)
         return _finish(plan, args, kwargs, flat, struct, tuple(to_torch_dtype(o.dtype) for o in flat))
     key = op_key(plan, skel_args, skel_kwargs)

@@ -179,8 +179,10 @@ SLOW: dict[str, tuple[str, int]] = {
     "torchrun --nproc-per-node 4 -m tpu_debug run examples/distributed/train_llama_fsdp_tp.py":
         ("4 ranks of a Llama under FSDP2 and tensor parallelism, each traced, on 2 cores (minutes)", 0),
     "python tests/corpus/score.py": ("runs each of the corpus's scripts in a process of its own (minutes)", 0),
-    "python tests/corpus/score.py --jobs 2": (
-        "runs each of the corpus's scripts in a process of its own, two at a time (minutes)", 0),
+    "python tests/corpus/score.py --jobs 2": ("runs each of the corpus's scripts in a process of its own, two at "
+                                              "a time (minutes)", 0),
+    "python tests/corpus/score.py --cache --jobs 2": ("runs each of the corpus's scripts twice, cold then warm in one "
+                                                      "compile cache, two at a time (tens of minutes)", 0),
     "python tests/corpus/score.py --cache": ("runs each of the corpus's scripts twice, cold then warm in one compile "
                                              "cache, each in a process of its own (tens of minutes)", 0),
     "tpu-debug run --dry-run --target v5e-8 examples/peak_memory_llama.py --mode compiled":

@@ -17,12 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import score  # noqa: E402
 
 # script -> why the tool does not get it right yet
-KNOWN: dict[str, str] = {
-    "p_policy_distribution_checks.py": (
-        "one cause (Categorical's argument checks, validate_args) reads back at two lines, its construction "
-        "and log_prob, and is two implicit_sync findings: the reads are not yet folded by the library check "
-        "that makes them"),
-}
+KNOWN: dict[str, str] = {}
 # Scripts run twice with one persistent compile cache, cold then warm, in the default run: the
 # second run reads every program back instead of compiling it, and must get the same findings.
 # One per way a program is compiled (lazy fused graphs, a dynamo graph, eager ops), each with

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from tpu_debug.tracers.advisor.findings import SEVERITIES, Consequence, Finding
 
-__all__ = ["RELATIONS", "Relation", "one_per_cause"]
+__all__ = ["RELATIONS", "Relation", "fold", "one_per_cause"]
 
 
 def _same_line(a: Finding, b: Finding) -> bool:
@@ -68,7 +68,9 @@ RELATIONS: tuple[Relation, ...] = (
 )
 
 
-def _fold(cause: Finding, effects: Sequence[Finding]) -> Finding:
+def fold(cause: Finding, effects: Sequence[Finding]) -> Finding:
+    """``cause`` holding each of ``effects`` as a consequence: the worst severity of them all,
+    their costs added, the steps of every one."""
     consequences = list(cause.consequences)
     for e in effects:
         consequences.append(Consequence(e.kind, e.title, e.evidence.location, e.cost_seconds, e.targets))
@@ -103,7 +105,7 @@ def one_per_cause(findings: Sequence[Finding], relations: Sequence[Relation] = R
         if pair is None:
             return out
         i, j = pair
-        folded = _fold(out[j], [out[i]])
+        folded = fold(out[j], [out[i]])
         out = [folded if k == j else f for k, f in enumerate(out) if k != i]
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tpu_debug.core.format import format_bytes, format_seconds
+from tpu_debug.tracers.advisor.causes import fold
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Consequence, Count, Evidence, Finding
 from tpu_debug.tracers.advisor.prose import (
@@ -24,7 +25,14 @@ from tpu_debug.tracers.advisor.prose import (
 )
 from tpu_debug.tracers.advisor.registry import rule
 from tpu_debug.tracers.events import SourceLocation
-from tpu_debug.tracers.reading.transfer_causes import CAUSE_TEXT, CallSite, advice_for, user_caused
+from tpu_debug.tracers.reading.transfer_causes import (
+    CAUSE_TEXT,
+    USER_CAUSED,
+    CallSite,
+    CausedRead,
+    advice_for,
+    user_caused,
+)
 
 __all__ = ["UPLOAD_MIN_BYTES", "UPLOAD_SHARE"]
 
@@ -60,6 +68,29 @@ def _every_nth(steps: Sequence[int]) -> int | None:
 
 @rule("implicit_sync", about="a sync nobody asked for (.item(), print, if t:) inside the step", view="transfers")
 def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
+    yield from _one_per_switch(_implicit_syncs(facts))
+
+
+def _one_per_switch(found: Iterable[tuple[Finding, CausedRead | None]]) -> list[Finding]:
+    """Reads that one library switch makes at several lines of a file (torch.distributions'
+    checks when a distribution is built and in its log_prob, both off with validate_args=False)
+    are one cause: the finding stands at the switch's first check, the others are its
+    consequences."""
+    out: list[Finding] = []
+    groups: dict[tuple[str, str], list[tuple[int, Finding]]] = {}
+    for f, caused in found:
+        loc = f.evidence.location
+        if caused is None or caused.switch is None or loc is None:
+            out.append(f)
+        else:
+            groups.setdefault((caused.switch, loc.file), []).append((USER_CAUSED.index(caused), f))
+    for same in groups.values():
+        same.sort(key=lambda p: (p[0], -p[1].cost_seconds))
+        out.append(fold(same[0][1], [f for _, f in same[1:]]) if len(same) > 1 else same[0][1])
+    return out
+
+
+def _implicit_syncs(facts: RunFacts) -> Iterable[tuple[Finding, CausedRead | None]]:
     sites: dict[tuple, list[Any]] = {}
     for t in facts.transfers:
         if t.implicit and not t.op.startswith("fallback:"):
@@ -121,7 +152,7 @@ def implicit_sync(facts: RunFacts) -> Iterable[Finding]:
             steps=index_span(steps),
             cause="library" if library is not None else (caused.cause if caused is not None else op),
             subject=f"{site_text(location)} ({op})",
-        )
+        ), caused
 
 
 def _library_frame(events: Sequence[Any]) -> str | None:

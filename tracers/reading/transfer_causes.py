@@ -35,13 +35,16 @@ class CausedRead:
     (``cause="argument"``), a call made more often than the value is needed
     (``cause="cadence"``), or a check the library makes by default and has a switch for
     (``cause="validation"``). ``file`` is the library file under the torch package, ``function``
-    the frame that reads (as a transfer's ``context`` names it)."""
+    the frame that reads (as a transfer's ``context`` names it). ``switch`` names the one
+    setting that turns off every read sharing it (None: the read's own): those reads are one
+    cause, and the first of them in :data:`USER_CAUSED` is the one its finding stands at."""
 
     file: str
     function: str
     cause: str
     what: str
     fix: str
+    switch: str | None = None
 
 
 USER_CAUSED: tuple[CausedRead, ...] = (
@@ -75,6 +78,7 @@ USER_CAUSED: tuple[CausedRead, ...] = (
         "build it with validate_args=False (Categorical(logits=..., validate_args=False)), or switch the "
         "checks off once at start-up with torch.distributions.Distribution.set_default_validate_args(False): "
         "the checks only test that the parameters are valid, and each one waits for the device",
+        "validate_args",
     ),
     CausedRead(
         "distributions/distribution.py",
@@ -85,6 +89,7 @@ USER_CAUSED: tuple[CausedRead, ...] = (
         "build the distribution with validate_args=False, or switch the checks off once at start-up with "
         "torch.distributions.Distribution.set_default_validate_args(False): the check only tests that the "
         "value is in the support, and each one waits for the device",
+        "validate_args",
     ),
 )
 

@@ -441,6 +441,12 @@ class StepTracker:
         part = _transfer_part(info)
         if part is not None and self._wait is None and threading.get_ident() == self._thread:
             self._add(part, float(info.seconds))
+        if info.compile_seconds:  # JAX compiling what the op dispatched: compile time, no program of ours
+            _count_compile(counts, float(info.compile_seconds), False, None)
+            if window is not None and not window.full:
+                window.compiles.append((len(window.names), float(info.compile_seconds), False, None))
+            if self._wait is not None:  # a compile inside a wait is the wait's time
+                self._add("inner_compile", float(info.compile_seconds))
 
     def on_synchronize(self, seconds: float) -> None:
         if self._wait is None and threading.get_ident() == self._thread:
@@ -568,7 +574,11 @@ def _transfer_part(info: TransferInfo) -> str | None:
     return None
 
 
-def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: bool) -> None:
+def _count_compile(counts: _Counts, seconds: float, recompile: bool, read_back: bool | None) -> None:
+    """``read_back`` None: JAX's own compiles inside an op (time, and no executable to count)."""
+    if read_back is None:
+        counts.compile_seconds += seconds
+        return
     if read_back:
         # read back from the persistent compile cache: nothing compiled, never a recompile, but
         # the time is the compile side's (a cold cache would have compiled it there)
