@@ -493,7 +493,7 @@ def test_the_declarations_give_the_layout_readers_rely_on(tmp_path):
         ],
         # the runtime's record first (its op under runtime_op: "op" is the cause, as it always was)
         "transfers": [
-            "event_id", "direction", "nbytes", "shape", "dtype", "runtime_op", "digest", "implicit", "context", "origin",
-            "follows", "module", "made_line",
+            "event_id", "direction", "nbytes", "shape", "dtype", "runtime_op", "digest", "compile_seconds", "implicit",
+            "context", "origin", "follows", "module", "made_line",
         ],
     }
