@@ -99,7 +99,11 @@ def library_roots() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
 
 _own_dirs: tuple[str, ...] | None = None
 _roots: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
-_verdicts: dict[CodeType, bool] = {}
+# is a code object a library's, by the object's id: code objects compare equal across files
+# (their file is not part of ==), so a user's function and a library's with the same body
+# and first line would share a verdict keyed by the object. Each entry holds its code
+# object, so the id stays its own.
+_verdicts: dict[int, tuple[CodeType, bool]] = {}
 _lock = threading.Lock()
 
 
@@ -147,22 +151,20 @@ def is_library_file(filename: str) -> bool:
 
 
 def is_library_code(code: CodeType) -> bool:
-    verdict = _verdicts.get(code)
-    if verdict is None:
-        verdict = is_library_file(code.co_filename)
-        _verdicts[code] = verdict
-    return verdict  # type: ignore[return-value]
+    entry = _verdicts.get(id(code))
+    if entry is None:
+        entry = _verdicts[id(code)] = (code, is_library_file(code.co_filename))
+    return entry[1]
 
 
-_own_verdicts: dict[CodeType, bool] = {}
+_own_verdicts: dict[int, tuple[CodeType, bool]] = {}  # as _verdicts
 
 
 def _is_own(code: CodeType) -> bool:
-    verdict = _own_verdicts.get(code)
-    if verdict is None:
-        verdict = is_own_file(code.co_filename)
-        _own_verdicts[code] = verdict
-    return verdict
+    entry = _own_verdicts.get(id(code))
+    if entry is None:
+        entry = _own_verdicts[id(code)] = (code, is_own_file(code.co_filename))
+    return entry[1]
 
 
 _interned: dict[tuple[str, int, str], SourceLocation] = {}
@@ -258,26 +260,29 @@ def is_user_frame(frame: FrameType) -> bool:
     return caller is None or not is_library_code(caller.f_code)
 
 
-# what a code object is to the stack walk, decided once per code object
+# what a code object is to the stack walk, decided once per code object (by its id, as
+# _verdicts)
 _LIBRARY, _USER, _STRING = 0, 1, 2
-_walk_kinds: dict[CodeType, int] = {}
-# the location of a user frame at (code, last instruction): one per call site, so the
+_walk_kinds: dict[int, tuple[CodeType, int]] = {}
+# the location of a user frame at (code's id, last instruction): one per call site, so the
 # line number (decoded from the code's line table) and the interned location are looked
-# up once. A frame in a compiled function's prologue is not kept: its location is its
-# caller's, which differs from call to call.
-_site_locations: dict[tuple[CodeType, int], SourceLocation] = {}
+# up once (the code is kept alive by its _walk_kinds entry). A frame in a compiled
+# function's prologue is not kept: its location is its caller's, which differs from call
+# to call.
+_site_locations: dict[tuple[int, int], SourceLocation] = {}
 
 
 def _walk_kind(code: CodeType) -> int:
-    kind = _walk_kinds.get(code)
-    if kind is None:
-        if is_library_code(code):
-            kind = _LIBRARY
-        elif not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
-            kind = _USER
-        else:
-            kind = _STRING  # the user's unless a library called it (is_user_frame)
-        _walk_kinds[code] = kind
+    entry = _walk_kinds.get(id(code))
+    if entry is not None:
+        return entry[1]
+    if is_library_code(code):
+        kind = _LIBRARY
+    elif not code.co_filename.startswith("<") or code.co_filename.startswith(_TYPED):
+        kind = _USER
+    else:
+        kind = _STRING  # the user's unless a library called it (is_user_frame)
+    _walk_kinds[id(code)] = (code, kind)
     return kind
 
 
@@ -302,15 +307,14 @@ def user_location(depth: int = 1) -> SourceLocation | None:
     kinds = _walk_kinds
     while frame is not None:
         code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = _walk_kind(code)
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None else _walk_kind(code)
         if kind == _LIBRARY or (
             kind == _STRING and frame.f_back is not None and is_library_code(frame.f_back.f_code)
         ):
             frame = frame.f_back
             continue
-        site = (code, frame.f_lasti)
+        site = (id(code), frame.f_lasti)
         loc = _site_locations.get(site)
         if loc is None:
             if frame.f_back is not None and _in_compiled_prologue(frame):

@@ -48,6 +48,23 @@ def test_what_counts_as_library():
     assert is_library_file(sys.modules["pytest"].__file__)
 
 
+def test_a_users_function_equal_to_a_librarys_is_still_the_users():
+    # code objects compare equal across files (== ignores co_filename): a verdict or a line kept
+    # per code object must still be each file's own
+    source = "def call(fn):\n    return fn()\n"
+    library, user = {}, {}
+    exec(compile(source, json.__file__, "exec"), library)
+    exec(compile(source, __file__, "exec"), user)
+    assert library["call"].__code__ == user["call"].__code__  # what the caches must not conflate
+    # the library's copy first: its frame is skipped, this test is the user's line
+    assert library["call"](lambda: user_location(2)).function == "test_a_users_function_equal_to_a_librarys_is_still_the_users"
+    loc = user["call"](lambda: user_location(2))
+    assert (loc.file, loc.function) == (__file__, "call")
+    from tpu_debug.tracers.location import is_library_code
+
+    assert is_library_code(library["call"].__code__) and not is_library_code(user["call"].__code__)
+
+
 def _frozen(source: str) -> dict:
     """Run ``source`` compiled under a ``<frozen ...>`` name, which counts as the stdlib."""
     scope: dict = {}

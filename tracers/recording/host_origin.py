@@ -76,7 +76,9 @@ _MOVES = {"to": "receiver", "cuda": "receiver", "tpu": "receiver", "copy_": "arg
 _DEPTH = 4  # names followed back through assignments
 
 _trees: dict[str, tuple[ast.Module, dict[tuple, ast.Call]] | None] = {}
-_verdicts: dict[tuple[CodeType, int], HostOrigin | None] = {}
+# by (file, code, instruction): code objects compare equal across files, and the verdict
+# reads the code's own file
+_verdicts: dict[tuple[str, CodeType, int], HostOrigin | None] = {}
 # a binding of a name that gives no value the code shows (a loop target, a parameter, an
 # unpacked call's result): the name is rebound there, and what it holds is not read
 _OPAQUE = ast.Constant(value=None)
@@ -87,7 +89,7 @@ def upload_origin(code: CodeType, lasti: int, positions: Any) -> HostOrigin | No
     frame's ``f_lasti``; ``positions``: that instruction's source span, from ``dis``), e.g.
     ``HostOrigin("torch.randn", "x")``; None when the code does not show a factory in the step
     (see the module docstring)."""
-    key = (code, lasti)
+    key = (code.co_filename, code, lasti)
     if key not in _verdicts:
         try:
             _verdicts[key] = _origin(code.co_filename, positions)

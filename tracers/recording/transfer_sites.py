@@ -84,7 +84,8 @@ _SCAN = 40
 
 _instructions: dict[CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
 _verdicts: dict[tuple[CodeType, int], str | None] = {}
-frame_kinds: dict[CodeType, str] = {}
+# by (file, code): code objects compare equal across files, and a frame's kind is its file's
+frame_kinds: dict[tuple[str, CodeType], str] = {}
 
 
 def _code_instructions(code: CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
@@ -176,7 +177,8 @@ def _cause_at(instrs: list[dis.Instruction], i: int, filename: str = "") -> str 
 def frame_kind(code: CodeType) -> str:
     """``"own"`` (tpu_debug, dynamo's disable wrapper), ``"print"`` (tensor formatting),
     ``"library"`` or ``"user"``."""
-    kind = frame_kinds.get(code)
+    key = (code.co_filename, code)
+    kind = frame_kinds.get(key)
     if kind is None:
         name = code.co_name
         norm = os.path.realpath(code.co_filename).replace(os.sep, "/")
@@ -188,7 +190,7 @@ def frame_kind(code: CodeType) -> str:
             kind = "print"
         else:
             kind = "library" if is_library_code(code) else "user"
-        frame_kinds[code] = kind
+        frame_kinds[key] = kind
     return kind
 
 
