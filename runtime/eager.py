@@ -1582,8 +1582,10 @@ def run_now(op: _OpOverload, args, kwargs):
                     if plan.kind is not None and stats.calls >= _DONATE_AFTER:
                         donor = plan.donors.get(sig)
                         if donor is None:
-                            donor = plan.donors[sig] = _donor(plan, exe, args, arrays)
-                        if donor is False or not donor.free(arrays):
+                            donor = _donor(plan, exe, args, arrays)
+                            if donor is not None:  # None: this call's tensors only, asked again next call
+                                plan.donors[sig] = donor
+                        if donor is None or donor is False or not donor.free(arrays):
                             donor = None
                     return _call(plan, args, kwargs, exe, stats.key, arrays, donor)
                 stats.calls += 1
@@ -1657,11 +1659,12 @@ class _Donor:
         return flat
 
 
-def _donor(plan: _Plan, exe: _Executable, args, arrays: list) -> _Donor | bool:
+def _donor(plan: _Plan, exe: _Executable, args, arrays: list) -> _Donor | bool | None:
     """A donating program for this call's signature, or False where none applies: the op
     writes its first argument only (a tensor or a list of them), each written tensor is
-    its storage's whole payload (which the signature keeps for every later call) and the
-    program's new value for it has its shape and dtype, so XLA can write it in place."""
+    its storage's whole payload and the program's new value for it has its shape and dtype,
+    so XLA can write it in place. None when only this call's tensors stand in the way (a
+    view, a payload another storage holds): a later call of the signature may donate."""
     info = exe.info
     if exe.spmd is not None or info is None or info.jitted is None or plan.kind not in ("inplace", "mutates"):
         return False
@@ -1675,7 +1678,7 @@ def _donor(plan: _Plan, exe: _Executable, args, arrays: list) -> _Donor | bool:
         if (not isinstance(t, _Tensor) or getattr(t.untyped_storage(), PAYLOAD_ATTR, None) is not arr
                 or type(arr) is not _ArrayImpl or arr.shape != t.shape or t.storage_offset()
                 or not t.is_contiguous()):
-            return False
+            return None
     outs = jax.tree_util.tree_leaves(info.lowered.out_info)
     written = outs[:n] if plan.kind == "inplace" else outs[len(outs) - n:]
     if len(written) != n or any((tuple(o.shape), o.dtype) != (tuple(a.shape), a.dtype)

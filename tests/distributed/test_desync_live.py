@@ -215,7 +215,8 @@ def test_a_planted_slow_rank_is_found_as_the_straggler(mismatches):
     assert found.fix.startswith("Rank 1 reaches the group's collectives later than the others every time")
     # the ranks report reads the same from both ranks' entry times
     (straggler,) = [st for st in c10d_data(sorted(sessions.items()))["stragglers"] if st["group"] == "8"]
-    assert straggler["rank"] == 1 and straggler["of"] == 6 and straggler["last"] >= 5
+    # the first call at the line is warm-up, left out: 5 of the 6 collectives count
+    assert straggler["rank"] == 1 and straggler["of"] == 5 and straggler["last"] >= 4
     assert [f.kind for f in advise(sessions[1]).findings if f.kind == "collective_straggler"] == []
 
 

@@ -63,11 +63,12 @@ def test_dumps_are_read_into_a_run_with_each_ranks_arrival_and_the_straggler(tmp
         # no completion times in gloo's dumps: the calls are untimed, not "never returned"
         assert [c["timed"] for c in calls] == [False, False]
         (straggler,) = data["stragglers"]
-        assert (straggler["group"], straggler["rank"], straggler["last"], straggler["of"]) == ("0", 1, 5, 5)
+        # the first all-reduce at the line is warm-up, left out: rank 1 last at the other 4
+        assert (straggler["group"], straggler["rank"], straggler["last"], straggler["of"]) == ("0", 1, 4, 4)
         assert straggler["late"] == pytest.approx(0.05, abs=1e-6)
         out = io.StringIO()
         print_rank_report(group, file=out, terminal=False, width=200)
-        assert "straggler: rank 1 entered last at 5 of 5 collectives of group 0, 50.00 ms after" in out.getvalue()
+        assert "straggler: rank 1 entered last at 4 of 4 collectives of group 0, 50.00 ms after" in out.getvalue()
         # the TUI's ranks view reads the same
         from tpu_debug.tui.screens.ranks import load_ranks
 
