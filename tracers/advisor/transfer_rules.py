@@ -12,7 +12,7 @@ from typing import Any
 from tpu_debug.core.format import format_bytes, format_seconds
 from tpu_debug.tracers.advisor.causes import fold
 from tpu_debug.tracers.advisor.facts import RunFacts
-from tpu_debug.tracers.advisor.findings import Consequence, Count, Evidence, Finding
+from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
 from tpu_debug.tracers.advisor.prose import (
     REPEATS,
     every_step,
@@ -412,17 +412,7 @@ def _one_per_made_line(found: list[Finding]) -> list[Finding]:
             out.append(f)
     for same in groups.values():
         same.sort(key=lambda f: -f.cost_seconds)
-        head, rest = same[0], same[1:]
-        if rest:
-            spans = [f.steps for f in same if f.steps is not None]
-            head = dataclasses.replace(
-                head,
-                cost_seconds=sum(f.cost_seconds for f in same),
-                steps=(min(a for a, _ in spans), max(b for _, b in spans)) if spans else head.steps,
-                consequences=head.consequences + tuple(
-                    Consequence(f.kind, f.title, f.evidence.location, f.cost_seconds, f.targets) for f in rest),
-            )
-        out.append(head)
+        out.append(fold(same[0], same[1:]) if len(same) > 1 else same[0])
     return out
 
 
