@@ -582,18 +582,29 @@ def announce_evicted(mode: str, name: str, key: Any) -> None:
         probes.evicted(mode, name, key)
 
 
-def forget_signatures() -> None:
-    """Drop every plan's signature -> executable and -> template entries (an executable or
-    template left its cache: the signature must not find it again)."""
+def forget_signatures(gone: Any = None) -> None:
+    """Drop the plans' signature -> executable and -> template entries that lead to ``gone``
+    (an executable or template that left its cache: no signature may find it again), and
+    the donating programs of those signatures; every entry when ``gone`` is None.
+
+    Only ``gone``'s entries go: a full cache evicts at each new compile, and dropping every
+    signature then would send each op back to its key and compile each donor again."""
     for plan in list(_plans.values()):
-        plan.fast.clear()
-        plan.lazy_fast.clear()
-        plan.donors.clear()
+        if gone is None:
+            plan.fast.clear()
+            plan.lazy_fast.clear()
+            plan.donors.clear()
+            continue
+        for sig in [sig for sig, exe in list(plan.fast.items()) if exe is gone]:
+            plan.fast.pop(sig, None)
+            plan.donors.pop(sig, None)
+        for sig in [sig for sig, tpl in list(plan.lazy_fast.items()) if tpl is gone]:
+            plan.lazy_fast.pop(sig, None)
 
 
 def _forget(key: Any, exe: _Executable) -> None:
     """An executable the cache's bound pushed out."""
-    forget_signatures()
+    forget_signatures(exe)
     _keep_float64_count(exe)
     announce_evicted("eager", exe.stats.op, key)
 

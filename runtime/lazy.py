@@ -209,7 +209,7 @@ _templates: LruCache[Any, _Template] = LruCache(
     "lazy op templates",
     lambda: config.eager_cache_size,
     uses=lambda _key, tpl: tpl.calls,
-    on_evict=lambda _key, _tpl: _eager.forget_signatures(),
+    on_evict=lambda _key, tpl: _eager.forget_signatures(tpl),
 )
 
 

@@ -155,6 +155,30 @@ def test_eager_cache_evicts_oldest_and_recompiles_it(monkeypatch, log_eager):
     eager.clear_cache()
 
 
+def test_an_eviction_forgets_only_its_own_signatures(monkeypatch):
+    """A full cache evicts at each new compile: the signatures (and the donating program) of
+    the executables still cached stay, and the evicted one's signature compiles again."""
+    eager.clear_cache()
+    monkeypatch.setattr(config, "eager_cache_size", 3)
+    x = torch.arange(6.0).to("tpu")
+    for _ in range(4):  # hot: an in-place signature donates from its third call on
+        x.mul_(2.0)
+    cos = eager.plan_for(torch.ops.aten.cos.default)
+    torch.cos(torch.ones(2).to("tpu"))
+    assert cos.fast  # (the signature is kept only after its executable's first call)
+    mul = eager.plan_for(torch.ops.aten.mul_.Tensor)
+    donor = mul.donors.get(next(iter(mul.fast)))
+    assert donor
+    for n in range(3, 7):  # each new key pushes one out: the cold cos keys go, mul_ stays hot
+        torch.cos(torch.ones(n).to("tpu"))
+        x.mul_(2.0)
+    assert next(iter(mul.donors.values())) is donor  # kept, not compiled again
+    cached = {id(e) for e in eager._cache.values()}
+    assert len(cos.fast) == 2 and all(id(e) in cached for e in cos.fast.values())
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0) * 2.0 ** 8)
+    eager.clear_cache()
+
+
 def test_eager_eviction_keeps_float64_counts(monkeypatch):
     eager.clear_cache()
     monkeypatch.setattr(config, "eager_cache_size", 1)
