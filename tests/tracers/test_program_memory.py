@@ -9,6 +9,7 @@ each program is made on a line marked below, which the event must name.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,59 @@ def test_the_targets_assignment_is_recorded_and_a_refusal_adds_up_to_its_figure(
     largest = refused.buffers[0]
     assert largest.kind == "temporary" and (largest.file, largest.line) == (__file__, _line("# PLANTED"))
     assert largest.nbytes == 131072 * 32768 * 4
+
+
+@requires_libtpu
+def test_a_target_result_before_its_compile_gets_the_same_context(tmp_path, monkeypatch):
+    """The target's worker can finish before the program-memory tracer's on_compile (a warm
+    target cache): the event recorded is the one the usual order records, location included."""
+    from tpu_debug.runtime import probes
+    from tpu_debug.runtime.target import compile_for_target
+    from tpu_debug.tracers.recording.program_memory_tracer import ProgramMemoryTracer
+
+    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "cache"))
+    compiled = []
+
+    class Keep:
+        def on_compile(self, info):
+            compiled.append(info)
+
+    args = [torch.randn(*s, device="tpu") for s in ((64, 32), (32, 256), (256, 8))]
+    keep = Keep()
+    probes.subscribe(keep, replay=True)  # the graph may be compiled already, by an earlier test
+    try:
+        tpu_debug.compile(_wide)(*args)
+    finally:
+        probes.unsubscribe(keep)
+    info = [i for i in compiled if i.graph is not None][-1]
+    result = compile_for_target(info.jitted, [jax_struct(tuple(a.shape)) for a in args], "v5e", cache=False)
+
+    class Writer:
+        def __init__(self):
+            self.events = []
+
+        def put(self, event):
+            self.events.append(event)
+
+        def new_id(self):
+            return len(self.events)
+
+    def record(target_first: bool):
+        writer = Writer()
+        tracer = ProgramMemoryTracer(writer, local=False)
+        if target_first:
+            tracer.on_target(info, result, None, "tpu")
+        tracer.on_compile(info)  # (one line: the location the two orders see is the same)
+        if not target_first:
+            tracer.on_target(info, result, None, "tpu")
+        assert tracer.close() == 0
+        (event,) = [e for e in writer.events if type(e).__name__ == "ProgramMemoryEvent"]
+        return event
+
+    usual, early = record(False), record(True)
+    assert usual.location is not None
+    # (the thread: the one the analysis ran on, a worker of the tracer in the early order)
+    assert dataclasses.replace(early, thread=0) == dataclasses.replace(usual, thread=0)
 
 
 def jax_struct(shape):

@@ -88,8 +88,6 @@ def test_each_large_buffer_at_each_programs_peak_names_its_line(attention_run):
     (gradient,) = [b for b in backward.buffers if b.kind == "gradient" and b.op == "the incoming gradient"]
 
 
-@pytest.mark.xfail(reason="the target's result can reach the program-memory tracer before the local compile's "
-                   "context (location, input lines) is kept; its inputs then have no line", strict=False)
 def test_the_backwards_inputs_name_their_lines(attention_run):
     (graph,) = {e.name.split("/")[0] for e in attention_run.events("program_memory") if e.source == "target"}
     (backward,) = [e for e in attention_run.events("program_memory")

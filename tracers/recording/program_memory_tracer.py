@@ -76,6 +76,8 @@ class ProgramMemoryTracer:
         self._phase = phase
         self._sites: dict[int, tuple[str, SourceLocation | None]] = {}
         self._contexts: dict[Any, ProgramContext] = {}  # CompileInfo key -> context
+        # target results that came before their program's on_compile: CompileInfo key -> arguments
+        self._early: dict[Any, tuple[CompileInfo, Any, str | None, str | None]] = {}
         self._seen: set[tuple[str, str]] = set()  # (source, program hash or name) recorded
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -100,6 +102,9 @@ class ProgramMemoryTracer:
             if self._closed:
                 return
             self._contexts[info.key] = context
+            early = self._early.pop(info.key, None)
+        if early is not None:
+            self._on_worker(self._target, *early, context)
         if self.local and graph and info.lowered is not None and info.compiled is not None:
             self._submit(info.lowered, context, _compiler_bytes(info.compiled.memory_analysis()))
 
@@ -114,9 +119,16 @@ class ProgramMemoryTracer:
             if key in self._seen:
                 return
             self._seen.add(key)
+        self._on_worker(self._local, lowered, context, compiler)
+
+    def _on_worker(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the tracer's worker thread (``close`` waits for it)."""
+        with self._lock:
+            if self._closed:
+                return
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tpu_debug-buffers")
-            future = self._pool.submit(self._local, lowered, context, compiler)
+            future = self._pool.submit(fn, *args)
             self._pending.add(future)
         future.add_done_callback(self._done)
 
@@ -149,6 +161,19 @@ class ProgramMemoryTracer:
             return  # an eager op's temporaries are the op's own: the held tensors tell that run's memory
         with self._lock:
             context = self._contexts.get(info.key)
+            if context is None and not info.replayed and not self._closed:
+                # the target's worker can finish before this tracer's on_compile kept the
+                # program's context (its kinds and lines): on_compile takes the result up
+                self._early[info.key] = (info, result, program, tpu_program)
+                return
+        self._target(info, result, program, tpu_program, context)
+
+    def _target(self, info: CompileInfo, result: Any, program: str | None, tpu_program: str | None,
+                context: ProgramContext | None) -> None:
+        """Record the target's assignment of ``info`` (``context`` None: without kinds and lines)."""
+        refused = result.error is not None and result.error.kind == "hbm_oom"
+        buffers, hlo = result.buffers, result.hlo
+        with self._lock:
             key = ("target", tpu_program or str(info.name))
             if key in self._seen:
                 return
@@ -191,6 +216,10 @@ class ProgramMemoryTracer:
     def close(self, wait: float = DEFAULT_WAIT) -> int:
         """Wait at most ``wait`` seconds for the local analyses still running; the count of
         those that did not finish (dropped)."""
+        with self._lock:
+            early, self._early = list(self._early.values()), {}
+        for args in early:  # no on_compile came for these: recorded without the context
+            self._target(*args, None)
         with self._lock:
             pending = set(self._pending)
         _, not_done = concurrent.futures.wait(pending, timeout=max(0.0, wait)) if pending else (set(), set())
