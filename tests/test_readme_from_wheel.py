@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from wheel_build import built_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -23,13 +24,7 @@ VERBS = ("run", "report", "runs", "tui", "tensorboard", "diff", "import-trace", 
 def wheel_site(tmp_path_factory) -> tuple[Path, set[str]]:
     """The wheel installed into a directory of its own, and the wheel's file names."""
     tmp = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(ROOT)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )
-    assert build.returncode == 0, build.stderr[-2000:]
-    shutil.rmtree(ROOT / "build", ignore_errors=True)
-    (wheel,) = tmp.glob("tpu_debug-*.whl")
+    wheel = built_wheel()
     site = tmp / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel)],
