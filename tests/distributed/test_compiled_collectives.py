@@ -1,8 +1,9 @@
 """Functional collectives and PyTorch's parallel APIs inside ``torch.compile`` on `tpu`.
 
-The reference is PyTorch itself: ``data/compiled_collectives_cases.py`` runs under
-``torchrun`` (two ranks) on `tpu` with ``init_process_group()`` and the ``tpu_debug``
-backend, and on CPU with ``gloo`` and ``aot_eager``; every result is compared.
+The reference is PyTorch itself: ``data/compiled_collectives_cases.py`` runs two ranks on
+`tpu` with ``init_process_group()`` and the ``tpu_debug`` backend, and on CPU with ``gloo``
+and the same functions uncompiled (what a compiled program must compute); every result is
+compared.
 
 Collectives are compared exactly: their inputs are small integers (exact in every dtype
 and every reduction order) and both sides run gloo's collective on the host. Training is
@@ -34,9 +35,8 @@ TRAINING = ["fsdp_compiled", "tp_sp_compiled", "tp_sp_eager", "ddp_compiled_auto
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """Each device's results, per rank: the `tpu` run and the gloo reference run side by side."""
-    # --standalone: a free port of its own, so the two runs (and other tests) do not meet
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    return ranks_on_both_devices([*torchrun, str(CASES)], tmp_path_factory.mktemp("compiled_collectives"))
+    # each run forks its two ranks, which meet on a free port of their own
+    return ranks_on_both_devices([sys.executable, str(CASES)], tmp_path_factory.mktemp("compiled_collectives"))
 
 
 @pytest.mark.parametrize("case", COLLECTIVES)

@@ -20,6 +20,7 @@ import sys
 
 import pytest
 import torch
+import warm_python
 from dist_helpers import REPO, python_env
 
 EXAMPLE = REPO / "examples" / "distributed" / "train_llama_fsdp_tp.py"
@@ -28,10 +29,11 @@ STEPS = 3
 
 def _train(tmp_path, device: str, nproc: int) -> dict:
     out = tmp_path / f"{device}.pt"
-    proc = subprocess.run(
+    # torchrun's agent forked from a warm interpreter (its workers are its own fresh processes)
+    proc = warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), str(EXAMPLE),
          "--steps", str(STEPS), "--device", device, "--save", str(out)],
-        env=python_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+        env=python_env(), cwd=tmp_path, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert f"step {STEPS - 1}: loss" in proc.stdout

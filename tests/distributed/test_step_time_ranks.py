@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 
+import warm_python
 from dist_helpers import DATA, REPO, python_env
 from tpu_debug.tracers.advisor import advise
 from tpu_debug.tracers.advisor.registry import RULES
@@ -23,10 +23,10 @@ SLOW = 0.2  # slow_rank.py's sleep
 def test_the_rank_waiting_for_a_slow_one_is_collective_bound(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--logdir", str(tmp_path / "runs"),
          "--nproc", "2", str(SCRIPT), str(out)],
-        env=python_env(), cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        env=python_env(), cwd=REPO, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     clocks = {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}

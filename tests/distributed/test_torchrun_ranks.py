@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 from dist_helpers import DATA, REPO, python_env
 
 from tpu_debug.core.rank_env import torchrun_env
@@ -32,10 +33,11 @@ def _line(text: str) -> int:
 
 
 def _torchrun(logdir: Path, mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    # torchrun's agent forked from a warm interpreter (its workers are its own fresh processes)
+    return warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "tpu_debug", "run",
          "--logdir", str(logdir), str(SCRIPT), mode],
-        env=python_env(), cwd=logdir.parent, capture_output=True, text=True, timeout=300, check=False,
+        env=python_env(), cwd=logdir.parent, timeout=300,
     )
 
 
@@ -50,8 +52,7 @@ def _undocumented(data: dict) -> set[str]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpu_debug", *args], env=python_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return warm_python.run([sys.executable, "-m", "tpu_debug", *args], env=python_env(), cwd=REPO, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -1,31 +1,36 @@
 """Functional collectives and PyTorch's parallel APIs inside ``torch.compile``, per rank.
 
-    torchrun --nproc-per-node 2 compiled_collectives_cases.py DEVICE OUT_DIR [CASE ...]
+    python compiled_collectives_cases.py DEVICE OUT_DIR [CASE ...]
 
-DEVICE ``tpu`` joins with ``init_process_group()`` (the device's default backend) and
-compiles with the ``tpu_debug`` backend; ``cpu`` joins with ``gloo`` and compiles with
-``aot_eager`` (PyTorch's own AOTAutograd and eager kernels: no C++ toolchain), the
-reference. Each rank writes ``OUT_DIR/rank<r>.pt``, a dict of CPU tensors keyed by case.
+starts two ranks (forked, with torchrun's ``env://`` variables). DEVICE ``tpu`` joins with
+``init_process_group()`` (the device's default backend) and compiles with the ``tpu_debug``
+backend; ``cpu`` joins with ``gloo`` and runs the same functions uncompiled, the reference:
+PyTorch's eager kernels and gloo's collectives, the results a compiled program must give.
+Each rank writes ``OUT_DIR/rank<r>.pt``, a dict of CPU tensors keyed by case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 WORLD = 2
 
 
-def _backend(device: str) -> str:
-    return "tpu_debug" if device == "tpu" else "aot_eager"
+def _compile(fn, device: str, **options):
+    """``fn`` compiled with the ``tpu_debug`` backend on `tpu`; on CPU, the reference, ``fn`` as it is."""
+    return torch.compile(fn, backend="tpu_debug", **options) if device == "tpu" else fn
 
 
 def _values(dtype: torch.dtype, rank: int) -> torch.Tensor:
@@ -58,7 +63,7 @@ def _collectives(x: torch.Tensor, n: torch.Tensor, rank: int) -> dict[str, torch
 def _funcol(device: str, rank: int, results: dict) -> None:
     x = _values(torch.float32, rank).to(device)
     n = _values(torch.int64, rank).to(device)
-    step = torch.compile(lambda x, n: _collectives(x, n, rank), backend=_backend(device), fullgraph=True)
+    step = _compile(lambda x, n: _collectives(x, n, rank), device, fullgraph=True)
     for name, value in step(x, n).items():
         results[f"funcol.{name}"] = fc.wait_tensor(value).cpu().clone()
 
@@ -138,7 +143,7 @@ def _fsdp_compiled(device: str, rank: int, results: dict) -> None:
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    step = torch.compile(model, backend=_backend(device))
+    step = _compile(model, device)
     results["fsdp_compiled.losses"] = torch.tensor(_train(step, model.parameters(), device, _batches(rank)))
     results["fsdp_compiled.params"] = [_full(p) for p in model.parameters()]
 
@@ -163,7 +168,7 @@ def _tp_sp(device: str, rank: int, results: dict, compiled: bool) -> None:
         "norm2": SequenceParallel(),
         "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
     })
-    step = torch.compile(model, backend=_backend(device)) if compiled else model
+    step = _compile(model, device) if compiled else model
     name = "tp_sp_compiled" if compiled else "tp_sp_eager"
     # every rank sees the same batch and feeds its half of the sequence (SequenceParallel's input)
     batches = _batches(0, shape=(2, 6, 8), classes=(2, 6))
@@ -174,7 +179,8 @@ def _tp_sp(device: str, rank: int, results: dict, compiled: bool) -> None:
 
 def _ddp_compiled_autograd(device: str, rank: int, results: dict) -> None:
     """DDP with its bucket all-reduces inside the compiled backward: compiled autograd and
-    dynamo's ``python_reducer``, whose graph holds them as functional collectives."""
+    dynamo's ``python_reducer``, whose graph holds them as functional collectives (on `tpu`;
+    the reference is DDP's own reducer, eager)."""
     from torch._dynamo import compiled_autograd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -182,8 +188,10 @@ def _ddp_compiled_autograd(device: str, rank: int, results: dict) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     losses = []
     # DDP reads the reducer it uses from dynamo's config when it is built
-    with torch._dynamo.config.patch(optimize_ddp="python_reducer"), \
-            compiled_autograd._enable(torch.compile(backend=_backend(device))):
+    with contextlib.ExitStack() as compiling:
+        if device == "tpu":
+            compiling.enter_context(torch._dynamo.config.patch(optimize_ddp="python_reducer"))
+            compiling.enter_context(compiled_autograd._enable(torch.compile(backend="tpu_debug")))
         ddp = DDP(model)
 
         def step(x, y):
@@ -191,7 +199,7 @@ def _ddp_compiled_autograd(device: str, rank: int, results: dict) -> None:
             loss.backward()
             return loss
 
-        compiled = torch.compile(step, backend=_backend(device))
+        compiled = _compile(step, device)
         for x, y in _batches(rank):
             losses.append(compiled(x.to(device), y.to(device)).item())
             opt.step()
@@ -232,20 +240,31 @@ CASES = {
 }
 
 
-def main() -> None:
-    device, out_dir, *cases = sys.argv[1:]
+def _rank(rank: int, port: int, device: str, out_dir: str, cases: list[str]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD))
     if device == "tpu":
         dist.init_process_group()  # no backend: the tpu device's default, tpu_dist
     else:
         dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    assert dist.get_rank() == rank
     results: dict = {}
-    for name in cases or list(CASES):
+    for name in cases:
         CASES[name](device, rank, results)
     dist.barrier()
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
-    assert int(os.environ["WORLD_SIZE"]) == WORLD
+
+
+def main() -> None:
+    device, out_dir, *cases = sys.argv[1:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # forked: the ranks start with this process's torch and tpu_debug imported; nothing has
+    # touched a device or started a thread yet, so each rank starts its backend as a fresh one
+    mp.start_processes(_rank, args=(port, device, out_dir, cases or list(CASES)), nprocs=WORLD,
+                       start_method="fork")
 
 
 if __name__ == "__main__":
