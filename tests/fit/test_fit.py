@@ -15,6 +15,7 @@ an all-reduce and a reduce-scatter move their operand), not from its result as t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -48,6 +49,16 @@ TOLERANCE = 0.02
 
 def _config(**changes):
     return transformers.LlamaConfig(**{**SIZES, **changes})
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """``fitted(target, plan, batch)``: the tiny Llama's training step answered by ``fit``, each
+    question asked once in this module (several tests read the FSDP step on a v5e-8)."""
+    import tpu_debug
+
+    return functools.cache(lambda target, plan, batch: tpu_debug.fit(_config(), target, plan=plan, batch=batch,
+                                                                       seq=SEQ))
 
 
 def _loss(outputs, labels):
@@ -228,10 +239,8 @@ def _close(a: float, b: float) -> bool:
 @pytest.mark.parametrize(("plan", "mesh_shape", "target", "batch"),
                          [("fsdp", (1, 8), "v5e-8", BATCH), ("dp=2,fsdp=4", (2, 4), "v5e-8", BATCH),
                           ("fsdp", (1, 32), "v5e-32", 32)])
-def test_fsdp_step_matches_a_direct_sharded_compile(plan, mesh_shape, target, batch):
-    import tpu_debug
-
-    report = tpu_debug.fit(_config(), target, plan=plan, batch=batch, seq=SEQ)
+def test_fsdp_step_matches_a_direct_sharded_compile(fitted, plan, mesh_shape, target, batch):
+    report = fitted(target, plan, batch)
     compiled, shapes = _reference(mesh_shape, batch=batch)
     ref = compiled.memory_analysis()
 
@@ -254,11 +263,10 @@ def test_fsdp_step_matches_a_direct_sharded_compile(plan, mesh_shape, target, ba
     assert "all-gather" in got  # FSDP gathers the parameters it split
 
 
-def test_capacity_and_verdict_are_the_compilers():
-    import tpu_debug
+def test_capacity_and_verdict_are_the_compilers(fitted):
     from tpu_debug.runtime.target import parse_target, usable_hbm_bytes
 
-    report = tpu_debug.fit(_config(), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ)
+    report = fitted("v5e-8", "fsdp", BATCH)
     assert report.capacity == usable_hbm_bytes(parse_target("v5e-8"))
     assert report.headroom == report.capacity - report.memory.total
     e = report.estimate
@@ -266,10 +274,10 @@ def test_capacity_and_verdict_are_the_compilers():
     assert e.tokens_per_second == pytest.approx(BATCH * SEQ / e.seconds)
 
 
-def test_fsdp_beyond_what_is_checked_says_so_beside_the_verdict():
+def test_fsdp_beyond_what_is_checked_says_so_beside_the_verdict(fitted):
     import tpu_debug
 
-    checked = tpu_debug.fit(_config(), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ)
+    checked = fitted("v5e-8", "fsdp", BATCH)
     assert checked.caveats == ()
     wide = tpu_debug.fit(_config(), "v5e-64", plan="fsdp", batch=64, seq=SEQ)
     assert wide.caveats and "FSDP over 64 chips" in wide.caveats[0]

@@ -12,6 +12,7 @@ References, neither the tool's own output:
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -28,6 +29,15 @@ SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_l
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, use_cache=False)
 BATCH, SEQ = 8, 32
 
+
+
+@pytest.fixture(scope="module")
+def looped():
+    """``looped(remat)``: the looped FSDP step's answer on a v5e-8, each asked once in this module."""
+    import tpu_debug
+
+    return functools.cache(lambda remat: tpu_debug.fit(transformers.LlamaConfig(**SIZES), "v5e-8", plan="fsdp",
+                                                        batch=BATCH, seq=SEQ, loop=True, remat=remat))
 
 
 def _sibling(name: str):
@@ -123,15 +133,13 @@ def _direct(model, remat: bool):
 
 @needs_libtpu
 @pytest.mark.parametrize("remat", [False, True])
-def test_the_answers_gathers_equal_an_independent_parse_of_a_direct_compile(remat):
+def test_the_answers_gathers_equal_an_independent_parse_of_a_direct_compile(looped, remat):
     from tpu_debug.fit.answer import collective_costs
     from tpu_debug.fit.scan import loop_repeats
     from tpu_debug.runtime.target.hardware import parse_target
 
-    import tpu_debug
-
     config = transformers.LlamaConfig(**SIZES)
-    report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, remat=remat)
+    report = looped(remat)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     text = _direct(model, remat).as_text()
@@ -155,13 +163,11 @@ def test_the_answers_gathers_equal_an_independent_parse_of_a_direct_compile(rema
 
 
 @needs_libtpu
-def test_the_fsdp_bound_counts_each_layer_parameter_once_per_pass():
+def test_the_fsdp_bound_counts_each_layer_parameter_once_per_pass(looped):
     """Without checkpointing each layer's weights are gathered once for the forward and once for
     the backward: the loop's gathers are the bound's layer term, 2 x the layers' bfloat16 bytes."""
-    import tpu_debug
-
     config = transformers.LlamaConfig(**SIZES)
-    report = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True)
+    report = looped(False)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     layer_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if ".layers." in n)

@@ -38,6 +38,25 @@ needs_libtpu = pytest.mark.skipif(
 
 
 
+@pytest.fixture(scope="module")
+def six_layers():
+    """``six_layers(**options)``: the answer for a six-layer version of SIZES on a v5e-8 (FSDP,
+    one sequence per chip, O0), each set of options asked once in this module."""
+    import tpu_debug
+
+    config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
+    answers = {}
+
+    def answer(**options):
+        key = tuple(sorted(options.items()))
+        if key not in answers:
+            answers[key] = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ,
+                                         optimization_level="O0", **options)
+        return answers[key]
+
+    return answer
+
+
 def _loss(outputs, labels):
     return F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
 
@@ -238,13 +257,9 @@ def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topolog
 
 
 @needs_libtpu
-def test_activation_checkpointing_keeps_less_and_recomputes_the_forward():
-    import tpu_debug
-
-    config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
-    kept = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, optimization_level="O0")
-    remat = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, loop=True, remat=True,
-                          optimization_level="O0")
+def test_activation_checkpointing_keeps_less_and_recomputes_the_forward(six_layers):
+    kept = six_layers(loop=True)
+    remat = six_layers(loop=True, remat=True)
     # each layer's input [1 sequence x 32 x 64] bf16 per chip is all the loop keeps with remat;
     # without, each layer keeps at least its q, k, v, attention, gate and up matmul outputs too
     assert remat.memory.temporaries < kept.memory.temporaries
@@ -263,13 +278,11 @@ def test_a_training_step_is_never_extended_from_fewer_layers():
 
 
 @needs_libtpu
-def test_float32_master_weights_hold_parameters_and_state_in_float32():
-    import tpu_debug
-
+def test_float32_master_weights_hold_parameters_and_state_in_float32(six_layers):
     config = transformers.LlamaConfig(**{**SIZES, "num_hidden_layers": 6})
-    plain = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, optimization_level="O0")
-    master = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ, master_dtype="float32",
-                           optimization_level="O0")
+    # six layers run as one loop unless asked otherwise: the plain step is the looped one
+    plain = six_layers(loop=True)
+    master = six_layers(master_dtype="float32")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config)
     # every tensor of this config splits 8 ways; float32 is 4 bytes, AdamW keeps two such per parameter
@@ -297,8 +310,7 @@ def test_every_layer_counts_in_the_looped_steps_flops_and_collectives():
 
     pieces = trace_pieces(model, tokens, _loss, _hf_traceable)
     target = parse_target("v5e-8")
-    fc = compile_scan_step(pieces, (BATCH, SEQ), target, parse_plan("fsdp", 8), optimization_level="O0",
-                           cache=False)
+    fc = compile_scan_step(pieces, (BATCH, SEQ), target, parse_plan("fsdp", 8), optimization_level="O0")
     # the reference: the same step with its loop unrolled, so XLA's cost analysis sees every
     # layer (it counts a loop's body once)
     unrolled = _reference(model, unroll=6)

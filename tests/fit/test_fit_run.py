@@ -37,11 +37,10 @@ OVER = dict(SIZES, vocab_size=262144, hidden_size=4096, num_hidden_layers=1, num
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
+def reports(fit_target_cache):
     """Three answers: a tiny Llama under FSDP and under DP on a v5e-8, and a model over one v5e chip."""
-    cache = tmp_path_factory.mktemp("target-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TPU_DEBUG_TARGET_CACHE", str(cache))
+        mp.setenv("TPU_DEBUG_TARGET_CACHE", str(fit_target_cache))
         config = transformers.LlamaConfig(**SIZES)
         fsdp = tpu_debug.fit(config, "v5e-8", plan="fsdp", batch=8, seq=32)
         dp = tpu_debug.fit(config, "v5e-8", plan="dp", batch=8, seq=32)
@@ -109,7 +108,6 @@ def test_the_cli_keeps_the_answer_as_a_run(reports, tmp_path, monkeypatch, capsy
     # name on tpu_debug, so the package's own attribute is the one to replace)
     monkeypatch.setattr(fit_package, "fit", fit_and_keep)
     monkeypatch.setenv("TPU_DEBUG_LOGDIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
     code = main(["fit", "tiny-llama", "--target", "v5e-8", "--plan", "fsdp", "--batch", "8", "--seq", "32"])
     out, err = capsys.readouterr()
     (report,) = answered
@@ -128,7 +126,6 @@ def test_the_cli_keeps_the_answer_as_a_run(reports, tmp_path, monkeypatch, capsy
 
 def test_no_record_keeps_no_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TPU_DEBUG_LOGDIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
     assert main(["fit", "tiny-llama", "--target", "v5e-8", "--batch", "8", "--seq", "32", "--no-record"]) == 0
     assert "run saved in" not in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
@@ -162,7 +159,6 @@ def test_a_search_is_kept_as_one_run_with_the_recommended_plan_last(reports, tmp
 
 def test_the_cli_keeps_a_search_as_a_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TPU_DEBUG_LOGDIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("TPU_DEBUG_TARGET_CACHE", str(tmp_path / "target-cache"))
     assert main(["fit", "tiny-llama", "--target", "v5e-8", "--plan", "fsdp", "--batch", "8", "--seq", "32",
                  "--search", "slice"]) == 0
     out, err = capsys.readouterr()
