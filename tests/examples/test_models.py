@@ -29,12 +29,16 @@ CASES = [
 ]
 
 
+# (name, experts, mode) -> the comparison test_model_matches_cpu made, for the command line's test
+_results: dict[tuple, _harness.Comparison] = {}
+
+
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
 @pytest.mark.parametrize("name,kwargs", CASES, ids=[n + "".join(f"-{v}" for v in k.values()) for n, k in CASES])
 def test_model_matches_cpu(tmp_path, name, kwargs, mode):
     module = importlib.import_module(f"examples.models.{name}")
     with tpu_debug.trace(logdir=tmp_path, hlo=False) as session:
-        result = module.run(mode, **kwargs)
+        result = _results[(name, kwargs.get("experts"), mode)] = module.run(mode, **kwargs)
     bad = {k: v for k, v in result.worst.items() if not v <= 1.0}
     assert not bad, f"{name} ({mode}) off tolerance (ratio to it): {bad}"
     if kwargs.get("experts") != "loop":
@@ -71,9 +75,23 @@ def test_harness_catches_a_wrong_result():
     assert result.worst["loss"] > 1 and result.worst["output[0]"] > 1
 
 
-def test_main_reports_each_mode(capsys):
+def test_main_reports_each_mode(capsys, monkeypatch):
+    """``--mode eager`` runs the eager step alone and prints its comparison. The step is the one
+    test_model_matches_cpu[resnet-eager] ran when it ran in this process: main's subject is
+    which modes it runs and what it prints, the step's is that test's."""
     from examples.models import resnet
 
+    real, modes = resnet.run, []
+
+    def run(mode):
+        modes.append(mode)
+        key = ("resnet", None, mode)
+        if key not in _results:
+            _results[key] = real(mode)
+        return _results[key]
+
+    monkeypatch.setattr(resnet, "run", run)
     assert resnet.main(["--mode", "eager"]) == 0
     out = capsys.readouterr().out
+    assert modes == ["eager"]
     assert "eager:" in out and "OK" in out and "compiled:" not in out

@@ -15,12 +15,12 @@ import importlib.util
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from tpu_debug.core.hlo_text import parse_module
 from tpu_debug.runtime import clear_cache
 from tpu_debug.tracers.events import COMPILE_PHASES, CompileEvent, CompileLinesEvent
@@ -49,12 +49,13 @@ def _lines_of(path: Path, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def compiled_run(tmp_path_factory):
-    """One training step of the six-layer transformer, compiled whole (its loop unrolled)."""
+    """One training step of the six-layer transformer, compiled whole (its loop unrolled),
+    with its TensorBoard profile."""
     m = _pitfall()
     logdir = tmp_path_factory.mktemp("compile-time") / "runs"
     clear_cache()
     torch._dynamo.reset()
-    with tpu_debug.trace(logdir=logdir, name="unrolled") as session:
+    with tpu_debug.trace(logdir=logdir, name="unrolled", tensorboard=True) as session:
         assert m.main(["--layers", str(LAYERS), "--steps", "1"]) == 0
     torch._dynamo.reset()
     return session
@@ -316,12 +317,14 @@ def test_a_lazy_fused_graph_is_counted_by_the_lines_that_recorded_its_ops(tmp_pa
 
 
 def _run(tmp_path: Path, cache: Path, name: str) -> dict:
+    # each run is a process of its own (warm_python: a fork that has initialized no JAX backend
+    # and read no cache), so the warm run reads back what the cold one wrote to disk
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_")}
-    env.update(TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu")
+    env.update(TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(cache))
     logdir = tmp_path / "runs"
     cmd = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--name", name, "--logdir", str(logdir),
            str(PITFALL), "--layers", "3", "--steps", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    proc = warm_python.run(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     session = tpu_debug.open_run(name, logdir=logdir)
     return report_data(session)["compiles"]["phases"]
@@ -357,13 +360,8 @@ def _trace_events(tb_dir: Path) -> list[dict]:
     return [e for e in json.loads(data)["traceEvents"] if e.get("ph") == "X"]
 
 
-def test_tensorboard_draws_each_compile_and_its_phases(tmp_path):
-    m = _pitfall()
-    clear_cache()
-    torch._dynamo.reset()
-    with tpu_debug.trace(logdir=tmp_path / "runs", tensorboard=True) as session:
-        assert m.main(["--layers", "2", "--steps", "1"]) == 0
-    torch._dynamo.reset()
+def test_tensorboard_draws_each_compile_and_its_phases(compiled_run):
+    session = compiled_run
     events = _trace_events(session.run_dir / "tensorboard")
     by_name = collections.defaultdict(list)
     for e in events:

@@ -7,6 +7,8 @@ assignment, its layouts) and from arithmetic on them, never from timing.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import threading
 from pathlib import Path
@@ -271,22 +273,41 @@ def test_compiles_still_queued_at_the_end_are_counted_not_waited_for(logdir, col
 # -- the face: CLI, report, TensorBoard ---------------------------------------------------
 
 
-@requires_libtpu
-def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+# mlp_train.py trains on tpu with SGD, then Adam, and each again on CPU as the reference: the
+# script's own loop makes 2 x --steps optimizer steps on tpu (and as many on CPU)
+LOOP_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """``tpu-debug run --target v5e examples/mlp_train.py --steps 4``, its stderr and its run."""
+    if not _libtpu._find_libtpu():
+        pytest.skip('needs libtpu (XLA\'s TPU compiler): pip install -e ".[tpu]"; CI installs it')
+    tmp_path = tmp_path_factory.mktemp("cli-target")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp_path)
     # the section shows the programs whose TPU compile ended: on a machine other tests load,
     # the default minute for the ones still compiling at the end may not be enough
-    monkeypatch.setenv("TPU_DEBUG_TARGET_WAIT", "600")
-    script = EXAMPLES / "mlp_train.py"
-    code = main(["run", "--logdir", str(tmp_path / "runs"), "--target", "v5e", str(script), "--steps", "3"])
-    err = capsys.readouterr().err
-    assert code == 0, err
+    mp.setenv("TPU_DEBUG_TARGET_WAIT", "600")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            code = main(["run", "--logdir", str(tmp_path / "runs"), "--target", "v5e", str(EXAMPLES / "mlp_train.py"),
+                         "--steps", str(LOOP_STEPS)])
+    finally:
+        mp.undo()
+    assert code == 0, err.getvalue()
+    return err.getvalue(), open_run(logdir=tmp_path / "runs")
+
+
+@requires_libtpu
+def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(cli_run):
+    err, session = cli_run
     section = err[err.index("TPU target (v5e)"):]
     header = next(line for line in section.splitlines() if "| program" in line)
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "program", "HBM", "FLOP", "bytes", "FLOP/B", "bound", "est.", "pad", "HLO"
     ]
-    session = open_run(logdir=tmp_path / "runs")
     events = session.events("target_compile")
     addmm = max((e for e in events if e.name == "addmm"), key=lambda e: e.flops)
     row = next(line for line in section.splitlines() if line.startswith(f"| {addmm.signature[:12]}"))
@@ -301,22 +322,15 @@ def test_cli_run_with_target_reports_tpu_hlo_memory_padding_and_roofline(tmp_pat
     assert ran <= {e.program for e in events} and summary.programs == len(events)
     assert summary.unfinished == 0 and summary.failed == 0
     steps = session.events("target_step")
-    assert [s.step for s in steps if not s.unfinished][:3] == [0, 1, 2]  # SGD's three steps
+    assert [s.step for s in steps if not s.unfinished][:3] == [0, 1, 2]  # SGD's first three steps
     assert all(s.executions == s.estimated > 0 and 0 < s.mfu < 1 for s in steps)
     assert "step" in section and "MFU est." in section and "a model estimate, not a measurement" in section
 
 
 @requires_libtpu
-def test_steps_memory_and_target_count_the_traced_devices_steps_only(tmp_path, monkeypatch, capsys):
-    # mlp_train.py trains on tpu with SGD, then Adam, and each again on CPU as the reference:
-    # the script's own loop makes 2 x --steps optimizer steps on tpu (and as many on CPU)
-    monkeypatch.chdir(tmp_path)
-    loop_steps = 4
-    code = main(["run", "--logdir", str(tmp_path / "runs"), "--target", "v5e", str(EXAMPLES / "mlp_train.py"),
-                 "--steps", str(loop_steps)])
-    assert code == 0, capsys.readouterr().err
-    tpu_steps = 2 * loop_steps
-    session = open_run(logdir=tmp_path / "runs")
+def test_steps_memory_and_target_count_the_traced_devices_steps_only(cli_run):
+    _err, session = cli_run
+    tpu_steps = 2 * LOOP_STEPS
     assert [s.index for s in session.steps()] == list(range(tpu_steps))
     memory = memory_view(session)
     assert memory.summary.steps == tpu_steps

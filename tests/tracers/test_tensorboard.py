@@ -271,7 +271,13 @@ def test_divergence_over_tolerance_is_marked_where_it_happens(logdir):
 def test_a_users_own_jax_profile_gets_the_spans(tmp_path, logdir):
     import jax
 
-    jax.profiler.start_trace(str(tmp_path / "mine"))
+    # Python function tracing off: on, the profile holds an event for every Python call any
+    # thread makes while it runs (tens of MB when the trace's start imports modules, tens of
+    # seconds for xprof to convert); tpu_debug's spans are host TraceMe events, which that
+    # option does not touch
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    jax.profiler.start_trace(str(tmp_path / "mine"), profiler_options=options)
     try:
         with tpu_debug.trace(logdir=logdir, tensorboard=True) as session:
             (torch.ones(3, device="tpu") + 1).cpu()
