@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import socket
 import sys
 from pathlib import Path
 
+import forked_ranks
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
@@ -240,9 +238,7 @@ CASES = {
 }
 
 
-def _rank(rank: int, port: int, device: str, out_dir: str, cases: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD))
+def _rank(rank: int, device: str, out_dir: str, cases: list[str]) -> None:
     if device == "tpu":
         dist.init_process_group()  # no backend: the tpu device's default, tpu_dist
     else:
@@ -258,13 +254,7 @@ def _rank(rank: int, port: int, device: str, out_dir: str, cases: list[str]) -> 
 
 def main() -> None:
     device, out_dir, *cases = sys.argv[1:]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # forked: the ranks start with this process's torch and tpu_debug imported; nothing has
-    # touched a device or started a thread yet, so each rank starts its backend as a fresh one
-    mp.start_processes(_rank, args=(port, device, out_dir, cases or list(CASES)), nprocs=WORLD,
-                       start_method="fork")
+    forked_ranks.start(_rank, WORLD, device, out_dir, cases or list(CASES))
 
 
 if __name__ == "__main__":
