@@ -83,8 +83,9 @@ _STATEMENT_ENDS = frozenset({"POP_TOP", "RETURN_VALUE", "RETURN_CONST", "JUMP_BA
 _SCAN = 40
 
 _instructions: dict[CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
-_verdicts: dict[tuple[CodeType, int], str | None] = {}
-# by (file, code): code objects compare equal across files, and a frame's kind is its file's
+# by file too: code objects compare equal across files, and a verdict reads the code's own
+# file (the source line of a call, a frame's kind)
+_verdicts: dict[tuple[str, CodeType, int], str | None] = {}
 frame_kinds: dict[tuple[str, CodeType], str] = {}
 
 
@@ -105,7 +106,7 @@ def instruction_at(code: CodeType, lasti: int) -> dis.Instruction | None:
 
 
 def _instruction_cause(code: CodeType, lasti: int) -> str | None:
-    key = (code, lasti)
+    key = (code.co_filename, code, lasti)
     if key in _verdicts:
         return _verdicts[key]
     verdict = None
