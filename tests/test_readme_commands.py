@@ -219,8 +219,12 @@ def check_second_run(env, ran):
     second = run(MLP, {**env, **_compile_cache(env)})
     assert second.code == 0, second
     # "Programs compiled" says how many came from the cache and the compile time saved
-    assert re.search(r"^Programs compiled\nnothing was compiled while tracing; [1-9]\d* program\(s\) read back "
-                     r"from the compile cache, saving \S+ \S?s of compiling$", second.out, re.MULTILINE), second
+    read = re.search(r"^Programs compiled\nnothing was compiled while tracing; ([1-9]\d*) program\(s\) read back "
+                     r"from the compile cache, saving \S+ \S?s of compiling$", second.out, re.MULTILINE)
+    assert read, second
+    # the Steps section places each of those read-backs in a part of the run (before, in, after the steps)
+    placed = re.findall(r"(\d+) read back from the compile cache", second.out)
+    assert sum(map(int, placed)) == int(read.group(1)), second.out
 
 
 def check_tensorboard_run(env, ran):

@@ -105,7 +105,8 @@ def test_report_json_has_the_schema_steps_and_the_advisors_findings(logdir, caps
     assert steps["per_step"][0]["phase"] == "warm-up" and steps["per_step"][0]["compiles"] > 0
     assert steps["per_step"][-1]["phase"] == "steady"
     assert steps["steady"] == sum(s["phase"] == "steady" for s in steps["per_step"]) >= 3
-    assert steps["compiles"]["steady"] == {"compiles": 0, "recompiles": 0, "seconds": 0.0}
+    assert steps["compiles"]["steady"] == {"compiles": 0, "recompiles": 0, "seconds": 0.0, "read_backs": 0,
+                                         "read_back_seconds": 0.0}
     assert all(s["compiles"] == 0 for s in steps["per_step"] if s["phase"] == "steady")
     # every step ran the same three ops (mul, sum, the add into the total); the first step
     # begins with the trace, so it also holds the zeros made before the loop

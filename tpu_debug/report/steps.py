@@ -40,6 +40,14 @@ _DETECTED = {
 }
 
 
+def _compiles_text(t: dict) -> str:
+    """``3 compile(s) (1.20 s)``, and the programs read back from the compile cache, if any."""
+    text = f"{t['compiles']} compile(s) ({format_seconds(t['seconds'])})"
+    if t["read_backs"]:
+        text += f", {t['read_backs']} read back from the compile cache ({format_seconds(t['read_back_seconds'])})"
+    return text
+
+
 def _steps_rows(d: dict) -> list[tuple[str, str]]:
     how = " and ".join(_DETECTED.get(x, x) for x in (d["detected"] or "").split("+"))
     rows = [("steps", f"{d['count']} ({how})")]
@@ -47,20 +55,19 @@ def _steps_rows(d: dict) -> list[tuple[str, str]]:
     if d["warmup"]:
         rows.append((
             "warm-up",
-            (f"step {_steps_range_text(d['warmup'])}: {c['warmup']['compiles']} compile(s) "
-            f"({format_seconds(c['warmup']['seconds'])}); first compiles, and ops compiled for several shapes "
-            "at once, are expected here"),
+            (f"step {_steps_range_text(d['warmup'])}: {_compiles_text(c['warmup'])}; first compiles, and ops "
+            "compiled for several shapes at once, are expected here"),
         ))
-    if c["setup"]["compiles"]:
-        rows.append(("before steps", f"{c['setup']['compiles']} compile(s) ({format_seconds(c['setup']['seconds'])})"))
+    if c["setup"]["compiles"] or c["setup"]["read_backs"]:
+        rows.append(("before steps", _compiles_text(c["setup"])))
     if d["steady"]:
         rows.append((
             "steady state",
             (f"{d['steady']} step(s), {format_seconds(d['step_seconds'])} and {d['ops_per_step']:,.0f} "
-            f"op(s) per step (median); {c['steady']['compiles']} compile(s) ({format_seconds(c['steady']['seconds'])})"),
+            f"op(s) per step (median); {_compiles_text(c['steady'])}"),
         ))
-    if c["outside"]["compiles"]:
-        rows.append(("outside steps", f"{c['outside']['compiles']} compile(s) ({format_seconds(c['outside']['seconds'])})"))
+    if c["outside"]["compiles"] or c["outside"]["read_backs"]:
+        rows.append(("outside steps", _compiles_text(c["outside"])))
     return rows
 
 
@@ -240,7 +247,8 @@ def _steps(session: RunView) -> dict[str, Any]:
     _add_mfu(session, per_step)
 
     def totals(t: Any) -> dict[str, Any]:
-        return {"compiles": t.compiles, "recompiles": t.recompiles, "seconds": t.seconds}
+        return {"compiles": t.compiles, "recompiles": t.recompiles, "seconds": t.seconds,
+                "read_backs": t.read_backs, "read_back_seconds": t.read_back_seconds}
 
     return {
         "count": summary.steps,

@@ -135,11 +135,15 @@ def phase_of(index: StepIndex, phases: dict[int, str], ts: float) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PhaseTotals:
-    """Compiles in one part of a run (before the steps, warm-up, steady state, after them)."""
+    """Compiles in one part of a run (before the steps, warm-up, steady state, after them);
+    ``read_backs`` the executables read back from the persistent compile cache there instead
+    (counted apart: nothing compiled), taking ``read_back_seconds``."""
 
     compiles: int = 0
     recompiles: int = 0
     seconds: float = 0.0
+    read_backs: int = 0
+    read_back_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -185,16 +189,20 @@ def _median(values: list[float]) -> float | None:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+_NONE = (0, 0, 0.0, 0, 0.0)
+
+
 def summarize_steps(steps: Sequence[StepEvent], compiles: Sequence[CompileEvent]) -> StepSummary:
     """The :class:`StepSummary` of a run's steps and its compile events."""
     phases = dict(zip((s.index for s in steps), step_phases(steps)))
     index = StepIndex(steps)
     totals: dict[str, list] = {}
     for c in compiles:
-        if c.from_cache:
-            continue  # read back from the persistent cache: nothing compiled
-        where = phase_of(index, phases, c.ts)
-        t = totals.setdefault(where, [0, 0, 0.0])
+        t = totals.setdefault(phase_of(index, phases, c.ts), [0, 0, 0.0, 0, 0.0])
+        if c.from_cache:  # read back from the persistent cache: nothing compiled
+            t[3] += 1
+            t[4] += c.seconds
+            continue
         t[0] += 1
         t[1] += int(bool(c.diffs))
         t[2] += c.seconds
@@ -208,8 +216,8 @@ def summarize_steps(steps: Sequence[StepEvent], compiles: Sequence[CompileEvent]
         step_seconds=_median([s.seconds for s in steady]),
         ops_per_step=_median([float(s.ops) for s in steady]),
         op_seconds=_median([s.op_seconds for s in steady]),
-        setup=PhaseTotals(*totals.get("setup", (0, 0, 0.0))),
-        warm=PhaseTotals(*totals.get(WARMUP, (0, 0, 0.0))),
-        steady_compiles=PhaseTotals(*totals.get(STEADY, (0, 0, 0.0))),
-        tail=PhaseTotals(*[sum(x) for x in zip(*(totals.get(k, (0, 0, 0.0)) for k in ("tail", "between", "unstepped")))]),
+        setup=PhaseTotals(*totals.get("setup", ())),
+        warm=PhaseTotals(*totals.get(WARMUP, ())),
+        steady_compiles=PhaseTotals(*totals.get(STEADY, ())),
+        tail=PhaseTotals(*[sum(x) for x in zip(*(totals.get(k, _NONE) for k in ("tail", "between", "unstepped")))]),
     )

@@ -240,6 +240,9 @@ def _steps_text(summary: StepSummary) -> Text:
         text.append(" · warm-up ")
         text.append(ranges, style="bold")
         text.append(f": {summary.warm.compiles} compiles, {format_seconds(summary.warm.seconds)}", style="dim")
+        if summary.warm.read_backs:
+            text.append(f", {summary.warm.read_backs} read back ({format_seconds(summary.warm.read_back_seconds)})",
+                        style="dim")
     if summary.steady:
         compiles = summary.steady_compiles.compiles
         text.append(f" · steady {summary.steady:,} steps: {format_seconds(summary.step_seconds)}/step, ")
