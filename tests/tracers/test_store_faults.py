@@ -85,6 +85,38 @@ def test_full_disk_stops_recording_keeps_what_was_committed(tmp_path, monkeypatc
     q.close()
 
 
+def test_a_misuse_code_once_costs_nothing_the_batch_is_written_again(tmp_path, monkeypatch):
+    """SQLite's SQLITE_MISUSE (InterfaceError) raised by a commit: the batch is written once
+    more on a fresh connection, each event exactly once; a second one in a row is the run's
+    error."""
+    real = RunWriter._commit
+    fails = {"left": 1}
+
+    def commit(conn, batch, stats, prog_ids):
+        if batch.events and fails["left"]:
+            fails["left"] -= 1
+            conn.execute("BEGIN")  # the transaction the failure leaves open
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", batch.events[:1])
+            raise sqlite3.InterfaceError("bad parameter or other API misuse")
+        real(conn, batch, stats, prog_ids)
+
+    monkeypatch.setattr(RunWriter, "_commit", staticmethod(commit))
+    db = tmp_path / DB_NAME
+    writer = RunWriter(db, {"name": "demo"})
+    sent = [_error(writer, f"e {i}") for i in range(5)]
+    for e in sent:
+        writer.put(e)
+    assert writer.flush() and writer.error is None and fails["left"] == 0
+    fails["left"] = 2
+    writer.put(_error(writer, "late"))
+    assert writer.flush() is False
+    assert "InterfaceError: bad parameter or other API misuse" in str(writer.error)
+    writer.close({"status": "finished", "exit_status": 0})
+    q = RunQuery(db)
+    assert q.internal_errors() == sent
+    q.close()
+
+
 def test_full_disk_under_a_trace_the_program_goes_on_and_exit_says_the_fix(tmp_path, monkeypatch, capsys):
     import torch
 

@@ -403,7 +403,17 @@ class RunWriter:
                 if len(self._queue) < self._max_queue:
                     with self._space:
                         self._space.notify_all()
-                flushes, stop = self._write(conn, state, items)
+                try:
+                    flushes, stop = self._write(conn, state, items)
+                except sqlite3.InterfaceError:
+                    # SQLite's "API misuse" code has come from the interpreter's per-connection
+                    # statement cache, not from the rows (CPython's sqlite3 issue 118172): the
+                    # batch is rolled back with the connection and written once more on a fresh
+                    # one; a second failure is the run's error as any other
+                    conn.close()
+                    conn = None
+                    conn = self._connect()
+                    flushes, stop = self._write(conn, state, items, again=True)
                 items = []
                 for marker in flushes:
                     marker.done.set()
@@ -433,16 +443,24 @@ class RunWriter:
             else:
                 self._drop(item)
 
-    def _write(self, conn: sqlite3.Connection, st: _WriteState, items: list) -> tuple[list[_Flush], bool]:
+    def _write(
+        self, conn: sqlite3.Connection, st: _WriteState, items: list, *, again: bool = False
+    ) -> tuple[list[_Flush], bool]:
         """Store one batch of queued items in one transaction; returns the flush markers it
-        passed and whether it met the stop marker."""
-        batch = self._collect(st, items)
-        self._note_counts(st, batch)
-        stats = self._stats_source() if self._stats_source is not None else []
-        if stats or st.waiting_stats:
-            stats = st.stats_to_store(stats, final=batch.stop)
+        passed and whether it met the stop marker. ``again``: the same items after a failed
+        commit, whose rows the state already holds."""
+        if again:
+            batch, stats = st.last_batch
+        else:
+            batch = self._collect(st, items)
+            self._note_counts(st, batch)
+            stats = self._stats_source() if self._stats_source is not None else []
+            if stats or st.waiting_stats:
+                stats = st.stats_to_store(stats, final=batch.stop)
+            st.last_batch = (batch, stats)
         if batch.has_rows() or stats:
             self._commit(conn, batch, stats, st.programs)
+        st.last_batch = None
         return batch.flushes, batch.stop
 
     def _collect(self, st: _WriteState, items: list) -> _Batch:
@@ -605,6 +623,7 @@ class _WriteState:
         "capped_changed",
         "dropped_recorded",
         "executions_kinds",
+        "last_batch",
         "layouts",
         "location_objects",
         "locations",
@@ -623,6 +642,7 @@ class _WriteState:
         self.capped_changed = False
         self.dropped_recorded = 0
         self.waiting_stats: dict[int, StatRow] = {}  # op_stats rows whose program is not stored yet
+        self.last_batch: tuple[_Batch, list[StatRow]] | None = None  # collected, not yet committed
 
     def stats_to_store(self, stats: list[StatRow], *, final: bool) -> list[StatRow]:
         """The op_stats rows to store with this batch.
