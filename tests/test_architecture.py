@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 import sys
 import tomllib
@@ -43,6 +44,12 @@ class Import:
     line: int
     names: tuple[str, ...]  # the names a ``from`` import takes; () for ``import x``
     deferred: bool  # inside a function or under ``if TYPE_CHECKING:``
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(text: str) -> ast.Module:
+    """A source's tree, parsed once for all the checks that read it (none changes a tree)."""
+    return ast.parse(text)
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -87,7 +94,7 @@ def scan(sources: Mapping[str, tuple[str, bool]]) -> list[Import]:
     package)), module-level and deferred alike."""
     found = []
     for name, (text, is_package) in sources.items():
-        tree = ast.parse(text)
+        tree = _parse(text)
         at_import = {id(node) for node in _module_level_imports(tree)}
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -303,7 +310,7 @@ def test_core_imports_only_the_standard_library():
     for name, (source, _) in _modules().items():
         if not name.startswith("tpu_debug.core"):
             continue
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        for node in ast.walk(_parse(source.read_text())):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
                 continue
             targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -332,7 +339,7 @@ def untyped_callbacks(sources: Mapping[str, tuple[str, bool]], records: Mapping[
     record (``Any``, another type, or nothing): the runtime-tracer boundary is typed."""
     found = []
     for name, (text, _) in sources.items():
-        for cls in (n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef)):
+        for cls in (n for n in ast.walk(_parse(text)) if isinstance(n, ast.ClassDef)):
             for method in cls.body:
                 if not isinstance(method, ast.FunctionDef) or method.name not in records:
                     continue
@@ -372,7 +379,7 @@ def test_the_callback_check_finds_a_planted_any():
 def lazy_names(text: str) -> set[str]:
     """The names a package's ``lazy_exports(globals(), {module: names})`` call hands out lazily."""
     names = set()
-    for call in ast.walk(ast.parse(text)):
+    for call in ast.walk(_parse(text)):
         if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "lazy_exports":
             for names_of_module in call.args[1].values:
                 names |= {element.value for element in names_of_module.elts}
@@ -407,7 +414,7 @@ def test_no_library_function_over_80_lines():
     """A function a reader cannot see whole is split, docstring excluded."""
     long = []
     for name, (source, _) in _modules().items():
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        for node in ast.walk(_parse(source.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES:
                 long.append(f"{source.relative_to(ROOT)}:{node.lineno} {name} ({_body_lines(node)} lines)")
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
@@ -511,7 +518,7 @@ def untyped_parameters(sources: Mapping[str, tuple[str, bool]]) -> list[str]:
     (``self`` and ``cls`` aside), as ``module:line function(name: annotation)``."""
     found = []
     for name, (text, _) in sources.items():
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(_parse(text)):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             args = node.args
@@ -569,7 +576,7 @@ _HEAVY_LIBRARIES = ("torch", "jax", "jaxlib", "libtpu")
 def lazy_targets(text: str) -> dict[str, str]:
     """A package's lazily exported names -> the module that holds each (``lazy_exports``)."""
     out = {}
-    for call in ast.walk(ast.parse(text)):
+    for call in ast.walk(_parse(text)):
         if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "lazy_exports":
             for module, names in zip(call.args[1].keys, call.args[1].values):
                 out.update({element.value: module.value for element in names.elts})
@@ -579,14 +586,17 @@ def lazy_targets(text: str) -> dict[str, str]:
 def heavy_modules(sources: Mapping[str, tuple[str, bool]]) -> set[str]:
     """Our modules whose import loads torch, jax or libtpu, itself or through a module it imports
     at module level."""
-    direct, edges = set(), {}
+    direct = set()
     for name, (text, is_package) in sources.items():
-        tree = ast.parse(text)
+        tree = _parse(text)
         for node in _module_level_imports(tree):
             roots = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if not getattr(node, "level", 0) and any(r.split(".")[0] in _HEAVY_LIBRARIES for r in roots):
                 direct.add(name)
-        edges[name] = {i.target for i in scan({name: (text, is_package)} | {k: ("", p) for k, (_, p) in sources.items() if k != name}) if not i.deferred}
+    edges: dict[str, set[str]] = {name: set() for name in sources}
+    for imp in scan(sources):
+        if not imp.deferred:
+            edges[imp.importer].add(imp.target)
     heavy = set(direct)
     changed = True
     while changed:
