@@ -240,6 +240,9 @@ class TargetTracer:
         self._programs: dict[Any, _Program] = {}
         self._by_text: dict[str, _Result] = {}  # StableHLO hash -> the program's recorded result
         self._pending: set[concurrent.futures.Future] = set()
+        # notified when a compile leaves _pending: a future is done before its callback has
+        # analysed and recorded the result, so close() waits for this, not for the futures
+        self._left = threading.Condition(self._lock)
         self._closed = False
         self._counts: dict[Any, int] = {}  # executions per key in the current step
         self._steps: list[tuple[int, dict[Any, int]]] = []  # (StepEvent index, executions per key)
@@ -284,15 +287,17 @@ class TargetTracer:
         told = say is None
         while True:  # a refused compile may queue its re-lowering: wait for those too
             with self._lock:
-                pending = set(self._pending)
+                pending = len(self._pending)
             remaining = deadline - time.perf_counter()
             if not pending or remaining <= 0 or (interrupted is not None and interrupted()):
                 break
             if not told and time.perf_counter() - start > 1.0:
                 told = True
-                say(f"tpu_debug: waiting up to {remaining:.0f} s for {len(pending)} TPU target compile(s) "
+                say(f"tpu_debug: waiting up to {remaining:.0f} s for {pending} TPU target compile(s) "
                     "still running (Ctrl-C skips them)")
-            concurrent.futures.wait(pending, timeout=min(remaining, 0.25))
+            with self._lock:
+                if len(self._pending) == pending:
+                    self._left.wait(timeout=min(remaining, 0.25))
         with self._lock:
             self._closed = True
             unfinished = set(self._pending)
@@ -409,6 +414,7 @@ class TargetTracer:
                 program.info = _Done(program.info)
             with self._lock:
                 self._pending.discard(future)
+                self._left.notify_all()
 
     def _relower(self, program: _Program) -> bool:
         """Queue the TPU lowering and compile of ``program``'s function; False when the trace ended."""
