@@ -1052,7 +1052,10 @@ class StepEvent(Event):
     programs ready all the same (warm-up); ``read_back_seconds`` the time that took, which is
     the compile side of the step (what a cold cache would have spent compiling);
     ``trace_seconds`` dynamo's own work compiling frames (tracing a graph, AOTAutograd), beside
-    the XLA compiles it asks for, which is the compile side too.
+    the XLA compiles it asks for, which is the compile side too. ``optimizer_seconds`` is the
+    time inside a ``tpu`` optimizer's ``step()`` (its Python and its ops), ``optimizer_ops`` the
+    eager ops it ran and ``optimizer_op_seconds`` their time, compiles included (their runs hold
+    any wait for the device work queued before them): an optimizer left outside a compiled step (``advisor.step_rules``).
 
     Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for
@@ -1094,6 +1097,9 @@ class StepEvent(Event):
     inner_compile_seconds: float = 0.0
     read_back_seconds: float = 0.0
     trace_seconds: float = 0.0
+    optimizer_ops: int = 0
+    optimizer_seconds: float = 0.0
+    optimizer_op_seconds: float = 0.0
 
     @property
     def ops(self) -> int:

@@ -1,4 +1,4 @@
-"""The advisor's rule for where the steps' time goes: a steady state bound by something other
+"""The advisor's rules for where the steps' time goes: a steady state bound by something other
 than the device's work (``tracers/reading/step_time.py`` splits each step's time and names the bound).
 
 A run is input-, sync-, compile-, collective- or checkpoint-bound when that part of the split
@@ -18,6 +18,10 @@ for input and syncs, recompiles for compiles, collectives for collectives) cost 
 silent; the report's Steps section still shows the bound. A host-bound run gets no finding
 here: on an eager step the host's time is the runtime's work per op, which the
 ``eager_tiny_ops`` rule judges by the ops' sizes, and a device-bound run is a correct one.
+
+An optimizer left outside a compiled model (``split_step``) is the other rule here: the model
+runs as compiled programs, ``optimizer.step()`` op by op after them, and the optimizer's host
+work is at least half of a typical steady step.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tpu_debug.core.format import format_location, format_seconds
+from tpu_debug.tracers.advisor.execution_rules import _dispatch_floor, eager_tiny_ops
 from tpu_debug.tracers.advisor.facts import RunFacts
 from tpu_debug.tracers.advisor.findings import Count, Evidence, Finding
+from tpu_debug.tracers.advisor.prose import index_span, most_common_line
 from tpu_debug.tracers.advisor.registry import RULES, rule
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.reading.step_time import PARTS, Verdict, split_step, verdict
 
-__all__ = ["BOUND_SHARE", "COVERED_SHARE", "INPUT_FLOOR_SECONDS", "step_bound"]
+__all__ = ["BOUND_SHARE", "COVERED_SHARE", "INPUT_FLOOR_SECONDS", "OPTIMIZER_SHARE", "optimizer_outside_step", "step_bound"]
 
 # a part holding at least half of a typical step's time is what bounds it: removing any other
 # part cannot make the step more than twice as fast
@@ -47,6 +53,12 @@ COVERED_SHARE = 0.5
 # themselves (a process hand-off, the batch's pickling or shared-memory set-up), so a few
 # milliseconds of loading is not shown to be won back by them
 INPUT_FLOOR_SECONDS = 0.01
+# an optimizer left outside a compiled step is worth a finding when its host work (its Python and
+# one dispatch per op, which compiling it into the step's program removes) is at least half of a
+# typical steady step: the step would be at least twice as fast, as for BOUND_SHARE. A lower share
+# is what a compiled model with a foreach optimizer spends on small models (a fifth to two fifths
+# here), and it moves with the machine's load: a finding there would come and go between runs
+OPTIMIZER_SHARE = 0.5
 # the TUI views whose rules' findings are about each part's events
 _RELATED_VIEWS = {
     "input": ("transfers",),
@@ -72,6 +84,80 @@ def step_bound(facts: RunFacts) -> Iterable[Finding]:
     if _covered(facts, v):
         return
     yield _BUILDERS[v.part](facts, v)
+
+
+@rule("split_step", about="a compiled model whose optimizer.step() runs outside it, op by op, for a large "
+      "share of each step", view="steps")
+def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
+    """The model runs as compiled programs and ``optimizer.step()`` runs eagerly after them,
+    and the optimizer's host work holds at least :data:`OPTIMIZER_SHARE` of a typical steady
+    step: one program for the whole step would do (TorchTPU's guide compiles the training step
+    whole). Silent where the optimizer is compiled too (its ops are then graph runs), in lazy
+    mode (its ops are deferred into the step's graph), and where it costs a small share.
+
+    The host work is an estimate: the optimizer's Python (its time outside its ops and their compiles), and each
+    of its ops at the run's cheapest op time (its dispatch). Its ops' own measured time is not
+    used: it holds the wait for the model's device work queued before them, which compiling
+    the step does not remove."""
+    split = [s for s in facts.steady if s.graph_runs and s.optimizer_ops]
+    if len(split) < 2 or 2 * len(split) < len(facts.steady):
+        return
+    if any(eager_tiny_ops(facts)):
+        return  # hundreds of small eager ops per step: that finding names the same fix for all of them
+    floor = _dispatch_floor([o for o in facts.ops if o.mode == "eager"])
+    ops = _median([s.optimizer_ops for s in split])
+    hosts = [max(0.0, s.optimizer_seconds - s.optimizer_op_seconds) + s.optimizer_ops * floor for s in split]
+    # the median step's share: another process's load stalls one part of a step or another, and
+    # one long stall moves a total (or a quartile of each part) but not the middle step's share
+    share = _median([h / s.seconds if s.seconds > 0 else 0.0 for h, s in zip(hosts, split)])
+    if share < OPTIMIZER_SHARE:
+        return
+    host, step = _median(hosts), _median([s.seconds for s in split])
+    total = _median([s.optimizer_seconds for s in split])
+    graphs = _median([s.graph_runs for s in split])
+    where = most_common_line(s.location for s in split)
+    yield Finding(
+        kind="split_step",
+        severity="warning",
+        title=(
+            f"optimizer.step() runs outside the compiled model, {ops} eager op(s) per step: about "
+            f"{format_seconds(host)} of host work in a {format_seconds(step)} step ({100 * share:.0f}%) "
+            "on this machine, which one program for the whole step would not spend (an estimate)"
+        ),
+        fix=(
+            "compile the whole step, as TorchTPU's guide does: one function that runs the forward, loss.backward() "
+            "and optimizer.step(), compiled with step = tpu_debug.compile(step), so the update runs inside the "
+            f"step's program instead of as {ops} dispatches with the optimizer's Python around them; or at least "
+            "compile the optimizer's step (opt_step = torch.compile(opt.step, backend=\"tpu_debug\"); "
+            "capturable=True for Adam-style optimizers)"
+        ),
+        cost_seconds=host * len(split),
+        evidence=Evidence(
+            where,
+            (
+                Count("optimizer host work per step", host, "s"),
+                Count("share of a steady step", round(100 * share)),
+                Count("optimizer.step() time per step", total, "s"),
+                Count("optimizer eager ops per step", ops),
+                Count("compiled program runs per step", graphs),
+                Count("step time", step, "s"),
+                Count("steady steps", len(split)),
+            ),
+            (
+                f"estimate: the optimizer's Python (its time outside its ops and their compiles) and each of its {ops} ops at the run's "
+                f"cheapest op time ({format_seconds(floor)}, its dispatch); the rest of optimizer.step()'s "
+                f"{format_seconds(total)} is its ops waiting for the device, which a whole-step program spends too",
+            ),
+        ),
+        steps=index_span([s.index for s in split]),
+        cause="optimizer",
+        subject=f"split step: {_where(where)}",
+        estimated=True,
+    )
+
+
+def _median(values: Sequence[Any]) -> Any:
+    return sorted(values)[len(values) // 2]
 
 
 def _ranks_waited(facts: RunFacts) -> float:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tpu_debug.runtime.lazy import hook_optimizers
 from tpu_debug.core.records import CollectiveDone, CollectiveInfo, CompileInfo, FallbackInfo, TransferInfo
@@ -93,6 +93,9 @@ class _Counts:
         "fallbacks",
         "graph_runs",
         "op_seconds",
+        "optimizer_op_seconds",
+        "optimizer_ops",
+        "optimizer_seconds",
         "parts",
         "read_back_seconds",
         "read_backs",
@@ -107,6 +110,9 @@ class _Counts:
         self.eager_ops = 0
         self.graph_runs = 0
         self.op_seconds = 0.0
+        self.optimizer_ops = 0  # eager ops run inside optimizer.step()
+        self.optimizer_seconds = 0.0  # time inside optimizer.step(), its Python and its ops
+        self.optimizer_op_seconds = 0.0  # of which in its eager ops and their compiles
         self.compiles = 0
         self.recompiles = 0
         self.compile_seconds = 0.0
@@ -192,6 +198,9 @@ class StepTracker:
         self._window: _Window | None = _Window()
         self._tpu_optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._hook: Any = None
+        self._pre_hook: Any = None
+        # when the tpu optimizer's step() now running began (None: none runs)
+        self._optimizer_since: float | None = None
         self._closed = False
         self._closed_at: float | None = None
         self._listeners: tuple[Callable[[StepEvent], None], ...] = ()
@@ -234,6 +243,7 @@ class StepTracker:
             # post hooks run in the order they were registered: lazy mode's (which runs the
             # step's pending graph) first, so the graph is counted in the step it belongs to
             hook_optimizers()
+            self._pre_hook = register_optimizer_step_pre_hook(hidden_from_dynamo(self._optimizer_starting))
             self._hook = register_optimizer_step_post_hook(hidden_from_dynamo(self._optimizer_stepped))
         except Exception as exc:  # noqa: BLE001 - explicit marks and loop detection still work
             self._error("start", exc)
@@ -287,9 +297,10 @@ class StepTracker:
         self._closed_at = self._clock()
         if _current is self:
             _current = None
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in (self._hook, self._pre_hook):
+            if hook is not None:
+                hook.remove()
+        self._hook = self._pre_hook = None
         if self._dynamo_hooks is not None:
             handler = sys.modules["torch._dynamo.callback"].callback_handler
             handler.remove_start_callback(self._dynamo_hooks[0])
@@ -328,8 +339,20 @@ class StepTracker:
         self._explicit = True
         self._end("explicit", user_location(2))
 
+    def _optimizer_starting(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if not self._closed and self._on_tpu(optimizer):
+                self._optimizer_since = _perf_counter()
+        except Exception as exc:  # noqa: BLE001 - never break optimizer.step()
+            self._error("optimizer step pre-hook", exc)
+
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
+            # the optimizer's time is its step's, also where explicit marks end the steps (an
+            # optimizer wrapping another ends its time at the inner one's end)
+            since, self._optimizer_since = self._optimizer_since, None
+            if since is not None:
+                self._counts.optimizer_seconds += _perf_counter() - since
             if self._explicit or self._closed or not self._on_tpu(optimizer):
                 return
             self._end("optimizer", user_location(2))
@@ -377,6 +400,9 @@ class StepTracker:
         counts = self._counts
         if mode == "eager":
             counts.eager_ops += 1
+            if self._optimizer_since is not None:
+                counts.optimizer_ops += 1
+                counts.optimizer_op_seconds += seconds
         else:
             counts.graph_runs += 1
         counts.op_seconds += seconds
@@ -422,6 +448,8 @@ class StepTracker:
         counts = self._counts
         read_back = bool(getattr(info, "from_cache", False))
         _count_compile(counts, float(info.seconds), recompile, read_back)
+        if self._optimizer_since is not None:  # compiling is not the optimizer's Python
+            counts.optimizer_op_seconds += float(info.seconds)
         if self._wait is not None:  # a compile or a read-back inside a wait is the wait's time
             self._add("inner_compile", float(info.seconds))
         if self._tracing and threading.get_ident() == self._thread:
@@ -646,6 +674,9 @@ def _event(
         c.parts["inner_compile"],
         c.read_back_seconds,
         c.parts["trace"],
+        c.optimizer_ops,
+        c.optimizer_seconds,
+        c.optimizer_op_seconds,
     )
 
 
