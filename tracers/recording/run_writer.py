@@ -406,10 +406,11 @@ class RunWriter:
                 try:
                     flushes, stop = self._write(conn, state, items)
                 except sqlite3.InterfaceError:
-                    # SQLite's "API misuse" code has come from the interpreter's per-connection
-                    # statement cache, not from the rows (CPython's sqlite3 issue 118172): the
-                    # batch is rolled back with the connection and written once more on a fresh
-                    # one; a second failure is the run's error as any other
+                    # SQLite's "API misuse" code comes from the state of the interpreter's
+                    # per-connection statement cache, not from the rows (a commit that failed so
+                    # once has been seen to pass on its next try): the batch is rolled back with
+                    # the connection and written once more on a fresh one; a second failure is
+                    # the run's error as any other
                     conn.close()
                     conn = None
                     conn = self._connect()
