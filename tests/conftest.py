@@ -1,6 +1,15 @@
 from __future__ import annotations
 
 import os
+import sys
+
+# Machines of this project's kind export PYTHONDONTWRITEBYTECODE=1: every Python process the suite
+# starts (the xdist workers, warm interpreters, the scripts tests run) would compile tpu_debug's
+# sources again (about 0.7 s of CPU each), and each pytest process would rewrite the asserts of
+# tpu_debug (a pytest plugin's distribution) again (about 2.5 s). Bytecode changes no behaviour a
+# test checks: the suite lets Python keep it, as Python does by default.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Tests never pick up a user's TPU_DEBUG_* settings by accident. TPU_DEBUG_OPINFO_* and
 # TPU_DEBUG_MODULEINFO_* (the OpInfo and ModuleInfo harnesses' tier and results files) and
