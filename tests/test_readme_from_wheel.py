@@ -34,6 +34,19 @@ def wheel_site(tmp_path_factory) -> tuple[Path, set[str]]:
     return site, set(zipfile.ZipFile(wheel).namelist())
 
 
+@pytest.fixture(scope="module")
+def first_run(wheel_site, tmp_path_factory) -> tuple[Path, dict[str, str], subprocess.CompletedProcess]:
+    """README's run of mlp_train.py from the wheel in a work folder with examples/ copied from the
+    checkout, with the compile cache on (its default) in a folder of its own: the first run, whose
+    output one test reads and whose cache the other's second run reads back."""
+    site, _ = wheel_site
+    work = tmp_path_factory.mktemp("first") / "work"
+    shutil.copytree(ROOT / "examples", work / "examples")  # from a clone, as README says
+    env = {"TPU_DEBUG_LOGDIR": str(work / "runs"), "TPU_DEBUG_COMPILE_CACHE": "1",
+           "TPU_DEBUG_COMPILE_CACHE_DIR": str(work.parent / "cache")}
+    return work, env, _tool(site, work, "run", "examples/mlp_train.py", **env)
+
+
 def _tool(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     keep = {k: v for k, v in os.environ.items() if not k.startswith("TPU_DEBUG_") and k != "PYTHONPATH"}
     return subprocess.run(
@@ -42,7 +55,7 @@ def _tool(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.Completed
     )
 
 
-def test_examples_not_in_the_wheel_while_readme_uses_them(wheel_site, tmp_path):
+def test_examples_not_in_the_wheel_while_readme_uses_them(wheel_site, first_run):
     site, names = wheel_site
     # README runs examples/ and tlparse: it says where each comes from when the wheel has neither
     assert "examples/mlp_train.py" in README
@@ -51,10 +64,7 @@ def test_examples_not_in_the_wheel_while_readme_uses_them(wheel_site, tmp_path):
             "the wheel has no examples/: README must say where they are")
     if "tlparse" in README:
         assert "pip install tlparse" in README, "README uses tlparse: it must say how to install it"
-    work = tmp_path / "work"
-    shutil.copytree(ROOT / "examples", work / "examples")  # from a clone, as README says
-    where = _tool(site, work, "run", "examples/mlp_train.py", TPU_DEBUG_LOGDIR=str(work / "runs"),
-                  TPU_DEBUG_COMPILE_CACHE="0")
+    work, _, where = first_run
     assert where.returncode == 0, where.stderr[-3000:]
     out = where.stdout + where.stderr
     assert "loss curves match CPU" in out and "\nFindings\nnothing to fix" in out, out[-3000:]
@@ -101,16 +111,13 @@ print(json.dumps(done))
 """
 
 
-def test_second_run_from_the_wheel_counts_read_backs_apart(wheel_site, tmp_path):
+def test_second_run_from_the_wheel_counts_read_backs_apart(wheel_site, first_run):
     # README: a second run of mlp_train.py compiles nothing; what it read back is not a recompile
     site, _ = wheel_site
-    work = tmp_path / "work"
-    shutil.copytree(ROOT / "examples", work / "examples")
-    env = {"TPU_DEBUG_LOGDIR": str(work / "runs"), "TPU_DEBUG_COMPILE_CACHE": "1",
-           "TPU_DEBUG_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
-    for name in ("first", "second"):
-        done = _tool(site, work, "run", "--no-report", "--name", name, "examples/mlp_train.py", **env)
-        assert done.returncode == 0, done.stderr[-3000:]
+    work, env, first = first_run  # the first run filled the cache
+    assert first.returncode == 0, first.stderr[-3000:]
+    done = _tool(site, work, "run", "--no-report", "--name", "second", "examples/mlp_train.py", **env)
+    assert done.returncode == 0, done.stderr[-3000:]
     report = _tool(site, work, "report", "--json", "second", **env)
     assert report.returncode == 0, report.stderr[-2000:]
     data = json.loads(report.stdout)

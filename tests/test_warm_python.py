@@ -58,7 +58,9 @@ def test_a_script_sees_what_a_fresh_interpreter_gives_it(tmp_path):
 
 def test_a_module_and_code_run_as_python_runs_them(tmp_path):
     (tmp_path / "probe_mod.py").write_text(PROBE)
-    env = dict(os.environ, WARM_PROBE="m")
+    # the environment of the test above (its XLA_FLAGS aside, read at run time): its warm
+    # interpreter serves this program too, rather than one more started for a new value
+    env = dict(os.environ, WARM_PROBE="yes")
     fresh, warm = _both([sys.executable, "-m", "probe_mod", "0"], cwd=tmp_path, env=env)
     assert warm.returncode == fresh.returncode == 0, warm.stderr
     seen, expected = json.loads(warm.stdout), json.loads(fresh.stdout)

@@ -81,6 +81,12 @@ def _record(logdir, *, sync: bool) -> str:
     return str(session.run_dir)
 
 
+@pytest.fixture(scope="module")
+def synced_run(tmp_path_factory) -> str:
+    """The loop recorded with an ``.item()`` in every step (read-only: the tests that read it share it)."""
+    return _record(tmp_path_factory.mktemp("synced") / "runs", sync=True)
+
+
 def _report_json(run_dir, capsys) -> dict:
     capsys.readouterr()
     assert main(["report", "--json", run_dir]) == 0
@@ -88,8 +94,8 @@ def _report_json(run_dir, capsys) -> dict:
 
 
 @pytest.mark.quick
-def test_report_json_has_the_schema_steps_and_the_advisors_findings(logdir, capsys):
-    run_dir = _record(logdir, sync=True)
+def test_report_json_has_the_schema_steps_and_the_advisors_findings(synced_run, capsys):
+    run_dir = synced_run
     data = _report_json(run_dir, capsys)
     assert data["schema"] == "tpu_debug.report/1"
     assert data["findings_schema"] == "tpu_debug.findings/1"
@@ -132,8 +138,8 @@ def test_a_run_without_a_problem_has_no_findings(logdir, capsys):
     assert data["steps"]["count"] == 6
 
 
-def test_every_field_of_the_report_is_documented(logdir, capsys):
-    data = _report_json(_record(logdir, sync=True), capsys)
+def test_every_field_of_the_report_is_documented(synced_run, capsys):
+    data = _report_json(synced_run, capsys)
     missing = _undocumented(data, _documented())
     assert not missing, f"docs/report_schema.md does not describe {sorted(missing)}"
 
@@ -392,8 +398,8 @@ def test_a_width_below_twenty_is_refused(capsys):
     assert "no line width" in capsys.readouterr().err
 
 
-def test_a_recorded_runs_plain_report_keeps_its_source_lines_whole(logdir, capsys):
-    run_dir = _record(logdir, sync=True)
+def test_a_recorded_runs_plain_report_keeps_its_source_lines_whole(synced_run, capsys):
+    run_dir = synced_run
     capsys.readouterr()
     assert main(["report", "--plain", "--width", "60", run_dir]) == 0
     text = capsys.readouterr().out

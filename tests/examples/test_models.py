@@ -18,14 +18,17 @@ import tpu_debug
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.models import _harness  # noqa: E402
 
+# resnet last, and test_main_reports_each_mode right after test_model_matches_cpu: with xdist
+# (tests/conftest.py sends a module's tests to a worker in eights of its collection order) the
+# resnet-eager step that test reuses then runs on its worker, before it, and is not run again
 CASES = [
     ("llama", {}),
     ("moe", {"experts": "loop"}),
     ("moe", {"experts": "grouped"}),
-    ("resnet", {}),
     ("dlrm", {}),
     ("mingpt", {}),
     ("unet", {}),
+    ("resnet", {}),
 ]
 
 
@@ -44,6 +47,28 @@ def test_model_matches_cpu(tmp_path, name, kwargs, mode):
     if kwargs.get("experts") != "loop":
         findings = session.findings()
         assert findings == [], [(f.kind, f.title) for f in findings]
+
+
+def test_main_reports_each_mode(capsys, monkeypatch):
+    """``--mode eager`` runs the eager step alone and prints its comparison. The step is the one
+    test_model_matches_cpu[resnet-eager] ran when it ran in this process: main's subject is
+    which modes it runs and what it prints, the step's is that test's."""
+    from examples.models import resnet
+
+    real, modes = resnet.run, []
+
+    def run(mode):
+        modes.append(mode)
+        key = ("resnet", None, mode)
+        if key not in _results:
+            _results[key] = real(mode)
+        return _results[key]
+
+    monkeypatch.setattr(resnet, "run", run)
+    assert resnet.main(["--mode", "eager"]) == 0
+    out = capsys.readouterr().out
+    assert modes == ["eager"]
+    assert "eager:" in out and "OK" in out and "compiled:" not in out
 
 
 # slow tier: lazy mode is checked in CI by the OpInfo lazy tier and tests/runtime/test_lazy*.py
@@ -73,25 +98,3 @@ def test_harness_catches_a_wrong_result():
     result = _harness.compare(dlrm.DLRM, dlrm.make_batch, skewed, "eager", to_device=dlrm._to)
     assert not result.ok
     assert result.worst["loss"] > 1 and result.worst["output[0]"] > 1
-
-
-def test_main_reports_each_mode(capsys, monkeypatch):
-    """``--mode eager`` runs the eager step alone and prints its comparison. The step is the one
-    test_model_matches_cpu[resnet-eager] ran when it ran in this process: main's subject is
-    which modes it runs and what it prints, the step's is that test's."""
-    from examples.models import resnet
-
-    real, modes = resnet.run, []
-
-    def run(mode):
-        modes.append(mode)
-        key = ("resnet", None, mode)
-        if key not in _results:
-            _results[key] = real(mode)
-        return _results[key]
-
-    monkeypatch.setattr(resnet, "run", run)
-    assert resnet.main(["--mode", "eager"]) == 0
-    out = capsys.readouterr().out
-    assert modes == ["eager"]
-    assert "eager:" in out and "OK" in out and "compiled:" not in out

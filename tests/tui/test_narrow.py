@@ -10,7 +10,7 @@ from rich.text import Text
 from synthetic_run import GRAPH, LENGTHS
 from textual.widgets import DataTable
 from tpu_debug.tui.widgets.fit_table import Col, plan_columns
-from tui_helpers import drive, press, screen_text
+from tui_helpers import DURATION, cells, column_lines, drive, press, screen_text
 
 NARROW = (100, 30)
 WIDE = (160, 45)
@@ -25,26 +25,6 @@ VIEW_KEYS = {
     "8": "Collectives",
     "9": "Fit",
 }
-# a whole duration with its unit, as format_seconds writes it
-DURATION = re.compile(r"^(\d+(\.\d+)? (s|ms|µs|ns)|-)$")
-
-
-def column_lines(app, table: DataTable, key: str) -> list[str]:
-    """What the screen shows in ``table``'s column ``key``, one string per screen row (the
-    header first): read from the rendered screen, not from the table's data."""
-    lines = screen_text(app).split("\n")
-    x = table.region.x
-    for column_key, column in table.columns.items():
-        width = column.get_render_width(table)
-        if column_key.value == key:
-            rows = lines[table.region.y : table.region.y + table.region.height]
-            return [row[x : x + width].strip() for row in rows]
-        x += width
-    raise AssertionError(f"column {key!r} is not shown: {[k.value for k in table.columns]}")
-
-
-def cells(lines: list[str]) -> list[str]:
-    return [line for line in lines[1:] if line]
 
 
 def test_recompiles_at_100x30_shows_the_counts_and_whole_shape_changes(make_app):
@@ -69,6 +49,9 @@ def test_recompiles_at_100x30_shows_the_counts_and_whole_shape_changes(make_app)
     drive(app, scenario, size=NARROW)
 
 
+# twin in the default tier: test_snapshots.py::test_screen_snapshot[recompiles-*] and [steps-*]
+# make these checks on the same views at both sizes
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [NARROW, WIDE], ids=["100x30", "160x45"])
 def test_durations_are_never_cut(make_app, size):
     app = make_app()
@@ -88,6 +71,9 @@ def test_durations_are_never_cut(make_app, size):
     drive(app, scenario, size=size)
 
 
+# twin in the default tier: test_snapshots.py::test_screen_snapshot[collectives-*] makes these
+# checks on the same view at both sizes
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [NARROW, WIDE], ids=["100x30", "160x45"])
 def test_collectives_show_bytes_and_the_source_line(make_app, size):
     app = make_app()
@@ -104,6 +90,9 @@ def test_collectives_show_bytes_and_the_source_line(make_app, size):
     drive(app, scenario, size=size)
 
 
+# twin in the default tier: test_snapshots.py::test_screen_snapshot[<screen>-100x30] makes these
+# checks on the footer of the same seven screens (FOOTER_CHECKED there), at no cost of its own
+@pytest.mark.slow
 @pytest.mark.parametrize("keys", [(), ("2",), ("3",), ("5",), ("8",), ("5", "down", "enter"), ("2", "v")])
 def test_the_footer_fits_100_columns_and_names_every_view_key(make_app, keys):
     app = make_app()

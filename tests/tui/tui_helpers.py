@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 from snapshot import svg_text
-from textual.widgets import OptionList
+from textual.widgets import DataTable, OptionList
 from textual.worker import WorkerCancelled
 
 SIZE = (120, 36)  # the pilot tests run at this terminal size unless they name another
@@ -73,3 +74,25 @@ async def press(pilot, *keys: str) -> None:
     for key in keys:
         await pilot.press(key)
         await settle(pilot)
+
+
+# a whole duration with its unit, as format_seconds writes it
+DURATION = re.compile(r"^(\d+(\.\d+)? (s|ms|µs|ns)|-)$")
+
+
+def column_lines(app, table: DataTable, key: str) -> list[str]:
+    """What the screen shows in ``table``'s column ``key``, one string per screen row (the
+    header first): read from the rendered screen, not from the table's data."""
+    lines = screen_text(app).split("\n")
+    x = table.region.x
+    for column_key, column in table.columns.items():
+        width = column.get_render_width(table)
+        if column_key.value == key:
+            rows = lines[table.region.y : table.region.y + table.region.height]
+            return [row[x : x + width].strip() for row in rows]
+        x += width
+    raise AssertionError(f"column {key!r} is not shown: {[k.value for k in table.columns]}")
+
+
+def cells(lines: list[str]) -> list[str]:
+    return [line for line in lines[1:] if line]
