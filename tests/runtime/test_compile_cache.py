@@ -241,28 +241,42 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _traced_run(tmp_path, root, mode: str, line: int = -2) -> list[int]:
+def _traced_lines(tmp_path, root, mode: str) -> tuple[list[int], list[int]]:
+    """The script's two printed lines of counts, run in a process of its own on the cache ``root``."""
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(root))
     done = warm_python.run([sys.executable, str(script), str(tmp_path / "runs"), mode], env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    return [int(v) for v in done.stdout.splitlines()[line].split()]
+    first, second = ([int(v) for v in line.split()] for line in done.stdout.splitlines()[-2:])
+    return first, second
 
 
-def test_second_process_compiles_nothing_and_trace_option_turns_it_off(tmp_path):
-    root = tmp_path / "compile"
-    compiles, read_back, flagged, recompiles = _traced_run(tmp_path, root, "on")
+def _traced_run(tmp_path, root, mode: str, line: int = -2) -> list[int]:
+    return _traced_lines(tmp_path, root, mode)[line]
+
+
+@pytest.fixture(scope="module")
+def first_process(tmp_path_factory):
+    """The script's first run, on an empty cache: (the cache's root, its two lines of counts).
+    The runs after it on that root read back or leave the cache off, so write nothing to it:
+    each test that starts from this run finds the cache as the run left it."""
+    tmp = tmp_path_factory.mktemp("first_process")
+    root = tmp / "compile"
+    return (root, *_traced_lines(tmp, root, "on"))
+
+
+def test_second_process_compiles_nothing_and_trace_option_turns_it_off(tmp_path, first_process):
+    root, (compiles, read_back, flagged, recompiles), _ = first_process
     assert compiles > 0 and read_back == 0 and flagged == 0 and recompiles > 0
     # read back: nothing compiled, so nothing recompiled either; fail_on_recompile stays quiet
     assert _traced_run(tmp_path, root, "guarded") == [0, compiles, compiles, 0]
     assert _traced_run(tmp_path, root, "off") == [compiles, 0, 0, recompiles]
 
 
-def test_second_run_says_nothing_compiled_yet_16_recompiles(tmp_path):
+def test_second_run_says_nothing_compiled_yet_16_recompiles(tmp_path, first_process):
     # every reader counts the same: compiles and recompiles are what XLA compiled, read-backs apart
-    root = tmp_path / "compile"
-    compiles, recompiles, read_backs, *table = _traced_run(tmp_path, root, "on", line=-1)
+    root, _, (compiles, recompiles, read_backs, *table) = first_process
     assert compiles > 0 and recompiles > 0 and read_backs == 0 and table == [compiles, recompiles, 0]
     assert _traced_run(tmp_path, root, "on", line=-1) == [0, 0, compiles, 0, 0, compiles]
 

@@ -171,8 +171,9 @@ def test_a_training_step_holds_what_pytorch_on_cpu_holds():
             del keep
 
 
-@pytest.mark.parametrize("phase", ["backward", "optimizer"])
-def test_the_memory_tracer_tells_phases_and_lines(phase):
+@pytest.fixture(scope="module")
+def traced_step():
+    """One SGD step traced by the memory tracer: (its summary, its steps), read by each phase's test."""
     from tpu_debug.tracers.recording.memory_tracker import MemoryTracer
 
     gc.collect()
@@ -189,10 +190,16 @@ def test_the_memory_tracer_tells_phases_and_lines(phase):
         summary = tracer.close()
     finally:
         probes.unsubscribe(tracer)
+    return summary, tracer.steps
+
+
+@pytest.mark.parametrize("phase", ["backward", "optimizer"])
+def test_the_memory_tracer_tells_phases_and_lines(phase, traced_step):
+    summary, steps = traced_step
     holders = summary.holders
     assert holders, "the peak has holders"
     lines = {(h.line, h.phase) for h in holders if h.file == __file__}
     assert any(p == phase for _, p in lines), lines
-    first_step = tracer.steps[0]
+    first_step = steps[0]
     assert first_step.peak_bytes >= first_step.live_bytes
-    assert summary.peak_bytes == max(s.peak_bytes for s in tracer.steps)
+    assert summary.peak_bytes == max(s.peak_bytes for s in steps)

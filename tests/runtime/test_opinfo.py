@@ -58,7 +58,7 @@ from opinfo_expectations import EXPECTATIONS, TOLERANCES, ci_samples, expectatio
 from torch.testing._internal import common_utils
 from torch.testing._internal.opinfo import core as opinfo_core
 from torch.testing._internal.common_methods_invocations import op_db
-from tpu_debug.runtime import eager
+from tpu_debug.runtime import cache_counts, eager
 
 import tpu_debug  # noqa: F401 - registers the tpu device
 from torch._dynamo.backends.registry import lookup_backend
@@ -123,10 +123,31 @@ def _compiled(fn: Callable) -> Callable:
     compiled = torch.compile(call, backend=_GraphCount.backend, dynamic=False)
 
     def run(*args, **kwargs):
-        with _seeding_dynamo_can_trace():
+        with _seeding_dynamo_can_trace(), _guard_latency_unmeasured():
             return compiled(*args, **kwargs)
 
     return run
+
+
+def _no_latency(*args) -> float:
+    return 0.0
+
+
+@contextlib.contextmanager
+def _guard_latency_unmeasured():
+    """Dynamo times each new guard set once for its logs (``profile_guard_manager``: a CPU-cache
+    flush, then one evaluation), about 25 ms of CPU per compile, once per sample here since
+    each call starts from a clean dynamo state. The figure goes to a debug log and a metric
+    nothing here reads; the guards are still built and checked on the frame they were made for
+    (dynamo's ``guard_manager.check`` before the profiling), so the check is unchanged."""
+    from torch._dynamo import guards
+
+    saved = guards.profile_guard_manager
+    guards.profile_guard_manager = _no_latency
+    try:
+        yield
+    finally:
+        guards.profile_guard_manager = saved
 
 
 def _seeded(op, *args, **kwargs):
@@ -134,15 +155,27 @@ def _seeded(op, *args, **kwargs):
     return op(*args, **kwargs)
 
 
+_seed_wrapping_modules: tuple[int, list] = (-1, [])
+
+
+def _modules_with_wrapper_set_seed() -> list:
+    """The ``torch.testing._internal`` modules holding a ``wrapper_set_seed``, found again only
+    when a module was imported since the last search (a walk of every module, per sample)."""
+    global _seed_wrapping_modules
+    count, modules = _seed_wrapping_modules
+    if count != len(sys.modules):
+        modules = [m for name, m in list(sys.modules.items())
+                   if name.startswith("torch.testing._internal") and getattr(m, "wrapper_set_seed", None) is not None]
+        _seed_wrapping_modules = (len(sys.modules), modules)
+    return modules
+
+
 @contextlib.contextmanager
 def _seeding_dynamo_can_trace():
     """OpInfo wraps random ops in ``wrapper_set_seed``, whose ``freeze_rng_state`` saves
     the RNG states under ``no_dispatch()``: dynamo gives up on the whole call and runs it
     eagerly. Compiled, the op is seeded without the freeze (values are range-checked)."""
-    import sys
-
-    modules = [m for name, m in list(sys.modules.items())
-               if name.startswith("torch.testing._internal") and getattr(m, "wrapper_set_seed", None) is not None]
+    modules = _modules_with_wrapper_set_seed()
     saved = [(m, m.wrapper_set_seed) for m in modules]
     for m in modules:
         m.wrapper_set_seed = _seeded
@@ -633,7 +666,7 @@ def _call(fn, inp, args, kwargs):
 def _check_call(what, *args, **kwargs):
     """Run one check (``what``: "op", "in-place", ...); its failure is tagged with ``what``."""
     try:
-        _check_one(what, *args, **kwargs)
+        return _check_one(what, *args, **kwargs)
     except Exception as exc:
         if not hasattr(exc, "opinfo_check"):
             exc.opinfo_check = what
@@ -642,7 +675,8 @@ def _check_call(what, *args, **kwargs):
 
 def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=None, canonical=None,
                reference=None):
-    """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match."""
+    """Run ``fn`` on a CPU copy and a tpu copy of ``sample``; results and arguments must match.
+    Returns CPU's result (``_CPU_RAISES`` when CPU raised, and tpu did too)."""
     cpu = _clone((sample.input, sample.args, sample.kwargs))
     dev = _to_tpu(cpu)
     if prepare is not None:
@@ -653,13 +687,14 @@ def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=N
         try:
             _call(run(fn), *dev)
         except Exception:  # noqa: BLE001
-            return
+            return _CPU_RAISES
         raise Mismatch(f"{what}: CPU raises {_first_line(cpu_exc)}; tpu returns a result") from None
+    cpu_result = expected
     actual = _call(run(fn), *dev)
     on_tpu = not any(t.device.type == "cpu" for t in _tensors(actual)) or not _cpu_result_expected(fn, dev)
     if random:
         _check_random(actual, expected, sample, rng_range, what=what, on_tpu=on_tpu)
-        return
+        return cpu_result
     if canonical is not None:
         try:
             actual = _to_host(actual) if on_tpu else actual
@@ -675,6 +710,11 @@ def _check_one(what, fn, sample, run, *, tol, rng_range, random: bool, prepare=N
     after = [t.cpu() for t in _tensors(dev)]
     _compare(after, list(_tensors(cpu)), tol=tol, what=f"{what}, arguments after the call", on_tpu=False,
              reference=reference)
+    return cpu_result
+
+
+# what _check_one returns when CPU raised (and tpu did too)
+_CPU_RAISES = object()
 
 
 def _without_out(args):
@@ -727,16 +767,15 @@ def check_sample(op, sample, dtype, mode, *, through_view: bool = True, inplace_
     kw = {"tol": tol, "rng_range": rng_range, "random": random,
           "canonical": CANONICAL_OUTPUTS.get(name), "reference": _Reference(op, sample)}
 
-    _check_call("op", op, sample, run, **kw)
+    # the functional call's CPU result: the out= check below shapes its out= tensors like it
+    expected = _check_call("op", op, sample, run, **kw)
     inplace = op.inplace_variant if inplace_forms else None
     if inplace is not None:
         _check_call("in-place", inplace, sample, run, **kw)
         if through_view and not random and isinstance(sample.input, torch.Tensor):
             _check_call("in-place through a view", _strip_base(inplace), sample, run, prepare=_via_view, **kw)
     if op.supports_out and not random:
-        try:
-            expected = op(_clone(sample.input), *_clone(sample.args), **_clone(sample.kwargs))
-        except Exception:  # noqa: BLE001 - the functional check above already compared errors
+        if expected is _CPU_RAISES:  # the functional check above already compared errors
             return
         prepare = _out_like(expected)
         if prepare is not None:
@@ -766,10 +805,15 @@ def _record(op, dtype, mode, outcome, *, start, error=None, sample=None, samples
 _MAX_CACHED_EXECUTABLES = 2000
 
 
+def _eager_executables() -> int:
+    return next(c.entries for c in cache_counts() if c.name == "eager executables")
+
+
 def _bound_executable_cache():
     # a full sweep compiles tens of thousands of (op, shape) executables (max_pool2d alone has
     # over a thousand samples): keep a worker's memory bounded; nearby samples still share them
-    if len(eager.cache_stats()) > _MAX_CACHED_EXECUTABLES:
+    # (the count from cache_counts(): cache_stats() would build a record per executable, per sample)
+    if _eager_executables() > _MAX_CACHED_EXECUTABLES:
         eager.clear_cache()
         jax.clear_caches()
 

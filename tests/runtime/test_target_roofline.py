@@ -92,11 +92,28 @@ def _compiled_directly(spec, fn, args):
     return compiled.as_text(), cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
+@pytest.fixture(scope="module")
+def direct_dot():
+    """``direct_dot(spec, n, dtype, precision)``: ``jnp.dot`` of two (n, n) arrays at ``precision``
+    compiled straight through JAX (``_compiled_directly``), each reference compiled once for the
+    tests that read it (a float32 HIGHEST product of 1536 is the costliest compile here)."""
+    done = {}
+
+    def compiled(spec, n, dtype, precision):
+        key = (spec, n, jnp.dtype(dtype).name, precision)
+        if key not in done:
+            a = jax.ShapeDtypeStruct((n, n), dtype)
+            done[key] = _compiled_directly(spec, lambda x, y: jnp.dot(x, y, precision=precision), (a, a))
+        return done[key]
+
+    return compiled
+
+
 @requires_libtpu
 @pytest.mark.parametrize("spec", ["v5e", pytest.param("v6e", marks=pytest.mark.slow)])  # v6e: the same passes, another rate
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("precision", ["default", "high", "highest"])
-def test_a_float32_products_time_is_its_passes(spec, dtype, precision):
+def test_a_float32_products_time_is_its_passes(spec, dtype, precision, direct_dot):
     import re
 
     # the expected time is the roofline of either bound, whichever it is; at 1536 every float32
@@ -108,7 +125,7 @@ def test_a_float32_products_time_is_its_passes(spec, dtype, precision):
     def f(x, y):
         return jnp.dot(x, y, precision=precision)
 
-    hlo, cost = _compiled_directly(spec, f, (a, a))
+    hlo, cost = direct_dot(spec, n, dtype, precision)  # f's dot, compiled straight through JAX
     (dot,) = [line for line in hlo.splitlines() if " convolution(" in line or " dot(" in line]
     named = re.search(r"operand_precision=\{(\w+),", dot)
     said = named.group(1) if named else "default"
@@ -126,7 +143,7 @@ def test_a_float32_products_time_is_its_passes(spec, dtype, precision):
 
 
 @requires_libtpu
-def test_a_torch_float32_matmul_on_the_target_is_timed_at_six_passes():
+def test_a_torch_float32_matmul_on_the_target_is_timed_at_six_passes(direct_dot):
     # torch's float32 matmul precision is "highest" by default; the runtime's lowering keeps
     # it, and the TPU compiler runs it as six bf16 passes
     import torch
@@ -139,8 +156,7 @@ def test_a_torch_float32_matmul_on_the_target_is_timed_at_six_passes():
         x = torch.empty(n, n, device="tpu")
         return x @ x
 
-    a = jax.ShapeDtypeStruct((n, n), jnp.float32)
-    hlo, cost = _compiled_directly("v5e", lambda x, y: jnp.dot(x, y, precision="highest"), (a, a))
+    hlo, cost = direct_dot("v5e", n, jnp.float32, "highest")
     assert "operand_precision={highest,highest}" in hlo
     result = tpu_debug.dry_run(step, target="v5e")
     (program,) = [p for p in result.programs if p.result is not None and "mm" in p.name]
