@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tpu_debug.runtime.lazy import hook_optimizers
@@ -243,7 +244,7 @@ class StepTracker:
             # post hooks run in the order they were registered: lazy mode's (which runs the
             # step's pending graph) first, so the graph is counted in the step it belongs to
             hook_optimizers()
-            self._pre_hook = register_optimizer_step_pre_hook(hidden_from_dynamo(self._optimizer_starting))
+            self._pre_hook = register_optimizer_step_pre_hook(_untraced_by_dynamo(self._optimizer_starting))
             self._hook = register_optimizer_step_post_hook(hidden_from_dynamo(self._optimizer_stepped))
         except Exception as exc:  # noqa: BLE001 - explicit marks and loop detection still work
             self._error("start", exc)
@@ -641,6 +642,23 @@ def steps_between(
                 _count_compile(counts, float(c.seconds), bool(c.diffs), bool(getattr(c, "from_cache", False)))
         steps.append(_event(new_id(), index, detected, start, end, counts, None, thread=0, measured=False))
     return steps
+
+
+def _untraced_by_dynamo(fn: Callable[..., None]) -> Callable[..., None]:
+    """An optimizer-step pre-hook that does nothing where dynamo traces ``opt.step()``.
+
+    A hook dynamo may not trace (``hidden_from_dynamo``) breaks the user's graph where it is
+    called: at the start of a compiled ``opt.step()``, that would split a one-program step in
+    two. Dynamo traces this one instead, and under tracing ``is_compiling()`` is true, so the
+    graph holds nothing of it; run eagerly, it calls ``fn``."""
+    hidden = hidden_from_dynamo(fn)
+    compiling = torch.compiler.is_compiling
+
+    def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not compiling():
+            hidden(optimizer, args, kwargs)
+
+    return pre_hook
 
 
 def _event(
