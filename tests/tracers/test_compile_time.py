@@ -323,7 +323,7 @@ def _run(tmp_path: Path, cache: Path, name: str) -> dict:
     env.update(TPU_DEBUG_COMPILE_CACHE="1", TPU_DEBUG_COMPILE_CACHE_DIR=str(cache))
     logdir = tmp_path / "runs"
     cmd = [sys.executable, "-m", "tpu_debug", "run", "--no-report", "--name", name, "--logdir", str(logdir),
-           str(PITFALL), "--layers", "3", "--steps", "1"]
+           str(PITFALL), "--layers", "1", "--steps", "1"]
     proc = warm_python.run(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     session = tpu_debug.open_run(name, logdir=logdir)
