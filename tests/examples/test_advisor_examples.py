@@ -31,6 +31,8 @@ PITFALLS: dict[str, tuple[list[str], list[str], set[str], list[str]]] = {
     "cpu_fallback.py": ([], ["--steps", "4"], {"cpu_fallback"}, ["--fixed"]),
     "float64.py": ([], ["--steps", "3"], {"float64"}, ["--fixed"]),
     "tiny_ops.py": ([], ["--steps", "3"], {"eager_tiny_ops"}, ["--fixed"]),
+    # a compiled model, its optimizer over 64 parameters one by one after it
+    "split_step.py": ([], ["--steps", "8"], {"split_step"}, ["--fixed"]),
     "h2d_every_step.py": ([], ["--steps", "4"], {"h2d_every_step"}, ["--fixed"]),
     "d2h_every_step.py": ([], ["--steps", "4"], {"d2h_every_step"}, ["--fixed"]),
     # lazy by default: eager mode raises PyTorch's error at the gather (the run would fail)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import tpu_debug
-from tpu_debug.tracers.advisor.step_rules import OPTIMIZER_SHARE
+from tpu_debug.tracers.advisor.step_rules import OPTIMIZER_OPS_MIN, OPTIMIZER_SHARE
 
 STEPS = 8
 
@@ -89,9 +89,19 @@ def test_the_whole_step_compiled_is_silent(tmp_path):
 
 
 def test_a_model_whose_own_work_is_the_step_is_silent(tmp_path):
-    """Four parameters updated by one foreach op each, after wide matmuls: the optimizer is a
-    small share of the step, the split costs little."""
-    run = _split_run(tmp_path, layers=2, width=512, batch=512, foreach=True)
+    """Twelve parameters updated one by one after wide matmuls: as many optimizer ops as a
+    finding needs, but the model's work is the step, and the split costs little."""
+    run = _split_run(tmp_path, layers=6, width=256, batch=1024, foreach=False)
     steady = [s for s in run.steps() if s.optimizer_ops]
     assert steady and all(s.graph_runs >= 2 for s in steady)
+    assert sorted(s.optimizer_ops for s in steady)[len(steady) // 2] >= OPTIMIZER_OPS_MIN
+    assert not [f for f in run.findings() if f.kind == "split_step"]
+
+
+def test_a_foreach_optimizer_is_silent(tmp_path):
+    """PyTorch's default foreach optimizer runs a handful of ops per step however many
+    parameters it updates: fewer than a finding needs."""
+    run = _split_run(tmp_path, layers=24, width=16, batch=4, foreach=True)
+    steady = [s for s in run.steps() if s.optimizer_ops]
+    assert steady and all(0 < s.optimizer_ops < OPTIMIZER_OPS_MIN for s in steady[1:])
     assert not [f for f in run.findings() if f.kind == "split_step"]

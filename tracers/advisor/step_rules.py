@@ -20,8 +20,9 @@ here: on an eager step the host's time is the runtime's work per op, which the
 ``eager_tiny_ops`` rule judges by the ops' sizes, and a device-bound run is a correct one.
 
 An optimizer left outside a compiled model (``split_step``) is the other rule here: the model
-runs as compiled programs, ``optimizer.step()`` op by op after them, and the optimizer's host
-work is at least half of a typical steady step.
+runs as compiled programs, ``optimizer.step()`` op by op after them (at least
+:data:`OPTIMIZER_OPS_MIN` ops), and the optimizer's host work is at least half of a typical
+steady step.
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ from tpu_debug.tracers.advisor.registry import RULES, rule
 from tpu_debug.tracers.events import SourceLocation
 from tpu_debug.tracers.reading.step_time import PARTS, Verdict, split_step, verdict
 
-__all__ = ["BOUND_SHARE", "COVERED_SHARE", "INPUT_FLOOR_SECONDS", "OPTIMIZER_SHARE", "optimizer_outside_step", "step_bound"]
+__all__ = [
+    "BOUND_SHARE",
+    "COVERED_SHARE",
+    "INPUT_FLOOR_SECONDS",
+    "OPTIMIZER_OPS_MIN",
+    "OPTIMIZER_SHARE",
+    "optimizer_outside_step",
+    "step_bound",
+]
 
 # a part holding at least half of a typical step's time is what bounds it: removing any other
 # part cannot make the step more than twice as fast
@@ -59,6 +68,12 @@ INPUT_FLOOR_SECONDS = 0.01
 # is what a compiled model with a foreach optimizer spends on small models (a fifth to two fifths
 # here), and it moves with the machine's load: a finding there would come and go between runs
 OPTIMIZER_SHARE = 0.5
+# and when it runs at least this many eager ops per step: an optimizer over many parameters one
+# by one (foreach=False, or one without foreach kernels), a few ops per parameter. A foreach
+# optimizer (PyTorch's default here) runs a handful whatever its size (Adam 7), whose share of a
+# small model's step sits around half and moves with the machine's load: a finding there would
+# come and go between two runs of the same program
+OPTIMIZER_OPS_MIN = 32
 # the TUI views whose rules' findings are about each part's events
 _RELATED_VIEWS = {
     "input": ("transfers",),
@@ -86,12 +101,12 @@ def step_bound(facts: RunFacts) -> Iterable[Finding]:
     yield _BUILDERS[v.part](facts, v)
 
 
-@rule("split_step", about="a compiled model whose optimizer.step() runs outside it, op by op, for a large "
-      "share of each step", view="steps")
+@rule("split_step", about="a compiled model whose optimizer.step() runs outside it, op by op over many "
+      "parameters, for at least half of each step", view="steps")
 def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
-    """The model runs as compiled programs and ``optimizer.step()`` runs eagerly after them,
-    and the optimizer's host work holds at least :data:`OPTIMIZER_SHARE` of a typical steady
-    step: one program for the whole step would do (TorchTPU's guide compiles the training step
+    """The model runs as compiled programs and ``optimizer.step()`` runs eagerly after them, at
+    least :data:`OPTIMIZER_OPS_MIN` ops, and the optimizer's host work holds at least
+    :data:`OPTIMIZER_SHARE` of a typical steady step: one program for the whole step would do (TorchTPU's guide compiles the training step
     whole). Silent where the optimizer is compiled too (its ops are then graph runs), in lazy
     mode (its ops are deferred into the step's graph), and where it costs a small share.
 
@@ -101,6 +116,8 @@ def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
     the step does not remove."""
     split = [s for s in facts.steady if s.graph_runs and s.optimizer_ops]
     if len(split) < 2 or 2 * len(split) < len(facts.steady):
+        return
+    if _median([s.optimizer_ops for s in split]) < OPTIMIZER_OPS_MIN:
         return
     if any(eager_tiny_ops(facts)):
         return  # hundreds of small eager ops per step: that finding names the same fix for all of them
