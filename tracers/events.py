@@ -1055,7 +1055,8 @@ class StepEvent(Event):
     the XLA compiles it asks for, which is the compile side too. ``optimizer_seconds`` is the
     time inside a ``tpu`` optimizer's ``step()`` (its Python and its ops), ``optimizer_ops`` the
     eager ops it ran and ``optimizer_op_seconds`` their time, compiles included (their runs hold
-    any wait for the device work queued before them): an optimizer left outside a compiled step (``advisor.step_rules``).
+    any wait for the device work queued before them): an optimizer left outside a compiled
+    step (``advisor.step_rules``).
 
     Where the step's time went, on the thread that ran it (``tracers.reading.step_time``
     splits ``seconds`` into parts from these): ``input_seconds`` waiting for

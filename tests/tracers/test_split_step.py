@@ -5,12 +5,14 @@ work is most of the step."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
+from tpu_debug.tracers.advisor.step_rules import OPTIMIZER_OPS_MIN, OPTIMIZER_SHARE
 
 import tpu_debug
-from tpu_debug.tracers.advisor.step_rules import OPTIMIZER_OPS_MIN, OPTIMIZER_SHARE
 
 STEPS = 8
 
@@ -34,7 +36,7 @@ def _split_run(tmp_path, layers: int, width: int, batch: int, foreach: bool):
 
 
 def _line_of(marker: str) -> int:
-    lines = open(__file__).read().splitlines()
+    lines = Path(__file__).read_text().splitlines()
     return next(i for i, text in enumerate(lines, 1) if marker in text and "_line_of" not in text)
 
 
@@ -56,7 +58,8 @@ def test_an_optimizer_outside_a_compiled_model_is_one_finding_at_its_line(split)
     f = found[0]
     assert f.severity == "warning" and f.estimated
     loc = f.evidence.location
-    assert loc is not None and loc.file == __file__ and loc.line == _line_of("opt.step()  # the optimizer's line")
+    assert loc is not None and loc.file == __file__
+    assert loc.line == _line_of("opt.step()  # the optimizer's line")
     counts = {c.name: c.value for c in f.evidence.counts}
     assert counts["optimizer eager ops per step"] >= 112
     assert counts["share of a steady step"] >= 100 * OPTIMIZER_SHARE

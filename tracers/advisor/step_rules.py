@@ -106,32 +106,30 @@ def step_bound(facts: RunFacts) -> Iterable[Finding]:
 def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
     """The model runs as compiled programs and ``optimizer.step()`` runs eagerly after them, at
     least :data:`OPTIMIZER_OPS_MIN` ops, and the optimizer's host work holds at least
-    :data:`OPTIMIZER_SHARE` of a typical steady step: one program for the whole step would do (TorchTPU's guide compiles the training step
-    whole). Silent where the optimizer is compiled too (its ops are then graph runs), in lazy
-    mode (its ops are deferred into the step's graph), and where it costs a small share.
+    :data:`OPTIMIZER_SHARE` of a typical steady step: one program for the whole step would do
+    (TorchTPU's guide compiles the training step whole). Silent where the optimizer is compiled
+    too (its ops are then graph runs), in lazy mode (its ops are deferred into the step's
+    graph), and where it costs a small share.
 
-    The host work is an estimate: the optimizer's Python (its time outside its ops and their compiles), and each
-    of its ops at the run's cheapest op time (its dispatch). Its ops' own measured time is not
-    used: it holds the wait for the model's device work queued before them, which compiling
-    the step does not remove."""
+    The host work is an estimate: the optimizer's Python (its time outside its ops and their
+    compiles), and each of its ops at the run's cheapest op time (its dispatch). Its ops' own
+    measured time is not used: it holds the wait for the model's device work queued before
+    them, which compiling the step does not remove."""
     split = [s for s in facts.steady if s.graph_runs and s.optimizer_ops]
     if len(split) < 2 or 2 * len(split) < len(facts.steady):
         return
-    if _median([s.optimizer_ops for s in split]) < OPTIMIZER_OPS_MIN:
-        return
-    if any(eager_tiny_ops(facts)):
-        return  # hundreds of small eager ops per step: that finding names the same fix for all of them
-    floor = _dispatch_floor([o for o in facts.ops if o.mode == "eager"])
     ops = _median([s.optimizer_ops for s in split])
+    if ops < OPTIMIZER_OPS_MIN:
+        return
+    floor = _dispatch_floor([o for o in facts.ops if o.mode == "eager"])
     hosts = [max(0.0, s.optimizer_seconds - s.optimizer_op_seconds) + s.optimizer_ops * floor for s in split]
     # the median step's share: another process's load stalls one part of a step or another, and
     # one long stall moves a total (or a quartile of each part) but not the middle step's share
     share = _median([h / s.seconds if s.seconds > 0 else 0.0 for h, s in zip(hosts, split)])
-    if share < OPTIMIZER_SHARE:
-        return
+    if share < OPTIMIZER_SHARE or any(eager_tiny_ops(facts)):
+        return  # a small share; or hundreds of small eager ops per step, whose finding names the same fix
     host, step = _median(hosts), _median([s.seconds for s in split])
     total = _median([s.optimizer_seconds for s in split])
-    graphs = _median([s.graph_runs for s in split])
     where = most_common_line(s.location for s in split)
     yield Finding(
         kind="split_step",
@@ -142,11 +140,11 @@ def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
             "on this machine, which one program for the whole step would not spend (an estimate)"
         ),
         fix=(
-            "compile the whole step, as TorchTPU's guide does: one function that runs the forward, loss.backward() "
-            "and optimizer.step(), compiled with step = tpu_debug.compile(step), so the update runs inside the "
-            f"step's program instead of as {ops} dispatches with the optimizer's Python around them; or at least "
-            "compile the optimizer's step (opt_step = torch.compile(opt.step, backend=\"tpu_debug\"); "
-            "capturable=True for Adam-style optimizers)"
+            "compile the whole step, as TorchTPU's guide does: one function that runs the forward, "
+            "loss.backward() and optimizer.step(), compiled with step = tpu_debug.compile(step), so the "
+            f"update runs inside the step's program instead of as {ops} dispatches with the optimizer's "
+            "Python around them; or at least compile the optimizer's step (opt_step = "
+            "torch.compile(opt.step, backend=\"tpu_debug\"); capturable=True for Adam-style optimizers)"
         ),
         cost_seconds=host * len(split),
         evidence=Evidence(
@@ -156,14 +154,17 @@ def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
                 Count("share of a steady step", round(100 * share)),
                 Count("optimizer.step() time per step", total, "s"),
                 Count("optimizer eager ops per step", ops),
-                Count("compiled program runs per step", graphs),
+                Count("compiled program runs per step", _median([s.graph_runs for s in split])),
                 Count("step time", step, "s"),
                 Count("steady steps", len(split)),
             ),
             (
-                f"estimate: the optimizer's Python (its time outside its ops and their compiles) and each of its {ops} ops at the run's "
-                f"cheapest op time ({format_seconds(floor)}, its dispatch); the rest of optimizer.step()'s "
-                f"{format_seconds(total)} is its ops waiting for the device, which a whole-step program spends too",
+                (
+                    f"estimate: the optimizer's Python (its time outside its ops and their compiles) and "
+                    f"each of its {ops} ops at the run's cheapest op time ({format_seconds(floor)}, its "
+                    f"dispatch); the rest of optimizer.step()'s {format_seconds(total)} is its ops waiting "
+                    "for the device, which a whole-step program spends too"
+                ),
             ),
         ),
         steps=index_span([s.index for s in split]),
