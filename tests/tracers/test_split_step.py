@@ -65,6 +65,8 @@ def test_an_optimizer_outside_a_compiled_model_is_one_finding_at_its_line(split)
     assert counts["share of a steady step"] >= 100 * OPTIMIZER_SHARE
     # each step's optimizer time is inside the step: so is the middle one's
     assert 0 < counts["optimizer.step() time per step"] <= counts["step time"]
+    # the host work is part of each step's optimizer time: so is the middle one's
+    assert counts["optimizer host work per step"] <= counts["optimizer.step() time per step"]
     assert "tpu_debug.compile(step)" in f.fix and "optimizer.step()" in f.fix
     # one cause, one finding: the eager ops are the optimizer's, said once
     assert not [g for g in split.findings() if g.kind == "eager_tiny_ops"]

@@ -112,7 +112,8 @@ def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
     graph), and where it costs a small share.
 
     The host work is an estimate: the optimizer's Python (its time outside its ops and their
-    compiles), and each of its ops at the run's cheapest op time (its dispatch). Its ops' own
+    compiles), and each of its ops at the run's cheapest op time (its dispatch; at its own mean
+    where that is less). Its ops' own
     measured time is not used: it holds the wait for the model's device work queued before
     them, which compiling the step does not remove."""
     split = [s for s in facts.steady if s.graph_runs and s.optimizer_ops]
@@ -122,7 +123,13 @@ def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
     if ops < OPTIMIZER_OPS_MIN:
         return
     floor = _dispatch_floor([o for o in facts.ops if o.mode == "eager"])
-    hosts = [max(0.0, s.optimizer_seconds - s.optimizer_op_seconds) + s.optimizer_ops * floor for s in split]
+    # each op's dispatch at the run's cheapest op time, or at its own where that is less: the
+    # host work stays within the optimizer's time, the rest of which is its ops' waits
+    hosts = [
+        max(0.0, s.optimizer_seconds - s.optimizer_op_seconds)
+        + s.optimizer_ops * min(floor, s.optimizer_op_seconds / s.optimizer_ops)
+        for s in split
+    ]
     # the median step's share: another process's load stalls one part of a step or another, and
     # one long stall moves a total (or a quartile of each part) but not the middle step's share
     share = _median([h / s.seconds if s.seconds > 0 else 0.0 for h, s in zip(hosts, split)])
@@ -161,7 +168,7 @@ def optimizer_outside_step(facts: RunFacts) -> Iterable[Finding]:
             (
                 (
                     f"estimate: the optimizer's Python (its time outside its ops and their compiles) and "
-                    f"each of its {ops} ops at the run's cheapest op time ({format_seconds(floor)}, its "
+                    f"each of its {ops} ops at most at the run's cheapest op time ({format_seconds(floor)}, its "
                     f"dispatch); the rest of optimizer.step()'s {format_seconds(total)} is its ops waiting "
                     "for the device, which a whole-step program spends too"
                 ),
