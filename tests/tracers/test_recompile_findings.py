@@ -355,7 +355,9 @@ def _scheduled_adamw_loop(tmp_path, *, tensor_lr: bool):
         opt.step()  # calls Adam.step, the function dynamo compiles again: the line the finding names
 
     with tpu_debug.trace(logdir=tmp_path, name="sched", hlo=False) as session:
-        for _ in range(6):
+        # four steps: the first compiles, and each of the three after it meets a new lr (a recompile
+        # in steady state, dynamo tracing AdamW's step again), or, with the tensor lr, none
+        for _ in range(4):
             opt.zero_grad()
             model(torch.randn(8, 16).to("tpu")).square().mean().backward()
             opt_step()
@@ -382,7 +384,9 @@ def _generate(tmp_path, **options):
     model = transformers.GPT2LMHeadModel(config).eval().to("tpu")
     prompt = torch.randint(0, 500, (1, 6)).to("tpu")
     with tpu_debug.trace(logdir=tmp_path, name="generate", hlo=False) as session, torch.no_grad():
-        model.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0, **options)
+        # each token compiles every op again; six are the fewest after whose warm-up enough steady
+        # steps remain for a size that grows at every step (recompile_rules._grows_each_step)
+        model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0, **options)
     return [f for f in session.findings() if f.kind in ("recompile", "dynamic_shape")]
 
 
