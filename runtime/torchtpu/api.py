@@ -11,6 +11,7 @@ import functools
 
 import torch
 from tpu_debug.core.errors import UnsupportedError
+from tpu_debug.runtime import accelerator as _accelerator
 from tpu_debug.runtime.torchtpu.device_module import DeviceModule
 
 __all__ = ["tpu_device"]
@@ -22,7 +23,8 @@ def tpu_device() -> torch.device:
 
     Idempotent and cached, as TorchTPU's is (``tpu_device.cache_clear()`` exists for the
     same reason: the guide's notebook helper calls it before starting the runtime again).
-    Marks TorchTPU's device module initialized (``_DeviceModule.is_initialized()``).
+    Marks TorchTPU's device module initialized (``_DeviceModule.is_initialized()``) and makes
+    ``tpu`` PyTorch's accelerator (``torch.accelerator.is_available()``), as the script asked for it.
 
     Returns:
         ``torch.device("tpu", 0)``: the runtime runs eager ops on one device.
@@ -35,6 +37,9 @@ def tpu_device() -> torch.device:
     # autoload off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): the script asked for the device, so
     # _init_runtime registers it
     DeviceModule._init_runtime(device_type="tpu")
+    # asking for the device is using it: PyTorch's accelerator is `tpu` from here, as on
+    # TorchTPU, where torch.accelerator.is_available() answers torch.tpu.is_available()
+    _accelerator.claim()
     return torch.device("tpu", 0)
 
 

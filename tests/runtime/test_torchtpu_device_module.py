@@ -1,7 +1,8 @@
 """TorchTPU's device module class over this runtime (runtime/torchtpu/device_module.py): its class
 state as the guide's notebook helper and TorchTPU's tests read and assign it, its autocast
 accessors as PyTorch's autocast state, upstream PyTorch's ``torch/tpu`` module deferring to it,
-the device initializers, and the host hardware answers."""
+the guide's ``torch.cuda`` -> ``torch.tpu`` table, the device initializers (``api.tpu_device()``
+making ``tpu`` PyTorch's accelerator), and the host hardware answers."""
 
 from __future__ import annotations
 
@@ -162,6 +163,54 @@ def test_upstream_torch_tpu_defers_to_the_device_module(tmp_path):
     """
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_api_mapping_table_answers_as_torchtpu_documents():
+    # the guide's torch.cuda -> torch.tpu table (docs/notebooks/api_mapping.py and its test):
+    # the backend is ready and counts its devices, the active core's index, seeding every core
+    # makes the device's random numbers repeat (as torch.cuda.manual_seed_all does), AMP's dtypes
+    # a list holding bfloat16, and the streams placeholders that order nothing
+    from torch_tpu import api
+
+    device = api.tpu_device()
+    assert torch.tpu.is_available() is True
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == device.index == 0
+    draws = []
+    for seed_all in (torch.tpu.manual_seed_all, torch.tpu.manual_seed, torch.tpu.manual_seed_all):
+        seed_all(42)
+        draws.append(torch.randn(8, device=device).cpu())
+    torch.testing.assert_close(draws[0], draws[1], rtol=0, atol=0)
+    torch.testing.assert_close(draws[0], draws[2], rtol=0, atol=0)
+    torch.tpu.manual_seed_all(43)
+    assert not torch.equal(torch.randn(8, device=device).cpu(), draws[0])
+    dtypes = torch.tpu.get_amp_supported_dtype()
+    assert isinstance(dtypes, list) and torch.bfloat16 in dtypes
+    default = torch.tpu.default_stream()
+    assert isinstance(default, torch.tpu.Stream) and torch.tpu.current_stream() == default
+    torch.tpu.set_stream(default)
+    assert torch.tpu.current_stream() == default
+
+
+def test_tpu_device_makes_tpu_pytorchs_accelerator():
+    # the guide's API table prints torch.accelerator.is_available() beside torch.tpu.is_available()
+    # once api.tpu_device() has run, before any tensor is made; PyTorch documents that
+    # torch.accelerator delegates to the current accelerator's device module. A fresh process:
+    # PyTorch's accelerator is process state that another test may already have set.
+    code = """
+        import torch, torch_tpu
+        from torch_tpu import api
+        device = api.tpu_device()
+        assert torch.accelerator.current_accelerator() == torch.device("tpu"), torch.accelerator.current_accelerator()
+        assert torch.accelerator.is_available() is torch.tpu.is_available() is True
+        assert torch.accelerator.device_count() == torch.tpu.device_count() >= 1
+        assert torch.accelerator.current_device_index() == torch.tpu.current_device() == device.index
+        torch.accelerator.synchronize()
+        print("ok")
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=240, check=False)
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 

@@ -36,8 +36,10 @@ RUN_AS_WRITTEN = (
     "tests/profiler/profiler_api_test.py",
     "torch_tpu/_internal/distributed/launchers/multihost_wrapper_test.py",
 )
-#: the guide's notebooks' own tests (pytest), which need no TPU either
-NOTEBOOK_TESTS = ("docs/notebooks/tests/test_eager_mode.py",)
+#: the guide's notebooks' own tests (pytest), which need no TPU either (the distributed one
+#: starts four ranks with torchrun and trains DDP over the ``tpu_dist`` backend); the others take
+#: a ``device`` or ``setup_sys_path`` fixture from a conftest.py TorchTPU's repository does not hold
+NOTEBOOK_TESTS = ("docs/notebooks/tests/test_eager_mode.py", "docs/notebooks/tests/test_distributed_training_101.py")
 #: the folders a bare git directory's snapshot is read from
 _PATHS = ("tests", "docs/notebooks", "torch_tpu/api", "torch_tpu/_internal/distributed/launchers")
 HELPER = "docs/notebooks/tpu_utils.py"
@@ -178,7 +180,7 @@ def test_the_notebooks_run_unchanged(repo, runner, tmp_path):
 
 #: notebooks that cannot run here, and why (docs/torchtpu_compat.md says the same)
 CANNOT_RUN = {
-    "porting_vit_mnist": "downloads MNIST with scikit-learn",
+    "porting_vit_mnist": "downloads MNIST with scikit-learn's fetch_openml (and plots with matplotlib)",
 }
 
 
