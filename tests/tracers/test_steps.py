@@ -136,6 +136,34 @@ def test_a_lazy_steps_graph_runs_in_the_step_it_belongs_to(tmp_path):
     assert [(s.index, s.graph_runs) for s in session.steps()] == [(i, 1) for i in range(iterations)]
 
 
+def test_dynamos_work_after_a_compiler_reset_is_still_its_steps_compile_side(tmp_path):
+    # torch.compiler.reset() clears every dynamo compile callback (TorchTPU's guide calls it
+    # between examples): the steps after it still count dynamo's tracing of the model compiled
+    # again, the trace closes without an error, and dynamo's handler is left as it was found
+    import torch._dynamo.callback as callback
+
+    handler = callback.callback_handler
+    before = (list(handler.start_callbacks), list(handler.end_callbacks), vars(handler).get("clear"))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 8).to("tpu")
+    with tpu_debug.trace(logdir=tmp_path, hlo=False) as session:
+        for i in range(4):
+            if i == 2:
+                torch.compiler.reset()
+            compiled = torch.compile(model, backend="tpu_debug")
+            opt.zero_grad()
+            compiled(x).square().mean().backward()
+            opt.step()
+    steps = session.steps()
+    assert [s.index for s in steps] == [0, 1, 2, 3]
+    # dynamo traced the model in step 0 and again in step 2, after the reset dropped its code cache
+    assert [s.trace_seconds > 0 for s in steps] == [True, False, True, False]
+    assert [e for e in session.events("internal_error")] == []
+    assert (list(handler.start_callbacks), list(handler.end_callbacks), vars(handler).get("clear")) == before
+
+
 def test_an_optimizer_of_cpu_tensors_ends_no_step_in_any_tracer(tmp_path):
     # a CPU reference trained beside the traced model: its optimizer steps are not the device's
     torch.manual_seed(0)

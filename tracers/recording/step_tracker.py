@@ -215,6 +215,7 @@ class StepTracker:
         # compile and read-back seconds inside it (counted as compiles already)
         self._tracing: list[float] = []  # [start, compiles inside] per nesting level
         self._dynamo_hooks: tuple[Any, Any] | None = None
+        self._dynamo_clear: tuple[Any, Any] | None = None  # (what `clear` was, its wrapper)
 
     @property
     def steps(self) -> int:
@@ -261,15 +262,49 @@ class StepTracker:
     def _listen_to_dynamo(self) -> None:
         """Hear dynamo start and end compiling a frame (``torch._dynamo.callback``), so its own
         work (tracing, AOTAutograd) is the compile side of the step, as its XLA compiles are: with
-        a warm compile cache those shrink to read-backs and dynamo's work is most of what is left."""
-        callback = sys.modules.get("torch._dynamo.callback")
-        handler = getattr(callback, "callback_handler", None)
+        a warm compile cache those shrink to read-backs and dynamo's work is most of what is left.
+
+        ``torch._dynamo.reset()`` (``torch.compiler.reset()``, which notebooks and test suites
+        call between models) clears every compile callback: the handler's ``clear`` is wrapped
+        while the tracker listens, so the callbacks are registered again after it."""
+        handler = _dynamo_callbacks()
         if handler is None:
             return  # dynamo not loaded: nothing compiled through it yet (it loads itself first)
         start, end = self._dynamo_started, self._dynamo_ended
         handler.register_start_callback(start)
         handler.register_end_callback(end)
         self._dynamo_hooks = (start, end)
+        clear = handler.clear
+        own = "clear" in vars(handler)  # a wrapper already on the instance, kept under this one
+
+        def clear_then_listen() -> None:
+            try:
+                clear()
+            finally:
+                if self._dynamo_hooks is not None:
+                    handler.register_start_callback(start)
+                    handler.register_end_callback(end)
+
+        handler.clear = clear_then_listen
+        self._dynamo_clear = (clear if own else None, clear_then_listen)
+
+    def _stop_listening_to_dynamo(self) -> None:
+        hooks, self._dynamo_hooks = self._dynamo_hooks, None
+        handler = _dynamo_callbacks()
+        if hooks is None or handler is None:
+            return
+        clear, wrapper = self._dynamo_clear
+        self._dynamo_clear = None
+        if vars(handler).get("clear") is wrapper:
+            if clear is None:
+                del handler.clear  # the class's own method again
+            else:
+                handler.clear = clear
+        # (absent when dynamo's state was reset in a way that bypassed clear)
+        if hooks[0] in handler.start_callbacks:
+            handler.remove_start_callback(hooks[0])
+        if hooks[1] in handler.end_callbacks:
+            handler.remove_end_callback(hooks[1])
 
     def _dynamo_started(self, args: Any) -> None:
         if threading.get_ident() == self._thread:
@@ -302,11 +337,10 @@ class StepTracker:
             if hook is not None:
                 hook.remove()
         self._hook = self._pre_hook = None
-        if self._dynamo_hooks is not None:
-            handler = sys.modules["torch._dynamo.callback"].callback_handler
-            handler.remove_start_callback(self._dynamo_hooks[0])
-            handler.remove_end_callback(self._dynamo_hooks[1])
-            self._dynamo_hooks = None
+        try:
+            self._stop_listening_to_dynamo()
+        except Exception as exc:  # noqa: BLE001 - the run is closed all the same
+            self._error("close (dynamo compile callbacks)", exc)
         try:
             step_hooks.uninstall()
         except Exception as exc:  # noqa: BLE001 - the run is closed all the same
@@ -589,6 +623,11 @@ class StepTracker:
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"StepTracker.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _dynamo_callbacks() -> Any:
+    """Dynamo's compile callback handler, or None before dynamo is loaded."""
+    return getattr(sys.modules.get("torch._dynamo.callback"), "callback_handler", None)
 
 
 def _transfer_part(info: TransferInfo) -> str | None:
