@@ -109,6 +109,9 @@ class EagerMode(enum.Enum):
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"
     # TorchTPU's internal mode deferring every op, which DEFER_AND_FUSE does here (an alias)
     INTERNAL_DEFER_ALL = "defer_and_fuse"  # noqa: PIE796 (an alias, on purpose)
+    # TorchTPU's deprecated mode: deferred and fused, its programs compiled at XLA's O1; the
+    # level is TORCH_TPU_INTERNAL_XLA_OPTIONS=xla_optimization_level=O1 here, for every mode
+    DEFER_AND_FUSE_WITH_O1 = "defer_and_fuse"  # noqa: PIE796 (an alias, on purpose)
 
     def __call__(self, mode: EagerMode | str) -> set_eager_mode:
         """``with torch.tpu.eager_mode(EagerMode.DEFER_NEVER):``, as TorchTPU's guide writes it:

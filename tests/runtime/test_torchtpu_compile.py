@@ -71,6 +71,12 @@ def test_defer_modes_are_the_eager_modes():
     before = lazy.eager_mode()
     try:
         assert em.EagerMode.INTERNAL_DEFER_ALL is em.EagerMode.DEFER_AND_FUSE
+        # the deprecated mode of the guide's deferred-execution table defers and fuses
+        assert em.EagerMode.DEFER_AND_FUSE_WITH_O1 is em.EagerMode.DEFER_AND_FUSE
+        with torch.tpu.set_eager_mode(em.EagerMode.DEFER_AND_FUSE_WITH_O1):
+            z = torch.ones(3, device="tpu") + 1
+            assert lazy.pending_ops() > 0
+        assert torch.equal(z.cpu(), torch.full((3,), 2.0))
         em.set_defer_mode(em.DeferMode.NEVER)
         assert torch.tpu.eager_mode is em.EagerMode.DEFER_NEVER and em.get_defer_mode() is em.DeferMode.NEVER
         with em.defer_mode(em.DeferMode.ALL):
