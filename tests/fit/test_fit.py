@@ -118,19 +118,26 @@ def _fsdp(traced, n_p: int, n_b: int, whole, split, batch):
     return Reference(traced.graph, "reference", traced.mode)
 
 
+@functools.cache
+def _traced(batch: int, changes: tuple = ()):
+    """``(model, traced step)`` for ``batch`` sequences: traced once per batch in this module
+    (the dp=2,fsdp=4 and fsdp=8 references shard the same step over two meshes)."""
+    from tpu_debug.fit.model_step import trace_step
+
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(_config(**dict(changes))).to(torch.bfloat16)
+    tokens = torch.empty(batch, SEQ, dtype=torch.long, device="meta")
+    # transformers skips a value-dependent mask check only while it thinks it is traced
+    with mock.patch.object(transformers.masking_utils, "is_tracing", lambda *a, **k: True):
+        return model, trace_step(model, (tokens,), train=True, loss_fn=_loss, targets=(tokens,))
+
+
 def _reference(mesh_shape: tuple[int, int], batch: int = BATCH, **changes):
     """Compile the step directly: returns (compiled, parameter shapes)."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from tpu_debug.fit.model_step import trace_step
-
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(_config(**changes)).to(torch.bfloat16)
-    tokens = torch.empty(batch, SEQ, dtype=torch.long, device="meta")
-    # transformers skips a value-dependent mask check only while it thinks it is traced
-    with mock.patch.object(transformers.masking_utils, "is_tracing", lambda *a, **k: True):
-        traced = trace_step(model, (tokens,), train=True, loss_fn=_loss, targets=(tokens,))
+    model, traced = _traced(batch, tuple(sorted(changes.items())))
     topology = _TOPOLOGIES[math.prod(mesh_shape)]
     devices = topologies.get_topology_desc(topology_name=f"v5e:{topology}", platform="tpu",
                                            chips_per_host_bounds=[2, 4, 1]).devices
@@ -279,12 +286,13 @@ def test_fsdp_beyond_what_is_checked_says_so_beside_the_verdict(fitted):
 
     checked = fitted("v5e-8", "fsdp", BATCH)
     assert checked.caveats == ()
-    wide = tpu_debug.fit(_config(), "v5e-64", plan="fsdp", batch=64, seq=SEQ)
+    # the caveats follow from the plan's width and the extension; XLA's O0 compiles sooner
+    wide = tpu_debug.fit(_config(), "v5e-64", plan="fsdp", batch=64, seq=SEQ, optimization_level="O0")
     assert wide.caveats and "FSDP over 64 chips" in wide.caveats[0]
     assert "caution: FSDP over 64 chips" in wide.render()
     assert wide.to_dict()["caveats"] == list(wide.caveats)
     extended = tpu_debug.fit(_config(num_hidden_layers=6), "v5e-8", plan="fsdp", batch=BATCH, seq=SEQ,
-                             job="forward", extrapolate=True)
+                             job="forward", extrapolate=True, optimization_level="O0")
     assert [c for c in extended.caveats if "extended from 2 and 3 layers" in c]
 
 

@@ -123,12 +123,13 @@ def test_the_looped_step_computes_pytorchs_training_step():
                                    err_msg=n)
 
 
-def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH, unroll=1):
-    """The looped FSDP step written here and compiled with plain JAX."""
+def _reference(model, mesh_shape=(1, 8), remat=False, topology="2x4", batch_size=BATCH, unroll=1, pieces=None):
+    """The looped FSDP step written here and compiled with plain JAX (``pieces``: ``model``'s,
+    traced for ``batch_size`` sequences, when the caller has them)."""
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    pieces = _pieces(model, batch=batch_size)
+    pieces = _pieces(model, batch=batch_size) if pieces is None else pieces
     devices = topologies.get_topology_desc(topology_name=f"v5e:{topology}", platform="tpu",
                                            chips_per_host_bounds=[2, 4, 1]).devices
     mesh = Mesh(np.array(devices).reshape(mesh_shape), ("dp", "fsdp"))
@@ -230,7 +231,9 @@ def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topolog
                            optimization_level="O0")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    compiled = _reference(model, (1, chips), remat=remat, topology=topology, batch_size=chips)
+    # one trace of the model's pieces serves the looped reference and the unrolled one below
+    pieces = _pieces(model, batch=chips)
+    compiled = _reference(model, (1, chips), remat=remat, topology=topology, batch_size=chips, pieces=pieces)
     ref = compiled.memory_analysis()
 
     assert report.method and "one loop" in report.method
@@ -248,7 +251,7 @@ def test_looped_fsdp_step_matches_a_direct_sharded_compile(remat, chips, topolog
     # unrolled (the HLO of a loop holds its body once); XLA combines the unrolled program's
     # collectives differently, so bytes are compared, within the 5 % the combining moves
     unrolled = _reference(model, (1, chips), remat=remat, topology=topology, batch_size=chips,
-                          unroll=SIZES["num_hidden_layers"])
+                          unroll=SIZES["num_hidden_layers"], pieces=pieces)
     expected = _sibling("test_fit")._collectives(unrolled.as_text(), chips)
     got = {c.kind: (c.count, c.bytes) for c in report.collectives}
     assert set(got) == set(expected)

@@ -12,6 +12,7 @@ References, neither the tool's own output:
 
 from __future__ import annotations
 
+import functools
 import re
 from unittest import mock
 
@@ -159,18 +160,11 @@ def _chunked(hidden, weight, labels, chunk):
     return loss(hidden, weight)
 
 
-def _reference(model, *, chunked: bool, policy, attention: str = "blocked", named_input: bool = False):
-    """The looped FSDP step over 8 v5e chips written here and compiled with plain JAX
-    (``attention``: the layer traced with the tool's attention of that kind; ``named_input``:
-    each layer's input read through ``checkpoint_name(..., "decoder_layer_input")``, as
-    MaxText's layers name it)."""
-    from jax.ad_checkpoint import checkpoint_name
-    from jax.experimental import topologies
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-    from tpu_debug.fit import moe as fit_moe
+def _reference_pieces(model, *, chunked: bool, attention: str = "blocked"):
+    """``model``'s pieces as the reference's step runs them: the layer with the tool's
+    ``attention``; ``chunked``: the head left out, the post piece giving the last hidden states."""
     from tpu_debug.fit.scan import trace_pieces
-    from tpu_debug.fit.techniques import attention_as, compiler_options
+    from tpu_debug.fit.techniques import attention_as
 
     head = model.lm_head
     tokens = torch.empty(CHIPS, SEQ, dtype=torch.long, device="meta")
@@ -178,11 +172,38 @@ def _reference(model, *, chunked: bool, policy, attention: str = "blocked", name
         head.forward = lambda x: x
     try:
         with attention_as(attention):
-            pieces = trace_pieces(
+            return trace_pieces(
                 model, tokens, (lambda out, labels: out.logits) if chunked else _loss, _traceable
             )
     finally:
         head.__dict__.pop("forward", None)
+
+
+@functools.cache
+def _plain_pieces():
+    """The bfloat16 SIZES Llama's pieces with the blocked attention and the whole loss, traced
+    once: each named policy's reference scans the same pieces under its own policy."""
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
+    return _reference_pieces(model, chunked=False)
+
+
+def _reference(model, *, chunked: bool, policy, attention: str = "blocked", named_input: bool = False,
+               pieces=None):
+    """The looped FSDP step over 8 v5e chips written here and compiled with plain JAX
+    (``attention``: the layer traced with the tool's attention of that kind; ``named_input``:
+    each layer's input read through ``checkpoint_name(..., "decoder_layer_input")``, as
+    MaxText's layers name it; ``pieces``: ``_reference_pieces`` of ``model`` with the same
+    ``chunked`` and ``attention``, when the caller has them)."""
+    from jax.ad_checkpoint import checkpoint_name
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from tpu_debug.fit import moe as fit_moe
+    from tpu_debug.fit.techniques import compiler_options
+
+    if pieces is None:
+        pieces = _reference_pieces(model, chunked=chunked, attention=attention)
     devices = topologies.get_topology_desc(
         topology_name="v5e:2x4", platform="tpu", chips_per_host_bounds=[2, 4, 1]
     ).devices
@@ -331,9 +352,7 @@ def test_a_named_checkpoint_policy_matches_a_direct_compile(name):
         if name == "offload"
         else jax.checkpoint_policies.dots_saveable
     )
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).to(torch.bfloat16)
-    compiled = _reference(model, chunked=False, policy=policy)
+    compiled = _reference(None, chunked=False, policy=policy, pieces=_plain_pieces())
     _assert_matches(report, compiled)
     assert POLICIES[name].keeps in report.method
     if name == "offload":
