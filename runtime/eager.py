@@ -256,6 +256,34 @@ def op_name(op: _OpOverload) -> str:
     return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
 
 
+def _wrapped_number_args(op: _OpOverload, lowering: Lowering | None) -> set:
+    """The ``Tensor`` arguments of ``op`` where a Python float is an input of the executable,
+    as it is in the ``Scalar`` overload of the same lowering.
+
+    Python's ``x / s``, ``x * s``, ``x + s`` call ``div.Tensor``, ``mul.Tensor``, ``add.Tensor``
+    with the float in the ``Tensor`` argument (PyTorch's bindings hide the ``Scalar``
+    overloads), so an optimizer's ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` passes a new
+    float each step: baked into the key, each value would compile again. The two overloads
+    are one computation (PyTorch wraps the number as a tensor of the lowest promotion rank),
+    and where they share a lowering the float goes where the ``Scalar`` overload's goes."""
+    if lowering is None:
+        return set()
+    base = lowering.op
+    twin_name = base._overloadname.replace("Tensor", "Scalar", 1)
+    if twin_name == base._overloadname:
+        return set()
+    twin = getattr(getattr(torch.ops.aten, base._schema.name.split("::", 1)[1], None), twin_name, None)
+    twin_lowering = lookup(twin) if twin is not None else None
+    if twin_lowering is None or twin_lowering.fn is not lowering.fn or twin_lowering.static_scalars:
+        return set()
+    mine, theirs = op._schema.arguments, twin._schema.arguments
+    return {
+        a.name if a.kwarg_only else i
+        for i, (a, b) in enumerate(zip(mine, theirs))
+        if a.name == b.name and str(a.type) == "Tensor" and str(b.type) == "number"
+    }
+
+
 def plan_for(op: _OpOverload) -> _Plan:
     plan = _plans.get(op)
     if plan is not None:
@@ -291,6 +319,7 @@ def plan_for(op: _OpOverload) -> _Plan:
     for i, a in enumerate(schema.arguments):
         if str(a.type) in ("number", "Optional[number]", "List[number]"):
             scalar_args.add(a.name if a.kwarg_only else i)
+    scalar_args |= _wrapped_number_args(op, lowering)
     plan_scalars = frozenset(scalar_args)
     returns_list = len(schema.returns) == 1 and isinstance(schema.returns[0].type, torch.ListType)
     plan = _Plan(op, op_name(op), kind, functional, writes, lowering, returns_list)
@@ -940,8 +969,10 @@ def _build_key(plan: _Plan, args, kwargs, arrays: list, dynamic: bool):
             else:
                 skel_kw.append((k, d))
                 made = True
-    if made and any(type(x) is _Spec and x[1] in _WIDE for x in _walk_specs(skel_args, skel_kw)):
-        # float64/complex math: a float32 scalar input would lose precision; bake it in
+    if made and (_default_dtype() is not _F32 or any(
+            type(x) is _Spec and x[1] in _WIDE for x in _walk_specs(skel_args, skel_kw))):
+        # float64/complex math, or a float64 default dtype (a float meeting an integer tensor
+        # computes in it): a float32 scalar input would lose precision; bake it in
         arrays.clear()
         return _build_key(plan, args, kwargs, arrays, False)
     return tuple(skel_args), tuple(skel_kw)
@@ -958,6 +989,8 @@ def _walk_specs(skel_args, skel_kw):
 # _signature's marks: where the keyword arguments start
 _KWARGS = object()
 _torch_precision = torch.get_float32_matmul_precision
+_default_dtype = torch.get_default_dtype
+_F32 = torch.float32
 _kept_offset = _tensor_module._offsets.lookup
 _Generator = torch.Generator
 
@@ -975,7 +1008,10 @@ def _signature(plan: _Plan, args, kwargs, arrays: list, graph=None):
     graph, whose pending values are read as they are."""
     # what the effective precision is made of (config.effective_precision), read without its call
     sig = [config.numerics, config.matmul_precision, _torch_precision()] if plan.precision else []
-    dyn = plan.scalar_args if plan.dynamic_scalars else ()
+    default = _default_dtype()
+    if default is not _F32:  # a float meeting an integer tensor computes in the default dtype
+        sig.append(("default dtype", default))
+    dyn = plan.scalar_args if plan.dynamic_scalars and default is _F32 else ()
     i = 0
     for a in args:
         # a whole computed payload (most operands), inline: a call per tensor is a fifth of its cost
@@ -1089,6 +1125,9 @@ def op_key(plan: _Plan, skel_args, skel_kwargs) -> tuple:
     """The executable key of one op call: overload, argument skeletons, and the settings
     its lowering reads while it is traced."""
     key = (plan.meta_op, skel_args, skel_kwargs)
+    default = _default_dtype()
+    if default is not _F32:  # a float meeting an integer tensor computes in the default dtype
+        key += (("default dtype", default),)
     if config.numerics != "cpu" and plan.precision:  # TPU numerics change what products compile to
         key += (("numerics", config.numerics),)
     if plan.precision:  # the precision is read while tracing (ops/linalg.py)

@@ -7,6 +7,7 @@ the later ones find it) and compare every result with PyTorch CPU's.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -62,6 +63,55 @@ def test_float64_math_bakes_its_scalar_in_and_each_value_stays_its_own():
     x = torch.randn(4, dtype=torch.float64)
     for scale in (1 / 3, 2 / 3, 1 / 3):
         _twice(lambda t, s=scale: t * s, x)
+
+
+def _programs() -> int:
+    """What eager and lazy mode have compiled or traced: executables, op templates, fused graphs."""
+    kept = ("eager executables", "lazy op templates", "fused programs")
+    return sum(c.entries for c in tpu_debug.runtime.cache_counts() if c.name in kept)
+
+
+@pytest.mark.parametrize("mode", ["defer_never", "fuse"])
+def test_a_float_in_a_tensor_argument_is_an_input_so_an_eager_adamw_compiles_no_step_after_its_first(mode):
+    # Python's ``x / s`` calls div.Tensor with the float in its Tensor argument, and
+    # AdamW(foreach=False) divides by sqrt(1 - beta2**step), a new float every step: an input,
+    # as in div.Scalar, its steps after the first two compile nothing (the second step is the
+    # first with a step count above 1, the shapes are the same), in either mode. Both runtimes
+    # round each op's float32 result as PyTorch does (a fused graph keeps float32 ops in
+    # float32); only the products' summation order may differ, so the parameters agree to
+    # float32's tolerance.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    dev = copy.deepcopy(cpu).to("tpu")
+    x, y = torch.randn(10, 12), torch.randn(10, 3)
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2, foreach=False)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2, foreach=False)
+    counts = []
+    with torch.tpu.set_eager_mode(FUSE if mode == "fuse" else torch.tpu.EagerMode.DEFER_NEVER):
+        for _ in range(5):
+            for model, opt, a, b in ((cpu, opt_cpu, x, y), (dev, opt_dev, x.to("tpu"), y.to("tpu"))):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(a), b).backward()
+                opt.step()
+            counts.append(_programs())
+    assert counts[2:] == [counts[1]] * 3, counts
+    for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach())
+
+
+def test_a_float_meeting_an_integer_tensor_computes_in_the_default_dtype_it_is_called_under():
+    # an integer tensor times a float gives the default dtype: the key holds it, and with a
+    # float64 default the float is a constant (a float32 input would round 0.1)
+    x = torch.arange(5)
+    _twice(lambda t: t * 0.1, x)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _twice(lambda t: t * 0.1, x)
+        _twice(lambda t: t / 3.0, x)
+    finally:
+        torch.set_default_dtype(before)
+    _twice(lambda t: t * 0.1, x)
 
 
 def test_static_values_are_part_of_the_signature():
