@@ -216,9 +216,12 @@ class Compiler:
         self.compilation_context = compilation_context or CompilationContext()
         self._debug = debug
 
-    def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                 donated_inputs: Sequence[int] = ()) -> Callable:
         """The callable running ``graph_module``'s program (its outputs as the graph returns
-        them: a graph returning one tensor returns it, not a one-tuple)."""
+        them: a graph returning one tensor returns it, not a one-tuple). ``donated_inputs``
+        (the flat inputs whose buffers TorchTPU gives to the program) is accepted; the program
+        here leaves its inputs valid, so it changes no result."""
         output = graph_module.graph.output_node()
         single = not isinstance(output.args[0], (tuple, list))
         if single:  # AOTAutograd compiles graphs that return a tuple
@@ -256,8 +259,9 @@ class SplitCompiler(Compiler):
         super().__init__(base_compiler.compilation_context, debug=base_compiler._debug)
         self.base_compiler = base_compiler
 
-    def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        return self.base_compiler(graph_module, example_inputs)
+    def __call__(self, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                 donated_inputs: Sequence[int] = ()) -> Callable:
+        return self.base_compiler(graph_module, example_inputs, donated_inputs=donated_inputs)
 
 
 def has_dynamic_symints(args: Any) -> bool:

@@ -3,7 +3,9 @@ and context managers.
 
 ``em.eager_mode`` reads the mode in effect and ``em.eager_mode = mode`` sets it (a module
 property, as in TorchTPU); ``with em.set_eager_mode(mode):`` and the guide's
-``with em.eager_mode(mode):`` run a block in ``mode``; ``with em.cpu_fallback_mode(True):``
+``with em.eager_mode(mode):`` run a block in ``mode``, and ``em.set_eager_mode(mode)`` called
+alone sets it (this module's ``set_eager_mode`` was the extension's setter in one TorchTPU
+layout); ``with em.cpu_fallback_mode(True):``
 runs ops that have no lowering on CPU inside the block. TorchTPU's first layout named the
 modes ``DeferMode`` (``set_defer_mode``, ``with defer_mode(mode):``): those are here too
 (:mod:`.execution_mode_impl` says which mode each is).
@@ -24,7 +26,37 @@ __all__ = ["DeferMode", "EagerMode", "cpu_fallback_mode", "defer_mode", "get_def
            "set_defer_mode", "set_eager_mode"]
 
 EagerMode = lazy.EagerMode
-set_eager_mode = lazy.set_eager_mode
+
+
+class set_eager_mode(lazy.set_eager_mode):
+    """``em.set_eager_mode(mode)`` makes ``mode`` the eager mode; ``with em.set_eager_mode(mode):``
+    also puts the mode the call found back after the block.
+
+    TorchTPU's ``execution_mode`` exported the extension's ``set_eager_mode`` setter (its
+    gpt-oss training example calls it alone) and later a context manager (the guide's
+    notebooks use ``with``); an instance does both. ``torch.tpu.set_eager_mode`` stays the
+    public API's context manager, which changes nothing until entered.
+
+    Raises:
+        TpuArgumentError: ``mode`` is no EagerMode.
+
+    Example::
+
+        em.set_eager_mode(em.EagerMode.DEFER_AND_FUSE)  # from here on
+        with em.set_eager_mode(em.EagerMode.DEFER_NEVER):  # this block only
+            x.add_(1)
+    """
+
+    def __init__(self, mode: lazy.EagerMode | str) -> None:
+        super().__init__(mode)
+        self._found: str | None = config.eager_mode
+        lazy.set_mode(self.mode)
+
+    def __enter__(self) -> None:
+        # the first entry restores what the call found; a reuse (as a decorator) what it finds then
+        found, self._found = self._found, None
+        self._previous.append(config.eager_mode if found is None else found)
+        lazy.set_mode(self.mode)
 
 
 def get_eager_mode() -> lazy.EagerMode:

@@ -6,6 +6,10 @@ values to a multiple of ``multiple`` rows (the sequences and their offsets uncha
 batches of varying total length share a few compiled shapes; ``strip_jagged_padding(nt)``
 drops those rows again (``valid_tokens`` given, without reading the offsets back from the
 device). Splash attention is in :mod:`.splash_attention` (``torch_tpu.ops.splash_attention``).
+
+``torch.ops.torch_tpu.ragged_dot(lhs, rhs, group_sizes)`` is TorchTPU's grouped matmul of
+mixture-of-experts layers (its examples call it on ``tpu`` tensors, in training too); it is
+defined when the device registers (:func:`register_ops`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import torch
 from torch.nested._internal import nested_tensor as _nested
 
-__all__ = ["align_jagged_to_multiple", "strip_jagged_padding"]
+__all__ = ["align_jagged_to_multiple", "ragged_dot", "register_ops", "strip_jagged_padding"]
+
+_library: list[torch.library.Library] = []
 
 
 def align_jagged_to_multiple(nt: torch.Tensor, multiple: int = 128,
@@ -37,3 +43,45 @@ def strip_jagged_padding(nt: torch.Tensor, valid_tokens: int | None = None) -> t
     if nt.values().size(0) == valid_tokens:
         return nt
     return _nested.nested_view_from_values_offsets(nt.values()[:valid_tokens], offsets)
+
+
+def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    """The rows of ``lhs`` (``[m, k]``) in consecutive groups of ``group_sizes`` (``[g]``) rows,
+    group ``e`` times ``rhs[e]`` (``rhs``: ``[g, k, n]``): ``[m, n]``, the rows past the groups'
+    total zeros, as XLA's ``lax.ragged_dot`` computes it.
+
+    On ``tpu`` tensors it is PyTorch's ``_grouped_mm`` (one ``lax.ragged_dot_general`` here,
+    differentiable, and traceable by ``torch.compile``); on others one product per group.
+
+    Example::
+
+        out = torch.ops.torch_tpu.ragged_dot(tokens_by_expert, expert_weights, tokens_per_expert)
+    """
+    torch._check(lhs.dim() == 2 and rhs.dim() == 3 and group_sizes.dim() == 1,
+                 lambda: f"ragged_dot takes lhs [m, k], rhs [g, k, n] and group_sizes [g]; got {tuple(lhs.shape)}, "
+                         f"{tuple(rhs.shape)} and {tuple(group_sizes.shape)}")
+    torch._check(lhs.size(1) == rhs.size(1) and rhs.size(0) == group_sizes.size(0),
+                 lambda: f"ragged_dot: lhs {tuple(lhs.shape)}, rhs {tuple(rhs.shape)} and group_sizes "
+                         f"{tuple(group_sizes.shape)} do not match (k, g)")
+    if lhs.device.type == "tpu":
+        return torch._grouped_mm(lhs, rhs, offs=torch.cumsum(group_sizes, 0, dtype=torch.int32))
+    # PyTorch's CPU _grouped_mm takes only 16-byte-aligned strides: a product per group instead
+    pieces, start = [], 0
+    for group, size in enumerate(group_sizes.tolist()):
+        pieces.append(lhs[start:start + size] @ rhs[group])
+        start += size
+    torch._check(start <= lhs.size(0), lambda: f"ragged_dot: group_sizes add up to {start}, past lhs's "
+                                               f"{lhs.size(0)} rows")
+    pieces.append(lhs.new_zeros(lhs.size(0) - start, rhs.size(2)))
+    return torch.cat(pieces)
+
+
+def register_ops() -> None:
+    """Define ``torch.ops.torch_tpu.ragged_dot`` (once; the device registration calls it)."""
+    if _library:
+        return
+    library = torch.library.Library("torch_tpu", "DEF")
+    library.define("ragged_dot(Tensor lhs, Tensor rhs, Tensor group_sizes) -> Tensor")
+    # composite: autograd, tracing and the runtime see the ops it is made of
+    library.impl("ragged_dot", ragged_dot, "CompositeImplicitAutograd")
+    _library.append(library)

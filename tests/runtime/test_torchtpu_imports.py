@@ -37,6 +37,7 @@ def test_torchtpu_modules_are_the_runtimes():
     # each TorchTPU module holds the runtime's names under its own name
     assert sync.__name__ == "torch_tpu._internal.sync" and sync.synchronize is runtime_sync.synchronize
     assert utils.assert_close is test_utils.assert_close is tpu_utils.assert_close
+    assert utils.CheckValueMode is test_utils.CheckValueMode is tpu_utils.CheckValueMode
     assert utils.OpTracer is tpu_utils.OpTracer
     assert pallas.jax_op is runtime_pallas.jax_op
     assert execution_mode.EagerMode is torch.tpu.EagerMode

@@ -70,6 +70,74 @@ def test_op_tracer_pformat_is_torchtpus_name_for_the_report():
         torch.ones(3, device="tpu").mul(2.0).sum()
     assert tracer._pformat() == torch.tpu.utils.pformat_op_tracer(tracer)
     assert "  aten.sum.default: 1" in tracer._pformat().splitlines()
+    # DeepSeek's trace example: utils.OpTracer, then tracer_utils.pformat_op_tracer
+    from torch_tpu._internal.utils import tracer_utils
+    from torch_tpu._internal.utils import utils as tpu_utils
+
+    with tpu_utils.OpTracer() as traced:
+        torch.ones(2, device="tpu").add(1.0)
+    assert "  aten.add.Tensor: 1" in tracer_utils.pformat_op_tracer(traced).splitlines()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_activation_tracer_logs_each_modules_calls_as_cpu_pytorch_computes_them():
+    # Gemma 3's model test: ActivationTracer on two implementations, outputs compared per module
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(3, 4), _Block())
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), _Block()).to("tpu")
+    model.load_state_dict(cpu.state_dict())
+    x = torch.randn(5, 3)
+    with utils.ActivationTracer(model) as trace:
+        model(x.to("tpu").requires_grad_()).sum().backward()
+    block = model[1]
+    called = [model, model[0], block, block.layers[0], block.layers[1]]
+    assert [e["module"] for e in trace.forward_pre_log] == called
+    assert [e["module"] for e in trace.forward_log] == [model[0], block.layers[0], block.layers[1], block, model]
+    # a ModuleList's children share its depth (TorchTPU's rule): the block's linears are at 2
+    assert [e["depth"] for e in trace.forward_log] == [1, 2, 2, 1, 0]
+    events = sorted(trace.forward_pre_log + trace.forward_log, key=lambda e: e["idx"])
+    assert [e["idx"] for e in events] == list(range(10)) and events[2]["module"] is model[0]
+    h = cpu[0](x)
+    a = cpu[1].layers[0](h)
+    expected = [h, a, cpu[1].layers[1](torch.relu(a))]  # each Linear's own output
+    for event, value in zip(trace.forward_log[:3], expected):
+        torch.testing.assert_close(event["output"].cpu(), value)
+    assert trace.forward_log[0]["args"][0].device.type == "tpu"
+    assert trace.backward_pre_log[0]["module"] is model
+    torch.testing.assert_close(trace.backward_pre_log[0]["grad_output"][0].cpu(), torch.ones(5, 4))
+    assert {id(e["module"]) for e in trace.backward_log} <= {id(m) for m in called}
+    model(x.to("tpu"))  # hooks are gone after the block
+    assert len(trace.forward_log) == 5
+
+
+def test_pformat_activation_tracer_draws_the_calls_as_a_tree():
+    # the Hugging Face trace_activations example: ActivationTracer, then tracer_utils' tree
+    import numpy as np
+    from torch_tpu._internal.utils import tracer_utils
+
+    values = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    stats = f"Min:1.00 Max:6.00 Mean:3.50 Var:{np.var(values):.2f}"  # the values' own variance
+    assert utils.get_tensor_summary(torch.tensor(values, requires_grad=True)) == f"(2, 3) {stats} Grad:Y float32 cpu"
+    assert utils.get_tensor_summary(torch.tensor(values, device="tpu"), data=False) == "(2, 3) float32 tpu:0"
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()).to("tpu")
+    with utils.ActivationTracer(model) as trace:
+        model(torch.tensor(values, device="tpu"))
+    lines = tracer_utils.pformat_activation_tracer(trace).splitlines()
+    assert lines[:4] == ["ActivationTracer Collected Data:", "+- Sequential (#0)",
+                         f"|  Args[0]:   (2, 3) {stats} Grad:N float32 tpu:0", "|"]
+    assert lines[4:6] == ["|  +- Linear (#1)", f"|  |  Args[0]:   (2, 3) {stats} Grad:N float32 tpu:0"]
+    assert "|  +- Linear END (#2)" in lines and "|  +- ReLU (#3)" in lines
+    assert lines[-2].startswith("|  Output:    (2, 2) ") and lines[-1] == "+- Sequential END (#5)"
 
 
 def test_eager_mode_property_contexts_and_cpu_fallback():
@@ -83,6 +151,18 @@ def test_eager_mode_property_contexts_and_cpu_fallback():
     em.eager_mode = em.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
     try:
         assert config.eager_mode == "defer_never_and_launch_blocking"
+    finally:
+        em.eager_mode = before
+    # execution_mode.set_eager_mode called alone sets the mode (gpt-oss's training example);
+    # in a with block it puts back the mode the call found; torch.tpu's waits for the with
+    try:
+        em.set_eager_mode(em.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
+        assert em.eager_mode is em.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+        with em.set_eager_mode(em.EagerMode.DEFER_AND_FUSE):
+            assert em.eager_mode is em.EagerMode.DEFER_AND_FUSE
+        assert em.eager_mode is em.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+        torch.tpu.set_eager_mode(em.EagerMode.DEFER_AND_FUSE)
+        assert em.eager_mode is em.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
     finally:
         em.eager_mode = before
     fallback = config.cpu_fallback
