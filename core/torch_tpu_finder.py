@@ -90,6 +90,8 @@ MODULES: dict[str, str] = {
     "torch_tpu._internal.utils.tracer_utils": _IMPL + "utils",
     "torch_tpu._internal.utils.log_utils": _IMPL + "log_utils",
     "torch_tpu._internal.utils.hardware": _IMPL + "hardware",
+    "torch_tpu._internal.utils.benchmarking": _IMPL + "benchmarking",
+    "torch_tpu._internal.compiler_options": "tpu_debug.runtime.xla_options",
     "torch_tpu._internal.device": "",
     "torch_tpu._internal.device._device_module": _IMPL + "device_module",
     "torch_tpu._internal.device._device_ops_backend": _IMPL + "device_ops_backend",
@@ -104,6 +106,10 @@ MODULES: dict[str, str] = {
     "torch_tpu._internal.distributed.launchers.multihost_wrapper": _IMPL + "multihost",
     "torch_tpu._internal.shims": "",
     "torch_tpu._internal.shims.xprof": "",
+    "torch_tpu._internal.shims.pyglib": "",
+    "torch_tpu._internal.shims.pyglib.contrib": "",
+    "torch_tpu._internal.shims.pyglib.contrib.g3_multiprocessing": _IMPL + "multiprocessing",
+    "torch_tpu._internal.shims.pyglib.contrib.g3_multiprocessing.g3_multiprocessing": _IMPL + "multiprocessing",
     "torch_tpu._internal.shims.xprof.traceme": _IMPL + "traceme",
 }
 _ROOT = "torch_tpu"

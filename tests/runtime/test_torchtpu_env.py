@@ -27,6 +27,11 @@ def test_the_optimization_level_reaches_the_compiles(monkeypatch):
     assert _level_inside_a_compile() == "O3"
     with torch.tpu.compiler.custom_compiler_options({"xla_optimization_level": "O0"}):
         assert _level_inside_a_compile() == "O0"
+    # TorchTPU's module of the same context (Qwen3's pipeline example imports it)
+    from torch_tpu._internal import compiler_options
+
+    with compiler_options.custom_compiler_options({"xla_optimization_level": "O1"}):
+        assert _level_inside_a_compile() == "O1"
     monkeypatch.delenv("TORCH_TPU_INTERNAL_XLA_OPTIONS")
     assert _level_inside_a_compile() == default
     monkeypatch.setenv("TORCH_TPU_INTERNAL_XLA_OPTIONS", "xla_optimization_level=O7")

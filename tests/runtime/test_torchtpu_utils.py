@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch_tpu._internal import execution_mode as em
@@ -255,3 +256,32 @@ def test_profile_writes_the_device_trace_where_the_handler_says(tmp_path):
         (torch.ones(4, device="tpu") * 2).cpu()
     assert list((tmp_path / "prof").rglob("*.xplane.pb"))
     assert list((tmp_path / "prof").glob("trace.*.json"))
+
+
+def test_benchmarking_writes_each_value_and_each_statistic_as_tensorboard_scalars(tmp_path):
+    # Llama 3's and gpt-oss's training examples end with their step times written this way: each
+    # value under <name>/Value_<unit> at its index, each statistic of the profile under its tag,
+    # the statistics numpy's
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from torch_tpu._internal.utils import benchmarking
+
+    times = [0.31, 0.29, 0.35, 0.30, 0.42, 0.28]
+    profile = benchmarking.METRIC_PROFILES["Training/StepTime"]
+    writer = SummaryWriter(str(tmp_path))
+    benchmarking.record_tensorboard_metrics(writer, profile, times)
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    values = [(e.step, e.value) for e in events.Scalars("Training/StepTime/Value_s")]
+    assert values == [(i, pytest.approx(t)) for i, t in enumerate(times)]
+    expected = {"Mean": np.mean(times), "Median_p50": np.median(times), "P90": np.percentile(times, 90),
+                "P95": np.percentile(times, 95), "P99": np.percentile(times, 99), "StdDev": np.std(times)}
+    for stat, value in expected.items():
+        (event,) = events.Scalars(f"Training/StepTime/{stat}_s")
+        assert event.value == pytest.approx(value, rel=1e-6)  # float32 in the event file
+    stat = benchmarking.Stat.MEDIAN
+    benchmarking.assert_metric_within_threshold(times, profile, stat, 0.30, 5, benchmarking.Comparison.LESS)
+    with pytest.raises(AssertionError, match="Training/StepTime"):
+        benchmarking.assert_metric_within_threshold(times, profile, stat, 0.25, 5, benchmarking.Comparison.LESS)
