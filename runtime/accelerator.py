@@ -17,11 +17,13 @@ or computed on), a process group or device mesh it makes for `tpu`
 (``init_process_group("tpu_dist")``, ``init_process_group()`` with no backend, which asks
 for the accelerator's as on TorchTPU, ``init_device_mesh("tpu", ...)``). From then on they
 answer PyTorch's own ``tpu``. A CPU job (``init_process_group("gloo")``) never claims it
-and runs as without the wheel.
+and runs as without the wheel. A script importing ``torch_tpu`` (written for TorchTPU, where
+``tpu`` is the accelerator from the start) claims it at that import.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -66,6 +68,9 @@ def install() -> None:
                 continue
             _originals[name] = current
             setattr(torch._C, name, wrapper)
+    # a script that imported torch_tpu before the device registered (runtime/torchtpu/root.py)
+    if getattr(sys.modules.get("torch_tpu"), "__tpu_debug_shim__", False):
+        claim()
 
 
 def claim() -> None:

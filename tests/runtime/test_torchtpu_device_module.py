@@ -215,6 +215,21 @@ def test_tpu_device_makes_tpu_pytorchs_accelerator():
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("imports", ["import torch\nimport torch_tpu", "import torch_tpu\nimport torch",
+                                     "import torch\nfrom torch_tpu._internal.utils import log_utils"])
+def test_importing_torch_tpu_makes_tpu_pytorchs_accelerator_in_either_order(imports):
+    # TorchTPU's LLM tutorial imports one of its modules, then places the model on
+    # torch.accelerator.current_accelerator(): a script importing torch_tpu is written for TorchTPU,
+    # where tpu is the accelerator from the start (a plain `import torch` keeps CPU's answer until
+    # the device is used: tests/distributed/test_cpu_jobs.py)
+    code = imports + """
+assert torch.accelerator.current_accelerator() == torch.device("tpu"), torch.accelerator.current_accelerator()
+print(torch.nn.Linear(2, 2).to(torch.accelerator.current_accelerator()).weight.device.type)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
+    assert done.stdout.strip() == "tpu", done.stderr[-3000:]
+
+
 def test_init_device_and_the_xla_devices():
     from torch_tpu import _loader, api
 
