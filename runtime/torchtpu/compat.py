@@ -1,8 +1,8 @@
 """What registering the device adds for scripts written for TorchTPU (called by
 ``runtime.device.install``): the ``torch.tpu`` submodules and ``torch.backends.tpu``
 (:mod:`.public`), the ``import torch_tpu`` finder, libtpu's command-line flags accepted by
-absl, ``torch.accelerator.synchronize()`` on the device, ``torch.tpu``'s autocast accessors
-and ``torch.profiler.xprof_trace_handler``."""
+absl, ``torch.accelerator.synchronize()`` on the device, ``torch.tpu``'s autocast accessors,
+``torch.profiler.xprof_trace_handler`` and TorchTPU's ``torch.ops.torch_tpu`` ops (:mod:`.ops`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.profiler
 from tpu_debug.core import torch_tpu_finder
 from tpu_debug.core.post_import import when_imported
-from tpu_debug.runtime.torchtpu import public
+from tpu_debug.runtime.torchtpu import ops, public
 from tpu_debug.runtime.torchtpu.profiler import xprof_trace_handler
 
 __all__ = ["AUTOCAST", "declare_libtpu_flags", "eager_mode_from_env", "install", "take_the_torch_tpu_name"]
@@ -49,6 +49,7 @@ def take_the_torch_tpu_name() -> types.ModuleType | None:
 def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType) -> None:
     """Everything the module docstring lists; idempotent."""
     public.install(tpu_module, profiler, utils)
+    ops.register_ops()  # TorchTPU's torch.ops.torch_tpu ops, defined with its device
     torch_tpu_finder.install()
     when_imported("absl.flags", declare_libtpu_flags)
     _accelerator_synchronize(tpu_module)

@@ -117,8 +117,7 @@ class _BackendsTpu(types.ModuleType):
 
 def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType) -> None:
     """Register the submodules under ``torch.tpu`` (``sys.modules`` and attributes of the device
-    module), ``torch.backends.tpu`` and TorchTPU's ``torch.ops.torch_tpu`` ops; a module already
-    registered stays."""
+    module) and ``torch.backends.tpu``; a module already registered stays."""
     import torch
 
     made = {"torch.tpu.profiler": profiler, "torch.tpu.utils": utils}
@@ -128,9 +127,6 @@ def install(tpu_module: Any, profiler: types.ModuleType, utils: types.ModuleType
         setattr(type(tpu_module), name.rsplit(".", 1)[1], module)
     backends = sys.modules.setdefault("torch.backends.tpu", _BackendsTpu("torch.backends.tpu"))
     torch.backends.tpu = backends
-    from tpu_debug.runtime.torchtpu import ops
-
-    ops.register_ops()
 
 
 def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None = None) -> None:
