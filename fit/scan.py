@@ -29,6 +29,7 @@ defaults and formula) updates every parameter; parameters and state are donated.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Any
 
@@ -498,7 +499,7 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
                              compiler_options=compiler_options)
     scale = 1.0
     if result.ok and pieces.layers > 1 and result.cost is not None:
-        every = _every_layer(result.cost, pieces, make_step, args)
+        every = _every_layer(result.cost, pieces, make_step, args, result.hlo)
         scale = every.flops / result.cost.flops if result.cost.flops else 1.0
         result = dataclasses.replace(result, cost=every)
     param_bytes = sum(local_bytes(p_specs[n], stored[n]) for n in names)
@@ -509,8 +510,16 @@ def compile_scan_step(pieces: ScanPieces, batch_shape: tuple[int, int], target, 
                       2 * local_bytes(tokens, data), unsharded, scale)
 
 
-def _every_layer(cost, pieces: ScanPieces, make_step, args):
-    """``cost`` (XLA's cost analysis of the looped step) with every layer counted.
+# the two-layer programs' cost analyses by the digest of the optimized step they scale: a fit
+# whose compile the cache answered (a search's or a fix's fit of a step compiled before) does
+# not lower them again. At most _LAYER_FIGURES_MAX entries, the oldest dropped first.
+_LAYER_FIGURES: dict[bytes, list[dict]] = {}
+_LAYER_FIGURES_MAX = 256
+
+
+def _every_layer(cost, pieces: ScanPieces, make_step, args, hlo: str | None = None):
+    """``cost`` (XLA's cost analysis of the looped step, whose optimized HLO is ``hlo``) with
+    every layer counted.
 
     XLA's cost analysis counts a loop's body once, whatever its trip count. The body's
     share of the step is read from two programs lowered (not compiled) with two layers,
@@ -533,13 +542,20 @@ def _every_layer(cost, pieces: ScanPieces, make_step, args):
 
     two = (stacked(args[0]), {n: plain(a) for n, a in args[1].items()}, stacked(args[2]), stacked(args[3]),
            *(plain(a) for a in args[4:]))
-    figures = []
-    with jax.enable_x64(True), fit_moe.counted():  # experts' grouped matmuls at their own flops
-        for unroll in (1, 2):
-            lowered = jax.jit(make_step(unroll, sharded=False)).lower(*two)
-            analysis = lowered.cost_analysis()
-            analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-            figures.append(analysis or {})
+    digest = hashlib.sha256(hlo.encode()).digest() if hlo else None
+    figures = _LAYER_FIGURES.get(digest) if digest is not None else None
+    if figures is None:
+        figures = []
+        with jax.enable_x64(True), fit_moe.counted():  # experts' grouped matmuls at their own flops
+            for unroll in (1, 2):
+                lowered = jax.jit(make_step(unroll, sharded=False)).lower(*two)
+                analysis = lowered.cost_analysis()
+                analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+                figures.append(dict(analysis or {}))
+        if digest is not None:
+            if _LAYER_FIGURES and len(_LAYER_FIGURES) >= _LAYER_FIGURES_MAX:
+                del _LAYER_FIGURES[next(iter(_LAYER_FIGURES))]
+            _LAYER_FIGURES[digest] = figures
 
     def every(value, key):
         once, both = figures[0].get(key), figures[1].get(key)

@@ -323,6 +323,21 @@ def test_every_layer_counts_in_the_looped_steps_flops_and_collectives():
     # optimized program: XLA's simplifications move a few percent of the flops
     assert fc.compile.cost.flops == pytest.approx(want["flops"], rel=0.05)
     assert fc.flops_scale > 3  # one of six layers was counted before scaling
+    # a second fit of the same step (a search's or a fix's) reads the layers' share kept for its
+    # optimized program: no unsharded two-layer program is built again, and the figures agree
+    from tpu_debug.fit import scan
+
+    splits = []
+    built = scan.scan_step
+
+    def counted(*args, **kwargs):
+        splits.append(kwargs.get("split"))
+        return built(*args, **kwargs)
+
+    with mock.patch.object(scan, "scan_step", counted):
+        again = compile_scan_step(pieces, (BATCH, SEQ), target, parse_plan("fsdp", 8), optimization_level="O0")
+    assert splits and {} not in splits  # only the sharded step, whose parameters are split
+    assert (again.compile.cost, again.flops_scale) == (fc.compile.cost, fc.flops_scale)
     got = {c.kind: (c.count, c.bytes) for c in collective_costs(fc.compile.hlo, target,
                                                                 loop_repeats(fc.compile.hlo, 6))}
     expected = _sibling("test_fit")._collectives(unrolled.as_text(), 8)
