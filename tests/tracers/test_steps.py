@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -162,6 +164,29 @@ def test_dynamos_work_after_a_compiler_reset_is_still_its_steps_compile_side(tmp
     assert [s.trace_seconds > 0 for s in steps] == [True, False, True, False]
     assert [e for e in session.events("internal_error")] == []
     assert (list(handler.start_callbacks), list(handler.end_callbacks), vars(handler).get("clear")) == before
+
+
+def test_dynamos_work_is_heard_when_dynamo_loads_after_the_trace_began(tmp_path):
+    # a script's first torch.compile call loads dynamo inside the trace: its first frame's
+    # tracing is the first step's compile side too. A fresh interpreter: this one loaded dynamo
+    code = f"""
+import sys, torch, tpu_debug
+assert "torch._dynamo.callback" not in sys.modules
+with tpu_debug.trace(logdir={str(tmp_path)!r}, hlo=False) as session:
+    import torch._dynamo.callback  # what torch.compile's first call imports, before its first frame
+    listening = any(type(getattr(cb, "__self__", None)).__name__ == "StepTracker"
+                    for cb in torch._dynamo.callback.callback_handler.start_callbacks)
+    model = torch.compile(torch.nn.Linear(8, 4).to("tpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 8).to("tpu")
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+print(listening, [s.trace_seconds > 0 for s in session.steps()], len(list(session.events("internal_error"))))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
+    assert done.stdout.strip() == "True [True, False, False] 0", done.stdout + done.stderr[-3000:]
 
 
 def test_an_optimizer_of_cpu_tensors_ends_no_step_in_any_tracer(tmp_path):

@@ -40,6 +40,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tpu_debug.runtime.lazy import hook_optimizers
+from tpu_debug.core.post_import import when_imported
 from tpu_debug.core.records import CollectiveDone, CollectiveInfo, CompileInfo, FallbackInfo, TransferInfo
 from tpu_debug.runtime.probes import hidden_from_dynamo
 from tpu_debug.tracers.events import StepEvent, WaitEvent
@@ -269,7 +270,12 @@ class StepTracker:
         while the tracker listens, so the callbacks are registered again after it."""
         handler = _dynamo_callbacks()
         if handler is None:
-            return  # dynamo not loaded: nothing compiled through it yet (it loads itself first)
+            # dynamo not loaded: nothing compiled through it yet. It loads itself at the first
+            # torch.compile call, before that call's first frame: listen from then on (the
+            # hook holds the tracker weakly: a closed trace's tracker is not kept for it)
+            tracker = weakref.ref(self)
+            when_imported("torch._dynamo.callback", lambda: _listen_once_loaded(tracker))
+            return
         start, end = self._dynamo_started, self._dynamo_ended
         handler.register_start_callback(start)
         handler.register_end_callback(end)
@@ -465,11 +471,6 @@ class StepTracker:
             window.ends.append(_perf_counter())  # on the clock's timeline when read
 
     def on_compile(self, info: CompileInfo) -> None:
-        if self._dynamo_hooks is None and info.mode == "compiled" and not self._closed:
-            try:  # dynamo loads itself at the first torch.compile call, after the trace began
-                self._listen_to_dynamo()
-            except Exception as exc:  # noqa: BLE001 - dynamo's tracing then counts as host time
-                self._error("on_compile (dynamo compile callbacks)", exc)
         graph = info.graph
         if graph is not None:
             origin = graph.origin.function or graph.origin.frame
@@ -623,6 +624,17 @@ class StepTracker:
     def _error(self, where: str, exc: BaseException) -> None:
         if self._record_error is not None:
             self._record_error(f"StepTracker.{where}", f"{type(exc).__name__}: {exc}")
+
+
+def _listen_once_loaded(tracker: weakref.ref) -> None:
+    """Dynamo has just loaded: the tracker that waited for it listens, if it is still open."""
+    self = tracker()
+    if self is None or self._closed or self._dynamo_hooks is not None:
+        return
+    try:
+        self._listen_to_dynamo()
+    except Exception as exc:  # noqa: BLE001 - dynamo's tracing then counts as host time
+        self._error("dynamo loaded (dynamo compile callbacks)", exc)
 
 
 def _dynamo_callbacks() -> Any:
