@@ -323,6 +323,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("matmul_precision", choice("a matmul precision", PRECISIONS), None, "an explicit float32 product "
            "precision, as torch.tpu.precision.set sets it (default: follow "
            "torch.get_float32_matmul_precision())", _RUNTIME, flag=False),
+    # XLA's CPU backend spends about a third of a small program's compile in LLVM's optimizations
+    # (measured: 120 small programs, 9-10.5 -> 6.1-7 CPU s at level 0); a debugging run that meets
+    # many shapes is compile-bound, and its programs' run time is small beside their compile
+    Option("fast_local_compile", BOOL, False, "compile the programs that run on this machine with XLA's "
+           "backend optimizations off (xla_backend_optimization_level=0): compiles take about a third "
+           "less CPU and the programs run slower, with the same results; TPU target compiles are not "
+           "affected", _RUNTIME, flag=False),
     # A cached executable holds XLA's compiled code and its compile record with the lowered
     # module: ~1.4 MiB for one small op on the CPU backend (measured: 600 single-op executables
     # grew RSS by 850 MiB, with the cache bounded at 50 by 13 MiB). The bounds keep a run that

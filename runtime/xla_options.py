@@ -1,6 +1,9 @@
 """The XLA options every local compile of the runtime gets, beyond XLA's defaults.
 
-Three sources, all of them read when a program is compiled (not at import):
+Four sources, all of them read when a program is compiled (not at import):
+
+- ``fast_local_compile`` (``TPU_DEBUG_FAST_LOCAL_COMPILE``): XLA's backend optimization
+  level 0, for runs whose time is their compiles (the test suite sets it).
 
 - ``allow_excess_precision`` (``torch.backends.tpu.allow_excess_precision``,
   ``torch.tpu.allow_excess_precision``): False passes XLA's
@@ -31,6 +34,7 @@ import threading
 from collections.abc import Iterator
 
 from tpu_debug.core.errors import ConfigError
+from tpu_debug.runtime.config import config
 
 __all__ = [
     "compile_scope",
@@ -150,6 +154,8 @@ def compiler_options() -> dict | None:
         options.update(_parse("XLA_FLAGS", flags, lambda t: (None, _late_flags(t)))[1])
     if not _state["excess"]:
         options["xla_allow_excess_precision"] = False
+    if config.fast_local_compile:
+        options["xla_backend_optimization_level"] = 0
     for scoped in getattr(_scoped, "stack", ()):
         options.update({k: v for k, v in scoped.items() if k != "xla_optimization_level"})
     return options or None

@@ -28,6 +28,11 @@ os.environ.pop("COLUMNS", None)
 # tests/runtime/test_compile_cache.py turns it on, in a temporary directory. Helpers that give
 # a child process none of the test process's TPU_DEBUG_* variables keep this one.
 os.environ["TPU_DEBUG_COMPILE_CACHE"] = "0"
+# The suite's programs are small and run once or a few times: their time is their compile, a
+# third of which XLA's CPU backend spends optimizing machine code (core/options.py). Results do
+# not change with the level (tests/runtime/test_xla_options.py compares both levels); the
+# programs users run, and the examples the README runs, compile at XLA's default.
+os.environ["TPU_DEBUG_FAST_LOCAL_COMPILE"] = "1"
 # Every Python process the tests start ends without the interpreter's last garbage collection
 # (tests/_fast_exit/sitecustomize.py says why): about half a second of CPU each.
 os.environ["PYTHONPATH"] = os.pathsep.join(
