@@ -24,6 +24,7 @@ storage, and the ledger applies the queue before its next change and when
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import gc
 import itertools
@@ -37,7 +38,8 @@ from tpu_debug.core.hooks import deliver
 from tpu_debug.runtime import probes, tensor
 from tpu_debug.core.records import AllocInfo, FreeInfo, LoweredNode
 
-__all__ = ["Ledger", "active", "drain", "listen", "live_bytes", "made_by", "replay"]
+__all__ = ["AllocatorStats", "ByteStat", "Ledger", "active", "allocator_stats", "drain", "listen", "live_bytes",
+           "made_by", "replay", "stop_allocator_stats"]
 
 
 class _Buffer:
@@ -74,13 +76,20 @@ def _weak(payload: Any) -> weakref.ref | None:
         return None
 
 
+@functools.cache
+def _dtype_facts(dtype: Any) -> tuple[int, str]:
+    # np.dtype() and its name cost microseconds, paid at every payload set while tracking
+    numpy_dtype = np.dtype(dtype)
+    return numpy_dtype.itemsize, str(numpy_dtype)
+
+
 def _nbytes(payload: Any) -> int:
-    return int(payload.size) * np.dtype(payload.dtype).itemsize
+    return int(payload.size) * _dtype_facts(payload.dtype)[0]
 
 
 def _describe(payload: Any) -> tuple[tuple[int, ...], str]:
     shape = getattr(payload, "logical", None) or payload.shape  # an unwritten storage's tensor shape
-    return tuple(int(d) for d in shape), str(np.dtype(payload.dtype))
+    return tuple(int(d) for d in shape), _dtype_facts(payload.dtype)[1]
 
 
 class Ledger:
@@ -314,3 +323,112 @@ def _joined(route: Any) -> None:
 
 # the probes start and stop tracking as memory probes come and go
 probes.track_memory(_joined, functools.partial(listen, False))
+
+
+# -- allocator statistics: what PyTorch's device allocators count, from the ledger -----------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ByteStat:
+    """Device bytes as PyTorch's allocator statistics count them (one ``Stat`` of
+    ``torch.accelerator.memory_stats()``): held now, the most held at once, and the totals
+    allocated and freed."""
+
+    current: int
+    peak: int
+    allocated: int
+    freed: int
+
+
+class AllocatorStats:
+    """A memory probe counting the bytes the ledger holds: now, at the peak, and in total
+    allocated and freed since counting began (or since the last reset).
+
+    It reads the ledger's own total at each notification rather than adding up the
+    notifications' bytes: a charge moving from a storage that went to another holder of the
+    same payload is told as a free and an allocation, but no byte came or went.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen = 0  # the ledger's live bytes at the last notification
+        self._peak = 0
+        self._allocated = 0
+        self._freed = 0
+
+    def _update(self) -> None:
+        ledger = _ledger
+        if ledger is None:
+            return
+        with self._lock:
+            live = ledger.live_bytes
+            delta, self._seen = live - self._seen, live
+            if delta > 0:
+                self._allocated += delta
+                self._peak = max(self._peak, live)
+            else:
+                self._freed -= delta
+
+    def on_alloc(self, info: AllocInfo) -> None:
+        self._update()
+
+    def on_free(self, info: FreeInfo) -> None:
+        self._update()
+
+    def read(self) -> ByteStat:
+        """The counts now, after the frees queued since the last change."""
+        drain()
+        with self._lock:
+            return ByteStat(self._seen, max(self._peak, self._seen), self._allocated, self._freed)
+
+    def reset_peak(self) -> None:
+        """The peak starts again from the bytes held now."""
+        drain()
+        with self._lock:
+            self._peak = self._seen
+
+    def reset_accumulated(self) -> None:
+        """The totals allocated and freed start again from zero."""
+        drain()
+        with self._lock:
+            self._allocated = self._freed = 0
+
+
+_stats: AllocatorStats | None = None
+
+
+def allocator_stats() -> AllocatorStats:
+    """The allocator statistics of the `tpu` device, counted from the first call on.
+
+    The first call subscribes an :class:`AllocatorStats` probe, which turns memory tracking
+    on (the `tpu` tensors alive then are counted as allocated, and are the first peak) and
+    keeps it on, as a device's allocator counts for as long as the process runs: from then
+    on every change of a storage's payload is registered. Later calls return that probe.
+
+    Returns:
+        The probe; :meth:`AllocatorStats.read` gives its counts.
+
+    Example::
+
+        stats = memory_ledger.allocator_stats()
+        stats.reset_peak()
+        step()
+        stats.read().peak
+    """
+    global _stats
+    with _switch:
+        stats = _stats
+        if stats is None:
+            stats = _stats = AllocatorStats()
+    probes.subscribe(stats)  # idempotent; outside _switch, which listen() takes
+    return stats
+
+
+def stop_allocator_stats() -> None:
+    """Stop counting (memory tracking stops too unless another memory probe listens); the
+    next :func:`allocator_stats` starts again from the tensors alive then."""
+    global _stats
+    with _switch:
+        stats, _stats = _stats, None
+    if stats is not None:
+        probes.unsubscribe(stats)

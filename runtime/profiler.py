@@ -24,24 +24,41 @@ run): with no profiler running, the runtime has no probe and pays nothing.
 TorchTPU's ``torch.tpu.profiler.TpuProfilerConfig`` is accepted as the
 profiler's ``experimental_config``; see :class:`TpuProfilerConfig` for what
 each argument does here.
+
+The device itself has no events in PyTorch's profiler. PyTorch takes a device's
+activity from C++ only: a kineto ``IActivityProfiler`` registered for PrivateUse1
+(what ``ProfilerActivity.TPU``, PyTorch's name for the renamed PrivateUse1, turns
+on) or PrivateUse1 profiler stubs (what ``torch.autograd.profiler.profile(use_device=
+"tpu")`` calls at each range); a Python backend can register neither, and no Python
+call adds an event to a running session. So a session that asks for the device
+(:func:`_asks_for_the_device`: ``torch.profiler.profile()``'s default activities do),
+saw the runtime run programs and writes no JAX trace ends with one
+:class:`NoDeviceTraceWarning` naming where the device's timeline is (a session that ran
+nothing on `tpu`, a CPU job's, is told nothing); and a legacy ``use_device="tpu"``
+session, whose stubs would fail at every range (a C++ warning each, and garbage
+times), records as a CPU session instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.autograd import profiler as _autograd_profiler
+from torch.autograd.profiler import ProfilerState
 
 from tpu_debug.core.records import CompileInfo, TransferInfo
 from tpu_debug.core.errors import TpuArgumentError, TraceActiveError
 from tpu_debug.runtime import probes
+from tpu_debug.runtime.distributed.rank_state import is_library
 
-__all__ = ["ProfilerProbe", "TpuProfilerConfig", "install_profiler_hooks"]
+__all__ = ["NoDeviceTraceWarning", "ProfilerProbe", "TpuProfilerConfig", "install_profiler_hooks"]
 
 _LEVELS = {"host_tracer_level": (0, 3), "device_tracer_level": (0, 1), "python_tracer_level": (0, 1)}
 # below this host tracer level the runtime's own ranges are left out (TorchTPU: 1 is
@@ -131,6 +148,7 @@ class ProfilerProbe:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self.runs = 0  # executables run while subscribed: whether a session saw device work
 
     def _stack(self) -> list:
         stack = getattr(self._local, "stack", None)
@@ -160,6 +178,7 @@ class ProfilerProbe:
             stack.pop()[1].__exit__(None, None, None)
 
     def on_execute_begin(self, mode: str, name: str, key: Any) -> None:
+        self.runs += 1
         self._open("execute", f"tpu::{name}")
 
     def on_execute(self, mode: str, name: str, key: Any, seconds: float) -> None:
@@ -188,6 +207,7 @@ class _Sessions:
         self.active: set[int] = set()  # id() of each recording profiler
         self.probe: ProfilerProbe | None = None
         self.jax_traces: dict[int, str] = {}
+        self.runs_at_start: dict[int, int] = {}  # id() of a session -> the probe's runs when it began
 
 
 _sessions = _Sessions()
@@ -220,6 +240,56 @@ def _start_jax_trace(prof: Any) -> None:
     _sessions.jax_traces[id(prof)] = cfg.run_dir
 
 
+class NoDeviceTraceWarning(UserWarning):
+    """A ``torch.profiler`` session asked for the `tpu` device's activity, which it cannot
+    record here (see the module)."""
+
+
+def _asks_for_the_device(prof: Any) -> bool:
+    """Whether ``prof`` (a ``torch.autograd.profiler.profile``) asks for the `tpu` device's
+    activity: ``ProfilerActivity.TPU`` (``PrivateUse1``) in ``torch.profiler.profile``'s
+    activities, or ``use_device="tpu"``."""
+    return prof.use_device is not None and prof.use_device == torch._C._get_privateuse1_backend_name()
+
+
+def _no_device_trace_message(prof: Any) -> str:
+    if prof.use_cpu:
+        ranges = "its compiles, runs and copies are the host ranges tpu::<name> of this profile"
+    else:
+        ranges = ("without ProfilerActivity.CPU this profile is empty; with it, the runtime's compiles, runs "
+                  "and copies are host ranges tpu::<name>")
+    return ("torch.profiler records no tpu device activity: tpu_debug's runtime is a Python backend, and PyTorch "
+            f"takes a device's events only from a C++ profiler plugin; {ranges}. For the device's timeline use "
+            "tpu_debug.trace(tensorboard=True) and `tpu-debug tensorboard`, or "
+            "experimental_config=torch.tpu.profiler.TpuProfilerConfig(run_dir=...)")
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` naming the innermost frame of the user's code, for a warning raised
+    by the caller of this function."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and is_library(frame.f_code):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _prepare_session(prof: Any) -> None:
+    """Before a session is set up: a legacy ``use_device="tpu"`` session records as a CPU one
+    (PyTorch's PrivateUse1 stubs, which it would call at each range, exist only in C++)."""
+    if _asks_for_the_device(prof) and prof.profiler_kind == ProfilerState.KINETO_PRIVATEUSE1_FALLBACK:
+        prof.profiler_kind = ProfilerState.KINETO
+
+
+def _tell_no_device_trace(prof: Any, ran: bool) -> None:
+    """At a session's end: say that the device work it saw has no device events, where the
+    session asked for them and writes no JAX trace of its own."""
+    if not ran or not _asks_for_the_device(prof):
+        return
+    cfg = _config(prof)
+    if cfg is None or cfg.run_dir is None or cfg.device_tracer_level < 1:
+        warnings.warn(_no_device_trace_message(prof), NoDeviceTraceWarning, stacklevel=_user_stacklevel())
+
+
 def _session_started(prof: Any) -> None:
     cfg = _config(prof)
     with _sessions.lock:
@@ -228,6 +298,8 @@ def _session_started(prof: Any) -> None:
         if ranges and _sessions.probe is None:
             _sessions.probe = ProfilerProbe()
             probes.subscribe(_sessions.probe)
+        if _sessions.probe is not None:
+            _sessions.runs_at_start[id(prof)] = _sessions.probe.runs
     if cfg is not None and cfg.worker_rank is not None:
         torch.autograd._add_metadata_json("tpu_worker_rank", json.dumps(cfg.worker_rank))
 
@@ -241,12 +313,15 @@ def _session_stopping(prof: Any) -> None:
 def _session_stopped(prof: Any) -> None:
     with _sessions.lock:
         _sessions.active.discard(id(prof))
+        at_start = _sessions.runs_at_start.pop(id(prof), None)
+        ran = at_start is not None and _sessions.probe is not None and _sessions.probe.runs > at_start
         probe = _sessions.probe if not _sessions.active else None
         _sessions.probe = None if probe is not None else _sessions.probe
     if probe is not None:
         probes.unsubscribe(probe)
         probe.close_all()
     _stop_jax_trace(prof)
+    _tell_no_device_trace(prof, ran)
 
 
 def _stop_jax_trace(prof: Any) -> None:
@@ -257,16 +332,20 @@ def _stop_jax_trace(prof: Any) -> None:
 
 
 def install_profiler_hooks() -> None:
-    """Wrap ``torch.autograd.profiler.profile``'s start and stop of recording (which
+    """Wrap ``torch.autograd.profiler.profile``'s set-up, start and stop of recording (which
     ``torch.profiler.profile`` uses too) so a session subscribes the probe (idempotent).
 
-    The two methods are where the profiler turns recording on and off; PyTorch has no
-    Python callback for that, so they are wrapped, each calling the original first
-    (start) or around it (stop)."""
+    The three methods are where the profiler sets up a session and turns recording on and
+    off; PyTorch has no Python callback for those, so they are wrapped: set-up adjusts the
+    session before the original runs, start subscribes after it, stop runs around it."""
     cls = _autograd_profiler.profile
     if getattr(cls, "_tpu_debug_hooked", False):
         return
-    start, exit_ = cls._start_trace, cls.__exit__
+    prepare, start, exit_ = cls._prepare_trace, cls._start_trace, cls.__exit__
+
+    def _prepare_trace(self):
+        _prepare_session(self)
+        prepare(self)
 
     def _start_trace(self):
         _start_jax_trace(self)
@@ -286,6 +365,7 @@ def install_profiler_hooks() -> None:
         finally:
             _session_stopped(self)
 
+    cls._prepare_trace = _prepare_trace
     cls._start_trace = _start_trace
     cls.__exit__ = __exit__
     cls._tpu_debug_hooked = True
