@@ -111,6 +111,18 @@ MODULES: dict[str, str] = {
     "torch_tpu._internal.shims.pyglib.contrib.g3_multiprocessing": _IMPL + "multiprocessing",
     "torch_tpu._internal.shims.pyglib.contrib.g3_multiprocessing.g3_multiprocessing": _IMPL + "multiprocessing",
     "torch_tpu._internal.shims.xprof.traceme": _IMPL + "traceme",
+    "torch_tpu._internal.shims.xprof.xprof_session": _IMPL + "xprof",
+    "torch_tpu._internal.shims.xprof.xprof_analysis_client": _IMPL + "xprof",
+    "torch_tpu._internal.profiler.xprof_adapter": _IMPL + "xprof",
+    "torch_tpu._internal.shims.mlcompass": "",
+    "torch_tpu._internal.shims.mlcompass.benchmark_data": _IMPL + "services",
+    "torch_tpu._internal.shims.mlcompass.export_lib_borg": _IMPL + "services",
+    "torch_tpu._internal.benchmarks": "",
+    "torch_tpu._internal.benchmarks.export_adapter": _IMPL + "services",
+    "torch_tpu._internal.distributed.gpu_env": _IMPL + "services",
+    "torch_tpu._internal.utils.device_utils": _IMPL + "device_utils",
+    "torch_tpu._internal.torchbenchmark": "",
+    "torch_tpu._internal.torchbenchmark.device_utils": _IMPL + "device_utils",
 }
 _ROOT = "torch_tpu"
 MARKER = "__tpu_debug_shim__"

@@ -8,8 +8,9 @@ drops those rows again (``valid_tokens`` given, without reading the offsets back
 device). Splash attention is in :mod:`.splash_attention` (``torch_tpu.ops.splash_attention``).
 
 ``torch.ops.torch_tpu.ragged_dot(lhs, rhs, group_sizes)`` is TorchTPU's grouped matmul of
-mixture-of-experts layers (its examples call it on ``tpu`` tensors, in training too); it is
-defined when the device registers (:func:`register_ops`).
+mixture-of-experts layers (its examples call it on ``tpu`` tensors, in training too); its
+benchmarks' Qwen 3.5 MoE layer looks for it as ``torch.ops.tpu.ragged_dot``, the same op under
+the device's own namespace. Both are defined when the device registers (:func:`register_ops`).
 """
 
 from __future__ import annotations
@@ -77,11 +78,14 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) 
 
 
 def register_ops() -> None:
-    """Define ``torch.ops.torch_tpu.ragged_dot`` (once; the device registration calls it)."""
+    """Define ``torch.ops.torch_tpu.ragged_dot`` and ``torch.ops.tpu.ragged_dot`` (once; the
+    device registration calls it)."""
     if _library:
         return
-    library = torch.library.Library("torch_tpu", "DEF")
-    library.define("ragged_dot(Tensor lhs, Tensor rhs, Tensor group_sizes) -> Tensor")
-    # composite: autograd, tracing and the runtime see the ops it is made of
-    library.impl("ragged_dot", ragged_dot, "CompositeImplicitAutograd")
-    _library.append(library)
+    # a fragment for "tpu": the namespace is the device's, and other code may add ops to it
+    for namespace, kind in (("torch_tpu", "DEF"), ("tpu", "FRAGMENT")):
+        library = torch.library.Library(namespace, kind)
+        library.define("ragged_dot(Tensor lhs, Tensor rhs, Tensor group_sizes) -> Tensor")
+        # composite: autograd, tracing and the runtime see the ops it is made of
+        library.impl("ragged_dot", ragged_dot, "CompositeImplicitAutograd")
+        _library.append(library)
