@@ -9,6 +9,10 @@ last two only where unset. It also sets TorchTPU's ``TORCH_TPU_SLICEBUILDER_ADDR
 ``host:port`` per device, ports from ``TORCH_TPU_BASE_PORT``, 8070, and
 ``TORCH_TPU_DEVICES_PER_HOST`` devices per host, 8) for scripts that read it; the ranks here
 meet through torchrun's store, so nothing of this runtime reads it.
+
+``python -m torch_tpu._internal.distributed.launchers.multihost_wrapper`` prints those variables
+as ``KEY=value`` lines for a shell to ``eval``, as TorchTPU's multi-host launch scripts do
+(``eval $(python3 -m ...multihost_wrapper)``, then ``torchrun --nnodes=$NNODES ...``).
 """
 
 from __future__ import annotations
@@ -43,3 +47,13 @@ def prepare_tpu_environment() -> dict[str, str]:
         env["TORCH_TPU_SLICEBUILDER_ADDRESSES"] = ",".join(f"{h}:{port + i}" for h in hosts for i in range(per_host))
     os.environ.update(env)
     return env
+
+
+def main() -> int:
+    for key, value in prepare_tpu_environment().items():
+        print(f"{key}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

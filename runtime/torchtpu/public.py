@@ -63,9 +63,11 @@ SUBMODULES: dict[str, dict[str, Any]] = {
             "sparse_dense_matmul_gradient_stack", "sparse_gather", "sparse_gather_backward", "sparse_iota",
             "sparse_map_row")},
         "align_jagged_to_multiple": "tpu_debug.runtime.torchtpu.ops:align_jagged_to_multiple",
+        # the op torch.ops.tpu.ragged_dot and torch.ops.torch_tpu.ragged_dot call
+        "ragged_dot": "tpu_debug.runtime.torchtpu.ops:ragged_dot",
         "strip_jagged_padding": "tpu_debug.runtime.torchtpu.ops:strip_jagged_padding",
         **{name: ("refuse", _RAGGED) for name in (
-            "ragged_dot", "ragged_dot_weight_grad", "max_pool1d_backward", "max_pool2d_backward",
+            "ragged_dot_weight_grad", "max_pool1d_backward", "max_pool2d_backward",
             "max_pool3d_backward")},
         **{name: ("refuse", _COLLECTIVE) for name in (
             "all_gather_dim", "reduce_scatter_dim", "ragged_all_to_all", "send", "recv")},

@@ -101,6 +101,9 @@ def test_tpu_ragged_dot_is_the_torch_tpu_op_on_cpu_and_tpu_tensors():
     torch.testing.assert_close(torch.ops.tpu.ragged_dot(lhs, rhs, group_sizes), expected)
     on_tpu = torch.ops.tpu.ragged_dot(lhs.to("tpu"), rhs.to("tpu"), group_sizes.to("tpu"))
     torch.testing.assert_close(on_tpu.cpu(), expected, rtol=1e-5, atol=1e-5)
+    # the public API's spelling of the same op
+    by_public_name = torch.tpu.ops.ragged_dot(lhs.to("tpu"), rhs.to("tpu"), group_sizes.to("tpu"))
+    torch.testing.assert_close(by_public_name.cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_benchmark_records_are_data_and_the_exports_say_what_to_do():

@@ -100,3 +100,44 @@ def test_the_multi_host_launcher_sets_torchruns_variables(clean_env):
     clean_env.delenv("JOB_COMPLETION_INDEX")
     with pytest.raises(ValueError, match=r"^No JOB_COMPLETION_INDEX found in environment\."):
         multihost_wrapper.prepare_tpu_environment()
+
+
+def test_the_multi_host_launcher_prints_the_environment_for_eval(clean_env, capsys):
+    # what `eval $(python3 -m torch_tpu._internal.distributed.launchers.multihost_wrapper)` reads
+    # in TorchTPU's multi-host launch script; runpy takes the module's code from the finder, as -m does
+    import runpy
+
+    clean_env.setenv("TPU_WORKER_HOSTNAMES", "host1,host2")
+    clean_env.setenv("JOB_COMPLETION_INDEX", "0")
+    clean_env.setenv("TORCH_TPU_DEVICES_PER_HOST", "1")
+    # runpy runs the module afresh, as a new interpreter would: no copy an earlier test imported
+    clean_env.delitem(sys.modules, "torch_tpu._internal.distributed.launchers.multihost_wrapper", raising=False)
+    with pytest.raises(SystemExit, match="^0$"):
+        runpy.run_module("torch_tpu._internal.distributed.launchers.multihost_wrapper", run_name="__main__")
+    lines = dict(line.split("=", 1) for line in capsys.readouterr().out.split())
+    assert lines == {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "host1", "MASTER_PORT": "29500",
+                     "TORCH_TPU_SLICEBUILDER_ADDRESSES": "host1:8070,host2:8070"}
+
+
+def test_tpu_topology_answers_as_torchtpu_on_this_host(monkeypatch):
+    # TorchTPU's distributed tutorial prints get_tpu_topology(): (topology, chips) from the PCI
+    # scan, (None, 0) where no TPU chip is attached, as on this CPU host
+    from torch_tpu._internal.distributed import tpu_topology
+    from tpu_debug.runtime.torchtpu import hardware
+
+    assert tpu_topology.get_tpu_topology() == (None, 0)
+    with pytest.raises(ValueError, match=r"^expected world_size to be less than or equal to detected TPUs 0, got 2\."):
+        tpu_topology.get_tpu_topology(world_size=2)
+    # a v5e host with 8 chips, and a v7 host with 8 devices, as TorchTPU's slices name them
+    monkeypatch.setattr(hardware, "get_tpu_device_count", lambda: 8)
+    monkeypatch.setattr(hardware, "get_tpu_version", lambda: hardware.TpuVersion.V5E)
+    assert tpu_topology.get_tpu_topology() == ("2,2,2", 8)
+    assert tpu_topology.get_tpu_topology(world_size=4) == ("2,2,1", 4)
+    with pytest.raises(RuntimeError, match=r"^No TPU topology found for count: 3\."):
+        tpu_topology.get_tpu_topology(world_size=3)
+    monkeypatch.setattr(hardware, "get_tpu_version", lambda: hardware.TpuVersion.V7)
+    assert tpu_topology.get_tpu_topology() == ("2,2,1,2", 8)
+    assert tpu_topology.get_tpu_topology(world_size=2) == ("1,1,1,2", 2)
+    # a generation TorchTPU's launcher has no slices for counts as no chip
+    monkeypatch.setattr(hardware, "get_tpu_version", lambda: hardware.TpuVersion.V4)
+    assert tpu_topology.get_tpu_topology() == (None, 0)

@@ -285,3 +285,39 @@ def test_benchmarking_writes_each_value_and_each_statistic_as_tensorboard_scalar
     benchmarking.assert_metric_within_threshold(times, profile, stat, 0.30, 5, benchmarking.Comparison.LESS)
     with pytest.raises(AssertionError, match="Training/StepTime"):
         benchmarking.assert_metric_within_threshold(times, profile, stat, 0.25, 5, benchmarking.Comparison.LESS)
+
+
+def test_api_stage_decorators_warn_once_as_torchtpus_policy_says():
+    # TorchTPU's API policy: an experimental API warns once per process (UserWarning), a
+    # deprecated one once (DeprecationWarning), a stable one never; each records its stage
+    import warnings
+
+    from torch_tpu._internal.utils import annotations
+
+    @annotations.experimental("the signature may change")
+    def fast(x):
+        return x + 1
+
+    @annotations.deprecated("2.13", "use torch.accelerator.synchronize()")
+    def old(x):
+        return x * 2
+
+    def plain(x):
+        return x
+
+    assert annotations.stable()(plain) is plain and plain.__tt_api_stage__ == "Stable"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert [fast(1), fast(2), old(3), old(4), plain(5)] == [2, 3, 6, 8, 5]
+    assert [(w.category, str(w.message)) for w in seen] == [
+        (UserWarning, "fast is experimental and subject to change: the signature may change"),
+        (DeprecationWarning, ("old is deprecated as of TorchTPU 2.13 and will be removed in a future release: "
+                              "use torch.accelerator.synchronize()")),
+    ]
+    assert (fast.__name__, fast.__tt_api_stage__, fast.__tt_stage_reason__) == (
+        "fast", "Experimental", "the signature may change")
+    assert (old.__tt_api_stage__, old.__tt_deprecated_version__) == ("Deprecated", "2.13")
+    with pytest.raises(ValueError, match=r"^@experimental requires a non-empty reason string\.$"):
+        annotations.experimental(" ")
+    with pytest.raises(ValueError, match=r"^@deprecated requires a non-empty version string \(e\.g\. version='2\.13'\)\.$"):
+        annotations.deprecated("", "why")
