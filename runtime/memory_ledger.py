@@ -24,7 +24,6 @@ storage, and the ledger applies the queue before its next change and when
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import gc
 import itertools
@@ -38,8 +37,7 @@ from tpu_debug.core.hooks import deliver
 from tpu_debug.runtime import probes, tensor
 from tpu_debug.core.records import AllocInfo, FreeInfo, LoweredNode
 
-__all__ = ["AllocatorStats", "ByteStat", "Ledger", "active", "allocator_stats", "drain", "listen", "live_bytes",
-           "made_by", "replay", "stop_allocator_stats"]
+__all__ = ["Ledger", "active", "counting", "drain", "listen", "live_bytes", "made_by", "replay", "stop_counting"]
 
 
 class _Buffer:
@@ -103,6 +101,20 @@ class Ledger:
         self._dead: collections.deque[int] = collections.deque()  # serial ids of storages gone
         self._sids = itertools.count(1)
         self.live_bytes = 0
+        # what an allocator counts (torch.accelerator's statistics): the most held at once, and
+        # the bytes that came and went; a charge moving between holders of one payload is neither
+        self.peak_bytes = 0
+        self.allocated_bytes = 0
+        self.freed_bytes = 0
+
+    def _charge(self, delta: int) -> None:
+        self.live_bytes += delta
+        if delta > 0:
+            self.allocated_bytes += delta
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
+        else:
+            self.freed_bytes -= delta
 
     # -- changes ---------------------------------------------------------------------
 
@@ -147,11 +159,12 @@ class Ledger:
         if buffer is None:
             buffer = _Buffer(payload, _nbytes(payload))
             self._buffers[buffer.key] = buffer
-            self.live_bytes += buffer.nbytes
+            self._charge(buffer.nbytes)
             charged = buffer.nbytes
         buffer.holders.append(holder)
         holder.buffer = buffer
-        if charged or new:
+        # (torch.accelerator's counting tracks with no probe to tell: nothing to describe)
+        if (charged or new) and probes._routes.on_alloc:
             shape, dtype = _describe(payload)
             node = getattr(_made, "node", None) if new else None
             probes.allocated(AllocInfo(holder.sid, charged, shape, dtype, new=new, existing=existing, node=node))
@@ -165,11 +178,11 @@ class Ledger:
         nbytes = _nbytes(payload)
         delta, buffer.nbytes = nbytes - buffer.nbytes, nbytes
         if delta:
-            self.live_bytes += delta
-            if delta > 0:
+            self._charge(delta)
+            if delta > 0 and probes._routes.on_alloc:
                 shape, dtype = _describe(payload)
                 probes.allocated(AllocInfo(holder.sid, delta, shape, dtype, new=False))
-            else:
+            elif delta < 0:
                 probes.freed(FreeInfo(holder.sid, -delta, dead=False))
 
     def _leave(self, holder: _Holder, buffer: _Buffer, *, dead: bool) -> None:
@@ -179,7 +192,7 @@ class Ledger:
         if not buffer.holders:
             if self._buffers.get(buffer.key) is buffer:
                 del self._buffers[buffer.key]
-            self.live_bytes -= buffer.nbytes
+            self._charge(-buffer.nbytes)
             probes.freed(FreeInfo(holder.sid, buffer.nbytes, dead=dead))
         elif charged:  # the bytes stay on the device, charged to the next holder
             probes.freed(FreeInfo(holder.sid, buffer.nbytes, dead=dead))
@@ -209,6 +222,18 @@ class Ledger:
             if self._dead:
                 self._drain()
             return self.live_bytes
+
+    def reset_peak(self) -> None:
+        """The peak starts again from the bytes held now."""
+        with self._lock:
+            if self._dead:
+                self._drain()
+            self.peak_bytes = self.live_bytes
+
+    def reset_accumulated(self) -> None:
+        """The bytes allocated and freed count again from zero."""
+        with self._lock:
+            self.allocated_bytes = self.freed_bytes = 0
 
     def serial(self, storage: Any) -> int | None:
         """The serial id probes know ``storage`` by (``AllocInfo.storage``), None when it holds
@@ -321,114 +346,46 @@ def _joined(route: Any) -> None:
         replay(route)
 
 
+# torch.accelerator's memory statistics (runtime/accelerator.py) keep tracking on once asked for,
+# as a device's allocator counts for as long as the process runs; without any probe, so the
+# runtime's paths stay those of an unobserved run
+_counting = False
+
+
+def _left() -> None:
+    if not _counting:
+        listen(False)
+
+
 # the probes start and stop tracking as memory probes come and go
-probes.track_memory(_joined, functools.partial(listen, False))
+probes.track_memory(_joined, _left)
 
 
-# -- allocator statistics: what PyTorch's device allocators count, from the ledger -----------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ByteStat:
-    """Device bytes as PyTorch's allocator statistics count them (one ``Stat`` of
-    ``torch.accelerator.memory_stats()``): held now, the most held at once, and the totals
-    allocated and freed."""
-
-    current: int
-    peak: int
-    allocated: int
-    freed: int
-
-
-class AllocatorStats:
-    """A memory probe counting the bytes the ledger holds: now, at the peak, and in total
-    allocated and freed since counting began (or since the last reset).
-
-    It reads the ledger's own total at each notification rather than adding up the
-    notifications' bytes: a charge moving from a storage that went to another holder of the
-    same payload is told as a free and an allocation, but no byte came or went.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seen = 0  # the ledger's live bytes at the last notification
-        self._peak = 0
-        self._allocated = 0
-        self._freed = 0
-
-    def _update(self) -> None:
-        ledger = _ledger
-        if ledger is None:
-            return
-        with self._lock:
-            live = ledger.live_bytes
-            delta, self._seen = live - self._seen, live
-            if delta > 0:
-                self._allocated += delta
-                self._peak = max(self._peak, live)
-            else:
-                self._freed -= delta
-
-    def on_alloc(self, info: AllocInfo) -> None:
-        self._update()
-
-    def on_free(self, info: FreeInfo) -> None:
-        self._update()
-
-    def read(self) -> ByteStat:
-        """The counts now, after the frees queued since the last change."""
-        drain()
-        with self._lock:
-            return ByteStat(self._seen, max(self._peak, self._seen), self._allocated, self._freed)
-
-    def reset_peak(self) -> None:
-        """The peak starts again from the bytes held now."""
-        drain()
-        with self._lock:
-            self._peak = self._seen
-
-    def reset_accumulated(self) -> None:
-        """The totals allocated and freed start again from zero."""
-        drain()
-        with self._lock:
-            self._allocated = self._freed = 0
-
-
-_stats: AllocatorStats | None = None
-
-
-def allocator_stats() -> AllocatorStats:
-    """The allocator statistics of the `tpu` device, counted from the first call on.
-
-    The first call subscribes an :class:`AllocatorStats` probe, which turns memory tracking
-    on (the `tpu` tensors alive then are counted as allocated, and are the first peak) and
-    keeps it on, as a device's allocator counts for as long as the process runs: from then
-    on every change of a storage's payload is registered. Later calls return that probe.
-
-    Returns:
-        The probe; :meth:`AllocatorStats.read` gives its counts.
+def counting() -> Ledger:
+    """The ledger, tracking from the first call on for the rest of the process (the `tpu`
+    tensors alive then are its first allocation and peak), after the frees queued so far:
+    its ``live_bytes``, ``peak_bytes``, ``allocated_bytes`` and ``freed_bytes`` are what a
+    device allocator's statistics count.
 
     Example::
 
-        stats = memory_ledger.allocator_stats()
-        stats.reset_peak()
+        memory_ledger.counting().reset_peak()
         step()
-        stats.read().peak
+        memory_ledger.counting().peak_bytes
     """
-    global _stats
-    with _switch:
-        stats = _stats
-        if stats is None:
-            stats = _stats = AllocatorStats()
-    probes.subscribe(stats)  # idempotent; outside _switch, which listen() takes
-    return stats
+    global _counting
+    _counting = True
+    listen(True)
+    ledger = _ledger
+    ledger.drain()
+    return ledger
 
 
-def stop_allocator_stats() -> None:
-    """Stop counting (memory tracking stops too unless another memory probe listens); the
-    next :func:`allocator_stats` starts again from the tensors alive then."""
-    global _stats
-    with _switch:
-        stats, _stats = _stats, None
-    if stats is not None:
-        probes.unsubscribe(stats)
+def stop_counting() -> None:
+    """Counting ends (tracking too unless a memory probe listens); the next :func:`counting`
+    starts again from the tensors alive then."""
+    global _counting
+    _counting = False
+    if not (probes._routes.on_alloc or probes._routes.on_free):
+        listen(False)
+

@@ -25,7 +25,7 @@ def _counting_stopped_after():
     """Counting, once asked for, goes on for the rest of the process (as an allocator's): the
     tests of this file stop it at its end, so later tests find memory tracking as they left it."""
     yield
-    memory_ledger.stop_allocator_stats()
+    memory_ledger.stop_counting()
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +95,8 @@ def test_reset_accumulated_zeroes_the_totals_and_keeps_current_and_peak(tpu):
 
 def test_counting_goes_on_when_another_memory_probe_comes_and_goes(tpu):
     acc.memory_allocated()
+    # the ledger counts without a probe: the runtime's paths stay those of an unobserved run
+    assert probes._probes == ()
 
     class Other:
         def on_alloc(self, info):
