@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WorkerWrapper", "prepare_tpu_environment", "tpu_env_wrapper"]
+__all__ = ["WorkerWrapper", "prepare_tpu_environment", "print_environment", "tpu_env_wrapper"]
 
 
 def _world_size(world_size: int | None) -> int:
@@ -60,10 +60,15 @@ def tpu_env_wrapper(func: Callable[..., Any], *args: Any, world_size: int | None
     return WorkerWrapper(func, *args, **kwargs)
 
 
-def main() -> int:
-    for key, value in prepare_tpu_environment().items():
+def print_environment(env: dict[str, str]) -> int:
+    """Print ``env`` as ``KEY=value`` lines, for a launch script's ``eval``; the exit status."""
+    for key, value in env.items():
         print(f"{key}={value}")
     return 0
+
+
+def main() -> int:
+    return print_environment(prepare_tpu_environment())
 
 
 if __name__ == "__main__":

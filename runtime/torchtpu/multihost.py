@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from tpu_debug.runtime.torchtpu.launcher import print_environment
+
 __all__ = ["prepare_tpu_environment"]
 
 
@@ -50,9 +52,7 @@ def prepare_tpu_environment() -> dict[str, str]:
 
 
 def main() -> int:
-    for key, value in prepare_tpu_environment().items():
-        print(f"{key}={value}")
-    return 0
+    return print_environment(prepare_tpu_environment())
 
 
 if __name__ == "__main__":
