@@ -111,8 +111,7 @@ class Ledger:
         self.live_bytes += delta
         if delta > 0:
             self.allocated_bytes += delta
-            if self.live_bytes > self.peak_bytes:
-                self.peak_bytes = self.live_bytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         else:
             self.freed_bytes -= delta
 
